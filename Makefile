@@ -1,0 +1,40 @@
+# Thin wrapper over CMake + ctest. `make run` and `make test` install missing
+# Debian packages first (scripts/install-deps.sh), so a fresh machine needs nothing else.
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+JOBS       ?= $(shell nproc)
+
+.PHONY: all deps build asan test run bench fuzz clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+# Unit tests once more under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+test: build asan
+	ctest --test-dir $(BUILD) --output-on-failure
+	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L sanitize
+
+run: build
+	@bash scripts/run-demo.sh $(BUILD)/trill
+
+bench: build
+	@bash bench/run.sh $(BUILD)
+
+fuzz: deps
+	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_FUZZ=ON >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_safetensors fuzz_config
+	@echo "fuzzers in $(FUZZ_BUILD)/tests/fuzz; run e.g. $(FUZZ_BUILD)/tests/fuzz/fuzz_safetensors -max_total_time=60 tests/fuzz/corpus/safetensors"
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

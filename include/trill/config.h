@@ -1,0 +1,83 @@
+/* Model architecture read from a Hugging Face config.json.
+ *
+ * Field names and defaults are Hugging Face's (Qwen3Config, Qwen3MoeConfig).
+ * Options trill does not compute (rope scaling, sliding window, attention bias,
+ * other activations...) are refused by name rather than approximated. */
+#ifndef TRILL_CONFIG_H
+#define TRILL_CONFIG_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "trill/error.h"
+
+#define TRILL_MAX_LAYERS 1024
+#define TRILL_MAX_EOS 8
+
+typedef enum trill_arch {
+    TRILL_ARCH_QWEN3,     /* model_type "qwen3",     Qwen3ForCausalLM: all layers dense */
+    TRILL_ARCH_QWEN3_MOE, /* model_type "qwen3_moe", Qwen3MoeForCausalLM */
+} trill_arch;
+
+typedef struct trill_config {
+    trill_arch arch;
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;     /* dense MLP width */
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;
+    int max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    double initializer_range;
+    bool tie_word_embeddings;
+    /* MoE (zero experts for dense models) */
+    int num_experts;
+    int num_experts_per_tok;
+    int moe_intermediate_size;
+    int decoder_sparse_step;
+    bool norm_topk_prob;
+    bool mlp_only[TRILL_MAX_LAYERS]; /* mlp_only_layers as a per-layer flag */
+    /* special tokens (-1 when absent) */
+    int bos_token_id;
+    int n_eos;
+    int eos_token_ids[TRILL_MAX_EOS];
+
+    /* Layer map, derived: which layers are MoE and each MoE layer's ordinal.
+     * Router-replay ids and captured experts are indexed by ordinal, never by layer. */
+    int n_moe_layers;
+    int16_t moe_ordinal[TRILL_MAX_LAYERS]; /* layer -> ordinal, -1 for a dense layer */
+    int16_t moe_layer[TRILL_MAX_LAYERS];   /* ordinal -> layer */
+} trill_config;
+
+/* `what` names the source in error messages (usually the config.json path). */
+trill_status trill_config_from_json(const json_t *root, const char *what, trill_config *out);
+trill_status trill_config_load(const char *path, trill_config *out);
+
+/* HF config.json contents; `torch_dtype` is "float32" or "bfloat16" (NULL: omitted). */
+json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype);
+
+/* Whether `key` is a config.json field trill reads (used to reject typos in overrides). */
+bool trill_config_known_key(const char *key);
+
+const char *trill_config_architecture(const trill_config *c); /* "Qwen3MoeForCausalLM", ... */
+const char *trill_config_model_type(const trill_config *c);   /* "qwen3_moe", ... */
+
+static inline bool trill_config_is_moe(const trill_config *c, int layer) {
+    return c->moe_ordinal[layer] >= 0;
+}
+
+/* Parameter counts: all weights, and those one token touches (top-k experts only). */
+void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *active);
+
+
+/* config.json contents of a named preset ("tiny", "small"), or NULL if unknown.
+ * tiny:  a few M parameters, 1 dense + 3 MoE layers, 8 experts, top-2, char-level vocab.
+ * small: the benchmark model, ~85M parameters (vocab 32000, hidden 512, 8 layers, 16 experts, top-4). */
+json_t *trill_config_preset(const char *name);
+extern const char *const trill_config_preset_names; /* "tiny, small" for messages */
+
+#endif

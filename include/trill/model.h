@@ -1,0 +1,80 @@
+/* The model: config, one contiguous fp32 parameter block, and the reference forward.
+ *
+ * Weights are named and shaped exactly as in Hugging Face checkpoints; each
+ * named tensor is a slice of `params`. Per-expert weights of a layer are stored
+ * back to back, so expert e's gate_proj is expert_gate + e * moe_intermediate * hidden. */
+#ifndef TRILL_MODEL_H
+#define TRILL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trill/config.h"
+#include "trill/dtype.h"
+#include "trill/error.h"
+
+typedef struct trill_layer_weights {
+    float *input_norm;  /* [H] */
+    float *wq;          /* [nh*hd, H] */
+    float *wk, *wv;     /* [nkv*hd, H] */
+    float *wo;          /* [H, nh*hd] */
+    float *q_norm;      /* [hd] */
+    float *k_norm;      /* [hd] */
+    float *post_norm;   /* [H] */
+    /* dense layer */
+    float *mlp_gate, *mlp_up; /* [I, H] */
+    float *mlp_down;          /* [H, I] */
+    /* MoE layer */
+    float *router;                    /* [E, H] */
+    float *expert_gate, *expert_up;   /* [E, Im, H] */
+    float *expert_down;               /* [E, H, Im] */
+} trill_layer_weights;
+
+/* One named tensor of the parameter block. */
+typedef struct trill_param {
+    char name[112]; /* HF name, e.g. "model.layers.3.mlp.experts.7.up_proj.weight" */
+    int ndim;
+    int64_t shape[2];
+    float *data;
+    size_t numel;
+} trill_param;
+
+typedef struct trill_model {
+    trill_config config;
+    float *params; /* every weight, fp32, one allocation */
+    size_t n_params;
+    trill_param *tensors; /* in checkpoint order */
+    size_t n_tensors;
+    float *embed;      /* [V, H] */
+    float *final_norm; /* [H] */
+    float *lm_head;    /* [V, H]; == embed when tie_word_embeddings */
+    trill_layer_weights *layers;
+    trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
+} trill_model;
+
+/* Lays out and zero-fills a model for `config`. */
+trill_status trill_model_create(const trill_config *config, trill_model **out);
+void trill_model_free(trill_model *m);
+
+/* Hugging Face initialisation: linear and embedding weights ~ N(0, initializer_range),
+ * norm weights 1. Deterministic in `seed` whatever the thread count. */
+void trill_model_init_random(trill_model *m, uint64_t seed);
+
+/* Loads DIR/config.json and the checkpoint (single or sharded safetensors, F32/BF16/F16),
+ * checking every tensor's presence and shape; unexpected tensors are an error. */
+trill_status trill_model_load(const char *dir, trill_model **out);
+
+/* Writes DIR/config.json and the weights in `dtype`, sharded above max_shard_bytes (0: never). */
+trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes);
+
+/* Reference forward over a packed batch: sequence s is tokens[offsets[s] .. offsets[s+1]).
+ * logprobs[t] = log p(tokens[t] | earlier tokens of its sequence); NAN for each sequence's
+ * first token. experts (optional) receives [T][n_moe_layers][top_k] router choices,
+ * logical ids in descending router weight, indexed by MoE-layer ordinal. */
+trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
+                                 float *logprobs, uint16_t *experts);
+
+/* Next-token logits [V] after the last token of one sequence (for sampling). */
+trill_status trill_model_next_logits(const trill_model *m, const int *tokens, int n, float *logits);
+
+#endif

@@ -1,0 +1,26 @@
+/* Shared pieces of the `trill` subcommands. Exit codes: 0 ok, 1 failure, 2 usage. */
+#ifndef TRILL_CLI_H
+#define TRILL_CLI_H
+
+#include <getopt.h>
+#include <stdio.h>
+
+#include "trill/error.h"
+
+enum { EXIT_USAGE = 2 };
+
+int cmd_init(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_score(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+/* Prints "trill CMD: message" and the usage hint to stderr; returns EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Prints "trill CMD: <the current trill error>" to stderr; returns 1. */
+int cli_fail(const char *cmd);
+/* getopt_long loop helper for an unknown option or missing argument. */
+int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out);
+int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out);
+
+#endif

@@ -1,0 +1,106 @@
+/* trill init: a randomly initialised model in Hugging Face layout. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "trill/config.h"
+#include "trill/fileio.h"
+#include "trill/json.h"
+#include "trill/model.h"
+#include "trill/tokenizer.h"
+
+static const char USAGE[] =
+    "trill init --out DIR [--preset tiny|small] [--set key=value ...] [--dtype bf16|f32] [--seed N]\n"
+    "  Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and\n"
+    "  generation_config.json. --set overrides a config.json field (value parsed as JSON,\n"
+    "  else taken as a string), e.g. --set num_experts=16 --set 'mlp_only_layers=[0,1]'.\n"
+    "  Defaults: --preset tiny --dtype bf16 --seed 0.";
+
+static int apply_override(json_t *cfg, const char *kv) {
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv) return cli_usage_error("init", USAGE, "--set: expected key=value, got \"%s\"", kv);
+    char key[128];
+    snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+    if (!trill_config_known_key(key))
+        return cli_usage_error("init", USAGE, "--set: unknown config.json field \"%s\"", key);
+    json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+    if (!value) value = json_string(eq + 1);
+    json_object_set_new(cfg, key, value);
+    return 0;
+}
+
+static trill_status write_side_files(const char *dir, const trill_config *c) {
+    json_t *tok = trill_tokenizer_charlevel_json();
+    json_t *tok_cfg = json_pack("{s:s, s:s, s:s, s:s, s:i}", "tokenizer_class", "PreTrainedTokenizerFast",
+                                "eos_token", "<|endoftext|>", "pad_token", "<|endoftext|>", "unk_token", "<unk>",
+                                "model_max_length", c->max_position_embeddings);
+    json_t *gen = json_pack("{s:i, s:i, s:b}", "bos_token_id", c->bos_token_id, "eos_token_id",
+                            c->n_eos ? c->eos_token_ids[0] : 0, "do_sample", 1);
+    const char *names[] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
+    json_t *docs[] = { tok, tok_cfg, gen };
+    trill_status st = TRILL_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        char *path = trill_path_join(dir, names[i]);
+        st = trill_json_write_file(path, docs[i]);
+        free(path);
+    }
+    for (int i = 0; i < 3; i++) json_decref(docs[i]);
+    return st;
+}
+
+int cmd_init(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "out", required_argument, 0, 'o' }, { "preset", required_argument, 0, 'p' },
+        { "set", required_argument, 0, 's' }, { "dtype", required_argument, 0, 'd' },
+        { "seed", required_argument, 0, 'S' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+    };
+    const char *out = NULL, *preset = "tiny", *dtype_name = "bf16";
+    long long seed = 0;
+    enum { MAX_SETS = 64 };
+    const char *sets[MAX_SETS];
+    int n_sets = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'p': preset = optarg; break;
+        case 'd': dtype_name = optarg; break;
+        case 's':
+            if (n_sets == MAX_SETS) return cli_usage_error("init", USAGE, "at most %d --set options", MAX_SETS);
+            sets[n_sets++] = optarg;
+            break;
+        case 'S':
+            if (cli_parse_int("init", USAGE, "--seed", optarg, 0, (long long)1 << 62, &seed)) return EXIT_USAGE;
+            break;
+        case 'h': printf("usage: %s\n", USAGE); return 0;
+        default: return cli_usage_error("init", USAGE, "invalid option");
+        }
+    }
+    if (optind < argc) return cli_usage_error("init", USAGE, "unexpected argument \"%s\"", argv[optind]);
+    if (!out) return cli_usage_error("init", USAGE, "--out DIR is required");
+    trill_dtype dtype;
+    if (strcmp(dtype_name, "bf16") == 0) dtype = TRILL_BF16;
+    else if (strcmp(dtype_name, "f32") == 0) dtype = TRILL_F32;
+    else return cli_usage_error("init", USAGE, "--dtype: expected bf16 or f32, got \"%s\"", dtype_name);
+    json_t *cfg_json = trill_config_preset(preset);
+    if (!cfg_json) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
+    for (int i = 0; i < n_sets; i++)
+        if (apply_override(cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
+
+    trill_config config;
+    trill_status st = trill_config_from_json(cfg_json, "config (preset + --set)", &config);
+    json_decref(cfg_json);
+    if (st) return cli_fail("init");
+    if (config.vocab_size < 98) {
+        trill_error(TRILL_ERR_INVALID, "vocab_size %d is smaller than the 98 ids of the character-level tokenizer", config.vocab_size);
+        return cli_fail("init");
+    }
+    trill_model *m;
+    if ((st = trill_model_create(&config, &m))) return cli_fail("init");
+    trill_model_init_random(m, (uint64_t)seed);
+    st = trill_model_save(m, out, dtype, 5000000000u); /* HF default shard size, 5 GB */
+    if (!st) st = write_side_files(out, &config);
+    if (!st) fprintf(stderr, "trill init: wrote %s (%s, %zu parameters, %s)\n", out, preset, m->n_params, dtype_name);
+    trill_model_free(m);
+    return st ? cli_fail("init") : 0;
+}

@@ -1,0 +1,73 @@
+/* trill: reinforcement-learning post-training for Mixture-of-Experts models. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int, char **);
+    const char *summary;
+} COMMANDS[] = {
+    { "init", cmd_init, "write a randomly initialised model in Hugging Face layout" },
+    { "info", cmd_info, "describe a model: architecture, layer map, parameters, bytes" },
+    { "score", cmd_score, "per-token log-probs and routed experts of token sequences" },
+    { "generate", cmd_generate, "sample a completion with the reference forward" },
+    { "tokenize", cmd_tokenize, "text lines to JSON token ids, or back with --decode" },
+};
+
+static void print_help(FILE *out) {
+    fprintf(out, "usage: trill COMMAND [options]   (trill COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        fprintf(out, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+}
+
+int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "trill %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nusage: %s\n", usage);
+    return EXIT_USAGE;
+}
+
+int cli_fail(const char *cmd) {
+    fprintf(stderr, "trill %s: %s\n", cmd, trill_error_message());
+    return 1;
+}
+
+int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out) {
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || v < min || v > max)
+        return cli_usage_error(cmd, usage, "%s: expected an integer in [%lld, %lld], got \"%s\"", flag, min, max, text);
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out) {
+    char *end;
+    double v = strtod(text, &end);
+    if (*text == '\0' || *end != '\0' || !(v >= min && v <= max))
+        return cli_usage_error(cmd, usage, "%s: expected a number in [%g, %g], got \"%s\"", flag, min, max, text);
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_help(stderr);
+        return EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        print_help(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "trill: unknown command \"%s\"\n", argv[1]);
+    print_help(stderr);
+    return EXIT_USAGE;
+}

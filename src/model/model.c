@@ -1,0 +1,230 @@
+#include "trill/model.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trill/fileio.h"
+#include "trill/json.h"
+#include "trill/rng.h"
+#include "trill/safetensors.h"
+
+/* ---- layout ------------------------------------------------------------------------------
+ * One pass over the architecture names every tensor, in HF checkpoint order. With
+ * m->params NULL it only counts; with the block allocated it also sets the pointers. */
+
+typedef struct layout {
+    trill_model *m;
+    size_t offset;  /* floats used so far */
+    size_t n;       /* tensors named so far */
+} layout;
+
+static float *add(layout *L, int ndim, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static float *add(layout *L, int ndim, int64_t rows, int64_t cols, const char *fmt, ...) {
+    size_t numel = (size_t)rows * (size_t)(ndim == 2 ? cols : 1);
+    float *data = L->m->params ? L->m->params + L->offset : NULL;
+    if (L->m->tensors) {
+        trill_param *p = &L->m->tensors[L->n];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->name, sizeof p->name, fmt, ap);
+        va_end(ap);
+        p->ndim = ndim;
+        p->shape[0] = rows;
+        p->shape[1] = ndim == 2 ? cols : 0;
+        p->data = data;
+        p->numel = numel;
+    }
+    L->offset += numel;
+    L->n++;
+    return data;
+}
+
+/* Several expert tensors laid back to back: returns the first; names each. */
+static float *add_experts(layout *L, int E, int64_t rows, int64_t cols, int layer, const char *proj) {
+    float *first = NULL;
+    for (int e = 0; e < E; e++) {
+        float *p = add(L, 2, rows, cols, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e, proj);
+        if (e == 0) first = p;
+    }
+    return first;
+}
+
+static void walk_layout(layout *L) {
+    trill_model *m = L->m;
+    const trill_config *c = &m->config;
+    const int64_t H = c->hidden_size, hd = c->head_dim;
+    const int64_t qdim = (int64_t)c->num_attention_heads * hd, kvdim = (int64_t)c->num_key_value_heads * hd;
+    m->embed = add(L, 2, c->vocab_size, H, "model.embed_tokens.weight");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        trill_layer_weights *w = &m->layers[l];
+        w->input_norm = add(L, 1, H, 0, "model.layers.%d.input_layernorm.weight", l);
+        w->wq = add(L, 2, qdim, H, "model.layers.%d.self_attn.q_proj.weight", l);
+        w->wk = add(L, 2, kvdim, H, "model.layers.%d.self_attn.k_proj.weight", l);
+        w->wv = add(L, 2, kvdim, H, "model.layers.%d.self_attn.v_proj.weight", l);
+        w->wo = add(L, 2, H, qdim, "model.layers.%d.self_attn.o_proj.weight", l);
+        w->q_norm = add(L, 1, hd, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+        w->k_norm = add(L, 1, hd, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        w->post_norm = add(L, 1, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (trill_config_is_moe(c, l)) {
+            const int E = c->num_experts;
+            const int64_t Im = c->moe_intermediate_size;
+            w->router = add(L, 2, E, H, "model.layers.%d.mlp.gate.weight", l);
+            w->expert_gate = add_experts(L, E, Im, H, l, "gate_proj");
+            w->expert_up = add_experts(L, E, Im, H, l, "up_proj");
+            w->expert_down = add_experts(L, E, H, Im, l, "down_proj");
+        } else {
+            const int64_t I = c->intermediate_size;
+            w->mlp_gate = add(L, 2, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
+            w->mlp_up = add(L, 2, I, H, "model.layers.%d.mlp.up_proj.weight", l);
+            w->mlp_down = add(L, 2, H, I, "model.layers.%d.mlp.down_proj.weight", l);
+        }
+    }
+    m->final_norm = add(L, 1, H, 0, "model.norm.weight");
+    m->lm_head = c->tie_word_embeddings ? m->embed : add(L, 2, c->vocab_size, H, "lm_head.weight");
+}
+
+trill_status trill_model_create(const trill_config *config, trill_model **out) {
+    trill_model *m = calloc(1, sizeof *m);
+    if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    m->config = *config;
+    m->checkpoint_dtype = TRILL_F32;
+    m->layers = calloc((size_t)config->num_hidden_layers, sizeof *m->layers);
+    layout L = { .m = m };
+    if (m->layers) walk_layout(&L); /* count only */
+    m->n_params = L.offset;
+    m->n_tensors = L.n;
+    m->params = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+    m->tensors = calloc(m->n_tensors, sizeof *m->tensors);
+    if (!m->layers || !m->params || !m->tensors) {
+        trill_model_free(m);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu parameters (%.1f GB fp32)",
+                           L.offset, L.offset * 4e-9);
+    }
+    L = (layout){ .m = m };
+    walk_layout(&L); /* set names and pointers */
+    *out = m;
+    return TRILL_OK;
+}
+
+void trill_model_free(trill_model *m) {
+    if (!m) return;
+    free(m->params);
+    free(m->tensors);
+    free(m->layers);
+    free(m);
+}
+
+void trill_model_init_random(trill_model *m, uint64_t seed) {
+    const float std = (float)m->config.initializer_range;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        trill_param *p = &m->tensors[t];
+        if (p->ndim == 1) { /* the only vectors are RMSNorm weights */
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = 1.0f;
+            continue;
+        }
+        uint64_t key = trill_rng_key(seed, t);
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, i);
+    }
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------- */
+
+static int cmp_param_name(const void *a, const void *b) {
+    return strcmp((*(const trill_param *const *)a)->name, (*(const trill_param *const *)b)->name);
+}
+
+static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, const char *dir) {
+    /* every expected tensor: present, right shape; widened into the block */
+    trill_dtype first_dtype = TRILL_F32;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        const trill_tensor_view *v = trill_checkpoint_find(ck, p->name);
+        char want[64], got[64];
+        format_shape(want, sizeof want, p->ndim, p->shape);
+        if (!v)
+            return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected shape %s from config.json)",
+                               dir, p->name, want);
+        bool same = v->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = v->shape[d] == p->shape[d];
+        if (!same) {
+            format_shape(got, sizeof got, v->ndim, v->shape);
+            return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape %s does not match config.json (expected %s)",
+                               v->path, p->name, got, want);
+        }
+        if (t == 0) first_dtype = v->dtype;
+        trill_to_f32(p->data, v->data, v->dtype, p->numel);
+    }
+    m->checkpoint_dtype = first_dtype;
+
+    /* and nothing else: an unexpected tensor means the config and weights disagree */
+    const trill_param **sorted = malloc(m->n_tensors * sizeof *sorted);
+    if (!sorted) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t t = 0; t < m->n_tensors; t++) sorted[t] = &m->tensors[t];
+    qsort(sorted, m->n_tensors, sizeof *sorted, cmp_param_name);
+    trill_status st = TRILL_OK;
+    for (size_t i = 0; i < trill_checkpoint_count(ck) && !st; i++) {
+        const trill_tensor_view *v = trill_checkpoint_tensor(ck, i);
+        trill_param key;
+        snprintf(key.name, sizeof key.name, "%s", v->name);
+        const trill_param *kp = &key;
+        if (bsearch(&kp, sorted, m->n_tensors, sizeof *sorted, cmp_param_name)) continue;
+        /* HF ties lm_head to the embedding and ignores a stored copy; so do we */
+        if (m->config.tie_word_embeddings && strcmp(v->name, "lm_head.weight") == 0) continue;
+        st = trill_error(TRILL_ERR_INVALID, "%s: unexpected tensor \"%s\" (not part of a %s with this config.json)",
+                         v->path, v->name, trill_config_architecture(&m->config));
+    }
+    free(sorted);
+    return st;
+}
+
+trill_status trill_model_load(const char *dir, trill_model **out) {
+    char *config_path = trill_path_join(dir, "config.json");
+    if (!config_path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_config config;
+    trill_status st = trill_config_load(config_path, &config);
+    free(config_path);
+    if (st) return st;
+    trill_checkpoint *ck;
+    if ((st = trill_checkpoint_open(dir, &ck))) return st;
+    trill_model *m;
+    if (!(st = trill_model_create(&config, &m))) {
+        if ((st = fill_params(m, ck, dir))) trill_model_free(m);
+        else *out = m;
+    }
+    trill_checkpoint_close(ck);
+    return st;
+}
+
+trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes) {
+    trill_status st = trill_mkdir_p(dir);
+    if (st) return st;
+    trill_tensor_out *outs = calloc(m->n_tensors, sizeof *outs);
+    if (!outs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        outs[t] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = p->data, .src_dtype = TRILL_F32 };
+        memcpy(outs[t].shape, p->shape, sizeof p->shape);
+    }
+    st = trill_checkpoint_write(dir, outs, m->n_tensors, dtype, max_shard_bytes);
+    free(outs);
+    if (st) return st;
+    char *config_path = trill_path_join(dir, "config.json");
+    json_t *cj = trill_config_to_json(&m->config, dtype == TRILL_F32 ? "float32" : dtype == TRILL_BF16 ? "bfloat16" : "float16");
+    st = config_path && cj ? trill_json_write_file(config_path, cj) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_decref(cj);
+    free(config_path);
+    return st;
+}

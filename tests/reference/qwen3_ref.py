@@ -1,0 +1,486 @@
+#!/usr/bin/python3
+"""Independent PyTorch reference for Hugging Face Qwen3-MoE / Qwen3 (dense).
+
+Written from the equations of HF `modeling_qwen3_moe.py` / `modeling_qwen3.py`
+(not from the C code it is meant to check), using only torch + numpy + stdlib
+(no `safetensors`/`transformers` packages), so the safetensors format is
+written and read by hand.
+
+Subcommands:
+
+  make-model --out DIR --seed N --dtype f32|bf16 [--shards K] [--set key=value ...]
+      Write DIR/config.json and random weights with HF tensor names, either as
+      a single model.safetensors or as K shards plus model.safetensors.index.json.
+
+  forward --model DIR --input IN.jsonl --output OUT.jsonl
+      For every input line {"tokens": [...]} write
+      {"tokens", "logprobs", "experts", "router_probs"} (see `run_forward`).
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+# ---------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------
+
+BASE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 97,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [0],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "rope_scaling": None,
+}
+
+# Keys that only mean something for Qwen3-MoE; dropped for a dense qwen3 config
+# unless the user explicitly --set them.
+MOE_KEYS = ("moe_intermediate_size", "num_experts", "num_experts_per_tok",
+            "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
+
+
+def head_dim_of(cfg):
+    # HF: head_dim defaults to hidden_size // num_attention_heads when absent.
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def is_moe_model(cfg):
+    return cfg.get("model_type") == "qwen3_moe"
+
+
+def is_moe_layer(cfg, i):
+    """HF Qwen3MoeDecoderLayer: sparse block iff this predicate holds."""
+    if not is_moe_model(cfg):
+        return False
+    return (i not in cfg.get("mlp_only_layers", [])
+            and cfg.get("num_experts", 0) > 0
+            and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+
+
+# ---------------------------------------------------------------------------
+# safetensors (hand-written writer / reader)
+# ---------------------------------------------------------------------------
+
+# safetensors dtype tag -> (bytes per element, numpy little-endian raw dtype)
+ST_DTYPES = {"F32": (4, "<f4"), "BF16": (2, "<u2"), "F16": (2, "<f2"), "F64": (8, "<f8")}
+
+
+def tensor_bytes(t, st_dtype):
+    """Raw little-endian bytes of a CPU tensor in the given safetensors dtype."""
+    if st_dtype == "F32":
+        return t.to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+    if st_dtype == "BF16":
+        # torch rounds fp32 -> bf16 to nearest-even; store the raw 16-bit pattern.
+        bits = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+        return bits.astype("<i2").tobytes()
+    raise ValueError(f"unsupported dtype {st_dtype}")
+
+
+def write_safetensors(path, tensors, st_dtype):
+    """tensors: list of (name, tensor). Returns number of data bytes written."""
+    header = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    off = 0
+    for name, t in tensors:
+        b = tensor_bytes(t, st_dtype)
+        header[name] = {"dtype": st_dtype, "shape": list(t.shape),
+                        "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((-len(h)) % 8)  # pad header to a multiple of 8 (as the Rust writer does)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    return off
+
+
+def read_safetensors(path):
+    """Return {name: float64 torch tensor}. bf16/f16/f32 are widened exactly."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = info["dtype"]
+        if dt not in ST_DTYPES:
+            raise ValueError(f"{path}: tensor {name} has unsupported dtype {dt}")
+        size, npdt = ST_DTYPES[dt]
+        b, e = info["data_offsets"]
+        shape = info["shape"]
+        count = int(np.prod(shape)) if shape else 1
+        if e - b != count * size or base + e > len(data):
+            raise ValueError(f"{path}: tensor {name} has inconsistent offsets")
+        raw = np.frombuffer(data, dtype=npdt, count=count, offset=base + b)
+        if dt == "BF16":
+            # bf16 is the top half of an fp32: shift into place to widen exactly.
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        arr = raw.astype(np.float64).reshape(shape)
+        out[name] = torch.from_numpy(arr)
+    return out
+
+
+def load_weights(model_dir):
+    """Load model.safetensors, or every shard named by model.safetensors.index.json."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        weights = {}
+        for shard in sorted(set(weight_map.values())):
+            part = read_safetensors(os.path.join(model_dir, shard))
+            for name, t in part.items():
+                if weight_map.get(name) != shard:
+                    raise ValueError(f"{name} found in {shard} but index says {weight_map.get(name)}")
+                weights[name] = t
+        missing = set(weight_map) - set(weights)
+        if missing:
+            raise ValueError(f"tensors listed in index but absent: {sorted(missing)[:5]}")
+        return weights
+    return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------
+# make-model
+# ---------------------------------------------------------------------------
+
+def parse_set(items):
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v  # plain strings need no JSON quoting
+    return out
+
+
+def build_config(overrides, dtype):
+    cfg = dict(BASE_CONFIG)
+    cfg.update(overrides)
+    if cfg["model_type"] == "qwen3":
+        if "architectures" not in overrides:
+            cfg["architectures"] = ["Qwen3ForCausalLM"]
+        for k in MOE_KEYS:
+            if k not in overrides:
+                cfg.pop(k, None)
+    elif cfg["model_type"] != "qwen3_moe":
+        raise SystemExit(f"unsupported model_type {cfg['model_type']!r}")
+    # The dtype of the stored weights is authoritative for torch_dtype.
+    cfg["torch_dtype"] = {"f32": "float32", "bf16": "bfloat16"}[dtype]
+    if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+        raise SystemExit("num_attention_heads must be a multiple of num_key_value_heads")
+    return cfg
+
+
+def make_weights(cfg, seed, std=0.02):
+    """Random weights, generated in a fixed order so the same seed gives the same
+    tensors regardless of dtype or sharding. Returns list of (name, fp32 tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim_of(cfg)
+    bias = cfg.get("attention_bias", False)
+    out = []
+
+    def normal(name, shape, sd, mean=0.0):
+        out.append((name, torch.randn(shape, generator=g, dtype=torch.float32) * sd + mean))
+
+    def lin_w(name, o, i):
+        normal(name + ".weight", (o, i), std)
+
+    def norm(name, n):
+        # 1 + N(0, 0.1): not all ones, so the weight multiply is exercised.
+        normal(name + ".weight", (n,), 0.1, mean=1.0)
+
+    def mlp(prefix, inter):
+        lin_w(prefix + ".gate_proj", inter, H)
+        lin_w(prefix + ".up_proj", inter, H)
+        lin_w(prefix + ".down_proj", H, inter)
+
+    normal("model.embed_tokens.weight", (V, H), std)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        norm(p + ".input_layernorm", H)
+        norm(p + ".post_attention_layernorm", H)
+        for proj, o in (("q_proj", nH * hd), ("k_proj", nKV * hd), ("v_proj", nKV * hd)):
+            lin_w(f"{p}.self_attn.{proj}", o, H)
+            if bias:
+                normal(f"{p}.self_attn.{proj}.bias", (o,), std)
+        lin_w(p + ".self_attn.o_proj", H, nH * hd)
+        if bias:
+            normal(p + ".self_attn.o_proj.bias", (H,), std)
+        norm(p + ".self_attn.q_norm", hd)
+        norm(p + ".self_attn.k_norm", hd)
+        if is_moe_layer(cfg, i):
+            # Larger std for the router so routing is decisive, not near-uniform.
+            normal(p + ".mlp.gate.weight", (cfg["num_experts"], H), 0.5)
+            for e in range(cfg["num_experts"]):
+                mlp(f"{p}.mlp.experts.{e}", cfg["moe_intermediate_size"])
+        else:
+            mlp(p + ".mlp", cfg["intermediate_size"])
+    norm("model.norm", H)
+    if not cfg.get("tie_word_embeddings", False):
+        normal("lm_head.weight", (V, H), std)
+    return out
+
+
+def split_shards(tensors, k, elem_size):
+    """Contiguous split into exactly k non-empty shards, roughly byte-balanced."""
+    if k > len(tensors):
+        raise SystemExit(f"cannot split {len(tensors)} tensors into {k} shards")
+    total = sum(t.numel() * elem_size for _, t in tensors)
+    target = total / k
+    shards, acc = [[]], 0
+    for idx, (name, t) in enumerate(tensors):
+        left_tensors, left_shards = len(tensors) - idx, k - len(shards)
+        if shards[-1] and left_shards > 0 and (acc >= target or left_tensors <= left_shards):
+            shards.append([])
+            acc = 0
+        shards[-1].append((name, t))
+        acc += t.numel() * elem_size
+    return shards
+
+
+def cmd_make_model(args):
+    cfg = build_config(parse_set(args.set), args.dtype)
+    tensors = make_weights(cfg, args.seed, args.std)
+    st_dtype = {"f32": "F32", "bf16": "BF16"}[args.dtype]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    # Remove outputs of a previous run with a different layout so loaders are not confused.
+    for fn in os.listdir(args.out):
+        if fn.startswith("model") and (fn.endswith(".safetensors") or fn.endswith(".index.json")):
+            os.remove(os.path.join(args.out, fn))
+    if args.shards <= 1:
+        write_safetensors(os.path.join(args.out, "model.safetensors"), tensors, st_dtype)
+        files = ["model.safetensors"]
+    else:
+        k = args.shards
+        weight_map, total, files = {}, 0, []
+        for i, shard in enumerate(split_shards(tensors, k, ST_DTYPES[st_dtype][0])):
+            fn = f"model-{i + 1:05d}-of-{k:05d}.safetensors"
+            total += write_safetensors(os.path.join(args.out, fn), shard, st_dtype)
+            weight_map.update({name: fn for name, _ in shard})
+            files.append(fn)
+        with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+            f.write("\n")
+    print(f"wrote {args.out}: {len(tensors)} tensors, {cfg['model_type']}, "
+          f"{args.dtype}, files={files}")
+
+
+# ---------------------------------------------------------------------------
+# Forward (float64 compute)
+# ---------------------------------------------------------------------------
+# Weights are widened exactly (bf16 -> fp32 -> fp64) and every operation runs in
+# float64: the output is a ground truth for an fp32 implementation, whose own
+# rounding error is then the only thing a comparison measures.
+
+DT = torch.float64
+
+
+def rms_norm(x, w, eps):
+    # HF Qwen3(Moe)RMSNorm: w * x / sqrt(mean(x^2) + eps) over the last dim.
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_cos_sin(T, hd, theta):
+    # HF default rope: inv_freq = 1/theta^(2i/hd); emb = cat(freqs, freqs).
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=DT) / hd))
+    freqs = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]  # positions start at 0
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
+    return emb.cos()[:, None, :], emb.sin()[:, None, :]  # broadcast over heads
+
+
+def linear(x, W, name):
+    """x @ W[name.weight]^T (+ W[name.bias] when present, i.e. attention_bias=true)."""
+    y = x @ W[name + ".weight"].T
+    if name + ".bias" in W:
+        y = y + W[name + ".bias"]
+    return y
+
+
+def swiglu_mlp(x, W, p):
+    # HF Qwen3MoeMLP / Qwen3MLP: down(silu(gate(x)) * up(x)).
+    g = x @ W[p + ".gate_proj.weight"].T
+    u = x @ W[p + ".up_proj.weight"].T
+    return (torch.nn.functional.silu(g) * u) @ W[p + ".down_proj.weight"].T
+
+
+class Model:
+    def __init__(self, model_dir):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.cfg = cfg = json.load(f)
+        if cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
+            raise SystemExit(f"unsupported model_type {cfg.get('model_type')!r}")
+        # Fail loudly rather than silently computing something else.
+        if cfg.get("rope_scaling"):
+            raise SystemExit("rope_scaling is not implemented in the reference")
+        if cfg.get("use_sliding_window"):
+            raise SystemExit("sliding-window attention is not implemented in the reference")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise SystemExit("only hidden_act=silu is implemented")
+        self.W = load_weights(model_dir)
+        self.hd = head_dim_of(cfg)
+        self.nH = cfg["num_attention_heads"]
+        self.nKV = cfg["num_key_value_heads"]
+        self.eps = cfg["rms_norm_eps"]
+        self.L = cfg["num_hidden_layers"]
+        self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
+        self.lm_head = (self.W["model.embed_tokens.weight"]
+                        if cfg.get("tie_word_embeddings", False) else self.W["lm_head.weight"])
+
+    def attention(self, x, p, cos, sin):
+        W, T, hd, nH, nKV = self.W, x.shape[0], self.hd, self.nH, self.nKV
+        q = linear(x, W, p + ".q_proj").view(T, nH, hd)
+        k = linear(x, W, p + ".k_proj").view(T, nKV, hd)
+        v = linear(x, W, p + ".v_proj").view(T, nKV, hd)
+        # Qwen3: per-head RMSNorm over head_dim on q and k, *before* RoPE.
+        q = rms_norm(q, W[p + ".q_norm.weight"], self.eps)
+        k = rms_norm(k, W[p + ".k_norm.weight"], self.eps)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # GQA: query head h reads kv head h // (nH / nKV).
+        rep = nH // nKV
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # s > t is masked
+        scores = scores.masked_fill(causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.einsum("hts,shd->thd", probs, v).reshape(T, nH * hd)
+        return linear(o, W, p + ".o_proj")
+
+    def moe(self, x, p):
+        """HF Qwen3MoeSparseMoeBlock. Returns (output, topk ids, top k+1 probs)."""
+        W, cfg = self.W, self.cfg
+        k, E = cfg["num_experts_per_tok"], cfg["num_experts"]
+        probs = torch.softmax(x @ W[p + ".gate.weight"].T, dim=-1)  # [T, E]
+        # Stable descending sort: deterministic order (lower id first) on exact ties.
+        vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+        top_w, top_ids = vals[:, :k], ids[:, :k]
+        if cfg.get("norm_topk_prob", False):
+            top_w = top_w / top_w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in torch.unique(top_ids).tolist():
+            rows, slot = (top_ids == e).nonzero(as_tuple=True)
+            y = swiglu_mlp(x[rows], W, f"{p}.experts.{e}")
+            out.index_add_(0, rows, top_w[rows, slot][:, None] * y)
+        return out, top_ids, vals[:, :min(k + 1, E)]
+
+    def forward(self, tokens):
+        """Returns (log-softmax [T, V], experts [T][m][k], router_probs [T][m][k+1])."""
+        T = len(tokens)
+        x = self.W["model.embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
+        cos, sin = rope_cos_sin(T, self.hd, float(self.cfg["rope_theta"]))
+        experts = [[] for _ in range(T)]
+        rprobs = [[] for _ in range(T)]
+        for i in range(self.L):
+            p = f"model.layers.{i}"
+            h = rms_norm(x, self.W[p + ".input_layernorm.weight"], self.eps)
+            x = x + self.attention(h, p + ".self_attn", cos, sin)
+            h = rms_norm(x, self.W[p + ".post_attention_layernorm.weight"], self.eps)
+            if i in self.moe_layers:
+                y, ids, pr = self.moe(h, p + ".mlp")
+                for t in range(T):
+                    experts[t].append(ids[t].tolist())
+                    rprobs[t].append(pr[t].tolist())
+            else:
+                y = swiglu_mlp(h, self.W, p + ".mlp")
+            x = x + y
+        x = rms_norm(x, self.W["model.norm.weight"], self.eps)
+        logits = x @ self.lm_head.T
+        return torch.log_softmax(logits, dim=-1), experts, rprobs
+
+
+def run_forward(model, tokens):
+    """One output record. logprobs[t] = log p(tokens[t] | tokens[<t]); entry 0 is None."""
+    if not tokens:
+        return {"tokens": [], "logprobs": [], "experts": [], "router_probs": []}
+    V = model.cfg["vocab_size"]
+    if any(not (0 <= t < V) for t in tokens):
+        raise SystemExit(f"token id out of range [0, {V})")
+    logp, experts, rprobs = model.forward(tokens)
+    lps = [None] + [logp[t - 1, tokens[t]].item() for t in range(1, len(tokens))]
+    return {"tokens": tokens, "logprobs": lps, "experts": experts, "router_probs": rprobs}
+
+
+def cmd_forward(args):
+    model = Model(args.model)
+    n = 0
+    with open(args.input) as fin, open(args.output, "w") as fout:
+        with torch.no_grad():
+            for line in fin:
+                if not line.strip():
+                    continue
+                rec = run_forward(model, [int(t) for t in json.loads(line)["tokens"]])
+                fout.write(json.dumps(rec) + "\n")
+                n += 1
+    print(f"forward: {n} sequences -> {args.output}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    mm = sub.add_parser("make-model", help="write config.json + random safetensors weights")
+    mm.add_argument("--out", required=True)
+    mm.add_argument("--seed", type=int, required=True)
+    mm.add_argument("--dtype", choices=["f32", "bf16"], required=True)
+    mm.add_argument("--shards", type=int, default=1)
+    mm.add_argument("--std", type=float, default=0.02,
+                    help="std of linear/embedding weights (larger -> sharper logits)")
+    mm.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
+                    help="override a config key; VALUE parsed as JSON, else string")
+    fw = sub.add_parser("forward", help="float64 reference forward over a JSONL of token lists")
+    fw.add_argument("--model", required=True)
+    fw.add_argument("--input", required=True)
+    fw.add_argument("--output", required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "make-model":
+        cmd_make_model(args)
+    else:
+        cmd_forward(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
