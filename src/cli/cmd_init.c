@@ -1,4 +1,5 @@
 /* trill init: a randomly initialised model in Hugging Face layout. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,8 +85,13 @@ int cmd_init(int argc, char **argv) {
     else return cli_usage_error("init", USAGE, "--dtype: expected bf16 or f32, got \"%s\"", dtype_name);
     json_t *cfg_json = trill_config_preset(preset);
     if (!cfg_json) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
-    for (int i = 0; i < n_sets; i++)
+    bool set_type = false, set_archs = false;
+    for (int i = 0; i < n_sets; i++) {
         if (apply_override(cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
+        set_type |= strncmp(sets[i], "model_type=", 11) == 0;
+        set_archs |= strncmp(sets[i], "architectures=", 14) == 0;
+    }
+    if (set_type && !set_archs) json_object_del(cfg_json, "architectures"); /* follows model_type */
 
     trill_config config;
     trill_status st = trill_config_from_json(cfg_json, "config (preset + --set)", &config);

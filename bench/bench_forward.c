@@ -1,0 +1,237 @@
+/* bench_forward: throughput of the reference forward (trill_model_forward), set against
+ * the machine's fp32 GEMM peak measured in the same run.
+ *
+ * A benchmark, not a test: it prints figures and fails only if it cannot run.
+ *
+ *   bench_forward [--preset NAME] [--batch B] [--seq L] [--runs N] [--skip-peak]
+ *
+ * FLOPs are counted analytically (2 per multiply-add) from the config and the batch:
+ *   - attention projections q, k, v, o over all T tokens;
+ *   - the router (MoE layers) and the dense MLP (gate, up, down) of dense layers;
+ *   - the experts actually run: top_k experts per token, 3 matrices each;
+ *   - lm_head over all T tokens (the forward computes logits for every row);
+ *   - attention scores Q·K^T and probabilities·V, causal: a query at position t reads
+ *     t+1 keys, so per head and sequence of length L both cost sum_t (t+1)·hd·2 FLOPs.
+ * Elementwise work (norms, RoPE, softmax, SwiGLU, residuals, log-softmax) is not counted,
+ * so GFLOP/s here is "useful matmul-equivalent work per second". */
+#include <cblas.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "trill/config.h"
+#include "trill/model.h"
+#include "trill/rng.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts t[n] in place; returns the median. */
+static double median(double *t, int n) {
+    qsort(t, n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static void die(const char *msg) {
+    fprintf(stderr, "bench_forward: %s\n", msg);
+    exit(1);
+}
+
+static int parse_int(const char *opt, const char *s, int min) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < min || v > 1 << 24) {
+        fprintf(stderr, "bench_forward: %s expects an integer >= %d, got '%s'\n", opt, min, s);
+        exit(2);
+    }
+    return (int)v;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: bench_forward [--preset NAME] [--batch B] [--seq L] [--runs N] [--skip-peak]\n"
+               "  --preset NAME  model preset (%s; default small)\n"
+               "  --batch B      sequences per forward (default 8)\n"
+               "  --seq L        tokens per sequence (default 256)\n"
+               "  --runs N       timed runs after one warm-up (default 3, at least 1)\n"
+               "  --skip-peak    do not measure the sgemm peak\n",
+            trill_config_preset_names);
+}
+
+/* ---- sgemm peak ------------------------------------------------------------------------ */
+
+/* Best-of and median-of `runs` timings of a square sgemm; returns the best GFLOP/s. */
+static double sgemm_peak(int n, int runs) {
+    size_t nn = (size_t)n * n;
+    float *a = malloc(nn * sizeof(float)), *b = malloc(nn * sizeof(float)), *c = malloc(nn * sizeof(float));
+    double *t = malloc(runs * sizeof(double));
+    if (!a || !b || !c || !t) die("out of memory for the sgemm peak");
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)(trill_rng_uniform(1, i) - 0.5);
+        b[i] = (float)(trill_rng_uniform(2, i) - 0.5);
+    }
+    const double flops = 2.0 * n * n * n;
+    /* same layout as matmul_forward: row-major A times B^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+    for (int r = 0; r < runs; r++) {
+        double t0 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        t[r] = now_s() - t0;
+    }
+    double med = median(t, runs), best = t[0];
+    printf("sgemm %dx%dx%d (NT, fp32), %d runs after 1 warm-up:\n", n, n, n, runs);
+    printf("  best   %8.2f ms  %8.2f GFLOP/s\n", best * 1e3, flops / best * 1e-9);
+    printf("  median %8.2f ms  %8.2f GFLOP/s\n", med * 1e3, flops / med * 1e-9);
+    free(a), free(b), free(c), free(t);
+    return flops / best * 1e-9;
+}
+
+/* ---- analytic FLOP count ---------------------------------------------------------------- */
+
+enum { F_QKVO, F_ATTN, F_ROUTER, F_DENSE, F_EXPERTS, F_HEAD, F_N };
+static const char *const flop_names[F_N] = {
+    "q/k/v/o projections", "attention QK^T + PV (causal)", "router", "dense MLP", "experts (top-k used)", "lm_head",
+};
+
+static void count_flops(const trill_config *c, const int *offsets, int n_seqs, double f[F_N]) {
+    const double T = offsets[n_seqs], H = c->hidden_size, hd = c->head_dim;
+    const double qd = (double)c->num_attention_heads * hd, kvd = (double)c->num_key_value_heads * hd;
+    /* sum over sequences of sum_{t<L} (t+1) = L(L+1)/2 key reads per query head */
+    double pairs = 0.0;
+    for (int s = 0; s < n_seqs; s++) {
+        double L = offsets[s + 1] - offsets[s];
+        pairs += L * (L + 1) / 2;
+    }
+    memset(f, 0, sizeof(double) * F_N);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        f[F_QKVO] += 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H;
+        f[F_ATTN] += 2 * (pairs * hd * 2) * c->num_attention_heads; /* QK and PV */
+        if (trill_config_is_moe(c, l)) {
+            f[F_ROUTER] += 2 * T * H * c->num_experts;
+            f[F_EXPERTS] += 2 * T * c->num_experts_per_tok * 3 * H * c->moe_intermediate_size;
+        } else {
+            f[F_DENSE] += 2 * T * 3 * H * c->intermediate_size;
+        }
+    }
+    f[F_HEAD] = 2 * T * H * c->vocab_size;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    const char *preset = "small";
+    int batch = 8, seq = 256, runs = 3, skip_peak = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--skip-peak")) { skip_peak = 1; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "bench_forward: unknown option or missing value: %s\n", a); usage(stderr); return 2; }
+        if (!strcmp(a, "--preset")) preset = argv[++i];
+        else if (!strcmp(a, "--batch")) batch = parse_int(a, argv[++i], 1);
+        else if (!strcmp(a, "--seq")) seq = parse_int(a, argv[++i], 1);
+        else if (!strcmp(a, "--runs")) runs = parse_int(a, argv[++i], 1);
+        else { fprintf(stderr, "bench_forward: unknown option %s\n", a); usage(stderr); return 2; }
+    }
+
+    printf("threads: omp_get_max_threads=%d openblas_get_num_threads=%d (OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s)\n",
+           omp_get_max_threads(), openblas_get_num_threads(),
+           getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "unset",
+           getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "unset");
+    {
+        int par = openblas_get_parallel();
+        printf("openblas: %s, %s\n", openblas_get_config(),
+               par == 0 ? "sequential" : par == 1 ? "pthreads" : par == 2 ? "openmp" : "?");
+    }
+
+    double peak = 0.0;
+    if (!skip_peak) peak = sgemm_peak(2048, runs < 3 ? 3 : runs);
+
+    /* model */
+    json_t *js = trill_config_preset(preset);
+    if (!js) {
+        fprintf(stderr, "bench_forward: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names);
+        return 2;
+    }
+    trill_config cfg;
+    trill_model *m = NULL;
+    if (trill_config_from_json(js, preset, &cfg) || trill_model_create(&cfg, &m)) {
+        fprintf(stderr, "bench_forward: %s\n", trill_error_message());
+        return 1;
+    }
+    json_decref(js);
+    trill_model_init_random(m, 0);
+    int64_t n_total, n_active;
+    trill_config_param_counts(&cfg, &n_total, &n_active);
+    printf("model %s: %d layers (%d MoE), hidden %d, heads %d/%d x %d, experts %d top-%d (Im %d), dense I %d, vocab %d; "
+           "%.1fM params, %.1fM active per token\n",
+           preset, cfg.num_hidden_layers, cfg.n_moe_layers, cfg.hidden_size, cfg.num_attention_heads,
+           cfg.num_key_value_heads, cfg.head_dim, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+           cfg.intermediate_size, cfg.vocab_size, n_total * 1e-6, n_active * 1e-6);
+
+    /* batch: `batch` sequences of `seq` random token ids, fixed seed */
+    const int T = batch * seq;
+    int *tokens = malloc(sizeof(int) * T), *offsets = malloc(sizeof(int) * (batch + 1));
+    float *logprobs = malloc(sizeof(float) * T);
+    size_t n_exp = (size_t)T * (cfg.n_moe_layers > 0 ? cfg.n_moe_layers : 1) * (cfg.num_experts_per_tok > 0 ? cfg.num_experts_per_tok : 1);
+    uint16_t *experts = malloc(sizeof(uint16_t) * n_exp);
+    double *times = malloc(sizeof(double) * runs);
+    if (!tokens || !offsets || !logprobs || !experts || !times) die("out of memory for the batch");
+    for (int t = 0; t < T; t++) tokens[t] = (int)(trill_rng_bits(12345, t) % (uint64_t)cfg.vocab_size);
+    for (int s = 0; s <= batch; s++) offsets[s] = s * seq;
+
+    double f[F_N], flops = 0.0;
+    count_flops(&cfg, offsets, batch, f);
+    for (int i = 0; i < F_N; i++) flops += f[i];
+    printf("FLOPs per forward (analytic, 2 per multiply-add; elementwise ops not counted): %.2f GFLOP\n", flops * 1e-9);
+    for (int i = 0; i < F_N; i++)
+        if (f[i] > 0) printf("  %-30s %8.3f GFLOP %5.1f%%\n", flop_names[i], f[i] * 1e-9, 100.0 * f[i] / flops);
+
+    /* forward: one warm-up, then `runs` timed, router capture on */
+    trill_status st = trill_model_forward(m, tokens, offsets, batch, logprobs, experts);
+    if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
+    for (int r = 0; r < runs; r++) {
+        double t0 = now_s();
+        trill_model_forward(m, tokens, offsets, batch, logprobs, experts);
+        times[r] = now_s() - t0;
+    }
+    /* checksum: mean log-prob over predicted tokens (~ -log(vocab) for a random model) */
+    double sum_lp = 0.0;
+    int n_lp = 0;
+    for (int t = 0; t < T; t++)
+        if (!isnan(logprobs[t])) sum_lp += logprobs[t], n_lp++;
+    printf("forward %s %dx%d (T=%d tokens, router capture on), %d runs after 1 warm-up; mean logprob %.6f:\n",
+           preset, batch, seq, T, runs, n_lp ? sum_lp / n_lp : NAN);
+    printf("  runs (ms):");
+    for (int r = 0; r < runs; r++) printf(" %.1f", times[r] * 1e3);
+    printf("\n");
+    double med = median(times, runs), best = times[0];
+    const char *label[2] = { "best  ", "median" };
+    double tt[2] = { best, med };
+    for (int i = 0; i < 2; i++) {
+        printf("  %s %9.2f ms/forward %10.0f tokens/s %8.2f GFLOP/s", label[i], tt[i] * 1e3, T / tt[i],
+               flops / tt[i] * 1e-9);
+        if (peak > 0) printf("  %5.1f%% of sgemm peak", 100.0 * flops / tt[i] * 1e-9 / peak);
+        printf("\n");
+    }
+    printf("forward %s %dx%d: %.0f tokens/s, %.2f GFLOP/s", preset, batch, seq, T / med, flops / med * 1e-9);
+    if (peak > 0) printf(" (%.1f%% of sgemm peak %.2f GFLOP/s)", 100.0 * flops / med * 1e-9 / peak, peak);
+    printf("   [median forward; peak = best sgemm]\n");
+
+    free(tokens), free(offsets), free(logprobs), free(experts), free(times);
+    trill_model_free(m);
+    return 0;
+}

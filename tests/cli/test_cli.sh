@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# End-to-end checks of the trill command: exit codes, messages, outputs.
+# Usage: test_cli.sh PATH/TO/trill
+set -uo pipefail
+TRILL=$1
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-cli-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+passed=0 failed=0
+
+check() { # check NAME CONDITION-COMMAND...
+  local name=$1; shift
+  if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
+}
+# expect_exit CODE STDERR-SUBSTRING COMMAND...: exit code and message on stderr
+expect_exit() {
+  local code=$1 needle=$2; shift 2
+  "$@" >"$WORK/out" 2>"$WORK/err"
+  local rc=$?
+  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$needle" "$WORK/err"; then
+    echo "FAIL: '$*' exited $rc (want $code), stderr: $(head -c 300 "$WORK/err") (want '$needle')"
+    failed=$((failed + 1))
+  else
+    passed=$((passed + 1))
+  fi
+}
+
+# help and usage errors (exit 2)
+for cmd in init info score generate tokenize; do
+  check "$cmd --help" "$TRILL" "$cmd" --help >/dev/null
+done
+expect_exit 2 "usage: trill COMMAND" "$TRILL"
+expect_exit 2 'unknown command "frobnicate"' "$TRILL" frobnicate
+expect_exit 2 "--out DIR is required" "$TRILL" init
+expect_exit 2 'unknown preset "huge"' "$TRILL" init --out "$WORK/x" --preset huge
+expect_exit 2 'unknown config.json field "num_expert"' "$TRILL" init --out "$WORK/x" --set num_expert=4
+expect_exit 2 "--dtype: expected bf16 or f32" "$TRILL" init --out "$WORK/x" --dtype f64
+expect_exit 2 "--seed: expected an integer" "$TRILL" init --out "$WORK/x" --seed abc
+expect_exit 2 "--model DIR is required" "$TRILL" info
+
+# failures (exit 1) name the file and the problem
+expect_exit 1 "$WORK/nope/config.json: cannot open" "$TRILL" info --model "$WORK/nope"
+expect_exit 1 'field "num_experts_per_tok": 9 must be in [1, num_experts=8]' \
+  "$TRILL" init --out "$WORK/x" --set num_experts_per_tok=9
+expect_exit 1 'field "rope_scaling": rope type "yarn" is not supported' \
+  "$TRILL" init --out "$WORK/x" --set 'rope_scaling={"rope_type":"yarn","factor":4}'
+
+# init + info: the tiny preset's layer map and counts
+check "init tiny" "$TRILL" init --out "$WORK/tiny" --seed 1 2>/dev/null
+for f in config.json model.safetensors tokenizer.json tokenizer_config.json generation_config.json; do
+  check "init wrote $f" test -s "$WORK/tiny/$f"
+done
+"$TRILL" info --model "$WORK/tiny" >"$WORK/info"
+check "info layer map" grep -qF "layer map:     0 dense, 1-3 moe(ordinals 0-2)" "$WORK/info"
+check "info parameters" grep -qE "^parameters: +[0-9]+ total, [0-9]+ active" "$WORK/info"
+check "info dtype" grep -qF "(BF16)" "$WORK/info"
+
+# dense model through --set, f32
+check "init dense" "$TRILL" init --out "$WORK/dense" --set model_type=qwen3 --set num_hidden_layers=2 --dtype f32 2>/dev/null
+"$TRILL" info --model "$WORK/dense" >"$WORK/info2"
+check "dense info" grep -qF "Qwen3ForCausalLM" "$WORK/info2"
+check "dense layer map" grep -qF "layer map:     0-1 dense" "$WORK/info2"
+
+# score: tokens and text lines, shapes of the outputs
+printf '{"tokens": [5, 6, 7, 8]}\n\n{"text": "Hello"}\n{"tokens": [3]}\n' >"$WORK/in.jsonl"
+check "score" "$TRILL" score --model "$WORK/tiny" --input "$WORK/in.jsonl" --output "$WORK/out.jsonl"
+check "score output" /usr/bin/python3 - "$WORK/out.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 3, len(rows)
+assert rows[0]["tokens"] == [5, 6, 7, 8]
+assert rows[1]["tokens"] == [43, 72, 79, 79, 82]          # H e l l o in the char vocab
+for r in rows:
+    n = len(r["tokens"])
+    assert r["logprobs"][0] is None and len(r["logprobs"]) == n
+    assert all(lp < 0 for lp in r["logprobs"][1:])
+    assert len(r["experts"]) == n
+    assert all(len(t) == 3 and all(len(k) == 2 and len(set(k)) == 2 and max(k) < 8 for k in t) for t in r["experts"])
+PY
+printf '{"tokens": [5, 999]}\n' >"$WORK/bad.jsonl"
+expect_exit 1 "bad.jsonl:1: field \"tokens\": entry 1: expected a token id in [0, 128)" \
+  "$TRILL" score --model "$WORK/tiny" --input "$WORK/bad.jsonl"
+printf '{"tokens": [5, 6]}\n{"tokens": ' >"$WORK/bad2.jsonl"
+expect_exit 1 "bad2.jsonl:2: invalid JSON" "$TRILL" score --model "$WORK/tiny" --input "$WORK/bad2.jsonl" --output "$WORK/never.jsonl"
+check "no partial output on failure" test ! -e "$WORK/never.jsonl"
+
+# a damaged checkpoint is refused with the file named
+cp -r "$WORK/tiny" "$WORK/broken"
+truncate -s 100000 "$WORK/broken/model.safetensors"
+expect_exit 1 "$WORK/broken/model.safetensors: " "$TRILL" info --model "$WORK/broken"
+
+# tokenize round trip
+printf 'Hello, world!\nline two\n' >"$WORK/text"
+"$TRILL" tokenize --model "$WORK/tiny" <"$WORK/text" >"$WORK/ids"
+check "tokenize lines" test "$(wc -l <"$WORK/ids")" -eq 2
+"$TRILL" tokenize --model "$WORK/tiny" --decode <"$WORK/ids" >"$WORK/text2"
+check "tokenize round trip" cmp -s "$WORK/text" "$WORK/text2"
+expect_exit 1 "stdin line 1: position 0: token id 4000 is not in the vocabulary" \
+  sh -c "echo '[4000]' | '$TRILL' tokenize --model '$WORK/tiny' --decode"
+
+# generate: same seed, same text; greedy is deterministic too
+a=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --seed 4 --top-k 20)
+b=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --seed 4 --top-k 20)
+check "generate reproducible" test "$a" == "$b"
+expect_exit 2 "--top-p: expected a number" "$TRILL" generate --model "$WORK/tiny" --prompt x --top-p 2
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

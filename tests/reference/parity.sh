@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Parity of `trill score` with the independent PyTorch reference (qwen3_ref.py).
+# The checkpoints are written by the Python side, so trill's loader is tested too.
+# Usage: parity.sh PATH/TO/trill
+set -euo pipefail
+TRILL=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3   # Debian's python3 with python3-torch
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-parity-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# name | make-model arguments (several sequence lengths share each batch)
+cases=(
+  "moe_f32|--dtype f32 --seed 1"
+  "moe_bf16_sharded_nonorm|--dtype bf16 --seed 2 --shards 3 --set norm_topk_prob=false"
+  "moe_sparse_step2_tied|--dtype f32 --seed 3 --set decoder_sparse_step=2 mlp_only_layers=[] tie_word_embeddings=true"
+  "moe_gqa4_dense_first2|--dtype bf16 --seed 4 --set num_attention_heads=8 num_key_value_heads=2 head_dim=32 num_experts=16 num_experts_per_tok=4 mlp_only_layers=[0,1] num_hidden_layers=5"
+  "moe_mha_top1|--dtype f32 --seed 5 --set num_key_value_heads=4 num_experts_per_tok=1 rope_theta=1000000.0"
+  "dense_f32_tied|--dtype f32 --seed 6 --set model_type=qwen3 tie_word_embeddings=true"
+  "dense_bf16_sharded|--dtype bf16 --seed 7 --shards 2 --set model_type=qwen3"
+)
+
+"$PY" "$HERE/gen_inputs.py" --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl" >/dev/null
+failed=0
+for c in "${cases[@]}"; do
+  name=${c%%|*}
+  args=${c#*|}
+  dir="$WORK/$name"
+  # shellcheck disable=SC2086
+  "$PY" "$HERE/qwen3_ref.py" make-model --out "$dir" --std 0.1 $args >/dev/null
+  "$PY" "$HERE/qwen3_ref.py" forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" >/dev/null
+  # the comparer must catch a perturbed log-prob and a swapped expert on this reference
+  "$PY" "$HERE/compare.py" "$dir.ref.jsonl" --self-test >/dev/null
+  "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
+  if "$PY" "$HERE/compare.py" "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6 > "$dir.cmp.txt"; then
+    echo "PASS $name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
+  else
+    echo "FAIL $name"; cat "$dir.cmp.txt"; failed=$((failed + 1))
+  fi
+done
+echo "$(( ${#cases[@]} - failed )) passed, $failed failed"
+[ "$failed" -eq 0 ]
