@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Parity of `trill score` with the independent PyTorch reference (qwen3_ref.py).
-# The checkpoints are written by the Python side, so trill's loader is tested too.
+# Parity of `trill score` with the independent PyTorch reference (qwen3_ref.py), both ways:
+# checkpoints written by the Python side and loaded by trill (the loader is tested too), and
+# checkpoints written by `trill init` and loaded by the reference's own reader.
 # Usage: parity.sh PATH/TO/trill
 set -euo pipefail
 TRILL=$1
@@ -8,8 +9,25 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3   # Debian's python3 with python3-torch
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-parity-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+passed=0 failed=0
 
-# name | make-model arguments (several sequence lengths share each batch)
+# Scores WORK/in.jsonl with both implementations on model DIR and compares.
+score_and_compare() {
+  local name=$1 dir=$2
+  "$PY" "$HERE/qwen3_ref.py" forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" >/dev/null
+  "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
+  if "$PY" "$HERE/compare.py" "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6 >"$dir.cmp.txt"; then
+    echo "PASS $name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"; cat "$dir.cmp.txt"; failed=$((failed + 1))
+  fi
+}
+
+# Several sequence lengths share each batch.
+"$PY" "$HERE/gen_inputs.py" --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl" >/dev/null
+
+# name | make-model arguments
 cases=(
   "moe_f32|--dtype f32 --seed 1"
   "moe_bf16_sharded_nonorm|--dtype bf16 --seed 2 --shards 3 --set norm_topk_prob=false"
@@ -19,24 +37,20 @@ cases=(
   "dense_f32_tied|--dtype f32 --seed 6 --set model_type=qwen3 tie_word_embeddings=true"
   "dense_bf16_sharded|--dtype bf16 --seed 7 --shards 2 --set model_type=qwen3"
 )
-
-"$PY" "$HERE/gen_inputs.py" --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl" >/dev/null
-failed=0
 for c in "${cases[@]}"; do
   name=${c%%|*}
-  args=${c#*|}
-  dir="$WORK/$name"
   # shellcheck disable=SC2086
-  "$PY" "$HERE/qwen3_ref.py" make-model --out "$dir" --std 0.1 $args >/dev/null
-  "$PY" "$HERE/qwen3_ref.py" forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" >/dev/null
-  # the comparer must catch a perturbed log-prob and a swapped expert on this reference
-  "$PY" "$HERE/compare.py" "$dir.ref.jsonl" --self-test >/dev/null
-  "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
-  if "$PY" "$HERE/compare.py" "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6 > "$dir.cmp.txt"; then
-    echo "PASS $name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
-  else
-    echo "FAIL $name"; cat "$dir.cmp.txt"; failed=$((failed + 1))
-  fi
+  "$PY" "$HERE/qwen3_ref.py" make-model --out "$WORK/$name" --std 0.1 ${c#*|} >/dev/null
+  score_and_compare "$name" "$WORK/$name"
 done
-echo "$(( ${#cases[@]} - failed )) passed, $failed failed"
+# the comparer itself must catch a perturbed log-prob and a swapped expert
+"$PY" "$HERE/compare.py" "$WORK/moe_f32.ref.jsonl" --self-test >/dev/null
+
+for dtype in f32 bf16; do
+  dir="$WORK/trill_written_$dtype"
+  "$TRILL" init --out "$dir" --preset tiny --seed 9 --dtype "$dtype" --set initializer_range=0.1 2>/dev/null
+  score_and_compare "trill_written_$dtype" "$dir"
+done
+
+echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
