@@ -2,6 +2,38 @@
 
 #include <string.h>
 
+/* IEEE binary16 <-> binary32 on bits: portable (no compiler _Float16 support needed). */
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);          /* inf, NaN */
+    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
+    else if (man == 0) bits = sign;                                     /* zero */
+    else {                                                              /* subnormal: normalise */
+        int shift = 0;
+        while (!(man & 0x400)) { man <<= 1; shift++; }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3ff) << 13);
+    }
+    union { uint32_t u; float f; } v = { .u = bits };
+    return v.f;
+}
+
+static uint16_t f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    uint32_t sign = (v.u >> 16) & 0x8000, abs = v.u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00);  /* NaN */
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds past 65504: inf */
+    if (abs < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+        if (abs < 0x33000000u) return (uint16_t)sign;          /* below half the smallest subnormal */
+        uint32_t man = (abs & 0x7fffff) | 0x800000, shift = 126 - (abs >> 23);
+        uint32_t half = man >> shift, rest = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t rounded = abs - 0x38000000u; /* rebias 127 -> 15, still with 23 mantissa bits */
+    rounded += 0xfff + ((rounded >> 13) & 1); /* round to nearest even on the 13 dropped bits */
+    return (uint16_t)(sign | (rounded >> 13));
+}
+
 size_t trill_dtype_size(trill_dtype dt) { return dt == TRILL_F32 ? 4 : 2; }
 
 const char *trill_dtype_name(trill_dtype dt) {
@@ -35,9 +67,9 @@ void trill_to_f32(float *dst, const void *src, trill_dtype src_dtype, size_t n) 
         return;
     case TRILL_F16:
         for (size_t i = 0; i < n; i++) {
-            _Float16 h;
+            uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            dst[i] = (float)h;
+            dst[i] = f16_to_f32(h);
         }
         return;
     }
@@ -57,7 +89,7 @@ void trill_from_f32(void *dst, const float *src, trill_dtype dst_dtype, size_t n
         return;
     case TRILL_F16:
         for (size_t i = 0; i < n; i++) {
-            _Float16 h = (_Float16)src[i];
+            uint16_t h = f32_to_f16(src[i]);
             memcpy(d + 2 * i, &h, 2);
         }
         return;

@@ -170,6 +170,9 @@ static trill_status read_arch(const json_t *root, const char *what, trill_arch *
 }
 
 static trill_status check_consistency(const trill_config *c, const char *what) {
+    if (c->head_dim < 2) /* derived as hidden_size / num_attention_heads when absent */
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"head_dim\": %d (hidden_size %d / num_attention_heads %d) must be at least 2",
+                           what, c->head_dim, c->hidden_size, c->num_attention_heads);
     if (c->num_attention_heads % c->num_key_value_heads != 0)
         return trill_error(TRILL_ERR_INVALID, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
                            what, c->num_attention_heads, c->num_key_value_heads);

@@ -1,5 +1,6 @@
 #include "trill/safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -26,9 +27,11 @@ static int cmp_view_name(const void *a, const void *b) {
     return strcmp(((const trill_tensor_view *)a)->name, ((const trill_tensor_view *)b)->name);
 }
 
+/* By (begin, end), as the reference implementation: empty tensors sort before a tensor at their offset. */
 static int cmp_view_ptr_offset(const void *a, const void *b) {
     const trill_tensor_view *x = *(const trill_tensor_view *const *)a, *y = *(const trill_tensor_view *const *)b;
-    return x->data < y->data ? -1 : x->data > y->data;
+    if (x->data != y->data) return x->data < y->data ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
 }
 
 static trill_status parse_shape(const json_t *shape, const char *path, const char *name, trill_tensor_view *t) {
@@ -72,7 +75,9 @@ static trill_status parse_entry(const char *path, const char *name, const json_t
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": data_offsets [%lld, %lld] outside the data section of %zu bytes",
                            path, name, (long long)begin, (long long)end, data_len);
     size_t expect;
-    if (__builtin_mul_overflow(t->numel, trill_dtype_size(t->dtype), &expect) || (size_t)(end - begin) != expect)
+    if (__builtin_mul_overflow(t->numel, trill_dtype_size(t->dtype), &expect))
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape overflows", path, name);
+    if ((size_t)(end - begin) != expect)
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": data_offsets span %lld bytes but shape and dtype need %zu",
                            path, name, (long long)(end - begin), expect);
     t->data = data + begin;
@@ -122,8 +127,6 @@ static trill_status parse_header(trill_st_file *f, const unsigned char *bytes, s
     snprintf(what, sizeof what, "%s: header", f->path);
     trill_status st = trill_json_parse(what, (const char *)bytes + 8, hlen, &f->header);
     if (st) return st;
-    if (!json_is_object(f->header))
-        return trill_error(TRILL_ERR_INVALID, "%s: header must be a JSON object", f->path);
 
     const unsigned char *data = bytes + 8 + hlen;
     size_t data_len = len - 8 - hlen;
@@ -250,14 +253,19 @@ static trill_status open_sharded(trill_checkpoint *ck, const char *dir, const ch
     json_t *opened = json_object(); /* shard file name -> index into ck->files */
     json_object_foreach(map, name, file) {
         if (!json_is_string(file) || !safe_shard_name(json_string_value(file))) {
-            st = trill_error(TRILL_ERR_INVALID, "%s: weight_map[\"%s\"]: expected a file name in the same folder", index_path, name);
+            st = trill_error(TRILL_ERR_INVALID, "%s: weight_map[\"%s\"]: %s%s%s is not a file name in the same folder",
+                             index_path, name, json_is_string(file) ? "\"" : "", json_is_string(file) ? json_string_value(file) : "a non-string",
+                             json_is_string(file) ? "\"" : "");
             break;
         }
         if (json_object_get(opened, json_string_value(file))) continue;
         char *path = trill_path_join(dir, json_string_value(file));
         st = path ? add_file(ck, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
         free(path);
-        if (st) break;
+        if (st) {
+            trill_error_context("%s: shard of tensor \"%s\"", index_path, name);
+            break;
+        }
         json_object_set_new(opened, json_string_value(file), json_integer((json_int_t)ck->n_files - 1));
     }
     /* Every listed tensor must be in its shard, and every shard tensor must be listed there. */
@@ -351,17 +359,36 @@ static trill_status write_tensor_data(trill_atomic_file *af, const trill_tensor_
     return st;
 }
 
+/* What a reader would refuse is refused before anything is written. */
+static trill_status check_tensor_out(const char *path, const trill_tensor_out *t, const json_t *header) {
+    if (!t->name || !t->name[0] || strcmp(t->name, "__metadata__") == 0)
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor name \"%s\" is not allowed", path, t->name ? t->name : "(null)");
+    if (json_object_get(header, t->name))
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\" given twice", path, t->name);
+    if (t->ndim < 0 || t->ndim > TRILL_MAX_DIMS)
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": %d dimensions (at most %d)", path, t->name, t->ndim, TRILL_MAX_DIMS);
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] < 0)
+            return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": negative size in dimension %d", path, t->name, d);
+    return TRILL_OK;
+}
+
 trill_status trill_st_write(const char *path, const trill_tensor_out *tensors, size_t n, trill_dtype dtype) {
     json_t *header = json_object();
     json_object_set_new(header, "__metadata__", json_pack("{s:s}", "format", "pt"));
     size_t offset = 0;
     for (size_t i = 0; i < n; i++) {
+        trill_status st = check_tensor_out(path, &tensors[i], header);
+        if (st) { json_decref(header); return st; }
         json_t *shape = json_array();
         for (int d = 0; d < tensors[i].ndim; d++) json_array_append_new(shape, json_integer(tensors[i].shape[d]));
         size_t nbytes = trill_tensor_out_numel(&tensors[i]) * trill_dtype_size(dtype);
-        json_object_set_new(header, tensors[i].name,
-                            json_pack("{s:s, s:o, s:[I,I]}", "dtype", trill_dtype_name(dtype), "shape", shape,
-                                      "data_offsets", (json_int_t)offset, (json_int_t)(offset + nbytes)));
+        if (json_object_set_new(header, tensors[i].name,
+                                json_pack("{s:s, s:o, s:[I,I]}", "dtype", trill_dtype_name(dtype), "shape", shape,
+                                          "data_offsets", (json_int_t)offset, (json_int_t)(offset + nbytes))) != 0) {
+            json_decref(header);
+            return trill_error(TRILL_ERR_INVALID, "%s: tensor name \"%s\" is not valid UTF-8", path, tensors[i].name);
+        }
         offset += nbytes;
     }
     char *text = json_dumps(header, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -383,6 +410,24 @@ trill_status trill_st_write(const char *path, const trill_tensor_out *tensors, s
     return trill_atomic_commit(&af);
 }
 
+/* Removes model-XXXXX-of-YYYYY.safetensors files of any other shard count (all of them when
+ * n_shards is 0): left over from an earlier checkpoint written into the same folder. */
+static void remove_stale_shards(const char *dir, size_t n_shards) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        unsigned i, of;
+        char tail[32];
+        if (sscanf(e->d_name, "model-%5u-of-%5u%31s", &i, &of, tail) != 3 || strcmp(tail, ".safetensors") != 0) continue;
+        if (of == n_shards) continue;
+        char *path = trill_path_join(dir, e->d_name);
+        if (path) unlink(path);
+        free(path);
+    }
+    closedir(d);
+}
+
 trill_status trill_checkpoint_write(const char *dir, const trill_tensor_out *tensors, size_t n,
                                     trill_dtype dtype, size_t max_shard_bytes) {
     char *index_path = trill_path_join(dir, INDEX_NAME);
@@ -393,7 +438,10 @@ trill_status trill_checkpoint_write(const char *dir, const trill_tensor_out *ten
     if (!index_path || !single_path) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     else if (max_shard_bytes == 0 || total <= max_shard_bytes) {
         st = trill_st_write(single_path, tensors, n, dtype);
-        if (!st) unlink(index_path); /* a stale index would shadow the new file */
+        if (!st) {
+            unlink(index_path); /* a stale index would shadow the new file */
+            remove_stale_shards(dir, 0);
+        }
     } else {
         /* Greedy split in order: a shard closes when the next tensor would overflow it. */
         size_t *first = malloc((n + 1) * sizeof *first), n_shards = 0, bytes = 0;
@@ -419,7 +467,10 @@ trill_status trill_checkpoint_write(const char *dir, const trill_tensor_out *ten
             json_t *index = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
             st = trill_json_write_file(index_path, index);
             json_decref(index);
-            if (!st) unlink(single_path);
+            if (!st) {
+                unlink(single_path);
+                remove_stale_shards(dir, n_shards);
+            }
         }
         json_decref(map);
         free(first);
