@@ -92,7 +92,7 @@ static double sgemm_peak(int n, int runs) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         t[r] = now_s() - t0;
     }
-    double med = median(t, runs), best = t[0];
+    double med = median(t, runs), best = t[0]; /* median() sorted t */
     printf("sgemm %dx%dx%d (NT, fp32), %d runs after 1 warm-up:\n", n, n, n, runs);
     printf("  best   %8.2f ms  %8.2f GFLOP/s\n", best * 1e3, flops / best * 1e-9);
     printf("  median %8.2f ms  %8.2f GFLOP/s\n", med * 1e3, flops / med * 1e-9);
@@ -104,7 +104,8 @@ static double sgemm_peak(int n, int runs) {
 
 enum { F_QKVO, F_ATTN, F_ROUTER, F_DENSE, F_EXPERTS, F_HEAD, F_N };
 static const char *const flop_names[F_N] = {
-    "q/k/v/o projections", "attention QK^T + PV (causal)", "router", "dense MLP", "experts (top-k used)", "lm_head",
+    "q/k/v/o projections", "attention QK^T + PV (causal)", "router", "dense MLP (gate, up, down)",
+    "experts (top-k x 3 matrices)", "lm_head (all tokens)",
 };
 
 static void count_flops(const trill_config *c, const int *offsets, int n_seqs, double f[F_N]) {
@@ -139,18 +140,23 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--skip-peak")) { skip_peak = 1; continue; }
-        if (i + 1 >= argc) { fprintf(stderr, "bench_forward: unknown option or missing value: %s\n", a); usage(stderr); return 2; }
+        int takes_value = !strcmp(a, "--preset") || !strcmp(a, "--batch") || !strcmp(a, "--seq") || !strcmp(a, "--runs");
+        if (!takes_value) { fprintf(stderr, "bench_forward: unknown option %s\n", a); usage(stderr); return 2; }
+        if (i + 1 >= argc) { fprintf(stderr, "bench_forward: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--preset")) preset = argv[++i];
         else if (!strcmp(a, "--batch")) batch = parse_int(a, argv[++i], 1);
         else if (!strcmp(a, "--seq")) seq = parse_int(a, argv[++i], 1);
-        else if (!strcmp(a, "--runs")) runs = parse_int(a, argv[++i], 1);
-        else { fprintf(stderr, "bench_forward: unknown option %s\n", a); usage(stderr); return 2; }
+        else runs = parse_int(a, argv[++i], 1);
     }
 
-    printf("threads: omp_get_max_threads=%d openblas_get_num_threads=%d (OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s)\n",
-           omp_get_max_threads(), openblas_get_num_threads(),
-           getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "unset",
-           getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "unset");
+    if ((long long)batch * seq > 1 << 24) {
+        fprintf(stderr, "bench_forward: batch x seq = %lld tokens is more than this benchmark allows (%d)\n", (long long)batch * seq, 1 << 24);
+        return 2;
+    }
+    const char *env[] = { "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY" };
+    printf("threads: omp_get_max_threads=%d openblas_get_num_threads=%d (", omp_get_max_threads(), openblas_get_num_threads());
+    for (int i = 0; i < 3; i++) printf("%s%s=%s", i ? " " : "", env[i], getenv(env[i]) ? getenv(env[i]) : "unset");
+    printf(")\n");
     {
         int par = openblas_get_parallel();
         printf("openblas: %s, %s\n", openblas_get_config(),
@@ -173,14 +179,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     json_decref(js);
+    double t_init = now_s();
     trill_model_init_random(m, 0);
+    t_init = now_s() - t_init;
     int64_t n_total, n_active;
     trill_config_param_counts(&cfg, &n_total, &n_active);
     printf("model %s: %d layers (%d MoE), hidden %d, heads %d/%d x %d, experts %d top-%d (Im %d), dense I %d, vocab %d; "
-           "%.1fM params, %.1fM active per token\n",
+           "%.1fM params, %.1fM active per token (random init %.1f s)\n",
            preset, cfg.num_hidden_layers, cfg.n_moe_layers, cfg.hidden_size, cfg.num_attention_heads,
            cfg.num_key_value_heads, cfg.head_dim, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
-           cfg.intermediate_size, cfg.vocab_size, n_total * 1e-6, n_active * 1e-6);
+           cfg.intermediate_size, cfg.vocab_size, n_total * 1e-6, n_active * 1e-6, t_init);
 
     /* batch: `batch` sequences of `seq` random token ids, fixed seed */
     const int T = batch * seq;
@@ -196,7 +204,9 @@ int main(int argc, char **argv) {
     double f[F_N], flops = 0.0;
     count_flops(&cfg, offsets, batch, f);
     for (int i = 0; i < F_N; i++) flops += f[i];
-    printf("FLOPs per forward (analytic, 2 per multiply-add; elementwise ops not counted): %.2f GFLOP\n", flops * 1e-9);
+    printf("FLOPs per forward: %.2f GFLOP, analytic, 2 per multiply-add: q/k/v/o, router, dense MLP, top-k experts\n"
+           "  actually used (k x 3 matrices per token), lm_head over all tokens, causal QK^T and PV;\n"
+           "  not counted: norms, RoPE, softmax, SwiGLU, residuals, log-softmax\n", flops * 1e-9);
     for (int i = 0; i < F_N; i++)
         if (f[i] > 0) printf("  %-30s %8.3f GFLOP %5.1f%%\n", flop_names[i], f[i] * 1e-9, 100.0 * f[i] / flops);
 
@@ -205,20 +215,21 @@ int main(int argc, char **argv) {
     if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
     for (int r = 0; r < runs; r++) {
         double t0 = now_s();
-        trill_model_forward(m, tokens, offsets, batch, logprobs, experts);
+        st = trill_model_forward(m, tokens, offsets, batch, logprobs, experts);
         times[r] = now_s() - t0;
+        if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
     }
     /* checksum: mean log-prob over predicted tokens (~ -log(vocab) for a random model) */
     double sum_lp = 0.0;
     int n_lp = 0;
     for (int t = 0; t < T; t++)
         if (!isnan(logprobs[t])) sum_lp += logprobs[t], n_lp++;
-    printf("forward %s %dx%d (T=%d tokens, router capture on), %d runs after 1 warm-up; mean logprob %.6f:\n",
+    printf("forward %s %dx%d (T=%d tokens, router capture on), %d timed runs after 1 warm-up; mean logprob %.6f:\n",
            preset, batch, seq, T, runs, n_lp ? sum_lp / n_lp : NAN);
     printf("  runs (ms):");
     for (int r = 0; r < runs; r++) printf(" %.1f", times[r] * 1e3);
     printf("\n");
-    double med = median(times, runs), best = times[0];
+    double med = median(times, runs), best = times[0]; /* median() sorted times */
     const char *label[2] = { "best  ", "median" };
     double tt[2] = { best, med };
     for (int i = 0; i < 2; i++) {
@@ -227,9 +238,10 @@ int main(int argc, char **argv) {
         if (peak > 0) printf("  %5.1f%% of sgemm peak", 100.0 * flops / tt[i] * 1e-9 / peak);
         printf("\n");
     }
+    /* summary: the median forward; the peak is the best sgemm run */
     printf("forward %s %dx%d: %.0f tokens/s, %.2f GFLOP/s", preset, batch, seq, T / med, flops / med * 1e-9);
     if (peak > 0) printf(" (%.1f%% of sgemm peak %.2f GFLOP/s)", 100.0 * flops / med * 1e-9 / peak, peak);
-    printf("   [median forward; peak = best sgemm]\n");
+    printf("\n");
 
     free(tokens), free(offsets), free(logprobs), free(experts), free(times);
     trill_model_free(m);

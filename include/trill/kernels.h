@@ -38,7 +38,7 @@ void softmax_forward(float *probs, const float *logits, int T, int C);
 /* Per row of probs[T,C]: the k largest entries, descending (ties: lower index first). */
 void topk_forward(int *idx, float *val, const float *probs, int T, int C, int k);
 
-/* log(sum(exp(x[C]))), computed stably in double. */
+/* log(sum(exp(x[C]))): max-shifted fp32 terms summed in double. */
 double logsumexp(const float *x, int C);
 
 #endif

@@ -1,13 +1,40 @@
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trill/kernels.h"
 
+/* OpenBLAS here is the pthreads build: its threads and OpenMP's would fight over the same
+ * cores. trill keeps one thread pool, OpenMP's, and runs single-threaded sgemm inside it. */
+void openblas_set_num_threads(int n);
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_threaded(void) { openblas_set_num_threads(1); }
+
 void matmul_forward(float *out, const float *inp, const float *weight, int T, int K, int N) {
     if (T == 0 || N == 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N);
+    pthread_once(&g_blas_once, blas_single_threaded);
+    const int threads = omp_get_max_threads();
+    if (threads == 1 || omp_in_parallel() || (double)T * N * K < 1e6) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, inp, K, weight, K, 0.0f, out, N);
+        return;
+    }
+    /* split the longer side of the output across threads, in blocks of 16 */
+    const int split_rows = T >= N, len = split_rows ? T : N;
+    const int block = ((len + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < threads; i++) {
+        int lo = i * block, hi = lo + block < len ? lo + block : len;
+        if (lo >= hi) continue;
+        if (split_rows)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, N, K, 1.0f, inp + (size_t)lo * K, K,
+                        weight, K, 0.0f, out + (size_t)lo * N, N);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, hi - lo, K, 1.0f, inp, K,
+                        weight + (size_t)lo * K, K, 0.0f, out + lo, N);
+    }
 }
 
 void rmsnorm_forward(float *out, const float *inp, const float *weight, int T, int C, float eps) {
@@ -69,6 +96,7 @@ void attention_forward(float *out, const float *q, const float *k, const float *
                     for (int j = 0; j <= t; j++) {
                         const float *kj = k + (size_t)(base + j) * kvstride + (size_t)kvh * hd;
                         float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
                         for (int i = 0; i < hd; i++) dot += qt[i] * kj[i];
                         scores[j] = dot * scale;
                         if (scores[j] > maxv) maxv = scores[j];
@@ -141,7 +169,7 @@ void topk_forward(int *idx, float *val, const float *probs, int T, int C, int k)
 double logsumexp(const float *x, int C) {
     float maxv = -INFINITY;
     for (int i = 0; i < C; i++) if (x[i] > maxv) maxv = x[i];
-    double sum = 0.0;
-    for (int i = 0; i < C; i++) sum += exp((double)x[i] - maxv);
+    double sum = 0.0; /* fp32 terms, double accumulation */
+    for (int i = 0; i < C; i++) sum += expf(x[i] - maxv);
     return maxv + log(sum);
 }

@@ -167,8 +167,8 @@ trill_status trill_model_forward(const trill_model *m, const int *tokens, const 
     if ((st = run_state_alloc(&rs, c, T))) return st;
     forward_hidden(m, &rs, tokens, offsets, n_seqs, T, experts);
 
-    /* lm_head and log-softmax in row chunks: the full [T, V] logits would dominate memory */
-    enum { CHUNK = 64 };
+    /* lm_head and log-softmax in chunks of rows: the full [T, V] logits would dominate memory */
+    enum { CHUNK = 256 };
     float *logits = malloc(sizeof(float) * CHUNK * (size_t)V);
     if (!logits) { free(rs.block); return trill_error(TRILL_ERR_NOMEM, "out of memory for logits"); }
     for (int s = 0; s < n_seqs; s++)
