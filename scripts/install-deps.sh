@@ -5,12 +5,15 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
-  libopenblas-dev libjansson-dev libyaml-dev libcmocka-dev
+  libopenblas-dev libjansson-dev libyaml-dev libcmocka-dev libpcre2-dev libutf8proc-dev
   clang libclang-rt-14-dev           # libFuzzer harnesses
   python3 python3-torch python3-numpy # parity reference (tests only)
 )
 
 missing=()
+# Node.js + npm for the tokenizer oracle (tests only); machines may carry their own build,
+# so Debian's packages are added only when the commands are missing.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

@@ -1,12 +1,18 @@
-/* Tokenizer from a Hugging Face tokenizer.json.
+/* Tokenizer from a Hugging Face tokenizer.json, token for token equal to HF.
  *
- * This module reads the character-level WordLevel form that `trill init` writes
- * (one token per Unicode character, added/special tokens matched first) and refuses
- * other models by name. Byte-level BPE (Qwen3, DeepSeek-V3) is a separate issue. */
+ * Pipeline (as HF tokenizers): added/special tokens are matched first (leftmost-longest;
+ * those with "normalized": false on the raw text, the others after normalisation), then the
+ * rest is normalised (NFC/NFD/NFKC/NFKD, Sequence), pre-tokenised (Split with a PCRE2 regex
+ * or a literal and any HF behaviour, ByteLevel, Digits, Sequence) and run through the model:
+ * byte-level BPE (merges by rank) or WordLevel. Post-processing adds template special tokens
+ * (TemplateProcessing) when asked. Anything else is refused by name at load time.
+ * Invalid UTF-8 input is first repaired to U+FFFD per maximal subpart, as a UTF-8 decoder with
+ * replacement does before text reaches HF. encode/decode are thread-safe. */
 #ifndef TRILL_TOKENIZER_H
 #define TRILL_TOKENIZER_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "trill/error.h"
@@ -15,15 +21,22 @@ typedef struct trill_tokenizer trill_tokenizer;
 
 /* Reads DIR/tokenizer.json. */
 trill_status trill_tokenizer_load(const char *dir, trill_tokenizer **out);
+/* Builds from a parsed tokenizer.json; `what` names it in messages. */
+trill_status trill_tokenizer_from_json(const json_t *root, const char *what, trill_tokenizer **out);
 void trill_tokenizer_free(trill_tokenizer *tok);
 
-/* ids: malloc'ed array of *n ids. */
-trill_status trill_tokenizer_encode(const trill_tokenizer *tok, const char *text, size_t len, int **ids, size_t *n);
-/* text: malloc'ed, NUL-terminated; *len excludes the NUL. Unknown ids are an error. */
-trill_status trill_tokenizer_decode(const trill_tokenizer *tok, const int *ids, size_t n, char **text, size_t *len);
+/* ids: malloc'ed array of *n ids. add_special_tokens applies the post-processor's template
+ * (e.g. a BOS); special tokens written in the text are matched either way. */
+trill_status trill_tokenizer_encode(const trill_tokenizer *tok, const char *text, size_t len, bool add_special_tokens,
+                                    int **ids, size_t *n);
+/* text: malloc'ed, NUL-terminated, valid UTF-8; *len excludes the NUL. Unknown ids are an error. */
+trill_status trill_tokenizer_decode(const trill_tokenizer *tok, const int *ids, size_t n, bool skip_special_tokens,
+                                    char **text, size_t *len);
 
 /* Number of ids the tokenizer can produce (largest id + 1). */
 int trill_tokenizer_size(const trill_tokenizer *tok);
+/* The id of a token string (vocabulary or added token), or -1. */
+int trill_tokenizer_token_id(const trill_tokenizer *tok, const char *token);
 
 /* The character-level tokenizer.json written by `trill init`: special tokens
  * "<|endoftext|>" (id 0, end of sequence) and "<unk>" (id 1), then "\n" and printable ASCII. */

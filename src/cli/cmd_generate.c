@@ -94,7 +94,7 @@ int cmd_generate(int argc, char **argv) {
     size_t n = 0;
     trill_status st = trill_model_load(dir, &m);
     if (!st) st = trill_tokenizer_load(dir, &tok);
-    if (!st) st = trill_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n);
+    if (!st) st = trill_tokenizer_encode(tok, prompt, strlen(prompt), false, &ids, &n);
     if (!st && n == 0) st = trill_error(TRILL_ERR_INVALID, "--prompt: the prompt encodes to no tokens");
     const int V = m ? m->config.vocab_size : 0;
     int *seq = NULL;
@@ -117,7 +117,7 @@ int cmd_generate(int argc, char **argv) {
         seq[len++] = next;
         char *piece;
         size_t plen;
-        if (trill_tokenizer_decode(tok, &next, 1, &piece, &plen) == TRILL_OK) {
+        if (trill_tokenizer_decode(tok, &next, 1, false, &piece, &plen) == TRILL_OK) {
             fwrite(piece, 1, plen, stdout);
             free(piece);
         } else {

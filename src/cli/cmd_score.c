@@ -50,7 +50,7 @@ static trill_status parse_line(const char *path, size_t lineno, const char *line
         if (!ids) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     } else if (json_is_string(text)) {
         if (!*tok && (st = trill_tokenizer_load(dir, tok))) trill_error_context("%s: field \"text\" needs a tokenizer", what);
-        if (!st && (st = trill_tokenizer_encode(*tok, json_string_value(text), json_string_length(text), &ids, &n)))
+        if (!st && (st = trill_tokenizer_encode(*tok, json_string_value(text), json_string_length(text), false, &ids, &n)))
             trill_error_context("%s: field \"text\"", what);
         for (size_t i = 0; !st && i < n; i++)
             if (ids[i] >= m->config.vocab_size)

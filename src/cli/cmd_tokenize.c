@@ -14,7 +14,7 @@ static const char USAGE[] =
 static trill_status encode_line(const trill_tokenizer *tok, const char *line, size_t len) {
     int *ids;
     size_t n;
-    trill_status st = trill_tokenizer_encode(tok, line, len, &ids, &n);
+    trill_status st = trill_tokenizer_encode(tok, line, len, false, &ids, &n);
     if (st) return st;
     putchar('[');
     for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
@@ -38,7 +38,7 @@ static trill_status decode_line(const trill_tokenizer *tok, const char *line, si
     }
     char *text;
     size_t tlen;
-    if (!st && !(st = trill_tokenizer_decode(tok, ids, n, &text, &tlen))) {
+    if (!st && !(st = trill_tokenizer_decode(tok, ids, n, false, &text, &tlen))) {
         fwrite(text, 1, tlen, stdout);
         putchar('\n');
         free(text);

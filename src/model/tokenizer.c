@@ -1,178 +1,791 @@
 #include "trill/tokenizer.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
+#include "base/hashmap.h"
+#include "base/utf8.h"
 #include "trill/fileio.h"
 #include "trill/json.h"
 
+/* ---- growable int array --------------------------------------------------------------- */
+
+typedef struct ivec { int *v; size_t n, cap; } ivec;
+
+static int ivec_push(ivec *a, int x) {
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 64;
+        int *g = realloc(a->v, cap * sizeof *g);
+        if (!g) return -1;
+        a->v = g;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* ---- the tokenizer ----------------------------------------------------------------------- */
+
+enum { MAX_STEPS = 16, BYTE_CP_LIMIT = 324 };
+
+typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS } split_behavior;
+
+typedef struct pre_step {
+    pcre2_code *re;          /* NULL: a ByteLevel prefix-space step */
+    split_behavior behavior;
+    bool invert;
+    bool add_prefix_space;   /* ByteLevel: prepend ' ' to a piece that lacks one */
+} pre_step;
+
+typedef struct added_token {
+    const char *content;
+    size_t len;
+    int id;
+    bool special, lstrip, rstrip, normalized;
+} added_token;
+
 struct trill_tokenizer {
-    json_t *root;      /* owns every string below */
-    json_t *vocab;     /* token string -> id (jansson objects are hash tables) */
-    const char **id_to_token; /* [size] */
+    json_t *root;            /* owns every string the tables point to */
+    bool bpe;                /* byte-level BPE; else WordLevel */
+    trill_strmap vocab;      /* token string -> id */
+    const char **id_str;     /* [size] token strings (vocabulary and added) */
+    size_t *id_len;
+    bool *id_special;
     int size;
-    int unk_id;        /* -1 when the tokenizer has no unk_token */
+    trill_u64map merges;     /* (left id << 32 | right id) -> (rank << 32 | merged id) */
+    uint32_t byte_cp[256];   /* byte -> its byte-level code point */
+    int16_t cp_byte[BYTE_CP_LIMIT]; /* and back; -1 for other code points */
+    int byte_id[256];        /* id of each byte's byte-level symbol */
+    bool ignore_merges;
+    int unk_id;
+    int n_norm;
+    utf8proc_option_t norm[MAX_STEPS];
+    int n_pre;
+    pre_step pre[MAX_STEPS];
     int n_added;
-    const char **added;   /* added tokens, matched before the model, longest first */
-    int *added_ids;
+    added_token *added;      /* sorted by first byte, then longest first */
+    int added_first[257];    /* added tokens starting with byte b: [added_first[b], added_first[b+1]) */
+    bool decode_bytelevel, decode_fuse;
+    ivec prefix, suffix;     /* TemplateProcessing single: ids around the sequence */
 };
 
-void trill_tokenizer_free(trill_tokenizer *tok) {
-    if (!tok) return;
-    json_decref(tok->root);
-    free(tok->id_to_token);
-    free(tok->added);
-    free(tok->added_ids);
-    free(tok);
+/* GPT-2's byte <-> unicode map: printable bytes stand for themselves, the others take the
+ * code points from 256 up, in byte order. */
+static void build_byte_map(trill_tokenizer *t) {
+    for (int i = 0; i < BYTE_CP_LIMIT; i++) t->cp_byte[i] = -1;
+    int shifted = 0;
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+        t->byte_cp[b] = printable ? (uint32_t)b : 256u + (uint32_t)shifted++;
+        t->cp_byte[t->byte_cp[b]] = (int16_t)b;
+    }
 }
 
-static int cmp_len_desc(const void *a, const void *b) {
-    size_t la = strlen(*(const char *const *)a), lb = strlen(*(const char *const *)b);
-    return la < lb ? 1 : la > lb ? -1 : 0;
+void trill_tokenizer_free(trill_tokenizer *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    trill_strmap_free(&t->vocab);
+    trill_u64map_free(&t->merges);
+    free(t->id_str);
+    free(t->id_len);
+    free(t->id_special);
+    free(t->added);
+    free(t->prefix.v);
+    free(t->suffix.v);
+    json_decref(t->root);
+    free(t);
 }
 
-static trill_status read_model(trill_tokenizer *tok, const char *path) {
-    const json_t *model = json_object_get(tok->root, "model");
-    if (!json_is_object(model)) return trill_error(TRILL_ERR_INVALID, "%s: field \"model\": expected an object", path);
-    const char *type = "(missing)";
-    trill_json_get_string(model, "type", path, &type);
-    if (strcmp(type, "WordLevel") != 0)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"model.type\": \"%s\" is not supported yet (expected \"WordLevel\")", path, type);
-    tok->vocab = json_object_get(model, "vocab");
-    if (!json_is_object(tok->vocab)) return trill_error(TRILL_ERR_INVALID, "%s: field \"model.vocab\": expected an object {token: id}", path);
+int trill_tokenizer_size(const trill_tokenizer *t) { return t->size; }
+
+int trill_tokenizer_token_id(const trill_tokenizer *t, const char *token) {
+    size_t len = strlen(token);
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].len == len && memcmp(t->added[i].content, token, len) == 0) return t->added[i].id;
+    return trill_strmap_get(&t->vocab, token, len);
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+static const char *type_of(const json_t *obj) {
+    const json_t *t = json_object_get(obj, "type");
+    return json_is_string(t) ? json_string_value(t) : "(missing)";
+}
+
+static bool flag(const json_t *obj, const char *key, bool dflt) {
+    const json_t *v = json_object_get(obj, key);
+    return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+static trill_status load_normalizer(trill_tokenizer *t, const json_t *n, const char *what) {
+    if (!n || json_is_null(n)) return TRILL_OK;
+    const char *type = type_of(n);
+    if (strcmp(type, "Sequence") == 0) {
+        const json_t *list = json_object_get(n, "normalizers");
+        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: normalizer Sequence: \"normalizers\" must be a list", what);
+        size_t i;
+        const json_t *x;
+        json_array_foreach(list, i, x) {
+            trill_status st = load_normalizer(t, x, what);
+            if (st) return st;
+        }
+        return TRILL_OK;
+    }
+    static const struct { const char *name; utf8proc_option_t opt; } forms[] = {
+        { "NFC", UTF8PROC_COMPOSE }, { "NFD", UTF8PROC_DECOMPOSE },
+        { "NFKC", UTF8PROC_COMPOSE | UTF8PROC_COMPAT }, { "NFKD", UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT },
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
+        if (strcmp(type, forms[i].name) == 0) {
+            if (t->n_norm == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d normalizers", what, MAX_STEPS);
+            t->norm[t->n_norm++] = forms[i].opt | UTF8PROC_STABLE;
+            return TRILL_OK;
+        }
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: normalizer \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Sequence)", what, type);
+}
+
+static trill_status add_pre(trill_tokenizer *t, const char *what, const char *pattern, bool literal,
+                            split_behavior behavior, bool invert, bool add_prefix_space) {
+    if (t->n_pre == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizer steps", what, MAX_STEPS);
+    pre_step *p = &t->pre[t->n_pre];
+    *p = (pre_step){ .behavior = behavior, .invert = invert, .add_prefix_space = add_prefix_space };
+    if (pattern) {
+        int code;
+        PCRE2_SIZE offset;
+        p->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                              literal ? PCRE2_LITERAL | PCRE2_UTF : PCRE2_UTF | PCRE2_UCP, &code, &offset, NULL);
+        if (!p->re) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(code, msg, sizeof msg);
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre-tokenizer regex \"%s\": %s at offset %zu", what, pattern, (char *)msg, (size_t)offset);
+        }
+        pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter if JIT is unavailable */
+    }
+    t->n_pre++;
+    return TRILL_OK;
+}
+
+static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, const char *what, bool *byte_level) {
+    if (!p || json_is_null(p)) return TRILL_OK;
+    const char *type = type_of(p);
+    if (strcmp(type, "Sequence") == 0) {
+        const json_t *list = json_object_get(p, "pretokenizers");
+        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Sequence: \"pretokenizers\" must be a list", what);
+        size_t i;
+        const json_t *x;
+        json_array_foreach(list, i, x) {
+            trill_status st = load_pre_tokenizer(t, x, what, byte_level);
+            if (st) return st;
+        }
+        return TRILL_OK;
+    }
+    if (strcmp(type, "Split") == 0) {
+        const json_t *pat = json_object_get(p, "pattern");
+        const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
+        if (!json_is_string(re) && !json_is_string(lit))
+            return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Split: \"pattern\" must be {\"Regex\": ...} or {\"String\": ...}", what);
+        static const char *const names[] = { "Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous" };
+        const json_t *b = json_object_get(p, "behavior");
+        int behavior = -1;
+        for (int i = 0; i < 5; i++)
+            if (json_is_string(b) && strcmp(json_string_value(b), names[i]) == 0) behavior = i;
+        if (behavior < 0)
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not supported (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)",
+                               what, json_is_string(b) ? json_string_value(b) : "(missing)");
+        return add_pre(t, what, json_string_value(json_is_string(re) ? re : lit), !json_is_string(re),
+                       (split_behavior)behavior, flag(p, "invert", false), false);
+    }
+    if (strcmp(type, "ByteLevel") == 0) {
+        *byte_level = true;
+        trill_status st = TRILL_OK;
+        bool prefix = flag(p, "add_prefix_space", true);
+        if (prefix) st = add_pre(t, what, NULL, false, SPLIT_ISOLATED, false, true);
+        if (!st && flag(p, "use_regex", true)) st = add_pre(t, what, GPT2_PATTERN, false, SPLIT_ISOLATED, false, false);
+        return st;
+    }
+    if (strcmp(type, "Digits") == 0) /* Rust char::is_numeric: categories Nd, Nl, No */
+        return add_pre(t, what, flag(p, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", false, SPLIT_ISOLATED, false, false);
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported (supported: Split, ByteLevel, Digits, Sequence)", what, type);
+}
+
+static trill_status set_token(trill_tokenizer *t, const char *what, const char *s, size_t len, json_int_t id) {
+    if (id < 0 || id >= (1 << 24)) return trill_error(TRILL_ERR_INVALID, "%s: token \"%s\": id %lld out of range [0, 2^24)", what, s, (long long)id);
+    if (id >= t->size) {
+        size_t cap = (size_t)id + 1;
+        const char **ns = realloc(t->id_str, cap * sizeof *ns);
+        if (ns) t->id_str = ns;
+        size_t *nl = realloc(t->id_len, cap * sizeof *nl);
+        if (nl) t->id_len = nl;
+        bool *nsp = realloc(t->id_special, cap * sizeof *nsp);
+        if (nsp) t->id_special = nsp;
+        if (!ns || !nl || !nsp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (size_t i = (size_t)t->size; i < cap; i++) { t->id_str[i] = NULL; t->id_len[i] = 0; t->id_special[i] = false; }
+        t->size = (int)cap;
+    }
+    t->id_str[id] = s;
+    t->id_len[id] = len;
+    return TRILL_OK;
+}
+
+static trill_status load_vocab(trill_tokenizer *t, const json_t *model, const char *what) {
+    const json_t *vocab = json_object_get(model, "vocab");
+    if (!json_is_object(vocab)) return trill_error(TRILL_ERR_INVALID, "%s: field \"model.vocab\": expected an object {token: id}", what);
+    if (trill_strmap_init(&t->vocab, json_object_size(vocab))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const char *key;
     json_t *id;
-    json_object_foreach(tok->vocab, key, id) {
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 24))
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"model.vocab\": token \"%s\": expected an id in [0, 2^24)", path, key);
-        if (json_integer_value(id) >= tok->size) tok->size = (int)json_integer_value(id) + 1;
+    json_object_foreach((json_t *)vocab, key, id) {
+        if (!json_is_integer(id)) return trill_error(TRILL_ERR_INVALID, "%s: field \"model.vocab\": token \"%s\": expected an integer id", what, key);
+        size_t len = strlen(key);
+        trill_status st = set_token(t, what, key, len, json_integer_value(id));
+        if (st) return st;
+        if (trill_strmap_put(&t->vocab, key, len, (int32_t)json_integer_value(id))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
-    const json_t *pre = json_object_get(tok->root, "pre_tokenizer");
-    const json_t *pattern = pre ? json_object_get(json_object_get(pre, "pattern"), "Regex") : NULL;
-    if (!json_is_string(pattern) || strcmp(json_string_value(pattern), "[\\s\\S]") != 0)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"pre_tokenizer\": only the character-level Split on \"[\\\\s\\\\S]\" is supported here", path);
-    const char *unk = NULL;
-    tok->unk_id = -1;
-    trill_json_get_string(model, "unk_token", path, &unk);
-    if (unk) {
-        const json_t *u = json_object_get(tok->vocab, unk);
-        if (!u) return trill_error(TRILL_ERR_INVALID, "%s: field \"model.unk_token\": \"%s\" is not in the vocabulary", path, unk);
-        tok->unk_id = (int)json_integer_value(u);
+    const json_t *unk = json_object_get(model, "unk_token");
+    t->unk_id = -1;
+    if (json_is_string(unk)) {
+        t->unk_id = trill_strmap_get(&t->vocab, json_string_value(unk), json_string_length(unk));
+        if (t->unk_id < 0) return trill_error(TRILL_ERR_INVALID, "%s: field \"model.unk_token\": \"%s\" is not in the vocabulary", what, json_string_value(unk));
     }
     return TRILL_OK;
 }
 
-static trill_status read_added(trill_tokenizer *tok, const char *path) {
-    const json_t *added = json_object_get(tok->root, "added_tokens");
-    if (!added || json_is_null(added)) return TRILL_OK;
-    if (!json_is_array(added)) return trill_error(TRILL_ERR_INVALID, "%s: field \"added_tokens\": expected a list", path);
-    size_t n = json_array_size(added), i;
-    tok->added = calloc(n + 1, sizeof *tok->added);
-    tok->added_ids = calloc(n + 1, sizeof *tok->added_ids);
-    if (!tok->added || !tok->added_ids) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+static trill_status load_merges(trill_tokenizer *t, const json_t *model, const char *what) {
+    const json_t *merges = json_object_get(model, "merges");
+    if (!json_is_array(merges)) return trill_error(TRILL_ERR_INVALID, "%s: field \"model.merges\": expected a list", what);
+    if (trill_u64map_init(&t->merges, json_array_size(merges))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t rank;
+    const json_t *m;
+    char buf[1024];
+    json_array_foreach(merges, rank, m) {
+        const char *a, *b;
+        size_t la, lb;
+        if (json_is_string(m)) { /* "left right" */
+            const char *s = json_string_value(m), *sp = strchr(s, ' ');
+            if (!sp || strchr(sp + 1, ' ')) return trill_error(TRILL_ERR_INVALID, "%s: model.merges[%zu]: expected \"left right\"", what, rank);
+            a = s; la = (size_t)(sp - s); b = sp + 1; lb = strlen(b);
+        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
+            a = json_string_value(json_array_get(m, 0)); la = json_string_length(json_array_get(m, 0));
+            b = json_string_value(json_array_get(m, 1)); lb = json_string_length(json_array_get(m, 1));
+        } else {
+            return trill_error(TRILL_ERR_INVALID, "%s: model.merges[%zu]: expected \"left right\" or [left, right]", what, rank);
+        }
+        if (la + lb >= sizeof buf) return trill_error(TRILL_ERR_INVALID, "%s: model.merges[%zu]: merged token too long", what, rank);
+        memcpy(buf, a, la);
+        memcpy(buf + la, b, lb);
+        int ia = trill_strmap_get(&t->vocab, a, la), ib = trill_strmap_get(&t->vocab, b, lb);
+        int im = trill_strmap_get(&t->vocab, buf, la + lb);
+        if (ia < 0 || ib < 0 || im < 0)
+            return trill_error(TRILL_ERR_INVALID, "%s: model.merges[%zu]: \"%.*s\" + \"%.*s\" uses a token missing from the vocabulary",
+                               what, rank, (int)la, a, (int)lb, b);
+        uint64_t key = (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, old;
+        if (trill_u64map_get(&t->merges, key, &old)) continue; /* a repeated merge keeps its first rank */
+        if (trill_u64map_put(&t->merges, key, (uint64_t)rank << 32 | (uint32_t)im)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    return TRILL_OK;
+}
+
+static trill_status load_model(trill_tokenizer *t, const json_t *model, const char *what, bool byte_level) {
+    if (!json_is_object(model)) return trill_error(TRILL_ERR_INVALID, "%s: field \"model\": expected an object", what);
+    const char *type = type_of(model);
+    trill_status st;
+    if (strcmp(type, "WordLevel") == 0) return load_vocab(t, model, what);
+    if (strcmp(type, "BPE") != 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model \"%s\" is not supported (supported: BPE with ByteLevel, WordLevel)", what, type);
+    if (!byte_level)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model BPE without a ByteLevel pre-tokenizer is not supported (only byte-level BPE)", what);
+    const json_t *dropout = json_object_get(model, "dropout");
+    if (json_is_number(dropout) && json_number_value(dropout) != 0.0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model.dropout: BPE dropout is not supported", what);
+    const char *affixes[] = { "continuing_subword_prefix", "end_of_word_suffix" };
+    for (int i = 0; i < 2; i++) {
+        const json_t *v = json_object_get(model, affixes[i]);
+        if (json_is_string(v) && json_string_length(v) > 0)
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model.%s \"%s\" is not supported (expected empty or null)", what, affixes[i], json_string_value(v));
+    }
+    if (flag(model, "byte_fallback", false))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model.byte_fallback true is not supported", what);
+    t->bpe = true;
+    t->ignore_merges = flag(model, "ignore_merges", false);
+    if ((st = load_vocab(t, model, what)) || (st = load_merges(t, model, what))) return st;
+    for (int b = 0; b < 256; b++) {
+        char s[4];
+        int n = trill_utf8_encode(t->byte_cp[b], s);
+        t->byte_id[b] = trill_strmap_get(&t->vocab, s, (size_t)n);
+        if (t->byte_id[b] < 0)
+            return trill_error(TRILL_ERR_INVALID, "%s: model.vocab lacks the byte-level symbol \"%.*s\" for byte 0x%02x", what, n, s, b);
+    }
+    return TRILL_OK;
+}
+
+static int cmp_added(const void *x, const void *y) {
+    const added_token *a = x, *b = y;
+    unsigned char fa = (unsigned char)a->content[0], fb = (unsigned char)b->content[0];
+    if (fa != fb) return fa < fb ? -1 : 1;
+    return a->len < b->len ? 1 : a->len > b->len ? -1 : 0;
+}
+
+static trill_status load_added(trill_tokenizer *t, const json_t *list, const char *what) {
+    if (!list || json_is_null(list)) return TRILL_OK;
+    if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: field \"added_tokens\": expected a list", what);
+    t->added = calloc(json_array_size(list) + 1, sizeof *t->added);
+    if (!t->added) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t i;
     const json_t *a;
-    json_array_foreach(added, i, a) {
+    json_array_foreach(list, i, a) {
         const json_t *content = json_object_get(a, "content"), *id = json_object_get(a, "id");
-        if (!json_is_string(content) || json_string_length(content) == 0 || !json_is_integer(id) ||
-            json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 24))
-            return trill_error(TRILL_ERR_INVALID, "%s: added_tokens[%zu]: expected {\"id\": id, \"content\": non-empty string}", path, i);
-        tok->added[tok->n_added++] = json_string_value(content);
-        if (json_integer_value(id) >= tok->size) tok->size = (int)json_integer_value(id) + 1;
+        if (!json_is_string(content) || json_string_length(content) == 0 || !json_is_integer(id))
+            return trill_error(TRILL_ERR_INVALID, "%s: added_tokens[%zu]: expected {\"id\": integer, \"content\": non-empty string}", what, i);
+        if (flag(a, "single_word", false))
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: added_tokens[%zu] \"%s\": single_word true is not supported", what, i, json_string_value(content));
+        added_token *x = &t->added[t->n_added++];
+        *x = (added_token){ .content = json_string_value(content), .len = json_string_length(content),
+                            .id = (int)json_integer_value(id), .special = flag(a, "special", false),
+                            .lstrip = flag(a, "lstrip", false), .rstrip = flag(a, "rstrip", false),
+                            .normalized = flag(a, "normalized", !flag(a, "special", false)) };
+        trill_status st = set_token(t, what, x->content, x->len, json_integer_value(id));
+        if (st) return st;
+        t->id_special[x->id] = x->special;
     }
-    qsort(tok->added, (size_t)tok->n_added, sizeof *tok->added, cmp_len_desc);
-    for (int k = 0; k < tok->n_added; k++) {
-        json_array_foreach(added, i, a)
-            if (strcmp(json_string_value(json_object_get(a, "content")), tok->added[k]) == 0)
-                tok->added_ids[k] = (int)json_integer_value(json_object_get(a, "id"));
+    qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
+    for (int b = 0, k = 0; b <= 256; b++) {
+        while (k < t->n_added && (unsigned char)t->added[k].content[0] < b) k++;
+        t->added_first[b] = k;
     }
+    return TRILL_OK;
+}
+
+static trill_status load_post_processor(trill_tokenizer *t, const json_t *p, const char *what) {
+    if (!p || json_is_null(p)) return TRILL_OK;
+    const char *type = type_of(p);
+    if (strcmp(type, "ByteLevel") == 0) return TRILL_OK; /* only adjusts offsets */
+    if (strcmp(type, "Sequence") == 0) {
+        const json_t *list = json_object_get(p, "processors");
+        size_t i;
+        const json_t *x;
+        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: post_processor Sequence: \"processors\" must be a list", what);
+        json_array_foreach(list, i, x) {
+            trill_status st = load_post_processor(t, x, what);
+            if (st) return st;
+        }
+        return TRILL_OK;
+    }
+    if (strcmp(type, "TemplateProcessing") != 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: post_processor \"%s\" is not supported (supported: TemplateProcessing, ByteLevel, Sequence)", what, type);
+    const json_t *single = json_object_get(p, "single"), *specials = json_object_get(p, "special_tokens");
+    if (!json_is_array(single)) return trill_error(TRILL_ERR_INVALID, "%s: post_processor.single: expected a list", what);
+    bool after = false;
+    size_t i;
+    const json_t *piece;
+    json_array_foreach(single, i, piece) {
+        const json_t *sp = json_object_get(piece, "SpecialToken");
+        if (json_object_get(piece, "Sequence")) { after = true; continue; }
+        const json_t *name = json_object_get(sp, "id");
+        const json_t *ids = json_object_get(json_object_get(specials, json_string_value(name) ? json_string_value(name) : ""), "ids");
+        if (!json_is_string(name) || !json_is_array(ids))
+            return trill_error(TRILL_ERR_INVALID, "%s: post_processor.single[%zu]: expected a Sequence or a SpecialToken listed in special_tokens", what, i);
+        size_t k;
+        const json_t *id;
+        json_array_foreach(ids, k, id) {
+            if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= t->size)
+                return trill_error(TRILL_ERR_INVALID, "%s: post_processor special token \"%s\": id out of range", what, json_string_value(name));
+            if (ivec_push(after ? &t->suffix : &t->prefix, (int)json_integer_value(id))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        }
+    }
+    return TRILL_OK;
+}
+
+static trill_status load_decoder(trill_tokenizer *t, const json_t *d, const char *what) {
+    if (!d || json_is_null(d)) return TRILL_OK;
+    const char *type = type_of(d);
+    if (strcmp(type, "ByteLevel") == 0) t->decode_bytelevel = true;
+    else if (strcmp(type, "Fuse") == 0) t->decode_fuse = true;
+    else return trill_error(TRILL_ERR_UNSUPPORTED, "%s: decoder \"%s\" is not supported (supported: ByteLevel, Fuse)", what, type);
+    return TRILL_OK;
+}
+
+trill_status trill_tokenizer_from_json(const json_t *root, const char *what, trill_tokenizer **out) {
+    if (!json_is_object(root)) return trill_error(TRILL_ERR_INVALID, "%s: expected a JSON object", what);
+    trill_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    t->root = json_incref((json_t *)root);
+    build_byte_map(t);
+    bool byte_level = false;
+    trill_status st;
+    if (!(st = load_normalizer(t, json_object_get(root, "normalizer"), what)) &&
+        !(st = load_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), what, &byte_level)) &&
+        !(st = load_model(t, json_object_get(root, "model"), what, byte_level)) &&
+        !(st = load_added(t, json_object_get(root, "added_tokens"), what)) &&
+        !(st = load_post_processor(t, json_object_get(root, "post_processor"), what)))
+        st = load_decoder(t, json_object_get(root, "decoder"), what);
+    if (st) { trill_tokenizer_free(t); return st; }
+    *out = t;
     return TRILL_OK;
 }
 
 trill_status trill_tokenizer_load(const char *dir, trill_tokenizer **out) {
     char *path = trill_path_join(dir, "tokenizer.json");
-    trill_tokenizer *tok = calloc(1, sizeof *tok);
-    trill_status st = path && tok ? trill_json_load_file(path, &tok->root) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = read_model(tok, path);
-    if (!st) st = read_added(tok, path);
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_t *root;
+    trill_status st = trill_json_load_file(path, &root);
     if (!st) {
-        tok->id_to_token = calloc((size_t)tok->size + 1, sizeof *tok->id_to_token);
-        if (!tok->id_to_token) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    }
-    if (!st) {
-        const char *key;
-        json_t *id;
-        json_object_foreach(tok->vocab, key, id) tok->id_to_token[json_integer_value(id)] = key;
-        for (int k = 0; k < tok->n_added; k++) tok->id_to_token[tok->added_ids[k]] = tok->added[k];
+        st = trill_tokenizer_from_json(root, path, out);
+        json_decref(root);
     }
     free(path);
-    if (st) { trill_tokenizer_free(tok); return st; }
-    *out = tok;
-    return TRILL_OK;
+    return st;
 }
 
-int trill_tokenizer_size(const trill_tokenizer *tok) { return tok->size; }
+/* ---- encoding ----------------------------------------------------------------------------- */
 
-/* Length of the UTF-8 character at s (1 for an invalid byte, which then maps to unk). */
-static size_t utf8_len(const unsigned char *s, size_t avail) {
-    size_t n = s[0] < 0x80 ? 1 : (s[0] >> 5) == 0x6 ? 2 : (s[0] >> 4) == 0xe ? 3 : (s[0] >> 3) == 0x1e ? 4 : 1;
-    if (n > avail) return 1;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80) return 1;
-    return n;
+typedef struct span { size_t start, end; } span;
+typedef struct spans { span *v; size_t n, cap; } spans;
+
+static int spans_push(spans *s, size_t start, size_t end) {
+    if (start == end) return 0; /* empty pieces vanish, as in HF */
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 32;
+        span *g = realloc(s->v, cap * sizeof *g);
+        if (!g) return -1;
+        s->v = g;
+        s->cap = cap;
+    }
+    s->v[s->n++] = (span){ start, end };
+    return 0;
 }
 
-trill_status trill_tokenizer_encode(const trill_tokenizer *tok, const char *text, size_t len, int **ids, size_t *n) {
-    int *out = malloc((len ? len : 1) * sizeof *out); /* at most one id per byte */
-    if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    size_t k = 0;
-    for (size_t i = 0; i < len;) {
-        int matched = 0;
-        for (int a = 0; a < tok->n_added && !matched; a++) {
-            size_t al = strlen(tok->added[a]);
-            if (al <= len - i && memcmp(text + i, tok->added[a], al) == 0) {
-                out[k++] = tok->added_ids[a];
-                i += al;
-                matched = 1;
+static bool is_unicode_space(uint32_t cp) {
+    return cp == ' ' || (cp >= 9 && cp <= 13) || cp == 0x85 || utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_ZS ||
+           cp == 0x2028 || cp == 0x2029;
+}
+
+/* Splits one piece by a regex, applying HF's SplitDelimiterBehavior. */
+static int split_piece(const pre_step *p, const char *text, span piece, pcre2_match_data *md, spans *out) {
+    /* segments covering the piece: (start, end, is_match) */
+    typedef struct seg { size_t s, e; bool m; } seg;
+    seg *segs = NULL;
+    size_t n = 0, cap = 0, prev = piece.start, at = piece.start;
+    while (at <= piece.end) {
+        int rc = pcre2_match(p->re, (PCRE2_SPTR)text, piece.end, at, PCRE2_NO_UTF_CHECK, md, NULL);
+        if (rc < 0) break;
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t ms = ov[0], me = ov[1];
+        if (me == ms) { /* empty match: step one character */
+            if (ms >= piece.end) break;
+            uint32_t cp;
+            at = ms + (size_t)trill_utf8_decode(text + ms, &cp);
+            continue;
+        }
+        if (n + 2 > cap) {
+            cap = cap ? cap * 2 : 16;
+            seg *g = realloc(segs, cap * sizeof *g);
+            if (!g) { free(segs); return -1; }
+            segs = g;
+        }
+        if (ms > prev) segs[n++] = (seg){ prev, ms, false };
+        segs[n++] = (seg){ ms, me, true };
+        prev = at = me;
+    }
+    if (prev < piece.end) {
+        seg *g = realloc(segs, (n + 1) * sizeof *g);
+        if (!g) { free(segs); return -1; }
+        segs = g;
+        segs[n++] = (seg){ prev, piece.end, false };
+    }
+    int err = 0;
+    if (p->invert)
+        for (size_t i = 0; i < n; i++) segs[i].m = !segs[i].m;
+    switch (p->behavior) {
+    case SPLIT_REMOVED:
+        for (size_t i = 0; i < n && !err; i++)
+            if (!segs[i].m) err = spans_push(out, segs[i].s, segs[i].e);
+        break;
+    case SPLIT_ISOLATED:
+        for (size_t i = 0; i < n && !err; i++) err = spans_push(out, segs[i].s, segs[i].e);
+        break;
+    case SPLIT_MERGED_PREV: { /* a delimiter joins the piece before it */
+        size_t first = out->n;
+        bool prev_match = false;
+        for (size_t i = 0; i < n && !err; i++) {
+            if (segs[i].m && !prev_match && out->n > first) out->v[out->n - 1].end = segs[i].e;
+            else err = spans_push(out, segs[i].s, segs[i].e);
+            prev_match = segs[i].m;
+        }
+        break;
+    }
+    case SPLIT_MERGED_NEXT: { /* a delimiter joins the piece after it: walk backwards */
+        size_t first = out->n;
+        bool prev_match = false;
+        for (size_t i = n; i-- > 0 && !err;) {
+            if (segs[i].m && !prev_match && out->n > first) out->v[out->n - 1].start = segs[i].s;
+            else err = spans_push(out, segs[i].s, segs[i].e);
+            prev_match = segs[i].m;
+        }
+        for (size_t a = first, b = out->n; a + 1 < b; a++, b--) { span tmp = out->v[a]; out->v[a] = out->v[b - 1]; out->v[b - 1] = tmp; }
+        break;
+    }
+    case SPLIT_CONTIGUOUS: { /* runs of delimiters become one piece */
+        size_t first = out->n;
+        bool prev_match = false;
+        for (size_t i = 0; i < n && !err; i++) {
+            if (segs[i].m == prev_match && out->n > first) out->v[out->n - 1].end = segs[i].e;
+            else err = spans_push(out, segs[i].s, segs[i].e);
+            prev_match = segs[i].m;
+        }
+        break;
+    }
+    }
+    free(segs);
+    return err;
+}
+
+/* Byte-level BPE of one pre-token: start from its bytes' symbols and apply the lowest-ranked
+ * merge (leftmost on ties) until none applies — the order HF's merge heap produces. */
+static int bpe(const trill_tokenizer *t, const unsigned char *s, size_t n, ivec *out) {
+    if (t->ignore_merges) {
+        char *mapped = calloc(n * 2 + 1, 1);
+        if (!mapped) return -1;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) m += (size_t)trill_utf8_encode(t->byte_cp[s[i]], mapped + m);
+        int id = trill_strmap_get(&t->vocab, mapped, m);
+        free(mapped);
+        if (id >= 0) return ivec_push(out, id);
+    }
+    int stack_ids[256], *ids = n <= 256 ? stack_ids : malloc(n * sizeof *ids);
+    if (!ids) return -1;
+    for (size_t i = 0; i < n; i++) ids[i] = t->byte_id[s[i]];
+    size_t len = n;
+    while (len > 1) {
+        uint64_t best = UINT64_MAX;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < len; i++) {
+            uint64_t v;
+            if (trill_u64map_get(&t->merges, (uint64_t)(uint32_t)ids[i] << 32 | (uint32_t)ids[i + 1], &v) && v < best) {
+                best = v;
+                at = i;
             }
         }
-        if (matched) continue;
-        size_t cl = utf8_len((const unsigned char *)text + i, len - i);
-        char ch[5] = { 0 };
-        memcpy(ch, text + i, cl);
-        const json_t *id = json_object_get(tok->vocab, ch);
-        if (!id && tok->unk_id < 0) {
-            free(out);
-            return trill_error(TRILL_ERR_INVALID, "byte %zu: character not in the vocabulary and the tokenizer has no unk_token", i);
-        }
-        out[k++] = id ? (int)json_integer_value(id) : tok->unk_id;
-        i += cl;
+        if (best == UINT64_MAX) break;
+        ids[at] = (int)(uint32_t)best;
+        memmove(ids + at + 1, ids + at + 2, (len - at - 2) * sizeof *ids);
+        len--;
     }
-    *ids = out;
-    *n = k;
+    int err = 0;
+    for (size_t i = 0; i < len && !err; i++) err = ivec_push(out, ids[i]);
+    if (ids != stack_ids) free(ids);
+    return err;
+}
+
+/* Pre-tokenises and encodes one normalised piece of text (no added tokens inside). */
+static trill_status encode_plain(const trill_tokenizer *t, const char *text, size_t len, pcre2_match_data *md, ivec *out) {
+    char *buf = NULL; /* owned copy when a ByteLevel step prepends spaces */
+    spans cur = { 0 }, next = { 0 };
+    trill_status st = TRILL_OK;
+    if (spans_push(&cur, 0, len)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < t->n_pre && !st; i++) {
+        const pre_step *p = &t->pre[i];
+        next.n = 0;
+        if (!p->re) { /* ByteLevel add_prefix_space: rebuild the text with ' ' before pieces that lack it */
+            size_t extra = 0;
+            for (size_t k = 0; k < cur.n; k++) extra += text[cur.v[k].start] != ' ';
+            char *nb = malloc(len + extra + 1);
+            if (!nb) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
+            size_t o = 0;
+            for (size_t k = 0; k < cur.n; k++) {
+                size_t s0 = o;
+                if (text[cur.v[k].start] != ' ') nb[o++] = ' ';
+                memcpy(nb + o, text + cur.v[k].start, cur.v[k].end - cur.v[k].start);
+                o += cur.v[k].end - cur.v[k].start;
+                if (spans_push(&next, s0, o)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            }
+            free(buf);
+            buf = nb;
+            text = nb;
+            len = o;
+        } else {
+            for (size_t k = 0; k < cur.n && !st; k++)
+                if (split_piece(p, text, cur.v[k], md, &next)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        }
+        spans tmp = cur; cur = next; next = tmp;
+    }
+    for (size_t k = 0; k < cur.n && !st; k++) {
+        const char *s = text + cur.v[k].start;
+        size_t n = cur.v[k].end - cur.v[k].start;
+        int err;
+        if (t->bpe) {
+            err = bpe(t, (const unsigned char *)s, n, out);
+        } else {
+            int id = trill_strmap_get(&t->vocab, s, n);
+            if (id < 0 && t->unk_id < 0) {
+                st = trill_error(TRILL_ERR_INVALID, "\"%.*s\" is not in the vocabulary and the tokenizer has no unk_token", (int)n, s);
+                break;
+            }
+            err = ivec_push(out, id >= 0 ? id : t->unk_id);
+        }
+        if (err) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    free(cur.v);
+    free(next.v);
+    free(buf);
+    return st;
+}
+
+static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len) {
+    char *cur = malloc(n + 1);
+    if (!cur) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    memcpy(cur, s, n);
+    cur[n] = '\0';
+    for (int i = 0; i < t->n_norm; i++) {
+        utf8proc_uint8_t *dst = NULL;
+        utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)n, &dst, t->norm[i]);
+        free(cur);
+        if (m < 0) return trill_error(TRILL_ERR_INVALID, "normalization failed: %s", utf8proc_errmsg(m));
+        cur = (char *)dst;
+        n = (size_t)m;
+    }
+    *out = cur;
+    *out_len = n;
     return TRILL_OK;
 }
 
-trill_status trill_tokenizer_decode(const trill_tokenizer *tok, const int *ids, size_t n, char **text, size_t *len) {
+/* The leftmost-longest added token (of the given normalized-ness) at or after `from`. */
+static const added_token *find_added(const trill_tokenizer *t, const char *s, size_t from, size_t n, bool normalized, size_t *at) {
+    for (size_t i = from; i < n; i++) {
+        unsigned char b = (unsigned char)s[i];
+        for (int k = t->added_first[b]; k < t->added_first[b + 1]; k++) {
+            const added_token *a = &t->added[k];
+            if (a->normalized == normalized && a->len <= n - i && memcmp(s + i, a->content, a->len) == 0) {
+                *at = i;
+                return a;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Encodes s[0..n), splitting on added tokens of one kind; `normalized` false is the first,
+ * raw-text phase, whose remaining pieces are normalised and go through the second phase. */
+static trill_status encode_phase(const trill_tokenizer *t, const char *s, size_t n, bool normalized, pcre2_match_data *md, ivec *out) {
+    size_t pos = 0;
+    trill_status st = TRILL_OK;
+    while (pos <= n && !st) {
+        size_t at = n;
+        const added_token *a = pos < n ? find_added(t, s, pos, n, normalized, &at) : NULL;
+        size_t text_end = a ? at : n, resume = a ? at + a->len : n;
+        if (a && a->lstrip) /* the token absorbs whitespace on its left */
+            while (text_end > pos) {
+                size_t k = text_end - 1;
+                while (k > pos && ((unsigned char)s[k] & 0xc0) == 0x80) k--;
+                uint32_t cp;
+                trill_utf8_decode(s + k, &cp);
+                if (!is_unicode_space(cp)) break;
+                text_end = k;
+            }
+        if (a && a->rstrip)
+            while (resume < n) {
+                uint32_t cp;
+                int l = trill_utf8_decode(s + resume, &cp);
+                if (!is_unicode_space(cp)) break;
+                resume += (size_t)l;
+            }
+        if (text_end > pos) {
+            if (normalized) {
+                st = encode_plain(t, s + pos, text_end - pos, md, out);
+            } else {
+                char *norm = NULL;
+                size_t nl = 0;
+                if (!(st = normalize(t, s + pos, text_end - pos, &norm, &nl))) {
+                    st = encode_phase(t, norm, nl, true, md, out);
+                    free(norm);
+                }
+            }
+        }
+        if (!st && a && ivec_push(out, a->id)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!a) break;
+        pos = resume;
+    }
+    return st;
+}
+
+trill_status trill_tokenizer_encode(const trill_tokenizer *t, const char *text, size_t len, bool add_special_tokens,
+                                    int **ids, size_t *n) {
+    size_t clean_len;
+    char *clean = trill_utf8_sanitize(text, len, &clean_len);
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    ivec out = { 0 };
+    trill_status st = clean && md ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && add_special_tokens)
+        for (size_t i = 0; i < t->prefix.n && !st; i++)
+            if (ivec_push(&out, t->prefix.v[i])) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = encode_phase(t, clean, clean_len, false, md, &out);
+    if (!st && add_special_tokens)
+        for (size_t i = 0; i < t->suffix.n && !st; i++)
+            if (ivec_push(&out, t->suffix.v[i])) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !out.v && !(out.v = malloc(sizeof(int)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    pcre2_match_data_free(md);
+    free(clean);
+    if (st) { free(out.v); return st; }
+    *ids = out.v;
+    *n = out.n;
+    return TRILL_OK;
+}
+
+/* ---- decoding ----------------------------------------------------------------------------- */
+
+trill_status trill_tokenizer_decode(const trill_tokenizer *t, const int *ids, size_t n, bool skip_special_tokens,
+                                    char **text, size_t *len) {
     size_t total = 1;
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= tok->size || !tok->id_to_token[ids[i]])
+        if (ids[i] < 0 || ids[i] >= t->size || !t->id_str[ids[i]])
             return trill_error(TRILL_ERR_INVALID, "position %zu: token id %d is not in the vocabulary", i, ids[i]);
-        total += strlen(tok->id_to_token[ids[i]]);
+        total += t->id_len[ids[i]] + 1;
     }
-    char *out = malloc(total), *p = out;
-    if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    char *raw = malloc(total);
+    if (!raw) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t l = strlen(tok->id_to_token[ids[i]]);
-        memcpy(p, tok->id_to_token[ids[i]], l);
-        p += l;
+        int id = ids[i];
+        if (skip_special_tokens && t->id_special[id]) continue;
+        const char *s = t->id_str[id];
+        size_t l = t->id_len[id];
+        if (t->decode_bytelevel) {
+            /* each character maps back to its byte; a token with any other character
+             * (e.g. a special token in CJK punctuation) keeps its own UTF-8 bytes */
+            size_t start = o;
+            bool mapped = true;
+            for (size_t k = 0; k < l && mapped;) {
+                uint32_t cp;
+                k += (size_t)trill_utf8_decode(s + k, &cp);
+                int b = cp < BYTE_CP_LIMIT ? t->cp_byte[cp] : -1;
+                if (b < 0) mapped = false;
+                else raw[o++] = (char)b;
+            }
+            if (!mapped) {
+                o = start;
+                memcpy(raw + o, s, l);
+                o += l;
+            }
+        } else {
+            if (!t->decode_fuse && o > 0) raw[o++] = ' '; /* no decoder: HF joins tokens with spaces */
+            memcpy(raw + o, s, l);
+            o += l;
+        }
     }
-    *p = '\0';
-    *text = out;
-    *len = (size_t)(p - out);
+    char *clean = trill_utf8_sanitize(raw, o, len); /* bytes of a split character: U+FFFD, as HF */
+    free(raw);
+    if (!clean) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    *text = clean;
     return TRILL_OK;
 }
 
-static json_t *added_token(int id, const char *content) {
+/* ---- the character-level tokenizer of `trill init` ---------------------------------------- */
+
+static json_t *added_token_json(int id, const char *content) {
     return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content, "single_word", 0,
                      "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1);
 }
@@ -187,8 +800,8 @@ json_t *trill_tokenizer_charlevel_json(void) {
         json_object_set_new(vocab, s, json_integer(3 + c - 32));
     }
     return json_pack("{s:s, s:n, s:n, s:[o,o], s:n, s:{s:s, s:{s:s}, s:s, s:b}, s:n, s:{s:s, s:o, s:s}, s:{s:s}}",
-                     "version", "1.0", "truncation", "padding", "added_tokens", added_token(0, "<|endoftext|>"),
-                     added_token(1, "<unk>"), "normalizer", "pre_tokenizer", "type", "Split", "pattern", "Regex",
+                     "version", "1.0", "truncation", "padding", "added_tokens", added_token_json(0, "<|endoftext|>"),
+                     added_token_json(1, "<unk>"), "normalizer", "pre_tokenizer", "type", "Split", "pattern", "Regex",
                      "[\\s\\S]", "behavior", "Isolated", "invert", 0, "post_processor", "model", "type", "WordLevel",
                      "vocab", vocab, "unk_token", "<unk>", "decoder", "type", "Fuse");
 }
