@@ -1,0 +1,229 @@
+/* Tokenizer pipeline pieces against hand-worked expectations; the whole pipeline is checked
+ * against the Hugging Face oracle on real vocabularies by tests/tokenizer/parity.sh. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/utf8.h"
+#include "trill/tokenizer.h"
+
+/* The GPT-2 byte-level symbol of byte b, as UTF-8. */
+static void byte_symbol(int b, char out[4]) {
+    int shifted = 0;
+    for (int x = 0; x < b; x++)
+        if (!((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff))) shifted++;
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    int n = trill_utf8_encode(printable ? (uint32_t)b : 256u + (uint32_t)shifted, out);
+    out[n] = '\0';
+}
+
+/* A byte-level BPE tokenizer: the 256 byte symbols (ids 0..255), then the merges in rank
+ * order (ids 256..), with the given pre_tokenizer steps before ByteLevel. */
+static json_t *bpe_json(const char *const *merges, size_t n_merges, json_t *pre_steps, json_t *normalizer) {
+    json_t *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        char s[5];
+        byte_symbol(b, s);
+        json_object_set_new(vocab, s, json_integer(b));
+    }
+    json_t *merge_list = json_array();
+    for (size_t i = 0; i < n_merges; i++) {
+        json_array_append_new(merge_list, json_string(merges[i]));
+        char joined[64];
+        const char *sp = strchr(merges[i], ' ');
+        snprintf(joined, sizeof joined, "%.*s%s", (int)(sp - merges[i]), merges[i], sp + 1);
+        json_object_set_new(vocab, joined, json_integer(256 + (json_int_t)i));
+    }
+    json_array_append_new(pre_steps, json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0, "use_regex", 0));
+    return json_pack("{s:[{s:i, s:s, s:b, s:b, s:b, s:b, s:b}], s:o, s:{s:s, s:o}, s:{s:s, s:o, s:o}, s:{s:s}}",
+                     "added_tokens", "id", 999, "content", "<|end|>", "special", 1, "lstrip", 0, "rstrip", 0, "normalized", 0, "single_word", 0,
+                     "normalizer", normalizer ? normalizer : json_null(), "pre_tokenizer", "type", "Sequence", "pretokenizers", pre_steps,
+                     "model", "type", "BPE", "vocab", vocab, "merges", merge_list, "decoder", "type", "ByteLevel");
+}
+
+static trill_tokenizer *load(json_t *j) {
+    trill_tokenizer *t = NULL;
+    trill_status st = trill_tokenizer_from_json(j, "test.json", &t);
+    if (st) fprintf(stderr, "load: %s\n", trill_error_message());
+    assert_int_equal(st, TRILL_OK);
+    json_decref(j);
+    return t;
+}
+
+static void expect_ids(const trill_tokenizer *t, const char *text, size_t len, const int *want, size_t n_want) {
+    int *ids;
+    size_t n;
+    assert_int_equal(trill_tokenizer_encode(t, text, len, false, &ids, &n), TRILL_OK);
+    if (n != n_want || memcmp(ids, want, n * sizeof *ids) != 0) {
+        fprintf(stderr, "encode(\"%.*s\"): got", (int)len, text);
+        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n");
+        fail();
+    }
+    free(ids);
+}
+#define EXPECT(t, text, ...) do { const int w_[] = { __VA_ARGS__ }; expect_ids(t, text, strlen(text), w_, sizeof w_ / sizeof w_[0]); } while (0)
+
+static void test_bpe_merge_order(void **state) {
+    (void)state;
+    /* ranks: "a b"=256, "b c"=257, "ab c"=258: "abc" takes a+b first (lower rank), then ab+c */
+    const char *merges[] = { "a b", "b c", "ab c", "c c" };
+    trill_tokenizer *t = load(bpe_json(merges, 4, json_array(), NULL));
+    EXPECT(t, "abc", 258);
+    EXPECT(t, "bc", 257);
+    EXPECT(t, "ccc", 259, 'c'); /* leftmost pair first on equal rank */
+    EXPECT(t, "ab<|end|>c", 256, 999, 'c'); /* added tokens split the text before BPE */
+    EXPECT(t, " x", ' ', 'x'); /* each byte's symbol has the byte's id here */
+    char *text;
+    size_t len;
+    const int ids[] = { 258, 999, 'c', 0xe4, 0xbd, 0xa0 };
+    assert_int_equal(trill_tokenizer_decode(t, ids, 6, false, &text, &len), TRILL_OK);
+    assert_string_equal(text, "abc<|end|>c\xe4\xbd\xa0");
+    free(text);
+    assert_int_equal(trill_tokenizer_decode(t, ids, 6, true, &text, &len), TRILL_OK); /* skip specials */
+    assert_string_equal(text, "abcc\xe4\xbd\xa0");
+    free(text);
+    const int split_char[] = { 0xe4, 0xbd }; /* a truncated character decodes to U+FFFD, as HF */
+    assert_int_equal(trill_tokenizer_decode(t, split_char, 2, false, &text, &len), TRILL_OK);
+    assert_string_equal(text, "\xef\xbf\xbd");
+    free(text);
+    const int bad[] = { 5000 };
+    assert_int_equal(trill_tokenizer_decode(t, bad, 1, false, &text, &len), TRILL_ERR_INVALID);
+    trill_tokenizer_free(t);
+}
+
+static void test_invalid_utf8_becomes_replacement(void **state) {
+    (void)state;
+    trill_tokenizer *t = load(bpe_json(NULL, 0, json_array(), NULL));
+    /* 0xff, and a truncated 3-byte sequence: each maximal subpart becomes U+FFFD (EF BF BD) */
+    const char text[] = { 'a', (char)0xff, (char)0xe2, (char)0x82, 'b' };
+    const int want[] = { 'a', 0xef, 0xbf, 0xbd, 0xef, 0xbf, 0xbd, 'b' };
+    expect_ids(t, text, sizeof text, want, 8);
+    trill_tokenizer_free(t);
+}
+
+static json_t *split_step(const char *regex, const char *behavior, bool invert) {
+    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", regex, "behavior", behavior, "invert", invert);
+}
+
+/* With merge "x x" absent, each byte is one id, so the pieces show in where merges can't cross.
+ * "-" merges only inside a piece: use merge "a -" and "- b" to reveal piece boundaries. */
+static void test_split_behaviors(void **state) {
+    (void)state;
+    const char *merges[] = { "a -", "- b" }; /* 256 = "a-", 257 = "-b" */
+    struct { const char *behavior; bool invert; int want[4]; size_t n; } cases[] = {
+        { "Isolated", false, { 'a', '-', 'b' }, 3 },
+        { "Removed", false, { 'a', 'b' }, 2 },
+        { "MergedWithPrevious", false, { 256, 'b' }, 2 },
+        { "MergedWithNext", false, { 'a', 257 }, 2 },
+        { "Contiguous", false, { 'a', '-', 'b' }, 3 },
+        { "Removed", true, { '-' }, 1 }, /* invert: the gaps are the delimiters */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        trill_tokenizer *t = load(bpe_json(merges, 2, json_pack("[o]", split_step("-", cases[i].behavior, cases[i].invert)), NULL));
+        expect_ids(t, "a-b", 3, cases[i].want, cases[i].n);
+        trill_tokenizer_free(t);
+    }
+    /* Contiguous joins runs of delimiters: "a--b" -> a, "--", b with merge "- -" */
+    const char *dash[] = { "- -" };
+    trill_tokenizer *t = load(bpe_json(dash, 1, json_pack("[o]", split_step("-", "Contiguous", false)), NULL));
+    EXPECT(t, "a--b", 'a', 256, 'b');
+    trill_tokenizer_free(t);
+}
+
+static void test_digits_and_nfc(void **state) {
+    (void)state;
+    const char *merges[] = { "1 2", "12 3" };
+    trill_tokenizer *t = load(bpe_json(merges, 2, json_pack("[{s:s, s:b}]", "type", "Digits", "individual_digits", 1), NULL));
+    EXPECT(t, "123", '1', '2', '3');
+    trill_tokenizer_free(t);
+    t = load(bpe_json(merges, 2, json_pack("[{s:s, s:b}]", "type", "Digits", "individual_digits", 0), NULL));
+    EXPECT(t, "a123", 'a', 257);
+    trill_tokenizer_free(t);
+    /* NFC composes e + combining acute (CC 81) into é (C3 A9) before BPE */
+    t = load(bpe_json(NULL, 0, json_array(), json_pack("{s:s, s:[{s:s}]}", "type", "Sequence", "normalizers", "type", "NFC")));
+    EXPECT(t, "e\xcc\x81", 0xc3, 0xa9);
+    trill_tokenizer_free(t);
+}
+
+static void test_template_and_wordlevel(void **state) {
+    (void)state;
+    json_t *j = bpe_json(NULL, 0, json_array(), NULL);
+    json_object_set_new(j, "post_processor",
+                        json_pack("{s:s, s:[{s:{s:s}}, {s:{s:s}}, {s:{s:s}}], s:{s:{s:[i]}, s:{s:[i]}}}", "type", "TemplateProcessing",
+                                  "single", "SpecialToken", "id", "<s>", "Sequence", "id", "A", "SpecialToken", "id", "</s>",
+                                  "special_tokens", "<s>", "ids", 999, "</s>", "ids", 7));
+    trill_tokenizer *t = load(j);
+    int *ids;
+    size_t n;
+    assert_int_equal(trill_tokenizer_encode(t, "hi", 2, true, &ids, &n), TRILL_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(ids[0], 999);
+    assert_int_equal(ids[3], 7);
+    free(ids);
+    assert_int_equal(trill_tokenizer_encode(t, "hi", 2, false, &ids, &n), TRILL_OK);
+    assert_int_equal(n, 2);
+    free(ids);
+    trill_tokenizer_free(t);
+
+    /* the character-level tokenizer of `trill init` */
+    t = load(trill_tokenizer_charlevel_json());
+    EXPECT(t, "Hi!\n<|endoftext|>\x01", 43, 76, 4, 2, 0, 1);
+    assert_int_equal(trill_tokenizer_token_id(t, "<unk>"), 1);
+    char *text;
+    size_t len;
+    const int back[] = { 43, 76, 2, 0 };
+    assert_int_equal(trill_tokenizer_decode(t, back, 4, false, &text, &len), TRILL_OK);
+    assert_string_equal(text, "Hi\n<|endoftext|>");
+    free(text);
+    trill_tokenizer_free(t);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    struct { const char *field, *value, *message; } cases[] = {
+        { "normalizer", "{\"type\": \"Lowercase\"}", "normalizer \"Lowercase\" is not supported" },
+        { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", "pre_tokenizer \"Metaspace\" is not supported" },
+        { "decoder", "{\"type\": \"WordPiece\"}", "decoder \"WordPiece\" is not supported" },
+        { "post_processor", "{\"type\": \"BertProcessing\"}", "post_processor \"BertProcessing\" is not supported" },
+        { "model", "{\"type\": \"Unigram\", \"vocab\": []}", "model \"Unigram\" is not supported" },
+        { "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}", "pre-tokenizer regex \"(\"" },
+        { "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"x\"}, \"behavior\": \"Sideways\"}", "behavior Sideways is not supported" },
+        { "added_tokens", "[{\"id\": 1, \"content\": \"x\", \"single_word\": true}]", "single_word true is not supported" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = bpe_json(NULL, 0, json_array(), NULL);
+        json_object_set_new(j, cases[i].field, json_loads(cases[i].value, 0, NULL));
+        trill_tokenizer *t = NULL;
+        trill_status st = trill_tokenizer_from_json(j, "test.json", &t);
+        assert_int_not_equal(st, TRILL_OK);
+        if (!strstr(trill_error_message(), cases[i].message) || !strstr(trill_error_message(), "test.json")) {
+            fprintf(stderr, "case %zu: message \"%s\" lacks \"%s\"\n", i, trill_error_message(), cases[i].message);
+            fail();
+        }
+        assert_null(t);
+        json_decref(j);
+    }
+    /* BPE whose merges name a token missing from the vocabulary */
+    const char *merges[] = { "a b" };
+    json_t *j = bpe_json(merges, 1, json_array(), NULL);
+    json_array_append_new(json_object_get(json_object_get(j, "model"), "merges"), json_string("q zz"));
+    trill_tokenizer *t = NULL;
+    assert_int_equal(trill_tokenizer_from_json(j, "test.json", &t), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "model.merges[1]"));
+    json_decref(j);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bpe_merge_order),        cmocka_unit_test(test_invalid_utf8_becomes_replacement),
+        cmocka_unit_test(test_split_behaviors),        cmocka_unit_test(test_digits_and_nfc),
+        cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
