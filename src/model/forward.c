@@ -84,17 +84,11 @@ static void moe_block(const trill_config *c, const trill_layer_weights *w, run_s
     matmul_forward(rs->probs, rs->xn, w->router, T, H, E);
     softmax_forward(rs->probs, rs->probs, T, E);
     topk_forward(rs->topi, rs->topw, rs->probs, T, E, K);
-    for (int t = 0; t < T; t++) {
-        float *wt = rs->topw + (size_t)t * K;
-        if (c->norm_topk_prob) {
-            float sum = 0.0f;
-            for (int j = 0; j < K; j++) sum += wt[j];
-            for (int j = 0; j < K; j++) wt[j] /= sum;
-        }
-        if (experts)
+    router_gates_forward(rs->topw, rs->probs, rs->topi, T, E, K, c->norm_topk_prob);
+    if (experts)
+        for (int t = 0; t < T; t++)
             for (int j = 0; j < K; j++)
                 experts[((size_t)t * c->n_moe_layers + ordinal) * K + j] = (uint16_t)rs->topi[(size_t)t * K + j];
-    }
     /* counting sort of the (token, slot) pairs by expert; afterwards count[e] is the end
      * of expert e's group, so the group is order[count[e-1] .. count[e]) */
     memset(rs->count, 0, sizeof(int) * (E + 1));
@@ -141,7 +135,7 @@ static void forward_hidden(const trill_model *m, run_state *rs, const int *token
     rope_inv_freq(inv_freq, c->head_dim, c->rope_theta);
     for (int s = 0; s < n_seqs; s++)
         for (int t = offsets[s]; t < offsets[s + 1]; t++) rs->pos[t] = t - offsets[s];
-    for (int t = 0; t < T; t++) memcpy(rs->x + (size_t)t * H, m->embed + (size_t)tokens[t] * H, sizeof(float) * H);
+    embedding_forward(rs->x, m->embed, tokens, T, H);
 
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const trill_layer_weights *w = &m->layers[l];
