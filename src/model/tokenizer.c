@@ -30,7 +30,7 @@ static int ivec_push(ivec *a, int x) {
 
 /* ---- the tokenizer ----------------------------------------------------------------------- */
 
-enum { MAX_STEPS = 16, BYTE_CP_LIMIT = 324 };
+enum { MAX_STEPS = 16, BYTE_CP_LIMIT = 324, SHORT_WORD = 64 };
 
 typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS } split_behavior;
 
@@ -392,8 +392,9 @@ static trill_status load_post_processor(trill_tokenizer *t, const json_t *p, con
         size_t k;
         const json_t *id;
         json_array_foreach(ids, k, id) {
-            if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= t->size)
-                return trill_error(TRILL_ERR_INVALID, "%s: post_processor special token \"%s\": id out of range", what, json_string_value(name));
+            if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= t->size || !t->id_str[json_integer_value(id)])
+                return trill_error(TRILL_ERR_INVALID, "%s: post_processor special token \"%s\": id %lld is not a token of the vocabulary",
+                                   what, json_string_value(name), json_is_integer(id) ? (long long)json_integer_value(id) : -1LL);
             if (ivec_push(after ? &t->suffix : &t->prefix, (int)json_integer_value(id))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         }
     }
@@ -544,9 +545,107 @@ static int split_piece(const pre_step *p, const char *text, span piece, pcre2_ma
     return err;
 }
 
-/* Byte-level BPE of one pre-token: start from its bytes' symbols and apply the lowest-ranked
- * merge (leftmost on ties) until none applies — the order HF's merge heap produces. */
+/* Byte-level BPE (bpe() below) keeps HF's merge order: lowest rank first, leftmost on ties. */
+typedef struct bpe_pair { uint32_t rank, left; int32_t left_id, right_id, merged; } bpe_pair;
+
+static bool pair_less(const bpe_pair *a, const bpe_pair *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
+
+static void heap_push(bpe_pair *h, size_t *n, bpe_pair x) {
+    size_t i = (*n)++;
+    while (i > 0 && pair_less(&x, &h[(i - 1) / 2])) { h[i] = h[(i - 1) / 2]; i = (i - 1) / 2; }
+    h[i] = x;
+}
+
+static bpe_pair heap_pop(bpe_pair *h, size_t *n) {
+    bpe_pair top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && pair_less(&h[c + 1], &h[c])) c++;
+        if (!pair_less(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+/* Pushes the pair starting at symbol `left` if the vocabulary has a merge for it. */
+static void push_pair(const trill_tokenizer *t, bpe_pair *h, size_t *n, const int *ids, const int *next, int left) {
+    if (left < 0 || next[left] < 0) return;
+    uint64_t v;
+    int a = ids[left], b = ids[next[left]];
+    if (trill_u64map_get(&t->merges, (uint64_t)(uint32_t)a << 32 | (uint32_t)b, &v))
+        heap_push(h, n, (bpe_pair){ (uint32_t)(v >> 32), (uint32_t)left, a, b, (int32_t)(uint32_t)v });
+}
+
+/* The merge of symbols (a, b): rank << 32 | merged id, or UINT64_MAX when there is none. */
+static uint64_t merge_of(const trill_tokenizer *t, int a, int b) {
+    uint64_t v;
+    return trill_u64map_get(&t->merges, (uint64_t)(uint32_t)a << 32 | (uint32_t)b, &v) ? v : UINT64_MAX;
+}
+
+/* Short words (nearly all of them): a scan over cached pair merges, re-looking up only the two
+ * pairs a merge changes. Same order as the heap: lowest rank, leftmost on ties. */
+static int bpe_short(const trill_tokenizer *t, int *ids, size_t n, ivec *out) {
+    uint64_t merge[SHORT_WORD];
+    for (size_t i = 0; i + 1 < n; i++) merge[i] = merge_of(t, ids[i], ids[i + 1]);
+    while (n > 1) {
+        size_t at = 0;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (merge[i] < merge[at]) at = i;
+        if (merge[at] == UINT64_MAX) break;
+        ids[at] = (int)(uint32_t)merge[at];
+        memmove(ids + at + 1, ids + at + 2, (n - at - 2) * sizeof *ids);
+        memmove(merge + at + 1, merge + at + 2, (n > at + 3 ? n - at - 3 : 0) * sizeof *merge);
+        n--;
+        if (at > 0) merge[at - 1] = merge_of(t, ids[at - 1], ids[at]);
+        if (at + 1 < n) merge[at] = merge_of(t, ids[at], ids[at + 1]);
+    }
+    int err = 0;
+    for (size_t i = 0; i < n && !err; i++) err = ivec_push(out, ids[i]);
+    return err;
+}
+
+/* Long words: symbols in a linked list, candidate pairs in a min-heap keyed (rank, position);
+ * entries made stale by an earlier merge are skipped when popped. O(n log n), so a long
+ * unbroken word (base64, a run of CJK) cannot stall encode. */
+static int bpe_long(const trill_tokenizer *t, const int *first_ids, size_t n, ivec *out) {
+    /* the heap starts with n-1 pairs; each merge pops one and pushes <= 2: never above 2n */
+    unsigned char *block = malloc(n * (3 * sizeof(int) + 2 * sizeof(bpe_pair)));
+    if (!block) return -1;
+    bpe_pair *heap = (bpe_pair *)block;
+    int *ids = (int *)(heap + 2 * n), *prev = ids + n, *next = prev + n;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = first_ids[i];
+        prev[i] = (int)i - 1;
+        next[i] = i + 1 < n ? (int)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) push_pair(t, heap, &hn, ids, next, (int)i);
+    while (hn > 0) {
+        bpe_pair p = heap_pop(heap, &hn);
+        int l = (int)p.left, r = next[l];
+        if (ids[l] != p.left_id || r < 0 || ids[r] != p.right_id) continue; /* stale */
+        ids[l] = p.merged;
+        ids[r] = -1; /* r leaves the list */
+        next[l] = next[r];
+        if (next[r] >= 0) prev[next[r]] = l;
+        push_pair(t, heap, &hn, ids, next, prev[l]);
+        push_pair(t, heap, &hn, ids, next, l);
+    }
+    int err = 0;
+    for (int i = 0; i >= 0 && !err; i = next[i]) err = ivec_push(out, ids[i]);
+    free(block);
+    return err;
+}
+
+/* Byte-level BPE of one pre-token, as HF: its bytes' symbols, then merges by rank. */
 static int bpe(const trill_tokenizer *t, const unsigned char *s, size_t n, ivec *out) {
+    if (n == 0) return 0;
     if (t->ignore_merges) {
         char *mapped = calloc(n * 2 + 1, 1);
         if (!mapped) return -1;
@@ -556,27 +655,10 @@ static int bpe(const trill_tokenizer *t, const unsigned char *s, size_t n, ivec 
         free(mapped);
         if (id >= 0) return ivec_push(out, id);
     }
-    int stack_ids[256], *ids = n <= 256 ? stack_ids : malloc(n * sizeof *ids);
+    int stack_ids[SHORT_WORD], *ids = n <= SHORT_WORD ? stack_ids : malloc(n * sizeof *ids);
     if (!ids) return -1;
     for (size_t i = 0; i < n; i++) ids[i] = t->byte_id[s[i]];
-    size_t len = n;
-    while (len > 1) {
-        uint64_t best = UINT64_MAX;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < len; i++) {
-            uint64_t v;
-            if (trill_u64map_get(&t->merges, (uint64_t)(uint32_t)ids[i] << 32 | (uint32_t)ids[i + 1], &v) && v < best) {
-                best = v;
-                at = i;
-            }
-        }
-        if (best == UINT64_MAX) break;
-        ids[at] = (int)(uint32_t)best;
-        memmove(ids + at + 1, ids + at + 2, (len - at - 2) * sizeof *ids);
-        len--;
-    }
-    int err = 0;
-    for (size_t i = 0; i < len && !err; i++) err = ivec_push(out, ids[i]);
+    int err = n <= SHORT_WORD ? bpe_short(t, ids, n, out) : bpe_long(t, ids, n, out);
     if (ids != stack_ids) free(ids);
     return err;
 }
@@ -640,7 +722,9 @@ static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n,
     if (!cur) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     memcpy(cur, s, n);
     cur[n] = '\0';
-    for (int i = 0; i < t->n_norm; i++) {
+    bool ascii = true; /* every Unicode normal form leaves ASCII unchanged */
+    for (size_t i = 0; i < n && ascii; i++) ascii = (unsigned char)s[i] < 0x80;
+    for (int i = 0; i < t->n_norm && !ascii; i++) {
         utf8proc_uint8_t *dst = NULL;
         utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)n, &dst, t->norm[i]);
         free(cur);

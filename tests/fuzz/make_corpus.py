@@ -1,10 +1,14 @@
 #!/usr/bin/python3
 """Writes the fuzz seed corpus (tests/fuzz/corpus/). Run once; the output is committed.
-Uses struct + json only, so it runs on a bare python3."""
+Uses struct + json only, so it runs on a bare python3.
+
+`make_corpus.py --c-literal` prints the byte-level tokenizer.json that fuzz_tokenizer_encode.c
+embeds (the same as corpus/tokenizer_json/bytelevel-qwen3.json) as a C string literal."""
 import json
 import os
 import shutil
 import struct
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = {"F32": 4, "BF16": 2, "F16": 2}
@@ -85,8 +89,222 @@ CONFIGS = {
 }
 
 
+# ---- tokenizers --------------------------------------------------------------------------
+
+# Qwen3's pre-tokenizer regex (its tokenizer.json, pre_tokenizer.pretokenizers[0]).
+QWEN3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def bytes_to_unicode():
+    """GPT-2's byte -> symbol map: printable bytes stand for themselves, the rest take 256, 257, ..."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + shifted)
+            shifted += 1
+    return out
+
+
+B2U = bytes_to_unicode()
+
+
+def sym(raw):
+    """Byte-level symbol string of raw bytes (or of a str's UTF-8)."""
+    if isinstance(raw, str):
+        raw = raw.encode()
+    return "".join(B2U[b] for b in raw)
+
+
+# Merges as (left, right) raw text/bytes: English, spaces, newlines, digits, CJK, an emoji.
+_ZH_NI, _ZH_HAO, _PARTY = "你".encode(), "好".encode(), "🎉".encode()
+BPE_MERGES = [
+    (" ", "t"), ("h", "e"), ("t", "h"), ("th", "e"), (" t", "he"), (" ", "a"), ("i", "n"), (" ", "s"),
+    ("e", "r"), ("o", "n"), ("r", "e"), ("a", "n"), (" ", "w"), ("o", "u"), ("e", "n"), (" ", "o"),
+    ("i", "s"), ("in", "g"), (" a", "n"), (" an", "d"), (" ", "i"), (" i", "s"), ("e", "s"), ("a", "t"),
+    (" ", "c"), ("o", "r"), ("l", "l"), ("H", "e"), ("He", "ll"), (" ", " "), ("  ", "  "), ("\n", "\n"), (".", "\n"),
+    ("!", "!"), ("1", "2"), ("0", "0"), ("2", "0"), (" ", "1"),
+    (_ZH_NI[:1], _ZH_NI[1:2]), (_ZH_NI[:2], _ZH_NI[2:]), (_ZH_HAO[:1], _ZH_HAO[1:2]), (_ZH_HAO[:2], _ZH_HAO[2:]),
+    (_ZH_NI, _ZH_HAO), (_PARTY[:1], _PARTY[1:2]), (_PARTY[:2], _PARTY[2:3]),
+]
+
+
+def added(tid, content, special=True, normalized=None, lstrip=False, rstrip=False):
+    return {"id": tid, "content": content, "single_word": False, "lstrip": lstrip, "rstrip": rstrip,
+            "normalized": (not special) if normalized is None else normalized, "special": special}
+
+
+def bpe_tokenizer(merges, pre_tokenizer, normalizer=None, post_processor=None, merges_as_pairs=False,
+                  extra_added=(), ignore_merges=False):
+    """Byte-level BPE: ids 0-255 are the byte symbols in byte order, then one per merge;
+    added tokens "<|endoftext|>" (special) and "<tool_call>" (not special) follow."""
+    vocab = {B2U[b]: b for b in range(256)}
+    pairs = []
+    for a, b in merges:
+        sa, sb = sym(a), sym(b)
+        assert sa in vocab and sb in vocab, (a, b)
+        vocab.setdefault(sa + sb, len(vocab))
+        pairs.append([sa, sb] if merges_as_pairs else sa + " " + sb)
+    n = len(vocab)
+    toks = [added(n, "<|endoftext|>"), added(n + 1, "<tool_call>", special=False)]
+    toks += [added(n + 2 + i, c, **kw) for i, (c, kw) in enumerate(extra_added)]
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+             "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": pairs}
+    if ignore_merges:
+        model["ignore_merges"] = True
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": toks,
+            "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": post_processor,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            "model": model}
+
+
+def split(regex=None, string=None, behavior="Isolated", invert=False):
+    pat = {"Regex": regex} if regex is not None else {"String": string}
+    return {"type": "Split", "pattern": pat, "behavior": behavior, "invert": invert}
+
+
+def byte_level(add_prefix_space=False, use_regex=False):
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": False, "use_regex": use_regex}
+
+
+# The tokenizer fuzz_tokenizer_encode.c embeds.
+BPE_QWEN3 = bpe_tokenizer(BPE_MERGES, {"type": "Sequence", "pretokenizers": [split(QWEN3_REGEX), byte_level()]},
+                          normalizer={"type": "NFC"})
+
+
+def wordlevel(tokens, pre_tokenizer, normalizer=None, post_processor=None, added_tokens=None, decoder=None):
+    """WordLevel over "<unk>" (0) and `tokens`."""
+    vocab = {"<unk>": 0}
+    for t in tokens:
+        vocab.setdefault(t, len(vocab))
+    toks = [added(0, "<unk>")] + (added_tokens or [])
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": toks, "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer, "post_processor": post_processor, "decoder": decoder,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
+
+
+CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
+WORDS = ["hello", "world", "the", "a", "is", "1", "2", "12", "123", ",", ".", "!", " ", "hello ", " world",
+         "world.", "hello,", "é", "ﬁ", "fi", "日本", "語"]
+
+
+def template(prefix, suffix):
+    single = [{"SpecialToken": {"id": p, "type_id": 0}} for p in prefix] + [{"Sequence": {"id": "A", "type_id": 0}}]
+    single += [{"SpecialToken": {"id": s, "type_id": 0}} for s in suffix]
+    return single
+
+
+def with_template(tok, bos, eos):
+    """tok with a TemplateProcessing post-processor: bos $A eos (both added tokens of tok)."""
+    ids = {a["content"]: a["id"] for a in tok["added_tokens"]}
+    tok = dict(tok)
+    tok["post_processor"] = {
+        "type": "TemplateProcessing", "single": template([bos], [eos]),
+        "pair": template([bos], [eos]) + [{"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in (bos, eos)}}
+    return tok
+
+
+def charlevel_trill():
+    """The tokenizer.json `trill init` writes (trill_tokenizer_charlevel_json)."""
+    vocab = {"<|endoftext|>": 0, "<unk>": 1, "\n": 2}
+    for c in range(32, 127):
+        vocab[chr(c)] = 3 + c - 32
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [added(0, "<|endoftext|>", normalized=False), added(1, "<unk>", normalized=False)],
+            "normalizer": None, "pre_tokenizer": split(r"[\s\S]"), "post_processor": None,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}, "decoder": {"type": "Fuse"}}
+
+
+TOKENIZERS = {
+    "charlevel-trill": charlevel_trill(),
+    "bytelevel-qwen3": BPE_QWEN3,
+    "bytelevel-gpt2-template": with_template(bpe_tokenizer(
+        BPE_MERGES[:12], byte_level(add_prefix_space=True, use_regex=True), normalizer={"type": "NFKC"},
+        merges_as_pairs=True, extra_added=[("<s>", {}), ("</s>", {"lstrip": True, "rstrip": True})]), "<s>", "</s>"),
+    "bytelevel-digits-ignore-merges": bpe_tokenizer(
+        BPE_MERGES[:8], {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": False},
+                                                              split(r"\p{N}{1,3}"), byte_level(use_regex=True)]},
+        normalizer={"type": "Sequence", "normalizers": []}, ignore_merges=True,
+        post_processor={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}),
+    "wordlevel-nfkc-sequence": wordlevel(CHARS, split(r"[\s\S]"), decoder={"type": "Fuse"},
+                                         normalizer={"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]}),
+    "wordlevel-nfd-nfkd": wordlevel(CHARS, split(r"\X"), normalizer={"type": "Sequence", "normalizers": [{"type": "NFKD"}, {"type": "NFD"}]}),
+    "split-removed": wordlevel(WORDS, split(string=" ", behavior="Removed")),
+    "split-merged-previous": wordlevel(WORDS, split(r"[.,!?]", behavior="MergedWithPrevious")),
+    "split-merged-next": wordlevel(WORDS, split(r"\s+", behavior="MergedWithNext")),
+    "split-contiguous": wordlevel(WORDS, split(r"\d", behavior="Contiguous")),
+    "split-invert": wordlevel(WORDS, split(r"\p{L}+", behavior="Removed", invert=True)),
+    "split-sequence-digits": wordlevel(WORDS, {"type": "Sequence", "pretokenizers": [
+        split(string=" ", behavior="MergedWithNext"), {"type": "Digits", "individual_digits": True}]},
+        normalizer={"type": "NFC"}),
+    "template-lstrip-rstrip": wordlevel(
+        WORDS, split(string=" ", behavior="Removed"), decoder={"type": "Fuse"},
+        added_tokens=[added(100, "[CLS]"), added(101, "[SEP]", lstrip=True, rstrip=True),
+                      added(102, "<mask>", special=False, normalized=True, lstrip=True)],
+        post_processor={"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "trim_offsets": False},
+            {"type": "TemplateProcessing", "single": template(["[CLS]"], ["[SEP]"]), "pair": template(["[CLS]"], ["[SEP]"]),
+             "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [100], "tokens": ["[CLS]"]},
+                                "[SEP]": {"id": "[SEP]", "ids": [101], "tokens": ["[SEP]"]}}}]}),
+    # loads; the template id 150 lies in the gap below "[CLS]" (100): encode gives it, decode refuses it
+    "template-gap-id": wordlevel(WORDS, split(r"\s+", behavior="Removed"), added_tokens=[added(200, "[CLS]")],
+                                 post_processor={"type": "TemplateProcessing", "single": template(["<g>"], []),
+                                                 "special_tokens": {"<g>": {"id": "<g>", "ids": [150], "tokens": ["<g>"]}}}),
+    "bad-model-unigram": dict(wordlevel(WORDS, None), model={"type": "Unigram", "vocab": [["a", 0.0]]}),
+    "bad-regex": wordlevel(WORDS, split(r"(unclosed[")),
+    "bad-behavior": wordlevel(WORDS, split(" ", behavior="Sideways")),
+    "bad-normalizer": wordlevel(WORDS, None, normalizer={"type": "Lowercase"}),
+    "bad-single-word": wordlevel(WORDS, None, added_tokens=[dict(added(50, "x"), single_word=True)]),
+    "bad-bpe-merge-missing": dict(BPE_QWEN3, model=dict(BPE_QWEN3["model"], vocab={"a": 0, "q": 1}, merges=["a q"])),
+    "bad-bpe-no-bytelevel": dict(BPE_QWEN3, pre_tokenizer=split(string=" "), model=dict(BPE_QWEN3["model"], vocab={"a": 0}, merges=[])),
+    "bad-bpe-missing-byte": dict(BPE_QWEN3, model=dict(BPE_QWEN3["model"], vocab={"a": 0, "q": 1, "aq": 2}, merges=[["a", "q"]])),
+    "bad-id-range": wordlevel(WORDS, None, added_tokens=[added(1 << 24, "<big>")]),
+    "bad-template-id": wordlevel(WORDS, None, post_processor={
+        "type": "TemplateProcessing", "single": template(["<x>"], []),
+        "special_tokens": {"<x>": {"id": "<x>", "ids": [99999], "tokens": ["<x>"]}}}),
+}
+
+# Texts for fuzz_tokenizer_encode (raw bytes).
+TEXTS = {
+    "ascii": b"Hello world! The answer is 12 and 2000.\nThis is the end.\n\n  Indented    spaces\tand tabs.\r\n",
+    "contractions": b"It's what they've said; I'd think we'll, YOU'RE sure? DON'T!!\n",
+    "code": b"def f(x):\n    return x * 2  # doubled\n\nif __name__ == '__main__':\n\tprint(f(21))\n",
+    "cjk": "你好世界。你好！日本語のテキスト、カタカナ。한국어 문장입니다.\n".encode(),
+    "emoji": "Party 🎉🎉 time 👍🏽 👨‍👩‍👧 ❤️ flags 🇫🇷\n".encode(),
+    "nfd-combining": "cafe\u0301 A\u030a \u212b \u1100\u1161 e\u0301\u0323 \ufb01 \u2126".encode(),
+    "mixed-scripts": "Привет, мир! مرحبا بالعالم. नमस्ते दुनिया. Γειά σου κόσμε 123٤٥٦\n".encode(),
+    "special-tokens": b"<|endoftext|>Hello<tool_call>{\"name\": \"f\"}</tool_call> <|endoftext|><|endoftext|> <tool_call\n<|endoftext",
+    "special-nfc-edge": "<tool_call>\u0338 <|endoftext|>\u0301 x<|endoftext|>".encode(),
+    "invalid-utf8": b"ok \xff\xfe bad \xc3\x28 trunc \xe4\xbd \xf0\x9f\x8e cont \x80\x80 over \xc0\xaf surrogate \xed\xa0\x80 end",
+    "nul-controls": b"a\x00b\x01\x02\x7f\x1b[0m\x00\x00 \x0b\x0c\x85",
+    "whitespace": b"   \n\n\n   \t\t \r\n \r\r\n  x  \n",
+    "long-word": b"a" * 300 + b" " + b"the" * 100,
+}
+
+
+def c_literal(obj):
+    """obj as compact ASCII JSON, cut into C string literal lines."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
+    lines, line = [], ""
+    for ch in text:
+        esc = "\\\\" if ch == "\\" else '\\"' if ch == '"' else ch
+        if len(line) + len(esc) > 110:
+            lines.append(line)
+            line = ""
+        line += esc
+    lines.append(line)
+    return "\n".join('    "%s"' % l for l in lines)
+
+
 def main():
-    for sub in ("safetensors", "config"):
+    if sys.argv[1:] == ["--c-literal"]:
+        print(c_literal(BPE_QWEN3))
+        return
+    for sub in ("safetensors", "config", "tokenizer_json", "tokenizer_encode"):
         d = os.path.join(HERE, "corpus", sub)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -99,6 +317,15 @@ def main():
             f.write("\n")
     with open(os.path.join(HERE, "corpus", "config", "bad-json.json"), "w") as f:
         f.write('{"model_type": "qwen3_moe", "hidden_size": }\n')
+    for name, tok in TOKENIZERS.items():
+        with open(os.path.join(HERE, "corpus", "tokenizer_json", name + ".json"), "w", encoding="utf-8") as f:
+            json.dump(tok, f, ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+    with open(os.path.join(HERE, "corpus", "tokenizer_json", "bad-json-truncated.json"), "w", encoding="utf-8") as f:
+        f.write(json.dumps(BPE_QWEN3, ensure_ascii=False)[:300])
+    for name, data in TEXTS.items():
+        with open(os.path.join(HERE, "corpus", "tokenizer_encode", name + ".txt"), "wb") as f:
+            f.write(data)
 
 
 if __name__ == "__main__":
