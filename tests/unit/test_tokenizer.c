@@ -94,6 +94,22 @@ static void test_bpe_merge_order(void **state) {
     free(text);
     const int bad[] = { 5000 };
     assert_int_equal(trill_tokenizer_decode(t, bad, 1, false, &text, &len), TRILL_ERR_INVALID);
+    /* words longer than the short-word path go through the heap: same order of merges */
+    char longword[302];
+    memset(longword, 'c', 301);
+    longword[301] = '\0';
+    int *long_ids;
+    size_t n;
+    assert_int_equal(trill_tokenizer_encode(t, longword, 301, false, &long_ids, &n), TRILL_OK);
+    assert_int_equal(n, 151); /* "cc" x 150, then "c": leftmost pairs merge first */
+    for (size_t i = 0; i < 150; i++) assert_int_equal(long_ids[i], 259);
+    assert_int_equal(long_ids[150], 'c');
+    free(long_ids);
+    for (int i = 0; i < 300; i++) longword[i] = "abc"[i % 3];
+    assert_int_equal(trill_tokenizer_encode(t, longword, 300, false, &long_ids, &n), TRILL_OK);
+    assert_int_equal(n, 100);
+    for (size_t i = 0; i < 100; i++) assert_int_equal(long_ids[i], 258);
+    free(long_ids);
     trill_tokenizer_free(t);
 }
 
@@ -195,6 +211,8 @@ static void test_refusals(void **state) {
         { "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}", "pre-tokenizer regex \"(\"" },
         { "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"x\"}, \"behavior\": \"Sideways\"}", "behavior Sideways is not supported" },
         { "added_tokens", "[{\"id\": 1, \"content\": \"x\", \"single_word\": true}]", "single_word true is not supported" },
+        { "post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}], "
+                            "\"special_tokens\": {\"<s>\": {\"ids\": [700]}}}", "id 700 is not a token of the vocabulary" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_t *j = bpe_json(NULL, 0, json_array(), NULL);
