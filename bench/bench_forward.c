@@ -211,11 +211,11 @@ int main(int argc, char **argv) {
         if (f[i] > 0) printf("  %-30s %8.3f GFLOP %5.1f%%\n", flop_names[i], f[i] * 1e-9, 100.0 * f[i] / flops);
 
     /* forward: one warm-up, then `runs` timed, router capture on */
-    trill_status st = trill_model_forward(m, tokens, offsets, batch, logprobs, experts);
+    trill_status st = trill_model_forward(m, tokens, offsets, batch, NULL, logprobs, experts);
     if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
     for (int r = 0; r < runs; r++) {
         double t0 = now_s();
-        st = trill_model_forward(m, tokens, offsets, batch, logprobs, experts);
+        st = trill_model_forward(m, tokens, offsets, batch, NULL, logprobs, experts);
         times[r] = now_s() - t0;
         if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
     }

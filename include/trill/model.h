@@ -69,10 +69,25 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
 
 /* Reference forward over a packed batch: sequence s is tokens[offsets[s] .. offsets[s+1]).
  * logprobs[t] = log p(tokens[t] | earlier tokens of its sequence); NAN for each sequence's
- * first token. experts (optional) receives [T][n_moe_layers][top_k] router choices,
- * logical ids in descending router weight, indexed by MoE-layer ordinal. */
+ * first token. experts (optional) receives [T][n_moe_layers][top_k] routed expert ids:
+ * logical ids, indexed by MoE-layer ordinal (dense layers not counted), in descending router
+ * weight. replay (optional, same layout) forces those experts instead of the router's top-k
+ * (router replay); their gate weights still come from this model's router probabilities.
+ * Replayed ids out of range or repeated within a token are refused. */
 trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
-                                 float *logprobs, uint16_t *experts);
+                                 const uint16_t *replay, float *logprobs, uint16_t *experts);
+
+/* The activations of one forward pass, kept for the backward pass (trill/train.h). */
+typedef struct trill_forward_pass trill_forward_pass;
+
+/* trill_model_forward that also keeps every activation the backward pass needs. tokens and
+ * offsets are borrowed: they must outlive *pass. Free with trill_forward_pass_free. */
+trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
+                                       const uint16_t *replay, float *logprobs, uint16_t *experts, trill_forward_pass **pass);
+void trill_forward_pass_free(trill_forward_pass *pass);
+
+/* Checks router-replay ids [T][n_moe_layers][top_k]: each in [0, num_experts), none repeated within a token. */
+trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, int T);
 
 /* Next-token logits [V] after the last token of one sequence (for sampling). */
 trill_status trill_model_next_logits(const trill_model *m, const int *tokens, int n, float *logits);

@@ -108,7 +108,7 @@ static trill_status flush_batch(FILE *out, const trill_model *m, batch *b) {
     const size_t per_token = (size_t)m->config.n_moe_layers * m->config.num_experts_per_tok;
     float *logprobs = malloc((T ? T : 1) * sizeof *logprobs);
     uint16_t *experts = malloc((T * per_token + 1) * sizeof *experts);
-    trill_status st = logprobs && experts ? trill_model_forward(m, b->tokens, b->offsets, b->n_seqs, logprobs, experts)
+    trill_status st = logprobs && experts ? trill_model_forward(m, b->tokens, b->offsets, b->n_seqs, NULL, logprobs, experts)
                                           : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) write_results(out, m, b, logprobs, experts);
     free(logprobs);

@@ -1,112 +1,158 @@
-/* Reference forward (fp32): the ground truth the trainer and the generator are checked
- * against. Simple and exact first: whole-batch GEMMs through OpenBLAS, a plain causal
- * attention loop, MoE by gathering each expert's tokens. */
+/* The forward pass (fp32): the reference the generator is checked against, and the first half
+ * of training. One code path for both; training keeps every layer's activations for
+ * src/train/backward.c. Simple and exact first: whole-batch GEMMs through OpenBLAS, a plain
+ * causal attention loop, MoE by grouping each expert's tokens into one GEMM. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward_internal.h"
 #include "trill/kernels.h"
-#include "trill/model.h"
 
-/* Activations for T tokens, carved from one allocation. */
-typedef struct run_state {
-    float *x;      /* [T, H]   residual stream */
-    float *xn;     /* [T, H]   normed input of the current block */
-    float *q;      /* [T, nh*hd] */
-    float *k, *v;  /* [T, nkv*hd] */
-    float *att;    /* [T, nh*hd] attention output before o_proj */
-    float *out;    /* [T, H]   block output (o_proj, MLP or MoE) */
-    float *ff1, *ff2; /* [T, max(I, Im)] MLP gate/up (for MoE: per expert, gathered rows) */
-    float *probs;  /* [T, E]   router probabilities */
-    float *topw;   /* [T, k]   routing weights */
-    int *topi;     /* [T, k]   routed experts */
-    int *order;    /* [T*k]    (token, slot) pairs grouped by expert */
-    int *count;    /* [E+1]    expert group boundaries in order */
-    float *xe;     /* [T, H]   gathered rows of one expert */
-    float *ye;     /* [T, H]   that expert's output */
-    int *pos;      /* [T]      position within its sequence */
-    void *block;
-} run_state;
+/* ---- activation plan: one allocation, carved in two passes (measure, then assign) ---- */
 
-static trill_status run_state_alloc(run_state *rs, const trill_config *c, int T) {
-    const size_t H = c->hidden_size, qd = (size_t)c->num_attention_heads * c->head_dim,
-                 kvd = (size_t)c->num_key_value_heads * c->head_dim;
-    size_t ff = (size_t)(c->intermediate_size > c->moe_intermediate_size ? c->intermediate_size : c->moe_intermediate_size);
+typedef struct plan { char *base; size_t used; } plan;
+
+static void *take(plan *p, size_t bytes) {
+    void *at = p->base ? p->base + p->used : NULL;
+    p->used += (bytes + 63) & ~(size_t)63; /* 64-byte aligned slices */
+    return at;
+}
+
+static void assign(trill_forward_pass *fp, plan *p) {
+    const trill_config *c = &fp->m->config;
+    const size_t T = (size_t)fp->T, H = c->hidden_size, L = c->num_hidden_layers;
+    const size_t qd = (size_t)c->num_attention_heads * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
     const size_t E = c->num_experts > 0 ? c->num_experts : 1, K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
-    size_t floats[] = { T * H, T * H, T * qd, T * kvd, T * kvd, T * qd, T * H, T * ff, T * ff, T * E, T * K, T * H, T * H };
-    size_t ints[] = { T * K, T * K, E + 1, (size_t)T };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) total += floats[i];
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) total += ints[i];
-    float *b = malloc((total ? total : 1) * sizeof(float));
-    if (!b) return trill_error(TRILL_ERR_NOMEM, "out of memory for activations of %d tokens (%.1f GB)", T, total * 4e-9);
-    rs->block = b;
-    float **fp[] = { &rs->x, &rs->xn, &rs->q, &rs->k, &rs->v, &rs->att, &rs->out, &rs->ff1, &rs->ff2,
-                     &rs->probs, &rs->topw, &rs->xe, &rs->ye };
-    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) { *fp[i] = b; b += floats[i]; }
-    int **ip[] = { &rs->topi, &rs->order, &rs->count, &rs->pos };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) { *ip[i] = (int *)b; b += ints[i]; }
+    const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ff = I > Im * K ? I : Im * K;
+    const size_t F = sizeof(float);
+    fp->layers = take(p, L * sizeof(layer_acts));
+    for (size_t l = 0; l < L; l++) {
+        if (!fp->training && l > 0) { /* inference: every layer reuses layer 0's buffers */
+            if (fp->layers) fp->layers[l] = fp->layers[0];
+            continue;
+        }
+        layer_acts a = {
+            .x_in = take(p, T * H * F), .xn1 = take(p, T * H * F), .q_raw = take(p, T * qd * F), .k_raw = take(p, T * kvd * F),
+            .q = take(p, T * qd * F), .k = take(p, T * kvd * F), .v = take(p, T * kvd * F), .att = take(p, T * qd * F),
+            .x_mid = take(p, T * H * F), .xn2 = take(p, T * H * F),
+        };
+        bool moe = trill_config_is_moe(c, (int)l);
+        if (!fp->training || !moe) { a.gate = take(p, T * ff * F); a.up = take(p, T * ff * F); }
+        else { a.gate = take(p, T * K * Im * F); a.up = take(p, T * K * Im * F); }
+        if (!fp->training || moe) {
+            a.ye = take(p, T * K * H * F);
+            a.probs = take(p, T * E * F);
+            a.topw = take(p, T * K * F);
+            a.topi = take(p, T * K * sizeof(int));
+            a.order = take(p, T * K * sizeof(int));
+            a.count = take(p, (E + 1) * sizeof(int));
+        }
+        if (fp->layers) fp->layers[l] = a;
+    }
+    /* inference: the residual stream is updated in place, so every x_in/x_mid is one buffer */
+    if (!fp->training && fp->layers)
+        for (size_t l = 0; l < L; l++) fp->layers[l].x_mid = fp->layers[l].x_in = fp->layers[0].x_in;
+    fp->x_final = fp->training ? take(p, T * H * F) : (fp->layers ? fp->layers[0].x_in : NULL);
+    fp->xf = take(p, T * H * F);
+    fp->out = take(p, T * H * F);
+    fp->act = take(p, T * ff * F);
+    fp->xe = take(p, T * H * F);
+    fp->pos = take(p, T * sizeof(int));
+    fp->inv_freq = take(p, (size_t)c->head_dim / 2 * F);
+}
+
+static trill_status pass_alloc(const trill_model *m, int T, bool training, trill_forward_pass **out) {
+    trill_forward_pass *fp = calloc(1, sizeof *fp);
+    if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    *fp = (trill_forward_pass){ .m = m, .T = T, .training = training };
+    plan p = { 0 };
+    assign(fp, &p);
+    if (!(p.base = fp->block = malloc(p.used))) {
+        free(fp);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for the activations of %d tokens (%.2f GB)", T, p.used * 1e-9);
+    }
+    p.used = 0;
+    assign(fp, &p);
+    *out = fp;
     return TRILL_OK;
 }
 
-/* Self-attention block: x += o_proj(attn(rope(qk_norm(q, k)), v)) on xn = input_norm(x). */
-static void attention_block(const trill_config *c, const trill_layer_weights *w, run_state *rs,
-                            const int *offsets, int n_seqs, int T, const float *inv_freq) {
-    const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+void trill_forward_pass_free(trill_forward_pass *fp) {
+    if (!fp) return;
+    free(fp->block);
+    free(fp);
+}
+
+/* ---- layers ---- */
+
+/* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). */
+static void attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, layer_acts *a) {
+    const trill_config *c = &fp->m->config;
+    const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
-    rmsnorm_forward(rs->xn, rs->x, w->input_norm, T, H, eps);
-    matmul_forward(rs->q, rs->xn, w->wq, T, H, nh * hd);
-    matmul_forward(rs->k, rs->xn, w->wk, T, H, nkv * hd);
-    matmul_forward(rs->v, rs->xn, w->wv, T, H, nkv * hd);
-    rmsnorm_forward(rs->q, rs->q, w->q_norm, T * nh, hd, eps);  /* per head, over head_dim */
-    rmsnorm_forward(rs->k, rs->k, w->k_norm, T * nkv, hd, eps);
-    rope_forward(rs->q, rs->pos, inv_freq, T, nh, hd);
-    rope_forward(rs->k, rs->pos, inv_freq, T, nkv, hd);
-    attention_forward(rs->att, rs->q, rs->k, rs->v, offsets, n_seqs, nh, nkv, hd);
-    matmul_forward(rs->out, rs->att, w->wo, T, nh * hd, H);
-    residual_forward(rs->x, rs->out, (size_t)T * H);
+    rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, eps);
+    matmul_forward(a->q_raw, a->xn1, w->wq, T, H, nh * hd);
+    matmul_forward(a->k_raw, a->xn1, w->wk, T, H, nkv * hd);
+    matmul_forward(a->v, a->xn1, w->wv, T, H, nkv * hd);
+    rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
+    rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
+    rope_forward(a->q, fp->pos, fp->inv_freq, T, nh, hd);
+    rope_forward(a->k, fp->pos, fp->inv_freq, T, nkv, hd);
+    attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    matmul_forward(fp->out, a->att, w->wo, T, nh * hd, H);
+    if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
+    residual_forward(a->x_mid, fp->out, (size_t)T * H);
 }
 
-/* SwiGLU MLP of `n` rows: out = down(silu(gate(inp)) * up(inp)). */
-static void mlp(float *out, const float *inp, const float *gate, const float *up, const float *down,
-                float *ff1, float *ff2, int n, int H, int I) {
-    matmul_forward(ff1, inp, gate, n, H, I);
-    matmul_forward(ff2, inp, up, n, H, I);
-    swiglu_forward(ff1, ff1, ff2, (size_t)n * I);
-    matmul_forward(out, ff1, down, n, I, H);
+/* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations. */
+static void mlp(float *out, const float *inp, const float *wg, const float *wu, const float *wd, float *gate, float *up,
+                float *act, int n, int H, int I) {
+    matmul_forward(gate, inp, wg, n, H, I);
+    matmul_forward(up, inp, wu, n, H, I);
+    swiglu_forward(act, gate, up, (size_t)n * I);
+    matmul_forward(out, act, wd, n, I, H);
 }
 
-/* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); top-k; renormalise if norm_topk_prob;
- * out = sum_k w_k * expert_k(x). Tokens are grouped by expert so each expert runs as one GEMM. */
-static void moe_block(const trill_config *c, const trill_layer_weights *w, run_state *rs, int T,
-                      uint16_t *experts, int ordinal) {
-    const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
-    matmul_forward(rs->probs, rs->xn, w->router, T, H, E);
-    softmax_forward(rs->probs, rs->probs, T, E);
-    topk_forward(rs->topi, rs->topw, rs->probs, T, E, K);
-    router_gates_forward(rs->topw, rs->probs, rs->topi, T, E, K, c->norm_topk_prob);
+/* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); the top-k experts (or the replayed
+ * ids); gate weights = probs at those ids, renormalised if norm_topk_prob;
+ * out = sum_k w_k * expert_k(x). Each expert's tokens are grouped into one GEMM. */
+static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, layer_acts *a, int ordinal,
+                      const uint16_t *replay, uint16_t *experts) {
+    const trill_config *c = &fp->m->config;
+    const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
+    const int L = c->n_moe_layers;
+    matmul_forward(a->probs, a->xn2, w->router, T, H, E);
+    softmax_forward(a->probs, a->probs, T, E);
+    if (replay) {
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++) a->topi[t * K + j] = replay[((size_t)t * L + ordinal) * K + j];
+    } else {
+        topk_forward(a->topi, a->topw, a->probs, T, E, K);
+    }
+    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob);
     if (experts)
         for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                experts[((size_t)t * c->n_moe_layers + ordinal) * K + j] = (uint16_t)rs->topi[(size_t)t * K + j];
+            for (int j = 0; j < K; j++) experts[((size_t)t * L + ordinal) * K + j] = (uint16_t)a->topi[t * K + j];
     /* counting sort of the (token, slot) pairs by expert; afterwards count[e] is the end
      * of expert e's group, so the group is order[count[e-1] .. count[e]) */
-    memset(rs->count, 0, sizeof(int) * (E + 1));
-    for (int i = 0; i < T * K; i++) rs->count[rs->topi[i] + 1]++;
-    for (int e = 0; e < E; e++) rs->count[e + 1] += rs->count[e];
-    for (int i = 0; i < T * K; i++) rs->order[rs->count[rs->topi[i]]++] = i;
-    memset(rs->out, 0, sizeof(float) * (size_t)T * H);
+    memset(a->count, 0, sizeof(int) * (E + 1));
+    for (int i = 0; i < T * K; i++) a->count[a->topi[i] + 1]++;
+    for (int e = 0; e < E; e++) a->count[e + 1] += a->count[e];
+    for (int i = 0; i < T * K; i++) a->order[a->count[a->topi[i]]++] = i;
+    memset(fp->out, 0, sizeof(float) * (size_t)T * H);
     for (int e = 0; e < E; e++) {
-        const int first = e ? rs->count[e - 1] : 0, n = rs->count[e] - first;
+        const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
         if (n == 0) continue;
-        const int *rows = rs->order + first;
-        for (int r = 0; r < n; r++) memcpy(rs->xe + (size_t)r * H, rs->xn + (size_t)(rows[r] / K) * H, sizeof(float) * H);
-        mlp(rs->ye, rs->xe, w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H,
-            w->expert_down + (size_t)e * H * Im, rs->ff1, rs->ff2, n, H, Im);
+        const int *rows = a->order + first;
+        for (int r = 0; r < n; r++) memcpy(fp->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
+        float *ye = a->ye + (size_t)first * H;
+        mlp(ye, fp->xe, w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H,
+            w->expert_down + (size_t)e * H * Im, a->gate + (size_t)first * Im, a->up + (size_t)first * Im, fp->act, n, H, Im);
         for (int r = 0; r < n; r++) {
-            float g = rs->topw[rows[r]];
-            float *o = rs->out + (size_t)(rows[r] / K) * H;
-            const float *y = rs->ye + (size_t)r * H;
+            float g = a->topw[rows[r]];
+            float *o = fp->out + (size_t)(rows[r] / K) * H;
+            const float *y = ye + (size_t)r * H;
             for (int i = 0; i < H; i++) o[i] += g * y[i];
         }
     }
@@ -126,61 +172,101 @@ static trill_status check_batch(const trill_config *c, const int *tokens, const 
     return TRILL_OK;
 }
 
-/* Runs every decoder layer and the final norm; leaves the normed hidden states in rs->xn. */
-static void forward_hidden(const trill_model *m, run_state *rs, const int *tokens, const int *offsets,
-                           int n_seqs, int T, uint16_t *experts) {
-    const trill_config *c = &m->config;
-    const int H = c->hidden_size;
-    float inv_freq[c->head_dim / 2];
-    rope_inv_freq(inv_freq, c->head_dim, c->rope_theta);
-    for (int s = 0; s < n_seqs; s++)
-        for (int t = offsets[s]; t < offsets[s + 1]; t++) rs->pos[t] = t - offsets[s];
-    embedding_forward(rs->x, m->embed, tokens, T, H);
-
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const trill_layer_weights *w = &m->layers[l];
-        attention_block(c, w, rs, offsets, n_seqs, T, inv_freq);
-        rmsnorm_forward(rs->xn, rs->x, w->post_norm, T, H, (float)c->rms_norm_eps);
-        if (trill_config_is_moe(c, l))
-            moe_block(c, w, rs, T, experts, c->moe_ordinal[l]);
-        else
-            mlp(rs->out, rs->xn, w->mlp_gate, w->mlp_up, w->mlp_down, rs->ff1, rs->ff2, T, H, c->intermediate_size);
-        residual_forward(rs->x, rs->out, (size_t)T * H);
-    }
-    rmsnorm_forward(rs->xn, rs->x, m->final_norm, T, H, (float)c->rms_norm_eps);
+trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, int T) {
+    const int L = c->n_moe_layers, K = c->num_experts_per_tok, E = c->num_experts;
+    for (int t = 0; t < T; t++)
+        for (int m = 0; m < L; m++) {
+            const uint16_t *ids = replay + ((size_t)t * L + m) * K;
+            for (int j = 0; j < K; j++) {
+                if (ids[j] >= E)
+                    return trill_error(TRILL_ERR_INVALID, "router replay: token %d, MoE layer %d: expert id %u is outside [0, %d)", t, m, ids[j], E);
+                for (int i = 0; i < j; i++)
+                    if (ids[i] == ids[j])
+                        return trill_error(TRILL_ERR_INVALID, "router replay: token %d, MoE layer %d: expert %u appears twice", t, m, ids[j]);
+            }
+        }
+    return TRILL_OK;
 }
 
-trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
-                                 float *logprobs, uint16_t *experts) {
+/* Runs every decoder layer and the final norm (into fp->xf). */
+static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t *experts) {
+    const trill_model *m = fp->m;
     const trill_config *c = &m->config;
-    trill_status st = check_batch(c, tokens, offsets, n_seqs);
-    if (st || n_seqs == 0) return st;
-    const int T = offsets[n_seqs], H = c->hidden_size, V = c->vocab_size;
-    if (T == 0) return TRILL_OK;
-    run_state rs;
-    if ((st = run_state_alloc(&rs, c, T))) return st;
-    forward_hidden(m, &rs, tokens, offsets, n_seqs, T, experts);
+    const int T = fp->T, H = c->hidden_size, L = c->num_hidden_layers;
+    rope_inv_freq(fp->inv_freq, c->head_dim, c->rope_theta);
+    for (int s = 0; s < fp->n_seqs; s++)
+        for (int t = fp->offsets[s]; t < fp->offsets[s + 1]; t++) fp->pos[t] = t - fp->offsets[s];
+    embedding_forward(fp->layers[0].x_in, m->embed, fp->tokens, T, H);
+    for (int l = 0; l < L; l++) {
+        const trill_layer_weights *w = &m->layers[l];
+        layer_acts *a = &fp->layers[l];
+        float *x_next = l + 1 < L ? fp->layers[l + 1].x_in : fp->x_final;
+        attention_block(fp, w, a);
+        rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+        if (trill_config_is_moe(c, l))
+            moe_block(fp, w, a, c->moe_ordinal[l], replay, experts);
+        else
+            mlp(fp->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, a->gate, a->up, fp->act, T, H, c->intermediate_size);
+        if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
+        residual_forward(x_next, fp->out, (size_t)T * H);
+    }
+    rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
+}
 
-    /* lm_head and log-softmax in chunks of rows: the full [T, V] logits would dominate memory */
-    enum { CHUNK = 256 };
-    float *logits = malloc(sizeof(float) * CHUNK * (size_t)V);
-    if (!logits) { free(rs.block); return trill_error(TRILL_ERR_NOMEM, "out of memory for logits"); }
-    for (int s = 0; s < n_seqs; s++)
-        if (offsets[s + 1] > offsets[s]) logprobs[offsets[s]] = NAN;
-    for (int t0 = 0; t0 < T; t0 += CHUNK) {
-        int n = T - t0 < CHUNK ? T - t0 : CHUNK;
-        matmul_forward(logits, rs.xn + (size_t)t0 * H, m->lm_head, n, H, V);
+/* Rows of lm_head + log-softmax per chunk: the full [T, V] logits would dominate memory. */
+enum { LOGIT_CHUNK = 256 };
+
+static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs) {
+    const trill_model *m = fp->m;
+    const int T = fp->T, H = m->config.hidden_size, V = m->config.vocab_size;
+    float *logits = malloc(sizeof(float) * LOGIT_CHUNK * (size_t)V);
+    if (!logits) return trill_error(TRILL_ERR_NOMEM, "out of memory for logits");
+    for (int s = 0; s < fp->n_seqs; s++)
+        if (fp->offsets[s + 1] > fp->offsets[s]) logprobs[fp->offsets[s]] = NAN;
+    for (int t0 = 0; t0 < T; t0 += LOGIT_CHUNK) {
+        int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
+        matmul_forward(logits, fp->xf + (size_t)t0 * H, m->lm_head, n, H, V);
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < n; r++) {
             int t = t0 + r;
-            if (t + 1 >= T || rs.pos[t + 1] == 0) continue; /* t ends its sequence */
+            if (t + 1 >= T || fp->pos[t + 1] == 0) continue; /* t ends its sequence */
             const float *row = logits + (size_t)r * V;
-            logprobs[t + 1] = (float)((double)row[tokens[t + 1]] - logsumexp(row, V));
+            logprobs[t + 1] = (float)((double)row[fp->tokens[t + 1]] - logsumexp(row, V));
         }
     }
     free(logits);
-    free(rs.block);
     return TRILL_OK;
+}
+
+static trill_status forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs, const uint16_t *replay,
+                            float *logprobs, uint16_t *experts, bool training, trill_forward_pass **out) {
+    const trill_config *c = &m->config;
+    trill_status st = check_batch(c, tokens, offsets, n_seqs);
+    const int T = n_seqs > 0 ? offsets[n_seqs] : 0;
+    if (!st && replay && c->n_moe_layers) st = trill_check_replay(c, replay, T);
+    trill_forward_pass *fp = NULL;
+    if (!st) st = pass_alloc(m, T, training, &fp);
+    if (st) return st;
+    fp->tokens = tokens;
+    fp->offsets = offsets;
+    fp->n_seqs = n_seqs;
+    if (T > 0) {
+        run_layers(fp, replay, experts);
+        st = token_logprobs(fp, logprobs);
+    }
+    if (st || !out) trill_forward_pass_free(fp);
+    else *out = fp;
+    return st;
+}
+
+trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
+                                 const uint16_t *replay, float *logprobs, uint16_t *experts) {
+    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, false, NULL);
+}
+
+trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
+                                       const uint16_t *replay, float *logprobs, uint16_t *experts, trill_forward_pass **pass) {
+    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, true, pass);
 }
 
 trill_status trill_model_next_logits(const trill_model *m, const int *tokens, int n, float *logits) {
@@ -188,11 +274,13 @@ trill_status trill_model_next_logits(const trill_model *m, const int *tokens, in
     int offsets[2] = { 0, n };
     if (n < 1) return trill_error(TRILL_ERR_INVALID, "next-token logits need at least one token");
     trill_status st = check_batch(c, tokens, offsets, 1);
-    if (st) return st;
-    run_state rs;
-    if ((st = run_state_alloc(&rs, c, n))) return st;
-    forward_hidden(m, &rs, tokens, offsets, 1, n, NULL);
-    matmul_forward(logits, rs.xn + (size_t)(n - 1) * c->hidden_size, m->lm_head, 1, c->hidden_size, c->vocab_size);
-    free(rs.block);
+    trill_forward_pass *fp;
+    if (st || (st = pass_alloc(m, n, false, &fp))) return st;
+    fp->tokens = tokens;
+    fp->offsets = offsets;
+    fp->n_seqs = 1;
+    run_layers(fp, NULL, NULL);
+    matmul_forward(logits, fp->xf + (size_t)(n - 1) * c->hidden_size, m->lm_head, 1, c->hidden_size, c->vocab_size);
+    trill_forward_pass_free(fp);
     return TRILL_OK;
 }

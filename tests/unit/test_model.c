@@ -164,9 +164,9 @@ static void test_forward_properties(void **state) {
     uint16_t ex_batch[(LEN_A + LEN_B) * 3 * 2], ex_alone[LEN_B * 3 * 2];
 
     int offsets[3] = { 0, LEN_A, LEN_A + LEN_B };
-    assert_int_equal(trill_model_forward(m, tokens, offsets, 2, lp_batch, ex_batch), TRILL_OK);
+    assert_int_equal(trill_model_forward(m, tokens, offsets, 2, NULL, lp_batch, ex_batch), TRILL_OK);
     int alone[2] = { 0, LEN_B };
-    assert_int_equal(trill_model_forward(m, tokens + LEN_A, alone, 1, lp_alone, ex_alone), TRILL_OK);
+    assert_int_equal(trill_model_forward(m, tokens + LEN_A, alone, 1, NULL, lp_alone, ex_alone), TRILL_OK);
     assert_true(isnan(lp_batch[0]) && isnan(lp_batch[LEN_A]) && isnan(lp_alone[0]));
     for (int t = 1; t < LEN_B; t++) {
         assert_true(fabsf(lp_batch[LEN_A + t] - lp_alone[t]) < 1e-5f); /* batch-independent */
@@ -175,7 +175,7 @@ static void test_forward_properties(void **state) {
     assert_memory_equal(ex_batch + LEN_A * L * K, ex_alone, sizeof ex_alone);
     /* causal: a prefix scores the same as the start of the longer sequence */
     int prefix[2] = { 0, 12 };
-    assert_int_equal(trill_model_forward(m, tokens + LEN_A, prefix, 1, lp_prefix, NULL), TRILL_OK);
+    assert_int_equal(trill_model_forward(m, tokens + LEN_A, prefix, 1, NULL, lp_prefix, NULL), TRILL_OK);
     for (int t = 1; t < 12; t++) assert_true(fabsf(lp_prefix[t] - lp_alone[t]) < 1e-5f);
     /* experts: in range, distinct per token */
     for (int t = 0; t < LEN_B; t++)
@@ -200,15 +200,15 @@ static void test_forward_rejects_bad_batches(void **state) {
     int tokens[4] = { 1, 2, 500, 3 };
     float lp[4];
     int offsets[2] = { 0, 4 };
-    assert_int_equal(trill_model_forward(m, tokens, offsets, 1, lp, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_model_forward(m, tokens, offsets, 1, NULL, lp, NULL), TRILL_ERR_INVALID);
     assert_non_null(strstr(trill_error_message(), "position 2: token id 500 is outside the vocabulary [0, 128)"));
     int bad_offsets[3] = { 0, 3, 2 };
     tokens[2] = 5;
-    assert_int_equal(trill_model_forward(m, tokens, bad_offsets, 2, lp, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_model_forward(m, tokens, bad_offsets, 2, NULL, lp, NULL), TRILL_ERR_INVALID);
     /* an empty sequence in the batch is fine and touches nothing */
     int with_empty[4] = { 0, 2, 2, 4 };
     lp[2] = 42.0f;
-    assert_int_equal(trill_model_forward(m, tokens, with_empty, 3, lp, NULL), TRILL_OK);
+    assert_int_equal(trill_model_forward(m, tokens, with_empty, 3, NULL, lp, NULL), TRILL_OK);
     assert_true(isnan(lp[0]) && isnan(lp[2]) && !isnan(lp[1]) && !isnan(lp[3]));
     trill_model_free(m);
 }

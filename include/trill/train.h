@@ -1,0 +1,18 @@
+/* Training: the backward pass of the model.
+ *
+ * A step is trill_model_forward_train (trill/model.h), which returns the log-probs and keeps
+ * the activations, then trill_model_backward with the loss's gradient with respect to each
+ * token's log-prob. Any loss built from per-token log-probs fits: cross-entropy is
+ * dlogprobs = -1/N on the predicted tokens, a policy-gradient loss supplies its coefficients.
+ * Router replay is decided in the forward pass; the backward follows the same routing, and
+ * the router gets gradients through the gate weights of the experts used. */
+#ifndef TRILL_TRAIN_H
+#define TRILL_TRAIN_H
+
+#include "trill/model.h"
+
+/* grads[n_params] (laid out as m->params) += d loss / d params, where dlogprobs[t] is
+ * d loss / d logprobs[t] (entries at each sequence's first token are ignored). */
+trill_status trill_model_backward(const trill_forward_pass *pass, const float *dlogprobs, float *grads);
+
+#endif

@@ -1,0 +1,181 @@
+/* The backward pass, layer by layer in reverse, mirroring src/model/forward.c with the kernels'
+ * *_backward functions. Gradients of weights accumulate into `grads`, laid out like the
+ * parameter block, so a weight's gradient is at the same offset as the weight. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward_internal.h"
+#include "trill/kernels.h"
+#include "trill/train.h"
+
+/* Scratch gradients for one step, carved from one allocation. */
+typedef struct grad_scratch {
+    float *dx;          /* [T, H]  gradient of the residual stream, walking down the layers */
+    float *dxn;         /* [T, H]  gradient of a normed block input */
+    float *dq, *dk, *dv;/* attention */
+    float *dqr, *dkr;   /* before q/k-norm */
+    float *datt;
+    float *dact, *dgate, *dup; /* [rows, max(I, Im)] MLP */
+    float *dye, *dxe;   /* [T, H] one expert's rows */
+    float *dgates;      /* [T, K] */
+    float *dlogits;     /* [max(T, LOGIT_CHUNK), max(E, V)]: router logits, then lm_head chunks */
+    void *block;
+} grad_scratch;
+
+enum { LOGIT_CHUNK = 256 };
+
+static trill_status scratch_alloc(grad_scratch *g, const trill_config *c, int T) {
+    const size_t H = c->hidden_size, qd = (size_t)c->num_attention_heads * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
+    const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ff = I > Im ? I : Im;
+    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
+    const size_t rows = (size_t)T > LOGIT_CHUNK ? (size_t)T : LOGIT_CHUNK, cols = E > (size_t)c->vocab_size ? E : (size_t)c->vocab_size;
+    size_t sizes[] = { T * H, T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, rows * cols };
+    float **ptrs[] = { &g->dx, &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->dact, &g->dgate, &g->dup,
+                       &g->dye, &g->dxe, &g->dgates, &g->dlogits };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    float *b = malloc(total * sizeof(float));
+    if (!b) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %d tokens", T);
+    g->block = b;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }
+    return TRILL_OK;
+}
+
+#define GRAD(ptr) (grads + ((ptr) - m->params))
+
+static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+
+/* lm_head and the final norm: dlogprobs -> d x_final, in chunks of rows. */
+static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, grad_scratch *g) {
+    const trill_model *m = fp->m;
+    const int T = fp->T, H = m->config.hidden_size, V = m->config.vocab_size;
+    float *dxf = g->dxn;
+    zero(dxf, (size_t)T * H);
+    int targets[LOGIT_CHUNK];
+    float dlp[LOGIT_CHUNK];
+    for (int t0 = 0; t0 < T; t0 += LOGIT_CHUNK) {
+        int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
+        for (int r = 0; r < n; r++) { /* row t predicts token t+1, unless t ends its sequence */
+            int t = t0 + r;
+            bool predicts = t + 1 < T && fp->pos[t + 1] != 0;
+            targets[r] = predicts ? fp->tokens[t + 1] : 0;
+            dlp[r] = predicts ? dlogprobs[t + 1] : 0.0f;
+        }
+        float *logits = g->dlogits; /* recomputed, then overwritten by their gradient */
+        matmul_forward(logits, fp->xf + (size_t)t0 * H, m->lm_head, n, H, V);
+        token_logprob_backward(g->dlogits, dlp, logits, targets, n, V);
+        matmul_backward(dxf + (size_t)t0 * H, GRAD(m->lm_head), g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, n, H, V);
+    }
+    zero(g->dx, (size_t)T * H);
+    rmsnorm_backward(g->dx, GRAD(m->final_norm), dxf, fp->x_final, m->final_norm, T, H, (float)m->config.rms_norm_eps);
+}
+
+/* SwiGLU MLP of n rows given dout: accumulates weight gradients, writes dinp (+=). */
+static void mlp_backward(const trill_model *m, float *grads, grad_scratch *g, float *dinp, const float *dout, const float *inp,
+                         const float *gate, const float *up, float *act, const float *wg, const float *wu, const float *wd,
+                         int n, int H, int I) {
+    swiglu_forward(act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
+    zero(g->dact, (size_t)n * I);
+    matmul_backward(g->dact, GRAD(wd), dout, act, wd, n, I, H);
+    zero(g->dgate, (size_t)n * I);
+    zero(g->dup, (size_t)n * I);
+    swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
+    matmul_backward(dinp, GRAD(wg), g->dgate, inp, wg, n, H, I);
+    matmul_backward(dinp, GRAD(wu), g->dup, inp, wu, n, H, I);
+}
+
+/* MoE block: dout (= g->dx) -> g->dxn (gradient of xn2), expert and router weight gradients. */
+static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const layer_acts *a, float *grads,
+                         grad_scratch *g) {
+    const trill_model *m = fp->m;
+    const trill_config *c = &m->config;
+    const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
+    const float *dout = g->dx;
+    zero(g->dxn, (size_t)T * H);
+    zero(g->dgates, (size_t)T * K);
+    for (int e = 0; e < E; e++) {
+        const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
+        if (n == 0) continue;
+        const int *rows = a->order + first;
+        const float *ye = a->ye + (size_t)first * H;
+        for (int r = 0; r < n; r++) { /* out[tok] += gate * y:  dy = gate * dout,  dgate = dout . y */
+            const float *d = dout + (size_t)(rows[r] / K) * H, *y = ye + (size_t)r * H;
+            float *dy = g->dye + (size_t)r * H, gw = a->topw[rows[r]];
+            double dot = 0;
+            for (int i = 0; i < H; i++) {
+                dy[i] = gw * d[i];
+                dot += (double)d[i] * y[i];
+            }
+            g->dgates[rows[r]] = (float)dot;
+            memcpy(fp->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
+        }
+        zero(g->dxe, (size_t)n * H);
+        mlp_backward(m, grads, g, g->dxe, g->dye, fp->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im, fp->act,
+                     w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H, w->expert_down + (size_t)e * H * Im,
+                     n, H, Im);
+        for (int r = 0; r < n; r++) {
+            float *dx = g->dxn + (size_t)(rows[r] / K) * H;
+            const float *src = g->dxe + (size_t)r * H;
+            for (int i = 0; i < H; i++) dx[i] += src[i];
+        }
+    }
+    zero(g->dlogits, (size_t)T * E);
+    router_gates_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    matmul_backward(g->dxn, GRAD(w->router), g->dlogits, a->xn2, w->router, T, H, E);
+}
+
+/* Attention block: g->dx (gradient of x_mid) -> adds the attention branch's gradient of x_in. */
+static void attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const layer_acts *a,
+                                     float *grads, grad_scratch *g) {
+    const trill_model *m = fp->m;
+    const trill_config *c = &m->config;
+    const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const float eps = (float)c->rms_norm_eps;
+    zero(g->datt, (size_t)T * nh * hd);
+    matmul_backward(g->datt, GRAD(w->wo), g->dx, a->att, w->wo, T, nh * hd, H);
+    zero(g->dq, (size_t)T * nh * hd);
+    zero(g->dk, (size_t)T * nkv * hd);
+    zero(g->dv, (size_t)T * nkv * hd);
+    attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    rope_backward(g->dq, fp->pos, fp->inv_freq, T, nh, hd);
+    rope_backward(g->dk, fp->pos, fp->inv_freq, T, nkv, hd);
+    zero(g->dqr, (size_t)T * nh * hd);
+    zero(g->dkr, (size_t)T * nkv * hd);
+    rmsnorm_backward(g->dqr, GRAD(w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps);
+    rmsnorm_backward(g->dkr, GRAD(w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps);
+    zero(g->dxn, (size_t)T * H);
+    matmul_backward(g->dxn, GRAD(w->wq), g->dqr, a->xn1, w->wq, T, H, nh * hd);
+    matmul_backward(g->dxn, GRAD(w->wk), g->dkr, a->xn1, w->wk, T, H, nkv * hd);
+    matmul_backward(g->dxn, GRAD(w->wv), g->dv, a->xn1, w->wv, T, H, nkv * hd);
+    rmsnorm_backward(g->dx, GRAD(w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
+}
+
+trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads) {
+    if (!fp->training) return trill_error(TRILL_ERR_INVALID, "backward: the forward pass did not keep activations (use trill_model_forward_train)");
+    const trill_model *m = fp->m;
+    const trill_config *c = &m->config;
+    const int T = fp->T, H = c->hidden_size;
+    if (T == 0) return TRILL_OK;
+    grad_scratch g;
+    trill_status st = scratch_alloc(&g, c, T);
+    if (st) return st;
+    head_backward(fp, dlogprobs, grads, &g);
+    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+        const trill_layer_weights *w = &m->layers[l];
+        const layer_acts *a = &fp->layers[l];
+        /* g.dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
+        if (trill_config_is_moe(c, l)) {
+            moe_backward(fp, w, a, grads, &g);
+        } else {
+            zero(g.dxn, (size_t)T * H);
+            mlp_backward(m, grads, &g, g.dxn, g.dx, a->xn2, a->gate, a->up, fp->act, w->mlp_gate, w->mlp_up, w->mlp_down, T, H,
+                         c->intermediate_size);
+        }
+        rmsnorm_backward(g.dx, GRAD(w->post_norm), g.dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+        attention_backward_block(fp, w, a, grads, &g);
+    }
+    embedding_backward(GRAD(m->embed), g.dx, fp->tokens, T, H);
+    free(g.block);
+    return TRILL_OK;
+}

@@ -1,0 +1,78 @@
+/* The C side of the gradient parity test (tests/train/grad_parity.sh):
+ *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay]
+ * Each input line: {"tokens": [...], "coef": [null, c1, ...], "experts"?: [[[k ids] per MoE layer] per token]}.
+ * loss = sum of coef[t] * logprob[t]; writes d loss / d every parameter under its HF name
+ * (F32) and prints {"loss": ...}. With --replay the lines' experts are forced (router replay). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trill/json.h"
+#include "trill/model.h"
+#include "trill/safetensors.h"
+#include "trill/train.h"
+
+static int fail(const char *what) {
+    fprintf(stderr, "grad_tool: %s: %s\n", what, trill_error_message());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay]\n"); return 2; }
+    bool replay = argc > 4 && strcmp(argv[4], "--replay") == 0;
+    trill_model *m;
+    if (trill_model_load(argv[1], &m)) return fail(argv[1]);
+    const trill_config *c = &m->config;
+    const int L = c->n_moe_layers, K = c->num_experts_per_tok;
+    FILE *f = fopen(argv[2], "r");
+    if (!f) { perror(argv[2]); return 1; }
+    int *tokens = NULL, offsets[1024] = { 0 }, n_seqs = 0;
+    float *coef = NULL;
+    uint16_t *ids = NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) > 1 && n_seqs < 1023) {
+        json_t *j;
+        if (trill_json_parse(argv[2], line, (size_t)len, &j)) return fail("input");
+        const json_t *tk = json_object_get(j, "tokens"), *cf = json_object_get(j, "coef"), *ex = json_object_get(j, "experts");
+        int n = (int)json_array_size(tk), base = offsets[n_seqs];
+        tokens = realloc(tokens, sizeof(int) * (base + n));
+        coef = realloc(coef, sizeof(float) * (base + n));
+        ids = realloc(ids, sizeof(uint16_t) * ((size_t)(base + n) * L * K + 1));
+        for (int t = 0; t < n; t++) {
+            tokens[base + t] = (int)json_integer_value(json_array_get(tk, t));
+            const json_t *v = json_array_get(cf, t);
+            coef[base + t] = json_is_number(v) ? (float)json_number_value(v) : 0.0f;
+            for (int l = 0; replay && l < L; l++)
+                for (int k = 0; k < K; k++)
+                    ids[((size_t)(base + t) * L + l) * K + k] =
+                        (uint16_t)json_integer_value(json_array_get(json_array_get(json_array_get(ex, t), l), k));
+        }
+        offsets[++n_seqs] = base + n;
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    const int T = offsets[n_seqs];
+    float *logprobs = malloc(sizeof(float) * (T + 1)), *grads = calloc(m->n_params, sizeof(float));
+    trill_forward_pass *pass;
+    if (trill_model_forward_train(m, tokens, offsets, n_seqs, replay ? ids : NULL, logprobs, NULL, &pass)) return fail("forward");
+    if (trill_model_backward(pass, coef, grads)) return fail("backward");
+    double loss = 0;
+    for (int t = 0; t < T; t++)
+        if (!isnan(logprobs[t])) loss += (double)coef[t] * logprobs[t];
+    trill_tensor_out *outs = calloc(m->n_tensors, sizeof *outs);
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const trill_param *p = &m->tensors[i];
+        outs[i] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = grads + (p->data - m->params), .src_dtype = TRILL_F32 };
+        memcpy(outs[i].shape, p->shape, sizeof p->shape);
+    }
+    if (trill_st_write(argv[3], outs, m->n_tensors, TRILL_F32)) return fail(argv[3]);
+    printf("{\"loss\": %.9g}\n", loss);
+    trill_forward_pass_free(pass);
+    free(outs); free(grads); free(logprobs); free(tokens); free(coef); free(ids);
+    trill_model_free(m);
+    return 0;
+}
