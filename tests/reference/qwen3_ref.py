@@ -347,9 +347,15 @@ def swiglu_mlp(x, W, p):
 
 
 class Model:
-    def __init__(self, model_dir):
-        with open(os.path.join(model_dir, "config.json")) as f:
-            self.cfg = cfg = json.load(f)
+    """The model function, shared by `forward` (under torch.no_grad) and `grad`
+    (autograd on the float64 weights in self.W)."""
+
+    def __init__(self, model_dir=None, cfg=None, weights=None):
+        if model_dir is not None:
+            with open(os.path.join(model_dir, "config.json")) as f:
+                cfg = json.load(f)
+            weights = load_weights(model_dir)
+        self.cfg = cfg
         if cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
             raise SystemExit(f"unsupported model_type {cfg.get('model_type')!r}")
         # Fail loudly rather than silently computing something else.
@@ -359,15 +365,24 @@ class Model:
             raise SystemExit("sliding-window attention is not implemented in the reference")
         if cfg.get("hidden_act", "silu") != "silu":
             raise SystemExit("only hidden_act=silu is implemented")
-        self.W = load_weights(model_dir)
+        self.W = {name: t.to(DT) for name, t in weights.items()}
         self.hd = head_dim_of(cfg)
         self.nH = cfg["num_attention_heads"]
         self.nKV = cfg["num_key_value_heads"]
         self.eps = cfg["rms_norm_eps"]
         self.L = cfg["num_hidden_layers"]
         self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
-        self.lm_head = (self.W["model.embed_tokens.weight"]
-                        if cfg.get("tie_word_embeddings", False) else self.W["lm_head.weight"])
+        self.tied = bool(cfg.get("tie_word_embeddings", False))
+
+    @property
+    def lm_head(self):
+        # Tied: the very same tensor as the embedding, so autograd sums both uses.
+        return self.W["model.embed_tokens.weight"] if self.tied else self.W["lm_head.weight"]
+
+    def param_names(self):
+        """Names of the tensors the model actually uses (the gradient's entries).
+        With tie_word_embeddings a stray lm_head.weight in the checkpoint is unused."""
+        return [n for n in self.W if not (self.tied and n == "lm_head.weight")]
 
     def attention(self, x, p, cos, sin):
         W, T, hd, nH, nKV = self.W, x.shape[0], self.hd, self.nH, self.nKV
@@ -390,25 +405,33 @@ class Model:
         o = torch.einsum("hts,shd->thd", probs, v).reshape(T, nH * hd)
         return linear(o, W, p + ".o_proj")
 
-    def moe(self, x, p):
-        """HF Qwen3MoeSparseMoeBlock. Returns (output, topk ids, top k+1 probs)."""
+    def moe(self, x, p, replay_ids=None):
+        """HF Qwen3MoeSparseMoeBlock. Returns (output, expert ids [T, k], top k+1 probs).
+
+        replay_ids [T, k] (router replay): route token t to exactly those experts
+        instead of the router's top-k. Either way the gate weights are the router's
+        own softmax probabilities at the chosen ids, renormalised to sum 1 when
+        norm_topk_prob (HF: softmax -> topk -> optional renorm). The returned probs
+        are always the router's own sorted top-(k+1), replay or not."""
         W, cfg = self.W, self.cfg
         k, E = cfg["num_experts_per_tok"], cfg["num_experts"]
         probs = torch.softmax(x @ W[p + ".gate.weight"].T, dim=-1)  # [T, E]
         # Stable descending sort: deterministic order (lower id first) on exact ties.
         vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
-        top_w, top_ids = vals[:, :k], ids[:, :k]
+        top_ids = ids[:, :k] if replay_ids is None else replay_ids
+        top_w = probs.gather(1, top_ids)  # == vals[:, :k] without replay
         if cfg.get("norm_topk_prob", False):
             top_w = top_w / top_w.sum(-1, keepdim=True)
         out = torch.zeros_like(x)
         for e in torch.unique(top_ids).tolist():
             rows, slot = (top_ids == e).nonzero(as_tuple=True)
             y = swiglu_mlp(x[rows], W, f"{p}.experts.{e}")
-            out.index_add_(0, rows, top_w[rows, slot][:, None] * y)
-        return out, top_ids, vals[:, :min(k + 1, E)]
+            out = out.index_add(0, rows, top_w[rows, slot][:, None] * y)
+        return out, top_ids, vals[:, :min(k + 1, E)].detach()
 
-    def forward(self, tokens):
-        """Returns (log-softmax [T, V], experts [T][m][k], router_probs [T][m][k+1])."""
+    def forward(self, tokens, replay=None):
+        """Returns (log-softmax [T, V], experts [T][m][k], router_probs [T][m][k+1]).
+        replay: None, or a LongTensor [T, n_moe_layers, k] of expert ids (see moe)."""
         T = len(tokens)
         x = self.W["model.embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
         cos, sin = rope_cos_sin(T, self.hd, float(self.cfg["rope_theta"]))
@@ -420,7 +443,8 @@ class Model:
             x = x + self.attention(h, p + ".self_attn", cos, sin)
             h = rms_norm(x, self.W[p + ".post_attention_layernorm.weight"], self.eps)
             if i in self.moe_layers:
-                y, ids, pr = self.moe(h, p + ".mlp")
+                m = self.moe_layers.index(i)
+                y, ids, pr = self.moe(h, p + ".mlp", None if replay is None else replay[:, m, :])
                 for t in range(T):
                     experts[t].append(ids[t].tolist())
                     rprobs[t].append(pr[t].tolist())
@@ -432,16 +456,57 @@ class Model:
         return torch.log_softmax(logits, dim=-1), experts, rprobs
 
 
-def run_forward(model, tokens):
-    """One output record. logprobs[t] = log p(tokens[t] | tokens[<t]); entry 0 is None."""
-    if not tokens:
-        return {"tokens": [], "logprobs": [], "experts": [], "router_probs": []}
+def parse_tokens(model, rec):
+    tokens = [int(t) for t in rec["tokens"]]
     V = model.cfg["vocab_size"]
     if any(not (0 <= t < V) for t in tokens):
         raise SystemExit(f"token id out of range [0, {V})")
-    logp, experts, rprobs = model.forward(tokens)
-    lps = [None] + [logp[t - 1, tokens[t]].item() for t in range(1, len(tokens))]
+    return tokens
+
+
+def parse_replay(model, rec, T, where):
+    """The line's "experts" as a LongTensor [T, n_moe_layers, k], or None when the
+    line has none (the router's own routing is used for that line)."""
+    ex = rec.get("experts")
+    if ex is None:
+        return None
+    M = len(model.moe_layers)
+    k = model.cfg.get("num_experts_per_tok", 0)
+    E = model.cfg.get("num_experts", 0)
+    if not isinstance(ex, list) or len(ex) != T:
+        raise SystemExit(f"{where}: \"experts\" must have one entry per token ({T})")
+    for t, per_tok in enumerate(ex):
+        if not isinstance(per_tok, list) or len(per_tok) != M:
+            raise SystemExit(f"{where} t {t}: \"experts\" needs {M} MoE layers")
+        for m, ids in enumerate(per_tok):
+            if (not isinstance(ids, list) or len(ids) != k or len(set(ids)) != k
+                    or any(not isinstance(e, int) or not (0 <= e < E) for e in ids)):
+                raise SystemExit(f"{where} t {t} moe-layer {m}: need {k} distinct "
+                                 f"expert ids in [0, {E}), got {ids!r}")
+    if T == 0 or M == 0:
+        return None
+    return torch.tensor(ex, dtype=torch.long)
+
+
+def token_logprobs(logp, tokens):
+    """[T-1] tensor: log p(tokens[t] | tokens[<t]) for t = 1..T-1."""
+    idx = torch.tensor(tokens[1:], dtype=torch.long)
+    return logp[:-1].gather(1, idx[:, None])[:, 0]
+
+
+def run_forward(model, tokens, replay=None):
+    """One output record. logprobs[t] = log p(tokens[t] | tokens[<t]); entry 0 is None.
+    With replay, "experts" echoes the replayed ids."""
+    if not tokens:
+        return {"tokens": [], "logprobs": [], "experts": [], "router_probs": []}
+    logp, experts, rprobs = model.forward(tokens, replay)
+    lps = [None] + token_logprobs(logp, tokens).tolist()
     return {"tokens": tokens, "logprobs": lps, "experts": experts, "router_probs": rprobs}
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def cmd_forward(args):
@@ -452,10 +517,188 @@ def cmd_forward(args):
             for line in fin:
                 if not line.strip():
                     continue
-                rec = run_forward(model, [int(t) for t in json.loads(line)["tokens"]])
-                fout.write(json.dumps(rec) + "\n")
+                rec = json.loads(line)
+                tokens = parse_tokens(model, rec)
+                replay = parse_replay(model, rec, len(tokens), f"line {n}") if args.replay else None
+                fout.write(json.dumps(run_forward(model, tokens, replay)) + "\n")
                 n += 1
     print(f"forward: {n} sequences -> {args.output}")
+
+
+# ---------------------------------------------------------------------------
+# Gradient (float64 autograd through the same Model.forward)
+# ---------------------------------------------------------------------------
+
+def parse_coef(rec, T, where):
+    coef = rec.get("coef")
+    if not isinstance(coef, list) or len(coef) != T:
+        raise SystemExit(f"{where}: \"coef\" must have one entry per token ({T})")
+    out = []
+    for t in range(1, T):
+        c = coef[t]
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c):
+            raise SystemExit(f"{where} t {t}: coef must be a finite number, got {c!r}")
+        out.append(float(c))
+    return torch.tensor(out, dtype=DT)
+
+
+def grad_lines(model, lines, replay_flag):
+    """loss = sum over lines and t >= 1 of coef[t] * logprob[t], and its gradient.
+    Returns (loss, [logprobs per line], {name: float64 grad}) for every used parameter."""
+    names = model.param_names()
+    saved = dict(model.W)
+    for n in names:
+        model.W[n] = saved[n].detach().clone().requires_grad_(True)
+    try:
+        loss, all_lps = 0.0, []
+        for j, rec in enumerate(lines):
+            tokens = parse_tokens(model, rec)
+            T = len(tokens)
+            coef = parse_coef(rec, T, f"line {j}")
+            replay = parse_replay(model, rec, T, f"line {j}") if replay_flag else None
+            if T < 2:
+                all_lps.append([None] * T)
+                continue
+            logp, _, _ = model.forward(tokens, replay)
+            lp = token_logprobs(logp, tokens)
+            line_loss = (coef * lp).sum()
+            line_loss.backward()  # accumulates into .grad line by line
+            loss += line_loss.item()
+            all_lps.append([None] + lp.tolist())
+        grads = {}
+        for n in names:
+            g = model.W[n].grad
+            grads[n] = torch.zeros_like(saved[n]) if g is None else g.detach().clone()
+        return loss, all_lps, grads
+    finally:
+        model.W.update(saved)
+
+
+def cmd_grad(args):
+    model = Model(args.model)
+    lines = read_jsonl(args.input)
+    loss, lps, grads = grad_lines(model, lines, args.replay)
+    write_safetensors(args.output, [(n, grads[n]) for n in model.param_names()], "F32")
+    if args.loss_out:
+        with open(args.loss_out, "w") as f:
+            json.dump({"loss": loss, "logprobs": lps}, f)
+            f.write("\n")
+    print(f"grad: {len(lines)} sequences, loss {loss:.12g}, {len(grads)} tensors -> {args.output}")
+
+
+# ---------------------------------------------------------------------------
+# selfcheck-grad: autograd vs central finite differences, float64, tiny model
+# ---------------------------------------------------------------------------
+
+SELFCHECK_SET = {"vocab_size": 11, "hidden_size": 16, "intermediate_size": 24,
+                 "moe_intermediate_size": 12, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                 "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
+
+
+def selfcheck_case(norm_topk, replay, tied, seed, h=1e-6, tol=1e-6, n_entries=4):
+    cfg = build_config(dict(SELFCHECK_SET, norm_topk_prob=norm_topk,
+                            tie_word_embeddings=tied), "f32")
+    # Large std: sizeable gradients everywhere, so central differences resolve them.
+    model = Model(cfg=cfg, weights=dict(make_weights(cfg, seed, std=0.3)))
+    assert model.moe_layers == [1], model.moe_layers
+    rng = np.random.default_rng(seed)
+    T, k, E = 5, cfg["num_experts_per_tok"], cfg["num_experts"]
+    # Distinct tokens: with equal tokens attention reads identical values, and the
+    # q/k gradients are exactly zero (nothing for a difference quotient to resolve).
+    tokens = rng.choice(cfg["vocab_size"], T, replace=False).tolist()
+    coef = [None] + rng.uniform(-1, 1, T - 1).tolist()
+    rec = {"tokens": tokens, "coef": coef}
+    with torch.no_grad():
+        own = run_forward(model, tokens)["experts"]
+    if replay:
+        ex = []
+        for t in range(T):
+            while True:  # distinct ids whose set differs from the router's own choice
+                ids = rng.permutation(E)[:k].tolist()
+                if set(ids) != set(own[t][0]):
+                    break
+            ex.append([ids])
+        rec["experts"] = ex
+    used = own if not replay else rec["experts"]
+    loss, lps, grads = grad_lines(model, [rec], replay)
+    noise = 2.0 ** -52 * sum(abs(c * l) for c, l in zip(coef[1:], lps[0][1:])) / h
+
+    def loss_at():
+        with torch.no_grad():
+            logp, _, _ = model.forward(tokens, parse_replay(model, rec, T, "fd") if replay else None)
+            return (parse_coef(rec, T, "fd") * token_logprobs(logp, tokens)).sum().item()
+
+    # Consistency: the gradient path computed the same log-probs as `forward`.
+    with torch.no_grad():
+        fw = run_forward(model, tokens, parse_replay(model, rec, T, "fw") if replay else None)
+    assert fw["logprobs"] == lps[0] and fw["experts"] == used
+    assert abs(loss - loss_at()) == 0.0
+
+    visited = sorted({e for t in range(T) for e in used[t][0]})
+    unvisited = [e for e in range(E) if e not in visited]
+    top_e = max(visited, key=lambda e: grads[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].norm())
+    kinds = [("embed", "model.embed_tokens.weight"),
+             ("q_proj", "model.layers.0.self_attn.q_proj.weight"),
+             ("q_proj", "model.layers.1.self_attn.q_proj.weight"),
+             ("k_norm", "model.layers.1.self_attn.k_norm.weight"),
+             ("router", "model.layers.1.mlp.gate.weight"),
+             ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj.weight")]
+    kinds.append(("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight"))
+    worst, fails, checked = 0.0, [], 0
+    for kind, name in kinds:
+        w, g = model.W[name], grads[name].reshape(-1)
+        flat = w.view(-1)
+        # The two largest |grad| entries, then random ones among the large: rounding
+        # in the loss evaluation puts ~noise (eps * sum|coef*logprob| / h, ~1e-9) on a
+        # central difference, so only entries with |grad| >= 1e7 * noise (and >= 0.1 *
+        # max) are taken; rel err < 1e-6 then tests autograd, not the rounding.
+        order = torch.argsort(g.abs(), descending=True).tolist()
+        floor = max(0.1 * abs(g[order[0]].item()), 1e7 * noise)
+        big = [i for i in order if abs(g[i].item()) >= floor] or order[:1]
+        rest = big[2:]
+        pick = big[:2] + (rng.choice(rest, size=min(n_entries - 2, len(rest)),
+                                     replace=False).tolist() if rest else [])
+        for i in pick:
+            orig = flat[i].item()
+            with torch.no_grad():
+                flat[i] = orig + h
+                lp_ = loss_at()
+                flat[i] = orig - h
+                lm_ = loss_at()
+                flat[i] = orig
+            fd = (lp_ - lm_) / (2 * h)
+            ad = g[i].item()
+            rel = abs(fd - ad) / max(abs(ad), 1e-300)
+            worst = max(worst, rel)
+            checked += 1
+            if rel > tol:
+                fails.append(f"{kind} {name}[{i}]: autograd {ad:.12e} fd {fd:.12e} rel {rel:.2e}")
+    # Experts nobody routed to get exactly zero gradient.
+    for e in unvisited:
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            if grads[f"model.layers.1.mlp.experts.{e}.{part}.weight"].abs().max() != 0:
+                fails.append(f"unvisited expert {e} {part} has a non-zero gradient")
+    if tied and "lm_head.weight" in grads:
+        fails.append("tied model has an lm_head.weight gradient")
+    return worst, checked, fails, visited, noise
+
+
+def cmd_selfcheck_grad(args):
+    ok = True
+    cases = [(nt, rp, False) for nt in (True, False) for rp in (False, True)]
+    cases += [(True, True, True)]  # tied embeddings: lm_head gradient lands in the embedding
+    for c, (nt, rp, tied) in enumerate(cases):
+        worst, checked, fails, visited, noise = selfcheck_case(nt, rp, tied, seed=args.seed + c)
+        print(f"selfcheck-grad norm_topk_prob={str(nt).lower():5s} replay={str(rp).lower():5s} "
+              f"tied={str(tied).lower():5s}: {checked} entries, worst rel err {worst:.2e} "
+              f"(fd rounding ~{noise:.0e} abs), experts visited {visited}  "
+              f"{'ok' if not fails else 'FAIL'}")
+        for f_ in fails:
+            print("  " + f_)
+        ok &= not fails
+    print("selfcheck-grad: PASS" if ok else "selfcheck-grad: FAIL")
+    return 0 if ok else 1
 
 
 def main(argv=None):
@@ -475,11 +718,25 @@ def main(argv=None):
     fw.add_argument("--model", required=True)
     fw.add_argument("--input", required=True)
     fw.add_argument("--output", required=True)
+    fw.add_argument("--replay", action="store_true",
+                    help="route by the input lines' \"experts\" (router replay)")
+    gr = sub.add_parser("grad", help="float64 gradient of sum coef[t]*logprob[t] -> safetensors")
+    gr.add_argument("--model", required=True)
+    gr.add_argument("--input", required=True)
+    gr.add_argument("--output", required=True)
+    gr.add_argument("--replay", action="store_true",
+                    help="route by the input lines' \"experts\" (router replay)")
+    gr.add_argument("--loss-out", help="write {\"loss\", \"logprobs\"} JSON here")
+    sc = sub.add_parser("selfcheck-grad", help="autograd vs finite differences on a tiny model")
+    sc.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     if args.cmd == "make-model":
-        cmd_make_model(args)
-    else:
-        cmd_forward(args)
+        return cmd_make_model(args)
+    if args.cmd == "forward":
+        return cmd_forward(args)
+    if args.cmd == "grad":
+        return cmd_grad(args)
+    return cmd_selfcheck_grad(args)
 
 
 if __name__ == "__main__":
