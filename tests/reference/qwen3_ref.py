@@ -12,9 +12,36 @@ Subcommands:
       Write DIR/config.json and random weights with HF tensor names, either as
       a single model.safetensors or as K shards plus model.safetensors.index.json.
 
-  forward --model DIR --input IN.jsonl --output OUT.jsonl
+  forward --model DIR --input IN.jsonl --output OUT.jsonl [--replay]
       For every input line {"tokens": [...]} write
       {"tokens", "logprobs", "experts", "router_probs"} (see `run_forward`).
+      router_probs are always the router's own sorted top-(k+1) probabilities.
+
+  grad --model DIR --input IN.jsonl --output GRADS.safetensors [--replay]
+       [--loss-out LOSS.json]
+      Input lines {"tokens": [...], "coef": [c_0, ..., c_{n-1}]} (c_0 ignored,
+      may be null). loss = sum over lines and t >= 1 of c_t * log p(token t |
+      tokens < t), computed in float64 by autograd through the same model
+      function as `forward`. Writes d loss / d W for every parameter, HF names,
+      dtype F32, shape of the weight; with tie_word_embeddings the shared
+      "model.embed_tokens.weight" gets the summed gradient (no lm_head.weight).
+      Experts no token was routed to get zeros. LOSS.json:
+      {"loss": float, "logprobs": [[null, lp_1, ...] per line]}.
+
+  selfcheck-grad [--seed N]
+      Autograd vs central finite differences (h = 1e-6, rel err < 1e-6) on a
+      tiny float64 model (1 dense + 1 MoE layer, hidden 16, 4 experts top-2,
+      vocab 11, 5 tokens): embed, q_proj, k_norm, router, an expert down_proj,
+      lm_head; norm_topk_prob true/false, with/without replay, plus tied
+      embeddings. Exit 0 on success; takes about two seconds.
+
+Router replay (--replay): an input line may carry "experts": [[[k ids] per MoE
+layer] per token] (MoE-layer ordinal; dense layers not counted). Its MoE layers
+then route each token to exactly those distinct ids instead of the router's
+top-k; the gate weights are the router's own softmax probabilities at those
+ids, renormalised to sum 1 when norm_topk_prob (as HF weights its top-k). The
+output "experts" echoes the replayed ids. Lines without "experts" use the
+router's own routing; without --replay the field is ignored.
 """
 
 import argparse
