@@ -6,6 +6,8 @@
 
 /* out[T,N] = inp[T,K] @ weight[N,K]^T  (weight is an nn.Linear weight: [out, in]) */
 void KERNEL(matmul_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N);
+/* out[T,N] += alpha * inp[T,K] @ weight[N,K]^T */
+void KERNEL(matmul_accumulate)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N, REAL_T alpha);
 /* dinp[T,K] += dout @ weight;  dweight[N,K] += dout^T @ inp */
 void KERNEL(matmul_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
                              int T, int K, int N);

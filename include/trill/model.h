@@ -50,6 +50,7 @@ typedef struct trill_model {
     float *lm_head;    /* [V, H]; == embed when tie_word_embeddings */
     trill_layer_weights *layers;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
+    struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
 } trill_model;
 
 /* Lays out and zero-fills a model for `config`. */

@@ -11,8 +11,11 @@
 
 #include "trill/model.h"
 
-/* grads[n_params] (laid out as m->params) += d loss / d params, where dlogprobs[t] is
- * d loss / d logprobs[t] (entries at each sequence's first token are ignored). */
-trill_status trill_model_backward(const trill_forward_pass *pass, const float *dlogprobs, float *grads);
+/* grads[n_params] (laid out as m->params) += d loss / d base weights, and
+ * lora_grads[lora->n_params] (laid out as the attached adapters' params) += d loss / d adapters,
+ * where dlogprobs[t] is d loss / d logprobs[t] (each sequence's first entry is ignored).
+ * Either block may be NULL: LoRA training passes grads = NULL (base frozen), full fine-tuning
+ * lora_grads = NULL. Not reentrant for one pass (it reuses the pass's scratch). */
+trill_status trill_model_backward(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads);
 
 #endif

@@ -5,13 +5,13 @@
 
 /* C = alpha op(A) op(B) + beta C, the longer side of C split across OpenMP threads, each
  * running a single-threaded BLAS call (see ops_common.c). */
-static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, const REAL *A, int lda,
+static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, REAL alpha, const REAL *A, int lda,
                      const REAL *B, int ldb, REAL beta, REAL *C, int ldc) {
     if (M == 0 || N == 0) return;
     kernels_blas_init();
     const int threads = omp_get_max_threads();
     if (threads == 1 || omp_in_parallel() || (double)M * N * Kd < 1e6) {
-        GEMM(CblasRowMajor, ta, tb, M, N, Kd, 1, A, lda, B, ldb, beta, C, ldc);
+        GEMM(CblasRowMajor, ta, tb, M, N, Kd, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     const int split_m = M >= N, len = split_m ? M : N;
@@ -21,21 +21,25 @@ static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, in
         int lo = i * block, hi = lo + block < len ? lo + block : len;
         if (lo >= hi) continue;
         if (split_m)
-            GEMM(CblasRowMajor, ta, tb, hi - lo, N, Kd, 1, ta == CblasNoTrans ? A + (size_t)lo * lda : A + lo, lda, B, ldb,
+            GEMM(CblasRowMajor, ta, tb, hi - lo, N, Kd, alpha, ta == CblasNoTrans ? A + (size_t)lo * lda : A + lo, lda, B, ldb,
                  beta, C + (size_t)lo * ldc, ldc);
         else
-            GEMM(CblasRowMajor, ta, tb, M, hi - lo, Kd, 1, A, lda, tb == CblasTrans ? B + (size_t)lo * ldb : B + lo, ldb,
+            GEMM(CblasRowMajor, ta, tb, M, hi - lo, Kd, alpha, A, lda, tb == CblasTrans ? B + (size_t)lo * ldb : B + lo, ldb,
                  beta, C + lo, ldc);
     }
 }
 
 void KN(matmul_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N) {
-    KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, inp, K, weight, K, 0, out, N);
+    KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, 1, inp, K, weight, K, 0, out, N);
+}
+
+void KN(matmul_accumulate)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N, REAL alpha) {
+    KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, alpha, inp, K, weight, K, 1, out, N);
 }
 
 void KN(matmul_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int K, int N) {
-    if (dinp) KN(gemm)(CblasNoTrans, CblasNoTrans, T, K, N, dout, N, weight, K, 1, dinp, K);   /* dinp += dout W */
-    if (dweight) KN(gemm)(CblasTrans, CblasNoTrans, N, K, T, dout, N, inp, K, 1, dweight, K);  /* dW += dout^T inp */
+    if (dinp) KN(gemm)(CblasNoTrans, CblasNoTrans, T, K, N, 1, dout, N, weight, K, 1, dinp, K);   /* dinp += dout W */
+    if (dweight) KN(gemm)(CblasTrans, CblasNoTrans, N, K, T, 1, dout, N, inp, K, 1, dweight, K);  /* dW += dout^T inp */
 }
 
 void KN(rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {

@@ -48,6 +48,8 @@ static void assign(trill_forward_pass *fp, plan *p) {
             a.order = take(p, T * K * sizeof(int));
             a.count = take(p, (E + 1) * sizeof(int));
         }
+        if (fp->lora)
+            for (int x = 0; x < XA_N; x++) a.xa[x] = take(p, T * K * (size_t)fp->lora->config.rank * F);
         if (fp->layers) fp->layers[l] = a;
     }
     /* inference: the residual stream is updated in place, so every x_in/x_mid is one buffer */
@@ -60,12 +62,14 @@ static void assign(trill_forward_pass *fp, plan *p) {
     fp->xe = take(p, T * H * F);
     fp->pos = take(p, T * sizeof(int));
     fp->inv_freq = take(p, (size_t)c->head_dim / 2 * F);
+    if (fp->lora) fp->xa_head = take(p, (size_t)LOGIT_CHUNK * fp->lora->config.rank * F);
 }
 
 static trill_status pass_alloc(const trill_model *m, int T, bool training, trill_forward_pass **out) {
     trill_forward_pass *fp = calloc(1, sizeof *fp);
     if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    *fp = (trill_forward_pass){ .m = m, .T = T, .training = training };
+    *fp = (trill_forward_pass){ .m = m, .T = T, .training = training,
+                                .lora = m->lora && m->lora->enabled ? m->lora : NULL };
     plan p = { 0 };
     assign(fp, &p);
     if (!(p.base = fp->block = malloc(p.used))) {
@@ -86,39 +90,59 @@ void trill_forward_pass_free(trill_forward_pass *fp) {
 
 /* ---- layers ---- */
 
+/* out[n, N] = inp W^T, plus scale (inp A^T) B^T when the module has an adapter in use; the
+ * LoRA input inp A^T is kept in xa for the backward pass. */
+static void linear(const trill_forward_pass *fp, float *out, const float *inp, const float *W, trill_lora_pair ad, float *xa,
+                   int n, int K, int N) {
+    matmul_forward(out, inp, W, n, K, N);
+    if (!fp->lora || !ad.A) return;
+    const int r = fp->lora->config.rank;
+    matmul_forward(xa, inp, ad.A, n, K, r);
+    matmul_accumulate(out, xa, ad.B, n, r, N, fp->lora->scale);
+}
+
+static const trill_lora_layer NO_ADAPTERS;
+
+static const trill_lora_layer *adapters(const trill_forward_pass *fp, int l) {
+    return fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
+}
+
 /* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). */
-static void attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, layer_acts *a) {
+static void attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, layer_acts *a) {
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
     rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, eps);
-    matmul_forward(a->q_raw, a->xn1, w->wq, T, H, nh * hd);
-    matmul_forward(a->k_raw, a->xn1, w->wk, T, H, nkv * hd);
-    matmul_forward(a->v, a->xn1, w->wv, T, H, nkv * hd);
+    linear(fp, a->q_raw, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
+    linear(fp, a->k_raw, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
+    linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
     rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     rope_forward(a->q, fp->pos, fp->inv_freq, T, nh, hd);
     rope_forward(a->k, fp->pos, fp->inv_freq, T, nkv, hd);
     attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
-    matmul_forward(fp->out, a->att, w->wo, T, nh * hd, H);
+    linear(fp, fp->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     residual_forward(a->x_mid, fp->out, (size_t)T * H);
 }
 
-/* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations. */
-static void mlp(float *out, const float *inp, const float *wg, const float *wu, const float *wd, float *gate, float *up,
-                float *act, int n, int H, int I) {
-    matmul_forward(gate, inp, wg, n, H, I);
-    matmul_forward(up, inp, wu, n, H, I);
-    swiglu_forward(act, gate, up, (size_t)n * I);
-    matmul_forward(out, act, wd, n, I, H);
+/* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
+ * (and the adapters' inputs in xa[XA_GATE..XA_DOWN], from row `row0`). */
+static void mlp(const trill_forward_pass *fp, float *out, const float *inp, const float *wg, const float *wu, const float *wd,
+                trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, float *gate, float *up,
+                int n, int H, int I) {
+    const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
+    linear(fp, gate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
+    linear(fp, up, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+    swiglu_forward(fp->act, gate, up, (size_t)n * I);
+    linear(fp, out, fp->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
 }
 
 /* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); the top-k experts (or the replayed
  * ids); gate weights = probs at those ids, renormalised if norm_topk_prob;
  * out = sum_k w_k * expert_k(x). Each expert's tokens are grouped into one GEMM. */
-static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, layer_acts *a, int ordinal,
-                      const uint16_t *replay, uint16_t *experts) {
+static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, layer_acts *a,
+                      int ordinal, const uint16_t *replay, uint16_t *experts) {
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     const int L = c->n_moe_layers;
@@ -147,8 +171,11 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
         const int *rows = a->order + first;
         for (int r = 0; r < n; r++) memcpy(fp->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
         float *ye = a->ye + (size_t)first * H;
-        mlp(ye, fp->xe, w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H,
-            w->expert_down + (size_t)e * H * Im, a->gate + (size_t)first * Im, a->up + (size_t)first * Im, fp->act, n, H, Im);
+        const trill_lora_pair none = { 0 };
+        mlp(fp, ye, fp->xe, w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H,
+            w->expert_down + (size_t)e * H * Im, ad->expert_gate ? ad->expert_gate[e] : none,
+            ad->expert_up ? ad->expert_up[e] : none, ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first,
+            a->gate + (size_t)first * Im, a->up + (size_t)first * Im, n, H, Im);
         for (int r = 0; r < n; r++) {
             float g = a->topw[rows[r]];
             float *o = fp->out + (size_t)(rows[r] / K) * H;
@@ -201,31 +228,37 @@ static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t 
         const trill_layer_weights *w = &m->layers[l];
         layer_acts *a = &fp->layers[l];
         float *x_next = l + 1 < L ? fp->layers[l + 1].x_in : fp->x_final;
-        attention_block(fp, w, a);
+        const trill_lora_layer *ad = adapters(fp, l);
+        attention_block(fp, w, ad, a);
         rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
         if (trill_config_is_moe(c, l))
-            moe_block(fp, w, a, c->moe_ordinal[l], replay, experts);
+            moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
         else
-            mlp(fp->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, a->gate, a->up, fp->act, T, H, c->intermediate_size);
+            mlp(fp, fp->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up,
+                T, H, c->intermediate_size);
         if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
         residual_forward(x_next, fp->out, (size_t)T * H);
     }
     rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
 }
 
-/* Rows of lm_head + log-softmax per chunk: the full [T, V] logits would dominate memory. */
-enum { LOGIT_CHUNK = 256 };
+/* logits of n rows starting at row t0 (lm_head with its adapter, if any) */
+void trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n) {
+    const trill_model *m = fp->m;
+    const trill_lora_pair none = { 0 };
+    linear(fp, logits, fp->xf + (size_t)t0 * m->config.hidden_size, m->lm_head, fp->lora ? fp->lora->lm_head : none, fp->xa_head,
+           n, m->config.hidden_size, m->config.vocab_size);
+}
 
 static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs) {
-    const trill_model *m = fp->m;
-    const int T = fp->T, H = m->config.hidden_size, V = m->config.vocab_size;
+    const int T = fp->T, V = fp->m->config.vocab_size;
     float *logits = malloc(sizeof(float) * LOGIT_CHUNK * (size_t)V);
     if (!logits) return trill_error(TRILL_ERR_NOMEM, "out of memory for logits");
     for (int s = 0; s < fp->n_seqs; s++)
         if (fp->offsets[s + 1] > fp->offsets[s]) logprobs[fp->offsets[s]] = NAN;
     for (int t0 = 0; t0 < T; t0 += LOGIT_CHUNK) {
         int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
-        matmul_forward(logits, fp->xf + (size_t)t0 * H, m->lm_head, n, H, V);
+        trill_forward_logits(fp, logits, t0, n);
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < n; r++) {
             int t = t0 + r;
@@ -280,7 +313,7 @@ trill_status trill_model_next_logits(const trill_model *m, const int *tokens, in
     fp->offsets = offsets;
     fp->n_seqs = 1;
     run_layers(fp, NULL, NULL);
-    matmul_forward(logits, fp->xf + (size_t)(n - 1) * c->hidden_size, m->lm_head, 1, c->hidden_size, c->vocab_size);
+    trill_forward_logits(fp, logits, n - 1, 1);
     trill_forward_pass_free(fp);
     return TRILL_OK;
 }

@@ -5,7 +5,14 @@
 
 #include <stdbool.h>
 
+#include "trill/lora.h"
 #include "trill/model.h"
+
+/* Module kinds that carry LoRA inputs x A^T, in layer_acts.xa. */
+enum { XA_Q, XA_K, XA_V, XA_O, XA_GATE, XA_UP, XA_DOWN, XA_N };
+
+/* Rows of lm_head + log-softmax per chunk: the full [T, V] logits would dominate memory. */
+enum { LOGIT_CHUNK = 256 };
 
 /* One decoder layer's activations. In inference every layer aliases one set of buffers; in
  * training each layer has its own, kept for the backward pass. */
@@ -24,6 +31,7 @@ typedef struct layer_acts {
     int *topi;            /* MoE: [T, K] routed logical expert ids */
     int *order;           /* MoE: [T*K]  (token * K + slot) sorted by expert */
     int *count;           /* MoE: [E+1]  end of each expert's rows in order */
+    float *xa[XA_N];      /* LoRA: x A^T [rows, r] per adapted module (MoE rows in expert order) */
 } layer_acts;
 
 struct trill_forward_pass {
@@ -39,7 +47,13 @@ struct trill_forward_pass {
     float *xe;            /* [T, H] scratch: one expert's gathered rows */
     int *pos;             /* [T] position within the sequence */
     float *inv_freq;      /* [hd/2] */
+    const trill_lora *lora; /* adapters in use (attached and enabled), or NULL */
+    float *xa_head;       /* [LOGIT_CHUNK, r] LoRA input of lm_head */
     void *block;          /* the one allocation everything above lives in */
 };
+
+/* logits[n, V] of rows t0..t0+n of the pass (lm_head and its adapter); keeps the adapter input
+ * in xa_head. */
+void trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n);
 
 #endif

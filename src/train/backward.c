@@ -1,6 +1,8 @@
 /* The backward pass, layer by layer in reverse, mirroring src/model/forward.c with the kernels'
- * *_backward functions. Gradients of weights accumulate into `grads`, laid out like the
- * parameter block, so a weight's gradient is at the same offset as the weight. */
+ * *_backward functions. Gradients accumulate into blocks laid out like the parameters (base
+ * weights) and like the adapters (LoRA), so a value's gradient sits at the value's offset. A
+ * NULL block is not computed at all: with frozen base weights only the cheap input gradients
+ * and the adapters' gradients are formed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,19 +22,31 @@ typedef struct grad_scratch {
     float *dye, *dxe;   /* [T, H] one expert's rows */
     float *dgates;      /* [T, K] */
     float *dlogits;     /* [max(T, LOGIT_CHUNK), max(E, V)]: router logits, then lm_head chunks */
+    float *dv_lora;     /* LoRA: scale * dout of one linear, [rows, out] */
+    float *dxa;         /* LoRA: gradient of x A^T, [T, r] */
     void *block;
 } grad_scratch;
 
-enum { LOGIT_CHUNK = 256 };
+/* Where gradients go: NULL pointers skip that kind (frozen base, or no adapters). */
+typedef struct grad_sinks {
+    const trill_model *m;
+    float *base;        /* [n_params] laid out like m->params */
+    const trill_lora *lora;
+    float *lora_grads;  /* [lora->n_params] laid out like lora->params */
+} grad_sinks;
 
-static trill_status scratch_alloc(grad_scratch *g, const trill_config *c, int T) {
+static trill_status scratch_alloc(grad_scratch *g, const trill_config *c, int T, int rank) {
     const size_t H = c->hidden_size, qd = (size_t)c->num_attention_heads * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
     const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ff = I > Im ? I : Im;
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
     const size_t rows = (size_t)T > LOGIT_CHUNK ? (size_t)T : LOGIT_CHUNK, cols = E > (size_t)c->vocab_size ? E : (size_t)c->vocab_size;
-    size_t sizes[] = { T * H, T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, rows * cols };
+    size_t widest = rows * cols;
+    const size_t outs[] = { qd, H, I, Im };
+    for (size_t i = 0; i < 4; i++) if ((size_t)T * outs[i] > widest) widest = (size_t)T * outs[i];
+    size_t sizes[] = { T * H, T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, rows * cols,
+                       rank ? widest : 0, (size_t)T * rank };
     float **ptrs[] = { &g->dx, &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->dact, &g->dgate, &g->dup,
-                       &g->dye, &g->dxe, &g->dgates, &g->dlogits };
+                       &g->dye, &g->dxe, &g->dgates, &g->dlogits, &g->dv_lora, &g->dxa };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
     float *b = malloc(total * sizeof(float));
@@ -42,14 +56,32 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_config *c, int T)
     return TRILL_OK;
 }
 
-#define GRAD(ptr) (grads + ((ptr) - m->params))
+/* The gradient slot of a base weight / an adapter tensor, or NULL when not wanted. */
+#define GRAD(ptr) (sink->base ? sink->base + ((ptr) - sink->m->params) : NULL)
+#define LGRAD(ptr) (sink->lora_grads ? sink->lora_grads + ((ptr) - sink->lora->params) : NULL)
+
+/* Backward of linear() (src/model/forward.c): y = x W^T + scale (x A^T) B^T with xa = x A^T. */
+static void linear_backward(const trill_forward_pass *fp, const grad_sinks *sink, grad_scratch *g, float *dinp, const float *dout,
+                            const float *inp, const float *W, trill_lora_pair ad, const float *xa, int n, int K, int N) {
+    matmul_backward(dinp, GRAD(W), dout, inp, W, n, K, N);
+    if (!fp->lora || !ad.A) return;
+    const int r = fp->lora->config.rank;
+    const float s = fp->lora->scale;
+    for (size_t i = 0; i < (size_t)n * N; i++) g->dv_lora[i] = s * dout[i];
+    memset(g->dxa, 0, sizeof(float) * (size_t)n * r);
+    matmul_backward(g->dxa, LGRAD(ad.B), g->dv_lora, xa, ad.B, n, r, N);
+    matmul_backward(dinp, LGRAD(ad.A), g->dxa, inp, ad.A, n, K, r);
+}
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
+static const trill_lora_layer NO_ADAPTERS;
+
 /* lm_head and the final norm: dlogprobs -> d x_final, in chunks of rows. */
-static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, grad_scratch *g) {
+static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, const grad_sinks *sink, grad_scratch *g) {
     const trill_model *m = fp->m;
     const int T = fp->T, H = m->config.hidden_size, V = m->config.vocab_size;
+    const trill_lora_pair head = fp->lora ? fp->lora->lm_head : (trill_lora_pair){ 0 };
     float *dxf = g->dxn;
     zero(dxf, (size_t)T * H);
     int targets[LOGIT_CHUNK];
@@ -62,36 +94,40 @@ static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, 
             targets[r] = predicts ? fp->tokens[t + 1] : 0;
             dlp[r] = predicts ? dlogprobs[t + 1] : 0.0f;
         }
-        float *logits = g->dlogits; /* recomputed, then overwritten by their gradient */
-        matmul_forward(logits, fp->xf + (size_t)t0 * H, m->lm_head, n, H, V);
+        float *logits = g->dlogits; /* recomputed (with the adapter input), then overwritten by their gradient */
+        trill_forward_logits(fp, logits, t0, n);
         token_logprob_backward(g->dlogits, dlp, logits, targets, n, V);
-        matmul_backward(dxf + (size_t)t0 * H, GRAD(m->lm_head), g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, n, H, V);
+        linear_backward(fp, sink, g, dxf + (size_t)t0 * H, g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, head, fp->xa_head,
+                        n, H, V);
     }
     zero(g->dx, (size_t)T * H);
     rmsnorm_backward(g->dx, GRAD(m->final_norm), dxf, fp->x_final, m->final_norm, T, H, (float)m->config.rms_norm_eps);
 }
 
-/* SwiGLU MLP of n rows given dout: accumulates weight gradients, writes dinp (+=). */
-static void mlp_backward(const trill_model *m, float *grads, grad_scratch *g, float *dinp, const float *dout, const float *inp,
-                         const float *gate, const float *up, float *act, const float *wg, const float *wu, const float *wd,
-                         int n, int H, int I) {
-    swiglu_forward(act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
+/* SwiGLU MLP of n rows given dout: weight and adapter gradients, and dinp (+=). xa are the
+ * adapters' inputs saved by the forward pass for these rows (NULL without adapters). */
+static void mlp_backward(const trill_forward_pass *fp, const grad_sinks *sink, grad_scratch *g, float *dinp, const float *dout,
+                         const float *inp, const float *gate, const float *up, const float *wg, const float *wu, const float *wd,
+                         trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, int n, int H,
+                         int I) {
+    const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
+    swiglu_forward(fp->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
     zero(g->dact, (size_t)n * I);
-    matmul_backward(g->dact, GRAD(wd), dout, act, wd, n, I, H);
+    linear_backward(fp, sink, g, g->dact, dout, fp->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
     zero(g->dgate, (size_t)n * I);
     zero(g->dup, (size_t)n * I);
     swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
-    matmul_backward(dinp, GRAD(wg), g->dgate, inp, wg, n, H, I);
-    matmul_backward(dinp, GRAD(wu), g->dup, inp, wu, n, H, I);
+    linear_backward(fp, sink, g, dinp, g->dgate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
+    linear_backward(fp, sink, g, dinp, g->dup, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
 }
 
-/* MoE block: dout (= g->dx) -> g->dxn (gradient of xn2), expert and router weight gradients. */
-static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const layer_acts *a, float *grads,
-                         grad_scratch *g) {
-    const trill_model *m = fp->m;
-    const trill_config *c = &m->config;
+/* MoE block: dout (= g->dx) -> g->dxn (gradient of xn2), expert, adapter and router gradients. */
+static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, const layer_acts *a,
+                         const grad_sinks *sink, grad_scratch *g) {
+    const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     const float *dout = g->dx;
+    const trill_lora_pair none = { 0 };
     zero(g->dxn, (size_t)T * H);
     zero(g->dgates, (size_t)T * K);
     for (int e = 0; e < E; e++) {
@@ -111,9 +147,10 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
             memcpy(fp->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
         }
         zero(g->dxe, (size_t)n * H);
-        mlp_backward(m, grads, g, g->dxe, g->dye, fp->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im, fp->act,
+        mlp_backward(fp, sink, g, g->dxe, g->dye, fp->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
                      w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H, w->expert_down + (size_t)e * H * Im,
-                     n, H, Im);
+                     ad->expert_gate ? ad->expert_gate[e] : none, ad->expert_up ? ad->expert_up[e] : none,
+                     ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first, n, H, Im);
         for (int r = 0; r < n; r++) {
             float *dx = g->dxn + (size_t)(rows[r] / K) * H;
             const float *src = g->dxe + (size_t)r * H;
@@ -126,14 +163,13 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
 }
 
 /* Attention block: g->dx (gradient of x_mid) -> adds the attention branch's gradient of x_in. */
-static void attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const layer_acts *a,
-                                     float *grads, grad_scratch *g) {
-    const trill_model *m = fp->m;
-    const trill_config *c = &m->config;
+static void attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+                                     const layer_acts *a, const grad_sinks *sink, grad_scratch *g) {
+    const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
     zero(g->datt, (size_t)T * nh * hd);
-    matmul_backward(g->datt, GRAD(w->wo), g->dx, a->att, w->wo, T, nh * hd, H);
+    linear_backward(fp, sink, g, g->datt, g->dx, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     zero(g->dq, (size_t)T * nh * hd);
     zero(g->dk, (size_t)T * nkv * hd);
     zero(g->dv, (size_t)T * nkv * hd);
@@ -145,37 +181,40 @@ static void attention_backward_block(const trill_forward_pass *fp, const trill_l
     rmsnorm_backward(g->dqr, GRAD(w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps);
     rmsnorm_backward(g->dkr, GRAD(w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps);
     zero(g->dxn, (size_t)T * H);
-    matmul_backward(g->dxn, GRAD(w->wq), g->dqr, a->xn1, w->wq, T, H, nh * hd);
-    matmul_backward(g->dxn, GRAD(w->wk), g->dkr, a->xn1, w->wk, T, H, nkv * hd);
-    matmul_backward(g->dxn, GRAD(w->wv), g->dv, a->xn1, w->wv, T, H, nkv * hd);
+    linear_backward(fp, sink, g, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
+    linear_backward(fp, sink, g, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
+    linear_backward(fp, sink, g, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     rmsnorm_backward(g->dx, GRAD(w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
 }
 
-trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads) {
+trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads) {
     if (!fp->training) return trill_error(TRILL_ERR_INVALID, "backward: the forward pass did not keep activations (use trill_model_forward_train)");
+    if (lora_grads && !fp->lora) return trill_error(TRILL_ERR_INVALID, "backward: adapter gradients asked for, but no enabled adapters took part in the forward pass");
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const int T = fp->T, H = c->hidden_size;
     if (T == 0) return TRILL_OK;
+    const grad_sinks sinks = { .m = m, .base = grads, .lora = fp->lora, .lora_grads = lora_grads }, *sink = &sinks;
     grad_scratch g;
-    trill_status st = scratch_alloc(&g, c, T);
+    trill_status st = scratch_alloc(&g, c, T, fp->lora ? fp->lora->config.rank : 0);
     if (st) return st;
-    head_backward(fp, dlogprobs, grads, &g);
+    head_backward(fp, dlogprobs, sink, &g);
     for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
         const trill_layer_weights *w = &m->layers[l];
+        const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
         const layer_acts *a = &fp->layers[l];
         /* g.dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
         if (trill_config_is_moe(c, l)) {
-            moe_backward(fp, w, a, grads, &g);
+            moe_backward(fp, w, ad, a, sink, &g);
         } else {
             zero(g.dxn, (size_t)T * H);
-            mlp_backward(m, grads, &g, g.dxn, g.dx, a->xn2, a->gate, a->up, fp->act, w->mlp_gate, w->mlp_up, w->mlp_down, T, H,
-                         c->intermediate_size);
+            mlp_backward(fp, sink, &g, g.dxn, g.dx, a->xn2, a->gate, a->up, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up,
+                         ad->down, a->xa, 0, T, H, c->intermediate_size);
         }
         rmsnorm_backward(g.dx, GRAD(w->post_norm), g.dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
-        attention_backward_block(fp, w, a, grads, &g);
+        attention_backward_block(fp, w, ad, a, sink, &g);
     }
-    embedding_backward(GRAD(m->embed), g.dx, fp->tokens, T, H);
+    if (grads) embedding_backward(GRAD(m->embed), g.dx, fp->tokens, T, H);
     free(g.block);
     return TRILL_OK;
 }

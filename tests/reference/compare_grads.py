@@ -14,7 +14,10 @@ e.g. experts that no token visited: for those, ||ours||_2 must be below the same
 bound. OURS must have no tensor that REF lacks. Prints the worst relative error
 per kind of tensor (embed, attn q/k/v/o, q_norm/k_norm, layernorms, router,
 experts gate/up/down, dense mlp, final norm, lm_head) and overall; exit 0 when
-everything passes, 1 otherwise.
+everything passes, 1 otherwise. LoRA adapter gradients (`qwen3_ref.py grad
+--adapter`, PEFT names base_model.model.<module>.lora_A.weight / .lora_B.weight)
+are compared the same way and grouped as "lora_A <kind>" / "lora_B <kind>" by
+their module's kind (e.g. "lora_A attn q", "lora_B experts down", "lora_A lm_head").
 
 --self-test checks the comparer on REF alone: an unmodified copy must pass, and
 copies with one tensor scaled by 1% (or 10*rtol if larger), one tensor
@@ -51,9 +54,19 @@ KINDS = [
     ("final norm", r"model\.norm\.weight"),
     ("lm_head", r"lm_head\.weight"),
 ]
+# Linear kinds a LoRA adapter can sit on: "lora_A <kind>", "lora_B <kind>".
+LORA_BASE_KINDS = ["attn q", "attn k", "attn v", "attn o", "router", "experts gate",
+                   "experts up", "experts down", "dense mlp", "lm_head"]
+LORA_KINDS = [f"lora_{ab} {k}" for k in LORA_BASE_KINDS for ab in "AB"]
+LORA_RE = r"base_model\.model\.(.+)\.lora_([AB])\.weight"
+KIND_WIDTH = 20
 
 
 def kind_of(name):
+    m = re.fullmatch(LORA_RE, name)
+    if m:
+        base = kind_of(m.group(1) + ".weight")
+        return f"lora_{m.group(2)} {base}" if base in LORA_BASE_KINDS else f"lora_{m.group(2)} other"
     for kind, pat in KINDS:
         if re.fullmatch(pat, name):
             return kind
@@ -74,13 +87,13 @@ class Result:
         return {k for k, _ in self.failures}
 
     def summary(self, rtol):
-        order = [k for k, _ in KINDS] + ["other"]
-        lines = [f"{'kind':14s} {'tensors':>7s} {'~zero':>5s}  worst rel err  (tensor)"]
+        order = [k for k, _ in KINDS] + LORA_KINDS + ["lora_A other", "lora_B other", "other"]
+        lines = [f"{'kind':{KIND_WIDTH}s} {'tensors':>7s} {'~zero':>5s}  worst rel err  (tensor)"]
         for kind in order:
             if kind not in self.groups:
                 continue
             n, nz, w, name = self.groups[kind]
-            lines.append(f"{kind:14s} {n:7d} {nz:5d}  {w:13.3e}  ({name or '-'})")
+            lines.append(f"{kind:{KIND_WIDTH}s} {n:7d} {nz:5d}  {w:13.3e}  ({name or '-'})")
         w, name = self.worst
         lines.append(f"overall worst rel err {w:.3e} ({name or '-'}), rtol {rtol:g}, "
                      f"zero bound {self.bound:.3e}")

@@ -13,12 +13,13 @@ Subcommands:
       a single model.safetensors or as K shards plus model.safetensors.index.json.
 
   forward --model DIR --input IN.jsonl --output OUT.jsonl [--replay]
+          [--adapter ADIR [--no-lora]]
       For every input line {"tokens": [...]} write
       {"tokens", "logprobs", "experts", "router_probs"} (see `run_forward`).
       router_probs are always the router's own sorted top-(k+1) probabilities.
 
   grad --model DIR --input IN.jsonl --output GRADS.safetensors [--replay]
-       [--loss-out LOSS.json]
+       [--loss-out LOSS.json] [--adapter ADIR [--no-lora]] [--base-grads FILE]
       Input lines {"tokens": [...], "coef": [c_0, ..., c_{n-1}]} (c_0 ignored,
       may be null). loss = sum over lines and t >= 1 of c_t * log p(token t |
       tokens < t), computed in float64 by autograd through the same model
@@ -27,13 +28,35 @@ Subcommands:
       "model.embed_tokens.weight" gets the summed gradient (no lm_head.weight).
       Experts no token was routed to get zeros. LOSS.json:
       {"loss": float, "logprobs": [[null, lp_1, ...] per line]}.
+      With --adapter the base weights are frozen and GRADS holds only the LoRA
+      tensors' gradients (PEFT names, F32, their shapes); --base-grads FILE also
+      writes the base weights' gradients (HF names, as without an adapter).
+
+  make-adapter --model DIR --out ADIR --rank R --alpha A [--rslora]
+               --targets q_proj,k_proj,...,lm_head --seed N [--b-std S]
+      Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,
+      F32) for DIR's config: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init), B ~
+      N(0, S) (default 0.05; PEFT would use zeros, a test needs a non-trivial B).
+
+  merge --model DIR --adapter ADIR --out MDIR
+      W += scale * B @ A for every adapted Linear (float64), written as a full F32
+      model (config.json + model.safetensors). A tied model with an lm_head
+      adapter is written untied (tie_word_embeddings false, lm_head.weight =
+      embedding + delta), so the merged model computes the adapter's function.
+
+  --adapter ADIR (forward, grad): apply a PEFT LoRA adapter (see "LoRA adapters"
+  below for the conventions); --no-lora ignores it (output as without it).
 
   selfcheck-grad [--seed N]
       Autograd vs central finite differences (h = 1e-6, rel err < 1e-6) on a
       tiny float64 model (1 dense + 1 MoE layer, hidden 16, 4 experts top-2,
       vocab 11, 5 tokens): embed, q_proj, k_norm, router, an expert down_proj,
       lm_head; norm_topk_prob true/false, with/without replay, plus tied
-      embeddings. Exit 0 on success; takes about two seconds.
+      embeddings; and two LoRA cases (adapter r 3 on every target incl. experts
+      and lm_head, base frozen; alpha/r, and rslora on a tied model with replay):
+      lora_A/lora_B entries of q/v/o_proj, dense gate_proj, an expert up/down_proj,
+      lm_head, plus B = 0 is the base exactly and the float64 merge matches the
+      adapter to 1e-12. Exit 0 on success; takes about two seconds.
 
 Router replay (--replay): an input line may carry "experts": [[[k ids] per MoE
 layer] per token] (MoE-layer ordinal; dense layers not counted). Its MoE layers
@@ -48,6 +71,7 @@ import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 
@@ -366,18 +390,118 @@ def linear(x, W, name):
     return y
 
 
-def swiglu_mlp(x, W, p):
+# ---------------------------------------------------------------------------
+# LoRA adapters (PEFT layout)
+# ---------------------------------------------------------------------------
+# Written from PEFT's definitions (peft/tuners/lora): a LoRA Linear computes
+#     y = base(x) + scale * B(A(x)),   A: [r, in_features], B: [out_features, r]
+# (no bias on A/B), scale = lora_alpha / r, or lora_alpha / sqrt(r) with
+# use_rslora. lora_dropout is identity at inference; this reference never applies
+# it (the gradient is the gradient of the deterministic, dropout-free loss).
+# Module selection (peft.tuners.tuners_utils.check_target_module_exists):
+# target_modules a str -> re.fullmatch(target, module_name); a list -> the module
+# name equals an entry or ends with "." + entry. The saved state dict names a
+# tensor "base_model.model.<module name>.lora_A.weight" / ".lora_B.weight".
+
+PEFT_PREFIX = "base_model.model."
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                "down_proj", "lm_head")
+
+
+def linear_modules(cfg):
+    """Every nn.Linear of the HF model, in state-dict order, as
+    (module name, in_features, out_features). The MoE router "mlp.gate" is a Linear
+    too (a target "gate" would select it; "gate_proj" never does)."""
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim_of(cfg)
+    out = []
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        out += [(f"{p}.self_attn.q_proj", H, nH * hd), (f"{p}.self_attn.k_proj", H, nKV * hd),
+                (f"{p}.self_attn.v_proj", H, nKV * hd), (f"{p}.self_attn.o_proj", nH * hd, H)]
+
+        def mlp(q, inter):
+            return [(q + ".gate_proj", H, inter), (q + ".up_proj", H, inter),
+                    (q + ".down_proj", inter, H)]
+        if is_moe_layer(cfg, i):
+            out.append((p + ".mlp.gate", H, cfg["num_experts"]))
+            for e in range(cfg["num_experts"]):
+                out += mlp(f"{p}.mlp.experts.{e}", cfg["moe_intermediate_size"])
+        else:
+            out += mlp(p + ".mlp", cfg["intermediate_size"])
+    out.append(("lm_head", H, V))  # a module even when its weight is tied to the embedding
+    return out
+
+
+def target_matches(targets, name):
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def lora_scale(acfg):
+    r, alpha = acfg["r"], acfg["lora_alpha"]
+    return alpha / math.sqrt(r) if acfg.get("use_rslora", False) else alpha / r
+
+
+def lora_names(module):
+    return PEFT_PREFIX + module + ".lora_A.weight", PEFT_PREFIX + module + ".lora_B.weight"
+
+
+def load_adapter(adapter_dir, cfg):
+    """Read a PEFT LoRA adapter folder for this model config.
+    Returns ({module name: scale}, {PEFT tensor name: float64 tensor}, adapter config)."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    if acfg.get("peft_type", "LORA") != "LORA":
+        raise SystemExit(f"{adapter_dir}: peft_type {acfg.get('peft_type')!r} is not LORA")
+    # Features that change the function and that this reference does not implement.
+    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("bias", "none")):
+        if acfg.get(key, off) not in (off, None):
+            raise SystemExit(f"{adapter_dir}: {key}={acfg[key]!r} is not supported")
+    for key in ("rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save",
+                "layer_replication"):
+        if acfg.get(key):
+            raise SystemExit(f"{adapter_dir}: {key} is not supported")
+    targets = acfg.get("target_modules")
+    if targets in (None, "all-linear") or not isinstance(targets, (str, list)):
+        raise SystemExit(f"{adapter_dir}: target_modules must be a list or a regex string")
+    tensors = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    r, scale = int(acfg["r"]), lora_scale(acfg)
+    modules, W = {}, {}
+    for name, fin, fout in linear_modules(cfg):
+        if not target_matches(targets, name):
+            continue
+        an, bn = lora_names(name)
+        for n, shape in ((an, (r, fin)), (bn, (fout, r))):
+            if n not in tensors:
+                raise SystemExit(f"{adapter_dir}: {n} missing (module {name} is targeted)")
+            if tuple(tensors[n].shape) != shape:
+                raise SystemExit(f"{adapter_dir}: {n} has shape {list(tensors[n].shape)}, "
+                                 f"expected {list(shape)}")
+            W[n] = tensors.pop(n).to(DT)
+        modules[name] = scale
+    if tensors:
+        raise SystemExit(f"{adapter_dir}: tensors for no targeted module: {sorted(tensors)[:5]}")
+    if not modules:
+        raise SystemExit(f"{adapter_dir}: target_modules {targets!r} select no module")
+    return modules, W, acfg
+
+
+def swiglu_mlp(x, model, p):
     # HF Qwen3MoeMLP / Qwen3MLP: down(silu(gate(x)) * up(x)).
-    g = x @ W[p + ".gate_proj.weight"].T
-    u = x @ W[p + ".up_proj.weight"].T
-    return (torch.nn.functional.silu(g) * u) @ W[p + ".down_proj.weight"].T
+    g = model.lin(x, p + ".gate_proj")
+    u = model.lin(x, p + ".up_proj")
+    return model.lin(torch.nn.functional.silu(g) * u, p + ".down_proj")
 
 
 class Model:
     """The model function, shared by `forward` (under torch.no_grad) and `grad`
     (autograd on the float64 weights in self.W)."""
 
-    def __init__(self, model_dir=None, cfg=None, weights=None):
+    def __init__(self, model_dir=None, cfg=None, weights=None, adapter=None):
+        """adapter: None, a PEFT adapter folder, or (modules {name: scale},
+        {PEFT tensor name: tensor}) already in memory (selfcheck)."""
         if model_dir is not None:
             with open(os.path.join(model_dir, "config.json")) as f:
                 cfg = json.load(f)
@@ -400,6 +524,19 @@ class Model:
         self.L = cfg["num_hidden_layers"]
         self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
         self.tied = bool(cfg.get("tie_word_embeddings", False))
+        # LoRA: self.lora = {module name: scale}; its A/B live in self.W under their
+        # PEFT names (self.lora_names), so autograd treats them like any weight.
+        self.lora, self.lora_names = {}, []
+        if adapter is not None:
+            if isinstance(adapter, str):
+                mods, lw, _ = load_adapter(adapter, cfg)
+            else:
+                mods, lw = adapter
+            self.lora = dict(mods)
+            for m in self.lora:
+                an, bn = lora_names(m)
+                self.W[an], self.W[bn] = lw[an].to(DT), lw[bn].to(DT)
+                self.lora_names += [an, bn]
 
     @property
     def lm_head(self):
@@ -407,15 +544,28 @@ class Model:
         return self.W["model.embed_tokens.weight"] if self.tied else self.W["lm_head.weight"]
 
     def param_names(self):
-        """Names of the tensors the model actually uses (the gradient's entries).
+        """Names of the base tensors the model actually uses (the gradient's entries).
         With tie_word_embeddings a stray lm_head.weight in the checkpoint is unused."""
-        return [n for n in self.W if not (self.tied and n == "lm_head.weight")]
+        lora = set(self.lora_names)
+        return [n for n in self.W
+                if n not in lora and not (self.tied and n == "lm_head.weight")]
+
+    def lin(self, x, name):
+        """Every Linear of the model: x W^T (+ bias) (+ scale * (x A^T) B^T with LoRA)."""
+        if name == "lm_head":
+            y = x @ self.lm_head.T
+        else:
+            y = linear(x, self.W, name)
+        if name in self.lora:
+            an, bn = lora_names(name)
+            y = y + self.lora[name] * ((x @ self.W[an].T) @ self.W[bn].T)
+        return y
 
     def attention(self, x, p, cos, sin):
         W, T, hd, nH, nKV = self.W, x.shape[0], self.hd, self.nH, self.nKV
-        q = linear(x, W, p + ".q_proj").view(T, nH, hd)
-        k = linear(x, W, p + ".k_proj").view(T, nKV, hd)
-        v = linear(x, W, p + ".v_proj").view(T, nKV, hd)
+        q = self.lin(x, p + ".q_proj").view(T, nH, hd)
+        k = self.lin(x, p + ".k_proj").view(T, nKV, hd)
+        v = self.lin(x, p + ".v_proj").view(T, nKV, hd)
         # Qwen3: per-head RMSNorm over head_dim on q and k, *before* RoPE.
         q = rms_norm(q, W[p + ".q_norm.weight"], self.eps)
         k = rms_norm(k, W[p + ".k_norm.weight"], self.eps)
@@ -430,7 +580,7 @@ class Model:
         scores = scores.masked_fill(causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         o = torch.einsum("hts,shd->thd", probs, v).reshape(T, nH * hd)
-        return linear(o, W, p + ".o_proj")
+        return self.lin(o, p + ".o_proj")
 
     def moe(self, x, p, replay_ids=None):
         """HF Qwen3MoeSparseMoeBlock. Returns (output, expert ids [T, k], top k+1 probs).
@@ -442,7 +592,7 @@ class Model:
         are always the router's own sorted top-(k+1), replay or not."""
         W, cfg = self.W, self.cfg
         k, E = cfg["num_experts_per_tok"], cfg["num_experts"]
-        probs = torch.softmax(x @ W[p + ".gate.weight"].T, dim=-1)  # [T, E]
+        probs = torch.softmax(self.lin(x, p + ".gate"), dim=-1)  # [T, E]
         # Stable descending sort: deterministic order (lower id first) on exact ties.
         vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
         top_ids = ids[:, :k] if replay_ids is None else replay_ids
@@ -452,7 +602,7 @@ class Model:
         out = torch.zeros_like(x)
         for e in torch.unique(top_ids).tolist():
             rows, slot = (top_ids == e).nonzero(as_tuple=True)
-            y = swiglu_mlp(x[rows], W, f"{p}.experts.{e}")
+            y = swiglu_mlp(x[rows], self, f"{p}.experts.{e}")
             out = out.index_add(0, rows, top_w[rows, slot][:, None] * y)
         return out, top_ids, vals[:, :min(k + 1, E)].detach()
 
@@ -476,10 +626,10 @@ class Model:
                     experts[t].append(ids[t].tolist())
                     rprobs[t].append(pr[t].tolist())
             else:
-                y = swiglu_mlp(h, self.W, p + ".mlp")
+                y = swiglu_mlp(h, self, p + ".mlp")
             x = x + y
         x = rms_norm(x, self.W["model.norm.weight"], self.eps)
-        logits = x @ self.lm_head.T
+        logits = self.lin(x, "lm_head")
         return torch.log_softmax(logits, dim=-1), experts, rprobs
 
 
@@ -536,8 +686,13 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def adapter_arg(args):
+    """The adapter folder to use: --adapter unless --no-lora (which ignores it)."""
+    return None if args.no_lora else args.adapter
+
+
 def cmd_forward(args):
-    model = Model(args.model)
+    model = Model(args.model, adapter=adapter_arg(args))
     n = 0
     with open(args.input) as fin, open(args.output, "w") as fout:
         with torch.no_grad():
@@ -569,10 +724,12 @@ def parse_coef(rec, T, where):
     return torch.tensor(out, dtype=DT)
 
 
-def grad_lines(model, lines, replay_flag):
+def grad_lines(model, lines, replay_flag, names=None):
     """loss = sum over lines and t >= 1 of coef[t] * logprob[t], and its gradient.
-    Returns (loss, [logprobs per line], {name: float64 grad}) for every used parameter."""
-    names = model.param_names()
+    Returns (loss, [logprobs per line], {name: float64 grad}) for the tensors `names`
+    (default: every used base parameter); all other tensors are frozen constants."""
+    if names is None:
+        names = model.param_names()
     saved = dict(model.W)
     for n in names:
         model.W[n] = saved[n].detach().clone().requires_grad_(True)
@@ -602,15 +759,121 @@ def grad_lines(model, lines, replay_flag):
 
 
 def cmd_grad(args):
-    model = Model(args.model)
+    model = Model(args.model, adapter=adapter_arg(args))
     lines = read_jsonl(args.input)
-    loss, lps, grads = grad_lines(model, lines, args.replay)
-    write_safetensors(args.output, [(n, grads[n]) for n in model.param_names()], "F32")
+    if model.lora:
+        # LoRA training: the base is frozen; --output gets the A/B gradients only.
+        names = model.lora_names + (model.param_names() if args.base_grads else [])
+        loss, lps, grads = grad_lines(model, lines, args.replay, names)
+        write_safetensors(args.output, [(n, grads[n]) for n in model.lora_names], "F32")
+        if args.base_grads:
+            write_safetensors(args.base_grads, [(n, grads[n]) for n in model.param_names()], "F32")
+    else:
+        if args.base_grads:
+            raise SystemExit("--base-grads needs --adapter (without it --output has them)")
+        loss, lps, grads = grad_lines(model, lines, args.replay)
+        write_safetensors(args.output, [(n, grads[n]) for n in model.param_names()], "F32")
     if args.loss_out:
         with open(args.loss_out, "w") as f:
             json.dump({"loss": loss, "logprobs": lps}, f)
             f.write("\n")
-    print(f"grad: {len(lines)} sequences, loss {loss:.12g}, {len(grads)} tensors -> {args.output}")
+    print(f"grad: {len(lines)} sequences, loss {loss:.12g}, {len(grads)} tensors"
+          f"{' (LoRA)' if model.lora else ''} -> {args.output}")
+
+
+# ---------------------------------------------------------------------------
+# make-adapter / merge
+# ---------------------------------------------------------------------------
+
+def parse_targets(text):
+    targets = [t.strip() for t in text.split(",") if t.strip()]
+    if not targets:
+        raise SystemExit("--targets is empty")
+    return targets
+
+
+def make_lora_weights(cfg, targets, r, seed, b_std):
+    """Random LoRA A/B for every targeted Linear, in module order. A as PEFT's
+    init (kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))); B ~ N(0, b_std)
+    instead of PEFT's zeros, so the adapter changes the function.
+    Returns ([module names], [(PEFT name, fp32 tensor)])."""
+    g = torch.Generator().manual_seed(seed)
+    mods, out = [], []
+    for name, fin, fout in linear_modules(cfg):
+        if not target_matches(targets, name):
+            continue
+        an, bn = lora_names(name)
+        bound = 1.0 / math.sqrt(fin)
+        a = (torch.rand((r, fin), generator=g, dtype=torch.float32) * 2 - 1) * bound
+        b = torch.randn((fout, r), generator=g, dtype=torch.float32) * b_std
+        mods.append(name)
+        out += [(an, a), (bn, b)]
+    if not mods:
+        raise SystemExit(f"targets {targets!r} select no module of this model")
+    return mods, out
+
+
+def adapter_config(model_dir, r, alpha, rslora, targets):
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": os.path.abspath(model_dir),
+            "r": r, "lora_alpha": alpha, "use_rslora": rslora,
+            "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
+            "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
+            "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
+            "rank_pattern": {}, "alpha_pattern": {}, "use_dora": False}
+
+
+def cmd_make_adapter(args):
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = json.load(f)
+    if args.rank <= 0:
+        raise SystemExit("--rank must be positive")
+    targets = parse_targets(args.targets)
+    mods, tensors = make_lora_weights(cfg, targets, args.rank, args.seed, args.b_std)
+    os.makedirs(args.out, exist_ok=True)
+    alpha = int(args.alpha) if float(args.alpha).is_integer() else args.alpha
+    acfg = adapter_config(args.model, args.rank, alpha, args.rslora, targets)
+    with open(os.path.join(args.out, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(args.out, "adapter_model.safetensors"), tensors, "F32")
+    print(f"wrote {args.out}: {len(mods)} modules, {len(tensors)} tensors, r={args.rank}, "
+          f"alpha={alpha}, rslora={str(args.rslora).lower()}, scale={lora_scale(acfg):.9g}")
+
+
+def merged_weights(model):
+    """Base weights with W += scale * B @ A for every adapted module (float64), in the
+    checkpoint's order. Returns (list of (name, tensor), untied): a tied lm_head with
+    an adapter is untied (lm_head.weight = embed + delta; the embedding unchanged),
+    since merging into the shared tensor would also change the input embedding."""
+    W = {n: model.W[n].detach().clone() for n in model.param_names()}
+    untied = model.tied and "lm_head" in model.lora
+    if untied:
+        W["lm_head.weight"] = W["model.embed_tokens.weight"].clone()
+    for m, scale in model.lora.items():
+        an, bn = lora_names(m)
+        wn = "lm_head.weight" if m == "lm_head" else m + ".weight"
+        W[wn] = W[wn] + scale * (model.W[bn] @ model.W[an])
+    return list(W.items()), untied
+
+
+def cmd_merge(args):
+    model = Model(args.model, adapter=args.adapter)
+    tensors, untied = merged_weights(model)
+    cfg = dict(model.cfg)
+    cfg["torch_dtype"] = "float32"
+    if untied:
+        cfg["tie_word_embeddings"] = False
+    os.makedirs(args.out, exist_ok=True)
+    for fn in os.listdir(args.out):
+        if fn.startswith("model") and (fn.endswith(".safetensors") or fn.endswith(".index.json")):
+            os.remove(os.path.join(args.out, fn))
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(args.out, "model.safetensors"), tensors, "F32")
+    print(f"merge: {len(model.lora)} adapted modules -> {args.out} ({len(tensors)} tensors, F32"
+          f"{', lm_head untied' if untied else ''})")
 
 
 # ---------------------------------------------------------------------------
@@ -623,11 +886,42 @@ SELFCHECK_SET = {"vocab_size": 11, "hidden_size": 16, "intermediate_size": 24,
                  "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
 
 
-def selfcheck_case(norm_topk, replay, tied, seed, h=1e-6, tol=1e-6, n_entries=4):
+def selfcheck_case(norm_topk, replay, tied, seed, lora=None, h=1e-6, tol=1e-6, n_entries=4):
+    """lora: None, or "lora" / "rslora": an adapter (r 3, alpha 6, random A and B)
+    on every LORA_TARGETS module incl. experts and lm_head; then the gradient is
+    taken w.r.t. the LoRA tensors only (base frozen) and those are checked."""
     cfg = build_config(dict(SELFCHECK_SET, norm_topk_prob=norm_topk,
                             tie_word_embeddings=tied), "f32")
     # Large std: sizeable gradients everywhere, so central differences resolve them.
-    model = Model(cfg=cfg, weights=dict(make_weights(cfg, seed, std=0.3)))
+    base_w = dict(make_weights(cfg, seed, std=0.3))
+    model = Model(cfg=cfg, weights=base_w)
+    lora_fails = []
+    if lora:
+        r, alpha = 3, 6.0
+        scale = lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": lora == "rslora"})
+        mods, lt = make_lora_weights(cfg, list(LORA_TARGETS), r, seed + 1000, b_std=0.3)
+        lt = dict(lt)
+        base_model = model
+        model = Model(cfg=cfg, weights=base_w, adapter=({m: scale for m in mods}, lt))
+        # Adapter consistency: B = 0 is the base function exactly; the float64 merge
+        # (W += scale B A) is the adapter's function up to rounding.
+        zero_b = {n: (t * 0 if n.endswith("lora_B.weight") else t) for n, t in lt.items()}
+        zmodel = Model(cfg=cfg, weights=base_w, adapter=({m: scale for m in mods}, zero_b))
+        merged, untied = merged_weights(model)
+        mcfg = dict(cfg, tie_word_embeddings=False) if untied else cfg
+        mmodel = Model(cfg=mcfg, weights=dict(merged))
+        probe = list(range(min(7, cfg["vocab_size"])))
+        with torch.no_grad():
+            la, _, _ = model.forward(probe)
+            lb, _, _ = base_model.forward(probe)
+            lz, _, _ = zmodel.forward(probe)
+            lm, _, _ = mmodel.forward(probe)
+        if not torch.equal(lz, lb):
+            lora_fails.append("adapter with B = 0 changes the forward")
+        if (la - lb).abs().max() < 1e-3:
+            lora_fails.append("adapter has no effect on the forward")
+        if (la - lm).abs().max() > 1e-12:
+            lora_fails.append(f"merged model differs from adapter: {(la - lm).abs().max():.2e}")
     assert model.moe_layers == [1], model.moe_layers
     rng = np.random.default_rng(seed)
     T, k, E = 5, cfg["num_experts_per_tok"], cfg["num_experts"]
@@ -648,7 +942,7 @@ def selfcheck_case(norm_topk, replay, tied, seed, h=1e-6, tol=1e-6, n_entries=4)
             ex.append([ids])
         rec["experts"] = ex
     used = own if not replay else rec["experts"]
-    loss, lps, grads = grad_lines(model, [rec], replay)
+    loss, lps, grads = grad_lines(model, [rec], replay, model.lora_names if lora else None)
     noise = 2.0 ** -52 * sum(abs(c * l) for c, l in zip(coef[1:], lps[0][1:])) / h
 
     def loss_at():
@@ -664,15 +958,31 @@ def selfcheck_case(norm_topk, replay, tied, seed, h=1e-6, tol=1e-6, n_entries=4)
 
     visited = sorted({e for t in range(T) for e in used[t][0]})
     unvisited = [e for e in range(E) if e not in visited]
-    top_e = max(visited, key=lambda e: grads[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].norm())
-    kinds = [("embed", "model.embed_tokens.weight"),
+    if lora:
+        top_e = max(visited, key=lambda e: grads[lora_names(f"model.layers.1.mlp.experts.{e}.down_proj")[1]].norm())
+        kinds = []
+        for kind, m in (("q_proj", "model.layers.0.self_attn.q_proj"),
+                        ("v_proj", "model.layers.1.self_attn.v_proj"),
+                        ("o_proj", "model.layers.1.self_attn.o_proj"),
+                        ("dense_gate", "model.layers.0.mlp.gate_proj"),
+                        ("expert_up", f"model.layers.1.mlp.experts.{top_e}.up_proj"),
+                        ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj"),
+                        ("lm_head", "lm_head")):
+            an, bn = lora_names(m)
+            kinds += [(kind + " lora_A", an), (kind + " lora_B", bn)]
+        if set(grads) != set(model.lora_names):
+            lora_fails.append("gradient set is not exactly the LoRA tensors")
+        n_entries = 3
+    else:
+        top_e = max(visited, key=lambda e: grads[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].norm())
+        kinds = [("embed", "model.embed_tokens.weight"),
              ("q_proj", "model.layers.0.self_attn.q_proj.weight"),
              ("q_proj", "model.layers.1.self_attn.q_proj.weight"),
              ("k_norm", "model.layers.1.self_attn.k_norm.weight"),
              ("router", "model.layers.1.mlp.gate.weight"),
              ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj.weight")]
-    kinds.append(("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight"))
-    worst, fails, checked = 0.0, [], 0
+        kinds.append(("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight"))
+    worst, fails, checked = 0.0, list(lora_fails), 0
     for kind, name in kinds:
         w, g = model.W[name], grads[name].reshape(-1)
         flat = w.view(-1)
@@ -704,8 +1014,10 @@ def selfcheck_case(norm_topk, replay, tied, seed, h=1e-6, tol=1e-6, n_entries=4)
     # Experts nobody routed to get exactly zero gradient.
     for e in unvisited:
         for part in ("gate_proj", "up_proj", "down_proj"):
-            if grads[f"model.layers.1.mlp.experts.{e}.{part}.weight"].abs().max() != 0:
-                fails.append(f"unvisited expert {e} {part} has a non-zero gradient")
+            m = f"model.layers.1.mlp.experts.{e}.{part}"
+            for n in (lora_names(m) if lora else (m + ".weight",)):
+                if grads[n].abs().max() != 0:
+                    fails.append(f"unvisited expert {e} {part} has a non-zero gradient ({n})")
     if tied and "lm_head.weight" in grads:
         fails.append("tied model has an lm_head.weight gradient")
     return worst, checked, fails, visited, noise
@@ -713,12 +1025,16 @@ def selfcheck_case(norm_topk, replay, tied, seed, h=1e-6, tol=1e-6, n_entries=4)
 
 def cmd_selfcheck_grad(args):
     ok = True
-    cases = [(nt, rp, False) for nt in (True, False) for rp in (False, True)]
-    cases += [(True, True, True)]  # tied embeddings: lm_head gradient lands in the embedding
-    for c, (nt, rp, tied) in enumerate(cases):
-        worst, checked, fails, visited, noise = selfcheck_case(nt, rp, tied, seed=args.seed + c)
+    cases = [(nt, rp, False, None) for nt in (True, False) for rp in (False, True)]
+    cases += [(True, True, True, None)]  # tied embeddings: lm_head gradient lands in the embedding
+    # LoRA (base frozen, A/B gradients): plain scale alpha/r, and rslora on a tied model.
+    cases += [(True, False, False, "lora"), (False, True, True, "rslora")]
+    for c, (nt, rp, tied, lora) in enumerate(cases):
+        worst, checked, fails, visited, noise = selfcheck_case(nt, rp, tied, seed=args.seed + c,
+                                                               lora=lora)
         print(f"selfcheck-grad norm_topk_prob={str(nt).lower():5s} replay={str(rp).lower():5s} "
-              f"tied={str(tied).lower():5s}: {checked} entries, worst rel err {worst:.2e} "
+              f"tied={str(tied).lower():5s} lora={lora or 'none':6s}: {checked} entries, "
+              f"worst rel err {worst:.2e} "
               f"(fd rounding ~{noise:.0e} abs), experts visited {visited}  "
               f"{'ok' if not fails else 'FAIL'}")
         for f_ in fails:
@@ -747,6 +1063,8 @@ def main(argv=None):
     fw.add_argument("--output", required=True)
     fw.add_argument("--replay", action="store_true",
                     help="route by the input lines' \"experts\" (router replay)")
+    fw.add_argument("--adapter", metavar="ADIR", help="apply this PEFT LoRA adapter")
+    fw.add_argument("--no-lora", action="store_true", help="ignore --adapter")
     gr = sub.add_parser("grad", help="float64 gradient of sum coef[t]*logprob[t] -> safetensors")
     gr.add_argument("--model", required=True)
     gr.add_argument("--input", required=True)
@@ -754,6 +1072,25 @@ def main(argv=None):
     gr.add_argument("--replay", action="store_true",
                     help="route by the input lines' \"experts\" (router replay)")
     gr.add_argument("--loss-out", help="write {\"loss\", \"logprobs\"} JSON here")
+    gr.add_argument("--adapter", metavar="ADIR",
+                    help="PEFT LoRA adapter: base frozen, --output gets the lora_A/lora_B grads")
+    gr.add_argument("--no-lora", action="store_true", help="ignore --adapter")
+    gr.add_argument("--base-grads", metavar="FILE",
+                    help="with --adapter: also write the (frozen) base weights' gradients")
+    ma = sub.add_parser("make-adapter", help="write a random PEFT LoRA adapter for a model")
+    ma.add_argument("--model", required=True)
+    ma.add_argument("--out", required=True)
+    ma.add_argument("--rank", type=int, required=True)
+    ma.add_argument("--alpha", type=float, required=True)
+    ma.add_argument("--rslora", action="store_true", help="scale = alpha / sqrt(r)")
+    ma.add_argument("--targets", required=True,
+                    help="comma-separated module-name suffixes, e.g. q_proj,v_proj,lm_head")
+    ma.add_argument("--seed", type=int, required=True)
+    ma.add_argument("--b-std", type=float, default=0.05, help="std of the random lora_B")
+    mg = sub.add_parser("merge", help="W += scale * B @ A; write a full F32 model")
+    mg.add_argument("--model", required=True)
+    mg.add_argument("--adapter", required=True)
+    mg.add_argument("--out", required=True)
     sc = sub.add_parser("selfcheck-grad", help="autograd vs finite differences on a tiny model")
     sc.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
@@ -763,6 +1100,10 @@ def main(argv=None):
         return cmd_forward(args)
     if args.cmd == "grad":
         return cmd_grad(args)
+    if args.cmd == "make-adapter":
+        return cmd_make_adapter(args)
+    if args.cmd == "merge":
+        return cmd_merge(args)
     return cmd_selfcheck_grad(args)
 
 

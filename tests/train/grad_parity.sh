@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole-model gradient parity: trill's backward (grad_tool) against PyTorch autograd on the
-# independent float64 reference (tests/reference/qwen3_ref.py), on checkpoints the reference
-# writes. loss = sum of random per-token coefficients * log-probs (some masked), so the check
+# independent float64 reference (tests/reference/qwen3_ref.py), on checkpoints (and PEFT LoRA
+# adapters) the reference writes: full-parameter gradients, and adapter gradients with the
+# base frozen. loss = sum of random per-token coefficients * log-probs (some masked), so the check
 # covers cross-entropy and policy-gradient losses alike; with and without router replay.
 # Usage: grad_parity.sh PATH/TO/grad_tool
 set -euo pipefail
@@ -46,5 +47,31 @@ for c in "${cases[@]}"; do
     fi
   done
 done
+# LoRA (PEFT adapters written by the reference, B non-zero): adapter gradients only, base frozen.
+# name | make-model arguments | make-adapter arguments | grad flags
+lora_cases=(
+  "lora_bf16_all|--dtype bf16 --seed 6|--rank 4 --alpha 8 --targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head|"
+  "lora_f32_rslora_replay|--dtype f32 --seed 7 --set norm_topk_prob=false|--rank 3 --alpha 6 --rslora --targets q_proj,v_proj,gate_proj,down_proj|--replay"
+)
+for c in "${lora_cases[@]}"; do
+  IFS='|' read -r name model_args adapter_args flags <<<"$c"
+  dir="$WORK/$name"
+  # shellcheck disable=SC2086
+  "$PY" "$REF/qwen3_ref.py" make-model --out "$dir" --std 0.1 $model_args >/dev/null
+  # shellcheck disable=SC2086
+  "$PY" "$REF/qwen3_ref.py" make-adapter --model "$dir" --out "$dir.adapter" --seed 9 $adapter_args >/dev/null
+  "$PY" "$REF/gen_train_inputs.py" --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir" >/dev/null
+  # shellcheck disable=SC2086
+  "$PY" "$REF/qwen3_ref.py" grad --model "$dir" --adapter "$dir.adapter" --input "$dir.in.jsonl" --output "$dir.ref.safetensors" $flags >/dev/null
+  # shellcheck disable=SC2086
+  "$TOOL" "$dir" "$dir.in.jsonl" "$dir.ours.safetensors" --adapter "$dir.adapter" $flags >/dev/null
+  if "$PY" "$REF/compare_grads.py" "$dir.ref.safetensors" "$dir.ours.safetensors" --rtol 1e-3 >"$dir.txt"; then
+    echo "PASS $name: $(grep 'overall worst' "$dir.txt")"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"; cat "$dir.txt"; failed=$((failed + 1))
+  fi
+done
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

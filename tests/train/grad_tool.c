@@ -1,14 +1,17 @@
 /* The C side of the gradient parity test (tests/train/grad_parity.sh):
- *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay]
+ *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]
  * Each input line: {"tokens": [...], "coef": [null, c1, ...], "experts"?: [[[k ids] per MoE layer] per token]}.
  * loss = sum of coef[t] * logprob[t]; writes d loss / d every parameter under its HF name
- * (F32) and prints {"loss": ...}. With --replay the lines' experts are forced (router replay). */
+ * (F32) and prints {"loss": ...}. With --replay the lines' experts are forced (router replay).
+ * With --adapter (a PEFT LoRA folder) the base is frozen and only the adapter's gradients are
+ * written, under PEFT's names. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trill/json.h"
+#include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/safetensors.h"
 #include "trill/train.h"
@@ -19,10 +22,21 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay]\n"); return 2; }
-    bool replay = argc > 4 && strcmp(argv[4], "--replay") == 0;
+    if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]\n"); return 2; }
+    bool replay = false;
+    const char *adapter = NULL;
+    for (int i = 4; i < argc; i++) {
+        if (strcmp(argv[i], "--replay") == 0) replay = true;
+        else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) adapter = argv[++i];
+        else { fprintf(stderr, "grad_tool: unknown argument %s\n", argv[i]); return 2; }
+    }
     trill_model *m;
     if (trill_model_load(argv[1], &m)) return fail(argv[1]);
+    trill_lora *lora = NULL;
+    if (adapter) {
+        if (trill_lora_load(m, adapter, &lora)) return fail(adapter);
+        trill_model_attach_lora(m, lora);
+    }
     const trill_config *c = &m->config;
     const int L = c->n_moe_layers, K = c->num_experts_per_tok;
     FILE *f = fopen(argv[2], "r");
@@ -56,23 +70,29 @@ int main(int argc, char **argv) {
     free(line);
     fclose(f);
     const int T = offsets[n_seqs];
-    float *logprobs = malloc(sizeof(float) * (T + 1)), *grads = calloc(m->n_params, sizeof(float));
+    float *logprobs = malloc(sizeof(float) * (T + 1));
+    float *grads = lora ? NULL : calloc(m->n_params, sizeof(float)), *lora_grads = lora ? calloc(lora->n_params, sizeof(float)) : NULL;
     trill_forward_pass *pass;
     if (trill_model_forward_train(m, tokens, offsets, n_seqs, replay ? ids : NULL, logprobs, NULL, &pass)) return fail("forward");
-    if (trill_model_backward(pass, coef, grads)) return fail("backward");
+    if (trill_model_backward(pass, coef, grads, lora_grads)) return fail("backward");
     double loss = 0;
     for (int t = 0; t < T; t++)
         if (!isnan(logprobs[t])) loss += (double)coef[t] * logprobs[t];
-    trill_tensor_out *outs = calloc(m->n_tensors, sizeof *outs);
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        const trill_param *p = &m->tensors[i];
-        outs[i] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = grads + (p->data - m->params), .src_dtype = TRILL_F32 };
+    /* gradients of the trainable tensors, named as their values */
+    const trill_param *tensors = lora ? lora->tensors : m->tensors;
+    const size_t n_tensors = lora ? lora->n_tensors : m->n_tensors;
+    const float *values = lora ? lora->params : m->params, *gvalues = lora ? lora_grads : grads;
+    trill_tensor_out *outs = calloc(n_tensors, sizeof *outs);
+    for (size_t i = 0; i < n_tensors; i++) {
+        const trill_param *p = &tensors[i];
+        outs[i] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = gvalues + (p->data - values), .src_dtype = TRILL_F32 };
         memcpy(outs[i].shape, p->shape, sizeof p->shape);
     }
-    if (trill_st_write(argv[3], outs, m->n_tensors, TRILL_F32)) return fail(argv[3]);
+    if (trill_st_write(argv[3], outs, n_tensors, TRILL_F32)) return fail(argv[3]);
     printf("{\"loss\": %.9g}\n", loss);
     trill_forward_pass_free(pass);
-    free(outs); free(grads); free(logprobs); free(tokens); free(coef); free(ids);
+    free(outs); free(grads); free(lora_grads); free(logprobs);
+    trill_lora_free(lora); free(tokens); free(coef); free(ids);
     trill_model_free(m);
     return 0;
 }

@@ -42,7 +42,7 @@ static float *grads_of(trill_model *m, const uint16_t *replay, float *logprobs, 
     trill_forward_pass *pass;
     assert_int_equal(trill_model_forward_train(m, TOKENS, OFFSETS, 2, replay, logprobs, experts, &pass), TRILL_OK);
     float *g = calloc(m->n_params, sizeof(float));
-    assert_int_equal(trill_model_backward(pass, coef, g), TRILL_OK);
+    assert_int_equal(trill_model_backward(pass, coef, g, NULL), TRILL_OK);
     trill_forward_pass_free(pass);
     return g;
 }
