@@ -25,7 +25,7 @@ expect_exit() {
 }
 
 # help and usage errors (exit 2)
-for cmd in init info score generate tokenize; do
+for cmd in init info score generate tokenize merge; do
   check "$cmd --help" "$TRILL" "$cmd" --help >/dev/null
 done
 expect_exit 2 "usage: trill COMMAND" "$TRILL"
@@ -36,6 +36,7 @@ expect_exit 2 'unknown config.json field "num_expert"' "$TRILL" init --out "$WOR
 expect_exit 2 "--dtype: expected bf16 or f32" "$TRILL" init --out "$WORK/x" --dtype f64
 expect_exit 2 "--seed: expected an integer" "$TRILL" init --out "$WORK/x" --seed abc
 expect_exit 2 "--model DIR is required" "$TRILL" info
+expect_exit 2 "--model, --adapter and --out are required" "$TRILL" merge --model x
 
 # failures (exit 1) name the file and the problem
 expect_exit 1 "$WORK/nope/config.json: cannot open" "$TRILL" info --model "$WORK/nope"
@@ -102,6 +103,8 @@ a=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --s
 b=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --seed 4 --top-k 20)
 check "generate reproducible" test "$a" == "$b"
 expect_exit 2 "--top-p: expected a number" "$TRILL" generate --model "$WORK/tiny" --prompt x --top-p 2
+
+expect_exit 1 "$WORK/tiny/adapter_config.json: cannot open" "$TRILL" merge --model "$WORK/tiny" --adapter "$WORK/tiny" --out "$WORK/m2"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -4,9 +4,10 @@
 # adapters) the reference writes: full-parameter gradients, and adapter gradients with the
 # base frozen. loss = sum of random per-token coefficients * log-probs (some masked), so the check
 # covers cross-entropy and policy-gradient losses alike; with and without router replay.
-# Usage: grad_parity.sh PATH/TO/grad_tool
+# Usage: grad_parity.sh PATH/TO/grad_tool PATH/TO/trill
 set -euo pipefail
 TOOL=$1
+TRILL=$2
 REF=$(cd "$(dirname "$0")/../reference" && pwd)
 PY=/usr/bin/python3   # Debian's python3 with python3-torch
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-grad-XXXXXX")
@@ -70,6 +71,17 @@ for c in "${lora_cases[@]}"; do
     passed=$((passed + 1))
   else
     echo "FAIL $name"; cat "$dir.txt"; failed=$((failed + 1))
+  fi
+  # trill merge: the merged checkpoint scores as the reference scores base + adapter
+  "$PY" "$REF/gen_inputs.py" --vocab 97 --seed 2 --lengths 3,40 --out "$dir.score.jsonl" >/dev/null
+  "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 2>/dev/null
+  "$PY" "$REF/qwen3_ref.py" forward --model "$dir" --adapter "$dir.adapter" --input "$dir.score.jsonl" --output "$dir.lora.ref.jsonl" >/dev/null
+  "$TRILL" score --model "$dir.merged" --input "$dir.score.jsonl" --output "$dir.merged.jsonl"
+  if "$PY" "$REF/compare.py" "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 >"$dir.merge.txt"; then
+    echo "PASS $name merge: $(grep 'max |d logprob|' "$dir.merge.txt")"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name merge"; cat "$dir.merge.txt"; failed=$((failed + 1))
   fi
 done
 
