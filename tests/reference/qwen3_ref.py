@@ -32,6 +32,21 @@ Subcommands:
       tensors' gradients (PEFT names, F32, their shapes); --base-grads FILE also
       writes the base weights' gradients (HF names, as without an adapter).
 
+  adamw-steps --model DIR --input IN.jsonl --steps N --lr LR --weight-decay WD
+              --betas B1,B2 --eps EPS [--clip MAXNORM] --output PARAMS.safetensors
+              [--replay] [--adapter ADIR]
+      N optimizer steps on the `grad` loss (same input every step), float64:
+      zero grads, backward, torch.nn.utils.clip_grad_norm_(trainable, MAXNORM)
+      when MAXNORM > 0, then torch.optim.AdamW(trainable, lr, betas, eps,
+      weight_decay).step() (decay on every trainable tensor, no exclusions).
+      Trainable: every used base parameter (tied: only model.embed_tokens.weight),
+      or with --adapter only the LoRA A/B tensors (base frozen). A tensor with no
+      gradient (an expert no token was routed to) gets a zero gradient, so AdamW
+      still decays it and counts the step. Writes the trainable tensors' final
+      values (F32; HF names, or PEFT names with --adapter: the same tensors and
+      names `grad` writes). Prints per step the loss and the global gradient
+      L2 norm before clipping.
+
   make-adapter --model DIR --out ADIR --rank R --alpha A [--rslora]
                --targets q_proj,k_proj,...,lm_head --seed N [--b-std S]
       Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,
@@ -782,6 +797,70 @@ def cmd_grad(args):
 
 
 # ---------------------------------------------------------------------------
+# adamw-steps: torch.optim.AdamW on the `grad` loss (float64)
+# ---------------------------------------------------------------------------
+
+def parse_betas(text):
+    try:
+        b = [float(x) for x in text.split(",")]
+    except ValueError:
+        b = []
+    if len(b) != 2:
+        raise SystemExit(f"--betas expects B1,B2, got {text!r}")
+    return tuple(b)
+
+
+def cmd_adamw_steps(args):
+    model = Model(args.model, adapter=adapter_arg(args))
+    lines = read_jsonl(args.input)
+    if args.steps < 0:
+        raise SystemExit("--steps must be >= 0")
+    names = list(model.lora_names) if model.lora else model.param_names()
+    # Trainable tensors become persistent float64 leaves inside model.W.
+    for n in names:
+        model.W[n] = model.W[n].detach().clone().requires_grad_(True)
+    params = [model.W[n] for n in names]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=parse_betas(args.betas),
+                            eps=args.eps, weight_decay=args.weight_decay)
+    # Inputs parsed once (same input every step).
+    parsed = []
+    for j, rec in enumerate(lines):
+        tokens = parse_tokens(model, rec)
+        T = len(tokens)
+        coef = parse_coef(rec, T, f"line {j}")
+        replay = parse_replay(model, rec, T, f"line {j}") if args.replay else None
+        if T >= 2:
+            parsed.append((tokens, coef, replay))
+
+    def loss_backward(backward=True):
+        loss = 0.0
+        for tokens, coef, replay in parsed:
+            logp, _, _ = model.forward(tokens, replay)
+            line_loss = (coef * token_logprobs(logp, tokens)).sum()
+            if backward:
+                line_loss.backward()  # accumulates into .grad line by line
+            loss += line_loss.item()
+        return loss
+
+    for step in range(1, args.steps + 1):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_backward()
+        for p_ in params:  # unrouted experts / unused tensors: a zero gradient
+            if p_.grad is None:
+                p_.grad = torch.zeros_like(p_)
+        gnorm = torch.norm(torch.stack([p_.grad.detach().norm(2) for p_ in params]), 2).item()
+        if args.clip and args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.clip)
+        opt.step()
+        print(f"step {step} loss {loss:.12g} grad_norm {gnorm:.12g}")
+    with torch.no_grad():
+        final = loss_backward(backward=False)
+    write_safetensors(args.output, [(n, model.W[n].detach()) for n in names], "F32")
+    print(f"adamw-steps: {args.steps} steps, {len(lines)} sequences, final loss {final:.12g}, "
+          f"{len(names)} tensors{' (LoRA)' if model.lora else ''} -> {args.output}")
+
+
+# ---------------------------------------------------------------------------
 # make-adapter / merge
 # ---------------------------------------------------------------------------
 
@@ -1077,6 +1156,22 @@ def main(argv=None):
     gr.add_argument("--no-lora", action="store_true", help="ignore --adapter")
     gr.add_argument("--base-grads", metavar="FILE",
                     help="with --adapter: also write the (frozen) base weights' gradients")
+    aw = sub.add_parser("adamw-steps", help="N float64 torch AdamW steps on the grad loss")
+    aw.add_argument("--model", required=True)
+    aw.add_argument("--input", required=True)
+    aw.add_argument("--output", required=True, help="trainable tensors' final values (F32)")
+    aw.add_argument("--replay", action="store_true",
+                    help="route by the input lines' \"experts\" (router replay)")
+    aw.add_argument("--adapter", metavar="ADIR",
+                    help="PEFT LoRA adapter: base frozen, only lora_A/lora_B are trained")
+    aw.add_argument("--no-lora", action="store_true", help="ignore --adapter")
+    aw.add_argument("--steps", type=int, required=True)
+    aw.add_argument("--lr", type=float, required=True)
+    aw.add_argument("--weight-decay", type=float, required=True)
+    aw.add_argument("--betas", required=True, help="B1,B2")
+    aw.add_argument("--eps", type=float, required=True)
+    aw.add_argument("--clip", type=float, default=0.0,
+                    help="clip_grad_norm_ to this max norm before each step (0: off)")
     ma = sub.add_parser("make-adapter", help="write a random PEFT LoRA adapter for a model")
     ma.add_argument("--model", required=True)
     ma.add_argument("--out", required=True)
@@ -1100,6 +1195,8 @@ def main(argv=None):
         return cmd_forward(args)
     if args.cmd == "grad":
         return cmd_grad(args)
+    if args.cmd == "adamw-steps":
+        return cmd_adamw_steps(args)
     if args.cmd == "make-adapter":
         return cmd_make_adapter(args)
     if args.cmd == "merge":

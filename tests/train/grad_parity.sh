@@ -48,6 +48,22 @@ for c in "${cases[@]}"; do
     fi
   done
 done
+# Five AdamW steps (weight decay, clipping) on the same loss: trainable values within 1e-4 relative.
+adamw_check() { # name model-dir [--adapter DIR]
+  local name=$1 dir=$2; shift 2
+  local opts=(--steps 5 --lr 1e-3 --weight-decay 0.1 --clip 5)
+  "$PY" "$REF/qwen3_ref.py" adamw-steps --model "$dir" "$@" --input "$dir.in.jsonl" --steps 5 --lr 1e-3 --weight-decay 0.1 \
+    --betas 0.9,0.95 --eps 1e-8 --clip 5 --output "$dir.adamw.ref.safetensors" >/dev/null
+  "$TOOL" "$dir" "$dir.in.jsonl" "$dir.adamw.ours.safetensors" "$@" "${opts[@]}" --beta2 0.95 2>/dev/null >/dev/null
+  if "$PY" "$REF/compare_grads.py" "$dir.adamw.ref.safetensors" "$dir.adamw.ours.safetensors" --rtol 1e-4 >"$dir.adamw.txt"; then
+    echo "PASS $name adamw x5: $(grep 'overall worst' "$dir.adamw.txt")"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name adamw x5"; cat "$dir.adamw.txt"; failed=$((failed + 1))
+  fi
+}
+adamw_check moe_f32_norm "$WORK/moe_f32_norm"
+
 # LoRA (PEFT adapters written by the reference, B non-zero): adapter gradients only, base frozen.
 # name | make-model arguments | make-adapter arguments | grad flags
 lora_cases=(
@@ -72,6 +88,7 @@ for c in "${lora_cases[@]}"; do
   else
     echo "FAIL $name"; cat "$dir.txt"; failed=$((failed + 1))
   fi
+  adamw_check "$name" "$dir" --adapter "$dir.adapter"
   # trill merge: the merged checkpoint scores as the reference scores base + adapter
   "$PY" "$REF/gen_inputs.py" --vocab 97 --seed 2 --lengths 3,40 --out "$dir.score.jsonl" >/dev/null
   "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 2>/dev/null

@@ -1,10 +1,12 @@
 /* The C side of the gradient parity test (tests/train/grad_parity.sh):
  *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]
+ *             [--steps N --lr LR --weight-decay WD --beta2 B2 --clip MAXNORM]
  * Each input line: {"tokens": [...], "coef": [null, c1, ...], "experts"?: [[[k ids] per MoE layer] per token]}.
  * loss = sum of coef[t] * logprob[t]; writes d loss / d every parameter under its HF name
  * (F32) and prints {"loss": ...}. With --replay the lines' experts are forced (router replay).
  * With --adapter (a PEFT LoRA folder) the base is frozen and only the adapter's gradients are
- * written, under PEFT's names. */
+ * written, under PEFT's names. With --steps N it instead takes N AdamW steps (beta1 0.9,
+ * eps 1e-8) on that loss and writes the trainable values after them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 
 #include "trill/json.h"
 #include "trill/lora.h"
+#include "trill/optim.h"
 #include "trill/model.h"
 #include "trill/safetensors.h"
 #include "trill/train.h"
@@ -25,9 +28,17 @@ int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]\n"); return 2; }
     bool replay = false;
     const char *adapter = NULL;
+    int steps = 0;
+    double lr = 1e-3, clip = 0;
+    trill_adamw_config opt_cfg = trill_adamw_defaults();
     for (int i = 4; i < argc; i++) {
         if (strcmp(argv[i], "--replay") == 0) replay = true;
         else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) adapter = argv[++i];
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--lr") == 0 && i + 1 < argc) lr = atof(argv[++i]);
+        else if (strcmp(argv[i], "--weight-decay") == 0 && i + 1 < argc) opt_cfg.weight_decay = atof(argv[++i]);
+        else if (strcmp(argv[i], "--beta2") == 0 && i + 1 < argc) opt_cfg.beta2 = atof(argv[++i]);
+        else if (strcmp(argv[i], "--clip") == 0 && i + 1 < argc) clip = atof(argv[++i]);
         else { fprintf(stderr, "grad_tool: unknown argument %s\n", argv[i]); return 2; }
     }
     trill_model *m;
@@ -71,17 +82,32 @@ int main(int argc, char **argv) {
     fclose(f);
     const int T = offsets[n_seqs];
     float *logprobs = malloc(sizeof(float) * (T + 1));
-    float *grads = lora ? NULL : calloc(m->n_params, sizeof(float)), *lora_grads = lora ? calloc(lora->n_params, sizeof(float)) : NULL;
-    trill_forward_pass *pass;
-    if (trill_model_forward_train(m, tokens, offsets, n_seqs, replay ? ids : NULL, logprobs, NULL, &pass)) return fail("forward");
-    if (trill_model_backward(pass, coef, grads, lora_grads)) return fail("backward");
+    float *trainable = lora ? lora->params : m->params;
+    const size_t n_trainable = lora ? lora->n_params : m->n_params;
+    float *gvals = calloc(n_trainable, sizeof(float));
+    trill_adamw *opt = NULL;
+    if (steps > 0 && trill_adamw_create(n_trainable, opt_cfg, &opt)) return fail("optimizer");
     double loss = 0;
-    for (int t = 0; t < T; t++)
-        if (!isnan(logprobs[t])) loss += (double)coef[t] * logprobs[t];
+    for (int step = 0; step < (steps > 0 ? steps : 1); step++) {
+        memset(gvals, 0, n_trainable * sizeof(float));
+        trill_forward_pass *pass;
+        if (trill_model_forward_train(m, tokens, offsets, n_seqs, replay ? ids : NULL, logprobs, NULL, &pass)) return fail("forward");
+        if (trill_model_backward(pass, coef, lora ? NULL : gvals, lora ? gvals : NULL)) return fail("backward");
+        trill_forward_pass_free(pass);
+        loss = 0;
+        for (int t = 0; t < T; t++)
+            if (!isnan(logprobs[t])) loss += (double)coef[t] * logprobs[t];
+        if (opt) {
+            double norm = trill_clip_grad_norm(gvals, n_trainable, clip);
+            trill_adamw_step(opt, trainable, gvals, lr, NULL);
+            fprintf(stderr, "step %d loss %.9g grad norm %.6g\n", step, loss, norm);
+        }
+    }
     /* gradients of the trainable tensors, named as their values */
     const trill_param *tensors = lora ? lora->tensors : m->tensors;
     const size_t n_tensors = lora ? lora->n_tensors : m->n_tensors;
-    const float *values = lora ? lora->params : m->params, *gvalues = lora ? lora_grads : grads;
+    /* after --steps, the trained values themselves; else their gradients */
+    const float *values = trainable, *gvalues = opt ? trainable : gvals;
     trill_tensor_out *outs = calloc(n_tensors, sizeof *outs);
     for (size_t i = 0; i < n_tensors; i++) {
         const trill_param *p = &tensors[i];
@@ -90,8 +116,8 @@ int main(int argc, char **argv) {
     }
     if (trill_st_write(argv[3], outs, n_tensors, TRILL_F32)) return fail(argv[3]);
     printf("{\"loss\": %.9g}\n", loss);
-    trill_forward_pass_free(pass);
-    free(outs); free(grads); free(lora_grads); free(logprobs);
+    trill_adamw_free(opt);
+    free(outs); free(gvals); free(logprobs);
     trill_lora_free(lora); free(tokens); free(coef); free(ids);
     trill_model_free(m);
     return 0;
