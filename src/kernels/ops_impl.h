@@ -200,10 +200,9 @@ void KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, cons
                             const REAL *vj = v + kv_off + (size_t)j * kvstride;
                             REAL *dvj = dv + kv_off + (size_t)j * kvstride;
                             REAL d = 0;
-                            for (int i = 0; i < hd; i++) {
-                                d += dot[i] * vj[i];
-                                dvj[i] += p[j] * dot[i];
-                            }
+#pragma omp simd reduction(+ : d)
+                            for (int i = 0; i < hd; i++) d += dot[i] * vj[i];
+                            for (int i = 0; i < hd; i++) dvj[i] += p[j] * dot[i];
                             dp[j] = d;
                             sum += p[j] * d;
                         }
