@@ -15,6 +15,7 @@ static const struct {
     { "score", cmd_score, "per-token log-probs and routed experts of token sequences" },
     { "generate", cmd_generate, "sample a completion with the reference forward" },
     { "tokenize", cmd_tokenize, "text lines to JSON token ids, or back with --decode" },
+    { "sft", cmd_sft, "supervised fine-tuning (LoRA or full) on prompt/completion JSONL" },
     { "merge", cmd_merge, "fold a PEFT LoRA adapter into the weights, write a full checkpoint" },
 };
 
