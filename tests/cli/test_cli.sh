@@ -25,7 +25,7 @@ expect_exit() {
 }
 
 # help and usage errors (exit 2)
-for cmd in init info score generate tokenize merge; do
+for cmd in init info score generate tokenize merge sft; do
   check "$cmd --help" "$TRILL" "$cmd" --help >/dev/null
 done
 expect_exit 2 "usage: trill COMMAND" "$TRILL"
