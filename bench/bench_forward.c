@@ -27,28 +27,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "trill/config.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/train.h"
 #include "trill/rng.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts t[n] in place; returns the median. */
-static double median(double *t, int n) {
-    qsort(t, n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static void die(const char *msg) {
     fprintf(stderr, "bench_forward: %s\n", msg);

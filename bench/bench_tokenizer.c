@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "trill/fileio.h"
 #include "trill/tokenizer.h"
 
@@ -30,23 +31,6 @@
 #define DEFAULT_TEXT TRILL_SOURCE_DIR "/../shared/data/gsm8k/train.jsonl"
 
 enum { CHUNK = 4096, WARMUP_CHUNKS = 256 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts t[n] in place; returns the median. */
-static double median(double *t, int n) {
-    qsort(t, n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static void die(const char *msg) {
     fprintf(stderr, "bench_tokenizer: %s\n", msg);

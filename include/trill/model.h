@@ -68,6 +68,10 @@ trill_status trill_model_load(const char *dir, trill_model **out);
 /* Writes DIR/config.json and the weights in `dtype`, sharded above max_shard_bytes (0: never). */
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes);
 
+/* Copies tokenizer.json, tokenizer_config.json and generation_config.json (those present)
+ * from one model folder to another, so a written checkpoint is usable on its own. */
+trill_status trill_model_copy_side_files(const char *from_dir, const char *to_dir);
+
 /* Reference forward over a packed batch: sequence s is tokens[offsets[s] .. offsets[s+1]).
  * logprobs[t] = log p(tokens[t] | earlier tokens of its sequence); NAN for each sequence's
  * first token. experts (optional) receives [T][n_moe_layers][top_k] routed expert ids:

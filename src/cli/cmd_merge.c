@@ -44,18 +44,7 @@ int cmd_merge(int argc, char **argv) {
         trill_dtype dtype = !dtype_name ? m->checkpoint_dtype : strcmp(dtype_name, "bf16") == 0 ? TRILL_BF16 : TRILL_F32;
         st = trill_model_save(m, out, dtype, 5000000000u);
     }
-    const char *side[] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
-    for (int i = 0; i < 3 && !st; i++) {
-        char *from = trill_path_join(dir, side[i]), *to = trill_path_join(out, side[i]);
-        char *data;
-        size_t len;
-        if (trill_file_exists(from) && !(st = trill_read_file(from, &data, &len))) {
-            st = trill_write_file_atomic(to, data, len);
-            free(data);
-        }
-        free(from);
-        free(to);
-    }
+    if (!st) st = trill_model_copy_side_files(dir, out);
     if (!st) fprintf(stderr, "trill merge: wrote %s (%zu adapter tensors merged)\n", out, lora->n_tensors);
     trill_lora_free(lora);
     trill_model_free(m);

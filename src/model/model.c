@@ -228,3 +228,20 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
     free(config_path);
     return st;
 }
+
+trill_status trill_model_copy_side_files(const char *from_dir, const char *to_dir) {
+    static const char *const names[] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
+    trill_status st = TRILL_OK;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !st; i++) {
+        char *from = trill_path_join(from_dir, names[i]), *to = trill_path_join(to_dir, names[i]), *data;
+        size_t len;
+        if (!from || !to) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else if (trill_file_exists(from) && !(st = trill_read_file(from, &data, &len))) {
+            st = trill_write_file_atomic(to, data, len);
+            free(data);
+        }
+        free(from);
+        free(to);
+    }
+    return st;
+}

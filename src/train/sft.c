@@ -222,17 +222,7 @@ static trill_status save(const trill_sft_config *c, const trill_model *m, const 
         st = trill_json_write_file(state, j);
         json_decref(j);
     }
-    const char *side[] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
-    for (int i = 0; i < 3 && !st && !lora; i++) { /* a full model folder is usable on its own */
-        char *from = trill_path_join(c->model_dir, side[i]), *to = trill_path_join(c->out_dir, side[i]), *data;
-        size_t len;
-        if (trill_file_exists(from) && !(st = trill_read_file(from, &data, &len))) {
-            st = trill_write_file_atomic(to, data, len);
-            free(data);
-        }
-        free(from);
-        free(to);
-    }
+    if (!st && !lora) st = trill_model_copy_side_files(c->model_dir, c->out_dir); /* a full model folder is usable on its own */
     free(prefix);
     free(state);
     return st;

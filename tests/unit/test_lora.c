@@ -16,22 +16,6 @@
 #include "trill/model.h"
 #include "trill/rng.h"
 
-static trill_model *small_moe(bool tied) {
-    json_t *j = trill_config_preset("tiny");
-    json_object_set_new(j, "hidden_size", json_integer(32));
-    json_object_set_new(j, "head_dim", json_integer(8));
-    json_object_set_new(j, "intermediate_size", json_integer(48));
-    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
-    json_object_set_new(j, "initializer_range", json_real(0.3));
-    json_object_set_new(j, "tie_word_embeddings", json_boolean(tied));
-    trill_config c;
-    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
-    json_decref(j);
-    trill_model *m;
-    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
-    trill_model_init_random(m, 21);
-    return m;
-}
 
 enum { T = 12 };
 static const int TOKENS[T] = { 5, 9, 17, 3, 44, 2, 8, 8, 60, 1, 3, 7 };
@@ -54,7 +38,7 @@ static void randomize_b(trill_lora *lora) {
 
 static void test_switch_and_zero_init(void **state) {
     (void)state;
-    trill_model *m = small_moe(false);
+    trill_model *m = test_small_moe(21, false, true);
     float base[T], with[T], off[T];
     logprobs(m, base);
     trill_lora *lora;
@@ -79,7 +63,7 @@ static void test_switch_and_zero_init(void **state) {
 static void test_peft_files_and_merge(void **state) {
     (void)state;
     char *dir = test_tmpdir("lora");
-    trill_model *m = small_moe(false);
+    trill_model *m = test_small_moe(21, false, true);
     trill_lora *lora, *back;
     trill_lora_config cfg = all_targets();
     cfg.use_rslora = true;
@@ -138,7 +122,7 @@ static void test_config_errors(void **state) {
     assert_int_equal(trill_lora_parse_targets("q,router", &targets), -1);
     assert_non_null(strstr(trill_error_message(), "unknown module \"router\""));
 
-    trill_model *m = small_moe(true);
+    trill_model *m = test_small_moe(21, true, true);
     trill_lora *lora;
     trill_lora_config cfg = all_targets();
     assert_int_equal(trill_lora_create(m, cfg, 1, &lora), TRILL_ERR_UNSUPPORTED);

@@ -11,25 +11,10 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
 #include "trill/model.h"
 #include "trill/train.h"
 
-static trill_model *small_moe(bool norm_topk) {
-    json_t *j = trill_config_preset("tiny");
-    json_object_set_new(j, "hidden_size", json_integer(32));
-    json_object_set_new(j, "head_dim", json_integer(8));
-    json_object_set_new(j, "intermediate_size", json_integer(48));
-    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
-    json_object_set_new(j, "initializer_range", json_real(0.3));
-    json_object_set_new(j, "norm_topk_prob", json_boolean(norm_topk));
-    trill_config c;
-    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
-    json_decref(j);
-    trill_model *m;
-    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
-    trill_model_init_random(m, 11);
-    return m;
-}
 
 enum { T = 12, L = 3, K = 2 };
 static const int TOKENS[T] = { 5, 9, 17, 3, 44, 2, 8, 8, 60, 1, 3, 7 };
@@ -49,7 +34,7 @@ static float *grads_of(trill_model *m, const uint16_t *replay, float *logprobs, 
 
 static void test_train_forward_matches_inference(void **state) {
     (void)state;
-    trill_model *m = small_moe(true);
+    trill_model *m = test_small_moe(11, false, true);
     float lp_inf[T], lp_train[T];
     uint16_t ex_inf[T * L * K], ex_train[T * L * K];
     assert_int_equal(trill_model_forward(m, TOKENS, OFFSETS, 2, NULL, lp_inf, ex_inf), TRILL_OK);
@@ -66,7 +51,7 @@ static void test_train_forward_matches_inference(void **state) {
 static void test_replay_own_choice_is_identical(void **state) {
     (void)state;
     for (int norm = 0; norm < 2; norm++) {
-        trill_model *m = small_moe(norm);
+        trill_model *m = test_small_moe(11, false, norm);
         float lp_a[T], lp_b[T];
         uint16_t own[T * L * K];
         float *ga = grads_of(m, NULL, lp_a, own);
@@ -98,7 +83,7 @@ static void test_replay_own_choice_is_identical(void **state) {
 
 static void test_replay_rejects_bad_ids(void **state) {
     (void)state;
-    trill_model *m = small_moe(true);
+    trill_model *m = test_small_moe(11, false, true);
     float lp[T];
     uint16_t ids[T * L * K];
     for (int i = 0; i < T * L * K; i += K) { ids[i] = 0; ids[i + 1] = 1; }

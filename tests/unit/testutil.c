@@ -1,5 +1,10 @@
 #include "testutil.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+
+#include <cmocka.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,4 +29,22 @@ void test_write(const char *dir, const char *name, const void *data, size_t len)
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(data, 1, len, f) != len) { perror(path); abort(); }
     fclose(f);
+}
+
+trill_model *test_small_moe(uint64_t seed, bool tied, bool norm_topk_prob) {
+    json_t *j = trill_config_preset("tiny");
+    json_object_set_new(j, "hidden_size", json_integer(32));
+    json_object_set_new(j, "head_dim", json_integer(8));
+    json_object_set_new(j, "intermediate_size", json_integer(48));
+    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
+    json_object_set_new(j, "initializer_range", json_real(0.3));
+    json_object_set_new(j, "tie_word_embeddings", json_boolean(tied));
+    json_object_set_new(j, "norm_topk_prob", json_boolean(norm_topk_prob));
+    trill_config c;
+    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
+    json_decref(j);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, seed);
+    return m;
 }

@@ -2,7 +2,11 @@
 #ifndef TRILL_TESTUTIL_H
 #define TRILL_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "trill/model.h"
 
 /* A fresh empty directory under $TMPDIR (or /tmp); malloc'ed path. */
 char *test_tmpdir(const char *tag);
@@ -10,5 +14,9 @@ char *test_tmpdir(const char *tag);
 void test_rmdir(const char *dir);
 /* Writes bytes to dir/name (plain write, for crafting malformed inputs). */
 void test_write(const char *dir, const char *name, const void *data, size_t len);
+
+/* A small Qwen3-MoE (the tiny preset at hidden 32: layer 0 dense, 1..3 MoE with 8 experts,
+ * top-2, vocab 128), weights N(0, 0.3) from `seed`. Fails the test if it cannot be made. */
+trill_model *test_small_moe(uint64_t seed, bool tied, bool norm_topk_prob);
 
 #endif
