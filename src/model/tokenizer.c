@@ -69,6 +69,7 @@ struct trill_tokenizer {
     int n_added;
     added_token *added;      /* sorted by first byte, then longest first */
     int added_first[257];    /* added tokens starting with byte b: [added_first[b], added_first[b+1]) */
+    uint8_t added_second[256][32]; /* bitset: second bytes of the added tokens starting with byte b */
     bool decode_bytelevel, decode_fuse;
     ivec prefix, suffix;     /* TemplateProcessing single: ids around the sequence */
 };
@@ -356,6 +357,14 @@ static trill_status load_added(trill_tokenizer *t, const json_t *list, const cha
     for (int b = 0, k = 0; b <= 256; b++) {
         while (k < t->n_added && (unsigned char)t->added[k].content[0] < b) k++;
         t->added_first[b] = k;
+    }
+    for (int k = 0; k < t->n_added; k++) { /* a one-byte token sets every bit: any next byte may follow */
+        unsigned char b = (unsigned char)t->added[k].content[0];
+        if (t->added[k].len == 1) memset(t->added_second[b], 0xff, sizeof t->added_second[b]);
+        else {
+            unsigned char c = (unsigned char)t->added[k].content[1];
+            t->added_second[b][c >> 3] |= (uint8_t)(1u << (c & 7));
+        }
     }
     return TRILL_OK;
 }
@@ -741,6 +750,11 @@ static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n,
 static const added_token *find_added(const trill_tokenizer *t, const char *s, size_t from, size_t n, bool normalized, size_t *at) {
     for (size_t i = from; i < n; i++) {
         unsigned char b = (unsigned char)s[i];
+        if (t->added_first[b] == t->added_first[b + 1]) continue;
+        if (i + 1 < n) { /* most candidates share a first byte ('<'): the second rules them out */
+            unsigned char c = (unsigned char)s[i + 1];
+            if (!(t->added_second[b][c >> 3] & (1u << (c & 7)))) continue;
+        }
         for (int k = t->added_first[b]; k < t->added_first[b + 1]; k++) {
             const added_token *a = &t->added[k];
             if (a->normalized == normalized && a->len <= n - i && memcmp(s + i, a->content, a->len) == 0) {
