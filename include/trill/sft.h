@@ -25,6 +25,9 @@ typedef struct trill_sft_config {
     int grad_accum;             /* micro-batches per optimizer step */
     int eval_every;             /* steps between held-out evaluations (0: only at the end) */
     int max_seq_len;            /* longer examples are truncated (completion side) */
+    int save_every;             /* steps between checkpoints in out_dir (0: only at the end) */
+    int stop_after;             /* end this run after that many steps (0: run to the end); the schedule still spans all steps */
+    bool resume;                /* continue from out_dir's last checkpoint (weights, optimizer, step) */
     uint64_t seed;
 } trill_sft_config;
 

@@ -55,12 +55,15 @@ void KN(rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, 
 }
 
 /* y = w * x * r, r = (mean(x^2) + eps)^-1/2:
- * dx = r (w dy) - x r^3 / C * sum(w dy x);  dw += dy x r. dweight is shared by all rows,
- * so it is accumulated per thread and then summed. */
+ * dx = r (w dy) - x r^3 / C * sum(w dy x);  dw += dy x r. dweight is shared by all rows: each
+ * thread sums its own rows, then the partial sums are added in thread order, so the result
+ * does not depend on scheduling (training stays bit-reproducible). */
 void KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
-#pragma omp parallel
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    REAL *partial = dweight ? calloc((size_t)threads * C, sizeof(REAL)) : NULL;
+#pragma omp parallel num_threads(threads)
     {
-        REAL *dw_local = dweight ? calloc((size_t)C, sizeof(REAL)) : NULL;
+        REAL *dw_local = partial ? partial + (size_t)omp_get_thread_num() * C : NULL;
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             const REAL *x = inp + (size_t)t * C, *dy = dout + (size_t)t * C;
@@ -76,12 +79,10 @@ void KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REA
             if (dw_local)
                 for (int i = 0; i < C; i++) dw_local[i] += dy[i] * x[i] * (REAL)r;
         }
-        if (dw_local) {
-#pragma omp critical
-            for (int i = 0; i < C; i++) dweight[i] += dw_local[i];
-            free(dw_local);
-        }
     }
+    for (int th = 0; partial && th < threads; th++)
+        for (int i = 0; i < C; i++) dweight[i] += partial[(size_t)th * C + i];
+    free(partial);
 }
 
 void KN(rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {

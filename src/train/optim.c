@@ -54,9 +54,16 @@ void trill_adamw_step(trill_adamw *o, float *params, const float *grads, double 
 }
 
 double trill_clip_grad_norm(float *grads, size_t n, double max_norm) {
-    double ss = 0;
-#pragma omp parallel for reduction(+ : ss) schedule(static)
-    for (size_t i = 0; i < n; i++) ss += (double)grads[i] * grads[i];
+    /* fixed-order sum of fixed blocks: the same norm (and clipping) on every run */
+    enum { BLOCKS = 64 };
+    double partial[BLOCKS] = { 0 }, ss = 0;
+    const size_t per = (n + BLOCKS - 1) / BLOCKS;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < BLOCKS; b++) {
+        size_t end = (size_t)(b + 1) * per < n ? (size_t)(b + 1) * per : n;
+        for (size_t i = (size_t)b * per; i < end; i++) partial[b] += (double)grads[i] * grads[i];
+    }
+    for (int b = 0; b < BLOCKS; b++) ss += partial[b];
     double norm = sqrt(ss);
     if (max_norm > 0 && norm > max_norm) {
         float scale = (float)(max_norm / (norm + 1e-6)); /* torch's clip coefficient */

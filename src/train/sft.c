@@ -49,14 +49,17 @@ trill_status trill_sft_set(trill_sft_config *c, const char *key, const char *val
     NUM("grad_accum", 1, 1e6, grad_accum, int)
     NUM("eval_every", 0, 1e9, eval_every, int)
     NUM("max_seq_len", 2, 1e7, max_seq_len, int)
+    NUM("save_every", 0, 1e9, save_every, int)
+    NUM("stop_after", 0, 1e9, stop_after, int)
     NUM("seed", 0, 9e15, seed, uint64_t)
     NUM("lora.rank", 1, 4096, lora_config.rank, int)
     NUM("lora.alpha", 1e-6, 1e9, lora_config.alpha, double)
 #undef NUM
-    if (strcmp(key, "lora.use_rslora") == 0) {
+    bool *flag = strcmp(key, "lora.use_rslora") == 0 ? &c->lora_config.use_rslora : strcmp(key, "resume") == 0 ? &c->resume : NULL;
+    if (flag) {
         if (strcmp(value, "true") && strcmp(value, "false"))
-            return trill_error(TRILL_ERR_INVALID, "lora.use_rslora: expected true or false, got \"%s\"", value);
-        c->lora_config.use_rslora = strcmp(value, "true") == 0;
+            return trill_error(TRILL_ERR_INVALID, "%s: expected true or false, got \"%s\"", key, value);
+        *flag = strcmp(value, "true") == 0;
         return TRILL_OK;
     }
     if (strcmp(key, "lora.target_modules") == 0)
@@ -70,7 +73,7 @@ trill_status trill_sft_set(trill_sft_config *c, const char *key, const char *val
     if (strcmp(key, "completion_field") == 0) { c->completion_field = value; return TRILL_OK; }
     return trill_error(TRILL_ERR_INVALID,
                        "unknown setting \"%s\" (expected lr, min_lr, weight_decay, clip, schedule, warmup_steps, epochs, max_steps, "
-                       "batch_tokens, grad_accum, eval_every, max_seq_len, seed, prompt_field, completion_field, lora.rank, "
+                       "batch_tokens, grad_accum, eval_every, max_seq_len, save_every, stop_after, resume, seed, prompt_field, completion_field, lora.rank, "
                        "lora.alpha, lora.use_rslora, lora.target_modules)", key);
 }
 
@@ -239,14 +242,32 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
     float *grads = NULL;
     uint8_t *no_decay = NULL;
     *final_eval = NAN;
-    trill_status st = trill_model_load(c->model_dir, &m);
+    /* resuming: the checkpoint's weights (the full model, or the base plus the adapter), its
+     * optimizer state and step; the data order is a function of (seed, epoch), so the steps
+     * already taken are skipped exactly */
+    int start_step = 0;
+    trill_status st = TRILL_OK;
+    if (c->resume) {
+        char *state_path = trill_path_join(c->out_dir, "trainer_state.json");
+        json_t *state = NULL;
+        if (!(st = trill_json_load_file(state_path, &state)))
+            st = trill_json_get_int(state, "step", state_path, 0, INT32_MAX, &start_step);
+        json_decref(state);
+        free(state_path);
+    }
+    if (!st) st = trill_model_load(c->resume && !c->lora ? c->out_dir : c->model_dir, &m);
     if (!st) st = trill_tokenizer_load(c->model_dir, &tok);
     if (!st) st = load_data(c, c->data_path, tok, &m->config, &train);
     if (!st && c->eval_path) st = load_data(c, c->eval_path, tok, &m->config, &heldout);
-    if (!st && c->lora && !(st = trill_lora_create(m, c->lora_config, c->seed, &lora))) trill_model_attach_lora(m, lora);
+    if (!st && c->lora && !(st = c->resume ? trill_lora_load(m, c->out_dir, &lora) : trill_lora_create(m, c->lora_config, c->seed, &lora)))
+        trill_model_attach_lora(m, lora);
     float *values = lora ? lora->params : m ? m->params : NULL;
     const size_t n_values = lora ? lora->n_params : m ? m->n_params : 0;
-    if (!st) {
+    if (!st && c->resume) {
+        char *prefix = trill_path_join(c->out_dir, "optimizer");
+        st = trill_adamw_load(prefix, n_values, &opt);
+        free(prefix);
+    } else if (!st) {
         trill_adamw_config oc = trill_adamw_defaults();
         oc.weight_decay = c->weight_decay;
         st = trill_adamw_create(n_values, oc, &opt);
@@ -269,22 +290,28 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
     int total = steps_per_epoch * c->epochs;
     if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
     if (!st)
-        fprintf(stderr, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)\n", train.n,
-                micro_per_epoch, total, lora ? "LoRA" : "full", n_values);
+        fprintf(stderr, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s\n", train.n,
+                micro_per_epoch, total, lora ? "LoRA" : "full", n_values, start_step ? ", resuming" : "");
 
     double t_start = now_s(), eval_nll = NAN;
     long tokens_seen = 0;
     int step = 0;
-    for (int epoch = 0; !st && step < total; epoch++) {
+    const int last = c->stop_after > 0 && c->stop_after < total ? c->stop_after : total;
+    for (int epoch = 0; !st && step < last; epoch++) {
         shuffle(order, train.n, c->seed, epoch);
         int next = 0;
-        while (!st && step < total && next < train.n) {
+        while (!st && step < last && next < train.n) {
             /* one optimizer step: pack its micro-batches, then scale the loss by its completion tokens */
             memset(grads, 0, n_values * sizeof(float));
             int first = next, n_loss = 0;
             for (int k = 0; k < c->grad_accum && next < train.n && !st; k++) {
                 st = pack(&train, order, &next, c->batch_tokens, &b);
                 n_loss += b.n_loss;
+            }
+            if (st) break;
+            if (step < start_step) { /* taken before the resumed checkpoint: its data is skipped, nothing computed */
+                step++;
+                continue;
             }
             next = first;
             double nll = 0;
@@ -311,7 +338,9 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
             double elapsed = now_s() - t_start;
             fprintf(stderr, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs\n", step, total,
                     nll / (n_loss ? n_loss : 1), lr, norm, tokens_seen / elapsed, elapsed / step * (total - step));
-            if (heldout.n && c->eval_every > 0 && step % c->eval_every == 0 && step < total &&
+            if (c->save_every > 0 && step % c->save_every == 0 && step < last && !(st = save(c, m, lora, opt, step, eval_nll)))
+                fprintf(stderr, "step %d  checkpoint saved to %s\n", step, c->out_dir);
+            if (!st && heldout.n && c->eval_every > 0 && step % c->eval_every == 0 && step < total &&
                 !(st = eval_loss(m, &heldout, c->batch_tokens, &eval_nll)))
                 fprintf(stderr, "step %d  eval loss %.4f\n", step, eval_nll);
         }

@@ -42,6 +42,19 @@ check "full held-out loss below 1.0" below "$full_loss" 1.0
 printf '{"text": "Q: abc\\nA: ok a."}\n' >"$WORK/score.jsonl"
 check "trained model scores" "$TRILL" score --model "$WORK/full" --input "$WORK/score.jsonl" --output "$WORK/scored.jsonl"
 
+# nothing lost on an interruption: stop after some steps, resume, and the result equals an
+# uninterrupted run bit for bit (the data order, the schedule and every reduction are reproducible)
+common=(prompt_field=question completion_field=answer batch_tokens=512 epochs=1 save_every=4)
+for mode in lora full; do
+  "$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --out "$WORK/$mode-a" --$mode "${common[@]}" lr=2e-3 grad_accum=2 2>/dev/null
+  "$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --out "$WORK/$mode-b" --$mode "${common[@]}" lr=2e-3 grad_accum=2 stop_after=5 2>/dev/null
+  "$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --out "$WORK/$mode-b" --$mode "${common[@]}" lr=2e-3 grad_accum=2 resume=true 2>"$WORK/resume.log"
+  check "$mode resume announced" grep -q resuming "$WORK/resume.log"
+  weights=$([ $mode = lora ] && echo adapter_model.safetensors || echo model.safetensors)
+  check "$mode resume is bit-identical" cmp -s "$WORK/$mode-a/$weights" "$WORK/$mode-b/$weights"
+  check "$mode optimizer state identical" cmp -s "$WORK/$mode-a/optimizer.safetensors" "$WORK/$mode-b/optimizer.safetensors"
+done
+
 # usage and data errors name the problem
 if "$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --out "$WORK/x" lr=abc 2>"$WORK/err"; then rc=0; else rc=$?; fi
 check "bad setting is a usage error" test "$rc" -eq 2
