@@ -58,7 +58,8 @@ static void usage(FILE *f) {
                "  --runs N       timed runs after one warm-up (default 3, at least 1)\n"
                "  --skip-peak    do not measure the sgemm peak\n"
                "  --train MODE   also time a training step (forward + backward): full, lora (all-linear) or both\n"
-               "  --rank R       LoRA rank for --train lora (default 16)\n",
+               "  --rank R       LoRA rank for --train lora (default 16)\n"
+               "  --recompute    --train with activation checkpointing\n",
             trill_config_preset_names);
 }
 
@@ -139,8 +140,8 @@ static double lora_forward_flops(const trill_config *c, double T, double r) {
  *   full: forward M + A, backward 2M (input and weight gradients) + lm_head recomputed + 2.5 A
  *   lora: forward M + A + lora, backward M (input gradients only) + lm_head + 2.5 A + 2 lora
  * with M the matmul FLOPs, A attention's (the backward recomputes QK^T, then dV, dP, dQ, dK). */
-static void bench_train(trill_model *m, const char *mode, int rank, const int *tokens, const int *offsets, int batch, int runs,
-                        const double f[F_N], double peak) {
+static void bench_train(trill_model *m, const char *mode, int rank, bool recompute, const int *tokens, const int *offsets, int batch,
+                        int runs, const double f[F_N], double peak) {
     const trill_config *c = &m->config;
     const int T = offsets[batch];
     bool lora_mode = strcmp(mode, "lora") == 0;
@@ -154,6 +155,7 @@ static void bench_train(trill_model *m, const char *mode, int rank, const int *t
     double M = f[F_QKVO] + f[F_ROUTER] + f[F_DENSE] + f[F_EXPERTS] + f[F_HEAD], A = f[F_ATTN];
     double lf = lora_mode ? lora_forward_flops(c, T, rank) : 0;
     double flops = lora_mode ? (M + A + lf) + (M + f[F_HEAD] + 2.5 * A + 2 * lf) : (M + A) + (2 * M + f[F_HEAD] + 2.5 * A);
+    if (recompute) flops += M - f[F_HEAD] + A + lf; /* every layer's forward again (not lm_head) */
     float *grads = lora_mode ? NULL : calloc(m->n_params, sizeof(float));
     float *lgrads = lora_mode ? calloc(lora->n_params, sizeof(float)) : NULL;
     float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
@@ -162,7 +164,7 @@ static void bench_train(trill_model *m, const char *mode, int rank, const int *t
     for (int r = -1; r < runs; r++) { /* one warm-up */
         double t0 = now_s();
         trill_forward_pass *pass;
-        if (trill_model_forward_train(m, tokens, offsets, batch, NULL, lp, NULL, &pass) ||
+        if (trill_model_forward_train(m, tokens, offsets, batch, NULL, lp, NULL, recompute, &pass) ||
             trill_model_backward(pass, dlp, grads, lgrads))
             die(trill_error_message());
         trill_forward_pass_free(pass);
@@ -171,7 +173,7 @@ static void bench_train(trill_model *m, const char *mode, int rank, const int *t
     double med = median(times, runs);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("train step (%s", mode);
+    printf("train step (%s%s", mode, recompute ? ", recompute" : "");
     if (lora_mode) printf(", rank %d on all linear layers", rank);
     printf(") %dx%d: FLOPs %.1f GFLOP; median %.0f ms: %.0f tokens/s, %.2f GFLOP/s", batch, T / batch, flops * 1e-9, med * 1e3,
            T / med, flops / med * 1e-9);
@@ -188,10 +190,12 @@ int main(int argc, char **argv) {
     const char *preset = "small";
     int batch = 8, seq = 256, runs = 3, skip_peak = 0, rank = 16;
     const char *train = NULL;
+    bool recompute = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--skip-peak")) { skip_peak = 1; continue; }
+        if (!strcmp(a, "--recompute")) { recompute = true; continue; }
         int takes_value = !strcmp(a, "--preset") || !strcmp(a, "--batch") || !strcmp(a, "--seq") || !strcmp(a, "--runs") ||
                           !strcmp(a, "--train") || !strcmp(a, "--rank");
         if (!takes_value) { fprintf(stderr, "bench_forward: unknown option %s\n", a); usage(stderr); return 2; }
@@ -302,8 +306,8 @@ int main(int argc, char **argv) {
     printf("\n");
 
     if (train) {
-        if (strcmp(train, "lora") != 0) bench_train(m, "full", rank, tokens, offsets, batch, runs, f, peak);
-        if (strcmp(train, "full") != 0) bench_train(m, "lora", rank, tokens, offsets, batch, runs, f, peak);
+        if (strcmp(train, "lora") != 0) bench_train(m, "full", rank, recompute, tokens, offsets, batch, runs, f, peak);
+        if (strcmp(train, "full") != 0) bench_train(m, "lora", rank, recompute, tokens, offsets, batch, runs, f, peak);
     }
 
     free(tokens), free(offsets), free(logprobs), free(experts), free(times);

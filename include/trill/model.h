@@ -6,6 +6,7 @@
 #ifndef TRILL_MODEL_H
 #define TRILL_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,10 +86,13 @@ trill_status trill_model_forward(const trill_model *m, const int *tokens, const 
 /* The activations of one forward pass, kept for the backward pass (trill/train.h). */
 typedef struct trill_forward_pass trill_forward_pass;
 
-/* trill_model_forward that also keeps every activation the backward pass needs. tokens and
- * offsets are borrowed: they must outlive *pass. Free with trill_forward_pass_free. */
+/* trill_model_forward that also keeps what the backward pass needs: every activation, or with
+ * `recompute` only each layer's input (activation checkpointing: the backward re-runs each
+ * layer, ~1/3 more compute for far less memory; results are bit-identical). tokens, offsets and
+ * replay are borrowed: they must outlive *pass. Free with trill_forward_pass_free. */
 trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
-                                       const uint16_t *replay, float *logprobs, uint16_t *experts, trill_forward_pass **pass);
+                                       const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
+                                       trill_forward_pass **pass);
 void trill_forward_pass_free(trill_forward_pass *pass);
 
 /* Checks router-replay ids [T][n_moe_layers][top_k]: each in [0, num_experts), none repeated within a token. */

@@ -28,6 +28,7 @@ typedef struct trill_sft_config {
     int save_every;             /* steps between checkpoints in out_dir (0: only at the end) */
     int stop_after;             /* end this run after that many steps (0: run to the end); the schedule still spans all steps */
     bool resume;                /* continue from out_dir's last checkpoint (weights, optimizer, step) */
+    bool recompute;             /* activation checkpointing: keep only layer inputs, re-run layers in the backward */
     uint64_t seed;
 } trill_sft_config;
 

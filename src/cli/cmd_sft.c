@@ -12,6 +12,7 @@ static const char USAGE[] =
     "  max_steps=0 (all) batch_tokens=4096 grad_accum=1 eval_every=0 (end only) max_seq_len=4096 seed=0\n"
     "  save_every=0 (end only) stop_after=0 (end this run after N steps; the schedule spans all)\n"
     "  resume=false (continue from --out's checkpoint: weights, optimizer, step)\n"
+    "  recompute=false (activation checkpointing: less memory, ~1/3 more compute, same results)\n"
     "  prompt_field=prompt completion_field=completion lora.rank=8 lora.alpha=16 lora.use_rslora=false\n"
     "  lora.target_modules=all-linear (q,k,v,o,gate,up,down[,lm_head]). Default mode: --lora.\n"
     "  Writes the PEFT adapter (or the full model), optimizer state and trainer_state.json to --out.";

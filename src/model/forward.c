@@ -28,8 +28,12 @@ static void assign(trill_forward_pass *fp, plan *p) {
     const size_t F = sizeof(float);
     fp->layers = take(p, L * sizeof(layer_acts));
     for (size_t l = 0; l < L; l++) {
-        if (!fp->training && l > 0) { /* inference: every layer reuses layer 0's buffers */
-            if (fp->layers) fp->layers[l] = fp->layers[0];
+        if ((!fp->training || fp->recompute) && l > 0) { /* every layer reuses layer 0's buffers ... */
+            float *x_in = fp->recompute ? take(p, T * H * F) : NULL; /* ... but recomputation keeps each input */
+            if (fp->layers) {
+                fp->layers[l] = fp->layers[0];
+                if (fp->recompute) fp->layers[l].x_in = x_in;
+            }
             continue;
         }
         layer_acts a = {
@@ -37,10 +41,10 @@ static void assign(trill_forward_pass *fp, plan *p) {
             .q = take(p, T * qd * F), .k = take(p, T * kvd * F), .v = take(p, T * kvd * F), .att = take(p, T * qd * F),
             .x_mid = take(p, T * H * F), .xn2 = take(p, T * H * F),
         };
-        bool moe = trill_config_is_moe(c, (int)l);
-        if (!fp->training || !moe) { a.gate = take(p, T * ff * F); a.up = take(p, T * ff * F); }
+        const bool moe = trill_config_is_moe(c, (int)l), shared = !fp->training || fp->recompute;
+        if (shared || !moe) { a.gate = take(p, T * ff * F); a.up = take(p, T * ff * F); }
         else { a.gate = take(p, T * K * Im * F); a.up = take(p, T * K * Im * F); }
-        if (!fp->training || moe) {
+        if (shared || moe) {
             a.ye = take(p, T * K * H * F);
             a.probs = take(p, T * E * F);
             a.topw = take(p, T * K * F);
@@ -65,10 +69,10 @@ static void assign(trill_forward_pass *fp, plan *p) {
     if (fp->lora) fp->xa_head = take(p, (size_t)LOGIT_CHUNK * fp->lora->config.rank * F);
 }
 
-static trill_status pass_alloc(const trill_model *m, int T, bool training, trill_forward_pass **out) {
+static trill_status pass_alloc(const trill_model *m, int T, bool training, bool recompute, trill_forward_pass **out) {
     trill_forward_pass *fp = calloc(1, sizeof *fp);
     if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    *fp = (trill_forward_pass){ .m = m, .T = T, .training = training,
+    *fp = (trill_forward_pass){ .m = m, .T = T, .training = training, .recompute = training && recompute,
                                 .lora = m->lora && m->lora->enabled ? m->lora : NULL };
     plan p = { 0 };
     assign(fp, &p);
@@ -215,30 +219,38 @@ trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, i
     return TRILL_OK;
 }
 
+/* One decoder layer: layers[l].x_in -> the next layer's input (or x_final). */
+static void run_layer(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts) {
+    const trill_model *m = fp->m;
+    const trill_config *c = &m->config;
+    const int T = fp->T, H = c->hidden_size;
+    const trill_layer_weights *w = &m->layers[l];
+    layer_acts *a = &fp->layers[l];
+    float *x_next = l + 1 < c->num_hidden_layers ? fp->layers[l + 1].x_in : fp->x_final;
+    const trill_lora_layer *ad = adapters(fp, l);
+    attention_block(fp, w, ad, a);
+    rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    if (trill_config_is_moe(c, l))
+        moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
+    else
+        mlp(fp, fp->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up, T, H,
+            c->intermediate_size);
+    if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
+    residual_forward(x_next, fp->out, (size_t)T * H);
+}
+
+void trill_forward_layer(const trill_forward_pass *fp, int l) { run_layer(fp, l, fp->replay, NULL); }
+
 /* Runs every decoder layer and the final norm (into fp->xf). */
 static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t *experts) {
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
-    const int T = fp->T, H = c->hidden_size, L = c->num_hidden_layers;
+    const int T = fp->T, H = c->hidden_size;
     rope_inv_freq(fp->inv_freq, c->head_dim, c->rope_theta);
     for (int s = 0; s < fp->n_seqs; s++)
         for (int t = fp->offsets[s]; t < fp->offsets[s + 1]; t++) fp->pos[t] = t - fp->offsets[s];
     embedding_forward(fp->layers[0].x_in, m->embed, fp->tokens, T, H);
-    for (int l = 0; l < L; l++) {
-        const trill_layer_weights *w = &m->layers[l];
-        layer_acts *a = &fp->layers[l];
-        float *x_next = l + 1 < L ? fp->layers[l + 1].x_in : fp->x_final;
-        const trill_lora_layer *ad = adapters(fp, l);
-        attention_block(fp, w, ad, a);
-        rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
-        if (trill_config_is_moe(c, l))
-            moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
-        else
-            mlp(fp, fp->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up,
-                T, H, c->intermediate_size);
-        if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
-        residual_forward(x_next, fp->out, (size_t)T * H);
-    }
+    for (int l = 0; l < c->num_hidden_layers; l++) run_layer(fp, l, replay, experts);
     rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
 }
 
@@ -272,14 +284,15 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
 }
 
 static trill_status forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs, const uint16_t *replay,
-                            float *logprobs, uint16_t *experts, bool training, trill_forward_pass **out) {
+                            float *logprobs, uint16_t *experts, bool training, bool recompute, trill_forward_pass **out) {
     const trill_config *c = &m->config;
     trill_status st = check_batch(c, tokens, offsets, n_seqs);
     const int T = n_seqs > 0 ? offsets[n_seqs] : 0;
     if (!st && replay && c->n_moe_layers) st = trill_check_replay(c, replay, T);
     trill_forward_pass *fp = NULL;
-    if (!st) st = pass_alloc(m, T, training, &fp);
+    if (!st) st = pass_alloc(m, T, training, recompute, &fp);
     if (st) return st;
+    fp->replay = replay;
     fp->tokens = tokens;
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
@@ -294,12 +307,13 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
 
 trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                  const uint16_t *replay, float *logprobs, uint16_t *experts) {
-    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, false, NULL);
+    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, false, false, NULL);
 }
 
 trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
-                                       const uint16_t *replay, float *logprobs, uint16_t *experts, trill_forward_pass **pass) {
-    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, true, pass);
+                                       const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
+                                       trill_forward_pass **pass) {
+    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
 }
 
 trill_status trill_model_next_logits(const trill_model *m, const int *tokens, int n, float *logits) {
@@ -308,7 +322,7 @@ trill_status trill_model_next_logits(const trill_model *m, const int *tokens, in
     if (n < 1) return trill_error(TRILL_ERR_INVALID, "next-token logits need at least one token");
     trill_status st = check_batch(c, tokens, offsets, 1);
     trill_forward_pass *fp;
-    if (st || (st = pass_alloc(m, n, false, &fp))) return st;
+    if (st || (st = pass_alloc(m, n, false, false, &fp))) return st;
     fp->tokens = tokens;
     fp->offsets = offsets;
     fp->n_seqs = 1;

@@ -39,6 +39,8 @@ struct trill_forward_pass {
     int T, n_seqs;
     const int *tokens, *offsets; /* borrowed from the caller: must outlive the pass */
     bool training;
+    bool recompute;       /* training: keep only each layer's input; the backward re-runs the layer */
+    const uint16_t *replay; /* borrowed router-replay ids, or NULL */
     layer_acts *layers;   /* [L]; layers[l+1].x_in is layer l's output */
     float *x_final;       /* [T, H] residual stream after the last layer */
     float *xf;            /* [T, H] final norm */
@@ -51,6 +53,9 @@ struct trill_forward_pass {
     float *xa_head;       /* [LOGIT_CHUNK, r] LoRA input of lm_head */
     void *block;          /* the one allocation everything above lives in */
 };
+
+/* Re-runs layer l's forward from its saved input (activation recomputation). */
+void trill_forward_layer(const trill_forward_pass *fp, int l);
 
 /* logits[n, V] of rows t0..t0+n of the pass (lm_head and its adapter); keeps the adapter input
  * in xa_head. */

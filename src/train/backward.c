@@ -203,6 +203,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
         const trill_layer_weights *w = &m->layers[l];
         const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
         const layer_acts *a = &fp->layers[l];
+        if (fp->recompute) trill_forward_layer(fp, l); /* refill the shared buffers from the layer's saved input */
         /* g.dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
         if (trill_config_is_moe(c, l)) {
             moe_backward(fp, w, ad, a, sink, &g);

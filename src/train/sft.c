@@ -55,7 +55,8 @@ trill_status trill_sft_set(trill_sft_config *c, const char *key, const char *val
     NUM("lora.rank", 1, 4096, lora_config.rank, int)
     NUM("lora.alpha", 1e-6, 1e9, lora_config.alpha, double)
 #undef NUM
-    bool *flag = strcmp(key, "lora.use_rslora") == 0 ? &c->lora_config.use_rslora : strcmp(key, "resume") == 0 ? &c->resume : NULL;
+    bool *flag = strcmp(key, "lora.use_rslora") == 0 ? &c->lora_config.use_rslora : strcmp(key, "resume") == 0 ? &c->resume
+                 : strcmp(key, "recompute") == 0 ? &c->recompute : NULL;
     if (flag) {
         if (strcmp(value, "true") && strcmp(value, "false"))
             return trill_error(TRILL_ERR_INVALID, "%s: expected true or false, got \"%s\"", key, value);
@@ -73,7 +74,7 @@ trill_status trill_sft_set(trill_sft_config *c, const char *key, const char *val
     if (strcmp(key, "completion_field") == 0) { c->completion_field = value; return TRILL_OK; }
     return trill_error(TRILL_ERR_INVALID,
                        "unknown setting \"%s\" (expected lr, min_lr, weight_decay, clip, schedule, warmup_steps, epochs, max_steps, "
-                       "batch_tokens, grad_accum, eval_every, max_seq_len, save_every, stop_after, resume, seed, prompt_field, completion_field, lora.rank, "
+                       "batch_tokens, grad_accum, eval_every, max_seq_len, save_every, stop_after, resume, recompute, seed, prompt_field, completion_field, lora.rank, "
                        "lora.alpha, lora.use_rslora, lora.target_modules)", key);
 }
 
@@ -322,7 +323,7 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
                 float *lp = st ? NULL : malloc(sizeof(float) * (size_t)T);
                 trill_forward_pass *pass = NULL;
                 if (!st && !lp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-                if (!st) st = trill_model_forward_train(m, b.tokens, b.offsets, b.n_seqs, NULL, lp, NULL, &pass);
+                if (!st) st = trill_model_forward_train(m, b.tokens, b.offsets, b.n_seqs, NULL, lp, NULL, c->recompute, &pass);
                 if (!st) st = trill_model_backward(pass, b.dlogp, lora ? NULL : grads, lora ? grads : NULL);
                 for (int t = 0; !st && t < T; t++)
                     if (b.dlogp[t] != 0) nll -= lp[t];

@@ -1,5 +1,5 @@
 /* The C side of the gradient parity test (tests/train/grad_parity.sh):
- *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]
+ *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--recompute] [--adapter DIR]
  *             [--steps N --lr LR --weight-decay WD --beta2 B2 --clip MAXNORM]
  * Each input line: {"tokens": [...], "coef": [null, c1, ...], "experts"?: [[[k ids] per MoE layer] per token]}.
  * loss = sum of coef[t] * logprob[t]; writes d loss / d every parameter under its HF name
@@ -26,13 +26,14 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]\n"); return 2; }
-    bool replay = false;
+    bool replay = false, recompute = false;
     const char *adapter = NULL;
     int steps = 0;
     double lr = 1e-3, clip = 0;
     trill_adamw_config opt_cfg = trill_adamw_defaults();
     for (int i = 4; i < argc; i++) {
         if (strcmp(argv[i], "--replay") == 0) replay = true;
+        else if (strcmp(argv[i], "--recompute") == 0) recompute = true;
         else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) adapter = argv[++i];
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--lr") == 0 && i + 1 < argc) lr = atof(argv[++i]);
@@ -91,7 +92,7 @@ int main(int argc, char **argv) {
     for (int step = 0; step < (steps > 0 ? steps : 1); step++) {
         memset(gvals, 0, n_trainable * sizeof(float));
         trill_forward_pass *pass;
-        if (trill_model_forward_train(m, tokens, offsets, n_seqs, replay ? ids : NULL, logprobs, NULL, &pass)) return fail("forward");
+        if (trill_model_forward_train(m, tokens, offsets, n_seqs, replay ? ids : NULL, logprobs, NULL, recompute, &pass)) return fail("forward");
         if (trill_model_backward(pass, coef, lora ? NULL : gvals, lora ? gvals : NULL)) return fail("backward");
         trill_forward_pass_free(pass);
         loss = 0;

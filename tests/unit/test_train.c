@@ -21,15 +21,39 @@ static const int TOKENS[T] = { 5, 9, 17, 3, 44, 2, 8, 8, 60, 1, 3, 7 };
 static const int OFFSETS[3] = { 0, 5, 12 };
 
 /* Forward (train) + backward with coefficients coef; returns the pass's log-probs and grads. */
-static float *grads_of(trill_model *m, const uint16_t *replay, float *logprobs, uint16_t *experts) {
+static float *grads_of_mode(trill_model *m, const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute) {
     float coef[T];
     for (int t = 0; t < T; t++) coef[t] = (float)((t * 37) % 11) / 5.0f - 1.0f;
     trill_forward_pass *pass;
-    assert_int_equal(trill_model_forward_train(m, TOKENS, OFFSETS, 2, replay, logprobs, experts, &pass), TRILL_OK);
+    assert_int_equal(trill_model_forward_train(m, TOKENS, OFFSETS, 2, replay, logprobs, experts, recompute, &pass), TRILL_OK);
     float *g = calloc(m->n_params, sizeof(float));
     assert_int_equal(trill_model_backward(pass, coef, g, NULL), TRILL_OK);
     trill_forward_pass_free(pass);
     return g;
+}
+
+static float *grads_of(trill_model *m, const uint16_t *replay, float *logprobs, uint16_t *experts) {
+    return grads_of_mode(m, replay, logprobs, experts, false);
+}
+
+/* Activation checkpointing re-runs each layer in the backward: the very same gradients. */
+static void test_recompute_is_identical(void **state) {
+    (void)state;
+    trill_model *m = test_small_moe(11, false, true);
+    float lp_a[T], lp_b[T];
+    uint16_t own[T * L * K], other[T * L * K];
+    float *ga = grads_of_mode(m, NULL, lp_a, own, false), *gb = grads_of_mode(m, NULL, lp_b, NULL, true);
+    assert_memory_equal(lp_a, lp_b, sizeof lp_a);
+    assert_memory_equal(ga, gb, m->n_params * sizeof(float));
+    free(ga);
+    free(gb);
+    for (int i = 0; i < T * L * K; i += K) { other[i] = (uint16_t)((own[i] + 1) % 8); other[i + 1] = (uint16_t)((own[i] + 2) % 8); }
+    ga = grads_of_mode(m, other, lp_a, NULL, false); /* with replay the recomputed layers route the same way */
+    gb = grads_of_mode(m, other, lp_b, NULL, true);
+    assert_memory_equal(ga, gb, m->n_params * sizeof(float));
+    free(ga);
+    free(gb);
+    trill_model_free(m);
 }
 
 static void test_train_forward_matches_inference(void **state) {
@@ -101,6 +125,7 @@ int main(void) {
         cmocka_unit_test(test_train_forward_matches_inference),
         cmocka_unit_test(test_replay_own_choice_is_identical),
         cmocka_unit_test(test_replay_rejects_bad_ids),
+        cmocka_unit_test(test_recompute_is_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
