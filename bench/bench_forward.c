@@ -20,18 +20,14 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
-#include <stdbool.h>
 #include <stdio.h>
-#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "bench_util.h"
 #include "trill/config.h"
-#include "trill/lora.h"
 #include "trill/model.h"
-#include "trill/train.h"
 #include "trill/rng.h"
 
 static void die(const char *msg) {
@@ -51,15 +47,12 @@ static int parse_int(const char *opt, const char *s, int min) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: bench_forward [--preset NAME] [--batch B] [--seq L] [--runs N] [--skip-peak] [--train full|lora|both] [--rank R]\n"
+    fprintf(f, "usage: bench_forward [--preset NAME] [--batch B] [--seq L] [--runs N] [--skip-peak]\n"
                "  --preset NAME  model preset (%s; default small)\n"
                "  --batch B      sequences per forward (default 8)\n"
                "  --seq L        tokens per sequence (default 256)\n"
                "  --runs N       timed runs after one warm-up (default 3, at least 1)\n"
-               "  --skip-peak    do not measure the sgemm peak\n"
-               "  --train MODE   also time a training step (forward + backward): full, lora (all-linear) or both\n"
-               "  --rank R       LoRA rank for --train lora (default 16)\n"
-               "  --recompute    --train with activation checkpointing\n",
+               "  --skip-peak    do not measure the sgemm peak\n",
             trill_config_preset_names);
 }
 
@@ -122,92 +115,21 @@ static void count_flops(const trill_config *c, const int *offsets, int n_seqs, d
     f[F_HEAD] = 2 * T * H * c->vocab_size;
 }
 
-/* LoRA's own forward FLOPs (x A^T, then (x A^T) B^T) for adapters on every linear layer but
- * lm_head; expert adapters see T*K rows in all. */
-static double lora_forward_flops(const trill_config *c, double T, double r) {
-    const double H = c->hidden_size, qd = (double)c->num_attention_heads * c->head_dim, kvd = (double)c->num_key_value_heads * c->head_dim;
-    double f = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        f += 2 * T * r * ((H + qd) * 2 + (H + kvd) * 2);
-        double rows = trill_config_is_moe(c, l) ? T * c->num_experts_per_tok : T;
-        double inter = trill_config_is_moe(c, l) ? c->moe_intermediate_size : c->intermediate_size;
-        f += 2 * rows * r * (H + inter) * 3;
-    }
-    return f;
-}
-
-/* One training step (forward keeping activations + backward), timed; FLOPs as done:
- *   full: forward M + A, backward 2M (input and weight gradients) + lm_head recomputed + 2.5 A
- *   lora: forward M + A + lora, backward M (input gradients only) + lm_head + 2.5 A + 2 lora
- * with M the matmul FLOPs, A attention's (the backward recomputes QK^T, then dV, dP, dQ, dK). */
-static void bench_train(trill_model *m, const char *mode, int rank, bool recompute, const int *tokens, const int *offsets, int batch,
-                        int runs, const double f[F_N], double peak) {
-    const trill_config *c = &m->config;
-    const int T = offsets[batch];
-    bool lora_mode = strcmp(mode, "lora") == 0;
-    trill_lora *lora = NULL;
-    if (lora_mode) {
-        trill_lora_config lc = { .rank = rank, .alpha = 2.0 * rank };
-        trill_lora_parse_targets("all-linear", &lc.targets);
-        if (trill_lora_create(m, lc, 1, &lora)) die(trill_error_message());
-        trill_model_attach_lora(m, lora);
-    }
-    double M = f[F_QKVO] + f[F_ROUTER] + f[F_DENSE] + f[F_EXPERTS] + f[F_HEAD], A = f[F_ATTN];
-    double lf = lora_mode ? lora_forward_flops(c, T, rank) : 0;
-    double flops = lora_mode ? (M + A + lf) + (M + f[F_HEAD] + 2.5 * A + 2 * lf) : (M + A) + (2 * M + f[F_HEAD] + 2.5 * A);
-    if (recompute) flops += M - f[F_HEAD] + A + lf; /* every layer's forward again (not lm_head) */
-    float *grads = lora_mode ? NULL : calloc(m->n_params, sizeof(float));
-    float *lgrads = lora_mode ? calloc(lora->n_params, sizeof(float)) : NULL;
-    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
-    for (int t = 0; t < T; t++) dlp[t] = -1.0f / T; /* mean cross-entropy */
-    double *times = malloc(sizeof(double) * runs);
-    for (int r = -1; r < runs; r++) { /* one warm-up */
-        double t0 = now_s();
-        trill_forward_pass *pass;
-        if (trill_model_forward_train(m, tokens, offsets, batch, NULL, lp, NULL, recompute, &pass) ||
-            trill_model_backward(pass, dlp, grads, lgrads))
-            die(trill_error_message());
-        trill_forward_pass_free(pass);
-        if (r >= 0) times[r] = now_s() - t0;
-    }
-    double med = median(times, runs);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    printf("train step (%s%s", mode, recompute ? ", recompute" : "");
-    if (lora_mode) printf(", rank %d on all linear layers", rank);
-    printf(") %dx%d: FLOPs %.1f GFLOP; median %.0f ms: %.0f tokens/s, %.2f GFLOP/s", batch, T / batch, flops * 1e-9, med * 1e3,
-           T / med, flops / med * 1e-9);
-    if (peak > 0) printf(" (%.1f%% of sgemm peak)", 100.0 * flops / med * 1e-9 / peak);
-    printf("; peak RSS %.0f MB\n", ru.ru_maxrss / 1024.0);
-    trill_model_attach_lora(m, NULL);
-    trill_lora_free(lora);
-    free(grads), free(lgrads), free(lp), free(dlp), free(times);
-}
-
 /* ---- main ------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
     const char *preset = "small";
-    int batch = 8, seq = 256, runs = 3, skip_peak = 0, rank = 16;
-    const char *train = NULL;
-    bool recompute = false;
+    int batch = 8, seq = 256, runs = 3, skip_peak = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--skip-peak")) { skip_peak = 1; continue; }
-        if (!strcmp(a, "--recompute")) { recompute = true; continue; }
-        int takes_value = !strcmp(a, "--preset") || !strcmp(a, "--batch") || !strcmp(a, "--seq") || !strcmp(a, "--runs") ||
-                          !strcmp(a, "--train") || !strcmp(a, "--rank");
+        int takes_value = !strcmp(a, "--preset") || !strcmp(a, "--batch") || !strcmp(a, "--seq") || !strcmp(a, "--runs");
         if (!takes_value) { fprintf(stderr, "bench_forward: unknown option %s\n", a); usage(stderr); return 2; }
         if (i + 1 >= argc) { fprintf(stderr, "bench_forward: %s needs a value\n", a); return 2; }
         if (!strcmp(a, "--preset")) preset = argv[++i];
         else if (!strcmp(a, "--batch")) batch = parse_int(a, argv[++i], 1);
         else if (!strcmp(a, "--seq")) seq = parse_int(a, argv[++i], 1);
-        else if (!strcmp(a, "--rank")) rank = parse_int(a, argv[++i], 1);
-        else if (!strcmp(a, "--train")) {
-            train = argv[++i];
-            if (strcmp(train, "full") && strcmp(train, "lora") && strcmp(train, "both")) { fprintf(stderr, "bench_forward: --train full|lora|both\n"); return 2; }
-        }
         else runs = parse_int(a, argv[++i], 1);
     }
 
@@ -304,11 +226,6 @@ int main(int argc, char **argv) {
     printf("forward %s %dx%d: %.0f tokens/s, %.2f GFLOP/s", preset, batch, seq, T / med, flops / med * 1e-9);
     if (peak > 0) printf(" (%.1f%% of sgemm peak %.2f GFLOP/s)", 100.0 * flops / med * 1e-9 / peak, peak);
     printf("\n");
-
-    if (train) {
-        if (strcmp(train, "lora") != 0) bench_train(m, "full", rank, recompute, tokens, offsets, batch, runs, f, peak);
-        if (strcmp(train, "full") != 0) bench_train(m, "lora", rank, recompute, tokens, offsets, batch, runs, f, peak);
-    }
 
     free(tokens), free(offsets), free(logprobs), free(experts), free(times);
     trill_model_free(m);

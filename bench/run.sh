@@ -25,3 +25,11 @@ else
   echo
   echo "bench/run.sh: bench_tokenizer skipped (set TRILL_BENCH_TOKENIZER_DIRS to folders with a tokenizer.json)"
 fi
+
+# Training step, and the side-by-side with PyTorch when Debian's python3-torch is there.
+echo
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  bash "$(dirname "$0")/train_vs_torch.sh" "$BUILD"
+else
+  echo "bench/run.sh: train_vs_torch.sh skipped (needs Debian's python3-torch)"
+fi

@@ -18,4 +18,15 @@
  * lora_grads = NULL. Not reentrant for one pass (it reuses the pass's scratch). */
 trill_status trill_model_backward(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads);
 
+/* FLOPs of one training step (forward keeping activations + backward) over a packed batch,
+ * counted as the code does them (2 per multiply-add; elementwise work not counted):
+ *   forward: every projection, router, dense MLP, the top-k experts used, lm_head, causal QK^T + PV;
+ *   backward: input gradients (and weight gradients unless `lora`), lm_head recomputed,
+ *   attention 2.5x its forward (recomputed QK^T, dV, dP, dQ, dK), LoRA's own matmuls (x2 backward),
+ *   and with `recompute` every layer's forward again. lora_rank adapts all linear layers but lm_head. */
+double trill_train_step_flops(const trill_config *c, const int *offsets, int n_seqs, bool lora, int lora_rank, bool recompute);
+
+/* FLOPs of the forward alone (the first line above). */
+double trill_forward_flops(const trill_config *c, const int *offsets, int n_seqs);
+
 #endif

@@ -16,6 +16,7 @@ static const struct {
     { "generate", cmd_generate, "sample a completion with the reference forward" },
     { "tokenize", cmd_tokenize, "text lines to JSON token ids, or back with --decode" },
     { "sft", cmd_sft, "supervised fine-tuning (LoRA or full) on prompt/completion JSONL" },
+    { "bench", cmd_bench, "benchmarks: trill bench train (training-step throughput)" },
     { "merge", cmd_merge, "fold a PEFT LoRA adapter into the weights, write a full checkpoint" },
 };
 

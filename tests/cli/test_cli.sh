@@ -37,6 +37,8 @@ expect_exit 2 "--dtype: expected bf16 or f32" "$TRILL" init --out "$WORK/x" --dt
 expect_exit 2 "--seed: expected an integer" "$TRILL" init --out "$WORK/x" --seed abc
 expect_exit 2 "--model DIR is required" "$TRILL" info
 expect_exit 2 "--model, --adapter and --out are required" "$TRILL" merge --model x
+expect_exit 2 "expected the benchmark name: train" "$TRILL" bench
+check "bench --help" "$TRILL" bench train --help
 
 # failures (exit 1) name the file and the problem
 expect_exit 1 "$WORK/nope/config.json: cannot open" "$TRILL" info --model "$WORK/nope"
@@ -104,6 +106,7 @@ b=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --s
 check "generate reproducible" test "$a" == "$b"
 expect_exit 2 "--top-p: expected a number" "$TRILL" generate --model "$WORK/tiny" --prompt x --top-p 2
 
+check "bench train runs" "$TRILL" bench train --model "$WORK/tiny" --batch 1 --seq 8 --runs 1
 expect_exit 1 "$WORK/tiny/adapter_config.json: cannot open" "$TRILL" merge --model "$WORK/tiny" --adapter "$WORK/tiny" --out "$WORK/m2"
 
 echo "$passed passed, $failed failed"
