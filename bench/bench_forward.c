@@ -25,10 +25,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench_util.h"
+#include "trill/timing.h"
 #include "trill/config.h"
 #include "trill/model.h"
 #include "trill/rng.h"
+#include "trill/train.h"
 
 static void die(const char *msg) {
     fprintf(stderr, "bench_forward: %s\n", msg);
@@ -72,47 +73,16 @@ static double sgemm_peak(int n, int runs) {
     /* same layout as matmul_forward: row-major A times B^T */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = trill_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        t[r] = now_s() - t0;
+        t[r] = trill_now() - t0;
     }
-    double med = median(t, runs), best = t[0]; /* median() sorted t */
+    double med = trill_median(t, runs), best = t[0]; /* trill_median() sorted t */
     printf("sgemm %dx%dx%d (NT, fp32), %d runs after 1 warm-up:\n", n, n, n, runs);
     printf("  best   %8.2f ms  %8.2f GFLOP/s\n", best * 1e3, flops / best * 1e-9);
     printf("  median %8.2f ms  %8.2f GFLOP/s\n", med * 1e3, flops / med * 1e-9);
     free(a), free(b), free(c), free(t);
     return flops / best * 1e-9;
-}
-
-/* ---- analytic FLOP count ---------------------------------------------------------------- */
-
-enum { F_QKVO, F_ATTN, F_ROUTER, F_DENSE, F_EXPERTS, F_HEAD, F_N };
-static const char *const flop_names[F_N] = {
-    "q/k/v/o projections", "attention QK^T + PV (causal)", "router", "dense MLP (gate, up, down)",
-    "experts (top-k x 3 matrices)", "lm_head (all tokens)",
-};
-
-static void count_flops(const trill_config *c, const int *offsets, int n_seqs, double f[F_N]) {
-    const double T = offsets[n_seqs], H = c->hidden_size, hd = c->head_dim;
-    const double qd = (double)c->num_attention_heads * hd, kvd = (double)c->num_key_value_heads * hd;
-    /* sum over sequences of sum_{t<L} (t+1) = L(L+1)/2 key reads per query head */
-    double pairs = 0.0;
-    for (int s = 0; s < n_seqs; s++) {
-        double L = offsets[s + 1] - offsets[s];
-        pairs += L * (L + 1) / 2;
-    }
-    memset(f, 0, sizeof(double) * F_N);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        f[F_QKVO] += 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H;
-        f[F_ATTN] += 2 * (pairs * hd * 2) * c->num_attention_heads; /* QK and PV */
-        if (trill_config_is_moe(c, l)) {
-            f[F_ROUTER] += 2 * T * H * c->num_experts;
-            f[F_EXPERTS] += 2 * T * c->num_experts_per_tok * 3 * H * c->moe_intermediate_size;
-        } else {
-            f[F_DENSE] += 2 * T * 3 * H * c->intermediate_size;
-        }
-    }
-    f[F_HEAD] = 2 * T * H * c->vocab_size;
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
@@ -163,9 +133,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     json_decref(js);
-    double t_init = now_s();
+    double t_init = trill_now();
     trill_model_init_random(m, 0);
-    t_init = now_s() - t_init;
+    t_init = trill_now() - t_init;
     int64_t n_total, n_active;
     trill_config_param_counts(&cfg, &n_total, &n_active);
     printf("model %s: %d layers (%d MoE), hidden %d, heads %d/%d x %d, experts %d top-%d (Im %d), dense I %d, vocab %d; "
@@ -185,22 +155,18 @@ int main(int argc, char **argv) {
     for (int t = 0; t < T; t++) tokens[t] = (int)(trill_rng_bits(12345, t) % (uint64_t)cfg.vocab_size);
     for (int s = 0; s <= batch; s++) offsets[s] = s * seq;
 
-    double f[F_N], flops = 0.0;
-    count_flops(&cfg, offsets, batch, f);
-    for (int i = 0; i < F_N; i++) flops += f[i];
-    printf("FLOPs per forward: %.2f GFLOP, analytic, 2 per multiply-add: q/k/v/o, router, dense MLP, top-k experts\n"
-           "  actually used (k x 3 matrices per token), lm_head over all tokens, causal QK^T and PV;\n"
-           "  not counted: norms, RoPE, softmax, SwiGLU, residuals, log-softmax\n", flops * 1e-9);
-    for (int i = 0; i < F_N; i++)
-        if (f[i] > 0) printf("  %-30s %8.3f GFLOP %5.1f%%\n", flop_names[i], f[i] * 1e-9, 100.0 * f[i] / flops);
+    const double flops = trill_forward_flops(&cfg, offsets, batch);
+    printf("FLOPs per forward: %.2f GFLOP, counted as the code does them (trill_forward_flops): 2 per multiply-add\n"
+           "  of q/k/v/o, router, dense MLP, the top-k experts used, lm_head, causal QK^T and PV; elementwise work not counted\n",
+           flops * 1e-9);
 
     /* forward: one warm-up, then `runs` timed, router capture on */
     trill_status st = trill_model_forward(m, tokens, offsets, batch, NULL, logprobs, experts);
     if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = trill_now();
         st = trill_model_forward(m, tokens, offsets, batch, NULL, logprobs, experts);
-        times[r] = now_s() - t0;
+        times[r] = trill_now() - t0;
         if (st) { fprintf(stderr, "bench_forward: forward: %s\n", trill_error_message()); return 1; }
     }
     /* checksum: mean log-prob over predicted tokens (~ -log(vocab) for a random model) */
@@ -213,7 +179,7 @@ int main(int argc, char **argv) {
     printf("  runs (ms):");
     for (int r = 0; r < runs; r++) printf(" %.1f", times[r] * 1e3);
     printf("\n");
-    double med = median(times, runs), best = times[0]; /* median() sorted times */
+    double med = trill_median(times, runs), best = times[0]; /* trill_median() sorted times */
     const char *label[2] = { "best  ", "median" };
     double tt[2] = { best, med };
     for (int i = 0; i < 2; i++) {

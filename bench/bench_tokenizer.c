@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench_util.h"
+#include "trill/timing.h"
 #include "trill/fileio.h"
 #include "trill/tokenizer.h"
 
@@ -184,7 +184,7 @@ static void report(const char *label, double *times, int runs, double bytes, dou
     printf("  runs (s):");
     for (int r = 0; r < runs; r++) printf(" %.3f", times[r]);
     printf("\n");
-    double med = median(times, runs), best = times[0]; /* median() sorted times */
+    double med = trill_median(times, runs), best = times[0]; /* trill_median() sorted times */
     printf("  best   %8.3f s %9.2f MB/s %12.0f tokens/s\n", best, bytes / best * 1e-6, tokens / best);
     printf("  median %8.3f s %9.2f MB/s %12.0f tokens/s  (%s)\n", med, bytes / med * 1e-6, tokens / med, label);
 }
@@ -208,9 +208,9 @@ int main(int argc, char **argv) {
 
     /* tokenizer */
     trill_tokenizer *tok = NULL;
-    double t_load = now_s();
+    double t_load = trill_now();
     if (trill_tokenizer_load(model, &tok)) die_trill("loading the tokenizer");
-    t_load = now_s() - t_load;
+    t_load = trill_now() - t_load;
     printf("tokenizer %s/tokenizer.json: %d ids, loaded in %.3f s\n", model, trill_tokenizer_size(tok), t_load);
 
     /* text */
@@ -245,19 +245,19 @@ int main(int argc, char **argv) {
     size_t n_tokens = 0;
     for (int r = 0; r < runs; r++) {
         n_tokens = 0;
-        double t0 = now_s();
+        double t0 = trill_now();
         for (size_t c = 0; c < n_chunks; c++) {
             size_t start = c ? ends[c - 1] : 0;
             free(out[c].ids);
             if (trill_tokenizer_encode(tok, t.p + start, ends[c] - start, false, &out[c].ids, &out[c].n)) die_trill("encode");
             n_tokens += out[c].n;
         }
-        times[r] = now_s() - t0;
+        times[r] = trill_now() - t0;
     }
     printf("encode: %zu tokens, %.4f tokens/byte (%.3f bytes/token), %d timed pass(es) after a warm-up:\n", n_tokens,
            (double)n_tokens / t.n, (double)t.n / n_tokens, runs);
     report("MB of text in", times, runs, (double)t.n, (double)n_tokens);
-    double enc_mbps = t.n / median(times, runs) * 1e-6; /* report() sorted times; the median is unchanged */
+    double enc_mbps = t.n / trill_median(times, runs) * 1e-6; /* report() sorted times; the median is unchanged */
 
     /* decode */
     size_t same = 0, out_bytes = 0;
@@ -270,7 +270,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < runs; r++) {
         out_bytes = 0;
         same = 0;
-        double t0 = now_s();
+        double t0 = trill_now();
         for (size_t c = 0; c < n_chunks; c++) {
             char *s;
             size_t len;
@@ -280,12 +280,12 @@ int main(int argc, char **argv) {
             same += len == ends[c] - start && memcmp(s, t.p + start, len) == 0;
             free(s);
         }
-        times[r] = now_s() - t0;
+        times[r] = trill_now() - t0;
     }
     printf("decode: %zu bytes of text out; %zu of %zu chunks decode to their exact input; %d timed pass(es) after a warm-up:\n",
            out_bytes, same, n_chunks, runs);
     report("MB of text out", times, runs, (double)out_bytes, (double)n_tokens);
-    double dec_mbps = out_bytes / median(times, runs) * 1e-6;
+    double dec_mbps = out_bytes / trill_median(times, runs) * 1e-6;
 
     /* summary: medians */
     printf("tokenizer %s: encode %.2f MB/s, %.0f tokens/s, %.4f tokens/byte; decode %.2f MB/s (median of %d, 1 thread)\n",

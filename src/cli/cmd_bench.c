@@ -3,13 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include "cli.h"
 #include "trill/kernels.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/rng.h"
+#include "trill/timing.h"
 #include "trill/train.h"
 
 static const char USAGE[] =
@@ -17,17 +17,6 @@ static const char USAGE[] =
     "  Times forward + backward on B random sequences of L tokens (defaults: --lora, rank 16 on all\n"
     "  linear layers, 8 x 512, 3 runs after a warm-up) and an sgemm 2048^3 for the fp32 peak.\n"
     "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS.";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Best of three single-threaded-BLAS-per-thread sgemm 2048^3 runs through the kernels' matmul. */
 static double gemm_peak(void) {
@@ -37,9 +26,9 @@ static double gemm_peak(void) {
     for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = 0.001f * (float)(i % 1000);
     double best = 1e30;
     for (int r = 0; r < 4; r++) { /* the first is a warm-up */
-        double t0 = now_s();
+        double t0 = trill_now();
         matmul_forward(c, a, b, n, n, n);
-        double t = now_s() - t0;
+        double t = trill_now() - t0;
         if (r > 0 && t < best) best = t;
     }
     free(a); free(b); free(c);
@@ -101,17 +90,16 @@ int cmd_bench(int argc, char **argv) {
     for (int s = 0; !st && s <= batch; s++) offsets[s] = s * (int)seq;
     double peak = st ? 0 : gemm_peak();
     for (int r = -1; !st && r < runs; r++) { /* one warm-up */
-        double t0 = now_s();
+        double t0 = trill_now();
         trill_forward_pass *pass = NULL;
         if (!(st = trill_model_forward_train(m, tokens, offsets, (int)batch, NULL, lp, NULL, recompute, &pass)))
             st = trill_model_backward(pass, dlp, grads, lgrads);
         trill_forward_pass_free(pass);
-        if (r >= 0) times[r] = now_s() - t0;
-        if (!st) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (now_s() - t0) * 1e3);
+        if (r >= 0) times[r] = trill_now() - t0;
+        if (!st) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
     }
     if (!st) {
-        qsort(times, (size_t)runs, sizeof *times, cmp_double);
-        double med = runs % 2 ? times[runs / 2] : 0.5 * (times[runs / 2 - 1] + times[runs / 2]);
+        double med = trill_median(times, (int)runs);
         double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)rank, recompute);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);

@@ -4,12 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "trill/fileio.h"
 #include "trill/json.h"
 #include "trill/model.h"
 #include "trill/rng.h"
+#include "trill/timing.h"
 #include "trill/tokenizer.h"
 #include "trill/train.h"
 
@@ -210,12 +210,6 @@ static trill_status eval_loss(const trill_model *m, const dataset *d, int budget
     return st;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static trill_status save(const trill_sft_config *c, const trill_model *m, const trill_lora *lora, const trill_adamw *opt, int step,
                          double eval) {
     trill_status st = lora ? trill_lora_save(lora, c->out_dir) : trill_model_save(m, c->out_dir, TRILL_F32, 5000000000u);
@@ -294,7 +288,7 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
         fprintf(stderr, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s\n", train.n,
                 micro_per_epoch, total, lora ? "LoRA" : "full", n_values, start_step ? ", resuming" : "");
 
-    double t_start = now_s(), eval_nll = NAN;
+    double t_start = trill_now(), eval_nll = NAN;
     long tokens_seen = 0;
     int step = 0;
     const int last = c->stop_after > 0 && c->stop_after < total ? c->stop_after : total;
@@ -336,7 +330,7 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
             double lr = trill_lr_at(c->schedule, c->lr, c->min_lr, c->warmup_steps, total, step);
             trill_adamw_step(opt, values, grads, lr, no_decay);
             step++;
-            double elapsed = now_s() - t_start;
+            double elapsed = trill_now() - t_start;
             fprintf(stderr, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs\n", step, total,
                     nll / (n_loss ? n_loss : 1), lr, norm, tokens_seen / elapsed, elapsed / step * (total - step));
             if (c->save_every > 0 && step % c->save_every == 0 && step < last && !(st = save(c, m, lora, opt, step, eval_nll)))
