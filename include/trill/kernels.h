@@ -5,10 +5,25 @@
 
 #include <stddef.h>
 
+#include "trill/weight.h"
+
 #define REAL_T float
 #define KERNEL(name) name
 #include "trill/kernels_decl.h"
 #undef REAL_T
 #undef KERNEL
+
+/* ---- the same on a stored weight (trill/weight.h): fp32 as above, bf16 widened a panel of
+ * rows at a time into a per-thread fp32 buffer (at most WEIGHT_PANEL floats) ---- */
+
+/* out[T,N] = inp[T,K] @ W[N,K]^T */
+void matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N);
+/* dinp[T,K] += dout @ W (either storage); dweight[N,K] += dout^T @ inp, fp32 storage only
+ * (a bf16 weight is frozen: pass dweight NULL). */
+void matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N);
+/* out[T,C] = table[tokens[t]] */
+void embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C);
+/* dst[n] = src widened (exact) */
+void bf16_widen(float *dst, const uint16_t *src, size_t n);
 
 #endif

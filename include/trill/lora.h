@@ -69,7 +69,8 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
 /* Attaches (or with NULL detaches) adapters to the model's forward and backward passes. */
 void trill_model_attach_lora(trill_model *m, trill_lora *lora);
 
-/* W += scale * B A for every adapted layer: the merged model computes what the adapted one did. */
-void trill_lora_merge(const trill_lora *lora, trill_model *m);
+/* W += scale * B A for every adapted layer: the merged model computes what the adapted one did.
+ * Needs fp32 storage (TRILL_STORE_F32): merging into a bf16 base would round the sum. */
+trill_status trill_lora_merge(const trill_lora *lora, trill_model *m);
 
 #endif

@@ -1,8 +1,10 @@
-/* The model: config, one contiguous fp32 parameter block, and the reference forward.
+/* The model: config, its parameters in one or two contiguous blocks, and the reference forward.
  *
- * Weights are named and shaped exactly as in Hugging Face checkpoints; each
- * named tensor is a slice of `params`. Per-expert weights of a layer are stored
- * back to back, so expert e's gate_proj is expert_gate + e * moe_intermediate * hidden. */
+ * Weights are named and shaped exactly as in Hugging Face checkpoints. With fp32 storage every
+ * named tensor is a slice of `params`; with bf16 storage (a frozen base kept in the
+ * checkpoint's dtype, trill/weight.h) the matrices are slices of `params_bf16` and only the
+ * norm vectors stay in `params`. Per-expert weights of a layer are stored back to back, so
+ * expert e's gate_proj starts e * moe_intermediate * hidden elements after expert_gate. */
 #ifndef TRILL_MODEL_H
 #define TRILL_MODEL_H
 
@@ -13,22 +15,23 @@
 #include "trill/config.h"
 #include "trill/dtype.h"
 #include "trill/error.h"
+#include "trill/weight.h"
 
 typedef struct trill_layer_weights {
     float *input_norm;  /* [H] */
-    float *wq;          /* [nh*hd, H] */
-    float *wk, *wv;     /* [nkv*hd, H] */
-    float *wo;          /* [H, nh*hd] */
+    trill_weight wq;     /* [nh*hd, H] */
+    trill_weight wk, wv; /* [nkv*hd, H] */
+    trill_weight wo;     /* [H, nh*hd] */
     float *q_norm;      /* [hd] */
     float *k_norm;      /* [hd] */
     float *post_norm;   /* [H] */
     /* dense layer */
-    float *mlp_gate, *mlp_up; /* [I, H] */
-    float *mlp_down;          /* [H, I] */
+    trill_weight mlp_gate, mlp_up; /* [I, H] */
+    trill_weight mlp_down;         /* [H, I] */
     /* MoE layer */
-    float *router;                    /* [E, H] */
-    float *expert_gate, *expert_up;   /* [E, Im, H] */
-    float *expert_down;               /* [E, H, Im] */
+    trill_weight router;                  /* [E, H] */
+    trill_weight expert_gate, expert_up;  /* [E, Im, H] */
+    trill_weight expert_down;             /* [E, H, Im] */
 } trill_layer_weights;
 
 /* One named tensor of the parameter block. */
@@ -36,26 +39,33 @@ typedef struct trill_param {
     char name[112]; /* HF name, e.g. "model.layers.3.mlp.experts.7.up_proj.weight" */
     int ndim;
     int64_t shape[2];
-    float *data;
+    float *data;    /* fp32 storage, or NULL */
+    uint16_t *bf16; /* bf16 storage, or NULL */
     size_t numel;
 } trill_param;
 
 typedef struct trill_model {
     trill_config config;
-    float *params; /* every weight, fp32, one allocation */
-    size_t n_params;
+    size_t n_params;      /* every parameter, whatever its storage */
+    trill_dtype storage;  /* of the matrices: TRILL_F32 (all in params) or TRILL_BF16 */
+    float *params;        /* fp32 tensors, one allocation: all n_params with fp32 storage */
+    size_t n_f32;         /* floats in params */
+    uint16_t *params_bf16; /* bf16 storage: the matrices, one allocation; else NULL */
+    size_t n_bf16;
     trill_param *tensors; /* in checkpoint order */
     size_t n_tensors;
-    float *embed;      /* [V, H] */
-    float *final_norm; /* [H] */
-    float *lm_head;    /* [V, H]; == embed when tie_word_embeddings */
+    trill_weight embed;   /* [V, H] */
+    float *final_norm;    /* [H] */
+    trill_weight lm_head; /* [V, H]; the same storage as embed when tie_word_embeddings */
     trill_layer_weights *layers;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
     struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
 } trill_model;
 
-/* Lays out and zero-fills a model for `config`. */
+/* Lays out and zero-fills a model for `config`, fp32 storage. */
 trill_status trill_model_create(const trill_config *config, trill_model **out);
+/* The same with the matrices stored in `storage` (TRILL_F32 or TRILL_BF16). */
+trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out);
 void trill_model_free(trill_model *m);
 
 /* Hugging Face initialisation: linear and embedding weights ~ N(0, initializer_range),
@@ -65,6 +75,17 @@ void trill_model_init_random(trill_model *m, uint64_t seed);
 /* Loads DIR/config.json and the checkpoint (single or sharded safetensors, F32/BF16/F16),
  * checking every tensor's presence and shape; unexpected tensors are an error. */
 trill_status trill_model_load(const char *dir, trill_model **out);
+
+/* How trill_model_load_as stores the weights. */
+typedef enum trill_storage {
+    TRILL_STORE_F32,       /* everything fp32: weights that train (full fine-tuning) or merge */
+    TRILL_STORE_CHECKPOINT /* a frozen base: the matrices stay bf16 when the checkpoint's are all
+                              bf16, else fp32; norms are fp32 either way */
+} trill_storage;
+
+/* trill_model_load with a choice of storage. A bf16-stored model runs every forward and the
+ * input/adapter gradients of the backward; it refuses weight gradients and merging. */
+trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out);
 
 /* Writes DIR/config.json and the weights in `dtype`, sharded above max_shard_bytes (0: never). */
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes);

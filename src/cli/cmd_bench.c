@@ -68,7 +68,8 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
     trill_model *m;
-    if (trill_model_load(dir, &m)) return cli_fail("bench");
+    /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16) */
+    if (trill_model_load_as(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m)) return cli_fail("bench");
     const trill_config *cfg = &m->config;
     trill_lora *lora = NULL;
     if (lora_mode) {
@@ -107,6 +108,8 @@ int cmd_bench(int argc, char **argv) {
         printf("trill train (%s%s) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
                lora_mode ? "lora" : "full", recompute ? ", recompute" : "", batch, seq, T / med, med * 1e3, flops / med * 1e-9,
                100.0 * flops / med * 1e-9 / peak, flops * 1e-9, ru.ru_maxrss / 1024.0);
+        printf("base weights: %s, %.0f MB (%zu parameters)\n", m->storage == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",
+               (m->n_f32 * 4.0 + m->n_bf16 * 2.0) / 1e6, m->n_params);
     }
     trill_model_attach_lora(m, NULL);
     trill_lora_free(lora);

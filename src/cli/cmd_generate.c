@@ -92,7 +92,7 @@ int cmd_generate(int argc, char **argv) {
     trill_tokenizer *tok = NULL;
     int *ids = NULL;
     size_t n = 0;
-    trill_status st = trill_model_load(dir, &m);
+    trill_status st = trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m);
     if (!st) st = trill_tokenizer_load(dir, &tok);
     if (!st) st = trill_tokenizer_encode(tok, prompt, strlen(prompt), false, &ids, &n);
     if (!st && n == 0) st = trill_error(TRILL_ERR_INVALID, "--prompt: the prompt encodes to no tokens");

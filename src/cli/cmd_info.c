@@ -38,7 +38,7 @@ int cmd_info(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("info", USAGE, "unexpected argument \"%s\"", argv[optind]);
     if (!dir) return cli_usage_error("info", USAGE, "--model DIR is required");
     trill_model *m;
-    if (trill_model_load(dir, &m)) return cli_fail("info");
+    if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("info");
     const trill_config *cfg = &m->config;
     int64_t total, active;
     trill_config_param_counts(cfg, &total, &active);

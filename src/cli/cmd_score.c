@@ -138,7 +138,7 @@ int cmd_score(int argc, char **argv) {
     if (!dir || !input) return cli_usage_error("score", USAGE, "--model DIR and --input FILE are required");
 
     trill_model *m;
-    if (trill_model_load(dir, &m)) return cli_fail("score");
+    if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("score");
     char *text = NULL;
     size_t len = 0;
     trill_status st = trill_read_file(input, &text, &len);

@@ -96,9 +96,9 @@ void trill_forward_pass_free(trill_forward_pass *fp) {
 
 /* out[n, N] = inp W^T, plus scale (inp A^T) B^T when the module has an adapter in use; the
  * LoRA input inp A^T is kept in xa for the backward pass. */
-static void linear(const trill_forward_pass *fp, float *out, const float *inp, const float *W, trill_lora_pair ad, float *xa,
+static void linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa,
                    int n, int K, int N) {
-    matmul_forward(out, inp, W, n, K, N);
+    matmul_forward_w(out, inp, W, n, K, N);
     if (!fp->lora || !ad.A) return;
     const int r = fp->lora->config.rank;
     matmul_forward(xa, inp, ad.A, n, K, r);
@@ -132,7 +132,7 @@ static void attention_block(const trill_forward_pass *fp, const trill_layer_weig
 
 /* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
  * (and the adapters' inputs in xa[XA_GATE..XA_DOWN], from row `row0`). */
-static void mlp(const trill_forward_pass *fp, float *out, const float *inp, const float *wg, const float *wu, const float *wd,
+static void mlp(const trill_forward_pass *fp, float *out, const float *inp, trill_weight wg, trill_weight wu, trill_weight wd,
                 trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, float *gate, float *up,
                 int n, int H, int I) {
     const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
@@ -150,7 +150,7 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     const int L = c->n_moe_layers;
-    matmul_forward(a->probs, a->xn2, w->router, T, H, E);
+    matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
     softmax_forward(a->probs, a->probs, T, E);
     if (replay) {
         for (int t = 0; t < T; t++)
@@ -176,8 +176,8 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
         for (int r = 0; r < n; r++) memcpy(fp->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
         float *ye = a->ye + (size_t)first * H;
         const trill_lora_pair none = { 0 };
-        mlp(fp, ye, fp->xe, w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H,
-            w->expert_down + (size_t)e * H * Im, ad->expert_gate ? ad->expert_gate[e] : none,
+        mlp(fp, ye, fp->xe, trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
+            trill_weight_at(w->expert_down, (size_t)e * H * Im), ad->expert_gate ? ad->expert_gate[e] : none,
             ad->expert_up ? ad->expert_up[e] : none, ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first,
             a->gate + (size_t)first * Im, a->up + (size_t)first * Im, n, H, Im);
         for (int r = 0; r < n; r++) {
@@ -249,7 +249,7 @@ static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t 
     rope_inv_freq(fp->inv_freq, c->head_dim, c->rope_theta);
     for (int s = 0; s < fp->n_seqs; s++)
         for (int t = fp->offsets[s]; t < fp->offsets[s + 1]; t++) fp->pos[t] = t - fp->offsets[s];
-    embedding_forward(fp->layers[0].x_in, m->embed, fp->tokens, T, H);
+    embedding_forward_w(fp->layers[0].x_in, m->embed, fp->tokens, T, H);
     for (int l = 0; l < c->num_hidden_layers; l++) run_layer(fp, l, replay, experts);
     rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
 }

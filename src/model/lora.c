@@ -267,29 +267,32 @@ static void merge_pair(const trill_lora *lora, trill_lora_pair p, float *W, int 
     free(delta);
 }
 
-void trill_lora_merge(const trill_lora *lora, trill_model *m) {
+trill_status trill_lora_merge(const trill_lora *lora, trill_model *m) {
+    if (m->storage != TRILL_F32)
+        return trill_error(TRILL_ERR_INVALID, "merge: the model keeps its base in bf16; load it with fp32 storage to merge adapters into it");
     const trill_config *c = &m->config;
     const int H = c->hidden_size, qd = c->num_attention_heads * c->head_dim, kvd = c->num_key_value_heads * c->head_dim;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const trill_lora_layer *L = &lora->layers[l];
         trill_layer_weights *w = &m->layers[l];
-        merge_pair(lora, L->q, w->wq, H, qd);
-        merge_pair(lora, L->k, w->wk, H, kvd);
-        merge_pair(lora, L->v, w->wv, H, kvd);
-        merge_pair(lora, L->o, w->wo, qd, H);
+        merge_pair(lora, L->q, w->wq.f32, H, qd);
+        merge_pair(lora, L->k, w->wk.f32, H, kvd);
+        merge_pair(lora, L->v, w->wv.f32, H, kvd);
+        merge_pair(lora, L->o, w->wo.f32, qd, H);
         if (trill_config_is_moe(c, l)) {
             const int Im = c->moe_intermediate_size;
             for (int e = 0; e < c->num_experts; e++) {
-                merge_pair(lora, L->expert_gate[e], w->expert_gate + (size_t)e * Im * H, H, Im);
-                merge_pair(lora, L->expert_up[e], w->expert_up + (size_t)e * Im * H, H, Im);
-                merge_pair(lora, L->expert_down[e], w->expert_down + (size_t)e * H * Im, Im, H);
+                merge_pair(lora, L->expert_gate[e], w->expert_gate.f32 + (size_t)e * Im * H, H, Im);
+                merge_pair(lora, L->expert_up[e], w->expert_up.f32 + (size_t)e * Im * H, H, Im);
+                merge_pair(lora, L->expert_down[e], w->expert_down.f32 + (size_t)e * H * Im, Im, H);
             }
         } else {
             const int I = c->intermediate_size;
-            merge_pair(lora, L->gate, w->mlp_gate, H, I);
-            merge_pair(lora, L->up, w->mlp_up, H, I);
-            merge_pair(lora, L->down, w->mlp_down, I, H);
+            merge_pair(lora, L->gate, w->mlp_gate.f32, H, I);
+            merge_pair(lora, L->up, w->mlp_up.f32, H, I);
+            merge_pair(lora, L->down, w->mlp_down.f32, I, H);
         }
     }
-    merge_pair(lora, lora->lm_head, m->lm_head, H, c->vocab_size);
+    merge_pair(lora, lora->lm_head, m->lm_head.f32, H, c->vocab_size);
+    return TRILL_OK;
 }

@@ -12,44 +12,61 @@
 #include "trill/safetensors.h"
 
 /* ---- layout ------------------------------------------------------------------------------
- * One pass over the architecture names every tensor, in HF checkpoint order. With
- * m->params NULL it only counts; with the block allocated it also sets the pointers. */
+ * One pass over the architecture names every tensor, in HF checkpoint order. With the blocks
+ * not yet allocated it only counts; with them allocated it also sets the pointers. Vectors
+ * (norm weights) always go to the fp32 block; matrices go to the block of m->storage. */
 
 typedef struct layout {
     trill_model *m;
-    size_t offset;  /* floats used so far */
-    size_t n;       /* tensors named so far */
+    size_t n32, n16; /* elements used so far in each block */
+    size_t n;        /* tensors named so far */
 } layout;
 
-static float *add(layout *L, int ndim, int64_t rows, int64_t cols, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static float *add(layout *L, int ndim, int64_t rows, int64_t cols, const char *fmt, ...) {
-    size_t numel = (size_t)rows * (size_t)(ndim == 2 ? cols : 1);
-    float *data = L->m->params ? L->m->params + L->offset : NULL;
-    if (L->m->tensors) {
-        trill_param *p = &L->m->tensors[L->n];
-        va_list ap;
-        va_start(ap, fmt);
+static trill_param *add(layout *L, int ndim, int64_t rows, int64_t cols, const char *fmt, va_list ap) {
+    static trill_param counting; /* stands in while only counting */
+    trill_model *m = L->m;
+    const size_t numel = (size_t)rows * (size_t)(ndim == 2 ? cols : 1);
+    const bool half = ndim == 2 && m->storage == TRILL_BF16;
+    trill_param *p = m->tensors ? &m->tensors[L->n] : &counting;
+    if (m->tensors) {
         vsnprintf(p->name, sizeof p->name, fmt, ap);
-        va_end(ap);
         p->ndim = ndim;
         p->shape[0] = rows;
         p->shape[1] = ndim == 2 ? cols : 0;
-        p->data = data;
+        p->data = !half && m->params ? m->params + L->n32 : NULL;
+        p->bf16 = half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
         p->numel = numel;
     }
-    L->offset += numel;
+    *(half ? &L->n16 : &L->n32) += numel;
     L->n++;
+    return p;
+}
+
+static float *add_vector(layout *L, int64_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static trill_weight add_matrix(layout *L, int64_t rows, int64_t cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static float *add_vector(layout *L, int64_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    float *data = add(L, 1, n, 0, fmt, ap)->data;
+    va_end(ap);
     return data;
 }
 
+static trill_weight add_matrix(layout *L, int64_t rows, int64_t cols, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const trill_param *p = add(L, 2, rows, cols, fmt, ap);
+    va_end(ap);
+    return (trill_weight){ p->data, p->bf16 };
+}
+
 /* Several expert tensors laid back to back: returns the first; names each. */
-static float *add_experts(layout *L, int E, int64_t rows, int64_t cols, int layer, const char *proj) {
-    float *first = NULL;
+static trill_weight add_experts(layout *L, int E, int64_t rows, int64_t cols, int layer, const char *proj) {
+    trill_weight first = { 0 };
     for (int e = 0; e < E; e++) {
-        float *p = add(L, 2, rows, cols, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e, proj);
-        if (e == 0) first = p;
+        trill_weight w = add_matrix(L, rows, cols, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e, proj);
+        if (e == 0) first = w;
     }
     return first;
 }
@@ -59,51 +76,57 @@ static void walk_layout(layout *L) {
     const trill_config *c = &m->config;
     const int64_t H = c->hidden_size, hd = c->head_dim;
     const int64_t qdim = (int64_t)c->num_attention_heads * hd, kvdim = (int64_t)c->num_key_value_heads * hd;
-    m->embed = add(L, 2, c->vocab_size, H, "model.embed_tokens.weight");
+    m->embed = add_matrix(L, c->vocab_size, H, "model.embed_tokens.weight");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         trill_layer_weights *w = &m->layers[l];
-        w->input_norm = add(L, 1, H, 0, "model.layers.%d.input_layernorm.weight", l);
-        w->wq = add(L, 2, qdim, H, "model.layers.%d.self_attn.q_proj.weight", l);
-        w->wk = add(L, 2, kvdim, H, "model.layers.%d.self_attn.k_proj.weight", l);
-        w->wv = add(L, 2, kvdim, H, "model.layers.%d.self_attn.v_proj.weight", l);
-        w->wo = add(L, 2, H, qdim, "model.layers.%d.self_attn.o_proj.weight", l);
-        w->q_norm = add(L, 1, hd, 0, "model.layers.%d.self_attn.q_norm.weight", l);
-        w->k_norm = add(L, 1, hd, 0, "model.layers.%d.self_attn.k_norm.weight", l);
-        w->post_norm = add(L, 1, H, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        w->input_norm = add_vector(L, H, "model.layers.%d.input_layernorm.weight", l);
+        w->wq = add_matrix(L, qdim, H, "model.layers.%d.self_attn.q_proj.weight", l);
+        w->wk = add_matrix(L, kvdim, H, "model.layers.%d.self_attn.k_proj.weight", l);
+        w->wv = add_matrix(L, kvdim, H, "model.layers.%d.self_attn.v_proj.weight", l);
+        w->wo = add_matrix(L, H, qdim, "model.layers.%d.self_attn.o_proj.weight", l);
+        w->q_norm = add_vector(L, hd, "model.layers.%d.self_attn.q_norm.weight", l);
+        w->k_norm = add_vector(L, hd, "model.layers.%d.self_attn.k_norm.weight", l);
+        w->post_norm = add_vector(L, H, "model.layers.%d.post_attention_layernorm.weight", l);
         if (trill_config_is_moe(c, l)) {
             const int E = c->num_experts;
             const int64_t Im = c->moe_intermediate_size;
-            w->router = add(L, 2, E, H, "model.layers.%d.mlp.gate.weight", l);
+            w->router = add_matrix(L, E, H, "model.layers.%d.mlp.gate.weight", l);
             w->expert_gate = add_experts(L, E, Im, H, l, "gate_proj");
             w->expert_up = add_experts(L, E, Im, H, l, "up_proj");
             w->expert_down = add_experts(L, E, H, Im, l, "down_proj");
         } else {
             const int64_t I = c->intermediate_size;
-            w->mlp_gate = add(L, 2, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
-            w->mlp_up = add(L, 2, I, H, "model.layers.%d.mlp.up_proj.weight", l);
-            w->mlp_down = add(L, 2, H, I, "model.layers.%d.mlp.down_proj.weight", l);
+            w->mlp_gate = add_matrix(L, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
+            w->mlp_up = add_matrix(L, I, H, "model.layers.%d.mlp.up_proj.weight", l);
+            w->mlp_down = add_matrix(L, H, I, "model.layers.%d.mlp.down_proj.weight", l);
         }
     }
-    m->final_norm = add(L, 1, H, 0, "model.norm.weight");
-    m->lm_head = c->tie_word_embeddings ? m->embed : add(L, 2, c->vocab_size, H, "lm_head.weight");
+    m->final_norm = add_vector(L, H, "model.norm.weight");
+    m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(L, c->vocab_size, H, "lm_head.weight");
 }
 
-trill_status trill_model_create(const trill_config *config, trill_model **out) {
+trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
+    if (storage != TRILL_F32 && storage != TRILL_BF16)
+        return trill_error(TRILL_ERR_INVALID, "model storage must be F32 or BF16, not %s", trill_dtype_name(storage));
     trill_model *m = calloc(1, sizeof *m);
     if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     m->config = *config;
     m->checkpoint_dtype = TRILL_F32;
+    m->storage = storage;
     m->layers = calloc((size_t)config->num_hidden_layers, sizeof *m->layers);
     layout L = { .m = m };
     if (m->layers) walk_layout(&L); /* count only */
-    m->n_params = L.offset;
+    m->n_f32 = L.n32;
+    m->n_bf16 = L.n16;
+    m->n_params = L.n32 + L.n16;
     m->n_tensors = L.n;
-    m->params = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+    m->params = calloc(m->n_f32 ? m->n_f32 : 1, sizeof(float));
+    m->params_bf16 = storage == TRILL_BF16 ? calloc(m->n_bf16 ? m->n_bf16 : 1, sizeof(uint16_t)) : NULL;
     m->tensors = calloc(m->n_tensors, sizeof *m->tensors);
-    if (!m->layers || !m->params || !m->tensors) {
+    if (!m->layers || !m->params || !m->tensors || (storage == TRILL_BF16 && !m->params_bf16)) {
         trill_model_free(m);
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu parameters (%.1f GB fp32)",
-                           L.offset, L.offset * 4e-9);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu parameters (%.1f GB)", L.n32 + L.n16,
+                           (L.n32 * 4.0 + L.n16 * 2.0) * 1e-9);
     }
     L = (layout){ .m = m };
     walk_layout(&L); /* set names and pointers */
@@ -111,9 +134,14 @@ trill_status trill_model_create(const trill_config *config, trill_model **out) {
     return TRILL_OK;
 }
 
+trill_status trill_model_create(const trill_config *config, trill_model **out) {
+    return trill_model_create_stored(config, TRILL_F32, out);
+}
+
 void trill_model_free(trill_model *m) {
     if (!m) return;
     free(m->params);
+    free(m->params_bf16);
     free(m->tensors);
     free(m->layers);
     free(m);
@@ -128,8 +156,13 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
             continue;
         }
         uint64_t key = trill_rng_key(seed, t);
+        if (p->bf16) {
 #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, i);
+            for (size_t i = 0; i < p->numel; i++) p->bf16[i] = trill_f32_to_bf16(std * (float)trill_rng_normal(key, i));
+        } else {
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, i);
+        }
     }
 }
 
@@ -165,7 +198,8 @@ static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, cons
                                v->path, p->name, got, want);
         }
         if (t == 0) first_dtype = v->dtype;
-        trill_to_f32(p->data, v->data, v->dtype, p->numel);
+        if (p->bf16) memcpy(p->bf16, v->data, p->numel * sizeof(uint16_t)); /* only chosen for BF16 tensors */
+        else trill_to_f32(p->data, v->data, v->dtype, p->numel);
     }
     m->checkpoint_dtype = first_dtype;
 
@@ -190,7 +224,18 @@ static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, cons
     return st;
 }
 
-trill_status trill_model_load(const char *dir, trill_model **out) {
+/* bf16 storage keeps a checkpoint as it is only if every matrix in it is BF16 */
+static bool matrices_all_bf16(const trill_checkpoint *ck) {
+    for (size_t i = 0; i < trill_checkpoint_count(ck); i++) {
+        const trill_tensor_view *v = trill_checkpoint_tensor(ck, i);
+        if (v->ndim == 2 && v->dtype != TRILL_BF16) return false;
+    }
+    return trill_checkpoint_count(ck) > 0;
+}
+
+trill_status trill_model_load(const char *dir, trill_model **out) { return trill_model_load_as(dir, TRILL_STORE_F32, out); }
+
+trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out) {
     char *config_path = trill_path_join(dir, "config.json");
     if (!config_path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_config config;
@@ -200,7 +245,8 @@ trill_status trill_model_load(const char *dir, trill_model **out) {
     trill_checkpoint *ck;
     if ((st = trill_checkpoint_open(dir, &ck))) return st;
     trill_model *m;
-    if (!(st = trill_model_create(&config, &m))) {
+    const trill_dtype kept = storage == TRILL_STORE_CHECKPOINT && matrices_all_bf16(ck) ? TRILL_BF16 : TRILL_F32;
+    if (!(st = trill_model_create_stored(&config, kept, &m))) {
         if ((st = fill_params(m, ck, dir))) trill_model_free(m);
         else *out = m;
     }
@@ -215,7 +261,8 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
     if (!outs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t t = 0; t < m->n_tensors; t++) {
         const trill_param *p = &m->tensors[t];
-        outs[t] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = p->data, .src_dtype = TRILL_F32 };
+        outs[t] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = p->bf16 ? (const void *)p->bf16 : p->data,
+                                      .src_dtype = p->bf16 ? TRILL_BF16 : TRILL_F32 };
         memcpy(outs[t].shape, p->shape, sizeof p->shape);
     }
     st = trill_checkpoint_write(dir, outs, m->n_tensors, dtype, max_shard_bytes);

@@ -58,12 +58,13 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_config *c, int T,
 
 /* The gradient slot of a base weight / an adapter tensor, or NULL when not wanted. */
 #define GRAD(ptr) (sink->base ? sink->base + ((ptr) - sink->m->params) : NULL)
+#define GRADW(w) GRAD((w).f32) /* base gradients exist only with fp32 storage (checked on entry) */
 #define LGRAD(ptr) (sink->lora_grads ? sink->lora_grads + ((ptr) - sink->lora->params) : NULL)
 
 /* Backward of linear() (src/model/forward.c): y = x W^T + scale (x A^T) B^T with xa = x A^T. */
 static void linear_backward(const trill_forward_pass *fp, const grad_sinks *sink, grad_scratch *g, float *dinp, const float *dout,
-                            const float *inp, const float *W, trill_lora_pair ad, const float *xa, int n, int K, int N) {
-    matmul_backward(dinp, GRAD(W), dout, inp, W, n, K, N);
+                            const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K, int N) {
+    matmul_backward_w(dinp, GRADW(W), dout, inp, W, n, K, N);
     if (!fp->lora || !ad.A) return;
     const int r = fp->lora->config.rank;
     const float s = fp->lora->scale;
@@ -107,7 +108,7 @@ static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, 
 /* SwiGLU MLP of n rows given dout: weight and adapter gradients, and dinp (+=). xa are the
  * adapters' inputs saved by the forward pass for these rows (NULL without adapters). */
 static void mlp_backward(const trill_forward_pass *fp, const grad_sinks *sink, grad_scratch *g, float *dinp, const float *dout,
-                         const float *inp, const float *gate, const float *up, const float *wg, const float *wu, const float *wd,
+                         const float *inp, const float *gate, const float *up, trill_weight wg, trill_weight wu, trill_weight wd,
                          trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, int n, int H,
                          int I) {
     const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
@@ -148,7 +149,8 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
         }
         zero(g->dxe, (size_t)n * H);
         mlp_backward(fp, sink, g, g->dxe, g->dye, fp->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
-                     w->expert_gate + (size_t)e * Im * H, w->expert_up + (size_t)e * Im * H, w->expert_down + (size_t)e * H * Im,
+                     trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
+                     trill_weight_at(w->expert_down, (size_t)e * H * Im),
                      ad->expert_gate ? ad->expert_gate[e] : none, ad->expert_up ? ad->expert_up[e] : none,
                      ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first, n, H, Im);
         for (int r = 0; r < n; r++) {
@@ -159,7 +161,7 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
     }
     zero(g->dlogits, (size_t)T * E);
     router_gates_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob);
-    matmul_backward(g->dxn, GRAD(w->router), g->dlogits, a->xn2, w->router, T, H, E);
+    matmul_backward_w(g->dxn, GRADW(w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
 /* Attention block: g->dx (gradient of x_mid) -> adds the attention branch's gradient of x_in. */
@@ -189,6 +191,8 @@ static void attention_backward_block(const trill_forward_pass *fp, const trill_l
 
 trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads) {
     if (!fp->training) return trill_error(TRILL_ERR_INVALID, "backward: the forward pass did not keep activations (use trill_model_forward_train)");
+    if (grads && fp->m->storage != TRILL_F32)
+        return trill_error(TRILL_ERR_INVALID, "backward: weight gradients need fp32 weights, but this model keeps its base in bf16 (load it with TRILL_STORE_F32 for full fine-tuning)");
     if (lora_grads && !fp->lora) return trill_error(TRILL_ERR_INVALID, "backward: adapter gradients asked for, but no enabled adapters took part in the forward pass");
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
@@ -215,7 +219,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
         rmsnorm_backward(g.dx, GRAD(w->post_norm), g.dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
         attention_backward_block(fp, w, ad, a, sink, &g);
     }
-    if (grads) embedding_backward(GRAD(m->embed), g.dx, fp->tokens, T, H);
+    if (grads) embedding_backward(GRADW(m->embed), g.dx, fp->tokens, T, H);
     free(g.block);
     return TRILL_OK;
 }

@@ -250,7 +250,8 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
         json_decref(state);
         free(state_path);
     }
-    if (!st) st = trill_model_load(c->resume && !c->lora ? c->out_dir : c->model_dir, &m);
+    /* LoRA: a frozen base, kept in the checkpoint's dtype; full: fp32 master weights */
+    if (!st) st = trill_model_load_as(c->resume && !c->lora ? c->out_dir : c->model_dir, c->lora ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m);
     if (!st) st = trill_tokenizer_load(c->model_dir, &tok);
     if (!st) st = load_data(c, c->data_path, tok, &m->config, &train);
     if (!st && c->eval_path) st = load_data(c, c->eval_path, tok, &m->config, &heldout);

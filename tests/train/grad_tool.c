@@ -42,8 +42,8 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--clip") == 0 && i + 1 < argc) clip = atof(argv[++i]);
         else { fprintf(stderr, "grad_tool: unknown argument %s\n", argv[i]); return 2; }
     }
-    trill_model *m;
-    if (trill_model_load(argv[1], &m)) return fail(argv[1]);
+    trill_model *m; /* with an adapter the base is frozen and kept as stored (bf16 checkpoints stay bf16) */
+    if (trill_model_load_as(argv[1], adapter ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m)) return fail(argv[1]);
     trill_lora *lora = NULL;
     if (adapter) {
         if (trill_lora_load(m, adapter, &lora)) return fail(adapter);

@@ -15,6 +15,7 @@
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/rng.h"
+#include "trill/train.h"
 
 
 enum { T = 12 };
@@ -85,7 +86,7 @@ static void test_peft_files_and_merge(void **state) {
     trill_model_attach_lora(m, back);
     logprobs(m, adapted);
     trill_model_attach_lora(m, NULL);
-    trill_lora_merge(back, m);
+    assert_int_equal(trill_lora_merge(back, m), TRILL_OK);
     logprobs(m, merged);
     for (int t = 1; t < T; t++)
         if (t != 5) assert_true(fabsf(adapted[t] - merged[t]) < 1e-5f);
@@ -133,11 +134,91 @@ static void test_config_errors(void **state) {
     trill_model_free(m);
 }
 
+/* A bf16 checkpoint under LoRA: the frozen base stays bf16 (no fp32 copy of the matrices) and
+ * gives the log-probs and adapter gradients of the same values held in fp32. Weight gradients
+ * and merging into it are refused. */
+static void test_bf16_frozen_base(void **state) {
+    (void)state;
+    char *dir = test_tmpdir("bf16base");
+    trill_model *src = test_small_moe(23, false, true);
+    assert_int_equal(trill_model_save(src, dir, TRILL_BF16, 0), TRILL_OK);
+    trill_model *f32, *b16, *plain;
+    assert_int_equal(trill_model_load_as(dir, TRILL_STORE_F32, &f32), TRILL_OK);
+    assert_int_equal(trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &b16), TRILL_OK);
+    assert_int_equal(f32->storage, TRILL_F32);
+    assert_int_equal(b16->storage, TRILL_BF16);
+    assert_non_null(b16->params_bf16);
+    assert_int_equal(b16->n_params, f32->n_params);
+    assert_true(b16->n_f32 < b16->n_params / 20); /* only the norm vectors stay fp32 */
+    assert_int_equal(b16->n_f32 + b16->n_bf16, b16->n_params);
+
+    float lp32[T], lp16[T];
+    uint16_t ex32[T * 3 * 2], ex16[T * 3 * 2];
+    assert_int_equal(trill_model_forward(f32, TOKENS, OFFSETS, 2, NULL, lp32, ex32), TRILL_OK);
+    assert_int_equal(trill_model_forward(b16, TOKENS, OFFSETS, 2, NULL, lp16, ex16), TRILL_OK);
+    for (int t = 1; t < T; t++)
+        if (t != 5) assert_true(fabsf(lp32[t] - lp16[t]) <= 1e-6f);
+    assert_memory_equal(ex32, ex16, sizeof ex32);
+
+    /* one adapter set, attached to each in turn: the same gradients */
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(f32, all_targets(), 3, &lora), TRILL_OK);
+    randomize_b(lora);
+    float *g[2], coef[T];
+    for (int t = 0; t < T; t++) coef[t] = (float)((t * 37) % 11) / 5.0f - 1.0f;
+    trill_model *both[2] = { f32, b16 };
+    for (int i = 0; i < 2; i++) {
+        trill_model_attach_lora(both[i], lora);
+        trill_forward_pass *pass;
+        assert_int_equal(trill_model_forward_train(both[i], TOKENS, OFFSETS, 2, NULL, lp32, NULL, false, &pass), TRILL_OK);
+        g[i] = calloc(lora->n_params, sizeof(float));
+        assert_int_equal(trill_model_backward(pass, coef, NULL, g[i]), TRILL_OK);
+        if (i == 1) { /* frozen means frozen: no weight gradients from a bf16 base */
+            float *full = calloc(b16->n_params, sizeof(float));
+            assert_int_equal(trill_model_backward(pass, coef, full, NULL), TRILL_ERR_INVALID);
+            free(full);
+        }
+        trill_forward_pass_free(pass);
+        trill_model_attach_lora(both[i], NULL);
+    }
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < lora->n_params; i++) {
+        worst = fmax(worst, fabs((double)g[0][i] - g[1][i]));
+        scale = fmax(scale, fabs((double)g[0][i]));
+    }
+    assert_true(scale > 0);
+    assert_true(worst <= 1e-5 * scale);
+    assert_int_equal(trill_lora_merge(lora, b16), TRILL_ERR_INVALID);
+
+    /* saved again as bf16 it is the same file content; an fp32 checkpoint stays fp32 */
+    char *again = test_tmpdir("bf16again");
+    assert_int_equal(trill_model_save(b16, again, TRILL_BF16, 0), TRILL_OK);
+    assert_int_equal(trill_model_load_as(again, TRILL_STORE_F32, &plain), TRILL_OK);
+    assert_memory_equal(plain->params, f32->params, f32->n_params * sizeof(float));
+    trill_model_free(plain);
+    assert_int_equal(trill_model_save(src, again, TRILL_F32, 0), TRILL_OK);
+    assert_int_equal(trill_model_load_as(again, TRILL_STORE_CHECKPOINT, &plain), TRILL_OK);
+    assert_int_equal(plain->storage, TRILL_F32);
+    trill_model_free(plain);
+
+    free(g[0]);
+    free(g[1]);
+    trill_lora_free(lora);
+    trill_model_free(src);
+    trill_model_free(f32);
+    trill_model_free(b16);
+    test_rmdir(dir);
+    test_rmdir(again);
+    free(dir);
+    free(again);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_switch_and_zero_init),
         cmocka_unit_test(test_peft_files_and_merge),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_bf16_frozen_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

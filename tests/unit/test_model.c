@@ -46,11 +46,11 @@ static void test_layout_and_layer_map(void **state) {
     assert_non_null(e7);
     assert_int_equal(e7->shape[0], 32);
     assert_int_equal(e7->shape[1], 16);
-    assert_ptr_equal(e7->data, m->layers[2].expert_down + 7 * 32 * 16);
+    assert_ptr_equal(e7->data, m->layers[2].expert_down.f32 + 7 * 32 * 16);
     trill_model_free(m);
 
     m = test_small_moe(1, true, true);
-    assert_ptr_equal(m->lm_head, m->embed);
+    assert_ptr_equal(m->lm_head.f32, m->embed.f32);
     assert_string_equal(m->tensors[m->n_tensors - 1].name, "model.norm.weight");
     trill_model_free(m);
 }
@@ -62,7 +62,7 @@ static void test_init_deterministic(void **state) {
     assert_memory_not_equal(a->params, c->params, a->n_params * sizeof(float));
     assert_true(a->final_norm[0] == 1.0f); /* norms start at one, as in HF */
     double ss = 0;
-    for (size_t i = 0; i < (size_t)a->config.vocab_size * 32; i++) ss += (double)a->embed[i] * a->embed[i];
+    for (size_t i = 0; i < (size_t)a->config.vocab_size * 32; i++) ss += (double)a->embed.f32[i] * a->embed.f32[i];
     double std = sqrt(ss / (a->config.vocab_size * 32.0));
     assert_true(fabs(std - 0.3) < 0.015); /* initializer_range 0.3 */
     trill_model_free(a);

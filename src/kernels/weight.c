@@ -1,0 +1,100 @@
+/* Kernels on stored weights (trill/weight.h): fp32 goes straight to the fp32 kernels; bf16 is
+ * widened to fp32 one panel of rows at a time, then multiplied by the threaded sgemm. Widening
+ * costs one pass over the weight per call against 2*T multiply-adds per element, so it is
+ * negligible for the batches training runs; the arithmetic is exactly the fp32 kernels' on
+ * the widened values. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+#include "trill/kernels.h"
+
+/* Floats per widened panel (4 MB): large enough for efficient GEMMs, small next to the model. */
+enum { WEIGHT_PANEL = 1 << 20 };
+
+void bf16_widen(float *dst, const uint16_t *src, size_t n) {
+    uint32_t *d = (uint32_t *)(void *)dst;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
+}
+
+/* Widens n elements with the team when called outside a parallel region. */
+static void widen_parallel(float *dst, const uint16_t *src, size_t n) {
+    if (n < 65536 || omp_in_parallel()) {
+        bf16_widen(dst, src, n);
+        return;
+    }
+    const size_t chunk = 16384;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += chunk) bf16_widen(dst + i, src + i, n - i < chunk ? n - i : chunk);
+}
+
+/* The calling thread's panel buffer, grown on demand and kept (one per thread that runs
+ * kernels: the trainer's thread in practice). */
+static _Thread_local float *t_panel;
+static _Thread_local size_t t_panel_cap;
+
+static float *panel_buffer(size_t n) {
+    if (n > t_panel_cap) {
+        free(t_panel);
+        t_panel = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+        t_panel_cap = t_panel ? n : 0;
+    }
+    return t_panel;
+}
+
+static int panel_rows(int K, int N) {
+    int rows = K > 0 ? WEIGHT_PANEL / K : N;
+    if (rows < 1) rows = 1;
+    return rows < N ? rows : N;
+}
+
+/* Panel buffers failing to allocate means the process is out of memory for 4 MB: there is no
+ * sensible way on, and the kernels have no error path. */
+static float *panel_or_die(size_t n) {
+    float *p = panel_buffer(n);
+    if (!p) abort();
+    return p;
+}
+
+void matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
+    if (W.f32) {
+        matmul_forward(out, inp, W.f32, T, K, N);
+        return;
+    }
+    if (T == 0 || N == 0) return;
+    const int rows = panel_rows(K, N);
+    float *panel = panel_or_die((size_t)rows * K);
+    for (int n0 = 0; n0 < N; n0 += rows) { /* out[:, n0:n0+nb] = inp @ W[n0:n0+nb]^T */
+        const int nb = N - n0 < rows ? N - n0 : rows;
+        widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
+        kernels_sgemm(CblasNoTrans, CblasTrans, T, nb, K, 1, inp, K, panel, K, 0, out + n0, N);
+    }
+}
+
+void matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
+    if (W.f32) {
+        matmul_backward(dinp, dweight, dout, inp, W.f32, T, K, N);
+        return;
+    }
+    if (dweight) abort(); /* a bf16 weight is frozen: callers refuse weight gradients earlier */
+    if (!dinp || T == 0 || N == 0) return;
+    const int rows = panel_rows(K, N);
+    float *panel = panel_or_die((size_t)rows * K);
+    for (int n0 = 0; n0 < N; n0 += rows) { /* dinp += dout[:, n0:n0+nb] @ W[n0:n0+nb] */
+        const int nb = N - n0 < rows ? N - n0 : rows;
+        widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
+        kernels_sgemm(CblasNoTrans, CblasNoTrans, T, K, nb, 1, dout + n0, N, panel, K, 1, dinp, K);
+    }
+}
+
+void embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C) {
+    if (table.f32) {
+        embedding_forward(out, table.f32, tokens, T, C);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) bf16_widen(out + (size_t)t * C, table.bf16 + (size_t)tokens[t] * C, (size_t)C);
+}

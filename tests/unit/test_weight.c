@@ -1,0 +1,78 @@
+/* Kernels on stored weights (trill/weight.h): a bf16 matrix gives exactly what the fp32
+ * kernels give on its widened values, across several panels. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "trill/dtype.h"
+#include "trill/kernels.h"
+#include "trill/rng.h"
+
+static void fill(float *x, size_t n, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)trill_rng_normal(seed, i);
+}
+
+static void expect_close(const float *got, const float *want, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (fabsf(got[i] - want[i]) > 1e-4f * (1.0f + fabsf(want[i])))
+            fail_msg("element %zu: %.9g, expected %.9g", i, got[i], want[i]);
+    }
+}
+
+/* N*K above one panel (1 << 20 floats): three panels, the last one short. */
+static void test_bf16_matmul_matches_widened_fp32(void **state) {
+    (void)state;
+    enum { T = 7, K = 1000, N = 2500 };
+    float *inp = malloc(sizeof(float) * T * K), *w32 = malloc(sizeof(float) * (size_t)N * K);
+    uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)N * K);
+    float *want = malloc(sizeof(float) * T * N), *got = malloc(sizeof(float) * T * N);
+    float *dout = malloc(sizeof(float) * T * N), *dwant = calloc(T * K, sizeof(float)), *dgot = calloc(T * K, sizeof(float));
+    fill(inp, T * K, 1);
+    fill(w32, (size_t)N * K, 2);
+    fill(dout, T * N, 3);
+    trill_from_f32(w16, w32, TRILL_BF16, (size_t)N * K);
+    trill_to_f32(w32, w16, TRILL_BF16, (size_t)N * K); /* the values bf16 holds */
+
+    matmul_forward(want, inp, w32, T, K, N);
+    matmul_forward_w(got, inp, (trill_weight){ NULL, w16 }, T, K, N);
+    expect_close(got, want, T * N);
+
+    for (size_t i = 0; i < T * K; i++) dwant[i] = dgot[i] = 0.5f; /* accumulates */
+    matmul_backward(dwant, NULL, dout, inp, w32, T, K, N);
+    matmul_backward_w(dgot, NULL, dout, inp, (trill_weight){ NULL, w16 }, T, K, N);
+    expect_close(dgot, dwant, T * K);
+
+    /* fp32 storage goes straight through */
+    matmul_forward_w(got, inp, trill_weight_f32(w32), T, K, N);
+    assert_memory_equal(got, want, sizeof(float) * T * N);
+
+    free(inp); free(w32); free(w16); free(want); free(got); free(dout); free(dwant); free(dgot);
+}
+
+static void test_bf16_embedding(void **state) {
+    (void)state;
+    enum { V = 50, C = 24, T = 6 };
+    float table[V * C], want[T * C], got[T * C];
+    uint16_t t16[V * C];
+    const int tokens[T] = { 3, 49, 0, 3, 17, 8 };
+    fill(table, V * C, 4);
+    trill_from_f32(t16, table, TRILL_BF16, V * C);
+    trill_to_f32(table, t16, TRILL_BF16, V * C);
+    embedding_forward(want, table, tokens, T, C);
+    embedding_forward_w(got, (trill_weight){ NULL, t16 }, tokens, T, C);
+    assert_memory_equal(got, want, sizeof want);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_matmul_matches_widened_fp32),
+        cmocka_unit_test(test_bf16_embedding),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
