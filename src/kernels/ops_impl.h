@@ -126,103 +126,196 @@ static int KN(max_seq_len)(const int *offsets, int n_seqs) {
     return m;
 }
 
-/* Softmax of scaled causal scores of query row t against keys 0..t; returns into p. */
-static void KN(attention_probs)(REAL *p, const REAL *qt, const REAL *k, size_t kvstride, int t, int hd, REAL scale) {
-    REAL maxv = -INFINITY;
-    for (int j = 0; j <= t; j++) {
-        const REAL *kj = k + (size_t)j * kvstride;
-        REAL dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int i = 0; i < hd; i++) dot += qt[i] * kj[i];
-        p[j] = dot * scale;
-        if (p[j] > maxv) maxv = p[j];
-    }
-    REAL sum = 0;
-    for (int j = 0; j <= t; j++) {
-        p[j] = EXPR(p[j] - maxv);
-        sum += p[j];
-    }
-    REAL inv = 1 / sum;
-    for (int j = 0; j <= t; j++) p[j] *= inv;
+/* Query positions per tile: a tile stacks this many rows of each query head of one kv group
+ * (about 128 rows in all), so the score GEMMs are tall enough to run near peak while the
+ * causal waste in the diagonal block (half a tile per row on average) stays small. A pure
+ * function of the shapes: the blocking, hence the rounding, never depends on threads. */
+static int KN(attention_tile)(int group) {
+    int tb = 128 / group;
+    return tb < 16 ? 16 : tb;
 }
 
+/* exp(x) for the softmax (x <= 0 after the max shift). fp32: Cody-Waite reduction and the
+ * Cephes polynomial, within 1.01 ulp of exp on [-87, 0] (checked against double exp for every
+ * float there), 0 below -87 (instead of a value under 1.7e-38), NaN passed on. Branch-free
+ * (selects on integer bits) so `omp simd` loops vectorise it; libm's expf is a scalar call
+ * and was most of the attention time. fp64 (gradient checks): libm's exp. */
+static inline REAL KN(attention_exp)(REAL x) {
+    if (sizeof(REAL) != sizeof(float)) return EXPR(x);
+    _Static_assert(sizeof(unsigned) == sizeof(float), "32-bit unsigned");
+    const float xf = (float)x, shift = 12582912.0f; /* 1.5 * 2^23: t's low mantissa bits hold round(x / ln2) */
+    const float t = xf * 1.44269504088896341f + shift, nf = t - shift;
+    const float r = (xf - nf * 0.693359375f) - nf * -2.12194440e-4f; /* x - n ln2, ln2 in two parts */
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    unsigned tbits, ybits;
+    memcpy(&tbits, &t, sizeof tbits);
+    const unsigned pbits = (tbits - 0x4B400000u + 127u) << 23; /* 2^n */
+    float p2, e;
+    memcpy(&p2, &pbits, sizeof p2);
+    e = y * p2;
+    memcpy(&ybits, &e, sizeof ybits);
+    ybits &= -(unsigned)!(xf < -87.0f); /* below -87 (garbage above): 0 */
+    memcpy(&e, &ybits, sizeof e);
+    return e;
+}
+
+/* In place on one row of scaled scores p[0..n): softmax over columns 0..last (the causal
+ * prefix), exact zeros in last+1..n-1. */
+static void KN(attention_softmax_row)(REAL *p, int last, int n) {
+    REAL maxv = p[0];
+#pragma omp simd reduction(max : maxv)
+    for (int j = 1; j <= last; j++) maxv = p[j] > maxv ? p[j] : maxv;
+    REAL sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= last; j++) {
+        REAL e = KN(attention_exp)(p[j] - maxv);
+        p[j] = e;
+        sum += e;
+    }
+    const REAL inv = 1 / sum;
+#pragma omp simd
+    for (int j = 0; j <= last; j++) p[j] *= inv;
+    for (int j = last + 1; j < n; j++) p[j] = 0;
+}
+
+/* One tile: the nb query positions t0..t0+nb-1 of every head of kv group g, stacked head by
+ * head into xs[group * nb, hd] (row a * nb + r is head g * group + a at position t0 + r). */
+static void KN(attention_gather)(REAL *xs, const REAL *x, size_t qstride, int t0, int nb, int h0, int group, int hd) {
+    for (int a = 0; a < group; a++)
+        for (int r = 0; r < nb; r++)
+            memcpy(xs + ((size_t)a * nb + r) * hd, x + (size_t)(t0 + r) * qstride + (size_t)(h0 + a) * hd, sizeof(REAL) * hd);
+}
+
+/* The tile's probabilities P[rows, end] (end = t0 + nb: the keys up to its last position):
+ * P = causal softmax(scale Qs K[0:end]^T). The forward and the backward both call this, so
+ * the backward recomputes bit-identical probabilities. Single-threaded BLAS. */
+static void KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, size_t kvstride, int t0, int nb, int rows, int hd,
+                                     REAL scale) {
+    const int end = t0 + nb;
+    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd, scale, qs, hd, ks, kvstride, 0, p, end);
+    for (int row = 0; row < rows; row++) KN(attention_softmax_row)(p + (size_t)row * end, t0 + row % nb, end);
+}
+
+/* Blocked: per (sequence, query tile, kv head) one task; its heads' rows are stacked so K and
+ * V are read once per tile: S = scale Q K^T (GEMM over the causal prefix), masked row softmax,
+ * O = P V (GEMM). Memory per thread: a [128-ish, max_len] score block. Every output element is
+ * computed by one task in a fixed order, so results do not depend on the threads. */
 void KN(attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
                            int nh, int nkv, int hd) {
     const REAL scale = 1 / SQRTR((REAL)hd);
-    const int group = nh / nkv;
+    const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd, kvstride = (size_t)nkv * hd;
-    const int max_len = KN(max_seq_len)(offsets, n_seqs);
+    const int max_len = KN(max_seq_len)(offsets, n_seqs), max_tiles = (max_len + tb - 1) / tb;
+    /* tasks (sequence, tile), last tiles (the most keys) first for the dynamic schedule */
+    int n_tasks = 0;
+    for (int s = 0; s < n_seqs; s++) n_tasks += (offsets[s + 1] - offsets[s] + tb - 1) / tb;
+    if (n_tasks == 0) return;
+    int *tasks = malloc(sizeof(int) * 2 * (size_t)n_tasks), n = 0;
+    for (int i = max_tiles - 1; i >= 0; i--)
+        for (int s = 0; s < n_seqs; s++)
+            if ((offsets[s + 1] - offsets[s] + tb - 1) / tb > i) tasks[2 * n] = s, tasks[2 * n + 1] = i, n++;
+    kernels_blas_init();
+    const size_t max_rows = (size_t)group * tb;
 #pragma omp parallel
     {
-        REAL *p = malloc(sizeof(REAL) * (size_t)max_len);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int s = 0; s < n_seqs; s++)
-            for (int h = 0; h < nh; h++) {
-                const int base = offsets[s], len = offsets[s + 1] - offsets[s];
-                const REAL *ks = k + (size_t)base * kvstride + (size_t)(h / group) * hd;
-                const REAL *vs = v + (size_t)base * kvstride + (size_t)(h / group) * hd;
-                for (int t = 0; t < len; t++) {
-                    KN(attention_probs)(p, q + (size_t)(base + t) * qstride + (size_t)h * hd, ks, kvstride, t, hd, scale);
-                    REAL *ot = out + (size_t)(base + t) * qstride + (size_t)h * hd;
-                    memset(ot, 0, sizeof(REAL) * hd);
-                    for (int j = 0; j <= t; j++) {
-                        const REAL *vj = vs + (size_t)j * kvstride;
-                        for (int i = 0; i < hd; i++) ot[i] += p[j] * vj[i];
-                    }
-                }
-            }
+        REAL *p = malloc(sizeof(REAL) * max_rows * max_len), *qs = malloc(sizeof(REAL) * max_rows * hd),
+             *os = malloc(sizeof(REAL) * max_rows * hd);
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n_tasks * nkv; i++) {
+            const int s = tasks[2 * (i / nkv)], t0 = tasks[2 * (i / nkv) + 1] * tb, g = i % nkv;
+            const int base = offsets[s], len = offsets[s + 1] - base, nb = len - t0 < tb ? len - t0 : tb;
+            const int end = t0 + nb, rows = group * nb;
+            const REAL *ks = k + (size_t)base * kvstride + (size_t)g * hd, *vs = v + (size_t)base * kvstride + (size_t)g * hd;
+            KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd);
+            KN(attention_tile_probs)(p, qs, ks, kvstride, t0, nb, rows, hd, scale);
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, end, 1, p, end, vs, kvstride, 0, os, hd);
+            for (int a = 0; a < group; a++)
+                for (int r = 0; r < nb; r++)
+                    memcpy(out + (size_t)(base + t0 + r) * qstride + (size_t)(g * group + a) * hd, os + ((size_t)a * nb + r) * hd,
+                           sizeof(REAL) * hd);
+        }
         free(p);
+        free(qs);
+        free(os);
     }
+    free(tasks);
 }
 
-/* Recomputes each row's probabilities (nothing of size L^2 is stored). Work is split by
- * (sequence, kv head) so the dk/dv rows a thread accumulates into are its own. */
+/* qsort order of (length, index) pairs: longer first, then lower index (a total order). */
+static int KN(attention_longer_first)(const void *a, const void *b) {
+    const int *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* Blocked like the forward; recomputes each tile's probabilities (nothing of size L^2 is
+ * stored). Per tile: dP = dO V^T, dV += P^T dO, dS = P o (dP - rowsum(P o dP)),
+ * dQ += scale dS K, dK += scale dS^T Q (GEMMs over the causal prefix). Work is split by
+ * (sequence, kv head), tiles in order within it, so the dk/dv rows a task accumulates into
+ * are its own and the order of every sum is fixed whatever the threads. */
 void KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
                             const int *offsets, int n_seqs, int nh, int nkv, int hd) {
     const REAL scale = 1 / SQRTR((REAL)hd);
-    const int group = nh / nkv;
+    const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd, kvstride = (size_t)nkv * hd;
     const int max_len = KN(max_seq_len)(offsets, n_seqs);
+    /* longest sequences first for the dynamic schedule: pairs (length, index), sorted */
+    int *order = malloc(sizeof(int) * 2 * (size_t)(n_seqs > 0 ? n_seqs : 1));
+    for (int s = 0; s < n_seqs; s++) order[2 * s] = offsets[s + 1] - offsets[s], order[2 * s + 1] = s;
+    qsort(order, (size_t)n_seqs, 2 * sizeof(int), KN(attention_longer_first));
+    kernels_blas_init();
+    const size_t max_rows = (size_t)group * tb;
 #pragma omp parallel
     {
-        REAL *p = malloc(sizeof(REAL) * (size_t)max_len), *dp = malloc(sizeof(REAL) * (size_t)max_len);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int s = 0; s < n_seqs; s++)
-            for (int g = 0; g < nkv; g++) {
-                const int base = offsets[s], len = offsets[s + 1] - offsets[s];
-                const size_t kv_off = (size_t)base * kvstride + (size_t)g * hd;
-                for (int h = g * group; h < (g + 1) * group; h++)
-                    for (int t = 0; t < len; t++) {
-                        const size_t qo = (size_t)(base + t) * qstride + (size_t)h * hd;
-                        KN(attention_probs)(p, q + qo, k + kv_off, kvstride, t, hd, scale);
-                        const REAL *dot = dout + qo;
-                        REAL sum = 0;
-                        for (int j = 0; j <= t; j++) {
-                            const REAL *vj = v + kv_off + (size_t)j * kvstride;
-                            REAL *dvj = dv + kv_off + (size_t)j * kvstride;
-                            REAL d = 0;
-#pragma omp simd reduction(+ : d)
-                            for (int i = 0; i < hd; i++) d += dot[i] * vj[i];
-                            for (int i = 0; i < hd; i++) dvj[i] += p[j] * dot[i];
-                            dp[j] = d;
-                            sum += p[j] * d;
-                        }
-                        for (int j = 0; j <= t; j++) {
-                            REAL ds = p[j] * (dp[j] - sum) * scale; /* softmax backward, then the 1/sqrt(hd) */
-                            const REAL *kj = k + kv_off + (size_t)j * kvstride;
-                            REAL *dkj = dk + kv_off + (size_t)j * kvstride;
-                            const REAL *qt = q + qo;
-                            REAL *dqt = dq + qo;
-                            for (int i = 0; i < hd; i++) {
-                                dqt[i] += ds * kj[i];
-                                dkj[i] += ds * qt[i];
-                            }
-                        }
+        REAL *p = malloc(sizeof(REAL) * max_rows * max_len), *dp = malloc(sizeof(REAL) * max_rows * max_len);
+        REAL *qs = malloc(sizeof(REAL) * max_rows * hd), *dos = malloc(sizeof(REAL) * max_rows * hd),
+             *dqs = malloc(sizeof(REAL) * max_rows * hd);
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n_seqs * nkv; i++) {
+            const int s = order[2 * (i / nkv) + 1], g = i % nkv;
+            const int base = offsets[s], len = offsets[s + 1] - base;
+            const size_t kv_off = (size_t)base * kvstride + (size_t)g * hd;
+            const REAL *ks = k + kv_off, *vs = v + kv_off;
+            for (int t0 = 0; t0 < len; t0 += tb) {
+                const int nb = len - t0 < tb ? len - t0 : tb, end = t0 + nb, rows = group * nb;
+                KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd);
+                KN(attention_gather)(dos, dout + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd);
+                KN(attention_tile_probs)(p, qs, ks, kvstride, t0, nb, rows, hd, scale);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd, 1, dos, hd, vs, kvstride, 0, dp, end);
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd, rows, 1, p, end, dos, hd, 1, dv + kv_off, kvstride);
+                for (int row = 0; row < rows; row++) { /* softmax backward; dS overwrites dP */
+                    const int last = t0 + row % nb;
+                    const REAL *pr = p + (size_t)row * end;
+                    REAL *dr = dp + (size_t)row * end, sum = 0;
+#pragma omp simd reduction(+ : sum)
+                    for (int j = 0; j <= last; j++) sum += pr[j] * dr[j];
+#pragma omp simd
+                    for (int j = 0; j <= last; j++) dr[j] = pr[j] * (dr[j] - sum);
+                    for (int j = last + 1; j < end; j++) dr[j] = 0;
+                }
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, end, scale, dp, end, ks, kvstride, 0, dqs, hd);
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd, rows, scale, dp, end, qs, hd, 1, dk + kv_off, kvstride);
+                for (int a = 0; a < group; a++)
+                    for (int r = 0; r < nb; r++) {
+                        REAL *dqr = dq + (size_t)(base + t0 + r) * qstride + (size_t)(g * group + a) * hd;
+                        const REAL *src = dqs + ((size_t)a * nb + r) * hd;
+#pragma omp simd
+                        for (int c = 0; c < hd; c++) dqr[c] += src[c];
                     }
             }
+        }
         free(p);
         free(dp);
+        free(qs);
+        free(dos);
+        free(dqs);
     }
+    free(order);
 }
 
 void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
