@@ -29,6 +29,53 @@ static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, in
     }
 }
 
+/* exp(x) for x <= 0: softmaxes after the max shift, and sigmoids as exp(-|x|). fp32: Cody-Waite reduction and the
+ * Cephes polynomial, within 1.01 ulp of exp on [-87, 0] (checked against double exp for every
+ * float there), 0 below -87 (instead of a value under 1.7e-38), NaN passed on. Branch-free
+ * (selects on integer bits) so `omp simd` loops vectorise it; libm's expf is a scalar call
+ * and was most of the attention time (and a tenth of a training step in lm_head's softmax and
+ * SwiGLU). fp64 (gradient checks): libm's exp. */
+static inline REAL KN(exp_nonpos)(REAL x) {
+    if (sizeof(REAL) != sizeof(float)) return EXPR(x);
+    _Static_assert(sizeof(unsigned) == sizeof(float), "32-bit unsigned");
+    const float xf = (float)x, shift = 12582912.0f; /* 1.5 * 2^23: t's low mantissa bits hold round(x / ln2) */
+    const float t = xf * 1.44269504088896341f + shift, nf = t - shift;
+    const float r = (xf - nf * 0.693359375f) - nf * -2.12194440e-4f; /* x - n ln2, ln2 in two parts */
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    unsigned tbits, ybits;
+    memcpy(&tbits, &t, sizeof tbits);
+    const unsigned pbits = (tbits - 0x4B400000u + 127u) << 23; /* 2^n */
+    float p2, e;
+    memcpy(&p2, &pbits, sizeof p2);
+    e = y * p2;
+    memcpy(&ybits, &e, sizeof ybits);
+    ybits &= -(unsigned)!(xf < -87.0f); /* below -87 (garbage above): 0 */
+    memcpy(&e, &ybits, sizeof e);
+    return e;
+}
+
+/* 1 / (1 + exp(-x)) as (x < 0 ? e : 1) / (1 + e) with e = exp(-|x|) <= 1: never overflows, and
+ * the choice is made on the sign bit (no branch), so loops over it vectorise. */
+static inline REAL KN(sigmoid)(REAL x) {
+    if (sizeof(REAL) != sizeof(float)) return 1 / (1 + EXPR(-x));
+    const float xf = (float)x, e = KN(exp_nonpos)(-fabsf(xf)), one = 1.0f;
+    unsigned xb, eb, ob, nb;
+    memcpy(&xb, &xf, sizeof xb);
+    memcpy(&eb, &e, sizeof eb);
+    memcpy(&ob, &one, sizeof ob);
+    const unsigned neg = -(xb >> 31); /* all ones when x < 0 */
+    nb = (eb & neg) | (ob & ~neg);
+    float num;
+    memcpy(&num, &nb, sizeof num);
+    return num / (1.0f + e);
+}
+
 void KN(matmul_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N) {
     KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, 1, inp, K, weight, K, 0, out, N);
 }
@@ -135,36 +182,6 @@ static int KN(attention_tile)(int group) {
     return tb < 16 ? 16 : tb;
 }
 
-/* exp(x) for the softmax (x <= 0 after the max shift). fp32: Cody-Waite reduction and the
- * Cephes polynomial, within 1.01 ulp of exp on [-87, 0] (checked against double exp for every
- * float there), 0 below -87 (instead of a value under 1.7e-38), NaN passed on. Branch-free
- * (selects on integer bits) so `omp simd` loops vectorise it; libm's expf is a scalar call
- * and was most of the attention time. fp64 (gradient checks): libm's exp. */
-static inline REAL KN(attention_exp)(REAL x) {
-    if (sizeof(REAL) != sizeof(float)) return EXPR(x);
-    _Static_assert(sizeof(unsigned) == sizeof(float), "32-bit unsigned");
-    const float xf = (float)x, shift = 12582912.0f; /* 1.5 * 2^23: t's low mantissa bits hold round(x / ln2) */
-    const float t = xf * 1.44269504088896341f + shift, nf = t - shift;
-    const float r = (xf - nf * 0.693359375f) - nf * -2.12194440e-4f; /* x - n ln2, ln2 in two parts */
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * (r * r) + r + 1.0f;
-    unsigned tbits, ybits;
-    memcpy(&tbits, &t, sizeof tbits);
-    const unsigned pbits = (tbits - 0x4B400000u + 127u) << 23; /* 2^n */
-    float p2, e;
-    memcpy(&p2, &pbits, sizeof p2);
-    e = y * p2;
-    memcpy(&ybits, &e, sizeof ybits);
-    ybits &= -(unsigned)!(xf < -87.0f); /* below -87 (garbage above): 0 */
-    memcpy(&e, &ybits, sizeof e);
-    return e;
-}
-
 /* In place on one row of scaled scores p[0..n): softmax over columns 0..last (the causal
  * prefix), exact zeros in last+1..n-1. */
 static void KN(attention_softmax_row)(REAL *p, int last, int n) {
@@ -174,7 +191,7 @@ static void KN(attention_softmax_row)(REAL *p, int last, int n) {
     REAL sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j <= last; j++) {
-        REAL e = KN(attention_exp)(p[j] - maxv);
+        REAL e = KN(exp_nonpos)(p[j] - maxv);
         p[j] = e;
         sum += e;
     }
@@ -319,18 +336,18 @@ void KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, cons
 }
 
 void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i];
-        out[i] = g / (1 + EXPR(-g)) * up[i];
+        out[i] = g * KN(sigmoid)(g) * up[i];
     }
 }
 
 /* out = silu(g) u;  silu'(g) = sig(g) (1 + g (1 - sig(g))) */
 void KN(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
-        REAL g = gate[i], sig = 1 / (1 + EXPR(-g));
+        REAL g = gate[i], sig = KN(sigmoid)(g);
         dgate[i] += dout[i] * up[i] * sig * (1 + g * (1 - sig));
         dup[i] += dout[i] * g * sig;
     }
@@ -349,7 +366,7 @@ void KN(softmax_forward)(REAL *probs, const REAL *logits, int T, int C) {
         REAL maxv = -INFINITY;
         for (int i = 0; i < C; i++) if (x[i] > maxv) maxv = x[i];
         double sum = 0.0;
-        for (int i = 0; i < C; i++) { p[i] = EXPR(x[i] - maxv); sum += p[i]; }
+        for (int i = 0; i < C; i++) { p[i] = KN(exp_nonpos)(x[i] - maxv); sum += p[i]; }
         REAL inv = (REAL)(1.0 / sum);
         for (int i = 0; i < C; i++) p[i] *= inv;
     }
@@ -410,7 +427,8 @@ double KN(logsumexp)(const REAL *x, int C) {
     REAL maxv = -INFINITY;
     for (int i = 0; i < C; i++) if (x[i] > maxv) maxv = x[i];
     double sum = 0.0; /* terms in the working precision, double accumulation */
-    for (int i = 0; i < C; i++) sum += EXPR(x[i] - maxv);
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < C; i++) sum += (double)KN(exp_nonpos)(x[i] - maxv);
     return maxv + log(sum);
 }
 
@@ -430,7 +448,9 @@ void KN(token_logprob_backward)(REAL *dlogits, const REAL *dlogprob, const REAL 
         const REAL *row = logits + (size_t)t * V;
         REAL *d = dlogits + (size_t)t * V;
         REAL lse = (REAL)KN(logsumexp)(row, V);
-        for (int v = 0; v < V; v++) d[v] = -dlogprob[t] * EXPR(row[v] - lse);
+        const REAL g = -dlogprob[t];
+#pragma omp simd
+        for (int v = 0; v < V; v++) d[v] = g * KN(exp_nonpos)(row[v] - lse);
         d[targets[t]] += dlogprob[t];
     }
 }
