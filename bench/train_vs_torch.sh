@@ -15,7 +15,7 @@ if [[ -z "$MODEL" ]]; then
 fi
 BATCH=${BATCH:-8} SEQ=${SEQ:-512} RUNS=${RUNS:-3}
 for mode in lora full; do
-  ours=$("$TRILL" bench train --model "$MODEL" --$mode --batch "$BATCH" --seq "$SEQ" --runs "$RUNS" 2>/dev/null | tail -1)
+  ours=$("$TRILL" bench train --model "$MODEL" --$mode --batch "$BATCH" --seq "$SEQ" --runs "$RUNS" 2>/dev/null | grep -e "^trill train" -e "^base weights" | paste -sd " ")
   theirs=$(OMP_NUM_THREADS=2 "$PY" "$HERE/torch_train.py" --model "$MODEL" --$mode --batch "$BATCH" --seq "$SEQ" --runs "$RUNS" --threads 2 | tail -1)
   echo "$ours"
   echo "$theirs"

@@ -119,7 +119,4 @@ void trill_forward_pass_free(trill_forward_pass *pass);
 /* Checks router-replay ids [T][n_moe_layers][top_k]: each in [0, num_experts), none repeated within a token. */
 trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, int T);
 
-/* Next-token logits [V] after the last token of one sequence (for sampling). */
-trill_status trill_model_next_logits(const trill_model *m, const int *tokens, int n, float *logits);
-
 #endif

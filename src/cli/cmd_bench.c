@@ -36,9 +36,10 @@ static double gemm_peak(void) {
 }
 
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("usage: %s\n", USAGE); return 0; }
-        return cli_usage_error("bench", USAGE, "expected the benchmark name: train");
+        return cli_usage_error("bench", USAGE, "expected the benchmark name: train or generate");
     }
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },

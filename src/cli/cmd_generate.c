@@ -1,71 +1,182 @@
-/* trill generate: simple sampling over the reference forward (the fast engine is src/infer). */
-#include <math.h>
+/* trill generate: the generator engine (trill/infer.h) from the command line. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "trill/infer.h"
+#include "trill/json.h"
 #include "trill/model.h"
-#include "trill/rng.h"
+#include "trill/timing.h"
 #include "trill/tokenizer.h"
 
 static const char USAGE[] =
-    "trill generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-    "  Prints the completion. Defaults: 64 new tokens, temperature 1 (0 = greedy), top-p 1, top-k 0 (off), seed 0.\n"
-    "  Stops at the model's eos_token_id.";
+    "trill generate --model DIR (--prompt TEXT | --prompts FILE.jsonl) [--n N] [--max-new-tokens N]\n"
+    "               [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop TEXT]...\n"
+    "               [--dtype bf16|int8|f32] [--capture-experts] [--json] [--kv-cache-mb MB] [--max-batch-tokens N]\n"
+    "  Generates N samples per prompt with the batched engine. --prompts reads one {\"prompt\": ...} per line.\n"
+    "  Plain output prints each completion; --json prints one object per sample: request, sample,\n"
+    "  prompt_tokens, tokens (generated), text, logprobs, versions, finish, and with --capture-experts\n"
+    "  experts ([token][moe_layer][k] logical ids of every forwarded token).\n"
+    "  Defaults: N 1, 64 new tokens, temperature 1 (0 = greedy), top-k 0 (off), top-p 1, min-p 0, seed 0,\n"
+    "  dtype bf16, KV cache 256 MB, 512 tokens per step. Stops at the model's eos_token_id and at --stop texts.";
 
-typedef struct sampling {
-    double temperature, top_p;
-    int top_k;
-    uint64_t seed;
-} sampling;
+enum { MAX_STOPS = 16 };
 
-typedef struct cand { float p; int id; } cand;
-
-static int cmp_cand_desc(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    return x->p < y->p ? 1 : x->p > y->p ? -1 : (x->id > y->id) - (x->id < y->id);
+/* The prompts: one from --prompt, or the "prompt" field of each line of a JSONL file. */
+static trill_status read_prompts(const char *text, const char *path, char ***out, int *n) {
+    *n = 0;
+    if (text) {
+        *out = malloc(sizeof(char *));
+        if (!*out || !((*out)[0] = strdup(text))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        *n = 1;
+        return TRILL_OK;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) return trill_error(TRILL_ERR_IO, "%s: cannot open", path);
+    char *line = NULL;
+    size_t cap = 0;
+    int line_no = 0, have = 0;
+    trill_status st = TRILL_OK;
+    *out = NULL;
+    while (!st && getline(&line, &cap, f) > 0) {
+        line_no++;
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        json_error_t jerr;
+        json_t *j = json_loads(line, 0, &jerr);
+        const char *p = j ? json_string_value(json_object_get(j, "prompt")) : NULL;
+        if (!j) st = trill_error(TRILL_ERR_INVALID, "%s:%d: not JSON (%s)", path, line_no, jerr.text);
+        else if (!p) st = trill_error(TRILL_ERR_INVALID, "%s:%d: expected a string field \"prompt\"", path, line_no);
+        else {
+            char **grown = *n + 1 > have ? realloc(*out, sizeof(char *) * (size_t)(have = have ? 2 * have : 16)) : *out;
+            if (!grown || !(grown[*n] = strdup(p))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            if (grown) *out = grown;
+            if (!st) (*n)++;
+        }
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    if (!st && *n == 0) st = trill_error(TRILL_ERR_INVALID, "%s: no prompts", path);
+    return st;
 }
 
-/* Samples from softmax(logits / T) restricted to the top-k, then to the top-p mass.
- * The uniform draw is keyed by (seed, position), so a prompt reproduces exactly. */
-static int sample(float *logits, int V, const sampling *s, int position, cand *c) {
-    if (s->temperature == 0.0) {
-        int best = 0;
-        for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
-        return best;
+static json_t *json_ints(const int *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+static const char *finish_name(trill_finish f) {
+    return f == TRILL_FINISH_STOP_ID ? "stop_id" : f == TRILL_FINISH_STOP_STRING ? "stop_string" : f == TRILL_FINISH_ABORTED ? "aborted" : "length";
+}
+
+/* The text of ids; an id the tokenizer has no string for (a random model's vocabulary can be
+ * larger than its tokenizer's) is written as <id>. */
+static trill_status decode_lenient(const trill_tokenizer *tok, const int *ids, int n, char **text, size_t *len) {
+    trill_status st = trill_tokenizer_decode(tok, ids, (size_t)n, false, text, len);
+    if (st != TRILL_ERR_INVALID) return st;
+    size_t cap = 16 * (size_t)n + 1, at = 0;
+    char *out = malloc(cap);
+    if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n;) { /* runs of known ids decode together, so multi-byte characters survive */
+        int j = i;
+        char *piece = NULL;
+        size_t plen = 0;
+        while (j < n && ids[j] >= 0 && ids[j] < trill_tokenizer_size(tok) && trill_tokenizer_decode(tok, ids + j, 1, false, &piece, &plen) == TRILL_OK) {
+            free(piece);
+            j++;
+        }
+        if (j > i && trill_tokenizer_decode(tok, ids + i, (size_t)(j - i), false, &piece, &plen) == TRILL_OK) {
+            char *grown = at + plen + 24 > cap ? realloc(out, cap = 2 * (at + plen + 24)) : out;
+            if (!grown) { free(out); free(piece); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+            out = grown;
+            memcpy(out + at, piece, plen);
+            at += plen;
+            free(piece);
+        }
+        if (j < n) {
+            char *grown = at + 24 > cap ? realloc(out, cap = 2 * (at + 24)) : out;
+            if (!grown) { free(out); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+            out = grown;
+            at += (size_t)snprintf(out + at, cap - at, "<%d>", ids[j]);
+            j++;
+        }
+        i = j;
     }
-    float maxv = -INFINITY;
-    for (int i = 0; i < V; i++) if (logits[i] > maxv) maxv = logits[i];
-    double sum = 0;
-    for (int i = 0; i < V; i++) {
-        c[i].id = i;
-        c[i].p = expf((float)((logits[i] - maxv) / s->temperature));
-        sum += c[i].p;
+    out[at] = 0;
+    *text = out;
+    *len = at;
+    return TRILL_OK;
+}
+
+static trill_status print_sequence(const trill_sequence_out *s, const trill_tokenizer *tok, const trill_config *c, bool as_json,
+                                   int n_samples) {
+    char *text = NULL;
+    size_t len = 0;
+    trill_status st = decode_lenient(tok, s->tokens + s->n_prompt, s->n_generated, &text, &len);
+    if (st) return st;
+    if (!as_json) {
+        if (n_samples > 1) printf("--- prompt %llu, sample %d ---\n", (unsigned long long)s->request, s->sample);
+        fwrite(text, 1, len, stdout);
+        putchar('\n');
+        free(text);
+        return TRILL_OK;
     }
-    for (int i = 0; i < V; i++) c[i].p /= (float)sum;
-    qsort(c, (size_t)V, sizeof *c, cmp_cand_desc);
-    int n = s->top_k > 0 && s->top_k < V ? s->top_k : V;
-    double mass = 0;
-    int keep = 0;
-    while (keep < n && (keep == 0 || mass < s->top_p)) mass += c[keep++].p;
-    double u = trill_rng_uniform(s->seed, (uint64_t)position) * mass, acc = 0;
-    for (int i = 0; i < keep; i++) {
-        acc += c[i].p;
-        if (u < acc) return c[i].id;
+    json_t *o = json_object(), *lp = json_array(), *ver = json_array();
+    for (int i = 0; i < s->n_generated; i++) {
+        json_array_append_new(lp, json_real(s->logprobs[i]));
+        json_array_append_new(ver, json_integer(s->versions[i]));
     }
-    return c[keep - 1].id;
+    json_object_set_new(o, "request", json_integer((json_int_t)s->request));
+    json_object_set_new(o, "sample", json_integer(s->sample));
+    json_object_set_new(o, "prompt_tokens", json_ints(s->tokens, s->n_prompt));
+    json_object_set_new(o, "tokens", json_ints(s->tokens + s->n_prompt, s->n_generated));
+    json_object_set_new(o, "text", json_stringn(text, len));
+    json_object_set_new(o, "logprobs", lp);
+    json_object_set_new(o, "versions", ver);
+    json_object_set_new(o, "finish", json_string(finish_name(s->finish)));
+    if (s->experts) {
+        const int L = c->n_moe_layers, K = c->num_experts_per_tok, rows = s->n_prompt + s->n_generated - 1;
+        json_t *ex = json_array();
+        for (int t = 0; t < rows; t++) {
+            json_t *tok_rows = json_array();
+            for (int l = 0; l < L; l++) {
+                json_t *ids = json_array();
+                for (int k = 0; k < K; k++) json_array_append_new(ids, json_integer(s->experts[((size_t)t * L + l) * K + k]));
+                json_array_append_new(tok_rows, ids);
+            }
+            json_array_append_new(ex, tok_rows);
+        }
+        json_object_set_new(o, "experts", ex);
+    }
+    char *line = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    free(text);
+    if (!line) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    puts(line);
+    free(line);
+    return TRILL_OK;
 }
 
 int cmd_generate(int argc, char **argv) {
     static const struct option opts[] = {
-        { "model", required_argument, 0, 'm' }, { "prompt", required_argument, 0, 'p' },
+        { "model", required_argument, 0, 'm' },        { "prompt", required_argument, 0, 'p' },
+        { "prompts", required_argument, 0, 'f' },      { "n", required_argument, 0, 'N' },
         { "max-new-tokens", required_argument, 0, 'n' }, { "temperature", required_argument, 0, 't' },
-        { "top-p", required_argument, 0, 'P' }, { "top-k", required_argument, 0, 'k' },
-        { "seed", required_argument, 0, 's' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "top-p", required_argument, 0, 'P' },        { "top-k", required_argument, 0, 'k' },
+        { "min-p", required_argument, 0, 'M' },        { "seed", required_argument, 0, 's' },
+        { "stop", required_argument, 0, 'S' },         { "dtype", required_argument, 0, 'd' },
+        { "capture-experts", no_argument, 0, 'c' },    { "json", no_argument, 0, 'j' },
+        { "kv-cache-mb", required_argument, 0, 'K' },  { "max-batch-tokens", required_argument, 0, 'B' },
+        { "help", no_argument, 0, 'h' },               { 0, 0, 0, 0 },
     };
-    const char *dir = NULL, *prompt = NULL;
-    long long max_new = 64, top_k = 0, seed = 0;
-    sampling s = { .temperature = 1.0, .top_p = 1.0 };
+    const char *dir = NULL, *prompt = NULL, *prompts_path = NULL, *stops[MAX_STOPS];
+    long long max_new = 64, top_k = 0, seed = 0, n_samples = 1, kv_mb = 256, batch_tokens = 512;
+    double temperature = 1, top_p = 1, min_p = 0;
+    int n_stops = 0;
+    bool as_json = false;
+    trill_engine_config cfg = trill_engine_config_default();
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -73,63 +184,94 @@ int cmd_generate(int argc, char **argv) {
         switch (c) {
         case 'm': dir = optarg; break;
         case 'p': prompt = optarg; break;
-        case 'n': bad = cli_parse_int("generate", USAGE, "--max-new-tokens", optarg, 0, 1 << 20, &max_new); break;
-        case 't': bad = cli_parse_double("generate", USAGE, "--temperature", optarg, 0, 100, &s.temperature); break;
-        case 'P': bad = cli_parse_double("generate", USAGE, "--top-p", optarg, 1e-9, 1, &s.top_p); break;
+        case 'f': prompts_path = optarg; break;
+        case 'N': bad = cli_parse_int("generate", USAGE, "--n", optarg, 1, 1 << 16, &n_samples); break;
+        case 'n': bad = cli_parse_int("generate", USAGE, "--max-new-tokens", optarg, 1, 1 << 20, &max_new); break;
+        case 't': bad = cli_parse_double("generate", USAGE, "--temperature", optarg, 0, 100, &temperature); break;
+        case 'P': bad = cli_parse_double("generate", USAGE, "--top-p", optarg, 1e-9, 1, &top_p); break;
         case 'k': bad = cli_parse_int("generate", USAGE, "--top-k", optarg, 0, 1 << 24, &top_k); break;
+        case 'M': bad = cli_parse_double("generate", USAGE, "--min-p", optarg, 0, 0.999999, &min_p); break;
         case 's': bad = cli_parse_int("generate", USAGE, "--seed", optarg, 0, (long long)1 << 62, &seed); break;
+        case 'S':
+            if (n_stops == MAX_STOPS) return cli_usage_error("generate", USAGE, "--stop: at most %d stop texts", MAX_STOPS);
+            if (!*optarg) return cli_usage_error("generate", USAGE, "--stop: expected a non-empty text");
+            stops[n_stops++] = optarg;
+            break;
+        case 'd':
+            if (trill_gen_format_parse(optarg, &cfg.format))
+                return cli_usage_error("generate", USAGE, "--dtype: expected bf16, int8 or f32, got \"%s\"", optarg);
+            break;
+        case 'c': cfg.capture_experts = true; break;
+        case 'j': as_json = true; break;
+        case 'K': bad = cli_parse_int("generate", USAGE, "--kv-cache-mb", optarg, 1, 1 << 24, &kv_mb); break;
+        case 'B': bad = cli_parse_int("generate", USAGE, "--max-batch-tokens", optarg, 1, 1 << 20, &batch_tokens); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("generate", USAGE, "invalid option");
         }
         if (bad) return EXIT_USAGE;
     }
     if (optind < argc) return cli_usage_error("generate", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!dir || !prompt) return cli_usage_error("generate", USAGE, "--model DIR and --prompt TEXT are required");
-    s.top_k = (int)top_k;
-    s.seed = (uint64_t)seed;
+    if (!dir || !prompt == !prompts_path)
+        return cli_usage_error("generate", USAGE, "--model DIR and one of --prompt TEXT or --prompts FILE are required");
+    cfg.kv_cache_mb = (size_t)kv_mb;
+    cfg.max_batch_tokens = (int)batch_tokens;
 
     trill_model *m = NULL;
     trill_tokenizer *tok = NULL;
-    int *ids = NULL;
-    size_t n = 0;
-    trill_status st = trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m);
+    trill_engine *e = NULL;
+    char **texts = NULL;
+    int n_prompts = 0;
+    trill_status st = read_prompts(prompt, prompts_path, &texts, &n_prompts);
+    if (!st) st = trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m);
     if (!st) st = trill_tokenizer_load(dir, &tok);
-    if (!st) st = trill_tokenizer_encode(tok, prompt, strlen(prompt), false, &ids, &n);
-    if (!st && n == 0) st = trill_error(TRILL_ERR_INVALID, "--prompt: the prompt encodes to no tokens");
-    const int V = m ? m->config.vocab_size : 0;
-    int *seq = NULL;
-    float *logits = NULL;
-    cand *cands = NULL;
-    if (!st) {
-        seq = malloc((n + (size_t)max_new) * sizeof *seq);
-        logits = malloc((size_t)V * sizeof *logits);
-        cands = malloc((size_t)V * sizeof *cands);
-        if (!seq || !logits || !cands) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        else memcpy(seq, ids, n * sizeof *seq);
+    cfg.tokenizer = tok;
+    const double t_load = trill_now();
+    if (!st) st = trill_engine_create(m, &cfg, &e);
+    if (!st)
+        fprintf(stderr, "trill generate: %s weights %.1f MB (converted in %.2f s), KV cache %.1f MB\n", trill_gen_format_name(cfg.format),
+                trill_engine_weight_bytes(e) / 1e6, trill_now() - t_load, trill_engine_kv_bytes(e) / 1e6);
+    const trill_config *mc = m ? &m->config : NULL;
+    int total_tokens = 0;
+    for (int i = 0; !st && i < n_prompts; i++) {
+        int *ids = NULL;
+        size_t n = 0;
+        if ((st = trill_tokenizer_encode(tok, texts[i], strlen(texts[i]), false, &ids, &n))) break;
+        if (n == 0) st = trill_error(TRILL_ERR_INVALID, "prompt %d encodes to no tokens", i);
+        trill_request r = { .id = (uint64_t)i, .prompt = ids, .prompt_len = (int)n, .n = (int)n_samples, .max_new_tokens = (int)max_new,
+                            .stop_ids = mc->eos_token_ids, .n_stop_ids = mc->n_eos, .stop_strings = stops, .n_stop_strings = n_stops };
+        r.sampling = trill_sampling_default();
+        r.sampling.temperature = (float)temperature;
+        r.sampling.top_k = (int)top_k;
+        r.sampling.top_p = (float)top_p;
+        r.sampling.min_p = (float)min_p;
+        r.sampling.seed = (uint64_t)seed;
+        if (!st) st = trill_engine_submit(e, &r);
+        free(ids);
     }
-    size_t len = n;
-    for (long long step = 0; !st && step < max_new; step++) {
-        if ((st = trill_model_next_logits(m, seq, (int)len, logits))) break;
-        int next = sample(logits, V, &s, (int)len, cands);
-        bool eos = false;
-        for (int e = 0; e < m->config.n_eos; e++) eos |= next == m->config.eos_token_ids[e];
-        if (eos) break;
-        seq[len++] = next;
-        char *piece;
-        size_t plen;
-        if (trill_tokenizer_decode(tok, &next, 1, false, &piece, &plen) == TRILL_OK) {
-            fwrite(piece, 1, plen, stdout);
-            free(piece);
-        } else {
-            printf("<%d>", next); /* an id the tokenizer has no string for */
-        }
+    const double t0 = trill_now();
+    int steps = 0, generated = 0;
+    while (!st && trill_engine_busy(e)) {
+        trill_step_stats ss;
+        if ((st = trill_engine_step(e, &ss))) break;
+        steps++;
+        total_tokens += ss.rows;
+        trill_sequence_out out[64];
+        int got;
+        while (!st && (got = trill_engine_collect(e, out, 64)) > 0)
+            for (int i = 0; i < got; i++) {
+                generated += out[i].n_generated;
+                if (!st) st = print_sequence(&out[i], tok, mc, as_json, (int)n_samples);
+                trill_sequence_out_free(&out[i]);
+            }
         fflush(stdout);
     }
-    if (!st) putchar('\n');
-    free(seq);
-    free(logits);
-    free(cands);
-    free(ids);
+    const double dt = trill_now() - t0;
+    if (!st)
+        fprintf(stderr, "trill generate: %d prompts x %lld samples: %d tokens generated, %d forwarded in %d steps, %.2f s (%.1f generated tokens/s)\n",
+                n_prompts, n_samples, generated, total_tokens, steps, dt, dt > 0 ? generated / dt : 0.0);
+    for (int i = 0; i < n_prompts; i++) free(texts[i]);
+    free(texts);
+    trill_engine_free(e);
     trill_tokenizer_free(tok);
     trill_model_free(m);
     return st ? cli_fail("generate") : 0;

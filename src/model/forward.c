@@ -315,19 +315,3 @@ trill_status trill_model_forward_train(const trill_model *m, const int *tokens, 
                                        trill_forward_pass **pass) {
     return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
 }
-
-trill_status trill_model_next_logits(const trill_model *m, const int *tokens, int n, float *logits) {
-    const trill_config *c = &m->config;
-    int offsets[2] = { 0, n };
-    if (n < 1) return trill_error(TRILL_ERR_INVALID, "next-token logits need at least one token");
-    trill_status st = check_batch(c, tokens, offsets, 1);
-    trill_forward_pass *fp;
-    if (st || (st = pass_alloc(m, n, false, false, &fp))) return st;
-    fp->tokens = tokens;
-    fp->offsets = offsets;
-    fp->n_seqs = 1;
-    run_layers(fp, NULL, NULL);
-    trill_forward_logits(fp, logits, n - 1, 1);
-    trill_forward_pass_free(fp);
-    return TRILL_OK;
-}

@@ -37,7 +37,7 @@ expect_exit 2 "--dtype: expected bf16 or f32" "$TRILL" init --out "$WORK/x" --dt
 expect_exit 2 "--seed: expected an integer" "$TRILL" init --out "$WORK/x" --seed abc
 expect_exit 2 "--model DIR is required" "$TRILL" info
 expect_exit 2 "--model, --adapter and --out are required" "$TRILL" merge --model x
-expect_exit 2 "expected the benchmark name: train" "$TRILL" bench
+expect_exit 2 "expected the benchmark name: train or generate" "$TRILL" bench
 check "bench --help" "$TRILL" bench train --help
 
 # failures (exit 1) name the file and the problem
@@ -105,8 +105,29 @@ a=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --s
 b=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --seed 4 --top-k 20)
 check "generate reproducible" test "$a" == "$b"
 expect_exit 2 "--top-p: expected a number" "$TRILL" generate --model "$WORK/tiny" --prompt x --top-p 2
+expect_exit 2 "--dtype: expected bf16, int8 or f32" "$TRILL" generate --model "$WORK/tiny" --prompt x --dtype fp8
+expect_exit 2 "one of --prompt TEXT or --prompts FILE" "$TRILL" generate --model "$WORK/tiny"
+# --json: one object per sample with what RL needs; experts have one row per MoE layer (3 of 4 layers)
+printf '{"prompt": "Hi"}\n{"prompt": "Q: 1+1?"}\n' >"$WORK/prompts.jsonl"
+"$TRILL" generate --model "$WORK/tiny" --prompts "$WORK/prompts.jsonl" --n 3 --max-new-tokens 5 --json --capture-experts \
+  --dtype f32 >"$WORK/gen.jsonl" 2>/dev/null
+check "generate --json: 2 prompts x 3 samples" test "$(wc -l <"$WORK/gen.jsonl")" -eq 6
+check "generate --json fields" /usr/bin/python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    o = json.loads(line)
+    n = len(o["tokens"])
+    assert n == len(o["logprobs"]) == len(o["versions"]) >= 1, o
+    assert len(o["experts"]) == len(o["prompt_tokens"]) + n - 1
+    assert all(len(t) == 3 and all(len(k) == 2 for k in t) for t in o["experts"])
+    assert all(lp <= 0 for lp in o["logprobs"]) and o["finish"] in ("length", "stop_id", "stop_string")
+' "$WORK/gen.jsonl"
+expect_exit 1 "bad.jsonl:2: expected a string field \"prompt\"" sh -c "printf '{\"prompt\": \"a\"}\n{\"text\": 1}\n' >'$WORK/bad.jsonl'; '$TRILL' generate --model '$WORK/tiny' --prompts '$WORK/bad.jsonl'"
+expect_exit 1 "need 63 KV blocks of 16 tokens, but the cache holds 15" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 1000 --kv-cache-mb 1
 
 check "bench train runs" "$TRILL" bench train --model "$WORK/tiny" --batch 1 --seq 8 --runs 1
+"$TRILL" bench generate --model "$WORK/tiny" --dtypes f32,int8 --batches 1,4 --steps 2 --prompt-len 8 >"$WORK/bgen" 2>&1
+check "bench generate runs" grep -q "batch    4: decode" "$WORK/bgen"
 expect_exit 1 "$WORK/tiny/adapter_config.json: cannot open" "$TRILL" merge --model "$WORK/tiny" --adapter "$WORK/tiny" --out "$WORK/m2"
 
 echo "$passed passed, $failed failed"

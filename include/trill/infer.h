@@ -1,0 +1,155 @@
+/* The generator: a batched inference engine with its own weight formats and kernels, separate
+ * from the trainer's fp32 reference forward (trill/model.h).
+ *
+ * Requests (a prompt, n samples, sampling settings, stops) are submitted; each
+ * trill_engine_step runs one forward over a batch made by the continuous-batching scheduler:
+ * one decode row for every running sequence plus chunks of waiting prompts under a token budget
+ * (chunked prefill). A prompt is prefilled once for its n samples, which then share its KV blocks
+ * (reference counted, copied on write). Finished sequences are collected with everything RL
+ * needs per token: the sampled id, its log-prob under the distribution it was sampled from, the
+ * policy version of the weights that produced it, and optionally the routed logical experts.
+ *
+ * Batch invariance: a sequence's tokens, log-probs and experts do not depend on what else is in
+ * the batch or how its prompt was chunked — every kernel computes a row with a fixed order of
+ * operations, and sampling randomness is keyed by (seed, request, sample, position). */
+#ifndef TRILL_INFER_H
+#define TRILL_INFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trill/error.h"
+#include "trill/model.h"
+#include "trill/sample.h"
+#include "trill/tokenizer.h"
+
+/* Weight formats (converted from the checkpoint when the engine is made):
+ *   f32  — fp32 weights and arithmetic (debugging; matches the reference forward closely)
+ *   bf16 — bf16 weights, activations rounded to bf16, fp32 accumulation (AVX-512 BF16)
+ *   int8 — W8A8: int8 weights with per-output-channel scales, activations quantised per token,
+ *          int32 accumulation (AVX-512 VNNI); router and lm_head stay bf16 */
+typedef enum trill_gen_format { TRILL_GEN_F32, TRILL_GEN_BF16, TRILL_GEN_INT8 } trill_gen_format;
+
+const char *trill_gen_format_name(trill_gen_format f);
+/* "f32", "bf16", "int8"; 0 on success, -1 if unknown. */
+int trill_gen_format_parse(const char *name, trill_gen_format *out);
+
+typedef struct trill_engine_config {
+    trill_gen_format format;   /* default bf16 */
+    int block_size;            /* KV cache tokens per block (default 16) */
+    size_t kv_cache_mb;        /* KV cache size (default 256 MB) ... */
+    int kv_blocks;             /* ... or exactly this many blocks when > 0 */
+    int max_batch_tokens;      /* rows per step: decode rows + prefill chunks (default 512) */
+    int max_running;           /* sequences decoding at once (default 256) */
+    bool capture_experts;      /* record routed logical experts per token (default off) */
+    const trill_tokenizer *tokenizer; /* needed only for stop strings; borrowed */
+    /* Expert-parallel load balancing (DeepSeek EPLB, trill/eplb.h): each MoE layer's experts get
+     * physical slots (replicas of the busiest), spread over workers — the engine's threads here,
+     * ranks later — re-planned from a sliding window of observed load. Results are identical
+     * with it on or off; capture always records logical ids. */
+    bool eplb;                 /* default off */
+    int eplb_redundant;        /* extra physical slots per MoE layer (default -1: one per worker) */
+    int eplb_workers;          /* default 0: the OpenMP thread count */
+    int eplb_window;           /* steps of load the planner sees (default 64) */
+    int eplb_interval;         /* steps between plans (default 16) */
+} trill_engine_config;
+
+trill_engine_config trill_engine_config_default(void);
+
+typedef struct trill_request {
+    uint64_t id;                /* the caller's; part of the sampling key */
+    const int *prompt;          /* copied at submit */
+    int prompt_len;             /* >= 1 */
+    int n;                      /* samples (default 1 when 0) */
+    int max_new_tokens;         /* >= 1 */
+    trill_sampling sampling;
+    const int *stop_ids;        /* generation ends after emitting one of these (e.g. eos) */
+    int n_stop_ids;
+    const char *const *stop_strings; /* ... or once the generated text contains one of these */
+    int n_stop_strings;
+} trill_request;
+
+typedef enum trill_finish { TRILL_FINISH_LENGTH, TRILL_FINISH_STOP_ID, TRILL_FINISH_STOP_STRING, TRILL_FINISH_ABORTED } trill_finish;
+
+/* One finished sample. The generated tokens include the stop token or the token that
+ * completed a stop string (the trainer must see what was sampled). Arrays are owned. */
+typedef struct trill_sequence_out {
+    uint64_t request;
+    int sample;
+    int n_prompt, n_generated;
+    int *tokens;         /* [n_prompt + n_generated] */
+    float *logprobs;     /* [n_generated] log-prob of each generated token when sampled */
+    uint32_t *versions;  /* [n_generated] policy version that produced it */
+    uint16_t *experts;   /* capture on: [n_prompt + n_generated - 1][n_moe_layers][top_k] logical ids
+                            of every token that went through a forward (the last sampled one did
+                            not), MoE-layer ordinal (dense layers not counted); else NULL */
+    trill_finish finish;
+} trill_sequence_out;
+
+void trill_sequence_out_free(trill_sequence_out *s);
+
+typedef struct trill_engine trill_engine;
+
+/* Converts m's weights into cfg->format (m may be freed afterwards). */
+trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg, trill_engine **out);
+void trill_engine_free(trill_engine *e);
+
+/* Bytes of weights in the engine's format, and of its KV cache. */
+size_t trill_engine_weight_bytes(const trill_engine *e);
+size_t trill_engine_kv_bytes(const trill_engine *e);
+
+/* For benchmarks: the weight bytes one decode step reads at batch 1 (attention, dense MLPs,
+ * routers, the top-k experts of each MoE layer at their average size, lm_head), and the matrix
+ * FLOPs of one decoded token (2 N K per matrix used; attention over the context not counted). */
+size_t trill_engine_decode_bytes(const trill_engine *e);
+double trill_engine_decode_flops(const trill_engine *e);
+
+/* Queues a request (copied). Refused with a message when it is malformed or could never fit in
+ * the KV cache (prompt + max_new_tokens for one sample). */
+trill_status trill_engine_submit(trill_engine *e, const trill_request *r);
+
+typedef struct trill_step_stats {
+    int rows;          /* token rows forwarded */
+    int prefill_rows;  /* of which prompt (or recomputed) tokens */
+    int decode_rows;
+    int preempted;     /* sequences that gave their blocks back (they recompute later) */
+    int running;       /* sequences holding KV blocks after the step */
+    int waiting;
+} trill_step_stats;
+
+/* One scheduler step and forward. stats may be NULL. */
+trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats);
+/* True while any request is waiting or running. */
+bool trill_engine_busy(const trill_engine *e);
+/* Steps until every submitted request has finished. */
+trill_status trill_engine_run(trill_engine *e);
+/* Stops every sample of a request now: each is finished (TRILL_FINISH_ABORTED) with what it has
+ * generated and its blocks are freed; samples of a prompt still being prefilled were never
+ * started and are not reported. Returns the number finished, -1 when out of memory. */
+int trill_engine_abort(trill_engine *e, uint64_t request);
+/* Moves up to max finished sequences into out (in finishing order); returns how many. */
+int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max);
+
+/* ---- live weight updates ----
+ * An update is converted by the caller's thread, then taken whole at the start of the next step:
+ * that step and the later ones run entirely on it, no step sees part of it, and every token
+ * sampled records the update's `version`. Sequences in flight carry on with the new weights.
+ * Safe to call from another thread while one thread steps; a newer update replaces one not yet
+ * taken. *bytes (optional) receives what the update moved in the engine's format. */
+
+/* Adapter mode: LoRA tensors for every targeted layer (attention, dense MLP, each expert,
+ * lm_head), applied on the side of the base weights, y = W x + s B (A x) in fp32; NULL removes
+ * the adapters. lora must have been made for this model's architecture. */
+trill_status trill_engine_update_adapter(trill_engine *e, const struct trill_lora *lora, uint32_t version, size_t *bytes);
+/* Merge mode: full weights (the sender folded the LoRA delta in) replace the engine's, converted
+ * to its format. */
+trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes);
+
+/* The current expert placement when EPLB is on, else NULL. */
+const struct trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e);
+
+/* The policy version tokens are currently generated with (0 until weights are updated). */
+uint32_t trill_engine_version(const trill_engine *e);
+
+#endif

@@ -1,0 +1,210 @@
+/* trill bench generate: the generator engine's prefill and decode throughput per weight format,
+ * next to the machine's memory bandwidth and bf16 compute peak measured in the same run. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "infer/gemm.h"
+#include "trill/infer.h"
+#include "trill/lora.h"
+#include "trill/model.h"
+#include "trill/rng.h"
+#include "trill/timing.h"
+
+static const char USAGE[] =
+    "trill bench generate --model DIR [--dtypes bf16,int8] [--batches 1,16,64,256] [--prompt-len N] [--steps N]\n"
+    "  Decode tokens/s at each batch size and prefill tokens/s for each weight format, the adapter-mode\n"
+    "  and expert-capture slowdowns (batch 16), and beside them the memory bandwidth (a 512 MB copy on all\n"
+    "  threads) against the weight bytes a batch-1 decode step reads, and the format's compute peak\n"
+    "  against GFLOP/s at the largest batch. Random prompts; defaults: 64-token prompts, 16 timed steps.";
+
+enum { MAX_LIST = 8 };
+
+/* Best of three copies of 512 MB (far beyond the caches) split across the threads, counting bytes read + written. */
+static double memory_bandwidth(void) {
+    const size_t n = (size_t)512 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) { free(a); free(b); return 0; }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) {
+        const double t0 = trill_now();
+#pragma omp parallel
+        {
+            const size_t per = n / (size_t)omp_get_num_threads(), at = per * (size_t)omp_get_thread_num();
+            memcpy(b + at, a + at, per);
+        }
+        const double t = trill_now() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    free(a);
+    free(b);
+    return 2.0 * n / best * 1e-9;
+}
+
+static int parse_list(const char *text, const char *flag, int *out, int max, long long lo, long long hi) {
+    int n = 0;
+    char *copy = strdup(text), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok && n < max; tok = strtok_r(NULL, ",", &save)) {
+        long long v;
+        if (cli_parse_int("bench", USAGE, flag, tok, lo, hi, &v)) { free(copy); return -1; }
+        out[n++] = (int)v;
+    }
+    free(copy);
+    return n;
+}
+
+typedef struct run_result {
+    double decode_tps;   /* generated tokens per second over the timed decode steps */
+    double prefill_tps;  /* prompt tokens per second over the prefill steps */
+    double step_s;       /* median decode step */
+} run_result;
+
+/* New tokens a request needs: the timed steps, plus those its sequence decodes while later
+ * prompts are still being prefilled (max_batch_tokens rows a step), plus a margin. */
+static int new_tokens(int batch, int prompt_len, int steps, int step_rows) {
+    return steps + batch * prompt_len / step_rows + batch / 8 + 8;
+}
+
+/* `batch` requests of random prompts: prefill, then `steps` timed decode steps of `batch` rows. */
+static trill_status run(trill_engine *e, const trill_config *c, int batch, int prompt_len, int steps, int step_rows, run_result *res) {
+    int *prompt = malloc(sizeof(int) * (size_t)prompt_len);
+    double *times = malloc(sizeof(double) * (size_t)steps);
+    if (!prompt || !times) { free(prompt); free(times); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    trill_status st = TRILL_OK;
+    for (int b = 0; b < batch && !st; b++) {
+        for (int i = 0; i < prompt_len; i++) prompt[i] = (int)(trill_rng_bits((uint64_t)b, (uint64_t)i) % (uint64_t)c->vocab_size);
+        /* long enough to decode through the staggered prefill; aborted after the timed steps */
+        trill_request r = { .id = (uint64_t)b, .prompt = prompt, .prompt_len = prompt_len, .n = 1,
+                            .max_new_tokens = new_tokens(batch, prompt_len, steps, step_rows) };
+        r.sampling = trill_sampling_default();
+        st = trill_engine_submit(e, &r);
+    }
+    /* prefill: until every sequence decodes (prompt rows per second of those steps) */
+    double t0 = trill_now();
+    long prefill_rows = 0;
+    trill_step_stats ss = { 0 };
+    for (int guard = 0; !st && ss.decode_rows < batch; guard++) {
+        if (guard > 4 * new_tokens(batch, prompt_len, steps, step_rows)) /* the cache is too small: sequences keep being preempted */
+            st = trill_error(TRILL_ERR_INVALID, "bench: %d sequences never all decode at once (KV cache too small?)", batch);
+        else if (!(st = trill_engine_step(e, &ss))) prefill_rows += ss.prefill_rows;
+    }
+    res->prefill_tps = prefill_rows / (trill_now() - t0);
+    double total = 0;
+    for (int s = 0; s < steps && !st; s++) {
+        t0 = trill_now();
+        st = trill_engine_step(e, &ss);
+        times[s] = trill_now() - t0;
+        total += times[s];
+        if (!st && ss.decode_rows != batch) st = trill_error(TRILL_ERR_INVALID, "bench: step %d decoded %d rows, expected %d", s, ss.decode_rows, batch);
+    }
+    if (!st) {
+        res->decode_tps = batch * steps / total;
+        res->step_s = trill_median(times, steps);
+    }
+    for (int b = 0; b < batch; b++) trill_engine_abort(e, (uint64_t)b); /* drop the rest */
+    trill_sequence_out out[64];
+    int got;
+    while ((got = trill_engine_collect(e, out, 64)) > 0)
+        for (int i = 0; i < got; i++) trill_sequence_out_free(&out[i]);
+    free(prompt);
+    free(times);
+    return st;
+}
+
+int bench_generate(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "model", required_argument, 0, 'm' }, { "dtypes", required_argument, 0, 'd' },   { "batches", required_argument, 0, 'b' },
+        { "prompt-len", required_argument, 0, 'p' }, { "steps", required_argument, 0, 's' }, { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    const char *dir = NULL, *dtypes = "bf16,int8";
+    int batches[MAX_LIST] = { 1, 16, 64, 256 }, n_batches = 4;
+    long long prompt_len = 64, steps = 16;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm': dir = optarg; break;
+        case 'd': dtypes = optarg; break;
+        case 'b': bad = (n_batches = parse_list(optarg, "--batches", batches, MAX_LIST, 1, 4096)) < 1; break;
+        case 'p': bad = cli_parse_int("bench", USAGE, "--prompt-len", optarg, 1, 1 << 16, &prompt_len); break;
+        case 's': bad = cli_parse_int("bench", USAGE, "--steps", optarg, 1, 1 << 16, &steps); break;
+        case 'h': printf("usage: %s\n", USAGE); return 0;
+        default: return cli_usage_error("bench", USAGE, "invalid option");
+        }
+        if (bad) return EXIT_USAGE;
+    }
+    if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
+    trill_gen_format formats[3];
+    int n_formats = 0;
+    char *copy = strdup(dtypes), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n_formats == 3 || trill_gen_format_parse(tok, &formats[n_formats])) {
+            free(copy);
+            return cli_usage_error("bench", USAGE, "--dtypes: expected a list of bf16, int8, f32, got \"%s\"", dtypes);
+        }
+        n_formats++;
+    }
+    free(copy);
+
+    trill_model *m;
+    if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("bench");
+    const trill_config *cfg = &m->config;
+    int max_batch = 1;
+    for (int i = 0; i < n_batches; i++) if (batches[i] > max_batch) max_batch = batches[i];
+    const double bw = memory_bandwidth();
+    printf("memory bandwidth (512 MB copy, %d threads): %.1f GB/s\n", omp_get_max_threads(), bw);
+    trill_lora *lora = NULL;
+    trill_lora_config lc = { .rank = 16, .alpha = 32 };
+    trill_lora_parse_targets("all-linear", &lc.targets);
+    trill_status st = trill_lora_create(m, lc, 1, &lora);
+    for (int f = 0; f < n_formats && !st; f++) {
+        const gen_format kf = formats[f] == TRILL_GEN_F32 ? GEN_F32 : formats[f] == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8;
+        const double peak = gen_peak_gflops(kf, gen_isa_best());
+        trill_engine_config ec = trill_engine_config_default();
+        ec.format = formats[f];
+        ec.max_batch_tokens = max_batch > 512 ? max_batch : 512;
+        ec.max_running = max_batch;
+        /* room for every sequence's whole length: no preemption while timing */
+        const double per_token = (double)cfg->num_hidden_layers * 2 * cfg->num_key_value_heads * cfg->head_dim * sizeof(float);
+        ec.kv_cache_mb = (size_t)(max_batch * (prompt_len + new_tokens(max_batch, (int)prompt_len, (int)steps, ec.max_batch_tokens) + 16) *
+                                  per_token * 1.1 / 1e6) + 16;
+        trill_engine *e = NULL;
+        if ((st = trill_engine_create(m, &ec, &e))) break;
+        const double step_bytes = (double)trill_engine_decode_bytes(e);
+        printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s)\n",
+               trill_gen_format_name(formats[f]), gen_isa_name(gen_isa_best()), trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
+               bw * 1e9 / step_bytes, bw, peak, gen_peak_instruction(kf, gen_isa_best()));
+        for (int i = 0; i < n_batches && !st; i++) {
+            run_result r;
+            if ((st = run(e, cfg, batches[i], (int)prompt_len, (int)steps, ec.max_batch_tokens, &r))) break;
+            const double flops = trill_engine_decode_flops(e) * batches[i] / r.step_s;
+            printf("  batch %4d: decode %8.1f tokens/s (median step %.2f ms, %.1f GFLOP/s = %.1f%% of peak", batches[i], r.decode_tps,
+                   r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
+            if (batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (bw * 1e9));
+            printf("); prefill %.0f tokens/s\n", r.prefill_tps);
+        }
+        /* adapter mode and capture at batch 16, against the plain engine in the same run */
+        run_result plain, adapted, captured;
+        if (!st) st = run(e, cfg, 16, (int)prompt_len, (int)steps, ec.max_batch_tokens, &plain);
+        if (!st) st = trill_engine_update_adapter(e, lora, 1, NULL);
+        if (!st) st = run(e, cfg, 16, (int)prompt_len, (int)steps, ec.max_batch_tokens, &adapted);
+        trill_engine_free(e);
+        e = NULL;
+        ec.capture_experts = true;
+        if (!st) st = trill_engine_create(m, &ec, &e);
+        if (!st) st = run(e, cfg, 16, (int)prompt_len, (int)steps, ec.max_batch_tokens, &captured);
+        if (!st)
+            printf("  batch 16: merged mode %.1f tokens/s; adapter mode (rank 16, all linear layers) %.1f (%.2fx slower); expert capture on %.1f (%.1f%% slower)\n",
+                   plain.decode_tps, adapted.decode_tps, plain.decode_tps / adapted.decode_tps, captured.decode_tps,
+                   100.0 * (plain.decode_tps / captured.decode_tps - 1));
+        trill_engine_free(e);
+    }
+    trill_lora_free(lora);
+    trill_model_free(m);
+    return st ? cli_fail("bench") : 0;
+}

@@ -1,0 +1,1267 @@
+/* The generator engine (trill/infer.h): weights in the engine's format, the paged KV cache,
+ * the continuous-batching scheduler, one batched forward per step, sampling and capture.
+ *
+ * A step's rows are (sequence, position) pairs: one for each decoding sequence and chunks of
+ * prompts being prefilled. Every kernel computes a row on its own with a fixed order of
+ * operations (infer/gemm.h is batch-invariant; attention reads the row's own sequence from the
+ * cache), so a sequence's results do not depend on its neighbours in the batch. */
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infer/gemm.h"
+#include "infer/kvcache.h"
+#include "trill/infer.h"
+#include "trill/eplb.h"
+#include "trill/kernels.h"
+#include "trill/lora.h"
+
+/* ---- formats ---- */
+
+const char *trill_gen_format_name(trill_gen_format f) {
+    return f == TRILL_GEN_F32 ? "f32" : f == TRILL_GEN_BF16 ? "bf16" : "int8";
+}
+
+int trill_gen_format_parse(const char *name, trill_gen_format *out) {
+    static const char *const names[] = { "f32", "bf16", "int8" };
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, names[i]) == 0) { *out = (trill_gen_format)i; return 0; }
+    return -1;
+}
+
+static gen_format kernel_format(trill_gen_format f) { return f == TRILL_GEN_F32 ? GEN_F32 : f == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8; }
+
+trill_engine_config trill_engine_config_default(void) {
+    return (trill_engine_config){ .format = TRILL_GEN_BF16, .block_size = 16, .kv_cache_mb = 256, .max_batch_tokens = 512,
+                                  .max_running = 256, .eplb_redundant = -1, .eplb_window = 64, .eplb_interval = 16 };
+}
+
+/* ---- state ---- */
+
+typedef struct eng_layer {
+    float *input_norm, *q_norm, *k_norm, *post_norm; /* fp32 copies */
+    gen_matrix qkv;      /* [q | k | v] projections fused: [(nh + 2 nkv) hd, H] */
+    gen_matrix o;        /* [H, nh hd] */
+    gen_matrix gate_up;  /* dense: [gate | up] fused [2 I, H] */
+    gen_matrix down;     /* dense: [H, I] */
+    gen_matrix router;   /* MoE: [E, H] */
+    gen_matrix *experts_gate_up; /* MoE: [E] of [2 Im, H] */
+    gen_matrix *experts_down;    /* MoE: [E] of [H, Im] */
+} eng_layer;
+
+/* Every weight the forward reads, in the engine's format: swapped whole on a merged update. */
+typedef struct eng_weights {
+    eng_layer *layers;
+    float *final_norm;
+    gen_matrix lm_head;
+    float *embed_f32;     /* [V, H] (f32 format) ... */
+    uint16_t *embed_bf16; /* ... or bf16 (the others) */
+    size_t bytes;         /* as served */
+} eng_weights;
+
+/* LoRA on one engine matrix, whose output columns may be several fused modules ("parts"):
+ * y[:, part p] += scale * (x A_p^T) B_p^T. The adapted parts' A are stacked into one matrix so
+ * x is read once; everything in GEN_F32 (the adapters are small, and stay exact). */
+typedef struct eng_lora {
+    int n_adapted;       /* 0: no adapter on this matrix */
+    gen_matrix A;        /* [n_adapted * r, K] */
+    gen_matrix B[3];     /* per adapted part: [cols, r] */
+    int col0[3], cols[3];
+} eng_lora;
+
+typedef struct eng_lora_layer {
+    eng_lora qkv, o, gate_up, down;
+    eng_lora *experts_gate_up, *experts_down; /* [E] */
+} eng_lora_layer;
+
+/* A set of adapters, applied on the side of the base weights (adapter sync mode). */
+typedef struct eng_adapter {
+    int rank;
+    float scale;
+    eng_lora_layer *layers;
+    eng_lora lm_head;
+    size_t bytes;
+} eng_adapter;
+
+typedef struct req {
+    trill_request r; /* arrays below are the engine's copies */
+    int *prompt, *stop_ids;
+    char **stop_strings;
+    size_t max_stop_len;
+} req;
+
+typedef struct seq {
+    req *rq;
+    int sample;
+    int *tokens;          /* [cap]: prompt then generated */
+    int n_tokens, cap;
+    int n_prompt;
+    int n_computed;       /* tokens whose K/V are in the cache */
+    kv_table kv;
+    float *logprobs;      /* [max_new_tokens] */
+    uint32_t *versions;
+    uint16_t *experts;    /* capture: [cap][n_moe][K] */
+    bool forks_pending;   /* a group's first sequence: its siblings fork off when the prompt is done */
+    uint64_t admitted;    /* admission order: the newest is preempted first */
+} seq;
+
+struct trill_engine {
+    trill_config c;
+    trill_engine_config cfg;
+    eng_weights *w;       /* the weights steps run on */
+    eng_adapter *ad;      /* and their adapters, or NULL */
+    uint32_t version;     /* of w + ad: recorded with every token sampled */
+    /* an update waiting for the next step (set by any thread, taken by the stepping one) */
+    pthread_mutex_t lock;
+    bool pending, pending_has_w, pending_has_ad;
+    eng_weights *pending_w;
+    eng_adapter *pending_ad;
+    uint32_t pending_version;
+    float *inv_freq;
+    kv_cache kv;
+    uint64_t admissions;
+
+    seq **active;  /* holding KV blocks, in admission order */
+    int n_active, cap_active;
+    seq **waiting; /* FIFO; preempted sequences go back to the front */
+    int n_waiting, cap_waiting;
+    req **reqs;    /* every request with unfinished samples */
+    int n_reqs, cap_reqs;
+    trill_sequence_out *done;
+    int n_done, cap_done;
+
+    /* step buffers, for max_batch_tokens rows */
+    int max_rows;
+    seq **row_seq;
+    int *row_pos, *row_token;
+    float *x, *xn, *qkv, *q, *k, *v, *att, *out, *ff, *act, *probs, *topw, *xe, *ye, *logits;
+    int *topi, *order, *count, *logit_rows;
+    float *scores;        /* per thread: [max_context] attention scores */
+    float *lora_xa, *lora_in, *lora_out; /* adapters: x A^T of the stacked parts, one part's, its B product */
+    int lora_rank;        /* the rank these are sized for */
+    int lora_cols;        /* lora_out's row stride for expert rows */
+    int *where;           /* [R*K] position of each (row, slot) pair in order */
+    /* EPLB (off when eplb_window is NULL) */
+    trill_eplb_window *eplb_window;
+    trill_eplb_plan eplb_plan;
+    uint32_t *eplb_counts; /* [n_moe][E] this step's routed tokens */
+    int *phys;             /* [R*K] physical slot of each (row, slot) pair */
+    int eplb_workers, eplb_steps;
+    int max_context;
+    void *sample_scratch;
+};
+
+static void *grow(void *p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return p;
+    int c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    void *q = realloc(p, (size_t)c * elem);
+    if (q) *cap = c;
+    return q;
+}
+
+/* ---- weights ---- */
+
+/* One generator matrix from the row-wise concatenation of parts (all [rows_i, K], same storage). */
+static trill_status make_matrix(gen_matrix *g, gen_format f, const trill_weight *parts, const int *rows, int n_parts, int K) {
+    int N = 0;
+    for (int i = 0; i < n_parts; i++) N += rows[i];
+    if (n_parts == 1) return gen_matrix_create(g, f, parts[0].f32, parts[0].bf16, N, K);
+    const bool half = parts[0].bf16 != NULL;
+    const size_t elem = half ? sizeof(uint16_t) : sizeof(float);
+    char *buf = malloc((size_t)N * K * elem), *at = buf;
+    if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory converting weights");
+    for (int i = 0; i < n_parts; i++) {
+        memcpy(at, half ? (const void *)parts[i].bf16 : (const void *)parts[i].f32, (size_t)rows[i] * K * elem);
+        at += (size_t)rows[i] * K * elem;
+    }
+    trill_status st = gen_matrix_create(g, f, half ? NULL : (const float *)buf, half ? (const uint16_t *)buf : NULL, N, K);
+    free(buf);
+    return st;
+}
+
+static float *copy_floats(const float *src, size_t n) {
+    float *p = malloc(n * sizeof(float));
+    if (p) memcpy(p, src, n * sizeof(float));
+    return p;
+}
+
+static void free_weights(const trill_config *c, eng_weights *w) {
+    if (!w) return;
+    for (int l = 0; w->layers && l < c->num_hidden_layers; l++) {
+        eng_layer *L = &w->layers[l];
+        free(L->input_norm); free(L->q_norm); free(L->k_norm); free(L->post_norm);
+        gen_matrix_free(&L->qkv); gen_matrix_free(&L->o); gen_matrix_free(&L->gate_up); gen_matrix_free(&L->down);
+        gen_matrix_free(&L->router);
+        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) {
+            gen_matrix_free(&L->experts_gate_up[x]);
+            gen_matrix_free(&L->experts_down[x]);
+        }
+        free(L->experts_gate_up);
+        free(L->experts_down);
+    }
+    free(w->layers);
+    gen_matrix_free(&w->lm_head);
+    free(w->final_norm); free(w->embed_f32); free(w->embed_bf16);
+    free(w);
+}
+
+static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_gen_format format, const trill_model *m) {
+    const int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
+    const gen_format f = kernel_format(format);
+    /* int8 leaves the router and lm_head in bf16, as W8A8 serving does: routing and the output
+     * distribution are the most sensitive to quantisation */
+    const gen_format fine = f == GEN_INT8 ? GEN_BF16 : f;
+    trill_status st = TRILL_OK;
+    if (!(w->layers = calloc((size_t)c->num_hidden_layers, sizeof *w->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->num_hidden_layers && !st; l++) {
+        const trill_layer_weights *mw = &m->layers[l];
+        eng_layer *L = &w->layers[l];
+        L->input_norm = copy_floats(mw->input_norm, (size_t)H);
+        L->post_norm = copy_floats(mw->post_norm, (size_t)H);
+        L->q_norm = copy_floats(mw->q_norm, (size_t)hd);
+        L->k_norm = copy_floats(mw->k_norm, (size_t)hd);
+        if (!L->input_norm || !L->post_norm || !L->q_norm || !L->k_norm) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        const trill_weight qkv[3] = { mw->wq, mw->wk, mw->wv };
+        const int qkv_rows[3] = { qd, kvd, kvd };
+        if ((st = make_matrix(&L->qkv, f, qkv, qkv_rows, 3, H))) break;
+        if ((st = make_matrix(&L->o, f, &mw->wo, &H, 1, qd))) break;
+        if (trill_config_is_moe(c, l)) {
+            const int E = c->num_experts, Im = c->moe_intermediate_size;
+            if ((st = make_matrix(&L->router, fine, &mw->router, &E, 1, H))) break;
+            L->experts_gate_up = calloc((size_t)E, sizeof(gen_matrix));
+            L->experts_down = calloc((size_t)E, sizeof(gen_matrix));
+            if (!L->experts_gate_up || !L->experts_down) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            for (int x = 0; x < E && !st; x++) {
+                const trill_weight gu[2] = { trill_weight_at(mw->expert_gate, (size_t)x * Im * H), trill_weight_at(mw->expert_up, (size_t)x * Im * H) };
+                const int gu_rows[2] = { Im, Im };
+                const trill_weight dn = trill_weight_at(mw->expert_down, (size_t)x * H * Im);
+                if (!(st = make_matrix(&L->experts_gate_up[x], f, gu, gu_rows, 2, H))) st = make_matrix(&L->experts_down[x], f, &dn, &H, 1, Im);
+            }
+        } else {
+            const int I = c->intermediate_size;
+            const trill_weight gu[2] = { mw->mlp_gate, mw->mlp_up };
+            const int gu_rows[2] = { I, I };
+            if (!(st = make_matrix(&L->gate_up, f, gu, gu_rows, 2, H))) st = make_matrix(&L->down, f, &mw->mlp_down, &H, 1, I);
+        }
+    }
+    if (st) return st;
+    if ((st = make_matrix(&w->lm_head, fine, &m->lm_head, &c->vocab_size, 1, H))) return st;
+    w->final_norm = copy_floats(m->final_norm, (size_t)H);
+    const size_t table = (size_t)c->vocab_size * H;
+    if (f == GEN_F32) {
+        if ((w->embed_f32 = malloc(table * sizeof(float))) && m->embed.f32) memcpy(w->embed_f32, m->embed.f32, table * sizeof(float));
+        else if (w->embed_f32) bf16_widen(w->embed_f32, m->embed.bf16, table);
+    } else if ((w->embed_bf16 = malloc(table * sizeof(uint16_t)))) {
+        if (m->embed.bf16) memcpy(w->embed_bf16, m->embed.bf16, table * sizeof(uint16_t));
+        else trill_from_f32(w->embed_bf16, m->embed.f32, TRILL_BF16, table);
+    }
+    if (!w->final_norm || (!w->embed_f32 && !w->embed_bf16)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+
+    size_t bytes = w->lm_head.bytes + table * (f == GEN_F32 ? 4 : 2) + (size_t)H * 4;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const eng_layer *L = &w->layers[l];
+        bytes += L->qkv.bytes + L->o.bytes + L->gate_up.bytes + L->down.bytes + L->router.bytes + (size_t)(2 * H + 2 * hd) * 4;
+        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) bytes += L->experts_gate_up[x].bytes + L->experts_down[x].bytes;
+    }
+    w->bytes = bytes;
+    return TRILL_OK;
+}
+
+/* m's weights in `format`: m must have this engine's architecture. */
+static trill_status build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out) {
+    eng_weights *w = calloc(1, sizeof *w);
+    if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = fill_weights(w, c, format, m);
+    if (st) {
+        free_weights(c, w);
+        return st;
+    }
+    *out = w;
+    return TRILL_OK;
+}
+
+/* ---- adapters ---- */
+
+static void free_lora(eng_lora *el) {
+    gen_matrix_free(&el->A);
+    for (int a = 0; a < 3; a++) gen_matrix_free(&el->B[a]);
+    *el = (eng_lora){ 0 };
+}
+
+static void free_adapter(const trill_config *c, eng_adapter *ad) {
+    if (!ad) return;
+    for (int l = 0; ad->layers && l < c->num_hidden_layers; l++) {
+        eng_lora_layer *L = &ad->layers[l];
+        free_lora(&L->qkv); free_lora(&L->o); free_lora(&L->gate_up); free_lora(&L->down);
+        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) {
+            free_lora(&L->experts_gate_up[x]);
+            free_lora(&L->experts_down[x]);
+        }
+        free(L->experts_gate_up);
+        free(L->experts_down);
+    }
+    free(ad->layers);
+    free_lora(&ad->lm_head);
+    free(ad);
+}
+
+/* The adapter of a matrix made of n_parts modules of cols[p] outputs each (pairs[p].A NULL:
+ * that module has no adapter). */
+static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const int *cols, int n_parts, int K, int r, size_t *bytes) {
+    int na = 0;
+    for (int p = 0; p < n_parts; p++) na += pairs[p].A != NULL;
+    if (na == 0) return TRILL_OK;
+    float *A = malloc(sizeof(float) * (size_t)na * r * K);
+    if (!A) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    for (int p = 0, a = 0, col = 0; p < n_parts; col += cols[p], p++) {
+        if (!pairs[p].A) continue;
+        memcpy(A + (size_t)a * r * K, pairs[p].A, sizeof(float) * (size_t)r * K);
+        if (!st) st = gen_matrix_create(&el->B[a], GEN_F32, pairs[p].B, NULL, cols[p], r);
+        el->col0[a] = col;
+        el->cols[a] = cols[p];
+        *bytes += sizeof(float) * ((size_t)r * K + (size_t)cols[p] * r);
+        a++;
+    }
+    if (!st) st = gen_matrix_create(&el->A, GEN_F32, A, NULL, na * r, K);
+    free(A);
+    el->n_adapted = na;
+    return st;
+}
+
+static trill_status fill_adapter(eng_adapter *ad, const trill_config *c, const trill_lora *lora) {
+    const int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
+    const int r = lora->config.rank;
+    ad->rank = r;
+    ad->scale = lora->scale;
+    if (!(ad->layers = calloc((size_t)c->num_hidden_layers, sizeof *ad->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    for (int l = 0; l < c->num_hidden_layers && !st; l++) {
+        const trill_lora_layer *src = &lora->layers[l];
+        eng_lora_layer *L = &ad->layers[l];
+        const trill_lora_pair qkv[3] = { src->q, src->k, src->v };
+        const int qkv_cols[3] = { qd, kvd, kvd };
+        if (!(st = make_lora(&L->qkv, qkv, qkv_cols, 3, H, r, &ad->bytes))) st = make_lora(&L->o, &src->o, &H, 1, qd, r, &ad->bytes);
+        if (st) break;
+        if (trill_config_is_moe(c, l)) {
+            const int E = c->num_experts, Im = c->moe_intermediate_size;
+            L->experts_gate_up = calloc((size_t)E, sizeof(eng_lora));
+            L->experts_down = calloc((size_t)E, sizeof(eng_lora));
+            if (!L->experts_gate_up || !L->experts_down) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            const trill_lora_pair none = { 0 };
+            for (int x = 0; x < E && !st; x++) {
+                const trill_lora_pair gu[2] = { src->expert_gate ? src->expert_gate[x] : none, src->expert_up ? src->expert_up[x] : none };
+                const int gu_cols[2] = { Im, Im };
+                const trill_lora_pair dn = src->expert_down ? src->expert_down[x] : none;
+                if (!(st = make_lora(&L->experts_gate_up[x], gu, gu_cols, 2, H, r, &ad->bytes)))
+                    st = make_lora(&L->experts_down[x], &dn, &H, 1, Im, r, &ad->bytes);
+            }
+        } else {
+            const int I = c->intermediate_size;
+            const trill_lora_pair gu[2] = { src->gate, src->up };
+            const int gu_cols[2] = { I, I };
+            if (!(st = make_lora(&L->gate_up, gu, gu_cols, 2, H, r, &ad->bytes))) st = make_lora(&L->down, &src->down, &H, 1, I, r, &ad->bytes);
+        }
+    }
+    if (!st) st = make_lora(&ad->lm_head, &lora->lm_head, &c->vocab_size, 1, H, r, &ad->bytes);
+    return st;
+}
+
+static trill_status build_adapter(const trill_config *c, const trill_lora *lora, eng_adapter **out) {
+    eng_adapter *ad = calloc(1, sizeof *ad);
+    if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = fill_adapter(ad, c, lora);
+    if (st) {
+        free_adapter(c, ad);
+        return st;
+    }
+    *out = ad;
+    return TRILL_OK;
+}
+
+/* ---- creation ---- */
+
+static trill_status alloc_step_buffers(trill_engine *e) {
+    const trill_config *c = &e->c;
+    const size_t R = (size_t)e->max_rows, H = c->hidden_size, hd = c->head_dim;
+    const size_t qd = (size_t)c->num_attention_heads * hd, kvd = (size_t)c->num_key_value_heads * hd;
+    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
+    const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ffw = I > Im ? I : Im;
+    const size_t rows_ff = R * K > R ? R * K : R;
+    float **fl[] = { &e->x, &e->xn, &e->qkv, &e->q, &e->k, &e->v, &e->att, &e->out, &e->ff, &e->act, &e->probs, &e->topw, &e->xe,
+                     &e->ye, &e->logits };
+    const size_t fn[] = { R * H, R * H, R * (qd + 2 * kvd), R * qd, R * kvd, R * kvd, R * qd, R * H, rows_ff * 2 * ffw, rows_ff * ffw,
+                          R * E, R * K, rows_ff * H, rows_ff * H, R * (size_t)c->vocab_size };
+    bool ok = true;
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) ok &= (*fl[i] = malloc(fn[i] * sizeof(float))) != NULL;
+    e->topi = malloc(R * K * sizeof(int));
+    e->order = malloc(R * K * sizeof(int));
+    const size_t slots = e->eplb_window ? (size_t)e->eplb_plan.n_physical : E;
+    e->count = malloc((slots + 1) * sizeof(int));
+    e->where = malloc(R * K * sizeof(int));
+    e->phys = malloc(R * K * sizeof(int));
+    e->logit_rows = malloc(R * sizeof(int));
+    e->row_seq = malloc(R * sizeof(seq *));
+    e->row_pos = malloc(R * sizeof(int));
+    e->row_token = malloc(R * sizeof(int));
+    e->inv_freq = malloc(hd / 2 * sizeof(float));
+    e->sample_scratch = malloc(trill_sample_scratch_size(c->vocab_size));
+    ok &= e->topi && e->order && e->count && e->where && e->phys && e->logit_rows && e->row_seq && e->row_pos && e->row_token && e->inv_freq && e->sample_scratch;
+    if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->max_rows);
+    rope_inv_freq(e->inv_freq, c->head_dim, c->rope_theta);
+    return TRILL_OK;
+}
+
+/* Physical slots: the logical experts plus the redundant ones, a whole number per worker; the
+ * first plan balances a uniform load (every expert replicated in turn). */
+static trill_status eplb_start(trill_engine *e) {
+    const trill_config *c = &e->c;
+    const int E = c->num_experts, L = c->n_moe_layers;
+    e->eplb_workers = e->cfg.eplb_workers > 0 ? e->cfg.eplb_workers : omp_get_max_threads();
+    const int W = e->eplb_workers;
+    int P = E + (e->cfg.eplb_redundant >= 0 ? e->cfg.eplb_redundant : W);
+    P = (P + W - 1) / W * W;
+    if (e->cfg.eplb_window < 1 || e->cfg.eplb_interval < 1)
+        return trill_error(TRILL_ERR_INVALID, "engine: eplb_window and eplb_interval must be >= 1 (got %d and %d)", e->cfg.eplb_window,
+                           e->cfg.eplb_interval);
+    double *load = malloc(sizeof(double) * (size_t)L * E);
+    e->eplb_counts = calloc((size_t)L * E, sizeof(uint32_t));
+    if (!load || !e->eplb_counts) {
+        free(load);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < L * E; i++) load[i] = 1.0;
+    trill_status st = trill_eplb_window_create(L, E, e->cfg.eplb_window, &e->eplb_window);
+    if (!st) st = trill_eplb_rebalance(load, L, E, P, 1, 1, W, &e->eplb_plan);
+    free(load);
+    if (st) trill_error_context("engine: EPLB with %d experts, %d physical slots, %d workers", E, P, W);
+    return st;
+}
+
+/* After a step: its routed-token counts join the window; every eplb_interval steps the placement
+ * is planned again from the window. */
+static trill_status eplb_after_step(trill_engine *e) {
+    const trill_config *c = &e->c;
+    const int E = c->num_experts, L = c->n_moe_layers;
+    trill_eplb_window_add(e->eplb_window, e->eplb_counts);
+    memset(e->eplb_counts, 0, sizeof(uint32_t) * (size_t)L * E);
+    if (++e->eplb_steps % e->cfg.eplb_interval) return TRILL_OK;
+    double *load = malloc(sizeof(double) * (size_t)L * E);
+    if (!load) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_eplb_window_load(e->eplb_window, load);
+    trill_eplb_plan plan;
+    trill_status st = trill_eplb_rebalance(load, L, E, e->eplb_plan.n_physical, 1, 1, e->eplb_workers, &plan);
+    free(load);
+    if (st) return st;
+    trill_eplb_plan_free(&e->eplb_plan);
+    e->eplb_plan = plan;
+    return TRILL_OK;
+}
+
+const trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e) { return e->eplb_window ? &e->eplb_plan : NULL; }
+
+trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
+    trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();
+    if (cfg.block_size < 1 || cfg.block_size > 4096)
+        return trill_error(TRILL_ERR_INVALID, "engine: block_size must be in [1, 4096], got %d", cfg.block_size);
+    if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);
+    if (cfg.max_running < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_running must be >= 1, got %d", cfg.max_running);
+    if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
+    trill_engine *e = calloc(1, sizeof *e);
+    if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    e->c = m->config;
+    e->cfg = cfg;
+    e->max_rows = cfg.max_batch_tokens;
+    const trill_config *c = &e->c;
+    const int kv_dim = c->num_key_value_heads * c->head_dim;
+    const size_t per_block = kv_cache_bytes_per_block(cfg.block_size, c->num_hidden_layers, kv_dim);
+    const size_t n_blocks = cfg.kv_blocks > 0 ? (size_t)cfg.kv_blocks : cfg.kv_cache_mb * 1000000 / per_block;
+    trill_status st = TRILL_OK;
+    if (n_blocks < 1 || n_blocks > INT32_MAX)
+        st = trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
+                         cfg.kv_cache_mb, n_blocks, cfg.block_size, per_block / 1e6);
+    pthread_mutex_init(&e->lock, NULL);
+    if (!st) st = build_weights(c, cfg.format, m, &e->w);
+    if (!st) st = kv_cache_create(&e->kv, (int)n_blocks, cfg.block_size, c->num_hidden_layers, kv_dim);
+    if (!st && cfg.eplb && c->n_moe_layers > 0) st = eplb_start(e);
+    if (!st) st = alloc_step_buffers(e);
+    if (st) {
+        trill_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return TRILL_OK;
+}
+
+static void free_seq(trill_engine *e, seq *s) {
+    if (!s) return;
+    kv_table_release(&e->kv, &s->kv);
+    free(s->tokens);
+    free(s->logprobs);
+    free(s->versions);
+    free(s->experts);
+    free(s);
+}
+
+static void free_req(req *q) {
+    if (!q) return;
+    for (int i = 0; i < q->r.n_stop_strings; i++) free(q->stop_strings[i]);
+    free(q->stop_strings);
+    free(q->prompt);
+    free(q->stop_ids);
+    free(q);
+}
+
+void trill_sequence_out_free(trill_sequence_out *s) {
+    free(s->tokens);
+    free(s->logprobs);
+    free(s->versions);
+    free(s->experts);
+    *s = (trill_sequence_out){ 0 };
+}
+
+void trill_engine_free(trill_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_active; i++) free_seq(e, e->active[i]);
+    for (int i = 0; i < e->n_waiting; i++) free_seq(e, e->waiting[i]);
+    for (int i = 0; i < e->n_reqs; i++) free_req(e->reqs[i]);
+    for (int i = 0; i < e->n_done; i++) trill_sequence_out_free(&e->done[i]);
+    free(e->active);
+    free(e->waiting);
+    free(e->reqs);
+    free(e->done);
+    free_weights(&e->c, e->w);
+    free_adapter(&e->c, e->ad);
+    if (e->pending_w) free_weights(&e->c, e->pending_w);
+    if (e->pending_ad) free_adapter(&e->c, e->pending_ad);
+    pthread_mutex_destroy(&e->lock);
+    free(e->inv_freq);
+    kv_cache_free(&e->kv);
+    float *fl[] = { e->x, e->xn, e->qkv, e->q, e->k, e->v, e->att, e->out, e->ff, e->act, e->probs, e->topw, e->xe, e->ye, e->logits, e->scores,
+                    e->lora_xa, e->lora_in, e->lora_out };
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
+    free(e->topi); free(e->order); free(e->count); free(e->where); free(e->phys);
+    trill_eplb_window_free(e->eplb_window);
+    trill_eplb_plan_free(&e->eplb_plan);
+    free(e->eplb_counts); free(e->logit_rows); free(e->row_seq); free(e->row_pos); free(e->row_token);
+    free(e->sample_scratch);
+    free(e);
+}
+
+size_t trill_engine_weight_bytes(const trill_engine *e) { return e->w->bytes; }
+size_t trill_engine_kv_bytes(const trill_engine *e) {
+    return kv_cache_bytes_per_block(e->kv.block_size, e->kv.n_layers, e->kv.kv_dim) * (size_t)e->kv.n_blocks;
+}
+uint32_t trill_engine_version(const trill_engine *e) { return e->version; }
+
+/* Per decode token at batch 1, what the matrices cost: each used matrix's bytes (the bytes
+ * one step streams) or 2 N K FLOPs. A MoE layer counts its top-k experts at the average size. */
+static double per_token_cost(const trill_engine *e, bool flops) {
+    const trill_config *c = &e->c;
+    const eng_weights *w = e->w;
+#define COST(mat) (flops ? 2.0 * (mat).N * (mat).K : (double)(mat).bytes)
+    double total = COST(w->lm_head) + (double)c->hidden_size * (flops ? 0 : w->embed_f32 ? 4 : 2);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const eng_layer *L = &w->layers[l];
+        total += COST(L->qkv) + COST(L->o);
+        if (!trill_config_is_moe(c, l)) {
+            total += COST(L->gate_up) + COST(L->down);
+            continue;
+        }
+        double experts = 0;
+        for (int x = 0; x < c->num_experts; x++) experts += COST(L->experts_gate_up[x]) + COST(L->experts_down[x]);
+        total += COST(L->router) + experts / c->num_experts * c->num_experts_per_tok;
+    }
+#undef COST
+    return total;
+}
+
+size_t trill_engine_decode_bytes(const trill_engine *e) { return (size_t)per_token_cost(e, false); }
+double trill_engine_decode_flops(const trill_engine *e) { return per_token_cost(e, true); }
+bool trill_engine_busy(const trill_engine *e) { return e->n_active > 0 || e->n_waiting > 0; }
+
+/* ---- requests ---- */
+
+static trill_status new_seq(trill_engine *e, req *q, int sample, seq **out) {
+    const trill_request *r = &q->r;
+    seq *s = calloc(1, sizeof *s);
+    if (!s) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    s->rq = q;
+    s->sample = sample;
+    s->cap = r->prompt_len + r->max_new_tokens;
+    s->n_prompt = r->prompt_len;
+    s->tokens = malloc(sizeof(int) * (size_t)s->cap);
+    s->logprobs = malloc(sizeof(float) * (size_t)r->max_new_tokens);
+    s->versions = malloc(sizeof(uint32_t) * (size_t)r->max_new_tokens);
+    const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
+    if (e->cfg.capture_experts && per_token) s->experts = malloc(sizeof(uint16_t) * per_token * (size_t)s->cap);
+    if (!s->tokens || !s->logprobs || !s->versions || (e->cfg.capture_experts && per_token && !s->experts)) {
+        free_seq(e, s);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for request %llu", (unsigned long long)r->id);
+    }
+    *out = s;
+    return TRILL_OK;
+}
+
+trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
+    const trill_config *c = &e->c;
+    const unsigned long long id = (unsigned long long)r->id;
+    if (r->prompt_len < 1 || !r->prompt) return trill_error(TRILL_ERR_INVALID, "request %llu: the prompt is empty", id);
+    if (r->max_new_tokens < 1) return trill_error(TRILL_ERR_INVALID, "request %llu: max_new_tokens must be >= 1, got %d", id, r->max_new_tokens);
+    if (r->n < 0) return trill_error(TRILL_ERR_INVALID, "request %llu: n (samples) must be >= 1, got %d", id, r->n);
+    for (int i = 0; i < r->prompt_len; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
+            return trill_error(TRILL_ERR_INVALID, "request %llu: prompt token %d is %d, outside the vocabulary [0, %d)", id, i, r->prompt[i], c->vocab_size);
+    trill_status st = trill_sampling_check(&r->sampling);
+    if (st) {
+        trill_error_context("request %llu", id);
+        return st;
+    }
+    if (r->n_stop_strings > 0 && !e->cfg.tokenizer)
+        return trill_error(TRILL_ERR_INVALID, "request %llu: stop strings need the engine to have a tokenizer", id);
+    const int need = kv_blocks_for(&e->kv, r->prompt_len + r->max_new_tokens);
+    if (need > e->kv.n_blocks)
+        return trill_error(TRILL_ERR_INVALID, "request %llu: %d prompt + %d new tokens need %d KV blocks of %d tokens, but the cache holds %d (raise kv_cache_mb)",
+                           id, r->prompt_len, r->max_new_tokens, need, e->kv.block_size, e->kv.n_blocks);
+    req *q = calloc(1, sizeof *q);
+    if (!q) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    q->r = *r;
+    if (q->r.n == 0) q->r.n = 1;
+    q->prompt = malloc(sizeof(int) * (size_t)r->prompt_len);
+    q->stop_ids = malloc(sizeof(int) * (size_t)(r->n_stop_ids + 1));
+    q->stop_strings = calloc((size_t)r->n_stop_strings + 1, sizeof(char *));
+    bool ok = q->prompt && q->stop_ids && q->stop_strings;
+    for (int i = 0; ok && i < r->n_stop_strings; i++) {
+        ok = (q->stop_strings[i] = strdup(r->stop_strings[i])) != NULL;
+        size_t len = ok ? strlen(r->stop_strings[i]) : 0;
+        if (len > q->max_stop_len) q->max_stop_len = len;
+    }
+    seq *s = NULL;
+    if (ok) {
+        memcpy(q->prompt, r->prompt, sizeof(int) * (size_t)r->prompt_len);
+        if (r->n_stop_ids) memcpy(q->stop_ids, r->stop_ids, sizeof(int) * (size_t)r->n_stop_ids);
+        q->r.prompt = q->prompt;
+        q->r.stop_ids = q->stop_ids;
+        q->r.stop_strings = (const char *const *)q->stop_strings;
+        ok = !new_seq(e, q, 0, &s);
+    }
+    req **reqs = ok ? grow(e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *reqs) : NULL;
+    seq **wait = reqs ? grow(e->waiting, &e->cap_waiting, e->n_waiting + 1, sizeof *wait) : NULL;
+    if (reqs) e->reqs = reqs;
+    if (wait) e->waiting = wait;
+    if (!wait) {
+        free_seq(e, s);
+        free_req(q);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory queueing request %llu", id);
+    }
+    memcpy(s->tokens, q->prompt, sizeof(int) * (size_t)r->prompt_len);
+    s->n_tokens = r->prompt_len;
+    s->forks_pending = q->r.n > 1;
+    e->reqs[e->n_reqs++] = q;
+    e->waiting[e->n_waiting++] = s;
+    return TRILL_OK;
+}
+
+/* ---- the forward over a step's rows ---- */
+
+static void gather_rows(float *dst, const float *src, int rows, int width, int stride, int offset) {
+    for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * width, src + (size_t)r * stride + offset, sizeof(float) * width);
+}
+
+/* y[T, width] += the adapter's side path on input x[T, K] (nothing if the matrix has none). */
+/* row0: where these rows sit among the step's expert rows, so concurrent callers (EPLB workers)
+ * use disjoint parts of the buffers. */
+static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width, const float *x, int T, int row0) {
+    if (el->n_adapted == 0 || T == 0) return;
+    const int r = e->ad->rank, na = el->n_adapted;
+    const float s = e->ad->scale;
+    float *lxa = e->lora_xa + (size_t)row0 * 3 * r, *lin = e->lora_in + (size_t)row0 * r, *lout = e->lora_out + (size_t)row0 * e->lora_cols;
+    gen_matmul(lxa, x, &el->A, T);
+    for (int a = 0; a < na; a++) {
+        const float *xa = lxa;
+        if (na > 1) { /* this part's columns of x A^T, contiguous */
+            gather_rows(lin, lxa, T, r, na * r, a * r);
+            xa = lin;
+        }
+        gen_matmul(lout, xa, &el->B[a], T);
+        const int cols = el->cols[a], col0 = el->col0[a];
+#pragma omp parallel for schedule(static)
+        for (int t = 0; t < T; t++) {
+            float *yt = y + (size_t)t * width + col0;
+            const float *d = lout + (size_t)t * cols;
+            for (int j = 0; j < cols; j++) yt[j] += s * d[j];
+        }
+    }
+}
+
+
+/* Causal attention of each row over its own sequence's cached keys and values. */
+static void paged_attention(trill_engine *e, int layer, int R) {
+    const trill_config *c = &e->c;
+    const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
+    const int bs = e->kv.block_size;
+    const float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel
+    {
+        float *sc = e->scores + (size_t)omp_get_thread_num() * e->max_context;
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < nh; h++) {
+                const seq *s = e->row_seq[r];
+                const int p = e->row_pos[r], kvh = h / group;
+                const float *q = e->q + ((size_t)r * nh + h) * hd;
+                float mx = -INFINITY;
+                for (int j = 0; j <= p; j++) {
+                    const float *kj = kv_key(&e->kv, s->kv.blocks[j / bs], layer, j % bs) + (size_t)kvh * hd;
+                    float d = 0;
+#pragma omp simd reduction(+ : d)
+                    for (int i = 0; i < hd; i++) d += q[i] * kj[i];
+                    sc[j] = d * scale;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                double sum = 0;
+                for (int j = 0; j <= p; j++) {
+                    sc[j] = expf(sc[j] - mx);
+                    sum += sc[j];
+                }
+                const float inv = (float)(1.0 / sum);
+                float *o = e->att + ((size_t)r * nh + h) * hd;
+                memset(o, 0, sizeof(float) * hd);
+                for (int j = 0; j <= p; j++) {
+                    const float *vj = kv_value(&e->kv, s->kv.blocks[j / bs], layer, j % bs) + (size_t)kvh * hd;
+                    const float w = sc[j] * inv;
+#pragma omp simd
+                    for (int i = 0; i < hd; i++) o[i] += w * vj[i];
+                }
+            }
+    }
+}
+
+static void swiglu_fused(float *act, const float *gate_up, int rows, int I) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * I, *u = g + I;
+        float *a = act + (size_t)r * I;
+        for (int i = 0; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+static void add_rows(float *x, const float *y, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* Router, top-k, capture, and each expert's rows as one batch; out = sum_k gate_k expert_k(xn). */
+/* Rows order[first .. first+n) of the step, all routed to logical expert x: gathered, through
+ * the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
+ * positions, so workers computing different experts never touch the same memory. */
+static void expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int x, int first, int n) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
+    float *xe = e->xe + (size_t)first * H, *ff = e->ff + (size_t)first * 2 * Im, *act = e->act + (size_t)first * Im;
+    float *ye = e->ye + (size_t)first * H;
+    for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->xn + (size_t)(e->order[first + i] / K) * H, sizeof(float) * H);
+    gen_matmul(ff, xe, &L->experts_gate_up[x], n);
+    if (A) apply_lora(e, &A->experts_gate_up[x], ff, 2 * Im, xe, n, first);
+    swiglu_fused(act, ff, n, Im);
+    gen_matmul(ye, act, &L->experts_down[x], n);
+    if (A) apply_lora(e, &A->experts_down[x], ye, H, act, n, first);
+}
+
+/* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
+ * grouped by key, count[k] ends group k. */
+static void group_by(trill_engine *e, const int *key, int n, int n_keys) {
+    memset(e->count, 0, sizeof(int) * (size_t)(n_keys + 1));
+    for (int i = 0; i < n; i++) e->count[key[i] + 1]++;
+    for (int k = 0; k < n_keys; k++) e->count[k + 1] += e->count[k];
+    for (int i = 0; i < n; i++) e->order[e->count[key[i]]++] = i;
+}
+
+/* Router, top-k, capture, the experts, and out = sum_k gate_k expert_k(xn). Without EPLB each
+ * expert's rows are one threaded GEMM; with it, rows go to physical replicas and each worker
+ * (thread) computes the replicas it holds. */
+static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
+    gen_matmul(e->probs, e->xn, &L->router, R);
+    softmax_forward(e->probs, e->probs, R, E);
+    topk_forward(e->topi, e->topw, e->probs, R, E, K);
+    router_gates_forward(e->topw, e->probs, e->topi, R, E, K, c->norm_topk_prob);
+    /* capture and load count the logical ids, before any mapping to physical replicas */
+    if (e->cfg.capture_experts)
+        for (int r = 0; r < R; r++) {
+            seq *s = e->row_seq[r];
+            uint16_t *dst = s->experts + ((size_t)e->row_pos[r] * c->n_moe_layers + ordinal) * K;
+            for (int j = 0; j < K; j++) dst[j] = (uint16_t)e->topi[r * K + j];
+        }
+    if (e->eplb_window) {
+        uint32_t *load = e->eplb_counts + (size_t)ordinal * E;
+        for (int i = 0; i < R * K; i++) load[e->topi[i]]++;
+        const trill_eplb_plan *plan = &e->eplb_plan;
+        for (int i = 0; i < R * K; i++) e->phys[i] = trill_eplb_physical(plan, ordinal, e->topi[i], (uint64_t)i);
+        group_by(e, e->phys, R * K, plan->n_physical);
+        const int per = plan->n_physical / e->eplb_workers;
+#pragma omp parallel num_threads(e->eplb_workers)
+        {
+            const int w = omp_get_thread_num();
+            for (int p = w * per; p < (w + 1) * per; p++) {
+                const int first = p ? e->count[p - 1] : 0, n = e->count[p] - first;
+                if (n > 0) expert_rows(e, L, A, plan->phy2log[(size_t)ordinal * plan->n_physical + p], first, n);
+            }
+        }
+    } else {
+        group_by(e, e->topi, R * K, E);
+        for (int x = 0; x < E; x++) {
+            const int first = x ? e->count[x - 1] : 0, n = e->count[x] - first;
+            if (n > 0) expert_rows(e, L, A, x, first, n);
+        }
+    }
+    /* combine each row's experts in ascending logical id (as the reference), so the sum is the
+     * same whatever the batch, the placement or the worker */
+    for (int i = 0; i < R * K; i++) e->where[e->order[i]] = i;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        int slots[64];
+        const int k_used = K < 64 ? K : 64;
+        for (int j = 0; j < k_used; j++) { /* insertion sort of the row's slots by expert id */
+            int v = r * K + j, at = j;
+            while (at > 0 && e->topi[slots[at - 1]] > e->topi[v]) { slots[at] = slots[at - 1]; at--; }
+            slots[at] = v;
+        }
+        float *o = e->out + (size_t)r * H;
+        memset(o, 0, sizeof(float) * H);
+        for (int j = 0; j < k_used; j++) {
+            const float g = e->topw[slots[j]];
+            const float *y = e->ye + (size_t)e->where[slots[j]] * H;
+            for (int h = 0; h < H; h++) o[h] += g * y[h];
+        }
+    }
+}
+
+static void forward_rows(trill_engine *e, int R) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
+    const float eps = (float)c->rms_norm_eps;
+    const eng_weights *w = e->w;
+    if (w->embed_f32) embedding_forward(e->x, w->embed_f32, e->row_token, R, H);
+    else embedding_forward_w(e->x, (trill_weight){ NULL, w->embed_bf16 }, e->row_token, R, H);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const eng_layer *L = &w->layers[l];
+        const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
+        rmsnorm_forward(e->xn, e->x, L->input_norm, R, H, eps);
+        gen_matmul(e->qkv, e->xn, &L->qkv, R);
+        if (A) apply_lora(e, &A->qkv, e->qkv, width, e->xn, R, 0);
+        gather_rows(e->q, e->qkv, R, qd, width, 0);
+        gather_rows(e->k, e->qkv, R, kvd, width, qd);
+        gather_rows(e->v, e->qkv, R, kvd, width, qd + kvd);
+        rmsnorm_forward(e->q, e->q, L->q_norm, R * nh, hd, eps);
+        rmsnorm_forward(e->k, e->k, L->k_norm, R * nkv, hd, eps);
+        rope_forward(e->q, e->row_pos, e->inv_freq, R, nh, hd);
+        rope_forward(e->k, e->row_pos, e->inv_freq, R, nkv, hd);
+        for (int r = 0; r < R; r++) { /* this step's keys and values join the cache before anyone reads */
+            const seq *s = e->row_seq[r];
+            const int p = e->row_pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
+            memcpy(kv_key(&e->kv, b, l, slot), e->k + (size_t)r * kvd, sizeof(float) * kvd);
+            memcpy(kv_value(&e->kv, b, l, slot), e->v + (size_t)r * kvd, sizeof(float) * kvd);
+        }
+        paged_attention(e, l, R);
+        gen_matmul(e->out, e->att, &L->o, R);
+        if (A) apply_lora(e, &A->o, e->out, H, e->att, R, 0);
+        add_rows(e->x, e->out, (size_t)R * H);
+        rmsnorm_forward(e->xn, e->x, L->post_norm, R, H, eps);
+        if (trill_config_is_moe(c, l)) {
+            moe(e, L, A, c->moe_ordinal[l], R);
+        } else {
+            const int I = c->intermediate_size;
+            gen_matmul(e->ff, e->xn, &L->gate_up, R);
+            if (A) apply_lora(e, &A->gate_up, e->ff, 2 * I, e->xn, R, 0);
+            swiglu_fused(e->act, e->ff, R, I);
+            gen_matmul(e->out, e->act, &L->down, R);
+            if (A) apply_lora(e, &A->down, e->out, H, e->act, R, 0);
+        }
+        add_rows(e->x, e->out, (size_t)R * H);
+    }
+}
+
+/* ---- scheduling ---- */
+
+static void remove_at(seq **list, int *n, int i) {
+    memmove(list + i, list + i + 1, sizeof *list * (size_t)(*n - i - 1));
+    (*n)--;
+}
+
+/* Gives a sequence's blocks back; it waits at the front of the queue and recomputes its tokens
+ * (identical results: rows do not depend on the batch). */
+static trill_status preempt(trill_engine *e, int active_index) {
+    seq *s = e->active[active_index];
+    seq **w = grow(e->waiting, &e->cap_waiting, e->n_waiting + 1, sizeof *w);
+    if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    e->waiting = w;
+    kv_table_release(&e->kv, &s->kv);
+    s->n_computed = 0;
+    remove_at(e->active, &e->n_active, active_index);
+    memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
+    e->waiting[0] = s;
+    e->n_waiting++;
+    return TRILL_OK;
+}
+
+static int add_rows_of(trill_engine *e, seq *s, int R, int n) {
+    for (int i = 0; i < n; i++, R++) {
+        e->row_seq[R] = s;
+        e->row_pos[R] = s->n_computed + i;
+        e->row_token[R] = s->tokens[s->n_computed + i];
+    }
+    return R;
+}
+
+/* Picks the step's rows: every active sequence's next tokens (a decode row, or the next chunk of
+ * its prompt) in admission order, then new sequences from the queue, within the token budget. */
+static trill_status schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
+    int R = 0;
+    for (int i = 0; i < e->n_active && R < e->max_rows; i++) {
+        seq *s = e->active[i];
+        const int n = s->n_tokens - s->n_computed < e->max_rows - R ? s->n_tokens - s->n_computed : e->max_rows - R;
+        while (kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed) != 0) {
+            /* out of blocks: the newest sequence makes room (this one, if it is the newest) */
+            trill_status st = preempt(e, e->n_active - 1);
+            if (st) return st;
+            stats->preempted++;
+            if (e->n_active == i) break; /* it was this one */
+        }
+        if (i >= e->n_active) break;
+        if (n == 1) stats->decode_rows++;
+        else stats->prefill_rows += n;
+        R = add_rows_of(e, s, R, n);
+    }
+    while (e->n_waiting > 0 && R < e->max_rows && e->n_active < e->cfg.max_running) {
+        seq *s = e->waiting[0];
+        const int n = s->n_tokens - s->n_computed < e->max_rows - R ? s->n_tokens - s->n_computed : e->max_rows - R;
+        if (kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed) != 0) break;
+        seq **a = grow(e->active, &e->cap_active, e->n_active + 1, sizeof *a);
+        if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        e->active = a;
+        remove_at(e->waiting, &e->n_waiting, 0);
+        s->admitted = e->admissions++;
+        e->active[e->n_active++] = s;
+        stats->prefill_rows += n;
+        R = add_rows_of(e, s, R, n);
+    }
+    *rows = R;
+    return TRILL_OK;
+}
+
+/* ---- after the forward: sampling, forks, stops ---- */
+
+static bool hits_stop_string(const trill_engine *e, const seq *s) {
+    const req *q = s->rq;
+    if (q->r.n_stop_strings == 0) return false;
+    /* a stop string of L bytes completed by the newest token lies within its last L + 1 tokens */
+    const int gen = s->n_tokens - s->n_prompt;
+    int from = gen - (int)q->max_stop_len - 1;
+    if (from < 0) from = 0;
+    char *text = NULL;
+    size_t len = 0;
+    if (trill_tokenizer_decode(e->cfg.tokenizer, s->tokens + s->n_prompt + from, (size_t)(gen - from), false, &text, &len)) return false;
+    bool hit = false;
+    for (int i = 0; i < q->r.n_stop_strings && !hit; i++) hit = strstr(text, q->stop_strings[i]) != NULL;
+    free(text);
+    return hit;
+}
+
+static trill_status finish(trill_engine *e, int active_index, trill_finish why) {
+    seq *s = e->active[active_index];
+    trill_sequence_out *d = grow(e->done, &e->cap_done, e->n_done + 1, sizeof *d);
+    if (!d) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    e->done = d;
+    const int gen = s->n_tokens - s->n_prompt;
+    e->done[e->n_done++] = (trill_sequence_out){ .request = s->rq->r.id, .sample = s->sample, .n_prompt = s->n_prompt,
+                                                 .n_generated = gen, .tokens = s->tokens, .logprobs = s->logprobs,
+                                                 .versions = s->versions, .experts = s->experts, .finish = why };
+    s->tokens = NULL;
+    s->logprobs = NULL;
+    s->versions = NULL;
+    s->experts = NULL;
+    remove_at(e->active, &e->n_active, active_index);
+    /* the request record goes when its last sample does */
+    req *q = s->rq;
+    free_seq(e, s);
+    bool live = false;
+    for (int i = 0; i < e->n_active && !live; i++) live = e->active[i]->rq == q;
+    for (int i = 0; i < e->n_waiting && !live; i++) live = e->waiting[i]->rq == q;
+    if (!live)
+        for (int i = 0; i < e->n_reqs; i++)
+            if (e->reqs[i] == q) {
+                free_req(q);
+                e->reqs[i] = e->reqs[--e->n_reqs];
+                break;
+            }
+    return TRILL_OK;
+}
+
+int trill_engine_abort(trill_engine *e, uint64_t request) {
+    int n = 0;
+    for (int i = 0; i < e->n_waiting;) { /* waiting ones join the active list to be finished alike */
+        seq *s = e->waiting[i];
+        if (s->rq->r.id != request) { i++; continue; }
+        seq **a = grow(e->active, &e->cap_active, e->n_active + 1, sizeof *a);
+        if (!a) return -1;
+        e->active = a;
+        remove_at(e->waiting, &e->n_waiting, i);
+        e->active[e->n_active++] = s;
+    }
+    for (int i = 0; i < e->n_active;) {
+        if (e->active[i]->rq->r.id != request) { i++; continue; }
+        if (finish(e, i, TRILL_FINISH_ABORTED)) return -1;
+        n++;
+    }
+    return n;
+}
+
+/* The group's other samples start from the same prompt, sharing its blocks. */
+static trill_status fork_samples(trill_engine *e, seq *parent) {
+    const req *q = parent->rq;
+    parent->forks_pending = false;
+    seq **a = grow(e->active, &e->cap_active, e->n_active + q->r.n - 1, sizeof *a);
+    if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    e->active = a;
+    const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
+    for (int k = 1; k < q->r.n; k++) {
+        seq *s;
+        trill_status st = new_seq(e, (req *)q, k, &s);
+        if (!st && (st = kv_table_share(&e->kv, &s->kv, &parent->kv))) free_seq(e, s);
+        if (st) return st;
+        memcpy(s->tokens, parent->tokens, sizeof(int) * (size_t)parent->n_tokens);
+        s->n_tokens = parent->n_tokens;
+        s->n_computed = parent->n_computed;
+        if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
+        s->admitted = e->admissions++;
+        e->active[e->n_active++] = s;
+    }
+    return TRILL_OK;
+}
+
+static trill_status sample_into(trill_engine *e, seq *s, const float *logits) {
+    const req *q = s->rq;
+    const int gen = s->n_tokens - s->n_prompt;
+    float lp = 0;
+    const int tok = trill_sample(logits, e->c.vocab_size, &q->r.sampling, q->r.id, (uint32_t)s->sample, (uint32_t)gen,
+                                 e->sample_scratch, &lp);
+    if (tok < 0)
+        return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
+                           (unsigned long long)q->r.id, s->sample, gen);
+    s->tokens[s->n_tokens++] = tok;
+    s->logprobs[gen] = lp;
+    s->versions[gen] = e->version;
+    return TRILL_OK;
+}
+
+static trill_status after_forward(trill_engine *e, int R) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, V = c->vocab_size;
+    /* rows that end their sequence's known tokens produce logits */
+    int n_logit = 0;
+    for (int r = 0; r < R; r++) {
+        seq *s = e->row_seq[r];
+        s->n_computed = e->row_pos[r] + 1 > s->n_computed ? e->row_pos[r] + 1 : s->n_computed;
+        if (e->row_pos[r] == s->n_tokens - 1) e->logit_rows[n_logit++] = r;
+    }
+    for (int i = 0; i < n_logit; i++) memcpy(e->xn + (size_t)i * H, e->x + (size_t)e->logit_rows[i] * H, sizeof(float) * H);
+    rmsnorm_forward(e->xn, e->xn, e->w->final_norm, n_logit, H, (float)c->rms_norm_eps);
+    gen_matmul(e->logits, e->xn, &e->w->lm_head, n_logit);
+    if (e->ad) apply_lora(e, &e->ad->lm_head, e->logits, V, e->xn, n_logit, 0);
+    for (int i = 0; i < n_logit; i++) {
+        seq *s = e->row_seq[e->logit_rows[i]];
+        const float *logits = e->logits + (size_t)i * V;
+        const int before = e->n_active;
+        if (s->forks_pending) {
+            trill_status st = fork_samples(e, s);
+            if (st) return st;
+        }
+        trill_status st = sample_into(e, s, logits);
+        for (int k = before; k < e->n_active && !st; k++) st = sample_into(e, e->active[k], logits);
+        if (st) return st;
+    }
+    /* stops */
+    for (int i = 0; i < e->n_active;) {
+        seq *s = e->active[i];
+        const int gen = s->n_tokens - s->n_prompt;
+        if (gen == 0 || s->n_computed != s->n_tokens - 1) { i++; continue; } /* nothing new sampled */
+        const int last = s->tokens[s->n_tokens - 1];
+        bool stop_id = false;
+        for (int k = 0; k < s->rq->r.n_stop_ids && !stop_id; k++) stop_id = last == s->rq->r.stop_ids[k];
+        trill_finish why = TRILL_FINISH_LENGTH;
+        bool done = true;
+        if (stop_id) why = TRILL_FINISH_STOP_ID;
+        else if (hits_stop_string(e, s)) why = TRILL_FINISH_STOP_STRING;
+        else if (gen >= s->rq->r.max_new_tokens) why = TRILL_FINISH_LENGTH;
+        else done = false;
+        if (!done) { i++; continue; }
+        trill_status st = finish(e, i, why);
+        if (st) return st;
+    }
+    return TRILL_OK;
+}
+
+/* ---- the step ---- */
+
+static trill_status ensure_scores(trill_engine *e, int R) {
+    int need = 1;
+    for (int r = 0; r < R; r++) if (e->row_pos[r] + 1 > need) need = e->row_pos[r] + 1;
+    if (need <= e->max_context) return TRILL_OK;
+    float *p = realloc(e->scores, sizeof(float) * (size_t)need * omp_get_max_threads());
+    if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
+    e->scores = p;
+    e->max_context = need;
+    return TRILL_OK;
+}
+
+/* Buffers of the adapter path for rank r: sized for the largest matrix it can meet. */
+static trill_status ensure_lora_buffers(trill_engine *e, int r) {
+    if (r <= e->lora_rank) return TRILL_OK;
+    const trill_config *c = &e->c;
+    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->max_rows, rows = R * K;
+    const size_t qkv = (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
+    size_t cols = qkv;
+    const size_t others[] = { (size_t)c->hidden_size, 2 * (size_t)c->intermediate_size, 2 * (size_t)c->moe_intermediate_size };
+    for (int i = 0; i < 3; i++) if (others[i] > cols) cols = others[i];
+    /* lora_out rows have a fixed stride so row offsets work; lm_head's rows (at most R) are wider */
+    e->lora_cols = (int)cols;
+    size_t out = rows * cols;
+    if (R * (size_t)c->vocab_size > out) out = R * (size_t)c->vocab_size;
+    free(e->lora_xa);
+    free(e->lora_in);
+    free(e->lora_out);
+    e->lora_xa = malloc(sizeof(float) * rows * 3 * (size_t)r);
+    e->lora_in = malloc(sizeof(float) * rows * (size_t)r);
+    e->lora_out = malloc(sizeof(float) * out);
+    e->lora_rank = e->lora_xa && e->lora_in && e->lora_out ? r : 0;
+    return e->lora_rank ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
+}
+
+/* Takes a waiting weight update: the step about to run sees all of it, and nothing before did. */
+static trill_status take_update(trill_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    eng_weights *w = NULL;
+    eng_adapter *ad = NULL;
+    bool has_w = false, has_ad = false, pending = e->pending;
+    uint32_t version = e->pending_version;
+    if (pending) {
+        has_w = e->pending_has_w;
+        has_ad = e->pending_has_ad;
+        w = e->pending_w;
+        ad = e->pending_ad;
+        e->pending = e->pending_has_w = e->pending_has_ad = false;
+        e->pending_w = NULL;
+        e->pending_ad = NULL;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!pending) return TRILL_OK;
+    trill_status st = ad ? ensure_lora_buffers(e, ad->rank) : TRILL_OK;
+    if (st) { /* keep running on the old weights; the update is dropped with the error */
+        free_weights(&e->c, w);
+        free_adapter(&e->c, ad);
+        return st;
+    }
+    if (has_w) {
+        free_weights(&e->c, e->w);
+        e->w = w;
+    }
+    if (has_ad) {
+        free_adapter(&e->c, e->ad);
+        e->ad = ad;
+    }
+    e->version = version;
+    return TRILL_OK;
+}
+
+/* Queues an update for the next step; a newer one replaces one not yet taken. */
+static void post_update(trill_engine *e, bool has_w, eng_weights *w, bool has_ad, eng_adapter *ad, uint32_t version) {
+    pthread_mutex_lock(&e->lock);
+    if (has_w) {
+        if (e->pending_w) free_weights(&e->c, e->pending_w);
+        e->pending_w = w;
+        e->pending_has_w = true;
+    }
+    if (has_ad) {
+        if (e->pending_ad) free_adapter(&e->c, e->pending_ad);
+        e->pending_ad = ad;
+        e->pending_has_ad = true;
+    }
+    e->pending_version = version;
+    e->pending = true;
+    pthread_mutex_unlock(&e->lock);
+}
+
+static trill_status same_architecture(const trill_config *a, const trill_config *b) {
+    if (a->hidden_size != b->hidden_size || a->num_hidden_layers != b->num_hidden_layers || a->vocab_size != b->vocab_size ||
+        a->num_attention_heads != b->num_attention_heads || a->num_key_value_heads != b->num_key_value_heads ||
+        a->head_dim != b->head_dim || a->intermediate_size != b->intermediate_size || a->num_experts != b->num_experts ||
+        a->moe_intermediate_size != b->moe_intermediate_size || a->n_moe_layers != b->n_moe_layers)
+        return trill_error(TRILL_ERR_INVALID, "weight update: the model's architecture differs from the engine's");
+    for (int l = 0; l < a->num_hidden_layers; l++)
+        if (a->moe_ordinal[l] != b->moe_ordinal[l])
+            return trill_error(TRILL_ERR_INVALID, "weight update: layer %d is %s in the update but %s in the engine", l,
+                               b->moe_ordinal[l] >= 0 ? "MoE" : "dense", a->moe_ordinal[l] >= 0 ? "MoE" : "dense");
+    return TRILL_OK;
+}
+
+trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes) {
+    trill_status st = same_architecture(&e->c, &m->config);
+    eng_weights *w = NULL;
+    if (!st) st = build_weights(&e->c, e->cfg.format, m, &w);
+    if (st) return st;
+    if (bytes) *bytes = w->bytes;
+    post_update(e, true, w, false, NULL, version);
+    return TRILL_OK;
+}
+
+trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes) {
+    eng_adapter *ad = NULL;
+    if (lora) {
+        if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "adapter update: rank %d", lora->config.rank);
+        trill_status st = build_adapter(&e->c, lora, &ad);
+        if (st) return st;
+    }
+    if (bytes) *bytes = ad ? ad->bytes : 0;
+    post_update(e, false, NULL, true, ad, version);
+    return TRILL_OK;
+}
+
+trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
+    trill_step_stats local = { 0 };
+    int R = 0;
+    trill_status st = take_update(e);
+    if (!st) st = schedule(e, &R, &local);
+    if (!st && R > 0) st = ensure_scores(e, R);
+    if (!st && R > 0) {
+        forward_rows(e, R);
+        st = after_forward(e, R);
+        if (!st && e->eplb_window) st = eplb_after_step(e);
+    }
+    local.rows = R;
+    local.running = e->n_active;
+    local.waiting = e->n_waiting;
+    if (stats) *stats = local;
+    return st;
+}
+
+trill_status trill_engine_run(trill_engine *e) {
+    while (trill_engine_busy(e)) {
+        trill_status st = trill_engine_step(e, NULL);
+        if (st) return st;
+    }
+    return TRILL_OK;
+}
+
+int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max) {
+    const int n = e->n_done < max ? e->n_done : max;
+    memcpy(out, e->done, sizeof *out * (size_t)n);
+    memmove(e->done, e->done + n, sizeof *e->done * (size_t)(e->n_done - n));
+    e->n_done -= n;
+    return n;
+}

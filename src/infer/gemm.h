@@ -1,0 +1,85 @@
+/* The generator's weight formats and matrix kernels.
+ *
+ * The generator keeps its weights in its own formats (fp32 for debugging, bf16 as bf16 serving
+ * engines run, int8 W8A8), packed at load into the layout its kernels stream, and multiplies
+ * with kernels of its own rather than the trainer's sgemm. That difference in arithmetic is the
+ * training-inference mismatch the RL loop measures and corrects, so each format's numerics are
+ * specified exactly below.
+ *
+ * Batch invariance: out[t, n] is bit-identical whatever T is, whatever the other rows of inp
+ * are, and whatever the thread count or schedule. Every output channel is one vector lane that
+ * accumulates over K in one fixed sequential order; rows and channels are only ever tiled, never
+ * split along K, so a request produces the same tokens alone or inside a busy batch.
+ *
+ * Packed layout (all formats): output channels in blocks of 16 (one 512-bit vector, or two
+ * 256-bit halves); within a block, one "step" of 64 bytes per K group: 16 lanes × 4 bytes, lane
+ * l holding channel n0+l's weights for that group. A group is 1 fp32, 2 bf16 (k even, k odd:
+ * the pair vdpbf16ps multiplies) or 4 int8 (the quad vpdpbusd multiplies). K is padded with
+ * zeros to whole groups and N to whole blocks. The activation side of a step is 4 bytes per row,
+ * broadcast to all lanes. */
+#ifndef TRILL_INFER_GEMM_H
+#define TRILL_INFER_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trill/error.h"
+
+typedef enum gen_format {
+    GEN_F32,  /* fp32 weights, fp32 FMA over k in order */
+    GEN_BF16, /* bf16 weights and activations (activations rounded to nearest even per call),
+               * products summed in fp32 per lane: acc += w[k+1]x[k+1], then acc += w[k]x[k]
+               * (vdpbf16ps on AVX-512 BF16, two exact-product FMAs elsewhere) */
+    GEN_INT8, /* W8A8: weights symmetric int8 per output channel, scale_w = absmax/127;
+               * activations symmetric int8 per row (token), scale_x = absmax/127; q =
+               * nearbyint(v * (127 / absmax)) clamped to ±127; exact int32 dot product;
+               * out = (float)dot * scale_x[t] * scale_w[n], multiplied in that order */
+} gen_format;
+
+/* The instruction set a kernel runs on. Each computes every format to the specification above;
+ * GENERIC and AVX2 give bit-identical results, and so does AVX512 for fp32 and int8 (its bf16
+ * is vdpbf16ps, whose intermediate rounding and denormal flushing are the hardware's). */
+typedef enum gen_isa { GEN_ISA_GENERIC, GEN_ISA_AVX2, GEN_ISA_AVX512 } gen_isa;
+
+/* W[N, K] (nn.Linear layout: N outputs, K inputs) in a generator format. */
+typedef struct gen_matrix {
+    gen_format format;
+    int N, K;
+    void *data;     /* packed blocks (layout above), 64-byte aligned */
+    float *scale;   /* GEN_INT8: scale_w per output channel [N]; else NULL */
+    int32_t *wsum;  /* GEN_INT8: sum of the int8 weights per channel [N] (VNNI's +128 offset); else NULL */
+    size_t bytes;   /* what one call streams from the matrix: packed data + per-channel arrays */
+} gen_matrix;
+
+/* Packs fp32 or bf16 source rows ([N][K], row stride K; exactly one of src_f32 and src_bf16 is
+ * non-NULL). TRILL_ERR_INVALID on bad arguments, TRILL_ERR_UNSUPPORTED for int8 with K >
+ * GEN_INT8_MAX_K (the int32 dot product could overflow), TRILL_ERR_NOMEM. *m is zeroed on
+ * failure, so gen_matrix_free is always safe. */
+enum { GEN_INT8_MAX_K = 131072 }; /* 127 * 127 * K < 2^31 */
+trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
+void gen_matrix_free(gen_matrix *m);
+
+/* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on the best instruction set
+ * this CPU has. Threads: OpenMP over runs of output-channel blocks, so each core streams its own
+ * weight rows; inside a parallel region a call runs on its calling thread alone. Concurrent calls
+ * are safe: the converted activations live in per-thread scratch (grown on demand; the process
+ * aborts if a few MB cannot be had, as the trainer's kernels do). */
+void gen_matmul(float *out, const float *inp, const gen_matrix *W, int T);
+/* The same on a chosen instruction set (tests and benchmarks); it must be supported. */
+void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa);
+
+/* The compute peak of the instruction a format's kernel is built on, measured now with
+ * register-only loops on all OpenMP threads (GFLOP/s, 2 per multiply-add; 0 if isa is not
+ * supported), and that instruction's name: the yardstick for the kernels' GFLOP/s. */
+double gen_peak_gflops(gen_format f, gen_isa isa);
+const char *gen_peak_instruction(gen_format f, gen_isa isa);
+
+gen_isa gen_isa_best(void);
+int gen_isa_supported(gen_isa isa);
+const char *gen_isa_name(gen_isa isa);
+
+/* "f32", "bf16", "int8". parse returns 0 on success, -1 if unknown. */
+const char *gen_format_name(gen_format f);
+int gen_format_parse(const char *s, gen_format *out);
+
+#endif

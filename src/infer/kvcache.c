@@ -1,0 +1,95 @@
+#include "infer/kvcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+size_t kv_cache_bytes_per_block(int block_size, int n_layers, int kv_dim) {
+    return (size_t)n_layers * 2 * block_size * kv_dim * sizeof(float);
+}
+
+trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, int kv_dim) {
+    *kv = (kv_cache){ .n_blocks = n_blocks, .block_size = block_size, .n_layers = n_layers, .kv_dim = kv_dim };
+    const size_t per = kv_cache_bytes_per_block(block_size, n_layers, kv_dim);
+    kv->data = malloc(per * (size_t)n_blocks);
+    kv->refcount = calloc((size_t)n_blocks, sizeof(int));
+    kv->free_list = malloc(sizeof(int) * (size_t)n_blocks);
+    if (!kv->data || !kv->refcount || !kv->free_list) {
+        kv_cache_free(kv);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for a KV cache of %d blocks (%.2f GB)", n_blocks, per * (double)n_blocks * 1e-9);
+    }
+    for (int b = 0; b < n_blocks; b++) kv->free_list[b] = n_blocks - 1 - b; /* block 0 comes out first */
+    kv->n_free = n_blocks;
+    return TRILL_OK;
+}
+
+void kv_cache_free(kv_cache *kv) {
+    free(kv->data);
+    free(kv->refcount);
+    free(kv->free_list);
+    *kv = (kv_cache){ 0 };
+}
+
+int kv_block_alloc(kv_cache *kv) {
+    if (kv->n_free == 0) return -1;
+    int b = kv->free_list[--kv->n_free];
+    kv->refcount[b] = 1;
+    return b;
+}
+
+void kv_block_retain(kv_cache *kv, int block) { kv->refcount[block]++; }
+
+void kv_block_release(kv_cache *kv, int block) {
+    if (--kv->refcount[block] == 0) kv->free_list[kv->n_free++] = block;
+}
+
+static int table_grow(kv_table *t, int n) {
+    if (n <= t->cap) return 0;
+    int cap = t->cap ? t->cap : 8;
+    while (cap < n) cap *= 2;
+    int *b = realloc(t->blocks, sizeof(int) * (size_t)cap);
+    if (!b) return -1;
+    t->blocks = b;
+    t->cap = cap;
+    return 0;
+}
+
+int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
+    const int need = kv_blocks_for(kv, n_tokens);
+    if (table_grow(t, need)) return -1;
+    /* copy-on-write: the block holding write_from, if shared, becomes this sequence's own */
+    const int first = write_from / kv->block_size;
+    if (first < t->n && kv->refcount[t->blocks[first]] > 1) {
+        int b = kv_block_alloc(kv);
+        if (b < 0) return -1;
+        memcpy(kv_key(kv, b, 0, 0), kv_key(kv, t->blocks[first], 0, 0),
+               kv_cache_bytes_per_block(kv->block_size, kv->n_layers, kv->kv_dim));
+        kv_block_release(kv, t->blocks[first]);
+        t->blocks[first] = b;
+    }
+    const int had = t->n;
+    while (t->n < need) {
+        int b = kv_block_alloc(kv);
+        if (b < 0) { /* give back what this call took */
+            while (t->n > had) kv_block_release(kv, t->blocks[--t->n]);
+            return -1;
+        }
+        t->blocks[t->n++] = b;
+    }
+    return 0;
+}
+
+trill_status kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src) {
+    if (table_grow(dst, src->n)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < src->n; i++) {
+        dst->blocks[i] = src->blocks[i];
+        kv_block_retain(kv, src->blocks[i]);
+    }
+    dst->n = src->n;
+    return TRILL_OK;
+}
+
+void kv_table_release(kv_cache *kv, kv_table *t) {
+    for (int i = 0; i < t->n; i++) kv_block_release(kv, t->blocks[i]);
+    free(t->blocks);
+    *t = (kv_table){ 0 };
+}
