@@ -13,6 +13,7 @@
 
 #include "infer/gemm.h"
 #include "infer/kvcache.h"
+#include "kernels/exp_nonpos.h"
 #include "trill/infer.h"
 #include "trill/eplb.h"
 #include "trill/kernels.h"
@@ -150,7 +151,10 @@ struct trill_engine {
     int *phys;             /* [R*K] physical slot of each (row, slot) pair */
     int eplb_workers, eplb_steps;
     int max_context;
-    void *sample_scratch;
+    void *sample_scratch;  /* one trill_sample scratch per thread */
+    seq **sample_seq;      /* this step's samples: sequence, logits row, result */
+    int *sample_row, *sample_token, cap_sample;
+    float *sample_lp;
 };
 
 static void *grow(void *p, int *cap, int need, size_t elem) {
@@ -408,7 +412,7 @@ static trill_status alloc_step_buffers(trill_engine *e) {
     e->row_pos = malloc(R * sizeof(int));
     e->row_token = malloc(R * sizeof(int));
     e->inv_freq = malloc(hd / 2 * sizeof(float));
-    e->sample_scratch = malloc(trill_sample_scratch_size(c->vocab_size));
+    e->sample_scratch = malloc(trill_sample_scratch_size(c->vocab_size) * (size_t)omp_get_max_threads());
     ok &= e->topi && e->order && e->count && e->where && e->phys && e->logit_rows && e->row_seq && e->row_pos && e->row_token && e->inv_freq && e->sample_scratch;
     if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->max_rows);
     rope_inv_freq(e->inv_freq, c->head_dim, c->rope_theta);
@@ -548,6 +552,10 @@ void trill_engine_free(trill_engine *e) {
     trill_eplb_plan_free(&e->eplb_plan);
     free(e->eplb_counts); free(e->logit_rows); free(e->row_seq); free(e->row_pos); free(e->row_token);
     free(e->sample_scratch);
+    free(e->sample_seq);
+    free(e->sample_row);
+    free(e->sample_token);
+    free(e->sample_lp);
     free(e);
 }
 
@@ -702,39 +710,59 @@ static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width,
 static void paged_attention(trill_engine *e, int layer, int R) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
-    const int bs = e->kv.block_size;
+    const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim;
     const float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel
     {
-        float *sc = e->scores + (size_t)omp_get_thread_num() * e->max_context;
+        /* one task: a row and a kv head with its group of query heads, so each cached key and
+         * value is read once for the group; the cache is walked block by block */
+        float *sc = e->scores + (size_t)omp_get_thread_num() * e->max_context * group;
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
-            for (int h = 0; h < nh; h++) {
+            for (int kvh = 0; kvh < nkv; kvh++) {
                 const seq *s = e->row_seq[r];
-                const int p = e->row_pos[r], kvh = h / group;
-                const float *q = e->q + ((size_t)r * nh + h) * hd;
-                float mx = -INFINITY;
-                for (int j = 0; j <= p; j++) {
-                    const float *kj = kv_key(&e->kv, s->kv.blocks[j / bs], layer, j % bs) + (size_t)kvh * hd;
-                    float d = 0;
+                const int n_pos = e->row_pos[r] + 1, ctx = e->max_context;
+                const float *q = e->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
+                for (int j0 = 0; j0 < n_pos; j0 += bs) {
+                    const float *kb = kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd;
+                    const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+                    for (int j = 0; j < n; j++) {
+                        const float *kj = kb + (size_t)j * kv_dim;
+                        for (int g = 0; g < group; g++) {
+                            const float *qg = q + (size_t)g * hd;
+                            float d = 0;
 #pragma omp simd reduction(+ : d)
-                    for (int i = 0; i < hd; i++) d += q[i] * kj[i];
-                    sc[j] = d * scale;
-                    if (sc[j] > mx) mx = sc[j];
+                            for (int i = 0; i < hd; i++) d += qg[i] * kj[i];
+                            sc[(size_t)g * ctx + j0 + j] = d * scale;
+                        }
+                    }
                 }
-                double sum = 0;
-                for (int j = 0; j <= p; j++) {
-                    sc[j] = expf(sc[j] - mx);
-                    sum += sc[j];
+                for (int g = 0; g < group; g++) { /* softmax over the positions, normalised in place */
+                    float *sg = sc + (size_t)g * ctx, mx = -INFINITY;
+                    for (int j = 0; j < n_pos; j++) mx = sg[j] > mx ? sg[j] : mx;
+                    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+                    for (int j = 0; j < n_pos; j++) {
+                        sg[j] = exp_nonpos_f32(sg[j] - mx);
+                        sum += sg[j];
+                    }
+                    const float inv = (float)(1.0 / sum);
+                    for (int j = 0; j < n_pos; j++) sg[j] *= inv;
+                    memset(e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd, 0, sizeof(float) * hd);
                 }
-                const float inv = (float)(1.0 / sum);
-                float *o = e->att + ((size_t)r * nh + h) * hd;
-                memset(o, 0, sizeof(float) * hd);
-                for (int j = 0; j <= p; j++) {
-                    const float *vj = kv_value(&e->kv, s->kv.blocks[j / bs], layer, j % bs) + (size_t)kvh * hd;
-                    const float w = sc[j] * inv;
+                float *o = e->att + ((size_t)r * nh + (size_t)kvh * group) * hd;
+                for (int j0 = 0; j0 < n_pos; j0 += bs) {
+                    const float *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd;
+                    const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+                    for (int j = 0; j < n; j++) {
+                        const float *vj = vb + (size_t)j * kv_dim;
+                        for (int g = 0; g < group; g++) {
+                            const float w = sc[(size_t)g * ctx + j0 + j];
+                            float *og = o + (size_t)g * hd;
 #pragma omp simd
-                    for (int i = 0; i < hd; i++) o[i] += w * vj[i];
+                            for (int i = 0; i < hd; i++) og[i] += w * vj[i];
+                        }
+                    }
                 }
             }
     }
@@ -745,7 +773,10 @@ static void swiglu_fused(float *act, const float *gate_up, int rows, int I) {
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * I, *u = g + I;
         float *a = act + (size_t)r * I;
-        for (int i = 0; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int i = 0; i < I; i++) {
+            const float x = g[i], ex = exp_nonpos_f32(-fabsf(x)); /* silu(x) = x sigmoid(x), from exp(-|x|) <= 1 */
+            a[i] = x * ((x < 0 ? ex : 1.0f) / (1.0f + ex)) * u[i];
+        }
     }
 }
 
@@ -1045,18 +1076,52 @@ static trill_status fork_samples(trill_engine *e, seq *parent) {
     return TRILL_OK;
 }
 
-static trill_status sample_into(trill_engine *e, seq *s, const float *logits) {
-    const req *q = s->rq;
-    const int gen = s->n_tokens - s->n_prompt;
-    float lp = 0;
-    const int tok = trill_sample(logits, e->c.vocab_size, &q->r.sampling, q->r.id, (uint32_t)s->sample, (uint32_t)gen,
-                                 e->sample_scratch, &lp);
-    if (tok < 0)
-        return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
-                           (unsigned long long)q->r.id, s->sample, gen);
-    s->tokens[s->n_tokens++] = tok;
-    s->logprobs[gen] = lp;
-    s->versions[gen] = e->version;
+/* Samples the next token of every (sequence, logits row) pair, the pairs spread over the
+ * threads (each with its own scratch); the draws are keyed, so the split changes nothing. */
+static trill_status sample_all(trill_engine *e, int n) {
+    const int V = e->c.vocab_size;
+    const size_t scratch = trill_sample_scratch_size(V);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        seq *s = e->sample_seq[i];
+        const req *q = s->rq;
+        const int gen = s->n_tokens - s->n_prompt;
+        float lp = 0;
+        e->sample_token[i] = trill_sample(e->logits + (size_t)e->sample_row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
+                                          (uint32_t)gen, (char *)e->sample_scratch + scratch * (size_t)omp_get_thread_num(), &lp);
+        e->sample_lp[i] = lp;
+    }
+    for (int i = 0; i < n; i++) {
+        seq *s = e->sample_seq[i];
+        const int gen = s->n_tokens - s->n_prompt;
+        if (e->sample_token[i] < 0)
+            return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
+                               (unsigned long long)s->rq->r.id, s->sample, gen);
+        s->tokens[s->n_tokens++] = e->sample_token[i];
+        s->logprobs[gen] = e->sample_lp[i];
+        s->versions[gen] = e->version;
+    }
+    return TRILL_OK;
+}
+
+/* One more (sequence, logits row) pair to sample; the arrays grow with forks. */
+static trill_status want_sample(trill_engine *e, int *n, seq *s, int row) {
+    if (*n == e->cap_sample) {
+        const int cap = e->cap_sample ? 2 * e->cap_sample : 64;
+        seq **a = realloc(e->sample_seq, sizeof *a * (size_t)cap);
+        if (a) e->sample_seq = a;
+        int *b = a ? realloc(e->sample_row, sizeof *b * (size_t)cap) : NULL;
+        if (b) e->sample_row = b;
+        int *t = b ? realloc(e->sample_token, sizeof *t * (size_t)cap) : NULL;
+        if (t) e->sample_token = t;
+        float *l = t ? realloc(e->sample_lp, sizeof *l * (size_t)cap) : NULL;
+        if (!l) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        e->sample_lp = l;
+        e->cap_sample = cap;
+    }
+    e->sample_seq[*n] = s;
+    e->sample_row[*n] = row;
+    (*n)++;
     return TRILL_OK;
 }
 
@@ -1074,18 +1139,17 @@ static trill_status after_forward(trill_engine *e, int R) {
     rmsnorm_forward(e->xn, e->xn, e->w->final_norm, n_logit, H, (float)c->rms_norm_eps);
     gen_matmul(e->logits, e->xn, &e->w->lm_head, n_logit);
     if (e->ad) apply_lora(e, &e->ad->lm_head, e->logits, V, e->xn, n_logit, 0);
+    int n_sample = 0;
     for (int i = 0; i < n_logit; i++) {
         seq *s = e->row_seq[e->logit_rows[i]];
-        const float *logits = e->logits + (size_t)i * V;
         const int before = e->n_active;
-        if (s->forks_pending) {
-            trill_status st = fork_samples(e, s);
-            if (st) return st;
-        }
-        trill_status st = sample_into(e, s, logits);
-        for (int k = before; k < e->n_active && !st; k++) st = sample_into(e, e->active[k], logits);
+        trill_status st = s->forks_pending ? fork_samples(e, s) : TRILL_OK;
+        if (!st) st = want_sample(e, &n_sample, s, i);
+        for (int k = before; k < e->n_active && !st; k++) st = want_sample(e, &n_sample, e->active[k], i); /* the forks */
         if (st) return st;
     }
+    trill_status st = sample_all(e, n_sample);
+    if (st) return st;
     /* stops */
     for (int i = 0; i < e->n_active;) {
         seq *s = e->active[i];
@@ -1101,8 +1165,7 @@ static trill_status after_forward(trill_engine *e, int R) {
         else if (gen >= s->rq->r.max_new_tokens) why = TRILL_FINISH_LENGTH;
         else done = false;
         if (!done) { i++; continue; }
-        trill_status st = finish(e, i, why);
-        if (st) return st;
+        if ((st = finish(e, i, why))) return st;
     }
     return TRILL_OK;
 }
@@ -1113,7 +1176,8 @@ static trill_status ensure_scores(trill_engine *e, int R) {
     int need = 1;
     for (int r = 0; r < R; r++) if (e->row_pos[r] + 1 > need) need = e->row_pos[r] + 1;
     if (need <= e->max_context) return TRILL_OK;
-    float *p = realloc(e->scores, sizeof(float) * (size_t)need * omp_get_max_threads());
+    const int group = e->c.num_attention_heads / e->c.num_key_value_heads;
+    float *p = realloc(e->scores, sizeof(float) * (size_t)need * group * omp_get_max_threads());
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
     e->scores = p;
     e->max_context = need;

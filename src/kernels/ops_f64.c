@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels_f64.h"
+#include "exp_nonpos.h"
 #include "kernels_internal.h"
 
 #define REAL double

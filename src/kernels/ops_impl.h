@@ -29,35 +29,12 @@ static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, in
     }
 }
 
-/* exp(x) for x <= 0: softmaxes after the max shift, and sigmoids as exp(-|x|). fp32: Cody-Waite reduction and the
- * Cephes polynomial, within 1.01 ulp of exp on [-87, 0] (checked against double exp for every
- * float there), 0 below -87 (instead of a value under 1.7e-38), NaN passed on. Branch-free
- * (selects on integer bits) so `omp simd` loops vectorise it; libm's expf is a scalar call
- * and was most of the attention time (and a tenth of a training step in lm_head's softmax and
- * SwiGLU). fp64 (gradient checks): libm's exp. */
+/* exp(x) for x <= 0 (kernels/exp_nonpos.h): it was most of the attention time with libm's scalar
+ * expf, and a tenth of a training step in lm_head's softmax and SwiGLU. fp64 (gradient checks):
+ * libm's exp. */
 static inline REAL KN(exp_nonpos)(REAL x) {
     if (sizeof(REAL) != sizeof(float)) return EXPR(x);
-    _Static_assert(sizeof(unsigned) == sizeof(float), "32-bit unsigned");
-    const float xf = (float)x, shift = 12582912.0f; /* 1.5 * 2^23: t's low mantissa bits hold round(x / ln2) */
-    const float t = xf * 1.44269504088896341f + shift, nf = t - shift;
-    const float r = (xf - nf * 0.693359375f) - nf * -2.12194440e-4f; /* x - n ln2, ln2 in two parts */
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * (r * r) + r + 1.0f;
-    unsigned tbits, ybits;
-    memcpy(&tbits, &t, sizeof tbits);
-    const unsigned pbits = (tbits - 0x4B400000u + 127u) << 23; /* 2^n */
-    float p2, e;
-    memcpy(&p2, &pbits, sizeof p2);
-    e = y * p2;
-    memcpy(&ybits, &e, sizeof ybits);
-    ybits &= -(unsigned)!(xf < -87.0f); /* below -87 (garbage above): 0 */
-    memcpy(&e, &ybits, sizeof e);
-    return e;
+    return exp_nonpos_f32((float)x);
 }
 
 /* 1 / (1 + exp(-x)) as (x < 0 ? e : 1) / (1 + e) with e = exp(-|x|) <= 1: never overflows, and
