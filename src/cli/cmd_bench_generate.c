@@ -13,11 +13,12 @@
 #include "trill/timing.h"
 
 static const char USAGE[] =
-    "trill bench generate --model DIR [--dtypes bf16,int8] [--batches 1,16,64,256] [--prompt-len N] [--steps N]\n"
+    "trill bench generate --model DIR [--dtypes bf16,int8] [--batches 1,16,64,256] [--prompt-len N] [--steps N] [--eplb]\n"
     "  Decode tokens/s at each batch size and prefill tokens/s for each weight format, the adapter-mode\n"
     "  and expert-capture slowdowns (batch 16), and beside them the memory bandwidth (a 512 MB copy on all\n"
     "  threads) against the weight bytes a batch-1 decode step reads, and the format's compute peak\n"
-    "  against GFLOP/s at the largest batch. Random prompts; defaults: 64-token prompts, 16 timed steps.";
+    "  against GFLOP/s at the largest batch. Random prompts; defaults: 64-token prompts, 16 timed steps.\n"
+    "  --eplb runs the experts through EPLB's workers (one replica per worker, re-planned every 16 steps).";
 
 enum { MAX_LIST = 8 };
 
@@ -117,12 +118,14 @@ static trill_status run(trill_engine *e, const trill_config *c, int batch, int p
 int bench_generate(int argc, char **argv) {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "dtypes", required_argument, 0, 'd' },   { "batches", required_argument, 0, 'b' },
-        { "prompt-len", required_argument, 0, 'p' }, { "steps", required_argument, 0, 's' }, { "help", no_argument, 0, 'h' },
+        { "prompt-len", required_argument, 0, 'p' }, { "steps", required_argument, 0, 's' }, { "eplb", no_argument, 0, 'e' },
+        { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
     const char *dir = NULL, *dtypes = "bf16,int8";
     int batches[MAX_LIST] = { 1, 16, 64, 256 }, n_batches = 4;
     long long prompt_len = 64, steps = 16;
+    bool eplb = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -133,6 +136,7 @@ int bench_generate(int argc, char **argv) {
         case 'b': bad = (n_batches = parse_list(optarg, "--batches", batches, MAX_LIST, 1, 4096)) < 1; break;
         case 'p': bad = cli_parse_int("bench", USAGE, "--prompt-len", optarg, 1, 1 << 16, &prompt_len); break;
         case 's': bad = cli_parse_int("bench", USAGE, "--steps", optarg, 1, 1 << 16, &steps); break;
+        case 'e': eplb = true; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("bench", USAGE, "invalid option");
         }
@@ -169,6 +173,7 @@ int bench_generate(int argc, char **argv) {
         ec.format = formats[f];
         ec.max_batch_tokens = max_batch > 512 ? max_batch : 512;
         ec.max_running = max_batch;
+        ec.eplb = eplb;
         /* room for every sequence's whole length: no preemption while timing */
         const double per_token = (double)cfg->num_hidden_layers * 2 * cfg->num_key_value_heads * cfg->head_dim * sizeof(float);
         ec.kv_cache_mb = (size_t)(max_batch * (prompt_len + new_tokens(max_batch, (int)prompt_len, (int)steps, ec.max_batch_tokens) + 16) *
