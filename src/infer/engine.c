@@ -21,18 +21,16 @@
 
 /* ---- formats ---- */
 
-const char *trill_gen_format_name(trill_gen_format f) {
-    return f == TRILL_GEN_F32 ? "f32" : f == TRILL_GEN_BF16 ? "bf16" : "int8";
-}
+static gen_format kernel_format(trill_gen_format f) { return f == TRILL_GEN_F32 ? GEN_F32 : f == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8; }
+
+const char *trill_gen_format_name(trill_gen_format f) { return gen_format_name(kernel_format(f)); }
 
 int trill_gen_format_parse(const char *name, trill_gen_format *out) {
-    static const char *const names[] = { "f32", "bf16", "int8" };
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name, names[i]) == 0) { *out = (trill_gen_format)i; return 0; }
-    return -1;
+    gen_format f;
+    if (gen_format_parse(name, &f)) return -1;
+    *out = f == GEN_F32 ? TRILL_GEN_F32 : f == GEN_BF16 ? TRILL_GEN_BF16 : TRILL_GEN_INT8;
+    return 0;
 }
-
-static gen_format kernel_format(trill_gen_format f) { return f == TRILL_GEN_F32 ? GEN_F32 : f == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8; }
 
 trill_engine_config trill_engine_config_default(void) {
     return (trill_engine_config){ .format = TRILL_GEN_BF16, .block_size = 16, .kv_cache_mb = 256, .max_batch_tokens = 512,
