@@ -66,7 +66,7 @@ typedef struct trill_request {
     trill_sampling sampling;
     const int *stop_ids;        /* generation ends after emitting one of these (e.g. eos) */
     int n_stop_ids;
-    const char *const *stop_strings; /* ... or once the generated text contains one of these */
+    const char *const *stop_strings; /* ... or once the generated text contains one of these (1-256 bytes each) */
     int n_stop_strings;
 } trill_request;
 

@@ -628,6 +628,9 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     }
     if (r->n_stop_strings > 0 && !e->cfg.tokenizer)
         return trill_error(TRILL_ERR_INVALID, "request %llu: stop strings need the engine to have a tokenizer", id);
+    for (int i = 0; i < r->n_stop_strings; i++)
+        if (!r->stop_strings[i] || !*r->stop_strings[i] || strlen(r->stop_strings[i]) > 256)
+            return trill_error(TRILL_ERR_INVALID, "request %llu: stop string %d must be 1 to 256 bytes", id, i);
     const int need = kv_blocks_for(&e->kv, r->prompt_len + r->max_new_tokens);
     if (need > e->kv.n_blocks)
         return trill_error(TRILL_ERR_INVALID, "request %llu: %d prompt + %d new tokens need %d KV blocks of %d tokens, but the cache holds %d (raise kv_cache_mb)",
@@ -989,13 +992,18 @@ static trill_status schedule(trill_engine *e, int *rows, trill_step_stats *stats
 static bool hits_stop_string(const trill_engine *e, const seq *s) {
     const req *q = s->rq;
     if (q->r.n_stop_strings == 0) return false;
-    /* a stop string of L bytes completed by the newest token lies within its last L + 1 tokens */
+    /* a stop string of L <= 256 bytes completed by the newest token lies within its last L + 1 tokens */
     const int gen = s->n_tokens - s->n_prompt;
     int from = gen - (int)q->max_stop_len - 1;
     if (from < 0) from = 0;
+    /* ids the tokenizer has no string for (a model's vocabulary may be larger) add no text */
+    int ids[512], n = 0;
+    const int known = trill_tokenizer_size(e->cfg.tokenizer);
+    for (int i = from; i < gen && n < 512; i++)
+        if (s->tokens[s->n_prompt + i] < known) ids[n++] = s->tokens[s->n_prompt + i];
     char *text = NULL;
     size_t len = 0;
-    if (trill_tokenizer_decode(e->cfg.tokenizer, s->tokens + s->n_prompt + from, (size_t)(gen - from), false, &text, &len)) return false;
+    if (trill_tokenizer_decode(e->cfg.tokenizer, ids, (size_t)n, false, &text, &len)) return false;
     bool hit = false;
     for (int i = 0; i < q->r.n_stop_strings && !hit; i++) hit = strstr(text, q->stop_strings[i]) != NULL;
     free(text);

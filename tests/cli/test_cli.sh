@@ -122,6 +122,23 @@ for line in open(sys.argv[1]):
     assert all(len(t) == 3 and all(len(k) == 2 for k in t) for t in o["experts"])
     assert all(lp <= 0 for lp in o["logprobs"]) and o["finish"] in ("length", "stop_id", "stop_string")
 ' "$WORK/gen.jsonl"
+# stop strings: take a character the greedy completion produces, then stop on it
+check "generate --stop" /usr/bin/python3 -c '
+import json, subprocess, sys
+trill, model = sys.argv[1], sys.argv[2]
+def run(*extra):
+    out = subprocess.run([trill, "generate", "--model", model, "--prompt", "Hello", "--temperature", "0",
+                          "--max-new-tokens", "40", "--json", "--dtype", "f32", *extra], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+free = run()
+chars = [c for c in free["text"][3:] if c.isalpha()]
+assert chars, free["text"]
+stop = chars[0]
+o = run("--stop", stop)
+assert o["finish"] == "stop_string", o
+assert o["text"].endswith(stop) and stop not in o["text"][:-1], (o["text"], stop)
+assert free["text"].startswith(o["text"])
+' "$TRILL" "$WORK/tiny"
 expect_exit 1 "bad.jsonl:2: expected a string field \"prompt\"" sh -c "printf '{\"prompt\": \"a\"}\n{\"text\": 1}\n' >'$WORK/bad.jsonl'; '$TRILL' generate --model '$WORK/tiny' --prompts '$WORK/bad.jsonl'"
 expect_exit 1 "need 63 KV blocks of 16 tokens, but the cache holds 15" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 1000 --kv-cache-mb 1
 
