@@ -37,6 +37,10 @@ trill_engine_config trill_engine_config_default(void) {
                                   .max_running = 256, .eplb_redundant = -1, .eplb_window = 64, .eplb_interval = 16 };
 }
 
+/* Loops fork threads only for this many elements or more (as the kernels do): a decode step's
+ * few rows cost less than the fork. */
+enum { PARALLEL_MIN = 16384 };
+
 /* ---- state ---- */
 
 typedef struct eng_layer {
@@ -697,7 +701,7 @@ static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width,
         }
         gen_matmul(lout, xa, &el->B[a], T);
         const int cols = el->cols[a], col0 = el->col0[a];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)T * cols >= PARALLEL_MIN) schedule(static)
         for (int t = 0; t < T; t++) {
             float *yt = y + (size_t)t * width + col0;
             const float *d = lout + (size_t)t * cols;
@@ -770,7 +774,7 @@ static void paged_attention(trill_engine *e, int layer, int R) {
 }
 
 static void swiglu_fused(float *act, const float *gate_up, int rows, int I) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)rows * I >= PARALLEL_MIN) schedule(static)
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * I, *u = g + I;
         float *a = act + (size_t)r * I;
@@ -782,7 +786,7 @@ static void swiglu_fused(float *act, const float *gate_up, int rows, int I) {
 }
 
 static void add_rows(float *x, const float *y, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
@@ -854,7 +858,7 @@ static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, in
     /* combine each row's experts in ascending logical id (as the reference), so the sum is the
      * same whatever the batch, the placement or the worker */
     for (int i = 0; i < R * K; i++) e->where[e->order[i]] = i;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)R * K * H >= PARALLEL_MIN) schedule(static)
     for (int r = 0; r < R; r++) {
         int slots[64];
         const int k_used = K < 64 ? K : 64;

@@ -3,6 +3,12 @@
  * checks so finite differences are exact enough to test the very same code).
  * The including file defines REAL, KN(name), GEMM and EXPR. No include guard on purpose. */
 
+/* Elementwise and per-row kernels fork threads only for this many elements or more: below it
+ * (a decode step's few rows) the fork costs more than the work. Results do not depend on it. */
+#ifndef PARALLEL_MIN
+#define PARALLEL_MIN 16384
+#endif
+
 /* C = alpha op(A) op(B) + beta C, the longer side of C split across OpenMP threads, each
  * running a single-threaded BLAS call (see ops_common.c). */
 static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, REAL alpha, const REAL *A, int lda,
@@ -67,7 +73,7 @@ void KN(matmul_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL
 }
 
 void KN(rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *x = inp + (size_t)t * C;
         REAL *o = out + (size_t)t * C;
@@ -120,7 +126,7 @@ void KN(rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {
  * back, which is the backward pass (a rotation's transpose is its inverse). */
 static void KN(rope_rotate)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim, int sign) {
     int half = head_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)T * n_heads * head_dim >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
             REAL angle = (REAL)pos[t] * inv_freq[i]; /* product in the working precision, as HF */
@@ -313,7 +319,7 @@ void KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, cons
 }
 
 void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i];
         out[i] = g * KN(sigmoid)(g) * up[i];
@@ -322,7 +328,7 @@ void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
 
 /* out = silu(g) u;  silu'(g) = sig(g) (1 + g (1 - sig(g))) */
 void KN(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i], sig = KN(sigmoid)(g);
         dgate[i] += dout[i] * up[i] * sig * (1 + g * (1 - sig));
@@ -331,12 +337,12 @@ void KN(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *g
 }
 
 void KN(residual_forward)(REAL *x, const REAL *y, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
 void KN(softmax_forward)(REAL *probs, const REAL *logits, int T, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *x = logits + (size_t)t * C;
         REAL *p = probs + (size_t)t * C;
@@ -350,7 +356,7 @@ void KN(softmax_forward)(REAL *probs, const REAL *logits, int T, int C) {
 }
 
 void KN(topk_forward)(int *idx, REAL *val, const REAL *probs, int T, int C, int k) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *p = probs + (size_t)t * C;
         int *ix = idx + (size_t)t * k;
@@ -433,7 +439,7 @@ void KN(token_logprob_backward)(REAL *dlogits, const REAL *dlogprob, const REAL 
 }
 
 void KN(embedding_forward)(REAL *out, const REAL *table, const int *tokens, int T, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) memcpy(out + (size_t)t * C, table + (size_t)tokens[t] * C, sizeof(REAL) * C);
 }
 
