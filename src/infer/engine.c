@@ -476,6 +476,8 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);
     if (cfg.max_running < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_running must be >= 1, got %d", cfg.max_running);
     if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
+    if (m->config.head_dim % 8)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", m->config.head_dim);
     trill_engine *e = calloc(1, sizeof *e);
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
@@ -712,6 +714,32 @@ static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width,
 
 
 /* Causal attention of each row over its own sequence's cached keys and values. */
+/* q . k in 8 lanes (lane l sums elements i = l mod 8, in order) reduced by a fixed tree: the same
+ * arithmetic for a position whether it is computed alone or among 8 (batch invariance). */
+enum { LANE = 8 };
+
+static inline float reduce_lanes(const float *p) {
+    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+}
+
+static inline float dot_lanes(const float *q, const float *k, int hd) {
+    float part[LANE] = { 0 };
+    for (int i = 0; i < hd; i += LANE)
+        for (int l = 0; l < LANE; l++) part[l] += q[i + l] * k[i + l];
+    return reduce_lanes(part);
+}
+
+/* out[j] = q . k_j for LANE keys k_j = k + j * stride: the lanes of all LANE keys stay in registers. */
+static inline void dot_lanes8(const float *q, const float *k, size_t stride, int hd, float *out) {
+    float part[LANE][LANE] = { { 0 } };
+    for (int i = 0; i < hd; i += LANE)
+        for (int j = 0; j < LANE; j++)
+            for (int l = 0; l < LANE; l++) part[j][l] += q[i + l] * k[j * stride + i + l];
+    for (int j = 0; j < LANE; j++) out[j] = reduce_lanes(part[j]);
+}
+
+/* Causal attention of each row over its own sequence's cached keys and values. head_dim must be
+ * a multiple of 8 (checked when the engine is made). */
 static void paged_attention(trill_engine *e, int layer, int R) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
@@ -731,20 +759,20 @@ static void paged_attention(trill_engine *e, int layer, int R) {
                 for (int j0 = 0; j0 < n_pos; j0 += bs) {
                     const float *kb = kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd;
                     const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-                    for (int j = 0; j < n; j++) {
-                        const float *kj = kb + (size_t)j * kv_dim;
-                        for (int g = 0; g < group; g++) {
-                            const float *qg = q + (size_t)g * hd;
-                            float d = 0;
-#pragma omp simd reduction(+ : d)
-                            for (int i = 0; i < hd; i++) d += qg[i] * kj[i];
-                            sc[(size_t)g * ctx + j0 + j] = d * scale;
-                        }
+                    for (int g = 0; g < group; g++) {
+                        const float *qg = q + (size_t)g * hd;
+                        float *sg = sc + (size_t)g * ctx + j0;
+                        int j = 0;
+                        for (; j + LANE <= n; j += LANE) dot_lanes8(qg, kb + (size_t)j * kv_dim, (size_t)kv_dim, hd, sg + j);
+                        for (; j < n; j++) sg[j] = dot_lanes(qg, kb + (size_t)j * kv_dim, hd);
                     }
                 }
                 for (int g = 0; g < group; g++) { /* softmax over the positions, normalised in place */
                     float *sg = sc + (size_t)g * ctx, mx = -INFINITY;
-                    for (int j = 0; j < n_pos; j++) mx = sg[j] > mx ? sg[j] : mx;
+                    for (int j = 0; j < n_pos; j++) {
+                        sg[j] *= scale;
+                        mx = sg[j] > mx ? sg[j] : mx;
+                    }
                     double sum = 0;
 #pragma omp simd reduction(+ : sum)
                     for (int j = 0; j < n_pos; j++) {
@@ -753,20 +781,22 @@ static void paged_attention(trill_engine *e, int layer, int R) {
                     }
                     const float inv = (float)(1.0 / sum);
                     for (int j = 0; j < n_pos; j++) sg[j] *= inv;
-                    memset(e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd, 0, sizeof(float) * hd);
                 }
-                float *o = e->att + ((size_t)r * nh + (size_t)kvh * group) * hd;
-                for (int j0 = 0; j0 < n_pos; j0 += bs) {
-                    const float *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd;
-                    const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-                    for (int j = 0; j < n; j++) {
-                        const float *vj = vb + (size_t)j * kv_dim;
-                        for (int g = 0; g < group; g++) {
-                            const float w = sc[(size_t)g * ctx + j0 + j];
-                            float *og = o + (size_t)g * hd;
-#pragma omp simd
-                            for (int i = 0; i < hd; i++) og[i] += w * vj[i];
+                /* o = sum_j p_j v_j, 8 output elements at a time held in registers over all positions */
+                for (int g = 0; g < group; g++) {
+                    const float *pg = sc + (size_t)g * ctx;
+                    float *o = e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
+                    for (int i0 = 0; i0 < hd; i0 += LANE) {
+                        float acc[LANE] = { 0 };
+                        for (int j0 = 0; j0 < n_pos; j0 += bs) {
+                            const float *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd + i0;
+                            const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+                            for (int j = 0; j < n; j++) {
+                                const float w = pg[j0 + j], *vj = vb + (size_t)j * kv_dim;
+                                for (int l = 0; l < LANE; l++) acc[l] += w * vj[l];
+                            }
                         }
+                        memcpy(o + i0, acc, sizeof acc);
                     }
                 }
             }
