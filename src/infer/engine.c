@@ -738,6 +738,24 @@ static inline void dot_lanes8(const float *q, const float *k, size_t stride, int
     for (int j = 0; j < LANE; j++) out[j] = reduce_lanes(part[j]);
 }
 
+/* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values, the sum over j in
+ * order for every element; W is a compile-time constant at each call, so acc stays in registers
+ * while the cache is read once per position. */
+static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
+                                                                int n_pos, float *o, const int W) {
+    const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim;
+    float acc[128] = { 0 };
+    for (int j0 = 0; j0 < n_pos; j0 += bs) {
+        const float *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + col;
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        for (int j = 0; j < n; j++) {
+            const float w = p[j0 + j], *vj = vb + (size_t)j * kv_dim;
+            for (int l = 0; l < W; l++) acc[l] += w * vj[l];
+        }
+    }
+    memcpy(o, acc, sizeof(float) * W);
+}
+
 /* Causal attention of each row over its own sequence's cached keys and values. head_dim must be
  * a multiple of 8 (checked when the engine is made). */
 static void paged_attention(trill_engine *e, int layer, int R) {
@@ -782,22 +800,15 @@ static void paged_attention(trill_engine *e, int layer, int R) {
                     const float inv = (float)(1.0 / sum);
                     for (int j = 0; j < n_pos; j++) sg[j] *= inv;
                 }
-                /* o = sum_j p_j v_j, 8 output elements at a time held in registers over all positions */
                 for (int g = 0; g < group; g++) {
                     const float *pg = sc + (size_t)g * ctx;
                     float *o = e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
-                    for (int i0 = 0; i0 < hd; i0 += LANE) {
-                        float acc[LANE] = { 0 };
-                        for (int j0 = 0; j0 < n_pos; j0 += bs) {
-                            const float *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd + i0;
-                            const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-                            for (int j = 0; j < n; j++) {
-                                const float w = pg[j0 + j], *vj = vb + (size_t)j * kv_dim;
-                                for (int l = 0; l < LANE; l++) acc[l] += w * vj[l];
-                            }
-                        }
-                        memcpy(o + i0, acc, sizeof acc);
-                    }
+                    /* the common head sizes get a constant width, so the accumulators stay in registers */
+                    if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64);
+                    else if (hd == 128)
+                        for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, 64);
+                    else
+                        for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, LANE);
                 }
             }
     }
