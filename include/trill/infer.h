@@ -148,6 +148,10 @@ trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, 
 
 /* The current expert placement when EPLB is on, else NULL. */
 const struct trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e);
+/* EPLB on: how unbalanced the workers are over the load window — the busiest worker's expected
+ * tokens over the mean, averaged over MoE layers — for the identity placement (each worker a
+ * contiguous range of logical experts, as without EPLB) and for the current plan. */
+trill_status trill_engine_eplb_imbalance(const trill_engine *e, double *identity, double *planned);
 
 /* The policy version tokens are currently generated with (0 until weights are updated). */
 uint32_t trill_engine_version(const trill_engine *e);

@@ -18,7 +18,8 @@ static const char USAGE[] =
     "  and expert-capture slowdowns (batch 16), and beside them the memory bandwidth (a 512 MB copy on all\n"
     "  threads) against the weight bytes a batch-1 decode step reads, and the format's compute peak\n"
     "  against GFLOP/s at the largest batch. Random prompts; defaults: 64-token prompts, 16 timed steps.\n"
-    "  --eplb runs the experts through EPLB's workers (one replica per worker, re-planned every 16 steps).";
+    "  --eplb runs the experts through EPLB's workers (one replica per worker, re-planned every 16 steps)\n"
+    "  and prints the busiest worker's load over the mean for contiguous experts and for the plan.";
 
 enum { MAX_LIST = 8 };
 
@@ -192,6 +193,9 @@ int bench_generate(int argc, char **argv) {
                    r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
             if (batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (bw * 1e9));
             printf("); prefill %.0f tokens/s\n", r.prefill_tps);
+            double before, after;
+            if (eplb && !trill_engine_eplb_imbalance(e, &before, &after))
+                printf("              EPLB: busiest worker / mean over the load window %.3f with contiguous experts, %.3f as planned\n", before, after);
         }
         /* adapter mode and capture at batch 16, against the plain engine in the same run */
         run_result plain, adapted, captured;

@@ -469,6 +469,43 @@ static trill_status eplb_after_step(trill_engine *e) {
 
 const trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e) { return e->eplb_window ? &e->eplb_plan : NULL; }
 
+/* max over mean of the workers' expected loads, averaged over MoE layers */
+static trill_status imbalance_of(const trill_eplb_plan *plan, const double *load, int W, double *out) {
+    const int L = plan->n_layers;
+    double *per = malloc(sizeof(double) * (size_t)L * W);
+    if (!per) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = trill_eplb_worker_load(plan, load, W, per);
+    double sum = 0;
+    for (int l = 0; !st && l < L; l++) {
+        double mx = 0, total = 0;
+        for (int w = 0; w < W; w++) {
+            mx = per[(size_t)l * W + w] > mx ? per[(size_t)l * W + w] : mx;
+            total += per[(size_t)l * W + w];
+        }
+        sum += total > 0 ? mx / (total / W) : 1.0;
+    }
+    free(per);
+    *out = sum / L;
+    return st;
+}
+
+trill_status trill_engine_eplb_imbalance(const trill_engine *e, double *identity, double *planned) {
+    if (!e->eplb_window) return trill_error(TRILL_ERR_INVALID, "EPLB is off in this engine");
+    const int L = e->c.n_moe_layers, E = e->c.num_experts, W = e->eplb_workers;
+    if (E % W) return trill_error(TRILL_ERR_UNSUPPORTED, "EPLB imbalance: %d experts do not split evenly over %d workers", E, W);
+    double *load = malloc(sizeof(double) * (size_t)L * E);
+    trill_eplb_plan id = { 0 };
+    trill_status st = load ? trill_eplb_identity(L, E, &id) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        trill_eplb_window_load(e->eplb_window, load);
+        st = imbalance_of(&id, load, W, identity);
+    }
+    if (!st) st = imbalance_of(&e->eplb_plan, load, W, planned);
+    trill_eplb_plan_free(&id);
+    free(load);
+    return st;
+}
+
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
     trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();
     if (cfg.block_size < 1 || cfg.block_size > 4096)

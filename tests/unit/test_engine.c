@@ -315,8 +315,13 @@ static void test_eplb_identical(void **state) {
                 assert_non_null(plan);
                 assert_int_equal(plan->n_physical, 14); /* 8 experts + 6 replicas, 7 per worker */
                 assert_true(plan->max_replicas > 1);
+                double contiguous = 0, planned = 0;
+                assert_int_equal(trill_engine_eplb_imbalance(e, &contiguous, &planned), TRILL_OK);
+                assert_true(contiguous >= 1.0 && contiguous <= 2.0 && planned >= 1.0 && planned <= 2.0); /* max/mean over 2 workers */
             } else {
                 assert_null(trill_engine_eplb_plan(e));
+                double x, y;
+                assert_int_equal(trill_engine_eplb_imbalance(e, &x, &y), TRILL_ERR_INVALID);
             }
             trill_engine_free(e);
         }
