@@ -107,7 +107,6 @@ typedef struct seq {
     uint32_t *versions;
     uint16_t *experts;    /* capture: [cap][n_moe][K] */
     bool forks_pending;   /* a group's first sequence: its siblings fork off when the prompt is done */
-    uint64_t admitted;    /* admission order: the newest is preempted first */
 } seq;
 
 struct trill_engine {
@@ -124,7 +123,6 @@ struct trill_engine {
     uint32_t pending_version;
     float *inv_freq;
     kv_cache kv;
-    uint64_t admissions;
 
     seq **active;  /* holding KV blocks, in admission order */
     int n_active, cap_active;
@@ -1060,7 +1058,6 @@ static trill_status schedule(trill_engine *e, int *rows, trill_step_stats *stats
         if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         e->active = a;
         remove_at(e->waiting, &e->n_waiting, 0);
-        s->admitted = e->admissions++;
         e->active[e->n_active++] = s;
         stats->prefill_rows += n;
         R = add_rows_of(e, s, R, n);
@@ -1158,7 +1155,6 @@ static trill_status fork_samples(trill_engine *e, seq *parent) {
         s->n_tokens = parent->n_tokens;
         s->n_computed = parent->n_computed;
         if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
-        s->admitted = e->admissions++;
         e->active[e->n_active++] = s;
     }
     return TRILL_OK;
