@@ -33,3 +33,14 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
 else
   echo "bench/run.sh: train_vs_torch.sh skipped (needs Debian's python3-torch)"
 fi
+
+# Kernels of the trainer's attention and of the generator, then the generator engine on `small`.
+echo
+"$BUILD/bench/bench_attention"
+echo
+"$BUILD/bench/bench_gen_gemm"
+echo
+SMALL=$(mktemp -d "${TMPDIR:-/tmp}/trill-bench-gen-XXXXXX")
+trap 'rm -rf "$SMALL"' EXIT
+"$BUILD/trill" init --out "$SMALL" --preset small --dtype bf16 2>/dev/null
+"$BUILD/trill" bench generate --model "$SMALL"
