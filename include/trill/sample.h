@@ -49,8 +49,8 @@ size_t trill_sample_scratch_size(int V);
  *
  * Logit values: -inf masks a token; NaN is treated as -inf (a corrupt logit is never
  * sampled); +inf means "certain": the +inf tokens share all the probability equally (the limit
- * of softmax, computed by reading +inf as FLT_MAX). A token more than 708 T below the maximum
- * has probability 0 (below e^-708, where double exp nears its underflow).
+ * of softmax, computed by reading +inf as FLT_MAX). A token more than 87 T below the maximum
+ * has probability 0 (below e^-87 ~ 1.6e-38 of the maximum's weight, where the fp32 exp stops).
  *
  * *logprob (may be NULL) receives log p(token) under the distribution the token was drawn
  * from BEFORE truncation: log_softmax(logits / temperature)[token] computed in double

@@ -1,12 +1,14 @@
 /* Token sampling: temperature → top-k → top-p → min-p → inverse-CDF draw (trill/sample.h).
  *
- * Everything works on the weights w[i] = exp((logit[i] - max) / T) in double: w is 1 at the
+ * Everything works on the weights w[i] = exp((logit[i] - max) / T), held in double: w is 1 at the
  * argmax and in [0, 1] elsewhere, so S = sum w needs no dividing through and the filters are
  * thresholds on w. Each filter keeps a prefix of the tokens ranked by (w desc, id asc), so the
  * kept set is one cut in that ranking; the draw walks the kept tokens in id order.
  *
  * Cost at V = 150k is the one pass of exps; the rest is kept near it:
- *   - the exp is a branch-free polynomial the compiler vectorises (libm's is a call per token);
+ *   - the exp is the kernels' branch-free fp32 one (kernels/exp_nonpos.h, within 1.01 ulp, 0 below
+ *     -87: a weight under 1e-38 of the maximum's), which the compiler vectorises 8 wide; the
+ *     log-prob itself is z - log S in double, so it stays accurate to ~1e-7;
  *   - sums are over fixed blocks of tokens (8 lanes within a block, blocks in order): fast and
  *     the same on every run; the draw finds its block from the block sums, then its token;
  *   - top-k: one pass with a rising threshold and a quickselect, never a sort of V;
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/exp_nonpos.h"
 #include "trill/rng.h"
 
 #define BLOCK 256 /* tokens per block sum */
@@ -85,7 +88,6 @@ static inline double double_of(uint64_t b) {
 
 /* c ? a : b as masks: GCC (12) will not vectorise a loop with a conditional select in it. */
 static inline uint32_t select32(bool c, uint32_t a, uint32_t b) { return (a & -(uint32_t)c) | (b & ~-(uint32_t)c); }
-static inline uint64_t select64(bool c, uint64_t a, uint64_t b) { return (a & -(uint64_t)c) | (b & ~-(uint64_t)c); }
 
 /* NaN → -inf (never sampled); +inf → FLT_MAX, so +inf tokens tie at the maximum and share the
  * mass (the limit of softmax) instead of giving inf - inf = NaN; -0 → +0 so the integer keys
@@ -108,37 +110,6 @@ static inline float clean_logit(float x) {
 
 /* An int32 that orders as the (cleaned) float does. */
 static inline int32_t order_key(uint32_t b) { return (int32_t)(b & 0x80000000u ? b ^ 0x7fffffffu : b); }
-
-/* exp(z) for z <= 0 (-inf included); 0 below -708, a weight under 1e-307 of the maximum's.
- * z = n ln2 + r with |r| <= ln2/2, e^r by its degree-12 Taylor polynomial (remainder < 2e-16),
- * 2^n put into the exponent bits: within 2 ulp of libm's exp, and free of branches and
- * floating-point compares so the loop over the vocabulary vectorises. */
-static inline double exp_nonpositive(double z) {
-    const double shifter = 0x1.8p52, log2e = 0x1.71547652b82fep0;
-    const double ln2_hi = 0x1.62e42fefa39efp-1, ln2_lo = 0x1.abc9e3b39803fp-56;
-    uint64_t zb = bits_of(z), limit = bits_of(-708.0);
-    bool under = zb > limit; /* z <= 0: the bits grow with |z| (-inf is the largest) */
-    double zc = double_of(select64(under, limit, zb));
-    double kd = zc * log2e + shifter; /* round(zc / ln2), in the low bits */
-    uint64_t n = bits_of(kd);
-    kd -= shifter;
-    double r = zc - kd * ln2_hi - kd * ln2_lo;
-    double p = 1.0 / 479001600;
-    p = p * r + 1.0 / 39916800;
-    p = p * r + 1.0 / 3628800;
-    p = p * r + 1.0 / 362880;
-    p = p * r + 1.0 / 40320;
-    p = p * r + 1.0 / 5040;
-    p = p * r + 1.0 / 720;
-    p = p * r + 1.0 / 120;
-    p = p * r + 1.0 / 24;
-    p = p * r + 1.0 / 6;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    double e = p * double_of((n << 52) + (1023ull << 52));
-    return double_of(select64(under, 0, bits_of(e)));
-}
 
 static double z_of(float logit, float max, double inv_t) { return ((double)clean_logit(logit) - max) * inv_t; }
 
@@ -244,7 +215,7 @@ static int keep_from(cand *c, int n, double threshold) {
 static int top_k_set(const double *w, int V, int k, cand *c) {
     int cap = k < V / 8 ? (4 * k > 4096 ? 4 * k : 4096) : V, n = 0;
     if (cap > V) cap = V;
-    double threshold = DBL_MIN; /* weights are 0 (never a candidate) or >= e^-708 > DBL_MIN */
+    double threshold = DBL_MIN; /* weights are 0 (never a candidate) or >= e^-87 > DBL_MIN */
     for (int i = 0; i < V; i++) {
         if (w[i] < threshold) continue;
         c[n++] = (cand){ w[i], i };
@@ -347,8 +318,21 @@ int trill_sample(const float *logits, int V, const trill_sampling *s, uint64_t r
         if (logprob) *logprob = -INFINITY;
         return -1;
     }
-    int argmax = 0; /* the first at the maximum: ties → lowest id */
-    while (order_key(clean_bits(logits[argmax])) != best) argmax++;
+    /* the first at the maximum (ties → lowest id): the first block of 256 whose vectorised
+     * maximum is it, then a scalar walk inside that block only */
+    int argmax = 0;
+    for (int b0 = 0; b0 < V; b0 += 256) {
+        const int hi = b0 + 256 < V ? b0 + 256 : V;
+        int32_t block_best = order_key(clean_bits(-INFINITY));
+        for (int i = b0; i < hi; i++) {
+            int32_t key = order_key(clean_bits(logits[i]));
+            block_best = key > block_best ? key : block_best;
+        }
+        if (block_best != best) continue;
+        argmax = b0;
+        while (order_key(clean_bits(logits[argmax])) != best) argmax++;
+        break;
+    }
     float max = clean_logit(logits[argmax]);
     if (s->temperature == 0 && !logprob) return argmax;
 
@@ -359,7 +343,7 @@ int trill_sample(const float *logits, int V, const trill_sampling *s, uint64_t r
 
     /* greedy reports the model's own log-probability: temperature 1 */
     double inv_t = s->temperature == 0 ? 1.0 : 1.0 / s->temperature;
-    for (int i = 0; i < V; i++) w[i] = exp_nonpositive(z_of(logits[i], max, inv_t));
+    for (int i = 0; i < V; i++) w[i] = exp_nonpos_f32((float)z_of(logits[i], max, inv_t));
     double S = block_sums(w, V, NULL, block_sum);
 
     int token = argmax;
