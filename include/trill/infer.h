@@ -38,7 +38,7 @@ int trill_gen_format_parse(const char *name, trill_gen_format *out);
 typedef struct trill_engine_config {
     trill_gen_format format;   /* default bf16 */
     int block_size;            /* KV cache tokens per block (default 16) */
-    size_t kv_cache_mb;        /* KV cache size (default 256 MB) ... */
+    size_t kv_cache_mb;        /* KV cache size (default 256 MB; fp32 entries for f32, bf16 otherwise) ... */
     int kv_blocks;             /* ... or exactly this many blocks when > 0 */
     int max_batch_tokens;      /* rows per step: decode rows + prefill chunks (default 512) */
     int max_running;           /* sequences decoding at once (default 256) */

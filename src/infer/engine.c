@@ -520,7 +520,9 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     e->max_rows = cfg.max_batch_tokens;
     const trill_config *c = &e->c;
     const int kv_dim = c->num_key_value_heads * c->head_dim;
-    const size_t per_block = kv_cache_bytes_per_block(cfg.block_size, c->num_hidden_layers, kv_dim);
+    /* the cache in the weights' precision: fp32 for f32, bf16 otherwise (as bf16 serving does) */
+    const int kv_elem = cfg.format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
+    const size_t per_block = kv_cache_bytes_per_block(cfg.block_size, c->num_hidden_layers, kv_dim, kv_elem);
     const size_t n_blocks = cfg.kv_blocks > 0 ? (size_t)cfg.kv_blocks : cfg.kv_cache_mb * 1000000 / per_block;
     trill_status st = TRILL_OK;
     if (n_blocks < 1 || n_blocks > INT32_MAX)
@@ -528,7 +530,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
                          cfg.kv_cache_mb, n_blocks, cfg.block_size, per_block / 1e6);
     pthread_mutex_init(&e->lock, NULL);
     if (!st) st = build_weights(c, cfg.format, m, &e->w);
-    if (!st) st = kv_cache_create(&e->kv, (int)n_blocks, cfg.block_size, c->num_hidden_layers, kv_dim);
+    if (!st) st = kv_cache_create(&e->kv, (int)n_blocks, cfg.block_size, c->num_hidden_layers, kv_dim, kv_elem);
     if (!st && cfg.eplb && c->n_moe_layers > 0) st = eplb_start(e);
     if (!st) st = alloc_step_buffers(e);
     if (st) {
@@ -600,7 +602,7 @@ void trill_engine_free(trill_engine *e) {
 
 size_t trill_engine_weight_bytes(const trill_engine *e) { return e->w->bytes; }
 size_t trill_engine_kv_bytes(const trill_engine *e) {
-    return kv_cache_bytes_per_block(e->kv.block_size, e->kv.n_layers, e->kv.kv_dim) * (size_t)e->kv.n_blocks;
+    return kv_cache_bytes_per_block(e->kv.block_size, e->kv.n_layers, e->kv.kv_dim, e->kv.elem) * (size_t)e->kv.n_blocks;
 }
 uint32_t trill_engine_version(const trill_engine *e) { return e->version; }
 
@@ -757,19 +759,27 @@ static inline float reduce_lanes(const float *p) {
     return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
 }
 
-static inline float dot_lanes(const float *q, const float *k, int hd) {
+/* Element i of a cache row: fp32, or bf16 widened (exact). `half` is a constant at every call
+ * site once inlined, so each loop is compiled for one element type. */
+static inline __attribute__((always_inline)) float kv_at(const void *row, size_t i, const bool half) {
+    return half ? trill_bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+static inline __attribute__((always_inline)) float dot_lanes(const float *q, const void *k, int hd, const bool half) {
     float part[LANE] = { 0 };
     for (int i = 0; i < hd; i += LANE)
-        for (int l = 0; l < LANE; l++) part[l] += q[i + l] * k[i + l];
+        for (int l = 0; l < LANE; l++) part[l] += q[i + l] * kv_at(k, (size_t)i + l, half);
     return reduce_lanes(part);
 }
 
-/* out[j] = q . k_j for LANE keys k_j = k + j * stride: the lanes of all LANE keys stay in registers. */
-static inline void dot_lanes8(const float *q, const float *k, size_t stride, int hd, float *out) {
+/* out[j] = q . k_j for LANE keys k_j = k + j * stride elements: the lanes of all LANE keys stay
+ * in registers. */
+static inline __attribute__((always_inline)) void dot_lanes8(const float *q, const void *k, size_t stride, int hd, float *out,
+                                                             const bool half) {
     float part[LANE][LANE] = { { 0 } };
     for (int i = 0; i < hd; i += LANE)
         for (int j = 0; j < LANE; j++)
-            for (int l = 0; l < LANE; l++) part[j][l] += q[i + l] * k[j * stride + i + l];
+            for (int l = 0; l < LANE; l++) part[j][l] += q[i + l] * kv_at(k, j * stride + i + l, half);
     for (int j = 0; j < LANE; j++) out[j] = reduce_lanes(part[j]);
 }
 
@@ -777,74 +787,85 @@ static inline void dot_lanes8(const float *q, const float *k, size_t stride, int
  * order for every element; W is a compile-time constant at each call, so acc stays in registers
  * while the cache is read once per position. */
 static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
-                                                                int n_pos, float *o, const int W) {
+                                                                int n_pos, float *o, const int W, const bool half) {
     const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim;
     float acc[128] = { 0 };
     for (int j0 = 0; j0 < n_pos; j0 += bs) {
-        const float *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + col;
+        const char *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
         for (int j = 0; j < n; j++) {
-            const float w = p[j0 + j], *vj = vb + (size_t)j * kv_dim;
-            for (int l = 0; l < W; l++) acc[l] += w * vj[l];
+            const float w = p[j0 + j];
+            const size_t at = (size_t)j * kv_dim + (size_t)col;
+            for (int l = 0; l < W; l++) acc[l] += w * kv_at(vb, at + (size_t)l, half);
         }
     }
     memcpy(o, acc, sizeof(float) * W);
 }
 
-/* Causal attention of each row over its own sequence's cached keys and values. head_dim must be
- * a multiple of 8 (checked when the engine is made). */
-static void paged_attention(trill_engine *e, int layer, int R) {
+/* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
+ * key and value is read once for the group; the cache is walked block by block. sc: the
+ * thread's [group][max_context] scores. */
+static inline __attribute__((always_inline)) void attend_row_head(const trill_engine *e, int layer, int r, int kvh, float *sc,
+                                                                  const bool half) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
-    const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim;
+    const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim, elem = half ? 2 : 4;
     const float scale = 1.0f / sqrtf((float)hd);
+    const seq *s = e->row_seq[r];
+    const int n_pos = e->row_pos[r] + 1, ctx = e->max_context;
+    const float *q = e->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
+    for (int j0 = 0; j0 < n_pos; j0 += bs) {
+        const char *kb = (const char *)kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        for (int g = 0; g < group; g++) {
+            const float *qg = q + (size_t)g * hd;
+            float *sg = sc + (size_t)g * ctx + j0;
+            int j = 0;
+            for (; j + LANE <= n; j += LANE) dot_lanes8(qg, kb + (size_t)j * kv_dim * elem, (size_t)kv_dim, hd, sg + j, half);
+            for (; j < n; j++) sg[j] = dot_lanes(qg, kb + (size_t)j * kv_dim * elem, hd, half);
+        }
+    }
+    for (int g = 0; g < group; g++) { /* softmax over the positions, normalised in place */
+        float *sg = sc + (size_t)g * ctx, mx = -INFINITY;
+        for (int j = 0; j < n_pos; j++) {
+            sg[j] *= scale;
+            mx = sg[j] > mx ? sg[j] : mx;
+        }
+        double sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < n_pos; j++) {
+            sg[j] = exp_nonpos_f32(sg[j] - mx);
+            sum += sg[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < n_pos; j++) sg[j] *= inv;
+    }
+    for (int g = 0; g < group; g++) {
+        const float *pg = sc + (size_t)g * ctx;
+        float *o = e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
+        /* the common head sizes get a constant width, so the accumulators stay in registers */
+        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64, half);
+        else if (hd == 128)
+            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, 64, half);
+        else
+            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, LANE, half);
+    }
+}
+
+/* Causal attention of each row over its own sequence's cached keys and values (fp32 or bf16
+ * cache: each task is compiled for both and picks by the cache's element size). head_dim must
+ * be a multiple of 8 (checked when the engine is made). */
+static void paged_attention(trill_engine *e, int layer, int R) {
+    const int nkv = e->c.num_key_value_heads, group = e->c.num_attention_heads / nkv;
+    const bool half = e->kv.elem == 2;
 #pragma omp parallel
     {
-        /* one task: a row and a kv head with its group of query heads, so each cached key and
-         * value is read once for the group; the cache is walked block by block */
         float *sc = e->scores + (size_t)omp_get_thread_num() * e->max_context * group;
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
             for (int kvh = 0; kvh < nkv; kvh++) {
-                const seq *s = e->row_seq[r];
-                const int n_pos = e->row_pos[r] + 1, ctx = e->max_context;
-                const float *q = e->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
-                for (int j0 = 0; j0 < n_pos; j0 += bs) {
-                    const float *kb = kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd;
-                    const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-                    for (int g = 0; g < group; g++) {
-                        const float *qg = q + (size_t)g * hd;
-                        float *sg = sc + (size_t)g * ctx + j0;
-                        int j = 0;
-                        for (; j + LANE <= n; j += LANE) dot_lanes8(qg, kb + (size_t)j * kv_dim, (size_t)kv_dim, hd, sg + j);
-                        for (; j < n; j++) sg[j] = dot_lanes(qg, kb + (size_t)j * kv_dim, hd);
-                    }
-                }
-                for (int g = 0; g < group; g++) { /* softmax over the positions, normalised in place */
-                    float *sg = sc + (size_t)g * ctx, mx = -INFINITY;
-                    for (int j = 0; j < n_pos; j++) {
-                        sg[j] *= scale;
-                        mx = sg[j] > mx ? sg[j] : mx;
-                    }
-                    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-                    for (int j = 0; j < n_pos; j++) {
-                        sg[j] = exp_nonpos_f32(sg[j] - mx);
-                        sum += sg[j];
-                    }
-                    const float inv = (float)(1.0 / sum);
-                    for (int j = 0; j < n_pos; j++) sg[j] *= inv;
-                }
-                for (int g = 0; g < group; g++) {
-                    const float *pg = sc + (size_t)g * ctx;
-                    float *o = e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
-                    /* the common head sizes get a constant width, so the accumulators stay in registers */
-                    if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64);
-                    else if (hd == 128)
-                        for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, 64);
-                    else
-                        for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, LANE);
-                }
+                if (half) attend_row_head(e, layer, r, kvh, sc, true);
+                else attend_row_head(e, layer, r, kvh, sc, false);
             }
     }
 }
@@ -977,8 +998,8 @@ static void forward_rows(trill_engine *e, int R) {
         for (int r = 0; r < R; r++) { /* this step's keys and values join the cache before anyone reads */
             const seq *s = e->row_seq[r];
             const int p = e->row_pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
-            memcpy(kv_key(&e->kv, b, l, slot), e->k + (size_t)r * kvd, sizeof(float) * kvd);
-            memcpy(kv_value(&e->kv, b, l, slot), e->v + (size_t)r * kvd, sizeof(float) * kvd);
+            trill_from_f32(kv_key(&e->kv, b, l, slot), e->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+            trill_from_f32(kv_value(&e->kv, b, l, slot), e->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
         }
         paged_attention(e, l, R);
         gen_matmul(e->out, e->att, &L->o, R);

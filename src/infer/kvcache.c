@@ -3,13 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t kv_cache_bytes_per_block(int block_size, int n_layers, int kv_dim) {
-    return (size_t)n_layers * 2 * block_size * kv_dim * sizeof(float);
+size_t kv_cache_bytes_per_block(int block_size, int n_layers, int kv_dim, int elem) {
+    return (size_t)n_layers * 2 * block_size * kv_dim * elem;
 }
 
-trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, int kv_dim) {
-    *kv = (kv_cache){ .n_blocks = n_blocks, .block_size = block_size, .n_layers = n_layers, .kv_dim = kv_dim };
-    const size_t per = kv_cache_bytes_per_block(block_size, n_layers, kv_dim);
+trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, int kv_dim, int elem) {
+    *kv = (kv_cache){ .n_blocks = n_blocks, .block_size = block_size, .n_layers = n_layers, .kv_dim = kv_dim, .elem = elem };
+    const size_t per = kv_cache_bytes_per_block(block_size, n_layers, kv_dim, elem);
     kv->data = malloc(per * (size_t)n_blocks);
     kv->refcount = calloc((size_t)n_blocks, sizeof(int));
     kv->free_list = malloc(sizeof(int) * (size_t)n_blocks);
@@ -62,7 +62,7 @@ int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
         int b = kv_block_alloc(kv);
         if (b < 0) return -1;
         memcpy(kv_key(kv, b, 0, 0), kv_key(kv, t->blocks[first], 0, 0),
-               kv_cache_bytes_per_block(kv->block_size, kv->n_layers, kv->kv_dim));
+               kv_cache_bytes_per_block(kv->block_size, kv->n_layers, kv->kv_dim, kv->elem));
         kv_block_release(kv, t->blocks[first]);
         t->blocks[first] = b;
     }

@@ -140,7 +140,7 @@ assert o["text"].endswith(stop) and stop not in o["text"][:-1], (o["text"], stop
 assert free["text"].startswith(o["text"])
 ' "$TRILL" "$WORK/tiny"
 expect_exit 1 "bad.jsonl:2: expected a string field \"prompt\"" sh -c "printf '{\"prompt\": \"a\"}\n{\"text\": 1}\n' >'$WORK/bad.jsonl'; '$TRILL' generate --model '$WORK/tiny' --prompts '$WORK/bad.jsonl'"
-expect_exit 1 "need 63 KV blocks of 16 tokens, but the cache holds 15" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 1000 --kv-cache-mb 1
+expect_exit 1 "need 63 KV blocks of 16 tokens, but the cache holds 15" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 1000 --kv-cache-mb 1 --dtype f32
 
 check "bench train runs" "$TRILL" bench train --model "$WORK/tiny" --batch 1 --seq 8 --runs 1
 "$TRILL" bench generate --model "$WORK/tiny" --dtypes f32,int8 --batches 1,4 --steps 2 --prompt-len 8 >"$WORK/bgen" 2>&1

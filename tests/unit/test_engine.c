@@ -342,23 +342,25 @@ static void test_eplb_identical(void **state) {
 
 /* bf16 and int8 differ from the fp32 reference by their rounding: the mismatch of the log-probs
  * of the tokens they sample is measured against the reference forward and bounded, so a change
- * that makes it much worse fails. Measured here: bf16 mean |dlogprob| 0.023 (max 0.32), int8
- * 0.052 (max 0.30). Why that size: bf16 rounds weights and activations to 8 significant bits
- * (relative 2^-9 each), so a logit of magnitude ~10 — this model's N(0, 0.3) weights make them
- * large — moves by ~0.02-0.04; int8's per-channel steps (absmax/127) are 2-4x coarser. The
- * maxima come from tokens after a routing flip (random routers have tiny margins: 3% of tokens
- * under bf16, 12% under int8). The bounds are 2.5x the measured means. */
+ * that makes it much worse fails. Measured here (bf16 KV cache for both): bf16 mean |dlogprob|
+ * 0.016 (95th percentile 0.039), int8 0.063 (0.17). Why that size: bf16 rounds weights,
+ * activations and cached keys/values to 8 significant bits (relative 2^-9 each), so a logit of
+ * magnitude ~10 — this model's N(0, 0.3) weights make them large — moves by ~0.01-0.04; int8's
+ * per-channel steps (absmax/127) are 2-4x coarser. The largest differences come from tokens
+ * after a routing flip (random routers have tiny margins: 2% of tokens under bf16, 12% under
+ * int8), so the tail is bounded by the 95th percentile rather than the maximum. The bounds are
+ * 2.5x the measured values. */
 static void test_quantized_mismatch(void **state) {
     (void)state;
     trill_model *m = test_small_moe(36, false, true);
-    const double mean_bound[2] = { 0.06, 0.13 }, max_bound[2] = { 0.8, 0.8 };
+    const double mean_bound[2] = { 0.04, 0.16 }, p95_bound[2] = { 0.1, 0.42 };
     for (int f = TRILL_GEN_BF16; f <= TRILL_GEN_INT8; f++) {
         trill_engine *e = engine(m, (trill_gen_format)f, 512, 0, 16);
         trill_request rs[3] = { request(1, P1, 13, 2, 24), request(2, P3, 37, 2, 24), request(3, P2, 2, 2, 24) };
         for (int i = 0; i < 3; i++) assert_int_equal(trill_engine_submit(e, &rs[i]), TRILL_OK);
         trill_sequence_out out[MAX_OUT];
         const int n = run_all(e, out);
-        double sum = 0, worst = 0;
+        double sum = 0, worst = 0, d_all[512];
         int count = 0, flips = 0, rows = 0;
         for (int i = 0; i < n; i++) {
             const int T = out[i].n_prompt + out[i].n_generated, L = m->config.n_moe_layers, K = m->config.num_experts_per_tok;
@@ -370,18 +372,21 @@ static void test_quantized_mismatch(void **state) {
                 const double d = fabs((double)lp[out[i].n_prompt + g] - out[i].logprobs[g]);
                 sum += d;
                 worst = fmax(worst, d);
-                count++;
+                d_all[count++] = d;
             }
             for (int t = 0; t < T - 1; t++, rows++) flips += memcmp(ex + (size_t)t * L * K, out[i].experts + (size_t)t * L * K, sizeof(uint16_t) * L * K) != 0;
             free(lp);
             free(ex);
             trill_sequence_out_free(&out[i]);
         }
-        print_message("%s vs fp32 reference: mean |dlogprob| %.4f, max %.4f over %d tokens; tokens with a different expert set %d of %d\n",
-                      f == TRILL_GEN_BF16 ? "bf16" : "int8", sum / count, worst, count, flips, rows);
+        for (int i = 1; i < count; i++) /* sort for the 95th percentile */
+            for (int j = i; j > 0 && d_all[j] < d_all[j - 1]; j--) { double t = d_all[j]; d_all[j] = d_all[j - 1]; d_all[j - 1] = t; }
+        const double p95 = d_all[count * 95 / 100];
+        print_message("%s vs fp32 reference: mean |dlogprob| %.4f, 95th percentile %.4f, max %.4f over %d tokens; tokens with a different expert set %d of %d\n",
+                      f == TRILL_GEN_BF16 ? "bf16" : "int8", sum / count, p95, worst, count, flips, rows);
         assert_true(sum / count > 0); /* it is a different arithmetic */
         assert_true(sum / count <= mean_bound[f - TRILL_GEN_BF16]);
-        assert_true(worst <= max_bound[f - TRILL_GEN_BF16]);
+        assert_true(p95 <= p95_bound[f - TRILL_GEN_BF16]);
         trill_engine_free(e);
     }
     trill_model_free(m);
