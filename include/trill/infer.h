@@ -26,9 +26,10 @@
 
 /* Weight formats (converted from the checkpoint when the engine is made):
  *   f32  — fp32 weights and arithmetic (debugging; matches the reference forward closely)
- *   bf16 — bf16 weights, activations rounded to bf16, fp32 accumulation (AVX-512 BF16)
+ *   bf16 — bf16 weights, activations rounded to bf16, fp32 accumulation (AVX-512 BF16 where the
+ *          CPU has it, else AVX2 FMAs on the widened values)
  *   int8 — W8A8: int8 weights with per-output-channel scales, activations quantised per token,
- *          int32 accumulation (AVX-512 VNNI); router and lm_head stay bf16 */
+ *          int32 accumulation (AVX-512 VNNI, else an AVX2 sequence); router and lm_head stay bf16 */
 typedef enum trill_gen_format { TRILL_GEN_F32, TRILL_GEN_BF16, TRILL_GEN_INT8 } trill_gen_format;
 
 const char *trill_gen_format_name(trill_gen_format f);
