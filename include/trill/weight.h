@@ -20,6 +20,4 @@ static inline trill_weight trill_weight_at(trill_weight w, size_t offset) {
     return (trill_weight){ w.f32 ? w.f32 + offset : NULL, w.bf16 ? w.bf16 + offset : NULL };
 }
 
-static inline trill_weight trill_weight_f32(float *p) { return (trill_weight){ p, NULL }; }
-
 #endif

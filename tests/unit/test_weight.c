@@ -49,7 +49,7 @@ static void test_bf16_matmul_matches_widened_fp32(void **state) {
     expect_close(dgot, dwant, T * K);
 
     /* fp32 storage goes straight through */
-    matmul_forward_w(got, inp, trill_weight_f32(w32), T, K, N);
+    matmul_forward_w(got, inp, (trill_weight){ w32, NULL }, T, K, N);
     assert_memory_equal(got, want, sizeof(float) * T * N);
 
     free(inp); free(w32); free(w16); free(want); free(got); free(dout); free(dwant); free(dgot);
