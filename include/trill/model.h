@@ -100,7 +100,7 @@ trill_status trill_model_copy_side_files(const char *from_dir, const char *to_di
  * logical ids, indexed by MoE-layer ordinal (dense layers not counted), in descending router
  * weight. replay (optional, same layout) forces those experts instead of the router's top-k
  * (router replay); their gate weights still come from this model's router probabilities.
- * Replayed ids out of range or repeated within a token are refused. */
+ * Replayed ids out of range or repeated within a token are refused; see TRILL_REPLAY_NONE. */
 trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                  const uint16_t *replay, float *logprobs, uint16_t *experts);
 
@@ -115,6 +115,11 @@ trill_status trill_model_forward_train(const trill_model *m, const int *tokens, 
                                        const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                        trill_forward_pass **pass);
 void trill_forward_pass_free(trill_forward_pass *pass);
+
+/* A replay row (one token, one MoE layer) whose first id is TRILL_REPLAY_NONE is not replayed:
+ * that token takes the router's own top-k there (the last token of a generated sequence, which
+ * the generator never routed). */
+#define TRILL_REPLAY_NONE 0xFFFFu
 
 /* Checks router-replay ids [T][n_moe_layers][top_k]: each in [0, num_experts), none repeated within a token. */
 trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, int T);

@@ -152,12 +152,13 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
     const int L = c->n_moe_layers;
     matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
     softmax_forward(a->probs, a->probs, T, E);
-    if (replay) {
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++) a->topi[t * K + j] = replay[((size_t)t * L + ordinal) * K + j];
-    } else {
-        topk_forward(a->topi, a->topw, a->probs, T, E, K);
-    }
+    topk_forward(a->topi, a->topw, a->probs, T, E, K);
+    if (replay)
+        for (int t = 0; t < T; t++) {
+            const uint16_t *ids = replay + ((size_t)t * L + ordinal) * K;
+            if (ids[0] == TRILL_REPLAY_NONE) continue; /* this token routes itself */
+            for (int j = 0; j < K; j++) a->topi[t * K + j] = ids[j];
+        }
     router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob);
     if (experts)
         for (int t = 0; t < T; t++)
@@ -208,6 +209,7 @@ trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, i
     for (int t = 0; t < T; t++)
         for (int m = 0; m < L; m++) {
             const uint16_t *ids = replay + ((size_t)t * L + m) * K;
+            if (ids[0] == TRILL_REPLAY_NONE) continue;
             for (int j = 0; j < K; j++) {
                 if (ids[j] >= E)
                     return trill_error(TRILL_ERR_INVALID, "router replay: token %d, MoE layer %d: expert id %u is outside [0, %d)", t, m, ids[j], E);

@@ -120,11 +120,33 @@ static void test_replay_rejects_bad_ids(void **state) {
     trill_model_free(m);
 }
 
+
+/* A row marked TRILL_REPLAY_NONE routes itself: replaying the other ids plus, on that row, what
+ * the router chose there gives the same log-probs bit for bit. */
+static void test_replay_none_rows_route_themselves(void **state) {
+    (void)state;
+    trill_model *m = test_small_moe(11, false, true);
+    float lp_a[T], lp_b[T];
+    uint16_t own[T * L * K], ids[T * L * K], seen[T * L * K], seen2[T * L * K];
+    assert_int_equal(trill_model_forward(m, TOKENS, OFFSETS, 2, NULL, lp_a, own), TRILL_OK);
+    for (int i = 0; i < T * L * K; i += K) { ids[i] = (uint16_t)((own[i] + 1) % 8); ids[i + 1] = (uint16_t)((own[i] + 2) % 8); }
+    const int free_token = 2; /* mid-sequence: later tokens attend to it */
+    for (int l = 0; l < L; l++) ids[(free_token * L + l) * K] = TRILL_REPLAY_NONE;
+    assert_int_equal(trill_model_forward(m, TOKENS, OFFSETS, 2, ids, lp_a, seen), TRILL_OK);
+    for (int l = 0; l < L; l++)
+        memcpy(ids + (free_token * L + l) * K, seen + (free_token * L + l) * K, sizeof(uint16_t) * K);
+    assert_int_equal(trill_model_forward(m, TOKENS, OFFSETS, 2, ids, lp_b, seen2), TRILL_OK);
+    assert_memory_equal(lp_a, lp_b, sizeof lp_a);
+    assert_memory_equal(seen, seen2, sizeof seen);
+    trill_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_forward_matches_inference),
         cmocka_unit_test(test_replay_own_choice_is_identical),
         cmocka_unit_test(test_replay_rejects_bad_ids),
+        cmocka_unit_test(test_replay_none_rows_route_themselves),
         cmocka_unit_test(test_recompute_is_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,130 @@
+/* RL post-training (`trill train`): the configuration and the controller.
+ *
+ * A run is described by a YAML file (trill_rl_config_load) plus dotted overrides
+ * ("algo.loss=gspo"); every key, its type, default and allowed values are in one table
+ * (src/rl/config.c), which also writes the config reference (docs/config.md) and the resolved
+ * config saved in the run folder. */
+#ifndef TRILL_RL_H
+#define TRILL_RL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "trill/error.h"
+#include "trill/infer.h"
+#include "trill/lora.h"
+#include "trill/optim.h"
+
+typedef enum trill_rl_loss { TRILL_LOSS_PPO, TRILL_LOSS_GSPO, TRILL_LOSS_CISPO, TRILL_LOSS_REINFORCE } trill_rl_loss;
+typedef enum trill_rl_agg { TRILL_AGG_TOKEN_MEAN, TRILL_AGG_SEQ_MEAN_TOKEN_SUM, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN } trill_rl_agg;
+typedef enum trill_kl_estimator { TRILL_KL_K1, TRILL_KL_K2, TRILL_KL_K3 } trill_kl_estimator;
+typedef enum trill_kl_mode { TRILL_KL_LOSS, TRILL_KL_REWARD } trill_kl_mode;
+typedef enum trill_mis_level { TRILL_MIS_TOKEN, TRILL_MIS_SEQUENCE, TRILL_MIS_GEOMETRIC } trill_mis_level;
+typedef enum trill_sync_mode { TRILL_SYNC_ADAPTER, TRILL_SYNC_MERGE } trill_sync_mode;
+typedef enum trill_verifier { TRILL_VERIFIER_NONE, TRILL_VERIFIER_EXACT, TRILL_VERIFIER_NUMERIC, TRILL_VERIFIER_DEMO } trill_verifier;
+
+#define TRILL_RL_MAX_STOPS 8
+
+/* Strings are owned by the config (trill_rl_config_free). */
+typedef struct trill_rl_config {
+    char *model;          /* model folder ("" : the embedded demo's model) */
+    char *run_dir;        /* run folder: resolved config, metrics.jsonl, checkpoints */
+    uint64_t seed;
+    int steps;            /* RL steps (one rollout batch each) */
+    char *resume;         /* "" (start fresh; refused when run_dir has checkpoints), "auto" (latest checkpoint
+                             of run_dir if any) or a checkpoint folder */
+
+    struct {
+        char *train, *eval;        /* JSONL files ("" for eval: no held-out set) */
+        char *prompt_field, *answer_field; /* default "prompt", "answer" */
+        char *template_;           /* "{prompt}" style with {field} placeholders, or "chat" (the model's chat template) */
+        bool shuffle;              /* reshuffle every epoch, keyed by seed and epoch */
+        int eval_size;             /* held-out prompts evaluated (0: all) */
+        int max_prompt_tokens;     /* longer prompts are refused with the line number */
+    } data;
+
+    struct {
+        trill_gen_format dtype;    /* generator weight format */
+        int prompts_per_step;      /* prompts per rollout batch */
+        int n;                     /* samples per prompt (the GRPO group) */
+        int max_new_tokens;
+        double temperature, top_p, min_p;
+        int top_k;
+        int n_stop;
+        char *stop[TRILL_RL_MAX_STOPS]; /* stop strings (eos always stops) */
+        int kv_cache_mb, max_batch_tokens;
+    } generator;
+
+    struct {
+        trill_verifier verifier;   /* built-in verifier on the answer field */
+        double verifier_weight;
+        char *external;            /* command line of an external reward process ("" : none) */
+        double external_weight;
+        double external_timeout_s; /* per request */
+        int external_max_failures; /* consecutive crashes/timeouts/bad replies before the run stops */
+        char *model;               /* reward model folder (Qwen3ForSequenceClassification layout; "" : none) */
+        double model_weight;
+    } reward;
+
+    struct {
+        trill_rl_loss loss;
+        bool std_norm;             /* divide advantages by the group's std (false: Dr. GRPO) */
+        double clip_low, clip_high; /* PPO/GSPO/CISPO ratio band [1 - low, 1 + high] */
+        trill_rl_agg aggregation;
+        double kl_coef;            /* 0: no KL to the reference */
+        trill_kl_estimator kl_estimator;
+        trill_kl_mode kl_mode;
+        bool dynamic_sampling;     /* drop groups whose rewards are all equal */
+        int minibatches;           /* optimizer steps per rollout batch */
+    } algo;
+
+    struct {
+        double tis;                /* truncate the token ratio pi_train/mu at this (0: off) */
+        bool mis;                  /* mask tokens (or sequences) whose ratio is outside [mis_low, mis_high] */
+        double mis_low, mis_high;
+        trill_mis_level mis_level;
+    } correction;
+
+    bool router_replay;            /* R3: the trainer replays the generator's logical experts */
+
+    struct {
+        double lr, min_lr, weight_decay, grad_clip;
+        trill_lr_schedule schedule;
+        int warmup_steps;
+        int micro_batch_tokens;    /* token budget of one forward/backward */
+        bool recompute;
+        trill_lora_config lora;
+    } trainer;
+
+    struct { trill_sync_mode mode; } sync;
+
+    struct {
+        int every;                 /* steps between checkpoints (0: only at the end) */
+        int keep;                  /* newest checkpoints kept (0: all) */
+    } checkpoint;
+
+    struct {
+        int every;                 /* steps between held-out evaluations (0: before and after only) */
+        int k;                     /* samples per held-out prompt for pass@k (pass@1 is their mean) */
+        double temperature;
+    } eval;
+} trill_rl_config;
+
+/* The defaults (the embedded demo's settings where a default makes sense). */
+void trill_rl_config_defaults(trill_rl_config *c);
+void trill_rl_config_free(trill_rl_config *c);
+
+/* Reads a YAML file over the defaults. Unknown keys and bad values are refused with the file,
+ * line, the key's dotted path and the expected type or allowed values. */
+trill_status trill_rl_config_load(trill_rl_config *c, const char *path);
+/* One dotted override "section.key=value" (value in YAML scalar/flow syntax, e.g. "[0.5, 5]"). */
+trill_status trill_rl_config_set(trill_rl_config *c, const char *assignment);
+/* Cross-field checks after loading (e.g. mis_low < mis_high). */
+trill_status trill_rl_config_validate(const trill_rl_config *c);
+/* The resolved config as YAML (every key, nested sections), readable by trill_rl_config_load. */
+trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f);
+/* The config reference in Markdown: every key with type, default, allowed values and meaning. */
+void trill_rl_config_reference(FILE *f);
+
+#endif

@@ -1,0 +1,93 @@
+/* The numbers of RL: advantages, policy losses and their gradients, KL estimators,
+ * importance-sampling corrections and training–inference mismatch metrics. Plain functions
+ * on flat arrays (one entry per response token, sequences back to back); the formulas are in
+ * docs/algorithms.md and the unit tests check them against hand-computed values.
+ *
+ * Notation per response token t of sequence i:
+ *   logp[t]      log pi_theta   (the policy being trained, with gradient)
+ *   old_logp[t]  log pi_old     (the trainer's recomputation before this batch's updates)
+ *   behav_logp[t] log mu        (what the generator sampled from)
+ *   ref_logp[t]  log pi_ref     (the same model with LoRA disabled) */
+#ifndef TRILL_RL_ALGO_H
+#define TRILL_RL_ALGO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trill/rl.h"
+
+/* GRPO advantages: rewards of n_groups groups of group_size samples back to back;
+ * adv = (r - mean_group) / (std_group + eps) with the unbiased std (as torch.std), or
+ * r - mean_group without std_norm (Dr. GRPO). A group of one gets 0. */
+void rl_group_advantages(const double *rewards, int n_groups, int group_size, bool std_norm, double eps, double *adv);
+
+/* Whether every reward of group g is equal (dynamic sampling drops such groups). */
+bool rl_group_is_flat(const double *rewards, int group_size);
+
+/* KL estimators of KL(pi_theta || pi_ref) from one sample, with x = logp - ref_logp:
+ *   k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x.   rl_kl_grad is d k / d logp. */
+double rl_kl_value(trill_kl_estimator e, double logp, double ref_logp);
+double rl_kl_grad(trill_kl_estimator e, double logp, double ref_logp);
+
+/* One minibatch of sequences for the policy loss. Arrays are per response token, sequences
+ * back to back: sequence i owns tokens [offsets[i], offsets[i+1]). */
+typedef struct rl_loss_batch {
+    int n_seqs;
+    const int *offsets;        /* [n_seqs + 1] */
+    const float *logp;         /* [T] current policy */
+    const float *old_logp;     /* [T] */
+    const float *behav_logp;   /* [T] */
+    const float *ref_logp;     /* [T], or NULL when the KL loss term is off */
+    const double *adv;         /* [n_seqs] advantage of each sequence */
+    const uint8_t *mask;       /* [T] 1 = token counts in the loss (after MIS masking), or NULL: all */
+    const float *is_weight;    /* [T] TIS weight (detached), or NULL: 1 */
+    double agg_tokens;         /* token-mean's denominator (tokens of the whole rollout batch split into
+                                  minibatches: pass each minibatch its own count; 0: count this batch's mask) */
+} rl_loss_batch;
+
+typedef struct rl_loss_stats {
+    double loss;               /* the aggregated loss value */
+    double pg_loss, kl_loss;   /* its policy-gradient and KL parts */
+    double clip_frac;          /* fraction of masked-in tokens whose gradient the clip removed */
+    double ratio_mean;         /* mean pi_theta / pi_old (GSPO: of the sequence ratios) */
+} rl_loss_stats;
+
+/* The loss of cfg->algo (loss, clip band, aggregation, KL loss term when kl_mode is loss and
+ * kl_coef > 0) and its gradient d loss / d logp[t] into dlogp[T] (overwritten).
+ * PPO:       L_t = -min(r_t A, clip(r_t, 1-lo, 1+hi) A),  r_t = exp(logp - old_logp)
+ * GSPO:      s_i = exp(mean_t(logp - old_logp)); L_t = -min(s_i A, clip(s_i, 1-lo, 1+hi) A),
+ *            with s_i's gradient spread as s_i * d logp[t] / |y_i| (sequence-level ratio)
+ * CISPO:     L_t = -sg(clip(r_t, 1-lo, 1+hi)) A logp[t]
+ * REINFORCE: L_t = -r_t A (importance-sampled, unclipped)
+ * each L_t times is_weight[t] and mask[t]; plus kl_coef * k(logp, ref_logp) per token; then
+ * aggregated: token-mean sum_t L_t / agg_tokens; seq-mean-token-sum (1/N) sum_i sum_t L_t;
+ * seq-mean-token-mean (1/N) sum_i mean_t L_t. */
+void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats);
+
+/* Importance-sampling corrections from the trainer's and the generator's log-probs (pi_train =
+ * old_logp, mu = behav_logp), per response token:
+ *   tis_weight[t] = min(exp(old - behav), cfg->correction.tis) (1 everywhere when tis is 0);
+ *   mask[t] = 0 where MIS rejects: the token's ratio (token level), the sequence's product of
+ *   ratios (sequence) or its geometric mean (geometric) outside [mis_low, mis_high]; untouched
+ *   (left as given) elsewhere. Returns the number of tokens newly masked. */
+int rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
+                   const float *behav_logp, float *tis_weight, uint8_t *mask);
+
+/* Training–inference mismatch over all response tokens (Δ = old_logp - behav_logp,
+ * rho = exp(Δ)): mean and max |Δ|, k1 = mean(-Δ), k3 = mean(rho - 1 - Δ) (estimates of
+ * KL(mu || pi_train) from mu's samples), chi2 = mean((rho - 1)^2). */
+typedef struct rl_mismatch {
+    double mean_abs, max_abs, k1, k3, chi2;
+    long n_tokens;
+} rl_mismatch;
+void rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t n, rl_mismatch *out);
+
+/* Routing agreement between the generator's captured experts and the trainer's, both
+ * [n_tokens][n_layers][k] logical ids (order within a row ignored): the fraction of tokens
+ * whose expert set differs in at least one layer, and per layer the fraction of tokens whose
+ * set differs there (layer_flip[n_layers]). Rows whose first id is 0xFFFF are skipped. */
+void rl_routing_flips(const uint16_t *gen, const uint16_t *train, size_t n_tokens, int n_layers, int k,
+                      double *token_flip_frac, double *layer_flip);
+
+#endif
