@@ -33,6 +33,11 @@ trill_status trill_tokenizer_encode(const trill_tokenizer *tok, const char *text
 trill_status trill_tokenizer_decode(const trill_tokenizer *tok, const int *ids, size_t n, bool skip_special_tokens,
                                     char **text, size_t *len);
 
+/* trill_tokenizer_decode that never fails on an id: one the tokenizer has no string for (a
+ * model's vocabulary can be larger than its tokenizer's) is written as "<id>". Special tokens
+ * are kept. */
+trill_status trill_tokenizer_decode_lenient(const trill_tokenizer *tok, const int *ids, int n, char **text, size_t *len);
+
 /* Number of ids the tokenizer can produce (largest id + 1). */
 int trill_tokenizer_size(const trill_tokenizer *tok);
 /* The id of a token string (vocabulary or added token), or -1. */

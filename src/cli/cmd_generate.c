@@ -71,50 +71,11 @@ static const char *finish_name(trill_finish f) {
     return f == TRILL_FINISH_STOP_ID ? "stop_id" : f == TRILL_FINISH_STOP_STRING ? "stop_string" : f == TRILL_FINISH_ABORTED ? "aborted" : "length";
 }
 
-/* The text of ids; an id the tokenizer has no string for (a random model's vocabulary can be
- * larger than its tokenizer's) is written as <id>. */
-static trill_status decode_lenient(const trill_tokenizer *tok, const int *ids, int n, char **text, size_t *len) {
-    trill_status st = trill_tokenizer_decode(tok, ids, (size_t)n, false, text, len);
-    if (st != TRILL_ERR_INVALID) return st;
-    size_t cap = 16 * (size_t)n + 1, at = 0;
-    char *out = malloc(cap);
-    if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n;) { /* runs of known ids decode together, so multi-byte characters survive */
-        int j = i;
-        char *piece = NULL;
-        size_t plen = 0;
-        while (j < n && ids[j] >= 0 && ids[j] < trill_tokenizer_size(tok) && trill_tokenizer_decode(tok, ids + j, 1, false, &piece, &plen) == TRILL_OK) {
-            free(piece);
-            j++;
-        }
-        if (j > i && trill_tokenizer_decode(tok, ids + i, (size_t)(j - i), false, &piece, &plen) == TRILL_OK) {
-            char *grown = at + plen + 24 > cap ? realloc(out, cap = 2 * (at + plen + 24)) : out;
-            if (!grown) { free(out); free(piece); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
-            out = grown;
-            memcpy(out + at, piece, plen);
-            at += plen;
-            free(piece);
-        }
-        if (j < n) {
-            char *grown = at + 24 > cap ? realloc(out, cap = 2 * (at + 24)) : out;
-            if (!grown) { free(out); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
-            out = grown;
-            at += (size_t)snprintf(out + at, cap - at, "<%d>", ids[j]);
-            j++;
-        }
-        i = j;
-    }
-    out[at] = 0;
-    *text = out;
-    *len = at;
-    return TRILL_OK;
-}
-
 static trill_status print_sequence(const trill_sequence_out *s, const trill_tokenizer *tok, const trill_config *c, bool as_json,
                                    int n_samples) {
     char *text = NULL;
     size_t len = 0;
-    trill_status st = decode_lenient(tok, s->tokens + s->n_prompt, s->n_generated, &text, &len);
+    trill_status st = trill_tokenizer_decode_lenient(tok, s->tokens + s->n_prompt, s->n_generated, &text, &len);
     if (st) return st;
     if (!as_json) {
         if (n_samples > 1) printf("--- prompt %llu, sample %d ---\n", (unsigned long long)s->request, s->sample);
