@@ -26,7 +26,9 @@ void rl_group_advantages(const double *rewards, int n_groups, int group_size, bo
 bool rl_group_is_flat(const double *rewards, int group_size);
 
 /* KL estimators of KL(pi_theta || pi_ref) from one sample, with x = logp - ref_logp:
- *   k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x.   rl_kl_grad is d k / d logp. */
+ *   k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x.   rl_kl_grad is d k / d logp.
+ * As a reward penalty (kl_mode reward, applied by the controller) each sequence's reward loses
+ * kl_coef * sum over its response tokens of rl_kl_value(e, old_logp, ref_logp). */
 double rl_kl_value(trill_kl_estimator e, double logp, double ref_logp);
 double rl_kl_grad(trill_kl_estimator e, double logp, double ref_logp);
 
@@ -42,40 +44,50 @@ typedef struct rl_loss_batch {
     const double *adv;         /* [n_seqs] advantage of each sequence */
     const uint8_t *mask;       /* [T] 1 = token counts in the loss (after MIS masking), or NULL: all */
     const float *is_weight;    /* [T] TIS weight (detached), or NULL: 1 */
-    double agg_tokens;         /* token-mean's denominator (tokens of the whole rollout batch split into
-                                  minibatches: pass each minibatch its own count; 0: count this batch's mask) */
+    double agg_tokens;         /* token-mean's denominator: when one optimizer step is computed in several
+                                  calls (micro-batches), the masked-in tokens of the whole step, the same for
+                                  every call; 0: count this call's mask. (The seq-mean modes divide by this
+                                  call's n_seqs: such a caller scales each call by n_seqs / the step's.) */
 } rl_loss_batch;
 
 typedef struct rl_loss_stats {
     double loss;               /* the aggregated loss value */
     double pg_loss, kl_loss;   /* its policy-gradient and KL parts */
-    double clip_frac;          /* fraction of masked-in tokens whose gradient the clip removed */
+    double clip_frac;          /* fraction of masked-in tokens whose gradient the clip removed
+                                  (CISPO: whose weight it truncated; GSPO: tokens of clipped sequences) */
     double ratio_mean;         /* mean pi_theta / pi_old (GSPO: of the sequence ratios) */
 } rl_loss_stats;
 
-/* The loss of cfg->algo (loss, clip band, aggregation, KL loss term when kl_mode is loss and
- * kl_coef > 0) and its gradient d loss / d logp[t] into dlogp[T] (overwritten).
- * PPO:       L_t = -min(r_t A, clip(r_t, 1-lo, 1+hi) A),  r_t = exp(logp - old_logp)
- * GSPO:      s_i = exp(mean_t(logp - old_logp)); L_t = -min(s_i A, clip(s_i, 1-lo, 1+hi) A),
- *            with s_i's gradient spread as s_i * d logp[t] / |y_i| (sequence-level ratio)
- * CISPO:     L_t = -sg(clip(r_t, 1-lo, 1+hi)) A logp[t]
+/* The loss of cfg->algo (loss, clip band, aggregation, KL loss term when kl_mode is loss,
+ * kl_coef > 0 and ref_logp is given) and its gradient d loss / d logp[t] into dlogp[T]
+ * (overwritten; 0 for masked tokens). Log-ratios are clamped to [-20, 20] before exp.
+ * PPO:       L_t = -min(r_t A, clip(r_t, 1-lo, 1+hi) A),  r_t = exp(logp - old_logp);
+ *            gradient -r_t A where the unclipped term is the min (ties included), else 0
+ * GSPO:      s_i = exp(mean over masked-in t of (logp - old_logp)); L_t = -min(s_i A, clip(s_i) A)
+ *            for every token of i; d s_i / d logp[t] = s_i / n_i, so each token of an unclipped
+ *            sequence gets -A s_i / n_i * sum_u c_u w_u (aggregation weight c, TIS weight w: the
+ *            sequence's weight, the same for all its tokens, so it is the loss value's gradient)
+ * CISPO:     L_t = -sg(clip(r_t, 1-lo, 1+hi)) A logp[t]; gradient -clip(r_t) A
  * REINFORCE: L_t = -r_t A (importance-sampled, unclipped)
- * each L_t times is_weight[t] and mask[t]; plus kl_coef * k(logp, ref_logp) per token; then
- * aggregated: token-mean sum_t L_t / agg_tokens; seq-mean-token-sum (1/N) sum_i sum_t L_t;
- * seq-mean-token-mean (1/N) sum_i mean_t L_t. */
+ * each L_t times is_weight[t] and mask[t]; plus kl_coef * k(logp, ref_logp) per masked-in token
+ * (not TIS-weighted); then aggregated: token-mean sum_t L_t / agg_tokens (or / the masked-in
+ * count); seq-mean-token-sum (1/N) sum_i sum_t L_t; seq-mean-token-mean (1/N) sum_i mean_t L_t
+ * (a sequence with no masked-in token adds 0 but counts in N). */
 void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats);
 
 /* Importance-sampling corrections from the trainer's and the generator's log-probs (pi_train =
  * old_logp, mu = behav_logp), per response token:
  *   tis_weight[t] = min(exp(old - behav), cfg->correction.tis) (1 everywhere when tis is 0);
- *   mask[t] = 0 where MIS rejects: the token's ratio (token level), the sequence's product of
- *   ratios (sequence) or its geometric mean (geometric) outside [mis_low, mis_high]; untouched
- *   (left as given) elsewhere. Returns the number of tokens newly masked. */
+ *   mask[t] = 0 where MIS (cfg->correction.mis) rejects: the token's ratio (token level), the
+ *   sequence's product of ratios (sequence) or its geometric mean (geometric) outside
+ *   [mis_low, mis_high]; untouched (left as given) elsewhere. The sequence statistics run over
+ *   the tokens whose mask is 1 on entry. mask is required (pass 1s). Returns the number of
+ *   tokens newly masked. */
 int rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
                    const float *behav_logp, float *tis_weight, uint8_t *mask);
 
 /* Training–inference mismatch over all response tokens (Δ = old_logp - behav_logp,
- * rho = exp(Δ)): mean and max |Δ|, k1 = mean(-Δ), k3 = mean(rho - 1 - Δ) (estimates of
+ * rho = exp(Δ), Δ clamped to [-20, 20] in the exp): mean and max |Δ|, k1 = mean(-Δ), k3 = mean(rho - 1 - Δ) (estimates of
  * KL(mu || pi_train) from mu's samples), chi2 = mean((rho - 1)^2). */
 typedef struct rl_mismatch {
     double mean_abs, max_abs, k1, k3, chi2;
@@ -86,7 +98,8 @@ void rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t 
 /* Routing agreement between the generator's captured experts and the trainer's, both
  * [n_tokens][n_layers][k] logical ids (order within a row ignored): the fraction of tokens
  * whose expert set differs in at least one layer, and per layer the fraction of tokens whose
- * set differs there (layer_flip[n_layers]). Rows whose first id is 0xFFFF are skipped. */
+ * set differs there (layer_flip[n_layers]). A (token, layer) row whose first id is 0xFFFF on
+ * either side is skipped; a token with every row skipped is left out of the token fraction. */
 void rl_routing_flips(const uint16_t *gen, const uint16_t *train, size_t n_tokens, int n_layers, int k,
                       double *token_flip_frac, double *layer_flip);
 
