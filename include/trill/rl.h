@@ -111,20 +111,75 @@ typedef struct trill_rl_config {
     } eval;
 } trill_rl_config;
 
-/* The defaults (the embedded demo's settings where a default makes sense). */
+/* The defaults (the embedded demo's settings where a default makes sense). Overwrites *c without
+ * freeing it. */
 void trill_rl_config_defaults(trill_rl_config *c);
+/* Frees the strings; safe to call twice. */
 void trill_rl_config_free(trill_rl_config *c);
 
-/* Reads a YAML file over the defaults. Unknown keys and bad values are refused with the file,
- * line, the key's dotted path and the expected type or allowed values. */
+/* Reads a YAML file over c (normally the defaults). Unknown keys, duplicates and bad values are
+ * refused with the file, line, the key's dotted path and the expected type or allowed values;
+ * c then holds the keys read before the refused one (still valid to free). */
 trill_status trill_rl_config_load(trill_rl_config *c, const char *path);
-/* One dotted override "section.key=value" (value in YAML scalar/flow syntax, e.g. "[0.5, 5]"). */
+/* One dotted override "section.key=value": the value in YAML scalar/flow syntax ("[0.5, 5]",
+ * "[\"\\n\", \"###\"]"), except that a string key takes the text as written unless it starts with
+ * a quote (paths and command lines need no quoting). A refused value leaves c unchanged. */
 trill_status trill_rl_config_set(trill_rl_config *c, const char *assignment);
-/* Cross-field checks after loading (e.g. mis_low < mis_high). */
+/* Every key's range again (for configs changed in code) and the cross-field checks (generator.n
+ * >= 2, mis_low < mis_high, min_lr <= lr, minibatches <= prompts_per_step, some reward). */
 trill_status trill_rl_config_validate(const trill_rl_config *c);
-/* The resolved config as YAML (every key, nested sections), readable by trill_rl_config_load. */
+/* The resolved config as YAML (every key, nested sections), which trill_rl_config_load reads back
+ * to the same config (with correction.mis off, its unused bounds are not written). */
 trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f);
-/* The config reference in Markdown: every key with type, default, allowed values and meaning. */
+/* The config reference in Markdown (docs/config.md is exactly this): every key with type,
+ * default, allowed values and meaning. */
 void trill_rl_config_reference(FILE *f);
+
+/* ---- the controller ----
+ * Runs `steps` RL steps (or continues a run from a checkpoint, see `resume`): each step
+ * generates prompts_per_step x n rollouts with the generator engine, scores them, computes
+ * group advantages, recomputes the log-probs with the trainer (router replay when on), measures
+ * the training–inference mismatch, takes algo.minibatches optimizer steps on the LoRA adapters
+ * and syncs the generator (adapter or merge). Writes RUN/config.yaml, RUN/metrics.jsonl (one
+ * JSON object per step) and checkpoints; prints a progress line per step to stderr. Held-out
+ * accuracy is measured before the first and after the last step when data.eval is set. */
+typedef struct trill_rl_result {
+    double eval_before, eval_after;   /* held-out pass@1 (NAN when not measured) */
+    double passk_before, passk_after; /* held-out pass@k */
+    int steps_done;
+    double seconds;
+} trill_rl_result;
+
+trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result);
+
+/* ---- held-out evaluation (also `trill eval`) ---- */
+struct trill_dataset;
+typedef struct trill_eval_options {
+    int limit;                 /* prompts (0: all) */
+    int k;                     /* samples per prompt */
+    double temperature;
+    int max_new_tokens;
+    trill_verifier verifier;   /* a sample is correct when the verifier scores it >= 0.5 */
+    uint64_t seed;
+    const int *stop_ids;
+    int n_stop_ids;
+    const char *const *stops;
+    int n_stops;
+} trill_eval_options;
+
+typedef struct trill_eval_result {
+    int prompts, k;
+    double pass1;              /* mean over prompts of the fraction of correct samples */
+    double passk;              /* fraction of prompts with at least one correct sample */
+    double mean_len;           /* generated tokens per sample */
+    double seconds;
+} trill_eval_result;
+
+trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, const struct trill_dataset *d,
+                               const trill_eval_options *o, trill_eval_result *out);
+
+/* The built-in verifier's score of a completion (trill/reward.h); NAN for TRILL_VERIFIER_NONE. */
+double trill_verify(trill_verifier v, const char *completion, const char *truth);
+const char *trill_verifier_name(trill_verifier v);
 
 #endif

@@ -1,0 +1,61 @@
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout.h"
+#include "trill/dataset.h"
+#include "trill/reward.h"
+#include "trill/rl.h"
+#include "trill/timing.h"
+
+double trill_verify(trill_verifier v, const char *completion, const char *truth) {
+    switch (v) {
+    case TRILL_VERIFIER_EXACT: return reward_exact(completion, truth);
+    case TRILL_VERIFIER_NUMERIC: return reward_numeric(completion, truth);
+    case TRILL_VERIFIER_DEMO: return reward_demo(completion, truth);
+    case TRILL_VERIFIER_NONE: break;
+    }
+    return NAN;
+}
+
+const char *trill_verifier_name(trill_verifier v) {
+    static const char *const names[] = { "none", "exact", "numeric", "demo" };
+    return names[v];
+}
+
+trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const trill_eval_options *o,
+                               trill_eval_result *out) {
+    if (o->verifier == TRILL_VERIFIER_NONE)
+        return trill_error(TRILL_ERR_INVALID, "evaluation needs a verifier (reward.verifier: exact, numeric or demo)");
+    const double t0 = trill_now();
+    const int n = o->limit > 0 && o->limit < d->n ? o->limit : d->n;
+    int *examples = malloc(sizeof(int) * (size_t)n);
+    if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) examples[i] = i;
+    trill_request proto = {
+        .max_new_tokens = o->max_new_tokens, .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids,
+        .stop_strings = o->stops, .n_stop_strings = o->n_stops,
+    };
+    proto.sampling = trill_sampling_default();
+    proto.sampling.temperature = (float)o->temperature;
+    proto.sampling.seed = o->seed;
+    rl_batch b;
+    trill_status st = rl_generate(e, tok, d, examples, n, o->k, 0, &proto, 0, 0, &b);
+    free(examples);
+    if (st) return st;
+    double pass1 = 0, passk = 0, len = 0;
+    for (int p = 0; p < n; p++) {
+        int correct = 0;
+        for (int j = 0; j < o->k; j++) {
+            int s = p * o->k + j;
+            correct += trill_verify(o->verifier, b.completion[s], d->examples[b.example[s]].answer) >= 0.5;
+            len += rl_response_len(&b, s);
+        }
+        pass1 += (double)correct / o->k;
+        passk += correct > 0;
+    }
+    rl_batch_free(&b);
+    *out = (trill_eval_result){ .prompts = n, .k = o->k, .pass1 = pass1 / n, .passk = passk / n, .mean_len = len / ((double)n * o->k),
+                                .seconds = trill_now() - t0 };
+    return TRILL_OK;
+}

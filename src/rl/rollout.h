@@ -1,0 +1,40 @@
+/* The rollout record: what the generator hands the trainer for one batch, in flat arrays
+ * (no pointers between records), one packed token stream for every sequence. */
+#ifndef TRILL_RL_ROLLOUT_H
+#define TRILL_RL_ROLLOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "trill/dataset.h"
+#include "trill/error.h"
+#include "trill/infer.h"
+
+typedef struct rl_batch {
+    int n_seqs, group_size;    /* n_seqs = groups * group_size, group g = sequences [g*size, (g+1)*size) */
+    int n_moe_layers, top_k;
+    int *offsets;              /* [n_seqs + 1] into the packed tokens */
+    int *prompt_len;           /* [n_seqs] */
+    int *tokens;               /* [T] prompt then response of each sequence */
+    float *behav_logp;         /* [T] log mu of each response token (NAN on prompt tokens) */
+    uint32_t *version;         /* [T] policy version of each response token (0 on prompt tokens) */
+    uint16_t *experts;         /* [T][n_moe_layers][top_k] routed logical experts; the last token of a
+                                  sequence (never forwarded by the generator) is TRILL_REPLAY_NONE */
+    int *example;              /* [n_seqs] dataset index of the prompt */
+    char **completion;         /* [n_seqs] response text (a final stop token not included) */
+    double *reward, *adv;      /* [n_seqs] */
+    double *correct;           /* [n_seqs] the verifier's score alone (NAN without one) */
+    bool *keep;                /* [n_seqs] trained (dynamic sampling drops flat groups) */
+} rl_batch;
+
+/* Generates group_size samples for each of n_prompts dataset examples; request ids are
+ * first_request + i, so sampling is keyed by position in the run, not by batch. */
+trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
+                         int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
+                         rl_batch *out);
+void rl_batch_free(rl_batch *b);
+
+/* Response tokens of sequence s: tokens[offsets[s] + prompt_len[s] .. offsets[s + 1]). */
+static inline int rl_response_len(const rl_batch *b, int s) { return b->offsets[s + 1] - b->offsets[s] - b->prompt_len[s]; }
+
+#endif
