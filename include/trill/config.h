@@ -41,10 +41,16 @@ typedef struct trill_config {
     int decoder_sparse_step;
     bool norm_topk_prob;
     bool mlp_only[TRILL_MAX_LAYERS]; /* mlp_only_layers as a per-layer flag */
+    /* Sequence classification (Qwen3ForSequenceClassification, Qwen3MoeForSequenceClassification:
+     * a reward model has one label): the rows of score.weight [num_labels, H], which replaces
+     * lm_head. 0 for a causal LM. From id2label's size (HF PretrainedConfig), else "num_labels",
+     * else HF's default 2. */
+    int num_labels;
     /* special tokens (-1 when absent) */
     int bos_token_id;
     int n_eos;
     int eos_token_ids[TRILL_MAX_EOS];
+    int pad_token_id; /* read for classification only: HF pools at the last token that is not it */
 
     /* Layer map, derived: which layers are MoE and each MoE layer's ordinal.
      * Router-replay ids and captured experts are indexed by ordinal, never by layer. */
@@ -63,7 +69,8 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype);
 /* Whether `key` is a config.json field trill reads (used to reject typos in overrides). */
 bool trill_config_known_key(const char *key);
 
-const char *trill_config_architecture(const trill_config *c); /* "Qwen3MoeForCausalLM", ... */
+/* "Qwen3MoeForCausalLM", "Qwen3ForSequenceClassification", ... */
+const char *trill_config_architecture(const trill_config *c);
 const char *trill_config_model_type(const trill_config *c);   /* "qwen3_moe", ... */
 
 static inline bool trill_config_is_moe(const trill_config *c, int layer) {

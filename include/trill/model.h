@@ -56,7 +56,10 @@ typedef struct trill_model {
     size_t n_tensors;
     trill_weight embed;   /* [V, H] */
     float *final_norm;    /* [H] */
-    trill_weight lm_head; /* [V, H]; the same storage as embed when tie_word_embeddings */
+    trill_weight lm_head; /* [V, H]; the same storage as embed when tie_word_embeddings; none
+                             (both pointers NULL) in a classifier */
+    trill_weight score;   /* classifier (config.num_labels > 0): "score.weight" [num_labels, H],
+                             never tied (HF's classifier has no output embeddings); else none */
     trill_layer_weights *layers;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
     struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
@@ -95,6 +98,7 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
 trill_status trill_model_copy_side_files(const char *from_dir, const char *to_dir);
 
 /* Reference forward over a packed batch: sequence s is tokens[offsets[s] .. offsets[s+1]).
+ * Needs lm_head: a classifier (config.num_labels > 0) is refused here and in _train.
  * logprobs[t] = log p(tokens[t] | earlier tokens of its sequence); NAN for each sequence's
  * first token. experts (optional) receives [T][n_moe_layers][top_k] routed expert ids:
  * logical ids, indexed by MoE-layer ordinal (dense layers not counted), in descending router
@@ -103,6 +107,13 @@ trill_status trill_model_copy_side_files(const char *from_dir, const char *to_di
  * Replayed ids out of range or repeated within a token are refused; see TRILL_REPLAY_NONE. */
 trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                  const uint16_t *replay, float *logprobs, uint16_t *experts);
+
+/* Final-normed hidden states hidden[s][H] at the last token of each sequence of a packed
+ * batch: what a ForSequenceClassification head (score.weight) reads. Runs the same layers as
+ * trill_model_forward (adapters included when attached and enabled) without lm_head, so it
+ * works on a causal LM and on a classifier. Every sequence must have at least one token. */
+trill_status trill_model_forward_last_hidden(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
+                                             float *hidden);
 
 /* The activations of one forward pass, kept for the backward pass (trill/train.h). */
 typedef struct trill_forward_pass trill_forward_pass;

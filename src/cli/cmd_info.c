@@ -51,8 +51,12 @@ int cmd_info(int argc, char **argv) {
         printf("; %d experts, top-%d, expert intermediate %d, norm_topk_prob %s", cfg->num_experts,
                cfg->num_experts_per_tok, cfg->moe_intermediate_size, cfg->norm_topk_prob ? "true" : "false");
     printf("\n");
-    printf("rope_theta:    %g, rms_norm_eps %g, lm_head %s\n", cfg->rope_theta, cfg->rms_norm_eps,
-           cfg->tie_word_embeddings ? "tied to embeddings" : "untied");
+    if (cfg->num_labels > 0)
+        printf("rope_theta:    %g, rms_norm_eps %g, score head [%d, %d] (sequence classifier)\n", cfg->rope_theta, cfg->rms_norm_eps,
+               cfg->num_labels, cfg->hidden_size);
+    else
+        printf("rope_theta:    %g, rms_norm_eps %g, lm_head %s\n", cfg->rope_theta, cfg->rms_norm_eps,
+               cfg->tie_word_embeddings ? "tied to embeddings" : "untied");
     print_layer_map(cfg);
     printf("moe layers:    %d of %d\n", cfg->n_moe_layers, cfg->num_hidden_layers);
     printf("parameters:    %" PRId64 " total, %" PRId64 " active per token (%.1f%%)\n", total, active, 100.0 * active / total);

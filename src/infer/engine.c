@@ -506,6 +506,9 @@ trill_status trill_engine_eplb_imbalance(const trill_engine *e, double *identity
 
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
     trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();
+    if (m->config.num_labels > 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: this model is a sequence classifier (%s, a reward model): it scores text, it does not generate",
+                           trill_config_architecture(&m->config));
     if (cfg.block_size < 1 || cfg.block_size > 4096)
         return trill_error(TRILL_ERR_INVALID, "engine: block_size must be in [1, 4096], got %d", cfg.block_size);
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);

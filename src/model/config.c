@@ -1,5 +1,7 @@
 #include "trill/config.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "trill/json.h"
@@ -13,7 +15,7 @@ static const char *const KNOWN_KEYS[] = {
     "tie_word_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers", "bos_token_id", "eos_token_id",
     "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window", "attention_bias",
-    "layer_types", "torch_dtype",
+    "layer_types", "torch_dtype", "id2label", "label2id", "num_labels", "pad_token_id",
 };
 
 bool trill_config_known_key(const char *key) {
@@ -22,9 +24,12 @@ bool trill_config_known_key(const char *key) {
     return false;
 }
 
-const char *trill_config_architecture(const trill_config *c) {
-    return c->arch == TRILL_ARCH_QWEN3_MOE ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+static const char *architecture_name(trill_arch arch, bool classifier) {
+    if (arch == TRILL_ARCH_QWEN3_MOE) return classifier ? "Qwen3MoeForSequenceClassification" : "Qwen3MoeForCausalLM";
+    return classifier ? "Qwen3ForSequenceClassification" : "Qwen3ForCausalLM";
 }
+
+const char *trill_config_architecture(const trill_config *c) { return architecture_name(c->arch, c->num_labels > 0); }
 
 const char *trill_config_model_type(const trill_config *c) {
     return c->arch == TRILL_ARCH_QWEN3_MOE ? "qwen3_moe" : "qwen3";
@@ -41,6 +46,7 @@ static void set_defaults(trill_config *c, trill_arch arch) {
     c->rope_theta = 10000.0;
     c->initializer_range = 0.02;
     c->bos_token_id = -1;
+    c->pad_token_id = -1;
     if (arch == TRILL_ARCH_QWEN3_MOE) {
         c->hidden_size = 2048;
         c->intermediate_size = 6144;
@@ -145,7 +151,9 @@ static trill_status check_layer_types(const json_t *root, const char *what) {
     return TRILL_OK;
 }
 
-static trill_status read_arch(const json_t *root, const char *what, trill_arch *arch) {
+/* The model type, and whether "architectures" names the sequence-classification head (a
+ * reward model) instead of the causal LM. Every entry must name the same one of the two. */
+static trill_status read_arch(const json_t *root, const char *what, trill_arch *arch, bool *classifier) {
     const char *model_type = NULL;
     trill_status st = trill_json_get_string(root, "model_type", what, &model_type);
     if (st) return st;
@@ -154,7 +162,8 @@ static trill_status read_arch(const json_t *root, const char *what, trill_arch *
     else if (strcmp(model_type, "qwen3") == 0) *arch = TRILL_ARCH_QWEN3;
     else return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"model_type\": \"%s\" is not supported (expected \"qwen3_moe\" or \"qwen3\")", what, model_type);
 
-    const char *expected = *arch == TRILL_ARCH_QWEN3_MOE ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+    *classifier = false;
+    const char *lm = architecture_name(*arch, false), *cls = architecture_name(*arch, true);
     const json_t *archs = json_object_get(root, "architectures");
     if (!archs || json_is_null(archs)) return TRILL_OK;
     if (!json_is_array(archs))
@@ -162,10 +171,54 @@ static trill_status read_arch(const json_t *root, const char *what, trill_arch *
     size_t i;
     const json_t *a;
     json_array_foreach(archs, i, a) {
-        if (!json_is_string(a) || strcmp(json_string_value(a), expected) != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"architectures\": entry %zu: \"%s\" is not supported for model_type \"%s\" (expected \"%s\")",
-                               what, i, json_is_string(a) ? json_string_value(a) : "(not a string)", model_type, expected);
+        const char *name = json_is_string(a) ? json_string_value(a) : "(not a string)";
+        const bool is_cls = strcmp(name, cls) == 0;
+        if (!is_cls && strcmp(name, lm) != 0)
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"architectures\": entry %zu: \"%s\" is not supported for model_type \"%s\" (expected \"%s\" or \"%s\")",
+                               what, i, name, model_type, lm, cls);
+        if (i > 0 && is_cls != *classifier)
+            return trill_error(TRILL_ERR_INVALID, "%s: field \"architectures\": names both \"%s\" and \"%s\" (expected one: a causal LM has lm_head.weight, a classifier score.weight)",
+                               what, lm, cls);
+        *classifier = is_cls;
     }
+    return TRILL_OK;
+}
+
+/* HF PretrainedConfig: num_labels is len(id2label) when id2label is present (keys are the label
+ * ids as JSON strings), else the "num_labels" argument, else 2. id2label must name each id in
+ * [0, n) once, since score.weight has one row per id; a "num_labels" that disagrees with it is
+ * refused (HF only warns and uses id2label). Label names are not kept: a saved config has
+ * HF's default names "LABEL_i". */
+static trill_status read_labels(const json_t *root, const char *what, trill_config *c) {
+    enum { MAX_LABELS = 1 << 16 };
+    const json_t *map = json_object_get(root, "id2label");
+    trill_status st;
+    if (!map || json_is_null(map)) {
+        c->num_labels = 2;
+        return trill_json_get_int(root, "num_labels", what, 1, MAX_LABELS, &c->num_labels);
+    }
+    if (!json_is_object(map))
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"id2label\": expected an object {\"0\": name, ...}, got %s", what, trill_json_type_name(map));
+    const size_t n = json_object_size(map);
+    if (n == 0 || n > MAX_LABELS)
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"id2label\": %zu labels (expected 1 to %d)", what, n, (int)MAX_LABELS);
+    const char *key;
+    const json_t *name;
+    json_object_foreach((json_t *)map, key, name) {
+        char *end;
+        const long id = strtol(key, &end, 10);
+        const bool canonical = key[0] >= '0' && key[0] <= '9' && *end == 0 && (key[0] != '0' || key[1] == 0);
+        if (!canonical || id < 0 || (size_t)id >= n)
+            return trill_error(TRILL_ERR_INVALID, "%s: field \"id2label\": key \"%s\": expected a label id in [0, %zu) written as a decimal integer", what, key, n);
+        if (!json_is_string(name))
+            return trill_error(TRILL_ERR_INVALID, "%s: field \"id2label\": key \"%s\": expected a label name (string), got %s", what, key, trill_json_type_name(name));
+    }
+    /* n distinct keys, each a distinct canonical id in [0, n): every id is there exactly once */
+    c->num_labels = (int)n;
+    int stated = c->num_labels;
+    if ((st = trill_json_get_int(root, "num_labels", what, 1, MAX_LABELS, &stated))) return st;
+    if (stated != c->num_labels)
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"num_labels\": %d disagrees with the %d labels of \"id2label\"", what, stated, c->num_labels);
     return TRILL_OK;
 }
 
@@ -200,7 +253,8 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
     if (!json_is_object(root))
         return trill_error(TRILL_ERR_INVALID, "%s: expected a JSON object, got %s", what, trill_json_type_name(root));
     trill_arch arch = TRILL_ARCH_QWEN3_MOE;
-    trill_status st = read_arch(root, what, &arch);
+    bool classifier = false;
+    trill_status st = read_arch(root, what, &arch, &classifier);
     if (st) return st;
     trill_config c;
     set_defaults(&c, arch);
@@ -241,6 +295,12 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
         (st = read_token_ids(root, what, &c)) ||
         (st = check_consistency(&c, what)))
         return st;
+    if (classifier) {
+        const json_t *pad = json_object_get(root, "pad_token_id");
+        if ((st = read_labels(root, what, &c)) ||
+            (pad && !json_is_null(pad) && (st = trill_json_get_int(root, "pad_token_id", what, 0, c.vocab_size - 1, &c.pad_token_id))))
+            return st;
+    }
 
     build_layer_map(&c);
     *out = c;
@@ -294,6 +354,19 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
         for (int i = 0; i < c->n_eos; i++) json_array_append_new(eos, json_integer(c->eos_token_ids[i]));
         json_object_set_new(j, "eos_token_id", eos);
     }
+    if (c->num_labels > 0) {
+        json_t *id2label = json_object(), *label2id = json_object();
+        for (int i = 0; i < c->num_labels; i++) {
+            char id[16], name[32];
+            snprintf(id, sizeof id, "%d", i);
+            snprintf(name, sizeof name, "LABEL_%d", i);
+            json_object_set_new(id2label, id, json_string(name));
+            json_object_set_new(label2id, name, json_integer(i));
+        }
+        json_object_set_new(j, "id2label", id2label);
+        json_object_set_new(j, "label2id", label2id);
+        if (c->pad_token_id >= 0) json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id));
+    }
     if (torch_dtype) json_object_set_new(j, "torch_dtype", json_string(torch_dtype));
     return j;
 }
@@ -318,7 +391,7 @@ void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *a
         }
     }
     int64_t embed = (int64_t)c->vocab_size * H;
-    int64_t head = c->tie_word_embeddings ? 0 : embed;
+    int64_t head = c->num_labels > 0 ? (int64_t)c->num_labels * H : c->tie_word_embeddings ? 0 : embed;
     t += embed + head + H;
     a += embed + head + H;
     *total = t;

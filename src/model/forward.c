@@ -288,6 +288,10 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
 static trill_status forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs, const uint16_t *replay,
                             float *logprobs, uint16_t *experts, bool training, bool recompute, trill_forward_pass **out) {
     const trill_config *c = &m->config;
+    if (c->num_labels > 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s has a score head (num_labels %d) and no lm_head: it scores sequences "
+                           "(trill_model_forward_last_hidden, trill/reward_model.h), it has no token log-probs",
+                           trill_config_architecture(c), c->num_labels);
     trill_status st = check_batch(c, tokens, offsets, n_seqs);
     const int T = n_seqs > 0 ? offsets[n_seqs] : 0;
     if (!st && replay && c->n_moe_layers) st = trill_check_replay(c, replay, T);
@@ -316,4 +320,25 @@ trill_status trill_model_forward_train(const trill_model *m, const int *tokens, 
                                        const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                        trill_forward_pass **pass) {
     return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
+}
+
+trill_status trill_model_forward_last_hidden(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
+                                             float *hidden) {
+    const trill_config *c = &m->config;
+    trill_status st = check_batch(c, tokens, offsets, n_seqs);
+    if (st) return st;
+    for (int s = 0; s < n_seqs; s++)
+        if (offsets[s + 1] == offsets[s]) return trill_error(TRILL_ERR_INVALID, "batch: sequence %d is empty (it has no last token to read)", s);
+    const int T = n_seqs > 0 ? offsets[n_seqs] : 0;
+    if (T == 0) return TRILL_OK;
+    trill_forward_pass *fp;
+    if ((st = pass_alloc(m, T, false, false, &fp))) return st;
+    fp->tokens = tokens;
+    fp->offsets = offsets;
+    fp->n_seqs = n_seqs;
+    run_layers(fp, NULL, NULL);
+    const size_t H = (size_t)c->hidden_size;
+    for (int s = 0; s < n_seqs; s++) memcpy(hidden + (size_t)s * H, fp->xf + (size_t)(offsets[s + 1] - 1) * H, H * sizeof(float));
+    trill_forward_pass_free(fp);
+    return TRILL_OK;
 }

@@ -119,6 +119,8 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, tril
     if (cfg.rank < 1 || cfg.rank > 4096) return trill_error(TRILL_ERR_INVALID, "lora.rank: %d is out of range [1, 4096]", cfg.rank);
     if (!(cfg.alpha > 0)) return trill_error(TRILL_ERR_INVALID, "lora.alpha: %g must be positive", cfg.alpha);
     if (!cfg.targets) return trill_error(TRILL_ERR_INVALID, "lora.target_modules: no module selected");
+    if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->num_labels > 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head: this is a sequence classifier (score head), it has no lm_head");
     if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->tie_word_embeddings)
         return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head is tied to the embeddings in this model; adapting it is not supported");
     trill_lora *lora = calloc(1, sizeof *lora);

@@ -102,7 +102,10 @@ static void walk_layout(layout *L) {
         }
     }
     m->final_norm = add_vector(L, H, "model.norm.weight");
-    m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(L, c->vocab_size, H, "lm_head.weight");
+    if (c->num_labels > 0) /* HF *ForSequenceClassification: nn.Linear(H, num_labels, bias=False) */
+        m->score = add_matrix(L, c->num_labels, H, "score.weight");
+    else
+        m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(L, c->vocab_size, H, "lm_head.weight");
 }
 
 trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
@@ -216,7 +219,7 @@ static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, cons
         const trill_param *kp = &key;
         if (bsearch(&kp, sorted, m->n_tensors, sizeof *sorted, cmp_param_name)) continue;
         /* HF ties lm_head to the embedding and ignores a stored copy; so do we */
-        if (m->config.tie_word_embeddings && strcmp(v->name, "lm_head.weight") == 0) continue;
+        if (m->config.tie_word_embeddings && m->config.num_labels == 0 && strcmp(v->name, "lm_head.weight") == 0) continue;
         st = trill_error(TRILL_ERR_INVALID, "%s: unexpected tensor \"%s\" (not part of a %s with this config.json)",
                          v->path, v->name, trill_config_architecture(&m->config));
     }
