@@ -17,6 +17,8 @@ static const struct {
     { "tokenize", cmd_tokenize, "text lines to JSON token ids, or back with --decode" },
     { "sft", cmd_sft, "supervised fine-tuning (LoRA or full) on prompt/completion JSONL" },
     { "bench", cmd_bench, "benchmarks: trill bench train (training-step throughput)" },
+    { "train", cmd_train, "RL post-training (GRPO family, LoRA, router replay); no arguments: the embedded demo" },
+    { "eval", cmd_eval, "pass@1 / pass@k of a model (and adapter) on a JSONL set with a verifier" },
     { "merge", cmd_merge, "fold a PEFT LoRA adapter into the weights, write a full checkpoint" },
 };
 

@@ -74,7 +74,7 @@ static const key KEYS[] = {
     STRING("model", model, "\"\"", "Model folder (Hugging Face layout); `\"\"` runs the embedded demo's model."),
     STRING("run_dir", run_dir, "runs/demo", "Run folder: the resolved `config.yaml`, `metrics.jsonl` and checkpoints."),
     OTHER("seed", K_SEED, seed, "0", "Seed of every random choice (data order, sampling, adapter initialisation)."),
-    INT("steps", steps, 1, 1e9, "60", "RL steps; each generates one rollout batch and trains on it."),
+    INT("steps", steps, 1, 1e9, "300", "RL steps; each generates one rollout batch and trains on it."),
     STRING("resume", resume, "\"\"",
            "`\"\"` starts fresh (refused when run_dir has checkpoints), `auto` continues from run_dir's latest "
            "checkpoint if there is one, anything else is a checkpoint folder."),
@@ -143,7 +143,7 @@ static const key KEYS[] = {
 
     BOOL("router_replay", router_replay, "true", "Router replay (R3): the trainer routes each token to the experts the generator chose."),
 
-    POSITIVE("trainer.lr", trainer.lr, 10, "2e-4", "Peak learning rate (AdamW)."),
+    POSITIVE("trainer.lr", trainer.lr, 10, "1e-3", "Peak learning rate (AdamW)."),
     REAL("trainer.min_lr", trainer.min_lr, 0, INF, "0", "Learning rate at the end of a linear or cosine schedule."),
     REAL("trainer.weight_decay", trainer.weight_decay, 0, INF, "0", "AdamW's decoupled weight decay."),
     REAL("trainer.grad_clip", trainer.grad_clip, 0, INF, "1.0", "Clip the gradients' global norm to this (0: off)."),
@@ -163,11 +163,11 @@ static const key KEYS[] = {
     ENUM("sync.mode", sync.mode, SYNC_MODES, "adapter",
          "How new weights reach the generator: the adapter on a side path, or merged into its weights."),
 
-    INT("checkpoint.every", checkpoint.every, 0, INF, "20", "Steps between checkpoints (0: only at the end)."),
+    INT("checkpoint.every", checkpoint.every, 0, INF, "100", "Steps between checkpoints (0: only at the end)."),
     INT("checkpoint.keep", checkpoint.keep, 0, INF, "2", "Newest checkpoints kept (0: all)."),
 
     INT("eval.every", eval.every, 0, INF, "0", "Steps between held-out evaluations (0: before and after training only)."),
-    INT("eval.k", eval.k, 1, 1024, "4", "Samples per held-out prompt for pass@k (pass@1 is their mean)."),
+    INT("eval.k", eval.k, 1, 1024, "8", "Samples per held-out prompt for pass@k (pass@1 is their mean)."),
     REAL("eval.temperature", eval.temperature, 0, 100, "1.0", "Sampling temperature of the evaluation."),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])

@@ -118,7 +118,7 @@ static void test_defaults(void **state) {
     assert_string_equal(c.model, "");
     assert_string_equal(c.run_dir, "runs/demo");
     assert_true(c.seed == 0);
-    assert_int_equal(c.steps, 60);
+    assert_int_equal(c.steps, 300);
     assert_string_equal(c.resume, "");
     assert_string_equal(c.data.train, "");
     assert_string_equal(c.data.eval, "");
@@ -157,7 +157,7 @@ static void test_defaults(void **state) {
     assert_true(c.correction.mis_low == 0.5 && c.correction.mis_high == 5.0);
     assert_int_equal(c.correction.mis_level, TRILL_MIS_TOKEN);
     assert_true(c.router_replay);
-    assert_true(c.trainer.lr == 2e-4 && c.trainer.min_lr == 0 && c.trainer.weight_decay == 0 && c.trainer.grad_clip == 1.0);
+    assert_true(c.trainer.lr == 1e-3 && c.trainer.min_lr == 0 && c.trainer.weight_decay == 0 && c.trainer.grad_clip == 1.0);
     assert_int_equal(c.trainer.schedule, TRILL_LR_CONSTANT);
     assert_int_equal(c.trainer.warmup_steps, 0);
     assert_int_equal(c.trainer.micro_batch_tokens, 8192);
@@ -167,10 +167,10 @@ static void test_defaults(void **state) {
     assert_false(c.trainer.lora.use_rslora);
     assert_int_equal(c.trainer.lora.targets, ALL_LINEAR);
     assert_int_equal(c.sync.mode, TRILL_SYNC_ADAPTER);
-    assert_int_equal(c.checkpoint.every, 20);
+    assert_int_equal(c.checkpoint.every, 100);
     assert_int_equal(c.checkpoint.keep, 2);
     assert_int_equal(c.eval.every, 0);
-    assert_int_equal(c.eval.k, 4);
+    assert_int_equal(c.eval.k, 8);
     assert_true(c.eval.temperature == 1.0);
     assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
     trill_rl_config_free(&c);
@@ -529,7 +529,7 @@ static void test_validate(void **state) {
     (void)state;
     static const refusal cases[] = {
         { "generator.n=1", "generator.n: group-relative advantages need at least 2 samples per prompt, got 1" },
-        { "trainer.min_lr=0.5", "trainer.min_lr (0.5) is above trainer.lr (0.0002)" },
+        { "trainer.min_lr=0.5", "trainer.min_lr (0.5) is above trainer.lr (0.001)" },
         { "algo.minibatches=64", "algo.minibatches (64) is more than generator.prompts_per_step (32)" },
         { "reward.verifier=none", "no reward: set reward.verifier, reward.external or reward.model" },
     };

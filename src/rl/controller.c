@@ -1,0 +1,882 @@
+/* The RL controller (`trill train`): one place that owns the loop, the step counter,
+ * checkpoints and metrics. Synchronous: generate, score, train, sync, in turn. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpoint.h"
+#include "rollout.h"
+#include "trill/chat.h"
+#include "trill/dataset.h"
+#include "trill/demo.h"
+#include "trill/fileio.h"
+#include "trill/json.h"
+#include "trill/lora.h"
+#include "trill/reward.h"
+#include "trill/reward_model.h"
+#include "trill/rl.h"
+#include "trill/rl_algo.h"
+#include "trill/timing.h"
+#include "trill/train.h"
+
+/* Everything a run holds. */
+typedef struct rl_run {
+    const trill_rl_config *c;
+    char *model_dir, *train_path, *eval_path;
+    trill_verifier verifier;
+    trill_model *policy;          /* the trainer's model, base frozen in its checkpoint's dtype */
+    trill_lora *lora;
+    float *lora_grads;
+    trill_adamw *opt;
+    trill_model *merge_model;     /* merge mode: fp32 model the adapters are folded into */
+    float *merge_base;            /* ... and its base weights */
+    trill_engine *engine;
+    trill_tokenizer *tok;
+    trill_chat_template *chat;
+    trill_dataset *train, *eval;
+    reward_process *ext;
+    trill_reward_model *rm;
+    trill_request proto;          /* sampling settings, stops */
+    int stop_ids[TRILL_MAX_EOS];
+    rl_state state;
+    FILE *metrics;
+    int L, K;
+} rl_run;
+
+/* ---- setup ---- */
+
+static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+
+/* Where the demo's warm-started model is kept between runs: $TRILL_CACHE_DIR, else
+ * $XDG_CACHE_HOME/trill, else ~/.cache/trill, else .trill-cache. */
+static char *demo_cache_dir(void) {
+    const char *dir = getenv("TRILL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (dir && *dir) return strdup(dir);
+    if (xdg && *xdg) return trill_path_join(xdg, "trill");
+    if (home && *home) return trill_path_join(home, ".cache/trill");
+    return strdup(".trill-cache");
+}
+
+static trill_status resolve_inputs(rl_run *r) {
+    const trill_rl_config *c = r->c;
+    r->verifier = c->reward.verifier;
+    if (c->model[0]) {
+        r->model_dir = xstrdup(c->model);
+        r->train_path = xstrdup(c->data.train);
+        r->eval_path = xstrdup(c->data.eval);
+        if (!c->data.train[0]) return trill_error(TRILL_ERR_INVALID, "data.train: a training JSONL file is required with model \"%s\"", c->model);
+        return r->model_dir && r->train_path && r->eval_path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    /* the embedded demo: its model (SFT warm-started, cached) and data, unless the config names data */
+    char *cache = demo_cache_dir();
+    trill_demo_info info = { 0 };
+    trill_status st = cache ? trill_demo_prepare(cache, NULL, &info) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(cache);
+    if (st) { trill_error_context("preparing the embedded demo"); return st; }
+    if (info.cached) fprintf(stderr, "trill train: demo base model from the cache (%s)\n", info.dir);
+    r->model_dir = xstrdup(info.model_dir);
+    r->train_path = xstrdup(c->data.train[0] ? c->data.train : info.train_path);
+    r->eval_path = xstrdup(c->data.eval[0] ? c->data.eval : info.eval_path);
+    trill_demo_info_free(&info);
+    return r->model_dir && r->train_path && r->eval_path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+}
+
+static trill_status load_data(rl_run *r) {
+    const trill_rl_config *c = r->c;
+    trill_status st = trill_tokenizer_load(r->model_dir, &r->tok);
+    if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(r->model_dir, &r->chat);
+    trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field,
+                                .template_ = c->data.template_, .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens };
+    if (!st) st = trill_dataset_load(r->train_path, r->tok, &o, &r->train);
+    o.limit = c->data.eval_size;
+    if (!st && r->eval_path[0]) st = trill_dataset_load(r->eval_path, r->tok, &o, &r->eval);
+    return st;
+}
+
+static trill_status load_models(rl_run *r) {
+    const trill_rl_config *c = r->c;
+    trill_status st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &r->policy);
+    if (st) return st;
+    const trill_config *mc = &r->policy->config;
+    r->L = mc->n_moe_layers;
+    r->K = mc->num_experts_per_tok;
+    if (c->sync.mode == TRILL_SYNC_MERGE) {
+        if ((st = trill_model_load_as(r->model_dir, TRILL_STORE_F32, &r->merge_model))) return st;
+        r->merge_base = malloc(sizeof(float) * r->merge_model->n_f32);
+        if (!r->merge_base) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        memcpy(r->merge_base, r->merge_model->params, sizeof(float) * r->merge_model->n_f32);
+    }
+    trill_engine_config ec = trill_engine_config_default();
+    ec.format = c->generator.dtype;
+    ec.kv_cache_mb = (size_t)c->generator.kv_cache_mb;
+    ec.max_batch_tokens = c->generator.max_batch_tokens;
+    ec.capture_experts = r->L > 0; /* routing flips are measured every step, replay or not */
+    ec.tokenizer = r->tok;
+    if ((st = trill_engine_create(r->policy, &ec, &r->engine))) return st;
+    r->proto = (trill_request){ .max_new_tokens = c->generator.max_new_tokens };
+    r->proto.sampling = trill_sampling_default();
+    r->proto.sampling.temperature = (float)c->generator.temperature;
+    r->proto.sampling.top_p = (float)c->generator.top_p;
+    r->proto.sampling.top_k = c->generator.top_k;
+    r->proto.sampling.min_p = (float)c->generator.min_p;
+    r->proto.sampling.seed = c->seed;
+    for (int i = 0; i < mc->n_eos; i++) r->stop_ids[i] = mc->eos_token_ids[i];
+    r->proto.stop_ids = r->stop_ids;
+    r->proto.n_stop_ids = mc->n_eos;
+    r->proto.stop_strings = (const char *const *)c->generator.stop;
+    r->proto.n_stop_strings = c->generator.n_stop;
+    if (c->reward.external[0] &&
+        (st = reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures, &r->ext)))
+        return st;
+    if (c->reward.model[0] && (st = trill_reward_model_load(c->reward.model, &r->rm))) return st;
+    return TRILL_OK;
+}
+
+static void run_free(rl_run *r) {
+    if (r->metrics) fclose(r->metrics);
+    reward_process_free(r->ext);
+    trill_reward_model_free(r->rm);
+    trill_engine_free(r->engine);
+    if (r->policy) trill_model_attach_lora(r->policy, NULL);
+    trill_lora_free(r->lora);
+    free(r->lora_grads);
+    trill_adamw_free(r->opt);
+    trill_model_free(r->policy);
+    trill_model_free(r->merge_model);
+    free(r->merge_base);
+    trill_dataset_free(r->train);
+    trill_dataset_free(r->eval);
+    trill_chat_template_free(r->chat);
+    trill_tokenizer_free(r->tok);
+    free(r->model_dir);
+    free(r->train_path);
+    free(r->eval_path);
+}
+
+/* ---- weight sync ---- */
+
+static trill_status sync_weights(rl_run *r, double *ms, size_t *bytes) {
+    const double t0 = trill_now();
+    trill_status st;
+    if (r->c->sync.mode == TRILL_SYNC_ADAPTER) {
+        st = trill_engine_update_adapter(r->engine, r->lora, r->state.version, bytes);
+    } else {
+        memcpy(r->merge_model->params, r->merge_base, sizeof(float) * r->merge_model->n_f32);
+        st = trill_lora_merge(r->lora, r->merge_model);
+        if (!st) st = trill_engine_update_weights(r->engine, r->merge_model, r->state.version, bytes);
+    }
+    *ms = (trill_now() - t0) * 1e3;
+    return st;
+}
+
+/* ---- rewards ---- */
+
+typedef struct reward_totals { double external_s, model_s; json_t *ext_metrics; } reward_totals;
+
+static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) {
+    const trill_rl_config *c = r->c;
+    trill_status st = TRILL_OK;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const trill_example *ex = &r->train->examples[b->example[s]];
+        b->correct[s] = trill_verify(r->verifier, b->completion[s], ex->answer);
+        b->reward[s] = r->verifier != TRILL_VERIFIER_NONE ? c->reward.verifier_weight * b->correct[s] : 0;
+    }
+    if (r->ext) {
+        const double t0 = trill_now();
+        for (int s = 0; s < b->n_seqs && !st; s++) {
+            const trill_example *ex = &r->train->examples[b->example[s]];
+            double v;
+            json_t *m = NULL;
+            st = reward_process_score(r->ext, ex->prompt, b->completion[s], ex->answer, &v, &m);
+            if (st) break;
+            b->reward[s] += c->reward.external_weight * v;
+            const char *key;
+            json_t *val;
+            json_object_foreach(m, key, val) { /* summed here, averaged when logged */
+                json_t *sum = json_object_get(tot->ext_metrics, key);
+                json_object_set_new(tot->ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val)));
+            }
+            json_decref(m);
+        }
+        tot->external_s += trill_now() - t0;
+    }
+    if (!st && r->rm) {
+        const double t0 = trill_now();
+        char **texts = calloc((size_t)b->n_seqs, sizeof(char *));
+        double *scores = malloc(sizeof(double) * (size_t)b->n_seqs);
+        if (!texts || !scores) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (int s = 0; s < b->n_seqs && !st; s++) {
+            const trill_example *ex = &r->train->examples[b->example[s]];
+            if (asprintf(&texts[s], "%s%s", ex->prompt, b->completion[s]) < 0) { texts[s] = NULL; st = trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+        }
+        if (!st) st = trill_reward_model_score(r->rm, (const char *const *)texts, b->n_seqs, scores);
+        for (int s = 0; s < b->n_seqs && !st; s++) b->reward[s] += c->reward.model_weight * scores[s];
+        for (int s = 0; s < b->n_seqs && texts; s++) free(texts[s]);
+        free(texts);
+        free(scores);
+        tot->model_s += trill_now() - t0;
+    }
+    return st;
+}
+
+/* ---- trainer passes ---- */
+
+/* A packed sub-batch of the rollout batch's sequences, for one forward (and backward). */
+typedef struct micro {
+    int n, T;
+    const int *seq;         /* [n] indices into the rollout batch */
+    int *offsets, *tokens;  /* packed */
+    uint16_t *replay;       /* [T][L][K] or NULL */
+} micro;
+
+static void micro_free(micro *m) { free(m->offsets); free(m->tokens); free(m->replay); }
+
+static trill_status micro_make(const rl_batch *b, const int *seq, int n, bool replay, micro *m) {
+    memset(m, 0, sizeof *m);
+    m->n = n;
+    m->seq = seq;
+    for (int i = 0; i < n; i++) m->T += b->offsets[seq[i] + 1] - b->offsets[seq[i]];
+    const size_t row = (size_t)b->n_moe_layers * b->top_k;
+    m->offsets = malloc(sizeof(int) * (size_t)(n + 1));
+    m->tokens = malloc(sizeof(int) * (size_t)m->T);
+    if (replay && row) m->replay = malloc(sizeof(uint16_t) * row * (size_t)m->T);
+    if (!m->offsets || !m->tokens || (replay && row && !m->replay)) { micro_free(m); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    int at = 0;
+    for (int i = 0; i < n; i++) {
+        const int from = b->offsets[seq[i]], len = b->offsets[seq[i] + 1] - from;
+        m->offsets[i] = at;
+        memcpy(m->tokens + at, b->tokens + from, sizeof(int) * (size_t)len);
+        if (m->replay) memcpy(m->replay + (size_t)at * row, b->experts + (size_t)from * row, sizeof(uint16_t) * row * (size_t)len);
+        at += len;
+    }
+    m->offsets[n] = at;
+    return TRILL_OK;
+}
+
+/* Consecutive runs of `seq` under the token budget (at least one sequence each). */
+static int next_micro(const rl_batch *b, const int *seq, int n, int budget) {
+    int k = 0, tokens = 0;
+    while (k < n) {
+        int len = b->offsets[seq[k] + 1] - b->offsets[seq[k]];
+        if (k > 0 && tokens + len > budget) break;
+        tokens += len;
+        k++;
+    }
+    return k;
+}
+
+/* Per-token arrays of the whole rollout batch (packed layout). */
+typedef struct token_arrays {
+    float *old_logp, *ref_logp, *tis;
+    uint8_t *mask;
+    uint16_t *train_experts;
+    bool *have_old;         /* [n_seqs] old_logp/corrections filled */
+} token_arrays;
+
+/* Copies a micro-batch's packed per-token values back into batch positions. */
+static void scatter_logp(const rl_batch *b, const micro *m, const float *src, float *dst) {
+    for (int i = 0; i < m->n; i++) {
+        const int from = b->offsets[m->seq[i]];
+        memcpy(dst + from, src + m->offsets[i], sizeof(float) * (size_t)(m->offsets[i + 1] - m->offsets[i]));
+    }
+}
+
+static void scatter_experts(const rl_batch *b, const micro *m, const uint16_t *src, uint16_t *dst) {
+    const size_t row = (size_t)b->n_moe_layers * b->top_k;
+    for (int i = 0; i < m->n; i++)
+        memcpy(dst + (size_t)b->offsets[m->seq[i]] * row, src + (size_t)m->offsets[i] * row,
+               sizeof(uint16_t) * row * (size_t)(m->offsets[i + 1] - m->offsets[i]));
+}
+
+/* The response tokens of the micro-batch's sequences, gathered from batch positions:
+ * resp_off[n + 1] and, for each non-NULL pair, dst[j] = src[position of response token j]. */
+static int response_offsets(const rl_batch *b, const micro *m, int *resp_off) {
+    resp_off[0] = 0;
+    for (int i = 0; i < m->n; i++) resp_off[i + 1] = resp_off[i] + rl_response_len(b, m->seq[i]);
+    return resp_off[m->n];
+}
+
+static void gather_f(const rl_batch *b, const micro *m, const float *src, float *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + j, src + from, sizeof(float) * (size_t)n);
+        j += n;
+    }
+}
+
+static void gather_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + j, src + from, (size_t)n);
+        j += n;
+    }
+}
+
+static void scatter_resp_f(const rl_batch *b, const micro *m, const float *src, float *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + from, src + j, sizeof(float) * (size_t)n);
+        j += n;
+    }
+}
+
+static void scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + from, src + j, (size_t)n);
+        j += n;
+    }
+}
+
+/* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs. */
+static trill_status corrections(const trill_rl_config *c, const rl_batch *b, const micro *m, token_arrays *ta, int *masked) {
+    int *off = malloc(sizeof(int) * (size_t)(m->n + 1));
+    if (!off) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int R = response_offsets(b, m, off);
+    float *old = malloc(sizeof(float) * (size_t)(R + 1)), *behav = malloc(sizeof(float) * (size_t)(R + 1)),
+          *w = malloc(sizeof(float) * (size_t)(R + 1));
+    uint8_t *mask = malloc((size_t)R + 1);
+    trill_status st = old && behav && w && mask ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        gather_f(b, m, ta->old_logp, old);
+        gather_f(b, m, b->behav_logp, behav);
+        memset(mask, 1, (size_t)R);
+        *masked += rl_corrections(c, m->n, off, old, behav, w, mask);
+        scatter_resp_f(b, m, w, ta->tis);
+        scatter_resp_u8(b, m, mask, ta->mask);
+        for (int i = 0; i < m->n; i++) ta->have_old[m->seq[i]] = true;
+    }
+    free(off); free(old); free(behav); free(w); free(mask);
+    return st;
+}
+
+/* A forward without gradients over `seq`: old log-probs (adapters on) and/or reference
+ * log-probs (adapters off), plus the trainer's routing. */
+static trill_status pre_pass(rl_run *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta,
+                             int *masked) {
+    const trill_rl_config *c = r->c;
+    trill_status st = TRILL_OK;
+    for (int at = 0; at < n && !st;) {
+        const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
+        micro m;
+        if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
+        float *lp = malloc(sizeof(float) * (size_t)m.T);
+        uint16_t *ex = r->L ? malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st && want_old) {
+            st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex);
+            if (!st) {
+                scatter_logp(b, &m, lp, ta->old_logp);
+                if (ex) scatter_experts(b, &m, ex, ta->train_experts);
+                st = corrections(c, b, &m, ta, masked);
+            }
+        }
+        if (!st && want_ref) {
+            r->lora->enabled = false; /* the reference policy: the same weights without adapters */
+            st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, NULL);
+            r->lora->enabled = true;
+            if (!st) scatter_logp(b, &m, lp, ta->ref_logp);
+        }
+        free(lp);
+        free(ex);
+        micro_free(&m);
+        at += k;
+    }
+    return st;
+}
+
+/* ---- one optimizer step on a minibatch ---- */
+
+typedef struct train_stats {
+    double loss, pg_loss, kl_loss, clip_tokens, ratio_sum, ratio_n, grad_norm, lr;
+    long tokens;           /* tokens forwarded (prompt + response) */
+    int optimizer_steps;
+} train_stats;
+
+/* Losses are summed over micro-batches (token-mean with denominator 1, sequence means times their
+ * sequence count), then the gradient is divided by the minibatch's denominator: the same
+ * gradient as one pass over the whole minibatch. */
+static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
+                                    int *masked, train_stats *ts) {
+    const trill_rl_config *c = r->c;
+    const size_t np = r->lora->n_params;
+    memset(r->lora_grads, 0, sizeof(float) * np);
+    double denom_tokens = 0, sums[4] = { 0 };
+    trill_status st = TRILL_OK;
+    for (int at = 0; at < n && !st;) {
+        const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
+        micro m;
+        if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
+        float *lp = malloc(sizeof(float) * (size_t)m.T), *dlp = calloc((size_t)m.T, sizeof(float));
+        uint16_t *ex = r->L ? malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        int *off = malloc(sizeof(int) * (size_t)(k + 1));
+        trill_forward_pass *pass = NULL;
+        if (!lp || !dlp || !off || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
+        if (!st && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
+            scatter_logp(b, &m, lp, ta->old_logp);
+            if (ex) scatter_experts(b, &m, ex, ta->train_experts);
+            st = corrections(c, b, &m, ta, masked);
+        }
+        const int R = response_offsets(b, &m, off);
+        float *g_lp = malloc(sizeof(float) * (size_t)(R + 1)), *g_old = malloc(sizeof(float) * (size_t)(R + 1)),
+              *g_behav = malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = malloc(sizeof(float) * (size_t)(R + 1)),
+              *g_w = malloc(sizeof(float) * (size_t)(R + 1)), *g_d = malloc(sizeof(float) * (size_t)(R + 1));
+        uint8_t *g_mask = malloc((size_t)R + 1);
+        double *adv = malloc(sizeof(double) * (size_t)k);
+        if (!g_lp || !g_old || !g_behav || !g_ref || !g_w || !g_d || !g_mask || !adv) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) {
+            /* the response tokens' log-probs sit at their own packed positions */
+            int j = 0;
+            for (int i = 0; i < k; i++) {
+                const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
+                memcpy(g_lp + j, lp + from, sizeof(float) * (size_t)len);
+                adv[i] = b->adv[s];
+                j += len;
+            }
+            gather_f(b, &m, ta->old_logp, g_old);
+            gather_f(b, &m, b->behav_logp, g_behav);
+            gather_f(b, &m, ta->tis, g_w);
+            gather_u8(b, &m, ta->mask, g_mask);
+            const bool kl_loss = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_LOSS;
+            if (kl_loss) gather_f(b, &m, ta->ref_logp, g_ref);
+            rl_loss_batch lb = { .n_seqs = k, .offsets = off, .logp = g_lp, .old_logp = g_old, .behav_logp = g_behav,
+                                 .ref_logp = kl_loss ? g_ref : NULL, .adv = adv, .mask = g_mask, .is_weight = g_w, .agg_tokens = 1 };
+            rl_loss_stats ls;
+            rl_policy_loss(c, &lb, g_d, &ls);
+            const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
+            long in = 0;
+            for (int t = 0; t < R; t++) in += g_mask[t];
+            denom_tokens += (double)in;
+            sums[0] += ls.loss * scale;
+            sums[1] += ls.pg_loss * scale;
+            sums[2] += ls.kl_loss * scale;
+            ts->clip_tokens += ls.clip_frac * (double)in;
+            ts->ratio_sum += ls.ratio_mean * (double)in;
+            ts->ratio_n += (double)in;
+            j = 0;
+            for (int i = 0; i < k; i++) {
+                const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
+                for (int t = 0; t < len; t++) dlp[from + t] = (float)(g_d[j + t] * scale);
+                j += len;
+            }
+            st = trill_model_backward(pass, dlp, NULL, r->lora_grads);
+        }
+        ts->tokens += m.T;
+        trill_forward_pass_free(pass);
+        free(lp); free(dlp); free(ex); free(off); free(g_lp); free(g_old); free(g_behav); free(g_ref); free(g_w); free(g_d);
+        free(g_mask); free(adv);
+        micro_free(&m);
+        at += k;
+    }
+    if (st) return st;
+    const double denom = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? (denom_tokens > 0 ? denom_tokens : 1) : (double)n;
+    for (size_t i = 0; i < np; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
+    ts->loss += sums[0] / denom;
+    ts->pg_loss += sums[1] / denom;
+    ts->kl_loss += sums[2] / denom;
+    ts->grad_norm = trill_clip_grad_norm(r->lora_grads, np, c->trainer.grad_clip);
+    const int64_t total = (int64_t)c->steps * c->algo.minibatches;
+    ts->lr = trill_lr_at(c->trainer.schedule, c->trainer.lr, c->trainer.min_lr, c->trainer.warmup_steps, total, r->opt->step);
+    trill_adamw_step(r->opt, r->lora->params, r->lora_grads, ts->lr, NULL);
+    ts->optimizer_steps++;
+    return TRILL_OK;
+}
+
+/* ---- one RL step ---- */
+
+static double mean_of(const double *v, const bool *keep, int n) {
+    double s = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (!keep || keep[i]) { s += v[i]; k++; }
+    return k ? s / k : NAN;
+}
+
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static trill_status rl_step(rl_run *r, json_t *metrics, double *gen_s_out, double *train_s_out, long *gen_tokens_out,
+                            long *train_tokens_out) {
+    const trill_rl_config *c = r->c;
+    const int P = c->generator.prompts_per_step, G = c->generator.n;
+    int *examples = malloc(sizeof(int) * (size_t)P);
+    if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = trill_dataset_order(r->train, c->seed, c->data.shuffle, r->state.data_pos, P, examples);
+    rl_batch b = { 0 };
+    token_arrays ta = { 0 };
+    int *kept = NULL;
+    reward_totals rt = { .ext_metrics = json_object() };
+    train_stats ts = { 0 };
+    const double t0 = trill_now();
+    if (!st) st = rl_generate(r->engine, r->tok, r->train, examples, P, G, (uint64_t)r->state.data_pos, &r->proto, r->L, r->K, &b);
+    free(examples);
+    if (st) { json_decref(rt.ext_metrics); return st; }
+    const double t_gen = trill_now();
+    long gen_tokens = 0;
+    for (int s = 0; s < b.n_seqs; s++) gen_tokens += rl_response_len(&b, s);
+
+    st = score_batch(r, &b, &rt);
+    const double t_reward = trill_now();
+
+    const size_t T = (size_t)b.offsets[b.n_seqs], row = (size_t)r->L * r->K;
+    ta.old_logp = malloc(sizeof(float) * T);
+    ta.ref_logp = c->algo.kl_coef > 0 ? malloc(sizeof(float) * T) : NULL;
+    ta.tis = malloc(sizeof(float) * T);
+    ta.mask = calloc(T, 1);
+    ta.train_experts = row ? malloc(sizeof(uint16_t) * T * row) : NULL;
+    ta.have_old = calloc((size_t)b.n_seqs, sizeof(bool));
+    kept = malloc(sizeof(int) * (size_t)b.n_seqs);
+    if (!st && (!ta.old_logp || (c->algo.kl_coef > 0 && !ta.ref_logp) || !ta.tis || !ta.mask || (row && !ta.train_experts) ||
+                !ta.have_old || !kept))
+        st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < T * row; i++) ta.train_experts[i] = TRILL_REPLAY_NONE;
+
+    int masked = 0, n_kept = 0;
+    double kl_ref_sum = 0;
+    long kl_ref_n = 0;
+    const bool kl_reward = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD;
+    if (!st && kl_reward) { /* penalise each reward by its sequence's KL before the advantages */
+        int *all = kept;
+        for (int s = 0; s < b.n_seqs; s++) all[s] = s;
+        st = pre_pass(r, &b, all, b.n_seqs, true, true, &ta, &masked);
+        for (int s = 0; s < b.n_seqs && !st; s++) {
+            double kl = 0;
+            for (int t = b.offsets[s] + b.prompt_len[s]; t < b.offsets[s + 1]; t++)
+                kl += rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]);
+            b.reward[s] -= c->algo.kl_coef * kl;
+        }
+    }
+    int flat_groups = 0;
+    if (!st) {
+        rl_group_advantages(b.reward, b.n_seqs / G, G, c->algo.std_norm, 1e-6, b.adv);
+        for (int g = 0; g < b.n_seqs / G; g++) {
+            bool flat = rl_group_is_flat(b.reward + (size_t)g * G, G);
+            flat_groups += flat;
+            for (int j = 0; j < G; j++) b.keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
+        }
+        for (int s = 0; s < b.n_seqs; s++)
+            if (b.keep[s]) kept[n_kept++] = s;
+    }
+    const int M = c->algo.minibatches;
+    const bool pre_old = !kl_reward && (M > 1), pre_ref = !kl_reward && c->algo.kl_coef > 0;
+    if (!st && n_kept && (pre_old || pre_ref)) st = pre_pass(r, &b, kept, n_kept, pre_old, pre_ref, &ta, &masked);
+    for (int mb = 0; mb < M && !st && n_kept; mb++) {
+        const int lo = (int)((int64_t)n_kept * mb / M), hi = (int)((int64_t)n_kept * (mb + 1) / M);
+        if (hi > lo) st = train_minibatch(r, &b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, &ta, &masked, &ts);
+    }
+    const double t_train = trill_now();
+    double sync_ms = 0;
+    size_t sync_bytes = 0;
+    if (!st && ts.optimizer_steps) {
+        r->state.version++;
+        st = sync_weights(r, &sync_ms, &sync_bytes);
+    }
+    const double t_end = trill_now();
+
+    if (!st) {
+        /* mismatch and routing over the trained sequences' response tokens */
+        long R = 0;
+        for (int i = 0; i < n_kept; i++) R += rl_response_len(&b, kept[i]);
+        float *old = malloc(sizeof(float) * (size_t)(R + 1)), *behav = malloc(sizeof(float) * (size_t)(R + 1));
+        uint16_t *ge = row ? malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL, *te = row ? malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
+        double tis_sum = 0, tis_capped = 0;
+        long j = 0;
+        if (!old || !behav || (row && (!ge || !te))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < n_kept && !st; i++) {
+            const int s = kept[i];
+            for (int t = b.offsets[s] + b.prompt_len[s]; t < b.offsets[s + 1]; t++, j++) {
+                old[j] = ta.old_logp[t];
+                behav[j] = b.behav_logp[t];
+                tis_sum += ta.tis[t];
+                tis_capped += c->correction.tis > 0 && ta.tis[t] >= (float)c->correction.tis;
+                if (ta.ref_logp) { kl_ref_sum += rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]); kl_ref_n++; }
+                /* the routing that produced token t was computed at position t - 1 */
+                if (row) {
+                    memcpy(ge + (size_t)j * row, b.experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
+                    memcpy(te + (size_t)j * row, ta.train_experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
+                }
+            }
+        }
+        if (!st) {
+            rl_mismatch mm;
+            rl_mismatch_measure(old, behav, (size_t)R, &mm);
+            double token_flip = 0, *layer_flip = calloc((size_t)r->L + 1, sizeof(double));
+            if (row && R) rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, layer_flip);
+            json_t *lf = json_array();
+            for (int l = 0; l < r->L; l++) json_array_append_new(lf, jnum(layer_flip ? layer_flip[l] : NAN));
+            free(layer_flip);
+            double accuracy = r->verifier != TRILL_VERIFIER_NONE ? 0 : NAN, len = 0;
+            for (int s = 0; s < b.n_seqs; s++) {
+                if (r->verifier != TRILL_VERIFIER_NONE) accuracy += (b.correct[s] >= 0.5) / (double)b.n_seqs;
+                len += rl_response_len(&b, s) / (double)b.n_seqs;
+            }
+            json_object_set_new(metrics, "reward", jnum(mean_of(b.reward, NULL, b.n_seqs)));
+            json_object_set_new(metrics, "accuracy", jnum(accuracy));
+            json_object_set_new(metrics, "response_len", jnum(len));
+            json_object_set_new(metrics, "flat_groups", json_integer(flat_groups));
+            json_object_set_new(metrics, "trained_seqs", json_integer(n_kept));
+            json_object_set_new(metrics, "loss", jnum(ts.loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            json_object_set_new(metrics, "pg_loss", jnum(ts.pg_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            json_object_set_new(metrics, "kl_loss", jnum(ts.kl_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            json_object_set_new(metrics, "kl_ref", jnum(kl_ref_n ? kl_ref_sum / kl_ref_n : NAN));
+            json_object_set_new(metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
+            json_object_set_new(metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
+            json_object_set_new(metrics, "grad_norm", jnum(ts.grad_norm));
+            json_object_set_new(metrics, "lr", jnum(ts.lr));
+            json_object_set_new(metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
+            json_object_set_new(metrics, "mismatch_max_abs", jnum(mm.max_abs));
+            json_object_set_new(metrics, "mismatch_k1", jnum(mm.k1));
+            json_object_set_new(metrics, "mismatch_k3", jnum(mm.k3));
+            json_object_set_new(metrics, "mismatch_chi2", jnum(mm.chi2));
+            json_object_set_new(metrics, "mismatch_tokens", json_integer(mm.n_tokens));
+            json_object_set_new(metrics, "tis_mean", jnum(R ? tis_sum / R : NAN));
+            json_object_set_new(metrics, "tis_capped_frac", jnum(R ? tis_capped / R : NAN));
+            json_object_set_new(metrics, "mis_masked_frac", jnum(R ? (double)masked / R : NAN));
+            json_object_set_new(metrics, "flip_token_frac", jnum(row ? token_flip : NAN));
+            json_object_set_new(metrics, "flip_layer", lf);
+            json_object_set_new(metrics, "sync_mode", json_string(c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
+            json_object_set_new(metrics, "sync_bytes", json_integer((json_int_t)sync_bytes));
+            json_object_set_new(metrics, "sync_ms", jnum(sync_ms));
+            json_object_set_new(metrics, "policy_version", json_integer(r->state.version));
+            const char *key;
+            json_t *val;
+            json_object_foreach(rt.ext_metrics, key, val) {
+                char name[160];
+                snprintf(name, sizeof name, "reward_ext_%s", key);
+                json_object_set_new(metrics, name, jnum(json_number_value(val) / b.n_seqs));
+            }
+            json_t *tm = json_object();
+            json_object_set_new(tm, "generate_s", jnum(t_gen - t0));
+            json_object_set_new(tm, "reward_s", jnum(t_reward - t_gen));
+            json_object_set_new(tm, "train_s", jnum(t_train - t_reward));
+            json_object_set_new(tm, "sync_s", jnum(t_end - t_train));
+            json_object_set_new(tm, "step_s", jnum(t_end - t0));
+            json_object_set_new(tm, "gen_tokens_per_s", jnum(gen_tokens / (t_gen - t0)));
+            json_object_set_new(tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
+            json_object_set_new(metrics, "time", tm);
+        }
+        free(old); free(behav); free(ge); free(te);
+    }
+    *gen_s_out = t_gen - t0;
+    *train_s_out = t_train - t_reward;
+    *gen_tokens_out = gen_tokens;
+    *train_tokens_out = ts.tokens;
+    json_decref(rt.ext_metrics);
+    free(ta.old_logp); free(ta.ref_logp); free(ta.tis); free(ta.mask); free(ta.train_experts); free(ta.have_old);
+    free(kept);
+    rl_batch_free(&b);
+    if (!st) r->state.data_pos += P;
+    return st;
+}
+
+/* ---- the run ---- */
+
+/* metrics.jsonl keeps only the steps up to `step` (a resumed run rewrites what came after). */
+static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
+    char *path = trill_path_join(run_dir, "metrics.jsonl");
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    char *data = NULL;
+    size_t len = 0, keep = 0;
+    if (step > 0 && trill_file_exists(path) && trill_read_file(path, &data, &len) == TRILL_OK) {
+        for (size_t at = 0; at < len;) {
+            char *nl = memchr(data + at, '\n', len - at);
+            if (!nl) break; /* a torn last line */
+            json_t *j = json_loadb(data + at, (size_t)(nl - data - at), 0, NULL);
+            json_t *s = j ? json_object_get(j, "step") : NULL;
+            bool ok = json_is_integer(s) && json_integer_value(s) <= step;
+            json_decref(j);
+            if (!ok) break;
+            at = (size_t)(nl - data) + 1;
+            keep = at;
+        }
+    }
+    trill_status st = trill_write_file_atomic(path, data ? data : "", keep);
+    free(data);
+    if (!st && !(r->metrics = fopen(path, "a"))) st = trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", path, strerror(errno));
+    free(path);
+    return st;
+}
+
+static trill_status append_metrics(rl_run *r, json_t *m) {
+    char *line = json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(10));
+    if (!line) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    int bad = fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0;
+    free(line);
+    return bad ? trill_error(TRILL_ERR_IO, "metrics.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
+}
+
+static trill_status evaluate(rl_run *r, const char *when, double *pass1, double *passk) {
+    const trill_rl_config *c = r->c;
+    trill_eval_options o = { .limit = c->data.eval_size, .k = c->eval.k, .temperature = c->eval.temperature,
+                             .max_new_tokens = c->generator.max_new_tokens, .verifier = r->verifier,
+                             .seed = c->seed ^ 0x6576616cu /* "eval": the same draws before and after */,
+                             .stop_ids = r->proto.stop_ids, .n_stop_ids = r->proto.n_stop_ids,
+                             .stops = r->proto.stop_strings, .n_stops = r->proto.n_stop_strings };
+    trill_eval_result res;
+    trill_status st = trill_rl_evaluate(r->engine, r->tok, r->eval, &o, &res);
+    if (st) return st;
+    fprintf(stderr, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, %.1f s)\n", when,
+            100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, res.seconds);
+    *pass1 = res.pass1;
+    *passk = res.passk;
+    return TRILL_OK;
+}
+
+static void format_duration(double s, char *out, size_t n) {
+    if (!isfinite(s) || s < 0) snprintf(out, n, "?");
+    else if (s < 60) snprintf(out, n, "%.0fs", s);
+    else if (s < 3600) snprintf(out, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+static trill_status start_state(rl_run *r, char **ckpt) {
+    const trill_rl_config *c = r->c;
+    *ckpt = NULL;
+    trill_status st = TRILL_OK;
+    if (strcmp(c->resume, "auto") == 0) {
+        st = rl_checkpoint_latest(c->run_dir, ckpt);
+    } else if (c->resume[0]) {
+        if (!(*ckpt = strdup(c->resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    } else {
+        char *latest = NULL;
+        st = rl_checkpoint_latest(c->run_dir, &latest);
+        if (!st && latest)
+            st = trill_error(TRILL_ERR_INVALID, "run_dir %s already has checkpoints (newest %s): continue it with resume=auto "
+                             "(or --resume), or choose another run_dir", c->run_dir, latest);
+        free(latest);
+    }
+    if (st) return st;
+    r->state = (rl_state){ .seed = c->seed };
+    if (*ckpt) {
+        if ((st = rl_checkpoint_read_state(*ckpt, &r->state))) return st;
+        if (r->state.seed != c->seed)
+            return trill_error(TRILL_ERR_INVALID, "%s: the checkpoint was made with seed %llu, the config says %llu", *ckpt,
+                               (unsigned long long)r->state.seed, (unsigned long long)c->seed);
+    }
+    return TRILL_OK;
+}
+
+static trill_status make_trainable(rl_run *r, const char *ckpt) {
+    const trill_rl_config *c = r->c;
+    trill_status st;
+    char path[4200];
+    if (ckpt) {
+        snprintf(path, sizeof path, "%s/adapter", ckpt);
+        st = trill_lora_load(r->policy, path, &r->lora);
+        if (!st) { snprintf(path, sizeof path, "%s/optimizer", ckpt); st = trill_adamw_load(path, r->lora->n_params, &r->opt); }
+    } else {
+        st = trill_lora_create(r->policy, c->trainer.lora, c->seed, &r->lora);
+        trill_adamw_config ac = trill_adamw_defaults();
+        ac.weight_decay = c->trainer.weight_decay;
+        if (!st) st = trill_adamw_create(r->lora->n_params, ac, &r->opt);
+    }
+    if (st) return st;
+    r->lora->enabled = true;
+    trill_model_attach_lora(r->policy, r->lora);
+    if (!(r->lora_grads = malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    double ms;
+    size_t bytes;
+    return sync_weights(r, &ms, &bytes); /* the generator serves the policy being trained */
+}
+
+trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
+    const double t_start = trill_now();
+    *result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
+    trill_status st = trill_rl_config_validate(c);
+    if (st) return st;
+    if (c->generator.temperature != 1.0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "
+                           "training needs generator.temperature 1 (got %g)", c->generator.temperature);
+    rl_run r = { .c = c };
+    char *ckpt = NULL;
+    if (!(st = trill_mkdir_p(c->run_dir))) st = start_state(&r, &ckpt);
+    if (!st) st = resolve_inputs(&r);
+    if (!st) st = load_data(&r);
+    if (!st) st = load_models(&r);
+    if (!st) st = make_trainable(&r, ckpt);
+    if (!st) {
+        char *path = trill_path_join(c->run_dir, "config.yaml");
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (!path || !f) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) st = trill_rl_config_write(c, f);
+        if (f) fclose(f);
+        if (!st) st = trill_write_file_atomic(path, buf, len);
+        free(buf);
+        free(path);
+    }
+    if (!st) st = open_metrics(&r, c->run_dir, r.state.step);
+    if (!st) {
+        const trill_config *mc = &r.policy->config;
+        fprintf(stderr, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
+                "parameters), generator %s, loss %s, router replay %s, TIS %g, sync %s%s\n",
+                r.model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r.train->n,
+                r.eval ? r.eval->n : 0, c->trainer.lora.rank, r.lora->n_params, trill_gen_format_name(c->generator.dtype),
+                (const char *[]){ "ppo", "gspo", "cispo", "reinforce" }[c->algo.loss], c->router_replay ? "on" : "off",
+                c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge",
+                ckpt ? " (resumed)" : "");
+        if (ckpt) fprintf(stderr, "trill train: resuming from %s at step %d\n", ckpt, r.state.step);
+    }
+    if (!st && r.eval && r.state.step == 0) st = evaluate(&r, "before", &result->eval_before, &result->passk_before);
+    const int first = r.state.step;
+    double gen_s = 0, train_s = 0;
+    long gen_tok = 0, train_tok = 0;
+    while (!st && r.state.step < c->steps) {
+        json_t *m = json_object();
+        json_object_set_new(m, "step", json_integer(r.state.step + 1));
+        double gs = 0, trs = 0;
+        long gt = 0, tt = 0;
+        const double t0 = trill_now();
+        st = rl_step(&r, m, &gs, &trs, &gt, &tt);
+        if (!st) {
+            r.state.step++;
+            gen_s += gs; train_s += trs; gen_tok += gt; train_tok += tt;
+            if (r.eval && c->eval.every > 0 && r.state.step % c->eval.every == 0 && r.state.step < c->steps) {
+                double p1, pk;
+                st = evaluate(&r, "now", &p1, &pk);
+                json_object_set_new(m, "eval_pass1", jnum(p1));
+                json_object_set_new(m, "eval_passk", jnum(pk));
+            }
+        }
+        if (!st) st = append_metrics(&r, m);
+        if (!st) {
+            const double el = trill_now() - t_start, per = (trill_now() - t0);
+            char eta[32];
+            format_duration(per * (c->steps - r.state.step), eta, sizeof eta);
+            json_t *tm = json_object_get(m, "time");
+            fprintf(stderr, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
+                    "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.0f ms | ETA %s\n",
+                    r.state.step, c->steps, json_number_value(json_object_get(m, "reward")),
+                    100 * json_number_value(json_object_get(m, "accuracy")), json_number_value(json_object_get(m, "loss")),
+                    json_number_value(json_object_get(m, "kl_ref")), json_number_value(json_object_get(m, "mismatch_mean_abs")),
+                    json_number_value(json_object_get(m, "mismatch_k3")), 100 * json_number_value(json_object_get(m, "flip_token_frac")),
+                    json_number_value(json_object_get(tm, "gen_tokens_per_s")), json_number_value(json_object_get(tm, "train_tokens_per_s")),
+                    100 * json_number_value(json_object_get(tm, "generate_s")) / per, 100 * json_number_value(json_object_get(tm, "train_s")) / per,
+                    json_number_value(json_object_get(m, "sync_ms")), eta);
+            (void)el;
+        }
+        json_decref(m);
+        if (!st && ((c->checkpoint.every > 0 && r.state.step % c->checkpoint.every == 0) || r.state.step == c->steps))
+            st = rl_checkpoint_save(c->run_dir, c, &r.state, r.lora, r.opt, c->checkpoint.keep);
+    }
+    if (!st && r.eval && r.state.step == c->steps) st = evaluate(&r, "after", &result->eval_after, &result->passk_after);
+    if (!st) {
+        result->steps_done = r.state.step - first;
+        result->seconds = trill_now() - t_start;
+        fprintf(stderr, "trill train: %d steps in %.1f s (generation %.1f s at %.0f tok/s, training %.1f s at %.0f tok/s); run folder %s\n",
+                result->steps_done, result->seconds, gen_s, gen_s > 0 ? gen_tok / gen_s : 0, train_s, train_s > 0 ? train_tok / train_s : 0,
+                c->run_dir);
+    }
+    free(ckpt);
+    run_free(&r);
+    return st;
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# End-to-end tests of `trill train` and `trill eval` on a tiny random MoE (layer 0 dense, then MoE):
+# router replay, mismatch, resume determinism, a SIGKILL mid-run, failing reward processes.
+set -euo pipefail
+TRILL=$(realpath "$1")
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$TRILL" init --out model --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
+    --set head_dim=16 --seed 3 2>/dev/null
+$PY - <<'PY'
+import json, random
+r = random.Random(0)
+for name, n in (("train.jsonl", 64), ("eval.jsonl", 8)):
+    with open(name, "w") as f:
+        for _ in range(n):
+            a, b = r.randrange(10, 100), r.randrange(10, 100)
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+PY
+# A random model never gets the sum right: a graded external reward (the share of digits in the
+# completion) gives the groups different rewards, so the adapters really train.
+cat > digits.py <<'PY'
+import json, sys
+for line in sys.stdin:
+    c = json.loads(line)["completion"]
+    print(json.dumps({"reward": sum(ch.isdigit() for ch in c) / max(len(c), 1), "metrics": {"len": len(c)}}), flush=True)
+PY
+COMMON=(model=model data.train=train.jsonl data.eval=eval.jsonl data.eval_size=4 reward.verifier=demo
+        "reward.external=$PY digits.py" generator.prompts_per_step=4 generator.n=4 generator.max_new_tokens=6 eval.k=2
+        checkpoint.keep=0 trainer.schedule=constant trainer.lr=1e-2)
+
+# metrics.jsonl field of every step, one per line
+field() { $PY -c "import json,sys
+for l in open(sys.argv[1]): v=json.loads(l)[sys.argv[2]]; print(json.dumps(v))" "$1" "$2"; }
+
+echo "== router replay on: the trainer routes exactly as the generator did"
+"$TRILL" train "${COMMON[@]}" run_dir=replay_on steps=2 router_replay=true generator.dtype=bf16 2>log_on || { cat log_on; fail "replay on run"; }
+field replay_on/metrics.jsonl flip_token_frac | while read -r v; do [ "$v" = "0.0" ] || [ "$v" = "0" ] || fail "flip rate $v with replay on"; done
+field replay_on/metrics.jsonl flip_layer | $PY -c "import sys,json
+for l in sys.stdin: assert all(x == 0 for x in json.loads(l)), l"
+
+echo "== router replay off with a bf16 generator: routing flips are measured"
+"$TRILL" train "${COMMON[@]}" run_dir=replay_off steps=2 router_replay=false generator.prompts_per_step=8 generator.dtype=bf16 2>log_off || { cat log_off; fail "replay off run"; }
+$PY -c "import json
+m=[json.loads(l) for l in open('replay_off/metrics.jsonl')]
+f=[x['flip_token_frac'] for x in m]
+assert sum(f) > 0, f
+print('   flip rates', f, 'per layer', m[0]['flip_layer'])"
+
+echo "== f32 generator: the mismatch is rounding only"
+"$TRILL" train "${COMMON[@]}" run_dir=f32 steps=2 generator.dtype=f32 2>log_f32 || { cat log_f32; fail "f32 run"; }
+$PY -c "import json
+m=[json.loads(l) for l in open('f32/metrics.jsonl')]
+k3=[x['mismatch_k3'] for x in m]
+assert all(abs(v) < 1e-8 for v in k3), k3
+print('   k3', k3, 'max |dlogp|', [x['mismatch_max_abs'] for x in m])"
+
+echo "== resume: 8 steps == 4 steps + resume to 8"
+"$TRILL" train "${COMMON[@]}" run_dir=full steps=8 checkpoint.every=2 2>log_full || { cat log_full; fail "full run"; }
+$PY -c "import json
+m=[json.loads(l) for l in open('full/metrics.jsonl')]
+assert all(x['grad_norm'] > 0 for x in m) and m[-1]['policy_version'] == 8, m[-1]
+assert 'reward_ext_len' in m[0], m[0]"
+"$TRILL" train "${COMMON[@]}" run_dir=split steps=4 checkpoint.every=2 2>log_split1 || { cat log_split1; fail "split run"; }
+if "$TRILL" train "${COMMON[@]}" run_dir=split steps=8 checkpoint.every=2 2>log_refuse; then fail "a run_dir with checkpoints was reused without resume"; fi
+grep -q "resume=auto" log_refuse || { cat log_refuse; fail "refusal message"; }
+"$TRILL" train "${COMMON[@]}" run_dir=split steps=8 checkpoint.every=2 resume=auto 2>log_split2 || { cat log_split2; fail "resumed run"; }
+compare_runs() {
+    $PY - "$1" "$2" <<'PY'
+import json, sys
+def load(d):
+    out = []
+    for l in open(d + "/metrics.jsonl"):
+        m = json.loads(l)
+        for k in ("time", "sync_ms"): m.pop(k, None)
+        out.append(m)
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert len(a) == len(b), (len(a), len(b))
+for x, y in zip(a, b):
+    assert x == y, (x, y)
+print("   metrics identical over", len(a), "steps")
+PY
+    cmp "$1/checkpoints/step-00000008/adapter/adapter_model.safetensors" "$2/checkpoints/step-00000008/adapter/adapter_model.safetensors" \
+        || fail "adapters differ"
+}
+compare_runs full split
+
+echo "== SIGKILL mid-run, then resume=auto"
+"$TRILL" train "${COMMON[@]}" run_dir=killed steps=8 checkpoint.every=1 2>log_killed &
+pid=$!
+for _ in $(seq 1 600); do [ -d killed/checkpoints/step-00000002 ] && break; sleep 0.05; done
+kill -9 $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+[ -d killed/checkpoints/step-00000002 ] || fail "no checkpoint before the kill"
+grep -q "steps in" log_killed && fail "the run finished before it could be killed"
+for d in killed/checkpoints/step-*; do
+    [ -f "$d/state.json" ] && [ -f "$d/adapter/adapter_model.safetensors" ] && [ -f "$d/optimizer.safetensors" ] && [ -f "$d/config.yaml" ] \
+        || fail "incomplete checkpoint $d"
+done
+"$TRILL" train "${COMMON[@]}" run_dir=killed steps=8 checkpoint.every=1 resume=auto 2>log_resumed || { cat log_resumed; fail "resume after kill"; }
+[ -z "$(ls -A killed/checkpoints | grep tmp || true)" ] || fail "temporary checkpoint folder left behind"
+compare_runs full killed
+
+echo "== external reward processes that fail"
+cat > crash.py <<'PY'
+import sys
+sys.stderr.write("boom: reward script crashed\n")
+sys.exit(3)
+PY
+cat > hang.sh <<'SH'
+#!/bin/sh
+sleep 30
+SH
+cat > garbage.sh <<'SH'
+#!/bin/sh
+while read -r line; do echo "not json"; done
+SH
+for case in "crash:$PY crash.py:boom: reward script crashed" "hang:sh hang.sh:no reply within" "garbage:sh garbage.sh:not json"; do
+    IFS=: read -r name cmd expect <<<"$case"
+    if "$TRILL" train "${COMMON[@]}" run_dir=ext_$name steps=1 "reward.external=$cmd" reward.external_timeout_s=0.5 \
+        reward.external_max_failures=2 2>log_ext_$name; then fail "$name reward process: the run did not fail"; fi
+    grep -q "$cmd" log_ext_$name && grep -qi "$expect" log_ext_$name || { cat log_ext_$name; fail "$name: message"; }
+    echo "   $name: $(grep -i "$expect" log_ext_$name | head -1 | cut -c1-160)"
+done
+
+echo "== trill eval"
+"$TRILL" eval --model model --data eval.jsonl --verifier demo --k 2 --max-new-tokens 6 >eval.json 2>log_eval || { cat log_eval; fail "eval"; }
+$PY -c "import json; r=json.load(open('eval.json')); assert r['prompts']==8 and r['k']==2 and 0<=r['pass@1']<=r['pass@2']<=1, r; print('  ', r)"
+"$TRILL" eval --model model --data eval.jsonl --verifier demo --k 2 --max-new-tokens 6 \
+    --adapter full/checkpoints/step-00000008/adapter >/dev/null 2>log_eval2 || { cat log_eval2; fail "eval with adapter"; }
+echo "all RL end-to-end tests passed"
