@@ -128,6 +128,55 @@ for case in "crash:$PY crash.py:boom: reward script crashed" "hang:sh hang.sh:no
     echo "   $name: $(grep -i "$expect" log_ext_$name | head -1 | cut -c1-160)"
 done
 
+
+echo "== every loss, aggregation, KL mode, correction level, sync mode and a reward model run"
+"$TRILL" init --out rm --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
+    --set head_dim=16 --set 'architectures=["Qwen3MoeForSequenceClassification"]' --set 'id2label={"0":"LABEL_0"}' --seed 5 2>/dev/null
+i=0
+while read -r opts; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    "$TRILL" train "${COMMON[@]}" run_dir=algo$i steps=2 $opts 2>log_algo$i || { cat log_algo$i; fail "options: $opts"; }
+    $PY - "algo$i/metrics.jsonl" "$opts" <<'PY'
+import json, math, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert len(m) == 2, sys.argv[2]
+for x in m:
+    for k in ("loss", "grad_norm", "mismatch_k3", "reward"):
+        assert x[k] is not None and math.isfinite(x[k]), (sys.argv[2], k, x[k])
+if "kl_coef" in sys.argv[2]:
+    assert m[-1]["kl_ref"] is not None and m[-1]["kl_ref"] >= 0, m[-1]
+if "sync.mode=merge" in sys.argv[2]:
+    adapter = json.loads(open("replay_on/metrics.jsonl").readline())["sync_bytes"]
+    assert m[-1]["sync_mode"] == "merge" and m[-1]["sync_bytes"] > adapter, (m[-1], adapter)
+PY
+done <<'OPTS'
+algo.loss=ppo algo.aggregation=seq-mean-token-sum
+algo.loss=gspo algo.aggregation=seq-mean-token-mean algo.clip_low=3e-4 algo.clip_high=4e-4
+algo.loss=cispo algo.std_norm=false
+algo.loss=reinforce correction.tis=0 correction.mis=off
+algo.kl_coef=0.1 algo.kl_estimator=k1 algo.kl_mode=reward
+algo.kl_coef=0.1 algo.kl_estimator=k2 algo.minibatches=2
+algo.kl_coef=0.1 algo.kl_estimator=k3 correction.mis_level=sequence
+algo.dynamic_sampling=true correction.mis_level=geometric generator.dtype=int8
+sync.mode=merge
+reward.model=rm reward.model_weight=0.5 trainer.recompute=true
+OPTS
+echo "   $i configurations ran"
+
+echo "== micro-batching does not change the update"
+"$TRILL" train "${COMMON[@]}" run_dir=mb_big steps=2 trainer.micro_batch_tokens=100000 2>/dev/null || fail "one micro-batch"
+"$TRILL" train "${COMMON[@]}" run_dir=mb_small steps=2 trainer.micro_batch_tokens=16 2>/dev/null || fail "many micro-batches"
+$PY - <<'PY'
+import json
+a = [json.loads(l) for l in open("mb_big/metrics.jsonl")]
+b = [json.loads(l) for l in open("mb_small/metrics.jsonl")]
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm", "reward", "mismatch_k3"):
+        assert abs(x[k] - y[k]) <= 1e-4 * max(1, abs(x[k])), (k, x[k], y[k])
+print("   loss", [x["loss"] for x in a], "vs", [y["loss"] for y in b])
+PY
+
 echo "== trill eval"
 "$TRILL" eval --model model --data eval.jsonl --verifier demo --k 2 --max-new-tokens 6 >eval.json 2>log_eval || { cat log_eval; fail "eval"; }
 $PY -c "import json; r=json.load(open('eval.json')); assert r['prompts']==8 and r['k']==2 and 0<=r['pass@1']<=r['pass@2']<=1, r; print('  ', r)"
