@@ -14,7 +14,7 @@ static const char USAGE[] =
     "  addition: SFT warm start, cached, then RL). Overrides use the config's dotted keys, e.g.\n"
     "  algo.loss=gspo trainer.lr=1e-4 generator.dtype=f32 'correction.mis=[0.5, 5]'.\n"
     "  --print-config prints the resolved config and exits; --config-reference prints every key.\n"
-    "  Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default runs/demo).";
+    "  Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).";
 
 int cmd_train(int argc, char **argv) {
     static const struct option opts[] = {

@@ -72,7 +72,7 @@ static const char *const LORA_TARGETS[TRILL_LORA_N_TARGETS] = { "q", "k", "v", "
 /* Sections stay contiguous (the writer opens each once); trainer.lora comes last in trainer. */
 static const key KEYS[] = {
     STRING("model", model, "\"\"", "Model folder (Hugging Face layout); `\"\"` runs the embedded demo's model."),
-    STRING("run_dir", run_dir, "runs/demo", "Run folder: the resolved `config.yaml`, `metrics.jsonl` and checkpoints."),
+    STRING("run_dir", run_dir, "\"\"", "Run folder: the resolved `config.yaml`, `metrics.jsonl` and checkpoints; `\"\"` makes a new `runs/YYYYMMDD-HHMMSS`."),
     OTHER("seed", K_SEED, seed, "0", "Seed of every random choice (data order, sampling, adapter initialisation)."),
     INT("steps", steps, 1, 1e9, "300", "RL steps; each generates one rollout batch and trains on it."),
     STRING("resume", resume, "\"\"",

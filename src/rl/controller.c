@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "checkpoint.h"
 #include "rollout.h"
@@ -789,6 +790,15 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
 
 trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     const double t_start = trill_now();
+    trill_rl_config named;
+    char auto_dir[64];
+    if (!c->run_dir[0]) { /* a fresh folder per run */
+        time_t now = time(NULL);
+        strftime(auto_dir, sizeof auto_dir, "runs/%Y%m%d-%H%M%S", localtime(&now));
+        named = *c;
+        named.run_dir = auto_dir;
+        c = &named;
+    }
     *result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
     trill_status st = trill_rl_config_validate(c);
     if (st) return st;

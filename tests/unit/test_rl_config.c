@@ -116,7 +116,7 @@ static void test_defaults(void **state) {
     trill_rl_config c;
     trill_rl_config_defaults(&c);
     assert_string_equal(c.model, "");
-    assert_string_equal(c.run_dir, "runs/demo");
+    assert_string_equal(c.run_dir, "");
     assert_true(c.seed == 0);
     assert_int_equal(c.steps, 300);
     assert_string_equal(c.resume, "");
