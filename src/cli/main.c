@@ -13,7 +13,7 @@ static const struct {
     { "init", cmd_init, "write a randomly initialised model in Hugging Face layout" },
     { "info", cmd_info, "describe a model: architecture, layer map, parameters, bytes" },
     { "score", cmd_score, "per-token log-probs and routed experts of token sequences" },
-    { "generate", cmd_generate, "sample a completion with the reference forward" },
+    { "generate", cmd_generate, "sample completions with the batched generator engine" },
     { "tokenize", cmd_tokenize, "text lines to JSON token ids, or back with --decode" },
     { "sft", cmd_sft, "supervised fine-tuning (LoRA or full) on prompt/completion JSONL" },
     { "bench", cmd_bench, "benchmarks: trill bench train (training-step throughput)" },
