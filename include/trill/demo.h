@@ -90,8 +90,7 @@ typedef struct trill_demo_info {
 /* Makes (or finds) the demo's data and warm-started model under cache_dir/<key>/, where the key
  * names the task version and every option. A complete folder is marked by demo.json, written
  * last and atomically; a folder without it (a crash mid-way) is deleted and rebuilt. Progress
- * goes to stderr as a few lines; the SFT's per-step lines go to <dir>/sft.log (stderr is
- * redirected there while the SFT runs: call this before starting other threads that print).
+ * goes to stderr as a few lines; the SFT's per-step lines go to <dir>/sft.log.
  * Not safe against two processes preparing the same cache_dir at once. */
 trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options *o, trill_demo_info *out);
 void trill_demo_info_free(trill_demo_info *info);

@@ -97,6 +97,10 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
  * from one model folder to another, so a written checkpoint is usable on its own. */
 trill_status trill_model_copy_side_files(const char *from_dir, const char *to_dir);
 
+/* Writes the side files of a model made here: the character-level tokenizer.json
+ * (trill_tokenizer_charlevel_json), tokenizer_config.json and generation_config.json. */
+trill_status trill_model_write_charlevel_files(const char *dir, const trill_config *c);
+
 /* Reference forward over a packed batch: sequence s is tokens[offsets[s] .. offsets[s+1]).
  * Needs lm_head: a classifier (config.num_labels > 0) is refused here and in _train.
  * logprobs[t] = log p(tokens[t] | earlier tokens of its sequence); NAN for each sequence's

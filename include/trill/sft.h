@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "trill/error.h"
 #include "trill/lora.h"
@@ -30,6 +31,7 @@ typedef struct trill_sft_config {
     bool resume;                /* continue from out_dir's last checkpoint (weights, optimizer, step) */
     bool recompute;             /* activation checkpointing: keep only layer inputs, re-run layers in the backward */
     uint64_t seed;
+    FILE *log;                  /* progress lines (NULL: stderr) */
 } trill_sft_config;
 
 trill_sft_config trill_sft_defaults(void);

@@ -5,10 +5,8 @@
 
 #include "cli.h"
 #include "trill/config.h"
-#include "trill/fileio.h"
 #include "trill/json.h"
 #include "trill/model.h"
-#include "trill/tokenizer.h"
 
 static const char USAGE[] =
     "trill init --out DIR [--preset tiny|small] [--set key=value ...] [--dtype bf16|f32] [--seed N]\n"
@@ -28,25 +26,6 @@ static int apply_override(json_t *cfg, const char *kv) {
     if (!value) value = json_string(eq + 1);
     json_object_set_new(cfg, key, value);
     return 0;
-}
-
-static trill_status write_side_files(const char *dir, const trill_config *c) {
-    json_t *tok = trill_tokenizer_charlevel_json();
-    json_t *tok_cfg = json_pack("{s:s, s:s, s:s, s:s, s:i}", "tokenizer_class", "PreTrainedTokenizerFast",
-                                "eos_token", "<|endoftext|>", "pad_token", "<|endoftext|>", "unk_token", "<unk>",
-                                "model_max_length", c->max_position_embeddings);
-    json_t *gen = json_pack("{s:i, s:i, s:b}", "bos_token_id", c->bos_token_id, "eos_token_id",
-                            c->n_eos ? c->eos_token_ids[0] : 0, "do_sample", 1);
-    const char *names[] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
-    json_t *docs[] = { tok, tok_cfg, gen };
-    trill_status st = TRILL_OK;
-    for (int i = 0; i < 3 && !st; i++) {
-        char *path = trill_path_join(dir, names[i]);
-        st = trill_json_write_file(path, docs[i]);
-        free(path);
-    }
-    for (int i = 0; i < 3; i++) json_decref(docs[i]);
-    return st;
 }
 
 int cmd_init(int argc, char **argv) {
@@ -105,7 +84,7 @@ int cmd_init(int argc, char **argv) {
     if ((st = trill_model_create(&config, &m))) return cli_fail("init");
     trill_model_init_random(m, (uint64_t)seed);
     st = trill_model_save(m, out, dtype, 5000000000u); /* HF default shard size, 5 GB */
-    if (!st) st = write_side_files(out, &config);
+    if (!st) st = trill_model_write_charlevel_files(out, &config);
     if (!st) fprintf(stderr, "trill init: wrote %s (%s, %zu parameters, %s)\n", out, preset, m->n_params, dtype_name);
     trill_model_free(m);
     return st ? cli_fail("init") : 0;

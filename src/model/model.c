@@ -1,4 +1,5 @@
 #include "trill/model.h"
+#include "trill/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -293,5 +294,23 @@ trill_status trill_model_copy_side_files(const char *from_dir, const char *to_di
         free(from);
         free(to);
     }
+    return st;
+}
+
+trill_status trill_model_write_charlevel_files(const char *dir, const trill_config *c) {
+    json_t *docs[3] = {
+        trill_tokenizer_charlevel_json(),
+        json_pack("{s:s, s:s, s:s, s:s, s:i}", "tokenizer_class", "PreTrainedTokenizerFast", "eos_token", "<|endoftext|>",
+                  "pad_token", "<|endoftext|>", "unk_token", "<unk>", "model_max_length", c->max_position_embeddings),
+        json_pack("{s:i, s:i, s:b}", "bos_token_id", c->bos_token_id, "eos_token_id", c->n_eos ? c->eos_token_ids[0] : 0, "do_sample", 1),
+    };
+    const char *names[3] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
+    trill_status st = TRILL_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        char *path = trill_path_join(dir, names[i]);
+        st = docs[i] ? trill_json_write_file(path, docs[i]) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        free(path);
+    }
+    for (int i = 0; i < 3; i++) json_decref(docs[i]);
     return st;
 }

@@ -1,14 +1,13 @@
 /* The embedded demo: two-digit addition data, the tiny model and its SFT warm start, cached. */
 #include "trill/demo.h"
 
-#include <fcntl.h>
+#include <errno.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "trill/config.h"
 #include "trill/dataset.h"
@@ -117,25 +116,6 @@ static trill_status demo_config(trill_config *c) {
     return st;
 }
 
-/* tokenizer.json (character level), tokenizer_config.json, generation_config.json — as `trill init`. */
-static trill_status write_side_files(const char *dir, const trill_config *c) {
-    json_t *docs[3] = {
-        trill_tokenizer_charlevel_json(),
-        json_pack("{s:s, s:s, s:s, s:s, s:i}", "tokenizer_class", "PreTrainedTokenizerFast", "eos_token", "<|endoftext|>",
-                  "pad_token", "<|endoftext|>", "unk_token", "<unk>", "model_max_length", c->max_position_embeddings),
-        json_pack("{s:i, s:i, s:b}", "bos_token_id", c->bos_token_id, "eos_token_id", c->n_eos ? c->eos_token_ids[0] : 0, "do_sample", 1),
-    };
-    const char *names[3] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
-    trill_status st = TRILL_OK;
-    for (int i = 0; i < 3 && !st; i++) {
-        char *path = trill_path_join(dir, names[i]);
-        st = docs[i] ? trill_json_write_file(path, docs[i]) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-        free(path);
-    }
-    for (int i = 0; i < 3; i++) json_decref(docs[i]);
-    return st;
-}
-
 static trill_status create_model(const char *dir, uint64_t seed) {
     trill_config c;
     trill_model *m = NULL;
@@ -145,7 +125,7 @@ static trill_status create_model(const char *dir, uint64_t seed) {
         trill_model_init_random(m, seed);
         st = trill_model_save(m, dir, TRILL_F32, 5000000000u);
     }
-    if (!st) st = write_side_files(dir, &c);
+    if (!st) st = trill_model_write_charlevel_files(dir, &c);
     trill_model_free(m);
     return st;
 }
@@ -185,19 +165,15 @@ static trill_status dev_accuracy(const char *model_dir, const char *dev_path, co
     return st;
 }
 
-/* trill_sft_run with stderr (its per-step lines) appended to log_path. */
+/* trill_sft_run with its per-step lines appended to log_path. */
 static trill_status sft_logged(const trill_sft_config *c, const char *log_path) {
-    fflush(stderr);
-    int saved = dup(2), fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (saved >= 0 && fd >= 0) dup2(fd, 2);
-    if (fd >= 0) close(fd);
+    FILE *log = fopen(log_path, "a");
+    if (!log) return trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", log_path, strerror(errno));
+    trill_sft_config logged = *c;
+    logged.log = log;
     double eval_loss;
-    trill_status st = trill_sft_run(c, &eval_loss);
-    fflush(stderr);
-    if (saved >= 0) {
-        dup2(saved, 2);
-        close(saved);
-    }
+    trill_status st = trill_sft_run(&logged, &eval_loss);
+    fclose(log);
     return st;
 }
 
