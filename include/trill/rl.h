@@ -16,12 +16,14 @@
 #include "trill/lora.h"
 #include "trill/optim.h"
 
-typedef enum trill_rl_loss { TRILL_LOSS_PPO, TRILL_LOSS_GSPO, TRILL_LOSS_CISPO, TRILL_LOSS_REINFORCE } trill_rl_loss;
+typedef enum trill_rl_loss { TRILL_LOSS_PPO, TRILL_LOSS_GSPO, TRILL_LOSS_CISPO, TRILL_LOSS_REINFORCE, TRILL_LOSS_AIPO } trill_rl_loss;
 typedef enum trill_rl_agg { TRILL_AGG_TOKEN_MEAN, TRILL_AGG_SEQ_MEAN_TOKEN_SUM, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN } trill_rl_agg;
 typedef enum trill_kl_estimator { TRILL_KL_K1, TRILL_KL_K2, TRILL_KL_K3 } trill_kl_estimator;
 typedef enum trill_kl_mode { TRILL_KL_LOSS, TRILL_KL_REWARD } trill_kl_mode;
 typedef enum trill_mis_level { TRILL_MIS_TOKEN, TRILL_MIS_SEQUENCE, TRILL_MIS_GEOMETRIC } trill_mis_level;
 typedef enum trill_sync_mode { TRILL_SYNC_ADAPTER, TRILL_SYNC_MERGE } trill_sync_mode;
+typedef enum trill_rl_mode { TRILL_MODE_SYNC, TRILL_MODE_ASYNC } trill_rl_mode;
+typedef enum trill_stale_policy { TRILL_STALE_WAIT, TRILL_STALE_DROP, TRILL_STALE_REGENERATE } trill_stale_policy;
 typedef enum trill_verifier { TRILL_VERIFIER_NONE, TRILL_VERIFIER_EXACT, TRILL_VERIFIER_NUMERIC, TRILL_VERIFIER_DEMO } trill_verifier;
 
 #define TRILL_RL_MAX_STOPS 8
@@ -34,6 +36,20 @@ typedef struct trill_rl_config {
     int steps;            /* RL steps (one rollout batch each) */
     char *resume;         /* "" (start fresh; refused when run_dir has checkpoints), "auto" (latest checkpoint
                              of run_dir if any) or a checkpoint folder */
+    trill_rl_mode mode;   /* sync: generate, score, train in turn; async: concurrent executors */
+
+    struct {
+        int max_staleness;         /* policy versions between a token's weights and the weights trained on it */
+        int queue;                 /* rollout batches waiting for the trainer (the generator pauses when full) */
+        trill_stale_policy on_stale; /* wait: the generator never starts a batch that would be too stale;
+                                        drop / regenerate: it runs ahead and the trainer drops or regenerates it */
+    } async;
+
+    struct {
+        int generator_threads, trainer_threads; /* async: cores per executor, disjoint */
+        int reward_threads;        /* 0: the reward executor is not pinned (it waits on verifiers' I/O) */
+        bool pin;                  /* pin each executor's threads to its own cores */
+    } resources;
 
     struct {
         char *train, *eval;        /* JSONL files ("" for eval: no held-out set) */
@@ -77,6 +93,7 @@ typedef struct trill_rl_config {
         trill_kl_mode kl_mode;
         bool dynamic_sampling;     /* drop groups whose rewards are all equal */
         int minibatches;           /* optimizer steps per rollout batch */
+        double aipo_rho;           /* AIPO: the importance weight min(pi_theta / mu, rho) */
     } algo;
 
     struct {

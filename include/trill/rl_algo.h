@@ -69,6 +69,8 @@ typedef struct rl_loss_stats {
  *            sequence's weight, the same for all its tokens, so it is the loss value's gradient)
  * CISPO:     L_t = -sg(clip(r_t, 1-lo, 1+hi)) A logp[t]; gradient -clip(r_t) A
  * REINFORCE: L_t = -r_t A (importance-sampled, unclipped)
+ * AIPO:      L_t = -sg(min(exp(logp - behav_logp), aipo_rho)) A logp[t] (its weight is its own
+ *            off-policy correction: is_weight is not applied)
  * each L_t times is_weight[t] and mask[t]; plus kl_coef * k(logp, ref_logp) per masked-in token
  * (not TIS-weighted); then aggregated: token-mean sum_t L_t / agg_tokens (or / the masked-in
  * count); seq-mean-token-sum (1/N) sum_i sum_t L_t; seq-mean-token-mean (1/N) sum_i mean_t L_t

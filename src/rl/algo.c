@@ -78,10 +78,10 @@ static double agg_weight(trill_rl_agg agg, double token_mean_denom, int n_seqs, 
     return 0;
 }
 
-/* The per-token surrogates of PPO, CISPO and REINFORCE: loss value and d loss / d logp of one
- * token (before the TIS and aggregation weights); returns whether the clip changed it. */
-static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_logp, double a, double *loss,
-                            double *grad, double *ratio) {
+/* The per-token surrogates of PPO, CISPO, REINFORCE and AIPO: loss value and d loss / d logp of
+ * one token (before the TIS and aggregation weights); returns whether the clip changed it. */
+static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_logp, double behav_logp, double a,
+                            double *loss, double *grad, double *ratio) {
     const double r = exp_clamped(logp - old_logp);
     const double lo = 1.0 - cfg->algo.clip_low, hi = 1.0 + cfg->algo.clip_high;
     *ratio = r;
@@ -107,6 +107,13 @@ static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_
         *loss = -r * a;
         *grad = -r * a;
         return false;
+    case TRILL_LOSS_AIPO: { /* against the behaviour policy itself: the off-policy weight, truncated, detached */
+        const double mu_ratio = exp_clamped(logp - behav_logp), w = fmin(mu_ratio, cfg->algo.aipo_rho);
+        *ratio = mu_ratio;
+        *loss = -w * a * logp;
+        *grad = -w * a;
+        return mu_ratio > cfg->algo.aipo_rho;
+    }
     case TRILL_LOSS_GSPO: break;
     }
     assert(!"token_surrogate: unknown or sequence-level loss");
@@ -124,7 +131,7 @@ void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *d
     const double token_mean_denom = b->agg_tokens > 0 ? b->agg_tokens : (double)n_tokens;
     if (n_tokens == 0) return;
 
-    const bool gspo = cfg->algo.loss == TRILL_LOSS_GSPO;
+    const bool gspo = cfg->algo.loss == TRILL_LOSS_GSPO, aipo = cfg->algo.loss == TRILL_LOSS_AIPO;
     const bool kl_on = cfg->algo.kl_mode == TRILL_KL_LOSS && cfg->algo.kl_coef > 0 && b->ref_logp;
     const double lo = 1.0 - cfg->algo.clip_low, hi = 1.0 + cfg->algo.clip_high;
     double pg = 0, kl = 0, ratio_sum = 0;
@@ -164,8 +171,8 @@ void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *d
             double grad = seq_grad;
             if (!gspo) {
                 double loss = 0, g = 0, r = 0;
-                n_clipped += token_surrogate(cfg, b->logp[t], b->old_logp[t], a, &loss, &g, &r);
-                const double w = c * (b->is_weight ? b->is_weight[t] : 1.0);
+                n_clipped += token_surrogate(cfg, b->logp[t], b->old_logp[t], b->behav_logp[t], a, &loss, &g, &r);
+                const double w = c * (b->is_weight && !aipo ? b->is_weight[t] : 1.0); /* AIPO's weight is its own TIS */
                 pg += w * loss;
                 grad = w * g;
                 ratio_sum += r;

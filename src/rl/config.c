@@ -48,7 +48,9 @@ _Static_assert(sizeof(trill_rl_loss) == sizeof(int) && sizeof(trill_gen_format) 
 
 static const char *const GEN_FORMATS[] = { "f32", "bf16", "int8", NULL }; /* trill_gen_format_name order */
 static const char *const VERIFIERS[] = { "none", "exact", "numeric", "demo", NULL };
-static const char *const LOSSES[] = { "ppo", "gspo", "cispo", "reinforce", NULL };
+static const char *const LOSSES[] = { "ppo", "gspo", "cispo", "reinforce", "aipo", NULL };
+static const char *const MODES[] = { "sync", "async", NULL };
+static const char *const STALE_POLICIES[] = { "wait", "drop", "regenerate", NULL };
 static const char *const AGGREGATIONS[] = { "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", NULL };
 static const char *const KL_ESTIMATORS[] = { "k1", "k2", "k3", NULL };
 static const char *const KL_MODES[] = { "loss", "reward", NULL };
@@ -78,6 +80,22 @@ static const key KEYS[] = {
     STRING("resume", resume, "\"\"",
            "`\"\"` starts fresh (refused when run_dir has checkpoints), `auto` continues from run_dir's latest "
            "checkpoint if there is one, anything else is a checkpoint folder."),
+    ENUM("mode", mode, MODES, "sync",
+         "sync: generate, score and train in turn on all cores; async: generator, reward and trainer run at the same "
+         "time on their own cores, bounded by async.max_staleness."),
+
+    INT("async.max_staleness", async.max_staleness, 0, 1024, "1",
+        "Most policy versions between the weights that generated a token and the weights trained on it (0: on-policy)."),
+    INT("async.queue", async.queue, 1, 1024, "2", "Rollout batches waiting for the trainer; the generator pauses when it is full."),
+    ENUM("async.on_stale", async.on_stale, STALE_POLICIES, "wait",
+         "wait: the generator does not start a batch that would exceed the bound; drop / regenerate: it runs ahead as far "
+         "as the queue allows and the trainer drops a batch beyond the bound or has it generated again."),
+
+    INT("resources.generator_threads", resources.generator_threads, 1, 4096, "1", "Async: cores of the generator executor."),
+    INT("resources.trainer_threads", resources.trainer_threads, 1, 4096, "1", "Async: cores of the trainer executor."),
+    INT("resources.reward_threads", resources.reward_threads, 0, 4096, "0",
+        "Async: cores of the reward executor (0: not pinned; it mostly waits on verifiers and reward processes)."),
+    BOOL("resources.pin", resources.pin, "true", "Async: pin each executor to its own cores (cores 0.. generator, then trainer, then reward)."),
 
     STRING("data.train", data.train, "\"\"", "Training prompts: a JSONL file, one object per line."),
     STRING("data.eval", data.eval, "\"\"", "Held-out prompts, JSONL; `\"\"`: no held-out evaluation."),
@@ -121,7 +139,8 @@ static const key KEYS[] = {
 
     ENUM("algo.loss", algo.loss, LOSSES, "ppo",
          "Policy loss: clipped token ratio (ppo), clipped sequence ratio (gspo), clipped importance weight "
-         "with a gradient on every token (cispo), or none (reinforce)."),
+         "with a gradient on every token (cispo), none (reinforce), or the weight min(pi_theta / mu, rho) "
+         "against the generator's probabilities (aipo, for async runs)."),
     BOOL("algo.std_norm", algo.std_norm, "true", "Divide advantages by the group's reward std (false: Dr. GRPO)."),
     REAL("algo.clip_low", algo.clip_low, 0, 1e6, "0.2", "Ratio band's lower side: the band is [1 - clip_low, 1 + clip_high]."),
     REAL("algo.clip_high", algo.clip_high, 0, 1e6, "0.28", "Ratio band's upper side."),
@@ -132,6 +151,7 @@ static const key KEYS[] = {
     ENUM("algo.kl_mode", algo.kl_mode, KL_MODES, "loss", "The KL enters as a loss term or as a penalty on the reward."),
     BOOL("algo.dynamic_sampling", algo.dynamic_sampling, "false", "Drop groups whose rewards are all equal."),
     INT("algo.minibatches", algo.minibatches, 1, 1024, "1", "Optimizer steps per rollout batch."),
+    POSITIVE("algo.aipo_rho", algo.aipo_rho, INF, "4", "AIPO: the truncation rho of the importance weight min(pi_theta / mu, rho)."),
 
     REAL("correction.tis", correction.tis, 0, INF, "2.0",
          "Truncated importance sampling: weight tokens by min(pi_train / mu, tis), mu the generator's probability (0: off)."),
@@ -174,7 +194,9 @@ static const key KEYS[] = {
 
 typedef struct section { const char *name, *doc; } section;
 static const section SECTIONS[] = {
-    { "", "The model, the run folder and the length of the run." },
+    { "", "The model, the run folder, the length of the run and the scheduler." },
+    { "async", "Asynchronous mode: how far the generator may run ahead of the trainer." },
+    { "resources", "Asynchronous mode: the cores of each executor (threads never share a core with another executor's)." },
     { "data", "Prompts: where they come from and how they become model input." },
     { "generator", "Rollouts: the inference engine's weight format, sampling and batching." },
     { "reward", "The reward of a completion: the weighted sum of a built-in verifier, an external process and a reward model." },
@@ -838,6 +860,8 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
                            c->algo.minibatches, c->generator.prompts_per_step);
     if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0])
         return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external or reward.model");
+    if (c->mode == TRILL_MODE_ASYNC && c->eval.every > 0)
+        return trill_error(TRILL_ERR_INVALID, "eval.every: periodic evaluation needs mode sync (async runs evaluate before and after)");
     if (!c->trainer.lora.targets || c->trainer.lora.targets >> TRILL_LORA_N_TARGETS)
         return trill_error(TRILL_ERR_INVALID, "trainer.lora.targets: expected at least one of q, k, v, o, gate, up, down, lm_head");
     return TRILL_OK;

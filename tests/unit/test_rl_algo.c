@@ -21,6 +21,7 @@ static trill_rl_config loss_config(trill_rl_loss loss, trill_rl_agg agg) {
     c.algo.aggregation = agg;
     c.algo.clip_low = 0.2;
     c.algo.clip_high = 0.28;
+    c.algo.aipo_rho = 1.3;
     return c;
 }
 
@@ -207,6 +208,33 @@ static void test_cispo_reinforce_hand(void **state) {
     assert_near(s.ratio_mean, 1.02, 1e-6);
 }
 
+/* AIPO (rho 1.2) against mu = the hand batch's behaviour log-probs (= old here): weights
+ * min(r, 1.2) = [1.1, 1.2, 0.5, 1.2, 0.5], gradient -w A / 5; loss -w A logp / 5 with
+ * logp = -1 + ln r: t1/t3 and t2/t4 cancel, leaving 1.1 (1 - ln 1.1) / 5 = 0.19903176.
+ * Its weight is its own correction: a TIS weight passed in is ignored. */
+static void test_aipo_hand(void **state) {
+    (void)state;
+    hand_batch h;
+    hand_init(&h);
+    float d[HAND_T];
+    rl_loss_stats s;
+    trill_rl_config c = loss_config(TRILL_LOSS_AIPO, TRILL_AGG_TOKEN_MEAN);
+    c.algo.aipo_rho = 1.2;
+    const float tis[HAND_T] = { 2, 2, 2, 2, 2 };
+    h.b.is_weight = tis;
+    rl_policy_loss(&c, &h.b, d, &s);
+    assert_grads(d, (double[]){ -0.22, -0.24, -0.1, 0.24, 0.1 }, HAND_T);
+    assert_near(s.loss, 0.19903176044304852, 1e-6);
+    assert_near(s.clip_frac, 0.4, 1e-12);
+    /* the weight follows mu, not pi_old: with mu twice as likely as pi_old everywhere, w = r / 2 */
+    float behav[HAND_T];
+    for (int t = 0; t < HAND_T; t++) behav[t] = h.old_logp[t] + (float)log(2.0);
+    h.b.behav_logp = behav;
+    rl_policy_loss(&c, &h.b, d, &s);
+    assert_grads(d, (double[]){ -0.11, -0.15, -0.05, 0.15, 0.05 }, HAND_T);
+    assert_true(s.clip_frac == 0);
+}
+
 static void test_gspo_hand(void **state) {
     (void)state;
     /* log-ratios: seq 0 (A = +1) [0.1, 0.2, 0.0] -> s0 = e^0.1 = 1.10517092, in band;
@@ -295,10 +323,10 @@ static double loss_at(const trill_rl_config *c, const rl_loss_batch *b) {
 
 static void test_gradients_match_finite_differences(void **state) {
     (void)state;
-    const trill_rl_loss losses[4] = { TRILL_LOSS_PPO, TRILL_LOSS_GSPO, TRILL_LOSS_CISPO, TRILL_LOSS_REINFORCE };
+    const trill_rl_loss losses[5] = { TRILL_LOSS_PPO, TRILL_LOSS_GSPO, TRILL_LOSS_CISPO, TRILL_LOSS_REINFORCE, TRILL_LOSS_AIPO };
     const trill_rl_agg aggs[3] = { TRILL_AGG_TOKEN_MEAN, TRILL_AGG_SEQ_MEAN_TOKEN_SUM, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN };
     float logp[FD_T], old[FD_T], d[FD_T];
-    for (int li = 0; li < 4; li++)
+    for (int li = 0; li < 5; li++)
         for (int ai = 0; ai < 3; ai++)
             for (int e = TRILL_KL_K1; e <= TRILL_KL_K3; e++) {
                 trill_rl_config c = loss_config(losses[li], aggs[ai]);
@@ -315,7 +343,7 @@ static void test_gradients_match_finite_differences(void **state) {
                 rl_policy_loss(&c, &b, d, &s);
                 assert_true(s.kl_loss != 0);
                 assert_true(losses[li] == TRILL_LOSS_REINFORCE || s.clip_frac > 0); /* the clip is exercised */
-                const bool move_old = losses[li] == TRILL_LOSS_CISPO;
+                const bool move_old = losses[li] == TRILL_LOSS_CISPO || losses[li] == TRILL_LOSS_AIPO; /* detached weights stay put */
                 for (int t = 0; t < FD_T; t++) {
                     const float x = logp[t], o = old[t];
                     const double h = 1.0 / 1024; /* a power of two: x ± h and old ± h are exact */
@@ -453,6 +481,7 @@ int main(void) {
         cmocka_unit_test(test_kl_estimators),
         cmocka_unit_test(test_ppo_hand),
         cmocka_unit_test(test_cispo_reinforce_hand),
+        cmocka_unit_test(test_aipo_hand),
         cmocka_unit_test(test_gspo_hand),
         cmocka_unit_test(test_kl_loss_term),
         cmocka_unit_test(test_gradients_match_finite_differences),

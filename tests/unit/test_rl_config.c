@@ -81,6 +81,15 @@ static void assert_configs_equal(const trill_rl_config *a, const trill_rl_config
     assert_int_equal(a->algo.kl_mode, b->algo.kl_mode);
     assert_int_equal(a->algo.dynamic_sampling, b->algo.dynamic_sampling);
     assert_int_equal(a->algo.minibatches, b->algo.minibatches);
+    assert_true(a->algo.aipo_rho == b->algo.aipo_rho);
+    assert_int_equal(a->mode, b->mode);
+    assert_int_equal(a->async.max_staleness, b->async.max_staleness);
+    assert_int_equal(a->async.queue, b->async.queue);
+    assert_int_equal(a->async.on_stale, b->async.on_stale);
+    assert_int_equal(a->resources.generator_threads, b->resources.generator_threads);
+    assert_int_equal(a->resources.trainer_threads, b->resources.trainer_threads);
+    assert_int_equal(a->resources.reward_threads, b->resources.reward_threads);
+    assert_int_equal(a->resources.pin, b->resources.pin);
     assert_true(a->correction.tis == b->correction.tis);
     assert_int_equal(a->correction.mis, b->correction.mis);
     if (a->correction.mis) { /* the bounds mean nothing when off ("mis: false" does not carry them) */
@@ -351,7 +360,7 @@ static void test_file_refusals(void **state) {
     static const refusal cases[] = {
         /* bad values, with the line of the value */
         { "steps: 3\nalgo:\n  std_norm: true\n  loss: gpso\n",
-          "run.yaml:4: algo.loss: expected one of ppo, gspo, cispo, reinforce, got \"gpso\"" },
+          "run.yaml:4: algo.loss: expected one of ppo, gspo, cispo, reinforce, aipo, got \"gpso\"" },
         { "generator:\n  n: 2.5\n", "run.yaml:2: generator.n: expected an integer in [1, 1024], got 2.5" },
         { "generator:\n  n: 0\n", "run.yaml:2: generator.n: expected an integer in [1, 1024], got 0" },
         { "steps: \"60\"\n", "run.yaml:1: steps: expected an integer in [1, 1000000000], got \"60\"" },
@@ -384,12 +393,12 @@ static void test_file_refusals(void **state) {
         { "trainer:\n  lora:\n    rank: 0\n", "run.yaml:3: trainer.lora.rank: expected an integer in [1, 4096], got 0" },
         /* structure */
         { "steps: 3\nalgo:\n  los: ppo\n", "run.yaml:3: unknown key \"algo.los\" (algo has: loss, std_norm, clip_low, clip_high, aggregation," },
-        { "stepz: 3\n", "run.yaml:1: unknown key \"stepz\" (the top level has: model, run_dir, seed, steps, resume, data, generator," },
+        { "stepz: 3\n", "run.yaml:1: unknown key \"stepz\" (the top level has: model, run_dir, seed, steps, resume, mode, async, resources, data, generator," },
         { "trainer:\n  lora:\n    rnk: 3\n", "run.yaml:3: unknown key \"trainer.lora.rnk\" (trainer.lora has: rank, alpha, use_rslora, targets)" },
         { "algo.loss: gspo\n", "run.yaml:1: unknown key \"algo.loss\"" },
         { "algo: gspo\n", "run.yaml:1: algo: expected a section (a mapping of loss, std_norm," },
         { "trainer:\n  lora: 8\n", "run.yaml:2: trainer.lora: expected a section (a mapping of rank, alpha, use_rslora, targets), got 8" },
-        { "algo:\n  loss:\n    name: ppo\n", "run.yaml:3: algo.loss: expected one of ppo, gspo, cispo, reinforce, got a mapping" },
+        { "algo:\n  loss:\n    name: ppo\n", "run.yaml:3: algo.loss: expected one of ppo, gspo, cispo, reinforce, aipo, got a mapping" },
         { "algo:\n  loss: ppo\n  kl_coef: 0\n  loss: gspo\n", "run.yaml:4: duplicate key \"algo.loss\" (first at line 2)" },
         { "algo:\n  loss: ppo\nalgo:\n  kl_coef: 0\n", "run.yaml:3: duplicate key \"algo\" (first at line 1)" },
         { "[1, 2]: x\n", "run.yaml:1: the top level: expected key names, got a list as a key" },
@@ -496,7 +505,7 @@ static void test_overrides(void **state) {
     }
 
     static const refusal cases[] = {
-        { "algo.loss=gpso", "override \"algo.loss=gpso\": algo.loss: expected one of ppo, gspo, cispo, reinforce, got \"gpso\"" },
+        { "algo.loss=gpso", "override \"algo.loss=gpso\": algo.loss: expected one of ppo, gspo, cispo, reinforce, aipo, got \"gpso\"" },
         { "algo.los=ppo", "override \"algo.los=ppo\": unknown key \"algo.los\" (algo has: loss, std_norm," },
         { "nope.x=1", "override \"nope.x=1\": unknown key \"nope.x\" (the top level has: model, run_dir," },
         { "trainer.lora.x=1", "override \"trainer.lora.x=1\": unknown key \"trainer.lora.x\" (trainer.lora has: rank, alpha, use_rslora, targets)" },
@@ -562,7 +571,7 @@ static void test_validate(void **state) {
     c.generator.top_p = 1;
     c.algo.loss = (trill_rl_loss)7;
     assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
-    assert_message_has("algo.loss: expected one of ppo, gspo, cispo, reinforce, got the value 7");
+    assert_message_has("algo.loss: expected one of ppo, gspo, cispo, reinforce, aipo, got the value 7");
     c.algo.loss = TRILL_LOSS_PPO;
     c.trainer.lora.targets = 0;
     assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
@@ -639,7 +648,7 @@ static void test_reference(void **state) {
     (void)state;
     char *text = reference_text();
     /* a row per key, with its type and default */
-    assert_non_null(strstr(text, "| `algo.loss` | one of `ppo`, `gspo`, `cispo`, `reinforce` | `ppo` |"));
+    assert_non_null(strstr(text, "| `algo.loss` | one of `ppo`, `gspo`, `cispo`, `reinforce`, `aipo` | `ppo` |"));
     assert_non_null(strstr(text, "| `generator.n` | integer in [1, 1024] | `8` |"));
     assert_non_null(strstr(text, "| `correction.mis` | `[low, high]` or `false` | `[0.5, 5]` |"));
     assert_non_null(strstr(text, "| `trainer.lora.targets` | module names | `all-linear` |"));
