@@ -152,6 +152,7 @@ struct trill_engine {
     int eplb_workers, eplb_steps;
     int max_context;
     void *sample_scratch;  /* one trill_sample scratch per thread */
+    int scratch_threads;   /* threads the per-thread buffers (scores, sample_scratch) are sized for */
     seq **sample_seq;      /* this step's samples: sequence, logits row, result */
     int *sample_row, *sample_token, cap_sample;
     float *sample_lp;
@@ -412,7 +413,8 @@ static trill_status alloc_step_buffers(trill_engine *e) {
     e->row_pos = malloc(R * sizeof(int));
     e->row_token = malloc(R * sizeof(int));
     e->inv_freq = malloc(hd / 2 * sizeof(float));
-    e->sample_scratch = malloc(trill_sample_scratch_size(c->vocab_size) * (size_t)omp_get_max_threads());
+    e->scratch_threads = omp_get_max_threads();
+    e->sample_scratch = malloc(trill_sample_scratch_size(c->vocab_size) * (size_t)e->scratch_threads);
     ok &= e->topi && e->order && e->count && e->where && e->phys && e->logit_rows && e->row_seq && e->row_pos && e->row_token && e->inv_freq && e->sample_scratch;
     if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->max_rows);
     rope_inv_freq(e->inv_freq, c->head_dim, c->rope_theta);
@@ -1280,12 +1282,23 @@ static trill_status after_forward(trill_engine *e, int R) {
 
 /* ---- the step ---- */
 
+/* Per-thread buffers for this step: attention scores for the longest context, and sampler
+ * scratch, for as many threads as the calling thread's parallel regions get (an engine may be
+ * stepped from threads with different OpenMP thread counts, as the async generator is). */
 static trill_status ensure_scores(trill_engine *e, int R) {
     int need = 1;
     for (int r = 0; r < R; r++) if (e->row_pos[r] + 1 > need) need = e->row_pos[r] + 1;
+    const int threads = omp_get_max_threads();
+    if (threads > e->scratch_threads) {
+        void *p = realloc(e->sample_scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
+        if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
+        e->sample_scratch = p;
+        e->scratch_threads = threads;
+        e->max_context = 0; /* the scores too */
+    }
     if (need <= e->max_context) return TRILL_OK;
     const int group = e->c.num_attention_heads / e->c.num_key_value_heads;
-    float *p = realloc(e->scores, sizeof(float) * (size_t)need * group * omp_get_max_threads());
+    float *p = realloc(e->scores, sizeof(float) * (size_t)need * group * e->scratch_threads);
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
     e->scores = p;
     e->max_context = need;

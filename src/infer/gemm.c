@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "trill/dtype.h"
 #include "trill/timing.h"
 
@@ -536,17 +537,10 @@ static tile_fn tile_kernel(gen_isa isa, gen_format f) {
 /* Activation scratch of the calling thread (the team works in slices of it): converted rows,
  * then the int8 row scales. Only the caller allocates, so no buffer is tied to OpenMP's workers,
  * whose threads come and go with the team size. */
-static _Thread_local uint8_t *t_scratch;
-static _Thread_local size_t t_scratch_cap;
-
 static uint8_t *scratch(size_t bytes) {
-    if (bytes > t_scratch_cap) {
-        free(t_scratch);
-        t_scratch = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        t_scratch_cap = t_scratch ? bytes : 0;
-        if (!t_scratch) abort(); /* a few MB: no sensible way on, and kernels have no error path */
-    }
-    return t_scratch;
+    uint8_t *p = trill_tls_buffer(TRILL_TLS_GEN_SCRATCH, bytes);
+    if (!p) abort(); /* a few MB: no sensible way on, and kernels have no error path */
+    return p;
 }
 
 /* How the activations of one call are laid out for the kernels. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "kernels_internal.h"
 #include "trill/kernels.h"
 
@@ -32,18 +33,8 @@ static void widen_parallel(float *dst, const uint16_t *src, size_t n) {
 }
 
 /* The calling thread's panel buffer, grown on demand and kept (one per thread that runs
- * kernels: the trainer's thread in practice). */
-static _Thread_local float *t_panel;
-static _Thread_local size_t t_panel_cap;
-
-static float *panel_buffer(size_t n) {
-    if (n > t_panel_cap) {
-        free(t_panel);
-        t_panel = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
-        t_panel_cap = t_panel ? n : 0;
-    }
-    return t_panel;
-}
+ * kernels: the trainer's thread in practice), freed when the thread exits. */
+static float *panel_buffer(size_t n) { return trill_tls_buffer(TRILL_TLS_WEIGHT_PANEL, n * sizeof(float)); }
 
 static int panel_rows(int K, int N) {
     int rows = K > 0 ? WEIGHT_PANEL / K : N;

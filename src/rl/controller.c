@@ -11,6 +11,7 @@
 
 #include "checkpoint.h"
 #include "rollout.h"
+#include "run.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
 #include "trill/demo.h"
@@ -23,30 +24,6 @@
 #include "trill/rl_algo.h"
 #include "trill/timing.h"
 #include "trill/train.h"
-
-/* Everything a run holds. */
-typedef struct rl_run {
-    const trill_rl_config *c;
-    char *model_dir, *train_path, *eval_path;
-    trill_verifier verifier;
-    trill_model *policy;          /* the trainer's model, base frozen in its checkpoint's dtype */
-    trill_lora *lora;
-    float *lora_grads;
-    trill_adamw *opt;
-    trill_model *merge_model;     /* merge mode: fp32 model the adapters are folded into */
-    float *merge_base;            /* ... and its base weights */
-    trill_engine *engine;
-    trill_tokenizer *tok;
-    trill_chat_template *chat;
-    trill_dataset *train, *eval;
-    reward_process *ext;
-    trill_reward_model *rm;
-    trill_request proto;          /* sampling settings, stops */
-    int stop_ids[TRILL_MAX_EOS];
-    rl_state state;
-    FILE *metrics;
-    int L, K;
-} rl_run;
 
 /* ---- setup ---- */
 
@@ -160,7 +137,7 @@ static void run_free(rl_run *r) {
 
 /* ---- weight sync ---- */
 
-static trill_status sync_weights(rl_run *r, double *ms, size_t *bytes) {
+trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes) {
     const double t0 = trill_now();
     trill_status st;
     if (r->c->sync.mode == TRILL_SYNC_ADAPTER) {
@@ -176,9 +153,7 @@ static trill_status sync_weights(rl_run *r, double *ms, size_t *bytes) {
 
 /* ---- rewards ---- */
 
-typedef struct reward_totals { double external_s, model_s; json_t *ext_metrics; } reward_totals;
-
-static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) {
+static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) { /* tot->ext_metrics: sums */
     const trill_rl_config *c = r->c;
     trill_status st = TRILL_OK;
     for (int s = 0; s < b->n_seqs; s++) {
@@ -502,31 +477,51 @@ static double mean_of(const double *v, const bool *keep, int n) {
     return k ? s / k : NAN;
 }
 
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+json_t *rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+#define jnum rl_jnum
 
-static trill_status rl_step(rl_run *r, json_t *metrics, double *gen_s_out, double *train_s_out, long *gen_tokens_out,
-                            long *train_tokens_out) {
+void rl_rollout_free(rl_rollout *ro) {
+    rl_batch_free(&ro->b);
+    json_decref(ro->rt.ext_metrics);
+    memset(ro, 0, sizeof *ro);
+}
+
+trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx) {
     const trill_rl_config *c = r->c;
-    const int P = c->generator.prompts_per_step, G = c->generator.n;
+    const int P = c->generator.prompts_per_step;
+    memset(ro, 0, sizeof *ro);
+    ro->index = index;
     int *examples = malloc(sizeof(int) * (size_t)P);
     if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = trill_dataset_order(r->train, c->seed, c->data.shuffle, r->state.data_pos, P, examples);
-    rl_batch b = { 0 };
+    const int64_t pos = index * P;
+    const double t0 = trill_now();
+    trill_status st = trill_dataset_order(r->train, c->seed, c->data.shuffle, pos, P, examples);
+    if (!st)
+        st = rl_generate(r->engine, r->tok, r->train, examples, P, c->generator.n, (uint64_t)pos, &r->proto, r->L, r->K,
+                         between_steps, ctx, &ro->b);
+    free(examples);
+    ro->gen_s = trill_now() - t0;
+    for (int s = 0; !st && s < ro->b.n_seqs; s++) ro->gen_tokens += rl_response_len(&ro->b, s);
+    return st;
+}
+
+trill_status rl_stage_reward(rl_run *r, rl_rollout *ro) {
+    const double t0 = trill_now();
+    if (!(ro->rt.ext_metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = score_batch(r, &ro->b, &ro->rt);
+    ro->reward_s = trill_now() - t0;
+    return st;
+}
+
+trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s_out, long *train_tokens_out) {
+    const trill_rl_config *c = r->c;
+    const int G = c->generator.n;
+    rl_batch b = ro->b; /* borrowed */
     token_arrays ta = { 0 };
     int *kept = NULL;
-    reward_totals rt = { .ext_metrics = json_object() };
     train_stats ts = { 0 };
-    const double t0 = trill_now();
-    if (!st) st = rl_generate(r->engine, r->tok, r->train, examples, P, G, (uint64_t)r->state.data_pos, &r->proto, r->L, r->K, &b);
-    free(examples);
-    if (st) { json_decref(rt.ext_metrics); return st; }
-    const double t_gen = trill_now();
-    long gen_tokens = 0;
-    for (int s = 0; s < b.n_seqs; s++) gen_tokens += rl_response_len(&b, s);
-
-    st = score_batch(r, &b, &rt);
+    trill_status st = TRILL_OK;
     const double t_reward = trill_now();
-
     const size_t T = (size_t)b.offsets[b.n_seqs], row = (size_t)r->L * r->K;
     ta.old_logp = malloc(sizeof(float) * T);
     ta.ref_logp = c->algo.kl_coef > 0 ? malloc(sizeof(float) * T) : NULL;
@@ -578,7 +573,7 @@ static trill_status rl_step(rl_run *r, json_t *metrics, double *gen_s_out, doubl
     size_t sync_bytes = 0;
     if (!st && ts.optimizer_steps) {
         r->state.version++;
-        st = sync_weights(r, &sync_ms, &sync_bytes);
+        st = r->publish(r, &sync_ms, &sync_bytes);
     }
     const double t_end = trill_now();
 
@@ -649,32 +644,28 @@ static trill_status rl_step(rl_run *r, json_t *metrics, double *gen_s_out, doubl
             json_object_set_new(metrics, "policy_version", json_integer(r->state.version));
             const char *key;
             json_t *val;
-            json_object_foreach(rt.ext_metrics, key, val) {
+            json_object_foreach(ro->rt.ext_metrics, key, val) {
                 char name[160];
                 snprintf(name, sizeof name, "reward_ext_%s", key);
                 json_object_set_new(metrics, name, jnum(json_number_value(val) / b.n_seqs));
             }
             json_t *tm = json_object();
-            json_object_set_new(tm, "generate_s", jnum(t_gen - t0));
-            json_object_set_new(tm, "reward_s", jnum(t_reward - t_gen));
+            json_object_set_new(tm, "generate_s", jnum(ro->gen_s));
+            json_object_set_new(tm, "reward_s", jnum(ro->reward_s));
             json_object_set_new(tm, "train_s", jnum(t_train - t_reward));
             json_object_set_new(tm, "sync_s", jnum(t_end - t_train));
-            json_object_set_new(tm, "step_s", jnum(t_end - t0));
-            json_object_set_new(tm, "gen_tokens_per_s", jnum(gen_tokens / (t_gen - t0)));
+            json_object_set_new(tm, "step_s", jnum(ro->gen_s + ro->reward_s + (t_end - t_reward)));
+            json_object_set_new(tm, "gen_tokens_per_s", jnum(ro->gen_tokens / ro->gen_s));
             json_object_set_new(tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
             json_object_set_new(metrics, "time", tm);
         }
         free(old); free(behav); free(ge); free(te);
     }
-    *gen_s_out = t_gen - t0;
     *train_s_out = t_train - t_reward;
-    *gen_tokens_out = gen_tokens;
     *train_tokens_out = ts.tokens;
-    json_decref(rt.ext_metrics);
     free(ta.old_logp); free(ta.ref_logp); free(ta.tis); free(ta.mask); free(ta.train_experts); free(ta.have_old);
     free(kept);
-    rl_batch_free(&b);
-    if (!st) r->state.data_pos += P;
+    if (!st) r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
     return st;
 }
 
@@ -738,6 +729,29 @@ static void format_duration(double s, char *out, size_t n) {
     else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
+trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
+    const trill_rl_config *c = r->c;
+    r->state.step++;
+    trill_status st = append_metrics(r, m);
+    if (st) return st;
+    char eta[32];
+    format_duration(step_wall_s * (c->steps - r->state.step), eta, sizeof eta);
+    json_t *tm = json_object_get(m, "time");
+    const double per = step_wall_s > 0 ? step_wall_s : 1;
+    fprintf(stderr, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
+            "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s\n",
+            r->state.step, c->steps, json_number_value(json_object_get(m, "reward")),
+            100 * json_number_value(json_object_get(m, "accuracy")), json_number_value(json_object_get(m, "loss")),
+            json_number_value(json_object_get(m, "kl_ref")), json_number_value(json_object_get(m, "mismatch_mean_abs")),
+            json_number_value(json_object_get(m, "mismatch_k3")), 100 * json_number_value(json_object_get(m, "flip_token_frac")),
+            json_number_value(json_object_get(tm, "gen_tokens_per_s")), json_number_value(json_object_get(tm, "train_tokens_per_s")),
+            100 * json_number_value(json_object_get(tm, "generate_s")) / per, 100 * json_number_value(json_object_get(tm, "train_s")) / per,
+            json_number_value(json_object_get(m, "sync_ms")), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
+    if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps)
+        st = rl_checkpoint_save(c->run_dir, c, &r->state, r->lora, r->opt, c->checkpoint.keep);
+    return st;
+}
+
 static trill_status start_state(rl_run *r, char **ckpt) {
     const trill_rl_config *c = r->c;
     *ckpt = NULL;
@@ -785,7 +799,7 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
     if (!(r->lora_grads = malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     double ms;
     size_t bytes;
-    return sync_weights(r, &ms, &bytes); /* the generator serves the policy being trained */
+    return rl_sync_direct(r, &ms, &bytes); /* the generator serves the policy being trained */
 }
 
 trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
@@ -831,7 +845,7 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
                 "parameters), generator %s, loss %s, router replay %s, TIS %g, sync %s%s\n",
                 r.model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r.train->n,
                 r.eval ? r.eval->n : 0, c->trainer.lora.rank, r.lora->n_params, trill_gen_format_name(c->generator.dtype),
-                (const char *[]){ "ppo", "gspo", "cispo", "reinforce" }[c->algo.loss], c->router_replay ? "on" : "off",
+                (const char *[]){ "ppo", "gspo", "cispo", "reinforce", "aipo" }[c->algo.loss], c->router_replay ? "on" : "off",
                 c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge",
                 ckpt ? " (resumed)" : "");
         if (ckpt) fprintf(stderr, "trill train: resuming from %s at step %d\n", ckpt, r.state.step);
@@ -840,43 +854,28 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     const int first = r.state.step;
     double gen_s = 0, train_s = 0;
     long gen_tok = 0, train_tok = 0;
-    while (!st && r.state.step < c->steps) {
+    r.publish = rl_sync_direct;
+    if (!st && c->mode == TRILL_MODE_ASYNC) st = rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
+    while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps) {
         json_t *m = json_object();
         json_object_set_new(m, "step", json_integer(r.state.step + 1));
-        double gs = 0, trs = 0;
-        long gt = 0, tt = 0;
+        double trs = 0;
+        long tt = 0;
         const double t0 = trill_now();
-        st = rl_step(&r, m, &gs, &trs, &gt, &tt);
-        if (!st) {
-            r.state.step++;
-            gen_s += gs; train_s += trs; gen_tok += gt; train_tok += tt;
-            if (r.eval && c->eval.every > 0 && r.state.step % c->eval.every == 0 && r.state.step < c->steps) {
-                double p1, pk;
-                st = evaluate(&r, "now", &p1, &pk);
-                json_object_set_new(m, "eval_pass1", jnum(p1));
-                json_object_set_new(m, "eval_passk", jnum(pk));
-            }
+        rl_rollout ro;
+        st = rl_stage_generate(&r, r.state.data_pos / c->generator.prompts_per_step, &ro, NULL, NULL);
+        if (!st) st = rl_stage_reward(&r, &ro);
+        if (!st) st = rl_stage_train(&r, &ro, m, &trs, &tt);
+        gen_s += ro.gen_s; train_s += trs; gen_tok += ro.gen_tokens; train_tok += tt;
+        rl_rollout_free(&ro);
+        if (!st && r.eval && c->eval.every > 0 && r.state.step + 1 < c->steps && (r.state.step + 1) % c->eval.every == 0) {
+            double p1, pk;
+            st = evaluate(&r, "now", &p1, &pk);
+            json_object_set_new(m, "eval_pass1", jnum(p1));
+            json_object_set_new(m, "eval_passk", jnum(pk));
         }
-        if (!st) st = append_metrics(&r, m);
-        if (!st) {
-            const double el = trill_now() - t_start, per = (trill_now() - t0);
-            char eta[32];
-            format_duration(per * (c->steps - r.state.step), eta, sizeof eta);
-            json_t *tm = json_object_get(m, "time");
-            fprintf(stderr, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
-                    "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.0f ms | ETA %s\n",
-                    r.state.step, c->steps, json_number_value(json_object_get(m, "reward")),
-                    100 * json_number_value(json_object_get(m, "accuracy")), json_number_value(json_object_get(m, "loss")),
-                    json_number_value(json_object_get(m, "kl_ref")), json_number_value(json_object_get(m, "mismatch_mean_abs")),
-                    json_number_value(json_object_get(m, "mismatch_k3")), 100 * json_number_value(json_object_get(m, "flip_token_frac")),
-                    json_number_value(json_object_get(tm, "gen_tokens_per_s")), json_number_value(json_object_get(tm, "train_tokens_per_s")),
-                    100 * json_number_value(json_object_get(tm, "generate_s")) / per, 100 * json_number_value(json_object_get(tm, "train_s")) / per,
-                    json_number_value(json_object_get(m, "sync_ms")), eta);
-            (void)el;
-        }
+        if (!st) st = rl_finish_step(&r, m, trill_now() - t0);
         json_decref(m);
-        if (!st && ((c->checkpoint.every > 0 && r.state.step % c->checkpoint.every == 0) || r.state.step == c->steps))
-            st = rl_checkpoint_save(c->run_dir, c, &r.state, r.lora, r.opt, c->checkpoint.keep);
     }
     if (!st && r.eval && r.state.step == c->steps) st = evaluate(&r, "after", &result->eval_after, &result->passk_after);
     if (!st) {

@@ -40,7 +40,7 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
     proto.sampling.temperature = (float)o->temperature;
     proto.sampling.seed = o->seed;
     rl_batch b;
-    trill_status st = rl_generate(e, tok, d, examples, n, o->k, 0, &proto, 0, 0, &b);
+    trill_status st = rl_generate(e, tok, d, examples, n, o->k, 0, &proto, 0, 0, NULL, NULL, &b);
     free(examples);
     if (st) return st;
     double pass1 = 0, passk = 0, len = 0;

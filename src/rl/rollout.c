@@ -20,7 +20,7 @@ static bool is_stop(const trill_request *r, int id) {
 
 trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
                          int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
-                         rl_batch *b) {
+                         trill_status (*between_steps)(void *), void *ctx, rl_batch *b) {
     memset(b, 0, sizeof *b);
     const int n = n_prompts * group_size;
     trill_status st = TRILL_OK;
@@ -32,7 +32,10 @@ trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const tril
         r.n = group_size;
         st = trill_engine_submit(e, &r);
     }
-    if (!st) st = trill_engine_run(e);
+    while (!st && trill_engine_busy(e)) {
+        if (between_steps) st = between_steps(ctx);
+        if (!st) st = trill_engine_step(e, NULL);
+    }
     trill_sequence_out *outs = calloc((size_t)n, sizeof *outs);
     if (!outs) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     int got = 0;

@@ -28,10 +28,12 @@ typedef struct rl_batch {
 } rl_batch;
 
 /* Generates group_size samples for each of n_prompts dataset examples; request ids are
- * first_request + i, so sampling is keyed by position in the run, not by batch. */
+ * first_request + i, so sampling is keyed by position in the run, not by batch.
+ * between_steps (optional) runs before every engine step: where an async generator takes new
+ * weights, which the engine applies at the start of its next step. */
 trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
                          int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
-                         rl_batch *out);
+                         trill_status (*between_steps)(void *), void *ctx, rl_batch *out);
 void rl_batch_free(rl_batch *b);
 
 /* Response tokens of sequence s: tokens[offsets[s] + prompt_len[s] .. offsets[s + 1]). */

@@ -1,0 +1,38 @@
+#include "base/tls.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef struct tls_buffers {
+    void *p[TRILL_TLS_N_SLOTS];
+    size_t cap[TRILL_TLS_N_SLOTS];
+} tls_buffers;
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_key;
+static _Thread_local tls_buffers *t_buffers; /* fast path; the key owns it */
+
+static void free_buffers(void *arg) {
+    tls_buffers *b = arg;
+    for (int i = 0; i < TRILL_TLS_N_SLOTS; i++) free(b->p[i]);
+    free(b);
+}
+
+static void make_key(void) { pthread_key_create(&g_key, free_buffers); }
+
+void *trill_tls_buffer(trill_tls_slot slot, size_t bytes) {
+    if (!t_buffers) {
+        pthread_once(&g_once, make_key);
+        tls_buffers *b = calloc(1, sizeof *b);
+        if (!b) return NULL;
+        if (pthread_setspecific(g_key, b)) { free(b); return NULL; }
+        t_buffers = b;
+    }
+    tls_buffers *b = t_buffers;
+    if (bytes > b->cap[slot]) {
+        free(b->p[slot]);
+        b->p[slot] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        b->cap[slot] = b->p[slot] ? bytes : 0;
+    }
+    return b->p[slot];
+}

@@ -1,0 +1,465 @@
+/* Asynchronous RL: generator, reward and trainer as concurrent executors on their own cores
+ * (LlamaRL). They meet only through two bounded rollout queues (generator → reward → trainer)
+ * and the weight channel (trainer → generator, trill/channel.h). The trainer runs on the
+ * calling thread and owns the step counter, metrics and checkpoints; every stage is the same
+ * code the synchronous loop runs (run.h).
+ *
+ * Staleness: batch k is trained with the weights of version v0 + (trained steps), its tokens
+ * come from whatever versions the generator held while producing it. With on_stale "wait" the
+ * generator does not start batch k before version v0 + (k - k0) - max_staleness is published,
+ * so no batch is ever beyond the bound; with "drop" or "regenerate" it runs ahead as far as
+ * the queues allow and the trainer drops a stale batch, or has its prompts generated again
+ * (same request ids: same prompts, newer weights). Either way the trainer checks every token.
+ *
+ * Failure: the first executor that fails records its error and closes both queues and the
+ * channel; every blocked executor wakes, stops, and the run returns that error. Checkpoints
+ * are written by the trainer between steps only, so the last one is always consistent. */
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+#include "trill/channel.h"
+#include "trill/timing.h"
+
+enum { QUEUE_MAX = 1024 };
+
+typedef struct queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rl_rollout *items[QUEUE_MAX + 1];
+    int n, capacity;
+    bool closed;
+} queue;
+
+typedef struct async_state {
+    rl_run *r;
+    queue to_reward, to_trainer;
+    trill_weight_channel *ch;
+    pthread_mutex_t mu;             /* guards redo, failure */
+    pthread_cond_t cv;
+    int64_t redo[QUEUE_MAX];        /* batch indices the trainer wants generated again */
+    int n_redo;
+    bool failed;
+    bool stopping;                  /* the trainer is done: errors from closing are not failures */
+    trill_status err_code;
+    char err[2048];
+    int64_t k0;                     /* first batch index of this run */
+    uint32_t v0;                    /* policy version at the start */
+    /* generator side */
+    uint32_t gen_version;           /* the version the engine holds */
+    trill_lora *gen_lora;           /* adapter mode: staging the engine converts from */
+    trill_model *gen_model;         /* merge mode: staging fp32 model */
+    double apply_ms;                /* last weight load on the generator side */
+    size_t apply_bytes;
+    int cpu_first[3], cpu_count[3]; /* generator, trainer, reward */
+    int allowed[CPU_SETSIZE], n_allowed;
+    /* busy seconds of each executor */
+    double gen_busy, reward_busy, train_busy;
+} async_state;
+
+/* ---- failure ---- */
+
+static void close_all(async_state *as) {
+    queue *qs[2] = { &as->to_reward, &as->to_trainer };
+    for (int i = 0; i < 2; i++) {
+        pthread_mutex_lock(&qs[i]->mu);
+        qs[i]->closed = true;
+        pthread_cond_broadcast(&qs[i]->cv);
+        pthread_mutex_unlock(&qs[i]->mu);
+    }
+    trill_channel_close(as->ch);
+    pthread_mutex_lock(&as->mu);
+    pthread_cond_broadcast(&as->cv);
+    pthread_mutex_unlock(&as->mu);
+}
+
+/* Records the first failure (the message is per thread: copy it) and stops everyone. */
+static void fail(async_state *as, trill_status st, const char *executor) {
+    pthread_mutex_lock(&as->mu);
+    if (!as->failed && !as->stopping) {
+        as->failed = true;
+        as->err_code = st;
+        snprintf(as->err, sizeof as->err, "%s executor: %s", executor, trill_error_message());
+    }
+    pthread_mutex_unlock(&as->mu);
+    close_all(as);
+}
+
+/* ---- queues ---- */
+
+static void queue_init(queue *q, int capacity) {
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->capacity = capacity;
+}
+
+static void queue_destroy(queue *q) {
+    for (int i = 0; i < q->n; i++) {
+        rl_rollout_free(q->items[i]);
+        free(q->items[i]);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+}
+
+/* Blocks while full; a regenerated batch may take one slot beyond capacity, so a trainer
+ * waiting for it can never be blocked by the batches queued behind it. */
+static trill_status queue_push(queue *q, rl_rollout *ro) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->closed && q->n >= q->capacity + (ro->redo ? 1 : 0)) pthread_cond_wait(&q->cv, &q->mu);
+    const bool closed = q->closed;
+    if (!closed) {
+        q->items[q->n++] = ro;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return closed ? trill_error(TRILL_ERR_IO, "rollout queue closed") : TRILL_OK;
+}
+
+/* The oldest batch (FIFO), or with want >= 0 the batch of that index, or else the smallest index. */
+static rl_rollout *queue_pop(queue *q, bool fifo, int64_t want) {
+    pthread_mutex_lock(&q->mu);
+    rl_rollout *ro = NULL;
+    while (!ro && !q->closed) {
+        int best = -1;
+        for (int i = 0; i < q->n; i++) {
+            if (want >= 0 && q->items[i]->index != want) continue;
+            if (best < 0 || (!fifo && q->items[i]->index < q->items[best]->index)) best = i;
+            if (fifo) break;
+        }
+        if (best >= 0) {
+            ro = q->items[best];
+            memmove(q->items + best, q->items + best + 1, sizeof(rl_rollout *) * (size_t)(q->n - best - 1));
+            q->n--;
+            pthread_cond_broadcast(&q->cv);
+        } else {
+            pthread_cond_wait(&q->cv, &q->mu);
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    return ro;
+}
+
+/* ---- cores ---- */
+
+/* Executor e runs on its own cores (OpenMP teams started from its thread inherit them). */
+static void place_thread(const async_state *as, int e) {
+    const trill_rl_config *c = as->r->c;
+    const int threads[3] = { c->resources.generator_threads, c->resources.trainer_threads,
+                             c->resources.reward_threads > 0 ? c->resources.reward_threads : 1 };
+    omp_set_num_threads(threads[e]);
+    if (!c->resources.pin || as->cpu_count[e] == 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < as->cpu_count[e]; i++) CPU_SET(as->allowed[as->cpu_first[e] + i], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+static trill_status plan_cores(async_state *as) {
+    const trill_rl_config *c = as->r->c;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set)) return trill_error(TRILL_ERR_IO, "sched_getaffinity: %s", strerror(errno));
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &set)) as->allowed[as->n_allowed++] = i;
+    const int want[3] = { c->resources.generator_threads, c->resources.trainer_threads, c->resources.reward_threads };
+    const int total = want[0] + want[1] + want[2];
+    if (c->resources.pin && total > as->n_allowed)
+        return trill_error(TRILL_ERR_INVALID,
+                           "resources: generator_threads %d + trainer_threads %d + reward_threads %d = %d cores, but this process "
+                           "may use %d; lower them or set resources.pin false (executors would then share cores)",
+                           want[0], want[1], want[2], total, as->n_allowed);
+    for (int e = 0, at = 0; e < 3; e++) {
+        as->cpu_first[e] = at;
+        as->cpu_count[e] = want[e];
+        at += want[e];
+    }
+    return TRILL_OK;
+}
+
+/* ---- the weight channel ---- */
+
+/* Trainer side (r->publish in async mode): merge if asked, then one copy into the channel. */
+static trill_status publish_channel(rl_run *r, double *ms, size_t *bytes) {
+    async_state *as = r->async;
+    const double t0 = trill_now();
+    const float *src = r->lora->params;
+    trill_status st = TRILL_OK;
+    if (r->c->sync.mode == TRILL_SYNC_MERGE) {
+        memcpy(r->merge_model->params, r->merge_base, sizeof(float) * r->merge_model->n_f32);
+        st = trill_lora_merge(r->lora, r->merge_model);
+        src = r->merge_model->params;
+    }
+    trill_publish_info info = { 0 };
+    if (!st) st = trill_channel_publish(as->ch, src, r->state.version, &info);
+    *ms = (trill_now() - t0) * 1e3;
+    *bytes = info.bytes;
+    return st;
+}
+
+/* Generator side, before every engine step: the newest published weights, checked against
+ * the publisher's checksum and loaded into the engine (which takes them at its next step). */
+static trill_status take_weights(void *ctx) {
+    async_state *as = ctx;
+    rl_run *r = as->r;
+    trill_weight_view view;
+    trill_status st = trill_channel_acquire(as->ch, as->gen_version, &view);
+    if (st || !view.data) return st;
+    const double t0 = trill_now();
+    size_t bytes = 0;
+    if (trill_channel_checksum(view.data, view.n) != view.checksum) {
+        st = trill_error(TRILL_ERR_INVALID, "weight channel: version %u arrived with a wrong checksum", view.version);
+    } else if (r->c->sync.mode == TRILL_SYNC_ADAPTER) {
+        memcpy(as->gen_lora->params, view.data, sizeof(float) * view.n);
+        st = trill_engine_update_adapter(r->engine, as->gen_lora, view.version, &bytes);
+    } else {
+        memcpy(as->gen_model->params, view.data, sizeof(float) * view.n);
+        st = trill_engine_update_weights(r->engine, as->gen_model, view.version, &bytes);
+    }
+    if (!st) {
+        as->gen_version = view.version;
+        as->apply_ms = (trill_now() - t0) * 1e3;
+        as->apply_bytes = bytes;
+    }
+    trill_channel_release(as->ch, &view);
+    return st;
+}
+
+/* ---- executors ---- */
+
+static void *generator_main(void *arg) {
+    async_state *as = arg;
+    rl_run *r = as->r;
+    const trill_rl_config *c = r->c;
+    place_thread(as, 0);
+    int64_t next = as->k0;
+    for (;;) {
+        int64_t k;
+        bool redo = false;
+        pthread_mutex_lock(&as->mu);
+        const bool stop = as->failed || as->stopping;
+        if (as->n_redo) {
+            k = as->redo[0];
+            memmove(as->redo, as->redo + 1, sizeof(int64_t) * (size_t)--as->n_redo);
+            redo = true;
+        } else {
+            k = next;
+        }
+        pthread_mutex_unlock(&as->mu);
+        if (stop) break;
+        if (!redo && c->async.on_stale == TRILL_STALE_WAIT) {
+            /* batch k will be trained at version v0 + (k - k0): start it only with weights that
+             * recent, so none of its tokens can be older than the bound */
+            const int64_t need = (int64_t)as->v0 + (k - as->k0) - c->async.max_staleness;
+            uint32_t have;
+            if (need > (int64_t)as->v0 && trill_channel_wait(as->ch, (uint32_t)need, -1, &have)) break; /* closed */
+        }
+        rl_rollout *ro = calloc(1, sizeof *ro);
+        if (!ro) { fail(as, trill_error(TRILL_ERR_NOMEM, "out of memory"), "generator"); break; }
+        const double t0 = trill_now();
+        trill_status st = rl_stage_generate(r, k, ro, take_weights, as);
+        as->gen_busy += trill_now() - t0;
+        ro->redo = redo;
+        if (st) {
+            rl_rollout_free(ro);
+            free(ro);
+            fail(as, st, "generator"); /* ignored when the run is already stopping or failed */
+            break;
+        }
+        if (!redo) next++;
+        if (queue_push(&as->to_reward, ro)) { rl_rollout_free(ro); free(ro); break; }
+    }
+    return NULL;
+}
+
+static void *reward_main(void *arg) {
+    async_state *as = arg;
+    place_thread(as, 2);
+    rl_rollout *ro;
+    while ((ro = queue_pop(&as->to_reward, true, -1))) {
+        const double t0 = trill_now();
+        trill_status st = rl_stage_reward(as->r, ro);
+        as->reward_busy += trill_now() - t0;
+        if (st) { fail(as, st, "reward"); rl_rollout_free(ro); free(ro); break; }
+        if (queue_push(&as->to_trainer, ro)) { rl_rollout_free(ro); free(ro); break; }
+    }
+    return NULL;
+}
+
+/* Batches the trainer took off the queue while waiting for a regenerated one (they keep the
+ * queues moving, so the generator is never blocked from producing the batch awaited). */
+typedef struct stash { rl_rollout *items[QUEUE_MAX]; int n; } stash;
+
+/* The next batch to train: the regenerated batch `want` when one is awaited, else the smallest
+ * index held back or queued. NULL when the queues are closed. */
+static rl_rollout *next_batch(async_state *as, stash *held, int64_t want) {
+    for (;;) {
+        if (want < 0 && held->n) {
+            int best = 0;
+            for (int i = 1; i < held->n; i++)
+                if (held->items[i]->index < held->items[best]->index) best = i;
+            rl_rollout *ro = held->items[best];
+            held->items[best] = held->items[--held->n];
+            return ro;
+        }
+        rl_rollout *ro = queue_pop(&as->to_trainer, false, -1);
+        if (!ro || want < 0 || ro->index == want) return ro;
+        if (held->n == QUEUE_MAX) { /* cannot happen: the generator regenerates right after its current batch */
+            rl_rollout_free(ro);
+            free(ro);
+            return NULL;
+        }
+        held->items[held->n++] = ro;
+    }
+}
+
+/* Oldest and mean policy version lag of a batch's response tokens at training version v. */
+static void staleness(const rl_batch *b, uint32_t v, double *mean, int *max) {
+    double sum = 0;
+    long n = 0;
+    *max = 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
+            const int lag = (int)(v - b->version[t]);
+            sum += lag;
+            n++;
+            if (lag > *max) *max = lag;
+        }
+    *mean = n ? sum / n : 0;
+}
+
+trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
+    const trill_rl_config *c = r->c;
+    async_state *as = calloc(1, sizeof *as);
+    if (!as) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    as->r = r;
+    as->k0 = r->state.data_pos / c->generator.prompts_per_step;
+    as->v0 = as->gen_version = r->state.version;
+    pthread_mutex_init(&as->mu, NULL);
+    pthread_cond_init(&as->cv, NULL);
+    queue_init(&as->to_reward, c->async.queue);
+    queue_init(&as->to_trainer, c->async.queue);
+    const size_t n = c->sync.mode == TRILL_SYNC_ADAPTER ? r->lora->n_params : r->merge_model->n_f32;
+    trill_status st = plan_cores(as);
+    if (!st) st = trill_channel_create(n, &as->ch);
+    if (!st && c->sync.mode == TRILL_SYNC_ADAPTER) st = trill_lora_create(r->policy, c->trainer.lora, 0, &as->gen_lora);
+    if (!st && c->sync.mode == TRILL_SYNC_MERGE) st = trill_model_create(&r->policy->config, &as->gen_model);
+    if (st) goto done;
+
+    /* the trainer is this thread: its cores and thread count for the run, restored after */
+    cpu_set_t saved_set;
+    const int saved_threads = omp_get_max_threads();
+    const bool restore = pthread_getaffinity_np(pthread_self(), sizeof saved_set, &saved_set) == 0;
+    r->async = as;
+    r->publish = publish_channel;
+    place_thread(as, 1);
+    pthread_t gen_thread, reward_thread;
+    bool gen_started = pthread_create(&gen_thread, NULL, generator_main, as) == 0;
+    bool reward_started = gen_started && pthread_create(&reward_thread, NULL, reward_main, as) == 0;
+    if (!gen_started || !reward_started) {
+        st = trill_error(TRILL_ERR_IO, "cannot start the executor threads");
+        close_all(as);
+    }
+    const double wall0 = trill_now();
+    double last = wall0, trainer_wait = 0, step_wait = 0;
+    int64_t want = -1; /* a batch being regenerated */
+    long dropped = 0, regenerated = 0;
+    stash held = { .n = 0 };
+    while (!st && r->state.step < c->steps) {
+        const double tw = trill_now();
+        rl_rollout *ro = next_batch(as, &held, want);
+        step_wait += trill_now() - tw;
+        if (!ro) break; /* closed: an executor failed */
+        want = -1;
+        double lag_mean;
+        int lag_max;
+        staleness(&ro->b, r->state.version, &lag_mean, &lag_max);
+        if (lag_max > c->async.max_staleness) {
+            if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */
+                st = trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d",
+                                 (long long)ro->index, lag_max, c->async.max_staleness);
+            } else if (c->async.on_stale == TRILL_STALE_DROP) {
+                dropped++;
+                fprintf(stderr, "trill train: dropped batch %lld (%d versions stale > %d)\n", (long long)ro->index, lag_max,
+                        c->async.max_staleness);
+                r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
+            } else {
+                regenerated++;
+                pthread_mutex_lock(&as->mu);
+                as->redo[as->n_redo++] = want = ro->index;
+                pthread_mutex_unlock(&as->mu);
+            }
+            rl_rollout_free(ro);
+            free(ro);
+            continue;
+        }
+        json_t *m = json_object();
+        json_object_set_new(m, "step", json_integer(r->state.step + 1));
+        json_object_set_new(m, "batch", json_integer(ro->index));
+        json_object_set_new(m, "staleness_mean", rl_jnum(lag_mean));
+        json_object_set_new(m, "staleness_max", json_integer(lag_max));
+        json_object_set_new(m, "dropped_batches", json_integer(dropped));
+        json_object_set_new(m, "regenerated_batches", json_integer(regenerated));
+        double trs = 0;
+        long tt = 0;
+        const double t0 = trill_now();
+        st = rl_stage_train(r, ro, m, &trs, &tt);
+        as->train_busy += trill_now() - t0;
+        *gen_s += ro->gen_s;
+        *gen_tokens += ro->gen_tokens;
+        *train_s += trs;
+        *train_tokens += tt;
+        json_t *tm = json_object_get(m, "time");
+        if (tm) {
+            json_object_set_new(tm, "trainer_wait_s", rl_jnum(step_wait));
+            json_object_set_new(tm, "generator_apply_ms", rl_jnum(as->apply_ms));
+        }
+        trainer_wait += step_wait;
+        step_wait = 0;
+        json_object_set_new(m, "generator_apply_bytes", json_integer((json_int_t)as->apply_bytes));
+        rl_rollout_free(ro);
+        free(ro);
+        const double now = trill_now();
+        if (!st) st = rl_finish_step(r, m, now - last);
+        last = now;
+        json_decref(m);
+    }
+    if (st) fail(as, st, "trainer");
+    pthread_mutex_lock(&as->mu);
+    as->stopping = true;
+    pthread_mutex_unlock(&as->mu);
+    close_all(as);
+    for (int i = 0; i < held.n; i++) {
+        rl_rollout_free(held.items[i]);
+        free(held.items[i]);
+    }
+    if (gen_started) pthread_join(gen_thread, NULL);
+    if (reward_started) pthread_join(reward_thread, NULL);
+    const double wall = trill_now() - wall0;
+    if (!st && as->failed) st = trill_error(as->err_code, "%s", as->err);
+    if (!st && wall > 0)
+        fprintf(stderr, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
+                "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated\n",
+                wall, 100 * as->gen_busy / wall, 100 * (1 - as->gen_busy / wall), 100 * as->reward_busy / wall,
+                100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), trainer_wait, dropped, regenerated);
+    omp_set_num_threads(saved_threads);
+    if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
+    r->publish = rl_sync_direct;
+    r->async = NULL;
+done:
+    queue_destroy(&as->to_reward);
+    queue_destroy(&as->to_trainer);
+    trill_channel_free(as->ch);
+    trill_lora_free(as->gen_lora);
+    trill_model_free(as->gen_model);
+    pthread_mutex_destroy(&as->mu);
+    pthread_cond_destroy(&as->cv);
+    free(as);
+    return st;
+}

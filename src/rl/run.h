@@ -1,0 +1,75 @@
+/* The state of one RL run and the stages of a step, shared by the synchronous loop
+ * (controller.c) and the asynchronous executors (async.c). */
+#ifndef TRILL_RL_RUN_H
+#define TRILL_RL_RUN_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "checkpoint.h"
+#include "rollout.h"
+#include "trill/chat.h"
+#include "trill/dataset.h"
+#include "trill/reward.h"
+#include "trill/reward_model.h"
+#include "trill/rl.h"
+
+typedef struct rl_run rl_run;
+
+struct rl_run {
+    const trill_rl_config *c;
+    char *model_dir, *train_path, *eval_path;
+    trill_verifier verifier;
+    trill_model *policy;          /* the trainer's model, base frozen in its checkpoint's dtype */
+    trill_lora *lora;
+    float *lora_grads;
+    trill_adamw *opt;
+    trill_model *merge_model;     /* merge mode: fp32 model the adapters are folded into */
+    float *merge_base;            /* ... and its base weights */
+    trill_engine *engine;
+    trill_tokenizer *tok;
+    trill_chat_template *chat;
+    trill_dataset *train, *eval;
+    reward_process *ext;
+    trill_reward_model *rm;
+    trill_request proto;          /* sampling settings, stops */
+    int stop_ids[TRILL_MAX_EOS];
+    rl_state state;
+    FILE *metrics;
+    int L, K;
+    /* How new weights reach the generator after a step: rl_sync_direct (sync mode) or the
+     * weight channel (async). *ms and *bytes describe the transfer. */
+    trill_status (*publish)(rl_run *r, double *ms, size_t *bytes);
+    void *async;                  /* the executors' shared state in async mode */
+};
+
+typedef struct reward_totals { double external_s, model_s; json_t *ext_metrics; } reward_totals;
+
+/* One rollout batch on its way through the stages. */
+typedef struct rl_rollout {
+    int64_t index;                /* batch index: prompts [index * prompts_per_step, ...) of the stream */
+    rl_batch b;
+    reward_totals rt;
+    double gen_s, reward_s;
+    long gen_tokens;
+    bool redo;                    /* generated again after the trainer found it too stale */
+} rl_rollout;
+
+trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx);
+trill_status rl_stage_reward(rl_run *r, rl_rollout *ro);
+/* Advantages, trainer passes, optimizer steps, version + 1 and r->publish; fills metrics. */
+trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s, long *train_tokens);
+void rl_rollout_free(rl_rollout *ro);
+
+/* Sync mode's weight transfer: the engine's update calls in the trainer's thread. */
+trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes);
+
+/* After a trained step: metrics line, progress line, checkpoint. */
+trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s);
+
+json_t *rl_jnum(double v);
+
+/* Async mode: runs the executors until c->steps steps are trained (async.c). */
+trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens);
+
+#endif
