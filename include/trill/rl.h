@@ -79,6 +79,7 @@ typedef struct trill_rl_config {
         double external_weight;
         double external_timeout_s; /* per request */
         int external_max_failures; /* consecutive crashes/timeouts/bad replies before the run stops */
+        int external_workers;      /* processes scoring a batch in parallel */
         char *model;               /* reward model folder (Qwen3ForSequenceClassification layout; "" : none) */
         double model_weight;
     } reward;

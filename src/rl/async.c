@@ -25,6 +25,8 @@
 
 #include "run.h"
 #include "trill/channel.h"
+#include "trill/fileio.h"
+#include "trill/json.h"
 #include "trill/timing.h"
 
 enum { QUEUE_MAX = 1024 };
@@ -426,6 +428,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
+        if (tm) json_object_set_new(tm, "interval_s", rl_jnum(now - last)); /* wall time since the previous step */
         if (!st) st = rl_finish_step(r, m, now - last);
         last = now;
         json_decref(m);
@@ -443,6 +446,17 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
     if (reward_started) pthread_join(reward_thread, NULL);
     const double wall = trill_now() - wall0;
     if (!st && as->failed) st = trill_error(as->err_code, "%s", as->err);
+    if (!st) { /* the executors' time, for benchmarks: RUN/async_summary.json */
+        json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:i}", "wall_s", wall, "generator_busy_s", as->gen_busy,
+                              "reward_busy_s", as->reward_busy, "trainer_busy_s", as->train_busy, "trainer_wait_s", trainer_wait,
+                              "dropped", (json_int_t)dropped, "regenerated", (json_int_t)regenerated,
+                              "generator_threads", c->resources.generator_threads, "trainer_threads", c->resources.trainer_threads,
+                              "reward_threads", c->resources.reward_threads);
+        char *path = trill_path_join(c->run_dir, "async_summary.json");
+        st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        json_decref(j);
+        free(path);
+    }
     if (!st && wall > 0)
         fprintf(stderr, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
                 "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated\n",

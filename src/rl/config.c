@@ -133,6 +133,8 @@ static const key KEYS[] = {
     POSITIVE("reward.external_timeout_s", reward.external_timeout_s, INF, "30", "Seconds the external process may take per request."),
     INT("reward.external_max_failures", reward.external_max_failures, 1, INF, "3",
         "Consecutive crashes, timeouts or bad replies of the external process before the run stops."),
+    INT("reward.external_workers", reward.external_workers, 1, 256, "1",
+        "External reward processes started; a batch's requests are spread over them and scored in parallel."),
     STRING("reward.model", reward.model, "\"\"",
            "Reward model folder (Qwen3ForSequenceClassification layout; `\"\"`: none)."),
     REAL("reward.model_weight", reward.model_weight, -INF, INF, "1.0", "Weight of the reward model's score in the reward."),

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,16 +108,21 @@ static trill_status load_models(rl_run *r) {
     r->proto.n_stop_ids = mc->n_eos;
     r->proto.stop_strings = (const char *const *)c->generator.stop;
     r->proto.n_stop_strings = c->generator.n_stop;
-    if (c->reward.external[0] &&
-        (st = reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures, &r->ext)))
-        return st;
+    if (c->reward.external[0]) {
+        if (!(r->ext = calloc((size_t)c->reward.external_workers, sizeof(reward_process *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (; r->n_ext < c->reward.external_workers; r->n_ext++)
+            if ((st = reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures,
+                                           &r->ext[r->n_ext])))
+                return st;
+    }
     if (c->reward.model[0] && (st = trill_reward_model_load(c->reward.model, &r->rm))) return st;
     return TRILL_OK;
 }
 
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
-    reward_process_free(r->ext);
+    for (int w = 0; w < r->n_ext; w++) reward_process_free(r->ext[w]);
+    free(r->ext);
     trill_reward_model_free(r->rm);
     trill_engine_free(r->engine);
     if (r->policy) trill_model_attach_lora(r->policy, NULL);
@@ -153,6 +159,61 @@ trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes) {
 
 /* ---- rewards ---- */
 
+/* The external reward pool: worker w scores sequences w, w + n, w + 2n, ... with its own
+ * process, all at once; rewards and metrics are then added up in sequence order, so the result
+ * does not depend on which process answered first. */
+typedef struct ext_job {
+    rl_run *r;
+    rl_batch *b;
+    int worker;
+    double *values;
+    json_t **metrics;
+    trill_status st;
+    char err[1024];
+} ext_job;
+
+static void *ext_worker(void *arg) {
+    ext_job *j = arg;
+    for (int s = j->worker; s < j->b->n_seqs && !j->st; s += j->r->n_ext) {
+        const trill_example *ex = &j->r->train->examples[j->b->example[s]];
+        j->st = reward_process_score(j->r->ext[j->worker], ex->prompt, j->b->completion[s], ex->answer, &j->values[s], &j->metrics[s]);
+    }
+    if (j->st) snprintf(j->err, sizeof j->err, "%s", trill_error_message()); /* the message is per thread */
+    return NULL;
+}
+
+static trill_status score_external(rl_run *r, rl_batch *b, reward_totals *tot) {
+    const int n = b->n_seqs, W = r->n_ext;
+    double *values = calloc((size_t)n, sizeof(double));
+    json_t **metrics = calloc((size_t)n, sizeof(json_t *));
+    ext_job *jobs = calloc((size_t)W, sizeof(ext_job));
+    pthread_t *threads = calloc((size_t)W, sizeof(pthread_t));
+    bool *started = calloc((size_t)W, sizeof(bool));
+    trill_status st = values && metrics && jobs && threads && started ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int w = 0; w < W && !st; w++) {
+        jobs[w] = (ext_job){ .r = r, .b = b, .worker = w, .values = values, .metrics = metrics };
+        if (W == 1) ext_worker(&jobs[w]);
+        else started[w] = pthread_create(&threads[w], NULL, ext_worker, &jobs[w]) == 0;
+        if (W > 1 && !started[w]) { jobs[w].st = TRILL_ERR_IO; snprintf(jobs[w].err, sizeof jobs[w].err, "cannot start a reward worker thread"); }
+    }
+    for (int w = 0; w < W && started; w++)
+        if (started[w]) pthread_join(threads[w], NULL);
+    for (int w = 0; w < W && !st && jobs; w++)
+        if (jobs[w].st) st = trill_error(jobs[w].st, "%s", jobs[w].err);
+    for (int s = 0; s < n && !st; s++) {
+        b->reward[s] += r->c->reward.external_weight * values[s];
+        const char *key;
+        json_t *val;
+        json_object_foreach(metrics[s], key, val) { /* summed here, averaged when logged */
+            json_t *sum = json_object_get(tot->ext_metrics, key);
+            json_object_set_new(tot->ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val)));
+        }
+    }
+    for (int s = 0; s < n && metrics; s++) json_decref(metrics[s]);
+    free(values); free(metrics); free(jobs); free(threads); free(started);
+    return st;
+}
+
 static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) { /* tot->ext_metrics: sums */
     const trill_rl_config *c = r->c;
     trill_status st = TRILL_OK;
@@ -161,23 +222,9 @@ static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) { /*
         b->correct[s] = trill_verify(r->verifier, b->completion[s], ex->answer);
         b->reward[s] = r->verifier != TRILL_VERIFIER_NONE ? c->reward.verifier_weight * b->correct[s] : 0;
     }
-    if (r->ext) {
+    if (r->n_ext) {
         const double t0 = trill_now();
-        for (int s = 0; s < b->n_seqs && !st; s++) {
-            const trill_example *ex = &r->train->examples[b->example[s]];
-            double v;
-            json_t *m = NULL;
-            st = reward_process_score(r->ext, ex->prompt, b->completion[s], ex->answer, &v, &m);
-            if (st) break;
-            b->reward[s] += c->reward.external_weight * v;
-            const char *key;
-            json_t *val;
-            json_object_foreach(m, key, val) { /* summed here, averaged when logged */
-                json_t *sum = json_object_get(tot->ext_metrics, key);
-                json_object_set_new(tot->ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val)));
-            }
-            json_decref(m);
-        }
+        st = score_external(r, b, tot);
         tot->external_s += trill_now() - t0;
     }
     if (!st && r->rm) {

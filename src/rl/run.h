@@ -30,7 +30,8 @@ struct rl_run {
     trill_tokenizer *tok;
     trill_chat_template *chat;
     trill_dataset *train, *eval;
-    reward_process *ext;
+    reward_process **ext;         /* the external reward pool: n_ext processes */
+    int n_ext;
     trill_reward_model *rm;
     trill_request proto;          /* sampling settings, stops */
     int stop_ids[TRILL_MAX_EOS];

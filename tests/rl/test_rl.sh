@@ -177,6 +177,19 @@ for x, y in zip(a, b):
 print("   loss", [x["loss"] for x in a], "vs", [y["loss"] for y in b])
 PY
 
+echo "== a pool of external reward processes scores the same as one"
+cat > digits_pid.py <<'PY'
+import json, os, sys
+open("pids", "a").write("%d\n" % os.getpid())
+for line in sys.stdin:
+    c = json.loads(line)["completion"]
+    print(json.dumps({"reward": sum(ch.isdigit() for ch in c) / max(len(c), 1), "metrics": {"len": len(c)}}), flush=True)
+PY
+"$TRILL" train "${COMMON[@]}" "reward.external=$PY digits_pid.py" reward.external_workers=3 run_dir=pool steps=8 checkpoint.every=2 \
+    2>log_pool || { cat log_pool; fail "reward pool"; }
+[ "$(sort -u pids | wc -l)" -eq 3 ] || fail "expected 3 reward processes, got $(sort -u pids | wc -l)"
+compare_runs full pool
+
 echo "== trill eval"
 "$TRILL" eval --model model --data eval.jsonl --verifier demo --k 2 --max-new-tokens 6 >eval.json 2>log_eval || { cat log_eval; fail "eval"; }
 $PY -c "import json; r=json.load(open('eval.json')); assert r['prompts']==8 and r['k']==2 and 0<=r['pass@1']<=r['pass@2']<=1, r; print('  ', r)"

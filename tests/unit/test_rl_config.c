@@ -69,6 +69,7 @@ static void assert_configs_equal(const trill_rl_config *a, const trill_rl_config
     assert_true(a->reward.external_weight == b->reward.external_weight);
     assert_true(a->reward.external_timeout_s == b->reward.external_timeout_s);
     assert_int_equal(a->reward.external_max_failures, b->reward.external_max_failures);
+    assert_int_equal(a->reward.external_workers, b->reward.external_workers);
     assert_string_equal(a->reward.model, b->reward.model);
     assert_true(a->reward.model_weight == b->reward.model_weight);
     assert_int_equal(a->algo.loss, b->algo.loss);
