@@ -12,7 +12,8 @@ static const char USAGE[] =
     "  group advantages, the trainer's log-probs (router replay, TIS/MIS corrections), LoRA updates\n"
     "  and a weight sync each step. With no CONFIG it runs the embedded demo (a tiny MoE learning\n"
     "  addition: SFT warm start, cached, then RL). Overrides use the config's dotted keys, e.g.\n"
-    "  algo.loss=gspo trainer.lr=1e-4 generator.dtype=f32 'correction.mis=[0.5, 5]'.\n"
+    "  algo.loss=gspo trainer.lr=1e-4 generator.dtype=f32 'correction.mis=[0.5, 5]'. mode=async runs generator,\n"
+    "  rewards and trainer at the same time on their own cores (async.max_staleness, resources.*).\n"
     "  --print-config prints the resolved config and exits; --config-reference prints every key.\n"
     "  Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).";
 

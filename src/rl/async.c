@@ -466,6 +466,11 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
     if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
     r->publish = rl_sync_direct;
     r->async = NULL;
+    if (!st) { /* the generator may have stopped before taking the last version: evaluation must see it */
+        double ms;
+        size_t bytes;
+        st = rl_sync_direct(r, &ms, &bytes);
+    }
 done:
     queue_destroy(&as->to_reward);
     queue_destroy(&as->to_trainer);

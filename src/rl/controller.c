@@ -762,8 +762,9 @@ static trill_status evaluate(rl_run *r, const char *when, double *pass1, double 
     trill_eval_result res;
     trill_status st = trill_rl_evaluate(r->engine, r->tok, r->eval, &o, &res);
     if (st) return st;
-    fprintf(stderr, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, %.1f s)\n", when,
-            100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, res.seconds);
+    fprintf(stderr, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)\n",
+            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, trill_engine_version(r->engine),
+            res.seconds);
     *pass1 = res.pass1;
     *passk = res.passk;
     return TRILL_OK;

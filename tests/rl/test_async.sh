@@ -51,6 +51,10 @@ for sync in adapter merge; do
     timeout 120 "$TRILL" train "${COMMON[@]}" run_dir=async_$sync steps=6 sync.mode=$sync mode=async async.max_staleness=0 \
         2>log_async || { cat log_async; fail "async run ($sync)"; }
     same_run sync_$sync async_$sync
+    # the held-out evaluation after the run sees the final weights in both modes
+    grep -q "held-out after: .*policy version 6," log_async || { grep "held-out after" log_async; fail "final evaluation not on the final weights ($sync)"; }
+    [ "$(grep -o 'held-out after: .*policy version [0-9]*' log_sync)" = \
+      "$(grep -o 'held-out after: .*policy version [0-9]*' log_async)" ] || fail "final evaluation differs ($sync)"
     cmp sync_$sync/checkpoints/step-00000006/adapter/adapter_model.safetensors \
         async_$sync/checkpoints/step-00000006/adapter/adapter_model.safetensors || fail "adapters differ ($sync)"
 done
