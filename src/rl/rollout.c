@@ -109,3 +109,101 @@ trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const tril
     }
     return st;
 }
+
+/* ---- serialisation ---- */
+
+#define PACK_MAGIC 0x424c5254u /* "TRLB" */
+
+typedef struct pack_header {
+    uint32_t magic, format;
+    int32_t n_seqs, group_size, n_moe_layers, top_k;
+    int64_t n_tokens, text_bytes;
+} pack_header;
+
+/* Every array of a batch: where it lives and how many bytes it holds. */
+static int batch_arrays(rl_batch *b, size_t T, void ***ptr, size_t *bytes) {
+    const size_t n = (size_t)b->n_seqs, row = (size_t)b->n_moe_layers * b->top_k;
+    void **p[] = { (void **)&b->offsets, (void **)&b->prompt_len, (void **)&b->tokens, (void **)&b->behav_logp,
+                   (void **)&b->version, (void **)&b->experts, (void **)&b->example, (void **)&b->reward,
+                   (void **)&b->adv, (void **)&b->correct, (void **)&b->keep };
+    const size_t sz[] = { sizeof(int) * (n + 1), sizeof(int) * n, sizeof(int) * T, sizeof(float) * T, sizeof(uint32_t) * T,
+                          sizeof(uint16_t) * T * row, sizeof(int) * n, sizeof(double) * n, sizeof(double) * n,
+                          sizeof(double) * n, sizeof(bool) * n };
+    const int count = (int)(sizeof sz / sizeof sz[0]);
+    for (int i = 0; i < count; i++) { ptr[i] = p[i]; bytes[i] = sz[i]; }
+    return count;
+}
+
+trill_status rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
+    rl_batch v = *b; /* only read through the pointers */
+    const size_t T = b->n_seqs ? (size_t)b->offsets[b->n_seqs] : 0;
+    void **ptr[16] = { 0 };
+    size_t bytes[16] = { 0 }, total = sizeof(pack_header), text = 0;
+    const int count = batch_arrays(&v, T, ptr, bytes);
+    for (int i = 0; i < count; i++) total += bytes[i];
+    for (int s = 0; s < b->n_seqs; s++) text += strlen(b->completion[s]) + 1;
+    char *out = malloc(total + text);
+    if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    pack_header h = { PACK_MAGIC, 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
+    memcpy(out, &h, sizeof h);
+    size_t at = sizeof h;
+    for (int i = 0; i < count; i++) {
+        if (bytes[i]) memcpy(out + at, *ptr[i], bytes[i]);
+        at += bytes[i];
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        const size_t n = strlen(b->completion[s]) + 1;
+        memcpy(out + at, b->completion[s], n);
+        at += n;
+    }
+    *buf = out;
+    *len = at;
+    return TRILL_OK;
+}
+
+trill_status rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
+    memset(b, 0, sizeof *b);
+    pack_header h;
+    if (len < sizeof h) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != PACK_MAGIC || h.format != 1)
+        return trill_error(TRILL_ERR_INVALID, "rollout batch: not a packed rollout batch (magic %08x, format %u)", h.magic, h.format);
+    if (h.n_seqs < 0 || h.group_size < 0 || h.n_moe_layers < 0 || h.top_k < 0 || h.n_tokens < 0 || h.text_bytes < 0 ||
+        h.n_seqs > (1 << 24) || h.n_tokens > ((int64_t)1 << 34) || (h.n_moe_layers && h.top_k > 64))
+        return trill_error(TRILL_ERR_INVALID, "rollout batch: header out of range (%d sequences, %lld tokens)", h.n_seqs,
+                           (long long)h.n_tokens);
+    b->n_seqs = h.n_seqs;
+    b->group_size = h.group_size;
+    b->n_moe_layers = h.n_moe_layers;
+    b->top_k = h.top_k;
+    void **ptr[16] = { 0 };
+    size_t bytes[16] = { 0 }, need = sizeof h;
+    const int count = batch_arrays(b, (size_t)h.n_tokens, ptr, bytes);
+    for (int i = 0; i < count; i++) need += bytes[i];
+    if (need + (size_t)h.text_bytes != len)
+        return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, the header describes %zu", len, need + (size_t)h.text_bytes);
+    const char *in = buf;
+    size_t at = sizeof h;
+    trill_status st = TRILL_OK;
+    for (int i = 0; i < count && !st; i++) {
+        if (!(*ptr[i] = malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else memcpy(*ptr[i], in + at, bytes[i]);
+        at += bytes[i];
+    }
+    if (!st && !(b->completion = calloc((size_t)h.n_seqs + 1, sizeof(char *)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && (b->offsets[0] != 0 || b->offsets[h.n_seqs] != h.n_tokens))
+        st = trill_error(TRILL_ERR_INVALID, "rollout batch: sequence offsets do not cover the %lld tokens", (long long)h.n_tokens);
+    for (int s = 0; s < h.n_seqs && !st; s++)
+        if (b->offsets[s + 1] <= b->offsets[s] || b->prompt_len[s] < 1 || b->prompt_len[s] > b->offsets[s + 1] - b->offsets[s])
+            st = trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d has offsets [%d, %d) and prompt length %d", s, b->offsets[s],
+                             b->offsets[s + 1], b->prompt_len[s]);
+    for (int s = 0; s < h.n_seqs && !st; s++) {
+        const char *text = in + at, *nul = memchr(text, 0, len - at);
+        if (!nul) { st = trill_error(TRILL_ERR_INVALID, "rollout batch: completion %d is not terminated", s); break; }
+        if (!(b->completion[s] = strdup(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        at = (size_t)(nul - in) + 1;
+    }
+    if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);
+    if (st) rl_batch_free(b);
+    return st;
+}
