@@ -2,7 +2,9 @@
 # Sync vs async RL, one run each with the same seed and steps, side by side:
 #   1. the embedded demo (generation ~12% of a sync step: training-bound);
 #   2. the `small` preset (85M parameters, random weights) on a shape where generation and
-#      training cost about the same (4 samples of 1 prompt, 128 new tokens).
+#      training cost about the same (4 samples of 1 prompt, 128 new tokens);
+#   3. the demo scored by a slow external reward (2 ms a request, as a sandbox or an API would
+#      be; 4 processes), the case where overlapping the reward with the rest pays.
 # Prints the steady-state step time (median wall time between steps, first step excluded), tokens
 # generated and trained per second of wall time, each executor's busy and idle fraction (each
 # runs on its own core in async mode), held-out pass@1 (demo), and the weight transfer per version
@@ -24,7 +26,15 @@ with open("prompts.jsonl", "w") as f:
         a, b = r.randrange(10, 100), r.randrange(10, 100)
         f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
 PY
+cat > slow_reward.py <<'PY'
+import json, sys, time
+for line in sys.stdin:
+    r = json.loads(line)
+    time.sleep(0.002)
+    print(json.dumps({"reward": float(r["completion"].split("\n")[0] == r["ground_truth"])}), flush=True)
+PY
 DEMO=(steps=$STEPS)
+SLOW=(steps=$((STEPS / 2)) reward.verifier_weight=0 "reward.external=/usr/bin/python3 slow_reward.py" reward.external_workers=4)
 SMALL=(model=small data.train=prompts.jsonl reward.verifier=demo generator.prompts_per_step=1 generator.n=4
        generator.max_new_tokens=128 steps=$((STEPS / 6 > 4 ? STEPS / 6 : 4)) checkpoint.every=0)
 run() { local name=$1; shift; "$TRILL" train run_dir="$name" "$@" 2>"$name.log" || { tail -5 "$name.log"; exit 1; }; }
@@ -34,6 +44,8 @@ run demo_async_merge steps=20 mode=async async.max_staleness=1 sync.mode=merge
 run demo_sync_merge steps=20 sync.mode=merge
 run small_sync "${SMALL[@]}"
 run small_async "${SMALL[@]}" mode=async async.max_staleness=1
+run slowreward_sync "${SLOW[@]}"
+run slowreward_async "${SLOW[@]}" mode=async async.max_staleness=1
 /usr/bin/python3 - <<'PY'
 import json, os, re, statistics as st
 def load(name):
@@ -45,7 +57,7 @@ def load(name):
 def wall(x, asyn):
     return x["time"]["interval_s"] if asyn else x["time"]["step_s"]
 print(f"{'run':18s} {'step ms':>8s} {'gen tok/s':>10s} {'train tok/s':>12s} {'gen busy':>9s} {'reward':>7s} {'train busy':>11s} {'idle gen/train core':>20s} {'pass@1':>15s} {'staleness':>9s}")
-for work in ("demo", "small"):
+for work in ("demo", "small", "slowreward"):
     base = None
     for mode in ("sync", "async"):
         name = f"{work}_{mode}"

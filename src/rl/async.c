@@ -43,7 +43,7 @@ typedef struct async_state {
     rl_run *r;
     queue to_reward, to_trainer;
     trill_weight_channel *ch;
-    pthread_mutex_t mu;             /* guards redo, failure */
+    pthread_mutex_t mu;             /* guards redo, failure, apply_ms / apply_bytes */
     pthread_cond_t cv;
     int64_t redo[QUEUE_MAX];        /* batch indices the trainer wants generated again */
     int n_redo;
@@ -226,8 +226,10 @@ static trill_status take_weights(void *ctx) {
     }
     if (!st) {
         as->gen_version = view.version;
+        pthread_mutex_lock(&as->mu); /* the trainer reads these for its metrics */
         as->apply_ms = (trill_now() - t0) * 1e3;
         as->apply_bytes = bytes;
+        pthread_mutex_unlock(&as->mu);
     }
     trill_channel_release(as->ch, &view);
     return st;
@@ -418,13 +420,17 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         *train_s += trs;
         *train_tokens += tt;
         json_t *tm = json_object_get(m, "time");
+        pthread_mutex_lock(&as->mu);
+        const double apply_ms = as->apply_ms;
+        const size_t apply_bytes = as->apply_bytes;
+        pthread_mutex_unlock(&as->mu);
         if (tm) {
             json_object_set_new(tm, "trainer_wait_s", rl_jnum(step_wait));
-            json_object_set_new(tm, "generator_apply_ms", rl_jnum(as->apply_ms));
+            json_object_set_new(tm, "generator_apply_ms", rl_jnum(apply_ms));
         }
         trainer_wait += step_wait;
         step_wait = 0;
-        json_object_set_new(m, "generator_apply_bytes", json_integer((json_int_t)as->apply_bytes));
+        json_object_set_new(m, "generator_apply_bytes", json_integer((json_int_t)apply_bytes));
         rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
