@@ -323,8 +323,9 @@ static rl_rollout *next_batch(async_state *as, stash *held, int64_t want) {
     }
 }
 
-/* Oldest and mean policy version lag of a batch's response tokens at training version v. */
-static void staleness(const rl_batch *b, uint32_t v, double *mean, int *max) {
+/* Policy version lag of a batch's response tokens at training version v: mean, max, and the
+ * number of tokens at each lag 0 .. max (a JSON array). */
+static json_t *staleness(const rl_batch *b, uint32_t v, double *mean, int *max) {
     double sum = 0;
     long n = 0;
     *max = 0;
@@ -336,6 +337,13 @@ static void staleness(const rl_batch *b, uint32_t v, double *mean, int *max) {
             if (lag > *max) *max = lag;
         }
     *mean = n ? sum / n : 0;
+    long *count = calloc((size_t)*max + 1, sizeof(long));
+    json_t *hist = json_array();
+    for (int s = 0; count && s < b->n_seqs; s++)
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) count[v - b->version[t]]++;
+    for (int l = 0; count && l <= *max; l++) json_array_append_new(hist, json_integer(count[l]));
+    free(count);
+    return hist;
 }
 
 trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
@@ -383,7 +391,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         want = -1;
         double lag_mean;
         int lag_max;
-        staleness(&ro->b, r->state.version, &lag_mean, &lag_max);
+        json_t *lag_hist = staleness(&ro->b, r->state.version, &lag_mean, &lag_max);
         if (lag_max > c->async.max_staleness) {
             if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */
                 st = trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d",
@@ -399,6 +407,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
                 as->redo[as->n_redo++] = want = ro->index;
                 pthread_mutex_unlock(&as->mu);
             }
+            json_decref(lag_hist);
             rl_rollout_free(ro);
             free(ro);
             continue;
@@ -408,6 +417,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         json_object_set_new(m, "batch", json_integer(ro->index));
         json_object_set_new(m, "staleness_mean", rl_jnum(lag_mean));
         json_object_set_new(m, "staleness_max", json_integer(lag_max));
+        json_object_set_new(m, "staleness_tokens", lag_hist); /* tokens at lag 0, 1, ... */
         json_object_set_new(m, "dropped_batches", json_integer(dropped));
         json_object_set_new(m, "regenerated_batches", json_integer(regenerated));
         double trs = 0;

@@ -71,6 +71,9 @@ s = int(sys.argv[2])
 assert len(m) == 10
 lags = [x["staleness_max"] for x in m]
 assert all(0 <= v <= s for v in lags), lags
+for x in m: # every token counted once, none beyond the bound
+    assert len(x["staleness_tokens"]) == x["staleness_max"] + 1 <= s + 1, x["staleness_tokens"]
+    assert sum(x["staleness_tokens"]) == round(x["response_len"] * x["trained_seqs"]), (x["staleness_tokens"], x["response_len"])
 assert all(x["policy_version"] == i + 1 for i, x in enumerate(m))
 print(f"   {sys.argv[3]:10s} bound {s}: staleness max per step {lags}, batches {[x['batch'] for x in m]}")
 PY
