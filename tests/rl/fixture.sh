@@ -1,0 +1,32 @@
+# Sourced by the RL end-to-end tests: a scratch folder, a tiny random MoE (layer 0 dense, then
+# MoE layers), two-digit addition prompts, a graded external reward, and the common overrides.
+# Expects TRILL (the binary); defines PY, W, fail and COMMON.
+set -euo pipefail
+PY=/usr/bin/python3
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$TRILL" init --out model --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
+    --set head_dim=16 --seed 3 2>/dev/null
+$PY - <<'PY'
+import json, random
+r = random.Random(0)
+for name, n in (("train.jsonl", 64), ("eval.jsonl", 8)):
+    with open(name, "w") as f:
+        for _ in range(n):
+            a, b = r.randrange(10, 100), r.randrange(10, 100)
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+PY
+# A random model never gets the sum right: a graded external reward (the share of digits in the
+# completion) gives the groups different rewards, so the adapters really train.
+cat > digits.py <<'PY'
+import json, sys
+for line in sys.stdin:
+    c = json.loads(line)["completion"]
+    print(json.dumps({"reward": sum(ch.isdigit() for ch in c) / max(len(c), 1), "metrics": {"len": len(c)}}), flush=True)
+PY
+COMMON=(model=model data.train=train.jsonl data.eval=eval.jsonl data.eval_size=4 reward.verifier=demo
+        "reward.external=$PY digits.py" generator.prompts_per_step=4 generator.n=4 generator.max_new_tokens=6 eval.k=2
+        checkpoint.keep=0 trainer.schedule=constant trainer.lr=1e-2)
