@@ -196,6 +196,14 @@ typedef struct trill_eval_result {
 trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, const struct trill_dataset *d,
                                const trill_eval_options *o, trill_eval_result *out);
 
+/* trill_rl_evaluate on a model folder (matrices kept in the checkpoint's dtype), optionally with
+ * a PEFT adapter (NULL: none), on a JSONL file read with data_opt (its chat template is loaded
+ * when data_opt->template_ is "chat"); the model's eos ids stop generation besides o->stops. */
+struct trill_dataset_options;
+trill_status trill_rl_evaluate_model(const char *model_dir, const char *adapter_dir, const char *data_path,
+                                     const struct trill_dataset_options *data_opt, const trill_engine_config *engine,
+                                     const trill_eval_options *o, trill_eval_result *out);
+
 /* The built-in verifier's score of a completion (trill/reward.h); NAN for TRILL_VERIFIER_NONE. */
 double trill_verify(trill_verifier v, const char *completion, const char *truth);
 const char *trill_verifier_name(trill_verifier v);

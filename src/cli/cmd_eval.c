@@ -3,11 +3,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "trill/chat.h"
 #include "trill/dataset.h"
 #include "trill/infer.h"
-#include "trill/lora.h"
-#include "trill/model.h"
 #include "trill/rl.h"
 
 static const char USAGE[] =
@@ -73,40 +70,12 @@ int cmd_eval(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("eval", USAGE, "unexpected argument \"%s\"", argv[optind]);
     if (!model_dir || !data) return cli_usage_error("eval", USAGE, "--model and --data are required");
 
-    trill_model *m = NULL;
-    trill_lora *lora = NULL;
-    trill_tokenizer *tok = NULL;
-    trill_chat_template *chat = NULL;
-    trill_dataset *ds = NULL;
-    trill_engine *e = NULL;
-    trill_status st = trill_model_load_as(model_dir, TRILL_STORE_CHECKPOINT, &m);
-    if (!st) st = trill_tokenizer_load(model_dir, &tok);
-    if (!st && strcmp(dopt.template_, "chat") == 0) st = trill_chat_template_load(model_dir, &chat);
-    dopt.chat = chat;
-    dopt.limit = eo.limit;
-    if (!st) st = trill_dataset_load(data, tok, &dopt, &ds);
-    ec.tokenizer = tok;
-    if (!st) st = trill_engine_create(m, &ec, &e);
-    if (!st && adapter) st = trill_lora_load(m, adapter, &lora);
-    if (!st && lora) st = trill_engine_update_adapter(e, lora, 1, NULL);
-    int stop_ids[TRILL_MAX_EOS];
-    if (!st) {
-        for (int i = 0; i < m->config.n_eos; i++) stop_ids[i] = m->config.eos_token_ids[i];
-        eo.stop_ids = stop_ids;
-        eo.n_stop_ids = m->config.n_eos;
-        eo.stops = stops;
-        eo.n_stops = n_stops;
-    }
+    eo.stops = stops;
+    eo.n_stops = n_stops;
     trill_eval_result res;
-    if (!st) st = trill_rl_evaluate(e, tok, ds, &eo, &res);
+    trill_status st = trill_rl_evaluate_model(model_dir, adapter, data, &dopt, &ec, &eo, &res);
     if (!st)
         printf("{\"prompts\": %d, \"k\": %d, \"pass@1\": %.6f, \"pass@%d\": %.6f, \"mean_generated_tokens\": %.2f, \"seconds\": %.3f}\n",
                res.prompts, res.k, res.pass1, res.k, res.passk, res.mean_len, res.seconds);
-    trill_engine_free(e);
-    trill_lora_free(lora);
-    trill_dataset_free(ds);
-    trill_chat_template_free(chat);
-    trill_tokenizer_free(tok);
-    trill_model_free(m);
     return st ? cli_fail("eval") : 0;
 }

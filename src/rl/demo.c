@@ -134,34 +134,18 @@ static trill_status create_model(const char *dir, uint64_t seed) {
 
 /* dev pass@1 and pass@k of the model in dir, sampled at temperature 1 with the bf16 generator. */
 static trill_status dev_accuracy(const char *model_dir, const char *dev_path, const trill_demo_options *o, double *pass1, double *passk) {
-    trill_model *m = NULL;
-    trill_tokenizer *tok = NULL;
-    trill_dataset *d = NULL;
-    trill_engine *e = NULL;
-    trill_status st = trill_model_load_as(model_dir, TRILL_STORE_CHECKPOINT, &m);
-    if (!st) st = trill_tokenizer_load(model_dir, &tok);
     trill_dataset_options dopt = { .prompt_field = "prompt", .answer_field = "answer", .template_ = "{prompt}", .max_prompt_tokens = 64 };
-    if (!st) st = trill_dataset_load(dev_path, tok, &dopt, &d);
     trill_engine_config ec = trill_engine_config_default();
     ec.kv_cache_mb = 64;
     ec.max_batch_tokens = 2048;
-    if (!st) st = trill_engine_create(m, &ec, &e);
     trill_eval_options eo = { .k = o->dev_k, .temperature = 1.0, .max_new_tokens = TRILL_DEMO_RL_MAX_NEW_TOKENS,
                               .verifier = TRILL_VERIFIER_DEMO, .seed = o->seed };
-    if (m) {
-        eo.stop_ids = m->config.eos_token_ids;
-        eo.n_stop_ids = m->config.n_eos;
-    }
     trill_eval_result r;
-    if (!st) st = trill_rl_evaluate(e, tok, d, &eo, &r);
+    trill_status st = trill_rl_evaluate_model(model_dir, NULL, dev_path, &dopt, &ec, &eo, &r);
     if (!st) {
         *pass1 = r.pass1;
         *passk = r.passk;
     }
-    trill_engine_free(e);
-    trill_dataset_free(d);
-    trill_tokenizer_free(tok);
-    trill_model_free(m);
     return st;
 }
 

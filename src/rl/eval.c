@@ -3,7 +3,9 @@
 #include <string.h>
 
 #include "rollout.h"
+#include "trill/chat.h"
 #include "trill/dataset.h"
+#include "trill/lora.h"
 #include "trill/reward.h"
 #include "trill/rl.h"
 #include "trill/timing.h"
@@ -58,4 +60,40 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
     *out = (trill_eval_result){ .prompts = n, .k = o->k, .pass1 = pass1 / n, .passk = passk / n, .mean_len = len / ((double)n * o->k),
                                 .seconds = trill_now() - t0 };
     return TRILL_OK;
+}
+
+trill_status trill_rl_evaluate_model(const char *model_dir, const char *adapter_dir, const char *data_path,
+                                     const trill_dataset_options *data_opt, const trill_engine_config *engine,
+                                     const trill_eval_options *o, trill_eval_result *out) {
+    trill_model *m = NULL;
+    trill_lora *lora = NULL;
+    trill_tokenizer *tok = NULL;
+    trill_chat_template *chat = NULL;
+    trill_dataset *d = NULL;
+    trill_engine *e = NULL;
+    trill_dataset_options dopt = *data_opt;
+    trill_engine_config ec = *engine;
+    trill_status st = trill_model_load_as(model_dir, TRILL_STORE_CHECKPOINT, &m);
+    if (!st) st = trill_tokenizer_load(model_dir, &tok);
+    if (!st && strcmp(dopt.template_, "chat") == 0) st = trill_chat_template_load(model_dir, &chat);
+    dopt.chat = chat;
+    if (!dopt.limit) dopt.limit = o->limit;
+    if (!st) st = trill_dataset_load(data_path, tok, &dopt, &d);
+    ec.tokenizer = tok;
+    if (!st) st = trill_engine_create(m, &ec, &e);
+    if (!st && adapter_dir) st = trill_lora_load(m, adapter_dir, &lora);
+    if (!st && lora) st = trill_engine_update_adapter(e, lora, 1, NULL);
+    trill_eval_options eo = *o;
+    if (!st && !eo.n_stop_ids) {
+        eo.stop_ids = m->config.eos_token_ids;
+        eo.n_stop_ids = m->config.n_eos;
+    }
+    if (!st) st = trill_rl_evaluate(e, tok, d, &eo, out);
+    trill_engine_free(e);
+    trill_lora_free(lora);
+    trill_dataset_free(d);
+    trill_chat_template_free(chat);
+    trill_tokenizer_free(tok);
+    trill_model_free(m);
+    return st;
 }
