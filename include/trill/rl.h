@@ -160,7 +160,9 @@ void trill_rl_config_reference(FILE *f);
  * the training–inference mismatch, takes algo.minibatches optimizer steps on the LoRA adapters
  * and syncs the generator (adapter or merge). Writes RUN/config.yaml, RUN/metrics.jsonl (one
  * JSON object per step) and checkpoints; prints a progress line per step to stderr. Held-out
- * accuracy is measured before the first and after the last step when data.eval is set. */
+ * accuracy is measured before the first and after the last step when data.eval is set.
+ * With mode async the same stages run as concurrent executors (generator, reward, trainer) on
+ * their own cores, within async.max_staleness; RUN/async_summary.json holds their busy times. */
 typedef struct trill_rl_result {
     double eval_before, eval_after;   /* held-out pass@1 (NAN when not measured) */
     double passk_before, passk_after; /* held-out pass@k */
