@@ -182,7 +182,7 @@ static void *ext_worker(void *arg) {
     return NULL;
 }
 
-static trill_status score_external(rl_run *r, rl_batch *b, reward_totals *tot) {
+static trill_status score_external(rl_run *r, rl_batch *b, json_t *ext_metrics) {
     const int n = b->n_seqs, W = r->n_ext;
     double *values = calloc((size_t)n, sizeof(double));
     json_t **metrics = calloc((size_t)n, sizeof(json_t *));
@@ -205,8 +205,8 @@ static trill_status score_external(rl_run *r, rl_batch *b, reward_totals *tot) {
         const char *key;
         json_t *val;
         json_object_foreach(metrics[s], key, val) { /* summed here, averaged when logged */
-            json_t *sum = json_object_get(tot->ext_metrics, key);
-            json_object_set_new(tot->ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val)));
+            json_t *sum = json_object_get(ext_metrics, key);
+            json_object_set_new(ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val)));
         }
     }
     for (int s = 0; s < n && metrics; s++) json_decref(metrics[s]);
@@ -214,7 +214,8 @@ static trill_status score_external(rl_run *r, rl_batch *b, reward_totals *tot) {
     return st;
 }
 
-static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) { /* tot->ext_metrics: sums */
+/* Each sequence's reward: the weighted verifier, external process and reward model scores. */
+static trill_status score_batch(rl_run *r, rl_batch *b, json_t *ext_metrics) {
     const trill_rl_config *c = r->c;
     trill_status st = TRILL_OK;
     for (int s = 0; s < b->n_seqs; s++) {
@@ -222,13 +223,8 @@ static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) { /*
         b->correct[s] = trill_verify(r->verifier, b->completion[s], ex->answer);
         b->reward[s] = r->verifier != TRILL_VERIFIER_NONE ? c->reward.verifier_weight * b->correct[s] : 0;
     }
-    if (r->n_ext) {
-        const double t0 = trill_now();
-        st = score_external(r, b, tot);
-        tot->external_s += trill_now() - t0;
-    }
+    if (r->n_ext) st = score_external(r, b, ext_metrics);
     if (!st && r->rm) {
-        const double t0 = trill_now();
         char **texts = calloc((size_t)b->n_seqs, sizeof(char *));
         double *scores = malloc(sizeof(double) * (size_t)b->n_seqs);
         if (!texts || !scores) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -241,7 +237,6 @@ static trill_status score_batch(rl_run *r, rl_batch *b, reward_totals *tot) { /*
         for (int s = 0; s < b->n_seqs && texts; s++) free(texts[s]);
         free(texts);
         free(scores);
-        tot->model_s += trill_now() - t0;
     }
     return st;
 }
@@ -297,7 +292,6 @@ typedef struct token_arrays {
     float *old_logp, *ref_logp, *tis;
     uint8_t *mask;
     uint16_t *train_experts;
-    bool *have_old;         /* [n_seqs] old_logp/corrections filled */
 } token_arrays;
 
 /* Copies a micro-batch's packed per-token values back into batch positions. */
@@ -375,7 +369,6 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
         *masked += rl_corrections(c, m->n, off, old, behav, w, mask);
         scatter_resp_f(b, m, w, ta->tis);
         scatter_resp_u8(b, m, mask, ta->mask);
-        for (int i = 0; i < m->n; i++) ta->have_old[m->seq[i]] = true;
     }
     free(off); free(old); free(behav); free(w); free(mask);
     return st;
@@ -516,12 +509,10 @@ static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq
 
 /* ---- one RL step ---- */
 
-static double mean_of(const double *v, const bool *keep, int n) {
+static double mean_of(const double *v, int n) {
     double s = 0;
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (!keep || keep[i]) { s += v[i]; k++; }
-    return k ? s / k : NAN;
+    for (int i = 0; i < n; i++) s += v[i];
+    return n ? s / n : NAN;
 }
 
 json_t *rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -529,7 +520,7 @@ json_t *rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 void rl_rollout_free(rl_rollout *ro) {
     rl_batch_free(&ro->b);
-    json_decref(ro->rt.ext_metrics);
+    json_decref(ro->ext_metrics);
     memset(ro, 0, sizeof *ro);
 }
 
@@ -554,8 +545,8 @@ trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_s
 
 trill_status rl_stage_reward(rl_run *r, rl_rollout *ro) {
     const double t0 = trill_now();
-    if (!(ro->rt.ext_metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = score_batch(r, &ro->b, &ro->rt);
+    if (!(ro->ext_metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = score_batch(r, &ro->b, ro->ext_metrics);
     ro->reward_s = trill_now() - t0;
     return st;
 }
@@ -575,10 +566,8 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
     ta.tis = malloc(sizeof(float) * T);
     ta.mask = calloc(T, 1);
     ta.train_experts = row ? malloc(sizeof(uint16_t) * T * row) : NULL;
-    ta.have_old = calloc((size_t)b.n_seqs, sizeof(bool));
     kept = malloc(sizeof(int) * (size_t)b.n_seqs);
-    if (!st && (!ta.old_logp || (c->algo.kl_coef > 0 && !ta.ref_logp) || !ta.tis || !ta.mask || (row && !ta.train_experts) ||
-                !ta.have_old || !kept))
+    if (!st && (!ta.old_logp || (c->algo.kl_coef > 0 && !ta.ref_logp) || !ta.tis || !ta.mask || (row && !ta.train_experts) || !kept))
         st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < T * row; i++) ta.train_experts[i] = TRILL_REPLAY_NONE;
 
@@ -661,7 +650,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
                 if (r->verifier != TRILL_VERIFIER_NONE) accuracy += (b.correct[s] >= 0.5) / (double)b.n_seqs;
                 len += rl_response_len(&b, s) / (double)b.n_seqs;
             }
-            json_object_set_new(metrics, "reward", jnum(mean_of(b.reward, NULL, b.n_seqs)));
+            json_object_set_new(metrics, "reward", jnum(mean_of(b.reward, b.n_seqs)));
             json_object_set_new(metrics, "accuracy", jnum(accuracy));
             json_object_set_new(metrics, "response_len", jnum(len));
             json_object_set_new(metrics, "flat_groups", json_integer(flat_groups));
@@ -691,7 +680,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
             json_object_set_new(metrics, "policy_version", json_integer(r->state.version));
             const char *key;
             json_t *val;
-            json_object_foreach(ro->rt.ext_metrics, key, val) {
+            json_object_foreach(ro->ext_metrics, key, val) {
                 char name[160];
                 snprintf(name, sizeof name, "reward_ext_%s", key);
                 json_object_set_new(metrics, name, jnum(json_number_value(val) / b.n_seqs));
@@ -710,7 +699,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
     }
     *train_s_out = t_train - t_reward;
     *train_tokens_out = ts.tokens;
-    free(ta.old_logp); free(ta.ref_logp); free(ta.tis); free(ta.mask); free(ta.train_experts); free(ta.have_old);
+    free(ta.old_logp); free(ta.ref_logp); free(ta.tis); free(ta.mask); free(ta.train_experts);
     free(kept);
     if (!st) r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
     return st;

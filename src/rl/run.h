@@ -44,13 +44,11 @@ struct rl_run {
     void *async;                  /* the executors' shared state in async mode */
 };
 
-typedef struct reward_totals { double external_s, model_s; json_t *ext_metrics; } reward_totals;
-
 /* One rollout batch on its way through the stages. */
 typedef struct rl_rollout {
     int64_t index;                /* batch index: prompts [index * prompts_per_step, ...) of the stream */
     rl_batch b;
-    reward_totals rt;
+    json_t *ext_metrics;          /* the external reward's metrics, summed over the batch */
     double gen_s, reward_s;
     long gen_tokens;
     bool redo;                    /* generated again after the trainer found it too stale */

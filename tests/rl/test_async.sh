@@ -62,32 +62,26 @@ timeout 120 "$TRILL" train "${COMMON[@]}" run_dir=res steps=6 mode=async async.m
 same_run sync_adapter res
 
 echo "== failing executors stop the run with the error and a consistent checkpoint"
-cat > crash_later.py <<'PY'
-import json, os, sys
-n = int(open("count").read()) if os.path.exists("count") else 0
+# A reward process that works for 40 requests (counted across restarts), then crashes or hangs.
+cat > fail_later.py <<'PY'
+import json, os, sys, time
+how = sys.argv[1]
+n = int(open(how + ".count").read()) if os.path.exists(how + ".count") else 0
 for line in sys.stdin:
     n += 1
-    open("count", "w").write(str(n))
-    if n > 40:
+    open(how + ".count", "w").write(str(n))
+    if n > 40 and how == "crash":
         sys.stderr.write("reward script gave up at request %d\n" % n)
         sys.exit(7)
-    print(json.dumps({"reward": n % 3 / 2.0}), flush=True)
-PY
-cat > hang_later.py <<'PY'
-import json, os, sys, time
-n = int(open("count2").read()) if os.path.exists("count2") else 0
-for line in sys.stdin:
-    n += 1
-    open("count2", "w").write(str(n))
     if n > 40:
         time.sleep(60)
     print(json.dumps({"reward": n % 3 / 2.0}), flush=True)
 PY
-for case in "crash:crash_later.py:exited with status 7" "hang:hang_later.py:no reply within"; do
-    IFS=: read -r name script expect <<<"$case"
+for case in "crash:exited with status 7" "hang:no reply within"; do
+    IFS=: read -r name expect <<<"$case"
     start=$(date +%s)
     if timeout 120 "$TRILL" train "${COMMON[@]}" run_dir=fail_$name steps=20 checkpoint.every=1 mode=async async.max_staleness=1 \
-        "reward.external=$PY $script" reward.external_timeout_s=0.5 reward.external_max_failures=2 2>log_fail_$name; then
+        "reward.external=$PY fail_later.py $name" reward.external_timeout_s=0.5 reward.external_max_failures=2 2>log_fail_$name; then
         fail "$name: the run did not fail"
     fi
     rc=$?

@@ -21,12 +21,7 @@
 
 /* The test_small_moe config as a classifier (architectures, then `extra` fields merged in). */
 static json_t *classifier_json(const char *arch, const char *extra) {
-    json_t *j = trill_config_preset("tiny");
-    json_object_set_new(j, "hidden_size", json_integer(32));
-    json_object_set_new(j, "head_dim", json_integer(8));
-    json_object_set_new(j, "intermediate_size", json_integer(48));
-    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
-    json_object_set_new(j, "initializer_range", json_real(0.3));
+    json_t *j = test_small_moe_json();
     if (strstr(arch, "Moe") == NULL) json_object_set_new(j, "model_type", json_string("qwen3"));
     json_object_set_new(j, "architectures", json_pack("[s]", arch));
     if (extra) {

@@ -31,13 +31,18 @@ void test_write(const char *dir, const char *name, const void *data, size_t len)
     fclose(f);
 }
 
-trill_model *test_small_moe(uint64_t seed, bool tied, bool norm_topk_prob) {
+json_t *test_small_moe_json(void) {
     json_t *j = trill_config_preset("tiny");
     json_object_set_new(j, "hidden_size", json_integer(32));
     json_object_set_new(j, "head_dim", json_integer(8));
     json_object_set_new(j, "intermediate_size", json_integer(48));
     json_object_set_new(j, "moe_intermediate_size", json_integer(16));
     json_object_set_new(j, "initializer_range", json_real(0.3));
+    return j;
+}
+
+trill_model *test_small_moe(uint64_t seed, bool tied, bool norm_topk_prob) {
+    json_t *j = test_small_moe_json();
     json_object_set_new(j, "tie_word_embeddings", json_boolean(tied));
     json_object_set_new(j, "norm_topk_prob", json_boolean(norm_topk_prob));
     trill_config c;

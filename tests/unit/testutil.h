@@ -2,6 +2,7 @@
 #ifndef TRILL_TESTUTIL_H
 #define TRILL_TESTUTIL_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +15,9 @@ char *test_tmpdir(const char *tag);
 void test_rmdir(const char *dir);
 /* Writes bytes to dir/name (plain write, for crafting malformed inputs). */
 void test_write(const char *dir, const char *name, const void *data, size_t len);
+
+/* config.json of the model below (the caller owns the object). */
+json_t *test_small_moe_json(void);
 
 /* A small Qwen3-MoE (the tiny preset at hidden 32: layer 0 dense, 1..3 MoE with 8 experts,
  * top-2, vocab 128), weights N(0, 0.3) from `seed`. Fails the test if it cannot be made. */
