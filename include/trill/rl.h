@@ -127,6 +127,13 @@ typedef struct trill_rl_config {
         int k;                     /* samples per held-out prompt for pass@k (pass@1 is their mean) */
         double temperature;
     } eval;
+
+    struct {
+        bool save;                 /* write each step's rollout batch, as the trainer receives it, to
+                                      RUN/rollouts/step-NNNNNNNN.bin (rl_batch_pack bytes) */
+        char *replay;              /* "" or a folder of such files: each step trains on its file instead of
+                                      generating and scoring (sync mode) */
+    } rollouts;
 } trill_rl_config;
 
 /* The defaults (the embedded demo's settings where a default makes sense). Overwrites *c without

@@ -191,6 +191,13 @@ static const key KEYS[] = {
     INT("eval.every", eval.every, 0, INF, "0", "Steps between held-out evaluations (0: before and after training only)."),
     INT("eval.k", eval.k, 1, 1024, "8", "Samples per held-out prompt for pass@k (pass@1 is their mean)."),
     REAL("eval.temperature", eval.temperature, 0, 100, "1.0", "Sampling temperature of the evaluation."),
+
+    BOOL("rollouts.save", rollouts.save, "false",
+         "Write each step's rollout batch as the trainer receives it (tokens, behaviour log-probs, versions, routed "
+         "experts, completions, rewards) to `run_dir/rollouts/step-NNNNNNNN.bin`."),
+    STRING("rollouts.replay", rollouts.replay, "\"\"",
+           "A folder of such files: each step trains on its own file instead of generating and scoring (sync mode; "
+           "`\"\"`: off). Replaying a saved run reproduces its training exactly."),
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -209,6 +216,7 @@ static const section SECTIONS[] = {
     { "sync", "Weight updates from the trainer to the generator." },
     { "checkpoint", "Checkpoints in the run folder (what `resume` continues from)." },
     { "eval", "Held-out evaluation on data.eval." },
+    { "rollouts", "Recorded rollout batches: keep what the trainer saw, or train on a recording again." },
 };
 
 /* ---- paths ---- */
@@ -860,10 +868,12 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
     if (c->algo.minibatches > c->generator.prompts_per_step)
         return trill_error(TRILL_ERR_INVALID, "algo.minibatches (%d) is more than generator.prompts_per_step (%d): a minibatch holds whole groups",
                            c->algo.minibatches, c->generator.prompts_per_step);
-    if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0])
+    if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0] && !c->rollouts.replay[0])
         return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external or reward.model");
     if (c->mode == TRILL_MODE_ASYNC && c->eval.every > 0)
         return trill_error(TRILL_ERR_INVALID, "eval.every: periodic evaluation needs mode sync (async runs evaluate before and after)");
+    if (c->mode == TRILL_MODE_ASYNC && c->rollouts.replay[0])
+        return trill_error(TRILL_ERR_INVALID, "rollouts.replay: replaying recorded rollouts needs mode sync (there is no generator to overlap)");
     if (!c->trainer.lora.targets || c->trainer.lora.targets >> TRILL_LORA_N_TARGETS)
         return trill_error(TRILL_ERR_INVALID, "trainer.lora.targets: expected at least one of q, k, v, o, gate, up, down, lm_head");
     return TRILL_OK;

@@ -108,6 +108,7 @@ static trill_status load_models(rl_run *r) {
     r->proto.n_stop_ids = mc->n_eos;
     r->proto.stop_strings = (const char *const *)c->generator.stop;
     r->proto.n_stop_strings = c->generator.n_stop;
+    if (c->rollouts.replay[0]) return TRILL_OK; /* rewards come with the recorded batches */
     if (c->reward.external[0]) {
         if (!(r->ext = calloc((size_t)c->reward.external_workers, sizeof(reward_process *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (; r->n_ext < c->reward.external_workers; r->n_ext++)
@@ -551,6 +552,78 @@ trill_status rl_stage_reward(rl_run *r, rl_rollout *ro) {
     return st;
 }
 
+/* ---- recorded rollouts ---- */
+
+static char *rollout_file(const char *dir, int step) {
+    char name[32];
+    snprintf(name, sizeof name, "step-%08d.bin", step);
+    return trill_path_join(dir, name);
+}
+
+/* RUN/rollouts/step-N.bin: the batch as the trainer receives it (rewards in, advantages not yet). */
+static trill_status save_rollout(rl_run *r, const rl_batch *b, int step) {
+    char *dir = trill_path_join(r->c->run_dir, "rollouts"), *path = dir ? rollout_file(dir, step) : NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    trill_status st = path ? trill_mkdir_p(dir) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = rl_batch_pack(b, &buf, &len);
+    if (!st) st = trill_write_file_atomic(path, buf, len);
+    if (st) trill_error_context("rollouts.save: step %d", step);
+    free(buf);
+    free(path);
+    free(dir);
+    return st;
+}
+
+/* Checks a recorded batch against this run: its shape, and every id and number the trainer reads. */
+static trill_status check_replayed(const rl_run *r, const rl_batch *b, const char *path) {
+    const trill_rl_config *c = r->c;
+    const trill_config *mc = &r->policy->config;
+    const int want = c->generator.prompts_per_step * c->generator.n;
+    if (b->n_seqs != want || b->group_size != c->generator.n)
+        return trill_error(TRILL_ERR_INVALID, "%s: %d sequences in groups of %d, the config asks for %d prompts x generator.n %d", path,
+                           b->n_seqs, b->group_size, c->generator.prompts_per_step, c->generator.n);
+    if (b->n_moe_layers != r->L || b->top_k != r->K)
+        return trill_error(TRILL_ERR_INVALID, "%s: routed experts for %d MoE layers x top-%d, the model has %d x top-%d", path,
+                           b->n_moe_layers, b->top_k, r->L, r->K);
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (!isfinite(b->reward[s])) return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: reward is not a finite number", path, s);
+        if (b->example[s] < 0 || b->example[s] >= r->train->n)
+            return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: example %d is not a line of data.train (%d prompts)", path, s,
+                               b->example[s], r->train->n);
+        for (int t = b->offsets[s]; t < b->offsets[s + 1]; t++) {
+            if (b->tokens[t] < 0 || b->tokens[t] >= mc->vocab_size)
+                return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: token %d is outside the vocabulary (%d)", path, s, b->tokens[t],
+                                   mc->vocab_size);
+            if (t >= b->offsets[s] + b->prompt_len[s] && !(b->behav_logp[t] <= 0))
+                return trill_error(TRILL_ERR_INVALID, "%s: sequence %d, token %d: behaviour log-prob %g is not a log-probability", path, s,
+                                   t - b->offsets[s], b->behav_logp[t]);
+        }
+    }
+    return TRILL_OK; /* routed expert ids are checked by the forward pass (in range, distinct per token) */
+}
+
+/* In place of generating and scoring: step N's batch from rollouts.replay/step-N.bin. */
+static trill_status replay_rollout(rl_run *r, int64_t index, rl_rollout *ro) {
+    memset(ro, 0, sizeof *ro);
+    ro->index = index;
+    const int step = r->state.step + 1;
+    char *path = rollout_file(r->c->rollouts.replay, step), *data = NULL;
+    size_t len = 0;
+    trill_status st = path ? trill_read_file(path, &data, &len) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        st = rl_batch_unpack(data, len, &ro->b);
+        if (st) trill_error_context("%s", path);
+    }
+    if (!st) st = check_replayed(r, &ro->b, path);
+    if (!st && !(ro->ext_metrics = json_object())) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int s = 0; !st && s < ro->b.n_seqs; s++) ro->gen_tokens += rl_response_len(&ro->b, s);
+    if (st) trill_error_context("rollouts.replay: step %d", step);
+    free(data);
+    free(path);
+    return st;
+}
+
 trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s_out, long *train_tokens_out) {
     const trill_rl_config *c = r->c;
     const int G = c->generator.n;
@@ -558,7 +631,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
     token_arrays ta = { 0 };
     int *kept = NULL;
     train_stats ts = { 0 };
-    trill_status st = TRILL_OK;
+    trill_status st = c->rollouts.save ? save_rollout(r, &b, r->state.step + 1) : TRILL_OK;
     const double t_reward = trill_now();
     const size_t T = (size_t)b.offsets[b.n_seqs], row = (size_t)r->L * r->K;
     ta.old_logp = malloc(sizeof(float) * T);
@@ -900,8 +973,13 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
         long tt = 0;
         const double t0 = trill_now();
         rl_rollout ro;
-        st = rl_stage_generate(&r, r.state.data_pos / c->generator.prompts_per_step, &ro, NULL, NULL);
-        if (!st) st = rl_stage_reward(&r, &ro);
+        const int64_t index = r.state.data_pos / c->generator.prompts_per_step;
+        if (c->rollouts.replay[0]) {
+            st = replay_rollout(&r, index, &ro);
+        } else {
+            st = rl_stage_generate(&r, index, &ro, NULL, NULL);
+            if (!st) st = rl_stage_reward(&r, &ro);
+        }
         if (!st) st = rl_stage_train(&r, &ro, m, &trs, &tt);
         gen_s += ro.gen_s; train_s += trs; gen_tok += ro.gen_tokens; train_tok += tt;
         rl_rollout_free(&ro);
