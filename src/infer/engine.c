@@ -1445,6 +1445,7 @@ trill_status trill_engine_run(trill_engine *e) {
 
 int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max) {
     const int n = e->n_done < max ? e->n_done : max;
+    if (n <= 0) return 0; /* e->done may not exist yet */
     memcpy(out, e->done, sizeof *out * (size_t)n);
     memmove(e->done, e->done + n, sizeof *e->done * (size_t)(e->n_done - n));
     e->n_done -= n;

@@ -55,7 +55,7 @@ struct trill_tokenizer {
     const char **id_str;     /* [size] token strings (vocabulary and added) */
     size_t *id_len;
     bool *id_special;
-    int size;
+    int size, id_cap;        /* ids in use, ids allocated */
     trill_u64map merges;     /* (left id << 32 | right id) -> (rank << 32 | merged id) */
     uint32_t byte_cp[256];   /* byte -> its byte-level code point */
     int16_t cp_byte[BYTE_CP_LIMIT]; /* and back; -1 for other code points */
@@ -217,8 +217,8 @@ static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, cons
 
 static trill_status set_token(trill_tokenizer *t, const char *what, const char *s, size_t len, json_int_t id) {
     if (id < 0 || id >= (1 << 24)) return trill_error(TRILL_ERR_INVALID, "%s: token \"%s\": id %lld out of range [0, 2^24)", what, s, (long long)id);
-    if (id >= t->size) {
-        size_t cap = (size_t)id + 1;
+    if (id >= t->id_cap) { /* geometric growth: vocabularies arrive in id order */
+        size_t cap = (size_t)id + 1 > 2 * (size_t)t->id_cap ? (size_t)id + 1 : 2 * (size_t)t->id_cap;
         const char **ns = realloc(t->id_str, cap * sizeof *ns);
         if (ns) t->id_str = ns;
         size_t *nl = realloc(t->id_len, cap * sizeof *nl);
@@ -226,8 +226,11 @@ static trill_status set_token(trill_tokenizer *t, const char *what, const char *
         bool *nsp = realloc(t->id_special, cap * sizeof *nsp);
         if (nsp) t->id_special = nsp;
         if (!ns || !nl || !nsp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        for (size_t i = (size_t)t->size; i < cap; i++) { t->id_str[i] = NULL; t->id_len[i] = 0; t->id_special[i] = false; }
-        t->size = (int)cap;
+        t->id_cap = (int)cap;
+    }
+    if (id >= t->size) {
+        for (int i = t->size; i <= id; i++) { t->id_str[i] = NULL; t->id_len[i] = 0; t->id_special[i] = false; }
+        t->size = (int)id + 1;
     }
     t->id_str[id] = s;
     t->id_len[id] = len;
