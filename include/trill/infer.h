@@ -126,8 +126,9 @@ bool trill_engine_busy(const trill_engine *e);
 /* Steps until every submitted request has finished. */
 trill_status trill_engine_run(trill_engine *e);
 /* Stops every sample of a request now: each is finished (TRILL_FINISH_ABORTED) with what it has
- * generated and its blocks are freed; samples of a prompt still being prefilled were never
- * started and are not reported. Returns the number finished, -1 when out of memory. */
+ * generated and its blocks are freed. A prompt still being prefilled (or waiting) has only its
+ * sample 0, the others being forked from it after the prefill: that one is finished with no
+ * tokens and the others are never reported. Returns the number finished, -1 when out of memory. */
 int trill_engine_abort(trill_engine *e, uint64_t request);
 /* Moves up to max finished sequences into out (in finishing order); returns how many. */
 int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max);

@@ -40,7 +40,7 @@ double trill_clip_grad_norm(float *grads, size_t n, double max_norm);
 
 typedef enum trill_lr_schedule { TRILL_LR_CONSTANT, TRILL_LR_LINEAR, TRILL_LR_COSINE } trill_lr_schedule;
 
-/* The learning rate at `step` (0-based): linear warm-up over warmup_steps from 0 to peak, then
+/* The learning rate at `step` (0-based): linear warm-up, step i < warmup_steps taking peak * (i + 1) / warmup_steps, then
  * constant, linear decay to min_lr at total_steps, or cosine decay to min_lr. */
 double trill_lr_at(trill_lr_schedule schedule, double peak, double min_lr, int64_t warmup_steps, int64_t total_steps,
                    int64_t step);

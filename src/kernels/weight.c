@@ -1,8 +1,9 @@
 /* Kernels on stored weights (trill/weight.h): fp32 goes straight to the fp32 kernels; bf16 is
  * widened to fp32 one panel of rows at a time, then multiplied by the threaded sgemm. Widening
  * costs one pass over the weight per call against 2*T multiply-adds per element, so it is
- * negligible for the batches training runs; the arithmetic is exactly the fp32 kernels' on
- * the widened values. */
+ * negligible for the batches training runs. The forward (and the embedding) is exactly the
+ * fp32 kernels' on the widened values; the input gradient sums over the output rows panel by
+ * panel, so it differs from one whole-matrix fp32 GEMM in the last bits (same order every call). */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -170,7 +170,7 @@ static const key KEYS[] = {
     REAL("trainer.weight_decay", trainer.weight_decay, 0, INF, "0", "AdamW's decoupled weight decay."),
     REAL("trainer.grad_clip", trainer.grad_clip, 0, INF, "1.0", "Clip the gradients' global norm to this (0: off)."),
     ENUM("trainer.schedule", trainer.schedule, SCHEDULES, "constant", "Learning-rate schedule after the warm-up."),
-    INT("trainer.warmup_steps", trainer.warmup_steps, 0, INF, "0", "Optimizer steps of linear warm-up from 0 to lr."),
+    INT("trainer.warmup_steps", trainer.warmup_steps, 0, INF, "0", "Optimizer steps of linear warm-up: step i (from 0) takes lr * (i + 1) / warmup_steps."),
     INT("trainer.micro_batch_tokens", trainer.micro_batch_tokens, 16, INF, "8192",
         "Tokens per forward/backward pass; gradients accumulate over as many as a step needs."),
     BOOL("trainer.recompute", trainer.recompute, "false",

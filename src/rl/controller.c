@@ -355,7 +355,7 @@ static void scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *sr
 }
 
 /* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs. */
-static trill_status corrections(const trill_rl_config *c, const rl_batch *b, const micro *m, token_arrays *ta, int *masked) {
+static trill_status corrections(const trill_rl_config *c, const rl_batch *b, const micro *m, token_arrays *ta) {
     int *off = malloc(sizeof(int) * (size_t)(m->n + 1));
     if (!off) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int R = response_offsets(b, m, off);
@@ -367,7 +367,7 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
         gather_f(b, m, ta->old_logp, old);
         gather_f(b, m, b->behav_logp, behav);
         memset(mask, 1, (size_t)R);
-        *masked += rl_corrections(c, m->n, off, old, behav, w, mask);
+        rl_corrections(c, m->n, off, old, behav, w, mask);
         scatter_resp_f(b, m, w, ta->tis);
         scatter_resp_u8(b, m, mask, ta->mask);
     }
@@ -377,8 +377,7 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
 
 /* A forward without gradients over `seq`: old log-probs (adapters on) and/or reference
  * log-probs (adapters off), plus the trainer's routing. */
-static trill_status pre_pass(rl_run *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta,
-                             int *masked) {
+static trill_status pre_pass(rl_run *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
     const trill_rl_config *c = r->c;
     trill_status st = TRILL_OK;
     for (int at = 0; at < n && !st;) {
@@ -393,7 +392,7 @@ static trill_status pre_pass(rl_run *r, const rl_batch *b, const int *seq, int n
             if (!st) {
                 scatter_logp(b, &m, lp, ta->old_logp);
                 if (ex) scatter_experts(b, &m, ex, ta->train_experts);
-                st = corrections(c, b, &m, ta, masked);
+                st = corrections(c, b, &m, ta);
             }
         }
         if (!st && want_ref) {
@@ -422,7 +421,7 @@ typedef struct train_stats {
  * sequence count), then the gradient is divided by the minibatch's denominator: the same
  * gradient as one pass over the whole minibatch. */
 static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
-                                    int *masked, train_stats *ts) {
+                                    train_stats *ts) {
     const trill_rl_config *c = r->c;
     const size_t np = r->lora->n_params;
     memset(r->lora_grads, 0, sizeof(float) * np);
@@ -441,7 +440,7 @@ static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq
         if (!st && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
             scatter_logp(b, &m, lp, ta->old_logp);
             if (ex) scatter_experts(b, &m, ex, ta->train_experts);
-            st = corrections(c, b, &m, ta, masked);
+            st = corrections(c, b, &m, ta);
         }
         const int R = response_offsets(b, &m, off);
         float *g_lp = malloc(sizeof(float) * (size_t)(R + 1)), *g_old = malloc(sizeof(float) * (size_t)(R + 1)),
@@ -644,14 +643,23 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
         st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < T * row; i++) ta.train_experts[i] = TRILL_REPLAY_NONE;
 
-    int masked = 0, n_kept = 0;
+    int n_kept = 0;
     double kl_ref_sum = 0;
     long kl_ref_n = 0;
     const bool kl_reward = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD;
+    /* Dynamic sampling looks at the rewards of the task, before any KL penalty: identical
+     * completions score the same, but their penalties differ by rounding (the trainer's fp32
+     * log-probs of a sequence depend a little on where it sits in the packed batch). */
+    int flat_groups = 0;
+    for (int g = 0; g < b.n_seqs / G && !st; g++) {
+        bool flat = rl_group_is_flat(b.reward + (size_t)g * G, G);
+        flat_groups += flat;
+        for (int j = 0; j < G; j++) b.keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
+    }
     if (!st && kl_reward) { /* penalise each reward by its sequence's KL before the advantages */
         int *all = kept;
         for (int s = 0; s < b.n_seqs; s++) all[s] = s;
-        st = pre_pass(r, &b, all, b.n_seqs, true, true, &ta, &masked);
+        st = pre_pass(r, &b, all, b.n_seqs, true, true, &ta);
         for (int s = 0; s < b.n_seqs && !st; s++) {
             double kl = 0;
             for (int t = b.offsets[s] + b.prompt_len[s]; t < b.offsets[s + 1]; t++)
@@ -659,23 +667,17 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
             b.reward[s] -= c->algo.kl_coef * kl;
         }
     }
-    int flat_groups = 0;
     if (!st) {
         rl_group_advantages(b.reward, b.n_seqs / G, G, c->algo.std_norm, 1e-6, b.adv);
-        for (int g = 0; g < b.n_seqs / G; g++) {
-            bool flat = rl_group_is_flat(b.reward + (size_t)g * G, G);
-            flat_groups += flat;
-            for (int j = 0; j < G; j++) b.keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
-        }
         for (int s = 0; s < b.n_seqs; s++)
             if (b.keep[s]) kept[n_kept++] = s;
     }
     const int M = c->algo.minibatches;
     const bool pre_old = !kl_reward && (M > 1), pre_ref = !kl_reward && c->algo.kl_coef > 0;
-    if (!st && n_kept && (pre_old || pre_ref)) st = pre_pass(r, &b, kept, n_kept, pre_old, pre_ref, &ta, &masked);
+    if (!st && n_kept && (pre_old || pre_ref)) st = pre_pass(r, &b, kept, n_kept, pre_old, pre_ref, &ta);
     for (int mb = 0; mb < M && !st && n_kept; mb++) {
         const int lo = (int)((int64_t)n_kept * mb / M), hi = (int)((int64_t)n_kept * (mb + 1) / M);
-        if (hi > lo) st = train_minibatch(r, &b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, &ta, &masked, &ts);
+        if (hi > lo) st = train_minibatch(r, &b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, &ta, &ts);
     }
     const double t_train = trill_now();
     double sync_ms = 0;
@@ -693,7 +695,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
         float *old = malloc(sizeof(float) * (size_t)(R + 1)), *behav = malloc(sizeof(float) * (size_t)(R + 1));
         uint16_t *ge = row ? malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL, *te = row ? malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
         double tis_sum = 0, tis_capped = 0;
-        long j = 0;
+        long j = 0, masked = 0;
         if (!old || !behav || (row && (!ge || !te))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (int i = 0; i < n_kept && !st; i++) {
             const int s = kept[i];
@@ -702,6 +704,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
                 behav[j] = b.behav_logp[t];
                 tis_sum += ta.tis[t];
                 tis_capped += c->correction.tis > 0 && ta.tis[t] >= (float)c->correction.tis;
+                masked += !ta.mask[t];
                 if (ta.ref_logp) { kl_ref_sum += rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]); kl_ref_n++; }
                 /* the routing that produced token t was computed at position t - 1 */
                 if (row) {
@@ -896,7 +899,15 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
     if (ckpt) {
         snprintf(path, sizeof path, "%s/adapter", ckpt);
         st = trill_lora_load(r->policy, path, &r->lora);
+        const trill_lora_config *have = r->lora ? &r->lora->config : NULL, *want = &c->trainer.lora;
+        if (!st && (have->rank != want->rank || have->alpha != want->alpha || have->use_rslora != want->use_rslora ||
+                    have->targets != want->targets))
+            st = trill_error(TRILL_ERR_INVALID, "%s: the adapter has rank %d, alpha %g%s%s; the config asks for trainer.lora.rank %d, "
+                             "alpha %g%s: a resumed run keeps its adapter's shape", path, have->rank, have->alpha,
+                             have->use_rslora ? ", rsLoRA" : "", have->targets != want->targets ? " and other target modules" : "",
+                             want->rank, want->alpha, want->use_rslora ? ", rsLoRA" : "");
         if (!st) { snprintf(path, sizeof path, "%s/optimizer", ckpt); st = trill_adamw_load(path, r->lora->n_params, &r->opt); }
+        if (!st) r->opt->config.weight_decay = c->trainer.weight_decay; /* the moments are the checkpoint's, the settings this config's */
     } else {
         st = trill_lora_create(r->policy, c->trainer.lora, c->seed, &r->lora);
         trill_adamw_config ac = trill_adamw_defaults();
