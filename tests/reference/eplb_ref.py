@@ -14,9 +14,11 @@ with eplb.rebalance_experts itself: (a) with torch's sort made stable, on every 
 weights its own way, and the script checks that each such difference only relabels equal-weight
 items: every worker holds the same multiset of float32 per-replica loads as in the C plan.
 
-Not part of the build. Needs a C compiler and torch (Debian's python3-torch will do):
+ctest runs it as `eplb_torch` (release build, label e2e; tests/unit/CMakeLists.txt). Needs a C
+compiler and torch (Debian's python3-torch will do):
     /usr/bin/python3 tests/reference/eplb_ref.py [--cases N] [--seed S] [--upstream DIR]
 It compiles src/infer/eplb.c and src/base/error.c into a temporary shared library (ctypes).
+Exit status 0 only when every plan agrees; 1 on any disagreement or error.
 """
 import argparse
 import ctypes
@@ -222,8 +224,12 @@ def main():
         load = torch.tensor(README[0], dtype=torch.float64)
         ref = reference(load, 16, 4, 2, 8)
         got = run_c(lib, load, 16, 4, 2, 8)
-        assert ref[0] == README[1], f"reference disagrees with the README: {ref[0]}"
-        assert got == ref, f"C disagrees on the README example: {got[0]}"
+        if ref[0] != README[1]:  # not `assert`: python -O would drop it
+            print(f"reference disagrees with the README: {ref[0]}")
+            return 1
+        if got != ref:
+            print(f"C disagrees on the README example: {got[0]}")
+            return 1
 
         rng = random.Random(args.seed)
         bad = up_stable = up_short = up_long = up_long_diff = up_long_bad = 0

@@ -10,10 +10,13 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "trill/dataset.h"
 #include "trill/demo.h"
 #include "trill/fileio.h"
+#include "trill/infer.h"
 #include "trill/model.h"
 #include "trill/reward.h"
+#include "trill/rl.h"
 
 static void test_problem_is_deterministic(void **state) {
     (void)state;
@@ -153,7 +156,23 @@ static void test_prepare_caches(void **state) {
     assert_int_equal(trill_demo_prepare(cache, &o, &info), TRILL_OK);
     assert_false(info.cached);
     assert_int_equal(info.sft_steps, 2);
-    assert_true(info.dev_pass1 >= 0 && info.dev_pass1 <= info.dev_passk && info.dev_passk <= 1);
+    /* the dev accuracy reported is the saved model's, sampled as the header says (dev_k samples
+     * of every dev prompt at temperature 1 with the bf16 generator, keyed by the seed): the
+     * same evaluation run again on the saved folder gives the same figures, bit for bit */
+    char *dev = trill_path_join(info.dir, "dev.jsonl");
+    trill_dataset_options dopt = { .prompt_field = "prompt", .answer_field = "answer", .template_ = "{prompt}", .max_prompt_tokens = 64 };
+    trill_engine_config ec = trill_engine_config_default();
+    ec.format = TRILL_GEN_BF16;
+    trill_eval_options eo = { .k = o.dev_k, .temperature = 1.0, .max_new_tokens = TRILL_DEMO_RL_MAX_NEW_TOKENS,
+                              .verifier = TRILL_VERIFIER_DEMO, .seed = o.seed };
+    trill_eval_result r;
+    assert_int_equal(trill_rl_evaluate_model(info.model_dir, NULL, dev, &dopt, &ec, &eo, &r), TRILL_OK);
+    print_message("dev after %d SFT steps: pass@1 %.4f, pass@%d %.4f; evaluated again: %.4f, %.4f (mean length %.2f)\n",
+                  info.sft_steps, info.dev_pass1, o.dev_k, info.dev_passk, r.pass1, r.passk, r.mean_len);
+    assert_int_equal(r.prompts, o.n_dev);
+    assert_true(r.pass1 == info.dev_pass1);
+    assert_true(r.passk == info.dev_passk);
+    free(dev);
     assert_true(strncmp(info.dir, cache, strlen(cache)) == 0);
     assert_true(trill_file_exists(info.train_path) && trill_file_exists(info.eval_path));
     assert_true(exists_in(info.dir, "demo.json"));
@@ -173,13 +192,16 @@ static void test_prepare_caches(void **state) {
     assert_true(again.dev_pass1 == info.dev_pass1);
     trill_demo_info_free(&again);
 
-    /* other options, another folder */
+    /* other options, another folder; a target every model reaches (pass@1 >= 0) stops the warm
+     * start at the first check, where the unreachable one ran to max_sft_steps */
     trill_demo_options o2 = o;
     o2.seed = 1;
+    o2.target_pass1 = 0;
     trill_demo_info other;
     assert_int_equal(trill_demo_prepare(cache, &o2, &other), TRILL_OK);
     assert_false(other.cached);
     assert_string_not_equal(other.dir, info.dir);
+    assert_int_equal(other.sft_steps, o2.first_check);
     trill_demo_info_free(&other);
 
     /* a crash before the marker: the folder is rebuilt, leftovers gone */

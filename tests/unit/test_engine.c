@@ -1,6 +1,7 @@
 /* The generator engine against the reference forward: log-probs and captured experts of the
  * sequences it generates, batch invariance (alone vs in a busy, chunked, preempted batch),
- * shared prompt blocks for n samples, stops, the layer map, and request errors. */
+ * shared prompt blocks for n samples, stops, aborts, the layer map, request errors, live weight
+ * updates, and EPLB (results unchanged by placement; the load window and re-planning). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,15 +42,8 @@ static trill_request request(uint64_t id, const int *prompt, int len, int n, int
 
 static int g_preempted, g_max_rows;
 
-/* Runs to completion (noting preemptions and the largest step); outputs sorted by (request, sample). */
-static int run_all(trill_engine *e, trill_sequence_out *out) {
-    g_preempted = g_max_rows = 0;
-    while (trill_engine_busy(e)) {
-        trill_step_stats st;
-        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
-        g_preempted += st.preempted;
-        if (st.rows > g_max_rows) g_max_rows = st.rows;
-    }
+/* The finished sequences, sorted by (request, sample). */
+static int collect_sorted(trill_engine *e, trill_sequence_out *out) {
     int n = trill_engine_collect(e, out, MAX_OUT);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && (out[j].request < out[j - 1].request ||
@@ -59,6 +53,18 @@ static int run_all(trill_engine *e, trill_sequence_out *out) {
             out[j - 1] = t;
         }
     return n;
+}
+
+/* Runs to completion (noting preemptions and the largest step); outputs sorted by (request, sample). */
+static int run_all(trill_engine *e, trill_sequence_out *out) {
+    g_preempted = g_max_rows = 0;
+    while (trill_engine_busy(e)) {
+        trill_step_stats st;
+        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+        g_preempted += st.preempted;
+        if (st.rows > g_max_rows) g_max_rows = st.rows;
+    }
+    return collect_sorted(e, out);
 }
 
 /* The reference forward over the finished sequence: the generated tokens' log-probs (the engine
@@ -192,6 +198,113 @@ static void test_stops_and_errors(void **state) {
     trill_model_free(m);
 }
 
+/* Steps until idle, at most max_steps (a leaked KV block can leave a request unschedulable for
+ * ever); outputs sorted as run_all's. */
+static int run_bounded(trill_engine *e, trill_sequence_out *out, int max_steps) {
+    g_preempted = 0;
+    for (int i = 0; trill_engine_busy(e); i++) {
+        if (i == max_steps) fail_msg("still busy after %d steps", max_steps);
+        trill_step_stats st;
+        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+        g_preempted += st.preempted;
+    }
+    return collect_sorted(e, out);
+}
+
+static void expect_same_output(const trill_sequence_out *got, const trill_sequence_out *want) {
+    const int rows = want->n_prompt + want->n_generated - 1;
+    assert_int_equal(got->request, want->request);
+    assert_int_equal(got->sample, want->sample);
+    assert_int_equal(got->finish, want->finish);
+    assert_int_equal(got->n_generated, want->n_generated);
+    assert_memory_equal(got->tokens, want->tokens, sizeof(int) * (rows + 1));
+    assert_memory_equal(got->logprobs, want->logprobs, sizeof(float) * want->n_generated);
+    assert_memory_equal(got->experts, want->experts, sizeof(uint16_t) * rows * 3 * 2);
+}
+
+/* A request aborted mid-generation: both its samples finish TRILL_FINISH_ABORTED with what they
+ * had generated (the first tokens of the same request run to its end, bit for bit), the request
+ * beside it is bit-identical to running alone, and its KV blocks go back to the pool: the cache
+ * holds exactly what the other request and a third one submitted after the abort can ever need
+ * at once (prompt + max_new tokens each, rounded up to blocks), so a block the aborted request
+ * kept would force a preemption. Then a request aborted while its prompt is still being
+ * prefilled: no sample of it has started, nothing of it is left, and its blocks are free too. */
+static void test_abort(void **state) {
+    (void)state;
+    trill_model *m = test_small_moe(37, false, true);
+    const trill_request ra = request(1, P1, 13, 2, 30), rb = request(2, P2, 2, 1, 30), rc = request(3, P3, 37, 1, 20);
+    trill_sequence_out ref_a[MAX_OUT], ref_b[MAX_OUT], ref_c[MAX_OUT], out[MAX_OUT];
+    const trill_request *refs[3] = { &ra, &rb, &rc };
+    trill_sequence_out *ref_out[3] = { ref_a, ref_b, ref_c };
+    for (int i = 0; i < 3; i++) { /* each request alone, to its end */
+        trill_engine *e = engine(m, TRILL_GEN_BF16, 512, 0, 4);
+        assert_int_equal(trill_engine_submit(e, refs[i]), TRILL_OK);
+        assert_int_equal(run_all(e, ref_out[i]), refs[i]->n);
+        trill_engine_free(e);
+    }
+
+    const int blocks = (2 + 30 + 3) / 4 + (37 + 20 + 3) / 4; /* what b and c can hold at once */
+    trill_engine *e = engine(m, TRILL_GEN_BF16, 512, blocks, 4);
+    assert_int_equal(trill_engine_submit(e, &ra), TRILL_OK);
+    assert_int_equal(trill_engine_submit(e, &rb), TRILL_OK);
+    enum { BEFORE = 6 };
+    for (int i = 0; i < BEFORE; i++) {
+        trill_step_stats st;
+        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+        assert_int_equal(st.preempted, 0);
+    }
+    assert_int_equal(trill_engine_abort(e, 1), 2);
+    assert_int_equal(trill_engine_abort(e, 1), 0); /* nothing of it is left */
+    assert_int_equal(trill_engine_abort(e, 99), 0); /* never submitted */
+    assert_int_equal(trill_engine_collect(e, out, MAX_OUT), 2);
+    for (int k = 0; k < 2; k++) {
+        const trill_sequence_out *s = &out[k], *want = &ref_a[s->sample];
+        assert_int_equal(s->request, 1);
+        assert_int_equal(s->finish, TRILL_FINISH_ABORTED);
+        assert_int_equal(s->n_generated, BEFORE);
+        assert_memory_equal(s->tokens, want->tokens, sizeof(int) * (13 + BEFORE));
+        assert_memory_equal(s->logprobs, want->logprobs, sizeof(float) * BEFORE);
+        assert_memory_equal(s->experts, want->experts, sizeof(uint16_t) * (13 + BEFORE - 1) * 3 * 2);
+    }
+    assert_int_not_equal(out[0].sample, out[1].sample);
+    for (int k = 0; k < 2; k++) trill_sequence_out_free(&out[k]);
+
+    assert_int_equal(trill_engine_submit(e, &rc), TRILL_OK);
+    assert_int_equal(run_bounded(e, out, 200), 2);
+    assert_int_equal(g_preempted, 0); /* the aborted request's blocks were free */
+    expect_same_output(&out[0], &ref_b[0]);
+    expect_same_output(&out[1], &ref_c[0]);
+    for (int k = 0; k < 2; k++) trill_sequence_out_free(&out[k]);
+    trill_engine_free(e);
+
+    /* mid-prefill: 8 prompt rows a step, a cache of exactly the blocks one such request needs */
+    e = engine(m, TRILL_GEN_BF16, 8, (37 + 20 + 3) / 4, 4);
+    const trill_request rd = request(4, P3, 37, 3, 20);
+    assert_int_equal(trill_engine_submit(e, &rd), TRILL_OK);
+    assert_int_equal(trill_engine_step(e, NULL), TRILL_OK);
+    const int n = trill_engine_abort(e, 4);
+    assert_int_equal(n, 1); /* sample 0 only: the forks are made after the prefill */
+    assert_false(trill_engine_busy(e));
+    assert_int_equal(trill_engine_collect(e, out, MAX_OUT), n);
+    for (int k = 0; k < n; k++) {
+        assert_int_equal(out[k].finish, TRILL_FINISH_ABORTED);
+        assert_int_equal(out[k].sample, 0);
+        assert_int_equal(out[k].n_generated, 0);
+        trill_sequence_out_free(&out[k]);
+    }
+    assert_int_equal(trill_engine_submit(e, &rc), TRILL_OK);
+    assert_int_equal(run_bounded(e, out, 200), 1);
+    assert_int_equal(g_preempted, 0);
+    expect_same_output(&out[0], &ref_c[0]);
+    trill_sequence_out_free(&out[0]);
+    trill_engine_free(e);
+
+    for (int k = 0; k < 2; k++) trill_sequence_out_free(&ref_a[k]);
+    trill_sequence_out_free(&ref_b[0]);
+    trill_sequence_out_free(&ref_c[0]);
+    trill_model_free(m);
+}
+
 /* Dense layers first and MoE every other layer: capture has one row per MoE layer, in order. */
 static void test_layer_map(void **state) {
     (void)state;
@@ -273,6 +386,7 @@ static void test_weight_updates(void **state) {
         before.n_generated = 6; /* the base model's reference for the tokens sampled before */
         int diffs = 0;
         assert_true(check_against_reference(m, &before, &diffs) <= 1e-4);
+        assert_int_equal(diffs, 0); /* the rows forwarded before the update routed as the base model does */
         trill_sequence_out_free(&out[i]);
     }
     trill_engine_free(e);
@@ -282,17 +396,20 @@ static void test_weight_updates(void **state) {
 }
 
 /* EPLB on (replicas spread over 2 workers, re-planned every 2 steps) gives exactly what EPLB off
- * gives, adapters included, and captures logical ids only. */
+ * gives, in every format and with either kind of live update (adapter, or the merged weights
+ * the adapter folds into), and captures logical ids only. */
 static void test_eplb_identical(void **state) {
     (void)state;
-    trill_model *m = test_small_moe(35, false, true);
+    trill_model *m = test_small_moe(35, false, true), *merged = test_small_moe(35, false, true);
     trill_lora_config lc = { .rank = 4, .alpha = 8 };
     assert_int_equal(trill_lora_parse_targets("q,k,v,o,gate,up,down", &lc.targets), 0);
     trill_lora *lora;
     assert_int_equal(trill_lora_create(m, lc, 2, &lora), TRILL_OK);
     for (size_t t = 1; t < lora->n_tensors; t += 2)
         for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(4, t * 100003 + i);
-    for (int f = TRILL_GEN_F32; f <= TRILL_GEN_BF16; f++) {
+    assert_int_equal(trill_lora_merge(lora, merged), TRILL_OK);
+    for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++)
+    for (int mode = 0; mode < 2; mode++) { /* 0: adapter update, 1: merged-weight update */
         trill_sequence_out off[MAX_OUT], on[MAX_OUT];
         for (int pass = 0; pass < 2; pass++) {
             trill_engine_config cfg = trill_engine_config_default();
@@ -306,7 +423,8 @@ static void test_eplb_identical(void **state) {
             cfg.eplb_interval = 2;
             trill_engine *e;
             assert_int_equal(trill_engine_create(m, &cfg, &e), TRILL_OK);
-            assert_int_equal(trill_engine_update_adapter(e, lora, 1, NULL), TRILL_OK);
+            if (mode == 0) assert_int_equal(trill_engine_update_adapter(e, lora, 1, NULL), TRILL_OK);
+            else assert_int_equal(trill_engine_update_weights(e, merged, 1, NULL), TRILL_OK);
             trill_request rs[3] = { request(1, P1, 13, 2, 12), request(2, P3, 37, 1, 12), request(3, P2, 2, 3, 12) };
             for (int i = 0; i < 3; i++) assert_int_equal(trill_engine_submit(e, &rs[i]), TRILL_OK);
             assert_int_equal(run_all(e, pass ? on : off), 6);
@@ -315,9 +433,6 @@ static void test_eplb_identical(void **state) {
                 assert_non_null(plan);
                 assert_int_equal(plan->n_physical, 14); /* 8 experts + 6 replicas, 7 per worker */
                 assert_true(plan->max_replicas > 1);
-                double contiguous = 0, planned = 0;
-                assert_int_equal(trill_engine_eplb_imbalance(e, &contiguous, &planned), TRILL_OK);
-                assert_true(contiguous >= 1.0 && contiguous <= 2.0 && planned >= 1.0 && planned <= 2.0); /* max/mean over 2 workers */
             } else {
                 assert_null(trill_engine_eplb_plan(e));
                 double x, y;
@@ -331,12 +446,188 @@ static void test_eplb_identical(void **state) {
             assert_memory_equal(on[i].tokens, off[i].tokens, sizeof(int) * (rows + 1));
             assert_memory_equal(on[i].logprobs, off[i].logprobs, sizeof(float) * on[i].n_generated);
             assert_memory_equal(on[i].experts, off[i].experts, sizeof(uint16_t) * rows * 3 * 2);
+            for (int g = 0; g < on[i].n_generated; g++) assert_int_equal(on[i].versions[g], 1);
             for (int j = 0; j < rows * 3 * 2; j++) assert_true(on[i].experts[j] < 8);
             trill_sequence_out_free(&on[i]);
             trill_sequence_out_free(&off[i]);
         }
     }
     trill_lora_free(lora);
+    trill_model_free(m);
+    trill_model_free(merged);
+}
+
+/* Expected tokens per worker, max over mean, averaged over layers (what the engine reports),
+ * computed here from a load [L][E] and a placement: slot s on worker s / (P / W), each expert's
+ * load split evenly over its replicas. plan NULL: the contiguous placement (worker w holds
+ * experts [w E / W, (w + 1) E / W), as without EPLB). */
+static double imbalance(const double *load, const trill_eplb_plan *plan, int L, int E, int W) {
+    double sum = 0;
+    for (int l = 0; l < L; l++) {
+        double per[16] = { 0 }, total = 0, mx = 0;
+        assert_true(W <= 16);
+        if (plan) {
+            const int P = plan->n_physical;
+            for (int s = 0; s < P; s++) {
+                const int x = plan->phy2log[(size_t)l * P + s];
+                per[s / (P / W)] += load[(size_t)l * E + x] / plan->logcnt[(size_t)l * E + x];
+            }
+        } else {
+            for (int x = 0; x < E; x++) per[x / (E / W)] += load[(size_t)l * E + x];
+        }
+        for (int w = 0; w < W; w++) {
+            total += per[w];
+            mx = fmax(mx, per[w]);
+        }
+        sum += mx / (total / W);
+    }
+    return sum / L;
+}
+
+/* Equal up to the rounding of a different order of the same sums. */
+static void expect_near(double got, double want, const char *what) {
+    if (!(fabs(got - want) <= 1e-12 * fabs(want))) fail_msg("%s: %.17g, expected %.17g", what, got, want);
+}
+
+static void expect_same_plan(const trill_eplb_plan *got, const trill_eplb_plan *want) {
+    assert_int_equal(got->n_layers, want->n_layers);
+    assert_int_equal(got->n_physical, want->n_physical);
+    assert_int_equal(got->max_replicas, want->max_replicas);
+    const int L = want->n_layers, E = want->n_logical, P = want->n_physical;
+    assert_memory_equal(got->phy2log, want->phy2log, sizeof(int) * (size_t)L * P);
+    assert_memory_equal(got->logcnt, want->logcnt, sizeof(int) * (size_t)L * E);
+    assert_memory_equal(got->log2phy, want->log2phy, sizeof(int) * (size_t)L * E * want->max_replicas);
+}
+
+static trill_eplb_plan copy_plan(const trill_eplb_plan *p) {
+    const size_t LP = (size_t)p->n_layers * p->n_physical, LE = (size_t)p->n_layers * p->n_logical;
+    trill_eplb_plan c = *p;
+    c.phy2log = malloc(sizeof(int) * LP);
+    c.logcnt = malloc(sizeof(int) * LE);
+    c.log2phy = malloc(sizeof(int) * LE * p->max_replicas);
+    memcpy(c.phy2log, p->phy2log, sizeof(int) * LP);
+    memcpy(c.logcnt, p->logcnt, sizeof(int) * LE);
+    memcpy(c.log2phy, p->log2phy, sizeof(int) * LE * p->max_replicas);
+    return c;
+}
+
+/* The load window and re-planning, checked against the captured experts of the same run. Every
+ * prompt is prefilled in step 1 and then every sample decodes one row a step (checked by the
+ * step's row count), so the row at position p of a sample ran in step 1 if p is a prompt
+ * position (once for all the request's samples: they share the prefill) and in step
+ * p - n_prompt + 2 otherwise. From the captures the test counts the tokens routed to each
+ * logical expert in each step. Window 4, re-planned every 5 steps, 12 steps: the plan after step
+ * 10 must be trill_eplb_rebalance of steps 7-10 exactly, with the imbalance the engine reports
+ * then equal to the one computed here (steps 7-10 under contiguous placement and under the
+ * plan), the plan lowering it and the busiest experts holding the replicas; after step 12 the
+ * plan is unchanged (no re-plan at 11 and 12) and the imbalance is that of steps 9-12. The
+ * tokens, log-probs and experts are those of the same run without EPLB. */
+static void test_eplb_load_window(void **state) {
+    (void)state;
+    enum { STEPS = 12, L = 3, E = 8, K = 2, W = 2, P = 14 };
+    trill_model *m = test_small_moe(38, false, true);
+    trill_sequence_out off[MAX_OUT], on[MAX_OUT];
+    trill_eplb_plan at10 = { 0 };
+    double id10 = 0, plan10 = 0, id12 = 0, plan12 = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        trill_engine_config cfg = trill_engine_config_default();
+        cfg.format = TRILL_GEN_BF16;
+        cfg.capture_experts = true;
+        cfg.max_batch_tokens = 64; /* the three prompts (52 tokens) in one step */
+        cfg.eplb = pass == 1;
+        cfg.eplb_redundant = P - E;
+        cfg.eplb_workers = W;
+        cfg.eplb_window = 4;
+        cfg.eplb_interval = 5;
+        trill_engine *e;
+        assert_int_equal(trill_engine_create(m, &cfg, &e), TRILL_OK);
+        trill_request rs[3] = { request(1, P1, 13, 2, STEPS), request(2, P3, 37, 1, STEPS), request(3, P2, 2, 3, STEPS) };
+        for (int i = 0; i < 3; i++) assert_int_equal(trill_engine_submit(e, &rs[i]), TRILL_OK);
+        if (pass) { /* before any load: every expert replicated in turn (a uniform load) */
+            double uniform[L * E];
+            for (int i = 0; i < L * E; i++) uniform[i] = 1;
+            trill_eplb_plan want;
+            assert_int_equal(trill_eplb_rebalance(uniform, L, E, P, 1, 1, W, &want), TRILL_OK);
+            expect_same_plan(trill_engine_eplb_plan(e), &want);
+            trill_eplb_plan_free(&want);
+        }
+        for (int step = 1; step <= STEPS; step++) {
+            trill_step_stats st;
+            assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+            assert_int_equal(st.rows, step == 1 ? 13 + 37 + 2 : 6);
+            assert_int_equal(st.preempted, 0);
+            if (pass && step == 10) {
+                at10 = copy_plan(trill_engine_eplb_plan(e));
+                assert_int_equal(trill_engine_eplb_imbalance(e, &id10, &plan10), TRILL_OK);
+            }
+        }
+        assert_false(trill_engine_busy(e));
+        if (pass) {
+            expect_same_plan(trill_engine_eplb_plan(e), &at10);
+            assert_int_equal(trill_engine_eplb_imbalance(e, &id12, &plan12), TRILL_OK);
+        }
+        assert_int_equal(collect_sorted(e, pass ? on : off), 6);
+        trill_engine_free(e);
+    }
+
+    /* tokens routed to each logical expert, per step: counts[step - 1][layer][expert] */
+    static double counts[STEPS][L][E];
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < 6; i++) {
+        const trill_sequence_out *s = &on[i];
+        assert_int_equal(s->finish, TRILL_FINISH_LENGTH);
+        assert_int_equal(s->n_generated, STEPS);
+        for (int p = s->sample == 0 ? 0 : s->n_prompt; p < s->n_prompt + s->n_generated - 1; p++) {
+            const int step = p < s->n_prompt ? 1 : p - s->n_prompt + 2;
+            for (int l = 0; l < L; l++)
+                for (int k = 0; k < K; k++) counts[step - 1][l][s->experts[((size_t)p * L + l) * K + k]] += 1;
+        }
+    }
+    double load10[L * E] = { 0 }, load12[L * E] = { 0 };
+    for (int l = 0; l < L; l++)
+        for (int x = 0; x < E; x++) {
+            for (int step = 7; step <= 10; step++) load10[l * E + x] += counts[step - 1][l][x];
+            for (int step = 9; step <= 12; step++) load12[l * E + x] += counts[step - 1][l][x];
+        }
+    trill_eplb_plan want;
+    assert_int_equal(trill_eplb_rebalance(load10, L, E, P, 1, 1, W, &want), TRILL_OK);
+    expect_same_plan(&at10, &want);
+    const double want_id10 = imbalance(load10, NULL, L, E, W), want_plan10 = imbalance(load10, &want, L, E, W);
+    const double want_id12 = imbalance(load12, NULL, L, E, W), want_plan12 = imbalance(load12, &want, L, E, W);
+    print_message("EPLB imbalance (busiest worker / mean): steps 7-10 contiguous %.4f, planned %.4f; steps 9-12 %.4f, %.4f\n",
+                  want_id10, want_plan10, want_id12, want_plan12);
+    expect_near(id10, want_id10, "contiguous imbalance after step 10");
+    expect_near(plan10, want_plan10, "planned imbalance after step 10");
+    expect_near(id12, want_id12, "contiguous imbalance after step 12");
+    expect_near(plan12, want_plan12, "planned imbalance after step 12");
+    /* the load is skewed (contiguous placement leaves one worker 10% above the mean or more) and
+     * the plan takes most of that away */
+    assert_true(want_id10 >= 1.1);
+    assert_true(want_plan10 - 1 <= 0.5 * (want_id10 - 1));
+    /* replicas go to the busy experts: more load never means fewer replicas, and the busiest
+     * expert of every layer has more than one */
+    for (int l = 0; l < L; l++) {
+        int hot = 0;
+        for (int x = 0; x < E; x++) {
+            if (load10[l * E + x] > load10[l * E + hot]) hot = x;
+            for (int y = 0; y < E; y++)
+                if (load10[l * E + x] > load10[l * E + y]) assert_true(at10.logcnt[l * E + x] >= at10.logcnt[l * E + y]);
+        }
+        assert_true(at10.logcnt[l * E + hot] >= 2);
+    }
+    trill_eplb_plan_free(&want);
+    trill_eplb_plan_free(&at10);
+
+    for (int i = 0; i < 6; i++) { /* placement changes nothing */
+        const int rows = on[i].n_prompt + on[i].n_generated - 1;
+        assert_int_equal(on[i].request, off[i].request);
+        assert_int_equal(on[i].n_generated, off[i].n_generated);
+        assert_memory_equal(on[i].tokens, off[i].tokens, sizeof(int) * (rows + 1));
+        assert_memory_equal(on[i].logprobs, off[i].logprobs, sizeof(float) * on[i].n_generated);
+        assert_memory_equal(on[i].experts, off[i].experts, sizeof(uint16_t) * rows * L * K);
+        trill_sequence_out_free(&on[i]);
+        trill_sequence_out_free(&off[i]);
+    }
     trill_model_free(m);
 }
 
@@ -397,9 +688,11 @@ int main(void) {
         cmocka_unit_test(test_f32_matches_reference),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_stops_and_errors),
+        cmocka_unit_test(test_abort),
         cmocka_unit_test(test_layer_map),
         cmocka_unit_test(test_weight_updates),
         cmocka_unit_test(test_eplb_identical),
+        cmocka_unit_test(test_eplb_load_window),
         cmocka_unit_test(test_quantized_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

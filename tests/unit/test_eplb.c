@@ -1,7 +1,7 @@
 /* Expert-parallel load balancing against DeepSeek's eplb.py (the README example and plans printed
  * by eplb.rebalance_experts under torch 1.13), a case worked by hand, the invariants of every plan
  * on random loads, validation, dispatch and the load window. Many more random cases are compared
- * with a PyTorch reference by tests/reference/eplb_ref.py (not part of the build). */
+ * with a PyTorch reference by tests/reference/eplb_ref.py (ctest's eplb_torch, release build). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,59 +188,26 @@ static void test_numeric_hand_cases(void **state) {
     }
 }
 
-/* A readable file named `rel` in `dir` or a folder above it (up to 8 levels); malloc'ed path. */
-static char *find_upwards(const char *dir, const char *rel) {
-    char *base = realpath(dir, NULL);
-    for (int up = 0; base && up < 8; up++) {
-        char *path = malloc(strlen(base) + strlen(rel) + 2);
-        sprintf(path, "%s/%s", base, rel);
-        if (access(path, R_OK) == 0) {
-            free(base);
-            return path;
-        }
-        free(path);
-        if (strcmp(base, "/") == 0) break;
-        dirname(base);
-    }
-    free(base);
-    return NULL;
-}
-
-/* This file's folder (__FILE__ is absolute under CMake) or the working directory, walked up. */
-static char *find_source_file(const char *rel) {
-    char *src = strdup(__FILE__);
-    char *found = find_upwards(dirname(src), rel);
-    free(src);
-    return found ? found : find_upwards(".", rel);
-}
-
-/* GSM8K's test.jsonl: $TRILL_GSM8K (the file or its folder), the shared data folder, or a
- * shared/data/gsm8k found above the source or working directory. NULL when absent. */
-static char *find_gsm8k_test(void) {
+/* GSM8K's test.jsonl: $TRILL_GSM8K (the file or its folder) when set, else the shared data folder
+ * beside the project root (../shared/data, as developers' and CI machines lay it out). A missing
+ * file fails the test, naming where it looked: a skip would read as a pass. */
+static char *gsm8k_test_path(void) {
     const char *env = getenv("TRILL_GSM8K");
     if (env && env[0]) {
         char *p = malloc(strlen(env) + 16);
-        sprintf(p, "%s/test.jsonl", env);
-        if (access(p, R_OK) == 0) return p;
-        strcpy(p, env);
-        if (access(p, R_OK) == 0 && strstr(p, ".jsonl")) return p;
-        free(p);
+        sprintf(p, "%s%s", env, strstr(env, ".jsonl") ? "" : "/test.jsonl");
+        return p;
     }
-    if (access("/work/shared/data/gsm8k/test.jsonl", R_OK) == 0) return strdup("/work/shared/data/gsm8k/test.jsonl");
-    return find_source_file("shared/data/gsm8k/test.jsonl");
+    return strdup(TRILL_SOURCE_DIR "/../shared/data/gsm8k/test.jsonl");
 }
 
 /* Every GSM8K test answer scores 1 against itself, and its number is the text after "####"
  * with the commas removed. */
 static void test_gsm8k_answers(void **state) {
     (void)state;
-    char *path = find_gsm8k_test();
-    if (!path) {
-        print_message("note: GSM8K test.jsonl not found (set TRILL_GSM8K); skipped\n");
-        skip();
-    }
+    char *path = gsm8k_test_path();
     FILE *f = fopen(path, "r");
-    assert_non_null(f);
+    if (!f) fail_msg("GSM8K test set %s: %s (the data lives in ../shared/data beside the project root, or set TRILL_GSM8K)", path, strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     int n = 0;
@@ -417,14 +383,9 @@ static void test_process_stderr_flood_and_long_reply(void **state) {
 
 static void test_process_examples(void **state) {
     (void)state;
-    char *py = find_source_file("examples/rewards/gsm8k_reward.py");
-    char *sh = find_source_file("examples/rewards/length_penalty.sh");
-    if (!py || !sh) {
-        free(py);
-        free(sh);
-        print_message("note: examples/rewards not found; skipped\n");
-        skip();
-    }
+    const char *py = TRILL_SOURCE_DIR "/examples/rewards/gsm8k_reward.py", *sh = TRILL_SOURCE_DIR "/examples/rewards/length_penalty.sh";
+    if (access(py, R_OK) != 0) fail_msg("%s: %s", py, strerror(errno));
+    if (access(sh, R_OK) != 0) fail_msg("%s: %s", sh, strerror(errno));
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s'", py);
     reward_process *p;
@@ -465,8 +426,6 @@ static void test_process_examples(void **state) {
     assert_true(metric(m, "length") == 20);
     json_decref(m);
     reward_process_free(p);
-    free(py);
-    free(sh);
 }
 
 /* Crashes on the 2nd request of each process: every request is still scored (one restart
@@ -560,11 +519,12 @@ static void test_process_exits_without_reading(void **state) {
     free(completion);
 }
 
-/* /proc/PID is gone or a zombie (of init) within a second. */
+/* /proc/PID is gone or a zombie (of init) within 10 s (a killed process is reaped at once, but a
+ * loaded machine may take its time). */
 static bool process_gone(long pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    for (int k = 0; k < 100; k++) {
+    for (int k = 0; k < 1000; k++) {
         FILE *s = fopen(path, "r");
         if (!s) return true;
         size_t n = fread(buf, 1, sizeof buf - 1, s);
@@ -592,7 +552,8 @@ static void test_process_timeout(void **state) {
     assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
     double elapsed = trill_now() - t0;
     assert_msg_has("2 consecutive failures; last: no reply within 0.3 s (killed); last stderr line: \"starting\"");
-    if (elapsed < 0.55 || elapsed > 3) fail_msg("two timeouts of 0.3 s took %.2f s", elapsed);
+    /* never early; the upper bound only tells a hang from a loaded machine */
+    if (elapsed < 0.55 || elapsed > 20) fail_msg("two timeouts of 0.3 s took %.2f s", elapsed);
     assert_no_children();
     char pidfile[4200];
     snprintf(pidfile, sizeof pidfile, "%s/sleep.pid", f->dir);
@@ -614,7 +575,7 @@ static void test_process_free_kills(void **state) {
     double t0 = trill_now();
     reward_process_free(p);
     double elapsed = trill_now() - t0;
-    if (elapsed > 2) fail_msg("free took %.2f s", elapsed);
+    if (elapsed > 10) fail_msg("free took %.2f s (it waited for `sleep 100`?)", elapsed);
     reward_process_free(NULL);
 }
 

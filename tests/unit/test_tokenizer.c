@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "base/utf8.h"
+#include "trill/rng.h"
 #include "trill/tokenizer.h"
 
 /* The GPT-2 byte-level symbol of byte b, as UTF-8. */
@@ -200,6 +201,66 @@ static void test_template_and_wordlevel(void **state) {
     trill_tokenizer_free(t);
 }
 
+static void expect_lenient(const trill_tokenizer *t, const int *ids, int n, const char *want) {
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(trill_tokenizer_decode_lenient(t, ids, n, &text, &len), TRILL_OK);
+    assert_string_equal(text, want);
+    assert_int_equal(len, strlen(want));
+    free(text);
+}
+
+static char *strict(const trill_tokenizer *t, const int *ids, int n) {
+    char *text;
+    size_t len;
+    assert_int_equal(trill_tokenizer_decode(t, ids, (size_t)n, false, &text, &len), TRILL_OK);
+    return text;
+}
+
+/* decode_lenient: ids the tokenizer has no string for (a hole in the vocabulary, negative, at
+ * or past its size) become "<id>"; the runs of known ids between them decode as the strict
+ * decoder decodes them, together, so a character split over several byte tokens survives and
+ * one cut by an unknown id is repaired to U+FFFD on each side; special tokens are kept. */
+static void test_decode_lenient(void **state) {
+    (void)state;
+    const char *merges[] = { "a b", "b c", "ab c", "c c" }; /* ids 256..259; 260..998 are holes; 999 "<|end|>" */
+    trill_tokenizer *t = load(bpe_json(merges, 4, json_array(), NULL));
+    assert_int_equal(trill_tokenizer_size(t), 1000);
+    const int known[] = { 258, 999, 'c', 0xe4, 0xbd, 0xa0 };
+    expect_lenient(t, known, 6, "abc<|end|>c\xe4\xbd\xa0"); /* all known: the strict decoding */
+    expect_lenient(t, known, 0, "");
+    const int mixed[] = { 'a', 500, 0xe4, 0xbd, 0xa0, 5000, -3, 999, 'b', 1000 };
+    expect_lenient(t, mixed, 10, "a<500>\xe4\xbd\xa0<5000><-3><|end|>b<1000>");
+    const int cut[] = { 0xe4, 0xbd, 700, 0xa0 }; /* a character cut by an unknown id */
+    expect_lenient(t, cut, 4, "\xef\xbf\xbd<700>\xef\xbf\xbd");
+    const int only[] = { 260, 998 };
+    expect_lenient(t, only, 2, "<260><998>");
+
+    /* random runs of known ids (bytes of multi-byte characters among them) around one unknown:
+     * strict(before) "<id>" strict(after) */
+    static const int pool[] = { 'a', 'b', 'c', ' ', 256, 257, 258, 259, 999, 0xe4, 0xbd, 0xa0, 0xc3, 0xa9, 0xf0, 0x9f, 0x98, 0x80 };
+    const int n_pool = sizeof pool / sizeof pool[0];
+    for (int trial = 0; trial < 300; trial++) {
+        int ids[24];
+        const int n = 2 + (int)(trill_rng_bits(7, (uint64_t)trial * 64) % 20), at = (int)(trill_rng_bits(8, trial) % (uint64_t)n);
+        for (int i = 0; i < n; i++) ids[i] = pool[trill_rng_bits(9, (uint64_t)trial * 64 + i) % (uint64_t)n_pool];
+        const int bad = trial % 3 == 0 ? 1000 + trial : trial % 3 == 1 ? 260 + trial : -1 - trial;
+        ids[at] = bad;
+        char *before = strict(t, ids, at), *after = strict(t, ids + at + 1, n - at - 1), want[512];
+        snprintf(want, sizeof want, "%s<%d>%s", before, bad, after);
+        expect_lenient(t, ids, n, want);
+        free(before);
+        free(after);
+    }
+    trill_tokenizer_free(t);
+
+    /* the character-level tokenizer (98 ids) under a model vocabulary of 128 */
+    t = load(trill_tokenizer_charlevel_json());
+    const int gen[] = { 43, 76, 120, 2, 0, 127 };
+    expect_lenient(t, gen, 6, "Hi<120>\n<|endoftext|><127>");
+    trill_tokenizer_free(t);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     struct { const char *field, *value, *message; } cases[] = {
@@ -242,6 +303,7 @@ int main(void) {
         cmocka_unit_test(test_bpe_merge_order),        cmocka_unit_test(test_invalid_utf8_becomes_replacement),
         cmocka_unit_test(test_split_behaviors),        cmocka_unit_test(test_digits_and_nfc),
         cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_decode_lenient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
