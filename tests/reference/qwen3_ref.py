@@ -611,6 +611,14 @@ class Model:
         # Stable descending sort: deterministic order (lower id first) on exact ties.
         vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
         top_ids = ids[:, :k] if replay_ids is None else replay_ids
+        if replay_ids is not None and bool((replay_ids < 0).any()):
+            # A row of negative ids is not replayed: that token takes the router's own
+            # top-k (a recorded rollout leaves its last token, never forwarded by the
+            # generator, for the trainer to route). Only used by rl_step_ref.py.
+            unset = (replay_ids < 0).all(-1, keepdim=True)
+            if bool(((replay_ids < 0) != unset).any()):
+                raise ValueError("replay ids: a row is either all replayed or all negative")
+            top_ids = torch.where(unset, ids[:, :k], replay_ids)
         top_w = probs.gather(1, top_ids)  # == vals[:, :k] without replay
         if cfg.get("norm_topk_prob", False):
             top_w = top_w / top_w.sum(-1, keepdim=True)

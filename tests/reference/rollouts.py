@@ -1,0 +1,65 @@
+"""Reads and writes trill's recorded rollout batches (rollouts.save / rollouts.replay).
+
+The file is rl_batch_pack's bytes (src/rl/rollout.c), native byte order: a 40-byte header
+(uint32 magic "TRLB", uint32 format 1, int32 n_seqs, group_size, n_moe_layers, top_k, int64
+n_tokens, text_bytes), then the arrays back to back, then the completions NUL-terminated.
+Written here from that description, so a test that reads a file trill wrote checks the format.
+"""
+import struct
+
+import numpy as np
+
+MAGIC, FORMAT = 0x424C5254, 1
+HEADER = struct.Struct("=IIiiiiqq")
+# (name, dtype, length as a function of n_seqs, n_tokens, experts per token)
+ARRAYS = (
+    ("offsets", np.int32, lambda n, T, row: n + 1),
+    ("prompt_len", np.int32, lambda n, T, row: n),
+    ("tokens", np.int32, lambda n, T, row: T),
+    ("behav_logp", np.float32, lambda n, T, row: T),
+    ("version", np.uint32, lambda n, T, row: T),
+    ("experts", np.uint16, lambda n, T, row: T * row),
+    ("example", np.int32, lambda n, T, row: n),
+    ("reward", np.float64, lambda n, T, row: n),
+    ("adv", np.float64, lambda n, T, row: n),
+    ("correct", np.float64, lambda n, T, row: n),
+    ("keep", np.bool_, lambda n, T, row: n),
+)
+
+
+def read(path):
+    data = open(path, "rb").read()
+    magic, fmt, n, group, layers, k, T, text = HEADER.unpack_from(data, 0)
+    if magic != MAGIC or fmt != FORMAT:
+        raise ValueError(f"{path}: not a rollout batch (magic {magic:08x}, format {fmt})")
+    b = {"n_seqs": n, "group_size": group, "n_moe_layers": layers, "top_k": k}
+    at = HEADER.size
+    for name, dtype, count in ARRAYS:
+        m = count(n, T, layers * k)
+        b[name] = np.frombuffer(data, dtype=dtype, count=m, offset=at).copy()
+        at += m * np.dtype(dtype).itemsize
+    if at + text != len(data):
+        raise ValueError(f"{path}: {len(data)} bytes, the header describes {at + text}")
+    b["completion"] = [s.decode("utf-8") for s in data[at:-1].split(b"\0")] if n else []
+    if len(b["completion"]) != n:
+        raise ValueError(f"{path}: {len(b['completion'])} completions for {n} sequences")
+    b["experts"] = b["experts"].reshape(T, layers, k)
+    return b
+
+
+def write(path, b):
+    n, T = b["n_seqs"], int(b["offsets"][-1])
+    text = b"".join(c.encode("utf-8") + b"\0" for c in b["completion"])
+    out = [HEADER.pack(MAGIC, FORMAT, n, b["group_size"], b["n_moe_layers"], b["top_k"], T, len(text))]
+    for name, dtype, count in ARRAYS:
+        a = np.ascontiguousarray(b[name], dtype=dtype).reshape(-1)
+        assert a.size == count(n, T, b["n_moe_layers"] * b["top_k"]), name
+        out.append(a.tobytes())
+    out.append(text)
+    with open(path, "wb") as f:
+        f.write(b"".join(out))
+
+
+def response(b, s):
+    """Token positions [start, end) of sequence s's response."""
+    return int(b["offsets"][s] + b["prompt_len"][s]), int(b["offsets"][s + 1])
