@@ -11,12 +11,13 @@ check() { # check NAME CONDITION-COMMAND...
   local name=$1; shift
   if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
 }
-# expect_exit CODE STDERR-SUBSTRING COMMAND...: exit code and message on stderr
+# expect_exit CODE STDERR-SUBSTRING COMMAND...: exactly this exit code (a timeout is 124: a failure),
+# the message on stderr, and no sanitizer or runtime-error report after it
 expect_exit() {
   local code=$1 needle=$2; shift 2
-  "$@" >"$WORK/out" 2>"$WORK/err"
+  timeout -k 5 "${TRILL_TEST_LIMIT_S:-300}" "$@" >"$WORK/out" 2>"$WORK/err"
   local rc=$?
-  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$needle" "$WORK/err"; then
+  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$needle" "$WORK/err" || grep -qE "Sanitizer|runtime error:" "$WORK/err"; then
     echo "FAIL: '$*' exited $rc (want $code), stderr: $(head -c 300 "$WORK/err") (want '$needle')"
     failed=$((failed + 1))
   else
@@ -101,9 +102,18 @@ expect_exit 1 "stdin line 1: position 0: token id 4000 is not in the vocabulary"
   sh -c "echo '[4000]' | '$TRILL' tokenize --model '$WORK/tiny' --decode"
 
 # generate: same seed, same text; greedy is deterministic too
-a=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --seed 4 --top-k 20)
-b=$("$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --seed 4 --top-k 20)
-check "generate reproducible" test "$a" == "$b"
+gen() { "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --json --dtype f32 "$@" 2>>"$WORK/gen.err"; }
+a=$(gen --seed 4 --top-k 20) && b=$(gen --seed 4 --top-k 20) && c=$(gen --seed 5 --top-k 20) && g1=$(gen --temperature 0 --seed 1) &&
+  g2=$(gen --temperature 0 --seed 2)
+check "generate runs" test $? -eq 0
+check "generate reproducible" /usr/bin/python3 -c '
+import json, sys
+a, b, c, g1, g2 = (json.loads(x) for x in sys.argv[1:])
+assert len(a["tokens"]) == 12 and a["finish"] == "length", a       # a real completion, not an empty string
+assert a == b, (a, b)                                                 # same seed: same tokens and log-probs
+assert a["tokens"] != c["tokens"], "another seed samples other tokens"
+assert g1["tokens"] == g2["tokens"], "greedy does not depend on the seed"
+' "$a" "$b" "$c" "$g1" "$g2"
 expect_exit 2 "--top-p: expected a number" "$TRILL" generate --model "$WORK/tiny" --prompt x --top-p 2
 expect_exit 2 "--dtype: expected bf16, int8 or f32" "$TRILL" generate --model "$WORK/tiny" --prompt x --dtype fp8
 expect_exit 2 "one of --prompt TEXT or --prompts FILE" "$TRILL" generate --model "$WORK/tiny"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# `trill sft` learns a small synthetic task: held-out loss (nats per completion token, from ~4.9
-# at random initialisation) must fall below a stated threshold, with LoRA and with full
-# fine-tuning; the outputs are usable (the adapter merges, the full model scores).
+# `trill sft` learns a task that needs the prompt, with LoRA and with full fine-tuning: the
+# completion " ok <first letter of the word>." is 7 tokens with EOS, of which only the letter (one
+# of 8, uniform) depends on the prompt, so a model that ignores the prompt cannot get below
+# log(8)/7 = 0.297 nats per token of held-out loss (a character unigram gets ~1.9); both runs must
+# reach 0.15. The outputs are usable (the adapter merges, the full model scores), an interrupted
+# run resumes bit-identically, and bad settings are refused.
 # Usage: test_sft.sh PATH/TO/trill
 set -euo pipefail
 TRILL=$1
@@ -9,6 +12,14 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-sft-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 passed=0 failed=0
 check() { if "${@:2}"; then passed=$((passed + 1)); else echo "FAIL: $1"; failed=$((failed + 1)); fi; }
+# sft LOG ARGS...: trill sft exits 0 with no sanitizer report in LOG (a timeout is a failure)
+sft() {
+  local log=$1 rc=0
+  shift
+  timeout -k 5 "${TRILL_TEST_LIMIT_S:-600}" "$TRILL" sft "$@" 2>"$log" || rc=$?
+  check "trill sft $* exits 0 (got $rc)" test "$rc" -eq 0
+  check "no sanitizer report in $log" sh -c "! grep -nE 'Sanitizer|runtime error:' '$log'"
+}
 
 # The task: "Q: <word>\nA:" -> " ok <first letter of word>." (needs attention to the prompt).
 /usr/bin/python3 - "$WORK" <<'PY'
@@ -26,19 +37,21 @@ PY
 eval_loss() { sed -n 's/^eval loss \([0-9.]*\).*/\1/p' "$1" | tail -1; }
 below() { awk -v x="$1" -v t="$2" 'BEGIN { exit !(x != "" && x < t) }'; }
 
-"$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/lora" --lora \
-  prompt_field=question completion_field=answer lr=3e-3 batch_tokens=512 epochs=2 eval_every=10 2>"$WORK/lora.log"
+# LoRA on a random base needs the head adapted too (its frozen random lm_head caps how sure it can be)
+sft "$WORK/lora.log" --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/lora" --lora \
+  prompt_field=question completion_field=answer lr=3e-3 batch_tokens=512 epochs=8 lora.rank=16 \
+  lora.target_modules=q,k,v,o,gate,up,down,lm_head
 lora_loss=$(eval_loss "$WORK/lora.log")
-echo "LoRA: held-out loss $lora_loss after $(grep -c '^step [0-9]*/' "$WORK/lora.log") steps (threshold 2.0)"
-check "LoRA held-out loss below 2.0" below "$lora_loss" 2.0
+echo "LoRA: held-out loss $lora_loss after $(grep -c '^step [0-9]*/' "$WORK/lora.log") steps (threshold 0.15; ignoring the prompt: >= 0.297)"
+check "LoRA held-out loss below 0.15" below "$lora_loss" 0.15
 check "adapter written" test -s "$WORK/lora/adapter_model.safetensors"
 check "adapter merges" "$TRILL" merge --model "$WORK/model" --adapter "$WORK/lora" --out "$WORK/merged" 2>/dev/null
 
-"$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/full" --full \
-  prompt_field=question completion_field=answer lr=1e-3 batch_tokens=512 epochs=3 grad_accum=2 2>"$WORK/full.log"
+sft "$WORK/full.log" --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/full" --full \
+  prompt_field=question completion_field=answer lr=2e-3 batch_tokens=512 epochs=8
 full_loss=$(eval_loss "$WORK/full.log")
-echo "full: held-out loss $full_loss (threshold 1.0)"
-check "full held-out loss below 1.0" below "$full_loss" 1.0
+echo "full: held-out loss $full_loss (threshold 0.15)"
+check "full held-out loss below 0.15" below "$full_loss" 0.15
 printf '{"text": "Q: abc\\nA: ok a."}\n' >"$WORK/score.jsonl"
 check "trained model scores" "$TRILL" score --model "$WORK/full" --input "$WORK/score.jsonl" --output "$WORK/scored.jsonl"
 
@@ -59,9 +72,11 @@ done
 if "$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --out "$WORK/x" lr=abc 2>"$WORK/err"; then rc=0; else rc=$?; fi
 check "bad setting is a usage error" test "$rc" -eq 2
 check "bad setting named" grep -q 'lr: expected a number' "$WORK/err"
+check "no sanitizer report" sh -c "! grep -nE 'Sanitizer|runtime error:' '$WORK/err'"
 if "$TRILL" sft --model "$WORK/model" --data "$WORK/train.jsonl" --out "$WORK/x" 2>"$WORK/err"; then rc=0; else rc=$?; fi
 check "missing fields fail" test "$rc" -eq 1
 check "missing field named" grep -q 'train.jsonl:1: expected string fields "prompt" and "completion"' "$WORK/err"
+check "no sanitizer report" sh -c "! grep -nE 'Sanitizer|runtime error:' '$WORK/err'"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
