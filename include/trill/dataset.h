@@ -22,11 +22,14 @@ typedef struct trill_dataset_options {
     const trill_chat_template *chat; /* needed for "chat" */
     int max_prompt_tokens;
     int limit;                      /* read at most this many lines (0: all) */
+    bool allow_missing_answer;      /* a line without the answer field gets "" (else: an error naming it) */
+    int max_position_embeddings;    /* the model's; with max_new_tokens, a prompt whose sequence would not */
+    int max_new_tokens;             /* fit is refused (0: not checked) */
 } trill_dataset_options;
 
 typedef struct trill_example {
     char *prompt;   /* the rendered prompt text */
-    char *answer;   /* the ground truth ("" when the line has none) */
+    char *answer;   /* the ground truth ("" when the line has none and that is allowed) */
     int *ids;       /* the prompt's tokens */
     int n_ids;
 } trill_example;

@@ -12,6 +12,7 @@ typedef enum trill_status {
     TRILL_ERR_UNSUPPORTED, /* well-formed but not something trill computes */
     TRILL_ERR_IO,          /* the operating system refused (open, read, write, mmap) */
     TRILL_ERR_NOMEM,
+    TRILL_ERR_INTERRUPTED, /* stopped on request (a signal): what was done is saved */
 } trill_status;
 
 /* Sets the message (printf-style) and returns `code`, so `return trill_error(...)` reads well. */

@@ -7,6 +7,7 @@
 #define TRILL_FILEIO_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "trill/error.h"
@@ -37,5 +38,8 @@ trill_status trill_mkdir_p(const char *path);
 char *trill_path_join(const char *dir, const char *name);
 
 int trill_file_exists(const char *path);
+
+/* XXH64 (seed 0, libxxhash) of a whole file, and its size. */
+trill_status trill_file_xxh64(const char *path, uint64_t *hash, size_t *bytes);
 
 #endif

@@ -58,6 +58,7 @@ typedef struct trill_rl_config {
         bool shuffle;              /* reshuffle every epoch, keyed by seed and epoch */
         int eval_size;             /* held-out prompts evaluated (0: all) */
         int max_prompt_tokens;     /* longer prompts are refused with the line number */
+        bool allow_missing_answer; /* lines without the answer field (scored by a reward process or model only) */
     } data;
 
     struct {
@@ -112,6 +113,7 @@ typedef struct trill_rl_config {
         int warmup_steps;
         int micro_batch_tokens;    /* token budget of one forward/backward */
         bool recompute;
+        bool skip_nonfinite;       /* a minibatch with a non-finite loss or gradient is skipped (else: an error) */
         trill_lora_config lora;
     } trainer;
 
@@ -156,6 +158,10 @@ trill_status trill_rl_config_validate(const trill_rl_config *c);
 /* The resolved config as YAML (every key, nested sections), which trill_rl_config_load reads back
  * to the same config (with correction.mis off, its unused bounds are not written). */
 trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f);
+/* A resumed run's config against the one saved in its checkpoint (`where` names it): the keys
+ * that cannot change (seed, the LoRA shape) must be equal; the error names the key and both
+ * values. */
+trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const trill_rl_config *now, const char *where);
 /* The config reference in Markdown (docs/config.md is exactly this): every key with type,
  * default, allowed values and meaning. */
 void trill_rl_config_reference(FILE *f);
@@ -178,6 +184,11 @@ typedef struct trill_rl_result {
 } trill_rl_result;
 
 trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result);
+
+/* Asks the run in progress to stop after its current step: it writes a checkpoint of that step
+ * and returns TRILL_ERR_INTERRUPTED. Async-signal-safe (it sets a flag), so a SIGINT/SIGTERM
+ * handler may call it. One run at a time per process: the flag is cleared when a run starts. */
+void trill_rl_request_stop(void);
 
 /* ---- held-out evaluation (also `trill eval`) ---- */
 struct trill_dataset;

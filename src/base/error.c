@@ -39,6 +39,7 @@ const char *trill_status_name(trill_status code) {
     case TRILL_ERR_UNSUPPORTED: return "unsupported";
     case TRILL_ERR_IO: return "i/o error";
     case TRILL_ERR_NOMEM: return "out of memory";
+    case TRILL_ERR_INTERRUPTED: return "interrupted";
     }
     return "unknown error";
 }

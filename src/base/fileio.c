@@ -6,11 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 trill_status trill_read_file(const char *path, char **data, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return trill_error(TRILL_ERR_IO, "%s: is a directory, expected a file", path);
+    }
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     for (;;) {
@@ -22,9 +29,9 @@ trill_status trill_read_file(const char *path, char **data, size_t *len) {
         if (!grown) free(buf);
         buf = grown;
     }
-    int failed = ferror(f);
+    int failed = ferror(f) ? errno : 0;
     fclose(f);
-    if (failed) { free(buf); return trill_error(TRILL_ERR_IO, "%s: read error", path); }
+    if (failed) { free(buf); return trill_error(TRILL_ERR_IO, "%s: read error: %s", path, strerror(failed)); }
     buf[n] = '\0';
     *data = buf;
     *len = n;
@@ -124,4 +131,24 @@ char *trill_path_join(const char *dir, const char *name) {
 int trill_file_exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
+}
+
+trill_status trill_file_xxh64(const char *path, uint64_t *hash, size_t *bytes) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    trill_status st = fstat(fd, &sb) ? trill_error(TRILL_ERR_IO, "%s: cannot stat: %s", path, strerror(errno)) : TRILL_OK;
+    if (!st && !S_ISREG(sb.st_mode)) st = trill_error(TRILL_ERR_IO, "%s: not a regular file", path);
+    void *map = NULL;
+    if (!st && sb.st_size > 0 && (map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
+        map = NULL;
+        st = trill_error(TRILL_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+    }
+    if (!st) {
+        *hash = XXH64(map, (size_t)sb.st_size, 0);
+        *bytes = (size_t)sb.st_size;
+    }
+    if (map) munmap(map, (size_t)sb.st_size);
+    close(fd);
+    return st;
 }

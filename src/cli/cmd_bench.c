@@ -63,7 +63,7 @@ int cmd_bench(int argc, char **argv) {
         case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &seq); break;
         case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &runs); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("bench", USAGE, "invalid option");
+        default: return cli_usage_error("bench", USAGE, "invalid option %s", argv[optind - 1]);
         }
         if (bad) return EXIT_USAGE;
     }

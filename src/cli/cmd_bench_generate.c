@@ -139,7 +139,7 @@ int bench_generate(int argc, char **argv) {
         case 's': bad = cli_parse_int("bench", USAGE, "--steps", optarg, 1, 1 << 16, &steps); break;
         case 'e': eplb = true; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("bench", USAGE, "invalid option");
+        default: return cli_usage_error("bench", USAGE, "invalid option %s", argv[optind - 1]);
         }
         if (bad) return EXIT_USAGE;
     }

@@ -63,7 +63,7 @@ int cmd_eval(int argc, char **argv) {
                 return cli_usage_error("eval", USAGE, "--dtype: expected bf16, int8 or f32, got \"%s\"", optarg);
             break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("eval", USAGE, "invalid option");
+        default: return cli_usage_error("eval", USAGE, "invalid option %s", argv[optind - 1]);
         }
         if (bad) return EXIT_USAGE;
     }

@@ -167,7 +167,7 @@ int cmd_generate(int argc, char **argv) {
         case 'K': bad = cli_parse_int("generate", USAGE, "--kv-cache-mb", optarg, 1, 1 << 24, &kv_mb); break;
         case 'B': bad = cli_parse_int("generate", USAGE, "--max-batch-tokens", optarg, 1, 1 << 20, &batch_tokens); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("generate", USAGE, "invalid option");
+        default: return cli_usage_error("generate", USAGE, "invalid option %s", argv[optind - 1]);
         }
         if (bad) return EXIT_USAGE;
     }

@@ -33,7 +33,7 @@ int cmd_info(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') dir = optarg;
         else if (c == 'h') { printf("usage: %s\n", USAGE); return 0; }
-        else return cli_usage_error("info", USAGE, "invalid option");
+        else return cli_usage_error("info", USAGE, "invalid option %s", argv[optind - 1]);
     }
     if (optind < argc) return cli_usage_error("info", USAGE, "unexpected argument \"%s\"", argv[optind]);
     if (!dir) return cli_usage_error("info", USAGE, "--model DIR is required");

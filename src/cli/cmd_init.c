@@ -53,7 +53,7 @@ int cmd_init(int argc, char **argv) {
             if (cli_parse_int("init", USAGE, "--seed", optarg, 0, (long long)1 << 62, &seed)) return EXIT_USAGE;
             break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("init", USAGE, "invalid option");
+        default: return cli_usage_error("init", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("init", USAGE, "unexpected argument \"%s\"", argv[optind]);

@@ -28,7 +28,7 @@ int cmd_merge(int argc, char **argv) {
         case 'o': out = optarg; break;
         case 'd': dtype_name = optarg; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("merge", USAGE, "invalid option");
+        default: return cli_usage_error("merge", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("merge", USAGE, "unexpected argument \"%s\"", argv[optind]);

@@ -131,7 +131,7 @@ int cmd_score(int argc, char **argv) {
         case 'i': input = optarg; break;
         case 'o': output = optarg; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("score", USAGE, "invalid option");
+        default: return cli_usage_error("score", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("score", USAGE, "unexpected argument \"%s\"", argv[optind]);

@@ -25,6 +25,7 @@ int cmd_sft(int argc, char **argv) {
     };
     trill_sft_config cfg = trill_sft_defaults();
     int c;
+    bool lora = false, full = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -32,12 +33,13 @@ int cmd_sft(int argc, char **argv) {
         case 'd': cfg.data_path = optarg; break;
         case 'e': cfg.eval_path = optarg; break;
         case 'o': cfg.out_dir = optarg; break;
-        case 'l': cfg.lora = true; break;
-        case 'f': cfg.lora = false; break;
+        case 'l': cfg.lora = lora = true; break;
+        case 'f': cfg.lora = false; full = true; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("sft", USAGE, "invalid option");
+        default: return cli_usage_error("sft", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
+    if (lora && full) return cli_usage_error("sft", USAGE, "--lora and --full exclude each other: train adapters or every weight");
     for (int i = optind; i < argc; i++) {
         char *eq = strchr(argv[i], '=');
         if (!eq) return cli_usage_error("sft", USAGE, "expected key=value, got \"%s\"", argv[i]);

@@ -60,7 +60,7 @@ int cmd_tokenize(int argc, char **argv) {
         if (c == 'm') dir = optarg;
         else if (c == 'd') decode = 1;
         else if (c == 'h') { printf("usage: %s\n", USAGE); return 0; }
-        else return cli_usage_error("tokenize", USAGE, "invalid option");
+        else return cli_usage_error("tokenize", USAGE, "invalid option %s", argv[optind - 1]);
     }
     if (optind < argc) return cli_usage_error("tokenize", USAGE, "unexpected argument \"%s\"", argv[optind]);
     if (!dir) return cli_usage_error("tokenize", USAGE, "--model DIR is required");

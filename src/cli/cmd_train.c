@@ -1,7 +1,9 @@
 /* trill train: RL post-training (the controller in src/rl). */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "trill/rl.h"
@@ -15,7 +17,30 @@ static const char USAGE[] =
     "  algo.loss=gspo trainer.lr=1e-4 generator.dtype=f32 'correction.mis=[0.5, 5]'. mode=async runs generator,\n"
     "  rewards and trainer at the same time on their own cores (async.max_staleness, resources.*).\n"
     "  --print-config prints the resolved config and exits; --config-reference prints every key.\n"
+    "  Ctrl-C (SIGINT) or SIGTERM: the current step finishes and is checkpointed, then it exits with\n"
+    "  128 + the signal (a second signal quits at once); resume=auto continues the run.\n"
     "  Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).";
+
+/* The first SIGINT/SIGTERM lets the current step finish and be checkpointed; a second one ends
+ * the process at once (complete checkpoints are never touched by a kill). */
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) {
+    if (g_signal) _exit(128 + sig);
+    g_signal = sig;
+    trill_rl_request_stop();
+    static const char msg[] = "\ntrill train: stopping after the current step (checkpointed); again to quit at once\n";
+    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing to do about it */ }
+}
+
+/* A signal ignored when trill started stays ignored (a shell's background job ignores SIGINT). */
+static void catch_stop_signals(void) {
+    struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESTART }, old;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = { SIGINT, SIGTERM };
+    for (int i = 0; i < 2; i++)
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+}
 
 int cmd_train(int argc, char **argv) {
     static const struct option opts[] = {
@@ -32,7 +57,7 @@ int cmd_train(int argc, char **argv) {
         case 'p': print_only = true; break;
         case 'R': trill_rl_config_reference(stdout); return 0;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("train", USAGE, "invalid option");
+        default: return cli_usage_error("train", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
     trill_rl_config cfg;
@@ -58,7 +83,12 @@ int cmd_train(int argc, char **argv) {
     }
     if (!rc) {
         trill_rl_result res;
-        if (trill_rl_run(&cfg, &res)) rc = cli_fail("train");
+        catch_stop_signals();
+        trill_status st = trill_rl_run(&cfg, &res);
+        if (st == TRILL_ERR_INTERRUPTED) {
+            fprintf(stderr, "trill train: %s\n", trill_error_message());
+            rc = 128 + (g_signal ? g_signal : SIGINT); /* as a shell reports a process ended by that signal */
+        } else if (st) rc = cli_fail("train");
         else if (isfinite(res.eval_before) && isfinite(res.eval_after))
             fprintf(stderr, "trill train: held-out pass@1 %.1f%% -> %.1f%% (%+.1f points), pass@k %.1f%% -> %.1f%%, %.0f s in all\n",
                     100 * res.eval_before, 100 * res.eval_after, 100 * (res.eval_after - res.eval_before), 100 * res.passk_before,

@@ -1,4 +1,5 @@
 /* trill: reinforcement-learning post-training for Mixture-of-Experts models. */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,9 @@ int cli_parse_double(const char *cmd, const char *usage, const char *flag, const
 }
 
 int main(int argc, char **argv) {
+    /* a file grown past RLIMIT_FSIZE fails with EFBIG (an error naming the file) instead of
+     * killing the process mid-write */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         print_help(stderr);
         return EXIT_USAGE;

@@ -506,6 +506,28 @@ trill_status trill_engine_eplb_imbalance(const trill_engine *e, double *identity
     return st;
 }
 
+/* Weights that are not finite numbers are refused at the door: they would only make logits
+ * nobody can sample from. bf16 NaN and infinity have every exponent bit set. */
+static trill_status check_finite_model(const trill_model *m) {
+    for (size_t k = 0; k < m->n_tensors; k++) {
+        const trill_param *p = &m->tensors[k];
+        for (size_t i = 0; i < p->numel; i++)
+            if (p->data ? !isfinite(p->data[i]) : (p->bf16[i] & 0x7f80u) == 0x7f80u)
+                return trill_error(TRILL_ERR_INVALID, "engine: weight %s[%zu] is not a finite number: refused", p->name, i);
+    }
+    return TRILL_OK;
+}
+
+static trill_status check_finite_lora(const trill_lora *l) {
+    for (size_t k = 0; k < l->n_tensors; k++) {
+        const trill_param *p = &l->tensors[k];
+        for (size_t i = 0; i < p->numel; i++)
+            if (!isfinite(p->data[i]))
+                return trill_error(TRILL_ERR_INVALID, "engine: adapter tensor %s[%zu] is %g: refused", p->name, i, p->data[i]);
+    }
+    return TRILL_OK;
+}
+
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
     trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();
     if (m->config.num_labels > 0)
@@ -534,6 +556,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
         st = trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
                          cfg.kv_cache_mb, n_blocks, cfg.block_size, per_block / 1e6);
     pthread_mutex_init(&e->lock, NULL);
+    if (!st) st = check_finite_model(m);
     if (!st) st = build_weights(c, cfg.format, m, &e->w);
     if (!st) st = kv_cache_create(&e->kv, (int)n_blocks, cfg.block_size, c->num_hidden_layers, kv_dim, kv_elem);
     if (!st && cfg.eplb && c->n_moe_layers > 0) st = eplb_start(e);
@@ -1397,6 +1420,7 @@ static trill_status same_architecture(const trill_config *a, const trill_config 
 
 trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes) {
     trill_status st = same_architecture(&e->c, &m->config);
+    if (!st) st = check_finite_model(m);
     eng_weights *w = NULL;
     if (!st) st = build_weights(&e->c, e->cfg.format, m, &w);
     if (st) return st;
@@ -1409,7 +1433,8 @@ trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora
     eng_adapter *ad = NULL;
     if (lora) {
         if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "adapter update: rank %d", lora->config.rank);
-        trill_status st = build_adapter(&e->c, lora, &ad);
+        trill_status st = check_finite_lora(lora);
+        if (!st) st = build_adapter(&e->c, lora, &ad);
         if (st) return st;
     }
     if (bytes) *bytes = ad ? ad->bytes : 0;
@@ -1422,6 +1447,9 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     int R = 0;
     trill_status st = take_update(e);
     if (!st) st = schedule(e, &R, &local);
+    if (!st && R == 0 && trill_engine_busy(e)) /* never a step that makes no progress */
+        st = trill_error(TRILL_ERR_INVALID, "engine: no work can be scheduled: %d sequences waiting, %d running, %d of %d KV blocks free",
+                         e->n_waiting, e->n_active, e->kv.n_free, e->kv.n_blocks);
     if (!st && R > 0) st = ensure_scores(e, R);
     if (!st && R > 0) {
         forward_rows(e, R);

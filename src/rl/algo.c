@@ -25,12 +25,20 @@ void rl_group_advantages(const double *rewards, int n_groups, int group_size, bo
             a[0] = 0;
             continue;
         }
+        /* Rewards beyond 1e100 are scaled by the largest first, so that the sum and the squares
+         * cannot overflow: any finite rewards give finite statistics (and ordinary ones the
+         * plain formula's exact results). */
+        double big = 0;
+        for (int j = 0; j < group_size; j++) big = fmax(big, fabs(r[j]));
+        const double unit = big > 1e100 ? big : 1.0;
         double mean = 0, ss = 0;
-        for (int j = 0; j < group_size; j++) mean += r[j];
+        for (int j = 0; j < group_size; j++) mean += r[j] / unit;
         mean /= group_size;
-        for (int j = 0; j < group_size; j++) ss += (r[j] - mean) * (r[j] - mean);
-        const double scale = std_norm ? 1.0 / (sqrt(ss / (group_size - 1)) + eps) : 1.0;
-        for (int j = 0; j < group_size; j++) a[j] = (r[j] - mean) * scale;
+        for (int j = 0; j < group_size; j++) ss += (r[j] / unit - mean) * (r[j] / unit - mean);
+        /* std_norm: (r - mean) / (std + eps) in units; Dr. GRPO: r - mean (beyond DBL_MAX only if the
+         * rewards themselves span more than that) */
+        const double scale = std_norm ? 1.0 / (sqrt(ss / (group_size - 1)) + eps / unit) : unit;
+        for (int j = 0; j < group_size; j++) a[j] = (r[j] / unit - mean) * scale;
     }
 }
 

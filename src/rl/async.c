@@ -383,7 +383,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
     int64_t want = -1; /* a batch being regenerated */
     long dropped = 0, regenerated = 0;
     stash held = { .n = 0 };
-    while (!st && r->state.step < c->steps) {
+    while (!st && r->state.step < c->steps && !rl_stop_requested()) {
         const double tw = trill_now();
         rl_rollout *ro = next_batch(as, &held, want);
         step_wait += trill_now() - tw;

@@ -19,6 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
+#include <xxhash.h>
+
 #include "trill/timing.h"
 
 struct trill_weight_channel {
@@ -34,110 +37,24 @@ struct trill_weight_channel {
     pthread_cond_t changed; /* broadcast on release to 0 holders, on publish and on close */
 };
 
-/* ---- XXH64, seed 0, streamed over 32-byte stripes so copy and hash can go chunk by chunk ---- */
+/* ---- XXH64 (libxxhash), seed 0 ---- */
 
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-static inline uint64_t read64(const unsigned char *p) {
-    uint64_t v;
-    memcpy(&v, p, 8); /* little-endian hosts only, as everywhere in trill */
-    return v;
-}
-static inline uint64_t xxh_round(uint64_t acc, uint64_t input) {
-    acc += input * P2;
-    acc = rotl64(acc, 31);
-    return acc * P1;
-}
-static inline uint64_t xxh_merge(uint64_t acc, uint64_t v) {
-    acc ^= xxh_round(0, v);
-    return acc * P1 + P4;
-}
-
-typedef struct {
-    uint64_t v[4];
-} xxh_state;
-
-static void xxh_init(xxh_state *s) {
-    s->v[0] = P1 + P2;
-    s->v[1] = P2;
-    s->v[2] = 0;
-    s->v[3] = 0 - P1;
-}
-
-/* Whole 32-byte stripes of p[len]; returns how many bytes it consumed. */
-static size_t xxh_stripes(xxh_state *s, const unsigned char *p, size_t len) {
-    uint64_t v0 = s->v[0], v1 = s->v[1], v2 = s->v[2], v3 = s->v[3];
-    size_t done = len & ~(size_t)31;
-    for (size_t i = 0; i < done; i += 32) {
-        v0 = xxh_round(v0, read64(p + i));
-        v1 = xxh_round(v1, read64(p + i + 8));
-        v2 = xxh_round(v2, read64(p + i + 16));
-        v3 = xxh_round(v3, read64(p + i + 24));
-    }
-    s->v[0] = v0, s->v[1] = v1, s->v[2] = v2, s->v[3] = v3;
-    return done;
-}
-
-/* The hash of `total` bytes (a multiple of 4) whose stripes went through xxh_stripes and whose
- * last total % 32 bytes are tail[]. */
-static uint64_t xxh_finish(const xxh_state *s, const unsigned char *tail, size_t total) {
-    assert(total % 4 == 0);
-    uint64_t h;
-    if (total >= 32) {
-        h = rotl64(s->v[0], 1) + rotl64(s->v[1], 7) + rotl64(s->v[2], 12) + rotl64(s->v[3], 18);
-        for (int i = 0; i < 4; i++) h = xxh_merge(h, s->v[i]);
-    } else {
-        h = P5;
-    }
-    h += total;
-    size_t rest = total & 31, i = 0;
-    for (; i + 8 <= rest; i += 8) {
-        h ^= xxh_round(0, read64(tail + i));
-        h = rotl64(h, 27) * P1 + P4;
-    }
-    if (i + 4 <= rest) {
-        uint32_t k;
-        memcpy(&k, tail + i, 4);
-        h ^= (uint64_t)k * P1;
-        h = rotl64(h, 23) * P2 + P3;
-    } /* XXH64 goes on byte by byte here; float data never has bytes left over */
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    h *= P3;
-    h ^= h >> 32;
-    return h;
-}
-
-uint64_t trill_channel_checksum(const float *data, size_t n) {
-    const unsigned char *p = (const unsigned char *)data;
-    size_t bytes = n * sizeof(float);
-    xxh_state s;
-    xxh_init(&s);
-    size_t done = xxh_stripes(&s, p, bytes);
-    return xxh_finish(&s, p + done, bytes);
-}
+uint64_t trill_channel_checksum(const float *data, size_t n) { return XXH64(data, n * sizeof(float), 0); }
 
 /* dst = src and the checksum of it, in chunks that stay in L2 between the copy and the hash:
- * one pass over memory instead of two. Chunks are whole stripes except the last. */
+ * one pass over memory instead of two. */
 static uint64_t copy_and_checksum(float *dst, const float *src, size_t n) {
-    enum { CHUNK = 64 * 1024 }; /* bytes, a multiple of 32 */
+    enum { CHUNK = 64 * 1024 }; /* bytes */
     unsigned char *d = (unsigned char *)dst;
-    size_t bytes = n * sizeof(float), done = 0;
-    xxh_state s;
-    xxh_init(&s);
-    while (done < bytes) {
-        size_t len = bytes - done < CHUNK ? bytes - done : CHUNK;
+    const size_t bytes = n * sizeof(float);
+    XXH64_state_t s;
+    XXH64_reset(&s, 0);
+    for (size_t done = 0; done < bytes; done += CHUNK) {
+        const size_t len = bytes - done < CHUNK ? bytes - done : CHUNK;
         memcpy(d + done, (const unsigned char *)src + done, len);
-        done += xxh_stripes(&s, d + done, len);
-        if (len < CHUNK) break; /* the last chunk: its tail goes to xxh_finish */
+        XXH64_update(&s, d + done, len);
     }
-    return xxh_finish(&s, d + done, bytes);
+    return XXH64_digest(&s);
 }
 
 /* ---- the channel ---- */

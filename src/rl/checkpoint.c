@@ -14,6 +14,9 @@
 #include "trill/fileio.h"
 #include "trill/json.h"
 
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
     (void)sb; (void)type; (void)ftw;
     return remove(path);
@@ -80,8 +83,114 @@ static trill_status write_config(const char *path, const trill_rl_config *c) {
     return st;
 }
 
+/* ---- the manifest: every file's size and XXH64, and the base model's identity ---- */
+
+#define MANIFEST "manifest.json"
+
+typedef struct file_list {
+    const char *root;
+    json_t *files;   /* relative path -> {bytes, xxh64} */
+    trill_status st;
+} file_list;
+
+static file_list *g_walk; /* nftw has no context argument; checkpoints are written by one thread */
+
+static int add_file(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
+    (void)sb; (void)ftw;
+    if (type != FTW_F) return 0;
+    const char *rel = path + strlen(g_walk->root) + 1;
+    if (strcmp(rel, MANIFEST) == 0) return 0;
+    uint64_t h;
+    size_t bytes;
+    if ((g_walk->st = trill_file_xxh64(path, &h, &bytes))) return 1;
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    if (json_object_set_new(g_walk->files, rel, json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "xxh64", hex))) {
+        g_walk->st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        return 1;
+    }
+    return 0;
+}
+
+static trill_status list_files(const char *root, json_t **files) {
+    file_list w = { .root = root, .files = json_object() };
+    if (!w.files) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    g_walk = &w;
+    if (nftw(root, add_file, 16, FTW_PHYS) != 0 && !w.st) w.st = trill_error(TRILL_ERR_IO, "%s: cannot list (%s)", root, strerror(errno));
+    g_walk = NULL;
+    if (w.st) { json_decref(w.files); return w.st; }
+    *files = w.files;
+    return TRILL_OK;
+}
+
+static void hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
+
+/* Sorted *.safetensors names of a model folder. */
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+trill_status rl_model_identity(const char *model_dir, rl_identity *id) {
+    memset(id, 0, sizeof *id);
+    char *path = trill_path_join(model_dir, "config.json");
+    size_t bytes;
+    trill_status st = path ? trill_file_xxh64(path, &id->config_hash, &bytes) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(path);
+    DIR *d = st ? NULL : opendir(model_dir);
+    if (!st && !d) st = trill_error(TRILL_ERR_IO, "%s: cannot list (%s)", model_dir, strerror(errno));
+    char **names = NULL;
+    int n = 0, cap = 0;
+    for (struct dirent *e; !st && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0) continue;
+        if (n == cap) {
+            char **grown = realloc(names, sizeof *names * (size_t)(cap = cap ? 2 * cap : 8));
+            if (!grown) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
+            names = grown;
+        }
+        if (!(names[n] = strdup(e->d_name))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else n++;
+    }
+    if (d) closedir(d);
+    if (names) qsort(names, (size_t)n, sizeof *names, by_name);
+    XXH64_state_t *acc = XXH64_createState();
+    if (!st && !acc) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) XXH64_reset(acc, 0);
+    for (int i = 0; i < n && !st; i++) { /* (name, size, hash) of every weight file, in name order */
+        uint64_t h;
+        char *file = trill_path_join(model_dir, names[i]);
+        st = file ? trill_file_xxh64(file, &h, &bytes) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        free(file);
+        if (st) break;
+        uint64_t size = bytes;
+        XXH64_update(acc, names[i], strlen(names[i]) + 1);
+        XXH64_update(acc, &size, sizeof size);
+        XXH64_update(acc, &h, sizeof h);
+        id->weights_bytes += bytes;
+    }
+    if (!st) id->weights_hash = XXH64_digest(acc);
+    XXH64_freeState(acc);
+    free_names(names, n);
+    if (st) trill_error_context("the identity of base model %s", model_dir);
+    return st;
+}
+
+static trill_status write_manifest(const char *dir, const rl_identity *id) {
+    json_t *files = NULL;
+    trill_status st = list_files(dir, &files);
+    if (st) return st;
+    char ch[17], wh[17];
+    hex64(id->config_hash, ch);
+    hex64(id->weights_hash, wh);
+    json_t *m = json_pack("{s:i, s:{s:s, s:s, s:I}, s:o}", "format", 1, "base_model", "config_xxh64", ch, "weights_xxh64", wh,
+                          "weights_bytes", (json_int_t)id->weights_bytes, "files", files);
+    char *path = trill_path_join(dir, MANIFEST);
+    st = m && path ? trill_json_write_file(path, m) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_decref(m);
+    free(path);
+    return st;
+}
+
 trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *s, const trill_lora *lora,
-                                const trill_adamw *opt, int keep) {
+                                const trill_adamw *opt, const rl_identity *base, int keep) {
     char dir[4096], tmp[4160], final[4160], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", dir, s->step);
@@ -100,11 +209,18 @@ trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, c
         st = j ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
         json_decref(j);
     }
+    if (!st) st = write_manifest(tmp, base); /* last: a checkpoint with a manifest is complete */
     if (!st) st = fsync_dir(tmp);
     if (!st) st = rl_remove_tree(final); /* the same step saved again after a resume */
     if (!st && rename(tmp, final)) st = trill_error(TRILL_ERR_IO, "%s: cannot rename to %s (%s)", tmp, final, strerror(errno));
     if (!st) st = fsync_dir(dir);
-    if (st) { trill_error_context("checkpoint %s", final); return st; }
+    if (st) {
+        trill_error_context("checkpoint %s", final);
+        char why[2048];
+        snprintf(why, sizeof why, "%s", trill_error_message());
+        rl_remove_tree(tmp); /* best effort: the next start removes it too */
+        return trill_error(st, "%s", why);
+    }
     char **names;
     int n;
     if (keep > 0 && !(st = list_checkpoints(dir, &names, &n))) {
@@ -117,7 +233,60 @@ trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, c
     return st;
 }
 
-trill_status rl_checkpoint_latest(const char *run_dir, char **path) {
+trill_status rl_checkpoint_verify(const char *ckpt) {
+    char *path = trill_path_join(ckpt, MANIFEST);
+    json_t *m = NULL;
+    trill_status st = path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !trill_file_exists(path))
+        st = trill_error(TRILL_ERR_INVALID, "%s: no %s (it is written last: the checkpoint is incomplete)", ckpt, MANIFEST);
+    if (!st) st = trill_json_load_file(path, &m);
+    json_t *files = m ? json_object_get(m, "files") : NULL;
+    if (!st && !json_is_object(files)) st = trill_error(TRILL_ERR_INVALID, "%s: no \"files\" object", path);
+    const char *rel;
+    json_t *want;
+    if (!st) json_object_foreach(files, rel, want) {
+        char *file = trill_path_join(ckpt, rel);
+        uint64_t h;
+        size_t bytes;
+        const json_t *jb = json_object_get(want, "bytes"), *jh = json_object_get(want, "xxh64");
+        char hex[17];
+        if (!file) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else if (!json_is_integer(jb) || !json_is_string(jh)) st = trill_error(TRILL_ERR_INVALID, "%s: entry \"%s\" lacks bytes or xxh64", path, rel);
+        else if (!trill_file_exists(file)) st = trill_error(TRILL_ERR_INVALID, "%s is missing", file);
+        else if (!(st = trill_file_xxh64(file, &h, &bytes))) {
+            hex64(h, hex);
+            if ((json_int_t)bytes != json_integer_value(jb))
+                st = trill_error(TRILL_ERR_INVALID, "%s is %zu bytes, the manifest says %lld", file, bytes, (long long)json_integer_value(jb));
+            else if (strcmp(hex, json_string_value(jh)) != 0)
+                st = trill_error(TRILL_ERR_INVALID, "%s has checksum %s, the manifest says %s", file, hex, json_string_value(jh));
+        }
+        free(file);
+        if (st) break;
+    }
+    json_decref(m);
+    free(path);
+    return st;
+}
+
+trill_status rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, const char *model_dir) {
+    char *path = trill_path_join(ckpt, MANIFEST);
+    json_t *m = NULL;
+    trill_status st = path ? trill_json_load_file(path, &m) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_t *b = m ? json_object_get(m, "base_model") : NULL;
+    const char *ch = json_string_value(json_object_get(b, "config_xxh64")), *wh = json_string_value(json_object_get(b, "weights_xxh64"));
+    char nc[17], nw[17];
+    hex64(now->config_hash, nc);
+    hex64(now->weights_hash, nw);
+    if (!st && (!ch || !wh)) st = trill_error(TRILL_ERR_INVALID, "%s: no base_model identity", path);
+    else if (!st && (strcmp(ch, nc) != 0 || strcmp(wh, nw) != 0))
+        st = trill_error(TRILL_ERR_INVALID, "%s: made for another base model (config.json %s, weights %s); model %s has config.json %s, "
+                         "weights %s", ckpt, ch, wh, model_dir, nc, nw);
+    json_decref(m);
+    free(path);
+    return st;
+}
+
+trill_status rl_checkpoint_latest(const char *run_dir, char **path, void (*skipped)(const char *ckpt, void *ctx), void *ctx) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     char **names;
@@ -125,11 +294,32 @@ trill_status rl_checkpoint_latest(const char *run_dir, char **path) {
     *path = NULL;
     trill_status st = list_checkpoints(dir, &names, &n);
     if (st) return st;
-    if (n > 0) {
-        *path = trill_path_join(dir, names[n - 1]);
-        if (!*path) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = n - 1; i >= 0 && !st && !*path; i--) {
+        char *ckpt = trill_path_join(dir, names[i]);
+        if (!ckpt) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
+        if (rl_checkpoint_verify(ckpt) == TRILL_OK) *path = ckpt;
+        else {
+            if (skipped) skipped(ckpt, ctx); /* the verification's message is the thread's error */
+            free(ckpt);
+        }
     }
     free_names(names, n);
+    return st;
+}
+
+trill_status rl_checkpoint_clean(const char *run_dir) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? TRILL_OK : trill_error(TRILL_ERR_IO, "%s: cannot list (%s)", dir, strerror(errno));
+    trill_status st = TRILL_OK;
+    for (struct dirent *e; !st && (e = readdir(d));)
+        if (strncmp(e->d_name, ".tmp-step-", 10) == 0) {
+            char *tmp = trill_path_join(dir, e->d_name);
+            st = tmp ? rl_remove_tree(tmp) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+            free(tmp);
+        }
+    closedir(d);
     return st;
 }
 

@@ -1,5 +1,6 @@
 /* RL checkpoints: RUN/checkpoints/step-NNNNNNNN/ holding the adapter (PEFT layout), the optimizer
- * state, state.json (step, data position, policy version, seed) and the resolved config.
+ * state, state.json (step, data position, policy version, seed), the resolved config and
+ * manifest.json (written last: each file's size and checksum, the base model's identity).
  * Written into a temporary folder, every file fsync'ed, then renamed into place and the parent
  * fsync'ed: a checkpoint folder either exists whole or not at all. */
 #ifndef TRILL_RL_CHECKPOINT_H
@@ -18,11 +19,27 @@ typedef struct rl_state {
     uint64_t seed;
 } rl_state;
 
-/* Writes the checkpoint of st->step and keeps only the newest `keep` (0: all). */
+/* The base model a run trains: XXH64 of its config.json, and of every *.safetensors file
+ * (name, size and content, in name order: every byte is read once, ~30 ms for 170 MB). */
+typedef struct rl_identity {
+    uint64_t config_hash, weights_hash;
+    size_t weights_bytes;
+} rl_identity;
+trill_status rl_model_identity(const char *model_dir, rl_identity *id);
+
+/* Writes the checkpoint of st->step, with manifest.json last (every file's size and XXH64, and
+ * the base model's identity), and keeps only the newest `keep` (0: all). */
 trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *st, const trill_lora *lora,
-                                const trill_adamw *opt, int keep);
-/* The newest complete checkpoint folder of run_dir (malloc'ed), or *path = NULL when none. */
-trill_status rl_checkpoint_latest(const char *run_dir, char **path);
+                                const trill_adamw *opt, const rl_identity *base, int keep);
+/* Every file of the manifest present with its size and checksum; else an error naming the file. */
+trill_status rl_checkpoint_verify(const char *ckpt);
+/* The checkpoint was made for this base model; else an error with both identities. */
+trill_status rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, const char *model_dir);
+/* The newest checkpoint of run_dir that verifies (malloc'ed), or *path = NULL when none; each
+ * newer one that does not is reported to skipped (the reason is the thread's error message). */
+trill_status rl_checkpoint_latest(const char *run_dir, char **path, void (*skipped)(const char *ckpt, void *ctx), void *ctx);
+/* Removes the temporary folders (.tmp-step-*) a killed run left behind. */
+trill_status rl_checkpoint_clean(const char *run_dir);
 trill_status rl_checkpoint_read_state(const char *ckpt, rl_state *st);
 
 /* rm -rf */

@@ -107,6 +107,9 @@ static const key KEYS[] = {
     INT("data.eval_size", data.eval_size, 0, INF, "200", "Held-out prompts evaluated (0: all)."),
     INT("data.max_prompt_tokens", data.max_prompt_tokens, 1, INF, "1024",
         "Longest prompt in tokens; a longer one is refused with its line number."),
+    BOOL("data.allow_missing_answer", data.allow_missing_answer, "false",
+         "Accept lines without the answer field (as \"\"), for data scored only by a reward process or model; "
+         "false: such a line is an error naming it."),
 
     ENUM("generator.dtype", generator.dtype, GEN_FORMATS, "bf16", "Generator weight format (int8: W8A8)."),
     INT("generator.prompts_per_step", generator.prompts_per_step, 1, INF, "32", "Prompts per rollout batch."),
@@ -175,6 +178,9 @@ static const key KEYS[] = {
         "Tokens per forward/backward pass; gradients accumulate over as many as a step needs."),
     BOOL("trainer.recompute", trainer.recompute, "false",
          "Activation checkpointing: keep only each layer's input and recompute the rest in the backward pass."),
+    BOOL("trainer.skip_nonfinite", trainer.skip_nonfinite, "false",
+         "A minibatch whose loss or gradient is not finite is skipped (counted as `skipped_nonfinite` in the metrics); "
+         "false: the run stops with an error naming the step. Never applied, synced or saved either way."),
     INT("trainer.lora.rank", trainer.lora.rank, 1, 4096, "8", "LoRA rank."),
     POSITIVE("trainer.lora.alpha", trainer.lora.alpha, INF, "16", "LoRA alpha: the update is scaled by alpha / rank."),
     BOOL("trainer.lora.use_rslora", trainer.lora.use_rslora, "false", "rsLoRA: scale by alpha / sqrt(rank) instead."),
@@ -900,6 +906,40 @@ static const char *type_text(const key *k, char *buf, size_t size) {
     return "";
 }
 
+/* ---- resuming ---- */
+
+/* What a resumed run must keep: the seed every random choice is keyed by, and the adapter's shape
+ * and scale (its moments in the optimizer are laid out by it). The base model itself is checked
+ * by content (the checkpoint's manifest), whatever its path. Every other key may change. */
+static const char *const FIXED_ON_RESUME[] = { "seed", "trainer.lora.rank", "trainer.lora.alpha", "trainer.lora.use_rslora",
+                                               "trainer.lora.targets" };
+#define N_FIXED (sizeof FIXED_ON_RESUME / sizeof FIXED_ON_RESUME[0])
+
+static char *value_text(const trill_rl_config *c, const key *k) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    write_value(f, c, k);
+    fclose(f);
+    return buf;
+}
+
+trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const trill_rl_config *now, const char *where) {
+    trill_status st = TRILL_OK;
+    for (size_t i = 0; i < N_FIXED && !st; i++) {
+        const key *k = find_key(FIXED_ON_RESUME[i]);
+        char *a = value_text(saved, k), *b = value_text(now, k);
+        if (!a || !b) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else if (strcmp(a, b) != 0)
+            st = trill_error(TRILL_ERR_INVALID, "%s: %s is %s in the checkpoint, %s in this config; it cannot change when a run is "
+                             "resumed (start a new run_dir instead)", where, k->path, a, b);
+        free(a);
+        free(b);
+    }
+    return st;
+}
+
 void trill_rl_config_reference(FILE *f) {
     trill_rl_config d;
     trill_rl_config_defaults(&d);
@@ -917,6 +957,13 @@ void trill_rl_config_reference(FILE *f) {
           "starts with a quote. Keys left out keep their defaults; unknown keys and bad values are refused with the\n"
           "file, line and key. The resolved configuration (defaults, then the file, then the overrides) is saved as\n"
           "`config.yaml` in the run folder, in this same format.\n"
+          "\n"
+          "A resumed run (`resume`) must keep the base model (checked by content) and these keys:",
+          f);
+    for (size_t i = 0; i < N_FIXED; i++) fprintf(f, "%s `%s`", i ? "," : "", FIXED_ON_RESUME[i]);
+    fputs(".\nEvery other key may change when a run is resumed: `steps`, the learning rate and its schedule, the\n"
+          "algorithm, the generator, evaluation, checkpointing and logging settings (a changed setting applies from\n"
+          "the next step on; the result then differs from an uninterrupted run).\n"
           "\n"
           "```yaml\n"
           "model: models/Qwen3-30B-A3B\n"

@@ -7,13 +7,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "rollout.h"
 #include "run.h"
 #include "trill/chat.h"
+#include "trill/config.h"
 #include "trill/dataset.h"
 #include "trill/demo.h"
 #include "trill/fileio.h"
@@ -66,10 +71,17 @@ static trill_status resolve_inputs(rl_run *r) {
 
 static trill_status load_data(rl_run *r) {
     const trill_rl_config *c = r->c;
-    trill_status st = trill_tokenizer_load(r->model_dir, &r->tok);
+    trill_config mc = { 0 };
+    char *config_path = trill_path_join(r->model_dir, "config.json");
+    trill_status st = config_path ? trill_config_load(config_path, &mc) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(config_path);
+    if (!st) st = trill_tokenizer_load(r->model_dir, &r->tok);
     if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(r->model_dir, &r->chat);
     trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field,
-                                .template_ = c->data.template_, .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens };
+                                .template_ = c->data.template_, .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens,
+                                .allow_missing_answer = c->data.allow_missing_answer,
+                                .max_position_embeddings = mc.max_position_embeddings,
+                                .max_new_tokens = c->generator.max_new_tokens };
     if (!st) st = trill_dataset_load(r->train_path, r->tok, &o, &r->train);
     o.limit = c->data.eval_size;
     if (!st && r->eval_path[0]) st = trill_dataset_load(r->eval_path, r->tok, &o, &r->eval);
@@ -122,6 +134,7 @@ static trill_status load_models(rl_run *r) {
 
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
+    if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
     for (int w = 0; w < r->n_ext; w++) reward_process_free(r->ext[w]);
     free(r->ext);
     trill_reward_model_free(r->rm);
@@ -159,6 +172,16 @@ trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes) {
 }
 
 /* ---- rewards ---- */
+
+/* A reward that overflowed while its weighted scores were added up stops the step here, before
+ * it can reach the advantages. */
+static trill_status check_rewards(const rl_batch *b, const char *after, const char *key, double weight, const double *scores) {
+    for (int s = 0; s < b->n_seqs; s++)
+        if (!isfinite(b->reward[s]))
+            return trill_error(TRILL_ERR_INVALID, "sequence %d of the batch: its reward is %g after adding %s's score (%s %g x score %g); "
+                               "rewards must stay finite numbers", s, b->reward[s], after, key, weight, scores ? scores[s] : NAN);
+    return TRILL_OK;
+}
 
 /* The external reward pool: worker w scores sequences w, w + n, w + 2n, ... with its own
  * process, all at once; rewards and metrics are then added up in sequence order, so the result
@@ -203,6 +226,7 @@ static trill_status score_external(rl_run *r, rl_batch *b, json_t *ext_metrics) 
         if (jobs[w].st) st = trill_error(jobs[w].st, "%s", jobs[w].err);
     for (int s = 0; s < n && !st; s++) {
         b->reward[s] += r->c->reward.external_weight * values[s];
+        if (!isfinite(b->reward[s])) st = check_rewards(b, "the external process", "reward.external_weight", r->c->reward.external_weight, values);
         const char *key;
         json_t *val;
         json_object_foreach(metrics[s], key, val) { /* summed here, averaged when logged */
@@ -224,7 +248,8 @@ static trill_status score_batch(rl_run *r, rl_batch *b, json_t *ext_metrics) {
         b->correct[s] = trill_verify(r->verifier, b->completion[s], ex->answer);
         b->reward[s] = r->verifier != TRILL_VERIFIER_NONE ? c->reward.verifier_weight * b->correct[s] : 0;
     }
-    if (r->n_ext) st = score_external(r, b, ext_metrics);
+    if (r->verifier != TRILL_VERIFIER_NONE) st = check_rewards(b, "the verifier", "reward.verifier_weight", c->reward.verifier_weight, b->correct);
+    if (!st && r->n_ext) st = score_external(r, b, ext_metrics);
     if (!st && r->rm) {
         char **texts = calloc((size_t)b->n_seqs, sizeof(char *));
         double *scores = malloc(sizeof(double) * (size_t)b->n_seqs);
@@ -235,6 +260,7 @@ static trill_status score_batch(rl_run *r, rl_batch *b, json_t *ext_metrics) {
         }
         if (!st) st = trill_reward_model_score(r->rm, (const char *const *)texts, b->n_seqs, scores);
         for (int s = 0; s < b->n_seqs && !st; s++) b->reward[s] += c->reward.model_weight * scores[s];
+        if (!st) st = check_rewards(b, "the reward model", "reward.model_weight", c->reward.model_weight, scores);
         for (int s = 0; s < b->n_seqs && texts; s++) free(texts[s]);
         free(texts);
         free(scores);
@@ -415,6 +441,7 @@ typedef struct train_stats {
     double loss, pg_loss, kl_loss, clip_tokens, ratio_sum, ratio_n, grad_norm, lr;
     long tokens;           /* tokens forwarded (prompt + response) */
     int optimizer_steps;
+    int skipped;           /* minibatches whose loss or gradient was not finite (trainer.skip_nonfinite) */
 } train_stats;
 
 /* Losses are summed over micro-batches (token-mean with denominator 1, sequence means times their
@@ -496,14 +523,39 @@ static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq
     if (st) return st;
     const double denom = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? (denom_tokens > 0 ? denom_tokens : 1) : (double)n;
     for (size_t i = 0; i < np; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
-    ts->loss += sums[0] / denom;
+    const double loss = sums[0] / denom;
+    const double grad_norm = trill_clip_grad_norm(r->lora_grads, np, c->trainer.grad_clip);
+    if (!isfinite(loss) || !isfinite(grad_norm)) { /* never applied: the adapter stays as it was */
+        if (c->trainer.skip_nonfinite) {
+            ts->skipped++;
+            return TRILL_OK;
+        }
+        return trill_error(TRILL_ERR_INVALID, "step %d: the %s is %g (loss %g, gradient norm %g): the update was not applied "
+                           "(trainer.skip_nonfinite: true skips such batches)", r->state.step + 1,
+                           isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, loss, grad_norm);
+    }
+    ts->loss += loss;
     ts->pg_loss += sums[1] / denom;
     ts->kl_loss += sums[2] / denom;
-    ts->grad_norm = trill_clip_grad_norm(r->lora_grads, np, c->trainer.grad_clip);
+    ts->grad_norm = grad_norm;
     const int64_t total = (int64_t)c->steps * c->algo.minibatches;
     ts->lr = trill_lr_at(c->trainer.schedule, c->trainer.lr, c->trainer.min_lr, c->trainer.warmup_steps, total, r->opt->step);
     trill_adamw_step(r->opt, r->lora->params, r->lora_grads, ts->lr, NULL);
     ts->optimizer_steps++;
+    return TRILL_OK;
+}
+
+/* After the optimizer: a non-finite parameter is never synced or checkpointed. */
+static trill_status check_adapter(const rl_run *r) {
+    const trill_lora *l = r->lora;
+    for (size_t i = 0; i < l->n_params; i++)
+        if (!isfinite(l->params[i])) {
+            const char *name = "?";
+            for (size_t k = 0; k < l->n_tensors; k++)
+                if (l->params + i >= l->tensors[k].data && l->params + i < l->tensors[k].data + l->tensors[k].numel) name = l->tensors[k].name;
+            return trill_error(TRILL_ERR_INVALID, "step %d: adapter tensor %s holds %g after the optimizer step: not synced or saved",
+                               r->state.step + 1, name, l->params[i]);
+        }
     return TRILL_OK;
 }
 
@@ -675,10 +727,11 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
     const int M = c->algo.minibatches;
     const bool pre_old = !kl_reward && (M > 1), pre_ref = !kl_reward && c->algo.kl_coef > 0;
     if (!st && n_kept && (pre_old || pre_ref)) st = pre_pass(r, &b, kept, n_kept, pre_old, pre_ref, &ta);
-    for (int mb = 0; mb < M && !st && n_kept; mb++) {
+    for (int mb = 0; mb < M && !st && n_kept && !ts.skipped; mb++) {
         const int lo = (int)((int64_t)n_kept * mb / M), hi = (int)((int64_t)n_kept * (mb + 1) / M);
         if (hi > lo) st = train_minibatch(r, &b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, &ta, &ts);
     }
+    if (!st && ts.optimizer_steps) st = check_adapter(r);
     const double t_train = trill_now();
     double sync_ms = 0;
     size_t sync_bytes = 0;
@@ -738,6 +791,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
             json_object_set_new(metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
             json_object_set_new(metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
             json_object_set_new(metrics, "grad_norm", jnum(ts.grad_norm));
+            json_object_set_new(metrics, "skipped_nonfinite", json_integer(ts.skipped));
             json_object_set_new(metrics, "lr", jnum(ts.lr));
             json_object_set_new(metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
             json_object_set_new(metrics, "mismatch_max_abs", jnum(mm.max_abs));
@@ -860,36 +914,55 @@ trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
             json_number_value(json_object_get(tm, "gen_tokens_per_s")), json_number_value(json_object_get(tm, "train_tokens_per_s")),
             100 * json_number_value(json_object_get(tm, "generate_s")) / per, 100 * json_number_value(json_object_get(tm, "train_s")) / per,
             json_number_value(json_object_get(m, "sync_ms")), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
-    if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps)
-        st = rl_checkpoint_save(c->run_dir, c, &r->state, r->lora, r->opt, c->checkpoint.keep);
+    if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
+        st = rl_checkpoint_save(c->run_dir, c, &r->state, r->lora, r->opt, &r->base, c->checkpoint.keep);
+        if (!st) r->saved_step = r->state.step;
+    }
     return st;
 }
 
+static void report_skipped(const char *ckpt, void *ctx) {
+    int *n = ctx;
+    (*n)++;
+    fprintf(stderr, "trill train: skipping checkpoint %s: %s\n", ckpt, trill_error_message());
+}
+
+static void count_skipped(const char *ckpt, void *ctx) { (void)ckpt; (*(int *)ctx)++; }
+
+/* The checkpoint to continue from (none: a fresh run), its state, and the keys that must not change. */
 static trill_status start_state(rl_run *r, char **ckpt) {
     const trill_rl_config *c = r->c;
     *ckpt = NULL;
-    trill_status st = TRILL_OK;
+    trill_status st = rl_checkpoint_clean(c->run_dir);
+    int skipped = 0;
+    if (st) return st;
     if (strcmp(c->resume, "auto") == 0) {
-        st = rl_checkpoint_latest(c->run_dir, ckpt);
+        st = rl_checkpoint_latest(c->run_dir, ckpt, report_skipped, &skipped);
+        if (!st && !*ckpt && skipped)
+            return trill_error(TRILL_ERR_INVALID, "run_dir %s: none of its %d checkpoints is complete (see above)", c->run_dir, skipped);
     } else if (c->resume[0]) {
         if (!(*ckpt = strdup(c->resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        st = rl_checkpoint_verify(*ckpt);
     } else {
         char *latest = NULL;
-        st = rl_checkpoint_latest(c->run_dir, &latest);
-        if (!st && latest)
-            st = trill_error(TRILL_ERR_INVALID, "run_dir %s already has checkpoints (newest %s): continue it with resume=auto "
-                             "(or --resume), or choose another run_dir", c->run_dir, latest);
+        st = rl_checkpoint_latest(c->run_dir, &latest, count_skipped, &skipped);
+        if (!st && (latest || skipped))
+            st = trill_error(TRILL_ERR_INVALID, "run_dir %s already has checkpoints (%s): continue it with resume=auto "
+                             "(or --resume), or choose another run_dir", c->run_dir, latest ? latest : "none complete");
         free(latest);
     }
     if (st) return st;
     r->state = (rl_state){ .seed = c->seed };
-    if (*ckpt) {
-        if ((st = rl_checkpoint_read_state(*ckpt, &r->state))) return st;
-        if (r->state.seed != c->seed)
-            return trill_error(TRILL_ERR_INVALID, "%s: the checkpoint was made with seed %llu, the config says %llu", *ckpt,
-                               (unsigned long long)r->state.seed, (unsigned long long)c->seed);
-    }
-    return TRILL_OK;
+    if (!*ckpt) return TRILL_OK;
+    trill_rl_config saved;
+    trill_rl_config_defaults(&saved);
+    char *path = trill_path_join(*ckpt, "config.yaml");
+    st = path ? trill_rl_config_load(&saved, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_rl_config_check_resume(&saved, c, *ckpt);
+    if (!st) st = rl_checkpoint_read_state(*ckpt, &r->state);
+    trill_rl_config_free(&saved);
+    free(path);
+    return st;
 }
 
 static trill_status make_trainable(rl_run *r, const char *ckpt) {
@@ -899,13 +972,6 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
     if (ckpt) {
         snprintf(path, sizeof path, "%s/adapter", ckpt);
         st = trill_lora_load(r->policy, path, &r->lora);
-        const trill_lora_config *have = r->lora ? &r->lora->config : NULL, *want = &c->trainer.lora;
-        if (!st && (have->rank != want->rank || have->alpha != want->alpha || have->use_rslora != want->use_rslora ||
-                    have->targets != want->targets))
-            st = trill_error(TRILL_ERR_INVALID, "%s: the adapter has rank %d, alpha %g%s%s; the config asks for trainer.lora.rank %d, "
-                             "alpha %g%s: a resumed run keeps its adapter's shape", path, have->rank, have->alpha,
-                             have->use_rslora ? ", rsLoRA" : "", have->targets != want->targets ? " and other target modules" : "",
-                             want->rank, want->alpha, want->use_rslora ? ", rsLoRA" : "");
         if (!st) { snprintf(path, sizeof path, "%s/optimizer", ckpt); st = trill_adamw_load(path, r->lora->n_params, &r->opt); }
         if (!st) r->opt->config.weight_decay = c->trainer.weight_decay; /* the moments are the checkpoint's, the settings this config's */
     } else {
@@ -922,6 +988,41 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
     size_t bytes;
     return rl_sync_direct(r, &ms, &bytes); /* the generator serves the policy being trained */
 }
+
+/* ---- one process per run folder; stopping on request ---- */
+
+/* run_dir/.lock, held with flock for the whole run: the kernel releases it when the process
+ * ends however it ends, so a stale lock never blocks a new run. The holder's pid is in it. */
+static trill_status lock_run_dir(rl_run *r) {
+    char *path = trill_path_join(r->c->run_dir, ".lock");
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* not inherited by reward processes */
+    if (r->lock_fd < 0) st = trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    else if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t n = errno == EWOULDBLOCK ? pread(r->lock_fd, pid, sizeof pid - 1, 0) : -1;
+        if (n > 0) pid[strcspn(pid, "\n")] = '\0';
+        st = errno == EWOULDBLOCK || n >= 0
+                 ? trill_error(TRILL_ERR_INVALID, "run_dir %s is in use by another trill train (process %s holds %s); wait for it to end "
+                               "or choose another run_dir", r->c->run_dir, n > 0 ? pid : "?", path)
+                 : trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(errno));
+        close(r->lock_fd);
+        r->lock_fd = -1;
+    } else {
+        char pid[32];
+        const int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+        if (ftruncate(r->lock_fd, 0) != 0 || pwrite(r->lock_fd, pid, (size_t)n, 0) != n)
+            st = trill_error(TRILL_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    free(path);
+    return st;
+}
+
+static volatile sig_atomic_t g_stop_requested;
+
+void trill_rl_request_stop(void) { g_stop_requested = 1; }
+bool rl_stop_requested(void) { return g_stop_requested != 0; }
 
 trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     const double t_start = trill_now();
@@ -940,10 +1041,14 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     if (c->generator.temperature != 1.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "
                            "training needs generator.temperature 1 (got %g)", c->generator.temperature);
-    rl_run r = { .c = c };
+    g_stop_requested = 0;
+    rl_run r = { .c = c, .lock_fd = -1 };
     char *ckpt = NULL;
-    if (!(st = trill_mkdir_p(c->run_dir))) st = start_state(&r, &ckpt);
+    if (!(st = trill_mkdir_p(c->run_dir))) st = lock_run_dir(&r);
+    if (!st) st = start_state(&r, &ckpt);
     if (!st) st = resolve_inputs(&r);
+    if (!st) st = rl_model_identity(r.model_dir, &r.base);
+    if (!st && ckpt) st = rl_checkpoint_check_base(ckpt, &r.base, r.model_dir);
     if (!st) st = load_data(&r);
     if (!st) st = load_models(&r);
     if (!st) st = make_trainable(&r, ckpt);
@@ -977,7 +1082,7 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     long gen_tok = 0, train_tok = 0;
     r.publish = rl_sync_direct;
     if (!st && c->mode == TRILL_MODE_ASYNC) st = rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
-    while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps) {
+    while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps && !rl_stop_requested()) {
         json_t *m = json_object();
         json_object_set_new(m, "step", json_integer(r.state.step + 1));
         double trs = 0;
@@ -1002,6 +1107,13 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
         }
         if (!st) st = rl_finish_step(&r, m, trill_now() - t0);
         json_decref(m);
+    }
+    if (!st && r.state.step < c->steps && rl_stop_requested()) { /* the step in progress finished: keep it */
+        if (r.state.step > first && r.saved_step != r.state.step)
+            st = rl_checkpoint_save(c->run_dir, c, &r.state, r.lora, r.opt, &r.base, c->checkpoint.keep);
+        if (!st)
+            st = trill_error(TRILL_ERR_INTERRUPTED, "stopped on request after step %d of %d%s; continue with resume=auto", r.state.step,
+                             c->steps, r.state.step > first ? " (checkpoint written)" : "");
     }
     if (!st && r.eval && r.state.step == c->steps) st = evaluate(&r, "after", &result->eval_after, &result->passk_after);
     if (!st) {

@@ -1,9 +1,11 @@
 #include "trill/dataset.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "trill/rng.h"
 
@@ -88,6 +90,9 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     else if (json_is_real(a)) { snprintf(num, sizeof num, "%.17g", json_real_value(a)); answer = num; }
     else if (a && !json_is_null(a))
         st = trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": expected a string or number", what, opt->answer_field);
+    else if (!opt->allow_missing_answer)
+        st = trill_error(TRILL_ERR_INVALID, "%s: no answer field \"%s\" (the verifier's ground truth; set data.answer_field, or "
+                         "data.allow_missing_answer: true when only a reward process or model scores)", what, opt->answer_field);
     if (!st && !(e->answer = strdup(answer))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t n = 0;
     bool chat = strcmp(opt->template_, "chat") == 0; /* the rendered template holds its special tokens */
@@ -96,6 +101,10 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     if (!st && (int)n > opt->max_prompt_tokens)
         st = trill_error(TRILL_ERR_INVALID, "%s: the prompt has %zu tokens, more than data.max_prompt_tokens (%d)", what, n,
                          opt->max_prompt_tokens);
+    if (!st && opt->max_position_embeddings > 0 && (long)n + opt->max_new_tokens > opt->max_position_embeddings)
+        st = trill_error(TRILL_ERR_INVALID, "%s: the prompt has %zu tokens: with up to %d new ones (generator.max_new_tokens) its "
+                         "sequence would pass the model's max_position_embeddings (%d)", what, n, opt->max_new_tokens,
+                         opt->max_position_embeddings);
     e->n_ids = (int)n;
     if (!st) d->n++;
     else { free(e->prompt); free(e->answer); free(e->ids); }
@@ -105,7 +114,12 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
 trill_status trill_dataset_load(const char *path, const trill_tokenizer *tok, const trill_dataset_options *opt,
                                 trill_dataset **out) {
     FILE *f = fopen(path, "r");
-    if (!f) return trill_error(TRILL_ERR_IO, "%s: cannot open", path);
+    if (!f) return trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return trill_error(TRILL_ERR_IO, "%s: is a directory, expected a JSONL file", path);
+    }
     trill_dataset *d = calloc(1, sizeof *d);
     if (!d || !(d->path = strdup(path))) { fclose(f); free(d); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     char *line = NULL;

@@ -520,6 +520,59 @@ static void describe_end(reward_process *p, char *why, size_t cap) {
     } else snprintf(why, cap, "no reply: it exited");
 }
 
+/* The start of a reply for messages: at most 80 bytes, control characters as '?'. */
+static void excerpt(const char *s, size_t n, char out[96]) {
+    size_t k = n < 80 ? n : 80;
+    for (size_t i = 0; i < k; i++) out[i] = (unsigned char)s[i] < 0x20 ? '?' : s[i];
+    strcpy(out + k, n > k ? "..." : "");
+}
+
+/* Reads what the child's stdout holds into p->out: 1 bytes read, 0 end of file or an error
+ * (`why` set), -1 nothing there right now, -2 out of memory (`why` set). */
+static int read_output(reward_process *p, char *why, size_t cap) {
+    if (p->out_len == p->out_cap) {
+        size_t cap_new = p->out_cap ? 2 * p->out_cap : 4096;
+        char *grown = realloc(p->out, cap_new);
+        if (!grown) {
+            snprintf(why, cap, "out of memory reading the reply");
+            return -2;
+        }
+        p->out = grown;
+        p->out_cap = cap_new;
+    }
+    ssize_t n = read(p->from_child, p->out + p->out_len, p->out_cap - p->out_len);
+    if (n > 0) {
+        p->out_len += (size_t)n;
+        return 1;
+    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return -1;
+    describe_end(p, why, cap);
+    return 0;
+}
+
+/* Output that is there before a request is sent answers nothing: the process wrote more reply
+ * lines than it was sent requests, and its rewards would land on the wrong completions. (A
+ * surplus line still in flight when the next request goes out is caught one request later.) */
+static bool no_surplus_output(reward_process *p, char *why, size_t cap) {
+    struct pollfd pf = { p->from_child, POLLIN, 0 };
+    while (p->out_len <= REPLY_MAX && poll(&pf, 1, 0) > 0 && (pf.revents & (POLLIN | POLLHUP))) {
+        const int got = read_output(p, why, cap);
+        if (got == -2) stop_child(p, NULL);
+        if (got == 0 || got == -2) return false; /* it ended (or memory did) before the request */
+        if (got == -1) break;
+    }
+    if (!is_blank(p->out, p->out_len)) {
+        char shown[96];
+        const char *nl = memchr(p->out, '\n', p->out_len);
+        excerpt(p->out, nl ? (size_t)(nl - p->out) : p->out_len, shown);
+        snprintf(why, cap, "wrote a line before it was sent a request (more replies than requests): \"%s\"", shown);
+        stop_child(p, NULL);
+        return false;
+    }
+    p->out_len = 0; /* blank lines */
+    return true;
+}
+
 /* Writes the request and reads the reply line (blank lines skipped) within the timeout: true
  * with the line at p->out[0, *line_len), its '\n' replaced by NUL. False with `why` and the
  * child stopped. */
@@ -527,6 +580,7 @@ static bool exchange(reward_process *p, const char *request, size_t request_len,
                      size_t cap) {
     double deadline = trill_now() + p->timeout_s;
     size_t written = 0;
+    if (!no_surplus_output(p, why, cap)) return false;
     for (;;) {
         /* A line that arrives before the whole request is written cannot be its reply. */
         char *nl;
@@ -577,32 +631,11 @@ static bool exchange(reward_process *p, const char *request, size_t request_len,
                 stdin: its stdout's end or the timeout tells the rest */
         }
         if (fds[out_i].revents) {
-            if (p->out_len == p->out_cap) {
-                size_t cap_new = p->out_cap ? 2 * p->out_cap : 4096;
-                char *grown = realloc(p->out, cap_new);
-                if (!grown) {
-                    snprintf(why, cap, "out of memory reading the reply");
-                    stop_child(p, NULL);
-                    return false;
-                }
-                p->out = grown;
-                p->out_cap = cap_new;
-            }
-            ssize_t n = read(p->from_child, p->out + p->out_len, p->out_cap - p->out_len);
-            if (n > 0) p->out_len += (size_t)n;
-            else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                describe_end(p, why, cap);
-                return false;
-            }
+            const int got = read_output(p, why, cap);
+            if (got == -2) stop_child(p, NULL);
+            if (got == 0 || got == -2) return false;
         }
     }
-}
-
-/* The start of a reply for messages: at most 80 bytes, control characters as '?'. */
-static void excerpt(const char *s, size_t n, char out[96]) {
-    size_t k = n < 80 ? n : 80;
-    for (size_t i = 0; i < k; i++) out[i] = (unsigned char)s[i] < 0x20 ? '?' : s[i];
-    strcpy(out + k, n > k ? "..." : "");
 }
 
 static bool parse_reply(const char *line, size_t n, double *reward, json_t **metrics, char *why, size_t cap) {

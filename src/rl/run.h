@@ -36,6 +36,9 @@ struct rl_run {
     trill_request proto;          /* sampling settings, stops */
     int stop_ids[TRILL_MAX_EOS];
     rl_state state;
+    rl_identity base;             /* the base model's identity, recorded in every checkpoint */
+    int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
+    int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
     int L, K;
     /* How new weights reach the generator after a step: rl_sync_direct (sync mode) or the
@@ -67,6 +70,9 @@ trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes);
 trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s);
 
 json_t *rl_jnum(double v);
+
+/* trill_rl_request_stop was called (a signal handler, an embedder): end after the current step. */
+bool rl_stop_requested(void);
 
 /* Async mode: runs the executors until c->steps steps are trained (async.c). */
 trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens);

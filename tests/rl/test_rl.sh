@@ -155,9 +155,10 @@ refuse() { # refuse MESSAGE OVERRIDES...
     must_exit 1 log_refusal "$TRILL" train "${COMMON[@]}" "$@"
     grep -qF -- "$want" log_refusal || { cat log_refusal; fail "expected \"$want\" for: $*"; }
 }
-refuse "the checkpoint was made with seed 0, the config says 5" run_dir=split steps=9 resume=auto seed=5
-refuse "split/checkpoints/step-00000008/adapter: the adapter has rank 8, alpha 16; the config asks for trainer.lora.rank 4, alpha 16" \
-    run_dir=split steps=9 resume=auto trainer.lora.rank=4
+refuse "split/checkpoints/step-00000008: seed is 0 in the checkpoint, 5 in this config; it cannot change when a run is resumed" \
+    run_dir=split steps=9 resume=auto seed=5
+refuse "split/checkpoints/step-00000008: trainer.lora.rank is 8 in the checkpoint, 4 in this config" run_dir=split steps=9 resume=auto \
+    trainer.lora.rank=4
 refuse "generator.temperature: the trainer computes log-probs at temperature 1" run_dir=r1 generator.temperature=0.7
 refuse "eval.every: periodic evaluation needs mode sync" run_dir=r2 mode=async eval.every=2
 refuse 'data.train: a training JSONL file is required with model "model"' run_dir=r3 data.train=

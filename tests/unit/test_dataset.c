@@ -50,6 +50,9 @@ static void test_load_and_errors(void **state) {
     test_write(dir, "good.jsonl", good, sizeof good - 1);
     char *path = trill_path_join(dir, "good.jsonl");
     trill_dataset *d;
+    /* a line without the answer field is an error unless the options allow it */
+    expect_error(trill_dataset_load(path, tok, &o, &d), "good.jsonl:4: no answer field \"answer\"");
+    o.allow_missing_answer = true;
     assert_int_equal(trill_dataset_load(path, tok, &o, &d), TRILL_OK);
     assert_int_equal(d->n, 3); /* the blank line is skipped */
     assert_string_equal(d->examples[0].prompt, "Q: 1+1\nA:");
@@ -70,8 +73,12 @@ static void test_load_and_errors(void **state) {
         { "{\"q\": \"a\"}\n", "bad.jsonl:1: template field \"question\"" },
         { "{\"question\": \"a\", \"answer\": [1]}\n", "bad.jsonl:1: field \"answer\": expected a string or number" },
         { "{\"question\": \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}\n", "has 46 tokens, more than data.max_prompt_tokens (32)" },
+        { "{\"question\": \"aaaaaaaaaaaaaaaaaaaaaa\"}\n", "the prompt has 28 tokens: with up to 8 new ones (generator.max_new_tokens) its "
+                                                       "sequence would pass the model's max_position_embeddings (30)" },
         { "\n\n", "bad.jsonl: no examples" },
     };
+    o.max_position_embeddings = 30;
+    o.max_new_tokens = 8;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         test_write(dir, "bad.jsonl", bad[i].text, strlen(bad[i].text));
         path = trill_path_join(dir, "bad.jsonl");
@@ -79,7 +86,10 @@ static void test_load_and_errors(void **state) {
         free(path);
     }
     path = trill_path_join(dir, "missing.jsonl");
-    expect_error(trill_dataset_load(path, tok, &o, &d), "missing.jsonl: cannot open");
+    expect_error(trill_dataset_load(path, tok, &o, &d), "missing.jsonl: cannot open: No such file or directory");
+    free(path);
+    expect_error(trill_dataset_load(dir, tok, &o, &d), ": is a directory, expected a JSONL file");
+    path = NULL;
     free(path);
     trill_tokenizer_free(tok);
     test_rmdir(dir);
