@@ -29,9 +29,9 @@ for line in sys.stdin:
                 sys.exit(0)
             time.sleep(0.01)
     out = json.dumps({"reward": r, "metrics": {"len": len(c)}})
-    print(out, flush=True)
-    if how == "twice":
-        print(out, flush=True)
+    # twice: both lines in one write, so the surplus one is there before the next request (two
+    # writes race with it: trill may send the next request between them, and see the line later)
+    print(out + "\n" + out if how == "twice" else out, flush=True)
 PY
 wait_for() { # wait_for FILE PID: until FILE exists (the run is where the test wants it), or PID ended
     for _ in $(seq 1 "$((LIMIT * 10))"); do [ -e "$1" ] && return 0; kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
