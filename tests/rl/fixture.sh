@@ -1,6 +1,7 @@
 # Sourced by the RL end-to-end tests: a scratch folder, a tiny random MoE (layer 0 dense, then
 # MoE layers), two-digit addition prompts, a graded external reward, and the common overrides.
-# Expects TRILL (the binary); defines PY, W, LIMIT, fail, clean_log, must_pass, must_exit and COMMON.
+# Expects TRILL (the binary); defines PY, W, LIMIT, fail, clean_log, must_pass, must_exit,
+# reply_deadline and COMMON.
 set -euo pipefail
 PY=/usr/bin/python3
 W=$(mktemp -d)
@@ -15,6 +16,17 @@ clean_log() {
     if grep -nE "Sanitizer|runtime error:|Segmentation fault|core dumped|double free|stack smashing" "$1" >&2; then
         fail "a sanitizer or runtime-error report in $1"
     fi
+}
+# A reward process's reply deadline for tests of its failures: relative to how long a Python
+# process takes to start on this machine now (a restarted process's first reply includes it), so
+# a loaded machine does not time out what should crash or answer: 10 x, at least 0.5 s.
+reply_deadline() {
+    $PY - <<'PY'
+import subprocess, sys, time
+t = time.monotonic()
+subprocess.run([sys.executable, "-c", "import json, os, sys, time"], check=True)
+print(f"{round(max(0.5, 10 * (time.monotonic() - t)), 2):g}")
+PY
 }
 # must_pass LOG COMMAND...: exits 0 within LIMIT, stderr in LOG, no report in it.
 must_pass() {

@@ -99,15 +99,7 @@ for line in sys.stdin:
         time.sleep(60)
     print(json.dumps({"reward": n % 3 / 2.0}), flush=True)
 PY
-# The reply deadline is relative to how long the reward process takes to start on this machine
-# now (it covers a restarted process's first reply), so a loaded machine does not time out early.
-timeout_s=$($PY - <<'PY'
-import subprocess, sys, time
-t = time.monotonic()
-subprocess.run([sys.executable, "-c", "import json, os, sys, time"], check=True)
-print(f"{round(max(0.5, 10 * (time.monotonic() - t)), 2):g}")
-PY
-)
+timeout_s=$(reply_deadline)
 for case in "crash:exited with status 7" "hang:no reply within $timeout_s s"; do
     IFS=: read -r name expect <<<"$case"
     start=$(date +%s.%N)

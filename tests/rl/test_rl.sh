@@ -138,10 +138,11 @@ cat > garbage.sh <<'SH'
 #!/bin/sh
 while read -r line; do echo "not json"; done
 SH
-for case in "crash:$PY crash.py:boom: reward script crashed" "hang:sh hang.sh:no reply within 0.5 s" "garbage:sh garbage.sh:not json"; do
+timeout_s=$(reply_deadline)
+for case in "crash:$PY crash.py:boom: reward script crashed" "hang:sh hang.sh:no reply within $timeout_s s" "garbage:sh garbage.sh:not json"; do
     IFS=: read -r name cmd expect <<<"$case"
-    must_exit 1 log_ext_$name "$TRILL" train "${COMMON[@]}" run_dir=ext_$name steps=1 "reward.external=$cmd" reward.external_timeout_s=0.5 \
-        reward.external_max_failures=2
+    must_exit 1 log_ext_$name "$TRILL" train "${COMMON[@]}" run_dir=ext_$name steps=1 "reward.external=$cmd" \
+        reward.external_timeout_s=$timeout_s reward.external_max_failures=2
     grep -q "reward process \"$cmd\": 2 consecutive failures" log_ext_$name && grep -qi "$expect" log_ext_$name \
         || { cat log_ext_$name; fail "$name: message"; }
     [ ! -e ext_$name/checkpoints ] || [ -z "$(ls ext_$name/checkpoints)" ] || fail "$name: a checkpoint of a failed step"
