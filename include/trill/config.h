@@ -77,7 +77,8 @@ static inline bool trill_config_is_moe(const trill_config *c, int layer) {
     return c->moe_ordinal[layer] >= 0;
 }
 
-/* Parameter counts: all weights, and those one token touches (top-k experts only). */
+/* Parameter counts: all weights, and those one token touches (top-k experts only); derived
+ * from the family's tensor table (src/arch/). */
 void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *active);
 
 

@@ -54,6 +54,10 @@ typedef struct trill_lora {
     trill_lora_pair lm_head;
 } trill_lora;
 
+/* The PEFT module name ("q_proj") and trill's short name ("q") of a target; NULL if out of range. */
+const char *trill_lora_target_peft_name(int target);
+const char *trill_lora_target_alias(int target);
+
 /* "q,k,v,o,gate,up,down,lm_head" (HF names such as "q_proj" accepted too; "all-linear" = all but
  * lm_head). 0 on success, else -1 with the unknown name in the error message. */
 int trill_lora_parse_targets(const char *list, unsigned *targets);

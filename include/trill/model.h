@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "trill/arch.h"
 #include "trill/config.h"
 #include "trill/dtype.h"
 #include "trill/error.h"
@@ -34,7 +35,8 @@ typedef struct trill_layer_weights {
     trill_weight expert_down;             /* [E, H, Im] */
 } trill_layer_weights;
 
-/* One named tensor of the parameter block. */
+/* One named tensor: what its family's tensor table says about it (src/arch/), and where it is
+ * stored. A LoRA A or B (trill/lora.h) carries the facts of the weight it adapts. */
 typedef struct trill_param {
     char name[112]; /* HF name, e.g. "model.layers.3.mlp.experts.7.up_proj.weight" */
     int ndim;
@@ -42,6 +44,16 @@ typedef struct trill_param {
     float *data;    /* fp32 storage, or NULL */
     uint16_t *bf16; /* bf16 storage, or NULL */
     size_t numel;
+    trill_tensor_kind kind;
+    int layer;       /* decoder layer, -1 outside the layers */
+    int expert;      /* routed expert id, -1 for every other tensor */
+    int role;        /* the family's id of the tensor's place in a layer (e.g. QWEN3_Q) */
+    int lora_target; /* bit of trill_lora_config.targets that adapts it, -1 if never adapted */
+    trill_fuse fuse; /* the generator's fused matrix it joins, and its place there */
+    int fuse_index;
+    trill_split split; /* tensor-parallel split */
+    int index;       /* its place in the model's tensors (a LoRA A or B: the adapted weight's) */
+    int row;         /* index of its row in the family's table (internal) */
 } trill_param;
 
 typedef struct trill_model {

@@ -25,6 +25,21 @@ static void print_layer_map(const trill_config *c) {
     printf("\n");
 }
 
+/* Parameters by the tensor table's kinds (routed experts apart from the other matrices). */
+static void print_breakdown(const trill_model *m) {
+    int64_t n[6] = { 0 }, experts = 0;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        if (p->expert >= 0) experts += (int64_t)p->numel;
+        else if ((unsigned)p->kind < 6) n[p->kind] += (int64_t)p->numel;
+    }
+    printf("by kind:       embedding %" PRId64 ", matrices %" PRId64 ", routed experts %" PRId64 ", routers %" PRId64
+           ", norms %" PRId64 ", biases %" PRId64 ", head %" PRId64 "%s\n",
+           n[TRILL_TENSOR_EMBEDDING], n[TRILL_TENSOR_MATRIX], experts, n[TRILL_TENSOR_ROUTER], n[TRILL_TENSOR_NORM],
+           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_HEAD], m->config.tie_word_embeddings && m->config.num_labels == 0 ? " (tied)" : "");
+    printf("tensors:       %zu\n", m->n_tensors);
+}
+
 int cmd_info(int argc, char **argv) {
     static const struct option opts[] = { { "model", required_argument, 0, 'm' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
     const char *dir = NULL;
@@ -60,6 +75,7 @@ int cmd_info(int argc, char **argv) {
     print_layer_map(cfg);
     printf("moe layers:    %d of %d\n", cfg->n_moe_layers, cfg->num_hidden_layers);
     printf("parameters:    %" PRId64 " total, %" PRId64 " active per token (%.1f%%)\n", total, active, 100.0 * active / total);
+    print_breakdown(m);
     printf("bytes:         %.1f MB on disk (%s), %.1f MB as fp32 in memory\n",
            total * (double)trill_dtype_size(m->checkpoint_dtype) / 1e6, trill_dtype_name(m->checkpoint_dtype), total * 4.0 / 1e6);
     trill_model_free(m);

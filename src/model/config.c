@@ -370,30 +370,3 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
     if (torch_dtype) json_object_set_new(j, "torch_dtype", json_string(torch_dtype));
     return j;
 }
-
-void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *active) {
-    int64_t H = c->hidden_size, hd = c->head_dim;
-    int64_t attn = H * hd * (2 * c->num_attention_heads + 2 * c->num_key_value_heads) + 2 * hd;
-    int64_t norms = 2 * H;
-    int64_t dense_mlp = 3 * H * c->intermediate_size;
-    int64_t expert = 3 * H * c->moe_intermediate_size;
-    int64_t router = H * c->num_experts;
-    int64_t t = 0, a = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        t += attn + norms;
-        a += attn + norms;
-        if (trill_config_is_moe(c, l)) {
-            t += router + expert * c->num_experts;
-            a += router + expert * c->num_experts_per_tok;
-        } else {
-            t += dense_mlp;
-            a += dense_mlp;
-        }
-    }
-    int64_t embed = (int64_t)c->vocab_size * H;
-    int64_t head = c->num_labels > 0 ? (int64_t)c->num_labels * H : c->tie_word_embeddings ? 0 : embed;
-    t += embed + head + H;
-    a += embed + head + H;
-    *total = t;
-    *active = a;
-}

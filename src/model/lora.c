@@ -1,5 +1,7 @@
 #include "trill/lora.h"
 
+#include "arch/family.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,21 +14,21 @@
 #include "trill/rng.h"
 #include "trill/safetensors.h"
 
-static const char *const TARGET_NAMES[TRILL_LORA_N_TARGETS] = { "q_proj", "k_proj", "v_proj", "o_proj",
-                                                                "gate_proj", "up_proj", "down_proj", "lm_head" };
-
 int trill_lora_parse_targets(const char *list, unsigned *targets) {
-    static const char *const SHORT[TRILL_LORA_N_TARGETS] = { "q", "k", "v", "o", "gate", "up", "down", "lm_head" };
+    const trill_family *f = &trill_family_qwen3; /* the LoRA targets are the Qwen3 family's until a second family has others */
     *targets = 0;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-        if (strcmp(tok, "all-linear") == 0) { *targets |= (1u << TRILL_LORA_LM_HEAD) - 1; continue; }
+        if (strcmp(tok, "all-linear") == 0) { *targets |= f->all_linear; continue; }
         int found = -1;
-        for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
-            if (strcmp(tok, SHORT[i]) == 0 || strcmp(tok, TARGET_NAMES[i]) == 0) found = i;
+        for (int i = 0; i < f->n_lora_targets; i++)
+            if (strcmp(tok, f->lora_targets[i].alias) == 0 || strcmp(tok, f->lora_targets[i].peft) == 0) found = i;
         if (found < 0) {
-            trill_error(TRILL_ERR_INVALID, "lora.target_modules: unknown module \"%s\" (expected q, k, v, o, gate, up, down, lm_head or all-linear)", tok);
+            char names[256] = "";
+            for (int i = 0; i < f->n_lora_targets; i++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s, ", f->lora_targets[i].alias);
+            trill_error(TRILL_ERR_INVALID, "lora.target_modules: unknown module \"%s\" (expected %sor all-linear)", tok, names);
             return -1;
         }
         *targets |= 1u << found;
@@ -34,23 +36,36 @@ int trill_lora_parse_targets(const char *list, unsigned *targets) {
     return 0;
 }
 
-/* ---- layout: one walk names every adapter tensor; with params NULL it only counts ---- */
+const char *trill_lora_target_peft_name(int target) {
+    const trill_family *f = &trill_family_qwen3;
+    return target >= 0 && target < f->n_lora_targets ? f->lora_targets[target].peft : NULL;
+}
 
-typedef struct walk { trill_lora *lora; size_t offset, n; } walk;
+const char *trill_lora_target_alias(int target) {
+    const trill_family *f = &trill_family_qwen3;
+    return target >= 0 && target < f->n_lora_targets ? f->lora_targets[target].alias : NULL;
+}
 
-static float *add(walk *w, int64_t rows, int64_t cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static float *add(walk *w, int64_t rows, int64_t cols, const char *fmt, ...) {
+/* ---- layout -----------------------------------------------------------------------------
+ * Derived from the model's tensors (its family's table): an A [r, in] and a B [out, r] for every
+ * tensor whose LoRA target is selected. Order, per decoder layer: the layer's own adapted
+ * tensors in table order, then expert by expert each expert's adapted tensors in table order;
+ * then the adapted global tensors (lm_head). With params NULL the walk only counts. */
+
+typedef struct walk { trill_lora *lora; const trill_model *m; size_t offset, n, next_experts; } walk;
+
+static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, const char *part) {
     float *data = w->lora->params ? w->lora->params + w->offset : NULL;
     if (w->lora->tensors) {
         trill_param *p = &w->lora->tensors[w->n];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(p->name, sizeof p->name, fmt, ap);
-        va_end(ap);
+        *p = *base;
+        const size_t stem = strlen(base->name) - (sizeof ".weight" - 1); /* "model.layers.3.self_attn.q_proj" */
+        snprintf(p->name, sizeof p->name, "base_model.model.%.*s.%s.weight", (int)stem, base->name, part);
         p->ndim = 2;
         p->shape[0] = rows;
         p->shape[1] = cols;
         p->data = data;
+        p->bf16 = NULL;
         p->numel = (size_t)(rows * cols);
     }
     w->offset += (size_t)(rows * cols);
@@ -58,50 +73,42 @@ static float *add(walk *w, int64_t rows, int64_t cols, const char *fmt, ...) {
     return data;
 }
 
-/* The A and B of module `path` (e.g. "model.layers.3.self_attn.q_proj") if its kind is targeted. */
-static trill_lora_pair pair(walk *w, trill_lora_target kind, int64_t in, int64_t out, const char *path) {
-    trill_lora_pair p = { 0 };
-    if (!(w->lora->config.targets & (1u << kind))) return p;
-    const int64_t r = w->lora->config.rank;
-    p.A = add(w, r, in, "base_model.model.%s.lora_A.weight", path);
-    p.B = add(w, out, r, "base_model.model.%s.lora_B.weight", path);
-    return p;
+/* The adapter of model tensor t, when its target is selected; its pointers go where the row says. */
+static void adapt(walk *w, const trill_param *t) {
+    trill_lora *lora = w->lora;
+    if (t->lora_target == TRILL_NO_LORA || !(lora->config.targets & (1u << t->lora_target))) return;
+    const int64_t r = lora->config.rank;
+    trill_lora_pair p = { .A = add(w, t, r, t->shape[1], "lora_A"), .B = add(w, t, t->shape[0], r, "lora_B") };
+    const int field = trill_arch_row(&w->m->config, t)->lora_field;
+    if (!lora->layers || field == TRILL_NO_FIELD) return;
+    if (t->layer < 0) { *(trill_lora_pair *)((char *)lora + field) = p; return; }
+    char *at = (char *)&lora->layers[t->layer] + field;
+    if (t->expert < 0) { *(trill_lora_pair *)at = p; return; }
+    trill_lora_pair **experts = (trill_lora_pair **)at;
+    if (t->expert == 0) { /* the first expert gives this layer's row its num_experts pairs */
+        if (lora->expert_pairs) *experts = lora->expert_pairs + w->next_experts;
+        w->next_experts += (size_t)w->m->config.num_experts;
+    }
+    if (*experts) (*experts)[t->expert] = p;
 }
 
-static void walk_layout(walk *w, const trill_config *c) {
-    trill_lora *lora = w->lora;
-    const int64_t H = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim,
-                  kvd = (int64_t)c->num_key_value_heads * c->head_dim;
-    char path[128];
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        trill_lora_layer *L = &lora->layers[l];
-        const char *attn[4] = { "q_proj", "k_proj", "v_proj", "o_proj" };
-        trill_lora_pair *slots[4] = { &L->q, &L->k, &L->v, &L->o };
-        const int64_t ins[4] = { H, H, H, qd }, outs[4] = { qd, kvd, kvd, H };
-        for (int i = 0; i < 4; i++) {
-            snprintf(path, sizeof path, "model.layers.%d.self_attn.%s", l, attn[i]);
-            *slots[i] = pair(w, (trill_lora_target)(TRILL_LORA_Q + i), ins[i], outs[i], path);
-        }
-        const char *mlp[3] = { "gate_proj", "up_proj", "down_proj" };
-        if (trill_config_is_moe(c, l)) {
-            const int64_t Im = c->moe_intermediate_size;
-            trill_lora_pair *experts[3] = { L->expert_gate, L->expert_up, L->expert_down };
-            for (int e = 0; e < c->num_experts; e++)
-                for (int i = 0; i < 3; i++) {
-                    snprintf(path, sizeof path, "model.layers.%d.mlp.experts.%d.%s", l, e, mlp[i]);
-                    trill_lora_pair p = pair(w, (trill_lora_target)(TRILL_LORA_GATE + i), i < 2 ? H : Im, i < 2 ? Im : H, path);
-                    if (experts[i]) experts[i][e] = p;
-                }
-        } else {
-            const int64_t I = c->intermediate_size;
-            trill_lora_pair *dense[3] = { &L->gate, &L->up, &L->down };
-            for (int i = 0; i < 3; i++) {
-                snprintf(path, sizeof path, "model.layers.%d.mlp.%s", l, mlp[i]);
-                *dense[i] = pair(w, (trill_lora_target)(TRILL_LORA_GATE + i), i < 2 ? H : I, i < 2 ? I : H, path);
-            }
-        }
+static void walk_layout(walk *w) {
+    const trill_model *m = w->m;
+    const int E = m->config.num_experts;
+    size_t t = 0;
+    while (t < m->n_tensors) {
+        if (m->tensors[t].layer < 0) { t++; continue; }
+        size_t end = t; /* a layer's tensors are contiguous in checkpoint order */
+        while (end < m->n_tensors && m->tensors[end].layer == m->tensors[t].layer) end++;
+        for (size_t k = t; k < end; k++)
+            if (m->tensors[k].expert < 0) adapt(w, &m->tensors[k]);
+        for (int e = 0; e < E; e++)
+            for (size_t k = t; k < end; k++)
+                if (m->tensors[k].expert == e) adapt(w, &m->tensors[k]);
+        t = end;
     }
-    lora->lm_head = pair(w, TRILL_LORA_LM_HEAD, H, c->vocab_size, "lm_head");
+    for (size_t k = 0; k < m->n_tensors; k++)
+        if (m->tensors[k].layer < 0) adapt(w, &m->tensors[k]);
 }
 
 void trill_lora_free(trill_lora *lora) {
@@ -129,23 +136,20 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, tril
     lora->scale = (float)(cfg.use_rslora ? cfg.alpha / sqrt(cfg.rank) : cfg.alpha / cfg.rank);
     lora->enabled = true;
     lora->layers = calloc((size_t)c->num_hidden_layers, sizeof *lora->layers);
-    lora->expert_pairs = calloc((size_t)c->n_moe_layers * c->num_experts * 3 + 1, sizeof *lora->expert_pairs);
-    if (!lora->layers || !lora->expert_pairs) { trill_lora_free(lora); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
-    for (int l = 0, k = 0; l < c->num_hidden_layers; l++)
-        if (trill_config_is_moe(c, l)) {
-            lora->layers[l].expert_gate = lora->expert_pairs + (size_t)k++ * c->num_experts;
-            lora->layers[l].expert_up = lora->expert_pairs + (size_t)k++ * c->num_experts;
-            lora->layers[l].expert_down = lora->expert_pairs + (size_t)k++ * c->num_experts;
-        }
-    walk w = { .lora = lora };
-    walk_layout(&w, c); /* count */
+    if (!lora->layers) { trill_lora_free(lora); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    walk w = { .lora = lora, .m = m };
+    walk_layout(&w); /* count */
     lora->n_params = w.offset;
     lora->n_tensors = w.n;
     lora->params = calloc(w.offset ? w.offset : 1, sizeof(float));
     lora->tensors = calloc(w.n ? w.n : 1, sizeof *lora->tensors);
-    if (!lora->params || !lora->tensors) { trill_lora_free(lora); return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu adapter values", w.offset); }
-    w = (walk){ .lora = lora };
-    walk_layout(&w, c); /* names and pointers */
+    lora->expert_pairs = calloc(w.next_experts ? w.next_experts : 1, sizeof *lora->expert_pairs);
+    if (!lora->params || !lora->tensors || !lora->expert_pairs) {
+        trill_lora_free(lora);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu adapter values", w.offset);
+    }
+    w = (walk){ .lora = lora, .m = m };
+    walk_layout(&w); /* names and pointers */
     *out = lora;
     return TRILL_OK;
 }
@@ -183,7 +187,7 @@ trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
     if (!st) {
         json_t *targets = json_array();
         for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
-            if (lora->config.targets & (1u << i)) json_array_append_new(targets, json_string(TARGET_NAMES[i]));
+            if (lora->config.targets & (1u << i)) json_array_append_new(targets, json_string(trill_lora_target_peft_name(i)));
         json_t *j = json_pack("{s:s, s:s, s:i, s:f, s:b, s:o, s:f, s:s, s:b, s:b, s:n}", "peft_type", "LORA", "task_type", "CAUSAL_LM",
                               "r", lora->config.rank, "lora_alpha", lora->config.alpha, "use_rslora", lora->config.use_rslora,
                               "target_modules", targets, "lora_dropout", 0.0, "bias", "none", "fan_in_fan_out", 0,
@@ -256,45 +260,33 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
 
 /* ---- merging ---- */
 
-static void merge_pair(const trill_lora *lora, trill_lora_pair p, float *W, int in, int out) {
-    if (!p.A) return;
-    const int r = lora->config.rank;
+static trill_status merge_pair(const trill_lora *lora, const trill_param *A, const trill_param *B, float *W) {
+    const int r = lora->config.rank, in = (int)A->shape[1], out = (int)B->shape[0];
     /* W[out, in] += scale * B[out, r] @ A[r, in]: a matmul with A^T as the weight */
     float *At = malloc(sizeof(float) * (size_t)in * r), *delta = malloc(sizeof(float) * (size_t)out * in);
+    if (!At || !delta) {
+        free(At);
+        free(delta);
+        return trill_error(TRILL_ERR_NOMEM, "merge: out of memory for the update of %s [%d, %d]", B->name, out, in);
+    }
     for (int i = 0; i < r; i++)
-        for (int j = 0; j < in; j++) At[(size_t)j * r + i] = p.A[(size_t)i * in + j];
-    matmul_forward(delta, p.B, At, out, r, in);
+        for (int j = 0; j < in; j++) At[(size_t)j * r + i] = A->data[(size_t)i * in + j];
+    matmul_forward(delta, B->data, At, out, r, in);
     for (size_t i = 0; i < (size_t)out * in; i++) W[i] += lora->scale * delta[i];
     free(At);
     free(delta);
+    return TRILL_OK;
 }
 
 trill_status trill_lora_merge(const trill_lora *lora, trill_model *m) {
     if (m->storage != TRILL_F32)
         return trill_error(TRILL_ERR_INVALID, "merge: the model keeps its base in bf16; load it with fp32 storage to merge adapters into it");
-    const trill_config *c = &m->config;
-    const int H = c->hidden_size, qd = c->num_attention_heads * c->head_dim, kvd = c->num_key_value_heads * c->head_dim;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const trill_lora_layer *L = &lora->layers[l];
-        trill_layer_weights *w = &m->layers[l];
-        merge_pair(lora, L->q, w->wq.f32, H, qd);
-        merge_pair(lora, L->k, w->wk.f32, H, kvd);
-        merge_pair(lora, L->v, w->wv.f32, H, kvd);
-        merge_pair(lora, L->o, w->wo.f32, qd, H);
-        if (trill_config_is_moe(c, l)) {
-            const int Im = c->moe_intermediate_size;
-            for (int e = 0; e < c->num_experts; e++) {
-                merge_pair(lora, L->expert_gate[e], w->expert_gate.f32 + (size_t)e * Im * H, H, Im);
-                merge_pair(lora, L->expert_up[e], w->expert_up.f32 + (size_t)e * Im * H, H, Im);
-                merge_pair(lora, L->expert_down[e], w->expert_down.f32 + (size_t)e * H * Im, Im, H);
-            }
-        } else {
-            const int I = c->intermediate_size;
-            merge_pair(lora, L->gate, w->mlp_gate.f32, H, I);
-            merge_pair(lora, L->up, w->mlp_up.f32, H, I);
-            merge_pair(lora, L->down, w->mlp_down.f32, I, H);
-        }
+    trill_status st = TRILL_OK;
+    for (size_t t = 0; t + 1 < lora->n_tensors && !st; t += 2) { /* A, then B, of the weight at index */
+        const trill_param *A = &lora->tensors[t], *B = &lora->tensors[t + 1];
+        if (A->index < 0 || (size_t)A->index >= m->n_tensors || m->tensors[A->index].numel != (size_t)B->shape[0] * A->shape[1])
+            return trill_error(TRILL_ERR_INVALID, "merge: adapter %s was not made for this model", A->name);
+        st = merge_pair(lora, A, B, m->tensors[A->index].data);
     }
-    merge_pair(lora, lora->lm_head, m->lm_head.f32, H, c->vocab_size);
-    return TRILL_OK;
+    return st;
 }

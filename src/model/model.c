@@ -1,7 +1,8 @@
 #include "trill/model.h"
 #include "trill/tokenizer.h"
 
-#include <stdarg.h>
+#include "arch/family.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,10 @@
 #include "trill/safetensors.h"
 
 /* ---- layout ------------------------------------------------------------------------------
- * One pass over the architecture names every tensor, in HF checkpoint order. With the blocks
- * not yet allocated it only counts; with them allocated it also sets the pointers. Vectors
- * (norm weights) always go to the fp32 block; matrices go to the block of m->storage. */
+ * One walk over the family's tensor table (src/arch/) names every tensor in checkpoint order and
+ * gives it a slice of a block. With the blocks not yet allocated it only counts; with them
+ * allocated it also fills m->tensors and points the model's fields at the slices. Vectors (norm
+ * weights, biases) always go to the fp32 block; matrices go to the block of m->storage. */
 
 typedef struct layout {
     trill_model *m;
@@ -23,90 +25,29 @@ typedef struct layout {
     size_t n;        /* tensors named so far */
 } layout;
 
-static trill_param *add(layout *L, int ndim, int64_t rows, int64_t cols, const char *fmt, va_list ap) {
-    static trill_param counting; /* stands in while only counting */
+static void place(void *ctx, const trill_tensor_row *row, const trill_param *t) {
+    layout *L = ctx;
     trill_model *m = L->m;
-    const size_t numel = (size_t)rows * (size_t)(ndim == 2 ? cols : 1);
-    const bool half = ndim == 2 && m->storage == TRILL_BF16;
-    trill_param *p = m->tensors ? &m->tensors[L->n] : &counting;
+    const bool half = t->ndim == 2 && m->storage == TRILL_BF16;
     if (m->tensors) {
-        vsnprintf(p->name, sizeof p->name, fmt, ap);
-        p->ndim = ndim;
-        p->shape[0] = rows;
-        p->shape[1] = ndim == 2 ? cols : 0;
+        trill_param *p = &m->tensors[L->n];
+        *p = *t;
         p->data = !half && m->params ? m->params + L->n32 : NULL;
         p->bf16 = half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
-        p->numel = numel;
+        if (row->field != TRILL_NO_FIELD && t->expert <= 0) { /* experts after the first follow it */
+            char *base = t->layer >= 0 ? (char *)&m->layers[t->layer] : (char *)m;
+            if (t->ndim == 2) *(trill_weight *)(base + row->field) = (trill_weight){ p->data, p->bf16 };
+            else *(float **)(base + row->field) = p->data;
+        }
     }
-    *(half ? &L->n16 : &L->n32) += numel;
+    *(half ? &L->n16 : &L->n32) += t->numel;
     L->n++;
-    return p;
-}
-
-static float *add_vector(layout *L, int64_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static trill_weight add_matrix(layout *L, int64_t rows, int64_t cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static float *add_vector(layout *L, int64_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    float *data = add(L, 1, n, 0, fmt, ap)->data;
-    va_end(ap);
-    return data;
-}
-
-static trill_weight add_matrix(layout *L, int64_t rows, int64_t cols, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    const trill_param *p = add(L, 2, rows, cols, fmt, ap);
-    va_end(ap);
-    return (trill_weight){ p->data, p->bf16 };
-}
-
-/* Several expert tensors laid back to back: returns the first; names each. */
-static trill_weight add_experts(layout *L, int E, int64_t rows, int64_t cols, int layer, const char *proj) {
-    trill_weight first = { 0 };
-    for (int e = 0; e < E; e++) {
-        trill_weight w = add_matrix(L, rows, cols, "model.layers.%d.mlp.experts.%d.%s.weight", layer, e, proj);
-        if (e == 0) first = w;
-    }
-    return first;
 }
 
 static void walk_layout(layout *L) {
     trill_model *m = L->m;
-    const trill_config *c = &m->config;
-    const int64_t H = c->hidden_size, hd = c->head_dim;
-    const int64_t qdim = (int64_t)c->num_attention_heads * hd, kvdim = (int64_t)c->num_key_value_heads * hd;
-    m->embed = add_matrix(L, c->vocab_size, H, "model.embed_tokens.weight");
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        trill_layer_weights *w = &m->layers[l];
-        w->input_norm = add_vector(L, H, "model.layers.%d.input_layernorm.weight", l);
-        w->wq = add_matrix(L, qdim, H, "model.layers.%d.self_attn.q_proj.weight", l);
-        w->wk = add_matrix(L, kvdim, H, "model.layers.%d.self_attn.k_proj.weight", l);
-        w->wv = add_matrix(L, kvdim, H, "model.layers.%d.self_attn.v_proj.weight", l);
-        w->wo = add_matrix(L, H, qdim, "model.layers.%d.self_attn.o_proj.weight", l);
-        w->q_norm = add_vector(L, hd, "model.layers.%d.self_attn.q_norm.weight", l);
-        w->k_norm = add_vector(L, hd, "model.layers.%d.self_attn.k_norm.weight", l);
-        w->post_norm = add_vector(L, H, "model.layers.%d.post_attention_layernorm.weight", l);
-        if (trill_config_is_moe(c, l)) {
-            const int E = c->num_experts;
-            const int64_t Im = c->moe_intermediate_size;
-            w->router = add_matrix(L, E, H, "model.layers.%d.mlp.gate.weight", l);
-            w->expert_gate = add_experts(L, E, Im, H, l, "gate_proj");
-            w->expert_up = add_experts(L, E, Im, H, l, "up_proj");
-            w->expert_down = add_experts(L, E, H, Im, l, "down_proj");
-        } else {
-            const int64_t I = c->intermediate_size;
-            w->mlp_gate = add_matrix(L, I, H, "model.layers.%d.mlp.gate_proj.weight", l);
-            w->mlp_up = add_matrix(L, I, H, "model.layers.%d.mlp.up_proj.weight", l);
-            w->mlp_down = add_matrix(L, H, I, "model.layers.%d.mlp.down_proj.weight", l);
-        }
-    }
-    m->final_norm = add_vector(L, H, "model.norm.weight");
-    if (c->num_labels > 0) /* HF *ForSequenceClassification: nn.Linear(H, num_labels, bias=False) */
-        m->score = add_matrix(L, c->num_labels, H, "score.weight");
-    else
-        m->lm_head = c->tie_word_embeddings ? m->embed : add_matrix(L, c->vocab_size, H, "lm_head.weight");
+    trill_arch_walk(&m->config, place, L);
+    if (m->config.num_labels == 0 && m->config.tie_word_embeddings) m->lm_head = m->embed;
 }
 
 trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
@@ -155,8 +96,8 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
     const float std = (float)m->config.initializer_range;
     for (size_t t = 0; t < m->n_tensors; t++) {
         trill_param *p = &m->tensors[t];
-        if (p->ndim == 1) { /* the only vectors are RMSNorm weights */
-            for (size_t i = 0; i < p->numel; i++) p->data[i] = 1.0f;
+        if (p->ndim == 1) { /* HF: RMSNorm weights start at one, biases at zero */
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = p->kind == TRILL_TENSOR_NORM ? 1.0f : 0.0f;
             continue;
         }
         uint64_t key = trill_rng_key(seed, t);

@@ -57,8 +57,6 @@ static const char *const KL_MODES[] = { "loss", "reward", NULL };
 static const char *const MIS_LEVELS[] = { "token", "sequence", "geometric", NULL };
 static const char *const SCHEDULES[] = { "constant", "linear", "cosine", NULL }; /* trill_lr_schedule_parse order */
 static const char *const SYNC_MODES[] = { "adapter", "merge", NULL };
-/* trill_lora_target order; each is accepted by trill_lora_parse_targets */
-static const char *const LORA_TARGETS[TRILL_LORA_N_TARGETS] = { "q", "k", "v", "o", "gate", "up", "down", "lm_head" };
 
 #define F(field) offsetof(trill_rl_config, field)
 #define STRING(p, f, d, doc) { p, K_STRING, F(f), 0, 0, false, false, NULL, d, doc }
@@ -792,7 +790,7 @@ static trill_status write_value(FILE *f, const trill_rl_config *c, const key *k)
         }
         for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
             if (t & (1u << i)) {
-                fprintf(f, "%s%s", sep, LORA_TARGETS[i]);
+                fprintf(f, "%s%s", sep, trill_lora_target_alias(i));
                 sep = ",";
             }
         break;

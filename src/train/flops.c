@@ -1,26 +1,33 @@
+/* FLOPs of a forward pass and a training step, derived from the family's tensor table: 2 per
+ * multiply-add of every matrix one token multiplies by (a routed expert counted for the top-k),
+ * the attention over the causal pairs, and the adapters' two thin matmuls per adapted matrix. */
 #include "trill/train.h"
+
+#include "arch/family.h"
 
 typedef struct flop_parts { double matmul, head, attention, lora; } flop_parts;
 
+typedef struct flop_walk { const trill_config *c; double T; int rank; flop_parts f; } flop_walk;
+
+static void count_tensor(void *ctx, const trill_tensor_row *row, const trill_param *t) {
+    flop_walk *w = ctx;
+    const bool tied_head = t->kind == TRILL_TENSOR_EMBEDDING && w->c->tie_word_embeddings && w->c->num_labels == 0;
+    if (t->kind == TRILL_TENSOR_HEAD || tied_head) w->f.head += 2 * w->T * (double)t->numel;
+    if (!trill_arch_is_matmul(t) || !trill_arch_active(w->c, t) || t->kind == TRILL_TENSOR_HEAD) return;
+    w->f.matmul += 2 * w->T * (double)t->numel;
+    if (t->lora_target != TRILL_NO_LORA) w->f.lora += 2 * w->T * w->rank * (double)(t->shape[0] + t->shape[1]);
+}
+
 static flop_parts count(const trill_config *c, const int *offsets, int n_seqs, int rank) {
-    const double T = offsets[n_seqs], H = c->hidden_size, hd = c->head_dim;
-    const double qd = (double)c->num_attention_heads * hd, kvd = (double)c->num_key_value_heads * hd;
     double pairs = 0; /* causal (query, key) pairs: L(L+1)/2 per sequence */
     for (int s = 0; s < n_seqs; s++) {
         double L = offsets[s + 1] - offsets[s];
         pairs += L * (L + 1) / 2;
     }
-    flop_parts f = { 0 };
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const bool moe = trill_config_is_moe(c, l);
-        const double rows = moe ? T * c->num_experts_per_tok : T, inter = moe ? c->moe_intermediate_size : c->intermediate_size;
-        f.matmul += 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H + 2 * rows * 3 * H * inter;
-        if (moe) f.matmul += 2 * T * H * c->num_experts;
-        f.attention += 2 * 2 * pairs * hd * c->num_attention_heads;
-        f.lora += 2 * T * rank * ((H + qd) * 2 + (H + kvd) * 2) + 2 * rows * rank * (H + inter) * 3;
-    }
-    f.head = 2 * T * H * c->vocab_size;
-    return f;
+    flop_walk w = { .c = c, .T = offsets[n_seqs], .rank = rank };
+    trill_arch_walk(c, count_tensor, &w);
+    w.f.attention = c->num_hidden_layers * trill_family_of(c)->attention_flops(c, pairs);
+    return w.f;
 }
 
 double trill_forward_flops(const trill_config *c, const int *offsets, int n_seqs) {

@@ -1,0 +1,33 @@
+/* What the tensor table of a model family says about each tensor (src/arch/: one table per
+ * family, the single source of truth for the parameter layout, checkpoint names, parameter and
+ * FLOP counts, LoRA targets and the generator's fused matrices). Every trill_param (trill/model.h,
+ * trill/lora.h) carries these facts next to its storage. */
+#ifndef TRILL_ARCH_H
+#define TRILL_ARCH_H
+
+typedef enum trill_tensor_kind {
+    TRILL_TENSOR_EMBEDDING, /* [V, H] token embeddings (a lookup, not a matmul) */
+    TRILL_TENSOR_NORM,      /* [n] RMSNorm weight */
+    TRILL_TENSOR_BIAS,      /* [n] a bias vector */
+    TRILL_TENSOR_MATRIX,    /* [out, in] a linear layer */
+    TRILL_TENSOR_ROUTER,    /* [E, H] a MoE router */
+    TRILL_TENSOR_HEAD,      /* [V, H] lm_head, or [num_labels, H] a classifier's score */
+} trill_tensor_kind;
+
+/* The generator fuses matrices that read the same input into one (their rows stacked). */
+typedef enum trill_fuse {
+    TRILL_FUSE_NONE,
+    TRILL_FUSE_QKV,     /* q, k, v projections */
+    TRILL_FUSE_GATE_UP, /* gate and up projections of a SwiGLU MLP (each expert's own) */
+} trill_fuse;
+
+/* How tensor parallelism would split it (Megatron's terms); experts are placed whole by id. */
+typedef enum trill_split {
+    TRILL_SPLIT_NONE, /* replicated */
+    TRILL_SPLIT_ROWS, /* the output dimension (column-parallel linear, vocab-parallel embedding) */
+    TRILL_SPLIT_COLS, /* the input dimension (row-parallel linear) */
+} trill_split;
+
+const char *trill_tensor_kind_name(trill_tensor_kind k);
+
+#endif

@@ -1,0 +1,90 @@
+/* A model family: its tensor table, the single source of truth of its architecture.
+ *
+ * The table lists the family's tensors in checkpoint order as rows: a HF name pattern, a shape
+ * in the family's named dimensions, the kind, where it occurs (once, in every layer that the
+ * row's predicate admits, or once per routed expert of such a layer), its LoRA target, its
+ * generator fusion group, its tensor-parallel split, and where the model's and the adapters'
+ * structs keep a pointer to it. trill_arch_walk expands the rows for a config into concrete
+ * tensors; everything else is derived from that walk: the parameter layout and contiguous
+ * blocks, checkpoint load/save, parameter and FLOP counts, the LoRA layout and PEFT names,
+ * merging, and the generator's fused weights. Internal to the library. */
+#ifndef TRILL_ARCH_FAMILY_H
+#define TRILL_ARCH_FAMILY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trill/arch.h"
+#include "trill/config.h"
+#include "trill/model.h"
+
+typedef enum trill_row_scope {
+    TRILL_ROW_GLOBAL, /* once (embedding, final norm, head) */
+    TRILL_ROW_LAYER,  /* once per decoder layer its predicate admits */
+    TRILL_ROW_EXPERT, /* once per routed expert of such a layer, experts back to back */
+} trill_row_scope;
+
+enum { TRILL_NO_FIELD = -1, TRILL_NO_DIM = -1, TRILL_NO_LORA = -1 };
+
+typedef struct trill_tensor_row {
+    const char *name;  /* printf pattern: the layer index, then the expert id */
+    trill_tensor_kind kind;
+    trill_row_scope scope;
+    bool (*when)(const trill_config *c, int layer); /* NULL: always (layer is -1 for global rows) */
+    int dims[2];       /* the family's dimension ids; dims[1] TRILL_NO_DIM for a vector */
+    int role;
+    int lora_target;   /* TRILL_NO_LORA or a bit of the family's LoRA targets */
+    trill_fuse fuse;
+    int fuse_index;
+    trill_split split;
+    /* offsetof the trill_weight (matrices) or float * (vectors) that points at it: in
+     * trill_layer_weights for layer and expert rows (expert 0's, the others follow), in
+     * trill_model for global rows; TRILL_NO_FIELD if none */
+    int field;
+    /* offsetof its adapter: a trill_lora_pair in trill_lora_layer (layer rows) or trill_lora
+     * (global rows), a trill_lora_pair * to num_experts pairs in trill_lora_layer (expert rows) */
+    int lora_field;
+} trill_tensor_row;
+
+/* A LoRA target: the PEFT module name and the short name trill's configs accept. */
+typedef struct trill_lora_target_name { const char *peft, *alias; } trill_lora_target_name;
+
+typedef struct trill_family {
+    const char *name;
+    const trill_tensor_row *rows;
+    int n_rows;
+    int64_t (*dim)(const trill_config *c, int id); /* a dimension id's size */
+    const trill_lora_target_name *lora_targets;      /* bit i of trill_lora_config.targets */
+    int n_lora_targets;
+    unsigned all_linear; /* the targets "all-linear" means (PEFT: every linear but the output head) */
+    /* FLOPs of the attention scores and weighted values over `pairs` causal (query, key) pairs
+     * of one layer, forward only */
+    double (*attention_flops)(const trill_config *c, double pairs);
+} trill_family;
+
+extern const trill_family trill_family_qwen3; /* src/arch/qwen3/: Qwen3 and Qwen3-MoE */
+
+/* The family computing c (every trill_arch has one). */
+const trill_family *trill_family_of(const trill_config *c);
+
+/* Calls fn for every tensor of c in checkpoint order with the row it comes from and its
+ * description (name, ndim, shape, numel and the row's facts; no storage). */
+typedef void (*trill_tensor_fn)(void *ctx, const trill_tensor_row *row, const trill_param *t);
+void trill_arch_walk(const trill_config *c, trill_tensor_fn fn, void *ctx);
+
+/* The row a tensor came from. */
+const trill_tensor_row *trill_arch_row(const trill_config *c, const trill_param *t);
+
+/* How many of a tensor one token reads: 1, except a routed expert's — the top-k of num_experts
+ * (expert ids below num_experts_per_tok stand for them, so counts stay integers). */
+static inline bool trill_arch_active(const trill_config *c, const trill_param *t) {
+    return t->expert < c->num_experts_per_tok;
+}
+
+/* Whether a tensor is a matrix one token multiplies by (an embedding is a lookup). */
+static inline bool trill_arch_is_matmul(const trill_param *t) {
+    return t->kind == TRILL_TENSOR_MATRIX || t->kind == TRILL_TENSOR_ROUTER || t->kind == TRILL_TENSOR_HEAD;
+}
+
+#endif

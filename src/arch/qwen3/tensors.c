@@ -1,0 +1,94 @@
+/* The Qwen3 / Qwen3-MoE tensor table (HF modeling_qwen3.py, modeling_qwen3_moe.py), in
+ * checkpoint order. Per layer: input_layernorm, q/k/v/o projections, per-head q/k RMSNorm,
+ * post_attention_layernorm, then either the MoE block (router, each expert's gate/up/down,
+ * experts of one projection back to back) or the dense SwiGLU MLP. */
+#include <stddef.h>
+
+#include "arch/family.h"
+#include "arch/qwen3/qwen3.h"
+#include "trill/lora.h"
+
+enum dim { D_H, D_V, D_HD, D_QD, D_KVD, D_I, D_IM, D_E, D_LABELS };
+
+static int64_t dim(const trill_config *c, int id) {
+    switch ((enum dim)id) {
+    case D_H: return c->hidden_size;
+    case D_V: return c->vocab_size;
+    case D_HD: return c->head_dim;
+    case D_QD: return (int64_t)c->num_attention_heads * c->head_dim;
+    case D_KVD: return (int64_t)c->num_key_value_heads * c->head_dim;
+    case D_I: return c->intermediate_size;
+    case D_IM: return c->moe_intermediate_size;
+    case D_E: return c->num_experts;
+    case D_LABELS: return c->num_labels;
+    }
+    return 0;
+}
+
+static bool moe(const trill_config *c, int l) { return trill_config_is_moe(c, l); }
+static bool dense(const trill_config *c, int l) { return !trill_config_is_moe(c, l); }
+static bool causal_untied(const trill_config *c, int l) { return c->num_labels == 0 && !c->tie_word_embeddings; }
+static bool classifier(const trill_config *c, int l) { return c->num_labels > 0; }
+
+#define LW(f) (int)offsetof(trill_layer_weights, f)
+#define MW(f) (int)offsetof(trill_model, f)
+#define LL(f) (int)offsetof(trill_lora_layer, f)
+#define NO TRILL_NO_DIM
+#define G TRILL_ROW_GLOBAL
+#define L TRILL_ROW_LAYER
+#define X TRILL_ROW_EXPERT
+#define NORM TRILL_TENSOR_NORM
+#define MAT TRILL_TENSOR_MATRIX
+#define ROWS TRILL_SPLIT_ROWS
+#define COLS TRILL_SPLIT_COLS
+#define REPL TRILL_SPLIT_NONE
+#define NOFUSE TRILL_FUSE_NONE, 0
+#define QKV(i) TRILL_FUSE_QKV, i
+#define GU(i) TRILL_FUSE_GATE_UP, i
+
+static const trill_tensor_row ROWS_[] = {
+    /* name                                              kind          scope when   dims          role               LoRA target          fusion     split field                  adapter */
+    { "model.embed_tokens.weight",                       TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H },   QWEN3_EMBED,       TRILL_NO_LORA,       NOFUSE, ROWS, MW(embed),        TRILL_NO_FIELD },
+    { "model.layers.%d.input_layernorm.weight",          NORM, L, NULL,  { D_H, NO },    QWEN3_INPUT_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, LW(input_norm),   TRILL_NO_FIELD },
+    { "model.layers.%d.self_attn.q_proj.weight",         MAT,  L, NULL,  { D_QD, D_H },  QWEN3_Q,           TRILL_LORA_Q,        QKV(0), ROWS, LW(wq),           LL(q) },
+    { "model.layers.%d.self_attn.k_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, QWEN3_K,           TRILL_LORA_K,        QKV(1), ROWS, LW(wk),           LL(k) },
+    { "model.layers.%d.self_attn.v_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, QWEN3_V,           TRILL_LORA_V,        QKV(2), ROWS, LW(wv),           LL(v) },
+    { "model.layers.%d.self_attn.o_proj.weight",         MAT,  L, NULL,  { D_H, D_QD },  QWEN3_O,           TRILL_LORA_O,        NOFUSE, COLS, LW(wo),           LL(o) },
+    { "model.layers.%d.self_attn.q_norm.weight",         NORM, L, NULL,  { D_HD, NO },   QWEN3_Q_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(q_norm),       TRILL_NO_FIELD },
+    { "model.layers.%d.self_attn.k_norm.weight",         NORM, L, NULL,  { D_HD, NO },   QWEN3_K_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(k_norm),       TRILL_NO_FIELD },
+    { "model.layers.%d.post_attention_layernorm.weight", NORM, L, NULL,  { D_H, NO },    QWEN3_POST_NORM,   TRILL_NO_LORA,       NOFUSE, REPL, LW(post_norm),    TRILL_NO_FIELD },
+    { "model.layers.%d.mlp.gate.weight",                 TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, QWEN3_ROUTER, TRILL_NO_LORA, NOFUSE, REPL, LW(router),       TRILL_NO_FIELD },
+    { "model.layers.%d.mlp.experts.%d.gate_proj.weight", MAT,  X, moe,   { D_IM, D_H },  QWEN3_EXPERT_GATE, TRILL_LORA_GATE,     GU(0),  ROWS, LW(expert_gate),  LL(expert_gate) },
+    { "model.layers.%d.mlp.experts.%d.up_proj.weight",   MAT,  X, moe,   { D_IM, D_H },  QWEN3_EXPERT_UP,   TRILL_LORA_UP,       GU(1),  ROWS, LW(expert_up),    LL(expert_up) },
+    { "model.layers.%d.mlp.experts.%d.down_proj.weight", MAT,  X, moe,   { D_H, D_IM },  QWEN3_EXPERT_DOWN, TRILL_LORA_DOWN,     NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
+    { "model.layers.%d.mlp.gate_proj.weight",            MAT,  L, dense, { D_I, D_H },   QWEN3_GATE,        TRILL_LORA_GATE,     GU(0),  ROWS, LW(mlp_gate),     LL(gate) },
+    { "model.layers.%d.mlp.up_proj.weight",              MAT,  L, dense, { D_I, D_H },   QWEN3_UP,          TRILL_LORA_UP,       GU(1),  ROWS, LW(mlp_up),       LL(up) },
+    { "model.layers.%d.mlp.down_proj.weight",            MAT,  L, dense, { D_H, D_I },   QWEN3_DOWN,        TRILL_LORA_DOWN,     NOFUSE, COLS, LW(mlp_down),     LL(down) },
+    { "model.norm.weight",                               NORM, G, NULL,  { D_H, NO },    QWEN3_FINAL_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, MW(final_norm),   TRILL_NO_FIELD },
+    /* HF *ForSequenceClassification: nn.Linear(H, num_labels, bias=False), never tied */
+    { "score.weight",                                    TRILL_TENSOR_HEAD, G, classifier, { D_LABELS, D_H }, QWEN3_SCORE, TRILL_NO_LORA, NOFUSE, REPL, MW(score), TRILL_NO_FIELD },
+    /* tied: lm_head is the embedding (trill_model.lm_head points at it), no tensor of its own */
+    { "lm_head.weight",                                  TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, QWEN3_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head), (int)offsetof(trill_lora, lm_head) },
+};
+
+static const trill_lora_target_name TARGETS[TRILL_LORA_N_TARGETS] = {
+    [TRILL_LORA_Q] = { "q_proj", "q" },       [TRILL_LORA_K] = { "k_proj", "k" },     [TRILL_LORA_V] = { "v_proj", "v" },
+    [TRILL_LORA_O] = { "o_proj", "o" },       [TRILL_LORA_GATE] = { "gate_proj", "gate" }, [TRILL_LORA_UP] = { "up_proj", "up" },
+    [TRILL_LORA_DOWN] = { "down_proj", "down" }, [TRILL_LORA_LM_HEAD] = { "lm_head", "lm_head" },
+};
+
+/* scores Q K^T and values P V: 2 FLOPs per multiply-add, head_dim each, every query head */
+static double attention_flops(const trill_config *c, double pairs) {
+    return 2.0 * 2.0 * pairs * c->head_dim * c->num_attention_heads;
+}
+
+const trill_family trill_family_qwen3 = {
+    .name = "qwen3",
+    .rows = ROWS_,
+    .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
+    .dim = dim,
+    .lora_targets = TARGETS,
+    .n_lora_targets = TRILL_LORA_N_TARGETS,
+    .all_linear = (1u << TRILL_LORA_LM_HEAD) - 1,
+    .attention_flops = attention_flops,
+};
