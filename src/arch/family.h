@@ -50,8 +50,11 @@ typedef struct trill_tensor_row {
 /* A LoRA target: the PEFT module name and the short name trill's configs accept. */
 typedef struct trill_lora_target_name { const char *peft, *alias; } trill_lora_target_name;
 
+struct trill_family_layers; /* src/model/forward_internal.h: one decoder layer's training forward */
+
 typedef struct trill_family {
     const char *name;
+    const struct trill_family_layers *layers;
     const trill_tensor_row *rows;
     int n_rows;
     int64_t (*dim)(const trill_config *c, int id); /* a dimension id's size */

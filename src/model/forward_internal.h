@@ -1,58 +1,71 @@
-/* The forward pass's activations, shared by the forward (src/model/forward.c) and the
- * backward (src/train/backward.c). Not part of the public API. */
+/* The training forward pass shared by the generic drivers (src/model/forward.c, the backward in
+ * src/train/backward.c) and the families' layer code (src/arch/<family>/). Not public.
+ *
+ * The drivers own what every family has: the packed batch, the embedding, the residual stream
+ * between layers, the final norm, lm_head and the log-probs. A family owns one decoder layer:
+ * its activations (planned into the pass's one allocation), its forward, and (in the train
+ * layer, trill_family_backward) its backward. */
 #ifndef TRILL_FORWARD_INTERNAL_H
 #define TRILL_FORWARD_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "trill/lora.h"
 #include "trill/model.h"
 
-/* Module kinds that carry LoRA inputs x A^T, in layer_acts.xa. */
-enum { XA_Q, XA_K, XA_V, XA_O, XA_GATE, XA_UP, XA_DOWN, XA_N };
-
 /* Rows of lm_head + log-softmax per chunk: the full [T, V] logits would dominate memory. */
 enum { LOGIT_CHUNK = 256 };
 
-/* One decoder layer's activations. In inference every layer aliases one set of buffers; in
- * training each layer has its own, kept for the backward pass. */
-typedef struct layer_acts {
-    float *x_in;          /* [T, H]      residual stream entering the layer */
-    float *xn1;           /* [T, H]      input_layernorm(x_in) */
-    float *q_raw, *k_raw; /* [T, nh*hd], [T, nkv*hd] projections before q/k-norm */
-    float *q, *k, *v;     /* after q/k-norm and RoPE; v as projected */
-    float *att;           /* [T, nh*hd]  attention output, before o_proj */
-    float *x_mid;         /* [T, H]      x_in + o_proj(att) */
-    float *xn2;           /* [T, H]      post_attention_layernorm(x_mid) */
-    float *gate, *up;     /* dense: [T, I]; MoE: [T*K, Im] rows in expert order */
-    float *ye;            /* MoE: [T*K, H] each routed expert's output, rows in expert order */
-    float *probs;         /* MoE: [T, E] router softmax */
-    float *topw;          /* MoE: [T, K] gate weights */
-    int *topi;            /* MoE: [T, K] routed logical expert ids */
-    int *order;           /* MoE: [T*K]  (token * K + slot) sorted by expert */
-    int *count;           /* MoE: [E+1]  end of each expert's rows in order */
-    float *xa[XA_N];      /* LoRA: x A^T [rows, r] per adapted module (MoE rows in expert order) */
-} layer_acts;
+/* One allocation carved in two passes: measure (base NULL: take returns NULL), then assign. */
+typedef struct trill_plan { char *base; size_t used; } trill_plan;
+
+static inline void *trill_plan_take(trill_plan *p, size_t bytes) {
+    void *at = p->base ? p->base + p->used : NULL;
+    p->used += (bytes + 63) & ~(size_t)63; /* 64-byte aligned slices */
+    return at;
+}
+
+typedef struct trill_forward_pass trill_forward_pass;
+
+/* The model layer's part of a family: one decoder layer's forward. */
+typedef struct trill_family_layers {
+    /* Lays out the family's activations for fp->T rows (fp->training, fp->recompute and fp->lora
+     * say what to keep) with trill_plan_take, sets fp->acts, fp->x_first (layer 0's input) and
+     * fp->x_final (the last layer's output); called twice, measuring then assigning. */
+    void (*plan)(trill_forward_pass *fp, trill_plan *p);
+    /* Per-pass set-up before the first layer (e.g. RoPE tables from fp->pos). */
+    void (*begin)(trill_forward_pass *fp);
+    /* Layer l: its input -> the next layer's input (or x_final). replay / experts as in
+     * trill_model_forward; experts may be NULL. Also re-runs a layer for recomputation. */
+    void (*layer)(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts);
+} trill_family_layers;
+
+/* The family's layer code for c (src/model/families.c). */
+const trill_family_layers *trill_family_layers_of(const trill_config *c);
 
 struct trill_forward_pass {
     const trill_model *m;
+    const trill_family_layers *f;
     int T, n_seqs;
     const int *tokens, *offsets; /* borrowed from the caller: must outlive the pass */
     bool training;
     bool recompute;       /* training: keep only each layer's input; the backward re-runs the layer */
     const uint16_t *replay; /* borrowed router-replay ids, or NULL */
-    layer_acts *layers;   /* [L]; layers[l+1].x_in is layer l's output */
-    float *x_final;       /* [T, H] residual stream after the last layer */
-    float *xf;            /* [T, H] final norm */
-    float *out;           /* [T, H] scratch: o_proj / MLP output */
-    float *act;           /* [T*max(1,K), max(I, Im)] scratch: SwiGLU output */
-    float *xe;            /* [T, H] scratch: one expert's gathered rows */
-    int *pos;             /* [T] position within the sequence */
-    float *inv_freq;      /* [hd/2] */
     const trill_lora *lora; /* adapters in use (attached and enabled), or NULL */
+    int *pos;             /* [T] position within the sequence */
+    float *x_first;       /* [T, H] layer 0's input: the embeddings (the family's buffer) */
+    float *x_final;       /* [T, H] residual stream after the last layer (the family's buffer) */
+    float *xf;            /* [T, H] final norm */
     float *xa_head;       /* [LOGIT_CHUNK, r] LoRA input of lm_head */
+    void *acts;           /* the family's activations */
     void *block;          /* the one allocation everything above lives in */
 };
+
+/* out[n, N] = inp W^T, plus scale (inp A^T) B^T when the module has an adapter in use; the
+ * LoRA input inp A^T is kept in xa for the backward pass. */
+void trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
+                  int K, int N);
 
 /* Re-runs layer l's forward from its saved input (activation recomputation). */
 void trill_forward_layer(const trill_forward_pass *fp, int l);

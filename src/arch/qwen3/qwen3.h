@@ -10,4 +10,40 @@ enum qwen3_role {
     QWEN3_FINAL_NORM, QWEN3_LM_HEAD, QWEN3_SCORE,
 };
 
+#include "model/forward_internal.h"
+
+/* Module kinds that carry LoRA inputs x A^T, in qwen3_layer_acts.xa. */
+enum { XA_Q, XA_K, XA_V, XA_O, XA_GATE, XA_UP, XA_DOWN, XA_N };
+
+/* One decoder layer's activations in the training forward. In inference every layer aliases one
+ * set of buffers; in training each layer has its own, kept for the backward pass. */
+typedef struct qwen3_layer_acts {
+    float *x_in;          /* [T, H]      residual stream entering the layer */
+    float *xn1;           /* [T, H]      input_layernorm(x_in) */
+    float *q_raw, *k_raw; /* [T, nh*hd], [T, nkv*hd] projections before q/k-norm */
+    float *q, *k, *v;     /* after q/k-norm and RoPE; v as projected */
+    float *att;           /* [T, nh*hd]  attention output, before o_proj */
+    float *x_mid;         /* [T, H]      x_in + o_proj(att) */
+    float *xn2;           /* [T, H]      post_attention_layernorm(x_mid) */
+    float *gate, *up;     /* dense: [T, I]; MoE: [T*K, Im] rows in expert order */
+    float *ye;            /* MoE: [T*K, H] each routed expert's output, rows in expert order */
+    float *probs;         /* MoE: [T, E] router softmax */
+    float *topw;          /* MoE: [T, K] gate weights */
+    int *topi;            /* MoE: [T, K] routed logical expert ids */
+    int *order;           /* MoE: [T*K]  (token * K + slot) sorted by expert */
+    int *count;           /* MoE: [E+1]  end of each expert's rows in order */
+    float *xa[XA_N];      /* LoRA: x A^T [rows, r] per adapted module (MoE rows in expert order) */
+} qwen3_layer_acts;
+
+/* The family's activations in a pass (trill_forward_pass.acts). */
+typedef struct qwen3_acts {
+    qwen3_layer_acts *layers; /* [L]; layers[l+1].x_in is layer l's output */
+    float *out;           /* [T, H] scratch: o_proj / MLP output */
+    float *act;           /* [T*max(1,K), max(I, Im)] scratch: SwiGLU output */
+    float *xe;            /* [T, H] scratch: one expert's gathered rows */
+    float *inv_freq;      /* [hd/2] */
+} qwen3_acts;
+
+extern const trill_family_layers qwen3_layers; /* layer.c */
+
 #endif

@@ -1,0 +1,174 @@
+/* The Qwen3 / Qwen3-MoE decoder layer of the training forward (fp32; HF modeling_qwen3_moe.py):
+ * RMSNorm -> q/k/v projections -> per-head q/k RMSNorm -> RoPE (rotate-half) -> causal GQA
+ * attention (blocked GEMMs, trill/kernels_decl.h) -> o_proj -> residual -> RMSNorm -> the dense
+ * SwiGLU MLP, or the MoE block: router softmax -> top-k (or the replayed ids) -> gate weights ->
+ * tokens grouped by expert (counting sort) so each expert is one GEMM -> weighted scatter-add. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch/qwen3/qwen3.h"
+#include "trill/kernels.h"
+
+static void plan(trill_forward_pass *fp, trill_plan *p) {
+    const trill_config *c = &fp->m->config;
+    const size_t T = (size_t)fp->T, H = c->hidden_size, L = c->num_hidden_layers;
+    const size_t qd = (size_t)c->num_attention_heads * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
+    const size_t E = c->num_experts > 0 ? c->num_experts : 1, K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+    const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ff = I > Im * K ? I : Im * K;
+    const size_t F = sizeof(float);
+    qwen3_acts *q = trill_plan_take(p, sizeof *q);
+    qwen3_layer_acts *layers = trill_plan_take(p, L * sizeof(qwen3_layer_acts));
+    for (size_t l = 0; l < L; l++) {
+        if ((!fp->training || fp->recompute) && l > 0) { /* every layer reuses layer 0's buffers ... */
+            float *x_in = fp->recompute ? trill_plan_take(p, T * H * F) : NULL; /* ... but recomputation keeps each input */
+            if (layers) {
+                layers[l] = layers[0];
+                if (fp->recompute) layers[l].x_in = x_in;
+            }
+            continue;
+        }
+        qwen3_layer_acts a = {
+            .x_in = trill_plan_take(p, T * H * F), .xn1 = trill_plan_take(p, T * H * F), .q_raw = trill_plan_take(p, T * qd * F),
+            .k_raw = trill_plan_take(p, T * kvd * F), .q = trill_plan_take(p, T * qd * F), .k = trill_plan_take(p, T * kvd * F),
+            .v = trill_plan_take(p, T * kvd * F), .att = trill_plan_take(p, T * qd * F), .x_mid = trill_plan_take(p, T * H * F),
+            .xn2 = trill_plan_take(p, T * H * F),
+        };
+        const bool moe = trill_config_is_moe(c, (int)l), shared = !fp->training || fp->recompute;
+        if (shared || !moe) { a.gate = trill_plan_take(p, T * ff * F); a.up = trill_plan_take(p, T * ff * F); }
+        else { a.gate = trill_plan_take(p, T * K * Im * F); a.up = trill_plan_take(p, T * K * Im * F); }
+        if (shared || moe) {
+            a.ye = trill_plan_take(p, T * K * H * F);
+            a.probs = trill_plan_take(p, T * E * F);
+            a.topw = trill_plan_take(p, T * K * F);
+            a.topi = trill_plan_take(p, T * K * sizeof(int));
+            a.order = trill_plan_take(p, T * K * sizeof(int));
+            a.count = trill_plan_take(p, (E + 1) * sizeof(int));
+        }
+        if (fp->lora)
+            for (int x = 0; x < XA_N; x++) a.xa[x] = trill_plan_take(p, T * K * (size_t)fp->lora->config.rank * F);
+        if (layers) layers[l] = a;
+    }
+    /* inference: the residual stream is updated in place, so every x_in/x_mid is one buffer */
+    if (!fp->training && layers)
+        for (size_t l = 0; l < L; l++) layers[l].x_mid = layers[l].x_in = layers[0].x_in;
+    fp->x_final = fp->training ? trill_plan_take(p, T * H * F) : (layers ? layers[0].x_in : NULL);
+    float *out = trill_plan_take(p, T * H * F), *act = trill_plan_take(p, T * ff * F), *xe = trill_plan_take(p, T * H * F);
+    float *inv_freq = trill_plan_take(p, (size_t)c->head_dim / 2 * F);
+    fp->acts = q;
+    fp->x_first = layers ? layers[0].x_in : NULL;
+    if (q) *q = (qwen3_acts){ .layers = layers, .out = out, .act = act, .xe = xe, .inv_freq = inv_freq };
+}
+
+static void begin(trill_forward_pass *fp) {
+    const qwen3_acts *q = fp->acts;
+    rope_inv_freq(q->inv_freq, fp->m->config.head_dim, fp->m->config.rope_theta);
+}
+
+static const trill_lora_layer NO_ADAPTERS;
+
+/* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). */
+static void attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+                            qwen3_layer_acts *a) {
+    const trill_config *c = &fp->m->config;
+    const qwen3_acts *q = fp->acts;
+    const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const float eps = (float)c->rms_norm_eps;
+    rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, eps);
+    trill_linear(fp, a->q_raw, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
+    trill_linear(fp, a->k_raw, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
+    trill_linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
+    rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
+    rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
+    rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
+    rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
+    attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
+    if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
+    residual_forward(a->x_mid, q->out, (size_t)T * H);
+}
+
+/* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
+ * (and the adapters' inputs in xa[XA_GATE..XA_DOWN], from row `row0`). */
+static void mlp(const trill_forward_pass *fp, float *out, const float *inp, trill_weight wg, trill_weight wu, trill_weight wd,
+                trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, float *gate, float *up,
+                int n, int H, int I) {
+    const qwen3_acts *q = fp->acts;
+    const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
+    trill_linear(fp, gate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
+    trill_linear(fp, up, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+    swiglu_forward(q->act, gate, up, (size_t)n * I);
+    trill_linear(fp, out, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
+}
+
+/* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); the top-k experts (or the replayed
+ * ids); gate weights = probs at those ids, renormalised if norm_topk_prob;
+ * out = sum_k w_k * expert_k(x). Each expert's tokens are grouped into one GEMM. */
+static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, qwen3_layer_acts *a,
+                      int ordinal, const uint16_t *replay, uint16_t *experts) {
+    const trill_config *c = &fp->m->config;
+    const qwen3_acts *q = fp->acts;
+    const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
+    const int L = c->n_moe_layers;
+    matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
+    softmax_forward(a->probs, a->probs, T, E);
+    topk_forward(a->topi, a->topw, a->probs, T, E, K);
+    if (replay)
+        for (int t = 0; t < T; t++) {
+            const uint16_t *ids = replay + ((size_t)t * L + ordinal) * K;
+            if (ids[0] == TRILL_REPLAY_NONE) continue; /* this token routes itself */
+            for (int j = 0; j < K; j++) a->topi[t * K + j] = ids[j];
+        }
+    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    if (experts)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++) experts[((size_t)t * L + ordinal) * K + j] = (uint16_t)a->topi[t * K + j];
+    /* counting sort of the (token, slot) pairs by expert; afterwards count[e] is the end
+     * of expert e's group, so the group is order[count[e-1] .. count[e]) */
+    memset(a->count, 0, sizeof(int) * (E + 1));
+    for (int i = 0; i < T * K; i++) a->count[a->topi[i] + 1]++;
+    for (int e = 0; e < E; e++) a->count[e + 1] += a->count[e];
+    for (int i = 0; i < T * K; i++) a->order[a->count[a->topi[i]]++] = i;
+    memset(q->out, 0, sizeof(float) * (size_t)T * H);
+    for (int e = 0; e < E; e++) {
+        const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
+        if (n == 0) continue;
+        const int *rows = a->order + first;
+        for (int r = 0; r < n; r++) memcpy(q->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
+        float *ye = a->ye + (size_t)first * H;
+        const trill_lora_pair none = { 0 };
+        mlp(fp, ye, q->xe, trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
+            trill_weight_at(w->expert_down, (size_t)e * H * Im), ad->expert_gate ? ad->expert_gate[e] : none,
+            ad->expert_up ? ad->expert_up[e] : none, ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first,
+            a->gate + (size_t)first * Im, a->up + (size_t)first * Im, n, H, Im);
+        for (int r = 0; r < n; r++) {
+            float g = a->topw[rows[r]];
+            float *o = q->out + (size_t)(rows[r] / K) * H;
+            const float *y = ye + (size_t)r * H;
+            for (int i = 0; i < H; i++) o[i] += g * y[i];
+        }
+    }
+}
+
+/* One decoder layer: layers[l].x_in -> the next layer's input (or x_final). */
+static void layer(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts) {
+    const trill_model *m = fp->m;
+    const trill_config *c = &m->config;
+    const qwen3_acts *q = fp->acts;
+    const int T = fp->T, H = c->hidden_size;
+    const trill_layer_weights *w = &m->layers[l];
+    qwen3_layer_acts *a = &q->layers[l];
+    float *x_next = l + 1 < c->num_hidden_layers ? q->layers[l + 1].x_in : fp->x_final;
+    const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
+    attention_block(fp, w, ad, a);
+    rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    if (trill_config_is_moe(c, l))
+        moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
+    else
+        mlp(fp, q->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up, T, H,
+            c->intermediate_size);
+    if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
+    residual_forward(x_next, q->out, (size_t)T * H);
+}
+
+const trill_family_layers qwen3_layers = { .plan = plan, .begin = begin, .layer = layer };

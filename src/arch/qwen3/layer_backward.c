@@ -1,0 +1,166 @@
+/* The backward of the Qwen3 / Qwen3-MoE decoder layer (layer.c), with the kernels' *_backward
+ * functions; part of the train layer. Attention probabilities and SwiGLU outputs are recomputed
+ * rather than stored. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch/qwen3/qwen3.h"
+#include "train/backward_internal.h"
+#include "trill/kernels.h"
+
+/* Scratch gradients of one pass's backward, carved from one allocation. */
+typedef struct scratch {
+    float *dxn;         /* [T, H]  gradient of a normed block input */
+    float *dq, *dk, *dv;/* attention */
+    float *dqr, *dkr;   /* before q/k-norm */
+    float *datt;
+    float *dact, *dgate, *dup; /* [rows, max(I, Im)] MLP */
+    float *dye, *dxe;   /* [T, H] one expert's rows */
+    float *dgates;      /* [T, K] */
+    float *dlogits;     /* [T, E] router logits */
+} scratch;
+
+static trill_status begin(const trill_forward_pass *fp, void **out) {
+    const trill_config *c = &fp->m->config;
+    const size_t T = (size_t)fp->T, H = c->hidden_size, qd = (size_t)c->num_attention_heads * c->head_dim,
+                 kvd = (size_t)c->num_key_value_heads * c->head_dim;
+    const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ff = I > Im ? I : Im;
+    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
+    scratch *g = calloc(1, sizeof *g);
+    if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
+    const size_t sizes[] = { T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, T * E };
+    float **ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->dact, &g->dgate, &g->dup,
+                       &g->dye, &g->dxe, &g->dgates, &g->dlogits };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    float *b = malloc(total * sizeof(float));
+    if (!b) {
+        free(g);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
+    }
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }
+    *out = g;
+    return TRILL_OK;
+}
+
+static void end(void *s) {
+    scratch *g = s;
+    if (!g) return;
+    free(g->dxn); /* the block starts there */
+    free(g);
+}
+
+static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+
+static const trill_lora_layer NO_ADAPTERS;
+
+/* SwiGLU MLP of n rows given dout: weight and adapter gradients, and dinp (+=). xa are the
+ * adapters' inputs saved by the forward pass for these rows (NULL without adapters). */
+static void mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
+                         float *dinp, const float *dout, const float *inp, const float *gate, const float *up, trill_weight wg,
+                         trill_weight wu, trill_weight wd, trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn,
+                         float *const *xa, size_t row0, int n, int H, int I) {
+    const qwen3_acts *q = fp->acts;
+    const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
+    swiglu_forward(q->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
+    zero(g->dact, (size_t)n * I);
+    trill_linear_backward(fp, sink, lg, g->dact, dout, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
+    zero(g->dgate, (size_t)n * I);
+    zero(g->dup, (size_t)n * I);
+    swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
+    trill_linear_backward(fp, sink, lg, dinp, g->dgate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
+    trill_linear_backward(fp, sink, lg, dinp, g->dup, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+}
+
+/* MoE block: dout -> g->dxn (gradient of xn2), expert, adapter and router gradients. */
+static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+                         const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
+                         const float *dout) {
+    const trill_config *c = &fp->m->config;
+    const qwen3_acts *q = fp->acts;
+    const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
+    const trill_lora_pair none = { 0 };
+    zero(g->dxn, (size_t)T * H);
+    zero(g->dgates, (size_t)T * K);
+    for (int e = 0; e < E; e++) {
+        const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
+        if (n == 0) continue;
+        const int *rows = a->order + first;
+        const float *ye = a->ye + (size_t)first * H;
+        for (int r = 0; r < n; r++) { /* out[tok] += gate * y:  dy = gate * dout,  dgate = dout . y */
+            const float *d = dout + (size_t)(rows[r] / K) * H, *y = ye + (size_t)r * H;
+            float *dy = g->dye + (size_t)r * H, gw = a->topw[rows[r]];
+            double dot = 0;
+            for (int i = 0; i < H; i++) {
+                dy[i] = gw * d[i];
+                dot += (double)d[i] * y[i];
+            }
+            g->dgates[rows[r]] = (float)dot;
+            memcpy(q->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
+        }
+        zero(g->dxe, (size_t)n * H);
+        mlp_backward(fp, sink, lg, g, g->dxe, g->dye, q->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
+                     trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
+                     trill_weight_at(w->expert_down, (size_t)e * H * Im),
+                     ad->expert_gate ? ad->expert_gate[e] : none, ad->expert_up ? ad->expert_up[e] : none,
+                     ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first, n, H, Im);
+        for (int r = 0; r < n; r++) {
+            float *dx = g->dxn + (size_t)(rows[r] / K) * H;
+            const float *src = g->dxe + (size_t)r * H;
+            for (int i = 0; i < H; i++) dx[i] += src[i];
+        }
+    }
+    zero(g->dlogits, (size_t)T * E);
+    router_gates_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
+}
+
+/* Attention block: dx (gradient of x_mid) += the attention branch's gradient of x_in. */
+static void attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+                                     const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
+                                     scratch *g, float *dx) {
+    const trill_config *c = &fp->m->config;
+    const qwen3_acts *q = fp->acts;
+    const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const float eps = (float)c->rms_norm_eps;
+    zero(g->datt, (size_t)T * nh * hd);
+    trill_linear_backward(fp, sink, lg, g->datt, dx, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
+    zero(g->dq, (size_t)T * nh * hd);
+    zero(g->dk, (size_t)T * nkv * hd);
+    zero(g->dv, (size_t)T * nkv * hd);
+    attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    rope_backward(g->dq, fp->pos, q->inv_freq, T, nh, hd);
+    rope_backward(g->dk, fp->pos, q->inv_freq, T, nkv, hd);
+    zero(g->dqr, (size_t)T * nh * hd);
+    zero(g->dkr, (size_t)T * nkv * hd);
+    rmsnorm_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps);
+    rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps);
+    zero(g->dxn, (size_t)T * H);
+    trill_linear_backward(fp, sink, lg, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
+    trill_linear_backward(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
+    trill_linear_backward(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
+    rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
+}
+
+static void layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *s, float *dx) {
+    const trill_model *m = fp->m;
+    const trill_config *c = &m->config;
+    const qwen3_acts *q = fp->acts;
+    scratch *g = s;
+    const int T = fp->T, H = c->hidden_size;
+    const trill_layer_weights *w = &m->layers[l];
+    const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
+    const qwen3_layer_acts *a = &q->layers[l];
+    /* dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
+    if (trill_config_is_moe(c, l)) {
+        moe_backward(fp, w, ad, a, sink, lg, g, dx);
+    } else {
+        zero(g->dxn, (size_t)T * H);
+        mlp_backward(fp, sink, lg, g, g->dxn, dx, a->xn2, a->gate, a->up, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up,
+                     ad->down, a->xa, 0, T, H, c->intermediate_size);
+    }
+    rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    attention_backward_block(fp, w, ad, a, sink, lg, g, dx);
+}
+
+const trill_family_backward qwen3_backward = { .begin = begin, .layer = layer, .end = end };

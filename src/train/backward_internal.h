@@ -1,0 +1,52 @@
+/* The backward pass shared by the generic driver (src/train/backward.c) and the families' layer
+ * backward (src/arch/<family>/layer_backward.c). Not public. */
+#ifndef TRILL_BACKWARD_INTERNAL_H
+#define TRILL_BACKWARD_INTERNAL_H
+
+#include "model/forward_internal.h"
+
+/* Where gradients go: NULL pointers skip that kind (frozen base, or no adapters). */
+typedef struct trill_grad_sinks {
+    const trill_model *m;
+    float *base;        /* [n_params] laid out like m->params */
+    const trill_lora *lora;
+    float *lora_grads;  /* [lora->n_params] laid out like lora->params */
+} trill_grad_sinks;
+
+/* Scratch of the LoRA side path of trill_linear_backward, sized for the widest linear. */
+typedef struct trill_lora_scratch {
+    float *dv_lora; /* scale * dout of one linear, [rows, out] */
+    float *dxa;     /* gradient of x A^T, [rows, r] */
+} trill_lora_scratch;
+
+/* The gradient slot of a base weight / an adapter tensor, or NULL when not wanted. */
+static inline float *trill_grad_of(const trill_grad_sinks *sink, const float *p) {
+    return sink->base ? sink->base + (p - sink->m->params) : NULL;
+}
+/* base gradients exist only with fp32 storage (checked on entry) */
+static inline float *trill_grad_of_w(const trill_grad_sinks *sink, trill_weight w) { return trill_grad_of(sink, w.f32); }
+static inline float *trill_lora_grad_of(const trill_grad_sinks *sink, const float *p) {
+    return sink->lora_grads ? sink->lora_grads + (p - sink->lora->params) : NULL;
+}
+
+/* Backward of trill_linear: y = x W^T + scale (x A^T) B^T with xa = x A^T; dinp += . */
+void trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
+                           const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
+                           int N);
+
+/* The train layer's part of a family: one decoder layer's backward. */
+typedef struct trill_family_backward {
+    /* Scratch for a pass's backward; *scratch freed with end. */
+    trill_status (*begin)(const trill_forward_pass *fp, void **scratch);
+    /* Layer l, its activations in the pass (recomputed first when fp->recompute): dx holds the
+     * gradient of the layer's output on entry and of its input on return; weight and adapter
+     * gradients accumulate into the sinks. */
+    void (*layer)(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *scratch,
+                  float *dx);
+    void (*end)(void *scratch);
+} trill_family_backward;
+
+/* The family's backward for c (src/train/backward.c). */
+const trill_family_backward *trill_family_backward_of(const trill_config *c);
+
+#endif
