@@ -31,7 +31,7 @@ typedef struct trill_sft_config {
     bool resume;                /* continue from out_dir's last checkpoint (weights, optimizer, step) */
     bool recompute;             /* activation checkpointing: keep only layer inputs, re-run layers in the backward */
     uint64_t seed;
-    FILE *log;                  /* progress lines (NULL: stderr) */
+    FILE *log;                  /* progress lines (NULL: the log sink, trill/log.h) */
 } trill_sft_config;
 
 trill_sft_config trill_sft_defaults(void);

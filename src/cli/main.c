@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "trill/log.h"
 
 static const struct {
     const char *name;
@@ -66,6 +67,7 @@ int main(int argc, char **argv) {
     /* a file grown past RLIMIT_FSIZE fails with EFBIG (an error naming the file) instead of
      * killing the process mid-write */
     signal(SIGXFSZ, SIG_IGN);
+    trill_log_set_sink(trill_log_stderr, NULL); /* the library's progress lines and warnings */
     if (argc < 2) {
         print_help(stderr);
         return EXIT_USAGE;

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "run.h"
+#include "trill/log.h"
 #include "trill/channel.h"
 #include "trill/fileio.h"
 #include "trill/json.h"
@@ -398,7 +399,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
                                  (long long)ro->index, lag_max, c->async.max_staleness);
             } else if (c->async.on_stale == TRILL_STALE_DROP) {
                 dropped++;
-                fprintf(stderr, "trill train: dropped batch %lld (%d versions stale > %d)\n", (long long)ro->index, lag_max,
+                trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)ro->index, lag_max,
                         c->async.max_staleness);
                 r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
             } else {
@@ -474,8 +475,8 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         free(path);
     }
     if (!st && wall > 0)
-        fprintf(stderr, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
-                "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated\n",
+        trill_log(TRILL_LOG_INFO, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
+                "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated",
                 wall, 100 * as->gen_busy / wall, 100 * (1 - as->gen_busy / wall), 100 * as->reward_busy / wall,
                 100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), trainer_wait, dropped, regenerated);
     omp_set_num_threads(saved_threads);

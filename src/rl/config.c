@@ -5,6 +5,7 @@
  *
  * YAML goes through libyaml's document loader, whose nodes carry their line numbers; the schema
  * walk reads the tree directly, so every error names the file, the line and the dotted key. */
+#include "trill/log.h"
 #include "trill/rl.h"
 
 #include <errno.h>
@@ -646,7 +647,7 @@ void trill_rl_config_defaults(trill_rl_config *c) {
             yaml_document_delete(&doc);
         }
         if (st) { /* a mistake in KEYS, or out of memory */
-            fprintf(stderr, "trill: the default of %s: %s\n", KEYS[i].path, trill_error_message());
+            trill_log(TRILL_LOG_WARN, "trill: the default of %s: %s", KEYS[i].path, trill_error_message());
             abort();
         }
     }

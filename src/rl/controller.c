@@ -17,6 +17,7 @@
 #include "checkpoint.h"
 #include "rollout.h"
 #include "run.h"
+#include "trill/log.h"
 #include "trill/chat.h"
 #include "trill/config.h"
 #include "trill/dataset.h"
@@ -61,7 +62,7 @@ static trill_status resolve_inputs(rl_run *r) {
     trill_status st = cache ? trill_demo_prepare(cache, NULL, &info) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     free(cache);
     if (st) { trill_error_context("preparing the embedded demo"); return st; }
-    if (info.cached) fprintf(stderr, "trill train: demo base model from the cache (%s)\n", info.dir);
+    if (info.cached) trill_log(TRILL_LOG_INFO, "trill train: demo base model from the cache (%s)", info.dir);
     r->model_dir = xstrdup(info.model_dir);
     r->train_path = xstrdup(c->data.train[0] ? c->data.train : info.train_path);
     r->eval_path = xstrdup(c->data.eval[0] ? c->data.eval : info.eval_path);
@@ -881,7 +882,7 @@ static trill_status evaluate(rl_run *r, const char *when, double *pass1, double 
     trill_eval_result res;
     trill_status st = trill_rl_evaluate(r->engine, r->tok, r->eval, &o, &res);
     if (st) return st;
-    fprintf(stderr, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)\n",
+    trill_log(TRILL_LOG_INFO, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)",
             when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, trill_engine_version(r->engine),
             res.seconds);
     *pass1 = res.pass1;
@@ -905,8 +906,8 @@ trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
     format_duration(step_wall_s * (c->steps - r->state.step), eta, sizeof eta);
     json_t *tm = json_object_get(m, "time");
     const double per = step_wall_s > 0 ? step_wall_s : 1;
-    fprintf(stderr, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
-            "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s\n",
+    trill_log(TRILL_LOG_INFO, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
+            "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s",
             r->state.step, c->steps, json_number_value(json_object_get(m, "reward")),
             100 * json_number_value(json_object_get(m, "accuracy")), json_number_value(json_object_get(m, "loss")),
             json_number_value(json_object_get(m, "kl_ref")), json_number_value(json_object_get(m, "mismatch_mean_abs")),
@@ -924,7 +925,7 @@ trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
 static void report_skipped(const char *ckpt, void *ctx) {
     int *n = ctx;
     (*n)++;
-    fprintf(stderr, "trill train: skipping checkpoint %s: %s\n", ckpt, trill_error_message());
+    trill_log(TRILL_LOG_WARN, "trill train: skipping checkpoint %s: %s", ckpt, trill_error_message());
 }
 
 static void count_skipped(const char *ckpt, void *ctx) { (void)ckpt; (*(int *)ctx)++; }
@@ -1067,14 +1068,14 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     if (!st) st = open_metrics(&r, c->run_dir, r.state.step);
     if (!st) {
         const trill_config *mc = &r.policy->config;
-        fprintf(stderr, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
-                "parameters), generator %s, loss %s, router replay %s, TIS %g, sync %s%s\n",
+        trill_log(TRILL_LOG_INFO, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
+                "parameters), generator %s, loss %s, router replay %s, TIS %g, sync %s%s",
                 r.model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r.train->n,
                 r.eval ? r.eval->n : 0, c->trainer.lora.rank, r.lora->n_params, trill_gen_format_name(c->generator.dtype),
                 (const char *[]){ "ppo", "gspo", "cispo", "reinforce", "aipo" }[c->algo.loss], c->router_replay ? "on" : "off",
                 c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge",
                 ckpt ? " (resumed)" : "");
-        if (ckpt) fprintf(stderr, "trill train: resuming from %s at step %d\n", ckpt, r.state.step);
+        if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r.state.step);
     }
     if (!st && r.eval && r.state.step == 0) st = evaluate(&r, "before", &result->eval_before, &result->passk_before);
     const int first = r.state.step;
@@ -1119,7 +1120,7 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     if (!st) {
         result->steps_done = r.state.step - first;
         result->seconds = trill_now() - t_start;
-        fprintf(stderr, "trill train: %d steps in %.1f s (generation %.1f s at %.0f tok/s, training %.1f s at %.0f tok/s); run folder %s\n",
+        trill_log(TRILL_LOG_INFO, "trill train: %d steps in %.1f s (generation %.1f s at %.0f tok/s, training %.1f s at %.0f tok/s); run folder %s",
                 result->steps_done, result->seconds, gen_s, gen_s > 0 ? gen_tok / gen_s : 0, train_s, train_s > 0 ? train_tok / train_s : 0,
                 c->run_dir);
     }

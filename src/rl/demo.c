@@ -1,4 +1,5 @@
 /* The embedded demo: two-digit addition data, the tiny model and its SFT warm start, cached. */
+#include "trill/log.h"
 #include "trill/demo.h"
 
 #include <errno.h>
@@ -188,7 +189,7 @@ static trill_status warm_start(const char *dir, const trill_demo_options *o, tri
         if ((st = sft_logged(&c, log))) break;
         step = next;
         if ((st = dev_accuracy(info->model_dir, dev, o, &info->dev_pass1, &info->dev_passk))) break;
-        fprintf(stderr, "trill demo: warm start step %d (%.0f s): dev pass@1 %.1f%%, pass@%d %.1f%% (stops at pass@1 >= %.0f%%)\n", step,
+        trill_log(TRILL_LOG_INFO, "trill demo: warm start step %d (%.0f s): dev pass@1 %.1f%%, pass@%d %.1f%% (stops at pass@1 >= %.0f%%)", step,
                 trill_now() - t0, 100 * info->dev_pass1, o->dev_k, 100 * info->dev_passk, 100 * o->target_pass1);
         if (info->dev_pass1 >= o->target_pass1) break;
     }
@@ -247,13 +248,13 @@ trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options 
     char *marker = st ? NULL : trill_path_join(out->dir, "demo.json"), *init = st ? NULL : trill_path_join(out->dir, "init");
     if (!st && trill_file_exists(marker) && read_marker(marker, out) == TRILL_OK) {
         out->cached = true;
-        fprintf(stderr, "trill demo: using the cached warm start in %s (%d SFT steps, dev pass@1 %.1f%%)\n", out->dir, out->sft_steps,
+        trill_log(TRILL_LOG_INFO, "trill demo: using the cached warm start in %s (%d SFT steps, dev pass@1 %.1f%%)", out->dir, out->sft_steps,
                 100 * out->dev_pass1);
     } else if (!st) {
         /* absent or incomplete (no marker: a crash mid-way): start over */
         if (trill_file_exists(out->dir) && nftw(out->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
             st = trill_error(TRILL_ERR_IO, "%s: cannot remove the incomplete demo folder", out->dir);
-        fprintf(stderr, "trill demo: preparing two-digit addition and the tiny MoE model in %s\n", out->dir);
+        trill_log(TRILL_LOG_INFO, "trill demo: preparing two-digit addition and the tiny MoE model in %s", out->dir);
         if (!st) st = trill_demo_write_data(out->dir, &o);
         if (!st) st = create_model(init, o.seed);
         if (!st) st = warm_start(out->dir, &o, out);
@@ -265,7 +266,7 @@ trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options 
             json_decref(j);
         }
         if (!st)
-            fprintf(stderr, "trill demo: warm start done: %d SFT steps in %.1f s, dev pass@1 %.1f%%, pass@%d %.1f%%\n", out->sft_steps,
+            trill_log(TRILL_LOG_INFO, "trill demo: warm start done: %d SFT steps in %.1f s, dev pass@1 %.1f%%, pass@%d %.1f%%", out->sft_steps,
                     out->sft_seconds, 100 * out->dev_pass1, o.dev_k, 100 * out->dev_passk);
     }
     free(marker);

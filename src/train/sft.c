@@ -1,6 +1,9 @@
 #include "trill/sft.h"
 
+#include "trill/log.h"
+
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,8 +229,20 @@ static trill_status save(const trill_sft_config *c, const trill_model *m, const 
     return st;
 }
 
+/* A progress line to the caller's file, or to the library's log sink (trill/log.h). */
+static void sft_log(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sft_log(FILE *f, const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (f) fprintf(f, "%s\n", line);
+    else trill_log(TRILL_LOG_INFO, "%s", line);
+}
+
 trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
-    FILE *log = c->log ? c->log : stderr;
+    FILE *log = c->log;
     trill_model *m = NULL;
     trill_tokenizer *tok = NULL;
     trill_lora *lora = NULL;
@@ -287,7 +302,7 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
     int total = steps_per_epoch * c->epochs;
     if (c->max_steps > 0 && c->max_steps < total) total = c->max_steps;
     if (!st)
-        fprintf(log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s\n", train.n,
+        sft_log(log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s", train.n,
                 micro_per_epoch, total, lora ? "LoRA" : "full", n_values, start_step ? ", resuming" : "");
 
     double t_start = trill_now(), eval_nll = NAN;
@@ -333,21 +348,21 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
             trill_adamw_step(opt, values, grads, lr, no_decay);
             step++;
             double elapsed = trill_now() - t_start;
-            fprintf(log, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs\n", step, total,
+            sft_log(log, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs", step, total,
                     nll / (n_loss ? n_loss : 1), lr, norm, tokens_seen / elapsed, elapsed / step * (total - step));
             if (c->save_every > 0 && step % c->save_every == 0 && step < last && !(st = save(c, m, lora, opt, step, eval_nll)))
-                fprintf(log, "step %d  checkpoint saved to %s\n", step, c->out_dir);
+                sft_log(log, "step %d  checkpoint saved to %s", step, c->out_dir);
             if (!st && heldout.n && c->eval_every > 0 && step % c->eval_every == 0 && step < total &&
                 !(st = eval_loss(m, &heldout, c->batch_tokens, &eval_nll)))
-                fprintf(log, "step %d  eval loss %.4f\n", step, eval_nll);
+                sft_log(log, "step %d  eval loss %.4f", step, eval_nll);
         }
     }
     if (!st && heldout.n && !(st = eval_loss(m, &heldout, c->batch_tokens, &eval_nll))) {
-        fprintf(log, "eval loss %.4f (%d held-out examples)\n", eval_nll, heldout.n);
+        sft_log(log, "eval loss %.4f (%d held-out examples)", eval_nll, heldout.n);
         *final_eval = eval_nll;
     }
     if (!st) st = save(c, m, lora, opt, step, eval_nll);
-    if (!st) fprintf(log, "trill sft: wrote %s\n", c->out_dir);
+    if (!st) sft_log(log, "trill sft: wrote %s", c->out_dir);
     dataset_free(&train);
     dataset_free(&heldout);
     free(b.tokens);
