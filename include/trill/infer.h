@@ -33,6 +33,15 @@
 typedef enum trill_gen_format { TRILL_GEN_F32, TRILL_GEN_BF16, TRILL_GEN_INT8 } trill_gen_format;
 
 const char *trill_gen_format_name(trill_gen_format f);
+
+/* The instruction set the generator's matrix kernels run on: "avx512" (with BF16 and VNNI),
+ * "avx2" (with FMA) or "generic" — the best this CPU has, unless the environment variable
+ * TRILL_GEN_ISA names one of those (read once per process; unset or empty: the best). AVX2 and
+ * generic give bit-identical results, AVX-512 differs in bf16, so pinning it makes outputs
+ * comparable across machines (tests/golden). An unknown name or an instruction set this CPU
+ * lacks is TRILL_ERR_INVALID with a message (*name is then the best one), and
+ * trill_engine_create refuses with the same message. */
+trill_status trill_gen_isa(const char **name);
 /* "f32", "bf16", "int8"; 0 on success, -1 if unknown. */
 int trill_gen_format_parse(const char *name, trill_gen_format *out);
 

@@ -32,6 +32,13 @@ int trill_gen_format_parse(const char *name, trill_gen_format *out) {
     return 0;
 }
 
+trill_status trill_gen_isa(const char **name) {
+    gen_isa isa;
+    const trill_status st = gen_isa_active(&isa);
+    *name = gen_isa_name(isa);
+    return st;
+}
+
 trill_engine_config trill_engine_config_default(void) {
     return (trill_engine_config){ .format = TRILL_GEN_BF16, .block_size = 16, .kv_cache_mb = 256, .max_batch_tokens = 512,
                                   .max_running = 256, .eplb_redundant = -1, .eplb_window = 64, .eplb_interval = 16 };
@@ -540,6 +547,11 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
     if (m->config.head_dim % 8)
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", m->config.head_dim);
+    const char *isa;
+    if (trill_gen_isa(&isa)) {
+        trill_error_context("engine");
+        return TRILL_ERR_INVALID;
+    }
     trill_engine *e = calloc(1, sizeof *e);
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;

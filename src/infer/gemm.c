@@ -12,6 +12,8 @@
 #include <assert.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,6 +82,33 @@ gen_isa gen_isa_best(void) {
     if (gen_isa_supported(GEN_ISA_AVX512)) return GEN_ISA_AVX512;
     if (gen_isa_supported(GEN_ISA_AVX2)) return GEN_ISA_AVX2;
     return GEN_ISA_GENERIC;
+}
+
+/* TRILL_GEN_ISA, resolved once per process (the kernels must not change under a running engine). */
+static pthread_once_t g_isa_once = PTHREAD_ONCE_INIT;
+static gen_isa g_isa_active;
+static char g_isa_refusal[256]; /* "" when the choice is valid */
+
+static void resolve_isa(void) {
+    const char *v = getenv("TRILL_GEN_ISA");
+    g_isa_active = gen_isa_best();
+    if (!v || !*v) return;
+    static const gen_isa all[] = { GEN_ISA_GENERIC, GEN_ISA_AVX2, GEN_ISA_AVX512 };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(v, gen_isa_name(all[i]))) {
+            if (gen_isa_supported(all[i])) g_isa_active = all[i];
+            else
+                snprintf(g_isa_refusal, sizeof g_isa_refusal,
+                         "TRILL_GEN_ISA=%s: this CPU lacks that instruction set (it has up to %s)", v, gen_isa_name(gen_isa_best()));
+            return;
+        }
+    snprintf(g_isa_refusal, sizeof g_isa_refusal, "TRILL_GEN_ISA=%.64s: unknown instruction set (expected generic, avx2 or avx512)", v);
+}
+
+trill_status gen_isa_active(gen_isa *out) {
+    pthread_once(&g_isa_once, resolve_isa);
+    *out = g_isa_active;
+    return g_isa_refusal[0] ? trill_error(TRILL_ERR_INVALID, "%s", g_isa_refusal) : TRILL_OK;
 }
 
 /* ---- quantisation, shared by packing and by the activations of every instruction set ---- */
@@ -598,7 +627,14 @@ const char *gen_peak_instruction(gen_format f, gen_isa isa) {
     return "none (generic C)";
 }
 
-void gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) { gen_matmul_isa(out, inp, W, T, gen_isa_best()); }
+void gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) {
+    gen_isa isa;
+    if (gen_isa_active(&isa)) { /* trill_engine_create refuses first; kernels have no error path */
+        fprintf(stderr, "trill: %s\n", trill_error_message());
+        abort();
+    }
+    gen_matmul_isa(out, inp, W, T, isa);
+}
 
 void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
     assert(gen_isa_supported(isa));

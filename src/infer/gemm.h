@@ -59,8 +59,8 @@ enum { GEN_INT8_MAX_K = 131072 }; /* 127 * 127 * K < 2^31 */
 trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
 void gen_matrix_free(gen_matrix *m);
 
-/* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on the best instruction set
- * this CPU has. Threads: OpenMP over runs of output-channel blocks, so each core streams its own
+/* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on gen_isa_active()'s
+ * instruction set (the best this CPU has unless TRILL_GEN_ISA says otherwise). Threads: OpenMP over runs of output-channel blocks, so each core streams its own
  * weight rows; inside a parallel region a call runs on its calling thread alone. Concurrent calls
  * are safe: the converted activations live in per-thread scratch (grown on demand; the process
  * aborts if a few MB cannot be had, as the trainer's kernels do). */
@@ -75,6 +75,13 @@ double gen_peak_gflops(gen_format f, gen_isa isa);
 const char *gen_peak_instruction(gen_format f, gen_isa isa);
 
 gen_isa gen_isa_best(void);
+/* The instruction set gen_matmul runs on: gen_isa_best(), unless the environment variable
+ * TRILL_GEN_ISA names one ("generic", "avx2", "avx512"; unset or empty: the best), so results
+ * can be reproduced across machines (AVX2 and generic agree bit for bit, AVX-512's bf16 does
+ * not). Read once per process. An unknown name, or an instruction set this CPU lacks, is
+ * TRILL_ERR_INVALID with a message (*out is then gen_isa_best()); trill_engine_create refuses
+ * with it, and gen_matmul aborts with it should it be reached anyway. */
+trill_status gen_isa_active(gen_isa *out);
 int gen_isa_supported(gen_isa isa);
 const char *gen_isa_name(gen_isa isa);
 

@@ -155,6 +155,16 @@ assert free["text"].startswith(o["text"])
 ' "$TRILL" "$WORK/tiny"
 expect_exit 1 "bad.jsonl:2: expected a string field \"prompt\"" sh -c "printf '{\"prompt\": \"a\"}\n{\"text\": 1}\n' >'$WORK/bad.jsonl'; '$TRILL' generate --model '$WORK/tiny' --prompts '$WORK/bad.jsonl'"
 expect_exit 1 "need 63 KV blocks of 16 tokens, but the cache holds 15" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 1000 --kv-cache-mb 1 --dtype f32
+# TRILL_GEN_ISA pins the generator's kernels (src/infer/gemm.c): an unknown name is refused, and
+# generic and AVX2 give the same bits (where the CPU has AVX2)
+expect_exit 1 "TRILL_GEN_ISA=sse4: unknown instruction set (expected generic, avx2 or avx512)" \
+  env TRILL_GEN_ISA=sse4 "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 2
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  isa_gen() { TRILL_GEN_ISA=$1 "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --json --dtype "$2" --seed 3 2>>"$WORK/gen.err"; }
+  for dt in bf16 int8; do
+    check "TRILL_GEN_ISA generic = avx2 ($dt)" test "$(isa_gen generic $dt)" = "$(isa_gen avx2 $dt)"
+  done
+fi
 
 check "bench train runs" "$TRILL" bench train --model "$WORK/tiny" --batch 1 --seq 8 --runs 1
 "$TRILL" bench generate --model "$WORK/tiny" --dtypes f32,int8 --batches 1,4 --steps 2 --prompt-len 8 >"$WORK/bgen" 2>&1
