@@ -42,6 +42,9 @@ const char *trill_gen_format_name(trill_gen_format f);
  * lacks is TRILL_ERR_INVALID with a message (*name is then the best one), and
  * trill_engine_create refuses with the same message. */
 trill_status trill_gen_isa(const char **name);
+/* For benchmarks: the peak GFLOP/s of the format's matrix kernel on the instruction set in use
+ * (one core's instruction throughput x the clock, as gemm.c computes it) and that instruction. */
+double trill_gen_peak_gflops(trill_gen_format f, const char **instruction);
 /* "f32", "bf16", "int8"; 0 on success, -1 if unknown. */
 int trill_gen_format_parse(const char *name, trill_gen_format *out);
 

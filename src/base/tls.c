@@ -1,11 +1,12 @@
 #include "base/tls.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 typedef struct tls_buffers {
-    void *p[TRILL_TLS_N_SLOTS];
-    size_t cap[TRILL_TLS_N_SLOTS];
+    void *p[TRILL_TLS_MAX_SLOTS];
+    size_t cap[TRILL_TLS_MAX_SLOTS];
 } tls_buffers;
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -14,13 +15,27 @@ static _Thread_local tls_buffers *t_buffers; /* fast path; the key owns it */
 
 static void free_buffers(void *arg) {
     tls_buffers *b = arg;
-    for (int i = 0; i < TRILL_TLS_N_SLOTS; i++) free(b->p[i]);
+    for (int i = 0; i < TRILL_TLS_MAX_SLOTS; i++) free(b->p[i]);
     free(b);
 }
 
 static void make_key(void) { pthread_key_create(&g_key, free_buffers); }
 
-void *trill_tls_buffer(trill_tls_slot slot, size_t bytes) {
+static _Atomic int g_slots; /* slots numbered so far */
+
+/* The slot's index, numbering it on first use (two threads racing agree on the first CAS). */
+static int slot_index(trill_tls_slot *s) {
+    int id = atomic_load(&s->id);
+    if (id == 0) {
+        int mine = atomic_fetch_add(&g_slots, 1) + 1, expected = 0;
+        id = atomic_compare_exchange_strong(&s->id, &expected, mine) ? mine : expected;
+    }
+    return id - 1;
+}
+
+void *trill_tls_buffer(trill_tls_slot *s, size_t bytes) {
+    const int slot = slot_index(s);
+    if (slot >= TRILL_TLS_MAX_SLOTS) return NULL;
     if (!t_buffers) {
         pthread_once(&g_once, make_key);
         tls_buffers *b = calloc(1, sizeof *b);

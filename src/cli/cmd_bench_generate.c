@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "infer/gemm.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
 #include "trill/model.h"
@@ -156,8 +155,8 @@ int bench_generate(int argc, char **argv) {
     }
     free(copy);
 
-    gen_isa isa_used; /* TRILL_GEN_ISA, else the best this CPU has */
-    if (gen_isa_active(&isa_used)) return cli_fail("bench");
+    const char *isa_used; /* TRILL_GEN_ISA, else the best this CPU has */
+    if (trill_gen_isa(&isa_used)) return cli_fail("bench");
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("bench");
     const trill_config *cfg = &m->config;
@@ -170,8 +169,8 @@ int bench_generate(int argc, char **argv) {
     trill_lora_parse_targets("all-linear", &lc.targets);
     trill_status st = trill_lora_create(m, lc, 1, &lora);
     for (int f = 0; f < n_formats && !st; f++) {
-        const gen_format kf = formats[f] == TRILL_GEN_F32 ? GEN_F32 : formats[f] == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8;
-        const double peak = gen_peak_gflops(kf, isa_used);
+        const char *instruction;
+        const double peak = trill_gen_peak_gflops(formats[f], &instruction);
         trill_engine_config ec = trill_engine_config_default();
         ec.format = formats[f];
         ec.max_batch_tokens = max_batch > 512 ? max_batch : 512;
@@ -185,8 +184,8 @@ int bench_generate(int argc, char **argv) {
         if ((st = trill_engine_create(m, &ec, &e))) break;
         const double step_bytes = (double)trill_engine_decode_bytes(e);
         printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s)\n",
-               trill_gen_format_name(formats[f]), gen_isa_name(isa_used), trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
-               bw * 1e9 / step_bytes, bw, peak, gen_peak_instruction(kf, isa_used));
+               trill_gen_format_name(formats[f]), isa_used, trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
+               bw * 1e9 / step_bytes, bw, peak, instruction);
         for (int i = 0; i < n_batches && !st; i++) {
             run_result r;
             if ((st = run(e, cfg, batches[i], (int)prompt_len, (int)steps, ec.max_batch_tokens, &r))) break;

@@ -39,6 +39,13 @@ trill_status trill_gen_isa(const char **name) {
     return st;
 }
 
+double trill_gen_peak_gflops(trill_gen_format f, const char **instruction) {
+    gen_isa isa;
+    gen_isa_active(&isa); /* an unusable TRILL_GEN_ISA leaves the best one here */
+    if (instruction) *instruction = gen_peak_instruction(kernel_format(f), isa);
+    return gen_peak_gflops(kernel_format(f), isa);
+}
+
 trill_engine_config trill_engine_config_default(void) {
     return (trill_engine_config){ .format = TRILL_GEN_BF16, .block_size = 16, .kv_cache_mb = 256, .max_batch_tokens = 512,
                                   .max_running = 256, .eplb_redundant = -1, .eplb_window = 64, .eplb_interval = 16 };

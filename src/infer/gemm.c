@@ -563,11 +563,13 @@ static tile_fn tile_kernel(gen_isa isa, gen_format f) {
     return tile_generic;
 }
 
+static trill_tls_slot gen_scratch_slot; /* the generator's activation scratch */
+
 /* Activation scratch of the calling thread (the team works in slices of it): converted rows,
  * then the int8 row scales. Only the caller allocates, so no buffer is tied to OpenMP's workers,
  * whose threads come and go with the team size. */
 static uint8_t *scratch(size_t bytes) {
-    uint8_t *p = trill_tls_buffer(TRILL_TLS_GEN_SCRATCH, bytes);
+    uint8_t *p = trill_tls_buffer(&gen_scratch_slot, bytes);
     if (!p) abort(); /* a few MB: no sensible way on, and kernels have no error path */
     return p;
 }

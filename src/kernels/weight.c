@@ -35,7 +35,8 @@ static void widen_parallel(float *dst, const uint16_t *src, size_t n) {
 
 /* The calling thread's panel buffer, grown on demand and kept (one per thread that runs
  * kernels: the trainer's thread in practice), freed when the thread exits. */
-static float *panel_buffer(size_t n) { return trill_tls_buffer(TRILL_TLS_WEIGHT_PANEL, n * sizeof(float)); }
+static trill_tls_slot panel_slot; /* widened bf16 weight panels */
+static float *panel_buffer(size_t n) { return trill_tls_buffer(&panel_slot, n * sizeof(float)); }
 
 static int panel_rows(int K, int N) {
     int rows = K > 0 ? WEIGHT_PANEL / K : N;

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Fails (exit 1) when an include in src/ breaks trill's layering (ARCHITECTURE.md):
+
+    base <- kernels <- model <- train, infer <- rl <- cli
+
+A file may include public headers (include/trill/) of its own layer and the layers below, and
+private headers (src/<folder>/...) of its own layer and below, except the command (cli), which
+uses the public API only. A model family's folder src/arch/<family>/ belongs to several
+layers: layer_backward.c to train, gen_*.c to infer, the rest to model. Each public header's
+layer is listed below; a header missing from the list is an error, so the list stays complete.
+Usage: check_layers.py [SOURCE_DIR]"""
+import os
+import re
+import sys
+
+RANK = {"base": 0, "kernels": 1, "model": 2, "train": 3, "infer": 3, "rl": 4, "cli": 5}
+PUBLIC = {
+    "base": "error fileio json dtype rng timing log",
+    "kernels": "kernels kernels_decl weight",
+    "model": "arch config safetensors model tokenizer lora chat",
+    "train": "train optim sft",
+    "infer": "infer sample eplb",
+    "rl": "rl rl_algo reward reward_model dataset demo channel",
+}
+HEADER_LAYER = {f"trill/{h}.h": layer for layer, names in PUBLIC.items() for h in names.split()}
+
+
+def layer_of(rel):  # rel: a path under src/
+    parts = rel.split("/")
+    if parts[0] == "arch":
+        base = os.path.basename(rel)
+        if "backward" in base:
+            return "train"
+        if base.startswith("gen_"):
+            return "infer"
+        return "model"
+    return parts[0]
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    src = os.path.join(root, "src")
+    errors = []
+    for h in sorted(os.listdir(os.path.join(root, "include", "trill"))):
+        if f"trill/{h}" not in HEADER_LAYER:
+            errors.append(f"include/trill/{h}: not assigned to a layer in scripts/check_layers.py")
+    for dirpath, _, files in os.walk(src):
+        for name in sorted(files):
+            if not name.endswith((".c", ".h")):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), src)
+            mine = layer_of(rel)
+            with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                    if not m:
+                        continue
+                    inc = m.group(1)
+                    if inc in HEADER_LAYER:
+                        theirs, private = HEADER_LAYER[inc], False
+                    elif "/" in inc and os.path.exists(os.path.join(src, inc)):
+                        theirs, private = layer_of(inc), True
+                    else:
+                        continue  # a header next to the file
+                    where = f"src/{rel}:{lineno}: {mine} includes {inc} ({'private, ' if private else ''}{theirs})"
+                    if RANK[theirs] > RANK[mine] or (RANK[theirs] == RANK[mine] and theirs != mine):
+                        errors.append(where + ": a layer may only use the layers below it")
+                    elif private and mine == "cli" and theirs != "cli":
+                        errors.append(where + ": the command uses the public API (include/trill) only")
+    for e in errors:
+        print(e, file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
