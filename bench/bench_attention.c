@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/config_json.h"
 #include "trill/config.h"
 #include "trill/error.h"
 #include "trill/kernels.h"

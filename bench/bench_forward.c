@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "trill/timing.h"
+#include "model/config_json.h"
 #include "trill/config.h"
 #include "trill/model.h"
 #include "trill/rng.h"

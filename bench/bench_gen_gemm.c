@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "../src/infer/gemm.h" /* internal header: the generator has no public API yet */
+#include "model/config_json.h"
 #include "trill/config.h"
 #include "trill/error.h"
 #include "trill/rng.h"

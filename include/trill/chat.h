@@ -6,7 +6,6 @@
 #ifndef TRILL_CHAT_H
 #define TRILL_CHAT_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -29,9 +28,5 @@ const char *trill_chat_template_family(const trill_chat_template *t); /* "qwen3"
  * *out is malloc'ed and NUL-terminated. */
 trill_status trill_chat_render(const trill_chat_template *t, const trill_chat_message *messages, size_t n,
                                bool add_generation_prompt, int enable_thinking, char **out);
-
-/* The same from {"messages": [{"role", "content", "reasoning_content"?}...],
- * "add_generation_prompt"?: bool, "enable_thinking"?: bool}. */
-trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conversation, char **out);
 
 #endif

@@ -6,7 +6,7 @@
 #ifndef TRILL_CONFIG_H
 #define TRILL_CONFIG_H
 
-#include <jansson.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -59,12 +59,9 @@ typedef struct trill_config {
     int16_t moe_layer[TRILL_MAX_LAYERS];   /* ordinal -> layer */
 } trill_config;
 
-/* `what` names the source in error messages (usually the config.json path). */
-trill_status trill_config_from_json(const json_t *root, const char *what, trill_config *out);
 trill_status trill_config_load(const char *path, trill_config *out);
-
-/* HF config.json contents; `torch_dtype` is "float32" or "bfloat16" (NULL: omitted). */
-json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype);
+/* config.json text of `len` bytes; `what` names the source in error messages. */
+trill_status trill_config_parse(const char *text, size_t len, const char *what, trill_config *out);
 
 /* Whether `key` is a config.json field trill reads (used to reject typos in overrides). */
 bool trill_config_known_key(const char *key);
@@ -82,10 +79,11 @@ static inline bool trill_config_is_moe(const trill_config *c, int layer) {
 void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *active);
 
 
-/* config.json contents of a named preset ("tiny", "small"), or NULL if unknown.
+/* config.json text (malloc'ed) of a named preset ("tiny", "small"), or NULL if unknown (or out
+ * of memory: trill_error_message says which).
  * tiny:  a few M parameters, 1 dense + 3 MoE layers, 8 experts, top-2, char-level vocab.
  * small: the benchmark model, ~85M parameters (vocab 32000, hidden 512, 8 layers, 16 experts, top-4). */
-json_t *trill_config_preset(const char *name);
+char *trill_config_preset_text(const char *name);
 extern const char *const trill_config_preset_names; /* "tiny, small" for messages */
 
 #endif

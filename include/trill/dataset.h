@@ -44,9 +44,6 @@ trill_status trill_dataset_load(const char *path, const trill_tokenizer *tok, co
                                 trill_dataset **out);
 void trill_dataset_free(trill_dataset *d);
 
-/* Renders one template against a JSON object; `what` names the source in errors. */
-trill_status trill_render_template(const char *template_, const json_t *fields, const char *what, char **out);
-
 /* The examples at positions pos .. pos + count - 1 of the endless stream epoch 0, 1, ...: each
  * epoch a permutation keyed by (seed, epoch) when shuffling, else file order. */
 trill_status trill_dataset_order(const trill_dataset *d, uint64_t seed, bool shuffle, int64_t pos, int count, int *out);

@@ -5,7 +5,7 @@
  * are uniform in 0..99, so prompts are 4 to 6 characters and answers 1 to 3 digits. A completion
  * is the generated text with the EOS token decoded as nothing; it is correct when its text up to
  * the first newline (or its end) is exactly the answer: "85" is, "85 ", "085" and "8" are not
- * (reward_demo, trill/reward.h).
+ * (trill_reward_demo, trill/reward.h).
  *
  * Data (JSONL, one {"prompt": "47+38=", "answer": "85"} per line), all a pure function of the
  * seed: eval.jsonl (held-out, distinct prompts), dev.jsonl (distinct prompts that decide when

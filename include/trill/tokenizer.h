@@ -11,7 +11,6 @@
 #ifndef TRILL_TOKENIZER_H
 #define TRILL_TOKENIZER_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -21,8 +20,8 @@ typedef struct trill_tokenizer trill_tokenizer;
 
 /* Reads DIR/tokenizer.json. */
 trill_status trill_tokenizer_load(const char *dir, trill_tokenizer **out);
-/* Builds from a parsed tokenizer.json; `what` names it in messages. */
-trill_status trill_tokenizer_from_json(const json_t *root, const char *what, trill_tokenizer **out);
+/* Builds from tokenizer.json text of `len` bytes; `what` names it in messages. */
+trill_status trill_tokenizer_parse(const char *text, size_t len, const char *what, trill_tokenizer **out);
 void trill_tokenizer_free(trill_tokenizer *tok);
 
 /* ids: malloc'ed array of *n ids. add_special_tokens applies the post-processor's template
@@ -43,8 +42,5 @@ int trill_tokenizer_size(const trill_tokenizer *tok);
 /* The id of a token string (vocabulary or added token), or -1. */
 int trill_tokenizer_token_id(const trill_tokenizer *tok, const char *token);
 
-/* The character-level tokenizer.json written by `trill init`: special tokens
- * "<|endoftext|>" (id 0, end of sequence) and "<unk>" (id 1), then "\n" and printable ASCII. */
-json_t *trill_tokenizer_charlevel_json(void);
 
 #endif

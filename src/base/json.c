@@ -1,4 +1,4 @@
-#include "trill/json.h"
+#include "base/json.h"
 
 #include <math.h>
 #include <stdlib.h>

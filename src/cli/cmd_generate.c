@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "trill/infer.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/model.h"
 #include "trill/timing.h"
 #include "trill/tokenizer.h"

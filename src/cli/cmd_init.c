@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "trill/config.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/model.h"
 
 static const char USAGE[] =
@@ -62,8 +62,11 @@ int cmd_init(int argc, char **argv) {
     if (strcmp(dtype_name, "bf16") == 0) dtype = TRILL_BF16;
     else if (strcmp(dtype_name, "f32") == 0) dtype = TRILL_F32;
     else return cli_usage_error("init", USAGE, "--dtype: expected bf16 or f32, got \"%s\"", dtype_name);
-    json_t *cfg_json = trill_config_preset(preset);
-    if (!cfg_json) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
+    char *preset_text = trill_config_preset_text(preset);
+    if (!preset_text) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
+    json_t *cfg_json = json_loads(preset_text, 0, NULL);
+    free(preset_text);
+    if (!cfg_json) return cli_fail("init");
     bool set_type = false, set_archs = false;
     for (int i = 0; i < n_sets; i++) {
         if (apply_override(cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
@@ -73,8 +76,11 @@ int cmd_init(int argc, char **argv) {
     if (set_type && !set_archs) json_object_del(cfg_json, "architectures"); /* follows model_type */
 
     trill_config config;
-    trill_status st = trill_config_from_json(cfg_json, "config (preset + --set)", &config);
+    char *text = json_dumps(cfg_json, 0);
     json_decref(cfg_json);
+    trill_status st = text ? trill_config_parse(text, strlen(text), "config (preset + --set)", &config)
+                           : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(text);
     if (st) return cli_fail("init");
     if (config.vocab_size < 98) {
         trill_error(TRILL_ERR_INVALID, "vocab_size %d is smaller than the 98 ids of the character-level tokenizer", config.vocab_size);

@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/model.h"
 #include "trill/tokenizer.h"
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/tokenizer.h"
 
 static const char USAGE[] =

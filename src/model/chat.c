@@ -1,11 +1,12 @@
 #include "trill/chat.h"
+#include "model/chat_json.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 
 typedef enum { FAMILY_QWEN3, FAMILY_DEEPSEEK_V3 } family;
 

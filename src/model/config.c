@@ -1,10 +1,11 @@
 #include "trill/config.h"
+#include "model/config_json.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "trill/json.h"
+#include "base/json.h"
 
 /* Every config.json field trill reads. Others (transformers_version, use_cache,
  * torch_dtype...) are accepted and ignored: they do not change the computation. */
@@ -312,6 +313,15 @@ trill_status trill_config_load(const char *path, trill_config *out) {
     trill_status st = trill_json_load_file(path, &root);
     if (st) return st;
     st = trill_config_from_json(root, path, out);
+    json_decref(root);
+    return st;
+}
+
+trill_status trill_config_parse(const char *text, size_t len, const char *what, trill_config *out) {
+    json_t *root;
+    trill_status st = trill_json_parse(what, text, len, &root);
+    if (st) return st;
+    st = trill_config_from_json(root, what, out);
     json_decref(root);
     return st;
 }

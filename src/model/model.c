@@ -1,4 +1,6 @@
+#include "model/config_json.h"
 #include "trill/model.h"
+#include "model/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 #include "arch/family.h"
@@ -9,7 +11,7 @@
 #include <string.h>
 
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/rng.h"
 #include "trill/safetensors.h"
 

@@ -1,6 +1,8 @@
+#include <stdlib.h>
 #include <string.h>
 
-#include "trill/config.h"
+#include "model/config_json.h"
+#include "trill/error.h"
 
 const char *const trill_config_preset_names = "tiny, small";
 
@@ -32,4 +34,16 @@ json_t *trill_config_preset(const char *name) {
                          "max_position_embeddings", p->max_pos, "bos_token_id", 0, "eos_token_id", 0);
     }
     return NULL;
+}
+
+char *trill_config_preset_text(const char *name) {
+    json_t *j = trill_config_preset(name);
+    if (!j) {
+        trill_error(TRILL_ERR_INVALID, "unknown preset \"%s\" (expected one of: %s)", name, trill_config_preset_names);
+        return NULL;
+    }
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(j);
+    if (!text) trill_error(TRILL_ERR_NOMEM, "out of memory");
+    return text;
 }

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 
 struct trill_st_file {
     char *path;

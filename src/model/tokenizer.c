@@ -1,4 +1,5 @@
 #include "trill/tokenizer.h"
+#include "model/tokenizer_json.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -10,7 +11,7 @@
 #include "base/hashmap.h"
 #include "base/utf8.h"
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 
 /* ---- growable int array --------------------------------------------------------------- */
 
@@ -451,6 +452,15 @@ trill_status trill_tokenizer_load(const char *dir, trill_tokenizer **out) {
         json_decref(root);
     }
     free(path);
+    return st;
+}
+
+trill_status trill_tokenizer_parse(const char *text, size_t len, const char *what, trill_tokenizer **out) {
+    json_t *root;
+    trill_status st = trill_json_parse(what, text, len, &root);
+    if (st) return st;
+    st = trill_tokenizer_from_json(root, what, out);
+    json_decref(root);
     return st;
 }
 

@@ -27,7 +27,7 @@
 #include "trill/log.h"
 #include "trill/channel.h"
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/timing.h"
 
 enum { QUEUE_MAX = 1024 };

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>

@@ -1,4 +1,5 @@
 #include "trill/dataset.h"
+#include "rl/dataset_internal.h"
 
 #include <errno.h>
 #include <jansson.h>

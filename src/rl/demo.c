@@ -10,11 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/config_json.h"
 #include "trill/config.h"
 #include "trill/dataset.h"
 #include "trill/fileio.h"
 #include "trill/infer.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/model.h"
 #include "trill/rl.h"
 #include "trill/rng.h"

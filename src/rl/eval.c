@@ -12,9 +12,9 @@
 
 double trill_verify(trill_verifier v, const char *completion, const char *truth) {
     switch (v) {
-    case TRILL_VERIFIER_EXACT: return reward_exact(completion, truth);
-    case TRILL_VERIFIER_NUMERIC: return reward_numeric(completion, truth);
-    case TRILL_VERIFIER_DEMO: return reward_demo(completion, truth);
+    case TRILL_VERIFIER_EXACT: return trill_reward_exact(completion, truth);
+    case TRILL_VERIFIER_NUMERIC: return trill_reward_numeric(completion, truth);
+    case TRILL_VERIFIER_DEMO: return trill_reward_demo(completion, truth);
     case TRILL_VERIFIER_NONE: break;
     }
     return NAN;

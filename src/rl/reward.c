@@ -1,4 +1,5 @@
 /* Built-in verifiers and the external reward process (trill/reward.h). */
+#include "rl/reward_process.h"
 #include "trill/reward.h"
 
 #include <errno.h>
@@ -18,7 +19,7 @@
 #include <unistd.h>
 
 #include "base/utf8.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/timing.h"
 
 extern char **environ;
@@ -256,7 +257,7 @@ static bool marked_number(const char *s, size_t len, double *value) {
     return false;
 }
 
-bool reward_extract_number(const char *text, double *value) {
+bool trill_reward_extract_number(const char *text, double *value) {
     if (!text) return false;
     size_t len = strlen(text);
     double v = 0;
@@ -270,9 +271,9 @@ bool reward_extract_number(const char *text, double *value) {
     return true;
 }
 
-double reward_numeric(const char *completion, const char *truth) {
+double trill_reward_numeric(const char *completion, const char *truth) {
     double a, b;
-    if (!reward_extract_number(completion, &a) || !reward_extract_number(truth, &b)) return 0.0;
+    if (!trill_reward_extract_number(completion, &a) || !trill_reward_extract_number(truth, &b)) return 0.0;
     double diff = fabs(a - b);
     return diff <= 1e-9 || diff <= 1e-6 * fmax(fabs(a), fabs(b)) ? 1.0 : 0.0;
 }
@@ -286,7 +287,7 @@ static void trim(const char *s, const char **start, size_t *len) {
     *len = n;
 }
 
-double reward_exact(const char *completion, const char *truth) {
+double trill_reward_exact(const char *completion, const char *truth) {
     if (!completion || !truth) return 0.0;
     const char *a, *b;
     size_t na, nb;
@@ -295,7 +296,7 @@ double reward_exact(const char *completion, const char *truth) {
     return na == nb && memcmp(a, b, na) == 0 ? 1.0 : 0.0;
 }
 
-double reward_demo(const char *completion, const char *truth) {
+double trill_reward_demo(const char *completion, const char *truth) {
     if (!completion || !truth) return 0.0;
     const char *t;
     size_t nt;

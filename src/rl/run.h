@@ -10,6 +10,7 @@
 #include "rollout.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
+#include "rl/reward_process.h"
 #include "trill/reward.h"
 #include "trill/reward_model.h"
 #include "trill/rl.h"

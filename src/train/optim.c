@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/safetensors.h"
 
 trill_adamw_config trill_adamw_defaults(void) {

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/model.h"
 #include "trill/rng.h"
 #include "trill/timing.h"

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/config_json.h"
 #include "trill/config.h"
 
 #define CHECK(cond)                                                                       \

@@ -18,7 +18,6 @@
  * other bytes) exits 1 naming each record, its first differing element and both values. */
 #include <cblas.h> /* openblas_get_corename, openblas_get_config (OpenBLAS's cblas.h) */
 #include <gnu/libc-version.h>
-#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -261,12 +260,8 @@ static const spec SPECS[] = {
 };
 
 static trill_config config_of(const spec *sp) {
-    json_error_t jerr;
-    json_t *j = json_loads(sp->json, 0, &jerr);
-    if (!j) die("%s: config JSON: %s (line %d)", sp->name, jerr.text, jerr.line);
     trill_config c;
-    CHECK(trill_config_from_json(j, sp->name, &c));
-    json_decref(j);
+    CHECK(trill_config_parse(sp->json, strlen(sp->json), sp->name, &c));
     return c;
 }
 

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/chat_json.h"
+#include "model/tokenizer_json.h"
 #include "trill/chat.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/tokenizer.h"
 
 static int hexval(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/lora.h"
 #include "trill/optim.h"
 #include "trill/model.h"

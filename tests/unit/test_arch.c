@@ -12,6 +12,7 @@
 
 #include "arch/family.h"
 #include "arch/qwen3/qwen3.h"
+#include "model/config_json.h"
 #include "trill/config.h"
 #include "trill/lora.h"
 #include "trill/model.h"

@@ -12,10 +12,11 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "model/config_json.h"
 #include "trill/config.h"
 #include "trill/error.h"
 #include "trill/fileio.h"
-#include "trill/json.h"
+#include "base/json.h"
 
 /* Parses `text` (must be valid JSON) and runs trill_config_from_json on it. */
 static trill_status from_text(const char *text, trill_config *c) {

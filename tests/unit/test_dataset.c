@@ -9,6 +9,8 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "model/tokenizer_json.h"
+#include "rl/dataset_internal.h"
 #include "trill/dataset.h"
 #include "trill/fileio.h"
 

@@ -46,12 +46,12 @@ static void test_format_matches_reward(void **state) {
     assert_string_equal(answer, "198");
     trill_demo_format(0, 0, prompt, answer);
     assert_string_equal(answer, "0");
-    assert_true(reward_demo("85", "85") == 1.0);
-    assert_true(reward_demo("85\n12+3=15", "85") == 1.0);
-    assert_true(reward_demo("085", "85") == 0.0);
-    assert_true(reward_demo("8", "85") == 0.0);
-    assert_true(reward_demo("85 ", "85") == 0.0);
-    assert_true(reward_demo("", "85") == 0.0);
+    assert_true(trill_reward_demo("85", "85") == 1.0);
+    assert_true(trill_reward_demo("85\n12+3=15", "85") == 1.0);
+    assert_true(trill_reward_demo("085", "85") == 0.0);
+    assert_true(trill_reward_demo("8", "85") == 0.0);
+    assert_true(trill_reward_demo("85 ", "85") == 0.0);
+    assert_true(trill_reward_demo("", "85") == 0.0);
 }
 
 typedef struct line { int a, b; char answer[8]; } line;

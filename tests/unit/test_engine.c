@@ -17,6 +17,7 @@
 #include "trill/infer.h"
 #include "trill/lora.h"
 #include "trill/rng.h"
+#include "model/config_json.h"
 #include "trill/model.h"
 
 enum { MAX_OUT = 64 };

@@ -20,6 +20,7 @@
 
 #include "testutil.h"
 #include "trill/error.h"
+#include "rl/reward_process.h"
 #include "trill/reward.h"
 #include "trill/timing.h"
 
@@ -34,28 +35,28 @@
 
 static void test_exact(void **state) {
     (void)state;
-    assert_true(reward_exact("42", "42") == 1.0);
-    assert_true(reward_exact("  42\n", "\t42 ") == 1.0);
-    assert_true(reward_exact("Paris", "paris") == 0.0);
-    assert_true(reward_exact("42.", "42") == 0.0);
-    assert_true(reward_exact("", "") == 1.0);
-    assert_true(reward_exact(" \n", "") == 1.0);
-    assert_true(reward_exact("a b", "a  b") == 0.0);
-    assert_true(reward_exact(NULL, "x") == 0.0);
+    assert_true(trill_reward_exact("42", "42") == 1.0);
+    assert_true(trill_reward_exact("  42\n", "\t42 ") == 1.0);
+    assert_true(trill_reward_exact("Paris", "paris") == 0.0);
+    assert_true(trill_reward_exact("42.", "42") == 0.0);
+    assert_true(trill_reward_exact("", "") == 1.0);
+    assert_true(trill_reward_exact(" \n", "") == 1.0);
+    assert_true(trill_reward_exact("a b", "a  b") == 0.0);
+    assert_true(trill_reward_exact(NULL, "x") == 0.0);
 }
 
 static void test_demo(void **state) {
     (void)state;
-    assert_true(reward_demo("1234", "1234") == 1.0);
-    assert_true(reward_demo("1234\nmore text", "1234") == 1.0);
-    assert_true(reward_demo("1234\n", "1234\n") == 1.0); /* the truth is trimmed */
-    assert_true(reward_demo("12345", "1234") == 0.0);
-    assert_true(reward_demo("123", "1234") == 0.0);
-    assert_true(reward_demo(" 1234", "1234") == 0.0);
-    assert_true(reward_demo("1234 ", "1234") == 0.0);
-    assert_true(reward_demo("\n1234", "1234") == 0.0);
-    assert_true(reward_demo("", "") == 0.0); /* an empty truth matches nothing */
-    assert_true(reward_demo("", "7") == 0.0);
+    assert_true(trill_reward_demo("1234", "1234") == 1.0);
+    assert_true(trill_reward_demo("1234\nmore text", "1234") == 1.0);
+    assert_true(trill_reward_demo("1234\n", "1234\n") == 1.0); /* the truth is trimmed */
+    assert_true(trill_reward_demo("12345", "1234") == 0.0);
+    assert_true(trill_reward_demo("123", "1234") == 0.0);
+    assert_true(trill_reward_demo(" 1234", "1234") == 0.0);
+    assert_true(trill_reward_demo("1234 ", "1234") == 0.0);
+    assert_true(trill_reward_demo("\n1234", "1234") == 0.0);
+    assert_true(trill_reward_demo("", "") == 0.0); /* an empty truth matches nothing */
+    assert_true(trill_reward_demo("", "7") == 0.0);
 }
 
 typedef struct {
@@ -141,14 +142,14 @@ static void test_extract_hand_cases(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         double v = -999;
-        bool found = reward_extract_number(cases[i].text, &v);
+        bool found = trill_reward_extract_number(cases[i].text, &v);
         if (found != cases[i].found) fail_msg("\"%s\": found %d, expected %d", cases[i].text, found, cases[i].found);
         if (found && fabs(v - cases[i].value) > 1e-12 * fmax(1, fabs(cases[i].value)))
             fail_msg("\"%s\": %.17g, expected %.17g", cases[i].text, v, cases[i].value);
         if (!found && v != -999) fail_msg("\"%s\": value written though no number", cases[i].text);
     }
     double v;
-    assert_false(reward_extract_number(NULL, &v));
+    assert_false(trill_reward_extract_number(NULL, &v));
 }
 
 static void test_numeric_hand_cases(void **state) {
@@ -181,7 +182,7 @@ static void test_numeric_hand_cases(void **state) {
         {NULL, "1", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        double r = reward_numeric(cases[i].completion, cases[i].truth);
+        double r = trill_reward_numeric(cases[i].completion, cases[i].truth);
         if (r != cases[i].reward)
             fail_msg("numeric(\"%s\", \"%s\") = %g, expected %g", cases[i].completion ? cases[i].completion : "(null)",
                      cases[i].truth, r, cases[i].reward);
@@ -228,10 +229,10 @@ static void test_gsm8k_answers(void **state) {
         double expected = strtod(digits, &end);
         if (end == digits || *end) fail_msg("line %d: \"%s\" is not a plain number", n + 1, digits);
         double v;
-        if (!reward_extract_number(answer, &v) || v != expected)
+        if (!trill_reward_extract_number(answer, &v) || v != expected)
             fail_msg("line %d: extracted %.17g from \"...%s\", expected %.17g", n + 1, v, marker, expected);
-        if (reward_numeric(answer, answer) != 1.0) fail_msg("line %d: the answer does not match itself", n + 1);
-        if (reward_numeric(answer, digits) != 1.0) fail_msg("line %d: the answer does not match %s", n + 1, digits);
+        if (trill_reward_numeric(answer, answer) != 1.0) fail_msg("line %d: the answer does not match itself", n + 1);
+        if (trill_reward_numeric(answer, digits) != 1.0) fail_msg("line %d: the answer does not match %s", n + 1, digits);
         json_decref(row);
         n++;
     }
@@ -408,7 +409,7 @@ static void test_process_examples(void **state) {
         if (r != cases[i].reward) fail_msg("gsm8k_reward.py on \"%s\": %g", cases[i].completion, r);
         assert_true(metric(m, "has_answer") == cases[i].has_answer);
         /* the built-in verifier agrees */
-        assert_true(reward_numeric(cases[i].completion, cases[i].truth) == cases[i].reward);
+        assert_true(trill_reward_numeric(cases[i].completion, cases[i].truth) == cases[i].reward);
         json_decref(m);
     }
     reward_process_free(p);

@@ -13,10 +13,12 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "model/config_json.h"
 #include "trill/config.h"
-#include "trill/json.h"
+#include "base/json.h"
 #include "trill/model.h"
 #include "trill/reward_model.h"
+#include "model/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 /* The test_small_moe config as a classifier (architectures, then `extra` fields merged in). */

@@ -11,6 +11,7 @@
 
 #include "base/utf8.h"
 #include "trill/rng.h"
+#include "model/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 /* The GPT-2 byte-level symbol of byte b, as UTF-8. */

@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "model/config_json.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 

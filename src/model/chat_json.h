@@ -1,0 +1,14 @@
+/* Chat rendering from a jansson object, for the library and its tests (trill/chat.h is the
+ * public API). */
+#ifndef TRILL_MODEL_CHAT_JSON_H
+#define TRILL_MODEL_CHAT_JSON_H
+
+#include <jansson.h>
+
+#include "trill/chat.h"
+
+/* trill_chat_render from {"messages": [{"role", "content", "reasoning_content"?}...],
+ * "add_generation_prompt"?: bool, "enable_thinking"?: bool}. */
+trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conversation, char **out);
+
+#endif
