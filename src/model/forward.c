@@ -111,8 +111,9 @@ static const trill_lora_layer *adapters(const trill_forward_pass *fp, int l) {
     return fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
 }
 
-/* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). */
-static void attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, layer_acts *a) {
+/* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). Fails only
+ * when the attention kernel's scratch cannot be allocated. */
+static trill_status attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, layer_acts *a) {
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
@@ -124,10 +125,12 @@ static void attention_block(const trill_forward_pass *fp, const trill_layer_weig
     rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     rope_forward(a->q, fp->pos, fp->inv_freq, T, nh, hd);
     rope_forward(a->k, fp->pos, fp->inv_freq, T, nkv, hd);
-    attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    trill_status st = attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    if (st) return st;
     linear(fp, fp->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     residual_forward(a->x_mid, fp->out, (size_t)T * H);
+    return TRILL_OK;
 }
 
 /* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
@@ -159,7 +162,7 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
             if (ids[0] == TRILL_REPLAY_NONE) continue; /* this token routes itself */
             for (int j = 0; j < K; j++) a->topi[t * K + j] = ids[j];
         }
-    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
     if (experts)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < K; j++) experts[((size_t)t * L + ordinal) * K + j] = (uint16_t)a->topi[t * K + j];
@@ -222,7 +225,7 @@ trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, i
 }
 
 /* One decoder layer: layers[l].x_in -> the next layer's input (or x_final). */
-static void run_layer(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts) {
+static trill_status run_layer(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts) {
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const int T = fp->T, H = c->hidden_size;
@@ -230,7 +233,11 @@ static void run_layer(const trill_forward_pass *fp, int l, const uint16_t *repla
     layer_acts *a = &fp->layers[l];
     float *x_next = l + 1 < c->num_hidden_layers ? fp->layers[l + 1].x_in : fp->x_final;
     const trill_lora_layer *ad = adapters(fp, l);
-    attention_block(fp, w, ad, a);
+    trill_status st = attention_block(fp, w, ad, a);
+    if (st) {
+        trill_error_context("layer %d", l);
+        return st;
+    }
     rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
     if (trill_config_is_moe(c, l))
         moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
@@ -239,12 +246,13 @@ static void run_layer(const trill_forward_pass *fp, int l, const uint16_t *repla
             c->intermediate_size);
     if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
     residual_forward(x_next, fp->out, (size_t)T * H);
+    return TRILL_OK;
 }
 
-void trill_forward_layer(const trill_forward_pass *fp, int l) { run_layer(fp, l, fp->replay, NULL); }
+trill_status trill_forward_layer(const trill_forward_pass *fp, int l) { return run_layer(fp, l, fp->replay, NULL); }
 
 /* Runs every decoder layer and the final norm (into fp->xf). */
-static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t *experts) {
+static trill_status run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t *experts) {
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const int T = fp->T, H = c->hidden_size;
@@ -252,8 +260,12 @@ static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t 
     for (int s = 0; s < fp->n_seqs; s++)
         for (int t = fp->offsets[s]; t < fp->offsets[s + 1]; t++) fp->pos[t] = t - fp->offsets[s];
     embedding_forward_w(fp->layers[0].x_in, m->embed, fp->tokens, T, H);
-    for (int l = 0; l < c->num_hidden_layers; l++) run_layer(fp, l, replay, experts);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        trill_status st = run_layer(fp, l, replay, experts);
+        if (st) return st;
+    }
     rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
+    return TRILL_OK;
 }
 
 /* logits of n rows starting at row t0 (lm_head with its adapter, if any) */
@@ -303,8 +315,8 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
     if (T > 0) {
-        run_layers(fp, replay, experts);
-        st = token_logprobs(fp, logprobs);
+        st = run_layers(fp, replay, experts);
+        if (!st) st = token_logprobs(fp, logprobs);
     }
     if (st || !out) trill_forward_pass_free(fp);
     else *out = fp;
@@ -336,7 +348,10 @@ trill_status trill_model_forward_last_hidden(const trill_model *m, const int *to
     fp->tokens = tokens;
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
-    run_layers(fp, NULL, NULL);
+    if ((st = run_layers(fp, NULL, NULL))) {
+        trill_forward_pass_free(fp);
+        return st;
+    }
     const size_t H = (size_t)c->hidden_size;
     for (int s = 0; s < n_seqs; s++) memcpy(hidden + (size_t)s * H, fp->xf + (size_t)(offsets[s + 1] - 1) * H, H * sizeof(float));
     trill_forward_pass_free(fp);

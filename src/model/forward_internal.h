@@ -54,8 +54,9 @@ struct trill_forward_pass {
     void *block;          /* the one allocation everything above lives in */
 };
 
-/* Re-runs layer l's forward from its saved input (activation recomputation). */
-void trill_forward_layer(const trill_forward_pass *fp, int l);
+/* Re-runs layer l's forward from its saved input (activation recomputation). Fails only when
+ * a kernel's scratch cannot be allocated. */
+trill_status trill_forward_layer(const trill_forward_pass *fp, int l);
 
 /* logits[n, V] of rows t0..t0+n of the pass (lm_head and its adapter); keeps the adapter input
  * in xa_head. */

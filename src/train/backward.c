@@ -160,13 +160,15 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
         }
     }
     zero(g->dlogits, (size_t)T * E);
-    router_gates_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    router_gates_backward(g->dgates, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
+    router_softmax_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K);
     matmul_backward_w(g->dxn, GRADW(w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
-/* Attention block: g->dx (gradient of x_mid) -> adds the attention branch's gradient of x_in. */
-static void attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
-                                     const layer_acts *a, const grad_sinks *sink, grad_scratch *g) {
+/* Attention block: g->dx (gradient of x_mid) -> adds the attention branch's gradient of x_in.
+ * Fails only when the attention kernel's scratch cannot be allocated. */
+static trill_status attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+                                             const layer_acts *a, const grad_sinks *sink, grad_scratch *g) {
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
@@ -175,7 +177,9 @@ static void attention_backward_block(const trill_forward_pass *fp, const trill_l
     zero(g->dq, (size_t)T * nh * hd);
     zero(g->dk, (size_t)T * nkv * hd);
     zero(g->dv, (size_t)T * nkv * hd);
-    attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    trill_status st = attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd,
+                                         1 / sqrtf((float)hd));
+    if (st) return st;
     rope_backward(g->dq, fp->pos, fp->inv_freq, T, nh, hd);
     rope_backward(g->dk, fp->pos, fp->inv_freq, T, nkv, hd);
     zero(g->dqr, (size_t)T * nh * hd);
@@ -187,6 +191,7 @@ static void attention_backward_block(const trill_forward_pass *fp, const trill_l
     linear_backward(fp, sink, g, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
     linear_backward(fp, sink, g, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     rmsnorm_backward(g->dx, GRAD(w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
+    return TRILL_OK;
 }
 
 trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads) {
@@ -207,7 +212,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
         const trill_layer_weights *w = &m->layers[l];
         const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
         const layer_acts *a = &fp->layers[l];
-        if (fp->recompute) trill_forward_layer(fp, l); /* refill the shared buffers from the layer's saved input */
+        if (fp->recompute && (st = trill_forward_layer(fp, l))) break; /* refill the shared buffers from the layer's saved input */
         /* g.dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
         if (trill_config_is_moe(c, l)) {
             moe_backward(fp, w, ad, a, sink, &g);
@@ -217,9 +222,12 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
                          ad->down, a->xa, 0, T, H, c->intermediate_size);
         }
         rmsnorm_backward(g.dx, GRAD(w->post_norm), g.dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
-        attention_backward_block(fp, w, ad, a, sink, &g);
+        if ((st = attention_backward_block(fp, w, ad, a, sink, &g))) {
+            trill_error_context("backward, layer %d", l);
+            break;
+        }
     }
-    if (grads) embedding_backward(GRADW(m->embed), g.dx, fp->tokens, T, H);
+    if (!st && grads) embedding_backward(GRADW(m->embed), g.dx, fp->tokens, T, H);
     free(g.block);
-    return TRILL_OK;
+    return st;
 }
