@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "trill/error.h"
 #include "trill/weight.h"
 
 #define REAL_T float
@@ -12,6 +13,11 @@
 #include "trill/kernels_decl.h"
 #undef REAL_T
 #undef KERNEL
+
+/* YaRN's magnitude correction (HF get_mscale / DeepSeek yarn_get_mscale): 1 for factor <= 1,
+ * else 0.1 mscale ln(factor) + 1, in double as Python computes it. DeepSeek-V3 multiplies its
+ * softmax scale by rope_yarn_mscale(factor, mscale_all_dim)^2. */
+double rope_yarn_mscale(double factor, double mscale);
 
 /* ---- the same on a stored weight (trill/weight.h): fp32 as above, bf16 widened a panel of
  * rows at a time into a per-thread fp32 buffer (at most WEIGHT_PANEL floats) ---- */

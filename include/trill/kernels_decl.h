@@ -2,7 +2,23 @@
  * and by the fp64 instantiation used in gradient checks, with REAL_T and KERNEL(name) defined.
  * Row-major throughout; `T` is a number of token rows, shapes in brackets. Backward functions
  * accumulate (+=) into gradients unless noted; a NULL gradient pointer skips that gradient.
- * Kernels parallelise internally (OpenMP); call them outside parallel regions. */
+ * Kernels parallelise internally (OpenMP); call them outside parallel regions. Kernels that
+ * can fail (out of memory for their scratch, or shapes they refuse) return a trill_status with
+ * the message set; the others cannot fail. */
+
+/* Types shared by both precisions (this file is included once per precision). */
+#ifndef TRILL_KERNELS_DECL_TYPES
+#define TRILL_KERNELS_DECL_TYPES
+/* Which dimensions of the rotary part RoPE rotates together, for rotary dim d:
+ * ROPE_ROTATE_HALF  pairs (i, i + d/2): HF rotate_half / apply_rotary_pos_emb (Llama, Qwen3);
+ * ROPE_ADJACENT     pairs (2i, 2i+1): GPT-J style, what DeepSeek-V3's rope_interleave
+ *                   computes. HF's apply_rotary_pos_emb_interleave first permutes the dims to
+ *                   (0, 2, 4, ..., 1, 3, 5, ...) and rotates halves, so its output is this one
+ *                   in that permuted order; q and k are permuted alike, so q.k is the same. */
+enum rope_pairing { ROPE_ROTATE_HALF = 0, ROPE_ADJACENT = 1 };
+/* The most expert groups router_topk_forward takes (DeepSeek-V3 has 8, Kimi-K2 1). */
+enum { ROUTER_MAX_GROUPS = 64 };
+#endif
 
 /* out[T,N] = inp[T,K] @ weight[N,K]^T  (weight is an nn.Linear weight: [out, in]) */
 void KERNEL(matmul_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N);
@@ -19,23 +35,60 @@ void KERNEL(rmsnorm_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout,
 
 /* inv_freq[hd/2] = 1 / theta^(2i/hd), in the working precision as Hugging Face computes it. */
 void KERNEL(rope_inv_freq)(REAL_T *inv_freq, int head_dim, double theta);
+/* YaRN (HF modeling_rope_utils._compute_yarn_parameters): inv_freq[dim/2] for rotary dim `dim`,
+ * blending 1/theta^(2i/dim) (extrapolation) and the same divided by `factor` (interpolation)
+ * with a linear ramp between the correction dims of beta_fast and beta_slow rotations over
+ * original_max_position_embeddings (floor/ceil of them when `truncate`, HF's default). Computed
+ * as HF does in fp32 (the fp64 instantiation in double); theta^x is the correctly rounded
+ * value, which torch's own pow can miss by an ulp. Returns HF's attention_factor, the cos/sin
+ * multiplier of rope_partial_forward: mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+ * when both are nonzero, else mscale(factor, 1) (rope_yarn_mscale, trill/kernels.h); a config
+ * that gives attention_factor explicitly overrides it. HF's defaults, which the caller
+ * passes (HF also takes them for a 0): beta_fast 32, beta_slow 1; an absent mscale or
+ * mscale_all_dim is 0. HF before v5 takes
+ * factor = max_position_embeddings / original_max_position_embeddings when the config has the
+ * latter: the caller passes the factor it means. */
+double KERNEL(rope_inv_freq_yarn)(REAL_T *inv_freq, int dim, double theta, double factor, int original_max_position_embeddings,
+                                  double beta_fast, double beta_slow, double mscale, double mscale_all_dim, int truncate);
 /* Rotates x[T, n_heads, head_dim] in place at positions pos[T], HF rotate-half convention:
  * x1 = x[:hd/2], x2 = x[hd/2:]; out = (x1 cos - x2 sin, x2 cos + x1 sin). */
 void KERNEL(rope_forward)(REAL_T *x, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_dim);
 /* In place: the gradient wrt the unrotated input (the inverse rotation). */
 void KERNEL(rope_backward)(REAL_T *dx, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_dim);
+/* RoPE on part of each head: x holds T rows of n_heads heads of head_stride elements each
+ * (row stride n_heads * head_stride); in every head the rot_dim (even) dims from rot_offset on
+ * are rotated, the others untouched (DeepSeek MLA: q heads of 192 with the rotary 64 at offset
+ * 128). `pairing` is a rope_pairing; inv_freq[rot_dim/2], pair i turning by pos[t] inv_freq[i]
+ * (fp32 angle, as HF). cos and sin are multiplied by cs_scale (YaRN's attention_factor) when it
+ * is not 1. rope_forward(x, ...) is rope_partial_forward(x, ..., hd, 0, hd, ROPE_ROTATE_HALF, 1). */
+void KERNEL(rope_partial_forward)(REAL_T *x, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_stride,
+                                  int rot_offset, int rot_dim, int pairing, REAL_T cs_scale);
+/* In place: the gradient wrt the input of rope_partial_forward (cs_scale times the inverse
+ * rotation: the transpose of the forward's linear map). */
+void KERNEL(rope_partial_backward)(REAL_T *dx, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_stride,
+                                   int rot_offset, int rot_dim, int pairing, REAL_T cs_scale);
 
-/* Causal grouped-query attention within each sequence of a packed batch.
- * q[T, nh*hd], k/v[T, nkv*hd], out[T, nh*hd]; sequence s spans rows [offsets[s], offsets[s+1]).
- * Query head h reads key/value head h / (nh/nkv). Scale 1/sqrt(hd). */
-void KERNEL(attention_forward)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const int *offsets,
-                               int n_seqs, int nh, int nkv, int hd);
-void KERNEL(attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, const REAL_T *dout, const REAL_T *q, const REAL_T *k,
-                                const REAL_T *v, const int *offsets, int n_seqs, int nh, int nkv, int hd);
+/* Causal grouped-query attention within each sequence of a packed batch, with a query/key
+ * head size hd_qk and a value head size hd_v (equal for Qwen3; 192 and 128 in DeepSeek MLA):
+ * q[T, nh*hd_qk], k[T, nkv*hd_qk], v[T, nkv*hd_v], out[T, nh*hd_v]; sequence s spans rows
+ * [offsets[s], offsets[s+1]). Query head h reads key/value head h / (nh/nkv).
+ * out = softmax(scale q k^T, causal) v: Qwen3 passes scale 1 / sqrtf(hd) (fp32), DeepSeek
+ * qk_head_dim^-0.5 times YaRN's mscale^2. Per-thread scratch: a [128-ish, longest sequence]
+ * block of scores (two in the backward); TRILL_ERR_NOMEM when it cannot be had (the output
+ * is then incomplete). */
+trill_status KERNEL(attention_forward)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const int *offsets,
+                                       int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL_T scale);
+/* dq[T, nh*hd_qk], dk[T, nkv*hd_qk], dv[T, nkv*hd_v] += the gradients given dout[T, nh*hd_v]. */
+trill_status KERNEL(attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, const REAL_T *dout, const REAL_T *q,
+                                        const REAL_T *k, const REAL_T *v, const int *offsets, int n_seqs, int nh, int nkv,
+                                        int hd_qk, int hd_v, REAL_T scale);
 
 /* out[n] = silu(gate) * up */
 void KERNEL(swiglu_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n);
 void KERNEL(swiglu_backward)(REAL_T *dgate, REAL_T *dup, const REAL_T *dout, const REAL_T *gate, const REAL_T *up, size_t n);
+
+/* out[n] = 1 / (1 + exp(-inp)) (DeepSeek-V3's router scores). out may alias inp. */
+void KERNEL(sigmoid_forward)(REAL_T *out, const REAL_T *inp, size_t n);
 
 /* x[n] += y */
 void KERNEL(residual_forward)(REAL_T *x, const REAL_T *y, size_t n);
@@ -45,13 +98,45 @@ void KERNEL(softmax_forward)(REAL_T *probs, const REAL_T *logits, int T, int C);
 /* Per row of probs[T,C]: the k largest entries, descending (ties: lower index first). */
 void KERNEL(topk_forward)(int *idx, REAL_T *val, const REAL_T *probs, int T, int C, int k);
 
-/* MoE gate weights of the routed experts idx[T,K] from router probabilities probs[T,E]:
- * gates = probs at idx, renormalised to sum 1 when norm_topk_prob. The ids may be the router's
- * own top-k or replayed ones; either way the gates come from these probabilities. */
-void KERNEL(router_gates_forward)(REAL_T *gates, const REAL_T *probs, const int *idx, int T, int E, int K, int norm_topk_prob);
-/* dlogits[T,E] += the gradient through gates and the router softmax (router logits -> probs). */
-void KERNEL(router_gates_backward)(REAL_T *dlogits, const REAL_T *dgates, const REAL_T *probs, const int *idx, int T, int E,
-                                   int K, int norm_topk_prob);
+/* MoE router, in pieces. Scores are softmax_forward (Qwen3) or sigmoid_forward (DeepSeek-V3)
+ * of the router logits [T,E]; router_topk_forward chooses the experts; router_gates_forward
+ * makes the gate weights from the scores at the chosen ids. Backward: router_gates_backward
+ * (gates -> the scores at the ids), then router_softmax_backward or router_sigmoid_backward
+ * (-> logits). The choice itself (and a selection bias) is not differentiated. */
+
+/* Expert choice per row of scores[T,E] (DeepSeek-V3 get_topk_indices): the selection score of
+ * expert e is scores[e] + bias[e] (bias[E] may be NULL: DeepSeek's e_score_correction_bias
+ * affects the choice only). n_group <= 1: no groups. With n_group > 1 the E experts form n_group groups of E/n_group
+ * (at least 2) consecutive ids; a group's score is the sum of its two best selection scores;
+ * only the topk_group best groups are eligible, the others masked out entirely (-inf, as
+ * DeepSeek's reference code and vLLM; HF fills masked scores with 0.0 instead, which chooses
+ * the same experts whenever the K-th best eligible selection score is positive, e.g. sigmoid
+ * scores and a non-negative bias). Then idx[T,K] = the K best eligible experts,
+ * val[T,K] their selection scores, descending. Ties, among groups and experts: lower index
+ * first (as topk_forward, which this equals for bias NULL and n_group <= 1).
+ * TRILL_ERR_INVALID for shapes it cannot choose from: 1 <= K <= E; when n_group > 1, E
+ * divisible by n_group <= ROUTER_MAX_GROUPS, 1 <= topk_group <= n_group and
+ * K <= topk_group * E / n_group. */
+trill_status KERNEL(router_topk_forward)(int *idx, REAL_T *val, const REAL_T *scores, const REAL_T *bias, int T, int E, int K,
+                                         int n_group, int topk_group);
+/* Gate weights of the routed experts idx[T,K] from scores[T,E]: gates = the scores at idx,
+ * divided by (their sum + norm_eps) when norm_topk_prob, then multiplied by `scaling` (when
+ * not 1). Qwen3: norm_eps 0, scaling 1; DeepSeek-V3: norm_eps 1e-20, scaling
+ * routed_scaling_factor. The ids may be the router's own top-k or replayed ones; either way
+ * the gates come from these scores. */
+void KERNEL(router_gates_forward)(REAL_T *gates, const REAL_T *scores, const int *idx, int T, int E, int K, int norm_topk_prob,
+                                  REAL_T norm_eps, REAL_T scaling);
+/* dsel[T,K] = (writes) the gradient wrt scores[t, idx[t,j]] through router_gates_forward,
+ * given dgates[T,K] (the other scores get none). dsel may alias dgates. */
+void KERNEL(router_gates_backward)(REAL_T *dsel, const REAL_T *dgates, const REAL_T *scores, const int *idx, int T, int E,
+                                   int K, int norm_topk_prob, REAL_T norm_eps, REAL_T scaling);
+/* dlogits[T,E] += the gradient through probs = softmax(logits) of a gradient dsel[T,K] that
+ * sits at the ids idx[T,K] only (zero elsewhere). */
+void KERNEL(router_softmax_backward)(REAL_T *dlogits, const REAL_T *dsel, const REAL_T *probs, const int *idx, int T, int E,
+                                     int K);
+/* dlogits[T,E] += the gradient through scores = sigmoid(logits), at the ids idx[T,K]. */
+void KERNEL(router_sigmoid_backward)(REAL_T *dlogits, const REAL_T *dsel, const REAL_T *scores, const int *idx, int T, int E,
+                                     int K);
 
 /* log(sum(exp(x[C]))): max-shifted terms summed in double. */
 double KERNEL(logsumexp)(const REAL_T *x, int C);

@@ -969,7 +969,7 @@ static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, in
     gen_matmul(e->probs, e->xn, &L->router, R);
     softmax_forward(e->probs, e->probs, R, E);
     topk_forward(e->topi, e->topw, e->probs, R, E, K);
-    router_gates_forward(e->topw, e->probs, e->topi, R, E, K, c->norm_topk_prob);
+    router_gates_forward(e->topw, e->probs, e->topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
     /* capture and load count the logical ids, before any mapping to physical replicas */
     if (e->cfg.capture_experts)
         for (int r = 0; r < R; r++) {

@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "trill/error.h"
+
 #define REAL_T double
 #define KERNEL(name) name##_f64
 #include "trill/kernels_decl.h"

@@ -13,7 +13,6 @@
 #define KN(name) name
 #define GEMM cblas_sgemm
 #define EXPR expf
-#define SQRTR sqrtf
 #include "ops_impl.h"
 
 void kernels_sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels_f64.h"
+#include "trill/kernels.h" /* rope_yarn_mscale */
 #include "exp_nonpos.h"
 #include "kernels_internal.h"
 
@@ -13,5 +14,4 @@
 #define KN(name) name##_f64
 #define GEMM cblas_dgemm
 #define EXPR exp
-#define SQRTR sqrt
 #include "ops_impl.h"

@@ -122,31 +122,81 @@ void KN(rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {
     }
 }
 
-/* The rotation of each (i, i + hd/2) pair by angle pos * inv_freq[i]; `sign` -1 rotates
- * back, which is the backward pass (a rotation's transpose is its inverse). */
-static void KN(rope_rotate)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim, int sign) {
-    int half = head_dim / 2;
-#pragma omp parallel for if(parallel: (size_t)T * n_heads * head_dim >= PARALLEL_MIN) schedule(static)
+/* x rounded to the working precision on its own: keeps the compiler from fusing a product
+ * into the sum it feeds (-ffp-contract=fast), where a formula must round as torch does. */
+static inline REAL KN(rounded)(REAL x) {
+    volatile REAL v = x;
+    return v;
+}
+
+/* HF find_correction_dim: the dimension whose wavelength turns num_rotations times over
+ * max_pos positions, in double as Python evaluates it. */
+static double KN(yarn_correction_dim)(double num_rotations, int dim, double theta, int max_pos) {
+    return (dim * log(max_pos / (num_rotations * 2 * M_PI))) / (2 * log(theta));
+}
+
+/* The steps of HF _compute_yarn_parameters, each in the working precision (torch's float32
+ * tensor ops with Python scalars cast to float32), the correction range in double. */
+double KN(rope_inv_freq_yarn)(REAL *inv_freq, int dim, double theta, double factor, int original_max_position_embeddings,
+                              double beta_fast, double beta_slow, double mscale, double mscale_all_dim, int truncate) {
+    double low = KN(yarn_correction_dim)(beta_fast, dim, theta, original_max_position_embeddings);
+    double high = KN(yarn_correction_dim)(beta_slow, dim, theta, original_max_position_embeddings);
+    if (truncate) low = floor(low), high = ceil(high);
+    if (low < 0) low = 0;                 /* max(low, 0) */
+    if (high > dim - 1) high = dim - 1;   /* min(high, dim - 1) */
+    if (low == high) high += 0.001;       /* linear_ramp_factor: "prevent singularity" */
+    const REAL lo = (REAL)low, span = (REAL)(high - low), f = (REAL)factor;
+    for (int i = 0; i < dim / 2; i++) {
+        const REAL pos_freq = (REAL)pow((REAL)theta, (REAL)(2 * i) / (REAL)dim);
+        const REAL extrapolation = 1 / pos_freq, interpolation = 1 / (f * pos_freq);
+        REAL ramp = ((REAL)i - lo) / span;
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        const REAL extrapolation_factor = 1 - ramp;
+        inv_freq[i] = KN(rounded)(interpolation * (1 - extrapolation_factor)) + KN(rounded)(extrapolation * extrapolation_factor);
+    }
+    if (mscale != 0 && mscale_all_dim != 0) return rope_yarn_mscale(factor, mscale) / rope_yarn_mscale(factor, mscale_all_dim);
+    return rope_yarn_mscale(factor, 1);
+}
+
+/* The rotation of each pair of the rotary part (see enum rope_pairing) by angle
+ * pos * inv_freq[i], cos and sin times cs_scale; `sign` -1 rotates back, which is the backward
+ * pass (a rotation's transpose is its inverse; the scale is symmetric). */
+static void KN(rope_rotate)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride, int rot_offset,
+                            int rot_dim, int pairing, REAL cs_scale, int sign) {
+    const int half = rot_dim / 2, step = pairing == ROPE_ADJACENT ? 2 : 1, partner = pairing == ROPE_ADJACENT ? 1 : half;
+#pragma omp parallel for if(parallel: (size_t)T * n_heads * rot_dim >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
             REAL angle = (REAL)pos[t] * inv_freq[i]; /* product in the working precision, as HF */
             REAL c = (REAL)cos((double)angle), s = (REAL)(sign * sin((double)angle));
+            if (cs_scale != 1) c *= cs_scale, s *= cs_scale; /* HF: cos() * attention_scaling */
+            const int a = i * step, b = a + partner;
             for (int h = 0; h < n_heads; h++) {
-                REAL *xh = x + ((size_t)t * n_heads + h) * head_dim;
-                REAL x1 = xh[i], x2 = xh[i + half];
-                xh[i] = x1 * c - x2 * s;
-                xh[i + half] = x2 * c + x1 * s;
+                REAL *xh = x + ((size_t)t * n_heads + h) * head_stride + rot_offset;
+                REAL x1 = xh[a], x2 = xh[b];
+                xh[a] = x1 * c - x2 * s;
+                xh[b] = x2 * c + x1 * s;
             }
         }
     }
 }
 
 void KN(rope_forward)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim) {
-    KN(rope_rotate)(x, pos, inv_freq, T, n_heads, head_dim, 1);
+    KN(rope_rotate)(x, pos, inv_freq, T, n_heads, head_dim, 0, head_dim, ROPE_ROTATE_HALF, 1, 1);
 }
 
 void KN(rope_backward)(REAL *dx, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim) {
-    KN(rope_rotate)(dx, pos, inv_freq, T, n_heads, head_dim, -1);
+    KN(rope_rotate)(dx, pos, inv_freq, T, n_heads, head_dim, 0, head_dim, ROPE_ROTATE_HALF, 1, -1);
+}
+
+void KN(rope_partial_forward)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride,
+                              int rot_offset, int rot_dim, int pairing, REAL cs_scale) {
+    KN(rope_rotate)(x, pos, inv_freq, T, n_heads, head_stride, rot_offset, rot_dim, pairing, cs_scale, 1);
+}
+
+void KN(rope_partial_backward)(REAL *dx, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride,
+                               int rot_offset, int rot_dim, int pairing, REAL cs_scale) {
+    KN(rope_rotate)(dx, pos, inv_freq, T, n_heads, head_stride, rot_offset, rot_dim, pairing, cs_scale, -1);
 }
 
 static int KN(max_seq_len)(const int *offsets, int n_seqs) {
@@ -193,58 +243,80 @@ static void KN(attention_gather)(REAL *xs, const REAL *x, size_t qstride, int t0
 }
 
 /* The tile's probabilities P[rows, end] (end = t0 + nb: the keys up to its last position):
- * P = causal softmax(scale Qs K[0:end]^T). The forward and the backward both call this, so
- * the backward recomputes bit-identical probabilities. Single-threaded BLAS. */
-static void KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, size_t kvstride, int t0, int nb, int rows, int hd,
+ * P = causal softmax(scale Qs K[0:end]^T), over hd = hd_qk. The forward and the backward both
+ * call this, so the backward recomputes bit-identical probabilities. Single-threaded BLAS. */
+static void KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, size_t kstride, int t0, int nb, int rows, int hd,
                                      REAL scale) {
     const int end = t0 + nb;
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd, scale, qs, hd, ks, kvstride, 0, p, end);
+    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd, scale, qs, hd, ks, kstride, 0, p, end);
     for (int row = 0; row < rows; row++) KN(attention_softmax_row)(p + (size_t)row * end, t0 + row % nb, end);
+}
+
+/* Per-thread scratch of the attention kernels: n buffers, sizes[i] elements each, all or none
+ * (on failure every pointer is NULL and *failed is set). Freed with attention_scratch_free. */
+static void KN(attention_scratch)(REAL **bufs, const size_t *sizes, int n, int *failed) {
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok &= (bufs[i] = malloc(sizeof(REAL) * sizes[i])) != NULL;
+    if (ok) return;
+    for (int i = 0; i < n; i++) free(bufs[i]), bufs[i] = NULL;
+#pragma omp atomic write
+    *failed = 1;
+}
+
+static void KN(attention_scratch_free)(REAL **bufs, int n) {
+    for (int i = 0; i < n; i++) free(bufs[i]);
 }
 
 /* Blocked: per (sequence, query tile, kv head) one task; its heads' rows are stacked so K and
  * V are read once per tile: S = scale Q K^T (GEMM over the causal prefix), masked row softmax,
  * O = P V (GEMM). Memory per thread: a [128-ish, max_len] score block. Every output element is
  * computed by one task in a fixed order, so results do not depend on the threads. */
-void KN(attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
-                           int nh, int nkv, int hd) {
-    const REAL scale = 1 / SQRTR((REAL)hd);
+trill_status KN(attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
+                                   int nh, int nkv, int hd_qk, int hd_v, REAL scale) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
-    const size_t qstride = (size_t)nh * hd, kvstride = (size_t)nkv * hd;
+    const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
+    const size_t ostride = (size_t)nh * hd_v;
     const int max_len = KN(max_seq_len)(offsets, n_seqs), max_tiles = (max_len + tb - 1) / tb;
     /* tasks (sequence, tile), last tiles (the most keys) first for the dynamic schedule */
     int n_tasks = 0;
     for (int s = 0; s < n_seqs; s++) n_tasks += (offsets[s + 1] - offsets[s] + tb - 1) / tb;
-    if (n_tasks == 0) return;
+    if (n_tasks == 0) return TRILL_OK;
     int *tasks = malloc(sizeof(int) * 2 * (size_t)n_tasks), n = 0;
+    if (!tasks) return trill_error(TRILL_ERR_NOMEM, "attention: out of memory for %d tasks", n_tasks);
     for (int i = max_tiles - 1; i >= 0; i--)
         for (int s = 0; s < n_seqs; s++)
             if ((offsets[s + 1] - offsets[s] + tb - 1) / tb > i) tasks[2 * n] = s, tasks[2 * n + 1] = i, n++;
     kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
+    const size_t sizes[3] = { max_rows * max_len, max_rows * hd_qk, max_rows * hd_v };
+    int failed = 0;
 #pragma omp parallel
     {
-        REAL *p = malloc(sizeof(REAL) * max_rows * max_len), *qs = malloc(sizeof(REAL) * max_rows * hd),
-             *os = malloc(sizeof(REAL) * max_rows * hd);
+        REAL *bufs[3];
+        KN(attention_scratch)(bufs, sizes, 3, &failed);
+        REAL *p = bufs[0], *qs = bufs[1], *os = bufs[2];
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n_tasks * nkv; i++) {
+            if (!p) continue;
             const int s = tasks[2 * (i / nkv)], t0 = tasks[2 * (i / nkv) + 1] * tb, g = i % nkv;
             const int base = offsets[s], len = offsets[s + 1] - base, nb = len - t0 < tb ? len - t0 : tb;
             const int end = t0 + nb, rows = group * nb;
-            const REAL *ks = k + (size_t)base * kvstride + (size_t)g * hd, *vs = v + (size_t)base * kvstride + (size_t)g * hd;
-            KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd);
-            KN(attention_tile_probs)(p, qs, ks, kvstride, t0, nb, rows, hd, scale);
-            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, end, 1, p, end, vs, kvstride, 0, os, hd);
+            const REAL *ks = k + (size_t)base * kstride + (size_t)g * hd_qk, *vs = v + (size_t)base * vstride + (size_t)g * hd_v;
+            KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd_qk);
+            KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale);
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd_v, end, 1, p, end, vs, vstride, 0, os, hd_v);
             for (int a = 0; a < group; a++)
                 for (int r = 0; r < nb; r++)
-                    memcpy(out + (size_t)(base + t0 + r) * qstride + (size_t)(g * group + a) * hd, os + ((size_t)a * nb + r) * hd,
-                           sizeof(REAL) * hd);
+                    memcpy(out + (size_t)(base + t0 + r) * ostride + (size_t)(g * group + a) * hd_v, os + ((size_t)a * nb + r) * hd_v,
+                           sizeof(REAL) * hd_v);
         }
-        free(p);
-        free(qs);
-        free(os);
+        KN(attention_scratch_free)(bufs, 3);
     }
     free(tasks);
+    if (failed)
+        return trill_error(TRILL_ERR_NOMEM, "attention: out of memory for the per-thread scratch (%.1f MB each)",
+                           (double)(sizes[0] + sizes[1] + sizes[2]) * sizeof(REAL) * 1e-6);
+    return TRILL_OK;
 }
 
 /* qsort order of (length, index) pairs: longer first, then lower index (a total order). */
@@ -258,36 +330,40 @@ static int KN(attention_longer_first)(const void *a, const void *b) {
  * dQ += scale dS K, dK += scale dS^T Q (GEMMs over the causal prefix). Work is split by
  * (sequence, kv head), tiles in order within it, so the dk/dv rows a task accumulates into
  * are its own and the order of every sum is fixed whatever the threads. */
-void KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
-                            const int *offsets, int n_seqs, int nh, int nkv, int hd) {
-    const REAL scale = 1 / SQRTR((REAL)hd);
+trill_status KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
+                                    const int *offsets, int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL scale) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
-    const size_t qstride = (size_t)nh * hd, kvstride = (size_t)nkv * hd;
+    const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
+    const size_t ostride = (size_t)nh * hd_v;
     const int max_len = KN(max_seq_len)(offsets, n_seqs);
     /* longest sequences first for the dynamic schedule: pairs (length, index), sorted */
     int *order = malloc(sizeof(int) * 2 * (size_t)(n_seqs > 0 ? n_seqs : 1));
+    if (!order) return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for %d sequences", n_seqs);
     for (int s = 0; s < n_seqs; s++) order[2 * s] = offsets[s + 1] - offsets[s], order[2 * s + 1] = s;
     qsort(order, (size_t)n_seqs, 2 * sizeof(int), KN(attention_longer_first));
     kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
+    const size_t sizes[5] = { max_rows * max_len, max_rows * max_len, max_rows * hd_qk, max_rows * hd_v, max_rows * hd_qk };
+    int failed = 0;
 #pragma omp parallel
     {
-        REAL *p = malloc(sizeof(REAL) * max_rows * max_len), *dp = malloc(sizeof(REAL) * max_rows * max_len);
-        REAL *qs = malloc(sizeof(REAL) * max_rows * hd), *dos = malloc(sizeof(REAL) * max_rows * hd),
-             *dqs = malloc(sizeof(REAL) * max_rows * hd);
+        REAL *bufs[5];
+        KN(attention_scratch)(bufs, sizes, 5, &failed);
+        REAL *p = bufs[0], *dp = bufs[1], *qs = bufs[2], *dos = bufs[3], *dqs = bufs[4];
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n_seqs * nkv; i++) {
+            if (!p) continue;
             const int s = order[2 * (i / nkv) + 1], g = i % nkv;
             const int base = offsets[s], len = offsets[s + 1] - base;
-            const size_t kv_off = (size_t)base * kvstride + (size_t)g * hd;
-            const REAL *ks = k + kv_off, *vs = v + kv_off;
+            const size_t k_off = (size_t)base * kstride + (size_t)g * hd_qk, v_off = (size_t)base * vstride + (size_t)g * hd_v;
+            const REAL *ks = k + k_off, *vs = v + v_off;
             for (int t0 = 0; t0 < len; t0 += tb) {
                 const int nb = len - t0 < tb ? len - t0 : tb, end = t0 + nb, rows = group * nb;
-                KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd);
-                KN(attention_gather)(dos, dout + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd);
-                KN(attention_tile_probs)(p, qs, ks, kvstride, t0, nb, rows, hd, scale);
-                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd, 1, dos, hd, vs, kvstride, 0, dp, end);
-                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd, rows, 1, p, end, dos, hd, 1, dv + kv_off, kvstride);
+                KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd_qk);
+                KN(attention_gather)(dos, dout + (size_t)base * ostride, ostride, t0, nb, g * group, group, hd_v);
+                KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd_v, 1, dos, hd_v, vs, vstride, 0, dp, end);
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd_v, rows, 1, p, end, dos, hd_v, 1, dv + v_off, vstride);
                 for (int row = 0; row < rows; row++) { /* softmax backward; dS overwrites dP */
                     const int last = t0 + row % nb;
                     const REAL *pr = p + (size_t)row * end;
@@ -298,24 +374,24 @@ void KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, cons
                     for (int j = 0; j <= last; j++) dr[j] = pr[j] * (dr[j] - sum);
                     for (int j = last + 1; j < end; j++) dr[j] = 0;
                 }
-                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, end, scale, dp, end, ks, kvstride, 0, dqs, hd);
-                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd, rows, scale, dp, end, qs, hd, 1, dk + kv_off, kvstride);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd_qk, end, scale, dp, end, ks, kstride, 0, dqs, hd_qk);
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd_qk, rows, scale, dp, end, qs, hd_qk, 1, dk + k_off, kstride);
                 for (int a = 0; a < group; a++)
                     for (int r = 0; r < nb; r++) {
-                        REAL *dqr = dq + (size_t)(base + t0 + r) * qstride + (size_t)(g * group + a) * hd;
-                        const REAL *src = dqs + ((size_t)a * nb + r) * hd;
+                        REAL *dqr = dq + (size_t)(base + t0 + r) * qstride + (size_t)(g * group + a) * hd_qk;
+                        const REAL *src = dqs + ((size_t)a * nb + r) * hd_qk;
 #pragma omp simd
-                        for (int c = 0; c < hd; c++) dqr[c] += src[c];
+                        for (int c = 0; c < hd_qk; c++) dqr[c] += src[c];
                     }
             }
         }
-        free(p);
-        free(dp);
-        free(qs);
-        free(dos);
-        free(dqs);
+        KN(attention_scratch_free)(bufs, 5);
     }
     free(order);
+    if (failed)
+        return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for the per-thread scratch (%.1f MB each)",
+                           (double)(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * sizeof(REAL) * 1e-6);
+    return TRILL_OK;
 }
 
 void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
@@ -334,6 +410,11 @@ void KN(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *g
         dgate[i] += dout[i] * up[i] * sig * (1 + g * (1 - sig));
         dup[i] += dout[i] * g * sig;
     }
+}
+
+void KN(sigmoid_forward)(REAL *out, const REAL *inp, size_t n) {
+#pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = KN(sigmoid)(inp[i]);
 }
 
 void KN(residual_forward)(REAL *x, const REAL *y, size_t n) {
@@ -355,54 +436,131 @@ void KN(softmax_forward)(REAL *probs, const REAL *logits, int T, int C) {
     }
 }
 
+/* The k largest of p[i] (+ bias[i] when bias is not NULL) over the experts i whose group
+ * i / group_size is marked in `keep` (all when keep is NULL), descending into vx[k] with their
+ * ids in ix[k], ties to the lower index. Insertion into a sorted list of k: C is small
+ * (experts), k smaller. At least k experts must be eligible. */
+static inline void KN(topk_row)(int *ix, REAL *vx, const REAL *p, const REAL *bias, const unsigned char *keep, int group_size,
+                                int C, int k) {
+    int n = 0;
+    for (int i = 0; i < C; i++) {
+        if (keep && !keep[i / group_size]) continue;
+        const REAL pi = bias ? p[i] + bias[i] : p[i];
+        if (n == k && pi <= vx[k - 1]) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vx[j - 1] < pi) { vx[j] = vx[j - 1]; ix[j] = ix[j - 1]; j--; }
+        vx[j] = pi;
+        ix[j] = i;
+    }
+}
+
 void KN(topk_forward)(int *idx, REAL *val, const REAL *probs, int T, int C, int k) {
 #pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
-    for (int t = 0; t < T; t++) {
-        const REAL *p = probs + (size_t)t * C;
-        int *ix = idx + (size_t)t * k;
-        REAL *vx = val + (size_t)t * k;
-        /* insertion into a sorted list of k: C is small (experts), k smaller */
-        int n = 0;
-        for (int i = 0; i < C; i++) {
-            if (n == k && p[i] <= vx[k - 1]) continue;
-            int j = n < k ? n++ : k - 1;
-            while (j > 0 && vx[j - 1] < p[i]) { vx[j] = vx[j - 1]; ix[j] = ix[j - 1]; j--; }
-            vx[j] = p[i];
-            ix[j] = i;
-        }
-    }
+    for (int t = 0; t < T; t++) KN(topk_row)(idx + (size_t)t * k, val + (size_t)t * k, probs + (size_t)t * C, NULL, NULL, 1, C, k);
 }
 
-void KN(router_gates_forward)(REAL *gates, const REAL *probs, const int *idx, int T, int E, int K, int norm_topk_prob) {
+trill_status KN(router_topk_forward)(int *idx, REAL *val, const REAL *scores, const REAL *bias, int T, int E, int K, int n_group,
+                                     int topk_group) {
+    if (K < 1 || K > E) return trill_error(TRILL_ERR_INVALID, "router: top-%d of %d experts", K, E);
+    const int grouped = n_group > 1, gsize = grouped ? E / n_group : E;
+    if (grouped) {
+        if (n_group > ROUTER_MAX_GROUPS || E % n_group || gsize < 2)
+            return trill_error(TRILL_ERR_INVALID, "router: %d experts cannot form %d groups of 2 or more (at most %d groups)", E,
+                               n_group, ROUTER_MAX_GROUPS);
+        if (topk_group < 1 || topk_group > n_group || K > topk_group * gsize)
+            return trill_error(TRILL_ERR_INVALID, "router: top-%d experts from the best %d of %d groups of %d", K, topk_group,
+                               n_group, gsize);
+    }
+#pragma omp parallel for if(parallel: (size_t)T * E >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
-        const REAL *p = probs + (size_t)t * E;
+        const REAL *p = scores + (size_t)t * E;
+        unsigned char keep[ROUTER_MAX_GROUPS];
+        if (grouped) {
+            REAL gscore[ROUTER_MAX_GROUPS];
+            for (int g = 0; g < n_group; g++) { /* the sum of the group's two best selection scores */
+                REAL best = -INFINITY, second = -INFINITY;
+                for (int i = g * gsize; i < (g + 1) * gsize; i++) {
+                    const REAL si = bias ? p[i] + bias[i] : p[i];
+                    if (si > best) second = best, best = si;
+                    else if (si > second) second = si;
+                }
+                gscore[g] = best + second;
+            }
+            for (int g = 0; g < n_group; g++) { /* kept: fewer than topk_group groups rank above it */
+                int above = 0;
+                for (int h = 0; h < n_group; h++) above += gscore[h] > gscore[g] || (gscore[h] == gscore[g] && h < g);
+                keep[g] = above < topk_group;
+            }
+        }
+        KN(topk_row)(idx + (size_t)t * K, val + (size_t)t * K, p, bias, grouped ? keep : NULL, gsize, E, K);
+    }
+    return TRILL_OK;
+}
+
+void KN(router_gates_forward)(REAL *gates, const REAL *scores, const int *idx, int T, int E, int K, int norm_topk_prob,
+                              REAL norm_eps, REAL scaling) {
+    for (int t = 0; t < T; t++) {
+        const REAL *p = scores + (size_t)t * E;
         REAL *g = gates + (size_t)t * K, sum = 0;
         for (int j = 0; j < K; j++) sum += g[j] = p[idx[(size_t)t * K + j]];
-        if (norm_topk_prob)
-            for (int j = 0; j < K; j++) g[j] /= sum;
+        if (norm_topk_prob) {
+            const REAL denominator = sum + norm_eps; /* exactly sum for norm_eps 0 */
+            for (int j = 0; j < K; j++) g[j] /= denominator;
+        }
+        if (scaling != 1)
+            for (int j = 0; j < K; j++) g[j] *= scaling;
     }
 }
 
-/* gates g_j = p_{i_j} (/ S with S = sum_k p_{i_k} when normalised), p = softmax(logits):
- * dp_{i_j} = (dg_j - sum_k dg_k g_k) / S  (or dg_j);  dlogit_e += p_e (dp_e - sum_f dp_f p_f). */
-void KN(router_gates_backward)(REAL *dlogits, const REAL *dgates, const REAL *probs, const int *idx, int T, int E, int K,
-                               int norm_topk_prob) {
+/* gates g_j = c u_j, u_j = p_{i_j} / D with D = sum_k p_{i_k} + eps (normalised) or u_j = p_{i_j},
+ * c the scaling: with du_j = c dg_j, dp_{i_j} = (du_j - sum_k du_k u_k) / D (or du_j). */
+void KN(router_gates_backward)(REAL *dsel, const REAL *dgates, const REAL *scores, const int *idx, int T, int E, int K,
+                               int norm_topk_prob, REAL norm_eps, REAL scaling) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
-        const REAL *p = probs + (size_t)t * E, *dg = dgates + (size_t)t * K;
+        const REAL *p = scores + (size_t)t * E, *dg = dgates + (size_t)t * K;
         const int *ix = idx + (size_t)t * K;
+        REAL *ds = dsel + (size_t)t * K;
+        if (!norm_topk_prob) {
+            for (int j = 0; j < K; j++) ds[j] = scaling != 1 ? dg[j] * scaling : dg[j];
+            continue;
+        }
         REAL sum = 0, dot = 0;
         for (int j = 0; j < K; j++) sum += p[ix[j]];
-        for (int j = 0; j < K; j++) dot += dg[j] * p[ix[j]] / sum;
-        REAL pdp = 0; /* sum_e p_e dp_e over the selected experts */
-        REAL dp[K];
+        const REAL denominator = sum + norm_eps;
         for (int j = 0; j < K; j++) {
-            dp[j] = norm_topk_prob ? (dg[j] - dot) / sum : dg[j];
-            pdp += p[ix[j]] * dp[j];
+            const REAL du = scaling != 1 ? dg[j] * scaling : dg[j];
+            dot += du * p[ix[j]] / denominator;
         }
+        for (int j = 0; j < K; j++) { /* reads dg[j] before writing ds[j]: they may alias */
+            const REAL du = scaling != 1 ? dg[j] * scaling : dg[j];
+            ds[j] = (du - dot) / denominator;
+        }
+    }
+}
+
+/* p = softmax(logits), the gradient dp only at the ids: dlogit_e += p_e (dp_e - sum_j p_{i_j} dp_j). */
+void KN(router_softmax_backward)(REAL *dlogits, const REAL *dsel, const REAL *probs, const int *idx, int T, int E, int K) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const REAL *p = probs + (size_t)t * E, *dp = dsel + (size_t)t * K;
+        const int *ix = idx + (size_t)t * K;
+        REAL pdp = 0; /* sum_e p_e dp_e over the selected experts */
+        for (int j = 0; j < K; j++) pdp += p[ix[j]] * dp[j];
         REAL *dl = dlogits + (size_t)t * E;
         for (int e = 0; e < E; e++) dl[e] -= p[e] * pdp;
         for (int j = 0; j < K; j++) dl[ix[j]] += p[ix[j]] * dp[j];
+    }
+}
+
+/* s = sigmoid(logit): dlogit = ds s (1 - s), at the ids. */
+void KN(router_sigmoid_backward)(REAL *dlogits, const REAL *dsel, const REAL *scores, const int *idx, int T, int E, int K) {
+#pragma omp parallel for if(parallel: (size_t)T * K >= PARALLEL_MIN) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const REAL *s = scores + (size_t)t * E, *ds = dsel + (size_t)t * K;
+        const int *ix = idx + (size_t)t * K;
+        REAL *dl = dlogits + (size_t)t * E;
+        for (int j = 0; j < K; j++) dl[ix[j]] += ds[j] * s[ix[j]] * (1 - s[ix[j]]);
     }
 }
 

@@ -87,10 +87,10 @@ trill_status trill_check_replay(const trill_config *c, const uint16_t *replay, i
     return TRILL_OK;
 }
 
-void trill_forward_layer(const trill_forward_pass *fp, int l) { fp->f->layer(fp, l, fp->replay, NULL); }
+trill_status trill_forward_layer(const trill_forward_pass *fp, int l) { return fp->f->layer(fp, l, fp->replay, NULL); }
 
 /* Runs every decoder layer and the final norm (into fp->xf). */
-static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t *experts) {
+static trill_status run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t *experts) {
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const int T = fp->T, H = c->hidden_size;
@@ -98,8 +98,15 @@ static void run_layers(trill_forward_pass *fp, const uint16_t *replay, uint16_t 
         for (int t = fp->offsets[s]; t < fp->offsets[s + 1]; t++) fp->pos[t] = t - fp->offsets[s];
     fp->f->begin(fp);
     embedding_forward_w(fp->x_first, m->embed, fp->tokens, T, H);
-    for (int l = 0; l < c->num_hidden_layers; l++) fp->f->layer(fp, l, replay, experts);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        trill_status st = fp->f->layer(fp, l, replay, experts);
+        if (st) {
+            trill_error_context("layer %d", l);
+            return st;
+        }
+    }
     rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
+    return TRILL_OK;
 }
 
 /* logits of n rows starting at row t0 (lm_head with its adapter, if any) */
@@ -149,8 +156,8 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
     if (T > 0) {
-        run_layers(fp, replay, experts);
-        st = token_logprobs(fp, logprobs);
+        st = run_layers(fp, replay, experts);
+        if (!st) st = token_logprobs(fp, logprobs);
     }
     if (st || !out) trill_forward_pass_free(fp);
     else *out = fp;
@@ -182,7 +189,10 @@ trill_status trill_model_forward_last_hidden(const trill_model *m, const int *to
     fp->tokens = tokens;
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
-    run_layers(fp, NULL, NULL);
+    if ((st = run_layers(fp, NULL, NULL))) {
+        trill_forward_pass_free(fp);
+        return st;
+    }
     const size_t H = (size_t)c->hidden_size;
     for (int s = 0; s < n_seqs; s++) memcpy(hidden + (size_t)s * H, fp->xf + (size_t)(offsets[s + 1] - 1) * H, H * sizeof(float));
     trill_forward_pass_free(fp);

@@ -37,8 +37,9 @@ typedef struct trill_family_layers {
     /* Per-pass set-up before the first layer (e.g. RoPE tables from fp->pos). */
     void (*begin)(trill_forward_pass *fp);
     /* Layer l: its input -> the next layer's input (or x_final). replay / experts as in
-     * trill_model_forward; experts may be NULL. Also re-runs a layer for recomputation. */
-    void (*layer)(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts);
+     * trill_model_forward; experts may be NULL. Also re-runs a layer for recomputation. Fails
+     * only when a kernel's scratch cannot be allocated. */
+    trill_status (*layer)(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts);
 } trill_family_layers;
 
 /* The family's layer code for c (src/model/families.c). */
@@ -67,8 +68,9 @@ struct trill_forward_pass {
 void trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
                   int K, int N);
 
-/* Re-runs layer l's forward from its saved input (activation recomputation). */
-void trill_forward_layer(const trill_forward_pass *fp, int l);
+/* Re-runs layer l's forward from its saved input (activation recomputation). Fails only when
+ * a kernel's scratch cannot be allocated. */
+trill_status trill_forward_layer(const trill_forward_pass *fp, int l);
 
 /* logits[n, V] of rows t0..t0+n of the pass (lm_head and its adapter); keeps the adapter input
  * in xa_head. */

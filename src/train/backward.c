@@ -112,12 +112,13 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
         return st;
     }
     head_backward(fp, dlogprobs, &sink, &g);
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
-        if (fp->recompute) trill_forward_layer(fp, l); /* refill the shared buffers from the layer's saved input */
-        f->layer(fp, l, &sink, &g.lora, layer_scratch, g.dx);
+    for (int l = c->num_hidden_layers - 1; l >= 0 && !st; l--) {
+        if (fp->recompute) st = trill_forward_layer(fp, l); /* refill the shared buffers from the layer's saved input */
+        if (!st) st = f->layer(fp, l, &sink, &g.lora, layer_scratch, g.dx);
+        if (st) trill_error_context("backward, layer %d", l);
     }
-    if (grads) embedding_backward(trill_grad_of_w(&sink, m->embed), g.dx, fp->tokens, T, H);
+    if (!st && grads) embedding_backward(trill_grad_of_w(&sink, m->embed), g.dx, fp->tokens, T, H);
     f->end(layer_scratch);
     free(g.block);
-    return TRILL_OK;
+    return st;
 }

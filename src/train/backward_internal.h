@@ -40,9 +40,9 @@ typedef struct trill_family_backward {
     trill_status (*begin)(const trill_forward_pass *fp, void **scratch);
     /* Layer l, its activations in the pass (recomputed first when fp->recompute): dx holds the
      * gradient of the layer's output on entry and of its input on return; weight and adapter
-     * gradients accumulate into the sinks. */
-    void (*layer)(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *scratch,
-                  float *dx);
+     * gradients accumulate into the sinks. Fails only when a kernel's scratch cannot be allocated. */
+    trill_status (*layer)(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
+                          void *scratch, float *dx);
     void (*end)(void *scratch);
 } trill_family_backward;
 

@@ -61,7 +61,7 @@ static void expect_grad(check *c, const char *name, double *x, const double *ana
             fail();
         }
     }
-    printf("  %-28s %5zu elements, max error %.2e\n", name, n, worst);
+    printf("  %-40s %5zu elements, max error %.2e\n", name, n, worst);
 }
 
 /* ---- matmul ---- */
@@ -114,24 +114,61 @@ static void test_rope(void **state) {
     free(r.x); free(G); free(dx);
 }
 
-/* ---- attention: two sequences (3 and 5 tokens), 4 query heads over 2 kv heads ---- */
-enum { AT = 8, ANH = 4, ANKV = 2, AHD = 4 };
-typedef struct { double *q, *k, *v; int offsets[3]; } at_ctx;
+/* ---- rope on part of each head: heads of 10, dims 3..8 rotated, both pairings, cos/sin x 1.3 ---- */
+enum { RPT = 3, RPH = 2, RPS = 10, RPO = 3, RPD = 6 };
+typedef struct { double *x, inv[RPD / 2]; int pos[RPT]; int pairing; double scale; } rope_part_ctx;
+static void rope_part_fwd(check *c, double *out) {
+    rope_part_ctx *r = c->ctx;
+    memcpy(out, r->x, sizeof(double) * RPT * RPH * RPS);
+    rope_partial_forward_f64(out, r->pos, r->inv, RPT, RPH, RPS, RPO, RPD, r->pairing, r->scale);
+}
+
+static void test_rope_partial(void **state) {
+    (void)state;
+    for (int pairing = ROPE_ROTATE_HALF; pairing <= ROPE_ADJACENT; pairing++)
+        for (int scaled = 0; scaled < 2; scaled++) {
+            const size_t n = RPT * RPH * RPS;
+            rope_part_ctx r = { randn(n, 1), { 0 }, { 3, 0, 41 }, pairing, scaled ? 1.3 : 1.0 };
+            rope_inv_freq_yarn_f64(r.inv, RPD, 10000.0, 8.0, 64, 32, 1, 0, 0, 1);
+            double *G = randn(n, 1), *dx = malloc(n * sizeof(double));
+            memcpy(dx, G, n * sizeof(double));
+            rope_partial_backward_f64(dx, r.pos, r.inv, RPT, RPH, RPS, RPO, RPD, pairing, r.scale);
+            check c = { rope_part_fwd, &r, n, G };
+            char name[64];
+            snprintf(name, sizeof name, "rope partial %s%s dx", pairing == ROPE_ADJACENT ? "adjacent" : "half", scaled ? " x1.3" : "");
+            expect_grad(&c, name, r.x, dx, n);
+            free(r.x); free(G); free(dx);
+        }
+}
+
+/* ---- attention: two sequences (3 and 5 tokens), 4 query heads over 2 kv heads; q/k heads of
+ * hd, v heads of hv, softmax scale `scale` ---- */
+enum { AT = 8, ANH = 4, ANKV = 2 };
+typedef struct { double *q, *k, *v; int offsets[3]; int hd, hv; double scale; } at_ctx;
 static void at_fwd(check *c, double *out) {
     at_ctx *a = c->ctx;
-    attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, AHD);
+    assert_int_equal(attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale), TRILL_OK);
+}
+
+static void attention_case(int hd, int hv, double scale) {
+    const size_t nq = AT * ANH * hd, nk = AT * ANKV * hd, nv = AT * ANKV * hv, no = AT * ANH * hv;
+    at_ctx a = { randn(nq, 1), randn(nk, 1), randn(nv, 1), { 0, 3, 8 }, hd, hv, scale };
+    double *G = randn(no, 1), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nv);
+    assert_int_equal(attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale), TRILL_OK);
+    check c = { at_fwd, &a, no, G };
+    char name[3][64];
+    for (int i = 0; i < 3; i++) snprintf(name[i], sizeof name[i], "attention %d/%d d%s", hd, hv, i == 0 ? "q" : i == 1 ? "k" : "v");
+    expect_grad(&c, name[0], a.q, dq, nq);
+    expect_grad(&c, name[1], a.k, dk, nk);
+    expect_grad(&c, name[2], a.v, dv, nv);
+    free(a.q); free(a.k); free(a.v); free(G); free(dq); free(dk); free(dv);
 }
 
 static void test_attention(void **state) {
     (void)state;
-    at_ctx a = { randn(AT * ANH * AHD, 1), randn(AT * ANKV * AHD, 1), randn(AT * ANKV * AHD, 1), { 0, 3, 8 } };
-    double *G = randn(AT * ANH * AHD, 1), *dq = zeros(AT * ANH * AHD), *dk = zeros(AT * ANKV * AHD), *dv = zeros(AT * ANKV * AHD);
-    attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, AHD);
-    check c = { at_fwd, &a, AT * ANH * AHD, G };
-    expect_grad(&c, "attention dq", a.q, dq, AT * ANH * AHD);
-    expect_grad(&c, "attention dk", a.k, dk, AT * ANKV * AHD);
-    expect_grad(&c, "attention dv", a.v, dv, AT * ANKV * AHD);
-    free(a.q); free(a.k); free(a.v); free(G); free(dq); free(dk); free(dv);
+    attention_case(4, 4, 1 / sqrt(4.0)); /* Qwen3: equal head sizes, 1/sqrt(hd) */
+    attention_case(6, 3, 0.37);          /* MLA-like: larger q/k heads, an explicit scale */
+    attention_case(3, 5, 0.8);           /* larger value heads */
 }
 
 /* ---- swiglu ---- */
@@ -149,39 +186,63 @@ static void test_swiglu(void **state) {
     free(s.g); free(s.u); free(G); free(dg); free(du);
 }
 
-/* ---- router: logits -> softmax -> gates at the routed ids (own top-k, or replayed ids) ---- */
-enum { RT = 3, RE = 6, RK = 2 };
-typedef struct { double *logits; int idx[RT * RK]; int norm; } rt_ctx;
+/* ---- router: logits -> softmax or sigmoid scores -> gates at the routed ids (own choice, or
+ * replayed ids), renormalised (Qwen3: / sum; DeepSeek: / (sum + 1e-20)) or not, scaled ---- */
+enum { RT = 3, RE = 8, RK = 2 };
+typedef struct { double *logits; int idx[RT * RK]; int sigmoid, norm; double eps, scaling; } rt_ctx;
+static void rt_scores(const rt_ctx *r, double *scores) {
+    if (r->sigmoid) sigmoid_forward_f64(scores, r->logits, RT * RE);
+    else softmax_forward_f64(scores, r->logits, RT, RE);
+}
 static void rt_fwd(check *c, double *out) {
     rt_ctx *r = c->ctx;
-    double probs[RT * RE];
-    softmax_forward_f64(probs, r->logits, RT, RE);
-    router_gates_forward_f64(out, probs, r->idx, RT, RE, RK, r->norm);
+    double scores[RT * RE];
+    rt_scores(r, scores);
+    router_gates_forward_f64(out, scores, r->idx, RT, RE, RK, r->norm, r->eps, r->scaling);
 }
 
-static void router_case(int norm, int replay) {
-    rt_ctx r = { randn(RT * RE, 1.5), { 0 }, norm };
-    double probs[RT * RE], vals[RT * RK];
-    softmax_forward_f64(probs, r.logits, RT, RE);
+static void router_case(int sigmoid, int norm, double eps, double scaling, int replay) {
+    rt_ctx r = { randn(RT * RE, 1.5), { 0 }, sigmoid, norm, eps, scaling };
+    double scores[RT * RE], vals[RT * RK];
+    rt_scores(&r, scores);
     if (replay) { /* ids another engine chose: not the top-k here */
-        const int forced[RT * RK] = { 5, 0, 2, 3, 1, 4 };
+        const int forced[RT * RK] = { 5, 0, 2, 7, 1, 4 };
         memcpy(r.idx, forced, sizeof forced);
+    } else if (sigmoid) { /* DeepSeek's choice: a selection bias, the best 2 of 4 groups */
+        const double bias[RE] = { 0.1, -0.2, 0.05, 0, 0.3, -0.1, 0, 0.2 };
+        assert_int_equal(router_topk_forward_f64(r.idx, vals, scores, bias, RT, RE, RK, 4, 2), TRILL_OK);
     } else {
-        topk_forward_f64(r.idx, vals, probs, RT, RE, RK);
+        topk_forward_f64(r.idx, vals, scores, RT, RE, RK);
     }
-    double *G = randn(RT * RK, 1), *dl = zeros(RT * RE);
-    router_gates_backward_f64(dl, G, probs, r.idx, RT, RE, RK, norm);
+    double *G = randn(RT * RK, 1), *dsel = malloc(sizeof(double) * RT * RK), *dl = zeros(RT * RE);
+    router_gates_backward_f64(dsel, G, scores, r.idx, RT, RE, RK, norm, eps, scaling);
+    if (sigmoid) router_sigmoid_backward_f64(dl, dsel, scores, r.idx, RT, RE, RK);
+    else router_softmax_backward_f64(dl, dsel, scores, r.idx, RT, RE, RK);
     check c = { rt_fwd, &r, RT * RK, G };
-    char name[64];
-    snprintf(name, sizeof name, "router %s%s", norm ? "norm_topk " : "", replay ? "replay" : "top-k");
+    char name[80];
+    snprintf(name, sizeof name, "router %s%s%s %s", sigmoid ? "sigmoid" : "softmax", norm ? " norm" : "", scaling != 1 ? " x2.5" : "",
+             replay ? "replay" : "top-k");
+    if (norm && eps) snprintf(name + strlen(name), sizeof name - strlen(name), " eps %g", eps);
     expect_grad(&c, name, r.logits, dl, RT * RE);
-    free(r.logits); free(G); free(dl);
+    free(r.logits); free(G); free(dsel); free(dl);
 }
 
 static void test_router(void **state) {
     (void)state;
-    for (int norm = 0; norm < 2; norm++)
-        for (int replay = 0; replay < 2; replay++) router_case(norm, replay);
+    for (int sigmoid = 0; sigmoid < 2; sigmoid++)
+        for (int replay = 0; replay < 2; replay++) {
+            router_case(sigmoid, 0, 0, 1, replay);     /* gates = scores at the ids */
+            router_case(sigmoid, 1, 0, 1, replay);     /* Qwen3 norm_topk_prob */
+            router_case(sigmoid, 1, 1e-20, 2.5, replay); /* DeepSeek: norm with eps, routed_scaling_factor */
+            router_case(sigmoid, 1, 0.05, 1, replay);  /* an eps large enough to count */
+            router_case(sigmoid, 0, 0, 2.5, replay);
+        }
+    /* the gradient written in place over dgates equals the one written elsewhere */
+    double scores[RE] = { 0.1, 0.3, 0.05, 0.2, 0.15, 0.1, 0.07, 0.03 }, dg[2] = { 0.7, -1.1 }, out[2];
+    const int idx[2] = { 3, 1 };
+    router_gates_backward_f64(out, dg, scores, idx, 1, RE, 2, 1, 1e-20, 2.5);
+    router_gates_backward_f64(dg, dg, scores, idx, 1, RE, 2, 1, 1e-20, 2.5);
+    assert_memory_equal(out, dg, sizeof out);
 }
 
 /* ---- token log-prob / cross-entropy ---- */
@@ -214,7 +275,7 @@ static void test_embedding(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matmul),  cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_matmul),  cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope), cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu), cmocka_unit_test(test_router),
         cmocka_unit_test(test_token_logprob), cmocka_unit_test(test_embedding),
     };

@@ -67,8 +67,9 @@ static void begin(trill_forward_pass *fp) {
 
 static const trill_lora_layer NO_ADAPTERS;
 
-/* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). */
-static void attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+/* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). Fails only
+ * when the attention kernel's scratch cannot be allocated. */
+static trill_status attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
                             qwen3_layer_acts *a) {
     const trill_config *c = &fp->m->config;
     const qwen3_acts *q = fp->acts;
@@ -82,10 +83,12 @@ static void attention_block(const trill_forward_pass *fp, const trill_layer_weig
     rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
     rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
-    attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    trill_status st = attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    if (st) return st;
     trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     residual_forward(a->x_mid, q->out, (size_t)T * H);
+    return TRILL_OK;
 }
 
 /* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
@@ -119,7 +122,7 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
             if (ids[0] == TRILL_REPLAY_NONE) continue; /* this token routes itself */
             for (int j = 0; j < K; j++) a->topi[t * K + j] = ids[j];
         }
-    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
     if (experts)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < K; j++) experts[((size_t)t * L + ordinal) * K + j] = (uint16_t)a->topi[t * K + j];
@@ -151,7 +154,7 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
 }
 
 /* One decoder layer: layers[l].x_in -> the next layer's input (or x_final). */
-static void layer(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts) {
+static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts) {
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const qwen3_acts *q = fp->acts;
@@ -160,7 +163,8 @@ static void layer(const trill_forward_pass *fp, int l, const uint16_t *replay, u
     qwen3_layer_acts *a = &q->layers[l];
     float *x_next = l + 1 < c->num_hidden_layers ? q->layers[l + 1].x_in : fp->x_final;
     const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
-    attention_block(fp, w, ad, a);
+    trill_status st = attention_block(fp, w, ad, a);
+    if (st) return st;
     rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
     if (trill_config_is_moe(c, l))
         moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
@@ -169,6 +173,7 @@ static void layer(const trill_forward_pass *fp, int l, const uint16_t *replay, u
             c->intermediate_size);
     if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
     residual_forward(x_next, q->out, (size_t)T * H);
+    return TRILL_OK;
 }
 
 const trill_family_layers qwen3_layers = { .plan = plan, .begin = begin, .layer = layer };

@@ -1,6 +1,7 @@
 /* The backward of the Qwen3 / Qwen3-MoE decoder layer (layer.c), with the kernels' *_backward
  * functions; part of the train layer. Attention probabilities and SwiGLU outputs are recomputed
  * rather than stored. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,12 +112,14 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
         }
     }
     zero(g->dlogits, (size_t)T * E);
-    router_gates_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob);
+    router_gates_backward(g->dgates, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
+    router_softmax_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K);
     matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
-/* Attention block: dx (gradient of x_mid) += the attention branch's gradient of x_in. */
-static void attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+/* Attention block: dx (gradient of x_mid) += the attention branch's gradient of x_in. Fails only
+ * when the attention kernel's scratch cannot be allocated. */
+static trill_status attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
                                      const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                                      scratch *g, float *dx) {
     const trill_config *c = &fp->m->config;
@@ -128,7 +131,9 @@ static void attention_backward_block(const trill_forward_pass *fp, const trill_l
     zero(g->dq, (size_t)T * nh * hd);
     zero(g->dk, (size_t)T * nkv * hd);
     zero(g->dv, (size_t)T * nkv * hd);
-    attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd);
+    trill_status st = attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd,
+                                         1 / sqrtf((float)hd));
+    if (st) return st;
     rope_backward(g->dq, fp->pos, q->inv_freq, T, nh, hd);
     rope_backward(g->dk, fp->pos, q->inv_freq, T, nkv, hd);
     zero(g->dqr, (size_t)T * nh * hd);
@@ -140,9 +145,11 @@ static void attention_backward_block(const trill_forward_pass *fp, const trill_l
     trill_linear_backward(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
     trill_linear_backward(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
+    return TRILL_OK;
 }
 
-static void layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *s, float *dx) {
+static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *s,
+                          float *dx) {
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const qwen3_acts *q = fp->acts;
@@ -160,7 +167,7 @@ static void layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *s
                      ad->down, a->xa, 0, T, H, c->intermediate_size);
     }
     rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
-    attention_backward_block(fp, w, ad, a, sink, lg, g, dx);
+    return attention_backward_block(fp, w, ad, a, sink, lg, g, dx);
 }
 
 const trill_family_backward qwen3_backward = { .begin = begin, .layer = layer, .end = end };
