@@ -168,8 +168,7 @@ int bench_generate(int argc, char **argv) {
     trill_lora_parse_targets("all-linear", &lc.targets);
     trill_status st = trill_lora_create(m, lc, 1, &lora);
     for (int f = 0; f < n_formats && !st; f++) {
-        const gen_format kf = formats[f] == TRILL_GEN_F32 ? GEN_F32 : formats[f] == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8;
-        const double peak = gen_peak_gflops(kf, gen_isa_best());
+        const double peak = gen_peak_gflops(formats[f], gen_isa_best());
         trill_engine_config ec = trill_engine_config_default();
         ec.format = formats[f];
         ec.max_batch_tokens = max_batch > 512 ? max_batch : 512;
@@ -184,7 +183,7 @@ int bench_generate(int argc, char **argv) {
         const double step_bytes = (double)trill_engine_decode_bytes(e);
         printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s)\n",
                trill_gen_format_name(formats[f]), gen_isa_name(gen_isa_best()), trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
-               bw * 1e9 / step_bytes, bw, peak, gen_peak_instruction(kf, gen_isa_best()));
+               bw * 1e9 / step_bytes, bw, peak, gen_peak_instruction(formats[f], gen_isa_best()));
         for (int i = 0; i < n_batches && !st; i++) {
             run_result r;
             if ((st = run(e, cfg, batches[i], (int)prompt_len, (int)steps, ec.max_batch_tokens, &r))) break;

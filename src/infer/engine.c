@@ -19,18 +19,7 @@
 #include "trill/kernels.h"
 #include "trill/lora.h"
 
-/* ---- formats ---- */
-
-static gen_format kernel_format(trill_gen_format f) { return f == TRILL_GEN_F32 ? GEN_F32 : f == TRILL_GEN_BF16 ? GEN_BF16 : GEN_INT8; }
-
-const char *trill_gen_format_name(trill_gen_format f) { return gen_format_name(kernel_format(f)); }
-
-int trill_gen_format_parse(const char *name, trill_gen_format *out) {
-    gen_format f;
-    if (gen_format_parse(name, &f)) return -1;
-    *out = f == GEN_F32 ? TRILL_GEN_F32 : f == GEN_BF16 ? TRILL_GEN_BF16 : TRILL_GEN_INT8;
-    return 0;
-}
+/* ---- configuration ---- */
 
 trill_engine_config trill_engine_config_default(void) {
     return (trill_engine_config){ .format = TRILL_GEN_BF16, .block_size = 16, .kv_cache_mb = 256, .max_batch_tokens = 512,
@@ -66,7 +55,7 @@ typedef struct eng_weights {
 
 /* LoRA on one engine matrix, whose output columns may be several fused modules ("parts"):
  * y[:, part p] += scale * (x A_p^T) B_p^T. The adapted parts' A are stacked into one matrix so
- * x is read once; everything in GEN_F32 (the adapters are small, and stay exact). */
+ * x is read once; everything in TRILL_GEN_F32 (the adapters are small, and stay exact). */
 typedef struct eng_lora {
     int n_adapted;       /* 0: no adapter on this matrix */
     gen_matrix A;        /* [n_adapted * r, K] */
@@ -170,7 +159,7 @@ static void *grow(void *p, int *cap, int need, size_t elem) {
 /* ---- weights ---- */
 
 /* One generator matrix from the row-wise concatenation of parts (all [rows_i, K], same storage). */
-static trill_status make_matrix(gen_matrix *g, gen_format f, const trill_weight *parts, const int *rows, int n_parts, int K) {
+static trill_status make_matrix(gen_matrix *g, trill_gen_format f, const trill_weight *parts, const int *rows, int n_parts, int K) {
     int N = 0;
     for (int i = 0; i < n_parts; i++) N += rows[i];
     if (n_parts == 1) return gen_matrix_create(g, f, parts[0].f32, parts[0].bf16, N, K);
@@ -213,12 +202,11 @@ static void free_weights(const trill_config *c, eng_weights *w) {
     free(w);
 }
 
-static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_gen_format format, const trill_model *m) {
+static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_gen_format f, const trill_model *m) {
     const int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
-    const gen_format f = kernel_format(format);
     /* int8 leaves the router and lm_head in bf16, as W8A8 serving does: routing and the output
      * distribution are the most sensitive to quantisation */
-    const gen_format fine = f == GEN_INT8 ? GEN_BF16 : f;
+    const trill_gen_format fine = f == TRILL_GEN_INT8 ? TRILL_GEN_BF16 : f;
     trill_status st = TRILL_OK;
     if (!(w->layers = calloc((size_t)c->num_hidden_layers, sizeof *w->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int l = 0; l < c->num_hidden_layers && !st; l++) {
@@ -256,7 +244,7 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
     if ((st = make_matrix(&w->lm_head, fine, &m->lm_head, &c->vocab_size, 1, H))) return st;
     w->final_norm = copy_floats(m->final_norm, (size_t)H);
     const size_t table = (size_t)c->vocab_size * H;
-    if (f == GEN_F32) {
+    if (f == TRILL_GEN_F32) {
         if ((w->embed_f32 = malloc(table * sizeof(float))) && m->embed.f32) memcpy(w->embed_f32, m->embed.f32, table * sizeof(float));
         else if (w->embed_f32) bf16_widen(w->embed_f32, m->embed.bf16, table);
     } else if ((w->embed_bf16 = malloc(table * sizeof(uint16_t)))) {
@@ -265,7 +253,7 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
     }
     if (!w->final_norm || (!w->embed_f32 && !w->embed_bf16)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
 
-    size_t bytes = w->lm_head.bytes + table * (f == GEN_F32 ? 4 : 2) + (size_t)H * 4;
+    size_t bytes = w->lm_head.bytes + table * (f == TRILL_GEN_F32 ? 4 : 2) + (size_t)H * 4;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
         bytes += L->qkv.bytes + L->o.bytes + L->gate_up.bytes + L->down.bytes + L->router.bytes + (size_t)(2 * H + 2 * hd) * 4;
@@ -325,13 +313,13 @@ static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const 
     for (int p = 0, a = 0, col = 0; p < n_parts; col += cols[p], p++) {
         if (!pairs[p].A) continue;
         memcpy(A + (size_t)a * r * K, pairs[p].A, sizeof(float) * (size_t)r * K);
-        if (!st) st = gen_matrix_create(&el->B[a], GEN_F32, pairs[p].B, NULL, cols[p], r);
+        if (!st) st = gen_matrix_create(&el->B[a], TRILL_GEN_F32, pairs[p].B, NULL, cols[p], r);
         el->col0[a] = col;
         el->cols[a] = cols[p];
         *bytes += sizeof(float) * ((size_t)r * K + (size_t)cols[p] * r);
         a++;
     }
-    if (!st) st = gen_matrix_create(&el->A, GEN_F32, A, NULL, na * r, K);
+    if (!st) st = gen_matrix_create(&el->A, TRILL_GEN_F32, A, NULL, na * r, K);
     free(A);
     el->n_adapted = na;
     return st;
