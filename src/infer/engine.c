@@ -98,21 +98,17 @@ typedef struct seq {
     bool forks_pending;   /* a group's first sequence: its siblings fork off when the prompt is done */
 } seq;
 
-struct trill_engine {
-    trill_config c;
-    trill_engine_config cfg;
-    eng_weights *w;       /* the weights steps run on */
-    eng_adapter *ad;      /* and their adapters, or NULL */
-    uint32_t version;     /* of w + ad: recorded with every token sampled */
-    /* an update waiting for the next step (set by any thread, taken by the stepping one) */
+/* A live update waiting for the next step: set by any thread, taken by the stepping one. */
+typedef struct eng_mailbox {
     pthread_mutex_t lock;
-    bool pending, pending_has_w, pending_has_ad;
-    eng_weights *pending_w;
-    eng_adapter *pending_ad;
-    uint32_t pending_version;
-    float *inv_freq;
-    kv_cache kv;
+    bool pending, has_w, has_ad;
+    eng_weights *w;
+    eng_adapter *ad;
+    uint32_t version;
+} eng_mailbox;
 
+/* Every request and sequence the engine holds, and the finished ones not yet collected. */
+typedef struct eng_sched {
     seq **active;  /* holding KV blocks, in admission order */
     int n_active, cap_active;
     seq **waiting; /* FIFO; preempted sequences go back to the front */
@@ -121,30 +117,61 @@ struct trill_engine {
     int n_reqs, cap_reqs;
     trill_sequence_out *done;
     int n_done, cap_done;
+} eng_sched;
 
-    /* step buffers, for max_batch_tokens rows */
-    int max_rows;
-    seq **row_seq;
-    int *row_pos, *row_token;
+/* The step's rows, (sequence, position, token), for up to max_batch_tokens of them. */
+typedef struct eng_rows {
+    int max;
+    seq **seq;
+    int *pos, *token;
+    int *logit;           /* the rows that produce logits, in order */
+} eng_rows;
+
+/* The forward's buffers, for rows.max rows. */
+typedef struct eng_scratch {
     float *x, *xn, *qkv, *q, *k, *v, *att, *out, *ff, *act, *probs, *topw, *xe, *ye, *logits;
-    int *topi, *order, *count, *logit_rows;
-    float *scores;        /* per thread: [max_context] attention scores */
+    int *topi, *order, *count;
+    int *where;           /* [R*K] position of each (row, slot) pair in order */
+    int *phys;            /* EPLB: [R*K] physical slot of each (row, slot) pair */
+    float *inv_freq;
+    float *scores;        /* per thread: [group][max_context] attention scores */
+    int max_context;
+    int score_threads;    /* threads the scores are sized for */
     float *lora_xa, *lora_in, *lora_out; /* adapters: x A^T of the stacked parts, one part's, its B product */
     int lora_rank;        /* the rank these are sized for */
     int lora_cols;        /* lora_out's row stride for expert rows */
-    int *where;           /* [R*K] position of each (row, slot) pair in order */
-    /* EPLB (off when eplb_window is NULL) */
-    trill_eplb_window *eplb_window;
-    trill_eplb_plan eplb_plan;
-    uint32_t *eplb_counts; /* [n_moe][E] this step's routed tokens */
-    int *phys;             /* [R*K] physical slot of each (row, slot) pair */
-    int eplb_workers, eplb_steps;
-    int max_context;
-    void *sample_scratch;  /* one trill_sample scratch per thread */
-    int scratch_threads;   /* threads the per-thread buffers (scores, sample_scratch) are sized for */
-    seq **sample_seq;      /* this step's samples: sequence, logits row, result */
-    int *sample_row, *sample_token, cap_sample;
-    float *sample_lp;
+} eng_scratch;
+
+/* Sampling's buffers: per-thread scratch, and this step's samples (sequence, logits row, result). */
+typedef struct eng_sampler {
+    void *scratch;        /* one trill_sample scratch per thread */
+    int threads;          /* threads the scratch is sized for */
+    seq **seq;
+    int *row, *token, cap;
+    float *lp;
+} eng_sampler;
+
+/* EPLB (off when window is NULL). */
+typedef struct eng_eplb {
+    trill_eplb_window *window;
+    trill_eplb_plan plan;
+    uint32_t *counts;     /* [n_moe][E] this step's routed tokens */
+    int workers, steps;
+} eng_eplb;
+
+struct trill_engine {
+    trill_config c;
+    trill_engine_config cfg;
+    eng_weights *w;       /* the weights steps run on */
+    eng_adapter *ad;      /* and their adapters, or NULL */
+    uint32_t version;     /* of w + ad: recorded with every token sampled */
+    eng_mailbox update;
+    kv_cache kv;
+    eng_sched sched;
+    eng_rows rows;
+    eng_scratch fwd;
+    eng_sampler smp;
+    eng_eplb eplb;
 };
 
 static void *grow(void *p, int *cap, int need, size_t elem) {
@@ -379,33 +406,35 @@ static trill_status build_adapter(const trill_config *c, const trill_lora *lora,
 
 static trill_status alloc_step_buffers(trill_engine *e) {
     const trill_config *c = &e->c;
-    const size_t R = (size_t)e->max_rows, H = c->hidden_size, hd = c->head_dim;
+    const size_t R = (size_t)e->rows.max, H = c->hidden_size, hd = c->head_dim;
     const size_t qd = (size_t)c->num_attention_heads * hd, kvd = (size_t)c->num_key_value_heads * hd;
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
     const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ffw = I > Im ? I : Im;
     const size_t rows_ff = R * K > R ? R * K : R;
-    float **fl[] = { &e->x, &e->xn, &e->qkv, &e->q, &e->k, &e->v, &e->att, &e->out, &e->ff, &e->act, &e->probs, &e->topw, &e->xe,
-                     &e->ye, &e->logits };
+    eng_scratch *f = &e->fwd;
+    float **fl[] = { &f->x, &f->xn, &f->qkv, &f->q, &f->k, &f->v, &f->att, &f->out, &f->ff, &f->act, &f->probs, &f->topw, &f->xe,
+                     &f->ye, &f->logits };
     const size_t fn[] = { R * H, R * H, R * (qd + 2 * kvd), R * qd, R * kvd, R * kvd, R * qd, R * H, rows_ff * 2 * ffw, rows_ff * ffw,
                           R * E, R * K, rows_ff * H, rows_ff * H, R * (size_t)c->vocab_size };
     bool ok = true;
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) ok &= (*fl[i] = malloc(fn[i] * sizeof(float))) != NULL;
-    e->topi = malloc(R * K * sizeof(int));
-    e->order = malloc(R * K * sizeof(int));
-    const size_t slots = e->eplb_window ? (size_t)e->eplb_plan.n_physical : E;
-    e->count = malloc((slots + 1) * sizeof(int));
-    e->where = malloc(R * K * sizeof(int));
-    e->phys = malloc(R * K * sizeof(int));
-    e->logit_rows = malloc(R * sizeof(int));
-    e->row_seq = malloc(R * sizeof(seq *));
-    e->row_pos = malloc(R * sizeof(int));
-    e->row_token = malloc(R * sizeof(int));
-    e->inv_freq = malloc(hd / 2 * sizeof(float));
-    e->scratch_threads = omp_get_max_threads();
-    e->sample_scratch = malloc(trill_sample_scratch_size(c->vocab_size) * (size_t)e->scratch_threads);
-    ok &= e->topi && e->order && e->count && e->where && e->phys && e->logit_rows && e->row_seq && e->row_pos && e->row_token && e->inv_freq && e->sample_scratch;
-    if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->max_rows);
-    rope_inv_freq(e->inv_freq, c->head_dim, c->rope_theta);
+    f->topi = malloc(R * K * sizeof(int));
+    f->order = malloc(R * K * sizeof(int));
+    const size_t slots = e->eplb.window ? (size_t)e->eplb.plan.n_physical : E;
+    f->count = malloc((slots + 1) * sizeof(int));
+    f->where = malloc(R * K * sizeof(int));
+    f->phys = malloc(R * K * sizeof(int));
+    e->rows.logit = malloc(R * sizeof(int));
+    e->rows.seq = malloc(R * sizeof(seq *));
+    e->rows.pos = malloc(R * sizeof(int));
+    e->rows.token = malloc(R * sizeof(int));
+    f->inv_freq = malloc(hd / 2 * sizeof(float));
+    f->score_threads = e->smp.threads = omp_get_max_threads();
+    e->smp.scratch = malloc(trill_sample_scratch_size(c->vocab_size) * (size_t)e->smp.threads);
+    ok &= f->topi && f->order && f->count && f->where && f->phys && e->rows.logit && e->rows.seq && e->rows.pos && e->rows.token &&
+          f->inv_freq && e->smp.scratch;
+    if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
+    rope_inv_freq(e->fwd.inv_freq, c->head_dim, c->rope_theta);
     return TRILL_OK;
 }
 
@@ -414,22 +443,22 @@ static trill_status alloc_step_buffers(trill_engine *e) {
 static trill_status eplb_start(trill_engine *e) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, L = c->n_moe_layers;
-    e->eplb_workers = e->cfg.eplb_workers > 0 ? e->cfg.eplb_workers : omp_get_max_threads();
-    const int W = e->eplb_workers;
+    e->eplb.workers = e->cfg.eplb_workers > 0 ? e->cfg.eplb_workers : omp_get_max_threads();
+    const int W = e->eplb.workers;
     int P = E + (e->cfg.eplb_redundant >= 0 ? e->cfg.eplb_redundant : W);
     P = (P + W - 1) / W * W;
     if (e->cfg.eplb_window < 1 || e->cfg.eplb_interval < 1)
         return trill_error(TRILL_ERR_INVALID, "engine: eplb_window and eplb_interval must be >= 1 (got %d and %d)", e->cfg.eplb_window,
                            e->cfg.eplb_interval);
     double *load = malloc(sizeof(double) * (size_t)L * E);
-    e->eplb_counts = calloc((size_t)L * E, sizeof(uint32_t));
-    if (!load || !e->eplb_counts) {
+    e->eplb.counts = calloc((size_t)L * E, sizeof(uint32_t));
+    if (!load || !e->eplb.counts) {
         free(load);
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < L * E; i++) load[i] = 1.0;
-    trill_status st = trill_eplb_window_create(L, E, e->cfg.eplb_window, &e->eplb_window);
-    if (!st) st = trill_eplb_rebalance(load, L, E, P, 1, 1, W, &e->eplb_plan);
+    trill_status st = trill_eplb_window_create(L, E, e->cfg.eplb_window, &e->eplb.window);
+    if (!st) st = trill_eplb_rebalance(load, L, E, P, 1, 1, W, &e->eplb.plan);
     free(load);
     if (st) trill_error_context("engine: EPLB with %d experts, %d physical slots, %d workers", E, P, W);
     return st;
@@ -440,22 +469,22 @@ static trill_status eplb_start(trill_engine *e) {
 static trill_status eplb_after_step(trill_engine *e) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, L = c->n_moe_layers;
-    trill_eplb_window_add(e->eplb_window, e->eplb_counts);
-    memset(e->eplb_counts, 0, sizeof(uint32_t) * (size_t)L * E);
-    if (++e->eplb_steps % e->cfg.eplb_interval) return TRILL_OK;
+    trill_eplb_window_add(e->eplb.window, e->eplb.counts);
+    memset(e->eplb.counts, 0, sizeof(uint32_t) * (size_t)L * E);
+    if (++e->eplb.steps % e->cfg.eplb_interval) return TRILL_OK;
     double *load = malloc(sizeof(double) * (size_t)L * E);
     if (!load) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_eplb_window_load(e->eplb_window, load);
+    trill_eplb_window_load(e->eplb.window, load);
     trill_eplb_plan plan;
-    trill_status st = trill_eplb_rebalance(load, L, E, e->eplb_plan.n_physical, 1, 1, e->eplb_workers, &plan);
+    trill_status st = trill_eplb_rebalance(load, L, E, e->eplb.plan.n_physical, 1, 1, e->eplb.workers, &plan);
     free(load);
     if (st) return st;
-    trill_eplb_plan_free(&e->eplb_plan);
-    e->eplb_plan = plan;
+    trill_eplb_plan_free(&e->eplb.plan);
+    e->eplb.plan = plan;
     return TRILL_OK;
 }
 
-const trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e) { return e->eplb_window ? &e->eplb_plan : NULL; }
+const trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e) { return e->eplb.window ? &e->eplb.plan : NULL; }
 
 /* max over mean of the workers' expected loads, averaged over MoE layers */
 static trill_status imbalance_of(const trill_eplb_plan *plan, const double *load, int W, double *out) {
@@ -478,17 +507,17 @@ static trill_status imbalance_of(const trill_eplb_plan *plan, const double *load
 }
 
 trill_status trill_engine_eplb_imbalance(const trill_engine *e, double *identity, double *planned) {
-    if (!e->eplb_window) return trill_error(TRILL_ERR_INVALID, "EPLB is off in this engine");
-    const int L = e->c.n_moe_layers, E = e->c.num_experts, W = e->eplb_workers;
+    if (!e->eplb.window) return trill_error(TRILL_ERR_INVALID, "EPLB is off in this engine");
+    const int L = e->c.n_moe_layers, E = e->c.num_experts, W = e->eplb.workers;
     if (E % W) return trill_error(TRILL_ERR_UNSUPPORTED, "EPLB imbalance: %d experts do not split evenly over %d workers", E, W);
     double *load = malloc(sizeof(double) * (size_t)L * E);
     trill_eplb_plan id = { 0 };
     trill_status st = load ? trill_eplb_identity(L, E, &id) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
-        trill_eplb_window_load(e->eplb_window, load);
+        trill_eplb_window_load(e->eplb.window, load);
         st = imbalance_of(&id, load, W, identity);
     }
-    if (!st) st = imbalance_of(&e->eplb_plan, load, W, planned);
+    if (!st) st = imbalance_of(&e->eplb.plan, load, W, planned);
     trill_eplb_plan_free(&id);
     free(load);
     return st;
@@ -532,7 +561,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
     e->cfg = cfg;
-    e->max_rows = cfg.max_batch_tokens;
+    e->rows.max = cfg.max_batch_tokens;
     const trill_config *c = &e->c;
     const int kv_dim = c->num_key_value_heads * c->head_dim;
     /* the cache in the weights' precision: fp32 for f32, bf16 otherwise (as bf16 serving does) */
@@ -543,7 +572,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (n_blocks < 1 || n_blocks > INT32_MAX)
         st = trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
                          cfg.kv_cache_mb, n_blocks, cfg.block_size, per_block / 1e6);
-    pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->update.lock, NULL);
     if (!st) st = check_finite_model(m);
     if (!st) st = build_weights(c, cfg.format, m, &e->w);
     if (!st) st = kv_cache_create(&e->kv, (int)n_blocks, cfg.block_size, c->num_hidden_layers, kv_dim, kv_elem);
@@ -586,33 +615,33 @@ void trill_sequence_out_free(trill_sequence_out *s) {
 
 void trill_engine_free(trill_engine *e) {
     if (!e) return;
-    for (int i = 0; i < e->n_active; i++) free_seq(e, e->active[i]);
-    for (int i = 0; i < e->n_waiting; i++) free_seq(e, e->waiting[i]);
-    for (int i = 0; i < e->n_reqs; i++) free_req(e->reqs[i]);
-    for (int i = 0; i < e->n_done; i++) trill_sequence_out_free(&e->done[i]);
-    free(e->active);
-    free(e->waiting);
-    free(e->reqs);
-    free(e->done);
+    for (int i = 0; i < e->sched.n_active; i++) free_seq(e, e->sched.active[i]);
+    for (int i = 0; i < e->sched.n_waiting; i++) free_seq(e, e->sched.waiting[i]);
+    for (int i = 0; i < e->sched.n_reqs; i++) free_req(e->sched.reqs[i]);
+    for (int i = 0; i < e->sched.n_done; i++) trill_sequence_out_free(&e->sched.done[i]);
+    free(e->sched.active);
+    free(e->sched.waiting);
+    free(e->sched.reqs);
+    free(e->sched.done);
     free_weights(&e->c, e->w);
     free_adapter(&e->c, e->ad);
-    if (e->pending_w) free_weights(&e->c, e->pending_w);
-    if (e->pending_ad) free_adapter(&e->c, e->pending_ad);
-    pthread_mutex_destroy(&e->lock);
-    free(e->inv_freq);
+    if (e->update.w) free_weights(&e->c, e->update.w);
+    if (e->update.ad) free_adapter(&e->c, e->update.ad);
+    pthread_mutex_destroy(&e->update.lock);
     kv_cache_free(&e->kv);
-    float *fl[] = { e->x, e->xn, e->qkv, e->q, e->k, e->v, e->att, e->out, e->ff, e->act, e->probs, e->topw, e->xe, e->ye, e->logits, e->scores,
-                    e->lora_xa, e->lora_in, e->lora_out };
+    const eng_scratch *f = &e->fwd;
+    float *fl[] = { f->x, f->xn, f->qkv, f->q, f->k, f->v, f->att, f->out, f->ff, f->act, f->probs, f->topw, f->xe, f->ye, f->logits, f->scores,
+                    f->lora_xa, f->lora_in, f->lora_out };
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
-    free(e->topi); free(e->order); free(e->count); free(e->where); free(e->phys);
-    trill_eplb_window_free(e->eplb_window);
-    trill_eplb_plan_free(&e->eplb_plan);
-    free(e->eplb_counts); free(e->logit_rows); free(e->row_seq); free(e->row_pos); free(e->row_token);
-    free(e->sample_scratch);
-    free(e->sample_seq);
-    free(e->sample_row);
-    free(e->sample_token);
-    free(e->sample_lp);
+    free(f->topi); free(f->order); free(f->count); free(f->where); free(f->phys); free(f->inv_freq);
+    trill_eplb_window_free(e->eplb.window);
+    trill_eplb_plan_free(&e->eplb.plan);
+    free(e->eplb.counts); free(e->rows.logit); free(e->rows.seq); free(e->rows.pos); free(e->rows.token);
+    free(e->smp.scratch);
+    free(e->smp.seq);
+    free(e->smp.row);
+    free(e->smp.token);
+    free(e->smp.lp);
     free(e);
 }
 
@@ -646,7 +675,7 @@ static double per_token_cost(const trill_engine *e, bool flops) {
 
 size_t trill_engine_decode_bytes(const trill_engine *e) { return (size_t)per_token_cost(e, false); }
 double trill_engine_decode_flops(const trill_engine *e) { return per_token_cost(e, true); }
-bool trill_engine_busy(const trill_engine *e) { return e->n_active > 0 || e->n_waiting > 0; }
+bool trill_engine_busy(const trill_engine *e) { return e->sched.n_active > 0 || e->sched.n_waiting > 0; }
 
 /* ---- requests ---- */
 
@@ -716,10 +745,10 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
         q->r.stop_strings = (const char *const *)q->stop_strings;
         ok = !new_seq(e, q, 0, &s);
     }
-    req **reqs = ok ? grow(e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *reqs) : NULL;
-    seq **wait = reqs ? grow(e->waiting, &e->cap_waiting, e->n_waiting + 1, sizeof *wait) : NULL;
-    if (reqs) e->reqs = reqs;
-    if (wait) e->waiting = wait;
+    req **reqs = ok ? grow(e->sched.reqs, &e->sched.cap_reqs, e->sched.n_reqs + 1, sizeof *reqs) : NULL;
+    seq **wait = reqs ? grow(e->sched.waiting, &e->sched.cap_waiting, e->sched.n_waiting + 1, sizeof *wait) : NULL;
+    if (reqs) e->sched.reqs = reqs;
+    if (wait) e->sched.waiting = wait;
     if (!wait) {
         free_seq(e, s);
         free_req(q);
@@ -728,8 +757,8 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     memcpy(s->tokens, q->prompt, sizeof(int) * (size_t)r->prompt_len);
     s->n_tokens = r->prompt_len;
     s->forks_pending = q->r.n > 1;
-    e->reqs[e->n_reqs++] = q;
-    e->waiting[e->n_waiting++] = s;
+    e->sched.reqs[e->sched.n_reqs++] = q;
+    e->sched.waiting[e->sched.n_waiting++] = s;
     return TRILL_OK;
 }
 
@@ -746,7 +775,8 @@ static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width,
     if (el->n_adapted == 0 || T == 0) return;
     const int r = e->ad->rank, na = el->n_adapted;
     const float s = e->ad->scale;
-    float *lxa = e->lora_xa + (size_t)row0 * 3 * r, *lin = e->lora_in + (size_t)row0 * r, *lout = e->lora_out + (size_t)row0 * e->lora_cols;
+    float *lxa = e->fwd.lora_xa + (size_t)row0 * 3 * r, *lin = e->fwd.lora_in + (size_t)row0 * r;
+    float *lout = e->fwd.lora_out + (size_t)row0 * e->fwd.lora_cols;
     gen_matmul(lxa, x, &el->A, T);
     for (int a = 0; a < na; a++) {
         const float *xa = lxa;
@@ -827,9 +857,9 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
     const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim, elem = half ? 2 : 4;
     const float scale = 1.0f / sqrtf((float)hd);
-    const seq *s = e->row_seq[r];
-    const int n_pos = e->row_pos[r] + 1, ctx = e->max_context;
-    const float *q = e->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
+    const seq *s = e->rows.seq[r];
+    const int n_pos = e->rows.pos[r] + 1, ctx = e->fwd.max_context;
+    const float *q = e->fwd.q + ((size_t)r * nh + (size_t)kvh * group) * hd;
     for (int j0 = 0; j0 < n_pos; j0 += bs) {
         const char *kb = (const char *)kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
@@ -858,7 +888,7 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     }
     for (int g = 0; g < group; g++) {
         const float *pg = sc + (size_t)g * ctx;
-        float *o = e->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
+        float *o = e->fwd.att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
         /* the common head sizes get a constant width, so the accumulators stay in registers */
         if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64, half);
         else if (hd == 128)
@@ -876,7 +906,7 @@ static void paged_attention(trill_engine *e, int layer, int R) {
     const bool half = e->kv.elem == 2;
 #pragma omp parallel
     {
-        float *sc = e->scores + (size_t)omp_get_thread_num() * e->max_context * group;
+        float *sc = e->fwd.scores + (size_t)omp_get_thread_num() * e->fwd.max_context * group;
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
             for (int kvh = 0; kvh < nkv; kvh++) {
@@ -910,9 +940,9 @@ static void add_rows(float *x, const float *y, size_t n) {
 static void expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int x, int first, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
-    float *xe = e->xe + (size_t)first * H, *ff = e->ff + (size_t)first * 2 * Im, *act = e->act + (size_t)first * Im;
-    float *ye = e->ye + (size_t)first * H;
-    for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->xn + (size_t)(e->order[first + i] / K) * H, sizeof(float) * H);
+    float *xe = e->fwd.xe + (size_t)first * H, *ff = e->fwd.ff + (size_t)first * 2 * Im, *act = e->fwd.act + (size_t)first * Im;
+    float *ye = e->fwd.ye + (size_t)first * H;
+    for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->fwd.xn + (size_t)(e->fwd.order[first + i] / K) * H, sizeof(float) * H);
     gen_matmul(ff, xe, &L->experts_gate_up[x], n);
     if (A) apply_lora(e, &A->experts_gate_up[x], ff, 2 * Im, xe, n, first);
     swiglu_fused(act, ff, n, Im);
@@ -923,10 +953,10 @@ static void expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_laye
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
  * grouped by key, count[k] ends group k. */
 static void group_by(trill_engine *e, const int *key, int n, int n_keys) {
-    memset(e->count, 0, sizeof(int) * (size_t)(n_keys + 1));
-    for (int i = 0; i < n; i++) e->count[key[i] + 1]++;
-    for (int k = 0; k < n_keys; k++) e->count[k + 1] += e->count[k];
-    for (int i = 0; i < n; i++) e->order[e->count[key[i]]++] = i;
+    memset(e->fwd.count, 0, sizeof(int) * (size_t)(n_keys + 1));
+    for (int i = 0; i < n; i++) e->fwd.count[key[i] + 1]++;
+    for (int k = 0; k < n_keys; k++) e->fwd.count[k + 1] += e->fwd.count[k];
+    for (int i = 0; i < n; i++) e->fwd.order[e->fwd.count[key[i]]++] = i;
 }
 
 /* Router, top-k, capture, the experts, and out = sum_k gate_k expert_k(xn). Without EPLB each
@@ -935,56 +965,56 @@ static void group_by(trill_engine *e, const int *key, int n, int n_keys) {
 static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
-    gen_matmul(e->probs, e->xn, &L->router, R);
-    softmax_forward(e->probs, e->probs, R, E);
-    topk_forward(e->topi, e->topw, e->probs, R, E, K);
-    router_gates_forward(e->topw, e->probs, e->topi, R, E, K, c->norm_topk_prob);
+    gen_matmul(e->fwd.probs, e->fwd.xn, &L->router, R);
+    softmax_forward(e->fwd.probs, e->fwd.probs, R, E);
+    topk_forward(e->fwd.topi, e->fwd.topw, e->fwd.probs, R, E, K);
+    router_gates_forward(e->fwd.topw, e->fwd.probs, e->fwd.topi, R, E, K, c->norm_topk_prob);
     /* capture and load count the logical ids, before any mapping to physical replicas */
     if (e->cfg.capture_experts)
         for (int r = 0; r < R; r++) {
-            seq *s = e->row_seq[r];
-            uint16_t *dst = s->experts + ((size_t)e->row_pos[r] * c->n_moe_layers + ordinal) * K;
-            for (int j = 0; j < K; j++) dst[j] = (uint16_t)e->topi[r * K + j];
+            seq *s = e->rows.seq[r];
+            uint16_t *dst = s->experts + ((size_t)e->rows.pos[r] * c->n_moe_layers + ordinal) * K;
+            for (int j = 0; j < K; j++) dst[j] = (uint16_t)e->fwd.topi[r * K + j];
         }
-    if (e->eplb_window) {
-        uint32_t *load = e->eplb_counts + (size_t)ordinal * E;
-        for (int i = 0; i < R * K; i++) load[e->topi[i]]++;
-        const trill_eplb_plan *plan = &e->eplb_plan;
-        for (int i = 0; i < R * K; i++) e->phys[i] = trill_eplb_physical(plan, ordinal, e->topi[i], (uint64_t)i);
-        group_by(e, e->phys, R * K, plan->n_physical);
-        const int per = plan->n_physical / e->eplb_workers;
-#pragma omp parallel num_threads(e->eplb_workers)
+    if (e->eplb.window) {
+        uint32_t *load = e->eplb.counts + (size_t)ordinal * E;
+        for (int i = 0; i < R * K; i++) load[e->fwd.topi[i]]++;
+        const trill_eplb_plan *plan = &e->eplb.plan;
+        for (int i = 0; i < R * K; i++) e->fwd.phys[i] = trill_eplb_physical(plan, ordinal, e->fwd.topi[i], (uint64_t)i);
+        group_by(e, e->fwd.phys, R * K, plan->n_physical);
+        const int per = plan->n_physical / e->eplb.workers;
+#pragma omp parallel num_threads(e->eplb.workers)
         {
             const int w = omp_get_thread_num();
             for (int p = w * per; p < (w + 1) * per; p++) {
-                const int first = p ? e->count[p - 1] : 0, n = e->count[p] - first;
+                const int first = p ? e->fwd.count[p - 1] : 0, n = e->fwd.count[p] - first;
                 if (n > 0) expert_rows(e, L, A, plan->phy2log[(size_t)ordinal * plan->n_physical + p], first, n);
             }
         }
     } else {
-        group_by(e, e->topi, R * K, E);
+        group_by(e, e->fwd.topi, R * K, E);
         for (int x = 0; x < E; x++) {
-            const int first = x ? e->count[x - 1] : 0, n = e->count[x] - first;
+            const int first = x ? e->fwd.count[x - 1] : 0, n = e->fwd.count[x] - first;
             if (n > 0) expert_rows(e, L, A, x, first, n);
         }
     }
     /* combine each row's experts in ascending logical id (as the reference), so the sum is the
      * same whatever the batch, the placement or the worker */
-    for (int i = 0; i < R * K; i++) e->where[e->order[i]] = i;
+    for (int i = 0; i < R * K; i++) e->fwd.where[e->fwd.order[i]] = i;
 #pragma omp parallel for if(parallel: (size_t)R * K * H >= PARALLEL_MIN) schedule(static)
     for (int r = 0; r < R; r++) {
         int slots[64];
         const int k_used = K < 64 ? K : 64;
         for (int j = 0; j < k_used; j++) { /* insertion sort of the row's slots by expert id */
             int v = r * K + j, at = j;
-            while (at > 0 && e->topi[slots[at - 1]] > e->topi[v]) { slots[at] = slots[at - 1]; at--; }
+            while (at > 0 && e->fwd.topi[slots[at - 1]] > e->fwd.topi[v]) { slots[at] = slots[at - 1]; at--; }
             slots[at] = v;
         }
-        float *o = e->out + (size_t)r * H;
+        float *o = e->fwd.out + (size_t)r * H;
         memset(o, 0, sizeof(float) * H);
         for (int j = 0; j < k_used; j++) {
-            const float g = e->topw[slots[j]];
-            const float *y = e->ye + (size_t)e->where[slots[j]] * H;
+            const float g = e->fwd.topw[slots[j]];
+            const float *y = e->fwd.ye + (size_t)e->fwd.where[slots[j]] * H;
             for (int h = 0; h < H; h++) o[h] += g * y[h];
         }
     }
@@ -996,43 +1026,43 @@ static void forward_rows(trill_engine *e, int R) {
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
     const eng_weights *w = e->w;
-    if (w->embed_f32) embedding_forward(e->x, w->embed_f32, e->row_token, R, H);
-    else embedding_forward_w(e->x, (trill_weight){ NULL, w->embed_bf16 }, e->row_token, R, H);
+    if (w->embed_f32) embedding_forward(e->fwd.x, w->embed_f32, e->rows.token, R, H);
+    else embedding_forward_w(e->fwd.x, (trill_weight){ NULL, w->embed_bf16 }, e->rows.token, R, H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
-        rmsnorm_forward(e->xn, e->x, L->input_norm, R, H, eps);
-        gen_matmul(e->qkv, e->xn, &L->qkv, R);
-        if (A) apply_lora(e, &A->qkv, e->qkv, width, e->xn, R, 0);
-        gather_rows(e->q, e->qkv, R, qd, width, 0);
-        gather_rows(e->k, e->qkv, R, kvd, width, qd);
-        gather_rows(e->v, e->qkv, R, kvd, width, qd + kvd);
-        rmsnorm_forward(e->q, e->q, L->q_norm, R * nh, hd, eps);
-        rmsnorm_forward(e->k, e->k, L->k_norm, R * nkv, hd, eps);
-        rope_forward(e->q, e->row_pos, e->inv_freq, R, nh, hd);
-        rope_forward(e->k, e->row_pos, e->inv_freq, R, nkv, hd);
+        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->input_norm, R, H, eps);
+        gen_matmul(e->fwd.qkv, e->fwd.xn, &L->qkv, R);
+        if (A) apply_lora(e, &A->qkv, e->fwd.qkv, width, e->fwd.xn, R, 0);
+        gather_rows(e->fwd.q, e->fwd.qkv, R, qd, width, 0);
+        gather_rows(e->fwd.k, e->fwd.qkv, R, kvd, width, qd);
+        gather_rows(e->fwd.v, e->fwd.qkv, R, kvd, width, qd + kvd);
+        rmsnorm_forward(e->fwd.q, e->fwd.q, L->q_norm, R * nh, hd, eps);
+        rmsnorm_forward(e->fwd.k, e->fwd.k, L->k_norm, R * nkv, hd, eps);
+        rope_forward(e->fwd.q, e->rows.pos, e->fwd.inv_freq, R, nh, hd);
+        rope_forward(e->fwd.k, e->rows.pos, e->fwd.inv_freq, R, nkv, hd);
         for (int r = 0; r < R; r++) { /* this step's keys and values join the cache before anyone reads */
-            const seq *s = e->row_seq[r];
-            const int p = e->row_pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
-            trill_from_f32(kv_key(&e->kv, b, l, slot), e->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
-            trill_from_f32(kv_value(&e->kv, b, l, slot), e->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+            const seq *s = e->rows.seq[r];
+            const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
+            trill_from_f32(kv_key(&e->kv, b, l, slot), e->fwd.k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+            trill_from_f32(kv_value(&e->kv, b, l, slot), e->fwd.v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
         }
         paged_attention(e, l, R);
-        gen_matmul(e->out, e->att, &L->o, R);
-        if (A) apply_lora(e, &A->o, e->out, H, e->att, R, 0);
-        add_rows(e->x, e->out, (size_t)R * H);
-        rmsnorm_forward(e->xn, e->x, L->post_norm, R, H, eps);
+        gen_matmul(e->fwd.out, e->fwd.att, &L->o, R);
+        if (A) apply_lora(e, &A->o, e->fwd.out, H, e->fwd.att, R, 0);
+        add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
+        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->post_norm, R, H, eps);
         if (trill_config_is_moe(c, l)) {
             moe(e, L, A, c->moe_ordinal[l], R);
         } else {
             const int I = c->intermediate_size;
-            gen_matmul(e->ff, e->xn, &L->gate_up, R);
-            if (A) apply_lora(e, &A->gate_up, e->ff, 2 * I, e->xn, R, 0);
-            swiglu_fused(e->act, e->ff, R, I);
-            gen_matmul(e->out, e->act, &L->down, R);
-            if (A) apply_lora(e, &A->down, e->out, H, e->act, R, 0);
+            gen_matmul(e->fwd.ff, e->fwd.xn, &L->gate_up, R);
+            if (A) apply_lora(e, &A->gate_up, e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
+            swiglu_fused(e->fwd.act, e->fwd.ff, R, I);
+            gen_matmul(e->fwd.out, e->fwd.act, &L->down, R);
+            if (A) apply_lora(e, &A->down, e->fwd.out, H, e->fwd.act, R, 0);
         }
-        add_rows(e->x, e->out, (size_t)R * H);
+        add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
     }
 }
 
@@ -1046,24 +1076,24 @@ static void remove_at(seq **list, int *n, int i) {
 /* Gives a sequence's blocks back; it waits at the front of the queue and recomputes its tokens
  * (identical results: rows do not depend on the batch). */
 static trill_status preempt(trill_engine *e, int active_index) {
-    seq *s = e->active[active_index];
-    seq **w = grow(e->waiting, &e->cap_waiting, e->n_waiting + 1, sizeof *w);
+    seq *s = e->sched.active[active_index];
+    seq **w = grow(e->sched.waiting, &e->sched.cap_waiting, e->sched.n_waiting + 1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    e->waiting = w;
+    e->sched.waiting = w;
     kv_table_release(&e->kv, &s->kv);
     s->n_computed = 0;
-    remove_at(e->active, &e->n_active, active_index);
-    memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
-    e->waiting[0] = s;
-    e->n_waiting++;
+    remove_at(e->sched.active, &e->sched.n_active, active_index);
+    memmove(e->sched.waiting + 1, e->sched.waiting, sizeof *e->sched.waiting * (size_t)e->sched.n_waiting);
+    e->sched.waiting[0] = s;
+    e->sched.n_waiting++;
     return TRILL_OK;
 }
 
 static int add_rows_of(trill_engine *e, seq *s, int R, int n) {
     for (int i = 0; i < n; i++, R++) {
-        e->row_seq[R] = s;
-        e->row_pos[R] = s->n_computed + i;
-        e->row_token[R] = s->tokens[s->n_computed + i];
+        e->rows.seq[R] = s;
+        e->rows.pos[R] = s->n_computed + i;
+        e->rows.token[R] = s->tokens[s->n_computed + i];
     }
     return R;
 }
@@ -1072,30 +1102,30 @@ static int add_rows_of(trill_engine *e, seq *s, int R, int n) {
  * its prompt) in admission order, then new sequences from the queue, within the token budget. */
 static trill_status schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
     int R = 0;
-    for (int i = 0; i < e->n_active && R < e->max_rows; i++) {
-        seq *s = e->active[i];
-        const int n = s->n_tokens - s->n_computed < e->max_rows - R ? s->n_tokens - s->n_computed : e->max_rows - R;
+    for (int i = 0; i < e->sched.n_active && R < e->rows.max; i++) {
+        seq *s = e->sched.active[i];
+        const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
         while (kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed) != 0) {
             /* out of blocks: the newest sequence makes room (this one, if it is the newest) */
-            trill_status st = preempt(e, e->n_active - 1);
+            trill_status st = preempt(e, e->sched.n_active - 1);
             if (st) return st;
             stats->preempted++;
-            if (e->n_active == i) break; /* it was this one */
+            if (e->sched.n_active == i) break; /* it was this one */
         }
-        if (i >= e->n_active) break;
+        if (i >= e->sched.n_active) break;
         if (n == 1) stats->decode_rows++;
         else stats->prefill_rows += n;
         R = add_rows_of(e, s, R, n);
     }
-    while (e->n_waiting > 0 && R < e->max_rows && e->n_active < e->cfg.max_running) {
-        seq *s = e->waiting[0];
-        const int n = s->n_tokens - s->n_computed < e->max_rows - R ? s->n_tokens - s->n_computed : e->max_rows - R;
+    while (e->sched.n_waiting > 0 && R < e->rows.max && e->sched.n_active < e->cfg.max_running) {
+        seq *s = e->sched.waiting[0];
+        const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
         if (kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed) != 0) break;
-        seq **a = grow(e->active, &e->cap_active, e->n_active + 1, sizeof *a);
+        seq **a = grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);
         if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        e->active = a;
-        remove_at(e->waiting, &e->n_waiting, 0);
-        e->active[e->n_active++] = s;
+        e->sched.active = a;
+        remove_at(e->sched.waiting, &e->sched.n_waiting, 0);
+        e->sched.active[e->sched.n_active++] = s;
         stats->prefill_rows += n;
         R = add_rows_of(e, s, R, n);
     }
@@ -1127,30 +1157,30 @@ static bool hits_stop_string(const trill_engine *e, const seq *s) {
 }
 
 static trill_status finish(trill_engine *e, int active_index, trill_finish why) {
-    seq *s = e->active[active_index];
-    trill_sequence_out *d = grow(e->done, &e->cap_done, e->n_done + 1, sizeof *d);
+    seq *s = e->sched.active[active_index];
+    trill_sequence_out *d = grow(e->sched.done, &e->sched.cap_done, e->sched.n_done + 1, sizeof *d);
     if (!d) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    e->done = d;
+    e->sched.done = d;
     const int gen = s->n_tokens - s->n_prompt;
-    e->done[e->n_done++] = (trill_sequence_out){ .request = s->rq->r.id, .sample = s->sample, .n_prompt = s->n_prompt,
+    e->sched.done[e->sched.n_done++] = (trill_sequence_out){ .request = s->rq->r.id, .sample = s->sample, .n_prompt = s->n_prompt,
                                                  .n_generated = gen, .tokens = s->tokens, .logprobs = s->logprobs,
                                                  .versions = s->versions, .experts = s->experts, .finish = why };
     s->tokens = NULL;
     s->logprobs = NULL;
     s->versions = NULL;
     s->experts = NULL;
-    remove_at(e->active, &e->n_active, active_index);
+    remove_at(e->sched.active, &e->sched.n_active, active_index);
     /* the request record goes when its last sample does */
     req *q = s->rq;
     free_seq(e, s);
     bool live = false;
-    for (int i = 0; i < e->n_active && !live; i++) live = e->active[i]->rq == q;
-    for (int i = 0; i < e->n_waiting && !live; i++) live = e->waiting[i]->rq == q;
+    for (int i = 0; i < e->sched.n_active && !live; i++) live = e->sched.active[i]->rq == q;
+    for (int i = 0; i < e->sched.n_waiting && !live; i++) live = e->sched.waiting[i]->rq == q;
     if (!live)
-        for (int i = 0; i < e->n_reqs; i++)
-            if (e->reqs[i] == q) {
+        for (int i = 0; i < e->sched.n_reqs; i++)
+            if (e->sched.reqs[i] == q) {
                 free_req(q);
-                e->reqs[i] = e->reqs[--e->n_reqs];
+                e->sched.reqs[i] = e->sched.reqs[--e->sched.n_reqs];
                 break;
             }
     return TRILL_OK;
@@ -1158,17 +1188,17 @@ static trill_status finish(trill_engine *e, int active_index, trill_finish why) 
 
 int trill_engine_abort(trill_engine *e, uint64_t request) {
     int n = 0;
-    for (int i = 0; i < e->n_waiting;) { /* waiting ones join the active list to be finished alike */
-        seq *s = e->waiting[i];
+    for (int i = 0; i < e->sched.n_waiting;) { /* waiting ones join the active list to be finished alike */
+        seq *s = e->sched.waiting[i];
         if (s->rq->r.id != request) { i++; continue; }
-        seq **a = grow(e->active, &e->cap_active, e->n_active + 1, sizeof *a);
+        seq **a = grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);
         if (!a) return -1;
-        e->active = a;
-        remove_at(e->waiting, &e->n_waiting, i);
-        e->active[e->n_active++] = s;
+        e->sched.active = a;
+        remove_at(e->sched.waiting, &e->sched.n_waiting, i);
+        e->sched.active[e->sched.n_active++] = s;
     }
-    for (int i = 0; i < e->n_active;) {
-        if (e->active[i]->rq->r.id != request) { i++; continue; }
+    for (int i = 0; i < e->sched.n_active;) {
+        if (e->sched.active[i]->rq->r.id != request) { i++; continue; }
         if (finish(e, i, TRILL_FINISH_ABORTED)) return -1;
         n++;
     }
@@ -1179,9 +1209,9 @@ int trill_engine_abort(trill_engine *e, uint64_t request) {
 static trill_status fork_samples(trill_engine *e, seq *parent) {
     const req *q = parent->rq;
     parent->forks_pending = false;
-    seq **a = grow(e->active, &e->cap_active, e->n_active + q->r.n - 1, sizeof *a);
+    seq **a = grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + q->r.n - 1, sizeof *a);
     if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    e->active = a;
+    e->sched.active = a;
     const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
     for (int k = 1; k < q->r.n; k++) {
         seq *s;
@@ -1192,7 +1222,7 @@ static trill_status fork_samples(trill_engine *e, seq *parent) {
         s->n_tokens = parent->n_tokens;
         s->n_computed = parent->n_computed;
         if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
-        e->active[e->n_active++] = s;
+        e->sched.active[e->sched.n_active++] = s;
     }
     return TRILL_OK;
 }
@@ -1204,22 +1234,22 @@ static trill_status sample_all(trill_engine *e, int n) {
     const size_t scratch = trill_sample_scratch_size(V);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
-        seq *s = e->sample_seq[i];
+        seq *s = e->smp.seq[i];
         const req *q = s->rq;
         const int gen = s->n_tokens - s->n_prompt;
         float lp = 0;
-        e->sample_token[i] = trill_sample(e->logits + (size_t)e->sample_row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
-                                          (uint32_t)gen, (char *)e->sample_scratch + scratch * (size_t)omp_get_thread_num(), &lp);
-        e->sample_lp[i] = lp;
+        e->smp.token[i] = trill_sample(e->fwd.logits + (size_t)e->smp.row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
+                                          (uint32_t)gen, (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num(), &lp);
+        e->smp.lp[i] = lp;
     }
     for (int i = 0; i < n; i++) {
-        seq *s = e->sample_seq[i];
+        seq *s = e->smp.seq[i];
         const int gen = s->n_tokens - s->n_prompt;
-        if (e->sample_token[i] < 0)
+        if (e->smp.token[i] < 0)
             return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
                                (unsigned long long)s->rq->r.id, s->sample, gen);
-        s->tokens[s->n_tokens++] = e->sample_token[i];
-        s->logprobs[gen] = e->sample_lp[i];
+        s->tokens[s->n_tokens++] = e->smp.token[i];
+        s->logprobs[gen] = e->smp.lp[i];
         s->versions[gen] = e->version;
     }
     return TRILL_OK;
@@ -1227,21 +1257,21 @@ static trill_status sample_all(trill_engine *e, int n) {
 
 /* One more (sequence, logits row) pair to sample; the arrays grow with forks. */
 static trill_status want_sample(trill_engine *e, int *n, seq *s, int row) {
-    if (*n == e->cap_sample) {
-        const int cap = e->cap_sample ? 2 * e->cap_sample : 64;
-        seq **a = realloc(e->sample_seq, sizeof *a * (size_t)cap);
-        if (a) e->sample_seq = a;
-        int *b = a ? realloc(e->sample_row, sizeof *b * (size_t)cap) : NULL;
-        if (b) e->sample_row = b;
-        int *t = b ? realloc(e->sample_token, sizeof *t * (size_t)cap) : NULL;
-        if (t) e->sample_token = t;
-        float *l = t ? realloc(e->sample_lp, sizeof *l * (size_t)cap) : NULL;
+    if (*n == e->smp.cap) {
+        const int cap = e->smp.cap ? 2 * e->smp.cap : 64;
+        seq **a = realloc(e->smp.seq, sizeof *a * (size_t)cap);
+        if (a) e->smp.seq = a;
+        int *b = a ? realloc(e->smp.row, sizeof *b * (size_t)cap) : NULL;
+        if (b) e->smp.row = b;
+        int *t = b ? realloc(e->smp.token, sizeof *t * (size_t)cap) : NULL;
+        if (t) e->smp.token = t;
+        float *l = t ? realloc(e->smp.lp, sizeof *l * (size_t)cap) : NULL;
         if (!l) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        e->sample_lp = l;
-        e->cap_sample = cap;
+        e->smp.lp = l;
+        e->smp.cap = cap;
     }
-    e->sample_seq[*n] = s;
-    e->sample_row[*n] = row;
+    e->smp.seq[*n] = s;
+    e->smp.row[*n] = row;
     (*n)++;
     return TRILL_OK;
 }
@@ -1252,28 +1282,28 @@ static trill_status after_forward(trill_engine *e, int R) {
     /* rows that end their sequence's known tokens produce logits */
     int n_logit = 0;
     for (int r = 0; r < R; r++) {
-        seq *s = e->row_seq[r];
-        s->n_computed = e->row_pos[r] + 1 > s->n_computed ? e->row_pos[r] + 1 : s->n_computed;
-        if (e->row_pos[r] == s->n_tokens - 1) e->logit_rows[n_logit++] = r;
+        seq *s = e->rows.seq[r];
+        s->n_computed = e->rows.pos[r] + 1 > s->n_computed ? e->rows.pos[r] + 1 : s->n_computed;
+        if (e->rows.pos[r] == s->n_tokens - 1) e->rows.logit[n_logit++] = r;
     }
-    for (int i = 0; i < n_logit; i++) memcpy(e->xn + (size_t)i * H, e->x + (size_t)e->logit_rows[i] * H, sizeof(float) * H);
-    rmsnorm_forward(e->xn, e->xn, e->w->final_norm, n_logit, H, (float)c->rms_norm_eps);
-    gen_matmul(e->logits, e->xn, &e->w->lm_head, n_logit);
-    if (e->ad) apply_lora(e, &e->ad->lm_head, e->logits, V, e->xn, n_logit, 0);
+    for (int i = 0; i < n_logit; i++) memcpy(e->fwd.xn + (size_t)i * H, e->fwd.x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
+    rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->final_norm, n_logit, H, (float)c->rms_norm_eps);
+    gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->lm_head, n_logit);
+    if (e->ad) apply_lora(e, &e->ad->lm_head, e->fwd.logits, V, e->fwd.xn, n_logit, 0);
     int n_sample = 0;
     for (int i = 0; i < n_logit; i++) {
-        seq *s = e->row_seq[e->logit_rows[i]];
-        const int before = e->n_active;
+        seq *s = e->rows.seq[e->rows.logit[i]];
+        const int before = e->sched.n_active;
         trill_status st = s->forks_pending ? fork_samples(e, s) : TRILL_OK;
         if (!st) st = want_sample(e, &n_sample, s, i);
-        for (int k = before; k < e->n_active && !st; k++) st = want_sample(e, &n_sample, e->active[k], i); /* the forks */
+        for (int k = before; k < e->sched.n_active && !st; k++) st = want_sample(e, &n_sample, e->sched.active[k], i); /* the forks */
         if (st) return st;
     }
     trill_status st = sample_all(e, n_sample);
     if (st) return st;
     /* stops */
-    for (int i = 0; i < e->n_active;) {
-        seq *s = e->active[i];
+    for (int i = 0; i < e->sched.n_active;) {
+        seq *s = e->sched.active[i];
         const int gen = s->n_tokens - s->n_prompt;
         if (gen == 0 || s->n_computed != s->n_tokens - 1) { i++; continue; } /* nothing new sampled */
         const int last = s->tokens[s->n_tokens - 1];
@@ -1293,69 +1323,79 @@ static trill_status after_forward(trill_engine *e, int R) {
 
 /* ---- the step ---- */
 
-/* Per-thread buffers for this step: attention scores for the longest context, and sampler
- * scratch, for as many threads as the calling thread's parallel regions get (an engine may be
- * stepped from threads with different OpenMP thread counts, as the async generator is). */
+/* The per-thread buffers are sized for as many threads as the calling thread's parallel regions
+ * get: an engine may be stepped from threads with different OpenMP thread counts, as the async
+ * generator is. */
+
+/* Sampler scratch for this step's threads. */
+static trill_status ensure_sampler_scratch(trill_engine *e) {
+    const int threads = omp_get_max_threads();
+    if (threads <= e->smp.threads) return TRILL_OK;
+    void *p = realloc(e->smp.scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
+    if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
+    e->smp.scratch = p;
+    e->smp.threads = threads;
+    return TRILL_OK;
+}
+
+/* Attention scores for the step's longest context, per thread. */
 static trill_status ensure_scores(trill_engine *e, int R) {
     int need = 1;
-    for (int r = 0; r < R; r++) if (e->row_pos[r] + 1 > need) need = e->row_pos[r] + 1;
+    for (int r = 0; r < R; r++) if (e->rows.pos[r] + 1 > need) need = e->rows.pos[r] + 1;
     const int threads = omp_get_max_threads();
-    if (threads > e->scratch_threads) {
-        void *p = realloc(e->sample_scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
-        if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
-        e->sample_scratch = p;
-        e->scratch_threads = threads;
-        e->max_context = 0; /* the scores too */
+    if (threads > e->fwd.score_threads) {
+        e->fwd.score_threads = threads;
+        e->fwd.max_context = 0; /* sized again below */
     }
-    if (need <= e->max_context) return TRILL_OK;
+    if (need <= e->fwd.max_context) return TRILL_OK;
     const int group = e->c.num_attention_heads / e->c.num_key_value_heads;
-    float *p = realloc(e->scores, sizeof(float) * (size_t)need * group * e->scratch_threads);
+    float *p = realloc(e->fwd.scores, sizeof(float) * (size_t)need * group * e->fwd.score_threads);
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
-    e->scores = p;
-    e->max_context = need;
+    e->fwd.scores = p;
+    e->fwd.max_context = need;
     return TRILL_OK;
 }
 
 /* Buffers of the adapter path for rank r: sized for the largest matrix it can meet. */
 static trill_status ensure_lora_buffers(trill_engine *e, int r) {
-    if (r <= e->lora_rank) return TRILL_OK;
+    if (r <= e->fwd.lora_rank) return TRILL_OK;
     const trill_config *c = &e->c;
-    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->max_rows, rows = R * K;
+    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->rows.max, rows = R * K;
     const size_t qkv = (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
     size_t cols = qkv;
     const size_t others[] = { (size_t)c->hidden_size, 2 * (size_t)c->intermediate_size, 2 * (size_t)c->moe_intermediate_size };
     for (int i = 0; i < 3; i++) if (others[i] > cols) cols = others[i];
     /* lora_out rows have a fixed stride so row offsets work; lm_head's rows (at most R) are wider */
-    e->lora_cols = (int)cols;
+    e->fwd.lora_cols = (int)cols;
     size_t out = rows * cols;
     if (R * (size_t)c->vocab_size > out) out = R * (size_t)c->vocab_size;
-    free(e->lora_xa);
-    free(e->lora_in);
-    free(e->lora_out);
-    e->lora_xa = malloc(sizeof(float) * rows * 3 * (size_t)r);
-    e->lora_in = malloc(sizeof(float) * rows * (size_t)r);
-    e->lora_out = malloc(sizeof(float) * out);
-    e->lora_rank = e->lora_xa && e->lora_in && e->lora_out ? r : 0;
-    return e->lora_rank ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
+    free(e->fwd.lora_xa);
+    free(e->fwd.lora_in);
+    free(e->fwd.lora_out);
+    e->fwd.lora_xa = malloc(sizeof(float) * rows * 3 * (size_t)r);
+    e->fwd.lora_in = malloc(sizeof(float) * rows * (size_t)r);
+    e->fwd.lora_out = malloc(sizeof(float) * out);
+    e->fwd.lora_rank = e->fwd.lora_xa && e->fwd.lora_in && e->fwd.lora_out ? r : 0;
+    return e->fwd.lora_rank ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
 }
 
 /* Takes a waiting weight update: the step about to run sees all of it, and nothing before did. */
 static trill_status take_update(trill_engine *e) {
-    pthread_mutex_lock(&e->lock);
+    pthread_mutex_lock(&e->update.lock);
     eng_weights *w = NULL;
     eng_adapter *ad = NULL;
-    bool has_w = false, has_ad = false, pending = e->pending;
-    uint32_t version = e->pending_version;
+    bool has_w = false, has_ad = false, pending = e->update.pending;
+    uint32_t version = e->update.version;
     if (pending) {
-        has_w = e->pending_has_w;
-        has_ad = e->pending_has_ad;
-        w = e->pending_w;
-        ad = e->pending_ad;
-        e->pending = e->pending_has_w = e->pending_has_ad = false;
-        e->pending_w = NULL;
-        e->pending_ad = NULL;
+        has_w = e->update.has_w;
+        has_ad = e->update.has_ad;
+        w = e->update.w;
+        ad = e->update.ad;
+        e->update.pending = e->update.has_w = e->update.has_ad = false;
+        e->update.w = NULL;
+        e->update.ad = NULL;
     }
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_unlock(&e->update.lock);
     if (!pending) return TRILL_OK;
     trill_status st = ad ? ensure_lora_buffers(e, ad->rank) : TRILL_OK;
     if (st) { /* keep running on the old weights; the update is dropped with the error */
@@ -1377,20 +1417,20 @@ static trill_status take_update(trill_engine *e) {
 
 /* Queues an update for the next step; a newer one replaces one not yet taken. */
 static void post_update(trill_engine *e, bool has_w, eng_weights *w, bool has_ad, eng_adapter *ad, uint32_t version) {
-    pthread_mutex_lock(&e->lock);
+    pthread_mutex_lock(&e->update.lock);
     if (has_w) {
-        if (e->pending_w) free_weights(&e->c, e->pending_w);
-        e->pending_w = w;
-        e->pending_has_w = true;
+        if (e->update.w) free_weights(&e->c, e->update.w);
+        e->update.w = w;
+        e->update.has_w = true;
     }
     if (has_ad) {
-        if (e->pending_ad) free_adapter(&e->c, e->pending_ad);
-        e->pending_ad = ad;
-        e->pending_has_ad = true;
+        if (e->update.ad) free_adapter(&e->c, e->update.ad);
+        e->update.ad = ad;
+        e->update.has_ad = true;
     }
-    e->pending_version = version;
-    e->pending = true;
-    pthread_mutex_unlock(&e->lock);
+    e->update.version = version;
+    e->update.pending = true;
+    pthread_mutex_unlock(&e->update.lock);
 }
 
 static trill_status same_architecture(const trill_config *a, const trill_config *b) {
@@ -1437,16 +1477,17 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     if (!st) st = schedule(e, &R, &local);
     if (!st && R == 0 && trill_engine_busy(e)) /* never a step that makes no progress */
         st = trill_error(TRILL_ERR_INVALID, "engine: no work can be scheduled: %d sequences waiting, %d running, %d of %d KV blocks free",
-                         e->n_waiting, e->n_active, e->kv.n_free, e->kv.n_blocks);
+                         e->sched.n_waiting, e->sched.n_active, e->kv.n_free, e->kv.n_blocks);
+    if (!st && R > 0) st = ensure_sampler_scratch(e);
     if (!st && R > 0) st = ensure_scores(e, R);
     if (!st && R > 0) {
         forward_rows(e, R);
         st = after_forward(e, R);
-        if (!st && e->eplb_window) st = eplb_after_step(e);
+        if (!st && e->eplb.window) st = eplb_after_step(e);
     }
     local.rows = R;
-    local.running = e->n_active;
-    local.waiting = e->n_waiting;
+    local.running = e->sched.n_active;
+    local.waiting = e->sched.n_waiting;
     if (stats) *stats = local;
     return st;
 }
@@ -1460,10 +1501,10 @@ trill_status trill_engine_run(trill_engine *e) {
 }
 
 int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max) {
-    const int n = e->n_done < max ? e->n_done : max;
-    if (n <= 0) return 0; /* e->done may not exist yet */
-    memcpy(out, e->done, sizeof *out * (size_t)n);
-    memmove(e->done, e->done + n, sizeof *e->done * (size_t)(e->n_done - n));
-    e->n_done -= n;
+    const int n = e->sched.n_done < max ? e->sched.n_done : max;
+    if (n <= 0) return 0; /* e->sched.done may not exist yet */
+    memcpy(out, e->sched.done, sizeof *out * (size_t)n);
+    memmove(e->sched.done, e->sched.done + n, sizeof *e->sched.done * (size_t)(e->sched.n_done - n));
+    e->sched.n_done -= n;
     return n;
 }
