@@ -26,6 +26,24 @@ static trill_status alloc_step_buffers(trill_engine *e) {
     return st;
 }
 
+/* The KV cache's size: the layout the forward asks for (*shape, [num_hidden_layers], the caller
+ * frees it), in the weights' precision (*elem bytes: fp32 for f32, bf16 otherwise, as bf16
+ * serving does), and as many blocks as kv_cache_mb holds, or exactly kv_blocks. */
+static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape, int *elem, int *blocks) {
+    const trill_config *c = &e->c;
+    const trill_engine_config *cfg = &e->cfg;
+    if (!(*shape = malloc(sizeof **shape * (size_t)c->num_hidden_layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    eng_forward_kv_shape(c, *shape);
+    *elem = cfg->format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
+    const size_t per_block = kv_cache_bytes_per_block(cfg->block_size, c->num_hidden_layers, *shape, *elem);
+    const size_t n_blocks = cfg->kv_blocks > 0 ? (size_t)cfg->kv_blocks : per_block ? cfg->kv_cache_mb * 1000000 / per_block : 0;
+    if (n_blocks < 1 || n_blocks > INT32_MAX)
+        return trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
+                           cfg->kv_cache_mb, n_blocks, cfg->block_size, per_block / 1e6);
+    *blocks = (int)n_blocks;
+    return TRILL_OK;
+}
+
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
     trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();
     if (m->config.num_labels > 0)
@@ -44,18 +62,14 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     e->cfg = cfg;
     e->rows.max = cfg.max_batch_tokens;
     const trill_config *c = &e->c;
-    const int kv_dim = c->num_key_value_heads * c->head_dim;
-    /* the cache in the weights' precision: fp32 for f32, bf16 otherwise (as bf16 serving does) */
-    const int kv_elem = cfg.format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
-    const size_t per_block = kv_cache_bytes_per_block(cfg.block_size, c->num_hidden_layers, kv_dim, kv_elem);
-    const size_t n_blocks = cfg.kv_blocks > 0 ? (size_t)cfg.kv_blocks : cfg.kv_cache_mb * 1000000 / per_block;
-    if (n_blocks < 1 || n_blocks > INT32_MAX)
-        st = trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
-                         cfg.kv_cache_mb, n_blocks, cfg.block_size, per_block / 1e6);
+    kv_layer_shape *kv_shape = NULL;
+    int kv_elem = 0, kv_blocks = 0;
+    st = size_kv_cache(e, &kv_shape, &kv_elem, &kv_blocks);
     pthread_mutex_init(&e->update.lock, NULL);
     if (!st) st = eng_check_finite_model(m);
     if (!st) st = eng_build_weights(c, cfg.format, m, &e->w);
-    if (!st) st = kv_cache_create(&e->kv, (int)n_blocks, cfg.block_size, c->num_hidden_layers, kv_dim, kv_elem);
+    if (!st) st = kv_cache_create(&e->kv, kv_blocks, cfg.block_size, c->num_hidden_layers, kv_shape, kv_elem);
+    free(kv_shape);
     if (!st && cfg.eplb && c->n_moe_layers > 0) st = eng_eplb_start(e);
     if (!st) st = alloc_step_buffers(e);
     if (st) {
@@ -87,9 +101,7 @@ void trill_engine_free(trill_engine *e) {
 
 size_t trill_engine_weight_bytes(const trill_engine *e) { return e->w->bytes; }
 
-size_t trill_engine_kv_bytes(const trill_engine *e) {
-    return kv_cache_bytes_per_block(e->kv.block_size, e->kv.n_layers, e->kv.kv_dim, e->kv.elem) * (size_t)e->kv.n_blocks;
-}
+size_t trill_engine_kv_bytes(const trill_engine *e) { return e->kv.block_bytes * (size_t)e->kv.n_blocks; }
 
 uint32_t trill_engine_version(const trill_engine *e) { return e->version; }
 

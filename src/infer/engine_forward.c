@@ -66,6 +66,12 @@ void eng_forward_free(trill_engine *e) {
     free(f->topi); free(f->order); free(f->count); free(f->where); free(f->phys); free(f->inv_freq);
 }
 
+/* What a token keeps in the cache, per layer: the keys and the values of every kv head. */
+void eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
+    const int kvd = c->num_key_value_heads * c->head_dim;
+    for (int l = 0; l < c->num_hidden_layers; l++) shape[l] = (kv_layer_shape){ .k_width = kvd, .v_width = kvd };
+}
+
 /* Attention scores for the step's longest context, per thread: for as many threads as the calling
  * thread's parallel regions get (an engine may be stepped from threads with different OpenMP
  * thread counts, as the async generator is). */
@@ -181,14 +187,14 @@ static inline __attribute__((always_inline)) void dot_lanes8(const float *q, con
  * while the cache is read once per position. */
 static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
                                                                 int n_pos, float *o, const int W, const bool half) {
-    const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim;
+    const int bs = e->kv.block_size, v_stride = e->kv.shape[layer].v_width;
     float acc[128] = { 0 };
     for (int j0 = 0; j0 < n_pos; j0 += bs) {
         const char *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
         for (int j = 0; j < n; j++) {
             const float w = p[j0 + j];
-            const size_t at = (size_t)j * kv_dim + (size_t)col;
+            const size_t at = (size_t)j * v_stride + (size_t)col;
             for (int l = 0; l < W; l++) acc[l] += w * kv_at(vb, at + (size_t)l, half);
         }
     }
@@ -202,7 +208,7 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
                                                                   const bool half) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
-    const int bs = e->kv.block_size, kv_dim = e->kv.kv_dim, elem = half ? 2 : 4;
+    const int bs = e->kv.block_size, k_stride = e->kv.shape[layer].k_width, elem = half ? 2 : 4;
     const float scale = 1.0f / sqrtf((float)hd);
     const seq *s = e->rows.seq[r];
     const int n_pos = e->rows.pos[r] + 1, ctx = e->fwd.max_context;
@@ -214,8 +220,8 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
             const float *qg = q + (size_t)g * hd;
             float *sg = sc + (size_t)g * ctx + j0;
             int j = 0;
-            for (; j + LANE <= n; j += LANE) dot_lanes8(qg, kb + (size_t)j * kv_dim * elem, (size_t)kv_dim, hd, sg + j, half);
-            for (; j < n; j++) sg[j] = dot_lanes(qg, kb + (size_t)j * kv_dim * elem, hd, half);
+            for (; j + LANE <= n; j += LANE) dot_lanes8(qg, kb + (size_t)j * k_stride * elem, (size_t)k_stride, hd, sg + j, half);
+            for (; j < n; j++) sg[j] = dot_lanes(qg, kb + (size_t)j * k_stride * elem, hd, half);
         }
     }
     for (int g = 0; g < group; g++) { /* softmax over the positions, normalised in place */

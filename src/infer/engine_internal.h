@@ -228,6 +228,9 @@ void eng_sched_free(trill_engine *e);
 /* engine_forward.c */
 /* Refuses (with a message) a config the forward cannot run. */
 trill_status eng_forward_check(const trill_config *c);
+/* The KV cache's layout this forward asks for: shape[num_hidden_layers], each layer's K and V
+ * widths per token (the cache itself knows nothing of heads). */
+void eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape);
 trill_status eng_forward_alloc(trill_engine *e);
 void eng_forward_free(trill_engine *e);
 /* Attention scores for rows [0, R)'s longest context, for this thread count. */
