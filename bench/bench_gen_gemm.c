@@ -185,8 +185,8 @@ int main(int argc, char **argv) {
     /* compute peaks (GFLOP/s) of the instruction each format's kernel is built on */
     double peak[3] = { 0 };
     for (int f = 0; f < 3; f++) {
-        peak[f] = gen_peak_gflops((gen_format)f, isa);
-        if (peak[f] > 0) printf("peak %-4s %8.1f GFLOP/s  (%s)\n", gen_format_name((gen_format)f), peak[f], gen_peak_instruction((gen_format)f, isa));
+        peak[f] = gen_peak_gflops((trill_gen_format)f, isa);
+        if (peak[f] > 0) printf("peak %-4s %8.1f GFLOP/s  (%s)\n", trill_gen_format_name((trill_gen_format)f), peak[f], gen_peak_instruction((trill_gen_format)f, isa));
     }
 
     /* distinct linear-layer shapes of the preset */
@@ -214,14 +214,14 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < 256 * (size_t)K; i++) x[i] = (float)(trill_rng_uniform(2, i) - 0.5);
         for (int f = 0; f < 3; f++) {
             gen_matrix m;
-            if (gen_matrix_create(&m, (gen_format)f, w, NULL, N, K)) {
+            if (gen_matrix_create(&m, (trill_gen_format)f, w, NULL, N, K)) {
                 fprintf(stderr, "bench_gen_gemm: %s\n", trill_error_message());
                 return 1;
             }
             /* cold decode: copies of the packed data (the small per-channel arrays are shared) */
             int copies = (int)(((size_t)cold_mb << 20) / m.bytes) + 1;
             gen_matrix *ring = xalloc(sizeof(gen_matrix) * copies);
-            const size_t data_bytes = m.bytes - (m.format == GEN_INT8 ? (size_t)N * 8 : 0);
+            const size_t data_bytes = m.bytes - (m.format == TRILL_GEN_INT8 ? (size_t)N * 8 : 0);
             for (int c = 0; c < copies; c++) {
                 ring[c] = m;
                 ring[c].data = xalloc(data_bytes);
@@ -244,7 +244,7 @@ int main(int argc, char **argv) {
                 double best;
                 const double t = time_runs(run_calls, &hot, runs, &best) / hot.reps;
                 best /= hot.reps;
-                printf("%-15s [%5d,%5d] %-4s %4d %9.1f %8.1f %5.0f%% %7.1f %5.0f%% %8.1f", shapes[si].name, N, K, gen_format_name((gen_format)f), T,
+                printf("%-15s [%5d,%5d] %-4s %4d %9.1f %8.1f %5.0f%% %7.1f %5.0f%% %8.1f", shapes[si].name, N, K, trill_gen_format_name((trill_gen_format)f), T,
                        t * 1e6, flops / t * 1e-9, peak[f] > 0 ? 100 * flops / t * 1e-9 / peak[f] : 0, flops / best * 1e-9,
                        peak[f] > 0 ? 100 * flops / best * 1e-9 / peak[f] : 0, m.bytes / t * 1e-9);
                 if (T == 1)

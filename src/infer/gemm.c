@@ -31,23 +31,24 @@
 enum { LANES = 16, STEP_BYTES = 64, MAX_RT = 8, MAX_NB = 4 }; /* MAX_*: the largest tile compiled */
 
 /* K elements per 4-byte lane group: the unit the kernels broadcast and multiply. */
-static int group_size(gen_format f) { return f == GEN_F32 ? 1 : f == GEN_BF16 ? 2 : 4; }
-static int steps_of(gen_format f, int K) { return (K + group_size(f) - 1) / group_size(f); }
+static int group_size(trill_gen_format f) { return f == TRILL_GEN_F32 ? 1 : f == TRILL_GEN_BF16 ? 2 : 4; }
+static int steps_of(trill_gen_format f, int K) { return (K + group_size(f) - 1) / group_size(f); }
 static int blocks_of(int N) { return (N + LANES - 1) / LANES; }
 
-const char *gen_format_name(gen_format f) {
+/* The formats' public names (trill/infer.h), kept with the kernels that define them. */
+const char *trill_gen_format_name(trill_gen_format f) {
     switch (f) {
-    case GEN_F32: return "f32";
-    case GEN_BF16: return "bf16";
-    case GEN_INT8: return "int8";
+    case TRILL_GEN_F32: return "f32";
+    case TRILL_GEN_BF16: return "bf16";
+    case TRILL_GEN_INT8: return "int8";
     }
     return "?";
 }
 
-int gen_format_parse(const char *s, gen_format *out) {
-    static const gen_format all[] = { GEN_F32, GEN_BF16, GEN_INT8 };
+int trill_gen_format_parse(const char *name, trill_gen_format *out) {
+    static const trill_gen_format all[] = { TRILL_GEN_F32, TRILL_GEN_BF16, TRILL_GEN_INT8 };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (!strcmp(s, gen_format_name(all[i]))) {
+        if (!strcmp(name, trill_gen_format_name(all[i]))) {
             *out = all[i];
             return 0;
         }
@@ -109,6 +110,20 @@ trill_status gen_isa_active(gen_isa *out) {
     pthread_once(&g_isa_once, resolve_isa);
     *out = g_isa_active;
     return g_isa_refusal[0] ? trill_error(TRILL_ERR_INVALID, "%s", g_isa_refusal) : TRILL_OK;
+}
+
+trill_status trill_gen_isa(const char **name) {
+    gen_isa isa;
+    const trill_status st = gen_isa_active(&isa);
+    *name = gen_isa_name(isa);
+    return st;
+}
+
+double trill_gen_peak_gflops(trill_gen_format f, const char **instruction) {
+    gen_isa isa;
+    gen_isa_active(&isa); /* an unusable TRILL_GEN_ISA leaves the best one here */
+    if (instruction) *instruction = gen_peak_instruction(f, isa);
+    return gen_peak_gflops(f, isa);
 }
 
 /* ---- quantisation, shared by packing and by the activations of every instruction set ---- */
@@ -177,12 +192,13 @@ void gen_matrix_free(gen_matrix *m) {
     memset(m, 0, sizeof *m);
 }
 
-trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K) {
+trill_status gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K) {
     memset(m, 0, sizeof *m);
-    if (f != GEN_F32 && f != GEN_BF16 && f != GEN_INT8) return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: unknown format %d", (int)f);
+    if (f != TRILL_GEN_F32 && f != TRILL_GEN_BF16 && f != TRILL_GEN_INT8)
+        return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: unknown format %d", (int)f);
     if (!src_f32 == !src_bf16) return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: exactly one of src_f32 and src_bf16 must be given");
     if (N < 1 || K < 1) return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: shape [%d, %d] must be positive", N, K);
-    if (f == GEN_INT8 && K > GEN_INT8_MAX_K)
+    if (f == TRILL_GEN_INT8 && K > GEN_INT8_MAX_K)
         return trill_error(TRILL_ERR_UNSUPPORTED, "gen_matrix_create: int8 needs K <= %d (int32 accumulation), got %d", GEN_INT8_MAX_K, K);
     const int nb = blocks_of(N), steps = steps_of(f, K), g = group_size(f);
     const size_t packed = (size_t)nb * steps * STEP_BYTES;
@@ -190,17 +206,17 @@ trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32
     m->N = N;
     m->K = K;
     m->data = alloc64(packed);
-    if (f == GEN_INT8) { /* per-channel arrays padded to whole blocks: the kernels load 16 at a time */
+    if (f == TRILL_GEN_INT8) { /* per-channel arrays padded to whole blocks: the kernels load 16 at a time */
         m->scale = alloc64((size_t)nb * LANES * sizeof(float));
         m->wsum = alloc64((size_t)nb * LANES * sizeof(int32_t));
     }
     float *row = malloc(sizeof(float) * (size_t)K);
-    if (!m->data || !row || (f == GEN_INT8 && (!m->scale || !m->wsum))) {
+    if (!m->data || !row || (f == TRILL_GEN_INT8 && (!m->scale || !m->wsum))) {
         free(row);
         gen_matrix_free(m);
-        return trill_error(TRILL_ERR_NOMEM, "gen_matrix_create: out of memory for a %s [%d, %d] matrix", gen_format_name(f), N, K);
+        return trill_error(TRILL_ERR_NOMEM, "gen_matrix_create: out of memory for a %s [%d, %d] matrix", trill_gen_format_name(f), N, K);
     }
-    m->bytes = packed + (f == GEN_INT8 ? (size_t)N * (sizeof(float) + sizeof(int32_t)) : 0);
+    m->bytes = packed + (f == TRILL_GEN_INT8 ? (size_t)N * (sizeof(float) + sizeof(int32_t)) : 0);
 
     for (int n = 0; n < N; n++) {
         if (src_f32) memcpy(row, src_f32 + (size_t)n * K, sizeof(float) * (size_t)K);
@@ -209,9 +225,9 @@ trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32
         const int b = n / LANES, lane = n % LANES;
         /* element k of channel n lives at byte ((b*steps + k/g)*16 + lane)*4 + (k%g)*(4/g) */
         uint8_t *base = (uint8_t *)m->data + (size_t)b * steps * STEP_BYTES + (size_t)lane * 4;
-        if (f == GEN_F32) {
+        if (f == TRILL_GEN_F32) {
             for (int k = 0; k < K; k++) memcpy(base + (size_t)k * STEP_BYTES, &row[k], 4);
-        } else if (f == GEN_BF16) {
+        } else if (f == TRILL_GEN_BF16) {
             for (int k = 0; k < K; k++) {
                 const uint16_t h = src_bf16 ? src_bf16[(size_t)n * K + k] : trill_f32_to_bf16(row[k]);
                 memcpy(base + (size_t)(k / g) * STEP_BYTES + (k % g) * 2, &h, 2);
@@ -236,7 +252,7 @@ trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32
 
 /* One tile: rows [t0, t0 + rt) × blocks [b0, b0 + nb). */
 typedef struct tile {
-    gen_format format;
+    trill_gen_format format;
     const uint8_t *w;     /* block b0's packed weights */
     size_t wblock;        /* bytes from one block to the next (steps * 64) */
     const uint8_t *x;     /* row t0's activation groups */
@@ -269,7 +285,7 @@ static void tile_generic(const tile *a, int rt, int nb) {
             float res[LANES];
             for (int l = 0; l < LANES; l++) {
                 const uint8_t *w = a->w + (size_t)b * a->wblock + (size_t)l * 4, *x = a->x + (size_t)r * a->xrow;
-                if (a->format == GEN_F32) {
+                if (a->format == TRILL_GEN_F32) {
                     float acc = 0;
                     for (int s = 0; s < a->steps; s++) {
                         float wv, xv;
@@ -278,7 +294,7 @@ static void tile_generic(const tile *a, int rt, int nb) {
                         acc = fmaf(wv, xv, acc);
                     }
                     res[l] = acc;
-                } else if (a->format == GEN_BF16) { /* activations widened: [even, odd] fp32 */
+                } else if (a->format == TRILL_GEN_BF16) { /* activations widened: [even, odd] fp32 */
                     float acc = 0;
                     for (int s = 0; s < a->steps; s++) {
                         const uint32_t wv = load_group(w + (size_t)s * STEP_BYTES);
@@ -314,11 +330,11 @@ static void tile_generic(const tile *a, int rt, int nb) {
 typedef struct avx2_w { __m256 f, fx; __m256i i, ix; } avx2_w; /* f32: f; bf16: f odd, fx even; int8: i, ix = |i| */
 typedef struct avx2_x { __m256 f, fx; __m256i i; } avx2_x;     /* f32: f; bf16: f odd, fx even; int8: i */
 
-AVX2 static ALWAYS_INLINE avx2_w avx2_load_w(const uint8_t *p, const gen_format F) {
+AVX2 static ALWAYS_INLINE avx2_w avx2_load_w(const uint8_t *p, const trill_gen_format F) {
     avx2_w w;
-    if (F == GEN_F32) {
+    if (F == TRILL_GEN_F32) {
         w.f = _mm256_load_ps((const float *)(const void *)p);
-    } else if (F == GEN_BF16) {
+    } else if (F == TRILL_GEN_BF16) {
         const __m256i v = _mm256_load_si256((const __m256i *)(const void *)p);
         w.f = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
         w.fx = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -329,11 +345,11 @@ AVX2 static ALWAYS_INLINE avx2_w avx2_load_w(const uint8_t *p, const gen_format 
     return w;
 }
 
-AVX2 static ALWAYS_INLINE avx2_x avx2_load_x(const uint8_t *p, const gen_format F) {
+AVX2 static ALWAYS_INLINE avx2_x avx2_load_x(const uint8_t *p, const trill_gen_format F) {
     avx2_x x;
-    if (F == GEN_F32) {
+    if (F == TRILL_GEN_F32) {
         x.f = _mm256_broadcast_ss((const float *)(const void *)p);
-    } else if (F == GEN_BF16) {
+    } else if (F == TRILL_GEN_BF16) {
         x.f = _mm256_broadcast_ss((const float *)(const void *)(p + 4));
         x.fx = _mm256_broadcast_ss((const float *)(const void *)p);
     } else {
@@ -342,8 +358,8 @@ AVX2 static ALWAYS_INLINE avx2_x avx2_load_x(const uint8_t *p, const gen_format 
     return x;
 }
 
-AVX2 static ALWAYS_INLINE __m256 avx2_step_float(__m256 acc, avx2_w w, avx2_x x, const gen_format F) {
-    if (F == GEN_F32) return _mm256_fmadd_ps(w.f, x.f, acc);
+AVX2 static ALWAYS_INLINE __m256 avx2_step_float(__m256 acc, avx2_w w, avx2_x x, const trill_gen_format F) {
+    if (F == TRILL_GEN_F32) return _mm256_fmadd_ps(w.f, x.f, acc);
     return _mm256_fmadd_ps(w.fx, x.fx, _mm256_fmadd_ps(w.f, x.f, acc));
 }
 
@@ -352,14 +368,14 @@ AVX2 static ALWAYS_INLINE __m256i avx2_step_int8(__m256i acc, avx2_w w, avx2_x x
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
-AVX2 static ALWAYS_INLINE void tile_avx2_body(const tile *a, const gen_format F, const int RT, const int NB) {
+AVX2 static ALWAYS_INLINE void tile_avx2_body(const tile *a, const trill_gen_format F, const int RT, const int NB) {
     /* fixed sizes, float and integer kept apart (one of them unused): after inlining with
      * constant RT and NB they become registers */
     __m256 accf[MAX_RT][MAX_NB][2];
     __m256i acci[MAX_RT][MAX_NB][2];
 #define AVX2_STEP(r, b, h, w, x)                                                   \
     do {                                                                           \
-        if (F == GEN_INT8) acci[r][b][h] = avx2_step_int8(acci[r][b][h], w, x);    \
+        if (F == TRILL_GEN_INT8) acci[r][b][h] = avx2_step_int8(acci[r][b][h], w, x);    \
         else accf[r][b][h] = avx2_step_float(accf[r][b][h], w, x, F);              \
     } while (0)
     UNROLL for (int r = 0; r < RT; r++)
@@ -391,7 +407,7 @@ AVX2 static ALWAYS_INLINE void tile_avx2_body(const tile *a, const gen_format F,
             float res[LANES];
             UNROLL for (int h = 0; h < 2; h++) {
                 __m256 v = accf[r][b][h];
-                if (F == GEN_INT8) {
+                if (F == TRILL_GEN_INT8) {
                     v = _mm256_mul_ps(_mm256_cvtepi32_ps(acci[r][b][h]), _mm256_set1_ps(a->sx[r]));
                     v = _mm256_mul_ps(v, _mm256_load_ps(a->sw + b * LANES + h * 8));
                 }
@@ -404,7 +420,7 @@ AVX2 static ALWAYS_INLINE void tile_avx2_body(const tile *a, const gen_format F,
 /* AVX-512: one zmm per block; vdpbf16ps and vpdpbusd do a whole group per lane. vpdpbusd
  * multiplies unsigned by signed bytes, so activations arrive as q + 128 and the accumulator
  * drops 128 * sum(w) at the end (exact: int32 arithmetic wraps and the true sum fits). */
-AVX512 static ALWAYS_INLINE void tile_avx512_body(const tile *a, const gen_format F, const int RT, const int NB) {
+AVX512 static ALWAYS_INLINE void tile_avx512_body(const tile *a, const trill_gen_format F, const int RT, const int NB) {
     __m512 accf[MAX_RT][MAX_NB]; /* as on AVX2: typed, fixed-size, one of the two unused */
     __m512i acci[MAX_RT][MAX_NB];
     UNROLL for (int r = 0; r < RT; r++)
@@ -418,8 +434,8 @@ AVX512 static ALWAYS_INLINE void tile_avx512_body(const tile *a, const gen_forma
         UNROLL for (int r = 0; r < RT; r++) {
             const __m512i xv = _mm512_set1_epi32((int)load_group(a->x + (size_t)r * a->xrow + (size_t)s * a->xstep));
             UNROLL for (int b = 0; b < NB; b++) {
-                if (F == GEN_F32) accf[r][b] = _mm512_fmadd_ps(_mm512_castsi512_ps(w[b]), _mm512_castsi512_ps(xv), accf[r][b]);
-                else if (F == GEN_BF16) accf[r][b] = _mm512_dpbf16_ps(accf[r][b], (__m512bh)w[b], (__m512bh)xv);
+                if (F == TRILL_GEN_F32) accf[r][b] = _mm512_fmadd_ps(_mm512_castsi512_ps(w[b]), _mm512_castsi512_ps(xv), accf[r][b]);
+                else if (F == TRILL_GEN_BF16) accf[r][b] = _mm512_dpbf16_ps(accf[r][b], (__m512bh)w[b], (__m512bh)xv);
                 else acci[r][b] = _mm512_dpbusd_epi32(acci[r][b], xv, w[b]); /* unsigned x, signed w */
             }
         }
@@ -428,7 +444,7 @@ AVX512 static ALWAYS_INLINE void tile_avx512_body(const tile *a, const gen_forma
         UNROLL for (int b = 0; b < NB; b++) {
             float res[LANES];
             __m512 v = accf[r][b];
-            if (F == GEN_INT8) {
+            if (F == TRILL_GEN_INT8) {
                 const __m512i dot = _mm512_sub_epi32(acci[r][b], _mm512_slli_epi32(_mm512_load_si512(a->wsum + b * LANES), 7));
                 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(a->sx[r]));
                 v = _mm512_mul_ps(v, _mm512_load_ps(a->sw + b * LANES));
@@ -445,9 +461,9 @@ AVX512 static ALWAYS_INLINE void tile_avx512_body(const tile *a, const gen_forma
  * compiled too, for the remainders. */
 enum { GEMV_NB = 4 };
 static const struct { int rt, nb; } TILE_SHAPE[3][3] = {
-    [GEN_ISA_GENERIC] = { [GEN_F32] = { 4, 1 }, [GEN_BF16] = { 4, 1 }, [GEN_INT8] = { 4, 1 } },
-    [GEN_ISA_AVX2] = { [GEN_F32] = { 6, 1 }, [GEN_BF16] = { 5, 1 }, [GEN_INT8] = { 3, 1 } },
-    [GEN_ISA_AVX512] = { [GEN_F32] = { 8, 2 }, [GEN_BF16] = { 8, 2 }, [GEN_INT8] = { 8, 2 } },
+    [GEN_ISA_GENERIC] = { [TRILL_GEN_F32] = { 4, 1 }, [TRILL_GEN_BF16] = { 4, 1 }, [TRILL_GEN_INT8] = { 4, 1 } },
+    [GEN_ISA_AVX2] = { [TRILL_GEN_F32] = { 6, 1 }, [TRILL_GEN_BF16] = { 5, 1 }, [TRILL_GEN_INT8] = { 3, 1 } },
+    [GEN_ISA_AVX512] = { [TRILL_GEN_F32] = { 8, 2 }, [TRILL_GEN_BF16] = { 8, 2 }, [TRILL_GEN_INT8] = { 8, 2 } },
 };
 
 #define CASE(body, F, RT, NB) \
@@ -466,12 +482,12 @@ static const struct { int rt, nb; } TILE_SHAPE[3][3] = {
     switch (rt * 8 + nb) { CASES_ONE_BLOCK(tile_avx512_body, F) CASES_GEMV(tile_avx512_body, F) CASES_ZMM_ONLY(tile_avx512_body, F) } \
     assert(!"tile shape not compiled");
 
-AVX2 static void tile_avx2_f32(const tile *a, int rt, int nb) { TILES_AVX2(GEN_F32) }
-AVX2 static void tile_avx2_bf16(const tile *a, int rt, int nb) { TILES_AVX2(GEN_BF16) }
-AVX2 static void tile_avx2_int8(const tile *a, int rt, int nb) { TILES_AVX2(GEN_INT8) }
-AVX512 static void tile_avx512_f32(const tile *a, int rt, int nb) { TILES_AVX512(GEN_F32) }
-AVX512 static void tile_avx512_bf16(const tile *a, int rt, int nb) { TILES_AVX512(GEN_BF16) }
-AVX512 static void tile_avx512_int8(const tile *a, int rt, int nb) { TILES_AVX512(GEN_INT8) }
+AVX2 static void tile_avx2_f32(const tile *a, int rt, int nb) { TILES_AVX2(TRILL_GEN_F32) }
+AVX2 static void tile_avx2_bf16(const tile *a, int rt, int nb) { TILES_AVX2(TRILL_GEN_BF16) }
+AVX2 static void tile_avx2_int8(const tile *a, int rt, int nb) { TILES_AVX2(TRILL_GEN_INT8) }
+AVX512 static void tile_avx512_f32(const tile *a, int rt, int nb) { TILES_AVX512(TRILL_GEN_F32) }
+AVX512 static void tile_avx512_bf16(const tile *a, int rt, int nb) { TILES_AVX512(TRILL_GEN_BF16) }
+AVX512 static void tile_avx512_int8(const tile *a, int rt, int nb) { TILES_AVX512(TRILL_GEN_INT8) }
 /* ---- compute peaks: register-only loops of the instruction each format's kernel is built on ---- */
 
 static volatile uint64_t g_sink; /* keeps the loops' results alive */
@@ -555,10 +571,10 @@ AVX512 static void peak_int8_avx512(void *arg) {
 
 typedef void (*tile_fn)(const tile *a, int rt, int nb);
 
-static tile_fn tile_kernel(gen_isa isa, gen_format f) {
+static tile_fn tile_kernel(gen_isa isa, trill_gen_format f) {
 #if GEN_X86
-    if (isa == GEN_ISA_AVX2) return f == GEN_F32 ? tile_avx2_f32 : f == GEN_BF16 ? tile_avx2_bf16 : tile_avx2_int8;
-    if (isa == GEN_ISA_AVX512) return f == GEN_F32 ? tile_avx512_f32 : f == GEN_BF16 ? tile_avx512_bf16 : tile_avx512_int8;
+    if (isa == GEN_ISA_AVX2) return f == TRILL_GEN_F32 ? tile_avx2_f32 : f == TRILL_GEN_BF16 ? tile_avx2_bf16 : tile_avx2_int8;
+    if (isa == GEN_ISA_AVX512) return f == TRILL_GEN_F32 ? tile_avx512_f32 : f == TRILL_GEN_BF16 ? tile_avx512_bf16 : tile_avx512_int8;
 #endif
     return tile_generic;
 }
@@ -576,7 +592,7 @@ static uint8_t *scratch(size_t bytes) {
 
 /* How the activations of one call are laid out for the kernels. */
 typedef struct act_layout {
-    gen_format format;
+    trill_gen_format format;
     int K, steps, T;
     int widened;      /* bf16 as rounded fp32 values (AVX2, generic) rather than bf16 pairs */
     int offset;       /* int8: 128 for vpdpbusd's unsigned operand, else 0 */
@@ -591,7 +607,7 @@ static void convert_rows(uint8_t *buf, const float *inp, int t0, int t1, const a
     for (int t = t0; t < t1; t++) {
         uint8_t *dst = buf + l->xrow * t;
         const float *src = inp + (size_t)t * l->K;
-        if (l->format == GEN_INT8) sx[t] = int8_row(dst, src, l->K, l->steps * 4, l->offset);
+        if (l->format == TRILL_GEN_INT8) sx[t] = int8_row(dst, src, l->K, l->steps * 4, l->offset);
         else if (l->widened) bf16_row_widened((float *)(void *)dst, src, l->K, l->steps * 2);
         else bf16_row((uint16_t *)(void *)dst, src, l->K, l->steps * 2);
     }
@@ -609,22 +625,23 @@ static double peak_gflops(void (*loop)(void *), double macs_per_instr) {
     return 2.0 * macs_per_instr * 12.0 * PEAK_ITERS * omp_get_max_threads() / best * 1e-9;
 }
 
-double gen_peak_gflops(gen_format f, gen_isa isa) {
+double gen_peak_gflops(trill_gen_format f, gen_isa isa) {
 #if GEN_X86
     if (isa == GEN_ISA_AVX512 && gen_isa_supported(isa))
-        return peak_gflops(f == GEN_F32 ? peak_fma_avx512 : f == GEN_BF16 ? peak_bf16_avx512 : peak_int8_avx512, f == GEN_F32 ? 16 : f == GEN_BF16 ? 32 : 64);
+        return peak_gflops(f == TRILL_GEN_F32 ? peak_fma_avx512 : f == TRILL_GEN_BF16 ? peak_bf16_avx512 : peak_int8_avx512,
+                           f == TRILL_GEN_F32 ? 16 : f == TRILL_GEN_BF16 ? 32 : 64);
     if (isa == GEN_ISA_AVX2 && gen_isa_supported(isa))
-        return peak_gflops(f == GEN_INT8 ? peak_int8_avx2 : peak_fma_avx2, f == GEN_INT8 ? 32 : 8);
+        return peak_gflops(f == TRILL_GEN_INT8 ? peak_int8_avx2 : peak_fma_avx2, f == TRILL_GEN_INT8 ? 32 : 8);
 #endif
     (void)f;
     (void)isa;
     return 0;
 }
 
-const char *gen_peak_instruction(gen_format f, gen_isa isa) {
-    if (isa == GEN_ISA_AVX512) return f == GEN_F32 ? "vfmadd231ps zmm" : f == GEN_BF16 ? "vdpbf16ps zmm" : "vpdpbusd zmm";
+const char *gen_peak_instruction(trill_gen_format f, gen_isa isa) {
+    if (isa == GEN_ISA_AVX512) return f == TRILL_GEN_F32 ? "vfmadd231ps zmm" : f == TRILL_GEN_BF16 ? "vdpbf16ps zmm" : "vpdpbusd zmm";
     if (isa == GEN_ISA_AVX2)
-        return f == GEN_F32 ? "vfmadd231ps ymm" : f == GEN_BF16 ? "vfmadd231ps ymm (no AVX-512 BF16: bf16 MACs are fp32 FMAs)"
+        return f == TRILL_GEN_F32 ? "vfmadd231ps ymm" : f == TRILL_GEN_BF16 ? "vfmadd231ps ymm (no AVX-512 BF16: bf16 MACs are fp32 FMAs)"
                                                  : "vpsignb+vpmaddubsw+vpmaddwd+vpaddd ymm";
     return "none (generic C)";
 }
@@ -641,17 +658,17 @@ void gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) {
 void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
     assert(gen_isa_supported(isa));
     if (T <= 0) return;
-    const gen_format f = W->format;
+    const trill_gen_format f = W->format;
     const int N = W->N, K = W->K, steps = steps_of(f, K), nblocks = blocks_of(N);
-    act_layout l = { .format = f, .K = K, .steps = steps, .T = T, .widened = f == GEN_BF16 && isa != GEN_ISA_AVX512,
-                     .offset = f == GEN_INT8 && isa == GEN_ISA_AVX512 ? 128 : 0 };
+    act_layout l = { .format = f, .K = K, .steps = steps, .T = T, .widened = f == TRILL_GEN_BF16 && isa != GEN_ISA_AVX512,
+                     .offset = f == TRILL_GEN_INT8 && isa == GEN_ISA_AVX512 ? 128 : 0 };
     l.xstep = l.widened ? 8 : 4;
     l.xrow = (size_t)steps * l.xstep;
     const int parallel = !omp_in_parallel() && (double)T * N * K >= 65536;
     const int threads = parallel ? omp_get_max_threads() : 1;
     /* Small batches (decode): every thread converts all rows into its own slice, which costs less
      * than the barrier after a shared conversion. */
-    const int convert = f != GEN_F32, private_rows = (size_t)T * K <= 16384;
+    const int convert = f != TRILL_GEN_F32, private_rows = (size_t)T * K <= 16384;
     const size_t slice = (act_bytes(&l) + 63) & ~(size_t)63;
     uint8_t *buf_all = convert ? scratch(slice * (private_rows ? threads : 1)) : NULL;
     const tile_fn kernel = tile_kernel(isa, f);

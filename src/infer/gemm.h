@@ -24,17 +24,17 @@
 #include <stdint.h>
 
 #include "trill/error.h"
+#include "trill/infer.h" /* trill_gen_format: the formats are the engine's public configuration */
 
-typedef enum gen_format {
-    GEN_F32,  /* fp32 weights, fp32 FMA over k in order */
-    GEN_BF16, /* bf16 weights and activations (activations rounded to nearest even per call),
-               * products summed in fp32 per lane: acc += w[k+1]x[k+1], then acc += w[k]x[k]
-               * (vdpbf16ps on AVX-512 BF16, two exact-product FMAs elsewhere) */
-    GEN_INT8, /* W8A8: weights symmetric int8 per output channel, scale_w = absmax/127;
-               * activations symmetric int8 per row (token), scale_x = absmax/127; q =
-               * nearbyint(v * (127 / absmax)) clamped to ±127; exact int32 dot product;
-               * out = (float)dot * scale_x[t] * scale_w[n], multiplied in that order */
-} gen_format;
+/* The arithmetic of each format (trill_gen_format, trill/infer.h):
+ *   TRILL_GEN_F32  — fp32 weights, fp32 FMA over k in order
+ *   TRILL_GEN_BF16 — bf16 weights and activations (activations rounded to nearest even per call),
+ *                    products summed in fp32 per lane: acc += w[k+1]x[k+1], then acc += w[k]x[k]
+ *                    (vdpbf16ps on AVX-512 BF16, two exact-product FMAs elsewhere)
+ *   TRILL_GEN_INT8 — W8A8: weights symmetric int8 per output channel, scale_w = absmax/127;
+ *                    activations symmetric int8 per row (token), scale_x = absmax/127; q =
+ *                    nearbyint(v * (127 / absmax)) clamped to ±127; exact int32 dot product;
+ *                    out = (float)dot * scale_x[t] * scale_w[n], multiplied in that order */
 
 /* The instruction set a kernel runs on. Each computes every format to the specification above;
  * GENERIC and AVX2 give bit-identical results, and so does AVX512 for fp32 and int8 (its bf16
@@ -43,11 +43,11 @@ typedef enum gen_isa { GEN_ISA_GENERIC, GEN_ISA_AVX2, GEN_ISA_AVX512 } gen_isa;
 
 /* W[N, K] (nn.Linear layout: N outputs, K inputs) in a generator format. */
 typedef struct gen_matrix {
-    gen_format format;
+    trill_gen_format format;
     int N, K;
     void *data;     /* packed blocks (layout above), 64-byte aligned */
-    float *scale;   /* GEN_INT8: scale_w per output channel [N]; else NULL */
-    int32_t *wsum;  /* GEN_INT8: sum of the int8 weights per channel [N] (VNNI's +128 offset); else NULL */
+    float *scale;   /* TRILL_GEN_INT8: scale_w per output channel [N]; else NULL */
+    int32_t *wsum;  /* TRILL_GEN_INT8: sum of the int8 weights per channel [N] (VNNI's +128 offset); else NULL */
     size_t bytes;   /* what one call streams from the matrix: packed data + per-channel arrays */
 } gen_matrix;
 
@@ -56,7 +56,7 @@ typedef struct gen_matrix {
  * GEN_INT8_MAX_K (the int32 dot product could overflow), TRILL_ERR_NOMEM. *m is zeroed on
  * failure, so gen_matrix_free is always safe. */
 enum { GEN_INT8_MAX_K = 131072 }; /* 127 * 127 * K < 2^31 */
-trill_status gen_matrix_create(gen_matrix *m, gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
+trill_status gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
 void gen_matrix_free(gen_matrix *m);
 
 /* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on gen_isa_active()'s
@@ -71,8 +71,8 @@ void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, ge
 /* The compute peak of the instruction a format's kernel is built on, measured now with
  * register-only loops on all OpenMP threads (GFLOP/s, 2 per multiply-add; 0 if isa is not
  * supported), and that instruction's name: the yardstick for the kernels' GFLOP/s. */
-double gen_peak_gflops(gen_format f, gen_isa isa);
-const char *gen_peak_instruction(gen_format f, gen_isa isa);
+double gen_peak_gflops(trill_gen_format f, gen_isa isa);
+const char *gen_peak_instruction(trill_gen_format f, gen_isa isa);
 
 gen_isa gen_isa_best(void);
 /* The instruction set gen_matmul runs on: gen_isa_best(), unless the environment variable
@@ -84,9 +84,5 @@ gen_isa gen_isa_best(void);
 trill_status gen_isa_active(gen_isa *out);
 int gen_isa_supported(gen_isa isa);
 const char *gen_isa_name(gen_isa isa);
-
-/* "f32", "bf16", "int8". parse returns 0 on success, -1 if unknown. */
-const char *gen_format_name(gen_format f);
-int gen_format_parse(const char *s, gen_format *out);
 
 #endif

@@ -3,17 +3,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t kv_cache_bytes_per_block(int block_size, int n_layers, int kv_dim, int elem) {
-    return (size_t)n_layers * 2 * block_size * kv_dim * elem;
+size_t kv_cache_bytes_per_block(int block_size, int n_layers, const kv_layer_shape *shape, int elem) {
+    size_t bytes = 0;
+    for (int l = 0; l < n_layers; l++) bytes += (size_t)block_size * ((size_t)shape[l].k_width + (size_t)shape[l].v_width) * elem;
+    return bytes;
 }
 
-trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, int kv_dim, int elem) {
-    *kv = (kv_cache){ .n_blocks = n_blocks, .block_size = block_size, .n_layers = n_layers, .kv_dim = kv_dim, .elem = elem };
-    const size_t per = kv_cache_bytes_per_block(block_size, n_layers, kv_dim, elem);
+trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, const kv_layer_shape *shape, int elem) {
+    *kv = (kv_cache){ .n_blocks = n_blocks, .block_size = block_size, .n_layers = n_layers, .elem = elem };
+    if (n_blocks < 1 || block_size < 1 || n_layers < 1 || (elem != 2 && elem != 4))
+        return trill_error(TRILL_ERR_INVALID, "KV cache: %d blocks of %d tokens, %d layers, %d-byte elements", n_blocks, block_size, n_layers, elem);
+    for (int l = 0; l < n_layers; l++)
+        if (shape[l].k_width < 0 || shape[l].v_width < 0)
+            return trill_error(TRILL_ERR_INVALID, "KV cache: layer %d asks for widths %d and %d", l, shape[l].k_width, shape[l].v_width);
+    kv->shape = malloc(sizeof *kv->shape * (size_t)n_layers);
+    kv->layer_offset = malloc(sizeof *kv->layer_offset * (size_t)n_layers);
+    if (kv->shape && kv->layer_offset) {
+        memcpy(kv->shape, shape, sizeof *kv->shape * (size_t)n_layers);
+        for (int l = 0; l < n_layers; l++) {
+            kv->layer_offset[l] = kv->block_bytes;
+            kv->block_bytes += (size_t)block_size * ((size_t)shape[l].k_width + (size_t)shape[l].v_width) * elem;
+        }
+    }
+    const size_t per = kv->block_bytes;
     kv->data = malloc(per * (size_t)n_blocks);
     kv->refcount = calloc((size_t)n_blocks, sizeof(int));
     kv->free_list = malloc(sizeof(int) * (size_t)n_blocks);
-    if (!kv->data || !kv->refcount || !kv->free_list) {
+    if (!kv->shape || !kv->layer_offset || !kv->data || !kv->refcount || !kv->free_list) {
         kv_cache_free(kv);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for a KV cache of %d blocks (%.2f GB)", n_blocks, per * (double)n_blocks * 1e-9);
     }
@@ -23,6 +39,8 @@ trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_l
 }
 
 void kv_cache_free(kv_cache *kv) {
+    free(kv->shape);
+    free(kv->layer_offset);
     free(kv->data);
     free(kv->refcount);
     free(kv->free_list);
@@ -61,8 +79,7 @@ int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
     if (first < t->n && kv->refcount[t->blocks[first]] > 1) {
         int b = kv_block_alloc(kv);
         if (b < 0) return -1;
-        memcpy(kv_key(kv, b, 0, 0), kv_key(kv, t->blocks[first], 0, 0),
-               kv_cache_bytes_per_block(kv->block_size, kv->n_layers, kv->kv_dim, kv->elem));
+        memcpy(kv_block_data(kv, b), kv_block_data(kv, t->blocks[first]), kv->block_bytes);
         kv_block_release(kv, t->blocks[first]);
         t->blocks[first] = b;
     }

@@ -2,9 +2,11 @@
  * sequences through block tables and reference counted, so the n samples of one prompt share
  * the prompt's blocks (prefilled once) and copy a shared block only when they write into it.
  *
- * Block b holds, for every layer, block_size token slots of K and then of V, each slot
- * [n_kv_heads * head_dim] elements of `elem` bytes: fp32 (4) or bf16 (2, as bf16 serving keeps
- * its cache). Not thread-safe: the engine's scheduler owns it. */
+ * What a token keeps is the model family's to say, layer by layer (kv_layer_shape): a K part of
+ * k_width elements and a V part of v_width (e.g. keys and values of every kv head; or a single
+ * latent vector, v_width 0). Block b holds, for every layer in turn, block_size K slots and then
+ * block_size V slots, elements of `elem` bytes: fp32 (4) or bf16 (2, as bf16 serving keeps its
+ * cache). Not thread-safe: the engine's scheduler owns it. */
 #ifndef TRILL_INFER_KVCACHE_H
 #define TRILL_INFER_KVCACHE_H
 
@@ -12,29 +14,41 @@
 
 #include "trill/error.h"
 
+/* One layer's part of a token's cache entry, in elements. */
+typedef struct kv_layer_shape {
+    int k_width, v_width;
+} kv_layer_shape;
+
 typedef struct kv_cache {
-    int n_blocks, block_size, n_layers, kv_dim, elem;
-    char *data;     /* [n_blocks][n_layers][2][block_size][kv_dim] elements */
+    int n_blocks, block_size, n_layers, elem;
+    kv_layer_shape *shape;  /* [n_layers] */
+    size_t *layer_offset;   /* [n_layers] bytes from a block's start to the layer's first K slot */
+    size_t block_bytes;
+    char *data;     /* [n_blocks][block_bytes] */
     int *refcount;  /* [n_blocks]; 0 = free */
     int *free_list; /* stack of free block ids */
     int n_free;
 } kv_cache;
 
-trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, int kv_dim, int elem);
+/* shape: [n_layers] widths >= 0 (copied). TRILL_ERR_INVALID on a bad argument, TRILL_ERR_NOMEM. */
+trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, const kv_layer_shape *shape, int elem);
 void kv_cache_free(kv_cache *kv);
-size_t kv_cache_bytes_per_block(int block_size, int n_layers, int kv_dim, int elem);
+size_t kv_cache_bytes_per_block(int block_size, int n_layers, const kv_layer_shape *shape, int elem);
 
 /* A free block with refcount 1, or -1 when none is left. */
 int kv_block_alloc(kv_cache *kv);
 void kv_block_retain(kv_cache *kv, int block);
 void kv_block_release(kv_cache *kv, int block);
 
-/* K (or V) slot of token `slot` of `block` in `layer` (elements of kv->elem bytes). */
+static inline char *kv_block_data(const kv_cache *kv, int block) { return kv->data + (size_t)block * kv->block_bytes; }
+/* The K (or V) part of token `slot` of `block` in `layer`: kv->shape[layer].k_width (v_width)
+ * elements of kv->elem bytes; the next slot's follows. */
 static inline void *kv_key(const kv_cache *kv, int block, int layer, int slot) {
-    return kv->data + ((((size_t)block * kv->n_layers + layer) * 2 + 0) * kv->block_size + slot) * kv->kv_dim * kv->elem;
+    return kv_block_data(kv, block) + kv->layer_offset[layer] + (size_t)slot * kv->shape[layer].k_width * kv->elem;
 }
 static inline void *kv_value(const kv_cache *kv, int block, int layer, int slot) {
-    return kv->data + ((((size_t)block * kv->n_layers + layer) * 2 + 1) * kv->block_size + slot) * kv->kv_dim * kv->elem;
+    const kv_layer_shape *L = &kv->shape[layer];
+    return kv_block_data(kv, block) + kv->layer_offset[layer] + ((size_t)kv->block_size * L->k_width + (size_t)slot * L->v_width) * kv->elem;
 }
 
 /* A sequence's block table. */

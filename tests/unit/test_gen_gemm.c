@@ -27,7 +27,7 @@
 #include "trill/kernels.h"
 #include "trill/rng.h"
 
-static const gen_format FORMATS[] = { GEN_F32, GEN_BF16, GEN_INT8 };
+static const trill_gen_format FORMATS[] = { TRILL_GEN_F32, TRILL_GEN_BF16, TRILL_GEN_INT8 };
 static const gen_isa ISAS[] = { GEN_ISA_GENERIC, GEN_ISA_AVX2, GEN_ISA_AVX512 };
 enum { N_FORMATS = 3, N_ISAS = 3 };
 
@@ -102,7 +102,7 @@ static void test_f32_matches_double(void **state) {
         const int N = SHAPES[si].N, K = SHAPES[si].K, T = 5;
         float *w = randn((size_t)N * K, 1 + si, 1.0), *x = randn((size_t)T * K, 100 + si, 1.0);
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, GEN_F32, w, NULL, N, K), TRILL_OK);
+        assert_int_equal(gen_matrix_create(&m, TRILL_GEN_F32, w, NULL, N, K), TRILL_OK);
         float *trainer = malloc(sizeof(float) * (size_t)T * N);
         matmul_forward(trainer, x, w, T, K, N);
         for (int ii = 0; ii < N_ISAS; ii++) {
@@ -137,7 +137,7 @@ static void test_bf16_matches_rounded_reference(void **state) {
         const int N = SHAPES[si].N, K = SHAPES[si].K, T = 7;
         float *w = randn((size_t)N * K, 2 + si, 1.0), *x = randn((size_t)T * K, 200 + si, 1.0);
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, GEN_BF16, w, NULL, N, K), TRILL_OK);
+        assert_int_equal(gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, N, K), TRILL_OK);
         for (int ii = 0; ii < N_ISAS; ii++) {
             if (!tested(ISAS[ii])) continue;
             float *out = run(&m, x, T, ISAS[ii]);
@@ -176,7 +176,7 @@ static void test_int8_matches_quantized_reference(void **state) {
         float *w = randn((size_t)N * K, 3 + si, 0.5), *x = randn((size_t)T * K, 300 + si, 2.0);
         if (si == 0) memset(x, 0, sizeof(float) * (size_t)K); /* an all-zero row: scale 0, outputs 0 */
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, GEN_INT8, w, NULL, N, K), TRILL_OK);
+        assert_int_equal(gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, N, K), TRILL_OK);
         int8_t *qw = malloc((size_t)N * K), *qx = malloc((size_t)T * K);
         float *sw = malloc(sizeof(float) * N), *sx = malloc(sizeof(float) * T);
         for (int n = 0; n < N; n++) {
@@ -229,7 +229,7 @@ static void test_isas_agree_with_generic(void **state) {
         for (int ii = 1; ii < N_ISAS; ii++) {
             if (!tested(ISAS[ii])) continue;
             float *out = run(&m, x, T, ISAS[ii]);
-            if (ISAS[ii] == GEN_ISA_AVX512 && FORMATS[fi] == GEN_BF16) {
+            if (ISAS[ii] == GEN_ISA_AVX512 && FORMATS[fi] == TRILL_GEN_BF16) {
                 for (size_t i = 0; i < (size_t)T * N; i++) assert_true(fabsf(out[i] - ref[i]) <= 1e-5f * (1 + fabsf(ref[i])));
             } else {
                 assert_memory_equal(out, ref, sizeof(float) * (size_t)T * N);
@@ -250,7 +250,7 @@ static void test_isas_agree_with_generic(void **state) {
 
 /* The row under test alone (T = 1) and at a position inside batches of random other rows, and
  * the whole batch on 1, 2 or 3 threads (3: uneven splits of the blocks): the same bits. */
-static void check_batch_invariance(gen_format f, gen_isa isa, int N, int K) {
+static void check_batch_invariance(trill_gen_format f, gen_isa isa, int N, int K) {
     float *w = randn((size_t)N * K, 5, 1.0), *row = randn((size_t)K, 500, 1.0);
     gen_matrix m;
     assert_int_equal(gen_matrix_create(&m, f, w, NULL, N, K), TRILL_OK);
@@ -303,7 +303,7 @@ static void test_bf16_source_and_empty_batch(void **state) {
         assert_int_equal(gen_matrix_create(&a, FORMATS[fi], w, NULL, N, K), TRILL_OK);
         assert_int_equal(gen_matrix_create(&b, FORMATS[fi], NULL, wb, N, K), TRILL_OK);
         assert_int_equal(a.bytes, b.bytes);
-        assert_memory_equal(a.data, b.data, a.bytes - (FORMATS[fi] == GEN_INT8 ? (size_t)N * 8 : 0));
+        assert_memory_equal(a.data, b.data, a.bytes - (FORMATS[fi] == TRILL_GEN_INT8 ? (size_t)N * 8 : 0));
         float *oa = run(&a, x, T, one_isa()), *ob = run(&b, x, T, one_isa());
         assert_memory_equal(oa, ob, sizeof(float) * T * N);
         float sentinel = -7.0f;
@@ -325,22 +325,22 @@ static void test_refusals_and_names(void **state) {
     float w[4] = { 1, 2, 3, 4 };
     uint16_t wb[4] = { 0 };
     gen_matrix m;
-    assert_int_equal(gen_matrix_create(&m, GEN_F32, NULL, NULL, 2, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, GEN_F32, w, wb, 2, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, GEN_BF16, w, NULL, 0, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, GEN_BF16, w, NULL, 2, -1), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, (gen_format)7, w, NULL, 2, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, GEN_INT8, w, NULL, 1, GEN_INT8_MAX_K + 1), TRILL_ERR_UNSUPPORTED);
+    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_F32, NULL, NULL, 2, 2), TRILL_ERR_INVALID);
+    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_F32, w, wb, 2, 2), TRILL_ERR_INVALID);
+    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, 0, 2), TRILL_ERR_INVALID);
+    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, 2, -1), TRILL_ERR_INVALID);
+    assert_int_equal(gen_matrix_create(&m, (trill_gen_format)7, w, NULL, 2, 2), TRILL_ERR_INVALID);
+    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, 1, GEN_INT8_MAX_K + 1), TRILL_ERR_UNSUPPORTED);
     assert_non_null(strstr(trill_error_message(), "int8"));
     assert_null(m.data);
     gen_matrix_free(&m); /* safe after a failure */
     for (int fi = 0; fi < N_FORMATS; fi++) {
-        gen_format back;
-        assert_int_equal(gen_format_parse(gen_format_name(FORMATS[fi]), &back), 0);
+        trill_gen_format back;
+        assert_int_equal(trill_gen_format_parse(trill_gen_format_name(FORMATS[fi]), &back), 0);
         assert_int_equal(back, FORMATS[fi]);
     }
-    gen_format back;
-    assert_int_equal(gen_format_parse("fp8", &back), -1);
+    trill_gen_format back;
+    assert_int_equal(trill_gen_format_parse("fp8", &back), -1);
     assert_true(gen_isa_supported(gen_isa_best()));
 }
 
@@ -352,7 +352,7 @@ static void test_int8_nonfinite_channel(void **state) {
     float *w = randn((size_t)N * K, 8, 1.0), *x = randn(K, 800, 1.0);
     w[K + 2] = INFINITY;
     gen_matrix m;
-    assert_int_equal(gen_matrix_create(&m, GEN_INT8, w, NULL, N, K), TRILL_OK);
+    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, N, K), TRILL_OK);
     float out[3];
     gen_matmul_isa(out, x, &m, 1, one_isa());
     assert_true(isfinite(out[0]) && isnan(out[1]) && isfinite(out[2]));

@@ -1,0 +1,213 @@
+/* Adapters and live updates (engine_internal.h). Adapters are LoRA on the side of the base
+ * weights (y = W x + s B (A x), fp32 gen matrices, the A of a fused matrix's parts stacked).
+ * An update, adapters or merged weights, is built in the caller's thread, posted to the mailbox
+ * (a newer one replaces one not yet taken) and taken whole at the start of the next step. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infer/engine_internal.h"
+
+/* ---- adapters ---- */
+
+static void free_lora(eng_lora *el) {
+    gen_matrix_free(&el->A);
+    for (int a = 0; a < 3; a++) gen_matrix_free(&el->B[a]);
+    *el = (eng_lora){ 0 };
+}
+
+void eng_free_adapter(const trill_config *c, eng_adapter *ad) {
+    if (!ad) return;
+    for (int l = 0; ad->layers && l < c->num_hidden_layers; l++) {
+        eng_lora_layer *L = &ad->layers[l];
+        free_lora(&L->qkv); free_lora(&L->o); free_lora(&L->gate_up); free_lora(&L->down);
+        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) {
+            free_lora(&L->experts_gate_up[x]);
+            free_lora(&L->experts_down[x]);
+        }
+        free(L->experts_gate_up);
+        free(L->experts_down);
+    }
+    free(ad->layers);
+    free_lora(&ad->lm_head);
+    free(ad);
+}
+
+/* The adapter of a matrix made of n_parts modules of cols[p] outputs each (pairs[p].A NULL:
+ * that module has no adapter). */
+static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const int *cols, int n_parts, int K, int r, size_t *bytes) {
+    int na = 0;
+    for (int p = 0; p < n_parts; p++) na += pairs[p].A != NULL;
+    if (na == 0) return TRILL_OK;
+    float *A = malloc(sizeof(float) * (size_t)na * r * K);
+    if (!A) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    for (int p = 0, a = 0, col = 0; p < n_parts; col += cols[p], p++) {
+        if (!pairs[p].A) continue;
+        memcpy(A + (size_t)a * r * K, pairs[p].A, sizeof(float) * (size_t)r * K);
+        if (!st) st = gen_matrix_create(&el->B[a], TRILL_GEN_F32, pairs[p].B, NULL, cols[p], r);
+        el->col0[a] = col;
+        el->cols[a] = cols[p];
+        *bytes += sizeof(float) * ((size_t)r * K + (size_t)cols[p] * r);
+        a++;
+    }
+    if (!st) st = gen_matrix_create(&el->A, TRILL_GEN_F32, A, NULL, na * r, K);
+    free(A);
+    el->n_adapted = na;
+    return st;
+}
+
+static trill_status fill_adapter(eng_adapter *ad, const trill_config *c, const trill_lora *lora) {
+    const int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
+    const int r = lora->config.rank;
+    ad->rank = r;
+    ad->scale = lora->scale;
+    if (!(ad->layers = calloc((size_t)c->num_hidden_layers, sizeof *ad->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    for (int l = 0; l < c->num_hidden_layers && !st; l++) {
+        const trill_lora_layer *src = &lora->layers[l];
+        eng_lora_layer *L = &ad->layers[l];
+        const trill_lora_pair qkv[3] = { src->q, src->k, src->v };
+        const int qkv_cols[3] = { qd, kvd, kvd };
+        if (!(st = make_lora(&L->qkv, qkv, qkv_cols, 3, H, r, &ad->bytes))) st = make_lora(&L->o, &src->o, &H, 1, qd, r, &ad->bytes);
+        if (st) break;
+        if (trill_config_is_moe(c, l)) {
+            const int E = c->num_experts, Im = c->moe_intermediate_size;
+            L->experts_gate_up = calloc((size_t)E, sizeof(eng_lora));
+            L->experts_down = calloc((size_t)E, sizeof(eng_lora));
+            if (!L->experts_gate_up || !L->experts_down) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            const trill_lora_pair none = { 0 };
+            for (int x = 0; x < E && !st; x++) {
+                const trill_lora_pair gu[2] = { src->expert_gate ? src->expert_gate[x] : none, src->expert_up ? src->expert_up[x] : none };
+                const int gu_cols[2] = { Im, Im };
+                const trill_lora_pair dn = src->expert_down ? src->expert_down[x] : none;
+                if (!(st = make_lora(&L->experts_gate_up[x], gu, gu_cols, 2, H, r, &ad->bytes)))
+                    st = make_lora(&L->experts_down[x], &dn, &H, 1, Im, r, &ad->bytes);
+            }
+        } else {
+            const int I = c->intermediate_size;
+            const trill_lora_pair gu[2] = { src->gate, src->up };
+            const int gu_cols[2] = { I, I };
+            if (!(st = make_lora(&L->gate_up, gu, gu_cols, 2, H, r, &ad->bytes))) st = make_lora(&L->down, &src->down, &H, 1, I, r, &ad->bytes);
+        }
+    }
+    if (!st) st = make_lora(&ad->lm_head, &lora->lm_head, &c->vocab_size, 1, H, r, &ad->bytes);
+    return st;
+}
+
+static trill_status build_adapter(const trill_config *c, const trill_lora *lora, eng_adapter **out) {
+    eng_adapter *ad = calloc(1, sizeof *ad);
+    if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = fill_adapter(ad, c, lora);
+    if (st) {
+        eng_free_adapter(c, ad);
+        return st;
+    }
+    *out = ad;
+    return TRILL_OK;
+}
+
+/* Adapters that are not finite numbers are refused, as weights are (eng_check_finite_model). */
+static trill_status check_finite_lora(const trill_lora *l) {
+    for (size_t k = 0; k < l->n_tensors; k++) {
+        const trill_param *p = &l->tensors[k];
+        for (size_t i = 0; i < p->numel; i++)
+            if (!isfinite(p->data[i]))
+                return trill_error(TRILL_ERR_INVALID, "engine: adapter tensor %s[%zu] is %g: refused", p->name, i, p->data[i]);
+    }
+    return TRILL_OK;
+}
+
+/* ---- live updates ---- */
+
+/* Takes a waiting weight update: the step about to run sees all of it, and nothing before did. */
+trill_status eng_take_update(trill_engine *e) {
+    pthread_mutex_lock(&e->update.lock);
+    eng_weights *w = NULL;
+    eng_adapter *ad = NULL;
+    bool has_w = false, has_ad = false, pending = e->update.pending;
+    uint32_t version = e->update.version;
+    if (pending) {
+        has_w = e->update.has_w;
+        has_ad = e->update.has_ad;
+        w = e->update.w;
+        ad = e->update.ad;
+        e->update.pending = e->update.has_w = e->update.has_ad = false;
+        e->update.w = NULL;
+        e->update.ad = NULL;
+    }
+    pthread_mutex_unlock(&e->update.lock);
+    if (!pending) return TRILL_OK;
+    trill_status st = ad ? eng_ensure_lora_buffers(e, ad->rank) : TRILL_OK;
+    if (st) { /* keep running on the old weights; the update is dropped with the error */
+        eng_free_weights(&e->c, w);
+        eng_free_adapter(&e->c, ad);
+        return st;
+    }
+    if (has_w) {
+        eng_free_weights(&e->c, e->w);
+        e->w = w;
+    }
+    if (has_ad) {
+        eng_free_adapter(&e->c, e->ad);
+        e->ad = ad;
+    }
+    e->version = version;
+    return TRILL_OK;
+}
+
+/* Queues an update for the next step; a newer one replaces one not yet taken. */
+static void post_update(trill_engine *e, bool has_w, eng_weights *w, bool has_ad, eng_adapter *ad, uint32_t version) {
+    pthread_mutex_lock(&e->update.lock);
+    if (has_w) {
+        if (e->update.w) eng_free_weights(&e->c, e->update.w);
+        e->update.w = w;
+        e->update.has_w = true;
+    }
+    if (has_ad) {
+        if (e->update.ad) eng_free_adapter(&e->c, e->update.ad);
+        e->update.ad = ad;
+        e->update.has_ad = true;
+    }
+    e->update.version = version;
+    e->update.pending = true;
+    pthread_mutex_unlock(&e->update.lock);
+}
+
+static trill_status same_architecture(const trill_config *a, const trill_config *b) {
+    if (a->hidden_size != b->hidden_size || a->num_hidden_layers != b->num_hidden_layers || a->vocab_size != b->vocab_size ||
+        a->num_attention_heads != b->num_attention_heads || a->num_key_value_heads != b->num_key_value_heads ||
+        a->head_dim != b->head_dim || a->intermediate_size != b->intermediate_size || a->num_experts != b->num_experts ||
+        a->moe_intermediate_size != b->moe_intermediate_size || a->n_moe_layers != b->n_moe_layers)
+        return trill_error(TRILL_ERR_INVALID, "weight update: the model's architecture differs from the engine's");
+    for (int l = 0; l < a->num_hidden_layers; l++)
+        if (a->moe_ordinal[l] != b->moe_ordinal[l])
+            return trill_error(TRILL_ERR_INVALID, "weight update: layer %d is %s in the update but %s in the engine", l,
+                               b->moe_ordinal[l] >= 0 ? "MoE" : "dense", a->moe_ordinal[l] >= 0 ? "MoE" : "dense");
+    return TRILL_OK;
+}
+
+trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes) {
+    trill_status st = same_architecture(&e->c, &m->config);
+    if (!st) st = eng_check_finite_model(m);
+    eng_weights *w = NULL;
+    if (!st) st = eng_build_weights(&e->c, e->cfg.format, m, &w);
+    if (st) return st;
+    if (bytes) *bytes = w->bytes;
+    post_update(e, true, w, false, NULL, version);
+    return TRILL_OK;
+}
+
+trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes) {
+    eng_adapter *ad = NULL;
+    if (lora) {
+        if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "adapter update: rank %d", lora->config.rank);
+        trill_status st = check_finite_lora(lora);
+        if (!st) st = build_adapter(&e->c, lora, &ad);
+        if (st) return st;
+    }
+    if (bytes) *bytes = ad ? ad->bytes : 0;
+    post_update(e, false, NULL, true, ad, version);
+    return TRILL_OK;
+}

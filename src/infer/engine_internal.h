@@ -1,0 +1,253 @@
+/* The generator engine's private side: struct trill_engine (never in include/; trill/infer.h is
+ * the public API) and the interfaces between the files that implement it:
+ *
+ *   engine.c           create, free, step, run, accessors
+ *   engine_weights.c   weights in the engine's format: conversion from a trill_model (q/k/v and
+ *                      gate/up fused), freeing, what a decode step reads
+ *   engine_adapter.c   adapters and live updates: built in the caller's thread, posted to the
+ *                      mailbox, taken whole at a step boundary
+ *   engine_eplb.c      expert placement: the load window, re-planning, imbalance
+ *   engine_requests.c  submit, requests and sequences, scheduling a step's rows, preemption
+ *   engine_forward.c   the model-specific part: the layer forward over a step's rows (attention
+ *                      over the paged cache, MoE grouping, LoRA side paths), the logits, and the
+ *                      buffers that forward needs
+ *   engine_sample.c    after the forward: sampling, forks, stops, finish, abort, collect
+ *
+ * One thread steps an engine; only the update mailbox is shared with other threads. */
+#ifndef TRILL_INFER_ENGINE_INTERNAL_H
+#define TRILL_INFER_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "infer/gemm.h"
+#include "infer/kvcache.h"
+#include "trill/eplb.h"
+#include "trill/infer.h"
+#include "trill/lora.h"
+
+/* ---- weights and adapters (engine_weights.c, engine_adapter.c) ---- */
+
+/* One decoder layer's weights in the engine's format. */
+typedef struct eng_layer {
+    float *input_norm, *q_norm, *k_norm, *post_norm; /* fp32 copies */
+    gen_matrix qkv;      /* [q | k | v] projections fused: [(nh + 2 nkv) hd, H] */
+    gen_matrix o;        /* [H, nh hd] */
+    gen_matrix gate_up;  /* dense: [gate | up] fused [2 I, H] */
+    gen_matrix down;     /* dense: [H, I] */
+    gen_matrix router;   /* MoE: [E, H] */
+    gen_matrix *experts_gate_up; /* MoE: [E] of [2 Im, H] */
+    gen_matrix *experts_down;    /* MoE: [E] of [H, Im] */
+} eng_layer;
+
+/* Every weight the forward reads, in the engine's format: swapped whole on a merged update. */
+typedef struct eng_weights {
+    eng_layer *layers;
+    float *final_norm;
+    gen_matrix lm_head;
+    float *embed_f32;     /* [V, H] (f32 format) ... */
+    uint16_t *embed_bf16; /* ... or bf16 (the others) */
+    size_t bytes;         /* as served */
+} eng_weights;
+
+/* LoRA on one engine matrix, whose output columns may be several fused modules ("parts"):
+ * y[:, part p] += scale * (x A_p^T) B_p^T. The adapted parts' A are stacked into one matrix so
+ * x is read once; everything in TRILL_GEN_F32 (the adapters are small, and stay exact). */
+typedef struct eng_lora {
+    int n_adapted;       /* 0: no adapter on this matrix */
+    gen_matrix A;        /* [n_adapted * r, K] */
+    gen_matrix B[3];     /* per adapted part: [cols, r] */
+    int col0[3], cols[3];
+} eng_lora;
+
+/* One layer's adapters, matrix by matrix as eng_layer (n_adapted 0 where there is none). */
+typedef struct eng_lora_layer {
+    eng_lora qkv, o, gate_up, down;
+    eng_lora *experts_gate_up, *experts_down; /* [E] */
+} eng_lora_layer;
+
+/* A set of adapters, applied on the side of the base weights (adapter sync mode). */
+typedef struct eng_adapter {
+    int rank;
+    float scale;
+    eng_lora_layer *layers;
+    eng_lora lm_head;
+    size_t bytes;
+} eng_adapter;
+
+/* ---- requests and sequences (engine_requests.c, engine_sample.c) ---- */
+
+/* A submitted request, kept until its last sample finishes. */
+typedef struct req {
+    trill_request r; /* arrays below are the engine's copies */
+    int *prompt, *stop_ids;
+    char **stop_strings;
+    size_t max_stop_len;
+} req;
+
+/* One sample of a request: its tokens, its KV blocks and what it generated. */
+typedef struct seq {
+    req *rq;
+    int sample;
+    int *tokens;          /* [cap]: prompt then generated */
+    int n_tokens, cap;
+    int n_prompt;
+    int n_computed;       /* tokens whose K/V are in the cache */
+    kv_table kv;
+    float *logprobs;      /* [max_new_tokens] */
+    uint32_t *versions;
+    uint16_t *experts;    /* capture: [cap][n_moe][K] */
+    bool forks_pending;   /* a group's first sequence: its siblings fork off when the prompt is done */
+} seq;
+
+/* ---- the engine's state, by owner ---- */
+
+/* A live update waiting for the next step: set by any thread, taken by the stepping one. */
+typedef struct eng_mailbox {
+    pthread_mutex_t lock;
+    bool pending, has_w, has_ad;
+    eng_weights *w;
+    eng_adapter *ad;
+    uint32_t version;
+} eng_mailbox;
+
+/* Every request and sequence the engine holds, and the finished ones not yet collected. */
+typedef struct eng_sched {
+    seq **active;  /* holding KV blocks, in admission order */
+    int n_active, cap_active;
+    seq **waiting; /* FIFO; preempted sequences go back to the front */
+    int n_waiting, cap_waiting;
+    req **reqs;    /* every request with unfinished samples */
+    int n_reqs, cap_reqs;
+    trill_sequence_out *done;
+    int n_done, cap_done;
+} eng_sched;
+
+/* The step's rows, (sequence, position, token), for up to max_batch_tokens of them. */
+typedef struct eng_rows {
+    int max;
+    seq **seq;
+    int *pos, *token;
+    int *logit;           /* the rows that produce logits, in order */
+} eng_rows;
+
+/* The forward's buffers, for rows.max rows (the model-specific part's: engine_forward.c). */
+typedef struct eng_scratch {
+    float *x, *xn, *qkv, *q, *k, *v, *att, *out, *ff, *act, *probs, *topw, *xe, *ye, *logits;
+    int *topi, *order, *count;
+    int *where;           /* [R*K] position of each (row, slot) pair in order */
+    int *phys;            /* EPLB: [R*K] physical slot of each (row, slot) pair */
+    float *inv_freq;
+    float *scores;        /* per thread: [group][max_context] attention scores */
+    int max_context;
+    int score_threads;    /* threads the scores are sized for */
+    float *lora_xa, *lora_in, *lora_out; /* adapters: x A^T of the stacked parts, one part's, its B product */
+    int lora_rank;        /* the rank these are sized for */
+    int lora_cols;        /* lora_out's row stride for expert rows */
+} eng_scratch;
+
+/* Sampling's buffers: per-thread scratch, and this step's samples (sequence, logits row, result). */
+typedef struct eng_sampler {
+    void *scratch;        /* one trill_sample scratch per thread */
+    int threads;          /* threads the scratch is sized for */
+    seq **seq;
+    int *row, *token, cap;
+    float *lp;
+} eng_sampler;
+
+/* EPLB (off when window is NULL). */
+typedef struct eng_eplb {
+    trill_eplb_window *window;
+    trill_eplb_plan plan;
+    uint32_t *counts;     /* [n_moe][E] this step's routed tokens */
+    int workers, steps;
+} eng_eplb;
+
+struct trill_engine {
+    trill_config c;
+    trill_engine_config cfg;
+    eng_weights *w;       /* the weights steps run on */
+    eng_adapter *ad;      /* and their adapters, or NULL */
+    uint32_t version;     /* of w + ad: recorded with every token sampled */
+    eng_mailbox update;   /* engine_adapter.c */
+    kv_cache kv;          /* blocks handed out by the scheduler, written and read by the forward */
+    eng_sched sched;      /* engine_requests.c; finished ones by engine_sample.c */
+    eng_rows rows;        /* made by the scheduler, read by the forward and the sampler */
+    eng_scratch fwd;      /* engine_forward.c */
+    eng_sampler smp;      /* engine_sample.c */
+    eng_eplb eplb;        /* engine_eplb.c; routed counts added by the forward */
+};
+
+/* p grown (realloc) to hold at least `need` elements, *cap updated; NULL when out of memory (p
+ * is then still valid). */
+static inline void *eng_grow(void *p, int *cap, int need, size_t elem) {
+    if (need <= *cap) return p;
+    int c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    void *q = realloc(p, (size_t)c * elem);
+    if (q) *cap = c;
+    return q;
+}
+
+/* ---- interfaces between the parts ---- */
+
+/* engine_weights.c */
+/* m's weights in `format`: m must have this engine's architecture. */
+trill_status eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out);
+void eng_free_weights(const trill_config *c, eng_weights *w);
+/* Refuses (with the tensor's name) weights that are not finite numbers. */
+trill_status eng_check_finite_model(const trill_model *m);
+
+/* engine_adapter.c */
+void eng_free_adapter(const trill_config *c, eng_adapter *ad);
+/* Takes a waiting update at the start of a step: the step sees all of it. */
+trill_status eng_take_update(trill_engine *e);
+
+/* engine_eplb.c */
+/* EPLB on: physical slots and the first plan (before eng_forward_alloc, which sizes by them). */
+trill_status eng_eplb_start(trill_engine *e);
+/* The step's routed counts join the window; every eplb_interval steps a new plan. */
+trill_status eng_eplb_after_step(trill_engine *e);
+void eng_eplb_free(trill_engine *e);
+
+/* engine_requests.c */
+/* Sample `sample` of q, with room for its whole length (no tokens yet). */
+trill_status eng_new_seq(trill_engine *e, req *q, int sample, seq **out);
+/* Frees s and gives its KV blocks back. */
+void eng_free_seq(trill_engine *e, seq *s);
+void eng_free_req(req *q);
+/* Removes list[i], keeping the order. */
+void eng_remove_at(seq **list, int *n, int i);
+/* Picks the step's rows into e->rows (*rows of them), preempting when blocks run out. */
+trill_status eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);
+void eng_sched_free(trill_engine *e);
+
+/* engine_forward.c */
+/* Refuses (with a message) a config the forward cannot run. */
+trill_status eng_forward_check(const trill_config *c);
+/* The KV cache's layout this forward asks for: shape[num_hidden_layers], each layer's K and V
+ * widths per token (the cache itself knows nothing of heads). */
+void eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape);
+trill_status eng_forward_alloc(trill_engine *e);
+void eng_forward_free(trill_engine *e);
+/* Attention scores for rows [0, R)'s longest context, for this thread count. */
+trill_status eng_ensure_scores(trill_engine *e, int R);
+/* The adapter side path's buffers for rank r. */
+trill_status eng_ensure_lora_buffers(trill_engine *e, int r);
+/* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states. */
+void eng_forward_rows(trill_engine *e, int R);
+/* Logits (e->fwd.logits) of the n rows listed in e->rows.logit. */
+void eng_forward_logits(trill_engine *e, int n);
+
+/* engine_sample.c */
+trill_status eng_sampler_alloc(trill_engine *e);
+void eng_sampler_free(trill_engine *e);
+/* Sampler scratch for this thread count. */
+trill_status eng_ensure_sampler_scratch(trill_engine *e);
+/* After the forward over R rows: logits, forks, samples, stops. */
+trill_status eng_after_forward(trill_engine *e, int R);
+
+#endif

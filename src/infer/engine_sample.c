@@ -1,0 +1,237 @@
+/* After the forward (engine_internal.h): which rows produce logits, the forks of a prompt's n
+ * samples, sampling (spread over threads, each draw keyed by request, sample and position),
+ * stops, finishing a sequence into the done list, aborts, and collecting what finished. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infer/engine_internal.h"
+
+trill_status eng_sampler_alloc(trill_engine *e) {
+    e->smp.threads = omp_get_max_threads();
+    e->smp.scratch = malloc(trill_sample_scratch_size(e->c.vocab_size) * (size_t)e->smp.threads);
+    return e->smp.scratch ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
+}
+
+void eng_sampler_free(trill_engine *e) {
+    free(e->smp.scratch);
+    free(e->smp.seq);
+    free(e->smp.row);
+    free(e->smp.token);
+    free(e->smp.lp);
+}
+
+/* Sampler scratch for this step's threads (an engine may be stepped from threads with different
+ * OpenMP thread counts, as the async generator is). */
+trill_status eng_ensure_sampler_scratch(trill_engine *e) {
+    const int threads = omp_get_max_threads();
+    if (threads <= e->smp.threads) return TRILL_OK;
+    void *p = realloc(e->smp.scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
+    if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
+    e->smp.scratch = p;
+    e->smp.threads = threads;
+    return TRILL_OK;
+}
+
+static bool hits_stop_string(const trill_engine *e, const seq *s) {
+    const req *q = s->rq;
+    if (q->r.n_stop_strings == 0) return false;
+    /* a stop string of L <= 256 bytes completed by the newest token lies within its last L + 1 tokens */
+    const int gen = s->n_tokens - s->n_prompt;
+    int from = gen - (int)q->max_stop_len - 1;
+    if (from < 0) from = 0;
+    /* ids the tokenizer has no string for (a model's vocabulary may be larger) add no text */
+    int ids[512], n = 0;
+    const int known = trill_tokenizer_size(e->cfg.tokenizer);
+    for (int i = from; i < gen && n < 512; i++)
+        if (s->tokens[s->n_prompt + i] < known) ids[n++] = s->tokens[s->n_prompt + i];
+    char *text = NULL;
+    size_t len = 0;
+    if (trill_tokenizer_decode(e->cfg.tokenizer, ids, (size_t)n, false, &text, &len)) return false;
+    bool hit = false;
+    for (int i = 0; i < q->r.n_stop_strings && !hit; i++) hit = strstr(text, q->stop_strings[i]) != NULL;
+    free(text);
+    return hit;
+}
+
+static trill_status finish(trill_engine *e, int active_index, trill_finish why) {
+    seq *s = e->sched.active[active_index];
+    trill_sequence_out *d = eng_grow(e->sched.done, &e->sched.cap_done, e->sched.n_done + 1, sizeof *d);
+    if (!d) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    e->sched.done = d;
+    const int gen = s->n_tokens - s->n_prompt;
+    e->sched.done[e->sched.n_done++] = (trill_sequence_out){ .request = s->rq->r.id, .sample = s->sample, .n_prompt = s->n_prompt,
+                                                 .n_generated = gen, .tokens = s->tokens, .logprobs = s->logprobs,
+                                                 .versions = s->versions, .experts = s->experts, .finish = why };
+    s->tokens = NULL;
+    s->logprobs = NULL;
+    s->versions = NULL;
+    s->experts = NULL;
+    eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
+    /* the request record goes when its last sample does */
+    req *q = s->rq;
+    eng_free_seq(e, s);
+    bool live = false;
+    for (int i = 0; i < e->sched.n_active && !live; i++) live = e->sched.active[i]->rq == q;
+    for (int i = 0; i < e->sched.n_waiting && !live; i++) live = e->sched.waiting[i]->rq == q;
+    if (!live)
+        for (int i = 0; i < e->sched.n_reqs; i++)
+            if (e->sched.reqs[i] == q) {
+                eng_free_req(q);
+                e->sched.reqs[i] = e->sched.reqs[--e->sched.n_reqs];
+                break;
+            }
+    return TRILL_OK;
+}
+
+int trill_engine_abort(trill_engine *e, uint64_t request) {
+    int n = 0;
+    for (int i = 0; i < e->sched.n_waiting;) { /* waiting ones join the active list to be finished alike */
+        seq *s = e->sched.waiting[i];
+        if (s->rq->r.id != request) { i++; continue; }
+        seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);
+        if (!a) return -1;
+        e->sched.active = a;
+        eng_remove_at(e->sched.waiting, &e->sched.n_waiting, i);
+        e->sched.active[e->sched.n_active++] = s;
+    }
+    for (int i = 0; i < e->sched.n_active;) {
+        if (e->sched.active[i]->rq->r.id != request) { i++; continue; }
+        if (finish(e, i, TRILL_FINISH_ABORTED)) return -1;
+        n++;
+    }
+    return n;
+}
+
+/* The group's other samples start from the same prompt, sharing its blocks. */
+static trill_status fork_samples(trill_engine *e, seq *parent) {
+    const req *q = parent->rq;
+    parent->forks_pending = false;
+    seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + q->r.n - 1, sizeof *a);
+    if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    e->sched.active = a;
+    const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
+    for (int k = 1; k < q->r.n; k++) {
+        seq *s;
+        trill_status st = eng_new_seq(e, (req *)q, k, &s);
+        if (!st && (st = kv_table_share(&e->kv, &s->kv, &parent->kv))) eng_free_seq(e, s);
+        if (st) return st;
+        memcpy(s->tokens, parent->tokens, sizeof(int) * (size_t)parent->n_tokens);
+        s->n_tokens = parent->n_tokens;
+        s->n_computed = parent->n_computed;
+        if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
+        e->sched.active[e->sched.n_active++] = s;
+    }
+    return TRILL_OK;
+}
+
+/* Samples the next token of every (sequence, logits row) pair, the pairs spread over the
+ * threads (each with its own scratch); the draws are keyed, so the split changes nothing. */
+static trill_status sample_all(trill_engine *e, int n) {
+    const int V = e->c.vocab_size;
+    const size_t scratch = trill_sample_scratch_size(V);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        seq *s = e->smp.seq[i];
+        const req *q = s->rq;
+        const int gen = s->n_tokens - s->n_prompt;
+        float lp = 0;
+        e->smp.token[i] = trill_sample(e->fwd.logits + (size_t)e->smp.row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
+                                          (uint32_t)gen, (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num(), &lp);
+        e->smp.lp[i] = lp;
+    }
+    for (int i = 0; i < n; i++) {
+        seq *s = e->smp.seq[i];
+        const int gen = s->n_tokens - s->n_prompt;
+        if (e->smp.token[i] < 0)
+            return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
+                               (unsigned long long)s->rq->r.id, s->sample, gen);
+        s->tokens[s->n_tokens++] = e->smp.token[i];
+        s->logprobs[gen] = e->smp.lp[i];
+        s->versions[gen] = e->version;
+    }
+    return TRILL_OK;
+}
+
+/* One more (sequence, logits row) pair to sample; the arrays grow with forks. */
+static trill_status want_sample(trill_engine *e, int *n, seq *s, int row) {
+    if (*n == e->smp.cap) {
+        const int cap = e->smp.cap ? 2 * e->smp.cap : 64;
+        seq **a = realloc(e->smp.seq, sizeof *a * (size_t)cap);
+        if (a) e->smp.seq = a;
+        int *b = a ? realloc(e->smp.row, sizeof *b * (size_t)cap) : NULL;
+        if (b) e->smp.row = b;
+        int *t = b ? realloc(e->smp.token, sizeof *t * (size_t)cap) : NULL;
+        if (t) e->smp.token = t;
+        float *l = t ? realloc(e->smp.lp, sizeof *l * (size_t)cap) : NULL;
+        if (!l) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        e->smp.lp = l;
+        e->smp.cap = cap;
+    }
+    e->smp.seq[*n] = s;
+    e->smp.row[*n] = row;
+    (*n)++;
+    return TRILL_OK;
+}
+
+/* Finishes every sequence whose newest sampled token stops it: a stop id, a stop string, or
+ * max_new_tokens reached. */
+static trill_status finish_stopped(trill_engine *e) {
+    for (int i = 0; i < e->sched.n_active;) {
+        seq *s = e->sched.active[i];
+        const int gen = s->n_tokens - s->n_prompt;
+        if (gen == 0 || s->n_computed != s->n_tokens - 1) { i++; continue; } /* nothing new sampled */
+        const int last = s->tokens[s->n_tokens - 1];
+        bool stop_id = false;
+        for (int k = 0; k < s->rq->r.n_stop_ids && !stop_id; k++) stop_id = last == s->rq->r.stop_ids[k];
+        trill_finish why = TRILL_FINISH_LENGTH;
+        bool done = true;
+        if (stop_id) why = TRILL_FINISH_STOP_ID;
+        else if (hits_stop_string(e, s)) why = TRILL_FINISH_STOP_STRING;
+        else if (gen >= s->rq->r.max_new_tokens) why = TRILL_FINISH_LENGTH;
+        else done = false;
+        if (!done) { i++; continue; }
+        trill_status st = finish(e, i, why);
+        if (st) return st;
+    }
+    return TRILL_OK;
+}
+
+trill_status eng_after_forward(trill_engine *e, int R) {
+    /* rows that end their sequence's known tokens produce logits */
+    int n_logit = 0;
+    for (int r = 0; r < R; r++) {
+        seq *s = e->rows.seq[r];
+        s->n_computed = e->rows.pos[r] + 1 > s->n_computed ? e->rows.pos[r] + 1 : s->n_computed;
+        if (e->rows.pos[r] == s->n_tokens - 1) e->rows.logit[n_logit++] = r;
+    }
+    eng_forward_logits(e, n_logit);
+    int n_sample = 0;
+    for (int i = 0; i < n_logit; i++) {
+        seq *s = e->rows.seq[e->rows.logit[i]];
+        const int before = e->sched.n_active;
+        trill_status st = s->forks_pending ? fork_samples(e, s) : TRILL_OK;
+        if (!st) st = want_sample(e, &n_sample, s, i);
+        for (int k = before; k < e->sched.n_active && !st; k++) st = want_sample(e, &n_sample, e->sched.active[k], i); /* the forks */
+        if (st) return st;
+    }
+    trill_status st = sample_all(e, n_sample);
+    return st ? st : finish_stopped(e);
+}
+
+int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max) {
+    const int n = e->sched.n_done < max ? e->sched.n_done : max;
+    if (n <= 0) return 0; /* e->sched.done may not exist yet */
+    memcpy(out, e->sched.done, sizeof *out * (size_t)n);
+    memmove(e->sched.done, e->sched.done + n, sizeof *e->sched.done * (size_t)(e->sched.n_done - n));
+    e->sched.n_done -= n;
+    return n;
+}
+
+void trill_sequence_out_free(trill_sequence_out *s) {
+    free(s->tokens);
+    free(s->logprobs);
+    free(s->versions);
+    free(s->experts);
+    *s = (trill_sequence_out){ 0 };
+}
