@@ -61,6 +61,7 @@ typedef struct trill_family {
     const trill_lora_target_name *lora_targets;      /* bit i of trill_lora_config.targets */
     int n_lora_targets;
     unsigned all_linear; /* the targets "all-linear" means (PEFT: every linear but the output head) */
+    int tied_head_role;  /* the role a tied output head takes (it has no tensor: the embedding serves) */
     /* FLOPs of the attention scores and weighted values over `pairs` causal (query, key) pairs
      * of one layer, forward only */
     double (*attention_flops)(const trill_config *c, double pairs);

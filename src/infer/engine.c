@@ -65,11 +65,19 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
     e->cfg = cfg;
+    if ((e->tensors = malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
+        e->n_tensors = m->n_tensors;
+        for (size_t t = 0; t < m->n_tensors; t++) {
+            e->tensors[t] = m->tensors[t];
+            e->tensors[t].data = NULL;
+            e->tensors[t].bf16 = NULL;
+        }
+    } else st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->rows.max = cfg.max_batch_tokens;
     const trill_config *c = &e->c;
     kv_layer_shape *kv_shape = NULL;
     int kv_elem = 0, kv_blocks = 0;
-    st = size_kv_cache(e, &kv_shape, &kv_elem, &kv_blocks);
+    if (!st) st = size_kv_cache(e, &kv_shape, &kv_elem, &kv_blocks);
     pthread_mutex_init(&e->update.lock, NULL);
     if (!st) st = eng_check_finite_model(m);
     if (!st) st = eng_build_weights(c, cfg.format, m, &e->w);
@@ -101,6 +109,7 @@ void trill_engine_free(trill_engine *e) {
     free(e->rows.pos);
     free(e->rows.token);
     eng_sampler_free(e);
+    free(e->tensors);
     free(e);
 }
 

@@ -17,20 +17,19 @@ static void free_lora(eng_lora *el) {
     *el = (eng_lora){ 0 };
 }
 
+static void free_lora_slots(const trill_config *c, eng_lora_layer *L) {
+    for (int r = 0; r < ENG_MAX_ROLES; r++) {
+        free_lora(&L->m[r]);
+        for (int x = 0; L->experts[r] && x < c->num_experts; x++) free_lora(&L->experts[r][x]);
+        free(L->experts[r]);
+    }
+}
+
 void eng_free_adapter(const trill_config *c, eng_adapter *ad) {
     if (!ad) return;
-    for (int l = 0; ad->layers && l < c->num_hidden_layers; l++) {
-        eng_lora_layer *L = &ad->layers[l];
-        free_lora(&L->qkv); free_lora(&L->o); free_lora(&L->gate_up); free_lora(&L->down);
-        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) {
-            free_lora(&L->experts_gate_up[x]);
-            free_lora(&L->experts_down[x]);
-        }
-        free(L->experts_gate_up);
-        free(L->experts_down);
-    }
+    for (int l = 0; ad->layers && l < c->num_hidden_layers; l++) free_lora_slots(c, &ad->layers[l]);
     free(ad->layers);
-    free_lora(&ad->lm_head);
+    free_lora_slots(c, &ad->global);
     free(ad);
 }
 
@@ -58,50 +57,60 @@ static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const 
     return st;
 }
 
-static trill_status fill_adapter(eng_adapter *ad, const trill_config *c, const trill_lora *lora) {
-    const int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
-    const int r = lora->config.rank;
-    ad->rank = r;
+typedef struct adapter_build {
+    eng_adapter *ad;
+    const trill_engine *e;
+    const trill_lora_pair *pair_of; /* [model tensor] its adapter, A NULL when none */
+} adapter_build;
+
+/* The adapter of one engine matrix: its parts' pairs, stacked as the matrix stacks the parts. */
+static trill_status adapt_matrix(void *ctx, const eng_group *g) {
+    adapter_build *b = ctx;
+    const trill_config *c = &b->e->c;
+    trill_lora_pair pairs[ENG_MAX_PARTS];
+    int cols[ENG_MAX_PARTS], n_adapted = 0;
+    for (int p = 0; p < g->n_parts; p++) {
+        pairs[p] = b->pair_of[g->parts[p]];
+        cols[p] = (int)b->e->tensors[g->parts[p]].shape[0];
+        n_adapted += pairs[p].A != NULL;
+    }
+    eng_lora_layer *L = g->layer >= 0 ? &b->ad->layers[g->layer] : &b->ad->global;
+    eng_lora *dst = &L->m[g->role];
+    if (g->expert >= 0) { /* every expert of the role gets a slot (n_adapted 0 where none) */
+        if (!L->experts[g->role] && !(L->experts[g->role] = calloc((size_t)c->num_experts, sizeof(eng_lora))))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        dst = &L->experts[g->role][g->expert];
+    }
+    if (!n_adapted) return TRILL_OK;
+    return make_lora(dst, pairs, cols, g->n_parts, (int)b->e->tensors[g->parts[0]].shape[1], b->ad->rank, &b->ad->bytes);
+}
+
+static trill_status fill_adapter(eng_adapter *ad, const trill_engine *e, const trill_lora *lora) {
+    const trill_config *c = &e->c;
+    ad->rank = lora->config.rank;
     ad->scale = lora->scale;
     if (!(ad->layers = calloc((size_t)c->num_hidden_layers, sizeof *ad->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_lora_pair *pair_of = calloc(e->n_tensors ? e->n_tensors : 1, sizeof *pair_of);
+    if (!pair_of) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = TRILL_OK;
-    for (int l = 0; l < c->num_hidden_layers && !st; l++) {
-        const trill_lora_layer *src = &lora->layers[l];
-        eng_lora_layer *L = &ad->layers[l];
-        const trill_lora_pair qkv[3] = { src->q, src->k, src->v };
-        const int qkv_cols[3] = { qd, kvd, kvd };
-        if (!(st = make_lora(&L->qkv, qkv, qkv_cols, 3, H, r, &ad->bytes))) st = make_lora(&L->o, &src->o, &H, 1, qd, r, &ad->bytes);
-        if (st) break;
-        if (trill_config_is_moe(c, l)) {
-            const int E = c->num_experts, Im = c->moe_intermediate_size;
-            L->experts_gate_up = calloc((size_t)E, sizeof(eng_lora));
-            L->experts_down = calloc((size_t)E, sizeof(eng_lora));
-            if (!L->experts_gate_up || !L->experts_down) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-            const trill_lora_pair none = { 0 };
-            for (int x = 0; x < E && !st; x++) {
-                const trill_lora_pair gu[2] = { src->expert_gate ? src->expert_gate[x] : none, src->expert_up ? src->expert_up[x] : none };
-                const int gu_cols[2] = { Im, Im };
-                const trill_lora_pair dn = src->expert_down ? src->expert_down[x] : none;
-                if (!(st = make_lora(&L->experts_gate_up[x], gu, gu_cols, 2, H, r, &ad->bytes)))
-                    st = make_lora(&L->experts_down[x], &dn, &H, 1, Im, r, &ad->bytes);
-            }
-        } else {
-            const int I = c->intermediate_size;
-            const trill_lora_pair gu[2] = { src->gate, src->up };
-            const int gu_cols[2] = { I, I };
-            if (!(st = make_lora(&L->gate_up, gu, gu_cols, 2, H, r, &ad->bytes))) st = make_lora(&L->down, &src->down, &H, 1, I, r, &ad->bytes);
-        }
+    for (size_t t = 0; t + 1 < lora->n_tensors && !st; t += 2) { /* A, then B, of the weight at index */
+        const trill_param *A = &lora->tensors[t];
+        if (A->index < 0 || (size_t)A->index >= e->n_tensors || A->shape[1] != e->tensors[A->index].shape[1])
+            st = trill_error(TRILL_ERR_INVALID, "engine: adapter %s was not made for this model", A->name);
+        else pair_of[A->index] = (trill_lora_pair){ A->data, lora->tensors[t + 1].data };
     }
-    if (!st) st = make_lora(&ad->lm_head, &lora->lm_head, &c->vocab_size, 1, H, r, &ad->bytes);
+    adapter_build b = { .ad = ad, .e = e, .pair_of = pair_of };
+    if (!st) st = eng_for_each_matrix(c, e->tensors, e->n_tensors, adapt_matrix, &b);
+    free(pair_of);
     return st;
 }
 
-static trill_status build_adapter(const trill_config *c, const trill_lora *lora, eng_adapter **out) {
+static trill_status build_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter **out) {
     eng_adapter *ad = calloc(1, sizeof *ad);
     if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = fill_adapter(ad, c, lora);
+    trill_status st = fill_adapter(ad, e, lora);
     if (st) {
-        eng_free_adapter(c, ad);
+        eng_free_adapter(&e->c, ad);
         return st;
     }
     *out = ad;
@@ -204,7 +213,7 @@ trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora
     if (lora) {
         if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "adapter update: rank %d", lora->config.rank);
         trill_status st = check_finite_lora(lora);
-        if (!st) st = build_adapter(&e->c, lora, &ad);
+        if (!st) st = build_adapter(e, lora, &ad);
         if (st) return st;
     }
     if (bytes) *bytes = ad ? ad->bytes : 0;

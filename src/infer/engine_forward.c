@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch/qwen3/qwen3.h"
 #include "infer/engine_internal.h"
 #include "kernels/exp_nonpos.h"
 #include "trill/kernels.h"
@@ -299,11 +300,11 @@ static void expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_laye
     float *xe = e->fwd.xe + (size_t)first * H, *ff = e->fwd.ff + (size_t)first * 2 * Im, *act = e->fwd.act + (size_t)first * Im;
     float *ye = e->fwd.ye + (size_t)first * H;
     for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->fwd.xn + (size_t)(e->fwd.order[first + i] / K) * H, sizeof(float) * H);
-    gen_matmul(ff, xe, &L->experts_gate_up[x], n);
-    if (A) apply_lora(e, &A->experts_gate_up[x], ff, 2 * Im, xe, n, first);
+    gen_matmul(ff, xe, &L->experts[QWEN3_EXPERT_GATE][x], n);
+    if (A) apply_lora(e, &A->experts[QWEN3_EXPERT_GATE][x], ff, 2 * Im, xe, n, first);
     swiglu_fused(act, ff, n, Im);
-    gen_matmul(ye, act, &L->experts_down[x], n);
-    if (A) apply_lora(e, &A->experts_down[x], ye, H, act, n, first);
+    gen_matmul(ye, act, &L->experts[QWEN3_EXPERT_DOWN][x], n);
+    if (A) apply_lora(e, &A->experts[QWEN3_EXPERT_DOWN][x], ye, H, act, n, first);
 }
 
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
@@ -345,7 +346,7 @@ static void combine_experts(trill_engine *e, int R) {
 static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, K = c->num_experts_per_tok;
-    gen_matmul(e->fwd.probs, e->fwd.xn, &L->router, R);
+    gen_matmul(e->fwd.probs, e->fwd.xn, &L->m[QWEN3_ROUTER], R);
     softmax_forward(e->fwd.probs, e->fwd.probs, R, E);
     topk_forward(e->fwd.topi, e->fwd.topw, e->fwd.probs, R, E, K);
     router_gates_forward(e->fwd.topw, e->fwd.probs, e->fwd.topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
@@ -390,13 +391,13 @@ static void attention_block(trill_engine *e, const eng_layer *L, const eng_lora_
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    gen_matmul(e->fwd.qkv, e->fwd.xn, &L->qkv, R);
-    if (A) apply_lora(e, &A->qkv, e->fwd.qkv, width, e->fwd.xn, R, 0);
+    gen_matmul(e->fwd.qkv, e->fwd.xn, &L->m[QWEN3_Q], R);
+    if (A) apply_lora(e, &A->m[QWEN3_Q], e->fwd.qkv, width, e->fwd.xn, R, 0);
     gather_rows(e->fwd.q, e->fwd.qkv, R, qd, width, 0);
     gather_rows(e->fwd.k, e->fwd.qkv, R, kvd, width, qd);
     gather_rows(e->fwd.v, e->fwd.qkv, R, kvd, width, qd + kvd);
-    rmsnorm_forward(e->fwd.q, e->fwd.q, L->q_norm, R * nh, hd, eps);
-    rmsnorm_forward(e->fwd.k, e->fwd.k, L->k_norm, R * nkv, hd, eps);
+    rmsnorm_forward(e->fwd.q, e->fwd.q, L->vec[QWEN3_Q_NORM], R * nh, hd, eps);
+    rmsnorm_forward(e->fwd.k, e->fwd.k, L->vec[QWEN3_K_NORM], R * nkv, hd, eps);
     rope_forward(e->fwd.q, e->rows.pos, e->fwd.inv_freq, R, nh, hd);
     rope_forward(e->fwd.k, e->rows.pos, e->fwd.inv_freq, R, nkv, hd);
     for (int r = 0; r < R; r++) {
@@ -406,18 +407,18 @@ static void attention_block(trill_engine *e, const eng_layer *L, const eng_lora_
         trill_from_f32(kv_value(&e->kv, b, l, slot), e->fwd.v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, R);
-    gen_matmul(e->fwd.out, e->fwd.att, &L->o, R);
-    if (A) apply_lora(e, &A->o, e->fwd.out, H, e->fwd.att, R, 0);
+    gen_matmul(e->fwd.out, e->fwd.att, &L->m[QWEN3_O], R);
+    if (A) apply_lora(e, &A->m[QWEN3_O], e->fwd.out, H, e->fwd.att, R, 0);
 }
 
 /* A dense layer's MLP on xn: out = down(silu(gate) * up). */
 static void dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const int H = e->c.hidden_size, I = e->c.intermediate_size;
-    gen_matmul(e->fwd.ff, e->fwd.xn, &L->gate_up, R);
-    if (A) apply_lora(e, &A->gate_up, e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
+    gen_matmul(e->fwd.ff, e->fwd.xn, &L->m[QWEN3_GATE], R);
+    if (A) apply_lora(e, &A->m[QWEN3_GATE], e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
     swiglu_fused(e->fwd.act, e->fwd.ff, R, I);
-    gen_matmul(e->fwd.out, e->fwd.act, &L->down, R);
-    if (A) apply_lora(e, &A->down, e->fwd.out, H, e->fwd.act, R, 0);
+    gen_matmul(e->fwd.out, e->fwd.act, &L->m[QWEN3_DOWN], R);
+    if (A) apply_lora(e, &A->m[QWEN3_DOWN], e->fwd.out, H, e->fwd.act, R, 0);
 }
 
 void eng_forward_rows(trill_engine *e, int R) {
@@ -430,10 +431,10 @@ void eng_forward_rows(trill_engine *e, int R) {
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
-        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->input_norm, R, H, eps);
+        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
         attention_block(e, L, A, l, R);
         add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
-        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->post_norm, R, H, eps);
+        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_POST_NORM], R, H, eps);
         if (trill_config_is_moe(c, l)) moe(e, L, A, c->moe_ordinal[l], R);
         else dense_mlp(e, L, A, R);
         add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
@@ -445,7 +446,7 @@ void eng_forward_logits(trill_engine *e, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, V = c->vocab_size;
     for (int i = 0; i < n; i++) memcpy(e->fwd.xn + (size_t)i * H, e->fwd.x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
-    rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->final_norm, n, H, (float)c->rms_norm_eps);
-    gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->lm_head, n);
-    if (e->ad) apply_lora(e, &e->ad->lm_head, e->fwd.logits, V, e->fwd.xn, n, 0);
+    rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
+    gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->global.m[QWEN3_LM_HEAD], n);
+    if (e->ad) apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], e->fwd.logits, V, e->fwd.xn, n, 0);
 }

@@ -27,27 +27,28 @@
 #include "infer/kvcache.h"
 #include "trill/eplb.h"
 #include "trill/infer.h"
+#include "trill/arch.h"
 #include "trill/lora.h"
 
 /* ---- weights and adapters (engine_weights.c, engine_adapter.c) ---- */
 
-/* One decoder layer's weights in the engine's format. */
+/* The engine's matrices are built from the family's tensor table (src/arch/): a tensor, or a
+ * fusion group (q|k|v, gate|up) whose parts are stacked in fuse_index order, becomes one
+ * gen_matrix filed under the role of its first part; vectors become fp32 copies under their
+ * role. Layer tensors go to their layer's slots, the others (final norm, head) to `global`. */
+enum { ENG_MAX_ROLES = 32, ENG_MAX_PARTS = 3 };
+
+/* One layer's (or the model's global) weights in the engine's format. */
 typedef struct eng_layer {
-    float *input_norm, *q_norm, *k_norm, *post_norm; /* fp32 copies */
-    gen_matrix qkv;      /* [q | k | v] projections fused: [(nh + 2 nkv) hd, H] */
-    gen_matrix o;        /* [H, nh hd] */
-    gen_matrix gate_up;  /* dense: [gate | up] fused [2 I, H] */
-    gen_matrix down;     /* dense: [H, I] */
-    gen_matrix router;   /* MoE: [E, H] */
-    gen_matrix *experts_gate_up; /* MoE: [E] of [2 Im, H] */
-    gen_matrix *experts_down;    /* MoE: [E] of [H, Im] */
+    gen_matrix m[ENG_MAX_ROLES];        /* e.g. m[QWEN3_Q] is [q | k | v] fused: [(nh + 2 nkv) hd, H] */
+    gen_matrix *experts[ENG_MAX_ROLES]; /* [num_experts] per routed-expert role (QWEN3_EXPERT_GATE: gate | up) */
+    float *vec[ENG_MAX_ROLES];          /* fp32 copies of the norm and bias vectors */
 } eng_layer;
 
 /* Every weight the forward reads, in the engine's format: swapped whole on a merged update. */
 typedef struct eng_weights {
     eng_layer *layers;
-    float *final_norm;
-    gen_matrix lm_head;
+    eng_layer global;     /* final norm, head (a tied head built from the embedding) */
     float *embed_f32;     /* [V, H] (f32 format) ... */
     uint16_t *embed_bf16; /* ... or bf16 (the others) */
     size_t bytes;         /* as served */
@@ -59,14 +60,14 @@ typedef struct eng_weights {
 typedef struct eng_lora {
     int n_adapted;       /* 0: no adapter on this matrix */
     gen_matrix A;        /* [n_adapted * r, K] */
-    gen_matrix B[3];     /* per adapted part: [cols, r] */
-    int col0[3], cols[3];
+    gen_matrix B[ENG_MAX_PARTS]; /* per adapted part: [cols, r] */
+    int col0[ENG_MAX_PARTS], cols[ENG_MAX_PARTS];
 } eng_lora;
 
-/* One layer's adapters, matrix by matrix as eng_layer (n_adapted 0 where there is none). */
+/* One layer's adapters, slot by slot as eng_layer (n_adapted 0 where there is none). */
 typedef struct eng_lora_layer {
-    eng_lora qkv, o, gate_up, down;
-    eng_lora *experts_gate_up, *experts_down; /* [E] */
+    eng_lora m[ENG_MAX_ROLES];
+    eng_lora *experts[ENG_MAX_ROLES]; /* [num_experts] */
 } eng_lora_layer;
 
 /* A set of adapters, applied on the side of the base weights (adapter sync mode). */
@@ -74,9 +75,24 @@ typedef struct eng_adapter {
     int rank;
     float scale;
     eng_lora_layer *layers;
-    eng_lora lm_head;
+    eng_lora_layer global;
     size_t bytes;
 } eng_adapter;
+
+/* One engine matrix as the table describes it: the indices (into the model's tensors) of its
+ * parts in fuse_index order; layer -1 for a global one. */
+typedef struct eng_group {
+    int layer, expert, role;
+    trill_tensor_kind kind;
+    int parts[ENG_MAX_PARTS];
+    int n_parts;
+} eng_group;
+
+/* Calls fn for every matrix of the model's tensors t[n] (in checkpoint order of their first
+ * part; vectors and the embedding are not matrices here), then for a tied head (the
+ * embedding's tensor as its one part, kind TRILL_TENSOR_HEAD). Stops at fn's first error. */
+trill_status eng_for_each_matrix(const trill_config *c, const trill_param *t, size_t n,
+                                 trill_status (*fn)(void *ctx, const eng_group *g), void *ctx);
 
 /* ---- requests and sequences (engine_requests.c, engine_sample.c) ---- */
 
@@ -168,6 +184,8 @@ typedef struct eng_eplb {
 
 struct trill_engine {
     trill_config c;
+    trill_param *tensors; /* the model's tensors as its table describes them (no storage): the adapters' layout */
+    size_t n_tensors;
     trill_engine_config cfg;
     eng_weights *w;       /* the weights steps run on */
     eng_adapter *ad;      /* and their adapters, or NULL */
@@ -198,6 +216,8 @@ static inline void *eng_grow(void *p, int *cap, int need, size_t elem) {
 /* m's weights in `format`: m must have this engine's architecture. */
 trill_status eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out);
 void eng_free_weights(const trill_config *c, eng_weights *w);
+/* Frees one layer's (or the global) slots. */
+void eng_free_slots(const trill_config *c, eng_layer *L);
 /* Refuses (with the tensor's name) weights that are not finite numbers. */
 trill_status eng_check_finite_model(const trill_model *m);
 

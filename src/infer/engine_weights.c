@@ -1,10 +1,12 @@
-/* The engine's weights (engine_internal.h): conversion from a trill_model into the engine's format
- * (q/k/v and gate/up fused into one matrix each; int8 keeps the router and lm_head in bf16), the
- * refusal of non-finite weights, freeing, and what a decode step reads (benchmarks). */
+/* The engine's weights (engine_internal.h): conversion from a trill_model into the engine's format,
+ * derived from the family's tensor table (each fusion group, e.g. q/k/v and gate/up, one matrix;
+ * int8 keeps routers and heads in bf16), the refusal of non-finite weights, freeing, and what a
+ * decode step reads (benchmarks). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch/family.h"
 #include "infer/engine_internal.h"
 #include "trill/kernels.h"
 
@@ -32,90 +34,124 @@ static float *copy_floats(const float *src, size_t n) {
     return p;
 }
 
+/* ---- the table's matrices: single tensors and fusion groups ---- */
+
+trill_status eng_for_each_matrix(const trill_config *c, const trill_param *t, size_t n,
+                                 trill_status (*fn)(void *ctx, const eng_group *g), void *ctx) {
+    const int E = c->num_experts > 0 ? c->num_experts : 0;
+    const size_t n_keys = (size_t)(E + 1) * 3 * ENG_MAX_PARTS; /* (expert + 1, fusion, part) */
+    int *part_at = malloc(n_keys * sizeof(int));
+    if (!part_at) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    bool has_head = false;
+    for (size_t a = 0; a < n && !st;) {
+        size_t b = a + 1; /* a layer's tensors are contiguous; a global tensor is a range of its own */
+        if (t[a].layer >= 0)
+            while (b < n && t[b].layer == t[a].layer) b++;
+        for (size_t k = 0; k < n_keys; k++) part_at[k] = -1;
+#define KEY(p) (((size_t)((p)->expert + 1) * 3 + (size_t)(p)->fuse) * ENG_MAX_PARTS + (size_t)(p)->fuse_index)
+        for (size_t i = a; i < b; i++)
+            if (t[i].fuse != TRILL_FUSE_NONE && t[i].fuse_index < ENG_MAX_PARTS && t[i].expert < E) part_at[KEY(&t[i])] = (int)i;
+        for (size_t i = a; i < b && !st; i++) {
+            const trill_param *p = &t[i];
+            has_head |= p->kind == TRILL_TENSOR_HEAD;
+            if (p->ndim != 2 || p->kind == TRILL_TENSOR_EMBEDDING || (p->fuse != TRILL_FUSE_NONE && p->fuse_index > 0)) continue;
+            eng_group g = { .layer = p->layer, .expert = p->expert, .role = p->role, .kind = p->kind, .parts = { (int)i }, .n_parts = 1 };
+            if (p->fuse != TRILL_FUSE_NONE)
+                for (int j = 1; j < ENG_MAX_PARTS; j++) {
+                    const int at = part_at[KEY(p) + (size_t)j];
+                    if (at < 0) break;
+                    g.parts[g.n_parts++] = at;
+                }
+#undef KEY
+            if (g.role < 0 || g.role >= ENG_MAX_ROLES)
+                st = trill_error(TRILL_ERR_UNSUPPORTED, "engine: tensor %s has role %d, beyond the engine's %d", p->name, g.role, ENG_MAX_ROLES);
+            else st = fn(ctx, &g);
+        }
+        a = b;
+    }
+    free(part_at);
+    if (st || has_head || !c->tie_word_embeddings) return st;
+    for (size_t i = 0; i < n; i++) /* tied: the embedding serves as the head */
+        if (t[i].kind == TRILL_TENSOR_EMBEDDING) {
+            const eng_group g = { .layer = -1, .expert = -1, .role = trill_family_of(c)->tied_head_role, .kind = TRILL_TENSOR_HEAD,
+                                  .parts = { (int)i }, .n_parts = 1 };
+            return fn(ctx, &g);
+        }
+    return TRILL_OK;
+}
+
+void eng_free_slots(const trill_config *c, eng_layer *L) {
+    for (int r = 0; r < ENG_MAX_ROLES; r++) {
+        gen_matrix_free(&L->m[r]);
+        for (int x = 0; L->experts[r] && x < c->num_experts; x++) gen_matrix_free(&L->experts[r][x]);
+        free(L->experts[r]);
+        free(L->vec[r]);
+    }
+}
+
 void eng_free_weights(const trill_config *c, eng_weights *w) {
     if (!w) return;
-    for (int l = 0; w->layers && l < c->num_hidden_layers; l++) {
-        eng_layer *L = &w->layers[l];
-        free(L->input_norm); free(L->q_norm); free(L->k_norm); free(L->post_norm);
-        gen_matrix_free(&L->qkv); gen_matrix_free(&L->o); gen_matrix_free(&L->gate_up); gen_matrix_free(&L->down);
-        gen_matrix_free(&L->router);
-        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) {
-            gen_matrix_free(&L->experts_gate_up[x]);
-            gen_matrix_free(&L->experts_down[x]);
-        }
-        free(L->experts_gate_up);
-        free(L->experts_down);
-    }
+    for (int l = 0; w->layers && l < c->num_hidden_layers; l++) eng_free_slots(c, &w->layers[l]);
     free(w->layers);
-    gen_matrix_free(&w->lm_head);
-    free(w->final_norm); free(w->embed_f32); free(w->embed_bf16);
+    eng_free_slots(c, &w->global);
+    free(w->embed_f32);
+    free(w->embed_bf16);
     free(w);
 }
 
-/* Layer l of m in format f (fine: the format of the router). */
-static trill_status fill_layer(eng_layer *L, const trill_layer_weights *mw, const trill_config *c, int l, trill_gen_format f,
-                               trill_gen_format fine) {
-    const int H = c->hidden_size, hd = c->head_dim, qd = c->num_attention_heads * hd, kvd = c->num_key_value_heads * hd;
-    L->input_norm = copy_floats(mw->input_norm, (size_t)H);
-    L->post_norm = copy_floats(mw->post_norm, (size_t)H);
-    L->q_norm = copy_floats(mw->q_norm, (size_t)hd);
-    L->k_norm = copy_floats(mw->k_norm, (size_t)hd);
-    if (!L->input_norm || !L->post_norm || !L->q_norm || !L->k_norm) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    const trill_weight qkv[3] = { mw->wq, mw->wk, mw->wv };
-    const int qkv_rows[3] = { qd, kvd, kvd };
-    trill_status st;
-    if ((st = make_matrix(&L->qkv, f, qkv, qkv_rows, 3, H))) return st;
-    if ((st = make_matrix(&L->o, f, &mw->wo, &H, 1, qd))) return st;
-    if (trill_config_is_moe(c, l)) {
-        const int E = c->num_experts, Im = c->moe_intermediate_size;
-        if ((st = make_matrix(&L->router, fine, &mw->router, &E, 1, H))) return st;
-        L->experts_gate_up = calloc((size_t)E, sizeof(gen_matrix));
-        L->experts_down = calloc((size_t)E, sizeof(gen_matrix));
-        if (!L->experts_gate_up || !L->experts_down) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        for (int x = 0; x < E && !st; x++) {
-            const trill_weight gu[2] = { trill_weight_at(mw->expert_gate, (size_t)x * Im * H), trill_weight_at(mw->expert_up, (size_t)x * Im * H) };
-            const int gu_rows[2] = { Im, Im };
-            const trill_weight dn = trill_weight_at(mw->expert_down, (size_t)x * H * Im);
-            if (!(st = make_matrix(&L->experts_gate_up[x], f, gu, gu_rows, 2, H))) st = make_matrix(&L->experts_down[x], f, &dn, &H, 1, Im);
-        }
-        return st;
+typedef struct build { eng_weights *w; const trill_model *m; trill_gen_format f; } build;
+
+/* One group's matrix in the engine's format, filed under its role. */
+static trill_status build_matrix(void *ctx, const eng_group *g) {
+    build *b = ctx;
+    const trill_config *c = &b->m->config;
+    eng_layer *L = g->layer >= 0 ? &b->w->layers[g->layer] : &b->w->global;
+    gen_matrix *dst = &L->m[g->role];
+    if (g->expert >= 0) {
+        if (!L->experts[g->role] && !(L->experts[g->role] = calloc((size_t)c->num_experts, sizeof(gen_matrix))))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        dst = &L->experts[g->role][g->expert];
     }
-    const int I = c->intermediate_size;
-    const trill_weight gu[2] = { mw->mlp_gate, mw->mlp_up };
-    const int gu_rows[2] = { I, I };
-    if (!(st = make_matrix(&L->gate_up, f, gu, gu_rows, 2, H))) st = make_matrix(&L->down, f, &mw->mlp_down, &H, 1, I);
+    trill_weight parts[ENG_MAX_PARTS];
+    int rows[ENG_MAX_PARTS];
+    for (int p = 0; p < g->n_parts; p++) {
+        const trill_param *t = &b->m->tensors[g->parts[p]];
+        parts[p] = (trill_weight){ t->data, t->bf16 };
+        rows[p] = (int)t->shape[0];
+    }
+    /* int8 leaves the router and the head in bf16, as W8A8 serving does: routing and the output
+     * distribution are the most sensitive to quantisation */
+    const bool fine = g->kind == TRILL_TENSOR_ROUTER || g->kind == TRILL_TENSOR_HEAD;
+    const trill_gen_format f = fine && b->f == TRILL_GEN_INT8 ? TRILL_GEN_BF16 : b->f;
+    trill_status st = make_matrix(dst, f, parts, rows, g->n_parts, (int)b->m->tensors[g->parts[0]].shape[1]);
+    if (!st) b->w->bytes += dst->bytes;
     return st;
 }
 
 static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_gen_format f, const trill_model *m) {
-    const int H = c->hidden_size, hd = c->head_dim;
-    /* int8 leaves the router and lm_head in bf16, as W8A8 serving does: routing and the output
-     * distribution are the most sensitive to quantisation */
-    const trill_gen_format fine = f == TRILL_GEN_INT8 ? TRILL_GEN_BF16 : f;
     if (!(w->layers = calloc((size_t)c->num_hidden_layers, sizeof *w->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = TRILL_OK;
-    for (int l = 0; l < c->num_hidden_layers && !st; l++) st = fill_layer(&w->layers[l], &m->layers[l], c, l, f, fine);
-    if (st) return st;
-    if ((st = make_matrix(&w->lm_head, fine, &m->lm_head, &c->vocab_size, 1, H))) return st;
-    w->final_norm = copy_floats(m->final_norm, (size_t)H);
-    const size_t table = (size_t)c->vocab_size * H;
-    if (f == TRILL_GEN_F32) {
-        if ((w->embed_f32 = malloc(table * sizeof(float))) && m->embed.f32) memcpy(w->embed_f32, m->embed.f32, table * sizeof(float));
-        else if (w->embed_f32) bf16_widen(w->embed_f32, m->embed.bf16, table);
-    } else if ((w->embed_bf16 = malloc(table * sizeof(uint16_t)))) {
-        if (m->embed.bf16) memcpy(w->embed_bf16, m->embed.bf16, table * sizeof(uint16_t));
-        else trill_from_f32(w->embed_bf16, m->embed.f32, TRILL_BF16, table);
+    for (size_t i = 0; i < m->n_tensors; i++) { /* vectors: fp32 copies; the embedding: a table in the format's dtype */
+        const trill_param *p = &m->tensors[i];
+        if (p->kind == TRILL_TENSOR_EMBEDDING) {
+            if (f == TRILL_GEN_F32) {
+                if ((w->embed_f32 = malloc(p->numel * sizeof(float))) && p->data) memcpy(w->embed_f32, p->data, p->numel * sizeof(float));
+                else if (w->embed_f32) bf16_widen(w->embed_f32, p->bf16, p->numel);
+            } else if ((w->embed_bf16 = malloc(p->numel * sizeof(uint16_t)))) {
+                if (p->bf16) memcpy(w->embed_bf16, p->bf16, p->numel * sizeof(uint16_t));
+                else trill_from_f32(w->embed_bf16, p->data, TRILL_BF16, p->numel);
+            }
+            if (!w->embed_f32 && !w->embed_bf16) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            w->bytes += p->numel * (f == TRILL_GEN_F32 ? 4 : 2);
+        } else if (p->ndim == 1) {
+            if (p->role < 0 || p->role >= ENG_MAX_ROLES) return trill_error(TRILL_ERR_UNSUPPORTED, "engine: tensor %s has role %d", p->name, p->role);
+            float **dst = &(p->layer >= 0 ? &w->layers[p->layer] : &w->global)->vec[p->role];
+            if (!(*dst = copy_floats(p->data, p->numel))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            w->bytes += p->numel * 4;
+        }
     }
-    if (!w->final_norm || (!w->embed_f32 && !w->embed_bf16)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-
-    size_t bytes = w->lm_head.bytes + table * (f == TRILL_GEN_F32 ? 4 : 2) + (size_t)H * 4;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const eng_layer *L = &w->layers[l];
-        bytes += L->qkv.bytes + L->o.bytes + L->gate_up.bytes + L->down.bytes + L->router.bytes + (size_t)(2 * H + 2 * hd) * 4;
-        for (int x = 0; L->experts_gate_up && x < c->num_experts; x++) bytes += L->experts_gate_up[x].bytes + L->experts_down[x].bytes;
-    }
-    w->bytes = bytes;
-    return TRILL_OK;
+    build b = { .w = w, .m = m, .f = f };
+    return eng_for_each_matrix(c, m->tensors, m->n_tensors, build_matrix, &b);
 }
 
 /* m's weights in `format`: m must have this engine's architecture. */
@@ -144,24 +180,24 @@ trill_status eng_check_finite_model(const trill_model *m) {
 }
 
 /* Per decode token at batch 1, what the matrices cost: each used matrix's bytes (the bytes
- * one step streams) or 2 N K FLOPs. A MoE layer counts its top-k experts at the average size. */
+ * one step streams) or 2 N K FLOPs, plus the embedding row's bytes. Routed experts count their
+ * top-k at the average size. */
+static double slots_cost(const trill_config *c, const eng_layer *L, bool flops) {
+#define COST(mat) (flops ? 2.0 * (mat).N * (mat).K : (double)(mat).bytes)
+    double total = 0, experts = 0;
+    for (int r = 0; r < ENG_MAX_ROLES; r++) {
+        total += COST(L->m[r]);
+        for (int x = 0; L->experts[r] && x < c->num_experts; x++) experts += COST(L->experts[r][x]);
+    }
+#undef COST
+    return experts > 0 ? total + experts / c->num_experts * c->num_experts_per_tok : total;
+}
+
 static double per_token_cost(const trill_engine *e, bool flops) {
     const trill_config *c = &e->c;
     const eng_weights *w = e->w;
-#define COST(mat) (flops ? 2.0 * (mat).N * (mat).K : (double)(mat).bytes)
-    double total = COST(w->lm_head) + (double)c->hidden_size * (flops ? 0 : w->embed_f32 ? 4 : 2);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const eng_layer *L = &w->layers[l];
-        total += COST(L->qkv) + COST(L->o);
-        if (!trill_config_is_moe(c, l)) {
-            total += COST(L->gate_up) + COST(L->down);
-            continue;
-        }
-        double experts = 0;
-        for (int x = 0; x < c->num_experts; x++) experts += COST(L->experts_gate_up[x]) + COST(L->experts_down[x]);
-        total += COST(L->router) + experts / c->num_experts * c->num_experts_per_tok;
-    }
-#undef COST
+    double total = slots_cost(c, &w->global, flops) + (double)c->hidden_size * (flops ? 0 : w->embed_f32 ? 4 : 2);
+    for (int l = 0; l < c->num_hidden_layers; l++) total += slots_cost(c, &w->layers[l], flops);
     return total;
 }
 

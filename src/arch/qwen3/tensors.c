@@ -91,5 +91,6 @@ const trill_family trill_family_qwen3 = {
     .lora_targets = TARGETS,
     .n_lora_targets = TRILL_LORA_N_TARGETS,
     .all_linear = (1u << TRILL_LORA_LM_HEAD) - 1,
+    .tied_head_role = QWEN3_LM_HEAD,
     .attention_flops = attention_flops,
 };
