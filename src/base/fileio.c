@@ -1,4 +1,5 @@
 #include "trill/fileio.h"
+#include "base/alloc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,13 +20,13 @@ trill_status trill_read_file(const char *path, char **data, size_t *len) {
         return trill_error(TRILL_ERR_IO, "%s: is a directory, expected a file", path);
     }
     size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
+    char *buf = trill_malloc(cap);
     for (;;) {
         if (!buf) { fclose(f); return trill_error(TRILL_ERR_NOMEM, "%s: out of memory reading file", path); }
         n += fread(buf + n, 1, cap - n - 1, f);
         if (n < cap - 1) break;
         cap *= 2;
-        char *grown = realloc(buf, cap);
+        char *grown = trill_realloc(buf, cap);
         if (!grown) free(buf);
         buf = grown;
     }
@@ -41,8 +42,8 @@ trill_status trill_read_file(const char *path, char **data, size_t *len) {
 trill_status trill_atomic_open(trill_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
     size_t n = strlen(path) + 32;
-    af->path = strdup(path);
-    af->tmp_path = malloc(n);
+    af->path = trill_strdup(path);
+    af->tmp_path = trill_malloc(n);
     if (!af->path || !af->tmp_path) {
         trill_atomic_abort(af);
         return trill_error(TRILL_ERR_NOMEM, "%s: out of memory", path);
@@ -64,7 +65,7 @@ trill_status trill_atomic_write(trill_atomic_file *af, const void *data, size_t 
 }
 
 static void fsync_parent_dir(const char *path) {
-    char *copy = strdup(path);
+    char *copy = trill_strdup(path);
     if (!copy) return;
     int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
     if (fd >= 0) { fsync(fd); close(fd); }
@@ -102,7 +103,7 @@ trill_status trill_write_file_atomic(const char *path, const void *data, size_t 
 }
 
 trill_status trill_mkdir_p(const char *path) {
-    char *p = strdup(path);
+    char *p = trill_strdup(path);
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (char *s = p + 1;; s++) {
         if (*s == '/' || *s == '\0') {
@@ -123,7 +124,7 @@ trill_status trill_mkdir_p(const char *path) {
 
 char *trill_path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
-    char *out = malloc(n);
+    char *out = trill_malloc(n);
     if (out) snprintf(out, n, "%s/%s", dir, name);
     return out;
 }

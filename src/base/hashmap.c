@@ -1,4 +1,5 @@
 #include "hashmap.h"
+#include "base/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@ static size_t capacity_for(size_t expected) {
 int trill_strmap_init(trill_strmap *m, size_t expected) {
     m->cap = capacity_for(expected);
     m->n = 0;
-    m->slots = calloc(m->cap, sizeof *m->slots);
+    m->slots = trill_calloc(m->cap, sizeof *m->slots);
     return m->slots ? 0 : -1;
 }
 
@@ -39,7 +40,7 @@ static struct strmap_slot *strmap_find(const trill_strmap *m, const char *key, s
 int trill_strmap_put(trill_strmap *m, const char *key, size_t len, int32_t value) {
     if ((m->n + 1) * 2 > m->cap) {
         trill_strmap grown = { .cap = m->cap * 2 };
-        grown.slots = calloc(grown.cap, sizeof *grown.slots);
+        grown.slots = trill_calloc(grown.cap, sizeof *grown.slots);
         if (!grown.slots) return -1;
         for (size_t i = 0; i < m->cap; i++)
             if (m->slots[i].key) *strmap_find(&grown, m->slots[i].key, m->slots[i].len) = m->slots[i];
@@ -66,7 +67,7 @@ void trill_strmap_free(trill_strmap *m) {
 int trill_u64map_init(trill_u64map *m, size_t expected) {
     m->cap = capacity_for(expected);
     m->n = 0;
-    m->slots = calloc(m->cap, sizeof *m->slots);
+    m->slots = trill_calloc(m->cap, sizeof *m->slots);
     return m->slots ? 0 : -1;
 }
 
@@ -79,7 +80,7 @@ static struct u64map_slot *u64map_find(const trill_u64map *m, uint64_t key) {
 int trill_u64map_put(trill_u64map *m, uint64_t key, uint64_t value) {
     if ((m->n + 1) * 2 > m->cap) {
         trill_u64map grown = { .cap = m->cap * 2 };
-        grown.slots = calloc(grown.cap, sizeof *grown.slots);
+        grown.slots = trill_calloc(grown.cap, sizeof *grown.slots);
         if (!grown.slots) return -1;
         for (size_t i = 0; i < m->cap; i++)
             if (m->slots[i].used) *u64map_find(&grown, m->slots[i].key) = m->slots[i];

@@ -1,4 +1,5 @@
 #include "trill/log.h"
+#include "base/alloc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ void trill_log(trill_log_level level, const char *fmt, ...) {
         sink(sink_ctx, level, small);
         return;
     }
-    char *big = malloc((size_t)n + 1); /* a long line: formatted again at its length */
+    char *big = trill_malloc((size_t)n + 1); /* a long line: formatted again at its length */
     if (!big) {
         sink(sink_ctx, level, small); /* out of memory: the line truncated rather than lost */
         return;

@@ -1,4 +1,5 @@
 #include "base/tls.h"
+#include "base/alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,7 +39,7 @@ void *trill_tls_buffer(trill_tls_slot *s, size_t bytes) {
     if (slot >= TRILL_TLS_MAX_SLOTS) return NULL;
     if (!t_buffers) {
         pthread_once(&g_once, make_key);
-        tls_buffers *b = calloc(1, sizeof *b);
+        tls_buffers *b = trill_calloc(1, sizeof *b);
         if (!b) return NULL;
         if (pthread_setspecific(g_key, b)) { free(b); return NULL; }
         t_buffers = b;
@@ -46,7 +47,7 @@ void *trill_tls_buffer(trill_tls_slot *s, size_t bytes) {
     tls_buffers *b = t_buffers;
     if (bytes > b->cap[slot]) {
         free(b->p[slot]);
-        b->p[slot] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        b->p[slot] = trill_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         b->cap[slot] = b->p[slot] ? bytes : 0;
     }
     return b->p[slot];

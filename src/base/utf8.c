@@ -1,4 +1,5 @@
 #include "utf8.h"
+#include "base/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@ static int valid_len(const unsigned char *s, size_t avail, size_t *bad_len) {
 }
 
 char *trill_utf8_sanitize(const char *in, size_t len, size_t *out_len) {
-    char *out = malloc(len * 3 + 1); /* each invalid byte may become 3 bytes */
+    char *out = trill_malloc(len * 3 + 1); /* each invalid byte may become 3 bytes */
     if (!out) return NULL;
     const unsigned char *s = (const unsigned char *)in;
     size_t o = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "infer/engine_internal.h"
+#include "base/alloc.h"
 
 trill_engine_config trill_engine_config_default(void) {
     return (trill_engine_config){ .format = TRILL_GEN_BF16, .block_size = 16, .kv_cache_mb = 256, .max_batch_tokens = 512,
@@ -15,10 +16,10 @@ trill_engine_config trill_engine_config_default(void) {
 /* The step's rows, for max_batch_tokens of them; then the forward's and the sampler's buffers. */
 static trill_status alloc_step_buffers(trill_engine *e) {
     const size_t R = (size_t)e->rows.max;
-    e->rows.logit = malloc(R * sizeof(int));
-    e->rows.seq = malloc(R * sizeof(seq *));
-    e->rows.pos = malloc(R * sizeof(int));
-    e->rows.token = malloc(R * sizeof(int));
+    e->rows.logit = trill_malloc(R * sizeof(int));
+    e->rows.seq = trill_malloc(R * sizeof(seq *));
+    e->rows.pos = trill_malloc(R * sizeof(int));
+    e->rows.token = trill_malloc(R * sizeof(int));
     if (!e->rows.logit || !e->rows.seq || !e->rows.pos || !e->rows.token)
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
     trill_status st = eng_forward_alloc(e);
@@ -32,7 +33,7 @@ static trill_status alloc_step_buffers(trill_engine *e) {
 static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape, int *elem, int *blocks) {
     const trill_config *c = &e->c;
     const trill_engine_config *cfg = &e->cfg;
-    if (!(*shape = malloc(sizeof **shape * (size_t)c->num_hidden_layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!(*shape = trill_malloc(sizeof **shape * (size_t)c->num_hidden_layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     eng_forward_kv_shape(c, *shape);
     *elem = cfg->format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
     const size_t per_block = kv_cache_bytes_per_block(cfg->block_size, c->num_hidden_layers, *shape, *elem);
@@ -61,11 +62,11 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
         trill_error_context("engine");
         return TRILL_ERR_INVALID;
     }
-    trill_engine *e = calloc(1, sizeof *e);
+    trill_engine *e = trill_calloc(1, sizeof *e);
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
     e->cfg = cfg;
-    if ((e->tensors = malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
+    if ((e->tensors = trill_malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
         e->n_tensors = m->n_tensors;
         for (size_t t = 0; t < m->n_tensors; t++) {
             e->tensors[t] = m->tensors[t];

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "infer/engine_internal.h"
+#include "base/alloc.h"
 
 /* ---- adapters ---- */
 
@@ -36,10 +37,11 @@ void eng_free_adapter(const trill_config *c, eng_adapter *ad) {
 /* The adapter of a matrix made of n_parts modules of cols[p] outputs each (pairs[p].A NULL:
  * that module has no adapter). */
 static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const int *cols, int n_parts, int K, int r, size_t *bytes) {
+    if (n_parts < 1 || n_parts > ENG_MAX_PARTS) return trill_error(TRILL_ERR_INVALID, "engine: a matrix of %d parts", n_parts);
     int na = 0;
     for (int p = 0; p < n_parts; p++) na += pairs[p].A != NULL;
     if (na == 0) return TRILL_OK;
-    float *A = malloc(sizeof(float) * (size_t)na * r * K);
+    float *A = trill_malloc(sizeof(float) * (size_t)na * r * K);
     if (!A) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = TRILL_OK;
     for (int p = 0, a = 0, col = 0; p < n_parts; col += cols[p], p++) {
@@ -67,8 +69,8 @@ typedef struct adapter_build {
 static trill_status adapt_matrix(void *ctx, const eng_group *g) {
     adapter_build *b = ctx;
     const trill_config *c = &b->e->c;
-    trill_lora_pair pairs[ENG_MAX_PARTS];
-    int cols[ENG_MAX_PARTS], n_adapted = 0;
+    trill_lora_pair pairs[ENG_MAX_PARTS] = { 0 };
+    int cols[ENG_MAX_PARTS] = { 0 }, n_adapted = 0;
     for (int p = 0; p < g->n_parts; p++) {
         pairs[p] = b->pair_of[g->parts[p]];
         cols[p] = (int)b->e->tensors[g->parts[p]].shape[0];
@@ -77,7 +79,7 @@ static trill_status adapt_matrix(void *ctx, const eng_group *g) {
     eng_lora_layer *L = g->layer >= 0 ? &b->ad->layers[g->layer] : &b->ad->global;
     eng_lora *dst = &L->m[g->role];
     if (g->expert >= 0) { /* every expert of the role gets a slot (n_adapted 0 where none) */
-        if (!L->experts[g->role] && !(L->experts[g->role] = calloc((size_t)c->num_experts, sizeof(eng_lora))))
+        if (!L->experts[g->role] && !(L->experts[g->role] = trill_calloc((size_t)c->num_experts, sizeof(eng_lora))))
             return trill_error(TRILL_ERR_NOMEM, "out of memory");
         dst = &L->experts[g->role][g->expert];
     }
@@ -89,8 +91,8 @@ static trill_status fill_adapter(eng_adapter *ad, const trill_engine *e, const t
     const trill_config *c = &e->c;
     ad->rank = lora->config.rank;
     ad->scale = lora->scale;
-    if (!(ad->layers = calloc((size_t)c->num_hidden_layers, sizeof *ad->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_lora_pair *pair_of = calloc(e->n_tensors ? e->n_tensors : 1, sizeof *pair_of);
+    if (!(ad->layers = trill_calloc((size_t)c->num_hidden_layers, sizeof *ad->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_lora_pair *pair_of = trill_calloc(e->n_tensors ? e->n_tensors : 1, sizeof *pair_of);
     if (!pair_of) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = TRILL_OK;
     for (size_t t = 0; t + 1 < lora->n_tensors && !st; t += 2) { /* A, then B, of the weight at index */
@@ -106,7 +108,7 @@ static trill_status fill_adapter(eng_adapter *ad, const trill_engine *e, const t
 }
 
 static trill_status build_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter **out) {
-    eng_adapter *ad = calloc(1, sizeof *ad);
+    eng_adapter *ad = trill_calloc(1, sizeof *ad);
     if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_adapter(ad, e, lora);
     if (st) {

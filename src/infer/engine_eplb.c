@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "infer/engine_internal.h"
+#include "base/alloc.h"
 
 /* Physical slots: the logical experts plus the redundant ones, a whole number per worker; the
  * first plan balances a uniform load (every expert replicated in turn). */
@@ -19,8 +20,8 @@ trill_status eng_eplb_start(trill_engine *e) {
     if (e->cfg.eplb_window < 1 || e->cfg.eplb_interval < 1)
         return trill_error(TRILL_ERR_INVALID, "engine: eplb_window and eplb_interval must be >= 1 (got %d and %d)", e->cfg.eplb_window,
                            e->cfg.eplb_interval);
-    double *load = malloc(sizeof(double) * (size_t)L * E);
-    e->eplb.counts = calloc((size_t)L * E, sizeof(uint32_t));
+    double *load = trill_malloc(sizeof(double) * (size_t)L * E);
+    e->eplb.counts = trill_calloc((size_t)L * E, sizeof(uint32_t));
     if (!load || !e->eplb.counts) {
         free(load);
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -41,7 +42,7 @@ trill_status eng_eplb_after_step(trill_engine *e) {
     trill_eplb_window_add(e->eplb.window, e->eplb.counts);
     memset(e->eplb.counts, 0, sizeof(uint32_t) * (size_t)L * E);
     if (++e->eplb.steps % e->cfg.eplb_interval) return TRILL_OK;
-    double *load = malloc(sizeof(double) * (size_t)L * E);
+    double *load = trill_malloc(sizeof(double) * (size_t)L * E);
     if (!load) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_eplb_window_load(e->eplb.window, load);
     trill_eplb_plan plan;
@@ -64,7 +65,7 @@ const trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e) { return e-
 /* max over mean of the workers' expected loads, averaged over MoE layers */
 static trill_status imbalance_of(const trill_eplb_plan *plan, const double *load, int W, double *out) {
     const int L = plan->n_layers;
-    double *per = malloc(sizeof(double) * (size_t)L * W);
+    double *per = trill_malloc(sizeof(double) * (size_t)L * W);
     if (!per) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = trill_eplb_worker_load(plan, load, W, per);
     double sum = 0;
@@ -85,7 +86,7 @@ trill_status trill_engine_eplb_imbalance(const trill_engine *e, double *identity
     if (!e->eplb.window) return trill_error(TRILL_ERR_INVALID, "EPLB is off in this engine");
     const int L = e->c.n_moe_layers, E = e->c.num_experts, W = e->eplb.workers;
     if (E % W) return trill_error(TRILL_ERR_UNSUPPORTED, "EPLB imbalance: %d experts do not split evenly over %d workers", E, W);
-    double *load = malloc(sizeof(double) * (size_t)L * E);
+    double *load = trill_malloc(sizeof(double) * (size_t)L * E);
     trill_eplb_plan id = { 0 };
     trill_status st = load ? trill_eplb_identity(L, E, &id) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {

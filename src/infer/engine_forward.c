@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "arch/qwen3/qwen3.h"
+#include "base/alloc.h"
 #include "infer/engine_internal.h"
 #include "kernels/exp_nonpos.h"
 #include "trill/kernels.h"
@@ -44,14 +45,14 @@ trill_status eng_forward_alloc(trill_engine *e) {
     const size_t fn[] = { R * H, R * H, R * (qd + 2 * kvd), R * qd, R * kvd, R * kvd, R * qd, R * H, rows_ff * 2 * ffw, rows_ff * ffw,
                           R * E, R * K, rows_ff * H, rows_ff * H, R * (size_t)c->vocab_size };
     bool ok = true;
-    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) ok &= (*fl[i] = malloc(fn[i] * sizeof(float))) != NULL;
-    f->topi = malloc(R * K * sizeof(int));
-    f->order = malloc(R * K * sizeof(int));
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) ok &= (*fl[i] = trill_malloc(fn[i] * sizeof(float))) != NULL;
+    f->topi = trill_malloc(R * K * sizeof(int));
+    f->order = trill_malloc(R * K * sizeof(int));
     const size_t slots = e->eplb.window ? (size_t)e->eplb.plan.n_physical : E;
-    f->count = malloc((slots + 1) * sizeof(int));
-    f->where = malloc(R * K * sizeof(int));
-    f->phys = malloc(R * K * sizeof(int));
-    f->inv_freq = malloc(hd / 2 * sizeof(float));
+    f->count = trill_malloc((slots + 1) * sizeof(int));
+    f->where = trill_malloc(R * K * sizeof(int));
+    f->phys = trill_malloc(R * K * sizeof(int));
+    f->inv_freq = trill_malloc(hd / 2 * sizeof(float));
     f->score_threads = omp_get_max_threads();
     ok &= f->topi && f->order && f->count && f->where && f->phys && f->inv_freq;
     if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
@@ -86,7 +87,7 @@ trill_status eng_ensure_scores(trill_engine *e, int R) {
     }
     if (need <= e->fwd.max_context) return TRILL_OK;
     const int group = e->c.num_attention_heads / e->c.num_key_value_heads;
-    float *p = realloc(e->fwd.scores, sizeof(float) * (size_t)need * group * e->fwd.score_threads);
+    float *p = trill_realloc(e->fwd.scores, sizeof(float) * (size_t)need * group * e->fwd.score_threads);
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
     e->fwd.scores = p;
     e->fwd.max_context = need;
@@ -109,9 +110,9 @@ trill_status eng_ensure_lora_buffers(trill_engine *e, int r) {
     free(e->fwd.lora_xa);
     free(e->fwd.lora_in);
     free(e->fwd.lora_out);
-    e->fwd.lora_xa = malloc(sizeof(float) * rows * 3 * (size_t)r);
-    e->fwd.lora_in = malloc(sizeof(float) * rows * (size_t)r);
-    e->fwd.lora_out = malloc(sizeof(float) * out);
+    e->fwd.lora_xa = trill_malloc(sizeof(float) * rows * 3 * (size_t)r);
+    e->fwd.lora_in = trill_malloc(sizeof(float) * rows * (size_t)r);
+    e->fwd.lora_out = trill_malloc(sizeof(float) * out);
     e->fwd.lora_rank = e->fwd.lora_xa && e->fwd.lora_in && e->fwd.lora_out ? r : 0;
     return e->fwd.lora_rank ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
 }

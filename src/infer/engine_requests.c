@@ -5,22 +5,23 @@
 #include <string.h>
 
 #include "infer/engine_internal.h"
+#include "base/alloc.h"
 
 /* ---- requests ---- */
 
 trill_status eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
     const trill_request *r = &q->r;
-    seq *s = calloc(1, sizeof *s);
+    seq *s = trill_calloc(1, sizeof *s);
     if (!s) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     s->rq = q;
     s->sample = sample;
     s->cap = r->prompt_len + r->max_new_tokens;
     s->n_prompt = r->prompt_len;
-    s->tokens = malloc(sizeof(int) * (size_t)s->cap);
-    s->logprobs = malloc(sizeof(float) * (size_t)r->max_new_tokens);
-    s->versions = malloc(sizeof(uint32_t) * (size_t)r->max_new_tokens);
+    s->tokens = trill_malloc(sizeof(int) * (size_t)s->cap);
+    s->logprobs = trill_malloc(sizeof(float) * (size_t)r->max_new_tokens);
+    s->versions = trill_malloc(sizeof(uint32_t) * (size_t)r->max_new_tokens);
     const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
-    if (e->cfg.capture_experts && per_token) s->experts = malloc(sizeof(uint16_t) * per_token * (size_t)s->cap);
+    if (e->cfg.capture_experts && per_token) s->experts = trill_malloc(sizeof(uint16_t) * per_token * (size_t)s->cap);
     if (!s->tokens || !s->logprobs || !s->versions || (e->cfg.capture_experts && per_token && !s->experts)) {
         eng_free_seq(e, s);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for request %llu", (unsigned long long)r->id);
@@ -91,16 +92,16 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     const unsigned long long id = (unsigned long long)r->id;
     trill_status st = check_request(e, r);
     if (st) return st;
-    req *q = calloc(1, sizeof *q);
+    req *q = trill_calloc(1, sizeof *q);
     if (!q) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     q->r = *r;
     if (q->r.n == 0) q->r.n = 1;
-    q->prompt = malloc(sizeof(int) * (size_t)r->prompt_len);
-    q->stop_ids = malloc(sizeof(int) * (size_t)(r->n_stop_ids + 1));
-    q->stop_strings = calloc((size_t)r->n_stop_strings + 1, sizeof(char *));
+    q->prompt = trill_malloc(sizeof(int) * (size_t)r->prompt_len);
+    q->stop_ids = trill_malloc(sizeof(int) * (size_t)(r->n_stop_ids + 1));
+    q->stop_strings = trill_calloc((size_t)r->n_stop_strings + 1, sizeof(char *));
     bool ok = q->prompt && q->stop_ids && q->stop_strings;
     for (int i = 0; ok && i < r->n_stop_strings; i++) {
-        ok = (q->stop_strings[i] = strdup(r->stop_strings[i])) != NULL;
+        ok = (q->stop_strings[i] = trill_strdup(r->stop_strings[i])) != NULL;
         size_t len = ok ? strlen(r->stop_strings[i]) : 0;
         if (len > q->max_stop_len) q->max_stop_len = len;
     }

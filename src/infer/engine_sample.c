@@ -6,10 +6,11 @@
 #include <string.h>
 
 #include "infer/engine_internal.h"
+#include "base/alloc.h"
 
 trill_status eng_sampler_alloc(trill_engine *e) {
     e->smp.threads = omp_get_max_threads();
-    e->smp.scratch = malloc(trill_sample_scratch_size(e->c.vocab_size) * (size_t)e->smp.threads);
+    e->smp.scratch = trill_malloc(trill_sample_scratch_size(e->c.vocab_size) * (size_t)e->smp.threads);
     return e->smp.scratch ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
 }
 
@@ -26,7 +27,7 @@ void eng_sampler_free(trill_engine *e) {
 trill_status eng_ensure_sampler_scratch(trill_engine *e) {
     const int threads = omp_get_max_threads();
     if (threads <= e->smp.threads) return TRILL_OK;
-    void *p = realloc(e->smp.scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
+    void *p = trill_realloc(e->smp.scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
     e->smp.scratch = p;
     e->smp.threads = threads;
@@ -157,13 +158,13 @@ static trill_status sample_all(trill_engine *e, int n) {
 static trill_status want_sample(trill_engine *e, int *n, seq *s, int row) {
     if (*n == e->smp.cap) {
         const int cap = e->smp.cap ? 2 * e->smp.cap : 64;
-        seq **a = realloc(e->smp.seq, sizeof *a * (size_t)cap);
+        seq **a = trill_realloc(e->smp.seq, sizeof *a * (size_t)cap);
         if (a) e->smp.seq = a;
-        int *b = a ? realloc(e->smp.row, sizeof *b * (size_t)cap) : NULL;
+        int *b = a ? trill_realloc(e->smp.row, sizeof *b * (size_t)cap) : NULL;
         if (b) e->smp.row = b;
-        int *t = b ? realloc(e->smp.token, sizeof *t * (size_t)cap) : NULL;
+        int *t = b ? trill_realloc(e->smp.token, sizeof *t * (size_t)cap) : NULL;
         if (t) e->smp.token = t;
-        float *l = t ? realloc(e->smp.lp, sizeof *l * (size_t)cap) : NULL;
+        float *l = t ? trill_realloc(e->smp.lp, sizeof *l * (size_t)cap) : NULL;
         if (!l) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         e->smp.lp = l;
         e->smp.cap = cap;

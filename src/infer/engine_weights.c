@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "arch/family.h"
+#include "base/alloc.h"
 #include "infer/engine_internal.h"
 #include "trill/kernels.h"
 
@@ -17,7 +18,7 @@ static trill_status make_matrix(gen_matrix *g, trill_gen_format f, const trill_w
     if (n_parts == 1) return gen_matrix_create(g, f, parts[0].f32, parts[0].bf16, N, K);
     const bool half = parts[0].bf16 != NULL;
     const size_t elem = half ? sizeof(uint16_t) : sizeof(float);
-    char *buf = malloc((size_t)N * K * elem), *at = buf;
+    char *buf = trill_malloc((size_t)N * K * elem), *at = buf;
     if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory converting weights");
     for (int i = 0; i < n_parts; i++) {
         memcpy(at, half ? (const void *)parts[i].bf16 : (const void *)parts[i].f32, (size_t)rows[i] * K * elem);
@@ -29,7 +30,7 @@ static trill_status make_matrix(gen_matrix *g, trill_gen_format f, const trill_w
 }
 
 static float *copy_floats(const float *src, size_t n) {
-    float *p = malloc(n * sizeof(float));
+    float *p = trill_malloc(n * sizeof(float));
     if (p) memcpy(p, src, n * sizeof(float));
     return p;
 }
@@ -40,7 +41,7 @@ trill_status eng_for_each_matrix(const trill_config *c, const trill_param *t, si
                                  trill_status (*fn)(void *ctx, const eng_group *g), void *ctx) {
     const int E = c->num_experts > 0 ? c->num_experts : 0;
     const size_t n_keys = (size_t)(E + 1) * 3 * ENG_MAX_PARTS; /* (expert + 1, fusion, part) */
-    int *part_at = malloc(n_keys * sizeof(int));
+    int *part_at = trill_malloc(n_keys * sizeof(int));
     if (!part_at) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = TRILL_OK;
     bool has_head = false;
@@ -109,7 +110,7 @@ static trill_status build_matrix(void *ctx, const eng_group *g) {
     eng_layer *L = g->layer >= 0 ? &b->w->layers[g->layer] : &b->w->global;
     gen_matrix *dst = &L->m[g->role];
     if (g->expert >= 0) {
-        if (!L->experts[g->role] && !(L->experts[g->role] = calloc((size_t)c->num_experts, sizeof(gen_matrix))))
+        if (!L->experts[g->role] && !(L->experts[g->role] = trill_calloc((size_t)c->num_experts, sizeof(gen_matrix))))
             return trill_error(TRILL_ERR_NOMEM, "out of memory");
         dst = &L->experts[g->role][g->expert];
     }
@@ -130,14 +131,14 @@ static trill_status build_matrix(void *ctx, const eng_group *g) {
 }
 
 static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_gen_format f, const trill_model *m) {
-    if (!(w->layers = calloc((size_t)c->num_hidden_layers, sizeof *w->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!(w->layers = trill_calloc((size_t)c->num_hidden_layers, sizeof *w->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < m->n_tensors; i++) { /* vectors: fp32 copies; the embedding: a table in the format's dtype */
         const trill_param *p = &m->tensors[i];
         if (p->kind == TRILL_TENSOR_EMBEDDING) {
             if (f == TRILL_GEN_F32) {
-                if ((w->embed_f32 = malloc(p->numel * sizeof(float))) && p->data) memcpy(w->embed_f32, p->data, p->numel * sizeof(float));
+                if ((w->embed_f32 = trill_malloc(p->numel * sizeof(float))) && p->data) memcpy(w->embed_f32, p->data, p->numel * sizeof(float));
                 else if (w->embed_f32) bf16_widen(w->embed_f32, p->bf16, p->numel);
-            } else if ((w->embed_bf16 = malloc(p->numel * sizeof(uint16_t)))) {
+            } else if ((w->embed_bf16 = trill_malloc(p->numel * sizeof(uint16_t)))) {
                 if (p->bf16) memcpy(w->embed_bf16, p->bf16, p->numel * sizeof(uint16_t));
                 else trill_from_f32(w->embed_bf16, p->data, TRILL_BF16, p->numel);
             }
@@ -156,7 +157,7 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
 
 /* m's weights in `format`: m must have this engine's architecture. */
 trill_status eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out) {
-    eng_weights *w = calloc(1, sizeof *w);
+    eng_weights *w = trill_calloc(1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_weights(w, c, format, m);
     if (st) {

@@ -5,6 +5,7 @@
  * eplb.py's (see trill/eplb.h); they decide which of two equally good placements is chosen, and a
  * plan that differs from the reference in a tie is still a different plan to compare against. */
 #include "trill/eplb.h"
+#include "base/alloc.h"
 
 #include <assert.h>
 #include <math.h>
@@ -200,7 +201,7 @@ static trill_status build_log2phy(trill_eplb_plan *p, const int *phyrank) {
     int L = p->n_layers, E = p->n_logical, P = p->n_physical, R = 1;
     for (size_t i = 0; i < (size_t)L * E; i++) R = max_int(R, p->logcnt[i]);
     p->max_replicas = R;
-    p->log2phy = malloc((size_t)L * E * R * sizeof *p->log2phy);
+    p->log2phy = trill_malloc((size_t)L * E * R * sizeof *p->log2phy);
     if (!p->log2phy)
         return trill_error(TRILL_ERR_NOMEM, "eplb: out of memory for log2phy [%d][%d][%d]", L, E, R);
     for (size_t i = 0; i < (size_t)L * E * R; i++) p->log2phy[i] = -1;
@@ -225,25 +226,25 @@ trill_status trill_eplb_rebalance(const double *load, int n_layers, int n_logica
 
     int En = E / N, Pn = P / N;
     scratch s = {
-        .tpg = malloc((size_t)G * sizeof(float)),
-        .gpack = malloc((size_t)G * sizeof(int)),
-        .grank = malloc((size_t)G * sizeof(int)),
-        .mlog2log = malloc((size_t)E * sizeof(int)),
-        .wm = malloc((size_t)En * sizeof(float)),
-        .phy2mlog = malloc((size_t)Pn * sizeof(int)),
-        .phyrank = malloc((size_t)Pn * sizeof(int)),
-        .mlogcnt = malloc((size_t)En * sizeof(int)),
-        .tpp = malloc((size_t)Pn * sizeof(float)),
-        .ppack = malloc((size_t)Pn * sizeof(int)),
-        .prank = malloc((size_t)Pn * sizeof(int)),
-        .items = malloc((size_t)max_int(G, Pn) * sizeof(item)),
-        .pw = malloc((size_t)max_int(N, W / N) * sizeof(float)),
-        .pc = malloc((size_t)max_int(N, W / N) * sizeof(int)),
+        .tpg = trill_malloc((size_t)G * sizeof(float)),
+        .gpack = trill_malloc((size_t)G * sizeof(int)),
+        .grank = trill_malloc((size_t)G * sizeof(int)),
+        .mlog2log = trill_malloc((size_t)E * sizeof(int)),
+        .wm = trill_malloc((size_t)En * sizeof(float)),
+        .phy2mlog = trill_malloc((size_t)Pn * sizeof(int)),
+        .phyrank = trill_malloc((size_t)Pn * sizeof(int)),
+        .mlogcnt = trill_malloc((size_t)En * sizeof(int)),
+        .tpp = trill_malloc((size_t)Pn * sizeof(float)),
+        .ppack = trill_malloc((size_t)Pn * sizeof(int)),
+        .prank = trill_malloc((size_t)Pn * sizeof(int)),
+        .items = trill_malloc((size_t)max_int(G, Pn) * sizeof(item)),
+        .pw = trill_malloc((size_t)max_int(N, W / N) * sizeof(float)),
+        .pc = trill_malloc((size_t)max_int(N, W / N) * sizeof(int)),
     };
-    float *w = malloc((size_t)E * sizeof *w);
-    int *phyrank = malloc((size_t)L * P * sizeof *phyrank);
-    out->phy2log = malloc((size_t)L * P * sizeof *out->phy2log);
-    out->logcnt = malloc((size_t)L * E * sizeof *out->logcnt);
+    float *w = trill_malloc((size_t)E * sizeof *w);
+    int *phyrank = trill_malloc((size_t)L * P * sizeof *phyrank);
+    out->phy2log = trill_malloc((size_t)L * P * sizeof *out->phy2log);
+    out->logcnt = trill_malloc((size_t)L * E * sizeof *out->logcnt);
     if (!s.tpg || !s.gpack || !s.grank || !s.mlog2log || !s.wm || !s.phy2mlog || !s.phyrank || !s.mlogcnt ||
         !s.tpp || !s.ppack || !s.prank || !s.items || !s.pw || !s.pc || !w || !phyrank || !out->phy2log ||
         !out->logcnt) {
@@ -272,9 +273,9 @@ trill_status trill_eplb_identity(int n_layers, int n_logical, trill_eplb_plan *o
     if (n_layers < 1) return trill_error(TRILL_ERR_INVALID, "eplb: n_layers = %d: expected at least 1 MoE layer", n_layers);
     if (n_logical < 1) return trill_error(TRILL_ERR_INVALID, "eplb: n_logical = %d: expected at least 1 expert", n_logical);
     size_t n = (size_t)n_layers * n_logical;
-    out->phy2log = malloc(n * sizeof *out->phy2log);
-    out->log2phy = malloc(n * sizeof *out->log2phy);
-    out->logcnt = malloc(n * sizeof *out->logcnt);
+    out->phy2log = trill_malloc(n * sizeof *out->phy2log);
+    out->log2phy = trill_malloc(n * sizeof *out->log2phy);
+    out->logcnt = trill_malloc(n * sizeof *out->logcnt);
     if (!out->phy2log || !out->log2phy || !out->logcnt) {
         trill_eplb_plan_free(out);
         return trill_error(TRILL_ERR_NOMEM, "eplb: out of memory for an identity plan of %d layers x %d experts",
@@ -338,10 +339,10 @@ trill_status trill_eplb_window_create(int n_layers, int n_logical, int window, t
     if (window < 1)
         return trill_error(TRILL_ERR_INVALID, "eplb window: window = %d: expected at least 1 step", window);
     size_t n = (size_t)n_layers * n_logical;
-    trill_eplb_window *w = calloc(1, sizeof *w);
+    trill_eplb_window *w = trill_calloc(1, sizeof *w);
     if (w) {
-        w->ring = calloc((size_t)window * n, sizeof *w->ring);
-        w->sum = calloc(n, sizeof *w->sum);
+        w->ring = trill_calloc((size_t)window * n, sizeof *w->ring);
+        w->sum = trill_calloc(n, sizeof *w->sum);
     }
     if (!w || !w->ring || !w->sum) {
         trill_eplb_window_free(w);

@@ -8,6 +8,7 @@
  * accumulation order of each output is the same sequential walk over K whatever the tile: that
  * is the batch invariance the generator promises. */
 #include "infer/gemm.h"
+#include "base/alloc.h"
 
 #include <assert.h>
 #include <math.h>
@@ -180,7 +181,7 @@ static float int8_row(uint8_t *dst, const float *src, int K, int padded, int off
 /* ---- packing ---- */
 
 static void *alloc64(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    void *p = trill_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (p) memset(p, 0, (bytes + 63) & ~(size_t)63);
     return p;
 }
@@ -210,7 +211,7 @@ trill_status gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *s
         m->scale = alloc64((size_t)nb * LANES * sizeof(float));
         m->wsum = alloc64((size_t)nb * LANES * sizeof(int32_t));
     }
-    float *row = malloc(sizeof(float) * (size_t)K);
+    float *row = trill_malloc(sizeof(float) * (size_t)K);
     if (!m->data || !row || (f == TRILL_GEN_INT8 && (!m->scale || !m->wsum))) {
         free(row);
         gen_matrix_free(m);

@@ -1,4 +1,5 @@
 #include "infer/kvcache.h"
+#include "base/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +17,8 @@ trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_l
     for (int l = 0; l < n_layers; l++)
         if (shape[l].k_width < 0 || shape[l].v_width < 0)
             return trill_error(TRILL_ERR_INVALID, "KV cache: layer %d asks for widths %d and %d", l, shape[l].k_width, shape[l].v_width);
-    kv->shape = malloc(sizeof *kv->shape * (size_t)n_layers);
-    kv->layer_offset = malloc(sizeof *kv->layer_offset * (size_t)n_layers);
+    kv->shape = trill_malloc(sizeof *kv->shape * (size_t)n_layers);
+    kv->layer_offset = trill_malloc(sizeof *kv->layer_offset * (size_t)n_layers);
     if (kv->shape && kv->layer_offset) {
         memcpy(kv->shape, shape, sizeof *kv->shape * (size_t)n_layers);
         for (int l = 0; l < n_layers; l++) {
@@ -26,9 +27,9 @@ trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_l
         }
     }
     const size_t per = kv->block_bytes;
-    kv->data = malloc(per * (size_t)n_blocks);
-    kv->refcount = calloc((size_t)n_blocks, sizeof(int));
-    kv->free_list = malloc(sizeof(int) * (size_t)n_blocks);
+    kv->data = trill_malloc(per * (size_t)n_blocks);
+    kv->refcount = trill_calloc((size_t)n_blocks, sizeof(int));
+    kv->free_list = trill_malloc(sizeof(int) * (size_t)n_blocks);
     if (!kv->shape || !kv->layer_offset || !kv->data || !kv->refcount || !kv->free_list) {
         kv_cache_free(kv);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for a KV cache of %d blocks (%.2f GB)", n_blocks, per * (double)n_blocks * 1e-9);
@@ -64,7 +65,7 @@ static int table_grow(kv_table *t, int n) {
     if (n <= t->cap) return 0;
     int cap = t->cap ? t->cap : 8;
     while (cap < n) cap *= 2;
-    int *b = realloc(t->blocks, sizeof(int) * (size_t)cap);
+    int *b = trill_realloc(t->blocks, sizeof(int) * (size_t)cap);
     if (!b) return -1;
     t->blocks = b;
     t->cap = cap;

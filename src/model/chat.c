@@ -1,4 +1,5 @@
 #include "trill/chat.h"
+#include "base/alloc.h"
 #include "model/chat_json.h"
 
 #include <stdint.h>
@@ -58,7 +59,7 @@ trill_status trill_chat_template_load(const char *dir, trill_chat_template **out
         if (found < 0) {
             st = trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"chat_template\": template %016llx is not one trill renders (known: Qwen3, DeepSeek-V3)",
                              path, (unsigned long long)h);
-        } else if (!(t = calloc(1, sizeof *t)) || !(t->bos_token = strdup(json_is_string(bos) ? json_string_value(bos) : ""))) {
+        } else if (!(t = trill_calloc(1, sizeof *t)) || !(t->bos_token = trill_strdup(json_is_string(bos) ? json_string_value(bos) : ""))) {
             st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         } else {
             t->fam = KNOWN[found].fam;
@@ -79,7 +80,7 @@ static void put_n(sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = (b->n + n + 1) * 2;
-        char *g = realloc(b->s, cap);
+        char *g = trill_realloc(b->s, cap);
         if (!g) { b->oom = true; return; }
         b->s = g;
         b->cap = cap;
@@ -222,7 +223,7 @@ trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *
     const json_t *msgs = json_object_get(conv, "messages");
     if (!json_is_array(msgs)) return trill_error(TRILL_ERR_INVALID, "chat: field \"messages\": expected a list");
     size_t n = json_array_size(msgs);
-    trill_chat_message *m = calloc(n + 1, sizeof *m);
+    trill_chat_message *m = trill_calloc(n + 1, sizeof *m);
     if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = TRILL_OK;
     for (size_t i = 0; i < n && !st; i++) {

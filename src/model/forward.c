@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "arch/family.h"
+#include "base/alloc.h"
 #include "forward_internal.h"
 #include "trill/kernels.h"
 
@@ -25,13 +26,13 @@ static void assign(trill_forward_pass *fp, trill_plan *p) {
 }
 
 static trill_status pass_alloc(const trill_model *m, int T, bool training, bool recompute, trill_forward_pass **out) {
-    trill_forward_pass *fp = calloc(1, sizeof *fp);
+    trill_forward_pass *fp = trill_calloc(1, sizeof *fp);
     if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     *fp = (trill_forward_pass){ .m = m, .f = trill_family_layers_of(&m->config), .T = T, .training = training,
                                 .recompute = training && recompute, .lora = m->lora && m->lora->enabled ? m->lora : NULL };
     trill_plan p = { 0 };
     assign(fp, &p);
-    if (!(p.base = fp->block = malloc(p.used))) {
+    if (!(p.base = fp->block = trill_malloc(p.used))) {
         free(fp);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the activations of %d tokens (%.2f GB)", T, p.used * 1e-9);
     }
@@ -119,7 +120,7 @@ void trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, i
 
 static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs) {
     const int T = fp->T, V = fp->m->config.vocab_size;
-    float *logits = malloc(sizeof(float) * LOGIT_CHUNK * (size_t)V);
+    float *logits = trill_malloc(sizeof(float) * LOGIT_CHUNK * (size_t)V);
     if (!logits) return trill_error(TRILL_ERR_NOMEM, "out of memory for logits");
     for (int s = 0; s < fp->n_seqs; s++)
         if (fp->offsets[s + 1] > fp->offsets[s]) logprobs[fp->offsets[s]] = NAN;

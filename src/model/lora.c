@@ -1,4 +1,5 @@
 #include "trill/lora.h"
+#include "base/alloc.h"
 
 #include "arch/family.h"
 
@@ -130,20 +131,20 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, tril
         return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head: this is a sequence classifier (score head), it has no lm_head");
     if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->tie_word_embeddings)
         return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head is tied to the embeddings in this model; adapting it is not supported");
-    trill_lora *lora = calloc(1, sizeof *lora);
+    trill_lora *lora = trill_calloc(1, sizeof *lora);
     if (!lora) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     lora->config = cfg;
     lora->scale = (float)(cfg.use_rslora ? cfg.alpha / sqrt(cfg.rank) : cfg.alpha / cfg.rank);
     lora->enabled = true;
-    lora->layers = calloc((size_t)c->num_hidden_layers, sizeof *lora->layers);
+    lora->layers = trill_calloc((size_t)c->num_hidden_layers, sizeof *lora->layers);
     if (!lora->layers) { trill_lora_free(lora); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     walk w = { .lora = lora, .m = m };
     walk_layout(&w); /* count */
     lora->n_params = w.offset;
     lora->n_tensors = w.n;
-    lora->params = calloc(w.offset ? w.offset : 1, sizeof(float));
-    lora->tensors = calloc(w.n ? w.n : 1, sizeof *lora->tensors);
-    lora->expert_pairs = calloc(w.next_experts ? w.next_experts : 1, sizeof *lora->expert_pairs);
+    lora->params = trill_calloc(w.offset ? w.offset : 1, sizeof(float));
+    lora->tensors = trill_calloc(w.n ? w.n : 1, sizeof *lora->tensors);
+    lora->expert_pairs = trill_calloc(w.next_experts ? w.next_experts : 1, sizeof *lora->expert_pairs);
     if (!lora->params || !lora->tensors || !lora->expert_pairs) {
         trill_lora_free(lora);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu adapter values", w.offset);
@@ -176,7 +177,7 @@ void trill_model_attach_lora(trill_model *m, trill_lora *lora) { m->lora = lora;
 trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
-    trill_tensor_out *outs = calloc(lora->n_tensors + 1, sizeof *outs);
+    trill_tensor_out *outs = trill_calloc(lora->n_tensors + 1, sizeof *outs);
     if (!outs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t t = 0; t < lora->n_tensors; t++) {
         const trill_param *p = &lora->tensors[t];
@@ -263,7 +264,7 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
 static trill_status merge_pair(const trill_lora *lora, const trill_param *A, const trill_param *B, float *W) {
     const int r = lora->config.rank, in = (int)A->shape[1], out = (int)B->shape[0];
     /* W[out, in] += scale * B[out, r] @ A[r, in]: a matmul with A^T as the weight */
-    float *At = malloc(sizeof(float) * (size_t)in * r), *delta = malloc(sizeof(float) * (size_t)out * in);
+    float *At = trill_malloc(sizeof(float) * (size_t)in * r), *delta = trill_malloc(sizeof(float) * (size_t)out * in);
     if (!At || !delta) {
         free(At);
         free(delta);

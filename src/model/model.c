@@ -1,4 +1,5 @@
 #include "model/config_json.h"
+#include "base/alloc.h"
 #include "trill/model.h"
 #include "model/tokenizer_json.h"
 #include "trill/tokenizer.h"
@@ -55,21 +56,21 @@ static void walk_layout(layout *L) {
 trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
     if (storage != TRILL_F32 && storage != TRILL_BF16)
         return trill_error(TRILL_ERR_INVALID, "model storage must be F32 or BF16, not %s", trill_dtype_name(storage));
-    trill_model *m = calloc(1, sizeof *m);
+    trill_model *m = trill_calloc(1, sizeof *m);
     if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     m->config = *config;
     m->checkpoint_dtype = TRILL_F32;
     m->storage = storage;
-    m->layers = calloc((size_t)config->num_hidden_layers, sizeof *m->layers);
+    m->layers = trill_calloc((size_t)config->num_hidden_layers, sizeof *m->layers);
     layout L = { .m = m };
     if (m->layers) walk_layout(&L); /* count only */
     m->n_f32 = L.n32;
     m->n_bf16 = L.n16;
     m->n_params = L.n32 + L.n16;
     m->n_tensors = L.n;
-    m->params = calloc(m->n_f32 ? m->n_f32 : 1, sizeof(float));
-    m->params_bf16 = storage == TRILL_BF16 ? calloc(m->n_bf16 ? m->n_bf16 : 1, sizeof(uint16_t)) : NULL;
-    m->tensors = calloc(m->n_tensors, sizeof *m->tensors);
+    m->params = trill_calloc(m->n_f32 ? m->n_f32 : 1, sizeof(float));
+    m->params_bf16 = storage == TRILL_BF16 ? trill_calloc(m->n_bf16 ? m->n_bf16 : 1, sizeof(uint16_t)) : NULL;
+    m->tensors = trill_calloc(m->n_tensors, sizeof *m->tensors);
     if (!m->layers || !m->params || !m->tensors || (storage == TRILL_BF16 && !m->params_bf16)) {
         trill_model_free(m);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu parameters (%.1f GB)", L.n32 + L.n16,
@@ -151,7 +152,7 @@ static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, cons
     m->checkpoint_dtype = first_dtype;
 
     /* and nothing else: an unexpected tensor means the config and weights disagree */
-    const trill_param **sorted = malloc(m->n_tensors * sizeof *sorted);
+    const trill_param **sorted = trill_malloc(m->n_tensors * sizeof *sorted);
     if (!sorted) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t t = 0; t < m->n_tensors; t++) sorted[t] = &m->tensors[t];
     qsort(sorted, m->n_tensors, sizeof *sorted, cmp_param_name);
@@ -204,7 +205,7 @@ trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_m
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes) {
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
-    trill_tensor_out *outs = calloc(m->n_tensors, sizeof *outs);
+    trill_tensor_out *outs = trill_calloc(m->n_tensors, sizeof *outs);
     if (!outs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t t = 0; t < m->n_tensors; t++) {
         const trill_param *p = &m->tensors[t];

@@ -1,4 +1,5 @@
 #include "trill/safetensors.h"
+#include "base/alloc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -87,7 +88,7 @@ static trill_status parse_entry(const char *path, const char *name, const json_t
 
 /* Tensors must tile the data section exactly: sorted by offset, each starts where the last ended. */
 static trill_status check_tiling(trill_st_file *f, const unsigned char *data, size_t data_len) {
-    const trill_tensor_view **order = malloc((f->n ? f->n : 1) * sizeof *order);
+    const trill_tensor_view **order = trill_malloc((f->n ? f->n : 1) * sizeof *order);
     if (!order) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < f->n; i++) order[i] = &f->tensors[i];
     qsort(order, f->n, sizeof *order, cmp_view_ptr_offset);
@@ -131,7 +132,7 @@ static trill_status parse_header(trill_st_file *f, const unsigned char *bytes, s
     const unsigned char *data = bytes + 8 + hlen;
     size_t data_len = len - 8 - hlen;
     size_t n_entries = json_object_size(f->header);
-    f->tensors = calloc(n_entries ? n_entries : 1, sizeof *f->tensors);
+    f->tensors = trill_calloc(n_entries ? n_entries : 1, sizeof *f->tensors);
     if (!f->tensors) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory", f->path);
     const char *name;
     json_t *entry;
@@ -150,8 +151,8 @@ static trill_status parse_header(trill_st_file *f, const unsigned char *bytes, s
 }
 
 trill_status trill_st_parse(const char *path, const void *bytes, size_t len, trill_st_file **out) {
-    trill_st_file *f = calloc(1, sizeof *f);
-    if (!f || !(f->path = strdup(path))) {
+    trill_st_file *f = trill_calloc(1, sizeof *f);
+    if (!f || !(f->path = trill_strdup(path))) {
         free(f);
         return trill_error(TRILL_ERR_NOMEM, "%s: out of memory", path);
     }
@@ -226,7 +227,7 @@ void trill_checkpoint_close(trill_checkpoint *ck) {
 }
 
 static trill_status add_file(trill_checkpoint *ck, const char *path) {
-    trill_st_file **grown = realloc(ck->files, (ck->n_files + 1) * sizeof *grown);
+    trill_st_file **grown = trill_realloc(ck->files, (ck->n_files + 1) * sizeof *grown);
     if (!grown) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory", path);
     ck->files = grown;
     trill_status st = trill_st_open(path, &ck->files[ck->n_files]);
@@ -294,7 +295,7 @@ static trill_status open_sharded(trill_checkpoint *ck, const char *dir, const ch
 }
 
 trill_status trill_checkpoint_open(const char *dir, trill_checkpoint **out) {
-    trill_checkpoint *ck = calloc(1, sizeof *ck);
+    trill_checkpoint *ck = trill_calloc(1, sizeof *ck);
     char *index_path = trill_path_join(dir, INDEX_NAME);
     char *single_path = trill_path_join(dir, SINGLE_NAME);
     trill_status st = TRILL_OK;
@@ -307,7 +308,7 @@ trill_status trill_checkpoint_open(const char *dir, trill_checkpoint **out) {
 
     if (!st) {
         for (size_t i = 0; i < ck->n_files; i++) ck->n += ck->files[i]->n;
-        ck->index = malloc((ck->n ? ck->n : 1) * sizeof *ck->index);
+        ck->index = trill_malloc((ck->n ? ck->n : 1) * sizeof *ck->index);
         if (!ck->index) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
     if (!st) {
@@ -344,8 +345,8 @@ static trill_status write_tensor_data(trill_atomic_file *af, const trill_tensor_
     size_t numel = trill_tensor_out_numel(t);
     if (t->src_dtype == dtype) return trill_atomic_write(af, t->data, numel * trill_dtype_size(dtype));
     enum { CHUNK = 1 << 16 };
-    float *wide = malloc(CHUNK * sizeof(float));
-    unsigned char *narrow = malloc(CHUNK * 4);
+    float *wide = trill_malloc(CHUNK * sizeof(float));
+    unsigned char *narrow = trill_malloc(CHUNK * 4);
     trill_status st = (wide && narrow) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     const unsigned char *src = t->data;
     for (size_t i = 0; i < numel && !st; i += CHUNK) {
@@ -444,7 +445,7 @@ trill_status trill_checkpoint_write(const char *dir, const trill_tensor_out *ten
         }
     } else {
         /* Greedy split in order: a shard closes when the next tensor would overflow it. */
-        size_t *first = malloc((n + 1) * sizeof *first), n_shards = 0, bytes = 0;
+        size_t *first = trill_malloc((n + 1) * sizeof *first), n_shards = 0, bytes = 0;
         if (!first) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (size_t i = 0; !st && i < n; i++) {
             size_t b = trill_tensor_out_numel(&tensors[i]) * trill_dtype_size(dtype);

@@ -1,4 +1,5 @@
 #include "trill/tokenizer.h"
+#include "base/alloc.h"
 #include "model/tokenizer_json.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -20,7 +21,7 @@ typedef struct ivec { int *v; size_t n, cap; } ivec;
 static int ivec_push(ivec *a, int x) {
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 64;
-        int *g = realloc(a->v, cap * sizeof *g);
+        int *g = trill_realloc(a->v, cap * sizeof *g);
         if (!g) return -1;
         a->v = g;
         a->cap = cap;
@@ -220,11 +221,11 @@ static trill_status set_token(trill_tokenizer *t, const char *what, const char *
     if (id < 0 || id >= (1 << 24)) return trill_error(TRILL_ERR_INVALID, "%s: token \"%s\": id %lld out of range [0, 2^24)", what, s, (long long)id);
     if (id >= t->id_cap) { /* geometric growth: vocabularies arrive in id order */
         size_t cap = (size_t)id + 1 > 2 * (size_t)t->id_cap ? (size_t)id + 1 : 2 * (size_t)t->id_cap;
-        const char **ns = realloc(t->id_str, cap * sizeof *ns);
+        const char **ns = trill_realloc(t->id_str, cap * sizeof *ns);
         if (ns) t->id_str = ns;
-        size_t *nl = realloc(t->id_len, cap * sizeof *nl);
+        size_t *nl = trill_realloc(t->id_len, cap * sizeof *nl);
         if (nl) t->id_len = nl;
-        bool *nsp = realloc(t->id_special, cap * sizeof *nsp);
+        bool *nsp = trill_realloc(t->id_special, cap * sizeof *nsp);
         if (nsp) t->id_special = nsp;
         if (!ns || !nl || !nsp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         t->id_cap = (int)cap;
@@ -338,7 +339,7 @@ static int cmp_added(const void *x, const void *y) {
 static trill_status load_added(trill_tokenizer *t, const json_t *list, const char *what) {
     if (!list || json_is_null(list)) return TRILL_OK;
     if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: field \"added_tokens\": expected a list", what);
-    t->added = calloc(json_array_size(list) + 1, sizeof *t->added);
+    t->added = trill_calloc(json_array_size(list) + 1, sizeof *t->added);
     if (!t->added) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t i;
     const json_t *a;
@@ -425,7 +426,7 @@ static trill_status load_decoder(trill_tokenizer *t, const json_t *d, const char
 
 trill_status trill_tokenizer_from_json(const json_t *root, const char *what, trill_tokenizer **out) {
     if (!json_is_object(root)) return trill_error(TRILL_ERR_INVALID, "%s: expected a JSON object", what);
-    trill_tokenizer *t = calloc(1, sizeof *t);
+    trill_tokenizer *t = trill_calloc(1, sizeof *t);
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->root = json_incref((json_t *)root);
     build_byte_map(t);
@@ -473,7 +474,7 @@ static int spans_push(spans *s, size_t start, size_t end) {
     if (start == end) return 0; /* empty pieces vanish, as in HF */
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 32;
-        span *g = realloc(s->v, cap * sizeof *g);
+        span *g = trill_realloc(s->v, cap * sizeof *g);
         if (!g) return -1;
         s->v = g;
         s->cap = cap;
@@ -506,7 +507,7 @@ static int split_piece(const pre_step *p, const char *text, span piece, pcre2_ma
         }
         if (n + 2 > cap) {
             cap = cap ? cap * 2 : 16;
-            seg *g = realloc(segs, cap * sizeof *g);
+            seg *g = trill_realloc(segs, cap * sizeof *g);
             if (!g) { free(segs); return -1; }
             segs = g;
         }
@@ -515,7 +516,7 @@ static int split_piece(const pre_step *p, const char *text, span piece, pcre2_ma
         prev = at = me;
     }
     if (prev < piece.end) {
-        seg *g = realloc(segs, (n + 1) * sizeof *g);
+        seg *g = trill_realloc(segs, (n + 1) * sizeof *g);
         if (!g) { free(segs); return -1; }
         segs = g;
         segs[n++] = (seg){ prev, piece.end, false };
@@ -637,7 +638,7 @@ static int bpe_short(const trill_tokenizer *t, int *ids, size_t n, ivec *out) {
  * unbroken word (base64, a run of CJK) cannot stall encode. */
 static int bpe_long(const trill_tokenizer *t, const int *first_ids, size_t n, ivec *out) {
     /* the heap starts with n-1 pairs; each merge pops one and pushes <= 2: never above 2n */
-    unsigned char *block = malloc(n * (3 * sizeof(int) + 2 * sizeof(bpe_pair)));
+    unsigned char *block = trill_malloc(n * (3 * sizeof(int) + 2 * sizeof(bpe_pair)));
     if (!block) return -1;
     bpe_pair *heap = (bpe_pair *)block;
     int *ids = (int *)(heap + 2 * n), *prev = ids + n, *next = prev + n;
@@ -669,7 +670,7 @@ static int bpe_long(const trill_tokenizer *t, const int *first_ids, size_t n, iv
 static int bpe(const trill_tokenizer *t, const unsigned char *s, size_t n, ivec *out) {
     if (n == 0) return 0;
     if (t->ignore_merges) {
-        char *mapped = calloc(n * 2 + 1, 1);
+        char *mapped = trill_calloc(n * 2 + 1, 1);
         if (!mapped) return -1;
         size_t m = 0;
         for (size_t i = 0; i < n; i++) m += (size_t)trill_utf8_encode(t->byte_cp[s[i]], mapped + m);
@@ -677,7 +678,7 @@ static int bpe(const trill_tokenizer *t, const unsigned char *s, size_t n, ivec 
         free(mapped);
         if (id >= 0) return ivec_push(out, id);
     }
-    int stack_ids[SHORT_WORD], *ids = n <= SHORT_WORD ? stack_ids : malloc(n * sizeof *ids);
+    int stack_ids[SHORT_WORD], *ids = n <= SHORT_WORD ? stack_ids : trill_malloc(n * sizeof *ids);
     if (!ids) return -1;
     for (size_t i = 0; i < n; i++) ids[i] = t->byte_id[s[i]];
     int err = n <= SHORT_WORD ? bpe_short(t, ids, n, out) : bpe_long(t, ids, n, out);
@@ -697,7 +698,7 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
         if (!p->re) { /* ByteLevel add_prefix_space: rebuild the text with ' ' before pieces that lack it */
             size_t extra = 0;
             for (size_t k = 0; k < cur.n; k++) extra += text[cur.v[k].start] != ' ';
-            char *nb = malloc(len + extra + 1);
+            char *nb = trill_malloc(len + extra + 1);
             if (!nb) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
             size_t o = 0;
             for (size_t k = 0; k < cur.n; k++) {
@@ -740,7 +741,7 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
 }
 
 static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len) {
-    char *cur = malloc(n + 1);
+    char *cur = trill_malloc(n + 1);
     if (!cur) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     memcpy(cur, s, n);
     cur[n] = '\0';
@@ -837,7 +838,7 @@ trill_status trill_tokenizer_encode(const trill_tokenizer *t, const char *text, 
     if (!st && add_special_tokens)
         for (size_t i = 0; i < t->suffix.n && !st; i++)
             if (ivec_push(&out, t->suffix.v[i])) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st && !out.v && !(out.v = malloc(sizeof(int)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !out.v && !(out.v = trill_malloc(sizeof(int)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     pcre2_match_data_free(md);
     free(clean);
     if (st) { free(out.v); return st; }
@@ -856,7 +857,7 @@ trill_status trill_tokenizer_decode(const trill_tokenizer *t, const int *ids, si
             return trill_error(TRILL_ERR_INVALID, "position %zu: token id %d is not in the vocabulary", i, ids[i]);
         total += t->id_len[ids[i]] + 1;
     }
-    char *raw = malloc(total);
+    char *raw = trill_malloc(total);
     if (!raw) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -923,7 +924,7 @@ trill_status trill_tokenizer_decode_lenient(const trill_tokenizer *tok, const in
     trill_status st = trill_tokenizer_decode(tok, ids, (size_t)n, false, text, len);
     if (st != TRILL_ERR_INVALID) return st;
     size_t cap = 16 * (size_t)n + 1, at = 0;
-    char *out = malloc(cap);
+    char *out = trill_malloc(cap);
     if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n;) { /* runs of known ids decode together, so multi-byte characters survive */
         int j = i;
@@ -934,7 +935,7 @@ trill_status trill_tokenizer_decode_lenient(const trill_tokenizer *tok, const in
             j++;
         }
         if (j > i && trill_tokenizer_decode(tok, ids + i, (size_t)(j - i), false, &piece, &plen) == TRILL_OK) {
-            char *grown = at + plen + 24 > cap ? realloc(out, cap = 2 * (at + plen + 24)) : out;
+            char *grown = at + plen + 24 > cap ? trill_realloc(out, cap = 2 * (at + plen + 24)) : out;
             if (!grown) { free(out); free(piece); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
             out = grown;
             memcpy(out + at, piece, plen);
@@ -942,7 +943,7 @@ trill_status trill_tokenizer_decode_lenient(const trill_tokenizer *tok, const in
             free(piece);
         }
         if (j < n) {
-            char *grown = at + 24 > cap ? realloc(out, cap = 2 * (at + 24)) : out;
+            char *grown = at + 24 > cap ? trill_realloc(out, cap = 2 * (at + 24)) : out;
             if (!grown) { free(out); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
             out = grown;
             at += (size_t)snprintf(out + at, cap - at, "<%d>", ids[j]);

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "run.h"
+#include "base/alloc.h"
 #include "trill/log.h"
 #include "trill/channel.h"
 #include "trill/fileio.h"
@@ -265,7 +266,7 @@ static void *generator_main(void *arg) {
             uint32_t have;
             if (need > (int64_t)as->v0 && trill_channel_wait(as->ch, (uint32_t)need, -1, &have)) break; /* closed */
         }
-        rl_rollout *ro = calloc(1, sizeof *ro);
+        rl_rollout *ro = trill_calloc(1, sizeof *ro);
         if (!ro) { fail(as, trill_error(TRILL_ERR_NOMEM, "out of memory"), "generator"); break; }
         const double t0 = trill_now();
         trill_status st = rl_stage_generate(r, k, ro, take_weights, as);
@@ -338,7 +339,7 @@ static json_t *staleness(const rl_batch *b, uint32_t v, double *mean, int *max) 
             if (lag > *max) *max = lag;
         }
     *mean = n ? sum / n : 0;
-    long *count = calloc((size_t)*max + 1, sizeof(long));
+    long *count = trill_calloc((size_t)*max + 1, sizeof(long));
     json_t *hist = json_array();
     for (int s = 0; count && s < b->n_seqs; s++)
         for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) count[v - b->version[t]]++;
@@ -349,7 +350,7 @@ static json_t *staleness(const rl_batch *b, uint32_t v, double *mean, int *max) 
 
 trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
     const trill_rl_config *c = r->c;
-    async_state *as = calloc(1, sizeof *as);
+    async_state *as = trill_calloc(1, sizeof *as);
     if (!as) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     as->r = r;
     as->k0 = r->state.data_pos / c->generator.prompts_per_step;

@@ -9,6 +9,7 @@
  * is the publisher's alone, and the mutex hand-offs before and after it order the copy against
  * every reader (pthread mutexes are full acquire/release barriers). */
 #include "trill/channel.h"
+#include "base/alloc.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -66,11 +67,11 @@ trill_status trill_channel_create(size_t n_floats, trill_weight_channel **out) {
     if (n_floats == 0 || n_floats > (SIZE_MAX - 63) / sizeof(float))
         return trill_error(TRILL_ERR_INVALID, "weight channel: size %zu floats, expected 1..%zu",
                            n_floats, (SIZE_MAX - 63) / sizeof(float));
-    trill_weight_channel *ch = calloc(1, sizeof *ch);
+    trill_weight_channel *ch = trill_calloc(1, sizeof *ch);
     if (!ch) return trill_error(TRILL_ERR_NOMEM, "weight channel: out of memory");
     size_t bytes = (n_floats * sizeof(float) + 63) & ~(size_t)63;
     for (int i = 0; i < 2; i++) {
-        ch->buf[i] = aligned_alloc(64, bytes);
+        ch->buf[i] = trill_aligned_alloc(64, bytes);
         if (!ch->buf[i]) {
             free(ch->buf[0]);
             free(ch);

@@ -1,4 +1,5 @@
 #include "checkpoint.h"
+#include "base/alloc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -51,11 +52,11 @@ static trill_status list_checkpoints(const char *dir, char ***names, int *n) {
         char tail;
         if (sscanf(e->d_name, "step-%d%c", &step, &tail) != 1 || strlen(e->d_name) != 13) continue;
         if (*n == cap) {
-            char **grown = realloc(*names, sizeof(char *) * (size_t)(cap = cap ? 2 * cap : 8));
+            char **grown = trill_realloc(*names, sizeof(char *) * (size_t)(cap = cap ? 2 * cap : 8));
             if (!grown) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
             *names = grown;
         }
-        if (!((*names)[*n] = strdup(e->d_name))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!((*names)[*n] = trill_strdup(e->d_name))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         else (*n)++;
     }
     closedir(d);
@@ -142,11 +143,11 @@ trill_status rl_model_identity(const char *model_dir, rl_identity *id) {
         size_t len = strlen(e->d_name);
         if (len < 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0) continue;
         if (n == cap) {
-            char **grown = realloc(names, sizeof *names * (size_t)(cap = cap ? 2 * cap : 8));
+            char **grown = trill_realloc(names, sizeof *names * (size_t)(cap = cap ? 2 * cap : 8));
             if (!grown) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
             names = grown;
         }
-        if (!(names[n] = strdup(e->d_name))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(names[n] = trill_strdup(e->d_name))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         else n++;
     }
     if (d) closedir(d);

@@ -6,6 +6,7 @@
  * YAML goes through libyaml's document loader, whose nodes carry their line numbers; the schema
  * walk reads the tree directly, so every error names the file, the line and the dotted key. */
 #include "trill/log.h"
+#include "base/alloc.h"
 #include "trill/rl.h"
 
 #include <errno.h>
@@ -404,7 +405,7 @@ static bool valid_utf8(const char *s) {
 }
 
 static trill_status set_string(char **field, const char *s, size_t n) {
-    char *copy = malloc(n + 1);
+    char *copy = trill_malloc(n + 1);
     if (!copy) return trill_error(TRILL_ERR_NOMEM, "out of memory for a config string");
     memcpy(copy, s, n);
     copy[n] = '\0';
@@ -739,7 +740,7 @@ static trill_status write_string(FILE *f, const key *k, const char *s) {
     if (!s) return trill_error(TRILL_ERR_INVALID, "%s: no value (the config was not initialised with trill_rl_config_defaults)", k->path);
     if (!valid_utf8(s)) return trill_error(TRILL_ERR_INVALID, "%s: the value is not valid UTF-8", k->path);
     size_t n = strlen(s);
-    char *q = malloc(4 * n + 8);
+    char *q = trill_malloc(4 * n + 8);
     if (!q) return trill_error(TRILL_ERR_NOMEM, "out of memory writing the config");
     fputs(quote(q, 4 * n + 8, s, n), f);
     free(q);

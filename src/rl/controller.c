@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "base/alloc.h"
 #include "rollout.h"
 #include "run.h"
 #include "trill/log.h"
@@ -35,16 +36,16 @@
 
 /* ---- setup ---- */
 
-static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+static char *xstrdup(const char *s) { return s ? trill_strdup(s) : NULL; }
 
 /* Where the demo's warm-started model is kept between runs: $TRILL_CACHE_DIR, else
  * $XDG_CACHE_HOME/trill, else ~/.cache/trill, else .trill-cache. */
 static char *demo_cache_dir(void) {
     const char *dir = getenv("TRILL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (dir && *dir) return strdup(dir);
+    if (dir && *dir) return trill_strdup(dir);
     if (xdg && *xdg) return trill_path_join(xdg, "trill");
     if (home && *home) return trill_path_join(home, ".cache/trill");
-    return strdup(".trill-cache");
+    return trill_strdup(".trill-cache");
 }
 
 static trill_status resolve_inputs(rl_run *r) {
@@ -99,7 +100,7 @@ static trill_status load_models(rl_run *r) {
     r->K = mc->num_experts_per_tok;
     if (c->sync.mode == TRILL_SYNC_MERGE) {
         if ((st = trill_model_load_as(r->model_dir, TRILL_STORE_F32, &r->merge_model))) return st;
-        r->merge_base = malloc(sizeof(float) * r->merge_model->n_f32);
+        r->merge_base = trill_malloc(sizeof(float) * r->merge_model->n_f32);
         if (!r->merge_base) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         memcpy(r->merge_base, r->merge_model->params, sizeof(float) * r->merge_model->n_f32);
     }
@@ -124,7 +125,7 @@ static trill_status load_models(rl_run *r) {
     r->proto.n_stop_strings = c->generator.n_stop;
     if (c->rollouts.replay[0]) return TRILL_OK; /* rewards come with the recorded batches */
     if (c->reward.external[0]) {
-        if (!(r->ext = calloc((size_t)c->reward.external_workers, sizeof(reward_process *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(r->ext = trill_calloc((size_t)c->reward.external_workers, sizeof(reward_process *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (; r->n_ext < c->reward.external_workers; r->n_ext++)
             if ((st = reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures,
                                            &r->ext[r->n_ext])))
@@ -210,11 +211,11 @@ static void *ext_worker(void *arg) {
 
 static trill_status score_external(rl_run *r, rl_batch *b, json_t *ext_metrics) {
     const int n = b->n_seqs, W = r->n_ext;
-    double *values = calloc((size_t)n, sizeof(double));
-    json_t **metrics = calloc((size_t)n, sizeof(json_t *));
-    ext_job *jobs = calloc((size_t)W, sizeof(ext_job));
-    pthread_t *threads = calloc((size_t)W, sizeof(pthread_t));
-    bool *started = calloc((size_t)W, sizeof(bool));
+    double *values = trill_calloc((size_t)n, sizeof(double));
+    json_t **metrics = trill_calloc((size_t)n, sizeof(json_t *));
+    ext_job *jobs = trill_calloc((size_t)W, sizeof(ext_job));
+    pthread_t *threads = trill_calloc((size_t)W, sizeof(pthread_t));
+    bool *started = trill_calloc((size_t)W, sizeof(bool));
     trill_status st = values && metrics && jobs && threads && started ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int w = 0; w < W && !st; w++) {
         jobs[w] = (ext_job){ .r = r, .b = b, .worker = w, .values = values, .metrics = metrics };
@@ -253,8 +254,8 @@ static trill_status score_batch(rl_run *r, rl_batch *b, json_t *ext_metrics) {
     if (r->verifier != TRILL_VERIFIER_NONE) st = check_rewards(b, "the verifier", "reward.verifier_weight", c->reward.verifier_weight, b->correct);
     if (!st && r->n_ext) st = score_external(r, b, ext_metrics);
     if (!st && r->rm) {
-        char **texts = calloc((size_t)b->n_seqs, sizeof(char *));
-        double *scores = malloc(sizeof(double) * (size_t)b->n_seqs);
+        char **texts = trill_calloc((size_t)b->n_seqs, sizeof(char *));
+        double *scores = trill_malloc(sizeof(double) * (size_t)b->n_seqs);
         if (!texts || !scores) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (int s = 0; s < b->n_seqs && !st; s++) {
             const trill_example *ex = &r->train->examples[b->example[s]];
@@ -288,9 +289,9 @@ static trill_status micro_make(const rl_batch *b, const int *seq, int n, bool re
     m->seq = seq;
     for (int i = 0; i < n; i++) m->T += b->offsets[seq[i] + 1] - b->offsets[seq[i]];
     const size_t row = (size_t)b->n_moe_layers * b->top_k;
-    m->offsets = malloc(sizeof(int) * (size_t)(n + 1));
-    m->tokens = malloc(sizeof(int) * (size_t)m->T);
-    if (replay && row) m->replay = malloc(sizeof(uint16_t) * row * (size_t)m->T);
+    m->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
+    m->tokens = trill_malloc(sizeof(int) * (size_t)m->T);
+    if (replay && row) m->replay = trill_malloc(sizeof(uint16_t) * row * (size_t)m->T);
     if (!m->offsets || !m->tokens || (replay && row && !m->replay)) { micro_free(m); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     int at = 0;
     for (int i = 0; i < n; i++) {
@@ -384,12 +385,12 @@ static void scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *sr
 
 /* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs. */
 static trill_status corrections(const trill_rl_config *c, const rl_batch *b, const micro *m, token_arrays *ta) {
-    int *off = malloc(sizeof(int) * (size_t)(m->n + 1));
+    int *off = trill_malloc(sizeof(int) * (size_t)(m->n + 1));
     if (!off) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int R = response_offsets(b, m, off);
-    float *old = malloc(sizeof(float) * (size_t)(R + 1)), *behav = malloc(sizeof(float) * (size_t)(R + 1)),
-          *w = malloc(sizeof(float) * (size_t)(R + 1));
-    uint8_t *mask = malloc((size_t)R + 1);
+    float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+          *w = trill_malloc(sizeof(float) * (size_t)(R + 1));
+    uint8_t *mask = trill_malloc((size_t)R + 1);
     trill_status st = old && behav && w && mask ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
         gather_f(b, m, ta->old_logp, old);
@@ -412,8 +413,8 @@ static trill_status pre_pass(rl_run *r, const rl_batch *b, const int *seq, int n
         const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
         micro m;
         if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
-        float *lp = malloc(sizeof(float) * (size_t)m.T);
-        uint16_t *ex = r->L ? malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        float *lp = trill_malloc(sizeof(float) * (size_t)m.T);
+        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
         if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st && want_old) {
             st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex);
@@ -460,9 +461,9 @@ static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq
         const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
         micro m;
         if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
-        float *lp = malloc(sizeof(float) * (size_t)m.T), *dlp = calloc((size_t)m.T, sizeof(float));
-        uint16_t *ex = r->L ? malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
-        int *off = malloc(sizeof(int) * (size_t)(k + 1));
+        float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_calloc((size_t)m.T, sizeof(float));
+        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        int *off = trill_malloc(sizeof(int) * (size_t)(k + 1));
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp || !off || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
@@ -472,11 +473,11 @@ static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq
             st = corrections(c, b, &m, ta);
         }
         const int R = response_offsets(b, &m, off);
-        float *g_lp = malloc(sizeof(float) * (size_t)(R + 1)), *g_old = malloc(sizeof(float) * (size_t)(R + 1)),
-              *g_behav = malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = malloc(sizeof(float) * (size_t)(R + 1)),
-              *g_w = malloc(sizeof(float) * (size_t)(R + 1)), *g_d = malloc(sizeof(float) * (size_t)(R + 1));
-        uint8_t *g_mask = malloc((size_t)R + 1);
-        double *adv = malloc(sizeof(double) * (size_t)k);
+        float *g_lp = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_old = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+              *g_behav = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+              *g_w = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_d = trill_malloc(sizeof(float) * (size_t)(R + 1));
+        uint8_t *g_mask = trill_malloc((size_t)R + 1);
+        double *adv = trill_malloc(sizeof(double) * (size_t)k);
         if (!g_lp || !g_old || !g_behav || !g_ref || !g_w || !g_d || !g_mask || !adv) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st) {
             /* the response tokens' log-probs sit at their own packed positions */
@@ -583,7 +584,7 @@ trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_s
     const int P = c->generator.prompts_per_step;
     memset(ro, 0, sizeof *ro);
     ro->index = index;
-    int *examples = malloc(sizeof(int) * (size_t)P);
+    int *examples = trill_malloc(sizeof(int) * (size_t)P);
     if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int64_t pos = index * P;
     const double t0 = trill_now();
@@ -687,12 +688,12 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
     trill_status st = c->rollouts.save ? save_rollout(r, &b, r->state.step + 1) : TRILL_OK;
     const double t_reward = trill_now();
     const size_t T = (size_t)b.offsets[b.n_seqs], row = (size_t)r->L * r->K;
-    ta.old_logp = malloc(sizeof(float) * T);
-    ta.ref_logp = c->algo.kl_coef > 0 ? malloc(sizeof(float) * T) : NULL;
-    ta.tis = malloc(sizeof(float) * T);
-    ta.mask = calloc(T, 1);
-    ta.train_experts = row ? malloc(sizeof(uint16_t) * T * row) : NULL;
-    kept = malloc(sizeof(int) * (size_t)b.n_seqs);
+    ta.old_logp = trill_malloc(sizeof(float) * T);
+    ta.ref_logp = c->algo.kl_coef > 0 ? trill_malloc(sizeof(float) * T) : NULL;
+    ta.tis = trill_malloc(sizeof(float) * T);
+    ta.mask = trill_calloc(T, 1);
+    ta.train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
+    kept = trill_malloc(sizeof(int) * (size_t)b.n_seqs);
     if (!st && (!ta.old_logp || (c->algo.kl_coef > 0 && !ta.ref_logp) || !ta.tis || !ta.mask || (row && !ta.train_experts) || !kept))
         st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < T * row; i++) ta.train_experts[i] = TRILL_REPLAY_NONE;
@@ -747,8 +748,8 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
         /* mismatch and routing over the trained sequences' response tokens */
         long R = 0;
         for (int i = 0; i < n_kept; i++) R += rl_response_len(&b, kept[i]);
-        float *old = malloc(sizeof(float) * (size_t)(R + 1)), *behav = malloc(sizeof(float) * (size_t)(R + 1));
-        uint16_t *ge = row ? malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL, *te = row ? malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
+        float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1));
+        uint16_t *ge = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL, *te = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
         double tis_sum = 0, tis_capped = 0;
         long j = 0, masked = 0;
         if (!old || !behav || (row && (!ge || !te))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -771,7 +772,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
         if (!st) {
             rl_mismatch mm;
             rl_mismatch_measure(old, behav, (size_t)R, &mm);
-            double token_flip = 0, *layer_flip = calloc((size_t)r->L + 1, sizeof(double));
+            double token_flip = 0, *layer_flip = trill_calloc((size_t)r->L + 1, sizeof(double));
             if (row && R) rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, layer_flip);
             json_t *lf = json_array();
             for (int l = 0; l < r->L; l++) json_array_append_new(lf, jnum(layer_flip ? layer_flip[l] : NAN));
@@ -943,7 +944,7 @@ static trill_status start_state(rl_run *r, char **ckpt) {
         if (!st && !*ckpt && skipped)
             return trill_error(TRILL_ERR_INVALID, "run_dir %s: none of its %d checkpoints is complete (see above)", c->run_dir, skipped);
     } else if (c->resume[0]) {
-        if (!(*ckpt = strdup(c->resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(*ckpt = trill_strdup(c->resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         st = rl_checkpoint_verify(*ckpt);
     } else {
         char *latest = NULL;
@@ -985,7 +986,7 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
     if (st) return st;
     r->lora->enabled = true;
     trill_model_attach_lora(r->policy, r->lora);
-    if (!(r->lora_grads = malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!(r->lora_grads = trill_malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     double ms;
     size_t bytes;
     return rl_sync_direct(r, &ms, &bytes); /* the generator serves the policy being trained */

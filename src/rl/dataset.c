@@ -1,4 +1,5 @@
 #include "trill/dataset.h"
+#include "base/alloc.h"
 #include "rl/dataset_internal.h"
 
 #include <errno.h>
@@ -17,7 +18,7 @@ static int sbuf_add(sbuf *b, const char *p, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->len + n + 1) cap *= 2;
-        char *s = realloc(b->s, cap);
+        char *s = trill_realloc(b->s, cap);
         if (!s) return -1;
         b->s = s;
         b->cap = cap;
@@ -94,7 +95,7 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     else if (!opt->allow_missing_answer)
         st = trill_error(TRILL_ERR_INVALID, "%s: no answer field \"%s\" (the verifier's ground truth; set data.answer_field, or "
                          "data.allow_missing_answer: true when only a reward process or model scores)", what, opt->answer_field);
-    if (!st && !(e->answer = strdup(answer))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !(e->answer = trill_strdup(answer))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t n = 0;
     bool chat = strcmp(opt->template_, "chat") == 0; /* the rendered template holds its special tokens */
     if (!st) st = trill_tokenizer_encode(tok, e->prompt, strlen(e->prompt), !chat, &e->ids, &n);
@@ -121,8 +122,8 @@ trill_status trill_dataset_load(const char *path, const trill_tokenizer *tok, co
         fclose(f);
         return trill_error(TRILL_ERR_IO, "%s: is a directory, expected a JSONL file", path);
     }
-    trill_dataset *d = calloc(1, sizeof *d);
-    if (!d || !(d->path = strdup(path))) { fclose(f); free(d); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    trill_dataset *d = trill_calloc(1, sizeof *d);
+    if (!d || !(d->path = trill_strdup(path))) { fclose(f); free(d); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     char *line = NULL;
     size_t cap = 0;
     int line_no = 0, have = 0;
@@ -136,7 +137,7 @@ trill_status trill_dataset_load(const char *path, const trill_tokenizer *tok, co
         json_t *j = json_loads(line, 0, &jerr);
         if (!j) { st = trill_error(TRILL_ERR_INVALID, "%s: not JSON (%s)", what, jerr.text); break; }
         if (d->n == have) {
-            trill_example *grown = realloc(d->examples, sizeof *grown * (size_t)(have = have ? 2 * have : 64));
+            trill_example *grown = trill_realloc(d->examples, sizeof *grown * (size_t)(have = have ? 2 * have : 64));
             if (!grown) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
             else d->examples = grown;
         }
@@ -175,7 +176,7 @@ static void permutation(int *perm, int n, uint64_t seed, int64_t epoch) {
 
 trill_status trill_dataset_order(const trill_dataset *d, uint64_t seed, bool shuffle, int64_t pos, int count, int *out) {
     const int n = d->n;
-    int *perm = shuffle ? malloc(sizeof(int) * (size_t)n) : NULL;
+    int *perm = shuffle ? trill_malloc(sizeof(int) * (size_t)n) : NULL;
     if (shuffle && !perm) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     int64_t epoch = -1;
     for (int c = 0; c < count; c++, pos++) {

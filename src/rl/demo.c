@@ -1,5 +1,6 @@
 /* The embedded demo: two-digit addition data, the tiny model and its SFT warm start, cached. */
 #include "trill/log.h"
+#include "base/alloc.h"
 #include "trill/demo.h"
 
 #include <errno.h>
@@ -79,7 +80,7 @@ static trill_status write_distinct(const char *path, const trill_demo_options *o
 
 trill_status trill_demo_write_data(const char *dir, const trill_demo_options *o) {
     trill_status st = check_options(o);
-    uint8_t(*taken)[100] = st ? NULL : calloc(100, sizeof *taken);
+    uint8_t(*taken)[100] = st ? NULL : trill_calloc(100, sizeof *taken);
     if (!st && !taken) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     char *eval = trill_path_join(dir, "eval.jsonl"), *dev = trill_path_join(dir, "dev.jsonl"), *train = trill_path_join(dir, "train.jsonl");
     if (!st) st = trill_mkdir_p(dir);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "rollout.h"
+#include "base/alloc.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
 #include "trill/lora.h"
@@ -31,7 +32,7 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
         return trill_error(TRILL_ERR_INVALID, "evaluation needs a verifier (reward.verifier: exact, numeric or demo)");
     const double t0 = trill_now();
     const int n = o->limit > 0 && o->limit < d->n ? o->limit : d->n;
-    int *examples = malloc(sizeof(int) * (size_t)n);
+    int *examples = trill_malloc(sizeof(int) * (size_t)n);
     if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) examples[i] = i;
     trill_request proto = {

@@ -1,5 +1,6 @@
 /* Built-in verifiers and the external reward process (trill/reward.h). */
 #include "rl/reward_process.h"
+#include "base/alloc.h"
 #include "trill/reward.h"
 
 #include <errno.h>
@@ -533,7 +534,7 @@ static void excerpt(const char *s, size_t n, char out[96]) {
 static int read_output(reward_process *p, char *why, size_t cap) {
     if (p->out_len == p->out_cap) {
         size_t cap_new = p->out_cap ? 2 * p->out_cap : 4096;
-        char *grown = realloc(p->out, cap_new);
+        char *grown = trill_realloc(p->out, cap_new);
         if (!grown) {
             snprintf(why, cap, "out of memory reading the reply");
             return -2;
@@ -702,7 +703,7 @@ static char *make_request(const char *prompt, const char *completion, const char
     json_decref(o);
     if (!s) return NULL;
     size_t n = strlen(s);
-    char *line = realloc(s, n + 2);
+    char *line = trill_realloc(s, n + 2);
     if (!line) {
         free(s);
         return NULL;
@@ -723,8 +724,8 @@ trill_status reward_process_start(const char *command, double timeout_s, int max
     if (max_failures < 1)
         return trill_error(TRILL_ERR_INVALID, "reward process \"%s\": max_failures %d, expected at least 1", command,
                            max_failures);
-    reward_process *p = calloc(1, sizeof *p);
-    if (!p || !(p->command = strdup(command))) {
+    reward_process *p = trill_calloc(1, sizeof *p);
+    if (!p || !(p->command = trill_strdup(command))) {
         free(p);
         return trill_error(TRILL_ERR_NOMEM, "reward process: out of memory");
     }

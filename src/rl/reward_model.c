@@ -1,6 +1,7 @@
 /* Reward model scoring (trill/reward_model.h): the model's layers up to the final norm at the
  * pooled token (trill_model_forward_last_hidden), then the one-row score head. */
 #include "trill/reward_model.h"
+#include "base/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +44,12 @@ trill_status trill_reward_model_load(const char *dir, trill_reward_model **out) 
     free(config_path);
     if (st) return st;
 
-    trill_reward_model *rm = calloc(1, sizeof *rm);
+    trill_reward_model *rm = trill_calloc(1, sizeof *rm);
     if (!rm) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!(st = trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &rm->model)) && !(st = trill_tokenizer_load(dir, &rm->tok))) {
         const trill_model *m = rm->model;
         const int H = m->config.hidden_size;
-        if (!(rm->score_row = malloc(sizeof(float) * (size_t)H))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(rm->score_row = trill_malloc(sizeof(float) * (size_t)H))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         else if (m->score.f32) memcpy(rm->score_row, m->score.f32, sizeof(float) * (size_t)H);
         else trill_to_f32(rm->score_row, m->score.bf16, TRILL_BF16, (size_t)H);
     }
@@ -77,9 +78,9 @@ trill_status trill_reward_model_score_tokens(const trill_reward_model *rm, const
     for (int s = 0; s < n_seqs; s++)
         if (offsets[s + 1] <= offsets[s]) return trill_error(TRILL_ERR_INVALID, "reward model: sequence %d has no token to score", s);
     /* drop trailing pad tokens (causal: the pooled hidden state does not see them) */
-    int *cut = malloc(sizeof(int) * (size_t)(n_seqs + 1));
-    int *ids = malloc(sizeof(int) * (size_t)offsets[n_seqs]);
-    float *hidden = malloc(sizeof(float) * (size_t)n_seqs * H);
+    int *cut = trill_malloc(sizeof(int) * (size_t)(n_seqs + 1));
+    int *ids = trill_malloc(sizeof(int) * (size_t)offsets[n_seqs]);
+    float *hidden = trill_malloc(sizeof(float) * (size_t)n_seqs * H);
     trill_status st = TRILL_OK;
     if (!cut || !ids || !hidden) st = trill_error(TRILL_ERR_NOMEM, "out of memory for %d sequences", n_seqs);
     if (!st) {
@@ -111,7 +112,7 @@ static trill_status score_batch(const trill_reward_model *rm, const char *const 
     const int V = rm->model->config.vocab_size;
     int *tokens = NULL, offsets_cap = 16, n_seqs = 0;
     size_t cap = 0;
-    int *offsets = malloc(sizeof(int) * (size_t)offsets_cap);
+    int *offsets = trill_malloc(sizeof(int) * (size_t)offsets_cap);
     trill_status st = offsets ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (offsets) offsets[0] = 0;
     int i = first;
@@ -135,12 +136,12 @@ static trill_status score_batch(const trill_reward_model *rm, const char *const 
         }
         if (!st && used + len > cap) {
             size_t want = used + len > RM_BATCH_TOKENS ? used + len : RM_BATCH_TOKENS;
-            int *grown = realloc(tokens, sizeof(int) * want);
+            int *grown = trill_realloc(tokens, sizeof(int) * want);
             if (grown) tokens = grown, cap = want;
             else st = trill_error(TRILL_ERR_NOMEM, "out of memory for %zu tokens", want);
         }
         if (!st && n_seqs + 2 > offsets_cap) {
-            int *grown = realloc(offsets, sizeof(int) * (size_t)(offsets_cap *= 2));
+            int *grown = trill_realloc(offsets, sizeof(int) * (size_t)(offsets_cap *= 2));
             if (grown) offsets = grown;
             else st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         }

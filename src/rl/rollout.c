@@ -1,4 +1,5 @@
 #include "rollout.h"
+#include "base/alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@ trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const tril
         if (between_steps) st = between_steps(ctx);
         if (!st) st = trill_engine_step(e, NULL);
     }
-    trill_sequence_out *outs = calloc((size_t)n, sizeof *outs);
+    trill_sequence_out *outs = trill_calloc((size_t)n, sizeof *outs);
     if (!outs) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     int got = 0;
     if (!st) {
@@ -56,18 +57,18 @@ trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const tril
     for (int s = 0; s < n && !st; s++) T += (size_t)(outs[s].n_prompt + outs[s].n_generated);
     b->n_seqs = n; b->group_size = group_size; b->n_moe_layers = L; b->top_k = K;
     if (!st) {
-        b->offsets = malloc(sizeof(int) * (size_t)(n + 1));
-        b->prompt_len = malloc(sizeof(int) * (size_t)n);
-        b->tokens = malloc(sizeof(int) * T);
-        b->behav_logp = malloc(sizeof(float) * T);
-        b->version = calloc(T, sizeof(uint32_t));
-        b->experts = L ? malloc(sizeof(uint16_t) * T * (size_t)L * K) : NULL;
-        b->example = malloc(sizeof(int) * (size_t)n);
-        b->completion = calloc((size_t)n, sizeof(char *));
-        b->reward = calloc((size_t)n, sizeof(double));
-        b->adv = calloc((size_t)n, sizeof(double));
-        b->correct = calloc((size_t)n, sizeof(double));
-        b->keep = calloc((size_t)n, sizeof(bool));
+        b->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
+        b->prompt_len = trill_malloc(sizeof(int) * (size_t)n);
+        b->tokens = trill_malloc(sizeof(int) * T);
+        b->behav_logp = trill_malloc(sizeof(float) * T);
+        b->version = trill_calloc(T, sizeof(uint32_t));
+        b->experts = L ? trill_malloc(sizeof(uint16_t) * T * (size_t)L * K) : NULL;
+        b->example = trill_malloc(sizeof(int) * (size_t)n);
+        b->completion = trill_calloc((size_t)n, sizeof(char *));
+        b->reward = trill_calloc((size_t)n, sizeof(double));
+        b->adv = trill_calloc((size_t)n, sizeof(double));
+        b->correct = trill_calloc((size_t)n, sizeof(double));
+        b->keep = trill_calloc((size_t)n, sizeof(bool));
         if (!b->offsets || !b->prompt_len || !b->tokens || !b->behav_logp || !b->version || (L && !b->experts) || !b->example ||
             !b->completion || !b->reward || !b->adv || !b->correct || !b->keep)
             st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -142,7 +143,7 @@ trill_status rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
     const int count = batch_arrays(&v, T, ptr, bytes);
     for (int i = 0; i < count; i++) total += bytes[i];
     for (int s = 0; s < b->n_seqs; s++) text += strlen(b->completion[s]) + 1;
-    char *out = malloc(total + text);
+    char *out = trill_malloc(total + text);
     if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     pack_header h = { PACK_MAGIC, 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
     memcpy(out, &h, sizeof h);
@@ -186,11 +187,11 @@ trill_status rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     size_t at = sizeof h;
     trill_status st = TRILL_OK;
     for (int i = 0; i < count && !st; i++) {
-        if (!(*ptr[i] = malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(*ptr[i] = trill_malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         else memcpy(*ptr[i], in + at, bytes[i]);
         at += bytes[i];
     }
-    if (!st && !(b->completion = calloc((size_t)h.n_seqs + 1, sizeof(char *)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !(b->completion = trill_calloc((size_t)h.n_seqs + 1, sizeof(char *)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st && (b->offsets[0] != 0 || b->offsets[h.n_seqs] != h.n_tokens))
         st = trill_error(TRILL_ERR_INVALID, "rollout batch: sequence offsets do not cover the %lld tokens", (long long)h.n_tokens);
     for (int s = 0; s < h.n_seqs && !st; s++)
@@ -200,7 +201,7 @@ trill_status rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     for (int s = 0; s < h.n_seqs && !st; s++) {
         const char *text = in + at, *nul = memchr(text, 0, len - at);
         if (!nul) { st = trill_error(TRILL_ERR_INVALID, "rollout batch: completion %d is not terminated", s); break; }
-        if (!(b->completion[s] = strdup(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(b->completion[s] = trill_strdup(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         at = (size_t)(nul - in) + 1;
     }
     if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "train/backward_internal.h"
+#include "base/alloc.h"
 #include "trill/kernels.h"
 #include "trill/train.h"
 
@@ -43,7 +44,7 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_model *m, int T, 
     float **ptrs[] = { &g->dx, &g->dxf, &g->dlogits, &g->lora.dv_lora, &g->lora.dxa };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
-    float *b = malloc(total * sizeof(float));
+    float *b = trill_malloc(total * sizeof(float));
     if (!b) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %d tokens", T);
     g->block = b;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }

@@ -1,4 +1,5 @@
 #include "trill/optim.h"
+#include "base/alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -13,10 +14,10 @@ trill_adamw_config trill_adamw_defaults(void) {
 }
 
 trill_status trill_adamw_create(size_t n, trill_adamw_config config, trill_adamw **out) {
-    trill_adamw *o = calloc(1, sizeof *o);
+    trill_adamw *o = trill_calloc(1, sizeof *o);
     if (o) {
-        o->exp_avg = calloc(n ? n : 1, sizeof(float));
-        o->exp_avg_sq = calloc(n ? n : 1, sizeof(float));
+        o->exp_avg = trill_calloc(n ? n : 1, sizeof(float));
+        o->exp_avg_sq = trill_calloc(n ? n : 1, sizeof(float));
     }
     if (!o || !o->exp_avg || !o->exp_avg_sq) {
         trill_adamw_free(o);
@@ -94,7 +95,7 @@ double trill_lr_at(trill_lr_schedule schedule, double peak, double min_lr, int64
 
 static char *with_suffix(const char *prefix, const char *suffix) {
     size_t n = strlen(prefix) + strlen(suffix) + 1;
-    char *s = malloc(n);
+    char *s = trill_malloc(n);
     if (s) snprintf(s, n, "%s%s", prefix, suffix);
     return s;
 }

@@ -1,4 +1,5 @@
 #include "trill/sft.h"
+#include "base/alloc.h"
 
 #include "trill/log.h"
 
@@ -124,11 +125,11 @@ static trill_status load_data(const trill_sft_config *c, const char *path, const
             if ((int)total > c->max_seq_len) total = (size_t)c->max_seq_len;
             if (out->n == (int)cap) {
                 cap = cap ? cap * 2 : 256;
-                example *g = realloc(out->ex, cap * sizeof *g);
+                example *g = trill_realloc(out->ex, cap * sizeof *g);
                 if (!g) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
                 else out->ex = g;
             }
-            int *ids = st ? NULL : malloc(total * sizeof *ids);
+            int *ids = st ? NULL : trill_malloc(total * sizeof *ids);
             if (!st && !ids) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
             if (!st) {
                 memcpy(ids, p_ids, np * sizeof *ids);
@@ -164,8 +165,8 @@ static trill_status pack(const dataset *d, const int *order, int *next, int budg
         const example *e = &d->ex[order[*next]];
         int used = b->offsets[b->n_seqs];
         if (b->n_seqs > 0 && used + e->n > budget) break;
-        int *g = realloc(b->tokens, sizeof(int) * (size_t)(used + e->n));
-        float *gd = realloc(b->dlogp, sizeof(float) * (size_t)(used + e->n));
+        int *g = trill_realloc(b->tokens, sizeof(int) * (size_t)(used + e->n));
+        float *gd = trill_realloc(b->dlogp, sizeof(float) * (size_t)(used + e->n));
         if (g) b->tokens = g;
         if (gd) b->dlogp = gd;
         if (!g || !gd) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -191,7 +192,7 @@ static void shuffle(int *order, int n, uint64_t seed, int epoch) {
 
 /* Mean negative log-likelihood of the completion tokens of a dataset. */
 static trill_status eval_loss(const trill_model *m, const dataset *d, int budget, double *out) {
-    int *order = malloc(sizeof(int) * (size_t)d->n), next = 0;
+    int *order = trill_malloc(sizeof(int) * (size_t)d->n), next = 0;
     batch b = { 0 };
     double nll = 0;
     long n = 0;
@@ -199,7 +200,7 @@ static trill_status eval_loss(const trill_model *m, const dataset *d, int budget
     for (int i = 0; i < d->n && order; i++) order[i] = i;
     while (!st && next < d->n) {
         if ((st = pack(d, order, &next, budget, &b))) break;
-        float *lp = malloc(sizeof(float) * (size_t)b.offsets[b.n_seqs]);
+        float *lp = trill_malloc(sizeof(float) * (size_t)b.offsets[b.n_seqs]);
         if (!lp) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
         st = trill_model_forward(m, b.tokens, b.offsets, b.n_seqs, NULL, lp, NULL);
         for (int t = 0; !st && t < b.offsets[b.n_seqs]; t++)
@@ -284,13 +285,13 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
         oc.weight_decay = c->weight_decay;
         st = trill_adamw_create(n_values, oc, &opt);
     }
-    if (!st && !(grads = calloc(n_values, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory for gradients");
+    if (!st && !(grads = trill_calloc(n_values, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory for gradients");
     if (!st && !lora) { /* full fine-tuning: no decay on norm weights (the 1-D tensors), as HF Trainer */
-        if (!(no_decay = calloc(n_values, 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(no_decay = trill_calloc(n_values, 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (size_t t = 0; !st && t < m->n_tensors; t++)
             if (m->tensors[t].ndim == 1) memset(no_decay + (m->tensors[t].data - m->params), 1, m->tensors[t].numel);
     }
-    if (!st && !(order = malloc(sizeof(int) * (size_t)train.n))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !(order = trill_malloc(sizeof(int) * (size_t)train.n))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
 
     /* steps: micro-batches per epoch (a dry packing pass) / grad_accum, times the epochs */
     int micro_per_epoch = 0;
@@ -331,7 +332,7 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
                 st = pack(&train, order, &next, c->batch_tokens, &b);
                 const int T = b.offsets[b.n_seqs];
                 for (int t = 0; t < T; t++) b.dlogp[t] *= -1.0f / (float)(n_loss ? n_loss : 1);
-                float *lp = st ? NULL : malloc(sizeof(float) * (size_t)T);
+                float *lp = st ? NULL : trill_malloc(sizeof(float) * (size_t)T);
                 trill_forward_pass *pass = NULL;
                 if (!st && !lp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
                 if (!st) st = trill_model_forward_train(m, b.tokens, b.offsets, b.n_seqs, NULL, lp, NULL, c->recompute, &pass);

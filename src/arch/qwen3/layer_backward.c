@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "arch/qwen3/qwen3.h"
+#include "base/alloc.h"
 #include "train/backward_internal.h"
 #include "trill/kernels.h"
 
@@ -27,14 +28,14 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
                  kvd = (size_t)c->num_key_value_heads * c->head_dim;
     const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ff = I > Im ? I : Im;
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
-    scratch *g = calloc(1, sizeof *g);
+    scratch *g = trill_calloc(1, sizeof *g);
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
     const size_t sizes[] = { T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, T * E };
     float **ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->dact, &g->dgate, &g->dup,
                        &g->dye, &g->dxe, &g->dgates, &g->dlogits };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
-    float *b = malloc(total * sizeof(float));
+    float *b = trill_malloc(total * sizeof(float));
     if (!b) {
         free(g);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);

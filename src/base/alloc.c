@@ -1,0 +1,39 @@
+#include "base/alloc.h"
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic long g_count; /* allocations since the last trill_alloc_fail_after */
+static _Atomic long g_limit = -1;
+
+/* true when this allocation is to fail (injection armed and past its limit) */
+static inline int injected(void) {
+    const long n = atomic_fetch_add_explicit(&g_count, 1, memory_order_relaxed);
+    const long limit = atomic_load_explicit(&g_limit, memory_order_relaxed);
+    return limit >= 0 && n >= limit;
+}
+
+void *trill_malloc(size_t n) { return injected() ? NULL : malloc(n); }
+void *trill_calloc(size_t n, size_t size) { return injected() ? NULL : calloc(n, size); }
+void *trill_realloc(void *p, size_t n) { return injected() ? NULL : realloc(p, n); }
+void *trill_aligned_alloc(size_t align, size_t n) { return injected() ? NULL : aligned_alloc(align, n); }
+
+char *trill_strdup(const char *s) {
+    const size_t n = strlen(s) + 1;
+    char *p = trill_malloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+static void *json_malloc(size_t n) { return trill_malloc(n); }
+
+long trill_alloc_fail_after(long n) {
+    const long made = atomic_exchange(&g_count, 0);
+    atomic_store(&g_limit, n);
+    /* jansson's allocations fail alike while armed; back to libc's when disarmed */
+    if (n >= 0) json_set_alloc_funcs(json_malloc, free);
+    else json_set_alloc_funcs(malloc, free);
+    return made;
+}
