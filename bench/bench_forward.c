@@ -28,6 +28,7 @@
 #include "trill/timing.h"
 #include "model/config_json.h"
 #include "trill/config.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/rng.h"
 #include "trill/train.h"

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "trill/error.h"
+#include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/sample.h"
 #include "trill/tokenizer.h"
@@ -155,7 +156,7 @@ int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max);
 /* Adapter mode: LoRA tensors for every targeted layer (attention, dense MLP, each expert,
  * lm_head), applied on the side of the base weights, y = W x + s B (A x) in fp32; NULL removes
  * the adapters. lora must have been made for this model's architecture. */
-trill_status trill_engine_update_adapter(trill_engine *e, const struct trill_lora *lora, uint32_t version, size_t *bytes);
+trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes);
 /* Merge mode: full weights (the sender folded the LoRA delta in) replace the engine's, converted
  * to its format. */
 trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes);

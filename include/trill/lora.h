@@ -30,29 +30,19 @@ typedef struct trill_lora_config {
     unsigned targets; /* bit (1 << trill_lora_target) per adapted module kind */
 } trill_lora_config;
 
-/* The adapter of one linear layer; A == NULL when the layer is not adapted. */
-typedef struct trill_lora_pair {
-    float *A; /* [r, in] */
-    float *B; /* [out, r] */
-} trill_lora_pair;
+/* A set of adapters for one model. Opaque: read it through the functions below. */
+typedef struct trill_lora trill_lora;
 
-typedef struct trill_lora_layer {
-    trill_lora_pair q, k, v, o, gate, up, down; /* gate/up/down: the dense MLP */
-    trill_lora_pair *expert_gate, *expert_up, *expert_down; /* [num_experts] for a MoE layer */
-} trill_lora_layer;
-
-typedef struct trill_lora {
-    trill_lora_config config;
-    float scale;
-    bool enabled;
-    float *params;          /* every A and B, one allocation */
-    size_t n_params;
-    trill_param *tensors;   /* PEFT names and slices of params */
-    size_t n_tensors;
-    trill_lora_layer *layers;
-    trill_lora_pair *expert_pairs; /* storage the layers' expert_* arrays point into */
-    trill_lora_pair lm_head;
-} trill_lora;
+const trill_lora_config *trill_lora_get_config(const trill_lora *lora);
+/* alpha / rank, or alpha / sqrt(rank) with rsLoRA */
+float trill_lora_scale(const trill_lora *lora);
+/* Every A and B in one fp32 block (*n floats): the trainable vector. */
+float *trill_lora_params(trill_lora *lora, size_t *n);
+/* The A and B tensors with PEFT names, A before B for each adapted weight (*n tensors). */
+const trill_param *trill_lora_tensors(const trill_lora *lora, size_t *n);
+/* Disabled adapters leave the model they are attached to computing its base (the KL reference). */
+void trill_lora_set_enabled(trill_lora *lora, bool enabled);
+bool trill_lora_enabled(const trill_lora *lora);
 
 /* The PEFT module name ("q_proj") and trill's short name ("q") of a target; NULL if out of range. */
 const char *trill_lora_target_peft_name(int target);

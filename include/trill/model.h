@@ -18,23 +18,6 @@
 #include "trill/error.h"
 #include "trill/weight.h"
 
-typedef struct trill_layer_weights {
-    float *input_norm;  /* [H] */
-    trill_weight wq;     /* [nh*hd, H] */
-    trill_weight wk, wv; /* [nkv*hd, H] */
-    trill_weight wo;     /* [H, nh*hd] */
-    float *q_norm;      /* [hd] */
-    float *k_norm;      /* [hd] */
-    float *post_norm;   /* [H] */
-    /* dense layer */
-    trill_weight mlp_gate, mlp_up; /* [I, H] */
-    trill_weight mlp_down;         /* [H, I] */
-    /* MoE layer */
-    trill_weight router;                  /* [E, H] */
-    trill_weight expert_gate, expert_up;  /* [E, Im, H] */
-    trill_weight expert_down;             /* [E, H, Im] */
-} trill_layer_weights;
-
 /* One named tensor: what its family's tensor table says about it (src/arch/), and where it is
  * stored. A LoRA A or B (trill/lora.h) carries the facts of the weight it adapts. */
 typedef struct trill_param {
@@ -56,26 +39,25 @@ typedef struct trill_param {
     int row;         /* index of its row in the family's table (internal) */
 } trill_param;
 
-typedef struct trill_model {
-    trill_config config;
-    size_t n_params;      /* every parameter, whatever its storage */
-    trill_dtype storage;  /* of the matrices: TRILL_F32 (all in params) or TRILL_BF16 */
-    float *params;        /* fp32 tensors, one allocation: all n_params with fp32 storage */
-    size_t n_f32;         /* floats in params */
-    uint16_t *params_bf16; /* bf16 storage: the matrices, one allocation; else NULL */
-    size_t n_bf16;
-    trill_param *tensors; /* in checkpoint order */
-    size_t n_tensors;
-    trill_weight embed;   /* [V, H] */
-    float *final_norm;    /* [H] */
-    trill_weight lm_head; /* [V, H]; the same storage as embed when tie_word_embeddings; none
-                             (both pointers NULL) in a classifier */
-    trill_weight score;   /* classifier (config.num_labels > 0): "score.weight" [num_labels, H],
-                             never tied (HF's classifier has no output embeddings); else none */
-    trill_layer_weights *layers;
-    trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
-    struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
-} trill_model;
+/* A model: its config and its parameters. Opaque: read it through the functions below. */
+typedef struct trill_model trill_model;
+
+const trill_config *trill_model_config(const trill_model *m);
+/* Every parameter, whatever its storage. */
+size_t trill_model_n_params(const trill_model *m);
+/* The named tensors in checkpoint order (*n of them); each one's data or bf16 points at its
+ * storage in the model. */
+const trill_param *trill_model_tensors(const trill_model *m, size_t *n);
+/* Storage of the matrices (TRILL_F32 or TRILL_BF16), and the dtype of the checkpoint loaded (F32
+ * if the model was created here). */
+trill_dtype trill_model_storage(const trill_model *m);
+trill_dtype trill_model_checkpoint_dtype(const trill_model *m);
+/* Bytes the parameters take in memory. */
+size_t trill_model_bytes(const trill_model *m);
+/* The fp32 block (*n floats): every tensor with fp32 storage, in checkpoint order — all of them
+ * with TRILL_F32 storage, which is what weight gradients are laid out like. */
+float *trill_model_params(trill_model *m, size_t *n);
+
 
 /* Lays out and zero-fills a model for `config`, fp32 storage. */
 trill_status trill_model_create(const trill_config *config, trill_model **out);

@@ -17,6 +17,7 @@
 
 #include "trill/arch.h"
 #include "trill/config.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 
 typedef enum trill_row_scope {

@@ -71,7 +71,7 @@ int cmd_bench(int argc, char **argv) {
     trill_model *m;
     /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16) */
     if (trill_model_load_as(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m)) return cli_fail("bench");
-    const trill_config *cfg = &m->config;
+    const trill_config *cfg = trill_model_config(m);
     trill_lora *lora = NULL;
     if (lora_mode) {
         trill_lora_config lc = { .rank = (int)rank, .alpha = 2.0 * rank };
@@ -82,7 +82,9 @@ int cmd_bench(int argc, char **argv) {
     const int T = (int)(batch * seq);
     int *tokens = malloc(sizeof(int) * T), *offsets = malloc(sizeof(int) * (batch + 1));
     float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
-    float *grads = lora_mode ? NULL : calloc(m->n_params, sizeof(float)), *lgrads = lora_mode ? calloc(lora->n_params, sizeof(float)) : NULL;
+    float *grads = lora_mode ? NULL : calloc(trill_model_n_params(m), sizeof(float)), *lgrads = NULL;
+    size_t n_lora = 0;
+    if (lora_mode) { trill_lora_params(lora, &n_lora); lgrads = calloc(n_lora, sizeof(float)); }
     double *times = malloc(sizeof(double) * runs);
     trill_status st = tokens && offsets && lp && dlp && times && (grads || lgrads) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int t = 0; !st && t < T; t++) {
@@ -109,8 +111,8 @@ int cmd_bench(int argc, char **argv) {
         printf("trill train (%s%s) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
                lora_mode ? "lora" : "full", recompute ? ", recompute" : "", batch, seq, T / med, med * 1e3, flops / med * 1e-9,
                100.0 * flops / med * 1e-9 / peak, flops * 1e-9, ru.ru_maxrss / 1024.0);
-        printf("base weights: %s, %.0f MB (%zu parameters)\n", m->storage == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",
-               (m->n_f32 * 4.0 + m->n_bf16 * 2.0) / 1e6, m->n_params);
+        printf("base weights: %s, %.0f MB (%zu parameters)\n", trill_model_storage(m) == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",
+               trill_model_bytes(m) / 1e6, trill_model_n_params(m));
     }
     trill_model_attach_lora(m, NULL);
     trill_lora_free(lora);

@@ -159,7 +159,7 @@ int bench_generate(int argc, char **argv) {
     if (trill_gen_isa(&isa_used)) return cli_fail("bench");
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("bench");
-    const trill_config *cfg = &m->config;
+    const trill_config *cfg = trill_model_config(m);
     int max_batch = 16; /* the adapter and capture comparisons run at 16 */
     for (int i = 0; i < n_batches; i++) if (batches[i] > max_batch) max_batch = batches[i];
     const double bw = memory_bandwidth();

@@ -191,7 +191,7 @@ int cmd_generate(int argc, char **argv) {
     if (!st)
         fprintf(stderr, "trill generate: %s weights %.1f MB (converted in %.2f s), KV cache %.1f MB\n", trill_gen_format_name(cfg.format),
                 trill_engine_weight_bytes(e) / 1e6, trill_now() - t_load, trill_engine_kv_bytes(e) / 1e6);
-    const trill_config *mc = m ? &m->config : NULL;
+    const trill_config *mc = m ? trill_model_config(m) : NULL;
     int total_tokens = 0;
     for (int i = 0; !st && i < n_prompts; i++) {
         int *ids = NULL;

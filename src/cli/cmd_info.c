@@ -28,16 +28,19 @@ static void print_layer_map(const trill_config *c) {
 /* Parameters by the tensor table's kinds (routed experts apart from the other matrices). */
 static void print_breakdown(const trill_model *m) {
     int64_t n[6] = { 0 }, experts = 0;
-    for (size_t t = 0; t < m->n_tensors; t++) {
-        const trill_param *p = &m->tensors[t];
+    size_t n_tensors;
+    const trill_param *tensors = trill_model_tensors(m, &n_tensors);
+    const trill_config *c = trill_model_config(m);
+    for (size_t t = 0; t < n_tensors; t++) {
+        const trill_param *p = &tensors[t];
         if (p->expert >= 0) experts += (int64_t)p->numel;
         else if ((unsigned)p->kind < 6) n[p->kind] += (int64_t)p->numel;
     }
     printf("by kind:       embedding %" PRId64 ", matrices %" PRId64 ", routed experts %" PRId64 ", routers %" PRId64
            ", norms %" PRId64 ", biases %" PRId64 ", head %" PRId64 "%s\n",
            n[TRILL_TENSOR_EMBEDDING], n[TRILL_TENSOR_MATRIX], experts, n[TRILL_TENSOR_ROUTER], n[TRILL_TENSOR_NORM],
-           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_HEAD], m->config.tie_word_embeddings && m->config.num_labels == 0 ? " (tied)" : "");
-    printf("tensors:       %zu\n", m->n_tensors);
+           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_HEAD], c->tie_word_embeddings && c->num_labels == 0 ? " (tied)" : "");
+    printf("tensors:       %zu\n", n_tensors);
 }
 
 int cmd_info(int argc, char **argv) {
@@ -54,7 +57,7 @@ int cmd_info(int argc, char **argv) {
     if (!dir) return cli_usage_error("info", USAGE, "--model DIR is required");
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("info");
-    const trill_config *cfg = &m->config;
+    const trill_config *cfg = trill_model_config(m);
     int64_t total, active;
     trill_config_param_counts(cfg, &total, &active);
     printf("model:         %s\n", dir);
@@ -77,7 +80,7 @@ int cmd_info(int argc, char **argv) {
     printf("parameters:    %" PRId64 " total, %" PRId64 " active per token (%.1f%%)\n", total, active, 100.0 * active / total);
     print_breakdown(m);
     printf("bytes:         %.1f MB on disk (%s), %.1f MB as fp32 in memory\n",
-           total * (double)trill_dtype_size(m->checkpoint_dtype) / 1e6, trill_dtype_name(m->checkpoint_dtype), total * 4.0 / 1e6);
+           total * (double)trill_dtype_size(trill_model_checkpoint_dtype(m)) / 1e6, trill_dtype_name(trill_model_checkpoint_dtype(m)), total * 4.0 / 1e6);
     trill_model_free(m);
     return 0;
 }

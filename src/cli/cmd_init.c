@@ -91,7 +91,7 @@ int cmd_init(int argc, char **argv) {
     trill_model_init_random(m, (uint64_t)seed);
     st = trill_model_save(m, out, dtype, 5000000000u); /* HF default shard size, 5 GB */
     if (!st) st = trill_model_write_charlevel_files(out, &config);
-    if (!st) fprintf(stderr, "trill init: wrote %s (%s, %zu parameters, %s)\n", out, preset, m->n_params, dtype_name);
+    if (!st) fprintf(stderr, "trill init: wrote %s (%s, %zu parameters, %s)\n", out, preset, trill_model_n_params(m), dtype_name);
     trill_model_free(m);
     return st ? cli_fail("init") : 0;
 }

@@ -41,11 +41,13 @@ int cmd_merge(int argc, char **argv) {
     if (!st) st = trill_lora_load(m, adapter, &lora);
     if (!st) st = trill_lora_merge(lora, m);
     if (!st) {
-        trill_dtype dtype = !dtype_name ? m->checkpoint_dtype : strcmp(dtype_name, "bf16") == 0 ? TRILL_BF16 : TRILL_F32;
+        trill_dtype dtype = !dtype_name ? trill_model_checkpoint_dtype(m) : strcmp(dtype_name, "bf16") == 0 ? TRILL_BF16 : TRILL_F32;
         st = trill_model_save(m, out, dtype, 5000000000u);
     }
     if (!st) st = trill_model_copy_side_files(dir, out);
-    if (!st) fprintf(stderr, "trill merge: wrote %s (%zu adapter tensors merged)\n", out, lora->n_tensors);
+    size_t n_merged = 0;
+    if (!st) trill_lora_tensors(lora, &n_merged);
+    if (!st) fprintf(stderr, "trill merge: wrote %s (%zu adapter tensors merged)\n", out, n_merged);
     trill_lora_free(lora);
     trill_model_free(m);
     return st ? cli_fail("merge") : 0;

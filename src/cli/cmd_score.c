@@ -40,9 +40,9 @@ static trill_status parse_line(const char *path, size_t lineno, const char *line
         ids = malloc((n ? n : 1) * sizeof *ids);
         for (size_t i = 0; ids && i < n; i++) {
             const json_t *v = json_array_get(tokens, i);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= m->config.vocab_size) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= trill_model_config(m)->vocab_size) {
                 st = trill_error(TRILL_ERR_INVALID, "%s: field \"tokens\": entry %zu: expected a token id in [0, %d)",
-                                 what, i, m->config.vocab_size);
+                                 what, i, trill_model_config(m)->vocab_size);
                 break;
             }
             ids[i] = (int)json_integer_value(v);
@@ -53,8 +53,8 @@ static trill_status parse_line(const char *path, size_t lineno, const char *line
         if (!st && (st = trill_tokenizer_encode(*tok, json_string_value(text), json_string_length(text), false, &ids, &n)))
             trill_error_context("%s: field \"text\"", what);
         for (size_t i = 0; !st && i < n; i++)
-            if (ids[i] >= m->config.vocab_size)
-                st = trill_error(TRILL_ERR_INVALID, "%s: tokenizer id %d exceeds the model's vocab_size %d", what, ids[i], m->config.vocab_size);
+            if (ids[i] >= trill_model_config(m)->vocab_size)
+                st = trill_error(TRILL_ERR_INVALID, "%s: tokenizer id %d exceeds the model's vocab_size %d", what, ids[i], trill_model_config(m)->vocab_size);
     } else {
         st = trill_error(TRILL_ERR_INVALID, "%s: expected an object with \"tokens\": [ids] or \"text\": string", what);
     }
@@ -77,7 +77,7 @@ static trill_status parse_line(const char *path, size_t lineno, const char *line
 }
 
 static void write_results(FILE *out, const trill_model *m, const batch *b, const float *logprobs, const uint16_t *experts) {
-    const int L = m->config.n_moe_layers, K = m->config.num_experts_per_tok;
+    const int L = trill_model_config(m)->n_moe_layers, K = trill_model_config(m)->num_experts_per_tok;
     for (int s = 0; s < b->n_seqs; s++) {
         const int t0 = b->offsets[s], t1 = b->offsets[s + 1];
         fputs("{\"tokens\": [", out);
@@ -105,7 +105,7 @@ static void write_results(FILE *out, const trill_model *m, const batch *b, const
 static trill_status flush_batch(FILE *out, const trill_model *m, batch *b) {
     if (b->n_seqs == 0) return TRILL_OK;
     const size_t T = (size_t)b->offsets[b->n_seqs];
-    const size_t per_token = (size_t)m->config.n_moe_layers * m->config.num_experts_per_tok;
+    const size_t per_token = (size_t)trill_model_config(m)->n_moe_layers * trill_model_config(m)->num_experts_per_tok;
     float *logprobs = malloc((T ? T : 1) * sizeof *logprobs);
     uint16_t *experts = malloc((T * per_token + 1) * sizeof *experts);
     trill_status st = logprobs && experts ? trill_model_forward(m, b->tokens, b->offsets, b->n_seqs, NULL, logprobs, experts)

@@ -28,6 +28,7 @@
 #include "trill/eplb.h"
 #include "trill/infer.h"
 #include "trill/arch.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 
 /* ---- weights and adapters (engine_weights.c, engine_adapter.c) ---- */

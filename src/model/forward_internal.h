@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 

@@ -1,3 +1,4 @@
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "base/alloc.h"
 
@@ -291,3 +292,16 @@ trill_status trill_lora_merge(const trill_lora *lora, trill_model *m) {
     }
     return st;
 }
+
+const trill_lora_config *trill_lora_get_config(const trill_lora *lora) { return &lora->config; }
+float trill_lora_scale(const trill_lora *lora) { return lora->scale; }
+float *trill_lora_params(trill_lora *lora, size_t *n) {
+    *n = lora->n_params;
+    return lora->params;
+}
+const trill_param *trill_lora_tensors(const trill_lora *lora, size_t *n) {
+    *n = lora->n_tensors;
+    return lora->tensors;
+}
+void trill_lora_set_enabled(trill_lora *lora, bool enabled) { lora->enabled = enabled; }
+bool trill_lora_enabled(const trill_lora *lora) { return lora->enabled; }

@@ -1,5 +1,6 @@
 #include "model/config_json.h"
 #include "base/alloc.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "model/tokenizer_json.h"
 #include "trill/tokenizer.h"
@@ -257,4 +258,18 @@ trill_status trill_model_write_charlevel_files(const char *dir, const trill_conf
     }
     for (int i = 0; i < 3; i++) json_decref(docs[i]);
     return st;
+}
+
+const trill_config *trill_model_config(const trill_model *m) { return &m->config; }
+size_t trill_model_n_params(const trill_model *m) { return m->n_params; }
+const trill_param *trill_model_tensors(const trill_model *m, size_t *n) {
+    *n = m->n_tensors;
+    return m->tensors;
+}
+trill_dtype trill_model_storage(const trill_model *m) { return m->storage; }
+trill_dtype trill_model_checkpoint_dtype(const trill_model *m) { return m->checkpoint_dtype; }
+size_t trill_model_bytes(const trill_model *m) { return m->n_f32 * sizeof(float) + m->n_bf16 * sizeof(uint16_t); }
+float *trill_model_params(trill_model *m, size_t *n) {
+    *n = m->n_f32;
+    return m->params;
 }

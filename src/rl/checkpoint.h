@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/optim.h"
 #include "trill/rl.h"

@@ -25,6 +25,7 @@
 #include "trill/demo.h"
 #include "trill/fileio.h"
 #include "base/json.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "rl/reward_process.h"
 #include "trill/reward.h"

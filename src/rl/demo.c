@@ -17,6 +17,7 @@
 #include "trill/fileio.h"
 #include "trill/infer.h"
 #include "base/json.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/rl.h"
 #include "trill/rng.h"

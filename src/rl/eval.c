@@ -6,6 +6,7 @@
 #include "base/alloc.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/reward.h"
 #include "trill/rl.h"

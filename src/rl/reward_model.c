@@ -1,5 +1,6 @@
 /* Reward model scoring (trill/reward_model.h): the model's layers up to the final norm at the
  * pooled token (trill_model_forward_last_hidden), then the one-row score head. */
+#include "model/lora_internal.h"
 #include "trill/reward_model.h"
 #include "base/alloc.h"
 

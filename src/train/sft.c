@@ -1,3 +1,4 @@
+#include "model/lora_internal.h"
 #include "trill/sft.h"
 #include "base/alloc.h"
 
@@ -11,6 +12,7 @@
 
 #include "trill/fileio.h"
 #include "base/json.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/rng.h"
 #include "trill/timing.h"

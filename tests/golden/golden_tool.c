@@ -259,6 +259,13 @@ static const spec SPECS[] = {
     { "dense", DENSE, 303, false },
 };
 
+/* The public accessors, shortened for the records below. */
+static size_t lora_n_params(trill_lora *l) { size_t n; trill_lora_params(l, &n); return n; }
+static size_t lora_n_tensors(const trill_lora *l) { size_t n; trill_lora_tensors(l, &n); return n; }
+static const trill_param *lora_tensor(const trill_lora *l, size_t t) { size_t n; return &trill_lora_tensors(l, &n)[t]; }
+static size_t model_n_tensors(const trill_model *m) { size_t n; trill_model_tensors(m, &n); return n; }
+static size_t model_n_f32(trill_model *m) { size_t n; trill_model_params(m, &n); return n; }
+
 static trill_config config_of(const spec *sp) {
     trill_config c;
     CHECK(trill_config_parse(sp->json, strlen(sp->json), sp->name, &c));
@@ -281,17 +288,17 @@ static unsigned lora_targets(const trill_config *c) {
 
 /* rank 4 on every target it can have, A from the seed, every B set to lora_b_value. */
 static trill_lora *lora_of(const trill_model *m) {
-    trill_lora_config lc = { .rank = 4, .alpha = 8, .targets = lora_targets(&m->config) };
+    trill_lora_config lc = { .rank = 4, .alpha = 8, .targets = lora_targets(trill_model_config(m)) };
     trill_lora *lora;
     CHECK(trill_lora_create(m, lc, 7, &lora));
     size_t n_b = 0;
-    for (size_t t = 0; t < lora->n_tensors; t++) {
-        const char *name = lora->tensors[t].name;
+    for (size_t t = 0; t < lora_n_tensors(lora); t++) {
+        const char *name = (*lora_tensor(lora, t)).name;
         if (!strstr(name, "lora_B")) continue;
-        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = lora_b_value(t, i);
+        for (size_t i = 0; i < (*lora_tensor(lora, t)).numel; i++) (*lora_tensor(lora, t)).data[i] = lora_b_value(t, i);
         n_b++;
     }
-    if (n_b * 2 != lora->n_tensors) die("expected as many lora_B as lora_A tensors, got %zu of %zu", n_b, lora->n_tensors);
+    if (n_b * 2 != lora_n_tensors(lora)) die("expected as many lora_B as lora_A tensors, got %zu of %zu", n_b, lora_n_tensors(lora));
     return lora;
 }
 
@@ -308,7 +315,7 @@ static void tensor_list(const char *name, const trill_param *ts, size_t n) {
 /* ---- the reference forward and training ---- */
 
 static void forward(const trill_model *m, const uint16_t *replay, const char *name) {
-    const trill_config *c = &m->config;
+    const trill_config *c = trill_model_config(m);
     const size_t ne = (size_t)T_ALL * c->n_moe_layers * c->num_experts_per_tok;
     float *lp = xmalloc(sizeof(float) * T_ALL);
     uint16_t *ex = xcalloc(ne, sizeof *ex);
@@ -327,11 +334,11 @@ static void forward(const trill_model *m, const uint16_t *replay, const char *na
 /* forward_train + backward with fixed dlogprobs: log-probs, experts and the gradient block
  * (base weights when lora_n == 0, else the attached adapters'). Returns the gradient (owned). */
 static float *train(const trill_model *m, const uint16_t *replay, bool recompute, size_t lora_n, const char *name) {
-    const trill_config *c = &m->config;
+    const trill_config *c = trill_model_config(m);
     const size_t ne = (size_t)T_ALL * c->n_moe_layers * c->num_experts_per_tok;
     float *lp = xmalloc(sizeof(float) * T_ALL), *d = make_dlogprobs();
     uint16_t *ex = xcalloc(ne, sizeof *ex);
-    const size_t n = lora_n ? lora_n : m->n_params;
+    const size_t n = lora_n ? lora_n : trill_model_n_params(m);
     float *g = xcalloc(n, sizeof(float));
     trill_forward_pass *pass;
     CHECK(trill_model_forward_train(m, g_tokens, OFFSETS, N_SEQS, replay, lp, ne ? ex : NULL, recompute, &pass));
@@ -541,8 +548,8 @@ static void run_spec(const spec *sp, bool verbose) {
     put(R_F64, "flops(forward,full,full_recompute,lora4,lora4_recompute,lora16)", flops, 6);
 
     trill_model *m = model_of(&c, TRILL_F32, sp->seed);
-    tensor_list("model/tensors", m->tensors, m->n_tensors);
-    const int64_t sizes[3] = { (int64_t)m->n_params, (int64_t)m->n_f32, (int64_t)m->n_tensors };
+    tensor_list("model/tensors", trill_model_tensors(m, &(size_t){ 0 }), model_n_tensors(m));
+    const int64_t sizes[3] = { (int64_t)trill_model_n_params(m), (int64_t)model_n_f32(m), (int64_t)model_n_tensors(m) };
     put(R_I64, "model/sizes(n_params,n_f32,n_tensors)", sizes, 3);
 
     /* reference forward, router replay, last hidden states */
@@ -563,57 +570,58 @@ static void run_spec(const spec *sp, bool verbose) {
 
     /* LoRA: forward enabled and disabled, gradients, two optimizer steps */
     trill_lora *lora = lora_of(m);
-    tensor_list("lora/tensors", lora->tensors, lora->n_tensors);
-    const int64_t lsz[2] = { (int64_t)lora->n_params, (int64_t)lora->n_tensors };
+    tensor_list("lora/tensors", trill_lora_tensors(lora, &(size_t){ 0 }), lora_n_tensors(lora));
+    const int64_t lsz[2] = { (int64_t)lora_n_params(lora), (int64_t)lora_n_tensors(lora) };
     put(R_I64, "lora/sizes(n_params,n_tensors)", lsz, 2);
-    const float scale = lora->scale;
+    const float scale = trill_lora_scale(lora);
     put_f32("lora/scale", &scale, 1);
     trill_model_attach_lora(m, lora);
-    lora->enabled = true;
+    trill_lora_set_enabled(lora, true);
     forward(m, NULL, "lora_enabled/forward");
     if (moe) forward(m, replay, "lora_enabled/forward_replay");
     float *lg = NULL;
     for (int rc = 0; rc < 2; rc++) {
-        float *g = train(m, NULL, rc, lora->n_params, rc ? "train_lora_recompute" : "train_lora");
+        float *g = train(m, NULL, rc, lora_n_params(lora), rc ? "train_lora_recompute" : "train_lora");
         if (rc == 0) lg = g;
         else free(g);
     }
-    if (moe) free(train(m, replay, true, lora->n_params, "train_lora_replay_recompute"));
+    if (moe) free(train(m, replay, true, lora_n_params(lora), "train_lora_replay_recompute"));
     {
         trill_adamw *opt;
-        CHECK(trill_adamw_create(lora->n_params, trill_adamw_defaults(), &opt));
-        float *p = xmalloc(sizeof(float) * lora->n_params);
-        memcpy(p, lora->params, sizeof(float) * lora->n_params);
-        const double norm = trill_clip_grad_norm(lg, lora->n_params, 0.5);
+        CHECK(trill_adamw_create(lora_n_params(lora), trill_adamw_defaults(), &opt));
+        float *p = xmalloc(sizeof(float) * lora_n_params(lora));
+        memcpy(p, trill_lora_params(lora, &(size_t){ 0 }), sizeof(float) * lora_n_params(lora));
+        const double norm = trill_clip_grad_norm(lg, lora_n_params(lora), 0.5);
         for (int step = 0; step < 2; step++) trill_adamw_step(opt, p, lg, 1e-2, NULL);
         put(R_F64, "optim/grad_norm", &norm, 1);
-        put_f32("optim/lora_params_after_2_adamw_steps", p, lora->n_params);
+        put_f32("optim/lora_params_after_2_adamw_steps", p, lora_n_params(lora));
         free(p);
         trill_adamw_free(opt);
     }
     free(lg);
-    lora->enabled = false;
+    trill_lora_set_enabled(lora, false);
     forward(m, NULL, "lora_disabled/forward");
-    lora->enabled = true;
+    trill_lora_set_enabled(lora, true);
     trill_model_attach_lora(m, NULL);
 
     /* merging into an fp32 copy */
     trill_model *merged = model_of(&c, TRILL_F32, sp->seed);
     CHECK(trill_lora_merge(lora, merged));
-    put_f32("merged/params", merged->params, merged->n_f32);
+    put_f32("merged/params", trill_model_params(merged, &(size_t){ 0 }), model_n_f32(merged));
     forward(merged, NULL, "merged/forward");
     trill_model_free(merged);
 
     /* bf16 storage: forward, and LoRA gradients on the frozen bf16 base */
     trill_model *mb = model_of(&c, TRILL_BF16, sp->seed);
-    if (mb->storage != TRILL_BF16) die("trill_model_create_stored(TRILL_BF16): storage is not bf16");
-    const int64_t bsz[2] = { (int64_t)mb->n_f32, (int64_t)mb->n_bf16 };
+    if (trill_model_storage(mb) != TRILL_BF16) die("trill_model_create_stored(TRILL_BF16): storage is not bf16");
+    const size_t mb_f32 = model_n_f32(mb), mb_bf16 = (trill_model_bytes(mb) - mb_f32 * sizeof(float)) / sizeof(uint16_t);
+    const int64_t bsz[2] = { (int64_t)mb_f32, (int64_t)mb_bf16 };
     put(R_I64, "bf16/sizes(n_f32,n_bf16)", bsz, 2);
     forward(mb, NULL, "bf16/forward");
     if (moe) forward(mb, replay, "bf16/forward_replay");
     trill_lora *lb = lora_of(mb);
     trill_model_attach_lora(mb, lb);
-    free(train(mb, NULL, false, lb->n_params, "bf16/train_lora"));
+    free(train(mb, NULL, false, lora_n_params(lb), "bf16/train_lora"));
     trill_model_attach_lora(mb, NULL);
     trill_lora_free(lb);
     trill_model_free(mb);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/json.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/optim.h"
 #include "trill/model.h"

@@ -14,6 +14,7 @@
 #include "arch/qwen3/qwen3.h"
 #include "model/config_json.h"
 #include "trill/config.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/train.h"

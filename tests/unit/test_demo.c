@@ -14,6 +14,7 @@
 #include "trill/demo.h"
 #include "trill/fileio.h"
 #include "trill/infer.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/reward.h"
 #include "trill/rl.h"

@@ -15,6 +15,7 @@
 #include "testutil.h"
 #include "trill/eplb.h"
 #include "trill/infer.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/rng.h"
 #include "model/config_json.h"

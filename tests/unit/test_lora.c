@@ -12,6 +12,7 @@
 
 #include "testutil.h"
 #include "trill/fileio.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/rng.h"

@@ -15,6 +15,7 @@
 #include "trill/config.h"
 #include "trill/fileio.h"
 #include "trill/kernels.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/safetensors.h"
 

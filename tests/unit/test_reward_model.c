@@ -16,6 +16,7 @@
 #include "model/config_json.h"
 #include "trill/config.h"
 #include "base/json.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/reward_model.h"
 #include "model/tokenizer_json.h"

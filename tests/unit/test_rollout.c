@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "rl/rollout.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 
 /* Two sequences of one group: 3 prompt + 2 response tokens, 2 prompt + 3 response tokens;

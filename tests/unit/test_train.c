@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/train.h"
 

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/model_internal.h"
 #include "trill/model.h"
 
 /* A fresh empty directory under $TMPDIR (or /tmp); malloc'ed path. */

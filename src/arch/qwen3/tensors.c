@@ -6,6 +6,7 @@
 
 #include "arch/family.h"
 #include "arch/qwen3/qwen3.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 
 enum dim { D_H, D_V, D_HD, D_QD, D_KVD, D_I, D_IM, D_E, D_LABELS };

@@ -1,0 +1,45 @@
+/* The model's fields, for the library and its tests (trill/model.h is the public, opaque API). */
+#ifndef TRILL_MODEL_INTERNAL_H
+#define TRILL_MODEL_INTERNAL_H
+
+#include "trill/model.h"
+
+typedef struct trill_layer_weights {
+    float *input_norm;  /* [H] */
+    trill_weight wq;     /* [nh*hd, H] */
+    trill_weight wk, wv; /* [nkv*hd, H] */
+    trill_weight wo;     /* [H, nh*hd] */
+    float *q_norm;      /* [hd] */
+    float *k_norm;      /* [hd] */
+    float *post_norm;   /* [H] */
+    /* dense layer */
+    trill_weight mlp_gate, mlp_up; /* [I, H] */
+    trill_weight mlp_down;         /* [H, I] */
+    /* MoE layer */
+    trill_weight router;                  /* [E, H] */
+    trill_weight expert_gate, expert_up;  /* [E, Im, H] */
+    trill_weight expert_down;             /* [E, H, Im] */
+} trill_layer_weights;
+
+typedef struct trill_model {
+    trill_config config;
+    size_t n_params;      /* every parameter, whatever its storage */
+    trill_dtype storage;  /* of the matrices: TRILL_F32 (all in params) or TRILL_BF16 */
+    float *params;        /* fp32 tensors, one allocation: all n_params with fp32 storage */
+    size_t n_f32;         /* floats in params */
+    uint16_t *params_bf16; /* bf16 storage: the matrices, one allocation; else NULL */
+    size_t n_bf16;
+    trill_param *tensors; /* in checkpoint order */
+    size_t n_tensors;
+    trill_weight embed;   /* [V, H] */
+    float *final_norm;    /* [H] */
+    trill_weight lm_head; /* [V, H]; the same storage as embed when tie_word_embeddings; none
+                             (both pointers NULL) in a classifier */
+    trill_weight score;   /* classifier (config.num_labels > 0): "score.weight" [num_labels, H],
+                             never tied (HF's classifier has no output embeddings); else none */
+    trill_layer_weights *layers;
+    trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
+    struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
+} trill_model;
+
+#endif
