@@ -20,13 +20,16 @@
 double rope_yarn_mscale(double factor, double mscale);
 
 /* ---- the same on a stored weight (trill/weight.h): fp32 as above, bf16 widened a panel of
- * rows at a time into a per-thread fp32 buffer (at most WEIGHT_PANEL floats) ---- */
+ * rows at a time into a per-thread fp32 buffer (at most WEIGHT_PANEL floats). fp32 never fails;
+ * bf16 is TRILL_ERR_NOMEM (with the message set, the output incomplete) when the calling
+ * thread's panel buffer cannot be had ---- */
 
 /* out[T,N] = inp[T,K] @ W[N,K]^T */
-void matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N);
+trill_status matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N);
 /* dinp[T,K] += dout @ W (either storage); dweight[N,K] += dout^T @ inp, fp32 storage only
- * (a bf16 weight is frozen: pass dweight NULL). */
-void matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N);
+ * (a bf16 weight is frozen: pass dweight NULL, or the process aborts, a programmer's error). */
+trill_status matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K,
+                               int N);
 /* out[T,C] = table[tokens[t]] */
 void embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C);
 /* dst[n] = src widened (exact) */

@@ -30,8 +30,9 @@ void KERNEL(matmul_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, 
 
 /* out[T,C] = weight[C] * inp / sqrt(mean(inp^2) + eps), per row (HF RMSNorm). out may alias inp. */
 void KERNEL(rmsnorm_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int C, REAL_T eps);
-void KERNEL(rmsnorm_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
-                              int T, int C, REAL_T eps);
+/* dweight's per-thread partial sums are allocated: TRILL_ERR_NOMEM (nothing added) without them. */
+trill_status KERNEL(rmsnorm_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
+                                      int T, int C, REAL_T eps);
 
 /* inv_freq[hd/2] = 1 / theta^(2i/hd), in the working precision as Hugging Face computes it. */
 void KERNEL(rope_inv_freq)(REAL_T *inv_freq, int head_dim, double theta);

@@ -139,8 +139,9 @@ typedef struct trill_rl_config {
 } trill_rl_config;
 
 /* The defaults (the embedded demo's settings where a default makes sense). Overwrites *c without
- * freeing it. */
-void trill_rl_config_defaults(trill_rl_config *c);
+ * freeing it. TRILL_ERR_NOMEM when its strings cannot be allocated (*c is then empty: freeing it
+ * is safe). */
+trill_status trill_rl_config_defaults(trill_rl_config *c);
 /* Frees the strings; safe to call twice. */
 void trill_rl_config_free(trill_rl_config *c);
 
@@ -163,8 +164,8 @@ trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f);
  * values. */
 trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const trill_rl_config *now, const char *where);
 /* The config reference in Markdown (docs/config.md is exactly this): every key with type,
- * default, allowed values and meaning. */
-void trill_rl_config_reference(FILE *f);
+ * default, allowed values and meaning. Fails only when out of memory. */
+trill_status trill_rl_config_reference(FILE *f);
 
 /* ---- the controller ----
  * Runs `steps` RL steps (or continues a run from a checkpoint, see `resume`): each step

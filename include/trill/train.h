@@ -15,7 +15,9 @@
  * lora_grads[lora->n_params] (laid out as the attached adapters' params) += d loss / d adapters,
  * where dlogprobs[t] is d loss / d logprobs[t] (each sequence's first entry is ignored).
  * Either block may be NULL: LoRA training passes grads = NULL (base frozen), full fine-tuning
- * lora_grads = NULL. Not reentrant for one pass (it reuses the pass's scratch). */
+ * lora_grads = NULL. Not reentrant for one pass (it reuses the pass's scratch). On failure
+ * (TRILL_ERR_NOMEM: scratch that could not be allocated) the blocks hold part of the gradient:
+ * discard them. */
 trill_status trill_model_backward(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads);
 
 /* FLOPs of one training step (forward keeping activations + backward) over a packed batch,

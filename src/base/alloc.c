@@ -1,5 +1,6 @@
 #include "base/alloc.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -8,11 +9,15 @@
 static _Atomic long g_count; /* allocations since the last trill_alloc_fail_after */
 static _Atomic long g_limit = -1;
 
-/* true when this allocation is to fail (injection armed and past its limit) */
+/* true when this allocation is to fail (injection armed and past its limit); errno is then
+ * ENOMEM, as libc's allocators leave it, so code that reads errno after a failure (jansson's
+ * callers, base/json.c) sees an injected failure as a real one */
 static inline int injected(void) {
     const long n = atomic_fetch_add_explicit(&g_count, 1, memory_order_relaxed);
     const long limit = atomic_load_explicit(&g_limit, memory_order_relaxed);
-    return limit >= 0 && n >= limit;
+    if (limit < 0 || n < limit) return 0;
+    errno = ENOMEM;
+    return 1;
 }
 
 void *trill_malloc(size_t n) { return injected() ? NULL : malloc(n); }

@@ -64,12 +64,12 @@ trill_status trill_atomic_write(trill_atomic_file *af, const void *data, size_t 
     return TRILL_OK;
 }
 
-static void fsync_parent_dir(const char *path) {
-    char *copy = trill_strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+/* fsyncs the folder holding `path`, its name built in buf (room for path): nothing to allocate
+ * once the file has been renamed into place. */
+static void fsync_parent_dir(const char *path, char *buf) {
+    strcpy(buf, path);
+    int fd = open(dirname(buf), O_RDONLY | O_DIRECTORY);
     if (fd >= 0) { fsync(fd); close(fd); }
-    free(copy);
 }
 
 trill_status trill_atomic_commit(trill_atomic_file *af) {
@@ -81,7 +81,11 @@ trill_status trill_atomic_commit(trill_atomic_file *af) {
     af->f = NULL;
     if (st == TRILL_OK && rename(af->tmp_path, af->path) != 0)
         st = trill_error(TRILL_ERR_IO, "%s: cannot rename into place: %s", af->path, strerror(errno));
-    if (st == TRILL_OK) fsync_parent_dir(af->path);
+    if (st == TRILL_OK) {
+        fsync_parent_dir(af->path, af->tmp_path); /* tmp_path (longer than path) is free now */
+        free(af->tmp_path);
+        af->tmp_path = NULL;
+    }
     trill_atomic_abort(af); /* frees names; unlinks the temporary only if it still exists */
     return st;
 }

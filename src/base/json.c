@@ -1,5 +1,6 @@
 #include "base/json.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +9,12 @@
 
 trill_status trill_json_parse(const char *what, const char *buf, size_t len, json_t **out) {
     json_error_t err;
+    errno = 0;
     json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &err);
+    /* An allocation failing inside jansson is often reported as a syntax error (or with no
+     * message); the allocator's errno tells them apart (parsing a buffer does no I/O). */
+    if (!root && (errno == ENOMEM || json_error_code(&err) == json_error_out_of_memory || !err.text[0]))
+        return trill_error(TRILL_ERR_NOMEM, "%s: out of memory parsing JSON (%zu bytes)", what, len);
     if (!root)
         return trill_error(TRILL_ERR_INVALID, "%s: invalid JSON at line %d column %d: %s",
                            what, err.line, err.column, err.text);
@@ -92,8 +98,9 @@ trill_status trill_json_get_string(const json_t *obj, const char *key, const cha
 }
 
 trill_status trill_json_write_file(const char *path, const json_t *root) {
+    if (!root) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory building JSON", path); /* json_pack's NULL */
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
-    if (!text) return trill_error(TRILL_ERR_NOMEM, "%s: cannot serialise JSON", path);
+    if (!text) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory serialising JSON", path);
     size_t n = strlen(text);
     text[n] = '\n'; /* replace the terminating NUL: the file ends in a newline */
     trill_status st = trill_write_file_atomic(path, text, n + 1);

@@ -24,7 +24,8 @@ trill_status trill_json_get_bool(const json_t *obj, const char *key, const char 
 trill_status trill_json_get_string(const json_t *obj, const char *key, const char *what,
                                    const char **out);
 
-/* Writes `root` as pretty JSON (2-space indent, keys in insertion order) atomically. */
+/* Writes `root` as pretty JSON (2-space indent, keys in insertion order) atomically. root NULL (what
+ * a jansson builder returns when out of memory) is TRILL_ERR_NOMEM. */
 trill_status trill_json_write_file(const char *path, const json_t *root);
 
 #endif

@@ -52,3 +52,11 @@ void *trill_tls_buffer(trill_tls_slot *s, size_t bytes) {
     }
     return b->p[slot];
 }
+
+void trill_tls_release(void) {
+    tls_buffers *b = t_buffers;
+    if (!b) return;
+    pthread_setspecific(g_key, NULL);
+    t_buffers = NULL;
+    free_buffers(b);
+}

@@ -17,4 +17,8 @@ typedef struct trill_tls_slot {
  * needed, contents not kept when it grows); NULL when out of memory (or out of slots). */
 void *trill_tls_buffer(trill_tls_slot *slot, size_t bytes);
 
+/* Frees the calling thread's buffers now (they are made again on next use): for a thread that
+ * is done with big work but lives on, and for tests that must see the first allocations again. */
+void trill_tls_release(void);
+
 #endif

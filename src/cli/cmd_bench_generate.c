@@ -48,6 +48,11 @@ static double memory_bandwidth(void) {
 static int parse_list(const char *text, const char *flag, int *out, int max, long long lo, long long hi) {
     int n = 0;
     char *copy = strdup(text), *save = NULL;
+    if (!copy) {
+        trill_error(TRILL_ERR_NOMEM, "out of memory");
+        cli_fail("bench");
+        return -1;
+    }
     for (char *tok = strtok_r(copy, ",", &save); tok && n < max; tok = strtok_r(NULL, ",", &save)) {
         long long v;
         if (cli_parse_int("bench", USAGE, flag, tok, lo, hi, &v)) { free(copy); return -1; }
@@ -146,6 +151,10 @@ int bench_generate(int argc, char **argv) {
     trill_gen_format formats[3];
     int n_formats = 0;
     char *copy = strdup(dtypes), *save = NULL;
+    if (!copy) {
+        trill_error(TRILL_ERR_NOMEM, "out of memory");
+        return cli_fail("bench");
+    }
     for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n_formats == 3 || trill_gen_format_parse(tok, &formats[n_formats])) {
             free(copy);

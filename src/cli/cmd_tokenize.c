@@ -30,6 +30,7 @@ static trill_status decode_line(const trill_tokenizer *tok, const char *line, si
     size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
     int *ids = malloc((n ? n : 1) * sizeof *ids);
     if (!json_is_array(arr)) st = trill_error(TRILL_ERR_INVALID, "expected a JSON array of token ids");
+    else if (!ids) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < n; i++) {
         const json_t *v = json_array_get(arr, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 30))

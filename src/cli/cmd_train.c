@@ -55,13 +55,13 @@ int cmd_train(int argc, char **argv) {
         switch (c) {
         case 'r': resume = optarg; break;
         case 'p': print_only = true; break;
-        case 'R': trill_rl_config_reference(stdout); return 0;
+        case 'R': return trill_rl_config_reference(stdout) ? cli_fail("train") : 0;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("train", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
     trill_rl_config cfg;
-    trill_rl_config_defaults(&cfg);
+    if (trill_rl_config_defaults(&cfg)) return cli_fail("train");
     int rc = 0, first = optind;
     if (first < argc && !strchr(argv[first], '=')) {
         if (trill_rl_config_load(&cfg, argv[first])) { rc = cli_fail("train"); goto done; }

@@ -125,7 +125,8 @@ bool trill_engine_busy(const trill_engine *e) { return e->sched.n_active > 0 || 
 trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     trill_step_stats local = { 0 };
     int R = 0;
-    trill_status st = eng_take_update(e);
+    trill_status st = e->sched.recheck_stops ? eng_finish_stopped(e) : TRILL_OK; /* left by a failed step */
+    if (!st) st = eng_take_update(e);
     if (!st) st = eng_schedule(e, &R, &local);
     if (!st && R == 0 && trill_engine_busy(e)) /* never a step that makes no progress */
         st = trill_error(TRILL_ERR_INVALID, "engine: no work can be scheduled: %d sequences waiting, %d running, %d of %d KV blocks free",
@@ -133,8 +134,8 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     if (!st && R > 0) st = eng_ensure_sampler_scratch(e);
     if (!st && R > 0) st = eng_ensure_scores(e, R);
     if (!st && R > 0) {
-        eng_forward_rows(e, R);
-        st = eng_after_forward(e, R);
+        st = eng_forward_rows(e, R);
+        if (!st) st = eng_after_forward(e, R);
         if (!st && e->eplb.window) st = eng_eplb_after_step(e);
     }
     local.rows = R;

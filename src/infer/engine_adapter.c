@@ -151,7 +151,19 @@ trill_status eng_take_update(trill_engine *e) {
     pthread_mutex_unlock(&e->update.lock);
     if (!pending) return TRILL_OK;
     trill_status st = ad ? eng_ensure_lora_buffers(e, ad->rank) : TRILL_OK;
-    if (st) { /* keep running on the old weights; the update is dropped with the error */
+    if (st) { /* the old weights stay; the update waits for the next step, unless a newer one came */
+        pthread_mutex_lock(&e->update.lock);
+        if (!e->update.pending) {
+            e->update.pending = true;
+            e->update.has_w = has_w;
+            e->update.has_ad = has_ad;
+            e->update.w = w;
+            e->update.ad = ad;
+            e->update.version = version;
+            w = NULL;
+            ad = NULL;
+        }
+        pthread_mutex_unlock(&e->update.lock);
         eng_free_weights(&e->c, w);
         eng_free_adapter(&e->c, ad);
         return st;

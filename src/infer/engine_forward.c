@@ -9,6 +9,7 @@
  * ascending logical id; adapters add their side path after each matrix they target. */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,17 +105,26 @@ trill_status eng_ensure_lora_buffers(trill_engine *e, int r) {
     const size_t others[] = { (size_t)c->hidden_size, 2 * (size_t)c->intermediate_size, 2 * (size_t)c->moe_intermediate_size };
     for (int i = 0; i < 3; i++) if (others[i] > cols) cols = others[i];
     /* lora_out rows have a fixed stride so row offsets work; lm_head's rows (at most R) are wider */
-    e->fwd.lora_cols = (int)cols;
     size_t out = rows * cols;
     if (R * (size_t)c->vocab_size > out) out = R * (size_t)c->vocab_size;
+    /* the new buffers first: when they cannot be had, the adapters in use keep theirs */
+    float *xa = trill_malloc(sizeof(float) * rows * 3 * (size_t)r), *in = trill_malloc(sizeof(float) * rows * (size_t)r);
+    float *lout = trill_malloc(sizeof(float) * out);
+    if (!xa || !in || !lout) {
+        free(xa);
+        free(in);
+        free(lout);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
+    }
     free(e->fwd.lora_xa);
     free(e->fwd.lora_in);
     free(e->fwd.lora_out);
-    e->fwd.lora_xa = trill_malloc(sizeof(float) * rows * 3 * (size_t)r);
-    e->fwd.lora_in = trill_malloc(sizeof(float) * rows * (size_t)r);
-    e->fwd.lora_out = trill_malloc(sizeof(float) * out);
-    e->fwd.lora_rank = e->fwd.lora_xa && e->fwd.lora_in && e->fwd.lora_out ? r : 0;
-    return e->fwd.lora_rank ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
+    e->fwd.lora_xa = xa;
+    e->fwd.lora_in = in;
+    e->fwd.lora_out = lout;
+    e->fwd.lora_cols = (int)cols;
+    e->fwd.lora_rank = r;
+    return TRILL_OK;
 }
 
 /* ---- rows, and the adapters' side path ---- */
@@ -125,21 +135,21 @@ static void gather_rows(float *dst, const float *src, int rows, int width, int s
 
 /* y[T, width] += the adapter's side path on input x[T, K] (nothing if the matrix has none).
  * row0: where these rows sit among the step's expert rows, so concurrent callers (EPLB workers)
- * use disjoint parts of the buffers. */
-static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width, const float *x, int T, int row0) {
-    if (el->n_adapted == 0 || T == 0) return;
+ * use disjoint parts of the buffers. Fails as gen_matmul (the adapters are fp32: never). */
+static trill_status apply_lora(trill_engine *e, const eng_lora *el, float *y, int width, const float *x, int T, int row0) {
+    if (el->n_adapted == 0 || T == 0) return TRILL_OK;
     const int r = e->ad->rank, na = el->n_adapted;
     const float s = e->ad->scale;
     float *lxa = e->fwd.lora_xa + (size_t)row0 * 3 * r, *lin = e->fwd.lora_in + (size_t)row0 * r;
     float *lout = e->fwd.lora_out + (size_t)row0 * e->fwd.lora_cols;
-    gen_matmul(lxa, x, &el->A, T);
-    for (int a = 0; a < na; a++) {
+    trill_status st = gen_matmul(lxa, x, &el->A, T);
+    for (int a = 0; a < na && !st; a++) {
         const float *xa = lxa;
         if (na > 1) { /* this part's columns of x A^T, contiguous */
             gather_rows(lin, lxa, T, r, na * r, a * r);
             xa = lin;
         }
-        gen_matmul(lout, xa, &el->B[a], T);
+        if ((st = gen_matmul(lout, xa, &el->B[a], T))) break;
         const int cols = el->cols[a], col0 = el->col0[a];
 #pragma omp parallel for if(parallel: (size_t)T * cols >= PARALLEL_MIN) schedule(static)
         for (int t = 0; t < T; t++) {
@@ -148,6 +158,7 @@ static void apply_lora(trill_engine *e, const eng_lora *el, float *y, int width,
             for (int j = 0; j < cols; j++) yt[j] += s * d[j];
         }
     }
+    return st;
 }
 
 /* ---- paged attention ---- */
@@ -294,18 +305,21 @@ static void add_rows(float *x, const float *y, size_t n) {
 
 /* Rows order[first .. first+n) of the step, all routed to logical expert x: gathered, through
  * the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
- * positions, so workers computing different experts never touch the same memory. */
-static void expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int x, int first, int n) {
+ * positions, so workers computing different experts never touch the same memory. Fails as
+ * gen_matmul (the message is on the calling thread). */
+static trill_status expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int x, int first, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     float *xe = e->fwd.xe + (size_t)first * H, *ff = e->fwd.ff + (size_t)first * 2 * Im, *act = e->fwd.act + (size_t)first * Im;
     float *ye = e->fwd.ye + (size_t)first * H;
     for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->fwd.xn + (size_t)(e->fwd.order[first + i] / K) * H, sizeof(float) * H);
-    gen_matmul(ff, xe, &L->experts[QWEN3_EXPERT_GATE][x], n);
-    if (A) apply_lora(e, &A->experts[QWEN3_EXPERT_GATE][x], ff, 2 * Im, xe, n, first);
+    trill_status st = gen_matmul(ff, xe, &L->experts[QWEN3_EXPERT_GATE][x], n);
+    if (!st && A) st = apply_lora(e, &A->experts[QWEN3_EXPERT_GATE][x], ff, 2 * Im, xe, n, first);
+    if (st) return st;
     swiglu_fused(act, ff, n, Im);
-    gen_matmul(ye, act, &L->experts[QWEN3_EXPERT_DOWN][x], n);
-    if (A) apply_lora(e, &A->experts[QWEN3_EXPERT_DOWN][x], ye, H, act, n, first);
+    st = gen_matmul(ye, act, &L->experts[QWEN3_EXPERT_DOWN][x], n);
+    if (!st && A) st = apply_lora(e, &A->experts[QWEN3_EXPERT_DOWN][x], ye, H, act, n, first);
+    return st;
 }
 
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
@@ -344,10 +358,11 @@ static void combine_experts(trill_engine *e, int R) {
 /* Router, top-k, capture, the experts, and out = sum_k gate_k expert_k(xn). Without EPLB each
  * expert's rows are one threaded GEMM; with it, rows go to physical replicas and each worker
  * (thread) computes the replicas it holds. */
-static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
+static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, K = c->num_experts_per_tok;
-    gen_matmul(e->fwd.probs, e->fwd.xn, &L->m[QWEN3_ROUTER], R);
+    trill_status st = gen_matmul(e->fwd.probs, e->fwd.xn, &L->m[QWEN3_ROUTER], R);
+    if (st) return st;
     softmax_forward(e->fwd.probs, e->fwd.probs, R, E);
     topk_forward(e->fwd.topi, e->fwd.topw, e->fwd.probs, R, E, K);
     router_gates_forward(e->fwd.topw, e->fwd.probs, e->fwd.topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
@@ -365,35 +380,46 @@ static void moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, in
         for (int i = 0; i < R * K; i++) e->fwd.phys[i] = trill_eplb_physical(plan, ordinal, e->fwd.topi[i], (uint64_t)i);
         group_by(e, e->fwd.phys, R * K, plan->n_physical);
         const int per = plan->n_physical / e->eplb.workers;
+        /* a worker's failure leaves its message on its own thread: the first is copied out */
+        int failed = 0;
+        char message[512] = "";
 #pragma omp parallel num_threads(e->eplb.workers)
         {
             const int w = omp_get_thread_num();
             for (int p = w * per; p < (w + 1) * per; p++) {
                 const int first = p ? e->fwd.count[p - 1] : 0, n = e->fwd.count[p] - first;
-                if (n > 0) expert_rows(e, L, A, plan->phy2log[(size_t)ordinal * plan->n_physical + p], first, n);
+                if (n > 0 && expert_rows(e, L, A, plan->phy2log[(size_t)ordinal * plan->n_physical + p], first, n)) {
+#pragma omp critical(trill_eplb_failure)
+                    if (!failed++) snprintf(message, sizeof message, "%s", trill_error_message());
+                    break;
+                }
             }
         }
+        if (failed) return trill_error(TRILL_ERR_NOMEM, "EPLB worker: %s", message);
     } else {
         group_by(e, e->fwd.topi, R * K, E);
-        for (int x = 0; x < E; x++) {
+        for (int x = 0; x < E && !st; x++) {
             const int first = x ? e->fwd.count[x - 1] : 0, n = e->fwd.count[x] - first;
-            if (n > 0) expert_rows(e, L, A, x, first, n);
+            if (n > 0) st = expert_rows(e, L, A, x, first, n);
         }
+        if (st) return st;
     }
     combine_experts(e, R);
+    return TRILL_OK;
 }
 
 /* ---- the layers ---- */
 
 /* Layer l's attention on xn: out = o(attention(rope(norm(q)), rope(norm(k)), v)), the rows' own
  * keys and values joining the cache before anyone reads. */
-static void attention_block(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
+static trill_status attention_block(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    gen_matmul(e->fwd.qkv, e->fwd.xn, &L->m[QWEN3_Q], R);
-    if (A) apply_lora(e, &A->m[QWEN3_Q], e->fwd.qkv, width, e->fwd.xn, R, 0);
+    trill_status st = gen_matmul(e->fwd.qkv, e->fwd.xn, &L->m[QWEN3_Q], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_Q], e->fwd.qkv, width, e->fwd.xn, R, 0);
+    if (st) return st;
     gather_rows(e->fwd.q, e->fwd.qkv, R, qd, width, 0);
     gather_rows(e->fwd.k, e->fwd.qkv, R, kvd, width, qd);
     gather_rows(e->fwd.v, e->fwd.qkv, R, kvd, width, qd + kvd);
@@ -408,21 +434,24 @@ static void attention_block(trill_engine *e, const eng_layer *L, const eng_lora_
         trill_from_f32(kv_value(&e->kv, b, l, slot), e->fwd.v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, R);
-    gen_matmul(e->fwd.out, e->fwd.att, &L->m[QWEN3_O], R);
-    if (A) apply_lora(e, &A->m[QWEN3_O], e->fwd.out, H, e->fwd.att, R, 0);
+    st = gen_matmul(e->fwd.out, e->fwd.att, &L->m[QWEN3_O], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_O], e->fwd.out, H, e->fwd.att, R, 0);
+    return st;
 }
 
 /* A dense layer's MLP on xn: out = down(silu(gate) * up). */
-static void dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
+static trill_status dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const int H = e->c.hidden_size, I = e->c.intermediate_size;
-    gen_matmul(e->fwd.ff, e->fwd.xn, &L->m[QWEN3_GATE], R);
-    if (A) apply_lora(e, &A->m[QWEN3_GATE], e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
+    trill_status st = gen_matmul(e->fwd.ff, e->fwd.xn, &L->m[QWEN3_GATE], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_GATE], e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
+    if (st) return st;
     swiglu_fused(e->fwd.act, e->fwd.ff, R, I);
-    gen_matmul(e->fwd.out, e->fwd.act, &L->m[QWEN3_DOWN], R);
-    if (A) apply_lora(e, &A->m[QWEN3_DOWN], e->fwd.out, H, e->fwd.act, R, 0);
+    st = gen_matmul(e->fwd.out, e->fwd.act, &L->m[QWEN3_DOWN], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_DOWN], e->fwd.out, H, e->fwd.act, R, 0);
+    return st;
 }
 
-void eng_forward_rows(trill_engine *e, int R) {
+trill_status eng_forward_rows(trill_engine *e, int R) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
@@ -433,21 +462,24 @@ void eng_forward_rows(trill_engine *e, int R) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
         rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
-        attention_block(e, L, A, l, R);
+        trill_status st = attention_block(e, L, A, l, R);
+        if (st) return st;
         add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
         rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_POST_NORM], R, H, eps);
-        if (trill_config_is_moe(c, l)) moe(e, L, A, c->moe_ordinal[l], R);
-        else dense_mlp(e, L, A, R);
+        st = trill_config_is_moe(c, l) ? moe(e, L, A, c->moe_ordinal[l], R) : dense_mlp(e, L, A, R);
+        if (st) return st;
         add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
     }
+    return TRILL_OK;
 }
 
 /* The final norm, lm_head and its adapter over the rows listed in rows.logit. */
-void eng_forward_logits(trill_engine *e, int n) {
+trill_status eng_forward_logits(trill_engine *e, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, V = c->vocab_size;
     for (int i = 0; i < n; i++) memcpy(e->fwd.xn + (size_t)i * H, e->fwd.x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
     rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
-    gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->global.m[QWEN3_LM_HEAD], n);
-    if (e->ad) apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], e->fwd.logits, V, e->fwd.xn, n, 0);
+    trill_status st = gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->global.m[QWEN3_LM_HEAD], n);
+    if (!st && e->ad) st = apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], e->fwd.logits, V, e->fwd.xn, n, 0);
+    return st;
 }

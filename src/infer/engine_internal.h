@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "base/alloc.h"
 #include "infer/gemm.h"
 #include "infer/kvcache.h"
 #include "trill/eplb.h"
@@ -141,6 +142,7 @@ typedef struct eng_sched {
     int n_reqs, cap_reqs;
     trill_sequence_out *done;
     int n_done, cap_done;
+    bool recheck_stops;   /* the last step could not check its stop strings (eng_finish_stopped) */
 } eng_sched;
 
 /* The step's rows, (sequence, position, token), for up to max_batch_tokens of them. */
@@ -206,7 +208,7 @@ static inline void *eng_grow(void *p, int *cap, int need, size_t elem) {
     if (need <= *cap) return p;
     int c = *cap ? *cap : 8;
     while (c < need) c *= 2;
-    void *q = realloc(p, (size_t)c * elem);
+    void *q = trill_realloc(p, (size_t)c * elem);
     if (q) *cap = c;
     return q;
 }
@@ -258,17 +260,23 @@ void eng_forward_free(trill_engine *e);
 trill_status eng_ensure_scores(trill_engine *e, int R);
 /* The adapter side path's buffers for rank r. */
 trill_status eng_ensure_lora_buffers(trill_engine *e, int r);
-/* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states. */
-void eng_forward_rows(trill_engine *e, int R);
-/* Logits (e->fwd.logits) of the n rows listed in e->rows.logit. */
-void eng_forward_logits(trill_engine *e, int n);
+/* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states.
+ * TRILL_ERR_NOMEM when a matrix kernel's scratch cannot be had (nothing else is changed: the KV
+ * cache rows written are the step's own, rewritten when it runs again). */
+trill_status eng_forward_rows(trill_engine *e, int R);
+/* Logits (e->fwd.logits) of the n rows listed in e->rows.logit; fails as eng_forward_rows. */
+trill_status eng_forward_logits(trill_engine *e, int n);
 
 /* engine_sample.c */
 trill_status eng_sampler_alloc(trill_engine *e);
 void eng_sampler_free(trill_engine *e);
 /* Sampler scratch for this thread count. */
 trill_status eng_ensure_sampler_scratch(trill_engine *e);
-/* After the forward over R rows: logits, forks, samples, stops. */
+/* After the forward over R rows: logits, forks, samples, stops. Out of memory before the samples
+ * are taken changes nothing (the step can run again); after them, only the stop check can fail,
+ * and it is left pending (sched.recheck_stops). */
 trill_status eng_after_forward(trill_engine *e, int R);
+/* Finishes the sequences whose newest token stops them. */
+trill_status eng_finish_stopped(trill_engine *e);
 
 #endif

@@ -170,7 +170,9 @@ trill_status eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
     for (int i = 0; i < e->sched.n_active && R < e->rows.max; i++) {
         seq *s = e->sched.active[i];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
-        while (kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed) != 0) {
+        int got;
+        while ((got = kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) != 0) {
+            if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
             /* out of blocks: the newest sequence makes room (this one, if it is the newest) */
             trill_status st = preempt(e, e->sched.n_active - 1);
             if (st) return st;
@@ -185,7 +187,9 @@ trill_status eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
     while (e->sched.n_waiting > 0 && R < e->rows.max && e->sched.n_active < e->cfg.max_running) {
         seq *s = e->sched.waiting[0];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
-        if (kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed) != 0) break;
+        const int got = kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed);
+        if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
+        if (got) break;
         seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);
         if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         e->sched.active = a;

@@ -34,9 +34,11 @@ trill_status eng_ensure_sampler_scratch(trill_engine *e) {
     return TRILL_OK;
 }
 
-static bool hits_stop_string(const trill_engine *e, const seq *s) {
+/* *hit: the sequence's text ends in a stop string; fails only when out of memory decoding it. */
+static trill_status hits_stop_string(const trill_engine *e, const seq *s, bool *hit) {
     const req *q = s->rq;
-    if (q->r.n_stop_strings == 0) return false;
+    *hit = false;
+    if (q->r.n_stop_strings == 0) return TRILL_OK;
     /* a stop string of L <= 256 bytes completed by the newest token lies within its last L + 1 tokens */
     const int gen = s->n_tokens - s->n_prompt;
     int from = gen - (int)q->max_stop_len - 1;
@@ -48,11 +50,12 @@ static bool hits_stop_string(const trill_engine *e, const seq *s) {
         if (s->tokens[s->n_prompt + i] < known) ids[n++] = s->tokens[s->n_prompt + i];
     char *text = NULL;
     size_t len = 0;
-    if (trill_tokenizer_decode(e->cfg.tokenizer, ids, (size_t)n, false, &text, &len)) return false;
-    bool hit = false;
-    for (int i = 0; i < q->r.n_stop_strings && !hit; i++) hit = strstr(text, q->stop_strings[i]) != NULL;
+    trill_status st = trill_tokenizer_decode(e->cfg.tokenizer, ids, (size_t)n, false, &text, &len);
+    if (st == TRILL_ERR_NOMEM) return st;
+    if (st) return TRILL_OK; /* an id the tokenizer has no string for: no text to match */
+    for (int i = 0; i < q->r.n_stop_strings && !*hit; i++) *hit = strstr(text, q->stop_strings[i]) != NULL;
     free(text);
-    return hit;
+    return TRILL_OK;
 }
 
 static trill_status finish(trill_engine *e, int active_index, trill_finish why) {
@@ -104,26 +107,27 @@ int trill_engine_abort(trill_engine *e, uint64_t request) {
     return n;
 }
 
-/* The group's other samples start from the same prompt, sharing its blocks. */
-static trill_status fork_samples(trill_engine *e, seq *parent) {
+/* The group's other samples start from the same prompt, sharing its blocks: made into the
+ * active list's reserved room past n_active (counted in only when the whole step succeeds),
+ * *made of them. Their tokens are copied once the parent's prompt counts as computed. */
+static trill_status make_forks(trill_engine *e, const seq *parent, int *made) {
     const req *q = parent->rq;
-    parent->forks_pending = false;
-    seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + q->r.n - 1, sizeof *a);
-    if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    e->sched.active = a;
-    const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
     for (int k = 1; k < q->r.n; k++) {
         seq *s;
         trill_status st = eng_new_seq(e, (req *)q, k, &s);
         if (!st && (st = kv_table_share(&e->kv, &s->kv, &parent->kv))) eng_free_seq(e, s);
         if (st) return st;
-        memcpy(s->tokens, parent->tokens, sizeof(int) * (size_t)parent->n_tokens);
-        s->n_tokens = parent->n_tokens;
-        s->n_computed = parent->n_computed;
-        if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
-        e->sched.active[e->sched.n_active++] = s;
+        e->sched.active[e->sched.n_active + (*made)++] = s;
     }
     return TRILL_OK;
+}
+
+static void start_fork(const trill_engine *e, seq *s, const seq *parent) {
+    const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
+    memcpy(s->tokens, parent->tokens, sizeof(int) * (size_t)parent->n_tokens);
+    s->n_tokens = parent->n_tokens;
+    s->n_computed = parent->n_computed;
+    if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
 }
 
 /* Samples the next token of every (sequence, logits row) pair, the pairs spread over the
@@ -141,12 +145,15 @@ static trill_status sample_all(trill_engine *e, int n) {
                                           (uint32_t)gen, (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num(), &lp);
         e->smp.lp[i] = lp;
     }
+    for (int i = 0; i < n; i++) /* refused before any sequence takes its token */
+        if (e->smp.token[i] < 0) {
+            const seq *s = e->smp.seq[i];
+            return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
+                               (unsigned long long)s->rq->r.id, s->sample, s->n_tokens - s->n_prompt);
+        }
     for (int i = 0; i < n; i++) {
         seq *s = e->smp.seq[i];
         const int gen = s->n_tokens - s->n_prompt;
-        if (e->smp.token[i] < 0)
-            return trill_error(TRILL_ERR_INVALID, "request %llu, sample %d, token %d: every logit is NaN or -inf (the weights are broken)",
-                               (unsigned long long)s->rq->r.id, s->sample, gen);
         s->tokens[s->n_tokens++] = e->smp.token[i];
         s->logprobs[gen] = e->smp.lp[i];
         s->versions[gen] = e->version;
@@ -154,30 +161,36 @@ static trill_status sample_all(trill_engine *e, int n) {
     return TRILL_OK;
 }
 
-/* One more (sequence, logits row) pair to sample; the arrays grow with forks. */
-static trill_status want_sample(trill_engine *e, int *n, seq *s, int row) {
-    if (*n == e->smp.cap) {
-        const int cap = e->smp.cap ? 2 * e->smp.cap : 64;
-        seq **a = trill_realloc(e->smp.seq, sizeof *a * (size_t)cap);
-        if (a) e->smp.seq = a;
-        int *b = a ? trill_realloc(e->smp.row, sizeof *b * (size_t)cap) : NULL;
-        if (b) e->smp.row = b;
-        int *t = b ? trill_realloc(e->smp.token, sizeof *t * (size_t)cap) : NULL;
-        if (t) e->smp.token = t;
-        float *l = t ? trill_realloc(e->smp.lp, sizeof *l * (size_t)cap) : NULL;
-        if (!l) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        e->smp.lp = l;
-        e->smp.cap = cap;
-    }
-    e->smp.seq[*n] = s;
-    e->smp.row[*n] = row;
-    (*n)++;
+/* Room for n (sequence, logits row) pairs to sample. */
+static trill_status reserve_samples(trill_engine *e, int n) {
+    if (n <= e->smp.cap) return TRILL_OK;
+    int cap = e->smp.cap ? e->smp.cap : 64;
+    while (cap < n) cap *= 2;
+    seq **a = trill_realloc(e->smp.seq, sizeof *a * (size_t)cap);
+    if (a) e->smp.seq = a;
+    int *b = a ? trill_realloc(e->smp.row, sizeof *b * (size_t)cap) : NULL;
+    if (b) e->smp.row = b;
+    int *t = b ? trill_realloc(e->smp.token, sizeof *t * (size_t)cap) : NULL;
+    if (t) e->smp.token = t;
+    float *l = t ? trill_realloc(e->smp.lp, sizeof *l * (size_t)cap) : NULL;
+    if (!l) return trill_error(TRILL_ERR_NOMEM, "out of memory for %d samples", n);
+    e->smp.lp = l;
+    e->smp.cap = cap;
     return TRILL_OK;
 }
 
+/* One more (sequence, logits row) pair to sample (room reserved). */
+static void want_sample(trill_engine *e, int *n, seq *s, int row) {
+    e->smp.seq[*n] = s;
+    e->smp.row[*n] = row;
+    (*n)++;
+}
+
 /* Finishes every sequence whose newest sampled token stops it: a stop id, a stop string, or
- * max_new_tokens reached. */
-static trill_status finish_stopped(trill_engine *e) {
+ * max_new_tokens reached. When a stop string cannot be checked (out of memory decoding), the
+ * check is left pending: the next step makes it before anything else. */
+trill_status eng_finish_stopped(trill_engine *e) {
+    e->sched.recheck_stops = true;
     for (int i = 0; i < e->sched.n_active;) {
         seq *s = e->sched.active[i];
         const int gen = s->n_tokens - s->n_prompt;
@@ -186,38 +199,71 @@ static trill_status finish_stopped(trill_engine *e) {
         bool stop_id = false;
         for (int k = 0; k < s->rq->r.n_stop_ids && !stop_id; k++) stop_id = last == s->rq->r.stop_ids[k];
         trill_finish why = TRILL_FINISH_LENGTH;
-        bool done = true;
+        bool done = true, stop_string = false;
+        if (!stop_id) {
+            trill_status st = hits_stop_string(e, s, &stop_string);
+            if (st) return st;
+        }
         if (stop_id) why = TRILL_FINISH_STOP_ID;
-        else if (hits_stop_string(e, s)) why = TRILL_FINISH_STOP_STRING;
+        else if (stop_string) why = TRILL_FINISH_STOP_STRING;
         else if (gen >= s->rq->r.max_new_tokens) why = TRILL_FINISH_LENGTH;
         else done = false;
         if (!done) { i++; continue; }
         trill_status st = finish(e, i, why);
         if (st) return st;
     }
+    e->sched.recheck_stops = false;
     return TRILL_OK;
 }
 
+/* After the forward, in two phases. First everything that can fail for want of memory, changing
+ * nothing the engine counts on: the logits, room for the step's forks, samples and finished
+ * sequences, the forks themselves; a failure there leaves the step to be run again. Then the
+ * step takes effect: computed positions, forks, samples, finished sequences. */
 trill_status eng_after_forward(trill_engine *e, int R) {
     /* rows that end their sequence's known tokens produce logits */
-    int n_logit = 0;
+    int n_logit = 0, n_forks = 0;
+    for (int r = 0; r < R; r++)
+        if (e->rows.pos[r] == e->rows.seq[r]->n_tokens - 1) e->rows.logit[n_logit++] = r;
+    trill_status st = eng_forward_logits(e, n_logit);
+    for (int i = 0; i < n_logit; i++) {
+        const seq *s = e->rows.seq[e->rows.logit[i]];
+        if (s->forks_pending) n_forks += s->rq->r.n - 1;
+    }
+    const int active = e->sched.n_active + n_forks;
+    seq **a = st ? NULL : eng_grow(e->sched.active, &e->sched.cap_active, active, sizeof *a);
+    if (a) e->sched.active = a;
+    trill_sequence_out *d = a ? eng_grow(e->sched.done, &e->sched.cap_done, e->sched.n_done + active, sizeof *d) : NULL;
+    if (d) e->sched.done = d;
+    if (!st && !d) st = trill_error(TRILL_ERR_NOMEM, "out of memory for %d sequences", active);
+    if (!st) st = reserve_samples(e, n_logit + n_forks);
+    int made = 0;
+    for (int i = 0; i < n_logit && !st; i++) {
+        const seq *s = e->rows.seq[e->rows.logit[i]];
+        if (s->forks_pending) st = make_forks(e, s, &made);
+    }
+    if (st) {
+        while (made > 0) eng_free_seq(e, e->sched.active[e->sched.n_active + --made]);
+        return st;
+    }
     for (int r = 0; r < R; r++) {
         seq *s = e->rows.seq[r];
         s->n_computed = e->rows.pos[r] + 1 > s->n_computed ? e->rows.pos[r] + 1 : s->n_computed;
-        if (e->rows.pos[r] == s->n_tokens - 1) e->rows.logit[n_logit++] = r;
     }
-    eng_forward_logits(e, n_logit);
     int n_sample = 0;
     for (int i = 0; i < n_logit; i++) {
         seq *s = e->rows.seq[e->rows.logit[i]];
-        const int before = e->sched.n_active;
-        trill_status st = s->forks_pending ? fork_samples(e, s) : TRILL_OK;
-        if (!st) st = want_sample(e, &n_sample, s, i);
-        for (int k = before; k < e->sched.n_active && !st; k++) st = want_sample(e, &n_sample, e->sched.active[k], i); /* the forks */
-        if (st) return st;
+        want_sample(e, &n_sample, s, i);
+        if (!s->forks_pending) continue;
+        s->forks_pending = false;
+        for (int k = 1; k < s->rq->r.n; k++) {
+            seq *f = e->sched.active[e->sched.n_active++];
+            start_fork(e, f, s);
+            want_sample(e, &n_sample, f, i);
+        }
     }
-    trill_status st = sample_all(e, n_sample);
-    return st ? st : finish_stopped(e);
+    st = sample_all(e, n_sample);
+    return st ? st : eng_finish_stopped(e);
 }
 
 int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max) {

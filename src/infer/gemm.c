@@ -583,13 +583,9 @@ static tile_fn tile_kernel(gen_isa isa, trill_gen_format f) {
 static trill_tls_slot gen_scratch_slot; /* the generator's activation scratch */
 
 /* Activation scratch of the calling thread (the team works in slices of it): converted rows,
- * then the int8 row scales. Only the caller allocates, so no buffer is tied to OpenMP's workers,
- * whose threads come and go with the team size. */
-static uint8_t *scratch(size_t bytes) {
-    uint8_t *p = trill_tls_buffer(&gen_scratch_slot, bytes);
-    if (!p) abort(); /* a few MB: no sensible way on, and kernels have no error path */
-    return p;
-}
+ * then the int8 row scales; NULL when out of memory. Only the caller allocates, so no buffer is
+ * tied to OpenMP's workers, whose threads come and go with the team size. */
+static uint8_t *scratch(size_t bytes) { return trill_tls_buffer(&gen_scratch_slot, bytes); }
 
 /* How the activations of one call are laid out for the kernels. */
 typedef struct act_layout {
@@ -647,18 +643,15 @@ const char *gen_peak_instruction(trill_gen_format f, gen_isa isa) {
     return "none (generic C)";
 }
 
-void gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) {
+trill_status gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) {
     gen_isa isa;
-    if (gen_isa_active(&isa)) { /* trill_engine_create refuses first; kernels have no error path */
-        fprintf(stderr, "trill: %s\n", trill_error_message());
-        abort();
-    }
-    gen_matmul_isa(out, inp, W, T, isa);
+    trill_status st = gen_isa_active(&isa); /* trill_engine_create refuses first: never fails here in practice */
+    return st ? st : gen_matmul_isa(out, inp, W, T, isa);
 }
 
-void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
+trill_status gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
     assert(gen_isa_supported(isa));
-    if (T <= 0) return;
+    if (T <= 0) return TRILL_OK;
     const trill_gen_format f = W->format;
     const int N = W->N, K = W->K, steps = steps_of(f, K), nblocks = blocks_of(N);
     act_layout l = { .format = f, .K = K, .steps = steps, .T = T, .widened = f == TRILL_GEN_BF16 && isa != GEN_ISA_AVX512,
@@ -672,6 +665,9 @@ void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, ge
     const int convert = f != TRILL_GEN_F32, private_rows = (size_t)T * K <= 16384;
     const size_t slice = (act_bytes(&l) + 63) & ~(size_t)63;
     uint8_t *buf_all = convert ? scratch(slice * (private_rows ? threads : 1)) : NULL;
+    if (convert && !buf_all)
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for %.1f MB of converted activations (%s matrix [%d, %d], %d rows)",
+                           (double)(slice * (private_rows ? threads : 1)) * 1e-6, trill_gen_format_name(f), N, K, T);
     const tile_fn kernel = tile_kernel(isa, f);
     const int rt_max = TILE_SHAPE[isa][f].rt, nb_max = T == 1 ? GEMV_NB : TILE_SHAPE[isa][f].nb;
 
@@ -717,4 +713,5 @@ void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, ge
             }
         }
     }
+    return TRILL_OK;
 }

@@ -62,11 +62,12 @@ void gen_matrix_free(gen_matrix *m);
 /* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on gen_isa_active()'s
  * instruction set (the best this CPU has unless TRILL_GEN_ISA says otherwise). Threads: OpenMP over runs of output-channel blocks, so each core streams its own
  * weight rows; inside a parallel region a call runs on its calling thread alone. Concurrent calls
- * are safe: the converted activations live in per-thread scratch (grown on demand; the process
- * aborts if a few MB cannot be had, as the trainer's kernels do). */
-void gen_matmul(float *out, const float *inp, const gen_matrix *W, int T);
+ * are safe: the converted activations live in per-thread scratch (grown on demand).
+ * TRILL_ERR_NOMEM (out incomplete, the message set on the calling thread) when that scratch
+ * cannot be had; fp32 needs none and never fails. */
+trill_status gen_matmul(float *out, const float *inp, const gen_matrix *W, int T);
 /* The same on a chosen instruction set (tests and benchmarks); it must be supported. */
-void gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa);
+trill_status gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa);
 
 /* The compute peak of the instruction a format's kernel is built on, measured now with
  * register-only loops on all OpenMP threads (GFLOP/s, 2 per multiply-add; 0 if isa is not
@@ -80,7 +81,7 @@ gen_isa gen_isa_best(void);
  * can be reproduced across machines (AVX2 and generic agree bit for bit, AVX-512's bf16 does
  * not). Read once per process. An unknown name, or an instruction set this CPU lacks, is
  * TRILL_ERR_INVALID with a message (*out is then gen_isa_best()); trill_engine_create refuses
- * with it, and gen_matmul aborts with it should it be reached anyway. */
+ * with it, and gen_matmul returns it should it be reached anyway. */
 trill_status gen_isa_active(gen_isa *out);
 int gen_isa_supported(gen_isa isa);
 const char *gen_isa_name(gen_isa isa);

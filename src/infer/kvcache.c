@@ -74,12 +74,15 @@ static int table_grow(kv_table *t, int n) {
 
 int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
     const int need = kv_blocks_for(kv, n_tokens);
-    if (table_grow(t, need)) return -1;
+    if (table_grow(t, need)) {
+        trill_error(TRILL_ERR_NOMEM, "out of memory for a block table of %d KV blocks", need);
+        return KV_NOMEM;
+    }
     /* copy-on-write: the block holding write_from, if shared, becomes this sequence's own */
     const int first = write_from / kv->block_size;
     if (first < t->n && kv->refcount[t->blocks[first]] > 1) {
         int b = kv_block_alloc(kv);
-        if (b < 0) return -1;
+        if (b < 0) return KV_FULL;
         memcpy(kv_block_data(kv, b), kv_block_data(kv, t->blocks[first]), kv->block_bytes);
         kv_block_release(kv, t->blocks[first]);
         t->blocks[first] = b;
@@ -89,7 +92,7 @@ int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
         int b = kv_block_alloc(kv);
         if (b < 0) { /* give back what this call took */
             while (t->n > had) kv_block_release(kv, t->blocks[--t->n]);
-            return -1;
+            return KV_FULL;
         }
         t->blocks[t->n++] = b;
     }

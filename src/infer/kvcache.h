@@ -58,8 +58,10 @@ typedef struct kv_table {
 } kv_table;
 
 /* Makes the table hold at least n_tokens slots, with the slot for token `write_from` onwards
- * privately owned (a shared block there is copied first). Returns -1 (and changes nothing it
- * cannot undo) when the pool runs out. */
+ * privately owned (a shared block there is copied first). Returns 0; KV_FULL (changing nothing
+ * it cannot undo) when the pool runs out; KV_NOMEM, with the message set and nothing changed,
+ * when the table itself cannot grow (out of memory: not a reason to preempt anyone). */
+enum { KV_FULL = -1, KV_NOMEM = -2 };
 int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from);
 /* Another reference to every block of src (a forked sample). */
 trill_status kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src);

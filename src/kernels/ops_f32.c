@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "exp_nonpos.h"
 #include "kernels_internal.h"
 #include "trill/kernels.h"

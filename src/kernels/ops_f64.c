@@ -7,6 +7,7 @@
 
 #include "kernels_f64.h"
 #include "trill/kernels.h" /* rope_yarn_mscale */
+#include "base/alloc.h"
 #include "exp_nonpos.h"
 #include "kernels_internal.h"
 

@@ -87,10 +87,14 @@ void KN(rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, 
 /* y = w * x * r, r = (mean(x^2) + eps)^-1/2:
  * dx = r (w dy) - x r^3 / C * sum(w dy x);  dw += dy x r. dweight is shared by all rows: each
  * thread sums its own rows, then the partial sums are added in thread order, so the result
- * does not depend on scheduling (training stays bit-reproducible). */
-void KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
+ * does not depend on scheduling (training stays bit-reproducible). TRILL_ERR_NOMEM (nothing
+ * computed) when those partial sums cannot be allocated. */
+trill_status KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C,
+                                 REAL eps) {
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-    REAL *partial = dweight ? calloc((size_t)threads * C, sizeof(REAL)) : NULL;
+    REAL *partial = dweight ? trill_calloc((size_t)threads * C, sizeof(REAL)) : NULL;
+    if (dweight && !partial)
+        return trill_error(TRILL_ERR_NOMEM, "rmsnorm backward: out of memory for %d threads' weight gradients of %d", threads, C);
 #pragma omp parallel num_threads(threads)
     {
         REAL *dw_local = partial ? partial + (size_t)omp_get_thread_num() * C : NULL;
@@ -113,6 +117,7 @@ void KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REA
     for (int th = 0; partial && th < threads; th++)
         for (int i = 0; i < C; i++) dweight[i] += partial[(size_t)th * C + i];
     free(partial);
+    return TRILL_OK;
 }
 
 void KN(rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {
@@ -256,7 +261,7 @@ static void KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, si
  * (on failure every pointer is NULL and *failed is set). Freed with attention_scratch_free. */
 static void KN(attention_scratch)(REAL **bufs, const size_t *sizes, int n, int *failed) {
     int ok = 1;
-    for (int i = 0; i < n; i++) ok &= (bufs[i] = malloc(sizeof(REAL) * sizes[i])) != NULL;
+    for (int i = 0; i < n; i++) ok &= (bufs[i] = trill_malloc(sizeof(REAL) * sizes[i])) != NULL;
     if (ok) return;
     for (int i = 0; i < n; i++) free(bufs[i]), bufs[i] = NULL;
 #pragma omp atomic write
@@ -281,7 +286,7 @@ trill_status KN(attention_forward)(REAL *out, const REAL *q, const REAL *k, cons
     int n_tasks = 0;
     for (int s = 0; s < n_seqs; s++) n_tasks += (offsets[s + 1] - offsets[s] + tb - 1) / tb;
     if (n_tasks == 0) return TRILL_OK;
-    int *tasks = malloc(sizeof(int) * 2 * (size_t)n_tasks), n = 0;
+    int *tasks = trill_malloc(sizeof(int) * 2 * (size_t)n_tasks), n = 0;
     if (!tasks) return trill_error(TRILL_ERR_NOMEM, "attention: out of memory for %d tasks", n_tasks);
     for (int i = max_tiles - 1; i >= 0; i--)
         for (int s = 0; s < n_seqs; s++)
@@ -337,7 +342,7 @@ trill_status KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *do
     const size_t ostride = (size_t)nh * hd_v;
     const int max_len = KN(max_seq_len)(offsets, n_seqs);
     /* longest sequences first for the dynamic schedule: pairs (length, index), sorted */
-    int *order = malloc(sizeof(int) * 2 * (size_t)(n_seqs > 0 ? n_seqs : 1));
+    int *order = trill_malloc(sizeof(int) * 2 * (size_t)(n_seqs > 0 ? n_seqs : 1));
     if (!order) return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for %d sequences", n_seqs);
     for (int s = 0; s < n_seqs; s++) order[2 * s] = offsets[s + 1] - offsets[s], order[2 * s + 1] = s;
     qsort(order, (size_t)n_seqs, 2 * sizeof(int), KN(attention_longer_first));

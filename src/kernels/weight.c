@@ -44,43 +44,45 @@ static int panel_rows(int K, int N) {
     return rows < N ? rows : N;
 }
 
-/* Panel buffers failing to allocate means the process is out of memory for 4 MB: there is no
- * sensible way on, and the kernels have no error path. */
-static float *panel_or_die(size_t n) {
-    float *p = panel_buffer(n);
-    if (!p) abort();
-    return p;
+static trill_status no_panel(size_t n) {
+    return trill_error(TRILL_ERR_NOMEM, "out of memory for a %.1f MB panel of widened bf16 weights", (double)n * sizeof(float) * 1e-6);
 }
 
-void matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
+trill_status matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
     if (W.f32) {
         matmul_forward(out, inp, W.f32, T, K, N);
-        return;
+        return TRILL_OK;
     }
-    if (T == 0 || N == 0) return;
+    if (T == 0 || N == 0) return TRILL_OK;
     const int rows = panel_rows(K, N);
-    float *panel = panel_or_die((size_t)rows * K);
+    float *panel = panel_buffer((size_t)rows * K);
+    if (!panel) return no_panel((size_t)rows * K);
     for (int n0 = 0; n0 < N; n0 += rows) { /* out[:, n0:n0+nb] = inp @ W[n0:n0+nb]^T */
         const int nb = N - n0 < rows ? N - n0 : rows;
         widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
         kernels_sgemm(CblasNoTrans, CblasTrans, T, nb, K, 1, inp, K, panel, K, 0, out + n0, N);
     }
+    return TRILL_OK;
 }
 
-void matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
+trill_status matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
     if (W.f32) {
         matmul_backward(dinp, dweight, dout, inp, W.f32, T, K, N);
-        return;
+        return TRILL_OK;
     }
-    if (dweight) abort(); /* a bf16 weight is frozen: callers refuse weight gradients earlier */
-    if (!dinp || T == 0 || N == 0) return;
+    /* A programmer's error, not reachable with valid use: a bf16 weight is frozen, and every
+     * caller refuses weight gradients of a bf16 model first (trill_model_backward). */
+    if (dweight) abort();
+    if (!dinp || T == 0 || N == 0) return TRILL_OK;
     const int rows = panel_rows(K, N);
-    float *panel = panel_or_die((size_t)rows * K);
+    float *panel = panel_buffer((size_t)rows * K);
+    if (!panel) return no_panel((size_t)rows * K);
     for (int n0 = 0; n0 < N; n0 += rows) { /* dinp += dout[:, n0:n0+nb] @ W[n0:n0+nb] */
         const int nb = N - n0 < rows ? N - n0 : rows;
         widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
         kernels_sgemm(CblasNoTrans, CblasNoTrans, T, K, nb, 1, dout + n0, N, panel, K, 1, dinp, K);
     }
+    return TRILL_OK;
 }
 
 void embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C) {

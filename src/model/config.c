@@ -107,7 +107,8 @@ static trill_status read_token_ids(const json_t *root, const char *what, trill_c
     if (!eos || json_is_null(eos)) return TRILL_OK;
     const json_t *list = eos;
     json_t *wrapped = NULL;
-    if (json_is_integer(eos)) list = wrapped = json_pack("[O]", eos);
+    if (json_is_integer(eos) && !(list = wrapped = json_pack("[O]", eos)))
+        return trill_error(TRILL_ERR_NOMEM, "%s: out of memory reading \"eos_token_id\"", what);
     if (!json_is_array(list) || json_array_size(list) > TRILL_MAX_EOS)
         return trill_error(TRILL_ERR_INVALID, "%s: field \"eos_token_id\": expected an integer or a list of at most %d integers", what, TRILL_MAX_EOS);
     size_t i;
@@ -328,41 +329,42 @@ trill_status trill_config_parse(const char *text, size_t len, const char *what, 
 
 json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
     json_t *j = json_object();
-    json_object_set_new(j, "architectures", json_pack("[s]", trill_config_architecture(c)));
-    json_object_set_new(j, "model_type", json_string(trill_config_model_type(c)));
-    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
-    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
-    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers));
-    json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads));
-    json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads));
-    json_object_set_new(j, "head_dim", json_integer(c->head_dim));
-    json_object_set_new(j, "hidden_act", json_string("silu"));
-    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
-    json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps));
-    json_object_set_new(j, "rope_theta", json_real(c->rope_theta));
-    json_object_set_new(j, "rope_scaling", json_null());
-    json_object_set_new(j, "initializer_range", json_real(c->initializer_range));
-    json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-    json_object_set_new(j, "attention_bias", json_false());
-    json_object_set_new(j, "use_sliding_window", json_false());
+    bool ok = j != NULL; /* every insertion checked: a config missing a field is never written */
+    ok &= json_object_set_new(j, "architectures", json_pack("[s]", trill_config_architecture(c))) == 0;
+    ok &= json_object_set_new(j, "model_type", json_string(trill_config_model_type(c))) == 0;
+    ok &= json_object_set_new(j, "vocab_size", json_integer(c->vocab_size)) == 0;
+    ok &= json_object_set_new(j, "hidden_size", json_integer(c->hidden_size)) == 0;
+    ok &= json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size)) == 0;
+    ok &= json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers)) == 0;
+    ok &= json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads)) == 0;
+    ok &= json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads)) == 0;
+    ok &= json_object_set_new(j, "head_dim", json_integer(c->head_dim)) == 0;
+    ok &= json_object_set_new(j, "hidden_act", json_string("silu")) == 0;
+    ok &= json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings)) == 0;
+    ok &= json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps)) == 0;
+    ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
+    ok &= json_object_set_new(j, "rope_scaling", json_null()) == 0;
+    ok &= json_object_set_new(j, "initializer_range", json_real(c->initializer_range)) == 0;
+    ok &= json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings)) == 0;
+    ok &= json_object_set_new(j, "attention_bias", json_false()) == 0;
+    ok &= json_object_set_new(j, "use_sliding_window", json_false()) == 0;
     if (c->arch == TRILL_ARCH_QWEN3_MOE) {
-        json_object_set_new(j, "num_experts", json_integer(c->num_experts));
-        json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok));
-        json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate_size));
-        json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step));
-        json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+        ok &= json_object_set_new(j, "num_experts", json_integer(c->num_experts)) == 0;
+        ok &= json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok)) == 0;
+        ok &= json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate_size)) == 0;
+        ok &= json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step)) == 0;
+        ok &= json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob)) == 0;
         json_t *mlp_only = json_array();
         for (int l = 0; l < c->num_hidden_layers; l++)
-            if (c->mlp_only[l]) json_array_append_new(mlp_only, json_integer(l));
-        json_object_set_new(j, "mlp_only_layers", mlp_only);
+            if (c->mlp_only[l]) ok &= json_array_append_new(mlp_only, json_integer(l)) == 0;
+        ok &= json_object_set_new(j, "mlp_only_layers", mlp_only) == 0;
     }
-    if (c->bos_token_id >= 0) json_object_set_new(j, "bos_token_id", json_integer(c->bos_token_id));
-    if (c->n_eos == 1) json_object_set_new(j, "eos_token_id", json_integer(c->eos_token_ids[0]));
+    if (c->bos_token_id >= 0) ok &= json_object_set_new(j, "bos_token_id", json_integer(c->bos_token_id)) == 0;
+    if (c->n_eos == 1) ok &= json_object_set_new(j, "eos_token_id", json_integer(c->eos_token_ids[0])) == 0;
     else if (c->n_eos > 1) {
         json_t *eos = json_array();
-        for (int i = 0; i < c->n_eos; i++) json_array_append_new(eos, json_integer(c->eos_token_ids[i]));
-        json_object_set_new(j, "eos_token_id", eos);
+        for (int i = 0; i < c->n_eos; i++) ok &= json_array_append_new(eos, json_integer(c->eos_token_ids[i])) == 0;
+        ok &= json_object_set_new(j, "eos_token_id", eos) == 0;
     }
     if (c->num_labels > 0) {
         json_t *id2label = json_object(), *label2id = json_object();
@@ -370,13 +372,17 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
             char id[16], name[32];
             snprintf(id, sizeof id, "%d", i);
             snprintf(name, sizeof name, "LABEL_%d", i);
-            json_object_set_new(id2label, id, json_string(name));
-            json_object_set_new(label2id, name, json_integer(i));
+            ok &= json_object_set_new(id2label, id, json_string(name)) == 0;
+            ok &= json_object_set_new(label2id, name, json_integer(i)) == 0;
         }
-        json_object_set_new(j, "id2label", id2label);
-        json_object_set_new(j, "label2id", label2id);
-        if (c->pad_token_id >= 0) json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id));
+        ok &= json_object_set_new(j, "id2label", id2label) == 0;
+        ok &= json_object_set_new(j, "label2id", label2id) == 0;
+        if (c->pad_token_id >= 0) ok &= json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id)) == 0;
     }
-    if (torch_dtype) json_object_set_new(j, "torch_dtype", json_string(torch_dtype));
+    if (torch_dtype) ok &= json_object_set_new(j, "torch_dtype", json_string(torch_dtype)) == 0;
+    if (!ok) {
+        json_decref(j);
+        return NULL;
+    }
     return j;
 }

@@ -10,10 +10,12 @@
 /* `what` names the source in error messages (usually the config.json path). */
 trill_status trill_config_from_json(const json_t *root, const char *what, trill_config *out);
 
-/* HF config.json contents; `torch_dtype` is "float32" or "bfloat16" (NULL: omitted). */
+/* HF config.json contents; `torch_dtype` is "float32" or "bfloat16" (NULL: omitted). NULL when out
+ * of memory (never an object missing a field). */
 json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype);
 
-/* config.json contents of a named preset (trill_config_preset_text), or NULL if unknown. */
+/* config.json contents of a named preset (trill_config_preset_text), or NULL if unknown (or out
+ * of memory). */
 json_t *trill_config_preset(const char *name);
 
 #endif

@@ -48,13 +48,14 @@ void trill_forward_pass_free(trill_forward_pass *fp) {
     free(fp);
 }
 
-void trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
-                  int K, int N) {
-    matmul_forward_w(out, inp, W, n, K, N);
-    if (!fp->lora || !ad.A) return;
+trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa,
+                          int n, int K, int N) {
+    trill_status st = matmul_forward_w(out, inp, W, n, K, N);
+    if (st || !fp->lora || !ad.A) return st;
     const int r = fp->lora->config.rank;
     matmul_forward(xa, inp, ad.A, n, K, r);
     matmul_accumulate(out, xa, ad.B, n, r, N, fp->lora->scale);
+    return TRILL_OK;
 }
 
 static trill_status check_batch(const trill_config *c, const int *tokens, const int *offsets, int n_seqs) {
@@ -111,10 +112,10 @@ static trill_status run_layers(trill_forward_pass *fp, const uint16_t *replay, u
 }
 
 /* logits of n rows starting at row t0 (lm_head with its adapter, if any) */
-void trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n) {
+trill_status trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n) {
     const trill_model *m = fp->m;
     const trill_lora_pair none = { 0 };
-    trill_linear(fp, logits, fp->xf + (size_t)t0 * m->config.hidden_size, m->lm_head, fp->lora ? fp->lora->lm_head : none, fp->xa_head,
+    return trill_linear(fp, logits, fp->xf + (size_t)t0 * m->config.hidden_size, m->lm_head, fp->lora ? fp->lora->lm_head : none, fp->xa_head,
            n, m->config.hidden_size, m->config.vocab_size);
 }
 
@@ -126,7 +127,12 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
         if (fp->offsets[s + 1] > fp->offsets[s]) logprobs[fp->offsets[s]] = NAN;
     for (int t0 = 0; t0 < T; t0 += LOGIT_CHUNK) {
         int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
-        trill_forward_logits(fp, logits, t0, n);
+        trill_status st = trill_forward_logits(fp, logits, t0, n);
+        if (st) {
+            free(logits);
+            trill_error_context("lm_head");
+            return st;
+        }
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < n; r++) {
             int t = t0 + r;

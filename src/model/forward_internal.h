@@ -39,7 +39,7 @@ typedef struct trill_family_layers {
     void (*begin)(trill_forward_pass *fp);
     /* Layer l: its input -> the next layer's input (or x_final). replay / experts as in
      * trill_model_forward; experts may be NULL. Also re-runs a layer for recomputation. Fails
-     * only when a kernel's scratch cannot be allocated. */
+     * only when a kernel's scratch (or a bf16 weight's panel buffer) cannot be allocated. */
     trill_status (*layer)(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts);
 } trill_family_layers;
 
@@ -65,8 +65,9 @@ struct trill_forward_pass {
 };
 
 /* out[n, N] = inp W^T, plus scale (inp A^T) B^T when the module has an adapter in use; the
- * LoRA input inp A^T is kept in xa for the backward pass. */
-void trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
+ * LoRA input inp A^T is kept in xa for the backward pass. Fails only when a bf16 weight's panel
+ * buffer cannot be had (matmul_forward_w). */
+trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
                   int K, int N);
 
 /* Re-runs layer l's forward from its saved input (activation recomputation). Fails only when
@@ -74,7 +75,7 @@ void trill_linear(const trill_forward_pass *fp, float *out, const float *inp, tr
 trill_status trill_forward_layer(const trill_forward_pass *fp, int l);
 
 /* logits[n, V] of rows t0..t0+n of the pass (lm_head and its adapter); keeps the adapter input
- * in xa_head. */
-void trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n);
+ * in xa_head. Fails as trill_linear. */
+trill_status trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n);
 
 #endif

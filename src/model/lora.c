@@ -185,16 +185,19 @@ trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
         outs[t] = (trill_tensor_out){ .name = p->name, .ndim = 2, .shape = { p->shape[0], p->shape[1] }, .data = p->data, .src_dtype = TRILL_F32 };
     }
     char *st_path = trill_path_join(dir, "adapter_model.safetensors"), *cfg_path = trill_path_join(dir, "adapter_config.json");
-    st = trill_st_write(st_path, outs, lora->n_tensors, TRILL_F32);
+    st = st_path && cfg_path ? trill_st_write(st_path, outs, lora->n_tensors, TRILL_F32) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
         json_t *targets = json_array();
+        bool ok = targets != NULL;
         for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
-            if (lora->config.targets & (1u << i)) json_array_append_new(targets, json_string(trill_lora_target_peft_name(i)));
-        json_t *j = json_pack("{s:s, s:s, s:i, s:f, s:b, s:o, s:f, s:s, s:b, s:b, s:n}", "peft_type", "LORA", "task_type", "CAUSAL_LM",
-                              "r", lora->config.rank, "lora_alpha", lora->config.alpha, "use_rslora", lora->config.use_rslora,
-                              "target_modules", targets, "lora_dropout", 0.0, "bias", "none", "fan_in_fan_out", 0,
-                              "inference_mode", 1, "modules_to_save");
-        st = trill_json_write_file(cfg_path, j);
+            if (lora->config.targets & (1u << i)) ok &= json_array_append_new(targets, json_string(trill_lora_target_peft_name(i))) == 0;
+        json_t *j = ok ? json_pack("{s:s, s:s, s:i, s:f, s:b, s:O, s:f, s:s, s:b, s:b, s:n}", "peft_type", "LORA", "task_type", "CAUSAL_LM",
+                                   "r", lora->config.rank, "lora_alpha", lora->config.alpha, "use_rslora", lora->config.use_rslora,
+                                   "target_modules", targets, "lora_dropout", 0.0, "bias", "none", "fan_in_fan_out", 0,
+                                   "inference_mode", 1, "modules_to_save")
+                       : NULL;
+        json_decref(targets);
+        st = j ? trill_json_write_file(cfg_path, j) : trill_error(TRILL_ERR_NOMEM, "%s: out of memory", cfg_path);
         json_decref(j);
     }
     free(st_path);
@@ -238,7 +241,7 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
     trill_lora_config cfg;
     trill_lora *lora = NULL;
     trill_st_file *f = NULL;
-    trill_status st = read_adapter_config(cfg_path, &cfg);
+    trill_status st = st_path && cfg_path ? read_adapter_config(cfg_path, &cfg) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = lora_alloc(m, cfg, &lora);
     if (!st) st = trill_st_open(st_path, &f);
     for (size_t t = 0; !st && t < lora->n_tensors; t++) {

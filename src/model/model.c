@@ -253,7 +253,7 @@ trill_status trill_model_write_charlevel_files(const char *dir, const trill_conf
     trill_status st = TRILL_OK;
     for (int i = 0; i < 3 && !st; i++) {
         char *path = trill_path_join(dir, names[i]);
-        st = docs[i] ? trill_json_write_file(path, docs[i]) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        st = docs[i] && path ? trill_json_write_file(path, docs[i]) : trill_error(TRILL_ERR_NOMEM, "out of memory");
         free(path);
     }
     for (int i = 0; i < 3; i++) json_decref(docs[i]);

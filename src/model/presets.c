@@ -1,3 +1,4 @@
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,9 +38,15 @@ json_t *trill_config_preset(const char *name) {
 }
 
 char *trill_config_preset_text(const char *name) {
+    bool known = false;
+    for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) known |= strcmp(name, PRESETS[i].name) == 0;
+    if (!known) {
+        trill_error(TRILL_ERR_INVALID, "unknown preset \"%s\" (expected one of: %s)", name, trill_config_preset_names);
+        return NULL;
+    }
     json_t *j = trill_config_preset(name);
     if (!j) {
-        trill_error(TRILL_ERR_INVALID, "unknown preset \"%s\" (expected one of: %s)", name, trill_config_preset_names);
+        trill_error(TRILL_ERR_NOMEM, "out of memory");
         return NULL;
     }
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);

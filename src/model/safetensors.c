@@ -252,7 +252,8 @@ static trill_status open_sharded(trill_checkpoint *ck, const char *dir, const ch
     const char *name;
     json_t *file;
     json_t *opened = json_object(); /* shard file name -> index into ck->files */
-    json_object_foreach(map, name, file) {
+    if (!opened) st = trill_error(TRILL_ERR_NOMEM, "%s: out of memory", index_path);
+    if (!st) json_object_foreach(map, name, file) {
         if (!json_is_string(file) || !safe_shard_name(json_string_value(file))) {
             st = trill_error(TRILL_ERR_INVALID, "%s: weight_map[\"%s\"]: %s%s%s is not a file name in the same folder",
                              index_path, name, json_is_string(file) ? "\"" : "", json_is_string(file) ? json_string_value(file) : "a non-string",
@@ -267,7 +268,10 @@ static trill_status open_sharded(trill_checkpoint *ck, const char *dir, const ch
             trill_error_context("%s: shard of tensor \"%s\"", index_path, name);
             break;
         }
-        json_object_set_new(opened, json_string_value(file), json_integer((json_int_t)ck->n_files - 1));
+        if (json_object_set_new(opened, json_string_value(file), json_integer((json_int_t)ck->n_files - 1))) {
+            st = trill_error(TRILL_ERR_NOMEM, "%s: out of memory", index_path);
+            break;
+        }
     }
     /* Every listed tensor must be in its shard, and every shard tensor must be listed there. */
     if (!st) json_object_foreach(map, name, file) {
@@ -375,26 +379,36 @@ static trill_status check_tensor_out(const char *path, const trill_tensor_out *t
 }
 
 trill_status trill_st_write(const char *path, const trill_tensor_out *tensors, size_t n, trill_dtype dtype) {
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory for a file name");
     json_t *header = json_object();
-    json_object_set_new(header, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    if (!header || json_object_set_new(header, "__metadata__", json_pack("{s:s}", "format", "pt"))) {
+        json_decref(header);
+        return trill_error(TRILL_ERR_NOMEM, "%s: out of memory for the header", path);
+    }
     size_t offset = 0;
     for (size_t i = 0; i < n; i++) {
         trill_status st = check_tensor_out(path, &tensors[i], header);
         if (st) { json_decref(header); return st; }
         json_t *shape = json_array();
-        for (int d = 0; d < tensors[i].ndim; d++) json_array_append_new(shape, json_integer(tensors[i].shape[d]));
+        bool ok = shape != NULL;
+        for (int d = 0; d < tensors[i].ndim; d++) ok &= json_array_append_new(shape, json_integer(tensors[i].shape[d])) == 0;
         size_t nbytes = trill_tensor_out_numel(&tensors[i]) * trill_dtype_size(dtype);
-        if (json_object_set_new(header, tensors[i].name,
-                                json_pack("{s:s, s:o, s:[I,I]}", "dtype", trill_dtype_name(dtype), "shape", shape,
-                                          "data_offsets", (json_int_t)offset, (json_int_t)(offset + nbytes))) != 0) {
+        json_t *entry = ok ? json_pack("{s:s, s:O, s:[I,I]}", "dtype", trill_dtype_name(dtype), "shape", shape, "data_offsets",
+                                       (json_int_t)offset, (json_int_t)(offset + nbytes))
+                           : NULL;
+        json_decref(shape);
+        errno = 0; /* jansson refuses a key that is not UTF-8, or fails to allocate (errno ENOMEM) */
+        if (!entry || json_object_set_new(header, tensors[i].name, entry) != 0) {
+            const bool oom = !entry || errno == ENOMEM;
             json_decref(header);
+            if (oom) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory for the header", path);
             return trill_error(TRILL_ERR_INVALID, "%s: tensor name \"%s\" is not valid UTF-8", path, tensors[i].name);
         }
         offset += nbytes;
     }
     char *text = json_dumps(header, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(header);
-    if (!text) return trill_error(TRILL_ERR_NOMEM, "%s: cannot serialise header", path);
+    if (!text) return trill_error(TRILL_ERR_NOMEM, "%s: out of memory serialising the header", path);
     size_t hlen = strlen(text);
     size_t padded = (hlen + 7) & ~(size_t)7; /* keeps the data section 8-byte aligned */
     unsigned char prefix[8];
@@ -454,6 +468,7 @@ trill_status trill_checkpoint_write(const char *dir, const trill_tensor_out *ten
         }
         if (!st) first[n_shards] = n;
         json_t *map = json_object();
+        if (!st && !map) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (size_t s = 0; !st && s < n_shards; s++) {
             char name[64];
             snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
@@ -462,11 +477,12 @@ trill_status trill_checkpoint_write(const char *dir, const trill_tensor_out *ten
                       : trill_error(TRILL_ERR_NOMEM, "out of memory");
             free(path);
             for (size_t i = first[s]; !st && i < first[s + 1]; i++)
-                json_object_set_new(map, tensors[i].name, json_string(name));
+                if (json_object_set_new(map, tensors[i].name, json_string(name)))
+                    st = trill_error(TRILL_ERR_NOMEM, "%s: out of memory for the index", index_path);
         }
         if (!st) {
             json_t *index = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
-            st = trill_json_write_file(index_path, index);
+            st = index ? trill_json_write_file(index_path, index) : trill_error(TRILL_ERR_NOMEM, "%s: out of memory for the index", index_path);
             json_decref(index);
             if (!st) {
                 unlink(single_path);

@@ -164,7 +164,7 @@ static trill_status add_pre(trill_tokenizer *t, const char *what, const char *pa
         if (!p->re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(code, msg, sizeof msg);
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre-tokenizer regex \"%s\": %s at offset %zu", what, pattern, (char *)msg, (size_t)offset);
+            return trill_error(code == PCRE2_ERROR_HEAP_FAILED ? TRILL_ERR_NOMEM : TRILL_ERR_UNSUPPORTED, "%s: pre-tokenizer regex \"%s\": %s at offset %zu", what, pattern, (char *)msg, (size_t)offset);
         }
         pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter if JIT is unavailable */
     }
@@ -488,15 +488,22 @@ static bool is_unicode_space(uint32_t cp) {
            cp == 0x2028 || cp == 0x2029;
 }
 
-/* Splits one piece by a regex, applying HF's SplitDelimiterBehavior. */
-static int split_piece(const pre_step *p, const char *text, span piece, pcre2_match_data *md, spans *out) {
+/* Splits one piece by a regex, applying HF's SplitDelimiterBehavior. Fails when out of memory
+ * (PCRE2's included) or when PCRE2 gives up on the piece (its match limits). */
+static trill_status split_piece(const pre_step *p, const char *text, span piece, pcre2_match_data *md, spans *out) {
     /* segments covering the piece: (start, end, is_match) */
     typedef struct seg { size_t s, e; bool m; } seg;
     seg *segs = NULL;
     size_t n = 0, cap = 0, prev = piece.start, at = piece.start;
     while (at <= piece.end) {
         int rc = pcre2_match(p->re, (PCRE2_SPTR)text, piece.end, at, PCRE2_NO_UTF_CHECK, md, NULL);
-        if (rc < 0) break;
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) { /* never read as "no more matches": the text would be cut silently */
+            free(segs);
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return trill_error(rc == PCRE2_ERROR_NOMEMORY ? TRILL_ERR_NOMEM : TRILL_ERR_UNSUPPORTED, "pre-tokenizer regex: %s", (char *)msg);
+        }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
         if (me == ms) { /* empty match: step one character */
@@ -508,7 +515,7 @@ static int split_piece(const pre_step *p, const char *text, span piece, pcre2_ma
         if (n + 2 > cap) {
             cap = cap ? cap * 2 : 16;
             seg *g = trill_realloc(segs, cap * sizeof *g);
-            if (!g) { free(segs); return -1; }
+            if (!g) { free(segs); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
             segs = g;
         }
         if (ms > prev) segs[n++] = (seg){ prev, ms, false };
@@ -517,7 +524,7 @@ static int split_piece(const pre_step *p, const char *text, span piece, pcre2_ma
     }
     if (prev < piece.end) {
         seg *g = trill_realloc(segs, (n + 1) * sizeof *g);
-        if (!g) { free(segs); return -1; }
+        if (!g) { free(segs); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
         segs = g;
         segs[n++] = (seg){ prev, piece.end, false };
     }
@@ -565,7 +572,7 @@ static int split_piece(const pre_step *p, const char *text, span piece, pcre2_ma
     }
     }
     free(segs);
-    return err;
+    return err ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
 }
 
 /* Byte-level BPE (bpe() below) keeps HF's merge order: lowest rank first, leftmost on ties. */
@@ -714,7 +721,7 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
             len = o;
         } else {
             for (size_t k = 0; k < cur.n && !st; k++)
-                if (split_piece(p, text, cur.v[k], md, &next)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+                st = split_piece(p, text, cur.v[k], md, &next);
         }
         spans tmp = cur; cur = next; next = tmp;
     }
@@ -751,7 +758,8 @@ static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n,
         utf8proc_uint8_t *dst = NULL;
         utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)n, &dst, t->norm[i]);
         free(cur);
-        if (m < 0) return trill_error(TRILL_ERR_INVALID, "normalization failed: %s", utf8proc_errmsg(m));
+        if (m < 0)
+            return trill_error(m == UTF8PROC_ERROR_NOMEM ? TRILL_ERR_NOMEM : TRILL_ERR_INVALID, "normalization failed: %s", utf8proc_errmsg(m));
         cur = (char *)dst;
         n = (size_t)m;
     }
@@ -903,19 +911,23 @@ static json_t *added_token_json(int id, const char *content) {
 }
 
 json_t *trill_tokenizer_charlevel_json(void) {
-    json_t *vocab = json_object();
-    json_object_set_new(vocab, "<|endoftext|>", json_integer(0));
-    json_object_set_new(vocab, "<unk>", json_integer(1));
-    json_object_set_new(vocab, "\n", json_integer(2));
-    for (int c = 32; c < 127; c++) {
+    json_t *vocab = json_object(), *eot = added_token_json(0, "<|endoftext|>"), *unk = added_token_json(1, "<unk>");
+    bool ok = vocab && eot && unk; /* every insertion checked: never a vocabulary missing a token */
+    ok = ok && !json_object_set_new(vocab, "<|endoftext|>", json_integer(0)) && !json_object_set_new(vocab, "<unk>", json_integer(1)) &&
+         !json_object_set_new(vocab, "\n", json_integer(2));
+    for (int c = 32; ok && c < 127; c++) {
         char s[2] = { (char)c, 0 };
-        json_object_set_new(vocab, s, json_integer(3 + c - 32));
+        ok = !json_object_set_new(vocab, s, json_integer(3 + c - 32));
     }
-    return json_pack("{s:s, s:n, s:n, s:[o,o], s:n, s:{s:s, s:{s:s}, s:s, s:b}, s:n, s:{s:s, s:o, s:s}, s:{s:s}}",
-                     "version", "1.0", "truncation", "padding", "added_tokens", added_token_json(0, "<|endoftext|>"),
-                     added_token_json(1, "<unk>"), "normalizer", "pre_tokenizer", "type", "Split", "pattern", "Regex",
-                     "[\\s\\S]", "behavior", "Isolated", "invert", 0, "post_processor", "model", "type", "WordLevel",
-                     "vocab", vocab, "unk_token", "<unk>", "decoder", "type", "Fuse");
+    json_t *j = ok ? json_pack("{s:s, s:n, s:n, s:[O,O], s:n, s:{s:s, s:{s:s}, s:s, s:b}, s:n, s:{s:s, s:O, s:s}, s:{s:s}}",
+                               "version", "1.0", "truncation", "padding", "added_tokens", eot, unk, "normalizer", "pre_tokenizer",
+                               "type", "Split", "pattern", "Regex", "[\\s\\S]", "behavior", "Isolated", "invert", 0, "post_processor",
+                               "model", "type", "WordLevel", "vocab", vocab, "unk_token", "<unk>", "decoder", "type", "Fuse")
+                   : NULL;
+    json_decref(vocab);
+    json_decref(eot);
+    json_decref(unk);
+    return j;
 }
 
 /* The text of ids; an id the tokenizer has no string for (a random model's vocabulary can be
@@ -930,11 +942,15 @@ trill_status trill_tokenizer_decode_lenient(const trill_tokenizer *tok, const in
         int j = i;
         char *piece = NULL;
         size_t plen = 0;
-        while (j < n && ids[j] >= 0 && ids[j] < trill_tokenizer_size(tok) && trill_tokenizer_decode(tok, ids + j, 1, false, &piece, &plen) == TRILL_OK) {
+        while (j < n && ids[j] >= 0 && ids[j] < trill_tokenizer_size(tok)) {
+            st = trill_tokenizer_decode(tok, ids + j, 1, false, &piece, &plen);
+            if (st == TRILL_ERR_NOMEM) { free(out); return st; } /* not an unknown id */
+            if (st) break;
             free(piece);
             j++;
         }
-        if (j > i && trill_tokenizer_decode(tok, ids + i, (size_t)(j - i), false, &piece, &plen) == TRILL_OK) {
+        if (j > i) { /* ids that decode one by one decode together, unless out of memory */
+            if ((st = trill_tokenizer_decode(tok, ids + i, (size_t)(j - i), false, &piece, &plen))) { free(out); return st; }
             char *grown = at + plen + 24 > cap ? trill_realloc(out, cap = 2 * (at + plen + 24)) : out;
             if (!grown) { free(out); free(piece); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
             out = grown;

@@ -340,12 +340,16 @@ static json_t *staleness(const rl_batch *b, uint32_t v, double *mean, int *max) 
         }
     *mean = n ? sum / n : 0;
     long *count = trill_calloc((size_t)*max + 1, sizeof(long));
-    json_t *hist = json_array();
-    for (int s = 0; count && s < b->n_seqs; s++)
+    json_t *hist = count ? json_array() : NULL;
+    for (int s = 0; hist && s < b->n_seqs; s++)
         for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) count[v - b->version[t]]++;
-    for (int l = 0; count && l <= *max; l++) json_array_append_new(hist, json_integer(count[l]));
+    for (int l = 0; hist && l <= *max; l++)
+        if (json_array_append_new(hist, json_integer(count[l]))) {
+            json_decref(hist);
+            hist = NULL;
+        }
     free(count);
-    return hist;
+    return hist; /* NULL when out of memory: rl_metric notes it */
 }
 
 trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
@@ -414,14 +418,15 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
             free(ro);
             continue;
         }
-        json_t *m = json_object();
-        json_object_set_new(m, "step", json_integer(r->state.step + 1));
-        json_object_set_new(m, "batch", json_integer(ro->index));
-        json_object_set_new(m, "staleness_mean", rl_jnum(lag_mean));
-        json_object_set_new(m, "staleness_max", json_integer(lag_max));
-        json_object_set_new(m, "staleness_tokens", lag_hist); /* tokens at lag 0, 1, ... */
-        json_object_set_new(m, "dropped_batches", json_integer(dropped));
-        json_object_set_new(m, "regenerated_batches", json_integer(regenerated));
+        r->metrics_lost = false;
+        json_t *m = json_object(); /* NULL: rl_metric notes it */
+        rl_metric(r, m, "step", json_integer(r->state.step + 1));
+        rl_metric(r, m, "batch", json_integer(ro->index));
+        rl_metric(r, m, "staleness_mean", rl_jnum(lag_mean));
+        rl_metric(r, m, "staleness_max", json_integer(lag_max));
+        rl_metric(r, m, "staleness_tokens", lag_hist); /* tokens at lag 0, 1, ... */
+        rl_metric(r, m, "dropped_batches", json_integer(dropped));
+        rl_metric(r, m, "regenerated_batches", json_integer(regenerated));
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
@@ -437,16 +442,16 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         const size_t apply_bytes = as->apply_bytes;
         pthread_mutex_unlock(&as->mu);
         if (tm) {
-            json_object_set_new(tm, "trainer_wait_s", rl_jnum(step_wait));
-            json_object_set_new(tm, "generator_apply_ms", rl_jnum(apply_ms));
+            rl_metric(r, tm, "trainer_wait_s", rl_jnum(step_wait));
+            rl_metric(r, tm, "generator_apply_ms", rl_jnum(apply_ms));
         }
         trainer_wait += step_wait;
         step_wait = 0;
-        json_object_set_new(m, "generator_apply_bytes", json_integer((json_int_t)apply_bytes));
+        rl_metric(r, m, "generator_apply_bytes", json_integer((json_int_t)apply_bytes));
         rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
-        if (tm) json_object_set_new(tm, "interval_s", rl_jnum(now - last)); /* wall time since the previous step */
+        if (tm) rl_metric(r, tm, "interval_s", rl_jnum(now - last)); /* wall time since the previous step */
         if (!st) st = rl_finish_step(r, m, now - last);
         last = now;
         json_decref(m);

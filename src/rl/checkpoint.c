@@ -181,8 +181,9 @@ static trill_status write_manifest(const char *dir, const rl_identity *id) {
     char ch[17], wh[17];
     hex64(id->config_hash, ch);
     hex64(id->weights_hash, wh);
-    json_t *m = json_pack("{s:i, s:{s:s, s:s, s:I}, s:o}", "format", 1, "base_model", "config_xxh64", ch, "weights_xxh64", wh,
+    json_t *m = json_pack("{s:i, s:{s:s, s:s, s:I}, s:O}", "format", 1, "base_model", "config_xxh64", ch, "weights_xxh64", wh,
                           "weights_bytes", (json_int_t)id->weights_bytes, "files", files);
+    json_decref(files);
     char *path = trill_path_join(dir, MANIFEST);
     st = m && path ? trill_json_write_file(path, m) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_decref(m);

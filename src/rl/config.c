@@ -561,6 +561,9 @@ static trill_status assign(trill_rl_config *c, const key *k, yaml_document_t *do
 /* ---- YAML documents ---- */
 
 static trill_status syntax_error(const yaml_parser_t *parser, const source *src) {
+    if (parser->error == YAML_MEMORY_ERROR)
+        return src->override ? trill_error(TRILL_ERR_NOMEM, "override \"%s\": out of memory parsing YAML", src->override)
+                             : trill_error(TRILL_ERR_NOMEM, "%s: out of memory parsing YAML", src->file);
     const char *problem = parser->problem ? parser->problem : "malformed YAML";
     char context[160] = "";
     if (parser->context && !src->override) snprintf(context, sizeof context, " (%s at line %zu)", parser->context, parser->context_mark.line + 1);
@@ -637,7 +640,7 @@ static trill_status load_mapping(trill_rl_config *c, yaml_document_t *doc, const
 
 /* ---- public ---- */
 
-void trill_rl_config_defaults(trill_rl_config *c) {
+trill_status trill_rl_config_defaults(trill_rl_config *c) {
     memset(c, 0, sizeof *c);
     const source src = { "built-in default", NULL };
     for (size_t i = 0; i < N_KEYS; i++) {
@@ -647,11 +650,20 @@ void trill_rl_config_defaults(trill_rl_config *c) {
             st = assign(c, &KEYS[i], &doc, yaml_document_get_root_node(&doc), &src);
             yaml_document_delete(&doc);
         }
-        if (st) { /* a mistake in KEYS, or out of memory */
+        if (st == TRILL_ERR_NOMEM) {
+            trill_error_context("the default of %s", KEYS[i].path);
+            trill_rl_config_free(c);
+            memset(c, 0, sizeof *c);
+            return st;
+        }
+        /* Anything else is a mistake in KEYS, the built-in table (test_rl_config parses every
+         * default): not reachable with any input, so a programmer's error. */
+        if (st) {
             trill_log(TRILL_LOG_WARN, "trill: the default of %s: %s", KEYS[i].path, trill_error_message());
             abort();
         }
     }
+    return TRILL_OK;
 }
 
 void trill_rl_config_free(trill_rl_config *c) {
@@ -940,9 +952,10 @@ trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const tr
     return st;
 }
 
-void trill_rl_config_reference(FILE *f) {
+trill_status trill_rl_config_reference(FILE *f) {
     trill_rl_config d;
-    trill_rl_config_defaults(&d);
+    trill_status st = trill_rl_config_defaults(&d);
+    if (st) return st;
     fputs("# `trill train` configuration reference\n"
           "\n"
           "<!-- Generated from the key table in src/rl/config.c by trill_rl_config_reference; do not edit.\n"
@@ -998,4 +1011,5 @@ void trill_rl_config_reference(FILE *f) {
         }
     }
     trill_rl_config_free(&d);
+    return TRILL_OK;
 }

@@ -235,7 +235,8 @@ static trill_status score_external(rl_run *r, rl_batch *b, json_t *ext_metrics) 
         json_t *val;
         json_object_foreach(metrics[s], key, val) { /* summed here, averaged when logged */
             json_t *sum = json_object_get(ext_metrics, key);
-            json_object_set_new(ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val)));
+            if (!st && json_object_set_new(ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val))))
+                st = trill_error(TRILL_ERR_NOMEM, "out of memory for the external reward's metrics");
         }
     }
     for (int s = 0; s < n && metrics; s++) json_decref(metrics[s]);
@@ -572,6 +573,10 @@ static double mean_of(const double *v, int n) {
 }
 
 json_t *rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+void rl_metric(rl_run *r, json_t *m, const char *key, json_t *v) {
+    if (json_object_set_new(m, key, v) != 0) r->metrics_lost = true;
+}
 #define jnum rl_jnum
 
 void rl_rollout_free(rl_rollout *ro) {
@@ -775,59 +780,60 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
             rl_mismatch_measure(old, behav, (size_t)R, &mm);
             double token_flip = 0, *layer_flip = trill_calloc((size_t)r->L + 1, sizeof(double));
             if (row && R) rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, layer_flip);
-            json_t *lf = json_array();
-            for (int l = 0; l < r->L; l++) json_array_append_new(lf, jnum(layer_flip ? layer_flip[l] : NAN));
+            json_t *lf = layer_flip ? json_array() : NULL;
+            for (int l = 0; lf && l < r->L; l++)
+                if (json_array_append_new(lf, jnum(layer_flip[l]))) r->metrics_lost = true;
             free(layer_flip);
             double accuracy = r->verifier != TRILL_VERIFIER_NONE ? 0 : NAN, len = 0;
             for (int s = 0; s < b.n_seqs; s++) {
                 if (r->verifier != TRILL_VERIFIER_NONE) accuracy += (b.correct[s] >= 0.5) / (double)b.n_seqs;
                 len += rl_response_len(&b, s) / (double)b.n_seqs;
             }
-            json_object_set_new(metrics, "reward", jnum(mean_of(b.reward, b.n_seqs)));
-            json_object_set_new(metrics, "accuracy", jnum(accuracy));
-            json_object_set_new(metrics, "response_len", jnum(len));
-            json_object_set_new(metrics, "flat_groups", json_integer(flat_groups));
-            json_object_set_new(metrics, "trained_seqs", json_integer(n_kept));
-            json_object_set_new(metrics, "loss", jnum(ts.loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            json_object_set_new(metrics, "pg_loss", jnum(ts.pg_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            json_object_set_new(metrics, "kl_loss", jnum(ts.kl_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            json_object_set_new(metrics, "kl_ref", jnum(kl_ref_n ? kl_ref_sum / kl_ref_n : NAN));
-            json_object_set_new(metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
-            json_object_set_new(metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
-            json_object_set_new(metrics, "grad_norm", jnum(ts.grad_norm));
-            json_object_set_new(metrics, "skipped_nonfinite", json_integer(ts.skipped));
-            json_object_set_new(metrics, "lr", jnum(ts.lr));
-            json_object_set_new(metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
-            json_object_set_new(metrics, "mismatch_max_abs", jnum(mm.max_abs));
-            json_object_set_new(metrics, "mismatch_k1", jnum(mm.k1));
-            json_object_set_new(metrics, "mismatch_k3", jnum(mm.k3));
-            json_object_set_new(metrics, "mismatch_chi2", jnum(mm.chi2));
-            json_object_set_new(metrics, "mismatch_tokens", json_integer(mm.n_tokens));
-            json_object_set_new(metrics, "tis_mean", jnum(R ? tis_sum / R : NAN));
-            json_object_set_new(metrics, "tis_capped_frac", jnum(R ? tis_capped / R : NAN));
-            json_object_set_new(metrics, "mis_masked_frac", jnum(R ? (double)masked / R : NAN));
-            json_object_set_new(metrics, "flip_token_frac", jnum(row ? token_flip : NAN));
-            json_object_set_new(metrics, "flip_layer", lf);
-            json_object_set_new(metrics, "sync_mode", json_string(c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
-            json_object_set_new(metrics, "sync_bytes", json_integer((json_int_t)sync_bytes));
-            json_object_set_new(metrics, "sync_ms", jnum(sync_ms));
-            json_object_set_new(metrics, "policy_version", json_integer(r->state.version));
+            rl_metric(r, metrics, "reward", jnum(mean_of(b.reward, b.n_seqs)));
+            rl_metric(r, metrics, "accuracy", jnum(accuracy));
+            rl_metric(r, metrics, "response_len", jnum(len));
+            rl_metric(r, metrics, "flat_groups", json_integer(flat_groups));
+            rl_metric(r, metrics, "trained_seqs", json_integer(n_kept));
+            rl_metric(r, metrics, "loss", jnum(ts.loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            rl_metric(r, metrics, "pg_loss", jnum(ts.pg_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            rl_metric(r, metrics, "kl_loss", jnum(ts.kl_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            rl_metric(r, metrics, "kl_ref", jnum(kl_ref_n ? kl_ref_sum / kl_ref_n : NAN));
+            rl_metric(r, metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
+            rl_metric(r, metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
+            rl_metric(r, metrics, "grad_norm", jnum(ts.grad_norm));
+            rl_metric(r, metrics, "skipped_nonfinite", json_integer(ts.skipped));
+            rl_metric(r, metrics, "lr", jnum(ts.lr));
+            rl_metric(r, metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
+            rl_metric(r, metrics, "mismatch_max_abs", jnum(mm.max_abs));
+            rl_metric(r, metrics, "mismatch_k1", jnum(mm.k1));
+            rl_metric(r, metrics, "mismatch_k3", jnum(mm.k3));
+            rl_metric(r, metrics, "mismatch_chi2", jnum(mm.chi2));
+            rl_metric(r, metrics, "mismatch_tokens", json_integer(mm.n_tokens));
+            rl_metric(r, metrics, "tis_mean", jnum(R ? tis_sum / R : NAN));
+            rl_metric(r, metrics, "tis_capped_frac", jnum(R ? tis_capped / R : NAN));
+            rl_metric(r, metrics, "mis_masked_frac", jnum(R ? (double)masked / R : NAN));
+            rl_metric(r, metrics, "flip_token_frac", jnum(row ? token_flip : NAN));
+            rl_metric(r, metrics, "flip_layer", lf);
+            rl_metric(r, metrics, "sync_mode", json_string(c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
+            rl_metric(r, metrics, "sync_bytes", json_integer((json_int_t)sync_bytes));
+            rl_metric(r, metrics, "sync_ms", jnum(sync_ms));
+            rl_metric(r, metrics, "policy_version", json_integer(r->state.version));
             const char *key;
             json_t *val;
             json_object_foreach(ro->ext_metrics, key, val) {
                 char name[160];
                 snprintf(name, sizeof name, "reward_ext_%s", key);
-                json_object_set_new(metrics, name, jnum(json_number_value(val) / b.n_seqs));
+                rl_metric(r, metrics, name, jnum(json_number_value(val) / b.n_seqs));
             }
             json_t *tm = json_object();
-            json_object_set_new(tm, "generate_s", jnum(ro->gen_s));
-            json_object_set_new(tm, "reward_s", jnum(ro->reward_s));
-            json_object_set_new(tm, "train_s", jnum(t_train - t_reward));
-            json_object_set_new(tm, "sync_s", jnum(t_end - t_train));
-            json_object_set_new(tm, "step_s", jnum(ro->gen_s + ro->reward_s + (t_end - t_reward)));
-            json_object_set_new(tm, "gen_tokens_per_s", jnum(ro->gen_tokens / ro->gen_s));
-            json_object_set_new(tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
-            json_object_set_new(metrics, "time", tm);
+            rl_metric(r, tm, "generate_s", jnum(ro->gen_s));
+            rl_metric(r, tm, "reward_s", jnum(ro->reward_s));
+            rl_metric(r, tm, "train_s", jnum(t_train - t_reward));
+            rl_metric(r, tm, "sync_s", jnum(t_end - t_train));
+            rl_metric(r, tm, "step_s", jnum(ro->gen_s + ro->reward_s + (t_end - t_reward)));
+            rl_metric(r, tm, "gen_tokens_per_s", jnum(ro->gen_tokens / ro->gen_s));
+            rl_metric(r, tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
+            rl_metric(r, metrics, "time", tm);
         }
         free(old); free(behav); free(ge); free(te);
     }
@@ -902,6 +908,10 @@ static void format_duration(double s, char *out, size_t n) {
 
 trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
     const trill_rl_config *c = r->c;
+    if (r->metrics_lost) {
+        r->metrics_lost = false;
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for the metrics of step %d", r->state.step + 1);
+    }
     r->state.step++;
     trill_status st = append_metrics(r, m);
     if (st) return st;
@@ -959,9 +969,9 @@ static trill_status start_state(rl_run *r, char **ckpt) {
     r->state = (rl_state){ .seed = c->seed };
     if (!*ckpt) return TRILL_OK;
     trill_rl_config saved;
-    trill_rl_config_defaults(&saved);
-    char *path = trill_path_join(*ckpt, "config.yaml");
-    st = path ? trill_rl_config_load(&saved, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    char *path = NULL;
+    st = trill_rl_config_defaults(&saved);
+    if (!st) st = (path = trill_path_join(*ckpt, "config.yaml")) ? trill_rl_config_load(&saved, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_rl_config_check_resume(&saved, c, *ckpt);
     if (!st) st = rl_checkpoint_read_state(*ckpt, &r->state);
     trill_rl_config_free(&saved);
@@ -1087,8 +1097,9 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     r.publish = rl_sync_direct;
     if (!st && c->mode == TRILL_MODE_ASYNC) st = rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
     while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps && !rl_stop_requested()) {
-        json_t *m = json_object();
-        json_object_set_new(m, "step", json_integer(r.state.step + 1));
+        r.metrics_lost = false;
+        json_t *m = json_object(); /* NULL: rl_metric notes it */
+        rl_metric(&r, m, "step", json_integer(r.state.step + 1));
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
@@ -1106,8 +1117,8 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
         if (!st && r.eval && c->eval.every > 0 && r.state.step + 1 < c->steps && (r.state.step + 1) % c->eval.every == 0) {
             double p1, pk;
             st = evaluate(&r, "now", &p1, &pk);
-            json_object_set_new(m, "eval_pass1", jnum(p1));
-            json_object_set_new(m, "eval_passk", jnum(pk));
+            rl_metric(&r, m, "eval_pass1", jnum(p1));
+            rl_metric(&r, m, "eval_passk", jnum(pk));
         }
         if (!st) st = rl_finish_step(&r, m, trill_now() - t0);
         json_decref(m);

@@ -84,6 +84,7 @@ trill_status trill_demo_write_data(const char *dir, const trill_demo_options *o)
     uint8_t(*taken)[100] = st ? NULL : trill_calloc(100, sizeof *taken);
     if (!st && !taken) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     char *eval = trill_path_join(dir, "eval.jsonl"), *dev = trill_path_join(dir, "dev.jsonl"), *train = trill_path_join(dir, "train.jsonl");
+    if (!st && (!eval || !dev || !train)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_mkdir_p(dir);
     if (!st) st = write_distinct(eval, o, STREAM_EVAL, o->n_eval, taken);
     if (!st) st = write_distinct(dev, o, STREAM_DEV, o->n_dev, taken);
@@ -109,12 +110,13 @@ trill_status trill_demo_write_data(const char *dir, const trill_demo_options *o)
 
 /* The tiny preset narrowed to hidden 128 (see demo.h). */
 static trill_status demo_config(trill_config *c) {
-    json_t *j = trill_config_preset("tiny");
-    if (!j) return trill_error(TRILL_ERR_INVALID, "demo: no \"tiny\" preset");
-    json_object_set_new(j, "hidden_size", json_integer(128));
-    json_object_set_new(j, "head_dim", json_integer(32));
-    json_object_set_new(j, "intermediate_size", json_integer(384));
-    json_object_set_new(j, "moe_intermediate_size", json_integer(64));
+    json_t *j = trill_config_preset("tiny"); /* NULL: out of memory (the preset exists) */
+    if (!j) return trill_error(TRILL_ERR_NOMEM, "demo: out of memory for its config");
+    if (json_object_set_new(j, "hidden_size", json_integer(128)) || json_object_set_new(j, "head_dim", json_integer(32)) ||
+        json_object_set_new(j, "intermediate_size", json_integer(384)) || json_object_set_new(j, "moe_intermediate_size", json_integer(64))) {
+        json_decref(j);
+        return trill_error(TRILL_ERR_NOMEM, "demo: out of memory for its config");
+    }
     trill_status st = trill_config_from_json(j, "demo config (tiny preset + demo sizes)", c);
     json_decref(j);
     return st;
@@ -182,7 +184,7 @@ static trill_status warm_start(const char *dir, const trill_demo_options *o, tri
     c.max_steps = o->max_sft_steps;
     c.seed = o->seed;
     const double t0 = trill_now();
-    trill_status st = TRILL_OK;
+    trill_status st = init && train && dev && log ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     int step = 0;
     while (!st && step < o->max_sft_steps) {
         int next = step == 0 ? o->first_check : step + o->check_every;

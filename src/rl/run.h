@@ -41,6 +41,7 @@ struct rl_run {
     int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
     int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
+    bool metrics_lost;            /* a field of this step's metrics could not be added (rl_metric) */
     int L, K;
     /* How new weights reach the generator after a step: rl_sync_direct (sync mode) or the
      * weight channel (async). *ms and *bytes describe the transfer. */
@@ -71,6 +72,10 @@ trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes);
 trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s);
 
 json_t *rl_jnum(double v);
+/* m[key] = v (its reference taken) in a step's metrics. A failure (out of memory: m or v NULL,
+ * or no room for the key) sets r->metrics_lost, and rl_finish_step reports it rather than write
+ * a metrics line without the field. */
+void rl_metric(rl_run *r, json_t *m, const char *key, json_t *v);
 
 /* trill_rl_request_stop was called (a signal handler, an embedder): end after the current step. */
 bool rl_stop_requested(void);

@@ -51,23 +51,24 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_model *m, int T, 
     return TRILL_OK;
 }
 
-void trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
-                           const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
-                           int N) {
-    matmul_backward_w(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N);
-    if (!fp->lora || !ad.A) return;
+trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
+                                   const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
+                                   int N) {
+    trill_status st = matmul_backward_w(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N);
+    if (st || !fp->lora || !ad.A) return st;
     const int r = fp->lora->config.rank;
     const float s = fp->lora->scale;
     for (size_t i = 0; i < (size_t)n * N; i++) g->dv_lora[i] = s * dout[i];
     memset(g->dxa, 0, sizeof(float) * (size_t)n * r);
     matmul_backward(g->dxa, trill_lora_grad_of(sink, ad.B), g->dv_lora, xa, ad.B, n, r, N);
     matmul_backward(dinp, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r);
+    return TRILL_OK;
 }
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 /* lm_head and the final norm: dlogprobs -> d x_final (g->dx), in chunks of rows. */
-static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, const trill_grad_sinks *sink, grad_scratch *g) {
+static trill_status head_backward(const trill_forward_pass *fp, const float *dlogprobs, const trill_grad_sinks *sink, grad_scratch *g) {
     const trill_model *m = fp->m;
     const int T = fp->T, H = m->config.hidden_size, V = m->config.vocab_size;
     const trill_lora_pair head = fp->lora ? fp->lora->lm_head : (trill_lora_pair){ 0 };
@@ -84,13 +85,16 @@ static void head_backward(const trill_forward_pass *fp, const float *dlogprobs, 
             dlp[r] = predicts ? dlogprobs[t + 1] : 0.0f;
         }
         float *logits = g->dlogits; /* recomputed (with the adapter input), then overwritten by their gradient */
-        trill_forward_logits(fp, logits, t0, n);
+        trill_status st = trill_forward_logits(fp, logits, t0, n);
+        if (st) return st;
         token_logprob_backward(g->dlogits, dlp, logits, targets, n, V);
-        trill_linear_backward(fp, sink, &g->lora, dxf + (size_t)t0 * H, g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, head,
-                              fp->xa_head, n, H, V);
+        st = trill_linear_backward(fp, sink, &g->lora, dxf + (size_t)t0 * H, g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, head,
+                                   fp->xa_head, n, H, V);
+        if (st) return st;
     }
     zero(g->dx, (size_t)T * H);
-    rmsnorm_backward(g->dx, trill_grad_of(sink, m->final_norm), dxf, fp->x_final, m->final_norm, T, H, (float)m->config.rms_norm_eps);
+    return rmsnorm_backward(g->dx, trill_grad_of(sink, m->final_norm), dxf, fp->x_final, m->final_norm, T, H,
+                            (float)m->config.rms_norm_eps);
 }
 
 trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads) {
@@ -112,7 +116,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
         free(g.block);
         return st;
     }
-    head_backward(fp, dlogprobs, &sink, &g);
+    if ((st = head_backward(fp, dlogprobs, &sink, &g))) trill_error_context("backward, lm_head");
     for (int l = c->num_hidden_layers - 1; l >= 0 && !st; l--) {
         if (fp->recompute) st = trill_forward_layer(fp, l); /* refill the shared buffers from the layer's saved input */
         if (!st) st = f->layer(fp, l, &sink, &g.lora, layer_scratch, g.dx);

@@ -29,8 +29,9 @@ static inline float *trill_lora_grad_of(const trill_grad_sinks *sink, const floa
     return sink->lora_grads ? sink->lora_grads + (p - sink->lora->params) : NULL;
 }
 
-/* Backward of trill_linear: y = x W^T + scale (x A^T) B^T with xa = x A^T; dinp += . */
-void trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
+/* Backward of trill_linear: y = x W^T + scale (x A^T) B^T with xa = x A^T; dinp += . Fails only
+ * when a bf16 weight's panel buffer cannot be had (matmul_backward_w). */
+trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
                            const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
                            int N);
 
@@ -40,7 +41,8 @@ typedef struct trill_family_backward {
     trill_status (*begin)(const trill_forward_pass *fp, void **scratch);
     /* Layer l, its activations in the pass (recomputed first when fp->recompute): dx holds the
      * gradient of the layer's output on entry and of its input on return; weight and adapter
-     * gradients accumulate into the sinks. Fails only when a kernel's scratch cannot be allocated. */
+     * gradients accumulate into the sinks. Fails only when a kernel's scratch cannot be allocated
+     * (gradients are then incomplete). */
     trill_status (*layer)(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                           void *scratch, float *dx);
     void (*end)(void *scratch);

@@ -220,6 +220,7 @@ static trill_status save(const trill_sft_config *c, const trill_model *m, const 
                          double eval) {
     trill_status st = lora ? trill_lora_save(lora, c->out_dir) : trill_model_save(m, c->out_dir, TRILL_F32, 5000000000u);
     char *prefix = trill_path_join(c->out_dir, "optimizer"), *state = trill_path_join(c->out_dir, "trainer_state.json");
+    if (!st && (!prefix || !state)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_adamw_save(opt, prefix);
     if (!st) {
         json_t *j = json_pack("{s:i, s:s, s:f}", "step", step, "mode", lora ? "lora" : "full", "eval_loss", isnan(eval) ? -1.0 : eval);
@@ -264,7 +265,8 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
     if (c->resume) {
         char *state_path = trill_path_join(c->out_dir, "trainer_state.json");
         json_t *state = NULL;
-        if (!(st = trill_json_load_file(state_path, &state)))
+        if (!state_path) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else if (!(st = trill_json_load_file(state_path, &state)))
             st = trill_json_get_int(state, "step", state_path, 0, INT32_MAX, &start_step);
         json_decref(state);
         free(state_path);
@@ -280,7 +282,7 @@ trill_status trill_sft_run(const trill_sft_config *c, double *final_eval) {
     const size_t n_values = lora ? lora->n_params : m ? m->n_params : 0;
     if (!st && c->resume) {
         char *prefix = trill_path_join(c->out_dir, "optimizer");
-        st = trill_adamw_load(prefix, n_values, &opt);
+        st = prefix ? trill_adamw_load(prefix, n_values, &opt) : trill_error(TRILL_ERR_NOMEM, "out of memory");
         free(prefix);
     } else if (!st) {
         trill_adamw_config oc = trill_adamw_defaults();

@@ -118,9 +118,9 @@ class Plan(ctypes.Structure):
 def load_c(tmp):
     so = os.path.join(tmp, "libeplb.so")
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-I", os.path.join(ROOT, "include"),
+    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-I", os.path.join(ROOT, "include"), "-I", os.path.join(ROOT, "src"),
                     os.path.join(ROOT, "src/infer/eplb.c"), os.path.join(ROOT, "src/base/error.c"),
-                    "-o", so, "-lm"], check=True)
+                    os.path.join(ROOT, "src/base/alloc.c"), "-o", so, "-ljansson", "-lm"], check=True)
     lib = ctypes.CDLL(so)
     lib.trill_eplb_rebalance.argtypes = [ctypes.POINTER(ctypes.c_double)] + [ctypes.c_int] * 6 + [ctypes.POINTER(Plan)]
     lib.trill_eplb_rebalance.restype = ctypes.c_int

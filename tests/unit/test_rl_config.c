@@ -633,7 +633,7 @@ static void test_round_trip(void **state) {
 static char *reference_text(void) {
     FILE *f = tmpfile();
     assert_non_null(f);
-    trill_rl_config_reference(f);
+    assert_int_equal(trill_rl_config_reference(f), TRILL_OK);
     long len = ftell(f);
     assert_true(len > 0);
     rewind(f);
@@ -691,8 +691,8 @@ int main(int argc, char **argv) {
             perror(argv[2]);
             return 1;
         }
-        trill_rl_config_reference(f);
-        return fclose(f) ? 1 : 0;
+        const trill_status st = trill_rl_config_reference(f);
+        return fclose(f) || st ? 1 : 0;
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),

@@ -68,7 +68,7 @@ static void begin(trill_forward_pass *fp) {
 static const trill_lora_layer NO_ADAPTERS;
 
 /* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). Fails only
- * when the attention kernel's scratch cannot be allocated. */
+ * when the attention kernel's scratch or a bf16 weight's panel cannot be allocated. */
 static trill_status attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
                             qwen3_layer_acts *a) {
     const trill_config *c = &fp->m->config;
@@ -76,16 +76,17 @@ static trill_status attention_block(const trill_forward_pass *fp, const trill_la
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
     rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, eps);
-    trill_linear(fp, a->q_raw, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
-    trill_linear(fp, a->k_raw, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
-    trill_linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
+    trill_status st = trill_linear(fp, a->q_raw, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
+    if (!st) st = trill_linear(fp, a->k_raw, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
+    if (!st) st = trill_linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
+    if (st) return st;
     rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
     rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
     rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
-    trill_status st = attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    st = attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    if (!st) st = trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (st) return st;
-    trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     residual_forward(a->x_mid, q->out, (size_t)T * H);
     return TRILL_OK;
@@ -93,27 +94,29 @@ static trill_status attention_block(const trill_forward_pass *fp, const trill_la
 
 /* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
  * (and the adapters' inputs in xa[XA_GATE..XA_DOWN], from row `row0`). */
-static void mlp(const trill_forward_pass *fp, float *out, const float *inp, trill_weight wg, trill_weight wu, trill_weight wd,
+static trill_status mlp(const trill_forward_pass *fp, float *out, const float *inp, trill_weight wg, trill_weight wu, trill_weight wd,
                 trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, float *gate, float *up,
                 int n, int H, int I) {
     const qwen3_acts *q = fp->acts;
     const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
-    trill_linear(fp, gate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
-    trill_linear(fp, up, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+    trill_status st = trill_linear(fp, gate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
+    if (!st) st = trill_linear(fp, up, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+    if (st) return st;
     swiglu_forward(q->act, gate, up, (size_t)n * I);
-    trill_linear(fp, out, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
+    return trill_linear(fp, out, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
 }
 
 /* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); the top-k experts (or the replayed
  * ids); gate weights = probs at those ids, renormalised if norm_topk_prob;
  * out = sum_k w_k * expert_k(x). Each expert's tokens are grouped into one GEMM. */
-static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, qwen3_layer_acts *a,
+static trill_status moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, qwen3_layer_acts *a,
                       int ordinal, const uint16_t *replay, uint16_t *experts) {
     const trill_config *c = &fp->m->config;
     const qwen3_acts *q = fp->acts;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     const int L = c->n_moe_layers;
-    matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
+    trill_status st = matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
+    if (st) return st;
     softmax_forward(a->probs, a->probs, T, E);
     topk_forward(a->topi, a->topw, a->probs, T, E, K);
     if (replay)
@@ -140,10 +143,11 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
         for (int r = 0; r < n; r++) memcpy(q->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
         float *ye = a->ye + (size_t)first * H;
         const trill_lora_pair none = { 0 };
-        mlp(fp, ye, q->xe, trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
+        st = mlp(fp, ye, q->xe, trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
             trill_weight_at(w->expert_down, (size_t)e * H * Im), ad->expert_gate ? ad->expert_gate[e] : none,
             ad->expert_up ? ad->expert_up[e] : none, ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first,
             a->gate + (size_t)first * Im, a->up + (size_t)first * Im, n, H, Im);
+        if (st) return st;
         for (int r = 0; r < n; r++) {
             float g = a->topw[rows[r]];
             float *o = q->out + (size_t)(rows[r] / K) * H;
@@ -151,6 +155,7 @@ static void moe_block(const trill_forward_pass *fp, const trill_layer_weights *w
             for (int i = 0; i < H; i++) o[i] += g * y[i];
         }
     }
+    return TRILL_OK;
 }
 
 /* One decoder layer: layers[l].x_in -> the next layer's input (or x_final). */
@@ -167,10 +172,11 @@ static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *r
     if (st) return st;
     rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
     if (trill_config_is_moe(c, l))
-        moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
+        st = moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
     else
-        mlp(fp, q->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up, T, H,
+        st = mlp(fp, q->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up, T, H,
             c->intermediate_size);
+    if (st) return st;
     if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
     residual_forward(x_next, q->out, (size_t)T * H);
     return TRILL_OK;

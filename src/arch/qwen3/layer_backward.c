@@ -58,7 +58,7 @@ static const trill_lora_layer NO_ADAPTERS;
 
 /* SwiGLU MLP of n rows given dout: weight and adapter gradients, and dinp (+=). xa are the
  * adapters' inputs saved by the forward pass for these rows (NULL without adapters). */
-static void mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
+static trill_status mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
                          float *dinp, const float *dout, const float *inp, const float *gate, const float *up, trill_weight wg,
                          trill_weight wu, trill_weight wd, trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn,
                          float *const *xa, size_t row0, int n, int H, int I) {
@@ -66,16 +66,18 @@ static void mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *s
     const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
     swiglu_forward(q->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
     zero(g->dact, (size_t)n * I);
-    trill_linear_backward(fp, sink, lg, g->dact, dout, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
+    trill_status st = trill_linear_backward(fp, sink, lg, g->dact, dout, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
+    if (st) return st;
     zero(g->dgate, (size_t)n * I);
     zero(g->dup, (size_t)n * I);
     swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
-    trill_linear_backward(fp, sink, lg, dinp, g->dgate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
-    trill_linear_backward(fp, sink, lg, dinp, g->dup, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+    st = trill_linear_backward(fp, sink, lg, dinp, g->dgate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
+    if (!st) st = trill_linear_backward(fp, sink, lg, dinp, g->dup, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
+    return st;
 }
 
 /* MoE block: dout -> g->dxn (gradient of xn2), expert, adapter and router gradients. */
-static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
                          const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
                          const float *dout) {
     const trill_config *c = &fp->m->config;
@@ -101,11 +103,12 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
             memcpy(q->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
         }
         zero(g->dxe, (size_t)n * H);
-        mlp_backward(fp, sink, lg, g, g->dxe, g->dye, q->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
+        trill_status st = mlp_backward(fp, sink, lg, g, g->dxe, g->dye, q->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
                      trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
                      trill_weight_at(w->expert_down, (size_t)e * H * Im),
                      ad->expert_gate ? ad->expert_gate[e] : none, ad->expert_up ? ad->expert_up[e] : none,
                      ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first, n, H, Im);
+        if (st) return st;
         for (int r = 0; r < n; r++) {
             float *dx = g->dxn + (size_t)(rows[r] / K) * H;
             const float *src = g->dxe + (size_t)r * H;
@@ -115,11 +118,11 @@ static void moe_backward(const trill_forward_pass *fp, const trill_layer_weights
     zero(g->dlogits, (size_t)T * E);
     router_gates_backward(g->dgates, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
     router_softmax_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K);
-    matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
+    return matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
 /* Attention block: dx (gradient of x_mid) += the attention branch's gradient of x_in. Fails only
- * when the attention kernel's scratch cannot be allocated. */
+ * when a kernel's scratch (attention's, rmsnorm's, a bf16 weight's panel) cannot be allocated. */
 static trill_status attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
                                      const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                                      scratch *g, float *dx) {
@@ -128,25 +131,26 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
     zero(g->datt, (size_t)T * nh * hd);
-    trill_linear_backward(fp, sink, lg, g->datt, dx, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
+    trill_status st = trill_linear_backward(fp, sink, lg, g->datt, dx, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
+    if (st) return st;
     zero(g->dq, (size_t)T * nh * hd);
     zero(g->dk, (size_t)T * nkv * hd);
     zero(g->dv, (size_t)T * nkv * hd);
-    trill_status st = attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd,
-                                         1 / sqrtf((float)hd));
+    st = attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
     if (st) return st;
     rope_backward(g->dq, fp->pos, q->inv_freq, T, nh, hd);
     rope_backward(g->dk, fp->pos, q->inv_freq, T, nkv, hd);
     zero(g->dqr, (size_t)T * nh * hd);
     zero(g->dkr, (size_t)T * nkv * hd);
-    rmsnorm_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps);
-    rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps);
+    if ((st = rmsnorm_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps)) ||
+        (st = rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps)))
+        return st;
     zero(g->dxn, (size_t)T * H);
-    trill_linear_backward(fp, sink, lg, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
-    trill_linear_backward(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
-    trill_linear_backward(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
-    rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
-    return TRILL_OK;
+    if ((st = trill_linear_backward(fp, sink, lg, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||
+        (st = trill_linear_backward(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd)) ||
+        (st = trill_linear_backward(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd)))
+        return st;
+    return rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
 }
 
 static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *s,
@@ -160,14 +164,16 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
     const qwen3_layer_acts *a = &q->layers[l];
     /* dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
+    trill_status st;
     if (trill_config_is_moe(c, l)) {
-        moe_backward(fp, w, ad, a, sink, lg, g, dx);
+        st = moe_backward(fp, w, ad, a, sink, lg, g, dx);
     } else {
         zero(g->dxn, (size_t)T * H);
-        mlp_backward(fp, sink, lg, g, g->dxn, dx, a->xn2, a->gate, a->up, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up,
+        st = mlp_backward(fp, sink, lg, g, g->dxn, dx, a->xn2, a->gate, a->up, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up,
                      ad->down, a->xa, 0, T, H, c->intermediate_size);
     }
-    rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    if (!st) st = rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    if (st) return st;
     return attention_backward_block(fp, w, ad, a, sink, lg, g, dx);
 }
 
