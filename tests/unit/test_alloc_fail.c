@@ -46,6 +46,7 @@ size_t __sanitizer_get_current_allocated_bytes(void); /* the sanitizers' allocat
 #include "base/tls.h"
 #include "testutil.h"
 #include "trill/infer.h"
+#include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/timing.h"
