@@ -1,5 +1,5 @@
-/* bench_attention: time of the causal GQA attention kernels alone (attention_forward and
- * attention_backward, fp32) on a packed batch of equal-length sequences.
+/* bench_attention: time of the causal GQA attention kernels alone (trill_attention_forward and
+ * trill_attention_backward, fp32) on a packed batch of equal-length sequences.
  *
  * A benchmark, not a test: it prints figures and fails only if it cannot run.
  *
@@ -113,14 +113,14 @@ int main(int argc, char **argv) {
            preset, nh, nkv, hd_qk, hd_v, batch, seq, T, omp_get_max_threads());
     for (int r = -1; r < runs; r++) { /* r = -1: warm-up */
         double t0 = trill_now();
-        if (attention_forward(out, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale)) {
+        if (trill_attention_forward(out, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale)) {
             fprintf(stderr, "bench_attention: %s\n", trill_error_message());
             return 1;
         }
         if (r >= 0) tf[r] = trill_now() - t0;
         memset(dq, 0, sizeof(float) * nq), memset(dk, 0, sizeof(float) * nk), memset(dv, 0, sizeof(float) * nv);
         t0 = trill_now();
-        if (attention_backward(dq, dk, dv, dout, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale)) {
+        if (trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale)) {
             fprintf(stderr, "bench_attention: %s\n", trill_error_message());
             return 1;
         }

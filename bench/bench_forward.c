@@ -72,7 +72,7 @@ static double sgemm_peak(int n, int runs) {
         b[i] = (float)(trill_rng_uniform(2, i) - 0.5);
     }
     const double flops = 2.0 * n * n * n;
-    /* same layout as matmul_forward: row-major A times B^T */
+    /* same layout as trill_matmul_forward: row-major A times B^T */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
     for (int r = 0; r < runs; r++) {
         double t0 = trill_now();

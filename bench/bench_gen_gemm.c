@@ -125,7 +125,7 @@ typedef struct call {
 static void run_calls(void *arg) {
     call *c = arg;
     for (int r = 0; r < c->reps; r++)
-        for (int i = 0; i < c->copies; i++) gen_matmul_isa(c->out, c->inp, &c->m[i], c->T, c->isa);
+        for (int i = 0; i < c->copies; i++) trill_gen_matmul_isa(c->out, c->inp, &c->m[i], c->T, c->isa);
 }
 
 typedef struct shape { const char *name; int N, K; } shape;
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* figures appear as they are measured */
     const char *preset = "small";
     int runs = 7, copy_mb = 1024, cold_mb = 512;
-    gen_isa isa = gen_isa_best();
+    gen_isa isa = trill_gen_isa_best();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
@@ -150,8 +150,8 @@ int main(int argc, char **argv) {
             const gen_isa all[] = { GEN_ISA_GENERIC, GEN_ISA_AVX2, GEN_ISA_AVX512 };
             int found = 0;
             for (int j = 0; j < 3; j++)
-                if (!strcmp(v, gen_isa_name(all[j]))) isa = all[j], found = 1;
-            if (!found || !gen_isa_supported(isa)) { fprintf(stderr, "bench_gen_gemm: --isa %s is not available on this CPU\n", v); return 2; }
+                if (!strcmp(v, trill_gen_isa_name(all[j]))) isa = all[j], found = 1;
+            if (!found || !trill_gen_isa_supported(isa)) { fprintf(stderr, "bench_gen_gemm: --isa %s is not available on this CPU\n", v); return 2; }
         }
     }
     json_t *js = trill_config_preset(preset);
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
     }
     json_decref(js);
     const int threads = omp_get_max_threads();
-    printf("gen_gemm %s: isa %s, %d threads, medians of %d runs\n", preset, gen_isa_name(isa), threads, runs);
+    printf("gen_gemm %s: isa %s, %d threads, medians of %d runs\n", preset, trill_gen_isa_name(isa), threads, runs);
 
     /* memory bandwidth */
     buffers buf = { .bytes = (size_t)copy_mb << 20 };
@@ -185,8 +185,8 @@ int main(int argc, char **argv) {
     /* compute peaks (GFLOP/s) of the instruction each format's kernel is built on */
     double peak[3] = { 0 };
     for (int f = 0; f < 3; f++) {
-        peak[f] = gen_peak_gflops((trill_gen_format)f, isa);
-        if (peak[f] > 0) printf("peak %-4s %8.1f GFLOP/s  (%s)\n", trill_gen_format_name((trill_gen_format)f), peak[f], gen_peak_instruction((trill_gen_format)f, isa));
+        peak[f] = trill_gen_peak_gflops_isa((trill_gen_format)f, isa);
+        if (peak[f] > 0) printf("peak %-4s %8.1f GFLOP/s  (%s)\n", trill_gen_format_name((trill_gen_format)f), peak[f], trill_gen_peak_instruction((trill_gen_format)f, isa));
     }
 
     /* distinct linear-layer shapes of the preset */
@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < 256 * (size_t)K; i++) x[i] = (float)(trill_rng_uniform(2, i) - 0.5);
         for (int f = 0; f < 3; f++) {
             gen_matrix m;
-            if (gen_matrix_create(&m, (trill_gen_format)f, w, NULL, N, K)) {
+            if (trill_gen_matrix_create(&m, (trill_gen_format)f, w, NULL, N, K)) {
                 fprintf(stderr, "bench_gen_gemm: %s\n", trill_error_message());
                 return 1;
             }
@@ -252,7 +252,7 @@ int main(int argc, char **argv) {
                            cold_best, 100 * cold_best / copy_bw);
                 printf("\n");
             }
-            gen_matrix_free(&m);
+            trill_gen_matrix_free(&m);
         }
         free(w);
         free(x);

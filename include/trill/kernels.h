@@ -16,8 +16,8 @@
 
 /* YaRN's magnitude correction (HF get_mscale / DeepSeek yarn_get_mscale): 1 for factor <= 1,
  * else 0.1 mscale ln(factor) + 1, in double as Python computes it. DeepSeek-V3 multiplies its
- * softmax scale by rope_yarn_mscale(factor, mscale_all_dim)^2. */
-double rope_yarn_mscale(double factor, double mscale);
+ * softmax scale by trill_rope_yarn_mscale(factor, mscale_all_dim)^2. */
+double trill_rope_yarn_mscale(double factor, double mscale);
 
 /* ---- the same on a stored weight (trill/weight.h): fp32 as above, bf16 widened a panel of
  * rows at a time into a per-thread fp32 buffer (at most WEIGHT_PANEL floats). fp32 never fails;
@@ -25,14 +25,14 @@ double rope_yarn_mscale(double factor, double mscale);
  * thread's panel buffer cannot be had ---- */
 
 /* out[T,N] = inp[T,K] @ W[N,K]^T */
-trill_status matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N);
+trill_status trill_matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N);
 /* dinp[T,K] += dout @ W (either storage); dweight[N,K] += dout^T @ inp, fp32 storage only
  * (a bf16 weight is frozen: pass dweight NULL, or the process aborts, a programmer's error). */
-trill_status matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K,
+trill_status trill_matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K,
                                int N);
 /* out[T,C] = table[tokens[t]] */
-void embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C);
+void trill_embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C);
 /* dst[n] = src widened (exact) */
-void bf16_widen(float *dst, const uint16_t *src, size_t n);
+void trill_bf16_widen(float *dst, const uint16_t *src, size_t n);
 
 #endif

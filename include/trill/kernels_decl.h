@@ -16,57 +16,57 @@
  *                   (0, 2, 4, ..., 1, 3, 5, ...) and rotates halves, so its output is this one
  *                   in that permuted order; q and k are permuted alike, so q.k is the same. */
 enum rope_pairing { ROPE_ROTATE_HALF = 0, ROPE_ADJACENT = 1 };
-/* The most expert groups router_topk_forward takes (DeepSeek-V3 has 8, Kimi-K2 1). */
+/* The most expert groups trill_router_topk_forward takes (DeepSeek-V3 has 8, Kimi-K2 1). */
 enum { ROUTER_MAX_GROUPS = 64 };
 #endif
 
 /* out[T,N] = inp[T,K] @ weight[N,K]^T  (weight is an nn.Linear weight: [out, in]) */
-void KERNEL(matmul_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N);
+void KERNEL(trill_matmul_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N);
 /* out[T,N] += alpha * inp[T,K] @ weight[N,K]^T */
-void KERNEL(matmul_accumulate)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N, REAL_T alpha);
+void KERNEL(trill_matmul_accumulate)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N, REAL_T alpha);
 /* dinp[T,K] += dout @ weight;  dweight[N,K] += dout^T @ inp */
-void KERNEL(matmul_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
+void KERNEL(trill_matmul_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
                              int T, int K, int N);
 
 /* out[T,C] = weight[C] * inp / sqrt(mean(inp^2) + eps), per row (HF RMSNorm). out may alias inp. */
-void KERNEL(rmsnorm_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int C, REAL_T eps);
+void KERNEL(trill_rmsnorm_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int C, REAL_T eps);
 /* dweight's per-thread partial sums are allocated: TRILL_ERR_NOMEM (nothing added) without them. */
-trill_status KERNEL(rmsnorm_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
+trill_status KERNEL(trill_rmsnorm_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
                                       int T, int C, REAL_T eps);
 
 /* inv_freq[hd/2] = 1 / theta^(2i/hd), in the working precision as Hugging Face computes it. */
-void KERNEL(rope_inv_freq)(REAL_T *inv_freq, int head_dim, double theta);
+void KERNEL(trill_rope_inv_freq)(REAL_T *inv_freq, int head_dim, double theta);
 /* YaRN (HF modeling_rope_utils._compute_yarn_parameters): inv_freq[dim/2] for rotary dim `dim`,
  * blending 1/theta^(2i/dim) (extrapolation) and the same divided by `factor` (interpolation)
  * with a linear ramp between the correction dims of beta_fast and beta_slow rotations over
  * original_max_position_embeddings (floor/ceil of them when `truncate`, HF's default). Computed
  * as HF does in fp32 (the fp64 instantiation in double); theta^x is the correctly rounded
  * value, which torch's own pow can miss by an ulp. Returns HF's attention_factor, the cos/sin
- * multiplier of rope_partial_forward: mscale(factor, mscale) / mscale(factor, mscale_all_dim)
- * when both are nonzero, else mscale(factor, 1) (rope_yarn_mscale, trill/kernels.h); a config
+ * multiplier of trill_rope_partial_forward: mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+ * when both are nonzero, else mscale(factor, 1) (trill_rope_yarn_mscale, trill/kernels.h); a config
  * that gives attention_factor explicitly overrides it. HF's defaults, which the caller
  * passes (HF also takes them for a 0): beta_fast 32, beta_slow 1; an absent mscale or
  * mscale_all_dim is 0. HF before v5 takes
  * factor = max_position_embeddings / original_max_position_embeddings when the config has the
  * latter: the caller passes the factor it means. */
-double KERNEL(rope_inv_freq_yarn)(REAL_T *inv_freq, int dim, double theta, double factor, int original_max_position_embeddings,
+double KERNEL(trill_rope_inv_freq_yarn)(REAL_T *inv_freq, int dim, double theta, double factor, int original_max_position_embeddings,
                                   double beta_fast, double beta_slow, double mscale, double mscale_all_dim, int truncate);
 /* Rotates x[T, n_heads, head_dim] in place at positions pos[T], HF rotate-half convention:
  * x1 = x[:hd/2], x2 = x[hd/2:]; out = (x1 cos - x2 sin, x2 cos + x1 sin). */
-void KERNEL(rope_forward)(REAL_T *x, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_dim);
+void KERNEL(trill_rope_forward)(REAL_T *x, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_dim);
 /* In place: the gradient wrt the unrotated input (the inverse rotation). */
-void KERNEL(rope_backward)(REAL_T *dx, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_dim);
+void KERNEL(trill_rope_backward)(REAL_T *dx, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_dim);
 /* RoPE on part of each head: x holds T rows of n_heads heads of head_stride elements each
  * (row stride n_heads * head_stride); in every head the rot_dim (even) dims from rot_offset on
  * are rotated, the others untouched (DeepSeek MLA: q heads of 192 with the rotary 64 at offset
  * 128). `pairing` is a rope_pairing; inv_freq[rot_dim/2], pair i turning by pos[t] inv_freq[i]
  * (fp32 angle, as HF). cos and sin are multiplied by cs_scale (YaRN's attention_factor) when it
- * is not 1. rope_forward(x, ...) is rope_partial_forward(x, ..., hd, 0, hd, ROPE_ROTATE_HALF, 1). */
-void KERNEL(rope_partial_forward)(REAL_T *x, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_stride,
+ * is not 1. trill_rope_forward(x, ...) is trill_rope_partial_forward(x, ..., hd, 0, hd, ROPE_ROTATE_HALF, 1). */
+void KERNEL(trill_rope_partial_forward)(REAL_T *x, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_stride,
                                   int rot_offset, int rot_dim, int pairing, REAL_T cs_scale);
-/* In place: the gradient wrt the input of rope_partial_forward (cs_scale times the inverse
+/* In place: the gradient wrt the input of trill_rope_partial_forward (cs_scale times the inverse
  * rotation: the transpose of the forward's linear map). */
-void KERNEL(rope_partial_backward)(REAL_T *dx, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_stride,
+void KERNEL(trill_rope_partial_backward)(REAL_T *dx, const int *pos, const REAL_T *inv_freq, int T, int n_heads, int head_stride,
                                    int rot_offset, int rot_dim, int pairing, REAL_T cs_scale);
 
 /* Causal grouped-query attention within each sequence of a packed batch, with a query/key
@@ -77,32 +77,32 @@ void KERNEL(rope_partial_backward)(REAL_T *dx, const int *pos, const REAL_T *inv
  * qk_head_dim^-0.5 times YaRN's mscale^2. Per-thread scratch: a [128-ish, longest sequence]
  * block of scores (two in the backward); TRILL_ERR_NOMEM when it cannot be had (the output
  * is then incomplete). */
-trill_status KERNEL(attention_forward)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const int *offsets,
+trill_status KERNEL(trill_attention_forward)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const int *offsets,
                                        int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL_T scale);
 /* dq[T, nh*hd_qk], dk[T, nkv*hd_qk], dv[T, nkv*hd_v] += the gradients given dout[T, nh*hd_v]. */
-trill_status KERNEL(attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, const REAL_T *dout, const REAL_T *q,
+trill_status KERNEL(trill_attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, const REAL_T *dout, const REAL_T *q,
                                         const REAL_T *k, const REAL_T *v, const int *offsets, int n_seqs, int nh, int nkv,
                                         int hd_qk, int hd_v, REAL_T scale);
 
 /* out[n] = silu(gate) * up */
-void KERNEL(swiglu_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n);
-void KERNEL(swiglu_backward)(REAL_T *dgate, REAL_T *dup, const REAL_T *dout, const REAL_T *gate, const REAL_T *up, size_t n);
+void KERNEL(trill_swiglu_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n);
+void KERNEL(trill_swiglu_backward)(REAL_T *dgate, REAL_T *dup, const REAL_T *dout, const REAL_T *gate, const REAL_T *up, size_t n);
 
 /* out[n] = 1 / (1 + exp(-inp)) (DeepSeek-V3's router scores). out may alias inp. */
-void KERNEL(sigmoid_forward)(REAL_T *out, const REAL_T *inp, size_t n);
+void KERNEL(trill_sigmoid_forward)(REAL_T *out, const REAL_T *inp, size_t n);
 
 /* x[n] += y */
-void KERNEL(residual_forward)(REAL_T *x, const REAL_T *y, size_t n);
+void KERNEL(trill_residual_forward)(REAL_T *x, const REAL_T *y, size_t n);
 
 /* probs[T,C] = softmax(logits) per row. probs may alias logits. */
-void KERNEL(softmax_forward)(REAL_T *probs, const REAL_T *logits, int T, int C);
+void KERNEL(trill_softmax_forward)(REAL_T *probs, const REAL_T *logits, int T, int C);
 /* Per row of probs[T,C]: the k largest entries, descending (ties: lower index first). */
-void KERNEL(topk_forward)(int *idx, REAL_T *val, const REAL_T *probs, int T, int C, int k);
+void KERNEL(trill_topk_forward)(int *idx, REAL_T *val, const REAL_T *probs, int T, int C, int k);
 
-/* MoE router, in pieces. Scores are softmax_forward (Qwen3) or sigmoid_forward (DeepSeek-V3)
- * of the router logits [T,E]; router_topk_forward chooses the experts; router_gates_forward
- * makes the gate weights from the scores at the chosen ids. Backward: router_gates_backward
- * (gates -> the scores at the ids), then router_softmax_backward or router_sigmoid_backward
+/* MoE router, in pieces. Scores are trill_softmax_forward (Qwen3) or trill_sigmoid_forward (DeepSeek-V3)
+ * of the router logits [T,E]; trill_router_topk_forward chooses the experts; trill_router_gates_forward
+ * makes the gate weights from the scores at the chosen ids. Backward: trill_router_gates_backward
+ * (gates -> the scores at the ids), then trill_router_softmax_backward or trill_router_sigmoid_backward
  * (-> logits). The choice itself (and a selection bias) is not differentiated. */
 
 /* Expert choice per row of scores[T,E] (DeepSeek-V3 get_topk_indices): the selection score of
@@ -114,40 +114,40 @@ void KERNEL(topk_forward)(int *idx, REAL_T *val, const REAL_T *probs, int T, int
  * the same experts whenever the K-th best eligible selection score is positive, e.g. sigmoid
  * scores and a non-negative bias). Then idx[T,K] = the K best eligible experts,
  * val[T,K] their selection scores, descending. Ties, among groups and experts: lower index
- * first (as topk_forward, which this equals for bias NULL and n_group <= 1).
+ * first (as trill_topk_forward, which this equals for bias NULL and n_group <= 1).
  * TRILL_ERR_INVALID for shapes it cannot choose from: 1 <= K <= E; when n_group > 1, E
  * divisible by n_group <= ROUTER_MAX_GROUPS, 1 <= topk_group <= n_group and
  * K <= topk_group * E / n_group. */
-trill_status KERNEL(router_topk_forward)(int *idx, REAL_T *val, const REAL_T *scores, const REAL_T *bias, int T, int E, int K,
+trill_status KERNEL(trill_router_topk_forward)(int *idx, REAL_T *val, const REAL_T *scores, const REAL_T *bias, int T, int E, int K,
                                          int n_group, int topk_group);
 /* Gate weights of the routed experts idx[T,K] from scores[T,E]: gates = the scores at idx,
  * divided by (their sum + norm_eps) when norm_topk_prob, then multiplied by `scaling` (when
  * not 1). Qwen3: norm_eps 0, scaling 1; DeepSeek-V3: norm_eps 1e-20, scaling
  * routed_scaling_factor. The ids may be the router's own top-k or replayed ones; either way
  * the gates come from these scores. */
-void KERNEL(router_gates_forward)(REAL_T *gates, const REAL_T *scores, const int *idx, int T, int E, int K, int norm_topk_prob,
+void KERNEL(trill_router_gates_forward)(REAL_T *gates, const REAL_T *scores, const int *idx, int T, int E, int K, int norm_topk_prob,
                                   REAL_T norm_eps, REAL_T scaling);
-/* dsel[T,K] = (writes) the gradient wrt scores[t, idx[t,j]] through router_gates_forward,
+/* dsel[T,K] = (writes) the gradient wrt scores[t, idx[t,j]] through trill_router_gates_forward,
  * given dgates[T,K] (the other scores get none). dsel may alias dgates. */
-void KERNEL(router_gates_backward)(REAL_T *dsel, const REAL_T *dgates, const REAL_T *scores, const int *idx, int T, int E,
+void KERNEL(trill_router_gates_backward)(REAL_T *dsel, const REAL_T *dgates, const REAL_T *scores, const int *idx, int T, int E,
                                    int K, int norm_topk_prob, REAL_T norm_eps, REAL_T scaling);
 /* dlogits[T,E] += the gradient through probs = softmax(logits) of a gradient dsel[T,K] that
  * sits at the ids idx[T,K] only (zero elsewhere). */
-void KERNEL(router_softmax_backward)(REAL_T *dlogits, const REAL_T *dsel, const REAL_T *probs, const int *idx, int T, int E,
+void KERNEL(trill_router_softmax_backward)(REAL_T *dlogits, const REAL_T *dsel, const REAL_T *probs, const int *idx, int T, int E,
                                      int K);
 /* dlogits[T,E] += the gradient through scores = sigmoid(logits), at the ids idx[T,K]. */
-void KERNEL(router_sigmoid_backward)(REAL_T *dlogits, const REAL_T *dsel, const REAL_T *scores, const int *idx, int T, int E,
+void KERNEL(trill_router_sigmoid_backward)(REAL_T *dlogits, const REAL_T *dsel, const REAL_T *scores, const int *idx, int T, int E,
                                      int K);
 
 /* log(sum(exp(x[C]))): max-shifted terms summed in double. */
-double KERNEL(logsumexp)(const REAL_T *x, int C);
+double KERNEL(trill_logsumexp)(const REAL_T *x, int C);
 /* logprob[t] = log softmax(logits[t])[targets[t]] */
-void KERNEL(token_logprob_forward)(REAL_T *logprob, const REAL_T *logits, const int *targets, int T, int V);
+void KERNEL(trill_token_logprob_forward)(REAL_T *logprob, const REAL_T *logits, const int *targets, int T, int V);
 /* dlogits[T,V] = (writes) the gradient of sum_t dlogprob[t] * logprob[t]; cross-entropy is
  * -logprob, so pass dlogprob = -dloss. */
-void KERNEL(token_logprob_backward)(REAL_T *dlogits, const REAL_T *dlogprob, const REAL_T *logits, const int *targets, int T,
+void KERNEL(trill_token_logprob_backward)(REAL_T *dlogits, const REAL_T *dlogprob, const REAL_T *logits, const int *targets, int T,
                                     int V);
 
 /* out[T,C] = table[tokens[t]] */
-void KERNEL(embedding_forward)(REAL_T *out, const REAL_T *table, const int *tokens, int T, int C);
-void KERNEL(embedding_backward)(REAL_T *dtable, const REAL_T *dout, const int *tokens, int T, int C);
+void KERNEL(trill_embedding_forward)(REAL_T *out, const REAL_T *table, const int *tokens, int T, int C);
+void KERNEL(trill_embedding_backward)(REAL_T *dtable, const REAL_T *dout, const int *tokens, int T, int C);

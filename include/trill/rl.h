@@ -132,7 +132,7 @@ typedef struct trill_rl_config {
 
     struct {
         bool save;                 /* write each step's rollout batch, as the trainer receives it, to
-                                      RUN/rollouts/step-NNNNNNNN.bin (rl_batch_pack bytes) */
+                                      RUN/rollouts/step-NNNNNNNN.bin (trill_rl_batch_pack bytes) */
         char *replay;              /* "" or a folder of such files: each step trains on its file instead of
                                       generating and scoring (sync mode) */
     } rollouts;

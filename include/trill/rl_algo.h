@@ -20,17 +20,17 @@
 /* GRPO advantages: rewards of n_groups groups of group_size samples back to back;
  * adv = (r - mean_group) / (std_group + eps) with the unbiased std (as torch.std), or
  * r - mean_group without std_norm (Dr. GRPO). A group of one gets 0. */
-void rl_group_advantages(const double *rewards, int n_groups, int group_size, bool std_norm, double eps, double *adv);
+void trill_rl_group_advantages(const double *rewards, int n_groups, int group_size, bool std_norm, double eps, double *adv);
 
 /* Whether every reward of group g is equal (dynamic sampling drops such groups). */
-bool rl_group_is_flat(const double *rewards, int group_size);
+bool trill_rl_group_is_flat(const double *rewards, int group_size);
 
 /* KL estimators of KL(pi_theta || pi_ref) from one sample, with x = logp - ref_logp:
- *   k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x.   rl_kl_grad is d k / d logp.
+ *   k1 = x, k2 = x^2 / 2, k3 = exp(-x) - 1 + x.   trill_rl_kl_grad is d k / d logp.
  * As a reward penalty (kl_mode reward, applied by the controller) each sequence's reward loses
- * kl_coef * sum over its response tokens of rl_kl_value(e, old_logp, ref_logp). */
-double rl_kl_value(trill_kl_estimator e, double logp, double ref_logp);
-double rl_kl_grad(trill_kl_estimator e, double logp, double ref_logp);
+ * kl_coef * sum over its response tokens of trill_rl_kl_value(e, old_logp, ref_logp). */
+double trill_rl_kl_value(trill_kl_estimator e, double logp, double ref_logp);
+double trill_rl_kl_grad(trill_kl_estimator e, double logp, double ref_logp);
 
 /* One minibatch of sequences for the policy loss. Arrays are per response token, sequences
  * back to back: sequence i owns tokens [offsets[i], offsets[i+1]). */
@@ -75,7 +75,7 @@ typedef struct rl_loss_stats {
  * (not TIS-weighted); then aggregated: token-mean sum_t L_t / agg_tokens (or / the masked-in
  * count); seq-mean-token-sum (1/N) sum_i sum_t L_t; seq-mean-token-mean (1/N) sum_i mean_t L_t
  * (a sequence with no masked-in token adds 0 but counts in N). */
-void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats);
+void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats);
 
 /* Importance-sampling corrections from the trainer's and the generator's log-probs (pi_train =
  * old_logp, mu = behav_logp), per response token:
@@ -85,7 +85,7 @@ void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *d
  *   [mis_low, mis_high]; untouched (left as given) elsewhere. The sequence statistics run over
  *   the tokens whose mask is 1 on entry. mask is required (pass 1s). Returns the number of
  *   tokens newly masked. */
-int rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
+int trill_rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
                    const float *behav_logp, float *tis_weight, uint8_t *mask);
 
 /* Training–inference mismatch over all response tokens (Δ = old_logp - behav_logp,
@@ -95,14 +95,14 @@ typedef struct rl_mismatch {
     double mean_abs, max_abs, k1, k3, chi2;
     long n_tokens;
 } rl_mismatch;
-void rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t n, rl_mismatch *out);
+void trill_rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t n, rl_mismatch *out);
 
 /* Routing agreement between the generator's captured experts and the trainer's, both
  * [n_tokens][n_layers][k] logical ids (order within a row ignored): the fraction of tokens
  * whose expert set differs in at least one layer, and per layer the fraction of tokens whose
  * set differs there (layer_flip[n_layers]). A (token, layer) row whose first id is 0xFFFF on
  * either side is skipped; a token with every row skipped is left out of the token fraction. */
-void rl_routing_flips(const uint16_t *gen, const uint16_t *train, size_t n_tokens, int n_layers, int k,
+void trill_rl_routing_flips(const uint16_t *gen, const uint16_t *train, size_t n_tokens, int n_layers, int k,
                       double *token_flip_frac, double *layer_flip);
 
 #endif

@@ -22,8 +22,8 @@ static trill_status alloc_step_buffers(trill_engine *e) {
     e->rows.token = trill_malloc(R * sizeof(int));
     if (!e->rows.logit || !e->rows.seq || !e->rows.pos || !e->rows.token)
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
-    trill_status st = eng_forward_alloc(e);
-    if (!st) st = eng_sampler_alloc(e);
+    trill_status st = trill_eng_forward_alloc(e);
+    if (!st) st = trill_eng_sampler_alloc(e);
     return st;
 }
 
@@ -34,9 +34,9 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
     const trill_config *c = &e->c;
     const trill_engine_config *cfg = &e->cfg;
     if (!(*shape = trill_malloc(sizeof **shape * (size_t)c->num_hidden_layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    eng_forward_kv_shape(c, *shape);
+    trill_eng_forward_kv_shape(c, *shape);
     *elem = cfg->format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
-    const size_t per_block = kv_cache_bytes_per_block(cfg->block_size, c->num_hidden_layers, *shape, *elem);
+    const size_t per_block = trill_kv_cache_bytes_per_block(cfg->block_size, c->num_hidden_layers, *shape, *elem);
     const size_t n_blocks = cfg->kv_blocks > 0 ? (size_t)cfg->kv_blocks : per_block ? cfg->kv_cache_mb * 1000000 / per_block : 0;
     if (n_blocks < 1 || n_blocks > INT32_MAX)
         return trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
@@ -55,7 +55,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);
     if (cfg.max_running < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_running must be >= 1, got %d", cfg.max_running);
     if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
-    trill_status st = eng_forward_check(&m->config);
+    trill_status st = trill_eng_forward_check(&m->config);
     if (st) return st;
     const char *isa;
     if (trill_gen_isa(&isa)) {
@@ -80,11 +80,11 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     int kv_elem = 0, kv_blocks = 0;
     if (!st) st = size_kv_cache(e, &kv_shape, &kv_elem, &kv_blocks);
     pthread_mutex_init(&e->update.lock, NULL);
-    if (!st) st = eng_check_finite_model(m);
-    if (!st) st = eng_build_weights(c, cfg.format, m, &e->w);
-    if (!st) st = kv_cache_create(&e->kv, kv_blocks, cfg.block_size, c->num_hidden_layers, kv_shape, kv_elem);
+    if (!st) st = trill_eng_check_finite_model(m);
+    if (!st) st = trill_eng_build_weights(c, cfg.format, m, &e->w);
+    if (!st) st = trill_kv_cache_create(&e->kv, kv_blocks, cfg.block_size, c->num_hidden_layers, kv_shape, kv_elem);
     free(kv_shape);
-    if (!st && cfg.eplb && c->n_moe_layers > 0) st = eng_eplb_start(e);
+    if (!st && cfg.eplb && c->n_moe_layers > 0) st = trill_eng_eplb_start(e);
     if (!st) st = alloc_step_buffers(e);
     if (st) {
         trill_engine_free(e);
@@ -96,20 +96,20 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
 
 void trill_engine_free(trill_engine *e) {
     if (!e) return;
-    eng_sched_free(e); /* the sequences give their blocks back before the cache goes */
-    eng_free_weights(&e->c, e->w);
-    eng_free_adapter(&e->c, e->ad);
-    if (e->update.w) eng_free_weights(&e->c, e->update.w);
-    if (e->update.ad) eng_free_adapter(&e->c, e->update.ad);
+    trill_eng_sched_free(e); /* the sequences give their blocks back before the cache goes */
+    trill_eng_free_weights(&e->c, e->w);
+    trill_eng_free_adapter(&e->c, e->ad);
+    if (e->update.w) trill_eng_free_weights(&e->c, e->update.w);
+    if (e->update.ad) trill_eng_free_adapter(&e->c, e->update.ad);
     pthread_mutex_destroy(&e->update.lock);
-    kv_cache_free(&e->kv);
-    eng_forward_free(e);
-    eng_eplb_free(e);
+    trill_kv_cache_free(&e->kv);
+    trill_eng_forward_free(e);
+    trill_eng_eplb_free(e);
     free(e->rows.logit);
     free(e->rows.seq);
     free(e->rows.pos);
     free(e->rows.token);
-    eng_sampler_free(e);
+    trill_eng_sampler_free(e);
     free(e->tensors);
     free(e);
 }
@@ -125,18 +125,18 @@ bool trill_engine_busy(const trill_engine *e) { return e->sched.n_active > 0 || 
 trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     trill_step_stats local = { 0 };
     int R = 0;
-    trill_status st = e->sched.recheck_stops ? eng_finish_stopped(e) : TRILL_OK; /* left by a failed step */
-    if (!st) st = eng_take_update(e);
-    if (!st) st = eng_schedule(e, &R, &local);
+    trill_status st = e->sched.recheck_stops ? trill_eng_finish_stopped(e) : TRILL_OK; /* left by a failed step */
+    if (!st) st = trill_eng_take_update(e);
+    if (!st) st = trill_eng_schedule(e, &R, &local);
     if (!st && R == 0 && trill_engine_busy(e)) /* never a step that makes no progress */
         st = trill_error(TRILL_ERR_INVALID, "engine: no work can be scheduled: %d sequences waiting, %d running, %d of %d KV blocks free",
                          e->sched.n_waiting, e->sched.n_active, e->kv.n_free, e->kv.n_blocks);
-    if (!st && R > 0) st = eng_ensure_sampler_scratch(e);
-    if (!st && R > 0) st = eng_ensure_scores(e, R);
+    if (!st && R > 0) st = trill_eng_ensure_sampler_scratch(e);
+    if (!st && R > 0) st = trill_eng_ensure_scores(e, R);
     if (!st && R > 0) {
-        st = eng_forward_rows(e, R);
-        if (!st) st = eng_after_forward(e, R);
-        if (!st && e->eplb.window) st = eng_eplb_after_step(e);
+        st = trill_eng_forward_rows(e, R);
+        if (!st) st = trill_eng_after_forward(e, R);
+        if (!st && e->eplb.window) st = trill_eng_eplb_after_step(e);
     }
     local.rows = R;
     local.running = e->sched.n_active;

@@ -13,8 +13,8 @@
 /* ---- adapters ---- */
 
 static void free_lora(eng_lora *el) {
-    gen_matrix_free(&el->A);
-    for (int a = 0; a < 3; a++) gen_matrix_free(&el->B[a]);
+    trill_gen_matrix_free(&el->A);
+    for (int a = 0; a < 3; a++) trill_gen_matrix_free(&el->B[a]);
     *el = (eng_lora){ 0 };
 }
 
@@ -26,7 +26,7 @@ static void free_lora_slots(const trill_config *c, eng_lora_layer *L) {
     }
 }
 
-void eng_free_adapter(const trill_config *c, eng_adapter *ad) {
+void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad) {
     if (!ad) return;
     for (int l = 0; ad->layers && l < c->num_hidden_layers; l++) free_lora_slots(c, &ad->layers[l]);
     free(ad->layers);
@@ -47,13 +47,13 @@ static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const 
     for (int p = 0, a = 0, col = 0; p < n_parts; col += cols[p], p++) {
         if (!pairs[p].A) continue;
         memcpy(A + (size_t)a * r * K, pairs[p].A, sizeof(float) * (size_t)r * K);
-        if (!st) st = gen_matrix_create(&el->B[a], TRILL_GEN_F32, pairs[p].B, NULL, cols[p], r);
+        if (!st) st = trill_gen_matrix_create(&el->B[a], TRILL_GEN_F32, pairs[p].B, NULL, cols[p], r);
         el->col0[a] = col;
         el->cols[a] = cols[p];
         *bytes += sizeof(float) * ((size_t)r * K + (size_t)cols[p] * r);
         a++;
     }
-    if (!st) st = gen_matrix_create(&el->A, TRILL_GEN_F32, A, NULL, na * r, K);
+    if (!st) st = trill_gen_matrix_create(&el->A, TRILL_GEN_F32, A, NULL, na * r, K);
     free(A);
     el->n_adapted = na;
     return st;
@@ -102,7 +102,7 @@ static trill_status fill_adapter(eng_adapter *ad, const trill_engine *e, const t
         else pair_of[A->index] = (trill_lora_pair){ A->data, lora->tensors[t + 1].data };
     }
     adapter_build b = { .ad = ad, .e = e, .pair_of = pair_of };
-    if (!st) st = eng_for_each_matrix(c, e->tensors, e->n_tensors, adapt_matrix, &b);
+    if (!st) st = trill_eng_for_each_matrix(c, e->tensors, e->n_tensors, adapt_matrix, &b);
     free(pair_of);
     return st;
 }
@@ -112,14 +112,14 @@ static trill_status build_adapter(const trill_engine *e, const trill_lora *lora,
     if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_adapter(ad, e, lora);
     if (st) {
-        eng_free_adapter(&e->c, ad);
+        trill_eng_free_adapter(&e->c, ad);
         return st;
     }
     *out = ad;
     return TRILL_OK;
 }
 
-/* Adapters that are not finite numbers are refused, as weights are (eng_check_finite_model). */
+/* Adapters that are not finite numbers are refused, as weights are (trill_eng_check_finite_model). */
 static trill_status check_finite_lora(const trill_lora *l) {
     for (size_t k = 0; k < l->n_tensors; k++) {
         const trill_param *p = &l->tensors[k];
@@ -133,7 +133,7 @@ static trill_status check_finite_lora(const trill_lora *l) {
 /* ---- live updates ---- */
 
 /* Takes a waiting weight update: the step about to run sees all of it, and nothing before did. */
-trill_status eng_take_update(trill_engine *e) {
+trill_status trill_eng_take_update(trill_engine *e) {
     pthread_mutex_lock(&e->update.lock);
     eng_weights *w = NULL;
     eng_adapter *ad = NULL;
@@ -150,7 +150,7 @@ trill_status eng_take_update(trill_engine *e) {
     }
     pthread_mutex_unlock(&e->update.lock);
     if (!pending) return TRILL_OK;
-    trill_status st = ad ? eng_ensure_lora_buffers(e, ad->rank) : TRILL_OK;
+    trill_status st = ad ? trill_eng_ensure_lora_buffers(e, ad->rank) : TRILL_OK;
     if (st) { /* the old weights stay; the update waits for the next step, unless a newer one came */
         pthread_mutex_lock(&e->update.lock);
         if (!e->update.pending) {
@@ -164,16 +164,16 @@ trill_status eng_take_update(trill_engine *e) {
             ad = NULL;
         }
         pthread_mutex_unlock(&e->update.lock);
-        eng_free_weights(&e->c, w);
-        eng_free_adapter(&e->c, ad);
+        trill_eng_free_weights(&e->c, w);
+        trill_eng_free_adapter(&e->c, ad);
         return st;
     }
     if (has_w) {
-        eng_free_weights(&e->c, e->w);
+        trill_eng_free_weights(&e->c, e->w);
         e->w = w;
     }
     if (has_ad) {
-        eng_free_adapter(&e->c, e->ad);
+        trill_eng_free_adapter(&e->c, e->ad);
         e->ad = ad;
     }
     e->version = version;
@@ -184,12 +184,12 @@ trill_status eng_take_update(trill_engine *e) {
 static void post_update(trill_engine *e, bool has_w, eng_weights *w, bool has_ad, eng_adapter *ad, uint32_t version) {
     pthread_mutex_lock(&e->update.lock);
     if (has_w) {
-        if (e->update.w) eng_free_weights(&e->c, e->update.w);
+        if (e->update.w) trill_eng_free_weights(&e->c, e->update.w);
         e->update.w = w;
         e->update.has_w = true;
     }
     if (has_ad) {
-        if (e->update.ad) eng_free_adapter(&e->c, e->update.ad);
+        if (e->update.ad) trill_eng_free_adapter(&e->c, e->update.ad);
         e->update.ad = ad;
         e->update.has_ad = true;
     }
@@ -213,9 +213,9 @@ static trill_status same_architecture(const trill_config *a, const trill_config 
 
 trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes) {
     trill_status st = same_architecture(&e->c, &m->config);
-    if (!st) st = eng_check_finite_model(m);
+    if (!st) st = trill_eng_check_finite_model(m);
     eng_weights *w = NULL;
-    if (!st) st = eng_build_weights(&e->c, e->cfg.format, m, &w);
+    if (!st) st = trill_eng_build_weights(&e->c, e->cfg.format, m, &w);
     if (st) return st;
     if (bytes) *bytes = w->bytes;
     post_update(e, true, w, false, NULL, version);

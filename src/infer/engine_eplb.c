@@ -10,7 +10,7 @@
 
 /* Physical slots: the logical experts plus the redundant ones, a whole number per worker; the
  * first plan balances a uniform load (every expert replicated in turn). */
-trill_status eng_eplb_start(trill_engine *e) {
+trill_status trill_eng_eplb_start(trill_engine *e) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, L = c->n_moe_layers;
     e->eplb.workers = e->cfg.eplb_workers > 0 ? e->cfg.eplb_workers : omp_get_max_threads();
@@ -36,7 +36,7 @@ trill_status eng_eplb_start(trill_engine *e) {
 
 /* After a step: its routed-token counts join the window; every eplb_interval steps the placement
  * is planned again from the window. */
-trill_status eng_eplb_after_step(trill_engine *e) {
+trill_status trill_eng_eplb_after_step(trill_engine *e) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, L = c->n_moe_layers;
     trill_eplb_window_add(e->eplb.window, e->eplb.counts);
@@ -54,7 +54,7 @@ trill_status eng_eplb_after_step(trill_engine *e) {
     return TRILL_OK;
 }
 
-void eng_eplb_free(trill_engine *e) {
+void trill_eng_eplb_free(trill_engine *e) {
     trill_eplb_window_free(e->eplb.window);
     trill_eplb_plan_free(&e->eplb.plan);
     free(e->eplb.counts);

@@ -25,15 +25,15 @@ enum { PARALLEL_MIN = 16384 };
 
 /* ---- what the forward supports, and its buffers ---- */
 
-trill_status eng_forward_check(const trill_config *c) {
+trill_status trill_eng_forward_check(const trill_config *c) {
     if (c->head_dim % 8)
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", c->head_dim);
     return TRILL_OK;
 }
 
 /* The buffers of the forward over e->rows.max rows (the MoE's counts cover every physical slot
- * when EPLB is on, so eng_eplb_start comes first), and RoPE's frequencies. */
-trill_status eng_forward_alloc(trill_engine *e) {
+ * when EPLB is on, so trill_eng_eplb_start comes first), and RoPE's frequencies. */
+trill_status trill_eng_forward_alloc(trill_engine *e) {
     const trill_config *c = &e->c;
     const size_t R = (size_t)e->rows.max, H = c->hidden_size, hd = c->head_dim;
     const size_t qd = (size_t)c->num_attention_heads * hd, kvd = (size_t)c->num_key_value_heads * hd;
@@ -57,11 +57,11 @@ trill_status eng_forward_alloc(trill_engine *e) {
     f->score_threads = omp_get_max_threads();
     ok &= f->topi && f->order && f->count && f->where && f->phys && f->inv_freq;
     if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
-    rope_inv_freq(f->inv_freq, c->head_dim, c->rope_theta);
+    trill_rope_inv_freq(f->inv_freq, c->head_dim, c->rope_theta);
     return TRILL_OK;
 }
 
-void eng_forward_free(trill_engine *e) {
+void trill_eng_forward_free(trill_engine *e) {
     const eng_scratch *f = &e->fwd;
     float *fl[] = { f->x, f->xn, f->qkv, f->q, f->k, f->v, f->att, f->out, f->ff, f->act, f->probs, f->topw, f->xe, f->ye, f->logits, f->scores,
                     f->lora_xa, f->lora_in, f->lora_out };
@@ -70,7 +70,7 @@ void eng_forward_free(trill_engine *e) {
 }
 
 /* What a token keeps in the cache, per layer: the keys and the values of every kv head. */
-void eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
+void trill_eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
     const int kvd = c->num_key_value_heads * c->head_dim;
     for (int l = 0; l < c->num_hidden_layers; l++) shape[l] = (kv_layer_shape){ .k_width = kvd, .v_width = kvd };
 }
@@ -78,7 +78,7 @@ void eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
 /* Attention scores for the step's longest context, per thread: for as many threads as the calling
  * thread's parallel regions get (an engine may be stepped from threads with different OpenMP
  * thread counts, as the async generator is). */
-trill_status eng_ensure_scores(trill_engine *e, int R) {
+trill_status trill_eng_ensure_scores(trill_engine *e, int R) {
     int need = 1;
     for (int r = 0; r < R; r++) if (e->rows.pos[r] + 1 > need) need = e->rows.pos[r] + 1;
     const int threads = omp_get_max_threads();
@@ -96,7 +96,7 @@ trill_status eng_ensure_scores(trill_engine *e, int R) {
 }
 
 /* Buffers of the adapter path for rank r: sized for the largest matrix it can meet. */
-trill_status eng_ensure_lora_buffers(trill_engine *e, int r) {
+trill_status trill_eng_ensure_lora_buffers(trill_engine *e, int r) {
     if (r <= e->fwd.lora_rank) return TRILL_OK;
     const trill_config *c = &e->c;
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->rows.max, rows = R * K;
@@ -135,21 +135,21 @@ static void gather_rows(float *dst, const float *src, int rows, int width, int s
 
 /* y[T, width] += the adapter's side path on input x[T, K] (nothing if the matrix has none).
  * row0: where these rows sit among the step's expert rows, so concurrent callers (EPLB workers)
- * use disjoint parts of the buffers. Fails as gen_matmul (the adapters are fp32: never). */
+ * use disjoint parts of the buffers. Fails as trill_gen_matmul (the adapters are fp32: never). */
 static trill_status apply_lora(trill_engine *e, const eng_lora *el, float *y, int width, const float *x, int T, int row0) {
     if (el->n_adapted == 0 || T == 0) return TRILL_OK;
     const int r = e->ad->rank, na = el->n_adapted;
     const float s = e->ad->scale;
     float *lxa = e->fwd.lora_xa + (size_t)row0 * 3 * r, *lin = e->fwd.lora_in + (size_t)row0 * r;
     float *lout = e->fwd.lora_out + (size_t)row0 * e->fwd.lora_cols;
-    trill_status st = gen_matmul(lxa, x, &el->A, T);
+    trill_status st = trill_gen_matmul(lxa, x, &el->A, T);
     for (int a = 0; a < na && !st; a++) {
         const float *xa = lxa;
         if (na > 1) { /* this part's columns of x A^T, contiguous */
             gather_rows(lin, lxa, T, r, na * r, a * r);
             xa = lin;
         }
-        if ((st = gen_matmul(lout, xa, &el->B[a], T))) break;
+        if ((st = trill_gen_matmul(lout, xa, &el->B[a], T))) break;
         const int cols = el->cols[a], col0 = el->col0[a];
 #pragma omp parallel for if(parallel: (size_t)T * cols >= PARALLEL_MIN) schedule(static)
         for (int t = 0; t < T; t++) {
@@ -306,18 +306,18 @@ static void add_rows(float *x, const float *y, size_t n) {
 /* Rows order[first .. first+n) of the step, all routed to logical expert x: gathered, through
  * the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
  * positions, so workers computing different experts never touch the same memory. Fails as
- * gen_matmul (the message is on the calling thread). */
+ * trill_gen_matmul (the message is on the calling thread). */
 static trill_status expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int x, int first, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     float *xe = e->fwd.xe + (size_t)first * H, *ff = e->fwd.ff + (size_t)first * 2 * Im, *act = e->fwd.act + (size_t)first * Im;
     float *ye = e->fwd.ye + (size_t)first * H;
     for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->fwd.xn + (size_t)(e->fwd.order[first + i] / K) * H, sizeof(float) * H);
-    trill_status st = gen_matmul(ff, xe, &L->experts[QWEN3_EXPERT_GATE][x], n);
+    trill_status st = trill_gen_matmul(ff, xe, &L->experts[QWEN3_EXPERT_GATE][x], n);
     if (!st && A) st = apply_lora(e, &A->experts[QWEN3_EXPERT_GATE][x], ff, 2 * Im, xe, n, first);
     if (st) return st;
     swiglu_fused(act, ff, n, Im);
-    st = gen_matmul(ye, act, &L->experts[QWEN3_EXPERT_DOWN][x], n);
+    st = trill_gen_matmul(ye, act, &L->experts[QWEN3_EXPERT_DOWN][x], n);
     if (!st && A) st = apply_lora(e, &A->experts[QWEN3_EXPERT_DOWN][x], ye, H, act, n, first);
     return st;
 }
@@ -361,11 +361,11 @@ static void combine_experts(trill_engine *e, int R) {
 static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, K = c->num_experts_per_tok;
-    trill_status st = gen_matmul(e->fwd.probs, e->fwd.xn, &L->m[QWEN3_ROUTER], R);
+    trill_status st = trill_gen_matmul(e->fwd.probs, e->fwd.xn, &L->m[QWEN3_ROUTER], R);
     if (st) return st;
-    softmax_forward(e->fwd.probs, e->fwd.probs, R, E);
-    topk_forward(e->fwd.topi, e->fwd.topw, e->fwd.probs, R, E, K);
-    router_gates_forward(e->fwd.topw, e->fwd.probs, e->fwd.topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+    trill_softmax_forward(e->fwd.probs, e->fwd.probs, R, E);
+    trill_topk_forward(e->fwd.topi, e->fwd.topw, e->fwd.probs, R, E, K);
+    trill_router_gates_forward(e->fwd.topw, e->fwd.probs, e->fwd.topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
     /* capture and load count the logical ids, before any mapping to physical replicas */
     if (e->cfg.capture_experts)
         for (int r = 0; r < R; r++) {
@@ -417,16 +417,16 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    trill_status st = gen_matmul(e->fwd.qkv, e->fwd.xn, &L->m[QWEN3_Q], R);
+    trill_status st = trill_gen_matmul(e->fwd.qkv, e->fwd.xn, &L->m[QWEN3_Q], R);
     if (!st && A) st = apply_lora(e, &A->m[QWEN3_Q], e->fwd.qkv, width, e->fwd.xn, R, 0);
     if (st) return st;
     gather_rows(e->fwd.q, e->fwd.qkv, R, qd, width, 0);
     gather_rows(e->fwd.k, e->fwd.qkv, R, kvd, width, qd);
     gather_rows(e->fwd.v, e->fwd.qkv, R, kvd, width, qd + kvd);
-    rmsnorm_forward(e->fwd.q, e->fwd.q, L->vec[QWEN3_Q_NORM], R * nh, hd, eps);
-    rmsnorm_forward(e->fwd.k, e->fwd.k, L->vec[QWEN3_K_NORM], R * nkv, hd, eps);
-    rope_forward(e->fwd.q, e->rows.pos, e->fwd.inv_freq, R, nh, hd);
-    rope_forward(e->fwd.k, e->rows.pos, e->fwd.inv_freq, R, nkv, hd);
+    trill_rmsnorm_forward(e->fwd.q, e->fwd.q, L->vec[QWEN3_Q_NORM], R * nh, hd, eps);
+    trill_rmsnorm_forward(e->fwd.k, e->fwd.k, L->vec[QWEN3_K_NORM], R * nkv, hd, eps);
+    trill_rope_forward(e->fwd.q, e->rows.pos, e->fwd.inv_freq, R, nh, hd);
+    trill_rope_forward(e->fwd.k, e->rows.pos, e->fwd.inv_freq, R, nkv, hd);
     for (int r = 0; r < R; r++) {
         const seq *s = e->rows.seq[r];
         const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
@@ -434,7 +434,7 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
         trill_from_f32(kv_value(&e->kv, b, l, slot), e->fwd.v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, R);
-    st = gen_matmul(e->fwd.out, e->fwd.att, &L->m[QWEN3_O], R);
+    st = trill_gen_matmul(e->fwd.out, e->fwd.att, &L->m[QWEN3_O], R);
     if (!st && A) st = apply_lora(e, &A->m[QWEN3_O], e->fwd.out, H, e->fwd.att, R, 0);
     return st;
 }
@@ -442,30 +442,30 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
 /* A dense layer's MLP on xn: out = down(silu(gate) * up). */
 static trill_status dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const int H = e->c.hidden_size, I = e->c.intermediate_size;
-    trill_status st = gen_matmul(e->fwd.ff, e->fwd.xn, &L->m[QWEN3_GATE], R);
+    trill_status st = trill_gen_matmul(e->fwd.ff, e->fwd.xn, &L->m[QWEN3_GATE], R);
     if (!st && A) st = apply_lora(e, &A->m[QWEN3_GATE], e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
     if (st) return st;
     swiglu_fused(e->fwd.act, e->fwd.ff, R, I);
-    st = gen_matmul(e->fwd.out, e->fwd.act, &L->m[QWEN3_DOWN], R);
+    st = trill_gen_matmul(e->fwd.out, e->fwd.act, &L->m[QWEN3_DOWN], R);
     if (!st && A) st = apply_lora(e, &A->m[QWEN3_DOWN], e->fwd.out, H, e->fwd.act, R, 0);
     return st;
 }
 
-trill_status eng_forward_rows(trill_engine *e, int R) {
+trill_status trill_eng_forward_rows(trill_engine *e, int R) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
     const eng_weights *w = e->w;
-    if (w->embed_f32) embedding_forward(e->fwd.x, w->embed_f32, e->rows.token, R, H);
-    else embedding_forward_w(e->fwd.x, (trill_weight){ NULL, w->embed_bf16 }, e->rows.token, R, H);
+    if (w->embed_f32) trill_embedding_forward(e->fwd.x, w->embed_f32, e->rows.token, R, H);
+    else trill_embedding_forward_w(e->fwd.x, (trill_weight){ NULL, w->embed_bf16 }, e->rows.token, R, H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
-        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
+        trill_rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
         trill_status st = attention_block(e, L, A, l, R);
         if (st) return st;
         add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
-        rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_POST_NORM], R, H, eps);
+        trill_rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_POST_NORM], R, H, eps);
         st = trill_config_is_moe(c, l) ? moe(e, L, A, c->moe_ordinal[l], R) : dense_mlp(e, L, A, R);
         if (st) return st;
         add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
@@ -474,12 +474,12 @@ trill_status eng_forward_rows(trill_engine *e, int R) {
 }
 
 /* The final norm, lm_head and its adapter over the rows listed in rows.logit. */
-trill_status eng_forward_logits(trill_engine *e, int n) {
+trill_status trill_eng_forward_logits(trill_engine *e, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, V = c->vocab_size;
     for (int i = 0; i < n; i++) memcpy(e->fwd.xn + (size_t)i * H, e->fwd.x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
-    rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
-    trill_status st = gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->global.m[QWEN3_LM_HEAD], n);
+    trill_rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
+    trill_status st = trill_gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->global.m[QWEN3_LM_HEAD], n);
     if (!st && e->ad) st = apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], e->fwd.logits, V, e->fwd.xn, n, 0);
     return st;
 }

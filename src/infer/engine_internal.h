@@ -93,7 +93,7 @@ typedef struct eng_group {
 /* Calls fn for every matrix of the model's tensors t[n] (in checkpoint order of their first
  * part; vectors and the embedding are not matrices here), then for a tied head (the
  * embedding's tensor as its one part, kind TRILL_TENSOR_HEAD). Stops at fn's first error. */
-trill_status eng_for_each_matrix(const trill_config *c, const trill_param *t, size_t n,
+trill_status trill_eng_for_each_matrix(const trill_config *c, const trill_param *t, size_t n,
                                  trill_status (*fn)(void *ctx, const eng_group *g), void *ctx);
 
 /* ---- requests and sequences (engine_requests.c, engine_sample.c) ---- */
@@ -142,7 +142,7 @@ typedef struct eng_sched {
     int n_reqs, cap_reqs;
     trill_sequence_out *done;
     int n_done, cap_done;
-    bool recheck_stops;   /* the last step could not check its stop strings (eng_finish_stopped) */
+    bool recheck_stops;   /* the last step could not check its stop strings (trill_eng_finish_stopped) */
 } eng_sched;
 
 /* The step's rows, (sequence, position, token), for up to max_batch_tokens of them. */
@@ -217,66 +217,66 @@ static inline void *eng_grow(void *p, int *cap, int need, size_t elem) {
 
 /* engine_weights.c */
 /* m's weights in `format`: m must have this engine's architecture. */
-trill_status eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out);
-void eng_free_weights(const trill_config *c, eng_weights *w);
+trill_status trill_eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out);
+void trill_eng_free_weights(const trill_config *c, eng_weights *w);
 /* Frees one layer's (or the global) slots. */
-void eng_free_slots(const trill_config *c, eng_layer *L);
+void trill_eng_free_slots(const trill_config *c, eng_layer *L);
 /* Refuses (with the tensor's name) weights that are not finite numbers. */
-trill_status eng_check_finite_model(const trill_model *m);
+trill_status trill_eng_check_finite_model(const trill_model *m);
 
 /* engine_adapter.c */
-void eng_free_adapter(const trill_config *c, eng_adapter *ad);
+void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad);
 /* Takes a waiting update at the start of a step: the step sees all of it. */
-trill_status eng_take_update(trill_engine *e);
+trill_status trill_eng_take_update(trill_engine *e);
 
 /* engine_eplb.c */
-/* EPLB on: physical slots and the first plan (before eng_forward_alloc, which sizes by them). */
-trill_status eng_eplb_start(trill_engine *e);
+/* EPLB on: physical slots and the first plan (before trill_eng_forward_alloc, which sizes by them). */
+trill_status trill_eng_eplb_start(trill_engine *e);
 /* The step's routed counts join the window; every eplb_interval steps a new plan. */
-trill_status eng_eplb_after_step(trill_engine *e);
-void eng_eplb_free(trill_engine *e);
+trill_status trill_eng_eplb_after_step(trill_engine *e);
+void trill_eng_eplb_free(trill_engine *e);
 
 /* engine_requests.c */
 /* Sample `sample` of q, with room for its whole length (no tokens yet). */
-trill_status eng_new_seq(trill_engine *e, req *q, int sample, seq **out);
+trill_status trill_eng_new_seq(trill_engine *e, req *q, int sample, seq **out);
 /* Frees s and gives its KV blocks back. */
-void eng_free_seq(trill_engine *e, seq *s);
-void eng_free_req(req *q);
+void trill_eng_free_seq(trill_engine *e, seq *s);
+void trill_eng_free_req(req *q);
 /* Removes list[i], keeping the order. */
-void eng_remove_at(seq **list, int *n, int i);
+void trill_eng_remove_at(seq **list, int *n, int i);
 /* Picks the step's rows into e->rows (*rows of them), preempting when blocks run out. */
-trill_status eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);
-void eng_sched_free(trill_engine *e);
+trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);
+void trill_eng_sched_free(trill_engine *e);
 
 /* engine_forward.c */
 /* Refuses (with a message) a config the forward cannot run. */
-trill_status eng_forward_check(const trill_config *c);
+trill_status trill_eng_forward_check(const trill_config *c);
 /* The KV cache's layout this forward asks for: shape[num_hidden_layers], each layer's K and V
  * widths per token (the cache itself knows nothing of heads). */
-void eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape);
-trill_status eng_forward_alloc(trill_engine *e);
-void eng_forward_free(trill_engine *e);
+void trill_eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape);
+trill_status trill_eng_forward_alloc(trill_engine *e);
+void trill_eng_forward_free(trill_engine *e);
 /* Attention scores for rows [0, R)'s longest context, for this thread count. */
-trill_status eng_ensure_scores(trill_engine *e, int R);
+trill_status trill_eng_ensure_scores(trill_engine *e, int R);
 /* The adapter side path's buffers for rank r. */
-trill_status eng_ensure_lora_buffers(trill_engine *e, int r);
+trill_status trill_eng_ensure_lora_buffers(trill_engine *e, int r);
 /* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states.
  * TRILL_ERR_NOMEM when a matrix kernel's scratch cannot be had (nothing else is changed: the KV
  * cache rows written are the step's own, rewritten when it runs again). */
-trill_status eng_forward_rows(trill_engine *e, int R);
-/* Logits (e->fwd.logits) of the n rows listed in e->rows.logit; fails as eng_forward_rows. */
-trill_status eng_forward_logits(trill_engine *e, int n);
+trill_status trill_eng_forward_rows(trill_engine *e, int R);
+/* Logits (e->fwd.logits) of the n rows listed in e->rows.logit; fails as trill_eng_forward_rows. */
+trill_status trill_eng_forward_logits(trill_engine *e, int n);
 
 /* engine_sample.c */
-trill_status eng_sampler_alloc(trill_engine *e);
-void eng_sampler_free(trill_engine *e);
+trill_status trill_eng_sampler_alloc(trill_engine *e);
+void trill_eng_sampler_free(trill_engine *e);
 /* Sampler scratch for this thread count. */
-trill_status eng_ensure_sampler_scratch(trill_engine *e);
+trill_status trill_eng_ensure_sampler_scratch(trill_engine *e);
 /* After the forward over R rows: logits, forks, samples, stops. Out of memory before the samples
  * are taken changes nothing (the step can run again); after them, only the stop check can fail,
  * and it is left pending (sched.recheck_stops). */
-trill_status eng_after_forward(trill_engine *e, int R);
+trill_status trill_eng_after_forward(trill_engine *e, int R);
 /* Finishes the sequences whose newest token stops them. */
-trill_status eng_finish_stopped(trill_engine *e);
+trill_status trill_eng_finish_stopped(trill_engine *e);
 
 #endif

@@ -9,7 +9,7 @@
 
 /* ---- requests ---- */
 
-trill_status eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
+trill_status trill_eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
     const trill_request *r = &q->r;
     seq *s = trill_calloc(1, sizeof *s);
     if (!s) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -23,16 +23,16 @@ trill_status eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
     const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
     if (e->cfg.capture_experts && per_token) s->experts = trill_malloc(sizeof(uint16_t) * per_token * (size_t)s->cap);
     if (!s->tokens || !s->logprobs || !s->versions || (e->cfg.capture_experts && per_token && !s->experts)) {
-        eng_free_seq(e, s);
+        trill_eng_free_seq(e, s);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for request %llu", (unsigned long long)r->id);
     }
     *out = s;
     return TRILL_OK;
 }
 
-void eng_free_seq(trill_engine *e, seq *s) {
+void trill_eng_free_seq(trill_engine *e, seq *s) {
     if (!s) return;
-    kv_table_release(&e->kv, &s->kv);
+    trill_kv_table_release(&e->kv, &s->kv);
     free(s->tokens);
     free(s->logprobs);
     free(s->versions);
@@ -40,7 +40,7 @@ void eng_free_seq(trill_engine *e, seq *s) {
     free(s);
 }
 
-void eng_free_req(req *q) {
+void trill_eng_free_req(req *q) {
     if (!q) return;
     for (int i = 0; i < q->r.n_stop_strings; i++) free(q->stop_strings[i]);
     free(q->stop_strings);
@@ -50,10 +50,10 @@ void eng_free_req(req *q) {
 }
 
 /* Every request and sequence, and the finished outputs nobody collected. */
-void eng_sched_free(trill_engine *e) {
-    for (int i = 0; i < e->sched.n_active; i++) eng_free_seq(e, e->sched.active[i]);
-    for (int i = 0; i < e->sched.n_waiting; i++) eng_free_seq(e, e->sched.waiting[i]);
-    for (int i = 0; i < e->sched.n_reqs; i++) eng_free_req(e->sched.reqs[i]);
+void trill_eng_sched_free(trill_engine *e) {
+    for (int i = 0; i < e->sched.n_active; i++) trill_eng_free_seq(e, e->sched.active[i]);
+    for (int i = 0; i < e->sched.n_waiting; i++) trill_eng_free_seq(e, e->sched.waiting[i]);
+    for (int i = 0; i < e->sched.n_reqs; i++) trill_eng_free_req(e->sched.reqs[i]);
     for (int i = 0; i < e->sched.n_done; i++) trill_sequence_out_free(&e->sched.done[i]);
     free(e->sched.active);
     free(e->sched.waiting);
@@ -112,15 +112,15 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
         q->r.prompt = q->prompt;
         q->r.stop_ids = q->stop_ids;
         q->r.stop_strings = (const char *const *)q->stop_strings;
-        ok = !eng_new_seq(e, q, 0, &s);
+        ok = !trill_eng_new_seq(e, q, 0, &s);
     }
     req **reqs = ok ? eng_grow(e->sched.reqs, &e->sched.cap_reqs, e->sched.n_reqs + 1, sizeof *reqs) : NULL;
     seq **wait = reqs ? eng_grow(e->sched.waiting, &e->sched.cap_waiting, e->sched.n_waiting + 1, sizeof *wait) : NULL;
     if (reqs) e->sched.reqs = reqs;
     if (wait) e->sched.waiting = wait;
     if (!wait) {
-        eng_free_seq(e, s);
-        eng_free_req(q);
+        trill_eng_free_seq(e, s);
+        trill_eng_free_req(q);
         return trill_error(TRILL_ERR_NOMEM, "out of memory queueing request %llu", id);
     }
     memcpy(s->tokens, q->prompt, sizeof(int) * (size_t)r->prompt_len);
@@ -133,7 +133,7 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
 
 /* ---- scheduling ---- */
 
-void eng_remove_at(seq **list, int *n, int i) {
+void trill_eng_remove_at(seq **list, int *n, int i) {
     memmove(list + i, list + i + 1, sizeof *list * (size_t)(*n - i - 1));
     (*n)--;
 }
@@ -145,9 +145,9 @@ static trill_status preempt(trill_engine *e, int active_index) {
     seq **w = eng_grow(e->sched.waiting, &e->sched.cap_waiting, e->sched.n_waiting + 1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->sched.waiting = w;
-    kv_table_release(&e->kv, &s->kv);
+    trill_kv_table_release(&e->kv, &s->kv);
     s->n_computed = 0;
-    eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
+    trill_eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
     memmove(e->sched.waiting + 1, e->sched.waiting, sizeof *e->sched.waiting * (size_t)e->sched.n_waiting);
     e->sched.waiting[0] = s;
     e->sched.n_waiting++;
@@ -165,13 +165,13 @@ static int add_rows_of(trill_engine *e, seq *s, int R, int n) {
 
 /* Picks the step's rows: every active sequence's next tokens (a decode row, or the next chunk of
  * its prompt) in admission order, then new sequences from the queue, within the token budget. */
-trill_status eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
+trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
     int R = 0;
     for (int i = 0; i < e->sched.n_active && R < e->rows.max; i++) {
         seq *s = e->sched.active[i];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
         int got;
-        while ((got = kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) != 0) {
+        while ((got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) != 0) {
             if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
             /* out of blocks: the newest sequence makes room (this one, if it is the newest) */
             trill_status st = preempt(e, e->sched.n_active - 1);
@@ -187,13 +187,13 @@ trill_status eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
     while (e->sched.n_waiting > 0 && R < e->rows.max && e->sched.n_active < e->cfg.max_running) {
         seq *s = e->sched.waiting[0];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
-        const int got = kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed);
+        const int got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed);
         if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
         if (got) break;
         seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);
         if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         e->sched.active = a;
-        eng_remove_at(e->sched.waiting, &e->sched.n_waiting, 0);
+        trill_eng_remove_at(e->sched.waiting, &e->sched.n_waiting, 0);
         e->sched.active[e->sched.n_active++] = s;
         stats->prefill_rows += n;
         R = add_rows_of(e, s, R, n);

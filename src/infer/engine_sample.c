@@ -8,13 +8,13 @@
 #include "infer/engine_internal.h"
 #include "base/alloc.h"
 
-trill_status eng_sampler_alloc(trill_engine *e) {
+trill_status trill_eng_sampler_alloc(trill_engine *e) {
     e->smp.threads = omp_get_max_threads();
     e->smp.scratch = trill_malloc(trill_sample_scratch_size(e->c.vocab_size) * (size_t)e->smp.threads);
     return e->smp.scratch ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for sampler scratch");
 }
 
-void eng_sampler_free(trill_engine *e) {
+void trill_eng_sampler_free(trill_engine *e) {
     free(e->smp.scratch);
     free(e->smp.seq);
     free(e->smp.row);
@@ -24,7 +24,7 @@ void eng_sampler_free(trill_engine *e) {
 
 /* Sampler scratch for this step's threads (an engine may be stepped from threads with different
  * OpenMP thread counts, as the async generator is). */
-trill_status eng_ensure_sampler_scratch(trill_engine *e) {
+trill_status trill_eng_ensure_sampler_scratch(trill_engine *e) {
     const int threads = omp_get_max_threads();
     if (threads <= e->smp.threads) return TRILL_OK;
     void *p = trill_realloc(e->smp.scratch, trill_sample_scratch_size(e->c.vocab_size) * (size_t)threads);
@@ -71,17 +71,17 @@ static trill_status finish(trill_engine *e, int active_index, trill_finish why) 
     s->logprobs = NULL;
     s->versions = NULL;
     s->experts = NULL;
-    eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
+    trill_eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
     /* the request record goes when its last sample does */
     req *q = s->rq;
-    eng_free_seq(e, s);
+    trill_eng_free_seq(e, s);
     bool live = false;
     for (int i = 0; i < e->sched.n_active && !live; i++) live = e->sched.active[i]->rq == q;
     for (int i = 0; i < e->sched.n_waiting && !live; i++) live = e->sched.waiting[i]->rq == q;
     if (!live)
         for (int i = 0; i < e->sched.n_reqs; i++)
             if (e->sched.reqs[i] == q) {
-                eng_free_req(q);
+                trill_eng_free_req(q);
                 e->sched.reqs[i] = e->sched.reqs[--e->sched.n_reqs];
                 break;
             }
@@ -96,7 +96,7 @@ int trill_engine_abort(trill_engine *e, uint64_t request) {
         seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);
         if (!a) return -1;
         e->sched.active = a;
-        eng_remove_at(e->sched.waiting, &e->sched.n_waiting, i);
+        trill_eng_remove_at(e->sched.waiting, &e->sched.n_waiting, i);
         e->sched.active[e->sched.n_active++] = s;
     }
     for (int i = 0; i < e->sched.n_active;) {
@@ -114,8 +114,8 @@ static trill_status make_forks(trill_engine *e, const seq *parent, int *made) {
     const req *q = parent->rq;
     for (int k = 1; k < q->r.n; k++) {
         seq *s;
-        trill_status st = eng_new_seq(e, (req *)q, k, &s);
-        if (!st && (st = kv_table_share(&e->kv, &s->kv, &parent->kv))) eng_free_seq(e, s);
+        trill_status st = trill_eng_new_seq(e, (req *)q, k, &s);
+        if (!st && (st = trill_kv_table_share(&e->kv, &s->kv, &parent->kv))) trill_eng_free_seq(e, s);
         if (st) return st;
         e->sched.active[e->sched.n_active + (*made)++] = s;
     }
@@ -189,7 +189,7 @@ static void want_sample(trill_engine *e, int *n, seq *s, int row) {
 /* Finishes every sequence whose newest sampled token stops it: a stop id, a stop string, or
  * max_new_tokens reached. When a stop string cannot be checked (out of memory decoding), the
  * check is left pending: the next step makes it before anything else. */
-trill_status eng_finish_stopped(trill_engine *e) {
+trill_status trill_eng_finish_stopped(trill_engine *e) {
     e->sched.recheck_stops = true;
     for (int i = 0; i < e->sched.n_active;) {
         seq *s = e->sched.active[i];
@@ -220,12 +220,12 @@ trill_status eng_finish_stopped(trill_engine *e) {
  * nothing the engine counts on: the logits, room for the step's forks, samples and finished
  * sequences, the forks themselves; a failure there leaves the step to be run again. Then the
  * step takes effect: computed positions, forks, samples, finished sequences. */
-trill_status eng_after_forward(trill_engine *e, int R) {
+trill_status trill_eng_after_forward(trill_engine *e, int R) {
     /* rows that end their sequence's known tokens produce logits */
     int n_logit = 0, n_forks = 0;
     for (int r = 0; r < R; r++)
         if (e->rows.pos[r] == e->rows.seq[r]->n_tokens - 1) e->rows.logit[n_logit++] = r;
-    trill_status st = eng_forward_logits(e, n_logit);
+    trill_status st = trill_eng_forward_logits(e, n_logit);
     for (int i = 0; i < n_logit; i++) {
         const seq *s = e->rows.seq[e->rows.logit[i]];
         if (s->forks_pending) n_forks += s->rq->r.n - 1;
@@ -243,7 +243,7 @@ trill_status eng_after_forward(trill_engine *e, int R) {
         if (s->forks_pending) st = make_forks(e, s, &made);
     }
     if (st) {
-        while (made > 0) eng_free_seq(e, e->sched.active[e->sched.n_active + --made]);
+        while (made > 0) trill_eng_free_seq(e, e->sched.active[e->sched.n_active + --made]);
         return st;
     }
     for (int r = 0; r < R; r++) {
@@ -263,7 +263,7 @@ trill_status eng_after_forward(trill_engine *e, int R) {
         }
     }
     st = sample_all(e, n_sample);
-    return st ? st : eng_finish_stopped(e);
+    return st ? st : trill_eng_finish_stopped(e);
 }
 
 int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max) {

@@ -15,7 +15,7 @@
 static trill_status make_matrix(gen_matrix *g, trill_gen_format f, const trill_weight *parts, const int *rows, int n_parts, int K) {
     int N = 0;
     for (int i = 0; i < n_parts; i++) N += rows[i];
-    if (n_parts == 1) return gen_matrix_create(g, f, parts[0].f32, parts[0].bf16, N, K);
+    if (n_parts == 1) return trill_gen_matrix_create(g, f, parts[0].f32, parts[0].bf16, N, K);
     const bool half = parts[0].bf16 != NULL;
     const size_t elem = half ? sizeof(uint16_t) : sizeof(float);
     char *buf = trill_malloc((size_t)N * K * elem), *at = buf;
@@ -24,7 +24,7 @@ static trill_status make_matrix(gen_matrix *g, trill_gen_format f, const trill_w
         memcpy(at, half ? (const void *)parts[i].bf16 : (const void *)parts[i].f32, (size_t)rows[i] * K * elem);
         at += (size_t)rows[i] * K * elem;
     }
-    trill_status st = gen_matrix_create(g, f, half ? NULL : (const float *)buf, half ? (const uint16_t *)buf : NULL, N, K);
+    trill_status st = trill_gen_matrix_create(g, f, half ? NULL : (const float *)buf, half ? (const uint16_t *)buf : NULL, N, K);
     free(buf);
     return st;
 }
@@ -37,7 +37,7 @@ static float *copy_floats(const float *src, size_t n) {
 
 /* ---- the table's matrices: single tensors and fusion groups ---- */
 
-trill_status eng_for_each_matrix(const trill_config *c, const trill_param *t, size_t n,
+trill_status trill_eng_for_each_matrix(const trill_config *c, const trill_param *t, size_t n,
                                  trill_status (*fn)(void *ctx, const eng_group *g), void *ctx) {
     const int E = c->num_experts > 0 ? c->num_experts : 0;
     const size_t n_keys = (size_t)(E + 1) * 3 * ENG_MAX_PARTS; /* (expert + 1, fusion, part) */
@@ -82,20 +82,20 @@ trill_status eng_for_each_matrix(const trill_config *c, const trill_param *t, si
     return TRILL_OK;
 }
 
-void eng_free_slots(const trill_config *c, eng_layer *L) {
+void trill_eng_free_slots(const trill_config *c, eng_layer *L) {
     for (int r = 0; r < ENG_MAX_ROLES; r++) {
-        gen_matrix_free(&L->m[r]);
-        for (int x = 0; L->experts[r] && x < c->num_experts; x++) gen_matrix_free(&L->experts[r][x]);
+        trill_gen_matrix_free(&L->m[r]);
+        for (int x = 0; L->experts[r] && x < c->num_experts; x++) trill_gen_matrix_free(&L->experts[r][x]);
         free(L->experts[r]);
         free(L->vec[r]);
     }
 }
 
-void eng_free_weights(const trill_config *c, eng_weights *w) {
+void trill_eng_free_weights(const trill_config *c, eng_weights *w) {
     if (!w) return;
-    for (int l = 0; w->layers && l < c->num_hidden_layers; l++) eng_free_slots(c, &w->layers[l]);
+    for (int l = 0; w->layers && l < c->num_hidden_layers; l++) trill_eng_free_slots(c, &w->layers[l]);
     free(w->layers);
-    eng_free_slots(c, &w->global);
+    trill_eng_free_slots(c, &w->global);
     free(w->embed_f32);
     free(w->embed_bf16);
     free(w);
@@ -137,7 +137,7 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
         if (p->kind == TRILL_TENSOR_EMBEDDING) {
             if (f == TRILL_GEN_F32) {
                 if ((w->embed_f32 = trill_malloc(p->numel * sizeof(float))) && p->data) memcpy(w->embed_f32, p->data, p->numel * sizeof(float));
-                else if (w->embed_f32) bf16_widen(w->embed_f32, p->bf16, p->numel);
+                else if (w->embed_f32) trill_bf16_widen(w->embed_f32, p->bf16, p->numel);
             } else if ((w->embed_bf16 = trill_malloc(p->numel * sizeof(uint16_t)))) {
                 if (p->bf16) memcpy(w->embed_bf16, p->bf16, p->numel * sizeof(uint16_t));
                 else trill_from_f32(w->embed_bf16, p->data, TRILL_BF16, p->numel);
@@ -152,16 +152,16 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
         }
     }
     build b = { .w = w, .m = m, .f = f };
-    return eng_for_each_matrix(c, m->tensors, m->n_tensors, build_matrix, &b);
+    return trill_eng_for_each_matrix(c, m->tensors, m->n_tensors, build_matrix, &b);
 }
 
 /* m's weights in `format`: m must have this engine's architecture. */
-trill_status eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out) {
+trill_status trill_eng_build_weights(const trill_config *c, trill_gen_format format, const trill_model *m, eng_weights **out) {
     eng_weights *w = trill_calloc(1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_weights(w, c, format, m);
     if (st) {
-        eng_free_weights(c, w);
+        trill_eng_free_weights(c, w);
         return st;
     }
     *out = w;
@@ -170,7 +170,7 @@ trill_status eng_build_weights(const trill_config *c, trill_gen_format format, c
 
 /* Weights that are not finite numbers are refused at the door: they would only make logits
  * nobody can sample from. bf16 NaN and infinity have every exponent bit set. */
-trill_status eng_check_finite_model(const trill_model *m) {
+trill_status trill_eng_check_finite_model(const trill_model *m) {
     for (size_t k = 0; k < m->n_tensors; k++) {
         const trill_param *p = &m->tensors[k];
         for (size_t i = 0; i < p->numel; i++)

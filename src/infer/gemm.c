@@ -56,7 +56,7 @@ int trill_gen_format_parse(const char *name, trill_gen_format *out) {
     return -1;
 }
 
-const char *gen_isa_name(gen_isa isa) {
+const char *trill_gen_isa_name(gen_isa isa) {
     switch (isa) {
     case GEN_ISA_GENERIC: return "generic";
     case GEN_ISA_AVX2: return "avx2";
@@ -65,7 +65,7 @@ const char *gen_isa_name(gen_isa isa) {
     return "?";
 }
 
-int gen_isa_supported(gen_isa isa) {
+int trill_gen_isa_supported(gen_isa isa) {
     switch (isa) {
     case GEN_ISA_GENERIC: return 1;
 #if GEN_X86
@@ -80,9 +80,9 @@ int gen_isa_supported(gen_isa isa) {
     return 0;
 }
 
-gen_isa gen_isa_best(void) {
-    if (gen_isa_supported(GEN_ISA_AVX512)) return GEN_ISA_AVX512;
-    if (gen_isa_supported(GEN_ISA_AVX2)) return GEN_ISA_AVX2;
+gen_isa trill_gen_isa_best(void) {
+    if (trill_gen_isa_supported(GEN_ISA_AVX512)) return GEN_ISA_AVX512;
+    if (trill_gen_isa_supported(GEN_ISA_AVX2)) return GEN_ISA_AVX2;
     return GEN_ISA_GENERIC;
 }
 
@@ -93,21 +93,21 @@ static char g_isa_refusal[256]; /* "" when the choice is valid */
 
 static void resolve_isa(void) {
     const char *v = getenv("TRILL_GEN_ISA");
-    g_isa_active = gen_isa_best();
+    g_isa_active = trill_gen_isa_best();
     if (!v || !*v) return;
     static const gen_isa all[] = { GEN_ISA_GENERIC, GEN_ISA_AVX2, GEN_ISA_AVX512 };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (!strcmp(v, gen_isa_name(all[i]))) {
-            if (gen_isa_supported(all[i])) g_isa_active = all[i];
+        if (!strcmp(v, trill_gen_isa_name(all[i]))) {
+            if (trill_gen_isa_supported(all[i])) g_isa_active = all[i];
             else
                 snprintf(g_isa_refusal, sizeof g_isa_refusal,
-                         "TRILL_GEN_ISA=%s: this CPU lacks that instruction set (it has up to %s)", v, gen_isa_name(gen_isa_best()));
+                         "TRILL_GEN_ISA=%s: this CPU lacks that instruction set (it has up to %s)", v, trill_gen_isa_name(trill_gen_isa_best()));
             return;
         }
     snprintf(g_isa_refusal, sizeof g_isa_refusal, "TRILL_GEN_ISA=%.64s: unknown instruction set (expected generic, avx2 or avx512)", v);
 }
 
-trill_status gen_isa_active(gen_isa *out) {
+trill_status trill_gen_isa_active(gen_isa *out) {
     pthread_once(&g_isa_once, resolve_isa);
     *out = g_isa_active;
     return g_isa_refusal[0] ? trill_error(TRILL_ERR_INVALID, "%s", g_isa_refusal) : TRILL_OK;
@@ -115,16 +115,16 @@ trill_status gen_isa_active(gen_isa *out) {
 
 trill_status trill_gen_isa(const char **name) {
     gen_isa isa;
-    const trill_status st = gen_isa_active(&isa);
-    *name = gen_isa_name(isa);
+    const trill_status st = trill_gen_isa_active(&isa);
+    *name = trill_gen_isa_name(isa);
     return st;
 }
 
 double trill_gen_peak_gflops(trill_gen_format f, const char **instruction) {
     gen_isa isa;
-    gen_isa_active(&isa); /* an unusable TRILL_GEN_ISA leaves the best one here */
-    if (instruction) *instruction = gen_peak_instruction(f, isa);
-    return gen_peak_gflops(f, isa);
+    trill_gen_isa_active(&isa); /* an unusable TRILL_GEN_ISA leaves the best one here */
+    if (instruction) *instruction = trill_gen_peak_instruction(f, isa);
+    return trill_gen_peak_gflops_isa(f, isa);
 }
 
 /* ---- quantisation, shared by packing and by the activations of every instruction set ---- */
@@ -186,21 +186,21 @@ static void *alloc64(size_t bytes) {
     return p;
 }
 
-void gen_matrix_free(gen_matrix *m) {
+void trill_gen_matrix_free(gen_matrix *m) {
     free(m->data);
     free(m->scale);
     free(m->wsum);
     memset(m, 0, sizeof *m);
 }
 
-trill_status gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K) {
+trill_status trill_gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K) {
     memset(m, 0, sizeof *m);
     if (f != TRILL_GEN_F32 && f != TRILL_GEN_BF16 && f != TRILL_GEN_INT8)
-        return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: unknown format %d", (int)f);
-    if (!src_f32 == !src_bf16) return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: exactly one of src_f32 and src_bf16 must be given");
-    if (N < 1 || K < 1) return trill_error(TRILL_ERR_INVALID, "gen_matrix_create: shape [%d, %d] must be positive", N, K);
+        return trill_error(TRILL_ERR_INVALID, "trill_gen_matrix_create: unknown format %d", (int)f);
+    if (!src_f32 == !src_bf16) return trill_error(TRILL_ERR_INVALID, "trill_gen_matrix_create: exactly one of src_f32 and src_bf16 must be given");
+    if (N < 1 || K < 1) return trill_error(TRILL_ERR_INVALID, "trill_gen_matrix_create: shape [%d, %d] must be positive", N, K);
     if (f == TRILL_GEN_INT8 && K > GEN_INT8_MAX_K)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "gen_matrix_create: int8 needs K <= %d (int32 accumulation), got %d", GEN_INT8_MAX_K, K);
+        return trill_error(TRILL_ERR_UNSUPPORTED, "trill_gen_matrix_create: int8 needs K <= %d (int32 accumulation), got %d", GEN_INT8_MAX_K, K);
     const int nb = blocks_of(N), steps = steps_of(f, K), g = group_size(f);
     const size_t packed = (size_t)nb * steps * STEP_BYTES;
     m->format = f;
@@ -214,8 +214,8 @@ trill_status gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *s
     float *row = trill_malloc(sizeof(float) * (size_t)K);
     if (!m->data || !row || (f == TRILL_GEN_INT8 && (!m->scale || !m->wsum))) {
         free(row);
-        gen_matrix_free(m);
-        return trill_error(TRILL_ERR_NOMEM, "gen_matrix_create: out of memory for a %s [%d, %d] matrix", trill_gen_format_name(f), N, K);
+        trill_gen_matrix_free(m);
+        return trill_error(TRILL_ERR_NOMEM, "trill_gen_matrix_create: out of memory for a %s [%d, %d] matrix", trill_gen_format_name(f), N, K);
     }
     m->bytes = packed + (f == TRILL_GEN_INT8 ? (size_t)N * (sizeof(float) + sizeof(int32_t)) : 0);
 
@@ -622,12 +622,12 @@ static double peak_gflops(void (*loop)(void *), double macs_per_instr) {
     return 2.0 * macs_per_instr * 12.0 * PEAK_ITERS * omp_get_max_threads() / best * 1e-9;
 }
 
-double gen_peak_gflops(trill_gen_format f, gen_isa isa) {
+double trill_gen_peak_gflops_isa(trill_gen_format f, gen_isa isa) {
 #if GEN_X86
-    if (isa == GEN_ISA_AVX512 && gen_isa_supported(isa))
+    if (isa == GEN_ISA_AVX512 && trill_gen_isa_supported(isa))
         return peak_gflops(f == TRILL_GEN_F32 ? peak_fma_avx512 : f == TRILL_GEN_BF16 ? peak_bf16_avx512 : peak_int8_avx512,
                            f == TRILL_GEN_F32 ? 16 : f == TRILL_GEN_BF16 ? 32 : 64);
-    if (isa == GEN_ISA_AVX2 && gen_isa_supported(isa))
+    if (isa == GEN_ISA_AVX2 && trill_gen_isa_supported(isa))
         return peak_gflops(f == TRILL_GEN_INT8 ? peak_int8_avx2 : peak_fma_avx2, f == TRILL_GEN_INT8 ? 32 : 8);
 #endif
     (void)f;
@@ -635,7 +635,7 @@ double gen_peak_gflops(trill_gen_format f, gen_isa isa) {
     return 0;
 }
 
-const char *gen_peak_instruction(trill_gen_format f, gen_isa isa) {
+const char *trill_gen_peak_instruction(trill_gen_format f, gen_isa isa) {
     if (isa == GEN_ISA_AVX512) return f == TRILL_GEN_F32 ? "vfmadd231ps zmm" : f == TRILL_GEN_BF16 ? "vdpbf16ps zmm" : "vpdpbusd zmm";
     if (isa == GEN_ISA_AVX2)
         return f == TRILL_GEN_F32 ? "vfmadd231ps ymm" : f == TRILL_GEN_BF16 ? "vfmadd231ps ymm (no AVX-512 BF16: bf16 MACs are fp32 FMAs)"
@@ -643,14 +643,14 @@ const char *gen_peak_instruction(trill_gen_format f, gen_isa isa) {
     return "none (generic C)";
 }
 
-trill_status gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) {
+trill_status trill_gen_matmul(float *out, const float *inp, const gen_matrix *W, int T) {
     gen_isa isa;
-    trill_status st = gen_isa_active(&isa); /* trill_engine_create refuses first: never fails here in practice */
-    return st ? st : gen_matmul_isa(out, inp, W, T, isa);
+    trill_status st = trill_gen_isa_active(&isa); /* trill_engine_create refuses first: never fails here in practice */
+    return st ? st : trill_gen_matmul_isa(out, inp, W, T, isa);
 }
 
-trill_status gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
-    assert(gen_isa_supported(isa));
+trill_status trill_gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
+    assert(trill_gen_isa_supported(isa));
     if (T <= 0) return TRILL_OK;
     const trill_gen_format f = W->format;
     const int N = W->N, K = W->K, steps = steps_of(f, K), nblocks = blocks_of(N);

@@ -54,36 +54,36 @@ typedef struct gen_matrix {
 /* Packs fp32 or bf16 source rows ([N][K], row stride K; exactly one of src_f32 and src_bf16 is
  * non-NULL). TRILL_ERR_INVALID on bad arguments, TRILL_ERR_UNSUPPORTED for int8 with K >
  * GEN_INT8_MAX_K (the int32 dot product could overflow), TRILL_ERR_NOMEM. *m is zeroed on
- * failure, so gen_matrix_free is always safe. */
+ * failure, so trill_gen_matrix_free is always safe. */
 enum { GEN_INT8_MAX_K = 131072 }; /* 127 * 127 * K < 2^31 */
-trill_status gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
-void gen_matrix_free(gen_matrix *m);
+trill_status trill_gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
+void trill_gen_matrix_free(gen_matrix *m);
 
-/* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on gen_isa_active()'s
+/* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on trill_gen_isa_active()'s
  * instruction set (the best this CPU has unless TRILL_GEN_ISA says otherwise). Threads: OpenMP over runs of output-channel blocks, so each core streams its own
  * weight rows; inside a parallel region a call runs on its calling thread alone. Concurrent calls
  * are safe: the converted activations live in per-thread scratch (grown on demand).
  * TRILL_ERR_NOMEM (out incomplete, the message set on the calling thread) when that scratch
  * cannot be had; fp32 needs none and never fails. */
-trill_status gen_matmul(float *out, const float *inp, const gen_matrix *W, int T);
+trill_status trill_gen_matmul(float *out, const float *inp, const gen_matrix *W, int T);
 /* The same on a chosen instruction set (tests and benchmarks); it must be supported. */
-trill_status gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa);
+trill_status trill_gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa);
 
 /* The compute peak of the instruction a format's kernel is built on, measured now with
  * register-only loops on all OpenMP threads (GFLOP/s, 2 per multiply-add; 0 if isa is not
  * supported), and that instruction's name: the yardstick for the kernels' GFLOP/s. */
-double gen_peak_gflops(trill_gen_format f, gen_isa isa);
-const char *gen_peak_instruction(trill_gen_format f, gen_isa isa);
+double trill_gen_peak_gflops_isa(trill_gen_format f, gen_isa isa);
+const char *trill_gen_peak_instruction(trill_gen_format f, gen_isa isa);
 
-gen_isa gen_isa_best(void);
-/* The instruction set gen_matmul runs on: gen_isa_best(), unless the environment variable
+gen_isa trill_gen_isa_best(void);
+/* The instruction set trill_gen_matmul runs on: trill_gen_isa_best(), unless the environment variable
  * TRILL_GEN_ISA names one ("generic", "avx2", "avx512"; unset or empty: the best), so results
  * can be reproduced across machines (AVX2 and generic agree bit for bit, AVX-512's bf16 does
  * not). Read once per process. An unknown name, or an instruction set this CPU lacks, is
- * TRILL_ERR_INVALID with a message (*out is then gen_isa_best()); trill_engine_create refuses
- * with it, and gen_matmul returns it should it be reached anyway. */
-trill_status gen_isa_active(gen_isa *out);
-int gen_isa_supported(gen_isa isa);
-const char *gen_isa_name(gen_isa isa);
+ * TRILL_ERR_INVALID with a message (*out is then trill_gen_isa_best()); trill_engine_create refuses
+ * with it, and trill_gen_matmul returns it should it be reached anyway. */
+trill_status trill_gen_isa_active(gen_isa *out);
+int trill_gen_isa_supported(gen_isa isa);
+const char *trill_gen_isa_name(gen_isa isa);
 
 #endif

@@ -4,13 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t kv_cache_bytes_per_block(int block_size, int n_layers, const kv_layer_shape *shape, int elem) {
+size_t trill_kv_cache_bytes_per_block(int block_size, int n_layers, const kv_layer_shape *shape, int elem) {
     size_t bytes = 0;
     for (int l = 0; l < n_layers; l++) bytes += (size_t)block_size * ((size_t)shape[l].k_width + (size_t)shape[l].v_width) * elem;
     return bytes;
 }
 
-trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, const kv_layer_shape *shape, int elem) {
+trill_status trill_kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, const kv_layer_shape *shape, int elem) {
     *kv = (kv_cache){ .n_blocks = n_blocks, .block_size = block_size, .n_layers = n_layers, .elem = elem };
     if (n_blocks < 1 || block_size < 1 || n_layers < 1 || (elem != 2 && elem != 4))
         return trill_error(TRILL_ERR_INVALID, "KV cache: %d blocks of %d tokens, %d layers, %d-byte elements", n_blocks, block_size, n_layers, elem);
@@ -31,7 +31,7 @@ trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_l
     kv->refcount = trill_calloc((size_t)n_blocks, sizeof(int));
     kv->free_list = trill_malloc(sizeof(int) * (size_t)n_blocks);
     if (!kv->shape || !kv->layer_offset || !kv->data || !kv->refcount || !kv->free_list) {
-        kv_cache_free(kv);
+        trill_kv_cache_free(kv);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for a KV cache of %d blocks (%.2f GB)", n_blocks, per * (double)n_blocks * 1e-9);
     }
     for (int b = 0; b < n_blocks; b++) kv->free_list[b] = n_blocks - 1 - b; /* block 0 comes out first */
@@ -39,7 +39,7 @@ trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_l
     return TRILL_OK;
 }
 
-void kv_cache_free(kv_cache *kv) {
+void trill_kv_cache_free(kv_cache *kv) {
     free(kv->shape);
     free(kv->layer_offset);
     free(kv->data);
@@ -48,16 +48,16 @@ void kv_cache_free(kv_cache *kv) {
     *kv = (kv_cache){ 0 };
 }
 
-int kv_block_alloc(kv_cache *kv) {
+int trill_kv_block_alloc(kv_cache *kv) {
     if (kv->n_free == 0) return -1;
     int b = kv->free_list[--kv->n_free];
     kv->refcount[b] = 1;
     return b;
 }
 
-void kv_block_retain(kv_cache *kv, int block) { kv->refcount[block]++; }
+void trill_kv_block_retain(kv_cache *kv, int block) { kv->refcount[block]++; }
 
-void kv_block_release(kv_cache *kv, int block) {
+void trill_kv_block_release(kv_cache *kv, int block) {
     if (--kv->refcount[block] == 0) kv->free_list[kv->n_free++] = block;
 }
 
@@ -72,7 +72,7 @@ static int table_grow(kv_table *t, int n) {
     return 0;
 }
 
-int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
+int trill_kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
     const int need = kv_blocks_for(kv, n_tokens);
     if (table_grow(t, need)) {
         trill_error(TRILL_ERR_NOMEM, "out of memory for a block table of %d KV blocks", need);
@@ -81,17 +81,17 @@ int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
     /* copy-on-write: the block holding write_from, if shared, becomes this sequence's own */
     const int first = write_from / kv->block_size;
     if (first < t->n && kv->refcount[t->blocks[first]] > 1) {
-        int b = kv_block_alloc(kv);
+        int b = trill_kv_block_alloc(kv);
         if (b < 0) return KV_FULL;
         memcpy(kv_block_data(kv, b), kv_block_data(kv, t->blocks[first]), kv->block_bytes);
-        kv_block_release(kv, t->blocks[first]);
+        trill_kv_block_release(kv, t->blocks[first]);
         t->blocks[first] = b;
     }
     const int had = t->n;
     while (t->n < need) {
-        int b = kv_block_alloc(kv);
+        int b = trill_kv_block_alloc(kv);
         if (b < 0) { /* give back what this call took */
-            while (t->n > had) kv_block_release(kv, t->blocks[--t->n]);
+            while (t->n > had) trill_kv_block_release(kv, t->blocks[--t->n]);
             return KV_FULL;
         }
         t->blocks[t->n++] = b;
@@ -99,18 +99,18 @@ int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from) {
     return 0;
 }
 
-trill_status kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src) {
+trill_status trill_kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src) {
     if (table_grow(dst, src->n)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < src->n; i++) {
         dst->blocks[i] = src->blocks[i];
-        kv_block_retain(kv, src->blocks[i]);
+        trill_kv_block_retain(kv, src->blocks[i]);
     }
     dst->n = src->n;
     return TRILL_OK;
 }
 
-void kv_table_release(kv_cache *kv, kv_table *t) {
-    for (int i = 0; i < t->n; i++) kv_block_release(kv, t->blocks[i]);
+void trill_kv_table_release(kv_cache *kv, kv_table *t) {
+    for (int i = 0; i < t->n; i++) trill_kv_block_release(kv, t->blocks[i]);
     free(t->blocks);
     *t = (kv_table){ 0 };
 }

@@ -31,14 +31,14 @@ typedef struct kv_cache {
 } kv_cache;
 
 /* shape: [n_layers] widths >= 0 (copied). TRILL_ERR_INVALID on a bad argument, TRILL_ERR_NOMEM. */
-trill_status kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, const kv_layer_shape *shape, int elem);
-void kv_cache_free(kv_cache *kv);
-size_t kv_cache_bytes_per_block(int block_size, int n_layers, const kv_layer_shape *shape, int elem);
+trill_status trill_kv_cache_create(kv_cache *kv, int n_blocks, int block_size, int n_layers, const kv_layer_shape *shape, int elem);
+void trill_kv_cache_free(kv_cache *kv);
+size_t trill_kv_cache_bytes_per_block(int block_size, int n_layers, const kv_layer_shape *shape, int elem);
 
 /* A free block with refcount 1, or -1 when none is left. */
-int kv_block_alloc(kv_cache *kv);
-void kv_block_retain(kv_cache *kv, int block);
-void kv_block_release(kv_cache *kv, int block);
+int trill_kv_block_alloc(kv_cache *kv);
+void trill_kv_block_retain(kv_cache *kv, int block);
+void trill_kv_block_release(kv_cache *kv, int block);
 
 static inline char *kv_block_data(const kv_cache *kv, int block) { return kv->data + (size_t)block * kv->block_bytes; }
 /* The K (or V) part of token `slot` of `block` in `layer`: kv->shape[layer].k_width (v_width)
@@ -62,10 +62,10 @@ typedef struct kv_table {
  * it cannot undo) when the pool runs out; KV_NOMEM, with the message set and nothing changed,
  * when the table itself cannot grow (out of memory: not a reason to preempt anyone). */
 enum { KV_FULL = -1, KV_NOMEM = -2 };
-int kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from);
+int trill_kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_from);
 /* Another reference to every block of src (a forked sample). */
-trill_status kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src);
-void kv_table_release(kv_cache *kv, kv_table *t);
+trill_status trill_kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src);
+void trill_kv_table_release(kv_cache *kv, kv_table *t);
 /* Blocks needed for n tokens. */
 static inline int kv_blocks_for(const kv_cache *kv, int n_tokens) { return (n_tokens + kv->block_size - 1) / kv->block_size; }
 

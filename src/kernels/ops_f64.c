@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "kernels_f64.h"
-#include "trill/kernels.h" /* rope_yarn_mscale */
+#include "trill/kernels.h" /* trill_rope_yarn_mscale */
 #include "base/alloc.h"
 #include "exp_nonpos.h"
 #include "kernels_internal.h"

@@ -14,7 +14,7 @@
 static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, REAL alpha, const REAL *A, int lda,
                      const REAL *B, int ldb, REAL beta, REAL *C, int ldc) {
     if (M == 0 || N == 0) return;
-    kernels_blas_init();
+    trill_kernels_blas_init();
     const int threads = omp_get_max_threads();
     if (threads == 1 || omp_in_parallel() || (double)M * N * Kd < 1e6) {
         GEMM(CblasRowMajor, ta, tb, M, N, Kd, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -59,20 +59,20 @@ static inline REAL KN(sigmoid)(REAL x) {
     return num / (1.0f + e);
 }
 
-void KN(matmul_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N) {
+void KN(trill_matmul_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N) {
     KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, 1, inp, K, weight, K, 0, out, N);
 }
 
-void KN(matmul_accumulate)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N, REAL alpha) {
+void KN(trill_matmul_accumulate)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N, REAL alpha) {
     KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, alpha, inp, K, weight, K, 1, out, N);
 }
 
-void KN(matmul_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int K, int N) {
+void KN(trill_matmul_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int K, int N) {
     if (dinp) KN(gemm)(CblasNoTrans, CblasNoTrans, T, K, N, 1, dout, N, weight, K, 1, dinp, K);   /* dinp += dout W */
     if (dweight) KN(gemm)(CblasTrans, CblasNoTrans, N, K, T, 1, dout, N, inp, K, 1, dweight, K);  /* dW += dout^T inp */
 }
 
-void KN(rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
+void KN(trill_rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
 #pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *x = inp + (size_t)t * C;
@@ -89,7 +89,7 @@ void KN(rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, 
  * thread sums its own rows, then the partial sums are added in thread order, so the result
  * does not depend on scheduling (training stays bit-reproducible). TRILL_ERR_NOMEM (nothing
  * computed) when those partial sums cannot be allocated. */
-trill_status KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C,
+trill_status KN(trill_rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C,
                                  REAL eps) {
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     REAL *partial = dweight ? trill_calloc((size_t)threads * C, sizeof(REAL)) : NULL;
@@ -120,7 +120,7 @@ trill_status KN(rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, c
     return TRILL_OK;
 }
 
-void KN(rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {
+void KN(trill_rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {
     for (int i = 0; i < head_dim / 2; i++) {
         REAL exponent = (REAL)(2 * i) / (REAL)head_dim;
         inv_freq[i] = (REAL)1 / (REAL)pow((REAL)theta, exponent);
@@ -142,7 +142,7 @@ static double KN(yarn_correction_dim)(double num_rotations, int dim, double thet
 
 /* The steps of HF _compute_yarn_parameters, each in the working precision (torch's float32
  * tensor ops with Python scalars cast to float32), the correction range in double. */
-double KN(rope_inv_freq_yarn)(REAL *inv_freq, int dim, double theta, double factor, int original_max_position_embeddings,
+double KN(trill_rope_inv_freq_yarn)(REAL *inv_freq, int dim, double theta, double factor, int original_max_position_embeddings,
                               double beta_fast, double beta_slow, double mscale, double mscale_all_dim, int truncate) {
     double low = KN(yarn_correction_dim)(beta_fast, dim, theta, original_max_position_embeddings);
     double high = KN(yarn_correction_dim)(beta_slow, dim, theta, original_max_position_embeddings);
@@ -159,8 +159,8 @@ double KN(rope_inv_freq_yarn)(REAL *inv_freq, int dim, double theta, double fact
         const REAL extrapolation_factor = 1 - ramp;
         inv_freq[i] = KN(rounded)(interpolation * (1 - extrapolation_factor)) + KN(rounded)(extrapolation * extrapolation_factor);
     }
-    if (mscale != 0 && mscale_all_dim != 0) return rope_yarn_mscale(factor, mscale) / rope_yarn_mscale(factor, mscale_all_dim);
-    return rope_yarn_mscale(factor, 1);
+    if (mscale != 0 && mscale_all_dim != 0) return trill_rope_yarn_mscale(factor, mscale) / trill_rope_yarn_mscale(factor, mscale_all_dim);
+    return trill_rope_yarn_mscale(factor, 1);
 }
 
 /* The rotation of each pair of the rotary part (see enum rope_pairing) by angle
@@ -186,20 +186,20 @@ static void KN(rope_rotate)(REAL *x, const int *pos, const REAL *inv_freq, int T
     }
 }
 
-void KN(rope_forward)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim) {
+void KN(trill_rope_forward)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim) {
     KN(rope_rotate)(x, pos, inv_freq, T, n_heads, head_dim, 0, head_dim, ROPE_ROTATE_HALF, 1, 1);
 }
 
-void KN(rope_backward)(REAL *dx, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim) {
+void KN(trill_rope_backward)(REAL *dx, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_dim) {
     KN(rope_rotate)(dx, pos, inv_freq, T, n_heads, head_dim, 0, head_dim, ROPE_ROTATE_HALF, 1, -1);
 }
 
-void KN(rope_partial_forward)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride,
+void KN(trill_rope_partial_forward)(REAL *x, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride,
                               int rot_offset, int rot_dim, int pairing, REAL cs_scale) {
     KN(rope_rotate)(x, pos, inv_freq, T, n_heads, head_stride, rot_offset, rot_dim, pairing, cs_scale, 1);
 }
 
-void KN(rope_partial_backward)(REAL *dx, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride,
+void KN(trill_rope_partial_backward)(REAL *dx, const int *pos, const REAL *inv_freq, int T, int n_heads, int head_stride,
                                int rot_offset, int rot_dim, int pairing, REAL cs_scale) {
     KN(rope_rotate)(dx, pos, inv_freq, T, n_heads, head_stride, rot_offset, rot_dim, pairing, cs_scale, -1);
 }
@@ -276,7 +276,7 @@ static void KN(attention_scratch_free)(REAL **bufs, int n) {
  * V are read once per tile: S = scale Q K^T (GEMM over the causal prefix), masked row softmax,
  * O = P V (GEMM). Memory per thread: a [128-ish, max_len] score block. Every output element is
  * computed by one task in a fixed order, so results do not depend on the threads. */
-trill_status KN(attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
+trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
                                    int nh, int nkv, int hd_qk, int hd_v, REAL scale) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
@@ -291,7 +291,7 @@ trill_status KN(attention_forward)(REAL *out, const REAL *q, const REAL *k, cons
     for (int i = max_tiles - 1; i >= 0; i--)
         for (int s = 0; s < n_seqs; s++)
             if ((offsets[s + 1] - offsets[s] + tb - 1) / tb > i) tasks[2 * n] = s, tasks[2 * n + 1] = i, n++;
-    kernels_blas_init();
+    trill_kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
     const size_t sizes[3] = { max_rows * max_len, max_rows * hd_qk, max_rows * hd_v };
     int failed = 0;
@@ -335,7 +335,7 @@ static int KN(attention_longer_first)(const void *a, const void *b) {
  * dQ += scale dS K, dK += scale dS^T Q (GEMMs over the causal prefix). Work is split by
  * (sequence, kv head), tiles in order within it, so the dk/dv rows a task accumulates into
  * are its own and the order of every sum is fixed whatever the threads. */
-trill_status KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
+trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
                                     const int *offsets, int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL scale) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
@@ -346,7 +346,7 @@ trill_status KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *do
     if (!order) return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for %d sequences", n_seqs);
     for (int s = 0; s < n_seqs; s++) order[2 * s] = offsets[s + 1] - offsets[s], order[2 * s + 1] = s;
     qsort(order, (size_t)n_seqs, 2 * sizeof(int), KN(attention_longer_first));
-    kernels_blas_init();
+    trill_kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
     const size_t sizes[5] = { max_rows * max_len, max_rows * max_len, max_rows * hd_qk, max_rows * hd_v, max_rows * hd_qk };
     int failed = 0;
@@ -399,7 +399,7 @@ trill_status KN(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *do
     return TRILL_OK;
 }
 
-void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
+void KN(trill_swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
 #pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i];
@@ -408,7 +408,7 @@ void KN(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n) {
 }
 
 /* out = silu(g) u;  silu'(g) = sig(g) (1 + g (1 - sig(g))) */
-void KN(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up, size_t n) {
+void KN(trill_swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up, size_t n) {
 #pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i], sig = KN(sigmoid)(g);
@@ -417,17 +417,17 @@ void KN(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *g
     }
 }
 
-void KN(sigmoid_forward)(REAL *out, const REAL *inp, size_t n) {
+void KN(trill_sigmoid_forward)(REAL *out, const REAL *inp, size_t n) {
 #pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = KN(sigmoid)(inp[i]);
 }
 
-void KN(residual_forward)(REAL *x, const REAL *y, size_t n) {
+void KN(trill_residual_forward)(REAL *x, const REAL *y, size_t n) {
 #pragma omp parallel for if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-void KN(softmax_forward)(REAL *probs, const REAL *logits, int T, int C) {
+void KN(trill_softmax_forward)(REAL *probs, const REAL *logits, int T, int C) {
 #pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *x = logits + (size_t)t * C;
@@ -459,12 +459,12 @@ static inline void KN(topk_row)(int *ix, REAL *vx, const REAL *p, const REAL *bi
     }
 }
 
-void KN(topk_forward)(int *idx, REAL *val, const REAL *probs, int T, int C, int k) {
+void KN(trill_topk_forward)(int *idx, REAL *val, const REAL *probs, int T, int C, int k) {
 #pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) KN(topk_row)(idx + (size_t)t * k, val + (size_t)t * k, probs + (size_t)t * C, NULL, NULL, 1, C, k);
 }
 
-trill_status KN(router_topk_forward)(int *idx, REAL *val, const REAL *scores, const REAL *bias, int T, int E, int K, int n_group,
+trill_status KN(trill_router_topk_forward)(int *idx, REAL *val, const REAL *scores, const REAL *bias, int T, int E, int K, int n_group,
                                      int topk_group) {
     if (K < 1 || K > E) return trill_error(TRILL_ERR_INVALID, "router: top-%d of %d experts", K, E);
     const int grouped = n_group > 1, gsize = grouped ? E / n_group : E;
@@ -502,7 +502,7 @@ trill_status KN(router_topk_forward)(int *idx, REAL *val, const REAL *scores, co
     return TRILL_OK;
 }
 
-void KN(router_gates_forward)(REAL *gates, const REAL *scores, const int *idx, int T, int E, int K, int norm_topk_prob,
+void KN(trill_router_gates_forward)(REAL *gates, const REAL *scores, const int *idx, int T, int E, int K, int norm_topk_prob,
                               REAL norm_eps, REAL scaling) {
     for (int t = 0; t < T; t++) {
         const REAL *p = scores + (size_t)t * E;
@@ -519,7 +519,7 @@ void KN(router_gates_forward)(REAL *gates, const REAL *scores, const int *idx, i
 
 /* gates g_j = c u_j, u_j = p_{i_j} / D with D = sum_k p_{i_k} + eps (normalised) or u_j = p_{i_j},
  * c the scaling: with du_j = c dg_j, dp_{i_j} = (du_j - sum_k du_k u_k) / D (or du_j). */
-void KN(router_gates_backward)(REAL *dsel, const REAL *dgates, const REAL *scores, const int *idx, int T, int E, int K,
+void KN(trill_router_gates_backward)(REAL *dsel, const REAL *dgates, const REAL *scores, const int *idx, int T, int E, int K,
                                int norm_topk_prob, REAL norm_eps, REAL scaling) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
@@ -545,7 +545,7 @@ void KN(router_gates_backward)(REAL *dsel, const REAL *dgates, const REAL *score
 }
 
 /* p = softmax(logits), the gradient dp only at the ids: dlogit_e += p_e (dp_e - sum_j p_{i_j} dp_j). */
-void KN(router_softmax_backward)(REAL *dlogits, const REAL *dsel, const REAL *probs, const int *idx, int T, int E, int K) {
+void KN(trill_router_softmax_backward)(REAL *dlogits, const REAL *dsel, const REAL *probs, const int *idx, int T, int E, int K) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *p = probs + (size_t)t * E, *dp = dsel + (size_t)t * K;
@@ -559,7 +559,7 @@ void KN(router_softmax_backward)(REAL *dlogits, const REAL *dsel, const REAL *pr
 }
 
 /* s = sigmoid(logit): dlogit = ds s (1 - s), at the ids. */
-void KN(router_sigmoid_backward)(REAL *dlogits, const REAL *dsel, const REAL *scores, const int *idx, int T, int E, int K) {
+void KN(trill_router_sigmoid_backward)(REAL *dlogits, const REAL *dsel, const REAL *scores, const int *idx, int T, int E, int K) {
 #pragma omp parallel for if(parallel: (size_t)T * K >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *s = scores + (size_t)t * E, *ds = dsel + (size_t)t * K;
@@ -569,7 +569,7 @@ void KN(router_sigmoid_backward)(REAL *dlogits, const REAL *dsel, const REAL *sc
     }
 }
 
-double KN(logsumexp)(const REAL *x, int C) {
+double KN(trill_logsumexp)(const REAL *x, int C) {
     REAL maxv = -INFINITY;
     for (int i = 0; i < C; i++) if (x[i] > maxv) maxv = x[i];
     double sum = 0.0; /* terms in the working precision, double accumulation */
@@ -578,22 +578,22 @@ double KN(logsumexp)(const REAL *x, int C) {
     return maxv + log(sum);
 }
 
-void KN(token_logprob_forward)(REAL *logprob, const REAL *logits, const int *targets, int T, int V) {
+void KN(trill_token_logprob_forward)(REAL *logprob, const REAL *logits, const int *targets, int T, int V) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *row = logits + (size_t)t * V;
-        logprob[t] = (REAL)((double)row[targets[t]] - KN(logsumexp)(row, V));
+        logprob[t] = (REAL)((double)row[targets[t]] - KN(trill_logsumexp)(row, V));
     }
 }
 
-/* logprob = logit[target] - logsumexp(logits): dlogit_v = dlogprob (1[v = target] - softmax_v).
+/* logprob = logit[target] - trill_logsumexp(logits): dlogit_v = dlogprob (1[v = target] - softmax_v).
  * Cross-entropy is -logprob: pass dlogprob = -dloss. Writes (not accumulates) dlogits. */
-void KN(token_logprob_backward)(REAL *dlogits, const REAL *dlogprob, const REAL *logits, const int *targets, int T, int V) {
+void KN(trill_token_logprob_backward)(REAL *dlogits, const REAL *dlogprob, const REAL *logits, const int *targets, int T, int V) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *row = logits + (size_t)t * V;
         REAL *d = dlogits + (size_t)t * V;
-        REAL lse = (REAL)KN(logsumexp)(row, V);
+        REAL lse = (REAL)KN(trill_logsumexp)(row, V);
         const REAL g = -dlogprob[t];
 #pragma omp simd
         for (int v = 0; v < V; v++) d[v] = g * KN(exp_nonpos)(row[v] - lse);
@@ -601,13 +601,13 @@ void KN(token_logprob_backward)(REAL *dlogits, const REAL *dlogprob, const REAL 
     }
 }
 
-void KN(embedding_forward)(REAL *out, const REAL *table, const int *tokens, int T, int C) {
+void KN(trill_embedding_forward)(REAL *out, const REAL *table, const int *tokens, int T, int C) {
 #pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) memcpy(out + (size_t)t * C, table + (size_t)tokens[t] * C, sizeof(REAL) * C);
 }
 
 /* Rows of the table repeat across tokens, so threads split the channels, not the tokens. */
-void KN(embedding_backward)(REAL *dtable, const REAL *dout, const int *tokens, int T, int C) {
+void KN(trill_embedding_backward)(REAL *dtable, const REAL *dout, const int *tokens, int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++)
         for (int t = 0; t < T; t++) dtable[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];

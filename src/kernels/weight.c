@@ -16,7 +16,7 @@
 /* Floats per widened panel (4 MB): large enough for efficient GEMMs, small next to the model. */
 enum { WEIGHT_PANEL = 1 << 20 };
 
-void bf16_widen(float *dst, const uint16_t *src, size_t n) {
+void trill_bf16_widen(float *dst, const uint16_t *src, size_t n) {
     uint32_t *d = (uint32_t *)(void *)dst;
 #pragma omp simd
     for (size_t i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
@@ -25,12 +25,12 @@ void bf16_widen(float *dst, const uint16_t *src, size_t n) {
 /* Widens n elements with the team when called outside a parallel region. */
 static void widen_parallel(float *dst, const uint16_t *src, size_t n) {
     if (n < 65536 || omp_in_parallel()) {
-        bf16_widen(dst, src, n);
+        trill_bf16_widen(dst, src, n);
         return;
     }
     const size_t chunk = 16384;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i += chunk) bf16_widen(dst + i, src + i, n - i < chunk ? n - i : chunk);
+    for (size_t i = 0; i < n; i += chunk) trill_bf16_widen(dst + i, src + i, n - i < chunk ? n - i : chunk);
 }
 
 /* The calling thread's panel buffer, grown on demand and kept (one per thread that runs
@@ -48,9 +48,9 @@ static trill_status no_panel(size_t n) {
     return trill_error(TRILL_ERR_NOMEM, "out of memory for a %.1f MB panel of widened bf16 weights", (double)n * sizeof(float) * 1e-6);
 }
 
-trill_status matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
+trill_status trill_matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
     if (W.f32) {
-        matmul_forward(out, inp, W.f32, T, K, N);
+        trill_matmul_forward(out, inp, W.f32, T, K, N);
         return TRILL_OK;
     }
     if (T == 0 || N == 0) return TRILL_OK;
@@ -60,14 +60,14 @@ trill_status matmul_forward_w(float *out, const float *inp, trill_weight W, int 
     for (int n0 = 0; n0 < N; n0 += rows) { /* out[:, n0:n0+nb] = inp @ W[n0:n0+nb]^T */
         const int nb = N - n0 < rows ? N - n0 : rows;
         widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
-        kernels_sgemm(CblasNoTrans, CblasTrans, T, nb, K, 1, inp, K, panel, K, 0, out + n0, N);
+        trill_kernels_sgemm(CblasNoTrans, CblasTrans, T, nb, K, 1, inp, K, panel, K, 0, out + n0, N);
     }
     return TRILL_OK;
 }
 
-trill_status matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
+trill_status trill_matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
     if (W.f32) {
-        matmul_backward(dinp, dweight, dout, inp, W.f32, T, K, N);
+        trill_matmul_backward(dinp, dweight, dout, inp, W.f32, T, K, N);
         return TRILL_OK;
     }
     /* A programmer's error, not reachable with valid use: a bf16 weight is frozen, and every
@@ -80,16 +80,16 @@ trill_status matmul_backward_w(float *dinp, float *dweight, const float *dout, c
     for (int n0 = 0; n0 < N; n0 += rows) { /* dinp += dout[:, n0:n0+nb] @ W[n0:n0+nb] */
         const int nb = N - n0 < rows ? N - n0 : rows;
         widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
-        kernels_sgemm(CblasNoTrans, CblasNoTrans, T, K, nb, 1, dout + n0, N, panel, K, 1, dinp, K);
+        trill_kernels_sgemm(CblasNoTrans, CblasNoTrans, T, K, nb, 1, dout + n0, N, panel, K, 1, dinp, K);
     }
     return TRILL_OK;
 }
 
-void embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C) {
+void trill_embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C) {
     if (table.f32) {
-        embedding_forward(out, table.f32, tokens, T, C);
+        trill_embedding_forward(out, table.f32, tokens, T, C);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++) bf16_widen(out + (size_t)t * C, table.bf16 + (size_t)tokens[t] * C, (size_t)C);
+    for (int t = 0; t < T; t++) trill_bf16_widen(out + (size_t)t * C, table.bf16 + (size_t)tokens[t] * C, (size_t)C);
 }

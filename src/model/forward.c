@@ -50,11 +50,11 @@ void trill_forward_pass_free(trill_forward_pass *fp) {
 
 trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa,
                           int n, int K, int N) {
-    trill_status st = matmul_forward_w(out, inp, W, n, K, N);
+    trill_status st = trill_matmul_forward_w(out, inp, W, n, K, N);
     if (st || !fp->lora || !ad.A) return st;
     const int r = fp->lora->config.rank;
-    matmul_forward(xa, inp, ad.A, n, K, r);
-    matmul_accumulate(out, xa, ad.B, n, r, N, fp->lora->scale);
+    trill_matmul_forward(xa, inp, ad.A, n, K, r);
+    trill_matmul_accumulate(out, xa, ad.B, n, r, N, fp->lora->scale);
     return TRILL_OK;
 }
 
@@ -99,7 +99,7 @@ static trill_status run_layers(trill_forward_pass *fp, const uint16_t *replay, u
     for (int s = 0; s < fp->n_seqs; s++)
         for (int t = fp->offsets[s]; t < fp->offsets[s + 1]; t++) fp->pos[t] = t - fp->offsets[s];
     fp->f->begin(fp);
-    embedding_forward_w(fp->x_first, m->embed, fp->tokens, T, H);
+    trill_embedding_forward_w(fp->x_first, m->embed, fp->tokens, T, H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         trill_status st = fp->f->layer(fp, l, replay, experts);
         if (st) {
@@ -107,7 +107,7 @@ static trill_status run_layers(trill_forward_pass *fp, const uint16_t *replay, u
             return st;
         }
     }
-    rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
+    trill_rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
     return TRILL_OK;
 }
 
@@ -138,7 +138,7 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
             int t = t0 + r;
             if (t + 1 >= T || fp->pos[t + 1] == 0) continue; /* t ends its sequence */
             const float *row = logits + (size_t)r * V;
-            logprobs[t + 1] = (float)((double)row[fp->tokens[t + 1]] - logsumexp(row, V));
+            logprobs[t + 1] = (float)((double)row[fp->tokens[t + 1]] - trill_logsumexp(row, V));
         }
     }
     free(logits);

@@ -66,7 +66,7 @@ struct trill_forward_pass {
 
 /* out[n, N] = inp W^T, plus scale (inp A^T) B^T when the module has an adapter in use; the
  * LoRA input inp A^T is kept in xa for the backward pass. Fails only when a bf16 weight's panel
- * buffer cannot be had (matmul_forward_w). */
+ * buffer cannot be had (trill_matmul_forward_w). */
 trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
                   int K, int N);
 

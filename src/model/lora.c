@@ -276,7 +276,7 @@ static trill_status merge_pair(const trill_lora *lora, const trill_param *A, con
     }
     for (int i = 0; i < r; i++)
         for (int j = 0; j < in; j++) At[(size_t)j * r + i] = A->data[(size_t)i * in + j];
-    matmul_forward(delta, B->data, At, out, r, in);
+    trill_matmul_forward(delta, B->data, At, out, r, in);
     for (size_t i = 0; i < (size_t)out * in; i++) W[i] += lora->scale * delta[i];
     free(At);
     free(delta);

@@ -17,7 +17,7 @@ static double clampd(double x, double lo, double hi) {
     return fmin(fmax(x, lo), hi);
 }
 
-void rl_group_advantages(const double *rewards, int n_groups, int group_size, bool std_norm, double eps, double *adv) {
+void trill_rl_group_advantages(const double *rewards, int n_groups, int group_size, bool std_norm, double eps, double *adv) {
     for (int g = 0; g < n_groups; g++) {
         const double *r = rewards + (size_t)g * group_size;
         double *a = adv + (size_t)g * group_size;
@@ -42,13 +42,13 @@ void rl_group_advantages(const double *rewards, int n_groups, int group_size, bo
     }
 }
 
-bool rl_group_is_flat(const double *rewards, int group_size) {
+bool trill_rl_group_is_flat(const double *rewards, int group_size) {
     for (int j = 1; j < group_size; j++)
         if (rewards[j] != rewards[0]) return false;
     return true;
 }
 
-double rl_kl_value(trill_kl_estimator e, double logp, double ref_logp) {
+double trill_rl_kl_value(trill_kl_estimator e, double logp, double ref_logp) {
     const double x = logp - ref_logp;
     switch (e) {
     case TRILL_KL_K1: return x;
@@ -59,7 +59,7 @@ double rl_kl_value(trill_kl_estimator e, double logp, double ref_logp) {
     return 0;
 }
 
-double rl_kl_grad(trill_kl_estimator e, double logp, double ref_logp) {
+double trill_rl_kl_grad(trill_kl_estimator e, double logp, double ref_logp) {
     const double x = logp - ref_logp;
     switch (e) {
     case TRILL_KL_K1: return 1.0;
@@ -128,7 +128,7 @@ static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_
     return false;
 }
 
-void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats) {
+void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats) {
     memset(stats, 0, sizeof *stats);
     if (b->n_seqs <= 0) return;
     const int n_seqs = b->n_seqs;
@@ -188,8 +188,8 @@ void rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *d
             }
             if (kl_on) {
                 const double k = cfg->algo.kl_coef * c;
-                kl += k * rl_kl_value(cfg->algo.kl_estimator, b->logp[t], b->ref_logp[t]);
-                grad += k * rl_kl_grad(cfg->algo.kl_estimator, b->logp[t], b->ref_logp[t]);
+                kl += k * trill_rl_kl_value(cfg->algo.kl_estimator, b->logp[t], b->ref_logp[t]);
+                grad += k * trill_rl_kl_grad(cfg->algo.kl_estimator, b->logp[t], b->ref_logp[t]);
             }
             dlogp[t] = (float)grad;
         }
@@ -205,7 +205,7 @@ static bool outside(double ratio, double lo, double hi) {
     return ratio < lo || ratio > hi;
 }
 
-int rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
+int trill_rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
                    const float *behav_logp, float *tis_weight, uint8_t *mask) {
     const double cap = cfg->correction.tis, lo = cfg->correction.mis_low, hi = cfg->correction.mis_high;
     const int T = n_seqs > 0 ? offsets[n_seqs] : 0;
@@ -243,7 +243,7 @@ int rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, c
     return newly_masked;
 }
 
-void rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t n, rl_mismatch *out) {
+void trill_rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t n, rl_mismatch *out) {
     memset(out, 0, sizeof *out);
     if (n == 0) return;
     double sum_abs = 0, k1 = 0, k3 = 0, chi2 = 0;
@@ -282,7 +282,7 @@ static bool row_valid(const uint16_t *gen, const uint16_t *train, size_t row) {
     return gen[row] != NO_EXPERT && train[row] != NO_EXPERT;
 }
 
-void rl_routing_flips(const uint16_t *gen, const uint16_t *train, size_t n_tokens, int n_layers, int k,
+void trill_rl_routing_flips(const uint16_t *gen, const uint16_t *train, size_t n_tokens, int n_layers, int k,
                       double *token_flip_frac, double *layer_flip) {
     const size_t row_stride = (size_t)n_layers * (size_t)k;
     for (int l = 0; l < n_layers; l++) {

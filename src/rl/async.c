@@ -106,7 +106,7 @@ static void queue_init(queue *q, int capacity) {
 
 static void queue_destroy(queue *q) {
     for (int i = 0; i < q->n; i++) {
-        rl_rollout_free(q->items[i]);
+        trill_rl_rollout_free(q->items[i]);
         free(q->items[i]);
     }
     pthread_mutex_destroy(&q->mu);
@@ -269,17 +269,17 @@ static void *generator_main(void *arg) {
         rl_rollout *ro = trill_calloc(1, sizeof *ro);
         if (!ro) { fail(as, trill_error(TRILL_ERR_NOMEM, "out of memory"), "generator"); break; }
         const double t0 = trill_now();
-        trill_status st = rl_stage_generate(r, k, ro, take_weights, as);
+        trill_status st = trill_rl_stage_generate(r, k, ro, take_weights, as);
         as->gen_busy += trill_now() - t0;
         ro->redo = redo;
         if (st) {
-            rl_rollout_free(ro);
+            trill_rl_rollout_free(ro);
             free(ro);
             fail(as, st, "generator"); /* ignored when the run is already stopping or failed */
             break;
         }
         if (!redo) next++;
-        if (queue_push(&as->to_reward, ro)) { rl_rollout_free(ro); free(ro); break; }
+        if (queue_push(&as->to_reward, ro)) { trill_rl_rollout_free(ro); free(ro); break; }
     }
     return NULL;
 }
@@ -290,10 +290,10 @@ static void *reward_main(void *arg) {
     rl_rollout *ro;
     while ((ro = queue_pop(&as->to_reward, true, -1))) {
         const double t0 = trill_now();
-        trill_status st = rl_stage_reward(as->r, ro);
+        trill_status st = trill_rl_stage_reward(as->r, ro);
         as->reward_busy += trill_now() - t0;
-        if (st) { fail(as, st, "reward"); rl_rollout_free(ro); free(ro); break; }
-        if (queue_push(&as->to_trainer, ro)) { rl_rollout_free(ro); free(ro); break; }
+        if (st) { fail(as, st, "reward"); trill_rl_rollout_free(ro); free(ro); break; }
+        if (queue_push(&as->to_trainer, ro)) { trill_rl_rollout_free(ro); free(ro); break; }
     }
     return NULL;
 }
@@ -317,7 +317,7 @@ static rl_rollout *next_batch(async_state *as, stash *held, int64_t want) {
         rl_rollout *ro = queue_pop(&as->to_trainer, false, -1);
         if (!ro || want < 0 || ro->index == want) return ro;
         if (held->n == QUEUE_MAX) { /* cannot happen: the generator regenerates right after its current batch */
-            rl_rollout_free(ro);
+            trill_rl_rollout_free(ro);
             free(ro);
             return NULL;
         }
@@ -349,10 +349,10 @@ static json_t *staleness(const rl_batch *b, uint32_t v, double *mean, int *max) 
             hist = NULL;
         }
     free(count);
-    return hist; /* NULL when out of memory: rl_metric notes it */
+    return hist; /* NULL when out of memory: trill_rl_metric notes it */
 }
 
-trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
+trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
     const trill_rl_config *c = r->c;
     async_state *as = trill_calloc(1, sizeof *as);
     if (!as) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -389,7 +389,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
     int64_t want = -1; /* a batch being regenerated */
     long dropped = 0, regenerated = 0;
     stash held = { .n = 0 };
-    while (!st && r->state.step < c->steps && !rl_stop_requested()) {
+    while (!st && r->state.step < c->steps && !trill_rl_stop_requested()) {
         const double tw = trill_now();
         rl_rollout *ro = next_batch(as, &held, want);
         step_wait += trill_now() - tw;
@@ -414,23 +414,23 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
                 pthread_mutex_unlock(&as->mu);
             }
             json_decref(lag_hist);
-            rl_rollout_free(ro);
+            trill_rl_rollout_free(ro);
             free(ro);
             continue;
         }
         r->metrics_lost = false;
-        json_t *m = json_object(); /* NULL: rl_metric notes it */
-        rl_metric(r, m, "step", json_integer(r->state.step + 1));
-        rl_metric(r, m, "batch", json_integer(ro->index));
-        rl_metric(r, m, "staleness_mean", rl_jnum(lag_mean));
-        rl_metric(r, m, "staleness_max", json_integer(lag_max));
-        rl_metric(r, m, "staleness_tokens", lag_hist); /* tokens at lag 0, 1, ... */
-        rl_metric(r, m, "dropped_batches", json_integer(dropped));
-        rl_metric(r, m, "regenerated_batches", json_integer(regenerated));
+        json_t *m = json_object(); /* NULL: trill_rl_metric notes it */
+        trill_rl_metric(r, m, "step", json_integer(r->state.step + 1));
+        trill_rl_metric(r, m, "batch", json_integer(ro->index));
+        trill_rl_metric(r, m, "staleness_mean", trill_rl_jnum(lag_mean));
+        trill_rl_metric(r, m, "staleness_max", json_integer(lag_max));
+        trill_rl_metric(r, m, "staleness_tokens", lag_hist); /* tokens at lag 0, 1, ... */
+        trill_rl_metric(r, m, "dropped_batches", json_integer(dropped));
+        trill_rl_metric(r, m, "regenerated_batches", json_integer(regenerated));
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
-        st = rl_stage_train(r, ro, m, &trs, &tt);
+        st = trill_rl_stage_train(r, ro, m, &trs, &tt);
         as->train_busy += trill_now() - t0;
         *gen_s += ro->gen_s;
         *gen_tokens += ro->gen_tokens;
@@ -442,17 +442,17 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
         const size_t apply_bytes = as->apply_bytes;
         pthread_mutex_unlock(&as->mu);
         if (tm) {
-            rl_metric(r, tm, "trainer_wait_s", rl_jnum(step_wait));
-            rl_metric(r, tm, "generator_apply_ms", rl_jnum(apply_ms));
+            trill_rl_metric(r, tm, "trainer_wait_s", trill_rl_jnum(step_wait));
+            trill_rl_metric(r, tm, "generator_apply_ms", trill_rl_jnum(apply_ms));
         }
         trainer_wait += step_wait;
         step_wait = 0;
-        rl_metric(r, m, "generator_apply_bytes", json_integer((json_int_t)apply_bytes));
-        rl_rollout_free(ro);
+        trill_rl_metric(r, m, "generator_apply_bytes", json_integer((json_int_t)apply_bytes));
+        trill_rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
-        if (tm) rl_metric(r, tm, "interval_s", rl_jnum(now - last)); /* wall time since the previous step */
-        if (!st) st = rl_finish_step(r, m, now - last);
+        if (tm) trill_rl_metric(r, tm, "interval_s", trill_rl_jnum(now - last)); /* wall time since the previous step */
+        if (!st) st = trill_rl_finish_step(r, m, now - last);
         last = now;
         json_decref(m);
     }
@@ -462,7 +462,7 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
     pthread_mutex_unlock(&as->mu);
     close_all(as);
     for (int i = 0; i < held.n; i++) {
-        rl_rollout_free(held.items[i]);
+        trill_rl_rollout_free(held.items[i]);
         free(held.items[i]);
     }
     if (gen_started) pthread_join(gen_thread, NULL);
@@ -487,12 +487,12 @@ trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_
                 100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), trainer_wait, dropped, regenerated);
     omp_set_num_threads(saved_threads);
     if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
-    r->publish = rl_sync_direct;
+    r->publish = trill_rl_sync_direct;
     r->async = NULL;
     if (!st) { /* the generator may have stopped before taking the last version: evaluation must see it */
         double ms;
         size_t bytes;
-        st = rl_sync_direct(r, &ms, &bytes);
+        st = trill_rl_sync_direct(r, &ms, &bytes);
     }
 done:
     queue_destroy(&as->to_reward);

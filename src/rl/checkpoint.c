@@ -23,7 +23,7 @@ static int remove_entry(const char *path, const struct stat *sb, int type, struc
     return remove(path);
 }
 
-trill_status rl_remove_tree(const char *path) {
+trill_status trill_rl_remove_tree(const char *path) {
     if (!trill_file_exists(path)) return TRILL_OK;
     if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS))
         return trill_error(TRILL_ERR_IO, "%s: cannot remove (%s)", path, strerror(errno));
@@ -129,7 +129,7 @@ static void hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsi
 /* Sorted *.safetensors names of a model folder. */
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-trill_status rl_model_identity(const char *model_dir, rl_identity *id) {
+trill_status trill_rl_model_identity(const char *model_dir, rl_identity *id) {
     memset(id, 0, sizeof *id);
     char *path = trill_path_join(model_dir, "config.json");
     size_t bytes;
@@ -191,14 +191,14 @@ static trill_status write_manifest(const char *dir, const rl_identity *id) {
     return st;
 }
 
-trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *s, const trill_lora *lora,
+trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *s, const trill_lora *lora,
                                 const trill_adamw *opt, const rl_identity *base, int keep) {
     char dir[4096], tmp[4160], final[4160], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", dir, s->step);
     snprintf(final, sizeof final, "%s/step-%08d", dir, s->step);
     trill_status st = trill_mkdir_p(dir);
-    if (!st) st = rl_remove_tree(tmp); /* left by a crash */
+    if (!st) st = trill_rl_remove_tree(tmp); /* left by a crash */
     if (!st) st = trill_mkdir_p(tmp);
     if (!st) { snprintf(path, sizeof path, "%s/adapter", tmp); st = trill_lora_save(lora, path); }
     if (!st) st = fsync_dir(path);
@@ -213,14 +213,14 @@ trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, c
     }
     if (!st) st = write_manifest(tmp, base); /* last: a checkpoint with a manifest is complete */
     if (!st) st = fsync_dir(tmp);
-    if (!st) st = rl_remove_tree(final); /* the same step saved again after a resume */
+    if (!st) st = trill_rl_remove_tree(final); /* the same step saved again after a resume */
     if (!st && rename(tmp, final)) st = trill_error(TRILL_ERR_IO, "%s: cannot rename to %s (%s)", tmp, final, strerror(errno));
     if (!st) st = fsync_dir(dir);
     if (st) {
         trill_error_context("checkpoint %s", final);
         char why[2048];
         snprintf(why, sizeof why, "%s", trill_error_message());
-        rl_remove_tree(tmp); /* best effort: the next start removes it too */
+        trill_rl_remove_tree(tmp); /* best effort: the next start removes it too */
         return trill_error(st, "%s", why);
     }
     char **names;
@@ -228,14 +228,14 @@ trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, c
     if (keep > 0 && !(st = list_checkpoints(dir, &names, &n))) {
         for (int i = 0; i + keep < n && !st; i++) {
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-            st = rl_remove_tree(path);
+            st = trill_rl_remove_tree(path);
         }
         free_names(names, n);
     }
     return st;
 }
 
-trill_status rl_checkpoint_verify(const char *ckpt) {
+trill_status trill_rl_checkpoint_verify(const char *ckpt) {
     char *path = trill_path_join(ckpt, MANIFEST);
     json_t *m = NULL;
     trill_status st = path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -270,7 +270,7 @@ trill_status rl_checkpoint_verify(const char *ckpt) {
     return st;
 }
 
-trill_status rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, const char *model_dir) {
+trill_status trill_rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, const char *model_dir) {
     char *path = trill_path_join(ckpt, MANIFEST);
     json_t *m = NULL;
     trill_status st = path ? trill_json_load_file(path, &m) : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -288,7 +288,7 @@ trill_status rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, 
     return st;
 }
 
-trill_status rl_checkpoint_latest(const char *run_dir, char **path, void (*skipped)(const char *ckpt, void *ctx), void *ctx) {
+trill_status trill_rl_checkpoint_latest(const char *run_dir, char **path, void (*skipped)(const char *ckpt, void *ctx), void *ctx) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     char **names;
@@ -299,7 +299,7 @@ trill_status rl_checkpoint_latest(const char *run_dir, char **path, void (*skipp
     for (int i = n - 1; i >= 0 && !st && !*path; i--) {
         char *ckpt = trill_path_join(dir, names[i]);
         if (!ckpt) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
-        if (rl_checkpoint_verify(ckpt) == TRILL_OK) *path = ckpt;
+        if (trill_rl_checkpoint_verify(ckpt) == TRILL_OK) *path = ckpt;
         else {
             if (skipped) skipped(ckpt, ctx); /* the verification's message is the thread's error */
             free(ckpt);
@@ -309,7 +309,7 @@ trill_status rl_checkpoint_latest(const char *run_dir, char **path, void (*skipp
     return st;
 }
 
-trill_status rl_checkpoint_clean(const char *run_dir) {
+trill_status trill_rl_checkpoint_clean(const char *run_dir) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     DIR *d = opendir(dir);
@@ -318,14 +318,14 @@ trill_status rl_checkpoint_clean(const char *run_dir) {
     for (struct dirent *e; !st && (e = readdir(d));)
         if (strncmp(e->d_name, ".tmp-step-", 10) == 0) {
             char *tmp = trill_path_join(dir, e->d_name);
-            st = tmp ? rl_remove_tree(tmp) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+            st = tmp ? trill_rl_remove_tree(tmp) : trill_error(TRILL_ERR_NOMEM, "out of memory");
             free(tmp);
         }
     closedir(d);
     return st;
 }
 
-trill_status rl_checkpoint_read_state(const char *ckpt, rl_state *s) {
+trill_status trill_rl_checkpoint_read_state(const char *ckpt, rl_state *s) {
     char *path = trill_path_join(ckpt, "state.json");
     json_t *j = NULL;
     trill_status st = path ? trill_json_load_file(path, &j) : trill_error(TRILL_ERR_NOMEM, "out of memory");

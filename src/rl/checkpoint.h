@@ -26,24 +26,24 @@ typedef struct rl_identity {
     uint64_t config_hash, weights_hash;
     size_t weights_bytes;
 } rl_identity;
-trill_status rl_model_identity(const char *model_dir, rl_identity *id);
+trill_status trill_rl_model_identity(const char *model_dir, rl_identity *id);
 
 /* Writes the checkpoint of st->step, with manifest.json last (every file's size and XXH64, and
  * the base model's identity), and keeps only the newest `keep` (0: all). */
-trill_status rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *st, const trill_lora *lora,
+trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *st, const trill_lora *lora,
                                 const trill_adamw *opt, const rl_identity *base, int keep);
 /* Every file of the manifest present with its size and checksum; else an error naming the file. */
-trill_status rl_checkpoint_verify(const char *ckpt);
+trill_status trill_rl_checkpoint_verify(const char *ckpt);
 /* The checkpoint was made for this base model; else an error with both identities. */
-trill_status rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, const char *model_dir);
+trill_status trill_rl_checkpoint_check_base(const char *ckpt, const rl_identity *now, const char *model_dir);
 /* The newest checkpoint of run_dir that verifies (malloc'ed), or *path = NULL when none; each
  * newer one that does not is reported to skipped (the reason is the thread's error message). */
-trill_status rl_checkpoint_latest(const char *run_dir, char **path, void (*skipped)(const char *ckpt, void *ctx), void *ctx);
+trill_status trill_rl_checkpoint_latest(const char *run_dir, char **path, void (*skipped)(const char *ckpt, void *ctx), void *ctx);
 /* Removes the temporary folders (.tmp-step-*) a killed run left behind. */
-trill_status rl_checkpoint_clean(const char *run_dir);
-trill_status rl_checkpoint_read_state(const char *ckpt, rl_state *st);
+trill_status trill_rl_checkpoint_clean(const char *run_dir);
+trill_status trill_rl_checkpoint_read_state(const char *ckpt, rl_state *st);
 
 /* rm -rf */
-trill_status rl_remove_tree(const char *path);
+trill_status trill_rl_remove_tree(const char *path);
 
 #endif

@@ -128,7 +128,7 @@ static trill_status load_models(rl_run *r) {
     if (c->reward.external[0]) {
         if (!(r->ext = trill_calloc((size_t)c->reward.external_workers, sizeof(reward_process *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
         for (; r->n_ext < c->reward.external_workers; r->n_ext++)
-            if ((st = reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures,
+            if ((st = trill_reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures,
                                            &r->ext[r->n_ext])))
                 return st;
     }
@@ -139,7 +139,7 @@ static trill_status load_models(rl_run *r) {
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
     if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
-    for (int w = 0; w < r->n_ext; w++) reward_process_free(r->ext[w]);
+    for (int w = 0; w < r->n_ext; w++) trill_reward_process_free(r->ext[w]);
     free(r->ext);
     trill_reward_model_free(r->rm);
     trill_engine_free(r->engine);
@@ -161,7 +161,7 @@ static void run_free(rl_run *r) {
 
 /* ---- weight sync ---- */
 
-trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes) {
+trill_status trill_rl_sync_direct(rl_run *r, double *ms, size_t *bytes) {
     const double t0 = trill_now();
     trill_status st;
     if (r->c->sync.mode == TRILL_SYNC_ADAPTER) {
@@ -204,7 +204,7 @@ static void *ext_worker(void *arg) {
     ext_job *j = arg;
     for (int s = j->worker; s < j->b->n_seqs && !j->st; s += j->r->n_ext) {
         const trill_example *ex = &j->r->train->examples[j->b->example[s]];
-        j->st = reward_process_score(j->r->ext[j->worker], ex->prompt, j->b->completion[s], ex->answer, &j->values[s], &j->metrics[s]);
+        j->st = trill_reward_process_score(j->r->ext[j->worker], ex->prompt, j->b->completion[s], ex->answer, &j->values[s], &j->metrics[s]);
     }
     if (j->st) snprintf(j->err, sizeof j->err, "%s", trill_error_message()); /* the message is per thread */
     return NULL;
@@ -398,7 +398,7 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
         gather_f(b, m, ta->old_logp, old);
         gather_f(b, m, b->behav_logp, behav);
         memset(mask, 1, (size_t)R);
-        rl_corrections(c, m->n, off, old, behav, w, mask);
+        trill_rl_corrections(c, m->n, off, old, behav, w, mask);
         scatter_resp_f(b, m, w, ta->tis);
         scatter_resp_u8(b, m, mask, ta->mask);
     }
@@ -499,7 +499,7 @@ static trill_status train_minibatch(rl_run *r, const rl_batch *b, const int *seq
             rl_loss_batch lb = { .n_seqs = k, .offsets = off, .logp = g_lp, .old_logp = g_old, .behav_logp = g_behav,
                                  .ref_logp = kl_loss ? g_ref : NULL, .adv = adv, .mask = g_mask, .is_weight = g_w, .agg_tokens = 1 };
             rl_loss_stats ls;
-            rl_policy_loss(c, &lb, g_d, &ls);
+            trill_rl_policy_loss(c, &lb, g_d, &ls);
             const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
             long in = 0;
             for (int t = 0; t < R; t++) in += g_mask[t];
@@ -572,20 +572,20 @@ static double mean_of(const double *v, int n) {
     return n ? s / n : NAN;
 }
 
-json_t *rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+json_t *trill_rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-void rl_metric(rl_run *r, json_t *m, const char *key, json_t *v) {
+void trill_rl_metric(rl_run *r, json_t *m, const char *key, json_t *v) {
     if (json_object_set_new(m, key, v) != 0) r->metrics_lost = true;
 }
-#define jnum rl_jnum
+#define jnum trill_rl_jnum
 
-void rl_rollout_free(rl_rollout *ro) {
-    rl_batch_free(&ro->b);
+void trill_rl_rollout_free(rl_rollout *ro) {
+    trill_rl_batch_free(&ro->b);
     json_decref(ro->ext_metrics);
     memset(ro, 0, sizeof *ro);
 }
 
-trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx) {
+trill_status trill_rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx) {
     const trill_rl_config *c = r->c;
     const int P = c->generator.prompts_per_step;
     memset(ro, 0, sizeof *ro);
@@ -596,7 +596,7 @@ trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_s
     const double t0 = trill_now();
     trill_status st = trill_dataset_order(r->train, c->seed, c->data.shuffle, pos, P, examples);
     if (!st)
-        st = rl_generate(r->engine, r->tok, r->train, examples, P, c->generator.n, (uint64_t)pos, &r->proto, r->L, r->K,
+        st = trill_rl_generate(r->engine, r->tok, r->train, examples, P, c->generator.n, (uint64_t)pos, &r->proto, r->L, r->K,
                          between_steps, ctx, &ro->b);
     free(examples);
     ro->gen_s = trill_now() - t0;
@@ -604,7 +604,7 @@ trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_s
     return st;
 }
 
-trill_status rl_stage_reward(rl_run *r, rl_rollout *ro) {
+trill_status trill_rl_stage_reward(rl_run *r, rl_rollout *ro) {
     const double t0 = trill_now();
     if (!(ro->ext_metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = score_batch(r, &ro->b, ro->ext_metrics);
@@ -626,7 +626,7 @@ static trill_status save_rollout(rl_run *r, const rl_batch *b, int step) {
     void *buf = NULL;
     size_t len = 0;
     trill_status st = path ? trill_mkdir_p(dir) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = rl_batch_pack(b, &buf, &len);
+    if (!st) st = trill_rl_batch_pack(b, &buf, &len);
     if (!st) st = trill_write_file_atomic(path, buf, len);
     if (st) trill_error_context("rollouts.save: step %d", step);
     free(buf);
@@ -672,7 +672,7 @@ static trill_status replay_rollout(rl_run *r, int64_t index, rl_rollout *ro) {
     size_t len = 0;
     trill_status st = path ? trill_read_file(path, &data, &len) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
-        st = rl_batch_unpack(data, len, &ro->b);
+        st = trill_rl_batch_unpack(data, len, &ro->b);
         if (st) trill_error_context("%s", path);
     }
     if (!st) st = check_replayed(r, &ro->b, path);
@@ -684,7 +684,7 @@ static trill_status replay_rollout(rl_run *r, int64_t index, rl_rollout *ro) {
     return st;
 }
 
-trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s_out, long *train_tokens_out) {
+trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s_out, long *train_tokens_out) {
     const trill_rl_config *c = r->c;
     const int G = c->generator.n;
     rl_batch b = ro->b; /* borrowed */
@@ -713,7 +713,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
      * log-probs of a sequence depend a little on where it sits in the packed batch). */
     int flat_groups = 0;
     for (int g = 0; g < b.n_seqs / G && !st; g++) {
-        bool flat = rl_group_is_flat(b.reward + (size_t)g * G, G);
+        bool flat = trill_rl_group_is_flat(b.reward + (size_t)g * G, G);
         flat_groups += flat;
         for (int j = 0; j < G; j++) b.keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
     }
@@ -724,12 +724,12 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
         for (int s = 0; s < b.n_seqs && !st; s++) {
             double kl = 0;
             for (int t = b.offsets[s] + b.prompt_len[s]; t < b.offsets[s + 1]; t++)
-                kl += rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]);
+                kl += trill_rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]);
             b.reward[s] -= c->algo.kl_coef * kl;
         }
     }
     if (!st) {
-        rl_group_advantages(b.reward, b.n_seqs / G, G, c->algo.std_norm, 1e-6, b.adv);
+        trill_rl_group_advantages(b.reward, b.n_seqs / G, G, c->algo.std_norm, 1e-6, b.adv);
         for (int s = 0; s < b.n_seqs; s++)
             if (b.keep[s]) kept[n_kept++] = s;
     }
@@ -767,7 +767,7 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
                 tis_sum += ta.tis[t];
                 tis_capped += c->correction.tis > 0 && ta.tis[t] >= (float)c->correction.tis;
                 masked += !ta.mask[t];
-                if (ta.ref_logp) { kl_ref_sum += rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]); kl_ref_n++; }
+                if (ta.ref_logp) { kl_ref_sum += trill_rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]); kl_ref_n++; }
                 /* the routing that produced token t was computed at position t - 1 */
                 if (row) {
                     memcpy(ge + (size_t)j * row, b.experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
@@ -777,9 +777,9 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
         }
         if (!st) {
             rl_mismatch mm;
-            rl_mismatch_measure(old, behav, (size_t)R, &mm);
+            trill_rl_mismatch_measure(old, behav, (size_t)R, &mm);
             double token_flip = 0, *layer_flip = trill_calloc((size_t)r->L + 1, sizeof(double));
-            if (row && R) rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, layer_flip);
+            if (row && R) trill_rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, layer_flip);
             json_t *lf = layer_flip ? json_array() : NULL;
             for (int l = 0; lf && l < r->L; l++)
                 if (json_array_append_new(lf, jnum(layer_flip[l]))) r->metrics_lost = true;
@@ -789,51 +789,51 @@ trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *
                 if (r->verifier != TRILL_VERIFIER_NONE) accuracy += (b.correct[s] >= 0.5) / (double)b.n_seqs;
                 len += rl_response_len(&b, s) / (double)b.n_seqs;
             }
-            rl_metric(r, metrics, "reward", jnum(mean_of(b.reward, b.n_seqs)));
-            rl_metric(r, metrics, "accuracy", jnum(accuracy));
-            rl_metric(r, metrics, "response_len", jnum(len));
-            rl_metric(r, metrics, "flat_groups", json_integer(flat_groups));
-            rl_metric(r, metrics, "trained_seqs", json_integer(n_kept));
-            rl_metric(r, metrics, "loss", jnum(ts.loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            rl_metric(r, metrics, "pg_loss", jnum(ts.pg_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            rl_metric(r, metrics, "kl_loss", jnum(ts.kl_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            rl_metric(r, metrics, "kl_ref", jnum(kl_ref_n ? kl_ref_sum / kl_ref_n : NAN));
-            rl_metric(r, metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
-            rl_metric(r, metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
-            rl_metric(r, metrics, "grad_norm", jnum(ts.grad_norm));
-            rl_metric(r, metrics, "skipped_nonfinite", json_integer(ts.skipped));
-            rl_metric(r, metrics, "lr", jnum(ts.lr));
-            rl_metric(r, metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
-            rl_metric(r, metrics, "mismatch_max_abs", jnum(mm.max_abs));
-            rl_metric(r, metrics, "mismatch_k1", jnum(mm.k1));
-            rl_metric(r, metrics, "mismatch_k3", jnum(mm.k3));
-            rl_metric(r, metrics, "mismatch_chi2", jnum(mm.chi2));
-            rl_metric(r, metrics, "mismatch_tokens", json_integer(mm.n_tokens));
-            rl_metric(r, metrics, "tis_mean", jnum(R ? tis_sum / R : NAN));
-            rl_metric(r, metrics, "tis_capped_frac", jnum(R ? tis_capped / R : NAN));
-            rl_metric(r, metrics, "mis_masked_frac", jnum(R ? (double)masked / R : NAN));
-            rl_metric(r, metrics, "flip_token_frac", jnum(row ? token_flip : NAN));
-            rl_metric(r, metrics, "flip_layer", lf);
-            rl_metric(r, metrics, "sync_mode", json_string(c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
-            rl_metric(r, metrics, "sync_bytes", json_integer((json_int_t)sync_bytes));
-            rl_metric(r, metrics, "sync_ms", jnum(sync_ms));
-            rl_metric(r, metrics, "policy_version", json_integer(r->state.version));
+            trill_rl_metric(r, metrics, "reward", jnum(mean_of(b.reward, b.n_seqs)));
+            trill_rl_metric(r, metrics, "accuracy", jnum(accuracy));
+            trill_rl_metric(r, metrics, "response_len", jnum(len));
+            trill_rl_metric(r, metrics, "flat_groups", json_integer(flat_groups));
+            trill_rl_metric(r, metrics, "trained_seqs", json_integer(n_kept));
+            trill_rl_metric(r, metrics, "loss", jnum(ts.loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            trill_rl_metric(r, metrics, "pg_loss", jnum(ts.pg_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            trill_rl_metric(r, metrics, "kl_loss", jnum(ts.kl_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
+            trill_rl_metric(r, metrics, "kl_ref", jnum(kl_ref_n ? kl_ref_sum / kl_ref_n : NAN));
+            trill_rl_metric(r, metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
+            trill_rl_metric(r, metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
+            trill_rl_metric(r, metrics, "grad_norm", jnum(ts.grad_norm));
+            trill_rl_metric(r, metrics, "skipped_nonfinite", json_integer(ts.skipped));
+            trill_rl_metric(r, metrics, "lr", jnum(ts.lr));
+            trill_rl_metric(r, metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
+            trill_rl_metric(r, metrics, "mismatch_max_abs", jnum(mm.max_abs));
+            trill_rl_metric(r, metrics, "mismatch_k1", jnum(mm.k1));
+            trill_rl_metric(r, metrics, "mismatch_k3", jnum(mm.k3));
+            trill_rl_metric(r, metrics, "mismatch_chi2", jnum(mm.chi2));
+            trill_rl_metric(r, metrics, "mismatch_tokens", json_integer(mm.n_tokens));
+            trill_rl_metric(r, metrics, "tis_mean", jnum(R ? tis_sum / R : NAN));
+            trill_rl_metric(r, metrics, "tis_capped_frac", jnum(R ? tis_capped / R : NAN));
+            trill_rl_metric(r, metrics, "mis_masked_frac", jnum(R ? (double)masked / R : NAN));
+            trill_rl_metric(r, metrics, "flip_token_frac", jnum(row ? token_flip : NAN));
+            trill_rl_metric(r, metrics, "flip_layer", lf);
+            trill_rl_metric(r, metrics, "sync_mode", json_string(c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
+            trill_rl_metric(r, metrics, "sync_bytes", json_integer((json_int_t)sync_bytes));
+            trill_rl_metric(r, metrics, "sync_ms", jnum(sync_ms));
+            trill_rl_metric(r, metrics, "policy_version", json_integer(r->state.version));
             const char *key;
             json_t *val;
             json_object_foreach(ro->ext_metrics, key, val) {
                 char name[160];
                 snprintf(name, sizeof name, "reward_ext_%s", key);
-                rl_metric(r, metrics, name, jnum(json_number_value(val) / b.n_seqs));
+                trill_rl_metric(r, metrics, name, jnum(json_number_value(val) / b.n_seqs));
             }
             json_t *tm = json_object();
-            rl_metric(r, tm, "generate_s", jnum(ro->gen_s));
-            rl_metric(r, tm, "reward_s", jnum(ro->reward_s));
-            rl_metric(r, tm, "train_s", jnum(t_train - t_reward));
-            rl_metric(r, tm, "sync_s", jnum(t_end - t_train));
-            rl_metric(r, tm, "step_s", jnum(ro->gen_s + ro->reward_s + (t_end - t_reward)));
-            rl_metric(r, tm, "gen_tokens_per_s", jnum(ro->gen_tokens / ro->gen_s));
-            rl_metric(r, tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
-            rl_metric(r, metrics, "time", tm);
+            trill_rl_metric(r, tm, "generate_s", jnum(ro->gen_s));
+            trill_rl_metric(r, tm, "reward_s", jnum(ro->reward_s));
+            trill_rl_metric(r, tm, "train_s", jnum(t_train - t_reward));
+            trill_rl_metric(r, tm, "sync_s", jnum(t_end - t_train));
+            trill_rl_metric(r, tm, "step_s", jnum(ro->gen_s + ro->reward_s + (t_end - t_reward)));
+            trill_rl_metric(r, tm, "gen_tokens_per_s", jnum(ro->gen_tokens / ro->gen_s));
+            trill_rl_metric(r, tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
+            trill_rl_metric(r, metrics, "time", tm);
         }
         free(old); free(behav); free(ge); free(te);
     }
@@ -906,7 +906,7 @@ static void format_duration(double s, char *out, size_t n) {
     else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
+trill_status trill_rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
     const trill_rl_config *c = r->c;
     if (r->metrics_lost) {
         r->metrics_lost = false;
@@ -929,7 +929,7 @@ trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
             100 * json_number_value(json_object_get(tm, "generate_s")) / per, 100 * json_number_value(json_object_get(tm, "train_s")) / per,
             json_number_value(json_object_get(m, "sync_ms")), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
     if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
-        st = rl_checkpoint_save(c->run_dir, c, &r->state, r->lora, r->opt, &r->base, c->checkpoint.keep);
+        st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, r->lora, r->opt, &r->base, c->checkpoint.keep);
         if (!st) r->saved_step = r->state.step;
     }
     return st;
@@ -947,19 +947,19 @@ static void count_skipped(const char *ckpt, void *ctx) { (void)ckpt; (*(int *)ct
 static trill_status start_state(rl_run *r, char **ckpt) {
     const trill_rl_config *c = r->c;
     *ckpt = NULL;
-    trill_status st = rl_checkpoint_clean(c->run_dir);
+    trill_status st = trill_rl_checkpoint_clean(c->run_dir);
     int skipped = 0;
     if (st) return st;
     if (strcmp(c->resume, "auto") == 0) {
-        st = rl_checkpoint_latest(c->run_dir, ckpt, report_skipped, &skipped);
+        st = trill_rl_checkpoint_latest(c->run_dir, ckpt, report_skipped, &skipped);
         if (!st && !*ckpt && skipped)
             return trill_error(TRILL_ERR_INVALID, "run_dir %s: none of its %d checkpoints is complete (see above)", c->run_dir, skipped);
     } else if (c->resume[0]) {
         if (!(*ckpt = trill_strdup(c->resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        st = rl_checkpoint_verify(*ckpt);
+        st = trill_rl_checkpoint_verify(*ckpt);
     } else {
         char *latest = NULL;
-        st = rl_checkpoint_latest(c->run_dir, &latest, count_skipped, &skipped);
+        st = trill_rl_checkpoint_latest(c->run_dir, &latest, count_skipped, &skipped);
         if (!st && (latest || skipped))
             st = trill_error(TRILL_ERR_INVALID, "run_dir %s already has checkpoints (%s): continue it with resume=auto "
                              "(or --resume), or choose another run_dir", c->run_dir, latest ? latest : "none complete");
@@ -973,7 +973,7 @@ static trill_status start_state(rl_run *r, char **ckpt) {
     st = trill_rl_config_defaults(&saved);
     if (!st) st = (path = trill_path_join(*ckpt, "config.yaml")) ? trill_rl_config_load(&saved, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_rl_config_check_resume(&saved, c, *ckpt);
-    if (!st) st = rl_checkpoint_read_state(*ckpt, &r->state);
+    if (!st) st = trill_rl_checkpoint_read_state(*ckpt, &r->state);
     trill_rl_config_free(&saved);
     free(path);
     return st;
@@ -1000,7 +1000,7 @@ static trill_status make_trainable(rl_run *r, const char *ckpt) {
     if (!(r->lora_grads = trill_malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     double ms;
     size_t bytes;
-    return rl_sync_direct(r, &ms, &bytes); /* the generator serves the policy being trained */
+    return trill_rl_sync_direct(r, &ms, &bytes); /* the generator serves the policy being trained */
 }
 
 /* ---- one process per run folder; stopping on request ---- */
@@ -1036,7 +1036,7 @@ static trill_status lock_run_dir(rl_run *r) {
 static volatile sig_atomic_t g_stop_requested;
 
 void trill_rl_request_stop(void) { g_stop_requested = 1; }
-bool rl_stop_requested(void) { return g_stop_requested != 0; }
+bool trill_rl_stop_requested(void) { return g_stop_requested != 0; }
 
 trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     const double t_start = trill_now();
@@ -1061,8 +1061,8 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     if (!(st = trill_mkdir_p(c->run_dir))) st = lock_run_dir(&r);
     if (!st) st = start_state(&r, &ckpt);
     if (!st) st = resolve_inputs(&r);
-    if (!st) st = rl_model_identity(r.model_dir, &r.base);
-    if (!st && ckpt) st = rl_checkpoint_check_base(ckpt, &r.base, r.model_dir);
+    if (!st) st = trill_rl_model_identity(r.model_dir, &r.base);
+    if (!st && ckpt) st = trill_rl_checkpoint_check_base(ckpt, &r.base, r.model_dir);
     if (!st) st = load_data(&r);
     if (!st) st = load_models(&r);
     if (!st) st = make_trainable(&r, ckpt);
@@ -1094,12 +1094,12 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     const int first = r.state.step;
     double gen_s = 0, train_s = 0;
     long gen_tok = 0, train_tok = 0;
-    r.publish = rl_sync_direct;
-    if (!st && c->mode == TRILL_MODE_ASYNC) st = rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
-    while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps && !rl_stop_requested()) {
+    r.publish = trill_rl_sync_direct;
+    if (!st && c->mode == TRILL_MODE_ASYNC) st = trill_rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
+    while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps && !trill_rl_stop_requested()) {
         r.metrics_lost = false;
-        json_t *m = json_object(); /* NULL: rl_metric notes it */
-        rl_metric(&r, m, "step", json_integer(r.state.step + 1));
+        json_t *m = json_object(); /* NULL: trill_rl_metric notes it */
+        trill_rl_metric(&r, m, "step", json_integer(r.state.step + 1));
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
@@ -1108,24 +1108,24 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
         if (c->rollouts.replay[0]) {
             st = replay_rollout(&r, index, &ro);
         } else {
-            st = rl_stage_generate(&r, index, &ro, NULL, NULL);
-            if (!st) st = rl_stage_reward(&r, &ro);
+            st = trill_rl_stage_generate(&r, index, &ro, NULL, NULL);
+            if (!st) st = trill_rl_stage_reward(&r, &ro);
         }
-        if (!st) st = rl_stage_train(&r, &ro, m, &trs, &tt);
+        if (!st) st = trill_rl_stage_train(&r, &ro, m, &trs, &tt);
         gen_s += ro.gen_s; train_s += trs; gen_tok += ro.gen_tokens; train_tok += tt;
-        rl_rollout_free(&ro);
+        trill_rl_rollout_free(&ro);
         if (!st && r.eval && c->eval.every > 0 && r.state.step + 1 < c->steps && (r.state.step + 1) % c->eval.every == 0) {
             double p1, pk;
             st = evaluate(&r, "now", &p1, &pk);
-            rl_metric(&r, m, "eval_pass1", jnum(p1));
-            rl_metric(&r, m, "eval_passk", jnum(pk));
+            trill_rl_metric(&r, m, "eval_pass1", jnum(p1));
+            trill_rl_metric(&r, m, "eval_passk", jnum(pk));
         }
-        if (!st) st = rl_finish_step(&r, m, trill_now() - t0);
+        if (!st) st = trill_rl_finish_step(&r, m, trill_now() - t0);
         json_decref(m);
     }
-    if (!st && r.state.step < c->steps && rl_stop_requested()) { /* the step in progress finished: keep it */
+    if (!st && r.state.step < c->steps && trill_rl_stop_requested()) { /* the step in progress finished: keep it */
         if (r.state.step > first && r.saved_step != r.state.step)
-            st = rl_checkpoint_save(c->run_dir, c, &r.state, r.lora, r.opt, &r.base, c->checkpoint.keep);
+            st = trill_rl_checkpoint_save(c->run_dir, c, &r.state, r.lora, r.opt, &r.base, c->checkpoint.keep);
         if (!st)
             st = trill_error(TRILL_ERR_INTERRUPTED, "stopped on request after step %d of %d%s; continue with resume=auto", r.state.step,
                              c->steps, r.state.step > first ? " (checkpoint written)" : "");

@@ -44,7 +44,7 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
     proto.sampling.temperature = (float)o->temperature;
     proto.sampling.seed = o->seed;
     rl_batch b;
-    trill_status st = rl_generate(e, tok, d, examples, n, o->k, 0, &proto, 0, 0, NULL, NULL, &b);
+    trill_status st = trill_rl_generate(e, tok, d, examples, n, o->k, 0, &proto, 0, 0, NULL, NULL, &b);
     free(examples);
     if (st) return st;
     double pass1 = 0, passk = 0, len = 0;
@@ -58,7 +58,7 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
         pass1 += (double)correct / o->k;
         passk += correct > 0;
     }
-    rl_batch_free(&b);
+    trill_rl_batch_free(&b);
     *out = (trill_eval_result){ .prompts = n, .k = o->k, .pass1 = pass1 / n, .passk = passk / n, .mean_len = len / ((double)n * o->k),
                                 .seconds = trill_now() - t0 };
     return TRILL_OK;

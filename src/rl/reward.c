@@ -714,7 +714,7 @@ static char *make_request(const char *prompt, const char *completion, const char
     return line;
 }
 
-trill_status reward_process_start(const char *command, double timeout_s, int max_failures, reward_process **out) {
+trill_status trill_reward_process_start(const char *command, double timeout_s, int max_failures, reward_process **out) {
     *out = NULL;
     if (!command || is_blank(command, strlen(command)))
         return trill_error(TRILL_ERR_INVALID, "reward process: the command line is empty");
@@ -734,14 +734,14 @@ trill_status reward_process_start(const char *command, double timeout_s, int max
     p->to_child = p->from_child = p->child_err = -1;
     trill_status st = spawn_child(p);
     if (st != TRILL_OK) {
-        reward_process_free(p);
+        trill_reward_process_free(p);
         return st;
     }
     *out = p;
     return TRILL_OK;
 }
 
-trill_status reward_process_score(reward_process *p, const char *prompt, const char *completion, const char *truth,
+trill_status trill_reward_process_score(reward_process *p, const char *prompt, const char *completion, const char *truth,
                                   double *reward, json_t **metrics) {
     if (metrics) *metrics = NULL;
     size_t request_len;
@@ -774,7 +774,7 @@ trill_status reward_process_score(reward_process *p, const char *prompt, const c
                        err_line[0] ? "; last stderr line: \"" : "", err_line, err_line[0] ? "\"" : "");
 }
 
-void reward_process_free(reward_process *p) {
+void trill_reward_process_free(reward_process *p) {
     if (!p) return;
     if (p->pid > 0) {
         close_fd(&p->to_child);

@@ -27,14 +27,14 @@ typedef struct reward_process reward_process;
 /* Starts the process. Refuses an empty command, a timeout that is not positive, or
  * max_failures < 1 (TRILL_ERR_INVALID); TRILL_ERR_IO when /bin/sh cannot be started. A command
  * that is not found shows up at the first request (the shell exits with status 127). */
-trill_status reward_process_start(const char *command, double timeout_s, int max_failures, reward_process **out);
+trill_status trill_reward_process_start(const char *command, double timeout_s, int max_failures, reward_process **out);
 /* reward and *metrics (a JSON object owned by the caller, or NULL when the reply had none;
  * metrics may be NULL). Strings may be any length; NULL is sent as "". On failure *reward is
  * untouched and *metrics NULL. */
-trill_status reward_process_score(reward_process *p, const char *prompt, const char *completion, const char *truth,
+trill_status trill_reward_process_score(reward_process *p, const char *prompt, const char *completion, const char *truth,
                                   double *reward, json_t **metrics);
 /* Closes stdin, waits up to half a second for the process to exit, then kills its process
  * group; reaps it. NULL is a no-op. */
-void reward_process_free(reward_process *p);
+void trill_reward_process_free(reward_process *p);
 
 #endif

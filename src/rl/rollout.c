@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rl_batch_free(rl_batch *b) {
+void trill_rl_batch_free(rl_batch *b) {
     if (b->completion)
         for (int s = 0; s < b->n_seqs; s++) free(b->completion[s]);
     free(b->offsets); free(b->prompt_len); free(b->tokens); free(b->behav_logp); free(b->version); free(b->experts);
@@ -19,7 +19,7 @@ static bool is_stop(const trill_request *r, int id) {
     return false;
 }
 
-trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
+trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
                          int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
                          trill_status (*between_steps)(void *), void *ctx, rl_batch *b) {
     memset(b, 0, sizeof *b);
@@ -106,7 +106,7 @@ trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const tril
         int k;
         while (trill_engine_busy(e)) if (trill_engine_step(e, NULL)) break;
         while ((k = trill_engine_collect(e, tmp, 16)) > 0) for (int i = 0; i < k; i++) trill_sequence_out_free(&tmp[i]);
-        rl_batch_free(b);
+        trill_rl_batch_free(b);
     }
     return st;
 }
@@ -135,7 +135,7 @@ static int batch_arrays(rl_batch *b, size_t T, void ***ptr, size_t *bytes) {
     return count;
 }
 
-trill_status rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
+trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
     rl_batch v = *b; /* only read through the pointers */
     const size_t T = b->n_seqs ? (size_t)b->offsets[b->n_seqs] : 0;
     void **ptr[16] = { 0 };
@@ -162,7 +162,7 @@ trill_status rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
     return TRILL_OK;
 }
 
-trill_status rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
+trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     memset(b, 0, sizeof *b);
     pack_header h;
     if (len < sizeof h) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
@@ -205,6 +205,6 @@ trill_status rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
         at = (size_t)(nul - in) + 1;
     }
     if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);
-    if (st) rl_batch_free(b);
+    if (st) trill_rl_batch_free(b);
     return st;
 }

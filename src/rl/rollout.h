@@ -31,16 +31,16 @@ typedef struct rl_batch {
  * first_request + i, so sampling is keyed by position in the run, not by batch.
  * between_steps (optional) runs before every engine step: where an async generator takes new
  * weights, which the engine applies at the start of its next step. */
-trill_status rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
+trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
                          int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
                          trill_status (*between_steps)(void *), void *ctx, rl_batch *out);
-void rl_batch_free(rl_batch *b);
+void trill_rl_batch_free(rl_batch *b);
 
 /* The batch as one self-contained byte string (a header, then every array back to back, then
  * the completions NUL-terminated), so the same bytes can cross a thread, a pipe or an MPI
  * message; unpacking checks every size and offset and names what is wrong. */
-trill_status rl_batch_pack(const rl_batch *b, void **buf, size_t *len);
-trill_status rl_batch_unpack(const void *buf, size_t len, rl_batch *out);
+trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len);
+trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *out);
 
 /* Response tokens of sequence s: tokens[offsets[s] + prompt_len[s] .. offsets[s + 1]). */
 static inline int rl_response_len(const rl_batch *b, int s) { return b->offsets[s + 1] - b->offsets[s] - b->prompt_len[s]; }

@@ -41,9 +41,9 @@ struct rl_run {
     int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
     int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
-    bool metrics_lost;            /* a field of this step's metrics could not be added (rl_metric) */
+    bool metrics_lost;            /* a field of this step's metrics could not be added (trill_rl_metric) */
     int L, K;
-    /* How new weights reach the generator after a step: rl_sync_direct (sync mode) or the
+    /* How new weights reach the generator after a step: trill_rl_sync_direct (sync mode) or the
      * weight channel (async). *ms and *bytes describe the transfer. */
     trill_status (*publish)(rl_run *r, double *ms, size_t *bytes);
     void *async;                  /* the executors' shared state in async mode */
@@ -59,28 +59,28 @@ typedef struct rl_rollout {
     bool redo;                    /* generated again after the trainer found it too stale */
 } rl_rollout;
 
-trill_status rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx);
-trill_status rl_stage_reward(rl_run *r, rl_rollout *ro);
+trill_status trill_rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx);
+trill_status trill_rl_stage_reward(rl_run *r, rl_rollout *ro);
 /* Advantages, trainer passes, optimizer steps, version + 1 and r->publish; fills metrics. */
-trill_status rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s, long *train_tokens);
-void rl_rollout_free(rl_rollout *ro);
+trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s, long *train_tokens);
+void trill_rl_rollout_free(rl_rollout *ro);
 
 /* Sync mode's weight transfer: the engine's update calls in the trainer's thread. */
-trill_status rl_sync_direct(rl_run *r, double *ms, size_t *bytes);
+trill_status trill_rl_sync_direct(rl_run *r, double *ms, size_t *bytes);
 
 /* After a trained step: metrics line, progress line, checkpoint. */
-trill_status rl_finish_step(rl_run *r, json_t *m, double step_wall_s);
+trill_status trill_rl_finish_step(rl_run *r, json_t *m, double step_wall_s);
 
-json_t *rl_jnum(double v);
+json_t *trill_rl_jnum(double v);
 /* m[key] = v (its reference taken) in a step's metrics. A failure (out of memory: m or v NULL,
- * or no room for the key) sets r->metrics_lost, and rl_finish_step reports it rather than write
+ * or no room for the key) sets r->metrics_lost, and trill_rl_finish_step reports it rather than write
  * a metrics line without the field. */
-void rl_metric(rl_run *r, json_t *m, const char *key, json_t *v);
+void trill_rl_metric(rl_run *r, json_t *m, const char *key, json_t *v);
 
 /* trill_rl_request_stop was called (a signal handler, an embedder): end after the current step. */
-bool rl_stop_requested(void);
+bool trill_rl_stop_requested(void);
 
 /* Async mode: runs the executors until c->steps steps are trained (async.c). */
-trill_status rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens);
+trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens);
 
 #endif

@@ -13,15 +13,15 @@
 #include "trill/kernels.h"
 #include "trill/train.h"
 
-extern const trill_family_backward qwen3_backward; /* src/arch/qwen3/layer_backward.c */
+extern const trill_family_backward trill_qwen3_backward; /* src/arch/qwen3/layer_backward.c */
 
 /* The train layer's family registry (the model layer's is src/arch/family.c). */
 const trill_family_backward *trill_family_backward_of(const trill_config *c) {
     switch (c->arch) {
     case TRILL_ARCH_QWEN3:
-    case TRILL_ARCH_QWEN3_MOE: return &qwen3_backward;
+    case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_backward;
     }
-    return &qwen3_backward;
+    return &trill_qwen3_backward;
 }
 
 /* The driver's scratch: the residual stream's gradient, the head's, the LoRA side path's. */
@@ -54,14 +54,14 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_model *m, int T, 
 trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
                                    const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
                                    int N) {
-    trill_status st = matmul_backward_w(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N);
+    trill_status st = trill_matmul_backward_w(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N);
     if (st || !fp->lora || !ad.A) return st;
     const int r = fp->lora->config.rank;
     const float s = fp->lora->scale;
     for (size_t i = 0; i < (size_t)n * N; i++) g->dv_lora[i] = s * dout[i];
     memset(g->dxa, 0, sizeof(float) * (size_t)n * r);
-    matmul_backward(g->dxa, trill_lora_grad_of(sink, ad.B), g->dv_lora, xa, ad.B, n, r, N);
-    matmul_backward(dinp, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r);
+    trill_matmul_backward(g->dxa, trill_lora_grad_of(sink, ad.B), g->dv_lora, xa, ad.B, n, r, N);
+    trill_matmul_backward(dinp, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r);
     return TRILL_OK;
 }
 
@@ -87,13 +87,13 @@ static trill_status head_backward(const trill_forward_pass *fp, const float *dlo
         float *logits = g->dlogits; /* recomputed (with the adapter input), then overwritten by their gradient */
         trill_status st = trill_forward_logits(fp, logits, t0, n);
         if (st) return st;
-        token_logprob_backward(g->dlogits, dlp, logits, targets, n, V);
+        trill_token_logprob_backward(g->dlogits, dlp, logits, targets, n, V);
         st = trill_linear_backward(fp, sink, &g->lora, dxf + (size_t)t0 * H, g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, head,
                                    fp->xa_head, n, H, V);
         if (st) return st;
     }
     zero(g->dx, (size_t)T * H);
-    return rmsnorm_backward(g->dx, trill_grad_of(sink, m->final_norm), dxf, fp->x_final, m->final_norm, T, H,
+    return trill_rmsnorm_backward(g->dx, trill_grad_of(sink, m->final_norm), dxf, fp->x_final, m->final_norm, T, H,
                             (float)m->config.rms_norm_eps);
 }
 
@@ -122,7 +122,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
         if (!st) st = f->layer(fp, l, &sink, &g.lora, layer_scratch, g.dx);
         if (st) trill_error_context("backward, layer %d", l);
     }
-    if (!st && grads) embedding_backward(trill_grad_of_w(&sink, m->embed), g.dx, fp->tokens, T, H);
+    if (!st && grads) trill_embedding_backward(trill_grad_of_w(&sink, m->embed), g.dx, fp->tokens, T, H);
     f->end(layer_scratch);
     free(g.block);
     return st;

@@ -30,7 +30,7 @@ static inline float *trill_lora_grad_of(const trill_grad_sinks *sink, const floa
 }
 
 /* Backward of trill_linear: y = x W^T + scale (x A^T) B^T with xa = x A^T; dinp += . Fails only
- * when a bf16 weight's panel buffer cannot be had (matmul_backward_w). */
+ * when a bf16 weight's panel buffer cannot be had (trill_matmul_backward_w). */
 trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
                            const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
                            int N);

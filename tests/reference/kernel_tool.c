@@ -4,8 +4,8 @@
  * for it (floats printed to round-trip: %.9g, doubles %.17g):
  *   attention  nh nkv hd_qk hd_v scale offsets q k v dout  -> out dq dk dv (gradients from 0)
  *   rope       n_heads head_stride rot_offset rot_dim pairing ("half"|"adjacent") cs_scale pos
- *              inv_freq x dout                               -> y (rope_partial_forward of x),
- *                                                               dx (rope_partial_backward of dout)
+ *              inv_freq x dout                               -> y (trill_rope_partial_forward of x),
+ *                                                               dx (trill_rope_partial_backward of dout)
  *   yarn       dim theta factor original_max_position_embeddings beta_fast beta_slow mscale
  *              mscale_all_dim truncate                       -> inv_freq attention_factor
  *   router     T E K score ("softmax"|"sigmoid") bias (or null) n_group topk_group norm eps
@@ -107,8 +107,8 @@ static void run_attention(const json_t *c, FILE *out) {
     float *q = get_floats(c, "q", nq, NULL), *k = get_floats(c, "k", nk, NULL), *v = get_floats(c, "v", nv, NULL);
     float *dout = get_floats(c, "dout", no, NULL);
     float *o = alloc(sizeof(float) * no), *dq = alloc(sizeof(float) * nq), *dk = alloc(sizeof(float) * nk), *dv = alloc(sizeof(float) * nv);
-    check(attention_forward(o, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale));
-    check(attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale));
+    check(trill_attention_forward(o, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale));
+    check(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale));
     put_floats(out, "out", o, no);
     put_floats(out, "dq", dq, nq);
     put_floats(out, "dk", dk, nk);
@@ -128,8 +128,8 @@ static void run_rope(const json_t *c, FILE *out) {
     if (rd < 2 || rd % 2 || off < 0 || off + rd > stride) die("shape");
     const long n = (long)T * nh * stride;
     float *inv = get_floats(c, "inv_freq", rd / 2, NULL), *x = get_floats(c, "x", n, NULL), *dx = get_floats(c, "dout", n, NULL);
-    rope_partial_forward(x, pos, inv, (int)T, nh, stride, off, rd, pr, cs);
-    rope_partial_backward(dx, pos, inv, (int)T, nh, stride, off, rd, pr, cs);
+    trill_rope_partial_forward(x, pos, inv, (int)T, nh, stride, off, rd, pr, cs);
+    trill_rope_partial_backward(dx, pos, inv, (int)T, nh, stride, off, rd, pr, cs);
     put_floats(out, "y", x, n);
     put_floats(out, "dx", dx, n);
     free(pos), free(inv), free(x), free(dx);
@@ -139,7 +139,7 @@ static void run_yarn(const json_t *c, FILE *out) {
     const int dim = get_int(c, "dim");
     if (dim < 2 || dim % 2) die("dim");
     float *inv = alloc(sizeof(float) * (dim / 2));
-    const double af = rope_inv_freq_yarn(inv, dim, get_num(c, "theta"), get_num(c, "factor"),
+    const double af = trill_rope_inv_freq_yarn(inv, dim, get_num(c, "theta"), get_num(c, "factor"),
                                          get_int(c, "original_max_position_embeddings"), get_num(c, "beta_fast"),
                                          get_num(c, "beta_slow"), get_num(c, "mscale"), get_num(c, "mscale_all_dim"),
                                          json_is_true(field(c, "truncate")));
@@ -160,13 +160,13 @@ static void run_router(const json_t *c, FILE *out) {
     float *scores = alloc(sizeof(float) * T * E), *val = alloc(sizeof(float) * T * K), *gates = alloc(sizeof(float) * T * K);
     float *dsel = alloc(sizeof(float) * T * K), *dlogits = alloc(sizeof(float) * T * E);
     int *idx = alloc(sizeof(int) * T * K);
-    if (sigmoid) sigmoid_forward(scores, logits, (size_t)T * E);
-    else softmax_forward(scores, logits, T, E);
-    check(router_topk_forward(idx, val, scores, bias, T, E, K, get_int(c, "n_group"), get_int(c, "topk_group")));
-    router_gates_forward(gates, scores, idx, T, E, K, norm, eps, scaling);
-    router_gates_backward(dsel, dgates, scores, idx, T, E, K, norm, eps, scaling);
-    if (sigmoid) router_sigmoid_backward(dlogits, dsel, scores, idx, T, E, K);
-    else router_softmax_backward(dlogits, dsel, scores, idx, T, E, K);
+    if (sigmoid) trill_sigmoid_forward(scores, logits, (size_t)T * E);
+    else trill_softmax_forward(scores, logits, T, E);
+    check(trill_router_topk_forward(idx, val, scores, bias, T, E, K, get_int(c, "n_group"), get_int(c, "topk_group")));
+    trill_router_gates_forward(gates, scores, idx, T, E, K, norm, eps, scaling);
+    trill_router_gates_backward(dsel, dgates, scores, idx, T, E, K, norm, eps, scaling);
+    if (sigmoid) trill_router_sigmoid_backward(dlogits, dsel, scores, idx, T, E, K);
+    else trill_router_softmax_backward(dlogits, dsel, scores, idx, T, E, K);
     put_floats(out, "scores", scores, (size_t)T * E);
     put_ints(out, "idx", idx, (size_t)T * K);
     put_floats(out, "gates", gates, (size_t)T * K);

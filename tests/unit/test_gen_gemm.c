@@ -49,12 +49,12 @@ static int g_isa = -1;
 static bool isa_available(gen_isa isa) {
     const char *off = getenv("TRILL_TEST_NO_ISA");
     if (off) {
-        const char *name = gen_isa_name(isa);
+        const char *name = trill_gen_isa_name(isa);
         const size_t len = strlen(name);
         for (const char *p = off; (p = strstr(p, name)) != NULL; p += len)
             if ((p == off || p[-1] == ',') && (p[len] == '\0' || p[len] == ',')) return false;
     }
-    return gen_isa_supported(isa);
+    return trill_gen_isa_supported(isa);
 }
 
 /* Whether the tests below run instruction set `isa`. */
@@ -71,7 +71,7 @@ static gen_isa one_isa(void) {
 static float *run(const gen_matrix *m, const float *inp, int T, gen_isa isa) {
     float *out = malloc(sizeof(float) * (size_t)T * m->N + 1);
     assert_non_null(out);
-    gen_matmul_isa(out, inp, m, T, isa);
+    trill_gen_matmul_isa(out, inp, m, T, isa);
     return out;
 }
 
@@ -102,9 +102,9 @@ static void test_f32_matches_double(void **state) {
         const int N = SHAPES[si].N, K = SHAPES[si].K, T = 5;
         float *w = randn((size_t)N * K, 1 + si, 1.0), *x = randn((size_t)T * K, 100 + si, 1.0);
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, TRILL_GEN_F32, w, NULL, N, K), TRILL_OK);
+        assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_F32, w, NULL, N, K), TRILL_OK);
         float *trainer = malloc(sizeof(float) * (size_t)T * N);
-        matmul_forward(trainer, x, w, T, K, N);
+        trill_matmul_forward(trainer, x, w, T, K, N);
         for (int ii = 0; ii < N_ISAS; ii++) {
             if (!tested(ISAS[ii])) continue;
             float *out = run(&m, x, T, ISAS[ii]);
@@ -120,7 +120,7 @@ static void test_f32_matches_double(void **state) {
             free(out);
         }
         free(trainer);
-        gen_matrix_free(&m);
+        trill_gen_matrix_free(&m);
         free(w);
         free(x);
     }
@@ -137,7 +137,7 @@ static void test_bf16_matches_rounded_reference(void **state) {
         const int N = SHAPES[si].N, K = SHAPES[si].K, T = 7;
         float *w = randn((size_t)N * K, 2 + si, 1.0), *x = randn((size_t)T * K, 200 + si, 1.0);
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, N, K), TRILL_OK);
+        assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, N, K), TRILL_OK);
         for (int ii = 0; ii < N_ISAS; ii++) {
             if (!tested(ISAS[ii])) continue;
             float *out = run(&m, x, T, ISAS[ii]);
@@ -159,7 +159,7 @@ static void test_bf16_matches_rounded_reference(void **state) {
             assert_true(sqrt(err2) <= 1e-6 * sqrt(ref2));
             free(out);
         }
-        gen_matrix_free(&m);
+        trill_gen_matrix_free(&m);
         free(w);
         free(x);
     }
@@ -176,7 +176,7 @@ static void test_int8_matches_quantized_reference(void **state) {
         float *w = randn((size_t)N * K, 3 + si, 0.5), *x = randn((size_t)T * K, 300 + si, 2.0);
         if (si == 0) memset(x, 0, sizeof(float) * (size_t)K); /* an all-zero row: scale 0, outputs 0 */
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, N, K), TRILL_OK);
+        assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, N, K), TRILL_OK);
         int8_t *qw = malloc((size_t)N * K), *qx = malloc((size_t)T * K);
         float *sw = malloc(sizeof(float) * N), *sx = malloc(sizeof(float) * T);
         for (int n = 0; n < N; n++) {
@@ -208,7 +208,7 @@ static void test_int8_matches_quantized_reference(void **state) {
         free(qx);
         free(sw);
         free(sx);
-        gen_matrix_free(&m);
+        trill_gen_matrix_free(&m);
         free(w);
         free(x);
     }
@@ -224,7 +224,7 @@ static void test_isas_agree_with_generic(void **state) {
         const int N = 300, K = 333;
         float *w = randn((size_t)N * K, 4, 1.0), *x = randn((size_t)T * K, 400, 1.0);
         gen_matrix m;
-        assert_int_equal(gen_matrix_create(&m, FORMATS[fi], w, NULL, N, K), TRILL_OK);
+        assert_int_equal(trill_gen_matrix_create(&m, FORMATS[fi], w, NULL, N, K), TRILL_OK);
         float *ref = run(&m, x, T, GEN_ISA_GENERIC);
         for (int ii = 1; ii < N_ISAS; ii++) {
             if (!tested(ISAS[ii])) continue;
@@ -238,12 +238,12 @@ static void test_isas_agree_with_generic(void **state) {
             free(out);
         }
         free(ref);
-        gen_matrix_free(&m);
+        trill_gen_matrix_free(&m);
         free(w);
         free(x);
     }
     for (int ii = 0; ii < N_ISAS; ii++)
-        fprintf(stderr, "test_gen_gemm: %s %s\n", gen_isa_name(ISAS[ii]),
+        fprintf(stderr, "test_gen_gemm: %s %s\n", trill_gen_isa_name(ISAS[ii]),
                 tested(ISAS[ii]) ? "tested" : isa_available(ISAS[ii]) ? "not selected" : "not available here");
     if (g_isa > GEN_ISA_GENERIC) assert_int_equal(compared, 2 * N_FORMATS); /* both batch sizes, every format */
 }
@@ -253,7 +253,7 @@ static void test_isas_agree_with_generic(void **state) {
 static void check_batch_invariance(trill_gen_format f, gen_isa isa, int N, int K) {
     float *w = randn((size_t)N * K, 5, 1.0), *row = randn((size_t)K, 500, 1.0);
     gen_matrix m;
-    assert_int_equal(gen_matrix_create(&m, f, w, NULL, N, K), TRILL_OK);
+    assert_int_equal(trill_gen_matrix_create(&m, f, w, NULL, N, K), TRILL_OK);
     float *alone = run(&m, row, 1, isa);
     static const struct { int T, at; } BATCHES[] = { { 2, 1 }, { 5, 3 }, { 37, 13 }, { 37, 36 }, { 256, 200 }, { 256, 0 } };
     for (size_t i = 0; i < sizeof BATCHES / sizeof BATCHES[0]; i++) {
@@ -274,7 +274,7 @@ static void check_batch_invariance(trill_gen_format f, gen_isa isa, int N, int K
         free(batch);
     }
     free(alone);
-    gen_matrix_free(&m);
+    trill_gen_matrix_free(&m);
     free(w);
     free(row);
 }
@@ -300,20 +300,20 @@ static void test_bf16_source_and_empty_batch(void **state) {
     trill_to_f32(w, wb, TRILL_BF16, (size_t)N * K);
     for (int fi = 0; fi < N_FORMATS; fi++) {
         gen_matrix a, b;
-        assert_int_equal(gen_matrix_create(&a, FORMATS[fi], w, NULL, N, K), TRILL_OK);
-        assert_int_equal(gen_matrix_create(&b, FORMATS[fi], NULL, wb, N, K), TRILL_OK);
+        assert_int_equal(trill_gen_matrix_create(&a, FORMATS[fi], w, NULL, N, K), TRILL_OK);
+        assert_int_equal(trill_gen_matrix_create(&b, FORMATS[fi], NULL, wb, N, K), TRILL_OK);
         assert_int_equal(a.bytes, b.bytes);
         assert_memory_equal(a.data, b.data, a.bytes - (FORMATS[fi] == TRILL_GEN_INT8 ? (size_t)N * 8 : 0));
         float *oa = run(&a, x, T, one_isa()), *ob = run(&b, x, T, one_isa());
         assert_memory_equal(oa, ob, sizeof(float) * T * N);
         float sentinel = -7.0f;
-        gen_matmul(&sentinel, x, &a, 0);
-        gen_matmul_isa(&sentinel, x, &a, 0, one_isa());
+        trill_gen_matmul(&sentinel, x, &a, 0);
+        trill_gen_matmul_isa(&sentinel, x, &a, 0, one_isa());
         assert_true(sentinel == -7.0f);
         free(oa);
         free(ob);
-        gen_matrix_free(&a);
-        gen_matrix_free(&b);
+        trill_gen_matrix_free(&a);
+        trill_gen_matrix_free(&b);
     }
     free(wb);
     free(w);
@@ -325,15 +325,15 @@ static void test_refusals_and_names(void **state) {
     float w[4] = { 1, 2, 3, 4 };
     uint16_t wb[4] = { 0 };
     gen_matrix m;
-    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_F32, NULL, NULL, 2, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_F32, w, wb, 2, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, 0, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, 2, -1), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, (trill_gen_format)7, w, NULL, 2, 2), TRILL_ERR_INVALID);
-    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, 1, GEN_INT8_MAX_K + 1), TRILL_ERR_UNSUPPORTED);
+    assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_F32, NULL, NULL, 2, 2), TRILL_ERR_INVALID);
+    assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_F32, w, wb, 2, 2), TRILL_ERR_INVALID);
+    assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, 0, 2), TRILL_ERR_INVALID);
+    assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_BF16, w, NULL, 2, -1), TRILL_ERR_INVALID);
+    assert_int_equal(trill_gen_matrix_create(&m, (trill_gen_format)7, w, NULL, 2, 2), TRILL_ERR_INVALID);
+    assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, 1, GEN_INT8_MAX_K + 1), TRILL_ERR_UNSUPPORTED);
     assert_non_null(strstr(trill_error_message(), "int8"));
     assert_null(m.data);
-    gen_matrix_free(&m); /* safe after a failure */
+    trill_gen_matrix_free(&m); /* safe after a failure */
     for (int fi = 0; fi < N_FORMATS; fi++) {
         trill_gen_format back;
         assert_int_equal(trill_gen_format_parse(trill_gen_format_name(FORMATS[fi]), &back), 0);
@@ -341,7 +341,7 @@ static void test_refusals_and_names(void **state) {
     }
     trill_gen_format back;
     assert_int_equal(trill_gen_format_parse("fp8", &back), -1);
-    assert_true(gen_isa_supported(gen_isa_best()));
+    assert_true(trill_gen_isa_supported(trill_gen_isa_best()));
 }
 
 /* int8 scales of a matrix with a non-finite weight: that channel's outputs are NaN, the others
@@ -352,11 +352,11 @@ static void test_int8_nonfinite_channel(void **state) {
     float *w = randn((size_t)N * K, 8, 1.0), *x = randn(K, 800, 1.0);
     w[K + 2] = INFINITY;
     gen_matrix m;
-    assert_int_equal(gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, N, K), TRILL_OK);
+    assert_int_equal(trill_gen_matrix_create(&m, TRILL_GEN_INT8, w, NULL, N, K), TRILL_OK);
     float out[3];
-    gen_matmul_isa(out, x, &m, 1, one_isa());
+    trill_gen_matmul_isa(out, x, &m, 1, one_isa());
     assert_true(isfinite(out[0]) && isnan(out[1]) && isfinite(out[2]));
-    gen_matrix_free(&m);
+    trill_gen_matrix_free(&m);
     free(w);
     free(x);
 }
@@ -364,14 +364,14 @@ static void test_int8_nonfinite_channel(void **state) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--isa") == 0) {
         for (int ii = 0; ii < N_ISAS; ii++)
-            if (strcmp(argv[2], gen_isa_name(ISAS[ii])) == 0) g_isa = (int)ISAS[ii];
+            if (strcmp(argv[2], trill_gen_isa_name(ISAS[ii])) == 0) g_isa = (int)ISAS[ii];
         if (g_isa < 0) {
             fprintf(stderr, "test_gen_gemm: unknown instruction set %s (generic, avx2, avx512)\n", argv[2]);
             return 2;
         }
         if (!isa_available((gen_isa)g_isa)) {
             fprintf(stderr, "test_gen_gemm: this CPU lacks %s%s: skipped\n", argv[2],
-                    gen_isa_supported((gen_isa)g_isa) ? " (TRILL_TEST_NO_ISA)" : "");
+                    trill_gen_isa_supported((gen_isa)g_isa) ? " (TRILL_TEST_NO_ISA)" : "");
             return 77; /* ctest's SKIP_RETURN_CODE */
         }
     } else if (argc != 1) {

@@ -66,14 +66,14 @@ static void expect_grad(check *c, const char *name, double *x, const double *ana
 
 /* ---- matmul ---- */
 typedef struct { double *inp, *w; int T, K, N; } mm_ctx;
-static void mm_fwd(check *c, double *out) { mm_ctx *m = c->ctx; matmul_forward_f64(out, m->inp, m->w, m->T, m->K, m->N); }
+static void mm_fwd(check *c, double *out) { mm_ctx *m = c->ctx; trill_matmul_forward_f64(out, m->inp, m->w, m->T, m->K, m->N); }
 
 static void test_matmul(void **state) {
     (void)state;
     mm_ctx m = { randn(5 * 7, 1), randn(3 * 7, 1), 5, 7, 3 };
     double *G = randn(5 * 3, 1), *dinp = zeros(5 * 7), *dw = zeros(3 * 7);
     check c = { mm_fwd, &m, 15, G };
-    matmul_backward_f64(dinp, dw, G, m.inp, m.w, 5, 7, 3);
+    trill_matmul_backward_f64(dinp, dw, G, m.inp, m.w, 5, 7, 3);
     expect_grad(&c, "matmul dinp", m.inp, dinp, 35);
     expect_grad(&c, "matmul dweight", m.w, dw, 21);
     free(m.inp); free(m.w); free(G); free(dinp); free(dw);
@@ -81,14 +81,14 @@ static void test_matmul(void **state) {
 
 /* ---- rmsnorm ---- */
 typedef struct { double *inp, *w; int T, C; } rn_ctx;
-static void rn_fwd(check *c, double *out) { rn_ctx *r = c->ctx; rmsnorm_forward_f64(out, r->inp, r->w, r->T, r->C, 1e-6); }
+static void rn_fwd(check *c, double *out) { rn_ctx *r = c->ctx; trill_rmsnorm_forward_f64(out, r->inp, r->w, r->T, r->C, 1e-6); }
 
 static void test_rmsnorm(void **state) {
     (void)state;
     rn_ctx r = { randn(4 * 6, 1), randn(6, 1), 4, 6 };
     double *G = randn(24, 1), *dx = zeros(24), *dw = zeros(6);
     check c = { rn_fwd, &r, 24, G };
-    rmsnorm_backward_f64(dx, dw, G, r.inp, r.w, 4, 6, 1e-6);
+    trill_rmsnorm_backward_f64(dx, dw, G, r.inp, r.w, 4, 6, 1e-6);
     expect_grad(&c, "rmsnorm dinp", r.inp, dx, 24);
     expect_grad(&c, "rmsnorm dweight", r.w, dw, 6);
     free(r.inp); free(r.w); free(G); free(dx); free(dw);
@@ -99,16 +99,16 @@ typedef struct { double *x, inv[4]; int pos[3]; } rope_ctx;
 static void rope_fwd(check *c, double *out) {
     rope_ctx *r = c->ctx;
     memcpy(out, r->x, sizeof(double) * 3 * 2 * 8);
-    rope_forward_f64(out, r->pos, r->inv, 3, 2, 8);
+    trill_rope_forward_f64(out, r->pos, r->inv, 3, 2, 8);
 }
 
 static void test_rope(void **state) {
     (void)state;
     rope_ctx r = { randn(48, 1), { 0 }, { 0, 5, 17 } };
-    rope_inv_freq_f64(r.inv, 8, 10000.0);
+    trill_rope_inv_freq_f64(r.inv, 8, 10000.0);
     double *G = randn(48, 1), *dx = malloc(48 * sizeof(double));
     memcpy(dx, G, 48 * sizeof(double));
-    rope_backward_f64(dx, r.pos, r.inv, 3, 2, 8);
+    trill_rope_backward_f64(dx, r.pos, r.inv, 3, 2, 8);
     check c = { rope_fwd, &r, 48, G };
     expect_grad(&c, "rope dx", r.x, dx, 48);
     free(r.x); free(G); free(dx);
@@ -120,7 +120,7 @@ typedef struct { double *x, inv[RPD / 2]; int pos[RPT]; int pairing; double scal
 static void rope_part_fwd(check *c, double *out) {
     rope_part_ctx *r = c->ctx;
     memcpy(out, r->x, sizeof(double) * RPT * RPH * RPS);
-    rope_partial_forward_f64(out, r->pos, r->inv, RPT, RPH, RPS, RPO, RPD, r->pairing, r->scale);
+    trill_rope_partial_forward_f64(out, r->pos, r->inv, RPT, RPH, RPS, RPO, RPD, r->pairing, r->scale);
 }
 
 static void test_rope_partial(void **state) {
@@ -129,10 +129,10 @@ static void test_rope_partial(void **state) {
         for (int scaled = 0; scaled < 2; scaled++) {
             const size_t n = RPT * RPH * RPS;
             rope_part_ctx r = { randn(n, 1), { 0 }, { 3, 0, 41 }, pairing, scaled ? 1.3 : 1.0 };
-            rope_inv_freq_yarn_f64(r.inv, RPD, 10000.0, 8.0, 64, 32, 1, 0, 0, 1);
+            trill_rope_inv_freq_yarn_f64(r.inv, RPD, 10000.0, 8.0, 64, 32, 1, 0, 0, 1);
             double *G = randn(n, 1), *dx = malloc(n * sizeof(double));
             memcpy(dx, G, n * sizeof(double));
-            rope_partial_backward_f64(dx, r.pos, r.inv, RPT, RPH, RPS, RPO, RPD, pairing, r.scale);
+            trill_rope_partial_backward_f64(dx, r.pos, r.inv, RPT, RPH, RPS, RPO, RPD, pairing, r.scale);
             check c = { rope_part_fwd, &r, n, G };
             char name[64];
             snprintf(name, sizeof name, "rope partial %s%s dx", pairing == ROPE_ADJACENT ? "adjacent" : "half", scaled ? " x1.3" : "");
@@ -147,14 +147,14 @@ enum { AT = 8, ANH = 4, ANKV = 2 };
 typedef struct { double *q, *k, *v; int offsets[3]; int hd, hv; double scale; } at_ctx;
 static void at_fwd(check *c, double *out) {
     at_ctx *a = c->ctx;
-    assert_int_equal(attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale), TRILL_OK);
+    assert_int_equal(trill_attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale), TRILL_OK);
 }
 
 static void attention_case(int hd, int hv, double scale) {
     const size_t nq = AT * ANH * hd, nk = AT * ANKV * hd, nv = AT * ANKV * hv, no = AT * ANH * hv;
     at_ctx a = { randn(nq, 1), randn(nk, 1), randn(nv, 1), { 0, 3, 8 }, hd, hv, scale };
     double *G = randn(no, 1), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nv);
-    assert_int_equal(attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale), TRILL_OK);
+    assert_int_equal(trill_attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale), TRILL_OK);
     check c = { at_fwd, &a, no, G };
     char name[3][64];
     for (int i = 0; i < 3; i++) snprintf(name[i], sizeof name[i], "attention %d/%d d%s", hd, hv, i == 0 ? "q" : i == 1 ? "k" : "v");
@@ -173,13 +173,13 @@ static void test_attention(void **state) {
 
 /* ---- swiglu ---- */
 typedef struct { double *g, *u; } sw_ctx;
-static void sw_fwd(check *c, double *out) { sw_ctx *s = c->ctx; swiglu_forward_f64(out, s->g, s->u, 20); }
+static void sw_fwd(check *c, double *out) { sw_ctx *s = c->ctx; trill_swiglu_forward_f64(out, s->g, s->u, 20); }
 
 static void test_swiglu(void **state) {
     (void)state;
     sw_ctx s = { randn(20, 2), randn(20, 1) };
     double *G = randn(20, 1), *dg = zeros(20), *du = zeros(20);
-    swiglu_backward_f64(dg, du, G, s.g, s.u, 20);
+    trill_swiglu_backward_f64(dg, du, G, s.g, s.u, 20);
     check c = { sw_fwd, &s, 20, G };
     expect_grad(&c, "swiglu dgate", s.g, dg, 20);
     expect_grad(&c, "swiglu dup", s.u, du, 20);
@@ -191,14 +191,14 @@ static void test_swiglu(void **state) {
 enum { RT = 3, RE = 8, RK = 2 };
 typedef struct { double *logits; int idx[RT * RK]; int sigmoid, norm; double eps, scaling; } rt_ctx;
 static void rt_scores(const rt_ctx *r, double *scores) {
-    if (r->sigmoid) sigmoid_forward_f64(scores, r->logits, RT * RE);
-    else softmax_forward_f64(scores, r->logits, RT, RE);
+    if (r->sigmoid) trill_sigmoid_forward_f64(scores, r->logits, RT * RE);
+    else trill_softmax_forward_f64(scores, r->logits, RT, RE);
 }
 static void rt_fwd(check *c, double *out) {
     rt_ctx *r = c->ctx;
     double scores[RT * RE];
     rt_scores(r, scores);
-    router_gates_forward_f64(out, scores, r->idx, RT, RE, RK, r->norm, r->eps, r->scaling);
+    trill_router_gates_forward_f64(out, scores, r->idx, RT, RE, RK, r->norm, r->eps, r->scaling);
 }
 
 static void router_case(int sigmoid, int norm, double eps, double scaling, int replay) {
@@ -210,14 +210,14 @@ static void router_case(int sigmoid, int norm, double eps, double scaling, int r
         memcpy(r.idx, forced, sizeof forced);
     } else if (sigmoid) { /* DeepSeek's choice: a selection bias, the best 2 of 4 groups */
         const double bias[RE] = { 0.1, -0.2, 0.05, 0, 0.3, -0.1, 0, 0.2 };
-        assert_int_equal(router_topk_forward_f64(r.idx, vals, scores, bias, RT, RE, RK, 4, 2), TRILL_OK);
+        assert_int_equal(trill_router_topk_forward_f64(r.idx, vals, scores, bias, RT, RE, RK, 4, 2), TRILL_OK);
     } else {
-        topk_forward_f64(r.idx, vals, scores, RT, RE, RK);
+        trill_topk_forward_f64(r.idx, vals, scores, RT, RE, RK);
     }
     double *G = randn(RT * RK, 1), *dsel = malloc(sizeof(double) * RT * RK), *dl = zeros(RT * RE);
-    router_gates_backward_f64(dsel, G, scores, r.idx, RT, RE, RK, norm, eps, scaling);
-    if (sigmoid) router_sigmoid_backward_f64(dl, dsel, scores, r.idx, RT, RE, RK);
-    else router_softmax_backward_f64(dl, dsel, scores, r.idx, RT, RE, RK);
+    trill_router_gates_backward_f64(dsel, G, scores, r.idx, RT, RE, RK, norm, eps, scaling);
+    if (sigmoid) trill_router_sigmoid_backward_f64(dl, dsel, scores, r.idx, RT, RE, RK);
+    else trill_router_softmax_backward_f64(dl, dsel, scores, r.idx, RT, RE, RK);
     check c = { rt_fwd, &r, RT * RK, G };
     char name[80];
     snprintf(name, sizeof name, "router %s%s%s %s", sigmoid ? "sigmoid" : "softmax", norm ? " norm" : "", scaling != 1 ? " x2.5" : "",
@@ -240,20 +240,20 @@ static void test_router(void **state) {
     /* the gradient written in place over dgates equals the one written elsewhere */
     double scores[RE] = { 0.1, 0.3, 0.05, 0.2, 0.15, 0.1, 0.07, 0.03 }, dg[2] = { 0.7, -1.1 }, out[2];
     const int idx[2] = { 3, 1 };
-    router_gates_backward_f64(out, dg, scores, idx, 1, RE, 2, 1, 1e-20, 2.5);
-    router_gates_backward_f64(dg, dg, scores, idx, 1, RE, 2, 1, 1e-20, 2.5);
+    trill_router_gates_backward_f64(out, dg, scores, idx, 1, RE, 2, 1, 1e-20, 2.5);
+    trill_router_gates_backward_f64(dg, dg, scores, idx, 1, RE, 2, 1, 1e-20, 2.5);
     assert_memory_equal(out, dg, sizeof out);
 }
 
 /* ---- token log-prob / cross-entropy ---- */
 typedef struct { double *logits; int targets[3]; } lp_ctx;
-static void lp_fwd(check *c, double *out) { lp_ctx *l = c->ctx; token_logprob_forward_f64(out, l->logits, l->targets, 3, 11); }
+static void lp_fwd(check *c, double *out) { lp_ctx *l = c->ctx; trill_token_logprob_forward_f64(out, l->logits, l->targets, 3, 11); }
 
 static void test_token_logprob(void **state) {
     (void)state;
     lp_ctx l = { randn(33, 2), { 4, 0, 10 } };
     double *G = randn(3, 1), *dl = zeros(33);
-    token_logprob_backward_f64(dl, G, l.logits, l.targets, 3, 11);
+    trill_token_logprob_backward_f64(dl, G, l.logits, l.targets, 3, 11);
     check c = { lp_fwd, &l, 3, G };
     expect_grad(&c, "token_logprob dlogits", l.logits, dl, 33);
     free(l.logits); free(G); free(dl);
@@ -261,13 +261,13 @@ static void test_token_logprob(void **state) {
 
 /* ---- embedding (a token repeats: its gradient rows add up) ---- */
 typedef struct { double *table; int tokens[4]; } em_ctx;
-static void em_fwd(check *c, double *out) { em_ctx *e = c->ctx; embedding_forward_f64(out, e->table, e->tokens, 4, 3); }
+static void em_fwd(check *c, double *out) { em_ctx *e = c->ctx; trill_embedding_forward_f64(out, e->table, e->tokens, 4, 3); }
 
 static void test_embedding(void **state) {
     (void)state;
     em_ctx e = { randn(5 * 3, 1), { 2, 0, 2, 4 } };
     double *G = randn(12, 1), *dt = zeros(15);
-    embedding_backward_f64(dt, G, e.tokens, 4, 3);
+    trill_embedding_backward_f64(dt, G, e.tokens, 4, 3);
     check c = { em_fwd, &e, 12, G };
     expect_grad(&c, "embedding dtable", e.table, dt, 15);
     free(e.table); free(G); free(dt);

@@ -22,7 +22,7 @@ static void test_matmul(void **state) {
     const float inp[2 * 3] = { 1, 2, 3, 4, 5, 6 };
     const float w[2 * 3] = { 1, 0, -1, 0.5f, 0.5f, 0.5f }; /* [out=2, in=3] */
     float out[4];
-    matmul_forward(out, inp, w, 2, 3, 2);
+    trill_matmul_forward(out, inp, w, 2, 3, 2);
     CLOSE(out[0], -2); CLOSE(out[1], 3); CLOSE(out[2], -2); CLOSE(out[3], 7.5);
 }
 
@@ -31,22 +31,22 @@ static void test_rmsnorm(void **state) {
     const float x[2 * 2] = { 3, 4, 0, 0 };
     const float w[2] = { 1, 2 };
     float out[4];
-    rmsnorm_forward(out, x, w, 2, 2, 0.0f);
+    trill_rmsnorm_forward(out, x, w, 2, 2, 0.0f);
     /* rms of (3,4) = sqrt(12.5) */
     CLOSE(out[0], 3 / sqrt(12.5)); CLOSE(out[1], 2 * 4 / sqrt(12.5));
-    rmsnorm_forward(out, x, w, 2, 2, 1e-6f);
+    trill_rmsnorm_forward(out, x, w, 2, 2, 1e-6f);
     CLOSE(out[2], 0); CLOSE(out[3], 0); /* eps keeps a zero row finite */
 }
 
 static void test_rope(void **state) {
     (void)state;
     float inv[2];
-    rope_inv_freq(inv, 4, 10000.0);
+    trill_rope_inv_freq(inv, 4, 10000.0);
     CLOSE(inv[0], 1.0); CLOSE(inv[1], 0.01); /* 1/10000^(2/4) */
     /* one head of dim 4 at positions 0 and 1: rotate-half pairs (0,2) and (1,3) */
     float x[2 * 4] = { 1, 2, 3, 4, 1, 2, 3, 4 };
     const int pos[2] = { 0, 1 };
-    rope_forward(x, pos, inv, 2, 1, 4);
+    trill_rope_forward(x, pos, inv, 2, 1, 4);
     CLOSE(x[0], 1); CLOSE(x[1], 2); CLOSE(x[2], 3); CLOSE(x[3], 4); /* position 0: identity */
     CLOSE(x[4], 1 * cos(1.0) - 3 * sin(1.0));
     CLOSE(x[6], 3 * cos(1.0) + 1 * sin(1.0));
@@ -54,22 +54,22 @@ static void test_rope(void **state) {
     CLOSE(x[7], 4 * cos(0.01) + 2 * sin(0.01));
 }
 
-/* rope_partial_forward: the rotary part of each head only, either pairing, a cos/sin scale */
+/* trill_rope_partial_forward: the rotary part of each head only, either pairing, a cos/sin scale */
 static void test_rope_partial(void **state) {
     (void)state;
     enum { T = 3, NH = 2, STRIDE = 11, OFF = 3, RD = 6 };
     const int pos[T] = { 0, 7, 300 };
     float inv[RD / 2];
-    rope_inv_freq(inv, RD, 10000.0);
+    trill_rope_inv_freq(inv, RD, 10000.0);
     float x[T * NH * STRIDE], y[T * NH * STRIDE];
     for (int i = 0; i < T * NH * STRIDE; i++) x[i] = (float)(trill_rng_uniform(77, i) * 2 - 1);
 
-    /* rotate-half on the part at OFF is rope_forward on that part, bit for bit; the rest untouched */
+    /* rotate-half on the part at OFF is trill_rope_forward on that part, bit for bit; the rest untouched */
     memcpy(y, x, sizeof x);
-    rope_partial_forward(y, pos, inv, T, NH, STRIDE, OFF, RD, ROPE_ROTATE_HALF, 1.0f);
+    trill_rope_partial_forward(y, pos, inv, T, NH, STRIDE, OFF, RD, ROPE_ROTATE_HALF, 1.0f);
     float part[T * NH * RD];
     for (int r = 0; r < T * NH; r++) memcpy(part + r * RD, x + r * STRIDE + OFF, sizeof(float) * RD);
-    rope_forward(part, pos, inv, T, NH, RD);
+    trill_rope_forward(part, pos, inv, T, NH, RD);
     for (int r = 0; r < T * NH; r++) {
         assert_memory_equal(y + r * STRIDE + OFF, part + r * RD, sizeof(float) * RD);
         assert_memory_equal(y + r * STRIDE, x + r * STRIDE, sizeof(float) * OFF);
@@ -78,7 +78,7 @@ static void test_rope_partial(void **state) {
 
     /* adjacent pairs (2i, 2i+1), hand values */
     memcpy(y, x, sizeof x);
-    rope_partial_forward(y, pos, inv, T, NH, STRIDE, OFF, RD, ROPE_ADJACENT, 1.0f);
+    trill_rope_partial_forward(y, pos, inv, T, NH, STRIDE, OFF, RD, ROPE_ADJACENT, 1.0f);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < NH; h++)
             for (int i = 0; i < RD / 2; i++) {
@@ -94,11 +94,11 @@ static void test_rope_partial(void **state) {
         float z[T * NH * STRIDE];
         memcpy(y, x, sizeof x);
         memcpy(z, x, sizeof x);
-        rope_partial_forward(y, pos, inv, T, NH, STRIDE, OFF, RD, pairing, 1.0f);
-        rope_partial_forward(z, pos, inv, T, NH, STRIDE, OFF, RD, pairing, 1.25f);
+        trill_rope_partial_forward(y, pos, inv, T, NH, STRIDE, OFF, RD, pairing, 1.0f);
+        trill_rope_partial_forward(z, pos, inv, T, NH, STRIDE, OFF, RD, pairing, 1.25f);
         for (int r = 0; r < T * NH; r++)
             for (int i = 0; i < RD; i++) CLOSE(z[r * STRIDE + OFF + i], 1.25 * y[r * STRIDE + OFF + i]);
-        rope_partial_backward(z, pos, inv, T, NH, STRIDE, OFF, RD, pairing, 1.25f);
+        trill_rope_partial_backward(z, pos, inv, T, NH, STRIDE, OFF, RD, pairing, 1.25f);
         for (int r = 0; r < T * NH; r++)
             for (int i = 0; i < STRIDE; i++) {
                 const bool rotary = i >= OFF && i < OFF + RD;
@@ -113,8 +113,8 @@ static void test_rope_partial(void **state) {
 static void test_rope_yarn(void **state) {
     (void)state;
     float inv[32], plain[32];
-    rope_inv_freq(plain, 64, 10000.0);
-    double af = rope_inv_freq_yarn(inv, 64, 10000.0, 40.0, 4096, 32, 1, 1.0, 1.0, 1);
+    trill_rope_inv_freq(plain, 64, 10000.0);
+    double af = trill_rope_inv_freq_yarn(inv, 64, 10000.0, 40.0, 4096, 32, 1, 1.0, 1.0, 1);
     assert_true(af == 1.0); /* mscale == mscale_all_dim: no cos/sin scale (the softmax scale takes mscale^2) */
     for (int i = 0; i < 32; i++) {
         const float pf = (float)pow(10000.0f, (float)(2 * i) / 64.0f);
@@ -128,13 +128,13 @@ static void test_rope_yarn(void **state) {
     }
     /* attention_factor: 0.1 ln(factor) + 1 without mscales; their ratio with both */
     volatile double p = 0.1 * log(40.0);
-    assert_true(rope_inv_freq_yarn(inv, 64, 10000.0, 40.0, 4096, 32, 1, 0, 0, 1) == p + 1.0);
-    assert_true(rope_yarn_mscale(40.0, 1.0) == p + 1.0);
-    assert_true(rope_yarn_mscale(1.0, 1.0) == 1.0 && rope_yarn_mscale(0.5, 3.0) == 1.0);
-    const double ratio = rope_yarn_mscale(32.0, 0.707) / rope_yarn_mscale(32.0, 1.0);
-    assert_true(rope_inv_freq_yarn(inv, 64, 50000.0, 32.0, 4096, 32, 1, 0.707, 1.0, 1) == ratio);
+    assert_true(trill_rope_inv_freq_yarn(inv, 64, 10000.0, 40.0, 4096, 32, 1, 0, 0, 1) == p + 1.0);
+    assert_true(trill_rope_yarn_mscale(40.0, 1.0) == p + 1.0);
+    assert_true(trill_rope_yarn_mscale(1.0, 1.0) == 1.0 && trill_rope_yarn_mscale(0.5, 3.0) == 1.0);
+    const double ratio = trill_rope_yarn_mscale(32.0, 0.707) / trill_rope_yarn_mscale(32.0, 1.0);
+    assert_true(trill_rope_inv_freq_yarn(inv, 64, 50000.0, 32.0, 4096, 32, 1, 0.707, 1.0, 1) == ratio);
     /* without truncation the ramp starts at 10.47: entry 10 is still plain, 11 blended */
-    rope_inv_freq_yarn(inv, 64, 10000.0, 40.0, 4096, 32, 1, 0, 0, 0);
+    trill_rope_inv_freq_yarn(inv, 64, 10000.0, 40.0, 4096, 32, 1, 0, 0, 0);
     assert_true(inv[10] == plain[10] && inv[11] < plain[11] && inv[11] > plain[11] / 40);
 }
 
@@ -146,7 +146,7 @@ static void test_attention(void **state) {
     const float v[3 * 2] = { 1, 2, 3, 4, 7, 8 };
     const int offsets[3] = { 0, 2, 3 };
     float out[3 * 4];
-    assert_int_equal(attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f)), TRILL_OK);
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f)), TRILL_OK);
     CLOSE(out[0], 1); CLOSE(out[1], 2); /* first token attends only to itself */
     CLOSE(out[4], 2); CLOSE(out[5], 3); /* head 0, t1: q = 0 -> uniform over t0, t1 */
     /* head 1, t1: scores (1, -1)/sqrt(2) */
@@ -245,9 +245,9 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     attention_reference(rout, rdq, rdk, rdv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale);
 
     /* the gradients accumulate: start from dq0/dk0/dv0 */
-    assert_int_equal(attention_forward(out, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
     memcpy(dq, dq0, sizeof(float) * nq), memcpy(dk, dk0, sizeof(float) * nk), memcpy(dv, dv0, sizeof(float) * nv);
-    assert_int_equal(attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+    assert_int_equal(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
     double e[4] = { rel_err(out, NULL, rout, no), rel_err(dq, dq0, rdq, nq), rel_err(dk, dk0, rdk, nk), rel_err(dv, dv0, rdv, nv) };
     printf("attention nh %d nkv %d hd %d/%d scale %.4f, %d seqs (T %d): relative error out %.2e dq %.2e dk %.2e dv %.2e\n", nh,
            nkv, hd, hv, scale, n_seqs, T, e[0], e[1], e[2], e[3]);
@@ -260,9 +260,9 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     assert_true(out1 && dq1 && dk1 && dv1);
     for (int nt = 1; nt <= 3; nt += 2) {
         omp_set_num_threads(nt);
-        assert_int_equal(attention_forward(out1, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+        assert_int_equal(trill_attention_forward(out1, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
         memcpy(dq1, dq0, sizeof(float) * nq), memcpy(dk1, dk0, sizeof(float) * nk), memcpy(dv1, dv0, sizeof(float) * nv);
-        assert_int_equal(attention_backward(dq1, dk1, dv1, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+        assert_int_equal(trill_attention_backward(dq1, dk1, dv1, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
         assert_memory_equal(out1, out, sizeof(float) * no);
         assert_memory_equal(dq1, dq, sizeof(float) * nq);
         assert_memory_equal(dk1, dk, sizeof(float) * nk);
@@ -302,25 +302,25 @@ static void test_softmax_topk(void **state) {
     (void)state;
     const float logits[5] = { 1, 3, 3, -1, 2 };
     float p[5];
-    softmax_forward(p, logits, 1, 5);
+    trill_softmax_forward(p, logits, 1, 5);
     double z = exp(1) + 2 * exp(3) + exp(-1) + exp(2);
     CLOSE(p[1], exp(3) / z);
     CLOSE(p[0] + p[1] + p[2] + p[3] + p[4], 1);
     int idx[3];
     float val[3];
-    topk_forward(idx, val, p, 1, 5, 3);
+    trill_topk_forward(idx, val, p, 1, 5, 3);
     assert_int_equal(idx[0], 1); /* tie between 1 and 2: lower index first */
     assert_int_equal(idx[1], 2);
     assert_int_equal(idx[2], 4);
     CLOSE(val[2], exp(2) / z);
-    CLOSE(logsumexp(logits, 5), log(z));
+    CLOSE(trill_logsumexp(logits, 5), log(z));
 }
 
 static void test_sigmoid(void **state) {
     (void)state;
     const float x[6] = { 0, 2, -2, -100, 100, -30 };
     float y[6];
-    sigmoid_forward(y, x, 6);
+    trill_sigmoid_forward(y, x, 6);
     CLOSE(y[0], 0.5); CLOSE(y[1], 1 / (1 + exp(-2.0))); CLOSE(y[2], 1 / (1 + exp(2.0)));
     assert_true(y[3] >= 0 && y[3] < 1e-30); assert_true(y[4] == 1.0f);
     assert_true(fabs(y[5] - 1 / (1 + exp(30.0))) < 1e-6 * 1 / (1 + exp(30.0)));
@@ -333,50 +333,50 @@ static void test_router_groups(void **state) {
     const float s[8] = { 0.9f, 0.05f, 0.6f, 0.5f, 0.55f, 0.52f, 0.1f, 0.2f };
     int idx[2], idx2[2];
     float val[2], val2[2], gates[2];
-    topk_forward(idx, val, s, 1, 8, 2); /* plain top-2: 0 and 2 */
+    trill_topk_forward(idx, val, s, 1, 8, 2); /* plain top-2: 0 and 2 */
     assert_int_equal(idx[0], 0); assert_int_equal(idx[1], 2);
-    assert_int_equal(router_topk_forward(idx, val, s, NULL, 1, 8, 2, 4, 2), TRILL_OK); /* groups 1, 2 only */
+    assert_int_equal(trill_router_topk_forward(idx, val, s, NULL, 1, 8, 2, 4, 2), TRILL_OK); /* groups 1, 2 only */
     assert_int_equal(idx[0], 2); assert_int_equal(idx[1], 4);
     assert_true(val[0] == 0.6f && val[1] == 0.55f);
     /* one group allowed: the top group (2,3) alone */
-    assert_int_equal(router_topk_forward(idx, val, s, NULL, 1, 8, 2, 4, 1), TRILL_OK);
+    assert_int_equal(trill_router_topk_forward(idx, val, s, NULL, 1, 8, 2, 4, 1), TRILL_OK);
     assert_int_equal(idx[0], 2); assert_int_equal(idx[1], 3);
     /* a selection bias raises expert 5 (and its group) above 2; the gates stay unbiased */
     const float bias[8] = { 0, 0, 0, 0, 0, 0.1f, 0, 0 };
-    assert_int_equal(router_topk_forward(idx, val, s, bias, 1, 8, 2, 4, 2), TRILL_OK);
+    assert_int_equal(trill_router_topk_forward(idx, val, s, bias, 1, 8, 2, 4, 2), TRILL_OK);
     assert_int_equal(idx[0], 5); assert_int_equal(idx[1], 2);
     assert_true(val[0] == 0.52f + 0.1f);
-    router_gates_forward(gates, s, idx, 1, 8, 2, 0, 0.0f, 1.0f);
+    trill_router_gates_forward(gates, s, idx, 1, 8, 2, 0, 0.0f, 1.0f);
     assert_true(gates[0] == 0.52f && gates[1] == 0.6f);
-    router_gates_forward(gates, s, idx, 1, 8, 2, 1, 1e-20f, 2.5f); /* DeepSeek: / (sum + 1e-20), * scaling */
+    trill_router_gates_forward(gates, s, idx, 1, 8, 2, 1, 1e-20f, 2.5f); /* DeepSeek: / (sum + 1e-20), * scaling */
     CLOSE(gates[0], 2.5 * 0.52 / 1.12); CLOSE(gates[1], 2.5 * 0.6 / 1.12);
-    router_gates_forward(gates, s, idx, 1, 8, 2, 1, 0.0f, 1.0f); /* Qwen3: / sum */
+    trill_router_gates_forward(gates, s, idx, 1, 8, 2, 1, 0.0f, 1.0f); /* Qwen3: / sum */
     assert_true(gates[0] == 0.52f / (0.52f + 0.6f) && gates[1] == 0.6f / (0.52f + 0.6f));
 
     /* ties: every group scores 0.5, so the lower groups are kept; equal experts come lower id first */
     const float tie[8] = { 0.25f, 0.25f, 0.5f, 0.0f, 0.5f, 0.0f, 0.125f, 0.375f };
-    assert_int_equal(router_topk_forward(idx, val, tie, NULL, 1, 8, 2, 4, 3), TRILL_OK); /* groups 0, 1, 2 */
+    assert_int_equal(trill_router_topk_forward(idx, val, tie, NULL, 1, 8, 2, 4, 3), TRILL_OK); /* groups 0, 1, 2 */
     assert_int_equal(idx[0], 2); assert_int_equal(idx[1], 4);
-    assert_int_equal(router_topk_forward(idx, val, tie, NULL, 1, 8, 2, 4, 2), TRILL_OK); /* groups 0, 1: 2, then 0 before 1 */
+    assert_int_equal(trill_router_topk_forward(idx, val, tie, NULL, 1, 8, 2, 4, 2), TRILL_OK); /* groups 0, 1: 2, then 0 before 1 */
     assert_int_equal(idx[0], 2); assert_int_equal(idx[1], 0);
     int idx3[3];
     float val3[3];
-    assert_int_equal(router_topk_forward(idx3, val3, tie, NULL, 1, 8, 3, 4, 2), TRILL_OK);
+    assert_int_equal(trill_router_topk_forward(idx3, val3, tie, NULL, 1, 8, 3, 4, 2), TRILL_OK);
     assert_int_equal(idx3[0], 2); assert_int_equal(idx3[1], 0); assert_int_equal(idx3[2], 1);
 
-    /* no groups and no bias: topk_forward exactly, on many rows */
+    /* no groups and no bias: trill_topk_forward exactly, on many rows */
     enum { RT = 300, RE = 24, RK = 5 };
     float *p = uniform_array(RT * RE, 5, 0, 1);
     int a[RT * RK], b[RT * RK];
     float va[RT * RK], vb[RT * RK];
-    topk_forward(a, va, p, RT, RE, RK);
-    assert_int_equal(router_topk_forward(b, vb, p, NULL, RT, RE, RK, 1, 1), TRILL_OK);
+    trill_topk_forward(a, va, p, RT, RE, RK);
+    assert_int_equal(trill_router_topk_forward(b, vb, p, NULL, RT, RE, RK, 1, 1), TRILL_OK);
     assert_memory_equal(a, b, sizeof a);
     assert_memory_equal(va, vb, sizeof va);
     /* with groups: every chosen expert lies in a kept group and beats every eligible expert
      * left out (checked against the definition, row by row) */
     float *bi = uniform_array(RE, 6, -0.1, 0.1);
-    assert_int_equal(router_topk_forward(b, vb, p, bi, RT, RE, RK, 6, 3), TRILL_OK);
+    assert_int_equal(trill_router_topk_forward(b, vb, p, bi, RT, RE, RK, 6, 3), TRILL_OK);
     for (int t = 0; t < RT; t++) {
         float sel[RE], gs[6];
         for (int e = 0; e < RE; e++) sel[e] = p[t * RE + e] + bi[e];
@@ -409,15 +409,15 @@ static void test_router_groups(void **state) {
     free(bi);
 
     /* shapes it refuses */
-    assert_int_equal(router_topk_forward(idx2, val2, s, NULL, 1, 8, 2, 3, 2), TRILL_ERR_INVALID); /* 8 % 3 */
-    assert_int_equal(router_topk_forward(idx2, val2, s, NULL, 1, 8, 2, 8, 2), TRILL_ERR_INVALID); /* groups of 1 */
-    assert_int_equal(router_topk_forward(idx2, val2, s, NULL, 1, 8, 3, 4, 1), TRILL_ERR_INVALID); /* 3 > 1 group of 2 */
-    assert_int_equal(router_topk_forward(idx2, val2, s, NULL, 1, 8, 2, 4, 5), TRILL_ERR_INVALID);
-    assert_int_equal(router_topk_forward(idx2, val2, s, NULL, 1, 8, 9, 1, 1), TRILL_ERR_INVALID);
+    assert_int_equal(trill_router_topk_forward(idx2, val2, s, NULL, 1, 8, 2, 3, 2), TRILL_ERR_INVALID); /* 8 % 3 */
+    assert_int_equal(trill_router_topk_forward(idx2, val2, s, NULL, 1, 8, 2, 8, 2), TRILL_ERR_INVALID); /* groups of 1 */
+    assert_int_equal(trill_router_topk_forward(idx2, val2, s, NULL, 1, 8, 3, 4, 1), TRILL_ERR_INVALID); /* 3 > 1 group of 2 */
+    assert_int_equal(trill_router_topk_forward(idx2, val2, s, NULL, 1, 8, 2, 4, 5), TRILL_ERR_INVALID);
+    assert_int_equal(trill_router_topk_forward(idx2, val2, s, NULL, 1, 8, 9, 1, 1), TRILL_ERR_INVALID);
     float *wide = uniform_array(2 * (ROUTER_MAX_GROUPS + 1), 8, 0, 1); /* one group too many */
-    assert_int_equal(router_topk_forward(idx2, val2, wide, NULL, 1, 2 * (ROUTER_MAX_GROUPS + 1), 2, ROUTER_MAX_GROUPS + 1, 2),
+    assert_int_equal(trill_router_topk_forward(idx2, val2, wide, NULL, 1, 2 * (ROUTER_MAX_GROUPS + 1), 2, ROUTER_MAX_GROUPS + 1, 2),
                      TRILL_ERR_INVALID);
-    assert_int_equal(router_topk_forward(idx2, val2, wide, NULL, 1, 2 * ROUTER_MAX_GROUPS, 2, ROUTER_MAX_GROUPS, 2), TRILL_OK);
+    assert_int_equal(trill_router_topk_forward(idx2, val2, wide, NULL, 1, 2 * ROUTER_MAX_GROUPS, 2, ROUTER_MAX_GROUPS, 2), TRILL_OK);
     free(wide);
 }
 
@@ -425,7 +425,7 @@ static void test_swiglu(void **state) {
     (void)state;
     const float g[2] = { 0, 2 }, u[2] = { 5, 3 };
     float out[2];
-    swiglu_forward(out, g, u, 2);
+    trill_swiglu_forward(out, g, u, 2);
     CLOSE(out[0], 0);
     CLOSE(out[1], 2 / (1 + exp(-2.0)) * 3);
 }

@@ -315,10 +315,10 @@ static void test_process_replies(void **state) {
     proc_fixture *f = *state;
     char *cmd = script(f, "echo.py", "/usr/bin/python3", echo_py);
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 10, 3, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 3, &p), TRILL_OK);
     double r;
     json_t *m;
-    assert_int_equal(reward_process_score(p, "What is 2+2?", "four", "x", &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "What is 2+2?", "four", "x", &r, &m), TRILL_OK);
     assert_true(r == 4.0);
     assert_non_null(m);
     assert_true(metric(m, "prompt_len") == 12);
@@ -326,32 +326,32 @@ static void test_process_replies(void **state) {
     assert_true(metric(m, "has_newline") == 0);
     json_decref(m);
     /* quotes, backslashes, newlines and UTF-8 survive the JSON line; invalid UTF-8 becomes U+FFFD */
-    assert_int_equal(reward_process_score(p, "p\"q\\", "a\nb\t\"c\" \xc3\xa9", "y", &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "p\"q\\", "a\nb\t\"c\" \xc3\xa9", "y", &r, &m), TRILL_OK);
     assert_true(r == 9.0);
     assert_true(metric(m, "prompt_len") == 4);
     assert_true(metric(m, "truth_is_x") == 0);
     assert_true(metric(m, "has_newline") == 1);
     json_decref(m);
-    assert_int_equal(reward_process_score(p, "", "ab\xff", "", &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "", "ab\xff", "", &r, &m), TRILL_OK);
     assert_true(r == 3.0);
     assert_true(metric(m, "has_fffd") == 1);
     json_decref(m);
     /* a reply without metrics; NULL prompt and truth are sent as "" */
-    assert_int_equal(reward_process_score(p, NULL, "no metrics", NULL, &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, NULL, "no metrics", NULL, &r, &m), TRILL_OK);
     assert_true(r == -1.5);
     assert_null(m);
-    assert_int_equal(reward_process_score(p, "p", "no metrics", "t", &r, NULL), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "p", "no metrics", "t", &r, NULL), TRILL_OK);
     /* a request far larger than a pipe's buffer, and a reply line read in many pieces */
     size_t big = 600000;
     char *completion = malloc(big + 1);
     for (size_t i = 0; i < big; i++) completion[i] = "abc\n"[i % 4];
     completion[big] = '\0';
-    assert_int_equal(reward_process_score(p, completion, completion, "x", &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, completion, completion, "x", &r, &m), TRILL_OK);
     assert_true(r == (double)big);
     assert_true(metric(m, "prompt_len") == (double)big);
     json_decref(m);
     free(completion);
-    reward_process_free(p);
+    trill_reward_process_free(p);
     free(cmd);
 }
 
@@ -368,17 +368,17 @@ static void test_process_stderr_flood_and_long_reply(void **state) {
                        "    names = {'metric_%d' % i: i for i in range(20000)}\n"
                        "    print('\\n  \\n' + json.dumps({'reward': 0.25, 'metrics': names}), flush=True)\n");
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 10, 1, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 1, &p), TRILL_OK);
     for (int k = 0; k < 3; k++) {
         double r;
         json_t *m;
-        assert_int_equal(reward_process_score(p, "p", "c", "t", &r, &m), TRILL_OK);
+        assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, &m), TRILL_OK);
         assert_true(r == 0.25);
         assert_int_equal(json_object_size(m), 20000);
         assert_true(metric(m, "metric_19999") == 19999);
         json_decref(m);
     }
-    reward_process_free(p);
+    trill_reward_process_free(p);
     free(cmd);
 }
 
@@ -390,7 +390,7 @@ static void test_process_examples(void **state) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s'", py);
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 10, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 2, &p), TRILL_OK);
     static const struct {
         const char *completion, *truth;
         double reward, has_answer;
@@ -405,28 +405,28 @@ static void test_process_examples(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         double r;
         json_t *m;
-        assert_int_equal(reward_process_score(p, "question", cases[i].completion, cases[i].truth, &r, &m), TRILL_OK);
+        assert_int_equal(trill_reward_process_score(p, "question", cases[i].completion, cases[i].truth, &r, &m), TRILL_OK);
         if (r != cases[i].reward) fail_msg("gsm8k_reward.py on \"%s\": %g", cases[i].completion, r);
         assert_true(metric(m, "has_answer") == cases[i].has_answer);
         /* the built-in verifier agrees */
         assert_true(trill_reward_numeric(cases[i].completion, cases[i].truth) == cases[i].reward);
         json_decref(m);
     }
-    reward_process_free(p);
+    trill_reward_process_free(p);
 
     snprintf(cmd, sizeof cmd, "LENGTH_LIMIT=10 /bin/sh '%s'", sh);
-    assert_int_equal(reward_process_start(cmd, 10, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 2, &p), TRILL_OK);
     double r;
     json_t *m;
-    assert_int_equal(reward_process_score(p, "q", "short", "t", &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "q", "short", "t", &r, &m), TRILL_OK);
     assert_true(r == 1.0);
     assert_true(metric(m, "length") == 5);
     json_decref(m);
-    assert_int_equal(reward_process_score(p, "q \"completion\":\"trap\"", "twenty characters...", "t", &r, &m), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "q \"completion\":\"trap\"", "twenty characters...", "t", &r, &m), TRILL_OK);
     assert_true(fabs(r - 0.5) < 1e-6);
     assert_true(metric(m, "length") == 20);
     json_decref(m);
-    reward_process_free(p);
+    trill_reward_process_free(p);
 }
 
 /* Crashes on the 2nd request of each process: every request is still scored (one restart
@@ -446,16 +446,16 @@ static void test_process_restart_after_crash(void **state) {
              starts);
     char *cmd = script(f, "crash2.py", "/usr/bin/python3", text);
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 10, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 2, &p), TRILL_OK);
     for (int k = 1; k <= 5; k++) {
         char completion[8];
         memset(completion, 'a', (size_t)k);
         completion[k] = '\0';
         double r;
-        assert_int_equal(reward_process_score(p, "p", completion, "t", &r, NULL), TRILL_OK);
+        assert_int_equal(trill_reward_process_score(p, "p", completion, "t", &r, NULL), TRILL_OK);
         assert_true(r == k);
     }
-    reward_process_free(p);
+    trill_reward_process_free(p);
     FILE *s = fopen(starts, "r");
     assert_non_null(s);
     char buf[64] = "";
@@ -472,10 +472,10 @@ static void test_process_always_crashes(void **state) {
                        "line = sys.stdin.readline()\n"
                        "raise ValueError('bad input: ' + str(len(line)))\n");
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 10, 3, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 3, &p), TRILL_OK);
     double r = -7;
     json_t *m = (json_t *)&r; /* must be reset to NULL */
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, &m), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, &m), TRILL_ERR_INVALID);
     assert_null(m);
     assert_true(r == -7);
     assert_msg_has("reward process \"/usr/bin/python3 '");
@@ -484,22 +484,22 @@ static void test_process_always_crashes(void **state) {
     assert_msg_has("last stderr line: \"ValueError: bad input: ");
     assert_no_children();
     /* the next request tries again from a fresh process */
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
     assert_msg_has("3 consecutive failures");
-    reward_process_free(p);
+    trill_reward_process_free(p);
     free(cmd);
 
-    assert_int_equal(reward_process_start("read line; kill -SEGV $$", 10, 1, &p), TRILL_OK);
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_start("read line; kill -SEGV $$", 10, 1, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
     assert_msg_has("1 consecutive failure;");
     assert_msg_has("killed by signal 11 (SIGSEGV)");
-    reward_process_free(p);
+    trill_reward_process_free(p);
 
-    assert_int_equal(reward_process_start("/nonexistent/reward-script --flag", 10, 2, &p), TRILL_OK);
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_start("/nonexistent/reward-script --flag", 10, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
     assert_msg_has("exited with status 127");
     assert_msg_has("/nonexistent/reward-script: not found");
-    reward_process_free(p);
+    trill_reward_process_free(p);
 }
 
 /* Exits without reading: writing to it must not raise SIGPIPE in this process (a request much
@@ -511,12 +511,12 @@ static void test_process_exits_without_reading(void **state) {
     memset(completion, 'z', big);
     completion[big] = '\0';
     reward_process *p;
-    assert_int_equal(reward_process_start("exit 0", 10, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start("exit 0", 10, 2, &p), TRILL_OK);
     double r;
-    assert_int_equal(reward_process_score(p, "p", completion, "t", &r, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_score(p, "p", completion, "t", &r, NULL), TRILL_ERR_INVALID);
     assert_msg_has("2 consecutive failures; last: no reply: it exited with status 0");
-    assert_int_equal(reward_process_score(p, "p", "small", "t", &r, NULL), TRILL_ERR_INVALID);
-    reward_process_free(p);
+    assert_int_equal(trill_reward_process_score(p, "p", "small", "t", &r, NULL), TRILL_ERR_INVALID);
+    trill_reward_process_free(p);
     free(completion);
 }
 
@@ -547,10 +547,10 @@ static void test_process_timeout(void **state) {
              f->dir);
     char *cmd = script(f, "hang.sh", "/bin/sh", text);
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 0.3, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 0.3, 2, &p), TRILL_OK);
     double t0 = trill_now();
     double r;
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_ERR_INVALID);
     double elapsed = trill_now() - t0;
     assert_msg_has("2 consecutive failures; last: no reply within 0.3 s (killed); last stderr line: \"starting\"");
     /* never early; the upper bound only tells a hang from a loaded machine */
@@ -564,7 +564,7 @@ static void test_process_timeout(void **state) {
     assert_int_equal(fscanf(s, "%ld", &pid), 1);
     fclose(s);
     if (!process_gone(pid)) fail_msg("the shell's `sleep` (pid %ld) was not killed", pid);
-    reward_process_free(p);
+    trill_reward_process_free(p);
     free(cmd);
 }
 
@@ -572,12 +572,12 @@ static void test_process_timeout(void **state) {
 static void test_process_free_kills(void **state) {
     (void)state;
     reward_process *p;
-    assert_int_equal(reward_process_start("exec sleep 100", 10, 1, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start("exec sleep 100", 10, 1, &p), TRILL_OK);
     double t0 = trill_now();
-    reward_process_free(p);
+    trill_reward_process_free(p);
     double elapsed = trill_now() - t0;
     if (elapsed > 10) fail_msg("free took %.2f s (it waited for `sleep 100`?)", elapsed);
-    reward_process_free(NULL);
+    trill_reward_process_free(NULL);
 }
 
 /* Replies that are not an object with a numeric reward and numeric metrics. */
@@ -607,14 +607,14 @@ static void test_process_garbage(void **state) {
         snprintf(name, sizeof name, "garbage%zu.py", i);
         char *cmd = script(f, name, "/usr/bin/python3", text);
         reward_process *p;
-        assert_int_equal(reward_process_start(cmd, 10, 2, &p), TRILL_OK);
+        assert_int_equal(trill_reward_process_start(cmd, 10, 2, &p), TRILL_OK);
         double r;
         json_t *m;
-        assert_int_equal(reward_process_score(p, "p", "c", "t", &r, &m), TRILL_ERR_INVALID);
+        assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, &m), TRILL_ERR_INVALID);
         assert_null(m);
         assert_msg_has("2 consecutive failures");
         assert_msg_has(cases[i].message);
-        reward_process_free(p);
+        trill_reward_process_free(p);
         free(cmd);
     }
 }
@@ -633,12 +633,12 @@ static void test_process_garbage_then_good(void **state) {
              f->dir);
     char *cmd = script(f, "once.py", "/usr/bin/python3", text);
     reward_process *p;
-    assert_int_equal(reward_process_start(cmd, 10, 2, &p), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 2, &p), TRILL_OK);
     double r;
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_OK);
     assert_true(r == 2);
-    assert_int_equal(reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_OK);
-    reward_process_free(p);
+    assert_int_equal(trill_reward_process_score(p, "p", "c", "t", &r, NULL), TRILL_OK);
+    trill_reward_process_free(p);
     free(cmd);
 }
 
@@ -656,28 +656,28 @@ static void test_process_no_inherited_pipes(void **state) {
                        "        except OSError: pass\n"
                        "    print(json.dumps({'reward': n}), flush=True)\n");
     reward_process *a, *b;
-    assert_int_equal(reward_process_start(cmd, 10, 1, &a), TRILL_OK);
-    assert_int_equal(reward_process_start(cmd, 10, 1, &b), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 1, &a), TRILL_OK);
+    assert_int_equal(trill_reward_process_start(cmd, 10, 1, &b), TRILL_OK);
     double r;
-    assert_int_equal(reward_process_score(a, "", "", "", &r, NULL), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(a, "", "", "", &r, NULL), TRILL_OK);
     assert_true(r == 0);
-    assert_int_equal(reward_process_score(b, "", "", "", &r, NULL), TRILL_OK);
+    assert_int_equal(trill_reward_process_score(b, "", "", "", &r, NULL), TRILL_OK);
     assert_true(r == 0);
-    reward_process_free(a);
-    reward_process_free(b);
+    trill_reward_process_free(a);
+    trill_reward_process_free(b);
     free(cmd);
 }
 
 static void test_process_start_refusals(void **state) {
     (void)state;
     reward_process *p = (reward_process *)1;
-    assert_int_equal(reward_process_start("", 1, 1, &p), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_start("", 1, 1, &p), TRILL_ERR_INVALID);
     assert_null(p);
     assert_msg_has("empty");
-    assert_int_equal(reward_process_start("cat", 0, 1, &p), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_start("cat", 0, 1, &p), TRILL_ERR_INVALID);
     assert_msg_has("timeout");
-    assert_int_equal(reward_process_start("cat", NAN, 1, &p), TRILL_ERR_INVALID);
-    assert_int_equal(reward_process_start("cat", 1, 0, &p), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_start("cat", NAN, 1, &p), TRILL_ERR_INVALID);
+    assert_int_equal(trill_reward_process_start("cat", 1, 0, &p), TRILL_ERR_INVALID);
     assert_msg_has("max_failures 0");
 }
 

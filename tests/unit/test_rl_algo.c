@@ -32,50 +32,50 @@ static void test_group_advantages(void **state) {
      * [2,-1,-1], var 6/2 = 3 */
     const double r[8] = { 1, 0, 0, 1, 2, 2, 2, 2 };
     double adv[8];
-    rl_group_advantages(r, 2, 4, true, 1e-6, adv);
+    trill_rl_group_advantages(r, 2, 4, true, 1e-6, adv);
     const double a = 0.5 / (sqrt(1.0 / 3.0) + 1e-6);
     const double want[8] = { a, -a, -a, a, 0, 0, 0, 0 };
     for (int i = 0; i < 8; i++) assert_near(adv[i], want[i], 1e-12);
     /* Dr. GRPO: r - mean only */
-    rl_group_advantages(r, 2, 4, false, 1e-6, adv);
+    trill_rl_group_advantages(r, 2, 4, false, 1e-6, adv);
     for (int i = 0; i < 4; i++) assert_near(adv[i], r[i] - 0.5, 1e-15);
     const double r3[3] = { 3, 0, 0 };
     double adv3[3];
-    rl_group_advantages(r3, 1, 3, true, 0, adv3);
+    trill_rl_group_advantages(r3, 1, 3, true, 0, adv3);
     assert_near(adv3[0], 2 / sqrt(3.0), 1e-12);
     assert_near(adv3[1], -1 / sqrt(3.0), 1e-12);
     /* groups of one sample get 0 */
     const double r1[2] = { 5, -3 };
     double adv1[2] = { 9, 9 };
-    rl_group_advantages(r1, 2, 1, true, 1e-6, adv1);
+    trill_rl_group_advantages(r1, 2, 1, true, 1e-6, adv1);
     assert_true(adv1[0] == 0 && adv1[1] == 0);
 
     const double flat[3] = { 1, 1, 1 }, not_flat[3] = { 1, 1, 2 };
-    assert_true(rl_group_is_flat(flat, 3));
-    assert_false(rl_group_is_flat(not_flat, 3));
-    assert_true(rl_group_is_flat(not_flat + 2, 1));
+    assert_true(trill_rl_group_is_flat(flat, 3));
+    assert_false(trill_rl_group_is_flat(not_flat, 3));
+    assert_true(trill_rl_group_is_flat(not_flat + 2, 1));
 }
 
 static void test_kl_estimators(void **state) {
     (void)state;
     /* x = logp - ref = -1 - (-1.5) = 0.5: k1 = 0.5, k2 = 0.125, k3 = e^-0.5 - 1 + 0.5 = 0.10653066;
      * gradients 1, x = 0.5, 1 - e^-0.5 = 0.39346934 */
-    assert_near(rl_kl_value(TRILL_KL_K1, -1, -1.5), 0.5, 1e-15);
-    assert_near(rl_kl_value(TRILL_KL_K2, -1, -1.5), 0.125, 1e-15);
-    assert_near(rl_kl_value(TRILL_KL_K3, -1, -1.5), 0.10653065971263342, 1e-14);
-    assert_near(rl_kl_grad(TRILL_KL_K1, -1, -1.5), 1, 1e-15);
-    assert_near(rl_kl_grad(TRILL_KL_K2, -1, -1.5), 0.5, 1e-15);
-    assert_near(rl_kl_grad(TRILL_KL_K3, -1, -1.5), 0.3934693402873666, 1e-14);
+    assert_near(trill_rl_kl_value(TRILL_KL_K1, -1, -1.5), 0.5, 1e-15);
+    assert_near(trill_rl_kl_value(TRILL_KL_K2, -1, -1.5), 0.125, 1e-15);
+    assert_near(trill_rl_kl_value(TRILL_KL_K3, -1, -1.5), 0.10653065971263342, 1e-14);
+    assert_near(trill_rl_kl_grad(TRILL_KL_K1, -1, -1.5), 1, 1e-15);
+    assert_near(trill_rl_kl_grad(TRILL_KL_K2, -1, -1.5), 0.5, 1e-15);
+    assert_near(trill_rl_kl_grad(TRILL_KL_K3, -1, -1.5), 0.3934693402873666, 1e-14);
     /* k3 is 0 at x = 0 and never negative; the grad is the value's derivative */
-    assert_near(rl_kl_value(TRILL_KL_K3, -2, -2), 0, 1e-15);
-    assert_true(rl_kl_value(TRILL_KL_K3, -3, -1) > 0);
+    assert_near(trill_rl_kl_value(TRILL_KL_K3, -2, -2), 0, 1e-15);
+    assert_true(trill_rl_kl_value(TRILL_KL_K3, -3, -1) > 0);
     for (int e = TRILL_KL_K1; e <= TRILL_KL_K3; e++) {
         const double lp = -0.7, ref = -1.9, h = 1e-5;
-        const double fd = (rl_kl_value(e, lp + h, ref) - rl_kl_value(e, lp - h, ref)) / (2 * h);
-        assert_near(rl_kl_grad(e, lp, ref), fd, 1e-8);
+        const double fd = (trill_rl_kl_value(e, lp + h, ref) - trill_rl_kl_value(e, lp - h, ref)) / (2 * h);
+        assert_near(trill_rl_kl_grad(e, lp, ref), fd, 1e-8);
     }
     /* far outside: clamped, finite */
-    assert_true(isfinite(rl_kl_value(TRILL_KL_K3, -200, 0)) && isfinite(rl_kl_grad(TRILL_KL_K3, -200, 0)));
+    assert_true(isfinite(trill_rl_kl_value(TRILL_KL_K3, -200, 0)) && isfinite(trill_rl_kl_grad(TRILL_KL_K3, -200, 0)));
 }
 
 /* The hand example: old_logp = -1 everywhere, logp = -1 + ln r. Sequence 0 (A = +1) has ratios
@@ -118,7 +118,7 @@ static void test_ppo_hand(void **state) {
     /* token-mean over 5 tokens: loss (-1.1 - 1.28 - 0.5 + 1.5 + 0.8) / 5 = -0.116;
      * clip_frac 2/5; ratio_mean 5.1 / 5 = 1.02 */
     trill_rl_config c = loss_config(TRILL_LOSS_PPO, TRILL_AGG_TOKEN_MEAN);
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_near(s.loss, -0.116, 1e-6);
     assert_near(s.pg_loss, -0.116, 1e-6);
     assert_true(s.kl_loss == 0);
@@ -129,7 +129,7 @@ static void test_ppo_hand(void **state) {
 
     /* token-mean over the whole rollout batch's 10 tokens: -0.58 / 10 */
     h.b.agg_tokens = 10;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_near(s.loss, -0.058, 1e-6);
     assert_grads(d, (double[]){ -0.11, 0, -0.05, 0.15, 0 }, HAND_T);
     h.b.agg_tokens = 0;
@@ -137,7 +137,7 @@ static void test_ppo_hand(void **state) {
     /* t2 masked out: it leaves the loss and the count: (-1.1 - 1.28 + 1.5 + 0.8) / 4 = -0.02 */
     const uint8_t mask[HAND_T] = { 1, 1, 0, 1, 1 };
     h.b.mask = mask;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_near(s.loss, -0.02, 1e-6);
     assert_near(s.clip_frac, 0.5, 1e-12);
     assert_grads(d, (double[]){ -0.275, 0, 0, 0.375, 0 }, HAND_T);
@@ -150,7 +150,7 @@ static void test_ppo_hand(void **state) {
     const float w[HAND_T] = { 0.5f, 1, 1, 2, 1 };
     h.b.is_weight = w;
     c.algo.aggregation = TRILL_AGG_SEQ_MEAN_TOKEN_SUM;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_near(s.loss, 0.735, 1e-6);
     assert_grads(d, (double[]){ -0.275, 0, -0.25, 1.5, 0 }, HAND_T);
     h.b.is_weight = NULL;
@@ -158,7 +158,7 @@ static void test_ppo_hand(void **state) {
     /* seq-mean-token-mean: (1/2) [(-1.1 - 1.28 - 0.5)/3 + (1.5 + 0.8)/2] = (1/2)(-0.96 + 1.15) = 0.095;
      * gradients -1.1/6, 0, -0.5/6, 1.5/4, 0 */
     c.algo.aggregation = TRILL_AGG_SEQ_MEAN_TOKEN_MEAN;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_near(s.loss, 0.095, 1e-6);
     assert_grads(d, (double[]){ -1.1 / 6, 0, -0.5 / 6, 0.375, 0 }, HAND_T);
 
@@ -169,17 +169,17 @@ static void test_ppo_hand(void **state) {
     float lp = (float)(-1.0 + log(1.25)), old = -1.0f, d1;
     rl_loss_batch one = { .n_seqs = 1, .offsets = off1, .logp = &lp, .old_logp = &old, .behav_logp = &old, .adv = a1 };
     c.algo.aggregation = TRILL_AGG_TOKEN_MEAN;
-    rl_policy_loss(&c, &one, &d1, &s);
+    trill_rl_policy_loss(&c, &one, &d1, &s);
     assert_near(d1, -1.25, 2e-6);
     assert_true(s.clip_frac == 0);
     c.algo.clip_high = 0.2;
-    rl_policy_loss(&c, &one, &d1, &s);
+    trill_rl_policy_loss(&c, &one, &d1, &s);
     assert_true(d1 == 0);
     assert_true(s.clip_frac == 1);
     assert_near(s.loss, -1.2, 1e-9);
     /* r = 1 exactly (a tie of both branches) keeps the gradient -A */
     lp = old;
-    rl_policy_loss(&c, &one, &d1, &s);
+    trill_rl_policy_loss(&c, &one, &d1, &s);
     assert_true(d1 == -1.0f && s.clip_frac == 0);
 }
 
@@ -194,14 +194,14 @@ static void test_cispo_reinforce_hand(void **state) {
      * logp = -1 + ln r: t1/t3 and t2/t4 cancel (same w and logp, opposite A), leaving
      * 1.1 (1 - ln 1.1) / 5 = 0.19903176. clip_frac: 4 of 5 weights truncated. */
     trill_rl_config c = loss_config(TRILL_LOSS_CISPO, TRILL_AGG_TOKEN_MEAN);
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_grads(d, (double[]){ -0.22, -0.256, -0.16, 0.256, 0.16 }, HAND_T);
     assert_near(s.loss, 0.19903176044304852, 1e-6);
     assert_near(s.clip_frac, 0.8, 1e-12);
 
     /* REINFORCE: L = -r A, gradient -r A: loss -(1.1 + 1.5 + 0.5 - 1.5 - 0.5) / 5 = -0.22 */
     c.algo.loss = TRILL_LOSS_REINFORCE;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_grads(d, (double[]){ -0.22, -0.3, -0.1, 0.3, 0.1 }, HAND_T);
     assert_near(s.loss, -0.22, 1e-6);
     assert_true(s.clip_frac == 0);
@@ -222,7 +222,7 @@ static void test_aipo_hand(void **state) {
     c.algo.aipo_rho = 1.2;
     const float tis[HAND_T] = { 2, 2, 2, 2, 2 };
     h.b.is_weight = tis;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_grads(d, (double[]){ -0.22, -0.24, -0.1, 0.24, 0.1 }, HAND_T);
     assert_near(s.loss, 0.19903176044304852, 1e-6);
     assert_near(s.clip_frac, 0.4, 1e-12);
@@ -230,7 +230,7 @@ static void test_aipo_hand(void **state) {
     float behav[HAND_T];
     for (int t = 0; t < HAND_T; t++) behav[t] = h.old_logp[t] + (float)log(2.0);
     h.b.behav_logp = behav;
-    rl_policy_loss(&c, &h.b, d, &s);
+    trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_grads(d, (double[]){ -0.11, -0.15, -0.05, 0.15, 0.05 }, HAND_T);
     assert_true(s.clip_frac == 0);
 }
@@ -254,7 +254,7 @@ static void test_gspo_hand(void **state) {
     rl_loss_batch b = { .n_seqs = 3, .offsets = off, .logp = logp, .old_logp = old, .behav_logp = old, .adv = adv };
     trill_rl_config c = loss_config(TRILL_LOSS_GSPO, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN);
     rl_loss_stats s;
-    rl_policy_loss(&c, &b, d, &s);
+    trill_rl_policy_loss(&c, &b, d, &s);
     assert_near(s.loss, -0.2977820734781258, 1e-6);
     const double g0 = -0.12279676867507197, g1 = 0.2486374496068784;
     assert_grads(d, (double[]){ g0, g0, g0, g1, g1, 0 }, 6);
@@ -263,7 +263,7 @@ static void test_gspo_hand(void **state) {
     /* token-mean: each sequence's loss weighted n_i / 6: (-3 s0 + 2 s1 - 1.28) / 6 = -0.26864389;
      * gradient -A s / n_i * n_i / 6: seq 0 -s0/6, seq 1 s1/6 */
     c.algo.aggregation = TRILL_AGG_TOKEN_MEAN;
-    rl_policy_loss(&c, &b, d, &s);
+    trill_rl_policy_loss(&c, &b, d, &s);
     assert_near(s.loss, -0.2686438931574004, 1e-6);
     assert_grads(d, (double[]){ -exp(0.1) / 6, -exp(0.1) / 6, -exp(0.1) / 6, g1, g1, 0 }, 6);
 }
@@ -284,7 +284,7 @@ static void test_kl_loss_term(void **state) {
     c.algo.kl_estimator = TRILL_KL_K3;
     c.algo.kl_mode = TRILL_KL_LOSS;
     rl_loss_stats s;
-    rl_policy_loss(&c, &b, d, &s);
+    trill_rl_policy_loss(&c, &b, d, &s);
     assert_near(s.kl_loss, 0.1 * 0.10653065971263342 / 2, 1e-9);
     assert_near(s.loss, s.kl_loss, 1e-15);
     assert_true(s.pg_loss == 0);
@@ -292,11 +292,11 @@ static void test_kl_loss_term(void **state) {
     assert_near(d[1], 0, 1e-12);
     /* as a reward penalty (the controller's job) or without ref_logp: no loss term */
     c.algo.kl_mode = TRILL_KL_REWARD;
-    rl_policy_loss(&c, &b, d, &s);
+    trill_rl_policy_loss(&c, &b, d, &s);
     assert_true(s.kl_loss == 0 && d[0] == 0);
     c.algo.kl_mode = TRILL_KL_LOSS;
     b.ref_logp = NULL;
-    rl_policy_loss(&c, &b, d, &s);
+    trill_rl_policy_loss(&c, &b, d, &s);
     assert_true(s.kl_loss == 0 && d[0] == 0);
 }
 
@@ -316,7 +316,7 @@ static const uint8_t FD_MASK[FD_T] = { 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0 };
 static double loss_at(const trill_rl_config *c, const rl_loss_batch *b) {
     float scratch[FD_T];
     rl_loss_stats s;
-    rl_policy_loss(c, b, scratch, &s);
+    trill_rl_policy_loss(c, b, scratch, &s);
     assert_near(s.loss, s.pg_loss + s.kl_loss, 1e-12);
     return s.loss;
 }
@@ -340,7 +340,7 @@ static void test_gradients_match_finite_differences(void **state) {
                                     .behav_logp = old, .ref_logp = FD_REF, .adv = FD_ADV, .mask = FD_MASK,
                                     .is_weight = FD_W };
                 rl_loss_stats s;
-                rl_policy_loss(&c, &b, d, &s);
+                trill_rl_policy_loss(&c, &b, d, &s);
                 assert_true(s.kl_loss != 0);
                 assert_true(losses[li] == TRILL_LOSS_REINFORCE || s.clip_frac > 0); /* the clip is exercised */
                 const bool move_old = losses[li] == TRILL_LOSS_CISPO || losses[li] == TRILL_LOSS_AIPO; /* detached weights stay put */
@@ -383,7 +383,7 @@ static int corrections(trill_mis_level level, double tis, uint8_t *mask, float *
     c.correction.mis_low = 0.5;
     c.correction.mis_high = 2.0;
     c.correction.mis_level = level;
-    return rl_corrections(&c, 4, MIS_OFFSETS, old, behav, w, mask);
+    return trill_rl_corrections(&c, 4, MIS_OFFSETS, old, behav, w, mask);
 }
 
 static void test_corrections(void **state) {
@@ -426,7 +426,7 @@ static void test_corrections(void **state) {
     trill_rl_config c;
     memset(&c, 0, sizeof c);
     c.correction.tis = 2.0;
-    assert_int_equal(rl_corrections(&c, 1, off, old, behav, w2, m2), 0);
+    assert_int_equal(trill_rl_corrections(&c, 1, off, old, behav, w2, m2), 0);
     assert_true(m2[0] == 1 && m2[1] == 0);
     assert_near(w2[0], 1.0, 1e-7);
     assert_near(w2[1], exp(0.5), 1e-6);
@@ -440,14 +440,14 @@ static void test_mismatch(void **state) {
      * chi2 = mean((rho - 1)^2) = (0.4208393 + 0.3995764 + 0)/3 = 0.27347190 */
     const float old[3] = { -1.0f, -2.0f, -0.25f }, behav[3] = { -1.5f, -1.0f, -0.25f };
     rl_mismatch m;
-    rl_mismatch_measure(old, behav, 3, &m);
+    trill_rl_mismatch_measure(old, behav, 3, &m);
     assert_near(m.mean_abs, 0.5, 1e-12);
     assert_near(m.max_abs, 1.0, 1e-12);
     assert_near(m.k1, 0.5 / 3, 1e-12);
     assert_near(m.k3, 0.1722002372905235, 1e-12);
     assert_near(m.chi2, 0.2734718959841724, 1e-12);
     assert_int_equal(m.n_tokens, 3);
-    rl_mismatch_measure(old, behav, 0, &m);
+    trill_rl_mismatch_measure(old, behav, 0, &m);
     assert_true(m.mean_abs == 0 && m.chi2 == 0 && m.n_tokens == 0);
 }
 
@@ -463,15 +463,15 @@ static void test_routing_flips(void **state) {
     const uint16_t gen[20] = { 1, 2, 3, 4, 1, 2, 5, 6, 0xFFFF, 0xFFFF, 0xFFFF, 0xFFFF, 0, 7, 1, 2, 9, 8, 2, 3 };
     const uint16_t train[20] = { 2, 1, 3, 4, 1, 3, 6, 5, 4, 5, 6, 7, 7, 0, 1, 4, 0xFFFF, 0xFFFF, 2, 3 };
     double token_frac, layer[2];
-    rl_routing_flips(gen, train, 5, 2, 2, &token_frac, layer);
+    trill_rl_routing_flips(gen, train, 5, 2, 2, &token_frac, layer);
     assert_near(token_frac, 0.5, 1e-15);
     assert_near(layer[0], 1.0 / 3, 1e-15);
     assert_near(layer[1], 0.25, 1e-15);
     /* a repeated id is not the same set as two distinct ones */
     const uint16_t a[2] = { 3, 3 }, b[2] = { 3, 4 };
-    rl_routing_flips(a, b, 1, 1, 2, &token_frac, layer);
+    trill_rl_routing_flips(a, b, 1, 1, 2, &token_frac, layer);
     assert_true(token_frac == 1 && layer[0] == 1);
-    rl_routing_flips(a, b, 0, 1, 2, &token_frac, layer);
+    trill_rl_routing_flips(a, b, 0, 1, 2, &token_frac, layer);
     assert_true(token_frac == 0 && layer[0] == 0);
 }
 

@@ -58,8 +58,8 @@ static void test_pack_round_trip(void **state) {
     make_batch(&a);
     void *buf;
     size_t len;
-    assert_int_equal(rl_batch_pack(&a, &buf, &len), TRILL_OK);
-    assert_int_equal(rl_batch_unpack(buf, len, &b), TRILL_OK);
+    assert_int_equal(trill_rl_batch_pack(&a, &buf, &len), TRILL_OK);
+    assert_int_equal(trill_rl_batch_unpack(buf, len, &b), TRILL_OK);
     assert_int_equal(b.n_seqs, 2);
     assert_int_equal(b.group_size, 2);
     assert_int_equal(b.n_moe_layers, 2);
@@ -79,18 +79,18 @@ static void test_pack_round_trip(void **state) {
     /* packing the unpacked batch gives the same bytes */
     void *again;
     size_t len2;
-    assert_int_equal(rl_batch_pack(&b, &again, &len2), TRILL_OK);
+    assert_int_equal(trill_rl_batch_pack(&b, &again, &len2), TRILL_OK);
     assert_int_equal(len2, len);
     assert_memory_equal(again, buf, len);
     free(again);
-    rl_batch_free(&b);
-    rl_batch_free(&a);
+    trill_rl_batch_free(&b);
+    trill_rl_batch_free(&a);
     free(buf);
 }
 
 static void expect_refused(const void *buf, size_t len, const char *fragment) {
     rl_batch b;
-    assert_int_equal(rl_batch_unpack(buf, len, &b), TRILL_ERR_INVALID);
+    assert_int_equal(trill_rl_batch_unpack(buf, len, &b), TRILL_ERR_INVALID);
     if (!strstr(trill_error_message(), fragment)) fail_msg("message lacks '%s': %s", fragment, trill_error_message());
     assert_null(b.tokens); /* nothing left allocated */
 }
@@ -101,7 +101,7 @@ static void test_damaged_bytes_are_refused(void **state) {
     make_batch(&a);
     unsigned char *buf;
     size_t len;
-    assert_int_equal(rl_batch_pack(&a, (void **)&buf, &len), TRILL_OK);
+    assert_int_equal(trill_rl_batch_pack(&a, (void **)&buf, &len), TRILL_OK);
     unsigned char *copy = malloc(len);
     expect_refused(buf, 10, "shorter than its header");
     expect_refused(buf, len - 1, "bytes, the header describes");
@@ -120,7 +120,7 @@ static void test_damaged_bytes_are_refused(void **state) {
     expect_refused(copy, len, "sequence 1 has offsets [11, 10)");
     free(copy);
     free(buf);
-    rl_batch_free(&a);
+    trill_rl_batch_free(&a);
 }
 
 int main(void) {

@@ -44,8 +44,8 @@ static void test_bf16_matmul_matches_widened_fp32(void **state) {
     trill_from_f32(w16, w32, TRILL_BF16, (size_t)N * K);
     trill_to_f32(w32, w16, TRILL_BF16, (size_t)N * K); /* the values bf16 holds */
 
-    matmul_forward(want, inp, w32, T, K, N);
-    matmul_forward_w(got, inp, (trill_weight){ NULL, w16 }, T, K, N);
+    trill_matmul_forward(want, inp, w32, T, K, N);
+    trill_matmul_forward_w(got, inp, (trill_weight){ NULL, w16 }, T, K, N);
     expect_equal(got, want, T * N);
 
     /* the fp32 backward panel by panel: dout's columns of the panel, the panel's rows of W */
@@ -56,13 +56,13 @@ static void test_bf16_matmul_matches_widened_fp32(void **state) {
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int nb = N - n0 < rows ? N - n0 : rows;
         for (int t = 0; t < T; t++) memcpy(dpanel + (size_t)t * nb, dout + (size_t)t * N + n0, sizeof(float) * nb);
-        matmul_backward(dwant, NULL, dpanel, inp, w32 + (size_t)n0 * K, T, K, nb);
+        trill_matmul_backward(dwant, NULL, dpanel, inp, w32 + (size_t)n0 * K, T, K, nb);
     }
-    matmul_backward_w(dgot, NULL, dout, inp, (trill_weight){ NULL, w16 }, T, K, N);
+    trill_matmul_backward_w(dgot, NULL, dout, inp, (trill_weight){ NULL, w16 }, T, K, N);
     expect_equal(dgot, dwant, T * K);
     /* the whole-matrix fp32 backward sums the same products associated otherwise: within a few
      * roundings of the sum of their magnitudes (measured: at most 0.7 * 2^-24 of it) */
-    matmul_backward(dwhole, NULL, dout, inp, w32, T, K, N);
+    trill_matmul_backward(dwhole, NULL, dout, inp, w32, T, K, N);
     double *mag = malloc(sizeof(double) * T * K);
     for (int t = 0; t < T; t++) {
         double *mt = mag + (size_t)t * K;
@@ -77,7 +77,7 @@ static void test_bf16_matmul_matches_widened_fp32(void **state) {
     free(dwhole);
 
     /* fp32 storage goes straight through */
-    matmul_forward_w(got, inp, (trill_weight){ w32, NULL }, T, K, N);
+    trill_matmul_forward_w(got, inp, (trill_weight){ w32, NULL }, T, K, N);
     assert_memory_equal(got, want, sizeof(float) * T * N);
 
     free(inp); free(w32); free(w16); free(want); free(got); free(dout); free(dwant); free(dgot);
@@ -92,8 +92,8 @@ static void test_bf16_embedding(void **state) {
     fill(table, V * C, 4);
     trill_from_f32(t16, table, TRILL_BF16, V * C);
     trill_to_f32(table, t16, TRILL_BF16, V * C);
-    embedding_forward(want, table, tokens, T, C);
-    embedding_forward_w(got, (trill_weight){ NULL, t16 }, tokens, T, C);
+    trill_embedding_forward(want, table, tokens, T, C);
+    trill_embedding_forward_w(got, (trill_weight){ NULL, t16 }, tokens, T, C);
     assert_memory_equal(got, want, sizeof want);
 }
 

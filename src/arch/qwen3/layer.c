@@ -62,7 +62,7 @@ static void plan(trill_forward_pass *fp, trill_plan *p) {
 
 static void begin(trill_forward_pass *fp) {
     const qwen3_acts *q = fp->acts;
-    rope_inv_freq(q->inv_freq, fp->m->config.head_dim, fp->m->config.rope_theta);
+    trill_rope_inv_freq(q->inv_freq, fp->m->config.head_dim, fp->m->config.rope_theta);
 }
 
 static const trill_lora_layer NO_ADAPTERS;
@@ -75,20 +75,20 @@ static trill_status attention_block(const trill_forward_pass *fp, const trill_la
     const qwen3_acts *q = fp->acts;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
-    rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, eps);
+    trill_rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, eps);
     trill_status st = trill_linear(fp, a->q_raw, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
     if (!st) st = trill_linear(fp, a->k_raw, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
     if (!st) st = trill_linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     if (st) return st;
-    rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
-    rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
-    rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
-    rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
-    st = attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    trill_rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
+    trill_rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
+    trill_rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
+    trill_rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
+    st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
     if (!st) st = trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (st) return st;
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
-    residual_forward(a->x_mid, q->out, (size_t)T * H);
+    trill_residual_forward(a->x_mid, q->out, (size_t)T * H);
     return TRILL_OK;
 }
 
@@ -102,7 +102,7 @@ static trill_status mlp(const trill_forward_pass *fp, float *out, const float *i
     trill_status st = trill_linear(fp, gate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
     if (!st) st = trill_linear(fp, up, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
     if (st) return st;
-    swiglu_forward(q->act, gate, up, (size_t)n * I);
+    trill_swiglu_forward(q->act, gate, up, (size_t)n * I);
     return trill_linear(fp, out, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
 }
 
@@ -115,17 +115,17 @@ static trill_status moe_block(const trill_forward_pass *fp, const trill_layer_we
     const qwen3_acts *q = fp->acts;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     const int L = c->n_moe_layers;
-    trill_status st = matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
+    trill_status st = trill_matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
     if (st) return st;
-    softmax_forward(a->probs, a->probs, T, E);
-    topk_forward(a->topi, a->topw, a->probs, T, E, K);
+    trill_softmax_forward(a->probs, a->probs, T, E);
+    trill_topk_forward(a->topi, a->topw, a->probs, T, E, K);
     if (replay)
         for (int t = 0; t < T; t++) {
             const uint16_t *ids = replay + ((size_t)t * L + ordinal) * K;
             if (ids[0] == TRILL_REPLAY_NONE) continue; /* this token routes itself */
             for (int j = 0; j < K; j++) a->topi[t * K + j] = ids[j];
         }
-    router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+    trill_router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
     if (experts)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < K; j++) experts[((size_t)t * L + ordinal) * K + j] = (uint16_t)a->topi[t * K + j];
@@ -170,7 +170,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *r
     const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
     trill_status st = attention_block(fp, w, ad, a);
     if (st) return st;
-    rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    trill_rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
     if (trill_config_is_moe(c, l))
         st = moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
     else
@@ -178,8 +178,8 @@ static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *r
             c->intermediate_size);
     if (st) return st;
     if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
-    residual_forward(x_next, q->out, (size_t)T * H);
+    trill_residual_forward(x_next, q->out, (size_t)T * H);
     return TRILL_OK;
 }
 
-const trill_family_layers qwen3_layers = { .plan = plan, .begin = begin, .layer = layer };
+const trill_family_layers trill_qwen3_layers = { .plan = plan, .begin = begin, .layer = layer };

@@ -64,13 +64,13 @@ static trill_status mlp_backward(const trill_forward_pass *fp, const trill_grad_
                          float *const *xa, size_t row0, int n, int H, int I) {
     const qwen3_acts *q = fp->acts;
     const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
-    swiglu_forward(q->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
+    trill_swiglu_forward(q->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
     zero(g->dact, (size_t)n * I);
     trill_status st = trill_linear_backward(fp, sink, lg, g->dact, dout, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
     if (st) return st;
     zero(g->dgate, (size_t)n * I);
     zero(g->dup, (size_t)n * I);
-    swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
+    trill_swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
     st = trill_linear_backward(fp, sink, lg, dinp, g->dgate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
     if (!st) st = trill_linear_backward(fp, sink, lg, dinp, g->dup, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
     return st;
@@ -116,9 +116,9 @@ static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer
         }
     }
     zero(g->dlogits, (size_t)T * E);
-    router_gates_backward(g->dgates, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
-    router_softmax_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K);
-    return matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
+    trill_router_gates_backward(g->dgates, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
+    trill_router_softmax_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K);
+    return trill_matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
 /* Attention block: dx (gradient of x_mid) += the attention branch's gradient of x_in. Fails only
@@ -136,21 +136,21 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     zero(g->dq, (size_t)T * nh * hd);
     zero(g->dk, (size_t)T * nkv * hd);
     zero(g->dv, (size_t)T * nkv * hd);
-    st = attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
     if (st) return st;
-    rope_backward(g->dq, fp->pos, q->inv_freq, T, nh, hd);
-    rope_backward(g->dk, fp->pos, q->inv_freq, T, nkv, hd);
+    trill_rope_backward(g->dq, fp->pos, q->inv_freq, T, nh, hd);
+    trill_rope_backward(g->dk, fp->pos, q->inv_freq, T, nkv, hd);
     zero(g->dqr, (size_t)T * nh * hd);
     zero(g->dkr, (size_t)T * nkv * hd);
-    if ((st = rmsnorm_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps)) ||
-        (st = rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps)))
+    if ((st = trill_rmsnorm_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps)) ||
+        (st = trill_rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps)))
         return st;
     zero(g->dxn, (size_t)T * H);
     if ((st = trill_linear_backward(fp, sink, lg, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||
         (st = trill_linear_backward(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd)) ||
         (st = trill_linear_backward(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd)))
         return st;
-    return rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
+    return trill_rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
 }
 
 static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *s,
@@ -172,9 +172,9 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
         st = mlp_backward(fp, sink, lg, g, g->dxn, dx, a->xn2, a->gate, a->up, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up,
                      ad->down, a->xa, 0, T, H, c->intermediate_size);
     }
-    if (!st) st = rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    if (!st) st = trill_rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
     if (st) return st;
     return attention_backward_block(fp, w, ad, a, sink, lg, g, dx);
 }
 
-const trill_family_backward qwen3_backward = { .begin = begin, .layer = layer, .end = end };
+const trill_family_backward trill_qwen3_backward = { .begin = begin, .layer = layer, .end = end };

@@ -44,6 +44,6 @@ typedef struct qwen3_acts {
     float *inv_freq;      /* [hd/2] */
 } qwen3_acts;
 
-extern const trill_family_layers qwen3_layers; /* layer.c */
+extern const trill_family_layers trill_qwen3_layers; /* layer.c */
 
 #endif

@@ -85,7 +85,7 @@ static double attention_flops(const trill_config *c, double pairs) {
 
 const trill_family trill_family_qwen3 = {
     .name = "qwen3",
-    .layers = &qwen3_layers,
+    .layers = &trill_qwen3_layers,
     .rows = ROWS_,
     .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
     .dim = dim,
