@@ -1,6 +1,6 @@
 /* The generator engine (trill/infer.h): creation, freeing, the step, run and accessors. A step
  * takes a waiting live update (engine_adapter.c), schedules its rows (engine_requests.c), runs
- * the forward (engine_forward.c), samples and finishes sequences (engine_sample.c) and feeds EPLB
+ * the family's forward (src/arch/<family>/gen_layer.c), samples and finishes sequences (engine_sample.c) and feeds EPLB
  * (engine_eplb.c). The parts and the private state are described in engine_internal.h. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,7 +22,7 @@ static trill_status alloc_step_buffers(trill_engine *e) {
     e->rows.token = trill_malloc(R * sizeof(int));
     if (!e->rows.logit || !e->rows.seq || !e->rows.pos || !e->rows.token)
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
-    trill_status st = trill_eng_forward_alloc(e);
+    trill_status st = e->fam->alloc(e);
     if (!st) st = trill_eng_sampler_alloc(e);
     return st;
 }
@@ -34,7 +34,7 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
     const trill_config *c = &e->c;
     const trill_engine_config *cfg = &e->cfg;
     if (!(*shape = trill_malloc(sizeof **shape * (size_t)c->num_hidden_layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_eng_forward_kv_shape(c, *shape);
+    e->fam->kv_shape(c, *shape);
     *elem = cfg->format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
     const size_t per_block = trill_kv_cache_bytes_per_block(cfg->block_size, c->num_hidden_layers, *shape, *elem);
     const size_t n_blocks = cfg->kv_blocks > 0 ? (size_t)cfg->kv_blocks : per_block ? cfg->kv_cache_mb * 1000000 / per_block : 0;
@@ -43,6 +43,15 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
                            cfg->kv_cache_mb, n_blocks, cfg->block_size, per_block / 1e6);
     *blocks = (int)n_blocks;
     return TRILL_OK;
+}
+
+/* The infer layer's family registry (the model layer's is src/arch/family.c). */
+const trill_eng_family *trill_eng_family_of(const trill_config *c) {
+    switch (c->arch) {
+    case TRILL_ARCH_QWEN3:
+    case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_gen;
+    }
+    return &trill_qwen3_gen;
 }
 
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
@@ -55,7 +64,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);
     if (cfg.max_running < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_running must be >= 1, got %d", cfg.max_running);
     if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
-    trill_status st = trill_eng_forward_check(&m->config);
+    trill_status st = trill_eng_family_of(&m->config)->check(&m->config);
     if (st) return st;
     const char *isa;
     if (trill_gen_isa(&isa)) {
@@ -65,6 +74,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     trill_engine *e = trill_calloc(1, sizeof *e);
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
+    e->fam = trill_eng_family_of(&m->config);
     e->cfg = cfg;
     if ((e->tensors = trill_malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
         e->n_tensors = m->n_tensors;
@@ -103,7 +113,7 @@ void trill_engine_free(trill_engine *e) {
     if (e->update.ad) trill_eng_free_adapter(&e->c, e->update.ad);
     pthread_mutex_destroy(&e->update.lock);
     trill_kv_cache_free(&e->kv);
-    trill_eng_forward_free(e);
+    if (e->fam) e->fam->free(e);
     trill_eng_eplb_free(e);
     free(e->rows.logit);
     free(e->rows.seq);
@@ -132,9 +142,9 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
         st = trill_error(TRILL_ERR_INVALID, "engine: no work can be scheduled: %d sequences waiting, %d running, %d of %d KV blocks free",
                          e->sched.n_waiting, e->sched.n_active, e->kv.n_free, e->kv.n_blocks);
     if (!st && R > 0) st = trill_eng_ensure_sampler_scratch(e);
-    if (!st && R > 0) st = trill_eng_ensure_scores(e, R);
+    if (!st && R > 0) st = e->fam->ensure_scores(e, R);
     if (!st && R > 0) {
-        st = trill_eng_forward_rows(e, R);
+        st = e->fam->rows(e, R);
         if (!st) st = trill_eng_after_forward(e, R);
         if (!st && e->eplb.window) st = trill_eng_eplb_after_step(e);
     }

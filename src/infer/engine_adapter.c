@@ -150,7 +150,7 @@ trill_status trill_eng_take_update(trill_engine *e) {
     }
     pthread_mutex_unlock(&e->update.lock);
     if (!pending) return TRILL_OK;
-    trill_status st = ad ? trill_eng_ensure_lora_buffers(e, ad->rank) : TRILL_OK;
+    trill_status st = ad ? e->fam->ensure_lora_buffers(e, ad->rank) : TRILL_OK;
     if (st) { /* the old weights stay; the update waits for the next step, unless a newer one came */
         pthread_mutex_lock(&e->update.lock);
         if (!e->update.pending) {

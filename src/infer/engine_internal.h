@@ -8,9 +8,9 @@
  *                      mailbox, taken whole at a step boundary
  *   engine_eplb.c      expert placement: the load window, re-planning, imbalance
  *   engine_requests.c  submit, requests and sequences, scheduling a step's rows, preemption
- *   engine_forward.c   the model-specific part: the layer forward over a step's rows (attention
- *                      over the paged cache, MoE grouping, LoRA side paths), the logits, and the
- *                      buffers that forward needs
+ *   src/arch/<family>/gen_layer.c  the model-specific part (trill_eng_family): the layer
+ *                      forward over a step's rows (attention over the paged cache, MoE grouping,
+ *                      LoRA side paths), the logits, the buffers it needs and its KV layout
  *   engine_sample.c    after the forward: sampling, forks, stops, finish, abort, collect
  *
  * One thread steps an engine; only the update mailbox is shared with other threads. */
@@ -153,7 +153,7 @@ typedef struct eng_rows {
     int *logit;           /* the rows that produce logits, in order */
 } eng_rows;
 
-/* The forward's buffers, for rows.max rows (the model-specific part's: engine_forward.c). */
+/* The forward's buffers, for rows.max rows (the model family's part: gen_layer.c). */
 typedef struct eng_scratch {
     float *x, *xn, *qkv, *q, *k, *v, *att, *out, *ff, *act, *probs, *topw, *xe, *ye, *logits;
     int *topi, *order, *count;
@@ -185,8 +185,11 @@ typedef struct eng_eplb {
     int workers, steps;
 } eng_eplb;
 
+typedef struct trill_eng_family trill_eng_family;
+
 struct trill_engine {
     trill_config c;
+    const trill_eng_family *fam; /* the model family's layer forward (below) */
     trill_param *tensors; /* the model's tensors as its table describes them (no storage): the adapters' layout */
     size_t n_tensors;
     trill_engine_config cfg;
@@ -197,7 +200,7 @@ struct trill_engine {
     kv_cache kv;          /* blocks handed out by the scheduler, written and read by the forward */
     eng_sched sched;      /* engine_requests.c; finished ones by engine_sample.c */
     eng_rows rows;        /* made by the scheduler, read by the forward and the sampler */
-    eng_scratch fwd;      /* engine_forward.c */
+    eng_scratch fwd;      /* the family's forward (gen_layer.c) */
     eng_sampler smp;      /* engine_sample.c */
     eng_eplb eplb;        /* engine_eplb.c; routed counts added by the forward */
 };
@@ -230,7 +233,7 @@ void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad);
 trill_status trill_eng_take_update(trill_engine *e);
 
 /* engine_eplb.c */
-/* EPLB on: physical slots and the first plan (before trill_eng_forward_alloc, which sizes by them). */
+/* EPLB on: physical slots and the first plan (before the family's alloc, which sizes by them). */
 trill_status trill_eng_eplb_start(trill_engine *e);
 /* The step's routed counts join the window; every eplb_interval steps a new plan. */
 trill_status trill_eng_eplb_after_step(trill_engine *e);
@@ -248,24 +251,30 @@ void trill_eng_remove_at(seq **list, int *n, int i);
 trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);
 void trill_eng_sched_free(trill_engine *e);
 
-/* engine_forward.c */
-/* Refuses (with a message) a config the forward cannot run. */
-trill_status trill_eng_forward_check(const trill_config *c);
-/* The KV cache's layout this forward asks for: shape[num_hidden_layers], each layer's K and V
- * widths per token (the cache itself knows nothing of heads). */
-void trill_eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape);
-trill_status trill_eng_forward_alloc(trill_engine *e);
-void trill_eng_forward_free(trill_engine *e);
-/* Attention scores for rows [0, R)'s longest context, for this thread count. */
-trill_status trill_eng_ensure_scores(trill_engine *e, int R);
-/* The adapter side path's buffers for rank r. */
-trill_status trill_eng_ensure_lora_buffers(trill_engine *e, int r);
-/* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states.
- * TRILL_ERR_NOMEM when a matrix kernel's scratch cannot be had (nothing else is changed: the KV
- * cache rows written are the step's own, rewritten when it runs again). */
-trill_status trill_eng_forward_rows(trill_engine *e, int R);
-/* Logits (e->fwd.logits) of the n rows listed in e->rows.logit; fails as trill_eng_forward_rows. */
-trill_status trill_eng_forward_logits(trill_engine *e, int n);
+/* ---- the model family's part: its layer forward over a step's rows and the KV layout it asks
+ * for (src/arch/<family>/gen_layer.c), registered in trill_eng_family_of (engine.c) ---- */
+struct trill_eng_family {
+    /* Refuses (with a message) a config the forward cannot run. */
+    trill_status (*check)(const trill_config *c);
+    /* The KV cache's layout: shape[num_hidden_layers], each layer's K and V widths per token (the
+     * cache itself knows nothing of heads; a latent-attention family asks for one width). */
+    void (*kv_shape)(const trill_config *c, kv_layer_shape *shape);
+    trill_status (*alloc)(trill_engine *e); /* the forward's buffers for e->rows.max rows */
+    void (*free)(trill_engine *e);
+    /* Attention scores for rows [0, R)'s longest context, for this thread count. */
+    trill_status (*ensure_scores)(trill_engine *e, int R);
+    /* The adapter side path's buffers for rank r. */
+    trill_status (*ensure_lora_buffers)(trill_engine *e, int r);
+    /* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states.
+     * TRILL_ERR_NOMEM when a matrix kernel's scratch cannot be had (nothing else is changed: the
+     * KV cache rows written are the step's own, rewritten when it runs again). */
+    trill_status (*rows)(trill_engine *e, int R);
+    /* Logits (e->fwd.logits) of the n rows listed in e->rows.logit; fails as rows does. */
+    trill_status (*logits)(trill_engine *e, int n);
+};
+
+const trill_eng_family *trill_eng_family_of(const trill_config *c);
+extern const trill_eng_family trill_qwen3_gen; /* src/arch/qwen3/gen_layer.c */
 
 /* engine_sample.c */
 trill_status trill_eng_sampler_alloc(trill_engine *e);

@@ -1,5 +1,6 @@
-/* The model-specific part of the engine (engine_internal.h): the Qwen3 / Qwen3-MoE layer forward
- * over a step's rows, the logits, and the buffers they need.
+/* The Qwen3 family's part of the generator engine (trill_eng_family, src/infer/engine_internal.h):
+ * the Qwen3 / Qwen3-MoE layer forward over a step's rows, the logits, the buffers they need and
+ * the KV layout (K and V per kv head).
  *
  * A step's rows are (sequence, position) pairs. Every kernel computes a row on its own with a
  * fixed order of operations (infer/gemm.h is batch-invariant; attention reads the row's own
@@ -25,7 +26,7 @@ enum { PARALLEL_MIN = 16384 };
 
 /* ---- what the forward supports, and its buffers ---- */
 
-trill_status trill_eng_forward_check(const trill_config *c) {
+static trill_status forward_check(const trill_config *c) {
     if (c->head_dim % 8)
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", c->head_dim);
     return TRILL_OK;
@@ -33,7 +34,7 @@ trill_status trill_eng_forward_check(const trill_config *c) {
 
 /* The buffers of the forward over e->rows.max rows (the MoE's counts cover every physical slot
  * when EPLB is on, so trill_eng_eplb_start comes first), and RoPE's frequencies. */
-trill_status trill_eng_forward_alloc(trill_engine *e) {
+static trill_status forward_alloc(trill_engine *e) {
     const trill_config *c = &e->c;
     const size_t R = (size_t)e->rows.max, H = c->hidden_size, hd = c->head_dim;
     const size_t qd = (size_t)c->num_attention_heads * hd, kvd = (size_t)c->num_key_value_heads * hd;
@@ -61,7 +62,7 @@ trill_status trill_eng_forward_alloc(trill_engine *e) {
     return TRILL_OK;
 }
 
-void trill_eng_forward_free(trill_engine *e) {
+static void forward_free(trill_engine *e) {
     const eng_scratch *f = &e->fwd;
     float *fl[] = { f->x, f->xn, f->qkv, f->q, f->k, f->v, f->att, f->out, f->ff, f->act, f->probs, f->topw, f->xe, f->ye, f->logits, f->scores,
                     f->lora_xa, f->lora_in, f->lora_out };
@@ -70,7 +71,7 @@ void trill_eng_forward_free(trill_engine *e) {
 }
 
 /* What a token keeps in the cache, per layer: the keys and the values of every kv head. */
-void trill_eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
+static void forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
     const int kvd = c->num_key_value_heads * c->head_dim;
     for (int l = 0; l < c->num_hidden_layers; l++) shape[l] = (kv_layer_shape){ .k_width = kvd, .v_width = kvd };
 }
@@ -78,7 +79,7 @@ void trill_eng_forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
 /* Attention scores for the step's longest context, per thread: for as many threads as the calling
  * thread's parallel regions get (an engine may be stepped from threads with different OpenMP
  * thread counts, as the async generator is). */
-trill_status trill_eng_ensure_scores(trill_engine *e, int R) {
+static trill_status ensure_scores(trill_engine *e, int R) {
     int need = 1;
     for (int r = 0; r < R; r++) if (e->rows.pos[r] + 1 > need) need = e->rows.pos[r] + 1;
     const int threads = omp_get_max_threads();
@@ -96,7 +97,7 @@ trill_status trill_eng_ensure_scores(trill_engine *e, int R) {
 }
 
 /* Buffers of the adapter path for rank r: sized for the largest matrix it can meet. */
-trill_status trill_eng_ensure_lora_buffers(trill_engine *e, int r) {
+static trill_status ensure_lora_buffers(trill_engine *e, int r) {
     if (r <= e->fwd.lora_rank) return TRILL_OK;
     const trill_config *c = &e->c;
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->rows.max, rows = R * K;
@@ -451,7 +452,7 @@ static trill_status dense_mlp(trill_engine *e, const eng_layer *L, const eng_lor
     return st;
 }
 
-trill_status trill_eng_forward_rows(trill_engine *e, int R) {
+static trill_status forward_rows(trill_engine *e, int R) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
@@ -474,7 +475,7 @@ trill_status trill_eng_forward_rows(trill_engine *e, int R) {
 }
 
 /* The final norm, lm_head and its adapter over the rows listed in rows.logit. */
-trill_status trill_eng_forward_logits(trill_engine *e, int n) {
+static trill_status forward_logits(trill_engine *e, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, V = c->vocab_size;
     for (int i = 0; i < n; i++) memcpy(e->fwd.xn + (size_t)i * H, e->fwd.x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
@@ -483,3 +484,14 @@ trill_status trill_eng_forward_logits(trill_engine *e, int n) {
     if (!st && e->ad) st = apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], e->fwd.logits, V, e->fwd.xn, n, 0);
     return st;
 }
+
+const trill_eng_family trill_qwen3_gen = {
+    .check = forward_check,
+    .kv_shape = forward_kv_shape,
+    .alloc = forward_alloc,
+    .free = forward_free,
+    .ensure_scores = ensure_scores,
+    .ensure_lora_buffers = ensure_lora_buffers,
+    .rows = forward_rows,
+    .logits = forward_logits,
+};
