@@ -132,7 +132,10 @@ typedef struct trill_step_stats {
     int waiting;
 } trill_step_stats;
 
-/* One scheduler step and forward. stats may be NULL. */
+/* One scheduler step and forward. stats may be NULL. A step that fails for want of memory
+ * (TRILL_ERR_NOMEM) leaves the engine consistent: stepping it again, once memory is back,
+ * produces exactly what an unfailed run would have (a weight update it was taking waits for
+ * that step); freeing, aborting and collecting work as ever. */
 trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats);
 /* True while any request is waiting or running. */
 bool trill_engine_busy(const trill_engine *e);
