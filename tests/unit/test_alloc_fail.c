@@ -21,10 +21,12 @@
  * Before every run each thread of the OpenMP team releases its per-thread scratch (the kernels'
  * panels, the generator's activations), so those first allocations are among the ones failed.
  *
- * Coverage (a few thousand allocations): the ASan build fails every N on one OpenMP thread and
- * every 7th on two (per-thread scratch failing in one thread of a team and not the other, two
- * EPLB workers); the release build, which checks all but the leaks, every 3rd N on one thread
- * and every 13th on two. TRILL_ALLOC_FAIL_STRIDE=k multiplies the strides (a quick look). */
+ * Coverage (about 3,800 allocations on one OpenMP thread, 4,000 on two): the ASan build fails
+ * every N on one thread; on two (per-thread scratch failing in one thread of a team and not the
+ * other, two EPLB workers) every N of the first stage, the generator with EPLB, then every 7th.
+ * The release build, which checks all but the leaks, fails every 3rd N on one thread and on two
+ * every N of the first stage, then every 13th. TRILL_ALLOC_FAIL_STRIDE=k multiplies the strides
+ * (a quick look). */
 #include <ftw.h>
 #include <limits.h>
 #include <omp.h>
