@@ -135,7 +135,9 @@ bool trill_engine_busy(const trill_engine *e) { return e->sched.n_active > 0 || 
 trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     trill_step_stats local = { 0 };
     int R = 0;
-    trill_status st = e->sched.recheck_stops ? trill_eng_finish_stopped(e) : TRILL_OK; /* left by a failed step */
+    /* what a failed step left: its stop checks, then the placement it was to plan */
+    trill_status st = e->sched.recheck_stops ? trill_eng_finish_stopped(e) : TRILL_OK;
+    if (!st && e->eplb.window) st = trill_eng_eplb_before_step(e);
     if (!st) st = trill_eng_take_update(e);
     if (!st) st = trill_eng_schedule(e, &R, &local);
     if (!st && R == 0 && trill_engine_busy(e)) /* never a step that makes no progress */
@@ -146,7 +148,14 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     if (!st && R > 0) {
         st = e->fam->rows(e, R);
         if (!st) st = trill_eng_after_forward(e, R);
-        if (!st && e->eplb.window) st = trill_eng_eplb_after_step(e);
+        /* the step took effect unless it failed before its samples (only its stop check after) */
+        const bool took_effect = !st || e->sched.recheck_stops;
+        if (e->eplb.window && took_effect) {
+            const trill_status est = trill_eng_eplb_after_step(e);
+            if (!st) st = est;
+        } else if (e->eplb.window) {
+            trill_eng_eplb_discard_step(e);
+        }
     }
     local.rows = R;
     local.running = e->sched.n_active;

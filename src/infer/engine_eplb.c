@@ -34,16 +34,12 @@ trill_status trill_eng_eplb_start(trill_engine *e) {
     return st;
 }
 
-/* After a step: its routed-token counts join the window; every eplb_interval steps the placement
- * is planned again from the window. */
-trill_status trill_eng_eplb_after_step(trill_engine *e) {
-    const trill_config *c = &e->c;
-    const int E = c->num_experts, L = c->n_moe_layers;
-    trill_eplb_window_add(e->eplb.window, e->eplb.counts);
-    memset(e->eplb.counts, 0, sizeof(uint32_t) * (size_t)L * E);
-    if (++e->eplb.steps % e->cfg.eplb_interval) return TRILL_OK;
+/* A new placement from the window, if one is due; on failure it stays due. */
+static trill_status replan(trill_engine *e) {
+    if (!e->eplb.replan) return TRILL_OK;
+    const int E = e->c.num_experts, L = e->c.n_moe_layers;
     double *load = trill_malloc(sizeof(double) * (size_t)L * E);
-    if (!load) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!load) return trill_error(TRILL_ERR_NOMEM, "out of memory for EPLB's load of %d layers x %d experts", L, E);
     trill_eplb_window_load(e->eplb.window, load);
     trill_eplb_plan plan;
     trill_status st = trill_eplb_rebalance(load, L, E, e->eplb.plan.n_physical, 1, 1, e->eplb.workers, &plan);
@@ -51,7 +47,26 @@ trill_status trill_eng_eplb_after_step(trill_engine *e) {
     if (st) return st;
     trill_eplb_plan_free(&e->eplb.plan);
     e->eplb.plan = plan;
+    e->eplb.replan = false;
     return TRILL_OK;
+}
+
+/* After a step: its routed-token counts join the window; every eplb_interval steps the placement
+ * is planned again from the window (a plan that fails for want of memory is made before the
+ * next step instead, from the same window). */
+trill_status trill_eng_eplb_after_step(trill_engine *e) {
+    const trill_config *c = &e->c;
+    const int E = c->num_experts, L = c->n_moe_layers;
+    trill_eplb_window_add(e->eplb.window, e->eplb.counts);
+    memset(e->eplb.counts, 0, sizeof(uint32_t) * (size_t)L * E);
+    if (++e->eplb.steps % e->cfg.eplb_interval == 0) e->eplb.replan = true;
+    return replan(e);
+}
+
+trill_status trill_eng_eplb_before_step(trill_engine *e) { return replan(e); }
+
+void trill_eng_eplb_discard_step(trill_engine *e) {
+    memset(e->eplb.counts, 0, sizeof(uint32_t) * (size_t)e->c.n_moe_layers * e->c.num_experts);
 }
 
 void trill_eng_eplb_free(trill_engine *e) {

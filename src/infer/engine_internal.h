@@ -183,6 +183,7 @@ typedef struct eng_eplb {
     trill_eplb_plan plan;
     uint32_t *counts;     /* [n_moe][E] this step's routed tokens */
     int workers, steps;
+    bool replan;          /* a plan is due (it failed for want of memory after the last step) */
 } eng_eplb;
 
 typedef struct trill_eng_family trill_eng_family;
@@ -237,6 +238,10 @@ trill_status trill_eng_take_update(trill_engine *e);
 trill_status trill_eng_eplb_start(trill_engine *e);
 /* The step's routed counts join the window; every eplb_interval steps a new plan. */
 trill_status trill_eng_eplb_after_step(trill_engine *e);
+/* Before a step: a plan left due by a failure. */
+trill_status trill_eng_eplb_before_step(trill_engine *e);
+/* A step that failed before it took effect: its routed counts are dropped (it runs again). */
+void trill_eng_eplb_discard_step(trill_engine *e);
 void trill_eng_eplb_free(trill_engine *e);
 
 /* engine_requests.c */

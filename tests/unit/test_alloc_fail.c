@@ -21,10 +21,12 @@
  * Before every run each thread of the OpenMP team releases its per-thread scratch (the kernels'
  * panels, the generator's activations), so those first allocations are among the ones failed.
  *
- * Coverage (a few thousand allocations): the ASan build fails every N on one OpenMP thread and
- * every 7th on two (per-thread scratch failing in one thread of a team and not the other, two
- * EPLB workers); the release build, which checks all but the leaks, every 3rd N on one thread
- * and every 13th on two. TRILL_ALLOC_FAIL_STRIDE=k multiplies the strides (a quick look). */
+ * Coverage (about 3,800 allocations on one OpenMP thread, 4,000 on two): the ASan build fails
+ * every N on one thread; on two (per-thread scratch failing in one thread of a team and not the
+ * other, two EPLB workers) every N of the first stage, the generator with EPLB, then every 7th.
+ * The release build, which checks all but the leaks, fails every 3rd N on one thread and on two
+ * every N of the first stage, then every 13th. TRILL_ALLOC_FAIL_STRIDE=k multiplies the strides
+ * (a quick look). */
 #include <ftw.h>
 #include <limits.h>
 #include <omp.h>
@@ -45,6 +47,7 @@ size_t __sanitizer_get_current_allocated_bytes(void); /* the sanitizers' allocat
 #include "base/alloc.h"
 #include "base/tls.h"
 #include "testutil.h"
+#include "trill/eplb.h"
 #include "trill/infer.h"
 #include "model/lora_internal.h"
 #include "trill/lora.h"
@@ -72,6 +75,8 @@ typedef struct unit {
     bool memory_back;         /* injection ended after a failed engine step: nothing may fail now */
     uint64_t digest[MAX_DIGESTS];
     int n_digest;             /* stages completed, each with the digest of its outputs */
+    long made;                /* run without failures: allocations made by the stages done ... */
+    long made_by[MAX_DIGESTS]; /* ... and by the end of each */
     const char *failed_call;  /* the call that failed (NULL: the unit completed) */
     trill_status status;
     char message[600];
@@ -87,7 +92,10 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 enum { FNV_SEED = 14695981039346656037ull };
 
 static void stage_done(unit *u, uint64_t h) {
-    if (u->n_digest < MAX_DIGESTS) u->digest[u->n_digest++] = h;
+    if (u->n_digest == MAX_DIGESTS) return;
+    if (!u->armed) u->made += trill_alloc_fail_after(LONG_MAX); /* the count so far (and on from 0) */
+    u->made_by[u->n_digest] = u->made;
+    u->digest[u->n_digest++] = h;
 }
 
 /* Records a failed call and whether it failed as it must. */
@@ -186,7 +194,7 @@ static void engine_stage(unit *u, const trill_model *m, const trill_lora *lora, 
     cfg.eplb = eplb;
     cfg.eplb_workers = 0; /* one per OpenMP thread */
     cfg.eplb_interval = 2; /* re-planned while generating */
-    cfg.eplb_window = 4;
+    cfg.eplb_window = 64; /* every step's load stays in the window, so a step counted twice shows in the imbalance */
     CALL(trill_engine_create(m, &cfg, &e));
     const trill_request r1 = request(1, TOKENS, 6, 1, 5), r2 = request(2, TOKENS + 6, 5, 2, 4);
     CALL(trill_engine_submit(e, &r1));
@@ -198,7 +206,17 @@ static void engine_stage(unit *u, const trill_model *m, const trill_lora *lora, 
     CALL(trill_engine_submit(e, &r3));
     RUN_ENGINE();
     collect(e, out, &n_out);
-    stage_done(u, digest_outs(fnv(FNV_SEED, &n_out, sizeof n_out), out, n_out, per_token));
+    uint64_t h = digest_outs(fnv(FNV_SEED, &n_out, sizeof n_out), out, n_out, per_token);
+    if (cfg.eplb) { /* the placement planned from the load seen, which a failed step must not count */
+        CALL(trill_engine_step(e, NULL)); /* idle: makes a plan a failure left due */
+        double imbalance[2];
+        CALL(trill_engine_eplb_imbalance(e, &imbalance[0], &imbalance[1]));
+        const trill_eplb_plan *plan = trill_engine_eplb_plan(e);
+        h = fnv(h, plan->phy2log, sizeof(int) * (size_t)plan->n_layers * plan->n_physical);
+        h = fnv(h, plan->logcnt, sizeof(int) * (size_t)plan->n_layers * plan->n_logical);
+        h = fnv(h, imbalance, sizeof imbalance);
+    }
+    stage_done(u, h);
 out:
     for (int i = 0; i < n_out; i++) trill_sequence_out_free(&out[i]);
     trill_engine_free(e);
@@ -239,6 +257,17 @@ static void run_unit(unit *u) {
         snprintf(u->problem, sizeof u->problem, "the experts array does not fit the model");
         goto out;
     }
+    /* LoRA on attention (q and v: the generator's fused q|k|v adapted in part), every MLP's and
+     * expert's down projection and lm_head; B made nonzero so the adapter changes the model */
+    const trill_lora_config lc = { .rank = 2, .alpha = 4,
+                                   .targets = 1u << TRILL_LORA_Q | 1u << TRILL_LORA_V | 1u << TRILL_LORA_DOWN | 1u << TRILL_LORA_LM_HEAD };
+    CALL(trill_lora_create(m, lc, 7, &lora));
+    for (size_t i = 0; i < lora->n_params; i++)
+        if (lora->params[i] == 0) lora->params[i] = 0.05f * (float)((int)(i % 7) - 3);
+
+    /* the generator with EPLB first (stage 0): the two-thread sweep fails its every allocation */
+    engine_stage(u, m, lora, TRILL_GEN_BF16, true);
+    if (u->failed_call) goto out;
 
     /* the reference forward: experts captured, then replayed */
     CALL(trill_model_forward(m, TOKENS, OFFSETS, N_SEQS, NULL, logprobs, experts));
@@ -251,13 +280,7 @@ static void run_unit(unit *u) {
     CALL(train_step(m, NULL, true, grads, NULL, logprobs, dlogprobs));
     stage_done(u, fnv(fnv(FNV_SEED, grads, m->n_params * sizeof(float)), logprobs, sizeof logprobs));
 
-    /* LoRA on attention (q and v: the generator's fused q|k|v adapted in part), every MLP's and
-     * expert's down projection and lm_head; B made nonzero so the adapter changes the model */
-    const trill_lora_config lc = { .rank = 2, .alpha = 4,
-                                   .targets = 1u << TRILL_LORA_Q | 1u << TRILL_LORA_V | 1u << TRILL_LORA_DOWN | 1u << TRILL_LORA_LM_HEAD };
-    CALL(trill_lora_create(m, lc, 7, &lora));
-    for (size_t i = 0; i < lora->n_params; i++)
-        if (lora->params[i] == 0) lora->params[i] = 0.05f * (float)((int)(i % 7) - 3);
+    /* LoRA training */
     trill_model_attach_lora(m, lora);
     CHECK((lora_grads = trill_calloc(lora->n_params, sizeof(float))) != NULL, "lora grads");
     CALL(train_step(m, experts, true, NULL, lora_grads, logprobs, dlogprobs));
@@ -299,8 +322,6 @@ static void run_unit(unit *u) {
     engine_stage(u, m, lora, TRILL_GEN_BF16, false);
     if (u->failed_call) goto out;
     engine_stage(u, bf16, lora, TRILL_GEN_INT8, false);
-    if (u->failed_call) goto out;
-    engine_stage(u, m, lora, TRILL_GEN_BF16, true);
 out:
     trill_model_free(merged);
     trill_lora_free(back);
@@ -345,7 +366,7 @@ static long run_once(unit *u, const char *dir, long fail_after, long *leaked) {
     *u = (unit){ .dir = dir, .armed = fail_after != LONG_MAX };
     trill_alloc_fail_after(fail_after);
     run_unit(u);
-    const long made = trill_alloc_fail_after(-1);
+    const long made = trill_alloc_fail_after(-1) + u->made;
     release_scratch();
     *leaked = (long)(heap_in_use() - before);
     return made;
@@ -353,8 +374,8 @@ static long run_once(unit *u, const char *dir, long fail_after, long *leaked) {
 
 /* The unit once without failures (its allocation count and digests), then with the allocations
  * after the first n failing for n = 0, stride, 2 stride, ... up to the count, on `threads`
- * OpenMP threads. */
-static void sweep(int threads, long stride) {
+ * OpenMP threads; every n up to the end of the first stage when `dense_first`. */
+static void sweep(int threads, long stride, bool dense_first) {
     omp_set_num_threads(threads);
     /* the checkpoints go to memory where there is a tmpfs: thousands of runs fsync them */
     if (!getenv("TMPDIR") && access("/dev/shm", W_OK) == 0) setenv("TMPDIR", "/dev/shm", 1);
@@ -375,7 +396,8 @@ static void sweep(int threads, long stride) {
     long runs = 0, completed = 0, recovered = 0, problems = 0;
     char problem[1400], seen[40][160];
     int n_seen = 0;
-    for (long n = 0; n <= count; n += stride, runs++) {
+    const long dense_to = dense_first ? ref.made_by[0] : -1;
+    for (long n = 0; n <= count; n += n < dense_to ? 1 : stride, runs++) {
         run_once(&u, dir, n, &leaked);
         const char *call = u.failed_call ? u.failed_call : "no call failed";
         problem[0] = '\0';
@@ -402,9 +424,11 @@ static void sweep(int threads, long stride) {
         completed += !u.failed_call;
         recovered += u.memory_back;
     }
-    print_message("%d thread%s: %ld allocations in the unit; %ld runs (N = 0, %ld, %ld, ...), %ld completed, %ld stepped an engine on "
-                  "after a failed step; %.1f s\n", threads, threads > 1 ? "s" : "", count, runs, stride, 2 * stride, completed, recovered,
-                  trill_now() - t0);
+    char which[96];
+    if (dense_to > 0) snprintf(which, sizeof which, "N = 0 ... %ld, then every %ld-th", dense_to, stride);
+    else snprintf(which, sizeof which, "N = 0, %ld, %ld, ...", stride, 2 * stride);
+    print_message("%d thread%s: %ld allocations in the unit; %ld runs (%s), %ld completed, %ld stepped an engine on after a failed "
+                  "step; %.1f s\n", threads, threads > 1 ? "s" : "", count, runs, which, completed, recovered, trill_now() - t0);
     test_rmdir(dir);
     free(dir);
     if (problems) fail_msg("%ld of %ld runs broke a rule (each kind once above)", problems, runs);
@@ -424,12 +448,14 @@ static long scaled(long base) {
 
 static void test_one_thread(void **state) {
     (void)state;
-    sweep(1, scaled(STRIDE_ONE_THREAD));
+    sweep(1, scaled(STRIDE_ONE_THREAD), false);
 }
 
+/* Every N of the first stage (the engine with EPLB, whose second worker's first scratch fails in
+ * the MoE, after the step's load was counted), then every 7th (ASan) or 13th. */
 static void test_two_threads(void **state) {
     (void)state;
-    sweep(2, scaled(STRIDE_TWO_THREADS));
+    sweep(2, scaled(STRIDE_TWO_THREADS), true);
 }
 
 int main(void) {
