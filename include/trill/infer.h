@@ -109,6 +109,10 @@ typedef struct trill_engine trill_engine;
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg, trill_engine **out);
 void trill_engine_free(trill_engine *e);
 
+/* Bytes of KV cache one token takes in format f (the model family's layout: K and V per kv head
+ * for Qwen3), to size kv_cache_mb; 0 when out of memory. */
+size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f);
+
 /* Bytes of weights in the engine's format, and of its KV cache. */
 size_t trill_engine_weight_bytes(const trill_engine *e);
 size_t trill_engine_kv_bytes(const trill_engine *e);

@@ -186,7 +186,7 @@ int bench_generate(int argc, char **argv) {
         ec.max_running = max_batch;
         ec.eplb = eplb;
         /* room for every sequence's whole length: no preemption while timing */
-        const double per_token = (double)cfg->num_hidden_layers * 2 * cfg->num_key_value_heads * cfg->head_dim * sizeof(float);
+        const double per_token = (double)trill_engine_kv_bytes_per_token(cfg, formats[f]);
         ec.kv_cache_mb = (size_t)(max_batch * (prompt_len + new_tokens(max_batch, (int)prompt_len, (int)steps, ec.max_batch_tokens) + 16) *
                                   per_token * 1.1 / 1e6) + 16;
         trill_engine *e = NULL;

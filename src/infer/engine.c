@@ -45,6 +45,16 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
     return TRILL_OK;
 }
 
+size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f) {
+    kv_layer_shape *shape = trill_malloc(sizeof *shape * (size_t)c->num_hidden_layers);
+    if (!shape) return 0;
+    trill_eng_family_of(c)->kv_shape(c, shape);
+    size_t elems = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) elems += (size_t)shape[l].k_width + (size_t)shape[l].v_width;
+    free(shape);
+    return elems * (f == TRILL_GEN_F32 ? sizeof(float) : sizeof(uint16_t));
+}
+
 /* The infer layer's family registry (the model layer's is src/arch/family.c). */
 const trill_eng_family *trill_eng_family_of(const trill_config *c) {
     switch (c->arch) {
