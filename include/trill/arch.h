@@ -28,6 +28,5 @@ typedef enum trill_split {
     TRILL_SPLIT_COLS, /* the input dimension (row-parallel linear) */
 } trill_split;
 
-const char *trill_tensor_kind_name(trill_tensor_kind k);
 
 #endif

@@ -12,11 +12,6 @@ const trill_family *trill_family_of(const trill_config *c) {
     return &trill_family_qwen3;
 }
 
-const char *trill_tensor_kind_name(trill_tensor_kind k) {
-    static const char *const names[] = { "embedding", "norm", "bias", "matrix", "router", "head" };
-    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
-}
-
 static void emit(const trill_family *f, const trill_config *c, int r, int layer, int expert, int *index, trill_tensor_fn fn, void *ctx) {
     const trill_tensor_row *row = &f->rows[r];
     trill_param t = { .ndim = row->dims[1] == TRILL_NO_DIM ? 1 : 2, .kind = row->kind, .layer = layer, .expert = expert,

@@ -48,11 +48,15 @@ static json_t *bpe_json(const char *const *merges, size_t n_merges, json_t *pre_
                      "model", "type", "BPE", "vocab", vocab, "merges", merge_list, "decoder", "type", "ByteLevel");
 }
 
+/* Through the public text form, trill_tokenizer_parse (the same as trill_tokenizer_from_json). */
 static trill_tokenizer *load(json_t *j) {
     trill_tokenizer *t = NULL;
-    trill_status st = trill_tokenizer_from_json(j, "test.json", &t);
+    char *text = json_dumps(j, 0);
+    assert_non_null(text);
+    trill_status st = trill_tokenizer_parse(text, strlen(text), "test.json", &t);
     if (st) fprintf(stderr, "load: %s\n", trill_error_message());
     assert_int_equal(st, TRILL_OK);
+    free(text);
     json_decref(j);
     return t;
 }
@@ -264,6 +268,13 @@ static void test_decode_lenient(void **state) {
 
 static void test_refusals(void **state) {
     (void)state;
+    { /* text that is not JSON: the name given and the line */
+        trill_tokenizer *bad = NULL;
+        const char text[] = "{\n  \"model\": [1, 2,\n";
+        assert_int_equal(trill_tokenizer_parse(text, sizeof text - 1, "broken.json", &bad), TRILL_ERR_INVALID);
+        assert_non_null(strstr(trill_error_message(), "broken.json"));
+        assert_null(bad);
+    }
     struct { const char *field, *value, *message; } cases[] = {
         { "normalizer", "{\"type\": \"Lowercase\"}", "normalizer \"Lowercase\" is not supported" },
         { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", "pre_tokenizer \"Metaspace\" is not supported" },
