@@ -39,12 +39,13 @@ typedef struct trill_tensor_row {
     trill_fuse fuse;
     int fuse_index;
     trill_split split;
-    /* offsetof the trill_weight (matrices) or float * (vectors) that points at it: in
-     * trill_layer_weights for layer and expert rows (expert 0's, the others follow), in
-     * trill_model for global rows; TRILL_NO_FIELD if none */
+    /* offsetof the trill_weight (matrices) or float * (vectors) that points at it: in the
+     * family's layer struct (trill_family.layer_size) for layer and expert rows (expert 0's, the
+     * others follow), in trill_model for global rows; TRILL_NO_FIELD if none */
     int field;
-    /* offsetof its adapter: a trill_lora_pair in trill_lora_layer (layer rows) or trill_lora
-     * (global rows), a trill_lora_pair * to num_experts pairs in trill_lora_layer (expert rows) */
+    /* offsetof its adapter: a trill_lora_pair in the family's adapter layer struct (layer rows)
+     * or trill_lora (global rows), a trill_lora_pair * to num_experts pairs in the adapter layer
+     * struct (expert rows) */
     int lora_field;
 } trill_tensor_row;
 
@@ -58,6 +59,8 @@ typedef struct trill_family {
     const struct trill_family_layers *layers;
     const trill_tensor_row *rows;
     int n_rows;
+    size_t layer_size;      /* bytes of its per-layer weight struct (trill_model.layers) */
+    size_t lora_layer_size; /* bytes of its per-layer adapter struct (trill_lora.layers) */
     int64_t (*dim)(const trill_config *c, int id); /* a dimension id's size */
     const trill_lora_target_name *lora_targets;      /* bit i of trill_lora_config.targets */
     int n_lora_targets;

@@ -84,7 +84,7 @@ static void adapt(walk *w, const trill_param *t) {
     const int field = trill_arch_row(&w->m->config, t)->lora_field;
     if (!lora->layers || field == TRILL_NO_FIELD) return;
     if (t->layer < 0) { *(trill_lora_pair *)((char *)lora + field) = p; return; }
-    char *at = (char *)&lora->layers[t->layer] + field;
+    char *at = (char *)trill_lora_layer(lora, t->layer) + field;
     if (t->expert < 0) { *(trill_lora_pair *)at = p; return; }
     trill_lora_pair **experts = (trill_lora_pair **)at;
     if (t->expert == 0) { /* the first expert gives this layer's row its num_experts pairs */
@@ -137,7 +137,8 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, tril
     lora->config = cfg;
     lora->scale = (float)(cfg.use_rslora ? cfg.alpha / sqrt(cfg.rank) : cfg.alpha / cfg.rank);
     lora->enabled = true;
-    lora->layers = trill_calloc((size_t)c->num_hidden_layers, sizeof *lora->layers);
+    lora->layer_size = trill_family_of(c)->lora_layer_size;
+    lora->layers = trill_calloc((size_t)c->num_hidden_layers, lora->layer_size);
     if (!lora->layers) { trill_lora_free(lora); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     walk w = { .lora = lora, .m = m };
     walk_layout(&w); /* count */

@@ -11,11 +11,6 @@ typedef struct trill_lora_pair {
     float *B; /* [out, r] */
 } trill_lora_pair;
 
-typedef struct trill_lora_layer {
-    trill_lora_pair q, k, v, o, gate, up, down; /* gate/up/down: the dense MLP */
-    trill_lora_pair *expert_gate, *expert_up, *expert_down; /* [num_experts] for a MoE layer */
-} trill_lora_layer;
-
 typedef struct trill_lora {
     trill_lora_config config;
     float scale;
@@ -24,9 +19,16 @@ typedef struct trill_lora {
     size_t n_params;
     trill_param *tensors;   /* PEFT names and slices of params */
     size_t n_tensors;
-    trill_lora_layer *layers;
-    trill_lora_pair *expert_pairs; /* storage the layers' expert_* arrays point into */
+    /* [num_hidden_layers] the family's per-layer struct of adapter pairs (for Qwen3,
+     * qwen3_lora_layer), layer_size bytes each: trill_lora_layer; a routed expert's row holds a
+     * trill_lora_pair * to num_experts pairs in expert_pairs */
+    void *layers;
+    size_t layer_size;
+    trill_lora_pair *expert_pairs;
     trill_lora_pair lm_head;
 } trill_lora;
+
+/* Layer l's adapters in the family's per-layer struct. */
+static inline void *trill_lora_layer(const trill_lora *lora, int l) { return (char *)lora->layers + (size_t)l * lora->layer_size; }
 
 #endif

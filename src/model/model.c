@@ -39,7 +39,7 @@ static void place(void *ctx, const trill_tensor_row *row, const trill_param *t) 
         p->data = !half && m->params ? m->params + L->n32 : NULL;
         p->bf16 = half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
         if (row->field != TRILL_NO_FIELD && t->expert <= 0) { /* experts after the first follow it */
-            char *base = t->layer >= 0 ? (char *)&m->layers[t->layer] : (char *)m;
+            char *base = t->layer >= 0 ? (char *)trill_model_layer(m, t->layer) : (char *)m;
             if (t->ndim == 2) *(trill_weight *)(base + row->field) = (trill_weight){ p->data, p->bf16 };
             else *(float **)(base + row->field) = p->data;
         }
@@ -62,7 +62,8 @@ trill_status trill_model_create_stored(const trill_config *config, trill_dtype s
     m->config = *config;
     m->checkpoint_dtype = TRILL_F32;
     m->storage = storage;
-    m->layers = trill_calloc((size_t)config->num_hidden_layers, sizeof *m->layers);
+    m->layer_size = trill_family_of(config)->layer_size;
+    m->layers = trill_calloc((size_t)config->num_hidden_layers, m->layer_size);
     layout L = { .m = m };
     if (m->layers) walk_layout(&L); /* count only */
     m->n_f32 = L.n32;

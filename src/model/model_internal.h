@@ -4,23 +4,6 @@
 
 #include "trill/model.h"
 
-typedef struct trill_layer_weights {
-    float *input_norm;  /* [H] */
-    trill_weight wq;     /* [nh*hd, H] */
-    trill_weight wk, wv; /* [nkv*hd, H] */
-    trill_weight wo;     /* [H, nh*hd] */
-    float *q_norm;      /* [hd] */
-    float *k_norm;      /* [hd] */
-    float *post_norm;   /* [H] */
-    /* dense layer */
-    trill_weight mlp_gate, mlp_up; /* [I, H] */
-    trill_weight mlp_down;         /* [H, I] */
-    /* MoE layer */
-    trill_weight router;                  /* [E, H] */
-    trill_weight expert_gate, expert_up;  /* [E, Im, H] */
-    trill_weight expert_down;             /* [E, H, Im] */
-} trill_layer_weights;
-
 typedef struct trill_model {
     trill_config config;
     size_t n_params;      /* every parameter, whatever its storage */
@@ -37,9 +20,15 @@ typedef struct trill_model {
                              (both pointers NULL) in a classifier */
     trill_weight score;   /* classifier (config.num_labels > 0): "score.weight" [num_labels, H],
                              never tied (HF's classifier has no output embeddings); else none */
-    trill_layer_weights *layers;
+    /* [num_hidden_layers] the family's per-layer struct of pointers into the blocks (for Qwen3,
+     * qwen3_layer_weights in src/arch/qwen3/qwen3.h), layer_size bytes each: trill_model_layer */
+    void *layers;
+    size_t layer_size;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
     struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
 } trill_model;
+
+/* Layer l's weights in the family's per-layer struct. */
+static inline void *trill_model_layer(const trill_model *m, int l) { return (char *)m->layers + (size_t)l * m->layer_size; }
 
 #endif

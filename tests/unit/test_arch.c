@@ -19,6 +19,9 @@
 #include "trill/model.h"
 #include "trill/train.h"
 
+#define LW(m, l) ((const qwen3_layer_weights *)trill_model_layer(m, l))
+#define LL(lora, l) ((const qwen3_lora_layer *)trill_lora_layer(lora, l))
+
 /* the small preset, independently of the config struct */
 enum { V = 32000, H = 512, I = 1536, LAYERS = 8, QD = 8 * 64, KVD = 4 * 64, HD = 64, E = 16, K = 4, IM = 256 };
 static const int64_t ATTN = (int64_t)QD * H + 2 * (int64_t)KVD * H + (int64_t)H * QD; /* q, k, v, o */
@@ -173,16 +176,16 @@ static void test_lora_layout(void **state) {
         assert_int_equal(A->layer, W->layer);
         assert_int_equal(A->expert, W->expert);
     }
-    assert_ptr_equal(lora->layers[0].o.A, lora->tensors[6].data);
-    assert_non_null(lora->layers[2].expert_up[5].A);
-    assert_null(lora->layers[0].expert_up); /* dense */
+    assert_ptr_equal(LL(lora, 0)->o.A, lora->tensors[6].data);
+    assert_non_null(LL(lora, 2)->expert_up[5].A);
+    assert_null(LL(lora, 0)->expert_up); /* dense */
     assert_ptr_equal(lora->lm_head.B, lora->tensors[lora->n_tensors - 1].data);
     trill_lora_free(lora);
     /* only q and down: the expert arrays of gate and up stay empty */
     lc.targets = (1u << TRILL_LORA_Q) | (1u << TRILL_LORA_DOWN);
     assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
-    assert_null(lora->layers[1].expert_gate);
-    assert_non_null(lora->layers[1].expert_down);
+    assert_null(LL(lora, 1)->expert_gate);
+    assert_non_null(LL(lora, 1)->expert_down);
     assert_int_equal(lora->n_tensors, 2 * (layers + 1 + moe_layers * E));
     trill_lora_free(lora);
     trill_model_free(m);
@@ -199,9 +202,9 @@ static void test_model_fields(void **state) {
     for (size_t t = 0; t < m->n_tensors; t++) {
         const trill_param *p = &m->tensors[t];
         assert_int_equal(p->index, (int)t);
-        if (p->role == QWEN3_K) assert_ptr_equal(m->layers[p->layer].wk.f32, p->data);
+        if (p->role == QWEN3_K) assert_ptr_equal(LW(m, p->layer)->wk.f32, p->data);
         if (p->role == QWEN3_EXPERT_GATE && p->expert == 3)
-            assert_ptr_equal(m->layers[p->layer].expert_gate.f32 + 3 * (size_t)IM * H, p->data);
+            assert_ptr_equal(LW(m, p->layer)->expert_gate.f32 + 3 * (size_t)IM * H, p->data);
         if (p->role == QWEN3_FINAL_NORM) assert_ptr_equal(m->final_norm, p->data);
         if (p->role == QWEN3_LM_HEAD) assert_ptr_equal(m->lm_head.f32, p->data);
     }

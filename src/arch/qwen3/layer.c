@@ -65,11 +65,11 @@ static void begin(trill_forward_pass *fp) {
     trill_rope_inv_freq(q->inv_freq, fp->m->config.head_dim, fp->m->config.rope_theta);
 }
 
-static const trill_lora_layer NO_ADAPTERS;
+static const qwen3_lora_layer NO_ADAPTERS;
 
 /* x_mid = x_in + o_proj(attn(rope(qk_norm(q, k)), v)), on xn1 = input_norm(x_in). Fails only
  * when the attention kernel's scratch or a bf16 weight's panel cannot be allocated. */
-static trill_status attention_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+static trill_status attention_block(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad,
                             qwen3_layer_acts *a) {
     const trill_config *c = &fp->m->config;
     const qwen3_acts *q = fp->acts;
@@ -109,7 +109,7 @@ static trill_status mlp(const trill_forward_pass *fp, float *out, const float *i
 /* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); the top-k experts (or the replayed
  * ids); gate weights = probs at those ids, renormalised if norm_topk_prob;
  * out = sum_k w_k * expert_k(x). Each expert's tokens are grouped into one GEMM. */
-static trill_status moe_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad, qwen3_layer_acts *a,
+static trill_status moe_block(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad, qwen3_layer_acts *a,
                       int ordinal, const uint16_t *replay, uint16_t *experts) {
     const trill_config *c = &fp->m->config;
     const qwen3_acts *q = fp->acts;
@@ -164,10 +164,10 @@ static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *r
     const trill_config *c = &m->config;
     const qwen3_acts *q = fp->acts;
     const int T = fp->T, H = c->hidden_size;
-    const trill_layer_weights *w = &m->layers[l];
+    const qwen3_layer_weights *w = trill_model_layer(m, l);
     qwen3_layer_acts *a = &q->layers[l];
     float *x_next = l + 1 < c->num_hidden_layers ? q->layers[l + 1].x_in : fp->x_final;
-    const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
+    const qwen3_lora_layer *ad = fp->lora ? trill_lora_layer(fp->lora, l) : &NO_ADAPTERS;
     trill_status st = attention_block(fp, w, ad, a);
     if (st) return st;
     trill_rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);

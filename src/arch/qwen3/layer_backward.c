@@ -54,7 +54,7 @@ static void end(void *s) {
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
-static const trill_lora_layer NO_ADAPTERS;
+static const qwen3_lora_layer NO_ADAPTERS;
 
 /* SwiGLU MLP of n rows given dout: weight and adapter gradients, and dinp (+=). xa are the
  * adapters' inputs saved by the forward pass for these rows (NULL without adapters). */
@@ -77,7 +77,7 @@ static trill_status mlp_backward(const trill_forward_pass *fp, const trill_grad_
 }
 
 /* MoE block: dout -> g->dxn (gradient of xn2), expert, adapter and router gradients. */
-static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+static trill_status moe_backward(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad,
                          const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
                          const float *dout) {
     const trill_config *c = &fp->m->config;
@@ -123,7 +123,7 @@ static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer
 
 /* Attention block: dx (gradient of x_mid) += the attention branch's gradient of x_in. Fails only
  * when a kernel's scratch (attention's, rmsnorm's, a bf16 weight's panel) cannot be allocated. */
-static trill_status attention_backward_block(const trill_forward_pass *fp, const trill_layer_weights *w, const trill_lora_layer *ad,
+static trill_status attention_backward_block(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad,
                                      const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                                      scratch *g, float *dx) {
     const trill_config *c = &fp->m->config;
@@ -160,8 +160,8 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     const qwen3_acts *q = fp->acts;
     scratch *g = s;
     const int T = fp->T, H = c->hidden_size;
-    const trill_layer_weights *w = &m->layers[l];
-    const trill_lora_layer *ad = fp->lora ? &fp->lora->layers[l] : &NO_ADAPTERS;
+    const qwen3_layer_weights *w = trill_model_layer(m, l);
+    const qwen3_lora_layer *ad = fp->lora ? trill_lora_layer(fp->lora, l) : &NO_ADAPTERS;
     const qwen3_layer_acts *a = &q->layers[l];
     /* dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
     trill_status st;

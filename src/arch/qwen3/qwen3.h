@@ -12,6 +12,31 @@ enum qwen3_role {
 
 #include "model/forward_internal.h"
 
+/* A decoder layer's weights (trill_model.layers): pointers into the model's blocks, set from the
+ * tensor table's field offsets. Routed experts' matrices are [E, rows, cols], back to back. */
+typedef struct qwen3_layer_weights {
+    float *input_norm;   /* [H] */
+    trill_weight wq;     /* [nh*hd, H] */
+    trill_weight wk, wv; /* [nkv*hd, H] */
+    trill_weight wo;     /* [H, nh*hd] */
+    float *q_norm;       /* [hd] */
+    float *k_norm;       /* [hd] */
+    float *post_norm;    /* [H] */
+    /* dense layer */
+    trill_weight mlp_gate, mlp_up; /* [I, H] */
+    trill_weight mlp_down;         /* [H, I] */
+    /* MoE layer */
+    trill_weight router;                 /* [E, H] */
+    trill_weight expert_gate, expert_up; /* [E, Im, H] */
+    trill_weight expert_down;            /* [E, H, Im] */
+} qwen3_layer_weights;
+
+/* A decoder layer's adapters (trill_lora.layers); A == NULL where a module is not adapted. */
+typedef struct qwen3_lora_layer {
+    trill_lora_pair q, k, v, o, gate, up, down; /* gate/up/down: the dense MLP */
+    trill_lora_pair *expert_gate, *expert_up, *expert_down; /* [num_experts] for a MoE layer */
+} qwen3_lora_layer;
+
 /* Module kinds that carry LoRA inputs x A^T, in qwen3_layer_acts.xa. */
 enum { XA_Q, XA_K, XA_V, XA_O, XA_GATE, XA_UP, XA_DOWN, XA_N };
 

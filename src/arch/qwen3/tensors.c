@@ -31,9 +31,9 @@ static bool dense(const trill_config *c, int l) { return !trill_config_is_moe(c,
 static bool causal_untied(const trill_config *c, int l) { return c->num_labels == 0 && !c->tie_word_embeddings; }
 static bool classifier(const trill_config *c, int l) { return c->num_labels > 0; }
 
-#define LW(f) (int)offsetof(trill_layer_weights, f)
+#define LW(f) (int)offsetof(qwen3_layer_weights, f)
 #define MW(f) (int)offsetof(trill_model, f)
-#define LL(f) (int)offsetof(trill_lora_layer, f)
+#define LL(f) (int)offsetof(qwen3_lora_layer, f)
 #define NO TRILL_NO_DIM
 #define G TRILL_ROW_GLOBAL
 #define L TRILL_ROW_LAYER
@@ -88,6 +88,8 @@ const trill_family trill_family_qwen3 = {
     .layers = &trill_qwen3_layers,
     .rows = ROWS_,
     .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
+    .layer_size = sizeof(qwen3_layer_weights),
+    .lora_layer_size = sizeof(qwen3_lora_layer),
     .dim = dim,
     .lora_targets = TARGETS,
     .n_lora_targets = TRILL_LORA_N_TARGETS,
