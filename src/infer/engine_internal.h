@@ -153,21 +153,6 @@ typedef struct eng_rows {
     int *logit;           /* the rows that produce logits, in order */
 } eng_rows;
 
-/* The forward's buffers, for rows.max rows (the model family's part: gen_layer.c). */
-typedef struct eng_scratch {
-    float *x, *xn, *qkv, *q, *k, *v, *att, *out, *ff, *act, *probs, *topw, *xe, *ye, *logits;
-    int *topi, *order, *count;
-    int *where;           /* [R*K] position of each (row, slot) pair in order */
-    int *phys;            /* EPLB: [R*K] physical slot of each (row, slot) pair */
-    float *inv_freq;
-    float *scores;        /* per thread: [group][max_context] attention scores */
-    int max_context;
-    int score_threads;    /* threads the scores are sized for */
-    float *lora_xa, *lora_in, *lora_out; /* adapters: x A^T of the stacked parts, one part's, its B product */
-    int lora_rank;        /* the rank these are sized for */
-    int lora_cols;        /* lora_out's row stride for expert rows */
-} eng_scratch;
-
 /* Sampling's buffers: per-thread scratch, and this step's samples (sequence, logits row, result). */
 typedef struct eng_sampler {
     void *scratch;        /* one trill_sample scratch per thread */
@@ -201,7 +186,9 @@ struct trill_engine {
     kv_cache kv;          /* blocks handed out by the scheduler, written and read by the forward */
     eng_sched sched;      /* engine_requests.c; finished ones by engine_sample.c */
     eng_rows rows;        /* made by the scheduler, read by the forward and the sampler */
-    eng_scratch fwd;      /* the family's forward (gen_layer.c) */
+    void *fwd;            /* the family's forward buffers: its alloc makes them, its free frees them */
+    float *logits;        /* [rows.max, V] the family's logits write the rows of rows.logit here (its
+                           * alloc sets it) */
     eng_sampler smp;      /* engine_sample.c */
     eng_eplb eplb;        /* engine_eplb.c; routed counts added by the forward */
 };
@@ -264,17 +251,17 @@ struct trill_eng_family {
     /* The KV cache's layout: shape[num_hidden_layers], each layer's K and V widths per token (the
      * cache itself knows nothing of heads; a latent-attention family asks for one width). */
     void (*kv_shape)(const trill_config *c, kv_layer_shape *shape);
-    trill_status (*alloc)(trill_engine *e); /* the forward's buffers for e->rows.max rows */
-    void (*free)(trill_engine *e);
+    trill_status (*alloc)(trill_engine *e); /* e->fwd and e->logits for e->rows.max rows */
+    void (*free)(trill_engine *e);          /* frees e->fwd (also when alloc failed part-way) */
     /* Attention scores for rows [0, R)'s longest context, for this thread count. */
     trill_status (*ensure_scores)(trill_engine *e, int R);
     /* The adapter side path's buffers for rank r. */
     trill_status (*ensure_lora_buffers)(trill_engine *e, int r);
-    /* Rows [0, R) of e->rows through every layer: e->fwd.x holds their final hidden states.
+    /* Rows [0, R) of e->rows through every layer, up to their final hidden states.
      * TRILL_ERR_NOMEM when a matrix kernel's scratch cannot be had (nothing else is changed: the
      * KV cache rows written are the step's own, rewritten when it runs again). */
     trill_status (*rows)(trill_engine *e, int R);
-    /* Logits (e->fwd.logits) of the n rows listed in e->rows.logit; fails as rows does. */
+    /* Logits (into e->logits) of the n rows listed in e->rows.logit; fails as rows does. */
     trill_status (*logits)(trill_engine *e, int n);
 };
 

@@ -141,7 +141,7 @@ static trill_status sample_all(trill_engine *e, int n) {
         const req *q = s->rq;
         const int gen = s->n_tokens - s->n_prompt;
         float lp = 0;
-        e->smp.token[i] = trill_sample(e->fwd.logits + (size_t)e->smp.row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
+        e->smp.token[i] = trill_sample(e->logits + (size_t)e->smp.row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
                                           (uint32_t)gen, (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num(), &lp);
         e->smp.lp[i] = lp;
     }

@@ -26,6 +26,23 @@ enum { PARALLEL_MIN = 16384 };
 
 /* ---- what the forward supports, and its buffers ---- */
 
+/* The forward's buffers (trill_engine.fwd), for rows.max rows. */
+typedef struct qwen3_gen {
+    float *x, *xn, *qkv, *q, *k, *v, *att, *out, *ff, *act, *probs, *topw, *xe, *ye, *logits;
+    int *topi, *order, *count;
+    int *where;           /* [R*K] position of each (row, slot) pair in order */
+    int *phys;            /* EPLB: [R*K] physical slot of each (row, slot) pair */
+    float *inv_freq;
+    float *scores;        /* per thread: [group][max_context] attention scores */
+    int max_context;
+    int score_threads;    /* threads the scores are sized for */
+    float *lora_xa, *lora_in, *lora_out; /* adapters: x A^T of the stacked parts, one part's, its B product */
+    int lora_rank;        /* the rank these are sized for */
+    int lora_cols;        /* lora_out's row stride for expert rows */
+} qwen3_gen;
+
+static inline qwen3_gen *S(const trill_engine *e) { return e->fwd; }
+
 static trill_status forward_check(const trill_config *c) {
     if (c->head_dim % 8)
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", c->head_dim);
@@ -41,7 +58,9 @@ static trill_status forward_alloc(trill_engine *e) {
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
     const size_t I = c->intermediate_size, Im = c->moe_intermediate_size, ffw = I > Im ? I : Im;
     const size_t rows_ff = R * K > R ? R * K : R;
-    eng_scratch *f = &e->fwd;
+    qwen3_gen *f = trill_calloc(1, sizeof *f);
+    if (!f) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers");
+    e->fwd = f;
     float **fl[] = { &f->x, &f->xn, &f->qkv, &f->q, &f->k, &f->v, &f->att, &f->out, &f->ff, &f->act, &f->probs, &f->topw, &f->xe,
                      &f->ye, &f->logits };
     const size_t fn[] = { R * H, R * H, R * (qd + 2 * kvd), R * qd, R * kvd, R * kvd, R * qd, R * H, rows_ff * 2 * ffw, rows_ff * ffw,
@@ -59,15 +78,20 @@ static trill_status forward_alloc(trill_engine *e) {
     ok &= f->topi && f->order && f->count && f->where && f->phys && f->inv_freq;
     if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
     trill_rope_inv_freq(f->inv_freq, c->head_dim, c->rope_theta);
+    e->logits = f->logits;
     return TRILL_OK;
 }
 
 static void forward_free(trill_engine *e) {
-    const eng_scratch *f = &e->fwd;
+    qwen3_gen *f = S(e);
+    if (!f) return;
     float *fl[] = { f->x, f->xn, f->qkv, f->q, f->k, f->v, f->att, f->out, f->ff, f->act, f->probs, f->topw, f->xe, f->ye, f->logits, f->scores,
                     f->lora_xa, f->lora_in, f->lora_out };
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
     free(f->topi); free(f->order); free(f->count); free(f->where); free(f->phys); free(f->inv_freq);
+    free(f);
+    e->fwd = NULL;
+    e->logits = NULL;
 }
 
 /* What a token keeps in the cache, per layer: the keys and the values of every kv head. */
@@ -83,22 +107,22 @@ static trill_status ensure_scores(trill_engine *e, int R) {
     int need = 1;
     for (int r = 0; r < R; r++) if (e->rows.pos[r] + 1 > need) need = e->rows.pos[r] + 1;
     const int threads = omp_get_max_threads();
-    if (threads > e->fwd.score_threads) {
-        e->fwd.score_threads = threads;
-        e->fwd.max_context = 0; /* sized again below */
+    if (threads > S(e)->score_threads) {
+        S(e)->score_threads = threads;
+        S(e)->max_context = 0; /* sized again below */
     }
-    if (need <= e->fwd.max_context) return TRILL_OK;
+    if (need <= S(e)->max_context) return TRILL_OK;
     const int group = e->c.num_attention_heads / e->c.num_key_value_heads;
-    float *p = trill_realloc(e->fwd.scores, sizeof(float) * (size_t)need * group * e->fwd.score_threads);
+    float *p = trill_realloc(S(e)->scores, sizeof(float) * (size_t)need * group * S(e)->score_threads);
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
-    e->fwd.scores = p;
-    e->fwd.max_context = need;
+    S(e)->scores = p;
+    S(e)->max_context = need;
     return TRILL_OK;
 }
 
 /* Buffers of the adapter path for rank r: sized for the largest matrix it can meet. */
 static trill_status ensure_lora_buffers(trill_engine *e, int r) {
-    if (r <= e->fwd.lora_rank) return TRILL_OK;
+    if (r <= S(e)->lora_rank) return TRILL_OK;
     const trill_config *c = &e->c;
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->rows.max, rows = R * K;
     const size_t qkv = (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
@@ -117,14 +141,14 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
         free(lout);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
     }
-    free(e->fwd.lora_xa);
-    free(e->fwd.lora_in);
-    free(e->fwd.lora_out);
-    e->fwd.lora_xa = xa;
-    e->fwd.lora_in = in;
-    e->fwd.lora_out = lout;
-    e->fwd.lora_cols = (int)cols;
-    e->fwd.lora_rank = r;
+    free(S(e)->lora_xa);
+    free(S(e)->lora_in);
+    free(S(e)->lora_out);
+    S(e)->lora_xa = xa;
+    S(e)->lora_in = in;
+    S(e)->lora_out = lout;
+    S(e)->lora_cols = (int)cols;
+    S(e)->lora_rank = r;
     return TRILL_OK;
 }
 
@@ -141,8 +165,8 @@ static trill_status apply_lora(trill_engine *e, const eng_lora *el, float *y, in
     if (el->n_adapted == 0 || T == 0) return TRILL_OK;
     const int r = e->ad->rank, na = el->n_adapted;
     const float s = e->ad->scale;
-    float *lxa = e->fwd.lora_xa + (size_t)row0 * 3 * r, *lin = e->fwd.lora_in + (size_t)row0 * r;
-    float *lout = e->fwd.lora_out + (size_t)row0 * e->fwd.lora_cols;
+    float *lxa = S(e)->lora_xa + (size_t)row0 * 3 * r, *lin = S(e)->lora_in + (size_t)row0 * r;
+    float *lout = S(e)->lora_out + (size_t)row0 * S(e)->lora_cols;
     trill_status st = trill_gen_matmul(lxa, x, &el->A, T);
     for (int a = 0; a < na && !st; a++) {
         const float *xa = lxa;
@@ -225,8 +249,8 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     const int bs = e->kv.block_size, k_stride = e->kv.shape[layer].k_width, elem = half ? 2 : 4;
     const float scale = 1.0f / sqrtf((float)hd);
     const seq *s = e->rows.seq[r];
-    const int n_pos = e->rows.pos[r] + 1, ctx = e->fwd.max_context;
-    const float *q = e->fwd.q + ((size_t)r * nh + (size_t)kvh * group) * hd;
+    const int n_pos = e->rows.pos[r] + 1, ctx = S(e)->max_context;
+    const float *q = S(e)->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
     for (int j0 = 0; j0 < n_pos; j0 += bs) {
         const char *kb = (const char *)kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
@@ -255,7 +279,7 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     }
     for (int g = 0; g < group; g++) {
         const float *pg = sc + (size_t)g * ctx;
-        float *o = e->fwd.att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
+        float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
         /* the common head sizes get a constant width, so the accumulators stay in registers */
         if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64, half);
         else if (hd == 128)
@@ -273,7 +297,7 @@ static void paged_attention(trill_engine *e, int layer, int R) {
     const bool half = e->kv.elem == 2;
 #pragma omp parallel
     {
-        float *sc = e->fwd.scores + (size_t)omp_get_thread_num() * e->fwd.max_context * group;
+        float *sc = S(e)->scores + (size_t)omp_get_thread_num() * S(e)->max_context * group;
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
             for (int kvh = 0; kvh < nkv; kvh++) {
@@ -311,9 +335,9 @@ static void add_rows(float *x, const float *y, size_t n) {
 static trill_status expert_rows(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int x, int first, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
-    float *xe = e->fwd.xe + (size_t)first * H, *ff = e->fwd.ff + (size_t)first * 2 * Im, *act = e->fwd.act + (size_t)first * Im;
-    float *ye = e->fwd.ye + (size_t)first * H;
-    for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, e->fwd.xn + (size_t)(e->fwd.order[first + i] / K) * H, sizeof(float) * H);
+    float *xe = S(e)->xe + (size_t)first * H, *ff = S(e)->ff + (size_t)first * 2 * Im, *act = S(e)->act + (size_t)first * Im;
+    float *ye = S(e)->ye + (size_t)first * H;
+    for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, S(e)->xn + (size_t)(S(e)->order[first + i] / K) * H, sizeof(float) * H);
     trill_status st = trill_gen_matmul(ff, xe, &L->experts[QWEN3_EXPERT_GATE][x], n);
     if (!st && A) st = apply_lora(e, &A->experts[QWEN3_EXPERT_GATE][x], ff, 2 * Im, xe, n, first);
     if (st) return st;
@@ -326,31 +350,31 @@ static trill_status expert_rows(trill_engine *e, const eng_layer *L, const eng_l
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
  * grouped by key, count[k] ends group k. */
 static void group_by(trill_engine *e, const int *key, int n, int n_keys) {
-    memset(e->fwd.count, 0, sizeof(int) * (size_t)(n_keys + 1));
-    for (int i = 0; i < n; i++) e->fwd.count[key[i] + 1]++;
-    for (int k = 0; k < n_keys; k++) e->fwd.count[k + 1] += e->fwd.count[k];
-    for (int i = 0; i < n; i++) e->fwd.order[e->fwd.count[key[i]]++] = i;
+    memset(S(e)->count, 0, sizeof(int) * (size_t)(n_keys + 1));
+    for (int i = 0; i < n; i++) S(e)->count[key[i] + 1]++;
+    for (int k = 0; k < n_keys; k++) S(e)->count[k + 1] += S(e)->count[k];
+    for (int i = 0; i < n; i++) S(e)->order[S(e)->count[key[i]]++] = i;
 }
 
 /* out = sum_k gate_k expert_k(xn) for every row, its experts combined in ascending logical id (as
  * the reference), so the sum is the same whatever the batch, the placement or the worker. */
 static void combine_experts(trill_engine *e, int R) {
     const int H = e->c.hidden_size, K = e->c.num_experts_per_tok;
-    for (int i = 0; i < R * K; i++) e->fwd.where[e->fwd.order[i]] = i;
+    for (int i = 0; i < R * K; i++) S(e)->where[S(e)->order[i]] = i;
 #pragma omp parallel for if(parallel: (size_t)R * K * H >= PARALLEL_MIN) schedule(static)
     for (int r = 0; r < R; r++) {
         int slots[64];
         const int k_used = K < 64 ? K : 64;
         for (int j = 0; j < k_used; j++) { /* insertion sort of the row's slots by expert id */
             int v = r * K + j, at = j;
-            while (at > 0 && e->fwd.topi[slots[at - 1]] > e->fwd.topi[v]) { slots[at] = slots[at - 1]; at--; }
+            while (at > 0 && S(e)->topi[slots[at - 1]] > S(e)->topi[v]) { slots[at] = slots[at - 1]; at--; }
             slots[at] = v;
         }
-        float *o = e->fwd.out + (size_t)r * H;
+        float *o = S(e)->out + (size_t)r * H;
         memset(o, 0, sizeof(float) * H);
         for (int j = 0; j < k_used; j++) {
-            const float g = e->fwd.topw[slots[j]];
-            const float *y = e->fwd.ye + (size_t)e->fwd.where[slots[j]] * H;
+            const float g = S(e)->topw[slots[j]];
+            const float *y = S(e)->ye + (size_t)S(e)->where[slots[j]] * H;
             for (int h = 0; h < H; h++) o[h] += g * y[h];
         }
     }
@@ -362,24 +386,24 @@ static void combine_experts(trill_engine *e, int R) {
 static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, K = c->num_experts_per_tok;
-    trill_status st = trill_gen_matmul(e->fwd.probs, e->fwd.xn, &L->m[QWEN3_ROUTER], R);
+    trill_status st = trill_gen_matmul(S(e)->probs, S(e)->xn, &L->m[QWEN3_ROUTER], R);
     if (st) return st;
-    trill_softmax_forward(e->fwd.probs, e->fwd.probs, R, E);
-    trill_topk_forward(e->fwd.topi, e->fwd.topw, e->fwd.probs, R, E, K);
-    trill_router_gates_forward(e->fwd.topw, e->fwd.probs, e->fwd.topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+    trill_softmax_forward(S(e)->probs, S(e)->probs, R, E);
+    trill_topk_forward(S(e)->topi, S(e)->topw, S(e)->probs, R, E, K);
+    trill_router_gates_forward(S(e)->topw, S(e)->probs, S(e)->topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
     /* capture and load count the logical ids, before any mapping to physical replicas */
     if (e->cfg.capture_experts)
         for (int r = 0; r < R; r++) {
             seq *s = e->rows.seq[r];
             uint16_t *dst = s->experts + ((size_t)e->rows.pos[r] * c->n_moe_layers + ordinal) * K;
-            for (int j = 0; j < K; j++) dst[j] = (uint16_t)e->fwd.topi[r * K + j];
+            for (int j = 0; j < K; j++) dst[j] = (uint16_t)S(e)->topi[r * K + j];
         }
     if (e->eplb.window) {
         uint32_t *load = e->eplb.counts + (size_t)ordinal * E;
-        for (int i = 0; i < R * K; i++) load[e->fwd.topi[i]]++;
+        for (int i = 0; i < R * K; i++) load[S(e)->topi[i]]++;
         const trill_eplb_plan *plan = &e->eplb.plan;
-        for (int i = 0; i < R * K; i++) e->fwd.phys[i] = trill_eplb_physical(plan, ordinal, e->fwd.topi[i], (uint64_t)i);
-        group_by(e, e->fwd.phys, R * K, plan->n_physical);
+        for (int i = 0; i < R * K; i++) S(e)->phys[i] = trill_eplb_physical(plan, ordinal, S(e)->topi[i], (uint64_t)i);
+        group_by(e, S(e)->phys, R * K, plan->n_physical);
         const int per = plan->n_physical / e->eplb.workers;
         /* a worker's failure leaves its message on its own thread: the first is copied out */
         int failed = 0;
@@ -388,7 +412,7 @@ static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_laye
         {
             const int w = omp_get_thread_num();
             for (int p = w * per; p < (w + 1) * per; p++) {
-                const int first = p ? e->fwd.count[p - 1] : 0, n = e->fwd.count[p] - first;
+                const int first = p ? S(e)->count[p - 1] : 0, n = S(e)->count[p] - first;
                 if (n > 0 && expert_rows(e, L, A, plan->phy2log[(size_t)ordinal * plan->n_physical + p], first, n)) {
 #pragma omp critical(trill_eplb_failure)
                     if (!failed++) snprintf(message, sizeof message, "%s", trill_error_message());
@@ -398,9 +422,9 @@ static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_laye
         }
         if (failed) return trill_error(TRILL_ERR_NOMEM, "EPLB worker: %s", message);
     } else {
-        group_by(e, e->fwd.topi, R * K, E);
+        group_by(e, S(e)->topi, R * K, E);
         for (int x = 0; x < E && !st; x++) {
-            const int first = x ? e->fwd.count[x - 1] : 0, n = e->fwd.count[x] - first;
+            const int first = x ? S(e)->count[x - 1] : 0, n = S(e)->count[x] - first;
             if (n > 0) st = expert_rows(e, L, A, x, first, n);
         }
         if (st) return st;
@@ -418,37 +442,37 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    trill_status st = trill_gen_matmul(e->fwd.qkv, e->fwd.xn, &L->m[QWEN3_Q], R);
-    if (!st && A) st = apply_lora(e, &A->m[QWEN3_Q], e->fwd.qkv, width, e->fwd.xn, R, 0);
+    trill_status st = trill_gen_matmul(S(e)->qkv, S(e)->xn, &L->m[QWEN3_Q], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_Q], S(e)->qkv, width, S(e)->xn, R, 0);
     if (st) return st;
-    gather_rows(e->fwd.q, e->fwd.qkv, R, qd, width, 0);
-    gather_rows(e->fwd.k, e->fwd.qkv, R, kvd, width, qd);
-    gather_rows(e->fwd.v, e->fwd.qkv, R, kvd, width, qd + kvd);
-    trill_rmsnorm_forward(e->fwd.q, e->fwd.q, L->vec[QWEN3_Q_NORM], R * nh, hd, eps);
-    trill_rmsnorm_forward(e->fwd.k, e->fwd.k, L->vec[QWEN3_K_NORM], R * nkv, hd, eps);
-    trill_rope_forward(e->fwd.q, e->rows.pos, e->fwd.inv_freq, R, nh, hd);
-    trill_rope_forward(e->fwd.k, e->rows.pos, e->fwd.inv_freq, R, nkv, hd);
+    gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
+    gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qd);
+    gather_rows(S(e)->v, S(e)->qkv, R, kvd, width, qd + kvd);
+    trill_rmsnorm_forward(S(e)->q, S(e)->q, L->vec[QWEN3_Q_NORM], R * nh, hd, eps);
+    trill_rmsnorm_forward(S(e)->k, S(e)->k, L->vec[QWEN3_K_NORM], R * nkv, hd, eps);
+    trill_rope_forward(S(e)->q, e->rows.pos, S(e)->inv_freq, R, nh, hd);
+    trill_rope_forward(S(e)->k, e->rows.pos, S(e)->inv_freq, R, nkv, hd);
     for (int r = 0; r < R; r++) {
         const seq *s = e->rows.seq[r];
         const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
-        trill_from_f32(kv_key(&e->kv, b, l, slot), e->fwd.k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
-        trill_from_f32(kv_value(&e->kv, b, l, slot), e->fwd.v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+        trill_from_f32(kv_key(&e->kv, b, l, slot), S(e)->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+        trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, R);
-    st = trill_gen_matmul(e->fwd.out, e->fwd.att, &L->m[QWEN3_O], R);
-    if (!st && A) st = apply_lora(e, &A->m[QWEN3_O], e->fwd.out, H, e->fwd.att, R, 0);
+    st = trill_gen_matmul(S(e)->out, S(e)->att, &L->m[QWEN3_O], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_O], S(e)->out, H, S(e)->att, R, 0);
     return st;
 }
 
 /* A dense layer's MLP on xn: out = down(silu(gate) * up). */
 static trill_status dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const int H = e->c.hidden_size, I = e->c.intermediate_size;
-    trill_status st = trill_gen_matmul(e->fwd.ff, e->fwd.xn, &L->m[QWEN3_GATE], R);
-    if (!st && A) st = apply_lora(e, &A->m[QWEN3_GATE], e->fwd.ff, 2 * I, e->fwd.xn, R, 0);
+    trill_status st = trill_gen_matmul(S(e)->ff, S(e)->xn, &L->m[QWEN3_GATE], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_GATE], S(e)->ff, 2 * I, S(e)->xn, R, 0);
     if (st) return st;
-    swiglu_fused(e->fwd.act, e->fwd.ff, R, I);
-    st = trill_gen_matmul(e->fwd.out, e->fwd.act, &L->m[QWEN3_DOWN], R);
-    if (!st && A) st = apply_lora(e, &A->m[QWEN3_DOWN], e->fwd.out, H, e->fwd.act, R, 0);
+    swiglu_fused(S(e)->act, S(e)->ff, R, I);
+    st = trill_gen_matmul(S(e)->out, S(e)->act, &L->m[QWEN3_DOWN], R);
+    if (!st && A) st = apply_lora(e, &A->m[QWEN3_DOWN], S(e)->out, H, S(e)->act, R, 0);
     return st;
 }
 
@@ -457,19 +481,19 @@ static trill_status forward_rows(trill_engine *e, int R) {
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
     const eng_weights *w = e->w;
-    if (w->embed_f32) trill_embedding_forward(e->fwd.x, w->embed_f32, e->rows.token, R, H);
-    else trill_embedding_forward_w(e->fwd.x, (trill_weight){ NULL, w->embed_bf16 }, e->rows.token, R, H);
+    if (w->embed_f32) trill_embedding_forward(S(e)->x, w->embed_f32, e->rows.token, R, H);
+    else trill_embedding_forward_w(S(e)->x, (trill_weight){ NULL, w->embed_bf16 }, e->rows.token, R, H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
-        trill_rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
+        trill_rmsnorm_forward(S(e)->xn, S(e)->x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
         trill_status st = attention_block(e, L, A, l, R);
         if (st) return st;
-        add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
-        trill_rmsnorm_forward(e->fwd.xn, e->fwd.x, L->vec[QWEN3_POST_NORM], R, H, eps);
+        add_rows(S(e)->x, S(e)->out, (size_t)R * H);
+        trill_rmsnorm_forward(S(e)->xn, S(e)->x, L->vec[QWEN3_POST_NORM], R, H, eps);
         st = trill_config_is_moe(c, l) ? moe(e, L, A, c->moe_ordinal[l], R) : dense_mlp(e, L, A, R);
         if (st) return st;
-        add_rows(e->fwd.x, e->fwd.out, (size_t)R * H);
+        add_rows(S(e)->x, S(e)->out, (size_t)R * H);
     }
     return TRILL_OK;
 }
@@ -478,10 +502,10 @@ static trill_status forward_rows(trill_engine *e, int R) {
 static trill_status forward_logits(trill_engine *e, int n) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, V = c->vocab_size;
-    for (int i = 0; i < n; i++) memcpy(e->fwd.xn + (size_t)i * H, e->fwd.x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
-    trill_rmsnorm_forward(e->fwd.xn, e->fwd.xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
-    trill_status st = trill_gen_matmul(e->fwd.logits, e->fwd.xn, &e->w->global.m[QWEN3_LM_HEAD], n);
-    if (!st && e->ad) st = apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], e->fwd.logits, V, e->fwd.xn, n, 0);
+    for (int i = 0; i < n; i++) memcpy(S(e)->xn + (size_t)i * H, S(e)->x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
+    trill_rmsnorm_forward(S(e)->xn, S(e)->xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
+    trill_status st = trill_gen_matmul(S(e)->logits, S(e)->xn, &e->w->global.m[QWEN3_LM_HEAD], n);
+    if (!st && e->ad) st = apply_lora(e, &e->ad->global.m[QWEN3_LM_HEAD], S(e)->logits, V, S(e)->xn, n, 0);
     return st;
 }
 
