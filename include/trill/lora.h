@@ -16,6 +16,8 @@
 #include "trill/error.h"
 #include "trill/model.h"
 
+/* The modules trill can adapt, by PEFT module name, over every family it computes; a family has
+ * some of them (trill_lora_create refuses a module the model lacks). */
 typedef enum trill_lora_target {
     TRILL_LORA_Q, TRILL_LORA_K, TRILL_LORA_V, TRILL_LORA_O,
     TRILL_LORA_GATE, TRILL_LORA_UP, TRILL_LORA_DOWN, /* dense MLPs and every expert */
@@ -23,11 +25,15 @@ typedef enum trill_lora_target {
     TRILL_LORA_N_TARGETS
 } trill_lora_target;
 
+/* In trill_lora_config.targets: PEFT's "all-linear", every linear module of the model's family but
+ * the output head; trill_lora_create replaces it by those modules' bits. */
+#define TRILL_LORA_ALL_LINEAR (1u << 31)
+
 typedef struct trill_lora_config {
     int rank;
     double alpha;
     bool use_rslora;
-    unsigned targets; /* bit (1 << trill_lora_target) per adapted module kind */
+    unsigned targets; /* bit (1 << trill_lora_target) per adapted module kind, and TRILL_LORA_ALL_LINEAR */
 } trill_lora_config;
 
 /* A set of adapters for one model. Opaque: read it through the functions below. */
@@ -48,11 +54,12 @@ bool trill_lora_enabled(const trill_lora *lora);
 const char *trill_lora_target_peft_name(int target);
 const char *trill_lora_target_alias(int target);
 
-/* "q,k,v,o,gate,up,down,lm_head" (HF names such as "q_proj" accepted too; "all-linear" = all but
- * lm_head). 0 on success, else -1 with the unknown name in the error message. */
+/* "q,k,v,o,gate,up,down,lm_head" (HF names such as "q_proj" accepted too; "all-linear" sets
+ * TRILL_LORA_ALL_LINEAR). 0 on success, else -1 with the unknown name in the error message. */
 int trill_lora_parse_targets(const char *list, unsigned *targets);
 
-/* New adapters for m: A Kaiming-uniform from `seed`, B zero (so the model is unchanged). */
+/* New adapters for m: A Kaiming-uniform from `seed`, B zero (so the model is unchanged). Their
+ * config's targets are the modules adapted (all-linear resolved for m's family). */
 trill_status trill_lora_create(const trill_model *m, trill_lora_config config, uint64_t seed, trill_lora **out);
 void trill_lora_free(trill_lora *lora);
 

@@ -49,9 +49,6 @@ typedef struct trill_tensor_row {
     int lora_field;
 } trill_tensor_row;
 
-/* A LoRA target: the PEFT module name and the short name trill's configs accept. */
-typedef struct trill_lora_target_name { const char *peft, *alias; } trill_lora_target_name;
-
 struct trill_family_layers; /* src/model/forward_internal.h: one decoder layer's training forward */
 
 typedef struct trill_family {
@@ -62,9 +59,8 @@ typedef struct trill_family {
     size_t layer_size;      /* bytes of its per-layer weight struct (trill_model.layers) */
     size_t lora_layer_size; /* bytes of its per-layer adapter struct (trill_lora.layers) */
     int64_t (*dim)(const trill_config *c, int id); /* a dimension id's size */
-    const trill_lora_target_name *lora_targets;      /* bit i of trill_lora_config.targets */
-    int n_lora_targets;
-    unsigned all_linear; /* the targets "all-linear" means (PEFT: every linear but the output head) */
+    unsigned lora_targets; /* the trill_lora_target bits of the modules it has */
+    unsigned all_linear;   /* the targets "all-linear" means (PEFT: every linear but the output head) */
     int tied_head_role;  /* the role a tied output head takes (it has no tensor: the embedding serves) */
     /* FLOPs of the attention scores and weighted values over `pairs` causal (query, key) pairs
      * of one layer, forward only */

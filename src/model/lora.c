@@ -16,20 +16,27 @@
 #include "trill/rng.h"
 #include "trill/safetensors.h"
 
+/* Every target's PEFT module name and the short name trill's configs accept. */
+static const struct { const char *peft, *alias; } TARGETS[TRILL_LORA_N_TARGETS] = {
+    [TRILL_LORA_Q] = { "q_proj", "q" },          [TRILL_LORA_K] = { "k_proj", "k" },
+    [TRILL_LORA_V] = { "v_proj", "v" },          [TRILL_LORA_O] = { "o_proj", "o" },
+    [TRILL_LORA_GATE] = { "gate_proj", "gate" }, [TRILL_LORA_UP] = { "up_proj", "up" },
+    [TRILL_LORA_DOWN] = { "down_proj", "down" }, [TRILL_LORA_LM_HEAD] = { "lm_head", "lm_head" },
+};
+
 int trill_lora_parse_targets(const char *list, unsigned *targets) {
-    const trill_family *f = &trill_family_qwen3; /* the LoRA targets are the Qwen3 family's until a second family has others */
     *targets = 0;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-        if (strcmp(tok, "all-linear") == 0) { *targets |= f->all_linear; continue; }
+        if (strcmp(tok, "all-linear") == 0) { *targets |= TRILL_LORA_ALL_LINEAR; continue; }
         int found = -1;
-        for (int i = 0; i < f->n_lora_targets; i++)
-            if (strcmp(tok, f->lora_targets[i].alias) == 0 || strcmp(tok, f->lora_targets[i].peft) == 0) found = i;
+        for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
+            if (strcmp(tok, TARGETS[i].alias) == 0 || strcmp(tok, TARGETS[i].peft) == 0) found = i;
         if (found < 0) {
             char names[256] = "";
-            for (int i = 0; i < f->n_lora_targets; i++)
-                snprintf(names + strlen(names), sizeof names - strlen(names), "%s, ", f->lora_targets[i].alias);
+            for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s, ", TARGETS[i].alias);
             trill_error(TRILL_ERR_INVALID, "lora.target_modules: unknown module \"%s\" (expected %sor all-linear)", tok, names);
             return -1;
         }
@@ -39,13 +46,11 @@ int trill_lora_parse_targets(const char *list, unsigned *targets) {
 }
 
 const char *trill_lora_target_peft_name(int target) {
-    const trill_family *f = &trill_family_qwen3;
-    return target >= 0 && target < f->n_lora_targets ? f->lora_targets[target].peft : NULL;
+    return target >= 0 && target < TRILL_LORA_N_TARGETS ? TARGETS[target].peft : NULL;
 }
 
 const char *trill_lora_target_alias(int target) {
-    const trill_family *f = &trill_family_qwen3;
-    return target >= 0 && target < f->n_lora_targets ? f->lora_targets[target].alias : NULL;
+    return target >= 0 && target < TRILL_LORA_N_TARGETS ? TARGETS[target].alias : NULL;
 }
 
 /* ---- layout -----------------------------------------------------------------------------
@@ -127,7 +132,15 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, tril
     const trill_config *c = &m->config;
     if (cfg.rank < 1 || cfg.rank > 4096) return trill_error(TRILL_ERR_INVALID, "lora.rank: %d is out of range [1, 4096]", cfg.rank);
     if (!(cfg.alpha > 0)) return trill_error(TRILL_ERR_INVALID, "lora.alpha: %g must be positive", cfg.alpha);
+    const trill_family *f = trill_family_of(c);
+    if (cfg.targets & TRILL_LORA_ALL_LINEAR) cfg.targets = (cfg.targets & ~TRILL_LORA_ALL_LINEAR) | f->all_linear;
     if (!cfg.targets) return trill_error(TRILL_ERR_INVALID, "lora.target_modules: no module selected");
+    for (int i = 0; i < 32; i++)
+        if (cfg.targets & ~f->lora_targets & (1u << i)) {
+            const char *name = trill_lora_target_peft_name(i);
+            return name ? trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: %s: a %s model has no such module", name, trill_config_model_type(c))
+                        : trill_error(TRILL_ERR_INVALID, "lora.target_modules: bit %d names no module", i);
+        }
     if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->num_labels > 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head: this is a sequence classifier (score head), it has no lm_head");
     if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->tie_word_embeddings)

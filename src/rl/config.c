@@ -795,11 +795,11 @@ static trill_status write_value(FILE *f, const trill_rl_config *c, const key *k)
         }
         break;
     case K_TARGETS: {
-        unsigned t = c->trainer.lora.targets, all_linear = (1u << TRILL_LORA_LM_HEAD) - 1;
+        unsigned t = c->trainer.lora.targets;
         const char *sep = "";
-        if ((t & all_linear) == all_linear) {
+        if (t & TRILL_LORA_ALL_LINEAR) {
             fputs("all-linear", f);
-            t &= ~all_linear;
+            t &= ~TRILL_LORA_ALL_LINEAR;
             sep = ",";
         }
         for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
@@ -892,7 +892,7 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
         return trill_error(TRILL_ERR_INVALID, "eval.every: periodic evaluation needs mode sync (async runs evaluate before and after)");
     if (c->mode == TRILL_MODE_ASYNC && c->rollouts.replay[0])
         return trill_error(TRILL_ERR_INVALID, "rollouts.replay: replaying recorded rollouts needs mode sync (there is no generator to overlap)");
-    if (!c->trainer.lora.targets || c->trainer.lora.targets >> TRILL_LORA_N_TARGETS)
+    if (!c->trainer.lora.targets || (c->trainer.lora.targets & ~TRILL_LORA_ALL_LINEAR) >> TRILL_LORA_N_TARGETS)
         return trill_error(TRILL_ERR_INVALID, "trainer.lora.targets: expected at least one of q, k, v, o, gate, up, down, lm_head");
     return TRILL_OK;
 }

@@ -188,6 +188,14 @@ static void test_lora_layout(void **state) {
     assert_non_null(LL(lora, 1)->expert_down);
     assert_int_equal(lora->n_tensors, 2 * (layers + 1 + moe_layers * E));
     trill_lora_free(lora);
+    /* all-linear is the family's linear modules but lm_head, resolved at create */
+    lc.targets = TRILL_LORA_ALL_LINEAR | 1u << TRILL_LORA_Q;
+    assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
+    assert_int_equal(trill_lora_get_config(lora)->targets, (1u << TRILL_LORA_N_TARGETS) - 1 - (1u << TRILL_LORA_LM_HEAD));
+    trill_lora_free(lora);
+    lc.targets = 1u << 20; /* no module has this bit */
+    assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "bit 20 names no module"));
     trill_model_free(m);
 }
 

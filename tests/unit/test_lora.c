@@ -120,7 +120,7 @@ static void test_config_errors(void **state) {
     assert_int_equal(trill_lora_parse_targets("q_proj, down", &targets), 0);
     assert_int_equal(targets, (1u << TRILL_LORA_Q) | (1u << TRILL_LORA_DOWN));
     assert_int_equal(trill_lora_parse_targets("all-linear", &targets), 0);
-    assert_int_equal(targets, (1u << TRILL_LORA_LM_HEAD) - 1);
+    assert_int_equal(targets, TRILL_LORA_ALL_LINEAR);
     assert_int_equal(trill_lora_parse_targets("q,router", &targets), -1);
     assert_non_null(strstr(trill_error_message(), "unknown module \"router\""));
 

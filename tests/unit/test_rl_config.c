@@ -119,7 +119,7 @@ static void assert_configs_equal(const trill_rl_config *a, const trill_rl_config
     assert_true(a->eval.temperature == b->eval.temperature);
 }
 
-#define ALL_LINEAR ((1u << TRILL_LORA_LM_HEAD) - 1)
+#define ALL_LINEAR TRILL_LORA_ALL_LINEAR
 
 static void test_defaults(void **state) {
     (void)state;

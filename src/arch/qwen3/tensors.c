@@ -72,12 +72,6 @@ static const trill_tensor_row ROWS_[] = {
     { "lm_head.weight",                                  TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, QWEN3_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head), (int)offsetof(trill_lora, lm_head) },
 };
 
-static const trill_lora_target_name TARGETS[TRILL_LORA_N_TARGETS] = {
-    [TRILL_LORA_Q] = { "q_proj", "q" },       [TRILL_LORA_K] = { "k_proj", "k" },     [TRILL_LORA_V] = { "v_proj", "v" },
-    [TRILL_LORA_O] = { "o_proj", "o" },       [TRILL_LORA_GATE] = { "gate_proj", "gate" }, [TRILL_LORA_UP] = { "up_proj", "up" },
-    [TRILL_LORA_DOWN] = { "down_proj", "down" }, [TRILL_LORA_LM_HEAD] = { "lm_head", "lm_head" },
-};
-
 /* scores Q K^T and values P V: 2 FLOPs per multiply-add, head_dim each, every query head */
 static double attention_flops(const trill_config *c, double pairs) {
     return 2.0 * 2.0 * pairs * c->head_dim * c->num_attention_heads;
@@ -91,9 +85,10 @@ const trill_family trill_family_qwen3 = {
     .layer_size = sizeof(qwen3_layer_weights),
     .lora_layer_size = sizeof(qwen3_lora_layer),
     .dim = dim,
-    .lora_targets = TARGETS,
-    .n_lora_targets = TRILL_LORA_N_TARGETS,
-    .all_linear = (1u << TRILL_LORA_LM_HEAD) - 1,
+    .lora_targets = 1u << TRILL_LORA_Q | 1u << TRILL_LORA_K | 1u << TRILL_LORA_V | 1u << TRILL_LORA_O | 1u << TRILL_LORA_GATE |
+                    1u << TRILL_LORA_UP | 1u << TRILL_LORA_DOWN | 1u << TRILL_LORA_LM_HEAD,
+    .all_linear = 1u << TRILL_LORA_Q | 1u << TRILL_LORA_K | 1u << TRILL_LORA_V | 1u << TRILL_LORA_O | 1u << TRILL_LORA_GATE |
+                  1u << TRILL_LORA_UP | 1u << TRILL_LORA_DOWN,
     .tied_head_role = QWEN3_LM_HEAD,
     .attention_flops = attention_flops,
 };
