@@ -1,6 +1,7 @@
 /* Model architecture read from a Hugging Face config.json.
  *
- * Field names and defaults are Hugging Face's (Qwen3Config, Qwen3MoeConfig).
+ * Field names and defaults are Hugging Face's, per architecture (Qwen3Config, Qwen3MoeConfig):
+ * the shared fields are read in src/model/config.c, each family's own in src/arch/<family>/.
  * Options trill does not compute (rope scaling, sliding window, attention bias,
  * other activations...) are refused by name rather than approximated. */
 #ifndef TRILL_CONFIG_H

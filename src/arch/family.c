@@ -4,12 +4,34 @@
 #include <stdio.h>
 #include <string.h>
 
+const trill_family *const trill_families[] = { &trill_family_qwen3 };
+const int trill_n_families = (int)(sizeof trill_families / sizeof trill_families[0]);
+
+static const trill_family *family_of_arch(trill_arch arch, const trill_arch_names **names) {
+    for (int f = 0; f < trill_n_families; f++)
+        for (int a = 0; a < trill_families[f]->n_archs; a++)
+            if (trill_families[f]->archs[a].arch == arch) {
+                if (names) *names = &trill_families[f]->archs[a];
+                return trill_families[f];
+            }
+    return NULL;
+}
+
 const trill_family *trill_family_of(const trill_config *c) {
-    switch (c->arch) {
-    case TRILL_ARCH_QWEN3:
-    case TRILL_ARCH_QWEN3_MOE: return &trill_family_qwen3;
-    }
-    return &trill_family_qwen3;
+    const trill_family *f = family_of_arch(c->arch, NULL);
+    return f ? f : trill_families[0]; /* every trill_arch has a family: not reached */
+}
+
+const trill_arch_names *trill_arch_names_of(trill_arch arch) {
+    const trill_arch_names *names = NULL;
+    return family_of_arch(arch, &names) ? names : &trill_families[0]->archs[0];
+}
+
+const trill_arch_names *trill_arch_by_model_type(const char *model_type) {
+    for (int f = 0; f < trill_n_families; f++)
+        for (int a = 0; a < trill_families[f]->n_archs; a++)
+            if (strcmp(trill_families[f]->archs[a].model_type, model_type) == 0) return &trill_families[f]->archs[a];
+    return NULL;
 }
 
 static void emit(const trill_family *f, const trill_config *c, int r, int layer, int expert, int *index, trill_tensor_fn fn, void *ctx) {

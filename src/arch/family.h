@@ -50,9 +50,26 @@ typedef struct trill_tensor_row {
 } trill_tensor_row;
 
 struct trill_family_layers; /* src/model/forward_internal.h: one decoder layer's training forward */
+struct json_t;              /* jansson's: config.json */
+
+/* An architecture of a family by its Hugging Face names: config.json's "model_type" and the
+ * "architectures" entries of its causal LM and of its sequence classifier. */
+typedef struct trill_arch_names { trill_arch arch; const char *model_type, *causal_lm, *classifier; } trill_arch_names;
 
 typedef struct trill_family {
     const char *name;
+    const trill_arch_names *archs;
+    int n_archs;
+    /* config.json: the fields it reads beyond the shared ones (src/model/config.c), NULL-ended */
+    const char *const *config_keys;
+    /* HF's defaults for c->arch's config class, the shared fields included */
+    void (*config_defaults)(trill_config *c);
+    /* Reads and checks its fields (the shared ones are read); errors name `what` and the field. */
+    trill_status (*config_read)(const struct json_t *root, const char *what, trill_config *c);
+    /* Adds its fields to a config.json object; false when out of memory. */
+    bool (*config_write)(const trill_config *c, struct json_t *j);
+    /* Whether decoder layer l is a MoE layer (the config's layer map is derived from it). */
+    bool (*layer_is_moe)(const trill_config *c, int l);
     const struct trill_family_layers *layers;
     const trill_tensor_row *rows;
     int n_rows;
@@ -69,8 +86,16 @@ typedef struct trill_family {
 
 extern const trill_family trill_family_qwen3; /* src/arch/qwen3/: Qwen3 and Qwen3-MoE */
 
+/* Every family trill computes (the registry, family.c). */
+extern const trill_family *const trill_families[];
+extern const int trill_n_families;
+
 /* The family computing c (every trill_arch has one). */
 const trill_family *trill_family_of(const trill_config *c);
+/* The architecture whose config.json "model_type" is `model_type`, or NULL. */
+const trill_arch_names *trill_arch_by_model_type(const char *model_type);
+/* The HF names of c's architecture. */
+const trill_arch_names *trill_arch_names_of(trill_arch arch);
 
 /* Calls fn for every tensor of c in checkpoint order with the row it comes from and its
  * description (name, ndim, shape, numel and the row's facts; no storage). */

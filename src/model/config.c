@@ -1,3 +1,5 @@
+/* config.json: the fields every family shares, the architecture's names, and the dispatch to
+ * the family's own fields (trill_family.config_*, src/arch/<family>/config.c). */
 #include "trill/config.h"
 #include "model/config_json.h"
 
@@ -5,98 +7,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch/family.h"
 #include "base/json.h"
 
-/* Every config.json field trill reads. Others (transformers_version, use_cache,
- * torch_dtype...) are accepted and ignored: they do not change the computation. */
-static const char *const KNOWN_KEYS[] = {
-    "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
-    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "max_position_embeddings", "rms_norm_eps", "rope_theta", "initializer_range",
-    "tie_word_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers", "bos_token_id", "eos_token_id",
-    "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window", "attention_bias",
-    "layer_types", "torch_dtype", "id2label", "label2id", "num_labels", "pad_token_id",
+/* The config.json fields every family reads here; each family reads its own besides
+ * (trill_family.config_keys). Others (transformers_version, use_cache...) are accepted and
+ * ignored: they do not change the computation. */
+static const char *const SHARED_KEYS[] = {
+    "architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "max_position_embeddings",
+    "rms_norm_eps", "initializer_range", "tie_word_embeddings", "hidden_act", "bos_token_id", "eos_token_id",
+    "torch_dtype", "id2label", "label2id", "num_labels", "pad_token_id",
 };
 
 bool trill_config_known_key(const char *key) {
-    for (size_t i = 0; i < sizeof KNOWN_KEYS / sizeof KNOWN_KEYS[0]; i++)
-        if (strcmp(key, KNOWN_KEYS[i]) == 0) return true;
+    for (size_t i = 0; i < sizeof SHARED_KEYS / sizeof SHARED_KEYS[0]; i++)
+        if (strcmp(key, SHARED_KEYS[i]) == 0) return true;
+    for (int f = 0; f < trill_n_families; f++)
+        for (const char *const *k = trill_families[f]->config_keys; *k; k++)
+            if (strcmp(key, *k) == 0) return true;
     return false;
 }
 
-static const char *architecture_name(trill_arch arch, bool classifier) {
-    if (arch == TRILL_ARCH_QWEN3_MOE) return classifier ? "Qwen3MoeForSequenceClassification" : "Qwen3MoeForCausalLM";
-    return classifier ? "Qwen3ForSequenceClassification" : "Qwen3ForCausalLM";
+const char *trill_config_architecture(const trill_config *c) {
+    const trill_arch_names *n = trill_arch_names_of(c->arch);
+    return c->num_labels > 0 ? n->classifier : n->causal_lm;
 }
 
-const char *trill_config_architecture(const trill_config *c) { return architecture_name(c->arch, c->num_labels > 0); }
-
-const char *trill_config_model_type(const trill_config *c) {
-    return c->arch == TRILL_ARCH_QWEN3_MOE ? "qwen3_moe" : "qwen3";
-}
-
-/* Hugging Face defaults for each architecture. */
-static void set_defaults(trill_config *c, trill_arch arch) {
-    memset(c, 0, sizeof *c);
-    c->arch = arch;
-    c->vocab_size = 151936;
-    c->num_attention_heads = 32;
-    c->max_position_embeddings = 32768;
-    c->rms_norm_eps = 1e-6;
-    c->rope_theta = 10000.0;
-    c->initializer_range = 0.02;
-    c->bos_token_id = -1;
-    c->pad_token_id = -1;
-    if (arch == TRILL_ARCH_QWEN3_MOE) {
-        c->hidden_size = 2048;
-        c->intermediate_size = 6144;
-        c->num_hidden_layers = 24;
-        c->num_key_value_heads = 4;
-        c->head_dim = 0; /* HF: hidden_size / num_attention_heads when absent */
-        c->num_experts = 128;
-        c->num_experts_per_tok = 8;
-        c->moe_intermediate_size = 768;
-        c->decoder_sparse_step = 1;
-    } else {
-        c->hidden_size = 4096;
-        c->intermediate_size = 22016;
-        c->num_hidden_layers = 32;
-        c->num_key_value_heads = 32;
-        c->head_dim = 128;
-    }
-}
-
-static trill_status refuse_if_true(const json_t *root, const char *key, const char *what) {
-    bool flag = false;
-    trill_status st = trill_json_get_bool(root, key, what, &flag);
-    if (st) return st;
-    if (flag) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": true is not supported (expected false)", what, key);
-    return TRILL_OK;
-}
-
-/* rope_scaling / rope_parameters: only plain RoPE ("default") is computed. */
-static trill_status read_rope(const json_t *root, const char *what, trill_config *c) {
-    const json_t *scaling = json_object_get(root, "rope_scaling");
-    const json_t *params = json_object_get(root, "rope_parameters");
-    const char *keys[2] = { "rope_scaling", "rope_parameters" };
-    const json_t *vals[2] = { scaling, params };
-    for (int i = 0; i < 2; i++) {
-        const json_t *v = vals[i];
-        if (!v || json_is_null(v)) continue;
-        if (!json_is_object(v))
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": expected an object or null, got %s", what, keys[i], trill_json_type_name(v));
-        const char *type = NULL;
-        if (trill_json_get_string(v, "rope_type", what, &type)) return TRILL_ERR_INVALID;
-        if (!type) trill_json_get_string(v, "type", what, &type);
-        if (!type || strcmp(type, "default") != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": rope type \"%s\" is not supported (only plain RoPE, rope_type \"default\")",
-                               what, keys[i], type ? type : "(missing)");
-        trill_status st = trill_json_get_double(v, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
-        if (st) return st;
-    }
-    return trill_json_get_double(root, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
-}
+const char *trill_config_model_type(const trill_config *c) { return trill_arch_names_of(c->arch)->model_type; }
 
 static trill_status read_token_ids(const json_t *root, const char *what, trill_config *c) {
     trill_status st = TRILL_OK;
@@ -124,48 +61,37 @@ static trill_status read_token_ids(const json_t *root, const char *what, trill_c
     return st;
 }
 
-static trill_status read_mlp_only_layers(const json_t *root, const char *what, trill_config *c) {
-    const json_t *v = json_object_get(root, "mlp_only_layers");
-    if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"mlp_only_layers\": expected a list of layer indices, got %s", what, trill_json_type_name(v));
-    size_t i;
-    const json_t *x;
-    json_array_foreach(v, i, x) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->num_hidden_layers)
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"mlp_only_layers\": entry %zu: expected a layer index in [0, %d)", what, i, c->num_hidden_layers);
-        c->mlp_only[json_integer_value(x)] = true;
-    }
-    return TRILL_OK;
-}
-
-static trill_status check_layer_types(const json_t *root, const char *what) {
-    const json_t *v = json_object_get(root, "layer_types");
-    if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list, got %s", what, trill_json_type_name(v));
-    size_t i;
-    const json_t *x;
-    json_array_foreach(v, i, x) {
-        if (!json_is_string(x) || strcmp(json_string_value(x), "full_attention") != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %zu: only \"full_attention\" is supported", what, i);
-    }
-    return TRILL_OK;
+/* The model types trill computes, for messages: "\"qwen3_moe\" or \"qwen3\"". */
+static const char *model_types(char *buf, size_t size) {
+    int n = 0, at = 0;
+    for (int f = 0; f < trill_n_families; f++) n += trill_families[f]->n_archs;
+    buf[0] = 0;
+    for (int f = 0, i = 0; f < trill_n_families; f++)
+        for (int a = 0; a < trill_families[f]->n_archs; a++, i++) {
+            const char *sep = i == 0 ? "" : i == n - 1 ? " or " : ", ";
+            int w = snprintf(buf + at, size - (size_t)at, "%s\"%s\"", sep, trill_families[f]->archs[a].model_type);
+            if (w < 0 || (size_t)(at + w) >= size) return buf;
+            at += w;
+        }
+    return buf;
 }
 
 /* The model type, and whether "architectures" names the sequence-classification head (a
  * reward model) instead of the causal LM. Every entry must name the same one of the two. */
 static trill_status read_arch(const json_t *root, const char *what, trill_arch *arch, bool *classifier) {
     const char *model_type = NULL;
+    char types[256];
     trill_status st = trill_json_get_string(root, "model_type", what, &model_type);
     if (st) return st;
-    if (!model_type) return trill_error(TRILL_ERR_INVALID, "%s: field \"model_type\" is missing (expected \"qwen3_moe\" or \"qwen3\")", what);
-    if (strcmp(model_type, "qwen3_moe") == 0) *arch = TRILL_ARCH_QWEN3_MOE;
-    else if (strcmp(model_type, "qwen3") == 0) *arch = TRILL_ARCH_QWEN3;
-    else return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"model_type\": \"%s\" is not supported (expected \"qwen3_moe\" or \"qwen3\")", what, model_type);
+    if (!model_type) return trill_error(TRILL_ERR_INVALID, "%s: field \"model_type\" is missing (expected %s)", what, model_types(types, sizeof types));
+    const trill_arch_names *names = trill_arch_by_model_type(model_type);
+    if (!names)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"model_type\": \"%s\" is not supported (expected %s)", what, model_type,
+                           model_types(types, sizeof types));
+    *arch = names->arch;
 
     *classifier = false;
-    const char *lm = architecture_name(*arch, false), *cls = architecture_name(*arch, true);
+    const char *lm = names->causal_lm, *cls = names->classifier;
     const json_t *archs = json_object_get(root, "architectures");
     if (!archs || json_is_null(archs)) return TRILL_OK;
     if (!json_is_array(archs))
@@ -224,28 +150,11 @@ static trill_status read_labels(const json_t *root, const char *what, trill_conf
     return TRILL_OK;
 }
 
-static trill_status check_consistency(const trill_config *c, const char *what) {
-    if (c->head_dim < 2) /* derived as hidden_size / num_attention_heads when absent */
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"head_dim\": %d (hidden_size %d / num_attention_heads %d) must be at least 2",
-                           what, c->head_dim, c->hidden_size, c->num_attention_heads);
-    if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return trill_error(TRILL_ERR_INVALID, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
-                           what, c->num_attention_heads, c->num_key_value_heads);
-    if (c->head_dim % 2 != 0)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"head_dim\": %d must be even for RoPE", what, c->head_dim);
-    if (c->arch == TRILL_ARCH_QWEN3_MOE && c->num_experts > 0 &&
-        (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"num_experts_per_tok\": %d must be in [1, num_experts=%d]",
-                           what, c->num_experts_per_tok, c->num_experts);
-    return TRILL_OK;
-}
-
-/* HF Qwen3MoeDecoderLayer: MoE iff not in mlp_only_layers and (i+1) % decoder_sparse_step == 0. */
-static void build_layer_map(trill_config *c) {
+/* The layer map: which layers are MoE and each MoE layer's ordinal. */
+static void build_layer_map(trill_config *c, const trill_family *f) {
     c->n_moe_layers = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        bool moe = c->arch == TRILL_ARCH_QWEN3_MOE && !c->mlp_only[l] && c->num_experts > 0 &&
-                   (l + 1) % c->decoder_sparse_step == 0;
+        const bool moe = f->layer_is_moe(c, l);
         c->moe_ordinal[l] = moe ? (int16_t)c->n_moe_layers : -1;
         if (moe) c->moe_layer[c->n_moe_layers++] = (int16_t)l;
     }
@@ -259,44 +168,28 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
     trill_status st = read_arch(root, what, &arch, &classifier);
     if (st) return st;
     trill_config c;
-    set_defaults(&c, arch);
+    memset(&c, 0, sizeof c);
+    c.arch = arch;
+    c.bos_token_id = -1;
+    c.pad_token_id = -1;
+    const trill_family *f = trill_family_of(&c);
+    f->config_defaults(&c);
 
-    const int BIG = 1 << 24;
-    if ((st = trill_json_get_int(root, "vocab_size", what, 1, BIG, &c.vocab_size)) ||
+    if ((st = trill_json_get_int(root, "vocab_size", what, 1, 1 << 24, &c.vocab_size)) ||
         (st = trill_json_get_int(root, "hidden_size", what, 1, 1 << 20, &c.hidden_size)) ||
-        (st = trill_json_get_int(root, "intermediate_size", what, 1, BIG, &c.intermediate_size)) ||
         (st = trill_json_get_int(root, "num_hidden_layers", what, 1, TRILL_MAX_LAYERS, &c.num_hidden_layers)) ||
-        (st = trill_json_get_int(root, "num_attention_heads", what, 1, 4096, &c.num_attention_heads)) ||
-        (st = trill_json_get_int(root, "num_key_value_heads", what, 1, 4096, &c.num_key_value_heads)) ||
         (st = trill_json_get_int(root, "max_position_embeddings", what, 1, 1 << 30, &c.max_position_embeddings)) ||
         (st = trill_json_get_double(root, "rms_norm_eps", what, 0.0, 1.0, &c.rms_norm_eps)) ||
         (st = trill_json_get_double(root, "initializer_range", what, 0.0, 10.0, &c.initializer_range)) ||
         (st = trill_json_get_bool(root, "tie_word_embeddings", what, &c.tie_word_embeddings)) ||
-        (st = read_rope(root, what, &c)))
+        (st = f->config_read(root, what, &c)))
         return st;
-    if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_attention_heads;
-    if ((st = trill_json_get_int(root, "head_dim", what, 2, 1 << 16, &c.head_dim))) return st;
-
-    if (arch == TRILL_ARCH_QWEN3_MOE &&
-        ((st = trill_json_get_int(root, "num_experts", what, 0, 65535, &c.num_experts)) ||
-         (st = trill_json_get_int(root, "num_experts_per_tok", what, 1, 65535, &c.num_experts_per_tok)) ||
-         (st = trill_json_get_int(root, "moe_intermediate_size", what, 1, BIG, &c.moe_intermediate_size)) ||
-         (st = trill_json_get_int(root, "decoder_sparse_step", what, 1, TRILL_MAX_LAYERS, &c.decoder_sparse_step)) ||
-         (st = trill_json_get_bool(root, "norm_topk_prob", what, &c.norm_topk_prob)) ||
-         (st = read_mlp_only_layers(root, what, &c))))
-        return st;
-    if (arch == TRILL_ARCH_QWEN3) c.num_experts = c.num_experts_per_tok = 0;
 
     const char *act = "silu";
     if ((st = trill_json_get_string(root, "hidden_act", what, &act))) return st;
     if (strcmp(act, "silu") != 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"hidden_act\": \"%s\" is not supported (expected \"silu\")", what, act);
-    if ((st = refuse_if_true(root, "use_sliding_window", what)) ||
-        (st = refuse_if_true(root, "attention_bias", what)) ||
-        (st = check_layer_types(root, what)) ||
-        (st = read_token_ids(root, what, &c)) ||
-        (st = check_consistency(&c, what)))
-        return st;
+    if ((st = read_token_ids(root, what, &c))) return st;
     if (classifier) {
         const json_t *pad = json_object_get(root, "pad_token_id");
         if ((st = read_labels(root, what, &c)) ||
@@ -304,7 +197,7 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
             return st;
     }
 
-    build_layer_map(&c);
+    build_layer_map(&c, f);
     *out = c;
     return TRILL_OK;
 }
@@ -334,31 +227,13 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
     ok &= json_object_set_new(j, "model_type", json_string(trill_config_model_type(c))) == 0;
     ok &= json_object_set_new(j, "vocab_size", json_integer(c->vocab_size)) == 0;
     ok &= json_object_set_new(j, "hidden_size", json_integer(c->hidden_size)) == 0;
-    ok &= json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size)) == 0;
     ok &= json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers)) == 0;
-    ok &= json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads)) == 0;
-    ok &= json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads)) == 0;
-    ok &= json_object_set_new(j, "head_dim", json_integer(c->head_dim)) == 0;
     ok &= json_object_set_new(j, "hidden_act", json_string("silu")) == 0;
     ok &= json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings)) == 0;
     ok &= json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps)) == 0;
-    ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
-    ok &= json_object_set_new(j, "rope_scaling", json_null()) == 0;
     ok &= json_object_set_new(j, "initializer_range", json_real(c->initializer_range)) == 0;
     ok &= json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings)) == 0;
-    ok &= json_object_set_new(j, "attention_bias", json_false()) == 0;
-    ok &= json_object_set_new(j, "use_sliding_window", json_false()) == 0;
-    if (c->arch == TRILL_ARCH_QWEN3_MOE) {
-        ok &= json_object_set_new(j, "num_experts", json_integer(c->num_experts)) == 0;
-        ok &= json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok)) == 0;
-        ok &= json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate_size)) == 0;
-        ok &= json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step)) == 0;
-        ok &= json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob)) == 0;
-        json_t *mlp_only = json_array();
-        for (int l = 0; l < c->num_hidden_layers; l++)
-            if (c->mlp_only[l]) ok &= json_array_append_new(mlp_only, json_integer(l)) == 0;
-        ok &= json_object_set_new(j, "mlp_only_layers", mlp_only) == 0;
-    }
+    ok &= ok && trill_family_of(c)->config_write(c, j);
     if (c->bos_token_id >= 0) ok &= json_object_set_new(j, "bos_token_id", json_integer(c->bos_token_id)) == 0;
     if (c->n_eos == 1) ok &= json_object_set_new(j, "eos_token_id", json_integer(c->eos_token_ids[0])) == 0;
     else if (c->n_eos > 1) {

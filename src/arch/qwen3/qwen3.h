@@ -1,5 +1,6 @@
 /* The Qwen3 family (Qwen3ForCausalLM, Qwen3MoeForCausalLM and their *ForSequenceClassification):
- * its tensor roles. Internal to the library. */
+ * its tensor roles, its layer and adapter-layer structs, its training activations and its
+ * config.json fields. Internal to the library. */
 #ifndef TRILL_ARCH_QWEN3_H
 #define TRILL_ARCH_QWEN3_H
 
@@ -70,5 +71,13 @@ typedef struct qwen3_acts {
 } qwen3_acts;
 
 extern const trill_family_layers trill_qwen3_layers; /* layer.c */
+
+/* config.c: the family's config.json fields (trill_family.config_*) */
+struct json_t;
+extern const char *const trill_qwen3_config_keys[];
+void trill_qwen3_config_defaults(trill_config *c);
+trill_status trill_qwen3_config_read(const struct json_t *root, const char *what, trill_config *c);
+bool trill_qwen3_config_write(const trill_config *c, struct json_t *j);
+bool trill_qwen3_layer_is_moe(const trill_config *c, int l);
 
 #endif

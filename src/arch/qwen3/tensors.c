@@ -77,8 +77,21 @@ static double attention_flops(const trill_config *c, double pairs) {
     return 2.0 * 2.0 * pairs * c->head_dim * c->num_attention_heads;
 }
 
+/* The first name of each is the default model_type's architecture in messages. */
+static const trill_arch_names ARCHS[] = {
+    { TRILL_ARCH_QWEN3_MOE, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification" },
+    { TRILL_ARCH_QWEN3, "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification" },
+};
+
 const trill_family trill_family_qwen3 = {
     .name = "qwen3",
+    .archs = ARCHS,
+    .n_archs = (int)(sizeof ARCHS / sizeof ARCHS[0]),
+    .config_keys = trill_qwen3_config_keys,
+    .config_defaults = trill_qwen3_config_defaults,
+    .config_read = trill_qwen3_config_read,
+    .config_write = trill_qwen3_config_write,
+    .layer_is_moe = trill_qwen3_layer_is_moe,
     .layers = &trill_qwen3_layers,
     .rows = ROWS_,
     .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
