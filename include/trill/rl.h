@@ -186,6 +186,55 @@ typedef struct trill_rl_result {
 
 trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result);
 
+/* ---- one step's metrics: computed once, read by name; metrics.jsonl and the progress line are
+ * written from this struct (trill_rl_metrics_json). NAN where a figure does not apply. ---- */
+#define TRILL_RL_MAX_EXT_METRICS 32  /* distinct metric names an external reward process may report */
+#define TRILL_RL_MAX_LAG 1025        /* staleness histogram entries: lags 0 .. async.max_staleness */
+
+typedef struct trill_rl_metrics {
+    int step;                  /* 1-based, the step these describe */
+    /* async mode only (async true) */
+    bool async;
+    int64_t batch;             /* the rollout batch's index in the prompt stream */
+    double staleness_mean;     /* policy versions between the response tokens' weights and the trained ones */
+    int staleness_max;
+    long staleness_tokens[TRILL_RL_MAX_LAG]; /* response tokens at lag 0 .. staleness_max */
+    long dropped_batches, regenerated_batches; /* so far in this run */
+    /* the batch */
+    double reward, accuracy, response_len;
+    int flat_groups, trained_seqs;
+    /* the trainer (means over the step's optimizer steps) */
+    double loss, pg_loss, kl_loss, kl_ref, clip_frac, ratio_mean, grad_norm;
+    int skipped_nonfinite;
+    double lr;
+    /* training-inference mismatch over the trained response tokens */
+    double mismatch_mean_abs, mismatch_max_abs, mismatch_k1, mismatch_k3, mismatch_chi2;
+    long mismatch_tokens;
+    double tis_mean, tis_capped_frac, mis_masked_frac;
+    double flip_token_frac;    /* routed experts the trainer chose differently (NAN without MoE layers) */
+    int n_moe_layers;
+    double flip_layer[1024];   /* [n_moe_layers] the same per MoE layer */
+    /* weight sync */
+    trill_sync_mode sync_mode;
+    size_t sync_bytes;
+    double sync_ms;
+    uint32_t policy_version;
+    /* the external reward process's own metrics, means over the batch, as "reward_ext_<name>" */
+    int n_ext;
+    char ext_name[TRILL_RL_MAX_EXT_METRICS][64];
+    double ext_value[TRILL_RL_MAX_EXT_METRICS];
+    struct {
+        double generate_s, reward_s, train_s, sync_s, step_s, gen_tokens_per_s, train_tokens_per_s;
+        double trainer_wait_s, generator_apply_ms, interval_s; /* async */
+    } time;
+    size_t generator_apply_bytes; /* async: the generator's last weight update */
+    bool has_eval;             /* eval.every: a held-out evaluation after this step */
+    double eval_pass1, eval_passk;
+} trill_rl_metrics;
+
+/* The metrics as a metrics.jsonl line (no newline; malloc'ed; NULL when out of memory). */
+char *trill_rl_metrics_json(const trill_rl_metrics *m);
+
 /* Asks the run in progress to stop after its current step: it writes a checkpoint of that step
  * and returns TRILL_ERR_INTERRUPTED. Async-signal-safe (it sets a flag), so a SIGINT/SIGTERM
  * handler may call it. One run at a time per process: the flag is cleared when a run starts. */

@@ -326,30 +326,26 @@ static rl_rollout *next_batch(async_state *as, stash *held, int64_t want) {
 }
 
 /* Policy version lag of a batch's response tokens at training version v: mean, max, and the
- * number of tokens at each lag 0 .. max (a JSON array). */
-static json_t *staleness(const rl_batch *b, uint32_t v, double *mean, int *max) {
+ * number of tokens at each lag 0 .. max (up to TRILL_RL_MAX_LAG entries; a batch more stale than
+ * async.max_staleness is not trained, and max_staleness is below TRILL_RL_MAX_LAG). */
+static void staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
     double sum = 0;
     long n = 0;
-    *max = 0;
+    m->staleness_max = 0;
     for (int s = 0; s < b->n_seqs; s++)
         for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
             const int lag = (int)(v - b->version[t]);
             sum += lag;
             n++;
-            if (lag > *max) *max = lag;
+            if (lag > m->staleness_max) m->staleness_max = lag;
         }
-    *mean = n ? sum / n : 0;
-    long *count = trill_calloc((size_t)*max + 1, sizeof(long));
-    json_t *hist = count ? json_array() : NULL;
-    for (int s = 0; hist && s < b->n_seqs; s++)
-        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) count[v - b->version[t]]++;
-    for (int l = 0; hist && l <= *max; l++)
-        if (json_array_append_new(hist, json_integer(count[l]))) {
-            json_decref(hist);
-            hist = NULL;
+    m->staleness_mean = n ? sum / n : 0;
+    memset(m->staleness_tokens, 0, sizeof m->staleness_tokens);
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
+            const uint32_t lag = v - b->version[t];
+            if (lag < TRILL_RL_MAX_LAG) m->staleness_tokens[lag]++;
         }
-    free(count);
-    return hist; /* NULL when out of memory: trill_rl_metric notes it */
 }
 
 trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
@@ -395,9 +391,15 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
         step_wait += trill_now() - tw;
         if (!ro) break; /* closed: an executor failed */
         want = -1;
-        double lag_mean;
-        int lag_max;
-        json_t *lag_hist = staleness(&ro->b, r->state.version, &lag_mean, &lag_max);
+        trill_rl_metrics *m = trill_calloc(1, sizeof *m);
+        if (!m) {
+            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            trill_rl_rollout_free(ro);
+            free(ro);
+            break;
+        }
+        staleness(&ro->b, r->state.version, m);
+        const int lag_max = m->staleness_max;
         if (lag_max > c->async.max_staleness) {
             if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */
                 st = trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d",
@@ -413,20 +415,16 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
                 as->redo[as->n_redo++] = want = ro->index;
                 pthread_mutex_unlock(&as->mu);
             }
-            json_decref(lag_hist);
+            free(m);
             trill_rl_rollout_free(ro);
             free(ro);
             continue;
         }
-        r->metrics_lost = false;
-        json_t *m = json_object(); /* NULL: trill_rl_metric notes it */
-        trill_rl_metric(r, m, "step", json_integer(r->state.step + 1));
-        trill_rl_metric(r, m, "batch", json_integer(ro->index));
-        trill_rl_metric(r, m, "staleness_mean", trill_rl_jnum(lag_mean));
-        trill_rl_metric(r, m, "staleness_max", json_integer(lag_max));
-        trill_rl_metric(r, m, "staleness_tokens", lag_hist); /* tokens at lag 0, 1, ... */
-        trill_rl_metric(r, m, "dropped_batches", json_integer(dropped));
-        trill_rl_metric(r, m, "regenerated_batches", json_integer(regenerated));
+        m->step = r->state.step + 1;
+        m->async = true;
+        m->batch = ro->index;
+        m->dropped_batches = dropped;
+        m->regenerated_batches = regenerated;
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
@@ -436,25 +434,20 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
         *gen_tokens += ro->gen_tokens;
         *train_s += trs;
         *train_tokens += tt;
-        json_t *tm = json_object_get(m, "time");
         pthread_mutex_lock(&as->mu);
-        const double apply_ms = as->apply_ms;
-        const size_t apply_bytes = as->apply_bytes;
+        m->time.generator_apply_ms = as->apply_ms;
+        m->generator_apply_bytes = as->apply_bytes;
         pthread_mutex_unlock(&as->mu);
-        if (tm) {
-            trill_rl_metric(r, tm, "trainer_wait_s", trill_rl_jnum(step_wait));
-            trill_rl_metric(r, tm, "generator_apply_ms", trill_rl_jnum(apply_ms));
-        }
+        m->time.trainer_wait_s = step_wait;
         trainer_wait += step_wait;
         step_wait = 0;
-        trill_rl_metric(r, m, "generator_apply_bytes", json_integer((json_int_t)apply_bytes));
         trill_rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
-        if (tm) trill_rl_metric(r, tm, "interval_s", trill_rl_jnum(now - last)); /* wall time since the previous step */
+        m->time.interval_s = now - last; /* wall time since the previous step */
         if (!st) st = trill_rl_finish_step(r, m, now - last);
         last = now;
-        json_decref(m);
+        free(m);
     }
     if (st) fail(as, st, "trainer");
     pthread_mutex_lock(&as->mu);

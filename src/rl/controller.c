@@ -18,6 +18,7 @@
 #include "base/alloc.h"
 #include "rollout.h"
 #include "run.h"
+#include "scorer.h"
 #include "trill/log.h"
 #include "trill/chat.h"
 #include "trill/config.h"
@@ -125,23 +126,13 @@ static trill_status load_models(rl_run *r) {
     r->proto.stop_strings = (const char *const *)c->generator.stop;
     r->proto.n_stop_strings = c->generator.n_stop;
     if (c->rollouts.replay[0]) return TRILL_OK; /* rewards come with the recorded batches */
-    if (c->reward.external[0]) {
-        if (!(r->ext = trill_calloc((size_t)c->reward.external_workers, sizeof(reward_process *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        for (; r->n_ext < c->reward.external_workers; r->n_ext++)
-            if ((st = trill_reward_process_start(c->reward.external, c->reward.external_timeout_s, c->reward.external_max_failures,
-                                           &r->ext[r->n_ext])))
-                return st;
-    }
-    if (c->reward.model[0] && (st = trill_reward_model_load(c->reward.model, &r->rm))) return st;
-    return TRILL_OK;
+    return trill_rl_scorer_create(c, r->train, &r->scorer);
 }
 
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
     if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
-    for (int w = 0; w < r->n_ext; w++) trill_reward_process_free(r->ext[w]);
-    free(r->ext);
-    trill_reward_model_free(r->rm);
+    trill_rl_scorer_free(r->scorer);
     trill_engine_free(r->engine);
     if (r->policy) trill_model_attach_lora(r->policy, NULL);
     trill_lora_free(r->lora);
@@ -172,104 +163,6 @@ trill_status trill_rl_sync_direct(rl_run *r, double *ms, size_t *bytes) {
         if (!st) st = trill_engine_update_weights(r->engine, r->merge_model, r->state.version, bytes);
     }
     *ms = (trill_now() - t0) * 1e3;
-    return st;
-}
-
-/* ---- rewards ---- */
-
-/* A reward that overflowed while its weighted scores were added up stops the step here, before
- * it can reach the advantages. */
-static trill_status check_rewards(const rl_batch *b, const char *after, const char *key, double weight, const double *scores) {
-    for (int s = 0; s < b->n_seqs; s++)
-        if (!isfinite(b->reward[s]))
-            return trill_error(TRILL_ERR_INVALID, "sequence %d of the batch: its reward is %g after adding %s's score (%s %g x score %g); "
-                               "rewards must stay finite numbers", s, b->reward[s], after, key, weight, scores ? scores[s] : NAN);
-    return TRILL_OK;
-}
-
-/* The external reward pool: worker w scores sequences w, w + n, w + 2n, ... with its own
- * process, all at once; rewards and metrics are then added up in sequence order, so the result
- * does not depend on which process answered first. */
-typedef struct ext_job {
-    rl_run *r;
-    rl_batch *b;
-    int worker;
-    double *values;
-    json_t **metrics;
-    trill_status st;
-    char err[1024];
-} ext_job;
-
-static void *ext_worker(void *arg) {
-    ext_job *j = arg;
-    for (int s = j->worker; s < j->b->n_seqs && !j->st; s += j->r->n_ext) {
-        const trill_example *ex = &j->r->train->examples[j->b->example[s]];
-        j->st = trill_reward_process_score(j->r->ext[j->worker], ex->prompt, j->b->completion[s], ex->answer, &j->values[s], &j->metrics[s]);
-    }
-    if (j->st) snprintf(j->err, sizeof j->err, "%s", trill_error_message()); /* the message is per thread */
-    return NULL;
-}
-
-static trill_status score_external(rl_run *r, rl_batch *b, json_t *ext_metrics) {
-    const int n = b->n_seqs, W = r->n_ext;
-    double *values = trill_calloc((size_t)n, sizeof(double));
-    json_t **metrics = trill_calloc((size_t)n, sizeof(json_t *));
-    ext_job *jobs = trill_calloc((size_t)W, sizeof(ext_job));
-    pthread_t *threads = trill_calloc((size_t)W, sizeof(pthread_t));
-    bool *started = trill_calloc((size_t)W, sizeof(bool));
-    trill_status st = values && metrics && jobs && threads && started ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (int w = 0; w < W && !st; w++) {
-        jobs[w] = (ext_job){ .r = r, .b = b, .worker = w, .values = values, .metrics = metrics };
-        if (W == 1) ext_worker(&jobs[w]);
-        else started[w] = pthread_create(&threads[w], NULL, ext_worker, &jobs[w]) == 0;
-        if (W > 1 && !started[w]) { jobs[w].st = TRILL_ERR_IO; snprintf(jobs[w].err, sizeof jobs[w].err, "cannot start a reward worker thread"); }
-    }
-    for (int w = 0; w < W && started; w++)
-        if (started[w]) pthread_join(threads[w], NULL);
-    for (int w = 0; w < W && !st && jobs; w++)
-        if (jobs[w].st) st = trill_error(jobs[w].st, "%s", jobs[w].err);
-    for (int s = 0; s < n && !st; s++) {
-        b->reward[s] += r->c->reward.external_weight * values[s];
-        if (!isfinite(b->reward[s])) st = check_rewards(b, "the external process", "reward.external_weight", r->c->reward.external_weight, values);
-        const char *key;
-        json_t *val;
-        json_object_foreach(metrics[s], key, val) { /* summed here, averaged when logged */
-            json_t *sum = json_object_get(ext_metrics, key);
-            if (!st && json_object_set_new(ext_metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(val))))
-                st = trill_error(TRILL_ERR_NOMEM, "out of memory for the external reward's metrics");
-        }
-    }
-    for (int s = 0; s < n && metrics; s++) json_decref(metrics[s]);
-    free(values); free(metrics); free(jobs); free(threads); free(started);
-    return st;
-}
-
-/* Each sequence's reward: the weighted verifier, external process and reward model scores. */
-static trill_status score_batch(rl_run *r, rl_batch *b, json_t *ext_metrics) {
-    const trill_rl_config *c = r->c;
-    trill_status st = TRILL_OK;
-    for (int s = 0; s < b->n_seqs; s++) {
-        const trill_example *ex = &r->train->examples[b->example[s]];
-        b->correct[s] = trill_verify(r->verifier, b->completion[s], ex->answer);
-        b->reward[s] = r->verifier != TRILL_VERIFIER_NONE ? c->reward.verifier_weight * b->correct[s] : 0;
-    }
-    if (r->verifier != TRILL_VERIFIER_NONE) st = check_rewards(b, "the verifier", "reward.verifier_weight", c->reward.verifier_weight, b->correct);
-    if (!st && r->n_ext) st = score_external(r, b, ext_metrics);
-    if (!st && r->rm) {
-        char **texts = trill_calloc((size_t)b->n_seqs, sizeof(char *));
-        double *scores = trill_malloc(sizeof(double) * (size_t)b->n_seqs);
-        if (!texts || !scores) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        for (int s = 0; s < b->n_seqs && !st; s++) {
-            const trill_example *ex = &r->train->examples[b->example[s]];
-            if (asprintf(&texts[s], "%s%s", ex->prompt, b->completion[s]) < 0) { texts[s] = NULL; st = trill_error(TRILL_ERR_NOMEM, "out of memory"); }
-        }
-        if (!st) st = trill_reward_model_score(r->rm, (const char *const *)texts, b->n_seqs, scores);
-        for (int s = 0; s < b->n_seqs && !st; s++) b->reward[s] += c->reward.model_weight * scores[s];
-        if (!st) st = check_rewards(b, "the reward model", "reward.model_weight", c->reward.model_weight, scores);
-        for (int s = 0; s < b->n_seqs && texts; s++) free(texts[s]);
-        free(texts);
-        free(scores);
-    }
     return st;
 }
 
@@ -572,12 +465,6 @@ static double mean_of(const double *v, int n) {
     return n ? s / n : NAN;
 }
 
-json_t *trill_rl_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-
-void trill_rl_metric(rl_run *r, json_t *m, const char *key, json_t *v) {
-    if (json_object_set_new(m, key, v) != 0) r->metrics_lost = true;
-}
-#define jnum trill_rl_jnum
 
 void trill_rl_rollout_free(rl_rollout *ro) {
     trill_rl_batch_free(&ro->b);
@@ -607,7 +494,7 @@ trill_status trill_rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, t
 trill_status trill_rl_stage_reward(rl_run *r, rl_rollout *ro) {
     const double t0 = trill_now();
     if (!(ro->ext_metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = score_batch(r, &ro->b, ro->ext_metrics);
+    trill_status st = trill_rl_scorer_score(r->scorer, &ro->b, ro->ext_metrics);
     ro->reward_s = trill_now() - t0;
     return st;
 }
@@ -684,62 +571,176 @@ static trill_status replay_rollout(rl_run *r, int64_t index, rl_rollout *ro) {
     return st;
 }
 
-trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s_out, long *train_tokens_out) {
+/* The step's per-token arrays over the whole batch (packed layout); experts start as "not routed". */
+static trill_status token_arrays_alloc(const rl_run *r, const rl_batch *b, token_arrays *ta) {
+    const size_t T = (size_t)b->offsets[b->n_seqs], row = (size_t)r->L * r->K;
+    const bool ref = r->c->algo.kl_coef > 0;
+    ta->old_logp = trill_malloc(sizeof(float) * T);
+    ta->ref_logp = ref ? trill_malloc(sizeof(float) * T) : NULL;
+    ta->tis = trill_malloc(sizeof(float) * T);
+    ta->mask = trill_calloc(T, 1);
+    ta->train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
+    if (!ta->old_logp || (ref && !ta->ref_logp) || !ta->tis || !ta->mask || (row && !ta->train_experts))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < T * row; i++) ta->train_experts[i] = TRILL_REPLAY_NONE;
+    return TRILL_OK;
+}
+
+static void token_arrays_free(token_arrays *ta) {
+    free(ta->old_logp); free(ta->ref_logp); free(ta->tis); free(ta->mask); free(ta->train_experts);
+}
+
+/* Which sequences train, and their advantages. Dynamic sampling looks at the rewards of the task,
+ * before any KL penalty: identical completions score the same, but their penalties differ by
+ * rounding (the trainer's fp32 log-probs of a sequence depend a little on where it sits in the
+ * packed batch). With KL as a reward, each reward is first penalised by its sequence's KL (a
+ * pre-pass over every sequence gives the old and reference log-probs). kept[0, *n_kept). */
+static trill_status shape_rewards(rl_run *r, rl_batch *b, token_arrays *ta, int *kept, int *n_kept, int *flat_groups) {
     const trill_rl_config *c = r->c;
     const int G = c->generator.n;
-    rl_batch b = ro->b; /* borrowed */
-    token_arrays ta = { 0 };
-    int *kept = NULL;
-    train_stats ts = { 0 };
-    trill_status st = c->rollouts.save ? save_rollout(r, &b, r->state.step + 1) : TRILL_OK;
-    const double t_reward = trill_now();
-    const size_t T = (size_t)b.offsets[b.n_seqs], row = (size_t)r->L * r->K;
-    ta.old_logp = trill_malloc(sizeof(float) * T);
-    ta.ref_logp = c->algo.kl_coef > 0 ? trill_malloc(sizeof(float) * T) : NULL;
-    ta.tis = trill_malloc(sizeof(float) * T);
-    ta.mask = trill_calloc(T, 1);
-    ta.train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
-    kept = trill_malloc(sizeof(int) * (size_t)b.n_seqs);
-    if (!st && (!ta.old_logp || (c->algo.kl_coef > 0 && !ta.ref_logp) || !ta.tis || !ta.mask || (row && !ta.train_experts) || !kept))
-        st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; !st && i < T * row; i++) ta.train_experts[i] = TRILL_REPLAY_NONE;
-
-    int n_kept = 0;
-    double kl_ref_sum = 0;
-    long kl_ref_n = 0;
-    const bool kl_reward = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD;
-    /* Dynamic sampling looks at the rewards of the task, before any KL penalty: identical
-     * completions score the same, but their penalties differ by rounding (the trainer's fp32
-     * log-probs of a sequence depend a little on where it sits in the packed batch). */
-    int flat_groups = 0;
-    for (int g = 0; g < b.n_seqs / G && !st; g++) {
-        bool flat = trill_rl_group_is_flat(b.reward + (size_t)g * G, G);
-        flat_groups += flat;
-        for (int j = 0; j < G; j++) b.keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
+    trill_status st = TRILL_OK;
+    *flat_groups = *n_kept = 0;
+    for (int g = 0; g < b->n_seqs / G; g++) {
+        const bool flat = trill_rl_group_is_flat(b->reward + (size_t)g * G, G);
+        *flat_groups += flat;
+        for (int j = 0; j < G; j++) b->keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
     }
-    if (!st && kl_reward) { /* penalise each reward by its sequence's KL before the advantages */
-        int *all = kept;
-        for (int s = 0; s < b.n_seqs; s++) all[s] = s;
-        st = pre_pass(r, &b, all, b.n_seqs, true, true, &ta);
-        for (int s = 0; s < b.n_seqs && !st; s++) {
+    if (c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD) {
+        for (int s = 0; s < b->n_seqs; s++) kept[s] = s;
+        st = pre_pass(r, b, kept, b->n_seqs, true, true, ta);
+        for (int s = 0; s < b->n_seqs && !st; s++) {
             double kl = 0;
-            for (int t = b.offsets[s] + b.prompt_len[s]; t < b.offsets[s + 1]; t++)
-                kl += trill_rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]);
-            b.reward[s] -= c->algo.kl_coef * kl;
+            for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++)
+                kl += trill_rl_kl_value(c->algo.kl_estimator, ta->old_logp[t], ta->ref_logp[t]);
+            b->reward[s] -= c->algo.kl_coef * kl;
+        }
+    }
+    if (st) return st;
+    trill_rl_group_advantages(b->reward, b->n_seqs / G, G, c->algo.std_norm, 1e-6, b->adv);
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->keep[s]) kept[(*n_kept)++] = s;
+    return TRILL_OK;
+}
+
+/* algo.minibatches optimizer steps over the kept sequences (after the pre-pass they need). */
+static trill_status run_minibatches(rl_run *r, const rl_batch *b, const int *kept, int n_kept, token_arrays *ta, train_stats *ts) {
+    const trill_rl_config *c = r->c;
+    const int M = c->algo.minibatches;
+    const bool kl_reward = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD;
+    const bool pre_old = !kl_reward && M > 1, pre_ref = !kl_reward && c->algo.kl_coef > 0;
+    trill_status st = TRILL_OK;
+    if (n_kept && (pre_old || pre_ref)) st = pre_pass(r, b, kept, n_kept, pre_old, pre_ref, ta);
+    for (int mb = 0; mb < M && !st && n_kept && !ts->skipped; mb++) {
+        const int lo = (int)((int64_t)n_kept * mb / M), hi = (int)((int64_t)n_kept * (mb + 1) / M);
+        if (hi > lo) st = train_minibatch(r, b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, ta, ts);
+    }
+    return st;
+}
+
+/* Mismatch, corrections, KL to the reference and routing flips over the trained sequences'
+ * response tokens. */
+static trill_status measure_mismatch(const rl_run *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta,
+                                     trill_rl_metrics *m) {
+    const trill_rl_config *c = r->c;
+    const size_t row = (size_t)r->L * r->K;
+    long R = 0;
+    for (int i = 0; i < n_kept; i++) R += rl_response_len(b, kept[i]);
+    float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1));
+    uint16_t *ge = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
+    uint16_t *te = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
+    double tis_sum = 0, tis_capped = 0, kl_ref_sum = 0;
+    long j = 0, masked = 0, kl_ref_n = 0;
+    trill_status st = old && behav && (!row || (ge && te)) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_kept && !st; i++) {
+        const int s = kept[i];
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++, j++) {
+            old[j] = ta->old_logp[t];
+            behav[j] = b->behav_logp[t];
+            tis_sum += ta->tis[t];
+            tis_capped += c->correction.tis > 0 && ta->tis[t] >= (float)c->correction.tis;
+            masked += !ta->mask[t];
+            if (ta->ref_logp) { kl_ref_sum += trill_rl_kl_value(c->algo.kl_estimator, ta->old_logp[t], ta->ref_logp[t]); kl_ref_n++; }
+            /* the routing that produced token t was computed at position t - 1 */
+            if (row) {
+                memcpy(ge + (size_t)j * row, b->experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
+                memcpy(te + (size_t)j * row, ta->train_experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
+            }
         }
     }
     if (!st) {
-        trill_rl_group_advantages(b.reward, b.n_seqs / G, G, c->algo.std_norm, 1e-6, b.adv);
-        for (int s = 0; s < b.n_seqs; s++)
-            if (b.keep[s]) kept[n_kept++] = s;
+        rl_mismatch mm;
+        trill_rl_mismatch_measure(old, behav, (size_t)R, &mm);
+        m->mismatch_mean_abs = mm.mean_abs;
+        m->mismatch_max_abs = mm.max_abs;
+        m->mismatch_k1 = mm.k1;
+        m->mismatch_k3 = mm.k3;
+        m->mismatch_chi2 = mm.chi2;
+        m->mismatch_tokens = (long)mm.n_tokens;
+        m->tis_mean = R ? tis_sum / R : NAN;
+        m->tis_capped_frac = R ? tis_capped / R : NAN;
+        m->mis_masked_frac = R ? (double)masked / R : NAN;
+        m->kl_ref = kl_ref_n ? kl_ref_sum / kl_ref_n : NAN;
+        double token_flip = 0;
+        m->n_moe_layers = r->L;
+        for (int l = 0; l < r->L; l++) m->flip_layer[l] = 0;
+        if (row && R) trill_rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, m->flip_layer);
+        m->flip_token_frac = row ? token_flip : NAN;
     }
-    const int M = c->algo.minibatches;
-    const bool pre_old = !kl_reward && (M > 1), pre_ref = !kl_reward && c->algo.kl_coef > 0;
-    if (!st && n_kept && (pre_old || pre_ref)) st = pre_pass(r, &b, kept, n_kept, pre_old, pre_ref, &ta);
-    for (int mb = 0; mb < M && !st && n_kept && !ts.skipped; mb++) {
-        const int lo = (int)((int64_t)n_kept * mb / M), hi = (int)((int64_t)n_kept * (mb + 1) / M);
-        if (hi > lo) st = train_minibatch(r, &b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, &ta, &ts);
+    free(old); free(behav); free(ge); free(te);
+    return st;
+}
+
+/* The batch's and the trainer's figures; the external reward's metrics as means over the batch. */
+static trill_status batch_metrics(const rl_run *r, const rl_rollout *ro, const train_stats *ts, int flat_groups, int n_kept,
+                                  trill_rl_metrics *m) {
+    const rl_batch *b = &ro->b;
+    const bool verified = r->verifier != TRILL_VERIFIER_NONE;
+    double accuracy = verified ? 0 : NAN, len = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (verified) accuracy += (b->correct[s] >= 0.5) / (double)b->n_seqs;
+        len += rl_response_len(b, s) / (double)b->n_seqs;
     }
+    const int steps = ts->optimizer_steps ? ts->optimizer_steps : 1;
+    m->reward = mean_of(b->reward, b->n_seqs);
+    m->accuracy = accuracy;
+    m->response_len = len;
+    m->flat_groups = flat_groups;
+    m->trained_seqs = n_kept;
+    m->loss = ts->loss / steps;
+    m->pg_loss = ts->pg_loss / steps;
+    m->kl_loss = ts->kl_loss / steps;
+    m->clip_frac = ts->ratio_n ? ts->clip_tokens / ts->ratio_n : NAN;
+    m->ratio_mean = ts->ratio_n ? ts->ratio_sum / ts->ratio_n : NAN;
+    m->grad_norm = ts->grad_norm;
+    m->skipped_nonfinite = ts->skipped;
+    m->lr = ts->lr;
+    m->n_ext = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(ro->ext_metrics, key, val) {
+        if (m->n_ext == TRILL_RL_MAX_EXT_METRICS || strlen(key) >= sizeof m->ext_name[0])
+            return trill_error(TRILL_ERR_INVALID, "reward.external: the process reported %s (at most %d metrics, names under %zu bytes)",
+                               m->n_ext == TRILL_RL_MAX_EXT_METRICS ? "too many metrics" : "a metric name too long", TRILL_RL_MAX_EXT_METRICS,
+                               sizeof m->ext_name[0]);
+        snprintf(m->ext_name[m->n_ext], sizeof m->ext_name[0], "%s", key);
+        m->ext_value[m->n_ext++] = json_number_value(val) / b->n_seqs;
+    }
+    return TRILL_OK;
+}
+
+trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, trill_rl_metrics *m, double *train_s_out, long *train_tokens_out) {
+    const trill_rl_config *c = r->c;
+    rl_batch b = ro->b; /* borrowed */
+    token_arrays ta = { 0 };
+    train_stats ts = { 0 };
+    int n_kept = 0, flat_groups = 0;
+    int *kept = trill_malloc(sizeof(int) * (size_t)b.n_seqs);
+    trill_status st = c->rollouts.save ? save_rollout(r, &b, r->state.step + 1) : TRILL_OK;
+    const double t_reward = trill_now();
+    if (!st && !kept) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = token_arrays_alloc(r, &b, &ta);
+    if (!st) st = shape_rewards(r, &b, &ta, kept, &n_kept, &flat_groups);
+    if (!st) st = run_minibatches(r, &b, kept, n_kept, &ta, &ts);
     if (!st && ts.optimizer_steps) st = check_adapter(r);
     const double t_train = trill_now();
     double sync_ms = 0;
@@ -749,97 +750,24 @@ trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, do
         st = r->publish(r, &sync_ms, &sync_bytes);
     }
     const double t_end = trill_now();
-
+    if (!st) st = batch_metrics(r, ro, &ts, flat_groups, n_kept, m);
+    if (!st) st = measure_mismatch(r, &b, kept, n_kept, &ta, m);
     if (!st) {
-        /* mismatch and routing over the trained sequences' response tokens */
-        long R = 0;
-        for (int i = 0; i < n_kept; i++) R += rl_response_len(&b, kept[i]);
-        float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1));
-        uint16_t *ge = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL, *te = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
-        double tis_sum = 0, tis_capped = 0;
-        long j = 0, masked = 0;
-        if (!old || !behav || (row && (!ge || !te))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < n_kept && !st; i++) {
-            const int s = kept[i];
-            for (int t = b.offsets[s] + b.prompt_len[s]; t < b.offsets[s + 1]; t++, j++) {
-                old[j] = ta.old_logp[t];
-                behav[j] = b.behav_logp[t];
-                tis_sum += ta.tis[t];
-                tis_capped += c->correction.tis > 0 && ta.tis[t] >= (float)c->correction.tis;
-                masked += !ta.mask[t];
-                if (ta.ref_logp) { kl_ref_sum += trill_rl_kl_value(c->algo.kl_estimator, ta.old_logp[t], ta.ref_logp[t]); kl_ref_n++; }
-                /* the routing that produced token t was computed at position t - 1 */
-                if (row) {
-                    memcpy(ge + (size_t)j * row, b.experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
-                    memcpy(te + (size_t)j * row, ta.train_experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
-                }
-            }
-        }
-        if (!st) {
-            rl_mismatch mm;
-            trill_rl_mismatch_measure(old, behav, (size_t)R, &mm);
-            double token_flip = 0, *layer_flip = trill_calloc((size_t)r->L + 1, sizeof(double));
-            if (row && R) trill_rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, layer_flip);
-            json_t *lf = layer_flip ? json_array() : NULL;
-            for (int l = 0; lf && l < r->L; l++)
-                if (json_array_append_new(lf, jnum(layer_flip[l]))) r->metrics_lost = true;
-            free(layer_flip);
-            double accuracy = r->verifier != TRILL_VERIFIER_NONE ? 0 : NAN, len = 0;
-            for (int s = 0; s < b.n_seqs; s++) {
-                if (r->verifier != TRILL_VERIFIER_NONE) accuracy += (b.correct[s] >= 0.5) / (double)b.n_seqs;
-                len += rl_response_len(&b, s) / (double)b.n_seqs;
-            }
-            trill_rl_metric(r, metrics, "reward", jnum(mean_of(b.reward, b.n_seqs)));
-            trill_rl_metric(r, metrics, "accuracy", jnum(accuracy));
-            trill_rl_metric(r, metrics, "response_len", jnum(len));
-            trill_rl_metric(r, metrics, "flat_groups", json_integer(flat_groups));
-            trill_rl_metric(r, metrics, "trained_seqs", json_integer(n_kept));
-            trill_rl_metric(r, metrics, "loss", jnum(ts.loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            trill_rl_metric(r, metrics, "pg_loss", jnum(ts.pg_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            trill_rl_metric(r, metrics, "kl_loss", jnum(ts.kl_loss / (ts.optimizer_steps ? ts.optimizer_steps : 1)));
-            trill_rl_metric(r, metrics, "kl_ref", jnum(kl_ref_n ? kl_ref_sum / kl_ref_n : NAN));
-            trill_rl_metric(r, metrics, "clip_frac", jnum(ts.ratio_n ? ts.clip_tokens / ts.ratio_n : NAN));
-            trill_rl_metric(r, metrics, "ratio_mean", jnum(ts.ratio_n ? ts.ratio_sum / ts.ratio_n : NAN));
-            trill_rl_metric(r, metrics, "grad_norm", jnum(ts.grad_norm));
-            trill_rl_metric(r, metrics, "skipped_nonfinite", json_integer(ts.skipped));
-            trill_rl_metric(r, metrics, "lr", jnum(ts.lr));
-            trill_rl_metric(r, metrics, "mismatch_mean_abs", jnum(mm.mean_abs));
-            trill_rl_metric(r, metrics, "mismatch_max_abs", jnum(mm.max_abs));
-            trill_rl_metric(r, metrics, "mismatch_k1", jnum(mm.k1));
-            trill_rl_metric(r, metrics, "mismatch_k3", jnum(mm.k3));
-            trill_rl_metric(r, metrics, "mismatch_chi2", jnum(mm.chi2));
-            trill_rl_metric(r, metrics, "mismatch_tokens", json_integer(mm.n_tokens));
-            trill_rl_metric(r, metrics, "tis_mean", jnum(R ? tis_sum / R : NAN));
-            trill_rl_metric(r, metrics, "tis_capped_frac", jnum(R ? tis_capped / R : NAN));
-            trill_rl_metric(r, metrics, "mis_masked_frac", jnum(R ? (double)masked / R : NAN));
-            trill_rl_metric(r, metrics, "flip_token_frac", jnum(row ? token_flip : NAN));
-            trill_rl_metric(r, metrics, "flip_layer", lf);
-            trill_rl_metric(r, metrics, "sync_mode", json_string(c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
-            trill_rl_metric(r, metrics, "sync_bytes", json_integer((json_int_t)sync_bytes));
-            trill_rl_metric(r, metrics, "sync_ms", jnum(sync_ms));
-            trill_rl_metric(r, metrics, "policy_version", json_integer(r->state.version));
-            const char *key;
-            json_t *val;
-            json_object_foreach(ro->ext_metrics, key, val) {
-                char name[160];
-                snprintf(name, sizeof name, "reward_ext_%s", key);
-                trill_rl_metric(r, metrics, name, jnum(json_number_value(val) / b.n_seqs));
-            }
-            json_t *tm = json_object();
-            trill_rl_metric(r, tm, "generate_s", jnum(ro->gen_s));
-            trill_rl_metric(r, tm, "reward_s", jnum(ro->reward_s));
-            trill_rl_metric(r, tm, "train_s", jnum(t_train - t_reward));
-            trill_rl_metric(r, tm, "sync_s", jnum(t_end - t_train));
-            trill_rl_metric(r, tm, "step_s", jnum(ro->gen_s + ro->reward_s + (t_end - t_reward)));
-            trill_rl_metric(r, tm, "gen_tokens_per_s", jnum(ro->gen_tokens / ro->gen_s));
-            trill_rl_metric(r, tm, "train_tokens_per_s", jnum(ts.tokens / (t_train - t_reward)));
-            trill_rl_metric(r, metrics, "time", tm);
-        }
-        free(old); free(behav); free(ge); free(te);
+        m->sync_mode = c->sync.mode;
+        m->sync_bytes = sync_bytes;
+        m->sync_ms = sync_ms;
+        m->policy_version = r->state.version;
+        m->time.generate_s = ro->gen_s;
+        m->time.reward_s = ro->reward_s;
+        m->time.train_s = t_train - t_reward;
+        m->time.sync_s = t_end - t_train;
+        m->time.step_s = ro->gen_s + ro->reward_s + (t_end - t_reward);
+        m->time.gen_tokens_per_s = ro->gen_tokens / ro->gen_s;
+        m->time.train_tokens_per_s = ts.tokens / (t_train - t_reward);
     }
     *train_s_out = t_train - t_reward;
     *train_tokens_out = ts.tokens;
-    free(ta.old_logp); free(ta.ref_logp); free(ta.tis); free(ta.mask); free(ta.train_experts);
+    token_arrays_free(&ta);
     free(kept);
     if (!st) r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
     return st;
@@ -873,9 +801,9 @@ static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
     return st;
 }
 
-static trill_status append_metrics(rl_run *r, json_t *m) {
-    char *line = json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(10));
-    if (!line) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+static trill_status append_metrics(rl_run *r, const trill_rl_metrics *m) {
+    char *line = trill_rl_metrics_json(m);
+    if (!line) return trill_error(TRILL_ERR_NOMEM, "out of memory for the metrics of step %d", m->step);
     int bad = fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0;
     free(line);
     return bad ? trill_error(TRILL_ERR_IO, "metrics.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
@@ -906,28 +834,23 @@ static void format_duration(double s, char *out, size_t n) {
     else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-trill_status trill_rl_finish_step(rl_run *r, json_t *m, double step_wall_s) {
+/* A figure for the progress line: 0 where it does not apply. */
+static double shown(double v) { return isfinite(v) ? v : 0; }
+
+trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m, double step_wall_s) {
     const trill_rl_config *c = r->c;
-    if (r->metrics_lost) {
-        r->metrics_lost = false;
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for the metrics of step %d", r->state.step + 1);
-    }
     r->state.step++;
     trill_status st = append_metrics(r, m);
     if (st) return st;
     char eta[32];
     format_duration(step_wall_s * (c->steps - r->state.step), eta, sizeof eta);
-    json_t *tm = json_object_get(m, "time");
     const double per = step_wall_s > 0 ? step_wall_s : 1;
     trill_log(TRILL_LOG_INFO, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
             "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s",
-            r->state.step, c->steps, json_number_value(json_object_get(m, "reward")),
-            100 * json_number_value(json_object_get(m, "accuracy")), json_number_value(json_object_get(m, "loss")),
-            json_number_value(json_object_get(m, "kl_ref")), json_number_value(json_object_get(m, "mismatch_mean_abs")),
-            json_number_value(json_object_get(m, "mismatch_k3")), 100 * json_number_value(json_object_get(m, "flip_token_frac")),
-            json_number_value(json_object_get(tm, "gen_tokens_per_s")), json_number_value(json_object_get(tm, "train_tokens_per_s")),
-            100 * json_number_value(json_object_get(tm, "generate_s")) / per, 100 * json_number_value(json_object_get(tm, "train_s")) / per,
-            json_number_value(json_object_get(m, "sync_ms")), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
+            r->state.step, c->steps, shown(m->reward), 100 * shown(m->accuracy), shown(m->loss), shown(m->kl_ref),
+            shown(m->mismatch_mean_abs), shown(m->mismatch_k3), 100 * shown(m->flip_token_frac), shown(m->time.gen_tokens_per_s),
+            shown(m->time.train_tokens_per_s), 100 * shown(m->time.generate_s) / per, 100 * shown(m->time.train_s) / per,
+            shown(m->sync_ms), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
     if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
         st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, r->lora, r->opt, &r->base, c->checkpoint.keep);
         if (!st) r->saved_step = r->state.step;
@@ -1097,9 +1020,9 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
     r.publish = trill_rl_sync_direct;
     if (!st && c->mode == TRILL_MODE_ASYNC) st = trill_rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
     while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps && !trill_rl_stop_requested()) {
-        r.metrics_lost = false;
-        json_t *m = json_object(); /* NULL: trill_rl_metric notes it */
-        trill_rl_metric(&r, m, "step", json_integer(r.state.step + 1));
+        trill_rl_metrics *m = trill_calloc(1, sizeof *m);
+        if (!m) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
+        m->step = r.state.step + 1;
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
@@ -1115,13 +1038,11 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
         gen_s += ro.gen_s; train_s += trs; gen_tok += ro.gen_tokens; train_tok += tt;
         trill_rl_rollout_free(&ro);
         if (!st && r.eval && c->eval.every > 0 && r.state.step + 1 < c->steps && (r.state.step + 1) % c->eval.every == 0) {
-            double p1, pk;
-            st = evaluate(&r, "now", &p1, &pk);
-            trill_rl_metric(&r, m, "eval_pass1", jnum(p1));
-            trill_rl_metric(&r, m, "eval_passk", jnum(pk));
+            m->has_eval = true;
+            st = evaluate(&r, "now", &m->eval_pass1, &m->eval_passk);
         }
         if (!st) st = trill_rl_finish_step(&r, m, trill_now() - t0);
-        json_decref(m);
+        free(m);
     }
     if (!st && r.state.step < c->steps && trill_rl_stop_requested()) { /* the step in progress finished: keep it */
         if (r.state.step > first && r.saved_step != r.state.step)

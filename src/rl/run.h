@@ -31,9 +31,7 @@ struct rl_run {
     trill_tokenizer *tok;
     trill_chat_template *chat;
     trill_dataset *train, *eval;
-    reward_process **ext;         /* the external reward pool: n_ext processes */
-    int n_ext;
-    trill_reward_model *rm;
+    struct rl_scorer *scorer;     /* the reward sources (scorer.h); NULL when replaying rollouts */
     trill_request proto;          /* sampling settings, stops */
     int stop_ids[TRILL_MAX_EOS];
     rl_state state;
@@ -41,7 +39,6 @@ struct rl_run {
     int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
     int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
-    bool metrics_lost;            /* a field of this step's metrics could not be added (trill_rl_metric) */
     int L, K;
     /* How new weights reach the generator after a step: trill_rl_sync_direct (sync mode) or the
      * weight channel (async). *ms and *bytes describe the transfer. */
@@ -61,21 +58,17 @@ typedef struct rl_rollout {
 
 trill_status trill_rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx);
 trill_status trill_rl_stage_reward(rl_run *r, rl_rollout *ro);
-/* Advantages, trainer passes, optimizer steps, version + 1 and r->publish; fills metrics. */
-trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, json_t *metrics, double *train_s, long *train_tokens);
+/* Advantages, trainer passes, optimizer steps, version + 1 and r->publish; fills the batch's,
+ * the trainer's, the mismatch and the sync figures of *m (and time). */
+trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, trill_rl_metrics *m, double *train_s, long *train_tokens);
 void trill_rl_rollout_free(rl_rollout *ro);
 
 /* Sync mode's weight transfer: the engine's update calls in the trainer's thread. */
 trill_status trill_rl_sync_direct(rl_run *r, double *ms, size_t *bytes);
 
 /* After a trained step: metrics line, progress line, checkpoint. */
-trill_status trill_rl_finish_step(rl_run *r, json_t *m, double step_wall_s);
+trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m, double step_wall_s);
 
-json_t *trill_rl_jnum(double v);
-/* m[key] = v (its reference taken) in a step's metrics. A failure (out of memory: m or v NULL,
- * or no room for the key) sets r->metrics_lost, and trill_rl_finish_step reports it rather than write
- * a metrics line without the field. */
-void trill_rl_metric(rl_run *r, json_t *m, const char *key, json_t *v);
 
 /* trill_rl_request_stop was called (a signal handler, an embedder): end after the current step. */
 bool trill_rl_stop_requested(void);

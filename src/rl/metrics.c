@@ -1,0 +1,109 @@
+/* A step's metrics (trill_rl_metrics, trill/rl.h) as a metrics.jsonl line: the one serializer.
+ * Keys keep their historical order; a figure that does not apply (NAN, inf) is null. */
+#include <math.h>
+#include <stdio.h>
+
+#include "base/json.h"
+#include "trill/rl.h"
+
+static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+typedef struct out { json_t *o; bool ok; } out;
+
+static void put(out *w, json_t *obj, const char *key, json_t *v) { w->ok &= v != NULL && json_object_set_new(obj, key, v) == 0; }
+
+static json_t *int_array_l(const long *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(v[i]))) { json_decref(a); return NULL; }
+    return a;
+}
+
+static json_t *num_array(const double *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, num(v[i]))) { json_decref(a); return NULL; }
+    return a;
+}
+
+static json_t *to_json(const trill_rl_metrics *m) {
+    out w = { .o = json_object(), .ok = true };
+    json_t *o = w.o;
+    if (!o) return NULL;
+    put(&w, o, "step", json_integer(m->step));
+    if (m->async) {
+        put(&w, o, "batch", json_integer(m->batch));
+        put(&w, o, "staleness_mean", num(m->staleness_mean));
+        put(&w, o, "staleness_max", json_integer(m->staleness_max));
+        put(&w, o, "staleness_tokens", int_array_l(m->staleness_tokens, m->staleness_max + 1)); /* tokens at lag 0, 1, ... */
+        put(&w, o, "dropped_batches", json_integer(m->dropped_batches));
+        put(&w, o, "regenerated_batches", json_integer(m->regenerated_batches));
+    }
+    put(&w, o, "reward", num(m->reward));
+    put(&w, o, "accuracy", num(m->accuracy));
+    put(&w, o, "response_len", num(m->response_len));
+    put(&w, o, "flat_groups", json_integer(m->flat_groups));
+    put(&w, o, "trained_seqs", json_integer(m->trained_seqs));
+    put(&w, o, "loss", num(m->loss));
+    put(&w, o, "pg_loss", num(m->pg_loss));
+    put(&w, o, "kl_loss", num(m->kl_loss));
+    put(&w, o, "kl_ref", num(m->kl_ref));
+    put(&w, o, "clip_frac", num(m->clip_frac));
+    put(&w, o, "ratio_mean", num(m->ratio_mean));
+    put(&w, o, "grad_norm", num(m->grad_norm));
+    put(&w, o, "skipped_nonfinite", json_integer(m->skipped_nonfinite));
+    put(&w, o, "lr", num(m->lr));
+    put(&w, o, "mismatch_mean_abs", num(m->mismatch_mean_abs));
+    put(&w, o, "mismatch_max_abs", num(m->mismatch_max_abs));
+    put(&w, o, "mismatch_k1", num(m->mismatch_k1));
+    put(&w, o, "mismatch_k3", num(m->mismatch_k3));
+    put(&w, o, "mismatch_chi2", num(m->mismatch_chi2));
+    put(&w, o, "mismatch_tokens", json_integer(m->mismatch_tokens));
+    put(&w, o, "tis_mean", num(m->tis_mean));
+    put(&w, o, "tis_capped_frac", num(m->tis_capped_frac));
+    put(&w, o, "mis_masked_frac", num(m->mis_masked_frac));
+    put(&w, o, "flip_token_frac", num(m->flip_token_frac));
+    put(&w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
+    put(&w, o, "sync_mode", json_string(m->sync_mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
+    put(&w, o, "sync_bytes", json_integer((json_int_t)m->sync_bytes));
+    put(&w, o, "sync_ms", num(m->sync_ms));
+    put(&w, o, "policy_version", json_integer(m->policy_version));
+    for (int i = 0; i < m->n_ext; i++) {
+        char name[80];
+        snprintf(name, sizeof name, "reward_ext_%s", m->ext_name[i]);
+        put(&w, o, name, num(m->ext_value[i]));
+    }
+    json_t *t = json_object();
+    put(&w, o, "time", t);
+    if (t) {
+        put(&w, t, "generate_s", num(m->time.generate_s));
+        put(&w, t, "reward_s", num(m->time.reward_s));
+        put(&w, t, "train_s", num(m->time.train_s));
+        put(&w, t, "sync_s", num(m->time.sync_s));
+        put(&w, t, "step_s", num(m->time.step_s));
+        put(&w, t, "gen_tokens_per_s", num(m->time.gen_tokens_per_s));
+        put(&w, t, "train_tokens_per_s", num(m->time.train_tokens_per_s));
+        if (m->async) {
+            put(&w, t, "trainer_wait_s", num(m->time.trainer_wait_s));
+            put(&w, t, "generator_apply_ms", num(m->time.generator_apply_ms));
+            put(&w, t, "interval_s", num(m->time.interval_s)); /* wall time since the previous step */
+        }
+    }
+    if (m->async) put(&w, o, "generator_apply_bytes", json_integer((json_int_t)m->generator_apply_bytes));
+    if (m->has_eval) {
+        put(&w, o, "eval_pass1", num(m->eval_pass1));
+        put(&w, o, "eval_passk", num(m->eval_passk));
+    }
+    if (!w.ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+char *trill_rl_metrics_json(const trill_rl_metrics *m) {
+    json_t *o = to_json(m);
+    char *line = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+    json_decref(o);
+    return line;
+}
