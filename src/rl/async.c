@@ -189,17 +189,15 @@ static trill_status plan_cores(async_state *as) {
 
 /* ---- the weight channel ---- */
 
-/* Trainer side (r->publish in async mode): merge if asked, then one copy into the channel. */
-static trill_status publish_channel(rl_run *r, double *ms, size_t *bytes) {
-    async_state *as = r->async;
+/* Trainer side (the async scheduler's publish): the trainer's weights (merged first in merge
+ * mode), one copy into the channel. */
+static trill_status publish_channel(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    async_state *as = ctx;
     const double t0 = trill_now();
-    const float *src = r->lora->params;
-    trill_status st = TRILL_OK;
-    if (r->c->sync.mode == TRILL_SYNC_MERGE) {
-        memcpy(r->merge_model->params, r->merge_base, sizeof(float) * r->merge_model->n_f32);
-        st = trill_lora_merge(r->lora, r->merge_model);
-        src = r->merge_model->params;
-    }
+    const float *src;
+    size_t n;
+    const trill_model *merged;
+    trill_status st = trill_rl_trainer_export(r->trainer, &src, &n, &merged);
     trill_publish_info info = { 0 };
     if (!st) st = trill_channel_publish(as->ch, src, r->state.version, &info);
     *ms = (trill_now() - t0) * 1e3;
@@ -221,10 +219,10 @@ static trill_status take_weights(void *ctx) {
         st = trill_error(TRILL_ERR_INVALID, "weight channel: version %u arrived with a wrong checksum", view.version);
     } else if (r->c->sync.mode == TRILL_SYNC_ADAPTER) {
         memcpy(as->gen_lora->params, view.data, sizeof(float) * view.n);
-        st = trill_engine_update_adapter(r->engine, as->gen_lora, view.version, &bytes);
+        st = trill_rl_generator_load_adapter(r->gen, as->gen_lora, view.version, &bytes);
     } else {
         memcpy(as->gen_model->params, view.data, sizeof(float) * view.n);
-        st = trill_engine_update_weights(r->engine, as->gen_model, view.version, &bytes);
+        st = trill_rl_generator_load_weights(r->gen, as->gen_model, view.version, &bytes);
     }
     if (!st) {
         as->gen_version = view.version;
@@ -359,19 +357,20 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
     pthread_cond_init(&as->cv, NULL);
     queue_init(&as->to_reward, c->async.queue);
     queue_init(&as->to_trainer, c->async.queue);
-    const size_t n = c->sync.mode == TRILL_SYNC_ADAPTER ? r->lora->n_params : r->merge_model->n_f32;
+    const trill_model *policy = trill_rl_trainer_policy(r->trainer);
+    size_t n = 0;
+    trill_lora_params(trill_rl_trainer_lora(r->trainer), &n);
+    if (c->sync.mode == TRILL_SYNC_MERGE) n = trill_model_n_params(policy); /* the merged model: every parameter, in fp32 */
     trill_status st = plan_cores(as);
     if (!st) st = trill_channel_create(n, &as->ch);
-    if (!st && c->sync.mode == TRILL_SYNC_ADAPTER) st = trill_lora_create(r->policy, c->trainer.lora, 0, &as->gen_lora);
-    if (!st && c->sync.mode == TRILL_SYNC_MERGE) st = trill_model_create(&r->policy->config, &as->gen_model);
+    if (!st && c->sync.mode == TRILL_SYNC_ADAPTER) st = trill_lora_create(policy, c->trainer.lora, 0, &as->gen_lora);
+    if (!st && c->sync.mode == TRILL_SYNC_MERGE) st = trill_model_create(trill_model_config(policy), &as->gen_model);
     if (st) goto done;
 
     /* the trainer is this thread: its cores and thread count for the run, restored after */
     cpu_set_t saved_set;
     const int saved_threads = omp_get_max_threads();
     const bool restore = pthread_getaffinity_np(pthread_self(), sizeof saved_set, &saved_set) == 0;
-    r->async = as;
-    r->publish = publish_channel;
     place_thread(as, 1);
     pthread_t gen_thread, reward_thread;
     bool gen_started = pthread_create(&gen_thread, NULL, generator_main, as) == 0;
@@ -428,7 +427,7 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
-        st = trill_rl_stage_train(r, ro, m, &trs, &tt);
+        st = trill_rl_stage_train(r, ro, publish_channel, as, m, &trs, &tt);
         as->train_busy += trill_now() - t0;
         *gen_s += ro->gen_s;
         *gen_tokens += ro->gen_tokens;
@@ -480,12 +479,10 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
                 100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), trainer_wait, dropped, regenerated);
     omp_set_num_threads(saved_threads);
     if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
-    r->publish = trill_rl_sync_direct;
-    r->async = NULL;
     if (!st) { /* the generator may have stopped before taking the last version: evaluation must see it */
         double ms;
         size_t bytes;
-        st = trill_rl_sync_direct(r, &ms, &bytes);
+        st = trill_rl_publish_direct(r, NULL, &ms, &bytes);
     }
 done:
     queue_destroy(&as->to_reward);

@@ -1,0 +1,92 @@
+/* The generator executor (generator.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "generator.h"
+
+struct rl_generator {
+    const trill_rl_config *c;
+    const trill_tokenizer *tok;
+    const trill_dataset *train;
+    trill_engine *engine;
+    trill_request proto;          /* sampling settings, stops */
+    int stop_ids[TRILL_MAX_EOS];
+    int L, K;                     /* MoE layers, experts per token: the captured experts' shape */
+};
+
+trill_status trill_rl_generator_create(const trill_rl_config *c, const trill_model *policy, const trill_tokenizer *tok,
+                                       const trill_dataset *train, rl_generator **out) {
+    rl_generator *g = trill_calloc(1, sizeof *g);
+    if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const trill_config *mc = trill_model_config(policy);
+    *g = (rl_generator){ .c = c, .tok = tok, .train = train, .L = mc->n_moe_layers, .K = mc->num_experts_per_tok };
+    trill_engine_config ec = trill_engine_config_default();
+    ec.format = c->generator.dtype;
+    ec.kv_cache_mb = (size_t)c->generator.kv_cache_mb;
+    ec.max_batch_tokens = c->generator.max_batch_tokens;
+    ec.capture_experts = g->L > 0; /* routing flips are measured every step, replay or not */
+    ec.tokenizer = tok;
+    trill_status st = trill_engine_create(policy, &ec, &g->engine);
+    if (st) {
+        free(g);
+        return st;
+    }
+    g->proto = (trill_request){ .max_new_tokens = c->generator.max_new_tokens };
+    g->proto.sampling = trill_sampling_default();
+    g->proto.sampling.temperature = (float)c->generator.temperature;
+    g->proto.sampling.top_p = (float)c->generator.top_p;
+    g->proto.sampling.top_k = c->generator.top_k;
+    g->proto.sampling.min_p = (float)c->generator.min_p;
+    g->proto.sampling.seed = c->seed;
+    for (int i = 0; i < mc->n_eos; i++) g->stop_ids[i] = mc->eos_token_ids[i];
+    g->proto.stop_ids = g->stop_ids;
+    g->proto.n_stop_ids = mc->n_eos;
+    g->proto.stop_strings = (const char *const *)c->generator.stop;
+    g->proto.n_stop_strings = c->generator.n_stop;
+    *out = g;
+    return TRILL_OK;
+}
+
+void trill_rl_generator_free(rl_generator *g) {
+    if (!g) return;
+    trill_engine_free(g->engine);
+    free(g);
+}
+
+trill_status trill_rl_generator_generate(rl_generator *g, int64_t index, trill_status (*between_steps)(void *), void *ctx, rl_batch *out,
+                                         long *tokens) {
+    const trill_rl_config *c = g->c;
+    const int P = c->generator.prompts_per_step;
+    *tokens = 0;
+    int *examples = trill_malloc(sizeof(int) * (size_t)P);
+    if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int64_t pos = index * P;
+    trill_status st = trill_dataset_order(g->train, c->seed, c->data.shuffle, pos, P, examples);
+    if (!st)
+        st = trill_rl_generate(g->engine, g->tok, g->train, examples, P, c->generator.n, (uint64_t)pos, &g->proto, g->L, g->K,
+                               between_steps, ctx, out);
+    free(examples);
+    for (int s = 0; !st && s < out->n_seqs; s++) *tokens += rl_response_len(out, s);
+    return st;
+}
+
+trill_status trill_rl_generator_load_adapter(rl_generator *g, const trill_lora *lora, uint32_t version, size_t *bytes) {
+    return trill_engine_update_adapter(g->engine, lora, version, bytes);
+}
+
+trill_status trill_rl_generator_load_weights(rl_generator *g, const trill_model *m, uint32_t version, size_t *bytes) {
+    return trill_engine_update_weights(g->engine, m, version, bytes);
+}
+
+uint32_t trill_rl_generator_version(const rl_generator *g) { return trill_engine_version(g->engine); }
+
+trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out) {
+    const trill_rl_config *c = g->c;
+    trill_eval_options o = { .limit = c->data.eval_size, .k = c->eval.k, .temperature = c->eval.temperature,
+                             .max_new_tokens = c->generator.max_new_tokens, .verifier = c->reward.verifier,
+                             .seed = c->seed ^ 0x6576616cu /* "eval": the same draws before and after */,
+                             .stop_ids = g->proto.stop_ids, .n_stop_ids = g->proto.n_stop_ids,
+                             .stops = g->proto.stop_strings, .n_stops = g->proto.n_stop_strings };
+    return trill_rl_evaluate(g->engine, g->tok, eval, &o, out);
+}

@@ -1,0 +1,39 @@
+/* The generator executor: the engine (its weights in generator.dtype, a KV cache, the adapters it
+ * was last sent), the sampling settings and stops, and the policy version it holds. It reads the
+ * dataset's prompts and the tokenizer; it produces rollout batches and takes weight updates. Used
+ * by one thread at a time: the controller's in sync mode, the generator executor's in async. */
+#ifndef TRILL_RL_GENERATOR_H
+#define TRILL_RL_GENERATOR_H
+
+#include "rollout.h"
+#include "trill/dataset.h"
+#include "trill/infer.h"
+#include "trill/lora.h"
+#include "trill/model.h"
+#include "trill/rl.h"
+#include "trill/tokenizer.h"
+
+typedef struct rl_generator rl_generator;
+
+/* An engine for `policy`'s base weights (adapters come with the first update) and the request
+ * prototype of c's generator section. tok and train must outlive it. */
+trill_status trill_rl_generator_create(const trill_rl_config *c, const trill_model *policy, const trill_tokenizer *tok,
+                                       const trill_dataset *train, rl_generator **out);
+void trill_rl_generator_free(rl_generator *g);
+
+/* Batch `index` of the prompt stream: prompts_per_step prompts in the seeded order, n samples
+ * each (request ids by position in the stream), experts captured. between_steps (optional)
+ * runs before every engine step. *tokens: response tokens generated. */
+trill_status trill_rl_generator_generate(rl_generator *g, int64_t index, trill_status (*between_steps)(void *), void *ctx, rl_batch *out,
+                                         long *tokens);
+
+/* New weights, applied at the engine's next step: the adapters (adapter sync) or full fp32
+ * weights (merge sync); *bytes converted. */
+trill_status trill_rl_generator_load_adapter(rl_generator *g, const trill_lora *lora, uint32_t version, size_t *bytes);
+trill_status trill_rl_generator_load_weights(rl_generator *g, const trill_model *m, uint32_t version, size_t *bytes);
+uint32_t trill_rl_generator_version(const rl_generator *g);
+
+/* Held-out evaluation on the engine as it is (eval.k samples per prompt at eval.temperature). */
+trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out);
+
+#endif

@@ -1,0 +1,247 @@
+/* The stages of an RL step over the executors (run.h), shared by both schedulers: generate,
+ * score (or replay a recorded batch), train and publish, then the step's metrics line, progress
+ * line and checkpoint. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "run.h"
+#include "trill/fileio.h"
+#include "trill/log.h"
+#include "trill/timing.h"
+
+static double mean_of(const double *v, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return n ? s / n : NAN;
+}
+
+void trill_rl_rollout_free(rl_rollout *ro) {
+    trill_rl_batch_free(&ro->b);
+    json_decref(ro->ext_metrics);
+    memset(ro, 0, sizeof *ro);
+}
+
+trill_status trill_rl_stage_generate(rl_run *r, int64_t index, rl_rollout *ro, trill_status (*between_steps)(void *), void *ctx) {
+    memset(ro, 0, sizeof *ro);
+    ro->index = index;
+    const double t0 = trill_now();
+    trill_status st = trill_rl_generator_generate(r->gen, index, between_steps, ctx, &ro->b, &ro->gen_tokens);
+    ro->gen_s = trill_now() - t0;
+    return st;
+}
+
+trill_status trill_rl_stage_reward(rl_run *r, rl_rollout *ro) {
+    const double t0 = trill_now();
+    if (!(ro->ext_metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = trill_rl_scorer_score(r->scorer, &ro->b, ro->ext_metrics);
+    ro->reward_s = trill_now() - t0;
+    return st;
+}
+
+/* ---- recorded rollouts ---- */
+
+static char *rollout_file(const char *dir, int step) {
+    char name[32];
+    snprintf(name, sizeof name, "step-%08d.bin", step);
+    return trill_path_join(dir, name);
+}
+
+/* RUN/rollouts/step-N.bin: the batch as the trainer receives it (rewards in, advantages not yet). */
+static trill_status save_rollout(rl_run *r, const rl_batch *b, int step) {
+    char *dir = trill_path_join(r->c->run_dir, "rollouts"), *path = dir ? rollout_file(dir, step) : NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    trill_status st = path ? trill_mkdir_p(dir) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_rl_batch_pack(b, &buf, &len);
+    if (!st) st = trill_write_file_atomic(path, buf, len);
+    if (st) trill_error_context("rollouts.save: step %d", step);
+    free(buf);
+    free(path);
+    free(dir);
+    return st;
+}
+
+/* Checks a recorded batch against this run: its shape, and every id and number the trainer reads. */
+static trill_status check_replayed(const rl_run *r, const rl_batch *b, const char *path) {
+    const trill_rl_config *c = r->c;
+    const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r->trainer));
+    const int L = mc->n_moe_layers, K = mc->num_experts_per_tok;
+    const int want = c->generator.prompts_per_step * c->generator.n;
+    if (b->n_seqs != want || b->group_size != c->generator.n)
+        return trill_error(TRILL_ERR_INVALID, "%s: %d sequences in groups of %d, the config asks for %d prompts x generator.n %d", path,
+                           b->n_seqs, b->group_size, c->generator.prompts_per_step, c->generator.n);
+    if (b->n_moe_layers != L || b->top_k != K)
+        return trill_error(TRILL_ERR_INVALID, "%s: routed experts for %d MoE layers x top-%d, the model has %d x top-%d", path,
+                           b->n_moe_layers, b->top_k, L, K);
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (!isfinite(b->reward[s])) return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: reward is not a finite number", path, s);
+        if (b->example[s] < 0 || b->example[s] >= r->train->n)
+            return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: example %d is not a line of data.train (%d prompts)", path, s,
+                               b->example[s], r->train->n);
+        for (int t = b->offsets[s]; t < b->offsets[s + 1]; t++) {
+            if (b->tokens[t] < 0 || b->tokens[t] >= mc->vocab_size)
+                return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: token %d is outside the vocabulary (%d)", path, s, b->tokens[t],
+                                   mc->vocab_size);
+            if (t >= b->offsets[s] + b->prompt_len[s] && !(b->behav_logp[t] <= 0))
+                return trill_error(TRILL_ERR_INVALID, "%s: sequence %d, token %d: behaviour log-prob %g is not a log-probability", path, s,
+                                   t - b->offsets[s], b->behav_logp[t]);
+        }
+    }
+    return TRILL_OK; /* routed expert ids are checked by the forward pass (in range, distinct per token) */
+}
+
+/* In place of generating and scoring: step N's batch from rollouts.replay/step-N.bin. */
+trill_status trill_rl_stage_replay(rl_run *r, int64_t index, rl_rollout *ro) {
+    memset(ro, 0, sizeof *ro);
+    ro->index = index;
+    const int step = r->state.step + 1;
+    char *path = rollout_file(r->c->rollouts.replay, step), *data = NULL;
+    size_t len = 0;
+    trill_status st = path ? trill_read_file(path, &data, &len) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        st = trill_rl_batch_unpack(data, len, &ro->b);
+        if (st) trill_error_context("%s", path);
+    }
+    if (!st) st = check_replayed(r, &ro->b, path);
+    if (!st && !(ro->ext_metrics = json_object())) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int s = 0; !st && s < ro->b.n_seqs; s++) ro->gen_tokens += rl_response_len(&ro->b, s);
+    if (st) trill_error_context("rollouts.replay: step %d", step);
+    free(data);
+    free(path);
+    return st;
+}
+
+/* The batch's and the trainer's figures; the external reward's metrics as means over the batch. */
+static trill_status batch_metrics(const rl_run *r, const rl_rollout *ro, const rl_train_stats *ts, trill_rl_metrics *m) {
+    const rl_batch *b = &ro->b;
+    const bool verified = r->c->reward.verifier != TRILL_VERIFIER_NONE;
+    double accuracy = verified ? 0 : NAN, len = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (verified) accuracy += (b->correct[s] >= 0.5) / (double)b->n_seqs;
+        len += rl_response_len(b, s) / (double)b->n_seqs;
+    }
+    const int steps = ts->optimizer_steps ? ts->optimizer_steps : 1;
+    m->reward = mean_of(b->reward, b->n_seqs);
+    m->accuracy = accuracy;
+    m->response_len = len;
+    m->flat_groups = ts->flat_groups;
+    m->trained_seqs = ts->kept;
+    m->loss = ts->loss / steps;
+    m->pg_loss = ts->pg_loss / steps;
+    m->kl_loss = ts->kl_loss / steps;
+    m->clip_frac = ts->ratio_n ? ts->clip_tokens / ts->ratio_n : NAN;
+    m->ratio_mean = ts->ratio_n ? ts->ratio_sum / ts->ratio_n : NAN;
+    m->grad_norm = ts->grad_norm;
+    m->skipped_nonfinite = ts->skipped;
+    m->lr = ts->lr;
+    m->n_ext = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(ro->ext_metrics, key, val) {
+        if (m->n_ext == TRILL_RL_MAX_EXT_METRICS || strlen(key) >= sizeof m->ext_name[0])
+            return trill_error(TRILL_ERR_INVALID, "reward.external: the process reported %s (at most %d metrics, names under %zu bytes)",
+                               m->n_ext == TRILL_RL_MAX_EXT_METRICS ? "too many metrics" : "a metric name too long", TRILL_RL_MAX_EXT_METRICS,
+                               sizeof m->ext_name[0]);
+        snprintf(m->ext_name[m->n_ext], sizeof m->ext_name[0], "%s", key);
+        m->ext_value[m->n_ext++] = json_number_value(val) / b->n_seqs;
+    }
+    return TRILL_OK;
+}
+
+trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publish, void *ctx, trill_rl_metrics *m, double *train_s_out,
+                                  long *train_tokens_out) {
+    const trill_rl_config *c = r->c;
+    rl_train_stats ts = { 0 };
+    trill_status st = c->rollouts.save ? save_rollout(r, &ro->b, r->state.step + 1) : TRILL_OK;
+    const double t_reward = trill_now();
+    if (!st) st = trill_rl_trainer_step(r->trainer, &ro->b, r->state.step + 1, &ts, m);
+    const double t_train = trill_now();
+    double sync_ms = 0;
+    size_t sync_bytes = 0;
+    if (!st && ts.optimizer_steps) {
+        r->state.version++;
+        st = publish(r, ctx, &sync_ms, &sync_bytes);
+    }
+    const double t_end = trill_now();
+    if (!st) st = batch_metrics(r, ro, &ts, m);
+    if (!st) {
+        m->sync_mode = c->sync.mode;
+        m->sync_bytes = sync_bytes;
+        m->sync_ms = sync_ms;
+        m->policy_version = r->state.version;
+        m->time.generate_s = ro->gen_s;
+        m->time.reward_s = ro->reward_s;
+        m->time.train_s = t_train - t_reward;
+        m->time.sync_s = t_end - t_train;
+        m->time.step_s = ro->gen_s + ro->reward_s + (t_end - t_reward);
+        m->time.gen_tokens_per_s = ro->gen_tokens / ro->gen_s;
+        m->time.train_tokens_per_s = ts.tokens / (t_train - t_reward);
+    }
+    *train_s_out = t_train - t_reward;
+    *train_tokens_out = ts.tokens;
+    if (!st) r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
+    return st;
+}
+
+/* ---- weight sync ---- */
+
+/* Sync mode: the trainer's weights go to the generator's engine in this thread. */
+trill_status trill_rl_publish_direct(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    (void)ctx;
+    const double t0 = trill_now();
+    const float *data;
+    size_t n;
+    const trill_model *merged;
+    trill_status st = trill_rl_trainer_export(r->trainer, &data, &n, &merged);
+    if (!st)
+        st = merged ? trill_rl_generator_load_weights(r->gen, merged, r->state.version, bytes)
+                    : trill_rl_generator_load_adapter(r->gen, trill_rl_trainer_lora(r->trainer), r->state.version, bytes);
+    *ms = (trill_now() - t0) * 1e3;
+    return st;
+}
+
+/* ---- after a step ---- */
+
+static trill_status append_metrics(rl_run *r, const trill_rl_metrics *m) {
+    char *line = trill_rl_metrics_json(m);
+    if (!line) return trill_error(TRILL_ERR_NOMEM, "out of memory for the metrics of step %d", m->step);
+    int bad = fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0;
+    free(line);
+    return bad ? trill_error(TRILL_ERR_IO, "metrics.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
+}
+
+static void format_duration(double s, char *out, size_t n) {
+    if (!isfinite(s) || s < 0) snprintf(out, n, "?");
+    else if (s < 60) snprintf(out, n, "%.0fs", s);
+    else if (s < 3600) snprintf(out, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+/* A figure for the progress line: 0 where it does not apply. */
+static double shown(double v) { return isfinite(v) ? v : 0; }
+
+trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m, double step_wall_s) {
+    const trill_rl_config *c = r->c;
+    r->state.step++;
+    trill_status st = append_metrics(r, m);
+    if (st) return st;
+    char eta[32];
+    format_duration(step_wall_s * (c->steps - r->state.step), eta, sizeof eta);
+    const double per = step_wall_s > 0 ? step_wall_s : 1;
+    trill_log(TRILL_LOG_INFO, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
+            "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s",
+            r->state.step, c->steps, shown(m->reward), 100 * shown(m->accuracy), shown(m->loss), shown(m->kl_ref),
+            shown(m->mismatch_mean_abs), shown(m->mismatch_k3), 100 * shown(m->flip_token_frac), shown(m->time.gen_tokens_per_s),
+            shown(m->time.train_tokens_per_s), 100 * shown(m->time.generate_s) / per, 100 * shown(m->time.train_s) / per,
+            shown(m->sync_ms), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
+    if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
+        st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
+        if (!st) r->saved_step = r->state.step;
+    }
+    return st;
+}
+

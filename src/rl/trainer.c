@@ -1,0 +1,522 @@
+/* The trainer executor (trainer.h): micro-batches, the pre-passes (old and reference
+ * log-probs), minibatch optimizer steps, and the step's mismatch figures. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "model/lora_internal.h"
+#include "trainer.h"
+#include "trill/rl_algo.h"
+#include "trill/train.h"
+
+struct rl_trainer {
+    const trill_rl_config *c;
+    trill_model *policy;          /* the base frozen in its checkpoint's dtype, adapters attached */
+    trill_lora *lora;
+    float *lora_grads;
+    trill_adamw *opt;
+    trill_model *merge_model;     /* merge sync: fp32 model the adapters are folded into */
+    float *merge_base;            /* ... and its base weights */
+    int L, K;                     /* MoE layers, experts per token */
+    int step;                     /* the step being trained (1-based) */
+};
+
+/* ---- micro-batches ---- */
+
+/* A packed sub-batch of the rollout batch's sequences, for one forward (and backward). */
+typedef struct micro {
+    int n, T;
+    const int *seq;         /* [n] indices into the rollout batch */
+    int *offsets, *tokens;  /* packed */
+    uint16_t *replay;       /* [T][L][K] or NULL */
+} micro;
+
+static void micro_free(micro *m) { free(m->offsets); free(m->tokens); free(m->replay); }
+
+static trill_status micro_make(const rl_batch *b, const int *seq, int n, bool replay, micro *m) {
+    memset(m, 0, sizeof *m);
+    m->n = n;
+    m->seq = seq;
+    for (int i = 0; i < n; i++) m->T += b->offsets[seq[i] + 1] - b->offsets[seq[i]];
+    const size_t row = (size_t)b->n_moe_layers * b->top_k;
+    m->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
+    m->tokens = trill_malloc(sizeof(int) * (size_t)m->T);
+    if (replay && row) m->replay = trill_malloc(sizeof(uint16_t) * row * (size_t)m->T);
+    if (!m->offsets || !m->tokens || (replay && row && !m->replay)) { micro_free(m); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    int at = 0;
+    for (int i = 0; i < n; i++) {
+        const int from = b->offsets[seq[i]], len = b->offsets[seq[i] + 1] - from;
+        m->offsets[i] = at;
+        memcpy(m->tokens + at, b->tokens + from, sizeof(int) * (size_t)len);
+        if (m->replay) memcpy(m->replay + (size_t)at * row, b->experts + (size_t)from * row, sizeof(uint16_t) * row * (size_t)len);
+        at += len;
+    }
+    m->offsets[n] = at;
+    return TRILL_OK;
+}
+
+/* Consecutive runs of `seq` under the token budget (at least one sequence each). */
+static int next_micro(const rl_batch *b, const int *seq, int n, int budget) {
+    int k = 0, tokens = 0;
+    while (k < n) {
+        int len = b->offsets[seq[k] + 1] - b->offsets[seq[k]];
+        if (k > 0 && tokens + len > budget) break;
+        tokens += len;
+        k++;
+    }
+    return k;
+}
+
+/* Per-token arrays of the whole rollout batch (packed layout). */
+typedef struct token_arrays {
+    float *old_logp, *ref_logp, *tis;
+    uint8_t *mask;
+    uint16_t *train_experts;
+} token_arrays;
+
+/* Copies a micro-batch's packed per-token values back into batch positions. */
+static void scatter_logp(const rl_batch *b, const micro *m, const float *src, float *dst) {
+    for (int i = 0; i < m->n; i++) {
+        const int from = b->offsets[m->seq[i]];
+        memcpy(dst + from, src + m->offsets[i], sizeof(float) * (size_t)(m->offsets[i + 1] - m->offsets[i]));
+    }
+}
+
+static void scatter_experts(const rl_batch *b, const micro *m, const uint16_t *src, uint16_t *dst) {
+    const size_t row = (size_t)b->n_moe_layers * b->top_k;
+    for (int i = 0; i < m->n; i++)
+        memcpy(dst + (size_t)b->offsets[m->seq[i]] * row, src + (size_t)m->offsets[i] * row,
+               sizeof(uint16_t) * row * (size_t)(m->offsets[i + 1] - m->offsets[i]));
+}
+
+/* The response tokens of the micro-batch's sequences, gathered from batch positions:
+ * resp_off[n + 1] and, for each non-NULL pair, dst[j] = src[position of response token j]. */
+static int response_offsets(const rl_batch *b, const micro *m, int *resp_off) {
+    resp_off[0] = 0;
+    for (int i = 0; i < m->n; i++) resp_off[i + 1] = resp_off[i] + rl_response_len(b, m->seq[i]);
+    return resp_off[m->n];
+}
+
+static void gather_f(const rl_batch *b, const micro *m, const float *src, float *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + j, src + from, sizeof(float) * (size_t)n);
+        j += n;
+    }
+}
+
+static void gather_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + j, src + from, (size_t)n);
+        j += n;
+    }
+}
+
+static void scatter_resp_f(const rl_batch *b, const micro *m, const float *src, float *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + from, src + j, sizeof(float) * (size_t)n);
+        j += n;
+    }
+}
+
+static void scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) {
+    int j = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
+        memcpy(dst + from, src + j, (size_t)n);
+        j += n;
+    }
+}
+
+/* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs. */
+static trill_status corrections(const trill_rl_config *c, const rl_batch *b, const micro *m, token_arrays *ta) {
+    int *off = trill_malloc(sizeof(int) * (size_t)(m->n + 1));
+    if (!off) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int R = response_offsets(b, m, off);
+    float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+          *w = trill_malloc(sizeof(float) * (size_t)(R + 1));
+    uint8_t *mask = trill_malloc((size_t)R + 1);
+    trill_status st = old && behav && w && mask ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        gather_f(b, m, ta->old_logp, old);
+        gather_f(b, m, b->behav_logp, behav);
+        memset(mask, 1, (size_t)R);
+        trill_rl_corrections(c, m->n, off, old, behav, w, mask);
+        scatter_resp_f(b, m, w, ta->tis);
+        scatter_resp_u8(b, m, mask, ta->mask);
+    }
+    free(off); free(old); free(behav); free(w); free(mask);
+    return st;
+}
+
+/* A forward without gradients over `seq`: old log-probs (adapters on) and/or reference
+ * log-probs (adapters off), plus the trainer's routing. */
+static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
+    const trill_rl_config *c = r->c;
+    trill_status st = TRILL_OK;
+    for (int at = 0; at < n && !st;) {
+        const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
+        micro m;
+        if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
+        float *lp = trill_malloc(sizeof(float) * (size_t)m.T);
+        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st && want_old) {
+            st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex);
+            if (!st) {
+                scatter_logp(b, &m, lp, ta->old_logp);
+                if (ex) scatter_experts(b, &m, ex, ta->train_experts);
+                st = corrections(c, b, &m, ta);
+            }
+        }
+        if (!st && want_ref) {
+            r->lora->enabled = false; /* the reference policy: the same weights without adapters */
+            st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, NULL);
+            r->lora->enabled = true;
+            if (!st) scatter_logp(b, &m, lp, ta->ref_logp);
+        }
+        free(lp);
+        free(ex);
+        micro_free(&m);
+        at += k;
+    }
+    return st;
+}
+
+/* ---- one optimizer step on a minibatch ---- */
+
+/* Losses are summed over micro-batches (token-mean with denominator 1, sequence means times their
+ * sequence count), then the gradient is divided by the minibatch's denominator: the same
+ * gradient as one pass over the whole minibatch. */
+static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
+                                    rl_train_stats *ts) {
+    const trill_rl_config *c = r->c;
+    const size_t np = r->lora->n_params;
+    memset(r->lora_grads, 0, sizeof(float) * np);
+    double denom_tokens = 0, sums[4] = { 0 };
+    trill_status st = TRILL_OK;
+    for (int at = 0; at < n && !st;) {
+        const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
+        micro m;
+        if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
+        float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_calloc((size_t)m.T, sizeof(float));
+        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        int *off = trill_malloc(sizeof(int) * (size_t)(k + 1));
+        trill_forward_pass *pass = NULL;
+        if (!lp || !dlp || !off || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
+        if (!st && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
+            scatter_logp(b, &m, lp, ta->old_logp);
+            if (ex) scatter_experts(b, &m, ex, ta->train_experts);
+            st = corrections(c, b, &m, ta);
+        }
+        const int R = response_offsets(b, &m, off);
+        float *g_lp = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_old = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+              *g_behav = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+              *g_w = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_d = trill_malloc(sizeof(float) * (size_t)(R + 1));
+        uint8_t *g_mask = trill_malloc((size_t)R + 1);
+        double *adv = trill_malloc(sizeof(double) * (size_t)k);
+        if (!g_lp || !g_old || !g_behav || !g_ref || !g_w || !g_d || !g_mask || !adv) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) {
+            /* the response tokens' log-probs sit at their own packed positions */
+            int j = 0;
+            for (int i = 0; i < k; i++) {
+                const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
+                memcpy(g_lp + j, lp + from, sizeof(float) * (size_t)len);
+                adv[i] = b->adv[s];
+                j += len;
+            }
+            gather_f(b, &m, ta->old_logp, g_old);
+            gather_f(b, &m, b->behav_logp, g_behav);
+            gather_f(b, &m, ta->tis, g_w);
+            gather_u8(b, &m, ta->mask, g_mask);
+            const bool kl_loss = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_LOSS;
+            if (kl_loss) gather_f(b, &m, ta->ref_logp, g_ref);
+            rl_loss_batch lb = { .n_seqs = k, .offsets = off, .logp = g_lp, .old_logp = g_old, .behav_logp = g_behav,
+                                 .ref_logp = kl_loss ? g_ref : NULL, .adv = adv, .mask = g_mask, .is_weight = g_w, .agg_tokens = 1 };
+            rl_loss_stats ls;
+            trill_rl_policy_loss(c, &lb, g_d, &ls);
+            const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
+            long in = 0;
+            for (int t = 0; t < R; t++) in += g_mask[t];
+            denom_tokens += (double)in;
+            sums[0] += ls.loss * scale;
+            sums[1] += ls.pg_loss * scale;
+            sums[2] += ls.kl_loss * scale;
+            ts->clip_tokens += ls.clip_frac * (double)in;
+            ts->ratio_sum += ls.ratio_mean * (double)in;
+            ts->ratio_n += (double)in;
+            j = 0;
+            for (int i = 0; i < k; i++) {
+                const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
+                for (int t = 0; t < len; t++) dlp[from + t] = (float)(g_d[j + t] * scale);
+                j += len;
+            }
+            st = trill_model_backward(pass, dlp, NULL, r->lora_grads);
+        }
+        ts->tokens += m.T;
+        trill_forward_pass_free(pass);
+        free(lp); free(dlp); free(ex); free(off); free(g_lp); free(g_old); free(g_behav); free(g_ref); free(g_w); free(g_d);
+        free(g_mask); free(adv);
+        micro_free(&m);
+        at += k;
+    }
+    if (st) return st;
+    const double denom = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? (denom_tokens > 0 ? denom_tokens : 1) : (double)n;
+    for (size_t i = 0; i < np; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
+    const double loss = sums[0] / denom;
+    const double grad_norm = trill_clip_grad_norm(r->lora_grads, np, c->trainer.grad_clip);
+    if (!isfinite(loss) || !isfinite(grad_norm)) { /* never applied: the adapter stays as it was */
+        if (c->trainer.skip_nonfinite) {
+            ts->skipped++;
+            return TRILL_OK;
+        }
+        return trill_error(TRILL_ERR_INVALID, "step %d: the %s is %g (loss %g, gradient norm %g): the update was not applied "
+                           "(trainer.skip_nonfinite: true skips such batches)", r->step,
+                           isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, loss, grad_norm);
+    }
+    ts->loss += loss;
+    ts->pg_loss += sums[1] / denom;
+    ts->kl_loss += sums[2] / denom;
+    ts->grad_norm = grad_norm;
+    const int64_t total = (int64_t)c->steps * c->algo.minibatches;
+    ts->lr = trill_lr_at(c->trainer.schedule, c->trainer.lr, c->trainer.min_lr, c->trainer.warmup_steps, total, r->opt->step);
+    trill_adamw_step(r->opt, r->lora->params, r->lora_grads, ts->lr, NULL);
+    ts->optimizer_steps++;
+    return TRILL_OK;
+}
+
+/* After the optimizer: a non-finite parameter is never synced or checkpointed. */
+static trill_status check_adapter(const rl_trainer *r) {
+    const trill_lora *l = r->lora;
+    for (size_t i = 0; i < l->n_params; i++)
+        if (!isfinite(l->params[i])) {
+            const char *name = "?";
+            for (size_t k = 0; k < l->n_tensors; k++)
+                if (l->params + i >= l->tensors[k].data && l->params + i < l->tensors[k].data + l->tensors[k].numel) name = l->tensors[k].name;
+            return trill_error(TRILL_ERR_INVALID, "step %d: adapter tensor %s holds %g after the optimizer step: not synced or saved",
+                               r->step, name, l->params[i]);
+        }
+    return TRILL_OK;
+}
+
+/* The step's per-token arrays over the whole batch (packed layout); experts start as "not routed". */
+static trill_status token_arrays_alloc(const rl_trainer *r, const rl_batch *b, token_arrays *ta) {
+    const size_t T = (size_t)b->offsets[b->n_seqs], row = (size_t)r->L * r->K;
+    const bool ref = r->c->algo.kl_coef > 0;
+    ta->old_logp = trill_malloc(sizeof(float) * T);
+    ta->ref_logp = ref ? trill_malloc(sizeof(float) * T) : NULL;
+    ta->tis = trill_malloc(sizeof(float) * T);
+    ta->mask = trill_calloc(T, 1);
+    ta->train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
+    if (!ta->old_logp || (ref && !ta->ref_logp) || !ta->tis || !ta->mask || (row && !ta->train_experts))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < T * row; i++) ta->train_experts[i] = TRILL_REPLAY_NONE;
+    return TRILL_OK;
+}
+
+static void token_arrays_free(token_arrays *ta) {
+    free(ta->old_logp); free(ta->ref_logp); free(ta->tis); free(ta->mask); free(ta->train_experts);
+}
+
+/* Which sequences train, and their advantages. Dynamic sampling looks at the rewards of the task,
+ * before any KL penalty: identical completions score the same, but their penalties differ by
+ * rounding (the trainer's fp32 log-probs of a sequence depend a little on where it sits in the
+ * packed batch). With KL as a reward, each reward is first penalised by its sequence's KL (a
+ * pre-pass over every sequence gives the old and reference log-probs). kept[0, *n_kept). */
+static trill_status shape_rewards(rl_trainer *r, rl_batch *b, token_arrays *ta, int *kept, int *n_kept, int *flat_groups) {
+    const trill_rl_config *c = r->c;
+    const int G = c->generator.n;
+    trill_status st = TRILL_OK;
+    *flat_groups = *n_kept = 0;
+    for (int g = 0; g < b->n_seqs / G; g++) {
+        const bool flat = trill_rl_group_is_flat(b->reward + (size_t)g * G, G);
+        *flat_groups += flat;
+        for (int j = 0; j < G; j++) b->keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
+    }
+    if (c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD) {
+        for (int s = 0; s < b->n_seqs; s++) kept[s] = s;
+        st = pre_pass(r, b, kept, b->n_seqs, true, true, ta);
+        for (int s = 0; s < b->n_seqs && !st; s++) {
+            double kl = 0;
+            for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++)
+                kl += trill_rl_kl_value(c->algo.kl_estimator, ta->old_logp[t], ta->ref_logp[t]);
+            b->reward[s] -= c->algo.kl_coef * kl;
+        }
+    }
+    if (st) return st;
+    trill_rl_group_advantages(b->reward, b->n_seqs / G, G, c->algo.std_norm, 1e-6, b->adv);
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->keep[s]) kept[(*n_kept)++] = s;
+    return TRILL_OK;
+}
+
+/* algo.minibatches optimizer steps over the kept sequences (after the pre-pass they need). */
+static trill_status run_minibatches(rl_trainer *r, const rl_batch *b, const int *kept, int n_kept, token_arrays *ta, rl_train_stats *ts) {
+    const trill_rl_config *c = r->c;
+    const int M = c->algo.minibatches;
+    const bool kl_reward = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD;
+    const bool pre_old = !kl_reward && M > 1, pre_ref = !kl_reward && c->algo.kl_coef > 0;
+    trill_status st = TRILL_OK;
+    if (n_kept && (pre_old || pre_ref)) st = pre_pass(r, b, kept, n_kept, pre_old, pre_ref, ta);
+    for (int mb = 0; mb < M && !st && n_kept && !ts->skipped; mb++) {
+        const int lo = (int)((int64_t)n_kept * mb / M), hi = (int)((int64_t)n_kept * (mb + 1) / M);
+        if (hi > lo) st = train_minibatch(r, b, kept + lo, hi - lo, pre_old || kl_reward || mb > 0, ta, ts);
+    }
+    return st;
+}
+
+/* Mismatch, corrections, KL to the reference and routing flips over the trained sequences'
+ * response tokens. */
+static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta,
+                                     trill_rl_metrics *m) {
+    const trill_rl_config *c = r->c;
+    const size_t row = (size_t)r->L * r->K;
+    long R = 0;
+    for (int i = 0; i < n_kept; i++) R += rl_response_len(b, kept[i]);
+    float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1));
+    uint16_t *ge = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
+    uint16_t *te = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
+    double tis_sum = 0, tis_capped = 0, kl_ref_sum = 0;
+    long j = 0, masked = 0, kl_ref_n = 0;
+    trill_status st = old && behav && (!row || (ge && te)) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_kept && !st; i++) {
+        const int s = kept[i];
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++, j++) {
+            old[j] = ta->old_logp[t];
+            behav[j] = b->behav_logp[t];
+            tis_sum += ta->tis[t];
+            tis_capped += c->correction.tis > 0 && ta->tis[t] >= (float)c->correction.tis;
+            masked += !ta->mask[t];
+            if (ta->ref_logp) { kl_ref_sum += trill_rl_kl_value(c->algo.kl_estimator, ta->old_logp[t], ta->ref_logp[t]); kl_ref_n++; }
+            /* the routing that produced token t was computed at position t - 1 */
+            if (row) {
+                memcpy(ge + (size_t)j * row, b->experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
+                memcpy(te + (size_t)j * row, ta->train_experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
+            }
+        }
+    }
+    if (!st) {
+        rl_mismatch mm;
+        trill_rl_mismatch_measure(old, behav, (size_t)R, &mm);
+        m->mismatch_mean_abs = mm.mean_abs;
+        m->mismatch_max_abs = mm.max_abs;
+        m->mismatch_k1 = mm.k1;
+        m->mismatch_k3 = mm.k3;
+        m->mismatch_chi2 = mm.chi2;
+        m->mismatch_tokens = (long)mm.n_tokens;
+        m->tis_mean = R ? tis_sum / R : NAN;
+        m->tis_capped_frac = R ? tis_capped / R : NAN;
+        m->mis_masked_frac = R ? (double)masked / R : NAN;
+        m->kl_ref = kl_ref_n ? kl_ref_sum / kl_ref_n : NAN;
+        double token_flip = 0;
+        m->n_moe_layers = r->L;
+        for (int l = 0; l < r->L; l++) m->flip_layer[l] = 0;
+        if (row && R) trill_rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, m->flip_layer);
+        m->flip_token_frac = row ? token_flip : NAN;
+    }
+    free(old); free(behav); free(ge); free(te);
+    return st;
+}
+
+trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m) {
+    token_arrays ta = { 0 };
+    int *kept = trill_malloc(sizeof(int) * (size_t)b->n_seqs);
+    memset(ts, 0, sizeof *ts);
+    r->step = step;
+    trill_status st = kept ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = token_arrays_alloc(r, b, &ta);
+    if (!st) st = shape_rewards(r, b, &ta, kept, &ts->kept, &ts->flat_groups);
+    if (!st) st = run_minibatches(r, b, kept, ts->kept, &ta, ts);
+    if (!st && ts->optimizer_steps) st = check_adapter(r);
+    if (!st) st = measure_mismatch(r, b, kept, ts->kept, &ta, m);
+    token_arrays_free(&ta);
+    free(kept);
+    return st;
+}
+
+trill_status trill_rl_trainer_export(rl_trainer *t, const float **data, size_t *n, const trill_model **merged) {
+    *merged = NULL;
+    if (t->c->sync.mode == TRILL_SYNC_ADAPTER) {
+        *data = t->lora->params;
+        *n = t->lora->n_params;
+        return TRILL_OK;
+    }
+    memcpy(t->merge_model->params, t->merge_base, sizeof(float) * t->merge_model->n_f32);
+    trill_status st = trill_lora_merge(t->lora, t->merge_model);
+    *data = t->merge_model->params;
+    *n = t->merge_model->n_f32;
+    *merged = t->merge_model;
+    return st;
+}
+
+/* ---- set-up ---- */
+
+static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
+    const trill_rl_config *c = r->c;
+    trill_status st;
+    char path[4200];
+    if (ckpt) {
+        snprintf(path, sizeof path, "%s/adapter", ckpt);
+        st = trill_lora_load(r->policy, path, &r->lora);
+        if (!st) { snprintf(path, sizeof path, "%s/optimizer", ckpt); st = trill_adamw_load(path, r->lora->n_params, &r->opt); }
+        if (!st) r->opt->config.weight_decay = c->trainer.weight_decay; /* the moments are the checkpoint's, the settings this config's */
+    } else {
+        st = trill_lora_create(r->policy, c->trainer.lora, c->seed, &r->lora);
+        trill_adamw_config ac = trill_adamw_defaults();
+        ac.weight_decay = c->trainer.weight_decay;
+        if (!st) st = trill_adamw_create(r->lora->n_params, ac, &r->opt);
+    }
+    if (st) return st;
+    r->lora->enabled = true;
+    trill_model_attach_lora(r->policy, r->lora);
+    if (!(r->lora_grads = trill_malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    return TRILL_OK;
+}
+
+trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, rl_trainer **out) {
+    rl_trainer *t = trill_calloc(1, sizeof *t);
+    if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    t->c = c;
+    trill_status st = trill_model_load_as(model_dir, TRILL_STORE_CHECKPOINT, &t->policy);
+    if (!st) {
+        const trill_config *mc = trill_model_config(t->policy);
+        t->L = mc->n_moe_layers;
+        t->K = mc->num_experts_per_tok;
+    }
+    if (!st && c->sync.mode == TRILL_SYNC_MERGE) {
+        st = trill_model_load_as(model_dir, TRILL_STORE_F32, &t->merge_model);
+        if (!st && !(t->merge_base = trill_malloc(sizeof(float) * t->merge_model->n_f32))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) memcpy(t->merge_base, t->merge_model->params, sizeof(float) * t->merge_model->n_f32);
+    }
+    if (!st) st = make_trainable(t, ckpt);
+    if (st) {
+        trill_rl_trainer_free(t);
+        return st;
+    }
+    *out = t;
+    return TRILL_OK;
+}
+
+void trill_rl_trainer_free(rl_trainer *t) {
+    if (!t) return;
+    if (t->policy) trill_model_attach_lora(t->policy, NULL);
+    trill_lora_free(t->lora);
+    free(t->lora_grads);
+    trill_adamw_free(t->opt);
+    trill_model_free(t->policy);
+    trill_model_free(t->merge_model);
+    free(t->merge_base);
+    free(t);
+}
+
+const trill_model *trill_rl_trainer_policy(const rl_trainer *t) { return t->policy; }
+trill_lora *trill_rl_trainer_lora(rl_trainer *t) { return t->lora; }
+trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t) { return t->opt; }
