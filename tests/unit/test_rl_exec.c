@@ -1,5 +1,6 @@
-/* The RL run's parts on their own: the metrics struct's one serializer, and the scorer executor
- * (verifier, external reward pool, failures) on a hand-made batch. */
+/* The RL run's parts on their own: the metrics struct's one serializer, the scorer executor
+ * (verifier, external reward pool, failures) on a hand-made batch, the generator executor on
+ * fixed batches, and the trainer executor's step against a hand computation. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,7 +13,11 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "rl/generator.h"
 #include "rl/scorer.h"
+#include "rl/trainer.h"
+#include "trill/model.h"
+#include "trill/tokenizer.h"
 #include "testutil.h"
 #include "trill/rl.h"
 
@@ -202,6 +207,180 @@ static void test_scorer_nonfinite_reward(void **state) {
     trill_rl_config_free(&c);
 }
 
+/* ---- generator and trainer on a small MoE written to disk ---- */
+
+typedef struct world {
+    char *dir;
+    trill_tokenizer *tok;
+    trill_dataset data;
+    trill_example ex[4];
+    trill_rl_config c;
+} world;
+
+static void world_init(world *w) {
+    memset(w, 0, sizeof *w);
+    w->dir = test_tmpdir("rl_exec");
+    trill_model *m = test_small_moe(5, false, true);
+    assert_int_equal(trill_model_save(m, w->dir, TRILL_F32, 0), TRILL_OK);
+    assert_int_equal(trill_model_write_charlevel_files(w->dir, trill_model_config(m)), TRILL_OK);
+    trill_model_free(m);
+    assert_int_equal(trill_tokenizer_load(w->dir, &w->tok), TRILL_OK);
+    static const char *const prompts[4] = { "12+7=", "3+40=", "8+8=", "51+2=" };
+    for (int i = 0; i < 4; i++) {
+        w->ex[i].prompt = (char *)prompts[i];
+        w->ex[i].answer = "0";
+        size_t n;
+        assert_int_equal(trill_tokenizer_encode(w->tok, prompts[i], strlen(prompts[i]), false, &w->ex[i].ids, &n), TRILL_OK);
+        w->ex[i].n_ids = (int)n;
+    }
+    w->data = (trill_dataset){ .path = "mem.jsonl", .n = 4, .examples = w->ex };
+    assert_int_equal(trill_rl_config_defaults(&w->c), TRILL_OK);
+    w->c.data.shuffle = false;
+    w->c.generator.n = 2;
+    w->c.generator.max_new_tokens = 5;
+    w->c.generator.dtype = TRILL_GEN_F32;
+    w->c.trainer.lr = 1e-2;
+    w->c.trainer.schedule = TRILL_LR_CONSTANT;
+    w->c.steps = 1;
+}
+
+static void world_free(world *w) {
+    for (int i = 0; i < 4; i++) free(w->ex[i].ids);
+    trill_tokenizer_free(w->tok);
+    trill_rl_config_free(&w->c);
+    test_rmdir(w->dir);
+    free(w->dir);
+}
+
+static bool same_sequence(const rl_batch *a, int sa, const rl_batch *b, int sb) {
+    const int la = a->offsets[sa + 1] - a->offsets[sa], lb = b->offsets[sb + 1] - b->offsets[sb];
+    if (la != lb || a->prompt_len[sa] != b->prompt_len[sb] || strcmp(a->completion[sa], b->completion[sb]) != 0) return false;
+    return memcmp(a->tokens + a->offsets[sa], b->tokens + b->offsets[sb], sizeof(int) * (size_t)la) == 0 &&
+           memcmp(a->behav_logp + a->offsets[sa] + a->prompt_len[sa], b->behav_logp + b->offsets[sb] + b->prompt_len[sb],
+                  sizeof(float) * (size_t)(la - a->prompt_len[sa])) == 0;
+}
+
+/* A batch's samples depend on their position in the prompt stream, not on the batch they are in:
+ * batch 1 of 2 prompts is the second half of batch 0 of 4 prompts. The adapters sent are the
+ * version the generator then holds. */
+static void test_generator_fixed_batches(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    trill_model *policy;
+    assert_int_equal(trill_model_load(w.dir, &policy), TRILL_OK);
+    rl_generator *g4, *g2;
+    w.c.generator.prompts_per_step = 4;
+    assert_int_equal(trill_rl_generator_create(&w.c, policy, w.tok, &w.data, &g4), TRILL_OK);
+    rl_batch b4 = { 0 }, b2 = { 0 };
+    long tokens4, tokens2;
+    assert_int_equal(trill_rl_generator_generate(g4, 0, NULL, NULL, &b4, &tokens4), TRILL_OK);
+    trill_rl_config c2 = w.c;
+    c2.generator.prompts_per_step = 2;
+    assert_int_equal(trill_rl_generator_create(&c2, policy, w.tok, &w.data, &g2), TRILL_OK);
+    assert_int_equal(trill_rl_generator_generate(g2, 1, NULL, NULL, &b2, &tokens2), TRILL_OK);
+    assert_int_equal(b4.n_seqs, 8);
+    assert_int_equal(b2.n_seqs, 4);
+    for (int s = 0; s < 4; s++) {
+        assert_int_equal(b2.example[s], b4.example[4 + s]);
+        assert_true(same_sequence(&b2, s, &b4, 4 + s));
+    }
+    long sum = 0;
+    for (int s = 0; s < 8; s++) sum += rl_response_len(&b4, s);
+    assert_int_equal(tokens4, sum);
+    /* an adapter update: the generator holds its version */
+    trill_lora_config lc = { .rank = 2, .alpha = 4, .targets = TRILL_LORA_ALL_LINEAR };
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(policy, lc, 3, &lora), TRILL_OK);
+    size_t bytes = 0;
+    assert_int_equal(trill_rl_generator_load_adapter(g2, lora, 7, &bytes), TRILL_OK);
+    assert_true(bytes > 0);
+    rl_batch b2b = { 0 };
+    assert_int_equal(trill_rl_generator_generate(g2, 1, NULL, NULL, &b2b, &tokens2), TRILL_OK);
+    assert_int_equal(trill_rl_generator_version(g2), 7);
+    for (int t = b2b.offsets[0] + b2b.prompt_len[0]; t < b2b.offsets[1]; t++) assert_int_equal(b2b.version[t], 7);
+    trill_rl_batch_free(&b2b);
+    trill_lora_free(lora);
+    trill_rl_batch_free(&b4);
+    trill_rl_batch_free(&b2);
+    trill_rl_generator_free(g4);
+    trill_rl_generator_free(g2);
+    trill_model_free(policy);
+    world_free(&w);
+}
+
+/* The trainer's step on a fixed batch. On-policy PPO with token-mean aggregation has ratio 1, so
+ * its loss is -sum_s A_s len_s / sum_s len_s with A the group advantages of the rewards
+ * (unbiased std, as torch.std): computed here by hand. Micro-batching must not change the
+ * update: one micro-batch per sequence gives the gradient (norm) and the adapter of one
+ * micro-batch for all, to rounding. */
+static void test_trainer_step_by_hand(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    w.c.generator.prompts_per_step = 2;
+    w.c.router_replay = true;
+    trill_model *policy;
+    assert_int_equal(trill_model_load(w.dir, &policy), TRILL_OK);
+    rl_generator *g;
+    assert_int_equal(trill_rl_generator_create(&w.c, policy, w.tok, &w.data, &g), TRILL_OK);
+    rl_batch b = { 0 };
+    long tokens;
+    assert_int_equal(trill_rl_generator_generate(g, 0, NULL, NULL, &b, &tokens), TRILL_OK);
+    const double rewards[4] = { 1, 0, 0.25, 0.75 };
+    for (int s = 0; s < 4; s++) b.reward[s] = rewards[s];
+    double want_adv[4], num = 0, den = 0;
+    for (int gi = 0; gi < 2; gi++) {
+        const double *r = rewards + 2 * gi, mean = (r[0] + r[1]) / 2;
+        const double sd = sqrt(((r[0] - mean) * (r[0] - mean) + (r[1] - mean) * (r[1] - mean)) / (2 - 1));
+        for (int j = 0; j < 2; j++) want_adv[2 * gi + j] = (r[j] - mean) / (sd + 1e-6);
+    }
+    for (int s = 0; s < 4; s++) {
+        num += want_adv[s] * rl_response_len(&b, s);
+        den += rl_response_len(&b, s);
+    }
+    const size_t n_rewards = sizeof rewards / sizeof rewards[0];
+    float *adapter[2] = { NULL, NULL };
+    double grad_norm[2];
+    size_t n_params = 0;
+    const int budgets[2] = { 1 << 20, 1 }; /* all sequences in one micro-batch; one each */
+    for (int k = 0; k < 2; k++) {
+        w.c.trainer.micro_batch_tokens = budgets[k];
+        rl_trainer *t;
+        assert_int_equal(trill_rl_trainer_create(&w.c, w.dir, NULL, &t), TRILL_OK);
+        for (size_t s = 0; s < n_rewards; s++) b.reward[s] = rewards[s];
+        rl_train_stats ts;
+        trill_rl_metrics *m = calloc(1, sizeof *m);
+        assert_int_equal(trill_rl_trainer_step(t, &b, 1, &ts, m), TRILL_OK);
+        assert_int_equal(ts.optimizer_steps, 1);
+        assert_int_equal(ts.kept, 4);
+        for (int s = 0; s < 4; s++) assert_true(fabs(b.adv[s] - want_adv[s]) < 1e-12);
+        if (fabs(ts.loss - (-num / den)) > 1e-6) fail_msg("loss %.9g, by hand %.9g", ts.loss, -num / den);
+        assert_true(fabs(ts.ratio_sum / ts.ratio_n - 1) < 1e-6); /* on-policy */
+        assert_true(m->flip_token_frac == 0);                       /* router replay */
+        assert_true(ts.grad_norm > 0);
+        grad_norm[k] = ts.grad_norm;
+        const float *p = trill_lora_params(trill_rl_trainer_lora(t), &n_params);
+        adapter[k] = malloc(sizeof(float) * n_params);
+        memcpy(adapter[k], p, sizeof(float) * n_params);
+        free(m);
+        trill_rl_trainer_free(t);
+    }
+    /* the gradient's scale (AdamW's first step is nearly sign(g) x lr, blind to it), then the
+     * update itself: rounding moves it by a small part of a step where g is near zero */
+    if (fabs(grad_norm[0] - grad_norm[1]) > 1e-5 * grad_norm[0])
+        fail_msg("micro-batching changed the gradient norm: %.9g vs %.9g", grad_norm[0], grad_norm[1]);
+    double worst = 0;
+    for (size_t i = 0; i < n_params; i++) worst = fmax(worst, fabs((double)adapter[0][i] - adapter[1][i]));
+    if (worst > 1e-3 * w.c.trainer.lr) fail_msg("micro-batching changed the update by %g (lr %g)", worst, w.c.trainer.lr);
+    free(adapter[0]);
+    free(adapter[1]);
+    trill_rl_batch_free(&b);
+    trill_rl_generator_free(g);
+    trill_model_free(policy);
+    world_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_json_sync),
@@ -209,6 +388,8 @@ int main(void) {
         cmocka_unit_test(test_scorer_verifier_and_external),
         cmocka_unit_test(test_scorer_failing_process),
         cmocka_unit_test(test_scorer_nonfinite_reward),
+        cmocka_unit_test(test_generator_fixed_batches),
+        cmocka_unit_test(test_trainer_step_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
