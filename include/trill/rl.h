@@ -144,6 +144,8 @@ typedef struct trill_rl_config {
 trill_status trill_rl_config_defaults(trill_rl_config *c);
 /* Frees the strings; safe to call twice. */
 void trill_rl_config_free(trill_rl_config *c);
+/* *dst = a copy of src owning its own strings (free both). */
+trill_status trill_rl_config_copy(trill_rl_config *dst, const trill_rl_config *src);
 
 /* Reads a YAML file over c (normally the defaults). Unknown keys, duplicates and bad values are
  * refused with the file, line, the key's dotted path and the expected type or allowed values;
@@ -234,6 +236,59 @@ typedef struct trill_rl_metrics {
 
 /* The metrics as a metrics.jsonl line (no newline; malloc'ed; NULL when out of memory). */
 char *trill_rl_metrics_json(const trill_rl_metrics *m);
+
+/* ---- a run as a handle an embedder drives (trill_rl_run is a loop over it) ----
+ * trill_run_create sets the run up (its folder and lock, the checkpoint to resume, the
+ * executors, the held-out evaluation before the first step); each trill_run_step trains one RL
+ * step — in sync mode it generates, scores and trains; in async mode the generator and reward
+ * executors run from create to finish on their own threads and a step trains the next batch —
+ * and writes its metrics line and any checkpoint due. trill_run_finish evaluates after the last
+ * step and returns the summary. Library code prints nothing: diagnostics go to the log sink
+ * (trill/log.h), the per-step progress to the callback (by default to the log sink too). */
+typedef struct trill_run trill_run;
+
+typedef enum trill_run_phase {
+    TRILL_RUN_IDLE,           /* between steps */
+    TRILL_RUN_GENERATING, TRILL_RUN_SCORING, TRILL_RUN_TRAINING, /* async mode: TRAINING (the rest overlap) */
+    TRILL_RUN_EVALUATING, TRILL_RUN_CHECKPOINTING,
+    TRILL_RUN_DONE,           /* every step trained, or cancelled, or failed: steps return at once */
+} trill_run_phase;
+
+typedef struct trill_run_status {
+    int step, steps;          /* steps trained (resumed ones included), of the config's */
+    uint32_t policy_version;
+    trill_run_phase phase;
+    bool cancelled;
+    bool has_metrics;         /* last holds the newest step's metrics */
+    trill_rl_metrics last;
+} trill_run_status;
+
+typedef struct trill_run_options {
+    /* After every step, on the stepping thread: the status (its metrics included) and the
+     * progress line. NULL: the line goes to the log sink at TRILL_LOG_INFO. */
+    void (*progress)(void *ctx, const trill_run_status *status, const char *line);
+    void *progress_ctx;
+} trill_run_options;
+
+/* o may be NULL (the defaults). The config is copied. */
+trill_status trill_run_create(const trill_rl_config *c, const trill_run_options *o, trill_run **out);
+/* One RL step. TRILL_ERR_INTERRUPTED once the run is cancelled (the step in progress when
+ * trill_run_cancel came finished and was checkpointed); TRILL_OK without training after the last
+ * step (status.phase DONE). An error ends the run: later steps return it again. */
+trill_status trill_run_step(trill_run *r);
+/* A snapshot, from any thread. */
+void trill_run_get_status(trill_run *r, trill_run_status *out);
+/* From any thread or a signal handler (it sets a flag): the step in progress finishes and is
+ * checkpointed; nothing partial is left, and resume=auto continues from there. */
+void trill_run_cancel(trill_run *r);
+/* A checkpoint of the steps trained so far, between steps (none if the newest step has one). */
+trill_status trill_run_checkpoint(trill_run *r);
+/* After the last step: the held-out evaluation after training, the summary; stops the async
+ * executors. Call it once; the result is also valid after a cancel (no evaluation then). */
+trill_status trill_run_finish(trill_run *r, trill_rl_result *result);
+void trill_run_free(trill_run *r);
+/* "step 3/10 | reward ... | ETA 1m02s", as `trill train` prints it. */
+void trill_run_progress_line(const trill_run_status *s, double step_wall_s, bool async, char *out, size_t size);
 
 /* Asks the run in progress to stop after its current step: it writes a checkpoint of that step
  * and returns TRILL_ERR_INTERRUPTED. Async-signal-safe (it sets a flag), so a SIGINT/SIGTERM

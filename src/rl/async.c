@@ -346,10 +346,42 @@ static void staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
         }
 }
 
-trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens) {
+struct rl_async {
+    async_state *as;
+    pthread_t gen_thread, reward_thread;
+    bool gen_started, reward_started;
+    double wall0, last;            /* the executors' start; the end of the previous step */
+    double trainer_wait, step_wait;
+    int64_t want;                  /* a batch being regenerated (-1: none) */
+    long dropped, regenerated;
+    stash held;
+};
+
+static void async_free(rl_async *a) {
+    async_state *as = a->as;
+    if (as) {
+        queue_destroy(&as->to_reward);
+        queue_destroy(&as->to_trainer);
+        trill_channel_free(as->ch);
+        trill_lora_free(as->gen_lora);
+        trill_model_free(as->gen_model);
+        pthread_mutex_destroy(&as->mu);
+        pthread_cond_destroy(&as->cv);
+        free(as);
+    }
+    free(a);
+}
+
+trill_status trill_rl_async_start(rl_run *r, rl_async **out) {
     const trill_rl_config *c = r->c;
-    async_state *as = trill_calloc(1, sizeof *as);
-    if (!as) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    rl_async *a = trill_calloc(1, sizeof *a);
+    async_state *as = a ? trill_calloc(1, sizeof *as) : NULL;
+    if (!as) {
+        free(a);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    a->as = as;
+    a->want = -1;
     as->r = r;
     as->k0 = r->state.data_pos / c->generator.prompts_per_step;
     as->v0 = as->gen_version = r->state.version;
@@ -365,133 +397,144 @@ trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long
     if (!st) st = trill_channel_create(n, &as->ch);
     if (!st && c->sync.mode == TRILL_SYNC_ADAPTER) st = trill_lora_create(policy, c->trainer.lora, 0, &as->gen_lora);
     if (!st && c->sync.mode == TRILL_SYNC_MERGE) st = trill_model_create(trill_model_config(policy), &as->gen_model);
-    if (st) goto done;
+    if (!st) {
+        a->gen_started = pthread_create(&a->gen_thread, NULL, generator_main, as) == 0;
+        a->reward_started = a->gen_started && pthread_create(&a->reward_thread, NULL, reward_main, as) == 0;
+        if (!a->gen_started || !a->reward_started) st = trill_error(TRILL_ERR_IO, "cannot start the executor threads");
+    }
+    a->wall0 = a->last = trill_now();
+    *out = a;
+    return st; /* on failure the caller still stops it (trill_rl_async_stop) */
+}
 
-    /* the trainer is this thread: its cores and thread count for the run, restored after */
+/* The next batch within the staleness bound: stale ones are dropped (their prompts skipped) or
+ * queued for regeneration, by async.on_stale. NULL with *st set (or TRILL_OK: the queues were
+ * closed because an executor failed). m's staleness figures describe the batch returned. */
+static rl_rollout *fresh_batch(rl_async *a, trill_rl_metrics *m, trill_status *st) {
+    async_state *as = a->as;
+    rl_run *r = as->r;
+    const trill_rl_config *c = r->c;
+    for (;;) {
+        const double tw = trill_now();
+        rl_rollout *ro = next_batch(as, &a->held, a->want);
+        a->step_wait += trill_now() - tw;
+        if (!ro) return NULL; /* closed: an executor failed */
+        a->want = -1;
+        staleness(&ro->b, r->state.version, m);
+        const int lag_max = m->staleness_max;
+        if (lag_max <= c->async.max_staleness) return ro;
+        if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */
+            *st = trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d",
+                              (long long)ro->index, lag_max, c->async.max_staleness);
+        } else if (c->async.on_stale == TRILL_STALE_DROP) {
+            a->dropped++;
+            trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)ro->index, lag_max,
+                      c->async.max_staleness);
+            r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
+        } else {
+            a->regenerated++;
+            pthread_mutex_lock(&as->mu);
+            as->redo[as->n_redo++] = a->want = ro->index;
+            pthread_mutex_unlock(&as->mu);
+        }
+        trill_rl_rollout_free(ro);
+        free(ro);
+        if (*st) return NULL;
+    }
+}
+
+trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
+    async_state *as = a->as;
+    rl_run *r = as->r;
+    /* the trainer is the calling thread: its cores and thread count for this step, restored after */
     cpu_set_t saved_set;
     const int saved_threads = omp_get_max_threads();
     const bool restore = pthread_getaffinity_np(pthread_self(), sizeof saved_set, &saved_set) == 0;
     place_thread(as, 1);
-    pthread_t gen_thread, reward_thread;
-    bool gen_started = pthread_create(&gen_thread, NULL, generator_main, as) == 0;
-    bool reward_started = gen_started && pthread_create(&reward_thread, NULL, reward_main, as) == 0;
-    if (!gen_started || !reward_started) {
-        st = trill_error(TRILL_ERR_IO, "cannot start the executor threads");
-        close_all(as);
+    trill_status st = TRILL_OK;
+    rl_rollout *ro = fresh_batch(a, m, &st);
+    if (!ro && !st) { /* an executor failed: its error */
+        pthread_mutex_lock(&as->mu);
+        st = as->failed ? trill_error(as->err_code, "%s", as->err) : trill_error(TRILL_ERR_IO, "async: the rollout queues closed");
+        pthread_mutex_unlock(&as->mu);
     }
-    const double wall0 = trill_now();
-    double last = wall0, trainer_wait = 0, step_wait = 0;
-    int64_t want = -1; /* a batch being regenerated */
-    long dropped = 0, regenerated = 0;
-    stash held = { .n = 0 };
-    while (!st && r->state.step < c->steps && !trill_rl_stop_requested()) {
-        const double tw = trill_now();
-        rl_rollout *ro = next_batch(as, &held, want);
-        step_wait += trill_now() - tw;
-        if (!ro) break; /* closed: an executor failed */
-        want = -1;
-        trill_rl_metrics *m = trill_calloc(1, sizeof *m);
-        if (!m) {
-            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-            trill_rl_rollout_free(ro);
-            free(ro);
-            break;
-        }
-        staleness(&ro->b, r->state.version, m);
-        const int lag_max = m->staleness_max;
-        if (lag_max > c->async.max_staleness) {
-            if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */
-                st = trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d",
-                                 (long long)ro->index, lag_max, c->async.max_staleness);
-            } else if (c->async.on_stale == TRILL_STALE_DROP) {
-                dropped++;
-                trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)ro->index, lag_max,
-                        c->async.max_staleness);
-                r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
-            } else {
-                regenerated++;
-                pthread_mutex_lock(&as->mu);
-                as->redo[as->n_redo++] = want = ro->index;
-                pthread_mutex_unlock(&as->mu);
-            }
-            free(m);
-            trill_rl_rollout_free(ro);
-            free(ro);
-            continue;
-        }
+    if (ro) {
         m->step = r->state.step + 1;
         m->async = true;
         m->batch = ro->index;
-        m->dropped_batches = dropped;
-        m->regenerated_batches = regenerated;
+        m->dropped_batches = a->dropped;
+        m->regenerated_batches = a->regenerated;
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
         st = trill_rl_stage_train(r, ro, publish_channel, as, m, &trs, &tt);
         as->train_busy += trill_now() - t0;
-        *gen_s += ro->gen_s;
-        *gen_tokens += ro->gen_tokens;
-        *train_s += trs;
-        *train_tokens += tt;
+        r->gen_s += ro->gen_s;
+        r->gen_tokens += ro->gen_tokens;
+        r->train_s += trs;
+        r->train_tokens += tt;
         pthread_mutex_lock(&as->mu);
         m->time.generator_apply_ms = as->apply_ms;
         m->generator_apply_bytes = as->apply_bytes;
         pthread_mutex_unlock(&as->mu);
-        m->time.trainer_wait_s = step_wait;
-        trainer_wait += step_wait;
-        step_wait = 0;
+        m->time.trainer_wait_s = a->step_wait;
+        a->trainer_wait += a->step_wait;
+        a->step_wait = 0;
         trill_rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
-        m->time.interval_s = now - last; /* wall time since the previous step */
-        if (!st) st = trill_rl_finish_step(r, m, now - last);
-        last = now;
-        free(m);
+        m->time.interval_s = now - a->last; /* wall time since the previous step */
+        if (!st) st = trill_rl_finish_step(r, m);
+        a->last = now;
     }
     if (st) fail(as, st, "trainer");
-    pthread_mutex_lock(&as->mu);
-    as->stopping = true;
-    pthread_mutex_unlock(&as->mu);
-    close_all(as);
-    for (int i = 0; i < held.n; i++) {
-        trill_rl_rollout_free(held.items[i]);
-        free(held.items[i]);
-    }
-    if (gen_started) pthread_join(gen_thread, NULL);
-    if (reward_started) pthread_join(reward_thread, NULL);
-    const double wall = trill_now() - wall0;
-    if (!st && as->failed) st = trill_error(as->err_code, "%s", as->err);
-    if (!st) { /* the executors' time, for benchmarks: RUN/async_summary.json */
-        json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:i}", "wall_s", wall, "generator_busy_s", as->gen_busy,
-                              "reward_busy_s", as->reward_busy, "trainer_busy_s", as->train_busy, "trainer_wait_s", trainer_wait,
-                              "dropped", (json_int_t)dropped, "regenerated", (json_int_t)regenerated,
-                              "generator_threads", c->resources.generator_threads, "trainer_threads", c->resources.trainer_threads,
-                              "reward_threads", c->resources.reward_threads);
-        char *path = trill_path_join(c->run_dir, "async_summary.json");
-        st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-        json_decref(j);
-        free(path);
-    }
+    omp_set_num_threads(saved_threads);
+    if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
+    return st;
+}
+
+/* RUN/async_summary.json (the executors' busy time, for benchmarks) and its log line. */
+static trill_status write_summary(const rl_async *a, double wall) {
+    const async_state *as = a->as;
+    const trill_rl_config *c = as->r->c;
+    json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:i}", "wall_s", wall, "generator_busy_s", as->gen_busy,
+                          "reward_busy_s", as->reward_busy, "trainer_busy_s", as->train_busy, "trainer_wait_s", a->trainer_wait,
+                          "dropped", (json_int_t)a->dropped, "regenerated", (json_int_t)a->regenerated,
+                          "generator_threads", c->resources.generator_threads, "trainer_threads", c->resources.trainer_threads,
+                          "reward_threads", c->resources.reward_threads);
+    char *path = trill_path_join(c->run_dir, "async_summary.json");
+    trill_status st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_decref(j);
+    free(path);
     if (!st && wall > 0)
         trill_log(TRILL_LOG_INFO, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
                 "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated",
                 wall, 100 * as->gen_busy / wall, 100 * (1 - as->gen_busy / wall), 100 * as->reward_busy / wall,
-                100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), trainer_wait, dropped, regenerated);
-    omp_set_num_threads(saved_threads);
-    if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
+                100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), a->trainer_wait, a->dropped, a->regenerated);
+    return st;
+}
+
+trill_status trill_rl_async_stop(rl_async *a, trill_status st) {
+    if (!a) return st;
+    async_state *as = a->as;
+    pthread_mutex_lock(&as->mu);
+    as->stopping = true;
+    pthread_mutex_unlock(&as->mu);
+    close_all(as);
+    for (int i = 0; i < a->held.n; i++) {
+        trill_rl_rollout_free(a->held.items[i]);
+        free(a->held.items[i]);
+    }
+    if (a->gen_started) pthread_join(a->gen_thread, NULL);
+    if (a->reward_started) pthread_join(a->reward_thread, NULL);
+    const double wall = trill_now() - a->wall0;
+    if (!st && as->failed) st = trill_error(as->err_code, "%s", as->err);
+    if (!st) st = write_summary(a, wall);
     if (!st) { /* the generator may have stopped before taking the last version: evaluation must see it */
         double ms;
         size_t bytes;
-        st = trill_rl_publish_direct(r, NULL, &ms, &bytes);
+        st = trill_rl_publish_direct(as->r, NULL, &ms, &bytes);
     }
-done:
-    queue_destroy(&as->to_reward);
-    queue_destroy(&as->to_trainer);
-    trill_channel_free(as->ch);
-    trill_lora_free(as->gen_lora);
-    trill_model_free(as->gen_model);
-    pthread_mutex_destroy(&as->mu);
-    pthread_cond_destroy(&as->cv);
-    free(as);
+    async_free(a);
     return st;
 }

@@ -680,6 +680,21 @@ void trill_rl_config_free(trill_rl_config *c) {
     c->generator.n_stop = 0;
 }
 
+trill_status trill_rl_config_copy(trill_rl_config *dst, const trill_rl_config *src) {
+    *dst = *src;
+    bool ok = true;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (KEYS[i].kind == K_STRING) {
+            char **s = (char **)((char *)dst + KEYS[i].offset);
+            if (*s && !(*s = trill_strdup(*s))) ok = false;
+        }
+    for (int i = 0; i < src->generator.n_stop; i++)
+        if (!(dst->generator.stop[i] = trill_strdup(src->generator.stop[i]))) ok = false;
+    if (ok) return TRILL_OK;
+    trill_rl_config_free(dst); /* frees the copies made; the NULLs left by failed ones are fine */
+    return trill_error(TRILL_ERR_NOMEM, "out of memory copying the run's config");
+}
+
 trill_status trill_rl_config_load(trill_rl_config *c, const char *path) {
     char *text;
     size_t len;

@@ -2,6 +2,7 @@
  * start from, the executors), owns the step counter, checkpoints and metrics, and schedules the
  * steps — synchronously here (generate, score, train, sync, in turn) or asynchronously (async.c). */
 #include <errno.h>
+#include <pthread.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -233,106 +234,297 @@ static volatile sig_atomic_t g_stop_requested;
 void trill_rl_request_stop(void) { g_stop_requested = 1; }
 bool trill_rl_stop_requested(void) { return g_stop_requested != 0; }
 
-trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
-    const double t_start = trill_now();
-    trill_rl_config named;
-    char auto_dir[64];
-    if (!c->run_dir[0]) { /* a fresh folder per run */
-        time_t now = time(NULL);
-        strftime(auto_dir, sizeof auto_dir, "runs/%Y%m%d-%H%M%S", localtime(&now));
-        named = *c;
-        named.run_dir = auto_dir;
-        c = &named;
+/* ---- the run handle ---- */
+
+struct trill_run {
+    trill_rl_config cfg;          /* the run's own copy (run_dir resolved) */
+    trill_run_options opt;
+    rl_run r;
+    rl_async *async;              /* async mode: the executors, from create to finish */
+    double t_start;
+    int first;                    /* the step the run started from */
+    trill_rl_result result;
+    bool done, finished;
+    trill_status err;             /* the status a finished run keeps returning */
+    char err_msg[2048];
+    volatile sig_atomic_t cancel;
+    pthread_mutex_t mu;           /* guards status */
+    trill_run_status status;
+};
+
+static void set_phase(trill_run *h, trill_run_phase phase) {
+    pthread_mutex_lock(&h->mu);
+    h->status.phase = phase;
+    h->status.step = h->r.state.step;
+    h->status.policy_version = h->r.state.version;
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Ends the run with st (its message kept for the calls after). */
+static trill_status end_run(trill_run *h, trill_status st) {
+    h->done = true;
+    h->err = st;
+    snprintf(h->err_msg, sizeof h->err_msg, "%s", st ? trill_error_message() : "");
+    set_phase(h, TRILL_RUN_DONE);
+    return st;
+}
+
+static bool cancel_requested(const trill_run *h) { return h->cancel || trill_rl_stop_requested(); }
+
+/* Cancelled: the steps trained are checkpointed (unless the newest already is), then the run
+ * ends with TRILL_ERR_INTERRUPTED. */
+static trill_status interrupt(trill_run *h) {
+    const trill_rl_config *c = &h->cfg;
+    rl_run *r = &h->r;
+    trill_status st = TRILL_OK;
+    pthread_mutex_lock(&h->mu);
+    h->status.cancelled = true;
+    pthread_mutex_unlock(&h->mu);
+    if (r->state.step > h->first && r->saved_step != r->state.step) {
+        set_phase(h, TRILL_RUN_CHECKPOINTING);
+        st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer),
+                                      &r->base, c->checkpoint.keep);
+        if (!st) r->saved_step = r->state.step;
     }
-    *result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
+    if (!st)
+        st = trill_error(TRILL_ERR_INTERRUPTED, "stopped on request after step %d of %d%s; continue with resume=auto", r->state.step,
+                         c->steps, r->state.step > h->first ? " (checkpoint written)" : "");
+    return end_run(h, st);
+}
+
+/* The config as resolved (RUN/config.yaml) and the run's opening lines. */
+static trill_status announce(trill_run *h, const char *ckpt) {
+    const trill_rl_config *c = &h->cfg;
+    rl_run *r = &h->r;
+    char *path = trill_path_join(c->run_dir, "config.yaml");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    trill_status st = path && f ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_rl_config_write(c, f);
+    if (f) fclose(f);
+    if (!st) st = trill_write_file_atomic(path, buf, len);
+    free(buf);
+    free(path);
+    if (st) return st;
+    const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r->trainer));
+    size_t n_adapter;
+    trill_lora_params(trill_rl_trainer_lora(r->trainer), &n_adapter);
+    trill_log(TRILL_LOG_INFO, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
+            "parameters), generator %s, loss %s, router replay %s, TIS %g, sync %s%s",
+            r->model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r->train->n,
+            r->eval ? r->eval->n : 0, c->trainer.lora.rank, n_adapter, trill_gen_format_name(c->generator.dtype),
+            (const char *[]){ "ppo", "gspo", "cispo", "reinforce", "aipo" }[c->algo.loss], c->router_replay ? "on" : "off",
+            c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge", ckpt ? " (resumed)" : "");
+    if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r->state.step);
+    return TRILL_OK;
+}
+
+/* Everything before the first step: the run folder and its lock, the state to start from, the
+ * inputs, the executors, the resolved config, metrics.jsonl, the evaluation before training. */
+static trill_status set_up(trill_run *h) {
+    const trill_rl_config *c = &h->cfg;
+    rl_run *r = &h->r;
+    char *ckpt = NULL;
+    trill_status st = trill_mkdir_p(c->run_dir);
+    if (!st) st = lock_run_dir(r);
+    if (!st) st = start_state(r, &ckpt);
+    if (!st) st = resolve_inputs(r);
+    if (!st) st = trill_rl_model_identity(r->model_dir, &r->base);
+    if (!st && ckpt) st = trill_rl_checkpoint_check_base(ckpt, &r->base, r->model_dir);
+    if (!st) st = load_data(r);
+    if (!st) st = make_executors(r, ckpt);
+    if (!st) st = announce(h, ckpt);
+    if (!st) st = open_metrics(r, c->run_dir, r->state.step);
+    if (!st && r->eval && r->state.step == 0) {
+        set_phase(h, TRILL_RUN_EVALUATING);
+        st = evaluate(r, "before", &h->result.eval_before, &h->result.passk_before);
+    }
+    h->first = r->state.step;
+    if (!st && c->mode == TRILL_MODE_ASYNC) st = trill_rl_async_start(r, &h->async);
+    free(ckpt);
+    return st;
+}
+
+trill_status trill_run_create(const trill_rl_config *c, const trill_run_options *o, trill_run **out) {
+    *out = NULL;
     trill_status st = trill_rl_config_validate(c);
     if (st) return st;
     if (c->generator.temperature != 1.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "
                            "training needs generator.temperature 1 (got %g)", c->generator.temperature);
+    trill_run *h = trill_calloc(1, sizeof *h);
+    if (!h) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if ((st = trill_rl_config_copy(&h->cfg, c))) {
+        free(h);
+        return st;
+    }
+    if (!h->cfg.run_dir[0]) { /* a fresh folder per run */
+        char dir[64];
+        time_t now = time(NULL);
+        strftime(dir, sizeof dir, "runs/%Y%m%d-%H%M%S", localtime(&now));
+        char *named = trill_strdup(dir);
+        if (!named) {
+            trill_rl_config_free(&h->cfg);
+            free(h);
+            return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        }
+        free(h->cfg.run_dir);
+        h->cfg.run_dir = named;
+    }
+    if (o) h->opt = *o;
+    pthread_mutex_init(&h->mu, NULL);
+    h->t_start = trill_now();
+    h->result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
+    h->r = (rl_run){ .c = &h->cfg, .lock_fd = -1 };
+    h->status.steps = h->cfg.steps;
     g_stop_requested = 0;
-    rl_run r = { .c = c, .lock_fd = -1 };
-    char *ckpt = NULL;
-    if (!(st = trill_mkdir_p(c->run_dir))) st = lock_run_dir(&r);
-    if (!st) st = start_state(&r, &ckpt);
-    if (!st) st = resolve_inputs(&r);
-    if (!st) st = trill_rl_model_identity(r.model_dir, &r.base);
-    if (!st && ckpt) st = trill_rl_checkpoint_check_base(ckpt, &r.base, r.model_dir);
-    if (!st) st = load_data(&r);
-    if (!st) st = make_executors(&r, ckpt);
-    if (!st) {
-        char *path = trill_path_join(c->run_dir, "config.yaml");
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-        if (!path || !f) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        if (!st) st = trill_rl_config_write(c, f);
-        if (f) fclose(f);
-        if (!st) st = trill_write_file_atomic(path, buf, len);
-        free(buf);
-        free(path);
+    if ((st = set_up(h))) {
+        trill_run_free(h);
+        return st;
     }
-    if (!st) st = open_metrics(&r, c->run_dir, r.state.step);
-    if (!st) {
-        const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r.trainer));
-        size_t n_adapter;
-        trill_lora_params(trill_rl_trainer_lora(r.trainer), &n_adapter);
-        trill_log(TRILL_LOG_INFO, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
-                "parameters), generator %s, loss %s, router replay %s, TIS %g, sync %s%s",
-                r.model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r.train->n,
-                r.eval ? r.eval->n : 0, c->trainer.lora.rank, n_adapter, trill_gen_format_name(c->generator.dtype),
-                (const char *[]){ "ppo", "gspo", "cispo", "reinforce", "aipo" }[c->algo.loss], c->router_replay ? "on" : "off",
-                c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge",
-                ckpt ? " (resumed)" : "");
-        if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r.state.step);
+    set_phase(h, TRILL_RUN_IDLE);
+    *out = h;
+    return TRILL_OK;
+}
+
+/* One synchronous step: generate (or replay), score, train and sync, evaluate when due. */
+static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
+    const trill_rl_config *c = &h->cfg;
+    rl_run *r = &h->r;
+    m->step = r->state.step + 1;
+    double trs = 0;
+    long tt = 0;
+    const double t0 = trill_now();
+    rl_rollout ro;
+    const int64_t index = r->state.data_pos / c->generator.prompts_per_step;
+    trill_status st;
+    if (c->rollouts.replay[0]) {
+        st = trill_rl_stage_replay(r, index, &ro);
+    } else {
+        set_phase(h, TRILL_RUN_GENERATING);
+        st = trill_rl_stage_generate(r, index, &ro, NULL, NULL);
+        set_phase(h, TRILL_RUN_SCORING);
+        if (!st) st = trill_rl_stage_reward(r, &ro);
     }
-    if (!st && r.eval && r.state.step == 0) st = evaluate(&r, "before", &result->eval_before, &result->passk_before);
-    const int first = r.state.step;
-    double gen_s = 0, train_s = 0;
-    long gen_tok = 0, train_tok = 0;
-    if (!st && c->mode == TRILL_MODE_ASYNC) st = trill_rl_async_loop(&r, &gen_s, &train_s, &gen_tok, &train_tok);
-    while (!st && c->mode == TRILL_MODE_SYNC && r.state.step < c->steps && !trill_rl_stop_requested()) {
-        trill_rl_metrics *m = trill_calloc(1, sizeof *m);
-        if (!m) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
-        m->step = r.state.step + 1;
-        double trs = 0;
-        long tt = 0;
-        const double t0 = trill_now();
-        rl_rollout ro;
-        const int64_t index = r.state.data_pos / c->generator.prompts_per_step;
-        if (c->rollouts.replay[0]) {
-            st = trill_rl_stage_replay(&r, index, &ro);
-        } else {
-            st = trill_rl_stage_generate(&r, index, &ro, NULL, NULL);
-            if (!st) st = trill_rl_stage_reward(&r, &ro);
-        }
-        if (!st) st = trill_rl_stage_train(&r, &ro, trill_rl_publish_direct, NULL, m, &trs, &tt);
-        gen_s += ro.gen_s; train_s += trs; gen_tok += ro.gen_tokens; train_tok += tt;
-        trill_rl_rollout_free(&ro);
-        if (!st && r.eval && c->eval.every > 0 && r.state.step + 1 < c->steps && (r.state.step + 1) % c->eval.every == 0) {
-            m->has_eval = true;
-            st = evaluate(&r, "now", &m->eval_pass1, &m->eval_passk);
-        }
-        if (!st) st = trill_rl_finish_step(&r, m, trill_now() - t0);
-        free(m);
+    set_phase(h, TRILL_RUN_TRAINING);
+    if (!st) st = trill_rl_stage_train(r, &ro, trill_rl_publish_direct, NULL, m, &trs, &tt);
+    r->gen_s += ro.gen_s;
+    r->train_s += trs;
+    r->gen_tokens += ro.gen_tokens;
+    r->train_tokens += tt;
+    trill_rl_rollout_free(&ro);
+    if (!st && r->eval && c->eval.every > 0 && r->state.step + 1 < c->steps && (r->state.step + 1) % c->eval.every == 0) {
+        set_phase(h, TRILL_RUN_EVALUATING);
+        m->has_eval = true;
+        st = evaluate(r, "now", &m->eval_pass1, &m->eval_passk);
     }
-    if (!st && r.state.step < c->steps && trill_rl_stop_requested()) { /* the step in progress finished: keep it */
-        if (r.state.step > first && r.saved_step != r.state.step)
-            st = trill_rl_checkpoint_save(c->run_dir, c, &r.state, trill_rl_trainer_lora(r.trainer), trill_rl_trainer_optimizer(r.trainer), &r.base,
-                                          c->checkpoint.keep);
-        if (!st)
-            st = trill_error(TRILL_ERR_INTERRUPTED, "stopped on request after step %d of %d%s; continue with resume=auto", r.state.step,
-                             c->steps, r.state.step > first ? " (checkpoint written)" : "");
+    m->time.interval_s = trill_now() - t0; /* not written in sync mode: the progress line's step time */
+    if (!st) st = trill_rl_finish_step(r, m);
+    return st;
+}
+
+/* The newest step into the status, and the progress line to the callback (or the log sink). */
+static void report(trill_run *h, const trill_rl_metrics *m) {
+    pthread_mutex_lock(&h->mu);
+    h->status.step = h->r.state.step;
+    h->status.policy_version = h->r.state.version;
+    h->status.phase = TRILL_RUN_IDLE;
+    h->status.has_metrics = true;
+    h->status.last = *m;
+    pthread_mutex_unlock(&h->mu);
+    char line[512];
+    trill_run_progress_line(&h->status, m->time.interval_s, h->cfg.mode == TRILL_MODE_ASYNC, line, sizeof line);
+    if (h->opt.progress) h->opt.progress(h->opt.progress_ctx, &h->status, line);
+    else trill_log(TRILL_LOG_INFO, "%s", line);
+}
+
+trill_status trill_run_step(trill_run *h) {
+    if (h->done) return h->err ? trill_error(h->err, "%s", h->err_msg) : TRILL_OK;
+    if (h->r.state.step >= h->cfg.steps) return end_run(h, TRILL_OK);
+    if (cancel_requested(h)) return interrupt(h);
+    trill_rl_metrics *m = trill_calloc(1, sizeof *m);
+    if (!m) return end_run(h, trill_error(TRILL_ERR_NOMEM, "out of memory"));
+    trill_status st;
+    if (h->async) {
+        set_phase(h, TRILL_RUN_TRAINING);
+        st = trill_rl_async_step(h->async, m);
+    } else {
+        st = sync_step(h, m);
     }
-    if (!st && r.eval && r.state.step == c->steps) st = evaluate(&r, "after", &result->eval_after, &result->passk_after);
-    if (!st) {
-        result->steps_done = r.state.step - first;
-        result->seconds = trill_now() - t_start;
+    if (!st) report(h, m);
+    free(m);
+    if (st) return end_run(h, st);
+    if (h->r.state.step < h->cfg.steps && cancel_requested(h)) return interrupt(h);
+    if (h->r.state.step >= h->cfg.steps) end_run(h, TRILL_OK);
+    return TRILL_OK;
+}
+
+void trill_run_get_status(trill_run *h, trill_run_status *out) {
+    pthread_mutex_lock(&h->mu);
+    *out = h->status;
+    pthread_mutex_unlock(&h->mu);
+}
+
+void trill_run_cancel(trill_run *h) { h->cancel = 1; }
+
+trill_status trill_run_checkpoint(trill_run *h) {
+    rl_run *r = &h->r;
+    const trill_rl_config *c = &h->cfg;
+    if (r->saved_step == r->state.step || r->state.step == 0) return TRILL_OK;
+    set_phase(h, TRILL_RUN_CHECKPOINTING);
+    trill_status st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer),
+                                               &r->base, c->checkpoint.keep);
+    if (!st) r->saved_step = r->state.step;
+    set_phase(h, h->done ? TRILL_RUN_DONE : TRILL_RUN_IDLE);
+    return st;
+}
+
+trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
+    const trill_rl_config *c = &h->cfg;
+    rl_run *r = &h->r;
+    trill_status st = h->done ? h->err : TRILL_OK;
+    if (st) trill_error(st, "%s", h->err_msg);
+    if (h->async) { /* an interruption is not the executors' failure: their summary is still written */
+        const trill_status kept = st;
+        st = trill_rl_async_stop(h->async, st == TRILL_ERR_INTERRUPTED ? TRILL_OK : st);
+        h->async = NULL;
+        if (!st && kept) st = trill_error(kept, "%s", h->err_msg);
+    }
+    if (!st && r->eval && r->state.step == c->steps) {
+        set_phase(h, TRILL_RUN_EVALUATING);
+        st = evaluate(r, "after", &h->result.eval_after, &h->result.passk_after);
+    }
+    h->result.steps_done = r->state.step - h->first;
+    h->result.seconds = trill_now() - h->t_start;
+    if (!st)
         trill_log(TRILL_LOG_INFO, "trill train: %d steps in %.1f s (generation %.1f s at %.0f tok/s, training %.1f s at %.0f tok/s); run folder %s",
-                result->steps_done, result->seconds, gen_s, gen_s > 0 ? gen_tok / gen_s : 0, train_s, train_s > 0 ? train_tok / train_s : 0,
-                c->run_dir);
-    }
-    free(ckpt);
-    run_free(&r);
+                  h->result.steps_done, h->result.seconds, r->gen_s, r->gen_s > 0 ? r->gen_tokens / r->gen_s : 0, r->train_s,
+                  r->train_s > 0 ? r->train_tokens / r->train_s : 0, c->run_dir);
+    if (result) *result = h->result;
+    h->finished = true;
+    if (!h->done || !h->err) end_run(h, st);
+    return st;
+}
+
+void trill_run_free(trill_run *h) {
+    if (!h) return;
+    if (h->async) trill_rl_async_stop(h->async, TRILL_ERR_INTERRUPTED);
+    run_free(&h->r);
+    trill_rl_config_free(&h->cfg);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
+
+trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
+    *result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
+    trill_run *h;
+    trill_status st = trill_run_create(c, NULL, &h);
+    if (st) return st;
+    while (!(st = trill_run_step(h)) && !h->done) {}
+    trill_status fin = trill_run_finish(h, result);
+    if (!st) st = fin;
+    else if (st != fin) trill_error(st, "%s", h->err_msg); /* the step's error, not finish's echo of it */
+    trill_run_free(h);
     return st;
 }

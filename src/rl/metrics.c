@@ -8,9 +8,9 @@
 
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-typedef struct out { json_t *o; bool ok; } out;
+typedef struct writer { json_t *o; bool ok; } writer;
 
-static void put(out *w, json_t *obj, const char *key, json_t *v) { w->ok &= v != NULL && json_object_set_new(obj, key, v) == 0; }
+static void put(writer *w, json_t *obj, const char *key, json_t *v) { w->ok &= v != NULL && json_object_set_new(obj, key, v) == 0; }
 
 static json_t *int_array_l(const long *v, int n) {
     json_t *a = json_array();
@@ -27,7 +27,7 @@ static json_t *num_array(const double *v, int n) {
 }
 
 static json_t *to_json(const trill_rl_metrics *m) {
-    out w = { .o = json_object(), .ok = true };
+    writer w = { .o = json_object(), .ok = true };
     json_t *o = w.o;
     if (!o) return NULL;
     put(&w, o, "step", json_integer(m->step));
@@ -106,4 +106,30 @@ char *trill_rl_metrics_json(const trill_rl_metrics *m) {
     char *line = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);
     return line;
+}
+
+/* ---- the progress line ---- */
+
+static void format_duration(double s, char *out, size_t n) {
+    if (!isfinite(s) || s < 0) snprintf(out, n, "?");
+    else if (s < 60) snprintf(out, n, "%.0fs", s);
+    else if (s < 3600) snprintf(out, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+/* A figure for the line: 0 where it does not apply. */
+static double shown(double v) { return isfinite(v) ? v : 0; }
+
+void trill_run_progress_line(const trill_run_status *s, double step_wall_s, bool async, char *out, size_t size) {
+    const trill_rl_metrics *m = &s->last;
+    char eta[32];
+    format_duration(step_wall_s * (s->steps - s->step), eta, sizeof eta);
+    const double per = step_wall_s > 0 ? step_wall_s : 1;
+    snprintf(out, size,
+             "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
+             "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s",
+             s->step, s->steps, shown(m->reward), 100 * shown(m->accuracy), shown(m->loss), shown(m->kl_ref),
+             shown(m->mismatch_mean_abs), shown(m->mismatch_k3), 100 * shown(m->flip_token_frac), shown(m->time.gen_tokens_per_s),
+             shown(m->time.train_tokens_per_s), 100 * shown(m->time.generate_s) / per, 100 * shown(m->time.train_s) / per,
+             shown(m->sync_ms), async ? " (async: overlapped)" : "", eta);
 }

@@ -38,6 +38,8 @@ typedef struct rl_run {
     int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
     int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
+    double gen_s, train_s;        /* the run's totals, for its summary */
+    long gen_tokens, train_tokens;
 } rl_run;
 
 /* One rollout batch on its way through the stages. */
@@ -66,13 +68,20 @@ trill_status trill_rl_stage_replay(rl_run *r, int64_t index, rl_rollout *ro);
 trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publish, void *ctx, trill_rl_metrics *m, double *train_s,
                                   long *train_tokens);
 void trill_rl_rollout_free(rl_rollout *ro);
-/* After a trained step: metrics line, progress line, checkpoint. */
-trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m, double step_wall_s);
+/* After a trained step: the step counter, its metrics line, the checkpoint when due. */
+trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m);
 
 /* trill_rl_request_stop was called (a signal handler, an embedder): end after the current step. */
 bool trill_rl_stop_requested(void);
 
-/* Async mode: runs the executors until c->steps steps are trained (async.c). */
-trill_status trill_rl_async_loop(rl_run *r, double *gen_s, double *train_s, long *gen_tokens, long *train_tokens);
+/* Async mode (async.c): start the generator and reward executors (threads on their own cores);
+ * each step then trains the next batch within the staleness bound on the calling thread (metrics
+ * line, progress and checkpoint included); stop closes the queues, joins the threads, writes
+ * RUN/async_summary.json and sends the generator the newest weights. Stop is called once after a
+ * start, whatever happened; it returns st, or the executors' error. */
+typedef struct rl_async rl_async;
+trill_status trill_rl_async_start(rl_run *r, rl_async **out);
+trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m);
+trill_status trill_rl_async_stop(rl_async *a, trill_status st);
 
 #endif

@@ -214,30 +214,11 @@ static trill_status append_metrics(rl_run *r, const trill_rl_metrics *m) {
     return bad ? trill_error(TRILL_ERR_IO, "metrics.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
 }
 
-static void format_duration(double s, char *out, size_t n) {
-    if (!isfinite(s) || s < 0) snprintf(out, n, "?");
-    else if (s < 60) snprintf(out, n, "%.0fs", s);
-    else if (s < 3600) snprintf(out, n, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
-}
-
-/* A figure for the progress line: 0 where it does not apply. */
-static double shown(double v) { return isfinite(v) ? v : 0; }
-
-trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m, double step_wall_s) {
+trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m) {
     const trill_rl_config *c = r->c;
     r->state.step++;
     trill_status st = append_metrics(r, m);
     if (st) return st;
-    char eta[32];
-    format_duration(step_wall_s * (c->steps - r->state.step), eta, sizeof eta);
-    const double per = step_wall_s > 0 ? step_wall_s : 1;
-    trill_log(TRILL_LOG_INFO, "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
-            "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s",
-            r->state.step, c->steps, shown(m->reward), 100 * shown(m->accuracy), shown(m->loss), shown(m->kl_ref),
-            shown(m->mismatch_mean_abs), shown(m->mismatch_k3), 100 * shown(m->flip_token_frac), shown(m->time.gen_tokens_per_s),
-            shown(m->time.train_tokens_per_s), 100 * shown(m->time.generate_s) / per, 100 * shown(m->time.train_s) / per,
-            shown(m->sync_ms), c->mode == TRILL_MODE_ASYNC ? " (async: overlapped)" : "", eta);
     if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
         st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
         if (!st) r->saved_step = r->state.step;
