@@ -28,7 +28,7 @@ static volatile sig_atomic_t g_signal;
 static void on_signal(int sig) {
     if (g_signal) _exit(128 + sig);
     g_signal = sig;
-    trill_rl_request_stop();
+    trill_rl_request_stop(); /* the run in progress (trill_run_cancel needs its handle; this flag is read by every run) */
     static const char msg[] = "\ntrill train: stopping after the current step (checkpointed); again to quit at once\n";
     if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing to do about it */ }
 }
@@ -40,6 +40,28 @@ static void catch_stop_signals(void) {
     const int sigs[] = { SIGINT, SIGTERM };
     for (int i = 0; i < 2; i++)
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+}
+
+static void print_progress(void *ctx, const trill_run_status *status, const char *line) {
+    (void)ctx;
+    (void)status;
+    fprintf(stderr, "%s\n", line);
+}
+
+/* The run, step by step, its progress on stderr. */
+static trill_status run(const trill_rl_config *cfg, trill_rl_result *res) {
+    const trill_run_options o = { .progress = print_progress };
+    trill_run *h;
+    trill_status st = trill_run_create(cfg, &o, &h);
+    if (st) return st;
+    trill_run_status s;
+    do {
+        st = trill_run_step(h);
+        trill_run_get_status(h, &s);
+    } while (!st && s.phase != TRILL_RUN_DONE);
+    const trill_status fin = trill_run_finish(h, res);
+    trill_run_free(h);
+    return st ? st : fin;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -84,7 +106,7 @@ int cmd_train(int argc, char **argv) {
     if (!rc) {
         trill_rl_result res;
         catch_stop_signals();
-        trill_status st = trill_rl_run(&cfg, &res);
+        trill_status st = run(&cfg, &res);
         if (st == TRILL_ERR_INTERRUPTED) {
             fprintf(stderr, "trill train: %s\n", trill_error_message());
             rc = 128 + (g_signal ? g_signal : SIGINT); /* as a shell reports a process ended by that signal */
