@@ -71,6 +71,9 @@ typedef struct trill_rl_config {
         int n_stop;
         char *stop[TRILL_RL_MAX_STOPS]; /* stop strings (eos always stops) */
         int kv_cache_mb, max_batch_tokens;
+        /* expert-parallel load balancing of the engine (trill_engine_config's eplb_*) */
+        bool eplb;
+        int eplb_redundant, eplb_workers, eplb_window, eplb_interval;
     } generator;
 
     struct {

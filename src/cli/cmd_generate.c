@@ -14,12 +14,16 @@ static const char USAGE[] =
     "trill generate --model DIR (--prompt TEXT | --prompts FILE.jsonl) [--n N] [--max-new-tokens N]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop TEXT]...\n"
     "               [--dtype bf16|int8|f32] [--capture-experts] [--json] [--kv-cache-mb MB] [--max-batch-tokens N]\n"
+    "               [--eplb] [--eplb-redundant N] [--eplb-workers N] [--eplb-window STEPS] [--eplb-interval STEPS]\n"
     "  Generates N samples per prompt with the batched engine. --prompts reads one {\"prompt\": ...} per line.\n"
     "  Plain output prints each completion; --json prints one object per sample: request, sample,\n"
     "  prompt_tokens, tokens (generated), text, logprobs, versions, finish, and with --capture-experts\n"
     "  experts ([token][moe_layer][k] logical ids of every forwarded token).\n"
     "  Defaults: N 1, 64 new tokens, temperature 1 (0 = greedy), top-k 0 (off), top-p 1, min-p 0, seed 0,\n"
-    "  dtype bf16, KV cache 256 MB, 512 tokens per step. Stops at the model's eos_token_id and at --stop texts.";
+    "  dtype bf16, KV cache 256 MB, 512 tokens per step. Stops at the model's eos_token_id and at --stop texts.\n"
+    "  --eplb balances the experts over workers (DeepSeek EPLB; the output is the same): --eplb-redundant extra\n"
+    "  slots per MoE layer (default one per worker), --eplb-workers (default the thread count), re-planned every\n"
+    "  --eplb-interval steps (16) from the last --eplb-window steps of routed load (64).";
 
 enum { MAX_STOPS = 16 };
 
@@ -130,10 +134,14 @@ int cmd_generate(int argc, char **argv) {
         { "stop", required_argument, 0, 'S' },         { "dtype", required_argument, 0, 'd' },
         { "capture-experts", no_argument, 0, 'c' },    { "json", no_argument, 0, 'j' },
         { "kv-cache-mb", required_argument, 0, 'K' },  { "max-batch-tokens", required_argument, 0, 'B' },
+        { "eplb", no_argument, 0, 'E' },               { "eplb-redundant", required_argument, 0, 'R' },
+        { "eplb-workers", required_argument, 0, 'W' }, { "eplb-window", required_argument, 0, 'w' },
+        { "eplb-interval", required_argument, 0, 'I' },
         { "help", no_argument, 0, 'h' },               { 0, 0, 0, 0 },
     };
     const char *dir = NULL, *prompt = NULL, *prompts_path = NULL, *stops[MAX_STOPS];
     long long max_new = 64, top_k = 0, seed = 0, n_samples = 1, kv_mb = 256, batch_tokens = 512;
+    long long eplb_redundant = -1, eplb_workers = 0, eplb_window = 64, eplb_interval = 16;
     double temperature = 1, top_p = 1, min_p = 0;
     int n_stops = 0;
     bool as_json = false;
@@ -166,6 +174,11 @@ int cmd_generate(int argc, char **argv) {
         case 'j': as_json = true; break;
         case 'K': bad = cli_parse_int("generate", USAGE, "--kv-cache-mb", optarg, 1, 1 << 24, &kv_mb); break;
         case 'B': bad = cli_parse_int("generate", USAGE, "--max-batch-tokens", optarg, 1, 1 << 20, &batch_tokens); break;
+        case 'E': cfg.eplb = true; break;
+        case 'R': bad = cli_parse_int("generate", USAGE, "--eplb-redundant", optarg, -1, 65535, &eplb_redundant); break;
+        case 'W': bad = cli_parse_int("generate", USAGE, "--eplb-workers", optarg, 0, 4096, &eplb_workers); break;
+        case 'w': bad = cli_parse_int("generate", USAGE, "--eplb-window", optarg, 1, 1 << 20, &eplb_window); break;
+        case 'I': bad = cli_parse_int("generate", USAGE, "--eplb-interval", optarg, 1, 1 << 20, &eplb_interval); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("generate", USAGE, "invalid option %s", argv[optind - 1]);
         }
@@ -176,6 +189,10 @@ int cmd_generate(int argc, char **argv) {
         return cli_usage_error("generate", USAGE, "--model DIR and one of --prompt TEXT or --prompts FILE are required");
     cfg.kv_cache_mb = (size_t)kv_mb;
     cfg.max_batch_tokens = (int)batch_tokens;
+    cfg.eplb_redundant = (int)eplb_redundant;
+    cfg.eplb_workers = (int)eplb_workers;
+    cfg.eplb_window = (int)eplb_window;
+    cfg.eplb_interval = (int)eplb_interval;
 
     trill_model *m = NULL;
     trill_tokenizer *tok = NULL;

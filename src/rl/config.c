@@ -127,6 +127,14 @@ static const key KEYS[] = {
     INT("generator.kv_cache_mb", generator.kv_cache_mb, 1, INF, "256", "KV cache size in MiB."),
     INT("generator.max_batch_tokens", generator.max_batch_tokens, 1, INF, "2048",
         "Tokens per generator step (prompt chunks and decode rows together)."),
+    BOOL("generator.eplb", generator.eplb, "false",
+         "Expert-parallel load balancing (DeepSeek EPLB): each MoE layer's experts get physical slots, replicas of the "
+         "busiest, spread over workers and re-planned from the observed load. Results are identical on or off."),
+    INT("generator.eplb_redundant", generator.eplb_redundant, -1, 65535, "-1",
+        "EPLB: extra physical slots per MoE layer (-1: one per worker)."),
+    INT("generator.eplb_workers", generator.eplb_workers, 0, 4096, "0", "EPLB: workers the slots are spread over (0: the generator's threads)."),
+    INT("generator.eplb_window", generator.eplb_window, 1, 1 << 20, "64", "EPLB: generator steps of routed load the planner sees."),
+    INT("generator.eplb_interval", generator.eplb_interval, 1, 1 << 20, "16", "EPLB: generator steps between plans."),
 
     ENUM("reward.verifier", reward.verifier, VERIFIERS, "demo",
          "Built-in verifier of each completion against the answer field (`demo`: the embedded demo's task)."),

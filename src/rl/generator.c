@@ -26,6 +26,11 @@ trill_status trill_rl_generator_create(const trill_rl_config *c, const trill_mod
     ec.kv_cache_mb = (size_t)c->generator.kv_cache_mb;
     ec.max_batch_tokens = c->generator.max_batch_tokens;
     ec.capture_experts = g->L > 0; /* routing flips are measured every step, replay or not */
+    ec.eplb = c->generator.eplb;
+    ec.eplb_redundant = c->generator.eplb_redundant;
+    ec.eplb_workers = c->generator.eplb_workers;
+    ec.eplb_window = c->generator.eplb_window;
+    ec.eplb_interval = c->generator.eplb_interval;
     ec.tokenizer = tok;
     trill_status st = trill_engine_create(policy, &ec, &g->engine);
     if (st) {

@@ -136,6 +136,11 @@ for line in open(sys.argv[1]):
     assert all(len(t) == 3 and all(len(k) == 2 for k in t) for t in o["experts"])
     assert all(lp <= 0 for lp in o["logprobs"]) and o["finish"] in ("length", "stop_id", "stop_string")
 ' "$WORK/gen.jsonl"
+# EPLB changes where experts run, never what they compute: the same samples, logical experts captured
+"$TRILL" generate --model "$WORK/tiny" --prompts "$WORK/prompts.jsonl" --n 3 --max-new-tokens 5 --json --capture-experts \
+  --dtype f32 --eplb --eplb-workers 2 --eplb-redundant 3 --eplb-interval 1 --eplb-window 4 >"$WORK/gen_eplb.jsonl" 2>/dev/null
+check "generate --eplb: identical output" cmp -s "$WORK/gen.jsonl" "$WORK/gen_eplb.jsonl"
+expect_exit 2 "--eplb-window: expected" "$TRILL" generate --model "$WORK/tiny" --prompt x --eplb --eplb-window 0
 # stop strings: take a character the greedy completion produces, then stop on it
 check "generate --stop" /usr/bin/python3 -c '
 import json, subprocess, sys

@@ -87,6 +87,11 @@ PY
 }
 compare_runs full split
 
+echo "== generator.eplb: the engine's experts balanced over workers, the same run"
+must_pass log_eplb "$TRILL" train "${COMMON[@]}" run_dir=eplb steps=8 checkpoint.every=2 generator.eplb=true generator.eplb_workers=2 \
+    generator.eplb_redundant=3 generator.eplb_interval=1 generator.eplb_window=4
+compare_runs full eplb
+
 echo "== checkpoint.keep prunes all but the newest"
 must_pass log_keep "$TRILL" train "${COMMON[@]}" run_dir=keep steps=5 checkpoint.every=1 checkpoint.keep=2
 [ "$(ls keep/checkpoints)" = "$(printf 'step-%08d\n' 4 5)" ] || fail "checkpoint.keep=2 left: $(ls keep/checkpoints)"
