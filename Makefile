@@ -3,9 +3,10 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build asan test run bench fuzz clean
+.PHONY: all deps build asan tsan test run bench fuzz clean
 
 all: build
 
@@ -21,9 +22,16 @@ asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_SANITIZE=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j$(JOBS) -- --no-print-directory
 
-test: build asan
+# The threaded code (async executors, the weight channel, the run handle's cancel) under
+# ThreadSanitizer: only what those tests need is built.
+tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_BUILD) -j$(JOBS) --target trill test_channel test_run_handle -- --no-print-directory
+
+test: build asan tsan
 	ctest --test-dir $(BUILD) --output-on-failure
 	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L sanitize
+	ctest --test-dir $(TSAN_BUILD) --output-on-failure -L tsan
 
 run: build
 	@bash scripts/run-demo.sh $(BUILD)/trill
@@ -37,4 +45,4 @@ fuzz: deps
 	@echo "fuzzers in $(FUZZ_BUILD)/tests/fuzz; run e.g. $(FUZZ_BUILD)/tests/fuzz/fuzz_safetensors -max_total_time=60 tests/fuzz/corpus/safetensors"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)

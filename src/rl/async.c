@@ -487,7 +487,12 @@ trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
         if (!st) st = trill_rl_finish_step(r, m);
         a->last = now;
     }
-    if (st) fail(as, st, "trainer");
+    if (st) {
+        pthread_mutex_lock(&as->mu); /* another executor failed first (closing the channel the trainer published to): its error is the cause */
+        if (as->failed) st = trill_error(as->err_code, "%s", as->err);
+        pthread_mutex_unlock(&as->mu);
+        fail(as, st, "trainer");
+    }
     omp_set_num_threads(saved_threads);
     if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
     return st;

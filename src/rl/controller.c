@@ -10,6 +10,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -229,10 +230,11 @@ static trill_status lock_run_dir(rl_run *r) {
     return st;
 }
 
-static volatile sig_atomic_t g_stop_requested;
+/* Lock-free atomics: safe from a signal handler and from any thread. */
+static atomic_int g_stop_requested;
 
-void trill_rl_request_stop(void) { g_stop_requested = 1; }
-bool trill_rl_stop_requested(void) { return g_stop_requested != 0; }
+void trill_rl_request_stop(void) { atomic_store(&g_stop_requested, 1); }
+bool trill_rl_stop_requested(void) { return atomic_load(&g_stop_requested) != 0; }
 
 /* ---- the run handle ---- */
 
@@ -247,7 +249,7 @@ struct trill_run {
     bool done, finished;
     trill_status err;             /* the status a finished run keeps returning */
     char err_msg[2048];
-    volatile sig_atomic_t cancel;
+    atomic_int cancel;            /* set by trill_run_cancel from any thread or a signal handler */
     pthread_mutex_t mu;           /* guards status */
     trill_run_status status;
 };
@@ -269,7 +271,7 @@ static trill_status end_run(trill_run *h, trill_status st) {
     return st;
 }
 
-static bool cancel_requested(const trill_run *h) { return h->cancel || trill_rl_stop_requested(); }
+static bool cancel_requested(trill_run *h) { return atomic_load(&h->cancel) || trill_rl_stop_requested(); }
 
 /* Cancelled: the steps trained are checkpointed (unless the newest already is), then the run
  * ends with TRILL_ERR_INTERRUPTED. */
@@ -378,7 +380,7 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     h->result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
     h->r = (rl_run){ .c = &h->cfg, .lock_fd = -1 };
     h->status.steps = h->cfg.steps;
-    g_stop_requested = 0;
+    atomic_store(&g_stop_requested, 0);
     if ((st = set_up(h))) {
         trill_run_free(h);
         return st;
@@ -466,7 +468,7 @@ void trill_run_get_status(trill_run *h, trill_run_status *out) {
     pthread_mutex_unlock(&h->mu);
 }
 
-void trill_run_cancel(trill_run *h) { h->cancel = 1; }
+void trill_run_cancel(trill_run *h) { atomic_store(&h->cancel, 1); }
 
 trill_status trill_run_checkpoint(trill_run *h) {
     rl_run *r = &h->r;

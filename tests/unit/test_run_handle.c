@@ -2,6 +2,7 @@
  * and resuming — the interrupted and resumed run equals the uninterrupted one, metrics (less
  * timings) and adapter bytes; in sync and in async mode. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -119,7 +120,7 @@ static char *adapter_of(const char *run_dir, int step, size_t *len) {
 
 typedef struct canceller {
     trill_run *h;
-    volatile int step_returned;
+    atomic_int step_returned;
     int saw_phase; /* the phase it cancelled in (TRILL_RUN_IDLE: after the step had returned) */
 } canceller;
 
@@ -130,7 +131,7 @@ static void *cancel_when_busy(void *arg) {
         trill_run_status s;
         trill_run_get_status(k->h, &s);
         if (s.step == 3 && s.phase != TRILL_RUN_IDLE) { k->saw_phase = (int)s.phase; break; }
-        if (k->step_returned) { k->saw_phase = TRILL_RUN_IDLE; break; }
+        if (atomic_load(&k->step_returned)) { k->saw_phase = TRILL_RUN_IDLE; break; }
     }
     trill_run_cancel(k->h);
     return NULL;
@@ -168,7 +169,7 @@ static void interrupted_equals_uninterrupted(bool async) {
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, cancel_when_busy, &k), 0);
     trill_status st = trill_run_step(h);
-    k.step_returned = 1;
+    atomic_store(&k.step_returned, 1);
     pthread_join(t, NULL);
     if (st == TRILL_OK) st = trill_run_step(h); /* the cancel came after the step had returned */
     assert_int_equal(st, TRILL_ERR_INTERRUPTED);
