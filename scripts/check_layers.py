@@ -18,9 +18,9 @@ PUBLIC = {
     "base": "error fileio json dtype rng timing log",
     "kernels": "kernels kernels_decl weight",
     "model": "arch config safetensors model tokenizer lora chat",
-    "train": "train optim sft",
+    "train": "train optim",
     "infer": "infer sample eplb",
-    "rl": "rl rl_algo reward reward_model dataset demo channel",
+    "rl": "rl rl_algo reward reward_model dataset demo channel sft",
 }
 HEADER_LAYER = {f"trill/{h}.h": layer for layer, names in PUBLIC.items() for h in names.split()}
 

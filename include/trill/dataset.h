@@ -1,7 +1,8 @@
 /* RL datasets: JSONL prompts with a ground truth, rendered through a template and tokenised.
  *
  * Each line is a JSON object. The prompt text is the template with every {field} replaced by
- * that field of the line (a string or a number; "{{" and "}}" are literal braces), or with
+ * that field of the line (a string or a number; "{{" and "}}" are literal braces; the empty
+ * template is the prompt field alone), or with
  * template "chat" the model's chat template applied to one user message holding the prompt
  * field, with the generation prompt added. The answer field is kept as text for the rewards.
  * The order of a pass is a permutation keyed by (seed, epoch), so any position of a run can be
@@ -18,13 +19,17 @@
 
 typedef struct trill_dataset_options {
     const char *prompt_field, *answer_field;
-    const char *template_;          /* "{prompt}" style, or "chat" */
+    const char *template_;          /* "{prompt}" style, "chat", or "" (the prompt field as it is) */
     const trill_chat_template *chat; /* needed for "chat" */
     int max_prompt_tokens;
     int limit;                      /* read at most this many lines (0: all) */
     bool allow_missing_answer;      /* a line without the answer field gets "" (else: an error naming it) */
     int max_position_embeddings;    /* the model's; with max_new_tokens, a prompt whose sequence would not */
     int max_new_tokens;             /* fit is refused (0: not checked) */
+    /* SFT: the field of the target completion (NULL: none). Each line then needs the prompt and
+     * the completion as strings; the completion is tokenised (no special tokens) and the prompt
+     * length checks above are left to the trainer, which truncates instead. */
+    const char *completion_field;
 } trill_dataset_options;
 
 typedef struct trill_example {
@@ -32,6 +37,8 @@ typedef struct trill_example {
     char *answer;   /* the ground truth ("" when the line has none and that is allowed) */
     int *ids;       /* the prompt's tokens */
     int n_ids;
+    int *completion_ids; /* SFT: the completion's tokens (no end-of-sequence token), else NULL */
+    int n_completion;
 } trill_example;
 
 typedef struct trill_dataset {

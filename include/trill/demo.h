@@ -42,7 +42,7 @@
 #include "trill/error.h"
 
 /* Part of the cache key: bump whenever the task, the data, the model or the warm start change. */
-#define TRILL_DEMO_TASK_VERSION 1
+#define TRILL_DEMO_TASK_VERSION 2
 
 /* Recommended RL settings for the demo (what the timings above were measured at). */
 #define TRILL_DEMO_RL_PROMPTS_PER_STEP 32

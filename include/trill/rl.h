@@ -24,6 +24,7 @@ typedef enum trill_mis_level { TRILL_MIS_TOKEN, TRILL_MIS_SEQUENCE, TRILL_MIS_GE
 typedef enum trill_sync_mode { TRILL_SYNC_ADAPTER, TRILL_SYNC_MERGE } trill_sync_mode;
 typedef enum trill_rl_mode { TRILL_MODE_SYNC, TRILL_MODE_ASYNC } trill_rl_mode;
 typedef enum trill_stale_policy { TRILL_STALE_WAIT, TRILL_STALE_DROP, TRILL_STALE_REGENERATE } trill_stale_policy;
+typedef enum trill_sft_mode { TRILL_SFT_LORA, TRILL_SFT_FULL } trill_sft_mode;
 typedef enum trill_verifier { TRILL_VERIFIER_NONE, TRILL_VERIFIER_EXACT, TRILL_VERIFIER_NUMERIC, TRILL_VERIFIER_DEMO } trill_verifier;
 
 #define TRILL_RL_MAX_STOPS 8
@@ -54,6 +55,7 @@ typedef struct trill_rl_config {
     struct {
         char *train, *eval;        /* JSONL files ("" for eval: no held-out set) */
         char *prompt_field, *answer_field; /* default "prompt", "answer" */
+        char *completion_field;    /* SFT: the target completion (default "completion") */
         char *template_;           /* "{prompt}" style with {field} placeholders, or "chat" (the model's chat template) */
         bool shuffle;              /* reshuffle every epoch, keyed by seed and epoch */
         int eval_size;             /* held-out prompts evaluated (0: all) */
@@ -133,6 +135,15 @@ typedef struct trill_rl_config {
         double temperature;
     } eval;
 
+    struct {                       /* supervised fine-tuning (`trill sft`) */
+        trill_sft_mode mode;       /* adapters (LoRA) or every weight */
+        int epochs, max_steps;     /* max_steps 0: as many as the epochs give */
+        int grad_accum;            /* micro-batches per optimizer step */
+        int eval_every;            /* steps between held-out losses (0: only at the end) */
+        int max_seq_len;           /* longer examples are truncated (completion side) */
+        int save_every;            /* steps between checkpoints in run_dir (0: only at the end) */
+        int stop_after;            /* end this run after that many steps (0: run to the end); the schedule spans all */
+    } sft;
     struct {
         bool save;                 /* write each step's rollout batch, as the trainer receives it, to
                                       RUN/rollouts/step-NNNNNNNN.bin (trill_rl_batch_pack bytes) */

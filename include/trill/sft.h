@@ -1,48 +1,34 @@
-/* Supervised fine-tuning: prompt/completion JSONL, loss on completion tokens only, packing into
- * token-budget micro-batches, gradient accumulation, AdamW with a schedule, LoRA or full
- * fine-tuning, periodic held-out loss. Used by `trill sft`. */
+/* Supervised fine-tuning (`trill sft`), on the run configuration RL uses (trill/rl.h): the keys
+ * model, run_dir, seed, resume, data.* (data.completion_field: the target), trainer.* and sft.*.
+ * Prompt/completion lines, the loss on the completion and its end-of-sequence token; sequences
+ * packed into micro-batches of trainer.micro_batch_tokens, sft.grad_accum of them per optimizer
+ * step; AdamW on trainer.schedule; LoRA adapters (trainer.lora) on a frozen base or every weight
+ * (sft.mode). It runs on the RL trainer (src/rl/trainer.c) with the RL dataset reader and its
+ * seeded order (data.shuffle: reshuffled every epoch, keyed by seed and epoch).
+ * Writes the PEFT adapter (or the full model), the optimizer state and trainer_state.json to
+ * run_dir every sft.save_every steps and at the end. resume: "" starts afresh, "auto" continues
+ * from run_dir's checkpoint when there is one, a folder continues from that folder's. */
 #ifndef TRILL_SFT_H
 #define TRILL_SFT_H
 
-#include <stdbool.h>
-#include <stdint.h>
 #include <stdio.h>
 
 #include "trill/error.h"
-#include "trill/lora.h"
-#include "trill/optim.h"
+#include "trill/rl.h"
 
-typedef struct trill_sft_config {
-    const char *model_dir, *data_path, *eval_path, *out_dir;
-    const char *prompt_field, *completion_field; /* default "prompt", "completion" */
-    bool lora;                  /* else full fine-tuning */
-    trill_lora_config lora_config;
-    double lr, min_lr, weight_decay, clip;
-    trill_lr_schedule schedule;
-    int warmup_steps;
-    int epochs;
-    int max_steps;              /* 0: as many as the epochs give */
-    int batch_tokens;           /* token budget of one micro-batch */
-    int grad_accum;             /* micro-batches per optimizer step */
-    int eval_every;             /* steps between held-out evaluations (0: only at the end) */
-    int max_seq_len;            /* longer examples are truncated (completion side) */
-    int save_every;             /* steps between checkpoints in out_dir (0: only at the end) */
-    int stop_after;             /* end this run after that many steps (0: run to the end); the schedule still spans all steps */
-    bool resume;                /* continue from out_dir's last checkpoint (weights, optimizer, step) */
-    bool recompute;             /* activation checkpointing: keep only layer inputs, re-run layers in the backward */
-    uint64_t seed;
-    FILE *log;                  /* progress lines (NULL: the log sink, trill/log.h) */
-} trill_sft_config;
+typedef struct trill_sft_options {
+    FILE *log; /* progress lines (NULL: the log sink, trill/log.h) */
+} trill_sft_options;
 
-trill_sft_config trill_sft_defaults(void);
+typedef struct trill_sft_result {
+    int steps;          /* optimizer steps taken in all (those of a resumed run included) */
+    double eval_loss;   /* held-out nats per completion token at the end (NAN without data.eval) */
+} trill_sft_result;
 
-/* Reads "key=value" for one of the fields above (lr, epochs, lora.rank, ...); `what` names
- * the source in errors. */
-trill_status trill_sft_set(trill_sft_config *c, const char *key, const char *value);
+/* What `trill sft` needs of the config: a model, data.train, a run folder. */
+trill_status trill_sft_validate(const trill_rl_config *c);
 
-/* Runs training; prints a progress line per step to stderr; writes the adapter (PEFT) or the
- * model, plus optimizer state, to out_dir. The final held-out loss (nats per completion token,
- * NAN without eval data) goes to *final_eval_loss. */
-trill_status trill_sft_run(const trill_sft_config *c, double *final_eval_loss);
+/* o may be NULL. */
+trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o, trill_sft_result *out);
 
 #endif

@@ -1,52 +1,106 @@
-/* trill sft: supervised fine-tuning on prompt/completion JSONL, LoRA or full. */
+/* trill sft: supervised fine-tuning on prompt/completion JSONL, LoRA or full, on the run
+ * configuration `trill train` uses (one key table: docs/config.md). */
 #include <math.h>
 #include <string.h>
 
 #include "cli.h"
+#include "trill/rl.h"
 #include "trill/sft.h"
 
 static const char USAGE[] =
-    "trill sft --model DIR --data TRAIN.jsonl --out DIR [--eval HELDOUT.jsonl] [--lora|--full] [key=value ...]\n"
-    "  Lines: {\"prompt\": ..., \"completion\": ...}; the loss covers the completion and the end-of-sequence token.\n"
-    "  Settings (defaults): lr=1e-4 min_lr=0 schedule=cosine warmup_steps=0 weight_decay=0 clip=1 epochs=1\n"
-    "  max_steps=0 (all) batch_tokens=4096 grad_accum=1 eval_every=0 (end only) max_seq_len=4096 seed=0\n"
-    "  save_every=0 (end only) stop_after=0 (end this run after N steps; the schedule spans all)\n"
-    "  resume=false (continue from --out's checkpoint: weights, optimizer, step)\n"
-    "  recompute=false (activation checkpointing: less memory, ~1/3 more compute, same results)\n"
-    "  prompt_field=prompt completion_field=completion lora.rank=8 lora.alpha=16 lora.use_rslora=false\n"
-    "  lora.target_modules=all-linear (q,k,v,o,gate,up,down[,lm_head]). Default mode: --lora.\n"
-    "  Writes the PEFT adapter (or the full model), optimizer state and trainer_state.json to --out.";
+    "trill sft [CONFIG.yaml] [section.key=value ...] [--model DIR] [--data TRAIN.jsonl] [--eval HELDOUT.jsonl] [--out DIR]\n"
+    "          [--lora|--full] [--print-config]\n"
+    "  Lines: {\"prompt\": ..., \"completion\": ...} (data.prompt_field, data.completion_field); the loss covers the\n"
+    "  completion and the end-of-sequence token. The keys are trill train's (trill train --config-reference): model,\n"
+    "  run_dir, seed, resume (\"\" afresh, auto, or a checkpoint folder), data.*, trainer.* (lr, schedule, grad_clip,\n"
+    "  micro_batch_tokens, recompute, lora.*) and sft.* (mode lora|full, epochs, max_steps, grad_accum, eval_every,\n"
+    "  max_seq_len, save_every, stop_after). --model, --data, --eval, --out, --lora and --full set model,\n"
+    "  data.train, data.eval, run_dir and sft.mode. Writes the PEFT adapter (or the full model), the optimizer state\n"
+    "  and trainer_state.json to run_dir.";
+
+/* The settings of the old `trill sft key=value` form, and the key each is now. */
+static const char *const RENAMED[][2] = {
+    { "lr", "trainer.lr" }, { "min_lr", "trainer.min_lr" }, { "weight_decay", "trainer.weight_decay" }, { "clip", "trainer.grad_clip" },
+    { "schedule", "trainer.schedule" }, { "warmup_steps", "trainer.warmup_steps" }, { "batch_tokens", "trainer.micro_batch_tokens" },
+    { "recompute", "trainer.recompute" }, { "epochs", "sft.epochs" }, { "max_steps", "sft.max_steps" }, { "grad_accum", "sft.grad_accum" },
+    { "eval_every", "sft.eval_every" }, { "max_seq_len", "sft.max_seq_len" }, { "save_every", "sft.save_every" },
+    { "stop_after", "sft.stop_after" }, { "prompt_field", "data.prompt_field" }, { "completion_field", "data.completion_field" },
+    { "lora.rank", "trainer.lora.rank" }, { "lora.alpha", "trainer.lora.alpha" }, { "lora.use_rslora", "trainer.lora.use_rslora" },
+    { "lora.target_modules", "trainer.lora.targets" },
+};
+
+/* key=value, refusing an old name with the key that replaced it (and resume=true with auto). */
+static int set_one(trill_rl_config *cfg, const char *arg) {
+    const char *eq = strchr(arg, '=');
+    const size_t n = (size_t)(eq - arg);
+    for (size_t i = 0; i < sizeof RENAMED / sizeof RENAMED[0]; i++)
+        if (strlen(RENAMED[i][0]) == n && strncmp(arg, RENAMED[i][0], n) == 0)
+            return cli_usage_error("sft", USAGE, "\"%s\": the setting %s is now the key %s (e.g. %s=%s)", arg, RENAMED[i][0], RENAMED[i][1],
+                                   RENAMED[i][1], eq + 1);
+    if (strcmp(arg, "resume=true") == 0)
+        return cli_usage_error("sft", USAGE, "\"resume=true\": resume takes \"\" (afresh), auto (run_dir's checkpoint) or a checkpoint folder");
+    return trill_rl_config_set(cfg, arg) ? cli_usage_error("sft", USAGE, "%s", trill_error_message()) : 0;
+}
+
+/* --model DIR and the like: the key, quoted as a YAML string so that any path is taken whole. */
+static int set_path(trill_rl_config *cfg, const char *key, const char *path) {
+    if (strchr(path, '\'')) return cli_usage_error("sft", USAGE, "%s: a path with a single quote is not supported: %s", key, path);
+    char arg[4200];
+    snprintf(arg, sizeof arg, "%s='%s'", key, path);
+    return set_one(cfg, arg);
+}
 
 int cmd_sft(int argc, char **argv) {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "data", required_argument, 0, 'd' }, { "eval", required_argument, 0, 'e' },
         { "out", required_argument, 0, 'o' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },
-        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "print-config", no_argument, 0, 'p' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
-    trill_sft_config cfg = trill_sft_defaults();
+    const char *model = NULL, *data = NULL, *eval = NULL, *out = NULL;
+    bool lora = false, full = false, print_only = false;
     int c;
-    bool lora = false, full = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': cfg.model_dir = optarg; break;
-        case 'd': cfg.data_path = optarg; break;
-        case 'e': cfg.eval_path = optarg; break;
-        case 'o': cfg.out_dir = optarg; break;
-        case 'l': cfg.lora = lora = true; break;
-        case 'f': cfg.lora = false; full = true; break;
+        case 'm': model = optarg; break;
+        case 'd': data = optarg; break;
+        case 'e': eval = optarg; break;
+        case 'o': out = optarg; break;
+        case 'l': lora = true; break;
+        case 'f': full = true; break;
+        case 'p': print_only = true; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("sft", USAGE, "invalid option %s", argv[optind - 1]);
         }
     }
     if (lora && full) return cli_usage_error("sft", USAGE, "--lora and --full exclude each other: train adapters or every weight");
-    for (int i = optind; i < argc; i++) {
-        char *eq = strchr(argv[i], '=');
-        if (!eq) return cli_usage_error("sft", USAGE, "expected key=value, got \"%s\"", argv[i]);
-        *eq = '\0';
-        if (trill_sft_set(&cfg, argv[i], eq + 1)) return cli_usage_error("sft", USAGE, "%s", trill_error_message());
+    trill_rl_config cfg;
+    if (trill_rl_config_defaults(&cfg)) return cli_fail("sft");
+    int rc = 0, first = optind;
+    if (first < argc && !strchr(argv[first], '=')) {
+        if (trill_rl_config_load(&cfg, argv[first])) { rc = cli_fail("sft"); goto done; }
+        first++;
     }
-    if (!cfg.model_dir || !cfg.data_path || !cfg.out_dir) return cli_usage_error("sft", USAGE, "--model, --data and --out are required");
-    double eval;
-    return trill_sft_run(&cfg, &eval) ? cli_fail("sft") : 0;
+    for (int i = first; i < argc && !rc; i++) {
+        if (!strchr(argv[i], '=')) rc = cli_usage_error("sft", USAGE, "expected section.key=value, got \"%s\"", argv[i]);
+        else rc = set_one(&cfg, argv[i]);
+    }
+    /* the flags win over the file and the keys, as flags do */
+    if (!rc && model) rc = set_path(&cfg, "model", model);
+    if (!rc && data) rc = set_path(&cfg, "data.train", data);
+    if (!rc && eval) rc = set_path(&cfg, "data.eval", eval);
+    if (!rc && out) rc = set_path(&cfg, "run_dir", out);
+    if (!rc && (lora || full)) rc = set_one(&cfg, full ? "sft.mode=full" : "sft.mode=lora");
+    if (!rc && trill_sft_validate(&cfg)) rc = cli_usage_error("sft", USAGE, "%s", trill_error_message());
+    if (!rc && print_only) {
+        if (trill_rl_config_write(&cfg, stdout)) rc = cli_fail("sft");
+        goto done;
+    }
+    if (!rc) {
+        trill_sft_result res;
+        if (trill_sft_run(&cfg, NULL, &res)) rc = cli_fail("sft");
+    }
+done:
+    trill_rl_config_free(&cfg);
+    return rc;
 }

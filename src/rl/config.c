@@ -59,6 +59,7 @@ static const char *const KL_MODES[] = { "loss", "reward", NULL };
 static const char *const MIS_LEVELS[] = { "token", "sequence", "geometric", NULL };
 static const char *const SCHEDULES[] = { "constant", "linear", "cosine", NULL }; /* trill_lr_schedule_parse order */
 static const char *const SYNC_MODES[] = { "adapter", "merge", NULL };
+static const char *const SFT_MODES[] = { "lora", "full", NULL };
 
 #define F(field) offsetof(trill_rl_config, field)
 #define STRING(p, f, d, doc) { p, K_STRING, F(f), 0, 0, false, false, NULL, d, doc }
@@ -101,8 +102,11 @@ static const key KEYS[] = {
     STRING("data.eval", data.eval, "\"\"", "Held-out prompts, JSONL; `\"\"`: no held-out evaluation."),
     STRING("data.prompt_field", data.prompt_field, "prompt", "Field of each line that holds the prompt."),
     STRING("data.answer_field", data.answer_field, "answer", "Field of each line that holds the reference answer."),
-    STRING("data.template", data.template_, "\"{prompt}\"",
-           "Model input: text with `{field}` placeholders filled from the line, or `chat` (the model's chat template)."),
+    STRING("data.completion_field", data.completion_field, "completion",
+           "SFT: field of each line that holds the target completion (the loss covers it and the end-of-sequence token)."),
+    STRING("data.template", data.template_, "\"\"",
+           "Model input: text with `{field}` placeholders filled from the line, `chat` (the model's chat template on "
+           "data.prompt_field), or `\"\"`: data.prompt_field as it is."),
     BOOL("data.shuffle", data.shuffle, "true", "Reshuffle the training prompts every epoch (keyed by seed and epoch)."),
     INT("data.eval_size", data.eval_size, 0, INF, "200", "Held-out prompts evaluated (0: all)."),
     INT("data.max_prompt_tokens", data.max_prompt_tokens, 1, INF, "1024",
@@ -206,6 +210,16 @@ static const key KEYS[] = {
     INT("eval.k", eval.k, 1, 1024, "8", "Samples per held-out prompt for pass@k (pass@1 is their mean)."),
     REAL("eval.temperature", eval.temperature, 0, 100, "1.0", "Sampling temperature of the evaluation."),
 
+    ENUM("sft.mode", sft.mode, SFT_MODES, "lora", "What `trill sft` trains: LoRA adapters (trainer.lora) on a frozen base, or every weight."),
+    INT("sft.epochs", sft.epochs, 1, 1e6, "1", "Passes over data.train."),
+    INT("sft.max_steps", sft.max_steps, 0, 1e9, "0", "Optimizer steps at most (0: as many as the epochs give)."),
+    INT("sft.grad_accum", sft.grad_accum, 1, 1e6, "1", "Micro-batches (trainer.micro_batch_tokens each) per optimizer step."),
+    INT("sft.eval_every", sft.eval_every, 0, 1e9, "0", "Steps between held-out losses on data.eval (0: only at the end)."),
+    INT("sft.max_seq_len", sft.max_seq_len, 2, 1e7, "4096", "Longest example in tokens; a longer one loses the end of its completion."),
+    INT("sft.save_every", sft.save_every, 0, 1e9, "0", "Steps between checkpoints in run_dir (0: only at the end)."),
+    INT("sft.stop_after", sft.stop_after, 0, 1e9, "0",
+        "End this run after that many steps (0: run to the end); the schedule still spans all of them, and `resume` continues."),
+
     BOOL("rollouts.save", rollouts.save, "false",
          "Write each step's rollout batch as the trainer receives it (tokens, behaviour log-probs, versions, routed "
          "experts, completions, rewards) to `run_dir/rollouts/step-NNNNNNNN.bin`."),
@@ -230,6 +244,8 @@ static const section SECTIONS[] = {
     { "sync", "Weight updates from the trainer to the generator." },
     { "checkpoint", "Checkpoints in the run folder (what `resume` continues from)." },
     { "eval", "Held-out evaluation on data.eval." },
+    { "sft", "Supervised fine-tuning (`trill sft`): prompt/completion lines of data.train, the loss on the completion; "
+             "it shares `model`, `run_dir`, `seed`, `resume`, `data.*` and `trainer.*` with RL." },
     { "rollouts", "Recorded rollout batches: keep what the trainer saw, or train on a recording again." },
 };
 

@@ -69,6 +69,13 @@ trill_status trill_render_template(const char *template_, const json_t *fields, 
 }
 
 static trill_status render_prompt(const trill_dataset_options *opt, const json_t *line, const char *what, char **out) {
+    if (!opt->template_[0]) { /* the prompt field as it is: the template "{<prompt_field>}" */
+        char *t = NULL;
+        if (asprintf(&t, "{%s}", opt->prompt_field) < 0) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        trill_status st = trill_render_template(t, line, what, out);
+        free(t);
+        return st;
+    }
     if (strcmp(opt->template_, "chat") != 0) return trill_render_template(opt->template_, line, what, out);
     if (!opt->chat) return trill_error(TRILL_ERR_INVALID, "data.template \"chat\": the model has no chat template");
     const char *content = json_string_value(json_object_get(line, opt->prompt_field));
@@ -82,6 +89,9 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     trill_example *e = &d->examples[d->n];
     memset(e, 0, sizeof *e);
     if (!json_is_object(j)) return trill_error(TRILL_ERR_INVALID, "%s: expected a JSON object", what);
+    const char *completion = opt->completion_field ? json_string_value(json_object_get(j, opt->completion_field)) : NULL;
+    if (opt->completion_field && (!completion || !json_is_string(json_object_get(j, opt->prompt_field))))
+        return trill_error(TRILL_ERR_INVALID, "%s: expected string fields \"%s\" and \"%s\"", what, opt->prompt_field, opt->completion_field);
     trill_status st = render_prompt(opt, j, what, &e->prompt);
     if (st) return st;
     const json_t *a = json_object_get(j, opt->answer_field);
@@ -92,7 +102,7 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     else if (json_is_real(a)) { snprintf(num, sizeof num, "%.17g", json_real_value(a)); answer = num; }
     else if (a && !json_is_null(a))
         st = trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": expected a string or number", what, opt->answer_field);
-    else if (!opt->allow_missing_answer)
+    else if (!opt->allow_missing_answer && !opt->completion_field)
         st = trill_error(TRILL_ERR_INVALID, "%s: no answer field \"%s\" (the verifier's ground truth; set data.answer_field, or "
                          "data.allow_missing_answer: true when only a reward process or model scores)", what, opt->answer_field);
     if (!st && !(e->answer = trill_strdup(answer))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -100,7 +110,10 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     bool chat = strcmp(opt->template_, "chat") == 0; /* the rendered template holds its special tokens */
     if (!st) st = trill_tokenizer_encode(tok, e->prompt, strlen(e->prompt), !chat, &e->ids, &n);
     if (!st && n == 0) st = trill_error(TRILL_ERR_INVALID, "%s: the prompt is empty after tokenisation", what);
-    if (!st && (int)n > opt->max_prompt_tokens)
+    size_t nc = 0;
+    if (!st && completion) st = trill_tokenizer_encode(tok, completion, strlen(completion), false, &e->completion_ids, &nc);
+    e->n_completion = (int)nc;
+    if (!st && !completion && (int)n > opt->max_prompt_tokens) /* SFT: the trainer truncates what is too long */
         st = trill_error(TRILL_ERR_INVALID, "%s: the prompt has %zu tokens, more than data.max_prompt_tokens (%d)", what, n,
                          opt->max_prompt_tokens);
     if (!st && opt->max_position_embeddings > 0 && (long)n + opt->max_new_tokens > opt->max_position_embeddings)
@@ -109,7 +122,7 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
                          opt->max_position_embeddings);
     e->n_ids = (int)n;
     if (!st) d->n++;
-    else { free(e->prompt); free(e->answer); free(e->ids); }
+    else { free(e->prompt); free(e->answer); free(e->ids); free(e->completion_ids); }
     return st;
 }
 
@@ -158,6 +171,7 @@ void trill_dataset_free(trill_dataset *d) {
         free(d->examples[i].prompt);
         free(d->examples[i].answer);
         free(d->examples[i].ids);
+        free(d->examples[i].completion_ids);
     }
     free(d->examples);
     free(d->path);

@@ -156,41 +156,55 @@ static trill_status dev_accuracy(const char *model_dir, const char *dev_path, co
 }
 
 /* trill_sft_run with its per-step lines appended to log_path. */
-static trill_status sft_logged(const trill_sft_config *c, const char *log_path) {
+static trill_status sft_logged(const trill_rl_config *c, const char *log_path) {
     FILE *log = fopen(log_path, "a");
     if (!log) return trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", log_path, strerror(errno));
-    trill_sft_config logged = *c;
-    logged.log = log;
-    double eval_loss;
-    trill_status st = trill_sft_run(&logged, &eval_loss);
+    const trill_sft_options so = { .log = log };
+    trill_sft_result res;
+    trill_status st = trill_sft_run(c, &so, &res);
     fclose(log);
+    return st;
+}
+
+/* s, owned by the config (its string fields are freed with it). */
+static trill_status set_string(char **field, const char *s) {
+    char *copy = trill_strdup(s);
+    if (!copy) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(*field);
+    *field = copy;
+    return TRILL_OK;
+}
+
+/* The warm start's SFT settings: every weight, constant lr 2e-3 after 20 warm-up steps. */
+static trill_status sft_config(const char *init, const char *train, const char *out, const trill_demo_options *o, trill_rl_config *c) {
+    trill_status st = trill_rl_config_defaults(c);
+    if (st) return st;
+    static const char *const sets[] = { "sft.mode=full", "trainer.lr=2e-3", "trainer.schedule=constant", "trainer.warmup_steps=20",
+                                        "trainer.micro_batch_tokens=1024", "sft.epochs=1000000" /* the steps end it */ };
+    for (size_t i = 0; !st && i < sizeof sets / sizeof sets[0]; i++) st = trill_rl_config_set(c, sets[i]);
+    if (!st) st = set_string(&c->model, init);
+    if (!st) st = set_string(&c->data.train, train);
+    if (!st) st = set_string(&c->run_dir, out);
+    if (!st) st = set_string(&c->data.completion_field, "answer");
+    c->sft.max_steps = o->max_sft_steps;
+    c->seed = o->seed;
     return st;
 }
 
 static trill_status warm_start(const char *dir, const trill_demo_options *o, trill_demo_info *info) {
     char *init = trill_path_join(dir, "init"), *train = trill_path_join(dir, "train.jsonl"), *dev = trill_path_join(dir, "dev.jsonl"),
          *log = trill_path_join(dir, "sft.log");
-    trill_sft_config c = trill_sft_defaults();
-    c.model_dir = init;
-    c.data_path = train;
-    c.out_dir = info->model_dir;
-    c.completion_field = "answer";
-    c.lora = false;
-    c.lr = 2e-3;
-    c.schedule = TRILL_LR_CONSTANT;
-    c.warmup_steps = 20;
-    c.batch_tokens = 1024;
-    c.epochs = 1000000; /* the steps end it */
-    c.max_steps = o->max_sft_steps;
-    c.seed = o->seed;
+    trill_rl_config c;
+    memset(&c, 0, sizeof c);
     const double t0 = trill_now();
     trill_status st = init && train && dev && log ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = sft_config(init, train, info->model_dir, o, &c);
     int step = 0;
     while (!st && step < o->max_sft_steps) {
         int next = step == 0 ? o->first_check : step + o->check_every;
         if (next > o->max_sft_steps) next = o->max_sft_steps;
-        c.stop_after = next;
-        c.resume = step > 0;
+        c.sft.stop_after = next;
+        if (step > 0 && (st = set_string(&c.resume, "auto"))) break;
         if ((st = sft_logged(&c, log))) break;
         step = next;
         if ((st = dev_accuracy(info->model_dir, dev, o, &info->dev_pass1, &info->dev_passk))) break;
@@ -201,6 +215,7 @@ static trill_status warm_start(const char *dir, const trill_demo_options *o, tri
     info->sft_steps = step;
     info->sft_seconds = trill_now() - t0;
     if (st) trill_error_context("demo warm start (SFT log: %s)", log);
+    trill_rl_config_free(&c);
     free(init);
     free(train);
     free(dev);

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "model/model_internal.h"
+#include "trill/fileio.h"
 #include "model/lora_internal.h"
 #include "trainer.h"
 #include "trill/rl_algo.h"
@@ -13,9 +15,13 @@
 
 struct rl_trainer {
     const trill_rl_config *c;
-    trill_model *policy;          /* the base frozen in its checkpoint's dtype, adapters attached */
-    trill_lora *lora;
-    float *lora_grads;
+    trill_model *policy;          /* LoRA: the base frozen in its checkpoint's dtype, adapters attached;
+                                     full fine-tuning: fp32 master weights */
+    trill_lora *lora;             /* NULL in full fine-tuning */
+    float *values;                /* what the optimizer updates: the adapters' block, or every weight */
+    size_t n_values;
+    float *lora_grads;            /* [n_values] the gradient of values */
+    uint8_t *no_decay;            /* full fine-tuning: 1 for weights without decay (norms, as HF Trainer) */
     trill_adamw *opt;
     trill_model *merge_model;     /* merge sync: fp32 model the adapters are folded into */
     float *merge_base;            /* ... and its base weights */
@@ -62,7 +68,7 @@ static int next_micro(const rl_batch *b, const int *seq, int n, int budget) {
     int k = 0, tokens = 0;
     while (k < n) {
         int len = b->offsets[seq[k] + 1] - b->offsets[seq[k]];
-        if (k > 0 && tokens + len > budget) break;
+        if (!trill_rl_micro_fits(tokens, k, len, budget)) break;
         tokens += len;
         k++;
     }
@@ -192,14 +198,34 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
 
 /* ---- one optimizer step on a minibatch ---- */
 
+/* The end of every optimizer step, RL's or SFT's: the summed gradient divided by the step's
+ * denominator and clipped; a loss or gradient norm that is not finite is never applied (with
+ * trainer.skip_nonfinite *applied is false, else an error naming the step); then AdamW at the
+ * schedule's rate for optimizer step opt->step of `total`. */
+static trill_status apply_update(rl_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied) {
+    const trill_rl_config *c = r->c;
+    *applied = false;
+    for (size_t i = 0; i < r->n_values; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
+    *grad_norm = trill_clip_grad_norm(r->lora_grads, r->n_values, c->trainer.grad_clip);
+    if (!isfinite(loss) || !isfinite(*grad_norm)) { /* never applied: the weights stay as they were */
+        if (c->trainer.skip_nonfinite) return TRILL_OK;
+        return trill_error(TRILL_ERR_INVALID, "step %d: the %s is %g (loss %g, gradient norm %g): the update was not applied "
+                           "(trainer.skip_nonfinite: true skips such batches)", r->step,
+                           isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? *grad_norm : loss, loss, *grad_norm);
+    }
+    *lr = trill_lr_at(c->trainer.schedule, c->trainer.lr, c->trainer.min_lr, c->trainer.warmup_steps, total, r->opt->step);
+    trill_adamw_step(r->opt, r->values, r->lora_grads, *lr, r->no_decay);
+    *applied = true;
+    return TRILL_OK;
+}
+
 /* Losses are summed over micro-batches (token-mean with denominator 1, sequence means times their
  * sequence count), then the gradient is divided by the minibatch's denominator: the same
  * gradient as one pass over the whole minibatch. */
 static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
                                     rl_train_stats *ts) {
     const trill_rl_config *c = r->c;
-    const size_t np = r->lora->n_params;
-    memset(r->lora_grads, 0, sizeof(float) * np);
+    memset(r->lora_grads, 0, sizeof(float) * r->n_values);
     double denom_tokens = 0, sums[4] = { 0 };
     trill_status st = TRILL_OK;
     for (int at = 0; at < n && !st;) {
@@ -270,25 +296,19 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
     }
     if (st) return st;
     const double denom = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? (denom_tokens > 0 ? denom_tokens : 1) : (double)n;
-    for (size_t i = 0; i < np; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
-    const double loss = sums[0] / denom;
-    const double grad_norm = trill_clip_grad_norm(r->lora_grads, np, c->trainer.grad_clip);
-    if (!isfinite(loss) || !isfinite(grad_norm)) { /* never applied: the adapter stays as it was */
-        if (c->trainer.skip_nonfinite) {
-            ts->skipped++;
-            return TRILL_OK;
-        }
-        return trill_error(TRILL_ERR_INVALID, "step %d: the %s is %g (loss %g, gradient norm %g): the update was not applied "
-                           "(trainer.skip_nonfinite: true skips such batches)", r->step,
-                           isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, loss, grad_norm);
+    const int64_t total = (int64_t)c->steps * c->algo.minibatches;
+    double grad_norm, lr;
+    bool applied;
+    if ((st = apply_update(r, denom, sums[0] / denom, total, &grad_norm, &lr, &applied))) return st;
+    if (!applied) {
+        ts->skipped++;
+        return TRILL_OK;
     }
-    ts->loss += loss;
+    ts->loss += sums[0] / denom;
     ts->pg_loss += sums[1] / denom;
     ts->kl_loss += sums[2] / denom;
     ts->grad_norm = grad_norm;
-    const int64_t total = (int64_t)c->steps * c->algo.minibatches;
-    ts->lr = trill_lr_at(c->trainer.schedule, c->trainer.lr, c->trainer.min_lr, c->trainer.warmup_steps, total, r->opt->step);
-    trill_adamw_step(r->opt, r->lora->params, r->lora_grads, ts->lr, NULL);
+    ts->lr = lr;
     ts->optimizer_steps++;
     return TRILL_OK;
 }
@@ -457,6 +477,130 @@ trill_status trill_rl_trainer_export(rl_trainer *t, const float **data, size_t *
     return st;
 }
 
+/* ---- supervised fine-tuning ---- */
+
+/* d loss / d log p of the micro-batch's tokens: -1 on each sequence's tokens after its prompt
+ * (the completion and its end-of-sequence token; never a sequence's first token), 0 elsewhere;
+ * returns how many. */
+static long nll_weights(const rl_batch *b, const micro *m, float *dlp) {
+    long n = 0;
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], len = m->offsets[i + 1] - m->offsets[i];
+        for (int t = 0; t < len; t++) {
+            const bool loss = t >= b->prompt_len[s] && t > 0;
+            dlp[m->offsets[i] + t] = loss ? -1.0f : 0.0f;
+            n += loss;
+        }
+    }
+    return n;
+}
+
+/* Forward (with gradients when `train`) over b's sequences in micro-batches: the NLL summed over
+ * the loss tokens, and in training its gradient summed into lora_grads. */
+static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, double *nll, long *n_loss, long *tokens) {
+    *nll = 0;
+    *n_loss = *tokens = 0;
+    int *seq = trill_malloc(sizeof(int) * (size_t)(b->n_seqs ? b->n_seqs : 1));
+    trill_status st = seq ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < b->n_seqs && seq; s++) seq[s] = s;
+    for (int at = 0; at < b->n_seqs && !st;) {
+        const int k = next_micro(b, seq + at, b->n_seqs - at, r->c->trainer.micro_batch_tokens);
+        micro m;
+        if ((st = micro_make(b, seq + at, k, false, &m))) break;
+        float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_malloc(sizeof(float) * (size_t)m.T);
+        trill_forward_pass *pass = NULL;
+        if (!lp || !dlp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) *n_loss += nll_weights(b, &m, dlp);
+        if (!st && train) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, NULL, lp, NULL, r->c->trainer.recompute, &pass);
+        if (!st && !train) st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, NULL, lp, NULL);
+        for (int t = 0; !st && t < m.T; t++)
+            if (dlp[t] != 0) *nll -= lp[t];
+        if (!st && train) st = trill_model_backward(pass, dlp, r->lora ? NULL : r->lora_grads, r->lora ? r->lora_grads : NULL);
+        *tokens += m.T;
+        trill_forward_pass_free(pass);
+        free(lp);
+        free(dlp);
+        micro_free(&m);
+        at += k;
+    }
+    free(seq);
+    return st;
+}
+
+trill_status trill_rl_trainer_nll_step(rl_trainer *r, const rl_batch *b, int step, int64_t total, rl_nll_stats *out) {
+    memset(out, 0, sizeof *out);
+    r->step = step;
+    memset(r->lora_grads, 0, sizeof(float) * r->n_values);
+    double nll;
+    long n_loss;
+    trill_status st = nll_pass(r, b, true, &nll, &n_loss, &out->tokens);
+    if (st) return st;
+    const double denom = n_loss ? (double)n_loss : 1;
+    out->loss = nll / denom;
+    return apply_update(r, denom, out->loss, total, &out->grad_norm, &out->lr, &out->applied);
+}
+
+trill_status trill_rl_trainer_nll(rl_trainer *r, const rl_batch *b, double *nll, long *n_loss) {
+    long tokens;
+    return nll_pass(r, b, false, nll, n_loss, &tokens);
+}
+
+trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir) {
+    trill_status st = t->lora ? trill_lora_save(t->lora, dir) : trill_model_save(t->policy, dir, TRILL_F32, 5000000000u);
+    char *prefix = st ? NULL : trill_path_join(dir, "optimizer");
+    if (!st && !prefix) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_adamw_save(t->opt, prefix);
+    free(prefix);
+    return st;
+}
+
+/* Full fine-tuning: every weight trains, fp32, without decay on the norm weights (1-D tensors). */
+static trill_status make_full(rl_trainer *r) {
+    r->values = r->policy->params;
+    r->n_values = r->policy->n_params;
+    r->no_decay = trill_calloc(r->n_values ? r->n_values : 1, 1);
+    r->lora_grads = trill_calloc(r->n_values ? r->n_values : 1, sizeof(float));
+    if (!r->no_decay || !r->lora_grads) return trill_error(TRILL_ERR_NOMEM, "out of memory for the gradients of %zu weights", r->n_values);
+    for (size_t t = 0; t < r->policy->n_tensors; t++)
+        if (r->policy->tensors[t].ndim == 1) memset(r->no_decay + (r->policy->tensors[t].data - r->policy->params), 1, r->policy->tensors[t].numel);
+    return TRILL_OK;
+}
+
+trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, rl_trainer **out) {
+    rl_trainer *t = trill_calloc(1, sizeof *t);
+    if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    t->c = c;
+    const bool full = c->sft.mode == TRILL_SFT_FULL;
+    /* LoRA: a frozen base in the checkpoint's dtype; full: fp32 master weights (a resumed run's own) */
+    trill_status st = trill_model_load_as(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT,
+                                          &t->policy);
+    if (!st && !full) {
+        st = resume_dir ? trill_lora_load(t->policy, resume_dir, &t->lora) : trill_lora_create(t->policy, c->trainer.lora, c->seed, &t->lora);
+        if (!st) {
+            trill_model_attach_lora(t->policy, t->lora);
+            t->values = t->lora->params;
+            t->n_values = t->lora->n_params;
+            if (!(t->lora_grads = trill_calloc(t->n_values ? t->n_values : 1, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (!st && full) st = make_full(t);
+    char *prefix = !st && resume_dir ? trill_path_join(resume_dir, "optimizer") : NULL;
+    if (!st && resume_dir) st = prefix ? trill_adamw_load(prefix, t->n_values, &t->opt) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(prefix);
+    if (!st && resume_dir) t->opt->config.weight_decay = c->trainer.weight_decay;
+    if (!st && !resume_dir) {
+        trill_adamw_config ac = trill_adamw_defaults();
+        ac.weight_decay = c->trainer.weight_decay;
+        st = trill_adamw_create(t->n_values, ac, &t->opt);
+    }
+    if (st) {
+        trill_rl_trainer_free(t);
+        return st;
+    }
+    *out = t;
+    return TRILL_OK;
+}
+
 /* ---- set-up ---- */
 
 static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
@@ -477,7 +621,9 @@ static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
     if (st) return st;
     r->lora->enabled = true;
     trill_model_attach_lora(r->policy, r->lora);
-    if (!(r->lora_grads = trill_malloc(sizeof(float) * r->lora->n_params))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    r->values = r->lora->params;
+    r->n_values = r->lora->n_params;
+    if (!(r->lora_grads = trill_malloc(sizeof(float) * r->n_values))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     return TRILL_OK;
 }
 
@@ -510,6 +656,7 @@ void trill_rl_trainer_free(rl_trainer *t) {
     if (t->policy) trill_model_attach_lora(t->policy, NULL);
     trill_lora_free(t->lora);
     free(t->lora_grads);
+    free(t->no_decay);
     trill_adamw_free(t->opt);
     trill_model_free(t->policy);
     trill_model_free(t->merge_model);

@@ -13,6 +13,11 @@
 
 typedef struct rl_trainer rl_trainer;
 
+/* The packer's rule, for RL's micro-batches and SFT's alike: a sequence of `len` tokens joins a
+ * micro-batch holding `n` sequences and `used` tokens when it is the first or stays within the
+ * budget. */
+static inline bool trill_rl_micro_fits(int used, int n, int len, int budget) { return n == 0 || used + len <= budget; }
+
 /* What one step did, summed over its minibatches (the metrics take means). */
 typedef struct rl_train_stats {
     double loss, pg_loss, kl_loss, clip_tokens, ratio_sum, ratio_n, grad_norm, lr;
@@ -38,6 +43,30 @@ trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t);
  * micro-batches; an adapter value that is not finite afterwards is an error. Fills the
  * mismatch, correction, reference-KL and routing-flip figures of *m. */
 trill_status trill_rl_trainer_step(rl_trainer *t, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m);
+
+/* ---- supervised fine-tuning (the same trainer) ---- */
+
+/* sft.mode lora: the base from model_dir in its checkpoint's dtype, adapters new from c->seed or
+ * resume_dir's; full: every weight in fp32 from model_dir, or resume_dir's. The optimizer new, or
+ * resume_dir/optimizer (its moments; the settings are c's). */
+trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, rl_trainer **out);
+
+typedef struct rl_nll_stats {
+    double loss;              /* mean negative log-likelihood per loss token */
+    double grad_norm, lr;
+    long tokens;              /* tokens forwarded */
+    bool applied;             /* false: the loss or gradient was not finite and trainer.skip_nonfinite skipped it */
+} rl_nll_stats;
+
+/* One optimizer step (`step`, 1-based, of `total`) on every sequence of b: the NLL of each
+ * sequence's tokens after its prompt (b->prompt_len), in micro-batches of
+ * trainer.micro_batch_tokens, its gradient averaged over those tokens, clipped, AdamW. */
+trill_status trill_rl_trainer_nll_step(rl_trainer *t, const rl_batch *b, int step, int64_t total, rl_nll_stats *out);
+/* The same NLL without gradients: its sum over the loss tokens and their count. */
+trill_status trill_rl_trainer_nll(rl_trainer *t, const rl_batch *b, double *nll, long *n_loss);
+/* The trained weights into dir (the PEFT adapter, or the whole fp32 model) and the optimizer
+ * state (dir/optimizer*). */
+trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir);
 
 /* The weights a sync ships after an update: the adapters' vector, or in merge mode the base
  * with the adapters folded in (fp32; *merged is that model). *n floats at *data. */

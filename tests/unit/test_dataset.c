@@ -120,8 +120,34 @@ static void test_order(void **state) {
     assert_true(b[0] == 3 && b[1] == 4 && b[2] == 5 && b[3] == 6); /* file order */
 }
 
+/* The empty template is the prompt field alone, whatever its name; SFT lines need the prompt and
+ * the completion and get the completion's tokens. */
+static void test_default_template_and_completion(void **state) {
+    (void)state;
+    char *dir = test_tmpdir("dataset_sft");
+    trill_tokenizer *tok = charlevel();
+    const char text[] = "{\"question\": \"1+1=\", \"target\": \" 2\"}\n";
+    test_write(dir, "sft.jsonl", text, sizeof text - 1);
+    char *path = trill_path_join(dir, "sft.jsonl");
+    trill_dataset_options o = { .prompt_field = "question", .answer_field = "answer", .template_ = "", .max_prompt_tokens = 32,
+                                .completion_field = "target" };
+    trill_dataset *d;
+    assert_int_equal(trill_dataset_load(path, tok, &o, &d), TRILL_OK);
+    assert_string_equal(d->examples[0].prompt, "1+1=");
+    assert_int_equal(d->examples[0].n_completion, 2);
+    assert_non_null(d->examples[0].completion_ids);
+    trill_dataset_free(d);
+    o.completion_field = "completion";
+    expect_error(trill_dataset_load(path, tok, &o, &d), "sft.jsonl:1: expected string fields \"question\" and \"completion\"");
+    free(path);
+    trill_tokenizer_free(tok);
+    test_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_template_and_completion),
         cmocka_unit_test(test_template),
         cmocka_unit_test(test_load_and_errors),
         cmocka_unit_test(test_order),

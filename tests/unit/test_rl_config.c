@@ -134,7 +134,7 @@ static void test_defaults(void **state) {
     assert_string_equal(c.data.eval, "");
     assert_string_equal(c.data.prompt_field, "prompt");
     assert_string_equal(c.data.answer_field, "answer");
-    assert_string_equal(c.data.template_, "{prompt}");
+    assert_string_equal(c.data.template_, ""); /* the prompt field as it is */
     assert_true(c.data.shuffle);
     assert_int_equal(c.data.eval_size, 200);
     assert_int_equal(c.data.max_prompt_tokens, 1024);

@@ -1,0 +1,287 @@
+/* Supervised fine-tuning (trill/sft.h) on the RL trainer executor and dataset reader. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/json.h"
+#include "trainer.h"
+#include "trill/chat.h"
+#include "trill/dataset.h"
+#include "trill/fileio.h"
+#include "trill/log.h"
+#include "trill/model.h"
+#include "trill/sft.h"
+#include "trill/timing.h"
+#include "trill/tokenizer.h"
+
+typedef struct sft_run {
+    const trill_rl_config *c;
+    FILE *log;
+    trill_tokenizer *tok;
+    trill_chat_template *chat;
+    trill_dataset *train, *eval;
+    rl_trainer *t;
+    char *resume_dir;             /* the checkpoint continued from, or NULL */
+    int start_step;               /* its step */
+    int eos;                      /* the end-of-sequence token each example ends with */
+    int vocab;
+} sft_run;
+
+/* A progress line to the caller's file, or to the library's log sink. */
+static void sft_log(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sft_log(FILE *f, const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (f) fprintf(f, "%s\n", line);
+    else trill_log(TRILL_LOG_INFO, "%s", line);
+}
+
+trill_status trill_sft_validate(const trill_rl_config *c) {
+    if (!c->model[0]) return trill_error(TRILL_ERR_INVALID, "model: trill sft needs a model folder (--model DIR or model=DIR)");
+    if (!c->data.train[0]) return trill_error(TRILL_ERR_INVALID, "data.train: trill sft needs a JSONL file of prompts and completions (--data FILE)");
+    if (!c->run_dir[0]) return trill_error(TRILL_ERR_INVALID, "run_dir: trill sft writes the trained weights there (--out DIR or run_dir=DIR)");
+    if (c->trainer.lora.targets == 0 && c->sft.mode == TRILL_SFT_LORA)
+        return trill_error(TRILL_ERR_INVALID, "trainer.lora.targets: no module selected");
+    return TRILL_OK;
+}
+
+/* ---- examples as batches ---- */
+
+/* An example's tokens: the prompt (at most max_len - 2 of it), then as much of the completion as
+ * fits in max_len with the end-of-sequence token, at least one. */
+static void example_shape(const trill_example *e, int max_len, int *n_prompt, int *n_completion) {
+    *n_prompt = e->n_ids < max_len - 1 ? e->n_ids : max_len - 2;
+    const int room = max_len - *n_prompt - 1;
+    *n_completion = e->n_completion < room ? e->n_completion : room;
+}
+
+static int example_len(const trill_example *e, int max_len) {
+    int np, nc;
+    example_shape(e, max_len, &np, &nc);
+    return np + nc + 1;
+}
+
+/* Examples idx[0, n) of d as a batch: prompt_len per sequence, the loss on what follows. */
+static trill_status make_batch(const sft_run *r, const trill_dataset *d, const int *idx, int n, rl_batch *b) {
+    const int max_len = r->c->sft.max_seq_len;
+    memset(b, 0, sizeof *b);
+    b->n_seqs = n;
+    b->group_size = 1;
+    b->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
+    b->prompt_len = trill_malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!b->offsets || !b->prompt_len) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    b->offsets[0] = 0;
+    for (int i = 0; i < n; i++) b->offsets[i + 1] = b->offsets[i] + example_len(&d->examples[idx[i]], max_len);
+    if (!(b->tokens = trill_malloc(sizeof(int) * (size_t)(b->offsets[n] ? b->offsets[n] : 1)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const trill_example *e = &d->examples[idx[i]];
+        int np, nc, *at = b->tokens + b->offsets[i];
+        example_shape(e, max_len, &np, &nc);
+        memcpy(at, e->ids, sizeof(int) * (size_t)np);
+        memcpy(at + np, e->completion_ids, sizeof(int) * (size_t)nc);
+        at[np + nc] = r->eos;
+        b->prompt_len[i] = np;
+        for (int k = 0; k < np + nc + 1; k++)
+            if (at[k] >= r->vocab)
+                return trill_error(TRILL_ERR_INVALID, "%s: example %d: token id %d exceeds the model's vocab_size %d", d->path, idx[i] + 1,
+                                   at[k], r->vocab);
+    }
+    return TRILL_OK;
+}
+
+/* How many of order[at, n) the next `micro` micro-batches take (trainer.micro_batch_tokens each;
+ * the packer's rule, trill_rl_micro_fits). */
+static int step_size(const sft_run *r, const int *order, int at, int n, int micro) {
+    const int budget = r->c->trainer.micro_batch_tokens, max_len = r->c->sft.max_seq_len;
+    int k = at;
+    for (int m = 0; m < micro && k < n; m++)
+        for (int used = 0, in = 0; k < n; k++, in++) {
+            const int len = example_len(&r->train->examples[order[k]], max_len);
+            if (!trill_rl_micro_fits(used, in, len, budget)) break;
+            used += len;
+        }
+    return k - at;
+}
+
+/* Mean NLL per completion token of the held-out set. */
+static trill_status eval_loss(sft_run *r, double *out) {
+    int *all = trill_malloc(sizeof(int) * (size_t)r->eval->n);
+    rl_batch b = { 0 };
+    double nll = 0;
+    long n = 0;
+    trill_status st = all ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; all && i < r->eval->n; i++) all[i] = i;
+    if (!st) st = make_batch(r, r->eval, all, r->eval->n, &b);
+    if (!st) st = trill_rl_trainer_nll(r->t, &b, &nll, &n);
+    trill_rl_batch_free(&b);
+    free(all);
+    *out = n ? nll / n : NAN;
+    return st;
+}
+
+/* run_dir: the weights, the optimizer, trainer_state.json; a full model also gets the side files
+ * (tokenizer...) so the folder is usable on its own. */
+static trill_status save(const sft_run *r, int step, double eval) {
+    const trill_rl_config *c = r->c;
+    trill_status st = trill_rl_trainer_save(r->t, c->run_dir);
+    char *state = st ? NULL : trill_path_join(c->run_dir, "trainer_state.json");
+    if (!st && !state) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        json_t *j = json_pack("{s:i, s:s, s:f}", "step", step, "mode", c->sft.mode == TRILL_SFT_FULL ? "full" : "lora", "eval_loss",
+                              isnan(eval) ? -1.0 : eval);
+        st = j ? trill_json_write_file(state, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        json_decref(j);
+    }
+    if (!st && c->sft.mode == TRILL_SFT_FULL) st = trill_model_copy_side_files(c->model, c->run_dir);
+    free(state);
+    return st;
+}
+
+/* ---- set-up ---- */
+
+/* resume: "" afresh; "auto": run_dir's checkpoint when it has one; else that folder's. */
+static trill_status find_resume(sft_run *r) {
+    const trill_rl_config *c = r->c;
+    if (!c->resume[0]) return TRILL_OK;
+    const char *dir = strcmp(c->resume, "auto") == 0 ? c->run_dir : c->resume;
+    char *state_path = trill_path_join(dir, "trainer_state.json");
+    if (!state_path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    if (strcmp(c->resume, "auto") == 0 && !trill_file_exists(state_path)) {
+        free(state_path);
+        return TRILL_OK; /* nothing to continue: a fresh run */
+    }
+    json_t *state = NULL;
+    const char *mode = NULL;
+    if (!(st = trill_json_load_file(state_path, &state)) && !(st = trill_json_get_int(state, "step", state_path, 0, INT32_MAX, &r->start_step)) &&
+        !(st = trill_json_get_string(state, "mode", state_path, &mode)) && mode &&
+        strcmp(mode, c->sft.mode == TRILL_SFT_FULL ? "full" : "lora") != 0)
+        st = trill_error(TRILL_ERR_INVALID, "%s: the checkpoint trained mode \"%s\", this config sft.mode \"%s\"", state_path, mode,
+                         c->sft.mode == TRILL_SFT_FULL ? "full" : "lora");
+    json_decref(state);
+    free(state_path);
+    if (!st && !(r->resume_dir = trill_strdup(dir))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    return st;
+}
+
+static trill_status load(sft_run *r) {
+    const trill_rl_config *c = r->c;
+    trill_status st = find_resume(r);
+    if (!st) st = trill_rl_trainer_create_sft(c, c->model, r->resume_dir, &r->t);
+    if (!st) st = trill_tokenizer_load(c->model, &r->tok);
+    if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(c->model, &r->chat);
+    trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field, .template_ = c->data.template_,
+                                .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens, .completion_field = c->data.completion_field };
+    if (!st) st = trill_dataset_load(c->data.train, r->tok, &o, &r->train);
+    o.limit = c->data.eval_size;
+    if (!st && c->data.eval[0]) st = trill_dataset_load(c->data.eval, r->tok, &o, &r->eval);
+    if (!st) {
+        const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r->t));
+        r->eos = mc->n_eos ? mc->eos_token_ids[0] : 0;
+        r->vocab = mc->vocab_size;
+    }
+    return st;
+}
+
+/* Optimizer steps in all: the micro-batches of an epoch (packed in file order) / sft.grad_accum,
+ * times the epochs, at most sft.max_steps. */
+static int total_steps(const sft_run *r, int *micro_per_epoch) {
+    const trill_rl_config *c = r->c;
+    int *order = trill_malloc(sizeof(int) * (size_t)r->train->n);
+    if (!order) return -1;
+    for (int i = 0; i < r->train->n; i++) order[i] = i;
+    *micro_per_epoch = 0;
+    for (int at = 0; at < r->train->n; (*micro_per_epoch)++) at += step_size(r, order, at, r->train->n, 1);
+    free(order);
+    const int per_epoch = (*micro_per_epoch + c->sft.grad_accum - 1) / c->sft.grad_accum;
+    const int64_t total = (int64_t)per_epoch * c->sft.epochs;
+    return c->sft.max_steps > 0 && c->sft.max_steps < total ? c->sft.max_steps : (int)(total < INT32_MAX ? total : INT32_MAX);
+}
+
+/* ---- the run ---- */
+
+/* One optimizer step on order[at, at + k), then its line, checkpoint and held-out loss when due. */
+static trill_status one_step(sft_run *r, const int *order, int k, int step, int total, int last, double t_start, long *tokens,
+                             double *eval) {
+    const trill_rl_config *c = r->c;
+    rl_batch b;
+    rl_nll_stats ns;
+    trill_status st = make_batch(r, r->train, order, k, &b);
+    if (!st) st = trill_rl_trainer_nll_step(r->t, &b, step, total, &ns);
+    trill_rl_batch_free(&b);
+    if (st) return st;
+    *tokens += ns.tokens;
+    const double elapsed = trill_now() - t_start;
+    sft_log(r->log, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs%s", step, total, ns.loss, ns.lr, ns.grad_norm,
+            *tokens / elapsed, elapsed / (step - r->start_step) * (total - step), ns.applied ? "" : "  (not finite: skipped)");
+    if (c->sft.save_every > 0 && step % c->sft.save_every == 0 && step < last && !(st = save(r, step, *eval)))
+        sft_log(r->log, "step %d  checkpoint saved to %s", step, c->run_dir);
+    if (!st && r->eval && c->sft.eval_every > 0 && step % c->sft.eval_every == 0 && step < total && !(st = eval_loss(r, eval)))
+        sft_log(r->log, "step %d  eval loss %.4f", step, *eval);
+    return st;
+}
+
+static trill_status train(sft_run *r, int total, int *step_out, double *eval) {
+    const trill_rl_config *c = r->c;
+    const int n = r->train->n;
+    const int last = c->sft.stop_after > 0 && c->sft.stop_after < total ? c->sft.stop_after : total;
+    int *order = trill_malloc(sizeof(int) * (size_t)n), step = 0;
+    trill_status st = order ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const double t_start = trill_now();
+    long tokens = 0;
+    for (int64_t epoch = 0; !st && step < last; epoch++) {
+        /* the order of each epoch is a function of (seed, epoch): the steps a resumed run already
+         * took are skipped exactly */
+        if ((st = trill_dataset_order(r->train, c->seed, c->data.shuffle, epoch * n, n, order))) break;
+        for (int at = 0; !st && step < last && at < n;) {
+            const int k = step_size(r, order, at, n, c->sft.grad_accum);
+            step++;
+            if (step > r->start_step) st = one_step(r, order + at, k, step, total, last, t_start, &tokens, eval);
+            at += k;
+        }
+    }
+    free(order);
+    *step_out = step;
+    return st;
+}
+
+trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o, trill_sft_result *out) {
+    *out = (trill_sft_result){ .eval_loss = NAN };
+    trill_status st = trill_sft_validate(c);
+    if (st) return st;
+    sft_run r = { .c = c, .log = o ? o->log : NULL };
+    if (!(st = trill_mkdir_p(c->run_dir))) st = load(&r);
+    int micro_per_epoch = 0, total = st ? 0 : total_steps(&r, &micro_per_epoch);
+    if (!st && total < 0) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        size_t n_values = 0;
+        const trill_lora *lora = trill_rl_trainer_lora(r.t);
+        if (lora) trill_lora_params((trill_lora *)lora, &n_values);
+        else n_values = trill_model_n_params(trill_rl_trainer_policy(r.t));
+        sft_log(r.log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s", r.train->n, micro_per_epoch,
+                total, lora ? "LoRA" : "full", n_values, r.resume_dir ? ", resuming" : "");
+    }
+    double eval = NAN;
+    int step = 0;
+    if (!st) st = train(&r, total, &step, &eval);
+    if (!st && r.eval && !(st = eval_loss(&r, &eval))) {
+        sft_log(r.log, "eval loss %.4f (%d held-out examples)", eval, r.eval->n);
+        out->eval_loss = eval;
+    }
+    if (!st) st = save(&r, step, eval);
+    if (!st) sft_log(r.log, "trill sft: wrote %s", c->run_dir);
+    out->steps = step;
+    trill_rl_trainer_free(r.t);
+    trill_dataset_free(r.train);
+    trill_dataset_free(r.eval);
+    trill_chat_template_free(r.chat);
+    trill_tokenizer_free(r.tok);
+    free(r.resume_dir);
+    return st;
+}
