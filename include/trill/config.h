@@ -17,8 +17,10 @@
 #define TRILL_MAX_EOS 8
 
 typedef enum trill_arch {
-    TRILL_ARCH_QWEN3,     /* model_type "qwen3",     Qwen3ForCausalLM: all layers dense */
-    TRILL_ARCH_QWEN3_MOE, /* model_type "qwen3_moe", Qwen3MoeForCausalLM */
+    TRILL_ARCH_QWEN3,       /* model_type "qwen3",       Qwen3ForCausalLM: all layers dense */
+    TRILL_ARCH_QWEN3_MOE,   /* model_type "qwen3_moe",   Qwen3MoeForCausalLM */
+    TRILL_ARCH_DEEPSEEK_V3, /* model_type "deepseek_v3", DeepseekV3ForCausalLM (DeepSeek-V3/R1) */
+    TRILL_ARCH_KIMI_K2,     /* model_type "kimi_k2",     DeepseekV3ForCausalLM (Kimi K2): the same computation */
 } trill_arch;
 
 typedef struct trill_config {
@@ -42,6 +44,19 @@ typedef struct trill_config {
     int decoder_sparse_step;
     bool norm_topk_prob;
     bool mlp_only[TRILL_MAX_LAYERS]; /* mlp_only_layers as a per-layer flag */
+    /* DeepSeek-V3 (HF DeepseekV3Config; num_experts holds n_routed_experts): MLA attention, a
+     * sigmoid router with a selection bias and group-limited top-k, shared experts, YaRN */
+    int q_lora_rank;           /* 0: q_proj (HF null), else q_a_proj -> q_a_layernorm -> q_b_proj */
+    int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int n_shared_experts;
+    int n_group, topk_group;   /* group-limited routing (1, 1: off) */
+    double routed_scaling_factor;
+    int first_k_dense_replace; /* layers below it are dense */
+    int moe_layer_freq;
+    bool rope_interleave;      /* RoPE on adjacent pairs (2i, 2i+1) */
+    bool yarn;                 /* rope_scaling type yarn, with: */
+    double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int yarn_original_max_position_embeddings;
     /* Sequence classification (Qwen3ForSequenceClassification, Qwen3MoeForSequenceClassification:
      * a reward model has one label): the rows of score.weight [num_labels, H], which replaces
      * lm_head. 0 for a causal LM. From id2label's size (HF PretrainedConfig), else "num_labels",
@@ -80,11 +95,21 @@ static inline bool trill_config_is_moe(const trill_config *c, int layer) {
 void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *active);
 
 
-/* config.json text (malloc'ed) of a named preset ("tiny", "small"), or NULL if unknown (or out
- * of memory: trill_error_message says which).
+/* config.json text (malloc'ed) of a named preset ("tiny", "small", or a real model's), or NULL if
+ * unknown (or out of memory: trill_error_message says which).
  * tiny:  a few M parameters, 1 dense + 3 MoE layers, 8 experts, top-2, char-level vocab.
  * small: the benchmark model, ~85M parameters (vocab 32000, hidden 512, 8 layers, 16 experts, top-4). */
 char *trill_config_preset_text(const char *name);
-extern const char *const trill_config_preset_names; /* "tiny, small" for messages */
+extern const char *const trill_config_preset_names; /* "tiny, small, ..." for messages */
+/* Whether a preset is a real model's configuration (deepseek-v3: DeepSeek-V3's, kimi-k2: Kimi
+ * K2's), for config-only use: too large to create. */
+bool trill_config_preset_is_real(const char *name);
+
+/* config.json text (malloc'ed) of c, as a model folder holds it; NULL when out of memory. */
+char *trill_config_to_text(const trill_config *c);
+
+/* Parameters by the tensor table's kind (trill_tensor_kind, trill/arch.h: by_kind has
+ * TRILL_TENSOR_HEAD + 1 entries), the routed experts' counted apart in *routed_experts. */
+void trill_config_param_breakdown(const trill_config *c, int64_t *by_kind, int64_t *routed_experts);
 
 #endif

@@ -22,6 +22,7 @@ typedef enum trill_lora_target {
     TRILL_LORA_Q, TRILL_LORA_K, TRILL_LORA_V, TRILL_LORA_O,
     TRILL_LORA_GATE, TRILL_LORA_UP, TRILL_LORA_DOWN, /* dense MLPs and every expert */
     TRILL_LORA_LM_HEAD,
+    TRILL_LORA_Q_A, TRILL_LORA_Q_B, TRILL_LORA_KV_A, TRILL_LORA_KV_B, /* MLA (DeepSeek-V3) */
     TRILL_LORA_N_TARGETS
 } trill_lora_target;
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-const trill_family *const trill_families[] = { &trill_family_qwen3 };
+const trill_family *const trill_families[] = { &trill_family_qwen3, &trill_family_deepseek_v3 };
 const int trill_n_families = (int)(sizeof trill_families / sizeof trill_families[0]);
 
 static const trill_family *family_of_arch(trill_arch arch, const trill_arch_names **names) {
@@ -86,4 +86,20 @@ void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *a
     trill_arch_walk(c, count_params, &n);
     *total = n.total;
     *active = n.active;
+}
+
+typedef struct kinds { int64_t *by_kind, *routed; } kinds;
+
+static void count_kind(void *ctx, const trill_tensor_row *row, const trill_param *t) {
+    (void)row;
+    kinds *k = ctx;
+    if (t->expert >= 0) *k->routed += (int64_t)t->numel;
+    else if ((unsigned)t->kind <= TRILL_TENSOR_HEAD) k->by_kind[t->kind] += (int64_t)t->numel;
+}
+
+void trill_config_param_breakdown(const trill_config *c, int64_t *by_kind, int64_t *routed_experts) {
+    for (int i = 0; i <= TRILL_TENSOR_HEAD; i++) by_kind[i] = 0;
+    *routed_experts = 0;
+    kinds k = { by_kind, routed_experts };
+    trill_arch_walk(c, count_kind, &k);
 }

@@ -84,7 +84,8 @@ typedef struct trill_family {
     double (*attention_flops)(const trill_config *c, double pairs);
 } trill_family;
 
-extern const trill_family trill_family_qwen3; /* src/arch/qwen3/: Qwen3 and Qwen3-MoE */
+extern const trill_family trill_family_qwen3;       /* src/arch/qwen3/: Qwen3 and Qwen3-MoE */
+extern const trill_family trill_family_deepseek_v3; /* src/arch/deepseek_v3/: DeepSeek-V3, Kimi K2 */
 
 /* Every family trill computes (the registry, family.c). */
 extern const trill_family *const trill_families[];

@@ -1,11 +1,13 @@
 /* trill info: architecture, layer map, parameter counts and bytes of a model folder. */
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "trill/fileio.h"
 #include "trill/model.h"
 
-static const char USAGE[] = "trill info --model DIR";
+static const char USAGE[] = "trill info --model DIR\n  A folder with config.json alone (trill init --config-only) is described from its config.";
 
 /* "0-2 dense, 3 moe(0), 4 dense, 5-7 moe(1-3)": runs of the same kind, with MoE ordinals. */
 static void print_layer_map(const trill_config *c) {
@@ -26,21 +28,45 @@ static void print_layer_map(const trill_config *c) {
 }
 
 /* Parameters by the tensor table's kinds (routed experts apart from the other matrices). */
-static void print_breakdown(const trill_model *m) {
-    int64_t n[6] = { 0 }, experts = 0;
-    size_t n_tensors;
-    const trill_param *tensors = trill_model_tensors(m, &n_tensors);
-    const trill_config *c = trill_model_config(m);
-    for (size_t t = 0; t < n_tensors; t++) {
-        const trill_param *p = &tensors[t];
-        if (p->expert >= 0) experts += (int64_t)p->numel;
-        else if ((unsigned)p->kind < 6) n[p->kind] += (int64_t)p->numel;
-    }
+static void print_breakdown(const trill_config *c) {
+    int64_t n[TRILL_TENSOR_HEAD + 1], experts;
+    trill_config_param_breakdown(c, n, &experts);
     printf("by kind:       embedding %" PRId64 ", matrices %" PRId64 ", routed experts %" PRId64 ", routers %" PRId64
            ", norms %" PRId64 ", biases %" PRId64 ", head %" PRId64 "%s\n",
            n[TRILL_TENSOR_EMBEDDING], n[TRILL_TENSOR_MATRIX], experts, n[TRILL_TENSOR_ROUTER], n[TRILL_TENSOR_NORM],
            n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_HEAD], c->tie_word_embeddings && c->num_labels == 0 ? " (tied)" : "");
-    printf("tensors:       %zu\n", n_tensors);
+}
+
+/* The description every folder gets, from its config alone. */
+static void describe(const char *dir, const trill_config *cfg) {
+    int64_t total, active;
+    trill_config_param_counts(cfg, &total, &active);
+    printf("model:         %s\n", dir);
+    printf("architecture:  %s (model_type %s)\n", trill_config_architecture(cfg), trill_config_model_type(cfg));
+    if (cfg->kv_lora_rank > 0)
+        printf("dimensions:    vocab %d, hidden %d, %d layers, %d heads; MLA: q_lora_rank %d, kv_lora_rank %d, qk %d + %d (rope), v %d\n",
+               cfg->vocab_size, cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->q_lora_rank, cfg->kv_lora_rank,
+               cfg->qk_nope_head_dim, cfg->qk_rope_head_dim, cfg->v_head_dim);
+    else
+        printf("dimensions:    vocab %d, hidden %d, %d layers, %d heads / %d kv heads x head_dim %d\n", cfg->vocab_size,
+               cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim);
+    printf("mlp:           dense intermediate %d", cfg->intermediate_size);
+    if (cfg->n_moe_layers)
+        printf("; %d experts, top-%d, expert intermediate %d, norm_topk_prob %s", cfg->num_experts,
+               cfg->num_experts_per_tok, cfg->moe_intermediate_size, cfg->norm_topk_prob ? "true" : "false");
+    if (cfg->n_moe_layers && cfg->kv_lora_rank > 0)
+        printf("; %d shared, %d groups keep %d, scaling %g", cfg->n_shared_experts, cfg->n_group, cfg->topk_group, cfg->routed_scaling_factor);
+    printf("\n");
+    if (cfg->num_labels > 0)
+        printf("rope_theta:    %g, rms_norm_eps %g, score head [%d, %d] (sequence classifier)\n", cfg->rope_theta, cfg->rms_norm_eps,
+               cfg->num_labels, cfg->hidden_size);
+    else
+        printf("rope_theta:    %g%s, rms_norm_eps %g, lm_head %s\n", cfg->rope_theta, cfg->yarn ? " (YaRN)" : "", cfg->rms_norm_eps,
+               cfg->tie_word_embeddings ? "tied to embeddings" : "untied");
+    print_layer_map(cfg);
+    printf("moe layers:    %d of %d\n", cfg->n_moe_layers, cfg->num_hidden_layers);
+    printf("parameters:    %" PRId64 " total, %" PRId64 " active per token (%.1f%%)\n", total, active, 100.0 * active / total);
+    print_breakdown(cfg);
 }
 
 int cmd_info(int argc, char **argv) {
@@ -55,30 +81,31 @@ int cmd_info(int argc, char **argv) {
     }
     if (optind < argc) return cli_usage_error("info", USAGE, "unexpected argument \"%s\"", argv[optind]);
     if (!dir) return cli_usage_error("info", USAGE, "--model DIR is required");
+    char *weights = trill_path_join(dir, "model.safetensors"), *index = trill_path_join(dir, "model.safetensors.index.json");
+    const bool has_weights = weights && index && (trill_file_exists(weights) || trill_file_exists(index));
+    free(weights);
+    free(index);
+    if (!has_weights) { /* a config-only folder (trill init --config-only): what the config says */
+        char *path = trill_path_join(dir, "config.json");
+        trill_config cfg;
+        const trill_status st = path ? trill_config_load(path, &cfg) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        free(path);
+        if (st) return cli_fail("info");
+        describe(dir, &cfg);
+        int64_t total, active;
+        trill_config_param_counts(&cfg, &total, &active);
+        printf("bytes:         config only (no weights); %.1f GB as bf16, %.1f GB as fp32\n", total * 2e-9, total * 4e-9);
+        return 0;
+    }
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("info");
     const trill_config *cfg = trill_model_config(m);
     int64_t total, active;
     trill_config_param_counts(cfg, &total, &active);
-    printf("model:         %s\n", dir);
-    printf("architecture:  %s (model_type %s)\n", trill_config_architecture(cfg), trill_config_model_type(cfg));
-    printf("dimensions:    vocab %d, hidden %d, %d layers, %d heads / %d kv heads x head_dim %d\n", cfg->vocab_size,
-           cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim);
-    printf("mlp:           dense intermediate %d", cfg->intermediate_size);
-    if (cfg->n_moe_layers)
-        printf("; %d experts, top-%d, expert intermediate %d, norm_topk_prob %s", cfg->num_experts,
-               cfg->num_experts_per_tok, cfg->moe_intermediate_size, cfg->norm_topk_prob ? "true" : "false");
-    printf("\n");
-    if (cfg->num_labels > 0)
-        printf("rope_theta:    %g, rms_norm_eps %g, score head [%d, %d] (sequence classifier)\n", cfg->rope_theta, cfg->rms_norm_eps,
-               cfg->num_labels, cfg->hidden_size);
-    else
-        printf("rope_theta:    %g, rms_norm_eps %g, lm_head %s\n", cfg->rope_theta, cfg->rms_norm_eps,
-               cfg->tie_word_embeddings ? "tied to embeddings" : "untied");
-    print_layer_map(cfg);
-    printf("moe layers:    %d of %d\n", cfg->n_moe_layers, cfg->num_hidden_layers);
-    printf("parameters:    %" PRId64 " total, %" PRId64 " active per token (%.1f%%)\n", total, active, 100.0 * active / total);
-    print_breakdown(m);
+    describe(dir, cfg);
+    size_t n_tensors;
+    trill_model_tensors(m, &n_tensors);
+    printf("tensors:       %zu\n", n_tensors);
     printf("bytes:         %.1f MB on disk (%s), %.1f MB as fp32 in memory\n",
            total * (double)trill_dtype_size(trill_model_checkpoint_dtype(m)) / 1e6, trill_dtype_name(trill_model_checkpoint_dtype(m)), total * 4.0 / 1e6);
     trill_model_free(m);

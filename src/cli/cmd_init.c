@@ -6,13 +6,17 @@
 #include "cli.h"
 #include "trill/config.h"
 #include "base/json.h"
+#include "trill/fileio.h"
 #include "trill/model.h"
 
 static const char USAGE[] =
-    "trill init --out DIR [--preset tiny|small] [--set key=value ...] [--dtype bf16|f32] [--seed N]\n"
+    "trill init --out DIR [--preset tiny|small|deepseek-v3|kimi-k2] [--set key=value ...] [--dtype bf16|f32] [--seed N]\n"
+    "          [--config-only]\n"
     "  Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and\n"
     "  generation_config.json. --set overrides a config.json field (value parsed as JSON,\n"
     "  else taken as a string), e.g. --set num_experts=16 --set 'mlp_only_layers=[0,1]'.\n"
+    "  --config-only writes config.json alone (for trill info and planning); deepseek-v3 and kimi-k2\n"
+    "  are those models' real configurations, config-only.\n"
     "  Defaults: --preset tiny --dtype bf16 --seed 0.";
 
 static int apply_override(json_t *cfg, const char *kv) {
@@ -32,10 +36,12 @@ int cmd_init(int argc, char **argv) {
     static const struct option opts[] = {
         { "out", required_argument, 0, 'o' }, { "preset", required_argument, 0, 'p' },
         { "set", required_argument, 0, 's' }, { "dtype", required_argument, 0, 'd' },
-        { "seed", required_argument, 0, 'S' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "seed", required_argument, 0, 'S' }, { "config-only", no_argument, 0, 'C' },
+        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
     const char *out = NULL, *preset = "tiny", *dtype_name = "bf16";
     long long seed = 0;
+    bool config_only = false;
     enum { MAX_SETS = 64 };
     const char *sets[MAX_SETS];
     int n_sets = 0, c;
@@ -52,6 +58,7 @@ int cmd_init(int argc, char **argv) {
         case 'S':
             if (cli_parse_int("init", USAGE, "--seed", optarg, 0, (long long)1 << 62, &seed)) return EXIT_USAGE;
             break;
+        case 'C': config_only = true; break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("init", USAGE, "invalid option %s", argv[optind - 1]);
         }
@@ -82,6 +89,19 @@ int cmd_init(int argc, char **argv) {
                            : trill_error(TRILL_ERR_NOMEM, "out of memory");
     free(text);
     if (st) return cli_fail("init");
+    if (config_only) {
+        char *cfg_text = trill_config_to_text(&config), *path = trill_path_join(out, "config.json");
+        st = cfg_text && path ? trill_mkdir_p(out) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) st = trill_write_file_atomic(path, cfg_text, strlen(cfg_text));
+        int64_t total, active;
+        trill_config_param_counts(&config, &total, &active);
+        if (!st) fprintf(stderr, "trill init: wrote %s (%s, config only: %.2f B parameters, %.2f B active)\n", path, preset, total * 1e-9, active * 1e-9);
+        free(cfg_text);
+        free(path);
+        return st ? cli_fail("init") : 0;
+    }
+    if (trill_config_preset_is_real(preset))
+        return cli_usage_error("init", USAGE, "--preset %s is the real model's configuration, too large to create here: add --config-only", preset);
     if (config.vocab_size < 98) {
         trill_error(TRILL_ERR_INVALID, "vocab_size %d is smaller than the 98 ids of the character-level tokenizer", config.vocab_size);
         return cli_fail("init");

@@ -48,6 +48,7 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
 size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f) {
     kv_layer_shape *shape = trill_malloc(sizeof *shape * (size_t)c->num_hidden_layers);
     if (!shape) return 0;
+    if (!trill_eng_family_of(c)) { free(shape); return 0; }
     trill_eng_family_of(c)->kv_shape(c, shape);
     size_t elems = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) elems += (size_t)shape[l].k_width + (size_t)shape[l].v_width;
@@ -60,8 +61,10 @@ const trill_eng_family *trill_eng_family_of(const trill_config *c) {
     switch (c->arch) {
     case TRILL_ARCH_QWEN3:
     case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_gen;
+    case TRILL_ARCH_DEEPSEEK_V3:
+    case TRILL_ARCH_KIMI_K2: return NULL; /* the generator's MLA layer is not written yet */
     }
-    return &trill_qwen3_gen;
+    return NULL;
 }
 
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
@@ -74,6 +77,9 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);
     if (cfg.max_running < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_running must be >= 1, got %d", cfg.max_running);
     if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
+    if (!trill_eng_family_of(&m->config))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: %s (model_type \"%s\"): the generator's layer for this family is not written yet",
+                           trill_config_architecture(&m->config), trill_config_model_type(&m->config));
     trill_status st = trill_eng_family_of(&m->config)->check(&m->config);
     if (st) return st;
     const char *isa;

@@ -261,3 +261,10 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
     }
     return j;
 }
+
+char *trill_config_to_text(const trill_config *c) {
+    json_t *j = trill_config_to_json(c, NULL);
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
+    json_decref(j);
+    return text;
+}

@@ -26,6 +26,9 @@ static void assign(trill_forward_pass *fp, trill_plan *p) {
 }
 
 static trill_status pass_alloc(const trill_model *m, int T, bool training, bool recompute, trill_forward_pass **out) {
+    if (!trill_family_layers_of(&m->config))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: trill describes and counts this family, but its forward pass is not written yet",
+                           trill_config_architecture(&m->config));
     trill_forward_pass *fp = trill_calloc(1, sizeof *fp);
     if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     *fp = (trill_forward_pass){ .m = m, .f = trill_family_layers_of(&m->config), .T = T, .training = training,

@@ -5,7 +5,7 @@
 #include "model/config_json.h"
 #include "trill/error.h"
 
-const char *const trill_config_preset_names = "tiny, small";
+const char *const trill_config_preset_names = "tiny, small, deepseek-v3, kimi-k2";
 
 /* Both presets: Qwen3-MoE, layer 0 dense (mlp_only_layers [0]), norm_topk_prob, untied head,
  * token 0 ("<|endoftext|>" in the character-level tokenizer) as bos and eos. */
@@ -20,7 +20,40 @@ static const struct preset {
     { "small", 32000, 512, 1536, 8, 8, 4, 64, 16, 4, 256, 32768, 1e6 },
 };
 
+/* The real configurations (their HF config.json fields that trill reads), for `trill init
+ * --config-only` and `trill info`: far too large to create here. */
+static const struct real { const char *name, *text; } REAL[] = {
+    { "deepseek-v3",
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"vocab_size\": 129280, \"hidden_size\": 7168,"
+    " \"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_hidden_layers\": 61, \"num_nextn_predict_layers\": 1,"
+    " \"num_attention_heads\": 128, \"num_key_value_heads\": 128, \"n_shared_experts\": 1, \"n_routed_experts\": 256,"
+    " \"routed_scaling_factor\": 2.5, \"kv_lora_rank\": 512, \"q_lora_rank\": 1536, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128,"
+    " \"qk_nope_head_dim\": 128, \"topk_method\": \"noaux_tc\", \"n_group\": 8, \"topk_group\": 4, \"num_experts_per_tok\": 8,"
+    " \"moe_layer_freq\": 1, \"first_k_dense_replace\": 3, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\","
+    " \"max_position_embeddings\": 163840, \"rope_theta\": 10000, \"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1,"
+    " \"factor\": 40, \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"},"
+    " \"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": 1}" },
+    { "kimi-k2",
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"kimi_k2\", \"vocab_size\": 163840, \"hidden_size\": 7168,"
+    " \"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, \"num_hidden_layers\": 61, \"num_nextn_predict_layers\": 0,"
+    " \"num_attention_heads\": 64, \"num_key_value_heads\": 64, \"n_shared_experts\": 1, \"n_routed_experts\": 384,"
+    " \"routed_scaling_factor\": 2.827, \"kv_lora_rank\": 512, \"q_lora_rank\": 1536, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128,"
+    " \"qk_nope_head_dim\": 128, \"topk_method\": \"noaux_tc\", \"n_group\": 1, \"topk_group\": 1, \"num_experts_per_tok\": 8,"
+    " \"moe_layer_freq\": 1, \"first_k_dense_replace\": 1, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\","
+    " \"max_position_embeddings\": 131072, \"rope_theta\": 50000.0, \"rope_scaling\": {\"beta_fast\": 1.0, \"beta_slow\": 1.0,"
+    " \"factor\": 32.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"},"
+    " \"tie_word_embeddings\": false, \"bos_token_id\": 163584, \"eos_token_id\": 163585}" },
+};
+
+bool trill_config_preset_is_real(const char *name) {
+    for (size_t i = 0; i < sizeof REAL / sizeof REAL[0]; i++)
+        if (strcmp(name, REAL[i].name) == 0) return true;
+    return false;
+}
+
 json_t *trill_config_preset(const char *name) {
+    for (size_t i = 0; i < sizeof REAL / sizeof REAL[0]; i++)
+        if (strcmp(name, REAL[i].name) == 0) return json_loads(REAL[i].text, 0, NULL);
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
         const struct preset *p = &PRESETS[i];
         if (strcmp(name, p->name) != 0) continue;
@@ -40,6 +73,7 @@ json_t *trill_config_preset(const char *name) {
 char *trill_config_preset_text(const char *name) {
     bool known = false;
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) known |= strcmp(name, PRESETS[i].name) == 0;
+    known |= trill_config_preset_is_real(name);
     if (!known) {
         trill_error(TRILL_ERR_INVALID, "unknown preset \"%s\" (expected one of: %s)", name, trill_config_preset_names);
         return NULL;

@@ -197,8 +197,8 @@ static const key KEYS[] = {
     POSITIVE("trainer.lora.alpha", trainer.lora.alpha, INF, "16", "LoRA alpha: the update is scaled by alpha / rank."),
     BOOL("trainer.lora.use_rslora", trainer.lora.use_rslora, "false", "rsLoRA: scale by alpha / sqrt(rank) instead."),
     OTHER("trainer.lora.targets", K_TARGETS, trainer.lora.targets, "all-linear",
-          "Adapted layers, comma-separated: q, k, v, o, gate, up, down (dense MLPs and every expert), lm_head; "
-          "`all-linear` is all but lm_head."),
+          "Adapted layers, comma-separated: q, k, v, o, gate, up, down (dense MLPs, every expert, shared experts), lm_head, "
+          "and MLA's q_a, q_b, kv_a, kv_b (DeepSeek-V3); `all-linear` is every linear layer of the model's family but lm_head."),
 
     ENUM("sync.mode", sync.mode, SYNC_MODES, "adapter",
          "How new weights reach the generator: the adapter on a side path, or merged into its weights."),
@@ -504,7 +504,7 @@ static trill_status set_targets(trill_rl_config *c, const key *k, yaml_document_
         const char *s;
         size_t len;
         if (!string_value(item, &s, &len))
-            return fail(src, item, "%s: expected module names (q, k, v, o, gate, up, down, lm_head, all-linear), got %s", k->path,
+            return fail(src, item, "%s: expected module names (q, k, v, o, gate, up, down, lm_head, q_a, q_b, kv_a, kv_b, all-linear), got %s", k->path,
                         describe(item, got, sizeof got));
         for (size_t at = 0; at < len;) {
             size_t skip = strspn(s + at, ", "), n = strcspn(s + at + skip, ", ");
@@ -514,7 +514,7 @@ static trill_status set_targets(trill_rl_config *c, const key *k, yaml_document_
             unsigned bits;
             snprintf(name, sizeof name, "%.*s", (int)n, s + at);
             if (n >= sizeof name || trill_lora_parse_targets(name, &bits))
-                return fail(src, item, "%s: unknown module \"%.*s\" (expected q, k, v, o, gate, up, down, lm_head or all-linear)",
+                return fail(src, item, "%s: unknown module \"%.*s\" (expected q, k, v, o, gate, up, down, lm_head, q_a, q_b, kv_a, kv_b or all-linear)",
                             k->path, (int)(n < 64 ? n : 64), s + at);
             targets |= bits;
             at += n;
@@ -932,7 +932,7 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
     if (c->mode == TRILL_MODE_ASYNC && c->rollouts.replay[0])
         return trill_error(TRILL_ERR_INVALID, "rollouts.replay: replaying recorded rollouts needs mode sync (there is no generator to overlap)");
     if (!c->trainer.lora.targets || (c->trainer.lora.targets & ~TRILL_LORA_ALL_LINEAR) >> TRILL_LORA_N_TARGETS)
-        return trill_error(TRILL_ERR_INVALID, "trainer.lora.targets: expected at least one of q, k, v, o, gate, up, down, lm_head");
+        return trill_error(TRILL_ERR_INVALID, "trainer.lora.targets: expected at least one of q, k, v, o, gate, up, down, lm_head, q_a, q_b, kv_a, kv_b");
     return TRILL_OK;
 }
 

@@ -20,8 +20,10 @@ const trill_family_backward *trill_family_backward_of(const trill_config *c) {
     switch (c->arch) {
     case TRILL_ARCH_QWEN3:
     case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_backward;
+    case TRILL_ARCH_DEEPSEEK_V3:
+    case TRILL_ARCH_KIMI_K2: return NULL; /* not written yet: no forward pass of this family trains */
     }
-    return &trill_qwen3_backward;
+    return NULL;
 }
 
 /* The driver's scratch: the residual stream's gradient, the head's, the LoRA side path's. */
@@ -107,6 +109,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
     const int T = fp->T, H = c->hidden_size;
     if (T == 0) return TRILL_OK;
     const trill_family_backward *f = trill_family_backward_of(c);
+    if (!f) return trill_error(TRILL_ERR_UNSUPPORTED, "backward: %s has no backward pass yet", trill_config_architecture(c));
     const trill_grad_sinks sink = { .m = m, .base = grads, .lora = fp->lora, .lora_grads = lora_grads };
     grad_scratch g;
     void *layer_scratch = NULL;

@@ -60,6 +60,19 @@ check "info dtype" grep -qF "(BF16)" "$WORK/info"
 # the tiny preset by hand: embedding and head 128 x 256; per layer q, o 256 x 256 and k, v 128 x 256;
 # dense MLP 3 x 768 x 256; 3 MoE layers of 8 experts x 3 x 128 x 256 and a router 8 x 256
 check "info by kind" grep -qF "by kind:       embedding 32768, matrices 1376256, routed experts 2359296, routers 6144, norms 2816, biases 0, head 32768" "$WORK/info"
+# the real DeepSeek-V3 and Kimi K2 configurations, config only: their published sizes (671B / 37B;
+# 1T / 32B, 1.03T / 32.9B counted with the embeddings and the head), described without weights
+check "init --config-only kimi-k2" "$TRILL" init --out "$WORK/k2" --preset kimi-k2 --config-only 2>/dev/null
+check "config only: no weights written" test ! -e "$WORK/k2/model.safetensors"
+"$TRILL" info --model "$WORK/k2" >"$WORK/info_k2"
+check "info kimi-k2 parameters" grep -qF "parameters:    1026408232448 total, 32861500928 active" "$WORK/info_k2"
+check "info kimi-k2 layer map" grep -qF "layer map:     0 dense, 1-60 moe(ordinals 0-59)" "$WORK/info_k2"
+check "info kimi-k2 config only" grep -qF "config only (no weights)" "$WORK/info_k2"
+check "init --config-only deepseek-v3" "$TRILL" init --out "$WORK/dsv3" --preset deepseek-v3 --config-only 2>/dev/null
+"$TRILL" info --model "$WORK/dsv3" >"$WORK/info_dsv3"
+check "info deepseek-v3 parameters" grep -qF "parameters:    671026419200 total, 37552297472 active" "$WORK/info_dsv3"
+expect_exit 2 "--preset kimi-k2 is the real model's configuration, too large to create here: add --config-only" \
+  "$TRILL" init --out "$WORK/x" --preset kimi-k2
 check "info total = sum by kind" test "$(sed -n 's/^parameters: *\([0-9]*\) total.*/\1/p' "$WORK/info")" = $((32768 + 1376256 + 2359296 + 6144 + 2816 + 32768))
 
 # dense model through --set, f32

@@ -2,10 +2,12 @@
  * against counts written out here by hand from the `small` preset's numbers (presets.c: vocab
  * 32000, hidden 512, dense intermediate 1536, 8 layers, layer 0 dense, 8 heads / 4 kv heads of
  * 64, 16 experts top-4 of intermediate 256, untied lm_head). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -18,6 +20,7 @@
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/train.h"
+#include "trill/infer.h"
 
 #define LW(m, l) ((const qwen3_layer_weights *)trill_model_layer(m, l))
 #define LL(lora, l) ((const qwen3_lora_layer *)trill_lora_layer(lora, l))
@@ -143,7 +146,7 @@ static void test_lora_layout(void **state) {
     trill_model *m;
     assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
     const int r = 4;
-    trill_lora_config lc = { .rank = r, .alpha = 8, .targets = (1u << TRILL_LORA_N_TARGETS) - 1 };
+    trill_lora_config lc = { .rank = r, .alpha = 8, .targets = trill_family_qwen3.lora_targets };
     trill_lora *lora;
     assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
     int64_t per_target[TRILL_LORA_N_TARGETS] = { 0 };
@@ -191,8 +194,12 @@ static void test_lora_layout(void **state) {
     /* all-linear is the family's linear modules but lm_head, resolved at create */
     lc.targets = TRILL_LORA_ALL_LINEAR | 1u << TRILL_LORA_Q;
     assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
-    assert_int_equal(trill_lora_get_config(lora)->targets, (1u << TRILL_LORA_N_TARGETS) - 1 - (1u << TRILL_LORA_LM_HEAD));
+    assert_int_equal(trill_lora_get_config(lora)->targets, trill_family_qwen3.lora_targets & ~(1u << TRILL_LORA_LM_HEAD));
     trill_lora_free(lora);
+    /* a module of another family is refused by name */
+    lc.targets = 1u << TRILL_LORA_KV_B;
+    assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(trill_error_message(), "kv_b_proj: a qwen3_moe model has no such module"));
     lc.targets = 1u << 20; /* no module has this bit */
     assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_ERR_INVALID);
     assert_non_null(strstr(trill_error_message(), "bit 20 names no module"));
@@ -219,10 +226,139 @@ static void test_model_fields(void **state) {
     trill_model_free(m);
 }
 
+/* ---- the second family: DeepSeek-V3 / Kimi K2 (MLA, shared experts, first layers dense) ---- */
+
+static trill_config parse(const char *text) {
+    trill_config c;
+    if (trill_config_parse(text, strlen(text), "config.json", &c) != TRILL_OK) fail_msg("%s", trill_error_message());
+    return c;
+}
+
+/* An independent count of a DeepSeek-V3-shaped model: per layer the MLA projections and norms,
+ * then a dense MLP (first_k_dense layers) or the router, its bias, the routed experts and the
+ * shared ones; the embedding and an untied head. Active: k routed experts of each MoE layer. */
+typedef struct ds_shape { int64_t V, H, I, Im, L, first_dense, heads, E, shared, k, q_lora, kv_lora, nope, rope, v; } ds_shape;
+
+static void ds_count(const ds_shape *d, double *total, double *active) {
+    const int64_t q = d->q_lora ? d->q_lora * d->H + d->q_lora + d->heads * (d->nope + d->rope) * d->q_lora
+                                : d->heads * (d->nope + d->rope) * d->H;
+    const int64_t attn = q + (d->kv_lora + d->rope) * d->H + d->kv_lora + d->heads * (d->nope + d->v) * d->kv_lora +
+                         d->H * d->heads * d->v + 2 * d->H;
+    const int64_t expert = 3 * d->Im * d->H, moe_fixed = d->E * d->H + d->E + d->shared * expert;
+    const int64_t moe_layers = d->L - d->first_dense;
+    *total = (double)(2 * d->V * d->H + d->H + d->L * attn + d->first_dense * 3 * d->I * d->H + moe_layers * (moe_fixed + d->E * expert));
+    *active = (double)(2 * d->V * d->H + d->H + d->L * attn + d->first_dense * 3 * d->I * d->H + moe_layers * (moe_fixed + d->k * expert));
+}
+
+/* The published sizes: DeepSeek-V3 671B total / 37B activated (without its MTP module), Kimi K2
+ * "1T total / 32B activated" (1.03T / 32.9B counted exactly with the embeddings and the head). */
+static void test_deepseek_counts(void **state) {
+    (void)state;
+    const struct { const char *preset; ds_shape d; double total, active; } cases[] = {
+        { "deepseek-v3", { 129280, 7168, 18432, 2048, 61, 3, 128, 256, 1, 8, 1536, 512, 128, 64, 128 }, 671e9, 37e9 },
+        { "kimi-k2", { 163840, 7168, 18432, 2048, 61, 1, 64, 384, 1, 8, 1536, 512, 128, 64, 128 }, 1.03e12, 32.9e9 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = trill_config_preset_text(cases[i].preset); /* the real configs (presets.c) */
+        assert_non_null(text);
+        const trill_config c = parse(text);
+        free(text);
+        assert_int_equal(c.n_moe_layers, 61 - cases[i].d.first_dense);
+        assert_int_equal(c.moe_ordinal[cases[i].d.first_dense], 0);
+        int64_t total, active;
+        trill_config_param_counts(&c, &total, &active);
+        double want_total, want_active;
+        ds_count(&cases[i].d, &want_total, &want_active);
+        assert_true((double)total == want_total);
+        assert_true((double)active == want_active);
+        /* against the published figures, to the precision they are given in */
+        if (fabs(total / cases[i].total - 1) > 0.01 || fabs(active / cases[i].active - 1) > 0.02)
+            fail_msg("%s: %.4g total / %.4g active, published %.4g / %.4g", trill_config_model_type(&c), (double)total, (double)active,
+                     cases[i].total, cases[i].active);
+        print_message("%s: %.2f B total, %.2f B active\n", trill_config_model_type(&c), total * 1e-9, active * 1e-9);
+    }
+}
+
+/* A toy of the family: its checkpoint names, the MLA LoRA targets, q_proj when q_lora_rank is
+ * null, the refusals by field, and a forward refused by name (not written yet). */
+static void test_deepseek_toy(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"kimi_k2\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 48, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 2,"
+        " \"num_key_value_heads\": 2, \"n_shared_experts\": 1, \"n_routed_experts\": 8, \"routed_scaling_factor\": 2.827,"
+        " \"kv_lora_rank\": 16, \"q_lora_rank\": null, \"qk_rope_head_dim\": 8, \"v_head_dim\": 8, \"qk_nope_head_dim\": 8,"
+        " \"n_group\": 2, \"topk_group\": 1, \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, \"rope_scaling\": null}";
+    trill_config c = parse(toy);
+    assert_int_equal(c.arch, TRILL_ARCH_KIMI_K2);
+    assert_int_equal(c.q_lora_rank, 0);
+    assert_false(c.yarn);
+    assert_string_equal(trill_config_architecture(&c), "DeepseekV3ForCausalLM");
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    const trill_param *q = NULL, *kvb = NULL, *bias = NULL, *sh = NULL;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        if (!strcmp(p->name, "model.layers.0.self_attn.q_proj.weight")) q = p;
+        if (!strcmp(p->name, "model.layers.2.self_attn.kv_b_proj.weight")) kvb = p;
+        if (!strcmp(p->name, "model.layers.1.mlp.gate.e_score_correction_bias")) bias = p;
+        if (!strcmp(p->name, "model.layers.1.mlp.shared_experts.down_proj.weight")) sh = p;
+        assert_null(strstr(p->name, "q_a_proj")); /* q_lora_rank null */
+        assert_null(strstr(p->name, "layers.0.mlp.experts")); /* the first layer is dense */
+    }
+    assert_non_null(q);
+    assert_int_equal(q->shape[0], 2 * (8 + 8));
+    assert_non_null(kvb);
+    assert_int_equal(kvb->shape[0], 2 * (8 + 8));
+    assert_int_equal(kvb->shape[1], 16);
+    assert_non_null(bias);
+    assert_int_equal(bias->kind, TRILL_TENSOR_BIAS);
+    assert_non_null(sh);
+    assert_int_equal(sh->shape[1], 16);
+    /* LoRA: all-linear covers MLA's projections and the shared experts, PEFT names */
+    trill_lora_config lc = { .rank = 2, .alpha = 4, .targets = TRILL_LORA_ALL_LINEAR };
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
+    bool kv_b_named = false, shared_named = false;
+    for (size_t t = 0; t < lora->n_tensors; t++) {
+        kv_b_named |= !strcmp(lora->tensors[t].name, "base_model.model.model.layers.1.self_attn.kv_b_proj.lora_A.weight");
+        shared_named |= !strcmp(lora->tensors[t].name, "base_model.model.model.layers.2.mlp.shared_experts.gate_proj.lora_B.weight");
+    }
+    assert_true(kv_b_named && shared_named);
+    /* a dense layer, 2 MoE layers: q, kv_a, kv_b, o each layer; gate/up/down dense; 8 experts + shared of each MoE layer */
+    assert_int_equal(lora->n_tensors, 2 * (3 * 4 + 3 + 2 * (8 * 3 + 3)));
+    trill_lora_free(lora);
+    /* the forward and the generator refuse by name, until they are written */
+    int tok[3] = { 1, 2, 3 }, off[2] = { 0, 3 };
+    float lp[3];
+    assert_int_equal(trill_model_forward(m, tok, off, 1, NULL, lp, NULL), TRILL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(trill_error_message(), "DeepseekV3ForCausalLM: trill describes and counts this family"));
+    trill_engine *e;
+    assert_int_equal(trill_engine_create(m, NULL, &e), TRILL_ERR_UNSUPPORTED);
+    trill_model_free(m);
+    /* what is not computed is refused by field */
+    const struct { const char *from, *to, *msg; } bad[] = {
+        { "\"rope_scaling\": null", "\"scoring_func\": \"softmax\"", "field \"scoring_func\": \"softmax\" is not supported" },
+        { "\"rope_scaling\": null", "\"topk_method\": \"greedy\"", "field \"topk_method\": \"greedy\" is not supported" },
+        { "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}", "rope type \"linear\" is not supported" },
+        { "\"n_group\": 2", "\"n_group\": 3", "field \"n_group\": 3 does not divide n_routed_experts (8)" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[2048];
+        const char *at = strstr(toy, bad[i].from);
+        assert_non_null(at);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - toy), toy, bad[i].to, at + strlen(bad[i].from));
+        trill_config x;
+        assert_int_not_equal(trill_config_parse(text, strlen(text), "config.json", &x), TRILL_OK);
+        if (!strstr(trill_error_message(), bad[i].msg)) fail_msg("%s: %s", bad[i].msg, trill_error_message());
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_walk),  cmocka_unit_test(test_param_counts), cmocka_unit_test(test_flops),
-        cmocka_unit_test(test_lora_layout), cmocka_unit_test(test_model_fields),
+        cmocka_unit_test(test_lora_layout), cmocka_unit_test(test_model_fields), cmocka_unit_test(test_deepseek_counts),
+        cmocka_unit_test(test_deepseek_toy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -389,7 +389,7 @@ static void test_file_refusals(void **state) {
         { "correction:\n  mis: [0, 5]\n", "correction.mis: expected [low, high] with 0 < low < high, got [0, 5]" },
         { "correction:\n  mis: [1, 2, 3]\n", "run.yaml:2: correction.mis: expected [low, high] or false, got a list" },
         { "correction:\n  mis: true\n", "run.yaml:2: correction.mis: expected [low, high] or false, got true" },
-        { "trainer:\n  lora:\n    targets: q, mlp\n", "run.yaml:3: trainer.lora.targets: unknown module \"mlp\" (expected q, k, v, o, gate, up, down, lm_head or all-linear)" },
+        { "trainer:\n  lora:\n    targets: q, mlp\n", "run.yaml:3: trainer.lora.targets: unknown module \"mlp\" (expected q, k, v, o, gate, up, down, lm_head, q_a, q_b, kv_a, kv_b or all-linear)" },
         { "trainer:\n  lora:\n    targets: ''\n", "run.yaml:3: trainer.lora.targets: expected at least one module" },
         { "trainer:\n  lora:\n    rank: 0\n", "run.yaml:3: trainer.lora.rank: expected an integer in [1, 4096], got 0" },
         /* structure */
@@ -497,7 +497,8 @@ static void test_overrides(void **state) {
         assert_int_equal(trill_lr_schedule_parse(schedules[i], &s), 0);
         assert_int_equal(c.trainer.schedule, s);
     }
-    static const char *const targets[] = { "q", "k", "v", "o", "gate", "up", "down", "lm_head" };
+    static const char *const targets[] = { "q", "k", "v", "o", "gate", "up", "down", "lm_head", "q_a", "q_b", "kv_a", "kv_b" };
+    _Static_assert(sizeof targets / sizeof targets[0] == TRILL_LORA_N_TARGETS, "one name per target");
     for (int i = 0; i < TRILL_LORA_N_TARGETS; i++) {
         char a[64];
         snprintf(a, sizeof a, "trainer.lora.targets=%s", targets[i]);

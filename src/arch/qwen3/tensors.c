@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "arch/family.h"
+#include "arch/rows.h"
 #include "arch/qwen3/qwen3.h"
 #include "model/lora_internal.h"
 #include "trill/lora.h"
@@ -32,18 +33,7 @@ static bool causal_untied(const trill_config *c, int l) { return c->num_labels =
 static bool classifier(const trill_config *c, int l) { return c->num_labels > 0; }
 
 #define LW(f) (int)offsetof(qwen3_layer_weights, f)
-#define MW(f) (int)offsetof(trill_model, f)
 #define LL(f) (int)offsetof(qwen3_lora_layer, f)
-#define NO TRILL_NO_DIM
-#define G TRILL_ROW_GLOBAL
-#define L TRILL_ROW_LAYER
-#define X TRILL_ROW_EXPERT
-#define NORM TRILL_TENSOR_NORM
-#define MAT TRILL_TENSOR_MATRIX
-#define ROWS TRILL_SPLIT_ROWS
-#define COLS TRILL_SPLIT_COLS
-#define REPL TRILL_SPLIT_NONE
-#define NOFUSE TRILL_FUSE_NONE, 0
 #define QKV(i) TRILL_FUSE_QKV, i
 #define GU(i) TRILL_FUSE_GATE_UP, i
 

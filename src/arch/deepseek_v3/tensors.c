@@ -1,0 +1,113 @@
+/* The DeepSeek-V3 tensor table (HF modeling_deepseek_v3.py), in checkpoint order. Per layer:
+ * input_layernorm; MLA (q_a_proj, q_a_layernorm, q_b_proj when q_lora_rank is set, else q_proj;
+ * kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj); post_attention_layernorm; then either
+ * the MoE block (the router's gate.weight and its e_score_correction_bias, each routed expert's
+ * gate/up/down, experts of one projection back to back, the shared experts' gate/up/down, one MLP
+ * of n_shared_experts x moe_intermediate_size) or the dense SwiGLU MLP. The MTP layer
+ * (num_nextn_predict_layers) is not part of the model, as in HF. */
+#include <stddef.h>
+
+#include "arch/deepseek_v3/deepseek.h"
+#include "arch/family.h"
+#include "arch/rows.h"
+#include "trill/lora.h"
+
+enum dim { D_H, D_V, D_QL, D_Q, D_KVA, D_KVL, D_KVB, D_O, D_I, D_IM, D_E, D_SH, D_LABELS };
+
+static int64_t dim(const trill_config *c, int id) {
+    const int64_t nh = c->num_attention_heads;
+    switch ((enum dim)id) {
+    case D_H: return c->hidden_size;
+    case D_V: return c->vocab_size;
+    case D_QL: return c->q_lora_rank;
+    case D_Q: return nh * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    case D_KVA: return (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    case D_KVL: return c->kv_lora_rank;
+    case D_KVB: return nh * (c->qk_nope_head_dim + c->v_head_dim);
+    case D_O: return nh * c->v_head_dim;
+    case D_I: return c->intermediate_size;
+    case D_IM: return c->moe_intermediate_size;
+    case D_E: return c->num_experts;
+    case D_SH: return (int64_t)c->moe_intermediate_size * c->n_shared_experts;
+    case D_LABELS: return c->num_labels;
+    }
+    return 0;
+}
+
+static bool moe(const trill_config *c, int l) { return trill_config_is_moe(c, l); }
+static bool dense(const trill_config *c, int l) { return !trill_config_is_moe(c, l); }
+static bool shared(const trill_config *c, int l) { return trill_config_is_moe(c, l) && c->n_shared_experts > 0; }
+static bool q_lora(const trill_config *c, int l) { return c->q_lora_rank > 0; }
+static bool q_full(const trill_config *c, int l) { return c->q_lora_rank == 0; }
+static bool causal_untied(const trill_config *c, int l) { return c->num_labels == 0 && !c->tie_word_embeddings; }
+
+#define LW(f) (int)offsetof(deepseek_layer_weights, f)
+#define LL(f) (int)offsetof(deepseek_lora_layer, f)
+#define NOLORA TRILL_NO_LORA
+#define NOF TRILL_NO_FIELD
+
+static const trill_tensor_row ROWS_[] = {
+    /* name                                                  kind  scope when     dims             role            LoRA target       fusion  split field             adapter */
+    { "model.embed_tokens.weight",                           TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, DS_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF },
+    { "model.layers.%d.input_layernorm.weight",              NORM, L, NULL,    { D_H, NO },     DS_INPUT_NORM,  NOLORA,           NOFUSE, REPL, LW(input_norm),   NOF },
+    { "model.layers.%d.self_attn.q_a_proj.weight",           MAT,  L, q_lora,  { D_QL, D_H },   DS_Q_A,         TRILL_LORA_Q_A,   NOFUSE, REPL, LW(q_a),          LL(q_a) },
+    { "model.layers.%d.self_attn.q_a_layernorm.weight",      NORM, L, q_lora,  { D_QL, NO },    DS_Q_A_NORM,    NOLORA,           NOFUSE, REPL, LW(q_a_norm),     NOF },
+    { "model.layers.%d.self_attn.q_b_proj.weight",           MAT,  L, q_lora,  { D_Q, D_QL },   DS_Q_B,         TRILL_LORA_Q_B,   NOFUSE, ROWS, LW(q_b),          LL(q_b) },
+    { "model.layers.%d.self_attn.q_proj.weight",             MAT,  L, q_full,  { D_Q, D_H },    DS_Q,           TRILL_LORA_Q,     NOFUSE, ROWS, LW(q),            LL(q) },
+    { "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", MAT,  L, NULL,    { D_KVA, D_H },  DS_KV_A,        TRILL_LORA_KV_A,  NOFUSE, REPL, LW(kv_a),         LL(kv_a) },
+    { "model.layers.%d.self_attn.kv_a_layernorm.weight",     NORM, L, NULL,    { D_KVL, NO },   DS_KV_A_NORM,   NOLORA,           NOFUSE, REPL, LW(kv_a_norm),    NOF },
+    { "model.layers.%d.self_attn.kv_b_proj.weight",          MAT,  L, NULL,    { D_KVB, D_KVL },DS_KV_B,        TRILL_LORA_KV_B,  NOFUSE, ROWS, LW(kv_b),         LL(kv_b) },
+    { "model.layers.%d.self_attn.o_proj.weight",             MAT,  L, NULL,    { D_H, D_O },    DS_O,           TRILL_LORA_O,     NOFUSE, COLS, LW(o),            LL(o) },
+    { "model.layers.%d.post_attention_layernorm.weight",     NORM, L, NULL,    { D_H, NO },     DS_POST_NORM,   NOLORA,           NOFUSE, REPL, LW(post_norm),    NOF },
+    { "model.layers.%d.mlp.gate.weight",                     TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, DS_ROUTER, NOLORA,   NOFUSE, REPL, LW(router),       NOF },
+    { "model.layers.%d.mlp.gate.e_score_correction_bias",    TRILL_TENSOR_BIAS, L, moe, { D_E, NO }, DS_ROUTER_BIAS, NOLORA,   NOFUSE, REPL, LW(router_bias),  NOF },
+    { "model.layers.%d.mlp.experts.%d.gate_proj.weight",     MAT,  X, moe,     { D_IM, D_H },   DS_EXPERT_GATE, TRILL_LORA_GATE,  NOFUSE, ROWS, LW(expert_gate),  LL(expert_gate) },
+    { "model.layers.%d.mlp.experts.%d.up_proj.weight",       MAT,  X, moe,     { D_IM, D_H },   DS_EXPERT_UP,   TRILL_LORA_UP,    NOFUSE, ROWS, LW(expert_up),    LL(expert_up) },
+    { "model.layers.%d.mlp.experts.%d.down_proj.weight",     MAT,  X, moe,     { D_H, D_IM },   DS_EXPERT_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
+    { "model.layers.%d.mlp.shared_experts.gate_proj.weight", MAT,  L, shared,  { D_SH, D_H },   DS_SHARED_GATE, TRILL_LORA_GATE,  NOFUSE, ROWS, LW(shared_gate),  LL(shared_gate) },
+    { "model.layers.%d.mlp.shared_experts.up_proj.weight",   MAT,  L, shared,  { D_SH, D_H },   DS_SHARED_UP,   TRILL_LORA_UP,    NOFUSE, ROWS, LW(shared_up),    LL(shared_up) },
+    { "model.layers.%d.mlp.shared_experts.down_proj.weight", MAT,  L, shared,  { D_H, D_SH },   DS_SHARED_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(shared_down),  LL(shared_down) },
+    { "model.layers.%d.mlp.gate_proj.weight",                MAT,  L, dense,   { D_I, D_H },    DS_GATE,        TRILL_LORA_GATE,  NOFUSE, ROWS, LW(mlp_gate),     LL(gate) },
+    { "model.layers.%d.mlp.up_proj.weight",                  MAT,  L, dense,   { D_I, D_H },    DS_UP,          TRILL_LORA_UP,    NOFUSE, ROWS, LW(mlp_up),       LL(up) },
+    { "model.layers.%d.mlp.down_proj.weight",                MAT,  L, dense,   { D_H, D_I },    DS_DOWN,        TRILL_LORA_DOWN,  NOFUSE, COLS, LW(mlp_down),     LL(down) },
+    { "model.norm.weight",                                   NORM, G, NULL,    { D_H, NO },     DS_FINAL_NORM,  NOLORA,           NOFUSE, REPL, MW(final_norm),   NOF },
+    /* tied: lm_head is the embedding (trill_model.lm_head points at it), no tensor of its own */
+    { "lm_head.weight", TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, DS_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head),
+      (int)offsetof(trill_lora, lm_head) },
+};
+
+static const trill_arch_names ARCHS[] = {
+    { TRILL_ARCH_DEEPSEEK_V3, "deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification" },
+    { TRILL_ARCH_KIMI_K2, "kimi_k2", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification" },
+};
+
+/* scores Q K^T over nope + rope dimensions, values P V over v_head_dim: 2 FLOPs per
+ * multiply-add, every head */
+static double attention_flops(const trill_config *c, double pairs) {
+    return 2.0 * pairs * c->num_attention_heads * (double)(c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim);
+}
+
+#define BIT(t) (1u << (t))
+
+const trill_family trill_family_deepseek_v3 = {
+    .name = "deepseek_v3",
+    .archs = ARCHS,
+    .n_archs = (int)(sizeof ARCHS / sizeof ARCHS[0]),
+    .config_keys = trill_deepseek_config_keys,
+    .config_defaults = trill_deepseek_config_defaults,
+    .config_read = trill_deepseek_config_read,
+    .config_write = trill_deepseek_config_write,
+    .layer_is_moe = trill_deepseek_layer_is_moe,
+    .layers = NULL, /* the training layer is not written yet: the forward refuses this family */
+    .rows = ROWS_,
+    .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
+    .layer_size = sizeof(deepseek_layer_weights),
+    .lora_layer_size = sizeof(deepseek_lora_layer),
+    .dim = dim,
+    .lora_targets = BIT(TRILL_LORA_Q) | BIT(TRILL_LORA_Q_A) | BIT(TRILL_LORA_Q_B) | BIT(TRILL_LORA_KV_A) | BIT(TRILL_LORA_KV_B) |
+                    BIT(TRILL_LORA_O) | BIT(TRILL_LORA_GATE) | BIT(TRILL_LORA_UP) | BIT(TRILL_LORA_DOWN) | BIT(TRILL_LORA_LM_HEAD),
+    .all_linear = BIT(TRILL_LORA_Q) | BIT(TRILL_LORA_Q_A) | BIT(TRILL_LORA_Q_B) | BIT(TRILL_LORA_KV_A) | BIT(TRILL_LORA_KV_B) |
+                  BIT(TRILL_LORA_O) | BIT(TRILL_LORA_GATE) | BIT(TRILL_LORA_UP) | BIT(TRILL_LORA_DOWN),
+    .tied_head_role = DS_LM_HEAD,
+    .attention_flops = attention_flops,
+};
