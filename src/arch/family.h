@@ -70,7 +70,7 @@ typedef struct trill_family {
     bool (*config_write)(const trill_config *c, struct json_t *j);
     /* Whether decoder layer l is a MoE layer (the config's layer map is derived from it). */
     bool (*layer_is_moe)(const trill_config *c, int l);
-    const struct trill_family_layers *layers;
+    const struct trill_family_layers *layers; /* its training layer; NULL while not written (the forward refuses it) */
     const trill_tensor_row *rows;
     int n_rows;
     size_t layer_size;      /* bytes of its per-layer weight struct (trill_model.layers) */
