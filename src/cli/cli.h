@@ -30,4 +30,12 @@ int cli_fail(const char *cmd);
 int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out);
 int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out);
 
+/* The run configuration of `trill train` and `trill sft` from argv[first, argc): the defaults, an
+ * optional CONFIG.yaml (a first argument without '='), then section.key=value overrides, each
+ * through `set` (NULL: trill_rl_config_set, a failure a usage error with its message). Returns 0
+ * with *cfg to free, or the exit status with *cfg freed. */
+struct trill_rl_config;
+int cli_run_config(const char *cmd, const char *usage, int argc, char **argv, int first, int (*set)(struct trill_rl_config *, const char *),
+                   struct trill_rl_config *cfg);
+
 #endif

@@ -120,6 +120,67 @@ static trill_status run(trill_engine *e, const trill_config *c, int batch, int p
     return st;
 }
 
+/* What every weight format's run shares. */
+typedef struct bench_opts {
+    const int *batches;
+    int n_batches, max_batch;
+    long long prompt_len, steps;
+    bool eplb;
+    double bw;               /* measured memory bandwidth, GB/s */
+    const char *isa;         /* the generator's kernels */
+} bench_opts;
+
+/* One weight format: the batch sizes, then adapter mode and expert capture at batch 16. */
+static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_gen_format fmt, const bench_opts *o) {
+    const trill_config *cfg = trill_model_config(m);
+    const char *instruction;
+    const double peak = trill_gen_peak_gflops(fmt, &instruction);
+    trill_engine_config ec = trill_engine_config_default();
+    ec.format = fmt;
+    ec.max_batch_tokens = o->max_batch > 512 ? o->max_batch : 512;
+    ec.max_running = o->max_batch;
+    ec.eplb = o->eplb;
+    /* room for every sequence's whole length: no preemption while timing */
+    const double per_token = (double)trill_engine_kv_bytes_per_token(cfg, fmt);
+    ec.kv_cache_mb = (size_t)(o->max_batch * (o->prompt_len + new_tokens(o->max_batch, (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens) + 16) *
+                              per_token * 1.1 / 1e6) + 16;
+    trill_engine *e = NULL;
+    trill_status st = trill_engine_create(m, &ec, &e);
+    if (st) return st;
+    const double step_bytes = (double)trill_engine_decode_bytes(e);
+    printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s)\n",
+           trill_gen_format_name(fmt), o->isa, trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
+           o->bw * 1e9 / step_bytes, o->bw, peak, instruction);
+    for (int i = 0; i < o->n_batches && !st; i++) {
+        run_result r;
+        if ((st = run(e, cfg, o->batches[i], (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &r))) break;
+        const double flops = trill_engine_decode_flops(e) * o->batches[i] / r.step_s;
+        printf("  batch %4d: decode %8.1f tokens/s (median step %.2f ms, %.1f GFLOP/s = %.1f%% of peak", o->batches[i], r.decode_tps,
+               r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
+        if (o->batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (o->bw * 1e9));
+        printf("); prefill %.0f tokens/s\n", r.prefill_tps);
+        double before, after;
+        if (o->eplb && !trill_engine_eplb_imbalance(e, &before, &after))
+            printf("              EPLB: busiest worker / mean over the load window %.3f with contiguous experts, %.3f as planned\n", before, after);
+    }
+    /* adapter mode and capture at batch 16, against the plain engine in the same run */
+    run_result plain, adapted, captured;
+    if (!st) st = run(e, cfg, 16, (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &plain);
+    if (!st) st = trill_engine_update_adapter(e, lora, 1, NULL);
+    if (!st) st = run(e, cfg, 16, (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &adapted);
+    trill_engine_free(e);
+    e = NULL;
+    ec.capture_experts = true;
+    if (!st) st = trill_engine_create(m, &ec, &e);
+    if (!st) st = run(e, cfg, 16, (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &captured);
+    if (!st)
+        printf("  batch 16: merged mode %.1f tokens/s; adapter mode (rank 16, all linear layers) %.1f (%.2fx slower); expert capture on %.1f (%.1f%% slower)\n",
+               plain.decode_tps, adapted.decode_tps, plain.decode_tps / adapted.decode_tps, captured.decode_tps,
+               100.0 * (plain.decode_tps / captured.decode_tps - 1));
+    trill_engine_free(e);
+    return st;
+}
+
 int bench_generate(int argc, char **argv) {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "dtypes", required_argument, 0, 'd' },   { "batches", required_argument, 0, 'b' },
@@ -168,7 +229,6 @@ int bench_generate(int argc, char **argv) {
     if (trill_gen_isa(&isa_used)) return cli_fail("bench");
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("bench");
-    const trill_config *cfg = trill_model_config(m);
     int max_batch = 16; /* the adapter and capture comparisons run at 16 */
     for (int i = 0; i < n_batches; i++) if (batches[i] > max_batch) max_batch = batches[i];
     const double bw = memory_bandwidth();
@@ -177,52 +237,9 @@ int bench_generate(int argc, char **argv) {
     trill_lora_config lc = { .rank = 16, .alpha = 32 };
     trill_lora_parse_targets("all-linear", &lc.targets);
     trill_status st = trill_lora_create(m, lc, 1, &lora);
-    for (int f = 0; f < n_formats && !st; f++) {
-        const char *instruction;
-        const double peak = trill_gen_peak_gflops(formats[f], &instruction);
-        trill_engine_config ec = trill_engine_config_default();
-        ec.format = formats[f];
-        ec.max_batch_tokens = max_batch > 512 ? max_batch : 512;
-        ec.max_running = max_batch;
-        ec.eplb = eplb;
-        /* room for every sequence's whole length: no preemption while timing */
-        const double per_token = (double)trill_engine_kv_bytes_per_token(cfg, formats[f]);
-        ec.kv_cache_mb = (size_t)(max_batch * (prompt_len + new_tokens(max_batch, (int)prompt_len, (int)steps, ec.max_batch_tokens) + 16) *
-                                  per_token * 1.1 / 1e6) + 16;
-        trill_engine *e = NULL;
-        if ((st = trill_engine_create(m, &ec, &e))) break;
-        const double step_bytes = (double)trill_engine_decode_bytes(e);
-        printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s)\n",
-               trill_gen_format_name(formats[f]), isa_used, trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
-               bw * 1e9 / step_bytes, bw, peak, instruction);
-        for (int i = 0; i < n_batches && !st; i++) {
-            run_result r;
-            if ((st = run(e, cfg, batches[i], (int)prompt_len, (int)steps, ec.max_batch_tokens, &r))) break;
-            const double flops = trill_engine_decode_flops(e) * batches[i] / r.step_s;
-            printf("  batch %4d: decode %8.1f tokens/s (median step %.2f ms, %.1f GFLOP/s = %.1f%% of peak", batches[i], r.decode_tps,
-                   r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
-            if (batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (bw * 1e9));
-            printf("); prefill %.0f tokens/s\n", r.prefill_tps);
-            double before, after;
-            if (eplb && !trill_engine_eplb_imbalance(e, &before, &after))
-                printf("              EPLB: busiest worker / mean over the load window %.3f with contiguous experts, %.3f as planned\n", before, after);
-        }
-        /* adapter mode and capture at batch 16, against the plain engine in the same run */
-        run_result plain, adapted, captured;
-        if (!st) st = run(e, cfg, 16, (int)prompt_len, (int)steps, ec.max_batch_tokens, &plain);
-        if (!st) st = trill_engine_update_adapter(e, lora, 1, NULL);
-        if (!st) st = run(e, cfg, 16, (int)prompt_len, (int)steps, ec.max_batch_tokens, &adapted);
-        trill_engine_free(e);
-        e = NULL;
-        ec.capture_experts = true;
-        if (!st) st = trill_engine_create(m, &ec, &e);
-        if (!st) st = run(e, cfg, 16, (int)prompt_len, (int)steps, ec.max_batch_tokens, &captured);
-        if (!st)
-            printf("  batch 16: merged mode %.1f tokens/s; adapter mode (rank 16, all linear layers) %.1f (%.2fx slower); expert capture on %.1f (%.1f%% slower)\n",
-                   plain.decode_tps, adapted.decode_tps, plain.decode_tps / adapted.decode_tps, captured.decode_tps,
-                   100.0 * (plain.decode_tps / captured.decode_tps - 1));
-        trill_engine_free(e);
-    }
+    const bench_opts o = { .batches = batches, .n_batches = n_batches, .max_batch = max_batch, .prompt_len = prompt_len,
+                           .steps = steps, .eplb = eplb, .bw = bw, .isa = isa_used };
+    for (int f = 0; f < n_formats && !st; f++) st = bench_format(m, lora, formats[f], &o);
     trill_lora_free(lora);
     trill_model_free(m);
     return st ? cli_fail("bench") : 0;

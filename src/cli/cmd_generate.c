@@ -124,7 +124,18 @@ static trill_status print_sequence(const trill_sequence_out *s, const trill_toke
     return TRILL_OK;
 }
 
-int cmd_generate(int argc, char **argv) {
+/* The command line. */
+typedef struct gen_args {
+    const char *dir, *prompt, *prompts_path, *stops[MAX_STOPS];
+    long long max_new, top_k, seed, n_samples;
+    double temperature, top_p, min_p;
+    int n_stops;
+    bool as_json;
+    trill_engine_config cfg;
+} gen_args;
+
+/* -1 when the arguments are good, else the exit status (0 after --help). */
+static int parse_args(int argc, char **argv, gen_args *g) {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' },        { "prompt", required_argument, 0, 'p' },
         { "prompts", required_argument, 0, 'f' },      { "n", required_argument, 0, 'N' },
@@ -139,42 +150,38 @@ int cmd_generate(int argc, char **argv) {
         { "eplb-interval", required_argument, 0, 'I' },
         { "help", no_argument, 0, 'h' },               { 0, 0, 0, 0 },
     };
-    const char *dir = NULL, *prompt = NULL, *prompts_path = NULL, *stops[MAX_STOPS];
-    long long max_new = 64, top_k = 0, seed = 0, n_samples = 1, kv_mb = 256, batch_tokens = 512;
-    long long eplb_redundant = -1, eplb_workers = 0, eplb_window = 64, eplb_interval = 16;
-    double temperature = 1, top_p = 1, min_p = 0;
-    int n_stops = 0;
-    bool as_json = false;
-    trill_engine_config cfg = trill_engine_config_default();
+    *g = (gen_args){ .max_new = 64, .n_samples = 1, .temperature = 1, .top_p = 1, .cfg = trill_engine_config_default() };
+    long long kv_mb = 256, batch_tokens = 512, eplb_redundant = -1, eplb_workers = 0, eplb_window = 64, eplb_interval = 16;
+    trill_engine_config *cfg = &g->cfg;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': dir = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'f': prompts_path = optarg; break;
-        case 'N': bad = cli_parse_int("generate", USAGE, "--n", optarg, 1, 1 << 16, &n_samples); break;
-        case 'n': bad = cli_parse_int("generate", USAGE, "--max-new-tokens", optarg, 1, 1 << 20, &max_new); break;
-        case 't': bad = cli_parse_double("generate", USAGE, "--temperature", optarg, 0, 100, &temperature); break;
-        case 'P': bad = cli_parse_double("generate", USAGE, "--top-p", optarg, 1e-9, 1, &top_p); break;
-        case 'k': bad = cli_parse_int("generate", USAGE, "--top-k", optarg, 0, 1 << 24, &top_k); break;
-        case 'M': bad = cli_parse_double("generate", USAGE, "--min-p", optarg, 0, 0.999999, &min_p); break;
-        case 's': bad = cli_parse_int("generate", USAGE, "--seed", optarg, 0, (long long)1 << 62, &seed); break;
+        case 'm': g->dir = optarg; break;
+        case 'p': g->prompt = optarg; break;
+        case 'f': g->prompts_path = optarg; break;
+        case 'N': bad = cli_parse_int("generate", USAGE, "--n", optarg, 1, 1 << 16, &g->n_samples); break;
+        case 'n': bad = cli_parse_int("generate", USAGE, "--max-new-tokens", optarg, 1, 1 << 20, &g->max_new); break;
+        case 't': bad = cli_parse_double("generate", USAGE, "--temperature", optarg, 0, 100, &g->temperature); break;
+        case 'P': bad = cli_parse_double("generate", USAGE, "--top-p", optarg, 1e-9, 1, &g->top_p); break;
+        case 'k': bad = cli_parse_int("generate", USAGE, "--top-k", optarg, 0, 1 << 24, &g->top_k); break;
+        case 'M': bad = cli_parse_double("generate", USAGE, "--min-p", optarg, 0, 0.999999, &g->min_p); break;
+        case 's': bad = cli_parse_int("generate", USAGE, "--seed", optarg, 0, (long long)1 << 62, &g->seed); break;
         case 'S':
-            if (n_stops == MAX_STOPS) return cli_usage_error("generate", USAGE, "--stop: at most %d stop texts", MAX_STOPS);
+            if (g->n_stops == MAX_STOPS) return cli_usage_error("generate", USAGE, "--stop: at most %d stop texts", MAX_STOPS);
             if (!*optarg) return cli_usage_error("generate", USAGE, "--stop: expected a non-empty text");
-            stops[n_stops++] = optarg;
+            g->stops[g->n_stops++] = optarg;
             break;
         case 'd':
-            if (trill_gen_format_parse(optarg, &cfg.format))
+            if (trill_gen_format_parse(optarg, &cfg->format))
                 return cli_usage_error("generate", USAGE, "--dtype: expected bf16, int8 or f32, got \"%s\"", optarg);
             break;
-        case 'c': cfg.capture_experts = true; break;
-        case 'j': as_json = true; break;
+        case 'c': cfg->capture_experts = true; break;
+        case 'j': g->as_json = true; break;
         case 'K': bad = cli_parse_int("generate", USAGE, "--kv-cache-mb", optarg, 1, 1 << 24, &kv_mb); break;
         case 'B': bad = cli_parse_int("generate", USAGE, "--max-batch-tokens", optarg, 1, 1 << 20, &batch_tokens); break;
-        case 'E': cfg.eplb = true; break;
+        case 'E': cfg->eplb = true; break;
         case 'R': bad = cli_parse_int("generate", USAGE, "--eplb-redundant", optarg, -1, 65535, &eplb_redundant); break;
         case 'W': bad = cli_parse_int("generate", USAGE, "--eplb-workers", optarg, 0, 4096, &eplb_workers); break;
         case 'w': bad = cli_parse_int("generate", USAGE, "--eplb-window", optarg, 1, 1 << 20, &eplb_window); break;
@@ -185,28 +192,35 @@ int cmd_generate(int argc, char **argv) {
         if (bad) return EXIT_USAGE;
     }
     if (optind < argc) return cli_usage_error("generate", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!dir || !prompt == !prompts_path)
+    if (!g->dir || !g->prompt == !g->prompts_path)
         return cli_usage_error("generate", USAGE, "--model DIR and one of --prompt TEXT or --prompts FILE are required");
-    cfg.kv_cache_mb = (size_t)kv_mb;
-    cfg.max_batch_tokens = (int)batch_tokens;
-    cfg.eplb_redundant = (int)eplb_redundant;
-    cfg.eplb_workers = (int)eplb_workers;
-    cfg.eplb_window = (int)eplb_window;
-    cfg.eplb_interval = (int)eplb_interval;
+    cfg->kv_cache_mb = (size_t)kv_mb;
+    cfg->max_batch_tokens = (int)batch_tokens;
+    cfg->eplb_redundant = (int)eplb_redundant;
+    cfg->eplb_workers = (int)eplb_workers;
+    cfg->eplb_window = (int)eplb_window;
+    cfg->eplb_interval = (int)eplb_interval;
+    return -1;
+}
+
+int cmd_generate(int argc, char **argv) {
+    gen_args g;
+    const int rc = parse_args(argc, argv, &g);
+    if (rc >= 0) return rc;
 
     trill_model *m = NULL;
     trill_tokenizer *tok = NULL;
     trill_engine *e = NULL;
     char **texts = NULL;
     int n_prompts = 0;
-    trill_status st = read_prompts(prompt, prompts_path, &texts, &n_prompts);
-    if (!st) st = trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m);
-    if (!st) st = trill_tokenizer_load(dir, &tok);
-    cfg.tokenizer = tok;
+    trill_status st = read_prompts(g.prompt, g.prompts_path, &texts, &n_prompts);
+    if (!st) st = trill_model_load_as(g.dir, TRILL_STORE_CHECKPOINT, &m);
+    if (!st) st = trill_tokenizer_load(g.dir, &tok);
+    g.cfg.tokenizer = tok;
     const double t_load = trill_now();
-    if (!st) st = trill_engine_create(m, &cfg, &e);
+    if (!st) st = trill_engine_create(m, &g.cfg, &e);
     if (!st)
-        fprintf(stderr, "trill generate: %s weights %.1f MB (converted in %.2f s), KV cache %.1f MB\n", trill_gen_format_name(cfg.format),
+        fprintf(stderr, "trill generate: %s weights %.1f MB (converted in %.2f s), KV cache %.1f MB\n", trill_gen_format_name(g.cfg.format),
                 trill_engine_weight_bytes(e) / 1e6, trill_now() - t_load, trill_engine_kv_bytes(e) / 1e6);
     const trill_config *mc = m ? trill_model_config(m) : NULL;
     int total_tokens = 0;
@@ -215,14 +229,14 @@ int cmd_generate(int argc, char **argv) {
         size_t n = 0;
         if ((st = trill_tokenizer_encode(tok, texts[i], strlen(texts[i]), false, &ids, &n))) break;
         if (n == 0) st = trill_error(TRILL_ERR_INVALID, "prompt %d encodes to no tokens", i);
-        trill_request r = { .id = (uint64_t)i, .prompt = ids, .prompt_len = (int)n, .n = (int)n_samples, .max_new_tokens = (int)max_new,
-                            .stop_ids = mc->eos_token_ids, .n_stop_ids = mc->n_eos, .stop_strings = stops, .n_stop_strings = n_stops };
+        trill_request r = { .id = (uint64_t)i, .prompt = ids, .prompt_len = (int)n, .n = (int)g.n_samples, .max_new_tokens = (int)g.max_new,
+                            .stop_ids = mc->eos_token_ids, .n_stop_ids = mc->n_eos, .stop_strings = g.stops, .n_stop_strings = g.n_stops };
         r.sampling = trill_sampling_default();
-        r.sampling.temperature = (float)temperature;
-        r.sampling.top_k = (int)top_k;
-        r.sampling.top_p = (float)top_p;
-        r.sampling.min_p = (float)min_p;
-        r.sampling.seed = (uint64_t)seed;
+        r.sampling.temperature = (float)g.temperature;
+        r.sampling.top_k = (int)g.top_k;
+        r.sampling.top_p = (float)g.top_p;
+        r.sampling.min_p = (float)g.min_p;
+        r.sampling.seed = (uint64_t)g.seed;
         if (!st) st = trill_engine_submit(e, &r);
         free(ids);
     }
@@ -238,7 +252,7 @@ int cmd_generate(int argc, char **argv) {
         while (!st && (got = trill_engine_collect(e, out, 64)) > 0)
             for (int i = 0; i < got; i++) {
                 generated += out[i].n_generated;
-                if (!st) st = print_sequence(&out[i], tok, mc, as_json, (int)n_samples);
+                if (!st) st = print_sequence(&out[i], tok, mc, g.as_json, (int)g.n_samples);
                 trill_sequence_out_free(&out[i]);
             }
         fflush(stdout);
@@ -246,7 +260,7 @@ int cmd_generate(int argc, char **argv) {
     const double dt = trill_now() - t0;
     if (!st)
         fprintf(stderr, "trill generate: %d prompts x %lld samples: %d tokens generated, %d forwarded in %d steps, %.2f s (%.1f generated tokens/s)\n",
-                n_prompts, n_samples, generated, total_tokens, steps, dt, dt > 0 ? generated / dt : 0.0);
+                n_prompts, g.n_samples, generated, total_tokens, steps, dt, dt > 0 ? generated / dt : 0.0);
     for (int i = 0; i < n_prompts; i++) free(texts[i]);
     free(texts);
     trill_engine_free(e);

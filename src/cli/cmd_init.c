@@ -32,6 +32,19 @@ static int apply_override(json_t *cfg, const char *kv) {
     return 0;
 }
 
+/* --config-only: DIR/config.json alone, for trill info and planning. */
+static int write_config_only(const char *out, const char *preset, const trill_config *config) {
+    char *cfg_text = trill_config_to_text(config), *path = trill_path_join(out, "config.json");
+    trill_status st = cfg_text && path ? trill_mkdir_p(out) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_write_file_atomic(path, cfg_text, strlen(cfg_text));
+    int64_t total, active;
+    trill_config_param_counts(config, &total, &active);
+    if (!st) fprintf(stderr, "trill init: wrote %s (%s, config only: %.2f B parameters, %.2f B active)\n", path, preset, total * 1e-9, active * 1e-9);
+    free(cfg_text);
+    free(path);
+    return st ? cli_fail("init") : 0;
+}
+
 int cmd_init(int argc, char **argv) {
     static const struct option opts[] = {
         { "out", required_argument, 0, 'o' }, { "preset", required_argument, 0, 'p' },
@@ -89,17 +102,7 @@ int cmd_init(int argc, char **argv) {
                            : trill_error(TRILL_ERR_NOMEM, "out of memory");
     free(text);
     if (st) return cli_fail("init");
-    if (config_only) {
-        char *cfg_text = trill_config_to_text(&config), *path = trill_path_join(out, "config.json");
-        st = cfg_text && path ? trill_mkdir_p(out) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-        if (!st) st = trill_write_file_atomic(path, cfg_text, strlen(cfg_text));
-        int64_t total, active;
-        trill_config_param_counts(&config, &total, &active);
-        if (!st) fprintf(stderr, "trill init: wrote %s (%s, config only: %.2f B parameters, %.2f B active)\n", path, preset, total * 1e-9, active * 1e-9);
-        free(cfg_text);
-        free(path);
-        return st ? cli_fail("init") : 0;
-    }
+    if (config_only) return write_config_only(out, preset, &config);
     if (trill_config_preset_is_real(preset))
         return cli_usage_error("init", USAGE, "--preset %s is the real model's configuration, too large to create here: add --config-only", preset);
     if (config.vocab_size < 98) {

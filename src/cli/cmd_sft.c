@@ -75,16 +75,8 @@ int cmd_sft(int argc, char **argv) {
     }
     if (lora && full) return cli_usage_error("sft", USAGE, "--lora and --full exclude each other: train adapters or every weight");
     trill_rl_config cfg;
-    if (trill_rl_config_defaults(&cfg)) return cli_fail("sft");
-    int rc = 0, first = optind;
-    if (first < argc && !strchr(argv[first], '=')) {
-        if (trill_rl_config_load(&cfg, argv[first])) { rc = cli_fail("sft"); goto done; }
-        first++;
-    }
-    for (int i = first; i < argc && !rc; i++) {
-        if (!strchr(argv[i], '=')) rc = cli_usage_error("sft", USAGE, "expected section.key=value, got \"%s\"", argv[i]);
-        else rc = set_one(&cfg, argv[i]);
-    }
+    int rc = cli_run_config("sft", USAGE, argc, argv, optind, set_one, &cfg);
+    if (rc) return rc;
     /* the flags win over the file and the keys, as flags do */
     if (!rc && model) rc = set_path(&cfg, "model", model);
     if (!rc && data) rc = set_path(&cfg, "data.train", data);

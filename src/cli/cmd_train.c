@@ -83,16 +83,8 @@ int cmd_train(int argc, char **argv) {
         }
     }
     trill_rl_config cfg;
-    if (trill_rl_config_defaults(&cfg)) return cli_fail("train");
-    int rc = 0, first = optind;
-    if (first < argc && !strchr(argv[first], '=')) {
-        if (trill_rl_config_load(&cfg, argv[first])) { rc = cli_fail("train"); goto done; }
-        first++;
-    }
-    for (int i = first; i < argc && !rc; i++) {
-        if (!strchr(argv[i], '=')) { rc = cli_usage_error("train", USAGE, "expected section.key=value, got \"%s\"", argv[i]); break; }
-        if (trill_rl_config_set(&cfg, argv[i])) rc = cli_usage_error("train", USAGE, "%s", trill_error_message());
-    }
+    int rc = cli_run_config("train", USAGE, argc, argv, optind, NULL, &cfg);
+    if (rc) return rc;
     if (!rc && resume) {
         char arg[4200];
         snprintf(arg, sizeof arg, "resume=%s", resume);

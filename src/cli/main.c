@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "trill/rl.h"
 #include "trill/log.h"
 
 static const struct {
@@ -81,4 +82,21 @@ int main(int argc, char **argv) {
     fprintf(stderr, "trill: unknown command \"%s\"\n", argv[1]);
     print_help(stderr);
     return EXIT_USAGE;
+}
+
+int cli_run_config(const char *cmd, const char *usage, int argc, char **argv, int first, int (*set)(trill_rl_config *, const char *),
+                   trill_rl_config *cfg) {
+    if (trill_rl_config_defaults(cfg)) return cli_fail(cmd);
+    int rc = 0;
+    if (first < argc && !strchr(argv[first], '=')) {
+        if (trill_rl_config_load(cfg, argv[first])) rc = cli_fail(cmd);
+        first++;
+    }
+    for (int i = first; i < argc && !rc; i++) {
+        if (!strchr(argv[i], '=')) rc = cli_usage_error(cmd, usage, "expected section.key=value, got \"%s\"", argv[i]);
+        else if (set) rc = set(cfg, argv[i]);
+        else if (trill_rl_config_set(cfg, argv[i])) rc = cli_usage_error(cmd, usage, "%s", trill_error_message());
+    }
+    if (rc) trill_rl_config_free(cfg);
+    return rc;
 }

@@ -397,7 +397,6 @@ static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
     m->step = r->state.step + 1;
     double trs = 0;
     long tt = 0;
-    const double t0 = trill_now();
     rl_rollout ro;
     const int64_t index = r->state.data_pos / c->generator.prompts_per_step;
     trill_status st;
@@ -421,13 +420,13 @@ static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
         m->has_eval = true;
         st = evaluate(r, "now", &m->eval_pass1, &m->eval_passk);
     }
-    m->time.interval_s = trill_now() - t0; /* not written in sync mode: the progress line's step time */
     if (!st) st = trill_rl_finish_step(r, m);
     return st;
 }
 
-/* The newest step into the status, and the progress line to the callback (or the log sink). */
-static void report(trill_run *h, const trill_rl_metrics *m) {
+/* The newest step into the status, and the progress line to the callback (or the log sink);
+ * step_wall_s: the step's wall time (async: since the previous step), for the ETA. */
+static void report(trill_run *h, const trill_rl_metrics *m, double step_wall_s) {
     pthread_mutex_lock(&h->mu);
     h->status.step = h->r.state.step;
     h->status.policy_version = h->r.state.version;
@@ -436,7 +435,7 @@ static void report(trill_run *h, const trill_rl_metrics *m) {
     h->status.last = *m;
     pthread_mutex_unlock(&h->mu);
     char line[512];
-    trill_run_progress_line(&h->status, m->time.interval_s, h->cfg.mode == TRILL_MODE_ASYNC, line, sizeof line);
+    trill_run_progress_line(&h->status, step_wall_s, h->cfg.mode == TRILL_MODE_ASYNC, line, sizeof line);
     if (h->opt.progress) h->opt.progress(h->opt.progress_ctx, &h->status, line);
     else trill_log(TRILL_LOG_INFO, "%s", line);
 }
@@ -448,13 +447,14 @@ trill_status trill_run_step(trill_run *h) {
     trill_rl_metrics *m = trill_calloc(1, sizeof *m);
     if (!m) return end_run(h, trill_error(TRILL_ERR_NOMEM, "out of memory"));
     trill_status st;
+    const double t0 = trill_now();
     if (h->async) {
         set_phase(h, TRILL_RUN_TRAINING);
         st = trill_rl_async_step(h->async, m);
     } else {
         st = sync_step(h, m);
     }
-    if (!st) report(h, m);
+    if (!st) report(h, m, h->async ? m->time.interval_s : trill_now() - t0);
     free(m);
     if (st) return end_run(h, st);
     if (h->r.state.step < h->cfg.steps && cancel_requested(h)) return interrupt(h);

@@ -245,6 +245,11 @@ static void test_progress_and_errors(void **state) {
     trill_run *h;
     assert_int_equal(trill_run_create(&c, &o, &h), TRILL_OK);
     assert_int_equal(trill_run_step(h), TRILL_OK);
+    /* a checkpoint on request between steps (checkpoint.every would write none before the end) */
+    assert_int_equal(trill_run_checkpoint(h), TRILL_OK);
+    char *ck = join(c.run_dir, "checkpoints/step-00000001/manifest.json");
+    assert_true(trill_file_exists(ck));
+    free(ck);
     assert_int_equal(trill_run_step(h), TRILL_OK);
     assert_int_equal(x.calls, 2);
     assert_int_equal(x.last_step, 2);
