@@ -70,6 +70,49 @@ struct trill_forward_pass {
 trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
                   int K, int N);
 
+/* ---- building blocks the families share (src/model/blocks.c) ---- */
+
+/* A SwiGLU MLP: down(silu(gate(x)) * up(x)), with its adapters (A NULL: none). */
+typedef struct trill_mlp_weights {
+    trill_weight gate, up, down;
+    trill_lora_pair a_gate, a_up, a_down;
+} trill_mlp_weights;
+
+/* The routed experts of a MoE layer: [E, Im, H] gate and up, [E, H, Im] down, back to back;
+ * adapters [E] per projection, or NULL. */
+typedef struct trill_moe_experts {
+    trill_weight gate, up, down;
+    const trill_lora_pair *a_gate, *a_up, *a_down;
+} trill_moe_experts;
+
+/* A MoE layer's routing and its experts' activations, kept for the backward pass. */
+typedef struct trill_moe_acts {
+    int *topi;        /* [T, K] the chosen (or replayed) logical expert ids */
+    float *topw;      /* [T, K] their gate weights */
+    int *order;       /* [T*K] (token * K + slot) sorted by expert */
+    int *count;       /* [E+1] end of each expert's rows in order */
+    float *gate, *up; /* [T*K, Im] pre-activations, rows in expert order */
+    float *ye;        /* [T*K, H] each routed expert's output, rows in expert order */
+} trill_moe_acts;
+
+/* out[n, H] = the MLP of inp[n, H] (width I), keeping the pre-activations gate/up [n, I]; act
+ * [n, I] is scratch. The adapters' inputs go to xa[0..2] (gate, up, down) from row `row0`. */
+trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const float *inp, const trill_mlp_weights *w, float *const *xa,
+                               size_t row0, float *gate, float *up, float *act, int n, int H, int I);
+/* Routed expert e's weights and adapters. */
+trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int Im);
+/* out[T, H] += sum_k topw[t,k] * expert_{topi[t,k]}(xn[t]): the (token, slot) pairs grouped by
+ * expert (a counting sort into a->order / a->count) so each expert is one GEMM over its rows
+ * (gathered into xe [T, H]; act [T, Im] scratch); adapter inputs in xa[0..2], rows in expert
+ * order. */
+trill_status trill_moe_experts_forward(const trill_forward_pass *fp, float *out, const float *xn, const trill_moe_experts *x,
+                                       trill_moe_acts *a, float *const *xa, float *xe, float *act, int T, int H, int E, int K, int Im);
+/* Router replay: topi[T, K] of MoE layer `ordinal` replaced by the replayed ids of every token
+ * that has them (trill_model_forward's layout); nothing when replay is NULL. */
+void trill_moe_replay(int *topi, const uint16_t *replay, int ordinal, int n_moe_layers, int T, int K);
+/* Routed-expert capture: experts[t][ordinal][k] = topi[t, k]; nothing when experts is NULL. */
+void trill_moe_capture(uint16_t *experts, const int *topi, int ordinal, int n_moe_layers, int T, int K);
+
 /* Re-runs layer l's forward from its saved input (activation recomputation). Fails only when
  * a kernel's scratch cannot be allocated. */
 trill_status trill_forward_layer(const trill_forward_pass *fp, int l);

@@ -35,6 +35,26 @@ trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_gra
                            const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
                            int N);
 
+/* Scratch of the shared blocks' backward (src/train/blocks_backward.c): act, dact, dgate, dup
+ * [rows, I] for the widest MLP; xe, dye, dxe [T, H] one expert's rows. */
+typedef struct trill_mlp_scratch {
+    float *act, *dact, *dgate, *dup;
+    float *xe, *dye, *dxe;
+} trill_mlp_scratch;
+
+/* Backward of trill_mlp_forward given dout [n, H]: weight and adapter gradients, and dinp (+=).
+ * gate/up are the forward's pre-activations, xa its adapter inputs (as passed to it). */
+trill_status trill_mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
+                                const trill_mlp_scratch *g, float *dinp, const float *dout, const float *inp, const float *gate,
+                                const float *up, const trill_mlp_weights *w, float *const *xa, size_t row0, int n, int H, int I);
+/* Backward of trill_moe_experts_forward given dout [T, H]: dxn [T, H] += the experts' input
+ * gradient, dgates [T, K] = (writes) the gradient of each gate weight; expert and adapter
+ * gradients into the sinks. */
+trill_status trill_moe_experts_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
+                                        const trill_mlp_scratch *g, float *dxn, float *dgates, const float *dout, const float *xn,
+                                        const trill_moe_experts *x, const trill_moe_acts *a, float *const *xa, int T, int H, int E,
+                                        int K, int Im);
+
 /* The train layer's part of a family: one decoder layer's backward. */
 typedef struct trill_family_backward {
     /* Scratch for a pass's backward; *scratch freed with end. */

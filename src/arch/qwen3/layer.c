@@ -35,15 +35,16 @@ static void plan(trill_forward_pass *fp, trill_plan *p) {
             .xn2 = trill_plan_take(p, T * H * F),
         };
         const bool moe = trill_config_is_moe(c, (int)l), shared = !fp->training || fp->recompute;
-        if (shared || !moe) { a.gate = trill_plan_take(p, T * ff * F); a.up = trill_plan_take(p, T * ff * F); }
-        else { a.gate = trill_plan_take(p, T * K * Im * F); a.up = trill_plan_take(p, T * K * Im * F); }
+        const size_t gate_rows = shared || !moe ? ff : K * Im;
+        a.moe.gate = trill_plan_take(p, T * gate_rows * F);
+        a.moe.up = trill_plan_take(p, T * gate_rows * F);
         if (shared || moe) {
-            a.ye = trill_plan_take(p, T * K * H * F);
+            a.moe.ye = trill_plan_take(p, T * K * H * F);
             a.probs = trill_plan_take(p, T * E * F);
-            a.topw = trill_plan_take(p, T * K * F);
-            a.topi = trill_plan_take(p, T * K * sizeof(int));
-            a.order = trill_plan_take(p, T * K * sizeof(int));
-            a.count = trill_plan_take(p, (E + 1) * sizeof(int));
+            a.moe.topw = trill_plan_take(p, T * K * F);
+            a.moe.topi = trill_plan_take(p, T * K * sizeof(int));
+            a.moe.order = trill_plan_take(p, T * K * sizeof(int));
+            a.moe.count = trill_plan_take(p, (E + 1) * sizeof(int));
         }
         if (fp->lora)
             for (int x = 0; x < XA_N; x++) a.xa[x] = trill_plan_take(p, T * K * (size_t)fp->lora->config.rank * F);
@@ -92,20 +93,6 @@ static trill_status attention_block(const trill_forward_pass *fp, const qwen3_la
     return TRILL_OK;
 }
 
-/* SwiGLU MLP of n rows: out = down(silu(gate(inp)) * up(inp)); keeps gate/up pre-activations
- * (and the adapters' inputs in xa[XA_GATE..XA_DOWN], from row `row0`). */
-static trill_status mlp(const trill_forward_pass *fp, float *out, const float *inp, trill_weight wg, trill_weight wu, trill_weight wd,
-                trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn, float *const *xa, size_t row0, float *gate, float *up,
-                int n, int H, int I) {
-    const qwen3_acts *q = fp->acts;
-    const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
-    trill_status st = trill_linear(fp, gate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
-    if (!st) st = trill_linear(fp, up, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
-    if (st) return st;
-    trill_swiglu_forward(q->act, gate, up, (size_t)n * I);
-    return trill_linear(fp, out, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
-}
-
 /* HF Qwen3MoeSparseMoeBlock: probs = softmax(router(x)); the top-k experts (or the replayed
  * ids); gate weights = probs at those ids, renormalised if norm_topk_prob;
  * out = sum_k w_k * expert_k(x). Each expert's tokens are grouped into one GEMM. */
@@ -114,48 +101,24 @@ static trill_status moe_block(const trill_forward_pass *fp, const qwen3_layer_we
     const trill_config *c = &fp->m->config;
     const qwen3_acts *q = fp->acts;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
-    const int L = c->n_moe_layers;
     trill_status st = trill_matmul_forward_w(a->probs, a->xn2, w->router, T, H, E);
     if (st) return st;
     trill_softmax_forward(a->probs, a->probs, T, E);
-    trill_topk_forward(a->topi, a->topw, a->probs, T, E, K);
-    if (replay)
-        for (int t = 0; t < T; t++) {
-            const uint16_t *ids = replay + ((size_t)t * L + ordinal) * K;
-            if (ids[0] == TRILL_REPLAY_NONE) continue; /* this token routes itself */
-            for (int j = 0; j < K; j++) a->topi[t * K + j] = ids[j];
-        }
-    trill_router_gates_forward(a->topw, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
-    if (experts)
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++) experts[((size_t)t * L + ordinal) * K + j] = (uint16_t)a->topi[t * K + j];
-    /* counting sort of the (token, slot) pairs by expert; afterwards count[e] is the end
-     * of expert e's group, so the group is order[count[e-1] .. count[e]) */
-    memset(a->count, 0, sizeof(int) * (E + 1));
-    for (int i = 0; i < T * K; i++) a->count[a->topi[i] + 1]++;
-    for (int e = 0; e < E; e++) a->count[e + 1] += a->count[e];
-    for (int i = 0; i < T * K; i++) a->order[a->count[a->topi[i]]++] = i;
+    trill_topk_forward(a->moe.topi, a->moe.topw, a->probs, T, E, K);
+    trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);
+    trill_router_gates_forward(a->moe.topw, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+    trill_moe_capture(experts, a->moe.topi, ordinal, c->n_moe_layers, T, K);
     memset(q->out, 0, sizeof(float) * (size_t)T * H);
-    for (int e = 0; e < E; e++) {
-        const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
-        if (n == 0) continue;
-        const int *rows = a->order + first;
-        for (int r = 0; r < n; r++) memcpy(q->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
-        float *ye = a->ye + (size_t)first * H;
-        const trill_lora_pair none = { 0 };
-        st = mlp(fp, ye, q->xe, trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
-            trill_weight_at(w->expert_down, (size_t)e * H * Im), ad->expert_gate ? ad->expert_gate[e] : none,
-            ad->expert_up ? ad->expert_up[e] : none, ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first,
-            a->gate + (size_t)first * Im, a->up + (size_t)first * Im, n, H, Im);
-        if (st) return st;
-        for (int r = 0; r < n; r++) {
-            float g = a->topw[rows[r]];
-            float *o = q->out + (size_t)(rows[r] / K) * H;
-            const float *y = ye + (size_t)r * H;
-            for (int i = 0; i < H; i++) o[i] += g * y[i];
-        }
-    }
-    return TRILL_OK;
+    const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
+    return trill_moe_experts_forward(fp, q->out, a->xn2, &x, &a->moe, a->xa + XA_GATE, q->xe, q->act, T, H, E, K, Im);
+}
+
+/* The dense SwiGLU MLP on xn2 (pre-activations kept in moe.gate / moe.up). */
+static trill_status dense_mlp(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad, qwen3_layer_acts *a) {
+    const qwen3_acts *q = fp->acts;
+    const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
+    return trill_mlp_forward(fp, q->out, a->xn2, &mw, a->xa + XA_GATE, 0, a->moe.gate, a->moe.up, q->act, fp->T, fp->m->config.hidden_size,
+                             fp->m->config.intermediate_size);
 }
 
 /* One decoder layer: layers[l].x_in -> the next layer's input (or x_final). */
@@ -174,8 +137,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *r
     if (trill_config_is_moe(c, l))
         st = moe_block(fp, w, ad, a, c->moe_ordinal[l], replay, experts);
     else
-        st = mlp(fp, q->out, a->xn2, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, a->xa, 0, a->gate, a->up, T, H,
-            c->intermediate_size);
+        st = dense_mlp(fp, w, ad, a);
     if (st) return st;
     if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);
     trill_residual_forward(x_next, q->out, (size_t)T * H);

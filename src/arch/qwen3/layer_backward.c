@@ -16,8 +16,7 @@ typedef struct scratch {
     float *dq, *dk, *dv;/* attention */
     float *dqr, *dkr;   /* before q/k-norm */
     float *datt;
-    float *dact, *dgate, *dup; /* [rows, max(I, Im)] MLP */
-    float *dye, *dxe;   /* [T, H] one expert's rows */
+    trill_mlp_scratch mlp; /* dact, dgate, dup [rows, max(I, Im)]; dye, dxe [T, H]; act, xe the pass's */
     float *dgates;      /* [T, K] */
     float *dlogits;     /* [T, E] router logits */
 } scratch;
@@ -31,8 +30,8 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
     scratch *g = trill_calloc(1, sizeof *g);
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
     const size_t sizes[] = { T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, T * E };
-    float **ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->dact, &g->dgate, &g->dup,
-                       &g->dye, &g->dxe, &g->dgates, &g->dlogits };
+    float **ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->mlp.dact, &g->mlp.dgate, &g->mlp.dup,
+                       &g->mlp.dye, &g->mlp.dxe, &g->dgates, &g->dlogits };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
     float *b = trill_malloc(total * sizeof(float));
@@ -41,6 +40,9 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
     }
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }
+    const qwen3_acts *q = fp->acts;
+    g->mlp.act = q->act;
+    g->mlp.xe = q->xe;
     *out = g;
     return TRILL_OK;
 }
@@ -56,68 +58,20 @@ static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 static const qwen3_lora_layer NO_ADAPTERS;
 
-/* SwiGLU MLP of n rows given dout: weight and adapter gradients, and dinp (+=). xa are the
- * adapters' inputs saved by the forward pass for these rows (NULL without adapters). */
-static trill_status mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
-                         float *dinp, const float *dout, const float *inp, const float *gate, const float *up, trill_weight wg,
-                         trill_weight wu, trill_weight wd, trill_lora_pair ag, trill_lora_pair au, trill_lora_pair adn,
-                         float *const *xa, size_t row0, int n, int H, int I) {
-    const qwen3_acts *q = fp->acts;
-    const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
-    trill_swiglu_forward(q->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
-    zero(g->dact, (size_t)n * I);
-    trill_status st = trill_linear_backward(fp, sink, lg, g->dact, dout, q->act, wd, adn, fp->lora ? xa[XA_DOWN] + at : NULL, n, I, H);
-    if (st) return st;
-    zero(g->dgate, (size_t)n * I);
-    zero(g->dup, (size_t)n * I);
-    trill_swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
-    st = trill_linear_backward(fp, sink, lg, dinp, g->dgate, inp, wg, ag, fp->lora ? xa[XA_GATE] + at : NULL, n, H, I);
-    if (!st) st = trill_linear_backward(fp, sink, lg, dinp, g->dup, inp, wu, au, fp->lora ? xa[XA_UP] + at : NULL, n, H, I);
-    return st;
-}
-
 /* MoE block: dout -> g->dxn (gradient of xn2), expert, adapter and router gradients. */
 static trill_status moe_backward(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad,
                          const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
                          const float *dout) {
     const trill_config *c = &fp->m->config;
-    const qwen3_acts *q = fp->acts;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
-    const trill_lora_pair none = { 0 };
+    const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
     zero(g->dxn, (size_t)T * H);
-    zero(g->dgates, (size_t)T * K);
-    for (int e = 0; e < E; e++) {
-        const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
-        if (n == 0) continue;
-        const int *rows = a->order + first;
-        const float *ye = a->ye + (size_t)first * H;
-        for (int r = 0; r < n; r++) { /* out[tok] += gate * y:  dy = gate * dout,  dgate = dout . y */
-            const float *d = dout + (size_t)(rows[r] / K) * H, *y = ye + (size_t)r * H;
-            float *dy = g->dye + (size_t)r * H, gw = a->topw[rows[r]];
-            double dot = 0;
-            for (int i = 0; i < H; i++) {
-                dy[i] = gw * d[i];
-                dot += (double)d[i] * y[i];
-            }
-            g->dgates[rows[r]] = (float)dot;
-            memcpy(q->xe + (size_t)r * H, a->xn2 + (size_t)(rows[r] / K) * H, sizeof(float) * H);
-        }
-        zero(g->dxe, (size_t)n * H);
-        trill_status st = mlp_backward(fp, sink, lg, g, g->dxe, g->dye, q->xe, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
-                     trill_weight_at(w->expert_gate, (size_t)e * Im * H), trill_weight_at(w->expert_up, (size_t)e * Im * H),
-                     trill_weight_at(w->expert_down, (size_t)e * H * Im),
-                     ad->expert_gate ? ad->expert_gate[e] : none, ad->expert_up ? ad->expert_up[e] : none,
-                     ad->expert_down ? ad->expert_down[e] : none, a->xa, (size_t)first, n, H, Im);
-        if (st) return st;
-        for (int r = 0; r < n; r++) {
-            float *dx = g->dxn + (size_t)(rows[r] / K) * H;
-            const float *src = g->dxe + (size_t)r * H;
-            for (int i = 0; i < H; i++) dx[i] += src[i];
-        }
-    }
+    trill_status st = trill_moe_experts_backward(fp, sink, lg, &g->mlp, g->dxn, g->dgates, dout, a->xn2, &x, &a->moe, a->xa + XA_GATE, T, H,
+                                                 E, K, Im);
+    if (st) return st;
     zero(g->dlogits, (size_t)T * E);
-    trill_router_gates_backward(g->dgates, g->dgates, a->probs, a->topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
-    trill_router_softmax_backward(g->dlogits, g->dgates, a->probs, a->topi, T, E, K);
+    trill_router_gates_backward(g->dgates, g->dgates, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
+    trill_router_softmax_backward(g->dlogits, g->dgates, a->probs, a->moe.topi, T, E, K);
     return trill_matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
@@ -168,9 +122,10 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     if (trill_config_is_moe(c, l)) {
         st = moe_backward(fp, w, ad, a, sink, lg, g, dx);
     } else {
+        const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
         zero(g->dxn, (size_t)T * H);
-        st = mlp_backward(fp, sink, lg, g, g->dxn, dx, a->xn2, a->gate, a->up, w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up,
-                     ad->down, a->xa, 0, T, H, c->intermediate_size);
+        st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dx, a->xn2, a->moe.gate, a->moe.up, &mw, a->xa + XA_GATE, 0, T, H,
+                                c->intermediate_size);
     }
     if (!st) st = trill_rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
     if (st) return st;

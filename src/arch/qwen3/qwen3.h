@@ -51,13 +51,10 @@ typedef struct qwen3_layer_acts {
     float *att;           /* [T, nh*hd]  attention output, before o_proj */
     float *x_mid;         /* [T, H]      x_in + o_proj(att) */
     float *xn2;           /* [T, H]      post_attention_layernorm(x_mid) */
-    float *gate, *up;     /* dense: [T, I]; MoE: [T*K, Im] rows in expert order */
-    float *ye;            /* MoE: [T*K, H] each routed expert's output, rows in expert order */
+    /* MoE: routing and the routed experts' activations; moe.gate / moe.up also hold the dense
+     * MLP's pre-activations [T, I] in a dense layer */
+    trill_moe_acts moe;
     float *probs;         /* MoE: [T, E] router softmax */
-    float *topw;          /* MoE: [T, K] gate weights */
-    int *topi;            /* MoE: [T, K] routed logical expert ids */
-    int *order;           /* MoE: [T*K]  (token * K + slot) sorted by expert */
-    int *count;           /* MoE: [E+1]  end of each expert's rows in order */
     float *xa[XA_N];      /* LoRA: x A^T [rows, r] per adapted module (MoE rows in expert order) */
 } qwen3_layer_acts;
 
