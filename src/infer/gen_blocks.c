@@ -1,0 +1,213 @@
+/* Building blocks the families' generator layers share (src/infer/gen_blocks.h). */
+#include "infer/gen_blocks.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/exp_nonpos.h"
+#include "trill/kernels.h"
+
+/* ---- the adapters' side path ---- */
+
+trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows, size_t cols, size_t out_floats) {
+    if (r <= b->rank) return TRILL_OK;
+    if (rows * cols > out_floats) out_floats = rows * cols;
+    /* the new buffers first: when they cannot be had, the adapters in use keep theirs */
+    float *xa = trill_malloc(sizeof(float) * rows * 3 * (size_t)r), *in = trill_malloc(sizeof(float) * rows * (size_t)r);
+    float *out = trill_malloc(sizeof(float) * out_floats);
+    if (!xa || !in || !out) {
+        free(xa);
+        free(in);
+        free(out);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
+    }
+    trill_gen_lora_buf_free(b);
+    *b = (gen_lora_buf){ .xa = xa, .in = in, .out = out, .rank = r, .cols = (int)cols };
+    return TRILL_OK;
+}
+
+void trill_gen_lora_buf_free(gen_lora_buf *b) {
+    free(b->xa);
+    free(b->in);
+    free(b->out);
+    *b = (gen_lora_buf){ 0 };
+}
+
+void trill_gen_gather_rows(float *dst, const float *src, int rows, int width, int stride, int offset) {
+    for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * width, src + (size_t)r * stride + offset, sizeof(float) * width);
+}
+
+trill_status trill_gen_apply_lora(const trill_engine *e, gen_lora_buf *b, const eng_lora *el, float *y, int width, const float *x, int T,
+                                  int row0) {
+    if (el->n_adapted == 0 || T == 0) return TRILL_OK;
+    const int r = e->ad->rank, na = el->n_adapted;
+    const float s = e->ad->scale;
+    float *lxa = b->xa + (size_t)row0 * 3 * r, *lin = b->in + (size_t)row0 * r;
+    float *lout = b->out + (size_t)row0 * b->cols;
+    trill_status st = trill_gen_matmul(lxa, x, &el->A, T);
+    for (int a = 0; a < na && !st; a++) {
+        const float *xa = lxa;
+        if (na > 1) { /* this part's columns of x A^T, contiguous */
+            trill_gen_gather_rows(lin, lxa, T, r, na * r, a * r);
+            xa = lin;
+        }
+        if ((st = trill_gen_matmul(lout, xa, &el->B[a], T))) break;
+        const int cols = el->cols[a], col0 = el->col0[a];
+#pragma omp parallel for if(parallel: (size_t)T * cols >= PARALLEL_MIN) schedule(static)
+        for (int t = 0; t < T; t++) {
+            float *yt = y + (size_t)t * width + col0;
+            const float *d = lout + (size_t)t * cols;
+            for (int j = 0; j < cols; j++) yt[j] += s * d[j];
+        }
+    }
+    return st;
+}
+
+/* ---- elementwise ---- */
+
+void trill_gen_swiglu_fused(float *act, const float *gate_up, int rows, int I) {
+#pragma omp parallel for if(parallel: (size_t)rows * I >= PARALLEL_MIN) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * I, *u = g + I;
+        float *a = act + (size_t)r * I;
+        for (int i = 0; i < I; i++) {
+            const float x = g[i], ex = exp_nonpos_f32(-fabsf(x)); /* silu(x) = x sigmoid(x), from exp(-|x|) <= 1 */
+            a[i] = x * ((x < 0 ? ex : 1.0f) / (1.0f + ex)) * u[i];
+        }
+    }
+}
+
+void trill_gen_add_rows(float *x, const float *y, size_t n) {
+#pragma omp parallel for if(parallel: n >= PARALLEL_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* ---- the routed experts ---- */
+
+/* Rows order[first .. first+n) of the step, all routed to logical expert x: gathered, through
+ * the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
+ * positions, so workers computing different experts never touch the same memory. Fails as
+ * trill_gen_matmul (the message is on the calling thread). */
+static trill_status expert_rows(const trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, const eng_layer *L,
+                                const eng_lora_layer *A, gen_expert_roles roles, int x, int first, int n) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
+    float *xe = b->xe + (size_t)first * H, *ff = b->ff + (size_t)first * 2 * Im, *act = b->act + (size_t)first * Im;
+    float *ye = b->ye + (size_t)first * H;
+    for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)(b->order[first + i] / K) * H, sizeof(float) * H);
+    trill_status st = trill_gen_matmul(ff, xe, &L->experts[roles.gate_up][x], n);
+    if (!st && A) st = trill_gen_apply_lora(e, lb, &A->experts[roles.gate_up][x], ff, 2 * Im, xe, n, first);
+    if (st) return st;
+    trill_gen_swiglu_fused(act, ff, n, Im);
+    st = trill_gen_matmul(ye, act, &L->experts[roles.down][x], n);
+    if (!st && A) st = trill_gen_apply_lora(e, lb, &A->experts[roles.down][x], ye, H, act, n, first);
+    return st;
+}
+
+/* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
+ * grouped by key, count[k] ends group k. */
+static void group_by(gen_moe *b, const int *key, int n, int n_keys) {
+    memset(b->count, 0, sizeof(int) * (size_t)(n_keys + 1));
+    for (int i = 0; i < n; i++) b->count[key[i] + 1]++;
+    for (int k = 0; k < n_keys; k++) b->count[k + 1] += b->count[k];
+    for (int i = 0; i < n; i++) b->order[b->count[key[i]]++] = i;
+}
+
+/* out = sum_k gate_k expert_k(xn) for every row, its experts combined in ascending logical id (as
+ * the reference), so the sum is the same whatever the batch, the placement or the worker. */
+static void combine_experts(const trill_engine *e, gen_moe *b, float *out, int R) {
+    const int H = e->c.hidden_size, K = e->c.num_experts_per_tok;
+    for (int i = 0; i < R * K; i++) b->where[b->order[i]] = i;
+#pragma omp parallel for if(parallel: (size_t)R * K * H >= PARALLEL_MIN) schedule(static)
+    for (int r = 0; r < R; r++) {
+        int slots[64];
+        const int k_used = K < 64 ? K : 64;
+        for (int j = 0; j < k_used; j++) { /* insertion sort of the row's slots by expert id */
+            int v = r * K + j, at = j;
+            while (at > 0 && b->topi[slots[at - 1]] > b->topi[v]) { slots[at] = slots[at - 1]; at--; }
+            slots[at] = v;
+        }
+        float *o = out + (size_t)r * H;
+        memset(o, 0, sizeof(float) * H);
+        for (int j = 0; j < k_used; j++) {
+            const float g = b->topw[slots[j]];
+            const float *y = b->ye + (size_t)b->where[slots[j]] * H;
+            for (int h = 0; h < H; h++) o[h] += g * y[h];
+        }
+    }
+}
+
+/* EPLB: rows go to physical replicas and each worker (thread) computes the replicas it holds. */
+static trill_status experts_on_workers(trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, const eng_layer *L,
+                                       const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R) {
+    const int K = e->c.num_experts_per_tok;
+    const trill_eplb_plan *plan = &e->eplb.plan;
+    for (int i = 0; i < R * K; i++) b->phys[i] = trill_eplb_physical(plan, ordinal, b->topi[i], (uint64_t)i);
+    group_by(b, b->phys, R * K, plan->n_physical);
+    const int per = plan->n_physical / e->eplb.workers;
+    /* a worker's failure leaves its message on its own thread: the first is copied out */
+    int failed = 0;
+    char message[512] = "";
+#pragma omp parallel num_threads(e->eplb.workers)
+    {
+        const int w = omp_get_thread_num();
+        for (int p = w * per; p < (w + 1) * per; p++) {
+            const int first = p ? b->count[p - 1] : 0, n = b->count[p] - first;
+            if (n > 0 && expert_rows(e, b, lb, xn, L, A, roles, plan->phy2log[(size_t)ordinal * plan->n_physical + p], first, n)) {
+#pragma omp critical(trill_eplb_failure)
+                if (!failed++) snprintf(message, sizeof message, "%s", trill_error_message());
+                break;
+            }
+        }
+    }
+    if (failed) return trill_error(TRILL_ERR_NOMEM, "EPLB worker: %s", message);
+    return TRILL_OK;
+}
+
+trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, float *out, const eng_layer *L,
+                                   const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R) {
+    const trill_config *c = &e->c;
+    const int E = c->num_experts, K = c->num_experts_per_tok;
+    /* capture and load count the logical ids, before any mapping to physical replicas */
+    if (e->cfg.capture_experts)
+        for (int r = 0; r < R; r++) {
+            seq *s = e->rows.seq[r];
+            uint16_t *dst = s->experts + ((size_t)e->rows.pos[r] * c->n_moe_layers + ordinal) * K;
+            for (int j = 0; j < K; j++) dst[j] = (uint16_t)b->topi[r * K + j];
+        }
+    trill_status st = TRILL_OK;
+    if (e->eplb.window) {
+        uint32_t *load = e->eplb.counts + (size_t)ordinal * E;
+        for (int i = 0; i < R * K; i++) load[b->topi[i]]++;
+        st = experts_on_workers(e, b, lb, xn, L, A, roles, ordinal, R);
+    } else {
+        group_by(b, b->topi, R * K, E);
+        for (int x = 0; x < E && !st; x++) {
+            const int first = x ? b->count[x - 1] : 0, n = b->count[x] - first;
+            if (n > 0) st = expert_rows(e, b, lb, xn, L, A, roles, x, first, n);
+        }
+    }
+    if (st) return st;
+    combine_experts(e, b, out, R);
+    return TRILL_OK;
+}
+
+/* ---- attention ---- */
+
+trill_status trill_gen_scores_ensure(const trill_engine *e, gen_scores *s, int R, int group) {
+    int need = 1;
+    for (int r = 0; r < R; r++) if (e->rows.pos[r] + 1 > need) need = e->rows.pos[r] + 1;
+    const int threads = omp_get_max_threads();
+    if (threads > s->threads) {
+        s->threads = threads;
+        s->max_context = 0; /* sized again below */
+    }
+    if (need <= s->max_context) return TRILL_OK;
+    float *p = trill_realloc(s->p, sizeof(float) * (size_t)need * group * s->threads);
+    if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory for attention over %d positions", need);
+    s->p = p;
+    s->max_context = need;
+    return TRILL_OK;
+}

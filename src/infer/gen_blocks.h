@@ -1,0 +1,134 @@
+/* Building blocks the families' generator layers share (src/arch/<family>/gen_layer.c): the
+ * adapters' side path, SwiGLU on a fused gate|up, a MoE layer's routed experts once the router
+ * has chosen (capture, EPLB, grouping, the expert GEMMs, the batch-invariant combine), the
+ * attention scores' per-thread buffers and the dot products in fixed lanes that keep attention
+ * batch-invariant. Internal to the engine. */
+#ifndef TRILL_INFER_GEN_BLOCKS_H
+#define TRILL_INFER_GEN_BLOCKS_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "infer/engine_internal.h"
+#include "kernels/exp_nonpos.h"
+
+/* Loops fork threads only for this many elements or more (as the kernels do): a decode step's
+ * few rows cost less than the fork. */
+enum { PARALLEL_MIN = 16384 };
+
+/* ---- the adapters' side path ---- */
+
+/* Its buffers: x A^T of a matrix's stacked parts [rows][3 r], one part's [rows][r], and B's
+ * product [rows][cols] (lm_head's rows, at most rows.max, may be wider). */
+typedef struct gen_lora_buf {
+    float *xa, *in, *out;
+    int rank; /* the rank these are sized for */
+    int cols; /* out's row stride for expert rows */
+} gen_lora_buf;
+
+/* Sized for rank r, `rows` rows of at most `cols` outputs and `out_floats` in all; the buffers in
+ * use stay when new ones cannot be had (TRILL_ERR_NOMEM). */
+trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows, size_t cols, size_t out_floats);
+void trill_gen_lora_buf_free(gen_lora_buf *b);
+
+/* y[T, width] += the adapter's side path on input x[T, K] (nothing if the matrix has none): for
+ * each adapted part, scale (x A_p^T) B_p^T into its columns. row0: where these rows sit among the
+ * step's expert rows, so concurrent callers (EPLB workers) use disjoint parts of the buffers.
+ * Fails as trill_gen_matmul (the adapters are fp32: never). */
+trill_status trill_gen_apply_lora(const trill_engine *e, gen_lora_buf *b, const eng_lora *el, float *y, int width, const float *x, int T,
+                                  int row0);
+
+/* ---- elementwise ---- */
+
+/* act[rows, I] = silu(gate) * up of rows [gate | up] of 2 I. */
+void trill_gen_swiglu_fused(float *act, const float *gate_up, int rows, int I);
+/* x[n] += y */
+void trill_gen_add_rows(float *x, const float *y, size_t n);
+/* dst[rows, width] = columns offset .. offset+width of src[rows, stride] */
+void trill_gen_gather_rows(float *dst, const float *src, int rows, int width, int stride, int offset);
+
+/* ---- the routed experts of a MoE layer ---- */
+
+/* A MoE layer's buffers for R rows of K slots: the router's choice (topi, topw [R*K]) and what
+ * the experts need: order, count (every physical slot + 1), where and phys [R*K], the gathered
+ * rows xe and outputs ye [R*K, H], fused gate|up ff [R*K, 2 Im], act [R*K, Im]. */
+typedef struct gen_moe {
+    int *topi, *order, *count, *where, *phys;
+    float *topw, *xe, *ff, *act, *ye;
+} gen_moe;
+
+/* The routed experts' matrices of a layer: the fused gate|up and the down projection's roles. */
+typedef struct gen_expert_roles { int gate_up, down; } gen_expert_roles;
+
+/* After the router filled b->topi / b->topw for rows [0, R) of xn [R, H]: capture (logical ids,
+ * MoE ordinal), EPLB's load counts and placement, the experts (grouped per expert, or per
+ * physical replica on the EPLB workers), and out[R, H] = sum_k topw * expert_k(xn) with every
+ * row's experts summed in ascending logical id, whatever the batch, placement or worker. */
+trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, float *out, const eng_layer *L,
+                                   const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R);
+
+/* ---- attention ---- */
+
+/* Per-thread attention scores: [group][max_context] floats for each of `threads` threads. */
+typedef struct gen_scores {
+    float *p;
+    int max_context, threads;
+} gen_scores;
+
+/* Sized for rows [0, R)'s longest context and as many threads as the calling thread's parallel
+ * regions get (an engine may be stepped from threads of different OpenMP thread counts). */
+trill_status trill_gen_scores_ensure(const trill_engine *e, gen_scores *s, int R, int group);
+
+/* q . k in 8 lanes (lane l sums elements i = l mod 8, in order) reduced by a fixed tree: the same
+ * arithmetic for a position whether it is computed alone or among 8 (batch invariance). */
+enum { LANE = 8 };
+
+static inline float gen_reduce_lanes(const float *p) {
+    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+}
+
+/* Element i of a cache row: fp32, or bf16 widened (exact). `half` is a constant at every call
+ * site once inlined, so each loop is compiled for one element type. */
+static inline __attribute__((always_inline)) float gen_kv_at(const void *row, size_t i, const bool half) {
+    return half ? trill_bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+static inline __attribute__((always_inline)) float gen_dot_lanes(const float *q, const void *k, int hd, const bool half) {
+    float part[LANE] = { 0 };
+    for (int i = 0; i < hd; i += LANE)
+        for (int l = 0; l < LANE; l++) part[l] += q[i + l] * gen_kv_at(k, (size_t)i + l, half);
+    return gen_reduce_lanes(part);
+}
+
+/* out[j] = q . k_j for LANE keys k_j = k + j * stride elements: the lanes of all LANE keys stay
+ * in registers. */
+static inline __attribute__((always_inline)) void gen_dot_lanes8(const float *q, const void *k, size_t stride, int hd, float *out,
+                                                                 const bool half) {
+    float part[LANE][LANE] = { { 0 } };
+    for (int i = 0; i < hd; i += LANE)
+        for (int j = 0; j < LANE; j++)
+            for (int l = 0; l < LANE; l++) part[j][l] += q[i + l] * gen_kv_at(k, j * stride + i + l, half);
+    for (int j = 0; j < LANE; j++) out[j] = gen_reduce_lanes(part[j]);
+}
+
+/* Softmax of n scores sg[0..n) times scale, normalised in place (exp of non-positive values in
+ * fp32, the sum in double). Inlined into each attention task: the vectorised sum's order is the
+ * caller's compiled loop's, which batch invariance and the golden records hold fixed. */
+static inline __attribute__((always_inline)) void gen_softmax_scores(float *sg, int n, float scale) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        sg[j] *= scale;
+        mx = sg[j] > mx ? sg[j] : mx;
+    }
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < n; j++) {
+        sg[j] = exp_nonpos_f32(sg[j] - mx);
+        sum += sg[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int j = 0; j < n; j++) sg[j] *= inv;
+}
+
+#endif
