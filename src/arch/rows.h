@@ -18,5 +18,7 @@
 #define COLS TRILL_SPLIT_COLS
 #define REPL TRILL_SPLIT_NONE
 #define NOFUSE TRILL_FUSE_NONE, 0
+#define QKV(i) TRILL_FUSE_QKV, i
+#define GU(i) TRILL_FUSE_GATE_UP, i
 
 #endif

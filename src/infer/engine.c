@@ -62,7 +62,7 @@ const trill_eng_family *trill_eng_family_of(const trill_config *c) {
     case TRILL_ARCH_QWEN3:
     case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_gen;
     case TRILL_ARCH_DEEPSEEK_V3:
-    case TRILL_ARCH_KIMI_K2: return NULL; /* the generator's MLA layer is not written yet */
+    case TRILL_ARCH_KIMI_K2: return &trill_deepseek_gen;
     }
     return NULL;
 }

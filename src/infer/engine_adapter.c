@@ -24,6 +24,10 @@ static void free_lora_slots(const trill_config *c, eng_lora_layer *L) {
         for (int x = 0; L->experts[r] && x < c->num_experts; x++) free_lora(&L->experts[r][x]);
         free(L->experts[r]);
     }
+    for (int h = 0; h < ENG_HEAD_SLOTS; h++) {
+        for (int x = 0; L->heads[h] && x < c->num_attention_heads; x++) trill_gen_matrix_free(&L->heads[h][x]);
+        free(L->heads[h]);
+    }
 }
 
 void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad) {
@@ -111,6 +115,7 @@ static trill_status build_adapter(const trill_engine *e, const trill_lora *lora,
     eng_adapter *ad = trill_calloc(1, sizeof *ad);
     if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_adapter(ad, e, lora);
+    if (!st && e->fam->derive_adapter) st = e->fam->derive_adapter(e, lora, ad);
     if (st) {
         trill_eng_free_adapter(&e->c, ad);
         return st;
@@ -202,7 +207,9 @@ static trill_status same_architecture(const trill_config *a, const trill_config 
     if (a->hidden_size != b->hidden_size || a->num_hidden_layers != b->num_hidden_layers || a->vocab_size != b->vocab_size ||
         a->num_attention_heads != b->num_attention_heads || a->num_key_value_heads != b->num_key_value_heads ||
         a->head_dim != b->head_dim || a->intermediate_size != b->intermediate_size || a->num_experts != b->num_experts ||
-        a->moe_intermediate_size != b->moe_intermediate_size || a->n_moe_layers != b->n_moe_layers)
+        a->moe_intermediate_size != b->moe_intermediate_size || a->n_moe_layers != b->n_moe_layers || a->arch != b->arch ||
+        a->q_lora_rank != b->q_lora_rank || a->kv_lora_rank != b->kv_lora_rank || a->qk_nope_head_dim != b->qk_nope_head_dim ||
+        a->qk_rope_head_dim != b->qk_rope_head_dim || a->v_head_dim != b->v_head_dim || a->n_shared_experts != b->n_shared_experts)
         return trill_error(TRILL_ERR_INVALID, "weight update: the model's architecture differs from the engine's");
     for (int l = 0; l < a->num_hidden_layers; l++)
         if (a->moe_ordinal[l] != b->moe_ordinal[l])

@@ -38,13 +38,16 @@
  * fusion group (q|k|v, gate|up) whose parts are stacked in fuse_index order, becomes one
  * gen_matrix filed under the role of its first part; vectors become fp32 copies under their
  * role. Layer tensors go to their layer's slots, the others (final norm, head) to `global`. */
-enum { ENG_MAX_ROLES = 32, ENG_MAX_PARTS = 3 };
+enum { ENG_MAX_ROLES = 32, ENG_MAX_PARTS = 3, ENG_HEAD_SLOTS = 2 };
 
 /* One layer's (or the model's global) weights in the engine's format. */
 typedef struct eng_layer {
     gen_matrix m[ENG_MAX_ROLES];        /* e.g. m[QWEN3_Q] is [q | k | v] fused: [(nh + 2 nkv) hd, H] */
     gen_matrix *experts[ENG_MAX_ROLES]; /* [num_experts] per routed-expert role (QWEN3_EXPERT_GATE: gate | up) */
     float *vec[ENG_MAX_ROLES];          /* fp32 copies of the norm and bias vectors */
+    /* [num_attention_heads] matrices per attention head that the family derives from the
+     * table's (trill_eng_family.derive_weights; MLA's absorbed kv_b_proj), or NULL */
+    gen_matrix *heads[ENG_HEAD_SLOTS];
 } eng_layer;
 
 /* Every weight the forward reads, in the engine's format: swapped whole on a merged update. */
@@ -70,6 +73,7 @@ typedef struct eng_lora {
 typedef struct eng_lora_layer {
     eng_lora m[ENG_MAX_ROLES];
     eng_lora *experts[ENG_MAX_ROLES]; /* [num_experts] */
+    gen_matrix *heads[ENG_HEAD_SLOTS]; /* [num_attention_heads] derived per head (trill_eng_family.derive_adapter), fp32, or NULL */
 } eng_lora_layer;
 
 /* A set of adapters, applied on the side of the base weights (adapter sync mode). */
@@ -263,10 +267,16 @@ struct trill_eng_family {
     trill_status (*rows)(trill_engine *e, int R);
     /* Logits (into e->logits) of the n rows listed in e->rows.logit; fails as rows does. */
     trill_status (*logits)(trill_engine *e, int n);
+    /* Optional (NULL: none): matrices derived from the table's after they are built, into the
+     * layers' heads slots (and dropping table matrices the forward does not read), for weights
+     * in format f from m, and for a set of adapters from lora; freed with the slots. */
+    trill_status (*derive_weights)(const trill_config *c, trill_gen_format f, const trill_model *m, eng_weights *w);
+    trill_status (*derive_adapter)(const trill_engine *e, const trill_lora *lora, eng_adapter *ad);
 };
 
 const trill_eng_family *trill_eng_family_of(const trill_config *c);
-extern const trill_eng_family trill_qwen3_gen; /* src/arch/qwen3/gen_layer.c */
+extern const trill_eng_family trill_qwen3_gen;    /* src/arch/qwen3/gen_layer.c */
+extern const trill_eng_family trill_deepseek_gen; /* src/arch/deepseek_v3/gen_layer.c */
 
 /* engine_sample.c */
 trill_status trill_eng_sampler_alloc(trill_engine *e);

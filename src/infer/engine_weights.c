@@ -89,6 +89,10 @@ void trill_eng_free_slots(const trill_config *c, eng_layer *L) {
         free(L->experts[r]);
         free(L->vec[r]);
     }
+    for (int h = 0; h < ENG_HEAD_SLOTS; h++) {
+        for (int x = 0; L->heads[h] && x < c->num_attention_heads; x++) trill_gen_matrix_free(&L->heads[h][x]);
+        free(L->heads[h]);
+    }
 }
 
 void trill_eng_free_weights(const trill_config *c, eng_weights *w) {
@@ -160,6 +164,8 @@ trill_status trill_eng_build_weights(const trill_config *c, trill_gen_format for
     eng_weights *w = trill_calloc(1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_weights(w, c, format, m);
+    const trill_eng_family *fam = trill_eng_family_of(c);
+    if (!st && fam && fam->derive_weights) st = fam->derive_weights(c, format, m, w);
     if (st) {
         trill_eng_free_weights(c, w);
         return st;
@@ -190,6 +196,8 @@ static double slots_cost(const trill_config *c, const eng_layer *L, bool flops) 
         total += COST(L->m[r]);
         for (int x = 0; L->experts[r] && x < c->num_experts; x++) experts += COST(L->experts[r][x]);
     }
+    for (int h = 0; h < ENG_HEAD_SLOTS; h++)
+        for (int x = 0; L->heads[h] && x < c->num_attention_heads; x++) total += COST(L->heads[h][x]);
 #undef COST
     return experts > 0 ? total + experts / c->num_experts * c->num_experts_per_tok : total;
 }

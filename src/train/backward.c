@@ -13,7 +13,8 @@
 #include "trill/kernels.h"
 #include "trill/train.h"
 
-extern const trill_family_backward trill_qwen3_backward; /* src/arch/qwen3/layer_backward.c */
+extern const trill_family_backward trill_qwen3_backward;    /* src/arch/qwen3/layer_backward.c */
+extern const trill_family_backward trill_deepseek_backward; /* src/arch/deepseek_v3/layer_backward.c */
 
 /* The train layer's family registry (the model layer's is src/arch/family.c). */
 const trill_family_backward *trill_family_backward_of(const trill_config *c) {
@@ -21,7 +22,7 @@ const trill_family_backward *trill_family_backward_of(const trill_config *c) {
     case TRILL_ARCH_QWEN3:
     case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_backward;
     case TRILL_ARCH_DEEPSEEK_V3:
-    case TRILL_ARCH_KIMI_K2: return NULL; /* not written yet: no forward pass of this family trains */
+    case TRILL_ARCH_KIMI_K2: return &trill_deepseek_backward;
     }
     return NULL;
 }

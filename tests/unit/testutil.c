@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include "model/config_json.h"
+#include "trill/rng.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,5 +54,42 @@ trill_model *test_small_moe(uint64_t seed, bool tied, bool norm_topk_prob) {
     trill_model *m;
     assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
     trill_model_init_random(m, seed);
+    return m;
+}
+
+json_t *test_small_deepseek_json(void) {
+    json_t *j = trill_config_preset("k2-tiny");
+    json_object_set_new(j, "model_type", json_string("deepseek_v3"));
+    json_object_set_new(j, "hidden_size", json_integer(32));
+    json_object_set_new(j, "intermediate_size", json_integer(48));
+    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
+    json_object_set_new(j, "num_attention_heads", json_integer(2));
+    json_object_set_new(j, "num_key_value_heads", json_integer(2));
+    json_object_set_new(j, "n_routed_experts", json_integer(8));
+    json_object_set_new(j, "num_experts_per_tok", json_integer(2));
+    json_object_set_new(j, "n_group", json_integer(2));
+    json_object_set_new(j, "topk_group", json_integer(1));
+    json_object_set_new(j, "q_lora_rank", json_integer(16));
+    json_object_set_new(j, "kv_lora_rank", json_integer(16));
+    json_object_set_new(j, "qk_nope_head_dim", json_integer(8));
+    json_object_set_new(j, "qk_rope_head_dim", json_integer(8));
+    json_object_set_new(j, "v_head_dim", json_integer(8));
+    json_object_set_new(j, "initializer_range", json_real(0.3));
+    return j;
+}
+
+trill_model *test_small_deepseek(uint64_t seed) {
+    json_t *j = test_small_deepseek_json();
+    trill_config c;
+    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
+    json_decref(j);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, seed);
+    size_t n;
+    const trill_param *t = trill_model_tensors(m, &n);
+    for (size_t i = 0; i < n; i++)
+        if (t[i].kind == TRILL_TENSOR_BIAS)
+            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.05f * (float)trill_rng_normal(seed + 1, i * 1000 + k);
     return m;
 }

@@ -24,4 +24,13 @@ json_t *test_small_moe_json(void);
  * top-2, vocab 128), weights N(0, 0.3) from `seed`. Fails the test if it cannot be made. */
 trill_model *test_small_moe(uint64_t seed, bool tied, bool norm_topk_prob);
 
+/* config.json of the DeepSeek-V3 toy below (the caller owns the object). */
+json_t *test_small_deepseek_json(void);
+
+/* A small DeepSeek-V3 (k2-tiny's features at hidden 32: layer 0 dense, 1..3 MoE with 8 routed
+ * experts in 2 groups keeping 1, top-2, one shared expert; MLA with q_lora_rank 16, kv_lora_rank
+ * 16, nope/rope/v 8/8/8, 2 heads; YaRN; vocab 128), weights N(0, 0.3) from `seed` and a
+ * correction bias N(0, 0.05) that changes some choices. */
+trill_model *test_small_deepseek(uint64_t seed);
+
 #endif

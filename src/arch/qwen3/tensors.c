@@ -34,8 +34,6 @@ static bool classifier(const trill_config *c, int l) { return c->num_labels > 0;
 
 #define LW(f) (int)offsetof(qwen3_layer_weights, f)
 #define LL(f) (int)offsetof(qwen3_lora_layer, f)
-#define QKV(i) TRILL_FUSE_QKV, i
-#define GU(i) TRILL_FUSE_GATE_UP, i
 
 static const trill_tensor_row ROWS_[] = {
     /* name                                              kind          scope when   dims          role               LoRA target          fusion     split field                  adapter */
