@@ -8,11 +8,16 @@
 typedef enum trill_tensor_kind {
     TRILL_TENSOR_EMBEDDING, /* [V, H] token embeddings (a lookup, not a matmul) */
     TRILL_TENSOR_NORM,      /* [n] RMSNorm weight */
-    TRILL_TENSOR_BIAS,      /* [n] a bias vector */
+    TRILL_TENSOR_BIAS,      /* [n] a router's selection bias (DeepSeek's e_score_correction_bias): frozen */
     TRILL_TENSOR_MATRIX,    /* [out, in] a linear layer */
     TRILL_TENSOR_ROUTER,    /* [E, H] a MoE router */
     TRILL_TENSOR_HEAD,      /* [V, H] lm_head, or [num_labels, H] a classifier's score */
 } trill_tensor_kind;
+
+/* Whether gradient descent trains a tensor of this kind: all but the selection bias, which
+ * shifts which experts are chosen and nothing else (DeepSeek adjusts it by load statistics,
+ * outside the gradient; it never gets a gradient, weight decay or an update here). */
+static inline int trill_tensor_trainable(trill_tensor_kind k) { return k != TRILL_TENSOR_BIAS; }
 
 /* The generator fuses matrices that read the same input into one (their rows stacked). */
 typedef enum trill_fuse {

@@ -57,6 +57,13 @@ typedef struct trill_config {
     bool yarn;                 /* rope_scaling type yarn, with: */
     double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
     int yarn_original_max_position_embeddings;
+    int num_nextn_predict_layers; /* the MTP module's layers, stored after the decoder's: not
+                                     loaded (as HF); a saved config says 0 (not saved) */
+    /* Block-scaled FP8 checkpoint (quantization_config: quant_method "fp8", fmt "e4m3"): the
+     * [rows, cols] of weight_block_size; a matrix stored F8_E4M3 comes with "<name>_scale_inv",
+     * one F32 scale per block. 0, 0 when config.json has none. A saved config has none (trill
+     * writes dequantized weights). */
+    int fp8_block[2];
     /* Sequence classification (Qwen3ForSequenceClassification, Qwen3MoeForSequenceClassification:
      * a reward model has one label): the rows of score.weight [num_labels, H], which replaces
      * lm_head. 0 for a causal LM. From id2label's size (HF PretrainedConfig), else "num_labels",

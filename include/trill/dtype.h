@@ -1,22 +1,33 @@
-/* Element types of checkpoint tensors and conversions to and from fp32. */
+/* Element types of checkpoint tensors and conversions to and from fp32.
+ *
+ * F8_E4M3 is OCP E4M3FN (torch.float8_e4m3fn): 1 sign, 4 exponent bits of bias 7, 3 mantissa
+ * bits; no infinities, S.1111.111 is NaN, largest finite 448, subnormals m/8 * 2^-6. trill reads
+ * it (block-scaled checkpoints, src/model/model.c) and never writes it. */
 #ifndef TRILL_DTYPE_H
 #define TRILL_DTYPE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum trill_dtype { TRILL_F32, TRILL_BF16, TRILL_F16 } trill_dtype;
+typedef enum trill_dtype { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3 } trill_dtype;
 
 size_t trill_dtype_size(trill_dtype dt);
-/* The safetensors spelling: "F32", "BF16", "F16". */
+/* The safetensors spelling: "F32", "BF16", "F16", "F8_E4M3". */
 const char *trill_dtype_name(trill_dtype dt);
-/* Parses "F32"/"BF16"/"F16"; returns 0 on success, -1 if unknown. */
+/* Parses one of those names; returns 0 on success, -1 if unknown. */
 int trill_dtype_parse(const char *name, trill_dtype *out);
 
 /* dst[i] = (float)src[i]; src may be unaligned (it usually points into an mmap). */
 void trill_to_f32(float *dst, const void *src, trill_dtype src_dtype, size_t n);
-/* Rounds to nearest even; NaN stays NaN. */
+/* Rounds to nearest even; NaN stays NaN. dst_dtype F32, BF16 or F16 (F8_E4M3 is read only). */
 void trill_from_f32(void *dst, const float *src, trill_dtype dst_dtype, size_t n);
+
+/* The value of an F8_E4M3 code, exactly. */
+float trill_e4m3_to_f32(uint8_t code);
+/* dst[i] = e4m3(src[i]) * scale, the product in fp32, stored as dst_dtype F32 or BF16 (rounded to
+ * nearest even, as trill_f32_to_bf16) at an aligned dst: a row's run in one block of a
+ * block-scaled matrix. */
+void trill_e4m3_scaled(void *dst, trill_dtype dst_dtype, const void *src, size_t n, float scale);
 
 static inline float trill_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };

@@ -49,7 +49,8 @@ size_t trill_model_n_params(const trill_model *m);
  * storage in the model. */
 const trill_param *trill_model_tensors(const trill_model *m, size_t *n);
 /* Storage of the matrices (TRILL_F32 or TRILL_BF16), and the dtype of the checkpoint loaded (F32
- * if the model was created here). */
+ * if the model was created here; BF16 for an FP8 one, whose dequantized weights trill saves as
+ * bf16). */
 trill_dtype trill_model_storage(const trill_model *m);
 trill_dtype trill_model_checkpoint_dtype(const trill_model *m);
 /* Bytes the parameters take in memory. */
@@ -69,15 +70,17 @@ void trill_model_free(trill_model *m);
  * norm weights 1. Deterministic in `seed` whatever the thread count. */
 void trill_model_init_random(trill_model *m, uint64_t seed);
 
-/* Loads DIR/config.json and the checkpoint (single or sharded safetensors, F32/BF16/F16),
- * checking every tensor's presence and shape; unexpected tensors are an error. */
+/* Loads DIR/config.json and the checkpoint (single or sharded safetensors, F32/BF16/F16, or
+ * block-scaled FP8: F8_E4M3 matrices with their F32 "<name>_scale_inv", dequantized), checking
+ * every tensor's presence and shape; unexpected tensors are an error. */
 trill_status trill_model_load(const char *dir, trill_model **out);
 
 /* How trill_model_load_as stores the weights. */
 typedef enum trill_storage {
     TRILL_STORE_F32,       /* everything fp32: weights that train (full fine-tuning) or merge */
     TRILL_STORE_CHECKPOINT /* a frozen base: the matrices stay bf16 when the checkpoint's are all
-                              bf16, else fp32; norms are fp32 either way */
+                              bf16 or FP8 (dequantized, rounded to bf16), else fp32; norms are
+                              fp32 either way */
 } trill_storage;
 
 /* trill_model_load with a choice of storage. A bf16-stored model runs every forward and the

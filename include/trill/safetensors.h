@@ -4,7 +4,8 @@
  * Format: u64 little-endian header length N, N bytes of JSON
  *   {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}
  * then the data section; offsets are relative to it, and the tensors must tile it
- * exactly (no gap, no overlap), as the reference implementation requires. */
+ * exactly (no gap, no overlap), as the reference implementation requires. Dtypes read: F32, BF16,
+ * F16 and F8_E4M3 (1 byte; its block scales are the loader's, src/model/model.c). */
 #ifndef TRILL_SAFETENSORS_H
 #define TRILL_SAFETENSORS_H
 
@@ -51,7 +52,8 @@ const trill_tensor_view *trill_checkpoint_find(const trill_checkpoint *ck, const
 size_t trill_checkpoint_file_count(const trill_checkpoint *ck);
 
 /* A tensor to write: `data` holds numel elements of `src_dtype`; it is stored as the
- * writer's dtype (converted through fp32 when the two differ). */
+ * writer's dtype (converted through fp32 when the two differ). The writers write F32, BF16 or
+ * F16; F8_E4M3 (read for block-scaled checkpoints) is refused. */
 typedef struct trill_tensor_out {
     const char *name;
     int ndim;

@@ -7,6 +7,7 @@
 
 #include "arch/family.h"
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,58 +130,160 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, const char *dir) {
-    /* every expected tensor: present, right shape; widened into the block */
-    trill_dtype first_dtype = TRILL_F32;
-    for (size_t t = 0; t < m->n_tensors; t++) {
-        const trill_param *p = &m->tensors[t];
-        const trill_tensor_view *v = trill_checkpoint_find(ck, p->name);
-        char want[64], got[64];
-        format_shape(want, sizeof want, p->ndim, p->shape);
-        if (!v)
-            return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected shape %s from config.json)",
-                               dir, p->name, want);
-        bool same = v->ndim == p->ndim;
-        for (int d = 0; same && d < p->ndim; d++) same = v->shape[d] == p->shape[d];
-        if (!same) {
-            format_shape(got, sizeof got, v->ndim, v->shape);
-            return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape %s does not match config.json (expected %s)",
-                               v->path, p->name, got, want);
+/* "X.weight" stored F8_E4M3 comes with "X.weight_scale_inv": its F32 scale per block. */
+#define SCALE_SUFFIX "_scale_inv"
+
+/* W[i, j] = e4m3(W[i, j]) * scale_inv[i / R][j / C] into the tensor's storage: fp32, or bf16 (the
+ * fp32 product rounded, as DeepSeek's and HF's dequantization to bf16 round it). */
+static void dequantize_fp8(const trill_param *p, const trill_tensor_view *w, const trill_tensor_view *s, const int block[2]) {
+    const size_t rows = (size_t)p->shape[0], cols = (size_t)p->shape[1], grid_cols = (size_t)s->shape[1];
+    const unsigned char *codes = w->data, *scales = s->data;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < rows; i++)
+        for (size_t b = 0; b < grid_cols; b++) {
+            float scale;
+            memcpy(&scale, scales + sizeof scale * ((i / (size_t)block[0]) * grid_cols + b), sizeof scale); /* may be unaligned */
+            const size_t j = b * (size_t)block[1], n = cols - j < (size_t)block[1] ? cols - j : (size_t)block[1];
+            if (p->bf16) trill_e4m3_scaled(p->bf16 + i * cols + j, TRILL_BF16, codes + i * cols + j, n, scale);
+            else trill_e4m3_scaled(p->data + i * cols + j, TRILL_F32, codes + i * cols + j, n, scale);
         }
-        if (t == 0) first_dtype = v->dtype;
-        if (p->bf16) memcpy(p->bf16, v->data, p->numel * sizeof(uint16_t)); /* only chosen for BF16 tensors */
-        else trill_to_f32(p->data, v->data, v->dtype, p->numel);
+}
+
+/* The block scales of p, stored F8_E4M3 as v: the config's block size, then "<name>_scale_inv",
+ * F32, one per block of [R, C] (the last row and column of blocks may be partial). */
+static trill_status fp8_scales(const trill_model *m, const trill_checkpoint *ck, const char *dir, const trill_param *p,
+                               const trill_tensor_view **out) {
+    const int *block = m->config.fp8_block;
+    if (block[0] == 0)
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\" is F8_E4M3 but config.json has no fp8 \"quantization_config\" "
+                           "(expected F32, BF16 or F16 without one)", dir, p->name);
+    if (p->ndim != 2)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: tensor \"%s\" is F8_E4M3, which trill reads for matrices only (expected F32, BF16 or F16)",
+                           dir, p->name);
+    char name[sizeof p->name + sizeof SCALE_SUFFIX], want[64], got[64];
+    snprintf(name, sizeof name, "%s" SCALE_SUFFIX, p->name);
+    const trill_tensor_view *s = trill_checkpoint_find(ck, name);
+    if (!s)
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\" is F8_E4M3 but \"%s\" is missing (expected its F32 scale per %dx%d block)",
+                           dir, p->name, name, block[0], block[1]);
+    if (s->dtype != TRILL_F32)
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\" is %s, expected F32 (the block scales of F8_E4M3 \"%s\")", s->path, name,
+                           trill_dtype_name(s->dtype), p->name);
+    const int64_t grid[2] = { (p->shape[0] + block[0] - 1) / block[0], (p->shape[1] + block[1] - 1) / block[1] };
+    if (s->ndim != 2 || s->shape[0] != grid[0] || s->shape[1] != grid[1]) {
+        format_shape(got, sizeof got, s->ndim, s->shape);
+        format_shape(want, sizeof want, 2, grid);
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape: got %s, expected %s (a scale per %dx%d block of \"%s\" [%lld, %lld])",
+                           s->path, name, got, want, block[0], block[1], p->name, (long long)p->shape[0], (long long)p->shape[1]);
     }
-    m->checkpoint_dtype = first_dtype;
+    *out = s;
+    return TRILL_OK;
+}
+
+/* One expected tensor: present, the right shape; widened into its storage, or dequantized. */
+static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck, const char *dir, const trill_param *p) {
+    const trill_tensor_view *v = trill_checkpoint_find(ck, p->name), *scales = NULL;
+    char want[64], got[64];
+    format_shape(want, sizeof want, p->ndim, p->shape);
+    if (!v) return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected shape %s from config.json)", dir, p->name, want);
+    bool same = v->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = v->shape[d] == p->shape[d];
+    if (!same) {
+        format_shape(got, sizeof got, v->ndim, v->shape);
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape %s does not match config.json (expected %s)", v->path, p->name, got, want);
+    }
+    if (v->dtype == TRILL_F8_E4M3) {
+        trill_status st = fp8_scales(m, ck, dir, p, &scales);
+        if (!st) dequantize_fp8(p, v, scales, m->config.fp8_block);
+        return st;
+    }
+    if (p->bf16) { /* chosen only when every matrix is BF16 or F8_E4M3 (matrices_fit_bf16) */
+        assert(v->dtype == TRILL_BF16);
+        memcpy(p->bf16, v->data, p->numel * sizeof(uint16_t));
+    } else trill_to_f32(p->data, v->data, v->dtype, p->numel);
+    return TRILL_OK;
+}
+
+static bool is_expected(const trill_param *const *sorted, size_t n, const char *name) {
+    trill_param key;
+    if (strlen(name) >= sizeof key.name) return false;
+    snprintf(key.name, sizeof key.name, "%s", name);
+    const trill_param *kp = &key;
+    return bsearch(&kp, sorted, n, sizeof *sorted, cmp_param_name) != NULL;
+}
+
+/* Whether a checkpoint tensor is one of the MTP module's layers, stored after the decoder's
+ * (num_nextn_predict_layers of them: DeepSeek-V3's "model.layers.61.*"), which HF does not load
+ * either. The layers' name prefix is the family's first per-layer row's, up to its index. */
+static bool in_mtp_layer(const trill_config *c, const char *name) {
+    if (c->num_nextn_predict_layers == 0) return false;
+    const trill_family *f = trill_family_of(c);
+    for (int r = 0; r < f->n_rows; r++) {
+        const char *pattern = f->rows[r].name, *at = strstr(pattern, "%d");
+        if (f->rows[r].scope == TRILL_ROW_GLOBAL || !at) continue;
+        const size_t n = (size_t)(at - pattern);
+        if (strncmp(name, pattern, n) != 0 || name[n] < '0' || name[n] > '9') return false;
+        char *end;
+        const long l = strtol(name + n, &end, 10);
+        return *end == at[2] && l >= c->num_hidden_layers && l < (long)c->num_hidden_layers + c->num_nextn_predict_layers;
+    }
+    return false;
+}
+
+/* Whether checkpoint tensor v is read or knowingly left: an expected tensor, the scales of an
+ * F8_E4M3 one, a stored copy of a tied lm_head (HF ties it to the embedding and ignores the copy;
+ * so do we), the MTP layers. */
+static bool consumed(const trill_model *m, const trill_checkpoint *ck, const trill_param *const *sorted, const trill_tensor_view *v) {
+    if (is_expected(sorted, m->n_tensors, v->name)) return true;
+    const size_t n = strlen(v->name), k = strlen(SCALE_SUFFIX);
+    if (n > k && n - k < sizeof sorted[0]->name && strcmp(v->name + n - k, SCALE_SUFFIX) == 0) {
+        char weight[sizeof sorted[0]->name];
+        snprintf(weight, sizeof weight, "%.*s", (int)(n - k), v->name);
+        const trill_tensor_view *w = trill_checkpoint_find(ck, weight);
+        if (w && w->dtype == TRILL_F8_E4M3 && is_expected(sorted, m->n_tensors, weight)) return true;
+    }
+    if (m->config.tie_word_embeddings && m->config.num_labels == 0 && strcmp(v->name, "lm_head.weight") == 0) return true;
+    return in_mtp_layer(&m->config, v->name);
+}
+
+static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, const char *dir) {
+    trill_status st = TRILL_OK;
+    for (size_t t = 0; t < m->n_tensors && !st; t++) st = load_tensor(m, ck, dir, &m->tensors[t]);
+    if (st) return st;
+    /* F8_E4M3 weights are held, and saved, as their dequantized values: trill writes no FP8 */
+    const trill_dtype first = m->n_tensors ? trill_checkpoint_find(ck, m->tensors[0].name)->dtype : TRILL_F32;
+    m->checkpoint_dtype = first == TRILL_F8_E4M3 ? TRILL_BF16 : first;
 
     /* and nothing else: an unexpected tensor means the config and weights disagree */
-    const trill_param **sorted = trill_malloc(m->n_tensors * sizeof *sorted);
+    const trill_param **sorted = trill_malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *sorted);
     if (!sorted) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t t = 0; t < m->n_tensors; t++) sorted[t] = &m->tensors[t];
     qsort(sorted, m->n_tensors, sizeof *sorted, cmp_param_name);
-    trill_status st = TRILL_OK;
     for (size_t i = 0; i < trill_checkpoint_count(ck) && !st; i++) {
         const trill_tensor_view *v = trill_checkpoint_tensor(ck, i);
-        trill_param key;
-        snprintf(key.name, sizeof key.name, "%s", v->name);
-        const trill_param *kp = &key;
-        if (bsearch(&kp, sorted, m->n_tensors, sizeof *sorted, cmp_param_name)) continue;
-        /* HF ties lm_head to the embedding and ignores a stored copy; so do we */
-        if (m->config.tie_word_embeddings && m->config.num_labels == 0 && strcmp(v->name, "lm_head.weight") == 0) continue;
-        st = trill_error(TRILL_ERR_INVALID, "%s: unexpected tensor \"%s\" (not part of a %s with this config.json)",
-                         v->path, v->name, trill_config_architecture(&m->config));
+        if (!consumed(m, ck, sorted, v))
+            st = trill_error(TRILL_ERR_INVALID, "%s: unexpected tensor \"%s\" (not part of a %s with this config.json)", v->path, v->name,
+                             trill_config_architecture(&m->config));
     }
     free(sorted);
     return st;
 }
 
-/* bf16 storage keeps a checkpoint as it is only if every matrix in it is BF16 */
-static bool matrices_all_bf16(const trill_checkpoint *ck) {
-    for (size_t i = 0; i < trill_checkpoint_count(ck); i++) {
-        const trill_tensor_view *v = trill_checkpoint_tensor(ck, i);
-        if (v->ndim == 2 && v->dtype != TRILL_BF16) return false;
-    }
-    return trill_checkpoint_count(ck) > 0;
+/* bf16 storage keeps the matrices as the checkpoint has them only if every one is BF16, or
+ * F8_E4M3: dequantized and rounded to bf16, what DeepSeek's and HF's conversions of an FP8
+ * checkpoint hold (8 significant bits where the FP8 codes have 4), in half fp32's memory. */
+typedef struct bf16_fit { const trill_checkpoint *ck; bool fits; } bf16_fit;
+
+static void check_bf16_fit(void *ctx, const trill_tensor_row *row, const trill_param *t) {
+    bf16_fit *f = ctx;
+    const trill_tensor_view *v = t->ndim == 2 ? trill_checkpoint_find(f->ck, t->name) : NULL;
+    if (v && v->dtype != TRILL_BF16 && v->dtype != TRILL_F8_E4M3) f->fits = false;
+}
+
+static bool matrices_fit_bf16(const trill_config *c, const trill_checkpoint *ck) {
+    bf16_fit f = { ck, trill_checkpoint_count(ck) > 0 };
+    trill_arch_walk(c, check_bf16_fit, &f);
+    return f.fits;
 }
 
 trill_status trill_model_load(const char *dir, trill_model **out) { return trill_model_load_as(dir, TRILL_STORE_F32, out); }
@@ -195,7 +298,7 @@ trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_m
     trill_checkpoint *ck;
     if ((st = trill_checkpoint_open(dir, &ck))) return st;
     trill_model *m;
-    const trill_dtype kept = storage == TRILL_STORE_CHECKPOINT && matrices_all_bf16(ck) ? TRILL_BF16 : TRILL_F32;
+    const trill_dtype kept = storage == TRILL_STORE_CHECKPOINT && matrices_fit_bf16(&config, ck) ? TRILL_BF16 : TRILL_F32;
     if (!(st = trill_model_create_stored(&config, kept, &m))) {
         if ((st = fill_params(m, ck, dir))) trill_model_free(m);
         else *out = m;

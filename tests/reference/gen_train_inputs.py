@@ -9,12 +9,14 @@ position is masked (coef 0) with probability 0.3. coef[0] is null: the first
 token has no log-prob. This is the input of `qwen3_ref.py grad`, whose loss is
 sum over lines and t >= 1 of coef[t] * log p(token t | tokens < t).
 
-With --replay-model DIR (a Qwen3-MoE checkpoint), each line also carries
-"experts": [[[k distinct ids] per MoE layer] per token], drawn uniformly at
-random (in random order), so the replayed routing differs from the model's own
-(with k == num_experts every routing is the same set). The MoE layers,
-num_experts and num_experts_per_tok are read from DIR/config.json with the same
-layer predicate as qwen3_ref.py. For a dense model, every token gets [].
+With --replay-model DIR (a Qwen3-MoE or DeepSeek-V3 / Kimi K2 checkpoint), each
+line also carries "experts": [[[k distinct ids] per MoE layer] per token], drawn
+uniformly at random (in random order), so the replayed routing differs from the
+model's own (with k == the expert count every routing is the same set). The MoE
+layers, the expert count and num_experts_per_tok are read from DIR/config.json
+with the same layer predicate as the reference for its model_type: qwen3_ref.py
+(num_experts), or deepseek_ref.py for deepseek_v3 / kimi_k2 (n_routed_experts,
+first_k_dense_replace, moe_layer_freq). For a dense model, every token gets [].
 
 Uses Python's own PRNG: the output depends only on the arguments (and config);
 tokens and coef are the same with and without --replay-model.
@@ -27,7 +29,8 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qwen3_ref import is_moe_layer  # noqa: E402  (same layer predicate as the reference)
+import deepseek_ref  # noqa: E402  (same layer predicates as the references)
+import qwen3_ref  # noqa: E402
 
 MASK_FRACTION = 0.3
 
@@ -53,8 +56,12 @@ def main():
             cfg = json.load(f)
         if cfg.get("vocab_size", args.vocab) < args.vocab:
             ap.error(f"--vocab {args.vocab} exceeds the model's vocab_size {cfg['vocab_size']}")
+        if deepseek_ref.is_deepseek(cfg):
+            is_moe_layer, E = deepseek_ref.is_moe_layer, deepseek_ref.n_experts(cfg)
+        else:
+            is_moe_layer, E = qwen3_ref.is_moe_layer, cfg.get("num_experts", 0)
         n_moe = sum(is_moe_layer(cfg, i) for i in range(cfg["num_hidden_layers"]))
-        E, k = cfg.get("num_experts", 0), cfg.get("num_experts_per_tok", 0)
+        k = cfg.get("num_experts_per_tok", 0)
         if n_moe and not (0 < k <= E):
             ap.error(f"bad config: num_experts_per_tok={k}, num_experts={E}")
         moe = (n_moe, E, k)

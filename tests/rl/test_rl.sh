@@ -297,4 +297,29 @@ a.pop('seconds'); b.pop('seconds')
 assert a == b, (a, b)
 print('  ', r, a)"
 # (a random model scores 0 here: tests/rl/demo_learns.sh checks trill eval on a trained one)
+
+echo "== the DeepSeek-V3 family (k2-tiny's shape): replay, both sync modes, the mismatch"
+"$TRILL" init --out k2 --preset k2-tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
+    --set q_lora_rank=32 --set kv_lora_rank=32 --seed 3 2>/dev/null
+K2=(model=k2 "${COMMON[@]:1}")
+must_pass log_k2_replay "$TRILL" train "${K2[@]}" run_dir=k2_replay steps=2 router_replay=true generator.dtype=bf16
+must_pass log_k2_off "$TRILL" train "${K2[@]}" run_dir=k2_off steps=2 router_replay=false generator.prompts_per_step=8 generator.dtype=bf16
+for sm in adapter merge; do
+    must_pass log_k2_$sm "$TRILL" train "${K2[@]}" run_dir=k2_f32_$sm steps=3 generator.dtype=f32 sync.mode=$sm
+done
+$PY - <<'PY'
+import json
+m = lambda d: [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+on, off = m("k2_replay"), m("k2_off")
+assert all(x["flip_token_frac"] == 0 and not any(x["flip_layer"]) for x in on), [x["flip_token_frac"] for x in on]
+assert sum(x["flip_token_frac"] for x in off) > 0, "no routing flip measured without replay"
+for sm in ("adapter", "merge"):
+    f32 = m(f"k2_f32_{sm}")
+    # an f32 generator differs from the trainer by rounding only, at every step: a lost sync would
+    # leave it on the previous weights
+    assert all(x["mismatch_mean_abs"] < 1e-5 for x in f32), (sm, [x["mismatch_mean_abs"] for x in f32])
+    assert all(x["sync_mode"] == sm and x["grad_norm"] > 0 for x in f32), sm
+print("   k2: flips with replay", [x["flip_token_frac"] for x in on], "without", [x["flip_token_frac"] for x in off],
+      "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in m("k2_f32_adapter") + m("k2_f32_merge")])
+PY
 echo "all RL end-to-end tests passed"

@@ -89,6 +89,9 @@ int main(int argc, char **argv) {
     float *gvals = calloc(n_trainable, sizeof(float));
     trill_adamw *opt = NULL;
     if (steps > 0 && trill_adamw_create(n_trainable, opt_cfg, &opt)) return fail("optimizer");
+    uint8_t *frozen = calloc(n_trainable, 1); /* full: the selection bias, neither decayed nor written */
+    for (size_t i = 0; !lora && i < m->n_tensors; i++)
+        if (!trill_tensor_trainable(m->tensors[i].kind)) memset(frozen + (m->tensors[i].data - m->params), 1, m->tensors[i].numel);
     double loss = 0;
     for (int step = 0; step < (steps > 0 ? steps : 1); step++) {
         memset(gvals, 0, n_trainable * sizeof(float));
@@ -101,7 +104,7 @@ int main(int argc, char **argv) {
             if (!isnan(logprobs[t])) loss += (double)coef[t] * logprobs[t];
         if (opt) {
             double norm = trill_clip_grad_norm(gvals, n_trainable, clip);
-            trill_adamw_step(opt, trainable, gvals, lr, NULL);
+            trill_adamw_step(opt, trainable, gvals, lr, frozen);
             fprintf(stderr, "step %d loss %.9g grad norm %.6g\n", step, loss, norm);
         }
     }
@@ -111,15 +114,17 @@ int main(int argc, char **argv) {
     /* after --steps, the trained values themselves; else their gradients */
     const float *values = trainable, *gvalues = opt ? trainable : gvals;
     trill_tensor_out *outs = calloc(n_tensors, sizeof *outs);
+    size_t n_out = 0;
     for (size_t i = 0; i < n_tensors; i++) {
         const trill_param *p = &tensors[i];
-        outs[i] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = gvalues + (p->data - values), .src_dtype = TRILL_F32 };
-        memcpy(outs[i].shape, p->shape, sizeof p->shape);
+        if (!trill_tensor_trainable(p->kind)) continue;
+        outs[n_out] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = gvalues + (p->data - values), .src_dtype = TRILL_F32 };
+        memcpy(outs[n_out++].shape, p->shape, sizeof p->shape);
     }
-    if (trill_st_write(argv[3], outs, n_tensors, TRILL_F32)) return fail(argv[3]);
+    if (trill_st_write(argv[3], outs, n_out, TRILL_F32)) return fail(argv[3]);
     printf("{\"loss\": %.9g}\n", loss);
     trill_adamw_free(opt);
-    free(outs); free(gvals); free(logprobs);
+    free(outs); free(gvals); free(logprobs); free(frozen);
     trill_lora_free(lora); free(tokens); free(coef); free(ids);
     trill_model_free(m);
     return 0;

@@ -154,6 +154,7 @@ static void check_values(const trill_tensor_view *v, const float *src, size_t n)
             assert_int_equal(u16_at(v->data, i), want);
             break;
         }
+        case TRILL_F8_E4M3: fail_msg("the writers do not write F8_E4M3");
         }
     }
 }
@@ -595,7 +596,8 @@ static const bad_case BAD[] = {
       "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
       8, NULL, 0, TRILL_ERR_INVALID, "duplicate", NULL },
     { "dtype-i64.st", 0, T1("\"I64\"", "[1]", "[0,8]"), 8, NULL, 0, TRILL_ERR_UNSUPPORTED, "dtype \"I64\" is not supported", "\"t\"" },
-    { "dtype-f8.st", 0, T1("\"F8_E4M3\"", "[1]", "[0,1]"), 1, NULL, 0, TRILL_ERR_UNSUPPORTED, "dtype \"F8_E4M3\" is not supported", "\"t\"" },
+    { "dtype-f8-e5m2.st", 0, T1("\"F8_E5M2\"", "[1]", "[0,1]"), 1, NULL, 0, TRILL_ERR_UNSUPPORTED, "dtype \"F8_E5M2\" is not supported", "\"t\"" },
+    { "span-f8.st", 0, T1("\"F8_E4M3\"", "[2,2]", "[0,8]"), 8, NULL, 0, TRILL_ERR_INVALID, "span 8 bytes but shape and dtype need 4", "\"t\"" },
     { "dtype-lower.st", 0, T1("\"f32\"", "[1]", "[0,4]"), 4, NULL, 0, TRILL_ERR_UNSUPPORTED, "dtype \"f32\"", NULL },
     { "dtype-number.st", 0, T1("5", "[1]", "[0,4]"), 4, NULL, 0, TRILL_ERR_INVALID, "\"dtype\" must be a string", "\"t\"" },
     { "dtype-missing.st", 0, "{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, NULL, 0, TRILL_ERR_INVALID, "\"dtype\" must be a string", NULL },

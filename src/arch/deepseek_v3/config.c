@@ -1,7 +1,7 @@
 /* The DeepSeek-V3 family's config.json fields (HF DeepseekV3Config; Kimi K2's config is the same
  * class under model_type "kimi_k2"): defaults, reading and checking, writing, the layer map. What
  * the family does not compute is refused by field (another scoring_func or topk_method, a rope
- * scaling other than YaRN, attention biases). */
+ * scaling other than YaRN, attention biases, a quantization other than block-scaled FP8). */
 #include <string.h>
 
 #include "arch/deepseek_v3/deepseek.h"
@@ -97,6 +97,54 @@ static trill_status read_rope_scaling(const json_t *root, const char *what, tril
     return TRILL_OK;
 }
 
+/* A string field of quantization_config that must be `want`; absent reads as `fallback` (NULL:
+ * required). */
+static trill_status expect_quant_string(const json_t *q, const char *key, const char *want, const char *fallback, const char *what) {
+    const char *v = fallback;
+    const json_t *j = json_object_get(q, key);
+    if (j && !json_is_string(j))
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config.%s\": expected a string, got %s", what, key,
+                           trill_json_type_name(j));
+    if (j) v = json_string_value(j);
+    if (!v) return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config.%s\" is missing (expected \"%s\")", what, key, want);
+    if (strcmp(v, want) != 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"quantization_config.%s\": \"%s\" is not supported (expected \"%s\")", what,
+                           key, v, want);
+    return TRILL_OK;
+}
+
+/* quantization_config: absent or null, or DeepSeek's block-scaled FP8 (HF FineGrainedFP8Config:
+ * quant_method "fp8", fmt "e4m3", activation_scheme "dynamic", weight_block_size [rows, cols],
+ * HF's defaults for the last three). Activations are not quantized here: trill dequantizes the
+ * weights at load. */
+static trill_status read_quantization(const json_t *root, const char *what, trill_config *c) {
+    const json_t *q = json_object_get(root, "quantization_config");
+    c->fp8_block[0] = c->fp8_block[1] = 0;
+    if (!q || json_is_null(q)) return TRILL_OK;
+    if (!json_is_object(q))
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config\": expected an object or null, got %s", what,
+                           trill_json_type_name(q));
+    trill_status st;
+    if ((st = expect_quant_string(q, "quant_method", "fp8", NULL, what)) || (st = expect_quant_string(q, "fmt", "e4m3", "e4m3", what)) ||
+        (st = expect_quant_string(q, "activation_scheme", "dynamic", "dynamic", what)))
+        return st;
+    const json_t *bs = json_object_get(q, "weight_block_size");
+    if (!bs) {
+        c->fp8_block[0] = c->fp8_block[1] = 128;
+        return TRILL_OK;
+    }
+    const long long MAX_BLOCK = 1 << 20;
+    for (int i = 0; i < 2; i++) {
+        const json_t *v = json_array_get(bs, (size_t)i);
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_BLOCK)
+            return trill_error(TRILL_ERR_INVALID,
+                               "%s: field \"quantization_config.weight_block_size\": expected [rows, cols], two integers in [1, %lld]", what,
+                               MAX_BLOCK);
+        c->fp8_block[i] = (int)json_integer_value(v);
+    }
+    return TRILL_OK;
+}
+
 static trill_status check(const trill_config *c, const char *what) {
     if (c->num_experts > 0) {
         if (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts)
@@ -119,7 +167,6 @@ trill_status trill_deepseek_config_read(const json_t *root, const char *what, tr
     const int BIG = 1 << 24;
     trill_status st;
     bool bias = false;
-    int ignored;
     if ((st = trill_json_get_int(root, "intermediate_size", what, 1, BIG, &c->intermediate_size)) ||
         (st = trill_json_get_int(root, "moe_intermediate_size", what, 1, BIG, &c->moe_intermediate_size)) ||
         (st = trill_json_get_int(root, "num_attention_heads", what, 1, 4096, &c->num_attention_heads)) ||
@@ -141,10 +188,10 @@ trill_status trill_deepseek_config_read(const json_t *root, const char *what, tr
         (st = trill_json_get_double(root, "rope_theta", what, 1e-3, 1e12, &c->rope_theta)) ||
         (st = trill_json_get_bool(root, "rope_interleave", what, &c->rope_interleave)) ||
         (st = trill_json_get_bool(root, "attention_bias", what, &bias)) ||
-        (st = get_int_or_null(root, "num_nextn_predict_layers", what, 0, 64, &ignored)) || /* the MTP layer: not computed, as HF */
+        (st = get_int_or_null(root, "num_nextn_predict_layers", what, 0, 64, &c->num_nextn_predict_layers)) ||
         (st = expect_string(root, "scoring_func", "sigmoid", what)) ||
         (st = expect_string(root, "topk_method", "noaux_tc", what)) ||
-        (st = read_rope_scaling(root, what, c)))
+        (st = read_rope_scaling(root, what, c)) || (st = read_quantization(root, what, c)))
         return st;
     if (bias) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"attention_bias\": true is not supported (expected false)", what);
     c->head_dim = c->qk_rope_head_dim; /* as HF's config: the RoPE dimension */
@@ -181,6 +228,7 @@ bool trill_deepseek_config_write(const trill_config *c, json_t *j) {
     ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
     ok &= json_object_set_new(j, "rope_interleave", json_boolean(c->rope_interleave)) == 0;
     ok &= json_object_set_new(j, "attention_bias", json_false()) == 0;
+    /* the weights trill writes: no MTP layers, not FP8 (so no quantization_config) */
     ok &= json_object_set_new(j, "num_nextn_predict_layers", json_integer(0)) == 0;
     json_t *rs = c->yarn ? json_pack("{s:s, s:f, s:i, s:f, s:f, s:f, s:f}", "type", "yarn", "factor", c->yarn_factor,
                                      "original_max_position_embeddings", c->yarn_original_max_position_embeddings, "beta_fast",

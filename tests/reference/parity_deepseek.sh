@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The DeepSeek-V3 / Kimi K2 family against its independent float64 PyTorch reference
+# (deepseek_ref.py, written from the HF equations): the reference's self-checks (autograd vs
+# finite differences, hand-made group-limited routing, the E4M3 codec); `trill score` on
+# checkpoints the reference writes in f32, bf16 and FP8 (block-scaled, partial edge blocks) with
+# q_lora_rank set and null, groups on and off, YaRN on and off (and its cos/sin factor != 1),
+# interleave on and off, 1 and 2 shared experts, tied embeddings, and on checkpoints `trill init`
+# writes; malformed FP8 scales refused by name; full and LoRA gradients (grad_tool) with and
+# without router replay; trill merge; and the generator (f32) on the sequences it generates.
+# Usage: parity_deepseek.sh PATH/TO/trill PATH/TO/grad_tool
+set -euo pipefail
+TRILL=$1
+TOOL=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3   # Debian's python3 with python3-torch
+REF="$PY $HERE/deepseek_ref.py"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-dsv3-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+passed=0 failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; cat "$2"; failed=$((failed + 1)); }
+
+for check in selfcheck-grad selfcheck-router selfcheck-fp8; do
+  if $REF $check >"$WORK/$check.txt" 2>&1; then pass "reference $check"; else fail "reference $check" "$WORK/$check.txt"; fi
+done
+
+# Log-probs within 1e-4 and expert ids equal except near-ties (compare.py), on WORK/in.jsonl.
+score_and_compare() { # name dir [reference forward flags]
+  local name=$1 dir=$2; shift 2
+  $REF forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" "$@" >/dev/null
+  "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
+  if "$PY" "$HERE/compare.py" "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6 >"$dir.cmp.txt"; then
+    pass "$name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
+  else
+    fail "$name" "$dir.cmp.txt"
+  fi
+}
+
+"$PY" "$HERE/gen_inputs.py" --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl" >/dev/null
+YARN_FACTOR='rope_scaling={"type":"yarn","factor":4,"original_max_position_embeddings":64,"beta_fast":32,"beta_slow":1,"mscale":0.7,"mscale_all_dim":1.3}'
+# name | make-model arguments (the base: 4 layers, first dense, 16 experts in 4 groups keeping 2,
+# top-4, 1 shared, q_lora 24, kv_lora 16, YaRN, interleaved RoPE)
+cases=(
+  "f32|--dtype f32 --seed 1"
+  "bf16_sharded|--dtype bf16 --seed 2 --shards 3"
+  "q_proj_nonorm|--dtype f32 --seed 3 --set q_lora_rank=null norm_topk_prob=false"
+  "no_yarn_no_interleave|--dtype bf16 --seed 4 --set rope_scaling=null rope_interleave=false"
+  "one_group_two_shared_tied|--dtype f32 --seed 5 --set n_group=1 topk_group=1 n_shared_experts=2 tie_word_embeddings=true"
+  "yarn_factor_v12|--dtype f32 --seed 6 --set v_head_dim=12 $YARN_FACTOR"
+  "kimi_k2_freq2|--dtype f32 --seed 7 --set model_type=kimi_k2 moe_layer_freq=2 num_hidden_layers=5"
+)
+for c in "${cases[@]}"; do
+  name=${c%%|*}
+  # shellcheck disable=SC2086
+  $REF make-model --out "$WORK/$name" --std 0.1 ${c#*|} >/dev/null
+  score_and_compare "$name" "$WORK/$name"
+done
+# FP8 E4M3 with 128x128-style block scales (8x8 and 16x8 here, leaving partial edge blocks): the
+# frozen base keeps the dequantized weights in bf16, as the reference does with --fp8-as bf16
+for block in 8,8 16,8; do
+  dir="$WORK/fp8_${block/,/x}"
+  $REF make-model --out "$dir" --std 0.1 --dtype fp8 --block "$block" --seed 8 >/dev/null
+  score_and_compare "fp8 block $block" "$dir" --fp8-as bf16
+done
+# malformed FP8 scales are refused by name
+for brk in missing-scale wrong-shape wrong-dtype; do
+  dir="$WORK/fp8_$brk"
+  $REF make-model --out "$dir" --std 0.1 --dtype fp8 --block 8,8 --seed 9 --fp8-break "$brk" >/dev/null 2>&1
+  if "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.out" 2>"$dir.err"; then
+    echo "trill score accepted a checkpoint with $brk" >"$dir.err"; fail "fp8 $brk refused" "$dir.err"
+  elif grep -q 'model.layers.0.self_attn.q_a_proj.weight' "$dir.err"; then pass "fp8 $brk refused: $(head -1 "$dir.err")"
+  else fail "fp8 $brk refused by name" "$dir.err"; fi
+done
+# checkpoints trill writes, read by the reference's own reader
+for preset in k2-tiny dsv3-tiny; do
+  dir="$WORK/trill_$preset"
+  "$TRILL" init --out "$dir" --preset "$preset" --seed 9 --dtype f32 --set initializer_range=0.1 2>/dev/null
+  score_and_compare "trill_written_$preset" "$dir"
+done
+
+# Gradients: loss = sum of random coefficients * log-probs; full-parameter and LoRA, within 1e-3.
+grad_compare() { # name dir [grad flags]
+  local name=$1 dir=$2; shift 2
+  $REF grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.g.ref" "$@" >/dev/null
+  "$TOOL" "$dir" "$dir.in.jsonl" "$dir.g.ours" "$@" >/dev/null
+  if "$PY" "$HERE/compare_grads.py" "$dir.g.ref" "$dir.g.ours" --rtol 1e-3 >"$dir.g.txt"; then pass "$name: $(grep 'overall worst' "$dir.g.txt")"
+  else fail "$name" "$dir.g.txt"; fi
+}
+for name in f32 q_proj_nonorm one_group_two_shared_tied yarn_factor_v12; do
+  dir="$WORK/$name"
+  "$PY" "$HERE/gen_train_inputs.py" --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir" >/dev/null
+  grad_compare "grad $name" "$dir"
+  grad_compare "grad $name replay" "$dir" --replay
+done
+# LoRA on every linear layer (MLA's four projections, o_proj, dense, routed and shared experts,
+# lm_head), B non-zero, the base frozen; then trill merge scores as the base + adapter does
+for name in f32 q_proj_nonorm; do
+  dir="$WORK/$name"
+  targets=q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
+  [ "$name" = q_proj_nonorm ] && targets=q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,down_proj
+  $REF make-adapter --model "$dir" --out "$dir.adapter" --rank 4 --alpha 8 --targets "$targets" --seed 9 >/dev/null
+  grad_compare "lora $name" "$dir" --adapter "$dir.adapter"
+  grad_compare "lora $name replay" "$dir" --adapter "$dir.adapter" --replay
+  "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 2>/dev/null
+  $REF forward --model "$dir" --adapter "$dir.adapter" --input "$WORK/in.jsonl" --output "$dir.lora.ref.jsonl" >/dev/null
+  "$TRILL" score --model "$dir.merged" --input "$WORK/in.jsonl" --output "$dir.merged.jsonl"
+  if "$PY" "$HERE/compare.py" "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 --tie 1e-6 >"$dir.merge.txt"; then
+    pass "merge $name: $(grep 'max |d logprob|' "$dir.merge.txt")"
+  else fail "merge $name" "$dir.merge.txt"; fi
+done
+
+# The generator (f32, the absorbed attention over the latent cache) on the sequences it samples:
+# their log-probs as the reference computes them
+dir="$WORK/trill_k2-tiny"
+"$TRILL" generate --model "$dir" --prompt "12+34=" --n 3 --max-new-tokens 40 --dtype f32 --json --seed 5 >"$WORK/gen.jsonl" 2>/dev/null
+"$PY" - "$WORK/gen.jsonl" "$WORK/gen_in.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        f.write(json.dumps({"tokens": r["prompt_tokens"] + r["tokens"]}) + "\n")
+PY
+$REF forward --model "$dir" --input "$WORK/gen_in.jsonl" --output "$WORK/gen.ref.jsonl" >/dev/null
+if "$PY" - "$WORK/gen.jsonl" "$WORK/gen.ref.jsonl" >"$WORK/gen.txt" <<'PY'
+import json, sys
+gen = [json.loads(l) for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+worst = max(abs(a - b) for g, r in zip(gen, ref) for a, b in zip(g["logprobs"], r["logprobs"][len(g["prompt_tokens"]):]))
+n = sum(len(g["tokens"]) for g in gen)
+print(f"generator f32 vs reference: max |d logprob| {worst:.3g} over {n} generated tokens")
+sys.exit(0 if worst <= 1e-4 and n >= 60 else 1)
+PY
+then pass "$(cat "$WORK/gen.txt")"; else fail "generator f32 vs reference" "$WORK/gen.txt"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
