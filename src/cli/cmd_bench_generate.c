@@ -148,9 +148,10 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     trill_status st = trill_engine_create(m, &ec, &e);
     if (st) return st;
     const double step_bytes = (double)trill_engine_decode_bytes(e);
-    printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s)\n",
+    printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s); "
+           "KV cache %.0f bytes per token\n",
            trill_gen_format_name(fmt), o->isa, trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
-           o->bw * 1e9 / step_bytes, o->bw, peak, instruction);
+           o->bw * 1e9 / step_bytes, o->bw, peak, instruction, per_token);
     for (int i = 0; i < o->n_batches && !st; i++) {
         run_result r;
         if ((st = run(e, cfg, o->batches[i], (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &r))) break;

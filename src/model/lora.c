@@ -242,7 +242,10 @@ static trill_status read_adapter_config(const char *path, trill_lora_config *cfg
         json_array_foreach(targets, i, t) {
             unsigned bit;
             if (!json_is_string(t) || trill_lora_parse_targets(json_string_value(t), &bit)) {
-                st = trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"target_modules\": entry %zu is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head", path, i);
+                char names[256] = "";
+                for (int k = 0; k < TRILL_LORA_N_TARGETS; k++)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", TARGETS[k].peft);
+                st = trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"target_modules\": entry %zu is not one of %s", path, i, names);
                 break;
             }
             cfg->targets |= bit;
