@@ -253,10 +253,26 @@ static const char DENSE[] =
     " \"tie_word_embeddings\": true, \"max_position_embeddings\": 128, \"initializer_range\": 0.25,"
     " \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* DeepSeek-V3: MLA (q_lora 16, kv_lora 16, nope/rope/v 8/8/8, 4 heads), YaRN with a cos/sin
+ * factor != 1, interleaved RoPE, layer 0 dense, 8 routed experts in 2 groups keeping 1, top-2,
+ * one shared expert, scaling 2.5; the selection bias from a formula (golden_tool sets it). */
+static const char DSV3[] =
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 32, \"moe_intermediate_size\": 8, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"n_shared_experts\": 1, \"n_routed_experts\": 8,"
+    " \"num_experts_per_tok\": 2, \"n_group\": 2, \"topk_group\": 1, \"routed_scaling_factor\": 2.5,"
+    " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 8,"
+    " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\","
+    " \"topk_method\": \"noaux_tc\", \"rope_theta\": 10000.0, \"rope_interleave\": true, \"rope_scaling\": {\"type\": \"yarn\","
+    " \"factor\": 4, \"original_max_position_embeddings\": 32, \"beta_fast\": 32, \"beta_slow\": 1, \"mscale\": 0.7,"
+    " \"mscale_all_dim\": 1.3}, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 static const spec SPECS[] = {
     { "moe_a", MOE_A, 101, true },
     { "moe_b", MOE_B, 202, false },
     { "dense", DENSE, 303, false },
+    { "dsv3", DSV3, 404, true },
 };
 
 /* The public accessors, shortened for the records below. */
@@ -276,12 +292,19 @@ static trill_model *model_of(const trill_config *c, trill_dtype storage, uint64_
     trill_model *m;
     CHECK(trill_model_create_stored(c, storage, &m));
     trill_model_init_random(m, seed);
+    size_t n;
+    const trill_param *t = trill_model_tensors(m, &n);
+    for (size_t i = 0; i < n; i++) /* a selection bias (initialised to 0) that changes some choices */
+        if (t[i].kind == TRILL_TENSOR_BIAS)
+            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + (size_t)i) % 9) - 4);
     return m;
 }
 
 static unsigned lora_targets(const trill_config *c) {
     unsigned targets;
-    if (trill_lora_parse_targets(c->tie_word_embeddings ? "all-linear" : "q,k,v,o,gate,up,down,lm_head", &targets))
+    const char *list = c->tie_word_embeddings ? "all-linear"
+                       : c->arch == TRILL_ARCH_DEEPSEEK_V3 ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head";
+    if (trill_lora_parse_targets(list, &targets))
         die("trill_lora_parse_targets failed: %s", trill_error_message());
     return targets;
 }
