@@ -19,4 +19,9 @@ char *trill_strdup(const char *s);
  * previous call, so a test can learn how many a piece of work makes and then fail each one. */
 long trill_alloc_fail_after(long n);
 
+/* Testing only: how many allocations of at least `min_bytes` were made since the previous call
+ * (counting only those at least as large as that call's min_bytes; 0 on the first call), so a
+ * test can see that the large buffers of a step are made on the first step and then reused. */
+long trill_alloc_large(size_t min_bytes);
+
 #endif

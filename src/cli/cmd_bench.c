@@ -16,9 +16,37 @@ static const char USAGE[] =
     "trill bench train --model DIR [--lora|--full] [--rank R] [--batch B] [--seq L] [--runs N] [--recompute]\n"
     "  Times forward + backward on B random sequences of L tokens (defaults: --lora, rank 16 on all\n"
     "  linear layers, 8 x 512, 3 runs after a warm-up) and an sgemm 2048^3 for the fp32 peak.\n"
-    "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS.";
+    "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS,\n"
+    "  and the timed steps' minor page faults and system-time share.";
 
 /* Best of three single-threaded-BLAS-per-thread sgemm 2048^3 runs through the kernels' matmul. */
+/* What the timed steps cost the process beyond their time: minor page faults, system and user
+ * CPU seconds (getrusage deltas over the timed steps). */
+typedef struct step_costs { long faults; double sys_s, user_s; } step_costs;
+
+static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)t.tv_usec; }
+
+/* One warm-up step, then `runs` timed forward + backward steps (times[r] in seconds). */
+static trill_status time_steps(trill_model *m, const int *tokens, const int *offsets, int batch, float *lp, const float *dlp, float *grads,
+                               float *lgrads, bool recompute, int runs, double *times, step_costs *sc) {
+    trill_status st = TRILL_OK;
+    struct rusage before, after;
+    for (int r = -1; !st && r < runs; r++) {
+        if (r == 0) getrusage(RUSAGE_SELF, &before);
+        double t0 = trill_now();
+        trill_forward_pass *pass = NULL;
+        if (!(st = trill_model_forward_train(m, tokens, offsets, batch, NULL, lp, NULL, recompute, &pass)))
+            st = trill_model_backward(pass, dlp, grads, lgrads);
+        trill_forward_pass_free(pass);
+        if (r >= 0) times[r] = trill_now() - t0;
+        if (!st) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
+    }
+    getrusage(RUSAGE_SELF, &after);
+    *sc = (step_costs){ .faults = after.ru_minflt - before.ru_minflt, .sys_s = tv_s(after.ru_stime) - tv_s(before.ru_stime),
+                        .user_s = tv_s(after.ru_utime) - tv_s(before.ru_utime) };
+    return st;
+}
+
 static double gemm_peak(void) {
     const int n = 2048;
     float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *c = malloc(sizeof(float) * n * n);
@@ -93,15 +121,8 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int s = 0; !st && s <= batch; s++) offsets[s] = s * (int)seq;
     double peak = st ? 0 : gemm_peak();
-    for (int r = -1; !st && r < runs; r++) { /* one warm-up */
-        double t0 = trill_now();
-        trill_forward_pass *pass = NULL;
-        if (!(st = trill_model_forward_train(m, tokens, offsets, (int)batch, NULL, lp, NULL, recompute, &pass)))
-            st = trill_model_backward(pass, dlp, grads, lgrads);
-        trill_forward_pass_free(pass);
-        if (r >= 0) times[r] = trill_now() - t0;
-        if (!st) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
-    }
+    step_costs sc = { 0 };
+    if (!st) st = time_steps(m, tokens, offsets, (int)batch, lp, dlp, grads, lgrads, recompute, (int)runs, times, &sc);
     if (!st) {
         double med = trill_median(times, (int)runs);
         double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)rank, recompute);
@@ -111,6 +132,8 @@ int cmd_bench(int argc, char **argv) {
         printf("trill train (%s%s) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
                lora_mode ? "lora" : "full", recompute ? ", recompute" : "", batch, seq, T / med, med * 1e3, flops / med * 1e-9,
                100.0 * flops / med * 1e-9 / peak, flops * 1e-9, ru.ru_maxrss / 1024.0);
+        printf("timed steps: %.0f minor page faults a step, system time %.1f%% of CPU time (the warm-up step's first touch excluded)\n",
+               sc.faults / (double)runs, 100.0 * sc.sys_s / (sc.sys_s + sc.user_s));
         printf("base weights: %s, %.0f MB (%zu parameters)\n", trill_model_storage(m) == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",
                trill_model_bytes(m) / 1e6, trill_model_n_params(m));
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/tls.h"
 #include "exp_nonpos.h"
 #include "kernels_internal.h"
 #include "trill/kernels.h"

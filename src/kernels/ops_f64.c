@@ -8,6 +8,7 @@
 #include "kernels_f64.h"
 #include "trill/kernels.h" /* trill_rope_yarn_mscale */
 #include "base/alloc.h"
+#include "base/tls.h"
 #include "exp_nonpos.h"
 #include "kernels_internal.h"
 

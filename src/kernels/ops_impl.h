@@ -257,19 +257,22 @@ static void KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, si
     for (int row = 0; row < rows; row++) KN(attention_softmax_row)(p + (size_t)row * end, t0 + row % nb, end);
 }
 
-/* Per-thread scratch of the attention kernels: n buffers, sizes[i] elements each, all or none
- * (on failure every pointer is NULL and *failed is set). Freed with attention_scratch_free. */
+/* Per-thread scratch of the attention kernels, the calling thread's own and kept from call to
+ * call (base/tls.h: no fresh pages every step): n buffers of sizes[i] elements carved from it,
+ * or all NULL (and *failed set) when it cannot be had. */
+static trill_tls_slot KN(attention_slot);
+
 static void KN(attention_scratch)(REAL **bufs, const size_t *sizes, int n, int *failed) {
-    int ok = 1;
-    for (int i = 0; i < n; i++) ok &= (bufs[i] = trill_malloc(sizeof(REAL) * sizes[i])) != NULL;
-    if (ok) return;
-    for (int i = 0; i < n; i++) free(bufs[i]), bufs[i] = NULL;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15; /* each 64-byte aligned */
+    REAL *b = trill_tls_buffer(&KN(attention_slot), sizeof(REAL) * total);
+    for (int i = 0; i < n; i++) {
+        bufs[i] = b;
+        if (b) b += (sizes[i] + 15) & ~(size_t)15;
+    }
+    if (bufs[0]) return;
 #pragma omp atomic write
     *failed = 1;
-}
-
-static void KN(attention_scratch_free)(REAL **bufs, int n) {
-    for (int i = 0; i < n; i++) free(bufs[i]);
 }
 
 /* Blocked: per (sequence, query tile, kv head) one task; its heads' rows are stacked so K and
@@ -315,7 +318,6 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
                     memcpy(out + (size_t)(base + t0 + r) * ostride + (size_t)(g * group + a) * hd_v, os + ((size_t)a * nb + r) * hd_v,
                            sizeof(REAL) * hd_v);
         }
-        KN(attention_scratch_free)(bufs, 3);
     }
     free(tasks);
     if (failed)
@@ -390,7 +392,6 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
                     }
             }
         }
-        KN(attention_scratch_free)(bufs, 5);
     }
     free(order);
     if (failed)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "arch/family.h"
+#include "base/tls.h"
 #include "base/alloc.h"
 #include "forward_internal.h"
 #include "trill/kernels.h"
@@ -25,6 +26,10 @@ static void assign(trill_forward_pass *fp, trill_plan *p) {
     if (fp->lora) fp->xa_head = trill_plan_take(p, (size_t)LOGIT_CHUNK * fp->lora->config.rank * F);
 }
 
+/* A pass's activations live in its thread's lent buffer: the next pass reuses the same memory
+ * rather than having the kernel fault gigabytes of fresh pages in every step. */
+static trill_tls_slot pass_slot;
+
 static trill_status pass_alloc(const trill_model *m, int T, bool training, bool recompute, trill_forward_pass **out) {
     if (!trill_family_layers_of(&m->config))
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: trill describes and counts this family, but its forward pass is not written yet",
@@ -35,7 +40,8 @@ static trill_status pass_alloc(const trill_model *m, int T, bool training, bool 
                                 .recompute = training && recompute, .lora = m->lora && m->lora->enabled ? m->lora : NULL };
     trill_plan p = { 0 };
     assign(fp, &p);
-    if (!(p.base = fp->block = trill_malloc(p.used))) {
+    fp->block = trill_tls_lend(&pass_slot, p.used);
+    if (!(p.base = fp->block.p)) {
         free(fp);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the activations of %d tokens (%.2f GB)", T, p.used * 1e-9);
     }
@@ -47,7 +53,7 @@ static trill_status pass_alloc(const trill_model *m, int T, bool training, bool 
 
 void trill_forward_pass_free(trill_forward_pass *fp) {
     if (!fp) return;
-    free(fp->block);
+    trill_tls_return(&fp->block);
     free(fp);
 }
 
@@ -122,9 +128,12 @@ trill_status trill_forward_logits(const trill_forward_pass *fp, float *logits, i
            n, m->config.hidden_size, m->config.vocab_size);
 }
 
+static trill_tls_slot logits_slot; /* one chunk of logits, reused */
+
 static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs) {
     const int T = fp->T, V = fp->m->config.vocab_size;
-    float *logits = trill_malloc(sizeof(float) * LOGIT_CHUNK * (size_t)V);
+    trill_tls_lease lease = trill_tls_lend(&logits_slot, sizeof(float) * LOGIT_CHUNK * (size_t)V);
+    float *logits = lease.p;
     if (!logits) return trill_error(TRILL_ERR_NOMEM, "out of memory for logits");
     for (int s = 0; s < fp->n_seqs; s++)
         if (fp->offsets[s + 1] > fp->offsets[s]) logprobs[fp->offsets[s]] = NAN;
@@ -132,7 +141,7 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
         int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
         trill_status st = trill_forward_logits(fp, logits, t0, n);
         if (st) {
-            free(logits);
+            trill_tls_return(&lease);
             trill_error_context("lm_head");
             return st;
         }
@@ -144,7 +153,7 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
             logprobs[t + 1] = (float)((double)row[fp->tokens[t + 1]] - trill_logsumexp(row, V));
         }
     }
-    free(logits);
+    trill_tls_return(&lease);
     return TRILL_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "base/tls.h"
 #include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/model.h"
@@ -61,7 +62,7 @@ struct trill_forward_pass {
     float *xf;            /* [T, H] final norm */
     float *xa_head;       /* [LOGIT_CHUNK, r] LoRA input of lm_head */
     void *acts;           /* the family's activations */
-    void *block;          /* the one allocation everything above lives in */
+    trill_tls_lease block; /* the one allocation everything above lives in (the thread's, reused) */
 };
 
 /* out[n, N] = inp W^T, plus scale (inp A^T) B^T when the module has an adapter in use; the

@@ -33,8 +33,20 @@ typedef struct grad_scratch {
     float *dxf;     /* [T, H] gradient of the final norm's output */
     float *dlogits; /* [LOGIT_CHUNK, V] one chunk of lm_head */
     trill_lora_scratch lora;
-    void *block;
+    trill_tls_lease block;
 } grad_scratch;
+
+trill_status trill_backward_scratch(trill_tls_slot *slot, trill_tls_lease *lease, float **const *ptrs, const size_t *sizes, int n, int T) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += sizes[i];
+    *lease = trill_tls_lend(slot, total * sizeof(float));
+    float *b = lease->p;
+    if (!b) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %d tokens", T);
+    for (int i = 0; i < n; i++) { *ptrs[i] = b; b += sizes[i]; }
+    return TRILL_OK;
+}
+
+static trill_tls_slot grad_slot; /* the driver's scratch */
 
 static trill_status scratch_alloc(grad_scratch *g, const trill_model *m, int T, int rank) {
     const trill_config *c = &m->config;
@@ -44,14 +56,8 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_model *m, int T, 
         if (m->tensors[t].lora_target >= 0 && (size_t)T * (size_t)m->tensors[t].shape[0] > widest)
             widest = (size_t)T * (size_t)m->tensors[t].shape[0];
     const size_t sizes[] = { T * H, T * H, chunk, rank ? widest : 0, (size_t)T * rank };
-    float **ptrs[] = { &g->dx, &g->dxf, &g->dlogits, &g->lora.dv_lora, &g->lora.dxa };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
-    float *b = trill_malloc(total * sizeof(float));
-    if (!b) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %d tokens", T);
-    g->block = b;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }
-    return TRILL_OK;
+    float **const ptrs[] = { &g->dx, &g->dxf, &g->dlogits, &g->lora.dv_lora, &g->lora.dxa };
+    return trill_backward_scratch(&grad_slot, &g->block, ptrs, sizes, (int)(sizeof sizes / sizeof sizes[0]), T);
 }
 
 trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
@@ -117,7 +123,7 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
     trill_status st = scratch_alloc(&g, m, T, fp->lora ? fp->lora->config.rank : 0);
     if (st) return st;
     if ((st = f->begin(fp, &layer_scratch))) {
-        free(g.block);
+        trill_tls_return(&g.block);
         return st;
     }
     if ((st = head_backward(fp, dlogprobs, &sink, &g))) trill_error_context("backward, lm_head");
@@ -128,6 +134,6 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
     }
     if (!st && grads) trill_embedding_backward(trill_grad_of_w(&sink, m->embed), g.dx, fp->tokens, T, H);
     f->end(layer_scratch);
-    free(g.block);
+    trill_tls_return(&g.block);
     return st;
 }

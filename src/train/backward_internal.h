@@ -55,6 +55,10 @@ trill_status trill_moe_experts_backward(const trill_forward_pass *fp, const tril
                                         const trill_moe_experts *x, const trill_moe_acts *a, float *const *xa, int T, int H, int E,
                                         int K, int Im);
 
+/* Lends `slot`'s buffer (src/base/tls.h: the memory of one step's backward serves the next) and
+ * carves it into n float arrays, *ptrs[i] of sizes[i]; TRILL_ERR_NOMEM naming the T tokens. */
+trill_status trill_backward_scratch(trill_tls_slot *slot, trill_tls_lease *lease, float **const *ptrs, const size_t *sizes, int n, int T);
+
 /* The train layer's part of a family: one decoder layer's backward. */
 typedef struct trill_family_backward {
     /* Scratch for a pass's backward; *scratch freed with end. */

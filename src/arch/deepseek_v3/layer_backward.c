@@ -23,7 +23,10 @@ typedef struct scratch {
     trill_mlp_scratch mlp;  /* dact, dgate, dup [T, widest MLP]; dye, dxe [T, H]; act, xe the pass's */
     float *dgates;          /* [T, K] */
     float *dlogits;         /* [T, E] router logits */
+    trill_tls_lease block;  /* everything above lives in it */
 } scratch;
+
+static trill_tls_slot scratch_slot; /* reused from step to step (trill_backward_scratch) */
 
 static trill_status begin(const trill_forward_pass *fp, void **out) {
     const trill_config *c = &fp->m->config;
@@ -36,16 +39,13 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
     const size_t sizes[] = { T * H, T * nh * (dn + dr), T * nh * (dn + dr), T * nh * dv, T * nh * dv, T * nh * (dn + dv), T * kl, T * kl,
                              T * (kl + dr), T * dr, T * ql, T * ql, T * ff, T * ff, T * ff, T * H, T * H, T * K, T * E };
-    float **ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->datt, &g->dkvb, &g->dckvn, &g->dckv, &g->dkva, &g->dkr, &g->dqan, &g->dqa,
+    float **const ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->datt, &g->dkvb, &g->dckvn, &g->dckv, &g->dkva, &g->dkr, &g->dqan, &g->dqa,
                        &g->mlp.dact, &g->mlp.dgate, &g->mlp.dup, &g->mlp.dye, &g->mlp.dxe, &g->dgates, &g->dlogits };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
-    float *b = trill_malloc(total * sizeof(float));
-    if (!b) {
+    trill_status st = trill_backward_scratch(&scratch_slot, &g->block, ptrs, sizes, (int)(sizeof sizes / sizeof sizes[0]), (int)T);
+    if (st) {
         free(g);
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
+        return st;
     }
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }
     const deepseek_acts *d = fp->acts;
     g->mlp.act = d->act;
     g->mlp.xe = d->xe;
@@ -56,7 +56,7 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
 static void end(void *s) {
     scratch *g = s;
     if (!g) return;
-    free(g->dxn); /* the block starts there */
+    trill_tls_return(&g->block);
     free(g);
 }
 

@@ -19,7 +19,10 @@ typedef struct scratch {
     trill_mlp_scratch mlp; /* dact, dgate, dup [rows, max(I, Im)]; dye, dxe [T, H]; act, xe the pass's */
     float *dgates;      /* [T, K] */
     float *dlogits;     /* [T, E] router logits */
+    trill_tls_lease block; /* everything above lives in it */
 } scratch;
+
+static trill_tls_slot scratch_slot; /* reused from step to step (trill_backward_scratch) */
 
 static trill_status begin(const trill_forward_pass *fp, void **out) {
     const trill_config *c = &fp->m->config;
@@ -30,16 +33,13 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
     scratch *g = trill_calloc(1, sizeof *g);
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
     const size_t sizes[] = { T * H, T * qd, T * kvd, T * kvd, T * qd, T * kvd, T * qd, T * ff, T * ff, T * ff, T * H, T * H, T * K, T * E };
-    float **ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->mlp.dact, &g->mlp.dgate, &g->mlp.dup,
+    float **const ptrs[] = { &g->dxn, &g->dq, &g->dk, &g->dv, &g->dqr, &g->dkr, &g->datt, &g->mlp.dact, &g->mlp.dgate, &g->mlp.dup,
                        &g->mlp.dye, &g->mlp.dxe, &g->dgates, &g->dlogits };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
-    float *b = trill_malloc(total * sizeof(float));
-    if (!b) {
+    trill_status st = trill_backward_scratch(&scratch_slot, &g->block, ptrs, sizes, (int)(sizeof sizes / sizeof sizes[0]), (int)T);
+    if (st) {
         free(g);
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
+        return st;
     }
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) { *ptrs[i] = b; b += sizes[i]; }
     const qwen3_acts *q = fp->acts;
     g->mlp.act = q->act;
     g->mlp.xe = q->xe;
@@ -50,7 +50,7 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
 static void end(void *s) {
     scratch *g = s;
     if (!g) return;
-    free(g->dxn); /* the block starts there */
+    trill_tls_return(&g->block);
     free(g);
 }
 
