@@ -242,6 +242,10 @@ typedef struct trill_rl_metrics {
     struct {
         double generate_s, reward_s, train_s, sync_s, step_s, gen_tokens_per_s, train_tokens_per_s;
         double trainer_wait_s, generator_apply_ms, interval_s; /* async */
+        /* the process's CPU time in the kernel and in user space, and its minor page faults, since
+         * the previous step ended (the first step: since the run's metrics were opened) */
+        double system_s, user_s;
+        long minor_faults;
     } time;
     size_t generator_apply_bytes; /* async: the generator's last weight update */
     bool has_eval;             /* eval.every: a held-out evaluation after this step */

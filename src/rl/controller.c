@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -139,6 +140,7 @@ static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
     trill_status st = trill_write_file_atomic(path, data ? data : "", keep);
     free(data);
     if (!st && !(r->metrics = fopen(path, "a"))) st = trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", path, strerror(errno));
+    if (!st) getrusage(RUSAGE_SELF, &r->usage); /* a step's page faults and CPU time count from here */
     free(path);
     return st;
 }

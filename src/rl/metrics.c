@@ -83,6 +83,9 @@ static json_t *to_json(const trill_rl_metrics *m) {
         put(&w, t, "step_s", num(m->time.step_s));
         put(&w, t, "gen_tokens_per_s", num(m->time.gen_tokens_per_s));
         put(&w, t, "train_tokens_per_s", num(m->time.train_tokens_per_s));
+        put(&w, t, "system_s", num(m->time.system_s));
+        put(&w, t, "user_s", num(m->time.user_s));
+        put(&w, t, "minor_faults", json_integer((json_int_t)m->time.minor_faults));
         if (m->async) {
             put(&w, t, "trainer_wait_s", num(m->time.trainer_wait_s));
             put(&w, t, "generator_apply_ms", num(m->time.generator_apply_ms));

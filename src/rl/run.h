@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <sys/resource.h>
 
 #include "checkpoint.h"
 #include "generator.h"
@@ -38,6 +39,7 @@ typedef struct rl_run {
     int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
     int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
+    struct rusage usage;          /* the process's at the end of the previous step (or at the metrics' opening) */
     double gen_s, train_s;        /* the run's totals, for its summary */
     long gen_tokens, train_tokens;
 } rl_run;

@@ -214,10 +214,20 @@ static trill_status append_metrics(rl_run *r, const trill_rl_metrics *m) {
     return bad ? trill_error(TRILL_ERR_IO, "metrics.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
 }
 
-trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m) {
+static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)t.tv_usec; }
+
+trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *step_metrics) {
     const trill_rl_config *c = r->c;
     r->state.step++;
-    trill_status st = append_metrics(r, m);
+    /* what the process spent since the previous step ended: every executor's threads */
+    trill_rl_metrics m = *step_metrics;
+    struct rusage now;
+    getrusage(RUSAGE_SELF, &now);
+    m.time.minor_faults = now.ru_minflt - r->usage.ru_minflt;
+    m.time.system_s = tv_s(now.ru_stime) - tv_s(r->usage.ru_stime);
+    m.time.user_s = tv_s(now.ru_utime) - tv_s(r->usage.ru_utime);
+    r->usage = now;
+    trill_status st = append_metrics(r, &m);
     if (st) return st;
     if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
         st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
