@@ -172,6 +172,32 @@ static trill_status add_pre(trill_tokenizer *t, const char *what, const char *pa
     return TRILL_OK;
 }
 
+/* HF's SplitDelimiterBehavior by name, in split_behavior's order; -1 for anything else. */
+static int split_behavior_of(const json_t *b) {
+    static const char *const names[] = { "Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous" };
+    for (int i = 0; i < 5; i++)
+        if (json_is_string(b) && strcmp(json_string_value(b), names[i]) == 0) return i;
+    return -1;
+}
+
+/* The Rust predicates HF uses, in PCRE2: char::is_whitespace and the regex crate's \s are
+ * White_Space; the regex crate's Unicode \w is Alphabetic, marks, Nd, Pc and Join_Control
+ * (UTS #18) (both class bodies, for [...] and [^...]). Punctuation (one character) is
+ * char::is_ascii_punctuation (the ASCII symbols $+<=>^`|~ too) or the unicode_categories
+ * crate's is_punctuation, whose tables are Unicode 8.0's P* categories: so not the P*
+ * characters that Unicode 9.0 to 14.0 added (PCRE2 10.42 knows up to 14.0), and U+166D and
+ * U+111C9, P* in 8.0 and So/Mn since, are in. Checked code point by code point against the
+ * crate (tests/tokenizer/pretok.mjs sweep). */
+#define WHITE_SPACE "\\p{White_Space}"
+#define RUST_WORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}"
+#define HF_PUNCTUATION                                                                                   \
+    "(?![\\x{61D}\\x{9FD}\\x{A76}\\x{C77}\\x{C84}\\x{1B7D}\\x{1B7E}\\x{2E43}-\\x{2E4F}\\x{2E52}-\\x{2E5D}"         \
+    "\\x{10EAD}\\x{10F55}-\\x{10F59}\\x{10F86}-\\x{10F89}\\x{1144B}-\\x{1144F}\\x{1145A}\\x{1145B}\\x{1145D}"     \
+    "\\x{11660}-\\x{1166C}\\x{116B9}\\x{1183B}\\x{11944}-\\x{11946}\\x{119E2}\\x{11A3F}-\\x{11A46}"              \
+    "\\x{11A9A}-\\x{11A9C}\\x{11A9E}-\\x{11AA2}\\x{11C41}-\\x{11C45}\\x{11C70}\\x{11C71}\\x{11EF7}\\x{11EF8}"     \
+    "\\x{11FFF}\\x{12FF1}\\x{12FF2}\\x{16E97}-\\x{16E9A}\\x{16FE2}\\x{1E95E}\\x{1E95F}])"                        \
+    "[\\p{P}!-/:-@\\[-`{-~\\x{166D}\\x{111C9}]"
+
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, const char *what, bool *byte_level) {
@@ -193,11 +219,8 @@ static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, cons
         const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
         if (!json_is_string(re) && !json_is_string(lit))
             return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Split: \"pattern\" must be {\"Regex\": ...} or {\"String\": ...}", what);
-        static const char *const names[] = { "Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous" };
         const json_t *b = json_object_get(p, "behavior");
-        int behavior = -1;
-        for (int i = 0; i < 5; i++)
-            if (json_is_string(b) && strcmp(json_string_value(b), names[i]) == 0) behavior = i;
+        int behavior = split_behavior_of(b);
         if (behavior < 0)
             return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not supported (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)",
                                what, json_is_string(b) ? json_string_value(b) : "(missing)");
@@ -214,7 +237,25 @@ static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, cons
     }
     if (strcmp(type, "Digits") == 0) /* Rust char::is_numeric: categories Nd, Nl, No */
         return add_pre(t, what, flag(p, "individual_digits", false) ? "\\p{N}" : "\\p{N}+", false, SPLIT_ISOLATED, false, false);
-    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported (supported: Split, ByteLevel, Digits, Sequence)", what, type);
+    /* The four below split by a character predicate in HF (each matching character is one
+     * delimiter, so Contiguous is what merges runs): one-character classes here. */
+    if (strcmp(type, "WhitespaceSplit") == 0)
+        return add_pre(t, what, "[" WHITE_SPACE "]", false, SPLIT_REMOVED, false, false);
+    if (strcmp(type, "Whitespace") == 0) /* keeps the matches of \w+|[^\w\s]+, drops the rest */
+        return add_pre(t, what, "[" RUST_WORD "]+|[^" RUST_WORD WHITE_SPACE "]+", false, SPLIT_REMOVED, true, false);
+    if (strcmp(type, "BertPreTokenizer") == 0) {
+        trill_status st = add_pre(t, what, "[" WHITE_SPACE "]", false, SPLIT_REMOVED, false, false);
+        return st ? st : add_pre(t, what, HF_PUNCTUATION, false, SPLIT_ISOLATED, false, false);
+    }
+    if (strcmp(type, "Punctuation") == 0) {
+        const json_t *b = json_object_get(p, "behavior");
+        int behavior = b ? split_behavior_of(b) : SPLIT_ISOLATED; /* HF's default when absent */
+        if (behavior < 0)
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer Punctuation: behavior %s is not supported (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)",
+                               what, json_is_string(b) ? json_string_value(b) : "(not a string)");
+        return add_pre(t, what, HF_PUNCTUATION, false, (split_behavior)behavior, false, false);
+    }
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported (supported: Split, ByteLevel, Digits, Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer, Sequence)", what, type);
 }
 
 static trill_status set_token(trill_tokenizer *t, const char *what, const char *s, size_t len, json_int_t id) {

