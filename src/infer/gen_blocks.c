@@ -86,8 +86,8 @@ void trill_gen_add_rows(float *x, const float *y, size_t n) {
 
 /* ---- the routed experts ---- */
 
-/* Rows order[first .. first+n) of the step, all routed to logical expert x: gathered, through
- * the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
+/* EPLB's workers: rows order[first .. first+n) of the step, all routed to logical expert x:
+ * gathered, through the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
  * positions, so workers computing different experts never touch the same memory. Fails as
  * trill_gen_matmul (the message is on the calling thread). */
 static trill_status expert_rows(const trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, const eng_layer *L,
@@ -103,6 +103,52 @@ static trill_status expert_rows(const trill_engine *e, gen_moe *b, gen_lora_buf 
     trill_gen_swiglu_fused(act, ff, n, Im);
     st = trill_gen_matmul(ye, act, &L->experts[roles.down][x], n);
     if (!st && A) st = trill_gen_apply_lora(e, lb, &A->experts[roles.down][x], ye, H, act, n, first);
+    return st;
+}
+
+/* The adapters' side path of one role (gate|up or down) for every expert of the step: y rows
+ * first..first+n += the side path of x's, the experts shared out over the threads. Each expert
+ * writes its own rows and buffers, and inside the parallel region every matmul runs on its
+ * thread alone: one fork for all the experts' skinny matrices rather than a few per expert. */
+static trill_status experts_side(const trill_engine *e, const gen_moe *b, gen_lora_buf *lb, const eng_lora_layer *A, int role, float *y,
+                                 int width, const float *x, int x_width, int E) {
+    int failed = 0;
+    char message[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int ex = 0; ex < E; ex++) {
+        const int first = ex ? b->count[ex - 1] : 0, n = b->count[ex] - first;
+        if (n == 0) continue;
+        if (trill_gen_apply_lora(e, lb, &A->experts[role][ex], y + (size_t)first * width, width, x + (size_t)first * x_width, n, first)) {
+#pragma omp critical(trill_expert_side_failure)
+            if (!failed++) snprintf(message, sizeof message, "%s", trill_error_message());
+        }
+    }
+    return failed ? trill_error(TRILL_ERR_NOMEM, "%s", message) : TRILL_OK;
+}
+
+/* Without EPLB: each expert's rows gathered and through its gate|up (one threaded GEMM per
+ * expert), the adapters' gate|up side paths, SwiGLU over every row, each expert's down, the
+ * down side paths. Per row the same operations in the same order as expert_rows. */
+static trill_status experts_grouped(const trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, const eng_layer *L,
+                                    const eng_lora_layer *A, gen_expert_roles roles, int R) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size, E = c->num_experts;
+    trill_status st = TRILL_OK;
+    for (int x = 0; x < E && !st; x++) {
+        const int first = x ? b->count[x - 1] : 0, n = b->count[x] - first;
+        if (n == 0) continue;
+        float *xe = b->xe + (size_t)first * H;
+        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)(b->order[first + i] / K) * H, sizeof(float) * H);
+        st = trill_gen_matmul(b->ff + (size_t)first * 2 * Im, xe, &L->experts[roles.gate_up][x], n);
+    }
+    if (!st && A) st = experts_side(e, b, lb, A, roles.gate_up, b->ff, 2 * Im, b->xe, H, E);
+    if (st) return st;
+    trill_gen_swiglu_fused(b->act, b->ff, R * K, Im);
+    for (int x = 0; x < E && !st; x++) {
+        const int first = x ? b->count[x - 1] : 0, n = b->count[x] - first;
+        if (n > 0) st = trill_gen_matmul(b->ye + (size_t)first * H, b->act + (size_t)first * Im, &L->experts[roles.down][x], n);
+    }
+    if (!st && A) st = experts_side(e, b, lb, A, roles.down, b->ye, H, b->act, Im, E);
     return st;
 }
 
@@ -184,10 +230,7 @@ trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb
         st = experts_on_workers(e, b, lb, xn, L, A, roles, ordinal, R);
     } else {
         group_by(b, b->topi, R * K, E);
-        for (int x = 0; x < E && !st; x++) {
-            const int first = x ? b->count[x - 1] : 0, n = b->count[x] - first;
-            if (n > 0) st = expert_rows(e, b, lb, xn, L, A, roles, x, first, n);
-        }
+        st = experts_grouped(e, b, lb, xn, L, A, roles, R);
     }
     if (st) return st;
     combine_experts(e, b, out, R);
