@@ -84,6 +84,25 @@ void trill_gen_add_rows(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+/* ---- the model's ends ---- */
+
+void trill_gen_embed(const trill_engine *e, float *x, int R) {
+    const int H = e->c.hidden_size;
+    if (e->w->embed_f32) trill_embedding_forward(x, e->w->embed_f32, e->rows.token, R, H);
+    else trill_embedding_forward_w(x, (trill_weight){ NULL, e->w->embed_bf16 }, e->rows.token, R, H);
+}
+
+trill_status trill_gen_logits(const trill_engine *e, gen_lora_buf *lb, const float *x, float *xn, float *logits, int norm_role,
+                              int head_role, int n) {
+    const trill_config *c = &e->c;
+    const int H = c->hidden_size, V = c->vocab_size;
+    for (int i = 0; i < n; i++) memcpy(xn + (size_t)i * H, x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
+    trill_rmsnorm_forward(xn, xn, e->w->global.vec[norm_role], n, H, (float)c->rms_norm_eps);
+    trill_status st = trill_gen_matmul(logits, xn, &e->w->global.m[head_role], n);
+    if (!st && e->ad) st = trill_gen_apply_lora(e, lb, &e->ad->global.m[head_role], logits, V, xn, n, 0);
+    return st;
+}
+
 /* ---- the routed experts ---- */
 
 /* EPLB's workers: rows order[first .. first+n) of the step, all routed to logical expert x:

@@ -48,6 +48,15 @@ void trill_gen_add_rows(float *x, const float *y, size_t n);
 /* dst[rows, width] = columns offset .. offset+width of src[rows, stride] */
 void trill_gen_gather_rows(float *dst, const float *src, int rows, int width, int stride, int offset);
 
+/* ---- the model's ends ---- */
+
+/* x[R, H] = the embeddings of the step's rows' tokens, in the engine's format. */
+void trill_gen_embed(const trill_engine *e, float *x, int R);
+/* logits[n, V] of the n rows listed in rows.logit: their x rows gathered into xn, the final norm
+ * (the global vector of role norm_role), lm_head (the global matrix of head_role) and its adapter. */
+trill_status trill_gen_logits(const trill_engine *e, gen_lora_buf *lb, const float *x, float *xn, float *logits, int norm_role,
+                              int head_role, int n);
+
 /* ---- the routed experts of a MoE layer ---- */
 
 /* A MoE layer's buffers for R rows of K slots: the router's choice (topi, topw [R*K]) and what

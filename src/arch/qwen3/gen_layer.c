@@ -247,8 +247,7 @@ static trill_status forward_rows(trill_engine *e, int R) {
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
     const eng_weights *w = e->w;
-    if (w->embed_f32) trill_embedding_forward(S(e)->x, w->embed_f32, e->rows.token, R, H);
-    else trill_embedding_forward_w(S(e)->x, (trill_weight){ NULL, w->embed_bf16 }, e->rows.token, R, H);
+    trill_gen_embed(e, S(e)->x, R);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
@@ -266,13 +265,7 @@ static trill_status forward_rows(trill_engine *e, int R) {
 
 /* The final norm, lm_head and its adapter over the rows listed in rows.logit. */
 static trill_status forward_logits(trill_engine *e, int n) {
-    const trill_config *c = &e->c;
-    const int H = c->hidden_size, V = c->vocab_size;
-    for (int i = 0; i < n; i++) memcpy(S(e)->xn + (size_t)i * H, S(e)->x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
-    trill_rmsnorm_forward(S(e)->xn, S(e)->xn, e->w->global.vec[QWEN3_FINAL_NORM], n, H, (float)c->rms_norm_eps);
-    trill_status st = trill_gen_matmul(S(e)->logits, S(e)->xn, &e->w->global.m[QWEN3_LM_HEAD], n);
-    if (!st && e->ad) st = trill_gen_apply_lora(e, &S(e)->lora, &e->ad->global.m[QWEN3_LM_HEAD], S(e)->logits, V, S(e)->xn, n, 0);
-    return st;
+    return trill_gen_logits(e, &S(e)->lora, S(e)->x, S(e)->xn, S(e)->logits, QWEN3_FINAL_NORM, QWEN3_LM_HEAD, n);
 }
 
 const trill_eng_family trill_qwen3_gen = {
