@@ -680,6 +680,47 @@ static void run_spec(const spec *sp, bool verbose) {
 
 /* ---- fingerprint: what makes bytes comparable ---- */
 
+/* The AVX-512 extensions the compiler targeted (-march=native): two AVX-512 machines of other
+ * generations (Cascade Lake, Cooper Lake with BF16 and FP16) vectorise the same C differently,
+ * so they are different classes even though both have AVX-512F. */
+static void compiler_isa(text *t) {
+    text_add(t, "compiler_avx512=");
+#ifdef __AVX512BW__
+    text_add(t, "bw ");
+#endif
+#ifdef __AVX512VL__
+    text_add(t, "vl ");
+#endif
+#ifdef __AVX512DQ__
+    text_add(t, "dq ");
+#endif
+#ifdef __AVX512VNNI__
+    text_add(t, "vnni ");
+#endif
+#ifdef __AVX512BF16__
+    text_add(t, "bf16 ");
+#endif
+#ifdef __AVX512FP16__
+    text_add(t, "fp16 ");
+#endif
+#ifdef __AVX512IFMA__
+    text_add(t, "ifma ");
+#endif
+#ifdef __AVX512VBMI__
+    text_add(t, "vbmi ");
+#endif
+#ifdef __AVX512VBMI2__
+    text_add(t, "vbmi2 ");
+#endif
+#ifdef __AVX512BITALG__
+    text_add(t, "bitalg ");
+#endif
+#ifdef __AVX512VPOPCNTDQ__
+    text_add(t, "vpopcntdq ");
+#endif
+    text_add(t, "\n");
+}
+
 static void fingerprint(text *t) {
     const char *isa;
     if (trill_gen_isa(&isa) != TRILL_OK) {
@@ -696,6 +737,7 @@ static void fingerprint(text *t) {
 #else
     text_add(t, "compiler_avx512f=0\n");
 #endif
+    compiler_isa(t);
 #if defined(__AVX2__) && defined(__FMA__)
     text_add(t, "compiler_avx2_fma=1\n");
 #else
