@@ -11,6 +11,19 @@
 
 typedef enum trill_dtype { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3 } trill_dtype;
 
+/* The arithmetic of matrix products (the trainer's kernels, trill/kernels.h: the *_p ones and
+ * attention; their fp64 instantiation ignores it). FP32: operands and sums in fp32 (OpenBLAS
+ * sgemm). BF16: both operands rounded to bf16 (nearest even) and the exact products summed in
+ * fp32, as a GPU's bf16 GEMM computes them: vdpbf16ps on CPUs with AVX-512 BF16, the same
+ * steps in portable C elsewhere (the order of the sums is specified in
+ * src/kernels/gemm_bf16.c; the two agree bit for bit but for vdpbf16ps's flushing of
+ * denormals). */
+typedef enum trill_precision { TRILL_PRECISION_FP32 = 0, TRILL_PRECISION_BF16 = 1 } trill_precision;
+
+/* "fp32" or "bf16"; parsing returns 0, or -1 for another name. */
+const char *trill_precision_name(trill_precision p);
+int trill_precision_parse(const char *name, trill_precision *out);
+
 size_t trill_dtype_size(trill_dtype dt);
 /* The safetensors spelling: "F32", "BF16", "F16", "F8_E4M3". */
 const char *trill_dtype_name(trill_dtype dt);

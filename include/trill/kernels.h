@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "trill/dtype.h"
 #include "trill/error.h"
 #include "trill/weight.h"
 
@@ -30,6 +31,24 @@ trill_status trill_matmul_forward_w(float *out, const float *inp, trill_weight W
  * (a bf16 weight is frozen: pass dweight NULL, or the process aborts, a programmer's error). */
 trill_status trill_matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K,
                                int N);
+/* The same two in a chosen precision (trill_precision): bf16 multiplies a bf16 weight as it is
+ * stored, without widening it. */
+trill_status trill_matmul_forward_wp(float *out, const float *inp, trill_weight W, int T, int K, int N, trill_precision prec);
+trill_status trill_matmul_backward_wp(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K,
+                                      int N, trill_precision prec);
+/* The OPENBLAS_CORETYPE this process should have been started with: when the variable is unset
+ * and OpenBLAS fell back to kernels older than AVX on a CPU with AVX or better (its detection
+ * does not know every model: Debian 12's 0.3.21 takes Emerald Rapids for a Prescott), the core
+ * whose kernels this CPU runs (Cooperlake, SkylakeX, Haswell, Sandybridge); else NULL. OpenBLAS
+ * reads the variable once, when it loads, so the trill command restarts itself with it
+ * (trill_blas_restart); a program embedding trill gets a warning on its first matmul instead. */
+const char *trill_blas_core_fix(void);
+/* When trill_blas_core_fix() names a core: sets OPENBLAS_CORETYPE to it and executes this
+ * program again with argv (Linux: /proc/self/exe), so it never returns then; else, or when the
+ * exec fails, it returns and the process goes on as it is. Call it first thing in main. */
+void trill_blas_restart(char **argv);
+/* 1 when this CPU has AVX-512 BF16, so bf16 precision runs on vdpbf16ps (else on the generic path). */
+int trill_kernels_bf16_native(void);
 /* out[T,C] = table[tokens[t]] */
 void trill_embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C);
 /* dst[n] = src widened (exact) */

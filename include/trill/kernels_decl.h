@@ -27,6 +27,14 @@ void KERNEL(trill_matmul_accumulate)(REAL_T *out, const REAL_T *inp, const REAL_
 /* dinp[T,K] += dout @ weight;  dweight[N,K] += dout^T @ inp */
 void KERNEL(trill_matmul_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
                              int T, int K, int N);
+/* The same three in a chosen precision: bf16 keeps per-thread packing buffers (2 MB) and is
+ * TRILL_ERR_NOMEM (the output incomplete) when they cannot be had; fp32 never fails. */
+trill_status KERNEL(trill_matmul_forward_p)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N,
+                                            trill_precision prec);
+trill_status KERNEL(trill_matmul_accumulate_p)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int K, int N, REAL_T alpha,
+                                               trill_precision prec);
+trill_status KERNEL(trill_matmul_backward_p)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp,
+                                             const REAL_T *weight, int T, int K, int N, trill_precision prec);
 
 /* out[T,C] = weight[C] * inp / sqrt(mean(inp^2) + eps), per row (HF RMSNorm). out may alias inp. */
 void KERNEL(trill_rmsnorm_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, int T, int C, REAL_T eps);
@@ -76,13 +84,14 @@ void KERNEL(trill_rope_partial_backward)(REAL_T *dx, const int *pos, const REAL_
  * out = softmax(scale q k^T, causal) v: Qwen3 passes scale 1 / sqrtf(hd) (fp32), DeepSeek
  * qk_head_dim^-0.5 times YaRN's mscale^2. Per-thread scratch: a [128-ish, longest sequence]
  * block of scores (two in the backward); TRILL_ERR_NOMEM when it cannot be had (the output
- * is then incomplete). */
+ * is then incomplete). prec: the products' precision (S = q k^T and P v, and the backward's;
+ * the softmax is fp32 either way, and bf16 rounds P before P v, as flash attention does). */
 trill_status KERNEL(trill_attention_forward)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const int *offsets,
-                                       int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL_T scale);
+                                       int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL_T scale, trill_precision prec);
 /* dq[T, nh*hd_qk], dk[T, nkv*hd_qk], dv[T, nkv*hd_v] += the gradients given dout[T, nh*hd_v]. */
 trill_status KERNEL(trill_attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, const REAL_T *dout, const REAL_T *q,
                                         const REAL_T *k, const REAL_T *v, const int *offsets, int n_seqs, int nh, int nkv,
-                                        int hd_qk, int hd_v, REAL_T scale);
+                                        int hd_qk, int hd_v, REAL_T scale, trill_precision prec);
 
 /* out[n] = silu(gate) * up */
 void KERNEL(trill_swiglu_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n);

@@ -53,6 +53,13 @@ const trill_param *trill_model_tensors(const trill_model *m, size_t *n);
  * bf16). */
 trill_dtype trill_model_storage(const trill_model *m);
 trill_dtype trill_model_checkpoint_dtype(const trill_model *m);
+/* The precision of the matrix products of the model's forward and backward passes (trill/dtype.h:
+ * fp32, the default, or bf16 operands with fp32 sums: trainer.precision). Master weights,
+ * gradients, the optimizer, norms, softmaxes and the loss stay fp32 either way, and the router's
+ * logits are always fp32 (as Megatron's moe_router_dtype), so bf16 moves no expert choice by
+ * itself more than its inputs do. A pass uses the precision set when it began. */
+void trill_model_set_precision(trill_model *m, trill_precision p);
+trill_precision trill_model_precision(const trill_model *m);
 /* Bytes the parameters take in memory. */
 size_t trill_model_bytes(const trill_model *m);
 /* The fp32 block (*n floats): every tensor with fp32 storage, in checkpoint order — all of them

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "trill/dtype.h"
 #include "trill/error.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
@@ -118,6 +119,7 @@ typedef struct trill_rl_config {
         int warmup_steps;
         int micro_batch_tokens;    /* token budget of one forward/backward */
         bool recompute;
+        trill_precision precision; /* of the matrix products (trill_model_set_precision) */
         bool skip_nonfinite;       /* a minibatch with a non-finite loss or gradient is skipped (else: an error) */
         trill_lora_config lora;
     } trainer;

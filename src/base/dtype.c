@@ -90,6 +90,15 @@ int trill_dtype_parse(const char *name, trill_dtype *out) {
     return -1;
 }
 
+const char *trill_precision_name(trill_precision p) { return p == TRILL_PRECISION_BF16 ? "bf16" : "fp32"; }
+
+int trill_precision_parse(const char *name, trill_precision *out) {
+    if (!strcmp(name, "fp32")) *out = TRILL_PRECISION_FP32;
+    else if (!strcmp(name, "bf16")) *out = TRILL_PRECISION_BF16;
+    else return -1;
+    return 0;
+}
+
 void trill_to_f32(float *dst, const void *src, trill_dtype src_dtype, size_t n) {
     const unsigned char *s = src;
     switch (src_dtype) {

@@ -1,5 +1,5 @@
 /* trill bench train: throughput of a training step (forward keeping activations + backward)
- * on a model folder, next to the machine's fp32 GEMM peak measured in the same run. */
+ * on a model folder, next to the GEMM peak of its precision measured in the same run. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -14,12 +14,13 @@
 
 static const char USAGE[] =
     "trill bench train --model DIR [--lora|--full] [--rank R] [--batch B] [--seq L] [--runs N] [--recompute]\n"
+    "                  [--precision fp32|bf16]\n"
     "  Times forward + backward on B random sequences of L tokens (defaults: --lora, rank 16 on all\n"
-    "  linear layers, 8 x 512, 3 runs after a warm-up) and an sgemm 2048^3 for the fp32 peak.\n"
+    "  linear layers, 8 x 512, 3 runs after a warm-up, fp32 matmuls) and a GEMM 2048^3 in the same\n"
+    "  precision for the peak; bf16 also prints the fp32 GEMM's, to compare.\n"
     "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS,\n"
     "  and the timed steps' minor page faults and system-time share.";
 
-/* Best of three single-threaded-BLAS-per-thread sgemm 2048^3 runs through the kernels' matmul. */
 /* What the timed steps cost the process beyond their time: minor page faults, system and user
  * CPU seconds (getrusage deltas over the timed steps). */
 typedef struct step_costs { long faults; double sys_s, user_s; } step_costs;
@@ -47,7 +48,9 @@ static trill_status time_steps(trill_model *m, const int *tokens, const int *off
     return st;
 }
 
-static double gemm_peak(void) {
+/* Best of three GEMM 2048^3 runs through the kernels' matmul in precision prec (fp32: OpenMP-split
+ * single-threaded OpenBLAS sgemm; bf16: the bf16 GEMM). */
+static double gemm_peak(trill_precision prec) {
     const int n = 2048;
     float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *c = malloc(sizeof(float) * n * n);
     if (!a || !b || !c) { free(a); free(b); free(c); return 0; }
@@ -55,7 +58,7 @@ static double gemm_peak(void) {
     double best = 1e30;
     for (int r = 0; r < 4; r++) { /* the first is a warm-up */
         double t0 = trill_now();
-        trill_matmul_forward(c, a, b, n, n, n);
+        if (trill_matmul_forward_p(c, a, b, n, n, n, prec)) break;
         double t = trill_now() - t0;
         if (r > 0 && t < best) best = t;
     }
@@ -72,8 +75,10 @@ int cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },
         { "rank", required_argument, 0, 'r' }, { "batch", required_argument, 0, 'b' }, { "seq", required_argument, 0, 's' },
-        { "runs", required_argument, 0, 'n' }, { "recompute", no_argument, 0, 'c' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "runs", required_argument, 0, 'n' }, { "recompute", no_argument, 0, 'c' }, { "precision", required_argument, 0, 'p' },
+        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
+    trill_precision prec = TRILL_PRECISION_FP32;
     const char *dir = NULL;
     bool lora_mode = true, recompute = false;
     long long rank = 16, batch = 8, seq = 512, runs = 3;
@@ -90,6 +95,9 @@ int cmd_bench(int argc, char **argv) {
         case 'b': bad = cli_parse_int("bench", USAGE, "--batch", optarg, 1, 1024, &batch); break;
         case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &seq); break;
         case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &runs); break;
+        case 'p':
+            if (trill_precision_parse(optarg, &prec)) return cli_usage_error("bench", USAGE, "--precision %s: expected fp32 or bf16", optarg);
+            break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("bench", USAGE, "invalid option %s", argv[optind - 1]);
         }
@@ -100,6 +108,7 @@ int cmd_bench(int argc, char **argv) {
     /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16) */
     if (trill_model_load_as(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m)) return cli_fail("bench");
     const trill_config *cfg = trill_model_config(m);
+    trill_model_set_precision(m, prec);
     trill_lora *lora = NULL;
     if (lora_mode) {
         trill_lora_config lc = { .rank = (int)rank, .alpha = 2.0 * rank };
@@ -120,7 +129,7 @@ int cmd_bench(int argc, char **argv) {
         dlp[t] = -1.0f / (float)T; /* mean cross-entropy */
     }
     for (int s = 0; !st && s <= batch; s++) offsets[s] = s * (int)seq;
-    double peak = st ? 0 : gemm_peak();
+    double peak = st ? 0 : gemm_peak(prec);
     step_costs sc = { 0 };
     if (!st) st = time_steps(m, tokens, offsets, (int)batch, lp, dlp, grads, lgrads, recompute, (int)runs, times, &sc);
     if (!st) {
@@ -128,9 +137,13 @@ int cmd_bench(int argc, char **argv) {
         double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)rank, recompute);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        printf("fp32 peak (sgemm 2048^3, %s): %.1f GFLOP/s\n", "OpenMP-split single-threaded OpenBLAS", peak);
-        printf("trill train (%s%s) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
-               lora_mode ? "lora" : "full", recompute ? ", recompute" : "", batch, seq, T / med, med * 1e3, flops / med * 1e-9,
+        printf("%s peak (GEMM 2048^3, %s): %.1f GFLOP/s\n", trill_precision_name(prec),
+               prec == TRILL_PRECISION_FP32 ? "OpenMP-split single-threaded OpenBLAS sgemm"
+               : trill_kernels_bf16_native() ? "trill's bf16 GEMM on vdpbf16ps" : "trill's bf16 GEMM, generic path (no AVX-512 BF16)",
+               peak);
+        if (prec == TRILL_PRECISION_BF16) printf("fp32 peak (GEMM 2048^3, OpenMP-split single-threaded OpenBLAS sgemm): %.1f GFLOP/s\n", gemm_peak(TRILL_PRECISION_FP32));
+        printf("trill train (%s%s, %s matmuls) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
+               lora_mode ? "lora" : "full", recompute ? ", recompute" : "", trill_precision_name(prec), batch, seq, T / med, med * 1e3, flops / med * 1e-9,
                100.0 * flops / med * 1e-9 / peak, flops * 1e-9, ru.ru_maxrss / 1024.0);
         printf("timed steps: %.0f minor page faults a step, system time %.1f%% of CPU time (the warm-up step's first touch excluded)\n",
                sc.faults / (double)runs, 100.0 * sc.sys_s / (sc.sys_s + sc.user_s));

@@ -13,7 +13,7 @@ static const char USAGE[] =
     "  Lines: {\"prompt\": ..., \"completion\": ...} (data.prompt_field, data.completion_field); the loss covers the\n"
     "  completion and the end-of-sequence token. The keys are trill train's (trill train --config-reference): model,\n"
     "  run_dir, seed, resume (\"\" afresh, auto, or a checkpoint folder), data.*, trainer.* (lr, schedule, grad_clip,\n"
-    "  micro_batch_tokens, recompute, lora.*) and sft.* (mode lora|full, epochs, max_steps, grad_accum, eval_every,\n"
+    "  micro_batch_tokens, recompute, precision, lora.*) and sft.* (mode lora|full, epochs, max_steps, grad_accum, eval_every,\n"
     "  max_seq_len, save_every, stop_after). --model, --data, --eval, --out, --lora and --full set model,\n"
     "  data.train, data.eval, run_dir and sft.mode. Writes the PEFT adapter (or the full model), the optimizer state\n"
     "  and trainer_state.json to run_dir.";

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "trill/kernels.h"
 #include "trill/rl.h"
 #include "trill/log.h"
 
@@ -68,6 +69,9 @@ int main(int argc, char **argv) {
     /* a file grown past RLIMIT_FSIZE fails with EFBIG (an error naming the file) instead of
      * killing the process mid-write */
     signal(SIGXFSZ, SIG_IGN);
+    /* OpenBLAS misdetected the CPU (trill_blas_core_fix): run again with the right kernels. The
+     * variable is set from then on, so this happens at most once. */
+    trill_blas_restart(argv);
     trill_log_set_sink(trill_log_stderr, NULL); /* the library's progress lines and warnings */
     if (argc < 2) {
         print_help(stderr);

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 
+#include "trill/dtype.h"
 #include "trill/error.h"
 
 #define REAL_T double

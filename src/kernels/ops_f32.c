@@ -15,9 +15,11 @@
 #define KN(name) name
 #define GEMM cblas_sgemm
 #define EXPR expf
+/* the bf16 GEMM: on vdpbf16ps where the CPU has it */
+#define GEMM_BF16(...) trill_kernels_gemm_bf16(trill_kernels_bf16_native(), __VA_ARGS__)
 #include "ops_impl.h"
 
-void trill_kernels_sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float *A, int lda,
-                   const float *B, int ldb, float beta, float *C, int ldc) {
-    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+trill_status trill_kernels_gemm(trill_precision prec, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                                const float *A, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C, int ldc) {
+    return gemm(prec, ta, tb, M, N, K, alpha, A, lda, B, B16, ldb, beta, C, ldc);
 }

@@ -9,30 +9,50 @@
 #define PARALLEL_MIN 16384
 #endif
 
+/* One single-threaded GEMM in precision prec: 0, or -1 when the bf16 GEMM's per-thread packing
+ * buffer cannot be had. B16 (fp32 only) is B stored as bf16, or NULL; fp32 takes B. The fp64
+ * instantiation has no bf16 (GEMM_BF16 undefined): prec is ignored there. */
+static int KN(gemm_part)(trill_precision prec, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, REAL alpha,
+                         const REAL *A, int lda, const REAL *B, const uint16_t *B16, int ldb, REAL beta, REAL *C, int ldc) {
+#ifdef GEMM_BF16
+    if (prec == TRILL_PRECISION_BF16) return GEMM_BF16(ta, tb, M, N, Kd, alpha, A, lda, B, B16, ldb, beta, C, ldc);
+#endif
+    (void)prec;
+    (void)B16;
+    GEMM(CblasRowMajor, ta, tb, M, N, Kd, alpha, A, lda, B, ldb, beta, C, ldc);
+    return 0;
+}
+
+static trill_status KN(gemm_nomem)(void) {
+    return trill_error(TRILL_ERR_NOMEM, "out of memory for the bf16 GEMM's packing buffers (2 MB per thread)");
+}
+
 /* C = alpha op(A) op(B) + beta C, the longer side of C split across OpenMP threads, each
- * running a single-threaded BLAS call (see ops_common.c). */
-static void KN(gemm)(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, REAL alpha, const REAL *A, int lda,
-                     const REAL *B, int ldb, REAL beta, REAL *C, int ldc) {
-    if (M == 0 || N == 0) return;
+ * running a single-threaded GEMM (see ops_common.c). Every element of C is computed by one
+ * call over the whole K, so the thread count never changes a result. */
+static trill_status KN(gemm)(trill_precision prec, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int Kd, REAL alpha,
+                             const REAL *A, int lda, const REAL *B, const uint16_t *B16, int ldb, REAL beta, REAL *C, int ldc) {
+    if (M == 0 || N == 0) return TRILL_OK;
     trill_kernels_blas_init();
     const int threads = omp_get_max_threads();
-    if (threads == 1 || omp_in_parallel() || (double)M * N * Kd < 1e6) {
-        GEMM(CblasRowMajor, ta, tb, M, N, Kd, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
+    if (threads == 1 || omp_in_parallel() || (double)M * N * Kd < 1e6)
+        return KN(gemm_part)(prec, ta, tb, M, N, Kd, alpha, A, lda, B, B16, ldb, beta, C, ldc) ? KN(gemm_nomem)() : TRILL_OK;
     const int split_m = M >= N, len = split_m ? M : N;
     const int block = ((len + threads - 1) / threads + 15) / 16 * 16;
-#pragma omp parallel for schedule(static)
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
     for (int i = 0; i < threads; i++) {
         int lo = i * block, hi = lo + block < len ? lo + block : len;
         if (lo >= hi) continue;
+        const size_t b_off = tb == CblasTrans ? (size_t)lo * ldb : (size_t)lo;
         if (split_m)
-            GEMM(CblasRowMajor, ta, tb, hi - lo, N, Kd, alpha, ta == CblasNoTrans ? A + (size_t)lo * lda : A + lo, lda, B, ldb,
-                 beta, C + (size_t)lo * ldc, ldc);
+            failed |= KN(gemm_part)(prec, ta, tb, hi - lo, N, Kd, alpha, ta == CblasNoTrans ? A + (size_t)lo * lda : A + lo, lda, B, B16,
+                                    ldb, beta, C + (size_t)lo * ldc, ldc);
         else
-            GEMM(CblasRowMajor, ta, tb, M, hi - lo, Kd, alpha, A, lda, tb == CblasTrans ? B + (size_t)lo * ldb : B + lo, ldb,
-                 beta, C + lo, ldc);
+            failed |= KN(gemm_part)(prec, ta, tb, M, hi - lo, Kd, alpha, A, lda, B ? B + b_off : NULL, B16 ? B16 + b_off : NULL, ldb,
+                                    beta, C + lo, ldc);
     }
+    return failed ? KN(gemm_nomem)() : TRILL_OK;
 }
 
 /* exp(x) for x <= 0 (kernels/exp_nonpos.h): it was most of the attention time with libm's scalar
@@ -59,17 +79,34 @@ static inline REAL KN(sigmoid)(REAL x) {
     return num / (1.0f + e);
 }
 
+trill_status KN(trill_matmul_forward_p)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N, trill_precision prec) {
+    return KN(gemm)(prec, CblasNoTrans, CblasTrans, T, N, K, 1, inp, K, weight, NULL, K, 0, out, N);
+}
+
+trill_status KN(trill_matmul_accumulate_p)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N, REAL alpha,
+                                           trill_precision prec) {
+    return KN(gemm)(prec, CblasNoTrans, CblasTrans, T, N, K, alpha, inp, K, weight, NULL, K, 1, out, N);
+}
+
+trill_status KN(trill_matmul_backward_p)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int K,
+                                         int N, trill_precision prec) {
+    trill_status st = TRILL_OK;
+    if (dinp) st = KN(gemm)(prec, CblasNoTrans, CblasNoTrans, T, K, N, 1, dout, N, weight, NULL, K, 1, dinp, K); /* dinp += dout W */
+    if (!st && dweight) st = KN(gemm)(prec, CblasTrans, CblasNoTrans, N, K, T, 1, dout, N, inp, NULL, K, 1, dweight, K); /* dW += dout^T inp */
+    return st;
+}
+
+/* fp32 cannot fail (no scratch) */
 void KN(trill_matmul_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N) {
-    KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, 1, inp, K, weight, K, 0, out, N);
+    (void)KN(trill_matmul_forward_p)(out, inp, weight, T, K, N, TRILL_PRECISION_FP32);
 }
 
 void KN(trill_matmul_accumulate)(REAL *out, const REAL *inp, const REAL *weight, int T, int K, int N, REAL alpha) {
-    KN(gemm)(CblasNoTrans, CblasTrans, T, N, K, alpha, inp, K, weight, K, 1, out, N);
+    (void)KN(trill_matmul_accumulate_p)(out, inp, weight, T, K, N, alpha, TRILL_PRECISION_FP32);
 }
 
 void KN(trill_matmul_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int K, int N) {
-    if (dinp) KN(gemm)(CblasNoTrans, CblasNoTrans, T, K, N, 1, dout, N, weight, K, 1, dinp, K);   /* dinp += dout W */
-    if (dweight) KN(gemm)(CblasTrans, CblasNoTrans, N, K, T, 1, dout, N, inp, K, 1, dweight, K);  /* dW += dout^T inp */
+    (void)KN(trill_matmul_backward_p)(dinp, dweight, dout, inp, weight, T, K, N, TRILL_PRECISION_FP32);
 }
 
 void KN(trill_rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
@@ -250,11 +287,12 @@ static void KN(attention_gather)(REAL *xs, const REAL *x, size_t qstride, int t0
 /* The tile's probabilities P[rows, end] (end = t0 + nb: the keys up to its last position):
  * P = causal softmax(scale Qs K[0:end]^T), over hd = hd_qk. The forward and the backward both
  * call this, so the backward recomputes bit-identical probabilities. Single-threaded BLAS. */
-static void KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, size_t kstride, int t0, int nb, int rows, int hd,
-                                     REAL scale) {
+static int KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, size_t kstride, int t0, int nb, int rows, int hd,
+                                    REAL scale, trill_precision prec) {
     const int end = t0 + nb;
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd, scale, qs, hd, ks, kstride, 0, p, end);
+    if (KN(gemm_part)(prec, CblasNoTrans, CblasTrans, rows, end, hd, scale, qs, hd, ks, NULL, (int)kstride, 0, p, end)) return -1;
     for (int row = 0; row < rows; row++) KN(attention_softmax_row)(p + (size_t)row * end, t0 + row % nb, end);
+    return 0;
 }
 
 /* Per-thread scratch of the attention kernels, the calling thread's own and kept from call to
@@ -280,7 +318,7 @@ static void KN(attention_scratch)(REAL **bufs, const size_t *sizes, int n, int *
  * O = P V (GEMM). Memory per thread: a [128-ish, max_len] score block. Every output element is
  * computed by one task in a fixed order, so results do not depend on the threads. */
 trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
-                                   int nh, int nkv, int hd_qk, int hd_v, REAL scale) {
+                                   int nh, int nkv, int hd_qk, int hd_v, REAL scale, trill_precision prec) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
     const size_t ostride = (size_t)nh * hd_v;
@@ -297,7 +335,7 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
     trill_kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
     const size_t sizes[3] = { max_rows * max_len, max_rows * hd_qk, max_rows * hd_v };
-    int failed = 0;
+    int failed = 0, gemm_failed = 0;
 #pragma omp parallel
     {
         REAL *bufs[3];
@@ -311,8 +349,12 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
             const int end = t0 + nb, rows = group * nb;
             const REAL *ks = k + (size_t)base * kstride + (size_t)g * hd_qk, *vs = v + (size_t)base * vstride + (size_t)g * hd_v;
             KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd_qk);
-            KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale);
-            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd_v, end, 1, p, end, vs, vstride, 0, os, hd_v);
+            if (KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale, prec) ||
+                KN(gemm_part)(prec, CblasNoTrans, CblasNoTrans, rows, hd_v, end, 1, p, end, vs, NULL, (int)vstride, 0, os, hd_v)) {
+#pragma omp atomic write
+                gemm_failed = 1;
+                continue;
+            }
             for (int a = 0; a < group; a++)
                 for (int r = 0; r < nb; r++)
                     memcpy(out + (size_t)(base + t0 + r) * ostride + (size_t)(g * group + a) * hd_v, os + ((size_t)a * nb + r) * hd_v,
@@ -320,6 +362,7 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
         }
     }
     free(tasks);
+    if (gemm_failed) return KN(gemm_nomem)();
     if (failed)
         return trill_error(TRILL_ERR_NOMEM, "attention: out of memory for the per-thread scratch (%.1f MB each)",
                            (double)(sizes[0] + sizes[1] + sizes[2]) * sizeof(REAL) * 1e-6);
@@ -338,7 +381,8 @@ static int KN(attention_longer_first)(const void *a, const void *b) {
  * (sequence, kv head), tiles in order within it, so the dk/dv rows a task accumulates into
  * are its own and the order of every sum is fixed whatever the threads. */
 trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
-                                    const int *offsets, int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL scale) {
+                                    const int *offsets, int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL scale,
+                                    trill_precision prec) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
     const size_t ostride = (size_t)nh * hd_v;
@@ -351,7 +395,7 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
     trill_kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
     const size_t sizes[5] = { max_rows * max_len, max_rows * max_len, max_rows * hd_qk, max_rows * hd_v, max_rows * hd_qk };
-    int failed = 0;
+    int failed = 0, gemm_failed = 0;
 #pragma omp parallel
     {
         REAL *bufs[5];
@@ -368,9 +412,13 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
                 const int nb = len - t0 < tb ? len - t0 : tb, end = t0 + nb, rows = group * nb;
                 KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd_qk);
                 KN(attention_gather)(dos, dout + (size_t)base * ostride, ostride, t0, nb, g * group, group, hd_v);
-                KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale);
-                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, rows, end, hd_v, 1, dos, hd_v, vs, vstride, 0, dp, end);
-                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd_v, rows, 1, p, end, dos, hd_v, 1, dv + v_off, vstride);
+                if (KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale, prec) ||
+                    KN(gemm_part)(prec, CblasNoTrans, CblasTrans, rows, end, hd_v, 1, dos, hd_v, vs, NULL, (int)vstride, 0, dp, end) ||
+                    KN(gemm_part)(prec, CblasTrans, CblasNoTrans, end, hd_v, rows, 1, p, end, dos, NULL, hd_v, 1, dv + v_off, (int)vstride)) {
+#pragma omp atomic write
+                    gemm_failed = 1;
+                    break;
+                }
                 for (int row = 0; row < rows; row++) { /* softmax backward; dS overwrites dP */
                     const int last = t0 + row % nb;
                     const REAL *pr = p + (size_t)row * end;
@@ -381,8 +429,12 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
                     for (int j = 0; j <= last; j++) dr[j] = pr[j] * (dr[j] - sum);
                     for (int j = last + 1; j < end; j++) dr[j] = 0;
                 }
-                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd_qk, end, scale, dp, end, ks, kstride, 0, dqs, hd_qk);
-                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, end, hd_qk, rows, scale, dp, end, qs, hd_qk, 1, dk + k_off, kstride);
+                if (KN(gemm_part)(prec, CblasNoTrans, CblasNoTrans, rows, hd_qk, end, scale, dp, end, ks, NULL, (int)kstride, 0, dqs, hd_qk) ||
+                    KN(gemm_part)(prec, CblasTrans, CblasNoTrans, end, hd_qk, rows, scale, dp, end, qs, NULL, hd_qk, 1, dk + k_off, (int)kstride)) {
+#pragma omp atomic write
+                    gemm_failed = 1;
+                    break;
+                }
                 for (int a = 0; a < group; a++)
                     for (int r = 0; r < nb; r++) {
                         REAL *dqr = dq + (size_t)(base + t0 + r) * qstride + (size_t)(g * group + a) * hd_qk;
@@ -394,6 +446,7 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
         }
     }
     free(order);
+    if (gemm_failed) return KN(gemm_nomem)();
     if (failed)
         return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for the per-thread scratch (%.1f MB each)",
                            (double)(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * sizeof(REAL) * 1e-6);

@@ -1,5 +1,6 @@
 /* Kernels on stored weights (trill/weight.h): fp32 goes straight to the fp32 kernels; bf16 is
- * widened to fp32 one panel of rows at a time, then multiplied by the threaded sgemm. Widening
+ * widened to fp32 one panel of rows at a time, then multiplied by the threaded sgemm (in bf16
+ * precision the bf16 GEMM packs the stored values as they are). Widening
  * costs one pass over the weight per call against 2*T multiply-adds per element, so it is
  * negligible for the batches training runs. The forward (and the embedding) is exactly the
  * fp32 kernels' on the widened values; the input gradient sums over the output rows panel by
@@ -48,41 +49,48 @@ static trill_status no_panel(size_t n) {
     return trill_error(TRILL_ERR_NOMEM, "out of memory for a %.1f MB panel of widened bf16 weights", (double)n * sizeof(float) * 1e-6);
 }
 
-trill_status trill_matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
-    if (W.f32) {
-        trill_matmul_forward(out, inp, W.f32, T, K, N);
-        return TRILL_OK;
-    }
+trill_status trill_matmul_forward_wp(float *out, const float *inp, trill_weight W, int T, int K, int N, trill_precision prec) {
+    if (W.f32) return trill_matmul_forward_p(out, inp, W.f32, T, K, N, prec);
     if (T == 0 || N == 0) return TRILL_OK;
+    if (prec == TRILL_PRECISION_BF16) /* the bf16 GEMM packs the stored bf16 directly */
+        return trill_kernels_gemm(prec, CblasNoTrans, CblasTrans, T, N, K, 1, inp, K, NULL, W.bf16, K, 0, out, N);
     const int rows = panel_rows(K, N);
     float *panel = panel_buffer((size_t)rows * K);
     if (!panel) return no_panel((size_t)rows * K);
     for (int n0 = 0; n0 < N; n0 += rows) { /* out[:, n0:n0+nb] = inp @ W[n0:n0+nb]^T */
         const int nb = N - n0 < rows ? N - n0 : rows;
         widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
-        trill_kernels_sgemm(CblasNoTrans, CblasTrans, T, nb, K, 1, inp, K, panel, K, 0, out + n0, N);
+        trill_kernels_gemm(prec, CblasNoTrans, CblasTrans, T, nb, K, 1, inp, K, panel, NULL, K, 0, out + n0, N);
     }
     return TRILL_OK;
 }
 
-trill_status trill_matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
-    if (W.f32) {
-        trill_matmul_backward(dinp, dweight, dout, inp, W.f32, T, K, N);
-        return TRILL_OK;
-    }
+trill_status trill_matmul_backward_wp(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N,
+                                      trill_precision prec) {
+    if (W.f32) return trill_matmul_backward_p(dinp, dweight, dout, inp, W.f32, T, K, N, prec);
     /* A programmer's error, not reachable with valid use: a bf16 weight is frozen, and every
      * caller refuses weight gradients of a bf16 model first (trill_model_backward). */
     if (dweight) abort();
     if (!dinp || T == 0 || N == 0) return TRILL_OK;
+    if (prec == TRILL_PRECISION_BF16)
+        return trill_kernels_gemm(prec, CblasNoTrans, CblasNoTrans, T, K, N, 1, dout, N, NULL, W.bf16, K, 1, dinp, K);
     const int rows = panel_rows(K, N);
     float *panel = panel_buffer((size_t)rows * K);
     if (!panel) return no_panel((size_t)rows * K);
     for (int n0 = 0; n0 < N; n0 += rows) { /* dinp += dout[:, n0:n0+nb] @ W[n0:n0+nb] */
         const int nb = N - n0 < rows ? N - n0 : rows;
         widen_parallel(panel, W.bf16 + (size_t)n0 * K, (size_t)nb * K);
-        trill_kernels_sgemm(CblasNoTrans, CblasNoTrans, T, K, nb, 1, dout + n0, N, panel, K, 1, dinp, K);
+        trill_kernels_gemm(prec, CblasNoTrans, CblasNoTrans, T, K, nb, 1, dout + n0, N, panel, NULL, K, 1, dinp, K);
     }
     return TRILL_OK;
+}
+
+trill_status trill_matmul_forward_w(float *out, const float *inp, trill_weight W, int T, int K, int N) {
+    return trill_matmul_forward_wp(out, inp, W, T, K, N, TRILL_PRECISION_FP32);
+}
+
+trill_status trill_matmul_backward_w(float *dinp, float *dweight, const float *dout, const float *inp, trill_weight W, int T, int K, int N) {
+    return trill_matmul_backward_wp(dinp, dweight, dout, inp, W, T, K, N, TRILL_PRECISION_FP32);
 }
 
 void trill_embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C) {

@@ -37,7 +37,8 @@ static trill_status pass_alloc(const trill_model *m, int T, bool training, bool 
     trill_forward_pass *fp = trill_calloc(1, sizeof *fp);
     if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     *fp = (trill_forward_pass){ .m = m, .f = trill_family_layers_of(&m->config), .T = T, .training = training,
-                                .recompute = training && recompute, .lora = m->lora && m->lora->enabled ? m->lora : NULL };
+                                .recompute = training && recompute, .lora = m->lora && m->lora->enabled ? m->lora : NULL,
+                                .precision = m->precision };
     trill_plan p = { 0 };
     assign(fp, &p);
     fp->block = trill_tls_lend(&pass_slot, p.used);
@@ -59,12 +60,11 @@ void trill_forward_pass_free(trill_forward_pass *fp) {
 
 trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa,
                           int n, int K, int N) {
-    trill_status st = trill_matmul_forward_w(out, inp, W, n, K, N);
+    trill_status st = trill_matmul_forward_wp(out, inp, W, n, K, N, fp->precision);
     if (st || !fp->lora || !ad.A) return st;
     const int r = fp->lora->config.rank;
-    trill_matmul_forward(xa, inp, ad.A, n, K, r);
-    trill_matmul_accumulate(out, xa, ad.B, n, r, N, fp->lora->scale);
-    return TRILL_OK;
+    st = trill_matmul_forward_p(xa, inp, ad.A, n, K, r, fp->precision);
+    return st ? st : trill_matmul_accumulate_p(out, xa, ad.B, n, r, N, fp->lora->scale, fp->precision);
 }
 
 static trill_status check_batch(const trill_config *c, const int *tokens, const int *offsets, int n_seqs) {

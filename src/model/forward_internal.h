@@ -56,6 +56,7 @@ struct trill_forward_pass {
     bool recompute;       /* training: keep only each layer's input; the backward re-runs the layer */
     const uint16_t *replay; /* borrowed router-replay ids, or NULL */
     const trill_lora *lora; /* adapters in use (attached and enabled), or NULL */
+    trill_precision precision; /* the model's, when the pass began: of every matmul but the router's */
     int *pos;             /* [T] position within the sequence */
     float *x_first;       /* [T, H] layer 0's input: the embeddings (the family's buffer) */
     float *x_final;       /* [T, H] residual stream after the last layer (the family's buffer) */

@@ -372,6 +372,8 @@ const trill_param *trill_model_tensors(const trill_model *m, size_t *n) {
 }
 trill_dtype trill_model_storage(const trill_model *m) { return m->storage; }
 trill_dtype trill_model_checkpoint_dtype(const trill_model *m) { return m->checkpoint_dtype; }
+void trill_model_set_precision(trill_model *m, trill_precision p) { m->precision = p; }
+trill_precision trill_model_precision(const trill_model *m) { return m->precision; }
 size_t trill_model_bytes(const trill_model *m) { return m->n_f32 * sizeof(float) + m->n_bf16 * sizeof(uint16_t); }
 float *trill_model_params(trill_model *m, size_t *n) {
     *n = m->n_f32;

@@ -26,6 +26,7 @@ typedef struct trill_model {
     size_t layer_size;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
     struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
+    trill_precision precision;    /* of the matrix products of its forward and backward passes */
 } trill_model;
 
 /* Layer l's weights in the family's per-layer struct. */

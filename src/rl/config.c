@@ -46,7 +46,7 @@ typedef struct key {
 } key;
 
 _Static_assert(sizeof(trill_rl_loss) == sizeof(int) && sizeof(trill_gen_format) == sizeof(int) &&
-               sizeof(trill_lr_schedule) == sizeof(int), "K_ENUM fields are stored as int");
+               sizeof(trill_lr_schedule) == sizeof(int) && sizeof(trill_precision) == sizeof(int), "K_ENUM fields are stored as int");
 
 static const char *const GEN_FORMATS[] = { "f32", "bf16", "int8", NULL }; /* trill_gen_format_name order */
 static const char *const VERIFIERS[] = { "none", "exact", "numeric", "demo", NULL };
@@ -60,6 +60,7 @@ static const char *const MIS_LEVELS[] = { "token", "sequence", "geometric", NULL
 static const char *const SCHEDULES[] = { "constant", "linear", "cosine", NULL }; /* trill_lr_schedule_parse order */
 static const char *const SYNC_MODES[] = { "adapter", "merge", NULL };
 static const char *const SFT_MODES[] = { "lora", "full", NULL };
+static const char *const PRECISIONS[] = { "fp32", "bf16", NULL }; /* trill_precision order */
 
 #define F(field) offsetof(trill_rl_config, field)
 #define STRING(p, f, d, doc) { p, K_STRING, F(f), 0, 0, false, false, NULL, d, doc }
@@ -190,6 +191,11 @@ static const key KEYS[] = {
         "Tokens per forward/backward pass; gradients accumulate over as many as a step needs."),
     BOOL("trainer.recompute", trainer.recompute, "false",
          "Activation checkpointing: keep only each layer's input and recompute the rest in the backward pass."),
+    ENUM("trainer.precision", trainer.precision, PRECISIONS, "fp32",
+         "Matrix products of the trainer's forward and backward: fp32, or bf16 operands with fp32 sums as a GPU's bf16 "
+         "GEMMs (master weights, gradients, optimizer, norms, softmax, router logits and loss stay fp32). bf16 runs on "
+         "vdpbf16ps where the CPU has AVX-512 BF16, else on a portable path with the same results; it pays only where "
+         "vdpbf16ps outruns fp32 FMAs (`trill bench train --precision bf16` shows both)."),
     BOOL("trainer.skip_nonfinite", trainer.skip_nonfinite, "false",
          "A minibatch whose loss or gradient is not finite is skipped (counted as `skipped_nonfinite` in the metrics); "
          "false: the run stops with an error naming the step. Never applied, synced or saved either way."),

@@ -574,6 +574,7 @@ trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *m
     /* LoRA: a frozen base in the checkpoint's dtype; full: fp32 master weights (a resumed run's own) */
     trill_status st = trill_model_load_as(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT,
                                           &t->policy);
+    if (!st) trill_model_set_precision(t->policy, c->trainer.precision);
     if (!st && !full) {
         st = resume_dir ? trill_lora_load(t->policy, resume_dir, &t->lora) : trill_lora_create(t->policy, c->trainer.lora, c->seed, &t->lora);
         if (!st) {
@@ -633,6 +634,7 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
     t->c = c;
     trill_status st = trill_model_load_as(model_dir, TRILL_STORE_CHECKPOINT, &t->policy);
     if (!st) {
+        trill_model_set_precision(t->policy, c->trainer.precision);
         const trill_config *mc = trill_model_config(t->policy);
         t->L = mc->n_moe_layers;
         t->K = mc->num_experts_per_tok;

@@ -63,15 +63,14 @@ static trill_status scratch_alloc(grad_scratch *g, const trill_model *m, int T, 
 trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g, float *dinp,
                                    const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
                                    int N) {
-    trill_status st = trill_matmul_backward_w(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N);
+    trill_status st = trill_matmul_backward_wp(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N, fp->precision);
     if (st || !fp->lora || !ad.A) return st;
     const int r = fp->lora->config.rank;
     const float s = fp->lora->scale;
     for (size_t i = 0; i < (size_t)n * N; i++) g->dv_lora[i] = s * dout[i];
     memset(g->dxa, 0, sizeof(float) * (size_t)n * r);
-    trill_matmul_backward(g->dxa, trill_lora_grad_of(sink, ad.B), g->dv_lora, xa, ad.B, n, r, N);
-    trill_matmul_backward(dinp, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r);
-    return TRILL_OK;
+    st = trill_matmul_backward_p(g->dxa, trill_lora_grad_of(sink, ad.B), g->dv_lora, xa, ad.B, n, r, N, fp->precision);
+    return st ? st : trill_matmul_backward_p(dinp, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r, fp->precision);
 }
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }

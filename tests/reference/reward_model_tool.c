@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "trill/kernels.h"
 #include "trill/reward_model.h"
 
 static int fail(const char *what) {
@@ -16,6 +17,7 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
+    trill_blas_restart(argv); /* OpenBLAS's kernels for this CPU */
     if (argc != 4) {
         fprintf(stderr, "usage: reward_model_tool MODEL_DIR IN.jsonl OUT.jsonl\n");
         return 2;

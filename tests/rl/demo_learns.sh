@@ -45,6 +45,13 @@ before=$(pass1 before log2) after=$(pass1 after log2)
 echo "demo, 40 RL steps: held-out pass@1 $before% -> $after%"
 awk -v a="$before" -v b="$after" 'BEGIN { exit !(b - a >= 7) }' || fail "RL raised held-out pass@1 by less than 7 points ($before% -> $after%)"
 
+# the bf16 trainer (trainer.precision: bf16) learns as well: the same 40 steps, the same threshold
+run log3 train run_dir=run3 steps=40 checkpoint.every=0 trainer.precision=bf16
+grep -q "bf16 matmuls" log3 || fail "the run does not say it trains with bf16 matmuls"
+after16=$(pass1 after log3)
+echo "demo, 40 RL steps, bf16 trainer: held-out pass@1 $before% -> $after16%"
+awk -v a="$before" -v b="$after16" 'BEGIN { exit !(b - a >= 7) }' || fail "bf16: RL raised held-out pass@1 by less than 7 points ($before% -> $after16%)"
+
 # trill eval with the run's evaluation settings (eval seed = seed ^ "eval") gives the same figure
 demo=$(ls -d cache/addition-*/)
 run log_eval eval --model "$demo/model" --adapter run2/checkpoints/step-00000040/adapter --data "$demo/eval.jsonl" --verifier demo \

@@ -14,6 +14,7 @@
 
 #include "base/json.h"
 #include "model/lora_internal.h"
+#include "trill/kernels.h"
 #include "trill/lora.h"
 #include "trill/optim.h"
 #include "trill/model.h"
@@ -26,6 +27,7 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
+    trill_blas_restart(argv); /* OpenBLAS's kernels for this CPU */
     if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]\n"); return 2; }
     bool replay = false, recompute = false;
     const char *adapter = NULL;

@@ -147,14 +147,14 @@ enum { AT = 8, ANH = 4, ANKV = 2 };
 typedef struct { double *q, *k, *v; int offsets[3]; int hd, hv; double scale; } at_ctx;
 static void at_fwd(check *c, double *out) {
     at_ctx *a = c->ctx;
-    assert_int_equal(trill_attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale), TRILL_OK);
+    assert_int_equal(trill_attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale, TRILL_PRECISION_FP32), TRILL_OK);
 }
 
 static void attention_case(int hd, int hv, double scale) {
     const size_t nq = AT * ANH * hd, nk = AT * ANKV * hd, nv = AT * ANKV * hv, no = AT * ANH * hv;
     at_ctx a = { randn(nq, 1), randn(nk, 1), randn(nv, 1), { 0, 3, 8 }, hd, hv, scale };
     double *G = randn(no, 1), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nv);
-    assert_int_equal(trill_attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale), TRILL_OK);
+    assert_int_equal(trill_attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
     check c = { at_fwd, &a, no, G };
     char name[3][64];
     for (int i = 0; i < 3; i++) snprintf(name[i], sizeof name[i], "attention %d/%d d%s", hd, hv, i == 0 ? "q" : i == 1 ? "k" : "v");

@@ -146,7 +146,7 @@ static void test_attention(void **state) {
     const float v[3 * 2] = { 1, 2, 3, 4, 7, 8 };
     const int offsets[3] = { 0, 2, 3 };
     float out[3 * 4];
-    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f)), TRILL_OK);
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f), TRILL_PRECISION_FP32), TRILL_OK);
     CLOSE(out[0], 1); CLOSE(out[1], 2); /* first token attends only to itself */
     CLOSE(out[4], 2); CLOSE(out[5], 3); /* head 0, t1: q = 0 -> uniform over t0, t1 */
     /* head 1, t1: scores (1, -1)/sqrt(2) */
@@ -245,9 +245,9 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     attention_reference(rout, rdq, rdk, rdv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale);
 
     /* the gradients accumulate: start from dq0/dk0/dv0 */
-    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
     memcpy(dq, dq0, sizeof(float) * nq), memcpy(dk, dk0, sizeof(float) * nk), memcpy(dv, dv0, sizeof(float) * nv);
-    assert_int_equal(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+    assert_int_equal(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
     double e[4] = { rel_err(out, NULL, rout, no), rel_err(dq, dq0, rdq, nq), rel_err(dk, dk0, rdk, nk), rel_err(dv, dv0, rdv, nv) };
     printf("attention nh %d nkv %d hd %d/%d scale %.4f, %d seqs (T %d): relative error out %.2e dq %.2e dk %.2e dv %.2e\n", nh,
            nkv, hd, hv, scale, n_seqs, T, e[0], e[1], e[2], e[3]);
@@ -260,9 +260,9 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     assert_true(out1 && dq1 && dk1 && dv1);
     for (int nt = 1; nt <= 3; nt += 2) {
         omp_set_num_threads(nt);
-        assert_int_equal(trill_attention_forward(out1, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+        assert_int_equal(trill_attention_forward(out1, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
         memcpy(dq1, dq0, sizeof(float) * nq), memcpy(dk1, dk0, sizeof(float) * nk), memcpy(dv1, dv0, sizeof(float) * nv);
-        assert_int_equal(trill_attention_backward(dq1, dk1, dv1, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale), TRILL_OK);
+        assert_int_equal(trill_attention_backward(dq1, dk1, dv1, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
         assert_memory_equal(out1, out, sizeof(float) * no);
         assert_memory_equal(dq1, dq, sizeof(float) * nq);
         assert_memory_equal(dk1, dk, sizeof(float) * nk);

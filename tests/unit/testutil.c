@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include "model/config_json.h"
+#include "trill/kernels.h"
 #include "trill/rng.h"
 
 #include <setjmp.h>
@@ -11,6 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Every unit test starts with OpenBLAS's kernels for this CPU (trill_blas_restart): run from the
+ * program's initialisers, which glibc calls with main's arguments. */
+__attribute__((constructor)) static void blas_for_this_cpu(int argc, char **argv, char **envp) {
+    (void)argc;
+    (void)envp;
+    trill_blas_restart(argv);
+}
 
 char *test_tmpdir(const char *tag) {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";

@@ -172,7 +172,7 @@ static trill_status attention_block(const trill_forward_pass *fp, const deepseek
     trill_rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, (float)c->rms_norm_eps);
     trill_status st = queries(fp, w, ad, a);
     if (!st) st = keys_values(fp, w, ad, a);
-    if (!st) st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, dv, d->softmax_scale);
+    if (!st) st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, dv, d->softmax_scale, fp->precision);
     if (!st) st = trill_linear(fp, d->out, a->att, w->o, ad->o, a->xa[DXA_O], T, nh * dv, H);
     if (st) return st;
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);

@@ -151,7 +151,7 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     zero(g->dq, (size_t)T * nh * qk);
     zero(g->dk, (size_t)T * nh * qk);
     zero(g->dv, (size_t)T * nh * dv);
-    st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, dv, d->softmax_scale);
+    st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, dv, d->softmax_scale, fp->precision);
     if (st) return st;
     zero(g->dxn, (size_t)T * H);
     if ((st = keys_values_backward(fp, w, ad, a, sink, lg, g)) || (st = queries_backward(fp, w, ad, a, sink, lg, g))) return st;

@@ -85,7 +85,7 @@ static trill_status attention_block(const trill_forward_pass *fp, const qwen3_la
     trill_rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     trill_rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
     trill_rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
-    st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd), fp->precision);
     if (!st) st = trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (st) return st;
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);

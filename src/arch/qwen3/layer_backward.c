@@ -90,7 +90,7 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     zero(g->dq, (size_t)T * nh * hd);
     zero(g->dk, (size_t)T * nkv * hd);
     zero(g->dv, (size_t)T * nkv * hd);
-    st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd));
+    st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd), fp->precision);
     if (st) return st;
     trill_rope_backward(g->dq, fp->pos, q->inv_freq, T, nh, hd);
     trill_rope_backward(g->dk, fp->pos, q->inv_freq, T, nkv, hd);

@@ -1,0 +1,203 @@
+/* The bf16 GEMM of the trainer's bf16 precision (kernels_internal.h).
+ *
+ * C = alpha op(A) op(B) + beta C with both operands rounded to bf16 (nearest even) and the
+ * products summed in fp32, as a GPU's bf16 tensor-core GEMM computes it. Blocked as usual
+ * (Goto): a panel of op(B) of KC × NC is packed once into blocks of 32 columns, a block of
+ * op(A) of MC × KC into slivers of MR rows, and an MR × 32 micro-kernel walks the panel's K
+ * pairs keeping its MR × 32 sums in registers. The packing rounds to bf16, so the operands
+ * stay fp32 (or bf16, for a stored weight) in memory and the caller changes nothing.
+ *
+ * Arithmetic of one output, the same on every path: for each K chunk of KC (in order), a sum
+ * s = 0 over the chunk's pairs (k, k+1) in order: s += a[k+1] b[k+1], then s += a[k] b[k], each
+ * product exact (two bf16 significands fit an fp32 one) and each addition rounded to fp32 (what
+ * vdpbf16ps specifies); then C = beta C + alpha s for the first chunk, C += alpha s after it.
+ * AVX-512 BF16 computes it with vdpbf16ps, any other CPU with the same steps as fmaf (the
+ * generic path): the two agree bit for bit except where vdpbf16ps flushes denormals to zero.
+ * Single-threaded: the caller (ops_impl.h's gemm) splits C across threads. */
+#include <assert.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/tls.h"
+#include "kernels_internal.h"
+#include "trill/dtype.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define BF16_X86 1
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#else
+#define BF16_X86 0
+#endif
+
+/* MR × NR register tile (24 accumulators of 16 lanes, two B vectors, the A pairs broadcast from
+ * memory: 26 of the 32 zmm); a KC × NC packed B panel (2 MB: op(A) is packed once for most N),
+ * its KC × NR slivers (16 KB) staying in L1 while the MC × KC packed A block (48 KB) streams. */
+enum { MR = 12, NR = 32, KC = 256, NC = 4096, MC = 96 };
+
+int trill_kernels_bf16_native(void) {
+#if BF16_X86
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}
+
+/* Element (i, k) of op(X) for a row-major X with leading dimension ld: fp32 or, when x16 is
+ * set, bf16 storage (rounding a bf16 value to bf16 is exact). */
+typedef struct operand {
+    const float *x;
+    const uint16_t *x16;
+    int ld, trans;
+} operand;
+
+static inline uint16_t bf16_at(const operand *o, int i, int k) {
+    const size_t at = o->trans ? (size_t)k * o->ld + i : (size_t)i * o->ld + k;
+    return o->x16 ? o->x16[at] : trill_f32_to_bf16(o->x[at]);
+}
+
+/* Packs op(B)'s rows k0..k0+kc (K) × columns n0..n0+nc (N) as blocks of NR columns: per block
+ * and K pair, NR lanes of (bf16 b[k, n] low, b[k+1, n] high); zeros past K and N. Element (n, k)
+ * of the operand is op(B)[k, n], so `o` reads B^T's (n, k). */
+static void pack_b(uint32_t *dst, const operand *o, int n0, int nc, int k0, int kc) {
+    const int pairs = (kc + 1) / 2;
+    for (int j0 = 0; j0 < nc; j0 += NR)
+        for (int p = 0; p < pairs; p++, dst += NR)
+            for (int l = 0; l < NR; l++) {
+                const int n = j0 + l, k = 2 * p;
+                uint32_t lo = 0, hi = 0;
+                if (n < nc) {
+                    lo = bf16_at(o, n0 + n, k0 + k);
+                    if (k + 1 < kc) hi = bf16_at(o, n0 + n, k0 + k + 1);
+                }
+                dst[l] = lo | hi << 16;
+            }
+}
+
+/* Packs op(A)'s rows m0..m0+mc × K k0..k0+kc as slivers of MR rows: per sliver and pair, MR
+ * (a[m, k] low, a[m, k+1] high); zeros past M and K. */
+static void pack_a(uint32_t *dst, const operand *o, int m0, int mc, int k0, int kc) {
+    const int pairs = (kc + 1) / 2;
+    for (int i0 = 0; i0 < mc; i0 += MR)
+        for (int p = 0; p < pairs; p++, dst += MR)
+            for (int r = 0; r < MR; r++) {
+                const int m = i0 + r, k = 2 * p;
+                uint32_t lo = 0, hi = 0;
+                if (m < mc) {
+                    lo = bf16_at(o, m0 + m, k0 + k);
+                    if (k + 1 < kc) hi = bf16_at(o, m0 + m, k0 + k + 1);
+                }
+                dst[r] = lo | hi << 16;
+            }
+}
+
+/* How one tile's sums s[mr][nr] meet C: first chunk C = beta C + alpha s (C not read when beta
+ * is 0, as BLAS), later chunks C += alpha s. */
+typedef struct tile_out {
+    float *c;
+    int ldc, mr, nr, first;
+    float alpha, beta;
+} tile_out;
+
+static inline float combine(const tile_out *t, float c, float s) {
+    if (!t->first) return c + t->alpha * s;
+    return t->beta == 0 ? t->alpha * s : t->beta * c + t->alpha * s;
+}
+
+static inline float bf16_lo(uint32_t v) { return trill_bf16_to_f32((uint16_t)(v & 0xffff)); }
+static inline float bf16_hi(uint32_t v) { return trill_bf16_to_f32((uint16_t)(v >> 16)); }
+
+/* The specification, lane by lane: the path of CPUs without AVX-512 BF16. */
+static void tile_generic(const uint32_t *a, const uint32_t *b, int pairs, const tile_out *t) {
+    float s[MR][NR];
+    memset(s, 0, sizeof s);
+    for (int p = 0; p < pairs; p++, a += MR, b += NR)
+        for (int r = 0; r < MR; r++) {
+            const float alo = bf16_lo(a[r]), ahi = bf16_hi(a[r]);
+            for (int l = 0; l < NR; l++) {
+                s[r][l] = fmaf(ahi, bf16_hi(b[l]), s[r][l]);
+                s[r][l] = fmaf(alo, bf16_lo(b[l]), s[r][l]);
+            }
+        }
+    for (int r = 0; r < t->mr; r++)
+        for (int l = 0; l < t->nr; l++) {
+            float *c = t->c + (size_t)r * t->ldc + l;
+            *c = combine(t, *c, s[r][l]);
+        }
+}
+
+#if BF16_X86
+AVX512BF16 static void tile_avx512(const uint32_t *a, const uint32_t *b, int pairs, const tile_out *t) {
+    __m512 s[MR][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < MR; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+    for (int p = 0; p < pairs; p++, a += MR, b += NR) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+        _Pragma("GCC unroll 12") for (int r = 0; r < MR; r++) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r]);
+            s[r][0] = _mm512_dpbf16_ps(s[r][0], av, b0);
+            s[r][1] = _mm512_dpbf16_ps(s[r][1], av, b1);
+        }
+    }
+    const __m512 alpha = _mm512_set1_ps(t->alpha), beta = _mm512_set1_ps(t->beta);
+    for (int r = 0; r < t->mr; r++)
+        for (int h = 0; h < 2; h++) {
+            const int valid = t->nr - 16 * h;
+            if (valid <= 0) break;
+            const __mmask16 m = valid >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << valid) - 1);
+            float *c = t->c + (size_t)r * t->ldc + 16 * h;
+            __m512 v = _mm512_mul_ps(alpha, s[r][h]);
+            if (!t->first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), v);
+            else if (t->beta != 0) v = _mm512_add_ps(_mm512_mul_ps(beta, _mm512_maskz_loadu_ps(m, c)), v);
+            _mm512_mask_storeu_ps(c, m, v);
+        }
+}
+#endif
+
+/* Per-thread packing buffers (a B panel and an A block), kept from call to call. */
+static trill_tls_slot pack_slot;
+enum { PACK_B_WORDS = NC * KC / 2, PACK_A_WORDS = MC * KC / 2 }; /* NC, MC: whole NR, MR multiples */
+
+int trill_kernels_gemm_bf16(int native, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+                            const float *A, int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return 0;
+    if (K <= 0) { /* C = beta C, as BLAS */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0 ? 0 : beta * C[(size_t)i * ldc + j];
+        return 0;
+    }
+    uint32_t *bp = trill_tls_buffer(&pack_slot, sizeof(uint32_t) * (PACK_B_WORDS + PACK_A_WORDS));
+    if (!bp) return -1;
+    uint32_t *ap = bp + PACK_B_WORDS;
+    /* op(B)[k, n] is B^T's (n, k): read B transposed relative to tb */
+    const operand oa = { A, NULL, lda, ta != CblasNoTrans }, ob = { B, B16, ldb, tb == CblasNoTrans };
+    void (*tile)(const uint32_t *, const uint32_t *, int, const tile_out *) = tile_generic;
+#if BF16_X86
+    if (native) tile = tile_avx512;
+#else
+    (void)native;
+#endif
+    for (int n0 = 0; n0 < N; n0 += NC) {
+        const int nc = N - n0 < NC ? N - n0 : NC;
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            const int kc = K - k0 < KC ? K - k0 : KC, pairs = (kc + 1) / 2;
+            pack_b(bp, &ob, n0, nc, k0, kc);
+            for (int m0 = 0; m0 < M; m0 += MC) {
+                const int mc = M - m0 < MC ? M - m0 : MC;
+                pack_a(ap, &oa, m0, mc, k0, kc);
+                for (int j = 0; j < nc; j += NR)
+                    for (int i = 0; i < mc; i += MR) {
+                        const tile_out t = { .c = C + (size_t)(m0 + i) * ldc + n0 + j,
+                                             .ldc = ldc,
+                                             .mr = mc - i < MR ? mc - i : MR,
+                                             .nr = nc - j < NR ? nc - j : NR,
+                                             .first = k0 == 0,
+                                             .alpha = alpha,
+                                             .beta = beta };
+                        tile(ap + (size_t)i * pairs, bp + (size_t)j * pairs, pairs, &t);
+                    }
+            }
+        }
+    }
+    return 0;
+}
