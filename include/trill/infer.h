@@ -161,9 +161,13 @@ int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max);
  * taken. *bytes (optional) receives what the update moved in the engine's format. */
 
 /* Adapter mode: LoRA tensors for every targeted layer (attention, dense MLP, each expert,
- * lm_head), applied on the side of the base weights, y = W x + s B (A x) in fp32; NULL removes
- * the adapters. lora must have been made for this model's architecture. */
+ * lm_head), applied on the side of the base weights, y = W x + s B (A x), kept in fp32 beside
+ * f32 weights and in bf16 beside bf16 and int8 ones (the model's dtype, as serving engines keep
+ * LoRA; never int8); NULL removes the adapters. lora must have been made for this model's
+ * architecture. *bytes: the LoRA tensors handed over (fp32). */
 trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes);
+/* Bytes of the adapters the engine applies now, as it keeps them (0: none). */
+size_t trill_engine_adapter_bytes(const trill_engine *e);
 /* Merge mode: full weights (the sender folded the LoRA delta in) replace the engine's, converted
  * to its format. */
 trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes);

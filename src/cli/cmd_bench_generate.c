@@ -157,8 +157,9 @@ static trill_status adapter_cost(trill_model *m, const trill_lora *lora, const t
         double lo = ratio[0], hi = ratio[0];
         for (int r = 1; r < ADAPTER_ROUNDS; r++) { lo = ratio[r] < lo ? ratio[r] : lo; hi = ratio[r] > hi ? ratio[r] : hi; }
         printf("  batch %d: adapter mode (rank 16, all linear layers) %.2fx slower than merged weights (median of %d alternating rounds, "
-               "%.2f-%.2f; %.1f against %.1f tokens/s on average)\n",
-               batch, trill_median(ratio, ADAPTER_ROUNDS), ADAPTER_ROUNDS, lo, hi, tps[1], tps[0]);
+               "%.2f-%.2f; %.1f against %.1f tokens/s on average; the adapters %.1f MB in %s beside %.1f MB of weights)\n",
+               batch, trill_median(ratio, ADAPTER_ROUNDS), ADAPTER_ROUNDS, lo, hi, tps[1], tps[0], trill_engine_adapter_bytes(adapted) / 1e6,
+               trill_gen_format_name(ec->format == TRILL_GEN_F32 ? TRILL_GEN_F32 : TRILL_GEN_BF16), trill_engine_weight_bytes(plain) / 1e6);
     }
     trill_engine_free(plain);
     trill_engine_free(adapted);

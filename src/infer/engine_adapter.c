@@ -1,5 +1,6 @@
 /* Adapters and live updates (engine_internal.h). Adapters are LoRA on the side of the base
- * weights (y = W x + s B (A x), fp32 gen matrices, the A of a fused matrix's parts stacked).
+ * weights (y = W x + s B (A x), gen matrices in the adapter format, the A of a fused matrix's
+ * parts stacked).
  * An update, adapters or merged weights, is built in the caller's thread, posted to the mailbox
  * (a newer one replaces one not yet taken) and taken whole at the start of the next step. */
 #include <math.h>
@@ -25,10 +26,15 @@ static void free_lora_slots(const trill_config *c, eng_lora_layer *L) {
         free(L->experts[r]);
     }
     for (int h = 0; h < ENG_HEAD_SLOTS; h++) {
-        for (int x = 0; L->heads[h] && x < c->num_attention_heads; x++) trill_gen_matrix_free(&L->heads[h][x]);
-        free(L->heads[h]);
+        eng_head_lora *hl = &L->heads[h];
+        for (int x = 0; hl->shrink && x < (hl->shrink_per_head ? c->num_attention_heads : 1); x++) trill_gen_matrix_free(&hl->shrink[x]);
+        for (int x = 0; hl->expand && x < (hl->expand_per_head ? c->num_attention_heads : 1); x++) trill_gen_matrix_free(&hl->expand[x]);
+        free(hl->shrink);
+        free(hl->expand);
     }
 }
+
+trill_gen_format trill_eng_adapter_format(trill_gen_format weights) { return weights == TRILL_GEN_F32 ? TRILL_GEN_F32 : TRILL_GEN_BF16; }
 
 void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad) {
     if (!ad) return;
@@ -40,7 +46,8 @@ void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad) {
 
 /* The adapter of a matrix made of n_parts modules of cols[p] outputs each (pairs[p].A NULL:
  * that module has no adapter). */
-static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const int *cols, int n_parts, int K, int r, size_t *bytes) {
+static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const int *cols, int n_parts, int K, eng_adapter *ad) {
+    const int r = ad->rank;
     if (n_parts < 1 || n_parts > ENG_MAX_PARTS) return trill_error(TRILL_ERR_INVALID, "engine: a matrix of %d parts", n_parts);
     int na = 0;
     for (int p = 0; p < n_parts; p++) na += pairs[p].A != NULL;
@@ -51,13 +58,13 @@ static trill_status make_lora(eng_lora *el, const trill_lora_pair *pairs, const 
     for (int p = 0, a = 0, col = 0; p < n_parts; col += cols[p], p++) {
         if (!pairs[p].A) continue;
         memcpy(A + (size_t)a * r * K, pairs[p].A, sizeof(float) * (size_t)r * K);
-        if (!st) st = trill_gen_matrix_create(&el->B[a], TRILL_GEN_F32, pairs[p].B, NULL, cols[p], r);
+        if (!st && !(st = trill_gen_matrix_create(&el->B[a], ad->format, pairs[p].B, NULL, cols[p], r))) ad->resident += el->B[a].bytes;
         el->col0[a] = col;
         el->cols[a] = cols[p];
-        *bytes += sizeof(float) * ((size_t)r * K + (size_t)cols[p] * r);
+        ad->bytes += sizeof(float) * ((size_t)r * K + (size_t)cols[p] * r);
         a++;
     }
-    if (!st) st = trill_gen_matrix_create(&el->A, TRILL_GEN_F32, A, NULL, na * r, K);
+    if (!st && !(st = trill_gen_matrix_create(&el->A, ad->format, A, NULL, na * r, K))) ad->resident += el->A.bytes;
     free(A);
     el->n_adapted = na;
     return st;
@@ -88,13 +95,14 @@ static trill_status adapt_matrix(void *ctx, const eng_group *g) {
         dst = &L->experts[g->role][g->expert];
     }
     if (!n_adapted) return TRILL_OK;
-    return make_lora(dst, pairs, cols, g->n_parts, (int)b->e->tensors[g->parts[0]].shape[1], b->ad->rank, &b->ad->bytes);
+    return make_lora(dst, pairs, cols, g->n_parts, (int)b->e->tensors[g->parts[0]].shape[1], b->ad);
 }
 
 static trill_status fill_adapter(eng_adapter *ad, const trill_engine *e, const trill_lora *lora) {
     const trill_config *c = &e->c;
     ad->rank = lora->config.rank;
     ad->scale = lora->scale;
+    ad->format = trill_eng_adapter_format(e->cfg.format);
     if (!(ad->layers = trill_calloc((size_t)c->num_hidden_layers, sizeof *ad->layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_lora_pair *pair_of = trill_calloc(e->n_tensors ? e->n_tensors : 1, sizeof *pair_of);
     if (!pair_of) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -228,6 +236,8 @@ trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, 
     post_update(e, true, w, false, NULL, version);
     return TRILL_OK;
 }
+
+size_t trill_engine_adapter_bytes(const trill_engine *e) { return e->ad ? e->ad->resident : 0; }
 
 trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes) {
     eng_adapter *ad = NULL;

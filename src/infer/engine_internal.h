@@ -61,7 +61,9 @@ typedef struct eng_weights {
 
 /* LoRA on one engine matrix, whose output columns may be several fused modules ("parts"):
  * y[:, part p] += scale * (x A_p^T) B_p^T. The adapted parts' A are stacked into one matrix so
- * x is read once; everything in TRILL_GEN_F32 (the adapters are small, and stay exact). */
+ * x is read once. In the adapter format (eng_adapter.format): fp32 beside fp32 weights, bf16
+ * beside bf16 and int8 ones, as serving engines keep LoRA in the model's dtype: at decode the
+ * adapters are read from memory every step, beside the base weights. */
 typedef struct eng_lora {
     int n_adapted;       /* 0: no adapter on this matrix */
     gen_matrix A;        /* [n_adapted * r, K] */
@@ -69,11 +71,19 @@ typedef struct eng_lora {
     int col0[ENG_MAX_PARTS], cols[ENG_MAX_PARTS];
 } eng_lora;
 
+/* A rank-r side path of a per-head matrix (eng_layer.heads): y_h += scale * expand_h (shrink_h
+ * x_h), each of the two either one matrix per head or one shared by every head (MLA's absorbed
+ * kv_b_proj: B's rows are per head, A is shared). shrink NULL: none. */
+typedef struct eng_head_lora {
+    gen_matrix *shrink, *expand; /* [num_attention_heads] when *_per_head, else [1] */
+    int shrink_per_head, expand_per_head;
+} eng_head_lora;
+
 /* One layer's adapters, slot by slot as eng_layer (n_adapted 0 where there is none). */
 typedef struct eng_lora_layer {
     eng_lora m[ENG_MAX_ROLES];
     eng_lora *experts[ENG_MAX_ROLES]; /* [num_experts] */
-    gen_matrix *heads[ENG_HEAD_SLOTS]; /* [num_attention_heads] derived per head (trill_eng_family.derive_adapter), fp32, or NULL */
+    eng_head_lora heads[ENG_HEAD_SLOTS]; /* the family's per-head side paths (trill_eng_family.derive_adapter) */
 } eng_lora_layer;
 
 /* A set of adapters, applied on the side of the base weights (adapter sync mode). */
@@ -82,8 +92,13 @@ typedef struct eng_adapter {
     float scale;
     eng_lora_layer *layers;
     eng_lora_layer global;
-    size_t bytes;
+    trill_gen_format format; /* of every matrix: trill_eng_adapter_format(the weights') */
+    size_t bytes;            /* the fp32 LoRA tensors it was made from (what an update ships) */
+    size_t resident;         /* its matrices as the engine keeps them */
 } eng_adapter;
+
+/* The adapters' format beside weights in `weights`: fp32 with fp32, else bf16 (never int8). */
+trill_gen_format trill_eng_adapter_format(trill_gen_format weights);
 
 /* One engine matrix as the table describes it: the indices (into the model's tensors) of its
  * parts in fuse_index order; layer -1 for a global one. */

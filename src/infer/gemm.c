@@ -261,16 +261,22 @@ typedef struct tile {
     size_t xstep;         /* bytes per group: 4, or 8 for bf16 widened to fp32 */
     int steps;
     float *out;           /* &out[t0, b0 * 16] */
-    size_t ldo;           /* N */
+    size_t ldo;           /* out's row stride */
     int nvalid;           /* channels of the tile that exist (< nb * 16 at the end of N) */
     const float *sx;      /* int8: scale_x from row t0 */
     const float *sw;      /* int8: scale_w from channel b0 * 16 */
     const int32_t *wsum;  /* int8: weight sums from channel b0 * 16 */
+    int accumulate;       /* 0: out = result; 1: out = fmaf(scale, result, out) */
+    float scale;
 } tile;
 
-/* Stores 16 lanes of channel results, only those that exist. */
-static inline void store_lanes(float *dst, const float v[LANES], int nvalid) {
-    memcpy(dst, v, sizeof(float) * (size_t)(nvalid < LANES ? nvalid : LANES));
+/* Stores 16 lanes of channel results, only those that exist, or adds them scaled (one rounding:
+ * the fused multiply-add the side path's `y += s * d` compiles to). */
+static inline void store_lanes(const tile *a, float *dst, const float v[LANES], int nvalid) {
+    const int n = nvalid < LANES ? nvalid : LANES;
+    if (!a->accumulate) memcpy(dst, v, sizeof(float) * (size_t)n);
+    else
+        for (int l = 0; l < n; l++) dst[l] = fmaf(a->scale, v[l], dst[l]);
 }
 
 static inline uint32_t load_group(const uint8_t *p) {
@@ -313,7 +319,7 @@ static void tile_generic(const tile *a, int rt, int nb) {
                     res[l] = (float)acc * a->sx[r] * a->sw[b * LANES + l];
                 }
             }
-            store_lanes(a->out + (size_t)r * a->ldo + (size_t)b * LANES, res, a->nvalid - b * LANES);
+            store_lanes(a, a->out + (size_t)r * a->ldo + (size_t)b * LANES, res, a->nvalid - b * LANES);
         }
 }
 
@@ -414,7 +420,7 @@ AVX2 static ALWAYS_INLINE void tile_avx2_body(const tile *a, const trill_gen_for
                 }
                 _mm256_storeu_ps(res + h * 8, v);
             }
-            store_lanes(a->out + (size_t)r * a->ldo + (size_t)b * LANES, res, a->nvalid - b * LANES);
+            store_lanes(a, a->out + (size_t)r * a->ldo + (size_t)b * LANES, res, a->nvalid - b * LANES);
         }
 }
 
@@ -451,7 +457,7 @@ AVX512 static ALWAYS_INLINE void tile_avx512_body(const tile *a, const trill_gen
                 v = _mm512_mul_ps(v, _mm512_load_ps(a->sw + b * LANES));
             }
             _mm512_storeu_ps(res, v);
-            store_lanes(a->out + (size_t)r * a->ldo + (size_t)b * LANES, res, a->nvalid - b * LANES);
+            store_lanes(a, a->out + (size_t)r * a->ldo + (size_t)b * LANES, res, a->nvalid - b * LANES);
         }
 }
 
@@ -587,23 +593,24 @@ static trill_tls_slot gen_scratch_slot; /* the generator's activation scratch */
  * tied to OpenMP's workers, whose threads come and go with the team size. */
 static uint8_t *scratch(size_t bytes) { return trill_tls_buffer(&gen_scratch_slot, bytes); }
 
-/* How the activations of one call are laid out for the kernels. */
+/* How the activations of one product are laid out for the kernels. */
 typedef struct act_layout {
     trill_gen_format format;
     int K, steps, T;
+    size_t ldi;       /* the fp32 input's row stride, in floats */
     int widened;      /* bf16 as rounded fp32 values (AVX2, generic) rather than bf16 pairs */
     int offset;       /* int8: 128 for vpdpbusd's unsigned operand, else 0 */
     size_t xstep, xrow;
 } act_layout;
 
-static size_t act_bytes(const act_layout *l) { return l->xrow * l->T + sizeof(float) * (size_t)l->T; }
+static size_t act_bytes(const act_layout *l) { return ((l->xrow * l->T + sizeof(float) * (size_t)l->T) + 63) & ~(size_t)63; }
 
 /* Rows [t0, t1) of inp into buf (rows of xrow bytes, then T int8 row scales). */
 static void convert_rows(uint8_t *buf, const float *inp, int t0, int t1, const act_layout *l) {
     float *sx = (float *)(void *)(buf + l->xrow * l->T); /* xrow is a multiple of 4 */
     for (int t = t0; t < t1; t++) {
         uint8_t *dst = buf + l->xrow * t;
-        const float *src = inp + (size_t)t * l->K;
+        const float *src = inp + (size_t)t * l->ldi;
         if (l->format == TRILL_GEN_INT8) sx[t] = int8_row(dst, src, l->K, l->steps * 4, l->offset);
         else if (l->widened) bf16_row_widened((float *)(void *)dst, src, l->K, l->steps * 2);
         else bf16_row((uint16_t *)(void *)dst, src, l->K, l->steps * 2);
@@ -650,67 +657,156 @@ trill_status trill_gen_matmul(float *out, const float *inp, const gen_matrix *W,
 }
 
 trill_status trill_gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa) {
-    assert(trill_gen_isa_supported(isa));
-    if (T <= 0) return TRILL_OK;
+    const gen_product p = { .out = out, .inp = inp, .W = W, .T = T };
+    return trill_gen_matmul_many_isa(&p, 1, isa);
+}
+
+trill_status trill_gen_matmul_many(const gen_product *p, int n) {
+    gen_isa isa;
+    trill_status st = trill_gen_isa_active(&isa);
+    return st ? st : trill_gen_matmul_many_isa(p, n, isa);
+}
+
+/* What one product of a batch needs in the parallel region. */
+typedef struct product_plan {
+    act_layout l;
+    int nblocks, convert;
+    int source;        /* the product whose converted rows this one reads (itself, or an earlier one with the same input) */
+    size_t buf_off;    /* source: where its converted rows start in a slice of scratch */
+    size_t rows0;      /* source: its first row among all converted rows */
+    int64_t cost0, bcost; /* the batch's work before this product, and per block of 16 channels (T × steps) */
+} product_plan;
+
+static trill_tls_slot gen_plan_slot; /* the plans of the calling thread's batch */
+
+/* Blocks [*b0, *b1) of product p for the thread whose share of the batch's work is [c0, c1): the
+ * blocks whose work starts in it, so the shares cover each product's blocks once, in contiguous
+ * runs (each core streams its own weight rows). */
+static void share_of(const product_plan *pp, int64_t c0, int64_t c1, int *b0, int *b1) {
+    const int64_t bc = pp->bcost > 0 ? pp->bcost : 1;
+    int64_t lo = c0 - pp->cost0, hi = c1 - pp->cost0;
+    lo = lo <= 0 ? 0 : (lo + bc - 1) / bc;
+    hi = hi <= 0 ? 0 : (hi + bc - 1) / bc;
+    *b0 = (int)(lo < pp->nblocks ? lo : pp->nblocks);
+    *b1 = (int)(hi < pp->nblocks ? hi : pp->nblocks);
+}
+
+static void run_blocks(const gen_product *p, const product_plan *pp, const uint8_t *x, const float *sx, int b_begin, int b_end,
+                       gen_isa isa) {
+    const gen_matrix *W = p->W;
     const trill_gen_format f = W->format;
-    const int N = W->N, K = W->K, steps = steps_of(f, K), nblocks = blocks_of(N);
-    act_layout l = { .format = f, .K = K, .steps = steps, .T = T, .widened = f == TRILL_GEN_BF16 && isa != GEN_ISA_AVX512,
-                     .offset = f == TRILL_GEN_INT8 && isa == GEN_ISA_AVX512 ? 128 : 0 };
-    l.xstep = l.widened ? 8 : 4;
-    l.xrow = (size_t)steps * l.xstep;
-    const int parallel = !omp_in_parallel() && (double)T * N * K >= 65536;
+    const tile_fn kernel = tile_kernel(isa, f);
+    const int rt_max = TILE_SHAPE[isa][f].rt, nb_max = p->T == 1 ? GEMV_NB : TILE_SHAPE[isa][f].nb, steps = pp->l.steps;
+    const size_t ldo = p->ldo ? p->ldo : (size_t)W->N;
+    for (int b0 = b_begin; b0 < b_end; b0 += nb_max) {
+        const int nb = b_end - b0 < nb_max ? b_end - b0 : nb_max;
+        for (int t0 = 0; t0 < p->T; t0 += rt_max) {
+            const int rt = p->T - t0 < rt_max ? p->T - t0 : rt_max;
+            const tile a = {
+                .format = f,
+                .w = (const uint8_t *)W->data + (size_t)b0 * steps * STEP_BYTES,
+                .wblock = (size_t)steps * STEP_BYTES,
+                .x = x + pp->l.xrow * t0,
+                .xrow = pp->l.xrow,
+                .xstep = pp->l.xstep,
+                .steps = steps,
+                .out = p->out + (size_t)t0 * ldo + (size_t)b0 * LANES,
+                .ldo = ldo,
+                .nvalid = W->N - b0 * LANES,
+                .sx = sx ? sx + t0 : NULL,
+                .sw = W->scale ? W->scale + (size_t)b0 * LANES : NULL,
+                .wsum = W->wsum ? W->wsum + (size_t)b0 * LANES : NULL,
+                .accumulate = p->accumulate,
+                .scale = p->scale,
+            };
+            kernel(&a, rt, nb);
+        }
+    }
+}
+
+trill_status trill_gen_matmul_many_isa(const gen_product *p, int n, gen_isa isa) {
+    assert(trill_gen_isa_supported(isa));
+    if (n <= 0) return TRILL_OK;
+    product_plan *plan = trill_tls_buffer(&gen_plan_slot, sizeof(product_plan) * (size_t)n);
+    if (!plan) return trill_error(TRILL_ERR_NOMEM, "out of memory for the plan of %d matrix products", n);
+    int64_t cost = 0;
+    double macs = 0;
+    size_t slice = 0, rows = 0, convert_elems = 0;
+    for (int i = 0; i < n; i++) {
+        const gen_matrix *W = p[i].W;
+        const trill_gen_format f = W->format;
+        product_plan *pp = &plan[i];
+        const int T = p[i].T > 0 ? p[i].T : 0;
+        pp->l = (act_layout){ .format = f, .K = W->K, .steps = steps_of(f, W->K), .T = T, .ldi = p[i].ldi ? p[i].ldi : (size_t)W->K,
+                              .widened = f == TRILL_GEN_BF16 && isa != GEN_ISA_AVX512,
+                              .offset = f == TRILL_GEN_INT8 && isa == GEN_ISA_AVX512 ? 128 : 0 };
+        pp->l.xstep = pp->l.widened ? 8 : 4;
+        pp->l.xrow = f == TRILL_GEN_F32 ? pp->l.ldi * 4 : (size_t)pp->l.steps * pp->l.xstep;
+        pp->nblocks = T ? blocks_of(W->N) : 0;
+        pp->convert = f != TRILL_GEN_F32 && T > 0;
+        pp->cost0 = cost;
+        pp->bcost = (int64_t)T * pp->l.steps;
+        cost += pp->bcost * pp->nblocks;
+        macs += (double)T * W->N * W->K;
+        pp->source = i;
+        if (!pp->convert) continue;
+        for (int j = 0; j < i; j++) /* the same rows converted the same way: once */
+            if (plan[j].convert && p[j].inp == p[i].inp && plan[j].l.ldi == pp->l.ldi && plan[j].l.K == pp->l.K && plan[j].l.T == T &&
+                plan[j].l.format == f && plan[j].source == j) {
+                pp->source = j;
+                break;
+            }
+        if (pp->source != i) continue;
+        pp->buf_off = slice;
+        pp->rows0 = rows;
+        slice += act_bytes(&pp->l);
+        rows += (size_t)T;
+        convert_elems += (size_t)T * pp->l.K;
+    }
+    if (cost == 0) return TRILL_OK;
+    const int parallel = !omp_in_parallel() && macs >= 65536;
     const int threads = parallel ? omp_get_max_threads() : 1;
     /* Small batches (decode): every thread converts all rows into its own slice, which costs less
      * than the barrier after a shared conversion. */
-    const int convert = f != TRILL_GEN_F32, private_rows = (size_t)T * K <= 16384;
-    const size_t slice = (act_bytes(&l) + 63) & ~(size_t)63;
-    uint8_t *buf_all = convert ? scratch(slice * (private_rows ? threads : 1)) : NULL;
-    if (convert && !buf_all)
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for %.1f MB of converted activations (%s matrix [%d, %d], %d rows)",
-                           (double)(slice * (private_rows ? threads : 1)) * 1e-6, trill_gen_format_name(f), N, K, T);
-    const tile_fn kernel = tile_kernel(isa, f);
-    const int rt_max = TILE_SHAPE[isa][f].rt, nb_max = T == 1 ? GEMV_NB : TILE_SHAPE[isa][f].nb;
+    const int private_rows = convert_elems <= 16384;
+    uint8_t *buf_all = slice ? scratch(slice * (private_rows ? threads : 1)) : NULL;
+    if (slice && !buf_all)
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for %.1f MB of converted activations (%d matrix products, %zu rows)",
+                           (double)(slice * (private_rows ? threads : 1)) * 1e-6, n, rows);
 
 #pragma omp parallel num_threads(threads) if (parallel)
     {
-        const uint8_t *x = (const uint8_t *)inp;
-        const float *sx = NULL;
-        if (convert) {
-            uint8_t *buf = buf_all;
-            if (private_rows) {
-                buf += slice * omp_get_thread_num();
-                convert_rows(buf, inp, 0, T, &l);
-            } else {
-#pragma omp for schedule(static)
-                for (int t = 0; t < T; t++) convert_rows(buf, inp, t, t + 1, &l);
-            }
-            x = buf;
-            sx = (const float *)(const void *)(buf + l.xrow * T);
-        }
-        /* Contiguous runs of blocks per thread: each core streams its own weight rows. */
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int b_begin = (int)((long long)nblocks * id / nt), b_end = (int)((long long)nblocks * (id + 1) / nt);
-        for (int b0 = b_begin; b0 < b_end; b0 += nb_max) {
-            const int nb = b_end - b0 < nb_max ? b_end - b0 : nb_max;
-            for (int t0 = 0; t0 < T; t0 += rt_max) {
-                const int rt = T - t0 < rt_max ? T - t0 : rt_max;
-                const tile a = {
-                    .format = f,
-                    .w = (const uint8_t *)W->data + (size_t)b0 * steps * STEP_BYTES,
-                    .wblock = (size_t)steps * STEP_BYTES,
-                    .x = x + l.xrow * t0,
-                    .xrow = l.xrow,
-                    .xstep = l.xstep,
-                    .steps = steps,
-                    .out = out + (size_t)t0 * N + (size_t)b0 * LANES,
-                    .ldo = (size_t)N,
-                    .nvalid = N - b0 * LANES,
-                    .sx = sx ? sx + t0 : NULL,
-                    .sw = W->scale ? W->scale + (size_t)b0 * LANES : NULL,
-                    .wsum = W->wsum ? W->wsum + (size_t)b0 * LANES : NULL,
-                };
-                kernel(&a, rt, nb);
+        uint8_t *buf = buf_all;
+        if (slice) {
+            if (private_rows) buf += slice * id;
+            /* private: all rows; shared: this thread's run of the batch's rows, then a barrier */
+            const size_t r0 = private_rows ? 0 : rows * id / nt, r1 = private_rows ? rows : rows * (id + 1) / nt;
+            for (int i = 0; i < n; i++) {
+                const product_plan *pp = &plan[i];
+                if (!pp->convert || pp->source != i || pp->rows0 >= r1 || pp->rows0 + pp->l.T <= r0) continue;
+                const int t0 = r0 > pp->rows0 ? (int)(r0 - pp->rows0) : 0, t1 = r1 < pp->rows0 + pp->l.T ? (int)(r1 - pp->rows0) : pp->l.T;
+                convert_rows(buf + pp->buf_off, p[i].inp, t0, t1, &pp->l);
             }
+            if (!private_rows) {
+#pragma omp barrier
+            }
+        }
+        const int64_t c0 = cost * id / nt, c1 = cost * (id + 1) / nt;
+        for (int i = 0; i < n; i++) {
+            const product_plan *pp = &plan[i];
+            if (pp->cost0 >= c1 || pp->cost0 + pp->bcost * pp->nblocks <= c0) continue;
+            int b0, b1;
+            share_of(pp, c0, c1, &b0, &b1);
+            if (b0 >= b1) continue;
+            const uint8_t *x = (const uint8_t *)p[i].inp;
+            const float *sx = NULL;
+            if (pp->convert) {
+                const product_plan *src = &plan[pp->source];
+                x = buf + src->buf_off;
+                sx = (const float *)(const void *)(x + src->l.xrow * src->l.T);
+            }
+            run_blocks(&p[i], pp, x, sx, b0, b1, isa);
         }
     }
     return TRILL_OK;

@@ -69,6 +69,30 @@ trill_status trill_gen_matmul(float *out, const float *inp, const gen_matrix *W,
 /* The same on a chosen instruction set (tests and benchmarks); it must be supported. */
 trill_status trill_gen_matmul_isa(float *out, const float *inp, const gen_matrix *W, int T, gen_isa isa);
 
+/* One product of a batch: out[t, n] for t < T, n < W->N (row stride ldo; 0: W->N) from inp[t, k]
+ * for k < W->K (row stride ldi; 0: W->K), as trill_gen_matmul computes it, and either stored or,
+ * with `accumulate`, added as out = fmaf(scale, product, out): an adapter's expand (y += s (x A^T)
+ * B^T) straight into the columns of y it adapts, rounded once. */
+typedef struct gen_product {
+    float *out;
+    const float *inp;
+    const gen_matrix *W;
+    int T;
+    size_t ldo, ldi;
+    int accumulate;
+    float scale;
+} gen_product;
+
+/* Products p[0..n) in one parallel region (one fork rather than one per matrix: a layer's skinny
+ * adapter matrices, or a MoE layer's experts): the batch's work (rows × K groups per 16-channel
+ * block) is split in contiguous runs over the threads, and products reading the same input (the
+ * same pointer, stride, K, T and format) convert it once. Each output is bit-identical to
+ * trill_gen_matmul's for that product alone (batch invariance holds across products too). The
+ * products run concurrently: their outputs must not overlap each other or any product's input.
+ * Inside a parallel region the batch runs on the calling thread alone. Fails as trill_gen_matmul. */
+trill_status trill_gen_matmul_many(const gen_product *p, int n);
+trill_status trill_gen_matmul_many_isa(const gen_product *p, int n, gen_isa isa);
+
 /* The compute peak of the instruction a format's kernel is built on, measured now with
  * register-only loops on all OpenMP threads (GFLOP/s, 2 per multiply-add; 0 if isa is not
  * supported), and that instruction's name: the yardstick for the kernels' GFLOP/s. */

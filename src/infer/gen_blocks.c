@@ -6,32 +6,24 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/tls.h"
 #include "kernels/exp_nonpos.h"
 #include "trill/kernels.h"
 
 /* ---- the adapters' side path ---- */
 
-trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows, size_t cols, size_t out_floats) {
-    if (r <= b->rank) return TRILL_OK;
-    if (rows * cols > out_floats) out_floats = rows * cols;
-    /* the new buffers first: when they cannot be had, the adapters in use keep theirs */
-    float *xa = trill_malloc(sizeof(float) * rows * 3 * (size_t)r), *in = trill_malloc(sizeof(float) * rows * (size_t)r);
-    float *out = trill_malloc(sizeof(float) * out_floats);
-    if (!xa || !in || !out) {
-        free(xa);
-        free(in);
-        free(out);
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d)", r);
-    }
+trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows) {
+    if (r <= b->rank && rows <= b->rows) return TRILL_OK;
+    /* the new buffer first: when it cannot be had, the adapters in use keep theirs */
+    float *xa = trill_malloc(sizeof(float) * rows * 3 * (size_t)r);
+    if (!xa) return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapter path (rank %d, %zu rows)", r, rows);
     trill_gen_lora_buf_free(b);
-    *b = (gen_lora_buf){ .xa = xa, .in = in, .out = out, .rank = r, .cols = (int)cols };
+    *b = (gen_lora_buf){ .xa = xa, .rank = r, .rows = rows };
     return TRILL_OK;
 }
 
 void trill_gen_lora_buf_free(gen_lora_buf *b) {
     free(b->xa);
-    free(b->in);
-    free(b->out);
     *b = (gen_lora_buf){ 0 };
 }
 
@@ -39,30 +31,38 @@ void trill_gen_gather_rows(float *dst, const float *src, int rows, int width, in
     for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * width, src + (size_t)r * stride + offset, sizeof(float) * width);
 }
 
-trill_status trill_gen_apply_lora(const trill_engine *e, gen_lora_buf *b, const eng_lora *el, float *y, int width, const float *x, int T,
-                                  int row0) {
-    if (el->n_adapted == 0 || T == 0) return TRILL_OK;
+static trill_tls_slot product_slot;
+
+gen_product *trill_gen_product_list(size_t n) { return trill_tls_buffer(&product_slot, sizeof(gen_product) * (n ? n : 1)); }
+
+static int adapted(const eng_lora *el) { return el && el->n_adapted > 0; }
+
+/* The shrink of an adapted matrix: x[T, K] A^T (its parts' A stacked) into the buffer's rows
+ * from row0, [T][n_adapted r]. */
+static gen_product lora_shrink(const gen_lora_buf *b, const eng_lora *el, const float *x, int T, int row0) {
+    return (gen_product){ .out = b->xa + (size_t)row0 * 3 * b->rank, .inp = x, .W = &el->A, .T = T };
+}
+
+/* Its parts' expands, read from their columns of the shrink's rows and added into their columns
+ * of y[T, width]: y = fmaf(scale, (x A_p^T) B_p^T, y). Writes n_adapted products to list. */
+static int lora_expands(const trill_engine *e, const gen_lora_buf *b, const eng_lora *el, float *y, size_t width, int T, int row0,
+                        gen_product *list) {
     const int r = e->ad->rank, na = el->n_adapted;
-    const float s = e->ad->scale;
-    float *lxa = b->xa + (size_t)row0 * 3 * r, *lin = b->in + (size_t)row0 * r;
-    float *lout = b->out + (size_t)row0 * b->cols;
-    trill_status st = trill_gen_matmul(lxa, x, &el->A, T);
-    for (int a = 0; a < na && !st; a++) {
-        const float *xa = lxa;
-        if (na > 1) { /* this part's columns of x A^T, contiguous */
-            trill_gen_gather_rows(lin, lxa, T, r, na * r, a * r);
-            xa = lin;
-        }
-        if ((st = trill_gen_matmul(lout, xa, &el->B[a], T))) break;
-        const int cols = el->cols[a], col0 = el->col0[a];
-#pragma omp parallel for if(parallel: (size_t)T * cols >= PARALLEL_MIN) schedule(static)
-        for (int t = 0; t < T; t++) {
-            float *yt = y + (size_t)t * width + col0;
-            const float *d = lout + (size_t)t * cols;
-            for (int j = 0; j < cols; j++) yt[j] += s * d[j];
-        }
-    }
-    return st;
+    const float *xa = b->xa + (size_t)row0 * 3 * b->rank;
+    for (int a = 0; a < na; a++)
+        list[a] = (gen_product){ .out = y + el->col0[a], .ldo = width, .inp = xa + (size_t)a * r, .ldi = (size_t)na * r,
+                                 .W = &el->B[a], .T = T, .accumulate = 1, .scale = e->ad->scale };
+    return na;
+}
+
+trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *el, float *y, const float *x,
+                              int T, int row0) {
+    gen_product p[ENG_MAX_PARTS > 2 ? ENG_MAX_PARTS : 2] = { { .out = y, .inp = x, .W = W, .T = T } };
+    if (!adapted(el)) return trill_gen_matmul_many(p, 1);
+    p[1] = lora_shrink(b, el, x, T, row0);
+    trill_status st = trill_gen_matmul_many(p, 2);
+    if (st) return st;
+    return trill_gen_matmul_many(p, lora_expands(e, b, el, y, (size_t)W->N, T, row0, p));
 }
 
 /* ---- elementwise ---- */
@@ -95,12 +95,10 @@ void trill_gen_embed(const trill_engine *e, float *x, int R) {
 trill_status trill_gen_logits(const trill_engine *e, gen_lora_buf *lb, const float *x, float *xn, float *logits, int norm_role,
                               int head_role, int n) {
     const trill_config *c = &e->c;
-    const int H = c->hidden_size, V = c->vocab_size;
+    const int H = c->hidden_size;
     for (int i = 0; i < n; i++) memcpy(xn + (size_t)i * H, x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
     trill_rmsnorm_forward(xn, xn, e->w->global.vec[norm_role], n, H, (float)c->rms_norm_eps);
-    trill_status st = trill_gen_matmul(logits, xn, &e->w->global.m[head_role], n);
-    if (!st && e->ad) st = trill_gen_apply_lora(e, lb, &e->ad->global.m[head_role], logits, V, xn, n, 0);
-    return st;
+    return trill_gen_linear(e, lb, &e->w->global.m[head_role], e->ad ? &e->ad->global.m[head_role] : NULL, logits, xn, n, 0);
 }
 
 /* ---- the routed experts ---- */
@@ -116,59 +114,52 @@ static trill_status expert_rows(const trill_engine *e, gen_moe *b, gen_lora_buf 
     float *xe = b->xe + (size_t)first * H, *ff = b->ff + (size_t)first * 2 * Im, *act = b->act + (size_t)first * Im;
     float *ye = b->ye + (size_t)first * H;
     for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)(b->order[first + i] / K) * H, sizeof(float) * H);
-    trill_status st = trill_gen_matmul(ff, xe, &L->experts[roles.gate_up][x], n);
-    if (!st && A) st = trill_gen_apply_lora(e, lb, &A->experts[roles.gate_up][x], ff, 2 * Im, xe, n, first);
+    trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], A ? &A->experts[roles.gate_up][x] : NULL, ff, xe, n, first);
     if (st) return st;
     trill_gen_swiglu_fused(act, ff, n, Im);
-    st = trill_gen_matmul(ye, act, &L->experts[roles.down][x], n);
-    if (!st && A) st = trill_gen_apply_lora(e, lb, &A->experts[roles.down][x], ye, H, act, n, first);
-    return st;
+    return trill_gen_linear(e, lb, &L->experts[roles.down][x], A ? &A->experts[roles.down][x] : NULL, ye, act, n, first);
 }
 
-/* The adapters' side path of one role (gate|up or down) for every expert of the step: y rows
- * first..first+n += the side path of x's, the experts shared out over the threads. Each expert
- * writes its own rows and buffers, and inside the parallel region every matmul runs on its
- * thread alone: one fork for all the experts' skinny matrices rather than a few per expert. */
-static trill_status experts_side(const trill_engine *e, const gen_moe *b, gen_lora_buf *lb, const eng_lora_layer *A, int role, float *y,
-                                 int width, const float *x, int x_width, int E) {
-    int failed = 0;
-    char message[512] = "";
-#pragma omp parallel for schedule(dynamic, 1)
+/* One role of every expert of the step, as two batches of products (two forks for all the experts,
+ * rather than a few per expert): each expert's rows of x [.., x_width] through its base matrix into
+ * y [.., width] with its adapter's shrink beside it, then the adapters' expands added into y. */
+static trill_status experts_role(const trill_engine *e, const gen_moe *b, gen_lora_buf *lb, const eng_layer *L, const eng_lora_layer *A,
+                                 int role, float *y, size_t width, const float *x, size_t x_width, int E) {
+    gen_product *list = trill_gen_product_list((size_t)E * (ENG_MAX_PARTS > 2 ? ENG_MAX_PARTS : 2));
+    if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the list of %d experts' products", E);
+    int n = 0, sides = 0;
     for (int ex = 0; ex < E; ex++) {
-        const int first = ex ? b->count[ex - 1] : 0, n = b->count[ex] - first;
-        if (n == 0) continue;
-        if (trill_gen_apply_lora(e, lb, &A->experts[role][ex], y + (size_t)first * width, width, x + (size_t)first * x_width, n, first)) {
-#pragma omp critical(trill_expert_side_failure)
-            if (!failed++) snprintf(message, sizeof message, "%s", trill_error_message());
+        const int first = ex ? b->count[ex - 1] : 0, rows = b->count[ex] - first;
+        if (rows == 0) continue;
+        list[n++] = (gen_product){ .out = y + (size_t)first * width, .inp = x + (size_t)first * x_width, .W = &L->experts[role][ex], .T = rows };
+        if (A && adapted(&A->experts[role][ex])) {
+            list[n++] = lora_shrink(lb, &A->experts[role][ex], x + (size_t)first * x_width, rows, first);
+            sides++;
         }
     }
-    return failed ? trill_error(TRILL_ERR_NOMEM, "%s", message) : TRILL_OK;
+    trill_status st = trill_gen_matmul_many(list, n);
+    if (st || !sides) return st;
+    n = 0;
+    for (int ex = 0; ex < E; ex++) {
+        const int first = ex ? b->count[ex - 1] : 0, rows = b->count[ex] - first;
+        if (rows > 0 && adapted(&A->experts[role][ex]))
+            n += lora_expands(e, lb, &A->experts[role][ex], y + (size_t)first * width, width, rows, first, list + n);
+    }
+    return trill_gen_matmul_many(list, n);
 }
 
-/* Without EPLB: each expert's rows gathered and through its gate|up (one threaded GEMM per
- * expert), the adapters' gate|up side paths, SwiGLU over every row, each expert's down, the
- * down side paths. Per row the same operations in the same order as expert_rows. */
+/* Without EPLB: each expert's rows gathered, every expert's gate|up (and adapter) in one batch,
+ * SwiGLU over every row, every expert's down. Per row the same operations in the same order as
+ * expert_rows. */
 static trill_status experts_grouped(const trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, const eng_layer *L,
                                     const eng_lora_layer *A, gen_expert_roles roles, int R) {
     const trill_config *c = &e->c;
     const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size, E = c->num_experts;
-    trill_status st = TRILL_OK;
-    for (int x = 0; x < E && !st; x++) {
-        const int first = x ? b->count[x - 1] : 0, n = b->count[x] - first;
-        if (n == 0) continue;
-        float *xe = b->xe + (size_t)first * H;
-        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)(b->order[first + i] / K) * H, sizeof(float) * H);
-        st = trill_gen_matmul(b->ff + (size_t)first * 2 * Im, xe, &L->experts[roles.gate_up][x], n);
-    }
-    if (!st && A) st = experts_side(e, b, lb, A, roles.gate_up, b->ff, 2 * Im, b->xe, H, E);
+    for (int i = 0; i < R * K; i++) memcpy(b->xe + (size_t)i * H, xn + (size_t)(b->order[i] / K) * H, sizeof(float) * H);
+    trill_status st = experts_role(e, b, lb, L, A, roles.gate_up, b->ff, 2 * (size_t)Im, b->xe, (size_t)H, E);
     if (st) return st;
     trill_gen_swiglu_fused(b->act, b->ff, R * K, Im);
-    for (int x = 0; x < E && !st; x++) {
-        const int first = x ? b->count[x - 1] : 0, n = b->count[x] - first;
-        if (n > 0) st = trill_gen_matmul(b->ye + (size_t)first * H, b->act + (size_t)first * Im, &L->experts[roles.down][x], n);
-    }
-    if (!st && A) st = experts_side(e, b, lb, A, roles.down, b->ye, H, b->act, Im, E);
-    return st;
+    return experts_role(e, b, lb, L, A, roles.down, b->ye, (size_t)H, b->act, (size_t)Im, E);
 }
 
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them

@@ -19,25 +19,30 @@ enum { PARALLEL_MIN = 16384 };
 
 /* ---- the adapters' side path ---- */
 
-/* Its buffers: x A^T of a matrix's stacked parts [rows][3 r], one part's [rows][r], and B's
- * product [rows][cols] (lm_head's rows, at most rows.max, may be wider). */
+/* Its buffer: x A^T of a matrix's stacked parts, [rows][3 r] (a matrix has at most 3 parts). */
 typedef struct gen_lora_buf {
-    float *xa, *in, *out;
-    int rank; /* the rank these are sized for */
-    int cols; /* out's row stride for expert rows */
+    float *xa;
+    int rank;    /* the rank it is sized for */
+    size_t rows; /* and the rows */
 } gen_lora_buf;
 
-/* Sized for rank r, `rows` rows of at most `cols` outputs and `out_floats` in all; the buffers in
- * use stay when new ones cannot be had (TRILL_ERR_NOMEM). */
-trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows, size_t cols, size_t out_floats);
+/* Sized for rank r and `rows` rows (a step's rows times its experts per row); the buffer in use
+ * stays when a new one cannot be had (TRILL_ERR_NOMEM). */
+trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows);
 void trill_gen_lora_buf_free(gen_lora_buf *b);
 
-/* y[T, width] += the adapter's side path on input x[T, K] (nothing if the matrix has none): for
- * each adapted part, scale (x A_p^T) B_p^T into its columns. row0: where these rows sit among the
- * step's expert rows, so concurrent callers (EPLB workers) use disjoint parts of the buffers.
- * Fails as trill_gen_matmul (the adapters are fp32: never). */
-trill_status trill_gen_apply_lora(const trill_engine *e, gen_lora_buf *b, const eng_lora *el, float *y, int width, const float *x, int T,
-                                  int row0);
+/* y[T, W.N] = x[T, W.K] W^T, plus the adapter's side path when el has one (el NULL or without
+ * adapted parts: none): the base product and the shrink x A^T (the parts' A stacked: one product
+ * for all of q/k/v) in one parallel region, then every part's expand added straight into its
+ * columns of y, y = fmaf(scale, (x A_p^T) B_p^T, y), in a second. row0: where these rows sit
+ * among the step's expert rows, so concurrent callers (EPLB workers) use disjoint rows of the
+ * buffer. Fails as trill_gen_matmul. */
+trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *el, float *y, const float *x,
+                              int T, int row0);
+
+/* The calling thread's list for n products (grown as needed, not kept across calls); NULL when
+ * out of memory. */
+gen_product *trill_gen_product_list(size_t n);
 
 /* ---- elementwise ---- */
 

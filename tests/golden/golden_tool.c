@@ -738,6 +738,7 @@ static void fingerprint(text *t) {
     text_add(t, "compiler_avx512f=0\n");
 #endif
     compiler_isa(t);
+    text_add(t, "compiler_march=%s\n", TRILL_GOLDEN_MARCH);
 #if defined(__AVX2__) && defined(__FMA__)
     text_add(t, "compiler_avx2_fma=1\n");
 #else

@@ -657,6 +657,41 @@ static void test_eplb_load_window(void **state) {
  * after a routing flip (random routers have tiny margins: 2% of tokens under bf16, 12% under
  * int8), so the tail is bounded by the 95th percentile rather than the maximum. The bounds are
  * 2.5x the measured values. */
+typedef struct mismatch { double mean, p95, worst; int count, flips, rows; } mismatch;
+
+/* The engine's log-probs of three requests' sampled tokens against ref's fp32 forward of the same
+ * sequences (teacher forcing), and the tokens whose expert set differs. */
+static mismatch measure_mismatch(const trill_model *ref, trill_engine *e) {
+    trill_request rs[3] = { request(1, P1, 13, 2, 24), request(2, P3, 37, 2, 24), request(3, P2, 2, 2, 24) };
+    for (int i = 0; i < 3; i++) assert_int_equal(trill_engine_submit(e, &rs[i]), TRILL_OK);
+    trill_sequence_out out[MAX_OUT];
+    const int n = run_all(e, out);
+    double sum = 0, d_all[512];
+    mismatch r = { 0 };
+    for (int i = 0; i < n; i++) {
+        const int T = out[i].n_prompt + out[i].n_generated, L = ref->config.n_moe_layers, K = ref->config.num_experts_per_tok;
+        int offsets[2] = { 0, T };
+        float *lp = malloc(sizeof(float) * T);
+        uint16_t *ex = malloc(sizeof(uint16_t) * (size_t)T * L * K);
+        assert_int_equal(trill_model_forward(ref, out[i].tokens, offsets, 1, NULL, lp, ex), TRILL_OK);
+        for (int g = 0; g < out[i].n_generated; g++) {
+            const double d = fabs((double)lp[out[i].n_prompt + g] - out[i].logprobs[g]);
+            sum += d;
+            r.worst = fmax(r.worst, d);
+            d_all[r.count++] = d;
+        }
+        for (int t = 0; t < T - 1; t++, r.rows++) r.flips += memcmp(ex + (size_t)t * L * K, out[i].experts + (size_t)t * L * K, sizeof(uint16_t) * L * K) != 0;
+        free(lp);
+        free(ex);
+        trill_sequence_out_free(&out[i]);
+    }
+    for (int i = 1; i < r.count; i++) /* sort for the 95th percentile */
+        for (int j = i; j > 0 && d_all[j] < d_all[j - 1]; j--) { double t = d_all[j]; d_all[j] = d_all[j - 1]; d_all[j - 1] = t; }
+    r.p95 = d_all[r.count * 95 / 100];
+    r.mean = sum / r.count;
+    return r;
+}
+
 static void test_quantized_mismatch(void **state) {
     (void)state;
     trill_model *m = small_model(36);
@@ -664,40 +699,59 @@ static void test_quantized_mismatch(void **state) {
     const double p95_bound[2] = { g_deepseek ? 0.3 : 0.1, g_deepseek ? 2.9 : 0.42 };
     for (int f = TRILL_GEN_BF16; f <= TRILL_GEN_INT8; f++) {
         trill_engine *e = engine(m, (trill_gen_format)f, 512, 0, 16);
-        trill_request rs[3] = { request(1, P1, 13, 2, 24), request(2, P3, 37, 2, 24), request(3, P2, 2, 2, 24) };
-        for (int i = 0; i < 3; i++) assert_int_equal(trill_engine_submit(e, &rs[i]), TRILL_OK);
-        trill_sequence_out out[MAX_OUT];
-        const int n = run_all(e, out);
-        double sum = 0, worst = 0, d_all[512];
-        int count = 0, flips = 0, rows = 0;
-        for (int i = 0; i < n; i++) {
-            const int T = out[i].n_prompt + out[i].n_generated, L = m->config.n_moe_layers, K = m->config.num_experts_per_tok;
-            int offsets[2] = { 0, T };
-            float *lp = malloc(sizeof(float) * T);
-            uint16_t *ex = malloc(sizeof(uint16_t) * (size_t)T * L * K);
-            assert_int_equal(trill_model_forward(m, out[i].tokens, offsets, 1, NULL, lp, ex), TRILL_OK);
-            for (int g = 0; g < out[i].n_generated; g++) {
-                const double d = fabs((double)lp[out[i].n_prompt + g] - out[i].logprobs[g]);
-                sum += d;
-                worst = fmax(worst, d);
-                d_all[count++] = d;
-            }
-            for (int t = 0; t < T - 1; t++, rows++) flips += memcmp(ex + (size_t)t * L * K, out[i].experts + (size_t)t * L * K, sizeof(uint16_t) * L * K) != 0;
-            free(lp);
-            free(ex);
-            trill_sequence_out_free(&out[i]);
-        }
-        for (int i = 1; i < count; i++) /* sort for the 95th percentile */
-            for (int j = i; j > 0 && d_all[j] < d_all[j - 1]; j--) { double t = d_all[j]; d_all[j] = d_all[j - 1]; d_all[j - 1] = t; }
-        const double p95 = d_all[count * 95 / 100];
+        const mismatch r = measure_mismatch(m, e);
         print_message("%s vs fp32 reference: mean |dlogprob| %.4f, 95th percentile %.4f, max %.4f over %d tokens; tokens with a different expert set %d of %d\n",
-                      f == TRILL_GEN_BF16 ? "bf16" : "int8", sum / count, p95, worst, count, flips, rows);
-        assert_true(sum / count > 0); /* it is a different arithmetic */
-        assert_true(sum / count <= mean_bound[f - TRILL_GEN_BF16]);
-        assert_true(p95 <= p95_bound[f - TRILL_GEN_BF16]);
+                      f == TRILL_GEN_BF16 ? "bf16" : "int8", r.mean, r.p95, r.worst, r.count, r.flips, r.rows);
+        assert_true(r.mean > 0); /* it is a different arithmetic */
+        assert_true(r.mean <= mean_bound[f - TRILL_GEN_BF16]);
+        assert_true(r.p95 <= p95_bound[f - TRILL_GEN_BF16]);
         trill_engine_free(e);
     }
     trill_model_free(m);
+}
+
+/* Adapter mode in the quantized formats (adapters kept in bf16 beside bf16 and int8 weights,
+ * every adapted matrix's side path batched: base and shrink in one batch of products, the
+ * expands into y in a second) against the fp32 forward of the merged model, beside merged
+ * weights in the same format: both round the model once (merged: W + s B A; adapter mode: W,
+ * and A and B apart), so adapter mode must be about as close to the truth as merged weights.
+ * The adapter is large on purpose (B ~ N(0, 0.05), rank 4 on every linear and lm_head), so a
+ * side path that is wrong, unscaled or missing would move the log-probs by far more than the
+ * formats' rounding. Measured mean |dlogprob|, adapter mode against merged: Qwen3 bf16 0.018 and
+ * 0.016, int8 0.047 and 0.055; DeepSeek-V3 bf16 0.108 and 0.159, int8 0.302 and 0.209 (its random
+ * routers' margins are tiny: a flip moves a token's log-prob by ~1). Bounds: twice merged's mean
+ * + 0.01, the quantized test's, and the base model without the adapter at least 3x further off. */
+static void test_adapter_formats(void **state) {
+    (void)state;
+    trill_model *m = small_model(36), *merged = small_model(36);
+    trill_lora_config lc = { .rank = 4, .alpha = 8 };
+    assert_int_equal(trill_lora_parse_targets(g_deepseek ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head", &lc.targets), 0);
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(m, lc, 9, &lora), TRILL_OK);
+    for (size_t t = 1; t < lora->n_tensors; t += 2)
+        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(3, t * 100003 + i);
+    assert_int_equal(trill_lora_merge(lora, merged), TRILL_OK);
+    const double mean_bound[2] = { g_deepseek ? 0.16 : 0.04, g_deepseek ? 0.63 : 0.16 };
+    for (int f = TRILL_GEN_BF16; f <= TRILL_GEN_INT8; f++) {
+        trill_engine *a = engine(m, (trill_gen_format)f, 512, 0, 16), *w = engine(merged, (trill_gen_format)f, 512, 0, 16), *base = engine(m, (trill_gen_format)f, 512, 0, 16);
+        assert_int_equal(trill_engine_update_adapter(a, lora, 1, NULL), TRILL_OK);
+        assert_int_equal(trill_engine_step(a, NULL), TRILL_OK); /* takes the update */
+        assert_true(trill_engine_adapter_bytes(a) > 0);
+        assert_int_equal(trill_engine_adapter_bytes(w), 0);
+        const mismatch ra = measure_mismatch(merged, a), rw = measure_mismatch(merged, w), rb = measure_mismatch(merged, base);
+        print_message("%s: adapter mode vs the merged fp32 reference mean |dlogprob| %.4f (p95 %.4f, flips %d of %d); merged weights %.4f "
+                      "(p95 %.4f, flips %d); the base model without the adapter %.4f\n",
+                      f == TRILL_GEN_BF16 ? "bf16" : "int8", ra.mean, ra.p95, ra.flips, ra.rows, rw.mean, rw.p95, rw.flips, rb.mean);
+        assert_true(ra.mean <= 2 * rw.mean + 0.01);
+        assert_true(ra.mean <= mean_bound[f - TRILL_GEN_BF16]);
+        assert_true(rb.mean > 3 * ra.mean); /* the adapter matters: leaving it out is far off */
+        trill_engine_free(a);
+        trill_engine_free(w);
+        trill_engine_free(base);
+    }
+    trill_lora_free(lora);
+    trill_model_free(m);
+    trill_model_free(merged);
 }
 
 /* What a token keeps in the cache: per layer, the keys and values of every kv head (Qwen3), or
@@ -758,6 +812,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_eplb_identical),
         cmocka_unit_test(test_eplb_load_window),
         cmocka_unit_test(test_quantized_mismatch),
+        cmocka_unit_test(test_adapter_formats),
         cmocka_unit_test(test_kv_cache_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

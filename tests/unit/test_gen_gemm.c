@@ -290,6 +290,92 @@ static void test_batch_invariance(void **state) {
     }
 }
 
+/* A batch of products (trill_gen_matmul_many) against each product alone: the three formats
+ * reading one shared input (converted once) and strided ones, row counts 0, 1, 5 and 37, products
+ * stored into columns of a wider output and products added into columns with a scale
+ * (fmaf(scale, product, out)); on 1, 2 and 3 threads and from inside a parallel region: the
+ * same bits as trill_gen_matmul of each product followed by that store or fused multiply-add. */
+enum { MANY = 7 };
+
+static void test_many_products(void **state) {
+    (void)state;
+    static const struct { int f, N, K, T, ldi_extra, in_off, out_col, accumulate; float scale; } P[MANY] = {
+        { 0, 37, 50, 5, 0, 0, 0, 0, 0 },      /* f32, shared input (x0) */
+        { 1, 40, 50, 5, 0, 0, 40, 0, 0 },     /* bf16, same input: converted once */
+        { 2, 33, 50, 5, 0, 0, 80, 0, 0 },     /* int8, same input */
+        { 1, 20, 17, 37, 9, 5, 113, 1, 0.37f }, /* bf16 on columns 5.. of a wider input, added */
+        { 0, 19, 16, 37, 4, 20, 133, 1, -2.5f }, /* f32 strided (an expand), added */
+        { 2, 16, 64, 1, 0, 0, 152, 1, 1.0f }, /* int8, one row, added with scale 1 */
+        { 1, 30, 8, 0, 0, 0, 168, 0, 0 },     /* no rows: nothing written */
+    };
+    enum { WIDTH = 200, ROWS = 37 };
+    for (int ii = 0; ii < N_ISAS; ii++) {
+        if (!tested(ISAS[ii])) continue;
+        gen_matrix m[MANY];
+        float *inputs[MANY], *w[MANY];
+        size_t ldi[MANY];
+        float *x0 = randn((size_t)5 * 50, 900, 1.0);
+        for (int p = 0; p < MANY; p++) {
+            w[p] = randn((size_t)P[p].N * P[p].K, 910 + p, 1.0);
+            assert_int_equal(trill_gen_matrix_create(&m[p], FORMATS[P[p].f], w[p], NULL, P[p].N, P[p].K), TRILL_OK);
+            ldi[p] = (size_t)P[p].K + P[p].ldi_extra + P[p].in_off;
+            inputs[p] = p < 3 ? x0 : randn(ldi[p] * (P[p].T ? P[p].T : 1), 920 + p, 2.0);
+            if (p < 3) ldi[p] = 50;
+        }
+        float *init = randn((size_t)ROWS * WIDTH, 930, 1.0), *want = malloc(sizeof(float) * ROWS * WIDTH);
+        memcpy(want, init, sizeof(float) * ROWS * WIDTH);
+        for (int p = 0; p < MANY; p++) { /* each alone: a compact input, trill_gen_matmul, then the store */
+            if (!P[p].T) continue;
+            float *x = malloc(sizeof(float) * (size_t)P[p].T * P[p].K);
+            for (int t = 0; t < P[p].T; t++) memcpy(x + (size_t)t * P[p].K, inputs[p] + t * ldi[p] + P[p].in_off, sizeof(float) * P[p].K);
+            float *o = run(&m[p], x, P[p].T, ISAS[ii]);
+            for (int t = 0; t < P[p].T; t++)
+                for (int n = 0; n < P[p].N; n++) {
+                    float *d = &want[(size_t)t * WIDTH + P[p].out_col + n];
+                    *d = P[p].accumulate ? fmaf(P[p].scale, o[(size_t)t * P[p].N + n], *d) : o[(size_t)t * P[p].N + n];
+                }
+            free(o);
+            free(x);
+        }
+        gen_product list[MANY];
+        for (int p = 0; p < MANY; p++)
+            list[p] = (gen_product){ .out = init + P[p].out_col, .ldo = WIDTH, .inp = inputs[p] + P[p].in_off, .ldi = ldi[p], .W = &m[p],
+                                     .T = P[p].T, .accumulate = P[p].accumulate, .scale = P[p].scale };
+        const int threads = omp_get_max_threads();
+        for (int mode = 0; mode < 4; mode++) { /* 1, 2, 3 threads, and inside a parallel region */
+            float *got = malloc(sizeof(float) * ROWS * WIDTH);
+            memcpy(got, init, sizeof(float) * ROWS * WIDTH);
+            for (int p = 0; p < MANY; p++) list[p].out = got + P[p].out_col;
+            if (mode < 3) {
+                omp_set_num_threads(mode + 1);
+                assert_int_equal(trill_gen_matmul_many_isa(list, MANY, ISAS[ii]), TRILL_OK);
+            } else {
+                omp_set_num_threads(threads);
+                trill_status st = TRILL_OK;
+#pragma omp parallel num_threads(2)
+                {
+#pragma omp single
+                    st = trill_gen_matmul_many_isa(list, MANY, ISAS[ii]);
+                }
+                assert_int_equal(st, TRILL_OK);
+            }
+            assert_memory_equal(got, want, sizeof(float) * ROWS * WIDTH);
+            free(got);
+        }
+        omp_set_num_threads(threads);
+        for (int p = 0; p < MANY; p++) {
+            trill_gen_matrix_free(&m[p]);
+            free(w[p]);
+            if (p >= 3) free(inputs[p]);
+        }
+        free(x0);
+        free(init);
+        free(want);
+    }
+    gen_product none = { 0 };
+    assert_int_equal(trill_gen_matmul_many(&none, 0), TRILL_OK); /* an empty batch */
+}
+
 /* A bf16 source gives the same matrix as its fp32 widening; T = 0 writes nothing. */
 static void test_bf16_source_and_empty_batch(void **state) {
     (void)state;
@@ -384,6 +470,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_int8_matches_quantized_reference),
         cmocka_unit_test(test_isas_agree_with_generic),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_many_products),
         cmocka_unit_test(test_bf16_source_and_empty_batch),
         cmocka_unit_test(test_refusals_and_names),
         cmocka_unit_test(test_int8_nonfinite_channel),

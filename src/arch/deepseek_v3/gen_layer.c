@@ -9,8 +9,8 @@
  * [W_uk^T q_nope | q_rope], and scores one cache row [c | k_rope]; its output is W_uv applied to
  * the probability-weighted sum of the latents. The per-head W_uk^T and W_uv are derived from
  * kv_b_proj when the weights are built (derive_weights); an adapter on kv_b_proj adds its own
- * per-head side matrices, scale (B_uk A)^T and scale B_uv A, in fp32 (derive_adapter), so the
- * absorbed path computes exactly what kv_b_proj with its adapter would. Every row is computed on
+ * rank-r side paths per head (derive_adapter), so the absorbed path computes what kv_b_proj with
+ * its adapter would. Every row is computed on
  * its own in a fixed order (batch invariance, as the Qwen3 layer). */
 #include <math.h>
 #include <omp.h>
@@ -32,11 +32,8 @@ typedef struct deepseek_gen {
     float *qa;          /* [R, q_lora_rank] q_a_layernorm of q_a's */
     float *q;           /* [R, nh*qk] */
     float *ckv;         /* [R, kv_lora_rank + rope] the cache rows: normed latent | rotated rope key */
-    float *qn, *lat;    /* [R, nope], [R, kv_lora_rank]: one head's nope query, its absorbed query or latent output */
     float *qabs;        /* [R, nh*(kv_lora_rank + rope)] absorbed queries */
     float *olat;        /* [R, nh*kv_lora_rank] attention output in the latent space */
-    float *vh;          /* [R, v] one head's value output */
-    float *side;        /* [R, max(kv_lora_rank, v)] an adapter's per-head side product */
     float *att;         /* [R, nh*v] */
     float *out, *shared;/* [R, H] */
     float *scores, *sel;/* [R, E] router scores; [R, K] their selection values */
@@ -46,6 +43,8 @@ typedef struct deepseek_gen {
     float rope_scale, softmax_scale;
     gen_scores att_scores; /* per thread: [heads of a task][max_context] */
     gen_lora_buf lora;
+    float *head_u;      /* [R, nh * rank] the absorbed attention adapter's shrinks */
+    int head_u_rank;
 } deepseek_gen;
 
 /* Query heads per attention task: a task reads its row's cache once for them. */
@@ -81,11 +80,11 @@ static trill_status forward_alloc(trill_engine *e) {
     deepseek_gen *f = trill_calloc(1, sizeof *f);
     if (!f) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers");
     e->fwd = f;
-    float **fl[] = { &f->x, &f->xn, &f->qkva, &f->qa, &f->q, &f->ckv, &f->qn, &f->lat, &f->qabs, &f->olat, &f->vh, &f->side, &f->att, &f->out,
+    float **fl[] = { &f->x, &f->xn, &f->qkva, &f->qa, &f->q, &f->ckv, &f->qabs, &f->olat, &f->att, &f->out,
                      &f->shared, &f->scores, &f->sel, &f->logits, &f->moe.topw, &f->moe.xe, &f->moe.ye, &f->moe.ff, &f->moe.act };
     const size_t rows_ff = RK > R ? RK : R;
     const size_t fn[] = { R * H, R * H, R * ((size_t)q_width(c) + kl + dr), R * (size_t)(c->q_lora_rank ? c->q_lora_rank : 1), R * nh * qk,
-                          R * (kl + dr), R * dn, R * kl, R * nh * (kl + dr), R * nh * kl, R * dv, R * (kl > dv ? kl : dv), R * nh * dv, R * H, R * H, R * E, R * K,
+                          R * (kl + dr), R * nh * (kl + dr), R * nh * kl, R * nh * dv, R * H, R * H, R * E, R * K,
                           R * (size_t)c->vocab_size, RK, RK * H, RK * H, rows_ff * 2 * ff, rows_ff * ff };
     bool ok = true;
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) ok &= (*fl[i] = trill_malloc(fn[i] * sizeof(float))) != NULL;
@@ -104,11 +103,12 @@ static trill_status forward_alloc(trill_engine *e) {
 static void forward_free(trill_engine *e) {
     deepseek_gen *f = S(e);
     if (!f) return;
-    float *fl[] = { f->x, f->xn, f->qkva, f->qa, f->q, f->ckv, f->qn, f->lat, f->qabs, f->olat, f->vh, f->side, f->att, f->out, f->shared,
+    float *fl[] = { f->x, f->xn, f->qkva, f->qa, f->q, f->ckv, f->qabs, f->olat, f->att, f->out, f->shared,
                     f->scores, f->sel, f->logits, f->moe.topw, f->moe.xe, f->moe.ye, f->moe.ff, f->moe.act, f->inv_freq, f->att_scores.p };
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
     free(f->moe.topi); free(f->moe.order); free(f->moe.where); free(f->moe.phys); free(f->moe.count);
     trill_gen_lora_buf_free(&f->lora);
+    free(f->head_u);
     free(f);
     e->fwd = NULL;
     e->logits = NULL;
@@ -125,12 +125,16 @@ static trill_status ensure_scores(trill_engine *e, int R) {
 }
 
 static trill_status ensure_lora_buffers(trill_engine *e, int r) {
-    const trill_config *c = &e->c;
-    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->rows.max;
-    size_t cols = (size_t)q_width(c) + c->kv_lora_rank + c->qk_rope_head_dim;
-    const size_t others[] = { (size_t)c->hidden_size, 2 * widest_mlp(c), (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim) };
-    for (int i = 0; i < 3; i++) if (others[i] > cols) cols = others[i];
-    return trill_gen_lora_buf_ensure(&S(e)->lora, r, R * K, cols, R * (size_t)c->vocab_size);
+    const size_t K = e->c.num_experts_per_tok > 0 ? e->c.num_experts_per_tok : 1;
+    deepseek_gen *f = S(e);
+    if (r > f->head_u_rank) {
+        float *u = trill_malloc(sizeof(float) * (size_t)e->rows.max * e->c.num_attention_heads * r);
+        if (!u) return trill_error(TRILL_ERR_NOMEM, "out of memory for the absorbed attention's adapter path (rank %d)", r);
+        free(f->head_u);
+        f->head_u = u;
+        f->head_u_rank = r;
+    }
+    return trill_gen_lora_buf_ensure(&f->lora, r, (size_t)e->rows.max * K);
 }
 
 /* ---- derived matrices: the absorbed kv_b_proj ---- */
@@ -187,45 +191,43 @@ static trill_status derive_weights(const trill_config *c, trill_gen_format f, co
     return st;
 }
 
-/* An adapter on kv_b_proj, per head: scale (B_uk A)^T [kl, nope] and scale B_uv A [v, kl], summed
- * in double and kept in fp32 (the adapters' format). */
-static trill_status derive_adapter_head(gen_matrix *mk, gen_matrix *mv, const trill_config *c, const trill_lora_pair *p, int r,
-                                        float scale, int h, float *buf) {
-    const int dn = c->qk_nope_head_dim, dv = c->v_head_dim, kl = c->kv_lora_rank;
-    const size_t row0 = (size_t)h * (dn + dv);
+/* An adapter on kv_b_proj (A [r, kl], B [nh (nope + v), r]) as the absorbed path's rank-r side
+ * paths, never formed as dense per-head matrices: the absorbed query gains scale A^T (B_uk,h^T
+ * q_nope) (shrink per head: B_uk,h^T [r, nope]; expand shared: A^T [kl, r]) and the value
+ * scale B_uv,h (A o_h) (shrink shared: A; expand per head: B_uv,h [v, r]). In the adapter format. */
+static trill_status derive_adapter_layer(eng_lora_layer *L, const trill_config *c, const trill_lora_pair *p, int r, trill_gen_format f,
+                                         float *buf, size_t *resident) {
+    const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dv = c->v_head_dim, kl = c->kv_lora_rank;
+    eng_head_lora *uk = &L->heads[HEAD_UK_T], *uv = &L->heads[HEAD_UV];
+    uk->shrink_per_head = uv->expand_per_head = 1;
+    if (!(uk->shrink = trill_calloc((size_t)nh, sizeof(gen_matrix))) || !(uk->expand = trill_calloc(1, sizeof(gen_matrix))) ||
+        !(uv->shrink = trill_calloc(1, sizeof(gen_matrix))) || !(uv->expand = trill_calloc((size_t)nh, sizeof(gen_matrix))))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory deriving the absorbed attention's adapter");
     for (int j = 0; j < kl; j++)
-        for (int i = 0; i < dn; i++) {
-            double s = 0;
-            for (int k = 0; k < r; k++) s += (double)p->B[(row0 + i) * r + k] * p->A[(size_t)k * kl + j];
-            buf[(size_t)j * dn + i] = (float)(scale * s);
-        }
-    trill_status st = trill_gen_matrix_create(mk, TRILL_GEN_F32, buf, NULL, kl, dn);
-    if (st) return st;
-    for (int i = 0; i < dv; i++)
-        for (int j = 0; j < kl; j++) {
-            double s = 0;
-            for (int k = 0; k < r; k++) s += (double)p->B[(row0 + dn + i) * r + k] * p->A[(size_t)k * kl + j];
-            buf[(size_t)i * kl + j] = (float)(scale * s);
-        }
-    return trill_gen_matrix_create(mv, TRILL_GEN_F32, buf, NULL, dv, kl);
+        for (int k = 0; k < r; k++) buf[(size_t)j * r + k] = p->A[(size_t)k * kl + j];
+    trill_status st = trill_gen_matrix_create(uk->expand, f, buf, NULL, kl, r);
+    if (!st) st = trill_gen_matrix_create(uv->shrink, f, p->A, NULL, r, kl);
+    if (!st) *resident += uk->expand->bytes + uv->shrink->bytes;
+    for (int h = 0; h < nh && !st; h++) {
+        const size_t row0 = (size_t)h * (dn + dv);
+        for (int k = 0; k < r; k++)
+            for (int i = 0; i < dn; i++) buf[(size_t)k * dn + i] = p->B[(row0 + i) * r + k];
+        st = trill_gen_matrix_create(&uk->shrink[h], f, buf, NULL, r, dn);
+        if (!st) st = trill_gen_matrix_create(&uv->expand[h], f, p->B + (row0 + dn) * r, NULL, dv, r);
+        if (!st) *resident += uk->shrink[h].bytes + uv->expand[h].bytes;
+    }
+    return st;
 }
 
 static trill_status derive_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter *ad) {
     const trill_config *c = &e->c;
-    const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dv = c->v_head_dim, kl = c->kv_lora_rank;
-    float *buf = trill_malloc(sizeof(float) * (size_t)kl * (dn > dv ? dn : dv));
+    const int dn = c->qk_nope_head_dim, kl = c->kv_lora_rank, r = lora->config.rank;
+    float *buf = trill_malloc(sizeof(float) * (size_t)r * (kl > dn ? kl : dn));
     if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory deriving the absorbed attention's adapter");
     trill_status st = TRILL_OK;
     for (int l = 0; l < c->num_hidden_layers && !st; l++) {
         const trill_lora_pair *p = &((const deepseek_lora_layer *)trill_lora_layer(lora, l))->kv_b;
-        if (!p->A) continue;
-        eng_lora_layer *L = &ad->layers[l];
-        if (!(L->heads[HEAD_UK_T] = trill_calloc((size_t)nh, sizeof(gen_matrix))) || !(L->heads[HEAD_UV] = trill_calloc((size_t)nh, sizeof(gen_matrix)))) {
-            st = trill_error(TRILL_ERR_NOMEM, "out of memory deriving the absorbed attention's adapter");
-            break;
-        }
-        for (int h = 0; h < nh && !st; h++)
-            st = derive_adapter_head(&L->heads[HEAD_UK_T][h], &L->heads[HEAD_UV][h], c, p, lora->config.rank, lora->scale, h, buf);
+        if (p->A) st = derive_adapter_layer(&ad->layers[l], c, p, r, ad->format, buf, &ad->resident);
     }
     free(buf);
     return st;
@@ -304,14 +306,12 @@ static trill_status project(trill_engine *e, const eng_layer *L, const eng_lora_
     const int qw = q_width(c), width = qw + kl + dr, ql = c->q_lora_rank, qk = dn + dr, pairing = c->rope_interleave ? ROPE_ADJACENT : ROPE_ROTATE_HALF;
     const float eps = (float)c->rms_norm_eps;
     const int role = ql ? DS_Q_A : DS_Q;
-    trill_status st = trill_gen_matmul(f->qkva, f->xn, &L->m[role], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &f->lora, &A->m[role], f->qkva, width, f->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &f->lora, &L->m[role], A ? &A->m[role] : NULL, f->qkva, f->xn, R, 0);
     if (st) return st;
     if (ql) {
         trill_gen_gather_rows(f->qa, f->qkva, R, ql, width, 0);
         trill_rmsnorm_forward(f->qa, f->qa, L->vec[DS_Q_A_NORM], R, ql, eps);
-        if ((st = trill_gen_matmul(f->q, f->qa, &L->m[DS_Q_B], R))) return st;
-        if (A && (st = trill_gen_apply_lora(e, &f->lora, &A->m[DS_Q_B], f->q, nh * qk, f->qa, R, 0))) return st;
+        if ((st = trill_gen_linear(e, &f->lora, &L->m[DS_Q_B], A ? &A->m[DS_Q_B] : NULL, f->q, f->qa, R, 0))) return st;
     } else {
         trill_gen_gather_rows(f->q, f->qkva, R, nh * qk, width, 0);
     }
@@ -327,11 +327,30 @@ static trill_status project(trill_engine *e, const eng_layer *L, const eng_lora_
     return TRILL_OK;
 }
 
-/* y[R, M.N] += M x: an adapter's derived per-head matrix (its scale folded in, fp32). */
-static trill_status add_side(deepseek_gen *f, const gen_matrix *M, float *y, const float *x, int R) {
-    trill_status st = trill_gen_matmul(f->side, x, M, R);
-    if (!st) trill_gen_add_rows(y, f->side, (size_t)R * M->N);
-    return st;
+/* Every head's matrix of mats[nh] on its columns of x (row stride ldi, head h from column h *
+ * in_w) into its columns of y (row stride ldo, from column h * out_w), with the adapter's side
+ * path when there is one: its shrinks into f->head_u [R, nh r] in the same batch, then its
+ * expands added into y, y = fmaf(scale, ., y), in a second. */
+static trill_status per_head(const trill_engine *e, const gen_matrix *mats, const eng_head_lora *side, float *y, size_t ldo, int out_w,
+                             const float *x, size_t ldi, int in_w, int R) {
+    const int nh = e->c.num_attention_heads;
+    const bool adapted = side && side->shrink;
+    gen_product *list = trill_gen_product_list((size_t)nh * 2);
+    if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the list of %d heads' products", nh);
+    for (int h = 0; h < nh; h++)
+        list[h] = (gen_product){ .out = y + (size_t)h * out_w, .ldo = ldo, .inp = x + (size_t)h * in_w, .ldi = ldi, .W = &mats[h], .T = R };
+    if (!adapted) return trill_gen_matmul_many(list, nh);
+    const int r = e->ad->rank;
+    float *u = S(e)->head_u;
+    for (int h = 0; h < nh; h++)
+        list[nh + h] = (gen_product){ .out = u + (size_t)h * r, .ldo = (size_t)nh * r, .inp = x + (size_t)h * in_w, .ldi = ldi,
+                                      .W = side->shrink + (side->shrink_per_head ? h : 0), .T = R };
+    trill_status st = trill_gen_matmul_many(list, 2 * nh);
+    if (st) return st;
+    for (int h = 0; h < nh; h++)
+        list[h] = (gen_product){ .out = y + (size_t)h * out_w, .ldo = ldo, .inp = u + (size_t)h * r, .ldi = (size_t)nh * r,
+                                 .W = side->expand + (side->expand_per_head ? h : 0), .T = R, .accumulate = 1, .scale = e->ad->scale };
+    return trill_gen_matmul_many(list, nh);
 }
 
 /* qabs: each head's [W_uk^T q_nope (+ its adapter) | q_rope]. */
@@ -339,18 +358,12 @@ static trill_status absorb_queries(trill_engine *e, const eng_layer *L, const en
     const trill_config *c = &e->c;
     deepseek_gen *f = S(e);
     const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, kl = c->kv_lora_rank, qk = dn + dr;
-    const bool side = A && A->heads[HEAD_UK_T];
-    for (int h = 0; h < nh; h++) {
-        trill_gen_gather_rows(f->qn, f->q, R, dn, nh * qk, h * qk);
-        trill_status st = trill_gen_matmul(f->lat, f->qn, &L->heads[HEAD_UK_T][h], R);
-        if (!st && side) st = add_side(f, &A->heads[HEAD_UK_T][h], f->lat, f->qn, R);
-        if (st) return st;
-        for (int r = 0; r < R; r++) {
-            float *dst = f->qabs + ((size_t)r * nh + h) * (kl + dr);
-            memcpy(dst, f->lat + (size_t)r * kl, sizeof(float) * kl);
-            memcpy(dst + kl, f->q + (size_t)r * nh * qk + (size_t)h * qk + dn, sizeof(float) * dr);
-        }
-    }
+    trill_status st = per_head(e, L->heads[HEAD_UK_T], A ? &A->heads[HEAD_UK_T] : NULL, f->qabs, (size_t)nh * (kl + dr), kl + dr, f->q,
+                               (size_t)nh * qk, qk, R);
+    if (st) return st;
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < nh; h++)
+            memcpy(f->qabs + ((size_t)r * nh + h) * (kl + dr) + kl, f->q + (size_t)r * nh * qk + (size_t)h * qk + dn, sizeof(float) * dr);
     return TRILL_OK;
 }
 
@@ -359,41 +372,27 @@ static trill_status expand_values(trill_engine *e, const eng_layer *L, const eng
     const trill_config *c = &e->c;
     deepseek_gen *f = S(e);
     const int nh = c->num_attention_heads, dv = c->v_head_dim, kl = c->kv_lora_rank;
-    const bool side = A && A->heads[HEAD_UV];
-    for (int h = 0; h < nh; h++) {
-        trill_gen_gather_rows(f->lat, f->olat, R, kl, nh * kl, h * kl);
-        trill_status st = trill_gen_matmul(f->vh, f->lat, &L->heads[HEAD_UV][h], R);
-        if (!st && side) st = add_side(f, &A->heads[HEAD_UV][h], f->vh, f->lat, R);
-        if (st) return st;
-        for (int r = 0; r < R; r++) memcpy(f->att + ((size_t)r * nh + h) * dv, f->vh + (size_t)r * dv, sizeof(float) * dv);
-    }
-    return TRILL_OK;
+    return per_head(e, L->heads[HEAD_UV], A ? &A->heads[HEAD_UV] : NULL, f->att, (size_t)nh * dv, dv, f->olat, (size_t)nh * kl, kl, R);
 }
 
 /* Layer l's MLA on xn: out = o_proj(attention). */
 static trill_status attention_block(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
-    const trill_config *c = &e->c;
     deepseek_gen *f = S(e);
     trill_status st = project(e, L, A, l, R);
     if (!st) st = absorb_queries(e, L, A, R);
     if (st) return st;
     latent_attention(e, l, R);
     if ((st = expand_values(e, L, A, R))) return st;
-    st = trill_gen_matmul(f->out, f->att, &L->m[DS_O], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &f->lora, &A->m[DS_O], f->out, c->hidden_size, f->att, R, 0);
-    return st;
+    return trill_gen_linear(e, &f->lora, &L->m[DS_O], A ? &A->m[DS_O] : NULL, f->out, f->att, R, 0);
 }
 
 /* out[R, H] = down(silu(gate) * up) of xn, gate|up fused under role gu, width I. */
 static trill_status mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int gu, int down, float *out, int R, int I) {
     deepseek_gen *f = S(e);
-    trill_status st = trill_gen_matmul(f->moe.ff, f->xn, &L->m[gu], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &f->lora, &A->m[gu], f->moe.ff, 2 * I, f->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &f->lora, &L->m[gu], A ? &A->m[gu] : NULL, f->moe.ff, f->xn, R, 0);
     if (st) return st;
     trill_gen_swiglu_fused(f->moe.act, f->moe.ff, R, I);
-    st = trill_gen_matmul(out, f->moe.act, &L->m[down], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &f->lora, &A->m[down], out, e->c.hidden_size, f->moe.act, R, 0);
-    return st;
+    return trill_gen_linear(e, &f->lora, &L->m[down], A ? &A->m[down] : NULL, out, f->moe.act, R, 0);
 }
 
 /* Sigmoid scores, group-limited top-k on scores + correction bias, gates from the unbiased

@@ -96,16 +96,10 @@ static trill_status ensure_scores(trill_engine *e, int R) {
     return trill_gen_scores_ensure(e, &S(e)->scores, R, e->c.num_attention_heads / e->c.num_key_value_heads);
 }
 
-/* Buffers of the adapter path for rank r: sized for the largest matrix it can meet. */
+/* The adapter path's buffer for rank r: a shrink row for each of a step's rows and expert slots. */
 static trill_status ensure_lora_buffers(trill_engine *e, int r) {
-    const trill_config *c = &e->c;
-    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, R = (size_t)e->rows.max;
-    const size_t qkv = (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
-    size_t cols = qkv;
-    const size_t others[] = { (size_t)c->hidden_size, 2 * (size_t)c->intermediate_size, 2 * (size_t)c->moe_intermediate_size };
-    for (int i = 0; i < 3; i++) if (others[i] > cols) cols = others[i];
-    /* lora_out rows have a fixed stride so row offsets work; lm_head's rows (at most R) are wider */
-    return trill_gen_lora_buf_ensure(&S(e)->lora, r, R * K, cols, R * (size_t)c->vocab_size);
+    const size_t K = e->c.num_experts_per_tok > 0 ? e->c.num_experts_per_tok : 1;
+    return trill_gen_lora_buf_ensure(&S(e)->lora, r, (size_t)e->rows.max * K);
 }
 
 /* ---- paged attention ---- */
@@ -205,11 +199,10 @@ static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_laye
  * keys and values joining the cache before anyone reads. */
 static trill_status attention_block(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
     const trill_config *c = &e->c;
-    const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    trill_status st = trill_gen_matmul(S(e)->qkv, S(e)->xn, &L->m[QWEN3_Q], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &S(e)->lora, &A->m[QWEN3_Q], S(e)->qkv, width, S(e)->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_Q], A ? &A->m[QWEN3_Q] : NULL, S(e)->qkv, S(e)->xn, R, 0);
     if (st) return st;
     trill_gen_gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
     trill_gen_gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qd);
@@ -225,21 +218,16 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
         trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, R);
-    st = trill_gen_matmul(S(e)->out, S(e)->att, &L->m[QWEN3_O], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &S(e)->lora, &A->m[QWEN3_O], S(e)->out, H, S(e)->att, R, 0);
-    return st;
+    return trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_O], A ? &A->m[QWEN3_O] : NULL, S(e)->out, S(e)->att, R, 0);
 }
 
 /* A dense layer's MLP on xn: out = down(silu(gate) * up). */
 static trill_status dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
-    const int H = e->c.hidden_size, I = e->c.intermediate_size;
-    trill_status st = trill_gen_matmul(S(e)->moe.ff, S(e)->xn, &L->m[QWEN3_GATE], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &S(e)->lora, &A->m[QWEN3_GATE], S(e)->moe.ff, 2 * I, S(e)->xn, R, 0);
+    const int I = e->c.intermediate_size;
+    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_GATE], A ? &A->m[QWEN3_GATE] : NULL, S(e)->moe.ff, S(e)->xn, R, 0);
     if (st) return st;
     trill_gen_swiglu_fused(S(e)->moe.act, S(e)->moe.ff, R, I);
-    st = trill_gen_matmul(S(e)->out, S(e)->moe.act, &L->m[QWEN3_DOWN], R);
-    if (!st && A) st = trill_gen_apply_lora(e, &S(e)->lora, &A->m[QWEN3_DOWN], S(e)->out, H, S(e)->moe.act, R, 0);
-    return st;
+    return trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_DOWN], A ? &A->m[QWEN3_DOWN] : NULL, S(e)->out, S(e)->moe.act, R, 0);
 }
 
 static trill_status forward_rows(trill_engine *e, int R) {
