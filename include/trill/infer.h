@@ -82,6 +82,13 @@ typedef struct trill_request {
     int n_stop_ids;
     const char *const *stop_strings; /* ... or once the generated text contains one of these (1-256 bytes each) */
     int n_stop_strings;
+    /* Teacher forcing (scoring given tokens): instead of drawing, the engine takes forced[g] as
+     * generated token g and reports the log-probability trill_sample would have reported for it
+     * (trill_sample_logprob at sampling.temperature), with its routed experts when capture is on:
+     * the same forward, batch-invariant, as when it was sampled. Needs n 1 and max_new_tokens =
+     * n_forced; stops apply as when sampling (leave them out to score every token). */
+    const int *forced;
+    int n_forced;
 } trill_request;
 
 typedef enum trill_finish { TRILL_FINISH_LENGTH, TRILL_FINISH_STOP_ID, TRILL_FINISH_STOP_STRING, TRILL_FINISH_ABORTED } trill_finish;

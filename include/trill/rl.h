@@ -77,6 +77,10 @@ typedef struct trill_rl_config {
         /* expert-parallel load balancing of the engine (trill_engine_config's eplb_*) */
         bool eplb;
         int eplb_redundant, eplb_workers, eplb_window, eplb_interval;
+        /* the trainer's log-probs and routing come from an engine in dtype (teacher forcing at the
+         * trainer's weights), so they equal the generator's bit for bit; gradients from the
+         * trainer's backward with that routing */
+        bool on_policy;
     } generator;
 
     struct {
@@ -232,6 +236,10 @@ typedef struct trill_rl_metrics {
     double flip_token_frac;    /* routed experts the trainer chose differently (NAN without MoE layers) */
     int n_moe_layers;
     double flip_layer[1024];   /* [n_moe_layers] the same per MoE layer */
+    /* generator.on_policy: the trained response tokens whose scored log-prob (bits) or expert set
+     * differs from the generator's; 0 proves the two equal (TIS weights 1, nothing masked) */
+    bool on_policy;
+    long on_policy_differing;
     /* weight sync */
     trill_sync_mode sync_mode;
     size_t sync_bytes;
@@ -248,6 +256,7 @@ typedef struct trill_rl_metrics {
          * the previous step ended (the first step: since the run's metrics were opened) */
         double system_s, user_s;
         long minor_faults;
+        double score_s;        /* generator.on_policy: teacher forcing through the scorer (within train_s) */
     } time;
     size_t generator_apply_bytes; /* async: the generator's last weight update */
     bool has_eval;             /* eval.every: a held-out evaluation after this step */

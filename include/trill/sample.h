@@ -73,4 +73,9 @@ size_t trill_sample_scratch_size(int V);
 int trill_sample(const float *logits, int V, const trill_sampling *s, uint64_t request, uint32_t sample,
                  uint32_t position, void *scratch, float *logprob);
 
+/* The log-probability trill_sample reports for `token` at this temperature (the same arithmetic,
+ * bit for bit), without drawing: for scoring given tokens (teacher forcing). -inf when no logit
+ * is a number above -inf. scratch as trill_sample's. */
+float trill_sample_logprob(const float *logits, int V, float temperature, int token, void *scratch);
+
 #endif

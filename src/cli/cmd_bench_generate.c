@@ -14,7 +14,7 @@
 static const char USAGE[] =
     "trill bench generate --model DIR [--dtypes bf16,int8] [--batches 1,16,64,256] [--prompt-len N] [--steps N] [--eplb]\n"
     "  Decode tokens/s at each batch size and prefill tokens/s for each weight format, the adapter-mode\n"
-    "  slowdown (batch 16 and 64, merged and adapter engines alternating 5 times) and the expert-capture\n"
+    "  slowdown (batch 1, 16 and 64, merged and adapter engines alternating 5 times) and the expert-capture\n"
     "  one (batch 16), and beside them the memory bandwidth (a 512 MB copy on all threads) against the\n"
     "  weight bytes a batch-1 decode step reads, and the format's compute peak\n"
     "  against GFLOP/s at the largest batch. Random prompts; defaults: 64-token prompts, 16 timed steps.\n"
@@ -166,7 +166,7 @@ static trill_status adapter_cost(trill_model *m, const trill_lora *lora, const t
     return st;
 }
 
-/* One weight format: the batch sizes, then adapter mode at batch 16 and 64 and expert capture at 16. */
+/* One weight format: the batch sizes, then adapter mode at batch 1, 16 and 64 and expert capture at 16. */
 static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_gen_format fmt, const bench_opts *o) {
     const trill_config *cfg = trill_model_config(m);
     const char *instruction;
@@ -202,8 +202,8 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     }
     trill_engine_free(e);
     e = NULL;
-    /* adapter mode at batch 16 and 64 against the plain engine, alternating; capture at 16 */
-    for (int b = 16; b <= 64 && !st; b *= 4) st = adapter_cost(m, lora, &ec, o, b);
+    /* adapter mode at batch 1, 16 and 64 against the plain engine, alternating; capture at 16 */
+    for (int b = 1; b <= 64 && !st; b *= b == 1 ? 16 : 4) st = adapter_cost(m, lora, &ec, o, b);
     run_result plain, captured;
     if (!st) st = trill_engine_create(m, &ec, &e);
     if (!st) st = run(e, cfg, 16, (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &plain);
@@ -267,7 +267,7 @@ int bench_generate(int argc, char **argv) {
     if (trill_gen_isa(&isa_used)) return cli_fail("bench");
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("bench");
-    int max_batch = 64; /* the adapter comparison runs at 16 and 64, expert capture at 16 */
+    int max_batch = 64; /* the adapter comparison runs at 1, 16 and 64, expert capture at 16 */
     for (int i = 0; i < n_batches; i++) if (batches[i] > max_batch) max_batch = batches[i];
     const double bw = memory_bandwidth();
     printf("memory bandwidth (512 MB copy, %d threads): %.1f GB/s\n", omp_get_max_threads(), bw);

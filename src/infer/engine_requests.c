@@ -46,6 +46,7 @@ void trill_eng_free_req(req *q) {
     free(q->stop_strings);
     free(q->prompt);
     free(q->stop_ids);
+    free(q->forced);
     free(q);
 }
 
@@ -71,6 +72,12 @@ static trill_status check_request(const trill_engine *e, const trill_request *r)
     for (int i = 0; i < r->prompt_len; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "request %llu: prompt token %d is %d, outside the vocabulary [0, %d)", id, i, r->prompt[i], c->vocab_size);
+    if (r->n_forced < 0 || (r->n_forced > 0 && (!r->forced || r->n > 1 || r->max_new_tokens != r->n_forced)))
+        return trill_error(TRILL_ERR_INVALID, "request %llu: forced tokens need n 1 and max_new_tokens = n_forced (%d), got n %d, max_new_tokens %d",
+                           id, r->n_forced, r->n, r->max_new_tokens);
+    for (int i = 0; i < r->n_forced; i++)
+        if (r->forced[i] < 0 || r->forced[i] >= c->vocab_size)
+            return trill_error(TRILL_ERR_INVALID, "request %llu: forced token %d is %d, outside the vocabulary [0, %d)", id, i, r->forced[i], c->vocab_size);
     trill_status st = trill_sampling_check(&r->sampling);
     if (st) {
         trill_error_context("request %llu", id);
@@ -99,7 +106,8 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     q->prompt = trill_malloc(sizeof(int) * (size_t)r->prompt_len);
     q->stop_ids = trill_malloc(sizeof(int) * (size_t)(r->n_stop_ids + 1));
     q->stop_strings = trill_calloc((size_t)r->n_stop_strings + 1, sizeof(char *));
-    bool ok = q->prompt && q->stop_ids && q->stop_strings;
+    q->forced = r->n_forced ? trill_malloc(sizeof(int) * (size_t)r->n_forced) : NULL;
+    bool ok = q->prompt && q->stop_ids && q->stop_strings && (!r->n_forced || q->forced);
     for (int i = 0; ok && i < r->n_stop_strings; i++) {
         ok = (q->stop_strings[i] = trill_strdup(r->stop_strings[i])) != NULL;
         size_t len = ok ? strlen(r->stop_strings[i]) : 0;
@@ -109,6 +117,8 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     if (ok) {
         memcpy(q->prompt, r->prompt, sizeof(int) * (size_t)r->prompt_len);
         if (r->n_stop_ids) memcpy(q->stop_ids, r->stop_ids, sizeof(int) * (size_t)r->n_stop_ids);
+        if (r->n_forced) memcpy(q->forced, r->forced, sizeof(int) * (size_t)r->n_forced);
+        q->r.forced = q->forced;
         q->r.prompt = q->prompt;
         q->r.stop_ids = q->stop_ids;
         q->r.stop_strings = (const char *const *)q->stop_strings;

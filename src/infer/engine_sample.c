@@ -141,8 +141,14 @@ static trill_status sample_all(trill_engine *e, int n) {
         const req *q = s->rq;
         const int gen = s->n_tokens - s->n_prompt;
         float lp = 0;
-        e->smp.token[i] = trill_sample(e->logits + (size_t)e->smp.row[i] * V, V, &q->r.sampling, q->r.id, (uint32_t)s->sample,
-                                          (uint32_t)gen, (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num(), &lp);
+        const float *logits = e->logits + (size_t)e->smp.row[i] * V;
+        void *work = (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num();
+        if (q->r.n_forced) { /* teacher forcing: the given token, scored as a draw would have been */
+            lp = trill_sample_logprob(logits, V, q->r.sampling.temperature, q->r.forced[gen], work);
+            e->smp.token[i] = q->r.forced[gen]; /* (-inf: the model gives it no probability, which the scorer reports) */
+        } else {
+            e->smp.token[i] = trill_sample(logits, V, &q->r.sampling, q->r.id, (uint32_t)s->sample, (uint32_t)gen, work, &lp);
+        }
         e->smp.lp[i] = lp;
     }
     for (int i = 0; i < n; i++) /* refused before any sequence takes its token */

@@ -304,23 +304,15 @@ static cut truncation_cut(const double *w, int V, double S, const trill_sampling
     return k;
 }
 
-int trill_sample(const float *logits, int V, const trill_sampling *s, uint64_t request, uint32_t sample,
-                 uint32_t position, void *scratch, float *logprob) {
-    assert(logits && V > 0 && s && scratch);
-    assert(temperature_ok(s->temperature) && s->top_k >= 0 && top_p_ok(s->top_p) && min_p_ok(s->min_p));
-
+/* The first token at the maximum (ties: the lowest id), or -1 when every logit is -inf or NaN:
+ * the first block of 256 whose vectorised maximum is it, then a scalar walk inside that block. */
+static int argmax_of(const float *logits, int V) {
     int32_t best = order_key(clean_bits(-INFINITY));
     for (int i = 0; i < V; i++) {
         int32_t key = order_key(clean_bits(logits[i]));
         best = key > best ? key : best;
     }
-    if (best == order_key(clean_bits(-INFINITY))) { /* only -inf and NaN */
-        if (logprob) *logprob = -INFINITY;
-        return -1;
-    }
-    /* the first at the maximum (ties → lowest id): the first block of 256 whose vectorised
-     * maximum is it, then a scalar walk inside that block only */
-    int argmax = 0;
+    if (best == order_key(clean_bits(-INFINITY))) return -1; /* only -inf and NaN */
     for (int b0 = 0; b0 < V; b0 += 256) {
         const int hi = b0 + 256 < V ? b0 + 256 : V;
         int32_t block_best = order_key(clean_bits(-INFINITY));
@@ -329,22 +321,49 @@ int trill_sample(const float *logits, int V, const trill_sampling *s, uint64_t r
             block_best = key > block_best ? key : block_best;
         }
         if (block_best != best) continue;
-        argmax = b0;
+        int argmax = b0;
         while (order_key(clean_bits(logits[argmax])) != best) argmax++;
-        break;
+        return argmax;
+    }
+    return -1;
+}
+
+/* w[i] = exp((logit[i] - max) / T) into scratch and their sum S: what the draw and the log-prob
+ * read. Greedy reports the model's own log-probability: temperature 1. */
+static double weights_of(const float *logits, int V, float temperature, float max, double *w, double *block_sum, double *inv_t) {
+    *inv_t = temperature == 0 ? 1.0 : 1.0 / temperature;
+    for (int i = 0; i < V; i++) w[i] = exp_nonpos_f32((float)z_of(logits[i], max, *inv_t));
+    return block_sums(w, V, NULL, block_sum);
+}
+
+float trill_sample_logprob(const float *logits, int V, float temperature, int token, void *scratch) {
+    assert(logits && V > 0 && scratch && token >= 0 && token < V && temperature_ok(temperature));
+    const int argmax = argmax_of(logits, V);
+    if (argmax < 0) return -INFINITY;
+    const float max = clean_logit(logits[argmax]);
+    double *w = scratch, inv_t;
+    double *block_sum = (double *)((cand *)(w + V) + V);
+    const double S = weights_of(logits, V, temperature, max, w, block_sum, &inv_t);
+    return (float)(z_of(logits[token], max, inv_t) - log(S));
+}
+
+int trill_sample(const float *logits, int V, const trill_sampling *s, uint64_t request, uint32_t sample,
+                 uint32_t position, void *scratch, float *logprob) {
+    assert(logits && V > 0 && s && scratch);
+    assert(temperature_ok(s->temperature) && s->top_k >= 0 && top_p_ok(s->top_p) && min_p_ok(s->min_p));
+    const int argmax = argmax_of(logits, V);
+    if (argmax < 0) {
+        if (logprob) *logprob = -INFINITY;
+        return -1;
     }
     float max = clean_logit(logits[argmax]);
     if (s->temperature == 0 && !logprob) return argmax;
 
-    double *w = scratch;
+    double *w = scratch, inv_t;
     cand *c = (cand *)(w + V);
     double *block_sum = (double *)(c + V);
     double *mass = block_sum + n_blocks(V);
-
-    /* greedy reports the model's own log-probability: temperature 1 */
-    double inv_t = s->temperature == 0 ? 1.0 : 1.0 / s->temperature;
-    for (int i = 0; i < V; i++) w[i] = exp_nonpos_f32((float)z_of(logits[i], max, inv_t));
-    double S = block_sums(w, V, NULL, block_sum);
+    const double S = weights_of(logits, V, s->temperature, max, w, block_sum, &inv_t);
 
     int token = argmax;
     if (s->temperature > 0) {

@@ -140,6 +140,10 @@ static const key KEYS[] = {
     INT("generator.eplb_workers", generator.eplb_workers, 0, 4096, "0", "EPLB: workers the slots are spread over (0: the generator's threads)."),
     INT("generator.eplb_window", generator.eplb_window, 1, 1 << 20, "64", "EPLB: generator steps of routed load the planner sees."),
     INT("generator.eplb_interval", generator.eplb_interval, 1, 1 << 20, "16", "EPLB: generator steps between plans."),
+    BOOL("generator.on_policy", generator.on_policy, "false",
+         "On-policy mode: the trainer's log-probs and expert routing come from an engine in generator.dtype scoring the sampled "
+         "tokens at the trainer's current weights, bit-identical to the generator's (mismatch 0, TIS weights 1); the backward is "
+         "the trainer's, through that routing. Needs mode sync."),
 
     ENUM("reward.verifier", reward.verifier, VERIFIERS, "demo",
          "Built-in verifier of each completion against the answer field (`demo`: the embedded demo's task)."),
@@ -935,6 +939,9 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
         return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external or reward.model");
     if (c->mode == TRILL_MODE_ASYNC && c->eval.every > 0)
         return trill_error(TRILL_ERR_INVALID, "eval.every: periodic evaluation needs mode sync (async runs evaluate before and after)");
+    if (c->mode == TRILL_MODE_ASYNC && c->generator.on_policy)
+        return trill_error(TRILL_ERR_INVALID, "generator.on_policy: true needs mode: sync (async generation runs ahead of the trainer's weights, "
+                           "so its tokens are off-policy by design: use algo.loss: aipo there)");
     if (c->mode == TRILL_MODE_ASYNC && c->rollouts.replay[0])
         return trill_error(TRILL_ERR_INVALID, "rollouts.replay: replaying recorded rollouts needs mode sync (there is no generator to overlap)");
     if (!c->trainer.lora.targets || (c->trainer.lora.targets & ~TRILL_LORA_ALL_LINEAR) >> TRILL_LORA_N_TARGETS)

@@ -15,22 +15,27 @@ struct rl_generator {
     int L, K;                     /* MoE layers, experts per token: the captured experts' shape */
 };
 
+trill_engine_config trill_rl_engine_config(const trill_rl_config *c, const trill_config *mc) {
+    trill_engine_config ec = trill_engine_config_default();
+    ec.format = c->generator.dtype;
+    ec.kv_cache_mb = (size_t)c->generator.kv_cache_mb;
+    ec.max_batch_tokens = c->generator.max_batch_tokens;
+    ec.capture_experts = mc->n_moe_layers > 0; /* routing flips are measured every step, replay or not */
+    ec.eplb = c->generator.eplb;
+    ec.eplb_redundant = c->generator.eplb_redundant;
+    ec.eplb_workers = c->generator.eplb_workers;
+    ec.eplb_window = c->generator.eplb_window;
+    ec.eplb_interval = c->generator.eplb_interval;
+    return ec;
+}
+
 trill_status trill_rl_generator_create(const trill_rl_config *c, const trill_model *policy, const trill_tokenizer *tok,
                                        const trill_dataset *train, rl_generator **out) {
     rl_generator *g = trill_calloc(1, sizeof *g);
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const trill_config *mc = trill_model_config(policy);
     *g = (rl_generator){ .c = c, .tok = tok, .train = train, .L = mc->n_moe_layers, .K = mc->num_experts_per_tok };
-    trill_engine_config ec = trill_engine_config_default();
-    ec.format = c->generator.dtype;
-    ec.kv_cache_mb = (size_t)c->generator.kv_cache_mb;
-    ec.max_batch_tokens = c->generator.max_batch_tokens;
-    ec.capture_experts = g->L > 0; /* routing flips are measured every step, replay or not */
-    ec.eplb = c->generator.eplb;
-    ec.eplb_redundant = c->generator.eplb_redundant;
-    ec.eplb_workers = c->generator.eplb_workers;
-    ec.eplb_window = c->generator.eplb_window;
-    ec.eplb_interval = c->generator.eplb_interval;
+    trill_engine_config ec = trill_rl_engine_config(c, mc);
     ec.tokenizer = tok;
     trill_status st = trill_engine_create(policy, &ec, &g->engine);
     if (st) {

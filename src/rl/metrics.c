@@ -64,6 +64,10 @@ static json_t *to_json(const trill_rl_metrics *m) {
     put(&w, o, "mis_masked_frac", num(m->mis_masked_frac));
     put(&w, o, "flip_token_frac", num(m->flip_token_frac));
     put(&w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
+    if (m->on_policy) {
+        put(&w, o, "on_policy_exact", json_boolean(m->on_policy_differing == 0));
+        put(&w, o, "on_policy_differing", json_integer(m->on_policy_differing));
+    }
     put(&w, o, "sync_mode", json_string(m->sync_mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
     put(&w, o, "sync_bytes", json_integer((json_int_t)m->sync_bytes));
     put(&w, o, "sync_ms", num(m->sync_ms));
@@ -86,6 +90,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
         put(&w, t, "system_s", num(m->time.system_s));
         put(&w, t, "user_s", num(m->time.user_s));
         put(&w, t, "minor_faults", json_integer((json_int_t)m->time.minor_faults));
+        if (m->on_policy) put(&w, t, "score_s", num(m->time.score_s));
         if (m->async) {
             put(&w, t, "trainer_wait_s", num(m->time.trainer_wait_s));
             put(&w, t, "generator_apply_ms", num(m->time.generator_apply_ms));

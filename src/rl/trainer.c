@@ -9,7 +9,10 @@
 #include "model/model_internal.h"
 #include "trill/fileio.h"
 #include "model/lora_internal.h"
+#include "generator.h"
 #include "trainer.h"
+#include "trill/infer.h"
+#include "trill/timing.h"
 #include "trill/rl_algo.h"
 #include "trill/train.h"
 
@@ -27,6 +30,11 @@ struct rl_trainer {
     float *merge_base;            /* ... and its base weights */
     int L, K;                     /* MoE layers, experts per token */
     int step;                     /* the step being trained (1-based) */
+    /* generator.on_policy: an engine in the generator's format scoring the batch's tokens at the
+     * trainer's weights (sent again whenever they changed) */
+    trill_engine *scorer;
+    bool scorer_stale;
+    double score_s;               /* this step's seconds in it */
 };
 
 /* ---- micro-batches ---- */
@@ -41,7 +49,8 @@ typedef struct micro {
 
 static void micro_free(micro *m) { free(m->offsets); free(m->tokens); free(m->replay); }
 
-static trill_status micro_make(const rl_batch *b, const int *seq, int n, bool replay, micro *m) {
+/* replay: the routing to replay, [T][L][K] at batch positions (NULL: the trainer's own router). */
+static trill_status micro_make(const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m) {
     memset(m, 0, sizeof *m);
     m->n = n;
     m->seq = seq;
@@ -56,11 +65,19 @@ static trill_status micro_make(const rl_batch *b, const int *seq, int n, bool re
         const int from = b->offsets[seq[i]], len = b->offsets[seq[i] + 1] - from;
         m->offsets[i] = at;
         memcpy(m->tokens + at, b->tokens + from, sizeof(int) * (size_t)len);
-        if (m->replay) memcpy(m->replay + (size_t)at * row, b->experts + (size_t)from * row, sizeof(uint16_t) * row * (size_t)len);
+        if (m->replay) memcpy(m->replay + (size_t)at * row, replay + (size_t)from * row, sizeof(uint16_t) * row * (size_t)len);
         at += len;
     }
     m->offsets[n] = at;
     return TRILL_OK;
+}
+
+/* The routing the trainer's forward replays: on-policy mode's scorer's once it scored (the loss
+ * sees its log-probs: the backward must go through the same experts), else the generator's with
+ * router replay (on-policy mode before scoring: the generator's, which it equals), else none. */
+static const uint16_t *replay_source(const rl_trainer *r, const rl_batch *b, const uint16_t *scored) {
+    if (r->scorer && scored) return scored;
+    return r->c->router_replay || r->scorer ? b->experts : NULL;
 }
 
 /* Consecutive runs of `seq` under the token budget (at least one sequence each). */
@@ -80,6 +97,8 @@ typedef struct token_arrays {
     float *old_logp, *ref_logp, *tis;
     uint8_t *mask;
     uint16_t *train_experts;
+    float *onp_logp;        /* generator.on_policy: the scorer's log-probs of the response tokens at the current weights */
+    uint16_t *onp_experts;  /* ... and its routing (as rl_batch.experts) */
 } token_arrays;
 
 /* Copies a micro-batch's packed per-token values back into batch positions. */
@@ -162,20 +181,96 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
     return st;
 }
 
+/* ---- generator.on_policy: the generator's numbers at the trainer's weights ---- */
+
+/* The scorer gets the trainer's weights as a sync would ship them (the adapters, or the merged
+ * model in merge sync): the same bits the generator computes with after the next sync. */
+static trill_status scorer_sync(rl_trainer *r) {
+    if (!r->scorer_stale) return TRILL_OK;
+    const float *data;
+    size_t n;
+    const trill_model *merged;
+    trill_status st = trill_rl_trainer_export(r, &data, &n, &merged);
+    if (!st) st = merged ? trill_engine_update_weights(r->scorer, merged, 0, NULL) : trill_engine_update_adapter(r->scorer, r->lora, 0, NULL);
+    if (!st) r->scorer_stale = false;
+    return st;
+}
+
+/* Teacher forcing of seq[0..n)'s responses through the scorer: each response token's log-prob as
+ * the generator's sampler reports it (at generator.temperature) into ta->onp_logp, and the
+ * routing of every forwarded position into ta->onp_experts, at batch positions. */
+static trill_status score_on_policy(rl_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta) {
+    const trill_rl_config *c = r->c;
+    const size_t row = (size_t)r->L * r->K;
+    const double t0 = trill_now();
+    trill_status st = scorer_sync(r);
+    trill_request q = { .n = 1, .sampling = trill_sampling_default() };
+    q.sampling.temperature = (float)c->generator.temperature;
+    for (int i = 0; i < n && !st; i++) {
+        const int s = seq[i], len = rl_response_len(b, s);
+        if (len < 1) continue;
+        q.id = (uint64_t)i;
+        q.prompt = b->tokens + b->offsets[s];
+        q.prompt_len = b->prompt_len[s];
+        q.forced = q.prompt + q.prompt_len;
+        q.n_forced = q.max_new_tokens = len;
+        st = trill_engine_submit(r->scorer, &q);
+    }
+    if (!st) st = trill_engine_run(r->scorer);
+    trill_sequence_out out[32];
+    int got;
+    while ((got = trill_engine_collect(r->scorer, out, 32)) > 0)
+        for (int k = 0; k < got; k++) {
+            const int s = seq[out[k].request], at = b->offsets[s];
+            if (!st && out[k].n_prompt + out[k].n_generated != b->offsets[s + 1] - at)
+                st = trill_error(TRILL_ERR_INVALID, "generator.on_policy: sequence %d was scored over %d tokens, not %d", s,
+                                 out[k].n_prompt + out[k].n_generated, b->offsets[s + 1] - at);
+            if (!st) {
+                memcpy(ta->onp_logp + at + out[k].n_prompt, out[k].logprobs, sizeof(float) * (size_t)out[k].n_generated);
+                if (row && out[k].experts)
+                    memcpy(ta->onp_experts + (size_t)at * row, out[k].experts, sizeof(uint16_t) * row * (size_t)(b->offsets[s + 1] - at - 1));
+            }
+            trill_sequence_out_free(&out[k]);
+        }
+    r->score_s += trill_now() - t0;
+    return st;
+}
+
+/* The micro-batch's packed log-probs of its response tokens replaced by the scorer's. */
+static void take_scored(const rl_batch *b, const micro *m, const token_arrays *ta, float *lp) {
+    for (int i = 0; i < m->n; i++) {
+        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], len = rl_response_len(b, s);
+        memcpy(lp + m->offsets[i] + b->prompt_len[s], ta->onp_logp + from, sizeof(float) * (size_t)len);
+    }
+}
+
+/* The micro-batch's packed routing from the scorer's, for the metrics' training routing. */
+static void take_scored_experts(const rl_batch *b, const micro *m, const token_arrays *ta, uint16_t *ex) {
+    const size_t row = (size_t)b->n_moe_layers * b->top_k;
+    for (int i = 0; i < m->n; i++)
+        memcpy(ex + (size_t)m->offsets[i] * row, ta->onp_experts + (size_t)b->offsets[m->seq[i]] * row,
+               sizeof(uint16_t) * row * (size_t)(m->offsets[i + 1] - m->offsets[i]));
+}
+
 /* A forward without gradients over `seq`: old log-probs (adapters on) and/or reference
  * log-probs (adapters off), plus the trainer's routing. */
 static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
     const trill_rl_config *c = r->c;
-    trill_status st = TRILL_OK;
+    trill_status st = r->scorer && want_old ? score_on_policy(r, b, seq, n, ta) : TRILL_OK;
     for (int at = 0; at < n && !st;) {
         const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
         micro m;
-        if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
+        if ((st = micro_make(b, seq + at, k, replay_source(r, b, r->scorer && want_old ? ta->onp_experts : NULL), &m))) break;
         float *lp = trill_malloc(sizeof(float) * (size_t)m.T);
         uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
         if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st && want_old) {
-            st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex);
+            if (r->scorer) { /* the scorer's numbers (scored before the loop) */
+                take_scored(b, &m, ta, lp);
+                if (ex) take_scored_experts(b, &m, ta, ex);
+            } else {
+                st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex);
+            }
             if (!st) {
                 scatter_logp(b, &m, lp, ta->old_logp);
                 if (ex) scatter_experts(b, &m, ex, ta->train_experts);
@@ -227,17 +322,21 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
     const trill_rl_config *c = r->c;
     memset(r->lora_grads, 0, sizeof(float) * r->n_values);
     double denom_tokens = 0, sums[4] = { 0 };
-    trill_status st = TRILL_OK;
+    trill_status st = r->scorer ? score_on_policy(r, b, seq, n, ta) : TRILL_OK;
     for (int at = 0; at < n && !st;) {
         const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
         micro m;
-        if ((st = micro_make(b, seq + at, k, c->router_replay, &m))) break;
+        if ((st = micro_make(b, seq + at, k, replay_source(r, b, ta->onp_experts), &m))) break;
         float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_calloc((size_t)m.T, sizeof(float));
         uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
         int *off = trill_malloc(sizeof(int) * (size_t)(k + 1));
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp || !off || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
+        if (!st && r->scorer) { /* on-policy: the loss sees the generator's numbers, the backward runs through the trainer's forward */
+            take_scored(b, &m, ta, lp);
+            if (ex) take_scored_experts(b, &m, ta, ex);
+        }
         if (!st && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
             scatter_logp(b, &m, lp, ta->old_logp);
             if (ex) scatter_experts(b, &m, ex, ta->train_experts);
@@ -300,6 +399,7 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
     double grad_norm, lr;
     bool applied;
     if ((st = apply_update(r, denom, sums[0] / denom, total, &grad_norm, &lr, &applied))) return st;
+    r->scorer_stale |= applied;
     if (!applied) {
         ts->skipped++;
         return TRILL_OK;
@@ -336,14 +436,20 @@ static trill_status token_arrays_alloc(const rl_trainer *r, const rl_batch *b, t
     ta->tis = trill_malloc(sizeof(float) * T);
     ta->mask = trill_calloc(T, 1);
     ta->train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
-    if (!ta->old_logp || (ref && !ta->ref_logp) || !ta->tis || !ta->mask || (row && !ta->train_experts))
+    if (r->scorer) {
+        ta->onp_logp = trill_malloc(sizeof(float) * T);
+        ta->onp_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
+    }
+    if (!ta->old_logp || (ref && !ta->ref_logp) || !ta->tis || !ta->mask || (row && !ta->train_experts) ||
+        (r->scorer && (!ta->onp_logp || (row && !ta->onp_experts))))
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < T * row; i++) ta->train_experts[i] = TRILL_REPLAY_NONE;
+    for (size_t i = 0; ta->onp_experts && i < T * row; i++) ta->onp_experts[i] = TRILL_REPLAY_NONE;
     return TRILL_OK;
 }
 
 static void token_arrays_free(token_arrays *ta) {
-    free(ta->old_logp); free(ta->ref_logp); free(ta->tis); free(ta->mask); free(ta->train_experts);
+    free(ta->old_logp); free(ta->ref_logp); free(ta->tis); free(ta->mask); free(ta->train_experts); free(ta->onp_logp); free(ta->onp_experts);
 }
 
 /* Which sequences train, and their advantages. Dynamic sampling looks at the rewards of the task,
@@ -405,7 +511,7 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
     uint16_t *ge = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
     uint16_t *te = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
     double tis_sum = 0, tis_capped = 0, kl_ref_sum = 0;
-    long j = 0, masked = 0, kl_ref_n = 0;
+    long j = 0, masked = 0, kl_ref_n = 0, differing = 0;
     trill_status st = old && behav && (!row || (ge && te)) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n_kept && !st; i++) {
         const int s = kept[i];
@@ -421,6 +527,7 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
                 memcpy(ge + (size_t)j * row, b->experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
                 memcpy(te + (size_t)j * row, ta->train_experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
             }
+            differing += memcmp(&old[j], &behav[j], sizeof(float)) != 0 || (row && memcmp(ge + (size_t)j * row, te + (size_t)j * row, sizeof(uint16_t) * row) != 0);
         }
     }
     if (!st) {
@@ -441,6 +548,9 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
         for (int l = 0; l < r->L; l++) m->flip_layer[l] = 0;
         if (row && R) trill_rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, m->flip_layer);
         m->flip_token_frac = row ? token_flip : NAN;
+        m->on_policy = r->scorer != NULL;
+        m->on_policy_differing = differing;
+        m->time.score_s = r->score_s;
     }
     free(old); free(behav); free(ge); free(te);
     return st;
@@ -451,6 +561,7 @@ trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_trai
     int *kept = trill_malloc(sizeof(int) * (size_t)b->n_seqs);
     memset(ts, 0, sizeof *ts);
     r->step = step;
+    r->score_s = 0;
     trill_status st = kept ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = token_arrays_alloc(r, b, &ta);
     if (!st) st = shape_rewards(r, b, &ta, kept, &ts->kept, &ts->flat_groups);
@@ -506,7 +617,7 @@ static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, doubl
     for (int at = 0; at < b->n_seqs && !st;) {
         const int k = next_micro(b, seq + at, b->n_seqs - at, r->c->trainer.micro_batch_tokens);
         micro m;
-        if ((st = micro_make(b, seq + at, k, false, &m))) break;
+        if ((st = micro_make(b, seq + at, k, NULL, &m))) break;
         float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_malloc(sizeof(float) * (size_t)m.T);
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -645,6 +756,11 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
         if (!st) memcpy(t->merge_base, t->merge_model->params, sizeof(float) * t->merge_model->n_f32);
     }
     if (!st) st = make_trainable(t, ckpt);
+    if (!st && c->generator.on_policy) {
+        const trill_engine_config ec = trill_rl_engine_config(c, trill_model_config(t->policy));
+        st = trill_engine_create(t->policy, &ec, &t->scorer);
+        t->scorer_stale = true;
+    }
     if (st) {
         trill_rl_trainer_free(t);
         return st;
@@ -655,6 +771,7 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
 
 void trill_rl_trainer_free(rl_trainer *t) {
     if (!t) return;
+    trill_engine_free(t->scorer);
     if (t->policy) trill_model_attach_lora(t->policy, NULL);
     trill_lora_free(t->lora);
     free(t->lora_grads);

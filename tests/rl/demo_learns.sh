@@ -52,6 +52,25 @@ after16=$(pass1 after log3)
 echo "demo, 40 RL steps, bf16 trainer: held-out pass@1 $before% -> $after16%"
 awk -v a="$before" -v b="$after16" 'BEGIN { exit !(b - a >= 7) }' || fail "bf16: RL raised held-out pass@1 by less than 7 points ($before% -> $after16%)"
 
+# on-policy mode (generator.on_policy: true): the trainer's log-probs and routing come from an
+# engine in the generator's format scoring the sampled tokens at the trainer's weights, so with
+# router replay off every step's mismatch is exactly 0 (k3, max |d|, flips; TIS weights exactly 1),
+# with a bf16 and with an int8 generator
+for dt in bf16 int8; do
+  run log_onp_$dt train run_dir=onp_$dt steps=20 checkpoint.every=0 generator.on_policy=true router_replay=false generator.dtype=$dt
+  /usr/bin/python3 - onp_$dt/metrics.jsonl <<'PY' || fail "on-policy mode ($dt): a step with a mismatch"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert len(m) == 20, len(m)
+for x in m:
+    assert x["on_policy_exact"] is True and x["on_policy_differing"] == 0, x
+    assert x["mismatch_k3"] == 0 and x["mismatch_max_abs"] == 0 and x["mismatch_mean_abs"] == 0, x
+    assert x["flip_token_frac"] == 0 and x["tis_mean"] == 1 and x["mis_masked_frac"] == 0, x
+    assert x["mismatch_tokens"] > 0 and x["time"]["score_s"] > 0, x
+print(sys.argv[1], "20 steps, mismatch exactly 0 in every step; scoring", round(sum(x["time"]["score_s"] for x in m) / 20, 4), "s a step")
+PY
+done
+
 # trill eval with the run's evaluation settings (eval seed = seed ^ "eval") gives the same figure
 demo=$(ls -d cache/addition-*/)
 run log_eval eval --model "$demo/model" --adapter run2/checkpoints/step-00000040/adapter --data "$demo/eval.jsonl" --verifier demo \

@@ -754,6 +754,73 @@ static void test_adapter_formats(void **state) {
     trill_model_free(merged);
 }
 
+/* Teacher forcing (trill_request.forced): scoring the tokens a run sampled, one request per
+ * sample in a batch of its own (so the rows sit elsewhere than when they were sampled), gives
+ * their log-probs and routed experts bit for bit, in every format, with an adapter on and at a
+ * temperature other than 1 with top-p on (the log-prob is before truncation, as the sampler
+ * reports it). This is what generator.on_policy's scorer relies on. Malformed forced requests are
+ * refused with the field named. */
+static void test_forced_tokens(void **state) {
+    (void)state;
+    trill_model *m = small_model(37);
+    trill_lora_config lc = { .rank = 4, .alpha = 8 };
+    assert_int_equal(trill_lora_parse_targets(g_deepseek ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head", &lc.targets), 0);
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(m, lc, 5, &lora), TRILL_OK);
+    for (size_t t = 1; t < lora->n_tensors; t += 2)
+        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(4, t * 100003 + i);
+    const int L = m->config.n_moe_layers, K = m->config.num_experts_per_tok;
+    for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++) {
+        trill_engine *e = engine(m, (trill_gen_format)f, 512, 0, 16);
+        assert_int_equal(trill_engine_update_adapter(e, lora, 1, NULL), TRILL_OK);
+        trill_request rs[3] = { request(1, P1, 13, 2, 20), request(2, P3, 37, 2, 20), request(3, P2, 2, 2, 20) };
+        for (int i = 0; i < 3; i++) {
+            rs[i].sampling.temperature = 0.7f;
+            rs[i].sampling.top_p = 0.9f;
+            assert_int_equal(trill_engine_submit(e, &rs[i]), TRILL_OK);
+        }
+        trill_sequence_out out[MAX_OUT], scored[MAX_OUT];
+        const int n = run_all(e, out);
+        assert_int_equal(n, 6);
+        for (int i = 0; i < n; i++) { /* scored in reverse order, all at once */
+            const trill_sequence_out *o = &out[n - 1 - i];
+            trill_request q = request(100 + (uint64_t)(n - 1 - i), o->tokens, o->n_prompt, 1, o->n_generated);
+            q.sampling.temperature = 0.7f;
+            q.forced = o->tokens + o->n_prompt;
+            q.n_forced = o->n_generated;
+            assert_int_equal(trill_engine_submit(e, &q), TRILL_OK);
+        }
+        assert_int_equal(run_all(e, scored), n);
+        for (int i = 0; i < n; i++) {
+            const trill_sequence_out *o = &out[i], *s = &scored[i];
+            assert_int_equal(s->request, 100 + (uint64_t)i);
+            assert_int_equal(s->n_generated, o->n_generated);
+            assert_memory_equal(s->tokens, o->tokens, sizeof(int) * (size_t)(o->n_prompt + o->n_generated));
+            assert_memory_equal(s->logprobs, o->logprobs, sizeof(float) * (size_t)o->n_generated);
+            assert_memory_equal(s->experts, o->experts, sizeof(uint16_t) * (size_t)(o->n_prompt + o->n_generated - 1) * L * K);
+            trill_sequence_out_free(&scored[i]);
+        }
+        /* refusals */
+        trill_request bad = request(9, P1, 13, 2, 3);
+        const int tokens[3] = { 1, 2, 3 }, outside[3] = { 1, m->config.vocab_size, 3 };
+        bad.forced = tokens;
+        bad.n_forced = 3;
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID); /* n 2 */
+        bad.n = 1;
+        bad.max_new_tokens = 4;
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID); /* max_new_tokens != n_forced */
+        assert_non_null(strstr(trill_error_message(), "max_new_tokens"));
+        bad.max_new_tokens = 3;
+        bad.forced = outside;
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID);
+        assert_non_null(strstr(trill_error_message(), "forced token 1"));
+        for (int i = 0; i < n; i++) trill_sequence_out_free(&out[i]);
+        trill_engine_free(e);
+    }
+    trill_lora_free(lora);
+    trill_model_free(m);
+}
+
 /* What a token keeps in the cache: per layer, the keys and values of every kv head (Qwen3), or
  * MLA's one latent row of kv_lora_rank + qk_rope_head_dim values (DeepSeek-V3); and on a model
  * without MoE layers, so routing cannot flip, the absorbed attention over that latent equals the
@@ -813,6 +880,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_eplb_load_window),
         cmocka_unit_test(test_quantized_mismatch),
         cmocka_unit_test(test_adapter_formats),
+        cmocka_unit_test(test_forced_tokens),
         cmocka_unit_test(test_kv_cache_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -84,6 +84,7 @@ static void assert_configs_equal(const trill_rl_config *a, const trill_rl_config
     assert_int_equal(a->algo.minibatches, b->algo.minibatches);
     assert_true(a->algo.aipo_rho == b->algo.aipo_rho);
     assert_int_equal(a->mode, b->mode);
+    assert_int_equal(a->generator.on_policy, b->generator.on_policy);
     assert_int_equal(a->async.max_staleness, b->async.max_staleness);
     assert_int_equal(a->async.queue, b->async.queue);
     assert_int_equal(a->async.on_stale, b->async.on_stale);
@@ -578,6 +579,14 @@ static void test_validate(void **state) {
     c.trainer.lora.targets = 0;
     assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("trainer.lora.targets");
+    trill_rl_config_free(&c);
+    /* on-policy scoring is for sync runs: async generation runs ahead of the weights */
+    trill_rl_config_defaults(&c);
+    set_ok(&c, "generator.on_policy=true");
+    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
+    set_ok(&c, "mode=async");
+    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_message_has("generator.on_policy: true needs mode: sync");
     trill_rl_config_free(&c);
 }
 

@@ -171,6 +171,9 @@ static void test_logprob_is_untruncated_log_softmax(void **state) {
                 assert_true(tok >= 0 && tok < V && tok % 37 != 0);
                 double ref = ref_logprob(logits, V, temps[t], tok);
                 assert_true(fabs(lp - ref) <= 1.2e-7 * fmax(1.0, fabs(ref))); /* float rounding */
+                /* scoring the drawn token (teacher forcing) reports the same bits */
+                const float scored = trill_sample_logprob(logits, V, s.temperature, tok, scratch);
+                assert_memory_equal(&scored, &lp, sizeof lp);
             }
         }
     free(scratch);
@@ -184,6 +187,8 @@ static void test_logprob_is_untruncated_log_softmax(void **state) {
         assert_int_equal(trill_sample(pair, 2, &greedy, 0, 0, 0, two, &lp), 0);
         double ref = -log1p(exp(pair[1]));
         assert_true(fabs(lp - ref) <= 1.2e-7 * fabs(ref));
+        const float scored = trill_sample_logprob(pair, 2, 0, 0, two); /* greedy: temperature 1 */
+        assert_memory_equal(&scored, &lp, sizeof lp);
     }
     free(two);
 }
