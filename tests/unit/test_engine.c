@@ -77,6 +77,21 @@ static int run_all(trill_engine *e, trill_sequence_out *out) {
     return collect_sorted(e, out);
 }
 
+/* A rank-4 adapter (alpha 8) on every linear layer, and lm_head when with_head, made from seed
+ * with B ~ N(0, 0.05) drawn under key, so it changes the model; folded into merged if given. */
+static trill_lora *test_adapter(const trill_model *m, uint64_t seed, uint64_t key, bool with_head, trill_model *merged) {
+    trill_lora_config lc = { .rank = 4, .alpha = 8 };
+    const char *targets = g_deepseek ? (with_head ? "all-linear,lm_head" : "all-linear")
+                                     : (with_head ? "q,k,v,o,gate,up,down,lm_head" : "q,k,v,o,gate,up,down");
+    assert_int_equal(trill_lora_parse_targets(targets, &lc.targets), 0);
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(m, lc, seed, &lora), TRILL_OK);
+    for (size_t t = 1; t < lora->n_tensors; t += 2)
+        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(key, t * 100003 + i);
+    if (merged) assert_int_equal(trill_lora_merge(lora, merged), TRILL_OK);
+    return lora;
+}
+
 /* The reference forward over the finished sequence: the generated tokens' log-probs (the engine
  * sampled at temperature 1, so its log-probs are the model's) and the experts of every token
  * that went through the engine's forward. Returns the worst |Δ logprob|; counts expert rows
@@ -356,13 +371,7 @@ static void test_layer_map(void **state) {
 static void test_weight_updates(void **state) {
     (void)state;
     trill_model *m = small_model(34), *merged = small_model(34);
-    trill_lora_config lc = { .rank = 4, .alpha = 8 };
-    assert_int_equal(trill_lora_parse_targets(g_deepseek ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head", &lc.targets), 0);
-    trill_lora *lora;
-    assert_int_equal(trill_lora_create(m, lc, 9, &lora), TRILL_OK);
-    for (size_t t = 1; t < lora->n_tensors; t += 2) /* B non-zero: the adapter changes the model */
-        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(3, t * 100003 + i);
-    assert_int_equal(trill_lora_merge(lora, merged), TRILL_OK);
+    trill_lora *lora = test_adapter(m, 9, 3, true, merged);
 
     trill_sequence_out out[MAX_OUT];
     const trill_request r = request(1, P1, 13, 2, 16);
@@ -417,13 +426,7 @@ static void test_weight_updates(void **state) {
 static void test_eplb_identical(void **state) {
     (void)state;
     trill_model *m = small_model(35), *merged = small_model(35);
-    trill_lora_config lc = { .rank = 4, .alpha = 8 };
-    assert_int_equal(trill_lora_parse_targets(g_deepseek ? "all-linear" : "q,k,v,o,gate,up,down", &lc.targets), 0);
-    trill_lora *lora;
-    assert_int_equal(trill_lora_create(m, lc, 2, &lora), TRILL_OK);
-    for (size_t t = 1; t < lora->n_tensors; t += 2)
-        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(4, t * 100003 + i);
-    assert_int_equal(trill_lora_merge(lora, merged), TRILL_OK);
+    trill_lora *lora = test_adapter(m, 2, 4, false, merged);
     for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++)
     for (int mode = 0; mode < 2; mode++) { /* 0: adapter update, 1: merged-weight update */
         trill_sequence_out off[MAX_OUT], on[MAX_OUT];
@@ -724,13 +727,7 @@ static void test_quantized_mismatch(void **state) {
 static void test_adapter_formats(void **state) {
     (void)state;
     trill_model *m = small_model(36), *merged = small_model(36);
-    trill_lora_config lc = { .rank = 4, .alpha = 8 };
-    assert_int_equal(trill_lora_parse_targets(g_deepseek ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head", &lc.targets), 0);
-    trill_lora *lora;
-    assert_int_equal(trill_lora_create(m, lc, 9, &lora), TRILL_OK);
-    for (size_t t = 1; t < lora->n_tensors; t += 2)
-        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(3, t * 100003 + i);
-    assert_int_equal(trill_lora_merge(lora, merged), TRILL_OK);
+    trill_lora *lora = test_adapter(m, 9, 3, true, merged);
     const double mean_bound[2] = { g_deepseek ? 0.16 : 0.04, g_deepseek ? 0.63 : 0.16 };
     for (int f = TRILL_GEN_BF16; f <= TRILL_GEN_INT8; f++) {
         trill_engine *a = engine(m, (trill_gen_format)f, 512, 0, 16), *w = engine(merged, (trill_gen_format)f, 512, 0, 16), *base = engine(m, (trill_gen_format)f, 512, 0, 16);
@@ -763,12 +760,7 @@ static void test_adapter_formats(void **state) {
 static void test_forced_tokens(void **state) {
     (void)state;
     trill_model *m = small_model(37);
-    trill_lora_config lc = { .rank = 4, .alpha = 8 };
-    assert_int_equal(trill_lora_parse_targets(g_deepseek ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head", &lc.targets), 0);
-    trill_lora *lora;
-    assert_int_equal(trill_lora_create(m, lc, 5, &lora), TRILL_OK);
-    for (size_t t = 1; t < lora->n_tensors; t += 2)
-        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(4, t * 100003 + i);
+    trill_lora *lora = test_adapter(m, 5, 4, true, NULL);
     const int L = m->config.n_moe_layers, K = m->config.num_experts_per_tok;
     for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++) {
         trill_engine *e = engine(m, (trill_gen_format)f, 512, 0, 16);
