@@ -130,6 +130,10 @@ typedef struct trill_rl_config {
 
     struct { trill_sync_mode mode; } sync;
 
+    struct {                       /* distribution over MPI ranks: dp * ep * tp = the world's ranks */
+        struct { int dp, ep, tp; } trainer;
+    } parallel;
+
     struct {
         int every;                 /* steps between checkpoints (0: only at the end) */
         int keep;                  /* newest checkpoints kept (0: all) */
@@ -178,6 +182,9 @@ trill_status trill_rl_config_set(trill_rl_config *c, const char *assignment);
 /* Every key's range again (for configs changed in code) and the cross-field checks (generator.n
  * >= 2, mis_low < mis_high, min_lr <= lr, minibatches <= prompts_per_step, some reward). */
 trill_status trill_rl_config_validate(const trill_rl_config *c);
+/* The parallel section against the world: dp * ep * tp must be its rank count (the message
+ * shows the arithmetic). */
+trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size);
 /* The resolved config as YAML (every key, nested sections), which trill_rl_config_load reads back
  * to the same config (with correction.mis off, its unused bounds are not written). */
 trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f);

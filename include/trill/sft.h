@@ -14,10 +14,15 @@
 #include <stdio.h>
 
 #include "trill/error.h"
+#include "trill/dist.h"
 #include "trill/rl.h"
 
 typedef struct trill_sft_options {
-    FILE *log; /* progress lines (NULL: the log sink, trill/log.h) */
+    FILE *log;          /* progress lines (NULL: the log sink, trill/log.h) */
+    /* the ranks of the job (NULL: one process). parallel.trainer.dp x ep x tp must equal its
+     * size; the data-parallel ranks share each step's micro-batches and reach the same weights
+     * bit for bit as one process; rank 0 alone logs and writes run_dir. Borrowed. */
+    trill_comm *world;
 } trill_sft_options;
 
 typedef struct trill_sft_result {

@@ -26,6 +26,8 @@ int bench_generate(int argc, char **argv);
 int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Prints "trill CMD: <the current trill error>" to stderr; returns 1. */
 int cli_fail(const char *cmd);
+/* The job's ranks (trill/dist.h): one process unless started by mpirun/srun. */
+struct trill_comm *cli_world(void);
 /* getopt_long loop helper for an unknown option or missing argument. */
 int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out);
 int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out);

@@ -90,7 +90,8 @@ int cmd_sft(int argc, char **argv) {
     }
     if (!rc) {
         trill_sft_result res;
-        if (trill_sft_run(&cfg, NULL, &res)) rc = cli_fail("sft");
+        const trill_sft_options so = { .world = cli_world() };
+        if (trill_sft_run(&cfg, &so, &res)) rc = cli_fail("sft");
     }
 done:
     trill_rl_config_free(&cfg);

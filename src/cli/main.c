@@ -1,10 +1,13 @@
 /* trill: reinforcement-learning post-training for Mixture-of-Experts models. */
 #include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "trill/dist.h"
 #include "trill/kernels.h"
 #include "trill/rl.h"
 #include "trill/log.h"
@@ -41,6 +44,13 @@ int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) {
     fprintf(stderr, "\nusage: %s\n", usage);
     return EXIT_USAGE;
 }
+
+static trill_comm *g_world;
+
+trill_comm *cli_world(void) { return g_world; }
+
+/* The commands that run on several ranks; the others refuse a job of more than one. */
+static bool distributed(const char *cmd) { return strcmp(cmd, "sft") == 0; }
 
 int cli_fail(const char *cmd) {
     fprintf(stderr, "trill %s: %s\n", cmd, trill_error_message());
@@ -81,8 +91,24 @@ int main(int argc, char **argv) {
         print_help(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
+        if (strcmp(argv[1], COMMANDS[i].name) != 0) continue;
+        if (trill_dist_init(&argc, &argv, 0, &g_world)) {
+            fprintf(stderr, "trill %s: %s\n", argv[1], trill_error_message());
+            return 1;
+        }
+        int rc;
+        if (trill_comm_size(g_world) > 1 && !distributed(argv[1])) {
+            if (trill_comm_rank(g_world) == 0)
+                fprintf(stderr, "trill %s: runs on one process, but this job has %d ranks (trill sft is the one that shares its work "
+                                "over MPI ranks so far)\n", argv[1], trill_comm_size(g_world));
+            rc = EXIT_USAGE;
+        } else {
+            rc = COMMANDS[i].run(argc - 1, argv + 1);
+        }
+        trill_dist_finalize(g_world);
+        return rc;
+    }
     fprintf(stderr, "trill: unknown command \"%s\"\n", argv[1]);
     print_help(stderr);
     return EXIT_USAGE;

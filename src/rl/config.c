@@ -213,6 +213,11 @@ static const key KEYS[] = {
     ENUM("sync.mode", sync.mode, SYNC_MODES, "adapter",
          "How new weights reach the generator: the adapter on a side path, or merged into its weights."),
 
+    INT("parallel.trainer.dp", parallel.trainer.dp, 1, 65536, "1",
+        "Data-parallel trainer ranks: each takes a contiguous share of a step's micro-batches; the gradients are summed by one fixed "
+        "tree over micro-batch indices, so the result is the same bits on any number of ranks."),
+    INT("parallel.trainer.ep", parallel.trainer.ep, 1, 65536, "1", "Expert-parallel trainer ranks (not built yet: 1)."),
+    INT("parallel.trainer.tp", parallel.trainer.tp, 1, 65536, "1", "Tensor-parallel trainer ranks (not built yet: 1)."),
     INT("checkpoint.every", checkpoint.every, 0, INF, "100", "Steps between checkpoints (0: only at the end)."),
     INT("checkpoint.keep", checkpoint.keep, 0, INF, "2", "Newest checkpoints kept (0: all)."),
 
@@ -252,6 +257,7 @@ static const section SECTIONS[] = {
                     "generator's (mu)." },
     { "trainer", "Optimisation of the LoRA adapters." },
     { "sync", "Weight updates from the trainer to the generator." },
+    { "parallel", "Distribution over MPI ranks (`mpirun -np N trill sft ...`): parallel.trainer.dp x ep x tp must equal N." },
     { "checkpoint", "Checkpoints in the run folder (what `resume` continues from)." },
     { "eval", "Held-out evaluation on data.eval." },
     { "sft", "Supervised fine-tuning (`trill sft`): prompt/completion lines of data.train, the loss on the completion; "
@@ -899,6 +905,19 @@ trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f) {
         prev_len = len;
     }
     if (fflush(f) || ferror(f)) return trill_error(TRILL_ERR_IO, "writing the config: %s", strerror(errno));
+    return TRILL_OK;
+}
+
+trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
+    if (c->parallel.trainer.ep > 1 || c->parallel.trainer.tp > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.%s: %s parallelism is not built yet (1 only; data parallelism is)",
+                           c->parallel.trainer.ep > 1 ? "ep" : "tp", c->parallel.trainer.ep > 1 ? "expert" : "tensor");
+    const int64_t ranks = (int64_t)c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
+    if (ranks != world_size)
+        return trill_error(TRILL_ERR_INVALID, "parallel.trainer: dp %d x ep %d x tp %d = %lld trainer ranks, but the job has %d rank%s (%s)",
+                           c->parallel.trainer.dp, c->parallel.trainer.ep, c->parallel.trainer.tp, (long long)ranks, world_size,
+                           world_size == 1 ? "" : "s",
+                           world_size == 1 ? "start it with mpirun -np N, or set them to 1" : "make the product the -np count");
     return TRILL_OK;
 }
 

@@ -354,6 +354,7 @@ static trill_status set_up(trill_run *h) {
 trill_status trill_run_create(const trill_rl_config *c, const trill_run_options *o, trill_run **out) {
     *out = NULL;
     trill_status st = trill_rl_config_validate(c);
+    if (!st) st = trill_rl_parallel_check(c, 1); /* the RL loop runs on one process (data parallelism: trill sft so far) */
     if (st) return st;
     if (c->generator.temperature != 1.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "

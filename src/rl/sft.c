@@ -24,15 +24,19 @@ typedef struct sft_run {
     trill_chat_template *chat;
     trill_dataset *train, *eval;
     rl_trainer *t;
+    trill_comm *world;            /* NULL: one process */
+    int rank;                     /* 0 logs and writes */
     char *resume_dir;             /* the checkpoint continued from, or NULL */
     int start_step;               /* its step */
     int eos;                      /* the end-of-sequence token each example ends with */
     int vocab;
 } sft_run;
 
-/* A progress line to the caller's file, or to the library's log sink. */
-static void sft_log(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sft_log(FILE *f, const char *fmt, ...) {
+/* A progress line to the caller's file, or to the library's log sink; rank 0's only. */
+static void sft_log_rank(int rank, FILE *f, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define sft_log(f, ...) sft_log_rank(r->rank, f, __VA_ARGS__)
+static void sft_log_rank(int rank, FILE *f, const char *fmt, ...) {
+    if (rank != 0) return;
     char line[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -129,6 +133,7 @@ static trill_status eval_loss(sft_run *r, double *out) {
  * (tokenizer...) so the folder is usable on its own. */
 static trill_status save(const sft_run *r, int step, double eval) {
     const trill_rl_config *c = r->c;
+    if (r->rank != 0) return TRILL_OK; /* every rank holds the same weights */
     trill_status st = trill_rl_trainer_save(r->t, c->run_dir);
     char *state = st ? NULL : trill_path_join(c->run_dir, "trainer_state.json");
     if (!st && !state) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -212,14 +217,22 @@ static trill_status one_step(sft_run *r, const int *order, int k, int step, int 
     const trill_rl_config *c = r->c;
     rl_batch b;
     rl_nll_stats ns;
+    if (r->world) trill_comm_stats_reset(r->world);
     trill_status st = make_batch(r, r->train, order, k, &b);
     if (!st) st = trill_rl_trainer_nll_step(r->t, &b, step, total, &ns);
     trill_rl_batch_free(&b);
     if (st) return st;
     *tokens += ns.tokens;
     const double elapsed = trill_now() - t_start;
-    sft_log(r->log, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs%s", step, total, ns.loss, ns.lr, ns.grad_norm,
-            *tokens / elapsed, elapsed / (step - r->start_step) * (total - step), ns.applied ? "" : "  (not finite: skipped)");
+    char comm[96] = ""; /* what the step's collectives moved from this rank, and their time */
+    if (r->world && trill_comm_size(r->world) > 1) {
+        const trill_comm_stats cs = trill_comm_stats_get(r->world);
+        double bytes = 0, ms = 0;
+        for (int kind = 0; kind < TRILL_COMM_KINDS; kind++) bytes += (double)cs.bytes[kind], ms += cs.ms[kind];
+        snprintf(comm, sizeof comm, "  comm %.2f MB %.1f ms", bytes / 1e6, ms);
+    }
+    sft_log(r->log, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs%s%s", step, total, ns.loss, ns.lr, ns.grad_norm,
+            *tokens / elapsed, elapsed / (step - r->start_step) * (total - step), comm, ns.applied ? "" : "  (not finite: skipped)");
     if (c->sft.save_every > 0 && step % c->sft.save_every == 0 && step < last && !(st = save(r, step, *eval)))
         sft_log(r->log, "step %d  checkpoint saved to %s", step, c->run_dir);
     if (!st && r->eval && c->sft.eval_every > 0 && step % c->sft.eval_every == 0 && step < total && !(st = eval_loss(r, eval)))
@@ -255,8 +268,11 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
     *out = (trill_sft_result){ .eval_loss = NAN };
     trill_status st = trill_sft_validate(c);
     if (st) return st;
-    sft_run r = { .c = c, .log = o ? o->log : NULL };
-    if (!(st = trill_mkdir_p(c->run_dir))) st = load(&r);
+    sft_run r = { .c = c, .log = o ? o->log : NULL, .world = o ? o->world : NULL };
+    r.rank = r.world ? trill_comm_rank(r.world) : 0;
+    st = trill_rl_parallel_check(c, r.world ? trill_comm_size(r.world) : 1);
+    if (!st && !(st = trill_mkdir_p(c->run_dir))) st = load(&r);
+    if (!st) trill_rl_trainer_set_dp(r.t, r.world); /* the world is the data-parallel group (ep = tp = 1) */
     int micro_per_epoch = 0, total = st ? 0 : total_steps(&r, &micro_per_epoch);
     if (!st && total < 0) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
@@ -264,18 +280,19 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
         const trill_lora *lora = trill_rl_trainer_lora(r.t);
         if (lora) trill_lora_params((trill_lora *)lora, &n_values);
         else n_values = trill_model_n_params(trill_rl_trainer_policy(r.t));
-        sft_log(r.log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s", r.train->n, micro_per_epoch,
-                total, lora ? "LoRA" : "full", n_values, r.resume_dir ? ", resuming" : "");
+        sft_log_rank(r.rank, r.log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s%s", r.train->n,
+                     micro_per_epoch, total, lora ? "LoRA" : "full", n_values, r.resume_dir ? ", resuming" : "",
+                     r.world && trill_comm_size(r.world) > 1 ? ", data-parallel over the job's ranks" : "");
     }
     double eval = NAN;
     int step = 0;
     if (!st) st = train(&r, total, &step, &eval);
     if (!st && r.eval && !(st = eval_loss(&r, &eval))) {
-        sft_log(r.log, "eval loss %.4f (%d held-out examples)", eval, r.eval->n);
+        sft_log_rank(r.rank, r.log, "eval loss %.4f (%d held-out examples)", eval, r.eval->n);
         out->eval_loss = eval;
     }
     if (!st) st = save(&r, step, eval);
-    if (!st) sft_log(r.log, "trill sft: wrote %s", c->run_dir);
+    if (!st) sft_log_rank(r.rank, r.log, "trill sft: wrote %s", c->run_dir);
     out->steps = step;
     trill_rl_trainer_free(r.t);
     trill_dataset_free(r.train);

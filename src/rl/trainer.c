@@ -11,6 +11,7 @@
 #include "model/lora_internal.h"
 #include "generator.h"
 #include "trainer.h"
+#include "trill/dist.h"
 #include "trill/infer.h"
 #include "trill/timing.h"
 #include "trill/rl_algo.h"
@@ -35,6 +36,9 @@ struct rl_trainer {
     trill_engine *scorer;
     bool scorer_stale;
     double score_s;               /* this step's seconds in it */
+    /* data parallelism (parallel.trainer.dp): the ranks sharing each step's micro-batches, or NULL */
+    trill_comm *dp;
+    float *leaf;                  /* [n_values] one micro-batch's gradient */
 };
 
 /* ---- micro-batches ---- */
@@ -608,32 +612,63 @@ static long nll_weights(const rl_batch *b, const micro *m, float *dlp) {
 
 /* Forward (with gradients when `train`) over b's sequences in micro-batches: the NLL summed over
  * the loss tokens, and in training its gradient summed into lora_grads. */
+/* The NLL of b's sequences after their prompts (and with `train` its gradient into lora_grads):
+ * the batch cut into micro-batches by the packer's rule whatever the rank count; under data
+ * parallelism each rank forwards a contiguous share of them. Each micro-batch's gradient is a
+ * leaf of trill_tree_sum and its NLL, loss tokens and tokens are summed in micro-batch order, so
+ * every rank count gives the same bits. */
 static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, double *nll, long *n_loss, long *tokens) {
     *nll = 0;
     *n_loss = *tokens = 0;
-    int *seq = trill_malloc(sizeof(int) * (size_t)(b->n_seqs ? b->n_seqs : 1));
-    trill_status st = seq ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int P = r->dp ? trill_comm_size(r->dp) : 1, me = r->dp ? trill_comm_rank(r->dp) : 0;
+    int *seq = trill_malloc(sizeof(int) * (size_t)(b->n_seqs ? b->n_seqs : 1)), *first = trill_malloc(sizeof(int) * (size_t)(b->n_seqs + 1));
+    trill_status st = seq && first ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int s = 0; s < b->n_seqs && seq; s++) seq[s] = s;
-    for (int at = 0; at < b->n_seqs && !st;) {
-        const int k = next_micro(b, seq + at, b->n_seqs - at, r->c->trainer.micro_batch_tokens);
+    int M = 0; /* micro-batch i is seq[first[i], first[i + 1]) */
+    for (int at = 0; !st && at < b->n_seqs; M++) {
+        first[M] = at;
+        at += next_micro(b, seq + at, b->n_seqs - at, r->c->trainer.micro_batch_tokens);
+    }
+    if (!st) first[M] = b->n_seqs;
+    const int lo = (int)((int64_t)M * me / P), hi = (int)((int64_t)M * (me + 1) / P);
+    double *stat = st ? NULL : trill_calloc((size_t)3 * (M ? M : 1), sizeof(double)); /* per micro-batch: NLL, loss tokens, tokens */
+    trill_tree_sum *tree = NULL;
+    if (!st && !stat) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && train) st = trill_tree_sum_create(r->n_values, M, lo, hi - lo, &tree);
+    for (int i = lo; i < hi && !st; i++) {
+        const int k = first[i + 1] - first[i];
         micro m;
-        if ((st = micro_make(b, seq + at, k, NULL, &m))) break;
+        if ((st = micro_make(b, seq + first[i], k, NULL, &m))) break;
         float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_malloc(sizeof(float) * (size_t)m.T);
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        if (!st) *n_loss += nll_weights(b, &m, dlp);
+        if (!st) stat[3 * i + 1] = (double)nll_weights(b, &m, dlp);
         if (!st && train) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, NULL, lp, NULL, r->c->trainer.recompute, &pass);
         if (!st && !train) st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, NULL, lp, NULL);
         for (int t = 0; !st && t < m.T; t++)
-            if (dlp[t] != 0) *nll -= lp[t];
-        if (!st && train) st = trill_model_backward(pass, dlp, r->lora ? NULL : r->lora_grads, r->lora ? r->lora_grads : NULL);
-        *tokens += m.T;
+            if (dlp[t] != 0) stat[3 * i] -= lp[t];
+        if (!st && train) {
+            memset(r->leaf, 0, sizeof(float) * r->n_values);
+            st = trill_model_backward(pass, dlp, r->lora ? NULL : r->leaf, r->lora ? r->leaf : NULL);
+            if (!st) st = trill_tree_sum_add(tree, r->leaf);
+        }
+        stat[3 * i + 2] = m.T;
         trill_forward_pass_free(pass);
         free(lp);
         free(dlp);
         micro_free(&m);
-        at += k;
     }
+    if (!st && train) st = trill_tree_sum_finish(tree, r->dp, r->lora_grads);
+    /* one rank wrote each entry: the sum over ranks is that entry, exactly */
+    if (!st && P > 1) st = trill_comm_allreduce_f64(r->dp, stat, (size_t)3 * M);
+    for (int i = 0; !st && i < M; i++) {
+        *nll += stat[3 * i];
+        *n_loss += (long)stat[3 * i + 1];
+        *tokens += (long)stat[3 * i + 2];
+    }
+    trill_tree_sum_free(tree);
+    free(stat);
+    free(first);
     free(seq);
     return st;
 }
@@ -671,7 +706,8 @@ static trill_status make_full(rl_trainer *r) {
     r->n_values = r->policy->n_params;
     r->no_decay = trill_calloc(r->n_values ? r->n_values : 1, 1);
     r->lora_grads = trill_calloc(r->n_values ? r->n_values : 1, sizeof(float));
-    if (!r->no_decay || !r->lora_grads) return trill_error(TRILL_ERR_NOMEM, "out of memory for the gradients of %zu weights", r->n_values);
+    r->leaf = trill_malloc(sizeof(float) * (r->n_values ? r->n_values : 1));
+    if (!r->no_decay || !r->lora_grads || !r->leaf) return trill_error(TRILL_ERR_NOMEM, "out of memory for the gradients of %zu weights", r->n_values);
     for (size_t t = 0; t < r->policy->n_tensors; t++)
         if (r->policy->tensors[t].ndim == 1) memset(r->no_decay + (r->policy->tensors[t].data - r->policy->params), 1, r->policy->tensors[t].numel);
     return TRILL_OK;
@@ -692,7 +728,9 @@ trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *m
             trill_model_attach_lora(t->policy, t->lora);
             t->values = t->lora->params;
             t->n_values = t->lora->n_params;
-            if (!(t->lora_grads = trill_calloc(t->n_values ? t->n_values : 1, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            t->lora_grads = trill_calloc(t->n_values ? t->n_values : 1, sizeof(float));
+            t->leaf = trill_malloc(sizeof(float) * (t->n_values ? t->n_values : 1));
+            if (!t->lora_grads || !t->leaf) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         }
     }
     if (!st && full) st = make_full(t);
@@ -735,7 +773,9 @@ static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
     trill_model_attach_lora(r->policy, r->lora);
     r->values = r->lora->params;
     r->n_values = r->lora->n_params;
-    if (!(r->lora_grads = trill_malloc(sizeof(float) * r->n_values))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    r->lora_grads = trill_malloc(sizeof(float) * r->n_values);
+    r->leaf = trill_malloc(sizeof(float) * r->n_values);
+    if (!r->lora_grads || !r->leaf) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     return TRILL_OK;
 }
 
@@ -775,6 +815,7 @@ void trill_rl_trainer_free(rl_trainer *t) {
     if (t->policy) trill_model_attach_lora(t->policy, NULL);
     trill_lora_free(t->lora);
     free(t->lora_grads);
+    free(t->leaf);
     free(t->no_decay);
     trill_adamw_free(t->opt);
     trill_model_free(t->policy);
@@ -782,6 +823,8 @@ void trill_rl_trainer_free(rl_trainer *t) {
     free(t->merge_base);
     free(t);
 }
+
+void trill_rl_trainer_set_dp(rl_trainer *t, trill_comm *dp) { t->dp = dp && trill_comm_size(dp) > 1 ? dp : NULL; }
 
 const trill_model *trill_rl_trainer_policy(const rl_trainer *t) { return t->policy; }
 trill_lora *trill_rl_trainer_lora(rl_trainer *t) { return t->lora; }

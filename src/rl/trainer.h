@@ -6,6 +6,7 @@
 #define TRILL_RL_TRAINER_H
 
 #include "rollout.h"
+#include "trill/dist.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/optim.h"
@@ -34,6 +35,9 @@ typedef struct rl_train_stats {
 trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, rl_trainer **out);
 void trill_rl_trainer_free(rl_trainer *t);
 
+/* Data parallelism for trill_rl_trainer_nll_step / _nll (SFT): dp's ranks share each step's
+ * micro-batches (NULL, or one rank: alone). Borrowed. The RL step does not use it yet. */
+void trill_rl_trainer_set_dp(rl_trainer *t, trill_comm *dp);
 const trill_model *trill_rl_trainer_policy(const rl_trainer *t);
 trill_lora *trill_rl_trainer_lora(rl_trainer *t);
 trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t);

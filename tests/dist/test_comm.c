@@ -1,0 +1,244 @@
+/* The communicator layer (trill/dist.h) on however many ranks it is started with: every
+ * collective's results and byte counts, sub-groups, and the rank-count-independent tree sum,
+ * whose bits must equal a single process's for every split of the leaves over the ranks.
+ * `test_comm [--expect N]`: ctest runs it alone (the single-process backend) and under
+ * `mpirun -np 2` and `-np 4` (tests/dist/CMakeLists.txt); --expect fails a run that did not get
+ * N ranks (an MPI launch that silently fell back to one process). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trill/dist.h"
+#include "trill/rng.h"
+
+static int g_rank;
+static int g_failures;
+
+#define CHECK(cond)                                                                              \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            fprintf(stderr, "test_comm: rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, #cond); \
+            g_failures++;                                                                        \
+        }                                                                                        \
+    } while (0)
+#define OK(call)                                                                                 \
+    do {                                                                                         \
+        trill_status st_ = (call);                                                               \
+        if (st_ != TRILL_OK) {                                                                   \
+            fprintf(stderr, "test_comm: rank %d: %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call, trill_error_message()); \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static void test_collectives(trill_comm *w) {
+    const int r = trill_comm_rank(w), P = trill_comm_size(w);
+    /* allreduce: sums of small multiples of 1/2 are exact in any order */
+    float f[5];
+    double d[5];
+    for (int i = 0; i < 5; i++) f[i] = (float)(r + 1) + 0.5f * (float)i, d[i] = 2.0 * r + i;
+    trill_comm_stats_reset(w);
+    OK(trill_comm_allreduce_f32(w, f, 5));
+    OK(trill_comm_allreduce_f64(w, d, 5));
+    for (int i = 0; i < 5; i++) {
+        CHECK(f[i] == (float)(P * (P + 1) / 2) + 0.5f * (float)(i * P));
+        CHECK(d[i] == (double)(P * (P - 1) + i * P));
+    }
+    trill_comm_stats s = trill_comm_stats_get(w);
+    CHECK(s.calls[TRILL_COMM_ALLREDUCE] == 2);
+    CHECK(s.bytes[TRILL_COMM_ALLREDUCE] == (P > 1 ? 5 * sizeof(float) + 5 * sizeof(double) : 0));
+    uint64_t mx;
+    OK(trill_comm_allreduce_max_u64(w, (uint64_t)(r * 7 + 3), &mx));
+    CHECK(mx == (uint64_t)((P - 1) * 7 + 3));
+    /* broadcast from the last rank */
+    char text[32] = "";
+    if (r == P - 1) snprintf(text, sizeof text, "from rank %d", r);
+    trill_comm_stats_reset(w);
+    OK(trill_comm_bcast(w, text, sizeof text, P - 1));
+    char want[32];
+    snprintf(want, sizeof want, "from rank %d", P - 1);
+    CHECK(strcmp(text, want) == 0);
+    CHECK(trill_comm_stats_get(w).bytes[TRILL_COMM_BCAST] == (r == P - 1 ? sizeof text * (uint64_t)(P - 1) : 0));
+    CHECK(trill_comm_bcast(w, text, 1, P) == TRILL_ERR_INVALID);
+    /* allgather, allgatherv */
+    int mine[3] = { r * 10, r * 10 + 1, r * 10 + 2 }, *all = malloc(sizeof(int) * 3 * (size_t)P);
+    OK(trill_comm_allgather(w, mine, sizeof mine, all));
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < 3; j++) CHECK(all[p * 3 + j] == p * 10 + j);
+    free(all);
+    size_t *counts = malloc(sizeof(size_t) * (size_t)P), total = 0;
+    for (int p = 0; p < P; p++) total += (counts[p] = (size_t)p + 1);
+    unsigned char *v = malloc(total), send[64];
+    memset(send, r, sizeof send);
+    OK(trill_comm_allgatherv(w, send, counts, v));
+    for (int p = 0, at = 0; p < P; at += p + 1, p++)
+        for (int j = 0; j <= p; j++) CHECK(v[at + j] == p);
+    free(v);
+    free(counts);
+}
+
+/* Rank r sends peer p (r + 2p + 1) floats of value 100 r + p; the count exchange first. */
+static void test_alltoallv(trill_comm *w) {
+    const int r = trill_comm_rank(w), P = trill_comm_size(w);
+    size_t *sc = malloc(sizeof(size_t) * (size_t)P), *rc = malloc(sizeof(size_t) * (size_t)P), sb = 0, rb = 0;
+    size_t *sbytes = malloc(sizeof(size_t) * (size_t)P), *rbytes = malloc(sizeof(size_t) * (size_t)P);
+    for (int p = 0; p < P; p++) sc[p] = (size_t)(r + 2 * p + 1);
+    trill_comm_stats_reset(w);
+    OK(trill_comm_alltoall_counts(w, sc, rc));
+    uint64_t sent_others = 0;
+    for (int p = 0; p < P; p++) {
+        CHECK(rc[p] == (size_t)(p + 2 * r + 1));
+        sbytes[p] = sc[p] * sizeof(float);
+        rbytes[p] = rc[p] * sizeof(float);
+        sb += sc[p];
+        rb += rc[p];
+        if (p != r) sent_others += sbytes[p];
+    }
+    float *sendv = malloc(sizeof(float) * sb), *recvv = malloc(sizeof(float) * rb);
+    for (int p = 0, at = 0; p < P; at += (int)sc[p], p++)
+        for (size_t j = 0; j < sc[p]; j++) sendv[at + j] = (float)(100 * r + p);
+    OK(trill_comm_alltoallv(w, sendv, sbytes, recvv, rbytes));
+    for (int p = 0, at = 0; p < P; at += (int)rc[p], p++)
+        for (size_t j = 0; j < rc[p]; j++) CHECK(recvv[at + j] == (float)(100 * p + r));
+    const trill_comm_stats s = trill_comm_stats_get(w);
+    CHECK(s.calls[TRILL_COMM_ALLTOALLV] == 2);
+    /* the payload this rank sent to the others, and the counts it told them */
+    CHECK(s.bytes[TRILL_COMM_ALLTOALLV] == sent_others + sizeof(size_t) * (uint64_t)(P - 1));
+    free(sc); free(rc); free(sbytes); free(rbytes); free(sendv); free(recvv);
+}
+
+/* A ring of sends, and the refusals. */
+static void test_p2p(trill_comm *w) {
+    const int r = trill_comm_rank(w), P = trill_comm_size(w);
+    CHECK(trill_comm_send(w, &r, sizeof r, r, 0) == TRILL_ERR_INVALID); /* itself */
+    CHECK(trill_comm_recv(w, NULL, 0, P, 0) == TRILL_ERR_INVALID);
+    if (P < 2) return;
+    int got = -1;
+    const int next = (r + 1) % P, prev = (r + P - 1) % P;
+    if (r % 2 == 0) {
+        OK(trill_comm_send(w, &r, sizeof r, next, 7));
+        OK(trill_comm_recv(w, &got, sizeof got, prev, 7));
+    } else {
+        OK(trill_comm_recv(w, &got, sizeof got, prev, 7));
+        OK(trill_comm_send(w, &r, sizeof r, next, 7));
+    }
+    CHECK(got == prev);
+}
+
+/* Sub-groups: ranks of one parity (a 2-way "dp" grid) sum among themselves. */
+static void test_split(trill_comm *w) {
+    const int r = trill_comm_rank(w), P = trill_comm_size(w);
+    trill_comm *g;
+    OK(trill_comm_split(w, r % 2, r, &g));
+    int expect_size = 0, expect_sum = 0;
+    for (int p = 0; p < P; p++)
+        if (p % 2 == r % 2) expect_size++, expect_sum += p;
+    CHECK(trill_comm_size(g) == expect_size);
+    CHECK(trill_comm_rank(g) == r / 2);
+    double s = r;
+    OK(trill_comm_allreduce_f64(g, &s, 1));
+    CHECK(s == expect_sum);
+    CHECK(trill_comm_stats_get(g).calls[TRILL_COMM_ALLREDUCE] == 1);
+    trill_comm_free(g);
+}
+
+/* Leaf i of the tree tests: n floats with every mantissa bit in use, of mixed signs and scales,
+ * so a different order of the additions shows in the bits. */
+static void leaf(int64_t i, float *v, size_t n) {
+    for (size_t j = 0; j < n; j++) v[j] = (float)(trill_rng_normal(77, (uint64_t)i * 1000 + j) * pow(10.0, (double)((i + (int64_t)j) % 5) - 2));
+}
+
+static void tree_over(trill_comm *c, size_t n, int64_t total, int64_t first, int64_t count, float *out) {
+    trill_tree_sum *t;
+    float *v = malloc(sizeof(float) * n);
+    OK(trill_tree_sum_create(n, total, first, count, &t));
+    for (int64_t i = first; i < first + count; i++) {
+        leaf(i, v, n);
+        OK(trill_tree_sum_add(t, v));
+    }
+    OK(trill_tree_sum_finish(t, c, out));
+    trill_tree_sum_free(t);
+    free(v);
+}
+
+static void test_tree_sum(trill_comm *w) {
+    const int r = trill_comm_rank(w), P = trill_comm_size(w);
+    enum { N = 7 };
+    static const int64_t TOTALS[] = { 0, 1, 2, 3, 5, 8, 13, 16, 31, 64 };
+    int differs_from_sequential = 0;
+    for (size_t k = 0; k < sizeof TOTALS / sizeof TOTALS[0]; k++) {
+        const int64_t M = TOTALS[k];
+        float ref[N], got[N], v[N];
+        tree_over(NULL, N, M, 0, M, ref); /* one process holding every leaf */
+        double exact[N] = { 0 };
+        float seq[N] = { 0 };
+        for (int64_t i = 0; i < M; i++) {
+            leaf(i, v, N);
+            for (int j = 0; j < N; j++) exact[j] += v[j], seq[j] += v[j];
+        }
+        for (int j = 0; j < N; j++) CHECK(fabs(ref[j] - exact[j]) <= 1e-5 * (1 + fabs(exact[j])) * M);
+        differs_from_sequential |= memcmp(ref, seq, sizeof ref) != 0;
+        /* split 0: contiguous equal shares; 1: everything on the last rank; 2: rank r gets r+1 shares' worth, uneven */
+        for (int split = 0; split < 3; split++) {
+            int64_t first, count;
+            if (split == 0) {
+                first = M * r / P;
+                count = M * (r + 1) / P - first;
+            } else if (split == 1) {
+                first = r == P - 1 ? 0 : M;
+                count = r == P - 1 ? M : 0;
+                if (r != P - 1) first = 0;
+            } else {
+                const int64_t w_all = (int64_t)P * (P + 1) / 2, w_before = (int64_t)r * (r + 1) / 2;
+                first = M * w_before / w_all;
+                count = M * (w_before + r + 1) / w_all - first;
+            }
+            tree_over(w, N, M, first, count, got);
+            if (memcmp(got, ref, sizeof ref) != 0)
+                fprintf(stderr, "test_comm: rank %d of %d: tree sum of %lld leaves, split %d, differs from one process's\n", r, P,
+                        (long long)M, split);
+            CHECK(memcmp(got, ref, sizeof ref) == 0);
+        }
+    }
+    CHECK(differs_from_sequential); /* the leaves are such that the order shows */
+    /* a rank adding a leaf beyond its range, or finishing early, is refused */
+    trill_tree_sum *t;
+    float v[N] = { 0 }, out[N];
+    OK(trill_tree_sum_create(N, 4, 0, 1, &t));
+    OK(trill_tree_sum_add(t, v));
+    CHECK(trill_tree_sum_add(t, v) == TRILL_ERR_INVALID);
+    trill_tree_sum_free(t);
+    OK(trill_tree_sum_create(N, 4, 0, 2, &t));
+    CHECK(trill_tree_sum_finish(t, NULL, out) == TRILL_ERR_INVALID);
+    trill_tree_sum_free(t);
+    CHECK(trill_tree_sum_create(N, 4, 3, 2, &t) == TRILL_ERR_INVALID);
+}
+
+int main(int argc, char **argv) {
+    int expect = 0;
+    if (argc == 3 && !strcmp(argv[1], "--expect")) expect = atoi(argv[2]);
+    else if (argc != 1) {
+        fprintf(stderr, "usage: test_comm [--expect RANKS]\n");
+        return 2;
+    }
+    trill_comm *w;
+    OK(trill_dist_init(&argc, &argv, 0, &w));
+    g_rank = trill_comm_rank(w);
+    const int P = trill_comm_size(w);
+    if (expect && P != expect) {
+        fprintf(stderr, "test_comm: %d ranks (backend %s), expected %d%s\n", P, trill_comm_backend(w), expect,
+                trill_dist_have_mpi() ? "" : ": this build has no MPI");
+        return 1;
+    }
+    CHECK(!strcmp(trill_comm_backend(w), P > 1 || expect ? "mpi" : "single"));
+    test_collectives(w);
+    test_alltoallv(w);
+    test_p2p(w);
+    test_split(w);
+    test_tree_sum(w);
+    double fails = g_failures;
+    OK(trill_comm_allreduce_f64(w, &fails, 1));
+    if (g_rank == 0) printf("test_comm: %d rank%s (%s): %s\n", P, P == 1 ? "" : "s", trill_comm_backend(w), fails ? "FAILED" : "passed");
+    trill_dist_finalize(w);
+    return fails ? 1 : 0;
+}

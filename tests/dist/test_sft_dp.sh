@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Data-parallel `trill sft` on MPI (parallel.trainer.dp): 1, 2 and 4 ranks (and no mpirun at all)
+# write byte-identical adapters, optimizer state and held-out loss after 3 steps of LoRA, and the
+# same for full fine-tuning on 1 and 2; a job whose rank count is not dp x ep x tp is refused with
+# the arithmetic, and so are expert/tensor parallelism and the commands that run on one process.
+# Usage: test_sft_dp.sh TRILL MPIEXEC
+set -euo pipefail
+TRILL=$(realpath "$1")
+MPIEXEC=$2
+W=$(mktemp -d "${TMPDIR:-/tmp}/trill-sft-dp-XXXXXX")
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
+# In the ASan build, leak checking is off under mpirun: Open MPI's own allocations (in plugins it
+# unloads at MPI_Finalize, so no suppression can name them) are reported as leaks. The runs
+# without mpirun, and the tree sum in test_comm alone, keep it on.
+fail() { echo "FAIL: $*" >&2; exit 1; }
+/usr/bin/python3 - <<'PY'
+import json, random
+r = random.Random(0)
+def ex():
+    w = ''.join(r.choice('abcdefgh') for _ in range(r.randint(3, 8)))
+    return {"prompt": "Q: " + w + "\nA:", "completion": " ok " + w[0] + "."}
+for name, n in (("train", 96), ("heldout", 20)):
+    with open(f"{name}.jsonl", "w") as f:
+        for _ in range(n): f.write(json.dumps(ex()) + "\n")
+PY
+"$TRILL" init --out model --preset tiny --seed 1 2>/dev/null
+# 3 steps of 4 micro-batches of ~128 tokens: each rank count splits them differently (4 ranks: one each)
+common=(--model model --data train.jsonl --eval heldout.jsonl trainer.micro_batch_tokens=128 sft.grad_accum=4 sft.max_steps=3
+        trainer.lr=3e-3 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head)
+run() { # run NP OUT ARGS...: trill sft on NP ranks (0: no mpirun)
+  local np=$1 out=$2 rc=0
+  shift 2
+  if [ "$np" -eq 0 ]; then
+    timeout -k 5 300 "$TRILL" sft "${common[@]}" --out "$out" "$@" 2>"$out.log" || rc=$?
+  else
+    ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np "$np" --oversubscribe "$TRILL" sft "${common[@]}" --out "$out" parallel.trainer.dp="$np" "$@" \
+      >"$out.log" 2>&1 || rc=$?
+  fi
+  [ "$rc" -eq 0 ] || { tail -20 "$out.log"; fail "trill sft on $np ranks exited $rc"; }
+}
+eval_loss() { sed -n 's/.*eval loss \([0-9.]*\) (.*/\1/p' "$1.log" | tail -1; }
+same() { # same A B FILES...: byte-identical
+  local a=$1 b=$2
+  shift 2
+  for f in "$@"; do cmp -s "$a/$f" "$b/$f" || fail "$a/$f and $b/$f differ"; done
+}
+
+run 0 lora0 --lora
+for np in 1 2 4; do
+  run "$np" "lora$np" --lora
+  same lora0 "lora$np" adapter_model.safetensors optimizer.safetensors
+  [ "$(eval_loss "lora$np")" = "$(eval_loss lora0)" ] || fail "held-out loss on $np ranks $(eval_loss "lora$np") vs $(eval_loss lora0)"
+  grep -q "data-parallel" "lora$np.log" || [ "$np" -eq 1 ] || fail "the $np-rank run does not say it is data-parallel"
+  echo "LoRA, $np rank(s): adapter and optimizer byte-identical to one process; held-out loss $(eval_loss "lora$np")"
+done
+[ "$(grep -c '^step 3/3' lora4.log)" -eq 1 ] || fail "the 4-rank run logged its steps $(grep -c '^step 3/3' lora4.log) times (rank 0 alone logs)"
+run 0 full0 --full
+run 2 full2 --full
+same full0 full2 model.safetensors optimizer.safetensors
+echo "full fine-tuning, 2 ranks: model and optimizer byte-identical to one process"
+
+# refusals: the arithmetic, expert/tensor parallelism, a command that runs on one process
+rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.dp=4 --lora >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "dp 4 x ep 1 x tp 1 = 4 trainer ranks, but the job has 2 ranks" bad.log || { cat bad.log; fail "a wrong rank count was not refused"; }
+rc=0; "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=2 --lora >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "parallel.trainer.ep: expert parallelism is not built yet" bad.log || { cat bad.log; fail "ep 2 was not refused"; }
+rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" info --model model >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "trill info: runs on one process, but this job has 2 ranks" bad.log || { cat bad.log; fail "trill info on 2 ranks was not refused"; }
+echo "sft data-parallel test passed"
