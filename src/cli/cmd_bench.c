@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include "cli.h"
+#include "trill/dist.h"
 #include "trill/kernels.h"
 #include "trill/lora.h"
 #include "trill/model.h"
@@ -19,7 +20,10 @@ static const char USAGE[] =
     "  linear layers, 8 x 512, 3 runs after a warm-up, fp32 matmuls) and a GEMM 2048^3 in the same\n"
     "  precision for the peak; bf16 also prints the fp32 GEMM's, to compare.\n"
     "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS,\n"
-    "  and the timed steps' minor page faults and system-time share.";
+    "  and the timed steps' minor page faults and system-time share.\n"
+    "  Under mpirun -np N the ranks share the batch (data parallelism: B/N sequences each, the\n"
+    "  gradients all-reduced every step) and it also prints the step's communication and the\n"
+    "  largest peak RSS of a rank.";
 
 /* What the timed steps cost the process beyond their time: minor page faults, system and user
  * CPU seconds (getrusage deltas over the timed steps). */
@@ -27,20 +31,28 @@ typedef struct step_costs { long faults; double sys_s, user_s; } step_costs;
 
 static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)t.tv_usec; }
 
-/* One warm-up step, then `runs` timed forward + backward steps (times[r] in seconds). */
+/* One warm-up step, then `runs` timed forward + backward steps (times[r] in seconds). With
+ * several ranks (world), each steps its share of the batch and the gradients (n floats at g) are
+ * all-reduced; the ranks start each step together and its time ends with the reduction. */
 static trill_status time_steps(trill_model *m, const int *tokens, const int *offsets, int batch, float *lp, const float *dlp, float *grads,
-                               float *lgrads, bool recompute, int runs, double *times, step_costs *sc) {
+                               float *lgrads, bool recompute, int runs, trill_comm *world, float *g, size_t n, double *times, step_costs *sc) {
     trill_status st = TRILL_OK;
     struct rusage before, after;
+    const bool dp = trill_comm_size(world) > 1;
     for (int r = -1; !st && r < runs; r++) {
-        if (r == 0) getrusage(RUSAGE_SELF, &before);
+        if (r == 0) {
+            getrusage(RUSAGE_SELF, &before);
+            trill_comm_stats_reset(world);
+        }
+        if (dp && (st = trill_comm_barrier(world))) break;
         double t0 = trill_now();
         trill_forward_pass *pass = NULL;
         if (!(st = trill_model_forward_train(m, tokens, offsets, batch, NULL, lp, NULL, recompute, &pass)))
             st = trill_model_backward(pass, dlp, grads, lgrads);
         trill_forward_pass_free(pass);
+        if (!st && dp) st = trill_comm_allreduce_f32(world, g, n);
         if (r >= 0) times[r] = trill_now() - t0;
-        if (!st) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
+        if (!st && trill_comm_rank(world) == 0) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
     }
     getrusage(RUSAGE_SELF, &after);
     *sc = (step_costs){ .faults = after.ru_minflt - before.ru_minflt, .sys_s = tv_s(after.ru_stime) - tv_s(before.ru_stime),
@@ -104,6 +116,9 @@ int cmd_bench(int argc, char **argv) {
         if (bad) return EXIT_USAGE;
     }
     if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
+    trill_comm *world = cli_world();
+    const int P = trill_comm_size(world), me = trill_comm_rank(world);
+    if (batch < P) return cli_usage_error("bench", USAGE, "--batch %lld: fewer sequences than the job's %d ranks", batch, P);
     trill_model *m;
     /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16) */
     if (trill_model_load_as(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m)) return cli_fail("bench");
@@ -129,14 +144,29 @@ int cmd_bench(int argc, char **argv) {
         dlp[t] = -1.0f / (float)T; /* mean cross-entropy */
     }
     for (int s = 0; !st && s <= batch; s++) offsets[s] = s * (int)seq;
-    double peak = st ? 0 : gemm_peak(prec);
+    /* this rank's share of the sequences (all of them on one process) */
+    const int s0 = (int)(batch * me / P), s1 = (int)(batch * (me + 1) / P);
+    double peak = 0;
+    if (!st && me == 0) peak = gemm_peak(prec); /* rank 0's, while the others wait */
+    if (!st && P > 1) st = trill_comm_barrier(world);
     step_costs sc = { 0 };
-    if (!st) st = time_steps(m, tokens, offsets, (int)batch, lp, dlp, grads, lgrads, recompute, (int)runs, times, &sc);
-    if (!st) {
+    if (!st)
+        st = time_steps(m, tokens + (size_t)s0 * seq, offsets, s1 - s0, lp, dlp, grads, lgrads, recompute, (int)runs, world,
+                        lora_mode ? lgrads : grads, lora_mode ? n_lora : trill_model_n_params(m), times, &sc);
+    uint64_t rss_max = 0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    if (!st) st = trill_comm_allreduce_max_u64(world, (uint64_t)ru.ru_maxrss, &rss_max);
+    if (!st && me == 0) {
         double med = trill_median(times, (int)runs);
         double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)rank, recompute);
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
+        if (P > 1) {
+            const trill_comm_stats cs = trill_comm_stats_get(world);
+            printf("data parallel over %d ranks (%d sequences each, gradients all-reduced): a step's all-reduce %.2f MB sent by a rank in "
+                   "%.1f ms; peak RSS of a rank at most %.0f MB (percent of peak below: against rank 0's GEMM with its own threads, "
+                   "times %d)\n",
+                   P, s1 - s0, cs.bytes[TRILL_COMM_ALLREDUCE] / (double)runs / 1e6, cs.ms[TRILL_COMM_ALLREDUCE] / runs, rss_max / 1024.0, P);
+        }
         printf("%s peak (GEMM 2048^3, %s): %.1f GFLOP/s\n", trill_precision_name(prec),
                prec == TRILL_PRECISION_FP32 ? "OpenMP-split single-threaded OpenBLAS sgemm"
                : trill_kernels_bf16_native() ? "trill's bf16 GEMM on vdpbf16ps" : "trill's bf16 GEMM, generic path (no AVX-512 BF16)",
@@ -144,7 +174,7 @@ int cmd_bench(int argc, char **argv) {
         if (prec == TRILL_PRECISION_BF16) printf("fp32 peak (GEMM 2048^3, OpenMP-split single-threaded OpenBLAS sgemm): %.1f GFLOP/s\n", gemm_peak(TRILL_PRECISION_FP32));
         printf("trill train (%s%s, %s matmuls) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
                lora_mode ? "lora" : "full", recompute ? ", recompute" : "", trill_precision_name(prec), batch, seq, T / med, med * 1e3, flops / med * 1e-9,
-               100.0 * flops / med * 1e-9 / peak, flops * 1e-9, ru.ru_maxrss / 1024.0);
+               100.0 * flops / med * 1e-9 / (peak * P), flops * 1e-9, ru.ru_maxrss / 1024.0);
         printf("timed steps: %.0f minor page faults a step, system time %.1f%% of CPU time (the warm-up step's first touch excluded)\n",
                sc.faults / (double)runs, 100.0 * sc.sys_s / (sc.sys_s + sc.user_s));
         printf("base weights: %s, %.0f MB (%zu parameters)\n", trill_model_storage(m) == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",

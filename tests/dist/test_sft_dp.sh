@@ -2,7 +2,8 @@
 # Data-parallel `trill sft` on MPI (parallel.trainer.dp): 1, 2 and 4 ranks (and no mpirun at all)
 # write byte-identical adapters, optimizer state and held-out loss after 3 steps of LoRA, and the
 # same for full fine-tuning on 1 and 2; a job whose rank count is not dp x ep x tp is refused with
-# the arithmetic, and so are expert/tensor parallelism and the commands that run on one process.
+# the arithmetic, and so are expert/tensor parallelism and the commands that run on one process;
+# trill bench train shares its batch over 2 ranks.
 # Usage: test_sft_dp.sh TRILL MPIEXEC
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -68,4 +69,10 @@ rc=0; "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=2 --lora >bad.lo
 [ "$rc" -ne 0 ] && grep -q "parallel.trainer.ep: expert parallelism is not built yet" bad.log || { cat bad.log; fail "ep 2 was not refused"; }
 rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" info --model model >bad.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "trill info: runs on one process, but this job has 2 ranks" bad.log || { cat bad.log; fail "trill info on 2 ranks was not refused"; }
+# trill bench train shares its batch over the ranks
+out=$(ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" bench train --model model --batch 2 --seq 16 --runs 1 2>/dev/null) \
+  || fail "trill bench train on 2 ranks"
+grep -q "data parallel over 2 ranks (1 sequences each" <<<"$out" && grep -q "^trill train (lora" <<<"$out" || { echo "$out"; fail "bench train on 2 ranks printed no data-parallel figures"; }
+rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" bench train --model model --batch 1 --seq 16 >bad.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "fewer sequences than the job's 2 ranks" bad.log || { cat bad.log; fail "bench train with fewer sequences than ranks was not refused"; }
 echo "sft data-parallel test passed"
