@@ -28,9 +28,11 @@ tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_BUILD) -j$(JOBS) --target trill test_channel test_run_handle -- --no-print-directory
 
+# Two tests at a time on 2 cores (the suite's tests wait on events, never on wall time): the
+# release and ASan stages take 186 s and 224 s that way against 264 s and 309 s one at a time.
 test: build asan tsan
-	ctest --test-dir $(BUILD) --output-on-failure
-	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L sanitize
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L sanitize -j$(JOBS)
 	ctest --test-dir $(TSAN_BUILD) --output-on-failure -L tsan
 
 run: build
