@@ -3,7 +3,9 @@
 # write byte-identical adapters, optimizer state and held-out loss after 3 steps of LoRA, and the
 # same for full fine-tuning on 1 and 2; a job whose rank count is not dp x ep x tp is refused with
 # the arithmetic, and so are expert/tensor parallelism and the commands that run on one process;
-# trill bench train shares its batch over 2 ranks.
+# trill bench train shares its batch over 2 ranks; a run stopped on one rank count resumes on another
+# to the same bytes; a killed rank ends the job within seconds, naming the rank, and resume=auto
+# continues.
 # Usage: test_sft_dp.sh TRILL MPIEXEC
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -61,6 +63,44 @@ run 0 full0 --full
 run 2 full2 --full
 same full0 full2 model.safetensors optimizer.safetensors
 echo "full fine-tuning, 2 ranks: model and optimizer byte-identical to one process"
+
+# resume on another rank count: 2 ranks stop after 6 of 12 steps, 1 rank finishes; 1 rank stops, 4
+# finish; both equal one process's uninterrupted 12 steps byte for byte
+long=(sft.max_steps=12 sft.epochs=10 sft.save_every=4)
+run 0 whole --lora "${long[@]}"
+run 2 r21 --lora "${long[@]}" sft.stop_after=6
+cp r21/trainer_state.json r21.state
+run 0 r21 --lora "${long[@]}" resume=auto
+grep -q '"step": *6' r21.state || fail "the 2-rank run did not stop at step 6: $(cat r21.state)"
+same whole r21 adapter_model.safetensors optimizer.safetensors
+run 0 r14 --lora "${long[@]}" sft.stop_after=6
+run 4 r14 --lora "${long[@]}" resume=auto
+same whole r14 adapter_model.safetensors optimizer.safetensors
+echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an uninterrupted run"
+
+# a rank killed mid-run ends the job within seconds, naming the rank; resume=auto continues
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 120 "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out killed \
+    --lora parallel.trainer.dp=2 sft.max_steps=100000 sft.epochs=100000 sft.save_every=2 >killed.log 2>&1 &
+job=$!
+for _ in $(seq 600); do grep -q "^step 4/" killed.log 2>/dev/null && break; sleep 0.1; done
+grep -q "^step 4/" killed.log || { cat killed.log; fail "the run to kill never reached step 4"; }
+victim=""
+for p in $(pgrep -f "$TRILL sft"); do grep -qz "^OMPI_COMM_WORLD_RANK=1$" "/proc/$p/environ" 2>/dev/null && victim=$p; done
+[ -n "$victim" ] || fail "no rank-1 process to kill"
+t0=$(date +%s)
+kill -9 "$victim"
+rc=0; wait "$job" || rc=$?
+t1=$(date +%s)
+[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed"
+[ $((t1 - t0)) -le 30 ] || fail "the job took $((t1 - t0)) s to end after a rank was killed"
+grep -q "rank 1 .*exited on signal 9" killed.log || { tail -20 killed.log; fail "the job's end does not name the killed rank"; }
+echo "a killed rank ended the job in $((t1 - t0)) s: $(grep -o 'process rank 1 [^.]*' killed.log | head -1)"
+step=$(sed -n 's/.*"step": *\([0-9]*\).*/\1/p' killed/trainer_state.json)
+[ -n "$step" ] && [ "$step" -ge 2 ] || fail "no checkpoint from before the kill"
+run 2 killed --lora sft.max_steps=100000 sft.epochs=100000 sft.save_every=2 resume=auto sft.stop_after=$((step + 2))
+grep -q "resuming" killed.log || fail "the run after the kill did not resume"
+grep -q "^step $((step + 2))/" killed.log || fail "the resumed run did not continue from step $step"
+echo "resume=auto after the kill continued from step $step"
 
 # refusals: the arithmetic, expert/tensor parallelism, a command that runs on one process
 rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.dp=4 --lora >bad.log 2>&1 || rc=$?
