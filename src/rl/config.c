@@ -143,7 +143,8 @@ static const key KEYS[] = {
     BOOL("generator.on_policy", generator.on_policy, "false",
          "On-policy mode: the trainer's log-probs and expert routing come from an engine in generator.dtype scoring the sampled "
          "tokens at the trainer's current weights, bit-identical to the generator's (mismatch 0, TIS weights 1); the backward is "
-         "the trainer's, through that routing. Needs mode sync."),
+         "the trainer's, through that routing. It costs a second engine (weights in generator.dtype and a KV cache of "
+         "generator.kv_cache_mb) and a teacher-forced pass per minibatch. Needs mode sync."),
 
     ENUM("reward.verifier", reward.verifier, VERIFIERS, "demo",
          "Built-in verifier of each completion against the answer field (`demo`: the embedded demo's task)."),
