@@ -1,5 +1,6 @@
 /* The family registry and the walk that expands a family's tensor table for a config. */
 #include "arch/family.h"
+#include "base/json.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -102,4 +103,54 @@ void trill_config_param_breakdown(const trill_config *c, int64_t *by_kind, int64
     *routed_experts = 0;
     kinds k = { by_kind, routed_experts };
     trill_arch_walk(c, count_kind, &k);
+}
+
+/* ---- the weights' quantization, as config.json describes it ---- */
+
+/* A string field of quantization_config that must be `want`; absent reads as `fallback` (NULL:
+ * required). */
+static trill_status expect_quant_string(const json_t *q, const char *key, const char *want, const char *fallback, const char *what) {
+    const char *v = fallback;
+    const json_t *j = json_object_get(q, key);
+    if (j && !json_is_string(j))
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config.%s\": expected a string, got %s", what, key,
+                           trill_json_type_name(j));
+    if (j) v = json_string_value(j);
+    if (!v) return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config.%s\" is missing (expected \"%s\")", what, key, want);
+    if (strcmp(v, want) != 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"quantization_config.%s\": \"%s\" is not supported (expected \"%s\")", what,
+                           key, v, want);
+    return TRILL_OK;
+}
+
+/* quantization_config: absent or null, or block-scaled FP8 (DeepSeek-V3's, Qwen3's FP8 releases; HF FineGrainedFP8Config:
+ * quant_method "fp8", fmt "e4m3", activation_scheme "dynamic", weight_block_size [rows, cols],
+ * HF's defaults for the last three). Activations are not quantized here: trill dequantizes the
+ * weights at load. */
+trill_status trill_arch_read_fp8(const json_t *root, const char *what, trill_config *c) {
+    const json_t *q = json_object_get(root, "quantization_config");
+    c->fp8_block[0] = c->fp8_block[1] = 0;
+    if (!q || json_is_null(q)) return TRILL_OK;
+    if (!json_is_object(q))
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config\": expected an object or null, got %s", what,
+                           trill_json_type_name(q));
+    trill_status st;
+    if ((st = expect_quant_string(q, "quant_method", "fp8", NULL, what)) || (st = expect_quant_string(q, "fmt", "e4m3", "e4m3", what)) ||
+        (st = expect_quant_string(q, "activation_scheme", "dynamic", "dynamic", what)))
+        return st;
+    const json_t *bs = json_object_get(q, "weight_block_size");
+    if (!bs) {
+        c->fp8_block[0] = c->fp8_block[1] = 128;
+        return TRILL_OK;
+    }
+    const long long MAX_BLOCK = 1 << 20;
+    for (int i = 0; i < 2; i++) {
+        const json_t *v = json_array_get(bs, (size_t)i);
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_BLOCK)
+            return trill_error(TRILL_ERR_INVALID,
+                               "%s: field \"quantization_config.weight_block_size\": expected [rows, cols], two integers in [1, %lld]", what,
+                               MAX_BLOCK);
+        c->fp8_block[i] = (int)json_integer_value(v);
+    }
+    return TRILL_OK;
 }

@@ -103,6 +103,12 @@ const trill_arch_names *trill_arch_names_of(trill_arch arch);
 typedef void (*trill_tensor_fn)(void *ctx, const trill_tensor_row *row, const trill_param *t);
 void trill_arch_walk(const trill_config *c, trill_tensor_fn fn, void *ctx);
 
+/* config.json's "quantization_config" into c->fp8_block: absent or null (0 0: no FP8), or
+ * block-scaled FP8 (quant_method "fp8", fmt "e4m3", activation_scheme "dynamic",
+ * weight_block_size [rows, cols], default 128 x 128); anything else is refused by field. Both
+ * families read it: the loader dequantizes F8_E4M3 matrices with their weight_scale_inv blocks. */
+trill_status trill_arch_read_fp8(const struct json_t *root, const char *what, trill_config *c);
+
 /* The row a tensor came from. */
 const trill_tensor_row *trill_arch_row(const trill_config *c, const trill_param *t);
 

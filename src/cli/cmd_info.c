@@ -1,6 +1,8 @@
 /* trill info: architecture, layer map, parameter counts and bytes of a model folder. */
 #include <inttypes.h>
+#include <dirent.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 
 #include "cli.h"
@@ -106,8 +108,21 @@ int cmd_info(int argc, char **argv) {
     size_t n_tensors;
     trill_model_tensors(m, &n_tensors);
     printf("tensors:       %zu\n", n_tensors);
-    printf("bytes:         %.1f MB on disk (%s), %.1f MB as fp32 in memory\n",
-           total * (double)trill_dtype_size(trill_model_checkpoint_dtype(m)) / 1e6, trill_dtype_name(trill_model_checkpoint_dtype(m)), total * 4.0 / 1e6);
+    /* on disk: the weight files as they are (an FP8 checkpoint's bytes, not what it loads as) */
+    double disk = 0;
+    int files = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const size_t len = strlen(e->d_name);
+        struct stat sb;
+        char *path = len > 12 && !strcmp(e->d_name + len - 12, ".safetensors") ? trill_path_join(dir, e->d_name) : NULL;
+        if (path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) disk += (double)sb.st_size, files++;
+        free(path);
+    }
+    if (d) closedir(d);
+    printf("bytes:         %.1f MB on disk (%d safetensors file%s, %s), %.1f MB as fp32 in memory\n", disk / 1e6, files, files == 1 ? "" : "s",
+           cfg->fp8_block[0] ? "F8_E4M3 matrices with block scales, loaded as bf16" : trill_dtype_name(trill_model_checkpoint_dtype(m)),
+           total * 4.0 / 1e6);
     trill_model_free(m);
     return 0;
 }

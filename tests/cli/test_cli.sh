@@ -56,7 +56,9 @@ done
 "$TRILL" info --model "$WORK/tiny" >"$WORK/info"
 check "info layer map" grep -qF "layer map:     0 dense, 1-3 moe(ordinals 0-2)" "$WORK/info"
 check "info parameters" grep -qE "^parameters: +[0-9]+ total, [0-9]+ active" "$WORK/info"
-check "info dtype" grep -qF "(BF16)" "$WORK/info"
+check "info dtype" grep -qF ", BF16)" "$WORK/info"
+disk_mb=$(stat -c %s "$WORK/tiny/model.safetensors" | awk '{ printf "%.1f", $1 / 1e6 }')
+check "info: the bytes on disk are the weight files' ($disk_mb MB)" grep -qF "bytes:         $disk_mb MB on disk (1 safetensors file, BF16)" "$WORK/info"
 # the tiny preset by hand: embedding and head 128 x 256; per layer q, o 256 x 256 and k, v 128 x 256;
 # dense MLP 3 x 768 x 256; 3 MoE layers of 8 experts x 3 x 128 x 256 and a router 8 x 256
 check "info by kind" grep -qF "by kind:       embedding 32768, matrices 1376256, routed experts 2359296, routers 6144, norms 2816, biases 0, head 32768" "$WORK/info"

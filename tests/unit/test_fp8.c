@@ -339,6 +339,49 @@ static void test_fp8_load(void **state) {
     json_decref(config);
 }
 
+/* A Qwen3-MoE checkpoint in block-scaled FP8 (as Qwen's FP8 releases ship, with the same
+ * quantization_config) loads like DeepSeek-V3's: every matrix dequantized exactly, in fp32 and in
+ * bf16 storage. Before, Qwen3's config reader ignored the field and the loader refused the first
+ * F8_E4M3 tensor as having "no fp8 quantization_config". */
+static void test_fp8_qwen3(void **state) {
+    (void)state;
+    json_error_t err;
+    json_t *config = json_loads(
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 40,"
+        " \"intermediate_size\": 48, \"moe_intermediate_size\": 12, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
+        " \"num_key_value_heads\": 1, \"head_dim\": 8, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 1,"
+        " \"mlp_only_layers\": [0], \"tie_word_embeddings\": false,"
+        " \"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"quant_method\": \"fp8\","
+        " \"weight_block_size\": [16, 12]}}",
+        0, &err);
+    if (!config) fail_msg("config: %s", err.text);
+    trill_model *want;
+    checkpoint *ck = make_checkpoint(config, &want);
+    char *dir = write_folder(config, ck);
+    trill_model *m;
+    if (trill_model_load(dir, &m) != TRILL_OK) fail_msg("%s", trill_error_message());
+    assert_int_equal(trill_model_config(m)->fp8_block[0], BLOCK_R);
+    assert_int_equal(trill_model_config(m)->fp8_block[1], BLOCK_C);
+    assert_weights(m, want, false);
+    trill_model_free(m);
+    assert_int_equal(trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m), TRILL_OK);
+    assert_int_equal(trill_model_storage(m), TRILL_BF16);
+    assert_weights(m, want, false);
+    trill_model_free(m);
+    test_rmdir(dir);
+    free(dir);
+    /* the field is checked as DeepSeek-V3's is */
+    json_object_set_new(json_object_get(config, "quantization_config"), "fmt", json_string("e5m2"));
+    char *bad = write_folder(config, ck);
+    assert_int_equal(trill_model_load(bad, &m), TRILL_ERR_UNSUPPORTED);
+    assert_msg_has("quantization_config.fmt\": \"e5m2\" is not supported");
+    test_rmdir(bad);
+    free(bad);
+    free_checkpoint(ck);
+    trill_model_free(want);
+    json_decref(config);
+}
+
 /* Loading config and ck fails with `st` and a message naming the folder (or file) and needle. */
 static void expect_refused(const json_t *config, const checkpoint *ck, trill_status st, const char *needle) {
     char *dir = write_folder(config, ck);
@@ -482,6 +525,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder),
         cmocka_unit_test(test_fp8_load),
+        cmocka_unit_test(test_fp8_qwen3),
         cmocka_unit_test(test_fp8_refused),
         cmocka_unit_test(test_mtp_layers),
     };

@@ -97,54 +97,6 @@ static trill_status read_rope_scaling(const json_t *root, const char *what, tril
     return TRILL_OK;
 }
 
-/* A string field of quantization_config that must be `want`; absent reads as `fallback` (NULL:
- * required). */
-static trill_status expect_quant_string(const json_t *q, const char *key, const char *want, const char *fallback, const char *what) {
-    const char *v = fallback;
-    const json_t *j = json_object_get(q, key);
-    if (j && !json_is_string(j))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config.%s\": expected a string, got %s", what, key,
-                           trill_json_type_name(j));
-    if (j) v = json_string_value(j);
-    if (!v) return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config.%s\" is missing (expected \"%s\")", what, key, want);
-    if (strcmp(v, want) != 0)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"quantization_config.%s\": \"%s\" is not supported (expected \"%s\")", what,
-                           key, v, want);
-    return TRILL_OK;
-}
-
-/* quantization_config: absent or null, or DeepSeek's block-scaled FP8 (HF FineGrainedFP8Config:
- * quant_method "fp8", fmt "e4m3", activation_scheme "dynamic", weight_block_size [rows, cols],
- * HF's defaults for the last three). Activations are not quantized here: trill dequantizes the
- * weights at load. */
-static trill_status read_quantization(const json_t *root, const char *what, trill_config *c) {
-    const json_t *q = json_object_get(root, "quantization_config");
-    c->fp8_block[0] = c->fp8_block[1] = 0;
-    if (!q || json_is_null(q)) return TRILL_OK;
-    if (!json_is_object(q))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"quantization_config\": expected an object or null, got %s", what,
-                           trill_json_type_name(q));
-    trill_status st;
-    if ((st = expect_quant_string(q, "quant_method", "fp8", NULL, what)) || (st = expect_quant_string(q, "fmt", "e4m3", "e4m3", what)) ||
-        (st = expect_quant_string(q, "activation_scheme", "dynamic", "dynamic", what)))
-        return st;
-    const json_t *bs = json_object_get(q, "weight_block_size");
-    if (!bs) {
-        c->fp8_block[0] = c->fp8_block[1] = 128;
-        return TRILL_OK;
-    }
-    const long long MAX_BLOCK = 1 << 20;
-    for (int i = 0; i < 2; i++) {
-        const json_t *v = json_array_get(bs, (size_t)i);
-        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_BLOCK)
-            return trill_error(TRILL_ERR_INVALID,
-                               "%s: field \"quantization_config.weight_block_size\": expected [rows, cols], two integers in [1, %lld]", what,
-                               MAX_BLOCK);
-        c->fp8_block[i] = (int)json_integer_value(v);
-    }
-    return TRILL_OK;
-}
-
 static trill_status check(const trill_config *c, const char *what) {
     if (c->num_experts > 0) {
         if (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts)
@@ -191,7 +143,7 @@ trill_status trill_deepseek_config_read(const json_t *root, const char *what, tr
         (st = get_int_or_null(root, "num_nextn_predict_layers", what, 0, 64, &c->num_nextn_predict_layers)) ||
         (st = expect_string(root, "scoring_func", "sigmoid", what)) ||
         (st = expect_string(root, "topk_method", "noaux_tc", what)) ||
-        (st = read_rope_scaling(root, what, c)) || (st = read_quantization(root, what, c)))
+        (st = read_rope_scaling(root, what, c)) || (st = trill_arch_read_fp8(root, what, c)))
         return st;
     if (bias) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"attention_bias\": true is not supported (expected false)", what);
     c->head_dim = c->qk_rope_head_dim; /* as HF's config: the RoPE dimension */

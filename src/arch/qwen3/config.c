@@ -11,7 +11,7 @@
 const char *const trill_qwen3_config_keys[] = {
     "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
     "rope_parameters", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-    "norm_topk_prob", "mlp_only_layers", "use_sliding_window", "attention_bias", "layer_types", NULL,
+    "norm_topk_prob", "mlp_only_layers", "use_sliding_window", "attention_bias", "layer_types", "quantization_config", NULL,
 };
 
 /* HF's defaults of each architecture's config class (the shared fields included). */
@@ -135,7 +135,7 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
     if (c->arch == TRILL_ARCH_QWEN3) c->num_experts = c->num_experts_per_tok = 0;
     if ((st = refuse_if_true(root, "use_sliding_window", what)) ||
         (st = refuse_if_true(root, "attention_bias", what)) ||
-        (st = check_layer_types(root, what)))
+        (st = check_layer_types(root, what)) || (st = trill_arch_read_fp8(root, what, c)))
         return st;
     return check_consistency(c, what);
 }
