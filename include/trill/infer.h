@@ -82,13 +82,17 @@ typedef struct trill_request {
     int n_stop_ids;
     const char *const *stop_strings; /* ... or once the generated text contains one of these (1-256 bytes each) */
     int n_stop_strings;
-    /* Teacher forcing (scoring given tokens): instead of drawing, the engine takes forced[g] as
-     * generated token g and reports the log-probability trill_sample would have reported for it
+    /* Teacher forcing (scoring given tokens): instead of drawing, the engine takes the given
+     * tokens in order and reports for each the log-probability trill_sample would have reported
      * (trill_sample_logprob at sampling.temperature), with its routed experts when capture is on:
-     * the same forward, batch-invariant, as when it was sampled. Needs n 1 and max_new_tokens =
-     * n_forced; stops apply as when sampling (leave them out to score every token). */
+     * the same forward, batch-invariant, as when it was sampled. Sample k takes
+     * forced[forced_at[k], forced_at[k + 1]) (forced_at [n + 1], from 0 to n_forced, every sample
+     * at least one token; the samples share the prompt's prefill as sampled ones do), and
+     * max_new_tokens must be the longest; forced_at NULL: n 1 and forced[0, n_forced). A sample
+     * ends after its last token (stops apply as when sampling: leave them out to score all). */
     const int *forced;
     int n_forced;
+    const int *forced_at;
 } trill_request;
 
 typedef enum trill_finish { TRILL_FINISH_LENGTH, TRILL_FINISH_STOP_ID, TRILL_FINISH_STOP_STRING, TRILL_FINISH_ABORTED } trill_finish;

@@ -120,7 +120,7 @@ trill_status trill_eng_for_each_matrix(const trill_config *c, const trill_param 
 /* A submitted request, kept until its last sample finishes. */
 typedef struct req {
     trill_request r; /* arrays below are the engine's copies */
-    int *prompt, *stop_ids, *forced;
+    int *prompt, *stop_ids, *forced, *forced_at; /* forced_at [n + 1]: sample k's forced tokens */
     char **stop_strings;
     size_t max_stop_len;
 } req;

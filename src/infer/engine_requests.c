@@ -47,6 +47,7 @@ void trill_eng_free_req(req *q) {
     free(q->prompt);
     free(q->stop_ids);
     free(q->forced);
+    free(q->forced_at);
     free(q);
 }
 
@@ -72,9 +73,26 @@ static trill_status check_request(const trill_engine *e, const trill_request *r)
     for (int i = 0; i < r->prompt_len; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "request %llu: prompt token %d is %d, outside the vocabulary [0, %d)", id, i, r->prompt[i], c->vocab_size);
-    if (r->n_forced < 0 || (r->n_forced > 0 && (!r->forced || r->n > 1 || r->max_new_tokens != r->n_forced)))
-        return trill_error(TRILL_ERR_INVALID, "request %llu: forced tokens need n 1 and max_new_tokens = n_forced (%d), got n %d, max_new_tokens %d",
-                           id, r->n_forced, r->n, r->max_new_tokens);
+    if (r->n_forced < 0 || (r->n_forced > 0 && !r->forced))
+        return trill_error(TRILL_ERR_INVALID, "request %llu: n_forced %d without forced tokens", id, r->n_forced);
+    if (r->n_forced > 0 && !r->forced_at && (r->n > 1 || r->max_new_tokens != r->n_forced))
+        return trill_error(TRILL_ERR_INVALID, "request %llu: forced tokens without forced_at need n 1 and max_new_tokens = n_forced (%d), got n %d, "
+                           "max_new_tokens %d", id, r->n_forced, r->n, r->max_new_tokens);
+    if (r->n_forced > 0 && r->forced_at) {
+        const int n = r->n ? r->n : 1;
+        int longest = 0;
+        if (r->forced_at[0] != 0 || r->forced_at[n] != r->n_forced)
+            return trill_error(TRILL_ERR_INVALID, "request %llu: forced_at must run from 0 to n_forced (%d), got %d to %d", id, r->n_forced,
+                               r->forced_at[0], r->forced_at[n]);
+        for (int k = 0; k < n; k++) {
+            const int len = r->forced_at[k + 1] - r->forced_at[k];
+            if (len < 1) return trill_error(TRILL_ERR_INVALID, "request %llu: forced sample %d has %d tokens (at least 1)", id, k, len);
+            longest = len > longest ? len : longest;
+        }
+        if (r->max_new_tokens != longest)
+            return trill_error(TRILL_ERR_INVALID, "request %llu: max_new_tokens %d, but the longest forced sample has %d tokens", id,
+                               r->max_new_tokens, longest);
+    }
     for (int i = 0; i < r->n_forced; i++)
         if (r->forced[i] < 0 || r->forced[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "request %llu: forced token %d is %d, outside the vocabulary [0, %d)", id, i, r->forced[i], c->vocab_size);
@@ -107,7 +125,8 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     q->stop_ids = trill_malloc(sizeof(int) * (size_t)(r->n_stop_ids + 1));
     q->stop_strings = trill_calloc((size_t)r->n_stop_strings + 1, sizeof(char *));
     q->forced = r->n_forced ? trill_malloc(sizeof(int) * (size_t)r->n_forced) : NULL;
-    bool ok = q->prompt && q->stop_ids && q->stop_strings && (!r->n_forced || q->forced);
+    q->forced_at = r->n_forced ? trill_malloc(sizeof(int) * (size_t)(q->r.n + 1)) : NULL;
+    bool ok = q->prompt && q->stop_ids && q->stop_strings && (!r->n_forced || (q->forced && q->forced_at));
     for (int i = 0; ok && i < r->n_stop_strings; i++) {
         ok = (q->stop_strings[i] = trill_strdup(r->stop_strings[i])) != NULL;
         size_t len = ok ? strlen(r->stop_strings[i]) : 0;
@@ -117,8 +136,13 @@ trill_status trill_engine_submit(trill_engine *e, const trill_request *r) {
     if (ok) {
         memcpy(q->prompt, r->prompt, sizeof(int) * (size_t)r->prompt_len);
         if (r->n_stop_ids) memcpy(q->stop_ids, r->stop_ids, sizeof(int) * (size_t)r->n_stop_ids);
-        if (r->n_forced) memcpy(q->forced, r->forced, sizeof(int) * (size_t)r->n_forced);
+        if (r->n_forced) {
+            memcpy(q->forced, r->forced, sizeof(int) * (size_t)r->n_forced);
+            if (r->forced_at) memcpy(q->forced_at, r->forced_at, sizeof(int) * (size_t)(q->r.n + 1));
+            else q->forced_at[0] = 0, q->forced_at[1] = r->n_forced;
+        }
         q->r.forced = q->forced;
+        q->r.forced_at = q->forced_at;
         q->r.prompt = q->prompt;
         q->r.stop_ids = q->stop_ids;
         q->r.stop_strings = (const char *const *)q->stop_strings;

@@ -144,8 +144,9 @@ static trill_status sample_all(trill_engine *e, int n) {
         const float *logits = e->logits + (size_t)e->smp.row[i] * V;
         void *work = (char *)e->smp.scratch + scratch * (size_t)omp_get_thread_num();
         if (q->r.n_forced) { /* teacher forcing: the given token, scored as a draw would have been */
-            lp = trill_sample_logprob(logits, V, q->r.sampling.temperature, q->r.forced[gen], work);
-            e->smp.token[i] = q->r.forced[gen]; /* (-inf: the model gives it no probability, which the scorer reports) */
+            const int token = q->r.forced[q->r.forced_at[s->sample] + gen];
+            lp = trill_sample_logprob(logits, V, q->r.sampling.temperature, token, work);
+            e->smp.token[i] = token; /* (-inf: the model gives it no probability, which the scorer reports) */
         } else {
             e->smp.token[i] = trill_sample(logits, V, &q->r.sampling, q->r.id, (uint32_t)s->sample, (uint32_t)gen, work, &lp);
         }
@@ -213,6 +214,7 @@ trill_status trill_eng_finish_stopped(trill_engine *e) {
         if (stop_id) why = TRILL_FINISH_STOP_ID;
         else if (stop_string) why = TRILL_FINISH_STOP_STRING;
         else if (gen >= s->rq->r.max_new_tokens) why = TRILL_FINISH_LENGTH;
+        else if (s->rq->r.n_forced && gen >= s->rq->r.forced_at[s->sample + 1] - s->rq->r.forced_at[s->sample]) why = TRILL_FINISH_LENGTH;
         else done = false;
         if (!done) { i++; continue; }
         trill_status st = finish(e, i, why);

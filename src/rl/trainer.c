@@ -208,24 +208,56 @@ static trill_status score_on_policy(rl_trainer *r, const rl_batch *b, const int 
     const size_t row = (size_t)r->L * r->K;
     const double t0 = trill_now();
     trill_status st = scorer_sync(r);
-    trill_request q = { .n = 1, .sampling = trill_sampling_default() };
+    trill_request q = { .sampling = trill_sampling_default() };
     q.sampling.temperature = (float)c->generator.temperature;
-    for (int i = 0; i < n && !st; i++) {
-        const int s = seq[i], len = rl_response_len(b, s);
-        if (len < 1) continue;
+    int *forced = NULL, *forced_at = NULL;
+    /* a run of sequences with one prompt (a group's samples) is one request of that many forced
+     * samples: the prompt is prefilled once and forked, as the generator did */
+    for (int i = 0, j; i < n && !st; i = j) {
+        const int s = seq[i], pl = b->prompt_len[s];
+        const int *prompt = b->tokens + b->offsets[s];
+        int total = 0;
+        for (j = i; j < n && rl_response_len(b, seq[j]) >= 1 && b->prompt_len[seq[j]] == pl &&
+                    !memcmp(b->tokens + b->offsets[seq[j]], prompt, sizeof(int) * (size_t)pl);
+             j++)
+            total += rl_response_len(b, seq[j]);
+        if (j == i) { /* an empty response: nothing to score */
+            j = i + 1;
+            continue;
+        }
+        int *f = trill_realloc(forced, sizeof(int) * (size_t)total), *fa = f ? trill_realloc(forced_at, sizeof(int) * (size_t)(j - i + 1)) : NULL;
+        if (f) forced = f;
+        if (fa) forced_at = fa;
+        if (!f || !fa) {
+            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            break;
+        }
+        int longest = 0;
+        forced_at[0] = 0;
+        for (int k = i; k < j; k++) {
+            const int len = rl_response_len(b, seq[k]);
+            memcpy(forced + forced_at[k - i], b->tokens + b->offsets[seq[k]] + pl, sizeof(int) * (size_t)len);
+            forced_at[k - i + 1] = forced_at[k - i] + len;
+            longest = len > longest ? len : longest;
+        }
         q.id = (uint64_t)i;
-        q.prompt = b->tokens + b->offsets[s];
-        q.prompt_len = b->prompt_len[s];
-        q.forced = q.prompt + q.prompt_len;
-        q.n_forced = q.max_new_tokens = len;
+        q.n = j - i;
+        q.prompt = prompt;
+        q.prompt_len = pl;
+        q.forced = forced;
+        q.n_forced = total;
+        q.forced_at = forced_at;
+        q.max_new_tokens = longest;
         st = trill_engine_submit(r->scorer, &q);
     }
+    free(forced);
+    free(forced_at);
     if (!st) st = trill_engine_run(r->scorer);
     trill_sequence_out out[32];
     int got;
     while ((got = trill_engine_collect(r->scorer, out, 32)) > 0)
         for (int k = 0; k < got; k++) {
-            const int s = seq[out[k].request], at = b->offsets[s];
+            const int s = seq[out[k].request + (uint64_t)out[k].sample], at = b->offsets[s];
             if (!st && out[k].n_prompt + out[k].n_generated != b->offsets[s + 1] - at)
                 st = trill_error(TRILL_ERR_INVALID, "generator.on_policy: sequence %d was scored over %d tokens, not %d", s,
                                  out[k].n_prompt + out[k].n_generated, b->offsets[s + 1] - at);

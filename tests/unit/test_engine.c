@@ -752,7 +752,8 @@ static void test_adapter_formats(void **state) {
 }
 
 /* Teacher forcing (trill_request.forced): scoring the tokens a run sampled, one request per
- * sample in a batch of its own (so the rows sit elsewhere than when they were sampled), gives
+ * sample in a batch of its own (so the rows sit elsewhere than when they were sampled), or a
+ * request's samples together as one request of forced samples sharing the prompt's prefill, gives
  * their log-probs and routed experts bit for bit, in every format, with an adapter on and at a
  * temperature other than 1 with top-p on (the log-prob is before truncation, as the sampler
  * reports it). This is what generator.on_policy's scorer relies on. Malformed forced requests are
@@ -792,6 +793,30 @@ static void test_forced_tokens(void **state) {
             assert_memory_equal(s->experts, o->experts, sizeof(uint16_t) * (size_t)(o->n_prompt + o->n_generated - 1) * L * K);
             trill_sequence_out_free(&scored[i]);
         }
+        /* each request's two samples as one request of two forced samples (one prefill, forked) */
+        for (int i = 0; i < n; i += 2) {
+            int tokens[64], at[3] = { 0, out[i].n_generated, out[i].n_generated + out[i + 1].n_generated };
+            memcpy(tokens, out[i].tokens + out[i].n_prompt, sizeof(int) * (size_t)out[i].n_generated);
+            memcpy(tokens + at[1], out[i + 1].tokens + out[i + 1].n_prompt, sizeof(int) * (size_t)out[i + 1].n_generated);
+            trill_request q = request(200 + (uint64_t)i, out[i].tokens, out[i].n_prompt, 2,
+                                      out[i].n_generated > out[i + 1].n_generated ? out[i].n_generated : out[i + 1].n_generated);
+            q.sampling.temperature = 0.7f;
+            q.forced = tokens;
+            q.n_forced = at[2];
+            q.forced_at = at;
+            assert_int_equal(trill_engine_submit(e, &q), TRILL_OK);
+        }
+        assert_int_equal(run_all(e, scored), n);
+        for (int i = 0; i < n; i++) {
+            const trill_sequence_out *o = &out[i], *s = &scored[i];
+            assert_int_equal(s->request, 200 + (uint64_t)(i / 2 * 2));
+            assert_int_equal(s->sample, i % 2);
+            assert_int_equal(s->n_generated, o->n_generated);
+            assert_memory_equal(s->tokens, o->tokens, sizeof(int) * (size_t)(o->n_prompt + o->n_generated));
+            assert_memory_equal(s->logprobs, o->logprobs, sizeof(float) * (size_t)o->n_generated);
+            assert_memory_equal(s->experts, o->experts, sizeof(uint16_t) * (size_t)(o->n_prompt + o->n_generated - 1) * L * K);
+            trill_sequence_out_free(&scored[i]);
+        }
         /* refusals */
         trill_request bad = request(9, P1, 13, 2, 3);
         const int tokens[3] = { 1, 2, 3 }, outside[3] = { 1, m->config.vocab_size, 3 };
@@ -802,6 +827,16 @@ static void test_forced_tokens(void **state) {
         bad.max_new_tokens = 4;
         assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID); /* max_new_tokens != n_forced */
         assert_non_null(strstr(trill_error_message(), "max_new_tokens"));
+        const int at_bad[3] = { 0, 3, 3 }, at_short[3] = { 0, 1, 3 };
+        bad.n = 2;
+        bad.forced_at = at_bad; /* the second sample has no token */
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID);
+        assert_non_null(strstr(trill_error_message(), "forced sample 1 has 0 tokens"));
+        bad.forced_at = at_short; /* longest 2, not max_new_tokens 4 */
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID);
+        assert_non_null(strstr(trill_error_message(), "longest forced sample has 2"));
+        bad.n = 1;
+        bad.forced_at = NULL;
         bad.max_new_tokens = 3;
         bad.forced = outside;
         assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID);
