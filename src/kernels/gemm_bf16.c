@@ -57,40 +57,27 @@ static inline uint16_t bf16_at(const operand *o, int i, int k) {
     return o->x16 ? o->x16[at] : trill_f32_to_bf16(o->x[at]);
 }
 
-/* Packs op(B)'s rows k0..k0+kc (K) × columns n0..n0+nc (N) as blocks of NR columns: per block
- * and K pair, NR lanes of (bf16 b[k, n] low, b[k+1, n] high); zeros past K and N. Element (n, k)
- * of the operand is op(B)[k, n], so `o` reads B^T's (n, k). */
-static void pack_b(uint32_t *dst, const operand *o, int n0, int nc, int k0, int kc) {
+/* Packs rows r0..r0+rows of an operand (op(B)'s output columns, or op(A)'s rows) × K k0..k0+kc as
+ * slivers of `width` rows (NR for B, MR for A): per sliver and K pair, `width` words of (x[r, k]
+ * low, x[r, k+1] high); zeros past the rows and K. Inlined with a constant width at both calls. */
+static inline __attribute__((always_inline)) void pack_slivers(uint32_t *dst, const operand *o, int r0, int rows, int k0, int kc,
+                                                               const int width) {
     const int pairs = (kc + 1) / 2;
-    for (int j0 = 0; j0 < nc; j0 += NR)
-        for (int p = 0; p < pairs; p++, dst += NR)
-            for (int l = 0; l < NR; l++) {
-                const int n = j0 + l, k = 2 * p;
+    for (int i0 = 0; i0 < rows; i0 += width)
+        for (int p = 0; p < pairs; p++, dst += width)
+            for (int l = 0; l < width; l++) {
+                const int r = i0 + l, k = 2 * p;
                 uint32_t lo = 0, hi = 0;
-                if (n < nc) {
-                    lo = bf16_at(o, n0 + n, k0 + k);
-                    if (k + 1 < kc) hi = bf16_at(o, n0 + n, k0 + k + 1);
+                if (r < rows) {
+                    lo = bf16_at(o, r0 + r, k0 + k);
+                    if (k + 1 < kc) hi = bf16_at(o, r0 + r, k0 + k + 1);
                 }
                 dst[l] = lo | hi << 16;
             }
 }
 
-/* Packs op(A)'s rows m0..m0+mc × K k0..k0+kc as slivers of MR rows: per sliver and pair, MR
- * (a[m, k] low, a[m, k+1] high); zeros past M and K. */
-static void pack_a(uint32_t *dst, const operand *o, int m0, int mc, int k0, int kc) {
-    const int pairs = (kc + 1) / 2;
-    for (int i0 = 0; i0 < mc; i0 += MR)
-        for (int p = 0; p < pairs; p++, dst += MR)
-            for (int r = 0; r < MR; r++) {
-                const int m = i0 + r, k = 2 * p;
-                uint32_t lo = 0, hi = 0;
-                if (m < mc) {
-                    lo = bf16_at(o, m0 + m, k0 + k);
-                    if (k + 1 < kc) hi = bf16_at(o, m0 + m, k0 + k + 1);
-                }
-                dst[r] = lo | hi << 16;
-            }
-}
+static void pack_b(uint32_t *dst, const operand *o, int n0, int nc, int k0, int kc) { pack_slivers(dst, o, n0, nc, k0, kc, NR); }
+static void pack_a(uint32_t *dst, const operand *o, int m0, int mc, int k0, int kc) { pack_slivers(dst, o, m0, mc, k0, kc, MR); }
 
 /* How one tile's sums s[mr][nr] meet C: first chunk C = beta C + alpha s (C not read when beta
  * is 0, as BLAS), later chunks C += alpha s. */
