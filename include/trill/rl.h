@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "trill/dtype.h"
+#include "trill/dist.h"
 #include "trill/error.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
@@ -304,6 +305,11 @@ typedef struct trill_run_options {
      * progress line. NULL: the line goes to the log sink at TRILL_LOG_INFO. */
     void (*progress)(void *ctx, const trill_run_status *status, const char *line);
     void *progress_ctx;
+    /* the job's ranks (NULL: one process): parallel.trainer.dp must be their number; every rank
+     * runs the loop (generation and scoring too) and trains its share of each minibatch's
+     * micro-batches, reaching the same weights bit for bit as one process; rank 0 alone writes
+     * the run folder. Sync mode. Borrowed. */
+    trill_comm *world;
 } trill_run_options;
 
 /* o may be NULL (the defaults). The config is copied. */

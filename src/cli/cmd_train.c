@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "trill/dist.h"
 #include "trill/rl.h"
 
 static const char USAGE[] =
@@ -45,12 +46,12 @@ static void catch_stop_signals(void) {
 static void print_progress(void *ctx, const trill_run_status *status, const char *line) {
     (void)ctx;
     (void)status;
-    fprintf(stderr, "%s\n", line);
+    if (trill_comm_rank(cli_world()) == 0) fprintf(stderr, "%s\n", line);
 }
 
-/* The run, step by step, its progress on stderr. */
+/* The run, step by step, its progress on stderr (rank 0's). */
 static trill_status run(const trill_rl_config *cfg, trill_rl_result *res) {
-    const trill_run_options o = { .progress = print_progress };
+    const trill_run_options o = { .progress = print_progress, .world = cli_world() };
     trill_run *h;
     trill_status st = trill_run_create(cfg, &o, &h);
     if (st) return st;
@@ -103,7 +104,7 @@ int cmd_train(int argc, char **argv) {
             fprintf(stderr, "trill train: %s\n", trill_error_message());
             rc = 128 + (g_signal ? g_signal : SIGINT); /* as a shell reports a process ended by that signal */
         } else if (st) rc = cli_fail("train");
-        else if (isfinite(res.eval_before) && isfinite(res.eval_after))
+        else if (isfinite(res.eval_before) && isfinite(res.eval_after) && trill_comm_rank(cli_world()) == 0)
             fprintf(stderr, "trill train: held-out pass@1 %.1f%% -> %.1f%% (%+.1f points), pass@k %.1f%% -> %.1f%%, %.0f s in all\n",
                     100 * res.eval_before, 100 * res.eval_after, 100 * (res.eval_after - res.eval_before), 100 * res.passk_before,
                     100 * res.passk_after, res.seconds);

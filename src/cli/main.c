@@ -50,7 +50,9 @@ static trill_comm *g_world;
 trill_comm *cli_world(void) { return g_world; }
 
 /* The commands that run on several ranks; the others refuse a job of more than one. */
-static bool distributed(const char *cmd, const char *sub) { return strcmp(cmd, "sft") == 0 || (strcmp(cmd, "bench") == 0 && sub && strcmp(sub, "train") == 0); }
+static bool distributed(const char *cmd, const char *sub) {
+    return strcmp(cmd, "sft") == 0 || strcmp(cmd, "train") == 0 || (strcmp(cmd, "bench") == 0 && sub && strcmp(sub, "train") == 0);
+}
 
 int cli_fail(const char *cmd) {
     fprintf(stderr, "trill %s: %s\n", cmd, trill_error_message());
@@ -98,10 +100,11 @@ int main(int argc, char **argv) {
             return 1;
         }
         int rc;
+        if (trill_comm_rank(g_world) != 0) trill_log_set_sink(NULL, NULL); /* rank 0 speaks for the job */
         if (trill_comm_size(g_world) > 1 && !distributed(argv[1], argc > 2 ? argv[2] : NULL)) {
             if (trill_comm_rank(g_world) == 0)
-                fprintf(stderr, "trill %s: runs on one process, but this job has %d ranks (trill sft and trill bench train are the ones "
-                                "that share their work over MPI ranks so far)\n", argv[1], trill_comm_size(g_world));
+                fprintf(stderr, "trill %s: runs on one process, but this job has %d ranks (trill train, trill sft and trill bench train "
+                                "are the ones that share their work over MPI ranks)\n", argv[1], trill_comm_size(g_world));
             rc = EXIT_USAGE;
         } else {
             rc = COMMANDS[i].run(argc - 1, argv + 1);

@@ -258,7 +258,7 @@ static const section SECTIONS[] = {
                     "generator's (mu)." },
     { "trainer", "Optimisation of the LoRA adapters." },
     { "sync", "Weight updates from the trainer to the generator." },
-    { "parallel", "Distribution over MPI ranks (`mpirun -np N trill sft ...`): parallel.trainer.dp x ep x tp must equal N." },
+    { "parallel", "Distribution over MPI ranks (`mpirun -np N trill train ...`, `trill sft`, `trill bench train`): parallel.trainer.dp x ep x tp must equal N." },
     { "checkpoint", "Checkpoints in the run folder (what `resume` continues from)." },
     { "eval", "Held-out evaluation on data.eval." },
     { "sft", "Supervised fine-tuning (`trill sft`): prompt/completion lines of data.train, the loss on the completion; "

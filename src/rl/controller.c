@@ -170,7 +170,7 @@ static void count_skipped(const char *ckpt, void *ctx) { (void)ckpt; (*(int *)ct
 static trill_status start_state(rl_run *r, char **ckpt) {
     const trill_rl_config *c = r->c;
     *ckpt = NULL;
-    trill_status st = trill_rl_checkpoint_clean(c->run_dir);
+    trill_status st = r->rank == 0 ? trill_rl_checkpoint_clean(c->run_dir) : TRILL_OK;
     int skipped = 0;
     if (st) return st;
     if (strcmp(c->resume, "auto") == 0) {
@@ -273,7 +273,14 @@ static trill_status end_run(trill_run *h, trill_status st) {
     return st;
 }
 
-static bool cancel_requested(trill_run *h) { return atomic_load(&h->cancel) || trill_rl_stop_requested(); }
+/* Under data parallelism the ranks agree (any rank's request stops all, at the same step). */
+static bool cancel_requested(trill_run *h) {
+    const bool mine = atomic_load(&h->cancel) || trill_rl_stop_requested();
+    if (!h->r.world || trill_comm_size(h->r.world) < 2) return mine;
+    uint64_t any = 0;
+    if (trill_comm_allreduce_max_u64(h->r.world, mine, &any)) return true; /* a lost peer: stop here */
+    return any != 0;
+}
 
 /* Cancelled: the steps trained are checkpointed (unless the newest already is), then the run
  * ends with TRILL_ERR_INTERRUPTED. */
@@ -286,9 +293,7 @@ static trill_status interrupt(trill_run *h) {
     pthread_mutex_unlock(&h->mu);
     if (r->state.step > h->first && r->saved_step != r->state.step) {
         set_phase(h, TRILL_RUN_CHECKPOINTING);
-        st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer),
-                                      &r->base, c->checkpoint.keep);
-        if (!st) r->saved_step = r->state.step;
+        st = trill_rl_save_checkpoint(r);
     }
     if (!st)
         st = trill_error(TRILL_ERR_INTERRUPTED, "stopped on request after step %d of %d%s; continue with resume=auto", r->state.step,
@@ -307,7 +312,7 @@ static trill_status announce(trill_run *h, const char *ckpt) {
     trill_status st = path && f ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_rl_config_write(c, f);
     if (f) fclose(f);
-    if (!st) st = trill_write_file_atomic(path, buf, len);
+    if (!st && r->rank == 0) st = trill_write_file_atomic(path, buf, len);
     free(buf);
     free(path);
     if (st) return st;
@@ -331,16 +336,23 @@ static trill_status set_up(trill_run *h) {
     const trill_rl_config *c = &h->cfg;
     rl_run *r = &h->r;
     char *ckpt = NULL;
-    trill_status st = trill_mkdir_p(c->run_dir);
-    if (!st) st = lock_run_dir(r);
+    const bool many = r->world && trill_comm_size(r->world) > 1;
+    /* rank 0 owns the run folder (and builds the demo's cache); the others start after it */
+    trill_status st = r->rank == 0 ? trill_mkdir_p(c->run_dir) : TRILL_OK;
+    if (!st && r->rank == 0) st = lock_run_dir(r);
+    if (!st && many) st = trill_comm_barrier(r->world);
     if (!st) st = start_state(r, &ckpt);
-    if (!st) st = resolve_inputs(r);
+    if (!st && r->rank == 0) st = resolve_inputs(r);
+    if (!st && many) st = trill_comm_barrier(r->world);
+    if (!st && r->rank != 0) st = resolve_inputs(r);
     if (!st) st = trill_rl_model_identity(r->model_dir, &r->base);
     if (!st && ckpt) st = trill_rl_checkpoint_check_base(ckpt, &r->base, r->model_dir);
     if (!st) st = load_data(r);
     if (!st) st = make_executors(r, ckpt);
+    if (!st) trill_rl_trainer_set_dp(r->trainer, r->world);
     if (!st) st = announce(h, ckpt);
-    if (!st) st = open_metrics(r, c->run_dir, r->state.step);
+    if (!st && r->rank == 0) st = open_metrics(r, c->run_dir, r->state.step);
+    if (!st && r->rank != 0) getrusage(RUSAGE_SELF, &r->usage);
     if (!st && r->eval && r->state.step == 0) {
         set_phase(h, TRILL_RUN_EVALUATING);
         st = evaluate(r, "before", &h->result.eval_before, &h->result.passk_before);
@@ -354,7 +366,10 @@ static trill_status set_up(trill_run *h) {
 trill_status trill_run_create(const trill_rl_config *c, const trill_run_options *o, trill_run **out) {
     *out = NULL;
     trill_status st = trill_rl_config_validate(c);
-    if (!st) st = trill_rl_parallel_check(c, 1); /* the RL loop runs on one process (data parallelism: trill sft so far) */
+    const int ranks = o && o->world ? trill_comm_size(o->world) : 1;
+    if (!st) st = trill_rl_parallel_check(c, ranks);
+    if (!st && ranks > 1 && c->mode == TRILL_MODE_ASYNC)
+        st = trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.dp: %d ranks need mode: sync (the asynchronous executors run in one process)", ranks);
     if (st) return st;
     if (c->generator.temperature != 1.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "
@@ -382,7 +397,7 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     pthread_mutex_init(&h->mu, NULL);
     h->t_start = trill_now();
     h->result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
-    h->r = (rl_run){ .c = &h->cfg, .lock_fd = -1 };
+    h->r = (rl_run){ .c = &h->cfg, .lock_fd = -1, .world = o ? o->world : NULL, .rank = o && o->world ? trill_comm_rank(o->world) : 0 };
     h->status.steps = h->cfg.steps;
     atomic_store(&g_stop_requested, 0);
     if ((st = set_up(h))) {
@@ -476,12 +491,9 @@ void trill_run_cancel(trill_run *h) { atomic_store(&h->cancel, 1); }
 
 trill_status trill_run_checkpoint(trill_run *h) {
     rl_run *r = &h->r;
-    const trill_rl_config *c = &h->cfg;
     if (r->saved_step == r->state.step || r->state.step == 0) return TRILL_OK;
     set_phase(h, TRILL_RUN_CHECKPOINTING);
-    trill_status st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer),
-                                               &r->base, c->checkpoint.keep);
-    if (!st) r->saved_step = r->state.step;
+    trill_status st = trill_rl_save_checkpoint(r);
     set_phase(h, h->done ? TRILL_RUN_DONE : TRILL_RUN_IDLE);
     return st;
 }

@@ -21,6 +21,7 @@
 #include "rollout.h"
 #include "scorer.h"
 #include "trainer.h"
+#include "trill/dist.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
 #include "trill/rl.h"
@@ -42,7 +43,14 @@ typedef struct rl_run {
     struct rusage usage;          /* the process's at the end of the previous step (or at the metrics' opening) */
     double gen_s, train_s;        /* the run's totals, for its summary */
     long gen_tokens, train_tokens;
+    /* data parallelism (parallel.trainer.dp): every rank runs the loop and holds the same state;
+     * rank 0 alone writes the run folder (lock, config, metrics, checkpoints, rollouts) */
+    trill_comm *world;            /* NULL: one process */
+    int rank;
 } rl_run;
+
+/* The run's checkpoint of its state now (rank 0 writes it; every rank notes it as saved). */
+trill_status trill_rl_save_checkpoint(rl_run *r);
 
 /* One rollout batch on its way through the stages. */
 typedef struct rl_rollout {

@@ -156,7 +156,7 @@ trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publi
                                   long *train_tokens_out) {
     const trill_rl_config *c = r->c;
     rl_train_stats ts = { 0 };
-    trill_status st = c->rollouts.save ? save_rollout(r, &ro->b, r->state.step + 1) : TRILL_OK;
+    trill_status st = c->rollouts.save && r->rank == 0 ? save_rollout(r, &ro->b, r->state.step + 1) : TRILL_OK;
     const double t_reward = trill_now();
     if (!st) st = trill_rl_trainer_step(r->trainer, &ro->b, r->state.step + 1, &ts, m);
     const double t_train = trill_now();
@@ -206,7 +206,17 @@ trill_status trill_rl_publish_direct(rl_run *r, void *ctx, double *ms, size_t *b
 
 /* ---- after a step ---- */
 
+trill_status trill_rl_save_checkpoint(rl_run *r) {
+    const trill_rl_config *c = r->c;
+    trill_status st = r->rank != 0 ? TRILL_OK
+                                   : trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer),
+                                                              trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
+    if (!st) r->saved_step = r->state.step;
+    return st;
+}
+
 static trill_status append_metrics(rl_run *r, const trill_rl_metrics *m) {
+    if (!r->metrics) return TRILL_OK; /* a rank other than 0 */
     char *line = trill_rl_metrics_json(m);
     if (!line) return trill_error(TRILL_ERR_NOMEM, "out of memory for the metrics of step %d", m->step);
     int bad = fprintf(r->metrics, "%s\n", line) < 0 || fflush(r->metrics) != 0;
@@ -229,10 +239,7 @@ trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *step_metric
     r->usage = now;
     trill_status st = append_metrics(r, &m);
     if (st) return st;
-    if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) {
-        st = trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer), trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
-        if (!st) r->saved_step = r->state.step;
-    }
+    if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) st = trill_rl_save_checkpoint(r);
     return st;
 }
 

@@ -185,6 +185,85 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
     return st;
 }
 
+/* ---- data parallelism: a step's micro-batches over the ranks ---- */
+
+/* seq[0, n) cut into micro-batches by the packer's rule (the same cut on every rank count):
+ * micro-batch i is seq[first[i], first[i + 1]); *M of them; [*lo, *hi) are this rank's. */
+typedef struct micro_plan {
+    int *first;
+    int M, lo, hi;
+} micro_plan;
+
+static trill_status plan_micros(const rl_trainer *r, const rl_batch *b, const int *seq, int n, micro_plan *p) {
+    const int P = r->dp ? trill_comm_size(r->dp) : 1, me = r->dp ? trill_comm_rank(r->dp) : 0;
+    *p = (micro_plan){ .first = trill_malloc(sizeof(int) * (size_t)(n + 1)) };
+    if (!p->first) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int at = 0; at < n; p->M++) {
+        p->first[p->M] = at;
+        at += next_micro(b, seq + at, n - at, r->c->trainer.micro_batch_tokens);
+    }
+    p->first[p->M] = n;
+    p->lo = (int)((int64_t)p->M * me / P);
+    p->hi = (int)((int64_t)p->M * (me + 1) / P);
+    return TRILL_OK;
+}
+
+/* After a pass that filled the per-token arrays of its own micro-batches' sequences (old and
+ * reference log-probs, routing, TIS weights, mask): every rank gets every sequence's, by one
+ * all-reduce where each value has one writer (the others add exact zeros). */
+static trill_status assemble(rl_trainer *r, const rl_batch *b, const int *seq, const micro_plan *p, token_arrays *ta, bool old, bool ref) {
+    if (!r->dp) return TRILL_OK;
+    const size_t row = (size_t)r->L * r->K;
+    size_t total = 0;
+    for (int i = 0; i < p->first[p->M]; i++) {
+        const int s = seq[i], T = b->offsets[s + 1] - b->offsets[s];
+        total += (size_t)T * ((old ? 3 + row : 0) + (ref ? 1 : 0));
+    }
+    float *v = trill_malloc(sizeof(float) * (total ? total : 1));
+    if (!v) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int pass = 0; pass < 2; pass++) { /* 0: pack (own values, zeros elsewhere); 1: unpack */
+        size_t at = 0;
+        for (int mi = 0; mi < p->M; mi++)
+            for (int i = p->first[mi]; i < p->first[mi + 1]; i++) {
+                const int s = seq[i], t0 = b->offsets[s], T = b->offsets[s + 1] - t0;
+                const bool mine = mi >= p->lo && mi < p->hi;
+                for (int t = t0; t < t0 + T; t++) {
+                    float *x = v + at;
+                    const size_t w = (old ? 3 + row : 0) + (ref ? 1 : 0);
+                    if (pass == 0) {
+                        size_t k = 0;
+                        if (old) {
+                            x[k++] = mine ? ta->old_logp[t] : 0;
+                            x[k++] = mine ? ta->tis[t] : 0;
+                            x[k++] = mine ? (float)ta->mask[t] : 0;
+                            for (size_t e = 0; e < row; e++) x[k++] = mine ? (float)ta->train_experts[(size_t)t * row + e] : 0;
+                        }
+                        if (ref) x[k++] = mine ? ta->ref_logp[t] : 0;
+                    } else {
+                        size_t k = 0;
+                        if (old) {
+                            ta->old_logp[t] = x[k++];
+                            ta->tis[t] = x[k++];
+                            ta->mask[t] = (uint8_t)x[k++];
+                            for (size_t e = 0; e < row; e++) ta->train_experts[(size_t)t * row + e] = (uint16_t)x[k++];
+                        }
+                        if (ref) ta->ref_logp[t] = x[k++];
+                    }
+                    at += w;
+                }
+            }
+        if (pass == 0) {
+            trill_status st = trill_comm_allreduce_f32(r->dp, v, total);
+            if (st) {
+                free(v);
+                return st;
+            }
+        }
+    }
+    free(v);
+    return TRILL_OK;
+}
+
 /* ---- generator.on_policy: the generator's numbers at the trainer's weights ---- */
 
 /* The scorer gets the trainer's weights as a sync would ship them (the adapters, or the merged
@@ -292,9 +371,11 @@ static void take_scored_experts(const rl_batch *b, const micro *m, const token_a
  * log-probs (adapters off), plus the trainer's routing. */
 static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
     const trill_rl_config *c = r->c;
-    trill_status st = r->scorer && want_old ? score_on_policy(r, b, seq, n, ta) : TRILL_OK;
-    for (int at = 0; at < n && !st;) {
-        const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
+    micro_plan p;
+    trill_status st = plan_micros(r, b, seq, n, &p);
+    if (!st && r->scorer && want_old) st = score_on_policy(r, b, seq, n, ta);
+    for (int mi = p.lo; mi < p.hi && !st; mi++) {
+        const int at = p.first[mi], k = p.first[mi + 1] - at;
         micro m;
         if ((st = micro_make(b, seq + at, k, replay_source(r, b, r->scorer && want_old ? ta->onp_experts : NULL), &m))) break;
         float *lp = trill_malloc(sizeof(float) * (size_t)m.T);
@@ -322,8 +403,9 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
         free(lp);
         free(ex);
         micro_free(&m);
-        at += k;
     }
+    if (!st) st = assemble(r, b, seq, &p, ta, want_old, want_ref);
+    free(p.first);
     return st;
 }
 
@@ -356,11 +438,17 @@ static trill_status apply_update(rl_trainer *r, double denom, double loss, int64
 static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
                                     rl_train_stats *ts) {
     const trill_rl_config *c = r->c;
-    memset(r->lora_grads, 0, sizeof(float) * r->n_values);
-    double denom_tokens = 0, sums[4] = { 0 };
-    trill_status st = r->scorer ? score_on_policy(r, b, seq, n, ta) : TRILL_OK;
-    for (int at = 0; at < n && !st;) {
-        const int k = next_micro(b, seq + at, n - at, c->trainer.micro_batch_tokens);
+    enum { STATS = 8 }; /* per micro-batch: loss, pg, kl (sums), mask tokens, clipped, ratio sum, ratio n, tokens */
+    micro_plan p;
+    trill_status st = plan_micros(r, b, seq, n, &p);
+    double *stat = st ? NULL : trill_calloc((size_t)STATS * (p.M ? p.M : 1), sizeof(double));
+    trill_tree_sum *tree = NULL;
+    if (!st && !stat) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_tree_sum_create(r->n_values, p.M, p.lo, p.hi - p.lo, &tree);
+    if (!st && r->scorer) st = score_on_policy(r, b, seq, n, ta);
+    for (int mi = p.lo; mi < p.hi && !st; mi++) {
+        const int at = p.first[mi], k = p.first[mi + 1] - at;
+        double *ms = stat + (size_t)STATS * mi;
         micro m;
         if ((st = micro_make(b, seq + at, k, replay_source(r, b, ta->onp_experts), &m))) break;
         float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_calloc((size_t)m.T, sizeof(float));
@@ -407,28 +495,49 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
             const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
             long in = 0;
             for (int t = 0; t < R; t++) in += g_mask[t];
-            denom_tokens += (double)in;
-            sums[0] += ls.loss * scale;
-            sums[1] += ls.pg_loss * scale;
-            sums[2] += ls.kl_loss * scale;
-            ts->clip_tokens += ls.clip_frac * (double)in;
-            ts->ratio_sum += ls.ratio_mean * (double)in;
-            ts->ratio_n += (double)in;
+            ms[0] = ls.loss * scale;
+            ms[1] = ls.pg_loss * scale;
+            ms[2] = ls.kl_loss * scale;
+            ms[3] = (double)in;
+            ms[4] = ls.clip_frac * (double)in;
+            ms[5] = ls.ratio_mean * (double)in;
+            ms[6] = (double)in;
             j = 0;
             for (int i = 0; i < k; i++) {
                 const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
                 for (int t = 0; t < len; t++) dlp[from + t] = (float)(g_d[j + t] * scale);
                 j += len;
             }
-            st = trill_model_backward(pass, dlp, NULL, r->lora_grads);
+            memset(r->leaf, 0, sizeof(float) * r->n_values);
+            st = trill_model_backward(pass, dlp, NULL, r->leaf);
+            if (!st) st = trill_tree_sum_add(tree, r->leaf);
         }
-        ts->tokens += m.T;
+        ms[7] = m.T;
         trill_forward_pass_free(pass);
         free(lp); free(dlp); free(ex); free(off); free(g_lp); free(g_old); free(g_behav); free(g_ref); free(g_w); free(g_d);
         free(g_mask); free(adv);
         micro_free(&m);
-        at += k;
     }
+    /* the minibatch's gradient (a fixed tree over its micro-batches) and figures (one writer each,
+     * summed in micro-batch order): the same bits on any number of ranks */
+    if (!st) st = trill_tree_sum_finish(tree, r->dp, r->lora_grads);
+    if (!st && r->dp) st = trill_comm_allreduce_f64(r->dp, stat, (size_t)STATS * p.M);
+    if (!st && !have_old) st = assemble(r, b, seq, &p, ta, true, false);
+    double denom_tokens = 0, sums[3] = { 0 };
+    for (int mi = 0; !st && mi < p.M; mi++) {
+        const double *ms = stat + (size_t)STATS * mi;
+        sums[0] += ms[0];
+        sums[1] += ms[1];
+        sums[2] += ms[2];
+        denom_tokens += ms[3];
+        ts->clip_tokens += ms[4];
+        ts->ratio_sum += ms[5];
+        ts->ratio_n += ms[6];
+        ts->tokens += (long)ms[7];
+    }
+    trill_tree_sum_free(tree);
+    free(stat);
+    free(p.first);
     if (st) return st;
     const double denom = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? (denom_tokens > 0 ? denom_tokens : 1) : (double)n;
     const int64_t total = (int64_t)c->steps * c->algo.minibatches;
