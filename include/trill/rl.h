@@ -248,6 +248,11 @@ typedef struct trill_rl_metrics {
      * differs from the generator's; 0 proves the two equal (TIS weights 1, nothing masked) */
     bool on_policy;
     long on_policy_differing;
+    /* data parallelism (more than one rank): the step's collectives from this rank, per kind
+     * (trill_comm_kind): bytes sent and milliseconds */
+    bool has_comm;
+    uint64_t comm_bytes[TRILL_COMM_KINDS];
+    double comm_ms[TRILL_COMM_KINDS];
     /* weight sync */
     trill_sync_mode sync_mode;
     size_t sync_bytes;

@@ -158,7 +158,14 @@ trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publi
     rl_train_stats ts = { 0 };
     trill_status st = c->rollouts.save && r->rank == 0 ? save_rollout(r, &ro->b, r->state.step + 1) : TRILL_OK;
     const double t_reward = trill_now();
+    const bool many = r->world && trill_comm_size(r->world) > 1;
+    if (many) trill_comm_stats_reset(r->world);
     if (!st) st = trill_rl_trainer_step(r->trainer, &ro->b, r->state.step + 1, &ts, m);
+    if (!st && many) {
+        const trill_comm_stats cs = trill_comm_stats_get(r->world);
+        m->has_comm = true;
+        for (int k = 0; k < TRILL_COMM_KINDS; k++) m->comm_bytes[k] = cs.bytes[k], m->comm_ms[k] = cs.ms[k];
+    }
     const double t_train = trill_now();
     double sync_ms = 0;
     size_t sync_bytes = 0;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Data-parallel `trill train` (parallel.trainer.dp) on the embedded demo: every rank runs the loop,
+# Data-parallel `trill train` (parallel.trainer.dp) on the embedded demo, in micro-batches of 256
+# tokens so that every rank count splits them differently: every rank runs the loop,
 # trains its share of each minibatch's micro-batches and sums the gradients with the fixed tree, so
 # no mpirun, 1, 2 and 4 ranks end with byte-identical adapters and optimizer state and the same
 # metrics; also with two minibatches per step and a KL loss (the pre-pass of old and reference
@@ -36,7 +37,7 @@ def load(p):
     out = []
     for l in open(p):
         m = json.loads(l)
-        for k in ("time", "sync_ms"): m.pop(k, None)
+        for k in ("time", "sync_ms", "comm"): m.pop(k, None)
         out.append(m)
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
@@ -44,15 +45,25 @@ assert a == b, [(k, x[k], y[k]) for x, y in zip(a, b) for k in x if x[k] != y.ge
 PY
 }
 
-run 0 one steps=3
+run 0 one steps=3 trainer.micro_batch_tokens=256
 for np in 1 2 4; do
-  run "$np" "dp$np" steps=3
+  run "$np" "dp$np" steps=3 trainer.micro_batch_tokens=256
   same one "dp$np" 3
   echo "demo, 3 steps on $np rank(s): adapter, optimizer and metrics identical to one process"
 done
 [ "$(grep -c '^step 3/3' dp4.log)" -eq 1 ] || fail "the 4-rank run logged its steps $(grep -c '^step 3/3' dp4.log) times (rank 0 alone logs)"
-run 0 mb1 steps=2 algo.minibatches=2 algo.kl_coef=0.01 algo.kl_mode=loss
-run 2 mb2 steps=2 algo.minibatches=2 algo.kl_coef=0.01 algo.kl_mode=loss
+/usr/bin/python3 - dp2/metrics.jsonl one/metrics.jsonl <<'PY' || fail "the 2-rank metrics do not carry the step's communication"
+import json, sys
+dp = [json.loads(l) for l in open(sys.argv[1])]
+one = [json.loads(l) for l in open(sys.argv[2])]
+assert all("comm" not in m for m in one), "a one-process run reports communication"
+for m in dp:
+    c = m["comm"]
+    assert c["gather"]["bytes"] > 0 and c["allreduce"]["bytes"] > 0 and c["gather"]["ms"] >= 0, c
+print("2 ranks, a step's communication from rank 0:", {k: (v["bytes"], round(v["ms"], 2)) for k, v in dp[-1]["comm"].items()})
+PY
+run 0 mb1 steps=2 trainer.micro_batch_tokens=256 algo.minibatches=2 algo.kl_coef=0.01 algo.kl_mode=loss
+run 2 mb2 steps=2 trainer.micro_batch_tokens=256 algo.minibatches=2 algo.kl_coef=0.01 algo.kl_mode=loss
 same mb1 mb2 2
 echo "two minibatches a step with a KL loss on 2 ranks: identical to one process"
 rc=0; "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.dp=2 mode=async steps=1 >bad.log 2>&1 || rc=$?
