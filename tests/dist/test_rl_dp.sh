@@ -4,7 +4,8 @@
 # trains its share of each minibatch's micro-batches and sums the gradients with the fixed tree, so
 # no mpirun, 1, 2 and 4 ranks end with byte-identical adapters and optimizer state and the same
 # metrics; also with two minibatches per step and a KL loss (the pre-pass of old and reference
-# log-probs split over the ranks too). Rank 0 alone writes the run folder. async mode is refused.
+# log-probs split over the ranks too). Rank 0 alone writes the run folder; a run checkpointed on one
+# rank count resumes on another to the same bytes. async mode is refused.
 # Usage: test_rl_dp.sh TRILL MPIEXEC
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -66,6 +67,21 @@ run 0 mb1 steps=2 trainer.micro_batch_tokens=256 algo.minibatches=2 algo.kl_coef
 run 2 mb2 steps=2 trainer.micro_batch_tokens=256 algo.minibatches=2 algo.kl_coef=0.01 algo.kl_mode=loss
 same mb1 mb2 2
 echo "two minibatches a step with a KL loss on 2 ranks: identical to one process"
+# a run checkpointed on one rank count resumes on another: 2 ranks -> 1 and 1 -> 4, byte-identical
+# to 4 uninterrupted steps (the checkpoints are rank 0's; every rank reads them)
+long=(trainer.micro_batch_tokens=256 checkpoint.every=2)
+run 0 whole steps=4 "${long[@]}"
+run 2 r21 steps=2 "${long[@]}"
+run 0 r21 steps=4 "${long[@]}" resume=auto
+run 0 r14 steps=2 "${long[@]}"
+run 4 r14 steps=4 "${long[@]}" resume=auto
+grep -q "resuming from" r14.log || fail "the 4-rank run did not resume"
+for d in r21 r14; do
+  for f in adapter/adapter_model.safetensors optimizer.safetensors; do
+    cmp -s "whole/checkpoints/step-00000004/$f" "$d/checkpoints/step-00000004/$f" || fail "$d: $f differs from an uninterrupted run's"
+  done
+done
+echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an uninterrupted run"
 rc=0; "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.dp=2 mode=async steps=1 >bad.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "parallel.trainer.dp: 2 ranks need mode: sync" bad.log || { cat bad.log; fail "async on 2 ranks was not refused"; }
 echo "rl data-parallel test passed"
