@@ -5,7 +5,8 @@
 # no mpirun, 1, 2 and 4 ranks end with byte-identical adapters and optimizer state and the same
 # metrics; also with two minibatches per step and a KL loss (the pre-pass of old and reference
 # log-probs split over the ranks too). Rank 0 alone writes the run folder; a run checkpointed on one
-# rank count resumes on another to the same bytes. async mode is refused.
+# rank count resumes on another to the same bytes; a killed rank ends the job within seconds, naming
+# the rank, and resume=auto continues. async mode is refused.
 # Usage: test_rl_dp.sh TRILL MPIEXEC
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -82,6 +83,27 @@ for d in r21 r14; do
   done
 done
 echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an uninterrupted run"
+# a rank killed mid-run ends the job within seconds, naming the rank; resume=auto continues
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=killed \
+  parallel.trainer.dp=2 steps=100000 checkpoint.every=2 "${long[@]:0:1}" >killed.log 2>&1 &
+job=$!
+for _ in $(seq 1200); do grep -q "^step 4/" killed.log 2>/dev/null && break; sleep 0.1; done
+grep -q "^step 4/" killed.log || { cat killed.log; fail "the run to kill never reached step 4"; }
+victim=""
+for p in $(pgrep -f "$TRILL train"); do grep -qz "^OMPI_COMM_WORLD_RANK=1$" "/proc/$p/environ" 2>/dev/null && victim=$p; done
+[ -n "$victim" ] || fail "no rank-1 process to kill"
+t0=$(date +%s)
+kill -9 "$victim"
+rc=0; wait "$job" || rc=$?
+t1=$(date +%s)
+[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed"
+[ $((t1 - t0)) -le 30 ] || fail "the job took $((t1 - t0)) s to end after a rank was killed"
+grep -q "rank 1 .*exited on signal 9" killed.log || { tail -20 killed.log; fail "the job's end does not name the killed rank"; }
+echo "a killed rank ended the job in $((t1 - t0)) s: $(grep -o 'process rank 1 [^.]*' killed.log | head -1)"
+ls killed/checkpoints | grep -q step- || fail "no checkpoint from before the kill"
+run 2 killed steps=6 checkpoint.every=2 "${long[@]:0:1}" resume=auto
+grep -q "resuming from" killed.log || fail "the run after the kill did not resume"
+echo "resume=auto after the kill continued: $(grep -o 'resuming from [^ ]* at step [0-9]*' killed.log)"
 rc=0; "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.dp=2 mode=async steps=1 >bad.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "parallel.trainer.dp: 2 ranks need mode: sync" bad.log || { cat bad.log; fail "async on 2 ranks was not refused"; }
 echo "rl data-parallel test passed"
