@@ -576,9 +576,9 @@ static trill_status check_adapter(const rl_trainer *r) {
 static trill_status token_arrays_alloc(const rl_trainer *r, const rl_batch *b, token_arrays *ta) {
     const size_t T = (size_t)b->offsets[b->n_seqs], row = (size_t)r->L * r->K;
     const bool ref = r->c->algo.kl_coef > 0;
-    ta->old_logp = trill_malloc(sizeof(float) * T);
-    ta->ref_logp = ref ? trill_malloc(sizeof(float) * T) : NULL;
-    ta->tis = trill_malloc(sizeof(float) * T);
+    ta->old_logp = trill_calloc(T, sizeof(float));
+    ta->ref_logp = ref ? trill_calloc(T, sizeof(float)) : NULL;
+    ta->tis = trill_calloc(T, sizeof(float));
     ta->mask = trill_calloc(T, 1);
     ta->train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
     if (r->scorer) {
