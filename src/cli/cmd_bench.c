@@ -78,6 +78,53 @@ static double gemm_peak(trill_precision prec) {
     return 2.0 * n * n * n / best * 1e-9;
 }
 
+/* What a bench run measured, for its report (rank 0's). */
+typedef struct bench_result {
+    trill_precision prec;
+    bool lora_mode, recompute;
+    long long rank, batch, seq;
+    int runs, ranks, share;   /* share: sequences per rank */
+    double *times;            /* [runs] seconds (trill_median reorders them) */
+    double peak;              /* rank 0's GEMM */
+    step_costs sc;
+    uint64_t rss_max;         /* the largest peak RSS of a rank, KB */
+    trill_comm_stats comm;
+} bench_result;
+
+static void report(const trill_model *m, const int *offsets, const bench_result *b) {
+    const trill_config *cfg = trill_model_config(m);
+    const trill_precision prec = b->prec;
+    const bool lora_mode = b->lora_mode, recompute = b->recompute;
+    const long long batch = b->batch, seq = b->seq;
+    const int runs = b->runs, P = b->ranks;
+    const double peak = b->peak;
+    const step_costs sc = b->sc;
+    const int T = (int)(batch * seq);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double med = trill_median(b->times, runs);
+    double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)b->rank, recompute);
+    if (P > 1) {
+        const trill_comm_stats cs = b->comm;
+        printf("data parallel over %d ranks (%d sequences each, gradients all-reduced): a step's all-reduce %.2f MB sent by a rank in "
+               "%.1f ms; peak RSS of a rank at most %.0f MB (percent of peak below: against rank 0's GEMM with its own threads, "
+               "times %d)\n",
+               P, b->share, cs.bytes[TRILL_COMM_ALLREDUCE] / (double)runs / 1e6, cs.ms[TRILL_COMM_ALLREDUCE] / runs, b->rss_max / 1024.0, P);
+    }
+    printf("%s peak (GEMM 2048^3, %s): %.1f GFLOP/s\n", trill_precision_name(prec),
+           prec == TRILL_PRECISION_FP32 ? "OpenMP-split single-threaded OpenBLAS sgemm"
+           : trill_kernels_bf16_native() ? "trill's bf16 GEMM on vdpbf16ps" : "trill's bf16 GEMM, generic path (no AVX-512 BF16)",
+           peak);
+    if (prec == TRILL_PRECISION_BF16) printf("fp32 peak (GEMM 2048^3, OpenMP-split single-threaded OpenBLAS sgemm): %.1f GFLOP/s\n", gemm_peak(TRILL_PRECISION_FP32));
+    printf("trill train (%s%s, %s matmuls) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
+           lora_mode ? "lora" : "full", recompute ? ", recompute" : "", trill_precision_name(prec), batch, seq, T / med, med * 1e3, flops / med * 1e-9,
+           100.0 * flops / med * 1e-9 / (peak * P), flops * 1e-9, ru.ru_maxrss / 1024.0);
+    printf("timed steps: %.0f minor page faults a step, system time %.1f%% of CPU time (the warm-up step's first touch excluded)\n",
+           sc.faults / (double)runs, 100.0 * sc.sys_s / (sc.sys_s + sc.user_s));
+    printf("base weights: %s, %.0f MB (%zu parameters)\n", trill_model_storage(m) == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",
+           trill_model_bytes(m) / 1e6, trill_model_n_params(m));
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
@@ -158,27 +205,10 @@ int cmd_bench(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     if (!st) st = trill_comm_allreduce_max_u64(world, (uint64_t)ru.ru_maxrss, &rss_max);
     if (!st && me == 0) {
-        double med = trill_median(times, (int)runs);
-        double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)rank, recompute);
-        if (P > 1) {
-            const trill_comm_stats cs = trill_comm_stats_get(world);
-            printf("data parallel over %d ranks (%d sequences each, gradients all-reduced): a step's all-reduce %.2f MB sent by a rank in "
-                   "%.1f ms; peak RSS of a rank at most %.0f MB (percent of peak below: against rank 0's GEMM with its own threads, "
-                   "times %d)\n",
-                   P, s1 - s0, cs.bytes[TRILL_COMM_ALLREDUCE] / (double)runs / 1e6, cs.ms[TRILL_COMM_ALLREDUCE] / runs, rss_max / 1024.0, P);
-        }
-        printf("%s peak (GEMM 2048^3, %s): %.1f GFLOP/s\n", trill_precision_name(prec),
-               prec == TRILL_PRECISION_FP32 ? "OpenMP-split single-threaded OpenBLAS sgemm"
-               : trill_kernels_bf16_native() ? "trill's bf16 GEMM on vdpbf16ps" : "trill's bf16 GEMM, generic path (no AVX-512 BF16)",
-               peak);
-        if (prec == TRILL_PRECISION_BF16) printf("fp32 peak (GEMM 2048^3, OpenMP-split single-threaded OpenBLAS sgemm): %.1f GFLOP/s\n", gemm_peak(TRILL_PRECISION_FP32));
-        printf("trill train (%s%s, %s matmuls) %lldx%lld: %.0f tokens/s, median %.0f ms, %.1f GFLOP/s (%.1f%% of peak; %.1f GFLOP a step), peak RSS %.0f MB\n",
-               lora_mode ? "lora" : "full", recompute ? ", recompute" : "", trill_precision_name(prec), batch, seq, T / med, med * 1e3, flops / med * 1e-9,
-               100.0 * flops / med * 1e-9 / (peak * P), flops * 1e-9, ru.ru_maxrss / 1024.0);
-        printf("timed steps: %.0f minor page faults a step, system time %.1f%% of CPU time (the warm-up step's first touch excluded)\n",
-               sc.faults / (double)runs, 100.0 * sc.sys_s / (sc.sys_s + sc.user_s));
-        printf("base weights: %s, %.0f MB (%zu parameters)\n", trill_model_storage(m) == TRILL_BF16 ? "bf16 (frozen, widened on the fly)" : "fp32",
-               trill_model_bytes(m) / 1e6, trill_model_n_params(m));
+        const bench_result res = { .prec = prec, .lora_mode = lora_mode, .recompute = recompute, .rank = rank, .batch = batch, .seq = seq,
+                                   .runs = (int)runs, .ranks = P, .share = s1 - s0, .times = times, .peak = peak, .sc = sc,
+                                   .rss_max = rss_max, .comm = trill_comm_stats_get(world) };
+        report(m, offsets, &res);
     }
     trill_model_attach_lora(m, NULL);
     trill_lora_free(lora);

@@ -724,14 +724,20 @@ static void run_blocks(const gen_product *p, const product_plan *pp, const uint8
     }
 }
 
-trill_status trill_gen_matmul_many_isa(const gen_product *p, int n, gen_isa isa) {
-    assert(trill_gen_isa_supported(isa));
-    if (n <= 0) return TRILL_OK;
-    product_plan *plan = trill_tls_buffer(&gen_plan_slot, sizeof(product_plan) * (size_t)n);
-    if (!plan) return trill_error(TRILL_ERR_NOMEM, "out of memory for the plan of %d matrix products", n);
+/* The batch's totals: its work, MACs, the bytes of one slice of converted rows, those rows and
+ * their elements. */
+typedef struct batch_plan {
+    int64_t cost;
+    double macs;
+    size_t slice, rows, convert_elems;
+} batch_plan;
+
+/* Each product's layout, share of the work and converted rows (a product reading the same rows
+ * as an earlier one, converted the same way, reads that one's). */
+static batch_plan plan_batch(const gen_product *p, int n, gen_isa isa, product_plan *plan) {
+    batch_plan bp = { 0 };
     int64_t cost = 0;
-    double macs = 0;
-    size_t slice = 0, rows = 0, convert_elems = 0;
+    size_t slice = 0, rows = 0;
     for (int i = 0; i < n; i++) {
         const gen_matrix *W = p[i].W;
         const trill_gen_format f = W->format;
@@ -747,7 +753,7 @@ trill_status trill_gen_matmul_many_isa(const gen_product *p, int n, gen_isa isa)
         pp->cost0 = cost;
         pp->bcost = (int64_t)T * pp->l.steps;
         cost += pp->bcost * pp->nblocks;
-        macs += (double)T * W->N * W->K;
+        bp.macs += (double)T * W->N * W->K;
         pp->source = i;
         if (!pp->convert) continue;
         for (int j = 0; j < i; j++) /* the same rows converted the same way: once */
@@ -761,14 +767,28 @@ trill_status trill_gen_matmul_many_isa(const gen_product *p, int n, gen_isa isa)
         pp->rows0 = rows;
         slice += act_bytes(&pp->l);
         rows += (size_t)T;
-        convert_elems += (size_t)T * pp->l.K;
+        bp.convert_elems += (size_t)T * pp->l.K;
     }
+    bp.cost = cost;
+    bp.slice = slice;
+    bp.rows = rows;
+    return bp;
+}
+
+trill_status trill_gen_matmul_many_isa(const gen_product *p, int n, gen_isa isa) {
+    assert(trill_gen_isa_supported(isa));
+    if (n <= 0) return TRILL_OK;
+    product_plan *plan = trill_tls_buffer(&gen_plan_slot, sizeof(product_plan) * (size_t)n);
+    if (!plan) return trill_error(TRILL_ERR_NOMEM, "out of memory for the plan of %d matrix products", n);
+    const batch_plan bp = plan_batch(p, n, isa, plan);
+    const int64_t cost = bp.cost;
+    const size_t slice = bp.slice, rows = bp.rows;
     if (cost == 0) return TRILL_OK;
-    const int parallel = !omp_in_parallel() && macs >= 65536;
+    const int parallel = !omp_in_parallel() && bp.macs >= 65536;
     const int threads = parallel ? omp_get_max_threads() : 1;
     /* Small batches (decode): every thread converts all rows into its own slice, which costs less
      * than the barrier after a shared conversion. */
-    const int private_rows = convert_elems <= 16384;
+    const int private_rows = bp.convert_elems <= 16384;
     uint8_t *buf_all = slice ? scratch(slice * (private_rows ? threads : 1)) : NULL;
     if (slice && !buf_all)
         return trill_error(TRILL_ERR_NOMEM, "out of memory for %.1f MB of converted activations (%d matrix products, %zu rows)",

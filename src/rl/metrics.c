@@ -26,6 +26,21 @@ static json_t *num_array(const double *v, int n) {
     return a;
 }
 
+/* "comm": {"allreduce": {"bytes": .., "ms": ..}, ...}, the kinds the step used. */
+static void put_comm(writer *w, json_t *o, const trill_rl_metrics *m) {
+    json_t *cm = json_object();
+    put(w, o, "comm", cm);
+    for (int k = 0; cm && k < TRILL_COMM_KINDS; k++) {
+        if (!m->comm_bytes[k] && m->comm_ms[k] == 0) continue;
+        json_t *e = json_object();
+        put(w, cm, trill_comm_kind_name((trill_comm_kind)k), e);
+        if (e) {
+            put(w, e, "bytes", json_integer((json_int_t)m->comm_bytes[k]));
+            put(w, e, "ms", num(m->comm_ms[k]));
+        }
+    }
+}
+
 static json_t *to_json(const trill_rl_metrics *m) {
     writer w = { .o = json_object(), .ok = true };
     json_t *o = w.o;
@@ -64,19 +79,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
     put(&w, o, "mis_masked_frac", num(m->mis_masked_frac));
     put(&w, o, "flip_token_frac", num(m->flip_token_frac));
     put(&w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
-    if (m->has_comm) { /* {"allreduce": {"bytes": .., "ms": ..}, ...}: the kinds the step used */
-        json_t *cm = json_object();
-        put(&w, o, "comm", cm);
-        for (int k = 0; cm && k < TRILL_COMM_KINDS; k++) {
-            if (!m->comm_bytes[k] && m->comm_ms[k] == 0) continue;
-            json_t *e = json_object();
-            put(&w, cm, trill_comm_kind_name((trill_comm_kind)k), e);
-            if (e) {
-                put(&w, e, "bytes", json_integer((json_int_t)m->comm_bytes[k]));
-                put(&w, e, "ms", num(m->comm_ms[k]));
-            }
-        }
-    }
+    if (m->has_comm) put_comm(&w, o, m);
     if (m->on_policy) {
         put(&w, o, "on_policy_exact", json_boolean(m->on_policy_differing == 0));
         put(&w, o, "on_policy_differing", json_integer(m->on_policy_differing));

@@ -11,12 +11,14 @@
 set -euo pipefail
 TRILL=$(realpath "$1")
 MPIEXEC=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
 W=$(mktemp -d "${TMPDIR:-/tmp}/trill-rl-dp-XXXXXX")
 trap 'rm -rf "$W"' EXIT
 cd "$W"
 export TRILL_CACHE_DIR="$W/cache" OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 # (leak checking off under mpirun in the ASan build: Open MPI's own allocations; see test_sft_dp.sh)
 fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$HERE/kill_rank.sh"
 run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun)
   local np=$1 dir=$2 rc=0
   shift 2
@@ -87,19 +89,7 @@ echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an unint
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=killed \
   parallel.trainer.dp=2 steps=100000 checkpoint.every=2 "${long[@]:0:1}" >killed.log 2>&1 &
 job=$!
-for _ in $(seq 1200); do grep -q "^step 4/" killed.log 2>/dev/null && break; sleep 0.1; done
-grep -q "^step 4/" killed.log || { cat killed.log; fail "the run to kill never reached step 4"; }
-victim=""
-for p in $(pgrep -f "$TRILL train"); do grep -qz "^OMPI_COMM_WORLD_RANK=1$" "/proc/$p/environ" 2>/dev/null && victim=$p; done
-[ -n "$victim" ] || fail "no rank-1 process to kill"
-t0=$(date +%s)
-kill -9 "$victim"
-rc=0; wait "$job" || rc=$?
-t1=$(date +%s)
-[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed"
-[ $((t1 - t0)) -le 30 ] || fail "the job took $((t1 - t0)) s to end after a rank was killed"
-grep -q "rank 1 .*exited on signal 9" killed.log || { tail -20 killed.log; fail "the job's end does not name the killed rank"; }
-echo "a killed rank ended the job in $((t1 - t0)) s: $(grep -o 'process rank 1 [^.]*' killed.log | head -1)"
+kill_rank_1 "$job" "$TRILL train" killed.log
 ls killed/checkpoints | grep -q step- || fail "no checkpoint from before the kill"
 run 2 killed steps=6 checkpoint.every=2 "${long[@]:0:1}" resume=auto
 grep -q "resuming from" killed.log || fail "the run after the kill did not resume"
