@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails (exit 1) when an include in src/ breaks trill's layering (ARCHITECTURE.md):
 
-    base <- kernels <- model <- train, infer <- rl <- cli;  base <- dist
+    base <- kernels, dist <- model <- train, infer <- rl <- cli
 
 A file may include public headers (include/trill/) of its own layer and the layers below, and
 private headers (src/<folder>/...) of its own layer and below, except the command (cli), which

@@ -31,10 +31,11 @@ typedef enum trill_comm_kind {
     TRILL_COMM_GATHER,    /* gather and allgather(v) */
     TRILL_COMM_P2P,       /* send and receive */
     TRILL_COMM_BARRIER,
+    TRILL_COMM_COUNTS,    /* the count exchange before an all-to-all-v */
     TRILL_COMM_KINDS
 } trill_comm_kind;
 
-const char *trill_comm_kind_name(trill_comm_kind k); /* "allreduce", "alltoallv", ... */
+const char *trill_comm_kind_name(trill_comm_kind k); /* "allreduce", "alltoallv", ..., "counts" */
 
 typedef struct trill_comm_stats {
     uint64_t calls[TRILL_COMM_KINDS];
@@ -77,8 +78,10 @@ trill_status trill_comm_allgatherv(trill_comm *c, const void *send, const size_t
  * packed in sender order in recv, recv_bytes[p] from sender p. Counts must agree pairwise (the
  * caller exchanges them first, e.g. with trill_comm_alltoall_counts). */
 trill_status trill_comm_alltoallv(trill_comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes);
-/* recv_counts[p] = peer p's send_counts[this rank]: the count exchange before an all-to-all-v. */
-trill_status trill_comm_alltoall_counts(trill_comm *c, const size_t *send_counts, size_t *recv_counts);
+/* The count exchange before an all-to-all-v, k counts per peer: recv_counts[p k .. p k + k) =
+ * peer p's send_counts[this rank's k]. Counted as TRILL_COMM_COUNTS, so the all-to-all-v's own
+ * bytes are its payload alone. */
+trill_status trill_comm_alltoall_counts(trill_comm *c, int k, const size_t *send_counts, size_t *recv_counts);
 /* Point to point (blocking). */
 trill_status trill_comm_send(trill_comm *c, const void *data, size_t bytes, int peer, int tag);
 trill_status trill_comm_recv(trill_comm *c, void *data, size_t bytes, int peer, int tag);
@@ -109,6 +112,10 @@ trill_status trill_tree_sum_add(trill_tree_sum *t, const float *leaf);
  * together must cover [0, total) once, each rank having added all its leaves). c NULL: this
  * rank holds every leaf. */
 trill_status trill_tree_sum_finish(trill_tree_sum *t, trill_comm *c, float *out);
+/* The same over several trees of one sum on this rank, each holding its own contiguous range of
+ * leaves (an expert's owner holds the gradient leaves of every rank that sent it tokens): their
+ * partials together with every other rank's complete the tree. All n must agree. */
+trill_status trill_tree_sum_finish_many(trill_tree_sum *const *trees, int n_trees, trill_comm *c, float *out);
 void trill_tree_sum_free(trill_tree_sum *t);
 
 #endif

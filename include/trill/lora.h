@@ -62,10 +62,19 @@ int trill_lora_parse_targets(const char *list, unsigned *targets);
 /* New adapters for m: A Kaiming-uniform from `seed`, B zero (so the model is unchanged). Their
  * config's targets are the modules adapted (all-linear resolved for m's family). */
 trill_status trill_lora_create(const trill_model *m, trill_lora_config config, uint64_t seed, trill_lora **out);
+/* For an expert-parallel shard (trill_model_create_shard), trill_lora_create and trill_lora_load
+ * make the adapters of the experts it holds (each A from the whole adapter's seed and key, so
+ * the values are the whole adapter's), and these make the adapters of every expert, zeroed: what
+ * the checkpoint and the generator take once the shards' values are gathered into them. */
+trill_status trill_lora_create_whole(const trill_model *m, trill_lora_config config, trill_lora **out);
+/* A shard's adapters keep those of its routed experts last: params[trill_lora_routed_first, n)
+ * (n, no such part, in adapters of every expert). */
+size_t trill_lora_routed_first(const trill_lora *lora);
 void trill_lora_free(trill_lora *lora);
 
 trill_status trill_lora_save(const trill_lora *lora, const char *dir);
-/* Reads a PEFT adapter for m, checking every tensor's name and shape. */
+/* Reads a PEFT adapter for m, checking every tensor's name and shape (a shard's: the tensors it
+ * holds, of a file that has every expert's). Saving needs the adapters of every expert. */
 trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora **out);
 
 /* Attaches (or with NULL detaches) adapters to the model's forward and backward passes. */

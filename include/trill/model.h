@@ -94,6 +94,41 @@ typedef enum trill_storage {
  * input/adapter gradients of the backward; it refuses weight gradients and merging. */
 trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out);
 
+/* ---- expert parallelism: a model that holds some of its routed experts ----
+ *
+ * The shard of expert-parallel rank `ep_rank` of `ep_size` holds every tensor but the routed
+ * experts of the other ranks: experts [E ep_rank / ep_size, E (ep_rank + 1) / ep_size) of every
+ * MoE layer (E, num_experts, must be a multiple of ep_size). Its tensor list is the whole model's
+ * (the same names, shapes and indices), the others' experts without storage (data and bf16
+ * NULL), so a shard of a 4-rank group keeps about a quarter of the expert bytes. Loading reads
+ * the held tensors' pages of the memory-mapped safetensors files only. ep_size 1 is the whole
+ * model. A shard computes with trill_model_set_expert_comm; it is not saved whole
+ * (trill_model_save refuses it) nor served by the generator. */
+trill_status trill_model_create_shard(const trill_config *config, trill_dtype storage, int ep_rank, int ep_size, trill_model **out);
+trill_status trill_model_load_shard(const char *dir, trill_storage storage, int ep_rank, int ep_size, trill_model **out);
+/* The routed experts the model holds: [*first, *first + *count) of each MoE layer. */
+void trill_model_experts_held(const trill_model *m, int *first, int *count);
+
+typedef struct trill_comm trill_comm; /* trill/dist.h */
+/* The expert-parallel group of a shard: rank i of `ep` holds shard i. From then on every forward
+ * and backward pass of the model is collective over the group: each MoE layer sends the (token,
+ * expert) rows of its batch to the ranks that hold their experts with an all-to-all-v, those
+ * ranks run the experts and send the outputs back, and the outputs are still added in ascending
+ * logical expert id, so a rank's results equal the whole model's bit for bit. Every rank of the
+ * group must run the same sequence of passes (a rank with no tokens runs one over an empty
+ * batch: n_seqs 0), the same layers and the same adapter state. The backward of such a model is
+ * trill_model_backward_ep (trill/train.h). NULL detaches (the comm must outlive the model's use
+ * of it). */
+trill_status trill_model_set_expert_comm(trill_model *m, trill_comm *ep);
+
+/* The (token, expert) rows of hidden_size floats the model's MoE layers sent to and received from
+ * the other ranks of its group since the last reset: its tokens to their experts' holders and
+ * the outputs of its experts back (forward), then the output gradients and the input gradients
+ * (backward). The group's all-to-all-v payload is exactly rows_sent * hidden_size * 4 bytes. */
+typedef struct trill_ep_stats { uint64_t rows_sent, rows_received; } trill_ep_stats;
+trill_ep_stats trill_model_ep_stats(const trill_model *m);
+void trill_model_ep_stats_reset(trill_model *m);
+
 /* Writes DIR/config.json and the weights in `dtype`, sharded above max_shard_bytes (0: never). */
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes);
 

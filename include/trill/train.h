@@ -20,6 +20,18 @@
  * discard them. */
 trill_status trill_model_backward(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads);
 
+/* The backward of an expert-parallel shard (trill_model_set_expert_comm), collective over its
+ * group like the forward: lora_grads[lora->n_params] takes the gradient of every adapter but
+ * those of the routed experts this rank holds (lora_grads[routed..n_params) stays as it was:
+ * a shard's adapters keep those last, trill_lora_routed_first), and expert_grads[s] (one buffer
+ * per rank of the group, each n_params - routed floats, laid out as those held experts'
+ * adapters) takes the part of their gradient that the tokens of rank s made — the part that
+ * belongs to rank s's micro-batch. Adapters of every expert (a group of one) take it all in
+ * lora_grads. Adapters only: weight gradients (grads) are refused. expert_grads NULL on a model
+ * that is not expert-parallel is trill_model_backward. */
+trill_status trill_model_backward_ep(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads,
+                                     float *const *expert_grads);
+
 /* FLOPs of one training step (forward keeping activations + backward) over a packed batch,
  * counted as the code does them (2 per multiply-add; elementwise work not counted):
  *   forward: every projection, router, dense MLP, the top-k experts used, lm_head, causal QK^T + PV;

@@ -27,7 +27,7 @@ struct trill_comm {
 };
 
 const char *trill_comm_kind_name(trill_comm_kind k) {
-    static const char *names[TRILL_COMM_KINDS] = { "allreduce", "alltoallv", "bcast", "gather", "p2p", "barrier" };
+    static const char *names[TRILL_COMM_KINDS] = { "allreduce", "alltoallv", "bcast", "gather", "p2p", "barrier", "counts" };
     return k >= 0 && k < TRILL_COMM_KINDS ? names[k] : "?";
 }
 
@@ -252,16 +252,17 @@ trill_status trill_comm_allgatherv(trill_comm *c, const void *send, const size_t
     return TRILL_OK;
 }
 
-trill_status trill_comm_alltoall_counts(trill_comm *c, const size_t *send_counts, size_t *recv_counts) {
+trill_status trill_comm_alltoall_counts(trill_comm *c, int k, const size_t *send_counts, size_t *recv_counts) {
+    if (k < 1) return trill_error(TRILL_ERR_INVALID, "alltoall counts: %d counts per peer", k);
     const double t0 = trill_now();
     if (c->size == 1 || !c->mpi) {
-        recv_counts[0] = send_counts[0];
+        memmove(recv_counts, send_counts, sizeof(size_t) * (size_t)k);
     } else {
 #ifdef TRILL_HAVE_MPI
-        MPI_CHECK(MPI_Alltoall(send_counts, 1, MPI_UINT64_T, recv_counts, 1, MPI_UINT64_T, c->comm), "MPI_Alltoall");
+        MPI_CHECK(MPI_Alltoall(send_counts, k, MPI_UINT64_T, recv_counts, k, MPI_UINT64_T, c->comm), "MPI_Alltoall");
 #endif
     }
-    count(c, TRILL_COMM_ALLTOALLV, sizeof(size_t) * (uint64_t)(c->size - 1), t0);
+    count(c, TRILL_COMM_COUNTS, sizeof(size_t) * (uint64_t)k * (uint64_t)(c->size - 1), t0);
     return TRILL_OK;
 }
 

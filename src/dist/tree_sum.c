@@ -97,23 +97,37 @@ static trill_status node_sum(const part *p, int np, int64_t start, int64_t size,
     return st;
 }
 
-trill_status trill_tree_sum_finish(trill_tree_sum *t, trill_comm *c, float *out) {
-    if (t->added != t->count)
-        return trill_error(TRILL_ERR_INVALID, "tree sum: %lld of this rank's %lld leaves were added", (long long)t->added, (long long)t->count);
+trill_status trill_tree_sum_finish(trill_tree_sum *t, trill_comm *c, float *out) { return trill_tree_sum_finish_many(&t, 1, c, out); }
+
+trill_status trill_tree_sum_finish_many(trill_tree_sum *const *trees, int n_trees, trill_comm *c, float *out) {
+    if (n_trees < 1) return trill_error(TRILL_ERR_INVALID, "tree sum: no tree to finish");
+    const trill_tree_sum *t = trees[0]; /* n and total: every tree's */
+    int depth = 0;
+    for (int k = 0; k < n_trees; k++) {
+        const trill_tree_sum *u = trees[k];
+        if (u->added != u->count)
+            return trill_error(TRILL_ERR_INVALID, "tree sum: %lld of this rank's %lld leaves were added", (long long)u->added, (long long)u->count);
+        if (u->n != t->n || u->total != t->total)
+            return trill_error(TRILL_ERR_INVALID, "tree sum: trees of %zu and %zu floats over %lld and %lld leaves are not one sum", t->n, u->n,
+                               (long long)t->total, (long long)u->total);
+        depth += u->depth;
+    }
     const int size = c ? trill_comm_size(c) : 1;
     /* this rank's partials as records: start, size (int64 each), then n floats */
     const size_t rec = 2 * sizeof(int64_t) + sizeof(float) * t->n;
     size_t *counts = trill_malloc(sizeof(size_t) * (size_t)size);
     uint64_t *depths = trill_malloc(sizeof(uint64_t) * (size_t)size);
-    char *mine = trill_malloc(rec * (size_t)(t->depth ? t->depth : 1));
+    char *mine = trill_malloc(rec * (size_t)(depth ? depth : 1));
     trill_status st = counts && depths && mine ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (int i = 0; !st && i < t->depth; i++) {
-        char *r = mine + rec * (size_t)i;
-        memcpy(r, &t->stack[i].start, sizeof(int64_t));
-        memcpy(r + sizeof(int64_t), &t->stack[i].size, sizeof(int64_t));
-        memcpy(r + 2 * sizeof(int64_t), t->stack[i].v, sizeof(float) * t->n);
-    }
-    const uint64_t my_depth = (uint64_t)t->depth;
+    for (int k = 0, at = 0; !st && k < n_trees; k++)
+        for (int i = 0; i < trees[k]->depth; i++, at++) {
+            const node *nd = &trees[k]->stack[i];
+            char *r = mine + rec * (size_t)at;
+            memcpy(r, &nd->start, sizeof(int64_t));
+            memcpy(r + sizeof(int64_t), &nd->size, sizeof(int64_t));
+            memcpy(r + 2 * sizeof(int64_t), nd->v, sizeof(float) * t->n);
+        }
+    const uint64_t my_depth = (uint64_t)depth;
     if (!st) st = c ? trill_comm_allgather(c, &my_depth, sizeof my_depth, depths) : TRILL_OK;
     if (!st && !c) depths[0] = my_depth;
     size_t all = 0;

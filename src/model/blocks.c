@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "model/forward_internal.h"
+#include "model/moe_ep.h"
 #include "trill/kernels.h"
 
 trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const float *inp, const trill_mlp_weights *w, float *const *xa,
@@ -15,7 +16,7 @@ trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const f
     return trill_linear(fp, out, act, w->down, w->a_down, fp->lora ? xa[2] + at : NULL, n, I, H);
 }
 
-trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int Im) {
+trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int Im) { /* e: the local number */
     const trill_lora_pair none = { 0 };
     return (trill_mlp_weights){
         .gate = trill_weight_at(x->gate, (size_t)e * Im * H), .up = trill_weight_at(x->up, (size_t)e * Im * H),
@@ -33,26 +34,31 @@ static void group_by_expert(trill_moe_acts *a, int T, int E, int K) {
     for (int i = 0; i < T * K; i++) a->order[a->count[a->topi[i]]++] = i;
 }
 
+void trill_moe_combine(float *out, const trill_moe_acts *a, int T, int K, int H) {
+    for (int i = 0; i < T * K; i++) {
+        float g = a->topw[a->order[i]];
+        float *o = out + (size_t)(a->order[i] / K) * H;
+        const float *y = a->ye + (size_t)i * H;
+        for (int j = 0; j < H; j++) o[j] += g * y[j];
+    }
+}
+
 trill_status trill_moe_experts_forward(const trill_forward_pass *fp, float *out, const float *xn, const trill_moe_experts *x,
-                                       trill_moe_acts *a, float *const *xa, float *xe, float *act, int T, int H, int E, int K, int Im) {
+                                       trill_moe_acts *a, float *const *xa, float *xe, float *act, int T, int H, int E, int K, int Im,
+                                       int ordinal) {
     group_by_expert(a, T, E, K);
+    if (fp->m->ep) return trill_ep_experts_forward(fp, out, xn, x, a, ordinal, T, H, K, Im);
     for (int e = 0; e < E; e++) {
         const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
         if (n == 0) continue;
         const int *rows = a->order + first;
         for (int r = 0; r < n; r++) memcpy(xe + (size_t)r * H, xn + (size_t)(rows[r] / K) * H, sizeof(float) * H);
-        float *ye = a->ye + (size_t)first * H;
         const trill_mlp_weights w = trill_moe_expert(x, e, H, Im);
-        trill_status st = trill_mlp_forward(fp, ye, xe, &w, xa, (size_t)first, a->gate + (size_t)first * Im, a->up + (size_t)first * Im,
-                                            act, n, H, Im);
+        trill_status st = trill_mlp_forward(fp, a->ye + (size_t)first * H, xe, &w, xa, (size_t)first, a->gate + (size_t)first * Im,
+                                            a->up + (size_t)first * Im, act, n, H, Im);
         if (st) return st;
-        for (int r = 0; r < n; r++) {
-            float g = a->topw[rows[r]];
-            float *o = out + (size_t)(rows[r] / K) * H;
-            const float *y = ye + (size_t)r * H;
-            for (int i = 0; i < H; i++) o[i] += g * y[i];
-        }
     }
+    trill_moe_combine(out, a, T, K, H);
     return TRILL_OK;
 }
 

@@ -11,6 +11,7 @@
 #include "base/tls.h"
 #include "base/alloc.h"
 #include "forward_internal.h"
+#include "model/moe_ep.h"
 #include "trill/kernels.h"
 
 const trill_family_layers *trill_family_layers_of(const trill_config *c) { return trill_family_of(c)->layers; }
@@ -48,12 +49,18 @@ static trill_status pass_alloc(const trill_model *m, int T, bool training, bool 
     }
     p.used = 0;
     assign(fp, &p);
+    trill_status st = trill_ep_pass_begin(fp);
+    if (st) {
+        trill_forward_pass_free(fp);
+        return st;
+    }
     *out = fp;
     return TRILL_OK;
 }
 
 void trill_forward_pass_free(trill_forward_pass *fp) {
     if (!fp) return;
+    trill_ep_pass_end(fp);
     trill_tls_return(&fp->block);
     free(fp);
 }
@@ -174,7 +181,7 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
     fp->tokens = tokens;
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
-    if (T > 0) {
+    if (T > 0 || m->ep) { /* an expert-parallel rank with no tokens still serves its experts */
         st = run_layers(fp, replay, experts);
         if (!st) st = token_logprobs(fp, logprobs);
     }

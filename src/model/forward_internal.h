@@ -63,6 +63,7 @@ struct trill_forward_pass {
     float *xf;            /* [T, H] final norm */
     float *xa_head;       /* [LOGIT_CHUNK, r] LoRA input of lm_head */
     void *acts;           /* the family's activations */
+    struct trill_ep_served_set *ep_served; /* expert parallelism: what this rank serves in the pass (src/model/moe_ep.h) */
     trill_tls_lease block; /* the one allocation everything above lives in (the thread's, reused) */
 };
 
@@ -101,14 +102,20 @@ typedef struct trill_moe_acts {
  * [n, I] is scratch. The adapters' inputs go to xa[0..2] (gate, up, down) from row `row0`. */
 trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const float *inp, const trill_mlp_weights *w, float *const *xa,
                                size_t row0, float *gate, float *up, float *act, int n, int H, int I);
-/* Routed expert e's weights and adapters. */
-trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int Im);
+/* The weights and adapters of the model's held expert number `local` (expert first + local of
+ * the layer: trill_model.expert_first; the id itself in a model that holds every expert). */
+trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int local, int H, int Im);
 /* out[T, H] += sum_k topw[t,k] * expert_{topi[t,k]}(xn[t]): the (token, slot) pairs grouped by
  * expert (a counting sort into a->order / a->count) so each expert is one GEMM over its rows
  * (gathered into xe [T, H]; act [T, Im] scratch); adapter inputs in xa[0..2], rows in expert
- * order. */
+ * order. In an expert-parallel model (trill_model_set_expert_comm) the experts run on the ranks
+ * that hold them (src/model/moe_ep.h): `ordinal` is the layer's MoE ordinal. */
 trill_status trill_moe_experts_forward(const trill_forward_pass *fp, float *out, const float *xn, const trill_moe_experts *x,
-                                       trill_moe_acts *a, float *const *xa, float *xe, float *act, int T, int H, int E, int K, int Im);
+                                       trill_moe_acts *a, float *const *xa, float *xe, float *act, int T, int H, int E, int K, int Im,
+                                       int ordinal);
+/* out[T, H] += topw * ye over the rows in expert order: each token adds its experts' outputs in
+ * ascending expert id. */
+void trill_moe_combine(float *out, const trill_moe_acts *a, int T, int K, int H);
 /* Router replay: topi[T, K] of MoE layer `ordinal` replaced by the replayed ids of every token
  * that has them (trill_model_forward's layout); nothing when replay is NULL. */
 void trill_moe_replay(int *topi, const uint16_t *replay, int ordinal, int n_moe_layers, int T, int K);

@@ -57,13 +57,48 @@ const char *trill_lora_target_alias(int target) {
 
 /* ---- layout -----------------------------------------------------------------------------
  * Derived from the model's tensors (its family's table): an A [r, in] and a B [out, r] for every
- * tensor whose LoRA target is selected. Order, per decoder layer: the layer's own adapted
- * tensors in table order, then expert by expert each expert's adapted tensors in table order;
- * then the adapted global tensors (lm_head). With params NULL the walk only counts. */
+ * tensor whose LoRA target is selected. The whole adapter's order (the checkpoint's and the
+ * optimizer file's), per decoder layer: the layer's own adapted tensors in table order, then
+ * expert by expert each expert's adapted tensors in table order; then the adapted global
+ * tensors (lm_head). A shard's adapter holds its model's experts only, after everything else
+ * (trill_lora.routed_first), and maps each tensor to its place in the whole one. */
 
-typedef struct walk { trill_lora *lora; const trill_model *m; size_t offset, n, next_experts; } walk;
+static bool adapted(const trill_param *t, unsigned targets) {
+    return t->lora_target != TRILL_NO_LORA && (targets & (1u << t->lora_target));
+}
 
-static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, const char *part) {
+/* The model's adapted tensors (by index) in the whole adapter's order; *n of them. */
+static int *whole_order(const trill_model *m, unsigned targets, size_t *n) {
+    const int E = m->config.num_experts;
+    int *order = trill_malloc(sizeof(int) * (m->n_tensors ? m->n_tensors : 1));
+    *n = 0;
+    if (!order) return NULL;
+    size_t t = 0;
+    while (t < m->n_tensors) {
+        if (m->tensors[t].layer < 0) { t++; continue; }
+        size_t end = t; /* a layer's tensors are contiguous in checkpoint order */
+        while (end < m->n_tensors && m->tensors[end].layer == m->tensors[t].layer) end++;
+        for (size_t k = t; k < end; k++)
+            if (m->tensors[k].expert < 0 && adapted(&m->tensors[k], targets)) order[(*n)++] = (int)k;
+        for (int e = 0; e < E; e++)
+            for (size_t k = t; k < end; k++)
+                if (m->tensors[k].expert == e && adapted(&m->tensors[k], targets)) order[(*n)++] = (int)k;
+        t = end;
+    }
+    for (size_t k = 0; k < m->n_tensors; k++)
+        if (m->tensors[k].layer < 0 && adapted(&m->tensors[k], targets)) order[(*n)++] = (int)k;
+    return order;
+}
+
+typedef struct walk {
+    trill_lora *lora;
+    const trill_model *m;
+    size_t offset, n, next_experts;
+    const size_t *g_offset; /* [model tensor] its A's offset in the whole adapter ... */
+    const int *g_pos;       /* ... and its place in the whole adapter's order (A at 2 g_pos, B after) */
+} walk;
+
+static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, const char *part, size_t g_offset, int g_index) {
     float *data = w->lora->params ? w->lora->params + w->offset : NULL;
     if (w->lora->tensors) {
         trill_param *p = &w->lora->tensors[w->n];
@@ -76,48 +111,50 @@ static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, 
         p->data = data;
         p->bf16 = NULL;
         p->numel = (size_t)(rows * cols);
+        w->lora->global_offset[w->n] = g_offset;
+        w->lora->global_index[w->n] = g_index;
     }
     w->offset += (size_t)(rows * cols);
     w->n++;
     return data;
 }
 
-/* The adapter of model tensor t, when its target is selected; its pointers go where the row says. */
+/* The adapter of model tensor t; its pointers go where the row says. */
 static void adapt(walk *w, const trill_param *t) {
     trill_lora *lora = w->lora;
-    if (t->lora_target == TRILL_NO_LORA || !(lora->config.targets & (1u << t->lora_target))) return;
     const int64_t r = lora->config.rank;
-    trill_lora_pair p = { .A = add(w, t, r, t->shape[1], "lora_A"), .B = add(w, t, t->shape[0], r, "lora_B") };
+    const size_t g = w->g_offset ? w->g_offset[t->index] : 0;
+    const int gi = w->g_pos ? 2 * w->g_pos[t->index] : 0;
+    trill_lora_pair p = { .A = add(w, t, r, t->shape[1], "lora_A", g, gi),
+                          .B = add(w, t, t->shape[0], r, "lora_B", g + (size_t)(r * t->shape[1]), gi + 1) };
     const int field = trill_arch_row(&w->m->config, t)->lora_field;
     if (!lora->layers || field == TRILL_NO_FIELD) return;
     if (t->layer < 0) { *(trill_lora_pair *)((char *)lora + field) = p; return; }
     char *at = (char *)trill_lora_layer(lora, t->layer) + field;
     if (t->expert < 0) { *(trill_lora_pair *)at = p; return; }
     trill_lora_pair **experts = (trill_lora_pair **)at;
-    if (t->expert == 0) { /* the first expert gives this layer's row its num_experts pairs */
+    if (t->expert == lora->expert_first) { /* the first expert held gives this layer's row its pairs */
         if (lora->expert_pairs) *experts = lora->expert_pairs + w->next_experts;
-        w->next_experts += (size_t)w->m->config.num_experts;
+        w->next_experts += (size_t)lora->expert_count;
     }
-    if (*experts) (*experts)[t->expert] = p;
+    if (*experts) (*experts)[t->expert - lora->expert_first] = p;
 }
 
-static void walk_layout(walk *w) {
-    const trill_model *m = w->m;
-    const int E = m->config.num_experts;
-    size_t t = 0;
-    while (t < m->n_tensors) {
-        if (m->tensors[t].layer < 0) { t++; continue; }
-        size_t end = t; /* a layer's tensors are contiguous in checkpoint order */
-        while (end < m->n_tensors && m->tensors[end].layer == m->tensors[t].layer) end++;
-        for (size_t k = t; k < end; k++)
-            if (m->tensors[k].expert < 0) adapt(w, &m->tensors[k]);
-        for (int e = 0; e < E; e++)
-            for (size_t k = t; k < end; k++)
-                if (m->tensors[k].expert == e) adapt(w, &m->tensors[k]);
-        t = end;
+/* Places the adapters: in the whole adapter's order, or for a shard every non-routed adapter
+ * first, then its routed experts'. */
+static void walk_layout(walk *w, const int *order, size_t n_order) {
+    const trill_lora *lora = w->lora;
+    const bool shard = lora->expert_count < w->m->config.num_experts;
+    for (int pass = shard ? 1 : 0; pass < (shard ? 3 : 1); pass++) {
+        if (pass == 2) w->lora->routed_first = w->offset;
+        for (size_t i = 0; i < n_order; i++) {
+            const trill_param *t = &w->m->tensors[order[i]];
+            const bool routed = t->expert >= 0;
+            if (routed && (t->expert < lora->expert_first || t->expert >= lora->expert_first + lora->expert_count)) continue;
+            if (pass == 0 || (pass == 1) == !routed) adapt(w, t);
+        }
     }
-    for (size_t k = 0; k < m->n_tensors; k++)
-        if (m->tensors[k].layer < 0) adapt(w, &m->tensors[k]);
+    if (!shard) w->lora->routed_first = w->offset;
 }
 
 void trill_lora_free(trill_lora *lora) {
@@ -126,11 +163,14 @@ void trill_lora_free(trill_lora *lora) {
     free(lora->expert_pairs);
     free(lora->params);
     free(lora->tensors);
+    free(lora->global_offset);
+    free(lora->global_index);
     free(lora);
 }
 
-/* Allocates the structure and the parameter block (zeroed) for m's config. */
-static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, trill_lora **out) {
+/* Allocates the structure and the parameter block (zeroed) for m's config: for every expert
+ * (whole), or for those m holds. */
+static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool whole, trill_lora **out) {
     const trill_config *c = &m->config;
     if (cfg.rank < 1 || cfg.rank > 4096) return trill_error(TRILL_ERR_INVALID, "lora.rank: %d is out of range [1, 4096]", cfg.rank);
     if (!(cfg.alpha > 0)) return trill_error(TRILL_ERR_INVALID, "lora.alpha: %g must be positive", cfg.alpha);
@@ -152,46 +192,79 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, tril
     lora->config = cfg;
     lora->scale = (float)(cfg.use_rslora ? cfg.alpha / sqrt(cfg.rank) : cfg.alpha / cfg.rank);
     lora->enabled = true;
+    lora->expert_first = whole ? 0 : m->expert_first;
+    lora->expert_count = whole ? c->num_experts : m->expert_count;
     lora->layer_size = trill_family_of(c)->lora_layer_size;
     lora->layers = trill_calloc((size_t)c->num_hidden_layers, lora->layer_size);
-    if (!lora->layers) { trill_lora_free(lora); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    size_t n_order = 0;
+    int *order = whole_order(m, cfg.targets, &n_order);
+    size_t *g_offset = trill_malloc(sizeof(size_t) * (m->n_tensors ? m->n_tensors : 1));
+    int *g_pos = trill_malloc(sizeof(int) * (m->n_tensors ? m->n_tensors : 1));
+    if (!lora->layers || !order || !g_offset || !g_pos) {
+        free(order);
+        free(g_offset);
+        free(g_pos);
+        trill_lora_free(lora);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n_order; i++) { /* the whole adapter's offsets, A then B of each */
+        const trill_param *t = &m->tensors[order[i]];
+        g_offset[order[i]] = lora->n_global;
+        g_pos[order[i]] = (int)i;
+        lora->n_global += (size_t)cfg.rank * (size_t)(t->shape[0] + t->shape[1]);
+    }
+    lora->n_global_tensors = 2 * n_order;
     walk w = { .lora = lora, .m = m };
-    walk_layout(&w); /* count */
+    walk_layout(&w, order, n_order); /* count */
     lora->n_params = w.offset;
     lora->n_tensors = w.n;
     lora->params = trill_calloc(w.offset ? w.offset : 1, sizeof(float));
     lora->tensors = trill_calloc(w.n ? w.n : 1, sizeof *lora->tensors);
     lora->expert_pairs = trill_calloc(w.next_experts ? w.next_experts : 1, sizeof *lora->expert_pairs);
-    if (!lora->params || !lora->tensors || !lora->expert_pairs) {
+    lora->global_offset = trill_calloc(w.n ? w.n : 1, sizeof *lora->global_offset);
+    lora->global_index = trill_calloc(w.n ? w.n : 1, sizeof *lora->global_index);
+    if (!lora->params || !lora->tensors || !lora->expert_pairs || !lora->global_offset || !lora->global_index) {
+        free(order);
+        free(g_offset);
+        free(g_pos);
         trill_lora_free(lora);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu adapter values", w.offset);
     }
-    w = (walk){ .lora = lora, .m = m };
-    walk_layout(&w); /* names and pointers */
+    w = (walk){ .lora = lora, .m = m, .g_offset = g_offset, .g_pos = g_pos };
+    walk_layout(&w, order, n_order); /* names and pointers */
+    free(order);
+    free(g_offset);
+    free(g_pos);
     *out = lora;
     return TRILL_OK;
 }
 
 trill_status trill_lora_create(const trill_model *m, trill_lora_config cfg, uint64_t seed, trill_lora **out) {
     trill_lora *lora;
-    trill_status st = lora_alloc(m, cfg, &lora);
+    trill_status st = lora_alloc(m, cfg, false, &lora);
     if (st) return st;
-    /* PEFT: kaiming_uniform_(A, a=sqrt(5)) -> U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
+    /* PEFT: kaiming_uniform_(A, a=sqrt(5)) -> U(-1/sqrt(in), 1/sqrt(in)); B = 0. Keyed by the
+     * tensor's place in the whole adapter, so a shard's are the whole one's. */
     for (size_t t = 0; t < lora->n_tensors; t += 2) {
         trill_param *A = &lora->tensors[t];
         const double bound = 1.0 / sqrt((double)A->shape[1]);
-        const uint64_t key = trill_rng_key(seed, t);
+        const uint64_t key = trill_rng_key(seed, (uint64_t)lora->global_index[t]);
         for (size_t i = 0; i < A->numel; i++) A->data[i] = (float)((2.0 * trill_rng_uniform(key, i) - 1.0) * bound);
     }
     *out = lora;
     return TRILL_OK;
 }
 
+trill_status trill_lora_create_whole(const trill_model *m, trill_lora_config cfg, trill_lora **out) { return lora_alloc(m, cfg, true, out); }
+
 void trill_model_attach_lora(trill_model *m, trill_lora *lora) { m->lora = lora; }
 
 /* ---- PEFT files ---- */
 
 trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
+    if (!trill_lora_is_whole(lora))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: these adapters hold experts %d-%d (an expert-parallel shard's); an adapter file is "
+                           "written from every expert's", dir, lora->expert_first, lora->expert_first + lora->expert_count - 1);
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
     trill_tensor_out *outs = trill_calloc(lora->n_tensors + 1, sizeof *outs);
@@ -261,7 +334,7 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
     trill_lora *lora = NULL;
     trill_st_file *f = NULL;
     trill_status st = st_path && cfg_path ? read_adapter_config(cfg_path, &cfg) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = lora_alloc(m, cfg, &lora);
+    if (!st) st = lora_alloc(m, cfg, false, &lora);
     if (!st) st = trill_st_open(st_path, &f);
     for (size_t t = 0; !st && t < lora->n_tensors; t++) {
         const trill_param *p = &lora->tensors[t];
@@ -272,8 +345,9 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
                              st_path, p->name, (long long)p->shape[0], (long long)p->shape[1]);
         else trill_to_f32(p->data, v->data, v->dtype, p->numel);
     }
-    if (!st && trill_st_count(f) != lora->n_tensors)
-        st = trill_error(TRILL_ERR_INVALID, "%s: %zu tensors, but adapter_config.json and the model call for %zu", st_path, trill_st_count(f), lora->n_tensors);
+    if (!st && trill_st_count(f) != lora->n_global_tensors) /* a shard reads its own of the whole adapter's */
+        st = trill_error(TRILL_ERR_INVALID, "%s: %zu tensors, but adapter_config.json and the model call for %zu", st_path, trill_st_count(f),
+                         lora->n_global_tensors);
     trill_st_close(f);
     free(st_path);
     free(cfg_path);
@@ -317,6 +391,7 @@ trill_status trill_lora_merge(const trill_lora *lora, trill_model *m) {
 
 const trill_lora_config *trill_lora_get_config(const trill_lora *lora) { return &lora->config; }
 float trill_lora_scale(const trill_lora *lora) { return lora->scale; }
+size_t trill_lora_routed_first(const trill_lora *lora) { return lora->routed_first; }
 float *trill_lora_params(trill_lora *lora, size_t *n) {
     *n = lora->n_params;
     return lora->params;

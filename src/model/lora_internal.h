@@ -26,7 +26,23 @@ typedef struct trill_lora {
     size_t layer_size;
     trill_lora_pair *expert_pairs;
     trill_lora_pair lm_head;
+    /* expert parallelism: the routed experts it holds (a layer's pairs are indexed from
+     * expert_first), all of them unless it was made for a shard's held ones */
+    int expert_first, expert_count;
+    /* a shard's adapters keep their routed experts' after all the others: params[routed_first,
+     * n_params) (their gradients come from every rank that sent the experts tokens); n_params
+     * in an adapter of every expert, laid out as the checkpoint is */
+    size_t routed_first;
+    /* where each tensor sits in the whole adapter (every expert, the checkpoint's layout):
+     * global_offset[t] in its block of n_global values, global_index[t] among its
+     * n_global_tensors tensors (t itself, and n_params and n_tensors, in a whole adapter) */
+    size_t n_global, n_global_tensors;
+    size_t *global_offset;
+    int *global_index;
 } trill_lora;
+
+/* Whether the adapter holds every routed expert (the whole adapter), not a shard's part. */
+static inline bool trill_lora_is_whole(const trill_lora *l) { return l->n_tensors == l->n_global_tensors; }
 
 /* Layer l's adapters in the family's per-layer struct. */
 static inline void *trill_lora_layer(const trill_lora *lora, int l) { return (char *)lora->layers + (size_t)l * lora->layer_size; }

@@ -33,19 +33,20 @@ typedef struct layout {
 static void place(void *ctx, const trill_tensor_row *row, const trill_param *t) {
     layout *L = ctx;
     trill_model *m = L->m;
-    const bool half = t->ndim == 2 && m->storage == TRILL_BF16;
+    const bool half = t->ndim == 2 && m->storage == TRILL_BF16, held = trill_model_holds(m, t);
     if (m->tensors) {
         trill_param *p = &m->tensors[L->n];
         *p = *t;
-        p->data = !half && m->params ? m->params + L->n32 : NULL;
-        p->bf16 = half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
-        if (row->field != TRILL_NO_FIELD && t->expert <= 0) { /* experts after the first follow it */
+        p->data = held && !half && m->params ? m->params + L->n32 : NULL;
+        p->bf16 = held && half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
+        /* the held experts of a row follow its first */
+        if (held && row->field != TRILL_NO_FIELD && (t->expert < 0 || t->expert == m->expert_first)) {
             char *base = t->layer >= 0 ? (char *)trill_model_layer(m, t->layer) : (char *)m;
             if (t->ndim == 2) *(trill_weight *)(base + row->field) = (trill_weight){ p->data, p->bf16 };
             else *(float **)(base + row->field) = p->data;
         }
     }
-    *(half ? &L->n16 : &L->n32) += t->numel;
+    if (held) *(half ? &L->n16 : &L->n32) += t->numel;
     L->n++;
 }
 
@@ -55,14 +56,24 @@ static void walk_layout(layout *L) {
     if (m->config.num_labels == 0 && m->config.tie_word_embeddings) m->lm_head = m->embed;
 }
 
-trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
+trill_status trill_model_create_shard(const trill_config *config, trill_dtype storage, int ep_rank, int ep_size, trill_model **out) {
     if (storage != TRILL_F32 && storage != TRILL_BF16)
         return trill_error(TRILL_ERR_INVALID, "model storage must be F32 or BF16, not %s", trill_dtype_name(storage));
+    if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size)
+        return trill_error(TRILL_ERR_INVALID, "expert parallelism: rank %d of %d", ep_rank, ep_size);
+    if (ep_size > 1 && (config->n_moe_layers == 0 || config->num_experts % ep_size != 0))
+        return trill_error(TRILL_ERR_INVALID, "parallel.trainer.ep: %d expert-parallel ranks need routed experts in a multiple of %d, "
+                           "but this %s has %d (in %d MoE layers)", ep_size, ep_size, trill_config_architecture(config),
+                           config->num_experts, config->n_moe_layers);
     trill_model *m = trill_calloc(1, sizeof *m);
     if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     m->config = *config;
     m->checkpoint_dtype = TRILL_F32;
     m->storage = storage;
+    m->ep_rank = ep_rank;
+    m->ep_size = ep_size;
+    m->expert_count = config->num_experts / ep_size;
+    m->expert_first = ep_rank * m->expert_count;
     m->layer_size = trill_family_of(config)->layer_size;
     m->layers = trill_calloc((size_t)config->num_hidden_layers, m->layer_size);
     layout L = { .m = m };
@@ -85,12 +96,17 @@ trill_status trill_model_create_stored(const trill_config *config, trill_dtype s
     return TRILL_OK;
 }
 
+trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
+    return trill_model_create_shard(config, storage, 0, 1, out);
+}
+
 trill_status trill_model_create(const trill_config *config, trill_model **out) {
     return trill_model_create_stored(config, TRILL_F32, out);
 }
 
 void trill_model_free(trill_model *m) {
     if (!m) return;
+    trill_model_ep_free(m);
     free(m->params);
     free(m->params_bf16);
     free(m->tensors);
@@ -102,6 +118,7 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
     const float std = (float)m->config.initializer_range;
     for (size_t t = 0; t < m->n_tensors; t++) {
         trill_param *p = &m->tensors[t];
+        if (!trill_model_holds(m, p)) continue; /* another shard's expert: its key is its index all the same */
         if (p->ndim == 1) { /* HF: RMSNorm weights start at one, biases at zero */
             for (size_t i = 0; i < p->numel; i++) p->data[i] = p->kind == TRILL_TENSOR_NORM ? 1.0f : 0.0f;
             continue;
@@ -248,7 +265,8 @@ static bool consumed(const trill_model *m, const trill_checkpoint *ck, const tri
 
 static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, const char *dir) {
     trill_status st = TRILL_OK;
-    for (size_t t = 0; t < m->n_tensors && !st; t++) st = load_tensor(m, ck, dir, &m->tensors[t]);
+    for (size_t t = 0; t < m->n_tensors && !st; t++) /* a shard reads its own tensors' pages of the mapped files only */
+        if (trill_model_holds(m, &m->tensors[t])) st = load_tensor(m, ck, dir, &m->tensors[t]);
     if (st) return st;
     /* F8_E4M3 weights are held, and saved, as their dequantized values: trill writes no FP8 */
     const trill_dtype first = m->n_tensors ? trill_checkpoint_find(ck, m->tensors[0].name)->dtype : TRILL_F32;
@@ -289,6 +307,10 @@ static bool matrices_fit_bf16(const trill_config *c, const trill_checkpoint *ck)
 trill_status trill_model_load(const char *dir, trill_model **out) { return trill_model_load_as(dir, TRILL_STORE_F32, out); }
 
 trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out) {
+    return trill_model_load_shard(dir, storage, 0, 1, out);
+}
+
+trill_status trill_model_load_shard(const char *dir, trill_storage storage, int ep_rank, int ep_size, trill_model **out) {
     char *config_path = trill_path_join(dir, "config.json");
     if (!config_path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_config config;
@@ -299,7 +321,7 @@ trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_m
     if ((st = trill_checkpoint_open(dir, &ck))) return st;
     trill_model *m;
     const trill_dtype kept = storage == TRILL_STORE_CHECKPOINT && matrices_fit_bf16(&config, ck) ? TRILL_BF16 : TRILL_F32;
-    if (!(st = trill_model_create_stored(&config, kept, &m))) {
+    if (!(st = trill_model_create_shard(&config, kept, ep_rank, ep_size, &m))) {
         if ((st = fill_params(m, ck, dir))) trill_model_free(m);
         else *out = m;
     }
@@ -308,6 +330,10 @@ trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_m
 }
 
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes) {
+    if (m->ep_size > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: this model holds experts %d-%d of %d (expert-parallel rank %d of %d); a checkpoint is "
+                           "written from every expert", dir, m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts,
+                           m->ep_rank, m->ep_size);
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
     trill_tensor_out *outs = trill_calloc(m->n_tensors, sizeof *outs);
@@ -371,6 +397,10 @@ const trill_param *trill_model_tensors(const trill_model *m, size_t *n) {
     return m->tensors;
 }
 trill_dtype trill_model_storage(const trill_model *m) { return m->storage; }
+void trill_model_experts_held(const trill_model *m, int *first, int *count) {
+    *first = m->expert_first;
+    *count = m->expert_count;
+}
 trill_dtype trill_model_checkpoint_dtype(const trill_model *m) { return m->checkpoint_dtype; }
 void trill_model_set_precision(trill_model *m, trill_precision p) { m->precision = p; }
 trill_precision trill_model_precision(const trill_model *m) { return m->precision; }

@@ -2,6 +2,8 @@
 #ifndef TRILL_MODEL_INTERNAL_H
 #define TRILL_MODEL_INTERNAL_H
 
+#include <stdbool.h>
+
 #include "trill/model.h"
 
 typedef struct trill_model {
@@ -26,8 +28,21 @@ typedef struct trill_model {
     size_t layer_size;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */
     struct trill_lora *lora;      /* attached adapters (trill/lora.h), or NULL */
+    /* expert parallelism: the routed experts held, [expert_first, expert_first + expert_count) of
+     * every MoE layer (all of them unless the model is a shard: trill_model_create_shard); the
+     * others are listed in `tensors` without storage */
+    int ep_rank, ep_size, expert_first, expert_count;
+    struct trill_ep *ep;          /* the exchange with the other shards (src/model/moe_ep.c), or NULL */
     trill_precision precision;    /* of the matrix products of its forward and backward passes */
 } trill_model;
+
+/* Frees the expert-parallel exchange (src/model/moe_ep.c), with the model. */
+void trill_model_ep_free(trill_model *m);
+
+/* Whether the model holds tensor t (every tensor but the routed experts of other shards). */
+static inline bool trill_model_holds(const trill_model *m, const trill_param *t) {
+    return t->expert < 0 || (t->expert >= m->expert_first && t->expert < m->expert_first + m->expert_count);
+}
 
 /* Layer l's weights in the family's per-layer struct. */
 static inline void *trill_model_layer(const trill_model *m, int l) { return (char *)m->layers + (size_t)l * m->layer_size; }

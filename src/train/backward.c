@@ -106,6 +106,17 @@ static trill_status head_backward(const trill_forward_pass *fp, const float *dlo
 }
 
 trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads) {
+    return trill_model_backward_ep(fp, dlogprobs, grads, lora_grads, NULL);
+}
+
+trill_status trill_model_backward_ep(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads,
+                                     float *const *expert_grads) {
+    if (fp->m->ep && grads)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "backward: weight gradients of an expert-parallel model (full fine-tuning) are not built; "
+                           "its adapters train");
+    if (fp->m->ep && lora_grads && !expert_grads)
+        return trill_error(TRILL_ERR_INVALID, "backward: an expert-parallel model's adapters need a gradient buffer per source rank "
+                           "for its experts' (expert_grads)");
     if (!fp->training) return trill_error(TRILL_ERR_INVALID, "backward: the forward pass did not keep activations (use trill_model_forward_train)");
     if (grads && fp->m->storage != TRILL_F32)
         return trill_error(TRILL_ERR_INVALID, "backward: weight gradients need fp32 weights, but this model keeps its base in bf16 (load it with TRILL_STORE_F32 for full fine-tuning)");
@@ -113,10 +124,10 @@ trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlo
     const trill_model *m = fp->m;
     const trill_config *c = &m->config;
     const int T = fp->T, H = c->hidden_size;
-    if (T == 0) return TRILL_OK;
+    if (T == 0 && !m->ep) return TRILL_OK; /* an expert-parallel rank with no tokens still serves its experts */
     const trill_family_backward *f = trill_family_backward_of(c);
     if (!f) return trill_error(TRILL_ERR_UNSUPPORTED, "backward: %s has no backward pass yet", trill_config_architecture(c));
-    const trill_grad_sinks sink = { .m = m, .base = grads, .lora = fp->lora, .lora_grads = lora_grads };
+    const trill_grad_sinks sink = { .m = m, .base = grads, .lora = fp->lora, .lora_grads = lora_grads, .expert_grads = expert_grads };
     grad_scratch g;
     void *layer_scratch = NULL;
     trill_status st = scratch_alloc(&g, m, T, fp->lora ? fp->lora->config.rank : 0);

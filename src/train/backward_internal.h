@@ -10,7 +10,11 @@ typedef struct trill_grad_sinks {
     const trill_model *m;
     float *base;        /* [n_params] laid out like m->params */
     const trill_lora *lora;
-    float *lora_grads;  /* [lora->n_params] laid out like lora->params */
+    float *lora_grads;  /* laid out like lora->params from lora_first: [lora->n_params - lora_first] */
+    size_t lora_first;
+    /* expert parallelism: [group size] the held experts' adapter gradients from each source
+     * rank's tokens, each laid out like lora->params[routed_first, n_params) (moe_ep.h) */
+    float *const *expert_grads;
 } trill_grad_sinks;
 
 /* Scratch of the LoRA side path of trill_linear_backward, sized for the widest linear. */
@@ -26,7 +30,7 @@ static inline float *trill_grad_of(const trill_grad_sinks *sink, const float *p)
 /* base gradients exist only with fp32 storage (checked on entry) */
 static inline float *trill_grad_of_w(const trill_grad_sinks *sink, trill_weight w) { return trill_grad_of(sink, w.f32); }
 static inline float *trill_lora_grad_of(const trill_grad_sinks *sink, const float *p) {
-    return sink->lora_grads ? sink->lora_grads + (p - sink->lora->params) : NULL;
+    return sink->lora_grads ? sink->lora_grads + ((size_t)(p - sink->lora->params) - sink->lora_first) : NULL;
 }
 
 /* Backward of trill_linear: y = x W^T + scale (x A^T) B^T with xa = x A^T; dinp += . Fails only
@@ -53,7 +57,12 @@ trill_status trill_mlp_backward(const trill_forward_pass *fp, const trill_grad_s
 trill_status trill_moe_experts_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                                         const trill_mlp_scratch *g, float *dxn, float *dgates, const float *dout, const float *xn,
                                         const trill_moe_experts *x, const trill_moe_acts *a, float *const *xa, int T, int H, int E,
-                                        int K, int Im);
+                                        int K, int Im, int ordinal);
+/* Its expert-parallel form (src/train/moe_ep_backward.c): the output gradients to the experts'
+ * holders and their input gradients back, adapter gradients into sink->expert_grads per source. */
+trill_status trill_ep_experts_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, float *dxn, float *dgates,
+                                       const float *dout, const trill_moe_experts *x, const trill_moe_acts *a, int ordinal, int T, int H,
+                                       int K, int Im);
 
 /* Lends `slot`'s buffer (src/base/tls.h: the memory of one step's backward serves the next) and
  * carves it into n float arrays, *ptrs[i] of sizes[i]; TRILL_ERR_NOMEM naming the T tokens. */

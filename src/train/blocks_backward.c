@@ -26,8 +26,9 @@ trill_status trill_mlp_backward(const trill_forward_pass *fp, const trill_grad_s
 trill_status trill_moe_experts_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                                         const trill_mlp_scratch *g, float *dxn, float *dgates, const float *dout, const float *xn,
                                         const trill_moe_experts *x, const trill_moe_acts *a, float *const *xa, int T, int H, int E,
-                                        int K, int Im) {
+                                        int K, int Im, int ordinal) {
     zero(dgates, (size_t)T * K);
+    if (fp->m->ep) return trill_ep_experts_backward(fp, sink, dxn, dgates, dout, x, a, ordinal, T, H, K, Im);
     for (int e = 0; e < E; e++) {
         const int first = e ? a->count[e - 1] : 0, n = a->count[e] - first;
         if (n == 0) continue;

@@ -84,7 +84,7 @@ static void test_alltoallv(trill_comm *w) {
     size_t *sbytes = malloc(sizeof(size_t) * (size_t)P), *rbytes = malloc(sizeof(size_t) * (size_t)P);
     for (int p = 0; p < P; p++) sc[p] = (size_t)(r + 2 * p + 1);
     trill_comm_stats_reset(w);
-    OK(trill_comm_alltoall_counts(w, sc, rc));
+    OK(trill_comm_alltoall_counts(w, 1, sc, rc));
     uint64_t sent_others = 0;
     for (int p = 0; p < P; p++) {
         CHECK(rc[p] == (size_t)(p + 2 * r + 1));
@@ -101,9 +101,19 @@ static void test_alltoallv(trill_comm *w) {
     for (int p = 0, at = 0; p < P; at += (int)rc[p], p++)
         for (size_t j = 0; j < rc[p]; j++) CHECK(recvv[at + j] == (float)(100 * p + r));
     const trill_comm_stats s = trill_comm_stats_get(w);
-    CHECK(s.calls[TRILL_COMM_ALLTOALLV] == 2);
-    /* the payload this rank sent to the others, and the counts it told them */
-    CHECK(s.bytes[TRILL_COMM_ALLTOALLV] == sent_others + sizeof(size_t) * (uint64_t)(P - 1));
+    CHECK(s.calls[TRILL_COMM_ALLTOALLV] == 1 && s.calls[TRILL_COMM_COUNTS] == 1);
+    /* the payload this rank sent to the others; the counts it told them apart */
+    CHECK(s.bytes[TRILL_COMM_ALLTOALLV] == sent_others);
+    CHECK(s.bytes[TRILL_COMM_COUNTS] == sizeof(size_t) * (uint64_t)(P - 1));
+    /* three counts a peer, in peer order */
+    size_t *sk = malloc(sizeof(size_t) * 3 * (size_t)P), *rk = malloc(sizeof(size_t) * 3 * (size_t)P);
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < 3; j++) sk[p * 3 + j] = (size_t)(1000 * r + 10 * p + j);
+    OK(trill_comm_alltoall_counts(w, 3, sk, rk));
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < 3; j++) CHECK(rk[p * 3 + j] == (size_t)(1000 * p + 10 * r + j));
+    CHECK(trill_comm_alltoall_counts(w, 0, sk, rk) == TRILL_ERR_INVALID);
+    free(sk); free(rk);
     free(sc); free(rc); free(sbytes); free(rbytes); free(sendv); free(recvv);
 }
 
@@ -161,6 +171,26 @@ static void tree_over(trill_comm *c, size_t n, int64_t total, int64_t first, int
     free(v);
 }
 
+/* The same sum with this rank's range [first, first + count) held by `parts` trees of consecutive
+ * sub-ranges whose leaves arrive interleaved (as an expert's owner receives them, one rank's
+ * micro-batch after another's), finished together. */
+static void tree_over_parts(trill_comm *c, size_t n, int64_t total, int64_t first, int64_t count, int parts, float *out) {
+    trill_tree_sum *t[4];
+    int64_t lo[5];
+    float *v = malloc(sizeof(float) * n);
+    for (int k = 0; k <= parts; k++) lo[k] = first + count * k / parts;
+    for (int k = 0; k < parts; k++) OK(trill_tree_sum_create(n, total, lo[k], lo[k + 1] - lo[k], &t[k]));
+    for (int64_t i = 0; i < count; i++)
+        for (int k = parts - 1; k >= 0; k--) /* round i: the i-th leaf of every part, last part first */
+            if (lo[k] + i < lo[k + 1]) {
+                leaf(lo[k] + i, v, n);
+                OK(trill_tree_sum_add(t[k], v));
+            }
+    OK(trill_tree_sum_finish_many(t, parts, c, out));
+    for (int k = 0; k < parts; k++) trill_tree_sum_free(t[k]);
+    free(v);
+}
+
 static void test_tree_sum(trill_comm *w) {
     const int r = trill_comm_rank(w), P = trill_comm_size(w);
     enum { N = 7 };
@@ -197,6 +227,11 @@ static void test_tree_sum(trill_comm *w) {
             if (memcmp(got, ref, sizeof ref) != 0)
                 fprintf(stderr, "test_comm: rank %d of %d: tree sum of %lld leaves, split %d, differs from one process's\n", r, P,
                         (long long)M, split);
+            CHECK(memcmp(got, ref, sizeof ref) == 0);
+        }
+        /* the equal shares, each held by 1 to 3 trees finished together */
+        for (int parts = 1; parts <= 3; parts++) {
+            tree_over_parts(w, N, M, M * r / P, M * (r + 1) / P - M * r / P, parts, got);
             CHECK(memcmp(got, ref, sizeof ref) == 0);
         }
     }

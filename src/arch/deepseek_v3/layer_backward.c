@@ -67,7 +67,7 @@ static const deepseek_lora_layer NO_ADAPTERS;
 /* MoE block: dout -> g->dxn (gradient of xn2): shared and routed experts, the router. */
 static trill_status moe_backward(const trill_forward_pass *fp, const deepseek_layer_weights *w, const deepseek_lora_layer *ad,
                                  const deepseek_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
-                                 const float *dout) {
+                                 const float *dout, int ordinal) {
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     trill_status st = TRILL_OK;
@@ -78,7 +78,7 @@ static trill_status moe_backward(const trill_forward_pass *fp, const deepseek_la
                                 Im * c->n_shared_experts);
     }
     const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
-    if (!st) st = trill_moe_experts_backward(fp, sink, lg, &g->mlp, g->dxn, g->dgates, dout, a->xn2, &x, &a->moe, a->xa + DXA_GATE, T, H, E, K, Im);
+    if (!st) st = trill_moe_experts_backward(fp, sink, lg, &g->mlp, g->dxn, g->dgates, dout, a->xn2, &x, &a->moe, a->xa + DXA_GATE, T, H, E, K, Im, ordinal);
     if (st) return st;
     zero(g->dlogits, (size_t)T * E);
     trill_router_gates_backward(g->dgates, g->dgates, a->scores, a->moe.topi, T, E, K, c->norm_topk_prob, 1e-20f,
@@ -171,7 +171,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     /* dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
     trill_status st;
     if (trill_config_is_moe(c, l)) {
-        st = moe_backward(fp, w, ad, a, sink, lg, g, dx);
+        st = moe_backward(fp, w, ad, a, sink, lg, g, dx, c->moe_ordinal[l]);
     } else {
         const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
         zero(g->dxn, (size_t)T * H);

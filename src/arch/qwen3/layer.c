@@ -110,7 +110,7 @@ static trill_status moe_block(const trill_forward_pass *fp, const qwen3_layer_we
     trill_moe_capture(experts, a->moe.topi, ordinal, c->n_moe_layers, T, K);
     memset(q->out, 0, sizeof(float) * (size_t)T * H);
     const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
-    return trill_moe_experts_forward(fp, q->out, a->xn2, &x, &a->moe, a->xa + XA_GATE, q->xe, q->act, T, H, E, K, Im);
+    return trill_moe_experts_forward(fp, q->out, a->xn2, &x, &a->moe, a->xa + XA_GATE, q->xe, q->act, T, H, E, K, Im, ordinal);
 }
 
 /* The dense SwiGLU MLP on xn2 (pre-activations kept in moe.gate / moe.up). */

@@ -61,13 +61,13 @@ static const qwen3_lora_layer NO_ADAPTERS;
 /* MoE block: dout -> g->dxn (gradient of xn2), expert, adapter and router gradients. */
 static trill_status moe_backward(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad,
                          const qwen3_layer_acts *a, const trill_grad_sinks *sink, const trill_lora_scratch *lg, scratch *g,
-                         const float *dout) {
+                         const float *dout, int ordinal) {
     const trill_config *c = &fp->m->config;
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, Im = c->moe_intermediate_size;
     const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
     zero(g->dxn, (size_t)T * H);
     trill_status st = trill_moe_experts_backward(fp, sink, lg, &g->mlp, g->dxn, g->dgates, dout, a->xn2, &x, &a->moe, a->xa + XA_GATE, T, H,
-                                                 E, K, Im);
+                                                 E, K, Im, ordinal);
     if (st) return st;
     zero(g->dlogits, (size_t)T * E);
     trill_router_gates_backward(g->dgates, g->dgates, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f); /* -> d probs at the ids */
@@ -120,7 +120,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     /* dx: gradient of this layer's output = of x_mid through the residual, plus the MLP branch */
     trill_status st;
     if (trill_config_is_moe(c, l)) {
-        st = moe_backward(fp, w, ad, a, sink, lg, g, dx);
+        st = moe_backward(fp, w, ad, a, sink, lg, g, dx, c->moe_ordinal[l]);
     } else {
         const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
         zero(g->dxn, (size_t)T * H);
