@@ -38,6 +38,17 @@ trill_status trill_adamw_load(const char *path_prefix, size_t n, trill_adamw **o
  * returns the norm before clipping (as torch.nn.utils.clip_grad_norm_). */
 double trill_clip_grad_norm(float *grads, size_t n, double max_norm);
 
+/* A gradient's squared norm taken tensor by tensor, so that it is the same number however the
+ * tensors are spread over ranks: a tensor's sum of squares (in double, over fixed blocks of 16384
+ * values each summed in order, the blocks added in order) is trill_grad_sumsq; the trainer adds
+ * the tensors' in the model's (or the whole adapter's) tensor order, gathering the sums of the
+ * tensors other ranks hold. trill_grad_sumsq_parts computes out[k] = trill_grad_sumsq(g +
+ * offset[k], numel[k]) for n_parts tensors at once over the threads (same bits). */
+double trill_grad_sumsq(const float *g, size_t n);
+trill_status trill_grad_sumsq_parts(const float *g, const size_t *offset, const size_t *numel, size_t n_parts, double *out);
+/* grads *= max_norm / (norm + 1e-6) when norm > max_norm > 0 (torch's clip coefficient). */
+void trill_clip_grads_to(float *grads, size_t n, double norm, double max_norm);
+
 typedef enum trill_lr_schedule { TRILL_LR_CONSTANT, TRILL_LR_LINEAR, TRILL_LR_COSINE } trill_lr_schedule;
 
 /* The learning rate at `step` (0-based): linear warm-up, step i < warmup_steps taking peak * (i + 1) / warmup_steps, then

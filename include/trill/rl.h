@@ -269,6 +269,9 @@ typedef struct trill_rl_metrics {
          * the previous step ended (the first step: since the run's metrics were opened) */
         double system_s, user_s;
         long minor_faults;
+        /* the process's peak resident memory so far (MB), and with several ranks the largest
+         * rank's (0 on one process) */
+        double rss_peak_mb, rss_peak_max_mb;
         double score_s;        /* generator.on_policy: teacher forcing through the scorer (within train_s) */
     } time;
     size_t generator_apply_bytes; /* async: the generator's last weight update */

@@ -15,15 +15,17 @@
 
 static const char USAGE[] =
     "trill bench train --model DIR [--lora|--full] [--rank R] [--batch B] [--seq L] [--runs N] [--recompute]\n"
-    "                  [--precision fp32|bf16]\n"
+    "                  [--precision fp32|bf16] [--ep N]\n"
     "  Times forward + backward on B random sequences of L tokens (defaults: --lora, rank 16 on all\n"
     "  linear layers, 8 x 512, 3 runs after a warm-up, fp32 matmuls) and a GEMM 2048^3 in the same\n"
     "  precision for the peak; bf16 also prints the fp32 GEMM's, to compare.\n"
     "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS,\n"
     "  and the timed steps' minor page faults and system-time share.\n"
     "  Under mpirun -np N the ranks share the batch (data parallelism: B/N sequences each, the\n"
-    "  gradients all-reduced every step) and it also prints the step's communication and the\n"
-    "  largest peak RSS of a rank.";
+    "  gradients all-reduced every step) and it also prints the step's communication by kind and\n"
+    "  each rank's peak RSS and weight bytes. --ep N (LoRA): groups of N consecutive ranks split\n"
+    "  the routed experts (expert parallelism: each rank loads only its experts' tensors, tokens\n"
+    "  travel to their experts' ranks by all-to-all-v).";
 
 /* What the timed steps cost the process beyond their time: minor page faults, system and user
  * CPU seconds (getrusage deltas over the timed steps). */
@@ -31,28 +33,64 @@ typedef struct step_costs { long faults; double sys_s, user_s; } step_costs;
 
 static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)t.tv_usec; }
 
+/* How the ranks share the work: the world (data ranks), and under expert parallelism the group
+ * of ep ranks splitting the experts and the ranks holding the same experts (edp). */
+typedef struct bench_ranks {
+    trill_comm *world, *ep, *edp;
+    size_t routed;   /* expert parallelism: the adapters' held experts' part starts here */
+    float **src;     /* [ep] its gradient per source rank */
+} bench_ranks;
+
+static trill_comm_stats comm_stats(const bench_ranks *r) {
+    trill_comm_stats sum = trill_comm_stats_get(r->world);
+    const trill_comm *sub[2] = { r->ep, r->edp };
+    for (int i = 0; i < 2; i++)
+        if (sub[i]) {
+            const trill_comm_stats s = trill_comm_stats_get(sub[i]);
+            for (int k = 0; k < TRILL_COMM_KINDS; k++) sum.calls[k] += s.calls[k], sum.bytes[k] += s.bytes[k], sum.ms[k] += s.ms[k];
+        }
+    return sum;
+}
+
+static void comm_reset(const bench_ranks *r) {
+    trill_comm_stats_reset(r->world);
+    if (r->ep) trill_comm_stats_reset(r->ep), trill_comm_stats_reset(r->edp);
+}
+
+/* One step's gradient reduction: every value summed over the ranks that computed a part of it
+ * (all of them; under expert parallelism the held experts' over the ranks holding them, after
+ * adding the parts each source rank's tokens made). */
+static trill_status reduce(const bench_ranks *r, float *g, size_t n) {
+    if (!r->ep) return trill_comm_allreduce_f32(r->world, g, n);
+    const int P = trill_comm_size(r->ep);
+    for (int j = 0; j < P; j++)
+        for (size_t i = r->routed; i < n; i++) g[i] += r->src[j][i - r->routed];
+    trill_status st = trill_comm_allreduce_f32(r->world, g, r->routed);
+    return st ? st : trill_comm_allreduce_f32(r->edp, g + r->routed, n - r->routed);
+}
+
 /* One warm-up step, then `runs` timed forward + backward steps (times[r] in seconds). With
- * several ranks (world), each steps its share of the batch and the gradients (n floats at g) are
- * all-reduced; the ranks start each step together and its time ends with the reduction. */
+ * several ranks, each steps its share of the batch and the gradients (n floats at g) are
+ * reduced; the ranks start each step together and its time ends with the reduction. */
 static trill_status time_steps(trill_model *m, const int *tokens, const int *offsets, int batch, float *lp, const float *dlp, float *grads,
-                               float *lgrads, bool recompute, int runs, trill_comm *world, float *g, size_t n, double *times, step_costs *sc) {
+                               float *lgrads, bool recompute, int runs, const bench_ranks *rk, float *g, size_t n, double *times, step_costs *sc) {
     trill_status st = TRILL_OK;
     struct rusage before, after;
-    const bool dp = trill_comm_size(world) > 1;
+    const bool dp = trill_comm_size(rk->world) > 1;
     for (int r = -1; !st && r < runs; r++) {
         if (r == 0) {
             getrusage(RUSAGE_SELF, &before);
-            trill_comm_stats_reset(world);
+            comm_reset(rk);
         }
-        if (dp && (st = trill_comm_barrier(world))) break;
+        if (dp && (st = trill_comm_barrier(rk->world))) break;
         double t0 = trill_now();
         trill_forward_pass *pass = NULL;
         if (!(st = trill_model_forward_train(m, tokens, offsets, batch, NULL, lp, NULL, recompute, &pass)))
-            st = trill_model_backward(pass, dlp, grads, lgrads);
+            st = trill_model_backward_ep(pass, dlp, grads, lgrads, rk->src);
         trill_forward_pass_free(pass);
-        if (!st && dp) st = trill_comm_allreduce_f32(world, g, n);
+        if (!st && dp) st = reduce(rk, g, n);
         if (r >= 0) times[r] = trill_now() - t0;
-        if (!st && trill_comm_rank(world) == 0) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
+        if (!st && trill_comm_rank(rk->world) == 0) fprintf(stderr, "trill bench: %s step %.0f ms\n", r < 0 ? "warm-up" : "timed", (trill_now() - t0) * 1e3);
     }
     getrusage(RUSAGE_SELF, &after);
     *sc = (step_costs){ .faults = after.ru_minflt - before.ru_minflt, .sys_s = tv_s(after.ru_stime) - tv_s(before.ru_stime),
@@ -83,11 +121,11 @@ typedef struct bench_result {
     trill_precision prec;
     bool lora_mode, recompute;
     long long rank, batch, seq;
-    int runs, ranks, share;   /* share: sequences per rank */
+    int runs, ranks, share, ep; /* share: sequences per rank; ep: expert-parallel group size */
     double *times;            /* [runs] seconds (trill_median reorders them) */
     double peak;              /* rank 0's GEMM */
     step_costs sc;
-    uint64_t rss_max;         /* the largest peak RSS of a rank, KB */
+    uint64_t *rss, *bytes;    /* [ranks] each rank's peak RSS (KB) and weight bytes */
     trill_comm_stats comm;
 } bench_result;
 
@@ -106,10 +144,18 @@ static void report(const trill_model *m, const int *offsets, const bench_result 
     double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)b->rank, recompute);
     if (P > 1) {
         const trill_comm_stats cs = b->comm;
-        printf("data parallel over %d ranks (%d sequences each, gradients all-reduced): a step's all-reduce %.2f MB sent by a rank in "
-               "%.1f ms; peak RSS of a rank at most %.0f MB (percent of peak below: against rank 0's GEMM with its own threads, "
-               "times %d)\n",
-               P, b->share, cs.bytes[TRILL_COMM_ALLREDUCE] / (double)runs / 1e6, cs.ms[TRILL_COMM_ALLREDUCE] / runs, b->rss_max / 1024.0, P);
+        printf("data parallel over %d ranks (%d sequences each%s): a step's communication from rank 0:", P, b->share,
+               b->ep > 1 ? "" : ", gradients all-reduced");
+        for (int k = 0; k < TRILL_COMM_KINDS; k++)
+            if (cs.calls[k]) printf(" %s %.2f MB %.1f ms", trill_comm_kind_name((trill_comm_kind)k), cs.bytes[k] / (double)runs / 1e6, cs.ms[k] / runs);
+        printf(" (percent of peak below: against rank 0's GEMM with its own threads, times %d)\n", P);
+        if (b->ep > 1) {
+            int first, count;
+            trill_model_experts_held(m, &first, &count);
+            printf("expert parallel in groups of %d ranks: %d of %d routed experts a rank (loaded alone); tokens to their experts' ranks "
+                   "by all-to-all-v; %d group%s\n", b->ep, count, cfg->num_experts, P / b->ep, P / b->ep == 1 ? "" : "s, each expert's gradient summed over them");
+        }
+        for (int r = 0; r < P; r++) printf("rank %d: peak RSS %.0f MB, weights %.1f MB\n", r, b->rss[r] / 1024.0, b->bytes[r] / 1e6);
     }
     printf("%s peak (GEMM 2048^3, %s): %.1f GFLOP/s\n", trill_precision_name(prec),
            prec == TRILL_PRECISION_FP32 ? "OpenMP-split single-threaded OpenBLAS sgemm"
@@ -135,12 +181,12 @@ int cmd_bench(int argc, char **argv) {
         { "model", required_argument, 0, 'm' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },
         { "rank", required_argument, 0, 'r' }, { "batch", required_argument, 0, 'b' }, { "seq", required_argument, 0, 's' },
         { "runs", required_argument, 0, 'n' }, { "recompute", no_argument, 0, 'c' }, { "precision", required_argument, 0, 'p' },
-        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "ep", required_argument, 0, 'e' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
     trill_precision prec = TRILL_PRECISION_FP32;
     const char *dir = NULL;
     bool lora_mode = true, recompute = false;
-    long long rank = 16, batch = 8, seq = 512, runs = 3;
+    long long rank = 16, batch = 8, seq = 512, runs = 3, ep = 1;
     int c;
     optind = 1;
     while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
@@ -154,6 +200,7 @@ int cmd_bench(int argc, char **argv) {
         case 'b': bad = cli_parse_int("bench", USAGE, "--batch", optarg, 1, 1024, &batch); break;
         case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &seq); break;
         case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &runs); break;
+        case 'e': bad = cli_parse_int("bench", USAGE, "--ep", optarg, 1, 65536, &ep); break;
         case 'p':
             if (trill_precision_parse(optarg, &prec)) return cli_usage_error("bench", USAGE, "--precision %s: expected fp32 or bf16", optarg);
             break;
@@ -166,9 +213,19 @@ int cmd_bench(int argc, char **argv) {
     trill_comm *world = cli_world();
     const int P = trill_comm_size(world), me = trill_comm_rank(world);
     if (batch < P) return cli_usage_error("bench", USAGE, "--batch %lld: fewer sequences than the job's %d ranks", batch, P);
+    if (P % ep != 0) return cli_usage_error("bench", USAGE, "--ep %lld: the job's %d ranks are not groups of %lld", ep, P, ep);
+    if (ep > 1 && !lora_mode) return cli_usage_error("bench", USAGE, "--ep %lld: expert parallelism trains adapters (--lora)", ep);
+    bench_ranks rk = { .world = world };
+    const int q = (int)(me % ep);
+    if (ep > 1 && (trill_comm_split(world, me / (int)ep, q, &rk.ep) || trill_comm_split(world, q, me / (int)ep, &rk.edp))) return cli_fail("bench");
     trill_model *m;
-    /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16) */
-    if (trill_model_load_as(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &m)) return cli_fail("bench");
+    /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16);
+     * under expert parallelism each rank reads only its experts */
+    if (trill_model_load_shard(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, q, (int)ep, &m)) return cli_fail("bench");
+    if (rk.ep && trill_model_set_expert_comm(m, rk.ep)) {
+        trill_model_free(m);
+        return cli_fail("bench");
+    }
     const trill_config *cfg = trill_model_config(m);
     trill_model_set_precision(m, prec);
     trill_lora *lora = NULL;
@@ -185,7 +242,14 @@ int cmd_bench(int argc, char **argv) {
     size_t n_lora = 0;
     if (lora_mode) { trill_lora_params(lora, &n_lora); lgrads = calloc(n_lora, sizeof(float)); }
     double *times = malloc(sizeof(double) * runs);
-    trill_status st = tokens && offsets && lp && dlp && times && (grads || lgrads) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    uint64_t *rss = calloc((size_t)P, sizeof(uint64_t)), *bytes = calloc((size_t)P, sizeof(uint64_t));
+    trill_status st = tokens && offsets && lp && dlp && times && rss && bytes && (grads || lgrads) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && rk.ep) {
+        rk.routed = trill_lora_routed_first(lora);
+        if (!(rk.src = calloc((size_t)ep, sizeof *rk.src))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (int j = 0; !st && j < ep; j++)
+            if (!(rk.src[j] = calloc(n_lora - rk.routed + 1, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
     for (int t = 0; !st && t < T; t++) {
         tokens[t] = (int)(trill_rng_bits(12345, (uint64_t)t) % (uint64_t)cfg->vocab_size);
         dlp[t] = -1.0f / (float)T; /* mean cross-entropy */
@@ -198,21 +262,31 @@ int cmd_bench(int argc, char **argv) {
     if (!st && P > 1) st = trill_comm_barrier(world);
     step_costs sc = { 0 };
     if (!st)
-        st = time_steps(m, tokens + (size_t)s0 * seq, offsets, s1 - s0, lp, dlp, grads, lgrads, recompute, (int)runs, world,
+        st = time_steps(m, tokens + (size_t)s0 * seq, offsets, s1 - s0, lp, dlp, grads, lgrads, recompute, (int)runs, &rk,
                         lora_mode ? lgrads : grads, lora_mode ? n_lora : trill_model_n_params(m), times, &sc);
-    uint64_t rss_max = 0;
+    const trill_comm_stats comm = comm_stats(&rk);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    if (!st) st = trill_comm_allreduce_max_u64(world, (uint64_t)ru.ru_maxrss, &rss_max);
+    const uint64_t mine[2] = { (uint64_t)ru.ru_maxrss, trill_model_bytes(m) };
+    uint64_t *both = calloc(2 * (size_t)P, sizeof(uint64_t));
+    if (!st && !both) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_comm_allgather(world, mine, sizeof mine, both);
+    for (int r = 0; !st && r < P; r++) rss[r] = both[2 * r], bytes[r] = both[2 * r + 1];
+    free(both);
     if (!st && me == 0) {
         const bench_result res = { .prec = prec, .lora_mode = lora_mode, .recompute = recompute, .rank = rank, .batch = batch, .seq = seq,
-                                   .runs = (int)runs, .ranks = P, .share = s1 - s0, .times = times, .peak = peak, .sc = sc,
-                                   .rss_max = rss_max, .comm = trill_comm_stats_get(world) };
+                                   .runs = (int)runs, .ranks = P, .share = s1 - s0, .ep = (int)ep, .times = times, .peak = peak, .sc = sc,
+                                   .rss = rss, .bytes = bytes, .comm = comm };
         report(m, offsets, &res);
     }
     trill_model_attach_lora(m, NULL);
+    trill_model_set_expert_comm(m, NULL);
     trill_lora_free(lora);
-    free(tokens); free(offsets); free(lp); free(dlp); free(grads); free(lgrads); free(times);
+    for (int j = 0; rk.src && j < ep; j++) free(rk.src[j]);
+    free(rk.src);
+    trill_comm_free(rk.ep);
+    trill_comm_free(rk.edp);
+    free(tokens); free(offsets); free(lp); free(dlp); free(grads); free(lgrads); free(times); free(rss); free(bytes);
     trill_model_free(m);
     return st ? cli_fail("bench") : 0;
 }

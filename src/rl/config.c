@@ -217,7 +217,11 @@ static const key KEYS[] = {
     INT("parallel.trainer.dp", parallel.trainer.dp, 1, 65536, "1",
         "Data-parallel trainer ranks: each takes a contiguous share of a step's micro-batches; the gradients are summed by one fixed "
         "tree over micro-batch indices, so the result is the same bits on any number of ranks."),
-    INT("parallel.trainer.ep", parallel.trainer.ep, 1, 65536, "1", "Expert-parallel trainer ranks (not built yet: 1)."),
+    INT("parallel.trainer.ep", parallel.trainer.ep, 1, 65536, "1",
+        "Expert-parallel trainer ranks: each group of ep consecutive ranks splits every MoE layer's routed experts (their adapters "
+        "and optimizer state) into ep equal shards (num_experts must be a multiple of ep); attention and dense layers stay "
+        "data-parallel, tokens go to their experts' ranks with all-to-all-v and back, and the results equal one rank's bit for bit. "
+        "LoRA only."),
     INT("parallel.trainer.tp", parallel.trainer.tp, 1, 65536, "1", "Tensor-parallel trainer ranks (not built yet: 1)."),
     INT("checkpoint.every", checkpoint.every, 0, INF, "100", "Steps between checkpoints (0: only at the end)."),
     INT("checkpoint.keep", checkpoint.keep, 0, INF, "2", "Newest checkpoints kept (0: all)."),
@@ -910,9 +914,9 @@ trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f) {
 }
 
 trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
-    if (c->parallel.trainer.ep > 1 || c->parallel.trainer.tp > 1)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.%s: %s parallelism is not built yet (1 only; data parallelism is)",
-                           c->parallel.trainer.ep > 1 ? "ep" : "tp", c->parallel.trainer.ep > 1 ? "expert" : "tensor");
+    if (c->parallel.trainer.tp > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.tp: tensor parallelism is not built yet (1 only; data and expert "
+                           "parallelism are)");
     const int64_t ranks = (int64_t)c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
     if (ranks != world_size)
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer: dp %d x ep %d x tp %d = %lld trainer ranks, but the job has %d rank%s (%s)",

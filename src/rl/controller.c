@@ -92,8 +92,13 @@ static trill_status load_data(rl_run *r) {
  * the generator (an engine for the policy's base, sent the adapters at once) and the scorer. */
 static trill_status make_executors(rl_run *r, const char *ckpt) {
     const trill_rl_config *c = r->c;
-    trill_status st = trill_rl_trainer_create(c, r->model_dir, ckpt, &r->trainer);
-    if (!st) st = trill_rl_generator_create(c, trill_rl_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
+    trill_status st = trill_rl_trainer_create(c, r->model_dir, ckpt, r->world, &r->trainer);
+    /* the generator serves every expert: an expert-parallel trainer's shard does not have them,
+     * so the engine is made from the whole model, loaded for it alone */
+    trill_model *whole = NULL;
+    if (!st && trill_rl_trainer_sharded(r->trainer)) st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &whole);
+    if (!st) st = trill_rl_generator_create(c, whole ? whole : trill_rl_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
+    trill_model_free(whole);
     if (!st && !c->rollouts.replay[0]) st = trill_rl_scorer_create(c, r->train, &r->scorer); /* replayed batches bring their rewards */
     double ms;
     size_t bytes;
@@ -349,7 +354,6 @@ static trill_status set_up(trill_run *h) {
     if (!st && ckpt) st = trill_rl_checkpoint_check_base(ckpt, &r->base, r->model_dir);
     if (!st) st = load_data(r);
     if (!st) st = make_executors(r, ckpt);
-    if (!st) trill_rl_trainer_set_dp(r->trainer, r->world);
     if (!st) st = announce(h, ckpt);
     if (!st && r->rank == 0) st = open_metrics(r, c->run_dir, r->state.step);
     if (!st && r->rank != 0) getrusage(RUSAGE_SELF, &r->usage);

@@ -106,6 +106,8 @@ static json_t *to_json(const trill_rl_metrics *m) {
         put(&w, t, "system_s", num(m->time.system_s));
         put(&w, t, "user_s", num(m->time.user_s));
         put(&w, t, "minor_faults", json_integer((json_int_t)m->time.minor_faults));
+        put(&w, t, "rss_peak_mb", num(m->time.rss_peak_mb));
+        if (m->time.rss_peak_max_mb > 0) put(&w, t, "rss_peak_max_mb", num(m->time.rss_peak_max_mb));
         if (m->on_policy) put(&w, t, "score_s", num(m->time.score_s));
         if (m->async) {
             put(&w, t, "trainer_wait_s", num(m->time.trainer_wait_s));

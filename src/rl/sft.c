@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "base/alloc.h"
 #include "base/json.h"
@@ -133,8 +134,9 @@ static trill_status eval_loss(sft_run *r, double *out) {
  * (tokenizer...) so the folder is usable on its own. */
 static trill_status save(const sft_run *r, int step, double eval) {
     const trill_rl_config *c = r->c;
-    if (r->rank != 0) return TRILL_OK; /* every rank holds the same weights */
-    trill_status st = trill_rl_trainer_save(r->t, c->run_dir);
+    trill_status st = trill_rl_trainer_gather(r->t, true); /* the experts' shards, under expert parallelism */
+    if (st || r->rank != 0) return st; /* every rank holds the same weights */
+    st = trill_rl_trainer_save(r->t, c->run_dir);
     char *state = st ? NULL : trill_path_join(c->run_dir, "trainer_state.json");
     if (!st && !state) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
@@ -178,7 +180,7 @@ static trill_status find_resume(sft_run *r) {
 static trill_status load(sft_run *r) {
     const trill_rl_config *c = r->c;
     trill_status st = find_resume(r);
-    if (!st) st = trill_rl_trainer_create_sft(c, c->model, r->resume_dir, &r->t);
+    if (!st) st = trill_rl_trainer_create_sft(c, c->model, r->resume_dir, r->world, &r->t);
     if (!st) st = trill_tokenizer_load(c->model, &r->tok);
     if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(c->model, &r->chat);
     trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field, .template_ = c->data.template_,
@@ -217,7 +219,7 @@ static trill_status one_step(sft_run *r, const int *order, int k, int step, int 
     const trill_rl_config *c = r->c;
     rl_batch b;
     rl_nll_stats ns;
-    if (r->world) trill_comm_stats_reset(r->world);
+    trill_rl_trainer_comm_reset(r->t);
     trill_status st = make_batch(r, r->train, order, k, &b);
     if (!st) st = trill_rl_trainer_nll_step(r->t, &b, step, total, &ns);
     trill_rl_batch_free(&b);
@@ -226,7 +228,7 @@ static trill_status one_step(sft_run *r, const int *order, int k, int step, int 
     const double elapsed = trill_now() - t_start;
     char comm[96] = ""; /* what the step's collectives moved from this rank, and their time */
     if (r->world && trill_comm_size(r->world) > 1) {
-        const trill_comm_stats cs = trill_comm_stats_get(r->world);
+        const trill_comm_stats cs = trill_rl_trainer_comm_stats(r->t);
         double bytes = 0, ms = 0;
         for (int kind = 0; kind < TRILL_COMM_KINDS; kind++) bytes += (double)cs.bytes[kind], ms += cs.ms[kind];
         snprintf(comm, sizeof comm, "  comm %.2f MB %.1f ms", bytes / 1e6, ms);
@@ -272,7 +274,6 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
     r.rank = r.world ? trill_comm_rank(r.world) : 0;
     st = trill_rl_parallel_check(c, r.world ? trill_comm_size(r.world) : 1);
     if (!st && !(st = trill_mkdir_p(c->run_dir))) st = load(&r);
-    if (!st) trill_rl_trainer_set_dp(r.t, r.world); /* the world is the data-parallel group (ep = tp = 1) */
     int micro_per_epoch = 0, total = st ? 0 : total_steps(&r, &micro_per_epoch);
     if (!st && total < 0) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
@@ -292,7 +293,13 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
         out->eval_loss = eval;
     }
     if (!st) st = save(&r, step, eval);
-    if (!st) sft_log_rank(r.rank, r.log, "trill sft: wrote %s", c->run_dir);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    uint64_t rss = (uint64_t)ru.ru_maxrss;
+    if (!st && r.world && trill_comm_size(r.world) > 1) st = trill_comm_allreduce_max_u64(r.world, rss, &rss);
+    if (!st)
+        sft_log_rank(r.rank, r.log, "trill sft: wrote %s (peak RSS %.0f MB%s)", c->run_dir, rss / 1024.0,
+                     r.world && trill_comm_size(r.world) > 1 ? ", the largest rank's" : "");
     out->steps = step;
     trill_rl_trainer_free(r.t);
     trill_dataset_free(r.train);

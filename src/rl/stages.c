@@ -159,10 +159,10 @@ trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publi
     trill_status st = c->rollouts.save && r->rank == 0 ? save_rollout(r, &ro->b, r->state.step + 1) : TRILL_OK;
     const double t_reward = trill_now();
     const bool many = r->world && trill_comm_size(r->world) > 1;
-    if (many) trill_comm_stats_reset(r->world);
+    if (many) trill_rl_trainer_comm_reset(r->trainer);
     if (!st) st = trill_rl_trainer_step(r->trainer, &ro->b, r->state.step + 1, &ts, m);
     if (!st && many) {
-        const trill_comm_stats cs = trill_comm_stats_get(r->world);
+        const trill_comm_stats cs = trill_rl_trainer_comm_stats(r->trainer);
         m->has_comm = true;
         for (int k = 0; k < TRILL_COMM_KINDS; k++) m->comm_bytes[k] = cs.bytes[k], m->comm_ms[k] = cs.ms[k];
     }
@@ -215,7 +215,8 @@ trill_status trill_rl_publish_direct(rl_run *r, void *ctx, double *ms, size_t *b
 
 trill_status trill_rl_save_checkpoint(rl_run *r) {
     const trill_rl_config *c = r->c;
-    trill_status st = r->rank != 0 ? TRILL_OK
+    trill_status st = trill_rl_trainer_gather(r->trainer, true); /* the experts' shards, under expert parallelism */
+    st = st || r->rank != 0 ? st
                                    : trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer),
                                                               trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
     if (!st) r->saved_step = r->state.step;
@@ -244,7 +245,15 @@ trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *step_metric
     m.time.system_s = tv_s(now.ru_stime) - tv_s(r->usage.ru_stime);
     m.time.user_s = tv_s(now.ru_utime) - tv_s(r->usage.ru_utime);
     r->usage = now;
-    trill_status st = append_metrics(r, &m);
+    /* the peak memory of the process so far, and with several ranks the largest rank's */
+    m.time.rss_peak_mb = now.ru_maxrss / 1024.0;
+    trill_status st = TRILL_OK;
+    if (r->world && trill_comm_size(r->world) > 1) {
+        uint64_t most = 0;
+        st = trill_comm_allreduce_max_u64(r->world, (uint64_t)now.ru_maxrss, &most);
+        m.time.rss_peak_max_mb = most / 1024.0;
+    }
+    if (!st) st = append_metrics(r, &m);
     if (st) return st;
     if ((c->checkpoint.every > 0 && r->state.step % c->checkpoint.every == 0) || r->state.step == c->steps) st = trill_rl_save_checkpoint(r);
     return st;

@@ -36,9 +36,18 @@ struct rl_trainer {
     trill_engine *scorer;
     bool scorer_stale;
     double score_s;               /* this step's seconds in it */
-    /* data parallelism (parallel.trainer.dp): the ranks sharing each step's micro-batches, or NULL */
-    trill_comm *dp;
-    float *leaf;                  /* [n_values] one micro-batch's gradient */
+    /* distribution (parallel.trainer, trill_rl_trainer_create's world): the data ranks (dp x ep)
+     * share each step's micro-batches; under expert parallelism the ranks of a group (P of them,
+     * this one q-th) hold a shard of the routed experts each and run their micro-batches in
+     * rounds, and edp links the ranks holding the same experts (one per group) */
+    trill_comm *data;             /* NULL: one process */
+    trill_comm *ep, *edp;         /* owned; NULL without expert parallelism */
+    int P, q;
+    size_t routed;                /* values[routed, n_values): the held experts' adapters (n_values without EP) */
+    float *leaf;                  /* [n_values] one micro-batch's gradient (the held experts' part in src) */
+    float **src;                  /* [P] the held experts' gradient from each group rank's micro-batch of a round */
+    trill_lora *whole;            /* the adapters of every expert, gathered from the shards (lora itself without EP) */
+    trill_adamw *whole_opt;       /* the optimizer state likewise, gathered for a checkpoint */
 };
 
 /* ---- micro-batches ---- */
@@ -61,8 +70,8 @@ static trill_status micro_make(const rl_batch *b, const int *seq, int n, const u
     for (int i = 0; i < n; i++) m->T += b->offsets[seq[i] + 1] - b->offsets[seq[i]];
     const size_t row = (size_t)b->n_moe_layers * b->top_k;
     m->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
-    m->tokens = trill_malloc(sizeof(int) * (size_t)m->T);
-    if (replay && row) m->replay = trill_malloc(sizeof(uint16_t) * row * (size_t)m->T);
+    m->tokens = trill_malloc(sizeof(int) * (size_t)(m->T ? m->T : 1)); /* an expert-parallel round may have no sequence */
+    if (replay && row) m->replay = trill_malloc(sizeof(uint16_t) * row * (size_t)(m->T ? m->T : 1));
     if (!m->offsets || !m->tokens || (replay && row && !m->replay)) { micro_free(m); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     int at = 0;
     for (int i = 0; i < n; i++) {
@@ -185,34 +194,102 @@ static trill_status corrections(const trill_rl_config *c, const rl_batch *b, con
     return st;
 }
 
-/* ---- data parallelism: a step's micro-batches over the ranks ---- */
+/* ---- data and expert parallelism: a step's micro-batches over the ranks ---- */
 
 /* seq[0, n) cut into micro-batches by the packer's rule (the same cut on every rank count):
- * micro-batch i is seq[first[i], first[i + 1]); *M of them; [*lo, *hi) are this rank's. */
+ * micro-batch i is seq[first[i], first[i + 1]); *M of them; [*lo, *hi) are this rank's, a
+ * contiguous share among the data ranks. Under expert parallelism the group's ranks run in
+ * `rounds` lockstep passes (in round i each forwards its i-th micro-batch, or an empty batch, and
+ * serves the others' rows): [src_lo[j], src_hi[j]) is group rank j's share. */
 typedef struct micro_plan {
     int *first;
-    int M, lo, hi;
+    int M, lo, hi, rounds;
+    int *src_lo, *src_hi; /* [P] */
 } micro_plan;
 
+static void share(int M, int ranks, int d, int *lo, int *hi) {
+    *lo = (int)((int64_t)M * d / ranks);
+    *hi = (int)((int64_t)M * (d + 1) / ranks);
+}
+
+static void plan_free(micro_plan *p) {
+    free(p->first);
+    free(p->src_lo);
+    free(p->src_hi);
+}
+
 static trill_status plan_micros(const rl_trainer *r, const rl_batch *b, const int *seq, int n, micro_plan *p) {
-    const int P = r->dp ? trill_comm_size(r->dp) : 1, me = r->dp ? trill_comm_rank(r->dp) : 0;
-    *p = (micro_plan){ .first = trill_malloc(sizeof(int) * (size_t)(n + 1)) };
-    if (!p->first) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int D = r->data ? trill_comm_size(r->data) : 1, me = r->data ? trill_comm_rank(r->data) : 0;
+    *p = (micro_plan){ .first = trill_malloc(sizeof(int) * (size_t)(n + 1)), .src_lo = trill_malloc(sizeof(int) * (size_t)r->P),
+                       .src_hi = trill_malloc(sizeof(int) * (size_t)r->P) };
+    if (!p->first || !p->src_lo || !p->src_hi) {
+        plan_free(p);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
     for (int at = 0; at < n; p->M++) {
         p->first[p->M] = at;
         at += next_micro(b, seq + at, n - at, r->c->trainer.micro_batch_tokens);
     }
     p->first[p->M] = n;
-    p->lo = (int)((int64_t)p->M * me / P);
-    p->hi = (int)((int64_t)p->M * (me + 1) / P);
+    share(p->M, D, me, &p->lo, &p->hi);
+    for (int j = 0; j < r->P; j++) { /* the group is data ranks me - q .. me - q + P - 1 */
+        share(p->M, D, me - r->q + j, &p->src_lo[j], &p->src_hi[j]);
+        if (p->src_hi[j] - p->src_lo[j] > p->rounds) p->rounds = p->src_hi[j] - p->src_lo[j];
+    }
     return TRILL_OK;
+}
+
+/* ---- a step's gradient: one fixed tree over its micro-batches ---- */
+
+/* Each micro-batch's gradient is a leaf of trill_tree_sum: values[0, routed) from the rank that
+ * forwarded it; under expert parallelism the held experts' part, values[routed, n_values), from
+ * the rank holding them, which keeps one tree per group rank (its share of the leaves arrives
+ * round by round) and finishes them with the ranks holding the same experts. */
+typedef struct grad_sum {
+    trill_tree_sum *own;
+    trill_tree_sum **experts; /* [P] */
+} grad_sum;
+
+static void grad_sum_free(const rl_trainer *r, grad_sum *g) {
+    trill_tree_sum_free(g->own);
+    for (int j = 0; g->experts && j < r->P; j++) trill_tree_sum_free(g->experts[j]);
+    free(g->experts);
+}
+
+static trill_status grad_sum_create(const rl_trainer *r, const micro_plan *p, grad_sum *g) {
+    *g = (grad_sum){ 0 };
+    trill_status st = trill_tree_sum_create(r->routed, p->M, p->lo, p->hi - p->lo, &g->own);
+    if (!st && r->P > 1 && !(g->experts = trill_calloc((size_t)r->P, sizeof *g->experts))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int j = 0; !st && r->P > 1 && j < r->P; j++)
+        st = trill_tree_sum_create(r->n_values - r->routed, p->M, p->src_lo[j], p->src_hi[j] - p->src_lo[j], &g->experts[j]);
+    if (st) grad_sum_free(r, g);
+    return st;
+}
+
+/* The backward of round i's pass: r->leaf (and the held experts' parts, r->src) zeroed, then
+ * filled; the leaves that belong to micro-batches go to their trees. */
+static trill_status backward_round(rl_trainer *r, const micro_plan *p, grad_sum *g, int i, const trill_forward_pass *pass, const float *dlp) {
+    memset(r->leaf, 0, sizeof(float) * r->n_values);
+    for (int j = 0; r->P > 1 && j < r->P; j++) memset(r->src[j], 0, sizeof(float) * (r->n_values - r->routed));
+    trill_status st = r->P > 1 ? trill_model_backward_ep(pass, dlp, NULL, r->leaf, r->src)
+                               : trill_model_backward(pass, dlp, r->lora ? NULL : r->leaf, r->lora ? r->leaf : NULL);
+    if (!st && p->lo + i < p->hi) st = trill_tree_sum_add(g->own, r->leaf);
+    for (int j = 0; !st && r->P > 1 && j < r->P; j++)
+        if (p->src_lo[j] + i < p->src_hi[j]) st = trill_tree_sum_add(g->experts[j], r->src[j]);
+    return st;
+}
+
+static trill_status grad_sum_finish(rl_trainer *r, grad_sum *g) {
+    trill_status st = trill_tree_sum_finish(g->own, r->data, r->lora_grads);
+    if (!st && r->P > 1) st = trill_tree_sum_finish_many(g->experts, r->P, r->edp, r->lora_grads + r->routed);
+    return st;
 }
 
 /* After a pass that filled the per-token arrays of its own micro-batches' sequences (old and
  * reference log-probs, routing, TIS weights, mask): every rank gets every sequence's, by one
  * all-reduce where each value has one writer (the others add exact zeros). */
 static trill_status assemble(rl_trainer *r, const rl_batch *b, const int *seq, const micro_plan *p, token_arrays *ta, bool old, bool ref) {
-    if (!r->dp) return TRILL_OK;
+    if (!r->data) return TRILL_OK;
     const size_t row = (size_t)r->L * r->K;
     size_t total = 0;
     for (int i = 0; i < p->first[p->M]; i++) {
@@ -253,7 +330,7 @@ static trill_status assemble(rl_trainer *r, const rl_batch *b, const int *seq, c
                 }
             }
         if (pass == 0) {
-            trill_status st = trill_comm_allreduce_f32(r->dp, v, total);
+            trill_status st = trill_comm_allreduce_f32(r->data, v, total);
             if (st) {
                 free(v);
                 return st;
@@ -374,12 +451,14 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
     micro_plan p;
     trill_status st = plan_micros(r, b, seq, n, &p);
     if (!st && r->scorer && want_old) st = score_on_policy(r, b, seq, n, ta);
-    for (int mi = p.lo; mi < p.hi && !st; mi++) {
-        const int at = p.first[mi], k = p.first[mi + 1] - at;
+    for (int i = 0; i < p.rounds && !st; i++) { /* round i: this rank's i-th micro-batch, or an empty pass */
+        const int mi = p.lo + i;
+        const bool mine = mi < p.hi;
+        const int at = mine ? p.first[mi] : 0, k = mine ? p.first[mi + 1] - at : 0;
         micro m;
         if ((st = micro_make(b, seq + at, k, replay_source(r, b, r->scorer && want_old ? ta->onp_experts : NULL), &m))) break;
-        float *lp = trill_malloc(sizeof(float) * (size_t)m.T);
-        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
+        float *lp = trill_malloc(sizeof(float) * (size_t)(m.T + 1));
+        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
         if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st && want_old) {
             if (r->scorer) { /* the scorer's numbers (scored before the loop) */
@@ -388,7 +467,7 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
             } else {
                 st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex);
             }
-            if (!st) {
+            if (!st && mine) {
                 scatter_logp(b, &m, lp, ta->old_logp);
                 if (ex) scatter_experts(b, &m, ex, ta->train_experts);
                 st = corrections(c, b, &m, ta);
@@ -398,14 +477,14 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
             r->lora->enabled = false; /* the reference policy: the same weights without adapters */
             st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, NULL);
             r->lora->enabled = true;
-            if (!st) scatter_logp(b, &m, lp, ta->ref_logp);
+            if (!st && mine) scatter_logp(b, &m, lp, ta->ref_logp);
         }
         free(lp);
         free(ex);
         micro_free(&m);
     }
     if (!st) st = assemble(r, b, seq, &p, ta, want_old, want_ref);
-    free(p.first);
+    plan_free(&p);
     return st;
 }
 
@@ -415,11 +494,41 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
  * denominator and clipped; a loss or gradient norm that is not finite is never applied (with
  * trainer.skip_nonfinite *applied is false, else an error naming the step); then AdamW at the
  * schedule's rate for optimizer step opt->step of `total`. */
+/* The gradient's global norm, the same bits on any layout: each trainable tensor's sum of squares
+ * (trill_grad_sumsq) added in the whole adapter's tensor order (the model's in full
+ * fine-tuning); under expert parallelism the group's ranks give the sums of the experts they
+ * hold (one writer per tensor: the others' by the group's first rank). */
+static trill_status gradient_norm(const rl_trainer *r, double *norm) {
+    const trill_param *t = r->lora ? r->lora->tensors : r->policy->tensors;
+    const size_t n = r->lora ? r->lora->n_tensors : r->policy->n_tensors, n_all = r->lora ? r->lora->n_global_tensors : n;
+    size_t *offset = trill_malloc(sizeof(size_t) * (n ? n : 1)), *numel = trill_malloc(sizeof(size_t) * (n ? n : 1));
+    double *mine = trill_malloc(sizeof(double) * (n ? n : 1)), *all = trill_calloc(n_all ? n_all : 1, sizeof(double));
+    trill_status st = offset && numel && mine && all ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t k = 0; !st && k < n; k++) {
+        offset[k] = (size_t)(t[k].data - r->values);
+        numel[k] = t[k].numel;
+    }
+    if (!st) st = trill_grad_sumsq_parts(r->lora_grads, offset, numel, n, mine);
+    for (size_t k = 0; !st && k < n; k++)
+        if (r->q == 0 || offset[k] >= r->routed) all[r->lora ? (size_t)r->lora->global_index[k] : k] = mine[k];
+    if (!st && r->P > 1) st = trill_comm_allreduce_f64(r->ep, all, n_all);
+    double ss = 0;
+    for (size_t k = 0; k < n_all; k++) ss += all[k];
+    *norm = sqrt(ss);
+    free(offset);
+    free(numel);
+    free(mine);
+    free(all);
+    return st;
+}
+
 static trill_status apply_update(rl_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied) {
     const trill_rl_config *c = r->c;
     *applied = false;
     for (size_t i = 0; i < r->n_values; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
-    *grad_norm = trill_clip_grad_norm(r->lora_grads, r->n_values, c->trainer.grad_clip);
+    trill_status st = gradient_norm(r, grad_norm);
+    if (st) return st;
+    trill_clip_grads_to(r->lora_grads, r->n_values, *grad_norm, c->trainer.grad_clip);
     if (!isfinite(loss) || !isfinite(*grad_norm)) { /* never applied: the weights stay as they were */
         if (c->trainer.skip_nonfinite) return TRILL_OK;
         return trill_error(TRILL_ERR_INVALID, "step %d: the %s is %g (loss %g, gradient norm %g): the update was not applied "
@@ -432,96 +541,110 @@ static trill_status apply_update(rl_trainer *r, double denom, double loss, int64
     return TRILL_OK;
 }
 
+enum { STATS = 8 }; /* per micro-batch: loss, pg, kl (sums), mask tokens, clipped, ratio sum, ratio n, tokens */
+
+/* The loss of micro-batch m from its log-probs lp: d loss / d log-prob per token into dlp (sums:
+ * token-mean with denominator 1, sequence means times their sequence count) and its figures
+ * into ms[STATS]. */
+static trill_status micro_loss(const rl_trainer *r, const rl_batch *b, const micro *m, const token_arrays *ta, const float *lp, float *dlp,
+                               double *ms) {
+    const trill_rl_config *c = r->c;
+    const int k = m->n;
+    int *off = trill_malloc(sizeof(int) * (size_t)(k + 1));
+    trill_status st = off ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int R = off ? response_offsets(b, m, off) : 0;
+    float *g_lp = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_old = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+          *g_behav = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = trill_malloc(sizeof(float) * (size_t)(R + 1)),
+          *g_w = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_d = trill_malloc(sizeof(float) * (size_t)(R + 1));
+    uint8_t *g_mask = trill_malloc((size_t)R + 1);
+    double *adv = trill_malloc(sizeof(double) * (size_t)(k + 1));
+    if (!g_lp || !g_old || !g_behav || !g_ref || !g_w || !g_d || !g_mask || !adv) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        /* the response tokens' log-probs sit at their own packed positions */
+        int j = 0;
+        for (int i = 0; i < k; i++) {
+            const int s = m->seq[i], from = m->offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
+            memcpy(g_lp + j, lp + from, sizeof(float) * (size_t)len);
+            adv[i] = b->adv[s];
+            j += len;
+        }
+        gather_f(b, m, ta->old_logp, g_old);
+        gather_f(b, m, b->behav_logp, g_behav);
+        gather_f(b, m, ta->tis, g_w);
+        gather_u8(b, m, ta->mask, g_mask);
+        const bool kl_loss = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_LOSS;
+        if (kl_loss) gather_f(b, m, ta->ref_logp, g_ref);
+        rl_loss_batch lb = { .n_seqs = k, .offsets = off, .logp = g_lp, .old_logp = g_old, .behav_logp = g_behav,
+                             .ref_logp = kl_loss ? g_ref : NULL, .adv = adv, .mask = g_mask, .is_weight = g_w, .agg_tokens = 1 };
+        rl_loss_stats ls;
+        trill_rl_policy_loss(c, &lb, g_d, &ls);
+        const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
+        long in = 0;
+        for (int t = 0; t < R; t++) in += g_mask[t];
+        ms[0] = ls.loss * scale;
+        ms[1] = ls.pg_loss * scale;
+        ms[2] = ls.kl_loss * scale;
+        ms[3] = (double)in;
+        ms[4] = ls.clip_frac * (double)in;
+        ms[5] = ls.ratio_mean * (double)in;
+        ms[6] = (double)in;
+        ms[7] = m->T;
+        j = 0;
+        for (int i = 0; i < k; i++) {
+            const int s = m->seq[i], from = m->offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
+            for (int t = 0; t < len; t++) dlp[from + t] = (float)(g_d[j + t] * scale);
+            j += len;
+        }
+    }
+    free(off); free(g_lp); free(g_old); free(g_behav); free(g_ref); free(g_w); free(g_d); free(g_mask); free(adv);
+    return st;
+}
+
 /* Losses are summed over micro-batches (token-mean with denominator 1, sequence means times their
  * sequence count), then the gradient is divided by the minibatch's denominator: the same
  * gradient as one pass over the whole minibatch. */
 static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
                                     rl_train_stats *ts) {
     const trill_rl_config *c = r->c;
-    enum { STATS = 8 }; /* per micro-batch: loss, pg, kl (sums), mask tokens, clipped, ratio sum, ratio n, tokens */
     micro_plan p;
+    grad_sum g = { 0 };
     trill_status st = plan_micros(r, b, seq, n, &p);
     double *stat = st ? NULL : trill_calloc((size_t)STATS * (p.M ? p.M : 1), sizeof(double));
-    trill_tree_sum *tree = NULL;
     if (!st && !stat) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = trill_tree_sum_create(r->n_values, p.M, p.lo, p.hi - p.lo, &tree);
+    if (!st) st = grad_sum_create(r, &p, &g);
     if (!st && r->scorer) st = score_on_policy(r, b, seq, n, ta);
-    for (int mi = p.lo; mi < p.hi && !st; mi++) {
-        const int at = p.first[mi], k = p.first[mi + 1] - at;
-        double *ms = stat + (size_t)STATS * mi;
+    for (int i = 0; i < p.rounds && !st; i++) { /* round i: this rank's i-th micro-batch, or an empty pass */
+        const int mi = p.lo + i;
+        const bool mine = mi < p.hi;
+        const int at = mine ? p.first[mi] : 0, k = mine ? p.first[mi + 1] - at : 0;
         micro m;
         if ((st = micro_make(b, seq + at, k, replay_source(r, b, ta->onp_experts), &m))) break;
-        float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_calloc((size_t)m.T, sizeof(float));
-        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)m.T * r->L * r->K) : NULL;
-        int *off = trill_malloc(sizeof(int) * (size_t)(k + 1));
+        float *lp = trill_malloc(sizeof(float) * (size_t)(m.T + 1)), *dlp = trill_calloc((size_t)(m.T + 1), sizeof(float));
+        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
         trill_forward_pass *pass = NULL;
-        if (!lp || !dlp || !off || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!lp || !dlp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
-        if (!st && r->scorer) { /* on-policy: the loss sees the generator's numbers, the backward runs through the trainer's forward */
+        if (!st && mine && r->scorer) { /* on-policy: the loss sees the generator's numbers, the backward runs through the trainer's forward */
             take_scored(b, &m, ta, lp);
             if (ex) take_scored_experts(b, &m, ta, ex);
         }
-        if (!st && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
+        if (!st && mine && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
             scatter_logp(b, &m, lp, ta->old_logp);
             if (ex) scatter_experts(b, &m, ex, ta->train_experts);
             st = corrections(c, b, &m, ta);
         }
-        const int R = response_offsets(b, &m, off);
-        float *g_lp = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_old = trill_malloc(sizeof(float) * (size_t)(R + 1)),
-              *g_behav = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = trill_malloc(sizeof(float) * (size_t)(R + 1)),
-              *g_w = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_d = trill_malloc(sizeof(float) * (size_t)(R + 1));
-        uint8_t *g_mask = trill_malloc((size_t)R + 1);
-        double *adv = trill_malloc(sizeof(double) * (size_t)k);
-        if (!g_lp || !g_old || !g_behav || !g_ref || !g_w || !g_d || !g_mask || !adv) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        if (!st) {
-            /* the response tokens' log-probs sit at their own packed positions */
-            int j = 0;
-            for (int i = 0; i < k; i++) {
-                const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
-                memcpy(g_lp + j, lp + from, sizeof(float) * (size_t)len);
-                adv[i] = b->adv[s];
-                j += len;
-            }
-            gather_f(b, &m, ta->old_logp, g_old);
-            gather_f(b, &m, b->behav_logp, g_behav);
-            gather_f(b, &m, ta->tis, g_w);
-            gather_u8(b, &m, ta->mask, g_mask);
-            const bool kl_loss = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_LOSS;
-            if (kl_loss) gather_f(b, &m, ta->ref_logp, g_ref);
-            rl_loss_batch lb = { .n_seqs = k, .offsets = off, .logp = g_lp, .old_logp = g_old, .behav_logp = g_behav,
-                                 .ref_logp = kl_loss ? g_ref : NULL, .adv = adv, .mask = g_mask, .is_weight = g_w, .agg_tokens = 1 };
-            rl_loss_stats ls;
-            trill_rl_policy_loss(c, &lb, g_d, &ls);
-            const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
-            long in = 0;
-            for (int t = 0; t < R; t++) in += g_mask[t];
-            ms[0] = ls.loss * scale;
-            ms[1] = ls.pg_loss * scale;
-            ms[2] = ls.kl_loss * scale;
-            ms[3] = (double)in;
-            ms[4] = ls.clip_frac * (double)in;
-            ms[5] = ls.ratio_mean * (double)in;
-            ms[6] = (double)in;
-            j = 0;
-            for (int i = 0; i < k; i++) {
-                const int s = m.seq[i], from = m.offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
-                for (int t = 0; t < len; t++) dlp[from + t] = (float)(g_d[j + t] * scale);
-                j += len;
-            }
-            memset(r->leaf, 0, sizeof(float) * r->n_values);
-            st = trill_model_backward(pass, dlp, NULL, r->leaf);
-            if (!st) st = trill_tree_sum_add(tree, r->leaf);
-        }
-        ms[7] = m.T;
+        if (!st && mine) st = micro_loss(r, b, &m, ta, lp, dlp, stat + (size_t)STATS * mi);
+        if (!st) st = backward_round(r, &p, &g, i, pass, dlp);
         trill_forward_pass_free(pass);
-        free(lp); free(dlp); free(ex); free(off); free(g_lp); free(g_old); free(g_behav); free(g_ref); free(g_w); free(g_d);
-        free(g_mask); free(adv);
+        free(lp);
+        free(dlp);
+        free(ex);
         micro_free(&m);
     }
     /* the minibatch's gradient (a fixed tree over its micro-batches) and figures (one writer each,
      * summed in micro-batch order): the same bits on any number of ranks */
-    if (!st) st = trill_tree_sum_finish(tree, r->dp, r->lora_grads);
-    if (!st && r->dp) st = trill_comm_allreduce_f64(r->dp, stat, (size_t)STATS * p.M);
+    if (!st) st = grad_sum_finish(r, &g);
+    if (!st && r->data) st = trill_comm_allreduce_f64(r->data, stat, (size_t)STATS * p.M);
     if (!st && !have_old) st = assemble(r, b, seq, &p, ta, true, false);
     double denom_tokens = 0, sums[3] = { 0 };
     for (int mi = 0; !st && mi < p.M; mi++) {
@@ -535,9 +658,9 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
         ts->ratio_n += ms[6];
         ts->tokens += (long)ms[7];
     }
-    trill_tree_sum_free(tree);
+    grad_sum_free(r, &g);
     free(stat);
-    free(p.first);
+    plan_free(&p);
     if (st) return st;
     const double denom = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? (denom_tokens > 0 ? denom_tokens : 1) : (double)n;
     const int64_t total = (int64_t)c->steps * c->algo.minibatches;
@@ -712,6 +835,7 @@ trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_trai
     if (!st) st = shape_rewards(r, b, &ta, kept, &ts->kept, &ts->flat_groups);
     if (!st) st = run_minibatches(r, b, kept, ts->kept, &ta, ts);
     if (!st && ts->optimizer_steps) st = check_adapter(r);
+    if (!st && ts->optimizer_steps) st = trill_rl_trainer_gather(r, false); /* what the sync ships */
     if (!st) st = measure_mismatch(r, b, kept, ts->kept, &ta, m);
     token_arrays_free(&ta);
     free(kept);
@@ -721,12 +845,12 @@ trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_trai
 trill_status trill_rl_trainer_export(rl_trainer *t, const float **data, size_t *n, const trill_model **merged) {
     *merged = NULL;
     if (t->c->sync.mode == TRILL_SYNC_ADAPTER) {
-        *data = t->lora->params;
-        *n = t->lora->n_params;
+        *data = t->whole->params;
+        *n = t->whole->n_params;
         return TRILL_OK;
     }
     memcpy(t->merge_model->params, t->merge_base, sizeof(float) * t->merge_model->n_f32);
-    trill_status st = trill_lora_merge(t->lora, t->merge_model);
+    trill_status st = trill_lora_merge(t->whole, t->merge_model);
     *data = t->merge_model->params;
     *n = t->merge_model->n_f32;
     *merged = t->merge_model;
@@ -751,65 +875,55 @@ static long nll_weights(const rl_batch *b, const micro *m, float *dlp) {
     return n;
 }
 
-/* Forward (with gradients when `train`) over b's sequences in micro-batches: the NLL summed over
- * the loss tokens, and in training its gradient summed into lora_grads. */
 /* The NLL of b's sequences after their prompts (and with `train` its gradient into lora_grads):
  * the batch cut into micro-batches by the packer's rule whatever the rank count; under data
- * parallelism each rank forwards a contiguous share of them. Each micro-batch's gradient is a
- * leaf of trill_tree_sum and its NLL, loss tokens and tokens are summed in micro-batch order, so
- * every rank count gives the same bits. */
+ * parallelism each rank forwards a contiguous share of them (in rounds under expert
+ * parallelism). Each micro-batch's gradient is a leaf of the step's tree and its NLL, loss
+ * tokens and tokens are summed in micro-batch order, so every rank count gives the same bits. */
 static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, double *nll, long *n_loss, long *tokens) {
     *nll = 0;
     *n_loss = *tokens = 0;
-    const int P = r->dp ? trill_comm_size(r->dp) : 1, me = r->dp ? trill_comm_rank(r->dp) : 0;
-    int *seq = trill_malloc(sizeof(int) * (size_t)(b->n_seqs ? b->n_seqs : 1)), *first = trill_malloc(sizeof(int) * (size_t)(b->n_seqs + 1));
-    trill_status st = seq && first ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    int *seq = trill_malloc(sizeof(int) * (size_t)(b->n_seqs ? b->n_seqs : 1));
+    micro_plan p = { 0 };
+    grad_sum g = { 0 };
+    trill_status st = seq ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int s = 0; s < b->n_seqs && seq; s++) seq[s] = s;
-    int M = 0; /* micro-batch i is seq[first[i], first[i + 1]) */
-    for (int at = 0; !st && at < b->n_seqs; M++) {
-        first[M] = at;
-        at += next_micro(b, seq + at, b->n_seqs - at, r->c->trainer.micro_batch_tokens);
-    }
-    if (!st) first[M] = b->n_seqs;
-    const int lo = (int)((int64_t)M * me / P), hi = (int)((int64_t)M * (me + 1) / P);
-    double *stat = st ? NULL : trill_calloc((size_t)3 * (M ? M : 1), sizeof(double)); /* per micro-batch: NLL, loss tokens, tokens */
-    trill_tree_sum *tree = NULL;
+    if (!st) st = plan_micros(r, b, seq, b->n_seqs, &p);
+    double *stat = st ? NULL : trill_calloc((size_t)3 * (p.M ? p.M : 1), sizeof(double)); /* per micro-batch: NLL, loss tokens, tokens */
     if (!st && !stat) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st && train) st = trill_tree_sum_create(r->n_values, M, lo, hi - lo, &tree);
-    for (int i = lo; i < hi && !st; i++) {
-        const int k = first[i + 1] - first[i];
+    if (!st && train) st = grad_sum_create(r, &p, &g);
+    for (int i = 0; i < p.rounds && !st; i++) { /* round i: this rank's i-th micro-batch, or an empty pass */
+        const int mi = p.lo + i;
+        const bool mine = mi < p.hi;
+        const int k = mine ? p.first[mi + 1] - p.first[mi] : 0;
         micro m;
-        if ((st = micro_make(b, seq + first[i], k, NULL, &m))) break;
-        float *lp = trill_malloc(sizeof(float) * (size_t)m.T), *dlp = trill_malloc(sizeof(float) * (size_t)m.T);
+        if ((st = micro_make(b, seq + (mine ? p.first[mi] : 0), k, NULL, &m))) break;
+        float *lp = trill_malloc(sizeof(float) * (size_t)(m.T + 1)), *dlp = trill_malloc(sizeof(float) * (size_t)(m.T + 1));
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        if (!st) stat[3 * i + 1] = (double)nll_weights(b, &m, dlp);
+        if (!st && mine) stat[3 * mi + 1] = (double)nll_weights(b, &m, dlp);
         if (!st && train) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, NULL, lp, NULL, r->c->trainer.recompute, &pass);
         if (!st && !train) st = trill_model_forward(r->policy, m.tokens, m.offsets, m.n, NULL, lp, NULL);
         for (int t = 0; !st && t < m.T; t++)
-            if (dlp[t] != 0) stat[3 * i] -= lp[t];
-        if (!st && train) {
-            memset(r->leaf, 0, sizeof(float) * r->n_values);
-            st = trill_model_backward(pass, dlp, r->lora ? NULL : r->leaf, r->lora ? r->leaf : NULL);
-            if (!st) st = trill_tree_sum_add(tree, r->leaf);
-        }
-        stat[3 * i + 2] = m.T;
+            if (dlp[t] != 0) stat[3 * mi] -= lp[t];
+        if (!st && mine) stat[3 * mi + 2] = m.T;
+        if (!st && train) st = backward_round(r, &p, &g, i, pass, dlp);
         trill_forward_pass_free(pass);
         free(lp);
         free(dlp);
         micro_free(&m);
     }
-    if (!st && train) st = trill_tree_sum_finish(tree, r->dp, r->lora_grads);
+    if (!st && train) st = grad_sum_finish(r, &g);
     /* one rank wrote each entry: the sum over ranks is that entry, exactly */
-    if (!st && P > 1) st = trill_comm_allreduce_f64(r->dp, stat, (size_t)3 * M);
-    for (int i = 0; !st && i < M; i++) {
+    if (!st && r->data) st = trill_comm_allreduce_f64(r->data, stat, (size_t)3 * p.M);
+    for (int i = 0; !st && i < p.M; i++) {
         *nll += stat[3 * i];
         *n_loss += (long)stat[3 * i + 1];
         *tokens += (long)stat[3 * i + 2];
     }
-    trill_tree_sum_free(tree);
+    if (train) grad_sum_free(r, &g);
     free(stat);
-    free(first);
+    plan_free(&p);
     free(seq);
     return st;
 }
@@ -833,12 +947,120 @@ trill_status trill_rl_trainer_nll(rl_trainer *r, const rl_batch *b, double *nll,
 }
 
 trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir) {
-    trill_status st = t->lora ? trill_lora_save(t->lora, dir) : trill_model_save(t->policy, dir, TRILL_F32, 5000000000u);
+    trill_status st = t->lora ? trill_lora_save(t->whole, dir) : trill_model_save(t->policy, dir, TRILL_F32, 5000000000u);
     char *prefix = st ? NULL : trill_path_join(dir, "optimizer");
     if (!st && !prefix) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = trill_adamw_save(t->opt, prefix);
+    if (!st) st = trill_adamw_save(t->whole_opt ? t->whole_opt : t->opt, prefix);
     free(prefix);
     return st;
+}
+
+/* ---- distribution ---- */
+
+/* The world's ranks as parallel.trainer lays them out: rank = dp_index * ep + ep_index (tp 1), so
+ * an expert-parallel group is ep consecutive ranks and the data ranks' shares of a step stay
+ * contiguous per group. */
+static trill_status set_up_ranks(rl_trainer *r, trill_comm *world) {
+    const trill_rl_config *c = r->c;
+    r->P = 1;
+    if (!world || trill_comm_size(world) == 1) return TRILL_OK;
+    r->data = world;
+    const int ep = c->parallel.trainer.ep, me = trill_comm_rank(world);
+    if (ep == 1) return TRILL_OK;
+    if (c->generator.on_policy)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "generator.on_policy: its scoring engine needs every expert, and parallel.trainer.ep %d "
+                           "shards them (on-policy mode runs without expert parallelism)", ep);
+    r->P = ep;
+    r->q = me % ep;
+    trill_status st = trill_comm_split(world, me / ep, r->q, &r->ep);
+    if (!st) st = trill_comm_split(world, r->q, me / ep, &r->edp);
+    return st;
+}
+
+/* Under expert parallelism: the model's shard joins its group, and the gradient buffers of the
+ * held experts (one per group rank) and the adapters of every expert are made. */
+static trill_status set_up_experts(rl_trainer *r) {
+    r->routed = r->lora ? trill_lora_routed_first(r->lora) : r->n_values;
+    r->whole = r->lora;
+    if (r->P == 1) return TRILL_OK;
+    trill_status st = trill_model_set_expert_comm(r->policy, r->ep);
+    if (!st && !(r->src = trill_calloc((size_t)r->P, sizeof *r->src))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int j = 0; !st && j < r->P; j++)
+        if (!(r->src[j] = trill_malloc(sizeof(float) * (r->n_values - r->routed + 1))))
+            st = trill_error(TRILL_ERR_NOMEM, "out of memory for the experts' gradients");
+    r->whole = NULL;
+    if (!st) st = trill_lora_create_whole(r->policy, r->lora->config, &r->whole);
+    if (!st) st = trill_rl_trainer_gather(r, false);
+    return st;
+}
+
+/* dst (laid out as the whole adapter) = each tensor of the shard's src at its place there; the
+ * adapters of other experts, and (but on the group's first rank) the tensors every rank holds, 0. */
+static void scatter_whole(const rl_trainer *r, const float *src, float *dst) {
+    const trill_lora *l = r->lora;
+    memset(dst, 0, sizeof(float) * l->n_global);
+    for (size_t k = 0; k < l->n_tensors; k++) {
+        const size_t at = (size_t)(l->tensors[k].data - l->params);
+        if (r->q == 0 || at >= r->routed) memcpy(dst + l->global_offset[k], src + at, sizeof(float) * l->tensors[k].numel);
+    }
+}
+
+/* The shard's part of a vector laid out as the whole adapter. */
+static void slice_whole(const trill_lora *l, const float *whole, float *dst) {
+    for (size_t k = 0; k < l->n_tensors; k++)
+        memcpy(dst + (l->tensors[k].data - l->params), whole + l->global_offset[k], sizeof(float) * l->tensors[k].numel);
+}
+
+trill_status trill_rl_trainer_gather(rl_trainer *r, bool optimizer) {
+    if (r->P == 1) return TRILL_OK;
+    scatter_whole(r, r->lora->params, r->whole->params);
+    trill_status st = trill_comm_allreduce_f32(r->ep, r->whole->params, r->whole->n_params);
+    if (st || !optimizer) return st;
+    if (!r->whole_opt && (st = trill_adamw_create(r->lora->n_global, r->opt->config, &r->whole_opt))) return st;
+    r->whole_opt->config = r->opt->config;
+    r->whole_opt->step = r->opt->step;
+    scatter_whole(r, r->opt->exp_avg, r->whole_opt->exp_avg);
+    scatter_whole(r, r->opt->exp_avg_sq, r->whole_opt->exp_avg_sq);
+    st = trill_comm_allreduce_f32(r->ep, r->whole_opt->exp_avg, r->lora->n_global);
+    if (!st) st = trill_comm_allreduce_f32(r->ep, r->whole_opt->exp_avg_sq, r->lora->n_global);
+    return st;
+}
+
+/* The optimizer state of the adapters from `prefix` (a checkpoint's: the whole adapter's, which a
+ * shard takes its part of), with this config's weight decay. */
+static trill_status load_optimizer(rl_trainer *r, const char *prefix) {
+    const size_t n_file = r->lora ? r->lora->n_global : r->n_values;
+    trill_adamw *whole = NULL;
+    trill_status st = trill_adamw_load(prefix, n_file, &whole);
+    if (!st && r->P > 1) {
+        if (!(st = trill_adamw_create(r->n_values, whole->config, &r->opt))) {
+            r->opt->step = whole->step;
+            slice_whole(r->lora, whole->exp_avg, r->opt->exp_avg);
+            slice_whole(r->lora, whole->exp_avg_sq, r->opt->exp_avg_sq);
+        }
+        trill_adamw_free(whole);
+    } else if (!st) {
+        r->opt = whole;
+    }
+    if (!st) r->opt->config.weight_decay = r->c->trainer.weight_decay; /* the moments are the checkpoint's, the settings this config's */
+    return st;
+}
+
+static trill_status new_optimizer(rl_trainer *r) {
+    trill_adamw_config ac = trill_adamw_defaults();
+    ac.weight_decay = r->c->trainer.weight_decay;
+    return trill_adamw_create(r->n_values, ac, &r->opt);
+}
+
+/* The adapters as the trainable values, and their gradient buffers. */
+static trill_status use_adapters(rl_trainer *r) {
+    r->lora->enabled = true;
+    trill_model_attach_lora(r->policy, r->lora);
+    r->values = r->lora->params;
+    r->n_values = r->lora->n_params;
+    r->lora_grads = trill_calloc(r->n_values ? r->n_values : 1, sizeof(float));
+    r->leaf = trill_malloc(sizeof(float) * (r->n_values ? r->n_values : 1));
+    return r->lora_grads && r->leaf ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
 }
 
 /* Full fine-tuning: every weight trains, fp32, without decay on the norm weights (1-D tensors). */
@@ -854,36 +1076,29 @@ static trill_status make_full(rl_trainer *r) {
     return TRILL_OK;
 }
 
-trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, rl_trainer **out) {
+trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, trill_comm *world,
+                                         rl_trainer **out) {
     rl_trainer *t = trill_calloc(1, sizeof *t);
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->c = c;
     const bool full = c->sft.mode == TRILL_SFT_FULL;
-    /* LoRA: a frozen base in the checkpoint's dtype; full: fp32 master weights (a resumed run's own) */
-    trill_status st = trill_model_load_as(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT,
-                                          &t->policy);
+    trill_status st = set_up_ranks(t, world);
+    if (!st && full && t->P > 1)
+        st = trill_error(TRILL_ERR_UNSUPPORTED, "sft.mode full: full fine-tuning with parallel.trainer.ep %d is not built (the experts' "
+                         "adapters train under expert parallelism: sft.mode lora)", t->P);
+    /* LoRA: a frozen base in the checkpoint's dtype (a shard of it under expert parallelism); full:
+     * fp32 master weights (a resumed run's own) */
+    if (!st)
+        st = trill_model_load_shard(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT, t->q, t->P,
+                                    &t->policy);
     if (!st) trill_model_set_precision(t->policy, c->trainer.precision);
-    if (!st && !full) {
-        st = resume_dir ? trill_lora_load(t->policy, resume_dir, &t->lora) : trill_lora_create(t->policy, c->trainer.lora, c->seed, &t->lora);
-        if (!st) {
-            trill_model_attach_lora(t->policy, t->lora);
-            t->values = t->lora->params;
-            t->n_values = t->lora->n_params;
-            t->lora_grads = trill_calloc(t->n_values ? t->n_values : 1, sizeof(float));
-            t->leaf = trill_malloc(sizeof(float) * (t->n_values ? t->n_values : 1));
-            if (!t->lora_grads || !t->leaf) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        }
-    }
-    if (!st && full) st = make_full(t);
+    if (!st && !full) st = resume_dir ? trill_lora_load(t->policy, resume_dir, &t->lora) : trill_lora_create(t->policy, c->trainer.lora, c->seed, &t->lora);
+    if (!st) st = full ? make_full(t) : use_adapters(t);
     char *prefix = !st && resume_dir ? trill_path_join(resume_dir, "optimizer") : NULL;
-    if (!st && resume_dir) st = prefix ? trill_adamw_load(prefix, t->n_values, &t->opt) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && resume_dir) st = prefix ? load_optimizer(t, prefix) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     free(prefix);
-    if (!st && resume_dir) t->opt->config.weight_decay = c->trainer.weight_decay;
-    if (!st && !resume_dir) {
-        trill_adamw_config ac = trill_adamw_defaults();
-        ac.weight_decay = c->trainer.weight_decay;
-        st = trill_adamw_create(t->n_values, ac, &t->opt);
-    }
+    if (!st && !resume_dir) st = new_optimizer(t);
+    if (!st) st = set_up_experts(t);
     if (st) {
         trill_rl_trainer_free(t);
         return st;
@@ -901,30 +1116,24 @@ static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
     if (ckpt) {
         snprintf(path, sizeof path, "%s/adapter", ckpt);
         st = trill_lora_load(r->policy, path, &r->lora);
-        if (!st) { snprintf(path, sizeof path, "%s/optimizer", ckpt); st = trill_adamw_load(path, r->lora->n_params, &r->opt); }
-        if (!st) r->opt->config.weight_decay = c->trainer.weight_decay; /* the moments are the checkpoint's, the settings this config's */
     } else {
         st = trill_lora_create(r->policy, c->trainer.lora, c->seed, &r->lora);
-        trill_adamw_config ac = trill_adamw_defaults();
-        ac.weight_decay = c->trainer.weight_decay;
-        if (!st) st = trill_adamw_create(r->lora->n_params, ac, &r->opt);
     }
-    if (st) return st;
-    r->lora->enabled = true;
-    trill_model_attach_lora(r->policy, r->lora);
-    r->values = r->lora->params;
-    r->n_values = r->lora->n_params;
-    r->lora_grads = trill_malloc(sizeof(float) * r->n_values);
-    r->leaf = trill_malloc(sizeof(float) * r->n_values);
-    if (!r->lora_grads || !r->leaf) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    return TRILL_OK;
+    if (!st) st = use_adapters(r);
+    if (!st && ckpt) {
+        snprintf(path, sizeof path, "%s/optimizer", ckpt);
+        st = load_optimizer(r, path);
+    }
+    if (!st && !ckpt) st = new_optimizer(r);
+    return st;
 }
 
-trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, rl_trainer **out) {
+trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, trill_comm *world, rl_trainer **out) {
     rl_trainer *t = trill_calloc(1, sizeof *t);
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->c = c;
-    trill_status st = trill_model_load_as(model_dir, TRILL_STORE_CHECKPOINT, &t->policy);
+    trill_status st = set_up_ranks(t, world);
+    if (!st) st = trill_model_load_shard(model_dir, TRILL_STORE_CHECKPOINT, t->q, t->P, &t->policy);
     if (!st) {
         trill_model_set_precision(t->policy, c->trainer.precision);
         const trill_config *mc = trill_model_config(t->policy);
@@ -937,6 +1146,7 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
         if (!st) memcpy(t->merge_base, t->merge_model->params, sizeof(float) * t->merge_model->n_f32);
     }
     if (!st) st = make_trainable(t, ckpt);
+    if (!st) st = set_up_experts(t);
     if (!st && c->generator.on_policy) {
         const trill_engine_config ec = trill_rl_engine_config(c, trill_model_config(t->policy));
         st = trill_engine_create(t->policy, &ec, &t->scorer);
@@ -953,20 +1163,50 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
 void trill_rl_trainer_free(rl_trainer *t) {
     if (!t) return;
     trill_engine_free(t->scorer);
-    if (t->policy) trill_model_attach_lora(t->policy, NULL);
+    if (t->policy) {
+        trill_model_attach_lora(t->policy, NULL);
+        trill_model_set_expert_comm(t->policy, NULL);
+    }
+    if (t->whole != t->lora) trill_lora_free(t->whole);
     trill_lora_free(t->lora);
     free(t->lora_grads);
     free(t->leaf);
+    for (int j = 0; t->src && j < t->P; j++) free(t->src[j]);
+    free(t->src);
     free(t->no_decay);
     trill_adamw_free(t->opt);
+    trill_adamw_free(t->whole_opt);
     trill_model_free(t->policy);
     trill_model_free(t->merge_model);
     free(t->merge_base);
+    trill_comm_free(t->ep);
+    trill_comm_free(t->edp);
     free(t);
 }
 
-void trill_rl_trainer_set_dp(rl_trainer *t, trill_comm *dp) { t->dp = dp && trill_comm_size(dp) > 1 ? dp : NULL; }
+bool trill_rl_trainer_sharded(const rl_trainer *t) { return t->P > 1; }
+
+trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t) {
+    trill_comm_stats sum = { 0 };
+    const trill_comm *comms[3] = { t->data, t->ep, t->edp };
+    for (int i = 0; i < 3; i++) {
+        if (!comms[i]) continue;
+        const trill_comm_stats s = trill_comm_stats_get(comms[i]);
+        for (int k = 0; k < TRILL_COMM_KINDS; k++) {
+            sum.calls[k] += s.calls[k];
+            sum.bytes[k] += s.bytes[k];
+            sum.ms[k] += s.ms[k];
+        }
+    }
+    return sum;
+}
+
+void trill_rl_trainer_comm_reset(rl_trainer *t) {
+    trill_comm *comms[3] = { t->data, t->ep, t->edp };
+    for (int i = 0; i < 3; i++)
+        if (comms[i]) trill_comm_stats_reset(comms[i]);
+}
 
 const trill_model *trill_rl_trainer_policy(const rl_trainer *t) { return t->policy; }
-trill_lora *trill_rl_trainer_lora(rl_trainer *t) { return t->lora; }
-trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t) { return t->opt; }
+trill_lora *trill_rl_trainer_lora(rl_trainer *t) { return t->whole; }
+trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t) { return t->whole_opt ? t->whole_opt : t->opt; }

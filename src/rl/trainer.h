@@ -31,16 +31,35 @@ typedef struct rl_train_stats {
 
 /* The policy from model_dir; the adapters and optimizer state from checkpoint folder `ckpt`, or
  * (NULL) new adapters from c->seed. Merge sync also keeps an fp32 copy of the base to fold the
- * adapters into. */
-trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, rl_trainer **out);
+ * adapters into.
+ *
+ * world (borrowed; NULL: one process) is the job's ranks, laid out by c->parallel.trainer: the
+ * data ranks (dp x ep) share each step's micro-batches (each a contiguous share; each
+ * micro-batch's gradient a leaf of one fixed tree, so every rank count computes the same bits),
+ * and with ep > 1 each group of ep consecutive ranks holds a shard of the routed experts (their
+ * adapters and optimizer state with them) and runs its micro-batches in lockstep rounds,
+ * dispatching tokens to the experts' holders (trill_model_set_expert_comm). Collective over the
+ * world, as every call below but the accessors is. */
+trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, trill_comm *world, rl_trainer **out);
 void trill_rl_trainer_free(rl_trainer *t);
 
-/* Data parallelism for trill_rl_trainer_nll_step / _nll (SFT): dp's ranks share each step's
- * micro-batches (NULL, or one rank: alone). Borrowed. The RL step does not use it yet. */
-void trill_rl_trainer_set_dp(rl_trainer *t, trill_comm *dp);
 const trill_model *trill_rl_trainer_policy(const rl_trainer *t);
+/* Whether the policy is an expert-parallel shard (it then holds some experts: the generator
+ * needs the whole model, loaded on its own). */
+bool trill_rl_trainer_sharded(const rl_trainer *t);
+/* The adapters of every expert (a sync's, a checkpoint's): the trainer's own, or under expert
+ * parallelism the shards' gathered after the last optimizer step. */
 trill_lora *trill_rl_trainer_lora(rl_trainer *t);
+/* The optimizer state laid out as those adapters: under expert parallelism as of the last
+ * trill_rl_trainer_gather(t, true). */
 trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t);
+/* The collectives this rank's trainer called since the last reset, per kind: the data ranks'
+ * (the world's) and the expert-parallel groups' together (the step's comm figures). */
+trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t);
+void trill_rl_trainer_comm_reset(rl_trainer *t);
+/* Under expert parallelism, gathers the shards' adapters (and with `optimizer` their optimizer
+ * state) into the whole ones above: collective over each group; nothing otherwise. */
+trill_status trill_rl_trainer_gather(rl_trainer *t, bool optimizer);
 
 /* Step `step` (1-based: messages, the learning-rate schedule) on batch b: dynamic sampling, KL
  * as a reward when configured, group advantages, then algo.minibatches optimizer steps in
@@ -53,7 +72,8 @@ trill_status trill_rl_trainer_step(rl_trainer *t, rl_batch *b, int step, rl_trai
 /* sft.mode lora: the base from model_dir in its checkpoint's dtype, adapters new from c->seed or
  * resume_dir's; full: every weight in fp32 from model_dir, or resume_dir's. The optimizer new, or
  * resume_dir/optimizer (its moments; the settings are c's). */
-trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, rl_trainer **out);
+trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, trill_comm *world,
+                                         rl_trainer **out);
 
 typedef struct rl_nll_stats {
     double loss;              /* mean negative log-likelihood per loss token */
@@ -69,7 +89,7 @@ trill_status trill_rl_trainer_nll_step(rl_trainer *t, const rl_batch *b, int ste
 /* The same NLL without gradients: its sum over the loss tokens and their count. */
 trill_status trill_rl_trainer_nll(rl_trainer *t, const rl_batch *b, double *nll, long *n_loss);
 /* The trained weights into dir (the PEFT adapter, or the whole fp32 model) and the optimizer
- * state (dir/optimizer*). */
+ * state (dir/optimizer*); under expert parallelism after trill_rl_trainer_gather(t, true). */
 trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir);
 
 /* The weights a sync ships after an update: the adapters' vector, or in merge mode the base

@@ -74,6 +74,56 @@ double trill_clip_grad_norm(float *grads, size_t n, double max_norm) {
     return norm;
 }
 
+enum { SUMSQ_BLOCK = 16384 };
+
+double trill_grad_sumsq(const float *g, size_t n) {
+    double ss = 0;
+    for (size_t at = 0; at < n; at += SUMSQ_BLOCK) { /* each block's sum in order, then the blocks' in order */
+        const size_t end = at + SUMSQ_BLOCK < n ? at + SUMSQ_BLOCK : n;
+        double part = 0;
+        for (size_t i = at; i < end; i++) part += (double)g[i] * g[i];
+        ss += part;
+    }
+    return ss;
+}
+
+trill_status trill_grad_sumsq_parts(const float *g, const size_t *offset, const size_t *numel, size_t n_parts, double *out) {
+    /* every block of every part is a task (its own sum, in order), so a part's bits do not depend
+     * on the threads; then each part adds its blocks in order, as trill_grad_sumsq does */
+    size_t *first = trill_malloc(sizeof(size_t) * (n_parts + 1));
+    if (!first) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    first[0] = 0;
+    for (size_t k = 0; k < n_parts; k++) first[k + 1] = first[k] + (numel[k] + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double *block = trill_malloc(sizeof(double) * (first[n_parts] ? first[n_parts] : 1));
+    if (!block) {
+        free(first);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t k = 0; k < n_parts; k++)
+        for (size_t b = first[k]; b < first[k + 1]; b++) {
+            const size_t at = (b - first[k]) * SUMSQ_BLOCK, end = at + SUMSQ_BLOCK < numel[k] ? at + SUMSQ_BLOCK : numel[k];
+            double part = 0;
+            for (size_t i = at; i < end; i++) part += (double)g[offset[k] + i] * g[offset[k] + i];
+            block[b] = part;
+        }
+    for (size_t k = 0; k < n_parts; k++) {
+        double ss = 0;
+        for (size_t b = first[k]; b < first[k + 1]; b++) ss += block[b];
+        out[k] = ss;
+    }
+    free(block);
+    free(first);
+    return TRILL_OK;
+}
+
+void trill_clip_grads_to(float *grads, size_t n, double norm, double max_norm) {
+    if (!(max_norm > 0 && norm > max_norm)) return;
+    float scale = (float)(max_norm / (norm + 1e-6)); /* torch's clip coefficient */
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) grads[i] *= scale;
+}
+
 int trill_lr_schedule_parse(const char *name, trill_lr_schedule *out) {
     static const char *const names[] = { "constant", "linear", "cosine" };
     for (int i = 0; i < 3; i++)

@@ -258,6 +258,29 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
     trill_model_free(shard);
 }
 
+/* A shard holds 1/P of the routed experts' bytes and every other tensor: exactly. */
+static void shard_bytes(trill_comm *w, const trill_config *c) {
+    const int me = trill_comm_rank(w), P = trill_comm_size(w);
+    trill_model *whole = make_model(c, TRILL_BF16, 0, 1), *shard = make_model(c, TRILL_BF16, me, P);
+    size_t n, routed = 0;
+    const trill_param *t = trill_model_tensors(whole, &n);
+    for (size_t i = 0; i < n; i++)
+        if (t[i].expert >= 0) routed += t[i].numel * sizeof(uint16_t);
+    CHECK(routed > 0 && trill_model_bytes(whole) - trill_model_bytes(shard) == routed - routed / (size_t)P);
+    int first, count;
+    trill_model_experts_held(shard, &first, &count);
+    CHECK(count == c->num_experts / P && first == me * count);
+    size_t ns;
+    const trill_param *ts = trill_model_tensors(shard, &ns);
+    CHECK(ns == n); /* the whole model's list; the others' experts without storage */
+    for (size_t i = 0; i < ns; i++) CHECK(((ts[i].data || ts[i].bf16) != 0) == (ts[i].expert < 0 || (ts[i].expert >= first && ts[i].expert < first + count)));
+    if (me == 0)
+        printf("test_ep: a shard of %d holds %zu of the %zu bytes of routed experts and %zu bytes in all (the whole model %zu)\n", P,
+               routed / (size_t)P, routed, trill_model_bytes(shard), trill_model_bytes(whole));
+    trill_model_free(whole);
+    trill_model_free(shard);
+}
+
 static void refusals(trill_comm *w, const trill_config *c) {
     const int me = trill_comm_rank(w), P = trill_comm_size(w);
     trill_model *m;
@@ -323,6 +346,7 @@ int main(int argc, char **argv) {
         run_case(w, &c, TRILL_F32, what, true, false, false);
         snprintf(what, sizeof what, "%s, %d ranks, bf16 base", FAMILIES[f].name, P);
         run_case(w, &c, TRILL_BF16, what, true, false, true);
+        shard_bytes(w, &c);
         refusals(w, &c);
     }
     double fails = g_failures;

@@ -6,7 +6,10 @@
 # metrics; also with two minibatches per step and a KL loss (the pre-pass of old and reference
 # log-probs split over the ranks too). Rank 0 alone writes the run folder; a run checkpointed on one
 # rank count resumes on another to the same bytes; a killed rank ends the job within seconds, naming
-# the rank, and resume=auto continues. async mode is refused.
+# the rank, and resume=auto continues. async mode is refused. Expert parallelism (parallel.trainer.ep,
+# router replay on: the replayed ids decide the dispatch): EP 2 and DP 2 x EP 2 give the same
+# adapters, optimizer state and metrics as one process, in adapter and in merge sync, and a run
+# checkpointed under EP 2 resumes on one process to the same bytes.
 # Usage: test_rl_dp.sh TRILL MPIEXEC
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -94,6 +97,30 @@ ls killed/checkpoints | grep -q step- || fail "no checkpoint from before the kil
 run 2 killed steps=6 checkpoint.every=2 "${long[@]:0:1}" resume=auto
 grep -q "resuming from" killed.log || fail "the run after the kill did not resume"
 echo "resume=auto after the kill continued: $(grep -o 'resuming from [^ ]* at step [0-9]*' killed.log)"
+# expert parallelism: the demo's 8 experts in shards of 4 (EP 2) and over 2 x 2 ranks
+run 2 ep2 steps=3 trainer.micro_batch_tokens=256 parallel.trainer.dp=1 parallel.trainer.ep=2
+same one ep2 3
+run 4 dp2ep2 steps=3 trainer.micro_batch_tokens=256 parallel.trainer.dp=2 parallel.trainer.ep=2
+same one dp2ep2 3
+/usr/bin/python3 - ep2/metrics.jsonl <<'PY' || fail "the EP 2 metrics do not carry the all-to-all"
+import json, sys
+for l in open(sys.argv[1]):
+    c = json.loads(l)["comm"]
+    assert c["alltoallv"]["bytes"] > 0 and c["alltoallv"]["bytes"] % (256 * 4) == 0 and c["counts"]["bytes"] > 0, c
+PY
+echo "demo, 3 steps under EP 2 and DP 2 x EP 2: adapter, optimizer and metrics identical to one process"
+run 0 merge1 steps=2 trainer.micro_batch_tokens=256 sync.mode=merge
+run 2 merge2 steps=2 trainer.micro_batch_tokens=256 sync.mode=merge parallel.trainer.dp=1 parallel.trainer.ep=2
+same merge1 merge2 2
+run 2 rep steps=2 "${long[@]}" parallel.trainer.dp=1 parallel.trainer.ep=2
+run 0 rep steps=4 "${long[@]}" resume=auto
+for f in adapter/adapter_model.safetensors optimizer.safetensors; do
+  cmp -s "whole/checkpoints/step-00000004/$f" "rep/checkpoints/step-00000004/$f" || fail "rep: $f differs from an uninterrupted run's"
+done
+echo "merge sync under EP 2 identical to one process; EP 2 -> 1 process resumed byte-identical"
+rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.ep=2 generator.on_policy=true \
+  steps=1 >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "generator.on_policy: its scoring engine needs every expert" bad.log || { cat bad.log; fail "on-policy mode under EP was not refused"; }
 rc=0; "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.dp=2 mode=async steps=1 >bad.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "parallel.trainer.dp: 2 ranks need mode: sync" bad.log || { cat bad.log; fail "async on 2 ranks was not refused"; }
 echo "rl data-parallel test passed"

@@ -2,7 +2,10 @@
 # Data-parallel `trill sft` on MPI (parallel.trainer.dp): 1, 2 and 4 ranks (and no mpirun at all)
 # write byte-identical adapters, optimizer state and held-out loss after 3 steps of LoRA, and the
 # same for full fine-tuning on 1 and 2; a job whose rank count is not dp x ep x tp is refused with
-# the arithmetic, and so are expert/tensor parallelism and the commands that run on one process;
+# the arithmetic, and so are tensor parallelism and the commands that run on one process;
+# expert parallelism (the tiny preset's 8 experts over EP 2, EP 4 and DP 2 x EP 2) writes the same
+# bytes as one process, resumes across layouts, and refuses 3 ranks (8 experts) and full
+# fine-tuning;
 # trill bench train shares its batch over 2 ranks; a run stopped on one rank count resumes on another
 # to the same bytes; a killed rank ends the job within seconds, naming the rank, and resume=auto
 # continues.
@@ -61,6 +64,13 @@ for np in 1 2 4; do
   echo "LoRA, $np rank(s): adapter and optimizer byte-identical to one process; held-out loss $(eval_loss "lora$np")"
 done
 [ "$(grep -c '^step 3/3' lora4.log)" -eq 1 ] || fail "the 4-rank run logged its steps $(grep -c '^step 3/3' lora4.log) times (rank 0 alone logs)"
+for layout in "2 1 2" "4 1 4" "4 2 2"; do # ranks, dp, ep
+  read -r np dp ep <<<"$layout"
+  run "$np" "ep$np$dp" --lora parallel.trainer.dp="$dp" parallel.trainer.ep="$ep"
+  same lora0 "ep$np$dp" adapter_model.safetensors optimizer.safetensors
+  [ "$(eval_loss "ep$np$dp")" = "$(eval_loss lora0)" ] || fail "held-out loss under dp $dp x ep $ep: $(eval_loss "ep$np$dp") vs $(eval_loss lora0)"
+  echo "LoRA, dp $dp x ep $ep: adapter and optimizer byte-identical to one process"
+done
 run 0 full0 --full
 run 2 full2 --full
 same full0 full2 model.safetensors optimizer.safetensors
@@ -78,7 +88,13 @@ same whole r21 adapter_model.safetensors optimizer.safetensors
 run 0 r14 --lora "${long[@]}" sft.stop_after=6
 run 4 r14 --lora "${long[@]}" resume=auto
 same whole r14 adapter_model.safetensors optimizer.safetensors
-echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an uninterrupted run"
+run 2 re21 --lora "${long[@]}" sft.stop_after=6 parallel.trainer.dp=1 parallel.trainer.ep=2
+run 0 re21 --lora "${long[@]}" resume=auto
+same whole re21 adapter_model.safetensors optimizer.safetensors
+run 0 re14 --lora "${long[@]}" sft.stop_after=6
+run 4 re14 --lora "${long[@]}" resume=auto parallel.trainer.dp=2 parallel.trainer.ep=2
+same whole re14 adapter_model.safetensors optimizer.safetensors
+echo "resumed on another rank count (2 -> 1, 1 -> 4; EP 2 -> 1, 1 -> DP 2 x EP 2): byte-identical to an uninterrupted run"
 
 # a rank killed mid-run ends the job within seconds, naming the rank; resume=auto continues
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 120 "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out killed \
@@ -95,8 +111,13 @@ echo "resume=auto after the kill continued from step $step"
 # refusals: the arithmetic, expert/tensor parallelism, a command that runs on one process
 rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.dp=4 --lora >bad.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "dp 4 x ep 1 x tp 1 = 4 trainer ranks, but the job has 2 ranks" bad.log || { cat bad.log; fail "a wrong rank count was not refused"; }
-rc=0; "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=2 --lora >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "parallel.trainer.ep: expert parallelism is not built yet" bad.log || { cat bad.log; fail "ep 2 was not refused"; }
+rc=0; "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=2 --lora >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "parallel.trainer.tp: tensor parallelism is not built yet" bad.log || { cat bad.log; fail "tp 2 was not refused"; }
+rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 3 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=3 --lora >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "parallel.trainer.ep: 3 expert-parallel ranks need routed experts in a multiple of 3, but this Qwen3MoeForCausalLM has 8" bad.log \
+  || { cat bad.log; fail "ep 3 over 8 experts was not refused"; }
+rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=2 --full >bad.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "sft.mode full: full fine-tuning with parallel.trainer.ep 2 is not built" bad.log || { cat bad.log; fail "full fine-tuning under EP was not refused"; }
 rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" info --model model >bad.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "trill info: runs on one process, but this job has 2 ranks" bad.log || { cat bad.log; fail "trill info on 2 ranks was not refused"; }
 # trill bench train shares its batch over the ranks

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <omp.h>
 
 #include "testutil.h"
 #include "trill/fileio.h"
@@ -96,8 +97,42 @@ static void test_clip_and_schedules(void **state) {
     assert_int_equal(trill_lr_schedule_parse("step", &s), -1);
 }
 
+/* The tensor-by-tensor squared norm: each part's sum is trill_grad_sumsq's (fixed blocks of 16384
+ * in order), whatever the thread count, and close to the exact sum. */
+static void test_grad_sumsq_parts(void **state) {
+    (void)state;
+    enum { N = 100003 };
+    float *g = malloc(sizeof(float) * N);
+    assert_non_null(g);
+    for (size_t i = 0; i < N; i++) g[i] = (float)(sin((double)i * 0.37) * pow(10.0, (double)(i % 7) - 3));
+    const size_t offset[4] = { 0, 7, 40000, 40001 }, numel[4] = { 7, 39993, 1, N - 40001 };
+    double got[4], again[4];
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        assert_int_equal(trill_grad_sumsq_parts(g, offset, numel, 4, threads == 1 ? got : again), TRILL_OK);
+        if (threads > 1) assert_memory_equal(got, again, sizeof got);
+    }
+    for (int k = 0; k < 4; k++) {
+        assert_true(got[k] == trill_grad_sumsq(g + offset[k], numel[k]));
+        long double exact = 0;
+        for (size_t i = 0; i < numel[k]; i++) exact += (long double)g[offset[k] + i] * g[offset[k] + i];
+        assert_true(fabsl((long double)got[k] - exact) <= 1e-12L * exact);
+    }
+    /* more than one block: not the plain running sum */
+    double running = 0;
+    for (size_t i = 0; i < numel[3]; i++) running += (double)g[offset[3] + i] * g[offset[3] + i];
+    assert_true(got[3] != running);
+    float c[2] = { 3, 4 };
+    trill_clip_grads_to(c, 2, 5.0, 1.0);
+    assert_true(c[0] == (float)(3 * (float)(1.0 / (5.0 + 1e-6))) && fabs(c[1] - 0.8) < 1e-6);
+    trill_clip_grads_to(c, 2, 1.0, 10.0); /* under the bound: untouched */
+    assert_true(fabs(c[1] - 0.8) < 1e-6);
+    free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grad_sumsq_parts),
         cmocka_unit_test(test_adamw_matches_torch),
         cmocka_unit_test(test_adamw_state_round_trip),
         cmocka_unit_test(test_clip_and_schedules),

@@ -347,7 +347,7 @@ static void test_trainer_step_by_hand(void **state) {
     for (int k = 0; k < 2; k++) {
         w.c.trainer.micro_batch_tokens = budgets[k];
         rl_trainer *t;
-        assert_int_equal(trill_rl_trainer_create(&w.c, w.dir, NULL, &t), TRILL_OK);
+        assert_int_equal(trill_rl_trainer_create(&w.c, w.dir, NULL, NULL, &t), TRILL_OK);
         for (size_t s = 0; s < n_rewards; s++) b.reward[s] = rewards[s];
         rl_train_stats ts;
         trill_rl_metrics *m = calloc(1, sizeof *m);
