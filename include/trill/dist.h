@@ -66,6 +66,11 @@ void trill_comm_free(trill_comm *c);
  * (and the library): use trill_tree_sum where the result must not. */
 trill_status trill_comm_allreduce_f32(trill_comm *c, float *data, size_t n);
 trill_status trill_comm_allreduce_f64(trill_comm *c, double *data, size_t n);
+/* The sum over the ranks added in rank order, so every rank gets the same bits (MPI's all-reduce
+ * may add in another order on each rank): what tensor parallelism's replicated activations need.
+ * An allgather: (size - 1) * n values received a rank. Counted as TRILL_COMM_ALLREDUCE. */
+trill_status trill_comm_allreduce_ordered_f32(trill_comm *c, float *data, size_t n);
+trill_status trill_comm_allreduce_ordered_f64(trill_comm *c, double *data, size_t n);
 /* max over the ranks of v (e.g. peak memory), into *out. */
 trill_status trill_comm_allreduce_max_u64(trill_comm *c, uint64_t v, uint64_t *out);
 /* root's bytes[n] to every rank. */

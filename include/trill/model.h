@@ -37,6 +37,9 @@ typedef struct trill_param {
     trill_split split; /* tensor-parallel split */
     int index;       /* its place in the model's tensors (a LoRA A or B: the adapted weight's) */
     int row;         /* index of its row in the family's table (internal) */
+    /* tensor parallelism: the whole tensor this one is a slice of, and where the slice starts in
+     * it (rows, columns); the tensor itself (shape, 0 0) when it is whole */
+    int64_t whole_shape[2], slice_at[2];
 } trill_param;
 
 /* A model: its config and its parameters. Opaque: read it through the functions below. */
@@ -94,20 +97,33 @@ typedef enum trill_storage {
  * input/adapter gradients of the backward; it refuses weight gradients and merging. */
 trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out);
 
-/* ---- expert parallelism: a model that holds some of its routed experts ----
+/* ---- model parallelism: a model that holds part of the weights ----
  *
- * The shard of expert-parallel rank `ep_rank` of `ep_size` holds every tensor but the routed
- * experts of the other ranks: experts [E ep_rank / ep_size, E (ep_rank + 1) / ep_size) of every
- * MoE layer (E, num_experts, must be a multiple of ep_size). Its tensor list is the whole model's
- * (the same names, shapes and indices), the others' experts without storage (data and bf16
- * NULL), so a shard of a 4-rank group keeps about a quarter of the expert bytes. Loading reads
- * the held tensors' pages of the memory-mapped safetensors files only. ep_size 1 is the whole
- * model. A shard computes with trill_model_set_expert_comm; it is not saved whole
+ * A shard is what one rank of an expert-parallel group (ep ranks) and of a tensor-parallel group
+ * (tp ranks) holds:
+ * - expert parallelism: every tensor but the routed experts of the other ranks — experts
+ *   [E ep_rank / ep_size, E (ep_rank + 1) / ep_size) of every MoE layer (E, num_experts, must be
+ *   a multiple of ep_size); the others are listed among its tensors (name, shape, index) without
+ *   storage (data and bf16 NULL), so a shard of a 4-rank group keeps a quarter of the expert
+ *   bytes;
+ * - tensor parallelism (Megatron's split): its tp_rank-th share of the attention heads and of the
+ *   dense MLPs' width: the q/k/v (MLA: q_b, kv_b) and gate/up rows of those heads and columns
+ *   (column-parallel), the o_proj and down_proj columns (row-parallel), as slices of the whole
+ *   tensors (trill_param.whole_shape, slice_at); everything else, the routed and shared experts
+ *   included, whole on every rank. Its config is the rank's: num_attention_heads,
+ *   num_key_value_heads and (with dense layers) intermediate_size divided by tp_size (each must
+ *   divide).
+ * Loading reads the held tensors and slices only (the pages of the memory-mapped files they
+ * touch). NULL or all sizes 1 is the whole model. A shard computes with its groups set
+ * (trill_model_set_expert_comm, trill_model_set_tensor_comm); it is not saved whole
  * (trill_model_save refuses it) nor served by the generator. */
-trill_status trill_model_create_shard(const trill_config *config, trill_dtype storage, int ep_rank, int ep_size, trill_model **out);
-trill_status trill_model_load_shard(const char *dir, trill_storage storage, int ep_rank, int ep_size, trill_model **out);
+typedef struct trill_shard { int ep_rank, ep_size, tp_rank, tp_size; } trill_shard;
+trill_status trill_model_create_shard(const trill_config *config, trill_dtype storage, const trill_shard *shard, trill_model **out);
+trill_status trill_model_load_shard(const char *dir, trill_storage storage, const trill_shard *shard, trill_model **out);
 /* The routed experts the model holds: [*first, *first + *count) of each MoE layer. */
 void trill_model_experts_held(const trill_model *m, int *first, int *count);
+/* The whole model's config (the shard's own, trill_model_config, has its share of the heads). */
+const trill_config *trill_model_whole_config(const trill_model *m);
 
 typedef struct trill_comm trill_comm; /* trill/dist.h */
 /* The expert-parallel group of a shard: rank i of `ep` holds shard i. From then on every forward
@@ -120,6 +136,14 @@ typedef struct trill_comm trill_comm; /* trill/dist.h */
  * trill_model_backward_ep (trill/train.h). NULL detaches (the comm must outlive the model's use
  * of it). */
 trill_status trill_model_set_expert_comm(trill_model *m, trill_comm *ep);
+/* The tensor-parallel group of a shard: rank i of `tp` holds share i of the heads. Its passes
+ * are then collective over the group, whose ranks forward the same tokens: a row-parallel
+ * projection's partial outputs (and its adapter's rank-r partial inputs x A^T) are summed over
+ * the group, and in the backward so are the column-parallel projections' input gradients (and
+ * their adapters' x A^T gradients). Every sum adds the ranks in rank order
+ * (trill_comm_allreduce_ordered_f32), so the replicated activations keep the same bits on every
+ * rank; against one rank they differ by the reductions' order (within 1e-5 relative). */
+trill_status trill_model_set_tensor_comm(trill_model *m, trill_comm *tp);
 
 /* The (token, expert) rows of hidden_size floats the model's MoE layers sent to and received from
  * the other ranks of its group since the last reset: its tokens to their experts' holders and

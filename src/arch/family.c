@@ -44,6 +44,8 @@ static void emit(const trill_family *f, const trill_config *c, int r, int layer,
     t.shape[0] = f->dim(c, row->dims[0]);
     t.shape[1] = t.ndim == 2 ? f->dim(c, row->dims[1]) : 0;
     t.numel = (size_t)t.shape[0] * (size_t)(t.ndim == 2 ? t.shape[1] : 1);
+    t.whole_shape[0] = t.shape[0];
+    t.whole_shape[1] = t.shape[1];
     fn(ctx, row, &t);
 }
 

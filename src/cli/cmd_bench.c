@@ -15,7 +15,7 @@
 
 static const char USAGE[] =
     "trill bench train --model DIR [--lora|--full] [--rank R] [--batch B] [--seq L] [--runs N] [--recompute]\n"
-    "                  [--precision fp32|bf16] [--ep N]\n"
+    "                  [--precision fp32|bf16] [--ep N | --tp N]\n"
     "  Times forward + backward on B random sequences of L tokens (defaults: --lora, rank 16 on all\n"
     "  linear layers, 8 x 512, 3 runs after a warm-up, fp32 matmuls) and a GEMM 2048^3 in the same\n"
     "  precision for the peak; bf16 also prints the fp32 GEMM's, to compare.\n"
@@ -25,7 +25,9 @@ static const char USAGE[] =
     "  gradients all-reduced every step) and it also prints the step's communication by kind and\n"
     "  each rank's peak RSS and weight bytes. --ep N (LoRA): groups of N consecutive ranks split\n"
     "  the routed experts (expert parallelism: each rank loads only its experts' tensors, tokens\n"
-    "  travel to their experts' ranks by all-to-all-v).";
+    "  travel to their experts' ranks by all-to-all-v). --tp N (LoRA): groups of N consecutive\n"
+    "  ranks split the attention heads and dense MLPs (tensor parallelism) and share their\n"
+    "  sequences.";
 
 /* What the timed steps cost the process beyond their time: minor page faults, system and user
  * CPU seconds (getrusage deltas over the timed steps). */
@@ -37,14 +39,15 @@ static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)
  * of ep ranks splitting the experts and the ranks holding the same experts (edp). */
 typedef struct bench_ranks {
     trill_comm *world, *ep, *edp;
+    trill_comm *tp, *data;  /* tensor parallelism: the group, and the ranks of one share (the data ranks) */
     size_t routed;   /* expert parallelism: the adapters' held experts' part starts here */
     float **src;     /* [ep] its gradient per source rank */
 } bench_ranks;
 
 static trill_comm_stats comm_stats(const bench_ranks *r) {
     trill_comm_stats sum = trill_comm_stats_get(r->world);
-    const trill_comm *sub[2] = { r->ep, r->edp };
-    for (int i = 0; i < 2; i++)
+    const trill_comm *sub[4] = { r->ep, r->edp, r->tp, r->data };
+    for (int i = 0; i < 4; i++)
         if (sub[i]) {
             const trill_comm_stats s = trill_comm_stats_get(sub[i]);
             for (int k = 0; k < TRILL_COMM_KINDS; k++) sum.calls[k] += s.calls[k], sum.bytes[k] += s.bytes[k], sum.ms[k] += s.ms[k];
@@ -53,14 +56,16 @@ static trill_comm_stats comm_stats(const bench_ranks *r) {
 }
 
 static void comm_reset(const bench_ranks *r) {
-    trill_comm_stats_reset(r->world);
-    if (r->ep) trill_comm_stats_reset(r->ep), trill_comm_stats_reset(r->edp);
+    trill_comm *all[5] = { r->world, r->ep, r->edp, r->tp, r->data };
+    for (int i = 0; i < 5; i++)
+        if (all[i]) trill_comm_stats_reset(all[i]);
 }
 
 /* One step's gradient reduction: every value summed over the ranks that computed a part of it
  * (all of them; under expert parallelism the held experts' over the ranks holding them, after
  * adding the parts each source rank's tokens made). */
 static trill_status reduce(const bench_ranks *r, float *g, size_t n) {
+    if (r->tp) return trill_comm_allreduce_f32(r->data, g, n); /* a share's slices over the data ranks */
     if (!r->ep) return trill_comm_allreduce_f32(r->world, g, n);
     const int P = trill_comm_size(r->ep);
     for (int j = 0; j < P; j++)
@@ -121,7 +126,7 @@ typedef struct bench_result {
     trill_precision prec;
     bool lora_mode, recompute;
     long long rank, batch, seq;
-    int runs, ranks, share, ep; /* share: sequences per rank; ep: expert-parallel group size */
+    int runs, ranks, share, ep, tp; /* share: sequences per rank; ep, tp: the model-parallel groups' size */
     double *times;            /* [runs] seconds (trill_median reorders them) */
     double peak;              /* rank 0's GEMM */
     step_costs sc;
@@ -144,7 +149,7 @@ static void report(const trill_model *m, const int *offsets, const bench_result 
     double flops = trill_train_step_flops(cfg, offsets, (int)batch, lora_mode, (int)b->rank, recompute);
     if (P > 1) {
         const trill_comm_stats cs = b->comm;
-        printf("data parallel over %d ranks (%d sequences each%s): a step's communication from rank 0:", P, b->share,
+        printf("%d ranks, %d data-parallel (%d sequences each%s): a step's communication from rank 0:", P, P / b->tp, b->share,
                b->ep > 1 ? "" : ", gradients all-reduced");
         for (int k = 0; k < TRILL_COMM_KINDS; k++)
             if (cs.calls[k]) printf(" %s %.2f MB %.1f ms", trill_comm_kind_name((trill_comm_kind)k), cs.bytes[k] / (double)runs / 1e6, cs.ms[k] / runs);
@@ -155,6 +160,10 @@ static void report(const trill_model *m, const int *offsets, const bench_result 
             printf("expert parallel in groups of %d ranks: %d of %d routed experts a rank (loaded alone); tokens to their experts' ranks "
                    "by all-to-all-v; %d group%s\n", b->ep, count, cfg->num_experts, P / b->ep, P / b->ep == 1 ? "" : "s, each expert's gradient summed over them");
         }
+        if (b->tp > 1)
+            printf("tensor parallel in groups of %d ranks: %d of %d attention heads a rank and 1/%d of the dense MLPs (loaded alone); a "
+                   "group forwards the same %d sequences, partial sums added in rank order\n", b->tp, cfg->num_attention_heads,
+                   trill_model_whole_config(m)->num_attention_heads, b->tp, b->share);
         for (int r = 0; r < P; r++) printf("rank %d: peak RSS %.0f MB, weights %.1f MB\n", r, b->rss[r] / 1024.0, b->bytes[r] / 1e6);
     }
     printf("%s peak (GEMM 2048^3, %s): %.1f GFLOP/s\n", trill_precision_name(prec),
@@ -181,12 +190,12 @@ int cmd_bench(int argc, char **argv) {
         { "model", required_argument, 0, 'm' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },
         { "rank", required_argument, 0, 'r' }, { "batch", required_argument, 0, 'b' }, { "seq", required_argument, 0, 's' },
         { "runs", required_argument, 0, 'n' }, { "recompute", no_argument, 0, 'c' }, { "precision", required_argument, 0, 'p' },
-        { "ep", required_argument, 0, 'e' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "ep", required_argument, 0, 'e' }, { "tp", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
     trill_precision prec = TRILL_PRECISION_FP32;
     const char *dir = NULL;
     bool lora_mode = true, recompute = false;
-    long long rank = 16, batch = 8, seq = 512, runs = 3, ep = 1;
+    long long rank = 16, batch = 8, seq = 512, runs = 3, ep = 1, tp = 1;
     int c;
     optind = 1;
     while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
@@ -201,6 +210,7 @@ int cmd_bench(int argc, char **argv) {
         case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &seq); break;
         case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &runs); break;
         case 'e': bad = cli_parse_int("bench", USAGE, "--ep", optarg, 1, 65536, &ep); break;
+        case 't': bad = cli_parse_int("bench", USAGE, "--tp", optarg, 1, 65536, &tp); break;
         case 'p':
             if (trill_precision_parse(optarg, &prec)) return cli_usage_error("bench", USAGE, "--precision %s: expected fp32 or bf16", optarg);
             break;
@@ -212,17 +222,23 @@ int cmd_bench(int argc, char **argv) {
     if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
     trill_comm *world = cli_world();
     const int P = trill_comm_size(world), me = trill_comm_rank(world);
-    if (batch < P) return cli_usage_error("bench", USAGE, "--batch %lld: fewer sequences than the job's %d ranks", batch, P);
-    if (P % ep != 0) return cli_usage_error("bench", USAGE, "--ep %lld: the job's %d ranks are not groups of %lld", ep, P, ep);
-    if (ep > 1 && !lora_mode) return cli_usage_error("bench", USAGE, "--ep %lld: expert parallelism trains adapters (--lora)", ep);
+    const int D = P / (int)tp; /* data ranks: a tensor-parallel group is one */
+    if (ep > 1 && tp > 1) return cli_usage_error("bench", USAGE, "--ep %lld with --tp %lld: expert and tensor parallelism together are not built", ep, tp);
+    if (P % ep != 0 || P % tp != 0)
+        return cli_usage_error("bench", USAGE, "--%s %lld: the job's %d ranks are not groups of %lld", ep > 1 ? "ep" : "tp", ep > 1 ? ep : tp, P,
+                               ep > 1 ? ep : tp);
+    if (batch < D) return cli_usage_error("bench", USAGE, "--batch %lld: fewer sequences than the job's %d ranks", batch, D);
+    if ((ep > 1 || tp > 1) && !lora_mode) return cli_usage_error("bench", USAGE, "--%s: model parallelism trains adapters (--lora)", ep > 1 ? "ep" : "tp");
     bench_ranks rk = { .world = world };
-    const int q = (int)(me % ep);
+    const int q = (int)(me % ep), tq = (int)(me % tp), d = me / (int)tp;
     if (ep > 1 && (trill_comm_split(world, me / (int)ep, q, &rk.ep) || trill_comm_split(world, q, me / (int)ep, &rk.edp))) return cli_fail("bench");
+    if (tp > 1 && (trill_comm_split(world, d, tq, &rk.tp) || trill_comm_split(world, tq, d, &rk.data))) return cli_fail("bench");
     trill_model *m;
     /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16);
-     * under expert parallelism each rank reads only its experts */
-    if (trill_model_load_shard(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, q, (int)ep, &m)) return cli_fail("bench");
-    if (rk.ep && trill_model_set_expert_comm(m, rk.ep)) {
+     * under model parallelism each rank reads only its experts, or its share of the heads */
+    const trill_shard shard = { .ep_rank = q, .ep_size = (int)ep, .tp_rank = tq, .tp_size = (int)tp };
+    if (trill_model_load_shard(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &shard, &m)) return cli_fail("bench");
+    if ((rk.ep && trill_model_set_expert_comm(m, rk.ep)) || (rk.tp && trill_model_set_tensor_comm(m, rk.tp))) {
         trill_model_free(m);
         return cli_fail("bench");
     }
@@ -255,8 +271,8 @@ int cmd_bench(int argc, char **argv) {
         dlp[t] = -1.0f / (float)T; /* mean cross-entropy */
     }
     for (int s = 0; !st && s <= batch; s++) offsets[s] = s * (int)seq;
-    /* this rank's share of the sequences (all of them on one process) */
-    const int s0 = (int)(batch * me / P), s1 = (int)(batch * (me + 1) / P);
+    /* this data rank's share of the sequences (all of them on one process) */
+    const int s0 = (int)(batch * d / D), s1 = (int)(batch * (d + 1) / D);
     double peak = 0;
     if (!st && me == 0) peak = gemm_peak(prec); /* rank 0's, while the others wait */
     if (!st && P > 1) st = trill_comm_barrier(world);
@@ -275,17 +291,20 @@ int cmd_bench(int argc, char **argv) {
     free(both);
     if (!st && me == 0) {
         const bench_result res = { .prec = prec, .lora_mode = lora_mode, .recompute = recompute, .rank = rank, .batch = batch, .seq = seq,
-                                   .runs = (int)runs, .ranks = P, .share = s1 - s0, .ep = (int)ep, .times = times, .peak = peak, .sc = sc,
+                                   .runs = (int)runs, .ranks = P, .share = s1 - s0, .ep = (int)ep, .tp = (int)tp, .times = times, .peak = peak, .sc = sc,
                                    .rss = rss, .bytes = bytes, .comm = comm };
         report(m, offsets, &res);
     }
     trill_model_attach_lora(m, NULL);
     trill_model_set_expert_comm(m, NULL);
+    trill_model_set_tensor_comm(m, NULL);
     trill_lora_free(lora);
     for (int j = 0; rk.src && j < ep; j++) free(rk.src[j]);
     free(rk.src);
     trill_comm_free(rk.ep);
     trill_comm_free(rk.edp);
+    trill_comm_free(rk.tp);
+    trill_comm_free(rk.data);
     free(tokens); free(offsets); free(lp); free(dlp); free(grads); free(lgrads); free(times); free(rss); free(bytes);
     trill_model_free(m);
     return st ? cli_fail("bench") : 0;

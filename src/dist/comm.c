@@ -180,6 +180,47 @@ static trill_status allreduce_sum(trill_comm *c, void *data, size_t n, int f64) 
 trill_status trill_comm_allreduce_f32(trill_comm *c, float *data, size_t n) { return allreduce_sum(c, data, n, 0); }
 trill_status trill_comm_allreduce_f64(trill_comm *c, double *data, size_t n) { return allreduce_sum(c, data, n, 1); }
 
+/* The allgather, then each rank adds the ranks' values in rank order. */
+static trill_status allreduce_ordered(trill_comm *c, void *data, size_t n, int f64) {
+    if (c->size == 1) return TRILL_OK;
+    const size_t elem = f64 ? sizeof(double) : sizeof(float), bytes = n * elem;
+    char *all = trill_malloc(bytes * (size_t)c->size + 1);
+    if (!all) return trill_error(TRILL_ERR_NOMEM, "out of memory for an ordered all-reduce of %zu values over %d ranks", n, c->size);
+    const double t0 = trill_now();
+    trill_status st = TRILL_OK;
+#ifdef TRILL_HAVE_MPI
+    for (size_t at = 0; !st && at < bytes; at += CHUNK) { /* in pieces under MPI's int counts */
+        const size_t k = bytes - at < CHUNK ? bytes - at : CHUNK;
+        char *piece = trill_malloc(k * (size_t)c->size);
+        if (!piece) {
+            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            break;
+        }
+        const int rc = MPI_Allgather((char *)data + at, (int)k, MPI_BYTE, piece, (int)k, MPI_BYTE, c->comm);
+        if (rc != MPI_SUCCESS) st = mpi_error(rc, "MPI_Allgather");
+        for (int r = 0; !st && r < c->size; r++) memcpy(all + (size_t)r * bytes + at, piece + (size_t)r * k, k);
+        free(piece);
+    }
+#endif
+    for (size_t i = 0; !st && i < n; i++) {
+        if (f64) {
+            double v = 0;
+            for (int r = 0; r < c->size; r++) v += ((const double *)(const void *)(all + (size_t)r * bytes))[i];
+            ((double *)data)[i] = v;
+        } else {
+            float v = 0;
+            for (int r = 0; r < c->size; r++) v += ((const float *)(const void *)(all + (size_t)r * bytes))[i];
+            ((float *)data)[i] = v;
+        }
+    }
+    free(all);
+    count(c, TRILL_COMM_ALLREDUCE, bytes * (uint64_t)(c->size - 1), t0);
+    return st;
+}
+
+trill_status trill_comm_allreduce_ordered_f32(trill_comm *c, float *data, size_t n) { return allreduce_ordered(c, data, n, 0); }
+trill_status trill_comm_allreduce_ordered_f64(trill_comm *c, double *data, size_t n) { return allreduce_ordered(c, data, n, 1); }
+
 trill_status trill_comm_allreduce_max_u64(trill_comm *c, uint64_t v, uint64_t *out) {
     const double t0 = trill_now();
     *out = v;

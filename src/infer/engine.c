@@ -72,9 +72,10 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (m->config.num_labels > 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: this model is a sequence classifier (%s, a reward model): it scores text, it does not generate",
                            trill_config_architecture(&m->config));
-    if (m->expert_count < m->config.num_experts)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: this model holds experts %d-%d of %d (an expert-parallel shard); the generator "
-                           "serves a model with every expert", m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts);
+    if (m->expert_count < m->config.num_experts || m->tp_size > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: this model is a shard (experts %d-%d of %d, tensor-parallel share %d of %d); the "
+                           "generator serves the whole model", m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts,
+                           m->tp_rank, m->tp_size);
     if (cfg.block_size < 1 || cfg.block_size > 4096)
         return trill_error(TRILL_ERR_INVALID, "engine: block_size must be in [1, 4096], got %d", cfg.block_size);
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);

@@ -227,9 +227,10 @@ static trill_status same_architecture(const trill_config *a, const trill_config 
 }
 
 trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes) {
-    if (m->expert_count < m->config.num_experts)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "weight update: the model holds experts %d-%d of %d (an expert-parallel shard), not every expert",
-                           m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts);
+    if (m->expert_count < m->config.num_experts || m->tp_size > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "weight update: the model is a shard (experts %d-%d of %d, tensor-parallel share %d of %d), "
+                           "not the whole model", m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts, m->tp_rank,
+                           m->tp_size);
     trill_status st = same_architecture(&e->c, &m->config);
     if (!st) st = trill_eng_check_finite_model(m);
     eng_weights *w = NULL;
@@ -247,8 +248,8 @@ trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora
     if (lora) {
         if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "adapter update: rank %d", lora->config.rank);
         if (!trill_lora_is_whole(lora))
-            return trill_error(TRILL_ERR_UNSUPPORTED, "adapter update: the adapters hold experts %d-%d (an expert-parallel shard's), not "
-                               "every expert's", lora->expert_first, lora->expert_first + lora->expert_count - 1);
+            return trill_error(TRILL_ERR_UNSUPPORTED, "adapter update: the adapters are a shard's (%zu of the whole adapter's %zu values)",
+                               lora->n_params, lora->n_global);
         trill_status st = check_finite_lora(lora);
         if (!st) st = build_adapter(e, lora, &ad);
         if (st) return st;

@@ -13,7 +13,7 @@ trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const f
     if (!st) st = trill_linear(fp, up, inp, w->up, w->a_up, fp->lora ? xa[1] + at : NULL, n, H, I);
     if (st) return st;
     trill_swiglu_forward(act, gate, up, (size_t)n * I);
-    return trill_linear(fp, out, act, w->down, w->a_down, fp->lora ? xa[2] + at : NULL, n, I, H);
+    return (w->tp ? trill_linear_rowpar : trill_linear)(fp, out, act, w->down, w->a_down, fp->lora ? xa[2] + at : NULL, n, I, H);
 }
 
 trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int Im) { /* e: the local number */

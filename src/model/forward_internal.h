@@ -73,12 +73,24 @@ struct trill_forward_pass {
 trill_status trill_linear(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa, int n,
                   int K, int N);
 
+/* ---- tensor parallelism (src/model/tp.c) ---- */
+
+/* data[n] summed over the model's tensor-parallel group in rank order (nothing without one). */
+trill_status trill_tp_sum(const trill_forward_pass *fp, float *data, size_t n);
+/* trill_linear for a row-parallel projection (o_proj, a dense MLP's down_proj): under tensor
+ * parallelism inp and W hold this rank's share of the input features, and out is the group's sum
+ * of inp W^T plus scale (the group's sum of inp A^T) B^T, the same on every rank; trill_linear
+ * otherwise. */
+trill_status trill_linear_rowpar(const trill_forward_pass *fp, float *out, const float *inp, trill_weight W, trill_lora_pair ad, float *xa,
+                                 int n, int K, int N);
+
 /* ---- building blocks the families share (src/model/blocks.c) ---- */
 
 /* A SwiGLU MLP: down(silu(gate(x)) * up(x)), with its adapters (A NULL: none). */
 typedef struct trill_mlp_weights {
     trill_weight gate, up, down;
     trill_lora_pair a_gate, a_up, a_down;
+    bool tp; /* split over the tensor-parallel group (a dense MLP; experts never are) */
 } trill_mlp_weights;
 
 /* The routed experts of a MoE layer: [E, Im, H] gate and up, [E, H, Im] down, back to back;

@@ -93,11 +93,15 @@ static int *whole_order(const trill_model *m, unsigned targets, size_t *n) {
 typedef struct walk {
     trill_lora *lora;
     const trill_model *m;
+    bool whole;             /* the whole adapter: whole tensors (a tensor-parallel shard's are slices) */
     size_t offset, n, next_experts;
     const size_t *g_offset; /* [model tensor] its A's offset in the whole adapter ... */
     const int *g_pos;       /* ... and its place in the whole adapter's order (A at 2 g_pos, B after) */
 } walk;
 
+/* A ([r, in]: part "lora_A") or B ([out, r]: "lora_B") of the weight `base`: under tensor parallelism
+ * A takes the slice of the weight's columns (a row-parallel weight's input), B of its rows (a
+ * column-parallel weight's output), each whole otherwise. */
 static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, const char *part, size_t g_offset, int g_index) {
     float *data = w->lora->params ? w->lora->params + w->offset : NULL;
     if (w->lora->tensors) {
@@ -108,6 +112,11 @@ static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, 
         p->ndim = 2;
         p->shape[0] = rows;
         p->shape[1] = cols;
+        const bool is_a = part[5] == 'A';
+        p->whole_shape[0] = is_a || w->whole ? rows : base->whole_shape[0];
+        p->whole_shape[1] = !is_a || w->whole ? cols : base->whole_shape[1];
+        p->slice_at[0] = is_a || w->whole ? 0 : base->slice_at[0];
+        p->slice_at[1] = !is_a || w->whole ? 0 : base->slice_at[1];
         p->data = data;
         p->bf16 = NULL;
         p->numel = (size_t)(rows * cols);
@@ -125,8 +134,9 @@ static void adapt(walk *w, const trill_param *t) {
     const int64_t r = lora->config.rank;
     const size_t g = w->g_offset ? w->g_offset[t->index] : 0;
     const int gi = w->g_pos ? 2 * w->g_pos[t->index] : 0;
-    trill_lora_pair p = { .A = add(w, t, r, t->shape[1], "lora_A", g, gi),
-                          .B = add(w, t, t->shape[0], r, "lora_B", g + (size_t)(r * t->shape[1]), gi + 1) };
+    const int64_t *dims = w->whole ? t->whole_shape : t->shape;
+    trill_lora_pair p = { .A = add(w, t, r, dims[1], "lora_A", g, gi),
+                          .B = add(w, t, dims[0], r, "lora_B", g + (size_t)(r * t->whole_shape[1]), gi + 1) };
     const int field = trill_arch_row(&w->m->config, t)->lora_field;
     if (!lora->layers || field == TRILL_NO_FIELD) return;
     if (t->layer < 0) { *(trill_lora_pair *)((char *)lora + field) = p; return; }
@@ -211,10 +221,10 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool
         const trill_param *t = &m->tensors[order[i]];
         g_offset[order[i]] = lora->n_global;
         g_pos[order[i]] = (int)i;
-        lora->n_global += (size_t)cfg.rank * (size_t)(t->shape[0] + t->shape[1]);
+        lora->n_global += (size_t)cfg.rank * (size_t)(t->whole_shape[0] + t->whole_shape[1]);
     }
     lora->n_global_tensors = 2 * n_order;
-    walk w = { .lora = lora, .m = m };
+    walk w = { .lora = lora, .m = m, .whole = whole };
     walk_layout(&w, order, n_order); /* count */
     lora->n_params = w.offset;
     lora->n_tensors = w.n;
@@ -230,7 +240,7 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool
         trill_lora_free(lora);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu adapter values", w.offset);
     }
-    w = (walk){ .lora = lora, .m = m, .g_offset = g_offset, .g_pos = g_pos };
+    w = (walk){ .lora = lora, .m = m, .whole = whole, .g_offset = g_offset, .g_pos = g_pos };
     walk_layout(&w, order, n_order); /* names and pointers */
     free(order);
     free(g_offset);
@@ -245,11 +255,13 @@ trill_status trill_lora_create(const trill_model *m, trill_lora_config cfg, uint
     if (st) return st;
     /* PEFT: kaiming_uniform_(A, a=sqrt(5)) -> U(-1/sqrt(in), 1/sqrt(in)); B = 0. Keyed by the
      * tensor's place in the whole adapter, so a shard's are the whole one's. */
-    for (size_t t = 0; t < lora->n_tensors; t += 2) {
+    for (size_t t = 0; t < lora->n_tensors; t += 2) { /* a tensor-parallel slice draws its columns of the whole A */
         trill_param *A = &lora->tensors[t];
-        const double bound = 1.0 / sqrt((double)A->shape[1]);
+        const double bound = 1.0 / sqrt((double)A->whole_shape[1]);
         const uint64_t key = trill_rng_key(seed, (uint64_t)lora->global_index[t]);
-        for (size_t i = 0; i < A->numel; i++) A->data[i] = (float)((2.0 * trill_rng_uniform(key, i) - 1.0) * bound);
+        const size_t cols = (size_t)A->shape[1], wcols = (size_t)A->whole_shape[1], c0 = (size_t)A->slice_at[1];
+        for (size_t i = 0; i < A->numel; i++)
+            A->data[i] = (float)((2.0 * trill_rng_uniform(key, (i / cols) * wcols + c0 + i % cols) - 1.0) * bound);
     }
     *out = lora;
     return TRILL_OK;
@@ -263,8 +275,8 @@ void trill_model_attach_lora(trill_model *m, trill_lora *lora) { m->lora = lora;
 
 trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
     if (!trill_lora_is_whole(lora))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: these adapters hold experts %d-%d (an expert-parallel shard's); an adapter file is "
-                           "written from every expert's", dir, lora->expert_first, lora->expert_first + lora->expert_count - 1);
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: these adapters are a shard's (%zu of the whole adapter's %zu values); an adapter file "
+                           "is written from the whole adapter", dir, lora->n_params, lora->n_global);
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
     trill_tensor_out *outs = trill_calloc(lora->n_tensors + 1, sizeof *outs);
@@ -340,10 +352,14 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
         const trill_param *p = &lora->tensors[t];
         const trill_tensor_view *v = trill_st_find(f, p->name);
         if (!v) st = trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (adapter_config.json targets it)", st_path, p->name);
-        else if (v->ndim != 2 || v->shape[0] != p->shape[0] || v->shape[1] != p->shape[1])
+        else if (v->ndim != 2 || v->shape[0] != p->whole_shape[0] || v->shape[1] != p->whole_shape[1])
             st = trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape does not match the model and rank (expected [%lld, %lld])",
-                             st_path, p->name, (long long)p->shape[0], (long long)p->shape[1]);
-        else trill_to_f32(p->data, v->data, v->dtype, p->numel);
+                             st_path, p->name, (long long)p->whole_shape[0], (long long)p->whole_shape[1]);
+        else /* a tensor-parallel slice: its rows and columns of the file's */
+            for (int64_t i = 0; i < p->shape[0]; i++)
+                trill_to_f32(p->data + i * p->shape[1],
+                             (const char *)v->data + (size_t)((p->slice_at[0] + i) * p->whole_shape[1] + p->slice_at[1]) * trill_dtype_size(v->dtype),
+                             v->dtype, (size_t)p->shape[1]);
     }
     if (!st && trill_st_count(f) != lora->n_global_tensors) /* a shard reads its own of the whole adapter's */
         st = trill_error(TRILL_ERR_INVALID, "%s: %zu tensors, but adapter_config.json and the model call for %zu", st_path, trill_st_count(f),

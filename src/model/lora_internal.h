@@ -41,8 +41,8 @@ typedef struct trill_lora {
     int *global_index;
 } trill_lora;
 
-/* Whether the adapter holds every routed expert (the whole adapter), not a shard's part. */
-static inline bool trill_lora_is_whole(const trill_lora *l) { return l->n_tensors == l->n_global_tensors; }
+/* Whether the adapters are the whole adapter (every expert, whole tensors), not a shard's part. */
+static inline bool trill_lora_is_whole(const trill_lora *l) { return l->n_params == l->n_global; }
 
 /* Layer l's adapters in the family's per-layer struct. */
 static inline void *trill_lora_layer(const trill_lora *lora, int l) { return (char *)lora->layers + (size_t)l * lora->layer_size; }

@@ -28,6 +28,7 @@ typedef struct layout {
     trill_model *m;
     size_t n32, n16; /* elements used so far in each block */
     size_t n;        /* tensors named so far */
+    const int64_t (*whole)[2]; /* tensor parallelism: [tensor] the whole model's shapes */
 } layout;
 
 static void place(void *ctx, const trill_tensor_row *row, const trill_param *t) {
@@ -37,6 +38,10 @@ static void place(void *ctx, const trill_tensor_row *row, const trill_param *t) 
     if (m->tensors) {
         trill_param *p = &m->tensors[L->n];
         *p = *t;
+        for (int d = 0; L->whole && d < p->ndim; d++) { /* a slice: this rank's rows or columns of the whole tensor */
+            p->whole_shape[d] = L->whole[L->n][d];
+            p->slice_at[d] = p->whole_shape[d] != p->shape[d] ? (int64_t)m->tp_rank * p->shape[d] : 0;
+        }
         p->data = held && !half && m->params ? m->params + L->n32 : NULL;
         p->bf16 = held && half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
         /* the held experts of a row follow its first */
@@ -56,24 +61,54 @@ static void walk_layout(layout *L) {
     if (m->config.num_labels == 0 && m->config.tie_word_embeddings) m->lm_head = m->embed;
 }
 
-trill_status trill_model_create_shard(const trill_config *config, trill_dtype storage, int ep_rank, int ep_size, trill_model **out) {
+/* The config of tensor-parallel share: its heads and its part of the dense MLPs' width. */
+static trill_status tp_config(const trill_config *c, int tp, trill_config *out) {
+    *out = *c;
+    if (tp == 1) return TRILL_OK;
+    const bool dense = c->n_moe_layers < c->num_hidden_layers;
+    if (c->num_attention_heads % tp || c->num_key_value_heads % tp || (dense && c->intermediate_size % tp))
+        return trill_error(TRILL_ERR_INVALID, "parallel.trainer.tp: %d tensor-parallel ranks split the attention heads (%d, %d key-value) "
+                           "%sinto equal shares, but %d does not divide them", tp, c->num_attention_heads, c->num_key_value_heads,
+                           dense ? "and the dense MLPs' intermediate_size " : "", tp);
+    out->num_attention_heads /= tp;
+    out->num_key_value_heads /= tp;
+    if (dense) out->intermediate_size /= tp;
+    return TRILL_OK;
+}
+
+static void note_shape(void *ctx, const trill_tensor_row *row, const trill_param *t) {
+    (void)row;
+    int64_t (*whole)[2] = ctx;
+    whole[t->index][0] = t->shape[0];
+    whole[t->index][1] = t->shape[1];
+}
+
+trill_status trill_model_create_shard(const trill_config *config, trill_dtype storage, const trill_shard *shard, trill_model **out) {
+    const trill_shard whole_model = { 0, 1, 0, 1 }, *sh = shard ? shard : &whole_model;
     if (storage != TRILL_F32 && storage != TRILL_BF16)
         return trill_error(TRILL_ERR_INVALID, "model storage must be F32 or BF16, not %s", trill_dtype_name(storage));
-    if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size)
-        return trill_error(TRILL_ERR_INVALID, "expert parallelism: rank %d of %d", ep_rank, ep_size);
-    if (ep_size > 1 && (config->n_moe_layers == 0 || config->num_experts % ep_size != 0))
+    if (sh->ep_size < 1 || sh->ep_rank < 0 || sh->ep_rank >= sh->ep_size || sh->tp_size < 1 || sh->tp_rank < 0 || sh->tp_rank >= sh->tp_size)
+        return trill_error(TRILL_ERR_INVALID, "model shard: expert-parallel rank %d of %d, tensor-parallel rank %d of %d", sh->ep_rank, sh->ep_size,
+                           sh->tp_rank, sh->tp_size);
+    if (sh->ep_size > 1 && (config->n_moe_layers == 0 || config->num_experts % sh->ep_size != 0))
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer.ep: %d expert-parallel ranks need routed experts in a multiple of %d, "
-                           "but this %s has %d (in %d MoE layers)", ep_size, ep_size, trill_config_architecture(config),
+                           "but this %s has %d (in %d MoE layers)", sh->ep_size, sh->ep_size, trill_config_architecture(config),
                            config->num_experts, config->n_moe_layers);
+    trill_config local;
+    trill_status st = tp_config(config, sh->tp_size, &local);
+    if (st) return st;
     trill_model *m = trill_calloc(1, sizeof *m);
     if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    m->config = *config;
+    m->config = local;
+    m->whole_config = *config;
     m->checkpoint_dtype = TRILL_F32;
     m->storage = storage;
-    m->ep_rank = ep_rank;
-    m->ep_size = ep_size;
-    m->expert_count = config->num_experts / ep_size;
-    m->expert_first = ep_rank * m->expert_count;
+    m->ep_rank = sh->ep_rank;
+    m->ep_size = sh->ep_size;
+    m->tp_rank = sh->tp_rank;
+    m->tp_size = sh->tp_size;
+    m->expert_count = config->num_experts / sh->ep_size;
+    m->expert_first = sh->ep_rank * m->expert_count;
     m->layer_size = trill_family_of(config)->layer_size;
     m->layers = trill_calloc((size_t)config->num_hidden_layers, m->layer_size);
     layout L = { .m = m };
@@ -85,19 +120,23 @@ trill_status trill_model_create_shard(const trill_config *config, trill_dtype st
     m->params = trill_calloc(m->n_f32 ? m->n_f32 : 1, sizeof(float));
     m->params_bf16 = storage == TRILL_BF16 ? trill_calloc(m->n_bf16 ? m->n_bf16 : 1, sizeof(uint16_t)) : NULL;
     m->tensors = trill_calloc(m->n_tensors, sizeof *m->tensors);
-    if (!m->layers || !m->params || !m->tensors || (storage == TRILL_BF16 && !m->params_bf16)) {
+    int64_t (*whole)[2] = sh->tp_size > 1 ? trill_calloc(m->n_tensors ? m->n_tensors : 1, sizeof *whole) : NULL;
+    if (!m->layers || !m->params || !m->tensors || (storage == TRILL_BF16 && !m->params_bf16) || (sh->tp_size > 1 && !whole)) {
+        free(whole);
         trill_model_free(m);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for %zu parameters (%.1f GB)", L.n32 + L.n16,
                            (L.n32 * 4.0 + L.n16 * 2.0) * 1e-9);
     }
-    L = (layout){ .m = m };
+    if (whole) trill_arch_walk(config, note_shape, whole); /* the same tensors in the same order */
+    L = (layout){ .m = m, .whole = (const int64_t(*)[2])whole };
     walk_layout(&L); /* set names and pointers */
+    free(whole);
     *out = m;
     return TRILL_OK;
 }
 
 trill_status trill_model_create_stored(const trill_config *config, trill_dtype storage, trill_model **out) {
-    return trill_model_create_shard(config, storage, 0, 1, out);
+    return trill_model_create_shard(config, storage, NULL, out);
 }
 
 trill_status trill_model_create(const trill_config *config, trill_model **out) {
@@ -124,12 +163,15 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
             continue;
         }
         uint64_t key = trill_rng_key(seed, t);
+        /* a tensor-parallel slice draws its elements of the whole tensor: the whole model's values */
+        const size_t cols = (size_t)p->shape[1], wcols = (size_t)p->whole_shape[1], r0 = (size_t)p->slice_at[0], c0 = (size_t)p->slice_at[1];
         if (p->bf16) {
 #pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < p->numel; i++) p->bf16[i] = trill_f32_to_bf16(std * (float)trill_rng_normal(key, i));
+            for (size_t i = 0; i < p->numel; i++)
+                p->bf16[i] = trill_f32_to_bf16(std * (float)trill_rng_normal(key, (r0 + i / cols) * wcols + c0 + i % cols));
         } else {
 #pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, i);
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, (r0 + i / cols) * wcols + c0 + i % cols);
         }
     }
 }
@@ -151,23 +193,29 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 #define SCALE_SUFFIX "_scale_inv"
 
 /* W[i, j] = e4m3(W[i, j]) * scale_inv[i / R][j / C] into the tensor's storage: fp32, or bf16 (the
- * fp32 product rounded, as DeepSeek's and HF's dequantization to bf16 round it). */
+ * fp32 product rounded, as DeepSeek's and HF's dequantization to bf16 round it). A
+ * tensor-parallel slice takes its rows and columns of the whole tensor, each with its own block's
+ * scale. */
 static void dequantize_fp8(const trill_param *p, const trill_tensor_view *w, const trill_tensor_view *s, const int block[2]) {
-    const size_t rows = (size_t)p->shape[0], cols = (size_t)p->shape[1], grid_cols = (size_t)s->shape[1];
+    const size_t rows = (size_t)p->shape[0], cols = (size_t)p->shape[1], wcols = (size_t)p->whole_shape[1], grid_cols = (size_t)s->shape[1];
+    const size_t r0 = (size_t)p->slice_at[0], c0 = (size_t)p->slice_at[1];
     const unsigned char *codes = w->data, *scales = s->data;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++)
-        for (size_t b = 0; b < grid_cols; b++) {
+        for (size_t j = 0; j < cols;) { /* the run of columns up to the end of this block */
+            const size_t gi = r0 + i, gj = c0 + j, b = gj / (size_t)block[1];
+            const size_t end = (b + 1) * (size_t)block[1] - c0, n = (end < cols ? end : cols) - j;
             float scale;
-            memcpy(&scale, scales + sizeof scale * ((i / (size_t)block[0]) * grid_cols + b), sizeof scale); /* may be unaligned */
-            const size_t j = b * (size_t)block[1], n = cols - j < (size_t)block[1] ? cols - j : (size_t)block[1];
-            if (p->bf16) trill_e4m3_scaled(p->bf16 + i * cols + j, TRILL_BF16, codes + i * cols + j, n, scale);
-            else trill_e4m3_scaled(p->data + i * cols + j, TRILL_F32, codes + i * cols + j, n, scale);
+            memcpy(&scale, scales + sizeof scale * ((gi / (size_t)block[0]) * grid_cols + b), sizeof scale); /* may be unaligned */
+            if (p->bf16) trill_e4m3_scaled(p->bf16 + i * cols + j, TRILL_BF16, codes + gi * wcols + gj, n, scale);
+            else trill_e4m3_scaled(p->data + i * cols + j, TRILL_F32, codes + gi * wcols + gj, n, scale);
+            j += n;
         }
 }
 
 /* The block scales of p, stored F8_E4M3 as v: the config's block size, then "<name>_scale_inv",
- * F32, one per block of [R, C] (the last row and column of blocks may be partial). */
+ * F32, one per block of [R, C] of the whole tensor (the last row and column of blocks may be
+ * partial). */
 static trill_status fp8_scales(const trill_model *m, const trill_checkpoint *ck, const char *dir, const trill_param *p,
                                const trill_tensor_view **out) {
     const int *block = m->config.fp8_block;
@@ -186,25 +234,26 @@ static trill_status fp8_scales(const trill_model *m, const trill_checkpoint *ck,
     if (s->dtype != TRILL_F32)
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\" is %s, expected F32 (the block scales of F8_E4M3 \"%s\")", s->path, name,
                            trill_dtype_name(s->dtype), p->name);
-    const int64_t grid[2] = { (p->shape[0] + block[0] - 1) / block[0], (p->shape[1] + block[1] - 1) / block[1] };
+    const int64_t grid[2] = { (p->whole_shape[0] + block[0] - 1) / block[0], (p->whole_shape[1] + block[1] - 1) / block[1] };
     if (s->ndim != 2 || s->shape[0] != grid[0] || s->shape[1] != grid[1]) {
         format_shape(got, sizeof got, s->ndim, s->shape);
         format_shape(want, sizeof want, 2, grid);
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape: got %s, expected %s (a scale per %dx%d block of \"%s\" [%lld, %lld])",
-                           s->path, name, got, want, block[0], block[1], p->name, (long long)p->shape[0], (long long)p->shape[1]);
+                           s->path, name, got, want, block[0], block[1], p->name, (long long)p->whole_shape[0], (long long)p->whole_shape[1]);
     }
     *out = s;
     return TRILL_OK;
 }
 
-/* One expected tensor: present, the right shape; widened into its storage, or dequantized. */
+/* One expected tensor: present, the right (whole) shape; widened into its storage, or
+ * dequantized; a tensor-parallel slice copies its rows and columns of it. */
 static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck, const char *dir, const trill_param *p) {
     const trill_tensor_view *v = trill_checkpoint_find(ck, p->name), *scales = NULL;
     char want[64], got[64];
-    format_shape(want, sizeof want, p->ndim, p->shape);
+    format_shape(want, sizeof want, p->ndim, p->whole_shape);
     if (!v) return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected shape %s from config.json)", dir, p->name, want);
     bool same = v->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = v->shape[d] == p->shape[d];
+    for (int d = 0; same && d < p->ndim; d++) same = v->shape[d] == p->whole_shape[d];
     if (!same) {
         format_shape(got, sizeof got, v->ndim, v->shape);
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape %s does not match config.json (expected %s)", v->path, p->name, got, want);
@@ -214,10 +263,17 @@ static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck
         if (!st) dequantize_fp8(p, v, scales, m->config.fp8_block);
         return st;
     }
-    if (p->bf16) { /* chosen only when every matrix is BF16 or F8_E4M3 (matrices_fit_bf16) */
-        assert(v->dtype == TRILL_BF16);
-        memcpy(p->bf16, v->data, p->numel * sizeof(uint16_t));
-    } else trill_to_f32(p->data, v->data, v->dtype, p->numel);
+    const size_t rows = p->ndim == 2 ? (size_t)p->shape[0] : 1, cols = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
+    const size_t wcols = p->ndim == 2 ? (size_t)p->whole_shape[1] : cols, elem = trill_dtype_size(v->dtype);
+    for (size_t i = 0; i < rows; i++) { /* row by row: a slice's are strided in the whole tensor */
+        const char *src = (const char *)v->data + (((size_t)p->slice_at[0] + i) * wcols + (size_t)p->slice_at[1]) * elem;
+        if (p->bf16) { /* chosen only when every matrix is BF16 or F8_E4M3 (matrices_fit_bf16) */
+            assert(v->dtype == TRILL_BF16);
+            memcpy(p->bf16 + i * cols, src, cols * sizeof(uint16_t));
+        } else {
+            trill_to_f32(p->data + i * cols, src, v->dtype, cols);
+        }
+    }
     return TRILL_OK;
 }
 
@@ -307,10 +363,10 @@ static bool matrices_fit_bf16(const trill_config *c, const trill_checkpoint *ck)
 trill_status trill_model_load(const char *dir, trill_model **out) { return trill_model_load_as(dir, TRILL_STORE_F32, out); }
 
 trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out) {
-    return trill_model_load_shard(dir, storage, 0, 1, out);
+    return trill_model_load_shard(dir, storage, NULL, out);
 }
 
-trill_status trill_model_load_shard(const char *dir, trill_storage storage, int ep_rank, int ep_size, trill_model **out) {
+trill_status trill_model_load_shard(const char *dir, trill_storage storage, const trill_shard *shard, trill_model **out) {
     char *config_path = trill_path_join(dir, "config.json");
     if (!config_path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_config config;
@@ -321,7 +377,7 @@ trill_status trill_model_load_shard(const char *dir, trill_storage storage, int 
     if ((st = trill_checkpoint_open(dir, &ck))) return st;
     trill_model *m;
     const trill_dtype kept = storage == TRILL_STORE_CHECKPOINT && matrices_fit_bf16(&config, ck) ? TRILL_BF16 : TRILL_F32;
-    if (!(st = trill_model_create_shard(&config, kept, ep_rank, ep_size, &m))) {
+    if (!(st = trill_model_create_shard(&config, kept, shard, &m))) {
         if ((st = fill_params(m, ck, dir))) trill_model_free(m);
         else *out = m;
     }
@@ -330,10 +386,9 @@ trill_status trill_model_load_shard(const char *dir, trill_storage storage, int 
 }
 
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes) {
-    if (m->ep_size > 1)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: this model holds experts %d-%d of %d (expert-parallel rank %d of %d); a checkpoint is "
-                           "written from every expert", dir, m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts,
-                           m->ep_rank, m->ep_size);
+    if (m->ep_size > 1 || m->tp_size > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: this model is a shard (expert-parallel rank %d of %d, tensor-parallel rank %d of %d); a "
+                           "checkpoint is written from the whole weights", dir, m->ep_rank, m->ep_size, m->tp_rank, m->tp_size);
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
     trill_tensor_out *outs = trill_calloc(m->n_tensors, sizeof *outs);
@@ -397,6 +452,7 @@ const trill_param *trill_model_tensors(const trill_model *m, size_t *n) {
     return m->tensors;
 }
 trill_dtype trill_model_storage(const trill_model *m) { return m->storage; }
+const trill_config *trill_model_whole_config(const trill_model *m) { return &m->whole_config; }
 void trill_model_experts_held(const trill_model *m, int *first, int *count) {
     *first = m->expert_first;
     *count = m->expert_count;

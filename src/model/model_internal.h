@@ -33,11 +33,21 @@ typedef struct trill_model {
      * others are listed in `tensors` without storage */
     int ep_rank, ep_size, expert_first, expert_count;
     struct trill_ep *ep;          /* the exchange with the other shards (src/model/moe_ep.c), or NULL */
+    /* tensor parallelism: share tp_rank of tp_size of the heads and the dense MLPs (config is the
+     * share's, whole_config the model's), and the group, or NULL */
+    int tp_rank, tp_size;
+    trill_config whole_config;
+    struct trill_comm *tp;
     trill_precision precision;    /* of the matrix products of its forward and backward passes */
 } trill_model;
 
 /* Frees the expert-parallel exchange (src/model/moe_ep.c), with the model. */
 void trill_model_ep_free(trill_model *m);
+
+/* Whether tensor t is a tensor-parallel slice of a larger one. */
+static inline bool trill_param_sliced(const trill_param *t) {
+    return t->whole_shape[0] != t->shape[0] || (t->ndim == 2 && t->whole_shape[1] != t->shape[1]);
+}
 
 /* Whether the model holds tensor t (every tensor but the routed experts of other shards). */
 static inline bool trill_model_holds(const trill_model *m, const trill_param *t) {

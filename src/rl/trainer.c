@@ -43,6 +43,17 @@ struct rl_trainer {
     trill_comm *data;             /* NULL: one process */
     trill_comm *ep, *edp;         /* owned; NULL without expert parallelism */
     int P, q;
+    /* tensor parallelism (parallel.trainer.tp): a group of tp consecutive ranks shares each
+     * micro-batch, each holding its share of the heads and dense MLPs (the data ranks are then
+     * the groups: `data` links the ranks of one share) */
+    trill_comm *tp;               /* owned; NULL without tensor parallelism */
+    int tp_size, tp_rank;
+    /* the group holding one whole model between them (the expert- or the tensor-parallel one), and
+     * this rank's place in it: a value its shard holds alone (an expert's, a slice) is its own,
+     * any other the group's first rank speaks for */
+    trill_comm *mp;
+    int mp_rank;
+    trill_comm *owned_data;       /* the data comm when split from the world (tensor parallelism) */
     size_t routed;                /* values[routed, n_values): the held experts' adapters (n_values without EP) */
     float *leaf;                  /* [n_values] one micro-batch's gradient (the held experts' part in src) */
     float **src;                  /* [P] the held experts' gradient from each group rank's micro-batch of a round */
@@ -510,8 +521,9 @@ static trill_status gradient_norm(const rl_trainer *r, double *norm) {
     }
     if (!st) st = trill_grad_sumsq_parts(r->lora_grads, offset, numel, n, mine);
     for (size_t k = 0; !st && k < n; k++)
-        if (r->q == 0 || offset[k] >= r->routed) all[r->lora ? (size_t)r->lora->global_index[k] : k] = mine[k];
-    if (!st && r->P > 1) st = trill_comm_allreduce_f64(r->ep, all, n_all);
+        if (r->mp_rank == 0 || offset[k] >= r->routed || trill_param_sliced(&t[k])) all[r->lora ? (size_t)r->lora->global_index[k] : k] = mine[k];
+    /* a tensor's sum over its slices is added in rank order, the same bits on every rank */
+    if (!st && r->mp) st = trill_comm_allreduce_ordered_f64(r->mp, all, n_all);
     double ss = 0;
     for (size_t k = 0; k < n_all; k++) ss += all[k];
     *norm = sqrt(ss);
@@ -957,35 +969,56 @@ trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir) {
 
 /* ---- distribution ---- */
 
-/* The world's ranks as parallel.trainer lays them out: rank = dp_index * ep + ep_index (tp 1), so
- * an expert-parallel group is ep consecutive ranks and the data ranks' shares of a step stay
- * contiguous per group. */
+/* The world's ranks as parallel.trainer lays them out: rank = (dp_index * ep + ep_index) * tp +
+ * tp_index, so a group of either kind is consecutive ranks and the data ranks' shares stay
+ * contiguous per expert-parallel group. */
 static trill_status set_up_ranks(rl_trainer *r, trill_comm *world) {
     const trill_rl_config *c = r->c;
-    r->P = 1;
+    r->P = r->tp_size = 1;
     if (!world || trill_comm_size(world) == 1) return TRILL_OK;
     r->data = world;
-    const int ep = c->parallel.trainer.ep, me = trill_comm_rank(world);
-    if (ep == 1) return TRILL_OK;
-    if (c->generator.on_policy)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "generator.on_policy: its scoring engine needs every expert, and parallel.trainer.ep %d "
-                           "shards them (on-policy mode runs without expert parallelism)", ep);
-    r->P = ep;
-    r->q = me % ep;
-    trill_status st = trill_comm_split(world, me / ep, r->q, &r->ep);
-    if (!st) st = trill_comm_split(world, r->q, me / ep, &r->edp);
+    const int ep = c->parallel.trainer.ep, tp = c->parallel.trainer.tp, me = trill_comm_rank(world);
+    if (ep > 1 && tp > 1)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer: ep %d with tp %d: expert and tensor parallelism together are not built "
+                           "(either, with data parallelism, is)", ep, tp);
+    if (c->generator.on_policy && (ep > 1 || tp > 1))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "generator.on_policy: its scoring engine needs the whole model, and parallel.trainer.%s %d "
+                           "shards it (on-policy mode runs with data parallelism only)", ep > 1 ? "ep" : "tp", ep > 1 ? ep : tp);
+    trill_status st = TRILL_OK;
+    if (ep > 1) {
+        r->P = ep;
+        r->q = me % ep;
+        st = trill_comm_split(world, me / ep, r->q, &r->ep);
+        if (!st) st = trill_comm_split(world, r->q, me / ep, &r->edp);
+        r->mp = r->ep;
+        r->mp_rank = r->q;
+    } else if (tp > 1) {
+        r->tp_size = tp;
+        r->tp_rank = me % tp;
+        st = trill_comm_split(world, me / tp, r->tp_rank, &r->tp);
+        if (!st) st = trill_comm_split(world, r->tp_rank, me / tp, &r->owned_data); /* the ranks of one share, one per group */
+        r->data = r->owned_data;
+        r->mp = r->tp;
+        r->mp_rank = r->tp_rank;
+    }
     return st;
 }
 
-/* Under expert parallelism: the model's shard joins its group, and the gradient buffers of the
- * held experts (one per group rank) and the adapters of every expert are made. */
-static trill_status set_up_experts(rl_trainer *r) {
+/* The policy's shard for this rank (the whole model without model parallelism). */
+static trill_shard shard_of(const rl_trainer *r) {
+    return (trill_shard){ .ep_rank = r->q, .ep_size = r->P, .tp_rank = r->tp_rank, .tp_size = r->tp_size };
+}
+
+/* Under model parallelism: the model's shard joins its group, and (expert parallelism) the
+ * gradient buffers of the held experts (one per group rank) and the adapters of every expert are
+ * made. */
+static trill_status set_up_shards(rl_trainer *r) {
     r->routed = r->lora ? trill_lora_routed_first(r->lora) : r->n_values;
     r->whole = r->lora;
-    if (r->P == 1) return TRILL_OK;
-    trill_status st = trill_model_set_expert_comm(r->policy, r->ep);
-    if (!st && !(r->src = trill_calloc((size_t)r->P, sizeof *r->src))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (int j = 0; !st && j < r->P; j++)
+    if (!r->mp) return TRILL_OK;
+    trill_status st = r->ep ? trill_model_set_expert_comm(r->policy, r->ep) : trill_model_set_tensor_comm(r->policy, r->tp);
+    if (!st && r->ep && !(r->src = trill_calloc((size_t)r->P, sizeof *r->src))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int j = 0; !st && r->ep && j < r->P; j++)
         if (!(r->src[j] = trill_malloc(sizeof(float) * (r->n_values - r->routed + 1))))
             st = trill_error(TRILL_ERR_NOMEM, "out of memory for the experts' gradients");
     r->whole = NULL;
@@ -994,35 +1027,46 @@ static trill_status set_up_experts(rl_trainer *r) {
     return st;
 }
 
-/* dst (laid out as the whole adapter) = each tensor of the shard's src at its place there; the
- * adapters of other experts, and (but on the group's first rank) the tensors every rank holds, 0. */
+/* Copies a tensor laid out as `t` (rows of t->shape[1] at src) to its place in the whole
+ * adapter's vector (at base, rows of t->whole_shape[1]), or (to_whole false) back. */
+static void copy_slice(const trill_param *t, float *local, float *whole, bool to_whole) {
+    for (int64_t i = 0; i < t->shape[0]; i++) {
+        float *w = whole + (t->slice_at[0] + i) * t->whole_shape[1] + t->slice_at[1], *l = local + i * t->shape[1];
+        memcpy(to_whole ? w : l, to_whole ? l : w, sizeof(float) * (size_t)t->shape[1]);
+    }
+}
+
+/* dst (laid out as the whole adapter) = each tensor of the shard's src at its place there: the
+ * values this shard holds alone (its experts', its slices), and those every shard holds if this is
+ * the group's first rank; the rest 0 (the group's sum is then the whole adapter's vector). */
 static void scatter_whole(const rl_trainer *r, const float *src, float *dst) {
     const trill_lora *l = r->lora;
     memset(dst, 0, sizeof(float) * l->n_global);
     for (size_t k = 0; k < l->n_tensors; k++) {
-        const size_t at = (size_t)(l->tensors[k].data - l->params);
-        if (r->q == 0 || at >= r->routed) memcpy(dst + l->global_offset[k], src + at, sizeof(float) * l->tensors[k].numel);
+        const trill_param *t = &l->tensors[k];
+        const size_t at = (size_t)(t->data - l->params);
+        if (r->mp_rank == 0 || at >= r->routed || trill_param_sliced(t)) copy_slice(t, (float *)src + at, dst + l->global_offset[k], true);
     }
 }
 
 /* The shard's part of a vector laid out as the whole adapter. */
 static void slice_whole(const trill_lora *l, const float *whole, float *dst) {
     for (size_t k = 0; k < l->n_tensors; k++)
-        memcpy(dst + (l->tensors[k].data - l->params), whole + l->global_offset[k], sizeof(float) * l->tensors[k].numel);
+        copy_slice(&l->tensors[k], dst + (l->tensors[k].data - l->params), (float *)whole + l->global_offset[k], false);
 }
 
 trill_status trill_rl_trainer_gather(rl_trainer *r, bool optimizer) {
-    if (r->P == 1) return TRILL_OK;
+    if (!r->mp) return TRILL_OK;
     scatter_whole(r, r->lora->params, r->whole->params);
-    trill_status st = trill_comm_allreduce_f32(r->ep, r->whole->params, r->whole->n_params);
+    trill_status st = trill_comm_allreduce_f32(r->mp, r->whole->params, r->whole->n_params);
     if (st || !optimizer) return st;
     if (!r->whole_opt && (st = trill_adamw_create(r->lora->n_global, r->opt->config, &r->whole_opt))) return st;
     r->whole_opt->config = r->opt->config;
     r->whole_opt->step = r->opt->step;
     scatter_whole(r, r->opt->exp_avg, r->whole_opt->exp_avg);
     scatter_whole(r, r->opt->exp_avg_sq, r->whole_opt->exp_avg_sq);
-    st = trill_comm_allreduce_f32(r->ep, r->whole_opt->exp_avg, r->lora->n_global);
-    if (!st) st = trill_comm_allreduce_f32(r->ep, r->whole_opt->exp_avg_sq, r->lora->n_global);
+    st = trill_comm_allreduce_f32(r->mp, r->whole_opt->exp_avg, r->lora->n_global);
+    if (!st) st = trill_comm_allreduce_f32(r->mp, r->whole_opt->exp_avg_sq, r->lora->n_global);
     return st;
 }
 
@@ -1032,7 +1076,7 @@ static trill_status load_optimizer(rl_trainer *r, const char *prefix) {
     const size_t n_file = r->lora ? r->lora->n_global : r->n_values;
     trill_adamw *whole = NULL;
     trill_status st = trill_adamw_load(prefix, n_file, &whole);
-    if (!st && r->P > 1) {
+    if (!st && r->mp) {
         if (!(st = trill_adamw_create(r->n_values, whole->config, &r->opt))) {
             r->opt->step = whole->step;
             slice_whole(r->lora, whole->exp_avg, r->opt->exp_avg);
@@ -1083,13 +1127,14 @@ trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *m
     t->c = c;
     const bool full = c->sft.mode == TRILL_SFT_FULL;
     trill_status st = set_up_ranks(t, world);
-    if (!st && full && t->P > 1)
-        st = trill_error(TRILL_ERR_UNSUPPORTED, "sft.mode full: full fine-tuning with parallel.trainer.ep %d is not built (the experts' "
-                         "adapters train under expert parallelism: sft.mode lora)", t->P);
+    if (!st && full && (t->P > 1 || t->tp_size > 1))
+        st = trill_error(TRILL_ERR_UNSUPPORTED, "sft.mode full: full fine-tuning with parallel.trainer.%s %d is not built (adapters train "
+                         "under model parallelism: sft.mode lora)", t->P > 1 ? "ep" : "tp", t->P > 1 ? t->P : t->tp_size);
+    const trill_shard shard = shard_of(t);
     /* LoRA: a frozen base in the checkpoint's dtype (a shard of it under expert parallelism); full:
      * fp32 master weights (a resumed run's own) */
     if (!st)
-        st = trill_model_load_shard(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT, t->q, t->P,
+        st = trill_model_load_shard(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT, &shard,
                                     &t->policy);
     if (!st) trill_model_set_precision(t->policy, c->trainer.precision);
     if (!st && !full) st = resume_dir ? trill_lora_load(t->policy, resume_dir, &t->lora) : trill_lora_create(t->policy, c->trainer.lora, c->seed, &t->lora);
@@ -1098,7 +1143,7 @@ trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *m
     if (!st && resume_dir) st = prefix ? load_optimizer(t, prefix) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     free(prefix);
     if (!st && !resume_dir) st = new_optimizer(t);
-    if (!st) st = set_up_experts(t);
+    if (!st) st = set_up_shards(t);
     if (st) {
         trill_rl_trainer_free(t);
         return st;
@@ -1133,7 +1178,8 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->c = c;
     trill_status st = set_up_ranks(t, world);
-    if (!st) st = trill_model_load_shard(model_dir, TRILL_STORE_CHECKPOINT, t->q, t->P, &t->policy);
+    const trill_shard shard = shard_of(t);
+    if (!st) st = trill_model_load_shard(model_dir, TRILL_STORE_CHECKPOINT, &shard, &t->policy);
     if (!st) {
         trill_model_set_precision(t->policy, c->trainer.precision);
         const trill_config *mc = trill_model_config(t->policy);
@@ -1146,7 +1192,7 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
         if (!st) memcpy(t->merge_base, t->merge_model->params, sizeof(float) * t->merge_model->n_f32);
     }
     if (!st) st = make_trainable(t, ckpt);
-    if (!st) st = set_up_experts(t);
+    if (!st) st = set_up_shards(t);
     if (!st && c->generator.on_policy) {
         const trill_engine_config ec = trill_rl_engine_config(c, trill_model_config(t->policy));
         st = trill_engine_create(t->policy, &ec, &t->scorer);
@@ -1166,6 +1212,7 @@ void trill_rl_trainer_free(rl_trainer *t) {
     if (t->policy) {
         trill_model_attach_lora(t->policy, NULL);
         trill_model_set_expert_comm(t->policy, NULL);
+        trill_model_set_tensor_comm(t->policy, NULL);
     }
     if (t->whole != t->lora) trill_lora_free(t->whole);
     trill_lora_free(t->lora);
@@ -1181,15 +1228,17 @@ void trill_rl_trainer_free(rl_trainer *t) {
     free(t->merge_base);
     trill_comm_free(t->ep);
     trill_comm_free(t->edp);
+    trill_comm_free(t->tp);
+    trill_comm_free(t->owned_data);
     free(t);
 }
 
-bool trill_rl_trainer_sharded(const rl_trainer *t) { return t->P > 1; }
+bool trill_rl_trainer_sharded(const rl_trainer *t) { return t->mp != NULL; }
 
 trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t) {
     trill_comm_stats sum = { 0 };
-    const trill_comm *comms[3] = { t->data, t->ep, t->edp };
-    for (int i = 0; i < 3; i++) {
+    const trill_comm *comms[4] = { t->data, t->ep, t->edp, t->tp };
+    for (int i = 0; i < 4; i++) {
         if (!comms[i]) continue;
         const trill_comm_stats s = trill_comm_stats_get(comms[i]);
         for (int k = 0; k < TRILL_COMM_KINDS; k++) {
@@ -1202,8 +1251,8 @@ trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t) {
 }
 
 void trill_rl_trainer_comm_reset(rl_trainer *t) {
-    trill_comm *comms[3] = { t->data, t->ep, t->edp };
-    for (int i = 0; i < 3; i++)
+    trill_comm *comms[4] = { t->data, t->ep, t->edp, t->tp };
+    for (int i = 0; i < 4; i++)
         if (comms[i]) trill_comm_stats_reset(comms[i]);
 }
 

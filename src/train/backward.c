@@ -73,6 +73,23 @@ trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_gra
     return st ? st : trill_matmul_backward_p(dinp, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r, fp->precision);
 }
 
+trill_status trill_linear_backward_colpar(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g,
+                                          float *dinp, const float *dout, const float *inp, trill_weight W, trill_lora_pair ad,
+                                          const float *xa, int n, int K, int N) {
+    if (!fp->m->tp || !fp->lora || !ad.A) return trill_linear_backward(fp, sink, g, dinp, dout, inp, W, ad, xa, n, K, N);
+    trill_status st = trill_matmul_backward_wp(dinp, trill_grad_of_w(sink, W), dout, inp, W, n, K, N, fp->precision);
+    if (st) return st;
+    const int r = fp->lora->config.rank;
+    const float s = fp->lora->scale;
+    for (size_t i = 0; i < (size_t)n * N; i++) g->dv_lora[i] = s * dout[i];
+    memset(g->dxa, 0, sizeof(float) * (size_t)n * r);
+    st = trill_matmul_backward_p(g->dxa, trill_lora_grad_of(sink, ad.B), g->dv_lora, xa, ad.B, n, r, N, fp->precision);
+    /* this rank's part of dinp through A, then A's gradient from the whole of x A^T's */
+    if (!st) st = trill_matmul_backward_p(dinp, NULL, g->dxa, inp, ad.A, n, K, r, fp->precision);
+    if (!st) st = trill_tp_sum(fp, g->dxa, (size_t)n * r);
+    return st ? st : trill_matmul_backward_p(NULL, trill_lora_grad_of(sink, ad.A), g->dxa, inp, ad.A, n, K, r, fp->precision);
+}
+
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 /* lm_head and the final norm: dlogprobs -> d x_final (g->dx), in chunks of rows. */

@@ -39,6 +39,15 @@ trill_status trill_linear_backward(const trill_forward_pass *fp, const trill_gra
                            const float *dout, const float *inp, trill_weight W, trill_lora_pair ad, const float *xa, int n, int K,
                            int N);
 
+/* trill_linear_backward for a column-parallel projection (q/k/v, MLA's q_b/kv_b, a dense MLP's
+ * gate/up): under tensor parallelism dinp gets this rank's part of the input gradient (the caller
+ * sums it over the group once every such projection of the block has added its part), and the
+ * adapter's x A^T gradient is summed over the group before A's gradient is formed (A is whole on
+ * every rank); trill_linear_backward otherwise. */
+trill_status trill_linear_backward_colpar(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *g,
+                                          float *dinp, const float *dout, const float *inp, trill_weight W, trill_lora_pair ad,
+                                          const float *xa, int n, int K, int N);
+
 /* Scratch of the shared blocks' backward (src/train/blocks_backward.c): act, dact, dgate, dup
  * [rows, I] for the widest MLP; xe, dye, dxe [T, H] one expert's rows. */
 typedef struct trill_mlp_scratch {
@@ -47,7 +56,8 @@ typedef struct trill_mlp_scratch {
 } trill_mlp_scratch;
 
 /* Backward of trill_mlp_forward given dout [n, H]: weight and adapter gradients, and dinp (+=).
- * gate/up are the forward's pre-activations, xa its adapter inputs (as passed to it). */
+ * gate/up are the forward's pre-activations, xa its adapter inputs (as passed to it). A
+ * tensor-parallel MLP (w->tp) sums dinp over the group at the end: dinp must hold nothing else. */
 trill_status trill_mlp_backward(const trill_forward_pass *fp, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                                 const trill_mlp_scratch *g, float *dinp, const float *dout, const float *inp, const float *gate,
                                 const float *up, const trill_mlp_weights *w, float *const *xa, size_t row0, int n, int H, int I);

@@ -18,6 +18,11 @@ trill_status trill_mlp_backward(const trill_forward_pass *fp, const trill_grad_s
     zero(g->dgate, (size_t)n * I);
     zero(g->dup, (size_t)n * I);
     trill_swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
+    if (w->tp && fp->m->tp) { /* gate and up column-parallel: their parts of dinp, then the group's sum */
+        st = trill_linear_backward_colpar(fp, sink, lg, dinp, g->dgate, inp, w->gate, w->a_gate, fp->lora ? xa[0] + at : NULL, n, H, I);
+        if (!st) st = trill_linear_backward_colpar(fp, sink, lg, dinp, g->dup, inp, w->up, w->a_up, fp->lora ? xa[1] + at : NULL, n, H, I);
+        return st ? st : trill_tp_sum(fp, dinp, (size_t)n * H);
+    }
     st = trill_linear_backward(fp, sink, lg, dinp, g->dgate, inp, w->gate, w->a_gate, fp->lora ? xa[0] + at : NULL, n, H, I);
     if (!st) st = trill_linear_backward(fp, sink, lg, dinp, g->dup, inp, w->up, w->a_up, fp->lora ? xa[1] + at : NULL, n, H, I);
     return st;

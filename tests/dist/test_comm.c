@@ -47,6 +47,24 @@ static void test_collectives(trill_comm *w) {
     trill_comm_stats s = trill_comm_stats_get(w);
     CHECK(s.calls[TRILL_COMM_ALLREDUCE] == 2);
     CHECK(s.bytes[TRILL_COMM_ALLREDUCE] == (P > 1 ? 5 * sizeof(float) + 5 * sizeof(double) : 0));
+    /* the ordered sum: the ranks' values added in rank order, the same bits everywhere, whatever
+     * the order shows (values of mixed scales) */
+    float of[3], want_f[3] = { 0 };
+    double od[3], want_d[3] = { 0 };
+    for (int i = 0; i < 3; i++) {
+        for (int p = 0; p < P; p++) {
+            want_f[i] += (float)trill_rng_normal(5, (uint64_t)(p * 3 + i)) * (p % 2 ? 1e6f : 1e-3f);
+            want_d[i] += trill_rng_normal(6, (uint64_t)(p * 3 + i)) * (p % 2 ? 1e12 : 1e-6);
+        }
+        of[i] = (float)trill_rng_normal(5, (uint64_t)(r * 3 + i)) * (r % 2 ? 1e6f : 1e-3f);
+        od[i] = trill_rng_normal(6, (uint64_t)(r * 3 + i)) * (r % 2 ? 1e12 : 1e-6);
+    }
+    trill_comm_stats_reset(w);
+    OK(trill_comm_allreduce_ordered_f32(w, of, 3));
+    OK(trill_comm_allreduce_ordered_f64(w, od, 3));
+    CHECK(!memcmp(of, want_f, sizeof of) && !memcmp(od, want_d, sizeof od));
+    s = trill_comm_stats_get(w);
+    CHECK(s.calls[TRILL_COMM_ALLREDUCE] == (P > 1 ? 2 : 0) && s.bytes[TRILL_COMM_ALLREDUCE] == (uint64_t)(P - 1) * (3 * sizeof(float) + 3 * sizeof(double)));
     uint64_t mx;
     OK(trill_comm_allreduce_max_u64(w, (uint64_t)(r * 7 + 3), &mx));
     CHECK(mx == (uint64_t)((P - 1) * 7 + 3));

@@ -127,7 +127,7 @@ static void set_bias(trill_model *m) {
 
 static trill_model *make_model(const trill_config *c, trill_dtype storage, int rank, int size) {
     trill_model *m;
-    OK(trill_model_create_shard(c, storage, rank, size, &m));
+    OK(trill_model_create_shard(c, storage, &(trill_shard){ .ep_rank = rank, .ep_size = size, .tp_size = 1 }, &m));
     trill_model_init_random(m, 11);
     set_bias(m);
     return m;
@@ -284,14 +284,14 @@ static void shard_bytes(trill_comm *w, const trill_config *c) {
 static void refusals(trill_comm *w, const trill_config *c) {
     const int me = trill_comm_rank(w), P = trill_comm_size(w);
     trill_model *m;
-    CHECK(trill_model_create_shard(c, TRILL_F32, 0, 3, &m) == TRILL_ERR_INVALID);
+    CHECK(trill_model_create_shard(c, TRILL_F32, &(trill_shard){ .ep_size = 3, .tp_size = 1 }, &m) == TRILL_ERR_INVALID);
     CHECK(strstr(trill_error_message(), "need routed experts in a multiple of 3, but this"));
-    CHECK(trill_model_create_shard(c, TRILL_F32, 2, 2, &m) == TRILL_ERR_INVALID);
+    CHECK(trill_model_create_shard(c, TRILL_F32, &(trill_shard){ .ep_rank = 2, .ep_size = 2, .tp_size = 1 }, &m) == TRILL_ERR_INVALID);
     if (P == 1) return;
     trill_model *shard = make_model(c, TRILL_F32, me, P);
     trill_engine *e;
     CHECK(trill_engine_create(shard, NULL, &e) == TRILL_ERR_UNSUPPORTED);
-    CHECK(strstr(trill_error_message(), "expert-parallel shard"));
+    CHECK(strstr(trill_error_message(), "engine: this model is a shard"));
     CHECK(trill_model_save(shard, "/nonexistent", TRILL_F32, 0) == TRILL_ERR_UNSUPPORTED);
     trill_lora *l;
     OK(trill_lora_create(shard, (trill_lora_config){ .rank = 2, .alpha = 2, .targets = TRILL_LORA_ALL_LINEAR }, 1, &l));

@@ -173,7 +173,7 @@ static trill_status attention_block(const trill_forward_pass *fp, const deepseek
     trill_status st = queries(fp, w, ad, a);
     if (!st) st = keys_values(fp, w, ad, a);
     if (!st) st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, dv, d->softmax_scale, fp->precision);
-    if (!st) st = trill_linear(fp, d->out, a->att, w->o, ad->o, a->xa[DXA_O], T, nh * dv, H);
+    if (!st) st = trill_linear_rowpar(fp, d->out, a->att, w->o, ad->o, a->xa[DXA_O], T, nh * dv, H);
     if (st) return st;
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     trill_residual_forward(a->x_mid, d->out, (size_t)T * H);
@@ -206,7 +206,7 @@ static trill_status moe_block(const trill_forward_pass *fp, const deepseek_layer
     trill_status st = route(fp, w, a, ordinal, replay, experts);
     if (st) return st;
     if (c->n_shared_experts > 0) {
-        const trill_mlp_weights sw = { w->shared_gate, w->shared_up, w->shared_down, ad->shared_gate, ad->shared_up, ad->shared_down };
+        const trill_mlp_weights sw = { w->shared_gate, w->shared_up, w->shared_down, ad->shared_gate, ad->shared_up, ad->shared_down, .tp = false };
         st = trill_mlp_forward(fp, d->out, a->xn2, &sw, a->xa + DXA_SH_GATE, 0, a->sgate, a->sup, d->act, T, H, Im * c->n_shared_experts);
         if (st) return st;
     } else {
@@ -220,7 +220,7 @@ static trill_status moe_block(const trill_forward_pass *fp, const deepseek_layer
 static trill_status dense_mlp(const trill_forward_pass *fp, const deepseek_layer_weights *w, const deepseek_lora_layer *ad,
                               deepseek_layer_acts *a) {
     const deepseek_acts *d = fp->acts;
-    const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
+    const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, .tp = true };
     return trill_mlp_forward(fp, d->out, a->xn2, &mw, a->xa + DXA_GATE, 0, a->moe.gate, a->moe.up, d->act, fp->T, fp->m->config.hidden_size,
                              fp->m->config.intermediate_size);
 }

@@ -73,7 +73,7 @@ static trill_status moe_backward(const trill_forward_pass *fp, const deepseek_la
     trill_status st = TRILL_OK;
     zero(g->dxn, (size_t)T * H);
     if (c->n_shared_experts > 0) {
-        const trill_mlp_weights sw = { w->shared_gate, w->shared_up, w->shared_down, ad->shared_gate, ad->shared_up, ad->shared_down };
+        const trill_mlp_weights sw = { w->shared_gate, w->shared_up, w->shared_down, ad->shared_gate, ad->shared_up, ad->shared_down, .tp = false };
         st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dout, a->xn2, a->sgate, a->sup, &sw, a->xa + DXA_SH_GATE, 0, T, H,
                                 Im * c->n_shared_experts);
     }
@@ -103,10 +103,13 @@ static trill_status keys_values_backward(const trill_forward_pass *fp, const dee
             memcpy(dst + dn, g->dv + ((size_t)t * nh + h) * dv, sizeof(float) * dv);
             for (int i = 0; i < dr; i++) dkr[i] += dk[dn + i];
         }
+    trill_status st = trill_tp_sum(fp, g->dkr, (size_t)T * dr); /* the rope key every head reads: the group's heads' parts */
+    if (st) return st;
     trill_rope_partial_backward(g->dkr, fp->pos, d->inv_freq, T, 1, dr, 0, dr, c->rope_interleave ? ROPE_ADJACENT : ROPE_ROTATE_HALF,
                                 d->rope_scale);
     zero(g->dckvn, (size_t)T * kl);
-    trill_status st = trill_linear_backward(fp, sink, lg, g->dckvn, g->dkvb, a->ckvn, w->kv_b, ad->kv_b, a->xa[DXA_KV_B], T, kl, nh * (dn + dv));
+    st = trill_linear_backward_colpar(fp, sink, lg, g->dckvn, g->dkvb, a->ckvn, w->kv_b, ad->kv_b, a->xa[DXA_KV_B], T, kl, nh * (dn + dv));
+    if (!st) st = trill_tp_sum(fp, g->dckvn, (size_t)T * kl);
     if (st) return st;
     zero(g->dckv, (size_t)T * kl);
     if ((st = trill_rmsnorm_backward(g->dckv, trill_grad_of(sink, w->kv_a_norm), g->dckvn, a->ckv, w->kv_a_norm, T, kl, (float)c->rms_norm_eps)))
@@ -127,9 +130,18 @@ static trill_status queries_backward(const trill_forward_pass *fp, const deepsee
     const int ql = c->q_lora_rank;
     trill_rope_partial_backward(g->dq, fp->pos, d->inv_freq, T, nh, qk, c->qk_nope_head_dim, c->qk_rope_head_dim,
                                 c->rope_interleave ? ROPE_ADJACENT : ROPE_ROTATE_HALF, d->rope_scale);
+    trill_status st;
+    if (!ql && fp->m->tp) { /* q_proj column-parallel: its part of the input gradient apart (dxn holds kv_a's whole one), summed, added */
+        zero(g->mlp.dxe, (size_t)T * H);
+        st = trill_linear_backward_colpar(fp, sink, lg, g->mlp.dxe, g->dq, a->xn1, w->q, ad->q, a->xa[DXA_Q], T, H, nh * qk);
+        if (!st) st = trill_tp_sum(fp, g->mlp.dxe, (size_t)T * H);
+        for (size_t i = 0; !st && i < (size_t)T * H; i++) g->dxn[i] += g->mlp.dxe[i];
+        return st;
+    }
     if (!ql) return trill_linear_backward(fp, sink, lg, g->dxn, g->dq, a->xn1, w->q, ad->q, a->xa[DXA_Q], T, H, nh * qk);
     zero(g->dqan, (size_t)T * ql);
-    trill_status st = trill_linear_backward(fp, sink, lg, g->dqan, g->dq, a->qan, w->q_b, ad->q_b, a->xa[DXA_Q_B], T, ql, nh * qk);
+    st = trill_linear_backward_colpar(fp, sink, lg, g->dqan, g->dq, a->qan, w->q_b, ad->q_b, a->xa[DXA_Q_B], T, ql, nh * qk);
+    if (!st) st = trill_tp_sum(fp, g->dqan, (size_t)T * ql);
     if (st) return st;
     zero(g->dqa, (size_t)T * ql);
     if ((st = trill_rmsnorm_backward(g->dqa, trill_grad_of(sink, w->q_a_norm), g->dqan, a->qa, w->q_a_norm, T, ql, (float)c->rms_norm_eps)))
@@ -173,7 +185,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     if (trill_config_is_moe(c, l)) {
         st = moe_backward(fp, w, ad, a, sink, lg, g, dx, c->moe_ordinal[l]);
     } else {
-        const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
+        const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, .tp = true };
         zero(g->dxn, (size_t)T * H);
         st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dx, a->xn2, a->moe.gate, a->moe.up, &mw, a->xa + DXA_GATE, 0, T, H,
                                 c->intermediate_size);

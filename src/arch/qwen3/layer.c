@@ -86,7 +86,7 @@ static trill_status attention_block(const trill_forward_pass *fp, const qwen3_la
     trill_rope_forward(a->q, fp->pos, q->inv_freq, T, nh, hd);
     trill_rope_forward(a->k, fp->pos, q->inv_freq, T, nkv, hd);
     st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, 1 / sqrtf((float)hd), fp->precision);
-    if (!st) st = trill_linear(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
+    if (!st) st = trill_linear_rowpar(fp, q->out, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * hd, H);
     if (st) return st;
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     trill_residual_forward(a->x_mid, q->out, (size_t)T * H);
@@ -116,7 +116,7 @@ static trill_status moe_block(const trill_forward_pass *fp, const qwen3_layer_we
 /* The dense SwiGLU MLP on xn2 (pre-activations kept in moe.gate / moe.up). */
 static trill_status dense_mlp(const trill_forward_pass *fp, const qwen3_layer_weights *w, const qwen3_lora_layer *ad, qwen3_layer_acts *a) {
     const qwen3_acts *q = fp->acts;
-    const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
+    const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, .tp = true };
     return trill_mlp_forward(fp, q->out, a->xn2, &mw, a->xa + XA_GATE, 0, a->moe.gate, a->moe.up, q->act, fp->T, fp->m->config.hidden_size,
                              fp->m->config.intermediate_size);
 }

@@ -100,9 +100,10 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
         (st = trill_rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps)))
         return st;
     zero(g->dxn, (size_t)T * H);
-    if ((st = trill_linear_backward(fp, sink, lg, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||
-        (st = trill_linear_backward(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd)) ||
-        (st = trill_linear_backward(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd)))
+    if ((st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, g->dqr, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||
+        (st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, g->dkr, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd)) ||
+        (st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd)) ||
+        (st = trill_tp_sum(fp, g->dxn, (size_t)T * H))) /* the heads' parts, over the tensor-parallel group */
         return st;
     return trill_rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, eps);
 }
@@ -122,7 +123,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
     if (trill_config_is_moe(c, l)) {
         st = moe_backward(fp, w, ad, a, sink, lg, g, dx, c->moe_ordinal[l]);
     } else {
-        const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down };
+        const trill_mlp_weights mw = { w->mlp_gate, w->mlp_up, w->mlp_down, ad->gate, ad->up, ad->down, .tp = true };
         zero(g->dxn, (size_t)T * H);
         st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dx, a->xn2, a->moe.gate, a->moe.up, &mw, a->xa + XA_GATE, 0, T, H,
                                 c->intermediate_size);
