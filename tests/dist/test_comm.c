@@ -9,27 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trill/dist.h"
+#include "dist_test.h"
 #include "trill/rng.h"
-
-static int g_rank;
-static int g_failures;
-
-#define CHECK(cond)                                                                              \
-    do {                                                                                         \
-        if (!(cond)) {                                                                           \
-            fprintf(stderr, "test_comm: rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, #cond); \
-            g_failures++;                                                                        \
-        }                                                                                        \
-    } while (0)
-#define OK(call)                                                                                 \
-    do {                                                                                         \
-        trill_status st_ = (call);                                                               \
-        if (st_ != TRILL_OK) {                                                                   \
-            fprintf(stderr, "test_comm: rank %d: %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call, trill_error_message()); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
 
 static void test_collectives(trill_comm *w) {
     const int r = trill_comm_rank(w), P = trill_comm_size(w);
@@ -268,30 +249,14 @@ static void test_tree_sum(trill_comm *w) {
 }
 
 int main(int argc, char **argv) {
-    int expect = 0;
-    if (argc == 3 && !strcmp(argv[1], "--expect")) expect = atoi(argv[2]);
-    else if (argc != 1) {
-        fprintf(stderr, "usage: test_comm [--expect RANKS]\n");
-        return 2;
-    }
-    trill_comm *w;
-    OK(trill_dist_init(&argc, &argv, 0, &w));
-    g_rank = trill_comm_rank(w);
+    int expect;
+    trill_comm *w = dist_test_begin("test_comm", argc, argv, &expect);
     const int P = trill_comm_size(w);
-    if (expect && P != expect) {
-        fprintf(stderr, "test_comm: %d ranks (backend %s), expected %d%s\n", P, trill_comm_backend(w), expect,
-                trill_dist_have_mpi() ? "" : ": this build has no MPI");
-        return 1;
-    }
     CHECK(!strcmp(trill_comm_backend(w), P > 1 || expect ? "mpi" : "single"));
     test_collectives(w);
     test_alltoallv(w);
     test_p2p(w);
     test_split(w);
     test_tree_sum(w);
-    double fails = g_failures;
-    OK(trill_comm_allreduce_f64(w, &fails, 1));
-    if (g_rank == 0) printf("test_comm: %d rank%s (%s): %s\n", P, P == 1 ? "" : "s", trill_comm_backend(w), fails ? "FAILED" : "passed");
-    trill_dist_finalize(w);
-    return fails ? 1 : 0;
+    return dist_test_end(w);
 }

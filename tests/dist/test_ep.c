@@ -17,30 +17,12 @@
 #include <string.h>
 
 #include "trill/config.h"
-#include "trill/dist.h"
+#include "dist_test.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/train.h"
 
-static int g_rank;
-static int g_failures;
-
-#define CHECK(cond)                                                                                                    \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            fprintf(stderr, "test_ep: rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, #cond);        \
-            g_failures++;                                                                                              \
-        }                                                                                                              \
-    } while (0)
-#define OK(call)                                                                                                       \
-    do {                                                                                                               \
-        trill_status st_ = (call);                                                                                     \
-        if (st_ != TRILL_OK) {                                                                                         \
-            fprintf(stderr, "test_ep: rank %d: %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call, trill_error_message()); \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 /* Qwen3-MoE: layer 0 dense, 8 experts top-2, hidden 32. */
 static const char QWEN[] =
@@ -104,32 +86,11 @@ static size_t lora_offset(trill_lora *l, const trill_param *t) {
     return (size_t)(t->data - trill_lora_params(l, &n));
 }
 
-/* B of every adapter from a formula of its name, in both sets: gradients reach every A. */
-static void set_b(trill_lora *l) {
-    size_t n;
-    const trill_param *t = trill_lora_tensors(l, &n);
-    for (size_t i = 0; i < n; i++) {
-        if (!strstr(t[i].name, "lora_B")) continue;
-        unsigned h = 0;
-        for (const char *p = t[i].name; *p; p++) h = h * 31 + (unsigned char)*p;
-        for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.05f * (float)((int)((h + k * 7) % 11) - 5);
-    }
-}
-
-/* The selection bias of DeepSeek-V3 (zero at creation) from a formula, so it moves choices. */
-static void set_bias(trill_model *m) {
-    size_t n;
-    const trill_param *t = trill_model_tensors(m, &n);
-    for (size_t i = 0; i < n; i++)
-        if (t[i].kind == TRILL_TENSOR_BIAS)
-            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + i) % 9) - 4);
-}
-
 static trill_model *make_model(const trill_config *c, trill_dtype storage, int rank, int size) {
     trill_model *m;
     OK(trill_model_create_shard(c, storage, &(trill_shard){ .ep_rank = rank, .ep_size = size, .tp_size = 1 }, &m));
     trill_model_init_random(m, 11);
-    set_bias(m);
+    test_set_bias(m);
     return m;
 }
 
@@ -162,8 +123,8 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
         const trill_param *o = lora_tensor_named(lw, tsh[i].name);
         CHECK(o && o->numel == tsh[i].numel && !memcmp(o->data, tsh[i].data, sizeof(float) * o->numel));
     }
-    set_b(lw);
-    set_b(ls);
+    test_set_lora_b(lw);
+    test_set_lora_b(ls);
     trill_model_attach_lora(whole, lw);
     trill_model_attach_lora(shard, ls);
     trill_lora_set_enabled(lw, enabled);
@@ -318,20 +279,8 @@ static void refusals(trill_comm *w, const trill_config *c) {
 }
 
 int main(int argc, char **argv) {
-    int expect = 0;
-    if (argc == 3 && !strcmp(argv[1], "--expect")) expect = atoi(argv[2]);
-    else if (argc != 1) {
-        fprintf(stderr, "usage: test_ep [--expect RANKS]\n");
-        return 2;
-    }
-    trill_comm *w;
-    OK(trill_dist_init(&argc, &argv, 0, &w));
-    g_rank = trill_comm_rank(w);
+    trill_comm *w = dist_test_begin("test_ep", argc, argv, NULL);
     const int P = trill_comm_size(w);
-    if (expect && P != expect) {
-        fprintf(stderr, "test_ep: %d ranks, expected %d\n", P, expect);
-        return 1;
-    }
     static const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3", DSV3 } };
     for (size_t f = 0; f < 2; f++) {
         trill_config c;
@@ -349,9 +298,5 @@ int main(int argc, char **argv) {
         shard_bytes(w, &c);
         refusals(w, &c);
     }
-    double fails = g_failures;
-    OK(trill_comm_allreduce_f64(w, &fails, 1));
-    if (g_rank == 0) printf("test_ep: %d rank%s: %s\n", P, P == 1 ? "" : "s", fails ? "FAILED" : "passed");
-    trill_dist_finalize(w);
-    return fails ? 1 : 0;
+    return dist_test_end(w);
 }

@@ -53,21 +53,7 @@ run() { # run NP OUT ARGS...: trill sft on NP ranks (0: no mpirun)
 }
 eval_loss() { sed -n 's/.*eval loss \([0-9.]*\) (.*/\1/p' "$1.log" | tail -1; }
 close() { # close A B: adapters within 1e-3 of the largest value of the first (tensor parallelism's order of sums)
-  /usr/bin/python3 - "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" <<'PY' || fail "$1 and $2: adapters differ"
-import array, json, struct, sys
-def load(p):
-    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
-    for k, v in h.items():
-        if k != "__metadata__":
-            a = array.array("f"); a.frombytes(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]); out[k] = a
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert sorted(a) == sorted(b), "other tensors"
-top = max(abs(x) for t in a.values() for x in t)
-worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
-assert worst <= 1e-3 * top, (worst, top)
-print(f"  largest difference {worst:.3g} against a largest value {top:.3g}")
-PY
+  /usr/bin/python3 "$HERE/st_close.py" "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" 1e-3 || fail "$1 and $2: adapters differ"
 }
 same() { # same A B FILES...: byte-identical
   local a=$1 b=$2
@@ -98,6 +84,10 @@ for layout in "2 1 2" "4 2 2"; do # ranks, dp, tp
   [ "$(eval_loss "tp$np$dp")" = "$(eval_loss lora0)" ] || fail "held-out loss under dp $dp x tp $tp: $(eval_loss "tp$np$dp") vs $(eval_loss lora0)"
   echo "LoRA, dp $dp x tp $tp: the same held-out loss, adapters within 1e-3 of one process's"
 done
+# the merged checkpoints (W + scale B A, fp32): within the adapters' tolerance
+"$TRILL" merge --model model --adapter lora0 --out merged0 --dtype f32 2>/dev/null && "$TRILL" merge --model model --adapter tp21 --out merged2 --dtype f32 2>/dev/null \
+  || fail "trill merge"
+/usr/bin/python3 "$HERE/st_close.py" merged0/model.safetensors merged2/model.safetensors 1e-3 || fail "the merged checkpoints of one process and of TP 2 differ"
 cp -r lora0 tpgather
 run 2 tpgather --lora parallel.trainer.dp=1 parallel.trainer.tp=2 resume=auto # every step taken: loaded in slices, gathered, saved
 same lora0 tpgather adapter_model.safetensors optimizer.safetensors

@@ -14,29 +14,11 @@
 #include <string.h>
 
 #include "trill/config.h"
-#include "trill/dist.h"
+#include "dist_test.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/train.h"
 
-static int g_rank;
-static int g_failures;
-
-#define CHECK(cond)                                                                                                    \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            fprintf(stderr, "test_tp: rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, #cond);        \
-            g_failures++;                                                                                              \
-        }                                                                                                              \
-    } while (0)
-#define OK(call)                                                                                                       \
-    do {                                                                                                               \
-        trill_status st_ = (call);                                                                                     \
-        if (st_ != TRILL_OK) {                                                                                         \
-            fprintf(stderr, "test_tp: rank %d: %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call, trill_error_message()); \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 /* Qwen3-MoE: layer 0 dense (intermediate 64), 4 heads / 4 kv heads, 8 experts top-2. */
 static const char QWEN[] =
@@ -78,35 +60,11 @@ static const trill_param *tensor_named(const trill_param *t, size_t n, const cha
     return NULL;
 }
 
-/* B of every adapter from a formula of its name and its whole-tensor index, in both sets. */
-static void set_b(trill_lora *l) {
-    size_t n;
-    const trill_param *t = trill_lora_tensors(l, &n);
-    for (size_t i = 0; i < n; i++) {
-        if (!strstr(t[i].name, "lora_B")) continue;
-        unsigned h = 0;
-        for (const char *p = t[i].name; *p; p++) h = h * 31 + (unsigned char)*p;
-        for (int64_t r = 0; r < t[i].shape[0]; r++)
-            for (int64_t c = 0; c < t[i].shape[1]; c++) {
-                const int64_t k = (r + t[i].slice_at[0]) * t[i].whole_shape[1] + c + t[i].slice_at[1];
-                t[i].data[r * t[i].shape[1] + c] = 0.05f * (float)((int)((h + (unsigned)k * 7) % 11) - 5);
-            }
-    }
-}
-
-static void set_bias(trill_model *m) {
-    size_t n;
-    const trill_param *t = trill_model_tensors(m, &n);
-    for (size_t i = 0; i < n; i++)
-        if (t[i].kind == TRILL_TENSOR_BIAS)
-            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + i) % 9) - 4);
-}
-
 static trill_model *make_model(const trill_config *c, trill_dtype storage, int rank, int size) {
     trill_model *m;
     OK(trill_model_create_shard(c, storage, &(trill_shard){ .ep_size = 1, .tp_rank = rank, .tp_size = size }, &m));
     trill_model_init_random(m, 11);
-    set_bias(m);
+    test_set_bias(m);
     return m;
 }
 
@@ -138,8 +96,8 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
     trill_lora *lw, *ls;
     OK(trill_lora_create(whole, lc, 5, &lw));
     OK(trill_lora_create(shard, lc, 5, &ls));
-    set_b(lw);
-    set_b(ls);
+    test_set_lora_b(lw);
+    test_set_lora_b(ls);
     size_t nlw, nls;
     const trill_param *aw = trill_lora_tensors(lw, &nlw), *as = trill_lora_tensors(ls, &nls);
     CHECK(nlw == nls);
@@ -232,20 +190,8 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
 }
 
 int main(int argc, char **argv) {
-    int expect = 0;
-    if (argc == 3 && !strcmp(argv[1], "--expect")) expect = atoi(argv[2]);
-    else if (argc != 1) {
-        fprintf(stderr, "usage: test_tp [--expect RANKS]\n");
-        return 2;
-    }
-    trill_comm *w;
-    OK(trill_dist_init(&argc, &argv, 0, &w));
-    g_rank = trill_comm_rank(w);
+    trill_comm *w = dist_test_begin("test_tp", argc, argv, NULL);
     const int P = trill_comm_size(w);
-    if (expect && P != expect) {
-        fprintf(stderr, "test_tp: %d ranks, expected %d\n", P, expect);
-        return 1;
-    }
     char dsv3_qb[2048], dsv3_q[2048];
     snprintf(dsv3_qb, sizeof dsv3_qb, DSV3, "16");
     snprintf(dsv3_q, sizeof dsv3_q, DSV3, "null");
@@ -266,9 +212,5 @@ int main(int argc, char **argv) {
         CHECK(trill_model_create_shard(&c, TRILL_F32, &(trill_shard){ .ep_size = 1, .tp_size = 3 }, &m) == TRILL_ERR_INVALID);
         CHECK(strstr(trill_error_message(), "3 tensor-parallel ranks split the attention heads (4, 4 key-value)"));
     }
-    double fails = g_failures;
-    OK(trill_comm_allreduce_f64(w, &fails, 1));
-    if (g_rank == 0) printf("test_tp: %d rank%s: %s\n", P, P == 1 ? "" : "s", fails ? "FAILED" : "passed");
-    trill_dist_finalize(w);
-    return fails ? 1 : 0;
+    return dist_test_end(w);
 }

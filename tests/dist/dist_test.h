@@ -1,0 +1,95 @@
+/* What the distributed tests (test_comm, test_ep, test_tp) share: checks that count failures
+ * and name the rank, calls that must succeed, the world with the rank count the run expects
+ * (`--expect N`: an MPI launch that silently fell back to one process fails), and the verdict
+ * agreed over the ranks. */
+#ifndef TRILL_DIST_TEST_H
+#define TRILL_DIST_TEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trill/dist.h"
+#include "trill/lora.h"
+#include "trill/model.h"
+
+static const char *g_test = "test";
+static int g_rank;
+static int g_failures;
+
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s: rank %d: %s:%d: check failed: %s\n", g_test, g_rank, __FILE__, __LINE__, #cond);     \
+            g_failures++;                                                                                              \
+        }                                                                                                              \
+    } while (0)
+#define OK(call)                                                                                                       \
+    do {                                                                                                               \
+        trill_status st_ = (call);                                                                                     \
+        if (st_ != TRILL_OK) {                                                                                         \
+            fprintf(stderr, "%s: rank %d: %s:%d: %s failed: %s\n", g_test, g_rank, __FILE__, __LINE__, #call, trill_error_message()); \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+/* Every adapter's B from a formula of its name and of each element's place in the whole tensor
+ * (a tensor-parallel slice gets its part of the whole one's), so gradients reach every A and a
+ * shard's adapters hold the whole adapter's values. */
+static inline void test_set_lora_b(trill_lora *l) {
+    size_t n;
+    const trill_param *t = trill_lora_tensors(l, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (!strstr(t[i].name, "lora_B")) continue;
+        unsigned h = 0;
+        for (const char *p = t[i].name; *p; p++) h = h * 31 + (unsigned char)*p;
+        for (int64_t r = 0; r < t[i].shape[0]; r++)
+            for (int64_t c = 0; c < t[i].shape[1]; c++) {
+                const int64_t k = (r + t[i].slice_at[0]) * t[i].whole_shape[1] + c + t[i].slice_at[1];
+                t[i].data[r * t[i].shape[1] + c] = 0.05f * (float)((int)((h + (unsigned)k * 7) % 11) - 5);
+            }
+    }
+}
+
+/* DeepSeek-V3's selection bias (zero at creation) from a formula, so it moves some choices. */
+static inline void test_set_bias(trill_model *m) {
+    size_t n;
+    const trill_param *t = trill_model_tensors(m, &n);
+    for (size_t i = 0; i < n; i++)
+        if (t[i].kind == TRILL_TENSOR_BIAS)
+            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + i) % 9) - 4);
+}
+
+/* The world, after `[--expect N]`; exits 2 on a bad command line, 1 when the launch gave another
+ * rank count. *expected is N (0 without the option). */
+static inline trill_comm *dist_test_begin(const char *name, int argc, char **argv, int *expected) {
+    g_test = name;
+    int expect = 0;
+    if (argc == 3 && !strcmp(argv[1], "--expect")) expect = atoi(argv[2]);
+    else if (argc != 1) {
+        fprintf(stderr, "usage: %s [--expect RANKS]\n", name);
+        exit(2);
+    }
+    trill_comm *w;
+    OK(trill_dist_init(&argc, &argv, 0, &w));
+    g_rank = trill_comm_rank(w);
+    if (expect && trill_comm_size(w) != expect) {
+        fprintf(stderr, "%s: %d ranks (backend %s), expected %d%s\n", name, trill_comm_size(w), trill_comm_backend(w), expect,
+                trill_dist_have_mpi() ? "" : ": this build has no MPI");
+        exit(1);
+    }
+    if (expected) *expected = expect;
+    return w;
+}
+
+/* Every rank's failures summed; rank 0 prints the verdict; the world ends. The exit status. */
+static inline int dist_test_end(trill_comm *w) {
+    const int P = trill_comm_size(w);
+    double fails = g_failures;
+    OK(trill_comm_allreduce_f64(w, &fails, 1));
+    if (g_rank == 0) printf("%s: %d rank%s (%s): %s\n", g_test, P, P == 1 ? "" : "s", trill_comm_backend(w), fails ? "FAILED" : "passed");
+    trill_dist_finalize(w);
+    return fails ? 1 : 0;
+}
+
+#endif
