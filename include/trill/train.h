@@ -27,7 +27,7 @@ trill_status trill_model_backward(const trill_forward_pass *pass, const float *d
  * per rank of the group, each n_params - routed floats, laid out as those held experts'
  * adapters) takes the part of their gradient that the tokens of rank s made — the part that
  * belongs to rank s's micro-batch. Adapters of every expert (a group of one) take it all in
- * lora_grads. Adapters only: weight gradients (grads) are refused. expert_grads NULL on a model
+ * lora_grads, and then trill_model_backward serves too. Adapters only: weight gradients (grads) are refused. expert_grads NULL on a model
  * that is not expert-parallel is trill_model_backward. */
 trill_status trill_model_backward_ep(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads,
                                      float *const *expert_grads);

@@ -131,7 +131,7 @@ trill_status trill_model_backward_ep(const trill_forward_pass *fp, const float *
     if (fp->m->ep && grads)
         return trill_error(TRILL_ERR_UNSUPPORTED, "backward: weight gradients of an expert-parallel model (full fine-tuning) are not built; "
                            "its adapters train");
-    if (fp->m->ep && lora_grads && !expert_grads)
+    if (fp->m->ep && lora_grads && !expert_grads && fp->lora && fp->lora->routed_first < fp->lora->n_params)
         return trill_error(TRILL_ERR_INVALID, "backward: an expert-parallel model's adapters need a gradient buffer per source rank "
                            "for its experts' (expert_grads)");
     if (!fp->training) return trill_error(TRILL_ERR_INVALID, "backward: the forward pass did not keep activations (use trill_model_forward_train)");

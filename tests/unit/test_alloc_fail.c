@@ -1,7 +1,8 @@
 /* Out of memory, everywhere (sqlite's malloc test). A unit of work that touches every large part
  * of the library — a small Qwen3-MoE made from config text, the reference forward with expert
  * capture and router replay, full-gradient and LoRA training (recompute on and off, an fp32 and
- * a bf16 base), a LoRA merge, adapter and model checkpoints written and read back, the
+ * a bf16 base; then through expert parallelism's exchange in a group of one), a LoRA merge,
+ * adapter and model checkpoints written and read back, the
  * generator in every format (capture on, once with EPLB) with forks, collection and a live
  * adapter update — is run once to count its allocations (trill_alloc_fail_after counts
  * jansson's too), then with the allocations after the first N failing, N = 0 ... count. Each
@@ -47,6 +48,7 @@ size_t __sanitizer_get_current_allocated_bytes(void); /* the sanitizers' allocat
 #include "base/alloc.h"
 #include "base/tls.h"
 #include "testutil.h"
+#include "trill/dist.h"
 #include "trill/eplb.h"
 #include "trill/infer.h"
 #include "model/lora_internal.h"
@@ -232,6 +234,9 @@ static trill_status train_step(const trill_model *m, const uint16_t *replay, boo
     return st;
 }
 
+/* A group of one for expert parallelism (made once: the world is the process's). */
+static trill_comm *g_group;
+
 static char *path_in(const char *dir, const char *name) {
     static _Thread_local char buf[4][4200];
     static _Thread_local int next;
@@ -286,6 +291,17 @@ static void run_unit(unit *u) {
     CALL(train_step(m, experts, true, NULL, lora_grads, logprobs, dlogprobs));
     CALL(train_step(m, NULL, false, NULL, lora_grads, logprobs, dlogprobs));
     trill_model_attach_lora(m, NULL);
+    stage_done(u, fnv(fnv(FNV_SEED, lora_grads, lora->n_params * sizeof(float)), logprobs, sizeof logprobs));
+
+    /* the same through expert parallelism's exchange (a group of one: its buffers, served rows,
+     * the count and row exchanges), with and without recomputation */
+    CALL(trill_model_set_expert_comm(m, g_group));
+    trill_model_attach_lora(m, lora);
+    memset(lora_grads, 0, lora->n_params * sizeof(float));
+    CALL(train_step(m, experts, true, NULL, lora_grads, logprobs, dlogprobs));
+    CALL(train_step(m, NULL, false, NULL, lora_grads, logprobs, dlogprobs));
+    trill_model_attach_lora(m, NULL);
+    CALL(trill_model_set_expert_comm(m, NULL));
     stage_done(u, fnv(fnv(FNV_SEED, lora_grads, lora->n_params * sizeof(float)), logprobs, sizeof logprobs));
 
     /* the merge into an fp32 copy */
@@ -458,10 +474,13 @@ static void test_two_threads(void **state) {
     sweep(2, scaled(STRIDE_TWO_THREADS), true);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (trill_dist_init(&argc, &argv, 1, &g_group)) return 1; /* before any failure is injected */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_thread),
         cmocka_unit_test(test_two_threads),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    trill_dist_finalize(g_group);
+    return rc;
 }
