@@ -20,7 +20,7 @@ ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-8} SEQ=${SEQ:-256} RUNS=${RUNS:-3}
 W=$(mktemp -d "${TMPDIR:-/tmp}/trill-dist-bench-XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
-grep -m1 -o 'avx512[a-z_0-9]*\|avx2' /proc/cpuinfo | head -1 | sed 's/^/CPU: /'
+echo "CPU: $(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //'), $(grep -qw avx512f /proc/cpuinfo && echo "AVX-512 ($(grep -m1 -ow 'avx512_bf16\|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' '| sed 's/ $//'))" || echo "AVX2/FMA, no AVX-512")"
 echo "$(nproc) cores; batch $BATCH x $SEQ tokens, LoRA rank 16 on all linear layers, fp32 matmuls, median of $RUNS steps"
 
 layouts=("1x1|1|1|" "1x2|1|2|" "DP 2|2|1|" "EP 2|2|1|--ep 2" "EP 4|4|1|--ep 4" "TP 2|2|1|--tp 2")
@@ -39,13 +39,13 @@ for preset in "${PRESETS[@]}"; do
       # shellcheck disable=SC2206
       [ -n "$extra" ] && args+=($extra)
       if [ "$np" -eq 1 ]; then
-        out=$(OMP_NUM_THREADS=$threads "$TRILL" "${args[@]}" 2>/dev/null)
+        OMP_NUM_THREADS=$threads "$TRILL" "${args[@]}" >"$W/out" 2>/dev/null
       else
-        out=$(OMP_NUM_THREADS=$threads mpirun -np "$np" --oversubscribe "$TRILL" "${args[@]}" 2>/dev/null)
+        OMP_NUM_THREADS=$threads mpirun -np "$np" --oversubscribe "$TRILL" "${args[@]}" >"$W/out" 2>/dev/null
       fi
-      /usr/bin/python3 - "$name" <<<"$out" <<'PY'
+      /usr/bin/python3 - "$name" "$W/out" <<'PY'
 import re, sys
-text = sys.stdin.read()
+text = open(sys.argv[2]).read()
 m = re.search(r"^trill train \(.*?: (\d+) tokens/s, median (\d+) ms", text, re.M)
 comm = re.search(r"communication from rank 0:(.*?) \(percent", text)
 kinds = re.findall(r"(\w+) ([\d.]+) MB ([\d.]+) ms", comm.group(1)) if comm else []
