@@ -180,45 +180,117 @@ static void report(const trill_model *m, const int *offsets, const bench_result 
            trill_model_bytes(m) / 1e6, trill_model_n_params(m));
 }
 
-int cmd_bench(int argc, char **argv) {
-    if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
-    if (argc < 2 || strcmp(argv[1], "train") != 0) {
-        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("usage: %s\n", USAGE); return 0; }
-        return cli_usage_error("bench", USAGE, "expected the benchmark name: train or generate");
+/* Groups of ep (expert) or tp (tensor) consecutive ranks, and the ranks of one share under tensor
+ * parallelism (the data ranks). */
+static trill_status set_up_ranks(bench_ranks *rk, int ep, int tp) {
+    const int me = trill_comm_rank(rk->world), q = me % ep, tq = me % tp, d = me / tp;
+    trill_status st = TRILL_OK;
+    if (ep > 1 && !(st = trill_comm_split(rk->world, me / ep, q, &rk->ep))) st = trill_comm_split(rk->world, q, me / ep, &rk->edp);
+    if (!st && tp > 1 && !(st = trill_comm_split(rk->world, d, tq, &rk->tp))) st = trill_comm_split(rk->world, tq, d, &rk->data);
+    return st;
+}
+
+static void bench_ranks_free(bench_ranks *rk, int ep) {
+    for (int j = 0; rk->src && j < ep; j++) free(rk->src[j]);
+    free(rk->src);
+    trill_comm_free(rk->ep);
+    trill_comm_free(rk->edp);
+    trill_comm_free(rk->tp);
+    trill_comm_free(rk->data);
+}
+
+/* This rank's model (LoRA: a frozen base kept as the checkpoint stores it, bf16 staying bf16;
+ * under model parallelism only its experts, or its share of the heads) in its groups, with
+ * adapters of rank `rank` on every linear layer when lora_mode. */
+static trill_status load_model(const char *dir, const bench_ranks *rk, int ep, int tp, bool lora_mode, int rank, trill_precision prec,
+                               trill_model **m, trill_lora **lora) {
+    const int me = trill_comm_rank(rk->world);
+    const trill_shard shard = { .ep_rank = me % ep, .ep_size = ep, .tp_rank = me % tp, .tp_size = tp };
+    trill_status st = trill_model_load_shard(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &shard, m);
+    if (!st && rk->ep) st = trill_model_set_expert_comm(*m, rk->ep);
+    if (!st && rk->tp) st = trill_model_set_tensor_comm(*m, rk->tp);
+    if (!st) trill_model_set_precision(*m, prec);
+    if (!st && lora_mode) {
+        trill_lora_config lc = { .rank = rank, .alpha = 2.0 * rank };
+        trill_lora_parse_targets("all-linear", &lc.targets);
+        if (!(st = trill_lora_create(*m, lc, 1, lora))) trill_model_attach_lora(*m, *lora);
     }
+    if (st) {
+        trill_model_free(*m);
+        *m = NULL;
+    }
+    return st;
+}
+
+/* Every rank's peak RSS (KB) and weight bytes, into rss[P] and bytes[P]. */
+static trill_status memory_of_ranks(trill_comm *world, const trill_model *m, uint64_t *rss, uint64_t *bytes) {
+    const int P = trill_comm_size(world);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const uint64_t mine[2] = { (uint64_t)ru.ru_maxrss, trill_model_bytes(m) };
+    uint64_t *both = calloc(2 * (size_t)P, sizeof(uint64_t));
+    trill_status st = both ? trill_comm_allgather(world, mine, sizeof mine, both) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int r = 0; !st && r < P; r++) rss[r] = both[2 * r], bytes[r] = both[2 * r + 1];
+    free(both);
+    return st;
+}
+
+/* trill bench train's options. */
+typedef struct bench_args {
+    trill_precision prec;
+    const char *dir;
+    bool lora_mode, recompute;
+    long long rank, batch, seq, runs, ep, tp;
+} bench_args;
+
+/* Parses argv (after "train") into *a: -1 to go on, else the exit code (usage, --help). */
+static int parse_args(int argc, char **argv, bench_args *a) {
     static const struct option opts[] = {
         { "model", required_argument, 0, 'm' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },
         { "rank", required_argument, 0, 'r' }, { "batch", required_argument, 0, 'b' }, { "seq", required_argument, 0, 's' },
         { "runs", required_argument, 0, 'n' }, { "recompute", no_argument, 0, 'c' }, { "precision", required_argument, 0, 'p' },
         { "ep", required_argument, 0, 'e' }, { "tp", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
-    trill_precision prec = TRILL_PRECISION_FP32;
-    const char *dir = NULL;
-    bool lora_mode = true, recompute = false;
-    long long rank = 16, batch = 8, seq = 512, runs = 3, ep = 1, tp = 1;
+    *a = (bench_args){ .prec = TRILL_PRECISION_FP32, .lora_mode = true, .rank = 16, .batch = 8, .seq = 512, .runs = 3, .ep = 1, .tp = 1 };
     int c;
     optind = 1;
-    while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': dir = optarg; break;
-        case 'l': lora_mode = true; break;
-        case 'f': lora_mode = false; break;
-        case 'c': recompute = true; break;
-        case 'r': bad = cli_parse_int("bench", USAGE, "--rank", optarg, 1, 4096, &rank); break;
-        case 'b': bad = cli_parse_int("bench", USAGE, "--batch", optarg, 1, 1024, &batch); break;
-        case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &seq); break;
-        case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &runs); break;
-        case 'e': bad = cli_parse_int("bench", USAGE, "--ep", optarg, 1, 65536, &ep); break;
-        case 't': bad = cli_parse_int("bench", USAGE, "--tp", optarg, 1, 65536, &tp); break;
+        case 'm': a->dir = optarg; break;
+        case 'l': a->lora_mode = true; break;
+        case 'f': a->lora_mode = false; break;
+        case 'c': a->recompute = true; break;
+        case 'r': bad = cli_parse_int("bench", USAGE, "--rank", optarg, 1, 4096, &a->rank); break;
+        case 'b': bad = cli_parse_int("bench", USAGE, "--batch", optarg, 1, 1024, &a->batch); break;
+        case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &a->seq); break;
+        case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &a->runs); break;
+        case 'e': bad = cli_parse_int("bench", USAGE, "--ep", optarg, 1, 65536, &a->ep); break;
+        case 't': bad = cli_parse_int("bench", USAGE, "--tp", optarg, 1, 65536, &a->tp); break;
         case 'p':
-            if (trill_precision_parse(optarg, &prec)) return cli_usage_error("bench", USAGE, "--precision %s: expected fp32 or bf16", optarg);
+            if (trill_precision_parse(optarg, &a->prec)) return cli_usage_error("bench", USAGE, "--precision %s: expected fp32 or bf16", optarg);
             break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("bench", USAGE, "invalid option %s", argv[optind - 1]);
         }
         if (bad) return EXIT_USAGE;
     }
+    return -1;
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
+    if (argc < 2 || strcmp(argv[1], "train") != 0) {
+        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("usage: %s\n", USAGE); return 0; }
+        return cli_usage_error("bench", USAGE, "expected the benchmark name: train or generate");
+    }
+    bench_args args;
+    const int rc = parse_args(argc - 1, argv + 1, &args);
+    if (rc >= 0) return rc;
+    const trill_precision prec = args.prec;
+    const char *dir = args.dir;
+    const bool lora_mode = args.lora_mode, recompute = args.recompute;
+    const long long rank = args.rank, batch = args.batch, seq = args.seq, runs = args.runs, ep = args.ep, tp = args.tp;
     if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
     trill_comm *world = cli_world();
     const int P = trill_comm_size(world), me = trill_comm_rank(world);
@@ -230,27 +302,14 @@ int cmd_bench(int argc, char **argv) {
     if (batch < D) return cli_usage_error("bench", USAGE, "--batch %lld: fewer sequences than the job's %d ranks", batch, D);
     if ((ep > 1 || tp > 1) && !lora_mode) return cli_usage_error("bench", USAGE, "--%s: model parallelism trains adapters (--lora)", ep > 1 ? "ep" : "tp");
     bench_ranks rk = { .world = world };
-    const int q = (int)(me % ep), tq = (int)(me % tp), d = me / (int)tp;
-    if (ep > 1 && (trill_comm_split(world, me / (int)ep, q, &rk.ep) || trill_comm_split(world, q, me / (int)ep, &rk.edp))) return cli_fail("bench");
-    if (tp > 1 && (trill_comm_split(world, d, tq, &rk.tp) || trill_comm_split(world, tq, d, &rk.data))) return cli_fail("bench");
-    trill_model *m;
-    /* LoRA trains adapters on a frozen base, kept as the checkpoint stores it (bf16 stays bf16);
-     * under model parallelism each rank reads only its experts, or its share of the heads */
-    const trill_shard shard = { .ep_rank = q, .ep_size = (int)ep, .tp_rank = tq, .tp_size = (int)tp };
-    if (trill_model_load_shard(dir, lora_mode ? TRILL_STORE_CHECKPOINT : TRILL_STORE_F32, &shard, &m)) return cli_fail("bench");
-    if ((rk.ep && trill_model_set_expert_comm(m, rk.ep)) || (rk.tp && trill_model_set_tensor_comm(m, rk.tp))) {
-        trill_model_free(m);
+    const int d = me / (int)tp;
+    trill_model *m = NULL;
+    trill_lora *lora = NULL;
+    if (set_up_ranks(&rk, (int)ep, (int)tp) || load_model(dir, &rk, (int)ep, (int)tp, lora_mode, (int)rank, prec, &m, &lora)) {
+        bench_ranks_free(&rk, (int)ep);
         return cli_fail("bench");
     }
     const trill_config *cfg = trill_model_config(m);
-    trill_model_set_precision(m, prec);
-    trill_lora *lora = NULL;
-    if (lora_mode) {
-        trill_lora_config lc = { .rank = (int)rank, .alpha = 2.0 * rank };
-        trill_lora_parse_targets("all-linear", &lc.targets);
-        if (trill_lora_create(m, lc, 1, &lora)) { trill_model_free(m); return cli_fail("bench"); }
-        trill_model_attach_lora(m, lora);
-    }
     const int T = (int)(batch * seq);
     int *tokens = malloc(sizeof(int) * T), *offsets = malloc(sizeof(int) * (batch + 1));
     float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
@@ -281,14 +340,7 @@ int cmd_bench(int argc, char **argv) {
         st = time_steps(m, tokens + (size_t)s0 * seq, offsets, s1 - s0, lp, dlp, grads, lgrads, recompute, (int)runs, &rk,
                         lora_mode ? lgrads : grads, lora_mode ? n_lora : trill_model_n_params(m), times, &sc);
     const trill_comm_stats comm = comm_stats(&rk);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    const uint64_t mine[2] = { (uint64_t)ru.ru_maxrss, trill_model_bytes(m) };
-    uint64_t *both = calloc(2 * (size_t)P, sizeof(uint64_t));
-    if (!st && !both) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = trill_comm_allgather(world, mine, sizeof mine, both);
-    for (int r = 0; !st && r < P; r++) rss[r] = both[2 * r], bytes[r] = both[2 * r + 1];
-    free(both);
+    if (!st) st = memory_of_ranks(world, m, rss, bytes);
     if (!st && me == 0) {
         const bench_result res = { .prec = prec, .lora_mode = lora_mode, .recompute = recompute, .rank = rank, .batch = batch, .seq = seq,
                                    .runs = (int)runs, .ranks = P, .share = s1 - s0, .ep = (int)ep, .tp = (int)tp, .times = times, .peak = peak, .sc = sc,
@@ -299,12 +351,7 @@ int cmd_bench(int argc, char **argv) {
     trill_model_set_expert_comm(m, NULL);
     trill_model_set_tensor_comm(m, NULL);
     trill_lora_free(lora);
-    for (int j = 0; rk.src && j < ep; j++) free(rk.src[j]);
-    free(rk.src);
-    trill_comm_free(rk.ep);
-    trill_comm_free(rk.edp);
-    trill_comm_free(rk.tp);
-    trill_comm_free(rk.data);
+    bench_ranks_free(&rk, (int)ep);
     free(tokens); free(offsets); free(lp); free(dlp); free(grads); free(lgrads); free(times); free(rss); free(bytes);
     trill_model_free(m);
     return st ? cli_fail("bench") : 0;

@@ -122,22 +122,19 @@ trill_ep_served *trill_ep_served_of(const trill_forward_pass *fp, int ordinal) {
     return &set->layer[set->n > 1 ? ordinal : 0];
 }
 
-/* Room for R received rows of width H (and Im, and the adapters' r). */
-static trill_status served_reserve(trill_ep_served *s, size_t R, int H, int Im, int r, int P, int El) {
-    if (!s->cnt && !(s->cnt = trill_calloc((size_t)P * (size_t)(El ? El : 1), sizeof(size_t)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+/* Room for R received rows: x [R, H], gate and up [R, Im], the adapters' inputs [R, r] (r 0: no
+ * adapters). Contents are not kept. */
+static trill_status served_reserve(trill_ep_served *s, size_t R, int H, int Im, int r) {
     s->R = R;
     if (R <= s->cap && s->rank == r && s->x) return TRILL_OK;
-    size_t cap = 0, c2;
-    trill_status st = trill_ep_reserve(&s->x, &cap, R * (size_t)H);
-    c2 = 0;
-    if (!st) st = trill_ep_reserve(&s->gate, &c2, R * (size_t)Im);
-    c2 = 0;
-    if (!st) st = trill_ep_reserve(&s->up, &c2, R * (size_t)Im);
-    for (int i = 0; i < 3; i++) {
-        free(s->xa[i]);
-        s->xa[i] = NULL;
-        c2 = 0;
-        if (!st && r) st = trill_ep_reserve(&s->xa[i], &c2, R * (size_t)r);
+    float **buf[6] = { &s->x, &s->gate, &s->up, &s->xa[0], &s->xa[1], &s->xa[2] };
+    const int width[6] = { H, Im, Im, r, r, r };
+    trill_status st = TRILL_OK;
+    for (int i = 0; i < 6; i++) {
+        size_t cap = 0;
+        free(*buf[i]);
+        *buf[i] = NULL;
+        if (!st && width[i]) st = trill_ep_reserve(buf[i], &cap, R * (size_t)width[i]);
     }
     s->cap = st ? 0 : R;
     s->rank = st ? 0 : r;
@@ -160,8 +157,9 @@ trill_status trill_ep_experts_forward(const trill_forward_pass *fp, float *out, 
     size_t *sb = ep->bytes, *rb = ep->bytes + P; /* dispatch: bytes to and from each peer */
     /* 1. counts: after the grouping, count[e] ends expert e's rows */
     for (int e = 0; e < P * El; e++) ep->send_cnt[e] = (size_t)(a->count[e] - (e ? a->count[e - 1] : 0));
-    trill_status st = served_reserve(sv, 0, H, Im, r, P, El);
-    if (!st) st = trill_comm_alltoall_counts(ep->comm, El, ep->send_cnt, sv->cnt);
+    if (!sv->cnt && !(sv->cnt = trill_calloc((size_t)P * (size_t)(El ? El : 1), sizeof(size_t))))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = trill_comm_alltoall_counts(ep->comm, El, ep->send_cnt, sv->cnt);
     size_t R = 0;
     for (int p = 0; !st && p < P; p++) {
         size_t from = 0;
@@ -175,7 +173,7 @@ trill_status trill_ep_experts_forward(const trill_forward_pass *fp, float *out, 
         }
     }
     /* 2. dispatch: the rows in expert order, which is destination order */
-    if (!st) st = served_reserve(sv, R, H, Im, r, P, El);
+    if (!st) st = served_reserve(sv, R, H, Im, r);
     if (!st) st = trill_ep_reserve(&ep->send, &ep->send_cap, TK * (size_t)H);
     if (st) return st;
     for (size_t i = 0; i < TK; i++) memcpy(ep->send + i * (size_t)H, xn + (size_t)(a->order[i] / K) * H, row);

@@ -41,6 +41,32 @@ static void put_comm(writer *w, json_t *o, const trill_rl_metrics *m) {
     }
 }
 
+/* "time": the step's phases, throughput and what the process spent (CPU, faults, peak memory). */
+static void put_time(writer *w, json_t *o, const trill_rl_metrics *m) {
+    json_t *t = json_object();
+    put(w, o, "time", t);
+    if (t) {
+        put(w, t, "generate_s", num(m->time.generate_s));
+        put(w, t, "reward_s", num(m->time.reward_s));
+        put(w, t, "train_s", num(m->time.train_s));
+        put(w, t, "sync_s", num(m->time.sync_s));
+        put(w, t, "step_s", num(m->time.step_s));
+        put(w, t, "gen_tokens_per_s", num(m->time.gen_tokens_per_s));
+        put(w, t, "train_tokens_per_s", num(m->time.train_tokens_per_s));
+        put(w, t, "system_s", num(m->time.system_s));
+        put(w, t, "user_s", num(m->time.user_s));
+        put(w, t, "minor_faults", json_integer((json_int_t)m->time.minor_faults));
+        put(w, t, "rss_peak_mb", num(m->time.rss_peak_mb));
+        if (m->time.rss_peak_max_mb > 0) put(w, t, "rss_peak_max_mb", num(m->time.rss_peak_max_mb));
+        if (m->on_policy) put(w, t, "score_s", num(m->time.score_s));
+        if (m->async) {
+            put(w, t, "trainer_wait_s", num(m->time.trainer_wait_s));
+            put(w, t, "generator_apply_ms", num(m->time.generator_apply_ms));
+            put(w, t, "interval_s", num(m->time.interval_s)); /* wall time since the previous step */
+        }
+    }
+}
+
 static json_t *to_json(const trill_rl_metrics *m) {
     writer w = { .o = json_object(), .ok = true };
     json_t *o = w.o;
@@ -93,28 +119,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
         snprintf(name, sizeof name, "reward_ext_%s", m->ext_name[i]);
         put(&w, o, name, num(m->ext_value[i]));
     }
-    json_t *t = json_object();
-    put(&w, o, "time", t);
-    if (t) {
-        put(&w, t, "generate_s", num(m->time.generate_s));
-        put(&w, t, "reward_s", num(m->time.reward_s));
-        put(&w, t, "train_s", num(m->time.train_s));
-        put(&w, t, "sync_s", num(m->time.sync_s));
-        put(&w, t, "step_s", num(m->time.step_s));
-        put(&w, t, "gen_tokens_per_s", num(m->time.gen_tokens_per_s));
-        put(&w, t, "train_tokens_per_s", num(m->time.train_tokens_per_s));
-        put(&w, t, "system_s", num(m->time.system_s));
-        put(&w, t, "user_s", num(m->time.user_s));
-        put(&w, t, "minor_faults", json_integer((json_int_t)m->time.minor_faults));
-        put(&w, t, "rss_peak_mb", num(m->time.rss_peak_mb));
-        if (m->time.rss_peak_max_mb > 0) put(&w, t, "rss_peak_max_mb", num(m->time.rss_peak_max_mb));
-        if (m->on_policy) put(&w, t, "score_s", num(m->time.score_s));
-        if (m->async) {
-            put(&w, t, "trainer_wait_s", num(m->time.trainer_wait_s));
-            put(&w, t, "generator_apply_ms", num(m->time.generator_apply_ms));
-            put(&w, t, "interval_s", num(m->time.interval_s)); /* wall time since the previous step */
-        }
-    }
+    put_time(&w, o, m);
     if (m->async) put(&w, o, "generator_apply_bytes", json_integer((json_int_t)m->generator_apply_bytes));
     if (m->has_eval) {
         put(&w, o, "eval_pass1", num(m->eval_pass1));

@@ -501,14 +501,16 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
 
 /* ---- one optimizer step on a minibatch ---- */
 
-/* The end of every optimizer step, RL's or SFT's: the summed gradient divided by the step's
- * denominator and clipped; a loss or gradient norm that is not finite is never applied (with
- * trainer.skip_nonfinite *applied is false, else an error naming the step); then AdamW at the
- * schedule's rate for optimizer step opt->step of `total`. */
+/* Whether this rank speaks for the trainable tensor t (at its offset `at` in values) when the
+ * model-parallel group adds its shards up: a value its shard holds alone (a held expert's, a
+ * slice) is its own; one every shard holds is the group's first rank's. */
+static bool speaks_for(const rl_trainer *r, const trill_param *t, size_t at) {
+    return r->mp_rank == 0 || at >= r->routed || trill_param_sliced(t);
+}
+
 /* The gradient's global norm, the same bits on any layout: each trainable tensor's sum of squares
  * (trill_grad_sumsq) added in the whole adapter's tensor order (the model's in full
- * fine-tuning); under expert parallelism the group's ranks give the sums of the experts they
- * hold (one writer per tensor: the others' by the group's first rank). */
+ * fine-tuning); under model parallelism each rank gives the sums of the tensors it speaks for. */
 static trill_status gradient_norm(const rl_trainer *r, double *norm) {
     const trill_param *t = r->lora ? r->lora->tensors : r->policy->tensors;
     const size_t n = r->lora ? r->lora->n_tensors : r->policy->n_tensors, n_all = r->lora ? r->lora->n_global_tensors : n;
@@ -521,7 +523,7 @@ static trill_status gradient_norm(const rl_trainer *r, double *norm) {
     }
     if (!st) st = trill_grad_sumsq_parts(r->lora_grads, offset, numel, n, mine);
     for (size_t k = 0; !st && k < n; k++)
-        if (r->mp_rank == 0 || offset[k] >= r->routed || trill_param_sliced(&t[k])) all[r->lora ? (size_t)r->lora->global_index[k] : k] = mine[k];
+        if (speaks_for(r, &t[k], offset[k])) all[r->lora ? (size_t)r->lora->global_index[k] : k] = mine[k];
     /* a tensor's sum over its slices is added in rank order, the same bits on every rank */
     if (!st && r->mp) st = trill_comm_allreduce_ordered_f64(r->mp, all, n_all);
     double ss = 0;
@@ -534,6 +536,10 @@ static trill_status gradient_norm(const rl_trainer *r, double *norm) {
     return st;
 }
 
+/* The end of every optimizer step, RL's or SFT's: the summed gradient divided by the step's
+ * denominator and clipped; a loss or gradient norm that is not finite is never applied (with
+ * trainer.skip_nonfinite *applied is false, else an error naming the step); then AdamW at the
+ * schedule's rate for optimizer step opt->step of `total`. */
 static trill_status apply_update(rl_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied) {
     const trill_rl_config *c = r->c;
     *applied = false;
@@ -1036,16 +1042,15 @@ static void copy_slice(const trill_param *t, float *local, float *whole, bool to
     }
 }
 
-/* dst (laid out as the whole adapter) = each tensor of the shard's src at its place there: the
- * values this shard holds alone (its experts', its slices), and those every shard holds if this is
- * the group's first rank; the rest 0 (the group's sum is then the whole adapter's vector). */
+/* dst (laid out as the whole adapter) = each tensor of the shard's src this rank speaks for at its
+ * place there, the rest 0: the group's sum is then the whole adapter's vector. */
 static void scatter_whole(const rl_trainer *r, const float *src, float *dst) {
     const trill_lora *l = r->lora;
     memset(dst, 0, sizeof(float) * l->n_global);
     for (size_t k = 0; k < l->n_tensors; k++) {
         const trill_param *t = &l->tensors[k];
         const size_t at = (size_t)(t->data - l->params);
-        if (r->mp_rank == 0 || at >= r->routed || trill_param_sliced(t)) copy_slice(t, (float *)src + at, dst + l->global_offset[k], true);
+        if (speaks_for(r, t, at)) copy_slice(t, (float *)src + at, dst + l->global_offset[k], true);
     }
 }
 
