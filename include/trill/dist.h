@@ -75,6 +75,22 @@ trill_status trill_comm_allreduce_ordered_f64(trill_comm *c, double *data, size_
 trill_status trill_comm_allreduce_max_u64(trill_comm *c, uint64_t v, uint64_t *out);
 /* root's bytes[n] to every rank. */
 trill_status trill_comm_bcast(trill_comm *c, void *data, size_t bytes, int root);
+/* The same broadcast without blocking: it proceeds while the caller works (a generator between
+ * decode steps) and completes in trill_comm_wait, or when trill_comm_test says so; data must stay
+ * untouched until then. One request a call (NULL on the single-process backend or with one
+ * rank: nothing to move). Counted as TRILL_COMM_BCAST when it completes, its milliseconds those
+ * of the wait or the successful test. Every rank of c starts the same broadcasts in the same
+ * order. */
+typedef struct trill_comm_request trill_comm_request;
+trill_status trill_comm_ibcast(trill_comm *c, void *data, size_t bytes, int root, trill_comm_request **req);
+/* trill_comm_send without blocking (the receiver takes it with trill_comm_recv); data must stay
+ * untouched until the request completes. Counted as TRILL_COMM_P2P when it does. */
+trill_status trill_comm_isend(trill_comm *c, const void *data, size_t bytes, int peer, int tag, trill_comm_request **req);
+/* Waits for req to complete and frees it (NULL: nothing to wait for). */
+trill_status trill_comm_wait(trill_comm_request *req);
+/* *done: whether req completed (it is then freed and must not be used again). A request that
+ * fails is freed too. */
+trill_status trill_comm_test(trill_comm_request *req, int *done);
 /* Every rank's `bytes` bytes, in rank order, into recv (size × bytes) on every rank. */
 trill_status trill_comm_allgather(trill_comm *c, const void *send, size_t bytes, void *recv);
 /* Rank r's counts[r] bytes, in rank order, packed into recv on every rank (counts known to all). */

@@ -131,8 +131,10 @@ typedef struct trill_rl_config {
 
     struct { trill_sync_mode mode; } sync;
 
-    struct {                       /* distribution over MPI ranks: dp * ep * tp = the world's ranks */
-        struct { int dp, ep, tp; } trainer;
+    struct {                       /* placement on MPI ranks: dp * ep * tp + replicas + scorer = the world's ranks */
+        struct { int dp, ep, tp; } trainer; /* ranks [0, dp ep tp); rank 0 is the controller too */
+        struct { int replicas; } generator; /* the next ranks, one a replica (0: each trainer rank generates) */
+        int scorer;                         /* 1: the last rank scores */
     } parallel;
 
     struct {
@@ -183,8 +185,8 @@ trill_status trill_rl_config_set(trill_rl_config *c, const char *assignment);
 /* Every key's range again (for configs changed in code) and the cross-field checks (generator.n
  * >= 2, mis_low < mis_high, min_lr <= lr, minibatches <= prompts_per_step, some reward). */
 trill_status trill_rl_config_validate(const trill_rl_config *c);
-/* The parallel section against the world: dp * ep * tp must be its rank count (the message
- * shows the arithmetic). */
+/* The parallel section against the world: the trainer's dp * ep * tp ranks, the generator
+ * replicas and the scorer must add up to its rank count (the message shows the arithmetic). */
 trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size);
 /* The resolved config as YAML (every key, nested sections), which trill_rl_config_load reads back
  * to the same config (with correction.mis off, its unused bounds are not written). */
@@ -258,6 +260,14 @@ typedef struct trill_rl_metrics {
     size_t sync_bytes;
     double sync_ms;
     uint32_t policy_version;
+    /* parallel.generator.replicas: the version's transfer over MPI (a non-blocking broadcast of
+     * the adapters' or the merged weights' bytes, its XXH64 checked by each receiver), and per
+     * receiver its rank, the ms from the broadcast's start to the bytes in its memory and the ms
+     * its engine took to apply them */
+    int n_receivers;
+    size_t transfer_bytes;
+    uint64_t transfer_checksum;
+    struct { int rank; double receive_ms, apply_ms; } receivers[64];
     /* the external reward process's own metrics, means over the batch, as "reward_ext_<name>" */
     int n_ext;
     char ext_name[TRILL_RL_MAX_EXT_METRICS][64];

@@ -247,6 +247,122 @@ trill_status trill_comm_bcast(trill_comm *c, void *data, size_t bytes, int root)
     return TRILL_OK;
 }
 
+struct trill_comm_request {
+    trill_comm *c;
+    trill_comm_kind kind;
+    uint64_t bytes;      /* counted on completion (a broadcast: the root's bytes times the other ranks) */
+    int n;
+#ifdef TRILL_HAVE_MPI
+    MPI_Request *reqs;   /* one per chunk under MPI's int counts */
+#endif
+};
+
+trill_status trill_comm_ibcast(trill_comm *c, void *data, size_t bytes, int root, trill_comm_request **req) {
+    *req = NULL;
+    if (root < 0 || root >= c->size) return trill_error(TRILL_ERR_INVALID, "broadcast: root %d of %d ranks", root, c->size);
+    (void)data;
+#ifdef TRILL_HAVE_MPI
+    if (!c->mpi || c->size == 1) return TRILL_OK;
+    const double t0 = trill_now();
+    const int chunks = bytes ? (int)((bytes + CHUNK - 1) / CHUNK) : 0;
+    trill_comm_request *r = trill_calloc(1, sizeof *r);
+    MPI_Request *reqs = r ? trill_malloc(sizeof(MPI_Request) * (size_t)(chunks + 1)) : NULL;
+    if (!reqs) {
+        free(r);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for a broadcast request");
+    }
+    *r = (trill_comm_request){ .c = c, .kind = TRILL_COMM_BCAST, .bytes = c->rank == root ? bytes * (uint64_t)(c->size - 1) : 0, .reqs = reqs };
+    for (size_t at = 0; at < bytes; at += CHUNK, r->n++) {
+        const size_t k = bytes - at < CHUNK ? bytes - at : CHUNK;
+        const int rc = MPI_Ibcast((char *)data + at, (int)k, MPI_BYTE, root, c->comm, &reqs[r->n]);
+        if (rc != MPI_SUCCESS) {
+            MPI_Waitall(r->n, reqs, MPI_STATUSES_IGNORE);
+            free(reqs);
+            free(r);
+            return mpi_error(rc, "MPI_Ibcast");
+        }
+    }
+    c->stats.ms[TRILL_COMM_BCAST] += (trill_now() - t0) * 1e3;
+    *req = r;
+#else
+    (void)c;
+    (void)bytes;
+#endif
+    return TRILL_OK;
+}
+
+static trill_status check_peer(const trill_comm *c, int peer, const char *what);
+
+trill_status trill_comm_isend(trill_comm *c, const void *data, size_t bytes, int peer, int tag, trill_comm_request **req) {
+    *req = NULL;
+    trill_status st = check_peer(c, peer, "send");
+    if (st) return st;
+    (void)data;
+    (void)tag;
+#ifdef TRILL_HAVE_MPI
+    const int chunks = bytes ? (int)((bytes + CHUNK - 1) / CHUNK) : 1;
+    trill_comm_request *r = trill_calloc(1, sizeof *r);
+    MPI_Request *reqs = r ? trill_malloc(sizeof(MPI_Request) * (size_t)chunks) : NULL;
+    if (!reqs) {
+        free(r);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for a send request");
+    }
+    *r = (trill_comm_request){ .c = c, .kind = TRILL_COMM_P2P, .bytes = bytes, .reqs = reqs };
+    size_t at = 0;
+    do { /* as trill_comm_send: an empty message is one message too */
+        const size_t k = bytes - at < CHUNK ? bytes - at : CHUNK;
+        const int rc = MPI_Isend((const char *)data + at, (int)k, MPI_BYTE, peer, tag, c->comm, &reqs[r->n]);
+        if (rc != MPI_SUCCESS) {
+            MPI_Waitall(r->n, reqs, MPI_STATUSES_IGNORE);
+            free(reqs);
+            free(r);
+            return mpi_error(rc, "MPI_Isend");
+        }
+        r->n++;
+        at += k;
+    } while (at < bytes);
+    *req = r;
+#else
+    (void)bytes;
+#endif
+    return TRILL_OK;
+}
+
+static void request_done(trill_comm_request *r, double t0) {
+    count(r->c, r->kind, r->bytes, t0);
+#ifdef TRILL_HAVE_MPI
+    free(r->reqs);
+#endif
+    free(r);
+}
+
+trill_status trill_comm_wait(trill_comm_request *r) {
+    if (!r) return TRILL_OK;
+    const double t0 = trill_now();
+    trill_status st = TRILL_OK;
+#ifdef TRILL_HAVE_MPI
+    const int rc = MPI_Waitall(r->n, r->reqs, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) st = mpi_error(rc, "MPI_Waitall (a broadcast)");
+#endif
+    request_done(r, t0);
+    return st;
+}
+
+trill_status trill_comm_test(trill_comm_request *r, int *done) {
+    *done = 1;
+    if (!r) return TRILL_OK;
+    const double t0 = trill_now();
+#ifdef TRILL_HAVE_MPI
+    const int rc = MPI_Testall(r->n, r->reqs, done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        request_done(r, t0);
+        return mpi_error(rc, "MPI_Testall (a broadcast)");
+    }
+#endif
+    if (*done) request_done(r, t0);
+    return TRILL_OK;
+}
+
 /* Byte counts and displacements as MPI's ints, or a refusal naming the payload. */
 static trill_status int_counts(const size_t *bytes, int n, int *counts, int *displs, const char *what) {
     size_t at = 0;

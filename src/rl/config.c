@@ -227,6 +227,14 @@ static const key KEYS[] = {
         "of the attention heads and of the dense MLPs' width (Megatron's column- and row-parallel projections; LoRA A whole and B "
         "split on column-parallel ones, A split and B whole on row-parallel ones); experts stay whole. Results equal one rank's "
         "within 1e-5 relative (the partial sums are added in another order). LoRA only; not with ep > 1."),
+    INT("parallel.generator.replicas", parallel.generator.replicas, 0, 65536, "0",
+        "Generator replicas on ranks of their own, after the trainer's (0: every trainer rank generates in its own process). "
+        "Each step's prompts go to the replica with the fewest pending tokens; their sequences come back as packed rollout "
+        "batches and new weights reach them by a non-blocking broadcast (a version, a checksum, bytes and ms per receiver). "
+        "Sampling is keyed by request id, so the tokens do not depend on the replica count. mode sync only."),
+    INT("parallel.scorer", parallel.scorer, 0, 1, "0",
+        "Ranks of the scorer (the verifier, external reward processes, the reward model): 0, the controller scores; 1, a rank of "
+        "its own, the last one, which receives each batch and sends back its rewards."),
     INT("checkpoint.every", checkpoint.every, 0, INF, "100", "Steps between checkpoints (0: only at the end)."),
     INT("checkpoint.keep", checkpoint.keep, 0, INF, "2", "Newest checkpoints kept (0: all)."),
 
@@ -266,7 +274,7 @@ static const section SECTIONS[] = {
                     "generator's (mu)." },
     { "trainer", "Optimisation of the LoRA adapters." },
     { "sync", "Weight updates from the trainer to the generator." },
-    { "parallel", "Distribution over MPI ranks (`mpirun -np N trill train ...`, `trill sft`, `trill bench train`): parallel.trainer.dp x ep x tp must equal N." },
+    { "parallel", "Placement on MPI ranks (`mpirun -np N trill train ...`, `trill sft`, `trill bench train`): the trainer's dp x ep x tp ranks first (rank 0 is also the controller), then parallel.generator.replicas ranks, then parallel.scorer; they must add up to N." },
     { "checkpoint", "Checkpoints in the run folder (what `resume` continues from)." },
     { "eval", "Held-out evaluation on data.eval." },
     { "sft", "Supervised fine-tuning (`trill sft`): prompt/completion lines of data.train, the loss on the completion; "
@@ -918,13 +926,18 @@ trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f) {
 }
 
 trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
-    const int64_t ranks = (int64_t)c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
-    if (ranks != world_size)
+    const int64_t trainer = (int64_t)c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
+    const int gen = c->parallel.generator.replicas, scorer = c->parallel.scorer;
+    const int64_t ranks = trainer + gen + scorer;
+    if (ranks == world_size) return TRILL_OK;
+    const char *hint = world_size == 1 ? "start it with mpirun -np N, or set them to 1 (and the executors' ranks to 0)" : "make the sum the -np count";
+    if (!gen && !scorer)
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer: dp %d x ep %d x tp %d = %lld trainer ranks, but the job has %d rank%s (%s)",
-                           c->parallel.trainer.dp, c->parallel.trainer.ep, c->parallel.trainer.tp, (long long)ranks, world_size,
-                           world_size == 1 ? "" : "s",
-                           world_size == 1 ? "start it with mpirun -np N, or set them to 1" : "make the product the -np count");
-    return TRILL_OK;
+                           c->parallel.trainer.dp, c->parallel.trainer.ep, c->parallel.trainer.tp, (long long)trainer, world_size,
+                           world_size == 1 ? "" : "s", hint);
+    return trill_error(TRILL_ERR_INVALID, "parallel: trainer dp %d x ep %d x tp %d = %lld ranks + parallel.generator.replicas %d + "
+                       "parallel.scorer %d = %lld ranks, but the job has %d rank%s (%s)", c->parallel.trainer.dp, c->parallel.trainer.ep,
+                       c->parallel.trainer.tp, (long long)trainer, gen, scorer, (long long)ranks, world_size, world_size == 1 ? "" : "s", hint);
 }
 
 trill_status trill_rl_config_validate(const trill_rl_config *c) {

@@ -20,6 +20,7 @@
 #include "checkpoint.h"
 #include "base/alloc.h"
 #include "rollout.h"
+#include "ranks.h"
 #include "run.h"
 #include "trill/log.h"
 #include "trill/chat.h"
@@ -93,22 +94,30 @@ static trill_status load_data(rl_run *r) {
 static trill_status make_executors(rl_run *r, const char *ckpt) {
     const trill_rl_config *c = r->c;
     trill_status st = trill_rl_trainer_create(c, r->model_dir, ckpt, r->world, &r->trainer);
+    /* with executors on ranks of their own, the controller (rank 0) alone runs the ones that are
+     * not (the others receive each step's batch from it) */
+    const bool mine = !r->remote || r->rank == 0;
+    const bool local_gen = mine && !trill_rl_ranks_remote_generator(r), local_scorer = mine && !c->parallel.scorer;
     /* the generator serves every expert: an expert-parallel trainer's shard does not have them,
      * so the engine is made from the whole model, loaded for it alone */
     trill_model *whole = NULL;
-    if (!st && trill_rl_trainer_sharded(r->trainer)) st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &whole);
-    if (!st) st = trill_rl_generator_create(c, whole ? whole : trill_rl_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
+    if (!st && local_gen && trill_rl_trainer_sharded(r->trainer)) st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &whole);
+    if (!st && local_gen) st = trill_rl_generator_create(c, whole ? whole : trill_rl_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
     trill_model_free(whole);
-    if (!st && !c->rollouts.replay[0]) st = trill_rl_scorer_create(c, r->train, &r->scorer); /* replayed batches bring their rewards */
+    if (!st && local_scorer && !c->rollouts.replay[0]) st = trill_rl_scorer_create(c, r->train, &r->scorer); /* replayed batches bring their rewards */
     double ms;
     size_t bytes;
-    if (!st) st = trill_rl_publish_direct(r, NULL, &ms, &bytes); /* the generator serves the policy being trained */
+    /* the generator serves the policy being trained */
+    if (!st) st = trill_rl_ranks_remote_generator(r) ? trill_rl_publish_remote(r, NULL, &ms, &bytes)
+                  : r->gen                          ? trill_rl_publish_direct(r, NULL, &ms, &bytes)
+                                                    : TRILL_OK;
     return st;
 }
 
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
     if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
+    trill_rl_ranks_free(r);                 /* the executors on other ranks stop */
     trill_rl_scorer_free(r->scorer);
     trill_rl_generator_free(r->gen);
     trill_rl_trainer_free(r->trainer);
@@ -150,14 +159,19 @@ static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
     return st;
 }
 
+/* On the generator (a replica on a rank of its own: its replica 0, asked by the controller; the
+ * other trainer ranks then skip it, NAN). */
 static trill_status evaluate(rl_run *r, const char *when, double *pass1, double *passk) {
     const trill_rl_config *c = r->c;
     trill_eval_result res;
-    trill_status st = trill_rl_generator_evaluate(r->gen, r->eval, &res);
+    *pass1 = *passk = NAN;
+    const bool remote = trill_rl_ranks_remote_generator(r);
+    if (remote ? r->rank != 0 : !r->gen) return TRILL_OK;
+    trill_status st = remote ? trill_rl_remote_evaluate(r, &res) : trill_rl_generator_evaluate(r->gen, r->eval, &res);
     if (st) return st;
     trill_log(TRILL_LOG_INFO, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)",
-            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, trill_rl_generator_version(r->gen),
-            res.seconds);
+            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature,
+            remote ? r->state.version : trill_rl_generator_version(r->gen), res.seconds);
     *pass1 = res.pass1;
     *passk = res.passk;
     return TRILL_OK;
@@ -341,15 +355,20 @@ static trill_status set_up(trill_run *h) {
     const trill_rl_config *c = &h->cfg;
     rl_run *r = &h->r;
     char *ckpt = NULL;
-    const bool many = r->world && trill_comm_size(r->world) > 1;
+    const bool many = r->job && trill_comm_size(r->job) > 1, executor = trill_rl_ranks_executor(r);
     /* rank 0 owns the run folder (and builds the demo's cache); the others start after it */
     trill_status st = r->rank == 0 ? trill_mkdir_p(c->run_dir) : TRILL_OK;
     if (!st && r->rank == 0) st = lock_run_dir(r);
-    if (!st && many) st = trill_comm_barrier(r->world);
-    if (!st) st = start_state(r, &ckpt);
+    if (!st && many) st = trill_comm_barrier(r->job);
+    if (!st && !executor) st = start_state(r, &ckpt);
     if (!st && r->rank == 0) st = resolve_inputs(r);
-    if (!st && many) st = trill_comm_barrier(r->world);
+    if (!st && many) st = trill_comm_barrier(r->job);
     if (!st && r->rank != 0) st = resolve_inputs(r);
+    if (executor) { /* a generator replica or the scorer on a rank of its own */
+        if (!st) st = load_data(r);
+        if (!st) st = trill_rl_make_executor(r);
+        return st;
+    }
     if (!st) st = trill_rl_model_identity(r->model_dir, &r->base);
     if (!st && ckpt) st = trill_rl_checkpoint_check_base(ckpt, &r->base, r->model_dir);
     if (!st) st = load_data(r);
@@ -373,7 +392,10 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     const int ranks = o && o->world ? trill_comm_size(o->world) : 1;
     if (!st) st = trill_rl_parallel_check(c, ranks);
     if (!st && ranks > 1 && c->mode == TRILL_MODE_ASYNC)
-        st = trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.dp: %d ranks need mode: sync (the asynchronous executors run in one process)", ranks);
+        st = c->parallel.generator.replicas || c->parallel.scorer
+                 ? trill_error(TRILL_ERR_UNSUPPORTED, "parallel.generator.replicas, parallel.scorer: executors on ranks of their own run in "
+                               "mode: sync (asynchronous mode across ranks is not built yet)")
+                 : trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.dp: %d ranks need mode: sync (the asynchronous executors run in one process)", ranks);
     if (st) return st;
     if (c->generator.temperature != 1.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "
@@ -404,7 +426,7 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     h->r = (rl_run){ .c = &h->cfg, .lock_fd = -1, .world = o ? o->world : NULL, .rank = o && o->world ? trill_comm_rank(o->world) : 0 };
     h->status.steps = h->cfg.steps;
     atomic_store(&g_stop_requested, 0);
-    if ((st = set_up(h))) {
+    if ((st = trill_rl_ranks_create(&h->r, h->r.world)) || (st = set_up(h))) {
         trill_run_free(h);
         return st;
     }
@@ -423,8 +445,20 @@ static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
     rl_rollout ro;
     const int64_t index = r->state.data_pos / c->generator.prompts_per_step;
     trill_status st;
+    rl_publish_fn publish = trill_rl_ranks_remote_generator(r) ? trill_rl_publish_remote : trill_rl_publish_direct;
     if (c->rollouts.replay[0]) {
         st = trill_rl_stage_replay(r, index, &ro);
+    } else if (r->remote) { /* the controller gets the batch from the executors' ranks, then shares it */
+        st = TRILL_OK;
+        if (r->rank == 0) {
+            set_phase(h, TRILL_RUN_GENERATING);
+            st = r->gen ? trill_rl_stage_generate(r, index, &ro, NULL, NULL) : trill_rl_remote_generate(r, index, &ro);
+            set_phase(h, TRILL_RUN_SCORING);
+            if (!st) st = r->scorer ? trill_rl_stage_reward(r, &ro) : trill_rl_remote_score(r, &ro);
+        } else {
+            memset(&ro, 0, sizeof ro);
+        }
+        st = trill_rl_share_batch(r, &ro, st);
     } else {
         set_phase(h, TRILL_RUN_GENERATING);
         st = trill_rl_stage_generate(r, index, &ro, NULL, NULL);
@@ -432,7 +466,7 @@ static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
         if (!st) st = trill_rl_stage_reward(r, &ro);
     }
     set_phase(h, TRILL_RUN_TRAINING);
-    if (!st) st = trill_rl_stage_train(r, &ro, trill_rl_publish_direct, NULL, m, &trs, &tt);
+    if (!st) st = trill_rl_stage_train(r, &ro, publish, NULL, m, &trs, &tt);
     r->gen_s += ro.gen_s;
     r->train_s += trs;
     r->gen_tokens += ro.gen_tokens;
@@ -465,6 +499,7 @@ static void report(trill_run *h, const trill_rl_metrics *m, double step_wall_s) 
 
 trill_status trill_run_step(trill_run *h) {
     if (h->done) return h->err ? trill_error(h->err, "%s", h->err_msg) : TRILL_OK;
+    if (trill_rl_ranks_executor(&h->r)) return end_run(h, trill_rl_serve_executor(&h->r)); /* until the controller says stop */
     if (h->r.state.step >= h->cfg.steps) return end_run(h, TRILL_OK);
     if (cancel_requested(h)) return interrupt(h);
     trill_rl_metrics *m = trill_calloc(1, sizeof *m);

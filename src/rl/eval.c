@@ -34,8 +34,13 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
     const double t0 = trill_now();
     const int n = o->limit > 0 && o->limit < d->n ? o->limit : d->n;
     int *examples = trill_malloc(sizeof(int) * (size_t)n);
-    if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) examples[i] = i;
+    uint64_t *ids = trill_malloc(sizeof(uint64_t) * (size_t)n);
+    if (!examples || !ids) {
+        free(examples);
+        free(ids);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) examples[i] = i, ids[i] = (uint64_t)i;
     trill_request proto = {
         .max_new_tokens = o->max_new_tokens, .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids,
         .stop_strings = o->stops, .n_stop_strings = o->n_stops,
@@ -44,8 +49,9 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
     proto.sampling.temperature = (float)o->temperature;
     proto.sampling.seed = o->seed;
     rl_batch b;
-    trill_status st = trill_rl_generate(e, tok, d, examples, n, o->k, 0, &proto, 0, 0, NULL, NULL, &b);
+    trill_status st = trill_rl_generate(e, tok, d, examples, n, o->k, ids, &proto, 0, 0, NULL, NULL, &b);
     free(examples);
+    free(ids);
     if (st) return st;
     double pass1 = 0, passk = 0, len = 0;
     for (int p = 0; p < n; p++) {

@@ -64,20 +64,38 @@ void trill_rl_generator_free(rl_generator *g) {
     free(g);
 }
 
-trill_status trill_rl_generator_generate(rl_generator *g, int64_t index, trill_status (*between_steps)(void *), void *ctx, rl_batch *out,
-                                         long *tokens) {
+trill_status trill_rl_generator_generate_part(rl_generator *g, int64_t index, const int *groups, int n_groups,
+                                              trill_status (*between_steps)(void *), void *ctx, rl_batch *out, long *tokens) {
     const trill_rl_config *c = g->c;
     const int P = c->generator.prompts_per_step;
     *tokens = 0;
-    int *examples = trill_malloc(sizeof(int) * (size_t)P);
-    if (!examples) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    int *order = trill_malloc(sizeof(int) * (size_t)P), *examples = trill_malloc(sizeof(int) * (size_t)(n_groups + 1));
+    uint64_t *ids = trill_malloc(sizeof(uint64_t) * (size_t)(n_groups + 1));
+    trill_status st = order && examples && ids ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int64_t pos = index * P;
-    trill_status st = trill_dataset_order(g->train, c->seed, c->data.shuffle, pos, P, examples);
+    if (!st) st = trill_dataset_order(g->train, c->seed, c->data.shuffle, pos, P, order);
+    for (int i = 0; !st && i < n_groups; i++) {
+        if (groups[i] < 0 || groups[i] >= P) st = trill_error(TRILL_ERR_INVALID, "generator: prompt %d of a batch of %d", groups[i], P);
+        else examples[i] = order[groups[i]], ids[i] = (uint64_t)(pos + groups[i]);
+    }
     if (!st)
-        st = trill_rl_generate(g->engine, g->tok, g->train, examples, P, c->generator.n, (uint64_t)pos, &g->proto, g->L, g->K,
-                               between_steps, ctx, out);
+        st = trill_rl_generate(g->engine, g->tok, g->train, examples, n_groups, c->generator.n, ids, &g->proto, g->L, g->K, between_steps,
+                               ctx, out);
+    free(order);
     free(examples);
+    free(ids);
     for (int s = 0; !st && s < out->n_seqs; s++) *tokens += rl_response_len(out, s);
+    return st;
+}
+
+trill_status trill_rl_generator_generate(rl_generator *g, int64_t index, trill_status (*between_steps)(void *), void *ctx, rl_batch *out,
+                                         long *tokens) {
+    const int P = g->c->generator.prompts_per_step;
+    int *all = trill_malloc(sizeof(int) * (size_t)P);
+    if (!all) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < P; i++) all[i] = i;
+    trill_status st = trill_rl_generator_generate_part(g, index, all, P, between_steps, ctx, out, tokens);
+    free(all);
     return st;
 }
 

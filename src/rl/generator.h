@@ -31,6 +31,12 @@ void trill_rl_generator_free(rl_generator *g);
 trill_status trill_rl_generator_generate(rl_generator *g, int64_t index, trill_status (*between_steps)(void *), void *ctx, rl_batch *out,
                                          long *tokens);
 
+/* The same for some of the batch's prompts: groups[0..n_groups) (ascending places in the batch,
+ * [0, prompts_per_step)), each with its request id in the stream, so a replica generating part
+ * of a batch gives each of its sequences the tokens the whole batch would. */
+trill_status trill_rl_generator_generate_part(rl_generator *g, int64_t index, const int *groups, int n_groups,
+                                              trill_status (*between_steps)(void *), void *ctx, rl_batch *out, long *tokens);
+
 /* New weights, applied at the engine's next step: the adapters (adapter sync) or full fp32
  * weights (merge sync); *bytes converted. */
 trill_status trill_rl_generator_load_adapter(rl_generator *g, const trill_lora *lora, uint32_t version, size_t *bytes);

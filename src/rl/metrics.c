@@ -26,6 +26,26 @@ static json_t *num_array(const double *v, int n) {
     return a;
 }
 
+/* "transfer": {"bytes": .., "checksum": "hex", "receivers": [{"rank": .., "receive_ms": .., "apply_ms": ..}, ...]} */
+static void put_transfer(writer *w, json_t *o, const trill_rl_metrics *m) {
+    json_t *t = json_object(), *list = json_array();
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)m->transfer_checksum);
+    put(w, o, "transfer", t);
+    if (!t) return;
+    put(w, t, "bytes", json_integer((json_int_t)m->transfer_bytes));
+    put(w, t, "checksum", json_string(hex));
+    put(w, t, "receivers", list);
+    for (int i = 0; list && i < m->n_receivers; i++) {
+        json_t *e = json_object();
+        w->ok &= e && json_array_append_new(list, e) == 0;
+        if (!e) return;
+        put(w, e, "rank", json_integer(m->receivers[i].rank));
+        put(w, e, "receive_ms", num(m->receivers[i].receive_ms));
+        put(w, e, "apply_ms", num(m->receivers[i].apply_ms));
+    }
+}
+
 /* "comm": {"allreduce": {"bytes": .., "ms": ..}, ...}, the kinds the step used. */
 static void put_comm(writer *w, json_t *o, const trill_rl_metrics *m) {
     json_t *cm = json_object();
@@ -114,6 +134,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
     put(&w, o, "sync_bytes", json_integer((json_int_t)m->sync_bytes));
     put(&w, o, "sync_ms", num(m->sync_ms));
     put(&w, o, "policy_version", json_integer(m->policy_version));
+    if (m->n_receivers) put_transfer(&w, o, m);
     for (int i = 0; i < m->n_ext; i++) {
         char name[80];
         snprintf(name, sizeof name, "reward_ext_%s", m->ext_name[i]);

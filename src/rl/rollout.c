@@ -20,14 +20,14 @@ static bool is_stop(const trill_request *r, int id) {
 }
 
 trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
-                         int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
+                         int group_size, const uint64_t *request_ids, const trill_request *proto, int n_moe_layers, int top_k,
                          trill_status (*between_steps)(void *), void *ctx, rl_batch *b) {
     memset(b, 0, sizeof *b);
     const int n = n_prompts * group_size;
     trill_status st = TRILL_OK;
     for (int p = 0; p < n_prompts && !st; p++) {
         trill_request r = *proto;
-        r.id = first_request + (uint64_t)p;
+        r.id = request_ids[p];
         r.prompt = d->examples[examples[p]].ids;
         r.prompt_len = d->examples[examples[p]].n_ids;
         r.n = group_size;
@@ -45,7 +45,9 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
         int k;
         while ((k = trill_engine_collect(e, tmp, 64)) > 0)
             for (int i = 0; i < k; i++) {
-                int slot = (int)(tmp[i].request - first_request) * group_size + tmp[i].sample;
+                int p = 0;
+                while (p < n_prompts && request_ids[p] != tmp[i].request) p++;
+                const int slot = p * group_size + tmp[i].sample;
                 if (slot < 0 || slot >= n || outs[slot].tokens) { trill_sequence_out_free(&tmp[i]); continue; }
                 outs[slot] = tmp[i];
                 got++;
@@ -108,6 +110,72 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
         while ((k = trill_engine_collect(e, tmp, 16)) > 0) for (int i = 0; i < k; i++) trill_sequence_out_free(&tmp[i]);
         trill_rl_batch_free(b);
     }
+    return st;
+}
+
+static int batch_arrays(rl_batch *b, size_t T, void ***ptr, size_t *bytes);
+
+/* Copies sequence s of `from` (its tokens at `at`) to sequence `to` of b; returns its length. */
+static size_t copy_sequence(rl_batch *b, int to, size_t at, const rl_batch *from, int s) {
+    const size_t row = (size_t)b->n_moe_layers * b->top_k, first = (size_t)from->offsets[s];
+    const size_t len = (size_t)(from->offsets[s + 1] - from->offsets[s]);
+    b->offsets[to] = (int)at;
+    b->prompt_len[to] = from->prompt_len[s];
+    b->example[to] = from->example[s];
+    b->reward[to] = from->reward[s];
+    b->adv[to] = from->adv[s];
+    b->correct[to] = from->correct[s];
+    b->keep[to] = from->keep[s];
+    memcpy(b->tokens + at, from->tokens + first, sizeof(int) * len);
+    memcpy(b->behav_logp + at, from->behav_logp + first, sizeof(float) * len);
+    memcpy(b->version + at, from->version + first, sizeof(uint32_t) * len);
+    if (row) memcpy(b->experts + at * row, from->experts + first * row, sizeof(uint16_t) * len * row);
+    return len;
+}
+
+trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int *part_of, int n_groups, rl_batch *b) {
+    memset(b, 0, sizeof *b);
+    if (n_parts < 1) return trill_error(TRILL_ERR_INVALID, "rollout batch merge: no parts");
+    const int G = parts[0].group_size, L = parts[0].n_moe_layers, K = parts[0].top_k;
+    size_t T = 0;
+    int seqs = 0;
+    for (int j = 0; j < n_parts; j++) {
+        const rl_batch *p = &parts[j];
+        int groups = 0;
+        for (int g = 0; g < n_groups; g++) groups += part_of[g] == j;
+        if (p->n_seqs != groups * G || (p->n_seqs && (p->group_size != G || p->n_moe_layers != L || p->top_k != K)))
+            return trill_error(TRILL_ERR_INVALID, "rollout batch merge: part %d has %d sequences in groups of %d (%d x top-%d experts), "
+                               "expected %d groups of %d (%d x top-%d)", j, p->n_seqs, p->group_size, p->n_moe_layers, p->top_k,
+                               groups, G, L, K);
+        T += p->n_seqs ? (size_t)p->offsets[p->n_seqs] : 0;
+        seqs += p->n_seqs;
+    }
+    b->n_seqs = seqs;
+    b->group_size = G;
+    b->n_moe_layers = L;
+    b->top_k = K;
+    void **ptr[16] = { 0 };
+    size_t bytes[16] = { 0 };
+    const int count = batch_arrays(b, T, ptr, bytes);
+    trill_status st = TRILL_OK;
+    for (int i = 0; i < count && !st; i++)
+        if (!(*ptr[i] = trill_malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && !(b->completion = trill_calloc((size_t)seqs + 1, sizeof(char *)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    int *next = st ? NULL : trill_calloc((size_t)n_parts, sizeof(int)); /* each part's next group */
+    if (!st && !next) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t at = 0;
+    for (int g = 0, to = 0; g < n_groups && !st; g++) {
+        const rl_batch *p = &parts[part_of[g]];
+        for (int k = 0; k < G && !st; k++, to++) {
+            const int s = next[part_of[g]] * G + k;
+            at += copy_sequence(b, to, at, p, s);
+            if (!(b->completion[to] = trill_strdup(p->completion[s]))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        }
+        next[part_of[g]]++;
+    }
+    if (!st) b->offsets[seqs] = (int)at;
+    free(next);
+    if (st) trill_rl_batch_free(b);
     return st;
 }
 

@@ -27,14 +27,19 @@ typedef struct rl_batch {
     bool *keep;                /* [n_seqs] trained (dynamic sampling drops flat groups) */
 } rl_batch;
 
-/* Generates group_size samples for each of n_prompts dataset examples; request ids are
- * first_request + i, so sampling is keyed by position in the run, not by batch.
+/* Generates group_size samples for each of n_prompts dataset examples, prompt i as request
+ * request_ids[i] (its position in the run's prompt stream: sampling is keyed by it, not by the
+ * batch or the replica that generates it).
  * between_steps (optional) runs before every engine step: where an async generator takes new
  * weights, which the engine applies at the start of its next step. */
 trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, const trill_dataset *d, const int *examples, int n_prompts,
-                         int group_size, uint64_t first_request, const trill_request *proto, int n_moe_layers, int top_k,
+                         int group_size, const uint64_t *request_ids, const trill_request *proto, int n_moe_layers, int top_k,
                          trill_status (*between_steps)(void *), void *ctx, rl_batch *out);
 void trill_rl_batch_free(rl_batch *b);
+
+/* The batch of n_groups prompts generated in parts (a replica each): group g is the next group of
+ * parts[part_of[g]] (each part holds its groups in ascending g), copied to place g of *out. */
+trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int *part_of, int n_groups, rl_batch *out);
 
 /* The batch as one self-contained byte string (a header, then every array back to back, then
  * the completions NUL-terminated), so the same bytes can cross a thread, a pipe or an MPI

@@ -26,6 +26,8 @@
 #include "trill/dataset.h"
 #include "trill/rl.h"
 
+typedef struct rl_remote rl_remote;
+
 typedef struct rl_run {
     const trill_rl_config *c;
     char *model_dir, *train_path, *eval_path;
@@ -43,10 +45,14 @@ typedef struct rl_run {
     struct rusage usage;          /* the process's at the end of the previous step (or at the metrics' opening) */
     double gen_s, train_s;        /* the run's totals, for its summary */
     long gen_tokens, train_tokens;
-    /* data parallelism (parallel.trainer.dp): every rank runs the loop and holds the same state;
-     * rank 0 alone writes the run folder (lock, config, metrics, checkpoints, rollouts) */
+    /* data parallelism (parallel.trainer.dp): every trainer rank runs the loop and holds the same
+     * state; rank 0 alone writes the run folder (lock, config, metrics, checkpoints, rollouts) */
     trill_comm *world;            /* NULL: one process */
-    int rank;
+    int rank;                     /* in the job */
+    /* executors on ranks of their own (parallel.generator.replicas, parallel.scorer; ranks.h):
+     * world is then the trainer ranks' group of the job (NULL on an executor rank) */
+    trill_comm *job;
+    rl_remote *remote;            /* NULL: every trainer rank runs its executors in-process */
 } rl_run;
 
 /* The run's checkpoint of its state now (rank 0 writes it; every rank notes it as saved). */

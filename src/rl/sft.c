@@ -272,7 +272,10 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
     if (st) return st;
     sft_run r = { .c = c, .log = o ? o->log : NULL, .world = o ? o->world : NULL };
     r.rank = r.world ? trill_comm_rank(r.world) : 0;
-    st = trill_rl_parallel_check(c, r.world ? trill_comm_size(r.world) : 1);
+    if (c->parallel.generator.replicas || c->parallel.scorer)
+        st = trill_error(TRILL_ERR_INVALID, "parallel.generator.replicas %d, parallel.scorer %d: trill sft has no generator or scorer "
+                         "(set them to 0)", c->parallel.generator.replicas, c->parallel.scorer);
+    if (!st) st = trill_rl_parallel_check(c, r.world ? trill_comm_size(r.world) : 1);
     if (!st && !(st = trill_mkdir_p(c->run_dir))) st = load(&r);
     int micro_per_epoch = 0, total = st ? 0 : total_steps(&r, &micro_per_epoch);
     if (!st && total < 0) st = trill_error(TRILL_ERR_NOMEM, "out of memory");

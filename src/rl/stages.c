@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "ranks.h"
 #include "run.h"
 #include "trill/fileio.h"
 #include "trill/log.h"
@@ -172,6 +173,7 @@ trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publi
     if (!st && ts.optimizer_steps) {
         r->state.version++;
         st = publish(r, ctx, &sync_ms, &sync_bytes);
+        if (!st) trill_rl_remote_transfer_metrics(r, m);
     }
     const double t_end = trill_now();
     if (!st) st = batch_metrics(r, ro, &ts, m);

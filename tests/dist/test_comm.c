@@ -76,6 +76,35 @@ static void test_collectives(trill_comm *w) {
     free(counts);
 }
 
+/* The non-blocking broadcast: two in flight at once (a weight version and a small command), from
+ * rank 0 and from the last rank, completed by waiting and by testing; the root's bytes counted
+ * once each completes. */
+static void test_ibcast(trill_comm *w) {
+    const int r = trill_comm_rank(w), P = trill_comm_size(w);
+    enum { N = 100000 };
+    float *big = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) big[i] = r == 0 ? (float)i * 0.5f : -1.0f;
+    int small[4] = { r, r, r, r };
+    trill_comm_stats_reset(w);
+    trill_comm_request *a = NULL, *b = NULL;
+    OK(trill_comm_ibcast(w, big, sizeof(float) * N, 0, &a));
+    OK(trill_comm_ibcast(w, small, sizeof small, P - 1, &b));
+    CHECK((a == NULL) == (P == 1) && (b == NULL) == (P == 1));
+    int done = 0;
+    while (!done) OK(trill_comm_test(b, &done));
+    OK(trill_comm_wait(a));
+    for (int i = 0; i < N; i++) CHECK(big[i] == (float)i * 0.5f);
+    for (int i = 0; i < 4; i++) CHECK(small[i] == P - 1);
+    const trill_comm_stats s = trill_comm_stats_get(w);
+    const uint64_t want = (r == 0 ? sizeof(float) * N : 0) + (r == P - 1 ? sizeof small : 0);
+    CHECK(s.bytes[TRILL_COMM_BCAST] == want * (uint64_t)(P - 1));
+    CHECK(s.calls[TRILL_COMM_BCAST] == (P > 1 ? 2 : 0));
+    trill_comm_request *bad = NULL;
+    CHECK(trill_comm_ibcast(w, small, 1, P, &bad) == TRILL_ERR_INVALID && bad == NULL);
+    CHECK(trill_comm_wait(NULL) == TRILL_OK);
+    free(big);
+}
+
 /* Rank r sends peer p (r + 2p + 1) floats of value 100 r + p; the count exchange first. */
 static void test_alltoallv(trill_comm *w) {
     const int r = trill_comm_rank(w), P = trill_comm_size(w);
@@ -256,6 +285,7 @@ int main(int argc, char **argv) {
     test_collectives(w);
     test_alltoallv(w);
     test_p2p(w);
+    test_ibcast(w);
     test_split(w);
     test_tree_sum(w);
     return dist_test_end(w);

@@ -1,0 +1,557 @@
+/* Executors on MPI ranks of their own (ranks.h): the placement, the controller's requests and
+ * the executor ranks' loops. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "ranks.h"
+#include "trill/channel.h"
+#include "trill/timing.h"
+
+enum { CMD_GENERATE = 1, CMD_WEIGHTS, CMD_EVAL, CMD_SCORE, CMD_STOP };
+enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103 };
+enum { MAX_REPLICAS = 64 }; /* trill_rl_metrics.receivers */
+
+/* A command from the controller (broadcast over sync; sent to the scorer). */
+typedef struct rl_cmd {
+    int32_t op, merge;      /* merge: CMD_WEIGHTS carries merged weights, not adapters */
+    uint32_t version, pad;
+    int64_t index;
+    uint64_t bytes, checksum;
+} rl_cmd;
+
+/* An executor's answer: a status (its message as the payload when not TRILL_OK), then payload bytes. */
+typedef struct rl_reply {
+    int32_t status, pad;
+    uint64_t bytes;
+    int64_t tokens;
+    double receive_ms, apply_ms;
+    uint64_t applied;       /* weights: the bytes the engine converted */
+} rl_reply;
+
+struct rl_remote {
+    trill_comm *group;      /* this rank's: the trainer ranks', or the executor ranks' (unused) */
+    trill_comm *sync;       /* the controller and the replicas (NULL elsewhere) */
+    rl_role role;
+    int replica, replicas, trainer_ranks, scorer_rank; /* scorer_rank -1: none */
+    bool stopped;
+    /* the controller: the last weight transfer */
+    int n_receivers;
+    size_t transfer_bytes;
+    uint64_t checksum;
+    int recv_rank[MAX_REPLICAS];
+    double receive_ms[MAX_REPLICAS], apply_ms[MAX_REPLICAS];
+    /* a replica: the model its engine came from, and where received weights land */
+    trill_model *model, *staging_model;
+    trill_lora *staging_lora;
+};
+
+rl_role trill_rl_role(const trill_rl_config *c, int rank, int *replica) {
+    const int T = c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
+    *replica = -1;
+    if (rank < T) return RL_ROLE_TRAINER;
+    if (rank < T + c->parallel.generator.replicas) {
+        *replica = rank - T;
+        return RL_ROLE_GENERATOR;
+    }
+    return RL_ROLE_SCORER;
+}
+
+bool trill_rl_ranks_remote_generator(const rl_run *r) { return r->remote && r->remote->replicas > 0; }
+bool trill_rl_ranks_executor(const rl_run *r) { return r->remote && r->remote->role != RL_ROLE_TRAINER; }
+
+trill_status trill_rl_ranks_create(rl_run *r, trill_comm *job) {
+    const trill_rl_config *c = r->c;
+    r->job = job;
+    r->world = job;
+    if (!job || trill_comm_size(job) == 1 || (!c->parallel.generator.replicas && !c->parallel.scorer)) return TRILL_OK;
+    if (c->parallel.generator.replicas > MAX_REPLICAS)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.generator.replicas: %d, at most %d", c->parallel.generator.replicas, MAX_REPLICAS);
+    rl_remote *x = trill_calloc(1, sizeof *x);
+    if (!x) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    r->remote = x;
+    const int rank = trill_comm_rank(job);
+    x->role = trill_rl_role(c, rank, &x->replica);
+    x->replicas = c->parallel.generator.replicas;
+    x->trainer_ranks = c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
+    x->scorer_rank = c->parallel.scorer ? trill_comm_size(job) - 1 : -1;
+    trill_status st = trill_comm_split(job, x->role == RL_ROLE_TRAINER ? 0 : 1, rank, &x->group);
+    if (!st) r->world = x->role == RL_ROLE_TRAINER ? x->group : NULL;
+    r->rank = rank;
+    const bool in_sync = rank == 0 || x->role == RL_ROLE_GENERATOR;
+    trill_comm *other = NULL;
+    if (!st && x->replicas) st = trill_comm_split(job, in_sync ? 0 : 1, rank, in_sync ? &x->sync : &other);
+    trill_comm_free(other);
+    return st;
+}
+
+void trill_rl_ranks_free(rl_run *r) {
+    rl_remote *x = r->remote;
+    if (!x) return;
+    if (r->rank == 0) trill_rl_remote_stop(r);
+    trill_lora_free(x->staging_lora);
+    trill_model_free(x->staging_model);
+    trill_model_free(x->model);
+    trill_comm_free(x->sync);
+    trill_comm_free(x->group);
+    free(x);
+    r->remote = NULL;
+    r->world = r->job;
+}
+
+/* ---- messages ---- */
+
+static trill_status send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload) {
+    const char *msg = st ? trill_error_message() : NULL;
+    rep.status = st;
+    rep.bytes = st ? strlen(msg) + 1 : rep.bytes;
+    trill_status sent = trill_comm_send(c, &rep, sizeof rep, to, tag);
+    if (!sent && rep.bytes) sent = trill_comm_send(c, st ? msg : payload, rep.bytes, to, tag);
+    return sent;
+}
+
+/* An answer from `from`; *payload malloc'ed (NULL when empty). A failed executor's answer is its
+ * error, named by `who`. */
+static trill_status recv_reply(trill_comm *c, int from, int tag, const char *who, rl_reply *rep, char **payload) {
+    *payload = NULL;
+    trill_status st = trill_comm_recv(c, rep, sizeof *rep, from, tag);
+    if (st) return st;
+    if (rep->bytes > ((uint64_t)1 << 40)) return trill_error(TRILL_ERR_IO, "%s: an answer of %llu bytes", who, (unsigned long long)rep->bytes);
+    if (rep->bytes) {
+        if (!(*payload = trill_malloc(rep->bytes + 1))) return trill_error(TRILL_ERR_NOMEM, "out of memory for %s's answer", who);
+        st = trill_comm_recv(c, *payload, rep->bytes, from, tag);
+        (*payload)[rep->bytes] = '\0';
+    }
+    if (!st && rep->status) {
+        st = trill_error((trill_status)rep->status, "%s: %s", who, *payload ? *payload : "failed");
+        free(*payload);
+        *payload = NULL;
+    }
+    return st;
+}
+
+static void replica_name(const rl_remote *x, int j, char *out, size_t size) {
+    snprintf(out, size, "generator replica %d (rank %d)", j, x->trainer_ranks + j);
+}
+
+/* The answers of every replica to one command (all are read, so none is left blocked in a send),
+ * each handed to `take` in replica order; the first error is returned. */
+static trill_status gather_replies(rl_remote *x, int first, int last, trill_status (*take)(void *, int, const rl_reply *, char *), void *ctx) {
+    trill_status st = TRILL_OK;
+    char err[2048] = "";
+    for (int j = first; j < last; j++) {
+        char who[64];
+        replica_name(x, j, who, sizeof who);
+        rl_reply rep;
+        char *payload = NULL;
+        trill_status got = recv_reply(x->sync, j + 1, TAG_REPLY, who, &rep, &payload);
+        if (!got && take) got = take(ctx, j, &rep, payload);
+        else free(payload);
+        if (got && !st) {
+            st = got;
+            snprintf(err, sizeof err, "%s", trill_error_message());
+        }
+    }
+    return st ? trill_error(st, "%s", err) : TRILL_OK;
+}
+
+/* Every broadcast over sync is non-blocking on every rank (MPI does not match a blocking
+ * broadcast with a non-blocking one, and a replica generating ahead tests for the next command
+ * between decode steps): this one is waited for at once. */
+static trill_status bcast_sync(rl_remote *x, void *data, size_t bytes) {
+    trill_comm_request *req = NULL;
+    trill_status st = trill_comm_ibcast(x->sync, data, bytes, 0, &req);
+    return st ? st : trill_comm_wait(req);
+}
+
+static trill_status send_cmd(rl_remote *x, rl_cmd *cmd) { return bcast_sync(x, cmd, sizeof *cmd); }
+
+/* ---- the controller ---- */
+
+/* Each prompt of batch `index` to the replica with the fewest pending tokens (its prompt and
+ * max_new_tokens, n samples), in prompt order, ties to the lower replica. */
+static trill_status assign_prompts(const rl_run *r, int64_t index, int32_t *owner) {
+    const trill_rl_config *c = r->c;
+    const int P = c->generator.prompts_per_step, R = r->remote->replicas;
+    int *order = trill_malloc(sizeof(int) * (size_t)P);
+    if (!order) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = trill_dataset_order(r->train, c->seed, c->data.shuffle, index * P, P, order);
+    double pending[MAX_REPLICAS] = { 0 };
+    for (int p = 0; !st && p < P; p++) {
+        int best = 0;
+        for (int j = 1; j < R; j++)
+            if (pending[j] < pending[best]) best = j;
+        owner[p] = best;
+        pending[best] += (double)(r->train->examples[order[p]].n_ids + c->generator.max_new_tokens) * c->generator.n;
+    }
+    free(order);
+    return st;
+}
+
+typedef struct parts_ctx { rl_batch *parts; long tokens; } parts_ctx;
+
+static trill_status take_part(void *ctx, int j, const rl_reply *rep, char *payload) {
+    parts_ctx *p = ctx;
+    trill_status st = trill_rl_batch_unpack(payload, rep->bytes, &p->parts[j]);
+    if (st) trill_error_context("the rollouts of generator replica %d", j);
+    p->tokens += rep->tokens;
+    free(payload);
+    return st;
+}
+
+trill_status trill_rl_remote_generate(rl_run *r, int64_t index, rl_rollout *ro) {
+    rl_remote *x = r->remote;
+    const int P = r->c->generator.prompts_per_step;
+    memset(ro, 0, sizeof *ro);
+    ro->index = index;
+    const double t0 = trill_now();
+    int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)P);
+    int *part_of = trill_malloc(sizeof(int) * (size_t)P);
+    rl_batch *parts = trill_calloc((size_t)x->replicas, sizeof *parts);
+    trill_status st = owner && part_of && parts ? assign_prompts(r, index, owner) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    rl_cmd cmd = { .op = CMD_GENERATE, .index = index };
+    if (!st) st = send_cmd(x, &cmd);
+    if (!st) st = bcast_sync(x, owner, sizeof(int32_t) * (size_t)P);
+    parts_ctx pc = { .parts = parts };
+    if (!st) st = gather_replies(x, 0, x->replicas, take_part, &pc);
+    for (int p = 0; !st && p < P; p++) part_of[p] = owner[p];
+    if (!st) st = trill_rl_batch_merge(parts, x->replicas, part_of, P, &ro->b);
+    for (int j = 0; parts && j < x->replicas; j++) trill_rl_batch_free(&parts[j]);
+    free(parts);
+    free(part_of);
+    free(owner);
+    ro->gen_tokens = pc.tokens;
+    ro->gen_s = trill_now() - t0;
+    return st;
+}
+
+typedef struct weights_ctx { rl_remote *x; size_t applied; } weights_ctx;
+
+static trill_status take_ack(void *ctx, int j, const rl_reply *rep, char *payload) {
+    weights_ctx *w = ctx;
+    free(payload);
+    w->x->recv_rank[j] = w->x->trainer_ranks + j;
+    w->x->receive_ms[j] = rep->receive_ms;
+    w->x->apply_ms[j] = rep->apply_ms;
+    if (j == 0) w->applied = rep->applied;
+    return TRILL_OK;
+}
+
+trill_status trill_rl_publish_remote(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    (void)ctx;
+    *ms = 0;
+    *bytes = 0;
+    rl_remote *x = r->remote;
+    if (r->rank != 0) return TRILL_OK; /* the controller ships the weights */
+    const double t0 = trill_now();
+    const float *data;
+    size_t n;
+    const trill_model *merged;
+    trill_status st = trill_rl_trainer_export(r->trainer, &data, &n, &merged);
+    rl_cmd cmd = { .op = CMD_WEIGHTS, .merge = merged != NULL, .version = r->state.version, .bytes = n * sizeof(float),
+                   .checksum = trill_channel_checksum(data, n) };
+    trill_comm_request *req = NULL;
+    if (!st) st = send_cmd(x, &cmd);
+    if (!st) st = trill_comm_ibcast(x->sync, (void *)data, cmd.bytes, 0, &req);
+    if (!st) st = trill_comm_wait(req);
+    weights_ctx w = { .x = x };
+    if (!st) st = gather_replies(x, 0, x->replicas, take_ack, &w);
+    x->n_receivers = st ? 0 : x->replicas;
+    x->transfer_bytes = cmd.bytes;
+    x->checksum = cmd.checksum;
+    *bytes = w.applied;
+    *ms = (trill_now() - t0) * 1e3;
+    return st;
+}
+
+void trill_rl_remote_transfer_metrics(const rl_run *r, trill_rl_metrics *m) {
+    const rl_remote *x = r->remote;
+    if (!x || r->rank != 0) return;
+    m->n_receivers = x->n_receivers;
+    m->transfer_bytes = x->transfer_bytes;
+    m->transfer_checksum = x->checksum;
+    for (int j = 0; j < x->n_receivers; j++) {
+        m->receivers[j].rank = x->recv_rank[j];
+        m->receivers[j].receive_ms = x->receive_ms[j];
+        m->receivers[j].apply_ms = x->apply_ms[j];
+    }
+}
+
+typedef struct eval_ctx { trill_eval_result *out; } eval_ctx;
+
+static trill_status take_eval(void *ctx, int j, const rl_reply *rep, char *payload) {
+    (void)j;
+    eval_ctx *e = ctx;
+    trill_status st = rep->bytes == sizeof *e->out ? TRILL_OK
+                                                   : trill_error(TRILL_ERR_IO, "an evaluation of %llu bytes", (unsigned long long)rep->bytes);
+    if (!st) memcpy(e->out, payload, sizeof *e->out);
+    free(payload);
+    return st;
+}
+
+trill_status trill_rl_remote_evaluate(rl_run *r, trill_eval_result *out) {
+    rl_remote *x = r->remote;
+    rl_cmd cmd = { .op = CMD_EVAL };
+    trill_status st = send_cmd(x, &cmd);
+    eval_ctx e = { out };
+    if (!st) st = gather_replies(x, 0, 1, take_eval, &e); /* replica 0 evaluates */
+    return st;
+}
+
+trill_status trill_rl_remote_score(rl_run *r, rl_rollout *ro) {
+    rl_remote *x = r->remote;
+    const double t0 = trill_now();
+    void *buf = NULL;
+    size_t len = 0;
+    trill_status st = trill_rl_batch_pack(&ro->b, &buf, &len);
+    rl_cmd cmd = { .op = CMD_SCORE, .bytes = len };
+    if (!st) st = trill_comm_send(r->job, &cmd, sizeof cmd, x->scorer_rank, TAG_SCORE);
+    if (!st) st = trill_comm_send(r->job, buf, len, x->scorer_rank, TAG_SCORE);
+    free(buf);
+    char who[48];
+    snprintf(who, sizeof who, "the scorer (rank %d)", x->scorer_rank);
+    rl_reply rep;
+    char *payload = NULL;
+    if (!st) st = recv_reply(r->job, x->scorer_rank, TAG_SCORE_REPLY, who, &rep, &payload);
+    const size_t n = (size_t)ro->b.n_seqs, scores = 2 * n * sizeof(double);
+    if (!st && rep.bytes < scores) st = trill_error(TRILL_ERR_IO, "%s: %llu bytes of rewards for %zu sequences", who, (unsigned long long)rep.bytes, n);
+    if (!st) {
+        memcpy(ro->b.reward, payload, n * sizeof(double));
+        memcpy(ro->b.correct, payload + n * sizeof(double), n * sizeof(double));
+        json_error_t jerr;
+        if (!(ro->ext_metrics = json_loadb(payload + scores, rep.bytes - scores, 0, &jerr)))
+            st = trill_error(TRILL_ERR_IO, "%s: its external metrics: %s", who, jerr.text);
+    }
+    free(payload);
+    ro->reward_s = trill_now() - t0;
+    return st;
+}
+
+void trill_rl_remote_stop(rl_run *r) {
+    rl_remote *x = r->remote;
+    if (!x || r->rank != 0 || x->stopped) return;
+    x->stopped = true;
+    rl_cmd cmd = { .op = CMD_STOP };
+    if (x->replicas) send_cmd(x, &cmd);
+    if (x->scorer_rank >= 0) trill_comm_send(r->job, &cmd, sizeof cmd, x->scorer_rank, TAG_SCORE);
+}
+
+/* ---- the step's batch to every trainer rank ---- */
+
+typedef struct share_header {
+    int32_t status, pad;
+    uint64_t batch_bytes, ext_bytes;
+    double gen_s, reward_s;
+    int64_t gen_tokens, index;
+} share_header;
+
+trill_status trill_rl_share_batch(rl_run *r, rl_rollout *ro, trill_status st) {
+    if (!r->world || trill_comm_size(r->world) == 1) return st;
+    share_header h = { 0 };
+    void *batch = NULL;
+    char *ext = NULL;
+    size_t len = 0;
+    if (r->rank == 0) {
+        if (!st) st = trill_rl_batch_pack(&ro->b, &batch, &len);
+        if (!st && !(ext = json_dumps(ro->ext_metrics, JSON_COMPACT))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (st) {
+            free(batch);
+            batch = trill_strdup(trill_error_message()); /* the others fail with rank 0's message */
+            len = batch ? strlen(batch) + 1 : 0;
+        }
+        h = (share_header){ .status = st, .batch_bytes = len, .ext_bytes = ext ? strlen(ext) + 1 : 0, .gen_s = ro->gen_s,
+                            .reward_s = ro->reward_s, .gen_tokens = ro->gen_tokens, .index = ro->index };
+    }
+    trill_status cst = trill_comm_bcast(r->world, &h, sizeof h, 0);
+    if (!cst && r->rank != 0) {
+        batch = trill_malloc(h.batch_bytes + 1);
+        ext = trill_malloc(h.ext_bytes + 1);
+        if (!batch || !ext) cst = trill_error(TRILL_ERR_NOMEM, "out of memory for the step's batch");
+    }
+    if (!cst && h.batch_bytes) cst = trill_comm_bcast(r->world, batch, h.batch_bytes, 0);
+    if (!cst && h.ext_bytes) cst = trill_comm_bcast(r->world, ext, h.ext_bytes, 0);
+    if (r->rank != 0 && !cst) {
+        memset(ro, 0, sizeof *ro);
+        ro->index = h.index;
+        ro->gen_s = h.gen_s;
+        ro->reward_s = h.reward_s;
+        ro->gen_tokens = h.gen_tokens;
+        if (h.status) cst = trill_error((trill_status)h.status, "the controller (rank 0): %.*s", (int)h.batch_bytes, (char *)batch);
+        else cst = trill_rl_batch_unpack(batch, h.batch_bytes, &ro->b);
+        if (!cst && !(ro->ext_metrics = h.ext_bytes ? json_loadb(ext, h.ext_bytes - 1, 0, NULL) : json_object()))
+            cst = trill_error(TRILL_ERR_IO, "the step's external metrics from rank 0 do not parse");
+    }
+    free(batch);
+    free(ext);
+    return st ? st : cst;
+}
+
+/* ---- an executor rank ---- */
+
+/* A replica's staging for weights of `bytes` (adapters or merged weights), made on first use. */
+static trill_status staging(rl_run *r, bool merge, uint64_t bytes, float **out) {
+    rl_remote *x = r->remote;
+    *out = NULL;
+    trill_status st = TRILL_OK;
+    size_t n = 0;
+    if (merge) {
+        if (!x->staging_model) st = trill_model_create(trill_model_config(x->model), &x->staging_model);
+        if (!st) *out = x->staging_model->params, n = x->staging_model->n_f32;
+    } else {
+        if (!x->staging_lora) st = trill_lora_create(x->model, r->c->trainer.lora, 0, &x->staging_lora);
+        if (!st) *out = trill_lora_params(x->staging_lora, &n);
+    }
+    if (!st && n * sizeof(float) != bytes)
+        st = trill_error(TRILL_ERR_INVALID, "%s of %llu bytes, this replica's %s hold %zu", merge ? "merged weights" : "adapters",
+                         (unsigned long long)bytes, merge ? "model's weights" : "adapters", n * sizeof(float));
+    return st;
+}
+
+/* Test hook: TRILL_TEST_CORRUPT_TRANSFER=V flips a byte of version V's weights on arrival. */
+static void corrupt_for_test(uint32_t version, float *data, uint64_t bytes) {
+    const char *v = getenv("TRILL_TEST_CORRUPT_TRANSFER");
+    if (v && bytes && strtoul(v, NULL, 10) == version) ((unsigned char *)data)[bytes / 2] ^= 0x40;
+}
+
+/* CMD_WEIGHTS on a replica: receive (every replica takes part in the broadcast, whatever else
+ * fails), check, apply. */
+static trill_status receive_weights(rl_run *r, const rl_cmd *cmd, rl_reply *rep) {
+    rl_remote *x = r->remote;
+    float *dst = NULL, *scratch = NULL;
+    trill_status bad = staging(r, cmd->merge, cmd->bytes, &dst);
+    char why[1024] = "";
+    if (bad) {
+        snprintf(why, sizeof why, "%s", trill_error_message());
+        if (!(dst = scratch = trill_malloc(cmd->bytes + 1))) return trill_error(TRILL_ERR_NOMEM, "out of memory for the weights");
+    }
+    const double t0 = trill_now();
+    trill_comm_request *req = NULL;
+    trill_status st = trill_comm_ibcast(x->sync, dst, cmd->bytes, 0, &req);
+    if (!st) st = trill_comm_wait(req);
+    rep->receive_ms = (trill_now() - t0) * 1e3;
+    free(scratch);
+    if (!st && bad) st = trill_error(bad, "%s", why);
+    if (!st) {
+        corrupt_for_test(cmd->version, dst, cmd->bytes);
+        const uint64_t got = trill_channel_checksum(dst, cmd->bytes / sizeof(float));
+        if (got != cmd->checksum)
+            st = trill_error(TRILL_ERR_IO, "weights version %u: received %llu bytes with XXH64 %016llx, the sender's is %016llx: "
+                             "the transfer is corrupted and was refused", cmd->version, (unsigned long long)cmd->bytes,
+                             (unsigned long long)got, (unsigned long long)cmd->checksum);
+    }
+    const double t1 = trill_now();
+    size_t applied = 0;
+    if (!st) st = cmd->merge ? trill_rl_generator_load_weights(r->gen, x->staging_model, cmd->version, &applied)
+                             : trill_rl_generator_load_adapter(r->gen, x->staging_lora, cmd->version, &applied);
+    rep->apply_ms = (trill_now() - t1) * 1e3;
+    rep->applied = applied;
+    return st;
+}
+
+/* CMD_GENERATE on a replica: its prompts of the batch, packed. A failure to take part in the
+ * command's broadcast is *fatal (the protocol cannot go on); any other is the answer. */
+static trill_status generate_part(rl_run *r, const rl_cmd *cmd, rl_reply *rep, void **packed, trill_status *fatal) {
+    rl_remote *x = r->remote;
+    const int P = r->c->generator.prompts_per_step;
+    int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)P);
+    int *mine = trill_malloc(sizeof(int) * (size_t)P);
+    *fatal = owner && mine ? bcast_sync(x, owner, sizeof(int32_t) * (size_t)P)
+                           : trill_error(TRILL_ERR_NOMEM, "out of memory for a batch's %d prompts", P);
+    int n = 0;
+    for (int p = 0; !*fatal && p < P; p++)
+        if (owner[p] == x->replica) mine[n++] = p;
+    rl_batch b = { 0 };
+    long tokens = 0;
+    size_t len = 0;
+    trill_status st = *fatal ? *fatal : trill_rl_generator_generate_part(r->gen, cmd->index, mine, n, NULL, NULL, &b, &tokens);
+    if (!st) st = trill_rl_batch_pack(&b, packed, &len);
+    trill_rl_batch_free(&b);
+    free(owner);
+    free(mine);
+    rep->bytes = len;
+    rep->tokens = tokens;
+    return st;
+}
+
+static trill_status serve_generator(rl_run *r) {
+    rl_remote *x = r->remote;
+    for (;;) {
+        rl_cmd cmd;
+        trill_status st = bcast_sync(x, &cmd, sizeof cmd);
+        if (st || cmd.op == CMD_STOP) return st;
+        rl_reply rep = { 0 };
+        void *payload = NULL;
+        trill_eval_result res;
+        if (cmd.op == CMD_GENERATE) {
+            trill_status fatal;
+            st = generate_part(r, &cmd, &rep, &payload, &fatal);
+            if (fatal) return fatal;
+        } else if (cmd.op == CMD_WEIGHTS) {
+            st = receive_weights(r, &cmd, &rep);
+        } else if (cmd.op == CMD_EVAL) {
+            if (x->replica != 0) continue;
+            st = trill_rl_generator_evaluate(r->gen, r->eval, &res);
+            payload = &res;
+            rep.bytes = sizeof res;
+        } else {
+            return trill_error(TRILL_ERR_IO, "generator replica %d: unknown command %d from the controller", x->replica, cmd.op);
+        }
+        trill_status sent = send_reply(x->sync, 0, TAG_REPLY, st, rep, payload);
+        if (payload != &res) free(payload);
+        if (sent) return sent;
+    }
+}
+
+static trill_status score_batch(rl_run *r, uint64_t bytes, rl_reply *rep, char **out) {
+    char *buf = trill_malloc(bytes + 1);
+    trill_status st = buf ? trill_comm_recv(r->job, buf, bytes, 0, TAG_SCORE) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    rl_batch b = { 0 };
+    json_t *ext = NULL;
+    char *text = NULL;
+    if (!st) st = trill_rl_batch_unpack(buf, bytes, &b);
+    free(buf);
+    if (!st && !(ext = json_object())) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_rl_scorer_score(r->scorer, &b, ext);
+    if (!st && !(text = json_dumps(ext, JSON_COMPACT))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const size_t n = (size_t)b.n_seqs, scores = 2 * n * sizeof(double);
+    if (!st && !(*out = trill_malloc(scores + strlen(text) + 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) {
+        memcpy(*out, b.reward, n * sizeof(double));
+        memcpy(*out + n * sizeof(double), b.correct, n * sizeof(double));
+        memcpy(*out + scores, text, strlen(text));
+        rep->bytes = scores + strlen(text);
+    }
+    free(text);
+    json_decref(ext);
+    trill_rl_batch_free(&b);
+    return st;
+}
+
+static trill_status serve_scorer(rl_run *r) {
+    for (;;) {
+        rl_cmd cmd;
+        trill_status st = trill_comm_recv(r->job, &cmd, sizeof cmd, 0, TAG_SCORE);
+        if (st || cmd.op == CMD_STOP) return st;
+        if (cmd.op != CMD_SCORE) return trill_error(TRILL_ERR_IO, "the scorer: unknown command %d from the controller", cmd.op);
+        rl_reply rep = { 0 };
+        char *payload = NULL;
+        st = score_batch(r, cmd.bytes, &rep, &payload);
+        trill_status sent = send_reply(r->job, 0, TAG_SCORE_REPLY, st, rep, payload);
+        free(payload);
+        if (sent) return sent;
+    }
+}
+
+trill_status trill_rl_serve_executor(rl_run *r) {
+    return r->remote->role == RL_ROLE_GENERATOR ? serve_generator(r) : serve_scorer(r);
+}
+
+trill_status trill_rl_make_executor(rl_run *r) {
+    rl_remote *x = r->remote;
+    if (x->role == RL_ROLE_SCORER) return trill_rl_scorer_create(r->c, r->train, &r->scorer);
+    trill_status st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &x->model);
+    if (!st) st = trill_rl_generator_create(r->c, x->model, r->tok, r->train, &r->gen);
+    return st;
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Executors on MPI ranks of their own (parallel.generator.replicas, parallel.scorer) on the RL
+# tests' tiny MoE with its graded external reward (tests/rl/fixture.sh): one trainer rank (the
+# controller) and 2 generator replicas give the same rollouts (every token, log-prob and routed
+# expert: rollouts.save), adapters, optimizer state and metrics (the held-out evaluation too) as
+# one process, in adapter and in merge sync, and so do 2 data-parallel trainer ranks with one
+# replica and a scorer rank (the external process's metrics cross with the rewards); every
+# version's transfer reaches every receiver with its checksum; a transfer corrupted on arrival
+# (test hook) is refused with the receiving rank named; a placement that does not add up is refused
+# with its arithmetic; runs resume on other placements to the bytes of an uninterrupted run; a
+# killed generator rank ends the job naming the rank, and resume=auto continues.
+# Usage: test_executors.sh TRILL MPIEXEC
+set -euo pipefail
+TRILL=$(realpath "$1")
+MPIEXEC=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/../rl/fixture.sh"
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
+source "$HERE/kill_rank.sh"
+common=("${COMMON[@]}" trainer.micro_batch_tokens=64 checkpoint.every=0 rollouts.save=true eval.every=2)
+run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun)
+  local np=$1 dir=$2
+  shift 2
+  if [ "$np" -eq 0 ]; then
+    must_pass "$dir.log" "$TRILL" train run_dir="$dir" "${common[@]}" "$@"
+  else
+    ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_pass "$dir.log" "$MPIEXEC" -np "$np" --oversubscribe "$TRILL" train \
+      run_dir="$dir" "${common[@]}" "$@"
+  fi
+}
+same() { # same A B STEPS: every step's rollouts, the last checkpoint, the metrics but for times and transfers
+  local a=$1 b=$2 ck="checkpoints/step-0000000$3"
+  for f in adapter/adapter_model.safetensors optimizer.safetensors; do
+    cmp -s "$a/$ck/$f" "$b/$ck/$f" || fail "$a/$ck/$f and $b/$ck/$f differ"
+  done
+  for f in "$a"/rollouts/step-*.bin; do
+    cmp -s "$f" "$b/rollouts/$(basename "$f")" || fail "$f and $b/rollouts/$(basename "$f") differ (the tokens, log-probs or experts)"
+  done
+  /usr/bin/python3 - "$a/metrics.jsonl" "$b/metrics.jsonl" <<'PY' || fail "$a and $b: the metrics differ"
+import json, sys
+def load(p):
+    out = []
+    for l in open(p):
+        m = json.loads(l)
+        for k in ("time", "sync_ms", "comm", "transfer"): m.pop(k, None)
+        out.append(m)
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert len(a) == len(b) and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:5]
+PY
+}
+transfers() { # transfers DIR RECEIVERS...: every version reached each receiver rank, the bytes and checksum stated
+  /usr/bin/python3 - "$@" <<'PY' || fail "$1: the weight transfers are not reported"
+import json, sys
+ranks = [int(r) for r in sys.argv[2:]]
+for l in open(sys.argv[1] + "/metrics.jsonl"):
+    m = json.loads(l)
+    t = m["transfer"]
+    assert t["bytes"] > 0 and len(t["checksum"]) == 16, t
+    assert [x["rank"] for x in t["receivers"]] == ranks, t
+    assert all(x["receive_ms"] >= 0 and x["apply_ms"] >= 0 for x in t["receivers"]), t
+print(f"  step {m['step']}: {t['bytes']} bytes, XXH64 {t['checksum']}, per receiver (rank, receive ms, apply ms):",
+      [(x["rank"], round(x["receive_ms"], 2), round(x["apply_ms"], 2)) for x in t["receivers"]])
+PY
+}
+
+run 0 one steps=3
+run 3 rep2 steps=3 parallel.generator.replicas=2
+same one rep2 3
+transfers rep2 1 2
+echo "1 trainer rank + 2 generator replicas, adapter sync: rollouts, adapter, optimizer and metrics identical to one process"
+run 0 merge1 steps=2 sync.mode=merge
+run 3 merge2 steps=2 sync.mode=merge parallel.generator.replicas=2
+same merge1 merge2 2
+transfers merge2 1 2
+echo "the same in merge sync"
+run 4 dp2 steps=3 parallel.trainer.dp=2 parallel.generator.replicas=1 parallel.scorer=1
+same one dp2 3
+transfers dp2 2
+echo "2 data-parallel trainer ranks + 1 replica + a scorer rank: identical to one process"
+
+# a transfer corrupted on arrival at version 2 is refused by the receiver, which the controller names
+TRILL_TEST_CORRUPT_TRANSFER=2 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 corrupt.log "$MPIEXEC" -np 3 --oversubscribe \
+  "$TRILL" train run_dir=corrupt steps=3 "${common[@]}" parallel.generator.replicas=2
+grep -q "generator replica 0 (rank 1): weights version 2: received .* the transfer is corrupted and was refused" corrupt.log \
+  || { tail -5 corrupt.log; fail "a corrupted transfer was not refused by name"; }
+echo "a corrupted transfer: $(grep -o 'generator replica 0 (rank 1): .*refused' corrupt.log | head -1)"
+
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 3 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.generator.replicas=1 steps=1
+grep -q "parallel: trainer dp 1 x ep 1 x tp 1 = 1 ranks + parallel.generator.replicas 1 + parallel.scorer 0 = 2 ranks, but the job has 3 ranks" bad.log \
+  || { cat bad.log; fail "a placement that does not add up was not refused with its arithmetic"; }
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.generator.replicas=1 mode=async eval.every=0 steps=1
+grep -q "asynchronous mode across ranks is not built yet" bad.log || { cat bad.log; fail "async across ranks was not refused"; }
+echo "placements that do not add up, and async across ranks, are refused"
+
+# a run checkpointed with 2 replicas resumes on one process, and one of one process resumes with
+# a replica and a scorer rank: both end with the bytes of an uninterrupted run
+long=(checkpoint.every=2 rollouts.save=false)
+run 0 whole steps=4 "${long[@]}"
+run 3 moved steps=2 "${long[@]}" parallel.generator.replicas=2
+run 0 moved steps=4 "${long[@]}" resume=auto
+run 0 back steps=2 "${long[@]}"
+run 3 back steps=4 "${long[@]}" resume=auto parallel.generator.replicas=1 parallel.scorer=1
+for d in moved back; do
+  grep -q "resuming from" "$d.log" || fail "$d did not resume"
+  for f in adapter/adapter_model.safetensors optimizer.safetensors; do
+    cmp -s "whole/checkpoints/step-00000004/$f" "$d/checkpoints/step-00000004/$f" || fail "$d: $f differs from an uninterrupted run's"
+  done
+done
+echo "resumed on another placement (2 replicas -> one process -> a replica and a scorer): byte-identical to an uninterrupted run"
+
+# a generator rank killed mid-run ends the job, naming the rank; resume=auto continues
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np 3 --oversubscribe "$TRILL" train run_dir=killed \
+  "${common[@]}" steps=100000 "${long[@]}" parallel.generator.replicas=2 >killed.log 2>&1 &
+job=$!
+kill_rank_1 "$job" "$TRILL train" killed.log
+ls killed/checkpoints | grep -q step- || fail "no checkpoint from before the kill"
+run 3 killed steps=6 "${long[@]}" resume=auto parallel.generator.replicas=2
+grep -q "resuming from" killed.log || fail "the run after the kill did not resume"
+echo "resume=auto after the generator rank's kill continued: $(grep -o 'resuming from [^ ]* at step [0-9]*' killed.log)"
+echo "executors test passed"
