@@ -12,20 +12,12 @@
 #   bench/rl_async.sh [TRILL] [STEPS]
 set -euo pipefail
 TRILL=$(realpath "${1:-build/trill}")
+HERE=$(cd "$(dirname "$0")" && pwd)
 STEPS=${2:-60}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 cd "$OUT"
-"$TRILL" train run_dir=warm steps=1 >/dev/null 2>&1 # the demo's cached warm start
-"$TRILL" init --out small --preset small --seed 1 2>/dev/null
-/usr/bin/python3 - <<'PY'
-import json, random
-r = random.Random(0)
-with open("prompts.jsonl", "w") as f:
-    for _ in range(256):
-        a, b = r.randrange(10, 100), r.randrange(10, 100)
-        f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-PY
+source "$HERE/workloads.sh"
 cat > slow_reward.py <<'PY'
 import json, sys, time
 for line in sys.stdin:
@@ -35,8 +27,7 @@ for line in sys.stdin:
 PY
 DEMO=(steps=$STEPS)
 SLOW=(steps=$((STEPS / 2)) reward.verifier_weight=0 "reward.external=/usr/bin/python3 slow_reward.py" reward.external_workers=4)
-SMALL=(model=small data.train=prompts.jsonl reward.verifier=demo generator.prompts_per_step=1 generator.n=4
-       generator.max_new_tokens=128 steps=$((STEPS / 6 > 4 ? STEPS / 6 : 4)) checkpoint.every=0)
+SMALL=("${SMALL_WORKLOAD[@]}" steps=$((STEPS / 6 > 4 ? STEPS / 6 : 4)))
 run() { local name=$1; shift; "$TRILL" train run_dir="$name" "$@" 2>"$name.log" || { tail -5 "$name.log"; exit 1; }; }
 run demo_sync "${DEMO[@]}"
 run demo_async "${DEMO[@]}" mode=async async.max_staleness=1

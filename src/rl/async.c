@@ -326,7 +326,7 @@ static rl_rollout *next_batch(async_state *as, stash *held, int64_t want) {
 /* Policy version lag of a batch's response tokens at training version v: mean, max, and the
  * number of tokens at each lag 0 .. max (up to TRILL_RL_MAX_LAG entries; a batch more stale than
  * async.max_staleness is not trained, and max_staleness is below TRILL_RL_MAX_LAG). */
-static void staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
+void trill_rl_staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
     double sum = 0;
     long n = 0;
     m->staleness_max = 0;
@@ -420,7 +420,7 @@ static rl_rollout *fresh_batch(rl_async *a, trill_rl_metrics *m, trill_status *s
         a->step_wait += trill_now() - tw;
         if (!ro) return NULL; /* closed: an executor failed */
         a->want = -1;
-        staleness(&ro->b, r->state.version, m);
+        trill_rl_staleness(&ro->b, r->state.version, m);
         const int lag_max = m->staleness_max;
         if (lag_max <= c->async.max_staleness) return ro;
         if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */

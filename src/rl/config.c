@@ -231,7 +231,8 @@ static const key KEYS[] = {
         "Generator replicas on ranks of their own, after the trainer's (0: every trainer rank generates in its own process). "
         "Each step's prompts go to the replica with the fewest pending tokens; their sequences come back as packed rollout "
         "batches and new weights reach them by a non-blocking broadcast (a version, a checksum, bytes and ms per receiver). "
-        "Sampling is keyed by request id, so the tokens do not depend on the replica count. mode sync only."),
+        "Sampling is keyed by request id, so the tokens do not depend on the replica count. With mode async the replicas generate "
+        "ahead within async.max_staleness and take new weights between decode steps."),
     INT("parallel.scorer", parallel.scorer, 0, 1, "0",
         "Ranks of the scorer (the verifier, external reward processes, the reward model): 0, the controller scores; 1, a rank of "
         "its own, the last one, which receives each batch and sends back its rewards."),

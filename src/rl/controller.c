@@ -264,6 +264,7 @@ struct trill_run {
     trill_run_options opt;
     rl_run r;
     rl_async *async;              /* async mode: the executors, from create to finish */
+    rl_async_ranks *async_ranks;  /* async mode with generator replicas on ranks of their own */
     double t_start;
     int first;                    /* the step the run started from */
     trill_rl_result result;
@@ -381,7 +382,8 @@ static trill_status set_up(trill_run *h) {
         st = evaluate(r, "before", &h->result.eval_before, &h->result.passk_before);
     }
     h->first = r->state.step;
-    if (!st && c->mode == TRILL_MODE_ASYNC) st = trill_rl_async_start(r, &h->async);
+    if (!st && c->mode == TRILL_MODE_ASYNC)
+        st = trill_rl_ranks_remote_generator(r) ? trill_rl_async_ranks_start(r, &h->async_ranks) : trill_rl_async_start(r, &h->async);
     free(ckpt);
     return st;
 }
@@ -391,11 +393,11 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     trill_status st = trill_rl_config_validate(c);
     const int ranks = o && o->world ? trill_comm_size(o->world) : 1;
     if (!st) st = trill_rl_parallel_check(c, ranks);
-    if (!st && ranks > 1 && c->mode == TRILL_MODE_ASYNC)
-        st = c->parallel.generator.replicas || c->parallel.scorer
-                 ? trill_error(TRILL_ERR_UNSUPPORTED, "parallel.generator.replicas, parallel.scorer: executors on ranks of their own run in "
-                               "mode: sync (asynchronous mode across ranks is not built yet)")
-                 : trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.dp: %d ranks need mode: sync (the asynchronous executors run in one process)", ranks);
+    if (!st && ranks > 1 && c->mode == TRILL_MODE_ASYNC && !c->parallel.generator.replicas)
+        st = c->parallel.scorer ? trill_error(TRILL_ERR_UNSUPPORTED, "parallel.scorer: asynchronous mode across ranks needs "
+                                              "parallel.generator.replicas (the generator on ranks of its own)")
+                                : trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.dp: %d ranks need mode: sync (the asynchronous executors run "
+                                              "in one process, or set parallel.generator.replicas)", ranks);
     if (st) return st;
     if (c->generator.temperature != 1.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "generator.temperature: the trainer computes log-probs at temperature 1, so "
@@ -506,13 +508,13 @@ trill_status trill_run_step(trill_run *h) {
     if (!m) return end_run(h, trill_error(TRILL_ERR_NOMEM, "out of memory"));
     trill_status st;
     const double t0 = trill_now();
-    if (h->async) {
+    if (h->async || h->async_ranks) {
         set_phase(h, TRILL_RUN_TRAINING);
-        st = trill_rl_async_step(h->async, m);
+        st = h->async ? trill_rl_async_step(h->async, m) : trill_rl_async_ranks_step(h->async_ranks, m);
     } else {
         st = sync_step(h, m);
     }
-    if (!st) report(h, m, h->async ? m->time.interval_s : trill_now() - t0);
+    if (!st) report(h, m, h->async || h->async_ranks ? m->time.interval_s : trill_now() - t0);
     free(m);
     if (st) return end_run(h, st);
     if (h->r.state.step < h->cfg.steps && cancel_requested(h)) return interrupt(h);
@@ -542,10 +544,11 @@ trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
     rl_run *r = &h->r;
     trill_status st = h->done ? h->err : TRILL_OK;
     if (st) trill_error(st, "%s", h->err_msg);
-    if (h->async) { /* an interruption is not the executors' failure: their summary is still written */
-        const trill_status kept = st;
-        st = trill_rl_async_stop(h->async, st == TRILL_ERR_INTERRUPTED ? TRILL_OK : st);
+    if (h->async || h->async_ranks) { /* an interruption is not the executors' failure: their summary is still written */
+        const trill_status kept = st, passed = st == TRILL_ERR_INTERRUPTED ? TRILL_OK : st;
+        st = h->async ? trill_rl_async_stop(h->async, passed) : trill_rl_async_ranks_stop(h->async_ranks, passed);
         h->async = NULL;
+        h->async_ranks = NULL;
         if (!st && kept) st = trill_error(kept, "%s", h->err_msg);
     }
     if (!st && r->eval && r->state.step == c->steps) {
@@ -567,6 +570,7 @@ trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
 void trill_run_free(trill_run *h) {
     if (!h) return;
     if (h->async) trill_rl_async_stop(h->async, TRILL_ERR_INTERRUPTED);
+    if (h->async_ranks) trill_rl_async_ranks_stop(h->async_ranks, TRILL_ERR_INTERRUPTED);
     run_free(&h->r);
     trill_rl_config_free(&h->cfg);
     pthread_mutex_destroy(&h->mu);

@@ -10,44 +10,6 @@
 #include "trill/channel.h"
 #include "trill/timing.h"
 
-enum { CMD_GENERATE = 1, CMD_WEIGHTS, CMD_EVAL, CMD_SCORE, CMD_STOP };
-enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103 };
-enum { MAX_REPLICAS = 64 }; /* trill_rl_metrics.receivers */
-
-/* A command from the controller (broadcast over sync; sent to the scorer). */
-typedef struct rl_cmd {
-    int32_t op, merge;      /* merge: CMD_WEIGHTS carries merged weights, not adapters */
-    uint32_t version, pad;
-    int64_t index;
-    uint64_t bytes, checksum;
-} rl_cmd;
-
-/* An executor's answer: a status (its message as the payload when not TRILL_OK), then payload bytes. */
-typedef struct rl_reply {
-    int32_t status, pad;
-    uint64_t bytes;
-    int64_t tokens;
-    double receive_ms, apply_ms;
-    uint64_t applied;       /* weights: the bytes the engine converted */
-} rl_reply;
-
-struct rl_remote {
-    trill_comm *group;      /* this rank's: the trainer ranks', or the executor ranks' (unused) */
-    trill_comm *sync;       /* the controller and the replicas (NULL elsewhere) */
-    rl_role role;
-    int replica, replicas, trainer_ranks, scorer_rank; /* scorer_rank -1: none */
-    bool stopped;
-    /* the controller: the last weight transfer */
-    int n_receivers;
-    size_t transfer_bytes;
-    uint64_t checksum;
-    int recv_rank[MAX_REPLICAS];
-    double receive_ms[MAX_REPLICAS], apply_ms[MAX_REPLICAS];
-    /* a replica: the model its engine came from, and where received weights land */
-    trill_model *model, *staging_model;
-    trill_lora *staging_lora;
-};
-
 rl_role trill_rl_role(const trill_rl_config *c, int rank, int *replica) {
     const int T = c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
     *replica = -1;
@@ -103,7 +65,7 @@ void trill_rl_ranks_free(rl_run *r) {
 
 /* ---- messages ---- */
 
-static trill_status send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload) {
+trill_status trill_rl_send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload) {
     const char *msg = st ? trill_error_message() : NULL;
     rep.status = st;
     rep.bytes = st ? strlen(msg) + 1 : rep.bytes;
@@ -112,9 +74,7 @@ static trill_status send_reply(trill_comm *c, int to, int tag, trill_status st, 
     return sent;
 }
 
-/* An answer from `from`; *payload malloc'ed (NULL when empty). A failed executor's answer is its
- * error, named by `who`. */
-static trill_status recv_reply(trill_comm *c, int from, int tag, const char *who, rl_reply *rep, char **payload) {
+trill_status trill_rl_recv_reply(trill_comm *c, int from, int tag, const char *who, rl_reply *rep, char **payload) {
     *payload = NULL;
     trill_status st = trill_comm_recv(c, rep, sizeof *rep, from, tag);
     if (st) return st;
@@ -132,21 +92,21 @@ static trill_status recv_reply(trill_comm *c, int from, int tag, const char *who
     return st;
 }
 
-static void replica_name(const rl_remote *x, int j, char *out, size_t size) {
+void trill_rl_replica_name(const rl_remote *x, int j, char *out, size_t size) {
     snprintf(out, size, "generator replica %d (rank %d)", j, x->trainer_ranks + j);
 }
 
-/* The answers of every replica to one command (all are read, so none is left blocked in a send),
- * each handed to `take` in replica order; the first error is returned. */
-static trill_status gather_replies(rl_remote *x, int first, int last, trill_status (*take)(void *, int, const rl_reply *, char *), void *ctx) {
+trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind, trill_status (*take)(void *, int, const rl_reply *, char *),
+                                     void *ctx) {
     trill_status st = TRILL_OK;
     char err[2048] = "";
     for (int j = first; j < last; j++) {
         char who[64];
-        replica_name(x, j, who, sizeof who);
+        trill_rl_replica_name(x, j, who, sizeof who);
         rl_reply rep;
         char *payload = NULL;
-        trill_status got = recv_reply(x->sync, j + 1, TAG_REPLY, who, &rep, &payload);
+        trill_status got = trill_rl_recv_reply(x->sync, j + 1, TAG_REPLY, who, &rep, &payload);
+        if (!got && rep.kind != kind) got = trill_error(TRILL_ERR_IO, "%s: answer of kind %d, expected %d", who, rep.kind, kind);
         if (!got && take) got = take(ctx, j, &rep, payload);
         else free(payload);
         if (got && !st) {
@@ -157,16 +117,13 @@ static trill_status gather_replies(rl_remote *x, int first, int last, trill_stat
     return st ? trill_error(st, "%s", err) : TRILL_OK;
 }
 
-/* Every broadcast over sync is non-blocking on every rank (MPI does not match a blocking
- * broadcast with a non-blocking one, and a replica generating ahead tests for the next command
- * between decode steps): this one is waited for at once. */
-static trill_status bcast_sync(rl_remote *x, void *data, size_t bytes) {
+trill_status trill_rl_bcast_sync(rl_remote *x, void *data, size_t bytes) {
     trill_comm_request *req = NULL;
     trill_status st = trill_comm_ibcast(x->sync, data, bytes, 0, &req);
     return st ? st : trill_comm_wait(req);
 }
 
-static trill_status send_cmd(rl_remote *x, rl_cmd *cmd) { return bcast_sync(x, cmd, sizeof *cmd); }
+static trill_status send_cmd(rl_remote *x, rl_cmd *cmd) { return trill_rl_bcast_sync(x, cmd, sizeof *cmd); }
 
 /* ---- the controller ---- */
 
@@ -190,39 +147,58 @@ static trill_status assign_prompts(const rl_run *r, int64_t index, int32_t *owne
     return st;
 }
 
-typedef struct parts_ctx { rl_batch *parts; long tokens; } parts_ctx;
+trill_status trill_rl_issue_batch(rl_run *r, int64_t index, int32_t *owner) {
+    rl_remote *x = r->remote;
+    trill_status st = assign_prompts(r, index, owner);
+    rl_cmd cmd = { .op = CMD_GENERATE, .index = index };
+    if (!st) st = send_cmd(x, &cmd);
+    if (!st) st = trill_rl_bcast_sync(x, owner, sizeof(int32_t) * (size_t)r->c->generator.prompts_per_step);
+    return st;
+}
+
+typedef struct parts_ctx { rl_remote *x; rl_batch *parts; long tokens; int64_t index; } parts_ctx;
 
 static trill_status take_part(void *ctx, int j, const rl_reply *rep, char *payload) {
     parts_ctx *p = ctx;
-    trill_status st = trill_rl_batch_unpack(payload, rep->bytes, &p->parts[j]);
+    trill_status st = rep->index == p->index ? trill_rl_batch_unpack(payload, rep->bytes, &p->parts[j])
+                                             : trill_error(TRILL_ERR_IO, "batch %lld, expected %lld", (long long)rep->index, (long long)p->index);
     if (st) trill_error_context("the rollouts of generator replica %d", j);
     p->tokens += rep->tokens;
+    /* the newest weights this replica applied, as it says */
+    p->x->recv_rank[j] = p->x->trainer_ranks + j;
+    p->x->receive_ms[j] = rep->receive_ms;
+    p->x->apply_ms[j] = rep->apply_ms;
+    p->x->applied[j] = rep->applied;
+    p->x->busy_s[j] = rep->busy_s;
     free(payload);
     return st;
 }
 
-trill_status trill_rl_remote_generate(rl_run *r, int64_t index, rl_rollout *ro) {
+trill_status trill_rl_collect_batch(rl_run *r, int64_t index, const int32_t *owner, rl_rollout *ro) {
     rl_remote *x = r->remote;
     const int P = r->c->generator.prompts_per_step;
-    memset(ro, 0, sizeof *ro);
-    ro->index = index;
-    const double t0 = trill_now();
-    int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)P);
     int *part_of = trill_malloc(sizeof(int) * (size_t)P);
     rl_batch *parts = trill_calloc((size_t)x->replicas, sizeof *parts);
-    trill_status st = owner && part_of && parts ? assign_prompts(r, index, owner) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    rl_cmd cmd = { .op = CMD_GENERATE, .index = index };
-    if (!st) st = send_cmd(x, &cmd);
-    if (!st) st = bcast_sync(x, owner, sizeof(int32_t) * (size_t)P);
-    parts_ctx pc = { .parts = parts };
-    if (!st) st = gather_replies(x, 0, x->replicas, take_part, &pc);
+    trill_status st = part_of && parts ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    parts_ctx pc = { .x = x, .parts = parts, .index = index };
+    if (!st) st = trill_rl_gather_replies(x, 0, x->replicas, REPLY_BATCH, take_part, &pc);
     for (int p = 0; !st && p < P; p++) part_of[p] = owner[p];
     if (!st) st = trill_rl_batch_merge(parts, x->replicas, part_of, P, &ro->b);
     for (int j = 0; parts && j < x->replicas; j++) trill_rl_batch_free(&parts[j]);
     free(parts);
     free(part_of);
-    free(owner);
     ro->gen_tokens = pc.tokens;
+    return st;
+}
+
+trill_status trill_rl_remote_generate(rl_run *r, int64_t index, rl_rollout *ro) {
+    memset(ro, 0, sizeof *ro);
+    ro->index = index;
+    const double t0 = trill_now();
+    int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)r->c->generator.prompts_per_step);
+    trill_status st = owner ? trill_rl_issue_batch(r, index, owner) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_rl_collect_batch(r, index, owner, ro);
+    free(owner);
     ro->gen_s = trill_now() - t0;
     return st;
 }
@@ -239,29 +215,34 @@ static trill_status take_ack(void *ctx, int j, const rl_reply *rep, char *payloa
     return TRILL_OK;
 }
 
-trill_status trill_rl_publish_remote(rl_run *r, void *ctx, double *ms, size_t *bytes) {
-    (void)ctx;
-    *ms = 0;
-    *bytes = 0;
+trill_status trill_rl_send_weights(rl_run *r, bool ack, size_t *applied) {
     rl_remote *x = r->remote;
-    if (r->rank != 0) return TRILL_OK; /* the controller ships the weights */
-    const double t0 = trill_now();
     const float *data;
     size_t n;
     const trill_model *merged;
     trill_status st = trill_rl_trainer_export(r->trainer, &data, &n, &merged);
-    rl_cmd cmd = { .op = CMD_WEIGHTS, .merge = merged != NULL, .version = r->state.version, .bytes = n * sizeof(float),
-                   .checksum = trill_channel_checksum(data, n) };
+    rl_cmd cmd = { .op = CMD_WEIGHTS, .merge = merged != NULL, .version = r->state.version, .ack = ack, .bytes = n * sizeof(float),
+                   .checksum = st ? 0 : trill_channel_checksum(data, n) };
     trill_comm_request *req = NULL;
     if (!st) st = send_cmd(x, &cmd);
     if (!st) st = trill_comm_ibcast(x->sync, (void *)data, cmd.bytes, 0, &req);
     if (!st) st = trill_comm_wait(req);
     weights_ctx w = { .x = x };
-    if (!st) st = gather_replies(x, 0, x->replicas, take_ack, &w);
+    if (!st && ack) st = trill_rl_gather_replies(x, 0, x->replicas, REPLY_ACK, take_ack, &w);
     x->n_receivers = st ? 0 : x->replicas;
     x->transfer_bytes = cmd.bytes;
     x->checksum = cmd.checksum;
-    *bytes = w.applied;
+    *applied = w.applied;
+    return st;
+}
+
+trill_status trill_rl_publish_remote(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    (void)ctx;
+    *ms = 0;
+    *bytes = 0;
+    if (r->rank != 0) return TRILL_OK; /* the controller ships the weights */
+    const double t0 = trill_now();
+    trill_status st = trill_rl_send_weights(r, true, bytes);
     *ms = (trill_now() - t0) * 1e3;
     return st;
 }
@@ -296,7 +277,7 @@ trill_status trill_rl_remote_evaluate(rl_run *r, trill_eval_result *out) {
     rl_cmd cmd = { .op = CMD_EVAL };
     trill_status st = send_cmd(x, &cmd);
     eval_ctx e = { out };
-    if (!st) st = gather_replies(x, 0, 1, take_eval, &e); /* replica 0 evaluates */
+    if (!st) st = trill_rl_gather_replies(x, 0, 1, REPLY_EVAL, take_eval, &e); /* replica 0 evaluates */
     return st;
 }
 
@@ -314,7 +295,7 @@ trill_status trill_rl_remote_score(rl_run *r, rl_rollout *ro) {
     snprintf(who, sizeof who, "the scorer (rank %d)", x->scorer_rank);
     rl_reply rep;
     char *payload = NULL;
-    if (!st) st = recv_reply(r->job, x->scorer_rank, TAG_SCORE_REPLY, who, &rep, &payload);
+    if (!st) st = trill_rl_recv_reply(r->job, x->scorer_rank, TAG_SCORE_REPLY, who, &rep, &payload);
     const size_t n = (size_t)ro->b.n_seqs, scores = 2 * n * sizeof(double);
     if (!st && rep.bytes < scores) st = trill_error(TRILL_ERR_IO, "%s: %llu bytes of rewards for %zu sequences", who, (unsigned long long)rep.bytes, n);
     if (!st) {
@@ -388,121 +369,7 @@ trill_status trill_rl_share_batch(rl_run *r, rl_rollout *ro, trill_status st) {
     return st ? st : cst;
 }
 
-/* ---- an executor rank ---- */
-
-/* A replica's staging for weights of `bytes` (adapters or merged weights), made on first use. */
-static trill_status staging(rl_run *r, bool merge, uint64_t bytes, float **out) {
-    rl_remote *x = r->remote;
-    *out = NULL;
-    trill_status st = TRILL_OK;
-    size_t n = 0;
-    if (merge) {
-        if (!x->staging_model) st = trill_model_create(trill_model_config(x->model), &x->staging_model);
-        if (!st) *out = x->staging_model->params, n = x->staging_model->n_f32;
-    } else {
-        if (!x->staging_lora) st = trill_lora_create(x->model, r->c->trainer.lora, 0, &x->staging_lora);
-        if (!st) *out = trill_lora_params(x->staging_lora, &n);
-    }
-    if (!st && n * sizeof(float) != bytes)
-        st = trill_error(TRILL_ERR_INVALID, "%s of %llu bytes, this replica's %s hold %zu", merge ? "merged weights" : "adapters",
-                         (unsigned long long)bytes, merge ? "model's weights" : "adapters", n * sizeof(float));
-    return st;
-}
-
-/* Test hook: TRILL_TEST_CORRUPT_TRANSFER=V flips a byte of version V's weights on arrival. */
-static void corrupt_for_test(uint32_t version, float *data, uint64_t bytes) {
-    const char *v = getenv("TRILL_TEST_CORRUPT_TRANSFER");
-    if (v && bytes && strtoul(v, NULL, 10) == version) ((unsigned char *)data)[bytes / 2] ^= 0x40;
-}
-
-/* CMD_WEIGHTS on a replica: receive (every replica takes part in the broadcast, whatever else
- * fails), check, apply. */
-static trill_status receive_weights(rl_run *r, const rl_cmd *cmd, rl_reply *rep) {
-    rl_remote *x = r->remote;
-    float *dst = NULL, *scratch = NULL;
-    trill_status bad = staging(r, cmd->merge, cmd->bytes, &dst);
-    char why[1024] = "";
-    if (bad) {
-        snprintf(why, sizeof why, "%s", trill_error_message());
-        if (!(dst = scratch = trill_malloc(cmd->bytes + 1))) return trill_error(TRILL_ERR_NOMEM, "out of memory for the weights");
-    }
-    const double t0 = trill_now();
-    trill_comm_request *req = NULL;
-    trill_status st = trill_comm_ibcast(x->sync, dst, cmd->bytes, 0, &req);
-    if (!st) st = trill_comm_wait(req);
-    rep->receive_ms = (trill_now() - t0) * 1e3;
-    free(scratch);
-    if (!st && bad) st = trill_error(bad, "%s", why);
-    if (!st) {
-        corrupt_for_test(cmd->version, dst, cmd->bytes);
-        const uint64_t got = trill_channel_checksum(dst, cmd->bytes / sizeof(float));
-        if (got != cmd->checksum)
-            st = trill_error(TRILL_ERR_IO, "weights version %u: received %llu bytes with XXH64 %016llx, the sender's is %016llx: "
-                             "the transfer is corrupted and was refused", cmd->version, (unsigned long long)cmd->bytes,
-                             (unsigned long long)got, (unsigned long long)cmd->checksum);
-    }
-    const double t1 = trill_now();
-    size_t applied = 0;
-    if (!st) st = cmd->merge ? trill_rl_generator_load_weights(r->gen, x->staging_model, cmd->version, &applied)
-                             : trill_rl_generator_load_adapter(r->gen, x->staging_lora, cmd->version, &applied);
-    rep->apply_ms = (trill_now() - t1) * 1e3;
-    rep->applied = applied;
-    return st;
-}
-
-/* CMD_GENERATE on a replica: its prompts of the batch, packed. A failure to take part in the
- * command's broadcast is *fatal (the protocol cannot go on); any other is the answer. */
-static trill_status generate_part(rl_run *r, const rl_cmd *cmd, rl_reply *rep, void **packed, trill_status *fatal) {
-    rl_remote *x = r->remote;
-    const int P = r->c->generator.prompts_per_step;
-    int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)P);
-    int *mine = trill_malloc(sizeof(int) * (size_t)P);
-    *fatal = owner && mine ? bcast_sync(x, owner, sizeof(int32_t) * (size_t)P)
-                           : trill_error(TRILL_ERR_NOMEM, "out of memory for a batch's %d prompts", P);
-    int n = 0;
-    for (int p = 0; !*fatal && p < P; p++)
-        if (owner[p] == x->replica) mine[n++] = p;
-    rl_batch b = { 0 };
-    long tokens = 0;
-    size_t len = 0;
-    trill_status st = *fatal ? *fatal : trill_rl_generator_generate_part(r->gen, cmd->index, mine, n, NULL, NULL, &b, &tokens);
-    if (!st) st = trill_rl_batch_pack(&b, packed, &len);
-    trill_rl_batch_free(&b);
-    free(owner);
-    free(mine);
-    rep->bytes = len;
-    rep->tokens = tokens;
-    return st;
-}
-
-static trill_status serve_generator(rl_run *r) {
-    rl_remote *x = r->remote;
-    for (;;) {
-        rl_cmd cmd;
-        trill_status st = bcast_sync(x, &cmd, sizeof cmd);
-        if (st || cmd.op == CMD_STOP) return st;
-        rl_reply rep = { 0 };
-        void *payload = NULL;
-        trill_eval_result res;
-        if (cmd.op == CMD_GENERATE) {
-            trill_status fatal;
-            st = generate_part(r, &cmd, &rep, &payload, &fatal);
-            if (fatal) return fatal;
-        } else if (cmd.op == CMD_WEIGHTS) {
-            st = receive_weights(r, &cmd, &rep);
-        } else if (cmd.op == CMD_EVAL) {
-            if (x->replica != 0) continue;
-            st = trill_rl_generator_evaluate(r->gen, r->eval, &res);
-            payload = &res;
-            rep.bytes = sizeof res;
-        } else {
-            return trill_error(TRILL_ERR_IO, "generator replica %d: unknown command %d from the controller", x->replica, cmd.op);
-        }
-        trill_status sent = send_reply(x->sync, 0, TAG_REPLY, st, rep, payload);
-        if (payload != &res) free(payload);
-        if (sent) return sent;
-    }
-}
+/* ---- the scorer's rank ---- */
 
 static trill_status score_batch(rl_run *r, uint64_t bytes, rl_reply *rep, char **out) {
     char *buf = trill_malloc(bytes + 1);
@@ -538,14 +405,15 @@ static trill_status serve_scorer(rl_run *r) {
         rl_reply rep = { 0 };
         char *payload = NULL;
         st = score_batch(r, cmd.bytes, &rep, &payload);
-        trill_status sent = send_reply(r->job, 0, TAG_SCORE_REPLY, st, rep, payload);
+        rep.kind = REPLY_SCORES;
+        trill_status sent = trill_rl_send_reply(r->job, 0, TAG_SCORE_REPLY, st, rep, payload);
         free(payload);
         if (sent) return sent;
     }
 }
 
 trill_status trill_rl_serve_executor(rl_run *r) {
-    return r->remote->role == RL_ROLE_GENERATOR ? serve_generator(r) : serve_scorer(r);
+    return r->remote->role == RL_ROLE_GENERATOR ? trill_rl_serve_replica(r) : serve_scorer(r);
 }
 
 trill_status trill_rl_make_executor(rl_run *r) {

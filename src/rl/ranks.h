@@ -20,6 +20,9 @@
  *             receive and apply times, or refuses a corrupted transfer by name.
  *   evaluate  replica 0 runs the held-out evaluation and sends its result.
  *   stop      at the end of the run (or when it fails): the executors leave their loops.
+ * Asynchronous mode (async_ranks.c) sends the same commands ahead of need: batches are issued
+ * within the staleness bound, weights go out without waiting for answers (each batch's answer
+ * carries the replica's newest weights' figures), and `drain` ends the run's generation.
  * A replica's failure is its answer (status and message), which the controller reports with the
  * replica's rank; a rank that dies takes the job down (mpirun ends the others and names it). */
 #ifndef TRILL_RL_RANKS_H
@@ -64,5 +67,76 @@ trill_status trill_rl_share_batch(rl_run *r, rl_rollout *ro, trill_status st);
 trill_status trill_rl_make_executor(rl_run *r);
 /* An executor rank: serves the controller until it says stop. */
 trill_status trill_rl_serve_executor(rl_run *r);
+
+/* ---- the protocol (ranks.c: placement, the controller's sync requests, the scorer; replica.c:
+ * a generator replica's loop; async_ranks.c: the controller's asynchronous schedule) ---- */
+
+enum { CMD_GENERATE = 1, CMD_WEIGHTS, CMD_EVAL, CMD_SCORE, CMD_DRAIN, CMD_STOP };
+enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103 };
+/* What an answer answers: a batch's part, a weight version's arrival, an evaluation, the end of
+ * an asynchronous run (every batch before it sent). */
+enum { REPLY_BATCH = 1, REPLY_ACK, REPLY_EVAL, REPLY_DRAINED, REPLY_SCORES };
+enum { MAX_REPLICAS = 64 }; /* trill_rl_metrics.receivers */
+
+/* A command from the controller (broadcast over sync; sent to the scorer). */
+typedef struct rl_cmd {
+    int32_t op, merge;      /* merge: CMD_WEIGHTS carries merged weights, not adapters */
+    uint32_t version;
+    int32_t ack;            /* CMD_WEIGHTS: answer on arrival (sync mode); else the figures ride on the next batch */
+    int64_t index;
+    uint64_t bytes, checksum;
+} rl_cmd;
+
+/* An executor's answer: a status (its message as the payload when not TRILL_OK), then payload
+ * bytes. Weight figures: the newest version the replica applied and what its transfer took. */
+typedef struct rl_reply {
+    int32_t status, kind;
+    uint64_t bytes;
+    int64_t index, tokens;
+    double receive_ms, apply_ms, busy_s;
+    uint64_t applied;       /* the bytes the engine converted */
+    uint32_t version, pad;
+} rl_reply;
+
+struct rl_remote {
+    trill_comm *group;      /* this rank's: the trainer ranks', or the executor ranks' (unused) */
+    trill_comm *sync;       /* the controller and the replicas (NULL elsewhere) */
+    rl_role role;
+    int replica, replicas, trainer_ranks, scorer_rank; /* scorer_rank -1: none */
+    bool stopped;
+    /* the controller: the last weight transfer */
+    int n_receivers;
+    size_t transfer_bytes;
+    uint64_t checksum;
+    int recv_rank[MAX_REPLICAS];
+    double receive_ms[MAX_REPLICAS], apply_ms[MAX_REPLICAS], busy_s[MAX_REPLICAS];
+    size_t applied[MAX_REPLICAS];
+    /* a replica: the model its engine came from, and where received weights land */
+    trill_model *model, *staging_model;
+    trill_lora *staging_lora;
+};
+
+/* ranks.c, for the others: a non-blocking broadcast over sync waited for at once (every
+ * broadcast over sync is non-blocking on every rank: MPI does not match a blocking broadcast with
+ * a non-blocking one, and a replica generating ahead tests for the next command between decode
+ * steps); an answer and its payload; the answers of replicas [first, last), each of `kind`,
+ * handed to `take` in order (all are read; the first error returned, the replica named). */
+trill_status trill_rl_bcast_sync(rl_remote *x, void *data, size_t bytes);
+trill_status trill_rl_send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload);
+trill_status trill_rl_recv_reply(trill_comm *c, int from, int tag, const char *who, rl_reply *rep, char **payload);
+void trill_rl_replica_name(const rl_remote *x, int j, char *out, size_t size);
+trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind, trill_status (*take)(void *, int, const rl_reply *, char *),
+                                     void *ctx);
+/* The prompts of batch `index` to the replicas (the command and each prompt's replica). */
+trill_status trill_rl_issue_batch(rl_run *r, int64_t index, int32_t *owner);
+/* Batch `index`'s parts from every replica (each answers its batches in the order they were
+ * issued), merged into ro->b (ro->gen_tokens: their tokens); each replica's weight figures noted. */
+trill_status trill_rl_collect_batch(rl_run *r, int64_t index, const int32_t *owner, rl_rollout *ro);
+/* The trainer's weights now to every replica: the command (ack: each answers on arrival, the
+ * first one's engine bytes into *applied) and the non-blocking broadcast, waited for. */
+trill_status trill_rl_send_weights(rl_run *r, bool ack, size_t *applied);
+
+/* replica.c: a generator replica's loop, in sync and asynchronous runs alike. */
+trill_status trill_rl_serve_replica(rl_run *r);
 
 #endif

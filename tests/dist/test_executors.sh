@@ -5,8 +5,10 @@
 # expert: rollouts.save), adapters, optimizer state and metrics (the held-out evaluation too) as
 # one process, in adapter and in merge sync, and so do 2 data-parallel trainer ranks with one
 # replica and a scorer rank (the external process's metrics cross with the rewards); every
-# version's transfer reaches every receiver with its checksum; a transfer corrupted on arrival
-# (test hook) is refused with the receiving rank named; a placement that does not add up is refused
+# version's transfer reaches every receiver with its checksum; asynchronous mode across ranks at
+# max_staleness 0 equals sync mode (1 and 2 replicas, DP 2), and at 1 and 2 (wait, drop,
+# regenerate) keeps every token within the bound; a transfer corrupted on arrival (test hook) is
+# refused with the receiving rank named, in both modes; a placement that does not add up is refused
 # with its arithmetic; runs resume on other placements to the bytes of an uninterrupted run; a
 # killed generator rank ends the job naming the rank, and resume=auto continues.
 # Usage: test_executors.sh TRILL MPIEXEC
@@ -28,14 +30,18 @@ run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun)
       run_dir="$dir" "${common[@]}" "$@"
   fi
 }
-same() { # same A B STEPS: every step's rollouts, the last checkpoint, the metrics but for times and transfers
-  local a=$1 b=$2 ck="checkpoints/step-0000000$3"
+same_bytes() { # same_bytes A B STEPS: every step's rollouts and the last checkpoint
+  local ck="checkpoints/step-0000000$3"
   for f in adapter/adapter_model.safetensors optimizer.safetensors; do
-    cmp -s "$a/$ck/$f" "$b/$ck/$f" || fail "$a/$ck/$f and $b/$ck/$f differ"
+    cmp -s "$1/$ck/$f" "$2/$ck/$f" || fail "$1/$ck/$f and $2/$ck/$f differ"
   done
-  for f in "$a"/rollouts/step-*.bin; do
-    cmp -s "$f" "$b/rollouts/$(basename "$f")" || fail "$f and $b/rollouts/$(basename "$f") differ (the tokens, log-probs or experts)"
+  for f in "$1"/rollouts/step-*.bin; do
+    cmp -s "$f" "$2/rollouts/$(basename "$f")" || fail "$f and $2/rollouts/$(basename "$f") differ (the tokens, log-probs or experts)"
   done
+}
+same() { # same A B STEPS: same_bytes, and the metrics but for times and transfers
+  local a=$1 b=$2
+  same_bytes "$@"
   /usr/bin/python3 - "$a/metrics.jsonl" "$b/metrics.jsonl" <<'PY' || fail "$a and $b: the metrics differ"
 import json, sys
 def load(p):
@@ -79,19 +85,58 @@ same one dp2 3
 transfers dp2 2
 echo "2 data-parallel trainer ranks + 1 replica + a scorer rank: identical to one process"
 
+# asynchronous mode across ranks: at max_staleness 0 the replicas generate every batch with the
+# newest weights, so the rollouts, adapter and optimizer equal sync mode's in one process
+async=(mode=async eval.every=0)
+run 2 as0 steps=3 "${async[@]}" async.max_staleness=0 parallel.generator.replicas=1
+same_bytes one as0 3
+run 3 as0r2 steps=3 "${async[@]}" async.max_staleness=0 parallel.generator.replicas=2
+same_bytes one as0r2 3
+run 3 as0dp steps=3 "${async[@]}" async.max_staleness=0 parallel.trainer.dp=2 parallel.generator.replicas=1
+same_bytes one as0dp 3
+grep -q "async over ranks" as0.log && [ -f as0/async_summary.json ] || fail "no async summary"
+echo "async across ranks at max_staleness 0 (1 and 2 replicas, and DP 2 + a replica): rollouts, adapter and optimizer identical to sync mode"
+bound() { # bound DIR S: every trained token within S versions; prints the lags seen and the batches dropped or regenerated
+  /usr/bin/python3 - "$@" <<'PY' || fail "$1: a token beyond the staleness bound"
+import json, sys
+d, S = sys.argv[1], int(sys.argv[2])
+m = [json.loads(l) for l in open(d + "/metrics.jsonl")]
+assert m and all(x["staleness_max"] <= S for x in m), [x["staleness_max"] for x in m]
+lags = [0] * (S + 1)
+for x in m:
+    for i, n in enumerate(x["staleness_tokens"]): lags[i] += n
+a = m[-1]
+print(f"  {d}: max_staleness {S}: tokens at lag 0..{S}: {lags}; dropped {a['dropped_batches']}, regenerated {a['regenerated_batches']}")
+PY
+}
+for S in 1 2; do
+  run 2 "as$S" steps=6 "${async[@]}" async.max_staleness=$S parallel.generator.replicas=1
+  bound "as$S" "$S"
+done
+run 3 asdrop steps=6 "${async[@]}" async.max_staleness=1 async.on_stale=drop async.queue=3 parallel.generator.replicas=2
+bound asdrop 1
+run 2 asregen steps=6 "${async[@]}" async.max_staleness=1 async.on_stale=regenerate async.queue=3 parallel.generator.replicas=1
+bound asregen 1
+echo "async across ranks at max_staleness 1 and 2 (wait, drop, regenerate): every token within the bound"
+
 # a transfer corrupted on arrival at version 2 is refused by the receiver, which the controller names
 TRILL_TEST_CORRUPT_TRANSFER=2 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 corrupt.log "$MPIEXEC" -np 3 --oversubscribe \
   "$TRILL" train run_dir=corrupt steps=3 "${common[@]}" parallel.generator.replicas=2
 grep -q "generator replica 0 (rank 1): weights version 2: received .* the transfer is corrupted and was refused" corrupt.log \
   || { tail -5 corrupt.log; fail "a corrupted transfer was not refused by name"; }
 echo "a corrupted transfer: $(grep -o 'generator replica 0 (rank 1): .*refused' corrupt.log | head -1)"
+TRILL_TEST_CORRUPT_TRANSFER=2 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 corrupt.log "$MPIEXEC" -np 2 --oversubscribe \
+  "$TRILL" train run_dir=corrupt_async steps=4 "${common[@]}" "${async[@]}" parallel.generator.replicas=1
+grep -q "generator replica 0 (rank 1): weights version 2: received .* the transfer is corrupted and was refused" corrupt.log \
+  || { tail -5 corrupt.log; fail "a corrupted transfer in async mode was not refused by name"; }
+echo "and in async mode, with the replica's next batch"
 
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 3 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.generator.replicas=1 steps=1
 grep -q "parallel: trainer dp 1 x ep 1 x tp 1 = 1 ranks + parallel.generator.replicas 1 + parallel.scorer 0 = 2 ranks, but the job has 3 ranks" bad.log \
   || { cat bad.log; fail "a placement that does not add up was not refused with its arithmetic"; }
-ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.generator.replicas=1 mode=async eval.every=0 steps=1
-grep -q "asynchronous mode across ranks is not built yet" bad.log || { cat bad.log; fail "async across ranks was not refused"; }
-echo "placements that do not add up, and async across ranks, are refused"
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.scorer=1 "${async[@]}" steps=1
+grep -q "parallel.scorer: asynchronous mode across ranks needs parallel.generator.replicas" bad.log || { cat bad.log; fail "async with a scorer rank alone was not refused"; }
+echo "placements that do not add up, and async with a scorer rank but no replica, are refused"
 
 # a run checkpointed with 2 replicas resumes on one process, and one of one process resumes with
 # a replica and a scorer rank: both end with the bytes of an uninterrupted run

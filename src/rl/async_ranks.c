@@ -1,0 +1,304 @@
+/* Asynchronous RL across ranks (run.h): the generator replicas on their own ranks generate ahead
+ * of the trainer, within async.max_staleness; the controller (rank 0) keeps the batches it has
+ * issued in order and trains them one a step, as async.c does with threads.
+ *
+ * Issuing is the staleness gate. Batch k is trained at version v0 + (k - k0); with on_stale
+ * "wait" the controller issues batch k only once version v0 + (k - k0) - max_staleness is
+ * published, and a replica finishes receiving the weights announced before a batch before it
+ * starts it, so no token can be older than the bound (max_staleness 0: every batch is generated
+ * with the newest weights, as in sync mode, bit for bit). With "drop" or "regenerate" it keeps
+ * async.queue + 1 batches issued whatever the version, and a batch found too stale is dropped
+ * (its prompts skipped) or issued again (the same request ids, newer weights; the batches that
+ * arrive meanwhile are held). Weights go out after every update by the non-blocking broadcast,
+ * which the replicas test between decode steps: tokens keep the version they were sampled at,
+ * and each batch's answer carries the replica's newest weights' receive and apply times.
+ *
+ * The other trainer ranks receive each batch from rank 0 (trill_rl_share_batch). Stop: `drain`
+ * makes every replica drop its queued batches and answer once its last one is sent; the
+ * controller reads and drops what is still on its way, so no send is left pending. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/json.h"
+#include "ranks.h"
+#include "trill/fileio.h"
+#include "trill/log.h"
+#include "trill/timing.h"
+
+typedef struct issued { int64_t index; int32_t *owner; } issued;
+
+struct rl_async_ranks {
+    rl_run *r;
+    int64_t k0, next;             /* the first batch of this run; the next new batch to issue */
+    uint32_t v0;
+    issued *fifo;                 /* issued, not yet received, in issue order */
+    int n_fifo, cap;
+    rl_rollout **held;            /* received while a regenerated batch is awaited */
+    int n_held;
+    int64_t want;                 /* the batch being regenerated (-1: none) */
+    long dropped, regenerated;
+    double wall0, last, step_wait, trainer_wait, train_busy;
+};
+
+/* ---- the controller's queue of issued batches ---- */
+
+static trill_status issue(rl_async_ranks *a, int64_t k) {
+    rl_run *r = a->r;
+    if (a->n_fifo == a->cap) {
+        const int cap = a->cap ? 2 * a->cap : 8;
+        issued *f = trill_realloc(a->fifo, sizeof *f * (size_t)cap);
+        rl_rollout **h = f ? trill_realloc(a->held, sizeof *h * (size_t)cap) : NULL;
+        if (f) a->fifo = f;
+        if (h) a->held = h;
+        if (!f || !h) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        a->cap = cap;
+    }
+    int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)r->c->generator.prompts_per_step);
+    trill_status st = owner ? trill_rl_issue_batch(r, k, owner) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (st) {
+        free(owner);
+        return st;
+    }
+    a->fifo[a->n_fifo++] = (issued){ .index = k, .owner = owner };
+    return TRILL_OK;
+}
+
+/* New batches, as far as the staleness gate (wait) or the queue (drop, regenerate) allows. */
+static trill_status fill(rl_async_ranks *a) {
+    const trill_rl_config *c = a->r->c;
+    trill_status st = TRILL_OK;
+    /* no more than the steps left will train (a dropped batch is replaced by the next fill) */
+    while (!st && a->n_fifo + a->n_held < c->async.queue + 1 && a->n_fifo + a->n_held < c->steps - a->r->state.step) {
+        if (c->async.on_stale == TRILL_STALE_WAIT &&
+            (int64_t)a->v0 + (a->next - a->k0) - c->async.max_staleness > (int64_t)a->r->state.version)
+            break;
+        st = issue(a, a->next++);
+    }
+    return st;
+}
+
+/* The oldest issued batch, received from the replicas and merged. */
+static trill_status receive(rl_async_ranks *a, rl_rollout **out) {
+    issued it = a->fifo[0];
+    memmove(a->fifo, a->fifo + 1, sizeof *a->fifo * (size_t)--a->n_fifo);
+    rl_rollout *ro = trill_calloc(1, sizeof *ro);
+    const double t0 = trill_now();
+    trill_status st = ro ? trill_rl_collect_batch(a->r, it.index, it.owner, ro) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(it.owner);
+    if (ro) {
+        ro->index = it.index;
+        ro->gen_s = trill_now() - t0; /* the wait for it: the generation itself overlapped */
+    }
+    if (st) {
+        if (ro) trill_rl_rollout_free(ro);
+        free(ro);
+        return st;
+    }
+    *out = ro;
+    return TRILL_OK;
+}
+
+/* The next batch to train: the awaited regenerated one, else the smallest index held, else the
+ * oldest issued. */
+static trill_status next_batch(rl_async_ranks *a, rl_rollout **out) {
+    for (;;) {
+        if (a->want < 0 && a->n_held) {
+            int best = 0;
+            for (int i = 1; i < a->n_held; i++)
+                if (a->held[i]->index < a->held[best]->index) best = i;
+            *out = a->held[best];
+            a->held[best] = a->held[--a->n_held];
+            return TRILL_OK;
+        }
+        if (!a->n_fifo) return trill_error(TRILL_ERR_IO, "async: no batch issued to wait for");
+        rl_rollout *ro;
+        trill_status st = receive(a, &ro);
+        if (st) return st;
+        if (a->want < 0 || ro->index == a->want) {
+            *out = ro;
+            return TRILL_OK;
+        }
+        a->held[a->n_held++] = ro;
+    }
+}
+
+/* A fresh batch within the bound, stale ones dropped or issued again. */
+static trill_status fresh_batch(rl_async_ranks *a, trill_rl_metrics *m, rl_rollout **out) {
+    rl_run *r = a->r;
+    const trill_rl_config *c = r->c;
+    for (;;) {
+        trill_status st = fill(a);
+        rl_rollout *ro = NULL;
+        const double tw = trill_now();
+        if (!st) st = next_batch(a, &ro);
+        a->step_wait += trill_now() - tw;
+        if (st) return st;
+        a->want = -1;
+        trill_rl_staleness(&ro->b, r->state.version, m);
+        if (m->staleness_max <= c->async.max_staleness) {
+            *out = ro;
+            return TRILL_OK;
+        }
+        const int64_t k = ro->index;
+        const int lag = m->staleness_max;
+        trill_rl_rollout_free(ro);
+        free(ro);
+        if (c->async.on_stale == TRILL_STALE_WAIT) /* the gate makes this impossible */
+            return trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d", (long long)k, lag,
+                               c->async.max_staleness);
+        if (c->async.on_stale == TRILL_STALE_DROP) {
+            a->dropped++;
+            trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)k, lag, c->async.max_staleness);
+            r->state.data_pos = (k + 1) * c->generator.prompts_per_step;
+        } else {
+            a->regenerated++;
+            a->want = k;
+            if ((st = issue(a, k))) return st;
+        }
+    }
+}
+
+/* ---- the schedule ---- */
+
+/* The async publish: the weights to every replica without waiting for their answers (the figures
+ * come back with the next batches). */
+static trill_status publish_async(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    (void)ctx;
+    *ms = 0;
+    *bytes = 0;
+    if (r->rank != 0) return TRILL_OK;
+    const double t0 = trill_now();
+    size_t applied = 0;
+    trill_status st = trill_rl_send_weights(r, false, &applied);
+    *bytes = r->remote->transfer_bytes;
+    *ms = (trill_now() - t0) * 1e3;
+    return st;
+}
+
+trill_status trill_rl_async_ranks_start(rl_run *r, rl_async_ranks **out) {
+    rl_async_ranks *a = trill_calloc(1, sizeof *a);
+    if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    a->r = r;
+    a->k0 = a->next = r->state.data_pos / r->c->generator.prompts_per_step;
+    a->v0 = r->state.version;
+    a->want = -1;
+    a->wall0 = a->last = trill_now();
+    *out = a;
+    return r->rank == 0 ? fill(a) : TRILL_OK;
+}
+
+/* Rank 0's part of a step: the batch, its rewards and the async figures. */
+static trill_status controller_batch(rl_async_ranks *a, trill_rl_metrics *m, rl_rollout **out) {
+    rl_run *r = a->r;
+    rl_rollout *ro = NULL;
+    trill_status st = fresh_batch(a, m, &ro);
+    if (!st) st = r->scorer ? trill_rl_stage_reward(r, ro) : trill_rl_remote_score(r, ro);
+    if (!st) {
+        const rl_remote *x = r->remote;
+        m->batch = ro->index;
+        m->dropped_batches = a->dropped;
+        m->regenerated_batches = a->regenerated;
+        m->time.generator_apply_ms = x->apply_ms[0];
+        m->generator_apply_bytes = x->applied[0];
+        m->time.trainer_wait_s = a->step_wait;
+    }
+    a->trainer_wait += a->step_wait;
+    a->step_wait = 0;
+    *out = ro;
+    return st;
+}
+
+trill_status trill_rl_async_ranks_step(rl_async_ranks *a, trill_rl_metrics *m) {
+    rl_run *r = a->r;
+    rl_rollout empty = { 0 }, *ro = &empty;
+    trill_status st = r->rank == 0 ? controller_batch(a, m, &ro) : TRILL_OK;
+    if (!ro) ro = &empty;
+    st = trill_rl_share_batch(r, ro, st);
+    if (!st) {
+        m->step = r->state.step + 1;
+        m->async = true;
+        double trs = 0;
+        long tt = 0;
+        const double t0 = trill_now();
+        st = trill_rl_stage_train(r, ro, publish_async, a, m, &trs, &tt);
+        a->train_busy += trill_now() - t0;
+        r->gen_s += ro->gen_s;
+        r->gen_tokens += ro->gen_tokens;
+        r->train_s += trs;
+        r->train_tokens += tt;
+        const double now = trill_now();
+        m->time.interval_s = now - a->last;
+        a->last = now;
+        if (!st) st = trill_rl_finish_step(r, m);
+    }
+    trill_rl_rollout_free(ro);
+    if (ro != &empty) free(ro);
+    if (!st && r->rank == 0) st = fill(a);
+    return st;
+}
+
+/* Every replica drops what it has queued and says so; what is on its way is read and dropped. */
+static trill_status drain(rl_async_ranks *a) {
+    rl_remote *x = a->r->remote;
+    rl_cmd cmd = { .op = CMD_DRAIN };
+    trill_status st = trill_rl_bcast_sync(x, &cmd, sizeof cmd);
+    for (int j = 0; !st && j < x->replicas; j++) {
+        char who[64];
+        trill_rl_replica_name(x, j, who, sizeof who);
+        for (;;) { /* batches on their way (failed or not) are dropped */
+            rl_reply rep = { 0 };
+            char *payload = NULL;
+            trill_status got = trill_rl_recv_reply(x->sync, j + 1, TAG_REPLY, who, &rep, &payload);
+            free(payload);
+            if (got && rep.kind != REPLY_BATCH) return got; /* the transport, or a failure to drain */
+            if (!got && rep.kind == REPLY_DRAINED) {
+                x->busy_s[j] = rep.busy_s;
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < a->n_fifo; i++) free(a->fifo[i].owner);
+    a->n_fifo = 0;
+    return st;
+}
+
+/* RUN/async_summary.json and its log line: the executors' busy time. */
+static trill_status write_summary(const rl_async_ranks *a, double wall) {
+    const rl_run *r = a->r;
+    const trill_rl_config *c = r->c;
+    const double gen_busy = r->remote->busy_s[0];
+    json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:I, s:I, s:i}", "wall_s", wall, "generator_busy_s", gen_busy, "trainer_busy_s", a->train_busy,
+                          "trainer_wait_s", a->trainer_wait, "dropped", (json_int_t)a->dropped, "regenerated", (json_int_t)a->regenerated,
+                          "generator_replicas", r->remote->replicas);
+    char *path = trill_path_join(c->run_dir, "async_summary.json");
+    trill_status st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_decref(j);
+    free(path);
+    if (!st && wall > 0)
+        trill_log(TRILL_LOG_INFO, "trill train: async over ranks for %.1f s: generator replica 0 busy %.0f%%, trainer busy %.0f%% (waiting for "
+                  "rollouts %.1f s); %ld batches dropped, %ld regenerated", wall, 100 * gen_busy / wall, 100 * a->train_busy / wall,
+                  a->trainer_wait, a->dropped, a->regenerated);
+    return st;
+}
+
+trill_status trill_rl_async_ranks_stop(rl_async_ranks *a, trill_status st) {
+    if (!a) return st;
+    rl_run *r = a->r;
+    if (r->rank == 0) {
+        const trill_status drained = drain(a);
+        if (!st) st = drained;
+        if (!st) st = write_summary(a, trill_now() - a->wall0);
+    }
+    for (int i = 0; i < a->n_fifo; i++) free(a->fifo[i].owner);
+    for (int i = 0; i < a->n_held; i++) {
+        trill_rl_rollout_free(a->held[i]);
+        free(a->held[i]);
+    }
+    free(a->fifo);
+    free(a->held);
+    free(a);
+    return st;
+}
