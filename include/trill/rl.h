@@ -223,6 +223,25 @@ trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result);
 #define TRILL_RL_MAX_EXT_METRICS 32  /* distinct metric names an external reward process may report */
 #define TRILL_RL_MAX_LAG 1025        /* staleness histogram entries: lags 0 .. async.max_staleness */
 
+/* A step's per-token distributions in fixed bins (the same every step and run, so steps and runs
+ * compare bin by bin; trill_rl_hist_edges gives each histogram's edges):
+ *   log_ratio   Δ = log pi_train - log mu by the decade of |Δ|: bins 0-7 negative (|Δ| >= 1,
+ *               [0.1, 1), ..., [1e-6, 1e-5), below 1e-6), bin 8 exactly 0 (the two engines agree to
+ *               the bit), bins 9-16 positive mirrored (below 1e-6, ..., >= 1);
+ *   weight_raw  the importance weight exp(Δ) before any correction, and
+ *   weight_used the weight the loss uses (TIS's cap applied) with MIS-masked tokens in bin 0:
+ *               bins 0 (masked or 0), (0, 0.5), [0.5, 0.8), [0.8, 0.9), [0.9, 0.95), [0.95, 0.99),
+ *               [0.99, 1.01), [1.01, 1.05), [1.05, 1.1), [1.1, 1.25), [1.25, 2), [2, 5), >= 5;
+ *   response_len each sequence's response length in 10 equal bins of [0, max_new_tokens] (the
+ *               last holds max_new_tokens itself: the truncated responses). */
+#define TRILL_RL_HIST_RATIO_BINS 17
+#define TRILL_RL_HIST_WEIGHT_BINS 13
+#define TRILL_RL_HIST_LEN_BINS 10
+typedef struct trill_rl_histograms {
+    long log_ratio[TRILL_RL_HIST_RATIO_BINS];
+    long weight_raw[TRILL_RL_HIST_WEIGHT_BINS], weight_used[TRILL_RL_HIST_WEIGHT_BINS];
+    long response_len[TRILL_RL_HIST_LEN_BINS];
+} trill_rl_histograms;
 typedef struct trill_rl_metrics {
     int step;                  /* 1-based, the step these describe */
     /* async mode only (async true) */
@@ -246,6 +265,8 @@ typedef struct trill_rl_metrics {
     double flip_token_frac;    /* routed experts the trainer chose differently (NAN without MoE layers) */
     int n_moe_layers;
     double flip_layer[1024];   /* [n_moe_layers] the same per MoE layer */
+    bool has_hist;             /* the per-token distributions of the trained tokens (not when replayed without a trainer step) */
+    trill_rl_histograms hist;
     /* generator.on_policy: the trained response tokens whose scored log-prob (bits) or expert set
      * differs from the generator's; 0 proves the two equal (TIS weights 1, nothing masked) */
     bool on_policy;

@@ -97,6 +97,16 @@ typedef struct rl_mismatch {
 } rl_mismatch;
 void trill_rl_mismatch_measure(const float *old_logp, const float *behav_logp, size_t n, rl_mismatch *out);
 
+/* The per-token histograms of a step (trill_rl_histograms, trill/rl.h). */
+/* Adds n tokens (used_weight: the loss's weight of each; mask: 0 where MIS masked, NULL: none). */
+void trill_rl_hist_tokens(trill_rl_histograms *h, const float *old_logp, const float *behav_logp, const float *used_weight,
+                          const uint8_t *mask, size_t n);
+/* Adds one response of len tokens out of at most max_new_tokens. */
+void trill_rl_hist_response(trill_rl_histograms *h, int len, int max_new_tokens);
+/* The lower edges of a histogram's bins ("log_ratio", "weight" or "response_len", the last as a
+ * fraction of max_new_tokens), bin 0's -inf where unbounded; *n bins; NULL for another name. */
+const double *trill_rl_hist_edges(const char *which, int *n);
+
 /* Routing agreement between the generator's captured experts and the trainer's, both
  * [n_tokens][n_layers][k] logical ids (order within a row ignored): the fraction of tokens
  * whose expert set differs in at least one layer, and per layer the fraction of tokens whose

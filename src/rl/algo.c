@@ -262,6 +262,54 @@ void trill_rl_mismatch_measure(const float *old_logp, const float *behav_logp, s
     out->n_tokens = (long)n;
 }
 
+/* ---- per-token histograms ---- */
+
+/* log_ratio: bins by the decade of |Δ| ([1e-6, 1e-5), ...), mirrored; the lower edges of the
+ * values in each (bin 8 is exactly 0; bin 9, (0, 1e-6), starts at 0 too) */
+static const double RATIO_EDGES[TRILL_RL_HIST_RATIO_BINS] = { -INFINITY, -1, -1e-1, -1e-2, -1e-3, -1e-4, -1e-5, -1e-6, 0,
+                                                              0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1 };
+static const double WEIGHT_EDGES[TRILL_RL_HIST_WEIGHT_BINS] = { 0, 1e-300, 0.5, 0.8, 0.9, 0.95, 0.99, 1.01, 1.05, 1.1, 1.25, 2, 5 };
+static const double LEN_EDGES[TRILL_RL_HIST_LEN_BINS] = { 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9 };
+
+const double *trill_rl_hist_edges(const char *which, int *n) {
+    if (!strcmp(which, "log_ratio")) return *n = TRILL_RL_HIST_RATIO_BINS, RATIO_EDGES;
+    if (!strcmp(which, "weight")) return *n = TRILL_RL_HIST_WEIGHT_BINS, WEIGHT_EDGES;
+    if (!strcmp(which, "response_len")) return *n = TRILL_RL_HIST_LEN_BINS, LEN_EDGES;
+    return NULL;
+}
+
+/* Δ's bin: exactly 0 is bin 8; otherwise the decade of |Δ| (0: below 1e-6, 1: [1e-6, 1e-5), ...,
+ * 7: 1 and above), counted down from bin 7 for a negative Δ and up from bin 9 for a positive one. */
+static int ratio_bin(double d) {
+    if (d == 0) return 8;
+    static const double decades[7] = { 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1 };
+    const double a = fabs(d);
+    int decade = 0;
+    while (decade < 7 && a >= decades[decade]) decade++;
+    return d < 0 ? 7 - decade : 9 + decade;
+}
+
+static int weight_bin(double w) {
+    int b = 0;
+    while (b + 1 < TRILL_RL_HIST_WEIGHT_BINS && w >= WEIGHT_EDGES[b + 1]) b++;
+    return b;
+}
+
+void trill_rl_hist_tokens(trill_rl_histograms *h, const float *old_logp, const float *behav_logp, const float *used_weight,
+                          const uint8_t *mask, size_t n) {
+    for (size_t t = 0; t < n; t++) {
+        const double d = (double)old_logp[t] - (double)behav_logp[t];
+        h->log_ratio[ratio_bin(d)]++;
+        h->weight_raw[weight_bin(exp_clamped(d))]++;
+        h->weight_used[mask && !mask[t] ? 0 : weight_bin(used_weight[t])]++;
+    }
+}
+
+void trill_rl_hist_response(trill_rl_histograms *h, int len, int max_new_tokens) {
+    int b = max_new_tokens > 0 ? (int)((int64_t)len * TRILL_RL_HIST_LEN_BINS / max_new_tokens) : 0;
+    h->response_len[b < 0 ? 0 : b >= TRILL_RL_HIST_LEN_BINS ? TRILL_RL_HIST_LEN_BINS - 1 : b]++;
+}
+
 #define NO_EXPERT 0xFFFF
 
 /* Whether two rows of k ids hold the same multiset (k is small: a top-k). */

@@ -26,6 +26,17 @@ static json_t *num_array(const double *v, int n) {
     return a;
 }
 
+/* "hist": the per-token distributions in their fixed bins (trill/rl.h), counts only. */
+static void put_hist(writer *w, json_t *o, const trill_rl_histograms *h) {
+    json_t *j = json_object();
+    put(w, o, "hist", j);
+    if (!j) return;
+    put(w, j, "log_ratio", int_array_l(h->log_ratio, TRILL_RL_HIST_RATIO_BINS));
+    put(w, j, "weight_raw", int_array_l(h->weight_raw, TRILL_RL_HIST_WEIGHT_BINS));
+    put(w, j, "weight_used", int_array_l(h->weight_used, TRILL_RL_HIST_WEIGHT_BINS));
+    put(w, j, "response_len", int_array_l(h->response_len, TRILL_RL_HIST_LEN_BINS));
+}
+
 /* "transfer": {"bytes": .., "checksum": "hex", "receivers": [{"rank": .., "receive_ms": .., "apply_ms": ..}, ...]} */
 static void put_transfer(writer *w, json_t *o, const trill_rl_metrics *m) {
     json_t *t = json_object(), *list = json_array();
@@ -125,6 +136,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
     put(&w, o, "mis_masked_frac", num(m->mis_masked_frac));
     put(&w, o, "flip_token_frac", num(m->flip_token_frac));
     put(&w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
+    if (m->has_hist) put_hist(&w, o, &m->hist);
     if (m->has_comm) put_comm(&w, o, m);
     if (m->on_policy) {
         put(&w, o, "on_policy_exact", json_boolean(m->on_policy_differing == 0));

@@ -842,6 +842,18 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
     return st;
 }
 
+/* The step's per-token distributions over the trained response tokens (the mismatch's tokens)
+ * and the lengths of every response of the batch. */
+static void histograms(const rl_trainer *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta, trill_rl_metrics *m) {
+    memset(&m->hist, 0, sizeof m->hist);
+    m->has_hist = true;
+    for (int i = 0; i < n_kept; i++) {
+        const int s = kept[i], first = b->offsets[s] + b->prompt_len[s], n = b->offsets[s + 1] - first;
+        trill_rl_hist_tokens(&m->hist, ta->old_logp + first, b->behav_logp + first, ta->tis + first, ta->mask + first, (size_t)n);
+    }
+    for (int s = 0; s < b->n_seqs; s++) trill_rl_hist_response(&m->hist, rl_response_len(b, s), r->c->generator.max_new_tokens);
+}
+
 trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m) {
     token_arrays ta = { 0 };
     int *kept = trill_malloc(sizeof(int) * (size_t)b->n_seqs);
@@ -855,6 +867,7 @@ trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_trai
     if (!st && ts->optimizer_steps) st = check_adapter(r);
     if (!st && ts->optimizer_steps) st = trill_rl_trainer_gather(r, false); /* what the sync ships */
     if (!st) st = measure_mismatch(r, b, kept, ts->kept, &ta, m);
+    if (!st) histograms(r, b, kept, ts->kept, &ta, m);
     token_arrays_free(&ta);
     free(kept);
     return st;

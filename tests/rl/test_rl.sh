@@ -51,6 +51,18 @@ for s in ("adapter", "merge"):
     assert m["int8", s][0]["mismatch_mean_abs"] > 1.5 * m["bf16", s][0]["mismatch_mean_abs"]
     print(f"   {s:7s} mean |dlogp| per step: " + "; ".join(f"{d} " + " ".join(f"{x['mismatch_mean_abs']:.1e}" for x in m[d, s])
                                                       for d in ("f32", "bf16", "int8")))
+# the per-token histograms: every trained response token once in each, every response once; the
+# f32 generator's tokens all within 1e-6 (bins 7-9), the int8 one's spread wider on both sides
+for (d, sm), steps in m.items():
+    for x in steps:
+        h = x["hist"]
+        assert sum(h["log_ratio"]) == sum(h["weight_raw"]) == sum(h["weight_used"]) == x["mismatch_tokens"], (d, sm, h)
+        assert sum(h["response_len"]) == 4 * 4, h  # generator.prompts_per_step x generator.n
+        assert abs(h["weight_used"][0] / x["mismatch_tokens"] - x["mis_masked_frac"]) < 1e-12, h
+for x in m["f32", "adapter"]:
+    assert sum(x["hist"]["log_ratio"][7:10]) == x["mismatch_tokens"], x["hist"]
+assert any(sum(x["hist"]["log_ratio"][:7]) and sum(x["hist"]["log_ratio"][10:]) for x in m["int8", "adapter"]), [x["hist"] for x in m["int8", "adapter"]]
+print("   per-token histograms consistent; int8 step 1 log-ratio bins:", m["int8", "adapter"][0]["hist"]["log_ratio"])
 a, b = m["bf16", "adapter"][-1], m["bf16", "merge"][-1]
 assert a["sync_mode"] == "adapter" and b["sync_mode"] == "merge" and b["sync_bytes"] > a["sync_bytes"], (a["sync_bytes"], b["sync_bytes"])
 PY

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "trill/rl_algo.h"
+#include "trill/rng.h"
 
 #define assert_near(a, b, tol) assert_true(fabs((double)(a) - (double)(b)) <= (tol))
 
@@ -451,6 +452,85 @@ static void test_mismatch(void **state) {
     assert_true(m.mean_abs == 0 && m.chi2 == 0 && m.n_tokens == 0);
 }
 
+/* The histograms on a fixed batch, by hand: Δ = 0, ±2, ±0.5, -2^-9, ±2^-20, 2^-15. */
+static void test_histograms_hand(void **state) {
+    (void)state;
+    const float d[9] = { 0, -2, 2, -0.5f, 0.5f, -0.001953125f, 0x1p-20f, -0x1p-20f, 0x1p-15f };
+    float old[9], behav[9], used[9];
+    uint8_t mask[9];
+    for (int t = 0; t < 9; t++) {
+        behav[t] = -1.0f;
+        old[t] = -1.0f + d[t];
+        used[t] = fminf(expf(d[t]), 2.0f); /* TIS at 2 */
+        mask[t] = t != 3;                  /* MIS masked the -0.5 token */
+    }
+    trill_rl_histograms h = { 0 };
+    trill_rl_hist_tokens(&h, old, behav, used, mask, 9);
+    /* log_ratio: bin 8 exactly 0; -2 bin 0, +2 bin 16; ∓0.5 bins 1 and 15; -2^-9 in [1e-3, 1e-2): bin 3;
+     * ±2^-20 below 1e-6: bins 9 and 7; 2^-15 in [1e-5, 1e-4): bin 11 */
+    const long ratio[TRILL_RL_HIST_RATIO_BINS] = { 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1 };
+    /* raw weights: e^-2 = 0.135 bin 1, e^-0.5 = 0.61 bin 2, five within 1 +- 0.01 bin 6, e^0.5 = 1.65
+     * bin 10, e^2 = 7.4 bin 12; used: the masked one in bin 0, e^2 capped at 2 in bin 11 */
+    const long raw[TRILL_RL_HIST_WEIGHT_BINS] = { 0, 1, 1, 0, 0, 0, 5, 0, 0, 0, 1, 0, 1 };
+    const long used_bins[TRILL_RL_HIST_WEIGHT_BINS] = { 1, 1, 0, 0, 0, 0, 5, 0, 0, 0, 1, 1, 0 };
+    assert_memory_equal(h.log_ratio, ratio, sizeof ratio);
+    assert_memory_equal(h.weight_raw, raw, sizeof raw);
+    assert_memory_equal(h.weight_used, used_bins, sizeof used_bins);
+    /* response lengths of at most 20 tokens: 0, 1 -> bin 0; 2 -> 1; 10 -> 5; 19, 20 -> 9 */
+    const int lens[6] = { 0, 1, 2, 10, 19, 20 };
+    for (int i = 0; i < 6; i++) trill_rl_hist_response(&h, lens[i], 20);
+    const long len_bins[TRILL_RL_HIST_LEN_BINS] = { 2, 1, 0, 0, 0, 1, 0, 0, 0, 2 };
+    assert_memory_equal(h.response_len, len_bins, sizeof len_bins);
+    int n = 0;
+    assert_non_null(trill_rl_hist_edges("log_ratio", &n));
+    assert_int_equal(n, TRILL_RL_HIST_RATIO_BINS);
+    assert_true(trill_rl_hist_edges("weight", &n)[6] == 0.99 && n == TRILL_RL_HIST_WEIGHT_BINS);
+    assert_null(trill_rl_hist_edges("nope", &n));
+}
+
+/* The histograms of random tokens against a direct computation from the published edges
+ * (log10 for the decades, a search of the weight edges). */
+static void test_histograms_direct(void **state) {
+    (void)state;
+    enum { N = 20000 };
+    float *old = malloc(sizeof(float) * N), *behav = malloc(sizeof(float) * N), *used = malloc(sizeof(float) * N);
+    uint8_t *mask = malloc(N);
+    trill_rl_histograms want = { 0 }, got = { 0 };
+    int nr, nw;
+    const double *wedge = trill_rl_hist_edges("weight", &nw);
+    trill_rl_hist_edges("log_ratio", &nr);
+    for (int t = 0; t < N; t++) {
+        const double mag = pow(10.0, -8.0 + 9.0 * trill_rng_uniform(11, (uint64_t)t)); /* |Δ| from 1e-8 to 10 */
+        const double sign = trill_rng_uniform(12, (uint64_t)t) < 0.5 ? -1 : 1;
+        behav[t] = -2.0f;
+        old[t] = t % 97 == 0 ? -2.0f : (float)(-2.0 + sign * mag);
+        used[t] = fminf(expf(old[t] - behav[t]), 3.0f);
+        mask[t] = t % 13 != 0;
+        const double dd = (double)old[t] - (double)behav[t], a = fabs(dd);
+        int decade = a < 1e-6 ? 0 : (int)floor(log10(a)) + 7;
+        decade = decade > 7 ? 7 : decade;
+        want.log_ratio[dd == 0 ? 8 : dd < 0 ? 7 - decade : 9 + decade]++;
+        int br = 0, bu = 0;
+        for (int b = 1; b < nw; b++) {
+            if (exp(dd) >= wedge[b]) br = b;
+            if (used[t] >= wedge[b]) bu = b;
+        }
+        want.weight_raw[br]++;
+        want.weight_used[mask[t] ? bu : 0]++;
+    }
+    trill_rl_hist_tokens(&got, old, behav, used, mask, N);
+    assert_memory_equal(got.log_ratio, want.log_ratio, sizeof want.log_ratio);
+    assert_memory_equal(got.weight_raw, want.weight_raw, sizeof want.weight_raw);
+    assert_memory_equal(got.weight_used, want.weight_used, sizeof want.weight_used);
+    long total = 0;
+    for (int b = 0; b < nr; b++) total += got.log_ratio[b];
+    assert_int_equal(total, N);
+    free(old);
+    free(behav);
+    free(used);
+    free(mask);
+}
+
 static void test_routing_flips(void **state) {
     (void)state;
     /* [5 tokens][2 layers][k = 2]:
@@ -487,6 +567,8 @@ int main(void) {
         cmocka_unit_test(test_gradients_match_finite_differences),
         cmocka_unit_test(test_corrections),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_histograms_hand),
+        cmocka_unit_test(test_histograms_direct),
         cmocka_unit_test(test_routing_flips),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
