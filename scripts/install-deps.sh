@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin         # the distributed trainer's communicator (src/dist)
   clang libclang-rt-14-dev           # libFuzzer harnesses
   python3 python3-torch python3-numpy # parity reference (tests only)
+  chromium                           # renders trill report's page in its browser test (tests only)
 )
 
 missing=()

@@ -27,6 +27,7 @@ static const struct {
     { "train", cmd_train, "RL post-training (GRPO family, LoRA, router replay); no arguments: the embedded demo" },
     { "eval", cmd_eval, "pass@1 / pass@k of a model (and adapter) on a JSONL set with a verifier" },
     { "merge", cmd_merge, "fold a PEFT LoRA adapter into the weights, write a full checkpoint" },
+    { "report", cmd_report, "charts of run folders' metrics in one self-contained HTML page" },
 };
 
 static void print_help(FILE *out) {

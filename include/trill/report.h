@@ -1,0 +1,15 @@
+/* `trill report`: a run folder's metrics as one self-contained HTML page (inline SVG charts, no
+ * script, nothing fetched), several runs overlaid in each chart with a legend. */
+#ifndef TRILL_REPORT_H
+#define TRILL_REPORT_H
+
+#include "trill/error.h"
+
+/* The report of runs[0..n) (run folders: metrics.jsonl, and config.yaml and async_summary.json
+ * when present) written to out (atomically). A line of metrics.jsonl that is not a JSON object
+ * with an integer "step" is an error naming the file and the line; a last line without its
+ * newline (a run still writing it) is left out, so a run in progress is reported up to its last
+ * complete step. *steps (optional): the steps read over all runs. */
+trill_status trill_report_write(const char *const *runs, int n, const char *out, long *steps);
+
+#endif

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `trill report` on the RL tests' tiny MoE (tests/rl/fixture.sh): the report of a 5-step run and
+# of two runs overlaid (router replay off with an int8 generator: flips and mismatch) holds every
+# chart with one line per run; headless Chromium renders it at laptop width with no console error,
+# every chart's SVG laid out and its marks drawn (sizes measured in the page), and a screenshot is
+# kept; a corrupt or empty line of metrics.jsonl is an error naming the line, and a partial last
+# line (a run still writing) is left out.
+# Usage: test_report.sh TRILL [SCREENSHOT.png]
+set -euo pipefail
+TRILL=$(realpath "$1")
+SHOT=${2:-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/fixture.sh"
+CHROMIUM=$(command -v chromium || true)
+[ -n "$CHROMIUM" ] || fail "chromium is not installed (scripts/install-deps.sh installs it)"
+
+kl=(algo.kl_coef=0.01 algo.kl_mode=loss) # every chart has values: the KL to the reference too
+must_pass log_a "$TRILL" train "${COMMON[@]}" run_dir=a steps=5 eval.every=2 "${kl[@]}"
+must_pass log_b "$TRILL" train "${COMMON[@]}" run_dir=b steps=5 eval.every=2 "${kl[@]}" router_replay=false generator.dtype=int8
+must_pass log_r1 "$TRILL" report a --out one.html
+grep -q "1 run, 5 steps -> one.html" log_r1 || fail "the report did not say what it read: $(cat log_r1)"
+must_pass log_r2 "$TRILL" report a b --out two.html
+[ -f a/report.html ] || must_pass log_r0 "$TRILL" report a
+[ -f a/report.html ] || fail "trill report RUN did not write RUN/report.html"
+
+# the page's structure: every chart, one polyline per run in each line chart, marks in the others
+$PY - one.html two.html <<'PY' || fail "a chart is missing or empty"
+import re, sys
+LINES = ["reward", "accuracy", "eval", "loss", "kl", "response_len", "mismatch", "k3", "flip_rate", "throughput", "sync_bytes"]
+for path, runs in ((sys.argv[1], 1), (sys.argv[2], 2)):
+    html = open(path).read()
+    assert "<script" not in html and "http" not in html.replace("http-equiv", ""), "the page fetches or runs something"
+    assert "data-empty" not in html, "a chart without values"
+    figs = dict(re.findall(r"<figure data-chart='([^']+)'>(.*?)</figure>", html, re.S))
+    for name in LINES:
+        lines = re.findall(r"<polyline [^>]*points='([^']*)'", figs[name])
+        drawn = [p for p in lines if len(p.split()) >= 2]
+        assert len(drawn) >= runs, (path, name, len(drawn))
+    for r in range(runs):
+        for name in (f"flips-{r}", f"hist-log_ratio-{r}", f"hist-weight_used-{r}"):
+            assert figs[name].count("<rect") >= 3, (path, name)
+        assert figs[f"time-{r}"].count("<polygon") == 4, (path, f"time-{r}")
+    assert html.count("<details>") == runs, "the resolved config of each run"
+    print(f"   {path}: {len(figs)} charts, each with its lines or marks for {runs} run(s)")
+PY
+
+# rendered by Chromium at 1366 px: no console error, every chart laid out and its marks non-empty
+measure() { # measure PAGE: a copy with a script that measures every chart into the DOM, dumped
+  $PY -c 'import sys; page, js = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+open(sys.argv[1] + ".check.html", "w").write(page.replace("</body>", "<script>" + js + "</script></body>"))' "$1" "$HERE/report_check.js"
+  timeout -k 5 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --window-size=1366,900 --virtual-time-budget=3000 \
+    --dump-dom "file://$PWD/$1.check.html" 2>/dev/null | grep -o '<pre id="report-check">[^<]*</pre>' | sed 's/<[^>]*>//g'
+}
+for page in one.html two.html; do
+  timeout -k 5 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --window-size=1366,900 --enable-logging=stderr --v=0 \
+    --screenshot="$PWD/$page.png" "file://$PWD/$page" >"$page.console" 2>&1 || fail "chromium could not render $page"
+  ! grep -E "CONSOLE|Uncaught" "$page.console" || fail "$page: console errors (above)"
+  [ -s "$page.png" ] || fail "$page: no screenshot"
+  result=$(measure "$page")
+  [ -n "$result" ] || fail "$page: the measuring script left no result"
+  $PY - "$result" <<'PY' || fail "$page: a chart is not laid out or has nothing drawn"
+import json, sys
+charts = json.loads(sys.argv[1])
+bad = [c for c in charts if c["empty"] or c["w"] < 300 or c["h"] < 150 or c["marks"] < 1 or c["area"] <= 0]
+assert charts and not bad, bad
+print(f"   rendered: {len(charts)} charts, the narrowest {min(c['w'] for c in charts):.0f} x {min(c['h'] for c in charts):.0f} px, each with its marks drawn")
+PY
+done
+[ -z "$SHOT" ] || cp two.html.png "$SHOT"
+
+# metrics.jsonl errors name the line; a partial last line is left out
+mkdir -p bad && cp a/metrics.jsonl bad/ && sed -i '3s/.*/{"step": oops}/' bad/metrics.jsonl
+must_exit 1 log_bad "$TRILL" report bad --out bad.html
+grep -q "bad/metrics.jsonl: line 3: " log_bad || fail "a corrupt line was not named: $(cat log_bad)"
+cp a/metrics.jsonl bad/metrics.jsonl && sed -i '2s/.*//' bad/metrics.jsonl
+must_exit 1 log_bad "$TRILL" report bad --out bad.html
+grep -q "bad/metrics.jsonl: line 2: " log_bad || fail "an empty line was not named: $(cat log_bad)"
+head -c -40 a/metrics.jsonl >bad/metrics.jsonl
+must_pass log_partial "$TRILL" report bad --out partial.html
+grep -q "1 run, 4 steps" log_partial || fail "a run in progress was not reported up to its last complete step: $(cat log_partial)"
+echo "report test passed"
