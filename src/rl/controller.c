@@ -350,20 +350,31 @@ static trill_status announce(trill_run *h, const char *ckpt) {
     return TRILL_OK;
 }
 
+/* With several ranks, every rank's status so far agreed (an all-reduce, so also a barrier): a
+ * rank that failed alone (rank 0 on a run folder in use, say) fails the others here instead of
+ * leaving them at a barrier it never reaches. */
+static trill_status agree(rl_run *r, trill_status st) {
+    if (!r->job || trill_comm_size(r->job) == 1) return st;
+    uint64_t any = 0;
+    const trill_status cst = trill_comm_allreduce_max_u64(r->job, st != TRILL_OK, &any);
+    if (st || cst) return st ? st : cst;
+    return any ? trill_error(TRILL_ERR_INVALID, "another rank of the job failed while setting the run up (rank 0 says why)") : TRILL_OK;
+}
+
 /* Everything before the first step: the run folder and its lock, the state to start from, the
  * inputs, the executors, the resolved config, metrics.jsonl, the evaluation before training. */
 static trill_status set_up(trill_run *h) {
     const trill_rl_config *c = &h->cfg;
     rl_run *r = &h->r;
     char *ckpt = NULL;
-    const bool many = r->job && trill_comm_size(r->job) > 1, executor = trill_rl_ranks_executor(r);
+    const bool executor = trill_rl_ranks_executor(r);
     /* rank 0 owns the run folder (and builds the demo's cache); the others start after it */
     trill_status st = r->rank == 0 ? trill_mkdir_p(c->run_dir) : TRILL_OK;
     if (!st && r->rank == 0) st = lock_run_dir(r);
-    if (!st && many) st = trill_comm_barrier(r->job);
+    st = agree(r, st);
     if (!st && !executor) st = start_state(r, &ckpt);
     if (!st && r->rank == 0) st = resolve_inputs(r);
-    if (!st && many) st = trill_comm_barrier(r->job);
+    st = agree(r, st);
     if (!st && r->rank != 0) st = resolve_inputs(r);
     if (executor) { /* a generator replica or the scorer on a rank of its own */
         if (!st) st = load_data(r);

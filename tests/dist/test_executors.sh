@@ -137,6 +137,17 @@ grep -q "parallel: trainer dp 1 x ep 1 x tp 1 = 1 ranks + parallel.generator.rep
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.scorer=1 "${async[@]}" steps=1
 grep -q "parallel.scorer: asynchronous mode across ranks needs parallel.generator.replicas" bad.log || { cat bad.log; fail "async with a scorer rank alone was not refused"; }
 echo "placements that do not add up, and async with a scorer rank but no replica, are refused"
+# rank 0 failing alone while setting up (its run folder in use) fails every rank, at once
+mkdir -p busy
+flock busy/.lock sleep 60 >/dev/null 2>&1 &
+holder=$!
+sleep 0.2
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" LIMIT=60 must_exit 1 busy.log "$MPIEXEC" -np 3 --oversubscribe "$TRILL" train run_dir=busy "${common[@]}" parallel.generator.replicas=2 steps=1
+pkill -P "$holder" sleep || true # flock's child holds the lock too
+wait "$holder" 2>/dev/null || true
+grep -q "run_dir busy is in use by another trill train" busy.log && grep -q "another rank of the job failed while setting the run up" busy.log \
+  || { cat busy.log; fail "a run folder in use did not fail every rank"; }
+echo "a run folder in use on rank 0 fails the whole job at once"
 
 # a run checkpointed with 2 replicas resumes on one process, and one of one process resumes with
 # a replica and a scorer rank: both end with the bytes of an uninterrupted run
