@@ -6,11 +6,12 @@
 # (W8A8: the largest mismatch trill's generator has) and the numeric verifier, arms:
 #   replay on / off  x  no correction / TIS 2 / TIS 2 + MIS [0.5, 5] (token)
 #   + a bf16 generator with replay and TIS + MIS (the control)
+#   + a stress pair: no correction at 5x the learning rate, replay on and off
 # each with SEEDS seeds (3), two runs at a time on one core each. Prints per arm: held-out pass@1
 # before and after (mean, min-max over seeds), the last eval's spread, mean k3 and |dlogp|, flip
 # rate, tokens capped by TIS and masked by MIS, and whether any run degraded (final pass@1 more
 # than 10 points under its start) or failed; writes OUT/report.html (trill report of seed 0 of
-# every arm) and OUT/summary.json.
+# the main arms), OUT/report_stress.html (every seed of the stress pair) and OUT/summary.json.
 #   bench/mismatch_study.sh [TRILL] [OUT] [STEPS] [SEEDS]
 set -euo pipefail
 TRILL=$(realpath "${1:-build/trill}")
@@ -52,8 +53,10 @@ declare -A ARMS=(
   [noreplay_tis]="router_replay=false correction.tis=2 correction.mis=false generator.dtype=int8"
   [noreplay_tis_mis]="router_replay=false correction.tis=2 generator.dtype=int8"
   [bf16_control]="router_replay=true correction.tis=2 generator.dtype=bf16"
+  [stress_replay]="router_replay=true correction.tis=0 correction.mis=false generator.dtype=int8 trainer.lr=5e-3"
+  [stress_noreplay]="router_replay=false correction.tis=0 correction.mis=false generator.dtype=int8 trainer.lr=5e-3"
 )
-ORDER=(replay_none replay_tis replay_tis_mis noreplay_none noreplay_tis noreplay_tis_mis bf16_control)
+ORDER=(replay_none replay_tis replay_tis_mis noreplay_none noreplay_tis noreplay_tis_mis bf16_control stress_replay stress_noreplay)
 jobs=()
 for arm in "${ORDER[@]}"; do
   for ((s = 0; s < SEEDS; s++)); do
@@ -76,7 +79,11 @@ for j in "${jobs[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
 done
 wait
-"$TRILL" report "${ORDER[@]/%/-0}" --out report.html 2>/dev/null
+main=() stress=()
+for arm in "${ORDER[@]:0:7}"; do main+=("$arm-0"); done # seed 0 of the main arms (a page overlays 8 runs at most)
+for ((s = 0; s < SEEDS && s < 4; s++)); do stress+=("stress_replay-$s" "stress_noreplay-$s"); done
+"$TRILL" report "${main[@]}" --out report.html 2>/dev/null
+"$TRILL" report "${stress[@]}" --out report_stress.html 2>/dev/null
 /usr/bin/python3 - "$SEEDS" "${ORDER[@]}" <<'PY'
 import json, re, statistics as st, sys
 seeds, arms = int(sys.argv[1]), sys.argv[2:]
