@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "trill/dist.h"
 #include "trill/error.h"
 #include "trill/lora.h"
 #include "trill/model.h"
@@ -182,6 +183,20 @@ size_t trill_engine_adapter_bytes(const trill_engine *e);
 /* Merge mode: full weights (the sender folded the LoRA delta in) replace the engine's, converted
  * to its format. */
 trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, uint32_t version, size_t *bytes);
+
+/* Expert parallelism across ranks: the engines of a group (one a rank of c, each made from the
+ * whole model, each with its own requests) compute every MoE layer's experts where the placement
+ * puts them — with EPLB (eplb_workers must be c's size) rank q holds physical slots
+ * [q P / size, (q + 1) P / size), replicas of hot experts on several ranks; without it, logical
+ * experts [q E / size, (q + 1) E / size) — sending each row to its slot's rank by all-to-all-v
+ * and its output back. Captured ids stay logical (recorded before any mapping), the routed
+ * counts are summed over the group so every rank plans alike, and a row's result is the same
+ * bits wherever it was computed. Every step is collective: step the engines together while
+ * trill_engine_group_busy says so (an engine with nothing scheduled takes part with no rows).
+ * c (borrowed) must outlive the engine; NULL leaves the group. */
+trill_status trill_engine_set_expert_comm(trill_engine *e, trill_comm *c);
+/* Whether any engine of the group has work (collective over it); without a group, trill_engine_busy. */
+trill_status trill_engine_group_busy(trill_engine *e, bool *busy);
 
 /* The current expert placement when EPLB is on, else NULL. */
 const struct trill_eplb_plan *trill_engine_eplb_plan(const trill_engine *e);

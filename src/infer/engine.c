@@ -152,6 +152,35 @@ uint32_t trill_engine_version(const trill_engine *e) { return e->version; }
 
 bool trill_engine_busy(const trill_engine *e) { return e->sched.n_active > 0 || e->sched.n_waiting > 0; }
 
+trill_status trill_engine_set_expert_comm(trill_engine *e, trill_comm *c) {
+    if (!c) {
+        e->ep = NULL;
+        e->ep_rank = 0;
+        e->ep_size = 1;
+        return TRILL_OK;
+    }
+    const int P = trill_comm_size(c), E = e->c.num_experts;
+    if (e->c.n_moe_layers == 0) return trill_error(TRILL_ERR_INVALID, "expert parallelism: the model has no MoE layer");
+    if (e->eplb.window && e->eplb.workers != P)
+        return trill_error(TRILL_ERR_INVALID, "expert parallelism: EPLB places slots on %d workers, the group has %d ranks (set eplb_workers "
+                           "to %d)", e->eplb.workers, P, P);
+    if (!e->eplb.window && E % P)
+        return trill_error(TRILL_ERR_INVALID, "expert parallelism: %d experts do not split evenly over %d ranks", E, P);
+    e->ep = c;
+    e->ep_rank = trill_comm_rank(c);
+    e->ep_size = P;
+    return TRILL_OK;
+}
+
+trill_status trill_engine_group_busy(trill_engine *e, bool *busy) {
+    *busy = trill_engine_busy(e);
+    if (!e->ep) return TRILL_OK;
+    uint64_t any = 0;
+    trill_status st = trill_comm_allreduce_max_u64(e->ep, *busy, &any);
+    *busy = any != 0;
+    return st;
+}
+
 trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     trill_step_stats local = { 0 };
     int R = 0;
@@ -163,11 +192,14 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     if (!st && R == 0 && trill_engine_busy(e)) /* never a step that makes no progress */
         st = trill_error(TRILL_ERR_INVALID, "engine: no work can be scheduled: %d sequences waiting, %d running, %d of %d KV blocks free",
                          e->sched.n_waiting, e->sched.n_active, e->kv.n_free, e->kv.n_blocks);
+    /* in an expert-parallel group every step is collective: with nothing scheduled, the forward
+     * runs with no rows and serves the other ranks' experts */
+    const bool forward = R > 0 || e->ep;
     if (!st && R > 0) st = trill_eng_ensure_sampler_scratch(e);
-    if (!st && R > 0) st = e->fam->ensure_scores(e, R);
-    if (!st && R > 0) {
+    if (!st && forward) st = e->fam->ensure_scores(e, R);
+    if (!st && forward) {
         st = e->fam->rows(e, R);
-        if (!st) st = trill_eng_after_forward(e, R);
+        if (!st && R > 0) st = trill_eng_after_forward(e, R);
         /* the step took effect unless it failed before its samples (only its stop check after) */
         const bool took_effect = !st || e->sched.recheck_stops;
         if (e->eplb.window && took_effect) {

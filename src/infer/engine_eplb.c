@@ -57,6 +57,15 @@ static trill_status replan(trill_engine *e) {
 trill_status trill_eng_eplb_after_step(trill_engine *e) {
     const trill_config *c = &e->c;
     const int E = c->num_experts, L = c->n_moe_layers;
+    if (e->ep) { /* the group's counts, so every rank plans the same placement */
+        double *sum = trill_malloc(sizeof(double) * (size_t)L * E);
+        if (!sum) return trill_error(TRILL_ERR_NOMEM, "out of memory for EPLB's counts");
+        for (int i = 0; i < L * E; i++) sum[i] = e->eplb.counts[i];
+        trill_status st = trill_comm_allreduce_f64(e->ep, sum, (size_t)L * E); /* exact: integers */
+        for (int i = 0; !st && i < L * E; i++) e->eplb.counts[i] = (uint32_t)sum[i];
+        free(sum);
+        if (st) return st;
+    }
     trill_eplb_window_add(e->eplb.window, e->eplb.counts);
     memset(e->eplb.counts, 0, sizeof(uint32_t) * (size_t)L * E);
     if (++e->eplb.steps % e->cfg.eplb_interval == 0) e->eplb.replan = true;

@@ -26,6 +26,7 @@
 #include "base/alloc.h"
 #include "infer/gemm.h"
 #include "infer/kvcache.h"
+#include "trill/dist.h"
 #include "trill/eplb.h"
 #include "trill/infer.h"
 #include "trill/arch.h"
@@ -210,6 +211,12 @@ struct trill_engine {
                            * alloc sets it) */
     eng_sampler smp;      /* engine_sample.c */
     eng_eplb eplb;        /* engine_eplb.c; routed counts added by the forward */
+    /* expert parallelism across ranks (trill_engine_set_expert_comm): each rank's engine runs its
+     * own sequences, and every MoE layer sends its rows to the ranks holding their experts
+     * (physical slots [rank * per, (rank + 1) * per) of the EPLB plan, or logical experts without
+     * EPLB); NULL: one process computes every expert */
+    trill_comm *ep;
+    int ep_rank, ep_size;
 };
 
 /* p grown (realloc) to hold at least `need` elements, *cap updated; NULL when out of memory (p

@@ -222,6 +222,71 @@ static trill_status experts_on_workers(trill_engine *e, gen_moe *b, gen_lora_buf
     return TRILL_OK;
 }
 
+/* Expert parallelism across ranks: rows n (first .. first + n of the received ones, at x) through
+ * logical expert x, as expert_rows computes them (per row the same operations: batch-invariant). */
+static trill_status served_rows(const trill_engine *e, gen_lora_buf *lb, const eng_layer *L, const eng_lora_layer *A, gen_expert_roles roles,
+                                int x, const float *xin, float *yout, int first, int n) {
+    const int Im = e->c.moe_intermediate_size;
+    float *ff = trill_malloc(sizeof(float) * (size_t)n * 3 * Im);
+    if (!ff) return trill_error(TRILL_ERR_NOMEM, "out of memory for %d rows of expert %d", n, x);
+    float *act = ff + (size_t)n * 2 * Im;
+    trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], A ? &A->experts[roles.gate_up][x] : NULL, ff, xin, n, first);
+    if (!st) trill_gen_swiglu_fused(act, ff, n, Im);
+    if (!st) st = trill_gen_linear(e, lb, &L->experts[roles.down][x], A ? &A->experts[roles.down][x] : NULL, yout, act, n, first);
+    free(ff);
+    return st;
+}
+
+/* The logical expert of slot s on this rank: the EPLB plan's, or the rank's contiguous share. */
+static int slot_expert(const trill_engine *e, int ordinal, int slot) {
+    return e->eplb.window ? e->eplb.plan.phy2log[(size_t)ordinal * e->eplb.plan.n_physical + slot] : slot;
+}
+
+/* The exchange: every (row, slot) pair to the rank holding its slot (physical replica under EPLB,
+ * else the logical expert), in slot order, by all-to-all-v; the holder computes each source's
+ * rows of each of its slots; the outputs come back in the order sent, into b->ye. */
+static trill_status experts_on_ranks(trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, const eng_layer *L,
+                                     const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R) {
+    const int H = e->c.hidden_size, K = e->c.num_experts_per_tok, P = e->ep_size, me = e->ep_rank;
+    const int slots = e->eplb.window ? e->eplb.plan.n_physical : e->c.num_experts, per = slots / P;
+    for (int i = 0; i < R * K; i++)
+        b->phys[i] = e->eplb.window ? trill_eplb_physical(&e->eplb.plan, ordinal, b->topi[i], (uint64_t)i) : b->topi[i];
+    group_by(b, b->phys, R * K, slots);
+    for (int i = 0; i < R * K; i++) memcpy(b->xe + (size_t)i * H, xn + (size_t)(b->order[i] / K) * H, sizeof(float) * H);
+    size_t *n = trill_malloc(sizeof(size_t) * (size_t)(2 * slots + 4 * P));
+    if (!n) return trill_error(TRILL_ERR_NOMEM, "out of memory for the expert exchange");
+    size_t *sent = n, *got = n + slots, *send_b = got + slots, *recv_b = send_b + P, *out_b = recv_b + P, *back_b = out_b + P;
+    for (int s = 0; s < slots; s++) sent[s] = (size_t)(b->count[s] - (s ? b->count[s - 1] : 0));
+    trill_status st = trill_comm_alltoall_counts(e->ep, per, sent, got);
+    size_t total = 0;
+    for (int p = 0; p < P; p++) {
+        send_b[p] = recv_b[p] = 0;
+        for (int j = 0; j < per; j++) {
+            send_b[p] += sent[p * per + j] * H * sizeof(float);
+            recv_b[p] += got[p * per + j] * H * sizeof(float);
+            total += got[p * per + j];
+        }
+        out_b[p] = recv_b[p];
+        back_b[p] = send_b[p];
+    }
+    float *xin = st ? NULL : trill_malloc(sizeof(float) * (total * H + 1)), *yout = xin ? trill_malloc(sizeof(float) * (total * H + 1)) : NULL;
+    if (!st && !yout) st = trill_error(TRILL_ERR_NOMEM, "out of memory for %zu rows served to the expert group", total);
+    if (!st) st = trill_comm_alltoallv(e->ep, b->xe, send_b, xin, recv_b);
+    if (!st && A && total > lb->rows) st = trill_gen_lora_buf_ensure(lb, lb->rank, total);
+    size_t at = 0;
+    for (int p = 0; !st && p < P; p++)
+        for (int j = 0; !st && j < per; j++) {
+            const int rows = (int)got[p * per + j];
+            if (rows) st = served_rows(e, lb, L, A, roles, slot_expert(e, ordinal, me * per + j), xin + at * H, yout + at * H, (int)at, rows);
+            at += (size_t)rows;
+        }
+    if (!st) st = trill_comm_alltoallv(e->ep, yout, out_b, b->ye, back_b);
+    free(xin);
+    free(yout);
+    free(n);
+    return st;
+}
+
 trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, float *out, const eng_layer *L,
                                    const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R) {
     const trill_config *c = &e->c;
@@ -237,6 +302,10 @@ trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb
     if (e->eplb.window) {
         uint32_t *load = e->eplb.counts + (size_t)ordinal * E;
         for (int i = 0; i < R * K; i++) load[b->topi[i]]++;
+    }
+    if (e->ep) {
+        st = experts_on_ranks(e, b, lb, xn, L, A, roles, ordinal, R);
+    } else if (e->eplb.window) {
         st = experts_on_workers(e, b, lb, xn, L, A, roles, ordinal, R);
     } else {
         group_by(b, b->topi, R * K, E);
