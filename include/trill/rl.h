@@ -133,7 +133,7 @@ typedef struct trill_rl_config {
 
     struct {                       /* placement on MPI ranks: dp * ep * tp + replicas + scorer = the world's ranks */
         struct { int dp, ep, tp; } trainer; /* ranks [0, dp ep tp); rank 0 is the controller too */
-        struct { int replicas; } generator; /* the next ranks, one a replica (0: each trainer rank generates) */
+        struct { int replicas, ep; } generator; /* the next replicas x ep ranks (0 replicas: each trainer rank generates) */
         int scorer;                         /* 1: the last rank scores */
     } parallel;
 

@@ -246,7 +246,7 @@ static trill_status drain(rl_async_ranks *a) {
     rl_cmd cmd = { .op = CMD_DRAIN };
     trill_status st = trill_rl_bcast_sync(x, &cmd, sizeof cmd);
     for (int j = 0; !st && j < x->replicas; j++) {
-        char who[64];
+        char who[96];
         trill_rl_replica_name(x, j, who, sizeof who);
         for (;;) { /* batches on their way (failed or not) are dropped */
             rl_reply rep = { 0 };

@@ -233,6 +233,10 @@ static const key KEYS[] = {
         "batches and new weights reach them by a non-blocking broadcast (a version, a checksum, bytes and ms per receiver). "
         "Sampling is keyed by request id, so the tokens do not depend on the replica count. With mode async the replicas generate "
         "ahead within async.max_staleness and take new weights between decode steps."),
+    INT("parallel.generator.ep", parallel.generator.ep, 1, 65536, "1",
+        "Expert-parallel ranks per generator replica: each of them generates its own share of the prompts and every MoE layer "
+        "sends its rows to the rank holding their expert (with generator.eplb, the planner's physical slots, replicas of hot "
+        "experts on several ranks, re-planned from the group's load) and back; captured ids stay logical. mode sync."),
     INT("parallel.scorer", parallel.scorer, 0, 1, "0",
         "Ranks of the scorer (the verifier, external reward processes, the reward model): 0, the controller scores; 1, a rank of "
         "its own, the last one, which receives each batch and sends back its rewards."),
@@ -928,7 +932,7 @@ trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f) {
 
 trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
     const int64_t trainer = (int64_t)c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
-    const int gen = c->parallel.generator.replicas, scorer = c->parallel.scorer;
+    const int gen = c->parallel.generator.replicas * c->parallel.generator.ep, scorer = c->parallel.scorer;
     const int64_t ranks = trainer + gen + scorer;
     if (ranks == world_size) return TRILL_OK;
     const char *hint = world_size == 1 ? "start it with mpirun -np N, or set them to 1 (and the executors' ranks to 0)" : "make the sum the -np count";
@@ -936,9 +940,10 @@ trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer: dp %d x ep %d x tp %d = %lld trainer ranks, but the job has %d rank%s (%s)",
                            c->parallel.trainer.dp, c->parallel.trainer.ep, c->parallel.trainer.tp, (long long)trainer, world_size,
                            world_size == 1 ? "" : "s", hint);
-    return trill_error(TRILL_ERR_INVALID, "parallel: trainer dp %d x ep %d x tp %d = %lld ranks + parallel.generator.replicas %d + "
+    return trill_error(TRILL_ERR_INVALID, "parallel: trainer dp %d x ep %d x tp %d = %lld ranks + parallel.generator.replicas %d x ep %d + "
                        "parallel.scorer %d = %lld ranks, but the job has %d rank%s (%s)", c->parallel.trainer.dp, c->parallel.trainer.ep,
-                       c->parallel.trainer.tp, (long long)trainer, gen, scorer, (long long)ranks, world_size, world_size == 1 ? "" : "s", hint);
+                       c->parallel.trainer.tp, (long long)trainer, c->parallel.generator.replicas, c->parallel.generator.ep, scorer,
+                       (long long)ranks, world_size, world_size == 1 ? "" : "s", hint);
 }
 
 trill_status trill_rl_config_validate(const trill_rl_config *c) {

@@ -117,7 +117,6 @@ static trill_status make_executors(rl_run *r, const char *ckpt) {
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
     if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
-    trill_rl_ranks_free(r);                 /* the executors on other ranks stop */
     trill_rl_scorer_free(r->scorer);
     trill_rl_generator_free(r->gen);
     trill_rl_trainer_free(r->trainer);
@@ -128,6 +127,7 @@ static void run_free(rl_run *r) {
     free(r->model_dir);
     free(r->train_path);
     free(r->eval_path);
+    trill_rl_ranks_free(r); /* the executors on other ranks stop; the groups go after the engine that used them */
 }
 
 /* ---- the run ---- */
@@ -404,6 +404,12 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     trill_status st = trill_rl_config_validate(c);
     const int ranks = o && o->world ? trill_comm_size(o->world) : 1;
     if (!st) st = trill_rl_parallel_check(c, ranks);
+    if (!st && c->parallel.generator.ep > 1 && !c->parallel.generator.replicas)
+        st = trill_error(TRILL_ERR_INVALID, "parallel.generator.ep %d: expert-parallel generator ranks need parallel.generator.replicas",
+                         c->parallel.generator.ep);
+    if (!st && c->parallel.generator.ep > 1 && c->mode == TRILL_MODE_ASYNC)
+        st = trill_error(TRILL_ERR_UNSUPPORTED, "parallel.generator.ep %d: an expert-parallel generator runs in mode: sync (asynchronous "
+                         "mode with it is not built yet)", c->parallel.generator.ep);
     if (!st && ranks > 1 && c->mode == TRILL_MODE_ASYNC && !c->parallel.generator.replicas)
         st = c->parallel.scorer ? trill_error(TRILL_ERR_UNSUPPORTED, "parallel.scorer: asynchronous mode across ranks needs "
                                               "parallel.generator.replicas (the generator on ranks of its own)")

@@ -23,7 +23,7 @@ trill_engine_config trill_rl_engine_config(const trill_rl_config *c, const trill
     ec.capture_experts = mc->n_moe_layers > 0; /* routing flips are measured every step, replay or not */
     ec.eplb = c->generator.eplb;
     ec.eplb_redundant = c->generator.eplb_redundant;
-    ec.eplb_workers = c->generator.eplb_workers;
+    ec.eplb_workers = c->parallel.generator.ep > 1 ? c->parallel.generator.ep : c->generator.eplb_workers; /* a replica's ranks */
     ec.eplb_window = c->generator.eplb_window;
     ec.eplb_interval = c->generator.eplb_interval;
     return ec;
@@ -108,6 +108,8 @@ trill_status trill_rl_generator_load_weights(rl_generator *g, const trill_model 
 }
 
 uint32_t trill_rl_generator_version(const rl_generator *g) { return trill_engine_version(g->engine); }
+
+trill_status trill_rl_generator_set_expert_comm(rl_generator *g, trill_comm *c) { return trill_engine_set_expert_comm(g->engine, c); }
 
 trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out) {
     const trill_rl_config *c = g->c;

@@ -42,6 +42,9 @@ trill_status trill_rl_generator_generate_part(rl_generator *g, int64_t index, co
 trill_status trill_rl_generator_load_adapter(rl_generator *g, const trill_lora *lora, uint32_t version, size_t *bytes);
 trill_status trill_rl_generator_load_weights(rl_generator *g, const trill_model *m, uint32_t version, size_t *bytes);
 uint32_t trill_rl_generator_version(const rl_generator *g);
+/* An expert-parallel replica: the engine's MoE layers exchange rows with c's ranks
+ * (trill_engine_set_expert_comm); every generation is then collective over c. */
+trill_status trill_rl_generator_set_expert_comm(rl_generator *g, trill_comm *c);
 
 /* Held-out evaluation on the engine as it is (eval.k samples per prompt at eval.temperature). */
 trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out);

@@ -14,7 +14,7 @@ rl_role trill_rl_role(const trill_rl_config *c, int rank, int *replica) {
     const int T = c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
     *replica = -1;
     if (rank < T) return RL_ROLE_TRAINER;
-    if (rank < T + c->parallel.generator.replicas) {
+    if (rank < T + c->parallel.generator.replicas * c->parallel.generator.ep) {
         *replica = rank - T;
         return RL_ROLE_GENERATOR;
     }
@@ -29,14 +29,17 @@ trill_status trill_rl_ranks_create(rl_run *r, trill_comm *job) {
     r->job = job;
     r->world = job;
     if (!job || trill_comm_size(job) == 1 || (!c->parallel.generator.replicas && !c->parallel.scorer)) return TRILL_OK;
-    if (c->parallel.generator.replicas > MAX_REPLICAS)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.generator.replicas: %d, at most %d", c->parallel.generator.replicas, MAX_REPLICAS);
+    const int gen_ranks = c->parallel.generator.replicas * c->parallel.generator.ep;
+    if (gen_ranks > MAX_REPLICAS)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.generator: replicas %d x ep %d = %d generator ranks, at most %d",
+                           c->parallel.generator.replicas, c->parallel.generator.ep, gen_ranks, MAX_REPLICAS);
     rl_remote *x = trill_calloc(1, sizeof *x);
     if (!x) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     r->remote = x;
     const int rank = trill_comm_rank(job);
     x->role = trill_rl_role(c, rank, &x->replica);
-    x->replicas = c->parallel.generator.replicas;
+    x->replicas = gen_ranks;
+    x->ep = c->parallel.generator.ep;
     x->trainer_ranks = c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
     x->scorer_rank = c->parallel.scorer ? trill_comm_size(job) - 1 : -1;
     trill_status st = trill_comm_split(job, x->role == RL_ROLE_TRAINER ? 0 : 1, rank, &x->group);
@@ -45,6 +48,11 @@ trill_status trill_rl_ranks_create(rl_run *r, trill_comm *job) {
     const bool in_sync = rank == 0 || x->role == RL_ROLE_GENERATOR;
     trill_comm *other = NULL;
     if (!st && x->replicas) st = trill_comm_split(job, in_sync ? 0 : 1, rank, in_sync ? &x->sync : &other);
+    trill_comm_free(other);
+    other = NULL;
+    /* an expert-parallel replica's ranks: generator ranks j / ep alike */
+    const bool gen = x->role == RL_ROLE_GENERATOR;
+    if (!st && x->ep > 1) st = trill_comm_split(job, gen ? 1 + x->replica / x->ep : 0, rank, gen ? &x->experts : &other);
     trill_comm_free(other);
     return st;
 }
@@ -57,6 +65,7 @@ void trill_rl_ranks_free(rl_run *r) {
     trill_model_free(x->staging_model);
     trill_model_free(x->model);
     trill_comm_free(x->sync);
+    trill_comm_free(x->experts);
     trill_comm_free(x->group);
     free(x);
     r->remote = NULL;
@@ -93,7 +102,8 @@ trill_status trill_rl_recv_reply(trill_comm *c, int from, int tag, const char *w
 }
 
 void trill_rl_replica_name(const rl_remote *x, int j, char *out, size_t size) {
-    snprintf(out, size, "generator replica %d (rank %d)", j, x->trainer_ranks + j);
+    if (x->ep > 1) snprintf(out, size, "generator replica %d, its expert-parallel rank %d (rank %d)", j / x->ep, j % x->ep, x->trainer_ranks + j);
+    else snprintf(out, size, "generator replica %d (rank %d)", j, x->trainer_ranks + j);
 }
 
 trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind, trill_status (*take)(void *, int, const rl_reply *, char *),
@@ -101,7 +111,7 @@ trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind
     trill_status st = TRILL_OK;
     char err[2048] = "";
     for (int j = first; j < last; j++) {
-        char who[64];
+        char who[96];
         trill_rl_replica_name(x, j, who, sizeof who);
         rl_reply rep;
         char *payload = NULL;
@@ -421,5 +431,6 @@ trill_status trill_rl_make_executor(rl_run *r) {
     if (x->role == RL_ROLE_SCORER) return trill_rl_scorer_create(r->c, r->train, &r->scorer);
     trill_status st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &x->model);
     if (!st) st = trill_rl_generator_create(r->c, x->model, r->tok, r->train, &r->gen);
+    if (!st && x->experts) st = trill_rl_generator_set_expert_comm(r->gen, x->experts);
     return st;
 }

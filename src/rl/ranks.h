@@ -102,7 +102,10 @@ struct rl_remote {
     trill_comm *group;      /* this rank's: the trainer ranks', or the executor ranks' (unused) */
     trill_comm *sync;       /* the controller and the replicas (NULL elsewhere) */
     rl_role role;
-    int replica, replicas, trainer_ranks, scorer_rank; /* scorer_rank -1: none */
+    /* replicas: the generator ranks (each answers for its own share of the prompts; an
+     * expert-parallel replica is ep of them, replica index j / ep); replica: this rank's j */
+    int replica, replicas, ep, trainer_ranks, scorer_rank; /* scorer_rank -1: none */
+    trill_comm *experts;    /* a generator rank's expert-parallel replica (parallel.generator.ep > 1) */
     bool stopped;
     /* the controller: the last weight transfer */
     int n_receivers;

@@ -239,10 +239,11 @@ static trill_status handle_cmd(replica *rp, bool busy) {
     case CMD_STOP: rp->stop = true; return TRILL_OK;
     case CMD_EVAL:
         if (busy) return trill_error(TRILL_ERR_IO, "generator replica %d: an evaluation asked for while generating", rp->x->replica);
-        if (rp->x->replica == 0) {
+        if (rp->x->replica < rp->x->ep) { /* replica 0: every rank of it when expert-parallel (the exchange is collective) */
             trill_eval_result *res = trill_malloc(sizeof *res);
             trill_status ev = res ? trill_rl_generator_evaluate(rp->r->gen, rp->r->eval, res) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-            st = answer(rp, REPLY_EVAL, ev, (rl_reply){ .bytes = sizeof *res }, res);
+            if (rp->x->replica == 0) st = answer(rp, REPLY_EVAL, ev, (rl_reply){ .bytes = sizeof *res }, res);
+            else free(res);
         }
         break;
     default: return trill_error(TRILL_ERR_IO, "generator replica %d: unknown command %d from the controller", rp->x->replica, cmd.op);

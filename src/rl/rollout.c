@@ -33,7 +33,9 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
         r.n = group_size;
         st = trill_engine_submit(e, &r);
     }
-    while (!st && trill_engine_busy(e)) {
+    for (bool busy = true; !st;) { /* an expert-parallel group steps together until every rank is done */
+        st = trill_engine_group_busy(e, &busy);
+        if (st || !busy) break;
         if (between_steps) st = between_steps(ctx);
         if (!st) st = trill_engine_step(e, NULL);
     }

@@ -84,6 +84,19 @@ run 4 dp2 steps=3 parallel.trainer.dp=2 parallel.generator.replicas=1 parallel.s
 same one dp2 3
 transfers dp2 2
 echo "2 data-parallel trainer ranks + 1 replica + a scorer rank: identical to one process"
+# an expert-parallel replica over 2 ranks, EPLB placing 2 redundant replicas a rank (physical slots
+# are not logical ids) and re-planning every 2 engine steps from the pair's summed load: the same
+# rollouts (captured ids logical: a physical slot recorded would differ), adapters and metrics
+eplb=(generator.eplb=true generator.eplb_redundant=2 generator.eplb_window=2 generator.eplb_interval=2)
+run 3 gep steps=3 parallel.generator.replicas=1 parallel.generator.ep=2 "${eplb[@]}"
+same one gep 3
+/usr/bin/python3 - gep/metrics.jsonl <<'PY' || fail "replay flips under the expert-parallel generator"
+import json, sys
+assert all(json.loads(l)["flip_token_frac"] == 0 for l in open(sys.argv[1]))
+PY
+run 5 gep2 steps=2 parallel.generator.replicas=2 parallel.generator.ep=2 "${eplb[@]}" sync.mode=merge
+same merge1 gep2 2
+echo "expert-parallel generator replicas (1 x EP 2 adapter, 2 x EP 2 merge) with EPLB re-planning: identical to one process, flip rate 0"
 
 # asynchronous mode across ranks: at max_staleness 0 the replicas generate every batch with the
 # newest weights, so the rollouts, adapter and optimizer equal sync mode's in one process
@@ -132,7 +145,7 @@ grep -q "generator replica 0 (rank 1): weights version 2: received .* the transf
 echo "and in async mode, with the replica's next batch"
 
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 3 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.generator.replicas=1 steps=1
-grep -q "parallel: trainer dp 1 x ep 1 x tp 1 = 1 ranks + parallel.generator.replicas 1 + parallel.scorer 0 = 2 ranks, but the job has 3 ranks" bad.log \
+grep -q "parallel: trainer dp 1 x ep 1 x tp 1 = 1 ranks + parallel.generator.replicas 1 x ep 1 + parallel.scorer 0 = 2 ranks, but the job has 3 ranks" bad.log \
   || { cat bad.log; fail "a placement that does not add up was not refused with its arithmetic"; }
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 bad.log "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad "${common[@]}" parallel.scorer=1 "${async[@]}" steps=1
 grep -q "parallel.scorer: asynchronous mode across ranks needs parallel.generator.replicas" bad.log || { cat bad.log; fail "async with a scorer rank alone was not refused"; }
