@@ -191,10 +191,15 @@ trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, 
  * experts [q E / size, (q + 1) E / size) — sending each row to its slot's rank by all-to-all-v
  * and its output back. Captured ids stay logical (recorded before any mapping), the routed
  * counts are summed over the group so every rank plans alike, and a row's result is the same
- * bits wherever it was computed. Every step is collective: step the engines together while
+ * bits wherever it was computed. Each rank then keeps only its slots' experts' weights (the rest
+ * are released; a merged update keeps the same ones), and a re-plan moves the experts a rank
+ * newly holds from their previous holders. Every step is collective: step the engines together while
  * trill_engine_group_busy says so (an engine with nothing scheduled takes part with no rows).
  * c (borrowed) must outlive the engine; NULL leaves the group. */
 trill_status trill_engine_set_expert_comm(trill_engine *e, trill_comm *c);
+/* Bytes of expert weights this rank received when EPLB re-planned (each rank keeps only the
+ * experts of its slots; trill_engine_weight_bytes counts what it keeps). */
+uint64_t trill_engine_ep_moved_bytes(const trill_engine *e);
 /* Whether any engine of the group has work (collective over it); without a group, trill_engine_busy. */
 trill_status trill_engine_group_busy(trill_engine *e, bool *busy);
 

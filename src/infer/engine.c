@@ -169,6 +169,7 @@ trill_status trill_engine_set_expert_comm(trill_engine *e, trill_comm *c) {
     e->ep = c;
     e->ep_rank = trill_comm_rank(c);
     e->ep_size = P;
+    trill_eng_ep_place(e); /* each rank keeps its experts' weights only */
     return TRILL_OK;
 }
 

@@ -184,6 +184,7 @@ trill_status trill_eng_take_update(trill_engine *e) {
     if (has_w) {
         trill_eng_free_weights(&e->c, e->w);
         e->w = w;
+        if (e->ep) trill_eng_ep_place(e); /* merged weights come whole: keep this rank's experts */
     }
     if (has_ad) {
         trill_eng_free_adapter(&e->c, e->ad);

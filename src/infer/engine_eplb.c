@@ -44,10 +44,15 @@ static trill_status replan(trill_engine *e) {
     trill_eplb_plan plan;
     trill_status st = trill_eplb_rebalance(load, L, E, e->eplb.plan.n_physical, 1, 1, e->eplb.workers, &plan);
     free(load);
-    if (st) return st;
+    if (!st && e->ep) st = trill_eng_ep_move(e, &e->eplb.plan, &plan); /* the experts follow their slots */
+    if (st) {
+        trill_eplb_plan_free(&plan);
+        return st;
+    }
     trill_eplb_plan_free(&e->eplb.plan);
     e->eplb.plan = plan;
     e->eplb.replan = false;
+    if (e->ep) trill_eng_ep_place(e);
     return TRILL_OK;
 }
 

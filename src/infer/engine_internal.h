@@ -217,6 +217,7 @@ struct trill_engine {
      * EPLB); NULL: one process computes every expert */
     trill_comm *ep;
     int ep_rank, ep_size;
+    uint64_t ep_moved;    /* bytes of expert weights this rank received on re-plans */
 };
 
 /* p grown (realloc) to hold at least `need` elements, *cap updated; NULL when out of memory (p
@@ -256,6 +257,13 @@ trill_status trill_eng_eplb_before_step(trill_engine *e);
 /* A step that failed before it took effect: its routed counts are dropped (it runs again). */
 void trill_eng_eplb_discard_step(trill_engine *e);
 void trill_eng_eplb_free(trill_engine *e);
+
+/* engine_ep.c: expert parallelism across ranks */
+/* Releases the expert matrices this rank does not hold under the current placement. */
+void trill_eng_ep_place(trill_engine *e);
+/* A re-plan: the experts each rank newly holds under `now`, from their holders under `old`
+ * (collective over the group); the caller then releases what the rank no longer holds. */
+trill_status trill_eng_ep_move(trill_engine *e, const trill_eplb_plan *old, const trill_eplb_plan *now);
 
 /* engine_requests.c */
 /* Sample `sample` of q, with room for its whole length (no tokens yet). */

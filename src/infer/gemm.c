@@ -249,6 +249,48 @@ trill_status trill_gen_matrix_create(gen_matrix *m, trill_gen_format f, const fl
     return TRILL_OK;
 }
 
+/* The storage: packed data, then (int8) the per-channel arrays as padded. */
+static size_t packed_bytes(const gen_matrix *m) { return (size_t)blocks_of(m->N) * steps_of(m->format, m->K) * STEP_BYTES; }
+static size_t channel_bytes(const gen_matrix *m) { return m->format == TRILL_GEN_INT8 ? (size_t)blocks_of(m->N) * LANES * 4 : 0; }
+
+size_t trill_gen_matrix_wire_bytes(const gen_matrix *m) { return packed_bytes(m) + 2 * channel_bytes(m); }
+
+void trill_gen_matrix_save(const gen_matrix *m, void *out) {
+    char *o = out;
+    memcpy(o, m->data, packed_bytes(m));
+    if (channel_bytes(m)) {
+        memcpy(o + packed_bytes(m), m->scale, channel_bytes(m));
+        memcpy(o + packed_bytes(m) + channel_bytes(m), m->wsum, channel_bytes(m));
+    }
+}
+
+void trill_gen_matrix_release(gen_matrix *m) {
+    const gen_matrix shape = { .format = m->format, .N = m->N, .K = m->K };
+    trill_gen_matrix_free(m);
+    *m = shape;
+}
+
+trill_status trill_gen_matrix_load(gen_matrix *m, const void *in) {
+    const char *i = in;
+    const size_t packed = packed_bytes(m), channels = channel_bytes(m);
+    m->data = alloc64(packed);
+    if (channels) {
+        m->scale = alloc64(channels);
+        m->wsum = alloc64(channels);
+    }
+    if (!m->data || (channels && (!m->scale || !m->wsum))) {
+        trill_gen_matrix_release(m);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for a %s [%d, %d] matrix", trill_gen_format_name(m->format), m->N, m->K);
+    }
+    memcpy(m->data, i, packed);
+    if (channels) {
+        memcpy(m->scale, i + packed, channels);
+        memcpy(m->wsum, i + packed + channels, channels);
+    }
+    m->bytes = packed + (channels ? (size_t)m->N * (sizeof(float) + sizeof(int32_t)) : 0);
+    return TRILL_OK;
+}
+
 /* ---- kernels ---- */
 
 /* One tile: rows [t0, t0 + rt) × blocks [b0, b0 + nb). */

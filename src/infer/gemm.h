@@ -58,6 +58,13 @@ typedef struct gen_matrix {
 enum { GEN_INT8_MAX_K = 131072 }; /* 127 * 127 * K < 2^31 */
 trill_status trill_gen_matrix_create(gen_matrix *m, trill_gen_format f, const float *src_f32, const uint16_t *src_bf16, int N, int K);
 void trill_gen_matrix_free(gen_matrix *m);
+/* Moving a matrix between ranks (expert parallelism): its storage's size in bytes, the storage
+ * written to out, released (the storage freed, format and shape kept, data NULL) and loaded
+ * back from such bytes into a released matrix of the same format and shape. */
+size_t trill_gen_matrix_wire_bytes(const gen_matrix *m);
+void trill_gen_matrix_save(const gen_matrix *m, void *out);
+void trill_gen_matrix_release(gen_matrix *m);
+trill_status trill_gen_matrix_load(gen_matrix *m, const void *in);
 
 /* out[T, N] = inp[T, K] @ W^T, fp32 in and out (not overlapping), on trill_gen_isa_active()'s
  * instruction set (the best this CPU has unless TRILL_GEN_ISA says otherwise). Threads: OpenMP over runs of output-channel blocks, so each core streams its own

@@ -83,6 +83,7 @@ static void run_family(trill_comm *w, const char *json, const char *name) {
     memset(got, 0, sizeof got);
     /* the reference: one engine, every request, no EPLB */
     trill_engine *ref = make_engine(m, l, false, 0);
+    const size_t whole_bytes = trill_engine_weight_bytes(ref);
     for (uint64_t id = 0; id < REQUESTS; id++) submit(ref, id, &c);
     OK(trill_engine_run(ref));
     collect(ref, want);
@@ -90,6 +91,8 @@ static void run_family(trill_comm *w, const char *json, const char *name) {
     /* the group: this rank's share, experts placed by EPLB over the ranks */
     trill_engine *e = make_engine(m, l, true, P);
     OK(trill_engine_set_expert_comm(e, w));
+    const size_t kept_bytes = trill_engine_weight_bytes(e);
+    if (P > 1) CHECK(kept_bytes < whole_bytes); /* each rank keeps its slots' experts only */
     for (uint64_t id = (uint64_t)me; id < REQUESTS; id += (uint64_t)P) submit(e, id, &c);
     trill_comm_stats_reset(w);
     int steps = 0;
@@ -104,6 +107,10 @@ static void run_family(trill_comm *w, const char *json, const char *name) {
     CHECK(plan && plan->n_physical > c.num_experts); /* replicas: slot ids are not logical ids */
     const trill_comm_stats s = trill_comm_stats_get(w);
     if (P > 1) CHECK(s.bytes[TRILL_COMM_ALLTOALLV] > 0);
+    /* re-plans moved experts between ranks (summed over the group) */
+    double moved = (double)trill_engine_ep_moved_bytes(e);
+    OK(trill_comm_allreduce_f64(w, &moved, 1));
+    if (P > 1) CHECK(moved > 0);
     const size_t row = (size_t)c.n_moe_layers * c.num_experts_per_tok;
     int compared = 0;
     for (int id = 0; id < REQUESTS; id++)
@@ -123,8 +130,9 @@ static void run_family(trill_comm *w, const char *json, const char *name) {
         }
     CHECK(compared == SAMPLES * ((REQUESTS - me + P - 1) / P));
     if (me == 0)
-        printf("%s: %d ranks, %d lockstep steps, %d physical slots for %d experts, %llu bytes of rows crossed from rank 0: tokens, "
-               "log-probs and logical experts as one engine\n", name, P, steps, plan ? plan->n_physical : 0, c.num_experts,
+        printf("%s: %d ranks, %d lockstep steps, %d physical slots for %d experts, rank 0 keeps %zu of %zu weight bytes, re-plans "
+               "moved %.0f bytes of experts, %llu bytes crossed from rank 0: tokens, log-probs and logical experts as one engine\n",
+               name, P, steps, plan ? plan->n_physical : 0, c.num_experts, kept_bytes, whole_bytes, moved,
                (unsigned long long)s.bytes[TRILL_COMM_ALLTOALLV]);
     for (int id = 0; id < REQUESTS; id++)
         for (int k = 0; k < SAMPLES; k++) {
