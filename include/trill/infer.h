@@ -200,6 +200,9 @@ trill_status trill_engine_set_expert_comm(trill_engine *e, trill_comm *c);
 /* Bytes of expert weights this rank received when EPLB re-planned (each rank keeps only the
  * experts of its slots; trill_engine_weight_bytes counts what it keeps). */
 uint64_t trill_engine_ep_moved_bytes(const trill_engine *e);
+/* held[n_moe_layers][num_experts]: 1 where this rank keeps the logical expert now (what a merged
+ * update must bring it); false (held untouched) outside a group. */
+bool trill_engine_ep_holdings(const trill_engine *e, uint8_t *held);
 /* Whether any engine of the group has work (collective over it); without a group, trill_engine_busy. */
 trill_status trill_engine_group_busy(trill_engine *e, bool *busy);
 

@@ -288,7 +288,7 @@ typedef struct trill_rl_metrics {
     int n_receivers;
     size_t transfer_bytes;
     uint64_t transfer_checksum;
-    struct { int rank; double receive_ms, apply_ms; } receivers[64];
+    struct { int rank; double receive_ms, apply_ms; size_t bytes; } receivers[64];
     /* the external reward process's own metrics, means over the batch, as "reward_ext_<name>" */
     int n_ext;
     char ext_name[TRILL_RL_MAX_EXT_METRICS][64];

@@ -133,3 +133,11 @@ trill_status trill_eng_ep_move(trill_engine *e, const trill_eplb_plan *old, cons
 }
 
 uint64_t trill_engine_ep_moved_bytes(const trill_engine *e) { return e->ep_moved; }
+
+bool trill_engine_ep_holdings(const trill_engine *e, uint8_t *held) {
+    if (!e->ep) return false;
+    const int L = e->c.n_moe_layers, E = e->c.num_experts;
+    for (int l = 0; l < L; l++)
+        for (int x = 0; x < E; x++) held[(size_t)l * E + x] = holds(e, plan_of(e), e->ep_rank, l, x);
+    return true;
+}

@@ -111,6 +111,8 @@ uint32_t trill_rl_generator_version(const rl_generator *g) { return trill_engine
 
 trill_status trill_rl_generator_set_expert_comm(rl_generator *g, trill_comm *c) { return trill_engine_set_expert_comm(g->engine, c); }
 
+bool trill_rl_generator_expert_holdings(const rl_generator *g, uint8_t *held) { return trill_engine_ep_holdings(g->engine, held); }
+
 trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out) {
     const trill_rl_config *c = g->c;
     trill_eval_options o = { .limit = c->data.eval_size, .k = c->eval.k, .temperature = c->eval.temperature,

@@ -45,6 +45,8 @@ uint32_t trill_rl_generator_version(const rl_generator *g);
 /* An expert-parallel replica: the engine's MoE layers exchange rows with c's ranks
  * (trill_engine_set_expert_comm); every generation is then collective over c. */
 trill_status trill_rl_generator_set_expert_comm(rl_generator *g, trill_comm *c);
+/* The experts this rank keeps now ([n_moe_layers][num_experts]); false outside a group. */
+bool trill_rl_generator_expert_holdings(const rl_generator *g, uint8_t *held);
 
 /* Held-out evaluation on the engine as it is (eval.k samples per prompt at eval.temperature). */
 trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out);

@@ -52,6 +52,7 @@ static void put_transfer(writer *w, json_t *o, const trill_rl_metrics *m) {
         w->ok &= e && json_array_append_new(list, e) == 0;
         if (!e) return;
         put(w, e, "rank", json_integer(m->receivers[i].rank));
+        put(w, e, "bytes", json_integer((json_int_t)m->receivers[i].bytes));
         put(w, e, "receive_ms", num(m->receivers[i].receive_ms));
         put(w, e, "apply_ms", num(m->receivers[i].apply_ms));
     }

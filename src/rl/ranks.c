@@ -64,6 +64,7 @@ void trill_rl_ranks_free(rl_run *r) {
     trill_lora_free(x->staging_lora);
     trill_model_free(x->staging_model);
     trill_model_free(x->model);
+    free(x->held);
     trill_comm_free(x->sync);
     trill_comm_free(x->experts);
     trill_comm_free(x->group);
@@ -168,10 +169,20 @@ trill_status trill_rl_issue_batch(rl_run *r, int64_t index, int32_t *owner) {
 
 typedef struct parts_ctx { rl_remote *x; rl_batch *parts; long tokens; int64_t index; } parts_ctx;
 
+/* An expert-parallel rank's holdings, after its batch: what its next merged update must bring. */
+static trill_status note_holdings(rl_remote *x, int j, const char *held, size_t n) {
+    if (!x->held && !(x->held = trill_malloc(n * (size_t)x->replicas))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    memcpy(x->held + n * (size_t)j, held, n);
+    x->held_known[j] = true;
+    return TRILL_OK;
+}
+
 static trill_status take_part(void *ctx, int j, const rl_reply *rep, char *payload) {
     parts_ctx *p = ctx;
-    trill_status st = rep->index == p->index ? trill_rl_batch_unpack(payload, rep->bytes, &p->parts[j])
+    const size_t batch = rep->bytes - (rep->held_bytes <= rep->bytes ? rep->held_bytes : rep->bytes);
+    trill_status st = rep->index == p->index ? trill_rl_batch_unpack(payload, batch, &p->parts[j])
                                              : trill_error(TRILL_ERR_IO, "batch %lld, expected %lld", (long long)rep->index, (long long)p->index);
+    if (!st && rep->held_bytes) st = note_holdings(p->x, j, payload + batch, rep->held_bytes);
     if (st) trill_error_context("the rollouts of generator replica %d", j);
     p->tokens += rep->tokens;
     /* the newest weights this replica applied, as it says */
@@ -225,18 +236,51 @@ static trill_status take_ack(void *ctx, int j, const rl_reply *rep, char *payloa
     return TRILL_OK;
 }
 
+bool trill_rl_tensor_wanted(const trill_config *c, const trill_param *t, const uint8_t *held) {
+    return !held || t->expert < 0 || held[(size_t)c->moe_ordinal[t->layer] * c->num_experts + t->expert];
+}
+
+/* Merged weights to expert-parallel replicas: each generator rank j its tensors (every non-expert
+ * one and the experts it keeps), in tensor order, with their XXH64, point to point. */
+static trill_status send_partial(rl_remote *x, const trill_model *m) {
+    const trill_config *c = trill_model_config(m);
+    size_t nt;
+    const trill_param *t = trill_model_tensors(m, &nt);
+    const size_t held_n = (size_t)c->n_moe_layers * c->num_experts;
+    float *buf = trill_malloc(sizeof(float) * (trill_model_n_params(m) + 1));
+    trill_status st = buf ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory for the merged weights");
+    for (int j = 0; !st && j < x->replicas; j++) {
+        size_t at = 0;
+        for (size_t k = 0; k < nt; k++)
+            if (trill_rl_tensor_wanted(c, &t[k], x->held + held_n * (size_t)j)) {
+                memcpy(buf + at, t[k].data, sizeof(float) * t[k].numel);
+                at += t[k].numel;
+            }
+        uint64_t head[2] = { at * sizeof(float), trill_channel_checksum(buf, at) };
+        st = trill_comm_send(x->sync, head, sizeof head, j + 1, TAG_WEIGHTS);
+        if (!st) st = trill_comm_send(x->sync, buf, head[0], j + 1, TAG_WEIGHTS);
+        x->recv_bytes[j] = head[0];
+    }
+    free(buf);
+    return st;
+}
+
 trill_status trill_rl_send_weights(rl_run *r, bool ack, size_t *applied) {
     rl_remote *x = r->remote;
     const float *data;
     size_t n;
     const trill_model *merged;
     trill_status st = trill_rl_trainer_export(r->trainer, &data, &n, &merged);
+    bool known = x->held != NULL;
+    for (int j = 0; j < x->replicas; j++) known &= x->held_known[j];
     rl_cmd cmd = { .op = CMD_WEIGHTS, .merge = merged != NULL, .version = r->state.version, .ack = ack, .bytes = n * sizeof(float),
-                   .checksum = st ? 0 : trill_channel_checksum(data, n) };
+                   .checksum = st ? 0 : trill_channel_checksum(data, n), .partial = merged && x->ep > 1 && known };
     trill_comm_request *req = NULL;
     if (!st) st = send_cmd(x, &cmd);
-    if (!st) st = trill_comm_ibcast(x->sync, (void *)data, cmd.bytes, 0, &req);
+    if (!st && cmd.partial) st = send_partial(x, merged);
+    if (!st && !cmd.partial) st = trill_comm_ibcast(x->sync, (void *)data, cmd.bytes, 0, &req);
     if (!st) st = trill_comm_wait(req);
+    for (int j = 0; !cmd.partial && j < x->replicas; j++) x->recv_bytes[j] = cmd.bytes;
     weights_ctx w = { .x = x };
     if (!st && ack) st = trill_rl_gather_replies(x, 0, x->replicas, REPLY_ACK, take_ack, &w);
     x->n_receivers = st ? 0 : x->replicas;
@@ -267,6 +311,7 @@ void trill_rl_remote_transfer_metrics(const rl_run *r, trill_rl_metrics *m) {
         m->receivers[j].rank = x->recv_rank[j];
         m->receivers[j].receive_ms = x->receive_ms[j];
         m->receivers[j].apply_ms = x->apply_ms[j];
+        m->receivers[j].bytes = x->recv_bytes[j];
     }
 }
 

@@ -72,7 +72,7 @@ trill_status trill_rl_serve_executor(rl_run *r);
  * a generator replica's loop; async_ranks.c: the controller's asynchronous schedule) ---- */
 
 enum { CMD_GENERATE = 1, CMD_WEIGHTS, CMD_EVAL, CMD_SCORE, CMD_DRAIN, CMD_STOP };
-enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103 };
+enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103, TAG_WEIGHTS = 7104 };
 /* What an answer answers: a batch's part, a weight version's arrival, an evaluation, the end of
  * an asynchronous run (every batch before it sent). */
 enum { REPLY_BATCH = 1, REPLY_ACK, REPLY_EVAL, REPLY_DRAINED, REPLY_SCORES };
@@ -85,6 +85,9 @@ typedef struct rl_cmd {
     int32_t ack;            /* CMD_WEIGHTS: answer on arrival (sync mode); else the figures ride on the next batch */
     int64_t index;
     uint64_t bytes, checksum;
+    /* CMD_WEIGHTS of merged weights to expert-parallel replicas: each generator rank is sent, point
+     * to point, the tensors it keeps (every non-expert one and its experts), not the broadcast */
+    int32_t partial, pad;
 } rl_cmd;
 
 /* An executor's answer: a status (its message as the payload when not TRILL_OK), then payload
@@ -96,6 +99,8 @@ typedef struct rl_reply {
     double receive_ms, apply_ms, busy_s;
     uint64_t applied;       /* the bytes the engine converted */
     uint32_t version, pad;
+    uint64_t held_bytes;    /* a batch's answer from an expert-parallel rank: its last held_bytes bytes are
+                               the experts it keeps ([n_moe_layers][num_experts] bytes) */
 } rl_reply;
 
 struct rl_remote {
@@ -112,6 +117,9 @@ struct rl_remote {
     size_t transfer_bytes;
     uint64_t checksum;
     int recv_rank[MAX_REPLICAS];
+    size_t recv_bytes[MAX_REPLICAS];
+    uint8_t *held;          /* [replicas][n_moe_layers * num_experts]: each generator rank's experts, from its last batch */
+    bool held_known[MAX_REPLICAS];
     double receive_ms[MAX_REPLICAS], apply_ms[MAX_REPLICAS], busy_s[MAX_REPLICAS];
     size_t applied[MAX_REPLICAS];
     /* a replica: the model its engine came from, and where received weights land */
@@ -138,6 +146,10 @@ trill_status trill_rl_collect_batch(rl_run *r, int64_t index, const int32_t *own
 /* The trainer's weights now to every replica: the command (ack: each answers on arrival, the
  * first one's engine bytes into *applied) and the non-blocking broadcast, waited for. */
 trill_status trill_rl_send_weights(rl_run *r, bool ack, size_t *applied);
+
+/* Whether a generator rank keeping the experts `held` ([n_moe_layers][num_experts], NULL: every
+ * one) is sent tensor t in a merged update. */
+bool trill_rl_tensor_wanted(const trill_config *c, const trill_param *t, const uint8_t *held);
 
 /* replica.c: a generator replica's loop, in sync and asynchronous runs alike. */
 trill_status trill_rl_serve_replica(rl_run *r);

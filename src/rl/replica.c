@@ -177,10 +177,71 @@ static trill_status weights_finish(replica *rp, bool wait) {
     return TRILL_OK;
 }
 
+/* The experts this rank keeps ([n_moe_layers][num_experts] bytes, malloc'ed), NULL when the
+ * replica is not expert-parallel; *n their size. */
+static uint8_t *holdings(replica *rp, size_t *n) {
+    const trill_config *c = trill_model_config(rp->x->model);
+    *n = (size_t)c->n_moe_layers * c->num_experts;
+    uint8_t *held = rp->x->experts ? trill_malloc(*n + 1) : NULL;
+    if (held && !trill_rl_generator_expert_holdings(rp->r->gen, held)) {
+        free(held);
+        held = NULL;
+    }
+    return held;
+}
+
+/* `weights` of merged weights to an expert-parallel rank: its own tensors, point to point (sync
+ * mode: received at once), scattered into the staging model, checked, applied. */
+static trill_status weights_partial(replica *rp, const rl_cmd *cmd) {
+    uint64_t head[2];
+    trill_status st = trill_comm_recv(rp->x->sync, head, sizeof head, 0, TAG_WEIGHTS);
+    if (st) return st;
+    const double t0 = trill_now();
+    float *buf = trill_malloc(head[0] + 1);
+    if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory for the merged weights");
+    if ((st = trill_comm_recv(rp->x->sync, buf, head[0], 0, TAG_WEIGHTS))) {
+        free(buf);
+        return st;
+    }
+    rp->receive_ms = (trill_now() - t0) * 1e3;
+    float *unused;
+    trill_status bad = staging(rp, true, trill_model_n_params(rp->x->model) * sizeof(float), &unused);
+    corrupt_for_test(cmd->version, buf, head[0]);
+    if (!bad && trill_channel_checksum(buf, head[0] / sizeof(float)) != head[1])
+        bad = trill_error(TRILL_ERR_IO, "weights version %u: %llu bytes of this rank's tensors arrived with another XXH64 than the sender's: "
+                          "the transfer is corrupted and was refused", cmd->version, (unsigned long long)head[0]);
+    size_t n = 0, at = 0, nt;
+    uint8_t *held = bad ? NULL : holdings(rp, &n);
+    const trill_config *c = trill_model_config(rp->x->model);
+    const trill_param *t = bad ? NULL : trill_model_tensors(rp->x->staging_model, &nt);
+    for (size_t k = 0; t && k < nt; k++)
+        if (trill_rl_tensor_wanted(c, &t[k], held)) {
+            if ((at + t[k].numel) * sizeof(float) > head[0]) {
+                bad = trill_error(TRILL_ERR_IO, "weights version %u: %llu bytes do not hold this rank's tensors", cmd->version,
+                                  (unsigned long long)head[0]);
+                break;
+            }
+            memcpy(t[k].data, buf + at, sizeof(float) * t[k].numel);
+            at += t[k].numel;
+        }
+    free(held);
+    free(buf);
+    const double t1 = trill_now();
+    size_t applied = 0;
+    if (!bad) bad = trill_rl_generator_load_weights(rp->r->gen, rp->x->staging_model, cmd->version, &applied);
+    if (!bad) {
+        rp->apply_ms = (trill_now() - t1) * 1e3;
+        rp->applied = applied;
+        rp->version = cmd->version;
+    }
+    return answer(rp, REPLY_ACK, bad, (rl_reply){ 0 }, NULL);
+}
+
 /* `weights`: receive the version (every replica takes part in the broadcast, whatever else fails). */
 static trill_status weights_begin(replica *rp, const rl_cmd *cmd) {
     trill_status st = weights_finish(rp, true); /* one version in flight at a time */
     if (st) return st;
+    if (cmd->partial) return weights_partial(rp, cmd);
     rp->w = *cmd;
     rp->w_bad = staging(rp, cmd->merge, cmd->bytes, &rp->w_dst);
     if (rp->w_bad) {
@@ -283,7 +344,21 @@ static trill_status run_batch(replica *rp) {
     if (!gen) gen = trill_rl_batch_pack(&b, &packed, &len);
     trill_rl_batch_free(&b);
     if (!gen && rp->err) gen = trill_error(rp->err, "%s", rp->err_msg);
-    return answer(rp, REPLY_BATCH, gen, (rl_reply){ .bytes = len, .index = w.index, .tokens = tokens }, packed);
+    size_t held_n = 0, held_bytes = 0;
+    uint8_t *held = gen ? NULL : holdings(rp, &held_n);
+    if (held) { /* what its next merged update must bring, after the batch */
+        char *grown = trill_realloc(packed, len + held_n);
+        if (grown) {
+            memcpy(grown + len, held, held_n);
+            packed = grown;
+            len += held_n;
+            held_bytes = held_n;
+        } else {
+            gen = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        }
+        free(held);
+    }
+    return answer(rp, REPLY_BATCH, gen, (rl_reply){ .bytes = len, .index = w.index, .tokens = tokens, .held_bytes = held_bytes }, packed);
 }
 
 trill_status trill_rl_serve_replica(rl_run *r) {

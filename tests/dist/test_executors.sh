@@ -96,6 +96,13 @@ assert all(json.loads(l)["flip_token_frac"] == 0 for l in open(sys.argv[1]))
 PY
 run 5 gep2 steps=2 parallel.generator.replicas=2 parallel.generator.ep=2 "${eplb[@]}" sync.mode=merge
 same merge1 gep2 2
+/usr/bin/python3 - gep2/metrics.jsonl <<'PY' || fail "merge sync sent an expert-parallel rank experts it does not keep"
+import json, sys
+for l in open(sys.argv[1]):  # after a batch the controller knows each rank's experts: each gets its own
+    t = json.loads(l)["transfer"]
+    assert all(0 < r["bytes"] < t["bytes"] for r in t["receivers"]), t
+print("  merged weights per expert-parallel rank:", [r["bytes"] for r in t["receivers"]], "of", t["bytes"], "bytes")
+PY
 echo "expert-parallel generator replicas (1 x EP 2 adapter, 2 x EP 2 merge) with EPLB re-planning: identical to one process, flip rate 0"
 
 # asynchronous mode across ranks: at max_staleness 0 the replicas generate every batch with the
