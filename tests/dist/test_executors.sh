@@ -137,7 +137,9 @@ run 3 asdrop steps=6 "${async[@]}" async.max_staleness=1 async.on_stale=drop asy
 bound asdrop 1
 run 2 asregen steps=6 "${async[@]}" async.max_staleness=1 async.on_stale=regenerate async.queue=3 parallel.generator.replicas=1
 bound asregen 1
-echo "async across ranks at max_staleness 1 and 2 (wait, drop, regenerate): every token within the bound"
+run 2 asaipo steps=4 "${async[@]}" async.max_staleness=1 algo.loss=aipo parallel.generator.replicas=1
+bound asaipo 1
+echo "async across ranks at max_staleness 1 and 2 (wait, drop, regenerate; AIPO's loss): every token within the bound"
 
 # a transfer corrupted on arrival at version 2 is refused by the receiver, which the controller names
 TRILL_TEST_CORRUPT_TRANSFER=2 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 corrupt.log "$MPIEXEC" -np 3 --oversubscribe \
