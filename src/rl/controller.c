@@ -116,6 +116,7 @@ static trill_status make_executors(rl_run *r, const char *ckpt) {
 
 static void run_free(rl_run *r) {
     if (r->metrics) fclose(r->metrics);
+    if (r->evals) fclose(r->evals);
     if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
     trill_rl_scorer_free(r->scorer);
     trill_rl_generator_free(r->gen);
@@ -132,9 +133,10 @@ static void run_free(rl_run *r) {
 
 /* ---- the run ---- */
 
-/* metrics.jsonl keeps only the steps up to `step` (a resumed run rewrites what came after). */
-static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
-    char *path = trill_path_join(run_dir, "metrics.jsonl");
+/* RUN/name (a JSON line a step) opened for appending, keeping only the lines up to `step` (a
+ * resumed run rewrites what came after). */
+static trill_status open_steps(const char *run_dir, const char *name, int step, FILE **out) {
+    char *path = trill_path_join(run_dir, name);
     if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     char *data = NULL;
     size_t len = 0, keep = 0;
@@ -153,15 +155,31 @@ static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
     }
     trill_status st = trill_write_file_atomic(path, data ? data : "", keep);
     free(data);
-    if (!st && !(r->metrics = fopen(path, "a"))) st = trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", path, strerror(errno));
-    if (!st) getrusage(RUSAGE_SELF, &r->usage); /* a step's page faults and CPU time count from here */
+    if (!st && !(*out = fopen(path, "a"))) st = trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", path, strerror(errno));
     free(path);
     return st;
 }
 
+/* metrics.jsonl and eval.jsonl, up to `step`. */
+static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
+    trill_status st = open_steps(run_dir, "metrics.jsonl", step, &r->metrics);
+    if (!st) st = open_steps(run_dir, "eval.jsonl", step, &r->evals);
+    if (!st) getrusage(RUSAGE_SELF, &r->usage); /* a step's page faults and CPU time count from here */
+    return st;
+}
+
+/* A line of RUN/eval.jsonl: the evaluation after `step` (0: before training). */
+static trill_status log_eval(rl_run *r, int step, const char *when, const trill_eval_result *res, uint32_t version) {
+    if (!r->evals) return TRILL_OK; /* a rank other than 0 */
+    const int n = fprintf(r->evals, "{\"step\": %d, \"when\": \"%s\", \"pass1\": %.17g, \"passk\": %.17g, \"k\": %d, \"prompts\": %d, "
+                          "\"mean_len\": %.17g, \"seconds\": %.6g, \"policy_version\": %u}\n", step, when, res->pass1, res->passk, res->k,
+                          res->prompts, res->mean_len, res->seconds, version);
+    return n < 0 || fflush(r->evals) ? trill_error(TRILL_ERR_IO, "eval.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
+}
+
 /* On the generator (a replica on a rank of its own: its replica 0, asked by the controller; the
  * other trainer ranks then skip it, NAN). */
-static trill_status evaluate(rl_run *r, const char *when, double *pass1, double *passk) {
+static trill_status evaluate(rl_run *r, int step, const char *when, double *pass1, double *passk) {
     const trill_rl_config *c = r->c;
     trill_eval_result res;
     *pass1 = *passk = NAN;
@@ -169,12 +187,12 @@ static trill_status evaluate(rl_run *r, const char *when, double *pass1, double 
     if (remote ? r->rank != 0 : !r->gen) return TRILL_OK;
     trill_status st = remote ? trill_rl_remote_evaluate(r, &res) : trill_rl_generator_evaluate(r->gen, r->eval, &res);
     if (st) return st;
+    const uint32_t version = remote ? r->state.version : trill_rl_generator_version(r->gen);
     trill_log(TRILL_LOG_INFO, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)",
-            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature,
-            remote ? r->state.version : trill_rl_generator_version(r->gen), res.seconds);
+            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, version, res.seconds);
     *pass1 = res.pass1;
     *passk = res.passk;
-    return TRILL_OK;
+    return log_eval(r, step, when, &res, version);
 }
 
 static void report_skipped(const char *ckpt, void *ctx) {
@@ -390,7 +408,7 @@ static trill_status set_up(trill_run *h) {
     if (!st && r->rank != 0) getrusage(RUSAGE_SELF, &r->usage);
     if (!st && r->eval && r->state.step == 0) {
         set_phase(h, TRILL_RUN_EVALUATING);
-        st = evaluate(r, "before", &h->result.eval_before, &h->result.passk_before);
+        st = evaluate(r, 0, "before", &h->result.eval_before, &h->result.passk_before);
     }
     h->first = r->state.step;
     if (!st && c->mode == TRILL_MODE_ASYNC)
@@ -494,7 +512,7 @@ static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
     if (!st && r->eval && c->eval.every > 0 && r->state.step + 1 < c->steps && (r->state.step + 1) % c->eval.every == 0) {
         set_phase(h, TRILL_RUN_EVALUATING);
         m->has_eval = true;
-        st = evaluate(r, "now", &m->eval_pass1, &m->eval_passk);
+        st = evaluate(r, r->state.step + 1, "now", &m->eval_pass1, &m->eval_passk);
     }
     if (!st) st = trill_rl_finish_step(r, m);
     return st;
@@ -570,7 +588,7 @@ trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
     }
     if (!st && r->eval && r->state.step == c->steps) {
         set_phase(h, TRILL_RUN_EVALUATING);
-        st = evaluate(r, "after", &h->result.eval_after, &h->result.passk_after);
+        st = evaluate(r, r->state.step, "after", &h->result.eval_after, &h->result.passk_after);
     }
     h->result.steps_done = r->state.step - h->first;
     h->result.seconds = trill_now() - h->t_start;

@@ -20,14 +20,22 @@ typedef struct run_data {
     const char *dir;
     json_t **steps;
     int n;
+    json_t **evals; /* eval.jsonl's lines: every held-out evaluation, before training included */
+    int n_evals;
     char *config;   /* config.yaml, or NULL */
 } run_data;
 
 /* ---- reading ---- */
 
-static trill_status read_metrics(run_data *d) {
-    char *path = trill_path_join(d->dir, "metrics.jsonl"), *text = NULL;
+/* RUN/name's lines (each an object with an integer step; a last line without its newline left
+ * out) into *lines; a missing file is no line when `optional`. */
+static trill_status read_lines(const char *dir, const char *name, bool optional, json_t ***lines, int *n) {
+    char *path = trill_path_join(dir, name), *text = NULL;
     size_t len = 0;
+    if (path && optional && !trill_file_exists(path)) {
+        free(path);
+        return TRILL_OK;
+    }
     trill_status st = path ? trill_read_file(path, &text, &len) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     int line = 0;
     for (size_t at = 0; !st && at < len; line++) {
@@ -38,15 +46,22 @@ static trill_status read_metrics(run_data *d) {
         if (!j || !json_is_integer(json_object_get(j, "step")))
             st = trill_error(TRILL_ERR_INVALID, "%s: line %d: %s", path, line + 1,
                              j ? "expected a JSON object with an integer \"step\"" : e.text);
-        json_t **grown = st ? NULL : trill_realloc(d->steps, sizeof *grown * (size_t)(d->n + 1));
+        json_t **grown = st ? NULL : trill_realloc(*lines, sizeof *grown * (size_t)(*n + 1));
         if (!st && !grown) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (st) json_decref(j);
-        else (d->steps = grown)[d->n++] = j;
+        else (*lines = grown)[(*n)++] = j;
         at = (size_t)(nl - text) + 1;
     }
-    if (!st && d->n == 0) st = trill_error(TRILL_ERR_INVALID, "%s: no complete step yet", path);
+    if (!st && !optional && *n == 0) st = trill_error(TRILL_ERR_INVALID, "%s: no complete step yet", path);
     free(text);
     free(path);
+    return st;
+}
+
+static trill_status read_metrics(run_data *d) {
+    size_t len;
+    trill_status st = read_lines(d->dir, "metrics.jsonl", false, &d->steps, &d->n);
+    if (!st) st = read_lines(d->dir, "eval.jsonl", true, &d->evals, &d->n_evals);
     if (st) return st;
     char *cfg = trill_path_join(d->dir, "config.yaml");
     if (cfg && trill_file_exists(cfg)) st = trill_read_file(cfg, &d->config, &len);
@@ -279,6 +294,24 @@ static void time_split(FILE *f, const run_data *d, int r) {
     (void)r;
 }
 
+/* Held-out evaluations: eval.jsonl's (before training and after the last step included) when
+ * every run has one, else the metrics' periodic ones. */
+static void eval_chart(FILE *f, const run_data *runs, int n) {
+    run_data view[MAX_RUNS];
+    bool all = true;
+    for (int r = 0; r < n; r++) {
+        view[r] = runs[r];
+        view[r].steps = runs[r].evals;
+        view[r].n = runs[r].n_evals;
+        all &= runs[r].n_evals > 0;
+    }
+    if (all)
+        line_chart(f, view, n, "eval", "Held-out evaluation, from before training (step 0) to after (pass@1 solid, pass@k dashed)",
+                   "% of prompts", "pass1", "passk", 100, false);
+    else
+        line_chart(f, runs, n, "eval", "Held-out evaluation (pass@1 solid, pass@k dashed)", "% of prompts", "eval_pass1", "eval_passk", 100, false);
+}
+
 static const char STYLE[] =
     "body{font:14px system-ui,sans-serif;margin:16px;color:#222;max-width:1500px}"
     ".grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:12px}"
@@ -297,7 +330,7 @@ static void write_page(FILE *f, const run_data *runs, int n) {
     fputs("</p>\n<h2>Learning</h2><div class='grid'>\n", f);
     line_chart(f, runs, n, "reward", "Reward (batch mean)", "reward", "reward", NULL, 1, false);
     line_chart(f, runs, n, "accuracy", "Training accuracy", "% of samples correct", "accuracy", NULL, 100, false);
-    line_chart(f, runs, n, "eval", "Held-out evaluation (pass@1 solid, pass@k dashed)", "% of prompts", "eval_pass1", "eval_passk", 100, false);
+    eval_chart(f, runs, n);
     line_chart(f, runs, n, "loss", "Loss", "loss per optimizer step", "loss", NULL, 1, false);
     line_chart(f, runs, n, "kl", "KL to the reference (kl_ref)", "nats per token", "kl_ref", NULL, 1, false);
     line_chart(f, runs, n, "response_len", "Response length", "tokens (mean)", "response_len", NULL, 1, false);
@@ -349,7 +382,9 @@ trill_status trill_report_write(const char *const *dirs, int n, const char *out,
     free(buf);
     for (int r = 0; r < n; r++) {
         for (int i = 0; i < runs[r].n; i++) json_decref(runs[r].steps[i]);
+        for (int i = 0; i < runs[r].n_evals; i++) json_decref(runs[r].evals[i]);
         free(runs[r].steps);
+        free(runs[r].evals);
         free(runs[r].config);
     }
     if (steps) *steps = total;

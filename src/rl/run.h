@@ -42,6 +42,7 @@ typedef struct rl_run {
     int lock_fd;                  /* run_dir/.lock, held (flock) for the run */
     int saved_step;               /* the step of the newest checkpoint written by this run */
     FILE *metrics;
+    FILE *evals;                  /* RUN/eval.jsonl: every held-out evaluation (rank 0) */
     struct rusage usage;          /* the process's at the end of the previous step (or at the metrics' opening) */
     double gen_s, train_s;        /* the run's totals, for its summary */
     long gen_tokens, train_tokens;

@@ -23,6 +23,13 @@ must_pass log_r2 "$TRILL" report a b --out two.html
 [ -f a/report.html ] || must_pass log_r0 "$TRILL" report a
 [ -f a/report.html ] || fail "trill report RUN did not write RUN/report.html"
 
+# eval.jsonl: every held-out evaluation, before training (step 0), every 2 steps, after the last
+$PY - a/eval.jsonl <<'PY' || fail "eval.jsonl does not hold every evaluation"
+import json, sys
+e = [json.loads(l) for l in open(sys.argv[1])]
+assert [(x["step"], x["when"]) for x in e] == [(0, "before"), (2, "now"), (4, "now"), (5, "after")], e
+assert all(0 <= x["pass1"] <= 1 and x["k"] == 2 and x["prompts"] == 4 for x in e), e
+PY
 # the page's structure: every chart, one polyline per run in each line chart, marks in the others
 $PY - one.html two.html <<'PY' || fail "a chart is missing or empty"
 import re, sys
@@ -34,7 +41,7 @@ for path, runs in ((sys.argv[1], 1), (sys.argv[2], 2)):
     figs = dict(re.findall(r"<figure data-chart='([^']+)'>(.*?)</figure>", html, re.S))
     for name in LINES:
         lines = re.findall(r"<polyline [^>]*points='([^']*)'", figs[name])
-        drawn = [p for p in lines if len(p.split()) >= 2]
+        drawn = [p for p in lines if len(p.split()) >= (4 if name == "eval" else 2)]  # eval: steps 0, 2, 4, 5
         assert len(drawn) >= runs, (path, name, len(drawn))
     for r in range(runs):
         for name in (f"flips-{r}", f"hist-log_ratio-{r}", f"hist-weight_used-{r}"):
