@@ -223,17 +223,15 @@ static trill_status experts_on_workers(trill_engine *e, gen_moe *b, gen_lora_buf
 }
 
 /* Expert parallelism across ranks: rows n (first .. first + n of the received ones, at x) through
- * logical expert x, as expert_rows computes them (per row the same operations: batch-invariant). */
+ * logical expert x, as expert_rows computes them (per row the same operations: batch-invariant);
+ * ff [n, 3 Im] is scratch. */
 static trill_status served_rows(const trill_engine *e, gen_lora_buf *lb, const eng_layer *L, const eng_lora_layer *A, gen_expert_roles roles,
-                                int x, const float *xin, float *yout, int first, int n) {
+                                int x, const float *xin, float *yout, float *ff, int first, int n) {
     const int Im = e->c.moe_intermediate_size;
-    float *ff = trill_malloc(sizeof(float) * (size_t)n * 3 * Im);
-    if (!ff) return trill_error(TRILL_ERR_NOMEM, "out of memory for %d rows of expert %d", n, x);
     float *act = ff + (size_t)n * 2 * Im;
     trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], A ? &A->experts[roles.gate_up][x] : NULL, ff, xin, n, first);
     if (!st) trill_gen_swiglu_fused(act, ff, n, Im);
     if (!st) st = trill_gen_linear(e, lb, &L->experts[roles.down][x], A ? &A->experts[roles.down][x] : NULL, yout, act, n, first);
-    free(ff);
     return st;
 }
 
@@ -269,20 +267,22 @@ static trill_status experts_on_ranks(trill_engine *e, gen_moe *b, gen_lora_buf *
         out_b[p] = recv_b[p];
         back_b[p] = send_b[p];
     }
-    float *xin = st ? NULL : trill_malloc(sizeof(float) * (total * H + 1)), *yout = xin ? trill_malloc(sizeof(float) * (total * H + 1)) : NULL;
-    if (!st && !yout) st = trill_error(TRILL_ERR_NOMEM, "out of memory for %zu rows served to the expert group", total);
+    /* the received rows, their outputs and the experts' scratch, in one block */
+    const size_t Im3 = 3 * (size_t)e->c.moe_intermediate_size;
+    float *xin = st ? NULL : trill_malloc(sizeof(float) * (total * (2 * (size_t)H + Im3) + 1));
+    float *yout = xin ? xin + total * H : NULL, *ff = xin ? yout + total * H : NULL;
+    if (!st && !xin) st = trill_error(TRILL_ERR_NOMEM, "out of memory for %zu rows served to the expert group", total);
     if (!st) st = trill_comm_alltoallv(e->ep, b->xe, send_b, xin, recv_b);
     if (!st && A && total > lb->rows) st = trill_gen_lora_buf_ensure(lb, lb->rank, total);
     size_t at = 0;
     for (int p = 0; !st && p < P; p++)
         for (int j = 0; !st && j < per; j++) {
             const int rows = (int)got[p * per + j];
-            if (rows) st = served_rows(e, lb, L, A, roles, slot_expert(e, ordinal, me * per + j), xin + at * H, yout + at * H, (int)at, rows);
+            if (rows) st = served_rows(e, lb, L, A, roles, slot_expert(e, ordinal, me * per + j), xin + at * H, yout + at * H, ff, (int)at, rows);
             at += (size_t)rows;
         }
     if (!st) st = trill_comm_alltoallv(e->ep, yout, out_b, b->ye, back_b);
     free(xin);
-    free(yout);
     free(n);
     return st;
 }

@@ -75,7 +75,8 @@ void trill_rl_ranks_free(rl_run *r) {
 
 /* ---- messages ---- */
 
-trill_status trill_rl_send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload) {
+/* The scorer's answer, blocking (a replica's leave by non-blocking sends: replica.c). */
+static trill_status send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload) {
     const char *msg = st ? trill_error_message() : NULL;
     rep.status = st;
     rep.bytes = st ? strlen(msg) + 1 : rep.bytes;
@@ -461,7 +462,7 @@ static trill_status serve_scorer(rl_run *r) {
         char *payload = NULL;
         st = score_batch(r, cmd.bytes, &rep, &payload);
         rep.kind = REPLY_SCORES;
-        trill_status sent = trill_rl_send_reply(r->job, 0, TAG_SCORE_REPLY, st, rep, payload);
+        trill_status sent = send_reply(r->job, 0, TAG_SCORE_REPLY, st, rep, payload);
         free(payload);
         if (sent) return sent;
     }

@@ -16,6 +16,8 @@
  *   weights   after an update: the command (version, bytes, XXH64), then the adapters' vector or
  *             the merged weights by a non-blocking broadcast over sync (a replica waits for it
  *             between commands; the same call lets a replica test for it between decode steps);
+ *             (merged weights to an expert-parallel generator: each rank, point to point, only
+ *             the tensors it keeps, as its last batch's answer listed them);
  *             each receiver checks the checksum, applies the weights and answers with its
  *             receive and apply times, or refuses a corrupted transfer by name.
  *   evaluate  replica 0 runs the held-out evaluation and sends its result.
@@ -130,10 +132,9 @@ struct rl_remote {
 /* ranks.c, for the others: a non-blocking broadcast over sync waited for at once (every
  * broadcast over sync is non-blocking on every rank: MPI does not match a blocking broadcast with
  * a non-blocking one, and a replica generating ahead tests for the next command between decode
- * steps); an answer and its payload; the answers of replicas [first, last), each of `kind`,
+ * steps); receiving an answer and its payload; the answers of replicas [first, last), each of `kind`,
  * handed to `take` in order (all are read; the first error returned, the replica named). */
 trill_status trill_rl_bcast_sync(rl_remote *x, void *data, size_t bytes);
-trill_status trill_rl_send_reply(trill_comm *c, int to, int tag, trill_status st, rl_reply rep, const void *payload);
 trill_status trill_rl_recv_reply(trill_comm *c, int from, int tag, const char *who, rl_reply *rep, char **payload);
 void trill_rl_replica_name(const rl_remote *x, int j, char *out, size_t size);
 trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind, trill_status (*take)(void *, int, const rl_reply *, char *),

@@ -24,24 +24,6 @@
 #include "trill/train.h"
 
 
-/* Qwen3-MoE: layer 0 dense, 8 experts top-2, hidden 32. */
-static const char QWEN[] =
-    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": 64,"
-    " \"hidden_size\": 32, \"intermediate_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_experts\": 8, \"num_experts_per_tok\": 2,"
-    " \"moe_intermediate_size\": 16, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [0],"
-    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
-    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
-/* DeepSeek-V3: MLA, layer 0 dense, 8 routed experts in 2 groups keeping 1, top-3, a shared expert. */
-static const char DSV3[] =
-    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"vocab_size\": 64,"
-    " \"hidden_size\": 32, \"intermediate_size\": 32, \"moe_intermediate_size\": 8, \"num_hidden_layers\": 3,"
-    " \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"n_shared_experts\": 1, \"n_routed_experts\": 8,"
-    " \"num_experts_per_tok\": 3, \"n_group\": 2, \"topk_group\": 1, \"routed_scaling_factor\": 2.5,"
-    " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 8,"
-    " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\","
-    " \"topk_method\": \"noaux_tc\", \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false,"
-    " \"max_position_embeddings\": 128, \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
 /* The batch of rank s: sequences of formula lengths and tokens; the last of several ranks has none. */
 typedef struct batch {
@@ -281,7 +263,7 @@ static void refusals(trill_comm *w, const trill_config *c) {
 int main(int argc, char **argv) {
     trill_comm *w = dist_test_begin("test_ep", argc, argv, NULL);
     const int P = trill_comm_size(w);
-    static const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3", DSV3 } };
+    static const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", DIST_QWEN3_MOE }, { "deepseek_v3", DIST_DEEPSEEK_V3 } };
     for (size_t f = 0; f < 2; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));
