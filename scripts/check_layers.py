@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails (exit 1) when an include in src/ breaks trill's layering (ARCHITECTURE.md):
 
-    base <- kernels, dist <- model <- train, infer <- rl <- cli
+    base <- kernels, dist <- model <- train, infer <- rl <- service <- cli
 
 A file may include public headers (include/trill/) of its own layer and the layers below, and
 private headers (src/<folder>/...) of its own layer and below, except the command (cli), which
@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-RANK = {"base": 0, "kernels": 1, "dist": 1, "model": 2, "train": 3, "infer": 3, "rl": 4, "cli": 5}
+RANK = {"base": 0, "kernels": 1, "dist": 1, "model": 2, "train": 3, "infer": 3, "rl": 4, "service": 5, "cli": 6}
 PUBLIC = {
     "base": "error fileio json dtype rng timing log",
     "dist": "dist",
@@ -22,6 +22,7 @@ PUBLIC = {
     "train": "train optim",
     "infer": "infer sample eplb",
     "rl": "rl rl_algo reward reward_model dataset demo channel sft report",
+    "service": "service",
 }
 HEADER_LAYER = {f"trill/{h}.h": layer for layer, names in PUBLIC.items() for h in names.split()}
 

@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libopenblas-dev libjansson-dev libyaml-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
+  libmicrohttpd-dev libsqlite3-dev libssl-dev   # trill serve: HTTP, its state, key hashes
+  libcurl4-openssl-dev               # the C client of trill serve (clients/c)
   libopenmpi-dev openmpi-bin         # the distributed trainer's communicator (src/dist)
   clang libclang-rt-14-dev           # libFuzzer harnesses
   python3 python3-torch python3-numpy # parity reference (tests only)

@@ -94,6 +94,11 @@ typedef struct trill_request {
     const int *forced;
     int n_forced;
     const int *forced_at;
+    /* The draws are keyed by (sampling.seed, id, sample, position); with `keyed`, by `key` in
+     * place of id: requests with their own ids then draw what one with id `key` would (the
+     * service keys every sample by its seed alone, as `trill generate` keys its first prompt). */
+    bool keyed;
+    uint64_t key;
 } trill_request;
 
 typedef enum trill_finish { TRILL_FINISH_LENGTH, TRILL_FINISH_STOP_ID, TRILL_FINISH_STOP_STRING, TRILL_FINISH_ABORTED } trill_finish;

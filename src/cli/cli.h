@@ -20,6 +20,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 /* trill bench generate (cmd_bench_generate.c); argv[0] is "generate". */
 int bench_generate(int argc, char **argv);
 

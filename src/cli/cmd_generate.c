@@ -11,11 +11,12 @@
 #include "trill/tokenizer.h"
 
 static const char USAGE[] =
-    "trill generate --model DIR (--prompt TEXT | --prompts FILE.jsonl) [--n N] [--max-new-tokens N]\n"
+    "trill generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE.jsonl) [--n N] [--max-new-tokens N]\n"
     "               [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop TEXT]...\n"
     "               [--dtype bf16|int8|f32] [--capture-experts] [--json] [--kv-cache-mb MB] [--max-batch-tokens N]\n"
     "               [--eplb] [--eplb-redundant N] [--eplb-workers N] [--eplb-window STEPS] [--eplb-interval STEPS]\n"
     "  Generates N samples per prompt with the batched engine. --prompts reads one {\"prompt\": ...} per line.\n"
+    "  --adapter applies a PEFT LoRA adapter (a trill checkpoint's, or trill serve's saved weights) beside the weights.\n"
     "  Plain output prints each completion; --json prints one object per sample: request, sample,\n"
     "  prompt_tokens, tokens (generated), text, logprobs, versions, finish, and with --capture-experts\n"
     "  experts ([token][moe_layer][k] logical ids of every forwarded token).\n"
@@ -126,7 +127,7 @@ static trill_status print_sequence(const trill_sequence_out *s, const trill_toke
 
 /* The command line. */
 typedef struct gen_args {
-    const char *dir, *prompt, *prompts_path, *stops[MAX_STOPS];
+    const char *dir, *adapter, *prompt, *prompts_path, *stops[MAX_STOPS];
     long long max_new, top_k, seed, n_samples;
     double temperature, top_p, min_p;
     int n_stops;
@@ -147,7 +148,7 @@ static int parse_args(int argc, char **argv, gen_args *g) {
         { "kv-cache-mb", required_argument, 0, 'K' },  { "max-batch-tokens", required_argument, 0, 'B' },
         { "eplb", no_argument, 0, 'E' },               { "eplb-redundant", required_argument, 0, 'R' },
         { "eplb-workers", required_argument, 0, 'W' }, { "eplb-window", required_argument, 0, 'w' },
-        { "eplb-interval", required_argument, 0, 'I' },
+        { "eplb-interval", required_argument, 0, 'I' }, { "adapter", required_argument, 0, 'a' },
         { "help", no_argument, 0, 'h' },               { 0, 0, 0, 0 },
     };
     *g = (gen_args){ .max_new = 64, .n_samples = 1, .temperature = 1, .top_p = 1, .cfg = trill_engine_config_default() };
@@ -159,6 +160,7 @@ static int parse_args(int argc, char **argv, gen_args *g) {
         int bad = 0;
         switch (c) {
         case 'm': g->dir = optarg; break;
+        case 'a': g->adapter = optarg; break;
         case 'p': g->prompt = optarg; break;
         case 'f': g->prompts_path = optarg; break;
         case 'N': bad = cli_parse_int("generate", USAGE, "--n", optarg, 1, 1 << 16, &g->n_samples); break;
@@ -219,6 +221,12 @@ int cmd_generate(int argc, char **argv) {
     g.cfg.tokenizer = tok;
     const double t_load = trill_now();
     if (!st) st = trill_engine_create(m, &g.cfg, &e);
+    if (!st && g.adapter) {
+        trill_lora *lora = NULL;
+        st = trill_lora_load(m, g.adapter, &lora);
+        if (!st) st = trill_engine_update_adapter(e, lora, 0, NULL);
+        trill_lora_free(lora);
+    }
     if (!st)
         fprintf(stderr, "trill generate: %s weights %.1f MB (converted in %.2f s), KV cache %.1f MB\n", trill_gen_format_name(g.cfg.format),
                 trill_engine_weight_bytes(e) / 1e6, trill_now() - t_load, trill_engine_kv_bytes(e) / 1e6);

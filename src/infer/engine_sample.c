@@ -148,7 +148,7 @@ static trill_status sample_all(trill_engine *e, int n) {
             lp = trill_sample_logprob(logits, V, q->r.sampling.temperature, token, work);
             e->smp.token[i] = token; /* (-inf: the model gives it no probability, which the scorer reports) */
         } else {
-            e->smp.token[i] = trill_sample(logits, V, &q->r.sampling, q->r.id, (uint32_t)s->sample, (uint32_t)gen, work, &lp);
+            e->smp.token[i] = trill_sample(logits, V, &q->r.sampling, q->r.keyed ? q->r.key : q->r.id, (uint32_t)s->sample, (uint32_t)gen, work, &lp);
         }
         e->smp.lp[i] = lp;
     }

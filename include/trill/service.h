@@ -1,0 +1,121 @@
+/* The post-training service (docs/service.md): `trill serve`'s server, and the tenant trainer it
+ * runs, usable in-process on its own.
+ *
+ * A tenant trainer is one user's LoRA adapter and AdamW state on a shared base model: the base is
+ * loaded once (trill_svc_base) and every trainer attaches its adapter to it for the length of a
+ * call, so N trainers cost one base plus N adapters. Its calls are Tinker's: forward,
+ * forward_backward (gradients accumulate until the next optimizer step), optim_step, save and
+ * load. The losses are Tinker's, summed over tokens (docs/service.md). Not thread-safe: the
+ * service runs every trainer of a base on one worker thread. */
+#ifndef TRILL_SERVICE_H
+#define TRILL_SERVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trill/error.h"
+#include "trill/lora.h"
+#include "trill/model.h"
+
+/* A resident base model: its weights (in the checkpoint's dtype) and tokenizer. */
+typedef struct trill_svc_base trill_svc_base;
+trill_status trill_svc_base_load(const char *dir, trill_svc_base **out);
+void trill_svc_base_free(trill_svc_base *b);
+const char *trill_svc_base_name(const trill_svc_base *b); /* the folder's last component */
+const char *trill_svc_base_dir(const trill_svc_base *b);
+trill_model *trill_svc_base_model(trill_svc_base *b);
+const struct trill_tokenizer *trill_svc_base_tokenizer(const trill_svc_base *b); /* NULL without tokenizer.json */
+
+typedef enum trill_svc_loss {
+    TRILL_SVC_CROSS_ENTROPY, TRILL_SVC_IMPORTANCE_SAMPLING, TRILL_SVC_PPO, TRILL_SVC_CISPO, TRILL_SVC_DRO,
+    TRILL_SVC_N_LOSSES
+} trill_svc_loss;
+/* "cross_entropy", ...; -1 for an unknown name. */
+int trill_svc_loss_parse(const char *name);
+const char *trill_svc_loss_name(trill_svc_loss l);
+
+typedef struct trill_svc_loss_config {
+    double clip_low, clip_high; /* ppo, cispo: ratio bounds (0.8, 1.2) */
+    double beta;                /* dro (no default: NAN until set) */
+} trill_svc_loss_config;
+trill_svc_loss_config trill_svc_loss_config_default(void);
+
+/* One sequence of a call: n input tokens; position i predicts targets[i], which must be
+ * tokens[i + 1] for i < n - 1. The per-token arrays [n] are NULL when absent: weights (default
+ * 1), logprobs (the sampler's, needed by every loss but cross_entropy), advantages (likewise);
+ * routed_experts [n][n_moe_layers][top_k] logical ids replays the sampler's routing. */
+typedef struct trill_svc_datum {
+    int n;
+    const int *tokens, *targets;
+    const float *weights, *logprobs, *advantages;
+    const uint16_t *routed_experts;
+} trill_svc_datum;
+
+/* Checks a datum against the base and the loss (names the datum, the array and the position). */
+trill_status trill_svc_datum_check(const trill_svc_base *b, trill_svc_loss loss, const trill_svc_datum *d, int index);
+
+typedef struct trill_svc_trainer trill_svc_trainer;
+
+typedef struct trill_svc_trainer_config {
+    int rank;          /* LoRA rank (alpha = 32 as Tinker's) */
+    uint64_t seed;     /* the adapters' A */
+    bool train_mlp, train_attn, train_unembed;
+} trill_svc_trainer_config;
+
+trill_status trill_svc_trainer_create(trill_svc_base *b, const trill_svc_trainer_config *c, trill_svc_trainer **out);
+/* A trainer from a state written by trill_svc_trainer_save (DIR: the adapter and, with
+ * `optimizer`, the AdamW moments and step; without, a fresh optimizer at step 0). */
+trill_status trill_svc_trainer_load(trill_svc_base *b, const char *dir, bool optimizer, trill_svc_trainer **out);
+void trill_svc_trainer_free(trill_svc_trainer *t);
+const trill_svc_trainer_config *trill_svc_trainer_get_config(const trill_svc_trainer *t);
+int64_t trill_svc_trainer_step(const trill_svc_trainer *t); /* optimizer steps taken */
+trill_lora *trill_svc_trainer_lora(trill_svc_trainer *t);
+/* The gradient accumulated since the last optimizer step (*n floats, laid out as the adapter). */
+const float *trill_svc_trainer_grads(const trill_svc_trainer *t, size_t *n);
+
+/* The loss over n data and, with `backward`, its gradient added to the trainer's. logprobs
+ * (sum of the data's n) takes each target's log-probability, data after data; *loss the sum. */
+trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data, int n, trill_svc_loss loss,
+                               const trill_svc_loss_config *config, bool backward, float *logprobs, double *loss_sum);
+
+typedef struct trill_svc_adam {
+    double learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm; /* Tinker's AdamParams */
+} trill_svc_adam;
+trill_svc_adam trill_svc_adam_default(void); /* 1e-4, 0.9, 0.95, 1e-12, 0, 0 (no clipping) */
+
+/* Clips the accumulated gradient (grad_clip_norm > 0), one AdamW step, gradient cleared.
+ * *grad_norm: its norm before clipping. */
+trill_status trill_svc_optim_step(trill_svc_trainer *t, const trill_svc_adam *p, double *grad_norm);
+
+/* Writes DIR (made if missing): the PEFT adapter, trill_service.json (rank, seed, targets, step)
+ * and with `optimizer` the AdamW state. Every file atomically. */
+trill_status trill_svc_trainer_save(const trill_svc_trainer *t, const char *dir, bool optimizer);
+/* Replaces the trainer's adapter (and with `optimizer` its optimizer) by DIR's; the gradient is cleared. */
+trill_status trill_svc_trainer_restore(trill_svc_trainer *t, const char *dir, bool optimizer);
+
+/* ---- the server ---- */
+
+typedef struct trill_serve_config {
+    const char *const *model_dirs; /* base models, one resident copy each */
+    int n_models;
+    const char *state_dir;         /* SQLite database, saved states, snapshots */
+    const char *host;              /* "127.0.0.1" */
+    int port;                      /* 0: any free port (reported through *bound_port) */
+    size_t max_body_bytes;
+    int max_trainers_per_key, max_queued;
+    const char *port_file;         /* when set, the bound port is written there once listening */
+} trill_serve_config;
+trill_serve_config trill_serve_config_default(void);
+
+/* Serves until *stop becomes true (a signal handler's flag) or, with max_seconds > 0, that many
+ * seconds have passed. */
+trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double max_seconds);
+
+/* API keys, kept hashed (SHA-256) in STATE/trill.db. add: a new key for `name`, its text in
+ * *key (malloc'ed, shown once). list: one line per key (id, name, created, revoked) to `out`. */
+trill_status trill_serve_key_add(const char *state_dir, const char *name, char **key);
+trill_status trill_serve_key_list(const char *state_dir, char **out);
+trill_status trill_serve_key_revoke(const char *state_dir, const char *name_or_id);
+
+#endif

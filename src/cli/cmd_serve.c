@@ -1,0 +1,113 @@
+/* trill serve: the post-training service (trill/service.h, docs/service.md), and its API keys. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "trill/service.h"
+
+static const char USAGE[] =
+    "trill serve --models DIR[,DIR...] --state DIR [--listen HOST:PORT] [--max-body-mb N] [--max-trainers N]\n"
+    "                   [--max-queued N] [--port-file FILE] [--max-seconds S]\n"
+    "       trill serve keys add NAME --state DIR | keys list --state DIR | keys revoke NAME|ID --state DIR\n"
+    "  Serves a Tinker-compatible post-training API over HTTP (docs/service.md): each base model loaded once, a\n"
+    "  LoRA trainer per training client, every call answered with a future. --state holds the database (keys,\n"
+    "  trainers, request log), saved states and the trainers' snapshots; after a restart every trainer is back at\n"
+    "  its last optimizer step. --listen defaults to 127.0.0.1:8100 (port 0: any free port, written to --port-file).\n"
+    "  Limits: bodies 8 MB, 16 trainers a key, 256 requests waiting. Stops on SIGINT/SIGTERM, or after --max-seconds.\n"
+    "  keys add prints the new key once (the database keeps its SHA-256 only).";
+
+static volatile int g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static int keys(int argc, char **argv) {
+    const char *state = NULL;
+    const char *args[2] = { 0 };
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--state") == 0 && i + 1 < argc) state = argv[++i];
+        else if (n < 2) args[n++] = argv[i];
+        else return cli_usage_error("serve keys", USAGE, "unexpected argument \"%s\"", argv[i]);
+    }
+    if (!state) return cli_usage_error("serve keys", USAGE, "--state DIR is needed");
+    if (n < 1) return cli_usage_error("serve keys", USAGE, "add, list or revoke?");
+    if (strcmp(args[0], "list") == 0 && n == 1) {
+        char *text = NULL;
+        if (trill_serve_key_list(state, &text)) return cli_fail("serve keys");
+        fputs(text, stdout);
+        free(text);
+        return 0;
+    }
+    if (strcmp(args[0], "add") == 0 && n == 2) {
+        char *key = NULL;
+        if (trill_serve_key_add(state, args[1], &key)) return cli_fail("serve keys");
+        printf("%s\n", key);
+        free(key);
+        return 0;
+    }
+    if (strcmp(args[0], "revoke") == 0 && n == 2) return trill_serve_key_revoke(state, args[1]) ? cli_fail("serve keys") : 0;
+    return cli_usage_error("serve keys", USAGE, "expected keys add NAME, keys list or keys revoke NAME|ID");
+}
+
+/* "a,b,c" into its parts (the text is cut in place). */
+static int split_models(char *list, const char **out, int max) {
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        if (n < max) out[n++] = tok;
+        else return -1;
+    return n;
+}
+
+int cmd_serve(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "keys") == 0) return keys(argc - 1, argv + 1);
+    trill_serve_config c = trill_serve_config_default();
+    static struct option opts[] = {
+        { "models", required_argument, 0, 'm' },   { "state", required_argument, 0, 's' },       { "listen", required_argument, 0, 'l' },
+        { "max-body-mb", required_argument, 0, 'b' }, { "max-trainers", required_argument, 0, 't' }, { "max-queued", required_argument, 0, 'q' },
+        { "port-file", required_argument, 0, 'p' }, { "max-seconds", required_argument, 0, 'x' },   { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 }
+    };
+    char *models = NULL, host[64] = "127.0.0.1";
+    const char *dirs[64];
+    long long v = 0;
+    double max_seconds = 0;
+    int opt, bad = 0;
+    optind = 1;
+    while (!bad && (opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': models = optarg; break;
+        case 's': c.state_dir = optarg; break;
+        case 'l': {
+            const char *colon = strrchr(optarg, ':');
+            if (!colon || colon == optarg || (size_t)(colon - optarg) >= sizeof host)
+                return cli_usage_error("serve", USAGE, "--listen: expected HOST:PORT, e.g. 127.0.0.1:8100");
+            memcpy(host, optarg, (size_t)(colon - optarg));
+            host[colon - optarg] = '\0';
+            bad = cli_parse_int("serve", USAGE, "--listen's port", colon + 1, 0, 65535, &v);
+            c.port = (int)v;
+            break;
+        }
+        case 'b': bad = cli_parse_int("serve", USAGE, "--max-body-mb", optarg, 1, 1024, &v); c.max_body_bytes = (size_t)v << 20; break;
+        case 't': bad = cli_parse_int("serve", USAGE, "--max-trainers", optarg, 1, 100000, &v); c.max_trainers_per_key = (int)v; break;
+        case 'q': bad = cli_parse_int("serve", USAGE, "--max-queued", optarg, 1, 1000000, &v); c.max_queued = (int)v; break;
+        case 'p': c.port_file = optarg; break;
+        case 'x': bad = cli_parse_double("serve", USAGE, "--max-seconds", optarg, 0, 1e9, &max_seconds); break;
+        case 'h': printf("usage: %s\n", USAGE); return 0;
+        default: return cli_usage_error("serve", USAGE, "unknown option");
+        }
+    }
+    if (bad) return bad;
+    if (optind < argc) return cli_usage_error("serve", USAGE, "unexpected argument \"%s\"", argv[optind]);
+    if (!models || !c.state_dir) return cli_usage_error("serve", USAGE, "--models and --state are needed");
+    c.host = host;
+    c.model_dirs = dirs;
+    if ((c.n_models = split_models(models, dirs, 64)) < 1) return cli_usage_error("serve", USAGE, "--models: 1 to 64 folders, comma-separated");
+    struct sigaction sa = { .sa_handler = on_signal };
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    return trill_serve(&c, &g_stop, max_seconds) ? cli_fail("serve") : 0;
+}

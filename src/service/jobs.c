@@ -1,0 +1,596 @@
+/* The calls that answer a future (svc.h): their bodies parsed and checked at submission, the
+ * training worker (per-trainer queues, least-served trainer first), the sampling worker (the
+ * queued samples of one adapter batched in the engine), and the futures' long-poll. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "service/svc.h"
+#include "trill/log.h"
+#include "trill/timing.h"
+
+enum { MAX_DATA = 1024, MAX_CALL_TOKENS = 65536, MAX_PROMPT = 8192, MAX_NEW = 4096, MAX_SAMPLES = 64, MAX_STOPS = 16 };
+
+static const char *const KIND_NAMES[JOB_N_KINDS] = { "forward", "forward_backward", "optim_step", "save_state",
+                                                     "save_weights_for_sampler", "load_state", "sample", "compute_logprobs" };
+
+void svc_free_data(trill_svc_datum *data, int n) {
+    for (int d = 0; data && d < n; d++) {
+        trill_svc_datum *x = &data[d];
+        free((void *)x->tokens), free((void *)x->targets), free((void *)x->weights), free((void *)x->logprobs);
+        free((void *)x->advantages), free((void *)x->routed_experts);
+    }
+    free(data);
+}
+
+void svc_job_free(svc_job *j) {
+    if (!j) return;
+    svc_free_data(j->data, j->n_data);
+    free(j->prompt);
+    free(j->stop_ids);
+    for (int i = 0; i < j->n_stop_strings; i++) free(j->stop_strings[i]);
+    free(j->stop_strings);
+    free(j);
+}
+
+/* ---- parsing ---- */
+
+/* An array of at most `max` integers in [lo, hi] (want >= 0: exactly that many). */
+static trill_status int_array(const json_t *a, const char *what, long long lo, long long hi, int want, int max, int **out, int *n) {
+    *out = NULL, *n = 0;
+    if (!json_is_array(a)) return trill_error(TRILL_ERR_INVALID, "%s: expected an array of integers, got %s", what, a ? "another type" : "nothing");
+    const size_t len = json_array_size(a);
+    if (want >= 0 && len != (size_t)want) return trill_error(TRILL_ERR_INVALID, "%s: %zu values, expected %d", what, len, want);
+    if (len > (size_t)max) return trill_error(TRILL_ERR_INVALID, "%s: %zu values, at most %d allowed", what, len, max);
+    int *v = trill_malloc(sizeof(int) * (len ? len : 1));
+    if (!v) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < len; i++) {
+        const json_t *e = json_array_get(a, i);
+        if (!json_is_integer(e) || json_integer_value(e) < lo || json_integer_value(e) > hi) {
+            free(v);
+            return trill_error(TRILL_ERR_INVALID, "%s[%zu]: expected an integer in [%lld, %lld]", what, i, lo, hi);
+        }
+        v[i] = (int)json_integer_value(e);
+    }
+    *out = v, *n = (int)len;
+    return TRILL_OK;
+}
+
+/* An optional array of exactly n finite numbers (absent: *out NULL). */
+static trill_status float_array(const json_t *a, const char *what, int n, float **out) {
+    *out = NULL;
+    if (!a || json_is_null(a)) return TRILL_OK;
+    if (!json_is_array(a) || json_array_size(a) != (size_t)n)
+        return trill_error(TRILL_ERR_INVALID, "%s: expected an array of %d numbers (one a model_input token)", what, n);
+    float *v = trill_malloc(sizeof(float) * (size_t)n);
+    if (!v) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const json_t *e = json_array_get(a, (size_t)i);
+        if (!json_is_number(e) || !isfinite(json_number_value(e))) {
+            free(v);
+            return trill_error(TRILL_ERR_INVALID, "%s[%d]: expected a finite number", what, i);
+        }
+        v[i] = (float)json_number_value(e);
+    }
+    *out = v;
+    return TRILL_OK;
+}
+
+static trill_status number_field(const json_t *o, const char *key, const char *what, double lo, double hi, double *out) {
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return TRILL_OK;
+    if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        return trill_error(TRILL_ERR_INVALID, "%s.%s: expected a number in [%g, %g]", what, key, lo, hi);
+    *out = json_number_value(v);
+    return TRILL_OK;
+}
+
+static trill_status parse_datum(const trill_config *c, const json_t *o, int d, trill_svc_datum *x) {
+    char what[96];
+    if (!json_is_object(o)) return trill_error(TRILL_ERR_INVALID, "data[%d]: expected an object {model_input, loss_fn_inputs}", d);
+    const json_t *in = json_object_get(o, "loss_fn_inputs");
+    if (in && !json_is_object(in)) return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs: expected an object", d);
+    snprintf(what, sizeof what, "data[%d].model_input", d);
+    int *tokens = NULL, *targets = NULL, n = 0, nt = 0;
+    trill_status st = int_array(json_object_get(o, "model_input"), what, 0, c->vocab_size - 1, -1, MAX_CALL_TOKENS, &tokens, &n);
+    x->tokens = tokens, x->n = n;
+    snprintf(what, sizeof what, "data[%d].loss_fn_inputs.target_tokens", d);
+    if (!st) st = int_array(json_object_get(in, "target_tokens"), what, 0, c->vocab_size - 1, n, MAX_CALL_TOKENS, &targets, &nt);
+    x->targets = targets;
+    const char *names[] = { "weights", "logprobs", "advantages" };
+    float **dst[] = { (float **)&x->weights, (float **)&x->logprobs, (float **)&x->advantages };
+    for (int a = 0; !st && a < 3; a++) {
+        snprintf(what, sizeof what, "data[%d].loss_fn_inputs.%s", d, names[a]);
+        st = float_array(json_object_get(in, names[a]), what, n, dst[a]);
+    }
+    const json_t *re = json_object_get(in, "routed_experts");
+    if (!st && re && !json_is_null(re)) {
+        const int row = c->n_moe_layers * c->num_experts_per_tok, want = n * row;
+        int *ids = NULL, got = 0;
+        snprintf(what, sizeof what, "data[%d].loss_fn_inputs.routed_experts", d);
+        st = int_array(re, what, 0, c->num_experts - 1, want, want, &ids, &got);
+        uint16_t *r = st ? NULL : trill_malloc(sizeof(uint16_t) * (size_t)(want ? want : 1));
+        if (!st && !r) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (int i = 0; !st && i < want; i++) r[i] = (uint16_t)ids[i];
+        free(ids);
+        x->routed_experts = r;
+    }
+    return st;
+}
+
+trill_status svc_parse_data(trill_svc_base *b, trill_svc_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens) {
+    const trill_config *c = trill_model_config(trill_svc_base_model(b));
+    *out = NULL, *n = 0, *tokens = 0;
+    if (!json_is_array(data) || json_array_size(data) < 1 || json_array_size(data) > MAX_DATA)
+        return trill_error(TRILL_ERR_INVALID, "data: expected an array of 1 to %d datums", MAX_DATA);
+    const int count = (int)json_array_size(data);
+    trill_svc_datum *x = trill_calloc((size_t)count, sizeof *x);
+    if (!x) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    long total = 0;
+    for (int d = 0; !st && d < count; d++) {
+        st = parse_datum(c, json_array_get(data, (size_t)d), d, &x[d]);
+        total += x[d].n + 1;
+        if (!st && total > MAX_CALL_TOKENS) st = trill_error(TRILL_ERR_INVALID, "data: more than %d tokens in one call", MAX_CALL_TOKENS);
+        if (!st) st = trill_svc_datum_check(b, loss, &x[d], d);
+    }
+    if (st) { svc_free_data(x, count); return st; }
+    *out = x, *n = count, *tokens = total;
+    return TRILL_OK;
+}
+
+trill_status svc_parse_loss(const json_t *body, trill_svc_loss *loss, trill_svc_loss_config *config) {
+    const char *name = json_string_value(json_object_get(body, "loss_fn"));
+    if (!name || trill_svc_loss_parse(name) < 0)
+        return trill_error(TRILL_ERR_INVALID, "loss_fn: expected one of cross_entropy, importance_sampling, ppo, cispo, dro");
+    *loss = (trill_svc_loss)trill_svc_loss_parse(name);
+    *config = trill_svc_loss_config_default();
+    const json_t *lc = json_object_get(body, "loss_fn_config");
+    if (lc && !json_is_null(lc) && !json_is_object(lc)) return trill_error(TRILL_ERR_INVALID, "loss_fn_config: expected an object");
+    trill_status st = number_field(lc, "clip_low_threshold", "loss_fn_config", 0, 1e9, &config->clip_low);
+    if (!st) st = number_field(lc, "clip_high_threshold", "loss_fn_config", 0, 1e9, &config->clip_high);
+    if (!st) st = number_field(lc, "beta", "loss_fn_config", 0, 1e9, &config->beta);
+    if (!st && config->clip_low > config->clip_high)
+        st = trill_error(TRILL_ERR_INVALID, "loss_fn_config: clip_low_threshold %g is above clip_high_threshold %g", config->clip_low,
+                         config->clip_high);
+    if (!st && *loss == TRILL_SVC_DRO && !isfinite(config->beta)) st = trill_error(TRILL_ERR_INVALID, "loss_fn_config.beta: dro needs beta");
+    return st;
+}
+
+static trill_status parse_forward(svc *s, const json_t *body, svc_job *j) {
+    trill_status st = svc_parse_loss(body, &j->loss, &j->loss_config);
+    return st ? st : svc_parse_data(s->bases[j->tenant->base], j->loss, json_object_get(body, "data"), &j->data, &j->n_data, &j->cost);
+}
+
+trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p) {
+    const json_t *a = json_object_get(body, "adam_params");
+    if (!json_is_object(a)) return trill_error(TRILL_ERR_INVALID, "adam_params: expected an object {learning_rate, beta1, beta2, eps, ...}");
+    *p = trill_svc_adam_default();
+    trill_status st = number_field(a, "learning_rate", "adam_params", 0, 10, &p->learning_rate);
+    if (!st) st = number_field(a, "beta1", "adam_params", 0, 0.999999, &p->beta1);
+    if (!st) st = number_field(a, "beta2", "adam_params", 0, 0.999999999, &p->beta2);
+    if (!st) st = number_field(a, "eps", "adam_params", 1e-30, 1, &p->eps);
+    if (!st) st = number_field(a, "weight_decay", "adam_params", 0, 10, &p->weight_decay);
+    if (!st) st = number_field(a, "grad_clip_norm", "adam_params", 0, 1e9, &p->grad_clip_norm);
+    return st;
+}
+
+/* A state's name: 1 to 64 of [A-Za-z0-9._-], not starting with '.' (it becomes a folder name). */
+static trill_status parse_name(const json_t *body, svc_job *j) {
+    const char *name = json_string_value(json_object_get(body, "name"));
+    bool ok = name && *name && *name != '.' && strlen(name) <= 64;
+    for (const char *p = name; ok && *p; p++)
+        ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-';
+    if (!ok) return trill_error(TRILL_ERR_INVALID, "name: expected 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'");
+    snprintf(j->name, sizeof j->name, "%s", name);
+    j->cost = 1;
+    return TRILL_OK;
+}
+
+static trill_status parse_stops(const json_t *stop, svc_job *j, const trill_config *c) {
+    if (!stop || json_is_null(stop)) return TRILL_OK;
+    if (json_is_string(stop)) {
+        if (!(j->stop_strings = trill_calloc(1, sizeof(char *))) || !(j->stop_strings[0] = trill_strdup(json_string_value(stop))))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        j->n_stop_strings = 1;
+        return TRILL_OK;
+    }
+    if (!json_is_array(stop) || json_array_size(stop) > MAX_STOPS)
+        return trill_error(TRILL_ERR_INVALID, "sampling_params.stop: expected a string or an array of at most %d token ids or strings", MAX_STOPS);
+    if (json_array_size(stop) > 0 && json_is_integer(json_array_get(stop, 0)))
+        return int_array(stop, "sampling_params.stop", 0, c->vocab_size - 1, -1, MAX_STOPS, &j->stop_ids, &j->n_stop_ids);
+    if (!(j->stop_strings = trill_calloc(json_array_size(stop) + 1, sizeof(char *)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < json_array_size(stop); i++) {
+        const char *t = json_string_value(json_array_get(stop, i));
+        if (!t || !*t || strlen(t) > 256)
+            return trill_error(TRILL_ERR_INVALID, "sampling_params.stop[%zu]: expected a string of 1 to 256 bytes (or every entry a token id)", i);
+        if (!(j->stop_strings[j->n_stop_strings++] = trill_strdup(t))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    return TRILL_OK;
+}
+
+static trill_status parse_sample(svc *s, const json_t *body, svc_job *j) {
+    const trill_config *c = trill_model_config(trill_svc_base_model(s->bases[j->sampler->base]));
+    trill_status st = int_array(json_object_get(body, "prompt"), "prompt", 0, c->vocab_size - 1, -1, MAX_PROMPT, &j->prompt, &j->prompt_len);
+    if (!st && j->prompt_len < 1) st = trill_error(TRILL_ERR_INVALID, "prompt: empty (at least one token)");
+    j->cost = j->prompt_len;
+    if (st || j->kind == JOB_LOGPROBS) return st;
+    double num = 1, max_tokens = 16, seed = -1, top_k = 0;
+    j->sampling = trill_sampling_default();
+    double temperature = 1, top_p = 1;
+    st = number_field(body, "num_samples", "body", 1, MAX_SAMPLES, &num);
+    const json_t *sp = json_object_get(body, "sampling_params");
+    if (!st && sp && !json_is_null(sp) && !json_is_object(sp)) st = trill_error(TRILL_ERR_INVALID, "sampling_params: expected an object");
+    if (!st) st = number_field(sp, "max_tokens", "sampling_params", 1, MAX_NEW, &max_tokens);
+    if (!st) st = number_field(sp, "seed", "sampling_params", 0, 9007199254740991.0, &seed);
+    if (!st) st = number_field(sp, "temperature", "sampling_params", 0, 1e6, &temperature);
+    if (!st) st = number_field(sp, "top_k", "sampling_params", -1, 1e9, &top_k);
+    if (!st) st = number_field(sp, "top_p", "sampling_params", 1e-9, 1, &top_p);
+    if (!st && (num != floor(num) || max_tokens != floor(max_tokens) || seed != floor(seed) || top_k != floor(top_k)))
+        st = trill_error(TRILL_ERR_INVALID, "num_samples, max_tokens, seed and top_k: expected integers");
+    if (!st) st = parse_stops(json_object_get(sp, "stop"), j, c);
+    if (st) return st;
+    j->num_samples = (int)num, j->max_tokens = (int)max_tokens;
+    j->sampling.temperature = (float)temperature, j->sampling.top_p = (float)top_p, j->sampling.top_k = top_k < 0 ? 0 : (int)top_k;
+    j->sampling.seed = seed < 0 ? svc_random_u64() >> 11 : (uint64_t)seed; /* no seed: a fresh one (53 bits, as JSON keeps) */
+    j->cost = (long)j->prompt_len + (long)j->num_samples * j->max_tokens;
+    return trill_sampling_check(&j->sampling);
+}
+
+trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j) {
+    j->kind = kind;
+    trill_status st;
+    switch (kind) {
+    case JOB_FORWARD:
+    case JOB_FORWARD_BACKWARD: st = parse_forward(s, body, j); break;
+    case JOB_OPTIM_STEP: st = svc_parse_adam(body, &j->adam), j->cost = 1; break;
+    case JOB_SAVE_STATE:
+    case JOB_SAVE_SAMPLER: st = parse_name(body, j); break;
+    case JOB_LOAD_STATE: {
+        const char *path = json_string_value(json_object_get(body, "path"));
+        const json_t *w = json_object_get(body, "with_optimizer");
+        int base = -1;
+        st = path ? TRILL_OK : trill_error(TRILL_ERR_INVALID, "path: expected a trill:// path of a saved state");
+        if (!st && w && !json_is_boolean(w)) st = trill_error(TRILL_ERR_INVALID, "with_optimizer: expected true or false");
+        j->with_optimizer = json_is_true(w);
+        if (!st) st = svc_resolve_uri(s, path, j->key_id, "state", j->dir, sizeof j->dir, &base);
+        if (!st && base != j->tenant->base)
+            st = trill_error(TRILL_ERR_INVALID, "path: the state was trained on %s, this trainer's base is %s", trill_svc_base_name(s->bases[base]),
+                             trill_svc_base_name(s->bases[j->tenant->base]));
+        j->cost = 1;
+        break;
+    }
+    case JOB_SAMPLE:
+    case JOB_LOGPROBS: st = parse_sample(s, body, j); break;
+    default: st = trill_error(TRILL_ERR_INVALID, "unknown call");
+    }
+    return st;
+}
+
+/* ---- queues ---- */
+
+trill_status svc_job_submit(svc *s, svc_job *j) {
+    pthread_mutex_lock(&s->mu);
+    const bool full = s->n_inflight >= s->cfg.max_queued;
+    pthread_mutex_unlock(&s->mu);
+    if (full) {
+        svc_job_free(j);
+        return svc_fail("limit", "the server has %d requests waiting (--max-queued): retry later", s->cfg.max_queued);
+    }
+    svc_arg a[] = { SVC_S(j->id), SVC_S(j->key_id), SVC_S(j->tenant ? j->tenant->id : j->sampler->id), SVC_S(KIND_NAMES[j->kind]),
+                    SVC_I(time(NULL)) };
+    trill_status st = svc_store_run(s->store, "logging a request",
+                                    "INSERT INTO requests(id, key_id, target, kind, status, created) VALUES(?1, ?2, ?3, ?4, 'pending', ?5)",
+                                    a, 5, NULL, NULL, NULL);
+    if (st) { svc_job_free(j); return st; }
+    pthread_mutex_lock(&s->mu);
+    s->inflight[s->n_inflight++] = j;
+    if (j->tenant) {
+        svc_tenant *t = j->tenant;
+        if (t->tail) t->tail->next = j;
+        else t->head = j;
+        t->tail = j;
+    } else {
+        if (s->sample_tail) s->sample_tail->next = j;
+        else s->sample_head = j;
+        s->sample_tail = j;
+    }
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    return TRILL_OK;
+}
+
+/* Records the job's outcome (result: JSON text, or an error) and forgets it. */
+static void finish(svc *s, svc_job *j, char *result, trill_status st) {
+    json_t *err = st ? json_pack("{s:s, s:s}", "code", "failed", "message", trill_error_message()) : NULL;
+    char *text = st ? json_dumps(err, JSON_COMPACT) : result;
+    svc_arg a[] = { SVC_S(st ? "error" : "done"), SVC_S(text ? text : "{}"), SVC_I(time(NULL)), SVC_S(j->id) };
+    if (svc_store_run(s->store, "recording a result", "UPDATE requests SET status = ?1, result = ?2, finished = ?3 WHERE id = ?4", a, 4,
+                      NULL, NULL, NULL))
+        trill_log(TRILL_LOG_WARN, "trill serve: %s", trill_error_message());
+    if (text != result) free(text);
+    free(result);
+    json_decref(err);
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_inflight; i++)
+        if (s->inflight[i] == j) { s->inflight[i] = s->inflight[--s->n_inflight]; break; }
+    pthread_cond_broadcast(&s->done);
+    pthread_mutex_unlock(&s->mu);
+    svc_job_free(j);
+}
+
+static char *dump(json_t *o) {
+    char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return t;
+}
+
+static json_t *float_list(const float *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+/* ---- the training worker ---- */
+
+static trill_status run_forward(svc *s, svc_job *j, char **result) {
+    int total = 0;
+    for (int d = 0; d < j->n_data; d++) total += j->data[d].n;
+    float *lp = trill_malloc(sizeof(float) * (size_t)total);
+    double loss = 0;
+    trill_status st = lp ? trill_svc_forward(j->tenant->trainer, j->data, j->n_data, j->loss, &j->loss_config, j->kind == JOB_FORWARD_BACKWARD,
+                                            lp, &loss)
+                         : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_t *outs = json_array();
+    for (int d = 0, k = 0; !st && d < j->n_data; k += j->data[d++].n)
+        json_array_append_new(outs, json_pack("{s:o}", "logprobs", float_list(lp + k, j->data[d].n)));
+    if (!st)
+        *result = dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_svc_loss_name(j->loss), "loss_fn_outputs", outs, "metrics",
+                                 "loss:sum", loss));
+    json_decref(outs);
+    free(lp);
+    (void)s;
+    return st;
+}
+
+static trill_status run_training(svc *s, svc_job *j, char **result) {
+    svc_tenant *t = j->tenant;
+    char dir[4096], uri[256];
+    trill_status st = TRILL_OK;
+    switch (j->kind) {
+    case JOB_FORWARD:
+    case JOB_FORWARD_BACKWARD: return run_forward(s, j, result);
+    case JOB_OPTIM_STEP: {
+        double norm = 0;
+        st = trill_svc_optim_step(t->trainer, &j->adam, &norm);
+        if (!st) st = svc_snapshot(s, t);
+        if (!st)
+            *result = dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
+                                     "learning_rate", j->adam.learning_rate));
+        return st;
+    }
+    case JOB_SAVE_STATE:
+    case JOB_SAVE_SAMPLER: {
+        const bool state = j->kind == JOB_SAVE_STATE;
+        svc_tenant_dir(s, t->id, state ? "states" : "sampler", j->name, dir, sizeof dir);
+        snprintf(uri, sizeof uri, "trill://%s/%s%s", t->id, state ? "" : "sampler/", j->name);
+        st = trill_svc_trainer_save(t->trainer, dir, state);
+        svc_arg a[] = { SVC_S(uri), SVC_S(t->key_id), SVC_S(t->id), SVC_S(state ? "state" : "sampler"), SVC_S(dir),
+                        SVC_I(trill_svc_trainer_step(t->trainer)), SVC_I(time(NULL)) };
+        if (!st)
+            st = svc_store_run(s->store, "recording a saved state",
+                               "INSERT OR REPLACE INTO states(uri, key_id, trainer_id, kind, dir, step, created) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                               a, 7, NULL, NULL, NULL);
+        if (!st) *result = dump(json_pack("{s:s}", "path", uri));
+        return st;
+    }
+    case JOB_LOAD_STATE:
+        st = trill_svc_trainer_restore(t->trainer, j->dir, j->with_optimizer);
+        if (!st) st = svc_snapshot(s, t);
+        if (!st) *result = dump(json_pack("{s:I}", "step", (json_int_t)trill_svc_trainer_step(t->trainer)));
+        return st;
+    default: return trill_error(TRILL_ERR_INVALID, "not a training call");
+    }
+}
+
+/* The trainer with queued work that has been served the fewest tokens (ties: the first made). */
+static svc_tenant *pick_tenant(svc *s) {
+    svc_tenant *best = NULL;
+    for (int i = 0; i < s->n_tenants; i++) {
+        svc_tenant *t = s->tenants[i];
+        if (t->head && !t->running && (!best || t->served < best->served)) best = t;
+    }
+    return best;
+}
+
+static void *train_main(void *arg) {
+    svc *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        svc_tenant *t = NULL;
+        while (!s->stopping && !(t = pick_tenant(s))) pthread_cond_wait(&s->work, &s->mu);
+        if (s->stopping) break;
+        svc_job *j = t->head;
+        if (!(t->head = j->next)) t->tail = NULL;
+        t->running = true;
+        t->served += j->cost;
+        pthread_mutex_unlock(&s->mu);
+        char *result = NULL;
+        trill_status st = run_training(s, j, &result);
+        if (!st && !result) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
+        finish(s, j, result, st);
+        pthread_mutex_lock(&s->mu);
+        t->running = false;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- the sampling worker ---- */
+
+static json_t *sequence_json(const trill_sequence_out *o, const trill_config *c) {
+    json_t *toks = json_array(), *experts = json_array();
+    for (int i = 0; i < o->n_generated; i++) json_array_append_new(toks, json_integer(o->tokens[o->n_prompt + i]));
+    const size_t rows = (size_t)(o->n_prompt + o->n_generated - 1) * c->n_moe_layers * c->num_experts_per_tok;
+    for (size_t i = 0; o->experts && i < rows; i++) json_array_append_new(experts, json_integer(o->experts[i]));
+    const char *reason = o->finish == TRILL_FINISH_LENGTH ? "length" : o->finish == TRILL_FINISH_ABORTED ? "aborted" : "stop";
+    return json_pack("{s:o, s:o, s:s, s:o}", "tokens", toks, "logprobs", float_list(o->logprobs, o->n_generated), "stop_reason", reason,
+                     "routed_experts", experts);
+}
+
+/* Runs a batch of queued jobs of one sampler adapter in the engine; each job's requests have the
+ * engine id of its place in the batch, and draw with the job's seed as `trill generate` does. */
+static void run_samples(svc *s, svc_job **jobs, int n, int base) {
+    trill_engine *e = s->engines[base];
+    const trill_config *c = trill_model_config(trill_svc_base_model(s->bases[base]));
+    trill_status *sts = trill_calloc((size_t)n, sizeof *sts);
+    json_t **res = trill_calloc((size_t)n, sizeof *res);
+    if (!sts || !res) {
+        for (int i = 0; i < n; i++) finish(s, jobs[i], NULL, trill_error(TRILL_ERR_NOMEM, "out of memory"));
+        free(sts), free(res);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        svc_job *j = jobs[i];
+        res[i] = j->kind == JOB_SAMPLE ? json_pack("{s:[]}", "sequences") : json_pack("{s:[n]}", "logprobs");
+        if (j->kind == JOB_LOGPROBS && j->prompt_len == 1) continue;
+        trill_request r = { .id = (uint64_t)i, .prompt = j->prompt, .prompt_len = j->kind == JOB_LOGPROBS ? 1 : j->prompt_len,
+                            .n = j->kind == JOB_LOGPROBS ? 1 : j->num_samples, .sampling = j->sampling, .keyed = true, .key = 0 };
+        if (j->kind == JOB_LOGPROBS) {
+            r.forced = j->prompt + 1, r.n_forced = j->prompt_len - 1, r.max_new_tokens = j->prompt_len - 1;
+            r.sampling = trill_sampling_default();
+        } else {
+            r.max_new_tokens = j->max_tokens;
+            r.stop_ids = j->n_stop_ids ? j->stop_ids : c->eos_token_ids;
+            r.n_stop_ids = j->n_stop_ids ? j->n_stop_ids : c->n_eos;
+            r.stop_strings = (const char *const *)j->stop_strings, r.n_stop_strings = j->n_stop_strings;
+        }
+        sts[i] = trill_engine_submit(e, &r);
+        if (sts[i]) { json_decref(res[i]); res[i] = json_pack("{s:s}", "message", trill_error_message()); }
+    }
+    trill_status st = TRILL_OK;
+    trill_sequence_out out[16];
+    while (!st && trill_engine_busy(e)) {
+        st = trill_engine_step(e, NULL);
+        for (int got; !st && (got = trill_engine_collect(e, out, 16)) > 0;)
+            for (int k = 0; k < got; k++) {
+                const int i = (int)out[k].request;
+                if (jobs[i]->kind == JOB_SAMPLE) json_array_append_new(json_object_get(res[i], "sequences"), sequence_json(&out[k], c));
+                else for (int t = 0; t < out[k].n_generated; t++) json_array_append_new(json_object_get(res[i], "logprobs"), json_real(out[k].logprobs[t]));
+                trill_sequence_out_free(&out[k]);
+            }
+    }
+    if (st) for (int i = 0; i < n; i++) trill_engine_abort(e, (uint64_t)i);
+    while (st && trill_engine_collect(e, out, 16) > 0) {} /* drop what the failed step left */
+    for (int i = 0; i < n; i++) {
+        if (!st && sts[i]) trill_error(TRILL_ERR_INVALID, "%s", json_string_value(json_object_get(res[i], "message")));
+        const trill_status js = st ? st : sts[i];
+        finish(s, jobs[i], js ? NULL : dump(res[i]), js ? js : (res[i] ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory")));
+        if (js) json_decref(res[i]);
+    }
+    free(sts), free(res);
+}
+
+static void *sample_main(void *arg) {
+    svc *s = arg;
+    const trill_lora **current = trill_calloc((size_t)s->n_bases, sizeof *current);
+    uint32_t version = 0;
+    pthread_mutex_lock(&s->mu);
+    while (current) {
+        while (!s->stopping && !s->sample_head) pthread_cond_wait(&s->work, &s->mu);
+        if (s->stopping) break;
+        /* The queued jobs of the first one's adapter, in order; the others stay queued. */
+        svc_job *batch[64];
+        int n = 0;
+        const svc_sampler *first = s->sample_head->sampler;
+        for (svc_job **p = &s->sample_head, *j; (j = *p) && n < 64;) {
+            if (j->sampler->base == first->base && j->sampler->lora == first->lora) { *p = j->next; j->next = NULL; batch[n++] = j; }
+            else p = &j->next;
+        }
+        s->sample_tail = NULL;
+        for (svc_job *j = s->sample_head; j; j = j->next) s->sample_tail = j;
+        pthread_mutex_unlock(&s->mu);
+        trill_status st = TRILL_OK;
+        if (current[first->base] != first->lora) {
+            st = trill_engine_update_adapter(s->engines[first->base], first->lora, ++version, NULL);
+            if (!st) current[first->base] = first->lora;
+        }
+        if (st) for (int i = 0; i < n; i++) finish(s, batch[i], NULL, st);
+        else run_samples(s, batch, n, first->base);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(current);
+    return NULL;
+}
+
+trill_status svc_workers_start(svc *s) {
+    if (pthread_create(&s->train_thread, NULL, train_main, s) != 0) return trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the training worker");
+    if (pthread_create(&s->sample_thread, NULL, sample_main, s) != 0) {
+        svc_workers_stop(s);
+        return trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the sampling worker");
+    }
+    return TRILL_OK;
+}
+
+/* Waits for the running jobs; the queued ones stay pending in the log (the next start reports
+ * them as "server_restarted"). */
+void svc_workers_stop(svc *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    if (s->train_thread) pthread_join(s->train_thread, NULL);
+    if (s->sample_thread) pthread_join(s->sample_thread, NULL);
+    s->train_thread = s->sample_thread = 0;
+}
+
+/* ---- futures ---- */
+
+typedef struct { char key_id[32], status[16]; char *result; } request_row;
+
+static void read_request(void *ctx, sqlite3_stmt *row) {
+    request_row *r = ctx;
+    snprintf(r->key_id, sizeof r->key_id, "%s", (const char *)sqlite3_column_text(row, 0));
+    snprintf(r->status, sizeof r->status, "%s", (const char *)sqlite3_column_text(row, 1));
+    const unsigned char *t = sqlite3_column_text(row, 2);
+    r->result = t ? trill_strdup((const char *)t) : NULL;
+}
+
+static bool inflight(svc *s, const char *id) {
+    for (int i = 0; i < s->n_inflight; i++)
+        if (strcmp(s->inflight[i]->id, id) == 0) return true;
+    return false;
+}
+
+char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, int *status) {
+    const double deadline = trill_now() + wait;
+    pthread_mutex_lock(&s->mu);
+    while (inflight(s, id) && trill_now() < deadline && !s->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const double left = fmin(deadline - trill_now(), 1.0); /* re-check stopping once a second */
+        ts.tv_sec += (time_t)left;
+        ts.tv_nsec += (long)((left - (double)(time_t)left) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->done, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+    request_row r = { 0 };
+    svc_arg a = SVC_S(id);
+    if (svc_store_run(s->store, "reading a request", "SELECT key_id, status, result FROM requests WHERE id = ?1", &a, 1, read_request, &r, NULL) ||
+        strcmp(r.key_id, key_id) != 0) {
+        free(r.result);
+        *status = 404;
+        return NULL;
+    }
+    *status = 200;
+    json_t *o = NULL;
+    if (strcmp(r.status, "pending") == 0) o = json_pack("{s:s}", "status", "pending");
+    else if (strcmp(r.status, "done") == 0) o = json_pack("{s:s, s:o}", "status", "done", "result", json_loads(r.result ? r.result : "{}", 0, NULL));
+    else o = json_pack("{s:s, s:o}", "status", "error", "error", json_loads(r.result ? r.result : "{}", 0, NULL));
+    free(r.result);
+    return dump(o);
+}

@@ -1,0 +1,405 @@
+"""trill serve end to end, through real HTTP on loopback with the Python SDK (clients/python).
+
+- parity: forward_backward + optim_step through the service equal the in-process trainer
+  (tests/service/svc_ref.c) bit for bit, for every loss, with router replay and gradient clipping;
+  each loss's value equals its definition (docs/service.md) computed here from the log-probs;
+- sampling equals `trill generate` with the same adapter and seed (tokens, log-probs, experts);
+- 4 trainers' adapters sampled at once give each exactly what it gets alone;
+- 8 client threads over 3 tenants: no result lost or duplicated, each trainer's order kept;
+- isolation: another tenant's trainer, sampler, future and paths are not found; file-system
+  paths, bad keys, malformed and oversized bodies are refused with their codes;
+- a SIGKILL mid-request: after a restart the in-flight futures say server_restarted, each
+  trainer is back at its last optimizer step and training continues.
+
+Usage: test_service.py TRILL SVC_REF   (bounded: every wait has a deadline; the servers stop by
+themselves after --max-seconds)"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+import trill_client as tinker  # noqa: E402
+
+TRILL, SVC_REF = (os.path.abspath(a) for a in sys.argv[1:3])
+del sys.argv[1:3]
+W = tempfile.mkdtemp(prefix="trill-serve-")
+MODEL = os.path.join(W, "tiny")
+STATE = os.path.join(W, "state")
+DEADLINE_S = 120  # any one future
+
+
+def slurp(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def run(*args, **kw):
+    return subprocess.run([TRILL, *args], check=True, capture_output=True, text=True, **kw)
+
+
+class Server:
+    """trill serve on a free loopback port, bounded in time."""
+
+    def __init__(self, port=0, extra=()):
+        port_file = os.path.join(W, "port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
+        self.log = open(os.path.join(W, "serve.log"), "a")
+        self.proc = subprocess.Popen([TRILL, "serve", "--models", MODEL, "--state", STATE, "--listen", f"127.0.0.1:{port}",
+                                      "--port-file", port_file, "--max-seconds", "600", *extra],
+                                     stderr=self.log, stdout=self.log)
+        t = time.monotonic()
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None or time.monotonic() - t > 60:
+                raise RuntimeError("trill serve did not start: " + slurp(self.log.name)[-2000:])
+            time.sleep(0.05)
+        self.port = int(slurp(port_file))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key):
+        return tinker.ServiceClient(base_url=self.url, api_key=key)
+
+    def stop(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=60)
+        self.log.close()
+        return self.proc.returncode
+
+
+def setUpModule():
+    global KEY_A, KEY_B, SERVER
+    subprocess.run([TRILL, "init", "--out", MODEL, "--preset", "tiny", "--set", "hidden_size=64", "--set", "intermediate_size=128",
+                    "--set", "moe_intermediate_size=32", "--set", "head_dim=16", "--seed", "3"], check=True, capture_output=True)
+    KEY_A = run("serve", "keys", "add", "alice", "--state", STATE).stdout.strip()
+    KEY_B = run("serve", "keys", "add", "bob", "--state", STATE).stdout.strip()
+    SERVER = Server()
+
+
+def tearDownModule():
+    code = SERVER.stop()
+    log = slurp(os.path.join(W, "serve.log"))
+    shutil.rmtree(W, ignore_errors=True)
+    assert "Sanitizer" not in log and "runtime error" not in log, log[-3000:]
+    assert code == 0, f"trill serve exited {code}: {log[-2000:]}"
+
+
+def sequence_datum(tok, text, **inputs):
+    ids = tok.encode(text)
+    return tinker.Datum(model_input=tinker.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": ids[1:], **{k: v(len(ids) - 1) for k, v in inputs.items()}})
+
+
+def loss_value(loss, cfg, lp, d):
+    """Tinker's definition of each loss, summed over the datum's tokens (docs/service.md)."""
+    inp = {k: v.tolist() for k, v in d.loss_fn_inputs.items()}
+    total = 0.0
+    for i, x in enumerate(lp):
+        w = inp.get("weights", [1.0] * len(lp))[i]
+        if loss == "cross_entropy":
+            total += -w * x
+            continue
+        q, a = inp["logprobs"][i], inp["advantages"][i]
+        r = math.exp(max(-20.0, min(20.0, x - q)))
+        lo, hi = cfg.get("clip_low_threshold", 0.8), cfg.get("clip_high_threshold", 1.2)
+        if loss == "importance_sampling":
+            total += -r * a
+        elif loss == "ppo":
+            total += -min(r * a, min(hi, max(lo, r)) * a)
+        elif loss == "cispo":
+            total += -min(hi, max(lo, r)) * a * x
+        elif loss == "dro":
+            total += -(x * a - 0.5 * cfg["beta"] * (x - q) ** 2)
+    return total
+
+
+class Parity(unittest.TestCase):
+    def test_training_equals_in_process(self):
+        svc = SERVER.client(KEY_A)
+        trainer = {"rank": 4, "seed": 11, "train_mlp": True, "train_attn": True, "train_unembed": True}
+        tc = svc.create_lora_training_client(base_model="tiny", **{k: v for k, v in trainer.items()})
+        tok = tc.get_tokenizer()
+        sampler = svc.create_sampling_client(base_model="tiny")
+        prompt = tok.encode("12+34=")
+        got = sampler.sample(tinker.ModelInput.from_ints(prompt), num_samples=2,
+                             sampling_params=tinker.SamplingParams(max_tokens=6, seed=3)).result(timeout=DEADLINE_S)
+        rl = []  # RL data from the sampler: its log-probs and routed experts, made-up advantages
+        for k, s in enumerate(got.sequences):
+            full = prompt + s.tokens
+            n = len(full) - 1
+            q = [0.0] * (len(prompt) - 1) + list(s.logprobs)
+            inputs = {"target_tokens": full[1:], "logprobs": q, "advantages": [0.0] * (len(prompt) - 1) + [1.5 - 3 * k] * len(s.tokens)}
+            if k == 0:  # one datum replays the sampler's routing, the other is routed by the trainer
+                inputs["routed_experts"] = s.routed_experts
+            rl.append(tinker.Datum(model_input=tinker.ModelInput.from_ints(full[:-1]), loss_fn_inputs=inputs))
+            self.assertEqual(len(s.routed_experts), n * 3 * 2)
+        sft = [sequence_datum(tok, t, weights=lambda n: [0.5] * n) for t in ("12+34=46", "7+8=15", "99+1=100")]
+        calls = [("forward_backward", sft, "cross_entropy", {}), ("optim_step", {"learning_rate": 0.02}),
+                 ("forward", sft, "cross_entropy", {}),
+                 ("forward_backward", rl, "importance_sampling", {}), ("forward_backward", rl, "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+                 ("optim_step", {"learning_rate": 0.01, "grad_clip_norm": 0.5, "weight_decay": 0.1}),
+                 ("forward_backward", rl, "cispo", {}), ("forward_backward", rl, "dro", {"beta": 0.05}),
+                 ("optim_step", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-8}),
+                 ("forward", rl, "ppo", {})]
+        ops, results = [], []
+        for call in calls:
+            if call[0] == "optim_step":
+                p = tinker.AdamParams(**call[1])
+                ops.append({"op": "optim_step", "adam_params": p.to_wire()})
+                results.append(tc.optim_step(p).result(timeout=DEADLINE_S))
+                continue
+            op, data, loss, cfg = call
+            ops.append({"op": op, "data": [d.to_wire() for d in data], "loss_fn": loss, "loss_fn_config": cfg})
+            fut = (tc.forward_backward if op == "forward_backward" else tc.forward)(data, loss, cfg)
+            out = fut.result(timeout=DEADLINE_S)
+            lps = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
+            want = sum(loss_value(loss, cfg, lp, d) for lp, d in zip(lps, data))
+            self.assertAlmostEqual(out.metrics["loss:sum"], want, delta=1e-6 * max(1.0, abs(want)), msg=f"{loss}'s value")
+            results.append(out)
+        state = tc.save_state("parity").result(timeout=DEADLINE_S).path
+        ref = os.path.join(W, "ref")
+        os.makedirs(ref, exist_ok=True)
+        with open(os.path.join(ref, "ops.json"), "w") as f:
+            json.dump({"trainer": trainer, "ops": ops}, f)
+        subprocess.run([SVC_REF, MODEL, os.path.join(ref, "ops.json"), ref], check=True)
+        ref_results = json.loads(slurp(os.path.join(ref, "results.json")))
+        for got_r, want_r in zip(results, ref_results):
+            if "grad_norm" in want_r:
+                self.assertEqual(got_r.metrics["grad_norm"], want_r["grad_norm"])
+                self.assertEqual(got_r.metrics["step"], want_r["step"])
+            else:
+                self.assertEqual([o["logprobs"].tolist() for o in got_r.loss_fn_outputs], want_r["logprobs"])
+                self.assertEqual(got_r.metrics["loss:sum"], want_r["loss"])
+        served = os.path.join(STATE, "trainers", tc.trainer_id, "states", "parity")
+        for name in ("adapter_model.safetensors", "optimizer.safetensors"):
+            self.assertEqual(slurp(os.path.join(served, name), "rb"), slurp(os.path.join(ref, "state", name), "rb"),
+                             f"{name} differs from the in-process trainer's")
+        self.assertEqual(tc.get_info().step, 3)
+        # the state comes back with its optimizer: a trainer made from it continues identically
+        tc2 = svc.create_training_client_from_state_with_optimizer(state)
+        self.assertEqual(tc2.get_info().step, 3)
+        for t in (tc, tc2):
+            t.forward_backward(sft, "cross_entropy").result(timeout=DEADLINE_S)
+        a, b = (t.optim_step(tinker.AdamParams(learning_rate=0.01)).result(timeout=DEADLINE_S) for t in (tc, tc2))
+        self.assertEqual(a.metrics, b.metrics)
+        la, lb = (t.forward(sft, "cross_entropy").result(timeout=DEADLINE_S).metrics["loss:sum"] for t in (tc, tc2))
+        self.assertEqual(la, lb)
+
+
+def generate(adapter_dir, text, seed, n, max_tokens):
+    out = run("generate", "--model", MODEL, "--adapter", adapter_dir, "--prompt", text, "--n", str(n), "--max-new-tokens", str(max_tokens),
+              "--seed", str(seed), "--json", "--capture-experts").stdout
+    return sorted((json.loads(line) for line in out.splitlines()), key=lambda r: r["sample"])
+
+
+def trained(svc, seed, lr=0.05):
+    tc = svc.create_lora_training_client(base_model="tiny", rank=4, seed=seed)
+    tok = tc.get_tokenizer()
+    tc.forward_backward([sequence_datum(tok, "12+34=46")], "cross_entropy").result(timeout=DEADLINE_S)
+    tc.optim_step(tinker.AdamParams(learning_rate=lr)).result(timeout=DEADLINE_S)
+    return tc, tok
+
+
+class Sampling(unittest.TestCase):
+    def test_sample_equals_generate(self):
+        svc = SERVER.client(KEY_A)
+        tc, tok = trained(svc, 21)
+        path = tc.save_weights_for_sampler("gen").result(timeout=DEADLINE_S).path
+        sampler = svc.create_sampling_client(model_path=path)
+        got = sampler.sample(tinker.ModelInput.from_ints(tok.encode("3+4=")), num_samples=2,
+                             sampling_params=tinker.SamplingParams(max_tokens=10, seed=9)).result(timeout=DEADLINE_S)
+        want = generate(os.path.join(STATE, "trainers", tc.trainer_id, "sampler", "gen"), "3+4=", 9, 2, 10)
+        self.assertEqual(len(got.sequences), 2)
+        for s, w in zip(got.sequences, want):
+            self.assertEqual(s.tokens, w["tokens"])
+            self.assertEqual(s.logprobs, w["logprobs"])
+            self.assertEqual(s.routed_experts, [e for row in w["experts"] for layer in row for e in layer])
+        # compute_logprobs scores given tokens as they were sampled
+        seq = got.sequences[0]
+        lps = sampler.compute_logprobs(tinker.ModelInput.from_ints(tok.encode("3+4=") + seq.tokens)).result(timeout=DEADLINE_S)
+        self.assertIsNone(lps[0])
+        self.assertEqual(lps[-len(seq.tokens):], seq.logprobs)
+
+    def test_tenants_sampled_at_once_equal_alone(self):
+        svc = SERVER.client(KEY_B)
+        samplers = []
+        for seed in (31, 32, 33, 34):
+            tc, tok = trained(svc, seed, lr=0.2)
+            samplers.append(tc.save_weights_and_get_sampling_client(f"multi{seed}"))
+        prompt = tinker.ModelInput.from_ints(tok.encode("5+6="))
+        params = tinker.SamplingParams(max_tokens=12, seed=4)
+        alone = [s.sample(prompt, 2, params).result(timeout=DEADLINE_S) for s in samplers]
+        futures = [s.sample(prompt, 2, params) for s in samplers]
+        together = [f.result(timeout=DEADLINE_S) for f in futures]
+        for a, b in zip(alone, together):
+            self.assertEqual([(s.tokens, s.logprobs) for s in a.sequences], [(s.tokens, s.logprobs) for s in b.sequences])
+        self.assertGreater(len({tuple(a.sequences[0].tokens) for a in alone}), 1, "the adapters should sample differently")
+
+
+class Concurrency(unittest.TestCase):
+    def test_threads_over_tenants(self):
+        keys = {"alice": KEY_A, "bob": KEY_B, "carol": run("serve", "keys", "add", "carol", "--state", STATE).stdout.strip()}
+        trainers = {}
+        for name, key in keys.items():
+            tc = SERVER.client(key).create_lora_training_client(base_model="tiny", rank=2, seed=len(name))
+            trainers[name] = (tc, tc.get_tokenizer(), tc.get_info().step)
+        lock = threading.Lock()
+        submitted = {name: [] for name in keys}  # per trainer, in submission order: (kind, future)
+        stop_at = time.monotonic() + 4
+        refused = [0]
+
+        def worker(i):
+            name = list(keys)[i % 3]
+            tc, tok, _ = trainers[name]
+            datum = [sequence_datum(tok, f"{i}+{i}={2 * i}")]
+            k = 0
+            while time.monotonic() < stop_at:
+                kind = ("forward_backward", "optim_step", "forward", "sample")[(i + k) % 4]
+                k += 1
+                with lock:  # submission order per trainer is what the server must keep
+                    try:
+                        if kind == "optim_step":
+                            fut = tc.optim_step(tinker.AdamParams(learning_rate=1e-3))
+                        elif kind == "sample":
+                            fut = tc.save_weights_for_sampler(f"c{i}")
+                        else:
+                            fut = (tc.forward_backward if kind == "forward_backward" else tc.forward)(datum, "cross_entropy")
+                        submitted[name].append((kind, fut))
+                    except tinker.TrillError as e:  # the queue is full: a refusal to retry, never a lost call
+                        self.assertEqual(e.code, "limit", e)
+                        refused[0] += 1
+                if refused[0] and kind == "forward":
+                    time.sleep(0.01)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ids = [f.request_id for futs in submitted.values() for _, f in futs]
+        self.assertEqual(len(ids), len(set(ids)), "a request id was given twice")
+        for name, futs in submitted.items():
+            steps = [f.result(timeout=DEADLINE_S).metrics["step"] for kind, f in futs if kind == "optim_step"]
+            for kind, f in futs:
+                f.result(timeout=DEADLINE_S)  # every result arrives, none an error
+            first = trainers[name][2]
+            self.assertEqual(steps, list(range(first + 1, first + 1 + len(steps))), f"{name}'s steps out of order or lost")
+            self.assertEqual(trainers[name][0].get_info().step, first + len(steps))
+
+
+def raw(method, path, body=None, key=None, data=None):
+    req = urllib.request.Request(SERVER.url + "/api/v1" + path, method=method,
+                                 data=data if data is not None else (None if body is None else json.dumps(body).encode()))
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+class Isolation(unittest.TestCase):
+    def test_tenants_cannot_reach_each_other(self):
+        a, b = SERVER.client(KEY_A), SERVER.client(KEY_B)
+        tc, tok = trained(a, 41)
+        path = tc.save_state("private").result(timeout=DEADLINE_S).path
+        fut = tc.forward([sequence_datum(tok, "1+1=2")], "cross_entropy")
+        fut.result(timeout=DEADLINE_S)
+        code, body = raw("GET", f"/trainers/{tc.trainer_id}", key=KEY_B)
+        self.assertEqual((code, body["error"]["code"]), (404, "not_found"))
+        code, body = raw("POST", f"/trainers/{tc.trainer_id}/forward", {"data": [], "loss_fn": "cross_entropy"}, key=KEY_B)
+        self.assertEqual(code, 404)
+        code, body = raw("GET", f"/futures/{fut.request_id}?wait=0", key=KEY_B)
+        self.assertEqual(code, 404)
+        for bad in (path, "trill://" + tc.trainer_id + "/../../trill.db"):
+            with self.assertRaises(tinker.TrillError) as e:
+                b.create_training_client_from_state(bad)
+            self.assertEqual(e.exception.code, "not_found")
+            with self.assertRaises(tinker.TrillError) as e:
+                b.create_sampling_client(model_path=bad)
+            self.assertEqual(e.exception.code, "not_found")
+        for bad in ("/etc/passwd", STATE + "/trill.db", "file:///etc/passwd", "../state"):
+            with self.assertRaises(tinker.TrillError) as e:
+                a.create_training_client_from_state(bad)
+            self.assertEqual(e.exception.code, "bad_request")
+            self.assertIn("trill://", e.exception.message)
+        code, body = raw("POST", f"/trainers/{tc.trainer_id}/save_state", {"name": "../escape"}, key=KEY_A)
+        self.assertEqual((code, body["error"]["code"]), (400, "bad_request"))
+
+    def test_refusals(self):
+        self.assertEqual(raw("GET", "/models")[0], 401)
+        self.assertEqual(raw("GET", "/models", key="trill-" + "0" * 32)[0], 401)
+        code, body = raw("POST", "/trainers", key=KEY_A, data=b"{not json")
+        self.assertEqual((code, body["error"]["code"]), (400, "bad_request"))
+        code, body = raw("POST", "/trainers", {"base_model": "tiny", "rank": "four"}, key=KEY_A)
+        self.assertEqual(code, 400)
+        self.assertIn("rank", body["error"]["message"])
+        code, body = raw("POST", "/trainers", {"base_model": "huge"}, key=KEY_A)
+        self.assertEqual(code, 404)
+        code, body = raw("POST", "/trainers", key=KEY_A, data=b"[" + b"0," * (5 << 20) + b"0]")
+        self.assertEqual((code, body["error"]["code"]), (413, "too_large"))
+        tc = SERVER.client(KEY_A).create_lora_training_client(base_model="tiny", rank=2)
+        bad_bodies = [
+            ({"data": [{"model_input": [1, 2], "loss_fn_inputs": {"target_tokens": [2, 3]}}], "loss_fn": "nope"}, "loss_fn"),
+            ({"data": [{"model_input": [1, 2], "loss_fn_inputs": {"target_tokens": [2]}}], "loss_fn": "cross_entropy"}, "target_tokens"),
+            ({"data": [{"model_input": [1, 99999], "loss_fn_inputs": {"target_tokens": [99999, 3]}}], "loss_fn": "cross_entropy"}, "model_input[1]"),
+            ({"data": [{"model_input": [1, 2], "loss_fn_inputs": {"target_tokens": [2, 3]}}], "loss_fn": "ppo"}, "logprobs"),
+            ({"data": [{"model_input": [1, 2], "loss_fn_inputs": {"target_tokens": [2, 3], "weights": [1, "x"]}}], "loss_fn": "cross_entropy"}, "weights[1]"),
+            ({"data": [{"model_input": [1], "loss_fn_inputs": {"target_tokens": [2], "routed_experts": [0, 0, 1, 2, 3, 4]}}], "loss_fn": "cross_entropy"}, "routed_experts"),
+            ({"data": "x", "loss_fn": "cross_entropy"}, "data"),
+        ]
+        for body, field in bad_bodies:
+            code, answer = raw("POST", f"/trainers/{tc.trainer_id}/forward_backward", body, key=KEY_A)
+            self.assertEqual(code, 400, (body, answer))
+            self.assertIn(field, answer["error"]["message"])
+        code, _ = raw("POST", f"/trainers/{tc.trainer_id}/optim_step", {"adam_params": {"learning_rate": -1}}, key=KEY_A)
+        self.assertEqual(code, 400)
+        code, _ = raw("POST", "/nothing/here", {}, key=KEY_A)
+        self.assertEqual(code, 404)
+        self.assertEqual(tc.get_info().step, 0, "a refused call changed the trainer")
+
+
+class Crash(unittest.TestCase):
+    def test_kill_and_restart(self):
+        global SERVER
+        svc = SERVER.client(KEY_A)
+        tc, tok = trained(svc, 51)  # step 1, completed
+        data = [sequence_datum(tok, f"{i}+{i}={2 * i}") for i in range(300)]
+        futures = []
+        for _ in range(8):
+            futures.append(("fb", tc.forward_backward(data, "cross_entropy")))
+            futures.append(("step", tc.optim_step(tinker.AdamParams(learning_rate=1e-3))))
+        futures[0][1].result(timeout=DEADLINE_S)  # killed while the rest run or wait
+        SERVER.stop(signal.SIGKILL)
+        SERVER = Server(port=SERVER.port)  # the same address: the futures' polls reach the new server
+        svc = SERVER.client(KEY_A)
+        done_steps, restarted = 0, 0
+        for kind, f in futures:
+            try:
+                r = f.result(timeout=DEADLINE_S)
+                done_steps += kind == "step"
+            except tinker.TrillError as e:
+                self.assertEqual(e.code, "server_restarted", e)
+                restarted += 1
+        self.assertGreater(restarted, 0, "the kill came after every request had finished: nothing was tested")
+        tc = svc.get_training_client(tc.trainer_id)
+        info = tc.get_info()
+        self.assertEqual(info.step, 1 + done_steps, "the trainer is not at its last completed optimizer step")
+        tc.forward_backward(data[:2], "cross_entropy").result(timeout=DEADLINE_S)
+        self.assertEqual(tc.optim_step(tinker.AdamParams(learning_rate=1e-3)).result(timeout=DEADLINE_S).metrics["step"], info.step + 1)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

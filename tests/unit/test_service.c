@@ -1,0 +1,278 @@
+/* The service's tenant trainer (trill/service.h) on a small MoE: every loss's gradient against
+ * central finite differences of its own value through the whole model (PPO and CISPO in and
+ * outside their clip band, DRO's penalty, weights, router replay), trainers sharing one base
+ * without touching each other, saved states with and without the optimizer, and the refusals. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+#include "trill/lora.h"
+#include "trill/rng.h"
+#include "trill/service.h"
+
+static char *g_dir;
+static trill_svc_base *g_base;
+
+static int setup(void **state) {
+    (void)state;
+    g_dir = test_tmpdir("service");
+    trill_model *m = test_small_moe(5, false, true);
+    assert_int_equal(trill_model_save(m, g_dir, TRILL_F32, 0), TRILL_OK);
+    assert_int_equal(trill_model_write_charlevel_files(g_dir, trill_model_config(m)), TRILL_OK);
+    trill_model_free(m);
+    assert_int_equal(trill_svc_base_load(g_dir, &g_base), TRILL_OK);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    trill_svc_base_free(g_base);
+    test_rmdir(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+/* A trainer whose adapters are all non-zero (B too), so every path has a gradient. */
+static trill_svc_trainer *trainer(uint64_t seed) {
+    trill_svc_trainer_config c = { .rank = 4, .seed = seed, .train_mlp = true, .train_attn = true, .train_unembed = true };
+    trill_svc_trainer *t = NULL;
+    assert_int_equal(trill_svc_trainer_create(g_base, &c, &t), TRILL_OK);
+    size_t n;
+    float *p = trill_lora_params(trill_svc_trainer_lora(t), &n);
+    for (size_t i = 0; i < n; i++) p[i] = (float)(0.2 * (trill_rng_uniform(seed, i) - 0.5));
+    return t;
+}
+
+enum { N_SEQ = 3, LEN = 9 };
+
+/* Three sequences of LEN inputs; q: the sampler's log-probs, set around the trainer's so each
+ * ratio sits well inside or outside the clip band [0.8, 1.2] (ratios e^0.5, 1, e^-0.5). */
+typedef struct { int tokens[N_SEQ][LEN + 1]; float w[N_SEQ][LEN], q[N_SEQ][LEN], a[N_SEQ][LEN]; trill_svc_datum d[N_SEQ]; } batch;
+
+static void make_batch(batch *b, trill_svc_trainer *t) {
+    for (int s = 0; s < N_SEQ; s++) {
+        for (int i = 0; i <= LEN; i++) b->tokens[s][i] = (int)(trill_rng_uniform(77 + s, (uint64_t)i) * 128) % 128;
+        for (int i = 0; i < LEN; i++) b->w[s][i] = (float)(0.25 + 0.1 * i), b->a[s][i] = (float)(s == 1 ? -1.3 : 0.7 + 0.1 * i);
+        b->d[s] = (trill_svc_datum){ .n = LEN, .tokens = b->tokens[s], .targets = b->tokens[s] + 1, .weights = b->w[s] };
+    }
+    float lp[N_SEQ * LEN];
+    double loss;
+    assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &(trill_svc_loss_config){ 0 }, false, lp, &loss), TRILL_OK);
+    for (int s = 0; s < N_SEQ; s++) {
+        for (int i = 0; i < LEN; i++) b->q[s][i] = lp[s * LEN + i] + (float)(((s + i) % 3) - 1) * 0.5f;
+        b->d[s].logprobs = b->q[s], b->d[s].advantages = b->a[s];
+    }
+}
+
+static double loss_at(trill_svc_trainer *t, const batch *b, trill_svc_loss l, const trill_svc_loss_config *c) {
+    float lp[N_SEQ * LEN];
+    double loss = 0;
+    assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, l, c, false, lp, &loss), TRILL_OK);
+    return loss;
+}
+
+/* What the gradient is the derivative of: the loss, but CISPO's clipped ratio is a constant
+ * (stop-gradient), taken at the log-probs lp0 the gradient was computed at. */
+static double surrogate_at(trill_svc_trainer *t, const batch *b, trill_svc_loss l, const trill_svc_loss_config *c, const float *lp0) {
+    if (l != TRILL_SVC_CISPO) return loss_at(t, b, l, c);
+    float lp[N_SEQ * LEN];
+    double loss = 0, sum = 0;
+    assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, l, c, false, lp, &loss), TRILL_OK);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int i = 0; i < LEN; i++)
+            sum += -fmin(c->clip_high, fmax(c->clip_low, exp(lp0[s * LEN + i] - b->q[s][i]))) * b->a[s][i] * lp[s * LEN + i];
+    return sum;
+}
+
+/* d loss / d adapters . v against (L(p + h v) - L(p - h v)) / 2h, for random directions v. */
+static void check_gradient(trill_svc_loss l, const trill_svc_loss_config *c, bool replay) {
+    trill_svc_trainer *t = trainer(3 + (uint64_t)l);
+    batch b;
+    make_batch(&b, t);
+    /* Routing is a step function of the weights: every sequence replays the routing it has now
+     * (or, with `replay`, sequence 0 made-up experts (e, e + 1)), so the loss is smooth. */
+    trill_model *m = trill_svc_base_model(g_base);
+    const trill_config *mc = trill_model_config(m);
+    uint16_t rep[N_SEQ][(LEN + 1) * 3 * 2];
+    assert_int_equal(mc->n_moe_layers * mc->num_experts_per_tok, 3 * 2);
+    trill_model_attach_lora(m, trill_svc_trainer_lora(t));
+    for (int s = 0; s < N_SEQ; s++) {
+        float own[LEN + 1];
+        assert_int_equal(trill_model_forward(m, b.tokens[s], (int[]){ 0, LEN + 1 }, 1, NULL, own, rep[s]), TRILL_OK);
+        b.d[s].routed_experts = rep[s];
+    }
+    trill_model_attach_lora(m, NULL);
+    for (int i = 0; replay && i < LEN * mc->n_moe_layers; i++) rep[0][2 * i] = (uint16_t)(i % 7), rep[0][2 * i + 1] = (uint16_t)(i % 7 + 1);
+    float lp[N_SEQ * LEN];
+    double loss;
+    assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, l, c, true, lp, &loss), TRILL_OK);
+    size_t n;
+    const float *g = trill_svc_trainer_grads(t, &n);
+    float *p = trill_lora_params(trill_svc_trainer_lora(t), &n), *p0 = malloc(sizeof(float) * n);
+    memcpy(p0, p, sizeof(float) * n);
+    for (int dir = 0; dir < 3; dir++) {
+        double gv = 0, vv = 0;
+        const double h = 1e-3;
+        for (size_t i = 0; i < n; i++) {
+            const double v = trill_rng_uniform(1000 + dir, i) - 0.5;
+            gv += g[i] * v, vv += v * v;
+        }
+        for (size_t i = 0; i < n; i++) p[i] = (float)(p0[i] + h * (trill_rng_uniform(1000 + dir, i) - 0.5) / sqrt(vv));
+        const double up = surrogate_at(t, &b, l, c, lp);
+        for (size_t i = 0; i < n; i++) p[i] = (float)(p0[i] - h * (trill_rng_uniform(1000 + dir, i) - 0.5) / sqrt(vv));
+        const double down = surrogate_at(t, &b, l, c, lp);
+        memcpy(p, p0, sizeof(float) * n);
+        const double fd = (up - down) / (2 * h), an = gv / sqrt(vv);
+        if (fabs(fd - an) > 2e-2 * fmax(1.0, fabs(an)))
+            fail_msg("%s%s: direction %d: analytic %.6g, finite differences %.6g", trill_svc_loss_name(l), replay ? " (replay)" : "", dir, an, fd);
+    }
+    free(p0);
+    trill_svc_trainer_free(t);
+}
+
+static void test_gradients(void **state) {
+    (void)state;
+    trill_svc_loss_config c = trill_svc_loss_config_default();
+    c.beta = 0.3;
+    for (int l = 0; l < TRILL_SVC_N_LOSSES; l++) check_gradient((trill_svc_loss)l, &c, false);
+    check_gradient(TRILL_SVC_PPO, &c, true);
+    check_gradient(TRILL_SVC_CROSS_ENTROPY, &c, true);
+}
+
+/* Tinker's definitions, evaluated here from the log-probs the trainer reports. */
+static void test_loss_values(void **state) {
+    (void)state;
+    trill_svc_trainer *t = trainer(9);
+    batch b;
+    make_batch(&b, t);
+    trill_svc_loss_config c = trill_svc_loss_config_default();
+    c.beta = 0.3;
+    for (int l = 0; l < TRILL_SVC_N_LOSSES; l++) {
+        float lp[N_SEQ * LEN];
+        double loss = 0, want = 0;
+        assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, (trill_svc_loss)l, &c, false, lp, &loss), TRILL_OK);
+        for (int s = 0; s < N_SEQ; s++)
+            for (int i = 0; i < LEN; i++) {
+                const double x = lp[s * LEN + i], q = b.q[s][i], a = b.a[s][i], r = exp(x - q), cr = fmin(1.2, fmax(0.8, r));
+                want += l == TRILL_SVC_CROSS_ENTROPY ? -b.w[s][i] * x
+                        : l == TRILL_SVC_IMPORTANCE_SAMPLING ? -r * a
+                        : l == TRILL_SVC_PPO ? -fmin(r * a, cr * a)
+                        : l == TRILL_SVC_CISPO ? -cr * a * x
+                        : -(x * a - 0.5 * c.beta * (x - q) * (x - q));
+            }
+        assert_true(fabs(loss - want) <= 1e-9 * fmax(1.0, fabs(want)));
+    }
+    trill_svc_trainer_free(t);
+}
+
+/* Trainers share the base: one's calls leave another's results as they were. */
+static void test_tenants_share_the_base(void **state) {
+    (void)state;
+    trill_svc_trainer *a = trainer(21), *b2 = trainer(22);
+    batch b;
+    make_batch(&b, a);
+    const trill_svc_loss_config c = trill_svc_loss_config_default();
+    const double before = loss_at(a, &b, TRILL_SVC_CROSS_ENTROPY, &c);
+    float lp[N_SEQ * LEN];
+    double loss, norm;
+    assert_int_equal(trill_svc_forward(b2, b.d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
+    trill_svc_adam p = trill_svc_adam_default();
+    p.learning_rate = 0.1;
+    assert_int_equal(trill_svc_optim_step(b2, &p, &norm), TRILL_OK);
+    assert_true(loss != loss_at(b2, &b, TRILL_SVC_CROSS_ENTROPY, &c)); /* b2 did change */
+    assert_true(before == loss_at(a, &b, TRILL_SVC_CROSS_ENTROPY, &c));
+    size_t n;
+    const float *g = trill_svc_trainer_grads(a, &n);
+    for (size_t i = 0; i < n; i++) assert_true(g[i] == 0.0f);
+    trill_svc_trainer_free(a);
+    trill_svc_trainer_free(b2);
+}
+
+static void test_states(void **state) {
+    (void)state;
+    trill_svc_trainer *t = trainer(31);
+    batch b;
+    make_batch(&b, t);
+    const trill_svc_loss_config c = trill_svc_loss_config_default();
+    float lp[N_SEQ * LEN];
+    double loss, norm;
+    trill_svc_adam p = trill_svc_adam_default();
+    for (int step = 0; step < 2; step++) {
+        assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
+        assert_int_equal(trill_svc_optim_step(t, &p, &norm), TRILL_OK);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/state", g_dir);
+    assert_int_equal(trill_svc_trainer_save(t, dir, true), TRILL_OK);
+    trill_svc_trainer *u = NULL, *w = NULL;
+    assert_int_equal(trill_svc_trainer_load(g_base, dir, true, &u), TRILL_OK);
+    assert_int_equal(trill_svc_trainer_load(g_base, dir, false, &w), TRILL_OK);
+    assert_int_equal(trill_svc_trainer_step(u), 2);
+    assert_int_equal(trill_svc_trainer_step(w), 0);
+    /* the same next step from the state with its optimizer; a fresh optimizer steps otherwise */
+    double l_t, l_u, l_w;
+    for (trill_svc_trainer **x = (trill_svc_trainer *[]){ t, u, w, NULL }; *x; x++) {
+        assert_int_equal(trill_svc_forward(*x, b.d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
+        assert_int_equal(trill_svc_optim_step(*x, &p, &norm), TRILL_OK);
+    }
+    l_t = loss_at(t, &b, TRILL_SVC_CROSS_ENTROPY, &c), l_u = loss_at(u, &b, TRILL_SVC_CROSS_ENTROPY, &c), l_w = loss_at(w, &b, TRILL_SVC_CROSS_ENTROPY, &c);
+    assert_true(l_t == l_u);
+    assert_true(l_t != l_w);
+    /* restore in place; a state of another rank is refused */
+    assert_int_equal(trill_svc_trainer_restore(w, dir, true), TRILL_OK);
+    assert_int_equal(trill_svc_trainer_step(w), 2);
+    trill_svc_trainer_config c8 = { .rank = 8, .seed = 1, .train_mlp = true, .train_attn = true };
+    trill_svc_trainer *r8 = NULL;
+    assert_int_equal(trill_svc_trainer_create(g_base, &c8, &r8), TRILL_OK);
+    assert_int_equal(trill_svc_trainer_restore(r8, dir, true), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "rank"));
+    trill_svc_trainer_free(r8);
+    trill_svc_trainer_free(t), trill_svc_trainer_free(u), trill_svc_trainer_free(w);
+}
+
+static void expect_refused(trill_svc_trainer *t, trill_svc_datum d, trill_svc_loss l, const char *needle) {
+    float lp[64];
+    double loss;
+    trill_svc_loss_config c = trill_svc_loss_config_default();
+    assert_int_equal(trill_svc_forward(t, &d, 1, l, &c, true, lp, &loss), TRILL_ERR_INVALID);
+    if (!strstr(trill_error_message(), needle)) fail_msg("expected \"%s\" in: %s", needle, trill_error_message());
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    trill_svc_trainer *t = trainer(41);
+    int tok[4] = { 1, 2, 3, 4 }, bad[4] = { 2, 9, 4, 5 }, big[4] = { 2, 3, 500, 0 };
+    float w[3] = { 1, NAN, 1 };
+    uint16_t rep[3 * 3 * 2] = { 0 };
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = bad }, TRILL_SVC_CROSS_ENTROPY, "target_tokens[1]");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = big }, TRILL_SVC_CROSS_ENTROPY, "outside the vocabulary");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .weights = w }, TRILL_SVC_CROSS_ENTROPY, "weights[1]");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1 }, TRILL_SVC_PPO, "logprobs");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .routed_experts = rep }, TRILL_SVC_CROSS_ENTROPY,
+                   "routed_experts");
+    expect_refused(t, (trill_svc_datum){ .n = 0, .tokens = tok, .targets = tok }, TRILL_SVC_CROSS_ENTROPY, "empty");
+    trill_svc_trainer_config none = { .rank = 4 };
+    trill_svc_trainer *u = NULL;
+    assert_int_equal(trill_svc_trainer_create(g_base, &none, &u), TRILL_ERR_INVALID);
+    double norm;
+    trill_svc_adam p = trill_svc_adam_default();
+    p.beta1 = 1.5;
+    assert_int_equal(trill_svc_optim_step(t, &p, &norm), TRILL_ERR_INVALID);
+    assert_int_equal(trill_svc_trainer_step(t), 0);
+    trill_svc_trainer_free(t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradients), cmocka_unit_test(test_loss_values), cmocka_unit_test(test_tenants_share_the_base),
+        cmocka_unit_test(test_states),    cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
