@@ -99,6 +99,10 @@ typedef struct trill_request {
      * service keys every sample by its seed alone, as `trill generate` keys its first prompt). */
     bool keyed;
     uint64_t key;
+    /* The adapter its rows apply: 0 the engine's own (trill_engine_update_adapter; none until
+     * one is set), k in [1, TRILL_ENGINE_ADAPTER_SLOTS) the one set in slot k
+     * (trill_engine_set_adapter). */
+    int adapter;
 } trill_request;
 
 typedef enum trill_finish { TRILL_FINISH_LENGTH, TRILL_FINISH_STOP_ID, TRILL_FINISH_STOP_STRING, TRILL_FINISH_ABORTED } trill_finish;
@@ -183,6 +187,19 @@ int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max);
  * LoRA; never int8); NULL removes the adapters. lora must have been made for this model's
  * architecture. *bytes: the LoRA tensors handed over (fp32). */
 trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes);
+/* ---- multi-LoRA: several adapters in one step ----
+ * Besides its own adapter (slot 0, the live updates above), the engine holds up to
+ * TRILL_ENGINE_ADAPTER_SLOTS - 1 more, each request naming the slot its rows apply
+ * (trill_request.adapter). A step's rows may use different slots: each base matrix runs once
+ * over every row, and each adapter's side path over its own rows (the rows of one slot taken as
+ * runs, a MoE layer's rows of an expert grouped by slot: the segmented GEMMs of Punica and
+ * S-LoRA), so a sequence's tokens, log-probs and experts are those it gets alone with that
+ * adapter. Sets slot k's adapter (NULL empties it), converted now: call it from the thread that
+ * steps, with no unfinished request on that slot (refused otherwise). Not with expert parallelism
+ * across ranks. *bytes: the adapter's resident bytes. */
+enum { TRILL_ENGINE_ADAPTER_SLOTS = 64 };
+trill_status trill_engine_set_adapter(trill_engine *e, int slot, const trill_lora *lora, size_t *bytes);
+
 /* Bytes of the adapters the engine applies now, as it keeps them (0: none). */
 size_t trill_engine_adapter_bytes(const trill_engine *e);
 /* Merge mode: full weights (the sender folded the LoRA delta in) replace the engine's, converted

@@ -20,7 +20,8 @@ static trill_status alloc_step_buffers(trill_engine *e) {
     e->rows.seq = trill_malloc(R * sizeof(seq *));
     e->rows.pos = trill_malloc(R * sizeof(int));
     e->rows.token = trill_malloc(R * sizeof(int));
-    if (!e->rows.logit || !e->rows.seq || !e->rows.pos || !e->rows.token)
+    e->rows.slot = trill_malloc(R);
+    if (!e->rows.logit || !e->rows.seq || !e->rows.pos || !e->rows.token || !e->rows.slot)
         return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
     trill_status st = e->fam->alloc(e);
     if (!st) st = trill_eng_sampler_alloc(e);
@@ -116,6 +117,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     free(kv_shape);
     if (!st && cfg.eplb && c->n_moe_layers > 0) st = trill_eng_eplb_start(e);
     if (!st) st = alloc_step_buffers(e);
+    if (!st) st = trill_eng_build_layout(e);
     if (st) {
         trill_engine_free(e);
         return st;
@@ -129,6 +131,8 @@ void trill_engine_free(trill_engine *e) {
     trill_eng_sched_free(e); /* the sequences give their blocks back before the cache goes */
     trill_eng_free_weights(&e->c, e->w);
     trill_eng_free_adapter(&e->c, e->ad);
+    for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++) trill_eng_free_adapter(&e->c, e->slots[k]);
+    trill_eng_free_adapter(&e->c, e->layout);
     if (e->update.w) trill_eng_free_weights(&e->c, e->update.w);
     if (e->update.ad) trill_eng_free_adapter(&e->c, e->update.ad);
     pthread_mutex_destroy(&e->update.lock);
@@ -139,6 +143,7 @@ void trill_engine_free(trill_engine *e) {
     free(e->rows.seq);
     free(e->rows.pos);
     free(e->rows.token);
+    free(e->rows.slot);
     trill_eng_sampler_free(e);
     free(e->tensors);
     free(e);
@@ -160,6 +165,7 @@ trill_status trill_engine_set_expert_comm(trill_engine *e, trill_comm *c) {
         return TRILL_OK;
     }
     const int P = trill_comm_size(c), E = e->c.num_experts;
+    if (e->n_slots) return trill_error(TRILL_ERR_UNSUPPORTED, "expert parallelism: not with adapter slots (trill_engine_set_adapter)");
     if (e->c.n_moe_layers == 0) return trill_error(TRILL_ERR_INVALID, "expert parallelism: the model has no MoE layer");
     if (e->eplb.window && e->eplb.workers != P)
         return trill_error(TRILL_ERR_INVALID, "expert parallelism: EPLB places slots on %d workers, the group has %d ranks (set eplb_workers "

@@ -5,6 +5,7 @@
  * (a newer one replaces one not yet taken) and taken whole at the start of the next step. */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,41 @@ static trill_status build_adapter(const trill_engine *e, const trill_lora *lora,
     return TRILL_OK;
 }
 
+/* ---- the layout ---- */
+
+static trill_status layout_matrix(void *ctx, const eng_group *g) {
+    trill_engine *e = ctx;
+    eng_lora_layer *L = g->layer >= 0 ? &e->layout->layers[g->layer] : &e->layout->global;
+    eng_lora *dst = &L->m[g->role];
+    if (g->expert >= 0) {
+        if (!L->experts[g->role] && !(L->experts[g->role] = trill_calloc((size_t)e->c.num_experts, sizeof(eng_lora))))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        dst = &L->experts[g->role][g->expert];
+    }
+    dst->layer = g->layer, dst->role = g->role, dst->expert = g->expert;
+    return TRILL_OK;
+}
+
+trill_status trill_eng_build_layout(trill_engine *e) {
+    const trill_config *c = &e->c;
+    eng_adapter *lay = trill_calloc(1, sizeof *lay);
+    if (!lay || !(lay->layers = trill_calloc((size_t)c->num_hidden_layers, sizeof *lay->layers))) {
+        free(lay);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    e->layout = lay;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        for (int h = 0; h < ENG_HEAD_SLOTS; h++) lay->layers[l].heads[h].layer = l, lay->layers[l].heads[h].slot = h;
+    return trill_eng_for_each_matrix(c, e->tensors, e->n_tensors, layout_matrix, e);
+}
+
+int trill_eng_max_rank(const trill_engine *e) {
+    int r = e->ad ? e->ad->rank : 0;
+    for (int k = 1; e->n_slots && k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
+        if (e->slots[k] && e->slots[k]->rank > r) r = e->slots[k]->rank;
+    return r;
+}
+
 /* Adapters that are not finite numbers are refused, as weights are (trill_eng_check_finite_model). */
 static trill_status check_finite_lora(const trill_lora *l) {
     for (size_t k = 0; k < l->n_tensors; k++) {
@@ -163,7 +199,8 @@ trill_status trill_eng_take_update(trill_engine *e) {
     }
     pthread_mutex_unlock(&e->update.lock);
     if (!pending) return TRILL_OK;
-    trill_status st = ad ? e->fam->ensure_lora_buffers(e, ad->rank) : TRILL_OK;
+    const int rank = trill_eng_max_rank(e);
+    trill_status st = ad ? e->fam->ensure_lora_buffers(e, ad->rank > rank ? ad->rank : rank) : TRILL_OK;
     if (st) { /* the old weights stay; the update waits for the next step, unless a newer one came */
         pthread_mutex_lock(&e->update.lock);
         if (!e->update.pending) {
@@ -244,18 +281,45 @@ trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, 
 
 size_t trill_engine_adapter_bytes(const trill_engine *e) { return e->ad ? e->ad->resident : 0; }
 
+/* An adapter for e from lora (NULL: none), checked. */
+static trill_status adapter_from(const trill_engine *e, const trill_lora *lora, const char *what, eng_adapter **ad) {
+    *ad = NULL;
+    if (!lora) return TRILL_OK;
+    if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "%s: rank %d", what, lora->config.rank);
+    if (!trill_lora_is_whole(lora))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: the adapters are a shard's (%zu of the whole adapter's %zu values)", what, lora->n_params,
+                           lora->n_global);
+    trill_status st = check_finite_lora(lora);
+    return st ? st : build_adapter(e, lora, ad);
+}
+
 trill_status trill_engine_update_adapter(trill_engine *e, const trill_lora *lora, uint32_t version, size_t *bytes) {
     eng_adapter *ad = NULL;
-    if (lora) {
-        if (lora->config.rank < 1) return trill_error(TRILL_ERR_INVALID, "adapter update: rank %d", lora->config.rank);
-        if (!trill_lora_is_whole(lora))
-            return trill_error(TRILL_ERR_UNSUPPORTED, "adapter update: the adapters are a shard's (%zu of the whole adapter's %zu values)",
-                               lora->n_params, lora->n_global);
-        trill_status st = check_finite_lora(lora);
-        if (!st) st = build_adapter(e, lora, &ad);
-        if (st) return st;
-    }
+    trill_status st = adapter_from(e, lora, "adapter update", &ad);
+    if (st) return st;
     if (bytes) *bytes = ad ? ad->bytes : 0;
     post_update(e, false, NULL, true, ad, version);
+    return TRILL_OK;
+}
+
+trill_status trill_engine_set_adapter(trill_engine *e, int slot, const trill_lora *lora, size_t *bytes) {
+    if (slot < 1 || slot >= TRILL_ENGINE_ADAPTER_SLOTS)
+        return trill_error(TRILL_ERR_INVALID, "adapter slot %d: expected 1 to %d (slot 0 is the engine's own: trill_engine_update_adapter)", slot,
+                           TRILL_ENGINE_ADAPTER_SLOTS - 1);
+    if (e->ep) return trill_error(TRILL_ERR_UNSUPPORTED, "adapter slots: not with expert parallelism across ranks");
+    for (int i = 0; i < e->sched.n_reqs; i++)
+        if (e->sched.reqs[i]->r.adapter == slot)
+            return trill_error(TRILL_ERR_INVALID, "adapter slot %d: request %llu still uses it", slot, (unsigned long long)e->sched.reqs[i]->r.id);
+    eng_adapter *ad = NULL;
+    char what[48];
+    snprintf(what, sizeof what, "adapter slot %d", slot);
+    trill_status st = adapter_from(e, lora, what, &ad);
+    const int rank = trill_eng_max_rank(e);
+    if (!st && ad) st = e->fam->ensure_lora_buffers(e, ad->rank > rank ? ad->rank : rank);
+    if (st) { trill_eng_free_adapter(&e->c, ad); return st; }
+    e->n_slots += (ad != NULL) - (e->slots[slot] != NULL);
+    trill_eng_free_adapter(&e->c, e->slots[slot]);
+    e->slots[slot] = ad;
+    if (bytes) *bytes = ad ? ad->resident : 0;
     return TRILL_OK;
 }

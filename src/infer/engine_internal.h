@@ -67,6 +67,7 @@ typedef struct eng_weights {
  * adapters are read from memory every step, beside the base weights. */
 typedef struct eng_lora {
     int n_adapted;       /* 0: no adapter on this matrix */
+    int layer, role, expert; /* in the engine's layout (trill_engine.layout) only: where it sits (layer -1: global; expert -1: none) */
     gen_matrix A;        /* [n_adapted * r, K] */
     gen_matrix B[ENG_MAX_PARTS]; /* per adapted part: [cols, r] */
     int col0[ENG_MAX_PARTS], cols[ENG_MAX_PARTS];
@@ -78,6 +79,7 @@ typedef struct eng_lora {
 typedef struct eng_head_lora {
     gen_matrix *shrink, *expand; /* [num_attention_heads] when *_per_head, else [1] */
     int shrink_per_head, expand_per_head;
+    int layer, slot;             /* in the engine's layout only: where it sits */
 } eng_head_lora;
 
 /* One layer's adapters, slot by slot as eng_layer (n_adapted 0 where there is none). */
@@ -170,6 +172,8 @@ typedef struct eng_rows {
     int max;
     seq **seq;
     int *pos, *token;
+    uint8_t *slot;        /* the adapter slot of each row (its request's) */
+    bool mixed;           /* some row uses a slot other than 0 */
     int *logit;           /* the rows that produce logits, in order */
 } eng_rows;
 
@@ -200,7 +204,12 @@ struct trill_engine {
     size_t n_tensors;
     trill_engine_config cfg;
     eng_weights *w;       /* the weights steps run on */
-    eng_adapter *ad;      /* and their adapters, or NULL */
+    eng_adapter *ad;      /* and their adapters, or NULL: slot 0 */
+    eng_adapter *slots[TRILL_ENGINE_ADAPTER_SLOTS]; /* slots [1, ..) (trill_engine_set_adapter); [0] unused */
+    int n_slots;          /* slots set */
+    /* Every adapter's shape with no matrices: each entry knows where it sits, so the families'
+     * forwards name an adapter matrix by its layout entry and the side path finds each slot's. */
+    eng_adapter *layout;
     uint32_t version;     /* of w + ad: recorded with every token sampled */
     eng_mailbox update;   /* engine_adapter.c */
     kv_cache kv;          /* blocks handed out by the scheduler, written and read by the forward */
@@ -244,6 +253,12 @@ trill_status trill_eng_check_finite_model(const trill_model *m);
 
 /* engine_adapter.c */
 void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad);
+/* The layout (trill_engine.layout) of e's adapters. */
+trill_status trill_eng_build_layout(trill_engine *e);
+/* The adapter of slot s (0: e->ad), or NULL. */
+static inline const eng_adapter *trill_eng_slot_adapter(const trill_engine *e, int s) { return s == 0 ? e->ad : e->slots[s]; }
+/* The largest rank of the adapters in use (0: none). */
+int trill_eng_max_rank(const trill_engine *e);
 /* Takes a waiting update at the start of a step: the step sees all of it. */
 trill_status trill_eng_take_update(trill_engine *e);
 

@@ -73,6 +73,9 @@ static trill_status check_request(const trill_engine *e, const trill_request *r)
     for (int i = 0; i < r->prompt_len; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "request %llu: prompt token %d is %d, outside the vocabulary [0, %d)", id, i, r->prompt[i], c->vocab_size);
+    if (r->adapter < 0 || r->adapter >= TRILL_ENGINE_ADAPTER_SLOTS || (r->adapter > 0 && !e->slots[r->adapter]))
+        return trill_error(TRILL_ERR_INVALID, "request %llu: adapter slot %d is %s", id, r->adapter,
+                           r->adapter < 0 || r->adapter >= TRILL_ENGINE_ADAPTER_SLOTS ? "out of range" : "empty (trill_engine_set_adapter)");
     if (r->n_forced < 0 || (r->n_forced > 0 && !r->forced))
         return trill_error(TRILL_ERR_INVALID, "request %llu: n_forced %d without forced tokens", id, r->n_forced);
     if (r->n_forced > 0 && !r->forced_at && (r->n > 1 || r->max_new_tokens != r->n_forced))
@@ -193,6 +196,8 @@ static int add_rows_of(trill_engine *e, seq *s, int R, int n) {
         e->rows.seq[R] = s;
         e->rows.pos[R] = s->n_computed + i;
         e->rows.token[R] = s->tokens[s->n_computed + i];
+        e->rows.slot[R] = (uint8_t)s->rq->r.adapter;
+        e->rows.mixed |= s->rq->r.adapter != 0;
     }
     return R;
 }
@@ -201,6 +206,7 @@ static int add_rows_of(trill_engine *e, seq *s, int R, int n) {
  * its prompt) in admission order, then new sequences from the queue, within the token budget. */
 trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats) {
     int R = 0;
+    e->rows.mixed = false;
     for (int i = 0; i < e->sched.n_active && R < e->rows.max; i++) {
         seq *s = e->sched.active[i];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;

@@ -37,32 +37,58 @@ gen_product *trill_gen_product_list(size_t n) { return trill_tls_buffer(&product
 
 static int adapted(const eng_lora *el) { return el && el->n_adapted > 0; }
 
-/* The shrink of an adapted matrix: x[T, K] A^T (its parts' A stacked) into the buffer's rows
- * from row0, [T][n_adapted r]. */
-static gen_product lora_shrink(const gen_lora_buf *b, const eng_lora *el, const float *x, int T, int row0) {
-    return (gen_product){ .out = b->xa + (size_t)row0 * 3 * b->rank, .inp = x, .W = &el->A, .T = T };
+bool trill_gen_any_adapter(const trill_engine *e) { return e->ad || e->n_slots; }
+
+int trill_gen_row_slot(const trill_engine *e, gen_rowmap m, int i) {
+    return e->rows.mixed ? e->rows.slot[m.idx ? m.idx[i] / m.div : i] : 0;
 }
 
-/* Its parts' expands, read from their columns of the shrink's rows and added into their columns
- * of y[T, width]: y = fmaf(scale, (x A_p^T) B_p^T, y). Writes n_adapted products to list. */
-static int lora_expands(const trill_engine *e, const gen_lora_buf *b, const eng_lora *el, float *y, size_t width, int T, int row0,
-                        gen_product *list) {
-    const int r = e->ad->rank, na = el->n_adapted;
-    const float *xa = b->xa + (size_t)row0 * 3 * b->rank;
-    for (int a = 0; a < na; a++)
-        list[a] = (gen_product){ .out = y + el->col0[a], .ldo = width, .inp = xa + (size_t)a * r, .ldi = (size_t)na * r,
-                                 .W = &el->B[a], .T = T, .accumulate = 1, .scale = e->ad->scale };
-    return na;
+/* Adapter ad's matrix at layout entry `at` (NULL: none there). */
+static const eng_lora *lora_at(const eng_adapter *ad, const eng_lora *at) {
+    if (!ad) return NULL;
+    const eng_lora_layer *L = at->layer >= 0 ? &ad->layers[at->layer] : &ad->global;
+    if (at->expert >= 0) return L->experts[at->role] ? &L->experts[at->role][at->expert] : NULL;
+    return &L->m[at->role];
 }
 
-trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *el, float *y, const float *x,
-                              int T, int row0) {
-    gen_product p[ENG_MAX_PARTS > 2 ? ENG_MAX_PARTS : 2] = { { .out = y, .inp = x, .W = W, .T = T } };
-    if (!adapted(el)) return trill_gen_matmul_many(p, 1);
-    p[1] = lora_shrink(b, el, x, T, row0);
-    trill_status st = trill_gen_matmul_many(p, 2);
-    if (st) return st;
-    return trill_gen_matmul_many(p, lora_expands(e, b, el, y, (size_t)W->N, T, row0, p));
+/* The side paths of rows [0, T) of x [T, x_width] (which the map places among the step's rows),
+ * each run of rows of one adapter slot with that slot's matrix at `at`: with expand false, the
+ * shrinks x A^T (a matrix's parts' A stacked) into the buffer's rows from row0, [T][n_adapted r];
+ * with expand true, every part's expand read from its columns of those rows and added into its
+ * columns of y [T, width], y = fmaf(scale, (x A_p^T) B_p^T, y). Writes the products to list;
+ * returns how many. */
+static int side_products(const trill_engine *e, const gen_lora_buf *b, const eng_lora *at, gen_rowmap m, const float *x, size_t x_width,
+                         float *y, size_t width, int T, int row0, bool expand, gen_product *list) {
+    int n = 0;
+    for (int i0 = 0, i1; i0 < T; i0 = i1) {
+        const int slot = trill_gen_row_slot(e, m, i0);
+        for (i1 = i0 + 1; i1 < T && trill_gen_row_slot(e, m, i1) == slot; i1++) {}
+        const eng_adapter *ad = trill_eng_slot_adapter(e, slot);
+        const eng_lora *el = lora_at(ad, at);
+        if (!adapted(el)) continue;
+        float *xa = b->xa + (size_t)(row0 + i0) * 3 * b->rank;
+        if (!expand) {
+            list[n++] = (gen_product){ .out = xa, .inp = x + (size_t)i0 * x_width, .W = &el->A, .T = i1 - i0 };
+            continue;
+        }
+        for (int a = 0; a < el->n_adapted; a++)
+            list[n++] = (gen_product){ .out = y + (size_t)i0 * width + el->col0[a], .ldo = width, .inp = xa + (size_t)a * ad->rank,
+                                       .ldi = (size_t)el->n_adapted * ad->rank, .W = &el->B[a], .T = i1 - i0, .accumulate = 1, .scale = ad->scale };
+    }
+    return n;
+}
+
+trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *at, gen_rowmap m, float *y,
+                              const float *x, int T, int row0) {
+    const gen_product base = { .out = y, .inp = x, .W = W, .T = T };
+    if (!at || !trill_gen_any_adapter(e)) return trill_gen_matmul_many(&base, 1);
+    gen_product *list = trill_gen_product_list(1 + (size_t)ENG_MAX_PARTS * (e->rows.mixed ? (size_t)T : 1));
+    if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapters' products");
+    list[0] = base;
+    const int n = 1 + side_products(e, b, at, m, x, (size_t)W->K, NULL, 0, T, row0, false, list + 1);
+    trill_status st = trill_gen_matmul_many(list, n);
+    if (st || n == 1) return st;
+    return trill_gen_matmul_many(list, side_products(e, b, at, m, x, (size_t)W->K, y, (size_t)W->N, T, row0, true, list));
 }
 
 /* ---- elementwise ---- */
@@ -98,7 +124,7 @@ trill_status trill_gen_logits(const trill_engine *e, gen_lora_buf *lb, const flo
     const int H = c->hidden_size;
     for (int i = 0; i < n; i++) memcpy(xn + (size_t)i * H, x + (size_t)e->rows.logit[i] * H, sizeof(float) * H);
     trill_rmsnorm_forward(xn, xn, e->w->global.vec[norm_role], n, H, (float)c->rms_norm_eps);
-    return trill_gen_linear(e, lb, &e->w->global.m[head_role], e->ad ? &e->ad->global.m[head_role] : NULL, logits, xn, n, 0);
+    return trill_gen_linear(e, lb, &e->w->global.m[head_role], &e->layout->global.m[head_role], (gen_rowmap){ e->rows.logit, 1 }, logits, xn, n, 0);
 }
 
 /* ---- the routed experts ---- */
@@ -114,36 +140,42 @@ static trill_status expert_rows(const trill_engine *e, gen_moe *b, gen_lora_buf 
     float *xe = b->xe + (size_t)first * H, *ff = b->ff + (size_t)first * 2 * Im, *act = b->act + (size_t)first * Im;
     float *ye = b->ye + (size_t)first * H;
     for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)(b->order[first + i] / K) * H, sizeof(float) * H);
-    trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], A ? &A->experts[roles.gate_up][x] : NULL, ff, xe, n, first);
+    const gen_rowmap m = { b->order + first, K };
+    trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], &A->experts[roles.gate_up][x], m, ff, xe, n, first);
     if (st) return st;
     trill_gen_swiglu_fused(act, ff, n, Im);
-    return trill_gen_linear(e, lb, &L->experts[roles.down][x], A ? &A->experts[roles.down][x] : NULL, ye, act, n, first);
+    return trill_gen_linear(e, lb, &L->experts[roles.down][x], &A->experts[roles.down][x], m, ye, act, n, first);
 }
 
 /* One role of every expert of the step, as two batches of products (two forks for all the experts,
  * rather than a few per expert): each expert's rows of x [.., x_width] through its base matrix into
- * y [.., width] with its adapter's shrink beside it, then the adapters' expands added into y. */
+ * y [.., width] with its adapters' shrinks beside it (a run of rows per adapter slot), then the
+ * adapters' expands added into y. A: the layout's layer. */
 static trill_status experts_role(const trill_engine *e, const gen_moe *b, gen_lora_buf *lb, const eng_layer *L, const eng_lora_layer *A,
                                  int role, float *y, size_t width, const float *x, size_t x_width, int E) {
-    gen_product *list = trill_gen_product_list((size_t)E * (ENG_MAX_PARTS > 2 ? ENG_MAX_PARTS : 2));
+    const int K = e->c.num_experts_per_tok, rows_all = b->count[E - 1];
+    const bool sides = trill_gen_any_adapter(e) && A->experts[role];
+    gen_product *list = trill_gen_product_list((size_t)E + (size_t)ENG_MAX_PARTS * ((size_t)E + (e->rows.mixed ? (size_t)rows_all : 0)));
     if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the list of %d experts' products", E);
-    int n = 0, sides = 0;
+    int n = 0, n_side = 0;
     for (int ex = 0; ex < E; ex++) {
         const int first = ex ? b->count[ex - 1] : 0, rows = b->count[ex] - first;
         if (rows == 0) continue;
         list[n++] = (gen_product){ .out = y + (size_t)first * width, .inp = x + (size_t)first * x_width, .W = &L->experts[role][ex], .T = rows };
-        if (A && adapted(&A->experts[role][ex])) {
-            list[n++] = lora_shrink(lb, &A->experts[role][ex], x + (size_t)first * x_width, rows, first);
-            sides++;
+        if (sides) {
+            const int k = side_products(e, lb, &A->experts[role][ex], (gen_rowmap){ b->order + first, K }, x + (size_t)first * x_width, x_width,
+                                        NULL, 0, rows, first, false, list + n);
+            n += k, n_side += k;
         }
     }
     trill_status st = trill_gen_matmul_many(list, n);
-    if (st || !sides) return st;
+    if (st || !n_side) return st;
     n = 0;
     for (int ex = 0; ex < E; ex++) {
         const int first = ex ? b->count[ex - 1] : 0, rows = b->count[ex] - first;
-        if (rows > 0 && adapted(&A->experts[role][ex]))
-            n += lora_expands(e, lb, &A->experts[role][ex], y + (size_t)first * width, width, rows, first, list + n);
+        if (rows > 0)
+            n += side_products(e, lb, &A->experts[role][ex], (gen_rowmap){ b->order + first, K }, x + (size_t)first * x_width, x_width,
+                               y + (size_t)first * width, width, rows, first, true, list + n);
     }
     return trill_gen_matmul_many(list, n);
 }
@@ -163,12 +195,24 @@ static trill_status experts_grouped(const trill_engine *e, gen_moe *b, gen_lora_
 }
 
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
- * grouped by key, count[k] ends group k. */
-static void group_by(gen_moe *b, const int *key, int n, int n_keys) {
+ * grouped by key, count[k] ends group k. When rows apply different adapters, a group's pairs
+ * come in order of their row's adapter slot, so each adapter's side path runs over one run of
+ * them (b->where is the scratch: combine_experts sets it afterwards). */
+static void group_by(const trill_engine *e, gen_moe *b, const int *key, int n, int n_keys) {
+    const int K = e->c.num_experts_per_tok;
     memset(b->count, 0, sizeof(int) * (size_t)(n_keys + 1));
     for (int i = 0; i < n; i++) b->count[key[i] + 1]++;
     for (int k = 0; k < n_keys; k++) b->count[k + 1] += b->count[k];
-    for (int i = 0; i < n; i++) b->order[b->count[key[i]]++] = i;
+    if (e->rows.mixed) {
+        int at[TRILL_ENGINE_ADAPTER_SLOTS + 1] = { 0 };
+        for (int i = 0; i < n; i++) at[e->rows.slot[i / K] + 1]++;
+        for (int s = 0; s < TRILL_ENGINE_ADAPTER_SLOTS; s++) at[s + 1] += at[s];
+        for (int i = 0; i < n; i++) b->where[at[e->rows.slot[i / K]]++] = i;
+    }
+    for (int j = 0; j < n; j++) {
+        const int i = e->rows.mixed ? b->where[j] : j;
+        b->order[b->count[key[i]]++] = i;
+    }
 }
 
 /* out = sum_k gate_k expert_k(xn) for every row, its experts combined in ascending logical id (as
@@ -201,7 +245,7 @@ static trill_status experts_on_workers(trill_engine *e, gen_moe *b, gen_lora_buf
     const int K = e->c.num_experts_per_tok;
     const trill_eplb_plan *plan = &e->eplb.plan;
     for (int i = 0; i < R * K; i++) b->phys[i] = trill_eplb_physical(plan, ordinal, b->topi[i], (uint64_t)i);
-    group_by(b, b->phys, R * K, plan->n_physical);
+    group_by(e, b, b->phys, R * K, plan->n_physical);
     const int per = plan->n_physical / e->eplb.workers;
     /* a worker's failure leaves its message on its own thread: the first is copied out */
     int failed = 0;
@@ -229,9 +273,10 @@ static trill_status served_rows(const trill_engine *e, gen_lora_buf *lb, const e
                                 int x, const float *xin, float *yout, float *ff, int first, int n) {
     const int Im = e->c.moe_intermediate_size;
     float *act = ff + (size_t)n * 2 * Im;
-    trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], A ? &A->experts[roles.gate_up][x] : NULL, ff, xin, n, first);
+    /* rows from other ranks: slot 0 (adapter slots are refused with expert parallelism) */
+    trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], &A->experts[roles.gate_up][x], GEN_SLOT0_ROWS, ff, xin, n, first);
     if (!st) trill_gen_swiglu_fused(act, ff, n, Im);
-    if (!st) st = trill_gen_linear(e, lb, &L->experts[roles.down][x], A ? &A->experts[roles.down][x] : NULL, yout, act, n, first);
+    if (!st) st = trill_gen_linear(e, lb, &L->experts[roles.down][x], &A->experts[roles.down][x], GEN_SLOT0_ROWS, yout, act, n, first);
     return st;
 }
 
@@ -249,7 +294,7 @@ static trill_status experts_on_ranks(trill_engine *e, gen_moe *b, gen_lora_buf *
     const int slots = e->eplb.window ? e->eplb.plan.n_physical : e->c.num_experts, per = slots / P;
     for (int i = 0; i < R * K; i++)
         b->phys[i] = e->eplb.window ? trill_eplb_physical(&e->eplb.plan, ordinal, b->topi[i], (uint64_t)i) : b->topi[i];
-    group_by(b, b->phys, R * K, slots);
+    group_by(e, b, b->phys, R * K, slots);
     for (int i = 0; i < R * K; i++) memcpy(b->xe + (size_t)i * H, xn + (size_t)(b->order[i] / K) * H, sizeof(float) * H);
     size_t *n = trill_malloc(sizeof(size_t) * (size_t)(2 * slots + 4 * P));
     if (!n) return trill_error(TRILL_ERR_NOMEM, "out of memory for the expert exchange");
@@ -273,7 +318,7 @@ static trill_status experts_on_ranks(trill_engine *e, gen_moe *b, gen_lora_buf *
     float *yout = xin ? xin + total * H : NULL, *ff = xin ? yout + total * H : NULL;
     if (!st && !xin) st = trill_error(TRILL_ERR_NOMEM, "out of memory for %zu rows served to the expert group", total);
     if (!st) st = trill_comm_alltoallv(e->ep, b->xe, send_b, xin, recv_b);
-    if (!st && A && total > lb->rows) st = trill_gen_lora_buf_ensure(lb, lb->rank, total);
+    if (!st && trill_gen_any_adapter(e) && total > lb->rows) st = trill_gen_lora_buf_ensure(lb, lb->rank, total);
     size_t at = 0;
     for (int p = 0; !st && p < P; p++)
         for (int j = 0; !st && j < per; j++) {
@@ -308,7 +353,7 @@ trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb
     } else if (e->eplb.window) {
         st = experts_on_workers(e, b, lb, xn, L, A, roles, ordinal, R);
     } else {
-        group_by(b, b->topi, R * K, E);
+        group_by(e, b, b->topi, R * K, E);
         st = experts_grouped(e, b, lb, xn, L, A, roles, R);
     }
     if (st) return st;

@@ -26,19 +26,32 @@ typedef struct gen_lora_buf {
     size_t rows; /* and the rows */
 } gen_lora_buf;
 
-/* Sized for rank r and `rows` rows (a step's rows times its experts per row); the buffer in use
+/* Sized for rank r (the largest in use) and `rows` rows (a step's rows times its experts per row); the buffer in use
  * stays when a new one cannot be had (TRILL_ERR_NOMEM). */
 trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows);
 void trill_gen_lora_buf_free(gen_lora_buf *b);
 
-/* y[T, W.N] = x[T, W.K] W^T, plus the adapter's side path when el has one (el NULL or without
- * adapted parts: none): the base product and the shrink x A^T (the parts' A stacked: one product
- * for all of q/k/v) in one parallel region, then every part's expand added straight into its
- * columns of y, y = fmaf(scale, (x A_p^T) B_p^T, y), in a second. row0: where these rows sit
- * among the step's expert rows, so concurrent callers (EPLB workers) use disjoint rows of the
- * buffer. Fails as trill_gen_matmul. */
-trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *el, float *y, const float *x,
-                              int T, int row0);
+/* Where a product's rows sit among the step's: x row i is step row idx[i] / div (idx NULL: row
+ * i), whose adapter slot is e->rows.slot of it. */
+typedef struct gen_rowmap { const int *idx; int div; } gen_rowmap;
+#define GEN_STEP_ROWS ((gen_rowmap){ NULL, 1 })
+/* Rows that are not the step's (an expert-parallel rank's served rows): slot 0, the engine's own
+ * adapter (valid while the step's rows are not mixed, as with expert parallelism). */
+#define GEN_SLOT0_ROWS ((gen_rowmap){ NULL, 1 })
+/* The adapter slot of row i of a product placed by m. */
+int trill_gen_row_slot(const trill_engine *e, gen_rowmap m, int i);
+/* Whether any adapter is set (the engine's own or a slot's). */
+bool trill_gen_any_adapter(const trill_engine *e);
+
+/* y[T, W.N] = x[T, W.K] W^T, plus the side path of each row's adapter (its slot's matrix at
+ * layout entry `at`, trill_engine.layout; at NULL, or no adapter there: none): the base product
+ * and the shrinks x A^T (a matrix's parts' A stacked: one product for all of q/k/v; one per run
+ * of rows of one slot) in one parallel region, then every part's expand added straight into its
+ * columns of y, y = fmaf(scale, (x A_p^T) B_p^T, y), in a second. Each row's result is what it
+ * is alone with its adapter. row0: where these rows sit among the step's expert rows, so
+ * concurrent callers (EPLB workers) use disjoint rows of the buffer. Fails as trill_gen_matmul. */
+trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *at, gen_rowmap m, float *y,
+                              const float *x, int T, int row0);
 
 /* The calling thread's list for n products (grown as needed, not kept across calls); NULL when
  * out of memory. */
@@ -80,7 +93,7 @@ typedef struct gen_expert_roles { int gate_up, down; } gen_expert_roles;
  * physical replica on the EPLB workers), and out[R, H] = sum_k topw * expert_k(xn) with every
  * row's experts summed in ascending logical id, whatever the batch, placement or worker. */
 trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb, const float *xn, float *out, const eng_layer *L,
-                                   const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R);
+                                   const eng_lora_layer *A, gen_expert_roles roles, int ordinal, int R); /* A: the layout's layer */
 
 /* ---- attention ---- */
 

@@ -32,6 +32,7 @@ void svc_job_free(svc_job *j) {
     free(j->stop_ids);
     for (int i = 0; i < j->n_stop_strings; i++) free(j->stop_strings[i]);
     free(j->stop_strings);
+    json_decref(j->result);
     free(j);
 }
 
@@ -302,8 +303,7 @@ trill_status svc_job_submit(svc *s, svc_job *j) {
     return TRILL_OK;
 }
 
-/* Records the job's outcome (result: JSON text, or an error) and forgets it. */
-static void finish(svc *s, svc_job *j, char *result, trill_status st) {
+void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st) {
     json_t *err = st ? json_pack("{s:s, s:s}", "code", "failed", "message", trill_error_message()) : NULL;
     char *text = st ? json_dumps(err, JSON_COMPACT) : result;
     svc_arg a[] = { SVC_S(st ? "error" : "done"), SVC_S(text ? text : "{}"), SVC_I(time(NULL)), SVC_S(j->id) };
@@ -321,13 +321,13 @@ static void finish(svc *s, svc_job *j, char *result, trill_status st) {
     svc_job_free(j);
 }
 
-static char *dump(json_t *o) {
+char *svc_json_dump(json_t *o) {
     char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return t;
 }
 
-static json_t *float_list(const float *v, int n) {
+json_t *svc_json_floats(const float *v, int n) {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
     return a;
@@ -345,9 +345,9 @@ static trill_status run_forward(svc *s, svc_job *j, char **result) {
                          : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_t *outs = json_array();
     for (int d = 0, k = 0; !st && d < j->n_data; k += j->data[d++].n)
-        json_array_append_new(outs, json_pack("{s:o}", "logprobs", float_list(lp + k, j->data[d].n)));
+        json_array_append_new(outs, json_pack("{s:o}", "logprobs", svc_json_floats(lp + k, j->data[d].n)));
     if (!st)
-        *result = dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_svc_loss_name(j->loss), "loss_fn_outputs", outs, "metrics",
+        *result = svc_json_dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_svc_loss_name(j->loss), "loss_fn_outputs", outs, "metrics",
                                  "loss:sum", loss));
     json_decref(outs);
     free(lp);
@@ -367,7 +367,7 @@ static trill_status run_training(svc *s, svc_job *j, char **result) {
         st = trill_svc_optim_step(t->trainer, &j->adam, &norm);
         if (!st) st = svc_snapshot(s, t);
         if (!st)
-            *result = dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
+            *result = svc_json_dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
                                      "learning_rate", j->adam.learning_rate));
         return st;
     }
@@ -383,13 +383,13 @@ static trill_status run_training(svc *s, svc_job *j, char **result) {
             st = svc_store_run(s->store, "recording a saved state",
                                "INSERT OR REPLACE INTO states(uri, key_id, trainer_id, kind, dir, step, created) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                                a, 7, NULL, NULL, NULL);
-        if (!st) *result = dump(json_pack("{s:s}", "path", uri));
+        if (!st) *result = svc_json_dump(json_pack("{s:s}", "path", uri));
         return st;
     }
     case JOB_LOAD_STATE:
         st = trill_svc_trainer_restore(t->trainer, j->dir, j->with_optimizer);
         if (!st) st = svc_snapshot(s, t);
-        if (!st) *result = dump(json_pack("{s:I}", "step", (json_int_t)trill_svc_trainer_step(t->trainer)));
+        if (!st) *result = svc_json_dump(json_pack("{s:I}", "step", (json_int_t)trill_svc_trainer_step(t->trainer)));
         return st;
     default: return trill_error(TRILL_ERR_INVALID, "not a training call");
     }
@@ -420,7 +420,7 @@ static void *train_main(void *arg) {
         char *result = NULL;
         trill_status st = run_training(s, j, &result);
         if (!st && !result) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
-        finish(s, j, result, st);
+        svc_job_finish(s, j, result, st);
         pthread_mutex_lock(&s->mu);
         t->running = false;
     }
@@ -428,107 +428,9 @@ static void *train_main(void *arg) {
     return NULL;
 }
 
-/* ---- the sampling worker ---- */
-
-static json_t *sequence_json(const trill_sequence_out *o, const trill_config *c) {
-    json_t *toks = json_array(), *experts = json_array();
-    for (int i = 0; i < o->n_generated; i++) json_array_append_new(toks, json_integer(o->tokens[o->n_prompt + i]));
-    const size_t rows = (size_t)(o->n_prompt + o->n_generated - 1) * c->n_moe_layers * c->num_experts_per_tok;
-    for (size_t i = 0; o->experts && i < rows; i++) json_array_append_new(experts, json_integer(o->experts[i]));
-    const char *reason = o->finish == TRILL_FINISH_LENGTH ? "length" : o->finish == TRILL_FINISH_ABORTED ? "aborted" : "stop";
-    return json_pack("{s:o, s:o, s:s, s:o}", "tokens", toks, "logprobs", float_list(o->logprobs, o->n_generated), "stop_reason", reason,
-                     "routed_experts", experts);
-}
-
-/* Runs a batch of queued jobs of one sampler adapter in the engine; each job's requests have the
- * engine id of its place in the batch, and draw with the job's seed as `trill generate` does. */
-static void run_samples(svc *s, svc_job **jobs, int n, int base) {
-    trill_engine *e = s->engines[base];
-    const trill_config *c = trill_model_config(trill_svc_base_model(s->bases[base]));
-    trill_status *sts = trill_calloc((size_t)n, sizeof *sts);
-    json_t **res = trill_calloc((size_t)n, sizeof *res);
-    if (!sts || !res) {
-        for (int i = 0; i < n; i++) finish(s, jobs[i], NULL, trill_error(TRILL_ERR_NOMEM, "out of memory"));
-        free(sts), free(res);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        svc_job *j = jobs[i];
-        res[i] = j->kind == JOB_SAMPLE ? json_pack("{s:[]}", "sequences") : json_pack("{s:[n]}", "logprobs");
-        if (j->kind == JOB_LOGPROBS && j->prompt_len == 1) continue;
-        trill_request r = { .id = (uint64_t)i, .prompt = j->prompt, .prompt_len = j->kind == JOB_LOGPROBS ? 1 : j->prompt_len,
-                            .n = j->kind == JOB_LOGPROBS ? 1 : j->num_samples, .sampling = j->sampling, .keyed = true, .key = 0 };
-        if (j->kind == JOB_LOGPROBS) {
-            r.forced = j->prompt + 1, r.n_forced = j->prompt_len - 1, r.max_new_tokens = j->prompt_len - 1;
-            r.sampling = trill_sampling_default();
-        } else {
-            r.max_new_tokens = j->max_tokens;
-            r.stop_ids = j->n_stop_ids ? j->stop_ids : c->eos_token_ids;
-            r.n_stop_ids = j->n_stop_ids ? j->n_stop_ids : c->n_eos;
-            r.stop_strings = (const char *const *)j->stop_strings, r.n_stop_strings = j->n_stop_strings;
-        }
-        sts[i] = trill_engine_submit(e, &r);
-        if (sts[i]) { json_decref(res[i]); res[i] = json_pack("{s:s}", "message", trill_error_message()); }
-    }
-    trill_status st = TRILL_OK;
-    trill_sequence_out out[16];
-    while (!st && trill_engine_busy(e)) {
-        st = trill_engine_step(e, NULL);
-        for (int got; !st && (got = trill_engine_collect(e, out, 16)) > 0;)
-            for (int k = 0; k < got; k++) {
-                const int i = (int)out[k].request;
-                if (jobs[i]->kind == JOB_SAMPLE) json_array_append_new(json_object_get(res[i], "sequences"), sequence_json(&out[k], c));
-                else for (int t = 0; t < out[k].n_generated; t++) json_array_append_new(json_object_get(res[i], "logprobs"), json_real(out[k].logprobs[t]));
-                trill_sequence_out_free(&out[k]);
-            }
-    }
-    if (st) for (int i = 0; i < n; i++) trill_engine_abort(e, (uint64_t)i);
-    while (st && trill_engine_collect(e, out, 16) > 0) {} /* drop what the failed step left */
-    for (int i = 0; i < n; i++) {
-        if (!st && sts[i]) trill_error(TRILL_ERR_INVALID, "%s", json_string_value(json_object_get(res[i], "message")));
-        const trill_status js = st ? st : sts[i];
-        finish(s, jobs[i], js ? NULL : dump(res[i]), js ? js : (res[i] ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory")));
-        if (js) json_decref(res[i]);
-    }
-    free(sts), free(res);
-}
-
-static void *sample_main(void *arg) {
-    svc *s = arg;
-    const trill_lora **current = trill_calloc((size_t)s->n_bases, sizeof *current);
-    uint32_t version = 0;
-    pthread_mutex_lock(&s->mu);
-    while (current) {
-        while (!s->stopping && !s->sample_head) pthread_cond_wait(&s->work, &s->mu);
-        if (s->stopping) break;
-        /* The queued jobs of the first one's adapter, in order; the others stay queued. */
-        svc_job *batch[64];
-        int n = 0;
-        const svc_sampler *first = s->sample_head->sampler;
-        for (svc_job **p = &s->sample_head, *j; (j = *p) && n < 64;) {
-            if (j->sampler->base == first->base && j->sampler->lora == first->lora) { *p = j->next; j->next = NULL; batch[n++] = j; }
-            else p = &j->next;
-        }
-        s->sample_tail = NULL;
-        for (svc_job *j = s->sample_head; j; j = j->next) s->sample_tail = j;
-        pthread_mutex_unlock(&s->mu);
-        trill_status st = TRILL_OK;
-        if (current[first->base] != first->lora) {
-            st = trill_engine_update_adapter(s->engines[first->base], first->lora, ++version, NULL);
-            if (!st) current[first->base] = first->lora;
-        }
-        if (st) for (int i = 0; i < n; i++) finish(s, batch[i], NULL, st);
-        else run_samples(s, batch, n, first->base);
-        pthread_mutex_lock(&s->mu);
-    }
-    pthread_mutex_unlock(&s->mu);
-    free(current);
-    return NULL;
-}
-
 trill_status svc_workers_start(svc *s) {
     if (pthread_create(&s->train_thread, NULL, train_main, s) != 0) return trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the training worker");
-    if (pthread_create(&s->sample_thread, NULL, sample_main, s) != 0) {
+    if (pthread_create(&s->sample_thread, NULL, svc_sample_main, s) != 0) {
         svc_workers_stop(s);
         return trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the sampling worker");
     }
@@ -592,5 +494,5 @@ char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, i
     else if (strcmp(r.status, "done") == 0) o = json_pack("{s:s, s:o}", "status", "done", "result", json_loads(r.result ? r.result : "{}", 0, NULL));
     else o = json_pack("{s:s, s:o}", "status", "error", "error", json_loads(r.result ? r.result : "{}", 0, NULL));
     free(r.result);
-    return dump(o);
+    return svc_json_dump(o);
 }

@@ -43,6 +43,9 @@ typedef struct svc_job {
     char **stop_strings;
     int n_stop_strings;
     trill_sampling sampling;
+    json_t *result;              /* while sampling: the sequences so far */
+    int remaining;               /* sequences still running */
+    uint64_t engine_id;          /* its request's id in the engine */
     struct svc_job *next;        /* in its queue */
 } svc_job;
 
@@ -96,11 +99,22 @@ trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p);
 /* Queues the job (taken; its id set), logs it as pending; refused when the queue is full. */
 trill_status svc_job_submit(svc *s, svc_job *job);
 void svc_job_free(svc_job *job);
+/* Records the job's outcome (result: JSON text, taken; or the error st with its message) in the
+ * request log, then forgets the job (freed) and wakes the long-polls. */
+void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st);
+/* o as compact JSON text (malloc'ed; o is released), NULL when out of memory. */
+char *svc_json_dump(json_t *o);
+json_t *svc_json_floats(const float *v, int n);
 trill_status svc_workers_start(svc *s);
 void svc_workers_stop(svc *s);
 /* The future's answer as JSON text (malloc'ed) after waiting up to `wait` seconds; NULL with
  * *status 404 when the caller owns no such request. */
 char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, int *status);
+
+/* ---- sampler.c ---- */
+/* The sampling worker's loop (a thread): continuous batching of every sampler's requests in its
+ * base's engine, each sampler's adapter in an adapter slot of the engine. */
+void *svc_sample_main(void *arg);
 
 /* ---- tenants.c ---- */
 /* An error with the code the HTTP answer gives it ("not_found", "limit", "bad_request"), and

@@ -240,10 +240,13 @@ class Sampling(unittest.TestCase):
         prompt = tinker.ModelInput.from_ints(tok.encode("5+6="))
         params = tinker.SamplingParams(max_tokens=12, seed=4)
         alone = [s.sample(prompt, 2, params).result(timeout=DEADLINE_S) for s in samplers]
-        futures = [s.sample(prompt, 2, params) for s in samplers]
+        # all at once, each adapter twice (its two requests take one adapter slot of the engine)
+        futures = [s.sample(prompt, 2, params) for s in samplers for _ in range(2)]
         together = [f.result(timeout=DEADLINE_S) for f in futures]
-        for a, b in zip(alone, together):
-            self.assertEqual([(s.tokens, s.logprobs) for s in a.sequences], [(s.tokens, s.logprobs) for s in b.sequences])
+        for i, b in enumerate(together):
+            a = alone[i // 2]
+            self.assertEqual([(s.tokens, s.logprobs, s.routed_experts) for s in a.sequences],
+                             [(s.tokens, s.logprobs, s.routed_experts) for s in b.sequences])
         self.assertGreater(len({tuple(a.sequences[0].tokens) for a in alone}), 1, "the adapters should sample differently")
 
 

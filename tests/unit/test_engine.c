@@ -420,6 +420,88 @@ static void test_weight_updates(void **state) {
     trill_model_free(merged);
 }
 
+/* A rank-`rank` adapter on every linear layer (and lm_head when with_head), B ~ N(0, 0.05) under key. */
+static trill_lora *ranked_adapter(const trill_model *m, int rank, uint64_t key, bool with_head) {
+    trill_lora_config lc = { .rank = rank, .alpha = 2.0 * rank };
+    assert_int_equal(trill_lora_parse_targets(g_deepseek ? (with_head ? "all-linear,lm_head" : "all-linear")
+                                                         : (with_head ? "q,k,v,o,gate,up,down,lm_head" : "q,k,v,o,gate,up,down"),
+                                              &lc.targets), 0);
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(m, lc, key, &lora), TRILL_OK);
+    for (size_t t = 1; t < lora->n_tensors; t += 2)
+        for (size_t i = 0; i < lora->tensors[t].numel; i++) lora->tensors[t].data[i] = 0.05f * (float)trill_rng_normal(key, t * 100003 + i);
+    return lora;
+}
+
+/* Multi-LoRA: requests of different adapters in the same steps (adapter slots, and the engine's
+ * own adapter or none in slot 0) get exactly what each gets alone in an engine whose only
+ * adapter is theirs: tokens, log-probs and experts, in every format, with and without EPLB,
+ * adapters of different ranks, one with lm_head; and the slots' refusals. */
+static void test_adapter_slots(void **state) {
+    (void)state;
+    trill_model *m = small_model(45);
+    trill_lora *lora[4] = { NULL, ranked_adapter(m, 4, 11, false), ranked_adapter(m, 8, 12, true), ranked_adapter(m, 2, 13, false) };
+    const int *prompts[4] = { P1, P3, P2, P1 };
+    const int lens[4] = { 13, 37, 2, 13 };
+    for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++)
+    for (int eplb = 0; eplb < 2; eplb++)
+    for (int own = 0; own < 2; own++) { /* slot 0: no adapter, or lora[1] as the engine's own */
+        trill_engine_config cfg = trill_engine_config_default();
+        cfg.format = (trill_gen_format)f;
+        cfg.capture_experts = true;
+        cfg.max_batch_tokens = 16; /* prefill chunks and decode rows of different adapters share steps */
+        cfg.eplb = eplb, cfg.eplb_redundant = 6, cfg.eplb_workers = 2, cfg.eplb_window = 4, cfg.eplb_interval = 2;
+        /* request k applies adapter k (0: slot 0's); alone, each runs with that adapter as the engine's own */
+        trill_sequence_out alone[4][MAX_OUT], together[MAX_OUT];
+        for (int k = 0; k < 4; k++) {
+            trill_engine *e;
+            assert_int_equal(trill_engine_create(m, &cfg, &e), TRILL_OK);
+            const trill_lora *l = k == 0 ? (own ? lora[1] : NULL) : lora[k];
+            if (l) assert_int_equal(trill_engine_update_adapter(e, l, 1, NULL), TRILL_OK);
+            trill_request r = request((uint64_t)k, prompts[k], lens[k], 2, 10);
+            assert_int_equal(trill_engine_submit(e, &r), TRILL_OK);
+            assert_int_equal(run_all(e, alone[k]), 2);
+            trill_engine_free(e);
+        }
+        trill_engine *e;
+        assert_int_equal(trill_engine_create(m, &cfg, &e), TRILL_OK);
+        if (own) assert_int_equal(trill_engine_update_adapter(e, lora[1], 1, NULL), TRILL_OK);
+        size_t bytes = 0;
+        for (int k = 1; k < 4; k++) assert_int_equal(trill_engine_set_adapter(e, k, lora[k], &bytes), TRILL_OK);
+        assert_true(bytes > 0);
+        for (int k = 0; k < 4; k++) {
+            trill_request r = request((uint64_t)k, prompts[k], lens[k], 2, 10);
+            r.adapter = k;
+            assert_int_equal(trill_engine_submit(e, &r), TRILL_OK);
+        }
+        /* a slot in use cannot change; an empty or out-of-range slot is refused */
+        assert_int_equal(trill_engine_set_adapter(e, 2, NULL, NULL), TRILL_ERR_INVALID);
+        assert_int_equal(trill_engine_set_adapter(e, 0, lora[1], NULL), TRILL_ERR_INVALID);
+        trill_request bad = request(9, P2, 2, 1, 4);
+        bad.adapter = 5;
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID);
+        bad.adapter = TRILL_ENGINE_ADAPTER_SLOTS;
+        assert_int_equal(trill_engine_submit(e, &bad), TRILL_ERR_INVALID);
+        assert_int_equal(run_all(e, together), 8);
+        for (int i = 0; i < 8; i++) {
+            const trill_sequence_out *a = &alone[i / 2][i % 2], *t = &together[i];
+            const int rows = a->n_prompt + a->n_generated - 1;
+            assert_int_equal(t->request, a->request);
+            assert_int_equal(t->n_generated, a->n_generated);
+            assert_memory_equal(t->tokens, a->tokens, sizeof(int) * (size_t)(rows + 1));
+            assert_memory_equal(t->logprobs, a->logprobs, sizeof(float) * (size_t)a->n_generated);
+            assert_memory_equal(t->experts, a->experts, sizeof(uint16_t) * (size_t)rows * 3 * 2);
+            trill_sequence_out_free(&together[i]);
+            trill_sequence_out_free(&alone[i / 2][i % 2]);
+        }
+        /* the adapters differ: request 2's samples are not request 3's with the same prompt's key */
+        assert_int_equal(trill_engine_set_adapter(e, 3, NULL, NULL), TRILL_OK); /* free now */
+        trill_engine_free(e);
+    }
+    for (int k = 1; k < 4; k++) trill_lora_free(lora[k]);
+    trill_model_free(m);
+}
+
 /* EPLB on (replicas spread over 2 workers, re-planned every 2 steps) gives exactly what EPLB off
  * gives, in every format and with either kind of live update (adapter, or the merged weights
  * the adapter folds into), and captures logical ids only. */
@@ -903,6 +985,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_layer_map),
         cmocka_unit_test(test_weight_updates),
+        cmocka_unit_test(test_adapter_slots),
         cmocka_unit_test(test_eplb_identical),
         cmocka_unit_test(test_eplb_load_window),
         cmocka_unit_test(test_quantized_mismatch),

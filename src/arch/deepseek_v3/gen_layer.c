@@ -306,12 +306,12 @@ static trill_status project(trill_engine *e, const eng_layer *L, const eng_lora_
     const int qw = q_width(c), width = qw + kl + dr, ql = c->q_lora_rank, qk = dn + dr, pairing = c->rope_interleave ? ROPE_ADJACENT : ROPE_ROTATE_HALF;
     const float eps = (float)c->rms_norm_eps;
     const int role = ql ? DS_Q_A : DS_Q;
-    trill_status st = trill_gen_linear(e, &f->lora, &L->m[role], A ? &A->m[role] : NULL, f->qkva, f->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &f->lora, &L->m[role], &A->m[role], GEN_STEP_ROWS, f->qkva, f->xn, R, 0);
     if (st) return st;
     if (ql) {
         trill_gen_gather_rows(f->qa, f->qkva, R, ql, width, 0);
         trill_rmsnorm_forward(f->qa, f->qa, L->vec[DS_Q_A_NORM], R, ql, eps);
-        if ((st = trill_gen_linear(e, &f->lora, &L->m[DS_Q_B], A ? &A->m[DS_Q_B] : NULL, f->q, f->qa, R, 0))) return st;
+        if ((st = trill_gen_linear(e, &f->lora, &L->m[DS_Q_B], &A->m[DS_Q_B], GEN_STEP_ROWS, f->q, f->qa, R, 0))) return st;
     } else {
         trill_gen_gather_rows(f->q, f->qkva, R, nh * qk, width, 0);
     }
@@ -328,29 +328,40 @@ static trill_status project(trill_engine *e, const eng_layer *L, const eng_lora_
 }
 
 /* Every head's matrix of mats[nh] on its columns of x (row stride ldi, head h from column h *
- * in_w) into its columns of y (row stride ldo, from column h * out_w), with the adapter's side
- * path when there is one: its shrinks into f->head_u [R, nh r] in the same batch, then its
- * expands added into y, y = fmaf(scale, ., y), in a second. */
-static trill_status per_head(const trill_engine *e, const gen_matrix *mats, const eng_head_lora *side, float *y, size_t ldo, int out_w,
+ * in_w) into its columns of y (row stride ldo, from column h * out_w), with each row's adapter's
+ * side path (at: the layout's entry; a run of rows per adapter slot): its shrinks into
+ * f->head_u [R, nh r] in the same batch, then its expands added into y, y = fmaf(scale, ., y),
+ * in a second. */
+static trill_status per_head(const trill_engine *e, const gen_matrix *mats, const eng_head_lora *at, float *y, size_t ldo, int out_w,
                              const float *x, size_t ldi, int in_w, int R) {
     const int nh = e->c.num_attention_heads;
-    const bool adapted = side && side->shrink;
-    gen_product *list = trill_gen_product_list((size_t)nh * 2);
+    const bool sides = trill_gen_any_adapter(e);
+    gen_product *list = trill_gen_product_list((size_t)nh * (1 + (sides ? 2 * (e->rows.mixed ? (size_t)R : 1) : 0)));
     if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the list of %d heads' products", nh);
     for (int h = 0; h < nh; h++)
         list[h] = (gen_product){ .out = y + (size_t)h * out_w, .ldo = ldo, .inp = x + (size_t)h * in_w, .ldi = ldi, .W = &mats[h], .T = R };
-    if (!adapted) return trill_gen_matmul_many(list, nh);
-    const int r = e->ad->rank;
-    float *u = S(e)->head_u;
-    for (int h = 0; h < nh; h++)
-        list[nh + h] = (gen_product){ .out = u + (size_t)h * r, .ldo = (size_t)nh * r, .inp = x + (size_t)h * in_w, .ldi = ldi,
-                                      .W = side->shrink + (side->shrink_per_head ? h : 0), .T = R };
-    trill_status st = trill_gen_matmul_many(list, 2 * nh);
-    if (st) return st;
-    for (int h = 0; h < nh; h++)
-        list[h] = (gen_product){ .out = y + (size_t)h * out_w, .ldo = ldo, .inp = u + (size_t)h * r, .ldi = (size_t)nh * r,
-                                 .W = side->expand + (side->expand_per_head ? h : 0), .T = R, .accumulate = 1, .scale = e->ad->scale };
-    return trill_gen_matmul_many(list, nh);
+    if (!sides) return trill_gen_matmul_many(list, nh);
+    int n = nh, n_expand = 0;
+    gen_product *expand = list + nh + (size_t)nh * (e->rows.mixed ? R : 1);
+    for (int i0 = 0, i1; i0 < R; i0 = i1) {
+        const int slot = trill_gen_row_slot(e, GEN_STEP_ROWS, i0);
+        for (i1 = i0 + 1; i1 < R && trill_gen_row_slot(e, GEN_STEP_ROWS, i1) == slot; i1++) {}
+        const eng_adapter *ad = trill_eng_slot_adapter(e, slot);
+        const eng_head_lora *side = ad ? &ad->layers[at->layer].heads[at->slot] : NULL;
+        if (!side || !side->shrink) continue;
+        const int r = ad->rank;
+        float *u = S(e)->head_u + (size_t)i0 * nh * S(e)->head_u_rank;
+        for (int h = 0; h < nh; h++) {
+            list[n++] = (gen_product){ .out = u + (size_t)h * r, .ldo = (size_t)nh * r, .inp = x + (size_t)i0 * ldi + (size_t)h * in_w, .ldi = ldi,
+                                       .W = side->shrink + (side->shrink_per_head ? h : 0), .T = i1 - i0 };
+            expand[n_expand++] = (gen_product){ .out = y + (size_t)i0 * ldo + (size_t)h * out_w, .ldo = ldo, .inp = u + (size_t)h * r,
+                                                .ldi = (size_t)nh * r, .W = side->expand + (side->expand_per_head ? h : 0), .T = i1 - i0,
+                                                .accumulate = 1, .scale = ad->scale };
+        }
+    }
+    trill_status st = trill_gen_matmul_many(list, n);
+    if (st || !n_expand) return st;
+    return trill_gen_matmul_many(expand, n_expand);
 }
 
 /* qabs: each head's [W_uk^T q_nope (+ its adapter) | q_rope]. */
@@ -358,7 +369,7 @@ static trill_status absorb_queries(trill_engine *e, const eng_layer *L, const en
     const trill_config *c = &e->c;
     deepseek_gen *f = S(e);
     const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, kl = c->kv_lora_rank, qk = dn + dr;
-    trill_status st = per_head(e, L->heads[HEAD_UK_T], A ? &A->heads[HEAD_UK_T] : NULL, f->qabs, (size_t)nh * (kl + dr), kl + dr, f->q,
+    trill_status st = per_head(e, L->heads[HEAD_UK_T], &A->heads[HEAD_UK_T], f->qabs, (size_t)nh * (kl + dr), kl + dr, f->q,
                                (size_t)nh * qk, qk, R);
     if (st) return st;
     for (int r = 0; r < R; r++)
@@ -372,7 +383,7 @@ static trill_status expand_values(trill_engine *e, const eng_layer *L, const eng
     const trill_config *c = &e->c;
     deepseek_gen *f = S(e);
     const int nh = c->num_attention_heads, dv = c->v_head_dim, kl = c->kv_lora_rank;
-    return per_head(e, L->heads[HEAD_UV], A ? &A->heads[HEAD_UV] : NULL, f->att, (size_t)nh * dv, dv, f->olat, (size_t)nh * kl, kl, R);
+    return per_head(e, L->heads[HEAD_UV], &A->heads[HEAD_UV], f->att, (size_t)nh * dv, dv, f->olat, (size_t)nh * kl, kl, R);
 }
 
 /* Layer l's MLA on xn: out = o_proj(attention). */
@@ -383,16 +394,16 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
     if (st) return st;
     latent_attention(e, l, R);
     if ((st = expand_values(e, L, A, R))) return st;
-    return trill_gen_linear(e, &f->lora, &L->m[DS_O], A ? &A->m[DS_O] : NULL, f->out, f->att, R, 0);
+    return trill_gen_linear(e, &f->lora, &L->m[DS_O], &A->m[DS_O], GEN_STEP_ROWS, f->out, f->att, R, 0);
 }
 
 /* out[R, H] = down(silu(gate) * up) of xn, gate|up fused under role gu, width I. */
 static trill_status mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int gu, int down, float *out, int R, int I) {
     deepseek_gen *f = S(e);
-    trill_status st = trill_gen_linear(e, &f->lora, &L->m[gu], A ? &A->m[gu] : NULL, f->moe.ff, f->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &f->lora, &L->m[gu], &A->m[gu], GEN_STEP_ROWS, f->moe.ff, f->xn, R, 0);
     if (st) return st;
     trill_gen_swiglu_fused(f->moe.act, f->moe.ff, R, I);
-    return trill_gen_linear(e, &f->lora, &L->m[down], A ? &A->m[down] : NULL, out, f->moe.act, R, 0);
+    return trill_gen_linear(e, &f->lora, &L->m[down], &A->m[down], GEN_STEP_ROWS, out, f->moe.act, R, 0);
 }
 
 /* Sigmoid scores, group-limited top-k on scores + correction bias, gates from the unbiased
@@ -423,7 +434,7 @@ static trill_status forward_rows(trill_engine *e, int R) {
     trill_gen_embed(e, f->x, R);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
-        const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
+        const eng_lora_layer *A = &e->layout->layers[l]; /* the adapters' layout: each row's slot picks its own */
         trill_rmsnorm_forward(f->xn, f->x, L->vec[DS_INPUT_NORM], R, H, eps);
         trill_status st = attention_block(e, L, A, l, R);
         if (st) return st;

@@ -202,7 +202,7 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
     const int hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
-    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_Q], A ? &A->m[QWEN3_Q] : NULL, S(e)->qkv, S(e)->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_Q], &A->m[QWEN3_Q], GEN_STEP_ROWS, S(e)->qkv, S(e)->xn, R, 0);
     if (st) return st;
     trill_gen_gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
     trill_gen_gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qd);
@@ -218,16 +218,16 @@ static trill_status attention_block(trill_engine *e, const eng_layer *L, const e
         trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, R);
-    return trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_O], A ? &A->m[QWEN3_O] : NULL, S(e)->out, S(e)->att, R, 0);
+    return trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_O], &A->m[QWEN3_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
 }
 
 /* A dense layer's MLP on xn: out = down(silu(gate) * up). */
 static trill_status dense_mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const int I = e->c.intermediate_size;
-    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_GATE], A ? &A->m[QWEN3_GATE] : NULL, S(e)->moe.ff, S(e)->xn, R, 0);
+    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_GATE], &A->m[QWEN3_GATE], GEN_STEP_ROWS, S(e)->moe.ff, S(e)->xn, R, 0);
     if (st) return st;
     trill_gen_swiglu_fused(S(e)->moe.act, S(e)->moe.ff, R, I);
-    return trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_DOWN], A ? &A->m[QWEN3_DOWN] : NULL, S(e)->out, S(e)->moe.act, R, 0);
+    return trill_gen_linear(e, &S(e)->lora, &L->m[QWEN3_DOWN], &A->m[QWEN3_DOWN], GEN_STEP_ROWS, S(e)->out, S(e)->moe.act, R, 0);
 }
 
 static trill_status forward_rows(trill_engine *e, int R) {
@@ -238,7 +238,7 @@ static trill_status forward_rows(trill_engine *e, int R) {
     trill_gen_embed(e, S(e)->x, R);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const eng_layer *L = &w->layers[l];
-        const eng_lora_layer *A = e->ad ? &e->ad->layers[l] : NULL;
+        const eng_lora_layer *A = &e->layout->layers[l]; /* the adapters' layout: each row's slot picks its own */
         trill_rmsnorm_forward(S(e)->xn, S(e)->x, L->vec[QWEN3_INPUT_NORM], R, H, eps);
         trill_status st = attention_block(e, L, A, l, R);
         if (st) return st;

@@ -1,0 +1,216 @@
+/* The sampling worker (svc.h): every sampler's requests batched together in its base's engine
+ * (continuous batching: queued requests join between engine steps), each sampler's adapter held
+ * in one of the engine's adapter slots, so the rows of many tenants' adapters share each step
+ * (multi-LoRA, trill_engine_set_adapter). A slot is given to another adapter only when no running
+ * request uses it, the least recently used first. Every request is keyed by its seed alone
+ * (trill_request.keyed), so a sample is what it is alone, whatever runs beside it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "service/svc.h"
+#include "trill/log.h"
+
+/* One base's engine and what its adapter slots hold. */
+typedef struct engine_slots {
+    const trill_lora *held[TRILL_ENGINE_ADAPTER_SLOTS]; /* [0] unused: slot 0 is the base (no adapter) */
+    int users[TRILL_ENGINE_ADAPTER_SLOTS];              /* running requests on the slot */
+    uint64_t used[TRILL_ENGINE_ADAPTER_SLOTS];          /* when it was last given a request */
+} engine_slots;
+
+typedef struct sampling {
+    svc *s;
+    engine_slots *slots;  /* [n_bases] */
+    svc_job **running;    /* submitted to an engine, not finished */
+    int n_running, cap_running;
+    uint64_t next_id, clock;
+} sampling;
+
+/* The slot holding lora in its base's engine (0: the base itself), a free one to load it into
+ * (*load set), or -1 when every slot is busy with running requests. */
+static int slot_for(engine_slots *es, const trill_lora *lora, bool *load) {
+    *load = false;
+    if (!lora) return 0;
+    int best = -1;
+    for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++) {
+        if (es->held[k] == lora) return k;
+        if (es->users[k] == 0 && (best < 0 || es->used[k] < es->used[best])) best = k;
+    }
+    *load = best >= 0;
+    return best;
+}
+
+static json_t *sequence_json(const trill_sequence_out *o, const trill_config *c) {
+    json_t *toks = json_array(), *experts = json_array();
+    for (int i = 0; i < o->n_generated; i++) json_array_append_new(toks, json_integer(o->tokens[o->n_prompt + i]));
+    const size_t rows = (size_t)(o->n_prompt + o->n_generated - 1) * c->n_moe_layers * c->num_experts_per_tok;
+    for (size_t i = 0; o->experts && i < rows; i++) json_array_append_new(experts, json_integer(o->experts[i]));
+    const char *reason = o->finish == TRILL_FINISH_LENGTH ? "length" : o->finish == TRILL_FINISH_ABORTED ? "aborted" : "stop";
+    return json_pack("{s:o, s:o, s:s, s:o}", "tokens", toks, "logprobs", svc_json_floats(o->logprobs, o->n_generated), "stop_reason", reason,
+                     "routed_experts", experts);
+}
+
+/* Submits job j to its base's engine on adapter slot `slot`: a sample's n samples (its result's
+ * sequences filled in sample order as they finish), or for compute_logprobs the prompt's first
+ * token and the rest forced. A one-token prompt's log-probs ([null]) need no engine. */
+static trill_status submit(sampling *w, svc_job *j, int slot) {
+    const trill_config *c = trill_model_config(trill_svc_base_model(w->s->bases[j->sampler->base]));
+    j->result = json_object();
+    json_t *list = json_array();
+    for (int i = 0; list && i < (j->kind == JOB_SAMPLE ? j->num_samples : 1); i++) json_array_append_new(list, json_null());
+    if (!j->result || !list || json_object_set_new(j->result, j->kind == JOB_SAMPLE ? "sequences" : "logprobs", list))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    j->remaining = 0;
+    if (j->kind == JOB_LOGPROBS && j->prompt_len == 1) return TRILL_OK;
+    j->engine_id = w->next_id++;
+    trill_request r = { .id = j->engine_id, .prompt = j->prompt, .prompt_len = j->prompt_len, .n = j->num_samples, .sampling = j->sampling,
+                        .keyed = true, .key = 0, .adapter = slot, .max_new_tokens = j->max_tokens };
+    if (j->kind == JOB_LOGPROBS) {
+        r.prompt_len = 1, r.n = 1;
+        r.forced = j->prompt + 1, r.n_forced = j->prompt_len - 1, r.max_new_tokens = j->prompt_len - 1;
+        r.sampling = trill_sampling_default();
+    } else {
+        r.stop_ids = j->n_stop_ids ? j->stop_ids : c->eos_token_ids;
+        r.n_stop_ids = j->n_stop_ids ? j->n_stop_ids : c->n_eos;
+        r.stop_strings = (const char *const *)j->stop_strings, r.n_stop_strings = j->n_stop_strings;
+    }
+    trill_status st = trill_engine_submit(w->s->engines[j->sampler->base], &r);
+    if (!st) j->remaining = r.n;
+    return st;
+}
+
+/* A finished sequence of job j into its result. */
+static trill_status add_output(sampling *w, svc_job *j, const trill_sequence_out *o) {
+    const trill_config *c = trill_model_config(trill_svc_base_model(w->s->bases[j->sampler->base]));
+    if (j->kind == JOB_SAMPLE)
+        return json_array_set_new(json_object_get(j->result, "sequences"), (size_t)o->sample, sequence_json(o, c))
+                   ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
+    json_t *lps = json_object_get(j->result, "logprobs");
+    for (int t = 0; t < o->n_generated; t++)
+        if (json_array_append_new(lps, json_real(o->logprobs[t]))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    return TRILL_OK;
+}
+
+/* Takes job i off the running list, its slot released; then records its outcome. */
+static void complete(sampling *w, int i, trill_status st) {
+    svc_job *j = w->running[i];
+    engine_slots *es = &w->slots[j->sampler->base];
+    for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
+        if (j->sampler->lora && es->held[k] == j->sampler->lora) { es->users[k]--; break; }
+    w->running[i] = w->running[--w->n_running];
+    svc_job_finish(w->s, j, st ? NULL : svc_json_dump(json_incref(j->result)), st);
+}
+
+/* Under s->mu: the queued jobs whose adapters can have a slot now, in queue order, into
+ * w->running (their slots reserved; *load[i] set where the adapter must be loaded first). The
+ * others stay queued. Returns how many were taken (from index first of w->running). */
+static int take(sampling *w, bool *load, int *slot_of) {
+    svc *s = w->s;
+    int n = 0;
+    for (svc_job **p = &s->sample_head, *j; (j = *p) && n < s->cfg.max_queued;) {
+        engine_slots *es = &w->slots[j->sampler->base];
+        const int slot = slot_for(es, j->sampler->lora, &load[n]);
+        if (slot < 0) { p = &j->next; continue; }
+        *p = j->next;
+        j->next = NULL;
+        if (load[n]) es->held[slot] = j->sampler->lora;
+        es->users[slot] += slot > 0;
+        es->used[slot] = ++w->clock;
+        slot_of[n++] = slot;
+        w->running[w->n_running++] = j;
+    }
+    s->sample_tail = NULL;
+    for (svc_job *j = s->sample_head; j; j = j->next) s->sample_tail = j;
+    return n;
+}
+
+/* The taken jobs into their engines (outside s->mu): first the adapters to load (a job sharing a
+ * slot with one taken before it may come first in the list), then the requests; a job that
+ * fails, or needs no engine, is completed at once. */
+static void start(sampling *w, int first, int n, const bool *load, const int *slot_of) {
+    char why[512] = "";
+    for (int t = 0; t < n; t++) {
+        if (!load[t]) continue;
+        svc_job *j = w->running[first + t];
+        if (trill_engine_set_adapter(w->s->engines[j->sampler->base], slot_of[t], j->sampler->lora, NULL)) {
+            w->slots[j->sampler->base].held[slot_of[t]] = NULL; /* every job of that slot fails below */
+            snprintf(why, sizeof why, "%s", trill_error_message());
+        }
+    }
+    for (int t = n - 1; t >= 0; t--) { /* from the end: complete() moves the last running job into the hole */
+        svc_job *j = w->running[first + t];
+        engine_slots *es = &w->slots[j->sampler->base];
+        trill_status st = TRILL_OK;
+        if (slot_of[t] > 0 && es->held[slot_of[t]] != j->sampler->lora) {
+            es->users[slot_of[t]]--; /* its slot failed to load: nothing for complete() to release */
+            st = trill_error(TRILL_ERR_NOMEM, "sampling: the adapter could not be loaded: %s", why);
+        }
+        if (!st) st = submit(w, j, slot_of[t]);
+        if (st || j->remaining == 0) complete(w, first + t, st);
+    }
+}
+
+/* One step of every busy engine; finished sequences go to their jobs, finished jobs complete. A
+ * failed step fails the jobs running in that engine. */
+static void step(sampling *w) {
+    svc *s = w->s;
+    trill_sequence_out out[32];
+    for (int b = 0; b < s->n_bases; b++) {
+        trill_engine *e = s->engines[b];
+        if (!trill_engine_busy(e)) continue;
+        trill_status st = trill_engine_step(e, NULL);
+        for (int got; !st && (got = trill_engine_collect(e, out, 32)) > 0;)
+            for (int k = 0; k < got; k++) {
+                for (int i = 0; i < w->n_running; i++) {
+                    svc_job *j = w->running[i];
+                    if (j->sampler->base != b || j->engine_id != out[k].request) continue;
+                    const trill_status as = add_output(w, j, &out[k]);
+                    if (as || --j->remaining == 0) {
+                        if (as) trill_engine_abort(e, j->engine_id); /* its other samples are dropped below */
+                        complete(w, i, as);
+                    }
+                    break;
+                }
+                trill_sequence_out_free(&out[k]);
+            }
+        if (!st) continue;
+        char message[512];
+        snprintf(message, sizeof message, "%s", trill_error_message());
+        for (int i = w->n_running - 1; i >= 0; i--)
+            if (w->running[i]->sampler->base == b) {
+                trill_engine_abort(e, w->running[i]->engine_id);
+                complete(w, i, trill_error(st, "sampling: %s", message));
+            }
+        for (int got; (got = trill_engine_collect(e, out, 32)) > 0;)
+            for (int k = 0; k < got; k++) trill_sequence_out_free(&out[k]);
+    }
+}
+
+void *svc_sample_main(void *arg) {
+    svc *s = arg;
+    sampling w = { .s = s, .slots = trill_calloc((size_t)s->n_bases, sizeof *w.slots),
+                   .running = trill_calloc((size_t)s->cfg.max_queued + 1, sizeof *w.running) };
+    bool *load = trill_calloc((size_t)s->cfg.max_queued + 1, sizeof *load);
+    int *slot_of = trill_calloc((size_t)s->cfg.max_queued + 1, sizeof *slot_of);
+    if (!w.slots || !w.running || !load || !slot_of) {
+        trill_log(TRILL_LOG_WARN, "trill serve: out of memory for the sampling worker: sampling calls will wait");
+        free(w.slots), free(w.running), free(load), free(slot_of);
+        return NULL;
+    }
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->stopping && !s->sample_head && w.n_running == 0) pthread_cond_wait(&s->work, &s->mu);
+        if (s->stopping) break;
+        const int first = w.n_running, n = take(&w, load, slot_of);
+        pthread_mutex_unlock(&s->mu);
+        start(&w, first, n, load, slot_of);
+        step(&w);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* stopping: what runs stays pending in the request log (server_restarted at the next start) */
+    for (int i = 0; i < w.n_running; i++) svc_job_free(w.running[i]);
+    free(w.slots), free(w.running), free(load), free(slot_of);
+    return NULL;
+}
