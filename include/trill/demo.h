@@ -87,6 +87,11 @@ typedef struct trill_demo_info {
     bool cached;                    /* found complete in the cache: nothing was computed */
 } trill_demo_info;
 
+/* Where the demo's warm-started model is kept between runs (trill train, trill serve --models
+ * demo): $TRILL_CACHE_DIR, else $XDG_CACHE_HOME/trill, else ~/.cache/trill, else .trill-cache.
+ * Malloc'ed; NULL when out of memory. */
+char *trill_demo_cache_dir(void);
+
 /* Makes (or finds) the demo's data and warm-started model under cache_dir/<key>/, where the key
  * names the task version and every option. A complete folder is marked by demo.json, written
  * last and atomically; a folder without it (a crash mid-way) is deleted and rebuilt. Progress

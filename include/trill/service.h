@@ -18,11 +18,12 @@
 #include "trill/lora.h"
 #include "trill/model.h"
 
-/* A resident base model: its weights (in the checkpoint's dtype) and tokenizer. */
+/* A resident base model: its weights (in the checkpoint's dtype) and tokenizer, served under
+ * `name` (NULL: the folder's last component). */
 typedef struct trill_svc_base trill_svc_base;
-trill_status trill_svc_base_load(const char *dir, trill_svc_base **out);
+trill_status trill_svc_base_load(const char *dir, const char *name, trill_svc_base **out);
 void trill_svc_base_free(trill_svc_base *b);
-const char *trill_svc_base_name(const trill_svc_base *b); /* the folder's last component */
+const char *trill_svc_base_name(const trill_svc_base *b);
 const char *trill_svc_base_dir(const trill_svc_base *b);
 trill_model *trill_svc_base_model(trill_svc_base *b);
 const struct trill_tokenizer *trill_svc_base_tokenizer(const trill_svc_base *b); /* NULL without tokenizer.json */
@@ -98,6 +99,7 @@ trill_status trill_svc_trainer_restore(trill_svc_trainer *t, const char *dir, bo
 
 typedef struct trill_serve_config {
     const char *const *model_dirs; /* base models, one resident copy each */
+    const char *const *model_names; /* the name each is served under (NULL, or a NULL entry: its folder's last component) */
     int n_models;
     const char *state_dir;         /* SQLite database, saved states, snapshots */
     const char *host;              /* "127.0.0.1" */
@@ -112,6 +114,8 @@ trill_serve_config trill_serve_config_default(void);
  * seconds have passed. */
 trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double max_seconds);
 
+/* When the database holds no key yet, trill_serve makes one named "default" and writes it to
+ * STATE/default.key (readable by its owner only), so a first server is usable at once. */
 /* API keys, kept hashed (SHA-256) in STATE/trill.db. add: a new key for `name`, its text in
  * *key (malloc'ed, shown once). list: one line per key (id, name, created, revoked) to `out`. */
 trill_status trill_serve_key_add(const char *state_dir, const char *name, char **key);

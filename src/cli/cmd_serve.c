@@ -4,16 +4,19 @@
 #include <string.h>
 
 #include "cli.h"
+#include "trill/demo.h"
 #include "trill/service.h"
 
 static const char USAGE[] =
-    "trill serve --models DIR[,DIR...] --state DIR [--listen HOST:PORT] [--max-body-mb N] [--max-trainers N]\n"
+    "trill serve --models [NAME=]DIR|demo[,...] --state DIR [--listen HOST:PORT] [--max-body-mb N] [--max-trainers N]\n"
     "                   [--max-queued N] [--port-file FILE] [--max-seconds S]\n"
     "       trill serve keys add NAME --state DIR | keys list --state DIR | keys revoke NAME|ID --state DIR\n"
     "  Serves a Tinker-compatible post-training API over HTTP (docs/service.md): each base model loaded once, a\n"
     "  LoRA trainer per training client, every call answered with a future. --state holds the database (keys,\n"
     "  trainers, request log), saved states and the trainers' snapshots; after a restart every trainer is back at\n"
-    "  its last optimizer step. --listen defaults to 127.0.0.1:8100 (port 0: any free port, written to --port-file).\n"
+    "  its last optimizer step. A model is served under its folder's name, or NAME; `demo` is the embedded demo's\n"
+    "  model (trill train's, prepared in the cache on first use). A first server makes the key \"default\" in\n"
+    "  STATE/default.key. --listen defaults to 127.0.0.1:8100 (port 0: any free port, written to --port-file).\n"
     "  Limits: bodies 8 MB, 16 trainers a key, 256 requests waiting. Stops on SIGINT/SIGTERM, or after --max-seconds.\n"
     "  keys add prints the new key once (the database keeps its SHA-256 only).";
 
@@ -53,12 +56,34 @@ static int keys(int argc, char **argv) {
     return cli_usage_error("serve keys", USAGE, "expected keys add NAME, keys list or keys revoke NAME|ID");
 }
 
-/* "a,b,c" into its parts (the text is cut in place). */
-static int split_models(char *list, const char **out, int max) {
+/* "a,NAME=b,demo" into folders and names (the text is cut in place): NAME=DIR serves DIR as
+ * NAME, a bare DIR under its folder's name, and `demo` the embedded demo's warm-started model
+ * (prepared in the cache as trill train does, served as "demo"; a folder named demo is ./demo).
+ * *demo_dir takes what the demo's entry points to (the caller frees it). Returns the count, or
+ * minus the exit status after printing why. */
+static int split_models(char *list, const char **dirs, const char **names, int max, char **demo_dir) {
     int n = 0;
-    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-        if (n < max) out[n++] = tok;
-        else return -1;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == max) return -cli_usage_error("serve", USAGE, "--models: at most %d models", max);
+        char *eq = strchr(tok, '=');
+        names[n] = NULL, dirs[n] = tok;
+        if (eq) *eq = '\0', names[n] = tok, dirs[n] = eq + 1;
+        if (strcmp(dirs[n], "demo") == 0 && !*demo_dir) {
+            char *cache = trill_demo_cache_dir();
+            trill_demo_info info = { 0 };
+            if (!cache || trill_demo_prepare(cache, NULL, &info)) {
+                free(cache);
+                return -cli_fail("serve");
+            }
+            free(cache);
+            *demo_dir = info.model_dir;
+            info.model_dir = NULL;
+            trill_demo_info_free(&info);
+            dirs[n] = *demo_dir;
+            if (!names[n]) names[n] = "demo";
+        }
+        n++;
+    }
     return n;
 }
 
@@ -71,8 +96,8 @@ int cmd_serve(int argc, char **argv) {
         { "port-file", required_argument, 0, 'p' }, { "max-seconds", required_argument, 0, 'x' },   { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 }
     };
-    char *models = NULL, host[64] = "127.0.0.1";
-    const char *dirs[64];
+    char *models = NULL, host[64] = "127.0.0.1", *demo_dir = NULL;
+    const char *dirs[64], *names[64];
     long long v = 0;
     double max_seconds = 0;
     int opt, bad = 0;
@@ -105,9 +130,15 @@ int cmd_serve(int argc, char **argv) {
     if (!models || !c.state_dir) return cli_usage_error("serve", USAGE, "--models and --state are needed");
     c.host = host;
     c.model_dirs = dirs;
-    if ((c.n_models = split_models(models, dirs, 64)) < 1) return cli_usage_error("serve", USAGE, "--models: 1 to 64 folders, comma-separated");
+    c.model_names = names;
+    if ((c.n_models = split_models(models, dirs, names, 64, &demo_dir)) < 1) {
+        free(demo_dir);
+        return c.n_models < 0 ? -c.n_models : cli_usage_error("serve", USAGE, "--models: 1 to 64 folders, comma-separated");
+    }
     struct sigaction sa = { .sa_handler = on_signal };
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    return trill_serve(&c, &g_stop, max_seconds) ? cli_fail("serve") : 0;
+    const int rc = trill_serve(&c, &g_stop, max_seconds) ? cli_fail("serve") : 0;
+    free(demo_dir);
+    return rc;
 }

@@ -37,16 +37,6 @@
 
 static char *xstrdup(const char *s) { return s ? trill_strdup(s) : NULL; }
 
-/* Where the demo's warm-started model is kept between runs: $TRILL_CACHE_DIR, else
- * $XDG_CACHE_HOME/trill, else ~/.cache/trill, else .trill-cache. */
-static char *demo_cache_dir(void) {
-    const char *dir = getenv("TRILL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (dir && *dir) return trill_strdup(dir);
-    if (xdg && *xdg) return trill_path_join(xdg, "trill");
-    if (home && *home) return trill_path_join(home, ".cache/trill");
-    return trill_strdup(".trill-cache");
-}
-
 static trill_status resolve_inputs(rl_run *r) {
     const trill_rl_config *c = r->c;
     if (c->model[0]) {
@@ -57,7 +47,7 @@ static trill_status resolve_inputs(rl_run *r) {
         return r->model_dir && r->train_path && r->eval_path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
     /* the embedded demo: its model (SFT warm-started, cached) and data, unless the config names data */
-    char *cache = demo_cache_dir();
+    char *cache = trill_demo_cache_dir();
     trill_demo_info info = { 0 };
     trill_status st = cache ? trill_demo_prepare(cache, NULL, &info) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     free(cache);

@@ -27,6 +27,14 @@
 
 enum { STREAM_EVAL = 1, STREAM_DEV = 2, STREAM_TRAIN = 3, MAX_HELD = 4000 /* of the ~10^4 distinct prompts */ };
 
+char *trill_demo_cache_dir(void) {
+    const char *dir = getenv("TRILL_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (dir && *dir) return trill_strdup(dir);
+    if (xdg && *xdg) return trill_path_join(xdg, "trill");
+    if (home && *home) return trill_path_join(home, ".cache/trill");
+    return trill_strdup(".trill-cache");
+}
+
 trill_demo_options trill_demo_defaults(void) {
     return (trill_demo_options){ .seed = 0, .n_train = 60000, .n_eval = 200, .n_dev = 200, .target_pass1 = 0.30,
                                  .first_check = 200, .check_every = 25, .max_sft_steps = 1000, .dev_k = 8 };

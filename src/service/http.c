@@ -69,10 +69,35 @@ static enum MHD_Result answer_status(struct MHD_Connection *c, trill_status st) 
 
 static json_t *model_json(svc *s, int i) {
     const trill_config *c = trill_model_config(trill_svc_base_model(s->bases[i]));
-    return json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b}", "name", trill_svc_base_name(s->bases[i]), "architecture",
+    json_t *eos = json_array();
+    for (int k = 0; k < c->n_eos; k++) json_array_append_new(eos, json_integer(c->eos_token_ids[k]));
+    return json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "name", trill_svc_base_name(s->bases[i]), "architecture",
                      trill_config_model_type(c), "vocab_size", c->vocab_size, "n_moe_layers", c->n_moe_layers, "experts_per_token",
                      c->num_experts_per_tok, "num_experts", c->num_experts, "max_lora_rank", 256, "tokenizer",
-                     trill_svc_base_tokenizer(s->bases[i]) != NULL);
+                     trill_svc_base_tokenizer(s->bases[i]) != NULL, "eos_token_ids", eos);
+}
+
+/* One list of token ids as text (lenient: an id without a string is written "<id>"). */
+static trill_status decode_list(const trill_tokenizer *tok, const json_t *a, json_t **text) {
+    const size_t n = json_array_size(a);
+    if (!json_is_array(a) || n > 1u << 20) return svc_fail("bad_request", "tokens: expected an array of token ids (or of such arrays)");
+    int *ids = trill_malloc(sizeof(int) * (n ? n : 1));
+    if (!ids) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(a, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 1 << 30) {
+            free(ids);
+            return svc_fail("bad_request", "tokens[%zu]: expected a non-negative token id", i);
+        }
+        ids[i] = (int)json_integer_value(e);
+    }
+    char *t = NULL;
+    size_t len = 0;
+    trill_status st = trill_tokenizer_decode_lenient(tok, ids, (int)n, &t, &len);
+    free(ids);
+    if (!st && !(*text = json_stringn(t, len))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(t);
+    return st;
 }
 
 static json_t *tenant_json(svc *s, svc_tenant *t) {
@@ -85,27 +110,16 @@ static json_t *tenant_json(svc *s, svc_tenant *t) {
 static enum MHD_Result tokenize(struct MHD_Connection *c, svc *s, int base, const json_t *body, bool decode) {
     const trill_tokenizer *tok = trill_svc_base_tokenizer(s->bases[base]);
     if (!tok) return answer_error(c, "bad_request", "this model has no tokenizer.json");
-    if (decode) {
+    if (decode) { /* {"tokens": [ids]} -> {"text"}, or {"tokens": [[ids], ...]} -> {"texts": [...]} (batch_decode) */
         const json_t *a = json_object_get(body, "tokens");
-        size_t n = json_array_size(a);
-        int *ids = trill_malloc(sizeof(int) * (n ? n : 1));
-        if (!json_is_array(a) || n > 1u << 20 || !ids) { free(ids); return answer_error(c, "bad_request", "tokens: expected an array of token ids"); }
-        for (size_t i = 0; i < n; i++) {
-            const json_t *e = json_array_get(a, i);
-            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 1 << 30) {
-                free(ids);
-                return answer_error(c, "bad_request", "tokens: expected an array of non-negative token ids");
-            }
-            ids[i] = (int)json_integer_value(e);
-        }
-        char *text = NULL;
-        size_t len = 0;
-        trill_status st = trill_tokenizer_decode_lenient(tok, ids, (int)n, &text, &len);
-        free(ids);
-        if (st) return answer_status(c, st);
-        enum MHD_Result r = answer_json(c, 200, json_pack("{s:s%}", "text", text, len));
-        free(text);
-        return r;
+        const bool batch = json_array_size(a) > 0 && json_is_array(json_array_get(a, 0));
+        json_t *out = batch ? json_array() : NULL, *one = NULL;
+        trill_status st = out || !batch ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; !st && batch && i < json_array_size(a); i++)
+            if (!(st = decode_list(tok, json_array_get(a, i), &one))) json_array_append_new(out, one);
+        if (!st && !batch) st = decode_list(tok, a, &out);
+        if (st) { json_decref(out); return answer_status(c, st); }
+        return answer_json(c, 200, json_pack("{s:o}", batch ? "texts" : "text", out));
     }
     const char *text = json_string_value(json_object_get(body, "text"));
     const json_t *special = json_object_get(body, "add_special_tokens");
@@ -306,11 +320,11 @@ static trill_status load_bases(svc *s) {
     s->engines = trill_calloc((size_t)s->cfg.n_models, sizeof *s->engines);
     if (!s->bases || !s->engines) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->cfg.n_models; i++) {
-        trill_status st = trill_svc_base_load(s->cfg.model_dirs[i], &s->bases[i]);
+        trill_status st = trill_svc_base_load(s->cfg.model_dirs[i], s->cfg.model_names ? s->cfg.model_names[i] : NULL, &s->bases[i]);
         s->n_bases += !st;
         for (int k = 0; !st && k < i; k++)
             if (strcmp(trill_svc_base_name(s->bases[k]), trill_svc_base_name(s->bases[i])) == 0)
-                st = trill_error(TRILL_ERR_INVALID, "--models: %s and %s have the same name %s (a model's name is its folder's)",
+                st = trill_error(TRILL_ERR_INVALID, "--models: %s and %s have the same name %s (name them: NAME=DIR)",
                                  s->cfg.model_dirs[k], s->cfg.model_dirs[i], trill_svc_base_name(s->bases[i]));
         trill_engine_config ec = trill_engine_config_default();
         ec.capture_experts = true;
@@ -348,6 +362,7 @@ trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double
     if (c->n_models < 1) return trill_error(TRILL_ERR_INVALID, "--models: at least one model folder is needed");
     s.inflight = trill_calloc((size_t)c->max_queued + 1, sizeof *s.inflight);
     trill_status st = s.inflight ? svc_store_open(c->state_dir, &s.store) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = svc_store_default_key(s.store, c->state_dir);
     if (!st) st = load_bases(&s);
     if (!st) st = svc_recover(&s);
     if (!st) st = svc_workers_start(&s);

@@ -193,6 +193,8 @@ static trill_status parse_name(const json_t *body, svc_job *j) {
 static trill_status parse_stops(const json_t *stop, svc_job *j, const trill_config *c) {
     if (!stop || json_is_null(stop)) return TRILL_OK;
     if (json_is_string(stop)) {
+        if (json_string_length(stop) < 1 || json_string_length(stop) > 256)
+            return trill_error(TRILL_ERR_INVALID, "sampling_params.stop: expected a string of 1 to 256 bytes");
         if (!(j->stop_strings = trill_calloc(1, sizeof(char *))) || !(j->stop_strings[0] = trill_strdup(json_string_value(stop))))
             return trill_error(TRILL_ERR_NOMEM, "out of memory");
         j->n_stop_strings = 1;

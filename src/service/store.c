@@ -6,10 +6,13 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "service/store.h"
 #include "trill/fileio.h"
+#include "trill/log.h"
 #include "trill/service.h"
 
 struct svc_store {
@@ -134,14 +137,10 @@ static trill_status open_keys(const char *state_dir, svc_store **s) {
     return st;
 }
 
-trill_status trill_serve_key_add(const char *state_dir, const char *name, char **key) {
-    *key = NULL;
-    if (!name || !*name || strlen(name) > 64)
-        return trill_error(TRILL_ERR_INVALID, "trill serve keys add: the key's name must be 1 to 64 characters");
-    svc_store *s = NULL;
-    trill_status st = open_keys(state_dir, &s);
-    if (st) return st;
-    char text[48], id[32], hash[65];
+/* A new key named `name` into the database; its text (shown once) in text. */
+static trill_status add_key(svc_store *s, const char *name, char text[48]) {
+    if (!name || !*name || strlen(name) > 64) return trill_error(TRILL_ERR_INVALID, "the key's name must be 1 to 64 characters");
+    char id[32], hash[65];
     unsigned char raw[16];
     while (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {}
     strcpy(text, "trill-");
@@ -149,11 +148,40 @@ trill_status trill_serve_key_add(const char *state_dir, const char *name, char *
     svc_new_id(id, sizeof id, "k-");
     svc_sha256_hex(text, hash);
     svc_arg a[] = { SVC_S(id), SVC_S(name), SVC_S(hash), SVC_I(time(NULL)) };
-    st = svc_store_run(s, "adding a key", "INSERT INTO keys(id, name, hash, created) VALUES(?1, ?2, ?3, ?4)", a, 4, NULL, NULL, NULL);
-    if (st && strstr(trill_error_message(), "UNIQUE")) st = trill_error(TRILL_ERR_INVALID, "trill serve keys add: a key named \"%s\" exists", name);
+    trill_status st = svc_store_run(s, "adding a key", "INSERT INTO keys(id, name, hash, created) VALUES(?1, ?2, ?3, ?4)", a, 4, NULL, NULL, NULL);
+    if (st && strstr(trill_error_message(), "UNIQUE")) st = trill_error(TRILL_ERR_INVALID, "a key named \"%s\" exists", name);
+    return st;
+}
+
+trill_status trill_serve_key_add(const char *state_dir, const char *name, char **key) {
+    *key = NULL;
+    svc_store *s = NULL;
+    char text[48];
+    trill_status st = open_keys(state_dir, &s);
+    if (!st) st = add_key(s, name, text);
+    if (st) trill_error_context("trill serve keys add");
     svc_store_close(s);
     if (!st && !(*key = trill_strdup(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     return st;
+}
+
+static void count_rows(void *ctx, sqlite3_stmt *row) { *(int *)ctx = sqlite3_column_int(row, 0); }
+
+trill_status svc_store_default_key(svc_store *s, const char *state_dir) {
+    int n = 0;
+    trill_status st = svc_store_run(s, "counting keys", "SELECT COUNT(*) FROM keys", NULL, 0, count_rows, &n, NULL);
+    if (st || n > 0) return st;
+    char text[48], path[4096];
+    if ((st = add_key(s, "default", text))) return st;
+    snprintf(path, sizeof path, "%s/default.key", state_dir);
+    const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600); /* never readable by others, not even for a moment */
+    const size_t len = strlen(text);
+    text[len] = '\n';
+    const bool ok = fd >= 0 && write(fd, text, len + 1) == (ssize_t)(len + 1) && fsync(fd) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok) return trill_error(TRILL_ERR_IO, "%s: cannot write the default key", path);
+    trill_log(TRILL_LOG_INFO, "trill serve: no API key existed: made the key \"default\", in %s (trill serve keys manages them)", path);
+    return TRILL_OK;
 }
 
 typedef struct { char *buf; size_t len, cap; bool nomem; } text_buf;

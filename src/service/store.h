@@ -37,6 +37,9 @@ void svc_sha256_hex(const char *text, char out[65]);
 /* The key's id when `key` is a key that is not revoked, else false. */
 bool svc_store_authenticate(svc_store *s, const char *key, char key_id[32]);
 
+/* No key yet: makes one named "default" and writes it to STATE/default.key (mode 0600). */
+trill_status svc_store_default_key(svc_store *s, const char *state_dir);
+
 /* Every request left pending by a server that stopped is an error "server_restarted". Returns
  * how many. */
 int svc_store_fail_pending(svc_store *s);

@@ -30,7 +30,7 @@ struct trill_svc_trainer {
 
 /* ---- the base ---- */
 
-trill_status trill_svc_base_load(const char *dir, trill_svc_base **out) {
+trill_status trill_svc_base_load(const char *dir, const char *name, trill_svc_base **out) {
     *out = NULL;
     trill_svc_base *b = trill_calloc(1, sizeof *b);
     if (!b) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -40,7 +40,7 @@ trill_status trill_svc_base_load(const char *dir, trill_svc_base **out) {
     if (!b->dir) { free(b); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     b->dir[len] = '\0';
     const char *slash = strrchr(b->dir, '/');
-    b->name = trill_strdup(slash ? slash + 1 : b->dir);
+    b->name = trill_strdup(name ? name : slash ? slash + 1 : b->dir);
     trill_status st = b->name ? trill_model_load_as(b->dir, TRILL_STORE_CHECKPOINT, &b->model)
                               : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {

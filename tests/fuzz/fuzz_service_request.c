@@ -108,7 +108,7 @@ static void setup(void) {
     snprintf(model_dir, sizeof model_dir, "%s/fuzz-moe", g_root);
     snprintf(g_state_dir, sizeof g_state_dir, "%s/state", g_root);
     write_base(model_dir);
-    INIT(trill_svc_base_load(model_dir, &g_bases[0]));
+    INIT(trill_svc_base_load(model_dir, NULL, &g_bases[0]));
     /* Loaded (weights mapped, tokenizer read): its files can go now, so a run that stops at a
      * finding (abort: no atexit) leaves only the small state folder behind. */
     nftw(model_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);

@@ -294,6 +294,60 @@ TEXTS = {
 }
 
 
+# The service's base in fuzz_service_request.c: vocab 128, 3 MoE layers x top-2 of 8 experts
+# (routed_experts: 6 logical ids a token).
+def datum(tokens, nxt, **inputs):
+    return {"model_input": tokens, "loss_fn_inputs": dict(target_tokens=tokens[1:] + [nxt], **inputs)}
+
+
+RL_INPUTS = {"logprobs": [-1.5, -0.25, -3.0], "advantages": [1.0, -0.5, 0.0]}
+SERVICE_REQUESTS = {
+    "fb-cross-entropy": {"data": [datum([5, 6, 7], 8, weights=[1, 1, 0.5])], "loss_fn": "cross_entropy"},
+    "fb-importance-sampling": {"data": [datum([5, 6, 7], 8, **RL_INPUTS)], "loss_fn": "importance_sampling"},
+    "fb-ppo": {"data": [datum([5, 6, 7], 8, **RL_INPUTS)], "loss_fn": "ppo",
+               "loss_fn_config": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}},
+    "fb-cispo": {"data": [datum([5, 6, 7], 8, **RL_INPUTS), datum([9], 0, logprobs=[-2], advantages=[2])],
+                 "loss_fn": "cispo", "loss_fn_config": {"clip_low_threshold": 0.5, "clip_high_threshold": 2}},
+    "fb-dro": {"data": [datum([5, 6, 7], 8, **RL_INPUTS)], "loss_fn": "dro", "loss_fn_config": {"beta": 0.1}},
+    "fb-dro-no-beta": {"data": [datum([5, 6, 7], 8, **RL_INPUTS)], "loss_fn": "dro"},
+    "fb-routed-experts": {"data": [datum([3, 4], 0, routed_experts=[0, 1, 2, 3, 4, 5, 7, 6, 5, 4, 3, 2])],
+                          "loss_fn": "cross_entropy"},
+    "fb-routed-experts-repeated": {"data": [datum([3], 0, routed_experts=[1, 1, 2, 3, 4, 5])], "loss_fn": "cross_entropy"},
+    "fb-target-not-next": {"data": [{"model_input": [5, 6], "loss_fn_inputs": {"target_tokens": [7, 8]}}],
+                           "loss_fn": "cross_entropy"},
+    "fb-token-outside-vocab": {"data": [datum([5, 128], 1)], "loss_fn": "cross_entropy"},
+    "optim-step": {"adam_params": {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
+                                   "weight_decay": 0.01, "grad_clip_norm": 1.0}},
+    "optim-step-defaults": {"adam_params": {}},
+    "save-state": {"name": "step-10"},
+    "save-state-bad-name": {"name": "../../etc"},
+    "load-state": {"path": "trill://t-0123456789abcdef/step-10", "with_optimizer": True},
+    "load-state-file-path": {"path": "/tmp/state", "with_optimizer": False},
+    "sample-stop-strings": {"prompt": [40, 41, 42], "num_samples": 2,
+                            "sampling_params": {"max_tokens": 8, "seed": 3, "stop": ["\n", "end"], "temperature": 0.7,
+                                                "top_k": 5, "top_p": 0.9}},
+    "sample-stop-string": {"prompt": [40], "sampling_params": {"max_tokens": 4, "seed": 0, "stop": ".", "top_k": -1}},
+    "sample-stop-ids": {"prompt": [40, 41], "num_samples": 1, "sampling_params": {"max_tokens": 16, "seed": 9, "stop": [0, 2]}},
+    "sample-stop-mixed": {"prompt": [40], "sampling_params": {"stop": [0, "end"]}},
+    "sample-stop-empty-string": {"prompt": [1], "sampling_params": {"stop": ""}},
+    "compute-logprobs": {"prompt": [1, 2, 3, 4]},
+    "bad-types": {"data": "datums", "loss_fn": 7, "loss_fn_config": [], "adam_params": [1], "name": 3, "path": None,
+                  "with_optimizer": "yes", "prompt": {"0": 1}, "sampling_params": "greedy"},
+    "huge-numbers": {"loss_fn": "cross_entropy", "data": [datum([9223372036854775807], -9223372036854775808, weights=[1e308])],
+                     "adam_params": {"learning_rate": 1e308, "eps": 5e-324}, "prompt": [1], "num_samples": 1e300,
+                     "sampling_params": {"seed": 9007199254740993, "top_k": 1e18, "max_tokens": 4096.5}},
+}
+SERVICE_RAW = {  # bodies json.dump cannot write
+    "huge-integer": b'{"prompt": [1, 99999999999999999999999], "adam_params": {"eps": 1e999}}\n',
+    "deep-nesting-accepted": b'{"data": ' + b"[" * 200 + b"]" * 200 + b', "loss_fn": "cross_entropy"}\n',
+    "deep-nesting-refused": b'{"data": ' + b"[" * 2100 + b"]" * 2100 + b"}\n",
+    "duplicate-keys": b'{"loss_fn": "ppo", "loss_fn": "cross_entropy", "data": []}\n',
+    "not-an-object": b'[{"prompt": [1]}]\n',
+    "truncated": b'{"prompt": [1, 2, \n',
+    "nul-in-string": b'{"name": "a\\u0000b", "loss_fn": "cross_entropy\\u0000"}\n',
+}
+
+
 def c_literal(obj):
     """obj as compact ASCII JSON, cut into C string literal lines."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
@@ -312,7 +366,7 @@ def main():
     if sys.argv[1:] == ["--c-literal"]:
         print(c_literal(BPE_QWEN3))
         return
-    for sub in ("safetensors", "config", "tokenizer_json", "tokenizer_encode"):
+    for sub in ("safetensors", "config", "tokenizer_json", "tokenizer_encode", "service_request"):
         d = os.path.join(HERE, "corpus", sub)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -333,6 +387,13 @@ def main():
         f.write(json.dumps(BPE_QWEN3, ensure_ascii=False)[:300])
     for name, data in TEXTS.items():
         with open(os.path.join(HERE, "corpus", "tokenizer_encode", name + ".txt"), "wb") as f:
+            f.write(data)
+    for name, body in SERVICE_REQUESTS.items():
+        with open(os.path.join(HERE, "corpus", "service_request", name + ".json"), "w") as f:
+            json.dump(body, f)
+            f.write("\n")
+    for name, data in SERVICE_RAW.items():
+        with open(os.path.join(HERE, "corpus", "service_request", name + ".json"), "wb") as f:
             f.write(data)
 
 

@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
                                    .train_unembed = json_is_true(json_object_get(tc, "train_unembed")) };
     trill_svc_base *b = NULL;
     trill_svc_trainer *t = NULL;
-    if (trill_svc_base_load(argv[1], &b)) return fail("loading the model");
+    if (trill_svc_base_load(argv[1], NULL, &b)) return fail("loading the model");
     if (trill_svc_trainer_create(b, &c, &t)) return fail("creating the trainer");
     json_t *results = json_array();
     size_t i;

@@ -369,9 +369,56 @@ class Isolation(unittest.TestCase):
             self.assertIn(field, answer["error"]["message"])
         code, _ = raw("POST", f"/trainers/{tc.trainer_id}/optim_step", {"adam_params": {"learning_rate": -1}}, key=KEY_A)
         self.assertEqual(code, 400)
+        sampler = SERVER.client(KEY_A).create_sampling_client(base_model="tiny")
+        for params, field in (({"stop": ""}, "stop"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature")):
+            code, answer = raw("POST", f"/samplers/{sampler.sampler_id}/sample", {"prompt": [1, 2], "sampling_params": params}, key=KEY_A)
+            self.assertEqual(code, 400, answer)
+            self.assertIn(field, answer["error"]["message"])
         code, _ = raw("POST", "/nothing/here", {}, key=KEY_A)
         self.assertEqual(code, 404)
         self.assertEqual(tc.get_info().step, 0, "a refused call changed the trainer")
+
+
+class MalformedHttp(unittest.TestCase):
+    def test_server_survives(self):
+        """Raw bytes that are not (good) HTTP: each connection is answered with an error or closed,
+        and the server keeps serving."""
+        import socket
+        port = SERVER.port
+        payloads = [
+            b"\x00\xff garbage\r\n\r\n",
+            b"GET\r\n\r\n",
+            b"POST /api/v1/trainers HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n{}",
+            b"POST /api/v1/trainers HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+            b"POST /api/v1/trainers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nxx\r\n0\r\n\r\n",
+            b"GET /api/v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n",
+            b"GET /api/v1/" + b"%" * 3000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST /api/v1/trainers HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"a\"",  # body cut short
+            b"DELETE /api/v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY_A.encode() + b"\r\n\r\n",
+        ]
+        for p in payloads:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                try:
+                    sock.sendall(p)
+                    sock.shutdown(socket.SHUT_WR)
+                    while sock.recv(65536):
+                        pass
+                except OSError:
+                    pass  # the server may close first: what matters is that it keeps serving
+            self.assertEqual(raw("GET", "/healthz")[0], 200, p[:60])
+        self.assertEqual(raw("GET", "/models", key=KEY_A)[0], 200)
+
+
+class Cookbook(unittest.TestCase):
+    def test_examples_run(self):
+        """examples/service/{rl,sft}.py end to end on the test's model, a few steps each."""
+        env = dict(os.environ, TRILL_BASE_URL=SERVER.url, TRILL_API_KEY=KEY_B)
+        ex = os.path.join(HERE, "..", "..", "examples", "service")
+        for script, extra in (("rl.py", ["--prompts", "4", "--samples", "4"]), ("sft.py", ["--batch", "8"])):
+            out = subprocess.run([sys.executable, os.path.join(ex, script), "--model", "tiny", "--steps", "2", "--eval-prompts", "4", *extra],
+                                 env=env, capture_output=True, text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+            self.assertIn("held-out after: pass@1", out.stdout)
 
 
 class Crash(unittest.TestCase):

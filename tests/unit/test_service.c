@@ -27,7 +27,7 @@ static int setup(void **state) {
     assert_int_equal(trill_model_save(m, g_dir, TRILL_F32, 0), TRILL_OK);
     assert_int_equal(trill_model_write_charlevel_files(g_dir, trill_model_config(m)), TRILL_OK);
     trill_model_free(m);
-    assert_int_equal(trill_svc_base_load(g_dir, &g_base), TRILL_OK);
+    assert_int_equal(trill_svc_base_load(g_dir, NULL, &g_base), TRILL_OK);
     return 0;
 }
 

@@ -169,6 +169,8 @@ class Tokenizer:
     def __init__(self, http: _Http, model_name: str):
         self._http = http
         self.model_name = model_name
+        self._lock = threading.Lock()
+        self._eos: Optional[List[int]] = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> List[int]:
         body = {"text": text, "add_special_tokens": add_special_tokens}
@@ -179,6 +181,27 @@ class Tokenizer:
             raise NotImplementedError("trill's detokenize keeps special tokens")
         body = {"tokens": [int(t) for t in types._flatten(tokens, [])]}
         return self._http.call("POST", f"/models/{_quote(self.model_name)}/detokenize", body)["text"]
+
+    def batch_decode(self, sequences: List[Any]) -> List[str]:
+        """decode of many sequences in one request."""
+        if not sequences:
+            return []
+        body = {"tokens": [[int(t) for t in types._flatten(seq, [])] for seq in sequences]}
+        return self._http.call("POST", f"/models/{_quote(self.model_name)}/detokenize", body)["texts"]
+
+    @property
+    def eos_token_ids(self) -> List[int]:
+        """The model's end-of-sequence ids (config.json's eos_token_id)."""
+        with self._lock:
+            if self._eos is None:
+                models = self._http.call("GET", "/models")["models"]
+                self._eos = next(m.get("eos_token_ids", []) for m in models if m["name"] == self.model_name)
+            return list(self._eos)
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        ids = self.eos_token_ids
+        return ids[0] if ids else None
 
 
 class SamplingClient:
