@@ -106,6 +106,7 @@ typedef struct trill_serve_config {
     int port;                      /* 0: any free port (reported through *bound_port) */
     size_t max_body_bytes;
     int max_trainers_per_key, max_queued;
+    size_t max_adapter_bytes;      /* adapters resident for trainers (with gradient and optimizer) and samplers */
     const char *port_file;         /* when set, the bound port is written there once listening */
 } trill_serve_config;
 trill_serve_config trill_serve_config_default(void);

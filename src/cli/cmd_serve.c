@@ -9,7 +9,7 @@
 
 static const char USAGE[] =
     "trill serve --models [NAME=]DIR|demo[,...] --state DIR [--listen HOST:PORT] [--max-body-mb N] [--max-trainers N]\n"
-    "                   [--max-queued N] [--port-file FILE] [--max-seconds S]\n"
+    "                   [--max-queued N] [--max-adapter-mb N] [--port-file FILE] [--max-seconds S]\n"
     "       trill serve keys add NAME --state DIR | keys list --state DIR | keys revoke NAME|ID --state DIR\n"
     "  Serves a Tinker-compatible post-training API over HTTP (docs/service.md): each base model loaded once, a\n"
     "  LoRA trainer per training client, every call answered with a future. --state holds the database (keys,\n"
@@ -17,7 +17,8 @@ static const char USAGE[] =
     "  its last optimizer step. A model is served under its folder's name, or NAME; `demo` is the embedded demo's\n"
     "  model (trill train's, prepared in the cache on first use). A first server makes the key \"default\" in\n"
     "  STATE/default.key. --listen defaults to 127.0.0.1:8100 (port 0: any free port, written to --port-file).\n"
-    "  Limits: bodies 8 MB, 16 trainers a key, 256 requests waiting. Stops on SIGINT/SIGTERM, or after --max-seconds.\n"
+    "  Limits: bodies 8 MB, 16 trainers a key, 256 requests waiting, 4096 MB of adapters (a trainer's counts its gradient\n"
+    "  and AdamW moments). Stops on SIGINT/SIGTERM, or after --max-seconds.\n"
     "  keys add prints the new key once (the database keeps its SHA-256 only).";
 
 static volatile int g_stop;
@@ -94,6 +95,7 @@ int cmd_serve(int argc, char **argv) {
         { "models", required_argument, 0, 'm' },   { "state", required_argument, 0, 's' },       { "listen", required_argument, 0, 'l' },
         { "max-body-mb", required_argument, 0, 'b' }, { "max-trainers", required_argument, 0, 't' }, { "max-queued", required_argument, 0, 'q' },
         { "port-file", required_argument, 0, 'p' }, { "max-seconds", required_argument, 0, 'x' },   { "help", no_argument, 0, 'h' },
+        { "max-adapter-mb", required_argument, 0, 'a' },
         { 0, 0, 0, 0 }
     };
     char *models = NULL, host[64] = "127.0.0.1", *demo_dir = NULL;
@@ -120,6 +122,7 @@ int cmd_serve(int argc, char **argv) {
         case 't': bad = cli_parse_int("serve", USAGE, "--max-trainers", optarg, 1, 100000, &v); c.max_trainers_per_key = (int)v; break;
         case 'q': bad = cli_parse_int("serve", USAGE, "--max-queued", optarg, 1, 1000000, &v); c.max_queued = (int)v; break;
         case 'p': c.port_file = optarg; break;
+        case 'a': bad = cli_parse_int("serve", USAGE, "--max-adapter-mb", optarg, 1, 1 << 30, &v); c.max_adapter_bytes = (size_t)v << 20; break;
         case 'x': bad = cli_parse_double("serve", USAGE, "--max-seconds", optarg, 0, 1e9, &max_seconds); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("serve", USAGE, "unknown option");

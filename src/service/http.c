@@ -19,7 +19,8 @@
 enum { MAX_CONNECTIONS = 64, MAX_PATH_PARTS = 6 };
 
 trill_serve_config trill_serve_config_default(void) {
-    return (trill_serve_config){ .host = "127.0.0.1", .port = 8100, .max_body_bytes = 8u << 20, .max_trainers_per_key = 16, .max_queued = 256 };
+    return (trill_serve_config){ .host = "127.0.0.1", .port = 8100, .max_body_bytes = 8u << 20, .max_trainers_per_key = 16, .max_queued = 256,
+                                 .max_adapter_bytes = (size_t)4096 << 20 };
 }
 
 /* A connection's request: its body as it arrives. */

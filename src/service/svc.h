@@ -77,6 +77,7 @@ typedef struct svc {
     int n_tenants;
     svc_sampler **samplers;
     int n_samplers;
+    size_t adapter_bytes;        /* resident: trainers' adapters with gradient and moments, samplers' adapters */
     svc_job **inflight;          /* every job queued or running, to answer its future */
     int n_inflight;
     svc_job *sample_head, *sample_tail;

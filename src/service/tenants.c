@@ -88,6 +88,37 @@ trill_status svc_resolve_uri(svc *s, const char *uri, const char *key_id, const 
 
 /* ---- trainers ---- */
 
+/* Reserves `bytes` of adapter memory, or refuses with the limit (what is resident, what was asked). */
+static trill_status reserve(svc *s, size_t bytes) {
+    pthread_mutex_lock(&s->mu);
+    const size_t now = s->adapter_bytes;
+    const bool ok = now + bytes <= s->cfg.max_adapter_bytes;
+    if (ok) s->adapter_bytes += bytes;
+    pthread_mutex_unlock(&s->mu);
+    return ok ? TRILL_OK
+              : svc_fail("limit", "adapter memory: %.1f MB resident, %.1f MB more would pass the server's limit of %.0f MB (--max-adapter-mb)",
+                         now / 1e6, bytes / 1e6, s->cfg.max_adapter_bytes / 1e6);
+}
+
+static void unreserve(svc *s, size_t bytes) {
+    pthread_mutex_lock(&s->mu);
+    s->adapter_bytes -= bytes;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A trainer's adapter, its gradient and its two AdamW moments; a sampler's adapter. */
+static size_t trainer_bytes(trill_svc_trainer *t) {
+    size_t n;
+    trill_lora_params(trill_svc_trainer_lora(t), &n);
+    return 4 * n * sizeof(float);
+}
+
+static size_t lora_bytes(trill_lora *l) {
+    size_t n = 0;
+    if (l) trill_lora_params(l, &n);
+    return n * sizeof(float);
+}
+
 static trill_status add_tenant(svc *s, svc_tenant *t) {
     pthread_mutex_lock(&s->mu);
     svc_tenant **p = trill_realloc(s->tenants, sizeof *p * (size_t)(s->n_tenants + 1));
@@ -175,9 +206,13 @@ trill_status svc_tenant_create(svc *s, const char *key_id, const json_t *body, b
         st = parse_new_trainer(s, body, &t->base, &c);
         if (!st) st = trill_svc_trainer_create(s->bases[t->base], &c, &t->trainer);
     }
+    const size_t bytes = t->trainer ? trainer_bytes(t->trainer) : 0;
+    bool reserved = false;
+    if (!st) st = reserve(s, bytes), reserved = !st;
     if (!st) st = record_tenant(s, t, from_state ? dir : NULL, with_optimizer);
     if (!st) st = add_tenant(s, t);
     if (st) {
+        if (reserved) unreserve(s, bytes);
         trill_svc_trainer_free(t->trainer);
         free(t);
         return st;
@@ -215,6 +250,8 @@ trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, 
     if (path) st = svc_resolve_uri(s, path, key_id, NULL, dir, sizeof dir, &p->base);
     else if ((p->base = svc_find_base(s, base)) < 0) st = svc_fail("not_found", "base_model: \"%.200s\" is not served here", base);
     if (!st) st = sampler_open(s, p, dir);
+    bool reserved = false;
+    if (!st) st = reserve(s, lora_bytes(p->lora)), reserved = !st;
     svc_arg a[] = { SVC_S(p->id), SVC_S(key_id), SVC_S(trill_svc_base_name(s->bases[p->base < 0 ? 0 : p->base])), SVC_S(path ? path : ""),
                     SVC_I(time(NULL)) };
     if (!st)
@@ -222,6 +259,7 @@ trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, 
                            a, 5, NULL, NULL, NULL);
     if (!st) st = add_sampler(s, p);
     if (st) {
+        if (reserved) unreserve(s, lora_bytes(p->lora));
         trill_lora_free(p->lora);
         free(p);
         return st;
@@ -284,6 +322,7 @@ static void recover_trainer(void *ctx, sqlite3_stmt *row) {
         st = trill_svc_trainer_create(s->bases[t->base], &c, &t->trainer);
     }
     if (!st) st = add_tenant(s, t);
+    if (!st) s->adapter_bytes += trainer_bytes(t->trainer); /* before the workers start: no lock needed */
     if (st) {
         trill_log(TRILL_LOG_WARN, "trill serve: trainer %s not restored: %s", t ? t->id : "?", trill_error_message());
         if (t) trill_svc_trainer_free(t->trainer);
@@ -309,6 +348,7 @@ static void recover_sampler(void *ctx, sqlite3_stmt *row) {
     if (!st && path && *path) st = svc_resolve_uri(s, path, p->key_id, NULL, dir, sizeof dir, &p->base);
     if (!st) st = sampler_open(s, p, dir);
     if (!st) st = add_sampler(s, p);
+    if (!st) s->adapter_bytes += lora_bytes(p->lora);
     if (st) {
         trill_log(TRILL_LOG_WARN, "trill serve: sampler %s not restored: %s", p ? p->id : "?", trill_error_message());
         if (p) trill_lora_free(p->lora);

@@ -52,12 +52,12 @@ def run(*args, **kw):
 class Server:
     """trill serve on a free loopback port, bounded in time."""
 
-    def __init__(self, port=0, extra=()):
+    def __init__(self, port=0, extra=(), state=STATE):
         port_file = os.path.join(W, "port")
         if os.path.exists(port_file):
             os.remove(port_file)
         self.log = open(os.path.join(W, "serve.log"), "a")
-        self.proc = subprocess.Popen([TRILL, "serve", "--models", MODEL, "--state", STATE, "--listen", f"127.0.0.1:{port}",
+        self.proc = subprocess.Popen([TRILL, "serve", "--models", MODEL, "--state", state, "--listen", f"127.0.0.1:{port}",
                                       "--port-file", port_file, "--max-seconds", "600", *extra],
                                      stderr=self.log, stdout=self.log)
         t = time.monotonic()
@@ -409,6 +409,27 @@ class MalformedHttp(unittest.TestCase):
         self.assertEqual(raw("GET", "/models", key=KEY_A)[0], 200)
 
 
+class Limits(unittest.TestCase):
+    def test_trainers_and_adapter_memory(self):
+        """A server of its own with small limits: each is refused with `limit`, naming it."""
+        state = os.path.join(W, "limits")
+        server = Server(extra=("--max-trainers", "2", "--max-adapter-mb", "1"), state=state)
+        try:
+            svc = server.client(slurp(os.path.join(state, "default.key")).strip())  # a first server makes its key
+            svc.create_lora_training_client(base_model="tiny", rank=2)
+            with self.assertRaises(tinker.TrillError) as e:  # rank 64: the adapter, gradient and moments pass 1 MB
+                svc.create_lora_training_client(base_model="tiny", rank=64)
+            self.assertEqual((e.exception.code, e.exception.status), ("limit", 429))
+            self.assertIn("--max-adapter-mb", e.exception.message)
+            svc.create_lora_training_client(base_model="tiny", rank=2)
+            with self.assertRaises(tinker.TrillError) as e:
+                svc.create_lora_training_client(base_model="tiny", rank=2)
+            self.assertEqual(e.exception.code, "limit")
+            self.assertIn("--max-trainers", e.exception.message)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class Cookbook(unittest.TestCase):
     def test_examples_run(self):
         """examples/service/{rl,sft}.py end to end on the test's model, a few steps each."""
@@ -422,6 +443,33 @@ class Cookbook(unittest.TestCase):
 
 
 class Crash(unittest.TestCase):
+    def test_rl_example_survives_a_restart(self):
+        """kill -9 of the server while examples/service/rl.py runs; a server restarted on the same
+        address and state: the example picks its trainer up and runs to the end."""
+        global SERVER
+        env = dict(os.environ, TRILL_BASE_URL=SERVER.url, TRILL_API_KEY=KEY_A)
+        ex = os.path.join(HERE, "..", "..", "examples", "service", "rl.py")
+        proc = subprocess.Popen([sys.executable, "-u", ex, "--model", "tiny", "--steps", "40", "--prompts", "4", "--samples", "4",
+                                 "--eval-prompts", "4", "--log-every", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("step 5/"):
+                    break
+            SERVER.stop(signal.SIGKILL)
+            SERVER = Server(port=SERVER.port)
+            lines += proc.stdout.readlines()
+            self.assertEqual(proc.wait(timeout=300), 0, "".join(lines)[-3000:])
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stdout.close()
+        out = "".join(lines)
+        self.assertIn("the server restarted", out)
+        self.assertIn("step 40/40", out)
+        self.assertIn("held-out after: pass@1", out)
+
     def test_kill_and_restart(self):
         global SERVER
         svc = SERVER.client(KEY_A)
