@@ -22,11 +22,11 @@ asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_SANITIZE=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j$(JOBS) -- --no-print-directory
 
-# The threaded code (async executors, the weight channel, the run handle's cancel) under
-# ThreadSanitizer: only what those tests need is built.
+# The threaded code (async executors, the weight channel, the run handle's cancel, trill serve's
+# HTTP threads and workers) under ThreadSanitizer: only what those tests need is built.
 tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_TSAN=ON >/dev/null
-	@cmake --build $(TSAN_BUILD) -j$(JOBS) --target trill test_channel test_run_handle -- --no-print-directory
+	@cmake --build $(TSAN_BUILD) -j$(JOBS) --target trill test_channel test_run_handle svc_ref -- --no-print-directory
 
 # Two tests at a time on 2 cores (the suite's tests wait on events, never on wall time): the
 # release and ASan stages take 186 s and 224 s that way against 264 s and 309 s one at a time.

@@ -381,9 +381,11 @@ static trill_status run_training(svc *s, svc_job *j, char **result) {
         st = trill_svc_trainer_save(t->trainer, dir, state);
         svc_arg a[] = { SVC_S(uri), SVC_S(t->key_id), SVC_S(t->id), SVC_S(state ? "state" : "sampler"), SVC_S(dir),
                         SVC_I(trill_svc_trainer_step(t->trainer)), SVC_I(time(NULL)) };
-        if (!st)
+        if (!st) /* saved again under its name: the next version (samplers made from the last keep theirs, or refuse) */
             st = svc_store_run(s->store, "recording a saved state",
-                               "INSERT OR REPLACE INTO states(uri, key_id, trainer_id, kind, dir, step, created) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                               "INSERT INTO states(uri, key_id, trainer_id, kind, dir, step, created) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                               " ON CONFLICT(uri) DO UPDATE SET dir = excluded.dir, step = excluded.step, created = excluded.created,"
+                               " version = version + 1",
                                a, 7, NULL, NULL, NULL);
         if (!st) *result = svc_json_dump(json_pack("{s:s}", "path", uri));
         return st;

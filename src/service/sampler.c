@@ -110,8 +110,10 @@ static int take(sampling *w, bool *load, int *slot_of) {
     int n = 0;
     for (svc_job **p = &s->sample_head, *j; (j = *p) && n < s->cfg.max_queued;) {
         engine_slots *es = &w->slots[j->sampler->base];
-        const int slot = slot_for(es, j->sampler->lora, &load[n]);
+        const bool loaded = !j->sampler->uri[0] || j->sampler->lora;
+        const int slot = loaded ? slot_for(es, j->sampler->lora, &load[n]) : -1;
         if (slot < 0) { p = &j->next; continue; }
+        j->sampler->last_used = ++w->clock;
         *p = j->next;
         j->next = NULL;
         if (load[n]) es->held[slot] = j->sampler->lora;
@@ -187,6 +189,73 @@ static void step(sampling *w) {
     }
 }
 
+/* Under s->mu: whether a queued or running job uses sampler p. */
+static bool in_use(const sampling *w, const svc_sampler *p) {
+    for (int i = 0; i < w->n_running; i++)
+        if (w->running[i]->sampler == p) return true;
+    for (const svc_job *j = w->s->sample_head; j; j = j->next)
+        if (j->sampler == p) return true;
+    return false;
+}
+
+/* Under s->mu: queued jobs' samplers whose adapters are not loaded get them (the lock released
+ * while reading); those that cannot be loaded (their path saved again, a file gone) fail their
+ * queued jobs with the reason. */
+static void load_needed(sampling *w) {
+    svc *s = w->s;
+    enum { BATCH = 8 };
+    svc_sampler *need[BATCH];
+    int n = 0;
+    for (const svc_job *j = s->sample_head; j && n < BATCH; j = j->next) {
+        svc_sampler *p = j->sampler;
+        bool seen = false;
+        for (int k = 0; k < n; k++) seen |= need[k] == p;
+        if (p->uri[0] && !p->lora && !seen) need[n++] = p;
+    }
+    for (int k = 0; k < n; k++) {
+        pthread_mutex_unlock(&s->mu);
+        const trill_status st = svc_sampler_load(s, need[k]);
+        char why[1024];
+        snprintf(why, sizeof why, "%s", trill_error_message());
+        svc_job *failed = NULL;
+        pthread_mutex_lock(&s->mu);
+        if (!st) continue;
+        for (svc_job **q = &s->sample_head, *j; (j = *q);) {
+            if (j->sampler != need[k]) { q = &j->next; continue; }
+            *q = j->next;
+            j->next = failed, failed = j;
+        }
+        s->sample_tail = NULL;
+        for (svc_job *j = s->sample_head; j; j = j->next) s->sample_tail = j;
+        pthread_mutex_unlock(&s->mu);
+        for (svc_job *j = failed, *next; j; j = next) next = j->next, svc_job_finish(s, j, NULL, trill_error(st, "%s", why));
+        pthread_mutex_lock(&s->mu);
+    }
+}
+
+/* Under s->mu: while the samplers' loaded adapters pass --max-adapter-mb, the least recently
+ * used idle one is dropped (from its engine's slot too); it loads again when it samples next. */
+static void evict(sampling *w) {
+    svc *s = w->s;
+    while (s->sampler_bytes > s->cfg.max_adapter_bytes) {
+        svc_sampler *lru = NULL;
+        for (int i = 0; i < s->n_samplers; i++) {
+            svc_sampler *p = s->samplers[i];
+            if (p->lora && (!lru || p->last_used < lru->last_used) && !in_use(w, p)) lru = p;
+        }
+        if (!lru) return; /* every loaded one is in use: they stay until they are not */
+        engine_slots *es = &w->slots[lru->base];
+        for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
+            if (es->held[k] == lru->lora) {
+                trill_engine_set_adapter(s->engines[lru->base], k, NULL, NULL); /* emptying an unused slot cannot fail */
+                es->held[k] = NULL;
+            }
+        trill_lora_free(lru->lora);
+        lru->lora = NULL;
+        s->sampler_bytes -= lru->bytes;
+    }
+}
+
 void *svc_sample_main(void *arg) {
     svc *s = arg;
     sampling w = { .s = s, .slots = trill_calloc((size_t)s->n_bases, sizeof *w.slots),
@@ -202,11 +271,13 @@ void *svc_sample_main(void *arg) {
     for (;;) {
         while (!s->stopping && !s->sample_head && w.n_running == 0) pthread_cond_wait(&s->work, &s->mu);
         if (s->stopping) break;
+        load_needed(&w);
         const int first = w.n_running, n = take(&w, load, slot_of);
         pthread_mutex_unlock(&s->mu);
         start(&w, first, n, load, slot_of);
         step(&w);
         pthread_mutex_lock(&s->mu);
+        evict(&w);
     }
     pthread_mutex_unlock(&s->mu);
     /* stopping: what runs stays pending in the request log (server_restarted at the next start) */

@@ -30,9 +30,9 @@ static const char SCHEMA[] =
     "  from_state TEXT, from_optimizer INTEGER NOT NULL DEFAULT 0,"
     "  step INTEGER NOT NULL DEFAULT 0, snapshot TEXT, created INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS states(uri TEXT PRIMARY KEY, key_id TEXT NOT NULL, trainer_id TEXT NOT NULL, kind TEXT NOT NULL,"
-    "  dir TEXT NOT NULL, step INTEGER NOT NULL, created INTEGER NOT NULL);"
+    "  dir TEXT NOT NULL, step INTEGER NOT NULL, created INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 1);"
     "CREATE TABLE IF NOT EXISTS samplers(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, base TEXT NOT NULL, model_path TEXT,"
-    "  created INTEGER NOT NULL);"
+    "  dir TEXT, version INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS requests(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL,"
     "  status TEXT NOT NULL, result TEXT, created INTEGER NOT NULL, finished INTEGER);";
 

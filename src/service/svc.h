@@ -59,10 +59,19 @@ typedef struct svc_tenant {
     bool running;
 } svc_tenant;
 
+/* A sampler: the base model, or the weights a trill:// path named when it was made (the path's
+ * version then: a later save under the same name is another version, which this sampler never
+ * takes). Its adapter is a cache entry: loaded when needed, dropped when the samplers' adapters
+ * pass --max-adapter-mb (least recently used, idle ones), loaded again from dir. */
 typedef struct svc_sampler {
     char id[32], key_id[32];
     int base;
-    trill_lora *lora;            /* NULL: the base model */
+    char uri[256];               /* "": the base model */
+    char dir[4096];
+    int64_t version;
+    trill_lora *lora;            /* NULL: the base model, or not loaded now (then only the sampling worker loads it) */
+    size_t bytes;                /* of lora */
+    uint64_t last_used;
 } svc_sampler;
 
 typedef struct svc {
@@ -77,7 +86,8 @@ typedef struct svc {
     int n_tenants;
     svc_sampler **samplers;
     int n_samplers;
-    size_t adapter_bytes;        /* resident: trainers' adapters with gradient and moments, samplers' adapters */
+    size_t adapter_bytes;        /* trainers' adapters with gradient and moments (refused past --max-adapter-mb) */
+    size_t sampler_bytes;        /* samplers' loaded adapters (a cache kept under --max-adapter-mb) */
     svc_job **inflight;          /* every job queued or running, to answer its future */
     int n_inflight;
     svc_job *sample_head, *sample_tail;
@@ -129,6 +139,11 @@ int svc_find_base(const svc *s, const char *name);
 /* A trill:// URI the caller owns → the directory it names; kind "state" or "sampler". Refuses
  * anything else (another tenant's, a file-system path) with a message. */
 trill_status svc_resolve_uri(svc *s, const char *uri, const char *key_id, const char *kind, char *dir, size_t cap, int *base);
+/* The version of the weights a path names now (a save under its name makes the next); -1 if none. */
+int64_t svc_uri_version(svc *s, const char *uri);
+/* Loads sampler p's adapter from its folder (the sampling worker, outside s->mu), refused when
+ * its path has been saved again since the sampler was made. */
+trill_status svc_sampler_load(svc *s, svc_sampler *p);
 /* Creates a trainer (new, or from a state) and records it. */
 trill_status svc_tenant_create(svc *s, const char *key_id, const json_t *body, bool from_state, svc_tenant **out);
 trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, svc_sampler **out);

@@ -86,6 +86,15 @@ trill_status svc_resolve_uri(svc *s, const char *uri, const char *key_id, const 
     return TRILL_OK;
 }
 
+static void read_version(void *ctx, sqlite3_stmt *row) { *(int64_t *)ctx = sqlite3_column_int64(row, 0); }
+
+int64_t svc_uri_version(svc *s, const char *uri) {
+    int64_t v = -1;
+    svc_arg a = SVC_S(uri);
+    if (svc_store_run(s->store, "reading a path's version", "SELECT version FROM states WHERE uri = ?1", &a, 1, read_version, &v, NULL)) return -1;
+    return v;
+}
+
 /* ---- trainers ---- */
 
 /* Reserves `bytes` of adapter memory, or refuses with the limit (what is resident, what was asked). */
@@ -106,17 +115,11 @@ static void unreserve(svc *s, size_t bytes) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* A trainer's adapter, its gradient and its two AdamW moments; a sampler's adapter. */
+/* A trainer's adapter, its gradient and its two AdamW moments. */
 static size_t trainer_bytes(trill_svc_trainer *t) {
     size_t n;
     trill_lora_params(trill_svc_trainer_lora(t), &n);
     return 4 * n * sizeof(float);
-}
-
-static size_t lora_bytes(trill_lora *l) {
-    size_t n = 0;
-    if (l) trill_lora_params(l, &n);
-    return n * sizeof(float);
 }
 
 static trill_status add_tenant(svc *s, svc_tenant *t) {
@@ -231,9 +234,21 @@ static trill_status add_sampler(svc *s, svc_sampler *p) {
     return a ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
 }
 
-/* The sampler's adapter from a state's directory (NULL dir: the base). */
-static trill_status sampler_open(svc *s, svc_sampler *p, const char *dir) {
-    return dir && *dir ? trill_lora_load(trill_svc_base_model(s->bases[p->base]), dir, &p->lora) : TRILL_OK;
+trill_status svc_sampler_load(svc *s, svc_sampler *p) {
+    const int64_t now = svc_uri_version(s, p->uri);
+    if (now != p->version)
+        return trill_error(TRILL_ERR_INVALID, "sampler %s: %s has been saved again since this sampler was made (its weights are gone): "
+                           "make a sampling client from the path again", p->id, p->uri);
+    trill_lora *lora = NULL;
+    trill_status st = trill_lora_load(trill_svc_base_model(s->bases[p->base]), p->dir, &lora);
+    if (st) return st;
+    size_t n;
+    trill_lora_params(lora, &n);
+    pthread_mutex_lock(&s->mu);
+    p->lora = lora, p->bytes = n * sizeof(float);
+    s->sampler_bytes += p->bytes;
+    pthread_mutex_unlock(&s->mu);
+    return TRILL_OK;
 }
 
 trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, svc_sampler **out) {
@@ -245,21 +260,28 @@ trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, 
     if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     svc_new_id(p->id, sizeof p->id, "s-");
     snprintf(p->key_id, sizeof p->key_id, "%s", key_id);
-    char dir[4096] = "";
     trill_status st = TRILL_OK;
-    if (path) st = svc_resolve_uri(s, path, key_id, NULL, dir, sizeof dir, &p->base);
+    if (path && strlen(path) >= sizeof p->uri) st = svc_fail("bad_request", "model_path: longer than %zu bytes", sizeof p->uri - 1);
+    else if (path) st = svc_resolve_uri(s, path, key_id, NULL, p->dir, sizeof p->dir, &p->base);
     else if ((p->base = svc_find_base(s, base)) < 0) st = svc_fail("not_found", "base_model: \"%.200s\" is not served here", base);
-    if (!st) st = sampler_open(s, p, dir);
-    bool reserved = false;
-    if (!st) st = reserve(s, lora_bytes(p->lora)), reserved = !st;
-    svc_arg a[] = { SVC_S(p->id), SVC_S(key_id), SVC_S(trill_svc_base_name(s->bases[p->base < 0 ? 0 : p->base])), SVC_S(path ? path : ""),
-                    SVC_I(time(NULL)) };
+    if (!st && path) {
+        snprintf(p->uri, sizeof p->uri, "%s", path);
+        p->version = svc_uri_version(s, path);
+        st = svc_sampler_load(s, p); /* now: a path that does not load is refused here, not at its first sample */
+    }
+    svc_arg a[] = { SVC_S(p->id), SVC_S(key_id), SVC_S(trill_svc_base_name(s->bases[p->base < 0 ? 0 : p->base])), SVC_S(p->uri),
+                    SVC_S(p->dir), SVC_I(p->version), SVC_I(time(NULL)) };
     if (!st)
-        st = svc_store_run(s->store, "recording a sampler", "INSERT INTO samplers(id, key_id, base, model_path, created) VALUES(?1, ?2, ?3, ?4, ?5)",
-                           a, 5, NULL, NULL, NULL);
+        st = svc_store_run(s->store, "recording a sampler",
+                           "INSERT INTO samplers(id, key_id, base, model_path, dir, version, created) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)", a, 7,
+                           NULL, NULL, NULL);
     if (!st) st = add_sampler(s, p);
     if (st) {
-        if (reserved) unreserve(s, lora_bytes(p->lora));
+        if (p->lora) {
+            pthread_mutex_lock(&s->mu);
+            s->sampler_bytes -= p->bytes;
+            pthread_mutex_unlock(&s->mu);
+        }
         trill_lora_free(p->lora);
         free(p);
         return st;
@@ -338,20 +360,20 @@ static void recover_sampler(void *ctx, sqlite3_stmt *row) {
     svc *s = r->s;
     svc_sampler *p = trill_calloc(1, sizeof *p);
     const char *base = (const char *)sqlite3_column_text(row, 2), *path = (const char *)sqlite3_column_text(row, 3);
-    char dir[4096] = "";
     trill_status st = p ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
         snprintf(p->id, sizeof p->id, "%s", (const char *)sqlite3_column_text(row, 0));
         snprintf(p->key_id, sizeof p->key_id, "%s", (const char *)sqlite3_column_text(row, 1));
         if ((p->base = svc_find_base(s, base)) < 0) st = trill_error(TRILL_ERR_INVALID, "its base model %s is not served now", base);
     }
-    if (!st && path && *path) st = svc_resolve_uri(s, path, p->key_id, NULL, dir, sizeof dir, &p->base);
-    if (!st) st = sampler_open(s, p, dir);
+    if (!st && path && *path) { /* its weights as they were: loaded when it samples again */
+        snprintf(p->uri, sizeof p->uri, "%s", path);
+        snprintf(p->dir, sizeof p->dir, "%s", sqlite3_column_text(row, 4) ? (const char *)sqlite3_column_text(row, 4) : "");
+        p->version = sqlite3_column_int64(row, 5);
+    }
     if (!st) st = add_sampler(s, p);
-    if (!st) s->adapter_bytes += lora_bytes(p->lora);
     if (st) {
         trill_log(TRILL_LOG_WARN, "trill serve: sampler %s not restored: %s", p ? p->id : "?", trill_error_message());
-        if (p) trill_lora_free(p->lora);
         free(p);
         r->failed++;
         return;
@@ -366,8 +388,9 @@ trill_status svc_recover(svc *s) {
                                     "SELECT id, key_id, base, rank, seed, mlp, attn, unembed, from_state, from_optimizer, snapshot FROM trainers"
                                     " ORDER BY created, id",
                                     NULL, 0, recover_trainer, &t, NULL);
-    if (!st) st = svc_store_run(s->store, "restoring samplers", "SELECT id, key_id, base, model_path FROM samplers ORDER BY created, id", NULL, 0,
-                                recover_sampler, &p, NULL);
+    if (!st)
+        st = svc_store_run(s->store, "restoring samplers", "SELECT id, key_id, base, model_path, dir, version FROM samplers ORDER BY created, id",
+                           NULL, 0, recover_sampler, &p, NULL);
     if (!st && (t.n || p.n || failed))
         trill_log(TRILL_LOG_INFO, "trill serve: restored %d trainers (each at its last optimizer step) and %d samplers; %d requests of the "
                                   "last run were in flight and now report server_restarted", t.n, p.n, failed);

@@ -430,6 +430,40 @@ class Limits(unittest.TestCase):
             self.assertEqual(server.stop(), 0)
 
 
+class SamplerCache(unittest.TestCase):
+    def test_adapters_dropped_and_loaded_again(self):
+        """Samplers' adapters past --max-adapter-mb are dropped (least recently used) and loaded
+        again when they sample: the same tokens; a sampler whose path was saved again since is
+        refused then, with the reason."""
+        state = os.path.join(W, "cache")
+        server = Server(extra=("--max-adapter-mb", "1"), state=state)
+        try:
+            svc = server.client(slurp(os.path.join(state, "default.key")).strip())
+            tc = svc.create_lora_training_client(base_model="tiny", rank=2, seed=5)
+            tok = tc.get_tokenizer()
+            samplers = []
+            for i in range(24):  # 24 adapters of 74 KB: more than 1 MB
+                tc.forward_backward([sequence_datum(tok, f"{i}+1={i + 1}")], "cross_entropy")
+                tc.optim_step(tinker.AdamParams(learning_rate=0.05))
+                samplers.append(svc.create_sampling_client(model_path=tc.save_weights_for_sampler(f"w{i}").result(timeout=DEADLINE_S).path))
+            tc.save_weights_for_sampler("w0").result(timeout=DEADLINE_S)  # w0 again: samplers[0]'s weights are gone from disk
+            prompt = tinker.ModelInput.from_ints(tok.encode("3+4="))
+            params = tinker.SamplingParams(max_tokens=8, seed=3)
+            first = [s.sample(prompt, 2, params).result(timeout=DEADLINE_S) for s in samplers]
+            for i in reversed(range(len(samplers))):
+                if i == 0:
+                    with self.assertRaises(tinker.TrillError) as e:
+                        samplers[0].sample(prompt, 2, params).result(timeout=DEADLINE_S)
+                    self.assertIn("saved again", e.exception.message)
+                    continue
+                again = samplers[i].sample(prompt, 2, params).result(timeout=DEADLINE_S)
+                self.assertEqual([q.tokens for q in again.sequences], [q.tokens for q in first[i].sequences])
+                self.assertEqual([q.logprobs for q in again.sequences], [q.logprobs for q in first[i].sequences])
+            self.assertGreater(len({tuple(f.sequences[0].tokens) for f in first}), 1)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class Cookbook(unittest.TestCase):
     def test_examples_run(self):
         """examples/service/{rl,sft}.py end to end on the test's model, a few steps each."""
@@ -457,7 +491,11 @@ class Crash(unittest.TestCase):
                 lines.append(line)
                 if line.startswith("step 5/"):
                     break
+            # the example frozen while the server dies, so its next call certainly meets the dead server
+            proc.send_signal(signal.SIGSTOP)
             SERVER.stop(signal.SIGKILL)
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(1)
             SERVER = Server(port=SERVER.port)
             lines += proc.stdout.readlines()
             self.assertEqual(proc.wait(timeout=300), 0, "".join(lines)[-3000:])
@@ -474,12 +512,11 @@ class Crash(unittest.TestCase):
         global SERVER
         svc = SERVER.client(KEY_A)
         tc, tok = trained(svc, 51)  # step 1, completed
-        data = [sequence_datum(tok, f"{i}+{i}={2 * i}") for i in range(300)]
+        data = [sequence_datum(tok, f"{i}+{i}={2 * i}") for i in range(1000)]
         futures = []
-        for _ in range(8):
+        for _ in range(8):  # seconds of work: the kill comes while most of it runs or waits
             futures.append(("fb", tc.forward_backward(data, "cross_entropy")))
             futures.append(("step", tc.optim_step(tinker.AdamParams(learning_rate=1e-3))))
-        futures[0][1].result(timeout=DEADLINE_S)  # killed while the rest run or wait
         SERVER.stop(signal.SIGKILL)
         SERVER = Server(port=SERVER.port)  # the same address: the futures' polls reach the new server
         svc = SERVER.client(KEY_A)
