@@ -2,10 +2,13 @@
  *
  * Pipeline (as HF tokenizers): added/special tokens are matched first (leftmost-longest;
  * those with "normalized": false on the raw text, the others after normalisation), then the
- * rest is normalised (NFC/NFD/NFKC/NFKD, Sequence), pre-tokenised (Split with a PCRE2 regex
- * or a literal and any HF behaviour, ByteLevel, Digits, Sequence) and run through the model:
- * byte-level BPE (merges by rank) or WordLevel. Post-processing adds template special tokens
- * (TemplateProcessing) when asked. Anything else is refused by name at load time.
+ * rest is normalised (NFC/NFD/NFKC/NFKD, Prepend, Replace, Sequence), pre-tokenised (Split with
+ * a PCRE2 regex or a literal and any HF behaviour, ByteLevel, Metaspace, Digits, Whitespace,
+ * WhitespaceSplit, Punctuation, BertPreTokenizer, Sequence) and run through the model:
+ * byte-level BPE, BPE over characters (SentencePiece-style, with byte_fallback) or WordLevel.
+ * Post-processing adds template special tokens (TemplateProcessing) when asked; decoding runs
+ * the decoder chain (ByteLevel, ByteFallback, Replace, Fuse, Strip, Metaspace, Sequence).
+ * Anything else is refused by name at load time.
  * Invalid UTF-8 input is first repaired to U+FFFD per maximal subpart, as a UTF-8 decoder with
  * replacement does before text reaches HF. encode/decode are thread-safe. */
 #ifndef TRILL_TOKENIZER_H

@@ -4,7 +4,9 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <ctype.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -36,12 +38,37 @@ enum { MAX_STEPS = 16, BYTE_CP_LIMIT = 324, SHORT_WORD = 64 };
 
 typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS } split_behavior;
 
+typedef enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } prepend_scheme;
+
 typedef struct pre_step {
-    pcre2_code *re;          /* NULL: a ByteLevel prefix-space step */
+    pcre2_code *re;          /* NULL: a ByteLevel prefix-space step, or a Metaspace one */
     split_behavior behavior;
     bool invert;
     bool add_prefix_space;   /* ByteLevel: prepend ' ' to a piece that lacks one */
+    const char *metaspace;   /* Metaspace: its replacement character (UTF-8): ' ' becomes it */
+    prepend_scheme prepend;  /* and when a piece gets one in front */
 } pre_step;
+
+/* A normalizer: a Unicode normal form, Prepend (a string before non-empty text) or Replace (a
+ * literal string or a regex, every match replaced by a literal). */
+typedef enum { NORM_FORM, NORM_PREPEND, NORM_REPLACE } norm_kind;
+typedef struct norm_step {
+    norm_kind kind;
+    utf8proc_option_t form;
+    const char *text, *with; /* Prepend's string; Replace's literal pattern (NULL: re) and content */
+    size_t text_len, with_len;
+    pcre2_code *re;
+} norm_step;
+
+/* A decoder of the chain, applied to the list of token strings (HF's decode_chain). */
+typedef enum { DEC_BYTELEVEL, DEC_FUSE, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_STRIP, DEC_METASPACE } dec_kind;
+typedef struct dec_step {
+    dec_kind kind;
+    const char *a, *b;       /* Replace: pattern -> content; Strip: the character; Metaspace: the replacement */
+    size_t a_len, b_len;
+    int start, stop;         /* Strip: at most this many from the start and the end */
+    prepend_scheme prepend;  /* Metaspace */
+} dec_step;
 
 typedef struct added_token {
     const char *content;
@@ -52,7 +79,10 @@ typedef struct added_token {
 
 struct trill_tokenizer {
     json_t *root;            /* owns every string the tables point to */
-    bool bpe;                /* byte-level BPE; else WordLevel */
+    bool bpe;                /* BPE (byte-level or over characters); else WordLevel */
+    bool byte_level;         /* BPE over GPT-2's byte symbols; else over characters (SentencePiece-style) */
+    bool byte_fallback, fuse_unk; /* character BPE: a character outside the vocabulary as its <0xNN> byte tokens, unknowns fused */
+    int fallback_id[256];    /* <0xNN>'s id, -1 when missing */
     trill_strmap vocab;      /* token string -> id */
     const char **id_str;     /* [size] token strings (vocabulary and added) */
     size_t *id_len;
@@ -65,14 +95,16 @@ struct trill_tokenizer {
     bool ignore_merges;
     int unk_id;
     int n_norm;
-    utf8proc_option_t norm[MAX_STEPS];
+    norm_step norm[MAX_STEPS];
     int n_pre;
     pre_step pre[MAX_STEPS];
     int n_added;
     added_token *added;      /* sorted by first byte, then longest first */
     int added_first[257];    /* added tokens starting with byte b: [added_first[b], added_first[b+1]) */
     uint8_t added_second[256][32]; /* bitset: second bytes of the added tokens starting with byte b */
-    bool decode_bytelevel, decode_fuse;
+    bool has_decoder;        /* without one, HF joins the tokens with spaces */
+    int n_dec;
+    dec_step dec[MAX_STEPS];
     ivec prefix, suffix;     /* TemplateProcessing single: ids around the sequence */
 };
 
@@ -91,6 +123,7 @@ static void build_byte_map(trill_tokenizer *t) {
 void trill_tokenizer_free(trill_tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    for (int i = 0; i < t->n_norm; i++) pcre2_code_free(t->norm[i].re);
     trill_strmap_free(&t->vocab);
     trill_u64map_free(&t->merges);
     free(t->id_str);
@@ -138,17 +171,43 @@ static trill_status load_normalizer(trill_tokenizer *t, const json_t *n, const c
         }
         return TRILL_OK;
     }
+    if (t->n_norm == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d normalizers", what, MAX_STEPS);
+    norm_step *x = &t->norm[t->n_norm];
     static const struct { const char *name; utf8proc_option_t opt; } forms[] = {
         { "NFC", UTF8PROC_COMPOSE }, { "NFD", UTF8PROC_DECOMPOSE },
         { "NFKC", UTF8PROC_COMPOSE | UTF8PROC_COMPAT }, { "NFKD", UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT },
     };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         if (strcmp(type, forms[i].name) == 0) {
-            if (t->n_norm == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d normalizers", what, MAX_STEPS);
-            t->norm[t->n_norm++] = forms[i].opt | UTF8PROC_STABLE;
+            *x = (norm_step){ .kind = NORM_FORM, .form = forms[i].opt | UTF8PROC_STABLE };
+            t->n_norm++;
             return TRILL_OK;
         }
-    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: normalizer \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Sequence)", what, type);
+    if (strcmp(type, "Prepend") == 0) {
+        const json_t *v = json_object_get(n, "prepend");
+        if (!json_is_string(v)) return trill_error(TRILL_ERR_INVALID, "%s: normalizer Prepend: \"prepend\" must be a string", what);
+        *x = (norm_step){ .kind = NORM_PREPEND, .text = json_string_value(v), .text_len = json_string_length(v) };
+        t->n_norm++;
+        return TRILL_OK;
+    }
+    if (strcmp(type, "Replace") == 0) {
+        const json_t *pat = json_object_get(n, "pattern"), *with = json_object_get(n, "content");
+        const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
+        if ((!json_is_string(re) && !json_is_string(lit)) || !json_is_string(with))
+            return trill_error(TRILL_ERR_INVALID, "%s: normalizer Replace: expected \"pattern\": {\"String\" or \"Regex\": ...} and \"content\": a string", what);
+        if (json_is_string(lit) && json_string_length(lit) == 0) return trill_error(TRILL_ERR_INVALID, "%s: normalizer Replace: an empty pattern", what);
+        *x = (norm_step){ .kind = NORM_REPLACE, .with = json_string_value(with), .with_len = json_string_length(with) };
+        if (json_is_string(lit)) x->text = json_string_value(lit), x->text_len = json_string_length(lit);
+        else {
+            int code;
+            PCRE2_SIZE off;
+            if (!(x->re = pcre2_compile((PCRE2_SPTR)json_string_value(re), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL)))
+                return trill_error(TRILL_ERR_INVALID, "%s: normalizer Replace: the regex does not compile at offset %zu", what, (size_t)off);
+        }
+        t->n_norm++;
+        return TRILL_OK;
+    }
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: normalizer \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence)", what, type);
 }
 
 static trill_status add_pre(trill_tokenizer *t, const char *what, const char *pattern, bool literal,
@@ -197,6 +256,11 @@ static int split_behavior_of(const json_t *b) {
     "\\x{11A9A}-\\x{11A9C}\\x{11A9E}-\\x{11AA2}\\x{11C41}-\\x{11C45}\\x{11C70}\\x{11C71}\\x{11EF7}\\x{11EF8}"     \
     "\\x{11FFF}\\x{12FF1}\\x{12FF2}\\x{16E97}-\\x{16E9A}\\x{16FE2}\\x{1E95E}\\x{1E95F}])"                        \
     "[\\p{P}!-/:-@\\[-`{-~\\x{166D}\\x{111C9}]"
+
+static int prepend_scheme_of(const json_t *v) {
+    const char *x = json_string_value(v);
+    return !x ? -1 : strcmp(x, "always") == 0 ? PREPEND_ALWAYS : strcmp(x, "first") == 0 ? PREPEND_FIRST : strcmp(x, "never") == 0 ? PREPEND_NEVER : -1;
+}
 
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -255,7 +319,22 @@ static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, cons
                                what, json_is_string(b) ? json_string_value(b) : "(not a string)");
         return add_pre(t, what, HF_PUNCTUATION, false, (split_behavior)behavior, false, false);
     }
-    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported (supported: Split, ByteLevel, Digits, Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer, Sequence)", what, type);
+    if (strcmp(type, "Metaspace") == 0) {
+        const json_t *rep = json_object_get(p, "replacement"), *scheme = json_object_get(p, "prepend_scheme");
+        uint32_t cp;
+        if (!json_is_string(rep) || json_string_length(rep) == 0 ||
+            (size_t)trill_utf8_decode(json_string_value(rep), &cp) != json_string_length(rep))
+            return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Metaspace: \"replacement\" must be one character", what);
+        int ps = scheme ? prepend_scheme_of(scheme) : flag(p, "add_prefix_space", true) ? PREPEND_ALWAYS : PREPEND_NEVER;
+        if (ps < 0) return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Metaspace: prepend_scheme must be always, first or never", what);
+        trill_status st = add_pre(t, what, NULL, false, SPLIT_ISOLATED, false, false);
+        if (st) return st;
+        t->pre[t->n_pre - 1].metaspace = json_string_value(rep);
+        t->pre[t->n_pre - 1].prepend = (prepend_scheme)ps;
+        /* split: each piece starts at a replacement character (HF: MergedWithNext on it) */
+        return flag(p, "split", true) ? add_pre(t, what, json_string_value(rep), true, SPLIT_MERGED_NEXT, false, false) : TRILL_OK;
+    }
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported (supported: Split, ByteLevel, Digits, Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer, Metaspace, Sequence)", what, type);
 }
 
 static trill_status set_token(trill_tokenizer *t, const char *what, const char *s, size_t len, json_int_t id) {
@@ -343,9 +422,7 @@ static trill_status load_model(trill_tokenizer *t, const json_t *model, const ch
     trill_status st;
     if (strcmp(type, "WordLevel") == 0) return load_vocab(t, model, what);
     if (strcmp(type, "BPE") != 0)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model \"%s\" is not supported (supported: BPE with ByteLevel, WordLevel)", what, type);
-    if (!byte_level)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model BPE without a ByteLevel pre-tokenizer is not supported (only byte-level BPE)", what);
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model \"%s\" is not supported (supported: BPE, WordLevel)", what, type);
     const json_t *dropout = json_object_get(model, "dropout");
     if (json_is_number(dropout) && json_number_value(dropout) != 0.0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model.dropout: BPE dropout is not supported", what);
@@ -355,11 +432,20 @@ static trill_status load_model(trill_tokenizer *t, const json_t *model, const ch
         if (json_is_string(v) && json_string_length(v) > 0)
             return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model.%s \"%s\" is not supported (expected empty or null)", what, affixes[i], json_string_value(v));
     }
-    if (flag(model, "byte_fallback", false))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: model.byte_fallback true is not supported", what);
     t->bpe = true;
+    t->byte_level = byte_level;
     t->ignore_merges = flag(model, "ignore_merges", false);
+    t->byte_fallback = flag(model, "byte_fallback", false);
+    t->fuse_unk = flag(model, "fuse_unk", false);
     if ((st = load_vocab(t, model, what)) || (st = load_merges(t, model, what))) return st;
+    if (!byte_level) { /* BPE over characters (SentencePiece-style): a character is a symbol; <0xNN> tokens for byte fallback */
+        for (int b = 0; b < 256; b++) {
+            char name[8];
+            snprintf(name, sizeof name, "<0x%02X>", b);
+            t->fallback_id[b] = trill_strmap_get(&t->vocab, name, 6);
+        }
+        return TRILL_OK;
+    }
     for (int b = 0; b < 256; b++) {
         char s[4];
         int n = trill_utf8_encode(t->byte_cp[b], s);
@@ -458,10 +544,50 @@ static trill_status load_post_processor(trill_tokenizer *t, const json_t *p, con
 
 static trill_status load_decoder(trill_tokenizer *t, const json_t *d, const char *what) {
     if (!d || json_is_null(d)) return TRILL_OK;
+    t->has_decoder = true;
     const char *type = type_of(d);
-    if (strcmp(type, "ByteLevel") == 0) t->decode_bytelevel = true;
-    else if (strcmp(type, "Fuse") == 0) t->decode_fuse = true;
-    else return trill_error(TRILL_ERR_UNSUPPORTED, "%s: decoder \"%s\" is not supported (supported: ByteLevel, Fuse)", what, type);
+    if (strcmp(type, "Sequence") == 0) {
+        const json_t *list = json_object_get(d, "decoders");
+        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: decoder Sequence: \"decoders\" must be a list", what);
+        size_t i;
+        const json_t *x;
+        json_array_foreach(list, i, x) {
+            trill_status st = load_decoder(t, x, what);
+            if (st) return st;
+        }
+        return TRILL_OK;
+    }
+    if (t->n_dec == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d decoders", what, MAX_STEPS);
+    dec_step *x = &t->dec[t->n_dec];
+    *x = (dec_step){ 0 };
+    if (strcmp(type, "ByteLevel") == 0) x->kind = DEC_BYTELEVEL;
+    else if (strcmp(type, "Fuse") == 0) x->kind = DEC_FUSE;
+    else if (strcmp(type, "ByteFallback") == 0) x->kind = DEC_BYTEFALLBACK;
+    else if (strcmp(type, "Replace") == 0) {
+        const json_t *lit = json_object_get(json_object_get(d, "pattern"), "String"), *with = json_object_get(d, "content");
+        if (!json_is_string(lit) || json_string_length(lit) == 0 || !json_is_string(with))
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: decoder Replace: only a non-empty {\"String\": ...} pattern and a string content are supported", what);
+        *x = (dec_step){ .kind = DEC_REPLACE, .a = json_string_value(lit), .a_len = json_string_length(lit), .b = json_string_value(with),
+                         .b_len = json_string_length(with) };
+    } else if (strcmp(type, "Strip") == 0) {
+        const json_t *c = json_object_get(d, "content"), *start = json_object_get(d, "start"), *stop = json_object_get(d, "stop");
+        uint32_t cp;
+        if (!json_is_string(c) || json_string_length(c) == 0 || (size_t)trill_utf8_decode(json_string_value(c), &cp) != json_string_length(c) ||
+            !json_is_integer(start) || !json_is_integer(stop) || json_integer_value(start) < 0 || json_integer_value(stop) < 0)
+            return trill_error(TRILL_ERR_INVALID, "%s: decoder Strip: expected \"content\" (one character), \"start\" and \"stop\" (counts)", what);
+        *x = (dec_step){ .kind = DEC_STRIP, .a = json_string_value(c), .a_len = json_string_length(c),
+                         .start = (int)json_integer_value(start), .stop = (int)json_integer_value(stop) };
+    } else if (strcmp(type, "Metaspace") == 0) {
+        const json_t *rep = json_object_get(d, "replacement"), *scheme = json_object_get(d, "prepend_scheme");
+        const int ps = scheme ? prepend_scheme_of(scheme) : flag(d, "add_prefix_space", true) ? PREPEND_ALWAYS : PREPEND_NEVER;
+        if (!json_is_string(rep) || json_string_length(rep) == 0 || ps < 0)
+            return trill_error(TRILL_ERR_INVALID, "%s: decoder Metaspace: expected a \"replacement\" and a prepend_scheme of always, first or never", what);
+        *x = (dec_step){ .kind = DEC_METASPACE, .a = json_string_value(rep), .a_len = json_string_length(rep), .prepend = (prepend_scheme)ps };
+    } else {
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: decoder \"%s\" is not supported (supported: ByteLevel, Fuse, ByteFallback, Replace, "
+                           "Strip, Metaspace, Sequence)", what, type);
+    }
+    t->n_dec++;
     return TRILL_OK;
 }
 
@@ -734,8 +860,77 @@ static int bpe(const trill_tokenizer *t, const unsigned char *s, size_t n, ivec 
     return err;
 }
 
-/* Pre-tokenises and encodes one normalised piece of text (no added tokens inside). */
-static trill_status encode_plain(const trill_tokenizer *t, const char *text, size_t len, pcre2_match_data *md, ivec *out) {
+/* BPE over characters (SentencePiece-style tokenizer.json, as HF): each character is a symbol;
+ * one outside the vocabulary becomes its bytes' <0xNN> tokens with byte_fallback (when all are
+ * there), else unk_token (a run of them one unk with fuse_unk); then the merges by rank. */
+static trill_status bpe_chars(const trill_tokenizer *t, const char *s, size_t n, ivec *out) {
+    if (n == 0) return TRILL_OK;
+    if (t->ignore_merges) {
+        const int id = trill_strmap_get(&t->vocab, s, n);
+        if (id >= 0) return ivec_push(out, id) ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
+    }
+    int stack_ids[SHORT_WORD], *ids = n <= SHORT_WORD ? stack_ids : trill_malloc(n * sizeof *ids); /* a symbol per byte at most */
+    if (!ids) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        const size_t l = (size_t)trill_utf8_decode(s + i, &cp);
+        const int id = trill_strmap_get(&t->vocab, s + i, l);
+        bool bytes = t->byte_fallback;
+        for (size_t k = 0; bytes && k < l; k++) bytes = t->fallback_id[(unsigned char)s[i + k]] >= 0;
+        if (id >= 0) ids[m++] = id;
+        else if (bytes) for (size_t k = 0; k < l; k++) ids[m++] = t->fallback_id[(unsigned char)s[i + k]];
+        else if (t->unk_id >= 0) {
+            if (!(t->fuse_unk && m > 0 && ids[m - 1] == t->unk_id)) ids[m++] = t->unk_id;
+        } else {
+            if (ids != stack_ids) free(ids);
+            return trill_error(TRILL_ERR_INVALID, "\"%.*s\" is not in the vocabulary, and the tokenizer has neither byte_fallback "
+                               "tokens for it nor an unk_token", (int)l, s + i);
+        }
+        i += l;
+    }
+    const int err = m <= SHORT_WORD ? bpe_short(t, ids, m, out) : bpe_long(t, ids, m, out);
+    if (ids != stack_ids) free(ids);
+    return err ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
+}
+
+/* Metaspace: each piece's spaces become the replacement character, and (by the prepend scheme)
+ * a piece that does not start with one gets it in front — "first": only the input's first
+ * piece (at_start: this text starts the input). Rebuilds the text into *buf. */
+static trill_status metaspace(const pre_step *p, const char **text, size_t *len, spans *cur, spans *next, char **buf, bool at_start) {
+    const size_t rl = strlen(p->metaspace);
+    size_t need = 0;
+    for (size_t k = 0; k < cur->n; k++) {
+        for (size_t i = cur->v[k].start; i < cur->v[k].end; i++) need += (*text)[i] == ' ' ? rl : 1;
+        need += rl;
+    }
+    char *nb = trill_malloc(need + 1);
+    if (!nb) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t o = 0;
+    for (size_t k = 0; k < cur->n; k++) {
+        const size_t s0 = o;
+        for (size_t i = cur->v[k].start; i < cur->v[k].end; i++) {
+            if ((*text)[i] == ' ') memcpy(nb + o, p->metaspace, rl), o += rl;
+            else nb[o++] = (*text)[i];
+        }
+        const bool starts = o - s0 >= rl && memcmp(nb + s0, p->metaspace, rl) == 0;
+        if (!starts && (p->prepend == PREPEND_ALWAYS || (p->prepend == PREPEND_FIRST && at_start && cur->v[k].start == 0))) {
+            memmove(nb + s0 + rl, nb + s0, o - s0);
+            memcpy(nb + s0, p->metaspace, rl);
+            o += rl;
+        }
+        if (spans_push(next, s0, o)) { free(nb); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    }
+    free(*buf);
+    *buf = nb;
+    *text = nb;
+    *len = o;
+    return TRILL_OK;
+}
+
+/* Pre-tokenises and encodes one normalised piece of text (no added tokens inside); at_start:
+ * the piece begins the input (Metaspace's "first" scheme). */
+static trill_status encode_plain(const trill_tokenizer *t, const char *text, size_t len, pcre2_match_data *md, ivec *out, bool at_start) {
     char *buf = NULL; /* owned copy when a ByteLevel step prepends spaces */
     spans cur = { 0 }, next = { 0 };
     trill_status st = TRILL_OK;
@@ -743,7 +938,9 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
     for (int i = 0; i < t->n_pre && !st; i++) {
         const pre_step *p = &t->pre[i];
         next.n = 0;
-        if (!p->re) { /* ByteLevel add_prefix_space: rebuild the text with ' ' before pieces that lack it */
+        if (p->metaspace) {
+            st = metaspace(p, &text, &len, &cur, &next, &buf, at_start);
+        } else if (!p->re) { /* ByteLevel add_prefix_space: rebuild the text with ' ' before pieces that lack it */
             size_t extra = 0;
             for (size_t k = 0; k < cur.n; k++) extra += text[cur.v[k].start] != ' ';
             char *nb = trill_malloc(len + extra + 1);
@@ -770,6 +967,10 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
         const char *s = text + cur.v[k].start;
         size_t n = cur.v[k].end - cur.v[k].start;
         int err;
+        if (t->bpe && !t->byte_level) {
+            st = bpe_chars(t, s, n, out);
+            continue;
+        }
         if (t->bpe) {
             err = bpe(t, (const unsigned char *)s, n, out);
         } else {
@@ -788,6 +989,42 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
     return st;
 }
 
+/* s with every occurrence of x's literal pattern, or match of its regex, replaced by its content
+ * (HF's Replace normalizer), into *out (malloc'ed). */
+static trill_status replace_all(const norm_step *x, const char *s, size_t n, char **out, size_t *out_len) {
+    if (x->re) {
+        PCRE2_SIZE cap = n + 64;
+        for (int attempt = 0; attempt < 2; attempt++) {
+            char *dst = trill_malloc(cap + 1);
+            if (!dst) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            PCRE2_SIZE got = cap + 1;
+            int rc = pcre2_substitute(x->re, (PCRE2_SPTR)s, n, 0, PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_LITERAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH,
+                                      NULL, NULL, (PCRE2_SPTR)x->with, x->with_len, (PCRE2_UCHAR *)dst, &got);
+            if (rc >= 0) { *out = dst, *out_len = got; return TRILL_OK; }
+            free(dst);
+            if (rc != PCRE2_ERROR_NOMEMORY) return trill_error(TRILL_ERR_INVALID, "normalizer Replace: the regex failed (PCRE2 error %d)", rc);
+            cap = got; /* the length it needs */
+        }
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    size_t count = 0;
+    for (size_t i = 0; i + x->text_len <= n;) {
+        if (memcmp(s + i, x->text, x->text_len) == 0) count++, i += x->text_len;
+        else i++;
+    }
+    char *dst = trill_malloc(n + count * x->with_len + 1);
+    if (!dst) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        if (i + x->text_len <= n && memcmp(s + i, x->text, x->text_len) == 0) {
+            memcpy(dst + o, x->with, x->with_len), o += x->with_len, i += x->text_len;
+        } else dst[o++] = s[i++];
+    }
+    dst[o] = '\0';
+    *out = dst, *out_len = o;
+    return TRILL_OK;
+}
+
 static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n, char **out, size_t *out_len) {
     char *cur = trill_malloc(n + 1);
     if (!cur) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -795,14 +1032,28 @@ static trill_status normalize(const trill_tokenizer *t, const char *s, size_t n,
     cur[n] = '\0';
     bool ascii = true; /* every Unicode normal form leaves ASCII unchanged */
     for (size_t i = 0; i < n && ascii; i++) ascii = (unsigned char)s[i] < 0x80;
-    for (int i = 0; i < t->n_norm && !ascii; i++) {
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)n, &dst, t->norm[i]);
+    for (int i = 0; i < t->n_norm; i++) {
+        const norm_step *x = &t->norm[i];
+        char *next = NULL;
+        size_t m = 0;
+        trill_status st = TRILL_OK;
+        if (x->kind == NORM_FORM) {
+            if (ascii) continue;
+            utf8proc_uint8_t *dst = NULL;
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)n, &dst, x->form);
+            if (r < 0) st = trill_error(r == UTF8PROC_ERROR_NOMEM ? TRILL_ERR_NOMEM : TRILL_ERR_INVALID, "normalization failed: %s", utf8proc_errmsg(r));
+            next = (char *)dst, m = r < 0 ? 0 : (size_t)r;
+        } else if (x->kind == NORM_PREPEND) {
+            if (n == 0) continue; /* HF prepends to non-empty text only */
+            if (!(next = trill_malloc(x->text_len + n + 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            else memcpy(next, x->text, x->text_len), memcpy(next + x->text_len, cur, n + 1), m = x->text_len + n;
+        } else {
+            st = replace_all(x, cur, n, &next, &m);
+        }
         free(cur);
-        if (m < 0)
-            return trill_error(m == UTF8PROC_ERROR_NOMEM ? TRILL_ERR_NOMEM : TRILL_ERR_INVALID, "normalization failed: %s", utf8proc_errmsg(m));
-        cur = (char *)dst;
-        n = (size_t)m;
+        if (st) { free(next); return st; }
+        cur = next, n = m;
+        for (size_t k = 0; k < n && ascii; k++) ascii = (unsigned char)cur[k] < 0x80;
     }
     *out = cur;
     *out_len = n;
@@ -831,7 +1082,8 @@ static const added_token *find_added(const trill_tokenizer *t, const char *s, si
 
 /* Encodes s[0..n), splitting on added tokens of one kind; `normalized` false is the first,
  * raw-text phase, whose remaining pieces are normalised and go through the second phase. */
-static trill_status encode_phase(const trill_tokenizer *t, const char *s, size_t n, bool normalized, pcre2_match_data *md, ivec *out) {
+static trill_status encode_phase(const trill_tokenizer *t, const char *s, size_t n, bool normalized, pcre2_match_data *md, ivec *out,
+                                 bool at_start) {
     size_t pos = 0;
     trill_status st = TRILL_OK;
     while (pos <= n && !st) {
@@ -856,12 +1108,12 @@ static trill_status encode_phase(const trill_tokenizer *t, const char *s, size_t
             }
         if (text_end > pos) {
             if (normalized) {
-                st = encode_plain(t, s + pos, text_end - pos, md, out);
+                st = encode_plain(t, s + pos, text_end - pos, md, out, at_start && pos == 0);
             } else {
                 char *norm = NULL;
                 size_t nl = 0;
                 if (!(st = normalize(t, s + pos, text_end - pos, &norm, &nl))) {
-                    st = encode_phase(t, norm, nl, true, md, out);
+                    st = encode_phase(t, norm, nl, true, md, out, at_start && pos == 0);
                     free(norm);
                 }
             }
@@ -883,7 +1135,7 @@ trill_status trill_tokenizer_encode(const trill_tokenizer *t, const char *text, 
     if (!st && add_special_tokens)
         for (size_t i = 0; i < t->prefix.n && !st; i++)
             if (ivec_push(&out, t->prefix.v[i])) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = encode_phase(t, clean, clean_len, false, md, &out);
+    if (!st) st = encode_phase(t, clean, clean_len, false, md, &out, true);
     if (!st && add_special_tokens)
         for (size_t i = 0; i < t->suffix.n && !st; i++)
             if (ivec_push(&out, t->suffix.v[i])) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -898,46 +1150,162 @@ trill_status trill_tokenizer_encode(const trill_tokenizer *t, const char *text, 
 
 /* ---- decoding ----------------------------------------------------------------------------- */
 
+/* The decoder chain works on a list of token strings, as HF's decode_chain. */
+typedef struct dstr { char *s; size_t len; } dstr;
+
+static void dlist_free(dstr *v, size_t n) {
+    for (size_t i = 0; i < n; i++) free(v[i].s);
+    free(v);
+}
+
+static bool dstr_set(dstr *d, const char *s, size_t len) {
+    char *c = trill_malloc(len + 1);
+    if (!c) return false;
+    memcpy(c, s, len);
+    c[len] = '\0';
+    free(d->s);
+    d->s = c, d->len = len;
+    return true;
+}
+
+/* ByteLevel: every token's characters back to their bytes (a token with any other character
+ * keeps its own bytes), all of them one string. */
+static bool dec_bytelevel(const trill_tokenizer *t, dstr *v, size_t *n) {
+    if (*n == 0) return true;
+    size_t total = 0;
+    for (size_t i = 0; i < *n; i++) total += v[i].len;
+    char *raw = trill_malloc(total + 1);
+    if (!raw) return false;
+    size_t o = 0;
+    for (size_t i = 0; i < *n; i++) {
+        const size_t start = o;
+        bool mapped = true;
+        for (size_t k = 0; k < v[i].len && mapped;) {
+            uint32_t cp;
+            k += (size_t)trill_utf8_decode(v[i].s + k, &cp);
+            const int b = cp < BYTE_CP_LIMIT ? t->cp_byte[cp] : -1;
+            if (b < 0) mapped = false;
+            else raw[o++] = (char)b;
+        }
+        if (!mapped) memcpy(raw + start, v[i].s, v[i].len), o = start + v[i].len;
+    }
+    for (size_t i = 0; i < *n; i++) free(v[i].s), v[i] = (dstr){ 0 };
+    v[0] = (dstr){ raw, o };
+    *n = 1;
+    return true;
+}
+
+/* ByteFallback: runs of <0xNN> tokens become the text of their bytes, or one U+FFFD per byte
+ * when those are not valid UTF-8. */
+static bool dec_bytefallback(dstr *v, size_t *n) {
+    size_t o = 0;
+    for (size_t i = 0; i < *n;) {
+        unsigned char bytes[256];
+        size_t nb = 0, j = i;
+        unsigned int x;
+        char tail;
+        while (j < *n && nb < sizeof bytes && v[j].len == 6 && sscanf(v[j].s, "<0x%2X%c", &x, &tail) == 2 && tail == '>' &&
+               isxdigit((unsigned char)v[j].s[3]) && isxdigit((unsigned char)v[j].s[4]))
+            bytes[nb++] = (unsigned char)x, j++;
+        if (nb == 0) { /* moved, the old place emptied: on failure every string is freed once */
+            const dstr d = v[i];
+            v[i++] = (dstr){ 0 };
+            v[o++] = d;
+            continue;
+        }
+        for (size_t k = i; k < j; k++) free(v[k].s), v[k] = (dstr){ 0 };
+        size_t clean_len;
+        char *clean = trill_utf8_sanitize((const char *)bytes, nb, &clean_len);
+        const bool valid = clean && clean_len == nb && memcmp(clean, bytes, nb) == 0;
+        free(clean);
+        dstr d = { 0 };
+        if (valid) { if (!dstr_set(&d, (const char *)bytes, nb)) return false; }
+        else {
+            char *r = trill_malloc(3 * nb + 1);
+            if (!r) return false;
+            for (size_t k = 0; k < nb; k++) memcpy(r + 3 * k, "\xef\xbf\xbd", 3);
+            d = (dstr){ r, 3 * nb };
+        }
+        v[o++] = d;
+        i = j;
+    }
+    *n = o;
+    return true;
+}
+
+static bool dec_step_apply(const trill_tokenizer *t, const dec_step *x, dstr *v, size_t *n) {
+    switch (x->kind) {
+    case DEC_BYTELEVEL: return dec_bytelevel(t, v, n);
+    case DEC_BYTEFALLBACK: return dec_bytefallback(v, n);
+    case DEC_FUSE: {
+        if (*n <= 1) return true;
+        size_t total = 0;
+        for (size_t i = 0; i < *n; i++) total += v[i].len;
+        char *all = trill_malloc(total + 1);
+        if (!all) return false;
+        size_t o = 0;
+        for (size_t i = 0; i < *n; i++) memcpy(all + o, v[i].s, v[i].len), o += v[i].len, free(v[i].s), v[i] = (dstr){ 0 };
+        all[o] = '\0';
+        v[0] = (dstr){ all, o };
+        *n = 1;
+        return true;
+    }
+    case DEC_REPLACE:
+        for (size_t i = 0; i < *n; i++) {
+            norm_step r = { .kind = NORM_REPLACE, .text = x->a, .text_len = x->a_len, .with = x->b, .with_len = x->b_len };
+            char *out = NULL;
+            size_t len = 0;
+            if (replace_all(&r, v[i].s, v[i].len, &out, &len)) return false;
+            free(v[i].s);
+            v[i] = (dstr){ out, len };
+        }
+        return true;
+    case DEC_STRIP:
+        for (size_t i = 0; i < *n; i++) {
+            size_t from = 0, to = v[i].len;
+            for (int k = 0; k < x->start && to - from >= x->a_len && memcmp(v[i].s + from, x->a, x->a_len) == 0; k++) from += x->a_len;
+            for (int k = 0; k < x->stop && to - from >= x->a_len && memcmp(v[i].s + to - x->a_len, x->a, x->a_len) == 0; k++) to -= x->a_len;
+            memmove(v[i].s, v[i].s + from, to - from);
+            v[i].len = to - from;
+            v[i].s[v[i].len] = '\0';
+        }
+        return true;
+    case DEC_METASPACE: /* the replacement becomes ' ', and vanishes from the first token unless the scheme is never */
+        for (size_t i = 0; i < *n; i++) {
+            const bool drop = i == 0 && x->prepend != PREPEND_NEVER;
+            norm_step r = { .kind = NORM_REPLACE, .text = x->a, .text_len = x->a_len, .with = drop ? "" : " ", .with_len = drop ? 0 : 1 };
+            char *out = NULL;
+            size_t len = 0;
+            if (replace_all(&r, v[i].s, v[i].len, &out, &len)) return false;
+            free(v[i].s);
+            v[i] = (dstr){ out, len };
+        }
+        return true;
+    }
+    return true;
+}
+
 trill_status trill_tokenizer_decode(const trill_tokenizer *t, const int *ids, size_t n, bool skip_special_tokens,
                                     char **text, size_t *len) {
-    size_t total = 1;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= t->size || !t->id_str[ids[i]])
             return trill_error(TRILL_ERR_INVALID, "position %zu: token id %d is not in the vocabulary", i, ids[i]);
-        total += t->id_len[ids[i]] + 1;
-    }
-    char *raw = trill_malloc(total);
-    if (!raw) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    dstr *v = trill_calloc(n + 1, sizeof *v);
+    size_t m = 0;
+    bool ok = v != NULL;
+    for (size_t i = 0; ok && i < n; i++)
+        if (!(skip_special_tokens && t->id_special[ids[i]])) ok = dstr_set(&v[m++], t->id_str[ids[i]], t->id_len[ids[i]]);
+    for (int k = 0; ok && k < t->n_dec; k++) ok = dec_step_apply(t, &t->dec[k], v, &m);
+    size_t total = 1;
+    for (size_t i = 0; ok && i < m; i++) total += v[i].len + 1;
+    char *raw = ok ? trill_malloc(total) : NULL;
     size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int id = ids[i];
-        if (skip_special_tokens && t->id_special[id]) continue;
-        const char *s = t->id_str[id];
-        size_t l = t->id_len[id];
-        if (t->decode_bytelevel) {
-            /* each character maps back to its byte; a token with any other character
-             * (e.g. a special token in CJK punctuation) keeps its own UTF-8 bytes */
-            size_t start = o;
-            bool mapped = true;
-            for (size_t k = 0; k < l && mapped;) {
-                uint32_t cp;
-                k += (size_t)trill_utf8_decode(s + k, &cp);
-                int b = cp < BYTE_CP_LIMIT ? t->cp_byte[cp] : -1;
-                if (b < 0) mapped = false;
-                else raw[o++] = (char)b;
-            }
-            if (!mapped) {
-                o = start;
-                memcpy(raw + o, s, l);
-                o += l;
-            }
-        } else {
-            if (!t->decode_fuse && o > 0) raw[o++] = ' '; /* no decoder: HF joins tokens with spaces */
-            memcpy(raw + o, s, l);
-            o += l;
-        }
+    for (size_t i = 0; raw && i < m; i++) {
+        if (!t->has_decoder && i > 0) raw[o++] = ' '; /* no decoder: HF joins the tokens with spaces */
+        memcpy(raw + o, v[i].s, v[i].len), o += v[i].len;
     }
-    char *clean = trill_utf8_sanitize(raw, o, len); /* bytes of a split character: U+FFFD, as HF */
+    if (v) dlist_free(v, m);
+    char *clean = raw ? trill_utf8_sanitize(raw, o, len) : NULL; /* bytes of a split character: U+FFFD, as HF */
     free(raw);
     if (!clean) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     *text = clean;

@@ -1,6 +1,6 @@
 // Deterministic tokenizer test corpus: one line per string, the HEX of its raw bytes, so that
 // newlines, "\r" and invalid UTF-8 survive the trip through line-oriented tools.
-// Usage: gen_corpus.mjs --vocab qwen3|deepseek_v3 --seed N --count N --out FILE
+// Usage: gen_corpus.mjs --vocab qwen3|deepseek_v3|llama2 --seed N --count N --out FILE
 //        [--model DIR] [--node-dir DIR] [--stats FILE]
 // Categories come in blocks (fixed cases first) so a failing line number tells its category;
 // --stats writes the per-category line ranges.
@@ -11,10 +11,10 @@ import path from "node:path";
 import { parseArgs, need, die, writeLines, modelDirFor } from "./lib.mjs";
 
 const USAGE =
-  "usage: gen_corpus.mjs --vocab qwen3|deepseek_v3 --seed N --count N --out FILE [--model DIR] [--node-dir DIR] [--stats FILE]";
+  "usage: gen_corpus.mjs --vocab qwen3|deepseek_v3|llama2 --seed N --count N --out FILE [--model DIR] [--node-dir DIR] [--stats FILE]";
 const opts = parseArgs(process.argv.slice(2), USAGE);
 const vocab = need(opts, "vocab", USAGE);
-if (!["qwen3", "deepseek_v3"].includes(vocab)) die(USAGE);
+if (!["qwen3", "deepseek_v3", "llama2"].includes(vocab)) die(USAGE);
 const seed = Number(need(opts, "seed", USAGE));
 const count = Number(need(opts, "count", USAGE));
 const out = need(opts, "out", USAGE);
@@ -139,7 +139,7 @@ const specialToken = () => (chance(0.9) || notPlaceholder.length === addedTokens
 // Those of the other vocabulary: plain text here, which the tokenizer must not treat as special.
 const FOREIGN_TOKENS = vocab === "qwen3"
   ? ["<｜User｜>", "<｜Assistant｜>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<|EOT|>"]
-  : ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>"];
+  : ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>"].concat(vocab === "llama2" ? ["[INST]", "<<SYS>>"] : []);
 
 // ---- generators, one per category
 const word = () => pick(WORDS);
@@ -362,7 +362,7 @@ function invalid() {
 // ---- fixed cases: the spec's explicit examples and known edge cases
 function fixedCases() {
   const tok = notPlaceholder;
-  const im = vocab === "qwen3" ? ["<|im_start|>", "<|im_end|>"] : ["<｜User｜>", "<｜Assistant｜>"];
+  const im = { qwen3: ["<|im_start|>", "<|im_end|>"], deepseek_v3: ["<｜User｜>", "<｜Assistant｜>"], llama2: ["<s>", "</s>"] }[vocab];
   const valid = [
     "", "1", "12", "123", "1234", "12345", "1234567", "3.14159", "1,000", "1,000,000", "-42", "0.5", "٣٤٥", "１２３",
     " ", "  ", "   ", "\t", "\t\t", "\n", "\r\n", "\r", "\n\n\n", "\r\n\r\n", "hello   ", "   hello", "  \n  ",

@@ -324,6 +324,79 @@ static void test_decode_lenient(void **state) {
     trill_tokenizer_free(t);
 }
 
+/* SentencePiece-style BPE (Llama-2, Mixtral): over characters, "▁" for spaces, <0xNN> byte
+ * fallback; vocabulary ids: <unk> 0, ▁ 1, a 2, b 3, c 4, ▁a 5, ab 6, ▁ab 7, <0xC3> 8, <0xA9> 9,
+ * <s> 10 (added, special), abc 11 (no merge makes it); merges ▁+a, a+b, ▁a+b in rank order. */
+#define SP "\xe2\x96\x81" /* ▁ */
+
+static json_t *sp_json(json_t *normalizer, json_t *pre_tokenizer, json_t *decoder, bool ignore_merges) {
+    return json_pack("{s:[{s:i, s:s, s:b, s:b, s:b, s:b, s:b}], s:o, s:o, s:{s:s, s:s, s:b, s:b, s:b, s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, "
+                     "s:i, s:i, s:i}, s:[s, s, s]}, s:o}",
+                     "added_tokens", "id", 10, "content", "<s>", "special", 1, "lstrip", 0, "rstrip", 0, "normalized", 0, "single_word", 0,
+                     "normalizer", normalizer ? normalizer : json_null(), "pre_tokenizer", pre_tokenizer ? pre_tokenizer : json_null(),
+                     "model", "type", "BPE", "unk_token", "<unk>", "byte_fallback", 1, "fuse_unk", 1, "ignore_merges", ignore_merges,
+                     "vocab", "<unk>", 0, SP, 1, "a", 2, "b", 3, "c", 4, SP "a", 5, "ab", 6, SP "ab", 7, "<0xC3>", 8,
+                     "<0xA9>", 9, "abc", 11, "merges", SP " a", "a b", SP "a b", "decoder", decoder);
+}
+
+static void expect_text(const trill_tokenizer *t, const int *ids, size_t n, const char *want) {
+    char *text;
+    size_t len;
+    assert_int_equal(trill_tokenizer_decode(t, ids, n, false, &text, &len), TRILL_OK);
+    if (len != strlen(want) || memcmp(text, want, len) != 0) fail_msg("decode: got \"%s\", want \"%s\"", text, want);
+    free(text);
+}
+#define DECODES(t, want, ...) do { const int i_[] = { __VA_ARGS__ }; expect_text(t, i_, sizeof i_ / sizeof i_[0], want); } while (0)
+
+static void test_sentencepiece_bpe(void **state) {
+    (void)state;
+    /* Llama-2's pipeline: Prepend + Replace normalizers; Replace, ByteFallback, Fuse, Strip decoders */
+    trill_tokenizer *t = load(sp_json(json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}, s:s}]}", "type", "Sequence", "normalizers", "type", "Prepend",
+                                                "prepend", SP, "type", "Replace", "pattern", "String", " ", "content", SP),
+                                      NULL,
+                                      json_pack("{s:s, s:[{s:s, s:{s:s}, s:s}, {s:s}, {s:s}, {s:s, s:s, s:i, s:i}]}", "type", "Sequence", "decoders",
+                                                "type", "Replace", "pattern", "String", SP, "content", " ", "type", "ByteFallback", "type",
+                                                "Fuse", "type", "Strip", "content", " ", "start", 1, "stop", 0),
+                                      false));
+    EXPECT(t, "ab", 7);                          /* ▁ab: ▁+a (rank 0), then ▁a+b (rank 2) */
+    EXPECT(t, "a b", 5, 1, 3);                   /* ▁a ▁ b */
+    EXPECT(t, "\xc3\xa9", 1, 8, 9);              /* é is not in the vocabulary: its bytes */
+    EXPECT(t, "xy", 1, 0);                       /* two unknowns fused into one <unk> */
+    EXPECT(t, "x\xe2\x82\xac", 1, 0);           /* € has no byte tokens: <unk>, fused with x's */
+    EXPECT(t, "<s>ab", 10, 7);                   /* each piece after an added token gets its own ▁ */
+    expect_ids(t, "", 0, NULL, 0);               /* nothing: Prepend leaves empty text alone */
+    DECODES(t, "ab", 7);
+    DECODES(t, "a b", 5, 1, 3);
+    DECODES(t, "\xc3\xa9", 1, 8, 9);
+    DECODES(t, "\xef\xbf\xbd", 8);                /* a lone byte token: U+FFFD */
+    DECODES(t, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 8, 8, 9); /* an invalid run: one U+FFFD per byte */
+    DECODES(t, "<s> ab", 10, 7);
+    trill_tokenizer_free(t);
+
+    /* Metaspace pre-tokenizer (split on ▁, prepended by scheme) and decoder */
+    const char *schemes[] = { "always", "first", "never" };
+    const int after_special[] = { 5, 2, 2 }; /* "<s>a": only "always" prepends after <s>, "first" only at the input's start */
+    for (int k = 0; k < 3; k++) {
+        t = load(sp_json(NULL, json_pack("{s:s, s:s, s:s, s:b}", "type", "Metaspace", "replacement", SP, "prepend_scheme", schemes[k],
+                                         "split", 1),
+                         json_pack("{s:s, s:s, s:s}", "type", "Metaspace", "replacement", SP, "prepend_scheme", schemes[k]), false));
+        if (k < 2) EXPECT(t, "a b", 5, 1, 3); /* ▁a | ▁b: split before each ▁ */
+        else EXPECT(t, "a b", 2, 1, 3);
+        EXPECT(t, "<s>a", 10, after_special[k]);
+        DECODES(t, k < 2 ? "a b" : " a b", 5, 1, 3); /* the first token loses its ▁ unless the scheme is never */
+        trill_tokenizer_free(t);
+    }
+
+    /* ignore_merges: a piece that is a token is taken whole, whatever the merges make */
+    json_t *never = json_pack("{s:s, s:s, s:s, s:b}", "type", "Metaspace", "replacement", SP, "prepend_scheme", "never", "split", 0);
+    t = load(sp_json(NULL, json_incref(never), json_pack("{s:s}", "type", "Fuse"), true));
+    EXPECT(t, "abc", 11);
+    trill_tokenizer_free(t);
+    t = load(sp_json(NULL, never, json_pack("{s:s}", "type", "Fuse"), false));
+    EXPECT(t, "abc", 6, 4);
+    trill_tokenizer_free(t);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     { /* text that is not JSON: the name given and the line */
@@ -335,7 +408,11 @@ static void test_refusals(void **state) {
     }
     struct { const char *field, *value, *message; } cases[] = {
         { "normalizer", "{\"type\": \"Lowercase\"}", "normalizer \"Lowercase\" is not supported" },
-        { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", "pre_tokenizer \"Metaspace\" is not supported" },
+        { "pre_tokenizer", "{\"type\": \"CharDelimiterSplit\", \"delimiter\": \"_\"}", "pre_tokenizer \"CharDelimiterSplit\" is not supported" },
+        { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"ab\"}", "Metaspace: \"replacement\" must be one character" },
+        { "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"sometimes\"}", "prepend_scheme must be" },
+        { "normalizer", "{\"type\": \"Replace\", \"pattern\": {\"String\": \"\"}, \"content\": \"x\"}", "an empty pattern" },
+        { "decoder", "{\"type\": \"Strip\", \"content\": \" \", \"start\": -1, \"stop\": 0}", "decoder Strip" },
         { "decoder", "{\"type\": \"WordPiece\"}", "decoder \"WordPiece\" is not supported" },
         { "post_processor", "{\"type\": \"BertProcessing\"}", "post_processor \"BertProcessing\" is not supported" },
         { "model", "{\"type\": \"Unigram\", \"vocab\": []}", "model \"Unigram\" is not supported" },
@@ -375,7 +452,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bpe_merge_order),        cmocka_unit_test(test_invalid_utf8_becomes_replacement),
         cmocka_unit_test(test_split_behaviors),        cmocka_unit_test(test_digits_and_nfc),
-        cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_sentencepiece_bpe), cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_decode_lenient),         cmocka_unit_test(test_whitespace_punctuation_bert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
