@@ -83,7 +83,7 @@ for vocab in qwen3 deepseek_v3 llama2; do
   check "$vocab encode" encode_check
   check "$vocab decode" decode_check
   check "$vocab roundtrip" roundtrip_check
-  if [ "$vocab" != llama2 ]; then # (Llama-2's [INST] template has no built-in renderer yet)
+  if [ "$vocab" != llama2 ]; then # (the Llama-2 package's tokenizer_config.json has no chat_template)
     oracle chat --model "$M" --in "$WORK/chats.jsonl" --out "$D/ref_chat.jsonl"
     check "$vocab chat" chat_check
     check "$vocab chat-encode" chat_encode_check
