@@ -44,7 +44,7 @@ bench: build
 fuzz: deps
 	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTRILL_FUZZ=ON >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_safetensors fuzz_config fuzz_tokenizer_json fuzz_tokenizer_encode \
-		fuzz_service_request
+		fuzz_service_request fuzz_tiktoken_pattern
 	@echo "fuzzers in $(FUZZ_BUILD)/tests/fuzz; run e.g. $(FUZZ_BUILD)/tests/fuzz/fuzz_safetensors -max_total_time=60 tests/fuzz/corpus/safetensors"
 
 clean:

@@ -21,7 +21,12 @@
 
 typedef struct trill_tokenizer trill_tokenizer;
 
-/* Reads DIR/tokenizer.json. */
+/* Reads DIR/tokenizer.json; without one, a tiktoken vocabulary: DIR/tiktoken.model or
+ * DIR/<name>.tiktoken (one "base64-token rank" line per token, every byte a token), the split
+ * pattern from DIR/tokenization_*.py's pat_str (Kimi-K2's layout; character-class
+ * intersections translated for PCRE2) and the special tokens from DIR/tokenizer_config.json's
+ * added_tokens_decoder. Encoding is then tiktoken's: the pattern's matches, each the token of its
+ * bytes or their byte-pair merge by rank. */
 trill_status trill_tokenizer_load(const char *dir, trill_tokenizer **out);
 /* Builds from tokenizer.json text of `len` bytes; `what` names it in messages. */
 trill_status trill_tokenizer_parse(const char *text, size_t len, const char *what, trill_tokenizer **out);

@@ -1,10 +1,12 @@
 #include "trill/tokenizer.h"
 #include "base/alloc.h"
 #include "model/tokenizer_json.h"
+#include "model/tiktoken_pattern.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +83,8 @@ struct trill_tokenizer {
     json_t *root;            /* owns every string the tables point to */
     bool bpe;                /* BPE (byte-level or over characters); else WordLevel */
     bool byte_level;         /* BPE over GPT-2's byte symbols; else over characters (SentencePiece-style) */
+    bool tiktoken;           /* a tiktoken vocabulary: tokens are raw bytes, a merge's rank is the merged token's */
+    char *arena;             /* tiktoken: every token's bytes (owned) */
     bool byte_fallback, fuse_unk; /* character BPE: a character outside the vocabulary as its <0xNN> byte tokens, unknowns fused */
     int fallback_id[256];    /* <0xNN>'s id, -1 when missing */
     trill_strmap vocab;      /* token string -> id */
@@ -132,6 +136,7 @@ void trill_tokenizer_free(trill_tokenizer *t) {
     free(t->added);
     free(t->prefix.v);
     free(t->suffix.v);
+    free(t->arena);
     json_decref(t->root);
     free(t);
 }
@@ -610,9 +615,155 @@ trill_status trill_tokenizer_from_json(const json_t *root, const char *what, tri
     return TRILL_OK;
 }
 
+/* ---- tiktoken vocabularies (Kimi-K2's tiktoken.model, OpenAI's *.tiktoken) ---------------- */
+
+static int b64_value(unsigned char c) {
+    return c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52 : c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* Base64 (with '=' padding) at s[0..n) into dst; its length, or -1 if it is not base64. */
+static long b64_decode(const char *s, size_t n, unsigned char *dst) {
+    long o = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    size_t i = 0;
+    for (; i < n && s[i] != '='; i++) {
+        const int v = b64_value((unsigned char)s[i]);
+        if (v < 0) return -1;
+        acc = (acc << 6) | (unsigned)v, bits += 6;
+        if (bits >= 8) bits -= 8, dst[o++] = (unsigned char)(acc >> bits);
+    }
+    for (; i < n; i++) if (s[i] != '=') return -1;
+    return o;
+}
+
+/* The ranks file: one "base64-token rank" line per token; every byte must be a token. */
+static trill_status tiktoken_ranks(trill_tokenizer *t, const char *path) {
+    char *data = NULL;
+    size_t len = 0;
+    trill_status st = trill_read_file(path, &data, &len);
+    if (st) return st;
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++) lines += data[i] == '\n';
+    t->arena = trill_malloc(len + 1); /* decoded tokens are shorter than their base64 */
+    if (!t->arena || trill_strmap_init(&t->vocab, lines)) { free(data); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    size_t used = 0, line = 0;
+    for (char *p = data, *end = data + len; p < end && !st; line++) {
+        char *nl = memchr(p, '\n', (size_t)(end - p)), *stop = nl ? nl : end, *sp = memchr(p, ' ', (size_t)(stop - p));
+        if (stop == p || (stop == p + 1 && *p == '\r')) { p = stop + 1; continue; } /* an empty line */
+        char *num_end = NULL;
+        const long rank = sp ? strtol(sp + 1, &num_end, 10) : -1;
+        const long blen = sp ? b64_decode(p, (size_t)(sp - p), (unsigned char *)t->arena + used) : -1;
+        if (blen <= 0 || rank < 0 || rank >= (1L << 24) || (num_end != stop && !(num_end + 1 == stop && *num_end == '\r')))
+            st = trill_error(TRILL_ERR_INVALID, "%s: line %zu: expected \"<base64 token> <rank>\"", path, line + 1);
+        else if (trill_strmap_get(&t->vocab, t->arena + used, (size_t)blen) >= 0)
+            st = trill_error(TRILL_ERR_INVALID, "%s: line %zu: the token is listed twice", path, line + 1);
+        else if (!(st = set_token(t, path, t->arena + used, (size_t)blen, rank)) &&
+                 trill_strmap_put(&t->vocab, t->arena + used, (size_t)blen, (int32_t)rank))
+            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        used += blen > 0 ? (size_t)blen : 0;
+        p = stop + 1;
+    }
+    free(data);
+    for (int b = 0; b < 256 && !st; b++) {
+        const char c = (char)b;
+        if (trill_strmap_get(&t->vocab, &c, 1) < 0) st = trill_error(TRILL_ERR_INVALID, "%s: byte 0x%02x is not a token (every byte must be)", path, b);
+    }
+    return st;
+}
+
+/* The split pattern from the folder's Python tokenizer (tokenization_*.py's pat_str), its class
+ * intersections translated; only the matches are pieces, as tiktoken's find_iter. */
+static trill_status tiktoken_pattern(trill_tokenizer *t, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return trill_error(TRILL_ERR_IO, "%s: cannot list the folder", dir);
+    char name[256] = "";
+    for (struct dirent *e; (e = readdir(d));) {
+        const size_t l = strlen(e->d_name);
+        if (strncmp(e->d_name, "tokenization_", 13) == 0 && l > 16 && strcmp(e->d_name + l - 3, ".py") == 0 && l < sizeof name &&
+            (!name[0] || strcmp(e->d_name, name) < 0))
+            snprintf(name, sizeof name, "%s", e->d_name);
+    }
+    closedir(d);
+    if (!name[0]) return trill_error(TRILL_ERR_INVALID, "%s: a tiktoken vocabulary needs its split pattern: no tokenization_*.py with pat_str", dir);
+    char *path = trill_path_join(dir, name), *src = NULL, *pattern = NULL, *pcre = NULL;
+    size_t len;
+    trill_status st = path ? trill_read_file(path, &src, &len) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_tiktoken_pattern_from_python(src, path, &pattern);
+    if (!st) st = trill_tiktoken_translate_classes(pattern, &pcre);
+    if (!st) st = add_pre(t, path, pcre, false, SPLIT_REMOVED, true, false);
+    free(path), free(src), free(pattern), free(pcre);
+    return st;
+}
+
+/* Special tokens: tokenizer_config.json's added_tokens_decoder {"id": {"content", "special"}}. */
+static trill_status tiktoken_specials(trill_tokenizer *t, const char *dir) {
+    char *path = trill_path_join(dir, "tokenizer_config.json");
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    json_t *cfg = NULL, *list = json_array();
+    if (trill_file_exists(path) && !(st = trill_json_load_file(path, &cfg))) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(json_object_get(cfg, "added_tokens_decoder"), key, v) {
+            char *end = NULL;
+            const long id = strtol(key, &end, 10);
+            if (*end || id < 0 || !json_is_string(json_object_get(v, "content"))) {
+                st = trill_error(TRILL_ERR_INVALID, "%s: added_tokens_decoder \"%s\": expected an id and {\"content\": ...}", path, key);
+                break;
+            }
+            json_array_append_new(list, json_pack("{s:I, s:O, s:b, s:b, s:b, s:b}", "id", (json_int_t)id, "content", json_object_get(v, "content"),
+                                                  "special", flag(v, "special", true), "lstrip", flag(v, "lstrip", false), "rstrip",
+                                                  flag(v, "rstrip", false), "normalized", 0));
+        }
+    }
+    if (!st) st = load_added(t, list, path);
+    if (!st) json_object_set_new(t->root, "tiktoken_added", list); /* the strings load_added points to live in t->root */
+    else json_decref(list);
+    json_decref(cfg);
+    free(path);
+    return st;
+}
+
+/* DIR's tiktoken.model or *.tiktoken (the first by name), when it has no tokenizer.json. */
+static bool tiktoken_file(const char *dir, char *out, size_t cap) {
+    snprintf(out, cap, "%s/tiktoken.model", dir);
+    if (trill_file_exists(out)) return true;
+    DIR *d = opendir(dir);
+    char best[256] = "";
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const size_t l = strlen(e->d_name);
+        if (l > 9 && l < sizeof best && strcmp(e->d_name + l - 9, ".tiktoken") == 0 && (!best[0] || strcmp(e->d_name, best) < 0))
+            snprintf(best, sizeof best, "%s", e->d_name);
+    }
+    if (d) closedir(d);
+    snprintf(out, cap, "%s/%s", dir, best);
+    return best[0] != '\0';
+}
+
+static trill_status tiktoken_load(const char *dir, const char *file, trill_tokenizer **out) {
+    trill_tokenizer *t = trill_calloc(1, sizeof *t);
+    if (!t || !(t->root = json_object())) { free(t); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    build_byte_map(t);
+    t->bpe = t->tiktoken = true;
+    t->unk_id = -1;
+    t->has_decoder = true; /* the tokens' bytes, joined */
+    trill_status st = tiktoken_ranks(t, file);
+    if (!st) st = tiktoken_pattern(t, dir);
+    if (!st) st = tiktoken_specials(t, dir);
+    if (st) { trill_tokenizer_free(t); return st; }
+    *out = t;
+    return TRILL_OK;
+}
+
 trill_status trill_tokenizer_load(const char *dir, trill_tokenizer **out) {
     char *path = trill_path_join(dir, "tokenizer.json");
     if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    char tk[4096];
+    if (!trill_file_exists(path) && tiktoken_file(dir, tk, sizeof tk)) {
+        free(path);
+        return tiktoken_load(dir, tk, out);
+    }
     json_t *root;
     trill_status st = trill_json_load_file(path, &root);
     if (!st) {
@@ -894,6 +1045,42 @@ static trill_status bpe_chars(const trill_tokenizer *t, const char *s, size_t n,
     return err ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
 }
 
+/* tiktoken's byte-pair merge of one piece: the piece itself when it is a token; else its bytes,
+ * merging the adjacent pair whose joined bytes have the lowest rank (leftmost on ties) until no
+ * joined pair is a token. A symbol is a span of the piece, so a pair's rank is one lookup. */
+static trill_status bpe_ranks(const trill_tokenizer *t, const char *s, size_t n, ivec *out) {
+    if (n == 0) return TRILL_OK;
+    int id = trill_strmap_get(&t->vocab, s, n);
+    if (id >= 0) return ivec_push(out, id) ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
+    size_t *start = trill_malloc(sizeof *start * (n + 1));
+    int32_t *rank = trill_malloc(sizeof *rank * (n + 1)); /* rank[i]: of symbols i and i + 1 joined, INT32_MAX: not a token */
+    if (!start || !rank) { free(start), free(rank); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    size_t m = n;
+    for (size_t i = 0; i <= n; i++) start[i] = i;
+    for (size_t i = 0; i + 1 < m; i++) {
+        const int r = trill_strmap_get(&t->vocab, s + start[i], start[i + 2] - start[i]);
+        rank[i] = r >= 0 ? r : INT32_MAX;
+    }
+    while (m > 1) {
+        size_t at = 0;
+        for (size_t i = 1; i + 1 < m; i++)
+            if (rank[i] < rank[at]) at = i;
+        if (rank[at] == INT32_MAX) break;
+        memmove(start + at + 1, start + at + 2, (m - at - 1) * sizeof *start); /* symbols at and at + 1 become one */
+        memmove(rank + at + 1, rank + at + 2, (m > at + 3 ? m - at - 3 : 0) * sizeof *rank);
+        m--;
+        for (size_t i = at ? at - 1 : 0; i <= at && i + 1 < m; i++) {
+            const int r = trill_strmap_get(&t->vocab, s + start[i], start[i + 2] - start[i]);
+            rank[i] = r >= 0 ? r : INT32_MAX;
+        }
+    }
+    trill_status st = TRILL_OK;
+    for (size_t i = 0; i < m && !st; i++) /* every byte is a token (checked at load), so every symbol is */
+        if (ivec_push(out, trill_strmap_get(&t->vocab, s + start[i], start[i + 1] - start[i]))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(start), free(rank);
+    return st;
+}
+
 /* Metaspace: each piece's spaces become the replacement character, and (by the prepend scheme)
  * a piece that does not start with one gets it in front — "first": only the input's first
  * piece (at_start: this text starts the input). Rebuilds the text into *buf. */
@@ -967,6 +1154,10 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
         const char *s = text + cur.v[k].start;
         size_t n = cur.v[k].end - cur.v[k].start;
         int err;
+        if (t->tiktoken) {
+            st = bpe_ranks(t, s, n, out);
+            continue;
+        }
         if (t->bpe && !t->byte_level) {
             st = bpe_chars(t, s, n, out);
             continue;

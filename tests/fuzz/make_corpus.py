@@ -219,7 +219,32 @@ def charlevel_trill():
             "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}, "decoder": {"type": "Fuse"}}
 
 
+SP = "\u2581"
+
+
+def sentencepiece(pre_tokenizer=None, normalizer=None, decoder=None, ignore_merges=False):
+    """SentencePiece-style BPE over characters (Llama-2's shape): byte fallback, fused unknowns."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = 3 + b
+    for w in [SP, "a", "b", "c", "d", "e", " ", SP + "a", "ab", SP + "ab", "abc", "de", SP + "de"]:
+        vocab.setdefault(w, len(vocab))
+    return {"version": "1.0", "added_tokens": [added(1, "<s>"), added(2, "</s>")], "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer, "post_processor": None, "decoder": decoder,
+            "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True, "fuse_unk": True, "ignore_merges": ignore_merges,
+                      "vocab": vocab, "merges": [SP + " a", "a b", SP + "a b", "d e", SP + " de"]}}
+
+
 TOKENIZERS = {
+    "sentencepiece-llama2": sentencepiece(
+        normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SP},
+                                                        {"type": "Replace", "pattern": {"String": " "}, "content": SP}]},
+        decoder={"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": SP}, "content": " "}, {"type": "ByteFallback"},
+                                                  {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}),
+    "sentencepiece-metaspace": sentencepiece(
+        pre_tokenizer={"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": True},
+        normalizer={"type": "Replace", "pattern": {"Regex": "\\s{2,}"}, "content": " "},
+        decoder={"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": True}, ignore_merges=True),
     "charlevel-trill": charlevel_trill(),
     "bytelevel-qwen3": BPE_QWEN3,
     "bytelevel-gpt2-template": with_template(bpe_tokenizer(
@@ -362,11 +387,23 @@ def c_literal(obj):
     return "\n".join('    "%s"' % l for l in lines)
 
 
+# tiktoken split patterns as their Python tokenizers give them (fuzz_tiktoken_pattern.c)
+TIKTOKEN_PATTERNS = {
+    "kimi.py": 'class T:\n    pat_str = "|".join(\n        [\n            r"""[\\p{Han}]+""",\n'
+               '            r"""[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+'
+               '(?i:\'s|\'t|\'re|\'ve|\'m|\'ll|\'d)?""",  # letters\n            r"""\\p{N}{1,3}""",\n            r"""\\s+""",\n        ]\n    )\n',
+    "llama3.py": 'pat_str = r"(?i:\'s|\'t|\'re|\'ve|\'m|\'ll|\'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"\n',
+    "plain-pattern.txt": '[a-z&&[^aeiou]]+|[\\p{L}&&[\\p{Lu}]&&[^\\p{Han}]]|\\[x&&y\\]',
+    "bad-unterminated.py": 'pat_str = r"""[a&&[b]"""\n',
+    "bad-no-assignment.py": 'x = 1\n',
+}
+
+
 def main():
     if sys.argv[1:] == ["--c-literal"]:
         print(c_literal(BPE_QWEN3))
         return
-    for sub in ("safetensors", "config", "tokenizer_json", "tokenizer_encode", "service_request"):
+    for sub in ("safetensors", "config", "tokenizer_json", "tokenizer_encode", "service_request", "tiktoken_pattern"):
         d = os.path.join(HERE, "corpus", sub)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -383,6 +420,9 @@ def main():
         with open(os.path.join(HERE, "corpus", "tokenizer_json", name + ".json"), "w", encoding="utf-8") as f:
             json.dump(tok, f, ensure_ascii=False, separators=(",", ":"))
             f.write("\n")
+    for name, text in TIKTOKEN_PATTERNS.items():
+        with open(os.path.join(HERE, "corpus", "tiktoken_pattern", name), "w", encoding="utf-8") as f:
+            f.write(text)
     with open(os.path.join(HERE, "corpus", "tokenizer_json", "bad-json-truncated.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps(BPE_QWEN3, ensure_ascii=False)[:300])
     for name, data in TEXTS.items():

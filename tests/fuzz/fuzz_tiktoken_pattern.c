@@ -1,0 +1,54 @@
+/* libFuzzer harness: arbitrary bytes as the Python source of a tiktoken tokenizer (its pat_str),
+ * then the pattern's class intersections translated for PCRE2. Whatever is extracted and
+ * translated must either compile (as the loader compiles it) or be refused with a message; the
+ * input as a pattern directly is translated too. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/tiktoken_pattern.h"
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "fuzz_tiktoken_pattern: check failed: %s (line %d)\n", #cond, __LINE__); \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void translate(const char *pattern) {
+    char *out = NULL;
+    if (trill_tiktoken_translate_classes(pattern, &out) != TRILL_OK) {
+        CHECK(trill_error_message()[0] != '\0');
+        CHECK(out == NULL);
+        return;
+    }
+    CHECK(out != NULL);
+    int code;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)out, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);
+    pcre2_code_free(re); /* a pattern PCRE2 refuses is the loader's refusal: both are fine */
+    free(out);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char *text = malloc(size + 1);
+    if (!text) return 0;
+    memcpy(text, data, size);
+    text[size] = '\0'; /* a NUL inside ends the source, as a C string would */
+    char *pattern = NULL;
+    if (trill_tiktoken_pattern_from_python(text, "fuzz.py", &pattern) == TRILL_OK) {
+        CHECK(pattern != NULL);
+        translate(pattern);
+        free(pattern);
+    } else {
+        CHECK(trill_error_message()[0] != '\0');
+    }
+    translate(text);
+    free(text);
+    return 0;
+}
