@@ -67,7 +67,7 @@ static void expect_ids(const trill_tokenizer *t, const char *text, size_t len, c
     int *ids;
     size_t n;
     assert_int_equal(trill_tokenizer_encode(t, text, len, false, &ids, &n), TRILL_OK);
-    if (n != n_want || memcmp(ids, want, n * sizeof *ids) != 0) {
+    if (n != n_want || (n > 0 && memcmp(ids, want, n * sizeof *ids) != 0)) {
         fprintf(stderr, "encode(\"%.*s\"): got", (int)len, text);
         for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
         fprintf(stderr, "\n");
