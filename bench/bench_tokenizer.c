@@ -1,5 +1,5 @@
 /* bench_tokenizer: single-thread encode and decode throughput of a tokenizer.json
- * (trill_tokenizer_encode / trill_tokenizer_decode) on realistic text.
+ * or a tiktoken vocabulary folder (trill_tokenizer_encode / trill_tokenizer_decode) on realistic text.
  *
  * A benchmark, not a test: it prints figures and fails only if it cannot run.
  *
