@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
     double t_load = trill_now();
     if (trill_tokenizer_load(model, &tok)) die_trill("loading the tokenizer");
     t_load = trill_now() - t_load;
-    printf("tokenizer %s/tokenizer.json: %d ids, loaded in %.3f s\n", model, trill_tokenizer_size(tok), t_load);
+    printf("tokenizer %s: %d ids, loaded in %.3f s\n", model, trill_tokenizer_size(tok), t_load);
 
     /* text */
     const char *src_path = text_path ? text_path : DEFAULT_TEXT;
