@@ -40,7 +40,7 @@ static int adapted(const eng_lora *el) { return el && el->n_adapted > 0; }
 bool trill_gen_any_adapter(const trill_engine *e) { return e->ad || e->n_slots; }
 
 int trill_gen_row_slot(const trill_engine *e, gen_rowmap m, int i) {
-    return e->rows.mixed ? e->rows.slot[m.idx ? m.idx[i] / m.div : i] : 0;
+    return e->rows.mixed && m.div ? e->rows.slot[m.idx ? m.idx[i] / m.div : i] : 0;
 }
 
 /* Adapter ad's matrix at layout entry `at` (NULL: none there). */

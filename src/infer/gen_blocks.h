@@ -32,12 +32,11 @@ trill_status trill_gen_lora_buf_ensure(gen_lora_buf *b, int r, size_t rows);
 void trill_gen_lora_buf_free(gen_lora_buf *b);
 
 /* Where a product's rows sit among the step's: x row i is step row idx[i] / div (idx NULL: row
- * i), whose adapter slot is e->rows.slot of it. */
+ * i), whose adapter slot is e->rows.slot of it; div 0: rows that are not the step's (an
+ * expert-parallel rank's served rows), all on slot 0, the engine's own adapter. */
 typedef struct gen_rowmap { const int *idx; int div; } gen_rowmap;
 #define GEN_STEP_ROWS ((gen_rowmap){ NULL, 1 })
-/* Rows that are not the step's (an expert-parallel rank's served rows): slot 0, the engine's own
- * adapter (valid while the step's rows are not mixed, as with expert parallelism). */
-#define GEN_SLOT0_ROWS ((gen_rowmap){ NULL, 1 })
+#define GEN_SLOT0_ROWS ((gen_rowmap){ NULL, 0 })
 /* The adapter slot of row i of a product placed by m. */
 int trill_gen_row_slot(const trill_engine *e, gen_rowmap m, int i);
 /* Whether any adapter is set (the engine's own or a slot's). */

@@ -162,20 +162,26 @@ static bool flag(const json_t *obj, const char *key, bool dflt) {
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
+typedef trill_status (*step_loader)(trill_tokenizer *t, const json_t *x, const char *what);
+
+/* A Sequence (of normalizers, post-processors or decoders): each part of its list `key` loaded in
+ * order by `load`; `kind` names it in messages. */
+static trill_status load_sequence(trill_tokenizer *t, const json_t *seq, const char *kind, const char *key, const char *what, step_loader load) {
+    const json_t *list = json_object_get(seq, key);
+    if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: %s Sequence: \"%s\" must be a list", what, kind, key);
+    size_t i;
+    const json_t *x;
+    json_array_foreach(list, i, x) {
+        trill_status st = load(t, x, what);
+        if (st) return st;
+    }
+    return TRILL_OK;
+}
+
 static trill_status load_normalizer(trill_tokenizer *t, const json_t *n, const char *what) {
     if (!n || json_is_null(n)) return TRILL_OK;
     const char *type = type_of(n);
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(n, "normalizers");
-        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: normalizer Sequence: \"normalizers\" must be a list", what);
-        size_t i;
-        const json_t *x;
-        json_array_foreach(list, i, x) {
-            trill_status st = load_normalizer(t, x, what);
-            if (st) return st;
-        }
-        return TRILL_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return load_sequence(t, n, "normalizer", "normalizers", what, load_normalizer);
     if (t->n_norm == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d normalizers", what, MAX_STEPS);
     norm_step *x = &t->norm[t->n_norm];
     static const struct { const char *name; utf8proc_option_t opt; } forms[] = {
@@ -510,17 +516,7 @@ static trill_status load_post_processor(trill_tokenizer *t, const json_t *p, con
     if (!p || json_is_null(p)) return TRILL_OK;
     const char *type = type_of(p);
     if (strcmp(type, "ByteLevel") == 0) return TRILL_OK; /* only adjusts offsets */
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(p, "processors");
-        size_t i;
-        const json_t *x;
-        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: post_processor Sequence: \"processors\" must be a list", what);
-        json_array_foreach(list, i, x) {
-            trill_status st = load_post_processor(t, x, what);
-            if (st) return st;
-        }
-        return TRILL_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return load_sequence(t, p, "post_processor", "processors", what, load_post_processor);
     if (strcmp(type, "TemplateProcessing") != 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: post_processor \"%s\" is not supported (supported: TemplateProcessing, ByteLevel, Sequence)", what, type);
     const json_t *single = json_object_get(p, "single"), *specials = json_object_get(p, "special_tokens");
@@ -551,17 +547,7 @@ static trill_status load_decoder(trill_tokenizer *t, const json_t *d, const char
     if (!d || json_is_null(d)) return TRILL_OK;
     t->has_decoder = true;
     const char *type = type_of(d);
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(d, "decoders");
-        if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "%s: decoder Sequence: \"decoders\" must be a list", what);
-        size_t i;
-        const json_t *x;
-        json_array_foreach(list, i, x) {
-            trill_status st = load_decoder(t, x, what);
-            if (st) return st;
-        }
-        return TRILL_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return load_sequence(t, d, "decoder", "decoders", what, load_decoder);
     if (t->n_dec == MAX_STEPS) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: more than %d decoders", what, MAX_STEPS);
     dec_step *x = &t->dec[t->n_dec];
     *x = (dec_step){ 0 };
