@@ -3,24 +3,41 @@
 #include "model/chat_json.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trill/fileio.h"
 #include "base/json.h"
 
-typedef enum { FAMILY_QWEN3, FAMILY_DEEPSEEK_V3 } family;
+typedef enum { FAMILY_QWEN3, FAMILY_DEEPSEEK_V3, FAMILY_LLAMA2, FAMILY_MIXTRAL, FAMILY_MIXTRAL_8X22B } family;
 
 struct trill_chat_template {
     family fam;
-    char *bos_token;
+    const char *name; /* the KNOWN entry's */
+    char *bos_token, *eos_token;
 };
 
 /* Known templates by FNV-1a 64 of their exact text: a renderer reproduces one template, so a
- * template that differs by a character is another template and is refused. */
-static const struct { uint64_t hash; family fam; const char *name; } KNOWN[] = {
-    { 0x5dd4244f5f466bc0ull, FAMILY_QWEN3, "Qwen3" },
-    { 0xf9e4bbe11a2467acull, FAMILY_DEEPSEEK_V3, "DeepSeek-V3" },
+ * template that differs by a character is another template and is refused. The [INST] ones are
+ * the chat_template texts of the Ollama library's GGUF files (tests/tokenizer/templates.mjs). */
+static const struct { uint64_t hash; family fam; const char *name, *id; } KNOWN[] = {
+    { 0x5dd4244f5f466bc0ull, FAMILY_QWEN3, "Qwen3", "qwen3" },
+    { 0xf9e4bbe11a2467acull, FAMILY_DEEPSEEK_V3, "DeepSeek-V3", "deepseek_v3" },
+    { 0xe3acb67a6ed6e53dull, FAMILY_LLAMA2, "Llama-2-chat", "llama2" },
+    { 0xac84646d42735809ull, FAMILY_MIXTRAL, "Mixtral-8x7B-Instruct", "mixtral" },
+    { 0x7bdf57ed576f9675ull, FAMILY_MIXTRAL_8X22B, "Mixtral-8x22B-Instruct", "mixtral_8x22b" },
+};
+#define N_KNOWN (sizeof KNOWN / sizeof KNOWN[0])
+
+/* What an unknown template looks like, for its refusal: families trill does not render, or
+ * another version of one it does. */
+static const struct { const char *marker, *also, *what; } LOOKS_LIKE[] = {
+    { "<|channel|>", "<|start|>", "OpenAI Harmony (gpt-oss), which trill does not render" },
+    { "<|im_middle|>", "<|im_assistant|>", "Kimi (Moonshot), which trill does not render" },
+    { "[INST]", "", "an [INST] template (Llama-2/Mistral) of another text than the ones trill renders" },
+    { "<|im_start|>", "", "a ChatML template (Qwen) of another text than Qwen3's" },
+    { "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>", "", /* <｜Assistant｜> */ "a DeepSeek template of another text than DeepSeek-V3's" },
 };
 
 static uint64_t fnv1a(const char *s) {
@@ -32,11 +49,50 @@ static uint64_t fnv1a(const char *s) {
 void trill_chat_template_free(trill_chat_template *t) {
     if (!t) return;
     free(t->bos_token);
+    free(t->eos_token);
     free(t);
 }
 
 const char *trill_chat_template_family(const trill_chat_template *t) {
-    return t->fam == FAMILY_QWEN3 ? "qwen3" : "deepseek_v3";
+    for (size_t i = 0; i < N_KNOWN; i++)
+        if (KNOWN[i].fam == t->fam) return KNOWN[i].id;
+    return "";
+}
+
+static trill_status make_template(size_t known, const char *bos, const char *eos, trill_chat_template **out) {
+    trill_chat_template *t = trill_calloc(1, sizeof *t);
+    if (!t || !(t->bos_token = trill_strdup(bos)) || !(t->eos_token = trill_strdup(eos))) {
+        trill_chat_template_free(t);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    t->fam = KNOWN[known].fam;
+    t->name = KNOWN[known].name;
+    *out = t;
+    return TRILL_OK;
+}
+
+trill_status trill_chat_template_builtin(const char *id, const char *bos, const char *eos, trill_chat_template **out) {
+    for (size_t i = 0; i < N_KNOWN; i++)
+        if (strcmp(KNOWN[i].id, id) == 0) return make_template(i, bos, eos, out);
+    return trill_error(TRILL_ERR_INVALID, "chat: no built-in template \"%s\"", id);
+}
+
+static trill_status refuse_template(const char *path, const char *text) {
+    char known[256] = "";
+    for (size_t i = 0; i < N_KNOWN; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", KNOWN[i].name);
+    const char *what = "";
+    for (size_t i = 0; i < sizeof LOOKS_LIKE / sizeof LOOKS_LIKE[0] && !*what; i++)
+        if (strstr(text, LOOKS_LIKE[i].marker) && strstr(text, LOOKS_LIKE[i].also)) what = LOOKS_LIKE[i].what;
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"chat_template\": template %016llx%s%s is not one trill renders (known: %s)", path,
+                       (unsigned long long)fnv1a(text), *what ? ", " : "", what, known);
+}
+
+/* A special token's text: a string, or an AddedToken dict's "content"; "" when absent or null. */
+static const char *token_text(const json_t *root, const char *key) {
+    const json_t *v = json_object_get(root, key);
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    return json_is_string(v) ? json_string_value(v) : "";
 }
 
 trill_status trill_chat_template_load(const char *dir, trill_chat_template **out) {
@@ -46,30 +102,19 @@ trill_status trill_chat_template_load(const char *dir, trill_chat_template **out
     trill_status st = trill_json_load_file(path, &root);
     if (st) { free(path); return st; }
     const json_t *tpl = json_object_get(root, "chat_template");
-    const json_t *bos = json_object_get(root, "bos_token");
-    if (json_is_object(bos)) bos = json_object_get(bos, "content"); /* an AddedToken dict */
-    trill_chat_template *t = NULL;
     if (!json_is_string(tpl)) {
         st = trill_error(TRILL_ERR_INVALID, "%s: field \"chat_template\": expected a string (the Jinja template)", path);
     } else {
         uint64_t h = fnv1a(json_string_value(tpl));
-        int found = -1;
-        for (size_t i = 0; i < sizeof KNOWN / sizeof KNOWN[0]; i++)
-            if (KNOWN[i].hash == h) found = (int)i;
-        if (found < 0) {
-            st = trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"chat_template\": template %016llx is not one trill renders (known: Qwen3, DeepSeek-V3)",
-                             path, (unsigned long long)h);
-        } else if (!(t = trill_calloc(1, sizeof *t)) || !(t->bos_token = trill_strdup(json_is_string(bos) ? json_string_value(bos) : ""))) {
-            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        } else {
-            t->fam = KNOWN[found].fam;
-        }
+        size_t found = N_KNOWN;
+        for (size_t i = 0; i < N_KNOWN; i++)
+            if (KNOWN[i].hash == h) found = i;
+        st = found < N_KNOWN ? make_template(found, token_text(root, "bos_token"), token_text(root, "eos_token"), out)
+                             : refuse_template(path, json_string_value(tpl));
     }
     json_decref(root);
     free(path);
-    if (st) { trill_chat_template_free(t); return st; }
-    *out = t;
-    return TRILL_OK;
+    return st;
 }
 
 /* ---- a growable string ---- */
@@ -201,6 +246,108 @@ static void render_deepseek_v3(sbuf *b, const trill_chat_message *m, size_t n, b
     if (gen) put(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>");
 }
 
+/* ---- the [INST] templates: Llama-2-chat, Mixtral-8x7B and -8x22B-Instruct ---- */
+
+/* Python's str.isspace code points in UTF-8, past ASCII's \t\n\v\f\r \x1c-\x1f and space. */
+static const char *const PY_SPACE[] = {
+    "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84",
+    "\xe2\x80\x85", "\xe2\x80\x86", "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9",
+    "\xe2\x80\xaf", "\xe2\x81\x9f", "\xe3\x80\x80",
+};
+
+/* The length of the whitespace character that s[0..n) starts (at_end: ends) with, or 0. */
+static size_t py_space(const char *s, size_t n, bool at_end) {
+    if (n == 0) return 0;
+    unsigned char c = (unsigned char)(at_end ? s[n - 1] : s[0]);
+    if (c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f)) return 1;
+    for (size_t i = 0; i < sizeof PY_SPACE / sizeof PY_SPACE[0]; i++) {
+        size_t k = strlen(PY_SPACE[i]);
+        if (k <= n && memcmp(at_end ? s + n - k : s, PY_SPACE[i], k) == 0) return k;
+    }
+    return 0;
+}
+
+/* Python's str.strip() on [s, s+n). */
+static void py_strip(const char **s, size_t *n) {
+    for (size_t k; (k = py_space(*s, *n, false)) > 0;) { *s += k; *n -= k; }
+    for (size_t k; (k = py_space(*s, *n, true)) > 0;) *n -= k;
+}
+
+/* The template's raise_exception: its message, and where in the conversation it was raised. */
+static trill_status template_raise(const trill_chat_template *t, size_t i, const trill_chat_message *m, const char *message) {
+    return trill_error(TRILL_ERR_INVALID, "chat: the %s template refuses this conversation at message %zu (%s): %s", t->name, i, m->role, message);
+}
+
+static const char ALTERNATE_LLAMA2[] = "Conversation roles must alternate user/assistant/user/assistant/...";
+static const char ALTERNATE_MIXTRAL[] = "After the optional system message, conversation roles must alternate user/assistant/user/assistant/...";
+static const char ROLES_MIXTRAL[] = "Only user and assistant roles are supported, with the exception of an initial optional system message!";
+
+/* Llama-2-chat: a system prompt goes in <<SYS>> into the first turn; each turn is stripped; a
+ * system message where an assistant turn belongs renders nothing. No generation prompt. */
+static trill_status render_llama2(sbuf *b, const trill_chat_message *m, size_t n, const trill_chat_template *t) {
+    size_t first = strcmp(m[0].role, "system") == 0;
+    sbuf c = { 0 };
+    trill_status st = TRILL_OK;
+    for (size_t i = first; i < n && !st; i++) {
+        bool user = strcmp(m[i].role, "user") == 0, assistant = strcmp(m[i].role, "assistant") == 0;
+        if (user != ((i - first) % 2 == 0)) { st = template_raise(t, i, &m[i], ALTERNATE_LLAMA2); break; }
+        c.n = 0;
+        put(&c, "");
+        if (i == first && first) {
+            put(&c, "<<SYS>>\n");
+            put(&c, m[0].content);
+            put(&c, "\n<</SYS>>\n\n");
+        }
+        put(&c, m[i].content);
+        const char *text = c.s;
+        size_t len = c.n;
+        py_strip(&text, &len);
+        if (user) {
+            put(b, t->bos_token);
+            put(b, "[INST] ");
+            put_n(b, text, len);
+            put(b, " [/INST]");
+        } else if (assistant) {
+            put(b, " ");
+            put_n(b, text, len);
+            put(b, " ");
+            put(b, t->eos_token);
+        }
+    }
+    if (c.oom) b->oom = true;
+    free(c.s);
+    return st;
+}
+
+/* Mixtral-8x7B-Instruct (" [INST] q [/INST]", the system prompt before the first user turn) and
+ * -8x22B ("[INST] q[/INST]", the system prompt before the last message, if that is a user's). */
+static trill_status render_mixtral(sbuf *b, const trill_chat_message *m, size_t n, const trill_chat_template *t) {
+    bool x22 = t->fam == FAMILY_MIXTRAL_8X22B;
+    const char *open = x22 ? "[INST] " : " [INST] ", *close = x22 ? "[/INST]" : " [/INST]";
+    size_t first = strcmp(m[0].role, "system") == 0;
+    put(b, t->bos_token);
+    for (size_t i = first; i < n; i++) {
+        bool user = strcmp(m[i].role, "user") == 0;
+        if (user != ((i - first) % 2 == 0)) return template_raise(t, i, &m[i], ALTERNATE_MIXTRAL);
+        if (user) {
+            put(b, open);
+            if (first && i == (x22 ? n - 1 : first)) {
+                put(b, m[0].content);
+                put(b, "\n\n");
+            }
+            put(b, m[i].content);
+            put(b, close);
+        } else if (strcmp(m[i].role, "assistant") == 0) {
+            put(b, " ");
+            put(b, m[i].content);
+            put(b, t->eos_token);
+        } else {
+            return template_raise(t, i, &m[i], ROLES_MIXTRAL);
+        }
+    }
+    return TRILL_OK;
+}
+
 trill_status trill_chat_render(const trill_chat_template *t, const trill_chat_message *messages, size_t n,
                                bool add_generation_prompt, int enable_thinking, char **out) {
     if (n == 0) return trill_error(TRILL_ERR_INVALID, "chat: the conversation has no messages");
@@ -212,9 +359,16 @@ trill_status trill_chat_render(const trill_chat_template *t, const trill_chat_me
     }
     sbuf b = { 0 };
     put(&b, "");
-    if (t->fam == FAMILY_QWEN3) render_qwen3(&b, messages, n, add_generation_prompt, enable_thinking);
-    else render_deepseek_v3(&b, messages, n, add_generation_prompt, t->bos_token);
-    if (b.oom) { free(b.s); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    trill_status st = TRILL_OK;
+    switch (t->fam) {
+    case FAMILY_QWEN3: render_qwen3(&b, messages, n, add_generation_prompt, enable_thinking); break;
+    case FAMILY_DEEPSEEK_V3: render_deepseek_v3(&b, messages, n, add_generation_prompt, t->bos_token); break;
+    case FAMILY_LLAMA2: st = render_llama2(&b, messages, n, t); break;
+    case FAMILY_MIXTRAL:
+    case FAMILY_MIXTRAL_8X22B: st = render_mixtral(&b, messages, n, t); break;
+    }
+    if (!st && b.oom) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (st) { free(b.s); return st; }
     *out = b.s;
     return TRILL_OK;
 }

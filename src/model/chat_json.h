@@ -11,4 +11,8 @@
  * "add_generation_prompt"?: bool, "enable_thinking"?: bool}. */
 trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conversation, char **out);
 
+/* A built-in renderer by its family id (trill_chat_template_family) with the given special
+ * tokens, without a tokenizer_config.json: for tests, which need not carry the template text. */
+trill_status trill_chat_template_builtin(const char *id, const char *bos_token, const char *eos_token, trill_chat_template **out);
+
 #endif

@@ -1,4 +1,4 @@
-/* tiktoken split patterns (tiktoken_pattern.h). */
+/* Split patterns of other regex engines for PCRE2 (tiktoken_pattern.h). */
 #include "model/tiktoken_pattern.h"
 
 #include <stdbool.h>
@@ -123,46 +123,85 @@ static const char *class_end_at(const char *p, int depth) {
 
 static const char *class_end(const char *p) { return class_end_at(p, 0); }
 
-/* The class at [p, e) (from '[' to after ']'): copied, or with && operands rewritten. */
-static trill_status translate_class(const char *p, const char *e, buf *b) {
+/* Copies [p, e) with PCRE2's \s \S \w \W rewritten as the dialect means them (`word`: its \w
+ * as a class body), inside a class (in_class) or outside one. */
+static trill_status put_escaped(buf *b, const char *p, const char *e, const char *word, bool in_class) {
+    while (p < e) {
+        const char *q = memchr(p, '\\', (size_t)(e - p));
+        if (!q) q = e;
+        put(b, p, (size_t)(q - p));
+        if (q + 1 >= e) { put(b, q, (size_t)(e - q)); break; }
+        switch (q[1]) {
+        case 's': put(b, "\\p{White_Space}", 15); break;
+        case 'S': put(b, "\\P{White_Space}", 15); break;
+        case 'w':
+            if (!in_class) put(b, "[", 1);
+            put(b, word, strlen(word));
+            if (!in_class) put(b, "]", 1);
+            break;
+        case 'W':
+            if (in_class) return trill_error(TRILL_ERR_UNSUPPORTED, "regex: \\W inside a character class is not supported");
+            put(b, "[^", 2);
+            put(b, word, strlen(word));
+            put(b, "]", 1);
+            break;
+        default: put(b, q, 2); /* \d is Nd in every dialect, and the rest means the same */
+        }
+        p = q + 2;
+    }
+    return TRILL_OK;
+}
+
+/* The class at [p, e) (from '[' to after ']'): its escapes rewritten, and && operands too. */
+static trill_status translate_class(const char *p, const char *e, const char *word, buf *b) {
     const char *body = p + 1, *stop = e - 1, *amp = NULL;
     for (const char *q = body; q < stop; q++) { /* the first && at this class's own depth */
         if (*q == '\\' && q + 1 < stop) { q++; continue; }
         if (*q == '[') { q = class_end(q) - 1; continue; }
         if (q[0] == '&' && q[1] == '&') { amp = q; break; }
     }
-    if (!amp) { put(b, p, (size_t)(e - p)); return TRILL_OK; }
-    if (*body == '^') return trill_error(TRILL_ERR_UNSUPPORTED, "tiktoken pattern: a negated class with && is not supported: %.*s", (int)(e - p), p);
+    if (!amp) return put_escaped(b, p, e, word, true);
+    if (*body == '^') return trill_error(TRILL_ERR_UNSUPPORTED, "regex: a negated class with && is not supported: %.*s", (int)(e - p), p);
     put(b, "(?:", 3);
-    for (const char *q = amp; q < stop;) { /* each operand: && [..] */
+    trill_status st = TRILL_OK;
+    for (const char *q = amp; q < stop && !st;) { /* each operand: && [..] */
         if (q[0] != '&' || q[1] != '&' || q[2] != '[')
-            return trill_error(TRILL_ERR_UNSUPPORTED, "tiktoken pattern: an && operand must be a bracketed class: %.*s", (int)(e - p), p);
+            return trill_error(TRILL_ERR_UNSUPPORTED, "regex: an && operand must be a bracketed class: %.*s", (int)(e - p), p);
         const char *oe = class_end(q + 2);
-        if (!oe || oe > stop) return trill_error(TRILL_ERR_INVALID, "tiktoken pattern: unterminated class: %.*s", (int)(e - p), p);
+        if (!oe || oe > stop) return trill_error(TRILL_ERR_INVALID, "regex: unterminated class: %.*s", (int)(e - p), p);
         const bool neg = q[3] == '^';
         put(b, neg ? "(?![" : "(?=[", 4);
-        put(b, q + (neg ? 4 : 3), (size_t)(oe - q - (neg ? 4 : 3)));
+        st = put_escaped(b, q + (neg ? 4 : 3), oe, word, true);
         put(b, ")", 1);
         q = oe;
     }
     put(b, "[", 1);
-    put(b, body, (size_t)(amp - body));
+    if (!st) st = put_escaped(b, body, amp, word, true);
     put(b, "])", 2);
-    return TRILL_OK;
+    return st;
 }
 
-trill_status trill_tiktoken_translate_classes(const char *pattern, char **out) {
+trill_status trill_regex_translate(const char *pattern, trill_regex_dialect dialect, char **out) {
     *out = NULL;
+    const char *word = dialect == TRILL_REGEX_RUST ? TRILL_RUST_WORD : TRILL_ONIG_WORD;
     buf b = { 0 };
     put(&b, "", 0);
     trill_status st = TRILL_OK;
     for (const char *p = pattern; *p && !st;) {
-        if (*p == '\\' && p[1]) { put(&b, p, 2); p += 2; continue; }
-        if (*p != '[') { put(&b, p++, 1); continue; }
-        const char *e = class_end(p);
-        if (!e) st = trill_error(TRILL_ERR_INVALID, "tiktoken pattern: a class unterminated or nested deeper than %d at offset %zu", MAX_NESTING,
-                                 (size_t)(p - pattern));
-        else st = translate_class(p, e, &b), p = e;
+        const char *q = p; /* the next class, past escapes; \Q...\E is copied as it is */
+        while (*q && *q != '[' && !(q[0] == '\\' && q[1] == 'Q')) q += q[0] == '\\' && q[1] ? 2 : 1;
+        st = put_escaped(&b, p, q, word, false);
+        if (st || !*q) break;
+        if (*q == '\\') {
+            const char *end = strstr(q, "\\E");
+            p = end ? end + 2 : q + strlen(q);
+            put(&b, q, (size_t)(p - q));
+            continue;
+        }
+        const char *e = class_end(q);
+        if (!e) st = trill_error(TRILL_ERR_INVALID, "regex: a class unterminated or nested deeper than %d at offset %zu", MAX_NESTING,
+                                 (size_t)(q - pattern));
+        else st = translate_class(q, e, word, &b), p = e;
     }
     if (!st && b.nomem) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (st) { free(b.s); return st; }

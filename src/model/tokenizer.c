@@ -212,8 +212,12 @@ static trill_status load_normalizer(trill_tokenizer *t, const json_t *n, const c
         else {
             int code;
             PCRE2_SIZE off;
-            if (!(x->re = pcre2_compile((PCRE2_SPTR)json_string_value(re), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL)))
-                return trill_error(TRILL_ERR_INVALID, "%s: normalizer Replace: the regex does not compile at offset %zu", what, (size_t)off);
+            char *pcre = NULL;
+            trill_status st = trill_regex_translate(json_string_value(re), TRILL_REGEX_ONIG, &pcre);
+            if (st) { trill_error_context("%s: normalizer Replace", what); return st; }
+            x->re = pcre2_compile((PCRE2_SPTR)pcre, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);
+            free(pcre);
+            if (!x->re) return trill_error(TRILL_ERR_INVALID, "%s: normalizer Replace: the regex does not compile at offset %zu", what, (size_t)off);
         }
         t->n_norm++;
         return TRILL_OK;
@@ -229,8 +233,12 @@ static trill_status add_pre(trill_tokenizer *t, const char *what, const char *pa
     if (pattern) {
         int code;
         PCRE2_SIZE offset;
-        p->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+        char *pcre = NULL; /* the pattern as its engine reads it (Oniguruma's, or tiktoken's regex crate's) */
+        trill_status st = literal ? TRILL_OK : trill_regex_translate(pattern, t->tiktoken ? TRILL_REGEX_RUST : TRILL_REGEX_ONIG, &pcre);
+        if (st) { trill_error_context("%s: pre-tokenizer regex \"%s\"", what, pattern); return st; }
+        p->re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : pcre), PCRE2_ZERO_TERMINATED,
                               literal ? PCRE2_LITERAL | PCRE2_UTF : PCRE2_UTF | PCRE2_UCP, &code, &offset, NULL);
+        free(pcre);
         if (!p->re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(code, msg, sizeof msg);
@@ -259,7 +267,7 @@ static int split_behavior_of(const json_t *b) {
  * U+111C9, P* in 8.0 and So/Mn since, are in. Checked code point by code point against the
  * crate (tests/tokenizer/pretok.mjs sweep). */
 #define WHITE_SPACE "\\p{White_Space}"
-#define RUST_WORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}"
+#define RUST_WORD TRILL_RUST_WORD
 #define HF_PUNCTUATION                                                                                   \
     "(?![\\x{61D}\\x{9FD}\\x{A76}\\x{C77}\\x{C84}\\x{1B7D}\\x{1B7E}\\x{2E43}-\\x{2E4F}\\x{2E52}-\\x{2E5D}"         \
     "\\x{10EAD}\\x{10F55}-\\x{10F59}\\x{10F86}-\\x{10F89}\\x{1144B}-\\x{1144F}\\x{1145A}\\x{1145B}\\x{1145D}"     \
@@ -658,8 +666,8 @@ static trill_status tiktoken_ranks(trill_tokenizer *t, const char *path) {
     return st;
 }
 
-/* The split pattern from the folder's Python tokenizer (tokenization_*.py's pat_str), its class
- * intersections translated; only the matches are pieces, as tiktoken's find_iter. */
+/* The split pattern from the folder's Python tokenizer (tokenization_*.py's pat_str), read as
+ * tiktoken's regex crate reads it (add_pre); only the matches are pieces, as tiktoken's find_iter. */
 static trill_status tiktoken_pattern(trill_tokenizer *t, const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return trill_error(TRILL_ERR_IO, "%s: cannot list the folder", dir);
@@ -672,13 +680,12 @@ static trill_status tiktoken_pattern(trill_tokenizer *t, const char *dir) {
     }
     closedir(d);
     if (!name[0]) return trill_error(TRILL_ERR_INVALID, "%s: a tiktoken vocabulary needs its split pattern: no tokenization_*.py with pat_str", dir);
-    char *path = trill_path_join(dir, name), *src = NULL, *pattern = NULL, *pcre = NULL;
+    char *path = trill_path_join(dir, name), *src = NULL, *pattern = NULL;
     size_t len;
     trill_status st = path ? trill_read_file(path, &src, &len) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_tiktoken_pattern_from_python(src, path, &pattern);
-    if (!st) st = trill_tiktoken_translate_classes(pattern, &pcre);
-    if (!st) st = add_pre(t, path, pcre, false, SPLIT_REMOVED, true, false);
-    free(path), free(src), free(pattern), free(pcre);
+    if (!st) st = add_pre(t, path, pattern, false, SPLIT_REMOVED, true, false);
+    free(path), free(src), free(pattern);
     return st;
 }
 

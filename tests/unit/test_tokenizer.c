@@ -401,12 +401,13 @@ static void test_sentencepiece_bpe(void **state) {
 
 /* tiktoken: the split pattern read from a Python tokenizer, class intersections translated for
  * PCRE2, a ranks file (every byte, then merged tokens), and refusals naming the file. */
-static void expect_translation(const char *in, const char *want) {
+static void expect_translation_as(const char *in, trill_regex_dialect d, const char *want) {
     char *out = NULL;
-    assert_int_equal(trill_tiktoken_translate_classes(in, &out), TRILL_OK);
+    assert_int_equal(trill_regex_translate(in, d, &out), TRILL_OK);
     if (strcmp(out, want) != 0) fail_msg("translate(%s): got %s, want %s", in, out, want);
     free(out);
 }
+static void expect_translation(const char *in, const char *want) { expect_translation_as(in, TRILL_REGEX_RUST, want); }
 
 static void test_tiktoken(void **state) {
     (void)state;
@@ -424,10 +425,16 @@ static void test_tiktoken(void **state) {
     expect_translation("[a-z&&[^aeiou]]+", "(?:(?![aeiou])[a-z])+");
     expect_translation("[\\p{L}&&[\\p{Lu}]&&[^\\p{Han}]]", "(?:(?=[\\p{Lu}])(?![\\p{Han}])[\\p{L}])");
     expect_translation("\\[a&&b\\]|[x]|[]a]", "\\[a&&b\\]|[x]|[]a]"); /* escapes and plain classes are copied */
+    /* \s, \S, \w, \W as each engine means them, inside and outside classes and && operands */
+    expect_translation_as("\\s+(?!\\S)|[^\\s\\p{L}]", TRILL_REGEX_ONIG, "\\p{White_Space}+(?!\\P{White_Space})|[^\\p{White_Space}\\p{L}]");
+    expect_translation_as("\\w+\\W[\\w-]", TRILL_REGEX_ONIG, "[" TRILL_ONIG_WORD "]+[^" TRILL_ONIG_WORD "][" TRILL_ONIG_WORD "-]");
+    expect_translation("\\w|[\\w&&[^\\s]]", "[" TRILL_RUST_WORD "]|(?:(?![\\p{White_Space}])[" TRILL_RUST_WORD "])");
+    expect_translation("\\\\s\\d\\Q\\s[\\E\\s", "\\\\s\\d\\Q\\s[\\E\\p{White_Space}"); /* \\s is a backslash and s; \Q..\E as it is */
     char *out = NULL;
-    assert_int_equal(trill_tiktoken_translate_classes("[^a&&[b]]", &out), TRILL_ERR_UNSUPPORTED);
-    assert_int_equal(trill_tiktoken_translate_classes("[a&&b]", &out), TRILL_ERR_UNSUPPORTED);
-    assert_int_equal(trill_tiktoken_translate_classes("[a", &out), TRILL_ERR_INVALID);
+    assert_int_equal(trill_regex_translate("[^a&&[b]]", TRILL_REGEX_RUST, &out), TRILL_ERR_UNSUPPORTED);
+    assert_int_equal(trill_regex_translate("[a&&b]", TRILL_REGEX_RUST, &out), TRILL_ERR_UNSUPPORTED);
+    assert_int_equal(trill_regex_translate("[a", TRILL_REGEX_RUST, &out), TRILL_ERR_INVALID);
+    assert_int_equal(trill_regex_translate("[\\W]", TRILL_REGEX_ONIG, &out), TRILL_ERR_UNSUPPORTED);
 
     /* a vocabulary: the 256 bytes (rank = byte), then "ab" 256, "abc" 257, "ba" 258 */
     char *dir = test_tmpdir("tiktoken");

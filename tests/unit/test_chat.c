@@ -1,0 +1,117 @@
+/* Chat templates: the [INST] renderers (Llama-2-chat, Mixtral) on hand-worked conversations, the
+ * conversations their templates refuse, and what an unknown template is refused as. The
+ * renderers are checked against the Jinja oracle on the real template texts by
+ * tests/tokenizer/parity.sh. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/chat_json.h"
+#include "testutil.h"
+#include "trill/chat.h"
+
+#define S(c) { .role = "system", .content = c }
+#define U(c) { .role = "user", .content = c }
+#define A(c) { .role = "assistant", .content = c }
+
+static void expect(const char *family, const trill_chat_message *m, size_t n, const char *want) {
+    trill_chat_template *t = NULL;
+    assert_int_equal(trill_chat_template_builtin(family, "<s>", "</s>", &t), TRILL_OK);
+    assert_string_equal(trill_chat_template_family(t), family);
+    char *out = NULL;
+    trill_status st = trill_chat_render(t, m, n, true, -1, &out);
+    if (st) fail_msg("%s: %s", family, trill_error_message());
+    if (strcmp(out, want) != 0) fail_msg("%s: got\n%s\nwant\n%s", family, out, want);
+    free(out);
+    trill_chat_template_free(t);
+}
+#define EXPECT(family, want, ...) do { const trill_chat_message m_[] = { __VA_ARGS__ }; expect(family, m_, sizeof m_ / sizeof m_[0], want); } while (0)
+
+/* The template refuses the conversation: the message names the template, the message and its
+ * role, and says the template's own words. */
+static void refused(const char *family, const trill_chat_message *m, size_t n, const char *where, const char *words) {
+    trill_chat_template *t = NULL;
+    assert_int_equal(trill_chat_template_builtin(family, "<s>", "</s>", &t), TRILL_OK);
+    char *out = NULL;
+    assert_int_equal(trill_chat_render(t, m, n, false, -1, &out), TRILL_ERR_INVALID);
+    assert_null(out);
+    const char *msg = trill_error_message();
+    if (!strstr(msg, where) || !strstr(msg, words)) fail_msg("%s: %s", family, msg);
+    trill_chat_template_free(t);
+}
+#define REFUSED(family, where, words, ...) do { const trill_chat_message m_[] = { __VA_ARGS__ }; refused(family, m_, sizeof m_ / sizeof m_[0], where, words); } while (0)
+
+static void test_llama2(void **state) {
+    (void)state;
+    EXPECT("llama2", "<s>[INST] <<SYS>>\nsys\n<</SYS>>\n\nq1 [/INST] a1 </s><s>[INST] q2 [/INST]", S("sys"), U("q1"), A(" a1\n"), U("q2"));
+    /* Python's str.strip: U+3000, U+0085 and \x1f go, U+FEFF and U+200B stay; an all-blank turn
+     * after the system prompt strips into its "\n\n" */
+    EXPECT("llama2", "<s>[INST] x [/INST] \xef\xbb\xbf y\xe2\x80\x8b </s>", U("\xe3\x80\x80\xc2\x85x\x1f\t"), A("\xef\xbb\xbf y\xe2\x80\x8b\xe2\x80\xa8"));
+    EXPECT("llama2", "<s>[INST] <<SYS>>\nsys\n<</SYS>> [/INST]", S("sys"), U(" \n"));
+    /* an empty system prompt is still one ('' != false in Python) */
+    EXPECT("llama2", "<s>[INST] <<SYS>>\n\n<</SYS>>\n\nq [/INST]", S(""), U("q"));
+    /* a system message where an assistant turn belongs renders nothing */
+    EXPECT("llama2", "<s>[INST] q1 [/INST]<s>[INST] q2 [/INST]", U("q1"), S("ignored"), U("q2"));
+    EXPECT("llama2", "", S("only a system prompt"));
+    REFUSED("llama2", "message 1 (user)", "Conversation roles must alternate", U("q1"), U("q2"));
+    REFUSED("llama2", "message 0 (assistant)", "Conversation roles must alternate", A("a"), U("q"));
+    REFUSED("llama2", "message 1 (system)", "Llama-2-chat template", S("s1"), S("s2"), U("q"));
+}
+
+static void test_mixtral(void **state) {
+    (void)state;
+    /* 8x7B: the system prompt before the first user turn, nothing stripped */
+    EXPECT("mixtral", "<s> [INST] sys\n\nq1 [/INST]  a1</s> [INST] q2 [/INST]", S("sys"), U("q1"), A(" a1"), U("q2"));
+    EXPECT("mixtral", "<s>", S("sys"));
+    /* 8x22B: before the last message, and only if that is a user's */
+    EXPECT("mixtral_8x22b", "<s>[INST] q1[/INST] a1</s>[INST] sys\n\nq2[/INST]", S("sys"), U("q1"), A("a1"), U("q2"));
+    EXPECT("mixtral_8x22b", "<s>[INST] q1[/INST] a1</s>", S("sys"), U("q1"), A("a1"));
+    REFUSED("mixtral", "message 1 (system)", "Only user and assistant roles are supported", U("q1"), S("s"));
+    REFUSED("mixtral_8x22b", "message 2 (user)", "After the optional system message, conversation roles must alternate", S("s"), U("q1"), U("q2"));
+}
+
+/* A tokenizer_config.json whose chat_template is text: what loading it says. */
+static trill_status load_template(const char *dir, const char *text, trill_chat_template **t) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"chat_template\": \"%s\", \"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\"}", text);
+    fclose(f);
+    return trill_chat_template_load(dir, t);
+}
+
+static void test_unknown_templates(void **state) {
+    (void)state;
+    char *dir = test_tmpdir("chat");
+    trill_chat_template *t = NULL;
+    const struct { const char *text, *named; } cases[] = {
+        { "{{- '<|start|>assistant<|channel|>final<|message|>' }}", "OpenAI Harmony (gpt-oss)" },
+        { "{{- '<|im_assistant|>assistant<|im_middle|>' }}", "Kimi" },
+        { "{{ bos_token }}{{ '[INST] ' + messages[0]['content'] + ' [/INST]' }}", "[INST] template (Llama-2/Mistral) of another text" },
+        { "{{ '<|im_start|>user' }}", "ChatML" },
+        { "{{ 'hello' }}", "known: Qwen3, DeepSeek-V3, Llama-2-chat, Mixtral-8x7B-Instruct, Mixtral-8x22B-Instruct" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(load_template(dir, cases[i].text, &t), TRILL_ERR_UNSUPPORTED);
+        const char *msg = trill_error_message();
+        if (!strstr(msg, cases[i].named) || !strstr(msg, "tokenizer_config.json") || !strstr(msg, "chat_template")) fail_msg("%s", msg);
+    }
+    assert_int_equal(trill_chat_template_builtin("harmony", "", "", &t), TRILL_ERR_INVALID);
+    test_rmdir(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_unknown_templates),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
