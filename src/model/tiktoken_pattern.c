@@ -1,7 +1,10 @@
 /* Split patterns of other regex engines for PCRE2 (tiktoken_pattern.h). */
 #include "model/tiktoken_pattern.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,6 +126,18 @@ static const char *class_end_at(const char *p, int depth) {
 
 static const char *class_end(const char *p) { return class_end_at(p, 0); }
 
+/* Whether PCRE2 knows name as a script (\p{sc=name} compiles). */
+static bool is_script(const char *name, size_t n) {
+    char probe[96];
+    if (n == 0 || n > 64 || memchr(name, '=', n) || memchr(name, ':', n) || name[0] == '^') return false;
+    snprintf(probe, sizeof probe, "\\p{sc=%.*s}", (int)n, name);
+    int code;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)probe, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);
+    pcre2_code_free(re);
+    return re != NULL;
+}
+
 /* Copies [p, e) with PCRE2's \s \S \w \W rewritten as the dialect means them (`word`: its \w
  * as a class body), inside a class (in_class) or outside one. */
 static trill_status put_escaped(buf *b, const char *p, const char *e, const char *word, bool in_class) {
@@ -145,6 +160,16 @@ static trill_status put_escaped(buf *b, const char *p, const char *e, const char
             put(b, word, strlen(word));
             put(b, "]", 1);
             break;
+        case 'p':
+        case 'P': { /* a bare script name is its Script in both engines, its Script_Extensions in PCRE2 */
+            const char *name = q + 3, *close = q + 2 < e && q[2] == '{' ? memchr(name, '}', (size_t)(e - name)) : NULL;
+            if (!close || !is_script(name, (size_t)(close - name))) { put(b, q, 2); break; }
+            put(b, q, 3);
+            put(b, "sc=", 3);
+            put(b, name, (size_t)(close - name + 1));
+            p = close + 1;
+            continue;
+        }
         default: put(b, q, 2); /* \d is Nd in every dialect, and the rest means the same */
         }
         p = q + 2;

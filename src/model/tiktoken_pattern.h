@@ -25,6 +25,8 @@ typedef enum { TRILL_REGEX_ONIG, TRILL_REGEX_RUST } trill_regex_dialect;
  * - \s and \S become White_Space and its complement (both engines' \s; PCRE2's also has U+180E);
  * - \w and \W become the dialect's word class (PCRE2 10.42's is \p{L}\p{N} and _); \W inside
  *   a class is refused; \d is \p{Nd} in all three; \b and \B keep PCRE2's \w;
+ * - a bare script name, \p{Han}, becomes \p{sc=Han}: both engines take it as the Script
+ *   property, PCRE2 (>= 10.40) as Script_Extensions, which adds e.g. the CJK punctuation 、。;
  * - every class that intersects others, [A&&[B]] or [A&&[^B]] (any number of operands, each a
  *   bracketed class), becomes one character of [A] that the operands' lookaheads admit:
  *   (?:(?=[B])[A]) and (?:(?![B])[A]).

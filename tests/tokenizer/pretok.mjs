@@ -41,14 +41,16 @@ const WORDLEVEL = {
 };
 // Code point sweeps: the punctuation class (all behaviours share it), White_Space, and \w/\s.
 // And a Split's regex escapes, which the crate runs on Oniguruma: \s, \S (also inside a negated
-// class, as GPT-2's pattern has it), \w and \d. Each sweep names the difference that Unicode
+// class, as GPT-2's pattern has it), \w, \d, and a bare script name (Script, not PCRE2's
+// Script_Extensions). Each sweep names the difference that Unicode
 // versions after PCRE2's (14; the crate's is 16) may make, which sweep-newer tolerates: "whole",
 // a character new to 15 or 16 that keeps "x" c "x" whole in the crate and splits it here;
 // "split", the reverse; "none" for White_Space, which has not changed since.
 const split = (Regex) => ({ type: "Split", pattern: { Regex }, behavior: "Isolated", invert: false });
 const SWEEP = { sweep_punctuation: [{ type: "Punctuation" }, "none"], sweep_whitespace_split: [{ type: "WhitespaceSplit" }, "none"],
   sweep_whitespace: [{ type: "Whitespace" }, "whole"], sweep_split_s: [split("\\s+"), "none"], sweep_split_S: [split("\\S+"), "none"],
-  sweep_split_class_s: [split("[^\\s\\p{L}\\p{N}]+"), "whole"], sweep_split_w: [split("\\w+"), "whole"], sweep_split_d: [split("\\d+"), "split"] };
+  sweep_split_class_s: [split("[^\\s\\p{L}\\p{N}]+"), "whole"], sweep_split_w: [split("\\w+"), "whole"], sweep_split_d: [split("\\d+"), "split"],
+  sweep_split_han: [split("\\p{Han}+"), "split"] };
 const BYTE_LEVEL = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false };
 const BPE = {
   bpe_bert: { type: "Sequence", pretokenizers: [{ type: "BertPreTokenizer" }, BYTE_LEVEL] },

@@ -64,11 +64,12 @@ const KIMI = [
   String.raw`\s+`,
 ];
 // JavaScript's spelling of the same: (?i:...) written out (Node 20 has no inline modifiers), the
-// script as Script_Extensions=Han (what PCRE2 >= 10.40 takes an unqualified script name to mean),
-// and the union left of && bracketed ([A B&&C] is [[A B]&&C] in v mode).
+// script as Script=Han (what tiktoken's regex crate takes an unqualified script name to mean: its
+// UNICODE.md, "\p{Greek} selects the Greek script"; PCRE2 >= 10.40 would take Script_Extensions,
+// so trill writes \p{sc=Han}), and the union left of && bracketed ([A B&&C] is [[A B]&&C] in v mode).
 const CASE_SUFFIX = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])";
 const kimiJs = () =>
-  new RegExp(KIMI.join("|").replaceAll("\\p{Han}", "\\p{Script_Extensions=Han}").replaceAll("(?i:'s|'t|'re|'ve|'m|'ll|'d)", CASE_SUFFIX)
+  new RegExp(KIMI.join("|").replaceAll("\\p{Han}", "\\p{Script=Han}").replaceAll("(?i:'s|'t|'re|'ve|'m|'ll|'d)", CASE_SUFFIX)
     .replace(/\[([^\[\]]*?)&&/g, "[[$1]&&"), "gv");
 
 // tiktoken's byte-pair merge of one piece over the ranks (rank of the joined bytes, leftmost on ties).

@@ -423,13 +423,16 @@ static void test_tiktoken(void **state) {
     assert_non_null(strstr(trill_error_message(), "t.py"));
     assert_int_equal(trill_tiktoken_pattern_from_python("pat_str = compute()\n", "t.py", &pat), TRILL_ERR_UNSUPPORTED);
     expect_translation("[a-z&&[^aeiou]]+", "(?:(?![aeiou])[a-z])+");
-    expect_translation("[\\p{L}&&[\\p{Lu}]&&[^\\p{Han}]]", "(?:(?=[\\p{Lu}])(?![\\p{Han}])[\\p{L}])");
+    expect_translation("[\\p{L}&&[\\p{Lu}]&&[^\\p{Han}]]", "(?:(?=[\\p{Lu}])(?![\\p{sc=Han}])[\\p{L}])");
     expect_translation("\\[a&&b\\]|[x]|[]a]", "\\[a&&b\\]|[x]|[]a]"); /* escapes and plain classes are copied */
     /* \s, \S, \w, \W as each engine means them, inside and outside classes and && operands */
     expect_translation_as("\\s+(?!\\S)|[^\\s\\p{L}]", TRILL_REGEX_ONIG, "\\p{White_Space}+(?!\\P{White_Space})|[^\\p{White_Space}\\p{L}]");
     expect_translation_as("\\w+\\W[\\w-]", TRILL_REGEX_ONIG, "[" TRILL_ONIG_WORD "]+[^" TRILL_ONIG_WORD "][" TRILL_ONIG_WORD "-]");
     expect_translation("\\w|[\\w&&[^\\s]]", "[" TRILL_RUST_WORD "]|(?:(?![\\p{White_Space}])[" TRILL_RUST_WORD "])");
     expect_translation("\\\\s\\d\\Q\\s[\\E\\s", "\\\\s\\d\\Q\\s[\\E\\p{White_Space}"); /* \\s is a backslash and s; \Q..\E as it is */
+    /* a bare script name is the Script property; categories, properties and qualified names stay */
+    expect_translation_as("\\p{Han}[^\\P{Latin}\\p{L}]\\p{sc=Han}\\p{White_Space}\\p{Lu}\\pL\\p{", TRILL_REGEX_ONIG,
+                          "\\p{sc=Han}[^\\P{sc=Latin}\\p{L}]\\p{sc=Han}\\p{White_Space}\\p{Lu}\\pL\\p{");
     char *out = NULL;
     assert_int_equal(trill_regex_translate("[^a&&[b]]", TRILL_REGEX_RUST, &out), TRILL_ERR_UNSUPPORTED);
     assert_int_equal(trill_regex_translate("[a&&b]", TRILL_REGEX_RUST, &out), TRILL_ERR_UNSUPPORTED);
