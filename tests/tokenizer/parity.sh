@@ -36,11 +36,11 @@ tool() {
 
 # Records one check: check NAME COMMAND... (the command's output is shown only on failure).
 check() {
-  local name=$1 out last
+  local name=$1 out last t0=$SECONDS
   shift
   if out=$("$@" 2>&1); then
     last=$(printf '%s\n' "$out" | tail -n 1)
-    echo "PASS $name (${last#*: })"
+    echo "PASS $name (${last#*: }) [$((SECONDS - t0)) s]"
     passed=$((passed + 1))
   else
     echo "FAIL $name"
