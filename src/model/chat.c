@@ -1,5 +1,6 @@
 #include "trill/chat.h"
 #include "base/alloc.h"
+#include "base/strbuf.h"
 #include "model/chat_json.h"
 
 #include <stdint.h>
@@ -117,26 +118,6 @@ trill_status trill_chat_template_load(const char *dir, trill_chat_template **out
     return st;
 }
 
-/* ---- a growable string ---- */
-
-typedef struct sbuf { char *s; size_t n, cap; bool oom; } sbuf;
-
-static void put_n(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *g = trill_realloc(b->s, cap);
-        if (!g) { b->oom = true; return; }
-        b->s = g;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void put(sbuf *b, const char *s) { put_n(b, s, strlen(s)); }
-
 /* Python's str.strip/lstrip/rstrip('\n') on [s, s+n): returns the kept range. */
 static void strip_newlines(const char **s, size_t *n, bool left, bool right) {
     while (left && *n && **s == '\n') { (*s)++; (*n)--; }
@@ -158,11 +139,11 @@ static bool ends_with(const char *s, const char *p) {
 }
 
 /* Qwen3's template (without tools): thinking blocks kept only after the last real user query. */
-static void render_qwen3(sbuf *b, const trill_chat_message *m, size_t n, bool gen, int thinking) {
+static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n, bool gen, int thinking) {
     if (strcmp(m[0].role, "system") == 0) {
-        put(b, "<|im_start|>system\n");
-        put(b, m[0].content);
-        put(b, "<|im_end|>\n");
+        trill_strbuf_puts(b, "<|im_start|>system\n");
+        trill_strbuf_puts(b, m[0].content);
+        trill_strbuf_puts(b, "<|im_end|>\n");
     }
     size_t last_query = n - 1;
     for (size_t k = n; k-- > 0;)
@@ -174,11 +155,11 @@ static void render_qwen3(sbuf *b, const trill_chat_message *m, size_t n, bool ge
     for (size_t i = 0; i < n; i++) {
         const trill_chat_message *x = &m[i];
         if (strcmp(x->role, "user") == 0 || (strcmp(x->role, "system") == 0 && i > 0)) {
-            put(b, "<|im_start|>");
-            put(b, x->role);
-            put(b, "\n");
-            put(b, x->content);
-            put(b, "<|im_end|>\n");
+            trill_strbuf_puts(b, "<|im_start|>");
+            trill_strbuf_puts(b, x->role);
+            trill_strbuf_puts(b, "\n");
+            trill_strbuf_puts(b, x->content);
+            trill_strbuf_puts(b, "<|im_end|>\n");
         } else if (strcmp(x->role, "assistant") == 0) {
             const char *content = x->content, *reasoning = "";
             size_t content_len = strlen(content), reasoning_len = 0;
@@ -203,47 +184,47 @@ static void render_qwen3(sbuf *b, const trill_chat_message *m, size_t n, bool ge
                 reasoning = r;
                 reasoning_len = head;
             }
-            put(b, "<|im_start|>assistant\n");
+            trill_strbuf_puts(b, "<|im_start|>assistant\n");
             if (i > last_query && (i == n - 1 || reasoning_len > 0)) {
                 const char *r = reasoning;
                 size_t rl = reasoning_len;
                 strip_newlines(&r, &rl, true, true);
-                put(b, "<think>\n");
-                put_n(b, r, rl);
-                put(b, "\n</think>\n\n");
+                trill_strbuf_puts(b, "<think>\n");
+                trill_strbuf_put(b, r, rl);
+                trill_strbuf_puts(b, "\n</think>\n\n");
                 strip_newlines(&content, &content_len, true, false);
             }
-            put_n(b, content, content_len);
-            put(b, "<|im_end|>\n");
+            trill_strbuf_put(b, content, content_len);
+            trill_strbuf_puts(b, "<|im_end|>\n");
         }
     }
     if (gen) {
-        put(b, "<|im_start|>assistant\n");
-        if (thinking == 0) put(b, "<think>\n\n</think>\n\n");
+        trill_strbuf_puts(b, "<|im_start|>assistant\n");
+        if (thinking == 0) trill_strbuf_puts(b, "<think>\n\n</think>\n\n");
     }
 }
 
 /* DeepSeek-V3's template (without tools): system prompts joined first, after the BOS. */
-static void render_deepseek_v3(sbuf *b, const trill_chat_message *m, size_t n, bool gen, const char *bos) {
-    put(b, bos);
+static void render_deepseek_v3(trill_strbuf *b, const trill_chat_message *m, size_t n, bool gen, const char *bos) {
+    trill_strbuf_puts(b, bos);
     bool first_system = true;
     for (size_t i = 0; i < n; i++)
         if (strcmp(m[i].role, "system") == 0) {
-            if (!first_system) put(b, "\n\n");
-            put(b, m[i].content);
+            if (!first_system) trill_strbuf_puts(b, "\n\n");
+            trill_strbuf_puts(b, m[i].content);
             first_system = false;
         }
     for (size_t i = 0; i < n; i++) {
         if (strcmp(m[i].role, "user") == 0) {
-            put(b, "<\xef\xbd\x9cUser\xef\xbd\x9c>"); /* <｜User｜> */
-            put(b, m[i].content);
+            trill_strbuf_puts(b, "<\xef\xbd\x9cUser\xef\xbd\x9c>"); /* <｜User｜> */
+            trill_strbuf_puts(b, m[i].content);
         } else if (strcmp(m[i].role, "assistant") == 0) {
-            put(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"); /* <｜Assistant｜> */
-            put(b, m[i].content);
-            put(b, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"); /* <｜end▁of▁sentence｜> */
+            trill_strbuf_puts(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"); /* <｜Assistant｜> */
+            trill_strbuf_puts(b, m[i].content);
+            trill_strbuf_puts(b, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"); /* <｜end▁of▁sentence｜> */
         }
     }
-    if (gen) put(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>");
+    if (gen) trill_strbuf_puts(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>");
 }
 
 /* ---- the [INST] templates: Llama-2-chat, Mixtral-8x7B and -8x22B-Instruct ---- */
@@ -284,34 +265,34 @@ static const char ROLES_MIXTRAL[] = "Only user and assistant roles are supported
 
 /* Llama-2-chat: a system prompt goes in <<SYS>> into the first turn; each turn is stripped; a
  * system message where an assistant turn belongs renders nothing. No generation prompt. */
-static trill_status render_llama2(sbuf *b, const trill_chat_message *m, size_t n, const trill_chat_template *t) {
+static trill_status render_llama2(trill_strbuf *b, const trill_chat_message *m, size_t n, const trill_chat_template *t) {
     size_t first = strcmp(m[0].role, "system") == 0;
-    sbuf c = { 0 };
+    trill_strbuf c = { 0 };
     trill_status st = TRILL_OK;
     for (size_t i = first; i < n && !st; i++) {
         bool user = strcmp(m[i].role, "user") == 0, assistant = strcmp(m[i].role, "assistant") == 0;
         if (user != ((i - first) % 2 == 0)) { st = template_raise(t, i, &m[i], ALTERNATE_LLAMA2); break; }
         c.n = 0;
-        put(&c, "");
+        trill_strbuf_puts(&c, "");
         if (i == first && first) {
-            put(&c, "<<SYS>>\n");
-            put(&c, m[0].content);
-            put(&c, "\n<</SYS>>\n\n");
+            trill_strbuf_puts(&c, "<<SYS>>\n");
+            trill_strbuf_puts(&c, m[0].content);
+            trill_strbuf_puts(&c, "\n<</SYS>>\n\n");
         }
-        put(&c, m[i].content);
+        trill_strbuf_puts(&c, m[i].content);
         const char *text = c.s;
         size_t len = c.n;
         py_strip(&text, &len);
         if (user) {
-            put(b, t->bos_token);
-            put(b, "[INST] ");
-            put_n(b, text, len);
-            put(b, " [/INST]");
+            trill_strbuf_puts(b, t->bos_token);
+            trill_strbuf_puts(b, "[INST] ");
+            trill_strbuf_put(b, text, len);
+            trill_strbuf_puts(b, " [/INST]");
         } else if (assistant) {
-            put(b, " ");
-            put_n(b, text, len);
-            put(b, " ");
-            put(b, t->eos_token);
+            trill_strbuf_puts(b, " ");
+            trill_strbuf_put(b, text, len);
+            trill_strbuf_puts(b, " ");
+            trill_strbuf_puts(b, t->eos_token);
         }
     }
     if (c.oom) b->oom = true;
@@ -321,26 +302,26 @@ static trill_status render_llama2(sbuf *b, const trill_chat_message *m, size_t n
 
 /* Mixtral-8x7B-Instruct (" [INST] q [/INST]", the system prompt before the first user turn) and
  * -8x22B ("[INST] q[/INST]", the system prompt before the last message, if that is a user's). */
-static trill_status render_mixtral(sbuf *b, const trill_chat_message *m, size_t n, const trill_chat_template *t) {
+static trill_status render_mixtral(trill_strbuf *b, const trill_chat_message *m, size_t n, const trill_chat_template *t) {
     bool x22 = t->fam == FAMILY_MIXTRAL_8X22B;
     const char *open = x22 ? "[INST] " : " [INST] ", *close = x22 ? "[/INST]" : " [/INST]";
     size_t first = strcmp(m[0].role, "system") == 0;
-    put(b, t->bos_token);
+    trill_strbuf_puts(b, t->bos_token);
     for (size_t i = first; i < n; i++) {
         bool user = strcmp(m[i].role, "user") == 0;
         if (user != ((i - first) % 2 == 0)) return template_raise(t, i, &m[i], ALTERNATE_MIXTRAL);
         if (user) {
-            put(b, open);
+            trill_strbuf_puts(b, open);
             if (first && i == (x22 ? n - 1 : first)) {
-                put(b, m[0].content);
-                put(b, "\n\n");
+                trill_strbuf_puts(b, m[0].content);
+                trill_strbuf_puts(b, "\n\n");
             }
-            put(b, m[i].content);
-            put(b, close);
+            trill_strbuf_puts(b, m[i].content);
+            trill_strbuf_puts(b, close);
         } else if (strcmp(m[i].role, "assistant") == 0) {
-            put(b, " ");
-            put(b, m[i].content);
-            put(b, t->eos_token);
+            trill_strbuf_puts(b, " ");
+            trill_strbuf_puts(b, m[i].content);
+            trill_strbuf_puts(b, t->eos_token);
         } else {
             return template_raise(t, i, &m[i], ROLES_MIXTRAL);
         }
@@ -357,8 +338,8 @@ trill_status trill_chat_render(const trill_chat_template *t, const trill_chat_me
             return trill_error(TRILL_ERR_UNSUPPORTED, "chat: message %zu: role \"%s\" is not supported (expected system, user or assistant)", i, r ? r : "(missing)");
         if (!messages[i].content) return trill_error(TRILL_ERR_INVALID, "chat: message %zu: \"content\" must be a string", i);
     }
-    sbuf b = { 0 };
-    put(&b, "");
+    trill_strbuf b = { 0 };
+    trill_strbuf_puts(&b, "");
     trill_status st = TRILL_OK;
     switch (t->fam) {
     case FAMILY_QWEN3: render_qwen3(&b, messages, n, add_generation_prompt, enable_thinking); break;

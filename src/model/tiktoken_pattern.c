@@ -9,21 +9,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-
-typedef struct buf { char *s; size_t n, cap; bool nomem; } buf;
-
-static void put(buf *b, const char *s, size_t n) {
-    if (b->nomem) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *g = trill_realloc(b->s, cap);
-        if (!g) { b->nomem = true; return; }
-        b->s = g, b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
+#include "base/strbuf.h"
 
 static const char *skip_space(const char *p) {
     for (;;) {
@@ -35,7 +21,7 @@ static const char *skip_space(const char *p) {
 
 /* One Python string literal at p (r or no prefix; '...', "...", '''...''', """..."""); appends
  * its value to b and returns the text after it, or NULL if p is not one. */
-static const char *literal(const char *p, buf *b) {
+static const char *literal(const char *p, trill_strbuf *b) {
     bool raw = false;
     if (*p == 'r' || *p == 'R') raw = true, p++;
     const char q = *p;
@@ -46,16 +32,16 @@ static const char *literal(const char *p, buf *b) {
         if (!*p || (!triple && *p == '\n')) return NULL;
         if (triple ? (p[0] == q && p[1] == q && p[2] == q) : *p == q) return p + (triple ? 3 : 1);
         if (*p == '\\' && p[1]) {
-            if (raw) put(b, p, 2); /* a raw string keeps the backslash */
-            else if (p[1] == '\\' || p[1] == '"' || p[1] == '\'') put(b, p + 1, 1);
-            else if (p[1] == 'n') put(b, "\n", 1);
-            else if (p[1] == 'r') put(b, "\r", 1);
-            else if (p[1] == 't') put(b, "\t", 1);
-            else put(b, p, 2); /* an unknown escape stays, as Python keeps it */
+            if (raw) trill_strbuf_put(b, p, 2); /* a raw string keeps the backslash */
+            else if (p[1] == '\\' || p[1] == '"' || p[1] == '\'') trill_strbuf_put(b, p + 1, 1);
+            else if (p[1] == 'n') trill_strbuf_put(b, "\n", 1);
+            else if (p[1] == 'r') trill_strbuf_put(b, "\r", 1);
+            else if (p[1] == 't') trill_strbuf_put(b, "\t", 1);
+            else trill_strbuf_put(b, p, 2); /* an unknown escape stays, as Python keeps it */
             p += 2;
             continue;
         }
-        put(b, p++, 1);
+        trill_strbuf_put(b, p++, 1);
     }
 }
 
@@ -76,7 +62,7 @@ trill_status trill_tiktoken_pattern_from_python(const char *src, const char *wha
     const char *p = assignment(src, "pat_str");
     if (!p) p = assignment(src, "PAT_STR");
     if (!p) return trill_error(TRILL_ERR_INVALID, "%s: no `pat_str = ...` assignment (the tiktoken split pattern)", what);
-    buf b = { 0 }, sep = { 0 };
+    trill_strbuf b = { 0 }, sep = { 0 };
     const char *q = literal(p, &sep);
     bool ok = q != NULL;
     if (ok && strncmp(skip_space(q), ".join(", 6) == 0) { /* SEP.join([literal, ...]) */
@@ -84,7 +70,7 @@ trill_status trill_tiktoken_pattern_from_python(const char *src, const char *wha
         ok = *q == '[';
         if (ok) q = skip_space(q + 1);
         for (int i = 0; ok && *q != ']'; i++) {
-            if (i && sep.s) put(&b, sep.s, sep.n);
+            if (i && sep.s) trill_strbuf_put(&b, sep.s, sep.n);
             ok = (q = literal(q, &b)) != NULL;
             if (ok) q = skip_space(q);
             if (ok && *q == ',') q = skip_space(q + 1);
@@ -97,7 +83,7 @@ trill_status trill_tiktoken_pattern_from_python(const char *src, const char *wha
         free(b.s);
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pat_str must be a string literal or \"|\".join([literals])", what);
     }
-    if (b.nomem) { free(b.s); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    if (b.oom) { free(b.s); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     if (!b.s) b.s = trill_strdup("");
     *out = b.s;
     return b.s ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -140,37 +126,37 @@ static bool is_script(const char *name, size_t n) {
 
 /* Copies [p, e) with PCRE2's \s \S \w \W rewritten as the dialect means them (`word`: its \w
  * as a class body), inside a class (in_class) or outside one. */
-static trill_status put_escaped(buf *b, const char *p, const char *e, const char *word, bool in_class) {
+static trill_status put_escaped(trill_strbuf *b, const char *p, const char *e, const char *word, bool in_class) {
     while (p < e) {
         const char *q = memchr(p, '\\', (size_t)(e - p));
         if (!q) q = e;
-        put(b, p, (size_t)(q - p));
-        if (q + 1 >= e) { put(b, q, (size_t)(e - q)); break; }
+        trill_strbuf_put(b, p, (size_t)(q - p));
+        if (q + 1 >= e) { trill_strbuf_put(b, q, (size_t)(e - q)); break; }
         switch (q[1]) {
-        case 's': put(b, "\\p{White_Space}", 15); break;
-        case 'S': put(b, "\\P{White_Space}", 15); break;
+        case 's': trill_strbuf_put(b, "\\p{White_Space}", 15); break;
+        case 'S': trill_strbuf_put(b, "\\P{White_Space}", 15); break;
         case 'w':
-            if (!in_class) put(b, "[", 1);
-            put(b, word, strlen(word));
-            if (!in_class) put(b, "]", 1);
+            if (!in_class) trill_strbuf_put(b, "[", 1);
+            trill_strbuf_put(b, word, strlen(word));
+            if (!in_class) trill_strbuf_put(b, "]", 1);
             break;
         case 'W':
             if (in_class) return trill_error(TRILL_ERR_UNSUPPORTED, "regex: \\W inside a character class is not supported");
-            put(b, "[^", 2);
-            put(b, word, strlen(word));
-            put(b, "]", 1);
+            trill_strbuf_put(b, "[^", 2);
+            trill_strbuf_put(b, word, strlen(word));
+            trill_strbuf_put(b, "]", 1);
             break;
         case 'p':
         case 'P': { /* a bare script name is its Script in both engines, its Script_Extensions in PCRE2 */
             const char *name = q + 3, *close = q + 2 < e && q[2] == '{' ? memchr(name, '}', (size_t)(e - name)) : NULL;
-            if (!close || !is_script(name, (size_t)(close - name))) { put(b, q, 2); break; }
-            put(b, q, 3);
-            put(b, "sc=", 3);
-            put(b, name, (size_t)(close - name + 1));
+            if (!close || !is_script(name, (size_t)(close - name))) { trill_strbuf_put(b, q, 2); break; }
+            trill_strbuf_put(b, q, 3);
+            trill_strbuf_put(b, "sc=", 3);
+            trill_strbuf_put(b, name, (size_t)(close - name + 1));
             p = close + 1;
             continue;
         }
-        default: put(b, q, 2); /* \d is Nd in every dialect, and the rest means the same */
+        default: trill_strbuf_put(b, q, 2); /* \d is Nd in every dialect, and the rest means the same */
         }
         p = q + 2;
     }
@@ -178,7 +164,7 @@ static trill_status put_escaped(buf *b, const char *p, const char *e, const char
 }
 
 /* The class at [p, e) (from '[' to after ']'): its escapes rewritten, and && operands too. */
-static trill_status translate_class(const char *p, const char *e, const char *word, buf *b) {
+static trill_status translate_class(const char *p, const char *e, const char *word, trill_strbuf *b) {
     const char *body = p + 1, *stop = e - 1, *amp = NULL;
     for (const char *q = body; q < stop; q++) { /* the first && at this class's own depth */
         if (*q == '\\' && q + 1 < stop) { q++; continue; }
@@ -187,7 +173,7 @@ static trill_status translate_class(const char *p, const char *e, const char *wo
     }
     if (!amp) return put_escaped(b, p, e, word, true);
     if (*body == '^') return trill_error(TRILL_ERR_UNSUPPORTED, "regex: a negated class with && is not supported: %.*s", (int)(e - p), p);
-    put(b, "(?:", 3);
+    trill_strbuf_put(b, "(?:", 3);
     trill_status st = TRILL_OK;
     for (const char *q = amp; q < stop && !st;) { /* each operand: && [..] */
         if (q[0] != '&' || q[1] != '&' || q[2] != '[')
@@ -195,22 +181,22 @@ static trill_status translate_class(const char *p, const char *e, const char *wo
         const char *oe = class_end(q + 2);
         if (!oe || oe > stop) return trill_error(TRILL_ERR_INVALID, "regex: unterminated class: %.*s", (int)(e - p), p);
         const bool neg = q[3] == '^';
-        put(b, neg ? "(?![" : "(?=[", 4);
+        trill_strbuf_put(b, neg ? "(?![" : "(?=[", 4);
         st = put_escaped(b, q + (neg ? 4 : 3), oe, word, true);
-        put(b, ")", 1);
+        trill_strbuf_put(b, ")", 1);
         q = oe;
     }
-    put(b, "[", 1);
+    trill_strbuf_put(b, "[", 1);
     if (!st) st = put_escaped(b, body, amp, word, true);
-    put(b, "])", 2);
+    trill_strbuf_put(b, "])", 2);
     return st;
 }
 
 trill_status trill_regex_translate(const char *pattern, trill_regex_dialect dialect, char **out) {
     *out = NULL;
     const char *word = dialect == TRILL_REGEX_RUST ? TRILL_RUST_WORD : TRILL_ONIG_WORD;
-    buf b = { 0 };
-    put(&b, "", 0);
+    trill_strbuf b = { 0 };
+    trill_strbuf_put(&b, "", 0);
     trill_status st = TRILL_OK;
     for (const char *p = pattern; *p && !st;) {
         const char *q = p; /* the next class, past escapes; \Q...\E is copied as it is */
@@ -220,7 +206,7 @@ trill_status trill_regex_translate(const char *pattern, trill_regex_dialect dial
         if (*q == '\\') {
             const char *end = strstr(q, "\\E");
             p = end ? end + 2 : q + strlen(q);
-            put(&b, q, (size_t)(p - q));
+            trill_strbuf_put(&b, q, (size_t)(p - q));
             continue;
         }
         const char *e = class_end(q);
@@ -228,7 +214,7 @@ trill_status trill_regex_translate(const char *pattern, trill_regex_dialect dial
                                  (size_t)(q - pattern));
         else st = translate_class(q, e, word, &b), p = e;
     }
-    if (!st && b.nomem) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && b.oom) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (st) { free(b.s); return st; }
     *out = b.s;
     return TRILL_OK;

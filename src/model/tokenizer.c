@@ -799,11 +799,13 @@ static bool is_unicode_space(uint32_t cp) {
            cp == 0x2028 || cp == 0x2029;
 }
 
-/* Splits one piece by a regex, applying HF's SplitDelimiterBehavior. Fails when out of memory
- * (PCRE2's included) or when PCRE2 gives up on the piece (its match limits). */
-static trill_status split_piece(const pre_step *p, const char *text, span piece, pcre2_match_data *md, spans *out) {
-    /* segments covering the piece: (start, end, is_match) */
-    typedef struct seg { size_t s, e; bool m; } seg;
+/* A stretch of a piece: the pattern's match (m) or the text between matches. */
+typedef struct seg { size_t s, e; bool m; } seg;
+
+/* The piece cut into the pattern's matches and the text between them, in order (inverted when the
+ * step says so); *segs malloc'ed. Fails when out of memory (PCRE2's included) or when PCRE2 gives
+ * up on the piece (its match limits). */
+static trill_status find_segments(const pre_step *p, const char *text, span piece, pcre2_match_data *md, seg **segs_out, size_t *n_out) {
     seg *segs = NULL;
     size_t n = 0, cap = 0, prev = piece.start, at = piece.start;
     while (at <= piece.end) {
@@ -839,9 +841,20 @@ static trill_status split_piece(const pre_step *p, const char *text, span piece,
         segs = g;
         segs[n++] = (seg){ prev, piece.end, false };
     }
-    int err = 0;
     if (p->invert)
         for (size_t i = 0; i < n; i++) segs[i].m = !segs[i].m;
+    *segs_out = segs;
+    *n_out = n;
+    return TRILL_OK;
+}
+
+/* Splits one piece by a regex, applying HF's SplitDelimiterBehavior to its segments. */
+static trill_status split_piece(const pre_step *p, const char *text, span piece, pcre2_match_data *md, spans *out) {
+    seg *segs = NULL;
+    size_t n = 0;
+    trill_status st = find_segments(p, text, piece, md, &segs, &n);
+    if (st) return st;
+    int err = 0;
     switch (p->behavior) {
     case SPLIT_REMOVED:
         for (size_t i = 0; i < n && !err; i++)
@@ -1379,6 +1392,17 @@ static bool dec_bytelevel(const trill_tokenizer *t, dstr *v, size_t *n) {
     return true;
 }
 
+/* Every a in token d becomes with (the Replace and Metaspace decoders). */
+static bool replace_token(dstr *d, const char *a, size_t a_len, const char *with, size_t with_len) {
+    norm_step r = { .kind = NORM_REPLACE, .text = a, .text_len = a_len, .with = with, .with_len = with_len };
+    char *out = NULL;
+    size_t len = 0;
+    if (replace_all(&r, d->s, d->len, &out, &len)) return false;
+    free(d->s);
+    *d = (dstr){ out, len };
+    return true;
+}
+
 /* ByteFallback: runs of <0xNN> tokens become the text of their bytes, or one U+FFFD per byte
  * when those are not valid UTF-8. */
 static bool dec_bytefallback(dstr *v, size_t *n) {
@@ -1435,14 +1459,8 @@ static bool dec_step_apply(const trill_tokenizer *t, const dec_step *x, dstr *v,
         return true;
     }
     case DEC_REPLACE:
-        for (size_t i = 0; i < *n; i++) {
-            norm_step r = { .kind = NORM_REPLACE, .text = x->a, .text_len = x->a_len, .with = x->b, .with_len = x->b_len };
-            char *out = NULL;
-            size_t len = 0;
-            if (replace_all(&r, v[i].s, v[i].len, &out, &len)) return false;
-            free(v[i].s);
-            v[i] = (dstr){ out, len };
-        }
+        for (size_t i = 0; i < *n; i++)
+            if (!replace_token(&v[i], x->a, x->a_len, x->b, x->b_len)) return false;
         return true;
     case DEC_STRIP:
         for (size_t i = 0; i < *n; i++) {
@@ -1457,12 +1475,7 @@ static bool dec_step_apply(const trill_tokenizer *t, const dec_step *x, dstr *v,
     case DEC_METASPACE: /* the replacement becomes ' ', and vanishes from the first token unless the scheme is never */
         for (size_t i = 0; i < *n; i++) {
             const bool drop = i == 0 && x->prepend != PREPEND_NEVER;
-            norm_step r = { .kind = NORM_REPLACE, .text = x->a, .text_len = x->a_len, .with = drop ? "" : " ", .with_len = drop ? 0 : 1 };
-            char *out = NULL;
-            size_t len = 0;
-            if (replace_all(&r, v[i].s, v[i].len, &out, &len)) return false;
-            free(v[i].s);
-            v[i] = (dstr){ out, len };
+            if (!replace_token(&v[i], x->a, x->a_len, drop ? "" : " ", drop ? 0 : 1)) return false;
         }
         return true;
     }

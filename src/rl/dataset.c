@@ -9,33 +9,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/strbuf.h"
 #include "trill/rng.h"
 
-/* A growable string. */
-typedef struct sbuf { char *s; size_t len, cap; } sbuf;
-
-static int sbuf_add(sbuf *b, const char *p, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *s = trill_realloc(b->s, cap);
-        if (!s) return -1;
-        b->s = s;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, p, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
-}
-
 trill_status trill_render_template(const char *template_, const json_t *fields, const char *what, char **out) {
-    sbuf b = { 0 };
+    trill_strbuf b = { 0 };
     trill_status st = TRILL_OK;
-    if (sbuf_add(&b, "", 0)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_strbuf_put(&b, "", 0);
     for (const char *p = template_; *p && !st;) {
         if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) {
-            if (sbuf_add(&b, p, 1)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            trill_strbuf_put(&b, p, 1);
             p += 2;
         } else if (*p == '{') {
             const char *end = strchr(p, '}');
@@ -53,16 +36,17 @@ trill_status trill_render_template(const char *template_, const json_t *fields, 
                                  v ? (json_is_null(v) ? "null" : "a non-scalar value") : "nothing (no such field)");
                 break;
             }
-            if (sbuf_add(&b, text, strlen(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            trill_strbuf_puts(&b, text);
             p = end + 1;
         } else if (*p == '}') {
             st = trill_error(TRILL_ERR_INVALID, "template \"%s\": stray '}' (write \"}}\" for a literal brace)", template_);
         } else {
             size_t n = strcspn(p, "{}");
-            if (sbuf_add(&b, p, n)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            trill_strbuf_put(&b, p, n);
             p += n;
         }
     }
+    if (!st && b.oom) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (st) { free(b.s); return st; }
     *out = b.s;
     return TRILL_OK;
