@@ -27,9 +27,13 @@ typedef struct trill_dataset_options {
     int max_position_embeddings;    /* the model's; with max_new_tokens, a prompt whose sequence would not */
     int max_new_tokens;             /* fit is refused (0: not checked) */
     /* SFT: the field of the target completion (NULL: none). Each line then needs the prompt and
-     * the completion as strings; the completion is tokenised (no special tokens) and the prompt
-     * length checks above are left to the trainer, which truncates instead. */
+     * the completion as strings; the completion is tokenised (no special tokens). Instead of the
+     * prompt checks above, an example (prompt, completion and the end-of-sequence token) longer
+     * than max_seq_len or the model's max_position_embeddings is refused naming its line, or
+     * with truncate loses the end of its completion (at least one completion token must fit). */
     const char *completion_field;
+    int max_seq_len;
+    bool truncate;
 } trill_dataset_options;
 
 typedef struct trill_example {

@@ -73,6 +73,11 @@ trill_status trill_comm_allreduce_ordered_f32(trill_comm *c, float *data, size_t
 trill_status trill_comm_allreduce_ordered_f64(trill_comm *c, double *data, size_t n);
 /* max over the ranks of v (e.g. peak memory), into *out. */
 trill_status trill_comm_allreduce_max_u64(trill_comm *c, uint64_t v, uint64_t *out);
+/* Every rank's status agreed (an all-reduce, so also a barrier): a rank that failed alone (rank 0
+ * on a run folder in use, say) fails the others here, "another rank of the job failed while
+ * <what> (its message says why)", instead of leaving them at a collective it never reaches.
+ * c NULL or of one rank: st. */
+trill_status trill_comm_agree(trill_comm *c, trill_status st, const char *what);
 /* root's bytes[n] to every rank. */
 trill_status trill_comm_bcast(trill_comm *c, void *data, size_t bytes, int root);
 /* The same broadcast without blocking: it proceeds while the caller works (a generator between

@@ -42,4 +42,23 @@ int trill_file_exists(const char *path);
 /* XXH64 (seed 0, libxxhash) of a whole file, and its size. */
 trill_status trill_file_xxh64(const char *path, uint64_t *hash, size_t *bytes);
 
+/* rm -rf (nothing to do when path does not exist). */
+trill_status trill_remove_tree(const char *path);
+
+/* fsync of a directory: what a rename into it or out of it did is on disk. */
+trill_status trill_fsync_dir(const char *path);
+
+/* Renames folder `from` to `to` (which must not exist) and fsyncs both parents: after a crash
+ * the folder is under one name or the other, whole. */
+trill_status trill_rename_dir(const char *from, const char *to);
+
+/* chmod of every folder (dir_mode) and file (file_mode) under and including path. */
+trill_status trill_chmod_tree(const char *path, unsigned dir_mode, unsigned file_mode);
+
+/* DIR/.lock, taken with flock (exclusive, never waiting) and held until *fd is closed or the
+ * process ends however it ends (the kernel drops it, so a stale lock never blocks). The file
+ * names its holder: "PID WHO". Held by another process: TRILL_ERR_INVALID, "LABEL DIR is in use
+ * by another <its WHO> (process PID holds DIR/.lock); ...". *fd is -1 on failure. */
+trill_status trill_lock_dir(const char *dir, const char *label, const char *who, int *fd);
+
 #endif

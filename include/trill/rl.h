@@ -153,7 +153,8 @@ typedef struct trill_rl_config {
         int epochs, max_steps;     /* max_steps 0: as many as the epochs give */
         int grad_accum;            /* micro-batches per optimizer step */
         int eval_every;            /* steps between held-out losses (0: only at the end) */
-        int max_seq_len;           /* longer examples are truncated (completion side) */
+        int max_seq_len;           /* the longest example (with max_position_embeddings) */
+        bool truncate;             /* a longer example loses the end of its completion (false: it is refused) */
         int save_every;            /* steps between checkpoints in run_dir (0: only at the end) */
         int stop_after;            /* end this run after that many steps (0: run to the end); the schedule spans all */
     } sft;

@@ -5,9 +5,14 @@
  * step; AdamW on trainer.schedule; LoRA adapters (trainer.lora) on a frozen base or every weight
  * (sft.mode). It runs on the RL trainer (src/rl/trainer.c) with the RL dataset reader and its
  * seeded order (data.shuffle: reshuffled every epoch, keyed by seed and epoch).
- * Writes the PEFT adapter (or the full model), the optimizer state and trainer_state.json to
- * run_dir every sft.save_every steps and at the end. resume: "" starts afresh, "auto" continues
- * from run_dir's checkpoint when there is one, a folder continues from that folder's. */
+ * Its run folder works as trill train's: one process holds run_dir/.lock; checkpoints go to
+ * run_dir/checkpoints/step-N (weights, optimizer state, state.json, config.yaml, manifest.json;
+ * whole or absent after a crash) every sft.save_every steps, when a stop is requested
+ * (trill_rl_request_stop: the run then ends with TRILL_ERR_INTERRUPTED) and at the end; the
+ * result — the PEFT adapter (or the full model), the optimizer state and trainer_state.json — is
+ * then in run_dir itself. resume: "" starts afresh (refused where checkpoints exist), "auto"
+ * continues from the newest complete checkpoint, a folder from that checkpoint; a resume keeps
+ * the base model, seed, sft.mode and the adapter's shape. */
 #ifndef TRILL_SFT_H
 #define TRILL_SFT_H
 

@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -155,5 +157,89 @@ trill_status trill_file_xxh64(const char *path, uint64_t *hash, size_t *bytes) {
     }
     if (map) munmap(map, (size_t)sb.st_size);
     close(fd);
+    return st;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
+    (void)sb, (void)type, (void)ftw;
+    return remove(path);
+}
+
+trill_status trill_remove_tree(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0 && errno == ENOENT) return TRILL_OK;
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return trill_error(TRILL_ERR_IO, "%s: cannot remove (%s)", path, strerror(errno));
+    return TRILL_OK;
+}
+
+trill_status trill_fsync_dir(const char *path) {
+    const int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    const int r = fsync(fd);
+    const int err = errno;
+    close(fd);
+    return r ? trill_error(TRILL_ERR_IO, "%s: fsync failed: %s", path, strerror(err)) : TRILL_OK;
+}
+
+/* The folder holding path ("." for a bare name), malloc'ed. */
+static char *parent_of(const char *path) {
+    char *copy = trill_strdup(path), *parent = copy ? trill_strdup(dirname(copy)) : NULL;
+    free(copy);
+    return parent;
+}
+
+trill_status trill_rename_dir(const char *from, const char *to) {
+    char *a = parent_of(from), *b = parent_of(to);
+    trill_status st = a && b ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && rename(from, to) != 0) st = trill_error(TRILL_ERR_IO, "%s: cannot rename to %s: %s", from, to, strerror(errno));
+    if (!st) st = trill_fsync_dir(b);
+    if (!st && strcmp(a, b) != 0) st = trill_fsync_dir(a);
+    free(a);
+    free(b);
+    return st;
+}
+
+static _Thread_local unsigned g_dir_mode, g_file_mode; /* nftw has no context argument */
+
+static int chmod_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
+    (void)sb, (void)ftw;
+    if (type == FTW_SL) return 0;
+    return chmod(path, type == FTW_D || type == FTW_DP ? g_dir_mode : g_file_mode);
+}
+
+trill_status trill_chmod_tree(const char *path, unsigned dir_mode, unsigned file_mode) {
+    g_dir_mode = dir_mode, g_file_mode = file_mode;
+    if (nftw(path, chmod_entry, 16, FTW_PHYS) != 0) return trill_error(TRILL_ERR_IO, "%s: cannot change modes: %s", path, strerror(errno));
+    return TRILL_OK;
+}
+
+trill_status trill_lock_dir(const char *dir, const char *label, const char *who, int *fd) {
+    *fd = -1;
+    char *path = trill_path_join(dir, ".lock");
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    const int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* not inherited by child processes */
+    if (f < 0) st = trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        char holder[160] = "";
+        const ssize_t n = err == EWOULDBLOCK ? pread(f, holder, sizeof holder - 1, 0) : -1;
+        if (n > 0) holder[strcspn(holder, "\n")] = '\0';
+        char *space = strchr(holder, ' ');
+        if (space) *space++ = '\0';
+        st = err == EWOULDBLOCK ? trill_error(TRILL_ERR_INVALID, "%s %s is in use by another %s (process %s holds %s); wait for it to end "
+                                              "or choose another %s", label, dir, space && *space ? space : who, n > 0 ? holder : "?", path, label)
+                                : trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
+        close(f);
+    } else {
+        char text[160];
+        const int n = snprintf(text, sizeof text, "%ld %s\n", (long)getpid(), who);
+        if (ftruncate(f, 0) != 0 || pwrite(f, text, (size_t)n, 0) != n) {
+            st = trill_error(TRILL_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+            close(f);
+        } else *fd = f;
+    }
+    free(path);
     return st;
 }

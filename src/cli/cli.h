@@ -34,6 +34,13 @@ struct trill_comm *cli_world(void);
 int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out);
 int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out);
 
+/* SIGINT and SIGTERM (unless ignored when trill started) ask the run in progress to stop after
+ * its current step and checkpoint it (trill_rl_request_stop); a second one ends the process at
+ * once. `cmd` names the command in the message printed on the first. */
+void cli_catch_stop_signals(const char *cmd);
+/* The exit status of a run that stopped on request: 128 + the signal, as a shell reports it. */
+int cli_stopped_status(void);
+
 /* The run configuration of `trill train` and `trill sft` from argv[first, argc): the defaults, an
  * optional CONFIG.yaml (a first argument without '='), then section.key=value overrides, each
  * through `set` (NULL: trill_rl_config_set, a failure a usage error with its message). Returns 0

@@ -15,8 +15,10 @@ static const char USAGE[] =
     "  run_dir, seed, resume (\"\" afresh, auto, or a checkpoint folder), data.*, trainer.* (lr, schedule, grad_clip,\n"
     "  micro_batch_tokens, recompute, precision, lora.*) and sft.* (mode lora|full, epochs, max_steps, grad_accum, eval_every,\n"
     "  max_seq_len, save_every, stop_after). --model, --data, --eval, --out, --lora and --full set model,\n"
-    "  data.train, data.eval, run_dir and sft.mode. Writes the PEFT adapter (or the full model), the optimizer state\n"
-    "  and trainer_state.json to run_dir.";
+    "  data.train, data.eval, run_dir and sft.mode. Checkpoints go to run_dir/checkpoints/step-N (every sft.save_every\n"
+    "  steps and at the end; checkpoint.keep of them kept); the result, the PEFT adapter (or the full model), the\n"
+    "  optimizer state and trainer_state.json, to run_dir. One run a run_dir (a lock). Ctrl-C (SIGINT) or SIGTERM: the\n"
+    "  current step finishes and is checkpointed, then it exits with 128 + the signal; resume=auto continues it.";
 
 /* The settings of the old `trill sft key=value` form, and the key each is now. */
 static const char *const RENAMED[][2] = {
@@ -91,7 +93,12 @@ int cmd_sft(int argc, char **argv) {
     if (!rc) {
         trill_sft_result res;
         const trill_sft_options so = { .world = cli_world() };
-        if (trill_sft_run(&cfg, &so, &res)) rc = cli_fail("sft");
+        cli_catch_stop_signals("sft");
+        const trill_status st = trill_sft_run(&cfg, &so, &res);
+        if (st == TRILL_ERR_INTERRUPTED) {
+            fprintf(stderr, "trill sft: %s\n", trill_error_message());
+            rc = cli_stopped_status();
+        } else if (st) rc = cli_fail("sft");
     }
 done:
     trill_rl_config_free(&cfg);

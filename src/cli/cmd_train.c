@@ -1,9 +1,7 @@
 /* trill train: RL post-training (the controller in src/rl). */
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "trill/dist.h"
@@ -21,27 +19,6 @@ static const char USAGE[] =
     "  Ctrl-C (SIGINT) or SIGTERM: the current step finishes and is checkpointed, then it exits with\n"
     "  128 + the signal (a second signal quits at once); resume=auto continues the run.\n"
     "  Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).";
-
-/* The first SIGINT/SIGTERM lets the current step finish and be checkpointed; a second one ends
- * the process at once (complete checkpoints are never touched by a kill). */
-static volatile sig_atomic_t g_signal;
-
-static void on_signal(int sig) {
-    if (g_signal) _exit(128 + sig);
-    g_signal = sig;
-    trill_rl_request_stop(); /* the run in progress (trill_run_cancel needs its handle; this flag is read by every run) */
-    static const char msg[] = "\ntrill train: stopping after the current step (checkpointed); again to quit at once\n";
-    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing to do about it */ }
-}
-
-/* A signal ignored when trill started stays ignored (a shell's background job ignores SIGINT). */
-static void catch_stop_signals(void) {
-    struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESTART }, old;
-    sigemptyset(&sa.sa_mask);
-    const int sigs[] = { SIGINT, SIGTERM };
-    for (int i = 0; i < 2; i++)
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
-}
 
 static void print_progress(void *ctx, const trill_run_status *status, const char *line) {
     (void)ctx;
@@ -98,11 +75,11 @@ int cmd_train(int argc, char **argv) {
     }
     if (!rc) {
         trill_rl_result res;
-        catch_stop_signals();
+        cli_catch_stop_signals("train");
         trill_status st = run(&cfg, &res);
         if (st == TRILL_ERR_INTERRUPTED) {
             fprintf(stderr, "trill train: %s\n", trill_error_message());
-            rc = 128 + (g_signal ? g_signal : SIGINT); /* as a shell reports a process ended by that signal */
+            rc = cli_stopped_status();
         } else if (st) rc = cli_fail("train");
         else if (isfinite(res.eval_before) && isfinite(res.eval_after) && trill_comm_rank(cli_world()) == 0)
             fprintf(stderr, "trill train: held-out pass@1 %.1f%% -> %.1f%% (%+.1f points), pass@k %.1f%% -> %.1f%%, %.0f s in all\n",

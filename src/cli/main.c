@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "trill/dist.h"
@@ -55,6 +56,32 @@ trill_comm *cli_world(void) { return g_world; }
 static bool distributed(const char *cmd, const char *sub) {
     return strcmp(cmd, "sft") == 0 || strcmp(cmd, "train") == 0 || (strcmp(cmd, "bench") == 0 && sub && strcmp(sub, "train") == 0);
 }
+
+/* The first SIGINT/SIGTERM lets the current step finish and be checkpointed; a second one ends
+ * the process at once (complete checkpoints are never touched by a kill). */
+static volatile sig_atomic_t g_signal;
+static char g_stop_message[128];
+static size_t g_stop_message_len;
+
+static void on_stop_signal(int sig) {
+    if (g_signal) _exit(128 + sig);
+    g_signal = sig;
+    trill_rl_request_stop(); /* the run in progress (this flag is read by every run) */
+    if (write(STDERR_FILENO, g_stop_message, g_stop_message_len) < 0) { /* nothing to do about it */ }
+}
+
+void cli_catch_stop_signals(const char *cmd) {
+    g_stop_message_len = (size_t)snprintf(g_stop_message, sizeof g_stop_message,
+                                          "\ntrill %s: stopping after the current step (checkpointed); again to quit at once\n", cmd);
+    if (g_stop_message_len >= sizeof g_stop_message) g_stop_message_len = sizeof g_stop_message - 1;
+    struct sigaction sa = { .sa_handler = on_stop_signal, .sa_flags = SA_RESTART }, old;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = { SIGINT, SIGTERM };
+    for (int i = 0; i < 2; i++) /* a signal ignored when trill started stays ignored (a shell's background job ignores SIGINT) */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+}
+
+int cli_stopped_status(void) { return 128 + (g_signal ? g_signal : SIGINT); }
 
 int cli_fail(const char *cmd) {
     fprintf(stderr, "trill %s: %s\n", cmd, trill_error_message());

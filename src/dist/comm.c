@@ -232,6 +232,14 @@ trill_status trill_comm_allreduce_max_u64(trill_comm *c, uint64_t v, uint64_t *o
     return st;
 }
 
+trill_status trill_comm_agree(trill_comm *c, trill_status st, const char *what) {
+    if (!c || c->size == 1) return st;
+    uint64_t any = 0;
+    const trill_status cst = trill_comm_allreduce_max_u64(c, st != TRILL_OK, &any);
+    if (st || cst) return st ? st : cst;
+    return any ? trill_error(TRILL_ERR_INVALID, "another rank of the job failed while %s (its message says why)", what) : TRILL_OK;
+}
+
 trill_status trill_comm_bcast(trill_comm *c, void *data, size_t bytes, int root) {
     if (root < 0 || root >= c->size) return trill_error(TRILL_ERR_INVALID, "broadcast: root %d of %d ranks", root, c->size);
     const double t0 = trill_now();

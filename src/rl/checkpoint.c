@@ -13,30 +13,11 @@
 #include <unistd.h>
 
 #include "trill/fileio.h"
+#include "trill/log.h"
 #include "base/json.h"
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
-
-static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
-    (void)sb; (void)type; (void)ftw;
-    return remove(path);
-}
-
-trill_status trill_rl_remove_tree(const char *path) {
-    if (!trill_file_exists(path)) return TRILL_OK;
-    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS))
-        return trill_error(TRILL_ERR_IO, "%s: cannot remove (%s)", path, strerror(errno));
-    return TRILL_OK;
-}
-
-static trill_status fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return trill_error(TRILL_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
-    int r = fsync(fd);
-    close(fd);
-    return r ? trill_error(TRILL_ERR_IO, "%s: fsync failed (%s)", path, strerror(errno)) : TRILL_OK;
-}
 
 /* Checkpoint folder names, sorted oldest first. */
 static trill_status list_checkpoints(const char *dir, char ***names, int *n) {
@@ -94,7 +75,7 @@ typedef struct file_list {
     trill_status st;
 } file_list;
 
-static file_list *g_walk; /* nftw has no context argument; checkpoints are written by one thread */
+static _Thread_local file_list *g_walk; /* nftw has no context argument (the service writes manifests from several threads) */
 
 static int add_file(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
     (void)sb; (void)ftw;
@@ -174,7 +155,7 @@ trill_status trill_rl_model_identity(const char *model_dir, rl_identity *id) {
     return st;
 }
 
-static trill_status write_manifest(const char *dir, const rl_identity *id) {
+trill_status trill_rl_manifest_write(const char *dir, const rl_identity *id) {
     json_t *files = NULL;
     trill_status st = list_files(dir, &files);
     if (st) return st;
@@ -191,36 +172,27 @@ static trill_status write_manifest(const char *dir, const rl_identity *id) {
     return st;
 }
 
-trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *s, const trill_lora *lora,
-                                const trill_adamw *opt, const rl_identity *base, int keep) {
+trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const trill_rl_config *c, const json_t *state,
+                                       trill_status (*write_parts)(void *ctx, const char *dir), void *ctx, const rl_identity *base, int keep) {
     char dir[4096], tmp[4160], final[4160], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", dir, s->step);
-    snprintf(final, sizeof final, "%s/step-%08d", dir, s->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", dir, step);
+    snprintf(final, sizeof final, "%s/step-%08d", dir, step);
     trill_status st = trill_mkdir_p(dir);
-    if (!st) st = trill_rl_remove_tree(tmp); /* left by a crash */
+    if (!st) st = trill_remove_tree(tmp); /* left by a crash */
     if (!st) st = trill_mkdir_p(tmp);
-    if (!st) { snprintf(path, sizeof path, "%s/adapter", tmp); st = trill_lora_save(lora, path); }
-    if (!st) st = fsync_dir(path);
-    if (!st) { snprintf(path, sizeof path, "%s/optimizer", tmp); st = trill_adamw_save(opt, path); }
+    if (!st) st = write_parts(ctx, tmp);
     if (!st) { snprintf(path, sizeof path, "%s/config.yaml", tmp); st = write_config(path, c); }
-    if (!st) {
-        json_t *j = json_pack("{s:i, s:I, s:I, s:I}", "step", s->step, "data_position", (json_int_t)s->data_pos,
-                              "policy_version", (json_int_t)s->version, "seed", (json_int_t)s->seed);
-        snprintf(path, sizeof path, "%s/state.json", tmp);
-        st = j ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-        json_decref(j);
-    }
-    if (!st) st = write_manifest(tmp, base); /* last: a checkpoint with a manifest is complete */
-    if (!st) st = fsync_dir(tmp);
-    if (!st) st = trill_rl_remove_tree(final); /* the same step saved again after a resume */
-    if (!st && rename(tmp, final)) st = trill_error(TRILL_ERR_IO, "%s: cannot rename to %s (%s)", tmp, final, strerror(errno));
-    if (!st) st = fsync_dir(dir);
+    if (!st) { snprintf(path, sizeof path, "%s/state.json", tmp); st = trill_json_write_file(path, state); }
+    if (!st) st = trill_rl_manifest_write(tmp, base); /* last: a checkpoint with a manifest is complete */
+    if (!st) st = trill_fsync_dir(tmp);
+    if (!st) st = trill_remove_tree(final); /* the same step saved again after a resume */
+    if (!st) st = trill_rename_dir(tmp, final);
     if (st) {
         trill_error_context("checkpoint %s", final);
         char why[2048];
         snprintf(why, sizeof why, "%s", trill_error_message());
-        trill_rl_remove_tree(tmp); /* best effort: the next start removes it too */
+        trill_remove_tree(tmp); /* best effort: the next start removes it too */
         return trill_error(st, "%s", why);
     }
     char **names;
@@ -228,10 +200,34 @@ trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config
     if (keep > 0 && !(st = list_checkpoints(dir, &names, &n))) {
         for (int i = 0; i + keep < n && !st; i++) {
             snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-            st = trill_rl_remove_tree(path);
+            st = trill_remove_tree(path);
         }
         free_names(names, n);
     }
+    return st;
+}
+
+typedef struct rl_parts { const trill_lora *lora; const trill_adamw *opt; } rl_parts;
+
+/* An RL checkpoint's weights: adapter/ (PEFT layout) and optimizer.*. */
+static trill_status write_rl_parts(void *ctx, const char *dir) {
+    const rl_parts *p = ctx;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter", dir);
+    trill_status st = trill_lora_save(p->lora, path);
+    if (!st) st = trill_fsync_dir(path);
+    if (!st) { snprintf(path, sizeof path, "%s/optimizer", dir); st = trill_adamw_save(p->opt, path); }
+    return st;
+}
+
+trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *s, const trill_lora *lora,
+                                const trill_adamw *opt, const rl_identity *base, int keep) {
+    json_t *j = json_pack("{s:i, s:I, s:I, s:I}", "step", s->step, "data_position", (json_int_t)s->data_pos, "policy_version",
+                          (json_int_t)s->version, "seed", (json_int_t)s->seed);
+    if (!j) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    rl_parts parts = { lora, opt };
+    trill_status st = trill_rl_checkpoint_write(run_dir, s->step, c, j, write_rl_parts, &parts, base, keep);
+    json_decref(j);
     return st;
 }
 
@@ -318,7 +314,7 @@ trill_status trill_rl_checkpoint_clean(const char *run_dir) {
     for (struct dirent *e; !st && (e = readdir(d));)
         if (strncmp(e->d_name, ".tmp-step-", 10) == 0) {
             char *tmp = trill_path_join(dir, e->d_name);
-            st = tmp ? trill_rl_remove_tree(tmp) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+            st = tmp ? trill_remove_tree(tmp) : trill_error(TRILL_ERR_NOMEM, "out of memory");
             free(tmp);
         }
     closedir(d);
@@ -341,5 +337,38 @@ trill_status trill_rl_checkpoint_read_state(const char *ckpt, rl_state *s) {
     s->seed = json_is_integer(jseed) ? (uint64_t)json_integer_value(jseed) : (uint64_t)seed;
     json_decref(j);
     free(path);
+    return st;
+}
+
+typedef struct skip_report { const char *who; int n; } skip_report;
+
+static void report_skipped(const char *ckpt, void *ctx) {
+    skip_report *r = ctx;
+    r->n++;
+    if (r->who) trill_log(TRILL_LOG_WARN, "%s: skipping checkpoint %s: %s", r->who, ckpt, trill_error_message());
+}
+
+trill_status trill_rl_checkpoint_choose(const char *run_dir, const char *resume, const char *who, bool clean, char **ckpt) {
+    *ckpt = NULL;
+    trill_status st = clean ? trill_rl_checkpoint_clean(run_dir) : TRILL_OK;
+    if (st) return st;
+    if (strcmp(resume, "auto") == 0) {
+        skip_report skipped = { who, 0 };
+        st = trill_rl_checkpoint_latest(run_dir, ckpt, report_skipped, &skipped);
+        if (!st && !*ckpt && skipped.n)
+            return trill_error(TRILL_ERR_INVALID, "run_dir %s: none of its %d checkpoints is complete (see above)", run_dir, skipped.n);
+    } else if (resume[0]) {
+        if (!(*ckpt = trill_strdup(resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        st = trill_rl_checkpoint_verify(*ckpt);
+    } else {
+        char *latest = NULL;
+        skip_report skipped = { NULL, 0 };
+        st = trill_rl_checkpoint_latest(run_dir, &latest, report_skipped, &skipped);
+        if (!st && (latest || skipped.n))
+            st = trill_error(TRILL_ERR_INVALID, "run_dir %s already has checkpoints (%s): continue it with resume=auto "
+                             "(or --resume), or choose another run_dir", run_dir, latest ? latest : "none complete");
+        free(latest);
+    }
+    if (st) { free(*ckpt); *ckpt = NULL; }
     return st;
 }

@@ -241,7 +241,7 @@ static const key KEYS[] = {
         "Ranks of the scorer (the verifier, external reward processes, the reward model): 0, the controller scores; 1, a rank of "
         "its own, the last one, which receives each batch and sends back its rewards."),
     INT("checkpoint.every", checkpoint.every, 0, INF, "100", "Steps between checkpoints (0: only at the end)."),
-    INT("checkpoint.keep", checkpoint.keep, 0, INF, "2", "Newest checkpoints kept (0: all)."),
+    INT("checkpoint.keep", checkpoint.keep, 0, INF, "2", "Newest checkpoints kept (0: all); `trill sft`'s too."),
 
     INT("eval.every", eval.every, 0, INF, "0", "Steps between held-out evaluations (0: before and after training only)."),
     INT("eval.k", eval.k, 1, 1024, "8", "Samples per held-out prompt for pass@k (pass@1 is their mean)."),
@@ -252,8 +252,14 @@ static const key KEYS[] = {
     INT("sft.max_steps", sft.max_steps, 0, 1e9, "0", "Optimizer steps at most (0: as many as the epochs give)."),
     INT("sft.grad_accum", sft.grad_accum, 1, 1e6, "1", "Micro-batches (trainer.micro_batch_tokens each) per optimizer step."),
     INT("sft.eval_every", sft.eval_every, 0, 1e9, "0", "Steps between held-out losses on data.eval (0: only at the end)."),
-    INT("sft.max_seq_len", sft.max_seq_len, 2, 1e7, "4096", "Longest example in tokens; a longer one loses the end of its completion."),
-    INT("sft.save_every", sft.save_every, 0, 1e9, "0", "Steps between checkpoints in run_dir (0: only at the end)."),
+    INT("sft.max_seq_len", sft.max_seq_len, 2, 1e7, "4096",
+        "Longest example in tokens (prompt, completion and the end-of-sequence token; the model's max_position_embeddings "
+        "also bounds it): a longer one is refused with its line number, unless sft.truncate."),
+    BOOL("sft.truncate", sft.truncate, "false",
+         "An example longer than sft.max_seq_len (or max_position_embeddings) loses the end of its completion instead of "
+         "being refused (its prompt is never cut: one whose prompt leaves no room for a completion token is still refused)."),
+    INT("sft.save_every", sft.save_every, 0, 1e9, "0",
+        "Steps between checkpoints in run_dir/checkpoints/step-N (0: only at the end; a stop on request checkpoints too)."),
     INT("sft.stop_after", sft.stop_after, 0, 1e9, "0",
         "End this run after that many steps (0: run to the end); the schedule still spans all of them, and `resume` continues."),
 
@@ -1016,10 +1022,11 @@ static const char *type_text(const key *k, char *buf, size_t size) {
 
 /* ---- resuming ---- */
 
-/* What a resumed run must keep: the seed every random choice is keyed by, and the adapter's shape
- * and scale (its moments in the optimizer are laid out by it). The base model itself is checked
+/* What a resumed run must keep: the seed every random choice is keyed by, what `trill sft` trains,
+ * and the adapter's shape and scale (its moments in the optimizer are laid out by it; not
+ * compared for full fine-tuning). The base model itself is checked
  * by content (the checkpoint's manifest), whatever its path. Every other key may change. */
-static const char *const FIXED_ON_RESUME[] = { "seed", "trainer.lora.rank", "trainer.lora.alpha", "trainer.lora.use_rslora",
+static const char *const FIXED_ON_RESUME[] = { "seed", "sft.mode", "trainer.lora.rank", "trainer.lora.alpha", "trainer.lora.use_rslora",
                                                "trainer.lora.targets" };
 #define N_FIXED (sizeof FIXED_ON_RESUME / sizeof FIXED_ON_RESUME[0])
 
@@ -1037,6 +1044,7 @@ trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const tr
     trill_status st = TRILL_OK;
     for (size_t i = 0; i < N_FIXED && !st; i++) {
         const key *k = find_key(FIXED_ON_RESUME[i]);
+        if (saved->sft.mode == TRILL_SFT_FULL && strncmp(k->path, "trainer.lora.", 13) == 0) continue; /* no adapters to match */
         char *a = value_text(saved, k), *b = value_text(now, k);
         if (!a || !b) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         else if (strcmp(a, b) != 0)

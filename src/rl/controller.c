@@ -185,36 +185,10 @@ static trill_status evaluate(rl_run *r, int step, const char *when, double *pass
     return log_eval(r, step, when, &res, version);
 }
 
-static void report_skipped(const char *ckpt, void *ctx) {
-    int *n = ctx;
-    (*n)++;
-    trill_log(TRILL_LOG_WARN, "trill train: skipping checkpoint %s: %s", ckpt, trill_error_message());
-}
-
-static void count_skipped(const char *ckpt, void *ctx) { (void)ckpt; (*(int *)ctx)++; }
-
 /* The checkpoint to continue from (none: a fresh run), its state, and the keys that must not change. */
 static trill_status start_state(rl_run *r, char **ckpt) {
     const trill_rl_config *c = r->c;
-    *ckpt = NULL;
-    trill_status st = r->rank == 0 ? trill_rl_checkpoint_clean(c->run_dir) : TRILL_OK;
-    int skipped = 0;
-    if (st) return st;
-    if (strcmp(c->resume, "auto") == 0) {
-        st = trill_rl_checkpoint_latest(c->run_dir, ckpt, report_skipped, &skipped);
-        if (!st && !*ckpt && skipped)
-            return trill_error(TRILL_ERR_INVALID, "run_dir %s: none of its %d checkpoints is complete (see above)", c->run_dir, skipped);
-    } else if (c->resume[0]) {
-        if (!(*ckpt = trill_strdup(c->resume))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-        st = trill_rl_checkpoint_verify(*ckpt);
-    } else {
-        char *latest = NULL;
-        st = trill_rl_checkpoint_latest(c->run_dir, &latest, count_skipped, &skipped);
-        if (!st && (latest || skipped))
-            st = trill_error(TRILL_ERR_INVALID, "run_dir %s already has checkpoints (%s): continue it with resume=auto "
-                             "(or --resume), or choose another run_dir", c->run_dir, latest ? latest : "none complete");
-        free(latest);
-    }
+    trill_status st = trill_rl_checkpoint_choose(c->run_dir, c->resume, "trill train", r->rank == 0, ckpt);
     if (st) return st;
     r->state = (rl_state){ .seed = c->seed };
     if (!*ckpt) return TRILL_OK;
@@ -231,39 +205,12 @@ static trill_status start_state(rl_run *r, char **ckpt) {
 
 /* ---- one process per run folder; stopping on request ---- */
 
-/* run_dir/.lock, held with flock for the whole run: the kernel releases it when the process
- * ends however it ends, so a stale lock never blocks a new run. The holder's pid is in it. */
-static trill_status lock_run_dir(rl_run *r) {
-    char *path = trill_path_join(r->c->run_dir, ".lock");
-    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = TRILL_OK;
-    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* not inherited by reward processes */
-    if (r->lock_fd < 0) st = trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    else if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        char pid[32] = "";
-        ssize_t n = errno == EWOULDBLOCK ? pread(r->lock_fd, pid, sizeof pid - 1, 0) : -1;
-        if (n > 0) pid[strcspn(pid, "\n")] = '\0';
-        st = errno == EWOULDBLOCK || n >= 0
-                 ? trill_error(TRILL_ERR_INVALID, "run_dir %s is in use by another trill train (process %s holds %s); wait for it to end "
-                               "or choose another run_dir", r->c->run_dir, n > 0 ? pid : "?", path)
-                 : trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(errno));
-        close(r->lock_fd);
-        r->lock_fd = -1;
-    } else {
-        char pid[32];
-        const int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-        if (ftruncate(r->lock_fd, 0) != 0 || pwrite(r->lock_fd, pid, (size_t)n, 0) != n)
-            st = trill_error(TRILL_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-    }
-    free(path);
-    return st;
-}
-
 /* Lock-free atomics: safe from a signal handler and from any thread. */
 static atomic_int g_stop_requested;
 
 void trill_rl_request_stop(void) { atomic_store(&g_stop_requested, 1); }
 bool trill_rl_stop_requested(void) { return atomic_load(&g_stop_requested) != 0; }
+void trill_rl_stop_reset(void) { atomic_store(&g_stop_requested, 0); }
 
 /* ---- the run handle ---- */
 
@@ -358,16 +305,8 @@ static trill_status announce(trill_run *h, const char *ckpt) {
     return TRILL_OK;
 }
 
-/* With several ranks, every rank's status so far agreed (an all-reduce, so also a barrier): a
- * rank that failed alone (rank 0 on a run folder in use, say) fails the others here instead of
- * leaving them at a barrier it never reaches. */
-static trill_status agree(rl_run *r, trill_status st) {
-    if (!r->job || trill_comm_size(r->job) == 1) return st;
-    uint64_t any = 0;
-    const trill_status cst = trill_comm_allreduce_max_u64(r->job, st != TRILL_OK, &any);
-    if (st || cst) return st ? st : cst;
-    return any ? trill_error(TRILL_ERR_INVALID, "another rank of the job failed while setting the run up (rank 0 says why)") : TRILL_OK;
-}
+/* Every rank's status so far, agreed: one failing alone fails the others here. */
+static trill_status agree(rl_run *r, trill_status st) { return trill_comm_agree(r->job, st, "setting the run up"); }
 
 /* Everything before the first step: the run folder and its lock, the state to start from, the
  * inputs, the executors, the resolved config, metrics.jsonl, the evaluation before training. */
@@ -378,7 +317,7 @@ static trill_status set_up(trill_run *h) {
     const bool executor = trill_rl_ranks_executor(r);
     /* rank 0 owns the run folder (and builds the demo's cache); the others start after it */
     trill_status st = r->rank == 0 ? trill_mkdir_p(c->run_dir) : TRILL_OK;
-    if (!st && r->rank == 0) st = lock_run_dir(r);
+    if (!st && r->rank == 0) st = trill_lock_dir(c->run_dir, "run_dir", "trill train", &r->lock_fd);
     st = agree(r, st);
     if (!st && !executor) st = start_state(r, &ckpt);
     if (!st && r->rank == 0) st = resolve_inputs(r);
@@ -452,7 +391,7 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     h->result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
     h->r = (rl_run){ .c = &h->cfg, .lock_fd = -1, .world = o ? o->world : NULL, .rank = o && o->world ? trill_comm_rank(o->world) : 0 };
     h->status.steps = h->cfg.steps;
-    atomic_store(&g_stop_requested, 0);
+    trill_rl_stop_reset();
     if ((st = trill_rl_ranks_create(&h->r, h->r.world)) || (st = set_up(h))) {
         trill_run_free(h);
         return st;

@@ -68,6 +68,26 @@ static trill_status render_prompt(const trill_dataset_options *opt, const json_t
     return trill_chat_render(opt->chat, &msg, 1, true, -1, out);
 }
 
+/* SFT: an example of n prompt tokens, *nc completion tokens and the end-of-sequence token within
+ * the longest sequence allowed; with opt->truncate the completion is cut to fit. */
+static trill_status fit_example(const trill_dataset_options *opt, const char *what, size_t n, int *nc) {
+    const bool by_model = opt->max_position_embeddings > 0 && (opt->max_seq_len <= 0 || opt->max_position_embeddings < opt->max_seq_len);
+    const long limit = by_model ? opt->max_position_embeddings : opt->max_seq_len, total = (long)n + *nc + 1;
+    if (limit <= 0 || total <= limit) return TRILL_OK;
+    if (opt->truncate && (long)n + 2 <= limit) {
+        *nc = (int)(limit - (long)n - 1);
+        return TRILL_OK;
+    }
+    char rule[160];
+    if (by_model) snprintf(rule, sizeof rule, "the model's max_position_embeddings (%ld)", limit);
+    else snprintf(rule, sizeof rule, "sft.max_seq_len (%ld)", limit);
+    if (opt->truncate)
+        return trill_error(TRILL_ERR_INVALID, "%s: the prompt has %zu tokens, so no completion token fits in %s", what, n, rule);
+    return trill_error(TRILL_ERR_INVALID, "%s: the example has %ld tokens (prompt %zu, completion %d, end of sequence 1), more than %s; "
+                       "shorten it%s, or set sft.truncate: true to cut the end of such completions", what, total, n, *nc, rule,
+                       by_model ? "" : ", raise sft.max_seq_len");
+}
+
 static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tokenizer *tok, const trill_dataset_options *opt,
                               const char *what) {
     trill_example *e = &d->examples[d->n];
@@ -97,10 +117,11 @@ static trill_status read_line(trill_dataset *d, const json_t *j, const trill_tok
     size_t nc = 0;
     if (!st && completion) st = trill_tokenizer_encode(tok, completion, strlen(completion), false, &e->completion_ids, &nc);
     e->n_completion = (int)nc;
-    if (!st && !completion && (int)n > opt->max_prompt_tokens) /* SFT: the trainer truncates what is too long */
+    if (!st && completion) st = fit_example(opt, what, n, &e->n_completion);
+    if (!st && !completion && (int)n > opt->max_prompt_tokens)
         st = trill_error(TRILL_ERR_INVALID, "%s: the prompt has %zu tokens, more than data.max_prompt_tokens (%d)", what, n,
                          opt->max_prompt_tokens);
-    if (!st && opt->max_position_embeddings > 0 && (long)n + opt->max_new_tokens > opt->max_position_embeddings)
+    if (!st && !completion && opt->max_position_embeddings > 0 && (long)n + opt->max_new_tokens > opt->max_position_embeddings)
         st = trill_error(TRILL_ERR_INVALID, "%s: the prompt has %zu tokens: with up to %d new ones (generator.max_new_tokens) its "
                          "sequence would pass the model's max_position_embeddings (%d)", what, n, opt->max_new_tokens,
                          opt->max_position_embeddings);

@@ -90,6 +90,8 @@ trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m);
 
 /* trill_rl_request_stop was called (a signal handler, an embedder): end after the current step. */
 bool trill_rl_stop_requested(void);
+/* Forgets an earlier request: a run starting now runs until asked again. */
+void trill_rl_stop_reset(void);
 
 /* Async mode (async.c): start the generator and reward executors (threads on their own cores);
  * each step then trains the next batch within the staleness bound on the calling thread (metrics

@@ -1,13 +1,18 @@
 /* Supervised fine-tuning (trill/sft.h) on the RL trainer executor and dataset reader. */
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/json.h"
+#include "checkpoint.h"
+#include "run.h"
 #include "trainer.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
@@ -27,8 +32,11 @@ typedef struct sft_run {
     rl_trainer *t;
     trill_comm *world;            /* NULL: one process */
     int rank;                     /* 0 logs and writes */
+    int lock_fd;                  /* run_dir/.lock (rank 0) */
+    rl_identity base;             /* the base model's, in every checkpoint's manifest */
     char *resume_dir;             /* the checkpoint continued from, or NULL */
     int start_step;               /* its step */
+    int saved_step;               /* the newest checkpoint's */
     int eos;                      /* the end-of-sequence token each example ends with */
     int vocab;
 } sft_run;
@@ -58,23 +66,12 @@ trill_status trill_sft_validate(const trill_rl_config *c) {
 
 /* ---- examples as batches ---- */
 
-/* An example's tokens: the prompt (at most max_len - 2 of it), then as much of the completion as
- * fits in max_len with the end-of-sequence token, at least one. */
-static void example_shape(const trill_example *e, int max_len, int *n_prompt, int *n_completion) {
-    *n_prompt = e->n_ids < max_len - 1 ? e->n_ids : max_len - 2;
-    const int room = max_len - *n_prompt - 1;
-    *n_completion = e->n_completion < room ? e->n_completion : room;
-}
-
-static int example_len(const trill_example *e, int max_len) {
-    int np, nc;
-    example_shape(e, max_len, &np, &nc);
-    return np + nc + 1;
-}
+/* An example's tokens: the prompt, the completion (cut to fit when the dataset loaded it under
+ * sft.truncate) and the end-of-sequence token. */
+static int example_len(const trill_example *e) { return e->n_ids + e->n_completion + 1; }
 
 /* Examples idx[0, n) of d as a batch: prompt_len per sequence, the loss on what follows. */
 static trill_status make_batch(const sft_run *r, const trill_dataset *d, const int *idx, int n, rl_batch *b) {
-    const int max_len = r->c->sft.max_seq_len;
     memset(b, 0, sizeof *b);
     b->n_seqs = n;
     b->group_size = 1;
@@ -82,12 +79,12 @@ static trill_status make_batch(const sft_run *r, const trill_dataset *d, const i
     b->prompt_len = trill_malloc(sizeof(int) * (size_t)(n ? n : 1));
     if (!b->offsets || !b->prompt_len) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     b->offsets[0] = 0;
-    for (int i = 0; i < n; i++) b->offsets[i + 1] = b->offsets[i] + example_len(&d->examples[idx[i]], max_len);
+    for (int i = 0; i < n; i++) b->offsets[i + 1] = b->offsets[i] + example_len(&d->examples[idx[i]]);
     if (!(b->tokens = trill_malloc(sizeof(int) * (size_t)(b->offsets[n] ? b->offsets[n] : 1)))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         const trill_example *e = &d->examples[idx[i]];
-        int np, nc, *at = b->tokens + b->offsets[i];
-        example_shape(e, max_len, &np, &nc);
+        const int np = e->n_ids, nc = e->n_completion;
+        int *at = b->tokens + b->offsets[i];
         memcpy(at, e->ids, sizeof(int) * (size_t)np);
         memcpy(at + np, e->completion_ids, sizeof(int) * (size_t)nc);
         at[np + nc] = r->eos;
@@ -103,11 +100,11 @@ static trill_status make_batch(const sft_run *r, const trill_dataset *d, const i
 /* How many of order[at, n) the next `micro` micro-batches take (trainer.micro_batch_tokens each;
  * the packer's rule, trill_rl_micro_fits). */
 static int step_size(const sft_run *r, const int *order, int at, int n, int micro) {
-    const int budget = r->c->trainer.micro_batch_tokens, max_len = r->c->sft.max_seq_len;
+    const int budget = r->c->trainer.micro_batch_tokens;
     int k = at;
     for (int m = 0; m < micro && k < n; m++)
         for (int used = 0, in = 0; k < n; k++, in++) {
-            const int len = example_len(&r->train->examples[order[k]], max_len);
+            const int len = example_len(&r->train->examples[order[k]]);
             if (!trill_rl_micro_fits(used, in, len, budget)) break;
             used += len;
         }
@@ -130,18 +127,57 @@ static trill_status eval_loss(sft_run *r, double *out) {
     return st;
 }
 
-/* run_dir: the weights, the optimizer, trainer_state.json; a full model also gets the side files
- * (tokenizer...) so the folder is usable on its own. */
-static trill_status save(const sft_run *r, int step, double eval) {
+/* ---- checkpoints and the result ---- */
+
+static const char *mode_name(const trill_rl_config *c) { return c->sft.mode == TRILL_SFT_FULL ? "full" : "lora"; }
+
+static trill_status write_parts(void *ctx, const char *dir) { return trill_rl_trainer_save(((const sft_run *)ctx)->t, dir); }
+
+/* RUN/checkpoints/step-NNNNNNNN: the weights (the PEFT adapter or the full model) and the
+ * optimizer state as run_dir's result has them, config.yaml, state.json and the manifest (the
+ * run folder's machinery, src/rl/checkpoint.h); the newest checkpoint.keep are kept. */
+static trill_status save_checkpoint(sft_run *r, int step, double eval) {
     const trill_rl_config *c = r->c;
     trill_status st = trill_rl_trainer_gather(r->t, true); /* the experts' shards, under expert parallelism */
-    if (st || r->rank != 0) return st; /* every rank holds the same weights */
-    st = trill_rl_trainer_save(r->t, c->run_dir);
+    if (!st && r->rank == 0) { /* every rank holds the same weights */
+        json_t *j = json_pack("{s:i, s:s, s:o}", "step", step, "mode", mode_name(c), "eval_loss", isnan(eval) ? json_null() : json_real(eval));
+        st = j ? trill_rl_checkpoint_write(c->run_dir, step, c, j, write_parts, r, &r->base, c->checkpoint.keep)
+               : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        json_decref(j);
+    }
+    st = trill_comm_agree(r->world, st, "writing a checkpoint");
+    if (!st) r->saved_step = step;
+    return st;
+}
+
+/* run_dir's result from checkpoint `ckpt`: each weight and optimizer file hard-linked into
+ * run_dir (a whole file replaced at once; no second copy of a large model), written afresh where
+ * the file system has no hard links; then trainer_state.json; a full model gets the base's side
+ * files (tokenizer...) so that the folder is usable on its own. */
+static trill_status publish(const sft_run *r, const char *ckpt, int step, double eval) {
+    const trill_rl_config *c = r->c;
+    DIR *d = opendir(ckpt);
+    trill_status st = d ? TRILL_OK : trill_error(TRILL_ERR_IO, "%s: cannot list: %s", ckpt, strerror(errno));
+    bool linked = true;
+    for (struct dirent *e; !st && linked && (e = readdir(d));) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, "manifest.json") == 0 || strcmp(e->d_name, "state.json") == 0 ||
+            strcmp(e->d_name, "config.yaml") == 0)
+            continue;
+        char from[8192], tmp[8192], to[8192];
+        snprintf(from, sizeof from, "%s/%s", ckpt, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", c->run_dir, e->d_name);
+        snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", c->run_dir, e->d_name, (long)getpid());
+        unlink(tmp);
+        if (link(from, tmp) != 0) linked = false;
+        else if (rename(tmp, to) != 0) st = trill_error(TRILL_ERR_IO, "%s: cannot rename to %s: %s", tmp, to, strerror(errno));
+    }
+    if (d) closedir(d);
+    if (!st && !linked) st = trill_rl_trainer_save(r->t, c->run_dir);
+    if (!st) st = trill_fsync_dir(c->run_dir);
     char *state = st ? NULL : trill_path_join(c->run_dir, "trainer_state.json");
     if (!st && !state) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
-        json_t *j = json_pack("{s:i, s:s, s:f}", "step", step, "mode", c->sft.mode == TRILL_SFT_FULL ? "full" : "lora", "eval_loss",
-                              isnan(eval) ? -1.0 : eval);
+        json_t *j = json_pack("{s:i, s:s, s:o}", "step", step, "mode", mode_name(c), "eval_loss", isnan(eval) ? json_null() : json_real(eval));
         st = j ? trill_json_write_file(state, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
         json_decref(j);
     }
@@ -150,46 +186,76 @@ static trill_status save(const sft_run *r, int step, double eval) {
     return st;
 }
 
+/* The end of the run: its last step checkpointed (unless it already is), then run_dir's result. */
+static trill_status finish(sft_run *r, int step, double eval) {
+    trill_status st = r->saved_step == step ? TRILL_OK : save_checkpoint(r, step, eval);
+    if (st || r->rank != 0) return st;
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%08d", r->c->run_dir, step);
+    return publish(r, ckpt, step, eval);
+}
+
 /* ---- set-up ---- */
 
-/* resume: "" afresh; "auto": run_dir's checkpoint when it has one; else that folder's. */
-static trill_status find_resume(sft_run *r) {
+/* The run folder (rank 0 locks it: one process a run folder, as trill train's), the checkpoint
+ * to continue from (resume: "" afresh, refused where checkpoints exist; "auto" the newest
+ * complete one, falling back past damaged ones; else that folder), and what a resumed run must
+ * keep: the base model (by content), seed, sft.mode and the adapter's shape. */
+static trill_status open_run_dir(sft_run *r) {
     const trill_rl_config *c = r->c;
-    if (!c->resume[0]) return TRILL_OK;
-    const char *dir = strcmp(c->resume, "auto") == 0 ? c->run_dir : c->resume;
-    char *state_path = trill_path_join(dir, "trainer_state.json");
-    if (!state_path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = TRILL_OK;
-    if (strcmp(c->resume, "auto") == 0 && !trill_file_exists(state_path)) {
-        free(state_path);
-        return TRILL_OK; /* nothing to continue: a fresh run */
+    trill_status st = r->rank == 0 ? trill_mkdir_p(c->run_dir) : TRILL_OK;
+    if (!st && r->rank == 0) st = trill_lock_dir(c->run_dir, "run_dir", "trill sft", &r->lock_fd);
+    st = trill_comm_agree(r->world, st, "setting the run up");
+    if (!st) st = trill_rl_checkpoint_choose(c->run_dir, c->resume, "trill sft", r->rank == 0, &r->resume_dir);
+    if (!st && !r->resume_dir) { /* a result of an older trill sft, written before run folders had checkpoints */
+        char *legacy = trill_path_join(c->run_dir, "trainer_state.json"), *ckpts = trill_path_join(c->run_dir, "checkpoints");
+        if (!legacy || !ckpts) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        else if (trill_file_exists(legacy) && !trill_file_exists(ckpts))
+            st = trill_error(TRILL_ERR_INVALID, "run_dir %s holds the result of an earlier trill sft that kept no checkpoints (an older "
+                             "version): it cannot be continued; choose another run_dir", c->run_dir);
+        free(legacy);
+        free(ckpts);
     }
+    if (!st) st = trill_rl_model_identity(c->model, &r->base);
+    if (!st && r->resume_dir) st = trill_rl_checkpoint_check_base(r->resume_dir, &r->base, c->model);
+    trill_rl_config saved;
+    char *path = NULL;
     json_t *state = NULL;
     const char *mode = NULL;
-    if (!(st = trill_json_load_file(state_path, &state)) && !(st = trill_json_get_int(state, "step", state_path, 0, INT32_MAX, &r->start_step)) &&
-        !(st = trill_json_get_string(state, "mode", state_path, &mode)) && mode &&
-        strcmp(mode, c->sft.mode == TRILL_SFT_FULL ? "full" : "lora") != 0)
-        st = trill_error(TRILL_ERR_INVALID, "%s: the checkpoint trained mode \"%s\", this config sft.mode \"%s\"", state_path, mode,
-                         c->sft.mode == TRILL_SFT_FULL ? "full" : "lora");
-    json_decref(state);
-    free(state_path);
-    if (!st && !(r->resume_dir = trill_strdup(dir))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    return st;
+    if (!st && r->resume_dir && !(st = trill_rl_config_defaults(&saved))) {
+        if (!(path = trill_path_join(r->resume_dir, "config.yaml"))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) st = trill_rl_config_load(&saved, path);
+        if (!st) st = trill_rl_config_check_resume(&saved, c, r->resume_dir);
+        trill_rl_config_free(&saved);
+        free(path);
+        path = NULL;
+        if (!st && !(path = trill_path_join(r->resume_dir, "state.json"))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!st) st = trill_json_load_file(path, &state);
+        if (!st) st = trill_json_get_int(state, "step", path, 0, INT32_MAX, &r->start_step);
+        if (!st) st = trill_json_get_string(state, "mode", path, &mode);
+        if (!st && (!mode || strcmp(mode, mode_name(c)) != 0))
+            st = trill_error(TRILL_ERR_INVALID, "%s: the checkpoint trained sft.mode %s, this config %s", path, mode ? mode : "?", mode_name(c));
+        json_decref(state);
+        free(path);
+        r->saved_step = r->start_step;
+    }
+    return trill_comm_agree(r->world, st, "setting the run up");
 }
 
 static trill_status load(sft_run *r) {
     const trill_rl_config *c = r->c;
-    trill_status st = find_resume(r);
-    if (!st) st = trill_rl_trainer_create_sft(c, c->model, r->resume_dir, r->world, &r->t);
+    trill_status st = trill_rl_trainer_create_sft(c, c->model, r->resume_dir, r->world, &r->t);
     if (!st) st = trill_tokenizer_load(c->model, &r->tok);
     if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(c->model, &r->chat);
+    const trill_config *mc = st ? NULL : trill_model_config(trill_rl_trainer_policy(r->t));
     trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field, .template_ = c->data.template_,
-                                .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens, .completion_field = c->data.completion_field };
+                                .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens, .completion_field = c->data.completion_field,
+                                .max_seq_len = c->sft.max_seq_len, .truncate = c->sft.truncate,
+                                .max_position_embeddings = mc ? mc->max_position_embeddings : 0 };
     if (!st) st = trill_dataset_load(c->data.train, r->tok, &o, &r->train);
     o.limit = c->data.eval_size;
     if (!st && c->data.eval[0]) st = trill_dataset_load(c->data.eval, r->tok, &o, &r->eval);
     if (!st) {
-        const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r->t));
         r->eos = mc->n_eos ? mc->eos_token_ids[0] : 0;
         r->vocab = mc->vocab_size;
     }
@@ -213,6 +279,16 @@ static int total_steps(const sft_run *r, int *micro_per_epoch) {
 
 /* ---- the run ---- */
 
+/* A stop was asked for (a signal, trill_rl_request_stop); under data parallelism the ranks agree,
+ * so that all stop after the same step. */
+static bool stop_requested(const sft_run *r) {
+    const bool mine = trill_rl_stop_requested();
+    if (!r->world || trill_comm_size(r->world) < 2) return mine;
+    uint64_t any = 0;
+    if (trill_comm_allreduce_max_u64(r->world, mine, &any)) return true; /* a lost peer: stop here */
+    return any != 0;
+}
+
 /* One optimizer step on order[at, at + k), then its line, checkpoint and held-out loss when due. */
 static trill_status one_step(sft_run *r, const int *order, int k, int step, int total, int last, double t_start, long *tokens,
                              double *eval) {
@@ -235,8 +311,12 @@ static trill_status one_step(sft_run *r, const int *order, int k, int step, int 
     }
     sft_log(r->log, "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  eta %.0fs%s%s", step, total, ns.loss, ns.lr, ns.grad_norm,
             *tokens / elapsed, elapsed / (step - r->start_step) * (total - step), comm, ns.applied ? "" : "  (not finite: skipped)");
-    if (c->sft.save_every > 0 && step % c->sft.save_every == 0 && step < last && !(st = save(r, step, *eval)))
-        sft_log(r->log, "step %d  checkpoint saved to %s", step, c->run_dir);
+    const bool stop = step < last && stop_requested(r);
+    if (((c->sft.save_every > 0 && step % c->sft.save_every == 0) || stop) && step < last && !(st = save_checkpoint(r, step, *eval)))
+        sft_log(r->log, "step %d  checkpoint saved to %s/checkpoints/step-%08d", step, c->run_dir, step);
+    if (!st && stop)
+        return trill_error(TRILL_ERR_INTERRUPTED, "stopped on request after step %d of %d (checkpoint written); continue with resume=auto",
+                           step, total);
     if (!st && r->eval && c->sft.eval_every > 0 && step % c->sft.eval_every == 0 && step < total && !(st = eval_loss(r, eval)))
         sft_log(r->log, "step %d  eval loss %.4f", step, *eval);
     return st;
@@ -270,13 +350,15 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
     *out = (trill_sft_result){ .eval_loss = NAN };
     trill_status st = trill_sft_validate(c);
     if (st) return st;
-    sft_run r = { .c = c, .log = o ? o->log : NULL, .world = o ? o->world : NULL };
+    sft_run r = { .c = c, .log = o ? o->log : NULL, .world = o ? o->world : NULL, .lock_fd = -1 };
     r.rank = r.world ? trill_comm_rank(r.world) : 0;
     if (c->parallel.generator.replicas || c->parallel.scorer)
         st = trill_error(TRILL_ERR_INVALID, "parallel.generator.replicas %d, parallel.scorer %d: trill sft has no generator or scorer "
                          "(set them to 0)", c->parallel.generator.replicas, c->parallel.scorer);
     if (!st) st = trill_rl_parallel_check(c, r.world ? trill_comm_size(r.world) : 1);
-    if (!st && !(st = trill_mkdir_p(c->run_dir))) st = load(&r);
+    trill_rl_stop_reset();
+    if (!st) st = open_run_dir(&r);
+    if (!st) st = load(&r);
     int micro_per_epoch = 0, total = st ? 0 : total_steps(&r, &micro_per_epoch);
     if (!st && total < 0) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
@@ -284,9 +366,10 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
         const trill_lora *lora = trill_rl_trainer_lora(r.t);
         if (lora) trill_lora_params((trill_lora *)lora, &n_values);
         else n_values = trill_model_n_params(trill_rl_trainer_policy(r.t));
-        sft_log_rank(r.rank, r.log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s%s", r.train->n,
-                     micro_per_epoch, total, lora ? "LoRA" : "full", n_values, r.resume_dir ? ", resuming" : "",
+        sft_log_rank(r.rank, r.log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s", r.train->n,
+                     micro_per_epoch, total, lora ? "LoRA" : "full", n_values,
                      r.world && trill_comm_size(r.world) > 1 ? ", data-parallel over the job's ranks" : "");
+        if (r.resume_dir) sft_log_rank(r.rank, r.log, "trill sft: resuming from %s at step %d", r.resume_dir, r.start_step);
     }
     double eval = NAN;
     int step = 0;
@@ -295,7 +378,7 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
         sft_log_rank(r.rank, r.log, "eval loss %.4f (%d held-out examples)", eval, r.eval->n);
         out->eval_loss = eval;
     }
-    if (!st) st = save(&r, step, eval);
+    if (!st) st = finish(&r, step, eval);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     uint64_t rss = (uint64_t)ru.ru_maxrss;
@@ -310,5 +393,6 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
     trill_chat_template_free(r.chat);
     trill_tokenizer_free(r.tok);
     free(r.resume_dir);
+    if (r.lock_fd >= 0) close(r.lock_fd); /* releases the lock */
     return st;
 }

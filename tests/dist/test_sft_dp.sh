@@ -122,7 +122,7 @@ ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 120 "$MPIEXEC" -np 
     --lora parallel.trainer.dp=2 sft.max_steps=100000 sft.epochs=100000 sft.save_every=2 >killed.log 2>&1 &
 job=$!
 kill_rank_1 "$job" "$TRILL sft" killed.log
-step=$(sed -n 's/.*"step": *\([0-9]*\).*/\1/p' killed/trainer_state.json)
+step=$(ls -d killed/checkpoints/step-* 2>/dev/null | tail -1 | sed 's/.*step-0*//')
 [ -n "$step" ] && [ "$step" -ge 2 ] || fail "no checkpoint from before the kill"
 run 2 killed --lora sft.max_steps=100000 sft.epochs=100000 sft.save_every=2 resume=auto sft.stop_after=$((step + 2))
 grep -q "resuming" killed.log || fail "the run after the kill did not resume"
