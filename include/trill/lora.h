@@ -80,8 +80,13 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
 /* Attaches (or with NULL detaches) adapters to the model's forward and backward passes. */
 void trill_model_attach_lora(trill_model *m, trill_lora *lora);
 
+/* Adapter values that are not finite numbers are refused, naming the tensor and the index, where
+ * they would be used (the generator, merging), as weights are (trill_model_check_finite). */
+trill_status trill_lora_check_finite(const trill_lora *lora);
+
 /* W += scale * B A for every adapted layer: the merged model computes what the adapted one did.
- * Needs fp32 storage (TRILL_STORE_F32): merging into a bf16 base would round the sum. */
+ * Needs fp32 storage (TRILL_STORE_F32): merging into a bf16 base would round the sum. Adapters
+ * that are not finite are refused before m is touched. */
 trill_status trill_lora_merge(const trill_lora *lora, trill_model *m);
 
 #endif

@@ -97,6 +97,10 @@ typedef enum trill_storage {
  * input/adapter gradients of the backward; it refuses weight gradients and merging. */
 trill_status trill_model_load_as(const char *dir, trill_storage storage, trill_model **out);
 
+/* Weights that are not finite numbers are refused, naming the tensor and the index, where they
+ * would be used (the generator, `trill score`): they only make logits nobody can sample from. */
+trill_status trill_model_check_finite(const trill_model *m);
+
 /* ---- model parallelism: a model that holds part of the weights ----
  *
  * A shard is what one rank of an expert-parallel group (ep ranks) and of a tensor-parallel group

@@ -39,7 +39,7 @@ int cmd_merge(int argc, char **argv) {
     trill_lora *lora = NULL;
     trill_status st = trill_model_load(dir, &m);
     if (!st) st = trill_lora_load(m, adapter, &lora);
-    if (!st) st = trill_lora_merge(lora, m);
+    if (!st && (st = trill_lora_merge(lora, m))) trill_error_context("%s", adapter);
     if (!st) {
         trill_dtype dtype = !dtype_name ? trill_model_checkpoint_dtype(m) : strcmp(dtype_name, "bf16") == 0 ? TRILL_BF16 : TRILL_F32;
         st = trill_model_save(m, out, dtype, 5000000000u);

@@ -139,9 +139,11 @@ int cmd_score(int argc, char **argv) {
 
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("score");
+    trill_status st = trill_model_check_finite(m);
+    if (st) trill_error_context("%s", dir);
     char *text = NULL;
     size_t len = 0;
-    trill_status st = trill_read_file(input, &text, &len);
+    if (!st) st = trill_read_file(input, &text, &len);
     trill_atomic_file af = { 0 };
     FILE *out = stdout;
     if (!st && output && !(st = trill_atomic_open(&af, output))) out = af.f;

@@ -111,7 +111,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     int kv_elem = 0, kv_blocks = 0;
     if (!st) st = size_kv_cache(e, &kv_shape, &kv_elem, &kv_blocks);
     pthread_mutex_init(&e->update.lock, NULL);
-    if (!st) st = trill_eng_check_finite_model(m);
+    if (!st && (st = trill_model_check_finite(m))) trill_error_context("engine");
     if (!st) st = trill_eng_build_weights(c, cfg.format, m, &e->w);
     if (!st) st = trill_kv_cache_create(&e->kv, kv_blocks, cfg.block_size, c->num_hidden_layers, kv_shape, kv_elem);
     free(kv_shape);

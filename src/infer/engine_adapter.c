@@ -3,7 +3,6 @@
  * parts stacked).
  * An update, adapters or merged weights, is built in the caller's thread, posted to the mailbox
  * (a newer one replaces one not yet taken) and taken whole at the start of the next step. */
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,17 +167,6 @@ int trill_eng_max_rank(const trill_engine *e) {
     return r;
 }
 
-/* Adapters that are not finite numbers are refused, as weights are (trill_eng_check_finite_model). */
-static trill_status check_finite_lora(const trill_lora *l) {
-    for (size_t k = 0; k < l->n_tensors; k++) {
-        const trill_param *p = &l->tensors[k];
-        for (size_t i = 0; i < p->numel; i++)
-            if (!isfinite(p->data[i]))
-                return trill_error(TRILL_ERR_INVALID, "engine: adapter tensor %s[%zu] is %g: refused", p->name, i, p->data[i]);
-    }
-    return TRILL_OK;
-}
-
 /* ---- live updates ---- */
 
 /* Takes a waiting weight update: the step about to run sees all of it, and nothing before did. */
@@ -270,7 +258,7 @@ trill_status trill_engine_update_weights(trill_engine *e, const trill_model *m, 
                            "not the whole model", m->expert_first, m->expert_first + m->expert_count - 1, m->config.num_experts, m->tp_rank,
                            m->tp_size);
     trill_status st = same_architecture(&e->c, &m->config);
-    if (!st) st = trill_eng_check_finite_model(m);
+    if (!st && (st = trill_model_check_finite(m))) trill_error_context("engine");
     eng_weights *w = NULL;
     if (!st) st = trill_eng_build_weights(&e->c, e->cfg.format, m, &w);
     if (st) return st;
@@ -289,7 +277,8 @@ static trill_status adapter_from(const trill_engine *e, const trill_lora *lora, 
     if (!trill_lora_is_whole(lora))
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: the adapters are a shard's (%zu of the whole adapter's %zu values)", what, lora->n_params,
                            lora->n_global);
-    trill_status st = check_finite_lora(lora);
+    trill_status st = trill_lora_check_finite(lora);
+    if (st) trill_error_context("engine");
     return st ? st : build_adapter(e, lora, ad);
 }
 

@@ -248,8 +248,6 @@ trill_status trill_eng_build_weights(const trill_config *c, trill_gen_format for
 void trill_eng_free_weights(const trill_config *c, eng_weights *w);
 /* Frees one layer's (or the global) slots. */
 void trill_eng_free_slots(const trill_config *c, eng_layer *L);
-/* Refuses (with the tensor's name) weights that are not finite numbers. */
-trill_status trill_eng_check_finite_model(const trill_model *m);
 
 /* engine_adapter.c */
 void trill_eng_free_adapter(const trill_config *c, eng_adapter *ad);

@@ -1,8 +1,6 @@
 /* The engine's weights (engine_internal.h): conversion from a trill_model into the engine's format,
  * derived from the family's tensor table (each fusion group, e.g. q/k/v and gate/up, one matrix;
- * int8 keeps routers and heads in bf16), the refusal of non-finite weights, freeing, and what a
- * decode step reads (benchmarks). */
-#include <math.h>
+ * int8 keeps routers and heads in bf16), freeing, and what a decode step reads (benchmarks). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,18 +169,6 @@ trill_status trill_eng_build_weights(const trill_config *c, trill_gen_format for
         return st;
     }
     *out = w;
-    return TRILL_OK;
-}
-
-/* Weights that are not finite numbers are refused at the door: they would only make logits
- * nobody can sample from. bf16 NaN and infinity have every exponent bit set. */
-trill_status trill_eng_check_finite_model(const trill_model *m) {
-    for (size_t k = 0; k < m->n_tensors; k++) {
-        const trill_param *p = &m->tensors[k];
-        for (size_t i = 0; i < p->numel; i++)
-            if (p->data ? !isfinite(p->data[i]) : (p->bf16[i] & 0x7f80u) == 0x7f80u)
-                return trill_error(TRILL_ERR_INVALID, "engine: weight %s[%zu] is not a finite number: refused", p->name, i);
-    }
     return TRILL_OK;
 }
 

@@ -392,10 +392,20 @@ static trill_status merge_pair(const trill_lora *lora, const trill_param *A, con
     return TRILL_OK;
 }
 
+trill_status trill_lora_check_finite(const trill_lora *lora) {
+    for (size_t k = 0; k < lora->n_tensors; k++) {
+        const trill_param *p = &lora->tensors[k];
+        for (size_t i = 0; i < p->numel; i++)
+            if (!isfinite(p->data[i]))
+                return trill_error(TRILL_ERR_INVALID, "adapter tensor %s[%zu] is %g: refused", p->name, i, p->data[i]);
+    }
+    return TRILL_OK;
+}
+
 trill_status trill_lora_merge(const trill_lora *lora, trill_model *m) {
     if (m->storage != TRILL_F32)
         return trill_error(TRILL_ERR_INVALID, "merge: the model keeps its base in bf16; load it with fp32 storage to merge adapters into it");
-    trill_status st = TRILL_OK;
+    trill_status st = trill_lora_check_finite(lora);
     for (size_t t = 0; t + 1 < lora->n_tensors && !st; t += 2) { /* A, then B, of the weight at index */
         const trill_param *A = &lora->tensors[t], *B = &lora->tensors[t + 1];
         if (A->index < 0 || (size_t)A->index >= m->n_tensors || m->tensors[A->index].numel != (size_t)B->shape[0] * A->shape[1])

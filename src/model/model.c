@@ -8,6 +8,7 @@
 #include "arch/family.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,6 +384,17 @@ trill_status trill_model_load_shard(const char *dir, trill_storage storage, cons
     }
     trill_checkpoint_close(ck);
     return st;
+}
+
+/* bf16 NaN and infinity have every exponent bit set. */
+trill_status trill_model_check_finite(const trill_model *m) {
+    for (size_t k = 0; k < m->n_tensors; k++) {
+        const trill_param *p = &m->tensors[k];
+        for (size_t i = 0; i < p->numel; i++)
+            if (p->data ? !isfinite(p->data[i]) : (p->bf16[i] & 0x7f80u) == 0x7f80u)
+                return trill_error(TRILL_ERR_INVALID, "weight %s[%zu] is not a finite number: refused", p->name, i);
+    }
+    return TRILL_OK;
 }
 
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes) {

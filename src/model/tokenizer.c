@@ -631,7 +631,20 @@ static long b64_decode(const char *s, size_t n, unsigned char *dst) {
     return o;
 }
 
-/* The ranks file: one "base64-token rank" line per token; every byte must be a token. */
+/* A token's bytes for a message: printable ASCII as they are, other bytes as \xNN; cut to fit. */
+static const char *token_text(const char *s, size_t len, char *buf, size_t size) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 5 < size; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        o += (size_t)snprintf(buf + o, size - o, c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? "%c" : "\\x%02x", c);
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* The ranks file: one "base64-token rank" line per token; every byte must be a token. A token
+ * on two ranks or two tokens on one are refused, as tiktoken's CoreBPE refuses an encoder and
+ * decoder of different sizes: decoding would depend on which came last. */
 static trill_status tiktoken_ranks(trill_tokenizer *t, const char *path) {
     char *data = NULL;
     size_t len = 0;
@@ -642,16 +655,22 @@ static trill_status tiktoken_ranks(trill_tokenizer *t, const char *path) {
     t->arena = trill_malloc(len + 1); /* decoded tokens are shorter than their base64 */
     if (!t->arena || trill_strmap_init(&t->vocab, lines)) { free(data); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
     size_t used = 0, line = 0;
+    char was[160], now[160];
     for (char *p = data, *end = data + len; p < end && !st; line++) {
         char *nl = memchr(p, '\n', (size_t)(end - p)), *stop = nl ? nl : end, *sp = memchr(p, ' ', (size_t)(stop - p));
         if (stop == p || (stop == p + 1 && *p == '\r')) { p = stop + 1; continue; } /* an empty line */
         char *num_end = NULL;
         const long rank = sp ? strtol(sp + 1, &num_end, 10) : -1;
         const long blen = sp ? b64_decode(p, (size_t)(sp - p), (unsigned char *)t->arena + used) : -1;
+        const int32_t before = blen > 0 ? trill_strmap_get(&t->vocab, t->arena + used, (size_t)blen) : -1; /* the token's earlier rank */
         if (blen <= 0 || rank < 0 || rank >= (1L << 24) || (num_end != stop && !(num_end + 1 == stop && *num_end == '\r')))
             st = trill_error(TRILL_ERR_INVALID, "%s: line %zu: expected \"<base64 token> <rank>\"", path, line + 1);
-        else if (trill_strmap_get(&t->vocab, t->arena + used, (size_t)blen) >= 0)
-            st = trill_error(TRILL_ERR_INVALID, "%s: line %zu: the token is listed twice", path, line + 1);
+        else if (before >= 0)
+            st = trill_error(TRILL_ERR_INVALID, "%s: line %zu: the token \"%s\" is listed twice: rank %d before, rank %ld here", path, line + 1,
+                             token_text(t->arena + used, (size_t)blen, now, sizeof now), before, rank);
+        else if (rank < t->size && t->id_str[rank])
+            st = trill_error(TRILL_ERR_INVALID, "%s: line %zu: rank %ld is given twice: to \"%s\" before, to \"%s\" here", path, line + 1, rank,
+                             token_text(t->id_str[rank], t->id_len[rank], was, sizeof was), token_text(t->arena + used, (size_t)blen, now, sizeof now));
         else if (!(st = set_token(t, path, t->arena + used, (size_t)blen, rank)) &&
                  trill_strmap_put(&t->vocab, t->arena + used, (size_t)blen, (int32_t)rank))
             st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -689,8 +708,9 @@ static trill_status tiktoken_pattern(trill_tokenizer *t, const char *dir) {
     return st;
 }
 
-/* Special tokens: tokenizer_config.json's added_tokens_decoder {"id": {"content", "special"}}. */
-static trill_status tiktoken_specials(trill_tokenizer *t, const char *dir) {
+/* Special tokens: tokenizer_config.json's added_tokens_decoder {"id": {"content", "special"}}, on
+ * ranks the vocabulary (the file `vocab`) leaves free. */
+static trill_status tiktoken_specials(trill_tokenizer *t, const char *dir, const char *vocab) {
     char *path = trill_path_join(dir, "tokenizer_config.json");
     if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = TRILL_OK;
@@ -703,6 +723,13 @@ static trill_status tiktoken_specials(trill_tokenizer *t, const char *dir) {
             const long id = strtol(key, &end, 10);
             if (*end || id < 0 || !json_is_string(json_object_get(v, "content"))) {
                 st = trill_error(TRILL_ERR_INVALID, "%s: added_tokens_decoder \"%s\": expected an id and {\"content\": ...}", path, key);
+                break;
+            }
+            if (id < t->size && t->id_str[id]) {
+                char had[160];
+                st = trill_error(TRILL_ERR_INVALID, "%s: added_tokens_decoder \"%s\": the special token \"%s\" is on rank %ld, which %s gives to \"%s\"",
+                                 path, key, json_string_value(json_object_get(v, "content")), id, vocab,
+                                 token_text(t->id_str[id], t->id_len[id], had, sizeof had));
                 break;
             }
             json_array_append_new(list, json_pack("{s:I, s:O, s:b, s:b, s:b, s:b}", "id", (json_int_t)id, "content", json_object_get(v, "content"),
@@ -743,7 +770,7 @@ static trill_status tiktoken_load(const char *dir, const char *file, trill_token
     t->has_decoder = true; /* the tokens' bytes, joined */
     trill_status st = tiktoken_ranks(t, file);
     if (!st) st = tiktoken_pattern(t, dir);
-    if (!st) st = tiktoken_specials(t, dir);
+    if (!st) st = tiktoken_specials(t, dir, file);
     if (st) { trill_tokenizer_free(t); return st; }
     *out = t;
     return TRILL_OK;

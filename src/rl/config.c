@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -985,6 +986,9 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
     if (c->algo.minibatches > c->generator.prompts_per_step)
         return trill_error(TRILL_ERR_INVALID, "algo.minibatches (%d) is more than generator.prompts_per_step (%d): a minibatch holds whole groups",
                            c->algo.minibatches, c->generator.prompts_per_step);
+    if ((int64_t)c->generator.prompts_per_step * c->generator.n > INT_MAX) /* a batch counts its sequences in int */
+        return trill_error(TRILL_ERR_INVALID, "generator.prompts_per_step (%d) x generator.n (%d): more samples per step than a batch can "
+                           "hold (%d)", c->generator.prompts_per_step, c->generator.n, INT_MAX);
     if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0] && !c->rollouts.replay[0])
         return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external or reward.model");
     if (c->mode == TRILL_MODE_ASYNC && c->eval.every > 0)

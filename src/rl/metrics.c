@@ -182,19 +182,27 @@ static void format_duration(double s, char *out, size_t n) {
     else snprintf(out, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-/* A figure for the line: 0 where it does not apply. */
-static double shown(double v) { return isfinite(v) ? v : 0; }
+enum { FIGURE_CHARS = 32 };
+/* A figure for the line in `fmt`, "n/a" where it does not apply or is not a number (NAN, inf:
+ * null in metrics.jsonl), never a 0 that reads as a value. */
+static const char *shown(const char *fmt, double v, char buf[FIGURE_CHARS]) {
+    if (!isfinite(v)) return "n/a";
+    snprintf(buf, FIGURE_CHARS, fmt, v);
+    return buf;
+}
 
 void trill_run_progress_line(const trill_run_status *s, double step_wall_s, bool async, char *out, size_t size) {
     const trill_rl_metrics *m = &s->last;
-    char eta[32];
+    char eta[32], f[12][FIGURE_CHARS];
     format_duration(step_wall_s * (s->steps - s->step), eta, sizeof eta);
     const double per = step_wall_s > 0 ? step_wall_s : 1;
     snprintf(out, size,
-             "step %d/%d | reward %.3f acc %.1f%% | loss %+.4f kl %.2e | mismatch |d| %.2e k3 %.2e flips %.1f%% | "
-             "gen %.0f tok/s train %.0f tok/s | time gen %.0f%% train %.0f%% sync %.1f ms%s | ETA %s",
-             s->step, s->steps, shown(m->reward), 100 * shown(m->accuracy), shown(m->loss), shown(m->kl_ref),
-             shown(m->mismatch_mean_abs), shown(m->mismatch_k3), 100 * shown(m->flip_token_frac), shown(m->time.gen_tokens_per_s),
-             shown(m->time.train_tokens_per_s), 100 * shown(m->time.generate_s) / per, 100 * shown(m->time.train_s) / per,
-             shown(m->sync_ms), async ? " (async: overlapped)" : "", eta);
+             "step %d/%d | reward %s acc %s | loss %s kl %s | mismatch |d| %s k3 %s flips %s | gen %s train %s | "
+             "time gen %s train %s sync %s%s | ETA %s",
+             s->step, s->steps, shown("%.3f", m->reward, f[0]), shown("%.1f%%", 100 * m->accuracy, f[1]), shown("%+.4f", m->loss, f[2]),
+             shown("%.2e", m->kl_ref, f[3]), shown("%.2e", m->mismatch_mean_abs, f[4]), shown("%.2e", m->mismatch_k3, f[5]),
+             shown("%.1f%%", 100 * m->flip_token_frac, f[6]), shown("%.0f tok/s", m->time.gen_tokens_per_s, f[7]),
+             shown("%.0f tok/s", m->time.train_tokens_per_s, f[8]), shown("%.0f%%", 100 * m->time.generate_s / per, f[9]),
+             shown("%.0f%%", 100 * m->time.train_s / per, f[10]), shown("%.1f ms", m->sync_ms, f[11]), async ? " (async: overlapped)" : "",
+             eta);
 }

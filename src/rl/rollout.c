@@ -39,8 +39,8 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
         if (between_steps) st = between_steps(ctx);
         if (!st) st = trill_engine_step(e, NULL);
     }
-    trill_sequence_out *outs = trill_calloc((size_t)n, sizeof *outs);
-    if (!outs) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_sequence_out *outs = st ? NULL : trill_calloc((size_t)n, sizeof *outs);
+    if (!st && !outs) st = trill_error(TRILL_ERR_NOMEM, "generator: out of memory for the %d samples of a batch", n);
     int got = 0;
     if (!st) {
         trill_sequence_out tmp[64];
@@ -102,7 +102,7 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
         at += (size_t)len;
     }
     if (!st) b->offsets[n] = (int)at;
-    for (int s = 0; s < n; s++) trill_sequence_out_free(&outs[s]);
+    for (int s = 0; outs && s < n; s++) trill_sequence_out_free(&outs[s]);
     free(outs);
     if (st) {
         /* leave the engine empty for the next caller */

@@ -106,6 +106,52 @@ printf '{"tokens": [5, 6]}\n{"tokens": ' >"$WORK/bad2.jsonl"
 expect_exit 1 "bad2.jsonl:2: invalid JSON" "$TRILL" score --model "$WORK/tiny" --input "$WORK/bad2.jsonl" --output "$WORK/never.jsonl"
 check "no partial output on failure" test ! -e "$WORK/never.jsonl"
 
+# weights and adapters that are not finite numbers are refused by name, and nothing is written:
+# a bf16 NaN in the model, and a rank-2 PEFT adapter on every q_proj (4 layers, 256 x 256) with
+# one NaN (its finite twin merges, so the files are right)
+cp -r "$WORK/tiny" "$WORK/nan_model"
+/usr/bin/python3 - "$WORK/nan_model/model.safetensors" "$WORK/adapter" "$WORK/nan_adapter" <<'PY'
+import json, os, struct, sys
+import numpy as np
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+(n,) = struct.unpack_from("<Q", data, 0)
+t = json.loads(data[8:8 + n])["model.layers.1.self_attn.q_proj.weight"]
+assert t["dtype"] == "BF16", t
+struct.pack_into("<H", data, 8 + n + t["data_offsets"][0] + 2 * 5, 0x7fc0)
+open(path, "wb").write(data)
+def write_adapter(d, nan):
+    os.makedirs(d)
+    with open(f"{d}/adapter_config.json", "w") as f:
+        json.dump({"peft_type": "LORA", "r": 2, "lora_alpha": 2, "use_rslora": False, "target_modules": ["q_proj"]}, f)
+    header, blobs, at = {}, [], 0
+    for layer in range(4):
+        for part, shape in (("lora_A", [2, 256]), ("lora_B", [256, 2])):
+            a = np.full(shape, 0.01, dtype="<f4")
+            if nan and layer == 2 and part == "lora_A":
+                a.flat[3] = np.nan
+            header[f"base_model.model.model.layers.{layer}.self_attn.q_proj.{part}.weight"] = {
+                "dtype": "F32", "shape": shape, "data_offsets": [at, at + a.nbytes]}
+            blobs.append(a.tobytes())
+            at += a.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(f"{d}/adapter_model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+write_adapter(sys.argv[2], False)
+write_adapter(sys.argv[3], True)
+PY
+expect_exit 1 "trill score: $WORK/nan_model: weight model.layers.1.self_attn.q_proj.weight[5] is not a finite number: refused" \
+  "$TRILL" score --model "$WORK/nan_model" --input "$WORK/in.jsonl"
+check "score of a NaN model: nothing on stdout" test ! -s "$WORK/out"
+expect_exit 1 "weight model.layers.1.self_attn.q_proj.weight[5] is not a finite number: refused" \
+  "$TRILL" score --model "$WORK/nan_model" --input "$WORK/in.jsonl" --output "$WORK/nan_scores.jsonl"
+check "score of a NaN model: no output file" test ! -e "$WORK/nan_scores.jsonl"
+check "merge of a finite adapter" "$TRILL" merge --model "$WORK/tiny" --adapter "$WORK/adapter" --out "$WORK/merged" 2>/dev/null
+expect_exit 1 "trill merge: $WORK/nan_adapter: adapter tensor base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight[3] is nan: refused" \
+  "$TRILL" merge --model "$WORK/tiny" --adapter "$WORK/nan_adapter" --out "$WORK/nan_merged"
+check "merge of a NaN adapter: no model written" test ! -e "$WORK/nan_merged"
+
 # a damaged checkpoint is refused with the file named
 cp -r "$WORK/tiny" "$WORK/broken"
 truncate -s 100000 "$WORK/broken/model.safetensors"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a real run meets sooner or later, on the tiny random MoE of fixture.sh: rewards that
 # overflow, a NaN step, two runs on one folder, a resume against another model or a damaged
-# checkpoint, Ctrl-C and SIGTERM, a full disk, data without its answers, and the small ones.
+# checkpoint, Ctrl-C and SIGTERM, a full disk, a batch too large for memory, data without its
+# answers, and the small ones.
 # Nothing may hang (every command runs under a timeout), be checkpointed broken, or be lost.
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -200,6 +201,24 @@ disk() {
     must_pass log_disk3 "$TRILL" train "${COMMON[@]}" run_dir=disk steps=4 checkpoint.every=1 checkpoint.keep=1 resume=auto
 }
 
+memory() {
+    echo "== a batch too large for memory is an error, not a crash"
+    # 10M prompts x 4 samples cannot be queued in 1 GB of address space: the generator runs out
+    # of memory while submitting them. (ASan reserves terabytes of shadow address space, so there
+    # its allocator is capped by resident size instead, and returns NULL as malloc does; its
+    # notice of the cap goes to a log of its own, where nothing else may be.)
+    if ldd "$TRILL" | grep -q libasan; then
+        ASAN_OPTIONS="${ASAN_OPTIONS:-}:allocator_may_return_null=1:soft_rss_limit_mb=1000:log_path=$PWD/asan_mem" must_exit 1 log_mem \
+            "$TRILL" train "${COMMON[@]}" generator.prompts_per_step=10000000 run_dir=mem steps=1
+        ! cat asan_mem.* | grep -v "soft rss limit exhausted" | grep . || fail "a sanitizer report (above)"
+    else
+        must_exit 1 log_mem bash -c 'ulimit -v 1000000; exec "$0" "$@"' "$TRILL" train "${COMMON[@]}" generator.prompts_per_step=10000000 \
+            run_dir=mem steps=1
+    fi
+    grep -q "trill train: .*out of memory" log_mem || { cat log_mem; fail "a batch too large for memory: message"; }
+    echo "   generator.prompts_per_step=10000000: $(grep -o "out of memory.*" log_mem)"
+}
+
 data() {
     echo "== data without its answers, and the small ones"
     $PY -c "import json
@@ -228,5 +247,5 @@ with open('noanswer.jsonl', 'w') as f:
 }
 
 # TRILL_TEST_SECTIONS picks some (e.g. to see each fail on an older build); all by default
-for section in ${TRILL_TEST_SECTIONS:-overflow lock resume signals disk data}; do $section; done
+for section in ${TRILL_TEST_SECTIONS:-overflow lock resume signals disk memory data}; do $section; done
 echo "all reliability tests passed"

@@ -3,8 +3,9 @@
 # of two runs overlaid (router replay off with an int8 generator: flips and mismatch) holds every
 # chart with one line per run; headless Chromium renders it at laptop width with no console error,
 # every chart's SVG laid out and its marks drawn (sizes measured in the page), and a screenshot is
-# kept; a corrupt or empty line of metrics.jsonl is an error naming the line, and a partial last
-# line (a run still writing) is left out.
+# kept; steps that go back are warned about and drawn once; 200,000 steps make a small page in
+# bounded memory; a corrupt or empty line of metrics.jsonl is an error naming the line, and a
+# partial last line (a run still writing) is left out.
 # Usage: test_report.sh TRILL [SCREENSHOT.png]
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -51,6 +52,67 @@ for path, runs in ((sys.argv[1], 1), (sys.argv[2], 2)):
     print(f"   {path}: {len(figs)} charts, each with its lines or marks for {runs} run(s)")
 PY
 
+# steps that go back (a run resumed from an older checkpoint appended to metrics.jsonl, or files
+# joined by hand): a warning names the line, and each step is drawn once, from the later lines
+mkdir -p resumed && cp a/metrics.jsonl resumed/
+sed -n '3,5p' a/metrics.jsonl | sed 's/"reward":[^,]*,/"reward":5.0,/' >>resumed/metrics.jsonl
+must_pass log_resumed "$TRILL" report resumed --out resumed.html
+grep -q "resumed/metrics.jsonl: line 6: step 3 after step 5: the steps go back" log_resumed || fail "no warning where the steps go back: $(cat log_resumed)"
+grep -q "1 run, 5 steps" log_resumed || fail "a repeated step was counted twice: $(cat log_resumed)"
+$PY - resumed.html <<'PY' || fail "the resumed run's reward line is not steps 1 to 5 with the later records of 3 to 5"
+import re, sys
+fig = re.search(r"<figure data-chart='reward'>(.*?)</figure>", open(sys.argv[1]).read(), re.S).group(1)
+pts = [tuple(map(float, p.split(","))) for p in re.search(r"<polyline [^>]*points='([^']*)'", fig).group(1).split()]
+assert len(pts) == 5 and all(a[0] < b[0] for a, b in zip(pts, pts[1:])), pts
+assert all(y == 34.0 for _, y in pts[2:]), pts  # 5.0, the highest reward, at the top of the plot
+PY
+
+# 200,000 steps (a 240 MB metrics.jsonl of the same lines, the figures varying, with a spike):
+# each line is drawn in at most 1000 ranges of steps, so the page stays small, and the file is
+# read line by line, so memory stays bounded by the page, not by the run
+mkdir -p long
+$PY - a/metrics.jsonl long/metrics.jsonl 200000 <<'PY'
+import json, math, random, sys
+line = json.loads(open(sys.argv[1]).readlines()[1])
+varying = ("step", "reward", "loss", "kl_ref", "mismatch_mean_abs", "flip_token_frac")
+for k in varying:
+    line[k] = "@" + k
+template = json.dumps(line, separators=(",", ":"))
+for k in varying:
+    template = template.replace(f'"@{k}"', "%(" + k + ")s")
+n, r = int(sys.argv[3]), random.Random(0)
+with open(sys.argv[2], "w") as f:
+    for s in range(1, n + 1):
+        f.write(template % {"step": s, "reward": 0.2 + 0.6 * s / n + 0.05 * math.sin(s / 500) + (0.5 if s == n // 3 else 0),
+                            "loss": r.gauss(0, 0.01), "kl_ref": 0.01 * s / n + 1e-4 * r.random(),
+                            "mismatch_mean_abs": 1e-3 * (1 + r.random()), "flip_token_frac": 0.05 * r.random()} + "\n")
+PY
+# its seconds and peak resident memory (KB, the kernel's accounting of the child)
+must_pass log_long $PY -c 'import resource, subprocess, sys, time
+t = time.monotonic()
+subprocess.run(sys.argv[1:], check=True)
+print(round(time.monotonic() - t, 1), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$TRILL" report long --out long.html >long.use
+read -r seconds rss <long.use
+grep -q "1 run, 200000 steps" log_long || fail "200,000 steps: $(cat log_long)"
+bytes=$(stat -c %s long.html)
+[ "$bytes" -lt 2000000 ] || fail "200,000 steps make a page of $bytes bytes"
+grep -q "steps 1 to 200000 (200000 steps, drawn in 1000 ranges of steps: a line through each range's lowest and highest value, at most 2000 points)" \
+    long.html || fail "the page does not say it was downsampled"
+# (in the release build: ASan's shadow memory and quarantine would count too)
+ldd "$TRILL" | grep -q libasan || [ "$rss" -lt 100000 ] || fail "200,000 steps took $rss KB of memory"
+$PY - long.html <<'PY' || fail "200,000 steps: a line has too many points, or lost the reward spike"
+import re, sys
+html = open(sys.argv[1]).read()
+figs = dict(re.findall(r"<figure data-chart='([^']+)'>(.*?)</figure>", html, re.S))
+counts = [len(p.split()) for p in re.findall(r"points='([^']*)'", html)]
+assert max(counts) <= 2002, max(counts)  # a time-split area: 1000 ranges and its two corners
+pts = [tuple(map(float, p.split(","))) for p in re.search(r"points='([^']*)'", figs["reward"]).group(1).split()]
+top = min(pts, key=lambda p: p[1])
+assert top[1] == 34.0 and abs(top[0] - (64 + 404 * 66665 / 199999)) < 0.1, top  # the spike at step 66666, the highest reward
+PY
+echo "   200,000 steps ($(($(stat -c %s long/metrics.jsonl) / 1000000)) MB of metrics.jsonl): a page of $((bytes / 1000)) KB in $seconds s," \
+    "$((rss / 1024)) MB of memory"
+
 # rendered by Chromium at 1366 px: no console error, every chart laid out and its marks non-empty
 measure() { # measure PAGE: a copy with a script that measures every chart into the DOM, dumped
   $PY -c 'import sys; page, js = open(sys.argv[1]).read(), open(sys.argv[2]).read()
@@ -58,7 +120,7 @@ open(sys.argv[1] + ".check.html", "w").write(page.replace("</body>", "<script>" 
   timeout -k 5 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --window-size=1366,900 --virtual-time-budget=3000 \
     --dump-dom "file://$PWD/$1.check.html" 2>/dev/null | grep -o '<pre id="report-check">[^<]*</pre>' | sed 's/<[^>]*>//g'
 }
-for page in one.html two.html; do
+for page in one.html two.html long.html; do
   timeout -k 5 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --window-size=1366,900 --enable-logging=stderr --v=0 \
     --screenshot="$PWD/$page.png" "file://$PWD/$page" >"$page.console" 2>&1 || fail "chromium could not render $page"
   ! grep -E "CONSOLE|Uncaught" "$page.console" || fail "$page: console errors (above)"

@@ -544,6 +544,8 @@ static void test_validate(void **state) {
         { "trainer.min_lr=0.5", "trainer.min_lr (0.5) is above trainer.lr (0.001)" },
         { "algo.minibatches=64", "algo.minibatches (64) is more than generator.prompts_per_step (32)" },
         { "reward.verifier=none", "no reward: set reward.verifier, reward.external or reward.model" },
+        { "generator.prompts_per_step=300000000",
+          "generator.prompts_per_step (300000000) x generator.n (8): more samples per step than a batch can hold (2147483647)" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         trill_rl_config c;

@@ -1,6 +1,6 @@
-/* The RL run's parts on their own: the metrics struct's one serializer, the scorer executor
- * (verifier, external reward pool, failures) on a hand-made batch, the generator executor on
- * fixed batches, and the trainer executor's step against a hand computation. */
+/* The RL run's parts on their own: the metrics struct's one serializer and the progress line, the
+ * scorer executor (verifier, external reward pool, failures) on a hand-made batch, the generator
+ * executor on fixed batches, and the trainer executor's step against a hand computation. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -105,6 +105,32 @@ static void test_metrics_json_async(void **state) {
     assert_null(strstr(line, "eval_pass1"));
     free(line);
     free(m);
+}
+
+/* The progress line: a figure that is not a number (a NaN mean reward, no KL term) reads n/a,
+ * never 0.000; the finite ones keep their format. */
+static void test_progress_line(void **state) {
+    (void)state;
+    trill_run_status *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->step = 3;
+    s->steps = 10;
+    trill_rl_metrics *m = &s->last;
+    m->reward = NAN;
+    m->accuracy = 0.25;
+    m->loss = INFINITY;
+    m->kl_ref = NAN;
+    m->mismatch_mean_abs = m->mismatch_k3 = m->flip_token_frac = NAN;
+    m->time.gen_tokens_per_s = 1234;
+    m->time.train_tokens_per_s = -INFINITY;
+    m->time.generate_s = 0.5;
+    m->time.train_s = NAN;
+    m->sync_ms = NAN;
+    char line[512];
+    trill_run_progress_line(s, 2, false, line, sizeof line);
+    assert_string_equal(line, "step 3/10 | reward n/a acc 25.0% | loss n/a kl n/a | mismatch |d| n/a k3 n/a flips n/a | gen 1234 tok/s "
+                              "train n/a | time gen 25% train n/a sync n/a | ETA 14s");
+    free(s);
 }
 
 /* ---- the scorer ---- */
@@ -385,6 +411,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_json_sync),
         cmocka_unit_test(test_metrics_json_async),
+        cmocka_unit_test(test_progress_line),
         cmocka_unit_test(test_scorer_verifier_and_external),
         cmocka_unit_test(test_scorer_failing_process),
         cmocka_unit_test(test_scorer_nonfinite_reward),

@@ -468,6 +468,23 @@ static void test_tiktoken(void **state) {
     test_write(dir, "test.tiktoken", "Y!I= 256\n", 9);
     assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_ERR_INVALID);
     assert_non_null(strstr(trill_error_message(), "test.tiktoken: line 1"));
+    /* a rank given to two tokens, a token on two ranks, and a special token on a vocabulary rank:
+     * which token an id decodes to would depend on the order, so each is refused by name */
+    memcpy(ranks + o, "YmM= 257\n", 9); /* "bc" on "abc"'s rank */
+    test_write(dir, "test.tiktoken", ranks, o + 9);
+    assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "test.tiktoken: line 260: rank 257 is given twice: to \"abc\" before, to \"bc\" here"));
+    memcpy(ranks + o, "YWJj 259\n", 9); /* "abc" again */
+    test_write(dir, "test.tiktoken", ranks, o + 9);
+    assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "test.tiktoken: line 260: the token \"abc\" is listed twice: rank 257 before, rank 259 here"));
+    test_write(dir, "test.tiktoken", ranks, o);
+    const char on_vocab[] = "{\"added_tokens_decoder\": {\"97\": {\"content\": \"<|end|>\", \"special\": true}}}";
+    test_write(dir, "tokenizer_config.json", on_vocab, sizeof on_vocab - 1);
+    assert_int_equal(trill_tokenizer_load(dir, &t), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(),
+                           "tokenizer_config.json: added_tokens_decoder \"97\": the special token \"<|end|>\" is on rank 97, which "));
+    assert_non_null(strstr(trill_error_message(), "test.tiktoken gives to \"a\""));
     test_rmdir(dir);
     free(dir);
 }
