@@ -151,10 +151,11 @@ static int make_path(char *out, size_t cap, const char *prefix, const char *segm
     return 0;
 }
 
-/* `GET /api/v1{path}` (body NULL) or `POST` with body (stolen); *answer: the JSON object answered.
- * A transfer that fails is "unreachable"; an error status is the server's error. */
-static int request(const trillc_client *c, const char *path, json_t *body, long timeout_s, json_t **answer) {
-    const char *method = body ? "POST" : "GET";
+/* `GET /api/v1{path}` (body NULL), `POST` with body (stolen), or with `delete` DELETE; *answer:
+ * the JSON object answered. A transfer that fails is "unreachable"; an error status is the
+ * server's error. */
+static int request_as(const trillc_client *c, const char *path, json_t *body, bool delete, long timeout_s, json_t **answer) {
+    const char *method = delete ? "DELETE" : body ? "POST" : "GET";
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     const size_t url_len = strlen(c->base_url) + strlen("/api/v1") + strlen(path) + 1;
@@ -188,6 +189,7 @@ static int request(const trillc_client *c, const char *path, json_t *body, long 
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, text);
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(text));
     }
+    if (delete) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "DELETE");
     const CURLcode rc = curl_easy_perform(h);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
@@ -215,6 +217,10 @@ static int request(const trillc_client *c, const char *path, json_t *body, long 
     if (result) json_decref(o);
     else *answer = o;
     return result;
+}
+
+static int request(const trillc_client *c, const char *path, json_t *body, long timeout_s, json_t **answer) {
+    return request_as(c, path, body, false, timeout_s, answer);
 }
 
 /* POST with a body built by the caller, NULL if that failed. */
@@ -682,3 +688,16 @@ int trillc_wait_logprobs(trillc_client *c, const trillc_future *f, double timeou
     json_decref(r);
     return st;
 }
+
+/* ---- deleting ---- */
+
+static int delete_object(trillc_client *c, const char *kind, const char *id) {
+    char path[TRILLC_PATH_SIZE + 64];
+    json_t *o = NULL;
+    if (make_path(path, sizeof path, kind, id, "") || request_as(c, path, NULL, true, REQUEST_TIMEOUT_S, &o)) return -1;
+    json_decref(o);
+    return 0;
+}
+
+int trillc_delete_trainer(trillc_client *c, const char *trainer_id) { return delete_object(c, "/trainers/", trainer_id); }
+int trillc_delete_sampler(trillc_client *c, const char *sampler_id) { return delete_object(c, "/samplers/", sampler_id); }

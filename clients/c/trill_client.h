@@ -122,6 +122,11 @@ int trillc_load_state(trillc_client *c, const char *trainer_id, const char *path
 /* Exactly one of model_path (from save_weights_for_sampler) and base_model is non-NULL. */
 int trillc_create_sampling_client(trillc_client *c, const char *model_path, const char *base_model, char sampler_id[TRILLC_ID_SIZE]);
 
+/* DELETE a trainer (its adapter, optimizer and snapshots; the states it saved stay) or a sampler;
+ * their queued calls then fail with "gone". */
+int trillc_delete_trainer(trillc_client *c, const char *trainer_id);
+int trillc_delete_sampler(trillc_client *c, const char *sampler_id);
+
 /* Stops: token ids or strings, not both (none: the model's end-of-sequence tokens). */
 typedef struct {
     int max_tokens;  /* <= 0: the server's default (16) */

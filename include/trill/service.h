@@ -94,6 +94,19 @@ trill_status trill_svc_optim_step(trill_svc_trainer *t, const trill_svc_adam *p,
 trill_status trill_svc_trainer_save(const trill_svc_trainer *t, const char *dir, bool optimizer);
 /* Replaces the trainer's adapter (and with `optimizer` its optimizer) by DIR's; the gradient is cleared. */
 trill_status trill_svc_trainer_restore(trill_svc_trainer *t, const char *dir, bool optimizer);
+/* restore in two halves: a new trainer holding DIR's state in t's shape (refused when its rank or
+ * modules differ; without `optimizer` a fresh optimizer), t unchanged; then t takes src's adapter
+ * and optimizer (src is freed) and its gradient is cleared. */
+trill_status trill_svc_trainer_load_like(const trill_svc_trainer *t, const char *dir, bool optimizer, trill_svc_trainer **out);
+void trill_svc_trainer_adopt(trill_svc_trainer *t, trill_svc_trainer *src);
+
+/* A copy of what an optimizer step changes — the adapter's values, the AdamW moments, step and
+ * settings, and the gradient — which rewind puts back exactly (it cannot fail): a step whose
+ * result could not be saved is undone. */
+typedef struct trill_svc_mark trill_svc_mark;
+trill_status trill_svc_trainer_mark(trill_svc_trainer *t, trill_svc_mark **out);
+void trill_svc_trainer_rewind(trill_svc_trainer *t, const trill_svc_mark *m);
+void trill_svc_mark_free(trill_svc_mark *m);
 
 /* ---- the server ---- */
 
@@ -105,8 +118,11 @@ typedef struct trill_serve_config {
     const char *host;              /* "127.0.0.1" */
     int port;                      /* 0: any free port (reported through *bound_port) */
     size_t max_body_bytes;
-    int max_trainers_per_key, max_queued;
+    int max_trainers_per_key, max_samplers_per_key, max_queued;
     size_t max_adapter_bytes;      /* adapters resident for trainers (with gradient and optimizer) and samplers */
+    int max_connections;           /* open at once (each a file descriptor; long-polls hold no thread) */
+    int max_client_connections;    /* open at once from one address */
+    double request_timeout;        /* seconds a request's headers, and then its body, may take to arrive */
     const char *port_file;         /* when set, the bound port is written there once listening */
 } trill_serve_config;
 trill_serve_config trill_serve_config_default(void);

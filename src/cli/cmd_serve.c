@@ -1,5 +1,6 @@
 /* trill serve: the post-training service (trill/service.h, docs/service.md), and its API keys. */
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,16 +10,20 @@
 
 static const char USAGE[] =
     "trill serve --models [NAME=]DIR|demo[,...] --state DIR [--listen HOST:PORT] [--max-body-mb N] [--max-trainers N]\n"
-    "                   [--max-queued N] [--max-adapter-mb N] [--port-file FILE] [--max-seconds S]\n"
+    "                   [--max-samplers N] [--max-queued N] [--max-adapter-mb N] [--max-connections N]\n"
+    "                   [--max-client-connections N] [--request-timeout S] [--port-file FILE] [--max-seconds S]\n"
     "       trill serve keys add NAME --state DIR | keys list --state DIR | keys revoke NAME|ID --state DIR\n"
     "  Serves a Tinker-compatible post-training API over HTTP (docs/service.md): each base model loaded once, a\n"
     "  LoRA trainer per training client, every call answered with a future. --state holds the database (keys,\n"
     "  trainers, request log), saved states and the trainers' snapshots; after a restart every trainer is back at\n"
-    "  its last optimizer step. A model is served under its folder's name, or NAME; `demo` is the embedded demo's\n"
+    "  its last committed optimizer step (every save is written whole, then committed with its request's result; one\n"
+    "  server a state folder: STATE/.lock). A model is served under its folder's name, or NAME; `demo` is the embedded demo's\n"
     "  model (trill train's, prepared in the cache on first use). A first server makes the key \"default\" in\n"
     "  STATE/default.key. --listen defaults to 127.0.0.1:8100 (port 0: any free port, written to --port-file).\n"
-    "  Limits: bodies 8 MB, 16 trainers a key, 256 requests waiting, 4096 MB of adapters (a trainer's counts its gradient\n"
-    "  and AdamW moments). Stops on SIGINT/SIGTERM, or after --max-seconds.\n"
+    "  Limits: bodies 8 MB, 16 trainers and 64 samplers a key, 256 requests waiting, 4096 MB of adapters (a trainer's\n"
+    "  counts its gradient and AdamW moments; samplers of one path share one copy), 1024 connections, 256 from one\n"
+    "  address; a request's headers, then its body, must arrive within 30 s (--request-timeout). Stops on\n"
+    "  SIGINT/SIGTERM, or after --max-seconds.\n"
     "  keys add prints the new key once (the database keeps its SHA-256 only).";
 
 static volatile int g_stop;
@@ -95,7 +100,9 @@ int cmd_serve(int argc, char **argv) {
         { "models", required_argument, 0, 'm' },   { "state", required_argument, 0, 's' },       { "listen", required_argument, 0, 'l' },
         { "max-body-mb", required_argument, 0, 'b' }, { "max-trainers", required_argument, 0, 't' }, { "max-queued", required_argument, 0, 'q' },
         { "port-file", required_argument, 0, 'p' }, { "max-seconds", required_argument, 0, 'x' },   { "help", no_argument, 0, 'h' },
-        { "max-adapter-mb", required_argument, 0, 'a' },
+        { "max-adapter-mb", required_argument, 0, 'a' }, { "max-samplers", required_argument, 0, 'S' },
+        { "max-connections", required_argument, 0, 'c' }, { "max-client-connections", required_argument, 0, 'C' },
+        { "request-timeout", required_argument, 0, 'T' },
         { 0, 0, 0, 0 }
     };
     char *models = NULL, host[64] = "127.0.0.1", *demo_dir = NULL;
@@ -124,6 +131,10 @@ int cmd_serve(int argc, char **argv) {
         case 'p': c.port_file = optarg; break;
         case 'a': bad = cli_parse_int("serve", USAGE, "--max-adapter-mb", optarg, 1, 1 << 30, &v); c.max_adapter_bytes = (size_t)v << 20; break;
         case 'x': bad = cli_parse_double("serve", USAGE, "--max-seconds", optarg, 0, 1e9, &max_seconds); break;
+        case 'S': bad = cli_parse_int("serve", USAGE, "--max-samplers", optarg, 1, 1000000, &v); c.max_samplers_per_key = (int)v; break;
+        case 'c': bad = cli_parse_int("serve", USAGE, "--max-connections", optarg, 8, 1000000, &v); c.max_connections = (int)v; break;
+        case 'C': bad = cli_parse_int("serve", USAGE, "--max-client-connections", optarg, 1, 1000000, &v); c.max_client_connections = (int)v; break;
+        case 'T': bad = cli_parse_double("serve", USAGE, "--request-timeout", optarg, 0.1, 3600, &c.request_timeout); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
         default: return cli_usage_error("serve", USAGE, "unknown option");
         }
@@ -137,6 +148,12 @@ int cmd_serve(int argc, char **argv) {
     if ((c.n_models = split_models(models, dirs, names, 64, &demo_dir)) < 1) {
         free(demo_dir);
         return c.n_models < 0 ? -c.n_models : cli_usage_error("serve", USAGE, "--models: 1 to 64 folders, comma-separated");
+    }
+    /* a connection is a file descriptor: as many as the hard limit allows (trill_serve serves fewer when that is short) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
     }
     struct sigaction sa = { .sa_handler = on_signal };
     sigaction(SIGINT, &sa, NULL);

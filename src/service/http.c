@@ -1,12 +1,18 @@
-/* trill serve's HTTP side (docs/service.md): libmicrohttpd (a thread per connection, so a
- * long-poll holds only its own), bodies bounded and parsed with jansson, every request but the
- * health check authenticated, every answer JSON. */
+/* trill serve's HTTP side (docs/service.md): libmicrohttpd with a few polling threads (epoll)
+ * serving every connection, so idle or slow clients cost a file descriptor each, not a thread; a
+ * long-poll suspends its connection until its request finishes or its wait runs out; a request's
+ * headers, then its body, must arrive within --request-timeout (a watchdog shuts the socket of
+ * one that does not); connections are capped in all and per client address. Bodies bounded and
+ * parsed with jansson, every request but the health check authenticated, every answer JSON. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -16,18 +22,39 @@
 #include "trill/timing.h"
 #include "trill/tokenizer.h"
 
-enum { MAX_CONNECTIONS = 64, MAX_PATH_PARTS = 6 };
+enum { MAX_PATH_PARTS = 6, HTTP_THREADS = 4, FDS_BESIDES_CONNECTIONS = 64 };
 
 trill_serve_config trill_serve_config_default(void) {
-    return (trill_serve_config){ .host = "127.0.0.1", .port = 8100, .max_body_bytes = 8u << 20, .max_trainers_per_key = 16, .max_queued = 256,
-                                 .max_adapter_bytes = (size_t)4096 << 20 };
+    return (trill_serve_config){ .host = "127.0.0.1", .port = 8100, .max_body_bytes = 8u << 20, .max_trainers_per_key = 16,
+                                 .max_samplers_per_key = 64, .max_queued = 256, .max_adapter_bytes = (size_t)4096 << 20,
+                                 .max_connections = 1024, .max_client_connections = 256, .request_timeout = 30 };
 }
 
-/* A connection's request: its body as it arrives. */
+/* A connection, for the request deadlines: what it waits for, since when. */
+enum { WAIT_HEADERS, WAIT_BODY, ANSWERING, SHUT };
+typedef struct conn_state {
+    int fd, phase;
+    double since;
+    struct conn_state *prev, *next;
+} conn_state;
+
+/* The HTTP side: the svc, the connections (under mu) and the watchdog. */
+typedef struct http_side {
+    svc *s;
+    pthread_mutex_t mu;
+    conn_state *conns;
+    pthread_t watchdog;
+    bool stop;                   /* under mu: the watchdog ends */
+    long shut;                   /* connections shut for missing their deadline */
+} http_side;
+
+/* A connection's request: its body as it arrives, and, while it long-polls, its waiter. */
 typedef struct conn_ctx {
     char *body;
     size_t len, cap;
     bool too_large;
+    bool waiting;                /* suspended in s->waiters; answered when resumed */
+    svc_waiter waiter;
 } conn_ctx;
 
 static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, char *text) {
@@ -47,7 +74,7 @@ static enum MHD_Result answer_json(struct MHD_Connection *c, unsigned status, js
 }
 
 static unsigned code_status(const char *code) {
-    if (strcmp(code, "not_found") == 0) return 404;
+    if (strcmp(code, "not_found") == 0 || strcmp(code, "gone") == 0) return 404;
     if (strcmp(code, "unauthorized") == 0) return 401;
     if (strcmp(code, "too_large") == 0) return 413;
     if (strcmp(code, "limit") == 0) return 429;
@@ -62,6 +89,7 @@ static enum MHD_Result answer_error(struct MHD_Connection *c, const char *code, 
 /* The last error: its code (svc_fail's, else bad_request; running out of memory is internal). */
 static enum MHD_Result answer_status(struct MHD_Connection *c, trill_status st) {
     const char *code = svc_take_code();
+    if (!code) code = "bad_request";
     if (st == TRILL_ERR_NOMEM || st == TRILL_ERR_IO) code = "internal";
     return answer_error(c, code, trill_error_message());
 }
@@ -104,7 +132,7 @@ static trill_status decode_list(const trill_tokenizer *tok, const json_t *a, jso
 static json_t *tenant_json(svc *s, svc_tenant *t) {
     const trill_svc_trainer_config *c = trill_svc_trainer_get_config(t->trainer);
     return json_pack("{s:s, s:s, s:i, s:I, s:{s:i, s:b, s:b, s:b, s:I}}", "trainer_id", t->id, "base_model", trill_svc_base_name(s->bases[t->base]),
-                     "rank", c->rank, "step", (json_int_t)trill_svc_trainer_step(t->trainer), "lora_config", "rank", c->rank, "train_mlp",
+                     "rank", c->rank, "step", (json_int_t)t->step, "lora_config", "rank", c->rank, "train_mlp",
                      c->train_mlp, "train_attn", c->train_attn, "train_unembed", c->train_unembed, "seed", (json_int_t)c->seed);
 }
 
@@ -151,19 +179,20 @@ static enum MHD_Result submit(struct MHD_Connection *c, svc *s, const char *key_
         if (!j) return answer_error(c, "internal", "out of memory");
         snprintf(j->key_id, sizeof j->key_id, "%s", key_id);
         pthread_mutex_lock(&s->mu);
-        if (JOB_ROUTES[r].trainer) j->tenant = svc_find_tenant(s, target, key_id);
-        else j->sampler = svc_find_sampler(s, target, key_id);
+        const svc_tenant *t = JOB_ROUTES[r].trainer ? svc_find_tenant(s, target, key_id) : NULL;
+        const svc_sampler *p = JOB_ROUTES[r].trainer ? NULL : svc_find_sampler(s, target, key_id);
+        j->base = t ? t->base : p ? p->base : -1;
         pthread_mutex_unlock(&s->mu);
-        if (!j->tenant && !j->sampler) {
+        if (j->base < 0) {
             free(j);
             return answer_error(c, "not_found", JOB_ROUTES[r].trainer ? "no such trainer" : "no such sampler");
         }
-        trill_status st = svc_job_parse(s, JOB_ROUTES[r].kind, body, j);
+        trill_status st = svc_job_parse(s, JOB_ROUTES[r].kind, body, j); /* outside the lock; the target is found again to queue it */
         if (st) { svc_job_free(j); return answer_status(c, st); }
         char id[32];
         svc_new_id(j->id, sizeof j->id, "r-");
         memcpy(id, j->id, sizeof id); /* the job is the workers' once submitted */
-        st = svc_job_submit(s, j);
+        st = svc_job_submit(s, j, target, JOB_ROUTES[r].trainer);
         return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "request_id", id));
     }
     return answer_error(c, "not_found", "no such call");
@@ -177,7 +206,35 @@ static double wait_seconds(struct MHD_Connection *c) {
     return v < 0 ? 0 : v > 60 ? 60 : v;
 }
 
-static enum MHD_Result route(struct MHD_Connection *c, svc *s, const char *key_id, const char *method, char **p, int n, const json_t *body) {
+/* GET /futures/{id}?wait=S: the answer now, or once the request finishes or S seconds pass (its
+ * connection suspended meanwhile: no thread waits). */
+static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, conn_ctx *cc) {
+    int status = 0;
+    char *text = svc_future_answer(s, id, key_id, &status);
+    if (!text) return status == 404 ? answer_error(c, "not_found", "no such request") : answer_error(c, "internal", "out of memory");
+    const double wait = wait_seconds(c);
+    if (wait <= 0 || strncmp(text, "{\"status\":\"pending\"", 20) != 0) return answer(c, 200, text);
+    pthread_mutex_lock(&s->mu);
+    const bool wait_now = !s->stopping && svc_inflight(s, id);
+    if (wait_now) {
+        cc->waiting = true;
+        cc->waiter = (svc_waiter){ .conn = c, .deadline = trill_now() + wait, .next = s->waiters };
+        snprintf(cc->waiter.id, sizeof cc->waiter.id, "%s", id);
+        s->waiters = &cc->waiter;
+        MHD_suspend_connection(c); /* under s->mu: no wake-up can come before it */
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (wait_now) {
+        free(text);
+        return MHD_YES;
+    }
+    free(text); /* it finished meanwhile */
+    text = svc_future_answer(s, id, key_id, &status);
+    return text ? answer(c, 200, text) : answer_error(c, "internal", "out of memory");
+}
+
+static enum MHD_Result route(struct MHD_Connection *c, svc *s, const char *key_id, const char *method, char **p, int n, const json_t *body,
+                             conn_ctx *cc) {
     const bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     if (get && n == 1 && strcmp(p[0], "models") == 0) {
         json_t *a = json_array();
@@ -188,11 +245,7 @@ static enum MHD_Result route(struct MHD_Connection *c, svc *s, const char *key_i
         const int base = svc_find_base(s, p[1]);
         return base < 0 ? answer_error(c, "not_found", "no such model") : tokenize(c, s, base, body, strcmp(p[2], "detokenize") == 0);
     }
-    if (get && n == 2 && strcmp(p[0], "futures") == 0) {
-        int status = 0;
-        char *text = svc_future_wait(s, p[1], key_id, wait_seconds(c), &status);
-        return text ? answer(c, 200, text) : answer_error(c, "not_found", "no such request");
-    }
+    if (get && n == 2 && strcmp(p[0], "futures") == 0) return future(c, s, key_id, p[1], cc);
     if (post && n == 1 && strcmp(p[0], "trainers") == 0) {
         svc_tenant *t = NULL;
         trill_status st = svc_tenant_create(s, key_id, body, false, &t);
@@ -216,6 +269,11 @@ static enum MHD_Result route(struct MHD_Connection *c, svc *s, const char *key_i
         return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(s->bases[sp->base])));
     }
     if (post && n == 3 && (strcmp(p[0], "trainers") == 0 || strcmp(p[0], "samplers") == 0)) return submit(c, s, key_id, p[1], p[2], body);
+    if (strcmp(method, "DELETE") == 0 && n == 2 && (strcmp(p[0], "trainers") == 0 || strcmp(p[0], "samplers") == 0)) {
+        const bool trainer = strcmp(p[0], "trainers") == 0;
+        trill_status st = trainer ? svc_tenant_delete(s, p[1], key_id) : svc_sampler_delete(s, p[1], key_id);
+        return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "deleted", p[1]));
+    }
     return answer_error(c, "not_found", "no such endpoint (docs/service.md lists them)");
 }
 
@@ -254,21 +312,33 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
             return answer_error(c, "bad_request", msg);
         }
     }
-    enum MHD_Result r = route(c, s, key_id, method, parts, n, body);
+    enum MHD_Result r = route(c, s, key_id, method, parts, n, body, cc);
     json_decref(body);
     return r;
 }
 
+/* The connection's deadline record: what it waits for now, since now. */
+static void set_phase(http_side *h, struct MHD_Connection *c, int phase) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_state *cs = ci ? ci->socket_context : NULL;
+    if (!cs) return;
+    pthread_mutex_lock(&h->mu);
+    if (cs->phase != SHUT) cs->phase = phase, cs->since = trill_now();
+    pthread_mutex_unlock(&h->mu);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
-    svc *s = cls;
+    http_side *h = cls;
+    svc *s = h->s;
     (void)version;
     conn_ctx *cc = *con_cls;
-    if (!cc) { /* the headers: nothing to answer yet */
+    if (!cc) { /* the headers: nothing to answer yet; the body has its own deadline from now */
         if (!(cc = trill_calloc(1, sizeof *cc))) return MHD_NO;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) cc->too_large = true;
         *con_cls = cc;
+        set_phase(h, c, WAIT_BODY);
         return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */
@@ -286,16 +356,94 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
-    if (strcmp(method, "GET") != 0 && strcmp(method, "POST") != 0) return answer_error(c, "bad_request", "only GET and POST are served");
+    set_phase(h, c, ANSWERING);
+    if (cc->waiting) { /* a long-poll resumed: its request finished, its wait ran out, or the server stops */
+        cc->waiting = false;
+        char key_id[32];
+        int status = 0;
+        if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "the API key is no longer valid");
+        const char *id = strrchr(url, '/');
+        char *text = id ? svc_future_answer(s, id + 1, key_id, &status) : NULL;
+        return text ? answer(c, 200, text) : answer_error(c, status == 404 ? "not_found" : "internal", "no such request");
+    }
+    if (strcmp(method, "GET") != 0 && strcmp(method, "POST") != 0 && strcmp(method, "DELETE") != 0)
+        return answer_error(c, "bad_request", "only GET, POST and DELETE are served");
     return dispatch(c, s, url, method, cc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code) {
-    (void)cls, (void)c, (void)code;
+    (void)code;
     conn_ctx *cc = *con_cls;
     if (cc) free(cc->body);
     free(cc);
     *con_cls = NULL;
+    set_phase(cls, c, WAIT_HEADERS); /* a kept-alive connection: the next request's headers are due */
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    http_side *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_state *cs = ci ? trill_calloc(1, sizeof *cs) : NULL;
+        if (!cs) return; /* no deadline for it: its inactivity timeout still ends it */
+        cs->fd = ci->connect_fd, cs->phase = WAIT_HEADERS, cs->since = trill_now();
+        pthread_mutex_lock(&h->mu);
+        cs->next = h->conns;
+        if (h->conns) h->conns->prev = cs;
+        h->conns = cs;
+        pthread_mutex_unlock(&h->mu);
+        *socket_context = cs;
+        return;
+    }
+    conn_state *cs = *socket_context; /* closed: libmicrohttpd closes the socket after this, so no later shutdown reaches another's */
+    if (!cs) return;
+    pthread_mutex_lock(&h->mu);
+    if (cs->prev) cs->prev->next = cs->next;
+    else h->conns = cs->next;
+    if (cs->next) cs->next->prev = cs->prev;
+    pthread_mutex_unlock(&h->mu);
+    free(cs);
+    *socket_context = NULL;
+}
+
+void svc_wake_waiters(svc *s, const char *id) {
+    for (svc_waiter **w = &s->waiters; *w;) {
+        if (id && strcmp((*w)->id, id) != 0) { w = &(*w)->next; continue; }
+        MHD_resume_connection((*w)->conn);
+        *w = (*w)->next;
+    }
+}
+
+/* Every 100 ms: sockets past their request's deadline shut (libmicrohttpd then closes them),
+ * long-polls whose wait ran out answered; every 2 s, revoked keys' objects released. */
+static void *watchdog_main(void *arg) {
+    http_side *h = arg;
+    svc *s = h->s;
+    double revoked_at = trill_now();
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        pthread_mutex_unlock(&h->mu);
+        struct timespec nap = { 0, 100 * 1000 * 1000 };
+        nanosleep(&nap, NULL);
+        const double now = trill_now();
+        pthread_mutex_lock(&s->mu);
+        for (svc_waiter **w = &s->waiters; *w;) {
+            if ((*w)->deadline > now) { w = &(*w)->next; continue; }
+            MHD_resume_connection((*w)->conn);
+            *w = (*w)->next;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (now - revoked_at >= 2) svc_release_revoked(s), revoked_at = now;
+        pthread_mutex_lock(&h->mu);
+        for (conn_state *cs = h->conns; cs; cs = cs->next)
+            if ((cs->phase == WAIT_HEADERS || cs->phase == WAIT_BODY) && now - cs->since > s->cfg.request_timeout) {
+                shutdown(cs->fd, SHUT_RDWR);
+                cs->phase = SHUT;
+                h->shut++;
+            }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 /* ---- the server's life ---- */
@@ -307,10 +455,12 @@ static void svc_free(svc *s) {
         free(s->tenants[i]);
     }
     for (svc_job *j = s->sample_head, *next; j; j = next) next = j->next, svc_job_free(j);
-    for (int i = 0; i < s->n_samplers; i++) trill_lora_free(s->samplers[i]->lora), free(s->samplers[i]);
+    for (int i = 0; i < s->n_samplers; i++) free(s->samplers[i]);
+    for (int i = 0; i < s->n_weights; i++) trill_lora_free(s->weights[i]->lora), free(s->weights[i]);
     for (int i = 0; i < s->n_bases; i++) trill_engine_free(s->engines ? s->engines[i] : NULL), trill_svc_base_free(s->bases[i]);
-    free(s->tenants), free(s->samplers), free(s->bases), free(s->engines), free(s->inflight);
+    free(s->tenants), free(s->samplers), free(s->weights), free(s->bases), free(s->identities), free(s->engines), free(s->inflight);
     svc_store_close(s->store);
+    if (s->lock_fd >= 0) close(s->lock_fd); /* the state folder is free for another server */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done);
@@ -318,8 +468,9 @@ static void svc_free(svc *s) {
 
 static trill_status load_bases(svc *s) {
     s->bases = trill_calloc((size_t)s->cfg.n_models, sizeof *s->bases);
+    s->identities = trill_calloc((size_t)s->cfg.n_models, sizeof *s->identities);
     s->engines = trill_calloc((size_t)s->cfg.n_models, sizeof *s->engines);
-    if (!s->bases || !s->engines) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!s->bases || !s->identities || !s->engines) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->cfg.n_models; i++) {
         trill_status st = trill_svc_base_load(s->cfg.model_dirs[i], s->cfg.model_names ? s->cfg.model_names[i] : NULL, &s->bases[i]);
         s->n_bases += !st;
@@ -327,6 +478,7 @@ static trill_status load_bases(svc *s) {
             if (strcmp(trill_svc_base_name(s->bases[k]), trill_svc_base_name(s->bases[i])) == 0)
                 st = trill_error(TRILL_ERR_INVALID, "--models: %s and %s have the same name %s (name them: NAME=DIR)",
                                  s->cfg.model_dirs[k], s->cfg.model_dirs[i], trill_svc_base_name(s->bases[i]));
+        if (!st) st = trill_rl_model_identity(trill_svc_base_dir(s->bases[i]), &s->identities[i]);
         trill_engine_config ec = trill_engine_config_default();
         ec.capture_experts = true;
         ec.tokenizer = st ? NULL : trill_svc_base_tokenizer(s->bases[i]);
@@ -336,16 +488,29 @@ static trill_status load_bases(svc *s) {
     return TRILL_OK;
 }
 
-static struct MHD_Daemon *start_http(svc *s, int *port) {
+/* The connection limit the process's file descriptors allow (each connection holds one). */
+static unsigned connection_limit(const svc *s) {
+    struct rlimit rl;
+    const rlim_t want = (rlim_t)s->cfg.max_connections + FDS_BESIDES_CONNECTIONS;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return (unsigned)s->cfg.max_connections;
+    const unsigned fit = rl.rlim_cur > 2 * FDS_BESIDES_CONNECTIONS ? (unsigned)(rl.rlim_cur - FDS_BESIDES_CONNECTIONS) : FDS_BESIDES_CONNECTIONS;
+    trill_log(TRILL_LOG_WARN, "trill serve: --max-connections %d needs %llu file descriptors, the process may open %llu (ulimit -n): "
+              "serving %u connections at most", s->cfg.max_connections, (unsigned long long)want, (unsigned long long)rl.rlim_cur, fit);
+    return fit;
+}
+
+static struct MHD_Daemon *start_http(http_side *h, int *port) {
+    svc *s = h->s;
     struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg.port) };
     if (inet_pton(AF_INET, s->cfg.host, &addr.sin_addr) != 1) {
         trill_error(TRILL_ERR_INVALID, "--listen: \"%s\" is not an IPv4 address", s->cfg.host);
         return NULL;
     }
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)s->cfg.port, NULL, NULL,
-                                            on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-                                            (unsigned)MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_NOTIFY_COMPLETED,
-                                            on_completed, s, MHD_OPTION_END);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, (uint16_t)s->cfg.port, NULL, NULL, on_request, h,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        connection_limit(s), MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_client_connections, MHD_OPTION_CONNECTION_TIMEOUT, 120u,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     if (!d) {
         trill_error(TRILL_ERR_IO, "--listen: cannot listen on %s:%d (in use, or not an address of this machine)", s->cfg.host, s->cfg.port);
         return NULL;
@@ -356,20 +521,29 @@ static struct MHD_Daemon *start_http(svc *s, int *port) {
 }
 
 trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double max_seconds) {
-    svc s = { .cfg = *c };
+    svc s = { .cfg = *c, .lock_fd = -1 };
+    http_side h = { .s = &s };
     pthread_mutex_init(&s.mu, NULL);
+    pthread_mutex_init(&h.mu, NULL);
     pthread_cond_init(&s.work, NULL);
     pthread_cond_init(&s.done, NULL);
     if (c->n_models < 1) return trill_error(TRILL_ERR_INVALID, "--models: at least one model folder is needed");
+    if (!c->state_dir) return trill_error(TRILL_ERR_INVALID, "--state: a folder is needed");
     s.inflight = trill_calloc((size_t)c->max_queued + 1, sizeof *s.inflight);
-    trill_status st = s.inflight ? svc_store_open(c->state_dir, &s.store) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = s.inflight ? svc_state_open(&s) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = svc_store_open(c->state_dir, &s.store);
     if (!st) st = svc_store_default_key(s.store, c->state_dir);
     if (!st) st = load_bases(&s);
     if (!st) st = svc_recover(&s);
     if (!st) st = svc_workers_start(&s);
     int port = 0;
-    struct MHD_Daemon *d = st ? NULL : start_http(&s, &port);
+    struct MHD_Daemon *d = st ? NULL : start_http(&h, &port);
     if (!st && !d) st = TRILL_ERR_IO;
+    bool watching = false;
+    if (!st) {
+        if (pthread_create(&h.watchdog, NULL, watchdog_main, &h) != 0) st = trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the watchdog");
+        else watching = true;
+    }
     if (!st) {
         trill_log(TRILL_LOG_INFO, "trill serve: listening on http://%s:%d/api/v1 (%d models, state in %s)", c->host, port, s.n_bases, c->state_dir);
         char text[32];
@@ -378,14 +552,22 @@ trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double
     }
     const double t0 = trill_now();
     while (!st && !*stop && (max_seconds <= 0 || trill_now() - t0 < max_seconds)) usleep(50 * 1000);
-    pthread_mutex_lock(&s.mu); /* long-polls return at once, the workers after their job */
+    pthread_mutex_lock(&s.mu); /* long-polls answer at once, the workers stop after their job */
     s.stopping = true;
+    svc_wake_waiters(&s, NULL);
     pthread_cond_broadcast(&s.work);
     pthread_cond_broadcast(&s.done);
     pthread_mutex_unlock(&s.mu);
+    if (watching) {
+        pthread_mutex_lock(&h.mu);
+        h.stop = true;
+        pthread_mutex_unlock(&h.mu);
+        pthread_join(h.watchdog, NULL);
+    }
     if (d) MHD_stop_daemon(d);
     svc_workers_stop(&s);
     svc_free(&s);
+    pthread_mutex_destroy(&h.mu);
     if (!st && *stop) trill_log(TRILL_LOG_INFO, "trill serve: stopped");
     return st;
 }

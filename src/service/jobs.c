@@ -162,7 +162,7 @@ trill_status svc_parse_loss(const json_t *body, trill_svc_loss *loss, trill_svc_
 
 static trill_status parse_forward(svc *s, const json_t *body, svc_job *j) {
     trill_status st = svc_parse_loss(body, &j->loss, &j->loss_config);
-    return st ? st : svc_parse_data(s->bases[j->tenant->base], j->loss, json_object_get(body, "data"), &j->data, &j->n_data, &j->cost);
+    return st ? st : svc_parse_data(s->bases[j->base], j->loss, json_object_get(body, "data"), &j->data, &j->n_data, &j->cost);
 }
 
 trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p) {
@@ -215,7 +215,7 @@ static trill_status parse_stops(const json_t *stop, svc_job *j, const trill_conf
 }
 
 static trill_status parse_sample(svc *s, const json_t *body, svc_job *j) {
-    const trill_config *c = trill_model_config(trill_svc_base_model(s->bases[j->sampler->base]));
+    const trill_config *c = trill_model_config(trill_svc_base_model(s->bases[j->base]));
     trill_status st = int_array(json_object_get(body, "prompt"), "prompt", 0, c->vocab_size - 1, -1, MAX_PROMPT, &j->prompt, &j->prompt_len);
     if (!st && j->prompt_len < 1) st = trill_error(TRILL_ERR_INVALID, "prompt: empty (at least one token)");
     j->cost = j->prompt_len;
@@ -259,9 +259,9 @@ trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j
         if (!st && w && !json_is_boolean(w)) st = trill_error(TRILL_ERR_INVALID, "with_optimizer: expected true or false");
         j->with_optimizer = json_is_true(w);
         if (!st) st = svc_resolve_uri(s, path, j->key_id, "state", j->dir, sizeof j->dir, &base);
-        if (!st && base != j->tenant->base)
+        if (!st && base != j->base)
             st = trill_error(TRILL_ERR_INVALID, "path: the state was trained on %s, this trainer's base is %s", trill_svc_base_name(s->bases[base]),
-                             trill_svc_base_name(s->bases[j->tenant->base]));
+                             trill_svc_base_name(s->bases[j->base]));
         j->cost = 1;
         break;
     }
@@ -274,43 +274,50 @@ trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j
 
 /* ---- queues ---- */
 
-trill_status svc_job_submit(svc *s, svc_job *j) {
-    pthread_mutex_lock(&s->mu);
-    const bool full = s->n_inflight >= s->cfg.max_queued;
-    pthread_mutex_unlock(&s->mu);
-    if (full) {
-        svc_job_free(j);
-        return svc_fail("limit", "the server has %d requests waiting (--max-queued): retry later", s->cfg.max_queued);
-    }
-    svc_arg a[] = { SVC_S(j->id), SVC_S(j->key_id), SVC_S(j->tenant ? j->tenant->id : j->sampler->id), SVC_S(KIND_NAMES[j->kind]),
-                    SVC_I(time(NULL)) };
+trill_status svc_job_submit(svc *s, svc_job *j, const char *target, bool trainer) {
+    svc_arg a[] = { SVC_S(j->id), SVC_S(j->key_id), SVC_S(target), SVC_S(KIND_NAMES[j->kind]), SVC_I(time(NULL)) };
     trill_status st = svc_store_run(s->store, "logging a request",
                                     "INSERT INTO requests(id, key_id, target, kind, status, created) VALUES(?1, ?2, ?3, ?4, 'pending', ?5)",
                                     a, 5, NULL, NULL, NULL);
     if (st) { svc_job_free(j); return st; }
+    /* found again now (it may have been deleted since the call was parsed), and queued at once */
     pthread_mutex_lock(&s->mu);
-    s->inflight[s->n_inflight++] = j;
-    if (j->tenant) {
-        svc_tenant *t = j->tenant;
-        if (t->tail) t->tail->next = j;
-        else t->head = j;
-        t->tail = j;
-    } else {
-        if (s->sample_tail) s->sample_tail->next = j;
-        else s->sample_head = j;
-        s->sample_tail = j;
+    if (trainer) j->tenant = svc_find_tenant(s, target, j->key_id);
+    else j->sampler = svc_find_sampler(s, target, j->key_id);
+    if (!j->tenant && !j->sampler) st = svc_fail("not_found", trainer ? "no such trainer" : "no such sampler");
+    else if (s->n_inflight >= s->cfg.max_queued)
+        st = svc_fail("limit", "the server has %d requests waiting (--max-queued): retry later", s->cfg.max_queued);
+    if (!st) {
+        s->inflight[s->n_inflight++] = j;
+        if (j->tenant) {
+            svc_tenant *t = j->tenant;
+            if (t->tail) t->tail->next = j;
+            else t->head = j;
+            t->tail = j;
+        } else {
+            j->sampler->jobs++;
+            if (s->sample_tail) s->sample_tail->next = j;
+            else s->sample_head = j;
+            s->sample_tail = j;
+        }
+        pthread_cond_broadcast(&s->work);
     }
-    pthread_cond_broadcast(&s->work);
     pthread_mutex_unlock(&s->mu);
-    return TRILL_OK;
+    if (st) { /* refused: the request never was */
+        svc_arg id = SVC_S(j->id);
+        svc_store_run(s->store, "forgetting a refused request", "DELETE FROM requests WHERE id = ?1", &id, 1, NULL, NULL, NULL);
+        svc_job_free(j);
+    }
+    return st;
 }
 
 void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st) {
-    json_t *err = st ? json_pack("{s:s, s:s}", "code", "failed", "message", trill_error_message()) : NULL;
+    const char *code = st ? svc_take_code() : NULL;
+    json_t *err = st ? json_pack("{s:s, s:s}", "code", code ? code : "failed", "message", trill_error_message()) : NULL;
     char *text = st ? json_dumps(err, JSON_COMPACT) : result;
     svc_arg a[] = { SVC_S(st ? "error" : "done"), SVC_S(text ? text : "{}"), SVC_I(time(NULL)), SVC_S(j->id) };
-    if (svc_store_run(s->store, "recording a result", "UPDATE requests SET status = ?1, result = ?2, finished = ?3 WHERE id = ?4", a, 4,
-                      NULL, NULL, NULL))
+    if (!j->logged && svc_store_run(s->store, "recording a result", "UPDATE requests SET status = ?1, result = ?2, finished = ?3 WHERE id = ?4", a, 4,
+                                    NULL, NULL, NULL))
         trill_log(TRILL_LOG_WARN, "trill serve: %s", trill_error_message());
     if (text != result) free(text);
     free(result);
@@ -318,6 +325,11 @@ void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st) {
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_inflight; i++)
         if (s->inflight[i] == j) { s->inflight[i] = s->inflight[--s->n_inflight]; break; }
+    if (j->sampler) {
+        j->sampler->jobs--;
+        svc_sampler_settle(s, j->sampler);
+    }
+    svc_wake_waiters(s, j->id);
     pthread_cond_broadcast(&s->done);
     pthread_mutex_unlock(&s->mu);
     svc_job_free(j);
@@ -358,43 +370,13 @@ static trill_status run_forward(svc *s, svc_job *j, char **result) {
 }
 
 static trill_status run_training(svc *s, svc_job *j, char **result) {
-    svc_tenant *t = j->tenant;
-    char dir[4096], uri[256];
-    trill_status st = TRILL_OK;
     switch (j->kind) {
     case JOB_FORWARD:
     case JOB_FORWARD_BACKWARD: return run_forward(s, j, result);
-    case JOB_OPTIM_STEP: {
-        double norm = 0;
-        st = trill_svc_optim_step(t->trainer, &j->adam, &norm);
-        if (!st) st = svc_snapshot(s, t);
-        if (!st)
-            *result = svc_json_dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
-                                     "learning_rate", j->adam.learning_rate));
-        return st;
-    }
+    case JOB_OPTIM_STEP: return svc_commit_step(s, j->tenant, j, result);
     case JOB_SAVE_STATE:
-    case JOB_SAVE_SAMPLER: {
-        const bool state = j->kind == JOB_SAVE_STATE;
-        svc_tenant_dir(s, t->id, state ? "states" : "sampler", j->name, dir, sizeof dir);
-        snprintf(uri, sizeof uri, "trill://%s/%s%s", t->id, state ? "" : "sampler/", j->name);
-        st = trill_svc_trainer_save(t->trainer, dir, state);
-        svc_arg a[] = { SVC_S(uri), SVC_S(t->key_id), SVC_S(t->id), SVC_S(state ? "state" : "sampler"), SVC_S(dir),
-                        SVC_I(trill_svc_trainer_step(t->trainer)), SVC_I(time(NULL)) };
-        if (!st) /* saved again under its name: the next version (samplers made from the last keep theirs, or refuse) */
-            st = svc_store_run(s->store, "recording a saved state",
-                               "INSERT INTO states(uri, key_id, trainer_id, kind, dir, step, created) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)"
-                               " ON CONFLICT(uri) DO UPDATE SET dir = excluded.dir, step = excluded.step, created = excluded.created,"
-                               " version = version + 1",
-                               a, 7, NULL, NULL, NULL);
-        if (!st) *result = svc_json_dump(json_pack("{s:s}", "path", uri));
-        return st;
-    }
-    case JOB_LOAD_STATE:
-        st = trill_svc_trainer_restore(t->trainer, j->dir, j->with_optimizer);
-        if (!st) st = svc_snapshot(s, t);
-        if (!st) *result = svc_json_dump(json_pack("{s:I}", "step", (json_int_t)trill_svc_trainer_step(t->trainer)));
-        return st;
+    case JOB_SAVE_SAMPLER: return svc_commit_save(s, j->tenant, j, result);
+    case JOB_LOAD_STATE: return svc_commit_load(s, j->tenant, j, result);
     default: return trill_error(TRILL_ERR_INVALID, "not a training call");
     }
 }
@@ -427,6 +409,7 @@ static void *train_main(void *arg) {
         svc_job_finish(s, j, result, st);
         pthread_mutex_lock(&s->mu);
         t->running = false;
+        svc_tenant_settle(s, t); /* deleted (or its key revoked) while the call ran */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -465,25 +448,13 @@ static void read_request(void *ctx, sqlite3_stmt *row) {
     r->result = t ? trill_strdup((const char *)t) : NULL;
 }
 
-static bool inflight(svc *s, const char *id) {
+bool svc_inflight(svc *s, const char *id) {
     for (int i = 0; i < s->n_inflight; i++)
         if (strcmp(s->inflight[i]->id, id) == 0) return true;
     return false;
 }
 
-char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, int *status) {
-    const double deadline = trill_now() + wait;
-    pthread_mutex_lock(&s->mu);
-    while (inflight(s, id) && trill_now() < deadline && !s->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        const double left = fmin(deadline - trill_now(), 1.0); /* re-check stopping once a second */
-        ts.tv_sec += (time_t)left;
-        ts.tv_nsec += (long)((left - (double)(time_t)left) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&s->done, &s->mu, &ts);
-    }
-    pthread_mutex_unlock(&s->mu);
+char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status) {
     request_row r = { 0 };
     svc_arg a = SVC_S(id);
     if (svc_store_run(s->store, "reading a request", "SELECT key_id, status, result FROM requests WHERE id = ?1", &a, 1, read_request, &r, NULL) ||
@@ -492,11 +463,12 @@ char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, i
         *status = 404;
         return NULL;
     }
-    *status = 200;
     json_t *o = NULL;
     if (strcmp(r.status, "pending") == 0) o = json_pack("{s:s}", "status", "pending");
     else if (strcmp(r.status, "done") == 0) o = json_pack("{s:s, s:o}", "status", "done", "result", json_loads(r.result ? r.result : "{}", 0, NULL));
     else o = json_pack("{s:s, s:o}", "status", "error", "error", json_loads(r.result ? r.result : "{}", 0, NULL));
     free(r.result);
-    return svc_json_dump(o);
+    char *text = svc_json_dump(o);
+    *status = text ? 200 : 500;
+    return text;
 }

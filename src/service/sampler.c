@@ -1,6 +1,6 @@
 /* The sampling worker (svc.h): every sampler's requests batched together in its base's engine
- * (continuous batching: queued requests join between engine steps), each sampler's adapter held
- * in one of the engine's adapter slots, so the rows of many tenants' adapters share each step
+ * (continuous batching: queued requests join between engine steps), each sampler's weights (one
+ * copy a path's version, shared by its samplers) held in one of the engine's adapter slots, so the rows of many tenants' adapters share each step
  * (multi-LoRA, trill_engine_set_adapter). A slot is given to another adapter only when no running
  * request uses it, the least recently used first. Every request is keyed by its seed alone
  * (trill_request.keyed), so a sample is what it is alone, whatever runs beside it. */
@@ -92,12 +92,16 @@ static trill_status add_output(sampling *w, svc_job *j, const trill_sequence_out
     return TRILL_OK;
 }
 
+/* The adapter a sampler samples with (NULL: the base model, or its weights not loaded now). */
+static trill_lora *lora_of(const svc_sampler *p) { return p->weights ? p->weights->lora : NULL; }
+
 /* Takes job i off the running list, its slot released; then records its outcome. */
 static void complete(sampling *w, int i, trill_status st) {
     svc_job *j = w->running[i];
     engine_slots *es = &w->slots[j->sampler->base];
+    const trill_lora *lora = lora_of(j->sampler);
     for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
-        if (j->sampler->lora && es->held[k] == j->sampler->lora) { es->users[k]--; break; }
+        if (lora && es->held[k] == lora) { es->users[k]--; break; }
     w->running[i] = w->running[--w->n_running];
     svc_job_finish(w->s, j, st ? NULL : svc_json_dump(json_incref(j->result)), st);
 }
@@ -110,13 +114,14 @@ static int take(sampling *w, bool *load, int *slot_of) {
     int n = 0;
     for (svc_job **p = &s->sample_head, *j; (j = *p) && n < s->cfg.max_queued;) {
         engine_slots *es = &w->slots[j->sampler->base];
-        const bool loaded = !j->sampler->uri[0] || j->sampler->lora;
-        const int slot = loaded ? slot_for(es, j->sampler->lora, &load[n]) : -1;
+        svc_weights *wt = j->sampler->weights;
+        const bool loaded = !wt || wt->lora;
+        const int slot = loaded ? slot_for(es, lora_of(j->sampler), &load[n]) : -1;
         if (slot < 0) { p = &j->next; continue; }
-        j->sampler->last_used = ++w->clock;
+        if (wt) wt->last_used = ++w->clock;
         *p = j->next;
         j->next = NULL;
-        if (load[n]) es->held[slot] = j->sampler->lora;
+        if (load[n]) es->held[slot] = lora_of(j->sampler);
         es->users[slot] += slot > 0;
         es->used[slot] = ++w->clock;
         slot_of[n++] = slot;
@@ -135,7 +140,7 @@ static void start(sampling *w, int first, int n, const bool *load, const int *sl
     for (int t = 0; t < n; t++) {
         if (!load[t]) continue;
         svc_job *j = w->running[first + t];
-        if (trill_engine_set_adapter(w->s->engines[j->sampler->base], slot_of[t], j->sampler->lora, NULL)) {
+        if (trill_engine_set_adapter(w->s->engines[j->sampler->base], slot_of[t], lora_of(j->sampler), NULL)) {
             w->slots[j->sampler->base].held[slot_of[t]] = NULL; /* every job of that slot fails below */
             snprintf(why, sizeof why, "%s", trill_error_message());
         }
@@ -144,7 +149,7 @@ static void start(sampling *w, int first, int n, const bool *load, const int *sl
         svc_job *j = w->running[first + t];
         engine_slots *es = &w->slots[j->sampler->base];
         trill_status st = TRILL_OK;
-        if (slot_of[t] > 0 && es->held[slot_of[t]] != j->sampler->lora) {
+        if (slot_of[t] > 0 && es->held[slot_of[t]] != lora_of(j->sampler)) {
             es->users[slot_of[t]]--; /* its slot failed to load: nothing for complete() to release */
             st = trill_error(TRILL_ERR_NOMEM, "sampling: the adapter could not be loaded: %s", why);
         }
@@ -189,39 +194,39 @@ static void step(sampling *w) {
     }
 }
 
-/* Under s->mu: whether a queued or running job uses sampler p. */
-static bool in_use(const sampling *w, const svc_sampler *p) {
+/* Under s->mu: whether a queued or running job samples with weights wt. */
+static bool in_use(const sampling *w, const svc_weights *wt) {
     for (int i = 0; i < w->n_running; i++)
-        if (w->running[i]->sampler == p) return true;
+        if (w->running[i]->sampler->weights == wt) return true;
     for (const svc_job *j = w->s->sample_head; j; j = j->next)
-        if (j->sampler == p) return true;
+        if (j->sampler->weights == wt) return true;
     return false;
 }
 
-/* Under s->mu: queued jobs' samplers whose adapters are not loaded get them (the lock released
- * while reading); those that cannot be loaded (their path saved again, a file gone) fail their
- * queued jobs with the reason. */
+/* Under s->mu: queued jobs' weights that are not loaded get loaded (the lock released while
+ * reading); those that cannot be (their path saved again, a file gone) fail their queued jobs
+ * with the reason. */
 static void load_needed(sampling *w) {
     svc *s = w->s;
     enum { BATCH = 8 };
-    svc_sampler *need[BATCH];
+    svc_weights *need[BATCH];
     int n = 0;
     for (const svc_job *j = s->sample_head; j && n < BATCH; j = j->next) {
-        svc_sampler *p = j->sampler;
+        svc_weights *wt = j->sampler->weights;
         bool seen = false;
-        for (int k = 0; k < n; k++) seen |= need[k] == p;
-        if (p->uri[0] && !p->lora && !seen) need[n++] = p;
+        for (int k = 0; k < n; k++) seen |= need[k] == wt;
+        if (wt && !wt->lora && !seen) need[n++] = wt;
     }
     for (int k = 0; k < n; k++) {
         pthread_mutex_unlock(&s->mu);
-        const trill_status st = svc_sampler_load(s, need[k]);
+        const trill_status st = svc_weights_load(s, need[k]);
         char why[1024];
         snprintf(why, sizeof why, "%s", trill_error_message());
         svc_job *failed = NULL;
         pthread_mutex_lock(&s->mu);
         if (!st) continue;
         for (svc_job **q = &s->sample_head, *j; (j = *q);) {
-            if (j->sampler != need[k]) { q = &j->next; continue; }
+            if (j->sampler->weights != need[k]) { q = &j->next; continue; }
             *q = j->next;
             j->next = failed, failed = j;
         }
@@ -233,27 +238,42 @@ static void load_needed(sampling *w) {
     }
 }
 
-/* Under s->mu: while the samplers' loaded adapters pass --max-adapter-mb, the least recently
- * used idle one is dropped (from its engine's slot too); it loads again when it samples next. */
+/* Under s->mu: weights wt out of its engine's slots and out of memory (it loads again if needed). */
+static void drop(sampling *w, svc_weights *wt) {
+    svc *s = w->s;
+    engine_slots *es = &w->slots[wt->base];
+    for (int k = 1; wt->lora && k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
+        if (es->held[k] == wt->lora) {
+            trill_engine_set_adapter(s->engines[wt->base], k, NULL, NULL); /* emptying an unused slot cannot fail */
+            es->held[k] = NULL;
+        }
+    trill_lora_free(wt->lora);
+    wt->lora = NULL;
+    s->sampler_bytes -= wt->bytes;
+    wt->bytes = 0;
+}
+
+/* Under s->mu: weights no sampler holds any more are freed; then while the loaded ones pass
+ * --max-adapter-mb, the least recently used idle one is dropped (it loads again when it samples). */
 static void evict(sampling *w) {
     svc *s = w->s;
-    while (s->sampler_bytes > s->cfg.max_adapter_bytes) {
-        svc_sampler *lru = NULL;
-        for (int i = 0; i < s->n_samplers; i++) {
-            svc_sampler *p = s->samplers[i];
-            if (p->lora && (!lru || p->last_used < lru->last_used) && !in_use(w, p)) lru = p;
-        }
-        if (!lru) return; /* every loaded one is in use: they stay until they are not */
-        engine_slots *es = &w->slots[lru->base];
-        for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
-            if (es->held[k] == lru->lora) {
-                trill_engine_set_adapter(s->engines[lru->base], k, NULL, NULL); /* emptying an unused slot cannot fail */
-                es->held[k] = NULL;
-            }
-        trill_lora_free(lru->lora);
-        lru->lora = NULL;
-        s->sampler_bytes -= lru->bytes;
+    for (int i = s->n_weights - 1; i >= 0; i--) {
+        svc_weights *wt = s->weights[i];
+        if (wt->refs > 0 || in_use(w, wt)) continue;
+        drop(w, wt);
+        s->weights[i] = s->weights[--s->n_weights];
+        free(wt);
     }
+    while (s->sampler_bytes > s->cfg.max_adapter_bytes) {
+        svc_weights *lru = NULL;
+        for (int i = 0; i < s->n_weights; i++) {
+            svc_weights *wt = s->weights[i];
+            if (wt->lora && (!lru || wt->last_used < lru->last_used) && !in_use(w, wt)) lru = wt;
+        }
+        if (!lru) break; /* every loaded one is in use: they stay until they are not */
+        drop(w, lru);
+    }
+    s->reap = false;
 }
 
 void *svc_sample_main(void *arg) {
@@ -269,7 +289,7 @@ void *svc_sample_main(void *arg) {
     }
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->stopping && !s->sample_head && w.n_running == 0) pthread_cond_wait(&s->work, &s->mu);
+        while (!s->stopping && !s->sample_head && w.n_running == 0 && !s->reap) pthread_cond_wait(&s->work, &s->mu);
         if (s->stopping) break;
         load_needed(&w);
         const int first = w.n_running, n = take(&w, load, slot_of);

@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <time.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -28,13 +29,40 @@ static const char SCHEMA[] =
     "CREATE TABLE IF NOT EXISTS trainers(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, base TEXT NOT NULL, rank INTEGER NOT NULL,"
     "  seed INTEGER NOT NULL, mlp INTEGER NOT NULL, attn INTEGER NOT NULL, unembed INTEGER NOT NULL,"
     "  from_state TEXT, from_optimizer INTEGER NOT NULL DEFAULT 0,"
-    "  step INTEGER NOT NULL DEFAULT 0, snapshot TEXT, created INTEGER NOT NULL);"
+    "  step INTEGER NOT NULL DEFAULT 0, snapshot TEXT, created INTEGER NOT NULL, prev_snapshot TEXT);"
     "CREATE TABLE IF NOT EXISTS states(uri TEXT PRIMARY KEY, key_id TEXT NOT NULL, trainer_id TEXT NOT NULL, kind TEXT NOT NULL,"
-    "  dir TEXT NOT NULL, step INTEGER NOT NULL, created INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 1);"
+    "  dir TEXT NOT NULL, step INTEGER NOT NULL, created INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 1, base TEXT);"
     "CREATE TABLE IF NOT EXISTS samplers(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, base TEXT NOT NULL, model_path TEXT,"
     "  dir TEXT, version INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS requests(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL,"
     "  status TEXT NOT NULL, result TEXT, created INTEGER NOT NULL, finished INTEGER);";
+
+/* What a state folder of an earlier trill lacks (user_version 0): a trainer's snapshot before its
+ * last (the fallback of a damaged one), a saved state's base model (it outlives its trainer). A
+ * column that is there already is fine. */
+static const char *const UPGRADE[] = {
+    "ALTER TABLE trainers ADD COLUMN prev_snapshot TEXT",
+    "ALTER TABLE states ADD COLUMN base TEXT",
+    "UPDATE states SET base = (SELECT base FROM trainers WHERE trainers.id = states.trainer_id) WHERE base IS NULL",
+    "PRAGMA user_version = 2",
+};
+
+static trill_status upgrade(sqlite3 *db, const char *path) {
+    sqlite3_stmt *q = NULL;
+    int version = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW) version = sqlite3_column_int(q, 0);
+    sqlite3_finalize(q);
+    for (size_t i = 0; version < 2 && i < sizeof UPGRADE / sizeof UPGRADE[0]; i++) {
+        char *err = NULL;
+        if (sqlite3_exec(db, UPGRADE[i], NULL, NULL, &err) != SQLITE_OK && !(err && strstr(err, "duplicate column"))) {
+            trill_status st = trill_error(TRILL_ERR_IO, "%s: bringing the tables up to date (%s): %s", path, UPGRADE[i], err ? err : "?");
+            sqlite3_free(err);
+            return st;
+        }
+        sqlite3_free(err);
+    }
+    return TRILL_OK;
+}
 
 trill_status svc_store_open(const char *state_dir, svc_store **out) {
     *out = NULL;
@@ -50,12 +78,16 @@ trill_status svc_store_open(const char *state_dir, svc_store **out) {
     pthread_mutex_init(&s->mu, &attr);
     pthread_mutexattr_destroy(&attr);
     char *err = NULL;
+    /* made readable by its owner only before SQLite opens it (its -wal and -shm files take its mode) */
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd), chmod(path, 0600);
     if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
         st = trill_error(TRILL_ERR_IO, "%s: %s", path, s->db ? sqlite3_errmsg(s->db) : "cannot open");
     } else {
         sqlite3_busy_timeout(s->db, 5000); /* `trill serve keys` may write while a server runs */
         if (sqlite3_exec(s->db, SCHEMA, NULL, NULL, &err) != SQLITE_OK)
             st = trill_error(TRILL_ERR_IO, "%s: setting up the tables: %s", path, err ? err : "?");
+        else st = upgrade(s->db, path);
     }
     sqlite3_free(err);
     if (st) { svc_store_close(s); return st; }
@@ -70,9 +102,8 @@ void svc_store_close(svc_store *s) {
     free(s);
 }
 
-trill_status svc_store_run(svc_store *s, const char *what, const char *sql, const svc_arg *args, int n_args, svc_row_fn row,
-                           void *ctx, int *changes) {
-    pthread_mutex_lock(&s->mu);
+/* One statement's rows (or none) under the caller's lock; SQLITE_DONE when it ran whole. */
+static int run_locked(svc_store *s, const char *sql, const svc_arg *args, int n_args, svc_row_fn row, void *ctx) {
     sqlite3_stmt *stmt = NULL;
     int rc = sqlite3_prepare_v2(s->db, sql, -1, &stmt, NULL);
     for (int i = 0; rc == SQLITE_OK && i < n_args; i++)
@@ -82,9 +113,31 @@ trill_status svc_store_run(svc_store *s, const char *what, const char *sql, cons
         if (rc == SQLITE_ROW && row) row(ctx, stmt);
         if (rc == SQLITE_DONE) break;
     }
+    sqlite3_finalize(stmt);
+    return rc;
+}
+
+trill_status svc_store_run(svc_store *s, const char *what, const char *sql, const svc_arg *args, int n_args, svc_row_fn row,
+                           void *ctx, int *changes) {
+    pthread_mutex_lock(&s->mu);
+    const int rc = run_locked(s, sql, args, n_args, row, ctx);
     trill_status st = rc == SQLITE_DONE ? TRILL_OK : trill_error(TRILL_ERR_IO, "state database: %s: %s", what, sqlite3_errmsg(s->db));
     if (changes) *changes = sqlite3_changes(s->db);
-    sqlite3_finalize(stmt);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+trill_status svc_store_transaction(svc_store *s, const svc_stmt *stmts, int n) {
+    pthread_mutex_lock(&s->mu);
+    trill_status st = TRILL_OK;
+    if (sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        st = trill_error(TRILL_ERR_IO, "state database: %s: cannot begin: %s", stmts[0].what, sqlite3_errmsg(s->db));
+    for (int i = 0; !st && i < n; i++)
+        if (run_locked(s, stmts[i].sql, stmts[i].args, stmts[i].n_args, NULL, NULL) != SQLITE_DONE)
+            st = trill_error(TRILL_ERR_IO, "state database: %s: %s", stmts[i].what, sqlite3_errmsg(s->db));
+    if (!st && sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        st = trill_error(TRILL_ERR_IO, "state database: %s: cannot commit: %s", stmts[0].what, sqlite3_errmsg(s->db));
+    if (st) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL); /* nothing of it stays */
     pthread_mutex_unlock(&s->mu);
     return st;
 }
@@ -123,8 +176,9 @@ int svc_store_fail_pending(svc_store *s) {
     svc_arg a = SVC_I(time(NULL));
     svc_store_run(s, "failing the requests of the last run",
                   "UPDATE requests SET status = 'error', finished = ?1, result = '{\"code\": \"server_restarted\", \"message\": "
-                  "\"the server stopped while this request was queued or running; it was not completed (the trainer is back "
-                  "at its last completed optimizer step): submit it again\"}' WHERE status = 'pending'",
+                  "\"the server stopped while this request was queued or running; it was not completed and nothing it would have "
+                  "changed was kept (a completed optimizer step, load or save records its result with it): submit it again\"}' "
+                  "WHERE status = 'pending'",
                   &a, 1, NULL, NULL, &n);
     return n;
 }

@@ -18,7 +18,8 @@ typedef struct svc_arg { char type; const char *s; int64_t i; } svc_arg;
 #define SVC_S(x) ((svc_arg){ .type = 's', .s = (x) })
 #define SVC_I(x) ((svc_arg){ .type = 'i', .i = (int64_t)(x) })
 
-/* Opens (and makes) STATE/trill.db. */
+/* Opens (and makes, readable by its owner only) STATE/trill.db, bringing an older schema up to
+ * date. */
 trill_status svc_store_open(const char *state_dir, svc_store **out);
 void svc_store_close(svc_store *s);
 
@@ -27,6 +28,11 @@ void svc_store_close(svc_store *s);
 typedef void (*svc_row_fn)(void *ctx, sqlite3_stmt *row);
 trill_status svc_store_run(svc_store *s, const char *what, const char *sql, const svc_arg *args, int n_args, svc_row_fn row,
                            void *ctx, int *changes);
+
+/* One statement of a transaction. */
+typedef struct svc_stmt { const char *what, *sql; const svc_arg *args; int n_args; } svc_stmt;
+/* Runs the statements in one transaction: all of them or none. */
+trill_status svc_store_transaction(svc_store *s, const svc_stmt *stmts, int n);
 
 /* A fresh id: prefix and 16 hex digits of the kernel's randomness. */
 void svc_new_id(char *out, size_t cap, const char *prefix);

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "rl/checkpoint.h"
 #include "service/store.h"
 #include "trill/infer.h"
 #include "trill/service.h"
@@ -20,12 +21,17 @@ typedef enum job_kind {
 struct svc_tenant;
 struct svc_sampler;
 
+/* A trainer or sampler that is gone: deleted (its record and snapshots too), or released (its
+ * key revoked: its record and files stay, and a restart does not bring it back). */
+enum { SVC_LIVE, SVC_RELEASED, SVC_DELETED };
+
 /* One call that answers a future: everything it needs, parsed and checked when it was submitted. */
 typedef struct svc_job {
     char id[32], key_id[32];
     job_kind kind;
     struct svc_tenant *tenant;   /* training calls */
     struct svc_sampler *sampler; /* sampling calls */
+    int base;                    /* the base model of its trainer or sampler */
     long cost;                   /* tokens, for the fair scheduler */
     /* forward, forward_backward */
     trill_svc_datum *data;
@@ -46,6 +52,7 @@ typedef struct svc_job {
     json_t *result;              /* while sampling: the sequences so far */
     int remaining;               /* sequences still running */
     uint64_t engine_id;          /* its request's id in the engine */
+    bool logged;                 /* its outcome is in the request log already (committed with what it changed) */
     struct svc_job *next;        /* in its queue */
 } svc_job;
 
@@ -54,43 +61,74 @@ typedef struct svc_tenant {
     char id[32], key_id[32];
     int base;
     trill_svc_trainer *trainer;
+    bool creating;               /* being made: counts against its key's limit; no lookup finds it */
+    int64_t step;                /* its committed optimizer step, for GET /trainers (the worker owns the trainer) */
     svc_job *head, *tail;
     long served;                 /* tokens run so far (the scheduler runs the least served first) */
     bool running;
+    int gone;                    /* SVC_LIVE, or gone: freed once no call runs on it and no thread pins it */
+    int pins;                    /* threads between finding it and deciding its fate (a DELETE) */
+    size_t bytes;                /* of adapter memory reserved for it */
+    char snapshot[4096], prev[4096]; /* its committed snapshot folder and the one before ("": none) */
 } svc_tenant;
 
-/* A sampler: the base model, or the weights a trill:// path named when it was made (the path's
- * version then: a later save under the same name is another version, which this sampler never
- * takes). Its adapter is a cache entry: loaded when needed, dropped when the samplers' adapters
- * pass --max-adapter-mb (least recently used, idle ones), loaded again from dir. */
+/* The weights a trill:// path held at one version, shared by every sampler made from it (one copy
+ * in memory however many samplers use it). Loaded while samplers sample; dropped (least recently
+ * used, idle ones) when the samplers' adapters pass --max-adapter-mb, loaded again from dir; a
+ * later save under the same name is another version, which these weights never become. */
+typedef struct svc_weights {
+    char uri[256], dir[4096];
+    int base;
+    int64_t version;
+    trill_lora *lora;            /* NULL: not loaded now (only the sampling worker loads it, outside s->mu) */
+    size_t bytes;                /* of lora */
+    uint64_t last_used;
+    int refs;                    /* samplers holding it; at 0 the sampling worker frees it */
+} svc_weights;
+
+/* A sampler: the base model, or the weights of a trill:// path. */
 typedef struct svc_sampler {
     char id[32], key_id[32];
     int base;
-    char uri[256];               /* "": the base model */
-    char dir[4096];
-    int64_t version;
-    trill_lora *lora;            /* NULL: the base model, or not loaded now (then only the sampling worker loads it) */
-    size_t bytes;                /* of lora */
-    uint64_t last_used;
+    svc_weights *weights;        /* NULL: the base model */
+    int jobs;                    /* its calls queued or running */
+    bool creating;               /* being made: counts against its key's limit; no lookup finds it */
+    int gone;                    /* SVC_LIVE, or gone: freed once no call of it runs and no thread pins it */
+    int pins;
 } svc_sampler;
+
+/* A long-poll waiting for a future (http.c): its connection suspended, resumed when the request
+ * finishes or the wait runs out. */
+typedef struct svc_waiter {
+    struct MHD_Connection *conn;
+    char id[32];
+    double deadline;
+    struct svc_waiter *next;
+} svc_waiter;
 
 typedef struct svc {
     trill_serve_config cfg;
     svc_store *store;
+    int lock_fd;                 /* STATE/.lock */
     trill_svc_base **bases;
+    rl_identity *identities;     /* each base's (every saved folder's manifest names its base's) */
     trill_engine **engines;      /* one a base, for sampling */
     int n_bases;
     pthread_mutex_t mu;
-    pthread_cond_t work, done;   /* a job was queued; a job finished */
+    pthread_cond_t work, done;   /* a job was queued (or samplers' weights are to be freed); a job finished */
     svc_tenant **tenants;
     int n_tenants;
     svc_sampler **samplers;
     int n_samplers;
+    svc_weights **weights;
+    int n_weights;
     size_t adapter_bytes;        /* trainers' adapters with gradient and moments (refused past --max-adapter-mb) */
-    size_t sampler_bytes;        /* samplers' loaded adapters (a cache kept under --max-adapter-mb) */
+    size_t sampler_bytes;        /* samplers' loaded weights (a cache kept under --max-adapter-mb) */
     svc_job **inflight;          /* every job queued or running, to answer its future */
     int n_inflight;
     svc_job *sample_head, *sample_tail;
+    svc_waiter *waiters;         /* long-polls, under mu */
+    bool reap;                   /* for the sampling worker: weights to free, or the cache past its size */
     bool stopping;
     pthread_t train_thread, sample_thread;
 } svc;
@@ -107,20 +145,33 @@ void svc_free_data(trill_svc_datum *data, int n);
 trill_status svc_parse_loss(const json_t *body, trill_svc_loss *loss, trill_svc_loss_config *config);
 /* A call's "adam_params" (Tinker's defaults for what it leaves out). */
 trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p);
-/* Queues the job (taken; its id set), logs it as pending; refused when the queue is full. */
-trill_status svc_job_submit(svc *s, svc_job *job);
+/* Logs the job (taken; its id and base set) as pending and queues it on its target, the caller's
+ * trainer (or sampler) `target`, found again now; refused when that is gone or the queue is full
+ * (then the log forgets it). */
+trill_status svc_job_submit(svc *s, svc_job *job, const char *target, bool trainer);
 void svc_job_free(svc_job *job);
 /* Records the job's outcome (result: JSON text, taken; or the error st with its message) in the
- * request log, then forgets the job (freed) and wakes the long-polls. */
+ * request log (unless j->logged), then forgets the job (freed) and wakes its long-polls. An error
+ * takes its code from svc_take_code when one was set ("failed" otherwise). */
 void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st);
+/* Under s->mu: tenant t's (or sampler p's) queued jobs, taken out of their queue (a list through
+ * next). Then, outside it, svc_fail_jobs finishes them with the error "gone" and `why`. */
+svc_job *svc_take_queued(svc *s, struct svc_tenant *t, struct svc_sampler *p);
+void svc_fail_jobs(svc *s, svc_job *jobs, const char *why);
 /* o as compact JSON text (malloc'ed; o is released), NULL when out of memory. */
 char *svc_json_dump(json_t *o);
 json_t *svc_json_floats(const float *v, int n);
 trill_status svc_workers_start(svc *s);
 void svc_workers_stop(svc *s);
-/* The future's answer as JSON text (malloc'ed) after waiting up to `wait` seconds; NULL with
- * *status 404 when the caller owns no such request. */
-char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, int *status);
+/* Under s->mu: request id is queued or running. */
+bool svc_inflight(svc *s, const char *id);
+/* The future's answer now as JSON text (malloc'ed), *status 200; NULL with *status 404 when the
+ * caller owns no such request (500: out of memory). */
+char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status);
+
+/* ---- http.c ---- */
+/* Under s->mu: the long-polls waiting for request id answer now. */
+void svc_wake_waiters(svc *s, const char *id);
 
 /* ---- sampler.c ---- */
 /* The sampling worker's loop (a thread): continuous batching of every sampler's requests in its
@@ -128,11 +179,11 @@ char *svc_future_wait(svc *s, const char *id, const char *key_id, double wait, i
 void *svc_sample_main(void *arg);
 
 /* ---- tenants.c ---- */
-/* An error with the code the HTTP answer gives it ("not_found", "limit", "bad_request"), and
- * that code, taken (bad_request when none was set on this thread). */
+/* An error with the code the HTTP answer gives it ("not_found", "limit", "bad_request", "gone"),
+ * and that code, taken (NULL when none was set on this thread). */
 trill_status svc_fail(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *svc_take_code(void);
-/* Lookups that only find the caller's own objects (NULL otherwise). Under s->mu. */
+/* Lookups that only find the caller's own objects, live ones (NULL otherwise). Under s->mu. */
 svc_tenant *svc_find_tenant(svc *s, const char *id, const char *key_id);
 svc_sampler *svc_find_sampler(svc *s, const char *id, const char *key_id);
 int svc_find_base(const svc *s, const char *name);
@@ -141,16 +192,56 @@ int svc_find_base(const svc *s, const char *name);
 trill_status svc_resolve_uri(svc *s, const char *uri, const char *key_id, const char *kind, char *dir, size_t cap, int *base);
 /* The version of the weights a path names now (a save under its name makes the next); -1 if none. */
 int64_t svc_uri_version(svc *s, const char *uri);
-/* Loads sampler p's adapter from its folder (the sampling worker, outside s->mu), refused when
- * its path has been saved again since the sampler was made. */
-trill_status svc_sampler_load(svc *s, svc_sampler *p);
-/* Creates a trainer (new, or from a state) and records it. */
+/* Loads weights w from their folder (the sampling worker, outside s->mu), refused when their path
+ * has been saved again since they were taken. */
+trill_status svc_weights_load(svc *s, svc_weights *w);
+/* Creates a trainer (new, or from a state: then its first snapshot is a copy of that state) and
+ * records it; the key's limit and the adapter memory are checked and taken atomically. */
 trill_status svc_tenant_create(svc *s, const char *key_id, const json_t *body, bool from_state, svc_tenant **out);
 trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, svc_sampler **out);
-/* Brings back every trainer and sampler recorded, each trainer at its last snapshot. */
+/* DELETE: the caller's trainer or sampler — its queued calls fail ("gone"), its record goes, its
+ * memory and snapshots are freed (after its running call, if one runs). Its saved states stay. */
+trill_status svc_tenant_delete(svc *s, const char *id, const char *key_id);
+trill_status svc_sampler_delete(svc *s, const char *id, const char *key_id);
+/* Under s->mu: frees tenant t (unlinked; not running) with its adapter memory; with `files` its
+ * snapshots too. */
+void svc_tenant_release(svc *s, svc_tenant *t, bool files);
+/* Under s->mu: frees sampler p (unlinked; no calls), dropping its hold on its weights. */
+void svc_sampler_release(svc *s, svc_sampler *p);
+/* Under s->mu: a gone trainer or sampler that nothing runs or pins any more is unlinked and freed. */
+void svc_tenant_settle(svc *s, svc_tenant *t);
+void svc_sampler_settle(svc *s, svc_sampler *p);
+/* Releases the trainers and samplers of keys revoked since (their records and files stay; a
+ * restart does not bring them back). */
+void svc_release_revoked(svc *s);
+
+/* ---- state.c: the state folder ---- */
+/* STATE: made, locked for this process (one server a state folder), owner-only modes, and what
+ * a crash left (temporary and orphaned folders) removed. */
+trill_status svc_state_open(svc *s);
+/* The saved folder was written for base b: its manifest verifies (a folder of an earlier trill,
+ * without one, is taken as it is). */
+trill_status svc_verify_folder(const svc *s, int b, const char *dir);
+/* Brings back every trainer (at its newest complete snapshot, saying so when it falls back) and
+ * sampler recorded, but those of revoked keys. */
 trill_status svc_recover(svc *s);
-/* After an optimizer step: the trainer's snapshot (adapter + optimizer), then its record. */
-trill_status svc_snapshot(svc *s, svc_tenant *t);
+/* Writes trainer tr's state (with `optimizer` its AdamW state; `base` its base's index) as
+ * STATE/trainers/<tenant_id>/<part>/<name>:
+ * a temporary folder, every file synced, modes 0700/0600, then renamed into place — whole or
+ * absent after a crash. */
+trill_status svc_write_folder(svc *s, const trill_svc_trainer *tr, int base, const char *tenant_id, const char *part, const char *name,
+                              bool optimizer, char *dir, size_t cap);
+/* The weights entry of (uri, version) of base b, made (not loaded) when there is none; NULL when
+ * out of memory. Under s->mu, or before the workers start. */
+svc_weights *svc_weights_for(svc *s, const char *uri, int64_t version, const char *dir, int b);
+/* The transactions of the training calls that change durable state, each recording job j's
+ * result in the request log with what it changed (j->logged): an optimizer step (the trainer's
+ * snapshot; a failed snapshot puts the trainer back as it was), a load (the loaded state becomes
+ * the trainer's, with its snapshot), a save (the state folder at its next version). *result takes
+ * the answer's JSON text. */
+trill_status svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result);
+trill_status svc_commit_load(svc *s, svc_tenant *t, svc_job *j, char **result);
+trill_status svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result);
 /* STATE/trainers/<id>/<part>/<name> */
 void svc_tenant_dir(const svc *s, const char *tenant_id, const char *part, const char *name, char *out, size_t cap);
 

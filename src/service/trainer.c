@@ -361,24 +361,76 @@ trill_status trill_svc_trainer_load(trill_svc_base *b, const char *dir, bool opt
     return st ? st : trainer_wrap(b, &c, lora, opt, out);
 }
 
-trill_status trill_svc_trainer_restore(trill_svc_trainer *t, const char *dir, bool optimizer) {
+trill_status trill_svc_trainer_load_like(const trill_svc_trainer *t, const char *dir, bool optimizer, trill_svc_trainer **out) {
+    *out = NULL;
     trill_svc_trainer_config c = { 0 };
-    trill_lora *lora = NULL;
-    trill_adamw *opt = NULL;
+    trill_svc_trainer *u = NULL;
     trill_status st = read_meta(t->base, dir, &c);
     if (!st && c.rank != t->config.rank)
         st = trill_error(TRILL_ERR_INVALID, "%s: the state's LoRA rank is %d, the trainer's %d", dir, c.rank, t->config.rank);
-    if (!st) st = load_parts(t->base, dir, optimizer, 0, &lora, &opt);
-    size_t n = 0;
-    /* Weights alone start a fresh optimizer: moments of other weights would mislead it. */
-    if (!st && !optimizer) st = trill_adamw_create(t->n_params, trill_adamw_defaults(), &opt);
-    if (!st && (trill_lora_params(lora, &n), n != t->n_params))
-        st = trill_error(TRILL_ERR_INVALID, "%s: the state adapts other modules than the trainer (%zu values, the trainer %zu)", dir, n, t->n_params);
-    if (st) { trill_lora_free(lora); trill_adamw_free(opt); return st; }
-    trill_lora_free(t->lora);
-    t->lora = lora;
-    trill_adamw_free(t->opt);
-    t->opt = opt;
-    memset(t->grads, 0, sizeof(float) * t->n_params);
+    /* weights alone start a fresh optimizer: moments of other weights would mislead it */
+    if (!st) st = trill_svc_trainer_load(t->base, dir, optimizer, &u);
+    if (!st && u->n_params != t->n_params)
+        st = trill_error(TRILL_ERR_INVALID, "%s: the state adapts other modules than the trainer (%zu values, the trainer %zu)", dir, u->n_params,
+                         t->n_params);
+    if (st) { trill_svc_trainer_free(u); return st; }
+    u->config = t->config;
+    *out = u;
     return TRILL_OK;
+}
+
+void trill_svc_trainer_adopt(trill_svc_trainer *t, trill_svc_trainer *src) {
+    trill_lora_free(t->lora);
+    trill_adamw_free(t->opt);
+    t->lora = src->lora, t->opt = src->opt;
+    src->lora = NULL, src->opt = NULL;
+    trill_svc_trainer_free(src);
+    memset(t->grads, 0, sizeof(float) * t->n_params);
+}
+
+trill_status trill_svc_trainer_restore(trill_svc_trainer *t, const char *dir, bool optimizer) {
+    trill_svc_trainer *u = NULL;
+    trill_status st = trill_svc_trainer_load_like(t, dir, optimizer, &u);
+    if (!st) trill_svc_trainer_adopt(t, u);
+    return st;
+}
+
+/* ---- marks ---- */
+
+struct trill_svc_mark {
+    float *values;               /* [4 n]: the adapter, the two moments, the gradient */
+    trill_adamw_config config;
+    int64_t step;
+};
+
+trill_status trill_svc_trainer_mark(trill_svc_trainer *t, trill_svc_mark **out) {
+    *out = NULL;
+    const size_t n = t->n_params;
+    trill_svc_mark *m = trill_calloc(1, sizeof *m);
+    if (m && !(m->values = trill_malloc(sizeof(float) * 4 * (n ? n : 1)))) free(m), m = NULL;
+    if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory (a copy of the trainer's %zu adapter values, moments and gradient)", n);
+    size_t k;
+    memcpy(m->values, trill_lora_params(t->lora, &k), sizeof(float) * n);
+    memcpy(m->values + n, t->opt->exp_avg, sizeof(float) * n);
+    memcpy(m->values + 2 * n, t->opt->exp_avg_sq, sizeof(float) * n);
+    memcpy(m->values + 3 * n, t->grads, sizeof(float) * n);
+    m->config = t->opt->config, m->step = t->opt->step;
+    *out = m;
+    return TRILL_OK;
+}
+
+void trill_svc_trainer_rewind(trill_svc_trainer *t, const trill_svc_mark *m) {
+    const size_t n = t->n_params;
+    size_t k;
+    memcpy(trill_lora_params(t->lora, &k), m->values, sizeof(float) * n);
+    memcpy(t->opt->exp_avg, m->values + n, sizeof(float) * n);
+    memcpy(t->opt->exp_avg_sq, m->values + 2 * n, sizeof(float) * n);
+    memcpy(t->grads, m->values + 3 * n, sizeof(float) * n);
+    t->opt->config = m->config, t->opt->step = m->step;
+}
+
+void trill_svc_mark_free(trill_svc_mark *m) {
+    if (!m) return;
+    free(m->values);
+    free(m);
 }

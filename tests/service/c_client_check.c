@@ -219,6 +219,9 @@ int main(int argc, char **argv) {
     must(trillc_wait_sample(c, &f, DEADLINE_S, &s1), "sample of the base model's result");
     check(s1.n_sequences == 1 && s1.sequences[0].n_tokens >= 1, "a base model's sampler (%s): %d tokens", base_sampler, s1.sequences[0].n_tokens);
     trillc_sample_result_free(&s1);
+    must(trillc_delete_sampler(c, base_sampler), "delete_sampler");
+    must_fail(trillc_sample(c, base_sampler, toks, n_prompt, 1, NULL, &f), "a deleted sampler", "not_found", 404, NULL);
+    must_fail(trillc_delete_sampler(c, base_sampler), "deleting a sampler twice", "not_found", 404, NULL);
 
     /* errors */
     must_fail(trillc_create_sampling_client(c, NULL, NULL, base_sampler), "create_sampling_client without a model", "bad_request", 0, NULL);

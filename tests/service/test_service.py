@@ -25,63 +25,32 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.error
-import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
-import trill_client as tinker  # noqa: E402
+from svc_fixture import DEADLINE_S, make_model, raw as raw_at, sequence_datum, slurp, tinker
+import svc_fixture
 
 TRILL, SVC_REF = (os.path.abspath(a) for a in sys.argv[1:3])
 del sys.argv[1:3]
 W = tempfile.mkdtemp(prefix="trill-serve-")
 MODEL = os.path.join(W, "tiny")
 STATE = os.path.join(W, "state")
-DEADLINE_S = 120  # any one future
-
-
-def slurp(path, mode="r"):
-    with open(path, mode) as f:
-        return f.read()
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(*args, **kw):
     return subprocess.run([TRILL, *args], check=True, capture_output=True, text=True, **kw)
 
 
-class Server:
-    """trill serve on a free loopback port, bounded in time."""
+class Server(svc_fixture.Server):
+    """trill serve on a free loopback port (or `port`), bounded in time, logging to W/serve.log."""
 
     def __init__(self, port=0, extra=(), state=STATE):
-        port_file = os.path.join(W, "port")
-        if os.path.exists(port_file):
-            os.remove(port_file)
-        self.log = open(os.path.join(W, "serve.log"), "a")
-        self.proc = subprocess.Popen([TRILL, "serve", "--models", MODEL, "--state", state, "--listen", f"127.0.0.1:{port}",
-                                      "--port-file", port_file, "--max-seconds", "600", *extra],
-                                     stderr=self.log, stdout=self.log)
-        t = time.monotonic()
-        while not os.path.exists(port_file):
-            if self.proc.poll() is not None or time.monotonic() - t > 60:
-                raise RuntimeError("trill serve did not start: " + slurp(self.log.name)[-2000:])
-            time.sleep(0.05)
-        self.port = int(slurp(port_file))
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def client(self, key):
-        return tinker.ServiceClient(base_url=self.url, api_key=key)
-
-    def stop(self, sig=signal.SIGTERM):
-        self.proc.send_signal(sig)
-        self.proc.wait(timeout=60)
-        self.log.close()
-        return self.proc.returncode
+        super().__init__(TRILL, MODEL, state, os.path.join(W, "serve.log"), port=port, extra=extra)
 
 
 def setUpModule():
     global KEY_A, KEY_B, SERVER
-    subprocess.run([TRILL, "init", "--out", MODEL, "--preset", "tiny", "--set", "hidden_size=64", "--set", "intermediate_size=128",
-                    "--set", "moe_intermediate_size=32", "--set", "head_dim=16", "--seed", "3"], check=True, capture_output=True)
+    make_model(TRILL, MODEL)
     KEY_A = run("serve", "keys", "add", "alice", "--state", STATE).stdout.strip()
     KEY_B = run("serve", "keys", "add", "bob", "--state", STATE).stdout.strip()
     SERVER = Server()
@@ -95,10 +64,10 @@ def tearDownModule():
     assert code == 0, f"trill serve exited {code}: {log[-2000:]}"
 
 
-def sequence_datum(tok, text, **inputs):
-    ids = tok.encode(text)
-    return tinker.Datum(model_input=tinker.ModelInput.from_ints(ids[:-1]),
-                        loss_fn_inputs={"target_tokens": ids[1:], **{k: v(len(ids) - 1) for k, v in inputs.items()}})
+def saved_dir(trainer_id, part, name, state=STATE):
+    """The folder of a saved state's newest version: STATE/trainers/ID/PART/NAME@VERSION."""
+    versions = [d for d in os.listdir(os.path.join(state, "trainers", trainer_id, part)) if d.startswith(name + "@")]
+    return os.path.join(state, "trainers", trainer_id, part, max(versions, key=lambda d: int(d.split("@")[1])))
 
 
 def loss_value(loss, cfg, lp, d):
@@ -181,7 +150,7 @@ class Parity(unittest.TestCase):
             else:
                 self.assertEqual([o["logprobs"].tolist() for o in got_r.loss_fn_outputs], want_r["logprobs"])
                 self.assertEqual(got_r.metrics["loss:sum"], want_r["loss"])
-        served = os.path.join(STATE, "trainers", tc.trainer_id, "states", "parity")
+        served = saved_dir(tc.trainer_id, "states", "parity")
         for name in ("adapter_model.safetensors", "optimizer.safetensors"):
             self.assertEqual(slurp(os.path.join(served, name), "rb"), slurp(os.path.join(ref, "state", name), "rb"),
                              f"{name} differs from the in-process trainer's")
@@ -219,7 +188,7 @@ class Sampling(unittest.TestCase):
         sampler = svc.create_sampling_client(model_path=path)
         got = sampler.sample(tinker.ModelInput.from_ints(tok.encode("3+4=")), num_samples=2,
                              sampling_params=tinker.SamplingParams(max_tokens=10, seed=9)).result(timeout=DEADLINE_S)
-        want = generate(os.path.join(STATE, "trainers", tc.trainer_id, "sampler", "gen"), "3+4=", 9, 2, 10)
+        want = generate(saved_dir(tc.trainer_id, "sampler", "gen"), "3+4=", 9, 2, 10)
         self.assertEqual(len(got.sequences), 2)
         for s, w in zip(got.sequences, want):
             self.assertEqual(s.tokens, w["tokens"])
@@ -302,15 +271,7 @@ class Concurrency(unittest.TestCase):
 
 
 def raw(method, path, body=None, key=None, data=None):
-    req = urllib.request.Request(SERVER.url + "/api/v1" + path, method=method,
-                                 data=data if data is not None else (None if body is None else json.dumps(body).encode()))
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return raw_at(SERVER.url, method, path, body=body, key=key, data=data)
 
 
 class Isolation(unittest.TestCase):
@@ -449,17 +410,16 @@ class SamplerCache(unittest.TestCase):
             tc.save_weights_for_sampler("w0").result(timeout=DEADLINE_S)  # w0 again: samplers[0]'s weights are gone from disk
             prompt = tinker.ModelInput.from_ints(tok.encode("3+4="))
             params = tinker.SamplingParams(max_tokens=8, seed=3)
-            first = [s.sample(prompt, 2, params).result(timeout=DEADLINE_S) for s in samplers]
-            for i in reversed(range(len(samplers))):
-                if i == 0:
-                    with self.assertRaises(tinker.TrillError) as e:
-                        samplers[0].sample(prompt, 2, params).result(timeout=DEADLINE_S)
-                    self.assertIn("saved again", e.exception.message)
-                    continue
+            # samplers[0]'s copy, the least recently used, left the cache when the later ones came in
+            with self.assertRaises(tinker.TrillError) as e:
+                samplers[0].sample(prompt, 2, params).result(timeout=DEADLINE_S)
+            self.assertIn("saved again", e.exception.message)
+            first = [None] + [s.sample(prompt, 2, params).result(timeout=DEADLINE_S) for s in samplers[1:]]
+            for i in reversed(range(1, len(samplers))):
                 again = samplers[i].sample(prompt, 2, params).result(timeout=DEADLINE_S)
                 self.assertEqual([q.tokens for q in again.sequences], [q.tokens for q in first[i].sequences])
                 self.assertEqual([q.logprobs for q in again.sequences], [q.logprobs for q in first[i].sequences])
-            self.assertGreater(len({tuple(f.sequences[0].tokens) for f in first}), 1)
+            self.assertGreater(len({tuple(f.sequences[0].tokens) for f in first[1:]}), 1)
         finally:
             self.assertEqual(server.stop(), 0)
 

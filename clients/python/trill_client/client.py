@@ -226,6 +226,10 @@ class SamplingClient:
         """An APIFuture of each prompt token's log-probability (None for the first)."""
         return self._submit("compute_logprobs", {"prompt": prompt.to_ints()}, lambda r: r["logprobs"])
 
+    def delete(self) -> None:
+        """Frees the sampler on the server (trill's; its queued calls fail with "gone")."""
+        self._http.call("DELETE", f"/samplers/{_quote(self.sampler_id)}")
+
     # As in Tinker, the async variants of a sampler return the result itself, not a future.
     async def sample_async(self, prompt: types.ModelInput, num_samples: int = 1,
                            sampling_params: Optional[types.SamplingParams] = None) -> types.SampleResponse:
@@ -314,6 +318,11 @@ class TrainingClient:
     def save_weights_and_get_sampling_client(self, name: str) -> SamplingClient:
         """Saves the weights for sampling and waits for them: the sampler sees this step."""
         return self.create_sampling_client(self.save_weights_for_sampler(name).result().path)
+
+    def delete(self) -> None:
+        """Frees the trainer on the server with its snapshots (trill's; its queued calls fail with
+        "gone"; the states it saved stay usable by their paths)."""
+        self._http.call("DELETE", f"/trainers/{_quote(self.trainer_id)}")
 
     forward_async = _async_variant(forward)
     forward_backward_async = _async_variant(forward_backward)
