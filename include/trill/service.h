@@ -102,9 +102,10 @@ void trill_svc_trainer_adopt(trill_svc_trainer *t, trill_svc_trainer *src);
 
 /* A copy of what an optimizer step changes — the adapter's values, the AdamW moments, step and
  * settings, and the gradient — which rewind puts back exactly (it cannot fail): a step whose
- * result could not be saved is undone. */
+ * result could not be saved is undone. *mark is made when NULL, else reused (grown when t is
+ * larger), so one kept mark costs its memory once, not a fresh allocation every step. */
 typedef struct trill_svc_mark trill_svc_mark;
-trill_status trill_svc_trainer_mark(trill_svc_trainer *t, trill_svc_mark **out);
+trill_status trill_svc_trainer_mark(trill_svc_trainer *t, trill_svc_mark **mark);
 void trill_svc_trainer_rewind(trill_svc_trainer *t, const trill_svc_mark *m);
 void trill_svc_mark_free(trill_svc_mark *m);
 

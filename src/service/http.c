@@ -210,10 +210,11 @@ static double wait_seconds(struct MHD_Connection *c) {
  * connection suspended meanwhile: no thread waits). */
 static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, conn_ctx *cc) {
     int status = 0;
-    char *text = svc_future_answer(s, id, key_id, &status);
+    bool pending = false;
+    char *text = svc_future_answer(s, id, key_id, &status, &pending);
     if (!text) return status == 404 ? answer_error(c, "not_found", "no such request") : answer_error(c, "internal", "out of memory");
     const double wait = wait_seconds(c);
-    if (wait <= 0 || strncmp(text, "{\"status\":\"pending\"", 20) != 0) return answer(c, 200, text);
+    if (wait <= 0 || !pending) return answer(c, 200, text);
     pthread_mutex_lock(&s->mu);
     const bool wait_now = !s->stopping && svc_inflight(s, id);
     if (wait_now) {
@@ -229,7 +230,7 @@ static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_
         return MHD_YES;
     }
     free(text); /* it finished meanwhile */
-    text = svc_future_answer(s, id, key_id, &status);
+    text = svc_future_answer(s, id, key_id, &status, &pending);
     return text ? answer(c, 200, text) : answer_error(c, "internal", "out of memory");
 }
 
@@ -361,9 +362,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->waiting = false;
         char key_id[32];
         int status = 0;
+        bool pending = false;
         if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "the API key is no longer valid");
         const char *id = strrchr(url, '/');
-        char *text = id ? svc_future_answer(s, id + 1, key_id, &status) : NULL;
+        char *text = id ? svc_future_answer(s, id + 1, key_id, &status, &pending) : NULL;
         return text ? answer(c, 200, text) : answer_error(c, status == 404 ? "not_found" : "internal", "no such request");
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "POST") != 0 && strcmp(method, "DELETE") != 0)
@@ -406,11 +408,18 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     *socket_context = NULL;
 }
 
+/* Under s->mu: waiter *at leaves the list and its connection is resumed — in that order, since a
+ * resumed connection may be answered and its waiter freed at once by a polling thread. */
+static void resume(svc_waiter **at) {
+    svc_waiter *w = *at;
+    *at = w->next;
+    MHD_resume_connection(w->conn);
+}
+
 void svc_wake_waiters(svc *s, const char *id) {
     for (svc_waiter **w = &s->waiters; *w;) {
-        if (id && strcmp((*w)->id, id) != 0) { w = &(*w)->next; continue; }
-        MHD_resume_connection((*w)->conn);
-        *w = (*w)->next;
+        if (id && strcmp((*w)->id, id) != 0) w = &(*w)->next;
+        else resume(w);
     }
 }
 
@@ -428,9 +437,8 @@ static void *watchdog_main(void *arg) {
         const double now = trill_now();
         pthread_mutex_lock(&s->mu);
         for (svc_waiter **w = &s->waiters; *w;) {
-            if ((*w)->deadline > now) { w = &(*w)->next; continue; }
-            MHD_resume_connection((*w)->conn);
-            *w = (*w)->next;
+            if ((*w)->deadline > now) w = &(*w)->next;
+            else resume(w);
         }
         pthread_mutex_unlock(&s->mu);
         if (now - revoked_at >= 2) svc_release_revoked(s), revoked_at = now;
@@ -459,6 +467,7 @@ static void svc_free(svc *s) {
     for (int i = 0; i < s->n_weights; i++) trill_lora_free(s->weights[i]->lora), free(s->weights[i]);
     for (int i = 0; i < s->n_bases; i++) trill_engine_free(s->engines ? s->engines[i] : NULL), trill_svc_base_free(s->bases[i]);
     free(s->tenants), free(s->samplers), free(s->weights), free(s->bases), free(s->identities), free(s->engines), free(s->inflight);
+    trill_svc_mark_free(s->mark);
     svc_store_close(s->store);
     if (s->lock_fd >= 0) close(s->lock_fd); /* the state folder is free for another server */
     pthread_mutex_destroy(&s->mu);

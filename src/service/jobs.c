@@ -8,6 +8,7 @@
 
 #include "base/alloc.h"
 #include "service/svc.h"
+#include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"
 
@@ -403,10 +404,12 @@ static void *train_main(void *arg) {
         t->running = true;
         t->served += j->cost;
         pthread_mutex_unlock(&s->mu);
-        char *result = NULL;
+        char *result = NULL, garbage[sizeof j->garbage];
         trill_status st = run_training(s, j, &result);
         if (!st && !result) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
+        snprintf(garbage, sizeof garbage, "%s", j->garbage);
         svc_job_finish(s, j, result, st);
+        if (garbage[0]) trill_remove_tree(garbage); /* after the answer: the client does not wait for it */
         pthread_mutex_lock(&s->mu);
         t->running = false;
         svc_tenant_settle(s, t); /* deleted (or its key revoked) while the call ran */
@@ -454,7 +457,7 @@ bool svc_inflight(svc *s, const char *id) {
     return false;
 }
 
-char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status) {
+char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending) {
     request_row r = { 0 };
     svc_arg a = SVC_S(id);
     if (svc_store_run(s->store, "reading a request", "SELECT key_id, status, result FROM requests WHERE id = ?1", &a, 1, read_request, &r, NULL) ||
@@ -463,12 +466,15 @@ char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status)
         *status = 404;
         return NULL;
     }
-    json_t *o = NULL;
-    if (strcmp(r.status, "pending") == 0) o = json_pack("{s:s}", "status", "pending");
-    else if (strcmp(r.status, "done") == 0) o = json_pack("{s:s, s:o}", "status", "done", "result", json_loads(r.result ? r.result : "{}", 0, NULL));
-    else o = json_pack("{s:s, s:o}", "status", "error", "error", json_loads(r.result ? r.result : "{}", 0, NULL));
+    /* the stored result is JSON the server wrote: wrapped as it is, not parsed again (results run to megabytes) */
+    *pending = strcmp(r.status, "pending") == 0;
+    const bool done = strcmp(r.status, "done") == 0;
+    const char *inner = r.result && *r.result ? r.result : "{}";
+    const size_t cap = strlen(inner) + 48;
+    char *text = trill_malloc(cap);
+    if (text && *pending) snprintf(text, cap, "{\"status\":\"pending\"}");
+    else if (text) snprintf(text, cap, "{\"status\":\"%s\",\"%s\":%s}", done ? "done" : "error", done ? "result" : "error", inner);
     free(r.result);
-    char *text = svc_json_dump(o);
     *status = text ? 200 : 500;
     return text;
 }

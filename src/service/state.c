@@ -103,9 +103,10 @@ static trill_status log_done(svc_job *j, const char *result, svc_arg *a) {
 static const char LOG_DONE[] = "UPDATE requests SET status = 'done', result = ?1, finished = ?2 WHERE id = ?3";
 
 /* After a committed snapshot `dir`: it is the trainer's, the one before it is kept, and the one
- * before that is removed (a crash before that leaves an orphan, removed at the next start). */
-static void rotate(svc_tenant *t, const char *dir) {
-    if (t->prev[0] && strcmp(t->prev, dir) != 0 && strcmp(t->prev, t->snapshot) != 0) trill_remove_tree(t->prev);
+ * before that is job j's to remove once it has answered (a crash before that leaves an orphan,
+ * removed at the next start). */
+static void rotate(svc_tenant *t, svc_job *j, const char *dir) {
+    if (t->prev[0] && strcmp(t->prev, dir) != 0 && strcmp(t->prev, t->snapshot) != 0) snprintf(j->garbage, sizeof j->garbage, "%s", t->prev);
     snprintf(t->prev, sizeof t->prev, "%s", t->snapshot);
     snprintf(t->snapshot, sizeof t->snapshot, "%s", dir);
 }
@@ -136,26 +137,25 @@ static trill_status commit_snapshot(svc *s, svc_tenant *t, const trill_svc_train
 }
 
 trill_status svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result) {
-    trill_svc_mark *mark = NULL;
-    trill_status st = trill_svc_trainer_mark(t->trainer, &mark); /* before stepping: a step that cannot be undone is not taken */
+    /* before stepping: a step that cannot be undone is not taken (the training worker's one mark, reused) */
+    trill_status st = trill_svc_trainer_mark(t->trainer, &s->mark);
     double norm = 0;
     if (!st) st = trill_svc_optim_step(t->trainer, &j->adam, &norm);
-    if (st) { trill_svc_mark_free(mark); return st; }
+    if (st) return st;
     char dir[4096];
     *result = svc_json_dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
                                       "learning_rate", j->adam.learning_rate));
     st = *result ? commit_snapshot(s, t, t->trainer, j, *result, dir, sizeof dir) : trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
     if (st) {
-        trill_svc_trainer_rewind(t->trainer, mark);
+        trill_svc_trainer_rewind(t->trainer, s->mark);
         trill_error_context("optim_step: the step could not be saved, so it was undone: trainer %s is at step %lld as before, with its "
                             "gradient (submit optim_step again)", t->id, (long long)trill_svc_trainer_step(t->trainer));
         free(*result), *result = NULL;
     } else {
-        rotate(t, dir);
+        rotate(t, j, dir);
         set_step(s, t);
         j->logged = true;
     }
-    trill_svc_mark_free(mark);
     return st;
 }
 
@@ -173,7 +173,7 @@ trill_status svc_commit_load(svc *s, svc_tenant *t, svc_job *j, char **result) {
         return st;
     }
     trill_svc_trainer_adopt(t->trainer, loaded);
-    rotate(t, dir);
+    rotate(t, j, dir);
     set_step(s, t);
     j->logged = true;
     return TRILL_OK;
@@ -216,7 +216,7 @@ trill_status svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result) {
         free(*result), *result = NULL;
         return st;
     }
-    if (old.dir[0] && strcmp(old.dir, dir) != 0) trill_remove_tree(old.dir);
+    if (old.dir[0] && strcmp(old.dir, dir) != 0) snprintf(j->garbage, sizeof j->garbage, "%s", old.dir);
     j->logged = true;
     return TRILL_OK;
 }

@@ -53,6 +53,7 @@ typedef struct svc_job {
     int remaining;               /* sequences still running */
     uint64_t engine_id;          /* its request's id in the engine */
     bool logged;                 /* its outcome is in the request log already (committed with what it changed) */
+    char garbage[4096];          /* a folder its commit replaced, removed once it has answered */
     struct svc_job *next;        /* in its queue */
 } svc_job;
 
@@ -131,6 +132,7 @@ typedef struct svc {
     bool reap;                   /* for the sampling worker: weights to free, or the cache past its size */
     bool stopping;
     pthread_t train_thread, sample_thread;
+    trill_svc_mark *mark;        /* the training worker's copy of a trainer before its optimizer step */
 } svc;
 
 /* ---- jobs.c ---- */
@@ -165,9 +167,9 @@ trill_status svc_workers_start(svc *s);
 void svc_workers_stop(svc *s);
 /* Under s->mu: request id is queued or running. */
 bool svc_inflight(svc *s, const char *id);
-/* The future's answer now as JSON text (malloc'ed), *status 200; NULL with *status 404 when the
- * caller owns no such request (500: out of memory). */
-char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status);
+/* The future's answer now as JSON text (malloc'ed), *status 200 and *pending when it is not
+ * finished; NULL with *status 404 when the caller owns no such request (500: out of memory). */
+char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending);
 
 /* ---- http.c ---- */
 /* Under s->mu: the long-polls waiting for request id answer now. */

@@ -399,23 +399,28 @@ trill_status trill_svc_trainer_restore(trill_svc_trainer *t, const char *dir, bo
 
 struct trill_svc_mark {
     float *values;               /* [4 n]: the adapter, the two moments, the gradient */
+    size_t cap;                  /* floats values holds */
     trill_adamw_config config;
     int64_t step;
 };
 
-trill_status trill_svc_trainer_mark(trill_svc_trainer *t, trill_svc_mark **out) {
-    *out = NULL;
+trill_status trill_svc_trainer_mark(trill_svc_trainer *t, trill_svc_mark **mark) {
     const size_t n = t->n_params;
-    trill_svc_mark *m = trill_calloc(1, sizeof *m);
-    if (m && !(m->values = trill_malloc(sizeof(float) * 4 * (n ? n : 1)))) free(m), m = NULL;
-    if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory (a copy of the trainer's %zu adapter values, moments and gradient)", n);
+    trill_svc_mark *m = *mark ? *mark : trill_calloc(1, sizeof *m);
+    if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory (a mark of the trainer's state)");
+    *mark = m;
+    if (m->cap < 4 * n) { /* grown once to the largest trainer: the pages of a kept mark are not faulted in again each step */
+        float *grown = trill_malloc(sizeof(float) * 4 * n);
+        if (!grown) return trill_error(TRILL_ERR_NOMEM, "out of memory (a copy of the trainer's %zu adapter values, moments and gradient)", n);
+        free(m->values);
+        m->values = grown, m->cap = 4 * n;
+    }
     size_t k;
     memcpy(m->values, trill_lora_params(t->lora, &k), sizeof(float) * n);
     memcpy(m->values + n, t->opt->exp_avg, sizeof(float) * n);
     memcpy(m->values + 2 * n, t->opt->exp_avg_sq, sizeof(float) * n);
     memcpy(m->values + 3 * n, t->grads, sizeof(float) * n);
     m->config = t->opt->config, m->step = t->opt->step;
-    *out = m;
     return TRILL_OK;
 }
 

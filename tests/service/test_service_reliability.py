@@ -315,9 +315,17 @@ class Connections(unittest.TestCase):
                 s.sendall(b"GET /api/v1/models HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"P")
                 hostile.append(s)
             # a long forward_backward keeps a request pending while 70 connections long-poll it
-            pending = tc.forward_backward(data(tok, n=600), "cross_entropy")
-            polls = [threading.Thread(target=raw, args=(server.url, "GET", f"/futures/{pending.request_id}?wait=20"), kwargs={"key": key})
-                     for _ in range(70)]
+            long = [sequence_datum(tok, " ".join(f"{i}+{j}={i + j}" for j in range(6))) for i in range(900)]  # ~60k tokens: seconds
+            tc.forward_backward(long, "cross_entropy")
+            pending = tc.optim_step(ADAM)  # queued behind it, with a small result
+            answers = []
+
+            def poll():
+                t0 = time.monotonic()
+                code, answer = raw(server.url, "GET", f"/futures/{pending.request_id}?wait=30", key=key, timeout=90)
+                answers.append((answer["status"], time.monotonic() - t0))
+
+            polls = [threading.Thread(target=poll) for _ in range(70)]
             for t in polls:
                 t.start()
             times = []
@@ -348,6 +356,10 @@ class Connections(unittest.TestCase):
             pending.result(timeout=DEADLINE_S)
             for t in polls:
                 t.join(timeout=60)
+            # each long-poll waited, suspended, for the result or its 30 s (none answered "pending" early)
+            self.assertEqual(len(answers), 70)
+            early = [a for a in answers if a[0] != "done" and a[1] < 29]
+            self.assertEqual(early, [], "long-polls answered before their request finished or their wait ran out")
         finally:
             finished(server)
 
