@@ -258,7 +258,7 @@ class KillSweeps(unittest.TestCase):
 
             t = threading.Thread(target=work)
             t.start()
-            time.sleep(rng.uniform(0.5, 2.0))
+            time.sleep(rng.uniform(0.3, 1.2))
             server.stop(signal.SIGKILL)
             stop.set()
             mid_write += bool(glob.glob(os.path.join(W, name, "trainers", "*", ".tmp-*")))
