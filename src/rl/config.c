@@ -589,6 +589,8 @@ static trill_status assign(trill_rl_config *c, const key *k, yaml_document_t *do
         long long x = is_plain(v) && !is_null(v) ? strtoll(s, &end, 10) : 0;
         if (!is_plain(v) || is_null(v) || end == s || *end || errno || x < k->lo || x > k->hi)
             return fail(src, v, "%s: expected %s, got %s", k->path, range_text(k, want, sizeof want, true), describe(v, got, sizeof got));
+        if (x > INT_MAX || x < INT_MIN) /* an unbounded key still holds an int: never a silent wrap */
+            return fail(src, v, "%s: %lld is past the largest value the key holds (%d)", k->path, x, INT_MAX);
         *(int *)field = (int)x;
         return TRILL_OK;
     }

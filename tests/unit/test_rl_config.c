@@ -523,6 +523,8 @@ static void test_overrides(void **state) {
         { "model=\"unterminated", "override \"model=\"unterminated\": YAML syntax error" },
         { "model=\xff", "override \"model=\xff\": model: the value is not valid UTF-8" },
         { "steps=[1]", "override \"steps=[1]\": steps: expected an integer in [1, 1000000000], got a list" },
+        { "generator.prompts_per_step=4294967300",
+          "generator.prompts_per_step: 4294967300 is past the largest value the key holds (2147483647)" }, /* not a wrap to 4 */
     };
     set_ok(&c, "generator.stop=[x]");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
