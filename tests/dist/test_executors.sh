@@ -192,7 +192,7 @@ ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np 
   "${common[@]}" steps=100000 "${long[@]}" parallel.generator.replicas=2 >killed.log 2>&1 &
 job=$!
 kill_rank_1 "$job" "$TRILL train" killed.log
-ls killed/checkpoints | grep -q step- || fail "no checkpoint from before the kill"
+ls killed/checkpoints | grep step- >/dev/null || fail "no checkpoint from before the kill"
 run 3 killed steps=6 "${long[@]}" resume=auto parallel.generator.replicas=2
 grep -q "resuming from" killed.log || fail "the run after the kill did not resume"
 echo "resume=auto after the generator rank's kill continued: $(grep -o 'resuming from [^ ]* at step [0-9]*' killed.log)"

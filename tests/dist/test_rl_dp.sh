@@ -95,7 +95,7 @@ ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np 
   parallel.trainer.dp=2 steps=100000 checkpoint.every=2 "${long[@]:0:1}" >killed.log 2>&1 &
 job=$!
 kill_rank_1 "$job" "$TRILL train" killed.log
-ls killed/checkpoints | grep -q step- || fail "no checkpoint from before the kill"
+ls killed/checkpoints | grep step- >/dev/null || fail "no checkpoint from before the kill"
 run 2 killed steps=6 checkpoint.every=2 "${long[@]:0:1}" resume=auto
 grep -q "resuming from" killed.log || fail "the run after the kill did not resume"
 echo "resume=auto after the kill continued: $(grep -o 'resuming from [^ ]* at step [0-9]*' killed.log)"

@@ -207,7 +207,7 @@ memory() {
     # of memory while submitting them. (ASan reserves terabytes of shadow address space, so there
     # its allocator is capped by resident size instead, and returns NULL as malloc does; its
     # notice of the cap goes to a log of its own, where nothing else may be.)
-    if ldd "$TRILL" | grep -q libasan; then
+    if [[ "$(ldd "$TRILL")" == *libasan* ]]; then
         ASAN_OPTIONS="${ASAN_OPTIONS:-}:allocator_may_return_null=1:soft_rss_limit_mb=1000:log_path=$PWD/asan_mem" must_exit 1 log_mem \
             "$TRILL" train "${COMMON[@]}" generator.prompts_per_step=10000000 run_dir=mem steps=1
         ! cat asan_mem.* | grep -v "soft rss limit exhausted" | grep . || fail "a sanitizer report (above)"
