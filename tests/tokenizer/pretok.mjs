@@ -11,7 +11,7 @@
 //       vocabulary holds the corpus's pre-tokens as the Rust crate splits them, but one in eight
 //       (left out so that unk_token is exercised too); BPE configurations take DIR's vocabulary
 //       and merges with a pre-tokenizer of ours in front of ByteLevel
-//   pretok.mjs sweep --out DIR
+//   pretok.mjs sweep --out DIR [--stride K]
 //       every code point between two letters, split by the crate: DIR/NAME/{tokenizer.json,ref.jsonl}
 //   pretok.mjs sweep-newer --ref REF.jsonl --ours OURS.jsonl --newer whole|split|none
 //       a sweep's comparison, which tolerates only characters of Unicode versions after PCRE2's
@@ -187,8 +187,13 @@ switch (cmd) {
     const { Tokenizer } = rust();
     const out = need(opts, "out", USAGE);
     fs.mkdirSync(out, { recursive: true });
+    // --stride K (make test's sample): every code point below U+3400 (the scripts, punctuation
+    // and spaces of most text), then every K-th one (offset 7, off the blocks' starts).
+    const stride = Number(opts.stride ?? 1);
+    if (!Number.isInteger(stride) || stride < 1) die(`sweep: --stride ${opts.stride}: expected a positive integer`);
     const cps = [];
-    for (let c = 0; c <= 0x10ffff; ++c) if (c < 0xd800 || c > 0xdfff) cps.push(String.fromCodePoint(c));
+    for (let c = 0; c <= 0x10ffff; ++c)
+      if ((c < 0xd800 || c > 0xdfff) && (stride === 1 || c < 0x3400 || c % stride === 7)) cps.push(String.fromCodePoint(c));
     writeLines(path.join(out, "cps.hex"), cps.map((c) => stringToHex(`x${c}x`)));
     for (const [name, [pre, newer]] of Object.entries(SWEEP)) {
       const json = wordLevel(pre, { "[UNK]": 0 });

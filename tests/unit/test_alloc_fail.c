@@ -22,12 +22,12 @@
  * Before every run each thread of the OpenMP team releases its per-thread scratch (the kernels'
  * panels, the generator's activations), so those first allocations are among the ones failed.
  *
- * Coverage (about 3,800 allocations on one OpenMP thread, 4,000 on two): the ASan build fails
- * every N on one thread; on two (per-thread scratch failing in one thread of a team and not the
- * other, two EPLB workers) every N of the first stage, the generator with EPLB, then every 7th.
- * The release build, which checks all but the leaks, fails every 3rd N on one thread and on two
- * every N of the first stage, then every 13th. TRILL_ALLOC_FAIL_STRIDE=k multiplies the strides
- * (a quick look). */
+ * Coverage (about 3,800 allocations on one OpenMP thread, 4,000 on two): make test-full
+ * (TRILL_TEST_FULL=1) fails every N on one thread; on two (per-thread scratch failing in one
+ * thread of a team and not the other, two EPLB workers) every N of the first stage, the generator
+ * with EPLB, then every 7th. make test fails every 3rd N on one thread in the release build and
+ * every 4th in the ASan build (93 s for every N there), and on two every N of the first stage,
+ * then every 13th. TRILL_ALLOC_FAIL_STRIDE=k multiplies the strides (a quick look). */
 #include <ftw.h>
 #include <limits.h>
 #include <omp.h>
@@ -450,11 +450,15 @@ static void sweep(int threads, long stride, bool dense_first) {
     if (problems) fail_msg("%ld of %ld runs broke a rule (each kind once above)", problems, runs);
 }
 
-/* The strides of the two sweeps in this build (see the top), times TRILL_ALLOC_FAIL_STRIDE. */
+/* The strides of the two sweeps (see the top), times TRILL_ALLOC_FAIL_STRIDE. */
+static bool full_run(void) {
+    const char *s = getenv("TRILL_TEST_FULL");
+    return s && !strcmp(s, "1");
+}
 #ifdef __SANITIZE_ADDRESS__
-enum { STRIDE_ONE_THREAD = 1, STRIDE_TWO_THREADS = 7 };
+enum { STRIDE_ONE_THREAD = 4 };
 #else
-enum { STRIDE_ONE_THREAD = 3, STRIDE_TWO_THREADS = 13 };
+enum { STRIDE_ONE_THREAD = 3 };
 #endif
 
 static long scaled(long base) {
@@ -464,14 +468,14 @@ static long scaled(long base) {
 
 static void test_one_thread(void **state) {
     (void)state;
-    sweep(1, scaled(STRIDE_ONE_THREAD), false);
+    sweep(1, scaled(full_run() ? 1 : STRIDE_ONE_THREAD), false);
 }
 
 /* Every N of the first stage (the engine with EPLB, whose second worker's first scratch fails in
- * the MoE, after the step's load was counted), then every 7th (ASan) or 13th. */
+ * the MoE, after the step's load was counted), then every 7th (make test-full) or 13th. */
 static void test_two_threads(void **state) {
     (void)state;
-    sweep(2, scaled(STRIDE_TWO_THREADS), true);
+    sweep(2, scaled(full_run() ? 7 : 13), true);
 }
 
 int main(int argc, char **argv) {
