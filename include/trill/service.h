@@ -132,6 +132,11 @@ trill_serve_config trill_serve_config_default(void);
  * seconds have passed. */
 trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double max_seconds);
 
+/* The server's route table, entry i (0, 1, ... until it returns false): its METHOD, its path under
+ * /api/v1 ("{name}" a path segment, e.g. /trainers/{trainer_id}/forward) and whether it needs a
+ * key (every route but the health check). `trill serve --print-routes` prints it. */
+bool trill_serve_route(int i, const char **method, const char **path, bool *authenticated);
+
 /* When the database holds no key yet, trill_serve makes one named "default" and writes it to
  * STATE/default.key (readable by its owner only), so a first server is usable at once. */
 /* API keys, kept hashed (SHA-256) in STATE/trill.db. add: a new key for `name`, its text in

@@ -24,7 +24,8 @@ static const char USAGE[] =
     "  counts its gradient and AdamW moments; samplers of one path share one copy), 1024 connections, 256 from one\n"
     "  address; a request's headers, then its body, must arrive within 30 s (--request-timeout). Stops on\n"
     "  SIGINT/SIGTERM, or after --max-seconds.\n"
-    "  keys add prints the new key once (the database keeps its SHA-256 only).";
+    "  keys add prints the new key once (the database keeps its SHA-256 only). --print-routes prints the HTTP\n"
+    "  routes (METHOD PATH, \"public\" after those that need no key) and exits.";
 
 static volatile int g_stop;
 
@@ -102,7 +103,7 @@ int cmd_serve(int argc, char **argv) {
         { "port-file", required_argument, 0, 'p' }, { "max-seconds", required_argument, 0, 'x' },   { "help", no_argument, 0, 'h' },
         { "max-adapter-mb", required_argument, 0, 'a' }, { "max-samplers", required_argument, 0, 'S' },
         { "max-connections", required_argument, 0, 'c' }, { "max-client-connections", required_argument, 0, 'C' },
-        { "request-timeout", required_argument, 0, 'T' },
+        { "request-timeout", required_argument, 0, 'T' }, { "print-routes", no_argument, 0, 'R' },
         { 0, 0, 0, 0 }
     };
     char *models = NULL, host[64] = "127.0.0.1", *demo_dir = NULL;
@@ -136,6 +137,13 @@ int cmd_serve(int argc, char **argv) {
         case 'C': bad = cli_parse_int("serve", USAGE, "--max-client-connections", optarg, 1, 1000000, &v); c.max_client_connections = (int)v; break;
         case 'T': bad = cli_parse_double("serve", USAGE, "--request-timeout", optarg, 0.1, 3600, &c.request_timeout); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
+        case 'R': { /* the route table, METHOD PATH [public] a line (the tests' auth matrix is made from it) */
+            const char *method, *path;
+            bool authenticated;
+            for (int i = 0; trill_serve_route(i, &method, &path, &authenticated); i++)
+                printf("%s /api/v1%s%s\n", method, path, authenticated ? "" : " public");
+            return 0;
+        }
         default: return cli_usage_error("serve", USAGE, "unknown option");
         }
     }

@@ -163,41 +163,6 @@ static enum MHD_Result tokenize(struct MHD_Connection *c, svc *s, int base, cons
     return answer_json(c, 200, json_pack("{s:o}", "tokens", a));
 }
 
-/* ---- routing ---- */
-
-static const struct { const char *name; job_kind kind; bool trainer; } JOB_ROUTES[] = {
-    { "forward", JOB_FORWARD, true },         { "forward_backward", JOB_FORWARD_BACKWARD, true },
-    { "optim_step", JOB_OPTIM_STEP, true },   { "save_state", JOB_SAVE_STATE, true },
-    { "save_weights_for_sampler", JOB_SAVE_SAMPLER, true }, { "load_state", JOB_LOAD_STATE, true },
-    { "sample", JOB_SAMPLE, false },          { "compute_logprobs", JOB_LOGPROBS, false },
-};
-
-static enum MHD_Result submit(struct MHD_Connection *c, svc *s, const char *key_id, const char *target, const char *call, const json_t *body) {
-    for (size_t r = 0; r < sizeof JOB_ROUTES / sizeof JOB_ROUTES[0]; r++) {
-        if (strcmp(JOB_ROUTES[r].name, call) != 0) continue;
-        svc_job *j = trill_calloc(1, sizeof *j);
-        if (!j) return answer_error(c, "internal", "out of memory");
-        snprintf(j->key_id, sizeof j->key_id, "%s", key_id);
-        pthread_mutex_lock(&s->mu);
-        const svc_tenant *t = JOB_ROUTES[r].trainer ? svc_find_tenant(s, target, key_id) : NULL;
-        const svc_sampler *p = JOB_ROUTES[r].trainer ? NULL : svc_find_sampler(s, target, key_id);
-        j->base = t ? t->base : p ? p->base : -1;
-        pthread_mutex_unlock(&s->mu);
-        if (j->base < 0) {
-            free(j);
-            return answer_error(c, "not_found", JOB_ROUTES[r].trainer ? "no such trainer" : "no such sampler");
-        }
-        trill_status st = svc_job_parse(s, JOB_ROUTES[r].kind, body, j); /* outside the lock; the target is found again to queue it */
-        if (st) { svc_job_free(j); return answer_status(c, st); }
-        char id[32];
-        svc_new_id(j->id, sizeof j->id, "r-");
-        memcpy(id, j->id, sizeof id); /* the job is the workers' once submitted */
-        st = svc_job_submit(s, j, target, JOB_ROUTES[r].trainer);
-        return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "request_id", id));
-    }
-    return answer_error(c, "not_found", "no such call");
-}
-
 static double wait_seconds(struct MHD_Connection *c) {
     const char *w = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "wait");
     char *end = NULL;
@@ -234,48 +199,152 @@ static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_
     return text ? answer(c, 200, text) : answer_error(c, "internal", "out of memory");
 }
 
-static enum MHD_Result route(struct MHD_Connection *c, svc *s, const char *key_id, const char *method, char **p, int n, const json_t *body,
-                             conn_ctx *cc) {
-    const bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
-    if (get && n == 1 && strcmp(p[0], "models") == 0) {
-        json_t *a = json_array();
-        for (int i = 0; i < s->n_bases; i++) json_array_append_new(a, model_json(s, i));
-        return answer_json(c, 200, json_pack("{s:o}", "models", a));
+/* ---- routing: the route table ---- */
+
+/* A request matched to its route: the path's parts ({...} segments are p[i]), the caller's key id
+ * ("" for a public route), the body (POST). */
+typedef struct route_call {
+    struct MHD_Connection *c;
+    svc *s;
+    const char *key_id;
+    char **p;
+    const json_t *body;
+    conn_ctx *cc;
+    const struct route *r;
+} route_call;
+
+typedef enum MHD_Result (*route_fn)(const route_call *q);
+
+/* Every endpoint of the server: METHOD, the path under /api/v1 ("{name}" a segment the handler
+ * reads), the handler, a job route's kind and target, and whether it is public (no key: the health
+ * check alone). `trill serve --print-routes` prints it, and the service tests call every route
+ * with no key, a bad key and another tenant's key from that list. */
+typedef struct route {
+    const char *method, *pattern;
+    route_fn fn;
+    job_kind job;
+    bool trainer; /* a job route: on a trainer (else a sampler) */
+    bool public;
+} route;
+
+static enum MHD_Result r_healthz(const route_call *q) { return answer_json(q->c, 200, json_pack("{s:s}", "status", "ok")); }
+
+static enum MHD_Result r_models(const route_call *q) {
+    json_t *a = json_array();
+    for (int i = 0; i < q->s->n_bases; i++) json_array_append_new(a, model_json(q->s, i));
+    return answer_json(q->c, 200, json_pack("{s:o}", "models", a));
+}
+
+static enum MHD_Result r_tokenize(const route_call *q, bool decode) {
+    const int base = svc_find_base(q->s, q->p[1]);
+    return base < 0 ? answer_error(q->c, "not_found", "no such model") : tokenize(q->c, q->s, base, q->body, decode);
+}
+static enum MHD_Result r_encode(const route_call *q) { return r_tokenize(q, false); }
+static enum MHD_Result r_decode(const route_call *q) { return r_tokenize(q, true); }
+
+static enum MHD_Result r_future(const route_call *q) { return future(q->c, q->s, q->key_id, q->p[1], q->cc); }
+
+static enum MHD_Result r_create_trainer(const route_call *q, bool from_state) {
+    svc_tenant *t = NULL;
+    trill_status st = svc_tenant_create(q->s, q->key_id, q->body, from_state, &t);
+    return st ? answer_status(q->c, st) : answer_json(q->c, 200, tenant_json(q->s, t));
+}
+static enum MHD_Result r_new_trainer(const route_call *q) { return r_create_trainer(q, false); }
+static enum MHD_Result r_trainer_from_state(const route_call *q) { return r_create_trainer(q, true); }
+
+static enum MHD_Result r_get_trainer(const route_call *q) {
+    pthread_mutex_lock(&q->s->mu);
+    svc_tenant *t = svc_find_tenant(q->s, q->p[1], q->key_id);
+    json_t *o = t ? tenant_json(q->s, t) : NULL;
+    pthread_mutex_unlock(&q->s->mu);
+    return t ? answer_json(q->c, 200, o) : answer_error(q->c, "not_found", "no such trainer");
+}
+
+static enum MHD_Result r_new_sampler(const route_call *q) {
+    svc_sampler *sp = NULL;
+    trill_status st = svc_sampler_create(q->s, q->key_id, q->body, &sp);
+    return st ? answer_status(q->c, st)
+              : answer_json(q->c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(q->s->bases[sp->base])));
+}
+
+static enum MHD_Result r_delete(const route_call *q) {
+    const bool trainer = strcmp(q->p[0], "trainers") == 0;
+    trill_status st = trainer ? svc_tenant_delete(q->s, q->p[1], q->key_id) : svc_sampler_delete(q->s, q->p[1], q->key_id);
+    return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s}", "deleted", q->p[1]));
+}
+
+/* A call that does work on a trainer or a sampler: parsed, queued, answered with its future. */
+static enum MHD_Result r_submit(const route_call *q) {
+    struct MHD_Connection *c = q->c;
+    svc *s = q->s;
+    const char *target = q->p[1];
+    const bool trainer = q->r->trainer;
+    svc_job *j = trill_calloc(1, sizeof *j);
+    if (!j) return answer_error(c, "internal", "out of memory");
+    snprintf(j->key_id, sizeof j->key_id, "%s", q->key_id);
+    pthread_mutex_lock(&s->mu);
+    const svc_tenant *t = trainer ? svc_find_tenant(s, target, q->key_id) : NULL;
+    const svc_sampler *sp = trainer ? NULL : svc_find_sampler(s, target, q->key_id);
+    j->base = t ? t->base : sp ? sp->base : -1;
+    pthread_mutex_unlock(&s->mu);
+    if (j->base < 0) {
+        free(j);
+        return answer_error(c, "not_found", trainer ? "no such trainer" : "no such sampler");
     }
-    if (post && n == 3 && strcmp(p[0], "models") == 0 && (strcmp(p[2], "tokenize") == 0 || strcmp(p[2], "detokenize") == 0)) {
-        const int base = svc_find_base(s, p[1]);
-        return base < 0 ? answer_error(c, "not_found", "no such model") : tokenize(c, s, base, body, strcmp(p[2], "detokenize") == 0);
+    trill_status st = svc_job_parse(s, q->r->job, q->body, j); /* outside the lock; the target is found again to queue it */
+    if (st) { svc_job_free(j); return answer_status(c, st); }
+    char id[32];
+    svc_new_id(j->id, sizeof j->id, "r-");
+    memcpy(id, j->id, sizeof id); /* the job is the workers' once submitted */
+    st = svc_job_submit(s, j, target, trainer);
+    return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "request_id", id));
+}
+
+/* First match wins: a literal segment before a {name} one where both could match. */
+static const route ROUTES[] = {
+    { .method = "GET", .pattern = "/healthz", .fn = r_healthz, .public = true },
+    { .method = "GET", .pattern = "/models", .fn = r_models },
+    { .method = "POST", .pattern = "/models/{model}/tokenize", .fn = r_encode },
+    { .method = "POST", .pattern = "/models/{model}/detokenize", .fn = r_decode },
+    { .method = "GET", .pattern = "/futures/{request_id}", .fn = r_future },
+    { .method = "POST", .pattern = "/trainers", .fn = r_new_trainer },
+    { .method = "POST", .pattern = "/trainers/from_state", .fn = r_trainer_from_state },
+    { .method = "GET", .pattern = "/trainers/{trainer_id}", .fn = r_get_trainer },
+    { .method = "DELETE", .pattern = "/trainers/{trainer_id}", .fn = r_delete },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/forward", .fn = r_submit, .job = JOB_FORWARD, .trainer = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/forward_backward", .fn = r_submit, .job = JOB_FORWARD_BACKWARD, .trainer = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/optim_step", .fn = r_submit, .job = JOB_OPTIM_STEP, .trainer = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/save_state", .fn = r_submit, .job = JOB_SAVE_STATE, .trainer = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/save_weights_for_sampler", .fn = r_submit, .job = JOB_SAVE_SAMPLER, .trainer = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/load_state", .fn = r_submit, .job = JOB_LOAD_STATE, .trainer = true },
+    { .method = "POST", .pattern = "/samplers", .fn = r_new_sampler },
+    { .method = "DELETE", .pattern = "/samplers/{sampler_id}", .fn = r_delete },
+    { .method = "POST", .pattern = "/samplers/{sampler_id}/sample", .fn = r_submit, .job = JOB_SAMPLE, .trainer = false },
+    { .method = "POST", .pattern = "/samplers/{sampler_id}/compute_logprobs", .fn = r_submit, .job = JOB_LOGPROBS, .trainer = false },
+};
+enum { N_ROUTES = sizeof ROUTES / sizeof ROUTES[0] };
+
+bool trill_serve_route(int i, const char **method, const char **path, bool *authenticated) {
+    if (i < 0 || i >= N_ROUTES) return false;
+    *method = ROUTES[i].method, *path = ROUTES[i].pattern, *authenticated = !ROUTES[i].public;
+    return true;
+}
+
+/* The route of METHOD and the path's n parts, or NULL. */
+static const route *match(const char *method, char **p, int n) {
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (strcmp(ROUTES[i].method, method) != 0) continue;
+        const char *pat = ROUTES[i].pattern;
+        int k = 0;
+        while (*pat == '/' && k < n) {
+            const char *seg = pat + 1, *end = strchr(seg, '/');
+            const size_t len = end ? (size_t)(end - seg) : strlen(seg);
+            if (seg[0] != '{' && (strlen(p[k]) != len || strncmp(seg, p[k], len) != 0)) break;
+            k++, pat = seg + len;
+        }
+        if (k == n && !*pat) return &ROUTES[i];
     }
-    if (get && n == 2 && strcmp(p[0], "futures") == 0) return future(c, s, key_id, p[1], cc);
-    if (post && n == 1 && strcmp(p[0], "trainers") == 0) {
-        svc_tenant *t = NULL;
-        trill_status st = svc_tenant_create(s, key_id, body, false, &t);
-        return st ? answer_status(c, st) : answer_json(c, 200, tenant_json(s, t));
-    }
-    if (post && n == 2 && strcmp(p[0], "trainers") == 0 && strcmp(p[1], "from_state") == 0) {
-        svc_tenant *t = NULL;
-        trill_status st = svc_tenant_create(s, key_id, body, true, &t);
-        return st ? answer_status(c, st) : answer_json(c, 200, tenant_json(s, t));
-    }
-    if (get && n == 2 && strcmp(p[0], "trainers") == 0) {
-        pthread_mutex_lock(&s->mu);
-        svc_tenant *t = svc_find_tenant(s, p[1], key_id);
-        json_t *o = t ? tenant_json(s, t) : NULL;
-        pthread_mutex_unlock(&s->mu);
-        return t ? answer_json(c, 200, o) : answer_error(c, "not_found", "no such trainer");
-    }
-    if (post && n == 1 && strcmp(p[0], "samplers") == 0) {
-        svc_sampler *sp = NULL;
-        trill_status st = svc_sampler_create(s, key_id, body, &sp);
-        return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(s->bases[sp->base])));
-    }
-    if (post && n == 3 && (strcmp(p[0], "trainers") == 0 || strcmp(p[0], "samplers") == 0)) return submit(c, s, key_id, p[1], p[2], body);
-    if (strcmp(method, "DELETE") == 0 && n == 2 && (strcmp(p[0], "trainers") == 0 || strcmp(p[0], "samplers") == 0)) {
-        const bool trainer = strcmp(p[0], "trainers") == 0;
-        trill_status st = trainer ? svc_tenant_delete(s, p[1], key_id) : svc_sampler_delete(s, p[1], key_id);
-        return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "deleted", p[1]));
-    }
-    return answer_error(c, "not_found", "no such endpoint (docs/service.md lists them)");
+    return NULL;
 }
 
 /* The caller's key id from "Authorization: Bearer KEY", or NULL. */
@@ -286,22 +355,24 @@ static bool authenticate(struct MHD_Connection *c, svc *s, char key_id[32]) {
 }
 
 static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *url, const char *method, conn_ctx *cc) {
-    if (strcmp(url, "/api/v1/healthz") == 0) return answer_json(c, 200, json_pack("{s:s}", "status", "ok"));
-    char key_id[32];
+    char path[520], *parts[MAX_PATH_PARTS];
+    int n = 0;
+    bool known = strncmp(url, "/api/v1/", 8) == 0 && strlen(url) <= 512;
+    snprintf(path, sizeof path, "%s", known ? url + 8 : "");
+    for (char *save = NULL, *tok = strtok_r(path, "/", &save); known && tok; tok = strtok_r(NULL, "/", &save)) {
+        if (n == MAX_PATH_PARTS) known = false;
+        else parts[n++] = tok;
+    }
+    const route *r = known ? match(method, parts, n) : NULL;
+    if (r && r->public) return r->fn(&(route_call){ .c = c, .s = s, .key_id = "", .p = parts, .cc = cc, .r = r });
+    char key_id[32]; /* every other request, a route or not, needs a valid key first: paths reveal nothing */
     if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "a valid API key is needed: Authorization: Bearer KEY (trill serve keys add)");
     if (cc->too_large) {
         char msg[160];
         snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body-mb)", s->cfg.max_body_bytes);
         return answer_error(c, "too_large", msg);
     }
-    if (strncmp(url, "/api/v1/", 8) != 0 || strlen(url) > 512) return answer_error(c, "not_found", "no such endpoint");
-    char path[520], *parts[MAX_PATH_PARTS];
-    int n = 0;
-    snprintf(path, sizeof path, "%s", url + 8);
-    for (char *save = NULL, *tok = strtok_r(path, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
-        if (n == MAX_PATH_PARTS) return answer_error(c, "not_found", "no such endpoint");
-        parts[n++] = tok;
-    }
+    if (!r) return answer_error(c, "not_found", "no such endpoint (docs/service.md lists them; trill serve --print-routes)");
     json_t *body = NULL;
     if (strcmp(method, "POST") == 0) {
         json_error_t err;
@@ -313,9 +384,9 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
             return answer_error(c, "bad_request", msg);
         }
     }
-    enum MHD_Result r = route(c, s, key_id, method, parts, n, body, cc);
+    enum MHD_Result res = r->fn(&(route_call){ .c = c, .s = s, .key_id = key_id, .p = parts, .body = body, .cc = cc, .r = r });
     json_decref(body);
-    return r;
+    return res;
 }
 
 /* The connection's deadline record: what it waits for now, since now. */

@@ -7,7 +7,8 @@
 - 4 trainers' adapters sampled at once give each exactly what it gets alone;
 - 8 client threads over 3 tenants: no result lost or duplicated, each trainer's order kept;
 - isolation: another tenant's trainer, sampler, future and paths are not found; file-system
-  paths, bad keys, malformed and oversized bodies are refused with their codes;
+  paths, bad keys, malformed and oversized bodies are refused with their codes; every route of the
+  server's table (--print-routes) with no key, a bad key and another tenant's key;
 - a SIGKILL mid-request: after a restart the in-flight futures say server_restarted, each
   trainer is back at its last optimizer step and training continues.
 
@@ -17,6 +18,7 @@ themselves after --max-seconds)"""
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -301,6 +303,88 @@ class Isolation(unittest.TestCase):
             self.assertIn("trill://", e.exception.message)
         code, body = raw("POST", f"/trainers/{tc.trainer_id}/save_state", {"name": "../escape"}, key=KEY_A)
         self.assertEqual((code, body["error"]["code"]), (400, "bad_request"))
+
+    def test_auth_matrix(self):
+        """Every route of the server's own table (trill serve --print-routes) called with no key, a bad
+        key and another tenant's key, on tenant A's objects: each refused with its code (401, or 404
+        for another tenant's object, so ids reveal nothing), and each accepted with A's key, so a
+        refusal is the key's doing and not the body's. The routes any valid key may use, and the
+        public ones, are listed here with their reason; a route the table adds must be placed."""
+        public = {("GET", "/healthz"): "the health check: probed by load balancers, which hold no key; it answers {status: ok} only"}
+        shared = {  # another tenant's key is a valid key: these name nothing of A's
+            ("GET", "/models"): "the base models are served to every key",
+            ("POST", "/models/{model}/tokenize"): "a base model's tokenizer is every tenant's",
+            ("POST", "/models/{model}/detokenize"): "a base model's tokenizer is every tenant's",
+            ("POST", "/trainers"): "makes the caller's own trainer; the body names only a base model",
+        }
+        routes = []
+        for line in run("serve", "--print-routes").stdout.splitlines():
+            method, path, *flags = line.split()
+            self.assertTrue(path.startswith("/api/v1/"), line)
+            routes.append((method, path[len("/api/v1"):], flags == ["public"]))
+        self.assertGreaterEqual(len(routes), 19, routes)
+        self.assertEqual({(m, p) for m, p, pub in routes if pub}, set(public), "public routes")
+        a = SERVER.client(KEY_A)
+        tc, tok = trained(a, 61)
+        fut = tc.forward([sequence_datum(tok, "1+1=2")], "cross_entropy")
+        fut.result(timeout=DEADLINE_S)
+        state = tc.save_state("matrix").result(timeout=DEADLINE_S).path
+        weights = tc.save_weights_for_sampler("matrix").result(timeout=DEADLINE_S).path
+        sampler = a.create_sampling_client(model_path=weights)
+        ids = {"model": "tiny", "trainer_id": tc.trainer_id, "sampler_id": sampler.sampler_id, "request_id": fut.request_id}
+        datum = sequence_datum(tok, "2+2=4").to_wire()
+        bodies = {  # by the path's last literal segment: valid, so A's call succeeds; they name A's objects
+            "tokenize": {"text": "1+2="}, "detokenize": {"tokens": [49, 43]},
+            "trainers": {"base_model": "tiny", "rank": 2}, "from_state": {"path": state}, "samplers": {"model_path": weights},
+            "forward": {"data": [datum], "loss_fn": "cross_entropy"}, "forward_backward": {"data": [datum], "loss_fn": "cross_entropy"},
+            "optim_step": {"adam_params": {"learning_rate": 1e-4}}, "save_state": {"name": "matrix2"},
+            "save_weights_for_sampler": {"name": "matrix2"}, "load_state": {"path": state},
+            "sample": {"prompt": [49, 43], "sampling_params": {"max_tokens": 2, "seed": 1}}, "compute_logprobs": {"prompt": [49, 43, 50]},
+        }
+        bad_key = "trill-" + "0" * 32
+        calls = []
+        for method, pattern, pub in routes:
+            path = pattern
+            for name in set(re.findall(r"\{(\w+)\}", pattern)):
+                self.assertIn(name, ids, f"{method} {pattern}: no object of A's for {{{name}}}: add one to the test")
+                path = path.replace("{" + name + "}", ids[name])
+            if method == "GET":
+                path += "?wait=0"
+            body = None
+            if method == "POST":
+                last = [x for x in pattern.split("/") if x and not x.startswith("{")][-1]
+                self.assertIn(last, bodies, f"{method} {pattern}: no body for it: add one to the test")
+                body = bodies[last]
+            calls.append((method, pattern, path, body, pub))
+        for method, pattern, path, body, pub in calls:
+            if pub:
+                self.assertEqual(raw(method, path)[0], 200, f"{method} {pattern}: public, {public[(method, pattern)]}")
+                continue
+            for who, key in (("no key", None), ("a bad key", bad_key)):
+                code, answer = raw(method, path, body, key=key)
+                self.assertEqual((code, answer.get("error", {}).get("code")), (401, "unauthorized"), f"{method} {path} with {who}: {answer}")
+            code, answer = raw(method, path, body, key=KEY_B)
+            if (method, pattern) in shared:
+                self.assertEqual(code, 200, f"{method} {path} with another tenant's key ({shared[(method, pattern)]}): {answer}")
+            else:
+                self.assertEqual((code, answer.get("error", {}).get("code")), (404, "not_found"), f"{method} {path} with another tenant's key: {answer}")
+        # another tenant's saved state named in a call on B's own trainer: not found either
+        tb = SERVER.client(KEY_B).create_lora_training_client(base_model="tiny", rank=2)
+        code, answer = raw("POST", f"/trainers/{tb.trainer_id}/load_state", {"path": state}, key=KEY_B)
+        self.assertEqual((code, answer["error"]["code"]), (404, "not_found"), answer)
+        tb.delete()
+        # A's own key: every call accepted (the deletions last), every future done
+        made = []
+        for method, pattern, path, body, pub in sorted(calls, key=lambda c: c[0] == "DELETE"):
+            code, answer = raw(method, path, body, key=KEY_A)
+            self.assertEqual(code, 200, f"{method} {path} with its owner's key: {answer}")
+            if "request_id" in answer:
+                code, done = raw("GET", f"/futures/{answer['request_id']}?wait=60", key=KEY_A)
+                self.assertEqual((code, done["status"]), (200, "done"), f"{method} {path}: {done}")
+            made += [("trainers", answer["trainer_id"])] if "trainer_id" in answer and answer["trainer_id"] != tc.trainer_id else []
+            made += [("samplers", answer["sampler_id"])] if "sampler_id" in answer and answer["sampler_id"] != sampler.sampler_id else []
+        for kind, made_id in made:
+            self.assertEqual(raw("DELETE", f"/{kind}/{made_id}", key=KEY_A)[0], 200)
 
     def test_refusals(self):
         self.assertEqual(raw("GET", "/models")[0], 401)
