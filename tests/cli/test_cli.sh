@@ -221,16 +221,35 @@ assert free["text"].startswith(o["text"])
 ' "$TRILL" "$WORK/tiny"
 expect_exit 1 "bad.jsonl:2: expected a string field \"prompt\"" sh -c "printf '{\"prompt\": \"a\"}\n{\"text\": 1}\n' >'$WORK/bad.jsonl'; '$TRILL' generate --model '$WORK/tiny' --prompts '$WORK/bad.jsonl'"
 expect_exit 1 "need 63 KV blocks of 16 tokens, but the cache holds 15" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 1000 --kv-cache-mb 1 --dtype f32
-# TRILL_GEN_ISA pins the generator's kernels (src/infer/gemm.c): an unknown name is refused, and
-# generic and AVX2 give the same bits (where the CPU has AVX2)
+# TRILL_GEN_ISA pins the generator's kernels (src/infer/gemm.c): an unknown name is refused; each
+# instruction set this CPU has (its /proc/cpuinfo flags: the ones gemm.c asks the CPU for) must run,
+# exit 0 with its samples (trill refusing one the CPU has is a failure, never a skip), and one it
+# lacks is refused by name; generic and AVX2 give the same bits (AVX-512's bf16 does not, by design)
 expect_exit 1 "TRILL_GEN_ISA=sse4: unknown instruction set (expected generic, avx2 or avx512)" \
   env TRILL_GEN_ISA=sse4 "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 2
-if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  isa_gen() { TRILL_GEN_ISA=$1 "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 --json --dtype "$2" --seed 3 2>>"$WORK/gen.err"; }
-  for dt in bf16 int8; do
-    check "TRILL_GEN_ISA generic = avx2 ($dt)" test "$(isa_gen generic $dt)" = "$(isa_gen avx2 $dt)"
-  done
+cpu_has() { local f; for f in "$@"; do grep -qw -- "$f" /proc/cpuinfo || return 1; done; }
+isa_ran() { # isa_ran ISA DTYPE: generates with the ISA pinned into $WORK/isa_ISA_DTYPE; exit 0, a sample, no report
+  local out="$WORK/isa_$1_$2" rc=0
+  TRILL_GEN_ISA=$1 timeout -k 5 "${TRILL_TEST_LIMIT_S:-300}" "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 12 \
+    --json --dtype "$2" --seed 3 >"$out" 2>"$out.err" || rc=$?
+  [ "$rc" -eq 0 ] && grep -qE '"tokens":\[[0-9]+(,[0-9]+){11}\]' "$out" && ! grep -qE "Sanitizer|runtime error:" "$out.err" \
+    || { echo "TRILL_GEN_ISA=$1 --dtype $2: exit $rc, $(wc -c <"$out") bytes of samples: $(head -c 300 "$out.err")"; return 1; }
+}
+isa_have=(generic)
+cpu_has avx2 fma && isa_have+=(avx2)
+cpu_has avx512f avx512_bf16 avx512_vnni && isa_have+=(avx512)
+for isa in generic avx2 avx512; do
+  if [[ " ${isa_have[*]} " == *" $isa "* ]]; then
+    for dt in bf16 int8; do check "TRILL_GEN_ISA=$isa ($dt) runs on a CPU that has it" isa_ran $isa $dt; done
+  else
+    expect_exit 1 "TRILL_GEN_ISA=$isa: this CPU lacks that instruction set" \
+      env TRILL_GEN_ISA=$isa "$TRILL" generate --model "$WORK/tiny" --prompt "Hi" --max-new-tokens 2
+  fi
+done
+if [[ " ${isa_have[*]} " == *" avx2 "* ]]; then
+  for dt in bf16 int8; do check "TRILL_GEN_ISA generic = avx2 ($dt)" cmp -s "$WORK/isa_generic_$dt" "$WORK/isa_avx2_$dt"; done
 fi
+echo "TRILL_GEN_ISA: this CPU has ${isa_have[*]} (each must run), the others must be refused"
 
 check "bench train runs" "$TRILL" bench train --model "$WORK/tiny" --batch 1 --seq 8 --runs 1
 "$TRILL" bench generate --model "$WORK/tiny" --dtypes f32,int8 --batches 1,4 --steps 2 --prompt-len 8 >"$WORK/bgen" 2>&1
