@@ -116,30 +116,43 @@ run 3 as0dp steps=3 "${async[@]}" async.max_staleness=0 parallel.trainer.dp=2 pa
 same_bytes one as0dp 3
 grep -q "async over ranks" as0.log && [ -f as0/async_summary.json ] || fail "no async summary"
 echo "async across ranks at max_staleness 0 (1 and 2 replicas, and DP 2 + a replica): rollouts, adapter and optimizer identical to sync mode"
-bound() { # bound DIR S: every trained token within S versions; prints the lags seen and the batches dropped or regenerated
-  /usr/bin/python3 - "$@" <<'PY' || fail "$1: a token beyond the staleness bound"
+bound() { # bound DIR S POLICY STEPS: every trained token within S versions, and the generator did run ahead: stale
+  # tokens under wait, batches dropped under drop, regenerated under regenerate (the replica generates a batch in a few ms,
+  # the trainer's step takes tens: the batches issued ahead are generated at older weights, structurally, not by chance)
+  /usr/bin/python3 - "$@" <<'PY' || fail "$1: a token beyond the staleness bound, or the policy never acted"
 import json, sys
-d, S = sys.argv[1], int(sys.argv[2])
+d, S, pol, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 m = [json.loads(l) for l in open(d + "/metrics.jsonl")]
-assert m and all(x["staleness_max"] <= S for x in m), [x["staleness_max"] for x in m]
+assert len(m) == steps, (len(m), steps)
+assert all(x["staleness_max"] <= S for x in m), [x["staleness_max"] for x in m]
 lags = [0] * (S + 1)
 for x in m:
     for i, n in enumerate(x["staleness_tokens"]): lags[i] += n
 a = m[-1]
-print(f"  {d}: max_staleness {S}: tokens at lag 0..{S}: {lags}; dropped {a['dropped_batches']}, regenerated {a['regenerated_batches']}")
+dropped, regenerated, batches = a["dropped_batches"], a["regenerated_batches"], [x["batch"] for x in m]
+if pol == "wait":
+    assert sum(lags[1:]) > 0 and dropped == regenerated == 0, ("the generator never ran ahead", lags, dropped, regenerated)
+    assert batches == list(range(steps)), batches
+elif pol == "drop":
+    assert dropped > 0 and regenerated == 0, ("no batch dropped", dropped, regenerated)
+    assert batches == sorted(set(batches)) and batches[-1] == steps - 1 + dropped, batches  # the dropped ones skipped
+else:
+    assert regenerated > 0 and dropped == 0, ("no batch regenerated", dropped, regenerated)
+    assert batches == list(range(steps)), batches
+print(f"  {d}: max_staleness {S}, {pol}: tokens at lag 0..{S}: {lags}; batches {batches}; dropped {dropped}, regenerated {regenerated}")
 PY
 }
 for S in 1 2; do
   run 2 "as$S" steps=6 "${async[@]}" async.max_staleness=$S parallel.generator.replicas=1
-  bound "as$S" "$S"
+  bound "as$S" "$S" wait 6
 done
 run 3 asdrop steps=6 "${async[@]}" async.max_staleness=1 async.on_stale=drop async.queue=3 parallel.generator.replicas=2
-bound asdrop 1
+bound asdrop 1 drop 6
 run 2 asregen steps=6 "${async[@]}" async.max_staleness=1 async.on_stale=regenerate async.queue=3 parallel.generator.replicas=1
-bound asregen 1
+bound asregen 1 regenerate 6
 run 2 asaipo steps=4 "${async[@]}" async.max_staleness=1 algo.loss=aipo parallel.generator.replicas=1
-bound asaipo 1
-echo "async across ranks at max_staleness 1 and 2 (wait, drop, regenerate; AIPO's loss): every token within the bound"
+bound asaipo 1 wait 4
+echo "async across ranks at max_staleness 1 and 2 (wait, drop, regenerate; AIPO's loss): every token within the bound, stale tokens, dropped and regenerated batches seen"
 
 # a transfer corrupted on arrival at version 2 is refused by the receiver, which the controller names
 TRILL_TEST_CORRUPT_TRANSFER=2 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" must_exit 1 corrupt.log "$MPIEXEC" -np 3 --oversubscribe \
