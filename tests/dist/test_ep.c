@@ -1,7 +1,8 @@
 /* Expert parallelism in the model's passes (trill_model_set_expert_comm) on however many ranks
  * the test is started with (alone, and under mpirun -np 2 and 4): every rank holds a shard of a
- * model with 8 routed experts and forwards its own batch (the last rank an empty one, which still
- * serves its experts); every rank also holds the whole model and computes each rank's batch on it
+ * model with 8 routed experts and forwards its own batch (on 4 ranks the last an empty one, which
+ * still serves its experts; on 2 both have rows for the other's experts, so each receives from
+ * two sources and their order matters); every rank also holds the whole model and computes each rank's batch on it
  * alone. The shard's log-probs, routed experts and adapter gradients must equal the whole
  * model's bit for bit: the non-expert gradients for its own batch, and for each source rank the
  * held experts' gradients from that rank's batch. With and without router replay, with and
@@ -25,7 +26,8 @@
 
 
 
-/* The batch of rank s: sequences of formula lengths and tokens; the last of several ranks has none. */
+/* The batch of rank s: sequences of formula lengths and tokens; the last of more than 2 ranks has none
+ * (on 2 both send rows both ways). */
 typedef struct batch {
     int n_seqs, T;
     int offsets[8], tokens[256];
@@ -35,7 +37,7 @@ typedef struct batch {
 
 static void make_batch(batch *b, int s, int P, const trill_config *c) {
     memset(b, 0, sizeof *b);
-    b->n_seqs = P > 1 && s == P - 1 ? 0 : 2 + s % 2;
+    b->n_seqs = P > 2 && s == P - 1 ? 0 : 2 + s % 2;
     for (int i = 0; i < b->n_seqs; i++) b->offsets[i + 1] = b->offsets[i] + 5 + (7 * s + 11 * i) % 23;
     b->T = b->offsets[b->n_seqs];
     for (int t = 0; t < b->T; t++) {
@@ -154,12 +156,14 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
     if (differ) fprintf(stderr, "test_ep: rank %d: %s: %d gradient tensors differ from the whole model's\n", me, what, differ);
     CHECK(differ == 0);
     /* every (token, expert) row that crossed ranks, both ways, forward (again with recomputation) and backward */
-    uint64_t rows = 0;
+    uint64_t rows = 0, out = 0, in = 0;
     for (int l = 0; l < L; l++) {
-        rows += crossing(rf[me].ex, mine->T, L, K, l, E, P, me, -1); /* out, and its outputs back */
+        out += crossing(rf[me].ex, mine->T, L, K, l, E, P, me, -1); /* out, and its outputs back */
         for (int s = 0; s < P; s++)
-            if (s != me) rows += crossing(rf[s].ex, b[s].T, L, K, l, E, P, s, me); /* served for s, returned */
+            if (s != me) in += crossing(rf[s].ex, b[s].T, L, K, l, E, P, s, me); /* served for s, returned */
     }
+    rows = out + in;
+    if (P == 2) CHECK(out > 0 && in > 0); /* rows flow both ways: each rank serves two sources */
     const uint64_t passes = recompute ? 3 : 2;
     const trill_comm_stats cs = trill_comm_stats_get(w);
     const trill_ep_stats es = trill_model_ep_stats(shard);
