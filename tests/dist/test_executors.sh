@@ -42,7 +42,7 @@ same_bytes() { # same_bytes A B STEPS: every step's rollouts and the last checkp
 same() { # same A B STEPS: same_bytes, and the metrics but for times and transfers
   local a=$1 b=$2
   same_bytes "$@"
-  /usr/bin/python3 - "$a/metrics.jsonl" "$b/metrics.jsonl" <<'PY' || fail "$a and $b: the metrics differ"
+  /usr/bin/python3 - "$a/metrics.jsonl" "$b/metrics.jsonl" "$3" <<'PY' || fail "$a and $b: the metrics differ"
 import json, sys
 def load(p):
     out = []
@@ -52,7 +52,8 @@ def load(p):
         out.append(m)
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
-assert len(a) == len(b) and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:5]
+assert len(a) == len(b) == int(sys.argv[3]), ("metrics lines", len(a), len(b), "expected", sys.argv[3])
+assert a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:5]
 PY
 }
 transfers() { # transfers DIR RECEIVERS...: every version reached each receiver rank, the bytes and checksum stated

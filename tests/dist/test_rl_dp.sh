@@ -22,25 +22,25 @@ trap 'rm -rf "$W"' EXIT
 cd "$W"
 export TRILL_CACHE_DIR="$W/cache" OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 # (leak checking off under mpirun in the ASan build: Open MPI's own allocations; see test_sft_dp.sh)
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$HERE/../rl/checks.sh" # must_pass, must_exit (exact status, within LIMIT, no sanitizer report), fail
+LIMIT=${TRILL_TEST_LIMIT_S:-600} # a command's limit: the first run makes the demo's warm start
 source "$HERE/kill_rank.sh"
-run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun)
-  local np=$1 dir=$2 rc=0
+MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC")
+run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun), exit 0 within LIMIT, its log DIR.log clean
+  local np=$1 dir=$2
   shift 2
   if [ "$np" -eq 0 ]; then
-    timeout -k 5 600 "$TRILL" train run_dir="$dir" checkpoint.every=0 "$@" >"$dir.log" 2>&1 || rc=$?
+    must_pass "$dir.log" "$TRILL" train run_dir="$dir" checkpoint.every=0 "$@"
   else
-    ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 600 "$MPIEXEC" -np "$np" --oversubscribe "$TRILL" train run_dir="$dir" \
-      checkpoint.every=0 parallel.trainer.dp="$np" "$@" >"$dir.log" 2>&1 || rc=$?
+    must_pass "$dir.log" "${MPI[@]}" -np "$np" --oversubscribe "$TRILL" train run_dir="$dir" checkpoint.every=0 parallel.trainer.dp="$np" "$@"
   fi
-  [ "$rc" -eq 0 ] || { tail -20 "$dir.log"; fail "trill train on $np ranks exited $rc"; }
 }
-same() { # same A B STEPS: the last checkpoint's adapter and optimizer, and the metrics but for times
+same() { # same A B STEPS: the last checkpoint's adapter and optimizer, and the metrics (STEPS lines) but for times
   local a=$1 b=$2 ck="checkpoints/step-0000000$3"
   for f in adapter/adapter_model.safetensors optimizer.safetensors; do
     cmp -s "$a/$ck/$f" "$b/$ck/$f" || fail "$a/$ck/$f and $b/$ck/$f differ"
   done
-  /usr/bin/python3 - "$a/metrics.jsonl" "$b/metrics.jsonl" <<'PY' || fail "$a and $b: the metrics differ"
+  /usr/bin/python3 - "$a/metrics.jsonl" "$b/metrics.jsonl" "$3" <<'PY' || fail "$a and $b: the metrics differ"
 import json, sys
 def load(p):
     out = []
@@ -50,6 +50,7 @@ def load(p):
         out.append(m)
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
+assert len(a) == len(b) == int(sys.argv[3]), ("metrics lines", len(a), len(b), "expected", sys.argv[3])
 assert a == b, [(k, x[k], y[k]) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:5]
 PY
 }
@@ -91,7 +92,7 @@ for d in r21 r14; do
 done
 echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an uninterrupted run"
 # a rank killed mid-run ends the job within seconds, naming the rank; resume=auto continues
-ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=killed \
+timeout -k 5 300 "${MPI[@]}" -np 2 --oversubscribe "$TRILL" train run_dir=killed \
   parallel.trainer.dp=2 steps=100000 checkpoint.every=2 "${long[@]:0:1}" >killed.log 2>&1 &
 job=$!
 kill_rank_1 "$job" "$TRILL train" killed.log
@@ -139,9 +140,8 @@ near one tp2
 run 2 mergetp steps=2 trainer.micro_batch_tokens=256 sync.mode=merge parallel.trainer.dp=1 parallel.trainer.tp=2
 near merge1 mergetp
 echo "demo under TP 2 (adapter and merge sync): within the reductions' order of one process"
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.ep=2 generator.on_policy=true \
-  steps=1 >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "generator.on_policy: its scoring engine needs the whole model, and parallel.trainer.ep 2 shards it" bad.log || { cat bad.log; fail "on-policy mode under EP was not refused"; }
-rc=0; "$MPIEXEC" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.dp=2 mode=async steps=1 >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "parallel.trainer.dp: 2 ranks need mode: sync" bad.log || { cat bad.log; fail "async on 2 ranks was not refused"; }
+must_exit 1 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.ep=2 generator.on_policy=true steps=1
+grep -q "generator.on_policy: its scoring engine needs the whole model, and parallel.trainer.ep 2 shards it" bad.log || { cat bad.log; fail "on-policy mode under EP was not refused"; }
+must_exit 1 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.dp=2 mode=async steps=1
+grep -q "parallel.trainer.dp: 2 ranks need mode: sync" bad.log || { cat bad.log; fail "async on 2 ranks was not refused"; }
 echo "rl data-parallel test passed"

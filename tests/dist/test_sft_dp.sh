@@ -24,8 +24,9 @@ export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
 # In the ASan build, leak checking is off under mpirun: Open MPI's own allocations (in plugins it
 # unloads at MPI_Finalize, so no suppression can name them) are reported as leaks. The runs
 # without mpirun, and the tree sum in test_comm alone, keep it on.
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$HERE/../rl/checks.sh" # must_pass, must_exit (exact status, within LIMIT, no sanitizer report), numeric, fail
 source "$HERE/kill_rank.sh"
+MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC")
 /usr/bin/python3 - <<'PY'
 import json, random
 r = random.Random(0)
@@ -40,18 +41,24 @@ PY
 # 3 steps of 4 micro-batches of ~128 tokens: each rank count splits them differently (4 ranks: one each)
 common=(--model model --data train.jsonl --eval heldout.jsonl trainer.micro_batch_tokens=128 sft.grad_accum=4 sft.max_steps=3
         trainer.lr=3e-3 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head)
-run() { # run NP OUT ARGS...: trill sft on NP ranks (0: no mpirun)
-  local np=$1 out=$2 rc=0
+run() { # run NP OUT ARGS...: trill sft on NP ranks (0: no mpirun), exit 0 within LIMIT, its log OUT.log clean
+  local np=$1 out=$2
   shift 2
   if [ "$np" -eq 0 ]; then
-    timeout -k 5 300 "$TRILL" sft "${common[@]}" --out "$out" "$@" 2>"$out.log" || rc=$?
+    must_pass "$out.log" "$TRILL" sft "${common[@]}" --out "$out" "$@"
   else
-    ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 300 "$MPIEXEC" -np "$np" --oversubscribe "$TRILL" sft "${common[@]}" --out "$out" parallel.trainer.dp="$np" "$@" \
-      >"$out.log" 2>&1 || rc=$?
+    must_pass "$out.log" "${MPI[@]}" -np "$np" --oversubscribe "$TRILL" sft "${common[@]}" --out "$out" parallel.trainer.dp="$np" "$@"
   fi
-  [ "$rc" -eq 0 ] || { tail -20 "$out.log"; fail "trill sft on $np ranks exited $rc"; }
 }
-eval_loss() { sed -n 's/.*eval loss \([0-9.]*\) (.*/\1/p' "$1.log" | tail -1; }
+same_loss() { # same_loss A B: the last held-out loss of A.log and B.log, both numbers, equal
+  local a b
+  a=$(sed -n 's/.*eval loss \([0-9.]*\) (.*/\1/p' "$1.log" | tail -1)
+  b=$(sed -n 's/.*eval loss \([0-9.]*\) (.*/\1/p' "$2.log" | tail -1)
+  numeric "$1: the held-out loss" "$a"
+  numeric "$2: the held-out loss" "$b"
+  [ "$a" = "$b" ] || fail "held-out loss of $1 $a vs $2 $b"
+  loss=$a
+}
 close() { # close A B: adapters within 1e-3 of the largest value of the first (tensor parallelism's order of sums)
   /usr/bin/python3 "$HERE/st_close.py" "$1/adapter_model.safetensors" "$2/adapter_model.safetensors" 1e-3 || fail "$1 and $2: adapters differ"
 }
@@ -65,28 +72,28 @@ run 0 lora0 --lora
 for np in 1 2 4; do
   run "$np" "lora$np" --lora
   same lora0 "lora$np" adapter_model.safetensors optimizer.safetensors
-  [ "$(eval_loss "lora$np")" = "$(eval_loss lora0)" ] || fail "held-out loss on $np ranks $(eval_loss "lora$np") vs $(eval_loss lora0)"
+  same_loss lora0 "lora$np"
   grep -q "data-parallel" "lora$np.log" || [ "$np" -eq 1 ] || fail "the $np-rank run does not say it is data-parallel"
-  echo "LoRA, $np rank(s): adapter and optimizer byte-identical to one process; held-out loss $(eval_loss "lora$np")"
+  echo "LoRA, $np rank(s): adapter and optimizer byte-identical to one process; held-out loss $loss"
 done
 [ "$(grep -c '^step 3/3' lora4.log)" -eq 1 ] || fail "the 4-rank run logged its steps $(grep -c '^step 3/3' lora4.log) times (rank 0 alone logs)"
 for layout in "2 1 2" "4 1 4" "4 2 2"; do # ranks, dp, ep
   read -r np dp ep <<<"$layout"
   run "$np" "ep$np$dp" --lora parallel.trainer.dp="$dp" parallel.trainer.ep="$ep"
   same lora0 "ep$np$dp" adapter_model.safetensors optimizer.safetensors
-  [ "$(eval_loss "ep$np$dp")" = "$(eval_loss lora0)" ] || fail "held-out loss under dp $dp x ep $ep: $(eval_loss "ep$np$dp") vs $(eval_loss lora0)"
+  same_loss lora0 "ep$np$dp"
   echo "LoRA, dp $dp x ep $ep: adapter and optimizer byte-identical to one process"
 done
 for layout in "2 1 2" "4 2 2"; do # ranks, dp, tp
   read -r np dp tp <<<"$layout"
   run "$np" "tp$np$dp" --lora parallel.trainer.dp="$dp" parallel.trainer.tp="$tp"
   close lora0 "tp$np$dp"
-  [ "$(eval_loss "tp$np$dp")" = "$(eval_loss lora0)" ] || fail "held-out loss under dp $dp x tp $tp: $(eval_loss "tp$np$dp") vs $(eval_loss lora0)"
+  same_loss lora0 "tp$np$dp"
   echo "LoRA, dp $dp x tp $tp: the same held-out loss, adapters within 1e-3 of one process's"
 done
 # the merged checkpoints (W + scale B A, fp32): within the adapters' tolerance
-"$TRILL" merge --model model --adapter lora0 --out merged0 --dtype f32 2>/dev/null && "$TRILL" merge --model model --adapter tp21 --out merged2 --dtype f32 2>/dev/null \
-  || fail "trill merge"
+must_pass merge0.log "$TRILL" merge --model model --adapter lora0 --out merged0 --dtype f32
+must_pass merge2.log "$TRILL" merge --model model --adapter tp21 --out merged2 --dtype f32
 /usr/bin/python3 "$HERE/st_close.py" merged0/model.safetensors merged2/model.safetensors 1e-3 || fail "the merged checkpoints of one process and of TP 2 differ"
 cp -r lora0 tpgather
 run 2 tpgather --lora parallel.trainer.dp=1 parallel.trainer.tp=2 resume=auto # every step taken: loaded in slices, gathered, saved
@@ -118,7 +125,7 @@ same whole re14 adapter_model.safetensors optimizer.safetensors
 echo "resumed on another rank count (2 -> 1, 1 -> 4; EP 2 -> 1, 1 -> DP 2 x EP 2): byte-identical to an uninterrupted run"
 
 # a rank killed mid-run ends the job within seconds, naming the rank; resume=auto continues
-ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout -k 5 120 "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out killed \
+timeout -k 5 120 "${MPI[@]}" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out killed \
     --lora parallel.trainer.dp=2 sft.max_steps=100000 sft.epochs=100000 sft.save_every=2 >killed.log 2>&1 &
 job=$!
 kill_rank_1 "$job" "$TRILL sft" killed.log
@@ -130,26 +137,26 @@ grep -q "^step $((step + 2))/" killed.log || fail "the resumed run did not conti
 echo "resume=auto after the kill continued from step $step"
 
 # refusals: the arithmetic, expert/tensor parallelism, a command that runs on one process
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.dp=4 --lora >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "dp 4 x ep 1 x tp 1 = 4 trainer ranks, but the job has 2 ranks" bad.log || { cat bad.log; fail "a wrong rank count was not refused"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 3 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=3 --lora >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "parallel.trainer.ep: 3 expert-parallel ranks need routed experts in a multiple of 3, but this Qwen3MoeForCausalLM has 8" bad.log \
+must_exit 1 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.dp=4 --lora
+grep -q "dp 4 x ep 1 x tp 1 = 4 trainer ranks, but the job has 2 ranks" bad.log || { cat bad.log; fail "a wrong rank count was not refused"; }
+must_exit 1 bad.log "${MPI[@]}" -np 3 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=3 --lora
+grep -q "parallel.trainer.ep: 3 expert-parallel ranks need routed experts in a multiple of 3, but this Qwen3MoeForCausalLM has 8" bad.log \
   || { cat bad.log; fail "ep 3 over 8 experts was not refused"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 4 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=4 --lora >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "parallel.trainer.tp: 4 tensor-parallel ranks split the attention heads (4, 2 key-value)" bad.log \
+must_exit 1 bad.log "${MPI[@]}" -np 4 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=4 --lora
+grep -q "parallel.trainer.tp: 4 tensor-parallel ranks split the attention heads (4, 2 key-value)" bad.log \
   || { cat bad.log; fail "tp 4 over 2 key-value heads was not refused"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 4 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=2 parallel.trainer.ep=2 --lora >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "expert and tensor parallelism together are not built" bad.log || { cat bad.log; fail "ep with tp was not refused"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=2 --full >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "sft.mode full: full fine-tuning with parallel.trainer.ep 2 is not built" bad.log || { cat bad.log; fail "full fine-tuning under EP was not refused"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=2 --full >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "sft.mode full: full fine-tuning with parallel.trainer.tp 2 is not built" bad.log || { cat bad.log; fail "full fine-tuning under TP was not refused"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" info --model model >bad.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "trill info: runs on one process, but this job has 2 ranks" bad.log || { cat bad.log; fail "trill info on 2 ranks was not refused"; }
+must_exit 1 bad.log "${MPI[@]}" -np 4 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=2 parallel.trainer.ep=2 --lora
+grep -q "expert and tensor parallelism together are not built" bad.log || { cat bad.log; fail "ep with tp was not refused"; }
+must_exit 1 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.ep=2 --full
+grep -q "sft.mode full: full fine-tuning with parallel.trainer.ep 2 is not built" bad.log || { cat bad.log; fail "full fine-tuning under EP was not refused"; }
+must_exit 1 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" sft "${common[@]}" --out bad parallel.trainer.tp=2 --full
+grep -q "sft.mode full: full fine-tuning with parallel.trainer.tp 2 is not built" bad.log || { cat bad.log; fail "full fine-tuning under TP was not refused"; }
+must_exit 2 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" info --model model # a usage error (EXIT_USAGE)
+grep -q "trill info: runs on one process, but this job has 2 ranks" bad.log || { cat bad.log; fail "trill info on 2 ranks was not refused"; }
 # trill bench train shares its batch over the ranks
-out=$(ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" bench train --model model --batch 2 --seq 16 --runs 1 2>/dev/null) \
-  || fail "trill bench train on 2 ranks"
+must_pass bench.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" bench train --model model --batch 2 --seq 16 --runs 1 >bench.out
+out=$(cat bench.out)
 grep -q "2 ranks, 2 data-parallel (1 sequences each" <<<"$out" && grep -q "^trill train (lora" <<<"$out" || { echo "$out"; fail "bench train on 2 ranks printed no data-parallel figures"; }
-rc=0; ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC" -np 2 --oversubscribe "$TRILL" bench train --model model --batch 1 --seq 16 >bad.log 2>&1 || rc=$?
-[ "$rc" -eq 2 ] && grep -q "fewer sequences than the job's 2 ranks" bad.log || { cat bad.log; fail "bench train with fewer sequences than ranks was not refused"; }
+must_exit 2 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" bench train --model model --batch 1 --seq 16
+grep -q "fewer sequences than the job's 2 ranks" bad.log || { cat bad.log; fail "bench train with fewer sequences than ranks was not refused"; }
 echo "sft data-parallel test passed"

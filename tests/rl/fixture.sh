@@ -1,22 +1,13 @@
 # Sourced by the RL end-to-end tests: a scratch folder, a tiny random MoE (layer 0 dense, then
 # MoE layers), two-digit addition prompts, a graded external reward, and the common overrides.
-# Expects TRILL (the binary); defines PY, W, LIMIT, fail, clean_log, must_pass, must_exit,
-# reply_deadline and COMMON.
+# Expects TRILL (the binary); defines PY, W, reply_deadline and COMMON, and (checks.sh) LIMIT, fail,
+# clean_log, must_pass, must_exit and numeric.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/checks.sh" # fail, LIMIT, clean_log, must_pass, must_exit, numeric
 PY=/usr/bin/python3
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-LIMIT=${TRILL_TEST_LIMIT_S:-300} # seconds any one command may take: a timeout is a failure, never a pass
-
-# No sanitizer or runtime-error report in a log (under ASan/UBSan a report after the expected
-# message would otherwise pass as "the run failed").
-clean_log() {
-    if grep -nE "Sanitizer|runtime error:|Segmentation fault|core dumped|double free|stack smashing" "$1" >&2; then
-        fail "a sanitizer or runtime-error report in $1"
-    fi
-}
 # A reward process's reply deadline for tests of its failures: relative to how long a Python
 # process takes to start on this machine now (a restarted process's first reply includes it), so
 # a loaded machine does not time out what should crash or answer: 10 x, at least 0.5 s.
@@ -28,25 +19,6 @@ subprocess.run([sys.executable, "-c", "import json, os, sys, time"], check=True)
 print(f"{round(max(0.5, 10 * (time.monotonic() - t)), 2):g}")
 PY
 }
-# must_pass LOG COMMAND...: exits 0 within LIMIT, stderr in LOG, no report in it.
-must_pass() {
-    local log=$1 rc=0
-    shift
-    timeout -k 5 "$LIMIT" "$@" 2>"$log" || rc=$?
-    [ "$rc" -eq 0 ] || { tail -20 "$log" >&2; fail "exit status $rc$( [ "$rc" -ne 124 ] || echo " (timed out after $LIMIT s)"): $*"; }
-    clean_log "$log"
-}
-# must_exit CODE LOG COMMAND...: exits with exactly CODE (1: the run failed, 2: a usage error)
-# within LIMIT, stderr in LOG, no report in it.
-must_exit() {
-    local want=$1 log=$2 rc=0
-    shift 2
-    timeout -k 5 "$LIMIT" "$@" 2>"$log" || rc=$?
-    [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || { tail -5 "$log" >&2; fail "timed out after $LIMIT s (a hang): $*"; }
-    [ "$rc" -eq "$want" ] || { tail -20 "$log" >&2; fail "exit status $rc, expected $want: $*"; }
-    clean_log "$log"
-}
-
 "$TRILL" init --out model --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
     --set head_dim=16 --seed 3 2>/dev/null
 $PY - <<'PY'
