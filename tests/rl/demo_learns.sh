@@ -2,7 +2,8 @@
 # The embedded demo (`trill train` with no config file) learns: the warm start is built into a
 # fresh cache and a few RL steps run; a second run finds the warm start in the cache and must raise
 # held-out pass@1 by at least 7 points in 40 steps; `trill eval` on the trained adapter reproduces
-# the run's own final evaluation. How fast RL gains depends on the warm start's base: SFT's data
+# the run's own final evaluation; the cookbook's RL example, through trill serve on the cached warm
+# start, must raise pass@1 by 5 points in 30 steps (tests/service/cookbook_learns.py). How fast RL gains depends on the warm start's base: SFT's data
 # order decides which step it reaches its target at, and a base trained longer explores less.
 # Measured on the base of the current warm start (500 SFT steps, dev pass@1 32.3%), RL seeds 0, 1,
 # 2: +14.7, +10.4, +13.7 points in 40 steps (+9.7, +7.3, +11.9 in 30); the base before SFT used
@@ -13,6 +14,7 @@
 set -euo pipefail
 FULL=${TRILL_TEST_FULL:-0}
 TRILL=$(realpath "$1")
+HERE=$(cd "$(dirname "$0")" && pwd)
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
@@ -48,6 +50,8 @@ before=$(pass1 before log2) after=$(pass1 after log2)
 [ "$before" = "$(pass1 before log1)" ] || fail "the same warm start evaluated differently: $before vs $(pass1 before log1)"
 echo "demo, 40 RL steps: held-out pass@1 $before% -> $after%"
 awk -v a="$before" -v b="$after" 'BEGIN { exit !(b - a >= 7) }' || fail "RL raised held-out pass@1 by less than 7 points ($before% -> $after%)"
+# the cookbook's RL example (examples/service/rl.py) against trill serve on the cached warm start
+timeout -k 5 "$LIMIT" /usr/bin/python3 "$HERE/../service/cookbook_learns.py" "$TRILL" || fail "the cookbook's RL example did not learn (above)"
 
 # the bf16 trainer (trainer.precision: bf16) learns as well: the same 40 steps, the same threshold
 if [ "$FULL" = 1 ]; then
