@@ -3,8 +3,9 @@
 # fresh cache and a few RL steps run; a second run finds the warm start in the cache and must raise
 # held-out pass@1 by at least 7 points in 40 steps; `trill eval` on the trained adapter reproduces
 # the run's own final evaluation; the cookbook's RL example, through trill serve on the cached warm
-# start, must raise pass@1 by 5 points in 30 steps (tests/service/cookbook_learns.py). How fast RL gains depends on the warm start's base: SFT's data
-# order decides which step it reaches its target at, and a base trained longer explores less.
+# start, must raise pass@1 by 5 points in 30 steps (tests/service/cookbook_learns.py). How fast
+# RL gains depends on the warm start's base: SFT's data order decides which step it reaches its
+# target at, and a base trained longer explores less.
 # Measured on the base of the current warm start (500 SFT steps, dev pass@1 32.3%), RL seeds 0, 1,
 # 2: +14.7, +10.4, +13.7 points in 40 steps (+9.7, +7.3, +11.9 in 30); the base before SFT used
 # the RL data order (300 steps, 33.6%) gained +20 in 30.
