@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# Mutation check of the test suite (issue 35): plants each bug of the list below, one at a time,
+# rebuilds, runs only the tests the entry names and reports whether one of them failed (CAUGHT),
+# all passed (MISSED), none failed but they ran past MUTATE_TIMEOUT (HUNG), or the entry could not
+# be run (BROKEN: its snippet is not in its file exactly once, the file has local changes, a named
+# test does not exist, or the mutant does not compile). Exits non-zero unless every entry is CAUGHT.
+#
+#   scripts/mutate.sh [BUILD_DIR] [NAME...]   run every entry, or the named ones (BUILD_DIR: build)
+#   scripts/mutate.sh --list                  the entries
+#   scripts/mutate.sh --check [NAME...]       only check that each entry still applies (no build)
+#
+# BUILD_DIR is a configured release build (cmake -S . -B build -DCMAKE_BUILD_TYPE=Release). It is
+# first built from the clean sources and the named tests run there once (a test that fails
+# without a mutation catches nothing; MUTATE_BASELINE=0 skips this). The source file is restored
+# after each entry, also on an interrupt, and the build brought back to the clean sources at the
+# end. Logs: BUILD_DIR/mutate/NAME.log. Environment: JOBS (build jobs, 2), MUTATE_TIMEOUT (seconds
+# for one entry's tests, 1800). Not part of `make test`: the list takes about 25 minutes on 2 cores.
+#
+# An entry is one exact search/replace in one file. A mutation must compile and be a realistic
+# slip (a bound, a sign, a skipped check, swapped operands); it names the smallest set of ctest
+# tests that catches it.
+set -euo pipefail
+shopt -u patsub_replacement 2>/dev/null || true # "&" in a replacement is literal
+export LC_ALL=C                                  # lengths in bytes
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+NAMES=() AREAS=() FILES=() TESTS=() SEARCH=() REPLACE=() WHAT=()
+# m NAME AREA FILE "TEST..." SEARCH REPLACE WHAT
+m() {
+    NAMES+=("$1") AREAS+=("$2") FILES+=("$3") TESTS+=("$4") SEARCH+=("$5") REPLACE+=("$6") WHAT+=("$7")
+}
+
+# ---- the list ---------------------------------------------------------------------------------
+
+# RL glue: advantages, losses, KL
+m adv_population_std rl src/rl/algo.c "test_rl_algo" \
+  'sqrt(ss / (group_size - 1))' \
+  'sqrt(ss / group_size)' \
+  "group advantages normalised by the population std instead of the sample std"
+m clip_low_high_swapped rl src/rl/algo.c "test_rl_algo" \
+  'const double lo = 1.0 - cfg->algo.clip_low, hi = 1.0 + cfg->algo.clip_high;
+    *ratio = r;' \
+  'const double lo = 1.0 - cfg->algo.clip_high, hi = 1.0 + cfg->algo.clip_low;
+    *ratio = r;' \
+  "token losses use clip_low and clip_high swapped (clip-higher inverted)"
+m kl_k3_grad_sign rl src/rl/algo.c "test_rl_algo" \
+  'case TRILL_KL_K3: return 1.0 - exp_clamped(-x);' \
+  'case TRILL_KL_K3: return exp_clamped(-x) - 1.0;' \
+  "the k3 KL estimator's gradient with the wrong sign"
+m tis_ratio_inverted rl src/rl/algo.c "test_rl_algo" \
+  'fmin(exp((double)old_logp[t] - (double)behav_logp[t]), cap)' \
+  'fmin(exp((double)behav_logp[t] - (double)old_logp[t]), cap)' \
+  "TIS weight pi_behaviour / pi_old instead of pi_old / pi_behaviour"
+
+# capture and replay of the router's expert ids
+m capture_layer_major replay src/model/blocks.c "test_model" \
+  'experts[((size_t)t * n_moe_layers + ordinal) * K + j]' \
+  'experts[((size_t)ordinal * T + t) * K + j]' \
+  "the training forward captures experts [layer][token] instead of [token][layer]"
+m replay_gates_unreplayed replay src/arch/qwen3/layer.c "test_service" \
+  '    trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);
+    trill_router_gates_forward(a->moe.topw, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);' \
+  '    trill_router_gates_forward(a->moe.topw, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+    trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);' \
+  "Qwen3: the gates are taken at the router's own top-k before the replayed ids replace it"
+
+# routers
+m qwen3_norm_topk_always router src/arch/qwen3/layer.c "parity_torch" \
+  'a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);' \
+  'a->moe.topi, T, E, K, 1, 0.0f, 1.0f);' \
+  "Qwen3 training forward renormalises the top-k gates even with norm_topk_prob false"
+m ds_group_score_unbiased router src/kernels/ops_impl.h "test_kernels" \
+  'const REAL si = bias ? p[i] + bias[i] : p[i];' \
+  'const REAL si = p[i];' \
+  "DeepSeek grouped router: group scores from the scores without the correction bias"
+
+# YaRN
+m yarn_ramp_rounding yarn src/kernels/ops_impl.h "test_kernels" \
+  'if (truncate) low = floor(low), high = ceil(high);' \
+  'if (truncate) low = ceil(low), high = floor(high);' \
+  "YaRN correction range rounded inwards instead of outwards"
+m yarn_softmax_mscale_once yarn src/arch/deepseek_v3/layer.c "parity_deepseek" \
+  'softmax *= m * m;' \
+  'softmax *= m;' \
+  "DeepSeek YaRN: the softmax scale takes mscale(factor, mscale_all_dim) once, not squared"
+
+# expert and tensor parallelism
+m ep_serve_order ep src/model/moe_ep.c "ep_mpi_2 ep_mpi_4" \
+  'for (int s = 0; s < P && !st; s++)
+        for (int el = 0; el < El && !st; el++) {' \
+  'for (int el = 0; el < El && !st; el++)
+        for (int s = 0; s < P && !st; s++) {' \
+  "EP forward serves the received rows expert-major instead of in source order"
+m tp_lora_a_unsummed tp src/model/tp.c "tp_mpi_2" \
+  '    if (!st) st = trill_tp_sum(fp, xa, (size_t)n * r);
+' \
+  '' \
+  "TP row-parallel layer: the adapter's partial x A^T is not summed over the group"
+
+# tokenizers
+m bpe_tie_rightmost tokenizer src/model/tokenizer.c "test_tokenizer" \
+  'if (merge[i] < merge[at]) at = i;' \
+  'if (merge[i] <= merge[at]) at = i;' \
+  "byte-level BPE merges the rightmost of equal-rank pairs first"
+m pretok_pcre_s tokenizer src/model/tiktoken_pattern.c "test_tokenizer" \
+  'case '\''s'\'': trill_strbuf_put(b, "\\p{White_Space}", 15); break;' \
+  'case '\''s'\'': trill_strbuf_put(b, "\\s", 2); break;' \
+  "pre-tokenizer regex: \\s left as PCRE2's \\s (no U+0085) instead of White_Space"
+m tiktoken_left_pair_stale tokenizer src/model/tokenizer.c "test_tokenizer" \
+  'for (size_t i = at ? at - 1 : 0; i <= at && i + 1 < m; i++) {' \
+  'for (size_t i = at; i <= at && i + 1 < m; i++) {' \
+  "tiktoken merge: the pair left of a merge keeps its old rank"
+m chat_qwen3_last_think tokenizer src/model/chat.c "tokenizer_parity" \
+  'if (i > last_query && (i == n - 1 || reasoning_len > 0)) {' \
+  'if (i > last_query && reasoning_len > 0) {' \
+  "Qwen3 chat: a final assistant turn without reasoning gets no empty think block"
+
+# checkpoints
+m ckpt_xxh64_unchecked checkpoint src/rl/checkpoint.c "rl_reliability" \
+  '            else if (strcmp(hex, json_string_value(jh)) != 0)
+                st = trill_error(TRILL_ERR_INVALID, "%s has checksum %s, the manifest says %s", file, hex, json_string_value(jh));
+' \
+  '' \
+  "resume: the manifest's XXH64 of each file is not compared (sizes only)"
+m ckpt_base_weights_unchecked checkpoint src/rl/checkpoint.c "rl_reliability" \
+  '(strcmp(ch, nc) != 0 || strcmp(wh, nw) != 0)' \
+  '(strcmp(ch, nc) != 0)' \
+  "resume: the base model's weights hash is not compared (config.json only)"
+
+# the service: authentication and isolation
+m svc_tokenize_unauthenticated service src/service/http.c "service" \
+  'if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "a valid API key is needed' \
+  'if (!authenticate(c, s, key_id) && !strstr(url, "tokenize")) return answer_error(c, "unauthorized", "a valid API key is needed' \
+  "/models/*/tokenize and /detokenize answer without an API key"
+m svc_state_any_owner service src/service/tenants.c "service" \
+  'if (!r.found || strcmp(r.key_id, key_id) != 0) return svc_fail' \
+  'if (!r.found) return svc_fail' \
+  "a trill:// saved state of another key can be loaded"
+m svc_sampler_any_owner service src/service/tenants.c "service" \
+  'if (strcmp(p->id, id) == 0) return strcmp(p->key_id, key_id) == 0 && !p->creating' \
+  'if (strcmp(p->id, id) == 0) return !p->creating' \
+  "another key's sampler can be used by its id"
+
+# async policies
+m async_gate_one_early async src/rl/async.c "rl_async" \
+  'const int64_t need = (int64_t)as->v0 + (k - as->k0) - c->async.max_staleness;' \
+  'const int64_t need = (int64_t)as->v0 + (k - as->k0) - c->async.max_staleness - 1;' \
+  "async wait gate: the generator starts a batch one version too early"
+m async_stale_by_mean_lag async src/rl/async.c "rl_async" \
+  'const int lag_max = m->staleness_max;' \
+  'const int lag_max = (int)m->staleness_mean;' \
+  "async drop/regenerate judge a batch by its mean lag, so tokens beyond the bound are trained"
+m async_regen_not_awaited async src/rl/async.c "rl_async" \
+  'as->redo[as->n_redo++] = a->want = ro->index;' \
+  'as->redo[as->n_redo++] = ro->index;' \
+  "async regenerate: the trainer does not wait for the regenerated batch, it trains the next one first"
+m async_ranks_gate_all async src/rl/async_ranks.c "dist_executors" \
+  'if (c->async.on_stale == TRILL_STALE_WAIT &&' \
+  'if (c->async.max_staleness >= 0 &&' \
+  "async across ranks: the wait gate also holds back drop and regenerate"
+m aipo_ratio_vs_old async src/rl/algo.c "test_rl_algo" \
+  'const double mu_ratio = exp_clamped(logp - behav_logp)' \
+  'const double mu_ratio = exp_clamped(logp - old_logp)' \
+  "AIPO's truncated ratio against the trainer's old policy instead of the behaviour policy"
+
+# instruction-set dispatch
+m isa_pin_best_only isa src/infer/gemm.c "cli golden_outputs" \
+  'if (trill_gen_isa_supported(all[i])) g_isa_active = all[i];' \
+  'if (trill_gen_isa_supported(all[i]) && all[i] == trill_gen_isa_best()) g_isa_active = all[i];' \
+  "TRILL_GEN_ISA refuses a supported instruction set other than the best"
+m isa_avx2_bf16_pairs isa src/infer/gemm.c "test_gen_gemm_avx2" \
+  'x.f = _mm256_broadcast_ss((const float *)(const void *)(p + 4));
+        x.fx = _mm256_broadcast_ss((const float *)(const void *)p);' \
+  'x.f = _mm256_broadcast_ss((const float *)(const void *)p);
+        x.fx = _mm256_broadcast_ss((const float *)(const void *)(p + 4));' \
+  "AVX2 bf16 kernel pairs the activations' odd and even halves the wrong way round"
+
+# ---- the machinery ----------------------------------------------------------------------------
+
+die() { echo "mutate.sh: $*" >&2; exit 2; }
+
+index_of() {
+    local i
+    for i in "${!NAMES[@]}"; do [[ ${NAMES[$i]} == "$1" ]] && { echo "$i"; return 0; }; done
+    return 1
+}
+
+# TEXT: the file's text, exactly (trailing newlines kept).
+load() { TEXT=$(cat -- "$1"; printf x); TEXT=${TEXT%x}; }
+
+# How many times $2 occurs in $1 (non-overlapping).
+count_of() { local rest=${1//"$2"/}; echo $(( (${#1} - ${#rest}) / ${#2} )); }
+
+# Why entry $1 cannot be applied, or nothing.
+problem() {
+    local i=$1 f=${FILES[$1]} n
+    [[ -n ${SEARCH[$i]} ]] || { echo "empty snippet"; return; }
+    [[ -f $f ]] || { echo "$f does not exist"; return; }
+    git diff --quiet HEAD -- "$f" 2>/dev/null || { echo "$f has local changes: commit or stash them first"; return; }
+    load "$f"
+    n=$(count_of "$TEXT" "${SEARCH[$i]}")
+    [[ $n -eq 1 ]] || echo "the snippet occurs $n times in $f (exactly once expected): update the entry"
+}
+
+# The file being mutated (its original text in $SAVED), and the running tests: both are dealt
+# with whatever happens.
+CUR_FILE="" CHILD="" SAVED=""
+restore() {
+    if [[ -n $CUR_FILE ]]; then
+        cat "$SAVED" > "$CUR_FILE" # a new mtime: the next build recompiles it
+        CUR_FILE=""
+    fi
+}
+on_exit() {
+    local rc=$?
+    if [[ -n $CHILD ]]; then
+        kill -TERM "$CHILD" 2>/dev/null || true # timeout passes it on to ctest's group
+        wait "$CHILD" 2>/dev/null || true
+    fi
+    if [[ -n $CUR_FILE ]]; then
+        restore
+        echo "mutate.sh: interrupted; the sources are restored, $BUILD holds a mutant until the next build" >&2
+    fi
+    [[ -z $SAVED ]] || rm -f "$SAVED"
+    exit $rc
+}
+
+rebuild() { cmake --build "$BUILD" -j"$JOBS" >"$1" 2>&1; }
+
+# Runs the tests $2 (names, space-separated) with ctest's output appended to $1; sets RC, FAILED
+# (the tests that failed or timed out, comma-separated) and SKIPPED. In the background, so that an
+# interrupt is handled at once: timeout runs ctest in a process group of its own, which the
+# terminal's ^C does not reach.
+run_tests() {
+    local regex
+    regex="^($(tr ' ' '|' <<<"$2"))\$"
+    timeout -k 30 "$TIMEOUT" ctest --test-dir "$BUILD" --output-on-failure -R "$regex" >>"$1" 2>&1 &
+    CHILD=$! RC=0
+    wait "$CHILD" || RC=$?
+    CHILD=""
+    FAILED=$(sed -n 's/^.*Test *#[0-9]*: \([^ ]*\) .*\*\*\*\(Failed\|Timeout\|Exception\|Not Run\).*$/\1/p' "$1" | paste -sd, -)
+    SKIPPED=$(sed -n 's/^.*Test *#[0-9]*: \([^ ]*\) .*\*\*\*Skipped.*$/\1/p' "$1" | paste -sd, -)
+}
+
+main() {
+    local MODE=run
+    case "${1:-}" in
+    --list)
+        for i in "${!NAMES[@]}"; do printf '%-28s %-10s %-30s %s\n' "${NAMES[$i]}" "${AREAS[$i]}" "${TESTS[$i]}" "${WHAT[$i]}"; done
+        return 0 ;;
+    --check) MODE=check; shift ;;
+    -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; return 0 ;;
+    esac
+
+    BUILD=build
+    if [[ $MODE == run && $# -gt 0 && -d $1 ]]; then BUILD=${1%/}; shift; fi
+    local SELECTED=() n idx i
+    if [[ $# -eq 0 ]]; then
+        SELECTED=("${!NAMES[@]}")
+    else
+        for n in "$@"; do
+            idx=$(index_of "$n") || die "no entry named $n (--list shows them)"
+            SELECTED+=("$idx")
+        done
+    fi
+
+    if [[ $MODE == check ]]; then
+        local bad=0 why
+        for i in "${SELECTED[@]}"; do
+            why=$(problem "$i")
+            if [[ -n $why ]]; then echo "BROKEN ${NAMES[$i]}: $why"; bad=1; else echo "ok     ${NAMES[$i]}"; fi
+        done
+        return $bad
+    fi
+
+    [[ -f $BUILD/CMakeCache.txt ]] || die "$BUILD is not a configured build (cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release)"
+    JOBS=${JOBS:-2}
+    TIMEOUT=${MUTATE_TIMEOUT:-1800}
+    local LOGS=$BUILD/mutate t_all=$SECONDS
+    mkdir -p "$LOGS"
+    SAVED=$(mktemp)
+    trap on_exit EXIT
+    trap 'exit 130' INT TERM
+
+    echo "building $BUILD from the clean sources ..." >&2
+    rebuild "$LOGS/build.log" || die "$BUILD does not build from the clean sources (see $LOGS/build.log)"
+    local all_tests t
+    all_tests=$(ctest --test-dir "$BUILD" -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p')
+
+    # A test that fails without a mutation catches nothing: the named tests must pass first.
+    if [[ ${MUTATE_BASELINE:-1} != 0 ]]; then
+        local wanted=() seen=" "
+        for i in "${SELECTED[@]}"; do
+            for t in ${TESTS[$i]}; do
+                [[ $seen == *" $t "* ]] && continue
+                seen+="$t "
+                grep -Fx -- "$t" >/dev/null <<<"$all_tests" && wanted+=("$t")
+            done
+        done
+        if [[ ${#wanted[@]} -gt 0 ]]; then
+            echo "baseline: ${#wanted[@]} tests on the clean sources ..." >&2
+            : >"$LOGS/baseline.log"
+            run_tests "$LOGS/baseline.log" "${wanted[*]}"
+            [[ $RC -eq 0 ]] || die "on the clean sources, tests fail (${FAILED:-ctest rc $RC}): fix them first (see $LOGS/baseline.log) or run with MUTATE_BASELINE=0"
+            [[ -z $SKIPPED ]] || echo "baseline: skipped on this machine: $SKIPPED" >&2
+        fi
+    fi
+
+    local rows=() failures=0 name f log t0 result by note why
+    for i in "${SELECTED[@]}"; do
+        name=${NAMES[$i]} f=${FILES[$i]} log=$LOGS/${NAMES[$i]}.log t0=$SECONDS result="" by="" note=""
+        : >"$log"
+        why=$(problem "$i")
+        for t in ${TESTS[$i]}; do
+            grep -Fx -- "$t" >/dev/null <<<"$all_tests" || why="${why:+$why; }no ctest test named $t in $BUILD"
+        done
+        if [[ -n $why ]]; then
+            result=BROKEN note=$why
+        else
+            printf '%s: %s ... ' "$name" "${WHAT[$i]}" >&2
+            cp -- "$f" "$SAVED"
+            CUR_FILE=$f
+            load "$f"
+            printf '%s' "${TEXT/"${SEARCH[$i]}"/"${REPLACE[$i]}"}" > "$f"
+            if ! rebuild "$log"; then
+                result=BROKEN note="the mutant does not compile (see $log)"
+            else
+                run_tests "$log" "${TESTS[$i]}"
+                if [[ -n $FAILED ]]; then
+                    result=CAUGHT by=$FAILED
+                elif [[ $RC -eq 124 || $RC -eq 137 ]]; then
+                    result=HUNG note="no test failed within ${TIMEOUT}s (MUTATE_TIMEOUT)"
+                elif [[ $RC -ne 0 ]]; then
+                    result=BROKEN note="ctest exited $RC with no failed test (see $log)"
+                else
+                    result=MISSED note=${SKIPPED:+"skipped here: $SKIPPED"}
+                fi
+            fi
+            restore
+            echo "$result" >&2
+        fi
+        [[ $result == CAUGHT ]] || failures=$((failures + 1))
+        rows+=("$(printf '%-28s %-10s %-32s %-7s %-24s %5ds %s' "$name" "${AREAS[$i]}" "${TESTS[$i]}" "$result" "${by:--}" $((SECONDS - t0)) "$note")")
+    done
+
+    echo "rebuilding $BUILD from the clean sources ..." >&2
+    rebuild "$LOGS/build.log" || echo "mutate.sh: the clean rebuild failed (see $LOGS/build.log)" >&2
+
+    printf '\n%-28s %-10s %-32s %-7s %-24s %6s %s\n' ENTRY AREA TESTS RESULT "FAILED TEST" TIME NOTE
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "${#SELECTED[@]} entries, $failures not caught (MISSED, HUNG or BROKEN), $((SECONDS - t_all)) s"
+    [[ $failures -eq 0 ]]
+}
+
+main "$@"; exit
