@@ -94,6 +94,14 @@ static int split_models(char *list, const char **dirs, const char **names, int m
     return n;
 }
 
+/* The route table, METHOD PATH [public] a line (the tests' auth matrix is made from it). */
+static void print_routes(void) {
+    const char *method, *path;
+    bool authenticated;
+    for (int i = 0; trill_serve_route(i, &method, &path, &authenticated); i++)
+        printf("%s /api/v1%s%s\n", method, path, authenticated ? "" : " public");
+}
+
 int cmd_serve(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "keys") == 0) return keys(argc - 1, argv + 1);
     trill_serve_config c = trill_serve_config_default();
@@ -137,13 +145,7 @@ int cmd_serve(int argc, char **argv) {
         case 'C': bad = cli_parse_int("serve", USAGE, "--max-client-connections", optarg, 1, 1000000, &v); c.max_client_connections = (int)v; break;
         case 'T': bad = cli_parse_double("serve", USAGE, "--request-timeout", optarg, 0.1, 3600, &c.request_timeout); break;
         case 'h': printf("usage: %s\n", USAGE); return 0;
-        case 'R': { /* the route table, METHOD PATH [public] a line (the tests' auth matrix is made from it) */
-            const char *method, *path;
-            bool authenticated;
-            for (int i = 0; trill_serve_route(i, &method, &path, &authenticated); i++)
-                printf("%s /api/v1%s%s\n", method, path, authenticated ? "" : " public");
-            return 0;
-        }
+        case 'R': print_routes(); return 0;
         default: return cli_usage_error("serve", USAGE, "unknown option");
         }
     }

@@ -21,12 +21,8 @@ trap 'rm -rf "$WORK"' EXIT
 passed=0 failed=0
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1"; cat "$2"; failed=$((failed + 1)); }
-FULL=${TRILL_TEST_FULL:-0}
 SAMPLE=" selfcheck-grad f32 q_proj_nonorm yarn_factor_v12 kimi_k2_freq2 16,8 wrong-shape k2-tiny grad_f32 grad_yarn_factor_v12 lora_f32 "
-skipped=()
-sampled() { # sampled CASE: true when make test-full, or CASE is in make test's sample
-  [ "$FULL" = 1 ] || [[ "$SAMPLE" == *" $1 "* ]] || { skipped+=("$1"); return 1; }
-}
+source "$HERE/sample.sh"
 
 for check in selfcheck-grad selfcheck-router selfcheck-fp8; do
   sampled "$check" || continue
@@ -148,5 +144,5 @@ PY
 then pass "$(cat "$WORK/gen.txt")"; else fail "generator f32 vs reference" "$WORK/gen.txt"; fi
 
 echo "$passed passed, $failed failed"
-[ ${#skipped[@]} -eq 0 ] || echo "make test's sample: not run here (make test-full runs them): ${skipped[*]}"
+report_sampled
 [ "$failed" -eq 0 ]

@@ -16,10 +16,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-grad-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 passed=0 failed=0
 SAMPLE=" moe_f32_norm moe_tied_step2_gqa4 lora_bf16_all "
-skipped=()
-sampled() { # sampled CASE: true when make test-full, or CASE is in make test's sample
-  [ "${TRILL_TEST_FULL:-0}" = 1 ] || [[ "$SAMPLE" == *" $1 "* ]] || { skipped+=("$1"); return 1; }
-}
+source "$REF/sample.sh"
 
 "$PY" "$REF/qwen3_ref.py" selfcheck-grad >/dev/null   # the reference's own autograd vs finite differences
 
@@ -112,5 +109,5 @@ for c in "${lora_cases[@]}"; do
 done
 
 echo "$passed passed, $failed failed"
-[ ${#skipped[@]} -eq 0 ] || echo "make test's sample: not run here (make test-full runs them): ${skipped[*]}"
+report_sampled
 [ "$failed" -eq 0 ]
