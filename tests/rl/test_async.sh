@@ -76,6 +76,17 @@ print(f"   {pol:10s} bound {s}: staleness max per step {lags}, {stale} stale tok
 PY
     done
 done
+# With the fast reward the generator overlaps training, so a batch can span a weight update: its
+# first tokens one version older than its last. At max_staleness 0 such a batch is dropped by its
+# oldest token (its mean lag is below 1): every trained token is at lag 0, and batches are dropped.
+must_pass log_st "$TRILL" train "${COMMON[@]}" run_dir=st_drop_0 steps=6 mode=async async.max_staleness=0 async.queue=3 async.on_stale=drop
+$PY - st_drop_0/metrics.jsonl <<'PY'
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert len(m) == 6 and all(x["staleness_max"] == 0 and len(x["staleness_tokens"]) == 1 for x in m), [x["staleness_tokens"] for x in m]
+assert m[-1]["dropped_batches"] > 0, "no batch dropped"
+print(f"   drop       bound 0, fast reward: every token at lag 0, {m[-1]['dropped_batches']} batches dropped")
+PY
 grep -q "async executors over" log_st || fail "no executor summary"
 
 echo "== a resumed async run (max_staleness 0) continues exactly"
