@@ -4,12 +4,15 @@
 #include "trill/demo.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "model/config_json.h"
 #include "trill/config.h"
@@ -268,11 +271,40 @@ static trill_status read_marker(const char *path, trill_demo_info *info) {
     return st;
 }
 
+/* DIR.lock beside the demo's folder, held (waiting for it if need be) while the folder is checked
+ * and, if absent, built: processes started at once on an empty cache (the ranks of an mpirun
+ * job, two runs, a run and trill serve) build it once, and none removes a folder another is still
+ * writing. The kernel drops the lock however its holder ends. *fd is -1 on failure. */
+static trill_status lock_demo(const char *cache_dir, const char *dir, int *fd) {
+    *fd = -1;
+    const size_t n = strlen(dir) + sizeof ".lock";
+    char *path = trill_malloc(n);
+    trill_status st = path ? trill_mkdir_p(cache_dir) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    int f = -1;
+    if (!st) snprintf(path, n, "%s.lock", dir);
+    if (!st && (f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+        st = trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!st && flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int rc = -1;
+        if (errno == EWOULDBLOCK) {
+            trill_log(TRILL_LOG_INFO, "trill demo: another process is preparing %s; waiting for it", dir);
+            while ((rc = flock(f, LOCK_EX)) != 0 && errno == EINTR) {}
+        }
+        if (rc != 0) st = trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(errno));
+    }
+    if (st && f >= 0) close(f);
+    else if (!st) *fd = f;
+    free(path);
+    return st;
+}
+
 trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options *opt, trill_demo_info *out) {
     memset(out, 0, sizeof *out);
     const trill_demo_options o = opt ? *opt : trill_demo_defaults();
     trill_status st = check_options(&o);
+    int lock = -1;
     if (!st) st = fill_paths(cache_dir, &o, out);
+    if (!st) st = lock_demo(cache_dir, out->dir, &lock);
     char *marker = st ? NULL : trill_path_join(out->dir, "demo.json"), *init = st ? NULL : trill_path_join(out->dir, "init");
     if (!st && trill_file_exists(marker) && read_marker(marker, out) == TRILL_OK) {
         out->cached = true;
@@ -297,6 +329,7 @@ trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options 
             trill_log(TRILL_LOG_INFO, "trill demo: warm start done: %d SFT steps in %.1f s, dev pass@1 %.1f%%, pass@%d %.1f%%", out->sft_steps,
                     out->sft_seconds, 100 * out->dev_pass1, o.dev_k, 100 * out->dev_passk);
     }
+    if (lock >= 0) close(lock);
     free(marker);
     free(init);
     if (st) {

@@ -10,8 +10,10 @@
 # router replay on: the replayed ids decide the dispatch): EP 2 and DP 2 x EP 2 give the same
 # adapters, optimizer state and metrics as one process, in adapter and in merge sync, and a run
 # checkpointed under EP 2 resumes on one process to the same bytes. Tensor parallelism (TP 2, and
-# merge sync under TP 2): the first step's loss and gradient norm within 1e-5 relative of one
-# process's, the adapters after 3 steps within 1e-3 of their largest value.
+# merge sync under TP 2): the first step's gradient norm within 1e-5 relative of one process's (its
+# loss within 1e-6), the adapters after 3 steps within 1e-3 of their largest value.
+# The demo's warm start comes from the ctest fixture demo_cache (TRILL_TEST_DEMO_DIR, made by
+# tests/rl/demo_warm_start.sh); without it the first run builds one here.
 # Usage: test_rl_dp.sh TRILL MPIEXEC
 set -euo pipefail
 TRILL=$(realpath "$1")
@@ -20,10 +22,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 W=$(mktemp -d "${TMPDIR:-/tmp}/trill-rl-dp-XXXXXX")
 trap 'rm -rf "$W"' EXIT
 cd "$W"
-export TRILL_CACHE_DIR="$W/cache" OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
+export TRILL_CACHE_DIR="${TRILL_TEST_DEMO_DIR:-$W}/cache" OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 # (leak checking off under mpirun in the ASan build: Open MPI's own allocations; see test_sft_dp.sh)
 source "$HERE/../rl/checks.sh" # must_pass, must_exit (exact status, within LIMIT, no sanitizer report), fail
-LIMIT=${TRILL_TEST_LIMIT_S:-600} # a command's limit: the first run makes the demo's warm start
+LIMIT=${TRILL_TEST_LIMIT_S:-600} # a command's limit: the first run may make the demo's warm start
 source "$HERE/kill_rank.sh"
 MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC")
 run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun), exit 0 within LIMIT, its log DIR.log clean
@@ -122,12 +124,16 @@ for f in adapter/adapter_model.safetensors optimizer.safetensors; do
 done
 echo "merge sync under EP 2 identical to one process; EP 2 -> 1 process resumed byte-identical"
 # tensor parallelism: the heads and the dense MLP split over 2 ranks, within the reductions' order
-near() { # near A B: step 1's loss and gradient norm within 1e-5 relative; the last adapters within 1e-3 of their largest value
+# near A B: step 1's gradient norm within 1e-5 relative and its loss within 1e-6 (the loss is a
+# mean of advantage-weighted ratios of order 1 that cancel to about 1e-4 at step 1: its rounding
+# is the terms' size, 1e-5 of the loss itself is below float32's); the last adapters within 1e-3
+# of their largest value
+near() {
   /usr/bin/python3 - "$1" "$2" <<'PY' || fail "$1 and $2: the first step's figures differ"
 import json, sys
 a, b = ([json.loads(l) for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:3])
-for k in ("loss", "grad_norm"):
-    assert abs(a[0][k] - b[0][k]) <= 1e-5 * abs(a[0][k]), (k, a[0][k], b[0][k])
+assert abs(a[0]["loss"] - b[0]["loss"]) <= 1e-6, ("loss", a[0]["loss"], b[0]["loss"])
+assert abs(a[0]["grad_norm"] - b[0]["grad_norm"]) <= 1e-5 * abs(a[0]["grad_norm"]), ("grad_norm", a[0]["grad_norm"], b[0]["grad_norm"])
 print(f"  step 1: loss {a[0]['loss']:.9g} vs {b[0]['loss']:.9g}, gradient norm {a[0]['grad_norm']:.9g} vs {b[0]['grad_norm']:.9g}")
 PY
   local last
