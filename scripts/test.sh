@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test / make test-full: the three builds and their tests, each stage timed, then the time
-# of each stage and the 10 slowest tests.
+# of each stage and the 10 slowest tests. The sanitizer builds run beside the release tests.
 #   make test       the release build's tests but those labelled "full", the ASan+UBSan build's
 #                   label "sanitize" and the TSan build's label "tsan", again without "full"; the
 #                   parity sweeps sampled. Budget: 10 minutes on an idle 2-core machine.
@@ -52,6 +52,7 @@ run_tests() {
 
 summary() {
   local rc=$?
+  [ -z "${BUILDS_PID:-}" ] || ! kill -0 "$BUILDS_PID" 2>/dev/null || kill -- -"$BUILDS_PID" 2>/dev/null || true
   echo
   echo "make test ($MODE) on $(nproc) cores, $(awk '/^model name/ { sub(/.*: /, ""); print; exit }' /proc/cpuinfo):"
   printf '  %-14s %8s %10s\n' stage "wall s" "CPU s"
@@ -61,6 +62,7 @@ summary() {
     printf '  %-14s %8s %10s\n' $s
   done
   printf '  %-14s %8.0f\n' total "$(awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')"
+  [ -z "${BG_WALL:-}" ] || echo "  (the ASan and TSan builds, nice 19 beside the release tests: $BG_WALL s wall, $BG_CPU s CPU)"
   python3 - "$BUILD" "$ASAN_BUILD" "$TSAN_BUILD" <<'PY' || true
 import os, sys, xml.etree.ElementTree as ET
 rows = []
@@ -79,10 +81,35 @@ PY
 }
 trap summary EXIT
 
+# The sanitizer builds run beside the release build's tests at the lowest priority (nice 19): they
+# take the cores the tests leave idle (tests waiting on their processes, Python and node starting)
+# and give them back at once. Their log is BUILD/sanitizer-builds.log; the stage "sanitizer-builds"
+# is the wait for them after the tests, and a line after the table says what they took beside them.
+sanitizer_builds() {
+  local t0 rc=0
+  t0=$(date +%s.%N)
+  { make --no-print-directory asan ASAN_BUILD="$ASAN_BUILD" JOBS="$JOBS" && make --no-print-directory tsan TSAN_BUILD="$TSAN_BUILD" JOBS="$JOBS"; } \
+    >"$BUILD/sanitizer-builds.log" 2>&1 || rc=$?
+  echo "$rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }') $(awk '{ print int(($14 + $15 + $16 + $17) / '"$(getconf CLK_TCK)"') }' /proc/$BASHPID/stat)" \
+    >"$BUILD/sanitizer-builds.status"
+}
+wait_builds() {
+  local rc=0 status
+  wait "$BUILDS_PID" || true
+  status=$(cat "$BUILD/sanitizer-builds.status" 2>/dev/null || echo "1 0 0")
+  read -r rc BG_WALL BG_CPU <<<"$status"
+  [ "$rc" -eq 0 ] || { tail -40 "$BUILD/sanitizer-builds.log"; echo "the sanitizer builds failed (the whole log: $BUILD/sanitizer-builds.log)"; }
+  return "$rc"
+}
+
 stage deps bash scripts/install-deps.sh
 stage build make --no-print-directory build BUILD="$BUILD" JOBS="$JOBS"
+rm -f "$BUILD/sanitizer-builds.status"
+set -m # the builds in a process group of their own, stopped whole if the tests fail
+(renice -n 19 $BASHPID >/dev/null; sanitizer_builds) &
+BUILDS_PID=$!
+set +m
 stage tests run_tests "$BUILD" "${EXCLUDE[@]}"
-stage asan-build make --no-print-directory asan ASAN_BUILD="$ASAN_BUILD" JOBS="$JOBS"
+stage sanitizer-builds wait_builds
 stage asan-tests run_tests "$ASAN_BUILD" -L sanitize "${EXCLUDE[@]}"
-stage tsan-build make --no-print-directory tsan TSAN_BUILD="$TSAN_BUILD" JOBS="$JOBS"
 stage tsan-tests run_tests "$TSAN_BUILD" -L tsan "${EXCLUDE[@]}"
