@@ -7,8 +7,8 @@
 #   TOK_TOOL reads stdin: `encode DIR` hex lines -> JSON id arrays; `decode DIR` id arrays -> hex
 #   lines; `chat DIR` conversation JSON lines -> JSON strings. NODE_DIR: see setup.sh.
 #   TRILL_TOKENIZER_SEED / TRILL_TOKENIZER_COUNT override the corpus seed and size.
-#   make test samples: 1200 corpus lines and, in the code-point sweeps, every code point below
-#   U+3400 and every 16th above (TRILL_TOKENIZER_STRIDE); make test-full (TRILL_TEST_FULL=1)
+#   make test samples: 600 corpus lines and, in the code-point sweeps, every code point below
+#   U+3400 and every 64th above (TRILL_TOKENIZER_STRIDE); make test-full (TRILL_TEST_FULL=1)
 #   takes 2400 lines and all 1.1M code points. TRILL_TOKENIZER_SWEEP=0 leaves the sweeps out.
 set -euo pipefail
 if [ $# -ne 2 ]; then echo "usage: parity.sh TOK_TOOL NODE_DIR" >&2; exit 2; fi
@@ -19,7 +19,7 @@ SEED=${TRILL_TOKENIZER_SEED:-1}
 if [ "${TRILL_TEST_FULL:-0}" = 1 ]; then
   COUNT=${TRILL_TOKENIZER_COUNT:-2400} STRIDE=${TRILL_TOKENIZER_STRIDE:-1}
 else
-  COUNT=${TRILL_TOKENIZER_COUNT:-1200} STRIDE=${TRILL_TOKENIZER_STRIDE:-16}
+  COUNT=${TRILL_TOKENIZER_COUNT:-600} STRIDE=${TRILL_TOKENIZER_STRIDE:-64}
 fi
 echo "corpus: $COUNT lines a vocabulary (seed $SEED); code-point sweeps: $([ "${TRILL_TOKENIZER_SWEEP:-1}" = 0 ] && echo none ||
   { [ "$STRIDE" = 1 ] && echo "every code point" || echo "below U+3400 and every ${STRIDE}th above"; })"
