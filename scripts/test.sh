@@ -86,11 +86,11 @@ trap summary EXIT
 # and give them back at once. Their log is BUILD/sanitizer-builds.log; the stage "sanitizer-builds"
 # is the wait for them after the tests, and a line after the table says what they took beside them.
 sanitizer_builds() {
-  local t0 rc=0
+  local t0 rc=0 self=$BASHPID # (inside $(...) BASHPID would be the substitution's own)
   t0=$(date +%s.%N)
   { make --no-print-directory asan ASAN_BUILD="$ASAN_BUILD" JOBS="$JOBS" && make --no-print-directory tsan TSAN_BUILD="$TSAN_BUILD" JOBS="$JOBS"; } \
     >"$BUILD/sanitizer-builds.log" 2>&1 || rc=$?
-  echo "$rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }') $(awk '{ print int(($14 + $15 + $16 + $17) / '"$(getconf CLK_TCK)"') }' /proc/$BASHPID/stat)" \
+  echo "$rc $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }') $(awk '{ print int(($14 + $15 + $16 + $17) / '"$(getconf CLK_TCK)"') }' /proc/$self/stat)" \
     >"$BUILD/sanitizer-builds.status"
 }
 wait_builds() {
