@@ -108,6 +108,7 @@ Router (noaux_tc): scores = sigmoid(h gate^T), sel = scores + e_score_correction
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -414,8 +415,8 @@ def load_weights(model_dir, cfg, fp8_as_bf16=False):
 # ---------------------------------------------------------------------------
 
 def build_config(overrides, dtype, block=(128, 128)):
-    cfg = dict(BASE_CONFIG)
-    cfg.update(overrides)
+    # deep: no list or dict shared with BASE_CONFIG, which outlives the command (pystep.py)
+    cfg = copy.deepcopy({**BASE_CONFIG, **overrides})
     for key, src in (("head_dim", "qk_rope_head_dim"),
                      ("num_key_value_heads", "num_attention_heads")):
         if key not in overrides:

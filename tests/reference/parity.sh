@@ -2,21 +2,25 @@
 # Parity of `trill score` with the independent PyTorch reference (qwen3_ref.py), both ways:
 # checkpoints written by the Python side and loaded by trill (the loader is tested too), and
 # checkpoints written by `trill init` and loaded by the reference's own reader.
+# The Python steps run one by one in a single python3 (pystep.sh: pystep), which imports torch
+# once for the whole script rather than once per step (~2 s of CPU each).
 # Usage: parity.sh PATH/TO/trill
 set -euo pipefail
 TRILL=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
-PY=/usr/bin/python3   # Debian's python3 with python3-torch
+PY=/usr/bin/python3   # Debian's python3 with python3-torch (pystep.sh runs it)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-parity-XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+source "$HERE/pystep.sh"
+trap 'pystep_stop; rm -rf "$WORK"' EXIT
+pystep_start
 passed=0 failed=0
 
 # Scores WORK/in.jsonl with both implementations on model DIR and compares.
 score_and_compare() {
   local name=$1 dir=$2
-  "$PY" "$HERE/qwen3_ref.py" forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" >/dev/null
+  pystep -o /dev/null qwen3_ref.py forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl"
   "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
-  if "$PY" "$HERE/compare.py" "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6 >"$dir.cmp.txt"; then
+  if pystep -o "$dir.cmp.txt" compare.py "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6; then
     echo "PASS $name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
     passed=$((passed + 1))
   else
@@ -25,7 +29,7 @@ score_and_compare() {
 }
 
 # Several sequence lengths share each batch.
-"$PY" "$HERE/gen_inputs.py" --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl" >/dev/null
+pystep -o /dev/null gen_inputs.py --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl"
 
 # name | make-model arguments
 cases=(
@@ -40,11 +44,11 @@ cases=(
 for c in "${cases[@]}"; do
   name=${c%%|*}
   # shellcheck disable=SC2086
-  "$PY" "$HERE/qwen3_ref.py" make-model --out "$WORK/$name" --std 0.1 ${c#*|} >/dev/null
+  pystep -o /dev/null qwen3_ref.py make-model --out "$WORK/$name" --std 0.1 ${c#*|}
   score_and_compare "$name" "$WORK/$name"
 done
 # the comparer itself must catch a perturbed log-prob and a swapped expert
-"$PY" "$HERE/compare.py" "$WORK/moe_f32.ref.jsonl" --self-test >/dev/null
+pystep -o /dev/null compare.py "$WORK/moe_f32.ref.jsonl" --self-test
 
 for dtype in f32 bf16; do
   dir="$WORK/trill_written_$dtype"

@@ -7,17 +7,20 @@
 # interleave on and off, 1 and 2 shared experts, tied embeddings, and on checkpoints `trill init`
 # writes; malformed FP8 scales refused by name; full and LoRA gradients (grad_tool) with and
 # without router replay; trill merge; and the generator (f32) on the sequences it generates.
-# make test runs a sample of the cases (every model feature at least once, each python3 run costing
-# seconds of torch's import); make test-full (TRILL_TEST_FULL=1) runs them all.
+# make test runs a sample of the cases (every model feature at least once); make test-full
+# (TRILL_TEST_FULL=1) runs them all. The Python steps run one by one in a single python3
+# (pystep.sh: pystep), which imports torch once for the whole script rather than once per step
+# (~2 s of CPU each: nine tenths of this script's time when each step was a python3 of its own).
 # Usage: parity_deepseek.sh PATH/TO/trill PATH/TO/grad_tool
 set -euo pipefail
 TRILL=$1
 TOOL=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-PY=/usr/bin/python3   # Debian's python3 with python3-torch
-REF="$PY $HERE/deepseek_ref.py"
+PY=/usr/bin/python3   # Debian's python3 with python3-torch (pystep.sh runs it)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-dsv3-XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+source "$HERE/pystep.sh"
+trap 'pystep_stop; rm -rf "$WORK"' EXIT
+pystep_start
 passed=0 failed=0
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1"; cat "$2"; failed=$((failed + 1)); }
@@ -26,22 +29,22 @@ source "$HERE/sample.sh"
 
 for check in selfcheck-grad selfcheck-router selfcheck-fp8; do
   sampled "$check" || continue
-  if $REF $check >"$WORK/$check.txt" 2>&1; then pass "reference $check"; else fail "reference $check" "$WORK/$check.txt"; fi
+  if pystep -o "$WORK/$check.txt" -E deepseek_ref.py $check; then pass "reference $check"; else fail "reference $check" "$WORK/$check.txt"; fi
 done
 
 # Log-probs within 1e-4 and expert ids equal except near-ties (compare.py), on WORK/in.jsonl.
 score_and_compare() { # name dir [reference forward flags]
   local name=$1 dir=$2; shift 2
-  $REF forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" "$@" >/dev/null
+  pystep -o /dev/null deepseek_ref.py forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" "$@"
   "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
-  if "$PY" "$HERE/compare.py" "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6 >"$dir.cmp.txt"; then
+  if pystep -o "$dir.cmp.txt" compare.py "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6; then
     pass "$name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
   else
     fail "$name" "$dir.cmp.txt"
   fi
 }
 
-"$PY" "$HERE/gen_inputs.py" --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl" >/dev/null
+pystep -o /dev/null gen_inputs.py --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl"
 YARN_FACTOR='rope_scaling={"type":"yarn","factor":4,"original_max_position_embeddings":64,"beta_fast":32,"beta_slow":1,"mscale":0.7,"mscale_all_dim":1.3}'
 # name | make-model arguments (the base: 4 layers, first dense, 16 experts in 4 groups keeping 2,
 # top-4, 1 shared, q_lora 24, kv_lora 16, YaRN, interleaved RoPE)
@@ -58,7 +61,7 @@ for c in "${cases[@]}"; do
   name=${c%%|*}
   sampled "$name" || continue
   # shellcheck disable=SC2086
-  $REF make-model --out "$WORK/$name" --std 0.1 ${c#*|} >/dev/null
+  pystep -o /dev/null deepseek_ref.py make-model --out "$WORK/$name" --std 0.1 ${c#*|}
   score_and_compare "$name" "$WORK/$name"
 done
 # FP8 E4M3 with 128x128-style block scales (8x8 and 16x8 here, leaving partial edge blocks): the
@@ -66,14 +69,14 @@ done
 for block in 8,8 16,8; do
   sampled "$block" || continue
   dir="$WORK/fp8_${block/,/x}"
-  $REF make-model --out "$dir" --std 0.1 --dtype fp8 --block "$block" --seed 8 >/dev/null
+  pystep -o /dev/null deepseek_ref.py make-model --out "$dir" --std 0.1 --dtype fp8 --block "$block" --seed 8
   score_and_compare "fp8 block $block" "$dir" --fp8-as bf16
 done
 # malformed FP8 scales are refused by name
 for brk in missing-scale wrong-shape wrong-dtype; do
   sampled "$brk" || continue
   dir="$WORK/fp8_$brk"
-  $REF make-model --out "$dir" --std 0.1 --dtype fp8 --block 8,8 --seed 9 --fp8-break "$brk" >/dev/null 2>&1
+  pystep -o /dev/null -E deepseek_ref.py make-model --out "$dir" --std 0.1 --dtype fp8 --block 8,8 --seed 9 --fp8-break "$brk"
   if "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.out" 2>"$dir.err"; then
     echo "trill score accepted a checkpoint with $brk" >"$dir.err"; fail "fp8 $brk refused" "$dir.err"
   elif grep -q 'model.layers.0.self_attn.q_a_proj.weight' "$dir.err"; then pass "fp8 $brk refused: $(head -1 "$dir.err")"
@@ -90,15 +93,15 @@ done
 # Gradients: loss = sum of random coefficients * log-probs; full-parameter and LoRA, within 1e-3.
 grad_compare() { # name dir [grad flags]
   local name=$1 dir=$2; shift 2
-  $REF grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.g.ref" "$@" >/dev/null
+  pystep -o /dev/null deepseek_ref.py grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.g.ref" "$@"
   "$TOOL" "$dir" "$dir.in.jsonl" "$dir.g.ours" "$@" >/dev/null
-  if "$PY" "$HERE/compare_grads.py" "$dir.g.ref" "$dir.g.ours" --rtol 1e-3 >"$dir.g.txt"; then pass "$name: $(grep 'overall worst' "$dir.g.txt")"
+  if pystep -o "$dir.g.txt" compare_grads.py "$dir.g.ref" "$dir.g.ours" --rtol 1e-3; then pass "$name: $(grep 'overall worst' "$dir.g.txt")"
   else fail "$name" "$dir.g.txt"; fi
 }
 for name in f32 q_proj_nonorm one_group_two_shared_tied yarn_factor_v12; do
   sampled "grad_$name" || continue
   dir="$WORK/$name"
-  "$PY" "$HERE/gen_train_inputs.py" --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir" >/dev/null
+  pystep -o /dev/null gen_train_inputs.py --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir"
   grad_compare "grad $name" "$dir"
   grad_compare "grad $name replay" "$dir" --replay
 done
@@ -109,13 +112,13 @@ for name in f32 q_proj_nonorm; do
   dir="$WORK/$name"
   targets=q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
   [ "$name" = q_proj_nonorm ] && targets=q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,down_proj
-  $REF make-adapter --model "$dir" --out "$dir.adapter" --rank 4 --alpha 8 --targets "$targets" --seed 9 >/dev/null
+  pystep -o /dev/null deepseek_ref.py make-adapter --model "$dir" --out "$dir.adapter" --rank 4 --alpha 8 --targets "$targets" --seed 9
   grad_compare "lora $name" "$dir" --adapter "$dir.adapter"
   grad_compare "lora $name replay" "$dir" --adapter "$dir.adapter" --replay
   "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 2>/dev/null
-  $REF forward --model "$dir" --adapter "$dir.adapter" --input "$WORK/in.jsonl" --output "$dir.lora.ref.jsonl" >/dev/null
+  pystep -o /dev/null deepseek_ref.py forward --model "$dir" --adapter "$dir.adapter" --input "$WORK/in.jsonl" --output "$dir.lora.ref.jsonl"
   "$TRILL" score --model "$dir.merged" --input "$WORK/in.jsonl" --output "$dir.merged.jsonl"
-  if "$PY" "$HERE/compare.py" "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 --tie 1e-6 >"$dir.merge.txt"; then
+  if pystep -o "$dir.merge.txt" compare.py "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 --tie 1e-6; then
     pass "merge $name: $(grep 'max |d logprob|' "$dir.merge.txt")"
   else fail "merge $name" "$dir.merge.txt"; fi
 done
@@ -131,7 +134,7 @@ with open(sys.argv[2], "w") as f:
         r = json.loads(line)
         f.write(json.dumps({"tokens": r["prompt_tokens"] + r["tokens"]}) + "\n")
 PY
-$REF forward --model "$dir" --input "$WORK/gen_in.jsonl" --output "$WORK/gen.ref.jsonl" >/dev/null
+pystep -o /dev/null deepseek_ref.py forward --model "$dir" --input "$WORK/gen_in.jsonl" --output "$WORK/gen.ref.jsonl"
 if "$PY" - "$WORK/gen.jsonl" "$WORK/gen.ref.jsonl" >"$WORK/gen.txt" <<'PY'
 import json, sys
 gen = [json.loads(l) for l in open(sys.argv[1])]

@@ -83,6 +83,7 @@ router's own routing; without --replay the field is ignored.
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -254,8 +255,8 @@ def parse_set(items):
 
 
 def build_config(overrides, dtype):
-    cfg = dict(BASE_CONFIG)
-    cfg.update(overrides)
+    # deep: no list or dict shared with BASE_CONFIG, which outlives the command (pystep.py)
+    cfg = copy.deepcopy({**BASE_CONFIG, **overrides})
     if cfg["model_type"] == "qwen3":
         if "architectures" not in overrides:
             cfg["architectures"] = ["Qwen3ForCausalLM"]

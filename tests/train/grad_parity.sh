@@ -6,19 +6,23 @@
 # covers cross-entropy and policy-gradient losses alike; with and without router replay.
 # make test runs a sample of the cases (an MoE f32 base with and without replay, tied embeddings with
 # GQA and sparse steps, LoRA on a bf16 base); make test-full (TRILL_TEST_FULL=1) runs them all.
+# The Python steps run one by one in a single python3 (tests/reference/pystep.sh: pystep), which
+# imports torch once for the whole script rather than once per step (~2 s of CPU each).
 # Usage: grad_parity.sh PATH/TO/grad_tool PATH/TO/trill
 set -euo pipefail
 TOOL=$1
 TRILL=$2
 REF=$(cd "$(dirname "$0")/../reference" && pwd)
-PY=/usr/bin/python3   # Debian's python3 with python3-torch
+PY=/usr/bin/python3   # Debian's python3 with python3-torch (pystep.sh runs it)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-grad-XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+source "$REF/pystep.sh"
+trap 'pystep_stop; rm -rf "$WORK"' EXIT
+pystep_start
 passed=0 failed=0
 SAMPLE=" moe_f32_norm moe_tied_step2_gqa4 lora_bf16_all "
 source "$REF/sample.sh"
 
-"$PY" "$REF/qwen3_ref.py" selfcheck-grad >/dev/null   # the reference's own autograd vs finite differences
+pystep -o /dev/null qwen3_ref.py selfcheck-grad   # the reference's own autograd vs finite differences
 
 # name | make-model arguments
 cases=(
@@ -33,19 +37,19 @@ for c in "${cases[@]}"; do
   sampled "$name" || continue
   dir="$WORK/$name"
   # shellcheck disable=SC2086
-  "$PY" "$REF/qwen3_ref.py" make-model --out "$dir" --std 0.1 ${c#*|} >/dev/null
-  "$PY" "$REF/gen_train_inputs.py" --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir" >/dev/null
+  pystep -o /dev/null qwen3_ref.py make-model --out "$dir" --std 0.1 ${c#*|}
+  pystep -o /dev/null gen_train_inputs.py --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir"
   for mode in plain replay; do
     flag=""
     [ "$mode" = replay ] && flag="--replay"
     [ "$name" = dense_bf16 ] && [ "$mode" = replay ] && continue   # no MoE layers to replay
-    "$PY" "$REF/qwen3_ref.py" grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.$mode.ref.safetensors" $flag >/dev/null
+    pystep -o /dev/null qwen3_ref.py grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.$mode.ref.safetensors" $flag
     "$TOOL" "$dir" "$dir.in.jsonl" "$dir.$mode.ours.safetensors" $flag >/dev/null
     if [ $first = 1 ]; then   # the comparer must catch a 1% error in one tensor
-      "$PY" "$REF/compare_grads.py" "$dir.$mode.ref.safetensors" --self-test >/dev/null
+      pystep -o /dev/null compare_grads.py "$dir.$mode.ref.safetensors" --self-test
       first=0
     fi
-    if "$PY" "$REF/compare_grads.py" "$dir.$mode.ref.safetensors" "$dir.$mode.ours.safetensors" --rtol 1e-3 >"$dir.$mode.txt"; then
+    if pystep -o "$dir.$mode.txt" compare_grads.py "$dir.$mode.ref.safetensors" "$dir.$mode.ours.safetensors" --rtol 1e-3; then
       echo "PASS $name $mode: $(grep 'overall worst' "$dir.$mode.txt")"
       passed=$((passed + 1))
     else
@@ -57,10 +61,10 @@ done
 adamw_check() { # name model-dir [--adapter DIR]
   local name=$1 dir=$2; shift 2
   local opts=(--steps 5 --lr 1e-3 --weight-decay 0.1 --clip 5)
-  "$PY" "$REF/qwen3_ref.py" adamw-steps --model "$dir" "$@" --input "$dir.in.jsonl" --steps 5 --lr 1e-3 --weight-decay 0.1 \
-    --betas 0.9,0.95 --eps 1e-8 --clip 5 --output "$dir.adamw.ref.safetensors" >/dev/null
+  pystep -o /dev/null qwen3_ref.py adamw-steps --model "$dir" "$@" --input "$dir.in.jsonl" --steps 5 --lr 1e-3 \
+    --weight-decay 0.1 --betas 0.9,0.95 --eps 1e-8 --clip 5 --output "$dir.adamw.ref.safetensors"
   "$TOOL" "$dir" "$dir.in.jsonl" "$dir.adamw.ours.safetensors" "$@" "${opts[@]}" --beta2 0.95 2>/dev/null >/dev/null
-  if "$PY" "$REF/compare_grads.py" "$dir.adamw.ref.safetensors" "$dir.adamw.ours.safetensors" --rtol 1e-4 >"$dir.adamw.txt"; then
+  if pystep -o "$dir.adamw.txt" compare_grads.py "$dir.adamw.ref.safetensors" "$dir.adamw.ours.safetensors" --rtol 1e-4; then
     echo "PASS $name adamw x5: $(grep 'overall worst' "$dir.adamw.txt")"
     passed=$((passed + 1))
   else
@@ -80,15 +84,15 @@ for c in "${lora_cases[@]}"; do
   sampled "$name" || continue
   dir="$WORK/$name"
   # shellcheck disable=SC2086
-  "$PY" "$REF/qwen3_ref.py" make-model --out "$dir" --std 0.1 $model_args >/dev/null
+  pystep -o /dev/null qwen3_ref.py make-model --out "$dir" --std 0.1 $model_args
   # shellcheck disable=SC2086
-  "$PY" "$REF/qwen3_ref.py" make-adapter --model "$dir" --out "$dir.adapter" --seed 9 $adapter_args >/dev/null
-  "$PY" "$REF/gen_train_inputs.py" --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir" >/dev/null
+  pystep -o /dev/null qwen3_ref.py make-adapter --model "$dir" --out "$dir.adapter" --seed 9 $adapter_args
+  pystep -o /dev/null gen_train_inputs.py --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir"
   # shellcheck disable=SC2086
-  "$PY" "$REF/qwen3_ref.py" grad --model "$dir" --adapter "$dir.adapter" --input "$dir.in.jsonl" --output "$dir.ref.safetensors" $flags >/dev/null
+  pystep -o /dev/null qwen3_ref.py grad --model "$dir" --adapter "$dir.adapter" --input "$dir.in.jsonl" --output "$dir.ref.safetensors" $flags
   # shellcheck disable=SC2086
   "$TOOL" "$dir" "$dir.in.jsonl" "$dir.ours.safetensors" --adapter "$dir.adapter" $flags >/dev/null
-  if "$PY" "$REF/compare_grads.py" "$dir.ref.safetensors" "$dir.ours.safetensors" --rtol 1e-3 >"$dir.txt"; then
+  if pystep -o "$dir.txt" compare_grads.py "$dir.ref.safetensors" "$dir.ours.safetensors" --rtol 1e-3; then
     echo "PASS $name: $(grep 'overall worst' "$dir.txt")"
     passed=$((passed + 1))
   else
@@ -96,11 +100,11 @@ for c in "${lora_cases[@]}"; do
   fi
   adamw_check "$name" "$dir" --adapter "$dir.adapter"
   # trill merge: the merged checkpoint scores as the reference scores base + adapter
-  "$PY" "$REF/gen_inputs.py" --vocab 97 --seed 2 --lengths 3,40 --out "$dir.score.jsonl" >/dev/null
+  pystep -o /dev/null gen_inputs.py --vocab 97 --seed 2 --lengths 3,40 --out "$dir.score.jsonl"
   "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 2>/dev/null
-  "$PY" "$REF/qwen3_ref.py" forward --model "$dir" --adapter "$dir.adapter" --input "$dir.score.jsonl" --output "$dir.lora.ref.jsonl" >/dev/null
+  pystep -o /dev/null qwen3_ref.py forward --model "$dir" --adapter "$dir.adapter" --input "$dir.score.jsonl" --output "$dir.lora.ref.jsonl"
   "$TRILL" score --model "$dir.merged" --input "$dir.score.jsonl" --output "$dir.merged.jsonl"
-  if "$PY" "$REF/compare.py" "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 >"$dir.merge.txt"; then
+  if pystep -o "$dir.merge.txt" compare.py "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4; then
     echo "PASS $name merge: $(grep 'max |d logprob|' "$dir.merge.txt")"
     passed=$((passed + 1))
   else
