@@ -10,8 +10,9 @@
 #include "trill/model.h"
 
 static const char USAGE[] =
-    "trill init --out DIR [--preset tiny|small|deepseek-v3|kimi-k2] [--set key=value ...] [--dtype bf16|f32] [--seed N]\n"
-    "          [--config-only]\n"
+    "trill init --out DIR [--preset NAME] [--set key=value ...] [--dtype bf16|f32] [--seed N] [--config-only]\n"
+    "  NAME: tiny, small (Qwen3-MoE), k2-tiny, dsv3-tiny, k2-small (DeepSeek-V3 / Kimi-K2 shapes),\n"
+    "  deepseek-v3, kimi-k2.\n"
     "  Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and\n"
     "  generation_config.json. --set overrides a config.json field (value parsed as JSON,\n"
     "  else taken as a string), e.g. --set num_experts=16 --set 'mlp_only_layers=[0,1]'.\n"

@@ -4,8 +4,6 @@ so that a test script imports torch once instead of once per step: `import torch
 about 2 s of CPU, and parity_deepseek.sh, for one, runs some 40 steps.
 
   pystep.py --serve        the server pystep.sh starts: requests on fd 5, replies on fd 6
-  pystep.py batch FILE     one step a line, shell-quoted: [-o OUT] [-e ERR | -E] SCRIPT ARGS...;
-                           stops at the first step that fails, naming its line
 
 A step is SCRIPT (a file name in this directory, e.g. deepseek_ref.py) with ARGS: it runs as
 `python3 SCRIPT ARGS... >OUT 2>ERR` would (-E: stderr into OUT; without -o/-e the server's own
@@ -13,11 +11,12 @@ stdout/stderr, i.e. the test's), but in this process: sys.argv = [SCRIPT, ARGS..
 main(); its status is what that command's would be (main's return value or SystemExit's code,
 1 and a traceback on an exception).
 
-Request (--serve): NUL-terminated fields, the first the count of those that follow: OUT, ERR
-("" for none, "&1" for -E), SCRIPT, ARGS... Reply: the status, then a newline.
+Request (--serve): NUL-terminated fields, the first the count of those that follow: the shell's
+working directory (the step runs there, as a fresh python3 would), OUT, ERR ("" for none, "&1"
+for -E), SCRIPT, ARGS... Reply: the status, then a newline.
 
 Steps must not see each other: before each, the state a step could change and the next could read
-is put back as it was at start-up -- the working directory, torch's default dtype, grad mode and
+is put back as it was at start-up -- torch's default dtype, grad mode and
 thread count, the global generators of torch, numpy and random, numpy's error handling. (The
 scripts themselves draw from seeded generators of their own and build every config afresh.) The
 parity scripts can compare a run through this server with one fresh process per step:
@@ -28,7 +27,6 @@ import contextlib
 import importlib
 import os
 import random
-import shlex
 import sys
 import traceback
 
@@ -48,7 +46,6 @@ class Start:
     """The process state at start-up, put back before each step."""
 
     def __init__(self):
-        self.cwd = os.getcwd()
         self.random = random.getstate()
         if torch is not None:
             self.dtype = torch.get_default_dtype()
@@ -59,7 +56,6 @@ class Start:
             self.np_err = np.geterr()
 
     def restore(self):
-        os.chdir(self.cwd)
         random.setstate(self.random)
         if torch is not None:
             if torch.get_default_dtype() != self.dtype:
@@ -85,13 +81,14 @@ def exit_status(code):
     return 1
 
 
-def run_step(out, err, script, args):
-    """Runs SCRIPT's main() with ARGS; returns its exit status."""
+def run_step(cwd, out, err, script, args):
+    """Runs SCRIPT's main() with ARGS in folder CWD; returns its exit status."""
     if os.path.basename(script) != script or not script.endswith(".py") \
             or not os.path.isfile(os.path.join(HERE, script)):
         print(f"pystep: {script!r} is not a script in {HERE}", file=sys.stderr)
         return 2
     START.restore()
+    os.chdir(cwd)
     with contextlib.ExitStack() as files:
         fout = files.enter_context(open(out, "w")) if out else sys.stdout
         ferr = fout if err == "&1" else files.enter_context(open(err, "w")) if err else sys.stderr
@@ -110,40 +107,6 @@ def run_step(out, err, script, args):
         finally:
             sys.argv = argv
     return status
-
-
-def parse_options(words):
-    """[-o OUT] [-e ERR | -E] SCRIPT ARGS... -> (out, err, script, args)."""
-    out = err = ""
-    while words and words[0] in ("-o", "-e", "-E"):
-        if words[0] == "-E":
-            err, words = "&1", words[1:]
-        elif len(words) < 2:
-            raise ValueError(f"{words[0]} needs a file")
-        else:
-            out, err = (words[1], err) if words[0] == "-o" else (out, words[1])
-            words = words[2:]
-    if not words:
-        raise ValueError("no script")
-    return out, err, words[0], words[1:]
-
-
-def batch(path):
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            out, err, script, args = parse_options(shlex.split(line))
-        except ValueError as e:
-            print(f"pystep: {path}:{n}: {e}: {line}", file=sys.stderr)
-            return 2
-        status = run_step(out, err, script, args)
-        if status:
-            print(f"pystep: {path}:{n}: exit status {status}: {line}", file=sys.stderr)
-            return status
-    return 0
 
 
 def serve(rfd=5, wfd=6):
@@ -171,15 +134,13 @@ def serve(rfd=5, wfd=6):
             if f is None:
                 raise SystemExit("pystep: request cut short")
             fields.append(f)
-        status = run_step(fields[0], fields[1], fields[2], fields[3:])
+        status = run_step(fields[0], fields[1], fields[2], fields[3], fields[4:])
         os.write(wfd, f"{status}\n".encode())
 
 
 def main():
     if sys.argv[1:] == ["--serve"]:
         return serve()
-    if len(sys.argv) == 3 and sys.argv[1] == "batch":
-        return batch(sys.argv[2])
     print(__doc__.split("\n\n")[1], file=sys.stderr)
     return 2
 

@@ -49,7 +49,7 @@ pystep() {
     echo "pystep: $script: not in a subshell or pipeline (the server's pipes are the script's own)" >&2; return 125
   elif ! kill -0 "$PYSTEP_PID" 2>/dev/null; then
     echo "pystep: the server (pystep.py) is gone; step not run: $script $*" >&2; return 125
-  elif ! printf '%s\0' $(($# + 3)) "$out" "$err" "$script" "$@" >&"$PYSTEP_TO" || ! read -r rc <&"$PYSTEP_FROM"; then
+  elif ! printf '%s\0' $(($# + 4)) "$PWD" "$out" "$err" "$script" "$@" >&"$PYSTEP_TO" || ! read -r rc <&"$PYSTEP_FROM"; then
     echo "pystep: the server (pystep.py) exited during: $script $*" >&2; return 125
   fi
   [ "$rc" -eq 0 ] || echo "pystep: exit status $rc: $script $*" >&2
