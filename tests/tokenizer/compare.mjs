@@ -4,16 +4,9 @@
 //   --hex:   each line is hex bytes, compared case-insensitively and shown decoded
 //   --src:   the corpus (hex lines) the records came from, to show each mismatch's input
 // Prints the number compared and the first 5 mismatches; exits 1 on any mismatch or count difference.
-import { parseArgs, need, die, readLines } from "./lib.mjs";
+import { parseArgs, need, die, readLines, say, cli } from "./lib.mjs";
 
 const USAGE = "usage: compare.mjs A B --what LABEL [--hex] [--src HEXFILE]";
-const opts = parseArgs(process.argv.slice(2), USAGE, ["hex"]);
-if (opts._.length !== 2) die(USAGE);
-const [fileA, fileB] = opts._;
-const what = need(opts, "what", USAGE);
-const hexMode = opts.hex === true;
-const a = readLines(fileA), b = readLines(fileB);
-const src = opts.src ? readLines(opts.src) : null;
 const SHOW = 5;
 
 const clip = (s, n = 160) => (s.length > n ? s.slice(0, n) + `...(${s.length} chars)` : s);
@@ -24,7 +17,7 @@ const hexText = (h) => (/^([0-9a-fA-F]{2})*$/.test(h) ? Buffer.from(h, "hex").to
 const parse = (line) => { try { return { ok: true, v: JSON.parse(line) }; } catch { return { ok: false, v: line }; } };
 
 // Explains one mismatch: for id arrays, the first differing position with context.
-function explain(x, y) {
+function explain(x, y, hexMode) {
   if (hexMode) {
     const [s, t] = [Array.from(hexText(x)), Array.from(hexText(y))];
     let i = 0;
@@ -50,24 +43,35 @@ function explain(x, y) {
   return `  expected ${clip(x)}\n  actual   ${clip(y)}`;
 }
 
-function same(x, y) {
+function same(x, y, hexMode) {
   if (hexMode) return x.toLowerCase() === y.toLowerCase();
   if (x === y) return true;
   const [p, q] = [parse(x), parse(y)];
   return p.ok && q.ok && JSON.stringify(p.v) === JSON.stringify(q.v);
 }
 
-const n = Math.min(a.length, b.length);
-let bad = 0;
-for (let i = 0; i < n; ++i) {
-  if (same(a[i], b[i])) continue;
-  if (++bad <= SHOW) {
-    console.log(`${what}: line ${i + 1} differs`);
-    if (src && i < src.length) console.log(`  input    ${show(hexText(src[i]))}`);
-    console.log(explain(a[i], b[i]));
+export function main(argv) {
+  const opts = parseArgs(argv, USAGE, ["hex"]);
+  if (opts._.length !== 2) die(USAGE);
+  const [fileA, fileB] = opts._;
+  const what = need(opts, "what", USAGE);
+  const hexMode = opts.hex === true;
+  const a = readLines(fileA), b = readLines(fileB);
+  const src = opts.src ? readLines(opts.src) : null;
+  const n = Math.min(a.length, b.length);
+  let bad = 0;
+  for (let i = 0; i < n; ++i) {
+    if (same(a[i], b[i], hexMode)) continue;
+    if (++bad <= SHOW) {
+      say(`${what}: line ${i + 1} differs`);
+      if (src && i < src.length) say(`  input    ${show(hexText(src[i]))}`);
+      say(explain(a[i], b[i], hexMode));
+    }
   }
+  if (bad > SHOW) say(`${what}: ... and ${bad - SHOW} more mismatching lines`);
+  if (a.length !== b.length) say(`${what}: line count differs: expected ${a.length}, actual ${b.length}`);
+  say(`${what}: ${n} lines compared, ${bad} mismatches`);
+  return bad === 0 && a.length === b.length ? 0 : 1;
 }
-if (bad > SHOW) console.log(`${what}: ... and ${bad - SHOW} more mismatching lines`);
-if (a.length !== b.length) console.log(`${what}: line count differs: expected ${a.length}, actual ${b.length}`);
-console.log(`${what}: ${n} lines compared, ${bad} mismatches`);
-process.exit(bad === 0 && a.length === b.length ? 0 : 1);
+
+await cli(import.meta.url, main);

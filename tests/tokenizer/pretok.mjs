@@ -19,14 +19,11 @@
 //       the Rust crate's ids (tokenizers.js implements these pre-tokenizers differently: README.md)
 import fs from "node:fs";
 import path from "node:path";
-import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom } from "./lib.mjs";
+import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom, say, cli } from "./lib.mjs";
 
 const USAGE = "usage: pretok.mjs corpus|build|encode|sweep|sweep-newer [--seed N --count N --base F] [--in F] [--out F] [--model DIR] [--bpe-model DIR] [--ref F --ours F --newer K] [--node-dir DIR]";
-const opts = parseArgs(process.argv.slice(2), USAGE);
-const [cmd] = opts._;
 const hexToString = (h) => Buffer.from(h, "hex").toString("utf8");
 const stringToHex = (s) => Buffer.from(s, "utf8").toString("hex");
-const rust = () => requireFrom(findNodeDir(opts, null), "tokenizers");
 
 const WORDLEVEL = {
   whitespace_split: { type: "WhitespaceSplit" },
@@ -141,88 +138,96 @@ function sweepCounts(splitter, cps) {
   return counts;
 }
 
-switch (cmd) {
-  case "corpus": {
-    const base = readLines(need(opts, "base", USAGE));
-    writeLines(need(opts, "out", USAGE), base.concat(extraLines(Number(need(opts, "seed", USAGE)), Number(need(opts, "count", USAGE)))));
-    break;
-  }
-  case "build": {
-    const { Tokenizer } = rust();
-    const corpus = readLines(need(opts, "in", USAGE)).map(hexToString);
-    const out = need(opts, "out", USAGE);
-    const names = [];
-    const write = (name, json) => {
-      fs.mkdirSync(path.join(out, name), { recursive: true });
-      fs.writeFileSync(path.join(out, name, "tokenizer.json"), JSON.stringify(json));
-      fs.writeFileSync(path.join(out, name, "tokenizer_config.json"), "{}\n");
-      names.push(name);
-    };
-    for (const [name, pre] of Object.entries(WORDLEVEL)) {
-      const splitter = Tokenizer.fromString(JSON.stringify(wordLevel(pre, { "[UNK]": 0 }))).getPreTokenizer();
-      const vocab = { "[UNK]": 0 };
-      let size = 1;
-      for (const s of corpus)
-        for (const [piece] of splitter.preTokenizeString(s))
-          if (!(piece in vocab) && hash(piece) % 8 !== 0 && !piece.includes("\0")) vocab[piece] = size++; // jansson: no NUL in keys
-      write(name, wordLevel(pre, vocab));
+export async function main(argv) {
+  const opts = parseArgs(argv, USAGE);
+  const [cmd] = opts._;
+  const rust = () => requireFrom(findNodeDir(opts, null), "tokenizers");
+  switch (cmd) {
+    case "corpus": {
+      const base = readLines(need(opts, "base", USAGE));
+      writeLines(need(opts, "out", USAGE), base.concat(extraLines(Number(need(opts, "seed", USAGE)), Number(need(opts, "count", USAGE)))));
+      break;
     }
-    const bpe = JSON.parse(fs.readFileSync(path.join(need(opts, "bpe-model", USAGE), "tokenizer.json"), "utf8"));
-    for (const [name, pre] of Object.entries(BPE)) write(name, { ...bpe, pre_tokenizer: pre });
-    writeLines(path.join(out, "names"), names);
-    break;
-  }
-  case "encode": {
-    const json = fs.readFileSync(path.join(need(opts, "model", USAGE), "tokenizer.json"), "utf8");
-    const lines = readLines(need(opts, "in", USAGE)).map(hexToString);
-    const tok = rust().Tokenizer.fromString(json);
-    const ids = [];
-    for (const s of lines) ids.push((await tok.encode(s, null, { addSpecialTokens: false })).getIds());
-    writeLines(need(opts, "out", USAGE), ids.map((a) => JSON.stringify(Array.from(a))));
-    break;
-  }
-  case "sweep": {
-    // Every code point c (no surrogates) as "x" c "x", split by the Rust crate: the number of
-    // pieces, as the ids of a vocabulary of [UNK] alone ([0,0,0] for 3) to compare with ours.
-    const { Tokenizer } = rust();
-    const out = need(opts, "out", USAGE);
-    fs.mkdirSync(out, { recursive: true });
-    // --stride K (make test's sample): every code point below U+3400 (the scripts, punctuation
-    // and spaces of most text), then every K-th one (offset 7, off the blocks' starts).
-    const stride = Number(opts.stride ?? 1);
-    if (!Number.isInteger(stride) || stride < 1) die(`sweep: --stride ${opts.stride}: expected a positive integer`);
-    const cps = [];
-    for (let c = 0; c <= 0x10ffff; ++c)
-      if ((c < 0xd800 || c > 0xdfff) && (stride === 1 || c < 0x3400 || c % stride === 7)) cps.push(String.fromCodePoint(c));
-    writeLines(path.join(out, "cps.hex"), cps.map((c) => stringToHex(`x${c}x`)));
-    for (const [name, [pre, newer]] of Object.entries(SWEEP)) {
-      const json = wordLevel(pre, { "[UNK]": 0 });
-      fs.mkdirSync(path.join(out, name), { recursive: true });
-      fs.writeFileSync(path.join(out, name, "tokenizer.json"), JSON.stringify(json));
-      fs.writeFileSync(path.join(out, name, "newer"), newer + "\n");
-      const splitter = Tokenizer.fromString(JSON.stringify(json)).getPreTokenizer();
-      writeLines(path.join(out, name, "ref.jsonl"), sweepCounts(splitter, cps).map((n) => JSON.stringify(Array(n).fill(0))));
+    case "build": {
+      const { Tokenizer } = rust();
+      const corpus = readLines(need(opts, "in", USAGE)).map(hexToString);
+      const out = need(opts, "out", USAGE);
+      const names = [];
+      const write = (name, json) => {
+        fs.mkdirSync(path.join(out, name), { recursive: true });
+        fs.writeFileSync(path.join(out, name, "tokenizer.json"), JSON.stringify(json));
+        fs.writeFileSync(path.join(out, name, "tokenizer_config.json"), "{}\n");
+        names.push(name);
+      };
+      for (const [name, pre] of Object.entries(WORDLEVEL)) {
+        const splitter = Tokenizer.fromString(JSON.stringify(wordLevel(pre, { "[UNK]": 0 }))).getPreTokenizer();
+        const vocab = { "[UNK]": 0 };
+        let size = 1;
+        for (const s of corpus)
+          for (const [piece] of splitter.preTokenizeString(s))
+            if (!(piece in vocab) && hash(piece) % 8 !== 0 && !piece.includes("\0")) vocab[piece] = size++; // jansson: no NUL in keys
+        write(name, wordLevel(pre, vocab));
+      }
+      const bpe = JSON.parse(fs.readFileSync(path.join(need(opts, "bpe-model", USAGE), "tokenizer.json"), "utf8"));
+      for (const [name, pre] of Object.entries(BPE)) write(name, { ...bpe, pre_tokenizer: pre });
+      writeLines(path.join(out, "names"), names);
+      break;
     }
-    writeLines(path.join(out, "names"), Object.keys(SWEEP));
-    break;
-  }
-  case "sweep-newer": {
-    // Passes when the only differences are of the kind --newer names (see SWEEP): the crate one
-    // piece ("x" c "x" whole) and ours three for "whole", the reverse for "split", none for "none".
-    const ref = readLines(need(opts, "ref", USAGE)), ours = readLines(need(opts, "ours", USAGE));
-    const kind = need(opts, "newer", USAGE);
-    const tolerated = { whole: ["[0]", "[0,0,0]"], split: ["[0,0,0]", "[0]"], none: [] }[kind] ?? die(`sweep-newer: --newer ${kind}: expected whole, split or none`);
-    if (ref.length !== ours.length) die(`sweep-newer: ${ref.length} reference lines but ${ours.length} of ours`, 1);
-    let newer = 0, bad = 0;
-    for (let i = 0; i < ref.length; ++i) {
-      if (ref[i] === ours[i]) continue;
-      if (ref[i] === tolerated[0] && ours[i] === tolerated[1]) { ++newer; continue; }
-      if (++bad <= 5) console.log(`sweep: code point line ${i + 1} splits into ${JSON.parse(ref[i]).length} pieces in the crate, ${JSON.parse(ours[i]).length} here`);
+    case "encode": {
+      const json = fs.readFileSync(path.join(need(opts, "model", USAGE), "tokenizer.json"), "utf8");
+      const lines = readLines(need(opts, "in", USAGE)).map(hexToString);
+      const tok = rust().Tokenizer.fromString(json);
+      const ids = [];
+      for (const s of lines) ids.push((await tok.encode(s, null, { addSpecialTokens: false })).getIds());
+      writeLines(need(opts, "out", USAGE), ids.map((a) => JSON.stringify(Array.from(a))));
+      break;
     }
-    const note = kind === "none" ? "" : ` (${newer} characters of Unicode > 14 that PCRE2 does not know)`;
-    console.log(`sweep: ${ref.length} code points compared, ${bad} mismatches${note}`);
-    process.exit(bad === 0 ? 0 : 1);
+    case "sweep": {
+      // Every code point c (no surrogates) as "x" c "x", split by the Rust crate: the number of
+      // pieces, as the ids of a vocabulary of [UNK] alone ([0,0,0] for 3) to compare with ours.
+      const { Tokenizer } = rust();
+      const out = need(opts, "out", USAGE);
+      fs.mkdirSync(out, { recursive: true });
+      // --stride K (make test's sample): every code point below U+3400 (the scripts, punctuation
+      // and spaces of most text), then every K-th one (offset 7, off the blocks' starts).
+      const stride = Number(opts.stride ?? 1);
+      if (!Number.isInteger(stride) || stride < 1) die(`sweep: --stride ${opts.stride}: expected a positive integer`);
+      const cps = [];
+      for (let c = 0; c <= 0x10ffff; ++c)
+        if ((c < 0xd800 || c > 0xdfff) && (stride === 1 || c < 0x3400 || c % stride === 7)) cps.push(String.fromCodePoint(c));
+      writeLines(path.join(out, "cps.hex"), cps.map((c) => stringToHex(`x${c}x`)));
+      for (const [name, [pre, newer]] of Object.entries(SWEEP)) {
+        const json = wordLevel(pre, { "[UNK]": 0 });
+        fs.mkdirSync(path.join(out, name), { recursive: true });
+        fs.writeFileSync(path.join(out, name, "tokenizer.json"), JSON.stringify(json));
+        fs.writeFileSync(path.join(out, name, "newer"), newer + "\n");
+        const splitter = Tokenizer.fromString(JSON.stringify(json)).getPreTokenizer();
+        writeLines(path.join(out, name, "ref.jsonl"), sweepCounts(splitter, cps).map((n) => JSON.stringify(Array(n).fill(0))));
+      }
+      writeLines(path.join(out, "names"), Object.keys(SWEEP));
+      break;
+    }
+    case "sweep-newer": {
+      // Passes when the only differences are of the kind --newer names (see SWEEP): the crate one
+      // piece ("x" c "x" whole) and ours three for "whole", the reverse for "split", none for "none".
+      const ref = readLines(need(opts, "ref", USAGE)), ours = readLines(need(opts, "ours", USAGE));
+      const kind = need(opts, "newer", USAGE);
+      const tolerated = { whole: ["[0]", "[0,0,0]"], split: ["[0,0,0]", "[0]"], none: [] }[kind] ?? die(`sweep-newer: --newer ${kind}: expected whole, split or none`);
+      if (ref.length !== ours.length) die(`sweep-newer: ${ref.length} reference lines but ${ours.length} of ours`, 1);
+      let newer = 0, bad = 0;
+      for (let i = 0; i < ref.length; ++i) {
+        if (ref[i] === ours[i]) continue;
+        if (ref[i] === tolerated[0] && ours[i] === tolerated[1]) { ++newer; continue; }
+        if (++bad <= 5) say(`sweep: code point line ${i + 1} splits into ${JSON.parse(ref[i]).length} pieces in the crate, ${JSON.parse(ours[i]).length} here`);
+      }
+      const note = kind === "none" ? "" : ` (${newer} characters of Unicode > 14 that PCRE2 does not know)`;
+      say(`sweep: ${ref.length} code points compared, ${bad} mismatches${note}`);
+      return bad === 0 ? 0 : 1;
+    }
+    default:
+      die(USAGE);
   }
-  default:
-    die(USAGE);
+  return 0;
 }
+
+await cli(import.meta.url, main);

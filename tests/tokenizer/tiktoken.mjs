@@ -21,18 +21,26 @@
 //   tiktoken.mjs decode --encoding E --in IDS.jsonl --out HEXFILE
 import fs from "node:fs";
 import path from "node:path";
-import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom } from "./lib.mjs";
+import { parseArgs, need, die, readLines, writeLines, findNodeDir, requireFrom, cli } from "./lib.mjs";
 
 const USAGE = "usage: tiktoken.mjs write|kimi-write|encode|kimi-encode|rust-encode|decode --encoding o200k_base|cl100k_base --out FILE|DIR [--in FILE] [--like DIR] [--raw] [--kimi] [--node-dir DIR]";
-const opts = parseArgs(process.argv.slice(2), USAGE, ["raw", "kimi"]);
-const spaces = (p) => (opts.raw ? p : jsSpaces(p));
-const [cmd] = opts._;
-const encoding = need(opts, "encoding", USAGE);
-if (!["o200k_base", "cl100k_base"].includes(encoding)) die(USAGE);
-const nodeDir = findNodeDir(opts, null);
-const { Tiktoken } = requireFrom(nodeDir, "js-tiktoken/lite");
-const ranks = requireFrom(nodeDir, `js-tiktoken/ranks/${encoding}`);
-const enc = new Tiktoken(ranks.default ?? ranks);
+
+// js-tiktoken's encoder of an encoding and the lines of its rank file, built once per process
+// (under serve.mjs, parity.sh's commands share them).
+const encoders = new Map(), rankFiles = new Map();
+function encoder(nodeDir, encoding) {
+  if (!encoders.has(encoding)) {
+    const { Tiktoken } = requireFrom(nodeDir, "js-tiktoken/lite");
+    const ranks = requireFrom(nodeDir, `js-tiktoken/ranks/${encoding}`);
+    encoders.set(encoding, new Tiktoken(ranks.default ?? ranks));
+  }
+  return encoders.get(encoding);
+}
+function rankLines(enc, encoding) {
+  if (!rankFiles.has(encoding))
+    rankFiles.set(encoding, [...enc.textMap.entries()].sort((a, b) => a[0] - b[0]).map(([rank, bytes]) => `${Buffer.from(bytes).toString("base64")} ${rank}`));
+  return rankFiles.get(encoding);
+}
 
 const hexToString = (h) => Buffer.from(h, "hex").toString("utf8");
 const JS_SPACE = "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}";
@@ -78,7 +86,7 @@ const kimiJs = () =>
     .replace(/\[([^\[\]]*?)&&/g, "[[$1]&&"), "gv");
 
 // tiktoken's byte-pair merge of one piece over the ranks (rank of the joined bytes, leftmost on ties).
-function bytePairMerge(bytes) {
+function bytePairMerge(enc, bytes) {
   const whole = enc.rankMap.get(bytes.join(","));
   if (whole !== undefined) return [whole];
   const rankOf = (a, b) => enc.rankMap.get(bytes.slice(a, b).join(",")) ?? Infinity;
@@ -96,7 +104,7 @@ function bytePairMerge(bytes) {
 }
 
 // Special tokens first (leftmost, longest), the text between them split by the pattern.
-function kimiEncode(text) {
+function kimiEncode(enc, text) {
   const specials = Object.keys(enc.specialTokens);
   const ids = [];
   let rest = text;
@@ -106,7 +114,7 @@ function kimiEncode(text) {
       const i = rest.indexOf(sp);
       if (i >= 0 && (i < at || (i === at && sp.length > hit.length))) at = i, hit = sp;
     }
-    for (const m of rest.slice(0, at).matchAll(kimiJs())) ids.push(...bytePairMerge([...Buffer.from(m[0], "utf8")]));
+    for (const m of rest.slice(0, at).matchAll(kimiJs())) ids.push(...bytePairMerge(enc, [...Buffer.from(m[0], "utf8")]));
     if (!hit) break;
     ids.push(enc.specialTokens[hit]);
     rest = rest.slice(at + hit.length);
@@ -114,66 +122,75 @@ function kimiEncode(text) {
   return ids;
 }
 
-const rankLines = () =>
-  [...enc.textMap.entries()].sort((a, b) => a[0] - b[0]).map(([rank, bytes]) => `${Buffer.from(bytes).toString("base64")} ${rank}`);
-
-switch (cmd) {
-  case "kimi-write": {
-    const out = need(opts, "out", USAGE);
-    fs.mkdirSync(out, { recursive: true });
-    writeLines(path.join(out, `${encoding}.tiktoken`), rankLines());
-    const decoder = Object.fromEntries(Object.entries(enc.specialTokens).map(([content, id]) => [String(id), { content, special: true }]));
-    fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify({ added_tokens_decoder: decoder }, null, 1));
-    const q = '"""';
-    const pieces = KIMI.map((p) => `            r${q}${spaces(p)}${q},`).join("\n");
-    fs.writeFileSync(path.join(out, "tokenization_kimi.py"),
-                     `class TikTokenTokenizer:\n    num_reserved_special_tokens = 256\n\n    pat_str = "|".join(\n        [\n${pieces}\n        ]\n    )\n`);
-    break;
-  }
-  case "kimi-encode":
-    writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(kimiEncode(hexToString(h)))));
-    break;
-  case "write": {
-    const out = need(opts, "out", USAGE);
-    fs.mkdirSync(out, { recursive: true });
-    writeLines(path.join(out, `${encoding}.tiktoken`), rankLines());
-    let pattern = spaces(enc.patStr), specials = Object.entries(enc.specialTokens).map(([content, id]) => ({ id, content }));
-    if (opts.like) {
-      const tj = JSON.parse(fs.readFileSync(path.join(opts.like, "tokenizer.json"), "utf8"));
-      const split = tj.pre_tokenizer.pretokenizers.find((p) => p.type === "Split");
-      pattern = split.pattern.Regex;
-      specials = tj.added_tokens.map((t) => ({ id: t.id, content: t.content }));
+export function main(argv) {
+  const opts = parseArgs(argv, USAGE, ["raw", "kimi"]);
+  const spaces = (p) => (opts.raw ? p : jsSpaces(p));
+  const [cmd] = opts._;
+  const encoding = need(opts, "encoding", USAGE);
+  if (!["o200k_base", "cl100k_base"].includes(encoding)) die(USAGE);
+  const nodeDir = findNodeDir(opts, null);
+  const enc = encoder(nodeDir, encoding);
+  switch (cmd) {
+    case "kimi-write": {
+      const out = need(opts, "out", USAGE);
+      fs.mkdirSync(out, { recursive: true });
+      writeLines(path.join(out, `${encoding}.tiktoken`), rankLines(enc, encoding));
+      const decoder = Object.fromEntries(Object.entries(enc.specialTokens).map(([content, id]) => [String(id), { content, special: true }]));
+      fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify({ added_tokens_decoder: decoder }, null, 1));
+      const q = '"""';
+      const pieces = KIMI.map((p) => `            r${q}${spaces(p)}${q},`).join("\n");
+      fs.writeFileSync(path.join(out, "tokenization_kimi.py"),
+                       `class TikTokenTokenizer:\n    num_reserved_special_tokens = 256\n\n    pat_str = "|".join(\n        [\n${pieces}\n        ]\n    )\n`);
+      break;
     }
-    const decoder = Object.fromEntries(specials.map(({ id, content }) => [String(id), { content, special: true, lstrip: false, rstrip: false }]));
-    fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify({ added_tokens_decoder: decoder }, null, 1));
-    if (pattern.includes('"""')) die("tiktoken.mjs: the pattern contains triple quotes");
-    fs.writeFileSync(path.join(out, "tokenization_test.py"), `# the split pattern, as Kimi-K2's tokenization_kimi.py gives it\npat_str = r"""${pattern}"""\n`);
-    break;
-  }
-  case "encode":
-    writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(enc.encode(hexToString(h), "all"))));
-    break;
-  case "rust-encode": {
-    const { Tiktoken } = requireFrom(nodeDir, "tiktoken/lite");
-    const def = requireFrom(nodeDir, `tiktoken/encoders/${encoding}.json`);
-    const rust = new Tiktoken(def.bpe_ranks, def.special_tokens, opts.kimi ? KIMI.join("|") : def.pat_str);
-    writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(Array.from(rust.encode(hexToString(h), "all")))));
-    rust.free();
-    break;
-  }
-  case "decode": {
-    const lines = readLines(need(opts, "in", USAGE)).map((l) => {
-      try {
-        const bytes = [];
-        for (const id of JSON.parse(l)) bytes.push(...(enc.textMap.get(id) ?? new TextEncoder().encode(Object.keys(enc.specialTokens).find((k) => enc.specialTokens[k] === id) ?? "\u0000!")));
-        return Buffer.from(Buffer.from(bytes).toString("utf8"), "utf8").toString("hex");
-      } catch {
-        return "!unparsable";
+    case "kimi-encode":
+      writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(kimiEncode(enc, hexToString(h)))));
+      break;
+    case "write": {
+      const out = need(opts, "out", USAGE);
+      fs.mkdirSync(out, { recursive: true });
+      writeLines(path.join(out, `${encoding}.tiktoken`), rankLines(enc, encoding));
+      let pattern = spaces(enc.patStr), specials = Object.entries(enc.specialTokens).map(([content, id]) => ({ id, content }));
+      if (opts.like) {
+        const tj = JSON.parse(fs.readFileSync(path.join(opts.like, "tokenizer.json"), "utf8"));
+        const split = tj.pre_tokenizer.pretokenizers.find((p) => p.type === "Split");
+        pattern = split.pattern.Regex;
+        specials = tj.added_tokens.map((t) => ({ id: t.id, content: t.content }));
       }
-    });
-    writeLines(need(opts, "out", USAGE), lines);
-    break;
+      const decoder = Object.fromEntries(specials.map(({ id, content }) => [String(id), { content, special: true, lstrip: false, rstrip: false }]));
+      fs.writeFileSync(path.join(out, "tokenizer_config.json"), JSON.stringify({ added_tokens_decoder: decoder }, null, 1));
+      if (pattern.includes('"""')) die("tiktoken.mjs: the pattern contains triple quotes");
+      fs.writeFileSync(path.join(out, "tokenization_test.py"), `# the split pattern, as Kimi-K2's tokenization_kimi.py gives it\npat_str = r"""${pattern}"""\n`);
+      break;
+    }
+    case "encode":
+      writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(enc.encode(hexToString(h), "all"))));
+      break;
+    case "rust-encode": {
+      const { Tiktoken } = requireFrom(nodeDir, "tiktoken/lite");
+      const def = requireFrom(nodeDir, `tiktoken/encoders/${encoding}.json`);
+      const rust = new Tiktoken(def.bpe_ranks, def.special_tokens, opts.kimi ? KIMI.join("|") : def.pat_str);
+      writeLines(need(opts, "out", USAGE), readLines(need(opts, "in", USAGE)).map((h) => JSON.stringify(Array.from(rust.encode(hexToString(h), "all")))));
+      rust.free();
+      break;
+    }
+    case "decode": {
+      const lines = readLines(need(opts, "in", USAGE)).map((l) => {
+        try {
+          const bytes = [];
+          for (const id of JSON.parse(l)) bytes.push(...(enc.textMap.get(id) ?? new TextEncoder().encode(Object.keys(enc.specialTokens).find((k) => enc.specialTokens[k] === id) ?? "\u0000!")));
+          return Buffer.from(Buffer.from(bytes).toString("utf8"), "utf8").toString("hex");
+        } catch {
+          return "!unparsable";
+        }
+      });
+      writeLines(need(opts, "out", USAGE), lines);
+      break;
+    }
+    default:
+      die(USAGE);
   }
-  default:
-    die(USAGE);
+  return 0;
 }
+
+await cli(import.meta.url, main);
