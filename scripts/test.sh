@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test / make test-full: the three builds and their tests, each stage timed, then the time
-# of each stage and the 10 slowest tests. The sanitizer builds run beside the release tests.
+# of each stage and the 10 slowest tests. The sanitizer builds run beside the release build and tests.
 #   make test       the release build's tests but those labelled "full", the ASan+UBSan build's
 #                   label "sanitize" and the TSan build's label "tsan", again without "full"; the
 #                   parity sweeps sampled. Budget: 10 minutes on an idle 2-core machine.
@@ -62,7 +62,7 @@ summary() {
     printf '  %-14s %8s %10s\n' $s
   done
   printf '  %-14s %8.0f\n' total "$(awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')"
-  [ -z "${BG_WALL:-}" ] || echo "  (the ASan and TSan builds, nice 19 beside the release tests: $BG_WALL s wall, $BG_CPU s CPU)"
+  [ -z "${BG_WALL:-}" ] || echo "  (the ASan and TSan builds, nice 19 beside the release build and tests: $BG_WALL s wall, $BG_CPU s CPU)"
   python3 - "$BUILD" "$ASAN_BUILD" "$TSAN_BUILD" <<'PY' || true
 import os, sys, xml.etree.ElementTree as ET
 rows = []
@@ -81,10 +81,11 @@ PY
 }
 trap summary EXIT
 
-# The sanitizer builds run beside the release build's tests at the lowest priority (nice 19): they
-# take the cores the tests leave idle (tests waiting on their processes, Python and node starting)
-# and give them back at once. Their log is BUILD/sanitizer-builds.log; the stage "sanitizer-builds"
-# is the wait for them after the tests, and a line after the table says what they took beside them.
+# The sanitizer builds run beside the release build and its tests at the lowest priority (nice 19):
+# they take the cores those leave idle (the release build's links and its longest file, tests
+# waiting on their processes, Python and node starting) and give them back at once. Their log is
+# BUILD/sanitizer-builds.log; the stage "sanitizer-builds" is the wait for them after the tests,
+# and a line after the table says what they took beside them.
 sanitizer_builds() {
   local t0 rc=0 self=$BASHPID # (inside $(...) BASHPID would be the substitution's own)
   t0=$(date +%s.%N)
@@ -103,12 +104,13 @@ wait_builds() {
 }
 
 stage deps bash scripts/install-deps.sh
-stage build make --no-print-directory build BUILD="$BUILD" JOBS="$JOBS"
+mkdir -p "$BUILD"
 rm -f "$BUILD/sanitizer-builds.status"
-set -m # the builds in a process group of their own, stopped whole if the tests fail
+set -m # the builds in a process group of their own, stopped whole if the release build or its tests fail
 (renice -n 19 $BASHPID >/dev/null; sanitizer_builds) &
 BUILDS_PID=$!
 set +m
+stage build make --no-print-directory build BUILD="$BUILD" JOBS="$JOBS"
 stage tests run_tests "$BUILD" "${EXCLUDE[@]}"
 stage sanitizer-builds wait_builds
 stage asan-tests run_tests "$ASAN_BUILD" -L sanitize "${EXCLUDE[@]}"
