@@ -31,8 +31,17 @@ static bool g_deepseek; /* --family deepseek */
 /* The family's toy: both have layer 0 dense, 3 MoE layers of 8 experts, top-2, vocab 128. */
 static trill_model *small_model(uint64_t seed) { return g_deepseek ? test_small_deepseek(seed) : test_small_moe(seed, false, true); }
 
-static trill_engine *engine(const trill_model *m, trill_gen_format f, int max_batch_tokens, int kv_blocks, int block) {
+/* The engine settings of these tests: the defaults with a 16 MB KV cache (thousands of tokens of
+ * these models, more than any test holds). The default 256 MB made every engine's creation and
+ * free cost 60% of the ASan build's run of this file (poisoning its shadow, then quarantining it). */
+static trill_engine_config test_config(void) {
     trill_engine_config cfg = trill_engine_config_default();
+    cfg.kv_cache_mb = 16;
+    return cfg;
+}
+
+static trill_engine *engine(const trill_model *m, trill_gen_format f, int max_batch_tokens, int kv_blocks, int block) {
+    trill_engine_config cfg = test_config();
     cfg.format = f;
     cfg.max_batch_tokens = max_batch_tokens;
     cfg.kv_blocks = kv_blocks;
@@ -446,7 +455,7 @@ static void test_adapter_slots(void **state) {
     for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++)
     for (int eplb = 0; eplb < 2; eplb++)
     for (int own = 0; own < 2; own++) { /* slot 0: no adapter, or lora[1] as the engine's own */
-        trill_engine_config cfg = trill_engine_config_default();
+        trill_engine_config cfg = test_config();
         cfg.format = (trill_gen_format)f;
         cfg.capture_experts = true;
         cfg.max_batch_tokens = 16; /* prefill chunks and decode rows of different adapters share steps */
@@ -513,7 +522,7 @@ static void test_eplb_identical(void **state) {
     for (int mode = 0; mode < 2; mode++) { /* 0: adapter update, 1: merged-weight update */
         trill_sequence_out off[MAX_OUT], on[MAX_OUT];
         for (int pass = 0; pass < 2; pass++) {
-            trill_engine_config cfg = trill_engine_config_default();
+            trill_engine_config cfg = test_config();
             cfg.format = (trill_gen_format)f;
             cfg.capture_experts = true;
             cfg.max_batch_tokens = 16;
@@ -631,7 +640,7 @@ static void test_eplb_load_window(void **state) {
     trill_eplb_plan at10 = { 0 };
     double id10 = 0, plan10 = 0, id12 = 0, plan12 = 0;
     for (int pass = 0; pass < 2; pass++) {
-        trill_engine_config cfg = trill_engine_config_default();
+        trill_engine_config cfg = test_config();
         cfg.format = TRILL_GEN_BF16;
         cfg.capture_experts = true;
         cfg.max_batch_tokens = 64; /* the three prompts (52 tokens) in one step */
