@@ -62,7 +62,8 @@ summary() {
     printf '  %-14s %8s %10s\n' $s
   done
   printf '  %-14s %8.0f\n' total "$(awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')"
-  [ -z "${BG_WALL:-}" ] || echo "  (the ASan and TSan builds, nice 19 beside the release build and tests: $BG_WALL s wall, $BG_CPU s CPU)"
+  [ -z "${BG_WALL:-}" ] || echo "  (the ASan and TSan builds, nice 19 beside the release build and tests: $BG_WALL s wall, $BG_CPU s CPU;
+  their CPU also counts in the stage during which they ended, when the shell reaped them)"
   python3 - "$BUILD" "$ASAN_BUILD" "$TSAN_BUILD" <<'PY' || true
 import os, sys, xml.etree.ElementTree as ET
 rows = []
