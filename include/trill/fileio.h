@@ -61,4 +61,8 @@ trill_status trill_chmod_tree(const char *path, unsigned dir_mode, unsigned file
  * by another <its WHO> (process PID holds DIR/.lock); ...". *fd is -1 on failure. */
 trill_status trill_lock_dir(const char *dir, const char *label, const char *who, int *fd);
 
+/* PATH (created if absent) flocked exclusively, waiting for another holder to end (LABEL says so
+ * in the log once); held until *fd is closed or the process ends. *fd is -1 on failure. */
+trill_status trill_lock_file_wait(const char *path, const char *label, int *fd);
+
 #endif

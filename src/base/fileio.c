@@ -1,5 +1,6 @@
 #include "trill/fileio.h"
 #include "base/alloc.h"
+#include "trill/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -214,14 +215,40 @@ trill_status trill_chmod_tree(const char *path, unsigned dir_mode, unsigned file
     return TRILL_OK;
 }
 
+/* PATH opened (created if absent) to be flocked; not inherited by child processes. */
+static trill_status open_lock(const char *path, int *f) {
+    *f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    return *f < 0 ? trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno)) : TRILL_OK;
+}
+
+trill_status trill_lock_file_wait(const char *path, const char *label, int *fd) {
+    int f;
+    trill_status st = open_lock(path, &f);
+    *fd = -1;
+    if (st) return st;
+    if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int rc = -1;
+        if (errno == EWOULDBLOCK) {
+            trill_log(TRILL_LOG_INFO, "%s: another process holds %s; waiting for it", label, path);
+            while ((rc = flock(f, LOCK_EX)) != 0 && errno == EINTR) {}
+        }
+        if (rc != 0) {
+            st = trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(errno));
+            close(f);
+            return st;
+        }
+    }
+    *fd = f;
+    return TRILL_OK;
+}
+
 trill_status trill_lock_dir(const char *dir, const char *label, const char *who, int *fd) {
     *fd = -1;
     char *path = trill_path_join(dir, ".lock");
     if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = TRILL_OK;
-    const int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* not inherited by child processes */
-    if (f < 0) st = trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+    int f = -1;
+    trill_status st = open_lock(path, &f);
+    if (!st && flock(f, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
         char holder[160] = "";
         const ssize_t n = err == EWOULDBLOCK ? pread(f, holder, sizeof holder - 1, 0) : -1;
@@ -232,7 +259,7 @@ trill_status trill_lock_dir(const char *dir, const char *label, const char *who,
                                               "or choose another %s", label, dir, space && *space ? space : who, n > 0 ? holder : "?", path, label)
                                 : trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
         close(f);
-    } else {
+    } else if (!st) {
         char text[160];
         const int n = snprintf(text, sizeof text, "%ld %s\n", (long)getpid(), who);
         if (ftruncate(f, 0) != 0 || pwrite(f, text, (size_t)n, 0) != n) {

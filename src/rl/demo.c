@@ -4,14 +4,12 @@
 #include "trill/demo.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include "model/config_json.h"
@@ -280,20 +278,10 @@ static trill_status lock_demo(const char *cache_dir, const char *dir, int *fd) {
     const size_t n = strlen(dir) + sizeof ".lock";
     char *path = trill_malloc(n);
     trill_status st = path ? trill_mkdir_p(cache_dir) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    int f = -1;
-    if (!st) snprintf(path, n, "%s.lock", dir);
-    if (!st && (f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
-        st = trill_error(TRILL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (!st && flock(f, LOCK_EX | LOCK_NB) != 0) {
-        int rc = -1;
-        if (errno == EWOULDBLOCK) {
-            trill_log(TRILL_LOG_INFO, "trill demo: another process is preparing %s; waiting for it", dir);
-            while ((rc = flock(f, LOCK_EX)) != 0 && errno == EINTR) {}
-        }
-        if (rc != 0) st = trill_error(TRILL_ERR_IO, "%s: cannot lock: %s", path, strerror(errno));
+    if (!st) {
+        snprintf(path, n, "%s.lock", dir);
+        st = trill_lock_file_wait(path, "trill demo", fd);
     }
-    if (st && f >= 0) close(f);
-    else if (!st) *fd = f;
     free(path);
     return st;
 }

@@ -27,7 +27,7 @@ wait "$first" || fail "the first run failed (above)"
 
 grep "warm start done\|held-out" first.log
 grep -q "warm start done" first.log || fail "the first run did not build the warm start"
-grep -q "another process is preparing .*; waiting for it" second.log || { cat second.log; fail "the second run did not wait for the first"; }
+grep -q "trill demo: another process holds .*\.lock; waiting for it" second.log || { cat second.log; fail "the second run did not wait for the first"; }
 grep -q "using the cached warm start" second.log || { cat second.log; fail "the second run did not use the warm start the first built"; }
 grep -q "warm start done\|preparing two-digit" second.log && fail "the second run built the warm start too"
 pass1() { sed -n "s/.*held-out $1: pass@1 \([0-9.]*\)%.*/\1/p" "$2"; }
