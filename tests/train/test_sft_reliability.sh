@@ -35,7 +35,7 @@ lock_signal() {
     # (a background job of a script ignores SIGINT; env gives it back the default, as a terminal's job has)
     env --default-signal=INT "$TRILL" sft "${SFT[@]}" "${long[@]}" --out sig 2>log_sig &
     local pid=$! rc=0
-    for _ in $(seq 1 $((LIMIT * 1000))); do grep -q '^step 2/' log_sig && break; kill -0 $pid 2>/dev/null || break; done
+    for ((i = 0; i < LIMIT * 1000; i++)); do grep -q '^step 2/' log_sig && break; kill -0 $pid 2>/dev/null || break; done
     kill -STOP $pid
     grep -q '^step 2/' log_sig || { cat log_sig; fail "the run never reached step 2"; }
     must_exit 1 log_second "$TRILL" sft "${SFT[@]}" "${long[@]}" --out sig
@@ -68,7 +68,7 @@ kills() {
         "$TRILL" sft "${full[@]}" --out killed resume=auto 2>log_kill &
         local pid=$!
         if [ $((i % 2)) -eq 1 ]; then # just after a step's line: its checkpoint is being written
-            for _ in $(seq 1 $((LIMIT * 1000))); do grep -q '^step [0-9]*/' log_kill && break; kill -0 $pid 2>/dev/null || break; done
+            for ((i = 0; i < LIMIT * 1000; i++)); do grep -q '^step [0-9]*/' log_kill && break; kill -0 $pid 2>/dev/null || break; done
         else
             sleep "0.$((RANDOM % 9 + 1))"
         fi
