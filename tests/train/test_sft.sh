@@ -40,9 +40,10 @@ eval_loss() { sed -n 's/^eval loss \([0-9.]*\).*/\1/p' "$1" | tail -1; }
 below() { awk -v x="$1" -v t="$2" 'BEGIN { exit !(x != "" && x < t) }'; }
 
 # LoRA on a random base needs the head adapted too (its frozen random lm_head caps how sure it can be)
+# (6 epochs: seeds 0-4 reach 0.029-0.072, one thread, AVX-512; 8 epochs reach 0.022)
 sft "$WORK/lora.log" --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/lora" --lora \
   data.prompt_field=question data.completion_field=answer trainer.lr=3e-3 trainer.schedule=cosine trainer.micro_batch_tokens=512 \
-  sft.epochs=8 trainer.lora.rank=16 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head
+  sft.epochs=6 trainer.lora.rank=16 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head
 lora_loss=$(eval_loss "$WORK/lora.log")
 echo "LoRA: held-out loss $lora_loss after $(grep -c '^step [0-9]*/' "$WORK/lora.log") steps (threshold 0.15; ignoring the prompt: >= 0.297)"
 check "LoRA held-out loss below 0.15" below "$lora_loss" 0.15
@@ -53,7 +54,7 @@ check "adapter merges" "$TRILL" merge --model "$WORK/model" --adapter "$WORK/lor
 if [ "${TRILL_TEST_FULL:-0}" = 1 ]; then
 sft "$WORK/lora16.log" --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/lora16" --lora \
   data.prompt_field=question data.completion_field=answer trainer.lr=3e-3 trainer.schedule=cosine trainer.micro_batch_tokens=512 \
-  sft.epochs=8 trainer.lora.rank=16 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head trainer.precision=bf16
+  sft.epochs=6 trainer.lora.rank=16 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head trainer.precision=bf16
 lora16_loss=$(eval_loss "$WORK/lora16.log")
 echo "LoRA, bf16 trainer: held-out loss $lora16_loss (fp32: $lora_loss; threshold 0.15)"
 check "bf16 LoRA held-out loss below 0.15" below "$lora16_loss" 0.15
@@ -65,12 +66,12 @@ data:
   prompt_field: question
   completion_field: answer
 trainer:          # constant after a warm-up: under cosine decay the full run learns the prompt
-  lr: 2e-3         # dependence for some data orders only (3 of 6 seeds below 0.15; this: 6 of 6 below 0.05)
-  schedule: constant
-  warmup_steps: 20
+  lr: 2e-3         # dependence for some data orders only (3 of 6 seeds below 0.15; this: seeds 0-6
+  schedule: constant # reach 0.0004-0.077 in 5 epochs, one thread, AVX-512; 4 epochs are too few:
+  warmup_steps: 20   # seed 0 stays at 0.24)
   micro_batch_tokens: 512
 sft:
-  epochs: 8
+  epochs: 5
 YAML
 sft "$WORK/full.log" "$WORK/full.yaml" --model "$WORK/model" --data "$WORK/train.jsonl" --eval "$WORK/heldout.jsonl" --out "$WORK/full" --full
 full_loss=$(eval_loss "$WORK/full.log")
