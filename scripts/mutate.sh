@@ -144,22 +144,22 @@ m svc_sampler_any_owner service src/service/tenants.c "service" \
   "another key's sampler can be used by its id"
 
 # async policies
-m async_gate_one_early async src/rl/async.c "rl_async" \
-  'const int64_t need = (int64_t)as->v0 + (k - as->k0) - c->async.max_staleness;' \
-  'const int64_t need = (int64_t)as->v0 + (k - as->k0) - c->async.max_staleness - 1;' \
+m async_gate_one_early async src/rl/sched/sched.c "rl_async" \
+  'return (int64_t)s->v0 + (k - s->k0) - s->c->async.max_staleness;' \
+  'return (int64_t)s->v0 + (k - s->k0) - s->c->async.max_staleness - 1;' \
   "async wait gate: the generator starts a batch one version too early"
-m async_stale_by_mean_lag async src/rl/async.c "rl_async" \
-  'const int lag_max = m->staleness_max;' \
-  'const int lag_max = (int)m->staleness_mean;' \
+m async_stale_by_mean_lag async src/rl/sched/sched.c "rl_async" \
+  'const int lag = m->staleness_max;' \
+  'const int lag = (int)m->staleness_mean;' \
   "async drop/regenerate judge a batch by its mean lag, so tokens beyond the bound are trained"
-m async_regen_not_awaited async src/rl/async.c "rl_async" \
-  'as->redo[as->n_redo++] = a->want = ro->index;' \
-  'as->redo[as->n_redo++] = ro->index;' \
+m async_regen_not_awaited async src/rl/sched/sched.c "rl_async" \
+  's->want = k;' \
+  's->want = -1;' \
   "async regenerate: the trainer does not wait for the regenerated batch, it trains the next one first"
-m async_ranks_gate_all async src/rl/async_ranks.c "dist_executors" \
-  'if (c->async.on_stale == TRILL_STALE_WAIT &&' \
-  'if (c->async.max_staleness >= 0 &&' \
-  "async across ranks: the wait gate also holds back drop and regenerate"
+m async_ranks_gate_all async src/rl/sched/sched.c "dist_executors" \
+  'if (s->c->async.on_stale != TRILL_STALE_WAIT) return INT64_MIN;' \
+  'if (s->c->async.max_staleness < 0) return INT64_MIN;' \
+  "async (across ranks too): the wait gate also holds back drop and regenerate"
 m aipo_ratio_vs_old async src/rl/algo.c "test_rl_algo" \
   'const double mu_ratio = exp_clamped(logp - behav_logp)' \
   'const double mu_ratio = exp_clamped(logp - old_logp)' \

@@ -4,12 +4,13 @@
  * calling thread and owns the step counter, metrics and checkpoints; every stage is the same
  * code the synchronous loop runs (run.h).
  *
- * Staleness: batch k is trained with the weights of version v0 + (trained steps), its tokens
- * come from whatever versions the generator held while producing it. With on_stale "wait" the
- * generator does not start batch k before version v0 + (k - k0) - max_staleness is published,
- * so no batch is ever beyond the bound; with "drop" or "regenerate" it runs ahead as far as
- * the queues allow and the trainer drops a stale batch, or has its prompts generated again
- * (same request ids: same prompts, newer weights). Either way the trainer checks every token.
+ * Staleness (the policy is sched/sched.h's, shared with async_ranks.c): batch k is trained with
+ * the weights of version v0 + (trained steps), its tokens come from whatever versions the
+ * generator held while producing it. With on_stale "wait" the generator does not start batch k
+ * before the gate's version is published, so no batch is ever beyond the bound; with "drop" or
+ * "regenerate" it runs ahead as far as the queues allow and the trainer drops a stale batch, or
+ * has its prompts generated again (same request ids: same prompts, newer weights). Either way
+ * the trainer checks every token.
  *
  * Failure: the first executor that fails records its error and closes both queues and the
  * channel; every blocked executor wakes, stops, and the run returns that error. Checkpoints
@@ -24,6 +25,7 @@
 #include <string.h>
 
 #include "run.h"
+#include "rl/sched/sched.h"
 #include "base/alloc.h"
 #include "trill/log.h"
 #include "trill/channel.h"
@@ -53,8 +55,7 @@ typedef struct async_state {
     bool stopping;                  /* the trainer is done: errors from closing are not failures */
     trill_status err_code;
     char err[2048];
-    int64_t k0;                     /* first batch index of this run */
-    uint32_t v0;                    /* policy version at the start */
+    rl_sched sched;                 /* the staleness policy: the trainer's, but for k0 and v0 (read by the generator) */
     /* generator side */
     uint32_t gen_version;           /* the version the engine holds */
     trill_lora *gen_lora;           /* adapter mode: staging the engine converts from */
@@ -127,14 +128,13 @@ static trill_status queue_push(queue *q, rl_rollout *ro) {
     return closed ? trill_error(TRILL_ERR_IO, "rollout queue closed") : TRILL_OK;
 }
 
-/* The oldest batch (FIFO), or with want >= 0 the batch of that index, or else the smallest index. */
-static rl_rollout *queue_pop(queue *q, bool fifo, int64_t want) {
+/* The oldest batch (FIFO), or else the smallest index. */
+static rl_rollout *queue_pop(queue *q, bool fifo) {
     pthread_mutex_lock(&q->mu);
     rl_rollout *ro = NULL;
     while (!ro && !q->closed) {
         int best = -1;
         for (int i = 0; i < q->n; i++) {
-            if (want >= 0 && q->items[i]->index != want) continue;
             if (best < 0 || (!fifo && q->items[i]->index < q->items[best]->index)) best = i;
             if (fifo) break;
         }
@@ -240,9 +240,8 @@ static trill_status take_weights(void *ctx) {
 static void *generator_main(void *arg) {
     async_state *as = arg;
     rl_run *r = as->r;
-    const trill_rl_config *c = r->c;
     place_thread(as, 0);
-    int64_t next = as->k0;
+    int64_t next = as->sched.k0;
     for (;;) {
         int64_t k;
         bool redo = false;
@@ -257,12 +256,10 @@ static void *generator_main(void *arg) {
         }
         pthread_mutex_unlock(&as->mu);
         if (stop) break;
-        if (!redo && c->async.on_stale == TRILL_STALE_WAIT) {
-            /* batch k will be trained at version v0 + (k - k0): start it only with weights that
-             * recent, so none of its tokens can be older than the bound */
-            const int64_t need = (int64_t)as->v0 + (k - as->k0) - c->async.max_staleness;
+        if (!redo) { /* on_stale "wait": start batch k only with weights recent enough that none of its tokens can be beyond the bound */
+            const int64_t need = rl_sched_gate(&as->sched, k);
             uint32_t have;
-            if (need > (int64_t)as->v0 && trill_channel_wait(as->ch, (uint32_t)need, -1, &have)) break; /* closed */
+            if (need > (int64_t)as->sched.v0 && trill_channel_wait(as->ch, (uint32_t)need, -1, &have)) break; /* closed */
         }
         rl_rollout *ro = trill_calloc(1, sizeof *ro);
         if (!ro) { fail(as, trill_error(TRILL_ERR_NOMEM, "out of memory"), "generator"); break; }
@@ -286,7 +283,7 @@ static void *reward_main(void *arg) {
     async_state *as = arg;
     place_thread(as, 2);
     rl_rollout *ro;
-    while ((ro = queue_pop(&as->to_reward, true, -1))) {
+    while ((ro = queue_pop(&as->to_reward, true))) {
         const double t0 = trill_now();
         trill_status st = trill_rl_stage_reward(as->r, ro);
         as->reward_busy += trill_now() - t0;
@@ -296,70 +293,18 @@ static void *reward_main(void *arg) {
     return NULL;
 }
 
-/* Batches the trainer took off the queue while waiting for a regenerated one (they keep the
- * queues moving, so the generator is never blocked from producing the batch awaited). */
-typedef struct stash { rl_rollout *items[QUEUE_MAX]; int n; } stash;
-
-/* The next batch to train: the regenerated batch `want` when one is awaited, else the smallest
- * index held back or queued. NULL when the queues are closed. */
-static rl_rollout *next_batch(async_state *as, stash *held, int64_t want) {
-    for (;;) {
-        if (want < 0 && held->n) {
-            int best = 0;
-            for (int i = 1; i < held->n; i++)
-                if (held->items[i]->index < held->items[best]->index) best = i;
-            rl_rollout *ro = held->items[best];
-            held->items[best] = held->items[--held->n];
-            return ro;
-        }
-        rl_rollout *ro = queue_pop(&as->to_trainer, false, -1);
-        if (!ro || want < 0 || ro->index == want) return ro;
-        if (held->n == QUEUE_MAX) { /* cannot happen: the generator regenerates right after its current batch */
-            trill_rl_rollout_free(ro);
-            free(ro);
-            return NULL;
-        }
-        held->items[held->n++] = ro;
-    }
-}
-
-/* Policy version lag of a batch's response tokens at training version v: mean, max, and the
- * number of tokens at each lag 0 .. max (up to TRILL_RL_MAX_LAG entries; a batch more stale than
- * async.max_staleness is not trained, and max_staleness is below TRILL_RL_MAX_LAG). */
-void trill_rl_staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
-    double sum = 0;
-    long n = 0;
-    m->staleness_max = 0;
-    for (int s = 0; s < b->n_seqs; s++)
-        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
-            const int lag = (int)(v - b->version[t]);
-            sum += lag;
-            n++;
-            if (lag > m->staleness_max) m->staleness_max = lag;
-        }
-    m->staleness_mean = n ? sum / n : 0;
-    memset(m->staleness_tokens, 0, sizeof m->staleness_tokens);
-    for (int s = 0; s < b->n_seqs; s++)
-        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
-            const uint32_t lag = v - b->version[t];
-            if (lag < TRILL_RL_MAX_LAG) m->staleness_tokens[lag]++;
-        }
-}
-
 struct rl_async {
     async_state *as;
     pthread_t gen_thread, reward_thread;
     bool gen_started, reward_started;
     double wall0, last;            /* the executors' start; the end of the previous step */
-    double trainer_wait, step_wait;
-    int64_t want;                  /* a batch being regenerated (-1: none) */
-    long dropped, regenerated;
-    stash held;
+    double trainer_wait;
 };
 
 static void async_free(rl_async *a) {
     async_state *as = a->as;
     if (as) {
+        rl_sched_free(&as->sched);
         queue_destroy(&as->to_reward);
         queue_destroy(&as->to_trainer);
         trill_channel_free(as->ch);
@@ -381,10 +326,9 @@ trill_status trill_rl_async_start(rl_run *r, rl_async **out) {
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
     a->as = as;
-    a->want = -1;
     as->r = r;
-    as->k0 = r->state.data_pos / c->generator.prompts_per_step;
-    as->v0 = as->gen_version = r->state.version;
+    rl_sched_init(&as->sched, r);
+    as->gen_version = r->state.version;
     pthread_mutex_init(&as->mu, NULL);
     pthread_cond_init(&as->cv, NULL);
     queue_init(&as->to_reward, c->async.queue);
@@ -407,41 +351,23 @@ trill_status trill_rl_async_start(rl_run *r, rl_async **out) {
     return st; /* on failure the caller still stops it (trill_rl_async_stop) */
 }
 
-/* The next batch within the staleness bound: stale ones are dropped (their prompts skipped) or
- * queued for regeneration, by async.on_stale. NULL with *st set (or TRILL_OK: the queues were
- * closed because an executor failed). m's staleness figures describe the batch returned. */
-static rl_rollout *fresh_batch(rl_async *a, trill_rl_metrics *m, trill_status *st) {
-    async_state *as = a->as;
-    rl_run *r = as->r;
-    const trill_rl_config *c = r->c;
-    for (;;) {
-        const double tw = trill_now();
-        rl_rollout *ro = next_batch(as, &a->held, a->want);
-        a->step_wait += trill_now() - tw;
-        if (!ro) return NULL; /* closed: an executor failed */
-        a->want = -1;
-        trill_rl_staleness(&ro->b, r->state.version, m);
-        const int lag_max = m->staleness_max;
-        if (lag_max <= c->async.max_staleness) return ro;
-        if (c->async.on_stale == TRILL_STALE_WAIT) { /* the generator's gate makes this impossible */
-            *st = trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d",
-                              (long long)ro->index, lag_max, c->async.max_staleness);
-        } else if (c->async.on_stale == TRILL_STALE_DROP) {
-            a->dropped++;
-            trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)ro->index, lag_max,
-                      c->async.max_staleness);
-            r->state.data_pos = (ro->index + 1) * c->generator.prompts_per_step;
-        } else {
-            a->regenerated++;
-            pthread_mutex_lock(&as->mu);
-            as->redo[as->n_redo++] = a->want = ro->index;
-            pthread_mutex_unlock(&as->mu);
-        }
-        trill_rl_rollout_free(ro);
-        free(ro);
-        if (*st) return NULL;
-    }
+/* The policy's transport (sched.h): batches from the trainer's queue, the smallest index first;
+ * a regenerated batch is put first in the generator's list. */
+static trill_status next_queued(void *ctx, rl_rollout **out) {
+    async_state *as = ctx;
+    *out = queue_pop(&as->to_trainer, false); /* NULL: closed, an executor failed */
+    return TRILL_OK;
 }
+
+static trill_status regenerate(void *ctx, int64_t index) {
+    async_state *as = ctx;
+    pthread_mutex_lock(&as->mu);
+    as->redo[as->n_redo++] = index;
+    pthread_mutex_unlock(&as->mu);
+    return TRILL_OK;
+}
+
+static const rl_sched_transport threads_transport = { .next = next_queued, .regenerate = regenerate };
 
 trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
     async_state *as = a->as;
@@ -451,8 +377,8 @@ trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
     const int saved_threads = omp_get_max_threads();
     const bool restore = pthread_getaffinity_np(pthread_self(), sizeof saved_set, &saved_set) == 0;
     place_thread(as, 1);
-    trill_status st = TRILL_OK;
-    rl_rollout *ro = fresh_batch(a, m, &st);
+    rl_rollout *ro = NULL;
+    trill_status st = rl_sched_fresh_batch(&as->sched, r, &threads_transport, as, m, &ro);
     if (!ro && !st) { /* an executor failed: its error */
         pthread_mutex_lock(&as->mu);
         st = as->failed ? trill_error(as->err_code, "%s", as->err) : trill_error(TRILL_ERR_IO, "async: the rollout queues closed");
@@ -462,8 +388,8 @@ trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
         m->step = r->state.step + 1;
         m->async = true;
         m->batch = ro->index;
-        m->dropped_batches = a->dropped;
-        m->regenerated_batches = a->regenerated;
+        m->dropped_batches = as->sched.dropped;
+        m->regenerated_batches = as->sched.regenerated;
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
@@ -477,9 +403,8 @@ trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
         m->time.generator_apply_ms = as->apply_ms;
         m->generator_apply_bytes = as->apply_bytes;
         pthread_mutex_unlock(&as->mu);
-        m->time.trainer_wait_s = a->step_wait;
-        a->trainer_wait += a->step_wait;
-        a->step_wait = 0;
+        m->time.trainer_wait_s = rl_sched_take_wait(&as->sched);
+        a->trainer_wait += m->time.trainer_wait_s;
         trill_rl_rollout_free(ro);
         free(ro);
         const double now = trill_now();
@@ -504,7 +429,7 @@ static trill_status write_summary(const rl_async *a, double wall) {
     const trill_rl_config *c = as->r->c;
     json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:i}", "wall_s", wall, "generator_busy_s", as->gen_busy,
                           "reward_busy_s", as->reward_busy, "trainer_busy_s", as->train_busy, "trainer_wait_s", a->trainer_wait,
-                          "dropped", (json_int_t)a->dropped, "regenerated", (json_int_t)a->regenerated,
+                          "dropped", (json_int_t)as->sched.dropped, "regenerated", (json_int_t)as->sched.regenerated,
                           "generator_threads", c->resources.generator_threads, "trainer_threads", c->resources.trainer_threads,
                           "reward_threads", c->resources.reward_threads);
     char *path = trill_path_join(c->run_dir, "async_summary.json");
@@ -515,7 +440,7 @@ static trill_status write_summary(const rl_async *a, double wall) {
         trill_log(TRILL_LOG_INFO, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
                 "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated",
                 wall, 100 * as->gen_busy / wall, 100 * (1 - as->gen_busy / wall), 100 * as->reward_busy / wall,
-                100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), a->trainer_wait, a->dropped, a->regenerated);
+                100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), a->trainer_wait, as->sched.dropped, as->sched.regenerated);
     return st;
 }
 
@@ -526,10 +451,6 @@ trill_status trill_rl_async_stop(rl_async *a, trill_status st) {
     as->stopping = true;
     pthread_mutex_unlock(&as->mu);
     close_all(as);
-    for (int i = 0; i < a->held.n; i++) {
-        trill_rl_rollout_free(a->held.items[i]);
-        free(a->held.items[i]);
-    }
     if (a->gen_started) pthread_join(a->gen_thread, NULL);
     if (a->reward_started) pthread_join(a->reward_thread, NULL);
     const double wall = trill_now() - a->wall0;

@@ -2,11 +2,12 @@
  * of the trainer, within async.max_staleness; the controller (rank 0) keeps the batches it has
  * issued in order and trains them one a step, as async.c does with threads.
  *
- * Issuing is the staleness gate. Batch k is trained at version v0 + (k - k0); with on_stale
- * "wait" the controller issues batch k only once version v0 + (k - k0) - max_staleness is
- * published, and a replica finishes receiving the weights announced before a batch before it
- * starts it, so no token can be older than the bound (max_staleness 0: every batch is generated
- * with the newest weights, as in sync mode, bit for bit). With "drop" or "regenerate" it keeps
+ * Issuing is the staleness gate (the policy is sched/sched.h's, shared with async.c). Batch k is
+ * trained at version v0 + (k - k0); with on_stale "wait" the controller issues batch k only once
+ * the gate's version v0 + (k - k0) - max_staleness is published, and a replica finishes
+ * receiving the weights announced before a batch before it starts it, so no token can be older
+ * than the bound (max_staleness 0: every batch is generated with the newest weights, as in sync
+ * mode, bit for bit). With "drop" or "regenerate" it keeps
  * async.queue + 1 batches issued whatever the version, and a batch found too stale is dropped
  * (its prompts skipped) or issued again (the same request ids, newer weights; the batches that
  * arrive meanwhile are held). Weights go out after every update by the non-blocking broadcast,
@@ -24,6 +25,7 @@
 #include "base/alloc.h"
 #include "base/json.h"
 #include "ranks.h"
+#include "rl/sched/sched.h"
 #include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"
@@ -32,15 +34,11 @@ typedef struct issued { int64_t index; int32_t *owner; } issued;
 
 struct rl_async_ranks {
     rl_run *r;
-    int64_t k0, next;             /* the first batch of this run; the next new batch to issue */
-    uint32_t v0;
+    rl_sched sched;               /* the staleness policy */
+    int64_t next;                 /* the next new batch to issue */
     issued *fifo;                 /* issued, not yet received, in issue order */
     int n_fifo, cap;
-    rl_rollout **held;            /* received while a regenerated batch is awaited */
-    int n_held;
-    int64_t want;                 /* the batch being regenerated (-1: none) */
-    long dropped, regenerated;
-    double wall0, last, step_wait, trainer_wait, train_busy;
+    double wall0, last, trainer_wait, train_busy;
 };
 
 /* ---- the controller's queue of issued batches ---- */
@@ -50,10 +48,8 @@ static trill_status issue(rl_async_ranks *a, int64_t k) {
     if (a->n_fifo == a->cap) {
         const int cap = a->cap ? 2 * a->cap : 8;
         issued *f = trill_realloc(a->fifo, sizeof *f * (size_t)cap);
-        rl_rollout **h = f ? trill_realloc(a->held, sizeof *h * (size_t)cap) : NULL;
-        if (f) a->fifo = f;
-        if (h) a->held = h;
-        if (!f || !h) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!f) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        a->fifo = f;
         a->cap = cap;
     }
     int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)r->c->generator.prompts_per_step);
@@ -71,10 +67,9 @@ static trill_status fill(rl_async_ranks *a) {
     const trill_rl_config *c = a->r->c;
     trill_status st = TRILL_OK;
     /* no more than the steps left will train (a dropped batch is replaced by the next fill) */
-    while (!st && a->n_fifo + a->n_held < c->async.queue + 1 && a->n_fifo + a->n_held < c->steps - a->r->state.step) {
-        if (c->async.on_stale == TRILL_STALE_WAIT &&
-            (int64_t)a->v0 + (a->next - a->k0) - c->async.max_staleness > (int64_t)a->r->state.version)
-            break;
+    const int n_held = a->sched.n_held;
+    while (!st && a->n_fifo + n_held < c->async.queue + 1 && a->n_fifo + n_held < c->steps - a->r->state.step) {
+        if (rl_sched_gate(&a->sched, a->next) > (int64_t)a->r->state.version) break;
         st = issue(a, a->next++);
     }
     return st;
@@ -101,65 +96,23 @@ static trill_status receive(rl_async_ranks *a, rl_rollout **out) {
     return TRILL_OK;
 }
 
-/* The next batch to train: the awaited regenerated one, else the smallest index held, else the
- * oldest issued. */
-static trill_status next_batch(rl_async_ranks *a, rl_rollout **out) {
-    for (;;) {
-        if (a->want < 0 && a->n_held) {
-            int best = 0;
-            for (int i = 1; i < a->n_held; i++)
-                if (a->held[i]->index < a->held[best]->index) best = i;
-            *out = a->held[best];
-            a->held[best] = a->held[--a->n_held];
-            return TRILL_OK;
-        }
-        if (!a->n_fifo) return trill_error(TRILL_ERR_IO, "async: no batch issued to wait for");
-        rl_rollout *ro;
-        trill_status st = receive(a, &ro);
-        if (st) return st;
-        if (a->want < 0 || ro->index == a->want) {
-            *out = ro;
-            return TRILL_OK;
-        }
-        a->held[a->n_held++] = ro;
-    }
+/* The policy's transport (sched.h): issue what the gate and queue allow, receive the oldest issued,
+ * issue a stale batch again. */
+static trill_status before_next(void *ctx) {
+    return fill(ctx);
 }
 
-/* A fresh batch within the bound, stale ones dropped or issued again. */
-static trill_status fresh_batch(rl_async_ranks *a, trill_rl_metrics *m, rl_rollout **out) {
-    rl_run *r = a->r;
-    const trill_rl_config *c = r->c;
-    for (;;) {
-        trill_status st = fill(a);
-        rl_rollout *ro = NULL;
-        const double tw = trill_now();
-        if (!st) st = next_batch(a, &ro);
-        a->step_wait += trill_now() - tw;
-        if (st) return st;
-        a->want = -1;
-        trill_rl_staleness(&ro->b, r->state.version, m);
-        if (m->staleness_max <= c->async.max_staleness) {
-            *out = ro;
-            return TRILL_OK;
-        }
-        const int64_t k = ro->index;
-        const int lag = m->staleness_max;
-        trill_rl_rollout_free(ro);
-        free(ro);
-        if (c->async.on_stale == TRILL_STALE_WAIT) /* the gate makes this impossible */
-            return trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d", (long long)k, lag,
-                               c->async.max_staleness);
-        if (c->async.on_stale == TRILL_STALE_DROP) {
-            a->dropped++;
-            trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)k, lag, c->async.max_staleness);
-            r->state.data_pos = (k + 1) * c->generator.prompts_per_step;
-        } else {
-            a->regenerated++;
-            a->want = k;
-            if ((st = issue(a, k))) return st;
-        }
-    }
+static trill_status next_issued(void *ctx, rl_rollout **out) {
+    rl_async_ranks *a = ctx;
+    if (!a->n_fifo) return trill_error(TRILL_ERR_IO, "async: no batch issued to wait for");
+    return receive(a, out);
 }
+
+static trill_status issue_again(void *ctx, int64_t index) {
+    return issue(ctx, index);
+}
+
+static const rl_sched_transport ranks_transport = { .before_next = before_next, .next = next_issued, .regenerate = issue_again };
 
 /* ---- the schedule ---- */
 
@@ -182,9 +135,8 @@ trill_status trill_rl_async_ranks_start(rl_run *r, rl_async_ranks **out) {
     rl_async_ranks *a = trill_calloc(1, sizeof *a);
     if (!a) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     a->r = r;
-    a->k0 = a->next = r->state.data_pos / r->c->generator.prompts_per_step;
-    a->v0 = r->state.version;
-    a->want = -1;
+    rl_sched_init(&a->sched, r);
+    a->next = a->sched.k0;
     a->wall0 = a->last = trill_now();
     *out = a;
     return r->rank == 0 ? fill(a) : TRILL_OK;
@@ -194,19 +146,19 @@ trill_status trill_rl_async_ranks_start(rl_run *r, rl_async_ranks **out) {
 static trill_status controller_batch(rl_async_ranks *a, trill_rl_metrics *m, rl_rollout **out) {
     rl_run *r = a->r;
     rl_rollout *ro = NULL;
-    trill_status st = fresh_batch(a, m, &ro);
+    trill_status st = rl_sched_fresh_batch(&a->sched, r, &ranks_transport, a, m, &ro);
+    if (!st && !ro) st = trill_error(TRILL_ERR_IO, "async: no batch received");
     if (!st) st = r->scorer ? trill_rl_stage_reward(r, ro) : trill_rl_remote_score(r, ro);
     if (!st) {
         const rl_remote *x = r->remote;
         m->batch = ro->index;
-        m->dropped_batches = a->dropped;
-        m->regenerated_batches = a->regenerated;
+        m->dropped_batches = a->sched.dropped;
+        m->regenerated_batches = a->sched.regenerated;
         m->time.generator_apply_ms = x->apply_ms[0];
         m->generator_apply_bytes = x->applied[0];
-        m->time.trainer_wait_s = a->step_wait;
     }
-    a->trainer_wait += a->step_wait;
-    a->step_wait = 0;
+    m->time.trainer_wait_s = rl_sched_take_wait(&a->sched);
+    a->trainer_wait += m->time.trainer_wait_s;
     *out = ro;
     return st;
 }
@@ -271,7 +223,7 @@ static trill_status write_summary(const rl_async_ranks *a, double wall) {
     const trill_rl_config *c = r->c;
     const double gen_busy = r->remote->busy_s[0];
     json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:I, s:I, s:i}", "wall_s", wall, "generator_busy_s", gen_busy, "trainer_busy_s", a->train_busy,
-                          "trainer_wait_s", a->trainer_wait, "dropped", (json_int_t)a->dropped, "regenerated", (json_int_t)a->regenerated,
+                          "trainer_wait_s", a->trainer_wait, "dropped", (json_int_t)a->sched.dropped, "regenerated", (json_int_t)a->sched.regenerated,
                           "generator_replicas", r->remote->replicas);
     char *path = trill_path_join(c->run_dir, "async_summary.json");
     trill_status st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -280,7 +232,7 @@ static trill_status write_summary(const rl_async_ranks *a, double wall) {
     if (!st && wall > 0)
         trill_log(TRILL_LOG_INFO, "trill train: async over ranks for %.1f s: generator replica 0 busy %.0f%%, trainer busy %.0f%% (waiting for "
                   "rollouts %.1f s); %ld batches dropped, %ld regenerated", wall, 100 * gen_busy / wall, 100 * a->train_busy / wall,
-                  a->trainer_wait, a->dropped, a->regenerated);
+                  a->trainer_wait, a->sched.dropped, a->sched.regenerated);
     return st;
 }
 
@@ -293,12 +245,8 @@ trill_status trill_rl_async_ranks_stop(rl_async_ranks *a, trill_status st) {
         if (!st) st = write_summary(a, trill_now() - a->wall0);
     }
     for (int i = 0; i < a->n_fifo; i++) free(a->fifo[i].owner);
-    for (int i = 0; i < a->n_held; i++) {
-        trill_rl_rollout_free(a->held[i]);
-        free(a->held[i]);
-    }
+    rl_sched_free(&a->sched);
     free(a->fifo);
-    free(a->held);
     free(a);
     return st;
 }

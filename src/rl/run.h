@@ -103,10 +103,6 @@ trill_status trill_rl_async_start(rl_run *r, rl_async **out);
 trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m);
 trill_status trill_rl_async_stop(rl_async *a, trill_status st);
 
-/* The lag of a batch's response tokens at training version v (metrics' staleness_mean, _max and
- * _tokens), for both asynchronous schedulers. */
-void trill_rl_staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m);
-
 /* Async mode with generator replicas on ranks of their own (async_ranks.c): the same contract
  * as above, the replicas generating ahead within async.max_staleness. Step and stop are
  * collective over the trainer ranks. */

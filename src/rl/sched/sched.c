@@ -1,0 +1,132 @@
+/* The scheduler's staleness policy (sched.h). */
+#include "rl/sched/sched.h"
+
+#include <string.h>
+
+#include "base/alloc.h"
+#include "trill/log.h"
+#include "trill/timing.h"
+
+void rl_sched_init(rl_sched *s, const rl_run *r) {
+    memset(s, 0, sizeof *s);
+    s->c = r->c;
+    s->k0 = r->state.data_pos / r->c->generator.prompts_per_step;
+    s->v0 = r->state.version;
+    s->want = -1;
+}
+
+void rl_sched_free(rl_sched *s) {
+    for (int i = 0; i < s->n_held; i++) {
+        trill_rl_rollout_free(s->held[i]);
+        free(s->held[i]);
+    }
+    free(s->held);
+    s->held = NULL;
+    s->n_held = s->cap_held = 0;
+}
+
+int64_t rl_sched_gate(const rl_sched *s, int64_t k) {
+    if (s->c->async.on_stale != TRILL_STALE_WAIT) return INT64_MIN;
+    return (int64_t)s->v0 + (k - s->k0) - s->c->async.max_staleness;
+}
+
+/* Policy version lag of a batch's response tokens at training version v: mean, max, and the
+ * number of tokens at each lag 0 .. max (up to TRILL_RL_MAX_LAG entries; a batch more stale than
+ * async.max_staleness is not trained, and max_staleness is below TRILL_RL_MAX_LAG). */
+static void staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
+    double sum = 0;
+    long n = 0;
+    m->staleness_max = 0;
+    memset(m->staleness_tokens, 0, sizeof m->staleness_tokens);
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
+            const uint32_t lag = v - b->version[t];
+            sum += (int)lag;
+            n++;
+            if ((int)lag > m->staleness_max) m->staleness_max = (int)lag;
+            if (lag < TRILL_RL_MAX_LAG) m->staleness_tokens[lag]++;
+        }
+    m->staleness_mean = n ? sum / n : 0;
+}
+
+static trill_status hold(rl_sched *s, rl_rollout *ro) {
+    if (s->n_held == s->cap_held) {
+        const int cap = s->cap_held ? 2 * s->cap_held : 8;
+        rl_rollout **h = trill_realloc(s->held, sizeof *h * (size_t)cap);
+        if (!h) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        s->held = h;
+        s->cap_held = cap;
+    }
+    s->held[s->n_held++] = ro;
+    return TRILL_OK;
+}
+
+/* The next batch to train: the regenerated batch awaited, else the smallest index held, else the
+ * next to arrive. */
+static trill_status next_batch(rl_sched *s, const rl_sched_transport *t, void *ctx, rl_rollout **out) {
+    *out = NULL;
+    for (;;) {
+        if (s->want < 0 && s->n_held) {
+            int best = 0;
+            for (int i = 1; i < s->n_held; i++)
+                if (s->held[i]->index < s->held[best]->index) best = i;
+            *out = s->held[best];
+            s->held[best] = s->held[--s->n_held];
+            return TRILL_OK;
+        }
+        rl_rollout *ro = NULL;
+        trill_status st = t->next(ctx, &ro);
+        if (st || !ro) return st;
+        if (s->want < 0 || ro->index == s->want) {
+            *out = ro;
+            return TRILL_OK;
+        }
+        if ((st = hold(s, ro))) {
+            trill_rl_rollout_free(ro);
+            free(ro);
+            return st;
+        }
+    }
+}
+
+trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m,
+                                  rl_rollout **out) {
+    const trill_rl_config *c = s->c;
+    *out = NULL;
+    for (;;) {
+        trill_status st = t->before_next ? t->before_next(ctx) : TRILL_OK;
+        rl_rollout *ro = NULL;
+        const double tw = trill_now();
+        if (!st) st = next_batch(s, t, ctx, &ro);
+        s->step_wait += trill_now() - tw;
+        if (st || !ro) return st;
+        s->want = -1;
+        staleness(&ro->b, r->state.version, m);
+        const int lag = m->staleness_max;
+        if (lag <= c->async.max_staleness) {
+            *out = ro;
+            return TRILL_OK;
+        }
+        const int64_t k = ro->index;
+        trill_rl_rollout_free(ro);
+        free(ro);
+        if (c->async.on_stale == TRILL_STALE_WAIT) /* the gate makes this impossible */
+            return trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d", (long long)k, lag,
+                               c->async.max_staleness);
+        if (c->async.on_stale == TRILL_STALE_DROP) {
+            s->dropped++;
+            trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)k, lag, c->async.max_staleness);
+            r->state.data_pos = (k + 1) * c->generator.prompts_per_step;
+        } else {
+            s->regenerated++;
+            s->want = k;
+            if ((st = t->regenerate(ctx, k))) return st;
+        }
+    }
+}
+
+double rl_sched_take_wait(rl_sched *s) {
+    const double w = s->step_wait;
+    s->step_wait = 0;
+    return w;
+}

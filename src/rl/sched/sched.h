@@ -1,0 +1,61 @@
+/* The scheduler's staleness policy, written once for every asynchronous placement: the executors
+ * on threads of one process (async.c) and the generator replicas on ranks of their own
+ * (async_ranks.c). A placement moves batches; this decides which batch trains next and what
+ * happens to a stale one:
+ *   - the gate: with async.on_stale "wait", batch k is trained at version v0 + (k - k0), so it
+ *     may start only with weights of version v0 + (k - k0) - max_staleness or newer, and no
+ *     token can be older than the bound;
+ *   - the next batch: the regenerated batch awaited, else the smallest index received;
+ *   - a batch beyond the bound is an error under "wait" (the gate makes it impossible), dropped
+ *     under "drop" (its prompts skipped) and generated again under "regenerate" (the batches
+ *     received meanwhile are held until it arrives).
+ * The trainer's thread owns an rl_sched; another thread may call rl_sched_gate (it reads only
+ * what rl_sched_init set). */
+#ifndef TRILL_RL_SCHED_H
+#define TRILL_RL_SCHED_H
+
+#include <stdint.h>
+
+#include "rl/run.h"
+
+/* How a placement moves batches for the policy. */
+typedef struct rl_sched_transport {
+    /* Before each wait for a batch (may be NULL): issue what the gate and queue allow. */
+    trill_status (*before_next)(void *ctx);
+    /* The next batch to arrive, waiting for it; *out NULL with TRILL_OK: the transport closed
+     * (an executor failed; the placement knows its error). */
+    trill_status (*next)(void *ctx, rl_rollout **out);
+    /* Have batch `index` generated again, with newer weights. */
+    trill_status (*regenerate)(void *ctx, int64_t index);
+} rl_sched_transport;
+
+typedef struct rl_sched {
+    const trill_rl_config *c;
+    int64_t k0;                   /* the first batch of this run */
+    uint32_t v0;                  /* the policy version at its start */
+    int64_t want;                 /* the batch being regenerated (-1: none) */
+    long dropped, regenerated;
+    rl_rollout **held;            /* received while a regenerated batch is awaited */
+    int n_held, cap_held;
+    double step_wait;             /* seconds waited for batches since the last rl_sched_take_wait */
+} rl_sched;
+
+/* The policy for run r from its current state (data position and version). */
+void rl_sched_init(rl_sched *s, const rl_run *r);
+/* Frees the batches held. */
+void rl_sched_free(rl_sched *s);
+
+/* The version batch k's generation must start from under async.on_stale "wait"; INT64_MIN under
+ * "drop" and "regenerate", which do not hold the generator back. */
+int64_t rl_sched_gate(const rl_sched *s, int64_t k);
+
+/* The next batch to train at version r->state.version, within async.max_staleness: stale ones
+ * dropped (r->state.data_pos moved past them) or regenerated. m's staleness figures describe the
+ * batch returned. *out NULL with TRILL_OK: the transport closed. */
+trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m,
+                                  rl_rollout **out);
+
+/* The seconds waited for batches since the last call (the step's trainer_wait_s). */
+double rl_sched_take_wait(rl_sched *s);
+
+#endif
