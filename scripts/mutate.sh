@@ -40,10 +40,8 @@ m adv_population_std rl src/rl/algo.c "test_rl_algo" \
   'sqrt(ss / group_size)' \
   "group advantages normalised by the population std instead of the sample std"
 m clip_low_high_swapped rl src/rl/algo.c "test_rl_algo" \
-  'const double lo = 1.0 - cfg->algo.clip_low, hi = 1.0 + cfg->algo.clip_high;
-    *ratio = r;' \
-  'const double lo = 1.0 - cfg->algo.clip_high, hi = 1.0 + cfg->algo.clip_low;
-    *ratio = r;' \
+  '.lo = 1.0 - cfg->algo.clip_low, .hi = 1.0 + cfg->algo.clip_high' \
+  '.lo = 1.0 - cfg->algo.clip_high, .hi = 1.0 + cfg->algo.clip_low' \
   "token losses use clip_low and clip_high swapped (clip-higher inverted)"
 m kl_k3_grad_sign rl src/rl/algo.c "test_rl_algo" \
   'case TRILL_KL_K3: return 1.0 - exp_clamped(-x);' \
@@ -161,8 +159,8 @@ m async_ranks_gate_all async src/rl/sched/sched.c "dist_executors" \
   'if (s->c->async.max_staleness < 0) return INT64_MIN;' \
   "async (across ranks too): the wait gate also holds back drop and regenerate"
 m aipo_ratio_vs_old async src/rl/algo.c "test_rl_algo" \
-  'const double mu_ratio = exp_clamped(logp - behav_logp)' \
-  'const double mu_ratio = exp_clamped(logp - old_logp)' \
+  'L->ratio_to == TRILL_RATIO_SAMPLER ? behav_logp : old_logp' \
+  'L->ratio_to == TRILL_RATIO_SAMPLER ? old_logp : old_logp' \
   "AIPO's truncated ratio against the trainer's old policy instead of the behaviour policy"
 
 # instruction-set dispatch

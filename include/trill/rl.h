@@ -16,9 +16,10 @@
 #include "trill/error.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
+#include "trill/loss.h"
 #include "trill/optim.h"
 
-typedef enum trill_rl_loss { TRILL_LOSS_PPO, TRILL_LOSS_GSPO, TRILL_LOSS_CISPO, TRILL_LOSS_REINFORCE, TRILL_LOSS_AIPO } trill_rl_loss;
+typedef trill_loss trill_rl_loss; /* algo.loss: a loss of the table (trill/loss.h) marked TRILL_LOSS_IN_TRAIN */
 typedef enum trill_rl_agg { TRILL_AGG_TOKEN_MEAN, TRILL_AGG_SEQ_MEAN_TOKEN_SUM, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN } trill_rl_agg;
 typedef enum trill_kl_estimator { TRILL_KL_K1, TRILL_KL_K2, TRILL_KL_K3 } trill_kl_estimator;
 typedef enum trill_kl_mode { TRILL_KL_LOSS, TRILL_KL_REWARD } trill_kl_mode;

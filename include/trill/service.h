@@ -16,6 +16,7 @@
 
 #include "trill/error.h"
 #include "trill/lora.h"
+#include "trill/loss.h"
 #include "trill/model.h"
 
 /* A resident base model: its weights (in the checkpoint's dtype) and tokenizer, served under
@@ -28,13 +29,7 @@ const char *trill_svc_base_dir(const trill_svc_base *b);
 trill_model *trill_svc_base_model(trill_svc_base *b);
 const struct trill_tokenizer *trill_svc_base_tokenizer(const trill_svc_base *b); /* NULL without tokenizer.json */
 
-typedef enum trill_svc_loss {
-    TRILL_SVC_CROSS_ENTROPY, TRILL_SVC_IMPORTANCE_SAMPLING, TRILL_SVC_PPO, TRILL_SVC_CISPO, TRILL_SVC_DRO,
-    TRILL_SVC_N_LOSSES
-} trill_svc_loss;
-/* "cross_entropy", ...; -1 for an unknown name. */
-int trill_svc_loss_parse(const char *name);
-const char *trill_svc_loss_name(trill_svc_loss l);
+/* The losses (loss_fn) are the table's marked TRILL_LOSS_IN_SERVE (trill/loss.h). */
 
 typedef struct trill_svc_loss_config {
     double clip_low, clip_high; /* ppo, cispo: ratio bounds (0.8, 1.2) */
@@ -54,7 +49,7 @@ typedef struct trill_svc_datum {
 } trill_svc_datum;
 
 /* Checks a datum against the base and the loss (names the datum, the array and the position). */
-trill_status trill_svc_datum_check(const trill_svc_base *b, trill_svc_loss loss, const trill_svc_datum *d, int index);
+trill_status trill_svc_datum_check(const trill_svc_base *b, trill_loss loss, const trill_svc_datum *d, int index);
 
 typedef struct trill_svc_trainer trill_svc_trainer;
 
@@ -77,7 +72,7 @@ const float *trill_svc_trainer_grads(const trill_svc_trainer *t, size_t *n);
 
 /* The loss over n data and, with `backward`, its gradient added to the trainer's. logprobs
  * (sum of the data's n) takes each target's log-probability, data after data; *loss the sum. */
-trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data, int n, trill_svc_loss loss,
+trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data, int n, trill_loss loss,
                                const trill_svc_loss_config *config, bool backward, float *logprobs, double *loss_sum);
 
 typedef struct trill_svc_adam {

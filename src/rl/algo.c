@@ -2,6 +2,7 @@
  * metrics (trill/rl_algo.h). The formulas, their sources and every convention are in
  * docs/algorithms.md; arithmetic is in double, gradients are written as float. */
 #include "trill/rl_algo.h"
+#include "trill/loss.h"
 
 #include <assert.h>
 #include <math.h>
@@ -86,46 +87,15 @@ static double agg_weight(trill_rl_agg agg, double token_mean_denom, int n_seqs, 
     return 0;
 }
 
-/* The per-token surrogates of PPO, CISPO, REINFORCE and AIPO: loss value and d loss / d logp of
- * one token (before the TIS and aggregation weights); returns whether the clip changed it. */
+/* The per-token surrogates (the loss table, trill/loss.h): loss value and d loss / d logp of one
+ * token (before the TIS and aggregation weights), the ratio against the old policy or, for AIPO,
+ * the generator's; returns whether the clip changed it. */
 static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_logp, double behav_logp, double a,
                             double *loss, double *grad, double *ratio) {
-    const double r = exp_clamped(logp - old_logp);
-    const double lo = 1.0 - cfg->algo.clip_low, hi = 1.0 + cfg->algo.clip_high;
-    *ratio = r;
-    switch (cfg->algo.loss) {
-    case TRILL_LOSS_PPO: {
-        const double unclipped = r * a, clipped = clampd(r, lo, hi) * a;
-        if (unclipped > clipped) { /* the clipped branch is the min: no gradient */
-            *loss = -clipped;
-            *grad = 0;
-            return true;
-        }
-        *loss = -unclipped;
-        *grad = -unclipped;
-        return false;
-    }
-    case TRILL_LOSS_CISPO: {
-        const double w = clampd(r, lo, hi); /* detached */
-        *loss = -w * a * logp;
-        *grad = -w * a;
-        return w != r;
-    }
-    case TRILL_LOSS_REINFORCE:
-        *loss = -r * a;
-        *grad = -r * a;
-        return false;
-    case TRILL_LOSS_AIPO: { /* against the behaviour policy itself: the off-policy weight, truncated, detached */
-        const double mu_ratio = exp_clamped(logp - behav_logp), w = fmin(mu_ratio, cfg->algo.aipo_rho);
-        *ratio = mu_ratio;
-        *loss = -w * a * logp;
-        *grad = -w * a;
-        return mu_ratio > cfg->algo.aipo_rho;
-    }
-    case TRILL_LOSS_GSPO: break;
-    }
-    assert(!"token_surrogate: unknown or sequence-level loss");
-    return false;
+    const trill_loss_info *L = trill_loss_get((trill_loss)cfg->algo.loss);
+    assert(L && L->token && "token_surrogate: unknown or sequence-level loss");
+    const trill_loss_params p = { .lo = 1.0 - cfg->algo.clip_low, .hi = 1.0 + cfg->algo.clip_high, .rho = cfg->algo.aipo_rho };
+    return L->token(&p, logp, L->ratio_to == TRILL_RATIO_SAMPLER ? behav_logp : old_logp, a, 1.0, loss, grad, ratio);
 }
 
 void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats) {
@@ -139,7 +109,9 @@ void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, fl
     const double token_mean_denom = b->agg_tokens > 0 ? b->agg_tokens : (double)n_tokens;
     if (n_tokens == 0) return;
 
-    const bool gspo = cfg->algo.loss == TRILL_LOSS_GSPO, aipo = cfg->algo.loss == TRILL_LOSS_AIPO;
+    const trill_loss_info *L = trill_loss_get((trill_loss)cfg->algo.loss);
+    /* GSPO: the sequence ratio below; a ratio to the generator (AIPO) is its own TIS weight */
+    const bool gspo = L->sequence, own_is = L->ratio_to == TRILL_RATIO_SAMPLER;
     const bool kl_on = cfg->algo.kl_mode == TRILL_KL_LOSS && cfg->algo.kl_coef > 0 && b->ref_logp;
     const double lo = 1.0 - cfg->algo.clip_low, hi = 1.0 + cfg->algo.clip_high;
     double pg = 0, kl = 0, ratio_sum = 0;
@@ -180,7 +152,7 @@ void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, fl
             if (!gspo) {
                 double loss = 0, g = 0, r = 0;
                 n_clipped += token_surrogate(cfg, b->logp[t], b->old_logp[t], b->behav_logp[t], a, &loss, &g, &r);
-                const double w = c * (b->is_weight && !aipo ? b->is_weight[t] : 1.0); /* AIPO's weight is its own TIS */
+                const double w = c * (b->is_weight && !own_is ? b->is_weight[t] : 1.0);
                 pg += w * loss;
                 grad = w * g;
                 ratio_sum += r;

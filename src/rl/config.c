@@ -33,6 +33,7 @@ typedef enum kind {
     K_STOPS,   /* generator.stop: a list of strings */
     K_MIS,     /* correction.mis: [low, high] or false, into mis / mis_low / mis_high */
     K_TARGETS, /* trainer.lora.targets: module names, into a bit set */
+    K_LOSS,    /* algo.loss: a loss of the table (trill/loss.h) that trill train runs */
 } kind;
 
 typedef struct key {
@@ -51,7 +52,6 @@ _Static_assert(sizeof(trill_rl_loss) == sizeof(int) && sizeof(trill_gen_format) 
 
 static const char *const GEN_FORMATS[] = { "f32", "bf16", "int8", NULL }; /* trill_gen_format_name order */
 static const char *const VERIFIERS[] = { "none", "exact", "numeric", "demo", NULL };
-static const char *const LOSSES[] = { "ppo", "gspo", "cispo", "reinforce", "aipo", NULL };
 static const char *const MODES[] = { "sync", "async", NULL };
 static const char *const STALE_POLICIES[] = { "wait", "drop", "regenerate", NULL };
 static const char *const AGGREGATIONS[] = { "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", NULL };
@@ -161,10 +161,7 @@ static const key KEYS[] = {
            "Reward model folder (Qwen3ForSequenceClassification layout; `\"\"`: none)."),
     REAL("reward.model_weight", reward.model_weight, -INF, INF, "1.0", "Weight of the reward model's score in the reward."),
 
-    ENUM("algo.loss", algo.loss, LOSSES, "ppo",
-         "Policy loss: clipped token ratio (ppo), clipped sequence ratio (gspo), clipped importance weight "
-         "with a gradient on every token (cispo), none (reinforce), or the weight min(pi_theta / mu, rho) "
-         "against the generator's probabilities (aipo, for async runs)."),
+    OTHER("algo.loss", K_LOSS, algo.loss, "ppo", "Policy loss (the loss table, trill/loss.h):"),
     BOOL("algo.std_norm", algo.std_norm, "true", "Divide advantages by the group's reward std (false: Dr. GRPO)."),
     REAL("algo.clip_low", algo.clip_low, 0, 1e6, "0.2", "Ratio band's lower side: the band is [1 - clip_low, 1 + clip_high]."),
     REAL("algo.clip_high", algo.clip_high, 0, 1e6, "0.28", "Ratio band's upper side."),
@@ -625,6 +622,14 @@ static trill_status assign(trill_rl_config *c, const key *k, yaml_document_t *do
     case K_STOPS: return set_stops(c, k, doc, v, src);
     case K_MIS: return set_mis(c, k, doc, v, src);
     case K_TARGETS: return set_targets(c, k, doc, v, src);
+    case K_LOSS: {
+        const int l = v->type == YAML_SCALAR_NODE && strlen(scalar(v)) == v->data.scalar.length ? trill_loss_parse(scalar(v), TRILL_LOSS_IN_TRAIN) : -1;
+        if (l < 0)
+            return fail(src, v, "%s: expected one of %s, got %s", k->path, trill_loss_names(TRILL_LOSS_IN_TRAIN, want, sizeof want),
+                        describe(v, got, sizeof got));
+        *(int *)field = l;
+        return TRILL_OK;
+    }
     }
     return trill_error(TRILL_ERR_INVALID, "%s: unhandled key kind", k->path);
 }
@@ -895,6 +900,13 @@ static trill_status write_value(FILE *f, const trill_rl_config *c, const key *k)
             }
         break;
     }
+    case K_LOSS: {
+        const trill_loss_info *l = trill_loss_get(*(const trill_loss *)field);
+        if (!l || !(l->where & TRILL_LOSS_IN_TRAIN))
+            return trill_error(TRILL_ERR_INVALID, "%s: value %d is not a loss trill train runs", k->path, *(const int *)field);
+        fputs(l->name, f);
+        break;
+    }
     }
     return TRILL_OK;
 }
@@ -965,6 +977,10 @@ trill_status trill_rl_config_validate(const trill_rl_config *c) {
             return trill_error(TRILL_ERR_INVALID, "%s: no value (the config was not initialised with trill_rl_config_defaults)", k->path);
         if (k->kind == K_INT && (*(const int *)field < k->lo || *(const int *)field > k->hi))
             return trill_error(TRILL_ERR_INVALID, "%s: expected %s, got %d", k->path, range_text(k, want, sizeof want, true), *(const int *)field);
+        const trill_loss_info *loss = k->kind == K_LOSS ? trill_loss_get(*(const trill_loss *)field) : NULL;
+        if (k->kind == K_LOSS && (!loss || !(loss->where & TRILL_LOSS_IN_TRAIN)))
+            return trill_error(TRILL_ERR_INVALID, "%s: expected one of %s, got the value %d", k->path,
+                               trill_loss_names(TRILL_LOSS_IN_TRAIN, want, sizeof want), *(const int *)field);
         int n_names = 0;
         while (k->kind == K_ENUM && k->names[n_names]) n_names++;
         if (k->kind == K_ENUM && (*(const int *)field < 0 || *(const int *)field >= n_names))
@@ -1022,6 +1038,13 @@ static const char *type_text(const key *k, char *buf, size_t size) {
     case K_STOPS: snprintf(buf, size, "list of at most %d strings", TRILL_RL_MAX_STOPS); return buf;
     case K_MIS: return "`[low, high]` or `false`";
     case K_TARGETS: return "module names";
+    case K_LOSS: {
+        size_t len = 0;
+        for (int i = 0; i < TRILL_N_LOSSES; i++)
+            if (trill_loss_get((trill_loss)i)->where & TRILL_LOSS_IN_TRAIN)
+                len += (size_t)snprintf(buf + len, len < size ? size - len : 0, "%s`%s`", len ? ", " : "one of ", trill_loss_get((trill_loss)i)->name);
+        return buf;
+    }
     }
     return "";
 }
@@ -1117,7 +1140,14 @@ trill_status trill_rl_config_reference(FILE *f) {
             char type[256];
             fprintf(f, "| `%s` | %s | `", path, type_text(&KEYS[i], type, sizeof type));
             write_value(f, &d, &KEYS[i]);
-            fprintf(f, "` | %s |\n", KEYS[i].doc);
+            fprintf(f, "` | %s", KEYS[i].doc);
+            const char *sep = " ";
+            for (int l = 0; KEYS[i].kind == K_LOSS && l < TRILL_N_LOSSES; l++) /* each loss's phrase, from the table */
+                if (trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_TRAIN) {
+                    fprintf(f, "%s`%s`, %s", sep, trill_loss_get((trill_loss)l)->name, trill_loss_get((trill_loss)l)->doc);
+                    sep = "; ";
+                }
+            fputs(KEYS[i].kind == K_LOSS ? ". |\n" : " |\n", f);
         }
     }
     trill_rl_config_free(&d);

@@ -299,7 +299,7 @@ static trill_status announce(trill_run *h, const char *ckpt) {
             r->model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r->train->n,
             r->eval ? r->eval->n : 0, c->trainer.lora.rank, n_adapter,
             trill_precision_name(trill_model_precision(trill_rl_trainer_policy(r->trainer))), trill_gen_format_name(c->generator.dtype),
-            (const char *[]){ "ppo", "gspo", "cispo", "reinforce", "aipo" }[c->algo.loss], c->router_replay ? "on" : "off",
+            trill_loss_get(c->algo.loss)->name, c->router_replay ? "on" : "off",
             c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge", ckpt ? " (resumed)" : "");
     if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r->state.step);
     return TRILL_OK;

@@ -122,7 +122,7 @@ static trill_status parse_datum(const trill_config *c, const json_t *o, int d, t
     return st;
 }
 
-trill_status svc_parse_data(trill_svc_base *b, trill_svc_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens) {
+trill_status svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens) {
     const trill_config *c = trill_model_config(trill_svc_base_model(b));
     *out = NULL, *n = 0, *tokens = 0;
     if (!json_is_array(data) || json_array_size(data) < 1 || json_array_size(data) > MAX_DATA)
@@ -143,11 +143,12 @@ trill_status svc_parse_data(trill_svc_base *b, trill_svc_loss loss, const json_t
     return TRILL_OK;
 }
 
-trill_status svc_parse_loss(const json_t *body, trill_svc_loss *loss, trill_svc_loss_config *config) {
+trill_status svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss_config *config) {
     const char *name = json_string_value(json_object_get(body, "loss_fn"));
-    if (!name || trill_svc_loss_parse(name) < 0)
-        return trill_error(TRILL_ERR_INVALID, "loss_fn: expected one of cross_entropy, importance_sampling, ppo, cispo, dro");
-    *loss = (trill_svc_loss)trill_svc_loss_parse(name);
+    char names[256];
+    if (!name || trill_loss_parse(name, TRILL_LOSS_IN_SERVE) < 0)
+        return trill_error(TRILL_ERR_INVALID, "loss_fn: expected one of %s", trill_loss_names(TRILL_LOSS_IN_SERVE, names, sizeof names));
+    *loss = (trill_loss)trill_loss_parse(name, TRILL_LOSS_IN_SERVE);
     *config = trill_svc_loss_config_default();
     const json_t *lc = json_object_get(body, "loss_fn_config");
     if (lc && !json_is_null(lc) && !json_is_object(lc)) return trill_error(TRILL_ERR_INVALID, "loss_fn_config: expected an object");
@@ -157,7 +158,7 @@ trill_status svc_parse_loss(const json_t *body, trill_svc_loss *loss, trill_svc_
     if (!st && config->clip_low > config->clip_high)
         st = trill_error(TRILL_ERR_INVALID, "loss_fn_config: clip_low_threshold %g is above clip_high_threshold %g", config->clip_low,
                          config->clip_high);
-    if (!st && *loss == TRILL_SVC_DRO && !isfinite(config->beta)) st = trill_error(TRILL_ERR_INVALID, "loss_fn_config.beta: dro needs beta");
+    if (!st && *loss == TRILL_LOSS_DRO && !isfinite(config->beta)) st = trill_error(TRILL_ERR_INVALID, "loss_fn_config.beta: dro needs beta");
     return st;
 }
 
@@ -362,7 +363,7 @@ static trill_status run_forward(svc *s, svc_job *j, char **result) {
     for (int d = 0, k = 0; !st && d < j->n_data; k += j->data[d++].n)
         json_array_append_new(outs, json_pack("{s:o}", "logprobs", svc_json_floats(lp + k, j->data[d].n)));
     if (!st)
-        *result = svc_json_dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_svc_loss_name(j->loss), "loss_fn_outputs", outs, "metrics",
+        *result = svc_json_dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_loss_get(j->loss)->name, "loss_fn_outputs", outs, "metrics",
                                  "loss:sum", loss));
     json_decref(outs);
     free(lp);

@@ -36,7 +36,7 @@ typedef struct svc_job {
     /* forward, forward_backward */
     trill_svc_datum *data;
     int n_data;
-    trill_svc_loss loss;
+    trill_loss loss;
     trill_svc_loss_config loss_config;
     void *arrays;                /* one block holding the data's arrays */
     /* optim_step */
@@ -141,10 +141,10 @@ typedef struct svc {
 trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j);
 /* A call's "data" (the wire's datums) for base b, checked for the loss; *tokens counts the
  * tokens forwarded. Free with svc_free_data. */
-trill_status svc_parse_data(trill_svc_base *b, trill_svc_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens);
+trill_status svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens);
 void svc_free_data(trill_svc_datum *data, int n);
 /* A call's "loss_fn" and "loss_fn_config". */
-trill_status svc_parse_loss(const json_t *body, trill_svc_loss *loss, trill_svc_loss_config *config);
+trill_status svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss_config *config);
 /* A call's "adam_params" (Tinker's defaults for what it leaves out). */
 trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p);
 /* Logs the job (taken; its id and base set) as pending and queues it on its target, the caller's

@@ -73,43 +73,20 @@ const trill_tokenizer *trill_svc_base_tokenizer(const trill_svc_base *b) { retur
 
 /* ---- losses ---- */
 
-static const char *const LOSS_NAMES[TRILL_SVC_N_LOSSES] = { "cross_entropy", "importance_sampling", "ppo", "cispo", "dro" };
-
-int trill_svc_loss_parse(const char *name) {
-    for (int i = 0; i < TRILL_SVC_N_LOSSES; i++)
-        if (strcmp(name, LOSS_NAMES[i]) == 0) return i;
-    return -1;
-}
-
-const char *trill_svc_loss_name(trill_svc_loss l) { return (unsigned)l < TRILL_SVC_N_LOSSES ? LOSS_NAMES[l] : NULL; }
-
 trill_svc_loss_config trill_svc_loss_config_default(void) { return (trill_svc_loss_config){ .clip_low = 0.8, .clip_high = 1.2, .beta = NAN }; }
 
 /* One token's loss and d loss / d lp (lp: the trainer's log-probability of the target; q, a, w:
- * the datum's sampler log-prob, advantage and weight). Log-ratios are clamped to [-20, 20]
- * before exp, as the RL losses do, so a far-off token cannot overflow the sum. */
-static double token_loss(trill_svc_loss loss, const trill_svc_loss_config *c, double lp, double q, double a, double w, double *grad) {
-    const double ratio = exp(fmin(20.0, fmax(-20.0, lp - q)));
-    switch (loss) {
-    case TRILL_SVC_CROSS_ENTROPY: *grad = -w; return -w * lp;
-    case TRILL_SVC_IMPORTANCE_SAMPLING: *grad = -ratio * a; return -ratio * a;
-    case TRILL_SVC_PPO: {
-        const double clipped = fmin(c->clip_high, fmax(c->clip_low, ratio));
-        const bool unclipped_is_min = ratio * a <= clipped * a;
-        *grad = unclipped_is_min ? -ratio * a : 0.0;
-        return -(unclipped_is_min ? ratio * a : clipped * a);
-    }
-    case TRILL_SVC_CISPO: {
-        const double clipped = fmin(c->clip_high, fmax(c->clip_low, ratio));
-        *grad = -clipped * a;
-        return -clipped * a * lp;
-    }
-    case TRILL_SVC_DRO: *grad = -(a - c->beta * (lp - q)); return -(lp * a - 0.5 * c->beta * (lp - q) * (lp - q));
-    default: *grad = 0; return 0;
-    }
+ * the datum's sampler log-prob, advantage and weight), by the loss table (trill/loss.h): the
+ * ratio is taken against the sampler, its log clamped to [-20, 20] before exp as the RL losses do,
+ * so a far-off token cannot overflow the sum. */
+static double token_loss(trill_loss loss, const trill_svc_loss_config *c, double lp, double q, double a, double w, double *grad) {
+    const trill_loss_params p = { .lo = c->clip_low, .hi = c->clip_high, .beta = c->beta };
+    double value, ratio;
+    trill_loss_get(loss)->token(&p, lp, q, a, w, &value, grad, &ratio);
+    return value;
 }
 
-trill_status trill_svc_datum_check(const trill_svc_base *b, trill_svc_loss loss, const trill_svc_datum *d, int index) {
+trill_status trill_svc_datum_check(const trill_svc_base *b, trill_loss loss, const trill_svc_datum *d, int index) {
     const trill_config *c = trill_model_config(b->model);
     if (d->n < 1) return trill_error(TRILL_ERR_INVALID, "data[%d].model_input: empty (at least one token)", index);
     if (!d->targets) return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens: missing", index);
@@ -126,10 +103,12 @@ trill_status trill_svc_datum_check(const trill_svc_base *b, trill_svc_loss loss,
                                "sequence's own next token, so each target but the last must be the next input token",
                                index, i, d->targets[i], i + 1, d->tokens[i + 1]);
     }
-    if (loss != TRILL_SVC_CROSS_ENTROPY) {
-        if (!d->logprobs) return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.logprobs: missing (%s needs the sampler's log-probs)", index, LOSS_NAMES[loss]);
-        if (!d->advantages) return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.advantages: missing (%s needs them)", index, LOSS_NAMES[loss]);
-    }
+    const trill_loss_info *L = trill_loss_get(loss);
+    if (!L || !(L->where & TRILL_LOSS_IN_SERVE)) return trill_error(TRILL_ERR_INVALID, "loss_fn: %d is not a loss of the service", (int)loss);
+    if ((L->needs & TRILL_LOSS_NEEDS_LOGPROBS) && !d->logprobs)
+        return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.logprobs: missing (%s needs the sampler's log-probs)", index, L->name);
+    if ((L->needs & TRILL_LOSS_NEEDS_ADVANTAGES) && !d->advantages)
+        return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.advantages: missing (%s needs them)", index, L->name);
     const struct { const char *name; const float *v; } arrays[] = { { "weights", d->weights }, { "logprobs", d->logprobs }, { "advantages", d->advantages } };
     for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
         for (int i = 0; arrays[a].v && i < d->n; i++)
@@ -203,7 +182,7 @@ const float *trill_svc_trainer_grads(const trill_svc_trainer *t, size_t *n) { *n
 enum { MICRO_TOKENS = 4096 };
 
 /* One micro-batch, data [d0, d1): each datum forwarded as its n inputs and its last target. */
-static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *data, int d0, int d1, trill_svc_loss loss,
+static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *data, int d0, int d1, trill_loss loss,
                                   const trill_svc_loss_config *cfg, bool backward, float *logprobs, double *loss_sum) {
     const trill_config *c = trill_model_config(t->base->model);
     const int row = c->n_moe_layers * c->num_experts_per_tok;
@@ -247,11 +226,12 @@ static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *d
     return st;
 }
 
-trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data, int n, trill_svc_loss loss,
+trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data, int n, trill_loss loss,
                                const trill_svc_loss_config *config, bool backward, float *logprobs, double *loss_sum) {
     *loss_sum = 0;
-    if ((unsigned)loss >= TRILL_SVC_N_LOSSES) return trill_error(TRILL_ERR_INVALID, "loss_fn: %d is not a loss", (int)loss);
-    if (loss == TRILL_SVC_DRO && !isfinite(config->beta))
+    if (!trill_loss_get(loss) || !(trill_loss_get(loss)->where & TRILL_LOSS_IN_SERVE))
+        return trill_error(TRILL_ERR_INVALID, "loss_fn: %d is not a loss of the service", (int)loss);
+    if (loss == TRILL_LOSS_DRO && !isfinite(config->beta))
         return trill_error(TRILL_ERR_INVALID, "loss_fn_config.beta: dro needs beta (a finite number)");
     for (int d = 0; d < n; d++) {
         trill_status st = trill_svc_datum_check(t->base, loss, &data[d], d);

@@ -137,22 +137,22 @@ static void check_refused(trill_status st) {
 static bool in_vocab(int id) { return id >= 0 && id < g_config->vocab_size; }
 
 /* What svc_parse_data accepted (n data, *tokens forwarded) under `loss`. */
-static void check_data(trill_svc_loss loss, const trill_svc_datum *x, int n, long tokens) {
+static void check_data(trill_loss loss, const trill_svc_datum *x, int n, long tokens) {
     CHECK(x != NULL && n >= 1 && n <= MAX_DATA);
     long total = 0;
     for (int d = 0; d < n; d++) {
         CHECK(x[d].n >= 1 && x[d].tokens && x[d].targets);
         CHECK(trill_svc_datum_check(g_bases[0], loss, &x[d], d) == TRILL_OK);
-        if (loss != TRILL_SVC_CROSS_ENTROPY) CHECK(x[d].logprobs && x[d].advantages);
+        if (loss != TRILL_LOSS_CROSS_ENTROPY) CHECK(x[d].logprobs && x[d].advantages);
         total += x[d].n + 1;
     }
     CHECK(total == tokens && total <= MAX_CALL_TOKENS);
 }
 
-static void check_loss_config(trill_svc_loss loss, const trill_svc_loss_config *c) {
-    CHECK((int)loss >= 0 && loss < TRILL_SVC_N_LOSSES);
+static void check_loss_config(trill_loss loss, const trill_svc_loss_config *c) {
+    CHECK(trill_loss_get(loss) && (trill_loss_get(loss)->where & TRILL_LOSS_IN_SERVE));
     CHECK(c->clip_low >= 0 && c->clip_low <= c->clip_high && c->clip_high <= 1e9);
-    if (loss == TRILL_SVC_DRO) CHECK(isfinite(c->beta) && c->beta >= 0);
+    if (loss == TRILL_LOSS_DRO) CHECK(isfinite(c->beta) && c->beta >= 0);
 }
 
 static void check_adam(const trill_svc_adam *p) {
@@ -223,22 +223,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     /* loss_fn + loss_fn_config, then "data" under every loss (the named one among them) */
-    trill_svc_loss loss = TRILL_SVC_CROSS_ENTROPY;
+    trill_loss loss = TRILL_LOSS_CROSS_ENTROPY;
     trill_svc_loss_config lc;
     trill_status st = svc_parse_loss(body, &loss, &lc);
     if (st) check_refused(st);
     else check_loss_config(loss, &lc);
     const json_t *jdata = json_object_get(body, "data");
-    for (int l = 0; l < TRILL_SVC_N_LOSSES; l++) {
+    for (int l = 0; l < TRILL_N_LOSSES; l++) {
+        if (!(trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_SERVE)) continue;
         trill_svc_datum *x = (trill_svc_datum *)1;
         int n = -1;
         long tokens = -1;
-        st = svc_parse_data(g_bases[0], (trill_svc_loss)l, jdata, &x, &n, &tokens);
+        st = svc_parse_data(g_bases[0], (trill_loss)l, jdata, &x, &n, &tokens);
         if (st) {
             check_refused(st);
             CHECK(x == NULL && n == 0 && tokens == 0);
         } else {
-            check_data((trill_svc_loss)l, x, n, tokens);
+            check_data((trill_loss)l, x, n, tokens);
         }
         svc_free_data(x, n); /* NULL, 0 after a refusal */
     }

@@ -21,7 +21,7 @@ static int fail(const char *what) {
 }
 
 static json_t *forward(trill_svc_trainer *t, trill_svc_base *b, const json_t *op, bool backward) {
-    trill_svc_loss loss;
+    trill_loss loss;
     trill_svc_loss_config lc;
     trill_svc_datum *data = NULL;
     int n = 0;

@@ -64,14 +64,14 @@ static void make_batch(batch *b, trill_svc_trainer *t) {
     }
     float lp[N_SEQ * LEN];
     double loss;
-    assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &(trill_svc_loss_config){ 0 }, false, lp, &loss), TRILL_OK);
+    assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &(trill_svc_loss_config){ 0 }, false, lp, &loss), TRILL_OK);
     for (int s = 0; s < N_SEQ; s++) {
         for (int i = 0; i < LEN; i++) b->q[s][i] = lp[s * LEN + i] + (float)(((s + i) % 3) - 1) * 0.5f;
         b->d[s].logprobs = b->q[s], b->d[s].advantages = b->a[s];
     }
 }
 
-static double loss_at(trill_svc_trainer *t, const batch *b, trill_svc_loss l, const trill_svc_loss_config *c) {
+static double loss_at(trill_svc_trainer *t, const batch *b, trill_loss l, const trill_svc_loss_config *c) {
     float lp[N_SEQ * LEN];
     double loss = 0;
     assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, l, c, false, lp, &loss), TRILL_OK);
@@ -80,8 +80,8 @@ static double loss_at(trill_svc_trainer *t, const batch *b, trill_svc_loss l, co
 
 /* What the gradient is the derivative of: the loss, but CISPO's clipped ratio is a constant
  * (stop-gradient), taken at the log-probs lp0 the gradient was computed at. */
-static double surrogate_at(trill_svc_trainer *t, const batch *b, trill_svc_loss l, const trill_svc_loss_config *c, const float *lp0) {
-    if (l != TRILL_SVC_CISPO) return loss_at(t, b, l, c);
+static double surrogate_at(trill_svc_trainer *t, const batch *b, trill_loss l, const trill_svc_loss_config *c, const float *lp0) {
+    if (l != TRILL_LOSS_CISPO) return loss_at(t, b, l, c);
     float lp[N_SEQ * LEN];
     double loss = 0, sum = 0;
     assert_int_equal(trill_svc_forward(t, b->d, N_SEQ, l, c, false, lp, &loss), TRILL_OK);
@@ -92,7 +92,7 @@ static double surrogate_at(trill_svc_trainer *t, const batch *b, trill_svc_loss 
 }
 
 /* d loss / d adapters . v against (L(p + h v) - L(p - h v)) / 2h, for random directions v. */
-static void check_gradient(trill_svc_loss l, const trill_svc_loss_config *c, bool replay) {
+static void check_gradient(trill_loss l, const trill_svc_loss_config *c, bool replay) {
     trill_svc_trainer *t = trainer(3 + (uint64_t)l);
     batch b;
     make_batch(&b, t);
@@ -131,7 +131,7 @@ static void check_gradient(trill_svc_loss l, const trill_svc_loss_config *c, boo
         memcpy(p, p0, sizeof(float) * n);
         const double fd = (up - down) / (2 * h), an = gv / sqrt(vv);
         if (fabs(fd - an) > 2e-2 * fmax(1.0, fabs(an)))
-            fail_msg("%s%s: direction %d: analytic %.6g, finite differences %.6g", trill_svc_loss_name(l), replay ? " (replay)" : "", dir, an, fd);
+            fail_msg("%s%s: direction %d: analytic %.6g, finite differences %.6g", trill_loss_get(l)->name, replay ? " (replay)" : "", dir, an, fd);
     }
     free(p0);
     trill_svc_trainer_free(t);
@@ -141,9 +141,10 @@ static void test_gradients(void **state) {
     (void)state;
     trill_svc_loss_config c = trill_svc_loss_config_default();
     c.beta = 0.3;
-    for (int l = 0; l < TRILL_SVC_N_LOSSES; l++) check_gradient((trill_svc_loss)l, &c, false);
-    check_gradient(TRILL_SVC_PPO, &c, true);
-    check_gradient(TRILL_SVC_CROSS_ENTROPY, &c, true);
+    for (int l = 0; l < TRILL_N_LOSSES; l++) /* the service's losses */
+        if (trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_SERVE) check_gradient((trill_loss)l, &c, false);
+    check_gradient(TRILL_LOSS_PPO, &c, true);
+    check_gradient(TRILL_LOSS_CROSS_ENTROPY, &c, true);
 }
 
 /* Tinker's definitions, evaluated here from the log-probs the trainer reports. */
@@ -154,17 +155,18 @@ static void test_loss_values(void **state) {
     make_batch(&b, t);
     trill_svc_loss_config c = trill_svc_loss_config_default();
     c.beta = 0.3;
-    for (int l = 0; l < TRILL_SVC_N_LOSSES; l++) {
+    for (int l = 0; l < TRILL_N_LOSSES; l++) {
+        if (!(trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_SERVE)) continue;
         float lp[N_SEQ * LEN];
         double loss = 0, want = 0;
-        assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, (trill_svc_loss)l, &c, false, lp, &loss), TRILL_OK);
+        assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, (trill_loss)l, &c, false, lp, &loss), TRILL_OK);
         for (int s = 0; s < N_SEQ; s++)
             for (int i = 0; i < LEN; i++) {
                 const double x = lp[s * LEN + i], q = b.q[s][i], a = b.a[s][i], r = exp(x - q), cr = fmin(1.2, fmax(0.8, r));
-                want += l == TRILL_SVC_CROSS_ENTROPY ? -b.w[s][i] * x
-                        : l == TRILL_SVC_IMPORTANCE_SAMPLING ? -r * a
-                        : l == TRILL_SVC_PPO ? -fmin(r * a, cr * a)
-                        : l == TRILL_SVC_CISPO ? -cr * a * x
+                want += l == TRILL_LOSS_CROSS_ENTROPY ? -b.w[s][i] * x
+                        : l == TRILL_LOSS_IMPORTANCE_SAMPLING ? -r * a
+                        : l == TRILL_LOSS_PPO ? -fmin(r * a, cr * a)
+                        : l == TRILL_LOSS_CISPO ? -cr * a * x
                         : -(x * a - 0.5 * c.beta * (x - q) * (x - q));
             }
         assert_true(fabs(loss - want) <= 1e-9 * fmax(1.0, fabs(want)));
@@ -179,15 +181,15 @@ static void test_tenants_share_the_base(void **state) {
     batch b;
     make_batch(&b, a);
     const trill_svc_loss_config c = trill_svc_loss_config_default();
-    const double before = loss_at(a, &b, TRILL_SVC_CROSS_ENTROPY, &c);
+    const double before = loss_at(a, &b, TRILL_LOSS_CROSS_ENTROPY, &c);
     float lp[N_SEQ * LEN];
     double loss, norm;
-    assert_int_equal(trill_svc_forward(b2, b.d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
+    assert_int_equal(trill_svc_forward(b2, b.d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
     trill_svc_adam p = trill_svc_adam_default();
     p.learning_rate = 0.1;
     assert_int_equal(trill_svc_optim_step(b2, &p, &norm), TRILL_OK);
-    assert_true(loss != loss_at(b2, &b, TRILL_SVC_CROSS_ENTROPY, &c)); /* b2 did change */
-    assert_true(before == loss_at(a, &b, TRILL_SVC_CROSS_ENTROPY, &c));
+    assert_true(loss != loss_at(b2, &b, TRILL_LOSS_CROSS_ENTROPY, &c)); /* b2 did change */
+    assert_true(before == loss_at(a, &b, TRILL_LOSS_CROSS_ENTROPY, &c));
     size_t n;
     const float *g = trill_svc_trainer_grads(a, &n);
     for (size_t i = 0; i < n; i++) assert_true(g[i] == 0.0f);
@@ -205,7 +207,7 @@ static void test_states(void **state) {
     double loss, norm;
     trill_svc_adam p = trill_svc_adam_default();
     for (int step = 0; step < 2; step++) {
-        assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
+        assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
         assert_int_equal(trill_svc_optim_step(t, &p, &norm), TRILL_OK);
     }
     char dir[4096];
@@ -219,10 +221,10 @@ static void test_states(void **state) {
     /* the same next step from the state with its optimizer; a fresh optimizer steps otherwise */
     double l_t, l_u, l_w;
     for (trill_svc_trainer **x = (trill_svc_trainer *[]){ t, u, w, NULL }; *x; x++) {
-        assert_int_equal(trill_svc_forward(*x, b.d, N_SEQ, TRILL_SVC_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
+        assert_int_equal(trill_svc_forward(*x, b.d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &c, true, lp, &loss), TRILL_OK);
         assert_int_equal(trill_svc_optim_step(*x, &p, &norm), TRILL_OK);
     }
-    l_t = loss_at(t, &b, TRILL_SVC_CROSS_ENTROPY, &c), l_u = loss_at(u, &b, TRILL_SVC_CROSS_ENTROPY, &c), l_w = loss_at(w, &b, TRILL_SVC_CROSS_ENTROPY, &c);
+    l_t = loss_at(t, &b, TRILL_LOSS_CROSS_ENTROPY, &c), l_u = loss_at(u, &b, TRILL_LOSS_CROSS_ENTROPY, &c), l_w = loss_at(w, &b, TRILL_LOSS_CROSS_ENTROPY, &c);
     assert_true(l_t == l_u);
     assert_true(l_t != l_w);
     /* restore in place; a state of another rank is refused */
@@ -237,7 +239,7 @@ static void test_states(void **state) {
     trill_svc_trainer_free(t), trill_svc_trainer_free(u), trill_svc_trainer_free(w);
 }
 
-static void expect_refused(trill_svc_trainer *t, trill_svc_datum d, trill_svc_loss l, const char *needle) {
+static void expect_refused(trill_svc_trainer *t, trill_svc_datum d, trill_loss l, const char *needle) {
     float lp[64];
     double loss;
     trill_svc_loss_config c = trill_svc_loss_config_default();
@@ -251,13 +253,13 @@ static void test_refusals(void **state) {
     int tok[4] = { 1, 2, 3, 4 }, bad[4] = { 2, 9, 4, 5 }, big[4] = { 2, 3, 500, 0 };
     float w[3] = { 1, NAN, 1 };
     uint16_t rep[3 * 3 * 2] = { 0 };
-    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = bad }, TRILL_SVC_CROSS_ENTROPY, "target_tokens[1]");
-    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = big }, TRILL_SVC_CROSS_ENTROPY, "outside the vocabulary");
-    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .weights = w }, TRILL_SVC_CROSS_ENTROPY, "weights[1]");
-    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1 }, TRILL_SVC_PPO, "logprobs");
-    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .routed_experts = rep }, TRILL_SVC_CROSS_ENTROPY,
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = bad }, TRILL_LOSS_CROSS_ENTROPY, "target_tokens[1]");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = big }, TRILL_LOSS_CROSS_ENTROPY, "outside the vocabulary");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .weights = w }, TRILL_LOSS_CROSS_ENTROPY, "weights[1]");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1 }, TRILL_LOSS_PPO, "logprobs");
+    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .routed_experts = rep }, TRILL_LOSS_CROSS_ENTROPY,
                    "routed_experts");
-    expect_refused(t, (trill_svc_datum){ .n = 0, .tokens = tok, .targets = tok }, TRILL_SVC_CROSS_ENTROPY, "empty");
+    expect_refused(t, (trill_svc_datum){ .n = 0, .tokens = tok, .targets = tok }, TRILL_LOSS_CROSS_ENTROPY, "empty");
     trill_svc_trainer_config none = { .rank = 4 };
     trill_svc_trainer *u = NULL;
     assert_int_equal(trill_svc_trainer_create(g_base, &none, &u), TRILL_ERR_INVALID);
