@@ -65,7 +65,7 @@ typedef struct async_state {
     int cpu_first[3], cpu_count[3]; /* generator, trainer, reward */
     int allowed[CPU_SETSIZE], n_allowed;
     /* busy seconds of each executor */
-    double gen_busy, reward_busy, train_busy;
+    double gen_busy, reward_busy;   /* (the trainer's: sched.train_busy) */
 } async_state;
 
 /* ---- failure ---- */
@@ -297,8 +297,7 @@ struct rl_async {
     async_state *as;
     pthread_t gen_thread, reward_thread;
     bool gen_started, reward_started;
-    double wall0, last;            /* the executors' start; the end of the previous step */
-    double trainer_wait;
+    double wall0;                  /* the executors' start */
 };
 
 static void async_free(rl_async *a) {
@@ -346,7 +345,7 @@ trill_status trill_rl_async_start(rl_run *r, rl_async **out) {
         a->reward_started = a->gen_started && pthread_create(&a->reward_thread, NULL, reward_main, as) == 0;
         if (!a->gen_started || !a->reward_started) st = trill_error(TRILL_ERR_IO, "cannot start the executor threads");
     }
-    a->wall0 = a->last = trill_now();
+    a->wall0 = trill_now();
     *out = a;
     return st; /* on failure the caller still stops it (trill_rl_async_stop) */
 }
@@ -355,8 +354,11 @@ trill_status trill_rl_async_start(rl_run *r, rl_async **out) {
  * a regenerated batch is put first in the generator's list. */
 static trill_status next_queued(void *ctx, rl_rollout **out) {
     async_state *as = ctx;
-    *out = queue_pop(&as->to_trainer, false); /* NULL: closed, an executor failed */
-    return TRILL_OK;
+    if ((*out = queue_pop(&as->to_trainer, false))) return TRILL_OK;
+    pthread_mutex_lock(&as->mu); /* closed: an executor failed, its error */
+    trill_status st = as->failed ? trill_error(as->err_code, "%s", as->err) : trill_error(TRILL_ERR_IO, "async: the rollout queues closed");
+    pthread_mutex_unlock(&as->mu);
+    return st;
 }
 
 static trill_status regenerate(void *ctx, int64_t index) {
@@ -367,51 +369,27 @@ static trill_status regenerate(void *ctx, int64_t index) {
     return TRILL_OK;
 }
 
-static const rl_sched_transport threads_transport = { .next = next_queued, .regenerate = regenerate };
+/* The generator's last weight load, for the step's metrics. */
+static trill_status apply_figures(void *ctx, trill_rl_metrics *m) {
+    async_state *as = ctx;
+    pthread_mutex_lock(&as->mu);
+    m->time.generator_apply_ms = as->apply_ms;
+    m->generator_apply_bytes = as->apply_bytes;
+    pthread_mutex_unlock(&as->mu);
+    return TRILL_OK;
+}
+
+static const rl_sched_transport threads_transport = { .next = next_queued, .regenerate = regenerate, .publish = publish_channel,
+                                                      .after_train = apply_figures };
 
 trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
     async_state *as = a->as;
-    rl_run *r = as->r;
     /* the trainer is the calling thread: its cores and thread count for this step, restored after */
     cpu_set_t saved_set;
     const int saved_threads = omp_get_max_threads();
     const bool restore = pthread_getaffinity_np(pthread_self(), sizeof saved_set, &saved_set) == 0;
     place_thread(as, 1);
-    rl_rollout *ro = NULL;
-    trill_status st = rl_sched_fresh_batch(&as->sched, r, &threads_transport, as, m, &ro);
-    if (!ro && !st) { /* an executor failed: its error */
-        pthread_mutex_lock(&as->mu);
-        st = as->failed ? trill_error(as->err_code, "%s", as->err) : trill_error(TRILL_ERR_IO, "async: the rollout queues closed");
-        pthread_mutex_unlock(&as->mu);
-    }
-    if (ro) {
-        m->step = r->state.step + 1;
-        m->async = true;
-        m->batch = ro->index;
-        m->dropped_batches = as->sched.dropped;
-        m->regenerated_batches = as->sched.regenerated;
-        double trs = 0;
-        long tt = 0;
-        const double t0 = trill_now();
-        st = trill_rl_stage_train(r, ro, publish_channel, as, m, &trs, &tt);
-        as->train_busy += trill_now() - t0;
-        r->gen_s += ro->gen_s;
-        r->gen_tokens += ro->gen_tokens;
-        r->train_s += trs;
-        r->train_tokens += tt;
-        pthread_mutex_lock(&as->mu);
-        m->time.generator_apply_ms = as->apply_ms;
-        m->generator_apply_bytes = as->apply_bytes;
-        pthread_mutex_unlock(&as->mu);
-        m->time.trainer_wait_s = rl_sched_take_wait(&as->sched);
-        a->trainer_wait += m->time.trainer_wait_s;
-        trill_rl_rollout_free(ro);
-        free(ro);
-        const double now = trill_now();
-        m->time.interval_s = now - a->last; /* wall time since the previous step */
-        if (!st) st = trill_rl_finish_step(r, m);
-        a->last = now;
-    }
+    trill_status st = rl_sched_step(&as->sched, as->r, &threads_transport, as, m);
     if (st) {
         pthread_mutex_lock(&as->mu); /* another executor failed first (closing the channel the trainer published to): its error is the cause */
         if (as->failed) st = trill_error(as->err_code, "%s", as->err);
@@ -428,7 +406,7 @@ static trill_status write_summary(const rl_async *a, double wall) {
     const async_state *as = a->as;
     const trill_rl_config *c = as->r->c;
     json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:i}", "wall_s", wall, "generator_busy_s", as->gen_busy,
-                          "reward_busy_s", as->reward_busy, "trainer_busy_s", as->train_busy, "trainer_wait_s", a->trainer_wait,
+                          "reward_busy_s", as->reward_busy, "trainer_busy_s", as->sched.train_busy, "trainer_wait_s", as->sched.trainer_wait,
                           "dropped", (json_int_t)as->sched.dropped, "regenerated", (json_int_t)as->sched.regenerated,
                           "generator_threads", c->resources.generator_threads, "trainer_threads", c->resources.trainer_threads,
                           "reward_threads", c->resources.reward_threads);
@@ -440,7 +418,7 @@ static trill_status write_summary(const rl_async *a, double wall) {
         trill_log(TRILL_LOG_INFO, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
                 "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated",
                 wall, 100 * as->gen_busy / wall, 100 * (1 - as->gen_busy / wall), 100 * as->reward_busy / wall,
-                100 * as->train_busy / wall, 100 * (1 - as->train_busy / wall), a->trainer_wait, as->sched.dropped, as->sched.regenerated);
+                100 * as->sched.train_busy / wall, 100 * (1 - as->sched.train_busy / wall), as->sched.trainer_wait, as->sched.dropped, as->sched.regenerated);
     return st;
 }
 

@@ -38,7 +38,7 @@ struct rl_async_ranks {
     int64_t next;                 /* the next new batch to issue */
     issued *fifo;                 /* issued, not yet received, in issue order */
     int n_fifo, cap;
-    double wall0, last, trainer_wait, train_busy;
+    double wall0;
 };
 
 /* ---- the controller's queue of issued batches ---- */
@@ -112,7 +112,26 @@ static trill_status issue_again(void *ctx, int64_t index) {
     return issue(ctx, index);
 }
 
-static const rl_sched_transport ranks_transport = { .before_next = before_next, .next = next_issued, .regenerate = issue_again };
+/* The accepted batch's rewards: the scorer here, or the scorer's rank. */
+static trill_status score(void *ctx, rl_rollout *ro) {
+    rl_run *r = ((rl_async_ranks *)ctx)->r;
+    return r->scorer ? trill_rl_stage_reward(r, ro) : trill_rl_remote_score(r, ro);
+}
+
+static trill_status publish_async(rl_run *r, void *ctx, double *ms, size_t *bytes);
+
+/* Replica 0's last weight load (its answers bring the figures), for the step's metrics. */
+static trill_status apply_figures(void *ctx, trill_rl_metrics *m) {
+    const rl_run *r = ((rl_async_ranks *)ctx)->r;
+    if (r->rank == 0) {
+        m->time.generator_apply_ms = r->remote->apply_ms[0];
+        m->generator_apply_bytes = r->remote->applied[0];
+    }
+    return TRILL_OK;
+}
+
+static const rl_sched_transport ranks_transport = { .shared = true, .before_next = before_next, .next = next_issued, .regenerate = issue_again,
+                                                    .score = score, .publish = publish_async, .after_train = apply_figures };
 
 /* ---- the schedule ---- */
 
@@ -137,58 +156,14 @@ trill_status trill_rl_async_ranks_start(rl_run *r, rl_async_ranks **out) {
     a->r = r;
     rl_sched_init(&a->sched, r);
     a->next = a->sched.k0;
-    a->wall0 = a->last = trill_now();
+    a->wall0 = trill_now();
     *out = a;
     return r->rank == 0 ? fill(a) : TRILL_OK;
 }
 
-/* Rank 0's part of a step: the batch, its rewards and the async figures. */
-static trill_status controller_batch(rl_async_ranks *a, trill_rl_metrics *m, rl_rollout **out) {
-    rl_run *r = a->r;
-    rl_rollout *ro = NULL;
-    trill_status st = rl_sched_fresh_batch(&a->sched, r, &ranks_transport, a, m, &ro);
-    if (!st && !ro) st = trill_error(TRILL_ERR_IO, "async: no batch received");
-    if (!st) st = r->scorer ? trill_rl_stage_reward(r, ro) : trill_rl_remote_score(r, ro);
-    if (!st) {
-        const rl_remote *x = r->remote;
-        m->batch = ro->index;
-        m->dropped_batches = a->sched.dropped;
-        m->regenerated_batches = a->sched.regenerated;
-        m->time.generator_apply_ms = x->apply_ms[0];
-        m->generator_apply_bytes = x->applied[0];
-    }
-    m->time.trainer_wait_s = rl_sched_take_wait(&a->sched);
-    a->trainer_wait += m->time.trainer_wait_s;
-    *out = ro;
-    return st;
-}
-
 trill_status trill_rl_async_ranks_step(rl_async_ranks *a, trill_rl_metrics *m) {
-    rl_run *r = a->r;
-    rl_rollout empty = { 0 }, *ro = &empty;
-    trill_status st = r->rank == 0 ? controller_batch(a, m, &ro) : TRILL_OK;
-    if (!ro) ro = &empty;
-    st = trill_rl_share_batch(r, ro, st);
-    if (!st) {
-        m->step = r->state.step + 1;
-        m->async = true;
-        double trs = 0;
-        long tt = 0;
-        const double t0 = trill_now();
-        st = trill_rl_stage_train(r, ro, publish_async, a, m, &trs, &tt);
-        a->train_busy += trill_now() - t0;
-        r->gen_s += ro->gen_s;
-        r->gen_tokens += ro->gen_tokens;
-        r->train_s += trs;
-        r->train_tokens += tt;
-        const double now = trill_now();
-        m->time.interval_s = now - a->last;
-        a->last = now;
-        if (!st) st = trill_rl_finish_step(r, m);
-    }
-    trill_rl_rollout_free(ro);
-    if (ro != &empty) free(ro);
-    if (!st && r->rank == 0) st = fill(a);
+    trill_status st = rl_sched_step(&a->sched, a->r, &ranks_transport, a, m);
+    if (!st && a->r->rank == 0) st = fill(a);
     return st;
 }
 
@@ -222,8 +197,8 @@ static trill_status write_summary(const rl_async_ranks *a, double wall) {
     const rl_run *r = a->r;
     const trill_rl_config *c = r->c;
     const double gen_busy = r->remote->busy_s[0];
-    json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:I, s:I, s:i}", "wall_s", wall, "generator_busy_s", gen_busy, "trainer_busy_s", a->train_busy,
-                          "trainer_wait_s", a->trainer_wait, "dropped", (json_int_t)a->sched.dropped, "regenerated", (json_int_t)a->sched.regenerated,
+    json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:I, s:I, s:i}", "wall_s", wall, "generator_busy_s", gen_busy, "trainer_busy_s", a->sched.train_busy,
+                          "trainer_wait_s", a->sched.trainer_wait, "dropped", (json_int_t)a->sched.dropped, "regenerated", (json_int_t)a->sched.regenerated,
                           "generator_replicas", r->remote->replicas);
     char *path = trill_path_join(c->run_dir, "async_summary.json");
     trill_status st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -231,8 +206,8 @@ static trill_status write_summary(const rl_async_ranks *a, double wall) {
     free(path);
     if (!st && wall > 0)
         trill_log(TRILL_LOG_INFO, "trill train: async over ranks for %.1f s: generator replica 0 busy %.0f%%, trainer busy %.0f%% (waiting for "
-                  "rollouts %.1f s); %ld batches dropped, %ld regenerated", wall, 100 * gen_busy / wall, 100 * a->train_busy / wall,
-                  a->trainer_wait, a->sched.dropped, a->sched.regenerated);
+                  "rollouts %.1f s); %ld batches dropped, %ld regenerated", wall, 100 * gen_busy / wall, 100 * a->sched.train_busy / wall,
+                  a->sched.trainer_wait, a->sched.dropped, a->sched.regenerated);
     return st;
 }
 

@@ -220,6 +220,7 @@ struct trill_run {
     rl_run r;
     rl_async *async;              /* async mode: the executors, from create to finish */
     rl_async_ranks *async_ranks;  /* async mode with generator replicas on ranks of their own */
+    rl_sync *sync;                /* sync mode (executor ranks and trainer ranks alike) */
     double t_start;
     int first;                    /* the step the run started from */
     trill_rl_result result;
@@ -308,6 +309,20 @@ static trill_status announce(trill_run *h, const char *ckpt) {
 /* Every rank's status so far, agreed: one failing alone fails the others here. */
 static trill_status agree(rl_run *r, trill_status st) { return trill_comm_agree(r->job, st, "setting the run up"); }
 
+/* Sync mode's hooks (sched/sync.c): the run's phase, and the held-out evaluation when due, between
+ * a step's update and its metrics line. */
+static void sync_phase(void *ctx, trill_run_phase phase) { set_phase(ctx, phase); }
+
+static trill_status evaluate_when_due(void *ctx, trill_rl_metrics *m) {
+    trill_run *h = ctx;
+    const trill_rl_config *c = &h->cfg;
+    rl_run *r = &h->r;
+    if (!r->eval || c->eval.every <= 0 || r->state.step + 1 >= c->steps || (r->state.step + 1) % c->eval.every != 0) return TRILL_OK;
+    set_phase(h, TRILL_RUN_EVALUATING);
+    m->has_eval = true;
+    return evaluate(r, r->state.step + 1, "now", &m->eval_pass1, &m->eval_passk);
+}
+
 /* Everything before the first step: the run folder and its lock, the state to start from, the
  * inputs, the executors, the resolved config, metrics.jsonl, the evaluation before training. */
 static trill_status set_up(trill_run *h) {
@@ -342,6 +357,8 @@ static trill_status set_up(trill_run *h) {
     h->first = r->state.step;
     if (!st && c->mode == TRILL_MODE_ASYNC)
         st = trill_rl_ranks_remote_generator(r) ? trill_rl_async_ranks_start(r, &h->async_ranks) : trill_rl_async_start(r, &h->async);
+    else if (!st && !trill_rl_ranks_executor(r))
+        st = trill_rl_sync_start(r, &(rl_sync_hooks){ .phase = sync_phase, .between_steps = evaluate_when_due, .ctx = h }, &h->sync);
     free(ckpt);
     return st;
 }
@@ -401,52 +418,6 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
     return TRILL_OK;
 }
 
-/* One synchronous step: generate (or replay), score, train and sync, evaluate when due. */
-static trill_status sync_step(trill_run *h, trill_rl_metrics *m) {
-    const trill_rl_config *c = &h->cfg;
-    rl_run *r = &h->r;
-    m->step = r->state.step + 1;
-    double trs = 0;
-    long tt = 0;
-    rl_rollout ro;
-    const int64_t index = r->state.data_pos / c->generator.prompts_per_step;
-    trill_status st;
-    rl_publish_fn publish = trill_rl_ranks_remote_generator(r) ? trill_rl_publish_remote : trill_rl_publish_direct;
-    if (c->rollouts.replay[0]) {
-        st = trill_rl_stage_replay(r, index, &ro);
-    } else if (r->remote) { /* the controller gets the batch from the executors' ranks, then shares it */
-        st = TRILL_OK;
-        if (r->rank == 0) {
-            set_phase(h, TRILL_RUN_GENERATING);
-            st = r->gen ? trill_rl_stage_generate(r, index, &ro, NULL, NULL) : trill_rl_remote_generate(r, index, &ro);
-            set_phase(h, TRILL_RUN_SCORING);
-            if (!st) st = r->scorer ? trill_rl_stage_reward(r, &ro) : trill_rl_remote_score(r, &ro);
-        } else {
-            memset(&ro, 0, sizeof ro);
-        }
-        st = trill_rl_share_batch(r, &ro, st);
-    } else {
-        set_phase(h, TRILL_RUN_GENERATING);
-        st = trill_rl_stage_generate(r, index, &ro, NULL, NULL);
-        set_phase(h, TRILL_RUN_SCORING);
-        if (!st) st = trill_rl_stage_reward(r, &ro);
-    }
-    set_phase(h, TRILL_RUN_TRAINING);
-    if (!st) st = trill_rl_stage_train(r, &ro, publish, NULL, m, &trs, &tt);
-    r->gen_s += ro.gen_s;
-    r->train_s += trs;
-    r->gen_tokens += ro.gen_tokens;
-    r->train_tokens += tt;
-    trill_rl_rollout_free(&ro);
-    if (!st && r->eval && c->eval.every > 0 && r->state.step + 1 < c->steps && (r->state.step + 1) % c->eval.every == 0) {
-        set_phase(h, TRILL_RUN_EVALUATING);
-        m->has_eval = true;
-        st = evaluate(r, r->state.step + 1, "now", &m->eval_pass1, &m->eval_passk);
-    }
-    if (!st) st = trill_rl_finish_step(r, m);
-    return st;
-}
-
 /* The newest step into the status, and the progress line to the callback (or the log sink);
  * step_wall_s: the step's wall time (async: since the previous step), for the ETA. */
 static void report(trill_run *h, const trill_rl_metrics *m, double step_wall_s) {
@@ -476,7 +447,7 @@ trill_status trill_run_step(trill_run *h) {
         set_phase(h, TRILL_RUN_TRAINING);
         st = h->async ? trill_rl_async_step(h->async, m) : trill_rl_async_ranks_step(h->async_ranks, m);
     } else {
-        st = sync_step(h, m);
+        st = trill_rl_sync_step(h->sync, m);
     }
     if (!st) report(h, m, h->async || h->async_ranks ? m->time.interval_s : trill_now() - t0);
     free(m);
@@ -535,6 +506,7 @@ void trill_run_free(trill_run *h) {
     if (!h) return;
     if (h->async) trill_rl_async_stop(h->async, TRILL_ERR_INTERRUPTED);
     if (h->async_ranks) trill_rl_async_ranks_stop(h->async_ranks, TRILL_ERR_INTERRUPTED);
+    trill_rl_sync_free(h->sync);
     run_free(&h->r);
     trill_rl_config_free(&h->cfg);
     pthread_mutex_destroy(&h->mu);

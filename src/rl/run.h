@@ -1,6 +1,7 @@
 /* One RL run: the executors it owns, the state the controller keeps, and the stages of a step —
- * shared by the two schedulers, the synchronous loop (controller.c) and the asynchronous one
- * (async.c), which call the stages (stages.c) and never each other.
+ * called by the one scheduler (sched/sched.h) over its transports: sync mode's (sched/sync.c),
+ * executor threads (async.c) and generator replicas on ranks (async_ranks.c), which never call
+ * each other.
  *
  * Who owns what. The run (controller.c) creates and frees everything here. The generator
  * executor (generator.h) is used by one thread at a time: the controller's in sync mode, the
@@ -92,6 +93,20 @@ trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m);
 bool trill_rl_stop_requested(void);
 /* Forgets an earlier request: a run starting now runs until asked again. */
 void trill_rl_stop_reset(void);
+
+/* Sync mode (sched/sync.c): the scheduler at staleness 0 over a transport that makes each batch
+ * when asked, on the calling thread (generated and scored in process or on the executors' ranks,
+ * or replayed). The run handle's hooks: its phase, and what runs between a step's update and its
+ * metrics line (the held-out evaluation when due). */
+typedef struct rl_sync rl_sync;
+typedef struct rl_sync_hooks {
+    void (*phase)(void *ctx, trill_run_phase phase);
+    trill_status (*between_steps)(void *ctx, trill_rl_metrics *m);
+    void *ctx;
+} rl_sync_hooks;
+trill_status trill_rl_sync_start(rl_run *r, const rl_sync_hooks *hooks, rl_sync **out);
+trill_status trill_rl_sync_step(rl_sync *y, trill_rl_metrics *m);
+void trill_rl_sync_free(rl_sync *y);
 
 /* Async mode (async.c): start the generator and reward executors (threads on their own cores);
  * each step then trains the next batch within the staleness bound on the calling thread (metrics

@@ -1,9 +1,12 @@
 /* The scheduler's staleness policy (sched.h). */
 #include "rl/sched/sched.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "rl/ranks.h"
 #include "trill/log.h"
 #include "trill/timing.h"
 
@@ -13,6 +16,10 @@ void rl_sched_init(rl_sched *s, const rl_run *r) {
     s->k0 = r->state.data_pos / r->c->generator.prompts_per_step;
     s->v0 = r->state.version;
     s->want = -1;
+    s->async = r->c->mode == TRILL_MODE_ASYNC;
+    s->bound = s->async ? r->c->async.max_staleness : r->c->rollouts.replay[0] ? INT_MAX : 0;
+    s->on_stale = s->async ? r->c->async.on_stale : TRILL_STALE_WAIT;
+    s->last = trill_now();
 }
 
 void rl_sched_free(rl_sched *s) {
@@ -26,8 +33,8 @@ void rl_sched_free(rl_sched *s) {
 }
 
 int64_t rl_sched_gate(const rl_sched *s, int64_t k) {
-    if (s->c->async.on_stale != TRILL_STALE_WAIT) return INT64_MIN;
-    return (int64_t)s->v0 + (k - s->k0) - s->c->async.max_staleness;
+    if (s->on_stale != TRILL_STALE_WAIT) return INT64_MIN;
+    return (int64_t)s->v0 + (k - s->k0) - s->bound;
 }
 
 /* Policy version lag of a batch's response tokens at training version v: mean, max, and the
@@ -103,17 +110,19 @@ trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transpo
         s->want = -1;
         staleness(&ro->b, r->state.version, m);
         const int lag = m->staleness_max;
-        if (lag <= c->async.max_staleness) {
+        if (lag <= s->bound) {
             *out = ro;
             return TRILL_OK;
         }
         const int64_t k = ro->index;
         trill_rl_rollout_free(ro);
         free(ro);
-        if (c->async.on_stale == TRILL_STALE_WAIT) /* the gate makes this impossible */
+        if (!s->async) /* generated with the newest weights: impossible */
+            return trill_error(TRILL_ERR_INVALID, "sync: batch %lld has tokens %d versions older than the policy it trains", (long long)k, lag);
+        if (s->on_stale == TRILL_STALE_WAIT) /* the gate makes this impossible */
             return trill_error(TRILL_ERR_INVALID, "async: batch %lld is %d versions stale, beyond async.max_staleness %d", (long long)k, lag,
                                c->async.max_staleness);
-        if (c->async.on_stale == TRILL_STALE_DROP) {
+        if (s->on_stale == TRILL_STALE_DROP) {
             s->dropped++;
             trill_log(TRILL_LOG_INFO, "trill train: dropped batch %lld (%d versions stale > %d)", (long long)k, lag, c->async.max_staleness);
             r->state.data_pos = (k + 1) * c->generator.prompts_per_step;
@@ -123,6 +132,46 @@ trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transpo
             if ((st = t->regenerate(ctx, k))) return st;
         }
     }
+}
+
+trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m) {
+    rl_rollout empty = { 0 }, *ro = NULL;
+    trill_status st = TRILL_OK;
+    if (!t->shared || r->rank == 0) {
+        st = rl_sched_fresh_batch(s, r, t, ctx, m, &ro);
+        if (!st && t->score) st = t->score(ctx, ro);
+    }
+    if (t->shared) st = trill_rl_share_batch(r, ro ? ro : &empty, st);
+    if (!ro) ro = &empty;
+    if (!st) {
+        m->step = r->state.step + 1;
+        if (s->async) {
+            m->async = true;
+            m->batch = ro->index;
+            m->dropped_batches = s->dropped;
+            m->regenerated_batches = s->regenerated;
+            m->time.trainer_wait_s = rl_sched_take_wait(s);
+            s->trainer_wait += m->time.trainer_wait_s;
+        }
+        if (t->phase) t->phase(ctx, TRILL_RUN_TRAINING);
+        double trs = 0;
+        long tt = 0;
+        const double t0 = trill_now();
+        st = trill_rl_stage_train(r, ro, t->publish, ctx, m, &trs, &tt);
+        s->train_busy += trill_now() - t0;
+        r->gen_s += ro->gen_s;
+        r->gen_tokens += ro->gen_tokens;
+        r->train_s += trs;
+        r->train_tokens += tt;
+    }
+    trill_rl_rollout_free(ro);
+    if (ro != &empty) free(ro);
+    if (!st && t->after_train) st = t->after_train(ctx, m);
+    const double now = trill_now();
+    m->time.interval_s = now - s->last; /* wall time since the previous step */
+    s->last = now;
+    if (!st) st = trill_rl_finish_step(r, m);
+    return st;
 }
 
 double rl_sched_take_wait(rl_sched *s) {
