@@ -143,8 +143,8 @@ m svc_sampler_any_owner service src/service/tenants.c "service" \
 
 # async policies
 m async_gate_one_early async src/rl/sched/sched.c "rl_async" \
-  'return (int64_t)s->v0 + (k - s->k0) - s->c->async.max_staleness;' \
-  'return (int64_t)s->v0 + (k - s->k0) - s->c->async.max_staleness - 1;' \
+  'return (int64_t)s->v0 + (k - s->k0) - s->bound;' \
+  'return (int64_t)s->v0 + (k - s->k0) - s->bound - 1;' \
   "async wait gate: the generator starts a batch one version too early"
 m async_stale_by_mean_lag async src/rl/sched/sched.c "rl_async" \
   'const int lag = m->staleness_max;' \
@@ -155,8 +155,8 @@ m async_regen_not_awaited async src/rl/sched/sched.c "rl_async" \
   's->want = -1;' \
   "async regenerate: the trainer does not wait for the regenerated batch, it trains the next one first"
 m async_ranks_gate_all async src/rl/sched/sched.c "dist_executors" \
-  'if (s->c->async.on_stale != TRILL_STALE_WAIT) return INT64_MIN;' \
-  'if (s->c->async.max_staleness < 0) return INT64_MIN;' \
+  'if (s->on_stale != TRILL_STALE_WAIT) return INT64_MIN;' \
+  'if (s->bound < 0) return INT64_MIN;' \
   "async (across ranks too): the wait gate also holds back drop and regenerate"
 m aipo_ratio_vs_old async src/rl/algo.c "test_rl_algo" \
   'L->ratio_to == TRILL_RATIO_SAMPLER ? behav_logp : old_logp' \
