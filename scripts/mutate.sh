@@ -98,19 +98,19 @@ m tp_lora_a_unsummed tp src/model/tp.c "tp_mpi_2" \
   "TP row-parallel layer: the adapter's partial x A^T is not summed over the group"
 
 # tokenizers
-m bpe_tie_rightmost tokenizer src/model/tokenizer.c "test_tokenizer" \
+m bpe_tie_rightmost tokenizer src/text/tokenizer.c "test_tokenizer" \
   'if (merge[i] < merge[at]) at = i;' \
   'if (merge[i] <= merge[at]) at = i;' \
   "byte-level BPE merges the rightmost of equal-rank pairs first"
-m pretok_pcre_s tokenizer src/model/tiktoken_pattern.c "test_tokenizer" \
+m pretok_pcre_s tokenizer src/text/tiktoken_pattern.c "test_tokenizer" \
   'case '\''s'\'': trill_strbuf_put(b, "\\p{White_Space}", 15); break;' \
   'case '\''s'\'': trill_strbuf_put(b, "\\s", 2); break;' \
   "pre-tokenizer regex: \\s left as PCRE2's \\s (no U+0085) instead of White_Space"
-m tiktoken_left_pair_stale tokenizer src/model/tokenizer.c "test_tokenizer" \
+m tiktoken_left_pair_stale tokenizer src/text/tokenizer.c "test_tokenizer" \
   'for (size_t i = at ? at - 1 : 0; i <= at && i + 1 < m; i++) {' \
   'for (size_t i = at; i <= at && i + 1 < m; i++) {' \
   "tiktoken merge: the pair left of a merge keeps its old rank"
-m chat_qwen3_last_think tokenizer src/model/chat.c "tokenizer_parity" \
+m chat_qwen3_last_think tokenizer src/text/chat.c "tokenizer_parity" \
   'if (i > last_query && (i == n - 1 || reasoning_len > 0)) {' \
   'if (i > last_query && reasoning_len > 0) {' \
   "Qwen3 chat: a final assistant turn without reasoning gets no empty think block"

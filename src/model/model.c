@@ -2,7 +2,7 @@
 #include "base/alloc.h"
 #include "model/model_internal.h"
 #include "trill/model.h"
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 #include "arch/family.h"

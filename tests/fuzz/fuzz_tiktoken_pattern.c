@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tiktoken_pattern.h"
+#include "text/tiktoken_pattern.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -21,7 +21,7 @@
 #include <utf8proc.h>
 
 #include "base/utf8.h"
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 #define CHECK(cond)                                                                            \

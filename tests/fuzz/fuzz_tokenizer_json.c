@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "base/utf8.h"
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 #define CHECK(cond)                                                                          \

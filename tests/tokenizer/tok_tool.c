@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/chat_json.h"
-#include "model/tokenizer_json.h"
+#include "text/chat_json.h"
+#include "text/tokenizer_json.h"
 #include "trill/chat.h"
 #include "base/json.h"
 #include "trill/tokenizer.h"

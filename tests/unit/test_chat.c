@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "model/chat_json.h"
+#include "text/chat_json.h"
 #include "testutil.h"
 #include "trill/chat.h"
 

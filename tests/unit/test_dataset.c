@@ -9,7 +9,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 #include "rl/dataset_internal.h"
 #include "trill/dataset.h"
 #include "trill/fileio.h"

@@ -19,7 +19,7 @@
 #include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/reward_model.h"
-#include "model/tokenizer_json.h"
+#include "text/tokenizer_json.h"
 #include "trill/tokenizer.h"
 
 /* The test_small_moe config as a classifier (architectures, then `extra` fields merged in). */

@@ -11,8 +11,8 @@
 
 #include "base/utf8.h"
 #include "trill/rng.h"
-#include "model/tokenizer_json.h"
-#include "model/tiktoken_pattern.h"
+#include "text/tokenizer_json.h"
+#include "text/tiktoken_pattern.h"
 #include "testutil.h"
 #include "trill/tokenizer.h"
 

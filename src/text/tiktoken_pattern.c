@@ -1,5 +1,5 @@
 /* Split patterns of other regex engines for PCRE2 (tiktoken_pattern.h). */
-#include "model/tiktoken_pattern.h"
+#include "text/tiktoken_pattern.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -1,7 +1,7 @@
 #include "trill/tokenizer.h"
 #include "base/alloc.h"
-#include "model/tokenizer_json.h"
-#include "model/tiktoken_pattern.h"
+#include "text/tokenizer_json.h"
+#include "text/tiktoken_pattern.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -1,7 +1,7 @@
 #include "trill/chat.h"
 #include "base/alloc.h"
 #include "base/strbuf.h"
-#include "model/chat_json.h"
+#include "text/chat_json.h"
 
 #include <stdint.h>
 #include <stdio.h>
