@@ -59,11 +59,32 @@ struct rl_trainer {
     float **src;                  /* [P] the held experts' gradient from each group rank's micro-batch of a round */
     trill_lora *whole;            /* the adapters of every expert, gathered from the shards (lora itself without EP) */
     trill_adamw *whole_opt;       /* the optimizer state likewise, gathered for a checkpoint */
+    /* the buffers of one micro-batch's pass, kept between micro-batches and steps and grown to the
+     * largest asked: once they fit, a step allocates nothing per micro-batch */
+    struct wsbuf { void *p; size_t bytes; } ws[16];
 };
+
+/* The workspace's buffers (rl_trainer.ws), by use. */
+enum { WS_OFFSETS, WS_TOKENS, WS_REPLAY, WS_LP, WS_DLP, WS_EX, WS_OFF, WS_G_LP, WS_G_OLD, WS_G_BEHAV, WS_G_REF, WS_G_W, WS_G_D, WS_G_MASK,
+       WS_ADV, WS_N };
+_Static_assert(WS_N <= sizeof ((rl_trainer *)0)->ws / sizeof ((rl_trainer *)0)->ws[0], "rl_trainer.ws holds every buffer");
+
+/* Buffer i of the workspace, at least `bytes` long (its contents are not kept); NULL when out of memory. */
+static void *ws_get(rl_trainer *r, int i, size_t bytes) {
+    struct wsbuf *b = &r->ws[i];
+    if (bytes == 0) bytes = 1;
+    if (bytes > b->bytes) {
+        free(b->p);
+        b->p = trill_malloc(bytes);
+        b->bytes = b->p ? bytes : 0;
+    }
+    return b->p;
+}
 
 /* ---- micro-batches ---- */
 
-/* A packed sub-batch of the rollout batch's sequences, for one forward (and backward). */
+/* A packed sub-batch of the rollout batch's sequences, for one forward (and backward); its arrays
+ * are the trainer's workspace's, valid until the next micro-batch. */
 typedef struct micro {
     int n, T;
     const int *seq;         /* [n] indices into the rollout batch */
@@ -71,19 +92,17 @@ typedef struct micro {
     uint16_t *replay;       /* [T][L][K] or NULL */
 } micro;
 
-static void micro_free(micro *m) { free(m->offsets); free(m->tokens); free(m->replay); }
-
 /* replay: the routing to replay, [T][L][K] at batch positions (NULL: the trainer's own router). */
-static trill_status micro_make(const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m) {
+static trill_status micro_make(rl_trainer *r, const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m) {
     memset(m, 0, sizeof *m);
     m->n = n;
     m->seq = seq;
     for (int i = 0; i < n; i++) m->T += b->offsets[seq[i] + 1] - b->offsets[seq[i]];
     const size_t row = (size_t)b->n_moe_layers * b->top_k;
-    m->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
-    m->tokens = trill_malloc(sizeof(int) * (size_t)(m->T ? m->T : 1)); /* an expert-parallel round may have no sequence */
-    if (replay && row) m->replay = trill_malloc(sizeof(uint16_t) * row * (size_t)(m->T ? m->T : 1));
-    if (!m->offsets || !m->tokens || (replay && row && !m->replay)) { micro_free(m); return trill_error(TRILL_ERR_NOMEM, "out of memory"); }
+    m->offsets = ws_get(r, WS_OFFSETS, sizeof(int) * (size_t)(n + 1));
+    m->tokens = ws_get(r, WS_TOKENS, sizeof(int) * (size_t)m->T); /* an expert-parallel round may have no sequence */
+    if (replay && row) m->replay = ws_get(r, WS_REPLAY, sizeof(uint16_t) * row * (size_t)m->T);
+    if (!m->offsets || !m->tokens || (replay && row && !m->replay)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     int at = 0;
     for (int i = 0; i < n; i++) {
         const int from = b->offsets[seq[i]], len = b->offsets[seq[i] + 1] - from;
@@ -184,25 +203,23 @@ static void scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *sr
     }
 }
 
-/* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs. */
-static trill_status corrections(const trill_rl_config *c, const rl_batch *b, const micro *m, token_arrays *ta) {
-    int *off = trill_malloc(sizeof(int) * (size_t)(m->n + 1));
+/* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs (in the
+ * workspace's loss buffers, which micro_loss fills again after). */
+static trill_status corrections(rl_trainer *r, const rl_batch *b, const micro *m, token_arrays *ta) {
+    int *off = ws_get(r, WS_OFF, sizeof(int) * (size_t)(m->n + 1));
     if (!off) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int R = response_offsets(b, m, off);
-    float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1)),
-          *w = trill_malloc(sizeof(float) * (size_t)(R + 1));
-    uint8_t *mask = trill_malloc((size_t)R + 1);
-    trill_status st = old && behav && w && mask ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) {
-        gather_f(b, m, ta->old_logp, old);
-        gather_f(b, m, b->behav_logp, behav);
-        memset(mask, 1, (size_t)R);
-        trill_rl_corrections(c, m->n, off, old, behav, w, mask);
-        scatter_resp_f(b, m, w, ta->tis);
-        scatter_resp_u8(b, m, mask, ta->mask);
-    }
-    free(off); free(old); free(behav); free(w); free(mask);
-    return st;
+    const size_t fR = sizeof(float) * (size_t)(R + 1);
+    float *old = ws_get(r, WS_G_OLD, fR), *behav = ws_get(r, WS_G_BEHAV, fR), *w = ws_get(r, WS_G_W, fR);
+    uint8_t *mask = ws_get(r, WS_G_MASK, (size_t)R + 1);
+    if (!old || !behav || !w || !mask) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    gather_f(b, m, ta->old_logp, old);
+    gather_f(b, m, b->behav_logp, behav);
+    memset(mask, 1, (size_t)R);
+    trill_rl_corrections(r->c, m->n, off, old, behav, w, mask);
+    scatter_resp_f(b, m, w, ta->tis);
+    scatter_resp_u8(b, m, mask, ta->mask);
+    return TRILL_OK;
 }
 
 /* ---- data and expert parallelism: a step's micro-batches over the ranks ---- */
@@ -458,7 +475,6 @@ static void take_scored_experts(const rl_batch *b, const micro *m, const token_a
 /* A forward without gradients over `seq`: old log-probs (adapters on) and/or reference
  * log-probs (adapters off), plus the trainer's routing. */
 static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
-    const trill_rl_config *c = r->c;
     micro_plan p;
     trill_status st = plan_micros(r, b, seq, n, &p);
     if (!st && r->scorer && want_old) st = score_on_policy(r, b, seq, n, ta);
@@ -467,9 +483,9 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
         const bool mine = mi < p.hi;
         const int at = mine ? p.first[mi] : 0, k = mine ? p.first[mi + 1] - at : 0;
         micro m;
-        if ((st = micro_make(b, seq + at, k, replay_source(r, b, r->scorer && want_old ? ta->onp_experts : NULL), &m))) break;
-        float *lp = trill_malloc(sizeof(float) * (size_t)(m.T + 1));
-        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
+        if ((st = micro_make(r, b, seq + at, k, replay_source(r, b, r->scorer && want_old ? ta->onp_experts : NULL), &m))) break;
+        float *lp = ws_get(r, WS_LP, sizeof(float) * (size_t)(m.T + 1));
+        uint16_t *ex = r->L ? ws_get(r, WS_EX, sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
         if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st && want_old) {
             if (r->scorer) { /* the scorer's numbers (scored before the loop) */
@@ -481,7 +497,7 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
             if (!st && mine) {
                 scatter_logp(b, &m, lp, ta->old_logp);
                 if (ex) scatter_experts(b, &m, ex, ta->train_experts);
-                st = corrections(c, b, &m, ta);
+                st = corrections(r, b, &m, ta);
             }
         }
         if (!st && want_ref) {
@@ -490,9 +506,6 @@ static trill_status pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, i
             r->lora->enabled = true;
             if (!st && mine) scatter_logp(b, &m, lp, ta->ref_logp);
         }
-        free(lp);
-        free(ex);
-        micro_free(&m);
     }
     if (!st) st = assemble(r, b, seq, &p, ta, want_old, want_ref);
     plan_free(&p);
@@ -559,23 +572,31 @@ static trill_status apply_update(rl_trainer *r, double denom, double loss, int64
     return TRILL_OK;
 }
 
-enum { STATS = 8 }; /* per micro-batch: loss, pg, kl (sums), mask tokens, clipped, ratio sum, ratio n, tokens */
+/* One micro-batch's figures (sums over its tokens; all doubles, so the data ranks add them up as
+ * one array). */
+typedef struct micro_stats {
+    double loss, pg_loss, kl_loss; /* token-mean with denominator 1, sequence means times their sequence count */
+    double mask_tokens;            /* tokens in the loss */
+    double clipped, ratio_sum, ratio_n, tokens;
+} micro_stats;
+enum { STATS = sizeof(micro_stats) / sizeof(double) };
+_Static_assert(sizeof(micro_stats) == STATS * sizeof(double), "micro_stats is an array of doubles");
 
 /* The loss of micro-batch m from its log-probs lp: d loss / d log-prob per token into dlp (sums:
  * token-mean with denominator 1, sequence means times their sequence count) and its figures
- * into ms[STATS]. */
-static trill_status micro_loss(const rl_trainer *r, const rl_batch *b, const micro *m, const token_arrays *ta, const float *lp, float *dlp,
-                               double *ms) {
+ * into *ms. */
+static trill_status micro_loss(rl_trainer *r, const rl_batch *b, const micro *m, const token_arrays *ta, const float *lp, float *dlp,
+                               micro_stats *ms) {
     const trill_rl_config *c = r->c;
     const int k = m->n;
-    int *off = trill_malloc(sizeof(int) * (size_t)(k + 1));
+    int *off = ws_get(r, WS_OFF, sizeof(int) * (size_t)(k + 1));
     trill_status st = off ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int R = off ? response_offsets(b, m, off) : 0;
-    float *g_lp = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_old = trill_malloc(sizeof(float) * (size_t)(R + 1)),
-          *g_behav = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_ref = trill_malloc(sizeof(float) * (size_t)(R + 1)),
-          *g_w = trill_malloc(sizeof(float) * (size_t)(R + 1)), *g_d = trill_malloc(sizeof(float) * (size_t)(R + 1));
-    uint8_t *g_mask = trill_malloc((size_t)R + 1);
-    double *adv = trill_malloc(sizeof(double) * (size_t)(k + 1));
+    const size_t fR = sizeof(float) * (size_t)(R + 1);
+    float *g_lp = ws_get(r, WS_G_LP, fR), *g_old = ws_get(r, WS_G_OLD, fR), *g_behav = ws_get(r, WS_G_BEHAV, fR),
+          *g_ref = ws_get(r, WS_G_REF, fR), *g_w = ws_get(r, WS_G_W, fR), *g_d = ws_get(r, WS_G_D, fR);
+    uint8_t *g_mask = ws_get(r, WS_G_MASK, (size_t)R + 1);
+    double *adv = ws_get(r, WS_ADV, sizeof(double) * (size_t)(k + 1));
     if (!g_lp || !g_old || !g_behav || !g_ref || !g_w || !g_d || !g_mask || !adv) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
         /* the response tokens' log-probs sit at their own packed positions */
@@ -599,14 +620,9 @@ static trill_status micro_loss(const rl_trainer *r, const rl_batch *b, const mic
         const double scale = c->algo.aggregation == TRILL_AGG_TOKEN_MEAN ? 1.0 : (double)k; /* back to sums */
         long in = 0;
         for (int t = 0; t < R; t++) in += g_mask[t];
-        ms[0] = ls.loss * scale;
-        ms[1] = ls.pg_loss * scale;
-        ms[2] = ls.kl_loss * scale;
-        ms[3] = (double)in;
-        ms[4] = ls.clip_frac * (double)in;
-        ms[5] = ls.ratio_mean * (double)in;
-        ms[6] = (double)in;
-        ms[7] = m->T;
+        *ms = (micro_stats){ .loss = ls.loss * scale, .pg_loss = ls.pg_loss * scale, .kl_loss = ls.kl_loss * scale, .mask_tokens = (double)in,
+                             .clipped = ls.clip_frac * (double)in, .ratio_sum = ls.ratio_mean * (double)in, .ratio_n = (double)in,
+                             .tokens = m->T };
         j = 0;
         for (int i = 0; i < k; i++) {
             const int s = m->seq[i], from = m->offsets[i] + b->prompt_len[s], len = rl_response_len(b, s);
@@ -614,7 +630,6 @@ static trill_status micro_loss(const rl_trainer *r, const rl_batch *b, const mic
             j += len;
         }
     }
-    free(off); free(g_lp); free(g_old); free(g_behav); free(g_ref); free(g_w); free(g_d); free(g_mask); free(adv);
     return st;
 }
 
@@ -627,7 +642,7 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
     micro_plan p;
     grad_sum g = { 0 };
     trill_status st = plan_micros(r, b, seq, n, &p);
-    double *stat = st ? NULL : trill_calloc((size_t)STATS * (p.M ? p.M : 1), sizeof(double));
+    micro_stats *stat = st ? NULL : trill_calloc(p.M ? (size_t)p.M : 1, sizeof *stat);
     if (!st && !stat) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = grad_sum_create(r, &p, &g);
     if (!st && r->scorer) st = score_on_policy(r, b, seq, n, ta);
@@ -636,11 +651,12 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
         const bool mine = mi < p.hi;
         const int at = mine ? p.first[mi] : 0, k = mine ? p.first[mi + 1] - at : 0;
         micro m;
-        if ((st = micro_make(b, seq + at, k, replay_source(r, b, ta->onp_experts), &m))) break;
-        float *lp = trill_malloc(sizeof(float) * (size_t)(m.T + 1)), *dlp = trill_calloc((size_t)(m.T + 1), sizeof(float));
-        uint16_t *ex = r->L ? trill_malloc(sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
+        if ((st = micro_make(r, b, seq + at, k, replay_source(r, b, ta->onp_experts), &m))) break;
+        float *lp = ws_get(r, WS_LP, sizeof(float) * (size_t)(m.T + 1)), *dlp = ws_get(r, WS_DLP, sizeof(float) * (size_t)(m.T + 1));
+        uint16_t *ex = r->L ? ws_get(r, WS_EX, sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (dlp) memset(dlp, 0, sizeof(float) * (size_t)(m.T + 1)); /* only the loss's tokens are written */
         if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
         if (!st && mine && r->scorer) { /* on-policy: the loss sees the generator's numbers, the backward runs through the trainer's forward */
             take_scored(b, &m, ta, lp);
@@ -649,32 +665,28 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
         if (!st && mine && !have_old) { /* first minibatch, weights unchanged: these are the old log-probs */
             scatter_logp(b, &m, lp, ta->old_logp);
             if (ex) scatter_experts(b, &m, ex, ta->train_experts);
-            st = corrections(c, b, &m, ta);
+            st = corrections(r, b, &m, ta);
         }
-        if (!st && mine) st = micro_loss(r, b, &m, ta, lp, dlp, stat + (size_t)STATS * mi);
+        if (!st && mine) st = micro_loss(r, b, &m, ta, lp, dlp, &stat[mi]);
         if (!st) st = backward_round(r, &p, &g, i, pass, dlp);
         trill_forward_pass_free(pass);
-        free(lp);
-        free(dlp);
-        free(ex);
-        micro_free(&m);
     }
     /* the minibatch's gradient (a fixed tree over its micro-batches) and figures (one writer each,
      * summed in micro-batch order): the same bits on any number of ranks */
     if (!st) st = grad_sum_finish(r, &g);
-    if (!st && r->data) st = trill_comm_allreduce_f64(r->data, stat, (size_t)STATS * p.M);
+    if (!st && r->data) st = trill_comm_allreduce_f64(r->data, (double *)stat, (size_t)STATS * p.M);
     if (!st && !have_old) st = assemble(r, b, seq, &p, ta, true, false);
     double denom_tokens = 0, sums[3] = { 0 };
     for (int mi = 0; !st && mi < p.M; mi++) {
-        const double *ms = stat + (size_t)STATS * mi;
-        sums[0] += ms[0];
-        sums[1] += ms[1];
-        sums[2] += ms[2];
-        denom_tokens += ms[3];
-        ts->clip_tokens += ms[4];
-        ts->ratio_sum += ms[5];
-        ts->ratio_n += ms[6];
-        ts->tokens += (long)ms[7];
+        const micro_stats *ms = &stat[mi];
+        sums[0] += ms->loss;
+        sums[1] += ms->pg_loss;
+        sums[2] += ms->kl_loss;
+        denom_tokens += ms->mask_tokens;
+        ts->clip_tokens += ms->clipped;
+        ts->ratio_sum += ms->ratio_sum;
+        ts->ratio_n += ms->ratio_n;
+        ts->tokens += (long)ms->tokens;
     }
     grad_sum_free(r, &g);
     free(stat);
@@ -928,8 +940,8 @@ static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, doubl
         const bool mine = mi < p.hi;
         const int k = mine ? p.first[mi + 1] - p.first[mi] : 0;
         micro m;
-        if ((st = micro_make(b, seq + (mine ? p.first[mi] : 0), k, NULL, &m))) break;
-        float *lp = trill_malloc(sizeof(float) * (size_t)(m.T + 1)), *dlp = trill_malloc(sizeof(float) * (size_t)(m.T + 1));
+        if ((st = micro_make(r, b, seq + (mine ? p.first[mi] : 0), k, NULL, &m))) break;
+        float *lp = ws_get(r, WS_LP, sizeof(float) * (size_t)(m.T + 1)), *dlp = ws_get(r, WS_DLP, sizeof(float) * (size_t)(m.T + 1));
         trill_forward_pass *pass = NULL;
         if (!lp || !dlp) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st && mine) stat[3 * mi + 1] = (double)nll_weights(b, &m, dlp);
@@ -940,9 +952,6 @@ static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, doubl
         if (!st && mine) stat[3 * mi + 2] = m.T;
         if (!st && train) st = backward_round(r, &p, &g, i, pass, dlp);
         trill_forward_pass_free(pass);
-        free(lp);
-        free(dlp);
-        micro_free(&m);
     }
     if (!st && train) st = grad_sum_finish(r, &g);
     /* one rank wrote each entry: the sum over ranks is that entry, exactly */
@@ -1226,6 +1235,7 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
 
 void trill_rl_trainer_free(rl_trainer *t) {
     if (!t) return;
+    for (int i = 0; i < WS_N; i++) free(t->ws[i].p);
     trill_engine_free(t->scorer);
     if (t->policy) {
         trill_model_attach_lora(t->policy, NULL);
