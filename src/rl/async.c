@@ -405,15 +405,9 @@ trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m) {
 static trill_status write_summary(const rl_async *a, double wall) {
     const async_state *as = a->as;
     const trill_rl_config *c = as->r->c;
-    json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:i, s:i, s:i}", "wall_s", wall, "generator_busy_s", as->gen_busy,
-                          "reward_busy_s", as->reward_busy, "trainer_busy_s", as->sched.train_busy, "trainer_wait_s", as->sched.trainer_wait,
-                          "dropped", (json_int_t)as->sched.dropped, "regenerated", (json_int_t)as->sched.regenerated,
-                          "generator_threads", c->resources.generator_threads, "trainer_threads", c->resources.trainer_threads,
-                          "reward_threads", c->resources.reward_threads);
-    char *path = trill_path_join(c->run_dir, "async_summary.json");
-    trill_status st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    json_decref(j);
-    free(path);
+    trill_status st = rl_sched_write_summary(&as->sched, wall, json_pack("{s:f, s:f}", "generator_busy_s", as->gen_busy, "reward_busy_s", as->reward_busy),
+                                             json_pack("{s:i, s:i, s:i}", "generator_threads", c->resources.generator_threads, "trainer_threads",
+                                                       c->resources.trainer_threads, "reward_threads", c->resources.reward_threads));
     if (!st && wall > 0)
         trill_log(TRILL_LOG_INFO, "trill train: async executors over %.1f s: generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, trainer busy %.0f%% "
                 "(idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated",

@@ -195,15 +195,9 @@ static trill_status drain(rl_async_ranks *a) {
 /* RUN/async_summary.json and its log line: the executors' busy time. */
 static trill_status write_summary(const rl_async_ranks *a, double wall) {
     const rl_run *r = a->r;
-    const trill_rl_config *c = r->c;
     const double gen_busy = r->remote->busy_s[0];
-    json_t *j = json_pack("{s:f, s:f, s:f, s:f, s:I, s:I, s:i}", "wall_s", wall, "generator_busy_s", gen_busy, "trainer_busy_s", a->sched.train_busy,
-                          "trainer_wait_s", a->sched.trainer_wait, "dropped", (json_int_t)a->sched.dropped, "regenerated", (json_int_t)a->sched.regenerated,
-                          "generator_replicas", r->remote->replicas);
-    char *path = trill_path_join(c->run_dir, "async_summary.json");
-    trill_status st = j && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    json_decref(j);
-    free(path);
+    trill_status st = rl_sched_write_summary(&a->sched, wall, json_pack("{s:f}", "generator_busy_s", gen_busy),
+                                             json_pack("{s:i}", "generator_replicas", r->remote->replicas));
     if (!st && wall > 0)
         trill_log(TRILL_LOG_INFO, "trill train: async over ranks for %.1f s: generator replica 0 busy %.0f%%, trainer busy %.0f%% (waiting for "
                   "rollouts %.1f s); %ld batches dropped, %ld regenerated", wall, 100 * gen_busy / wall, 100 * a->sched.train_busy / wall,

@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/json.h"
 #include "rl/ranks.h"
+#include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"
 
@@ -178,4 +180,21 @@ double rl_sched_take_wait(rl_sched *s) {
     const double w = s->step_wait;
     s->step_wait = 0;
     return w;
+}
+
+trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout) {
+    json_t *j = json_pack("{s:f}", "wall_s", wall);
+    if (j && busy) json_object_update(j, busy);
+    json_t *mine = json_pack("{s:f, s:f, s:I, s:I}", "trainer_busy_s", s->train_busy, "trainer_wait_s", s->trainer_wait, "dropped",
+                             (json_int_t)s->dropped, "regenerated", (json_int_t)s->regenerated);
+    if (j && mine) json_object_update(j, mine);
+    if (j && layout) json_object_update(j, layout);
+    char *path = trill_path_join(s->c->run_dir, "async_summary.json");
+    trill_status st = j && busy && mine && layout && path ? trill_json_write_file(path, j) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_decref(j);
+    json_decref(busy);
+    json_decref(mine);
+    json_decref(layout);
+    free(path);
+    return st;
 }

@@ -78,6 +78,11 @@ trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, 
 trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m,
                                   rl_rollout **out);
 
+/* RUN/async_summary.json: wall_s, the placement's executors' busy seconds (`busy`, taken), the
+ * trainer's busy and waiting seconds, the batches dropped and regenerated, then the placement's
+ * layout (`layout`, taken). */
+trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout);
+
 /* The seconds waited for batches since the last call (the step's trainer_wait_s). */
 double rl_sched_take_wait(rl_sched *s);
 
