@@ -98,14 +98,53 @@ static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_
     return L->token(&p, logp, L->ratio_to == TRILL_RATIO_SAMPLER ? behav_logp : old_logp, a, 1.0, loss, grad, ratio);
 }
 
+static long masked_count(const rl_loss_batch *b) {
+    long n = 0;
+    for (int t = b->offsets[0]; t < b->offsets[b->n_seqs]; t++) n += masked_in(b, t);
+    return n;
+}
+
+/* The KL loss term of a token under the aggregation weight c (returned) and its gradient, added to *grad. */
+static double kl_term(const trill_rl_config *cfg, double c, double logp, double ref_logp, double *grad) {
+    const double k = cfg->algo.kl_coef * c;
+    *grad += k * trill_rl_kl_grad(cfg->algo.kl_estimator, logp, ref_logp);
+    return k * trill_rl_kl_value(cfg->algo.kl_estimator, logp, ref_logp);
+}
+
+/* The masked-in tokens of [t0, t1): their count, the sum of their log-ratios to the old policy and
+ * of their importance weights (1 without). */
+static int masked_sums(const rl_loss_batch *b, int t0, int t1, double *log_ratio_sum, double *weight_sum) {
+    int n = 0;
+    *log_ratio_sum = *weight_sum = 0;
+    for (int t = t0; t < t1; t++) {
+        if (!masked_in(b, t)) continue;
+        n++;
+        *log_ratio_sum += (double)b->logp[t] - (double)b->old_logp[t];
+        *weight_sum += b->is_weight ? b->is_weight[t] : 1.0;
+    }
+    return n;
+}
+
+/* GSPO: one sequence ratio s (the exp of the mean log-ratio), its clipped loss weighted by
+ * sum_t c_t w_t (returned), its gradient spread evenly over the sequence's tokens
+ * (d s / d logp[t] = s / n) into *seq_grad. */
+static double gspo_sequence(double log_ratio_sum, int n, double a, double weight_sum, double lo, double hi, double *seq_grad,
+                            bool *is_clipped, double *ratio) {
+    const double s = exp_clamped(log_ratio_sum / n);
+    const double unclipped = s * a, clipped = clampd(s, lo, hi) * a;
+    *is_clipped = unclipped > clipped;
+    *seq_grad = *is_clipped ? 0 : -a * s / n * weight_sum;
+    *ratio = s;
+    return -(*is_clipped ? clipped : unclipped) * weight_sum;
+}
+
 void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats) {
     memset(stats, 0, sizeof *stats);
     if (b->n_seqs <= 0) return;
     const int n_seqs = b->n_seqs;
     memset(dlogp + b->offsets[0], 0, (size_t)(b->offsets[n_seqs] - b->offsets[0]) * sizeof *dlogp);
 
-    long n_tokens = 0;
-    for (int t = b->offsets[0]; t < b->offsets[n_seqs]; t++) n_tokens += masked_in(b, t);
+    const long n_tokens = masked_count(b);
     const double token_mean_denom = b->agg_tokens > 0 ? b->agg_tokens : (double)n_tokens;
     if (n_tokens == 0) return;
 
@@ -120,27 +159,17 @@ void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, fl
     for (int i = 0; i < n_seqs; i++) {
         const int t0 = b->offsets[i], t1 = b->offsets[i + 1];
         const double a = b->adv[i];
-        int n = 0;
-        double log_ratio_sum = 0, weight_sum = 0; /* of the masked-in tokens; weight_sum becomes sum_t c_t w_t */
-        for (int t = t0; t < t1; t++) {
-            if (!masked_in(b, t)) continue;
-            n++;
-            log_ratio_sum += (double)b->logp[t] - (double)b->old_logp[t];
-            weight_sum += b->is_weight ? b->is_weight[t] : 1.0;
-        }
+        double log_ratio_sum, weight_sum; /* of the masked-in tokens; weight_sum becomes sum_t c_t w_t */
+        const int n = masked_sums(b, t0, t1, &log_ratio_sum, &weight_sum);
         if (n == 0) continue; /* contributes 0 (and still counts in the seq-mean modes' n_seqs) */
         const double c = agg_weight(cfg->algo.aggregation, token_mean_denom, n_seqs, n);
         weight_sum *= c;
 
-        /* GSPO: one sequence ratio, its loss weighted by sum_t c_t w_t, its gradient spread
-         * evenly over the sequence's tokens (d s / d logp[t] = s / n). */
         double seq_grad = 0;
         if (gspo) {
-            const double s = exp_clamped(log_ratio_sum / n);
-            const double unclipped = s * a, clipped = clampd(s, lo, hi) * a;
-            const bool is_clipped = unclipped > clipped;
-            pg += -(is_clipped ? clipped : unclipped) * weight_sum;
-            seq_grad = is_clipped ? 0 : -a * s / n * weight_sum;
+            bool is_clipped;
+            double s;
+            pg += gspo_sequence(log_ratio_sum, n, a, weight_sum, lo, hi, &seq_grad, &is_clipped, &s);
             n_clipped += is_clipped ? n : 0;
             ratio_sum += s;
             n_ratios++;
@@ -158,11 +187,7 @@ void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, fl
                 ratio_sum += r;
                 n_ratios++;
             }
-            if (kl_on) {
-                const double k = cfg->algo.kl_coef * c;
-                kl += k * trill_rl_kl_value(cfg->algo.kl_estimator, b->logp[t], b->ref_logp[t]);
-                grad += k * trill_rl_kl_grad(cfg->algo.kl_estimator, b->logp[t], b->ref_logp[t]);
-            }
+            if (kl_on) kl += kl_term(cfg, c, b->logp[t], b->ref_logp[t], &grad);
             dlogp[t] = (float)grad;
         }
     }

@@ -567,6 +567,17 @@ static trill_status set_targets(trill_rl_config *c, const key *k, yaml_document_
     return TRILL_OK;
 }
 
+/* algo.loss: a name of the loss table that trill train runs. */
+static trill_status set_loss(trill_rl_config *c, const key *k, const yaml_node_t *v, const source *src) {
+    char got[128], want[256];
+    const int l = v->type == YAML_SCALAR_NODE && strlen(scalar(v)) == v->data.scalar.length ? trill_loss_parse(scalar(v), TRILL_LOSS_IN_TRAIN) : -1;
+    if (l < 0)
+        return fail(src, v, "%s: expected one of %s, got %s", k->path, trill_loss_names(TRILL_LOSS_IN_TRAIN, want, sizeof want),
+                    describe(v, got, sizeof got));
+    *(int *)((char *)c + k->offset) = l;
+    return TRILL_OK;
+}
+
 static trill_status assign(trill_rl_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
     void *field = (char *)c + k->offset;
     char got[128], want[256];
@@ -622,14 +633,7 @@ static trill_status assign(trill_rl_config *c, const key *k, yaml_document_t *do
     case K_STOPS: return set_stops(c, k, doc, v, src);
     case K_MIS: return set_mis(c, k, doc, v, src);
     case K_TARGETS: return set_targets(c, k, doc, v, src);
-    case K_LOSS: {
-        const int l = v->type == YAML_SCALAR_NODE && strlen(scalar(v)) == v->data.scalar.length ? trill_loss_parse(scalar(v), TRILL_LOSS_IN_TRAIN) : -1;
-        if (l < 0)
-            return fail(src, v, "%s: expected one of %s, got %s", k->path, trill_loss_names(TRILL_LOSS_IN_TRAIN, want, sizeof want),
-                        describe(v, got, sizeof got));
-        *(int *)field = l;
-        return TRILL_OK;
-    }
+    case K_LOSS: return set_loss(c, k, v, src);
     }
     return trill_error(TRILL_ERR_INVALID, "%s: unhandled key kind", k->path);
 }
@@ -1085,6 +1089,22 @@ trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const tr
     return st;
 }
 
+/* A key's row of the reference table: path, type, default, meaning (algo.loss: each loss's phrase,
+ * from the loss table). */
+static void write_reference_row(FILE *f, const trill_rl_config *d, const key *k) {
+    char type[256];
+    fprintf(f, "| `%s` | %s | `", k->path, type_text(k, type, sizeof type));
+    write_value(f, d, k);
+    fprintf(f, "` | %s", k->doc);
+    const char *sep = " ";
+    for (int l = 0; k->kind == K_LOSS && l < TRILL_N_LOSSES; l++)
+        if (trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_TRAIN) {
+            fprintf(f, "%s`%s`, %s", sep, trill_loss_get((trill_loss)l)->name, trill_loss_get((trill_loss)l)->doc);
+            sep = "; ";
+        }
+    fputs(k->kind == K_LOSS ? ". |\n" : " |\n", f);
+}
+
 trill_status trill_rl_config_reference(FILE *f) {
     trill_rl_config d;
     trill_status st = trill_rl_config_defaults(&d);
@@ -1136,18 +1156,7 @@ trill_status trill_rl_config_reference(FILE *f) {
         for (size_t i = 0; i < N_KEYS; i++) {
             const char *path = KEYS[i].path;
             bool in = n ? !strncmp(path, name, n) && path[n] == '.' : !strchr(path, '.');
-            if (!in) continue;
-            char type[256];
-            fprintf(f, "| `%s` | %s | `", path, type_text(&KEYS[i], type, sizeof type));
-            write_value(f, &d, &KEYS[i]);
-            fprintf(f, "` | %s", KEYS[i].doc);
-            const char *sep = " ";
-            for (int l = 0; KEYS[i].kind == K_LOSS && l < TRILL_N_LOSSES; l++) /* each loss's phrase, from the table */
-                if (trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_TRAIN) {
-                    fprintf(f, "%s`%s`, %s", sep, trill_loss_get((trill_loss)l)->name, trill_loss_get((trill_loss)l)->doc);
-                    sep = "; ";
-                }
-            fputs(KEYS[i].kind == K_LOSS ? ". |\n" : " |\n", f);
+            if (in) write_reference_row(f, &d, &KEYS[i]);
         }
     }
     trill_rl_config_free(&d);
