@@ -19,6 +19,7 @@
 # EP 2, 2 generator replicas + a scorer rank, async across ranks; and trill sft, LoRA and full.
 # Runs on 2 OpenMP threads; the MPI runs need mpirun (skipped with a line if there is none).
 set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 digest() { # digest OUT: sha256 of every recorded file, the timings taken out of the JSON lines
   local out=$1
@@ -67,28 +68,10 @@ record() {
   }
   echo "rl_identity: recording $trill into $out"
   run demo "$trill" train run_dir=demo steps=3 checkpoint.every=1
-  # the RL tests' fixture: a tiny MoE (layer 0 dense), two-digit sums, a graded external reward
-  "$trill" init --out model --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
-      --set head_dim=16 --seed 3 2>/dev/null
-  /usr/bin/python3 - <<'PY'
-import json, random
-r = random.Random(0)
-for name, n in (("train.jsonl", 64), ("eval.jsonl", 8)):
-    with open(name, "w") as f:
-        for _ in range(n):
-            a, b = r.randrange(10, 100), r.randrange(10, 100)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-    with open("sft.jsonl" if name == "train.jsonl" else "sft_eval.jsonl", "w") as f:
-        for _ in range(n):
-            a, b = r.randrange(10, 100), r.randrange(10, 100)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n")
-PY
-  cat >digits.py <<'PY'
-import json, sys
-for line in sys.stdin:
-    c = json.loads(line)["completion"]
-    print(json.dumps({"reward": sum(ch.isdigit() for ch in c) / max(len(c), 1), "metrics": {"len": len(c)}}), flush=True)
-PY
+  # the RL tests' fixture (tests/rl/fixture_data.sh): a tiny MoE (layer 0 dense), two-digit sums,
+  # a graded external reward; and SFT data of the same task
+  source "$ROOT/tests/rl/fixture_data.sh"
+  fixture_data "$trill"
   local common=(model=model data.train=train.jsonl data.eval=eval.jsonl data.eval_size=4 reward.verifier=demo
                 "reward.external=/usr/bin/python3 digits.py" generator.prompts_per_step=4 generator.n=4 generator.max_new_tokens=6
                 eval.k=2 eval.every=2 checkpoint.keep=0 checkpoint.every=2 trainer.schedule=constant trainer.lr=1e-2 rollouts.save=true

@@ -19,25 +19,8 @@ subprocess.run([sys.executable, "-c", "import json, os, sys, time"], check=True)
 print(f"{round(max(0.5, 10 * (time.monotonic() - t)), 2):g}")
 PY
 }
-"$TRILL" init --out model --preset tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 \
-    --set head_dim=16 --seed 3 2>/dev/null
-$PY - <<'PY'
-import json, random
-r = random.Random(0)
-for name, n in (("train.jsonl", 64), ("eval.jsonl", 8)):
-    with open(name, "w") as f:
-        for _ in range(n):
-            a, b = r.randrange(10, 100), r.randrange(10, 100)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-PY
-# A random model never gets the sum right: a graded external reward (the share of digits in the
-# completion) gives the groups different rewards, so the adapters really train.
-cat > digits.py <<'PY'
-import json, sys
-for line in sys.stdin:
-    c = json.loads(line)["completion"]
-    print(json.dumps({"reward": sum(ch.isdigit() for ch in c) / max(len(c), 1), "metrics": {"len": len(c)}}), flush=True)
-PY
+source "$(dirname "${BASH_SOURCE[0]}")/fixture_data.sh"
+fixture_data "$TRILL"
 # A 16 MB KV cache (thousands of the tiny model's tokens, more than any test's batch holds): under
 # ASan, making and freeing the default 256 MB poisons its 32 MB of shadow each time, 0.18 of a
 # trill train run's 0.47 s.
