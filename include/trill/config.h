@@ -1,9 +1,10 @@
 /* Model architecture read from a Hugging Face config.json.
  *
- * Field names and defaults are Hugging Face's, per architecture (Qwen3Config, Qwen3MoeConfig):
- * the shared fields are read in src/model/config.c, each family's own in src/arch/<family>/.
- * Options trill does not compute (rope scaling, sliding window, attention bias,
- * other activations...) are refused by name rather than approximated. */
+ * Field names and defaults are Hugging Face's, per architecture (Qwen3Config, Qwen3MoeConfig,
+ * DeepseekV3Config, Kimi-K2's): the shared fields are read in src/model/config.c, each family's
+ * own in src/arch/<family>/config.c. Options trill does not compute (rope scaling other than
+ * DeepSeek-V3's YaRN, sliding windows, attention biases, other activations...) are refused by name
+ * rather than approximated. */
 #ifndef TRILL_CONFIG_H
 #define TRILL_CONFIG_H
 
