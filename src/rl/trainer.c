@@ -387,9 +387,30 @@ static trill_status scorer_sync(rl_trainer *r) {
 /* Teacher forcing of seq[0..n)'s responses through the scorer: each response token's log-prob as
  * the generator's sampler reports it (at generator.temperature) into ta->onp_logp, and the
  * routing of every forwarded position into ta->onp_experts, at batch positions. */
+/* The scoring engine's outputs (every one collected and freed, also after a failure st) into the
+ * batch positions of the on-policy log-probs and routing. */
+static trill_status take_scores(rl_trainer *r, const rl_batch *b, const int *seq, token_arrays *ta, trill_status st) {
+    const size_t row = (size_t)r->L * r->K;
+    trill_sequence_out out[32];
+    int got;
+    while ((got = trill_engine_collect(r->scorer, out, 32)) > 0)
+        for (int k = 0; k < got; k++) {
+            const int s = seq[out[k].request + (uint64_t)out[k].sample], at = b->offsets[s];
+            if (!st && out[k].n_prompt + out[k].n_generated != b->offsets[s + 1] - at)
+                st = trill_error(TRILL_ERR_INVALID, "generator.on_policy: sequence %d was scored over %d tokens, not %d", s,
+                                 out[k].n_prompt + out[k].n_generated, b->offsets[s + 1] - at);
+            if (!st) {
+                memcpy(ta->onp_logp + at + out[k].n_prompt, out[k].logprobs, sizeof(float) * (size_t)out[k].n_generated);
+                if (row && out[k].experts)
+                    memcpy(ta->onp_experts + (size_t)at * row, out[k].experts, sizeof(uint16_t) * row * (size_t)(b->offsets[s + 1] - at - 1));
+            }
+            trill_sequence_out_free(&out[k]);
+        }
+    return st;
+}
+
 static trill_status score_on_policy(rl_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta) {
     const trill_rl_config *c = r->c;
-    const size_t row = (size_t)r->L * r->K;
     const double t0 = trill_now();
     trill_status st = scorer_sync(r);
     trill_request q = { .sampling = trill_sampling_default() };
@@ -437,21 +458,7 @@ static trill_status score_on_policy(rl_trainer *r, const rl_batch *b, const int 
     free(forced);
     free(forced_at);
     if (!st) st = trill_engine_run(r->scorer);
-    trill_sequence_out out[32];
-    int got;
-    while ((got = trill_engine_collect(r->scorer, out, 32)) > 0)
-        for (int k = 0; k < got; k++) {
-            const int s = seq[out[k].request + (uint64_t)out[k].sample], at = b->offsets[s];
-            if (!st && out[k].n_prompt + out[k].n_generated != b->offsets[s + 1] - at)
-                st = trill_error(TRILL_ERR_INVALID, "generator.on_policy: sequence %d was scored over %d tokens, not %d", s,
-                                 out[k].n_prompt + out[k].n_generated, b->offsets[s + 1] - at);
-            if (!st) {
-                memcpy(ta->onp_logp + at + out[k].n_prompt, out[k].logprobs, sizeof(float) * (size_t)out[k].n_generated);
-                if (row && out[k].experts)
-                    memcpy(ta->onp_experts + (size_t)at * row, out[k].experts, sizeof(uint16_t) * row * (size_t)(b->offsets[s + 1] - at - 1));
-            }
-            trill_sequence_out_free(&out[k]);
-        }
+    st = take_scores(r, b, seq, ta, st);
     r->score_s += trill_now() - t0;
     return st;
 }

@@ -98,8 +98,10 @@ static trill_status next_batch(rl_sched *s, const rl_sched_transport *t, void *c
     }
 }
 
-trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m,
-                                  rl_rollout **out) {
+/* The next batch to train at version r->state.version, within the bound: stale ones dropped
+ * (r->state.data_pos moved past them) or regenerated. m's staleness figures describe the batch
+ * returned. */
+static trill_status fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m, rl_rollout **out) {
     const trill_rl_config *c = s->c;
     *out = NULL;
     for (;;) {
@@ -136,24 +138,32 @@ trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transpo
     }
 }
 
+/* The seconds waited for batches since the last call (the step's trainer_wait_s). */
+static double take_wait(rl_sched *s) {
+    const double w = s->step_wait;
+    s->step_wait = 0;
+    return w;
+}
+
 trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m) {
     rl_rollout empty = { 0 }, *ro = NULL;
     trill_status st = TRILL_OK;
     if (!t->shared || r->rank == 0) {
-        st = rl_sched_fresh_batch(s, r, t, ctx, m, &ro);
+        st = fresh_batch(s, r, t, ctx, m, &ro);
         if (!st && t->score) st = t->score(ctx, ro);
     }
     if (t->shared) st = trill_rl_share_batch(r, ro ? ro : &empty, st);
     if (!ro) ro = &empty;
     if (!st) {
         m->step = r->state.step + 1;
+        const double wait = take_wait(s);
         if (s->async) {
             m->async = true;
             m->batch = ro->index;
             m->dropped_batches = s->dropped;
             m->regenerated_batches = s->regenerated;
-            m->time.trainer_wait_s = rl_sched_take_wait(s);
-            s->trainer_wait += m->time.trainer_wait_s;
+            m->time.trainer_wait_s = wait;
+            s->trainer_wait += wait;
         }
         if (t->phase) t->phase(ctx, TRILL_RUN_TRAINING);
         double trs = 0;
@@ -176,11 +186,6 @@ trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, 
     return st;
 }
 
-double rl_sched_take_wait(rl_sched *s) {
-    const double w = s->step_wait;
-    s->step_wait = 0;
-    return w;
-}
 
 trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout) {
     json_t *j = json_pack("{s:f}", "wall_s", wall);

@@ -51,7 +51,7 @@ typedef struct rl_sched {
     long dropped, regenerated;
     rl_rollout **held;            /* received while a regenerated batch is awaited */
     int n_held, cap_held;
-    double step_wait;             /* seconds waited for batches since the last rl_sched_take_wait */
+    double step_wait;             /* seconds waited for batches in this step */
     double last;                  /* the end of the previous step (async: the first one's start) */
     double trainer_wait, train_busy; /* the run's: seconds waited for batches, seconds training */
 } rl_sched;
@@ -72,18 +72,9 @@ int64_t rl_sched_gate(const rl_sched *s, int64_t k);
  * then the step's metrics line and checkpoint (trill_rl_finish_step). */
 trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m);
 
-/* The next batch to train at version r->state.version, within async.max_staleness: stale ones
- * dropped (r->state.data_pos moved past them) or regenerated. m's staleness figures describe the
- * batch returned. *out NULL with TRILL_OK: the transport closed. */
-trill_status rl_sched_fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m,
-                                  rl_rollout **out);
-
 /* RUN/async_summary.json: wall_s, the placement's executors' busy seconds (`busy`, taken), the
  * trainer's busy and waiting seconds, the batches dropped and regenerated, then the placement's
  * layout (`layout`, taken). */
 trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout);
-
-/* The seconds waited for batches since the last call (the step's trainer_wait_s). */
-double rl_sched_take_wait(rl_sched *s);
 
 #endif
