@@ -46,6 +46,30 @@ static int write_config_only(const char *out, const char *preset, const trill_co
     return st ? cli_fail("init") : 0;
 }
 
+/* The preset's config.json with the --set overrides applied (an architectures list follows a
+ * model_type set alone), parsed: 0, or the exit status after the error was printed. */
+static int preset_config(const char *preset, const char *const *sets, int n_sets, trill_config *config) {
+    char *preset_text = trill_config_preset_text(preset);
+    if (!preset_text) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
+    json_t *cfg_json = json_loads(preset_text, 0, NULL);
+    free(preset_text);
+    if (!cfg_json) return cli_fail("init");
+    bool set_type = false, set_archs = false;
+    for (int i = 0; i < n_sets; i++) {
+        if (apply_override(cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
+        set_type |= strncmp(sets[i], "model_type=", 11) == 0;
+        set_archs |= strncmp(sets[i], "architectures=", 14) == 0;
+    }
+    if (set_type && !set_archs) json_object_del(cfg_json, "architectures"); /* follows model_type */
+
+    char *text = json_dumps(cfg_json, 0);
+    json_decref(cfg_json);
+    trill_status st = text ? trill_config_parse(text, strlen(text), "config (preset + --set)", config)
+                           : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    free(text);
+    return st ? cli_fail("init") : 0;
+}
+
 int cmd_init(int argc, char **argv) {
     static const struct option opts[] = {
         { "out", required_argument, 0, 'o' }, { "preset", required_argument, 0, 'p' },
@@ -83,26 +107,9 @@ int cmd_init(int argc, char **argv) {
     if (strcmp(dtype_name, "bf16") == 0) dtype = TRILL_BF16;
     else if (strcmp(dtype_name, "f32") == 0) dtype = TRILL_F32;
     else return cli_usage_error("init", USAGE, "--dtype: expected bf16 or f32, got \"%s\"", dtype_name);
-    char *preset_text = trill_config_preset_text(preset);
-    if (!preset_text) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
-    json_t *cfg_json = json_loads(preset_text, 0, NULL);
-    free(preset_text);
-    if (!cfg_json) return cli_fail("init");
-    bool set_type = false, set_archs = false;
-    for (int i = 0; i < n_sets; i++) {
-        if (apply_override(cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
-        set_type |= strncmp(sets[i], "model_type=", 11) == 0;
-        set_archs |= strncmp(sets[i], "architectures=", 14) == 0;
-    }
-    if (set_type && !set_archs) json_object_del(cfg_json, "architectures"); /* follows model_type */
-
     trill_config config;
-    char *text = json_dumps(cfg_json, 0);
-    json_decref(cfg_json);
-    trill_status st = text ? trill_config_parse(text, strlen(text), "config (preset + --set)", &config)
-                           : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    free(text);
-    if (st) return cli_fail("init");
+    int rc = preset_config(preset, sets, n_sets, &config);
+    if (rc) return rc;
     if (config_only) return write_config_only(out, preset, &config);
     if (trill_config_preset_is_real(preset))
         return cli_usage_error("init", USAGE, "--preset %s is the real model's configuration, too large to create here: add --config-only", preset);
@@ -111,7 +118,8 @@ int cmd_init(int argc, char **argv) {
         return cli_fail("init");
     }
     trill_model *m;
-    if ((st = trill_model_create(&config, &m))) return cli_fail("init");
+    trill_status st = trill_model_create(&config, &m);
+    if (st) return cli_fail("init");
     trill_model_init_random(m, (uint64_t)seed);
     st = trill_model_save(m, out, dtype, 5000000000u); /* HF default shard size, 5 GB */
     if (!st) st = trill_model_write_charlevel_files(out, &config);
