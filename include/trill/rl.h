@@ -27,6 +27,8 @@ typedef enum trill_mis_level { TRILL_MIS_TOKEN, TRILL_MIS_SEQUENCE, TRILL_MIS_GE
 typedef enum trill_sync_mode { TRILL_SYNC_ADAPTER, TRILL_SYNC_MERGE } trill_sync_mode;
 typedef enum trill_rl_mode { TRILL_MODE_SYNC, TRILL_MODE_ASYNC } trill_rl_mode;
 typedef enum trill_stale_policy { TRILL_STALE_WAIT, TRILL_STALE_DROP, TRILL_STALE_REGENERATE } trill_stale_policy;
+/* Where async mode scores: a thread of its own, or the trainer's thread as it takes each batch. */
+typedef enum trill_reward_place { TRILL_REWARD_THREAD, TRILL_REWARD_TRAINER } trill_reward_place;
 typedef enum trill_sft_mode { TRILL_SFT_LORA, TRILL_SFT_FULL } trill_sft_mode;
 typedef enum trill_verifier { TRILL_VERIFIER_NONE, TRILL_VERIFIER_EXACT, TRILL_VERIFIER_NUMERIC, TRILL_VERIFIER_DEMO } trill_verifier;
 
@@ -47,6 +49,7 @@ typedef struct trill_rl_config {
         int queue;                 /* rollout batches waiting for the trainer (the generator pauses when full) */
         trill_stale_policy on_stale; /* wait: the generator never starts a batch that would be too stale;
                                         drop / regenerate: it runs ahead and the trainer drops or regenerates it */
+        trill_reward_place reward; /* the reward executor: its own thread, or the trainer's */
     } async;
 
     struct {

@@ -54,6 +54,7 @@ static const char *const GEN_FORMATS[] = { "f32", "bf16", "int8", NULL }; /* tri
 static const char *const VERIFIERS[] = { "none", "exact", "numeric", "demo", NULL };
 static const char *const MODES[] = { "sync", "async", NULL };
 static const char *const STALE_POLICIES[] = { "wait", "drop", "regenerate", NULL };
+static const char *const REWARD_PLACES[] = { "thread", "trainer", NULL };
 static const char *const AGGREGATIONS[] = { "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", NULL };
 static const char *const KL_ESTIMATORS[] = { "k1", "k2", "k3", NULL };
 static const char *const KL_MODES[] = { "loss", "reward", NULL };
@@ -93,6 +94,9 @@ static const key KEYS[] = {
     ENUM("async.on_stale", async.on_stale, STALE_POLICIES, "wait",
          "wait: the generator does not start a batch that would exceed the bound; drop / regenerate: it runs ahead as far "
          "as the queue allows and the trainer drops a batch beyond the bound or has it generated again."),
+    ENUM("async.reward", async.reward, REWARD_PLACES, "thread",
+         "Where the reward executor runs: thread, a thread of its own (resources.reward_threads); trainer, on the trainer's "
+         "thread, scoring each batch as the trainer takes it (no third thread: on 2 cores the generator and the trainer keep one each)."),
 
     INT("resources.generator_threads", resources.generator_threads, 1, 4096, "1", "Async: cores of the generator executor."),
     INT("resources.trainer_threads", resources.trainer_threads, 1, 4096, "1", "Async: cores of the trainer executor."),

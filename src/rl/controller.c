@@ -1,6 +1,6 @@
 /* The RL controller (`trill train`): sets a run up (inputs, the run folder's lock, the state to
  * start from, the executors), owns the step counter, checkpoints and metrics, and schedules the
- * steps — synchronously here (generate, score, train, sync, in turn) or asynchronously (async.c). */
+ * steps through the one scheduler over the executors' placement (sched/placement.c). */
 #include <errno.h>
 #include <pthread.h>
 #include <jansson.h>
@@ -218,9 +218,7 @@ struct trill_run {
     trill_rl_config cfg;          /* the run's own copy (run_dir resolved) */
     trill_run_options opt;
     rl_run r;
-    rl_async *async;              /* async mode: the executors, from create to finish */
-    rl_async_ranks *async_ranks;  /* async mode with generator replicas on ranks of their own */
-    rl_sync *sync;                /* sync mode (executor ranks and trainer ranks alike) */
+    rl_schedule *sched;           /* the executors and their scheduler, from create to finish (trainer ranks) */
     double t_start;
     int first;                    /* the step the run started from */
     trill_rl_result result;
@@ -309,7 +307,7 @@ static trill_status announce(trill_run *h, const char *ckpt) {
 /* Every rank's status so far, agreed: one failing alone fails the others here. */
 static trill_status agree(rl_run *r, trill_status st) { return trill_comm_agree(r->job, st, "setting the run up"); }
 
-/* Sync mode's hooks (sched/sync.c): the run's phase, and the held-out evaluation when due, between
+/* Sync mode's hooks (run.h, rl_step_hooks): the run's phase, and the held-out evaluation when due, between
  * a step's update and its metrics line. */
 static void sync_phase(void *ctx, trill_run_phase phase) { set_phase(ctx, phase); }
 
@@ -355,10 +353,10 @@ static trill_status set_up(trill_run *h) {
         st = evaluate(r, 0, "before", &h->result.eval_before, &h->result.passk_before);
     }
     h->first = r->state.step;
-    if (!st && c->mode == TRILL_MODE_ASYNC)
-        st = trill_rl_ranks_remote_generator(r) ? trill_rl_async_ranks_start(r, &h->async_ranks) : trill_rl_async_start(r, &h->async);
-    else if (!st && !trill_rl_ranks_executor(r))
-        st = trill_rl_sync_start(r, &(rl_sync_hooks){ .phase = sync_phase, .between_steps = evaluate_when_due, .ctx = h }, &h->sync);
+    /* sync mode: the phases and the evaluation when due on this thread; async mode: the executors on theirs */
+    if (!st)
+        st = trill_rl_schedule_start(r, c->mode == TRILL_MODE_ASYNC ? NULL : &(rl_step_hooks){ .phase = sync_phase, .between_steps = evaluate_when_due, .ctx = h },
+                                     &h->sched);
     free(ckpt);
     return st;
 }
@@ -443,13 +441,10 @@ trill_status trill_run_step(trill_run *h) {
     if (!m) return end_run(h, trill_error(TRILL_ERR_NOMEM, "out of memory"));
     trill_status st;
     const double t0 = trill_now();
-    if (h->async || h->async_ranks) {
-        set_phase(h, TRILL_RUN_TRAINING);
-        st = h->async ? trill_rl_async_step(h->async, m) : trill_rl_async_ranks_step(h->async_ranks, m);
-    } else {
-        st = trill_rl_sync_step(h->sync, m);
-    }
-    if (!st) report(h, m, h->async || h->async_ranks ? m->time.interval_s : trill_now() - t0);
+    const bool async = h->cfg.mode == TRILL_MODE_ASYNC;
+    if (async) set_phase(h, TRILL_RUN_TRAINING);
+    st = trill_rl_schedule_step(h->sched, m);
+    if (!st) report(h, m, async ? m->time.interval_s : trill_now() - t0);
     free(m);
     if (st) return end_run(h, st);
     if (h->r.state.step < h->cfg.steps && cancel_requested(h)) return interrupt(h);
@@ -479,11 +474,10 @@ trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
     rl_run *r = &h->r;
     trill_status st = h->done ? h->err : TRILL_OK;
     if (st) trill_error(st, "%s", h->err_msg);
-    if (h->async || h->async_ranks) { /* an interruption is not the executors' failure: their summary is still written */
+    if (h->sched) { /* an interruption is not the executors' failure: their summary is still written */
         const trill_status kept = st, passed = st == TRILL_ERR_INTERRUPTED ? TRILL_OK : st;
-        st = h->async ? trill_rl_async_stop(h->async, passed) : trill_rl_async_ranks_stop(h->async_ranks, passed);
-        h->async = NULL;
-        h->async_ranks = NULL;
+        st = trill_rl_schedule_stop(h->sched, passed);
+        h->sched = NULL;
         if (!st && kept) st = trill_error(kept, "%s", h->err_msg);
     }
     if (!st && r->eval && r->state.step == c->steps) {
@@ -504,9 +498,7 @@ trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
 
 void trill_run_free(trill_run *h) {
     if (!h) return;
-    if (h->async) trill_rl_async_stop(h->async, TRILL_ERR_INTERRUPTED);
-    if (h->async_ranks) trill_rl_async_ranks_stop(h->async_ranks, TRILL_ERR_INTERRUPTED);
-    trill_rl_sync_free(h->sync);
+    trill_rl_schedule_stop(h->sched, TRILL_ERR_INTERRUPTED);
     run_free(&h->r);
     trill_rl_config_free(&h->cfg);
     pthread_mutex_destroy(&h->mu);

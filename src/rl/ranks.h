@@ -22,7 +22,7 @@
  *             receive and apply times, or refuses a corrupted transfer by name.
  *   evaluate  replica 0 runs the held-out evaluation and sends its result.
  *   stop      at the end of the run (or when it fails): the executors leave their loops.
- * Asynchronous mode (async_ranks.c) sends the same commands ahead of need: batches are issued
+ * Asynchronous mode (transport/ranks.c under the scheduler) sends the same commands ahead of need: batches are issued
  * within the staleness bound, weights go out without waiting for answers (each batch's answer
  * carries the replica's newest weights' figures), and `drain` ends the run's generation.
  * A replica's failure is its answer (status and message), which the controller reports with the
@@ -71,7 +71,7 @@ trill_status trill_rl_make_executor(rl_run *r);
 trill_status trill_rl_serve_executor(rl_run *r);
 
 /* ---- the protocol (ranks.c: placement, the controller's sync requests, the scorer; replica.c:
- * a generator replica's loop; async_ranks.c: the controller's asynchronous schedule) ---- */
+ * a generator replica's loop; transport/ranks.c: the controller's port to the replicas) ---- */
 
 enum { CMD_GENERATE = 1, CMD_WEIGHTS, CMD_EVAL, CMD_SCORE, CMD_DRAIN, CMD_STOP };
 enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103, TAG_WEIGHTS = 7104 };

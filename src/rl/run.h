@@ -1,15 +1,14 @@
 /* One RL run: the executors it owns, the state the controller keeps, and the stages of a step —
- * called by the one scheduler (sched/sched.h) over its transports: sync mode's (sched/sync.c),
- * executor threads (async.c) and generator replicas on ranks (async_ranks.c), which never call
- * each other.
+ * the executors' work (exec/exec.h) and the trainer's, called by the one scheduler
+ * (sched/sched.h) through the transports that carry them (transport/transport.h).
  *
  * Who owns what. The run (controller.c) creates and frees everything here. The generator
  * executor (generator.h) is used by one thread at a time: the controller's in sync mode, the
  * generator thread's in async mode. The scorer (scorer.h) likewise: the controller's or the
- * reward thread's. The trainer (trainer.h), `state`, the metrics file and checkpoints belong to
- * the controller's thread in both modes. The datasets, tokenizer and config are read-only once
- * the run starts; in async mode every other exchange goes through async.c's queues (rollouts)
- * and the weight channel (versions). */
+ * reward thread's (or the trainer's: async.reward "trainer"). The trainer (trainer.h), `state`,
+ * the metrics file and checkpoints belong to the controller's thread in both modes. The datasets,
+ * tokenizer and config are read-only once the run starts; in async mode every other exchange goes
+ * through the thread transport's queues (rollouts) and the weight channel (versions). */
 #ifndef TRILL_RL_RUN_H
 #define TRILL_RL_RUN_H
 
@@ -94,36 +93,22 @@ bool trill_rl_stop_requested(void);
 /* Forgets an earlier request: a run starting now runs until asked again. */
 void trill_rl_stop_reset(void);
 
-/* Sync mode (sched/sync.c): the scheduler at staleness 0 over a transport that makes each batch
- * when asked, on the calling thread (generated and scored in process or on the executors' ranks,
- * or replayed). The run handle's hooks: its phase, and what runs between a step's update and its
- * metrics line (the held-out evaluation when due). */
-typedef struct rl_sync rl_sync;
-typedef struct rl_sync_hooks {
+/* The run's steps (sched/placement.c): the executors placed on the transports the config asks for
+ * (inline, threads, ranks) and the one scheduler over them (sched/sched.h), sync mode being its
+ * staleness 0. hooks (may be NULL; sync mode's, on the controller's thread): the run handle's phase,
+ * and what runs between a step's update and its metrics line (the held-out evaluation when due).
+ * Each step trains the next batch within the bound on the calling thread (metrics line, progress
+ * and checkpoint included). Stop is called once after a start, whatever happened: it stops the
+ * executors, writes RUN/async_summary.json in async mode and returns st, or an executor's error.
+ * With executors on ranks, step and stop are collective over the trainer ranks. */
+typedef struct rl_schedule rl_schedule;
+typedef struct rl_step_hooks {
     void (*phase)(void *ctx, trill_run_phase phase);
     trill_status (*between_steps)(void *ctx, trill_rl_metrics *m);
     void *ctx;
-} rl_sync_hooks;
-trill_status trill_rl_sync_start(rl_run *r, const rl_sync_hooks *hooks, rl_sync **out);
-trill_status trill_rl_sync_step(rl_sync *y, trill_rl_metrics *m);
-void trill_rl_sync_free(rl_sync *y);
-
-/* Async mode (async.c): start the generator and reward executors (threads on their own cores);
- * each step then trains the next batch within the staleness bound on the calling thread (metrics
- * line, progress and checkpoint included); stop closes the queues, joins the threads, writes
- * RUN/async_summary.json and sends the generator the newest weights. Stop is called once after a
- * start, whatever happened; it returns st, or the executors' error. */
-typedef struct rl_async rl_async;
-trill_status trill_rl_async_start(rl_run *r, rl_async **out);
-trill_status trill_rl_async_step(rl_async *a, trill_rl_metrics *m);
-trill_status trill_rl_async_stop(rl_async *a, trill_status st);
-
-/* Async mode with generator replicas on ranks of their own (async_ranks.c): the same contract
- * as above, the replicas generating ahead within async.max_staleness. Step and stop are
- * collective over the trainer ranks. */
-typedef struct rl_async_ranks rl_async_ranks;
-trill_status trill_rl_async_ranks_start(rl_run *r, rl_async_ranks **out);
-trill_status trill_rl_async_ranks_step(rl_async_ranks *a, trill_rl_metrics *m);
-trill_status trill_rl_async_ranks_stop(rl_async_ranks *a, trill_status st);
+} rl_step_hooks;
+trill_status trill_rl_schedule_start(rl_run *r, const rl_step_hooks *hooks, rl_schedule **out);
+trill_status trill_rl_schedule_step(rl_schedule *y, trill_rl_metrics *m);
+trill_status trill_rl_schedule_stop(rl_schedule *y, trill_status st);
 
 #endif

@@ -33,6 +33,17 @@ for sync in adapter merge; do
         async_$sync/checkpoints/step-00000006/adapter/adapter_model.safetensors || fail "adapters differ ($sync)"
 done
 
+echo "== the reward executor on the trainer's thread (async.reward: trainer): the same run, without a reward thread"
+must_pass log_rt "$TRILL" train "${COMMON[@]}" run_dir=async_rt steps=6 mode=async async.max_staleness=0 async.reward=trainer
+same_run sync_adapter async_rt
+cmp sync_adapter/checkpoints/step-00000006/adapter/adapter_model.safetensors \
+    async_rt/checkpoints/step-00000006/adapter/adapter_model.safetensors || fail "adapters differ (async.reward trainer)"
+$PY - async_rt/async_summary.json <<'PY' || fail "async.reward trainer: the summary"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["reward_busy_s"] > 0 and s["generator_busy_s"] > 0, s
+PY
+
 echo "== the staleness bound holds on every token, whatever the policy, and the generator does run ahead"
 # A reward that takes 10 ms a completion (0.16 s a batch) while the generator makes a batch in a few
 # ms: the generator is always ahead, so stale tokens (wait), dropped batches (drop) and regenerated

@@ -8,6 +8,7 @@
 #include "base/alloc.h"
 #include "base/json.h"
 #include "rl/ranks.h"
+#include "rl/transport/transport.h"
 #include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"
@@ -18,7 +19,9 @@ void rl_sched_init(rl_sched *s, const rl_run *r) {
     s->k0 = r->state.data_pos / r->c->generator.prompts_per_step;
     s->v0 = r->state.version;
     s->want = -1;
+    s->next = s->k0;
     s->async = r->c->mode == TRILL_MODE_ASYNC;
+    s->window = s->async ? r->c->async.queue + 1 : 1;
     s->bound = s->async ? r->c->async.max_staleness : r->c->rollouts.replay[0] ? INT_MAX : 0;
     s->on_stale = s->async ? r->c->async.on_stale : TRILL_STALE_WAIT;
     s->last = trill_now();
@@ -34,7 +37,9 @@ void rl_sched_free(rl_sched *s) {
     s->n_held = s->cap_held = 0;
 }
 
-int64_t rl_sched_gate(const rl_sched *s, int64_t k) {
+/* The version batch k's generation must start from under async.on_stale "wait"; INT64_MIN under
+ * "drop" and "regenerate", which do not hold the generator back. */
+static int64_t rl_sched_gate(const rl_sched *s, int64_t k) {
     if (s->on_stale != TRILL_STALE_WAIT) return INT64_MIN;
     return (int64_t)s->v0 + (k - s->k0) - s->bound;
 }
@@ -70,9 +75,33 @@ static trill_status hold(rl_sched *s, rl_rollout *ro) {
     return TRILL_OK;
 }
 
+/* Batch k to the generator's port (redo: generated again, ahead of the others). */
+static trill_status issue(rl_sched *s, rl_placement *p, int64_t k, bool redo) {
+    rl_rollout *ro = trill_calloc(1, sizeof *ro);
+    if (!ro) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    ro->index = k;
+    ro->redo = redo;
+    trill_status st = p->ports[0]->ops->issue(p->ports[0], ro);
+    if (!st) s->in_flight++;
+    return st;
+}
+
+/* New batches while fewer than `left` (the steps left to train: no more will train; a dropped batch
+ * is replaced by the next fill) and the window are issued or held, and the gate allows. */
+static trill_status fill(rl_sched *s, const rl_run *r, rl_placement *p, int64_t left) {
+    trill_status st = TRILL_OK;
+    while (!st && s->in_flight + s->n_held < s->window && s->in_flight + s->n_held < left) {
+        if (rl_sched_gate(s, s->next) > (int64_t)r->state.version) break;
+        if (!(st = issue(s, p, s->next, false))) s->next++;
+    }
+    return st;
+}
+
+trill_status rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p) { return fill(s, r, p, r->c->steps - r->state.step); }
+
 /* The next batch to train: the regenerated batch awaited, else the smallest index held, else the
  * next to arrive. */
-static trill_status next_batch(rl_sched *s, const rl_sched_transport *t, void *ctx, rl_rollout **out) {
+static trill_status next_batch(rl_sched *s, rl_placement *p, rl_rollout **out) {
     *out = NULL;
     for (;;) {
         if (s->want < 0 && s->n_held) {
@@ -84,8 +113,10 @@ static trill_status next_batch(rl_sched *s, const rl_sched_transport *t, void *c
             return TRILL_OK;
         }
         rl_rollout *ro = NULL;
-        trill_status st = t->next(ctx, &ro);
+        rl_port *last = p->ports[p->n_ports - 1];
+        trill_status st = last->ops->collect(last, &ro);
         if (st || !ro) return st;
+        s->in_flight--;
         if (s->want < 0 || ro->index == s->want) {
             *out = ro;
             return TRILL_OK;
@@ -101,14 +132,14 @@ static trill_status next_batch(rl_sched *s, const rl_sched_transport *t, void *c
 /* The next batch to train at version r->state.version, within the bound: stale ones dropped
  * (r->state.data_pos moved past them) or regenerated. m's staleness figures describe the batch
  * returned. */
-static trill_status fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m, rl_rollout **out) {
+static trill_status fresh_batch(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m, rl_rollout **out) {
     const trill_rl_config *c = s->c;
     *out = NULL;
     for (;;) {
-        trill_status st = t->before_next ? t->before_next(ctx) : TRILL_OK;
+        trill_status st = rl_sched_fill(s, r, p);
         rl_rollout *ro = NULL;
         const double tw = trill_now();
-        if (!st) st = next_batch(s, t, ctx, &ro);
+        if (!st) st = next_batch(s, p, &ro);
         s->step_wait += trill_now() - tw;
         if (st || !ro) return st;
         s->want = -1;
@@ -133,7 +164,7 @@ static trill_status fresh_batch(rl_sched *s, rl_run *r, const rl_sched_transport
         } else {
             s->regenerated++;
             s->want = k;
-            if ((st = t->regenerate(ctx, k))) return st;
+            if ((st = issue(s, p, k, true))) return st;
         }
     }
 }
@@ -145,47 +176,61 @@ static double take_wait(rl_sched *s) {
     return w;
 }
 
-trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m) {
+/* The generator's port's publish, as trill_rl_stage_train calls it. */
+static trill_status publish(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    rl_port *gen = ctx;
+    (void)r;
+    *ms = 0;
+    *bytes = 0;
+    return gen->ops->publish ? gen->ops->publish(gen, ms, bytes) : TRILL_OK;
+}
+
+/* The step's figures of the batch's wait and the async policy. */
+static void async_figures(rl_sched *s, const rl_rollout *ro, trill_rl_metrics *m) {
+    const double wait = take_wait(s);
+    if (!s->async) return;
+    m->async = true;
+    m->batch = ro->index;
+    m->dropped_batches = s->dropped;
+    m->regenerated_batches = s->regenerated;
+    m->time.trainer_wait_s = wait;
+    s->trainer_wait += wait;
+}
+
+trill_status rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m) {
     rl_rollout empty = { 0 }, *ro = NULL;
     trill_status st = TRILL_OK;
-    if (!t->shared || r->rank == 0) {
-        st = fresh_batch(s, r, t, ctx, m, &ro);
-        if (!st && t->score) st = t->score(ctx, ro);
-    }
-    if (t->shared) st = trill_rl_share_batch(r, ro ? ro : &empty, st);
+    const bool mine = !p->shared || r->rank == 0; /* this rank gets the batches */
+    if (mine) st = fresh_batch(s, r, p, m, &ro);
+    if (p->shared) st = trill_rl_share_batch(r, ro ? ro : &empty, st);
     if (!ro) ro = &empty;
     if (!st) {
         m->step = r->state.step + 1;
-        const double wait = take_wait(s);
-        if (s->async) {
-            m->async = true;
-            m->batch = ro->index;
-            m->dropped_batches = s->dropped;
-            m->regenerated_batches = s->regenerated;
-            m->time.trainer_wait_s = wait;
-            s->trainer_wait += wait;
-        }
-        if (t->phase) t->phase(ctx, TRILL_RUN_TRAINING);
+        async_figures(s, ro, m);
+        if (p->phase) p->phase(p->ctx, TRILL_RUN_TRAINING);
         double trs = 0;
         long tt = 0;
         const double t0 = trill_now();
-        st = trill_rl_stage_train(r, ro, t->publish, ctx, m, &trs, &tt);
+        st = trill_rl_stage_train(r, ro, publish, p->ports[0], m, &trs, &tt);
         s->train_busy += trill_now() - t0;
         r->gen_s += ro->gen_s;
         r->gen_tokens += ro->gen_tokens;
         r->train_s += trs;
         r->train_tokens += tt;
+        /* async: the generator goes on with the new weights while this step ends (this step has trained) */
+        if (!st && s->async && mine) st = fill(s, r, p, r->c->steps - r->state.step - 1);
     }
     trill_rl_rollout_free(ro);
     if (ro != &empty) free(ro);
-    if (!st && t->after_train) st = t->after_train(ctx, m);
+    for (int i = 0; !st && i < p->n_ports; i++)
+        if (p->ports[i]->ops->figures) p->ports[i]->ops->figures(p->ports[i], m);
+    if (!st && p->between_steps) st = p->between_steps(p->ctx, m);
     const double now = trill_now();
     m->time.interval_s = now - s->last; /* wall time since the previous step */
     s->last = now;
     if (!st) st = trill_rl_finish_step(r, m);
     return st;
 }
-
 
 trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout) {
     json_t *j = json_pack("{s:f}", "wall_s", wall);

@@ -1,44 +1,37 @@
-/* The scheduler's staleness policy, written once for every asynchronous placement: the executors
- * on threads of one process (async.c) and the generator replicas on ranks of their own
- * (async_ranks.c). A placement moves batches; this decides which batch trains next and what
- * happens to a stale one:
+/* The one scheduler, for every placement (placement.c: the executors inline, on threads or on
+ * ranks, behind their transports' ports): it decides which batch is issued, which trains next and
+ * what happens to a stale one; sync mode is its bound 0 with a window of one batch:
  *   - the gate: with async.on_stale "wait", batch k is trained at version v0 + (k - k0), so it
- *     may start only with weights of version v0 + (k - k0) - max_staleness or newer, and no
- *     token can be older than the bound;
+ *     is issued only once version v0 + (k - k0) - max_staleness is published, and no token can be
+ *     older than the bound; no more than the window are issued or held at once;
  *   - the next batch: the regenerated batch awaited, else the smallest index received;
  *   - a batch beyond the bound is an error under "wait" (the gate makes it impossible), dropped
  *     under "drop" (its prompts skipped) and generated again under "regenerate" (the batches
  *     received meanwhile are held until it arrives).
- * The trainer's thread owns an rl_sched; another thread may call rl_sched_gate (it reads only
- * what rl_sched_init set). */
+ * The trainer's thread owns an rl_sched. */
 #ifndef TRILL_RL_SCHED_H
 #define TRILL_RL_SCHED_H
 
 #include <stdint.h>
 
 #include "rl/run.h"
+#include "rl/transport/transport.h"
 
-/* How a placement moves batches and weights for the scheduler (sync.c: on the trainer's thread;
- * async.c: executor threads; async_ranks.c: generator replicas on ranks of their own). */
-typedef struct rl_sched_transport {
+/* Where the executors run (placement.c): the ports of the generator (or replay) and the reward
+ * executor, chained (transport/transport.h), and what the run handle hooks into a step. */
+typedef struct rl_placement {
+    rl_port *ports[2];            /* upstream first: the generator's (or the replay's), then the reward's (NULL: none) */
+    int n_ports;
     /* rank 0 gets each batch and shares it with the other trainer ranks (else every rank gets it) */
     bool shared;
-    /* Before each wait for a batch (may be NULL): issue what the gate and queue allow. */
-    trill_status (*before_next)(void *ctx);
-    /* The next batch to arrive, waiting for it (an error, never NULL with TRILL_OK). */
-    trill_status (*next)(void *ctx, rl_rollout **out);
-    /* Have batch `index` generated again, with newer weights (NULL: never asked, the bound is never passed). */
-    trill_status (*regenerate)(void *ctx, int64_t index);
-    /* The rewards of the batch about to be trained (NULL: next's batches come scored). */
-    trill_status (*score)(void *ctx, rl_rollout *ro);
-    /* The run's phase before the update (may be NULL; the transport sets the others itself). */
+    const char *layout;           /* the async summary's words for it: "threads", "generator replicas on ranks" */
+    bool pin_trainer;             /* the trainer's steps on trainer_cores */
+    rl_cores trainer_cores;
+    /* the run handle's: its phase, and what runs between a step's update and its metrics line (NULL: none) */
     void (*phase)(void *ctx, trill_run_phase phase);
-    /* How the new weights reach the generator after an update. */
-    rl_publish_fn publish;
-    /* After the update, before the step's metrics line (may be NULL): the placement's figures,
-     * an evaluation when due. */
-    trill_status (*after_train)(void *ctx, trill_rl_metrics *m);
-} rl_sched_transport;
+    trill_status (*between_steps)(void *ctx, trill_rl_metrics *m);
+    void *ctx;
+} rl_placement;
 
 typedef struct rl_sched {
     const trill_rl_config *c;
@@ -48,6 +41,9 @@ typedef struct rl_sched {
     int64_t k0;                   /* the first batch of this run */
     uint32_t v0;                  /* the policy version at its start */
     int64_t want;                 /* the batch being regenerated (-1: none) */
+    int64_t next;                 /* the next new batch to issue */
+    int window;                   /* batches issued and not yet trained, at most: sync 1, async async.queue + 1 */
+    int in_flight;                /* issued, not yet collected */
     long dropped, regenerated;
     rl_rollout **held;            /* received while a regenerated batch is awaited */
     int n_held, cap_held;
@@ -63,14 +59,14 @@ void rl_sched_init(rl_sched *s, const rl_run *r);
 /* Frees the batches held. */
 void rl_sched_free(rl_sched *s);
 
-/* The version batch k's generation must start from under async.on_stale "wait"; INT64_MIN under
- * "drop" and "regenerate", which do not hold the generator back. */
-int64_t rl_sched_gate(const rl_sched *s, int64_t k);
+/* New batches for the generator's port, as far as the gate, the window and the steps left allow. */
+trill_status rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p);
 
 /* One step: the next batch within the bound (rank 0's, shared with the other trainer ranks when
- * the transport says so), its rewards, the update and its publication, the transport's figures,
- * then the step's metrics line and checkpoint (trill_rl_finish_step). */
-trill_status rl_sched_step(rl_sched *s, rl_run *r, const rl_sched_transport *t, void *ctx, trill_rl_metrics *m);
+ * the placement says so), scored on its way through the ports, the update and its publication, the
+ * ports' figures, then the step's metrics line and checkpoint (trill_rl_finish_step); async mode
+ * then issues what the gate now allows. */
+trill_status rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m);
 
 /* RUN/async_summary.json: wall_s, the placement's executors' busy seconds (`busy`, taken), the
  * trainer's busy and waiting seconds, the batches dropped and regenerated, then the placement's

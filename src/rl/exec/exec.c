@@ -1,0 +1,42 @@
+/* The executors' work (exec.h): the stages of run.h, timed. */
+#include "rl/exec/exec.h"
+
+#include "trill/timing.h"
+
+const char *rl_exec_name(rl_exec_kind kind) {
+    switch (kind) {
+    case RL_EXEC_GENERATOR: return "generator";
+    case RL_EXEC_REPLAY: return "replay";
+    case RL_EXEC_REWARD: return "reward";
+    }
+    return "?";
+}
+
+rl_exec rl_exec_make(rl_run *r, rl_exec_kind kind) { return (rl_exec){ .kind = kind, .r = r }; }
+
+static void set_phase(const rl_exec *e, trill_run_phase phase) {
+    if (e->phase) e->phase(e->phase_ctx, phase);
+}
+
+trill_status rl_exec_work(rl_exec *e, rl_rollout *ro) {
+    const double t0 = trill_now();
+    const int64_t index = ro->index;
+    const bool redo = ro->redo;
+    trill_status st = TRILL_OK;
+    switch (e->kind) {
+    case RL_EXEC_GENERATOR:
+        set_phase(e, TRILL_RUN_GENERATING);
+        st = trill_rl_stage_generate(e->r, index, ro, e->between_steps, e->between_ctx);
+        ro->redo = redo;
+        break;
+    case RL_EXEC_REPLAY:
+        st = trill_rl_stage_replay(e->r, index, ro);
+        break;
+    case RL_EXEC_REWARD:
+        set_phase(e, TRILL_RUN_SCORING);
+        st = trill_rl_stage_reward(e->r, ro);
+        break;
+    }
+    e->busy_s += trill_now() - t0;
+    return st;
+}
