@@ -99,44 +99,57 @@ static void put_time(writer *w, json_t *o, const trill_rl_metrics *m) {
     }
 }
 
+/* The async policy's figures of the batch trained. */
+static void put_async(writer *w, json_t *o, const trill_rl_metrics *m) {
+    put(w, o, "batch", json_integer(m->batch));
+    put(w, o, "staleness_mean", num(m->staleness_mean));
+    put(w, o, "staleness_max", json_integer(m->staleness_max));
+    put(w, o, "staleness_tokens", int_array_l(m->staleness_tokens, m->staleness_max + 1)); /* tokens at lag 0, 1, ... */
+    put(w, o, "dropped_batches", json_integer(m->dropped_batches));
+    put(w, o, "regenerated_batches", json_integer(m->regenerated_batches));
+}
+
+/* The batch's and the update's figures. */
+static void put_update(writer *w, json_t *o, const trill_rl_metrics *m) {
+    put(w, o, "reward", num(m->reward));
+    put(w, o, "accuracy", num(m->accuracy));
+    put(w, o, "response_len", num(m->response_len));
+    put(w, o, "flat_groups", json_integer(m->flat_groups));
+    put(w, o, "trained_seqs", json_integer(m->trained_seqs));
+    put(w, o, "loss", num(m->loss));
+    put(w, o, "pg_loss", num(m->pg_loss));
+    put(w, o, "kl_loss", num(m->kl_loss));
+    put(w, o, "kl_ref", num(m->kl_ref));
+    put(w, o, "clip_frac", num(m->clip_frac));
+    put(w, o, "ratio_mean", num(m->ratio_mean));
+    put(w, o, "grad_norm", num(m->grad_norm));
+    put(w, o, "skipped_nonfinite", json_integer(m->skipped_nonfinite));
+    put(w, o, "lr", num(m->lr));
+}
+
+/* The training-inference mismatch and its corrections. */
+static void put_mismatch(writer *w, json_t *o, const trill_rl_metrics *m) {
+    put(w, o, "mismatch_mean_abs", num(m->mismatch_mean_abs));
+    put(w, o, "mismatch_max_abs", num(m->mismatch_max_abs));
+    put(w, o, "mismatch_k1", num(m->mismatch_k1));
+    put(w, o, "mismatch_k3", num(m->mismatch_k3));
+    put(w, o, "mismatch_chi2", num(m->mismatch_chi2));
+    put(w, o, "mismatch_tokens", json_integer(m->mismatch_tokens));
+    put(w, o, "tis_mean", num(m->tis_mean));
+    put(w, o, "tis_capped_frac", num(m->tis_capped_frac));
+    put(w, o, "mis_masked_frac", num(m->mis_masked_frac));
+    put(w, o, "flip_token_frac", num(m->flip_token_frac));
+    put(w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
+}
+
 static json_t *to_json(const trill_rl_metrics *m) {
     writer w = { .o = json_object(), .ok = true };
     json_t *o = w.o;
     if (!o) return NULL;
     put(&w, o, "step", json_integer(m->step));
-    if (m->async) {
-        put(&w, o, "batch", json_integer(m->batch));
-        put(&w, o, "staleness_mean", num(m->staleness_mean));
-        put(&w, o, "staleness_max", json_integer(m->staleness_max));
-        put(&w, o, "staleness_tokens", int_array_l(m->staleness_tokens, m->staleness_max + 1)); /* tokens at lag 0, 1, ... */
-        put(&w, o, "dropped_batches", json_integer(m->dropped_batches));
-        put(&w, o, "regenerated_batches", json_integer(m->regenerated_batches));
-    }
-    put(&w, o, "reward", num(m->reward));
-    put(&w, o, "accuracy", num(m->accuracy));
-    put(&w, o, "response_len", num(m->response_len));
-    put(&w, o, "flat_groups", json_integer(m->flat_groups));
-    put(&w, o, "trained_seqs", json_integer(m->trained_seqs));
-    put(&w, o, "loss", num(m->loss));
-    put(&w, o, "pg_loss", num(m->pg_loss));
-    put(&w, o, "kl_loss", num(m->kl_loss));
-    put(&w, o, "kl_ref", num(m->kl_ref));
-    put(&w, o, "clip_frac", num(m->clip_frac));
-    put(&w, o, "ratio_mean", num(m->ratio_mean));
-    put(&w, o, "grad_norm", num(m->grad_norm));
-    put(&w, o, "skipped_nonfinite", json_integer(m->skipped_nonfinite));
-    put(&w, o, "lr", num(m->lr));
-    put(&w, o, "mismatch_mean_abs", num(m->mismatch_mean_abs));
-    put(&w, o, "mismatch_max_abs", num(m->mismatch_max_abs));
-    put(&w, o, "mismatch_k1", num(m->mismatch_k1));
-    put(&w, o, "mismatch_k3", num(m->mismatch_k3));
-    put(&w, o, "mismatch_chi2", num(m->mismatch_chi2));
-    put(&w, o, "mismatch_tokens", json_integer(m->mismatch_tokens));
-    put(&w, o, "tis_mean", num(m->tis_mean));
-    put(&w, o, "tis_capped_frac", num(m->tis_capped_frac));
-    put(&w, o, "mis_masked_frac", num(m->mis_masked_frac));
-    put(&w, o, "flip_token_frac", num(m->flip_token_frac));
-    put(&w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
+    if (m->async) put_async(&w, o, m);
+    put_update(&w, o, m);
+    put_mismatch(&w, o, m);
     if (m->has_hist) put_hist(&w, o, &m->hist);
     if (m->has_comm) put_comm(&w, o, m);
     if (m->on_policy) {

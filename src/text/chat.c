@@ -138,6 +138,47 @@ static bool ends_with(const char *s, const char *p) {
     return a >= b && strcmp(s + a - b, p) == 0;
 }
 
+/* A Qwen3 assistant turn: its reasoning (reasoning_content, or the text inside <think> before
+ * </think>) and its content; the reasoning is kept in a <think> block after the last user query
+ * when it is not empty, or always for the last message (last). */
+static void render_qwen3_assistant(trill_strbuf *b, const trill_chat_message *x, bool last, bool after_query) {
+    const char *content = x->content, *reasoning = "";
+    size_t content_len = strlen(content), reasoning_len = 0;
+    if (x->reasoning_content) {
+        reasoning = x->reasoning_content;
+        reasoning_len = strlen(reasoning);
+    } else if (strstr(x->content, "</think>")) {
+        /* content = split('</think>')[-1].lstrip('\n') */
+        content = find_last(x->content, content_len, "</think>") + strlen("</think>");
+        content_len = strlen(content);
+        strip_newlines(&content, &content_len, true, false);
+        /* reasoning = split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+        size_t head = (size_t)(strstr(x->content, "</think>") - x->content);
+        const char *r = x->content;
+        strip_newlines(&r, &head, false, true);
+        const char *open = find_last(r, head, "<think>");
+        if (open) {
+            head -= (size_t)(open + strlen("<think>") - r);
+            r = open + strlen("<think>");
+        }
+        strip_newlines(&r, &head, true, false);
+        reasoning = r;
+        reasoning_len = head;
+    }
+    trill_strbuf_puts(b, "<|im_start|>assistant\n");
+    if (after_query && (last || reasoning_len > 0)) {
+        const char *r = reasoning;
+        size_t rl = reasoning_len;
+        strip_newlines(&r, &rl, true, true);
+        trill_strbuf_puts(b, "<think>\n");
+        trill_strbuf_put(b, r, rl);
+        trill_strbuf_puts(b, "\n</think>\n\n");
+        strip_newlines(&content, &content_len, true, false);
+    }
+    trill_strbuf_put(b, content, content_len);
+    trill_strbuf_puts(b, "<|im_end|>\n");
+}
+
 /* Qwen3's template (without tools): thinking blocks kept only after the last real user query. */
 static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n, bool gen, int thinking) {
     if (strcmp(m[0].role, "system") == 0) {
@@ -161,41 +202,7 @@ static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n,
             trill_strbuf_puts(b, x->content);
             trill_strbuf_puts(b, "<|im_end|>\n");
         } else if (strcmp(x->role, "assistant") == 0) {
-            const char *content = x->content, *reasoning = "";
-            size_t content_len = strlen(content), reasoning_len = 0;
-            if (x->reasoning_content) {
-                reasoning = x->reasoning_content;
-                reasoning_len = strlen(reasoning);
-            } else if (strstr(x->content, "</think>")) {
-                /* content = split('</think>')[-1].lstrip('\n') */
-                content = find_last(x->content, content_len, "</think>") + strlen("</think>");
-                content_len = strlen(content);
-                strip_newlines(&content, &content_len, true, false);
-                /* reasoning = split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
-                size_t head = (size_t)(strstr(x->content, "</think>") - x->content);
-                const char *r = x->content;
-                strip_newlines(&r, &head, false, true);
-                const char *open = find_last(r, head, "<think>");
-                if (open) {
-                    head -= (size_t)(open + strlen("<think>") - r);
-                    r = open + strlen("<think>");
-                }
-                strip_newlines(&r, &head, true, false);
-                reasoning = r;
-                reasoning_len = head;
-            }
-            trill_strbuf_puts(b, "<|im_start|>assistant\n");
-            if (i > last_query && (i == n - 1 || reasoning_len > 0)) {
-                const char *r = reasoning;
-                size_t rl = reasoning_len;
-                strip_newlines(&r, &rl, true, true);
-                trill_strbuf_puts(b, "<think>\n");
-                trill_strbuf_put(b, r, rl);
-                trill_strbuf_puts(b, "\n</think>\n\n");
-                strip_newlines(&content, &content_len, true, false);
-            }
-            trill_strbuf_put(b, content, content_len);
-            trill_strbuf_puts(b, "<|im_end|>\n");
+            render_qwen3_assistant(b, x, i == n - 1, i > last_query);
         }
     }
     if (gen) {

@@ -283,6 +283,38 @@ static int prepend_scheme_of(const json_t *v) {
 
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* A Split pre-tokenizer: a regex or a literal, its behavior, inverted or not. */
+static trill_status load_split(trill_tokenizer *t, const json_t *p, const char *what) {
+    const json_t *pat = json_object_get(p, "pattern");
+    const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
+    if (!json_is_string(re) && !json_is_string(lit))
+        return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Split: \"pattern\" must be {\"Regex\": ...} or {\"String\": ...}", what);
+    const json_t *b = json_object_get(p, "behavior");
+    int behavior = split_behavior_of(b);
+    if (behavior < 0)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not supported (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)",
+                           what, json_is_string(b) ? json_string_value(b) : "(missing)");
+    return add_pre(t, what, json_string_value(json_is_string(re) ? re : lit), !json_is_string(re),
+                   (split_behavior)behavior, flag(p, "invert", false), false);
+}
+
+/* A Metaspace pre-tokenizer: spaces replaced by one character, prepended by the scheme, split before it. */
+static trill_status load_metaspace(trill_tokenizer *t, const json_t *p, const char *what) {
+    const json_t *rep = json_object_get(p, "replacement"), *scheme = json_object_get(p, "prepend_scheme");
+    uint32_t cp;
+    if (!json_is_string(rep) || json_string_length(rep) == 0 ||
+        (size_t)trill_utf8_decode(json_string_value(rep), &cp) != json_string_length(rep))
+        return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Metaspace: \"replacement\" must be one character", what);
+    int ps = scheme ? prepend_scheme_of(scheme) : flag(p, "add_prefix_space", true) ? PREPEND_ALWAYS : PREPEND_NEVER;
+    if (ps < 0) return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Metaspace: prepend_scheme must be always, first or never", what);
+    trill_status st = add_pre(t, what, NULL, false, SPLIT_ISOLATED, false, false);
+    if (st) return st;
+    t->pre[t->n_pre - 1].metaspace = json_string_value(rep);
+    t->pre[t->n_pre - 1].prepend = (prepend_scheme)ps;
+    /* split: each piece starts at a replacement character (HF: MergedWithNext on it) */
+    return flag(p, "split", true) ? add_pre(t, what, json_string_value(rep), true, SPLIT_MERGED_NEXT, false, false) : TRILL_OK;
+}
+
 static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, const char *what, bool *byte_level) {
     if (!p || json_is_null(p)) return TRILL_OK;
     const char *type = type_of(p);
@@ -297,19 +329,7 @@ static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, cons
         }
         return TRILL_OK;
     }
-    if (strcmp(type, "Split") == 0) {
-        const json_t *pat = json_object_get(p, "pattern");
-        const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
-        if (!json_is_string(re) && !json_is_string(lit))
-            return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Split: \"pattern\" must be {\"Regex\": ...} or {\"String\": ...}", what);
-        const json_t *b = json_object_get(p, "behavior");
-        int behavior = split_behavior_of(b);
-        if (behavior < 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior %s is not supported (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous)",
-                               what, json_is_string(b) ? json_string_value(b) : "(missing)");
-        return add_pre(t, what, json_string_value(json_is_string(re) ? re : lit), !json_is_string(re),
-                       (split_behavior)behavior, flag(p, "invert", false), false);
-    }
+    if (strcmp(type, "Split") == 0) return load_split(t, p, what);
     if (strcmp(type, "ByteLevel") == 0) {
         *byte_level = true;
         trill_status st = TRILL_OK;
@@ -338,21 +358,7 @@ static trill_status load_pre_tokenizer(trill_tokenizer *t, const json_t *p, cons
                                what, json_is_string(b) ? json_string_value(b) : "(not a string)");
         return add_pre(t, what, HF_PUNCTUATION, false, (split_behavior)behavior, false, false);
     }
-    if (strcmp(type, "Metaspace") == 0) {
-        const json_t *rep = json_object_get(p, "replacement"), *scheme = json_object_get(p, "prepend_scheme");
-        uint32_t cp;
-        if (!json_is_string(rep) || json_string_length(rep) == 0 ||
-            (size_t)trill_utf8_decode(json_string_value(rep), &cp) != json_string_length(rep))
-            return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Metaspace: \"replacement\" must be one character", what);
-        int ps = scheme ? prepend_scheme_of(scheme) : flag(p, "add_prefix_space", true) ? PREPEND_ALWAYS : PREPEND_NEVER;
-        if (ps < 0) return trill_error(TRILL_ERR_INVALID, "%s: pre_tokenizer Metaspace: prepend_scheme must be always, first or never", what);
-        trill_status st = add_pre(t, what, NULL, false, SPLIT_ISOLATED, false, false);
-        if (st) return st;
-        t->pre[t->n_pre - 1].metaspace = json_string_value(rep);
-        t->pre[t->n_pre - 1].prepend = (prepend_scheme)ps;
-        /* split: each piece starts at a replacement character (HF: MergedWithNext on it) */
-        return flag(p, "split", true) ? add_pre(t, what, json_string_value(rep), true, SPLIT_MERGED_NEXT, false, false) : TRILL_OK;
-    }
+    if (strcmp(type, "Metaspace") == 0) return load_metaspace(t, p, what);
     return trill_error(TRILL_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported (supported: Split, ByteLevel, Digits, Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer, Metaspace, Sequence)", what, type);
 }
 
@@ -1148,6 +1154,46 @@ static trill_status metaspace(const pre_step *p, const char **text, size_t *len,
     return TRILL_OK;
 }
 
+/* ByteLevel's add_prefix_space: the text rebuilt with ' ' before each piece of cur that lacks it
+ * (*buf owns the new text), its pieces into next. */
+static trill_status prefix_spaces(const char **text, size_t *len, const spans *cur, spans *next, char **buf) {
+    size_t extra = 0;
+    for (size_t k = 0; k < cur->n; k++) extra += (*text)[cur->v[k].start] != ' ';
+    char *nb = trill_malloc(*len + extra + 1);
+    if (!nb) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = TRILL_OK;
+    size_t o = 0;
+    for (size_t k = 0; k < cur->n; k++) {
+        size_t s0 = o;
+        if ((*text)[cur->v[k].start] != ' ') nb[o++] = ' ';
+        memcpy(nb + o, *text + cur->v[k].start, cur->v[k].end - cur->v[k].start);
+        o += cur->v[k].end - cur->v[k].start;
+        if (spans_push(next, s0, o)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    free(*buf);
+    *buf = nb;
+    *text = nb;
+    *len = o;
+    return st;
+}
+
+/* One pre-tokenized piece s[0..n) by the model: tiktoken ranks, BPE over characters or bytes, or a
+ * word-level vocabulary (with its unk_token). */
+static trill_status encode_piece(const trill_tokenizer *t, const char *s, size_t n, ivec *out) {
+    if (t->tiktoken) return bpe_ranks(t, s, n, out);
+    if (t->bpe && !t->byte_level) return bpe_chars(t, s, n, out);
+    int err;
+    if (t->bpe) {
+        err = bpe(t, (const unsigned char *)s, n, out);
+    } else {
+        int id = trill_strmap_get(&t->vocab, s, n);
+        if (id < 0 && t->unk_id < 0)
+            return trill_error(TRILL_ERR_INVALID, "\"%.*s\" is not in the vocabulary and the tokenizer has no unk_token", (int)n, s);
+        err = ivec_push(out, id >= 0 ? id : t->unk_id);
+    }
+    return err ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
+}
+
 /* Pre-tokenises and encodes one normalised piece of text (no added tokens inside); at_start:
  * the piece begins the input (Metaspace's "first" scheme). */
 static trill_status encode_plain(const trill_tokenizer *t, const char *text, size_t len, pcre2_match_data *md, ivec *out, bool at_start) {
@@ -1160,53 +1206,15 @@ static trill_status encode_plain(const trill_tokenizer *t, const char *text, siz
         next.n = 0;
         if (p->metaspace) {
             st = metaspace(p, &text, &len, &cur, &next, &buf, at_start);
-        } else if (!p->re) { /* ByteLevel add_prefix_space: rebuild the text with ' ' before pieces that lack it */
-            size_t extra = 0;
-            for (size_t k = 0; k < cur.n; k++) extra += text[cur.v[k].start] != ' ';
-            char *nb = trill_malloc(len + extra + 1);
-            if (!nb) { st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
-            size_t o = 0;
-            for (size_t k = 0; k < cur.n; k++) {
-                size_t s0 = o;
-                if (text[cur.v[k].start] != ' ') nb[o++] = ' ';
-                memcpy(nb + o, text + cur.v[k].start, cur.v[k].end - cur.v[k].start);
-                o += cur.v[k].end - cur.v[k].start;
-                if (spans_push(&next, s0, o)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-            }
-            free(buf);
-            buf = nb;
-            text = nb;
-            len = o;
+        } else if (!p->re) {
+            st = prefix_spaces(&text, &len, &cur, &next, &buf);
         } else {
             for (size_t k = 0; k < cur.n && !st; k++)
                 st = split_piece(p, text, cur.v[k], md, &next);
         }
         spans tmp = cur; cur = next; next = tmp;
     }
-    for (size_t k = 0; k < cur.n && !st; k++) {
-        const char *s = text + cur.v[k].start;
-        size_t n = cur.v[k].end - cur.v[k].start;
-        int err;
-        if (t->tiktoken) {
-            st = bpe_ranks(t, s, n, out);
-            continue;
-        }
-        if (t->bpe && !t->byte_level) {
-            st = bpe_chars(t, s, n, out);
-            continue;
-        }
-        if (t->bpe) {
-            err = bpe(t, (const unsigned char *)s, n, out);
-        } else {
-            int id = trill_strmap_get(&t->vocab, s, n);
-            if (id < 0 && t->unk_id < 0) {
-                st = trill_error(TRILL_ERR_INVALID, "\"%.*s\" is not in the vocabulary and the tokenizer has no unk_token", (int)n, s);
-                break;
-            }
-            err = ivec_push(out, id >= 0 ? id : t->unk_id);
-        }
-        if (err) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    }
+    for (size_t k = 0; k < cur.n && !st; k++) st = encode_piece(t, text + cur.v[k].start, cur.v[k].end - cur.v[k].start, out);
     free(cur.v);
     free(next.v);
     free(buf);
