@@ -35,19 +35,19 @@ m() {
 # ---- the list ---------------------------------------------------------------------------------
 
 # RL glue: advantages, losses, KL
-m adv_population_std rl src/rl/algo.c "test_rl_algo" \
+m adv_population_std rl src/rl/algo/algo.c "test_rl_algo" \
   'sqrt(ss / (group_size - 1))' \
   'sqrt(ss / group_size)' \
   "group advantages normalised by the population std instead of the sample std"
-m clip_low_high_swapped rl src/rl/algo.c "test_rl_algo" \
+m clip_low_high_swapped rl src/rl/algo/algo.c "test_rl_algo" \
   '.lo = 1.0 - cfg->algo.clip_low, .hi = 1.0 + cfg->algo.clip_high' \
   '.lo = 1.0 - cfg->algo.clip_high, .hi = 1.0 + cfg->algo.clip_low' \
   "token losses use clip_low and clip_high swapped (clip-higher inverted)"
-m kl_k3_grad_sign rl src/rl/algo.c "test_rl_algo" \
+m kl_k3_grad_sign rl src/rl/algo/algo.c "test_rl_algo" \
   'case TRILL_KL_K3: return 1.0 - exp_clamped(-x);' \
   'case TRILL_KL_K3: return exp_clamped(-x) - 1.0;' \
   "the k3 KL estimator's gradient with the wrong sign"
-m tis_ratio_inverted rl src/rl/algo.c "test_rl_algo" \
+m tis_ratio_inverted rl src/rl/algo/algo.c "test_rl_algo" \
   'fmin(exp((double)old_logp[t] - (double)behav_logp[t]), cap)' \
   'fmin(exp((double)behav_logp[t] - (double)old_logp[t]), cap)' \
   "TIS weight pi_behaviour / pi_old instead of pi_old / pi_behaviour"
@@ -111,18 +111,18 @@ m tiktoken_left_pair_stale tokenizer src/text/tokenizer.c "test_tokenizer" \
   'for (size_t i = at; i <= at && i + 1 < m; i++) {' \
   "tiktoken merge: the pair left of a merge keeps its old rank"
 m chat_qwen3_last_think tokenizer src/text/chat.c "tokenizer_parity" \
-  'if (i > last_query && (i == n - 1 || reasoning_len > 0)) {' \
-  'if (i > last_query && reasoning_len > 0) {' \
+  'if (after_query && (last || reasoning_len > 0)) {' \
+  'if (after_query && reasoning_len > 0) {' \
   "Qwen3 chat: a final assistant turn without reasoning gets no empty think block"
 
 # checkpoints
-m ckpt_xxh64_unchecked checkpoint src/rl/checkpoint.c "rl_reliability" \
+m ckpt_xxh64_unchecked checkpoint src/rl/run/checkpoint.c "rl_reliability" \
   '            else if (strcmp(hex, json_string_value(jh)) != 0)
                 st = trill_error(TRILL_ERR_INVALID, "%s has checksum %s, the manifest says %s", file, hex, json_string_value(jh));
 ' \
   '' \
   "resume: the manifest's XXH64 of each file is not compared (sizes only)"
-m ckpt_base_weights_unchecked checkpoint src/rl/checkpoint.c "rl_reliability" \
+m ckpt_base_weights_unchecked checkpoint src/rl/run/checkpoint.c "rl_reliability" \
   '(strcmp(ch, nc) != 0 || strcmp(wh, nw) != 0)' \
   '(strcmp(ch, nc) != 0)' \
   "resume: the base model's weights hash is not compared (config.json only)"
@@ -158,7 +158,7 @@ m async_ranks_gate_all async src/rl/sched/sched.c "dist_executors" \
   'if (s->on_stale != TRILL_STALE_WAIT) return INT64_MIN;' \
   'if (s->bound < 0) return INT64_MIN;' \
   "async (across ranks too): the wait gate also holds back drop and regenerate"
-m aipo_ratio_vs_old async src/rl/algo.c "test_rl_algo" \
+m aipo_ratio_vs_old async src/rl/algo/algo.c "test_rl_algo" \
   'L->ratio_to == TRILL_RATIO_SAMPLER ? behav_logp : old_logp' \
   'L->ratio_to == TRILL_RATIO_SAMPLER ? old_logp : old_logp' \
   "AIPO's truncated ratio against the trainer's old policy instead of the behaviour policy"

@@ -1,7 +1,7 @@
 /* The losses trill trains with: one table for `trill train` (algo.loss), `trill serve` (loss_fn)
  * and the trainer. A loss is one entry: its name, where it may be chosen, its level, what its ratio
  * is taken against, the inputs it needs, its per-token function and its documentation. A new
- * loss is a value of trill_loss and its entry (src/rl/loss.c); the config's checks, error
+ * loss is a value of trill_loss and its entry (src/rl/algo/loss.c); the config's checks, error
  * messages, docs/config.md and the service's loss_fn read the table.
  *
  * The per-token function gives the loss of one token and its derivative with respect to the

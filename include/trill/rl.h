@@ -2,7 +2,7 @@
  *
  * A run is described by a YAML file (trill_rl_config_load) plus dotted overrides
  * ("algo.loss=gspo"); every key, its type, default and allowed values are in one table
- * (src/rl/config.c), which also writes the config reference (docs/config.md) and the resolved
+ * (src/rl/config/config.c), which also writes the config reference (docs/config.md) and the resolved
  * config saved in the run folder. */
 #ifndef TRILL_RL_H
 #define TRILL_RL_H

@@ -3,7 +3,7 @@
  * Prompt/completion lines, the loss on the completion and its end-of-sequence token; sequences
  * packed into micro-batches of trainer.micro_batch_tokens, sft.grad_accum of them per optimizer
  * step; AdamW on trainer.schedule; LoRA adapters (trainer.lora) on a frozen base or every weight
- * (sft.mode). It runs on the RL trainer (src/rl/trainer.c) with the RL dataset reader and its
+ * (sft.mode). It runs on the RL trainer (src/rl/exec/trainer.c) with the RL dataset reader and its
  * seeded order (data.shuffle: reshuffled every epoch, keyed by seed and epoch).
  * Its run folder works as trill train's: one process holds run_dir/.lock; checkpoints go to
  * run_dir/checkpoints/step-N (weights, optimizer state, state.json, config.yaml, manifest.json;

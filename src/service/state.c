@@ -22,7 +22,7 @@
 
 #include "base/alloc.h"
 #include "base/hashmap.h"
-#include "rl/checkpoint.h"
+#include "rl/run/checkpoint.h"
 #include "service/svc.h"
 #include "trill/fileio.h"
 #include "trill/log.h"

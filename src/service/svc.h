@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "rl/checkpoint.h"
+#include "rl/run/checkpoint.h"
 #include "service/store.h"
 #include "trill/infer.h"
 #include "trill/service.h"

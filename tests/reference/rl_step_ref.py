@@ -38,7 +38,7 @@ Subcommands:
       checkpoint and metrics.jsonl.
 
 CONVENTIONS taken from the C code where the formulas leave them open:
-  - advantage eps = 1e-6, added to the unbiased std (src/rl/controller.c calls
+  - advantage eps = 1e-6, added to the unbiased std (src/rl/run/controller.c calls
     rl_group_advantages with 1e-6);
   - the schedule index is the number of optimizer steps already taken (the AdamW step
     count in optimizer.json), the run's total is steps * algo.minibatches, the warm-up
@@ -75,7 +75,7 @@ ADV_EPS = 1e-6
 CKPT_STEP, STEP = 2, 3
 
 # ---------------------------------------------------------------------------
-# The recorded batch (src/rl/rollout.c: rl_batch_pack)
+# The recorded batch (src/rl/data/rollout.c: rl_batch_pack)
 # ---------------------------------------------------------------------------
 
 def read_batch(path):

@@ -1,6 +1,6 @@
 """Reads and writes trill's recorded rollout batches (rollouts.save / rollouts.replay).
 
-The file is rl_batch_pack's bytes (src/rl/rollout.c), native byte order: a 40-byte header
+The file is rl_batch_pack's bytes (src/rl/data/rollout.c), native byte order: a 40-byte header
 (uint32 magic "TRLB", uint32 format 1, int32 n_seqs, group_size, n_moe_layers, top_k, int64
 n_tokens, text_bytes), then the arrays back to back, then the completions NUL-terminated.
 Written here from that description, so a test that reads a file trill wrote checks the format.

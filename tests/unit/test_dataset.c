@@ -10,7 +10,7 @@
 
 #include "testutil.h"
 #include "text/tokenizer_json.h"
-#include "rl/dataset_internal.h"
+#include "rl/data/dataset_internal.h"
 #include "trill/dataset.h"
 #include "trill/fileio.h"
 

@@ -20,7 +20,7 @@
 
 #include "testutil.h"
 #include "trill/error.h"
-#include "rl/reward_process.h"
+#include "rl/reward/reward_process.h"
 #include "trill/reward.h"
 #include "trill/timing.h"
 

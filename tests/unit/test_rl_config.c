@@ -1,4 +1,4 @@
-/* The RL run configuration (src/rl/config.c): defaults, a full YAML file, every class of
+/* The RL run configuration (src/rl/config/config.c): defaults, a full YAML file, every class of
  * refusal with its message, dotted overrides, cross-field validation, write -> load round trips,
  * and docs/config.md being exactly the generated reference.
  *
@@ -691,7 +691,7 @@ static void test_reference(void **state) {
     const char *doc_path = TRILL_SOURCE_DIR "/docs/config.md";
     if (trill_read_file(doc_path, &doc, &doc_len)) fail_msg("%s", trill_error_message());
     if (doc_len != strlen(text) || memcmp(doc, text, doc_len))
-        fail_msg("%s is out of date with the key table in src/rl/config.c; regenerate it with\n"
+        fail_msg("%s is out of date with the key table in src/rl/config/config.c; regenerate it with\n"
                  "  <build>/tests/test_rl_config --write-reference %s",
                  doc_path, doc_path);
     free(doc);

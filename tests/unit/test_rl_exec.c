@@ -15,9 +15,9 @@
 
 #include "trill/train.h"
 #include "base/alloc.h"
-#include "rl/generator.h"
-#include "rl/scorer.h"
-#include "rl/trainer.h"
+#include "rl/exec/generator.h"
+#include "rl/exec/scorer.h"
+#include "rl/exec/trainer.h"
 #include "trill/model.h"
 #include "trill/tokenizer.h"
 #include "testutil.h"

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "rl/rollout.h"
+#include "rl/data/rollout.h"
 #include "model/model_internal.h"
 #include "trill/model.h"
 

@@ -7,7 +7,7 @@
 #ifndef TRILL_RL_EXEC_H
 #define TRILL_RL_EXEC_H
 
-#include "rl/run.h"
+#include "rl/run/run.h"
 
 typedef enum rl_exec_kind { RL_EXEC_GENERATOR, RL_EXEC_REPLAY, RL_EXEC_REWARD } rl_exec_kind;
 

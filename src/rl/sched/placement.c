@@ -14,8 +14,8 @@
 
 #include "base/alloc.h"
 #include "base/json.h"
-#include "rl/ranks.h"
-#include "rl/run.h"
+#include "rl/transport/ranks.h"
+#include "rl/run/run.h"
 #include "rl/sched/sched.h"
 #include "trill/log.h"
 #include "trill/timing.h"

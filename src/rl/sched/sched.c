@@ -7,7 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/json.h"
-#include "rl/ranks.h"
+#include "rl/transport/ranks.h"
 #include "rl/transport/transport.h"
 #include "trill/fileio.h"
 #include "trill/log.h"

@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "rl/run.h"
+#include "rl/run/run.h"
 #include "rl/transport/transport.h"
 
 /* Where the executors run (placement.c): the ports of the generator (or replay) and the reward

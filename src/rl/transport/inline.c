@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "rl/ranks.h"
+#include "rl/transport/ranks.h"
 #include "rl/transport/transport.h"
 
 typedef struct inline_port {

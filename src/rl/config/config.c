@@ -1115,7 +1115,7 @@ trill_status trill_rl_config_reference(FILE *f) {
     if (st) return st;
     fputs("# `trill train` configuration reference\n"
           "\n"
-          "<!-- Generated from the key table in src/rl/config.c by trill_rl_config_reference; do not edit.\n"
+          "<!-- Generated from the key table in src/rl/config/config.c by trill_rl_config_reference; do not edit.\n"
           "     Regenerate: build/tests/test_rl_config --write-reference docs/config.md -->\n"
           "\n"
           "A run is described by a YAML file of sections, plus overrides on the command line:\n"

@@ -1,5 +1,5 @@
 /* Built-in verifiers and the external reward process (trill/reward.h). */
-#include "rl/reward_process.h"
+#include "rl/reward/reward_process.h"
 #include "base/alloc.h"
 #include "trill/reward.h"
 

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "rl/reward_process.h"
-#include "scorer.h"
+#include "rl/reward/reward_process.h"
+#include "rl/exec/scorer.h"
 #include "trill/reward.h"
 #include "trill/reward_model.h"
 

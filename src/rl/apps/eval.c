@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout.h"
+#include "rl/data/rollout.h"
 #include "base/alloc.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"

@@ -1,4 +1,4 @@
-#include "rollout.h"
+#include "rl/data/rollout.h"
 #include "base/alloc.h"
 
 #include <math.h>

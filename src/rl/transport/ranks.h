@@ -22,7 +22,7 @@
  *             receive and apply times, or refuses a corrupted transfer by name.
  *   evaluate  replica 0 runs the held-out evaluation and sends its result.
  *   stop      at the end of the run (or when it fails): the executors leave their loops.
- * Asynchronous mode (transport/ranks.c under the scheduler) sends the same commands ahead of need: batches are issued
+ * Asynchronous mode (ranks_port.c under the scheduler) sends the same commands ahead of need: batches are issued
  * within the staleness bound, weights go out without waiting for answers (each batch's answer
  * carries the replica's newest weights' figures), and `drain` ends the run's generation.
  * A replica's failure is its answer (status and message), which the controller reports with the
@@ -30,7 +30,7 @@
 #ifndef TRILL_RL_RANKS_H
 #define TRILL_RL_RANKS_H
 
-#include "run.h"
+#include "rl/run/run.h"
 
 typedef enum rl_role { RL_ROLE_TRAINER, RL_ROLE_GENERATOR, RL_ROLE_SCORER } rl_role;
 
@@ -71,7 +71,7 @@ trill_status trill_rl_make_executor(rl_run *r);
 trill_status trill_rl_serve_executor(rl_run *r);
 
 /* ---- the protocol (ranks.c: placement, the controller's sync requests, the scorer; replica.c:
- * a generator replica's loop; transport/ranks.c: the controller's port to the replicas) ---- */
+ * a generator replica's loop; ranks_port.c: the controller's port to the replicas) ---- */
 
 enum { CMD_GENERATE = 1, CMD_WEIGHTS, CMD_EVAL, CMD_SCORE, CMD_DRAIN, CMD_STOP };
 enum { TAG_REPLY = 7101, TAG_SCORE = 7102, TAG_SCORE_REPLY = 7103, TAG_WEIGHTS = 7104 };

@@ -1,6 +1,6 @@
 #include "trill/dataset.h"
 #include "base/alloc.h"
-#include "rl/dataset_internal.h"
+#include "rl/data/dataset_internal.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -5,7 +5,7 @@
 #ifndef TRILL_RL_TRAINER_H
 #define TRILL_RL_TRAINER_H
 
-#include "rollout.h"
+#include "rl/data/rollout.h"
 #include "trill/dist.h"
 #include "trill/lora.h"
 #include "trill/model.h"

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "ranks.h"
+#include "rl/transport/ranks.h"
 #include "trill/channel.h"
 #include "trill/timing.h"
 

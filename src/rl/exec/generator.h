@@ -5,7 +5,7 @@
 #ifndef TRILL_RL_GENERATOR_H
 #define TRILL_RL_GENERATOR_H
 
-#include "rollout.h"
+#include "rl/data/rollout.h"
 #include "trill/dataset.h"
 #include "trill/infer.h"
 #include "trill/lora.h"

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "ranks.h"
-#include "run.h"
+#include "rl/transport/ranks.h"
+#include "rl/run/run.h"
 #include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"

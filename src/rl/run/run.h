@@ -16,11 +16,11 @@
 #include <stdio.h>
 #include <sys/resource.h>
 
-#include "checkpoint.h"
-#include "generator.h"
-#include "rollout.h"
-#include "scorer.h"
-#include "trainer.h"
+#include "rl/run/checkpoint.h"
+#include "rl/exec/generator.h"
+#include "rl/data/rollout.h"
+#include "rl/exec/scorer.h"
+#include "rl/exec/trainer.h"
 #include "trill/dist.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"

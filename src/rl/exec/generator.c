@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "generator.h"
+#include "rl/exec/generator.h"
 
 struct rl_generator {
     const trill_rl_config *c;

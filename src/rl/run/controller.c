@@ -17,11 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
+#include "rl/run/checkpoint.h"
 #include "base/alloc.h"
-#include "rollout.h"
-#include "ranks.h"
-#include "run.h"
+#include "rl/data/rollout.h"
+#include "rl/transport/ranks.h"
+#include "rl/run/run.h"
 #include "trill/log.h"
 #include "trill/chat.h"
 #include "trill/config.h"

@@ -8,7 +8,7 @@
 
 #include <jansson.h>
 
-#include "rollout.h"
+#include "rl/data/rollout.h"
 #include "trill/dataset.h"
 #include "trill/rl.h"
 

@@ -11,9 +11,9 @@
 
 #include "base/alloc.h"
 #include "base/json.h"
-#include "checkpoint.h"
-#include "run.h"
-#include "trainer.h"
+#include "rl/run/checkpoint.h"
+#include "rl/run/run.h"
+#include "rl/exec/trainer.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
 #include "trill/fileio.h"
@@ -135,7 +135,7 @@ static trill_status write_parts(void *ctx, const char *dir) { return trill_rl_tr
 
 /* RUN/checkpoints/step-NNNNNNNN: the weights (the PEFT adapter or the full model) and the
  * optimizer state as run_dir's result has them, config.yaml, state.json and the manifest (the
- * run folder's machinery, src/rl/checkpoint.h); the newest checkpoint.keep are kept. */
+ * run folder's machinery, src/rl/run/checkpoint.h); the newest checkpoint.keep are kept. */
 static trill_status save_checkpoint(sft_run *r, int step, double eval) {
     const trill_rl_config *c = r->c;
     trill_status st = trill_rl_trainer_gather(r->t, true); /* the experts' shards, under expert parallelism */

@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "rl/run/checkpoint.h"
 #include "base/alloc.h"
 
 #include <dirent.h>
