@@ -87,10 +87,12 @@ print(f"   {pol:10s} bound {s}: staleness max per step {lags}, {stale} stale tok
 PY
     done
 done
-# With the fast reward the generator overlaps training, so a batch can span a weight update: its
-# first tokens one version older than its last. At max_staleness 0 such a batch is dropped by its
-# oldest token (its mean lag is below 1): every trained token is at lag 0, and batches are dropped.
-must_pass log_st "$TRILL" train "${COMMON[@]}" run_dir=st_drop_0 steps=6 mode=async async.max_staleness=0 async.queue=3 async.on_stale=drop
+# With the fast reward and longer completions (32 tokens) a batch takes longer to generate than a
+# training step, so the trainer's updates land while the generator is inside a batch: its first
+# tokens are older than its last. At max_staleness 0 such a batch is dropped by its oldest token
+# (its mean lag is below 1): every trained token is at lag 0, and batches are dropped.
+must_pass log_st "$TRILL" train "${COMMON[@]}" generator.max_new_tokens=32 run_dir=st_drop_0 steps=6 mode=async async.max_staleness=0 \
+    async.queue=3 async.on_stale=drop
 $PY - st_drop_0/metrics.jsonl <<'PY'
 import json, sys
 m = [json.loads(l) for l in open(sys.argv[1])]
