@@ -141,6 +141,16 @@ m svc_sampler_any_owner service src/service/tenants.c "service" \
   'if (strcmp(p->id, id) == 0) return !p->creating' \
   "another key's sampler can be used by its id"
 
+# trajectories
+m trajectory_injected_trained rl src/rl/exec/trainer.c "test_rl_exec" \
+  'if (b->loss_mask) gather_u8(b, m, b->loss_mask, mask);' \
+  'if (0) gather_u8(b, m, b->loss_mask, mask);' \
+  "a trajectory's injected tokens (a tool's answer) are trained as if the model had sampled them"
+m trajectory_mask_from_kind rl src/rl/data/rollout.c "test_rollout" \
+  'memset(mask + t, b->segs[k].kind == RL_SEG_SAMPLED, (size_t)b->segs[k].len);' \
+  'memset(mask + t, b->segs[k].kind != RL_SEG_INJECTED || k > 0, (size_t)b->segs[k].len);' \
+  "the loss mask marks injected segments after the first one as sampled"
+
 # async policies
 m async_gate_one_early async src/rl/sched/sched.c "rl_async" \
   'return (int64_t)s->v0 + (k - s->k0) - s->bound;' \

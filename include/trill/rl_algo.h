@@ -83,7 +83,7 @@ void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, fl
  *   mask[t] = 0 where MIS (cfg->correction.mis) rejects: the token's ratio (token level), the
  *   sequence's product of ratios (sequence) or its geometric mean (geometric) outside
  *   [mis_low, mis_high]; untouched (left as given) elsewhere. The sequence statistics run over
- *   the tokens whose mask is 1 on entry. mask is required (pass 1s). Returns the number of
+ *   the tokens whose mask is 1 on entry. mask is required (1s, or the trajectory's loss mask). Returns the number of
  *   tokens newly masked. */
 int trill_rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
                    const float *behav_logp, float *tis_weight, uint8_t *mask);

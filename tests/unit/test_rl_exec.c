@@ -439,6 +439,74 @@ static void test_trainer_step_by_hand(void **state) {
     world_free(&w);
 }
 
+/* A multi-turn trajectory trains only what the model sampled: a generated sequence's completion cut
+ * into sampled, injected (a tool's answer: no behaviour log-prob, version 0) and sampled segments;
+ * the step's token-mean loss (on-policy, ratio 1) is -sum_s adv_s n_s / sum_s n_s over the sampled
+ * tokens n_s, and the mismatch counts those tokens only. */
+static void test_trainer_trajectory(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    w.c.generator.prompts_per_step = 2;
+    w.c.generator.max_new_tokens = 8;
+    trill_model *policy;
+    assert_int_equal(trill_model_load(w.dir, &policy), TRILL_OK);
+    rl_generator *g;
+    assert_int_equal(trill_rl_generator_create(&w.c, policy, w.tok, &w.data, &g), TRILL_OK);
+    rl_batch b = { 0 };
+    long tokens;
+    assert_int_equal(trill_rl_generator_generate(g, 0, NULL, NULL, &b, &tokens), TRILL_OK);
+    int s0 = -1; /* the first sequence with a completion long enough to cut in three */
+    for (int s = 0; s < b.n_seqs && s0 < 0; s++)
+        if (rl_response_len(&b, s) >= 4) s0 = s;
+    if (s0 < 0) skip();
+    /* its completion: 1 sampled, 2 injected, the rest sampled */
+    const int n = b.n_seqs, first = b.offsets[s0] + b.prompt_len[s0];
+    rl_segment *segs = malloc(sizeof(rl_segment) * (size_t)(2 * n + 2));
+    int k = 0;
+    for (int s = 0; s < n; s++) {
+        b.seg_offsets[s] = k;
+        segs[k++] = (rl_segment){ b.prompt_len[s], RL_SEG_INJECTED };
+        if (s != s0) {
+            segs[k++] = (rl_segment){ rl_response_len(&b, s), RL_SEG_SAMPLED };
+            continue;
+        }
+        segs[k++] = (rl_segment){ 1, RL_SEG_SAMPLED };
+        segs[k++] = (rl_segment){ 2, RL_SEG_INJECTED };
+        segs[k++] = (rl_segment){ rl_response_len(&b, s) - 3, RL_SEG_SAMPLED };
+    }
+    b.seg_offsets[n] = k;
+    free(b.segs);
+    b.segs = segs;
+    for (int t = first + 1; t < first + 3; t++) {
+        b.behav_logp[t] = NAN;
+        b.version[t] = 0;
+    }
+    assert_int_equal(trill_rl_batch_derive(&b), TRILL_OK);
+    const double rewards[4] = { 1, 0, 0.25, 0.75 };
+    for (int s = 0; s < 4; s++) b.reward[s] = rewards[s];
+    rl_trainer *t;
+    assert_int_equal(trill_rl_trainer_create(&w.c, w.dir, NULL, NULL, &t), TRILL_OK);
+    rl_train_stats ts;
+    trill_rl_metrics *m = calloc(1, sizeof *m);
+    assert_int_equal(trill_rl_trainer_step(t, &b, 1, &ts, m), TRILL_OK);
+    double num = 0, den = 0;
+    for (int s = 0; s < n; s++) {
+        const int sampled = rl_response_len(&b, s) - (s == s0 ? 2 : 0);
+        num += b.adv[s] * sampled;
+        den += sampled;
+    }
+    if (fabs(ts.loss - (-num / den)) > 1e-6) fail_msg("loss %.9g, by hand over the sampled tokens %.9g", ts.loss, -num / den);
+    assert_int_equal(m->mismatch_tokens, (long)den);
+    assert_true(isfinite(ts.grad_norm) && ts.grad_norm > 0 && isfinite(m->mismatch_k3) && isfinite(m->tis_mean));
+    free(m);
+    trill_rl_trainer_free(t);
+    trill_rl_batch_free(&b);
+    trill_rl_generator_free(g);
+    trill_model_free(policy);
+    world_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_json_sync),
@@ -449,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_scorer_nonfinite_reward),
         cmocka_unit_test(test_generator_fixed_batches),
         cmocka_unit_test(test_trainer_step_by_hand),
+        cmocka_unit_test(test_trainer_trajectory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,10 +123,86 @@ static void test_damaged_bytes_are_refused(void **state) {
     trill_rl_batch_free(&a);
 }
 
+/* make_batch's second sequence as a trajectory of four segments: its prompt (2 tokens), a sampled
+ * token, one injected (a tool's answer: no behaviour log-prob) and a sampled one. */
+static void make_trajectories(rl_batch *b) {
+    make_batch(b);
+    b->behav_logp[8] = NAN;
+    static const int offsets[3] = { 0, 2, 6 };
+    static const rl_segment segs[6] = { { 3, RL_SEG_INJECTED }, { 2, RL_SEG_SAMPLED }, { 2, RL_SEG_INJECTED },
+                                        { 1, RL_SEG_SAMPLED }, { 1, RL_SEG_INJECTED }, { 1, RL_SEG_SAMPLED } };
+    b->seg_offsets = malloc(sizeof offsets);
+    b->segs = malloc(sizeof segs);
+    memcpy(b->seg_offsets, offsets, sizeof offsets);
+    memcpy(b->segs, segs, sizeof segs);
+    assert_int_equal(trill_rl_batch_derive(b), TRILL_OK);
+}
+
+static void test_trajectories(void **state) {
+    (void)state;
+    rl_batch a, b, c;
+    make_trajectories(&a);
+    /* the loss mask: sampled tokens only */
+    assert_memory_equal(a.loss_mask, ((uint8_t[]){ 0, 0, 0, 1, 1, 0, 0, 1, 0, 1 }), 10);
+    assert_false(trill_rl_batch_is_single_turn(&a));
+    void *buf, *again;
+    size_t len, len2;
+    assert_int_equal(trill_rl_batch_pack(&a, &buf, &len), TRILL_OK);
+    assert_int_equal(((const uint32_t *)buf)[1], 2); /* format 2: with its segments */
+    assert_int_equal(trill_rl_batch_unpack(buf, len, &b), TRILL_OK);
+    assert_memory_equal(b.seg_offsets, a.seg_offsets, sizeof(int) * 3);
+    assert_memory_equal(b.segs, a.segs, sizeof(rl_segment) * 6);
+    assert_memory_equal(b.loss_mask, a.loss_mask, 10);
+    assert_int_equal(trill_rl_batch_pack(&b, &again, &len2), TRILL_OK);
+    assert_int_equal(len2, len);
+    assert_memory_equal(again, buf, len);
+    free(again);
+    /* merged with a single-turn part: each sequence keeps its segments */
+    rl_batch single;
+    make_batch(&single);
+    rl_batch parts[2] = { a, single };
+    assert_int_equal(trill_rl_batch_merge(parts, 2, (const int[]){ 1, 0 }, 2, &c), TRILL_OK);
+    assert_int_equal(c.seg_offsets[4], 2 + 2 + 2 + 4);
+    assert_memory_equal(c.loss_mask, ((uint8_t[]){ 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 1 }), 20);
+    trill_rl_batch_free(&c);
+    trill_rl_batch_free(&single);
+    /* segments that do not cover a sequence, or do not start with its prompt, are refused by name */
+    b.segs[5].len = 2;
+    assert_int_equal(trill_rl_batch_derive(&b), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "sequence 1 has 5 tokens, its segments 6"));
+    b.segs[5].len = 1;
+    b.segs[2].kind = RL_SEG_SAMPLED;
+    assert_int_equal(trill_rl_batch_derive(&b), TRILL_ERR_INVALID);
+    assert_non_null(strstr(trill_error_message(), "sequence 1 does not start with its prompt"));
+    trill_rl_batch_free(&b);
+    trill_rl_batch_free(&a);
+    free(buf);
+}
+
+/* A single-turn batch keeps packed format 1, byte for byte, and unpacks to two segments a sequence. */
+static void test_single_turn_format(void **state) {
+    (void)state;
+    rl_batch a, b;
+    make_batch(&a);
+    void *buf;
+    size_t len;
+    assert_int_equal(trill_rl_batch_pack(&a, &buf, &len), TRILL_OK);
+    assert_int_equal(((const uint32_t *)buf)[1], 1);
+    assert_int_equal(trill_rl_batch_unpack(buf, len, &b), TRILL_OK);
+    assert_true(trill_rl_batch_is_single_turn(&b));
+    assert_memory_equal(b.seg_offsets, ((int[]){ 0, 2, 4 }), sizeof(int) * 3);
+    assert_memory_equal(b.loss_mask, ((uint8_t[]){ 0, 0, 0, 1, 1, 0, 0, 1, 1, 1 }), 10);
+    trill_rl_batch_free(&b);
+    trill_rl_batch_free(&a);
+    free(buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_round_trip),
         cmocka_unit_test(test_damaged_bytes_are_refused),
+        cmocka_unit_test(test_trajectories),
+        cmocka_unit_test(test_single_turn_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

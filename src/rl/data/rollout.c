@@ -10,7 +10,66 @@ void trill_rl_batch_free(rl_batch *b) {
         for (int s = 0; s < b->n_seqs; s++) free(b->completion[s]);
     free(b->offsets); free(b->prompt_len); free(b->tokens); free(b->behav_logp); free(b->version); free(b->experts);
     free(b->example); free(b->completion); free(b->reward); free(b->adv); free(b->correct); free(b->keep);
+    free(b->seg_offsets); free(b->segs); free(b->loss_mask);
     memset(b, 0, sizeof *b);
+}
+
+/* ---- trajectories ---- */
+
+trill_status trill_rl_batch_derive(rl_batch *b) {
+    const int n = b->n_seqs;
+    const size_t T = n ? (size_t)b->offsets[n] : 0;
+    if (!b->seg_offsets || !b->segs) return trill_error(TRILL_ERR_INVALID, "rollout batch: no segments");
+    if (b->seg_offsets[0] != 0) return trill_error(TRILL_ERR_INVALID, "rollout batch: segment offsets start at %d", b->seg_offsets[0]);
+    for (int s = 0; s < n; s++) {
+        const int first = b->seg_offsets[s], last = b->seg_offsets[s + 1];
+        long covered = 0;
+        if (last <= first || b->segs[first].kind != RL_SEG_INJECTED || b->segs[first].len != b->prompt_len[s])
+            return trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d does not start with its prompt as an injected segment "
+                               "of %d tokens", s, b->prompt_len[s]);
+        for (int k = first; k < last; k++) {
+            if (b->segs[k].len < 1 || (b->segs[k].kind != RL_SEG_INJECTED && b->segs[k].kind != RL_SEG_SAMPLED))
+                return trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d, segment %d: %d tokens of kind %d (expected at least 1, "
+                                   "kind 0 injected or 1 sampled)", s, k - first, b->segs[k].len, b->segs[k].kind);
+            covered += b->segs[k].len;
+        }
+        if (covered != b->offsets[s + 1] - b->offsets[s])
+            return trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d has %d tokens, its segments %ld", s,
+                               b->offsets[s + 1] - b->offsets[s], covered);
+    }
+    uint8_t *mask = trill_realloc(b->loss_mask, T ? T : 1);
+    if (!mask) return trill_error(TRILL_ERR_NOMEM, "out of memory for a loss mask of %zu tokens", T);
+    b->loss_mask = mask;
+    for (int s = 0; s < n; s++)
+        for (int k = b->seg_offsets[s], t = b->offsets[s]; k < b->seg_offsets[s + 1]; t += b->segs[k++].len)
+            memset(mask + t, b->segs[k].kind == RL_SEG_SAMPLED, (size_t)b->segs[k].len);
+    return TRILL_OK;
+}
+
+trill_status trill_rl_batch_single_turn(rl_batch *b) {
+    const int n = b->n_seqs;
+    free(b->seg_offsets);
+    free(b->segs);
+    b->seg_offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
+    b->segs = trill_malloc(sizeof(rl_segment) * (size_t)(2 * n + 1));
+    if (!b->seg_offsets || !b->segs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int s = 0; s < n; s++) {
+        b->seg_offsets[s] = k;
+        b->segs[k++] = (rl_segment){ .len = b->prompt_len[s], .kind = RL_SEG_INJECTED };
+        if (rl_response_len(b, s) > 0) b->segs[k++] = (rl_segment){ .len = rl_response_len(b, s), .kind = RL_SEG_SAMPLED };
+    }
+    b->seg_offsets[n] = k;
+    return trill_rl_batch_derive(b);
+}
+
+bool trill_rl_batch_is_single_turn(const rl_batch *b) {
+    if (!b->segs) return true;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int first = b->seg_offsets[s], count = b->seg_offsets[s + 1] - first;
+        if (count > 2 || (count == 2 && b->segs[first + 1].kind != RL_SEG_SAMPLED)) return false;
+    }
+    return true;
 }
 
 static bool is_stop(const trill_request *r, int id) {
@@ -102,6 +161,7 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
         at += (size_t)len;
     }
     if (!st) b->offsets[n] = (int)at;
+    if (!st) st = trill_rl_batch_single_turn(b);
     for (int s = 0; outs && s < n; s++) trill_sequence_out_free(&outs[s]);
     free(outs);
     if (st) {
@@ -133,6 +193,43 @@ static size_t copy_sequence(rl_batch *b, int to, size_t at, const rl_batch *from
     memcpy(b->version + at, from->version + first, sizeof(uint32_t) * len);
     if (row) memcpy(b->experts + at * row, from->experts + first * row, sizeof(uint16_t) * len * row);
     return len;
+}
+
+/* The merged batch's segments, in the order merge placed the sequences (parts without segments:
+ * single-turn). */
+static trill_status merge_segments(const rl_batch *parts, int n_parts, const int *part_of, int n_groups, rl_batch *b) {
+    bool any = false;
+    size_t total = 0;
+    for (int j = 0; j < n_parts; j++) {
+        any |= parts[j].segs != NULL;
+        total += parts[j].segs ? (size_t)parts[j].seg_offsets[parts[j].n_seqs] : 2 * (size_t)parts[j].n_seqs;
+    }
+    if (!any) return trill_rl_batch_single_turn(b);
+    b->seg_offsets = trill_malloc(sizeof(int) * (size_t)(b->n_seqs + 1));
+    b->segs = trill_malloc(sizeof(rl_segment) * (total + 1));
+    int *next = trill_calloc((size_t)n_parts, sizeof(int));
+    trill_status st = b->seg_offsets && b->segs && next ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int G = b->group_size;
+    int k = 0;
+    for (int g = 0, to = 0; g < n_groups && !st; g++) {
+        const rl_batch *p = &parts[part_of[g]];
+        for (int i = 0; i < G; i++, to++) {
+            const int s = next[part_of[g]] * G + i;
+            b->seg_offsets[to] = k;
+            if (!p->segs) {
+                b->segs[k++] = (rl_segment){ .len = p->prompt_len[s], .kind = RL_SEG_INJECTED };
+                if (rl_response_len(p, s) > 0) b->segs[k++] = (rl_segment){ .len = rl_response_len(p, s), .kind = RL_SEG_SAMPLED };
+                continue;
+            }
+            const int n = p->seg_offsets[s + 1] - p->seg_offsets[s];
+            memcpy(b->segs + k, p->segs + p->seg_offsets[s], sizeof(rl_segment) * (size_t)n);
+            k += n;
+        }
+        next[part_of[g]]++;
+    }
+    if (!st) b->seg_offsets[b->n_seqs] = k;
+    free(next);
+    return st ? st : trill_rl_batch_derive(b);
 }
 
 trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int *part_of, int n_groups, rl_batch *b) {
@@ -176,6 +273,7 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
         next[part_of[g]]++;
     }
     if (!st) b->offsets[seqs] = (int)at;
+    if (!st) st = merge_segments(parts, n_parts, part_of, n_groups, b);
     free(next);
     if (st) trill_rl_batch_free(b);
     return st;
@@ -185,6 +283,9 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
 
 #define PACK_MAGIC 0x424c5254u /* "TRLB" */
 
+/* Format 1: a single-turn batch (every sequence a prompt and a completion): the header, the arrays
+ * of batch_arrays, the completions. Format 2, a batch of trajectories: the header, the number of
+ * segments (int64), the same arrays, seg_offsets [n_seqs + 1] and the segments, the completions. */
 typedef struct pack_header {
     uint32_t magic, format;
     int32_t n_seqs, group_size, n_moe_layers, top_k;
@@ -210,14 +311,27 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
     const size_t T = b->n_seqs ? (size_t)b->offsets[b->n_seqs] : 0;
     void **ptr[16] = { 0 };
     size_t bytes[16] = { 0 }, total = sizeof(pack_header), text = 0;
-    const int count = batch_arrays(&v, T, ptr, bytes);
+    int count = batch_arrays(&v, T, ptr, bytes);
+    const bool turns = !trill_rl_batch_is_single_turn(b);
+    const int64_t n_segs = turns ? b->seg_offsets[b->n_seqs] : 0;
+    if (turns) {
+        ptr[count] = (void **)&v.seg_offsets;
+        bytes[count++] = sizeof(int) * (size_t)(b->n_seqs + 1);
+        ptr[count] = (void **)&v.segs;
+        bytes[count++] = sizeof(rl_segment) * (size_t)n_segs;
+        total += sizeof n_segs;
+    }
     for (int i = 0; i < count; i++) total += bytes[i];
     for (int s = 0; s < b->n_seqs; s++) text += strlen(b->completion[s]) + 1;
     char *out = trill_malloc(total + text);
     if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    pack_header h = { PACK_MAGIC, 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
+    pack_header h = { PACK_MAGIC, turns ? 2 : 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
     memcpy(out, &h, sizeof h);
     size_t at = sizeof h;
+    if (turns) {
+        memcpy(out + at, &n_segs, sizeof n_segs);
+        at += sizeof n_segs;
+    }
     for (int i = 0; i < count; i++) {
         if (bytes[i]) memcpy(out + at, *ptr[i], bytes[i]);
         at += bytes[i];
@@ -237,8 +351,18 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     pack_header h;
     if (len < sizeof h) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
     memcpy(&h, buf, sizeof h);
-    if (h.magic != PACK_MAGIC || h.format != 1)
+    if (h.magic != PACK_MAGIC || (h.format != 1 && h.format != 2))
         return trill_error(TRILL_ERR_INVALID, "rollout batch: not a packed rollout batch (magic %08x, format %u)", h.magic, h.format);
+    int64_t n_segs = 0;
+    size_t head = sizeof h;
+    if (h.format == 2) {
+        if (len < head + sizeof n_segs) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
+        memcpy(&n_segs, (const char *)buf + head, sizeof n_segs);
+        head += sizeof n_segs;
+        if (n_segs < h.n_seqs || n_segs > h.n_tokens)
+            return trill_error(TRILL_ERR_INVALID, "rollout batch: %lld segments for %d sequences of %lld tokens", (long long)n_segs, h.n_seqs,
+                               (long long)h.n_tokens);
+    }
     if (h.n_seqs < 0 || h.group_size < 0 || h.n_moe_layers < 0 || h.top_k < 0 || h.n_tokens < 0 || h.text_bytes < 0 ||
         h.n_seqs > (1 << 24) || h.n_tokens > ((int64_t)1 << 34) || (h.n_moe_layers && h.top_k > 64))
         return trill_error(TRILL_ERR_INVALID, "rollout batch: header out of range (%d sequences, %lld tokens)", h.n_seqs,
@@ -248,13 +372,19 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     b->n_moe_layers = h.n_moe_layers;
     b->top_k = h.top_k;
     void **ptr[16] = { 0 };
-    size_t bytes[16] = { 0 }, need = sizeof h;
-    const int count = batch_arrays(b, (size_t)h.n_tokens, ptr, bytes);
+    size_t bytes[16] = { 0 }, need = head;
+    int count = batch_arrays(b, (size_t)h.n_tokens, ptr, bytes);
+    if (h.format == 2) {
+        ptr[count] = (void **)&b->seg_offsets;
+        bytes[count++] = sizeof(int) * (size_t)(h.n_seqs + 1);
+        ptr[count] = (void **)&b->segs;
+        bytes[count++] = sizeof(rl_segment) * (size_t)n_segs;
+    }
     for (int i = 0; i < count; i++) need += bytes[i];
     if (need + (size_t)h.text_bytes != len)
         return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, the header describes %zu", len, need + (size_t)h.text_bytes);
     const char *in = buf;
-    size_t at = sizeof h;
+    size_t at = head;
     trill_status st = TRILL_OK;
     for (int i = 0; i < count && !st; i++) {
         if (!(*ptr[i] = trill_malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -275,6 +405,13 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
         at = (size_t)(nul - in) + 1;
     }
     if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);
+    if (!st && h.format == 2 && b->seg_offsets[h.n_seqs] != n_segs)
+        st = trill_error(TRILL_ERR_INVALID, "rollout batch: the segment offsets end at %d, not at its %lld segments", b->seg_offsets[h.n_seqs],
+                         (long long)n_segs);
+    for (int s = 0; !st && h.format == 2 && s < h.n_seqs; s++)
+        if (b->seg_offsets[s + 1] < b->seg_offsets[s])
+            st = trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d's segment offsets decrease", s);
+    if (!st) st = h.format == 2 ? trill_rl_batch_derive(b) : trill_rl_batch_single_turn(b);
     if (st) trill_rl_batch_free(b);
     return st;
 }

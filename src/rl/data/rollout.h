@@ -1,5 +1,10 @@
 /* The rollout record: what the generator hands the trainer for one batch, in flat arrays
- * (no pointers between records), one packed token stream for every sequence. */
+ * (no pointers between records), one packed token stream for every sequence. A sequence is a
+ * trajectory: consecutive segments of tokens the model sampled (their log-probs, versions and
+ * routed experts recorded) and tokens injected from outside (the prompt; in a multi-turn episode,
+ * what a tool or environment answered), never re-tokenised once in the sequence. The loss mask is
+ * derived from the segments: sampled tokens are trained, injected ones are context only. A
+ * single-turn rollout is two segments, the prompt and the completion. */
 #ifndef TRILL_RL_ROLLOUT_H
 #define TRILL_RL_ROLLOUT_H
 
@@ -10,11 +15,17 @@
 #include "trill/error.h"
 #include "trill/infer.h"
 
+enum { RL_SEG_INJECTED = 0, RL_SEG_SAMPLED = 1 };
+typedef struct rl_segment {
+    int32_t len;               /* tokens, > 0 */
+    int32_t kind;              /* RL_SEG_INJECTED or RL_SEG_SAMPLED */
+} rl_segment;
+
 typedef struct rl_batch {
     int n_seqs, group_size;    /* n_seqs = groups * group_size, group g = sequences [g*size, (g+1)*size) */
     int n_moe_layers, top_k;
     int *offsets;              /* [n_seqs + 1] into the packed tokens */
-    int *prompt_len;           /* [n_seqs] */
+    int *prompt_len;           /* [n_seqs] the first segment's length (the prompt) */
     int *tokens;               /* [T] prompt then response of each sequence */
     float *behav_logp;         /* [T] log mu of each response token (NAN on prompt tokens) */
     uint32_t *version;         /* [T] policy version of each response token (0 on prompt tokens) */
@@ -25,6 +36,9 @@ typedef struct rl_batch {
     double *reward, *adv;      /* [n_seqs] */
     double *correct;           /* [n_seqs] the verifier's score alone (NAN without one) */
     bool *keep;                /* [n_seqs] trained (dynamic sampling drops flat groups) */
+    int *seg_offsets;          /* [n_seqs + 1] sequence s's segments: segs[seg_offsets[s] .. seg_offsets[s + 1]) */
+    rl_segment *segs;          /* consecutive from each sequence's first token; the first is the prompt (injected) */
+    uint8_t *loss_mask;        /* [T] 1 on sampled tokens: derived from segs (trill_rl_batch_derive), never packed */
 } rl_batch;
 
 /* Generates group_size samples for each of n_prompts dataset examples, prompt i as request
@@ -47,7 +61,21 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
 trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len);
 trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *out);
 
-/* Response tokens of sequence s: tokens[offsets[s] + prompt_len[s] .. offsets[s + 1]). */
+/* Every sequence as two segments: its prompt (injected) and its completion (sampled, when not
+ * empty); then the loss mask. */
+trill_status trill_rl_batch_single_turn(rl_batch *b);
+/* Checks b's segments (each sequence's cover its tokens exactly, the first is injected and as long
+ * as its prompt_len, none is empty) and derives the loss mask; names the sequence that is wrong. */
+trill_status trill_rl_batch_derive(rl_batch *b);
+/* Whether every sequence is one prompt and one completion (the packed format 1). */
+bool trill_rl_batch_is_single_turn(const rl_batch *b);
+
+/* Whether token t (a position in the packed stream) is trained: sampled (without segments, every
+ * token after its sequence's prompt). */
+static inline bool rl_sampled(const rl_batch *b, int t) { return b->loss_mask ? b->loss_mask[t] != 0 : true; }
+
+/* Response tokens of sequence s: tokens[offsets[s] + prompt_len[s] .. offsets[s + 1]) (the
+ * sampled ones and, in a multi-turn trajectory, what was injected between them). */
 static inline int rl_response_len(const rl_batch *b, int s) { return b->offsets[s + 1] - b->offsets[s] - b->prompt_len[s]; }
 
 #endif

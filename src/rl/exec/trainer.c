@@ -215,7 +215,8 @@ static trill_status corrections(rl_trainer *r, const rl_batch *b, const micro *m
     if (!old || !behav || !w || !mask) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     gather_f(b, m, ta->old_logp, old);
     gather_f(b, m, b->behav_logp, behav);
-    memset(mask, 1, (size_t)R);
+    if (b->loss_mask) gather_u8(b, m, b->loss_mask, mask); /* the trajectory's: injected tokens never in the loss */
+    else memset(mask, 1, (size_t)R);
     trill_rl_corrections(r->c, m->n, off, old, behav, w, mask);
     scatter_resp_f(b, m, w, ta->tis);
     scatter_resp_u8(b, m, mask, ta->mask);
@@ -778,7 +779,7 @@ static trill_status shape_rewards(rl_trainer *r, rl_batch *b, token_arrays *ta, 
         for (int s = 0; s < b->n_seqs && !st; s++) {
             double kl = 0;
             for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++)
-                kl += trill_rl_kl_value(c->algo.kl_estimator, ta->old_logp[t], ta->ref_logp[t]);
+                if (rl_sampled(b, t)) kl += trill_rl_kl_value(c->algo.kl_estimator, ta->old_logp[t], ta->ref_logp[t]);
             b->reward[s] -= c->algo.kl_coef * kl;
         }
     }
@@ -810,8 +811,9 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
                                      trill_rl_metrics *m) {
     const trill_rl_config *c = r->c;
     const size_t row = (size_t)r->L * r->K;
-    long R = 0;
-    for (int i = 0; i < n_kept; i++) R += rl_response_len(b, kept[i]);
+    long R = 0; /* the sampled tokens of the trained sequences */
+    for (int i = 0; i < n_kept; i++)
+        for (int t = b->offsets[kept[i]] + b->prompt_len[kept[i]]; t < b->offsets[kept[i] + 1]; t++) R += rl_sampled(b, t);
     float *old = trill_malloc(sizeof(float) * (size_t)(R + 1)), *behav = trill_malloc(sizeof(float) * (size_t)(R + 1));
     uint16_t *ge = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
     uint16_t *te = row ? trill_malloc(sizeof(uint16_t) * row * (size_t)(R + 1)) : NULL;
@@ -820,7 +822,8 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
     trill_status st = old && behav && (!row || (ge && te)) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n_kept && !st; i++) {
         const int s = kept[i];
-        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++, j++) {
+        for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
+            if (!rl_sampled(b, t)) continue; /* injected: no behaviour log-prob, never trained */
             old[j] = ta->old_logp[t];
             behav[j] = b->behav_logp[t];
             tis_sum += ta->tis[t];
@@ -833,6 +836,7 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
                 memcpy(te + (size_t)j * row, ta->train_experts + (size_t)(t - 1) * row, sizeof(uint16_t) * row);
             }
             differing += memcmp(&old[j], &behav[j], sizeof(float)) != 0 || (row && memcmp(ge + (size_t)j * row, te + (size_t)j * row, sizeof(uint16_t) * row) != 0);
+            j++;
         }
     }
     if (!st) {
@@ -868,7 +872,12 @@ static void histograms(const rl_trainer *r, const rl_batch *b, const int *kept, 
     m->has_hist = true;
     for (int i = 0; i < n_kept; i++) {
         const int s = kept[i], first = b->offsets[s] + b->prompt_len[s], n = b->offsets[s + 1] - first;
-        trill_rl_hist_tokens(&m->hist, ta->old_logp + first, b->behav_logp + first, ta->tis + first, ta->mask + first, (size_t)n);
+        if (!b->loss_mask) {
+            trill_rl_hist_tokens(&m->hist, ta->old_logp + first, b->behav_logp + first, ta->tis + first, ta->mask + first, (size_t)n);
+            continue;
+        }
+        for (int t = first; t < first + n; t++) /* sampled tokens only: injected ones have no behaviour log-prob */
+            if (b->loss_mask[t]) trill_rl_hist_tokens(&m->hist, ta->old_logp + t, b->behav_logp + t, ta->tis + t, ta->mask + t, 1);
     }
     for (int s = 0; s < b->n_seqs; s++) trill_rl_hist_response(&m->hist, rl_response_len(b, s), r->c->generator.max_new_tokens);
 }

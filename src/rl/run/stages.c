@@ -87,7 +87,7 @@ static trill_status check_replayed(const rl_run *r, const rl_batch *b, const cha
             if (b->tokens[t] < 0 || b->tokens[t] >= mc->vocab_size)
                 return trill_error(TRILL_ERR_INVALID, "%s: sequence %d: token %d is outside the vocabulary (%d)", path, s, b->tokens[t],
                                    mc->vocab_size);
-            if (t >= b->offsets[s] + b->prompt_len[s] && !(b->behav_logp[t] <= 0))
+            if (t >= b->offsets[s] + b->prompt_len[s] && rl_sampled(b, t) && !(b->behav_logp[t] <= 0))
                 return trill_error(TRILL_ERR_INVALID, "%s: sequence %d, token %d: behaviour log-prob %g is not a log-probability", path, s,
                                    t - b->offsets[s], b->behav_logp[t]);
         }

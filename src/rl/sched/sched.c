@@ -54,6 +54,7 @@ static void staleness(const rl_batch *b, uint32_t v, trill_rl_metrics *m) {
     memset(m->staleness_tokens, 0, sizeof m->staleness_tokens);
     for (int s = 0; s < b->n_seqs; s++)
         for (int t = b->offsets[s] + b->prompt_len[s]; t < b->offsets[s + 1]; t++) {
+            if (!rl_sampled(b, t)) continue; /* injected: no version */
             const uint32_t lag = v - b->version[t];
             sum += (int)lag;
             n++;
