@@ -32,6 +32,13 @@ trill_status trill_model_backward(const trill_forward_pass *pass, const float *d
 trill_status trill_model_backward_ep(const trill_forward_pass *pass, const float *dlogprobs, float *grads, float *lora_grads,
                                      float *const *expert_grads);
 
+/* Micro-batch packing, the one rule of `trill train`, `trill sft` and `trill serve`: the next
+ * micro-batch takes items (sequences, examples, data) in order while their tokens fit in `budget`,
+ * and always at least one (an item longer than the budget goes alone). len(ctx, i) is item i's
+ * token count, for i in [0, n). Returns how many items of [0, n) the next micro-batch takes (0
+ * when n is 0). */
+int trill_micro_batch_take(int n, int budget, int (*len)(const void *ctx, int i), const void *ctx);
+
 /* FLOPs of one training step (forward keeping activations + backward) over a packed batch,
  * counted as the code does them (2 per multiply-add; elementwise work not counted):
  *   forward: every projection, router, dense MLP, the top-k experts used, lm_head, causal QK^T + PV;

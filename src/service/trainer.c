@@ -181,6 +181,9 @@ const float *trill_svc_trainer_grads(const trill_svc_trainer *t, size_t *n) { *n
 /* Tokens a forward keeps activations for at once. */
 enum { MICRO_TOKENS = 4096 };
 
+/* A datum's tokens in a forward: its inputs and its last target. */
+static int datum_len(const void *ctx, int i) { return ((const trill_svc_datum *)ctx)[i].n + 1; }
+
 /* One micro-batch, data [d0, d1): each datum forwarded as its n inputs and its last target. */
 static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *data, int d0, int d1, trill_loss loss,
                                   const trill_svc_loss_config *cfg, bool backward, float *logprobs, double *loss_sum) {
@@ -240,8 +243,7 @@ trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data
     trill_model_attach_lora(t->base->model, t->lora);
     trill_status st = TRILL_OK;
     for (int d0 = 0, k = 0; !st && d0 < n;) {
-        int d1 = d0, used = 0;
-        while (d1 < n && (d1 == d0 || used + data[d1].n + 1 <= MICRO_TOKENS)) used += data[d1++].n + 1;
+        const int d1 = d0 + trill_micro_batch_take(n - d0, MICRO_TOKENS, datum_len, data + d0);
         st = forward_micro(t, data, d0, d1, loss, config, backward, logprobs + k, loss_sum);
         for (; d0 < d1; d0++) k += data[d0].n;
     }

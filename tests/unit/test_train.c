@@ -143,6 +143,20 @@ static void test_replay_none_rows_route_themselves(void **state) {
     trill_model_free(m);
 }
 
+static int len_of(const void *ctx, int i) { return ((const int *)ctx)[i]; }
+
+/* The packing rule every trainer uses: in order while the tokens fit, at least one item. */
+static void test_micro_batch_take(void **state) {
+    (void)state;
+    const int lens[6] = { 3, 4, 2, 9, 1, 1 };
+    assert_int_equal(trill_micro_batch_take(6, 9, len_of, lens), 3);      /* 3 + 4 + 2 = 9 fits, + 9 does not */
+    assert_int_equal(trill_micro_batch_take(3, 9, len_of, lens + 3), 1);  /* 9 alone */
+    assert_int_equal(trill_micro_batch_take(2, 9, len_of, lens + 4), 2);  /* the rest */
+    assert_int_equal(trill_micro_batch_take(6, 1, len_of, lens), 1);      /* longer than the budget: alone */
+    assert_int_equal(trill_micro_batch_take(0, 9, len_of, lens), 0);
+    assert_int_equal(trill_micro_batch_take(6, 1 << 30, len_of, lens), 6);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_forward_matches_inference),
@@ -150,6 +164,7 @@ int main(void) {
         cmocka_unit_test(test_replay_rejects_bad_ids),
         cmocka_unit_test(test_replay_none_rows_route_themselves),
         cmocka_unit_test(test_recompute_is_identical),
+        cmocka_unit_test(test_micro_batch_take),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include "trill/log.h"
 #include "trill/model.h"
 #include "trill/sft.h"
+#include "trill/train.h"
 #include "trill/timing.h"
 #include "trill/tokenizer.h"
 
@@ -97,17 +98,21 @@ static trill_status make_batch(const sft_run *r, const trill_dataset *d, const i
     return TRILL_OK;
 }
 
+typedef struct example_list { const trill_dataset *d; const int *order; } example_list;
+
+static int ordered_len(const void *ctx, int i) {
+    const example_list *l = ctx;
+    return example_len(&l->d->examples[l->order[i]]);
+}
+
 /* How many of order[at, n) the next `micro` micro-batches take (trainer.micro_batch_tokens each;
- * the packer's rule, trill_rl_micro_fits). */
+ * trill_micro_batch_take's rule). */
 static int step_size(const sft_run *r, const int *order, int at, int n, int micro) {
-    const int budget = r->c->trainer.micro_batch_tokens;
     int k = at;
-    for (int m = 0; m < micro && k < n; m++)
-        for (int used = 0, in = 0; k < n; k++, in++) {
-            const int len = example_len(&r->train->examples[order[k]]);
-            if (!trill_rl_micro_fits(used, in, len, budget)) break;
-            used += len;
-        }
+    for (int m = 0; m < micro && k < n; m++) {
+        const example_list l = { r->train, order + k };
+        k += trill_micro_batch_take(n - k, r->c->trainer.micro_batch_tokens, ordered_len, &l);
+    }
     return k - at;
 }
 

@@ -123,16 +123,17 @@ static const uint16_t *replay_source(const rl_trainer *r, const rl_batch *b, con
     return r->c->router_replay || r->scorer ? b->experts : NULL;
 }
 
-/* Consecutive runs of `seq` under the token budget (at least one sequence each). */
+typedef struct seq_list { const rl_batch *b; const int *seq; } seq_list;
+
+static int seq_len(const void *ctx, int i) {
+    const seq_list *l = ctx;
+    return l->b->offsets[l->seq[i] + 1] - l->b->offsets[l->seq[i]];
+}
+
+/* Consecutive runs of `seq` under the token budget (trill_micro_batch_take's rule). */
 static int next_micro(const rl_batch *b, const int *seq, int n, int budget) {
-    int k = 0, tokens = 0;
-    while (k < n) {
-        int len = b->offsets[seq[k] + 1] - b->offsets[seq[k]];
-        if (!trill_rl_micro_fits(tokens, k, len, budget)) break;
-        tokens += len;
-        k++;
-    }
-    return k;
+    const seq_list l = { b, seq };
+    return trill_micro_batch_take(n, budget, seq_len, &l);
 }
 
 /* Per-token arrays of the whole rollout batch (packed layout). */

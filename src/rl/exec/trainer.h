@@ -14,11 +14,6 @@
 
 typedef struct rl_trainer rl_trainer;
 
-/* The packer's rule, for RL's micro-batches and SFT's alike: a sequence of `len` tokens joins a
- * micro-batch holding `n` sequences and `used` tokens when it is the first or stays within the
- * budget. */
-static inline bool trill_rl_micro_fits(int used, int n, int len, int budget) { return n == 0 || used + len <= budget; }
-
 /* What one step did, summed over its minibatches (the metrics take means). */
 typedef struct rl_train_stats {
     double loss, pg_loss, kl_loss, clip_tokens, ratio_sum, ratio_n, grad_norm, lr;
