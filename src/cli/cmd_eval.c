@@ -5,7 +5,8 @@
 #include "cli.h"
 #include "trill/dataset.h"
 #include "trill/infer.h"
-#include "trill/rl.h"
+#include "trill/eval.h"
+#include "trill/rl_config.h"
 
 static const char USAGE[] =
     "trill eval --model DIR --data FILE.jsonl [--adapter DIR] [--k K] [--temperature T] [--verifier numeric|exact|demo]\n"

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
 #include "trill/sft.h"
 
 static const char USAGE[] =

@@ -5,7 +5,8 @@
 
 #include "cli.h"
 #include "trill/dist.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/run.h"
 
 static const char USAGE[] =
     "trill train [CONFIG.yaml] [section.key=value ...] [--resume DIR|auto] [--print-config] [--config-reference]\n"

@@ -10,7 +10,8 @@
 #include "cli.h"
 #include "trill/dist.h"
 #include "trill/kernels.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/run.h"
 #include "trill/log.h"
 
 static const struct {

@@ -17,7 +17,8 @@
 #include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/reward.h"
-#include "trill/rl.h"
+#include "trill/eval.h"
+#include "trill/rl_config.h"
 
 static void test_problem_is_deterministic(void **state) {
     (void)state;

@@ -17,7 +17,7 @@
 #include "testutil.h"
 #include "trill/error.h"
 #include "trill/fileio.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
 
 #ifndef TRILL_SOURCE_DIR
 #error "tests/CMakeLists.txt defines TRILL_SOURCE_DIR"

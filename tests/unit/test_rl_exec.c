@@ -21,7 +21,9 @@
 #include "trill/model.h"
 #include "trill/tokenizer.h"
 #include "testutil.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/rl_metrics.h"
+#include "trill/run.h"
 
 /* ---- metrics ---- */
 

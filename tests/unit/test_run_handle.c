@@ -17,7 +17,8 @@
 #include "testutil.h"
 #include "trill/fileio.h"
 #include "trill/model.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/run.h"
 
 enum { STEPS = 6 };
 

@@ -9,7 +9,8 @@
 #include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/reward.h"
-#include "trill/rl.h"
+#include "trill/eval.h"
+#include "trill/rl_config.h"
 #include "trill/timing.h"
 
 double trill_verify(trill_verifier v, const char *completion, const char *truth) {

@@ -7,7 +7,7 @@
  * walk reads the tree directly, so every error names the file, the line and the dotted key. */
 #include "trill/log.h"
 #include "base/alloc.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -10,7 +10,8 @@
 #include "trill/infer.h"
 #include "trill/lora.h"
 #include "trill/model.h"
-#include "trill/rl.h"
+#include "trill/eval.h"
+#include "trill/rl_config.h"
 #include "trill/tokenizer.h"
 
 typedef struct rl_generator rl_generator;

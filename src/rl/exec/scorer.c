@@ -9,6 +9,7 @@
 #include "base/alloc.h"
 #include "rl/reward/reward_process.h"
 #include "rl/exec/scorer.h"
+#include "trill/eval.h"
 #include "trill/reward.h"
 #include "trill/reward_model.h"
 

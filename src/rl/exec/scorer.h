@@ -10,7 +10,7 @@
 
 #include "rl/data/rollout.h"
 #include "trill/dataset.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
 
 typedef struct rl_scorer rl_scorer;
 

@@ -10,7 +10,8 @@
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/optim.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/rl_metrics.h"
 
 typedef struct rl_trainer rl_trainer;
 

@@ -13,7 +13,7 @@
 #include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/optim.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
 
 typedef struct rl_state {
     int step;            /* RL steps completed */

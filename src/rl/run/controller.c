@@ -30,7 +30,10 @@
 #include "trill/fileio.h"
 #include "base/json.h"
 #include "trill/lora.h"
-#include "trill/rl.h"
+#include "trill/eval.h"
+#include "trill/rl_config.h"
+#include "trill/rl_metrics.h"
+#include "trill/run.h"
 #include "trill/timing.h"
 
 /* ---- setup ---- */

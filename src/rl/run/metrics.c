@@ -4,7 +4,9 @@
 #include <stdio.h>
 
 #include "base/json.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/rl_metrics.h"
+#include "trill/run.h"
 
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 

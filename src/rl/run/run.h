@@ -24,7 +24,9 @@
 #include "trill/dist.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
-#include "trill/rl.h"
+#include "trill/rl_config.h"
+#include "trill/rl_metrics.h"
+#include "trill/run.h"
 
 typedef struct rl_remote rl_remote;
 
