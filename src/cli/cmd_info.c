@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/fileio.h"
 #include "trill/model.h"
 
-static const char USAGE[] = "trill info --model DIR\n  A folder with config.json alone (trill init --config-only) is described from its config.";
 
 /* "0-2 dense, 3 moe(0), 4 dense, 5-7 moe(1-3)": runs of the same kind, with MoE ordinals. */
 static void print_layer_map(const trill_config *c) {
@@ -72,17 +72,14 @@ static void describe(const char *dir, const trill_config *cfg) {
 }
 
 int cmd_info(int argc, char **argv) {
-    static const struct option opts[] = { { "model", required_argument, 0, 'm' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
     const char *dir = NULL;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'm') dir = optarg;
-        else if (c == 'h') { printf("usage: %s\n", USAGE); return 0; }
-        else return cli_usage_error("info", USAGE, "invalid option %s", argv[optind - 1]);
-    }
-    if (optind < argc) return cli_usage_error("info", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!dir) return cli_usage_error("info", USAGE, "--model DIR is required");
+    const cli_opt opts[] = { { "model", CLI_STR, "DIR", "the model folder (config.json and its weights, or config.json alone)", .str = &dir, .required = true } };
+    const cli_spec spec = { "info", NULL,
+                            "Architecture, layer map, parameters (total, active, by kind) and bytes of a model folder.\n"
+                            "A folder with config.json alone (trill init --config-only) is described from its config.",
+                            opts, 1 };
+    int first, rc = cli_parse(&spec, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     char *weights = trill_path_join(dir, "model.safetensors"), *index = trill_path_join(dir, "model.safetensors.index.json");
     const bool has_weights = weights && index && (trill_file_exists(weights) || trill_file_exists(index));
     free(weights);

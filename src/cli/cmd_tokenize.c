@@ -3,13 +3,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "base/json.h"
 #include "trill/tokenizer.h"
 
-static const char USAGE[] =
-    "trill tokenize --model DIR [--decode]\n"
-    "  Reads stdin: each text line becomes a JSON array of ids; with --decode each JSON\n"
-    "  array of ids becomes a text line. DIR needs only tokenizer.json.";
 
 static trill_status encode_line(const trill_tokenizer *tok, const char *line, size_t len) {
     int *ids;
@@ -50,21 +47,18 @@ static trill_status decode_line(const trill_tokenizer *tok, const char *line, si
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    static const struct option opts[] = {
-        { "model", required_argument, 0, 'm' }, { "decode", no_argument, 0, 'd' },
-        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
-    };
     const char *dir = NULL;
-    int decode = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'm') dir = optarg;
-        else if (c == 'd') decode = 1;
-        else if (c == 'h') { printf("usage: %s\n", USAGE); return 0; }
-        else return cli_usage_error("tokenize", USAGE, "invalid option %s", argv[optind - 1]);
-    }
-    if (optind < argc) return cli_usage_error("tokenize", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!dir) return cli_usage_error("tokenize", USAGE, "--model DIR is required");
+    bool decode = false;
+    const cli_opt opts[] = {
+        { "model", CLI_STR, "DIR", "the model folder (only its tokenizer.json is read)", .str = &dir, .required = true },
+        { "decode", CLI_FLAG, NULL, "JSON arrays of ids to text lines", .flag = &decode },
+    };
+    const cli_spec spec = { "tokenize", NULL,
+                            "Reads stdin: each text line becomes a JSON array of ids; with --decode each JSON\n"
+                            "array of ids becomes a text line.",
+                            opts, 2 };
+    int first, rc = cli_parse(&spec, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     trill_tokenizer *tok;
     if (trill_tokenizer_load(dir, &tok)) return cli_fail("tokenize");
     char *line = NULL;

@@ -36,8 +36,15 @@ expect_exit 2 'unknown preset "huge"' "$TRILL" init --out "$WORK/x" --preset hug
 expect_exit 2 'unknown config.json field "num_expert"' "$TRILL" init --out "$WORK/x" --set num_expert=4
 expect_exit 2 "--dtype: expected bf16 or f32" "$TRILL" init --out "$WORK/x" --dtype f64
 expect_exit 2 "--seed: expected an integer" "$TRILL" init --out "$WORK/x" --seed abc
-expect_exit 2 "--model DIR is required" "$TRILL" info
-expect_exit 2 "--model, --adapter and --out are required" "$TRILL" merge --model x
+expect_exit 2 "--model is required" "$TRILL" info
+expect_exit 2 "--adapter and --out are required" "$TRILL" merge --model x
+# the option tables' refusals (src/cli/opts.c): a choice, a missing argument, an unknown option, an extra argument
+expect_exit 2 '--verifier: expected numeric, exact or demo, got "x"' "$TRILL" eval --model a --data b --verifier x
+expect_exit 2 "--k needs an argument" "$TRILL" eval --model a --data b --k
+expect_exit 2 "--temperature: expected a number in [0, 100]" "$TRILL" eval --model a --data b --temperature -1
+expect_exit 2 "invalid option --bogus" "$TRILL" tokenize --bogus
+expect_exit 2 'unexpected argument "extra"' "$TRILL" info --model x extra
+expect_exit 2 "a run folder is required" "$TRILL" report
 expect_exit 2 "expected the benchmark name: train or generate" "$TRILL" bench
 check "bench --help" "$TRILL" bench train --help
 
