@@ -30,9 +30,6 @@ int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) __
 int cli_fail(const char *cmd);
 /* The job's ranks (trill/dist.h): one process unless started by mpirun/srun. */
 struct trill_comm *cli_world(void);
-/* getopt_long loop helper for an unknown option or missing argument. */
-int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out);
-int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out);
 
 /* SIGINT and SIGTERM (unless ignored when trill started) ask the run in progress to stop after
  * its current step and checkpoint it (trill_rl_request_stop); a second one ends the process at
@@ -46,7 +43,8 @@ int cli_stopped_status(void);
  * through `set` (NULL: trill_rl_config_set, a failure a usage error with its message). Returns 0
  * with *cfg to free, or the exit status with *cfg freed. */
 struct trill_rl_config;
-int cli_run_config(const char *cmd, const char *usage, int argc, char **argv, int first, int (*set)(struct trill_rl_config *, const char *),
-                   struct trill_rl_config *cfg);
+struct cli_spec;
+int cli_run_config(const struct cli_spec *spec, int argc, char **argv, int first,
+                   int (*set)(const struct cli_spec *, struct trill_rl_config *, const char *), struct trill_rl_config *cfg);
 
 #endif

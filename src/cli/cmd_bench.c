@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/dist.h"
 #include "trill/kernels.h"
 #include "trill/lora.h"
@@ -12,22 +13,6 @@
 #include "trill/rng.h"
 #include "trill/timing.h"
 #include "trill/train.h"
-
-static const char USAGE[] =
-    "trill bench train --model DIR [--lora|--full] [--rank R] [--batch B] [--seq L] [--runs N] [--recompute]\n"
-    "                  [--precision fp32|bf16] [--ep N | --tp N]\n"
-    "  Times forward + backward on B random sequences of L tokens (defaults: --lora, rank 16 on all\n"
-    "  linear layers, 8 x 512, 3 runs after a warm-up, fp32 matmuls) and a GEMM 2048^3 in the same\n"
-    "  precision for the peak; bf16 also prints the fp32 GEMM's, to compare.\n"
-    "  Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS,\n"
-    "  and the timed steps' minor page faults and system-time share.\n"
-    "  Under mpirun -np N the ranks share the batch (data parallelism: B/N sequences each, the\n"
-    "  gradients all-reduced every step) and it also prints the step's communication by kind and\n"
-    "  each rank's peak RSS and weight bytes. --ep N (LoRA): groups of N consecutive ranks split\n"
-    "  the routed experts (expert parallelism: each rank loads only its experts' tensors, tokens\n"
-    "  travel to their experts' ranks by all-to-all-v). --tp N (LoRA): groups of N consecutive\n"
-    "  ranks split the attention heads and dense MLPs (tensor parallelism) and share their\n"
-    "  sequences.";
 
 /* What the timed steps cost the process beyond their time: minor page faults, system and user
  * CPU seconds (getrusage deltas over the timed steps). */
@@ -237,70 +222,64 @@ static trill_status memory_of_ranks(trill_comm *world, const trill_model *m, uin
 
 /* trill bench train's options. */
 typedef struct bench_args {
-    trill_precision prec;
     const char *dir;
-    bool lora_mode, recompute;
+    bool lora, full, recompute;
+    int precision;                /* PRECISIONS */
     long long rank, batch, seq, runs, ep, tp;
 } bench_args;
 
-/* Parses argv (after "train") into *a: -1 to go on, else the exit code (usage, --help). */
-static int parse_args(int argc, char **argv, bench_args *a) {
-    static const struct option opts[] = {
-        { "model", required_argument, 0, 'm' }, { "lora", no_argument, 0, 'l' }, { "full", no_argument, 0, 'f' },
-        { "rank", required_argument, 0, 'r' }, { "batch", required_argument, 0, 'b' }, { "seq", required_argument, 0, 's' },
-        { "runs", required_argument, 0, 'n' }, { "recompute", no_argument, 0, 'c' }, { "precision", required_argument, 0, 'p' },
-        { "ep", required_argument, 0, 'e' }, { "tp", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
-    };
-    *a = (bench_args){ .prec = TRILL_PRECISION_FP32, .lora_mode = true, .rank = 16, .batch = 8, .seq = 512, .runs = 3, .ep = 1, .tp = 1 };
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case 'm': a->dir = optarg; break;
-        case 'l': a->lora_mode = true; break;
-        case 'f': a->lora_mode = false; break;
-        case 'c': a->recompute = true; break;
-        case 'r': bad = cli_parse_int("bench", USAGE, "--rank", optarg, 1, 4096, &a->rank); break;
-        case 'b': bad = cli_parse_int("bench", USAGE, "--batch", optarg, 1, 1024, &a->batch); break;
-        case 's': bad = cli_parse_int("bench", USAGE, "--seq", optarg, 2, 1 << 16, &a->seq); break;
-        case 'n': bad = cli_parse_int("bench", USAGE, "--runs", optarg, 1, 100, &a->runs); break;
-        case 'e': bad = cli_parse_int("bench", USAGE, "--ep", optarg, 1, 65536, &a->ep); break;
-        case 't': bad = cli_parse_int("bench", USAGE, "--tp", optarg, 1, 65536, &a->tp); break;
-        case 'p':
-            if (trill_precision_parse(optarg, &a->prec)) return cli_usage_error("bench", USAGE, "--precision %s: expected fp32 or bf16", optarg);
-            break;
-        case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("bench", USAGE, "invalid option %s", argv[optind - 1]);
-        }
-        if (bad) return EXIT_USAGE;
-    }
-    return -1;
-}
+static const char *const PRECISIONS[] = { "fp32", "bf16", NULL };
+static bench_args g_args = { .rank = 16, .batch = 8, .seq = 512, .runs = 3, .ep = 1, .tp = 1 };
+static const cli_opt OPTS[] = {
+    { "model", CLI_STR, "DIR", "the model folder", .str = &g_args.dir, .required = true },
+    { "lora", CLI_FLAG, NULL, "train LoRA adapters on every linear layer (the default)", .flag = &g_args.lora },
+    { "full", CLI_FLAG, NULL, "train every weight instead", .flag = &g_args.full },
+    { "rank", CLI_INT, "R", "the adapters' rank", .i = &g_args.rank, .min = 1, .max = 4096 },
+    { "batch", CLI_INT, "B", "sequences a step", .i = &g_args.batch, .min = 1, .max = 1024 },
+    { "seq", CLI_INT, "L", "tokens a sequence", .i = &g_args.seq, .min = 2, .max = 1 << 16 },
+    { "runs", CLI_INT, "N", "timed steps after a warm-up", .i = &g_args.runs, .min = 1, .max = 100 },
+    { "recompute", CLI_FLAG, NULL, "recompute each layer's forward in the backward instead of keeping it", .flag = &g_args.recompute },
+    { "precision", CLI_CHOICE, NULL, "the matmuls' precision", .choice = &g_args.precision, .choices = PRECISIONS },
+    { "ep", CLI_INT, "N", "LoRA: groups of N consecutive ranks split the routed experts", .i = &g_args.ep, .min = 1, .max = 65536 },
+    { "tp", CLI_INT, "N", "LoRA: groups of N consecutive ranks split the attention heads and dense MLPs", .i = &g_args.tp, .min = 1,
+      .max = 65536 },
+};
+static const cli_spec SPEC = { "bench train", NULL,
+                               "Times forward + backward on B random sequences of L tokens and a GEMM 2048^3 in the same\n"
+                               "precision for the peak; bf16 also prints the fp32 GEMM's, to compare.\n"
+                               "Prints tokens/s, GFLOP/s (FLOPs as done, see trill_train_step_flops), percent of peak, peak RSS,\n"
+                               "and the timed steps' minor page faults and system-time share.\n"
+                               "Under mpirun -np N the ranks share the batch (data parallelism: B/N sequences each, the\n"
+                               "gradients all-reduced every step) and it also prints the step's communication by kind and\n"
+                               "each rank's peak RSS and weight bytes. --ep: each rank loads only its experts' tensors, tokens\n"
+                               "travel to their experts' ranks by all-to-all-v. --tp: the group's ranks share their sequences.",
+                               OPTS, (int)(sizeof OPTS / sizeof OPTS[0]) };
+
+static const char BENCH_USAGE[] = "trill bench train|generate [options]   (trill bench train --help, trill bench generate --help)";
 
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
-        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("usage: %s\n", USAGE); return 0; }
-        return cli_usage_error("bench", USAGE, "expected the benchmark name: train or generate");
+        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("usage: %s\n", BENCH_USAGE); return 0; }
+        return cli_usage_error("bench", BENCH_USAGE, "expected the benchmark name: train or generate");
     }
-    bench_args args;
-    const int rc = parse_args(argc - 1, argv + 1, &args);
-    if (rc >= 0) return rc;
-    const trill_precision prec = args.prec;
-    const char *dir = args.dir;
-    const bool lora_mode = args.lora_mode, recompute = args.recompute;
-    const long long rank = args.rank, batch = args.batch, seq = args.seq, runs = args.runs, ep = args.ep, tp = args.tp;
-    if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
+    int first, rc = cli_parse(&SPEC, argc - 1, argv + 1, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (g_args.lora && g_args.full) return cli_spec_error(&SPEC, "--lora and --full exclude each other");
+    trill_precision prec;
+    if (trill_precision_parse(PRECISIONS[g_args.precision], &prec)) return cli_fail("bench");
+    const char *dir = g_args.dir;
+    const bool lora_mode = !g_args.full, recompute = g_args.recompute;
+    const long long rank = g_args.rank, batch = g_args.batch, seq = g_args.seq, runs = g_args.runs, ep = g_args.ep, tp = g_args.tp;
     trill_comm *world = cli_world();
     const int P = trill_comm_size(world), me = trill_comm_rank(world);
     const int D = P / (int)tp; /* data ranks: a tensor-parallel group is one */
-    if (ep > 1 && tp > 1) return cli_usage_error("bench", USAGE, "--ep %lld with --tp %lld: expert and tensor parallelism together are not built", ep, tp);
+    if (ep > 1 && tp > 1) return cli_spec_error(&SPEC, "--ep %lld with --tp %lld: expert and tensor parallelism together are not built", ep, tp);
     if (P % ep != 0 || P % tp != 0)
-        return cli_usage_error("bench", USAGE, "--%s %lld: the job's %d ranks are not groups of %lld", ep > 1 ? "ep" : "tp", ep > 1 ? ep : tp, P,
+        return cli_spec_error(&SPEC, "--%s %lld: the job's %d ranks are not groups of %lld", ep > 1 ? "ep" : "tp", ep > 1 ? ep : tp, P,
                                ep > 1 ? ep : tp);
-    if (batch < D) return cli_usage_error("bench", USAGE, "--batch %lld: fewer sequences than the job's %d ranks", batch, D);
-    if ((ep > 1 || tp > 1) && !lora_mode) return cli_usage_error("bench", USAGE, "--%s: model parallelism trains adapters (--lora)", ep > 1 ? "ep" : "tp");
+    if (batch < D) return cli_spec_error(&SPEC, "--batch %lld: fewer sequences than the job's %d ranks", batch, D);
+    if ((ep > 1 || tp > 1) && !lora_mode) return cli_spec_error(&SPEC, "--%s: model parallelism trains adapters (--lora)", ep > 1 ? "ep" : "tp");
     bench_ranks rk = { .world = world };
     const int d = me / (int)tp;
     trill_model *m = NULL;

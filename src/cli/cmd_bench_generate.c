@@ -5,23 +5,39 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/rng.h"
 #include "trill/timing.h"
 
-static const char USAGE[] =
-    "trill bench generate --model DIR [--dtypes bf16,int8] [--batches 1,16,64,256] [--prompt-len N] [--steps N] [--eplb]\n"
-    "  Decode tokens/s at each batch size and prefill tokens/s for each weight format, the adapter-mode\n"
-    "  slowdown (batch 1, 16 and 64, merged and adapter engines alternating 5 times) and the expert-capture\n"
-    "  one (batch 16), and beside them the memory bandwidth (a 512 MB copy on all threads) against the\n"
-    "  weight bytes a batch-1 decode step reads, and the format's compute peak\n"
-    "  against GFLOP/s at the largest batch. Random prompts; defaults: 64-token prompts, 16 timed steps.\n"
-    "  --eplb runs the experts through EPLB's workers (one replica per worker, re-planned every 16 steps)\n"
-    "  and prints the busiest worker's load over the mean for contiguous experts and for the plan.";
-
 enum { MAX_LIST = 8 };
+
+typedef struct gen_bench_args {
+    const char *dir, *dtypes, *batches;
+    long long prompt_len, steps;
+    bool eplb;
+} gen_bench_args;
+
+static gen_bench_args g_args = { .dtypes = "bf16,int8", .batches = "1,16,64,256", .prompt_len = 64, .steps = 16 };
+static const cli_opt OPTS[] = {
+    { "model", CLI_STR, "DIR", "the model folder", .str = &g_args.dir, .required = true },
+    { "dtypes", CLI_STR, "LIST", "weight formats, comma-separated (bf16, int8, f32)", .str = &g_args.dtypes },
+    { "batches", CLI_STR, "LIST", "decode batch sizes, comma-separated (at most 8, each in [1, 4096])", .str = &g_args.batches },
+    { "prompt-len", CLI_INT, "N", "tokens a random prompt", .i = &g_args.prompt_len, .min = 1, .max = 1 << 16 },
+    { "steps", CLI_INT, "N", "timed decode steps", .i = &g_args.steps, .min = 1, .max = 1 << 16 },
+    { "eplb", CLI_FLAG, NULL, "run the experts through EPLB's workers (one replica per worker, re-planned every 16 steps)",
+      .flag = &g_args.eplb },
+};
+static const cli_spec SPEC = { "bench generate", NULL,
+                               "Decode tokens/s at each batch size and prefill tokens/s for each weight format, the adapter-mode\n"
+                               "slowdown (batch 1, 16 and 64, merged and adapter engines alternating 5 times) and the expert-capture\n"
+                               "one (batch 16), and beside them the memory bandwidth (a 512 MB copy on all threads) against the\n"
+                               "weight bytes a batch-1 decode step reads, and the format's compute peak against GFLOP/s at the\n"
+                               "largest batch. Random prompts. --eplb also prints the busiest worker's load over the mean for\n"
+                               "contiguous experts and for the plan.",
+                               OPTS, (int)(sizeof OPTS / sizeof OPTS[0]) };
 
 /* Best of three copies of 512 MB (far beyond the caches) split across the threads, counting bytes read + written. */
 static double memory_bandwidth(void) {
@@ -56,7 +72,13 @@ static int parse_list(const char *text, const char *flag, int *out, int max, lon
     }
     for (char *tok = strtok_r(copy, ",", &save); tok && n < max; tok = strtok_r(NULL, ",", &save)) {
         long long v;
-        if (cli_parse_int("bench", USAGE, flag, tok, lo, hi, &v)) { free(copy); return -1; }
+        char *end;
+        v = strtoll(tok, &end, 10);
+        if (*tok == '\0' || *end != '\0' || v < lo || v > hi) {
+            cli_spec_error(&SPEC, "%s: expected integers in [%lld, %lld], got \"%s\"", flag, lo, hi, tok);
+            free(copy);
+            return -1;
+        }
         out[n++] = (int)v;
     }
     free(copy);
@@ -220,33 +242,14 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
 }
 
 int bench_generate(int argc, char **argv) {
-    static const struct option opts[] = {
-        { "model", required_argument, 0, 'm' }, { "dtypes", required_argument, 0, 'd' },   { "batches", required_argument, 0, 'b' },
-        { "prompt-len", required_argument, 0, 'p' }, { "steps", required_argument, 0, 's' }, { "eplb", no_argument, 0, 'e' },
-        { "help", no_argument, 0, 'h' },
-        { 0, 0, 0, 0 },
-    };
-    const char *dir = NULL, *dtypes = "bf16,int8";
-    int batches[MAX_LIST] = { 1, 16, 64, 256 }, n_batches = 4;
-    long long prompt_len = 64, steps = 16;
-    bool eplb = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case 'm': dir = optarg; break;
-        case 'd': dtypes = optarg; break;
-        case 'b': bad = (n_batches = parse_list(optarg, "--batches", batches, MAX_LIST, 1, 4096)) < 1; break;
-        case 'p': bad = cli_parse_int("bench", USAGE, "--prompt-len", optarg, 1, 1 << 16, &prompt_len); break;
-        case 's': bad = cli_parse_int("bench", USAGE, "--steps", optarg, 1, 1 << 16, &steps); break;
-        case 'e': eplb = true; break;
-        case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("bench", USAGE, "invalid option %s", argv[optind - 1]);
-        }
-        if (bad) return EXIT_USAGE;
-    }
-    if (!dir) return cli_usage_error("bench", USAGE, "--model DIR is required");
+    int first, rc = cli_parse(&SPEC, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    const char *dir = g_args.dir, *dtypes = g_args.dtypes;
+    const long long prompt_len = g_args.prompt_len, steps = g_args.steps;
+    const bool eplb = g_args.eplb;
+    int batches[MAX_LIST], n_batches = parse_list(g_args.batches, "--batches", batches, MAX_LIST, 1, 4096);
+    if (n_batches < 0) return EXIT_USAGE;
+    if (n_batches == 0) return cli_spec_error(&SPEC, "--batches: expected a comma-separated list of batch sizes");
     trill_gen_format formats[3];
     int n_formats = 0;
     char *copy = strdup(dtypes), *save = NULL;
@@ -257,7 +260,7 @@ int bench_generate(int argc, char **argv) {
     for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n_formats == 3 || trill_gen_format_parse(tok, &formats[n_formats])) {
             free(copy);
-            return cli_usage_error("bench", USAGE, "--dtypes: expected a list of bf16, int8, f32, got \"%s\"", dtypes);
+            return cli_spec_error(&SPEC, "--dtypes: expected a list of bf16, int8, f32, got \"%s\"", dtypes);
         }
         n_formats++;
     }

@@ -4,27 +4,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/infer.h"
 #include "base/json.h"
 #include "trill/model.h"
 #include "trill/timing.h"
 #include "trill/tokenizer.h"
-
-static const char USAGE[] =
-    "trill generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE.jsonl) [--n N] [--max-new-tokens N]\n"
-    "               [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--stop TEXT]...\n"
-    "               [--dtype bf16|int8|f32] [--capture-experts] [--json] [--kv-cache-mb MB] [--max-batch-tokens N]\n"
-    "               [--eplb] [--eplb-redundant N] [--eplb-workers N] [--eplb-window STEPS] [--eplb-interval STEPS]\n"
-    "  Generates N samples per prompt with the batched engine. --prompts reads one {\"prompt\": ...} per line.\n"
-    "  --adapter applies a PEFT LoRA adapter (a trill checkpoint's, or trill serve's saved weights) beside the weights.\n"
-    "  Plain output prints each completion; --json prints one object per sample: request, sample,\n"
-    "  prompt_tokens, tokens (generated), text, logprobs, versions, finish, and with --capture-experts\n"
-    "  experts ([token][moe_layer][k] logical ids of every forwarded token).\n"
-    "  Defaults: N 1, 64 new tokens, temperature 1 (0 = greedy), top-k 0 (off), top-p 1, min-p 0, seed 0,\n"
-    "  dtype bf16, KV cache 256 MB, 512 tokens per step. Stops at the model's eos_token_id and at --stop texts.\n"
-    "  --eplb balances the experts over workers (DeepSeek EPLB; the output is the same): --eplb-redundant extra\n"
-    "  slots per MoE layer (default one per worker), --eplb-workers (default the thread count), re-planned every\n"
-    "  --eplb-interval steps (16) from the last --eplb-window steps of routed load (64).";
 
 enum { MAX_STOPS = 16 };
 
@@ -137,65 +122,48 @@ typedef struct gen_args {
 
 /* -1 when the arguments are good, else the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, gen_args *g) {
-    static const struct option opts[] = {
-        { "model", required_argument, 0, 'm' },        { "prompt", required_argument, 0, 'p' },
-        { "prompts", required_argument, 0, 'f' },      { "n", required_argument, 0, 'N' },
-        { "max-new-tokens", required_argument, 0, 'n' }, { "temperature", required_argument, 0, 't' },
-        { "top-p", required_argument, 0, 'P' },        { "top-k", required_argument, 0, 'k' },
-        { "min-p", required_argument, 0, 'M' },        { "seed", required_argument, 0, 's' },
-        { "stop", required_argument, 0, 'S' },         { "dtype", required_argument, 0, 'd' },
-        { "capture-experts", no_argument, 0, 'c' },    { "json", no_argument, 0, 'j' },
-        { "kv-cache-mb", required_argument, 0, 'K' },  { "max-batch-tokens", required_argument, 0, 'B' },
-        { "eplb", no_argument, 0, 'E' },               { "eplb-redundant", required_argument, 0, 'R' },
-        { "eplb-workers", required_argument, 0, 'W' }, { "eplb-window", required_argument, 0, 'w' },
-        { "eplb-interval", required_argument, 0, 'I' }, { "adapter", required_argument, 0, 'a' },
-        { "help", no_argument, 0, 'h' },               { 0, 0, 0, 0 },
-    };
+    static const char *const DTYPES[] = { "bf16", "int8", "f32", NULL };
     *g = (gen_args){ .max_new = 64, .n_samples = 1, .temperature = 1, .top_p = 1, .cfg = trill_engine_config_default() };
     long long kv_mb = 256, batch_tokens = 512, eplb_redundant = -1, eplb_workers = 0, eplb_window = 64, eplb_interval = 16;
+    int dtype = 0;
     trill_engine_config *cfg = &g->cfg;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case 'm': g->dir = optarg; break;
-        case 'a': g->adapter = optarg; break;
-        case 'p': g->prompt = optarg; break;
-        case 'f': g->prompts_path = optarg; break;
-        case 'N': bad = cli_parse_int("generate", USAGE, "--n", optarg, 1, 1 << 16, &g->n_samples); break;
-        case 'n': bad = cli_parse_int("generate", USAGE, "--max-new-tokens", optarg, 1, 1 << 20, &g->max_new); break;
-        case 't': bad = cli_parse_double("generate", USAGE, "--temperature", optarg, 0, 100, &g->temperature); break;
-        case 'P': bad = cli_parse_double("generate", USAGE, "--top-p", optarg, 1e-9, 1, &g->top_p); break;
-        case 'k': bad = cli_parse_int("generate", USAGE, "--top-k", optarg, 0, 1 << 24, &g->top_k); break;
-        case 'M': bad = cli_parse_double("generate", USAGE, "--min-p", optarg, 0, 0.999999, &g->min_p); break;
-        case 's': bad = cli_parse_int("generate", USAGE, "--seed", optarg, 0, (long long)1 << 62, &g->seed); break;
-        case 'S':
-            if (g->n_stops == MAX_STOPS) return cli_usage_error("generate", USAGE, "--stop: at most %d stop texts", MAX_STOPS);
-            if (!*optarg) return cli_usage_error("generate", USAGE, "--stop: expected a non-empty text");
-            g->stops[g->n_stops++] = optarg;
-            break;
-        case 'd':
-            if (trill_gen_format_parse(optarg, &cfg->format))
-                return cli_usage_error("generate", USAGE, "--dtype: expected bf16, int8 or f32, got \"%s\"", optarg);
-            break;
-        case 'c': cfg->capture_experts = true; break;
-        case 'j': g->as_json = true; break;
-        case 'K': bad = cli_parse_int("generate", USAGE, "--kv-cache-mb", optarg, 1, 1 << 24, &kv_mb); break;
-        case 'B': bad = cli_parse_int("generate", USAGE, "--max-batch-tokens", optarg, 1, 1 << 20, &batch_tokens); break;
-        case 'E': cfg->eplb = true; break;
-        case 'R': bad = cli_parse_int("generate", USAGE, "--eplb-redundant", optarg, -1, 65535, &eplb_redundant); break;
-        case 'W': bad = cli_parse_int("generate", USAGE, "--eplb-workers", optarg, 0, 4096, &eplb_workers); break;
-        case 'w': bad = cli_parse_int("generate", USAGE, "--eplb-window", optarg, 1, 1 << 20, &eplb_window); break;
-        case 'I': bad = cli_parse_int("generate", USAGE, "--eplb-interval", optarg, 1, 1 << 20, &eplb_interval); break;
-        case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("generate", USAGE, "invalid option %s", argv[optind - 1]);
-        }
-        if (bad) return EXIT_USAGE;
-    }
-    if (optind < argc) return cli_usage_error("generate", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!g->dir || !g->prompt == !g->prompts_path)
-        return cli_usage_error("generate", USAGE, "--model DIR and one of --prompt TEXT or --prompts FILE are required");
+    const cli_opt opts[] = {
+        { "model", CLI_STR, "DIR", "the model folder", .str = &g->dir, .required = true },
+        { "adapter", CLI_STR, "DIR", "a PEFT LoRA adapter (a trill checkpoint's, or trill serve's saved weights)", .str = &g->adapter },
+        { "prompt", CLI_STR, "TEXT", "one prompt (or --prompts)", .str = &g->prompt },
+        { "prompts", CLI_STR, "FILE.jsonl", "one {\"prompt\": ...} a line (or --prompt)", .str = &g->prompts_path },
+        { "n", CLI_INT, "N", "samples per prompt", .i = &g->n_samples, .min = 1, .max = 1 << 16 },
+        { "max-new-tokens", CLI_INT, "N", "tokens generated at most per sample", .i = &g->max_new, .min = 1, .max = 1 << 20 },
+        { "temperature", CLI_DOUBLE, "T", "sampling temperature (0: greedy)", .d = &g->temperature, .dmin = 0, .dmax = 100 },
+        { "top-k", CLI_INT, "K", "keep the K most likely tokens (0: off)", .i = &g->top_k, .min = 0, .max = 1 << 24 },
+        { "top-p", CLI_DOUBLE, "P", "nucleus sampling", .d = &g->top_p, .dmin = 1e-9, .dmax = 1 },
+        { "min-p", CLI_DOUBLE, "P", "drop tokens below P times the most likely one's probability", .d = &g->min_p, .dmin = 0, .dmax = 0.999999 },
+        { "seed", CLI_INT, "S", "sampling seed", .i = &g->seed, .min = 0, .max = (long long)1 << 62 },
+        { "stop", CLI_LIST, "TEXT", "a stop text (repeatable; the model's eos_token_id always stops)", .str = g->stops, .count = &g->n_stops,
+          .max = MAX_STOPS },
+        { "dtype", CLI_CHOICE, NULL, "the weight format", .choice = &dtype, .choices = DTYPES },
+        { "capture-experts", CLI_FLAG, NULL, "record every forwarded token's routed experts (--json prints them)", .flag = &cfg->capture_experts },
+        { "json", CLI_FLAG, NULL, "one JSON object per sample instead of the completions", .flag = &g->as_json },
+        { "kv-cache-mb", CLI_INT, "MB", "the KV cache's size", .i = &kv_mb, .min = 1, .max = 1 << 24 },
+        { "max-batch-tokens", CLI_INT, "N", "tokens forwarded per engine step at most", .i = &batch_tokens, .min = 1, .max = 1 << 20 },
+        { "eplb", CLI_FLAG, NULL, "balance the experts over workers (DeepSeek EPLB; the output is the same)", .flag = &cfg->eplb },
+        { "eplb-redundant", CLI_INT, "N", "extra expert slots per MoE layer (-1: one per worker)", .i = &eplb_redundant, .min = -1, .max = 65535 },
+        { "eplb-workers", CLI_INT, "N", "EPLB's workers (0: the thread count)", .i = &eplb_workers, .min = 0, .max = 4096 },
+        { "eplb-window", CLI_INT, "STEPS", "the steps of routed load a plan is made from", .i = &eplb_window, .min = 1, .max = 1 << 20 },
+        { "eplb-interval", CLI_INT, "STEPS", "steps between plans", .i = &eplb_interval, .min = 1, .max = 1 << 20 },
+    };
+    const cli_spec spec = { "generate", NULL,
+                            "Generates N samples per prompt with the batched engine. Plain output prints each completion;\n"
+                            "--json prints one object per sample: request, sample, prompt_tokens, tokens (generated), text,\n"
+                            "logprobs, versions, finish, and with --capture-experts experts ([token][moe_layer][k] logical\n"
+                            "ids of every forwarded token).",
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
+    int first, rc = cli_parse(&spec, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (!g->prompt == !g->prompts_path) return cli_spec_error(&spec, "one of --prompt TEXT or --prompts FILE is required");
+    for (int i = 0; i < g->n_stops; i++)
+        if (!*g->stops[i]) return cli_spec_error(&spec, "--stop: expected a non-empty text");
+    if (trill_gen_format_parse(DTYPES[dtype], &cfg->format)) return cli_fail("generate");
     cfg->kv_cache_mb = (size_t)kv_mb;
     cfg->max_batch_tokens = (int)batch_tokens;
     cfg->eplb_redundant = (int)eplb_redundant;

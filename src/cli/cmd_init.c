@@ -4,29 +4,19 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/config.h"
 #include "base/json.h"
 #include "trill/fileio.h"
 #include "trill/model.h"
 
-static const char USAGE[] =
-    "trill init --out DIR [--preset NAME] [--set key=value ...] [--dtype bf16|f32] [--seed N] [--config-only]\n"
-    "  NAME: tiny, small (Qwen3-MoE), k2-tiny, dsv3-tiny, k2-small (DeepSeek-V3 / Kimi-K2 shapes),\n"
-    "  deepseek-v3, kimi-k2.\n"
-    "  Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and\n"
-    "  generation_config.json. --set overrides a config.json field (value parsed as JSON,\n"
-    "  else taken as a string), e.g. --set num_experts=16 --set 'mlp_only_layers=[0,1]'.\n"
-    "  --config-only writes config.json alone (for trill info and planning); deepseek-v3 and kimi-k2\n"
-    "  are those models' real configurations, config-only.\n"
-    "  Defaults: --preset tiny --dtype bf16 --seed 0.";
-
-static int apply_override(json_t *cfg, const char *kv) {
+static int apply_override(const cli_spec *spec, json_t *cfg, const char *kv) {
     const char *eq = strchr(kv, '=');
-    if (!eq || eq == kv) return cli_usage_error("init", USAGE, "--set: expected key=value, got \"%s\"", kv);
+    if (!eq || eq == kv) return cli_spec_error(spec, "--set: expected key=value, got \"%s\"", kv);
     char key[128];
     snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
     if (!trill_config_known_key(key))
-        return cli_usage_error("init", USAGE, "--set: unknown config.json field \"%s\"", key);
+        return cli_spec_error(spec, "--set: unknown config.json field \"%s\"", key);
     json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
     if (!value) value = json_string(eq + 1);
     json_object_set_new(cfg, key, value);
@@ -48,15 +38,15 @@ static int write_config_only(const char *out, const char *preset, const trill_co
 
 /* The preset's config.json with the --set overrides applied (an architectures list follows a
  * model_type set alone), parsed: 0, or the exit status after the error was printed. */
-static int preset_config(const char *preset, const char *const *sets, int n_sets, trill_config *config) {
+static int preset_config(const cli_spec *spec, const char *preset, const char *const *sets, int n_sets, trill_config *config) {
     char *preset_text = trill_config_preset_text(preset);
-    if (!preset_text) return cli_usage_error("init", USAGE, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
+    if (!preset_text) return cli_spec_error(spec, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
     json_t *cfg_json = json_loads(preset_text, 0, NULL);
     free(preset_text);
     if (!cfg_json) return cli_fail("init");
     bool set_type = false, set_archs = false;
     for (int i = 0; i < n_sets; i++) {
-        if (apply_override(cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
+        if (apply_override(spec, cfg_json, sets[i])) { json_decref(cfg_json); return EXIT_USAGE; }
         set_type |= strncmp(sets[i], "model_type=", 11) == 0;
         set_archs |= strncmp(sets[i], "architectures=", 14) == 0;
     }
@@ -71,48 +61,37 @@ static int preset_config(const char *preset, const char *const *sets, int n_sets
 }
 
 int cmd_init(int argc, char **argv) {
-    static const struct option opts[] = {
-        { "out", required_argument, 0, 'o' }, { "preset", required_argument, 0, 'p' },
-        { "set", required_argument, 0, 's' }, { "dtype", required_argument, 0, 'd' },
-        { "seed", required_argument, 0, 'S' }, { "config-only", no_argument, 0, 'C' },
-        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
-    };
-    const char *out = NULL, *preset = "tiny", *dtype_name = "bf16";
+    static const char *const DTYPES[] = { "bf16", "f32", NULL };
+    enum { MAX_SETS = 64 };
+    const char *out = NULL, *preset = "tiny", *sets[MAX_SETS];
     long long seed = 0;
     bool config_only = false;
-    enum { MAX_SETS = 64 };
-    const char *sets[MAX_SETS];
-    int n_sets = 0, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 'p': preset = optarg; break;
-        case 'd': dtype_name = optarg; break;
-        case 's':
-            if (n_sets == MAX_SETS) return cli_usage_error("init", USAGE, "at most %d --set options", MAX_SETS);
-            sets[n_sets++] = optarg;
-            break;
-        case 'S':
-            if (cli_parse_int("init", USAGE, "--seed", optarg, 0, (long long)1 << 62, &seed)) return EXIT_USAGE;
-            break;
-        case 'C': config_only = true; break;
-        case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("init", USAGE, "invalid option %s", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("init", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!out) return cli_usage_error("init", USAGE, "--out DIR is required");
-    trill_dtype dtype;
-    if (strcmp(dtype_name, "bf16") == 0) dtype = TRILL_BF16;
-    else if (strcmp(dtype_name, "f32") == 0) dtype = TRILL_F32;
-    else return cli_usage_error("init", USAGE, "--dtype: expected bf16 or f32, got \"%s\"", dtype_name);
+    int dtype_i = 0, n_sets = 0;
+    const cli_opt opts[] = {
+        { "out", CLI_STR, "DIR", "where the model is written", .str = &out, .required = true },
+        { "preset", CLI_STR, "NAME", "tiny, small (Qwen3-MoE), k2-tiny, dsv3-tiny, k2-small (DeepSeek-V3 / Kimi-K2 shapes), deepseek-v3, kimi-k2",
+          .str = &preset },
+        { "set", CLI_LIST, "key=value", "override a config.json field (value parsed as JSON, else a string; repeatable)", .str = sets, .count = &n_sets,
+          .max = MAX_SETS },
+        { "dtype", CLI_CHOICE, NULL, "the weights' dtype", .choice = &dtype_i, .choices = DTYPES },
+        { "seed", CLI_INT, "N", "the initialisation's seed", .i = &seed, .min = 0, .max = (long long)1 << 62 },
+        { "config-only", CLI_FLAG, NULL, "write config.json alone (for trill info and planning)", .flag = &config_only },
+    };
+    const cli_spec spec = { "init", NULL,
+                            "Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json and\n"
+                            "generation_config.json, e.g. --set num_experts=16 --set 'mlp_only_layers=[0,1]'.\n"
+                            "deepseek-v3 and kimi-k2 are those models' real configurations, config-only.",
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
+    int first, rc0 = cli_parse(&spec, argc, argv, &first);
+    if (rc0) return rc0 == CLI_HELP_SHOWN ? 0 : rc0;
+    const trill_dtype dtype = dtype_i == 0 ? TRILL_BF16 : TRILL_F32;
+    const char *dtype_name = DTYPES[dtype_i];
     trill_config config;
-    int rc = preset_config(preset, sets, n_sets, &config);
+    int rc = preset_config(&spec, preset, sets, n_sets, &config);
     if (rc) return rc;
     if (config_only) return write_config_only(out, preset, &config);
     if (trill_config_preset_is_real(preset))
-        return cli_usage_error("init", USAGE, "--preset %s is the real model's configuration, too large to create here: add --config-only", preset);
+        return cli_spec_error(&spec, "--preset %s is the real model's configuration, too large to create here: add --config-only", preset);
     if (config.vocab_size < 98) {
         trill_error(TRILL_ERR_INVALID, "vocab_size %d is smaller than the 98 ids of the character-level tokenizer", config.vocab_size);
         return cli_fail("init");

@@ -4,16 +4,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/fileio.h"
 #include "base/json.h"
 #include "trill/model.h"
 #include "trill/tokenizer.h"
 
-static const char USAGE[] =
-    "trill score --model DIR --input IN.jsonl [--output OUT.jsonl]\n"
-    "  Input lines: {\"tokens\": [ids]} or {\"text\": \"...\"} (text needs DIR/tokenizer.json).\n"
-    "  Output lines: {\"tokens\", \"logprobs\" (first null; entry t = log p(token t | tokens < t)),\n"
-    "  \"experts\" ([token][moe_layer][k], descending router weight)}. Default output: stdout.";
 
 enum { BATCH_TOKENS = 4096, BATCH_SEQS = 64 };
 
@@ -118,24 +114,19 @@ static trill_status flush_batch(FILE *out, const trill_model *m, batch *b) {
 }
 
 int cmd_score(int argc, char **argv) {
-    static const struct option opts[] = {
-        { "model", required_argument, 0, 'm' }, { "input", required_argument, 0, 'i' },
-        { "output", required_argument, 0, 'o' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
-    };
     const char *dir = NULL, *input = NULL, *output = NULL;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': dir = optarg; break;
-        case 'i': input = optarg; break;
-        case 'o': output = optarg; break;
-        case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("score", USAGE, "invalid option %s", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("score", USAGE, "unexpected argument \"%s\"", argv[optind]);
-    if (!dir || !input) return cli_usage_error("score", USAGE, "--model DIR and --input FILE are required");
+    const cli_opt opts[] = {
+        { "model", CLI_STR, "DIR", "the model folder", .str = &dir, .required = true },
+        { "input", CLI_STR, "IN.jsonl", "token sequences or texts, one JSON object a line", .str = &input, .required = true },
+        { "output", CLI_STR, "OUT.jsonl", "where the results go, written atomically (default: stdout)", .str = &output, .no_default = true },
+    };
+    const cli_spec spec = { "score", NULL,
+                            "Input lines: {\"tokens\": [ids]} or {\"text\": \"...\"} (text needs DIR/tokenizer.json).\n"
+                            "Output lines: {\"tokens\", \"logprobs\" (first null; entry t = log p(token t | tokens < t)),\n"
+                            "\"experts\" ([token][moe_layer][k], descending router weight)}.",
+                            opts, 3 };
+    int first, rc = cli_parse(&spec, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
 
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("score");

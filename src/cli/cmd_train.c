@@ -4,22 +4,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/dist.h"
 #include "trill/rl_config.h"
 #include "trill/run.h"
-
-static const char USAGE[] =
-    "trill train [CONFIG.yaml] [section.key=value ...] [--resume DIR|auto] [--print-config] [--config-reference]\n"
-    "  Runs GRPO-family RL with LoRA on an MoE model: rollouts from the generator engine, rewards,\n"
-    "  group advantages, the trainer's log-probs (router replay, TIS/MIS corrections), LoRA updates\n"
-    "  and a weight sync each step. With no CONFIG it runs the embedded demo (a tiny MoE learning\n"
-    "  addition: SFT warm start, cached, then RL). Overrides use the config's dotted keys, e.g.\n"
-    "  algo.loss=gspo trainer.lr=1e-4 generator.dtype=f32 'correction.mis=[0.5, 5]'. mode=async runs generator,\n"
-    "  rewards and trainer at the same time on their own cores (async.max_staleness, resources.*).\n"
-    "  --print-config prints the resolved config and exits; --config-reference prints every key.\n"
-    "  Ctrl-C (SIGINT) or SIGTERM: the current step finishes and is checkpointed, then it exits with\n"
-    "  128 + the signal (a second signal quits at once); resume=auto continues the run.\n"
-    "  Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).";
 
 static void print_progress(void *ctx, const trill_run_status *status, const char *line) {
     (void)ctx;
@@ -44,30 +32,34 @@ static trill_status run(const trill_rl_config *cfg, trill_rl_result *res) {
 }
 
 int cmd_train(int argc, char **argv) {
-    static const struct option opts[] = {
-        { "resume", required_argument, 0, 'r' }, { "print-config", no_argument, 0, 'p' },
-        { "config-reference", no_argument, 0, 'R' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
-    };
     const char *resume = NULL;
-    bool print_only = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'r': resume = optarg; break;
-        case 'p': print_only = true; break;
-        case 'R': return trill_rl_config_reference(stdout) ? cli_fail("train") : 0;
-        case 'h': printf("usage: %s\n", USAGE); return 0;
-        default: return cli_usage_error("train", USAGE, "invalid option %s", argv[optind - 1]);
-        }
-    }
+    bool print_only = false, reference = false;
+    const cli_opt opts[] = {
+        { "resume", CLI_STR, "DIR|auto", "the same as the key resume: a checkpoint folder, or auto (run_dir's latest)", .str = &resume },
+        { "print-config", CLI_FLAG, NULL, "print the resolved config and exit", .flag = &print_only },
+        { "config-reference", CLI_FLAG, NULL, "print every key (docs/config.md) and exit", .flag = &reference },
+    };
+    const cli_spec spec = { "train", "[CONFIG.yaml] [section.key=value ...]",
+                            "Runs GRPO-family RL with LoRA on an MoE model: rollouts from the generator engine, rewards,\n"
+                            "group advantages, the trainer's log-probs (router replay, TIS/MIS corrections), LoRA updates\n"
+                            "and a weight sync each step. With no CONFIG it runs the embedded demo (a tiny MoE learning\n"
+                            "addition: SFT warm start, cached, then RL). Overrides use the config's dotted keys, e.g.\n"
+                            "algo.loss=gspo trainer.lr=1e-4 generator.dtype=f32 'correction.mis=[0.5, 5]'. mode=async runs generator,\n"
+                            "rewards and trainer at the same time on their own cores (async.max_staleness, resources.*).\n"
+                            "Ctrl-C (SIGINT) or SIGTERM: the current step finishes and is checkpointed, then it exits with\n"
+                            "128 + the signal (a second signal quits at once); resume=auto continues the run.\n"
+                            "Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).",
+                            opts, 3 };
+    int first, rc = cli_parse(&spec, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (reference) return trill_rl_config_reference(stdout) ? cli_fail("train") : 0;
     trill_rl_config cfg;
-    int rc = cli_run_config("train", USAGE, argc, argv, optind, NULL, &cfg);
+    rc = cli_run_config(&spec, argc, argv, first, NULL, &cfg);
     if (rc) return rc;
     if (!rc && resume) {
         char arg[4200];
         snprintf(arg, sizeof arg, "resume=%s", resume);
-        if (trill_rl_config_set(&cfg, arg)) rc = cli_usage_error("train", USAGE, "%s", trill_error_message());
+        if (trill_rl_config_set(&cfg, arg)) rc = cli_spec_error(&spec, "%s", trill_error_message());
     }
     if (!rc && trill_rl_config_validate(&cfg)) rc = cli_fail("train");
     if (!rc && print_only) {

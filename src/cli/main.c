@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "opts.h"
 #include "trill/dist.h"
 #include "trill/kernels.h"
 #include "trill/rl_config.h"
@@ -89,24 +90,6 @@ int cli_fail(const char *cmd) {
     return 1;
 }
 
-int cli_parse_int(const char *cmd, const char *usage, const char *flag, const char *text, long long min, long long max, long long *out) {
-    char *end;
-    long long v = strtoll(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || v < min || v > max)
-        return cli_usage_error(cmd, usage, "%s: expected an integer in [%lld, %lld], got \"%s\"", flag, min, max, text);
-    *out = v;
-    return 0;
-}
-
-int cli_parse_double(const char *cmd, const char *usage, const char *flag, const char *text, double min, double max, double *out) {
-    char *end;
-    double v = strtod(text, &end);
-    if (*text == '\0' || *end != '\0' || !(v >= min && v <= max))
-        return cli_usage_error(cmd, usage, "%s: expected a number in [%g, %g], got \"%s\"", flag, min, max, text);
-    *out = v;
-    return 0;
-}
-
 int main(int argc, char **argv) {
     /* a file grown past RLIMIT_FSIZE fails with EFBIG (an error naming the file) instead of
      * killing the process mid-write */
@@ -147,18 +130,18 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
 }
 
-int cli_run_config(const char *cmd, const char *usage, int argc, char **argv, int first, int (*set)(trill_rl_config *, const char *),
+int cli_run_config(const cli_spec *spec, int argc, char **argv, int first, int (*set)(const cli_spec *, trill_rl_config *, const char *),
                    trill_rl_config *cfg) {
-    if (trill_rl_config_defaults(cfg)) return cli_fail(cmd);
+    if (trill_rl_config_defaults(cfg)) return cli_fail(spec->cmd);
     int rc = 0;
     if (first < argc && !strchr(argv[first], '=')) {
-        if (trill_rl_config_load(cfg, argv[first])) rc = cli_fail(cmd);
+        if (trill_rl_config_load(cfg, argv[first])) rc = cli_fail(spec->cmd);
         first++;
     }
     for (int i = first; i < argc && !rc; i++) {
-        if (!strchr(argv[i], '=')) rc = cli_usage_error(cmd, usage, "expected section.key=value, got \"%s\"", argv[i]);
-        else if (set) rc = set(cfg, argv[i]);
-        else if (trill_rl_config_set(cfg, argv[i])) rc = cli_usage_error(cmd, usage, "%s", trill_error_message());
+        if (!strchr(argv[i], '=')) rc = cli_spec_error(spec, "expected section.key=value, got \"%s\"", argv[i]);
+        else if (set) rc = set(spec, cfg, argv[i]);
+        else if (trill_rl_config_set(cfg, argv[i])) rc = cli_spec_error(spec, "%s", trill_error_message());
     }
     if (rc) trill_rl_config_free(cfg);
     return rc;

@@ -40,11 +40,10 @@ static void usage_item(const cli_opt *o, char *out, size_t size) {
 void cli_usage_line(const cli_spec *spec, char *out, size_t size) {
     size_t at = (size_t)snprintf(out, size, "trill %s", spec->cmd), line = 0;
     const size_t indent = at + 1;
-    for (int i = 0; i <= spec->n_opts && at < size; i++) {
+    for (int i = spec->args ? -1 : 0; i < spec->n_opts && at < size; i++) { /* the positional arguments first */
         char item[320];
-        if (i < spec->n_opts) usage_item(&spec->opts[i], item, sizeof item);
-        else if (spec->args) snprintf(item, sizeof item, "%s", spec->args);
-        else break;
+        if (i < 0) snprintf(item, sizeof item, "%s", spec->args);
+        else usage_item(&spec->opts[i], item, sizeof item);
         if (at - line + 1 + strlen(item) > WRAP) { /* a new line, indented under the first option */
             at += (size_t)snprintf(out + at, size - at, "\n%*s", (int)indent, "");
             line = at - indent;
@@ -69,6 +68,21 @@ static void default_of(const cli_opt *o, char *out, size_t size) {
     }
 }
 
+/* "  HEAD                     text", the text's words wrapped at WRAP columns under its first. */
+static void print_wrapped(FILE *f, const char *head, const char *text) {
+    enum { COL = 27 };
+    int col = fprintf(f, "  %-24s ", head);
+    for (const char *p = text; *p;) {
+        const size_t n = strcspn(p, " ");
+        if (col > COL && col + 1 + (int)n > WRAP) col = fprintf(f, "\n%*s", COL, "") - 1;
+        else if (col > COL) col += fprintf(f, " ");
+        col += fprintf(f, "%.*s", (int)n, p);
+        p += n;
+        p += strspn(p, " ");
+    }
+    fprintf(f, "\n");
+}
+
 void cli_print_help(const cli_spec *spec, FILE *f) {
     char usage[4096];
     cli_usage_line(spec, usage, sizeof usage);
@@ -86,11 +100,11 @@ void cli_print_help(const cli_spec *spec, FILE *f) {
         arg_text(o, arg, sizeof arg);
         snprintf(head, sizeof head, "--%s%s%s", o->name, arg[0] ? " " : "", arg);
         default_of(o, def, sizeof def);
-        if (strlen(head) > 24) fprintf(f, "  %s\n  %-24s %s", head, "", o->help); /* a long head on a line of its own */
-        else fprintf(f, "  %-24s %s", head, o->help);
-        if (o->required) fprintf(f, " (required)");
-        if (def[0]) fprintf(f, " (default: %s)", def);
-        fprintf(f, "\n");
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s%s%s%s", o->help, o->required ? " (required)" : "", def[0] ? " (default: " : "", def,
+                 def[0] ? ")" : "");
+        if (strlen(head) > 24) fprintf(f, "  %s\n", head); /* a long head on a line of its own */
+        print_wrapped(f, strlen(head) > 24 ? "" : head, text);
     }
 }
 

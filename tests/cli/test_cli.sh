@@ -31,7 +31,7 @@ for cmd in init info score generate tokenize merge sft; do
 done
 expect_exit 2 "usage: trill COMMAND" "$TRILL"
 expect_exit 2 'unknown command "frobnicate"' "$TRILL" frobnicate
-expect_exit 2 "--out DIR is required" "$TRILL" init
+expect_exit 2 "--out is required" "$TRILL" init
 expect_exit 2 'unknown preset "huge"' "$TRILL" init --out "$WORK/x" --preset huge
 expect_exit 2 'unknown config.json field "num_expert"' "$TRILL" init --out "$WORK/x" --set num_expert=4
 expect_exit 2 "--dtype: expected bf16 or f32" "$TRILL" init --out "$WORK/x" --dtype f64
