@@ -257,29 +257,81 @@ static const cli_spec SPEC = { "bench train", NULL,
 
 static const char BENCH_USAGE[] = "trill bench train|generate [options]   (trill bench train --help, trill bench generate --help)";
 
+/* A step's buffers: random tokens, B sequences of L, the loss's gradient (a mean cross-entropy),
+ * the gradients (the adapters' or every weight's), the timings and every rank's memory figures;
+ * with --ep the experts' gradient parts. */
+typedef struct bench_bufs {
+    int *tokens, *offsets;
+    float *lp, *dlp, *grads, *lgrads;
+    size_t n_lora;
+    double *times;
+    uint64_t *rss, *bytes;
+} bench_bufs;
+
+static void bufs_free(bench_bufs *b) {
+    free(b->tokens); free(b->offsets); free(b->lp); free(b->dlp); free(b->grads); free(b->lgrads); free(b->times); free(b->rss);
+    free(b->bytes);
+}
+
+static trill_status bufs_alloc(bench_bufs *b, const trill_model *m, trill_lora *lora, bench_ranks *rk, int P) {
+    const long long batch = g_args.batch, seq = g_args.seq;
+    const int T = (int)(batch * seq);
+    b->tokens = malloc(sizeof(int) * T);
+    b->offsets = malloc(sizeof(int) * (batch + 1));
+    b->lp = malloc(sizeof(float) * T);
+    b->dlp = malloc(sizeof(float) * T);
+    if (g_args.full) b->grads = calloc(trill_model_n_params(m), sizeof(float));
+    else trill_lora_params(lora, &b->n_lora), b->lgrads = calloc(b->n_lora, sizeof(float));
+    b->times = malloc(sizeof(double) * g_args.runs);
+    b->rss = calloc((size_t)P, sizeof(uint64_t));
+    b->bytes = calloc((size_t)P, sizeof(uint64_t));
+    trill_status st = b->tokens && b->offsets && b->lp && b->dlp && b->times && b->rss && b->bytes && (b->grads || b->lgrads)
+                          ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && rk->ep) {
+        rk->routed = trill_lora_routed_first(lora);
+        if (!(rk->src = calloc((size_t)g_args.ep, sizeof *rk->src))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        for (int j = 0; !st && j < g_args.ep; j++)
+            if (!(rk->src[j] = calloc(b->n_lora - rk->routed + 1, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    const int vocab = trill_model_config(m)->vocab_size;
+    for (int t = 0; !st && t < T; t++) {
+        b->tokens[t] = (int)(trill_rng_bits(12345, (uint64_t)t) % (uint64_t)vocab);
+        b->dlp[t] = -1.0f / (float)T; /* mean cross-entropy */
+    }
+    for (int s = 0; !st && s <= batch; s++) b->offsets[s] = s * (int)seq;
+    return st;
+}
+
+/* trill bench train's options against the job's P ranks: 0, or the exit status. */
+static int check_args(int P) {
+    const long long ep = g_args.ep, tp = g_args.tp;
+    if (g_args.lora && g_args.full) return cli_spec_error(&SPEC, "--lora and --full exclude each other");
+    if (ep > 1 && tp > 1) return cli_spec_error(&SPEC, "--ep %lld with --tp %lld: expert and tensor parallelism together are not built", ep, tp);
+    if (P % ep != 0 || P % tp != 0)
+        return cli_spec_error(&SPEC, "--%s %lld: the job's %d ranks are not groups of %lld", ep > 1 ? "ep" : "tp", ep > 1 ? ep : tp, P,
+                               ep > 1 ? ep : tp);
+    if (g_args.batch < P / tp) return cli_spec_error(&SPEC, "--batch %lld: fewer sequences than the job's %lld ranks", g_args.batch, P / tp);
+    if ((ep > 1 || tp > 1) && g_args.full) return cli_spec_error(&SPEC, "--%s: model parallelism trains adapters (--lora)", ep > 1 ? "ep" : "tp");
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("usage: %s\n", BENCH_USAGE); return 0; }
         return cli_usage_error("bench", BENCH_USAGE, "expected the benchmark name: train or generate");
     }
+    trill_comm *world = cli_world();
+    const int P = trill_comm_size(world), me = trill_comm_rank(world);
     int first, rc = cli_parse(&SPEC, argc - 1, argv + 1, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
-    if (g_args.lora && g_args.full) return cli_spec_error(&SPEC, "--lora and --full exclude each other");
+    if ((rc = check_args(P))) return rc;
     trill_precision prec;
     if (trill_precision_parse(PRECISIONS[g_args.precision], &prec)) return cli_fail("bench");
     const char *dir = g_args.dir;
     const bool lora_mode = !g_args.full, recompute = g_args.recompute;
     const long long rank = g_args.rank, batch = g_args.batch, seq = g_args.seq, runs = g_args.runs, ep = g_args.ep, tp = g_args.tp;
-    trill_comm *world = cli_world();
-    const int P = trill_comm_size(world), me = trill_comm_rank(world);
     const int D = P / (int)tp; /* data ranks: a tensor-parallel group is one */
-    if (ep > 1 && tp > 1) return cli_spec_error(&SPEC, "--ep %lld with --tp %lld: expert and tensor parallelism together are not built", ep, tp);
-    if (P % ep != 0 || P % tp != 0)
-        return cli_spec_error(&SPEC, "--%s %lld: the job's %d ranks are not groups of %lld", ep > 1 ? "ep" : "tp", ep > 1 ? ep : tp, P,
-                               ep > 1 ? ep : tp);
-    if (batch < D) return cli_spec_error(&SPEC, "--batch %lld: fewer sequences than the job's %d ranks", batch, D);
-    if ((ep > 1 || tp > 1) && !lora_mode) return cli_spec_error(&SPEC, "--%s: model parallelism trains adapters (--lora)", ep > 1 ? "ep" : "tp");
     bench_ranks rk = { .world = world };
     const int d = me / (int)tp;
     trill_model *m = NULL;
@@ -288,27 +340,13 @@ int cmd_bench(int argc, char **argv) {
         bench_ranks_free(&rk, (int)ep);
         return cli_fail("bench");
     }
-    const trill_config *cfg = trill_model_config(m);
-    const int T = (int)(batch * seq);
-    int *tokens = malloc(sizeof(int) * T), *offsets = malloc(sizeof(int) * (batch + 1));
-    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
-    float *grads = lora_mode ? NULL : calloc(trill_model_n_params(m), sizeof(float)), *lgrads = NULL;
-    size_t n_lora = 0;
-    if (lora_mode) { trill_lora_params(lora, &n_lora); lgrads = calloc(n_lora, sizeof(float)); }
-    double *times = malloc(sizeof(double) * runs);
-    uint64_t *rss = calloc((size_t)P, sizeof(uint64_t)), *bytes = calloc((size_t)P, sizeof(uint64_t));
-    trill_status st = tokens && offsets && lp && dlp && times && rss && bytes && (grads || lgrads) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st && rk.ep) {
-        rk.routed = trill_lora_routed_first(lora);
-        if (!(rk.src = calloc((size_t)ep, sizeof *rk.src))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        for (int j = 0; !st && j < ep; j++)
-            if (!(rk.src[j] = calloc(n_lora - rk.routed + 1, sizeof(float)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    }
-    for (int t = 0; !st && t < T; t++) {
-        tokens[t] = (int)(trill_rng_bits(12345, (uint64_t)t) % (uint64_t)cfg->vocab_size);
-        dlp[t] = -1.0f / (float)T; /* mean cross-entropy */
-    }
-    for (int s = 0; !st && s <= batch; s++) offsets[s] = s * (int)seq;
+    bench_bufs bb = { 0 };
+    trill_status st = bufs_alloc(&bb, m, lora, &rk, P);
+    int *tokens = bb.tokens, *offsets = bb.offsets;
+    float *lp = bb.lp, *dlp = bb.dlp, *grads = bb.grads, *lgrads = bb.lgrads;
+    const size_t n_lora = bb.n_lora;
+    double *times = bb.times;
+    uint64_t *rss = bb.rss, *bytes = bb.bytes;
     /* this data rank's share of the sequences (all of them on one process) */
     const int s0 = (int)(batch * d / D), s1 = (int)(batch * (d + 1) / D);
     double peak = 0;
@@ -331,7 +369,7 @@ int cmd_bench(int argc, char **argv) {
     trill_model_set_tensor_comm(m, NULL);
     trill_lora_free(lora);
     bench_ranks_free(&rk, (int)ep);
-    free(tokens); free(offsets); free(lp); free(dlp); free(grads); free(lgrads); free(times); free(rss); free(bytes);
+    bufs_free(&bb);
     trill_model_free(m);
     return st ? cli_fail("bench") : 0;
 }

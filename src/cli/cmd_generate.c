@@ -173,6 +173,29 @@ static int parse_args(int argc, char **argv, gen_args *g) {
     return -1;
 }
 
+/* Every prompt to the engine, with the samples and sampling the options ask for. */
+static trill_status submit_prompts(trill_engine *e, const trill_tokenizer *tok, const trill_config *mc, const char *const *texts, int n_prompts,
+                                   const gen_args *g) {
+    trill_status st = TRILL_OK;
+    for (int i = 0; !st && i < n_prompts; i++) {
+        int *ids = NULL;
+        size_t n = 0;
+        if ((st = trill_tokenizer_encode(tok, texts[i], strlen(texts[i]), false, &ids, &n))) break;
+        if (n == 0) st = trill_error(TRILL_ERR_INVALID, "prompt %d encodes to no tokens", i);
+        trill_request r = { .id = (uint64_t)i, .prompt = ids, .prompt_len = (int)n, .n = (int)g->n_samples, .max_new_tokens = (int)g->max_new,
+                            .stop_ids = mc->eos_token_ids, .n_stop_ids = mc->n_eos, .stop_strings = g->stops, .n_stop_strings = g->n_stops };
+        r.sampling = trill_sampling_default();
+        r.sampling.temperature = (float)g->temperature;
+        r.sampling.top_k = (int)g->top_k;
+        r.sampling.top_p = (float)g->top_p;
+        r.sampling.min_p = (float)g->min_p;
+        r.sampling.seed = (uint64_t)g->seed;
+        if (!st) st = trill_engine_submit(e, &r);
+        free(ids);
+    }
+    return st;
+}
+
 int cmd_generate(int argc, char **argv) {
     gen_args g;
     const int rc = parse_args(argc, argv, &g);
@@ -200,22 +223,7 @@ int cmd_generate(int argc, char **argv) {
                 trill_engine_weight_bytes(e) / 1e6, trill_now() - t_load, trill_engine_kv_bytes(e) / 1e6);
     const trill_config *mc = m ? trill_model_config(m) : NULL;
     int total_tokens = 0;
-    for (int i = 0; !st && i < n_prompts; i++) {
-        int *ids = NULL;
-        size_t n = 0;
-        if ((st = trill_tokenizer_encode(tok, texts[i], strlen(texts[i]), false, &ids, &n))) break;
-        if (n == 0) st = trill_error(TRILL_ERR_INVALID, "prompt %d encodes to no tokens", i);
-        trill_request r = { .id = (uint64_t)i, .prompt = ids, .prompt_len = (int)n, .n = (int)g.n_samples, .max_new_tokens = (int)g.max_new,
-                            .stop_ids = mc->eos_token_ids, .n_stop_ids = mc->n_eos, .stop_strings = g.stops, .n_stop_strings = g.n_stops };
-        r.sampling = trill_sampling_default();
-        r.sampling.temperature = (float)g.temperature;
-        r.sampling.top_k = (int)g.top_k;
-        r.sampling.top_p = (float)g.top_p;
-        r.sampling.min_p = (float)g.min_p;
-        r.sampling.seed = (uint64_t)g.seed;
-        if (!st) st = trill_engine_submit(e, &r);
-        free(ids);
-    }
+    if (!st) st = submit_prompts(e, tok, mc, (const char *const *)texts, n_prompts, &g);
     const double t0 = trill_now();
     int steps = 0, generated = 0;
     while (!st && trill_engine_busy(e)) {

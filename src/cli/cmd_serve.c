@@ -100,6 +100,32 @@ static void print_routes(void) {
         printf("%s /api/v1%s%s\n", method, path, authenticated ? "" : " public");
 }
 
+/* Serves until SIGINT/SIGTERM or max_seconds; the exit status. */
+static int run_server(const trill_serve_config *c, double max_seconds) {
+    /* a connection is a file descriptor: as many as the hard limit allows (trill_serve serves fewer when that is short) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    struct sigaction sa = { .sa_handler = on_signal };
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    return trill_serve(c, &g_stop, max_seconds) ? cli_fail("serve") : 0;
+}
+
+/* "HOST:PORT" into host and *port: 0, or -1 when it is not that. */
+static int split_listen(const char *listen, char *host, size_t size, int *port) {
+    const char *colon = strrchr(listen, ':');
+    char *end = NULL;
+    const long p = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == listen || (size_t)(colon - listen) >= size || !end || *end || colon[1] == '\0' || p < 0 || p > 65535) return -1;
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "keys") == 0) return keys(argc - 1, argv + 1);
     trill_serve_config c = trill_serve_config_default();
@@ -137,14 +163,8 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     if (!models_arg || !c.state_dir) return cli_spec_error(&spec, "--models and --state are needed");
-    const char *colon = strrchr(listen, ':');
-    char *end = NULL;
-    const long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host || !end || *end || colon[1] == '\0' || port < 0 || port > 65535)
+    if (split_listen(listen, host, sizeof host, &c.port))
         return cli_spec_error(&spec, "--listen: expected HOST:PORT with a port in [0, 65535], e.g. 127.0.0.1:8100, got \"%s\"", listen);
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    c.port = (int)port;
     c.max_body_bytes = (size_t)body_mb << 20;
     c.max_trainers_per_key = (int)trainers;
     c.max_samplers_per_key = (int)samplers;
@@ -161,16 +181,7 @@ int cmd_serve(int argc, char **argv) {
         free(models);
         return c.n_models < 0 ? -c.n_models : cli_spec_error(&spec, "--models: 1 to 64 folders, comma-separated");
     }
-    /* a connection is a file descriptor: as many as the hard limit allows (trill_serve serves fewer when that is short) */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    struct sigaction sa = { .sa_handler = on_signal };
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    const int rc = trill_serve(&c, &g_stop, max_seconds) ? cli_fail("serve") : 0;
+    const int rc = run_server(&c, max_seconds);
     free(demo_dir);
     free(models);
     return rc;
