@@ -3,7 +3,7 @@
 
 #include "trill/timing.h"
 
-const char *rl_exec_name(rl_exec_kind kind) {
+const char *trill_rl_exec_name(rl_exec_kind kind) {
     switch (kind) {
     case RL_EXEC_GENERATOR: return "generator";
     case RL_EXEC_REPLAY: return "replay";
@@ -12,13 +12,13 @@ const char *rl_exec_name(rl_exec_kind kind) {
     return "?";
 }
 
-rl_exec rl_exec_make(rl_run *r, rl_exec_kind kind) { return (rl_exec){ .kind = kind, .r = r }; }
+rl_exec trill_rl_exec_make(rl_run *r, rl_exec_kind kind) { return (rl_exec){ .kind = kind, .r = r }; }
 
 static void set_phase(const rl_exec *e, trill_run_phase phase) {
     if (e->phase) e->phase(e->phase_ctx, phase);
 }
 
-trill_status rl_exec_work(rl_exec *e, rl_rollout *ro) {
+trill_status trill_rl_exec_work(rl_exec *e, rl_rollout *ro) {
     const double t0 = trill_now();
     const int64_t index = ro->index;
     const bool redo = ro->redo;

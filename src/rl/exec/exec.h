@@ -20,15 +20,15 @@ typedef struct rl_exec {
     /* the run's phase while it works (the controller's thread only; NULL: none) */
     void (*phase)(void *ctx, trill_run_phase phase);
     void *phase_ctx;
-    double busy_s;                /* seconds in rl_exec_work */
+    double busy_s;                /* seconds in trill_rl_exec_work */
 } rl_exec;
 
 /* "generator", "replay", "reward": in errors and summaries. */
-const char *rl_exec_name(rl_exec_kind kind);
+const char *trill_rl_exec_name(rl_exec_kind kind);
 /* An executor of run r (its generator, recorded rollouts or scorer, in this process). */
-rl_exec rl_exec_make(rl_run *r, rl_exec_kind kind);
+rl_exec trill_rl_exec_make(rl_run *r, rl_exec_kind kind);
 /* The work on ro: generate batch ro->index (ro->redo kept: it is generated again), replay it, or
  * score it. On an error ro may hold part of a batch (trill_rl_rollout_free frees it). */
-trill_status rl_exec_work(rl_exec *e, rl_rollout *ro);
+trill_status trill_rl_exec_work(rl_exec *e, rl_rollout *ro);
 
 #endif

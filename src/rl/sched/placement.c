@@ -38,7 +38,7 @@ static trill_status add_port(rl_placement *p, trill_status st, rl_port **port) {
 static trill_status place(rl_run *r, const rl_step_hooks *hooks, rl_placement *p) {
     const trill_rl_config *c = r->c;
     const bool replay = c->rollouts.replay[0] != '\0', async = c->mode == TRILL_MODE_ASYNC;
-    rl_exec gen = rl_exec_make(r, replay ? RL_EXEC_REPLAY : RL_EXEC_GENERATOR), reward = rl_exec_make(r, RL_EXEC_REWARD);
+    rl_exec gen = trill_rl_exec_make(r, replay ? RL_EXEC_REPLAY : RL_EXEC_GENERATOR), reward = trill_rl_exec_make(r, RL_EXEC_REWARD);
     if (hooks) {
         *p = (rl_placement){ .phase = hooks->phase, .between_steps = hooks->between_steps, .ctx = hooks->ctx };
         gen.phase = reward.phase = hooks->phase;
@@ -49,28 +49,28 @@ static trill_status place(rl_run *r, const rl_step_hooks *hooks, rl_placement *p
     rl_port *port = NULL;
     trill_status st;
     if (replay) {
-        st = rl_port_inline(gen, NULL, &port);
+        st = trill_rl_port_inline(gen, NULL, &port);
         return add_port(p, st, &port);
     }
     if (trill_rl_ranks_remote_generator(r)) {
         p->layout = "generator replicas on ranks";
-        st = rl_port_ranks(gen, NULL, !async, &port);
+        st = trill_rl_port_ranks(gen, NULL, !async, &port);
         st = add_port(p, st, &port);
     } else if (async) {
         rl_cores k[3];
         p->layout = "threads";
-        st = rl_cores_plan(c, k);
-        if (!st) st = add_port(p, rl_port_thread(gen, NULL, &k[0], c->async.queue, &port), &port);
-        if (!st && c->async.reward == TRILL_REWARD_TRAINER) st = add_port(p, rl_port_inline(reward, p->ports[0], &port), &port);
-        else if (!st) st = add_port(p, rl_port_thread(reward, p->ports[0], &k[2], c->async.queue, &port), &port);
+        st = trill_rl_cores_plan(c, k);
+        if (!st) st = add_port(p, trill_rl_port_thread(gen, NULL, &k[0], c->async.queue, &port), &port);
+        if (!st && c->async.reward == TRILL_REWARD_TRAINER) st = add_port(p, trill_rl_port_inline(reward, p->ports[0], &port), &port);
+        else if (!st) st = add_port(p, trill_rl_port_thread(reward, p->ports[0], &k[2], c->async.queue, &port), &port);
         p->pin_trainer = true;
         p->trainer_cores = k[1];
         return st;
     } else {
-        st = rl_port_inline(gen, NULL, &port);
+        st = trill_rl_port_inline(gen, NULL, &port);
         st = add_port(p, st, &port);
     }
-    if (!st) st = r->scorer ? rl_port_inline(reward, p->ports[0], &port) : rl_port_ranks(reward, p->ports[0], false, &port);
+    if (!st) st = r->scorer ? trill_rl_port_inline(reward, p->ports[0], &port) : trill_rl_port_ranks(reward, p->ports[0], false, &port);
     return add_port(p, st, &port);
 }
 
@@ -78,12 +78,12 @@ trill_status trill_rl_schedule_start(rl_run *r, const rl_step_hooks *hooks, rl_s
     rl_schedule *y = trill_calloc(1, sizeof *y);
     if (!y) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     y->r = r;
-    rl_sched_init(&y->sched, r);
+    trill_rl_sched_init(&y->sched, r);
     y->wall0 = trill_now();
     *out = y;
     trill_status st = place(r, hooks, &y->p);
     /* async: the generator starts at once (rank 0's, when it shares the batches) */
-    if (!st && y->sched.async && (!y->p.shared || r->rank == 0)) st = rl_sched_fill(&y->sched, r, &y->p);
+    if (!st && y->sched.async && (!y->p.shared || r->rank == 0)) st = trill_rl_sched_fill(&y->sched, r, &y->p);
     return st; /* on failure the caller still stops it */
 }
 
@@ -103,8 +103,8 @@ trill_status trill_rl_schedule_step(rl_schedule *y, trill_rl_metrics *m) {
     cpu_set_t saved_set;
     const int saved_threads = omp_get_max_threads();
     const bool restore = y->p.pin_trainer && pthread_getaffinity_np(pthread_self(), sizeof saved_set, &saved_set) == 0;
-    if (y->p.pin_trainer) rl_cores_enter(&y->p.trainer_cores);
-    trill_status st = rl_sched_step(&y->sched, y->r, &y->p, m);
+    if (y->p.pin_trainer) trill_rl_cores_enter(&y->p.trainer_cores);
+    trill_status st = trill_rl_sched_step(&y->sched, y->r, &y->p, m);
     if (st) st = cause(y, st);
     if (y->p.pin_trainer) omp_set_num_threads(saved_threads);
     if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved_set, &saved_set);
@@ -119,7 +119,7 @@ static trill_status write_summary(const rl_schedule *y, const double *busy, doub
     json_t *layout = threads ? json_pack("{s:i, s:i, s:i}", "generator_threads", c->resources.generator_threads, "trainer_threads",
                                          c->resources.trainer_threads, "reward_threads", c->resources.reward_threads)
                              : json_pack("{s:i}", "generator_replicas", c->parallel.generator.replicas);
-    trill_status st = rl_sched_write_summary(s, wall, json_pack("{s:f, s:f}", "generator_busy_s", busy[0], "reward_busy_s", busy[1]), layout);
+    trill_status st = trill_rl_sched_write_summary(s, wall, json_pack("{s:f, s:f}", "generator_busy_s", busy[0], "reward_busy_s", busy[1]), layout);
     if (!st && wall > 0)
         trill_log(TRILL_LOG_INFO, "trill train: async executors over %.1f s (%s): generator busy %.0f%% (idle %.0f%%), reward busy %.0f%%, "
                   "trainer busy %.0f%% (idle %.0f%%, waiting for rollouts %.1f s); %ld batches dropped, %ld regenerated",
@@ -137,7 +137,7 @@ trill_status trill_rl_schedule_stop(rl_schedule *y, trill_status st) {
         st = y->p.ports[i]->ops->stop(y->p.ports[i], st, &busy[i]);
     const bool mine = !y->p.shared || y->r->rank == 0;
     if (!st && y->sched.async && mine) st = write_summary(y, busy, trill_now() - y->wall0);
-    rl_sched_free(&y->sched);
+    trill_rl_sched_free(&y->sched);
     free(y);
     return st;
 }

@@ -13,7 +13,7 @@
 #include "trill/log.h"
 #include "trill/timing.h"
 
-void rl_sched_init(rl_sched *s, const rl_run *r) {
+void trill_rl_sched_init(rl_sched *s, const rl_run *r) {
     memset(s, 0, sizeof *s);
     s->c = r->c;
     s->k0 = r->state.data_pos / r->c->generator.prompts_per_step;
@@ -27,7 +27,7 @@ void rl_sched_init(rl_sched *s, const rl_run *r) {
     s->last = trill_now();
 }
 
-void rl_sched_free(rl_sched *s) {
+void trill_rl_sched_free(rl_sched *s) {
     for (int i = 0; i < s->n_held; i++) {
         trill_rl_rollout_free(s->held[i]);
         free(s->held[i]);
@@ -98,7 +98,7 @@ static trill_status fill(rl_sched *s, const rl_run *r, rl_placement *p, int64_t 
     return st;
 }
 
-trill_status rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p) { return fill(s, r, p, r->c->steps - r->state.step); }
+trill_status trill_rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p) { return fill(s, r, p, r->c->steps - r->state.step); }
 
 /* The next batch to train: the regenerated batch awaited, else the smallest index held, else the
  * next to arrive. */
@@ -137,7 +137,7 @@ static trill_status fresh_batch(rl_sched *s, rl_run *r, rl_placement *p, trill_r
     const trill_rl_config *c = s->c;
     *out = NULL;
     for (;;) {
-        trill_status st = rl_sched_fill(s, r, p);
+        trill_status st = trill_rl_sched_fill(s, r, p);
         rl_rollout *ro = NULL;
         const double tw = trill_now();
         if (!st) st = next_batch(s, p, &ro);
@@ -198,7 +198,7 @@ static void async_figures(rl_sched *s, const rl_rollout *ro, trill_rl_metrics *m
     s->trainer_wait += wait;
 }
 
-trill_status rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m) {
+trill_status trill_rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m) {
     rl_rollout empty = { 0 }, *ro = NULL;
     trill_status st = TRILL_OK;
     const bool mine = !p->shared || r->rank == 0; /* this rank gets the batches */
@@ -233,7 +233,7 @@ trill_status rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_met
     return st;
 }
 
-trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout) {
+trill_status trill_rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout) {
     json_t *j = json_pack("{s:f}", "wall_s", wall);
     if (j && busy) json_object_update(j, busy);
     json_t *mine = json_pack("{s:f, s:f, s:I, s:I}", "trainer_busy_s", s->train_busy, "trainer_wait_s", s->trainer_wait, "dropped",

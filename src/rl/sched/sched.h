@@ -55,22 +55,22 @@ typedef struct rl_sched {
 /* The policy for run r from its current state (data position and version): async mode's by
  * its async.* keys; sync mode's trains each batch at the version it was generated with (lag 0),
  * a replayed one at whatever version it was recorded with. */
-void rl_sched_init(rl_sched *s, const rl_run *r);
+void trill_rl_sched_init(rl_sched *s, const rl_run *r);
 /* Frees the batches held. */
-void rl_sched_free(rl_sched *s);
+void trill_rl_sched_free(rl_sched *s);
 
 /* New batches for the generator's port, as far as the gate, the window and the steps left allow. */
-trill_status rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p);
+trill_status trill_rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p);
 
 /* One step: the next batch within the bound (rank 0's, shared with the other trainer ranks when
  * the placement says so), scored on its way through the ports, the update and its publication, the
  * ports' figures, then the step's metrics line and checkpoint (trill_rl_finish_step); async mode
  * then issues what the gate now allows. */
-trill_status rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m);
+trill_status trill_rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m);
 
 /* RUN/async_summary.json: wall_s, the placement's executors' busy seconds (`busy`, taken), the
  * trainer's busy and waiting seconds, the batches dropped and regenerated, then the placement's
  * layout (`layout`, taken). */
-trill_status rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout);
+trill_status trill_rl_sched_write_summary(const rl_sched *s, double wall, json_t *busy, json_t *layout);
 
 #endif

@@ -57,9 +57,9 @@ static trill_status collect(rl_port *p, rl_rollout **out) {
             memmove(q->list, q->list + 1, sizeof *q->list * (size_t)--q->n);
         }
         pthread_mutex_unlock(&q->mu);
-        if (!ro) st = trill_error(TRILL_ERR_IO, "%s executor: no batch issued to wait for", rl_exec_name(p->exec.kind));
+        if (!ro) st = trill_error(TRILL_ERR_IO, "%s executor: no batch issued to wait for", trill_rl_exec_name(p->exec.kind));
     }
-    if (!st) st = rl_exec_work(&p->exec, ro);
+    if (!st) st = trill_rl_exec_work(&p->exec, ro);
     if (st && ro) {
         trill_rl_rollout_free(ro);
         free(ro);
@@ -92,7 +92,7 @@ static trill_status stop(rl_port *p, trill_status st, double *busy_s) {
 static const rl_port_ops work_ops = { .name = "inline", .issue = issue, .collect = collect, .publish = publish, .stop = stop };
 static const rl_port_ops reward_ops = { .name = "inline", .issue = issue, .collect = collect, .stop = stop };
 
-trill_status rl_port_inline(rl_exec exec, rl_port *up, rl_port **out) {
+trill_status trill_rl_port_inline(rl_exec exec, rl_port *up, rl_port **out) {
     inline_port *q = trill_calloc(1, sizeof *q);
     if (!q) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     q->base = (rl_port){ .ops = exec.kind == RL_EXEC_REWARD ? &reward_ops : &work_ops, .exec = exec, .up = up };

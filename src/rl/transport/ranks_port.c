@@ -171,7 +171,7 @@ static const rl_port_ops generator_ops = { .name = "ranks", .issue = issue, .col
                                            .stop = stop };
 static const rl_port_ops scorer_ops = { .name = "ranks", .collect = score_collect, .stop = score_stop };
 
-trill_status rl_port_ranks(rl_exec exec, rl_port *up, bool ack, rl_port **out) {
+trill_status trill_rl_port_ranks(rl_exec exec, rl_port *up, bool ack, rl_port **out) {
     *out = NULL;
     if (exec.kind == RL_EXEC_REWARD) {
         rl_port *p = up ? trill_calloc(1, sizeof *p) : NULL;
@@ -180,7 +180,7 @@ trill_status rl_port_ranks(rl_exec exec, rl_port *up, bool ack, rl_port **out) {
         *out = p;
         return TRILL_OK;
     }
-    if (exec.kind != RL_EXEC_GENERATOR) return trill_error(TRILL_ERR_INVALID, "ranks transport: no %s executor on ranks", rl_exec_name(exec.kind));
+    if (exec.kind != RL_EXEC_GENERATOR) return trill_error(TRILL_ERR_INVALID, "ranks transport: no %s executor on ranks", trill_rl_exec_name(exec.kind));
     ranks_port *q = trill_calloc(1, sizeof *q);
     if (!q) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     q->base = (rl_port){ .ops = &generator_ops, .exec = exec, .up = up };

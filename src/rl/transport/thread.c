@@ -61,7 +61,7 @@ static void fail(thread_port *t, trill_status st, bool upstream) {
     if (!t->err_code && !t->closed) {
         t->err_code = st;
         if (upstream) snprintf(t->err, sizeof t->err, "%s", trill_error_message());
-        else snprintf(t->err, sizeof t->err, "%s executor: %s", rl_exec_name(t->base.exec.kind), trill_error_message());
+        else snprintf(t->err, sizeof t->err, "%s executor: %s", trill_rl_exec_name(t->base.exec.kind), trill_error_message());
     }
     pthread_mutex_unlock(&t->mu);
     close_port(t);
@@ -71,7 +71,7 @@ static void fail(thread_port *t, trill_status st, bool upstream) {
 static trill_status closed_error(thread_port *t) {
     pthread_mutex_lock(&t->mu);
     trill_status st = t->err_code ? trill_error(t->err_code, "%s", t->err)
-                                  : trill_error(TRILL_ERR_IO, "%s executor: stopped", rl_exec_name(t->base.exec.kind));
+                                  : trill_error(TRILL_ERR_IO, "%s executor: stopped", trill_rl_exec_name(t->base.exec.kind));
     pthread_mutex_unlock(&t->mu);
     return st;
 }
@@ -124,7 +124,7 @@ static void free_queue(queue *q) {
 
 /* ---- cores ---- */
 
-void rl_cores_enter(const rl_cores *k) {
+void trill_rl_cores_enter(const rl_cores *k) {
     omp_set_num_threads(k->threads);
     if (k->n == 0) return;
     cpu_set_t set;
@@ -133,7 +133,7 @@ void rl_cores_enter(const rl_cores *k) {
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
-trill_status rl_cores_plan(const trill_rl_config *c, rl_cores out[3]) {
+trill_status trill_rl_cores_plan(const trill_rl_config *c, rl_cores out[3]) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set)) return trill_error(TRILL_ERR_IO, "sched_getaffinity: %s", strerror(errno));
     int allowed[CPU_SETSIZE], n_allowed = 0;
@@ -233,7 +233,7 @@ static void figures(rl_port *p, trill_rl_metrics *m) {
 static void *thread_main(void *arg) {
     thread_port *t = arg;
     rl_port *p = &t->base;
-    rl_cores_enter(&t->cores);
+    trill_rl_cores_enter(&t->cores);
     for (;;) {
         rl_rollout *ro = NULL;
         if (p->up) {
@@ -245,7 +245,7 @@ static void *thread_main(void *arg) {
         } else if (!(ro = pop(t, &t->in))) {
             break; /* closed */
         }
-        trill_status st = rl_exec_work(&p->exec, ro);
+        trill_status st = trill_rl_exec_work(&p->exec, ro);
         if (st) {
             trill_rl_rollout_free(ro);
             free(ro);
@@ -310,7 +310,7 @@ static const rl_port_ops generator_ops = { .name = "thread", .issue = issue, .co
                                            .failure = failure, .close = close_op, .stop = stop };
 static const rl_port_ops work_ops = { .name = "thread", .issue = issue, .collect = collect, .failure = failure, .close = close_op, .stop = stop };
 
-trill_status rl_port_thread(rl_exec exec, rl_port *up, const rl_cores *k, int capacity, rl_port **out) {
+trill_status trill_rl_port_thread(rl_exec exec, rl_port *up, const rl_cores *k, int capacity, rl_port **out) {
     *out = NULL;
     if (capacity < 1 || capacity > QUEUE_MAX - 1) return trill_error(TRILL_ERR_INVALID, "thread transport: a queue of %d batches", capacity);
     thread_port *t = trill_calloc(1, sizeof *t);
@@ -326,7 +326,7 @@ trill_status rl_port_thread(rl_exec exec, rl_port *up, const rl_cores *k, int ca
     trill_status st = exec.kind == RL_EXEC_GENERATOR ? open_channel(t) : TRILL_OK;
     if (!st) {
         t->started = pthread_create(&t->thread, NULL, thread_main, t) == 0;
-        if (!t->started) st = trill_error(TRILL_ERR_IO, "cannot start the %s executor's thread", rl_exec_name(exec.kind));
+        if (!t->started) st = trill_error(TRILL_ERR_IO, "cannot start the %s executor's thread", trill_rl_exec_name(exec.kind));
     }
     return st; /* on failure the caller still stops it */
 }

@@ -56,19 +56,19 @@ typedef struct rl_cores {
 /* The three sets of the thread placement (generator, trainer, reward), from resources.*: cores 0..
  * to the generator, then the trainer, then the reward executor; a refusal when pinning needs more
  * cores than the process may use. */
-trill_status rl_cores_plan(const trill_rl_config *c, rl_cores out[3]);
+trill_status trill_rl_cores_plan(const trill_rl_config *c, rl_cores out[3]);
 /* The calling thread onto k's cores and thread count. */
-void rl_cores_enter(const rl_cores *k);
+void trill_rl_cores_enter(const rl_cores *k);
 
 /* exec on the thread that collects (up: its work; NULL: what is issued). */
-trill_status rl_port_inline(rl_exec exec, rl_port *up, rl_port **out);
+trill_status trill_rl_port_inline(rl_exec exec, rl_port *up, rl_port **out);
 /* exec on a thread of its own, on cores k (copied), with room for `capacity` finished batches (a
  * regenerated one may take one more); the generator's takes weights from a channel that the port's
  * publish fills. The thread starts at once. */
-trill_status rl_port_thread(rl_exec exec, rl_port *up, const rl_cores *k, int capacity, rl_port **out);
+trill_status trill_rl_port_thread(rl_exec exec, rl_port *up, const rl_cores *k, int capacity, rl_port **out);
 /* The executor on ranks of its own (ranks.h): the generator replicas (ack: every update waits
  * until the replicas have applied it, as sync mode needs; else the replicas take it between decode
  * steps) or the scorer's rank (up: the batches to score). */
-trill_status rl_port_ranks(rl_exec exec, rl_port *up, bool ack, rl_port **out);
+trill_status trill_rl_port_ranks(rl_exec exec, rl_port *up, bool ack, rl_port **out);
 
 #endif
