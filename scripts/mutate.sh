@@ -143,8 +143,8 @@ m svc_sampler_any_owner service src/service/tenants.c "service" \
 
 # trajectories
 m trajectory_injected_trained rl src/rl/exec/trainer.c "test_rl_exec" \
-  'if (b->loss_mask) gather_u8(b, m, b->loss_mask, mask);' \
-  'if (0) gather_u8(b, m, b->loss_mask, mask);' \
+  'if (b->loss_mask) trill_rl_trn_gather_u8(b, m, b->loss_mask, mask);' \
+  'if (0) trill_rl_trn_gather_u8(b, m, b->loss_mask, mask);' \
   "a trajectory's injected tokens (a tool's answer) are trained as if the model had sampled them"
 m trajectory_mask_from_kind rl src/rl/data/rollout.c "test_rollout" \
   'memset(mask + t, b->segs[k].kind == RL_SEG_SAMPLED, (size_t)b->segs[k].len);' \
