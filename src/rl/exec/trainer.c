@@ -147,7 +147,7 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
     micro_stats *stat = st ? NULL : trill_calloc(p.M ? (size_t)p.M : 1, sizeof *stat);
     if (!st && !stat) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = trill_rl_trn_grad_sum_create(r, &p, &g);
-    if (!st && r->scorer) st = trill_rl_trn_score_on_policy(r, b, seq, n, ta);
+    if (!st && r->onp_engine) st = trill_rl_trn_score_on_policy(r, b, seq, n, ta);
     for (int i = 0; i < p.rounds && !st; i++) { /* round i: this rank's i-th micro-batch, or an empty pass */
         const int mi = p.lo + i;
         const bool mine = mi < p.hi;
@@ -160,7 +160,7 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
         if (!lp || !dlp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (dlp) memset(dlp, 0, sizeof(float) * (size_t)(m.T + 1)); /* only the loss's tokens are written */
         if (!st) st = trill_model_forward_train(r->policy, m.tokens, m.offsets, m.n, m.replay, lp, ex, c->trainer.recompute, &pass);
-        if (!st && mine && r->scorer) { /* on-policy: the loss sees the generator's numbers, the backward runs through the trainer's forward */
+        if (!st && mine && r->onp_engine) { /* on-policy: the loss sees the generator's numbers, the backward runs through the trainer's forward */
             trill_rl_trn_take_scored(b, &m, ta, lp);
             if (ex) trill_rl_trn_take_scored_experts(b, &m, ta, ex);
         }
@@ -199,7 +199,7 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
     double grad_norm, lr;
     bool applied;
     if ((st = trill_rl_trn_apply_update(r, denom, sums[0] / denom, total, &grad_norm, &lr, &applied))) return st;
-    r->scorer_stale |= applied;
+    r->onp_stale |= applied;
     if (!applied) {
         ts->skipped++;
         return TRILL_OK;
@@ -236,12 +236,12 @@ static trill_status token_arrays_alloc(const rl_trainer *r, const rl_batch *b, t
     ta->tis = trill_calloc(T, sizeof(float));
     ta->mask = trill_calloc(T, 1);
     ta->train_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
-    if (r->scorer) {
+    if (r->onp_engine) {
         ta->onp_logp = trill_malloc(sizeof(float) * T);
         ta->onp_experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
     }
     if (!ta->old_logp || (ref && !ta->ref_logp) || !ta->tis || !ta->mask || (row && !ta->train_experts) ||
-        (r->scorer && (!ta->onp_logp || (row && !ta->onp_experts))))
+        (r->onp_engine && (!ta->onp_logp || (row && !ta->onp_experts))))
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < T * row; i++) ta->train_experts[i] = TRILL_REPLAY_NONE;
     for (size_t i = 0; ta->onp_experts && i < T * row; i++) ta->onp_experts[i] = TRILL_REPLAY_NONE;
@@ -351,7 +351,7 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
         for (int l = 0; l < r->L; l++) m->flip_layer[l] = 0;
         if (row && R) trill_rl_routing_flips(ge, te, (size_t)R, r->L, r->K, &token_flip, m->flip_layer);
         m->flip_token_frac = row ? token_flip : NAN;
-        m->on_policy = r->scorer != NULL;
+        m->on_policy = r->onp_engine != NULL;
         m->on_policy_differing = differing;
         m->time.score_s = r->score_s;
     }

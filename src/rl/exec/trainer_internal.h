@@ -38,8 +38,8 @@ struct rl_trainer {
     int step;                     /* the step being trained (1-based) */
     /* generator.on_policy: an engine in the generator's format scoring the batch's tokens at the
      * trainer's weights (sent again whenever they changed) */
-    trill_engine *scorer;
-    bool scorer_stale;
+    trill_engine *onp_engine;
+    bool onp_stale;
     double score_s;               /* this step's seconds in it */
     /* distribution (parallel.trainer, trill_rl_trainer_create's world): the data ranks (dp x ep)
      * share each step's micro-batches; under expert parallelism the ranks of a group (P of them,
@@ -88,7 +88,7 @@ typedef struct token_arrays {
     float *old_logp, *ref_logp, *tis;
     uint8_t *mask;
     uint16_t *train_experts;
-    float *onp_logp;        /* generator.on_policy: the scorer's log-probs of the response tokens at the current weights */
+    float *onp_logp;        /* generator.on_policy: the on-policy engine's log-probs of the response tokens at the current weights */
     uint16_t *onp_experts;  /* ... and its routing (as rl_batch.experts) */
 } token_arrays;
 

@@ -40,12 +40,12 @@ trill_status trill_rl_trn_micro_make(rl_trainer *r, const rl_batch *b, const int
     return TRILL_OK;
 }
 
-/* The routing the trainer's forward replays: on-policy mode's scorer's once it scored (the loss
+/* The routing the trainer's forward replays: on-policy mode's engine's once it scored (the loss
  * sees its log-probs: the backward must go through the same experts), else the generator's with
  * router replay (on-policy mode before scoring: the generator's, which it equals), else none. */
 const uint16_t *trill_rl_trn_replay_source(const rl_trainer *r, const rl_batch *b, const uint16_t *scored) {
-    if (r->scorer && scored) return scored;
-    return r->c->router_replay || r->scorer ? b->experts : NULL;
+    if (r->onp_engine && scored) return scored;
+    return r->c->router_replay || r->onp_engine ? b->experts : NULL;
 }
 
 typedef struct seq_list { const rl_batch *b; const int *seq; } seq_list;

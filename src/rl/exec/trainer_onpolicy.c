@@ -4,20 +4,20 @@
 
 /* ---- generator.on_policy: the generator's numbers at the trainer's weights ---- */
 
-/* The scorer gets the trainer's weights as a sync would ship them (the adapters, or the merged
+/* The on-policy engine gets the trainer's weights as a sync would ship them (the adapters, or the merged
  * model in merge sync): the same bits the generator computes with after the next sync. */
-static trill_status scorer_sync(rl_trainer *r) {
-    if (!r->scorer_stale) return TRILL_OK;
+static trill_status onp_sync(rl_trainer *r) {
+    if (!r->onp_stale) return TRILL_OK;
     const float *data;
     size_t n;
     const trill_model *merged;
     trill_status st = trill_rl_trainer_export(r, &data, &n, &merged);
-    if (!st) st = merged ? trill_engine_update_weights(r->scorer, merged, 0, NULL) : trill_engine_update_adapter(r->scorer, r->lora, 0, NULL);
-    if (!st) r->scorer_stale = false;
+    if (!st) st = merged ? trill_engine_update_weights(r->onp_engine, merged, 0, NULL) : trill_engine_update_adapter(r->onp_engine, r->lora, 0, NULL);
+    if (!st) r->onp_stale = false;
     return st;
 }
 
-/* Teacher forcing of seq[0..n)'s responses through the scorer: each response token's log-prob as
+/* Teacher forcing of seq[0..n)'s responses through the on-policy engine: each response token's log-prob as
  * the generator's sampler reports it (at generator.temperature) into ta->onp_logp, and the
  * routing of every forwarded position into ta->onp_experts, at batch positions. */
 /* The scoring engine's outputs (every one collected and freed, also after a failure st) into the
@@ -26,7 +26,7 @@ static trill_status take_scores(rl_trainer *r, const rl_batch *b, const int *seq
     const size_t row = (size_t)r->L * r->K;
     trill_sequence_out out[32];
     int got;
-    while ((got = trill_engine_collect(r->scorer, out, 32)) > 0)
+    while ((got = trill_engine_collect(r->onp_engine, out, 32)) > 0)
         for (int k = 0; k < got; k++) {
             const int s = seq[out[k].request + (uint64_t)out[k].sample], at = b->offsets[s];
             if (!st && out[k].n_prompt + out[k].n_generated != b->offsets[s + 1] - at)
@@ -45,7 +45,7 @@ static trill_status take_scores(rl_trainer *r, const rl_batch *b, const int *seq
 trill_status trill_rl_trn_score_on_policy(rl_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta) {
     const trill_rl_config *c = r->c;
     const double t0 = trill_now();
-    trill_status st = scorer_sync(r);
+    trill_status st = onp_sync(r);
     trill_request q = { .sampling = trill_sampling_default() };
     q.sampling.temperature = (float)c->generator.temperature;
     int *forced = NULL, *forced_at = NULL;
@@ -86,17 +86,17 @@ trill_status trill_rl_trn_score_on_policy(rl_trainer *r, const rl_batch *b, cons
         q.n_forced = total;
         q.forced_at = forced_at;
         q.max_new_tokens = longest;
-        st = trill_engine_submit(r->scorer, &q);
+        st = trill_engine_submit(r->onp_engine, &q);
     }
     free(forced);
     free(forced_at);
-    if (!st) st = trill_engine_run(r->scorer);
+    if (!st) st = trill_engine_run(r->onp_engine);
     st = take_scores(r, b, seq, ta, st);
     r->score_s += trill_now() - t0;
     return st;
 }
 
-/* The micro-batch's packed log-probs of its response tokens replaced by the scorer's. */
+/* The micro-batch's packed log-probs of its response tokens replaced by the on-policy engine's. */
 void trill_rl_trn_take_scored(const rl_batch *b, const micro *m, const token_arrays *ta, float *lp) {
     for (int i = 0; i < m->n; i++) {
         const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], len = rl_response_len(b, s);
@@ -104,7 +104,7 @@ void trill_rl_trn_take_scored(const rl_batch *b, const micro *m, const token_arr
     }
 }
 
-/* The micro-batch's packed routing from the scorer's, for the metrics' training routing. */
+/* The micro-batch's packed routing from the on-policy engine's, for the metrics' training routing. */
 void trill_rl_trn_take_scored_experts(const rl_batch *b, const micro *m, const token_arrays *ta, uint16_t *ex) {
     const size_t row = (size_t)b->n_moe_layers * b->top_k;
     for (int i = 0; i < m->n; i++)
@@ -117,18 +117,18 @@ void trill_rl_trn_take_scored_experts(const rl_batch *b, const micro *m, const t
 trill_status trill_rl_trn_pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
     micro_plan p;
     trill_status st = trill_rl_trn_plan_micros(r, b, seq, n, &p);
-    if (!st && r->scorer && want_old) st = trill_rl_trn_score_on_policy(r, b, seq, n, ta);
+    if (!st && r->onp_engine && want_old) st = trill_rl_trn_score_on_policy(r, b, seq, n, ta);
     for (int i = 0; i < p.rounds && !st; i++) { /* round i: this rank's i-th micro-batch, or an empty pass */
         const int mi = p.lo + i;
         const bool mine = mi < p.hi;
         const int at = mine ? p.first[mi] : 0, k = mine ? p.first[mi + 1] - at : 0;
         micro m;
-        if ((st = trill_rl_trn_micro_make(r, b, seq + at, k, trill_rl_trn_replay_source(r, b, r->scorer && want_old ? ta->onp_experts : NULL), &m))) break;
+        if ((st = trill_rl_trn_micro_make(r, b, seq + at, k, trill_rl_trn_replay_source(r, b, r->onp_engine && want_old ? ta->onp_experts : NULL), &m))) break;
         float *lp = trill_rl_trn_ws_get(r, WS_LP, sizeof(float) * (size_t)(m.T + 1));
         uint16_t *ex = r->L ? trill_rl_trn_ws_get(r, WS_EX, sizeof(uint16_t) * (size_t)(m.T + 1) * r->L * r->K) : NULL;
         if (!lp || (r->L && !ex)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st && want_old) {
-            if (r->scorer) { /* the scorer's numbers (scored before the loop) */
+            if (r->onp_engine) { /* the on-policy engine's numbers (scored before the loop) */
                 trill_rl_trn_take_scored(b, &m, ta, lp);
                 if (ex) trill_rl_trn_take_scored_experts(b, &m, ta, ex);
             } else {

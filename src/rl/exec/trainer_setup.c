@@ -229,8 +229,8 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
     if (!st) st = set_up_shards(t);
     if (!st && c->generator.on_policy) {
         const trill_engine_config ec = trill_rl_engine_config(c, trill_model_config(t->policy));
-        st = trill_engine_create(t->policy, &ec, &t->scorer);
-        t->scorer_stale = true;
+        st = trill_engine_create(t->policy, &ec, &t->onp_engine);
+        t->onp_stale = true;
     }
     if (st) {
         trill_rl_trainer_free(t);
@@ -243,7 +243,7 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
 void trill_rl_trainer_free(rl_trainer *t) {
     if (!t) return;
     for (int i = 0; i < WS_N; i++) free(t->ws[i].p);
-    trill_engine_free(t->scorer);
+    trill_engine_free(t->onp_engine);
     if (t->policy) {
         trill_model_attach_lora(t->policy, NULL);
         trill_model_set_expert_comm(t->policy, NULL);
