@@ -8,7 +8,9 @@ private headers (src/<folder>/...) of its own layer and below, except the comman
 uses the public API only (and base's private utilities, such as its jansson glue). A model family's folder src/arch/<family>/ belongs to several
 layers: layer_backward.c to train, gen_*.c to infer, the rest to model. Each public header's
 layer is listed below; a header missing from the list is an error, so the list stays complete.
-Usage: check_layers.py [SOURCE_DIR]"""
+CMake asks this script which family files each layer builds (--arch-sources), so one rule decides.
+Usage: check_layers.py [SOURCE_DIR]
+       check_layers.py --arch-sources model|train|infer SOURCE_DIR"""
 import os
 import re
 import sys
@@ -40,7 +42,25 @@ def layer_of(rel):  # rel: a path under src/
     return parts[0]
 
 
+def arch_sources(root, layer):
+    """The model families' source files of `layer` (src/arch/*/*.c), ';'-separated: what CMake builds
+    into that layer's library, by layer_of, the one rule."""
+    arch = os.path.join(root, "src", "arch")
+    out = []
+    for family in sorted(os.listdir(arch)):
+        d = os.path.join(arch, family)
+        if not os.path.isdir(d):
+            continue
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".c") and layer_of(f"arch/{family}/{name}") == layer:
+                out.append(os.path.join(d, name))
+    return ";".join(out)
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--arch-sources":  # check_layers.py --arch-sources LAYER SOURCE_DIR
+        print(arch_sources(sys.argv[3], sys.argv[2]), end="")
+        return 0
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     src = os.path.join(root, "src")
     errors = []
