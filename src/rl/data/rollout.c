@@ -346,27 +346,47 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
     return TRILL_OK;
 }
 
+/* The header (format 2: and its segment count) of a packed batch, checked; *head: its bytes. */
+static trill_status unpack_header(const void *buf, size_t len, pack_header *h, int64_t *n_segs, size_t *head) {
+    if (len < sizeof *h) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
+    memcpy(h, buf, sizeof *h);
+    if (h->magic != PACK_MAGIC || (h->format != 1 && h->format != 2))
+        return trill_error(TRILL_ERR_INVALID, "rollout batch: not a packed rollout batch (magic %08x, format %u)", h->magic, h->format);
+    *n_segs = 0;
+    *head = sizeof *h;
+    if (h->format == 2) {
+        if (len < *head + sizeof *n_segs) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
+        memcpy(n_segs, (const char *)buf + *head, sizeof *n_segs);
+        *head += sizeof *n_segs;
+        if (*n_segs < h->n_seqs || *n_segs > h->n_tokens)
+            return trill_error(TRILL_ERR_INVALID, "rollout batch: %lld segments for %d sequences of %lld tokens", (long long)*n_segs, h->n_seqs,
+                               (long long)h->n_tokens);
+    }
+    if (h->n_seqs < 0 || h->group_size < 0 || h->n_moe_layers < 0 || h->top_k < 0 || h->n_tokens < 0 || h->text_bytes < 0 ||
+        h->n_seqs > (1 << 24) || h->n_tokens > ((int64_t)1 << 34) || (h->n_moe_layers && h->top_k > 64))
+        return trill_error(TRILL_ERR_INVALID, "rollout batch: header out of range (%d sequences, %lld tokens)", h->n_seqs,
+                           (long long)h->n_tokens);
+    return TRILL_OK;
+}
+
+/* The unpacked segment offsets: from 0 (trill_rl_batch_derive checks) to the n_segs, never decreasing. */
+static trill_status check_segment_offsets(const rl_batch *b, int64_t n_segs) {
+    if (b->seg_offsets[b->n_seqs] != n_segs)
+        return trill_error(TRILL_ERR_INVALID, "rollout batch: the segment offsets end at %d, not at its %lld segments", b->seg_offsets[b->n_seqs],
+                           (long long)n_segs);
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->seg_offsets[s + 1] < b->seg_offsets[s])
+            return trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d's segment offsets decrease", s);
+    return TRILL_OK;
+}
+
 trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     memset(b, 0, sizeof *b);
     pack_header h;
-    if (len < sizeof h) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
-    memcpy(&h, buf, sizeof h);
-    if (h.magic != PACK_MAGIC || (h.format != 1 && h.format != 2))
-        return trill_error(TRILL_ERR_INVALID, "rollout batch: not a packed rollout batch (magic %08x, format %u)", h.magic, h.format);
     int64_t n_segs = 0;
-    size_t head = sizeof h;
-    if (h.format == 2) {
-        if (len < head + sizeof n_segs) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
-        memcpy(&n_segs, (const char *)buf + head, sizeof n_segs);
-        head += sizeof n_segs;
-        if (n_segs < h.n_seqs || n_segs > h.n_tokens)
-            return trill_error(TRILL_ERR_INVALID, "rollout batch: %lld segments for %d sequences of %lld tokens", (long long)n_segs, h.n_seqs,
-                               (long long)h.n_tokens);
-    }
-    if (h.n_seqs < 0 || h.group_size < 0 || h.n_moe_layers < 0 || h.top_k < 0 || h.n_tokens < 0 || h.text_bytes < 0 ||
-        h.n_seqs > (1 << 24) || h.n_tokens > ((int64_t)1 << 34) || (h.n_moe_layers && h.top_k > 64))
-        return trill_error(TRILL_ERR_INVALID, "rollout batch: header out of range (%d sequences, %lld tokens)", h.n_seqs,
-                           (long long)h.n_tokens);
+    size_t head = 0;
+    trill_status hst = unpack_header(buf, len, &h, &n_segs, &head);
+    if (hst) return hst;
     b->n_seqs = h.n_seqs;
     b->group_size = h.group_size;
     b->n_moe_layers = h.n_moe_layers;
@@ -405,12 +425,7 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
         at = (size_t)(nul - in) + 1;
     }
     if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);
-    if (!st && h.format == 2 && b->seg_offsets[h.n_seqs] != n_segs)
-        st = trill_error(TRILL_ERR_INVALID, "rollout batch: the segment offsets end at %d, not at its %lld segments", b->seg_offsets[h.n_seqs],
-                         (long long)n_segs);
-    for (int s = 0; !st && h.format == 2 && s < h.n_seqs; s++)
-        if (b->seg_offsets[s + 1] < b->seg_offsets[s])
-            st = trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d's segment offsets decrease", s);
+    if (!st && h.format == 2) st = check_segment_offsets(b, n_segs);
     if (!st) st = h.format == 2 ? trill_rl_batch_derive(b) : trill_rl_batch_single_turn(b);
     if (st) trill_rl_batch_free(b);
     return st;
