@@ -133,8 +133,8 @@ m svc_tokenize_unauthenticated service src/service/http.c "service" \
   'if (!authenticate(c, s, key_id) && !strstr(url, "tokenize")) return answer_error(c, "unauthorized", "a valid API key is needed' \
   "/models/*/tokenize and /detokenize answer without an API key"
 m svc_state_any_owner service src/service/tenants.c "service" \
-  'if (!r.found || strcmp(r.key_id, key_id) != 0) return svc_fail' \
-  'if (!r.found) return svc_fail' \
+  'if (!r.found || strcmp(r.key_id, key_id) != 0) return trill_svc_fail' \
+  'if (!r.found) return trill_svc_fail' \
   "a trill:// saved state of another key can be loaded"
 m svc_sampler_any_owner service src/service/tenants.c "service" \
   'if (strcmp(p->id, id) == 0) return strcmp(p->key_id, key_id) == 0 && !p->creating' \

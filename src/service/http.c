@@ -86,9 +86,9 @@ static enum MHD_Result answer_error(struct MHD_Connection *c, const char *code, 
     return answer_json(c, code_status(code), json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message));
 }
 
-/* The last error: its code (svc_fail's, else bad_request; running out of memory is internal). */
+/* The last error: its code (trill_svc_fail's, else bad_request; running out of memory is internal). */
 static enum MHD_Result answer_status(struct MHD_Connection *c, trill_status st) {
-    const char *code = svc_take_code();
+    const char *code = trill_svc_take_code();
     if (!code) code = "bad_request";
     if (st == TRILL_ERR_NOMEM || st == TRILL_ERR_IO) code = "internal";
     return answer_error(c, code, trill_error_message());
@@ -109,14 +109,14 @@ static json_t *model_json(svc *s, int i) {
 /* One list of token ids as text (lenient: an id without a string is written "<id>"). */
 static trill_status decode_list(const trill_tokenizer *tok, const json_t *a, json_t **text) {
     const size_t n = json_array_size(a);
-    if (!json_is_array(a) || n > 1u << 20) return svc_fail("bad_request", "tokens: expected an array of token ids (or of such arrays)");
+    if (!json_is_array(a) || n > 1u << 20) return trill_svc_fail("bad_request", "tokens: expected an array of token ids (or of such arrays)");
     int *ids = trill_malloc(sizeof(int) * (n ? n : 1));
     if (!ids) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(a, i);
         if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 1 << 30) {
             free(ids);
-            return svc_fail("bad_request", "tokens[%zu]: expected a non-negative token id", i);
+            return trill_svc_fail("bad_request", "tokens[%zu]: expected a non-negative token id", i);
         }
         ids[i] = (int)json_integer_value(e);
     }
@@ -176,12 +176,12 @@ static double wait_seconds(struct MHD_Connection *c) {
 static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, conn_ctx *cc) {
     int status = 0;
     bool pending = false;
-    char *text = svc_future_answer(s, id, key_id, &status, &pending);
+    char *text = trill_svc_future_answer(s, id, key_id, &status, &pending);
     if (!text) return status == 404 ? answer_error(c, "not_found", "no such request") : answer_error(c, "internal", "out of memory");
     const double wait = wait_seconds(c);
     if (wait <= 0 || !pending) return answer(c, 200, text);
     pthread_mutex_lock(&s->mu);
-    const bool wait_now = !s->stopping && svc_inflight(s, id);
+    const bool wait_now = !s->stopping && trill_svc_inflight(s, id);
     if (wait_now) {
         cc->waiting = true;
         cc->waiter = (svc_waiter){ .conn = c, .deadline = trill_now() + wait, .next = s->waiters };
@@ -195,7 +195,7 @@ static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_
         return MHD_YES;
     }
     free(text); /* it finished meanwhile */
-    text = svc_future_answer(s, id, key_id, &status, &pending);
+    text = trill_svc_future_answer(s, id, key_id, &status, &pending);
     return text ? answer(c, 200, text) : answer_error(c, "internal", "out of memory");
 }
 
@@ -236,7 +236,7 @@ static enum MHD_Result r_models(const route_call *q) {
 }
 
 static enum MHD_Result r_tokenize(const route_call *q, bool decode) {
-    const int base = svc_find_base(q->s, q->p[1]);
+    const int base = trill_svc_find_base(q->s, q->p[1]);
     return base < 0 ? answer_error(q->c, "not_found", "no such model") : tokenize(q->c, q->s, base, q->body, decode);
 }
 static enum MHD_Result r_encode(const route_call *q) { return r_tokenize(q, false); }
@@ -246,7 +246,7 @@ static enum MHD_Result r_future(const route_call *q) { return future(q->c, q->s,
 
 static enum MHD_Result r_create_trainer(const route_call *q, bool from_state) {
     svc_tenant *t = NULL;
-    trill_status st = svc_tenant_create(q->s, q->key_id, q->body, from_state, &t);
+    trill_status st = trill_svc_tenant_create(q->s, q->key_id, q->body, from_state, &t);
     return st ? answer_status(q->c, st) : answer_json(q->c, 200, tenant_json(q->s, t));
 }
 static enum MHD_Result r_new_trainer(const route_call *q) { return r_create_trainer(q, false); }
@@ -254,7 +254,7 @@ static enum MHD_Result r_trainer_from_state(const route_call *q) { return r_crea
 
 static enum MHD_Result r_get_trainer(const route_call *q) {
     pthread_mutex_lock(&q->s->mu);
-    svc_tenant *t = svc_find_tenant(q->s, q->p[1], q->key_id);
+    svc_tenant *t = trill_svc_find_tenant(q->s, q->p[1], q->key_id);
     json_t *o = t ? tenant_json(q->s, t) : NULL;
     pthread_mutex_unlock(&q->s->mu);
     return t ? answer_json(q->c, 200, o) : answer_error(q->c, "not_found", "no such trainer");
@@ -262,14 +262,14 @@ static enum MHD_Result r_get_trainer(const route_call *q) {
 
 static enum MHD_Result r_new_sampler(const route_call *q) {
     svc_sampler *sp = NULL;
-    trill_status st = svc_sampler_create(q->s, q->key_id, q->body, &sp);
+    trill_status st = trill_svc_sampler_create(q->s, q->key_id, q->body, &sp);
     return st ? answer_status(q->c, st)
               : answer_json(q->c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(q->s->bases[sp->base])));
 }
 
 static enum MHD_Result r_delete(const route_call *q) {
     const bool trainer = strcmp(q->p[0], "trainers") == 0;
-    trill_status st = trainer ? svc_tenant_delete(q->s, q->p[1], q->key_id) : svc_sampler_delete(q->s, q->p[1], q->key_id);
+    trill_status st = trainer ? trill_svc_tenant_delete(q->s, q->p[1], q->key_id) : trill_svc_sampler_delete(q->s, q->p[1], q->key_id);
     return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s}", "deleted", q->p[1]));
 }
 
@@ -283,20 +283,20 @@ static enum MHD_Result r_submit(const route_call *q) {
     if (!j) return answer_error(c, "internal", "out of memory");
     snprintf(j->key_id, sizeof j->key_id, "%s", q->key_id);
     pthread_mutex_lock(&s->mu);
-    const svc_tenant *t = trainer ? svc_find_tenant(s, target, q->key_id) : NULL;
-    const svc_sampler *sp = trainer ? NULL : svc_find_sampler(s, target, q->key_id);
+    const svc_tenant *t = trainer ? trill_svc_find_tenant(s, target, q->key_id) : NULL;
+    const svc_sampler *sp = trainer ? NULL : trill_svc_find_sampler(s, target, q->key_id);
     j->base = t ? t->base : sp ? sp->base : -1;
     pthread_mutex_unlock(&s->mu);
     if (j->base < 0) {
         free(j);
         return answer_error(c, "not_found", trainer ? "no such trainer" : "no such sampler");
     }
-    trill_status st = svc_job_parse(s, q->r->job, q->body, j); /* outside the lock; the target is found again to queue it */
-    if (st) { svc_job_free(j); return answer_status(c, st); }
+    trill_status st = trill_svc_job_parse(s, q->r->job, q->body, j); /* outside the lock; the target is found again to queue it */
+    if (st) { trill_svc_job_free(j); return answer_status(c, st); }
     char id[32];
-    svc_new_id(j->id, sizeof j->id, "r-");
+    trill_svc_new_id(j->id, sizeof j->id, "r-");
     memcpy(id, j->id, sizeof id); /* the job is the workers' once submitted */
-    st = svc_job_submit(s, j, target, trainer);
+    st = trill_svc_job_submit(s, j, target, trainer);
     return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "request_id", id));
 }
 
@@ -351,7 +351,7 @@ static const route *match(const char *method, char **p, int n) {
 static bool authenticate(struct MHD_Connection *c, svc *s, char key_id[32]) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncmp(h, "Bearer ", 7) != 0 || strlen(h + 7) > 128) return false;
-    return svc_store_authenticate(s->store, h + 7, key_id);
+    return trill_svc_store_authenticate(s->store, h + 7, key_id);
 }
 
 static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *url, const char *method, conn_ctx *cc) {
@@ -436,7 +436,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         bool pending = false;
         if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "the API key is no longer valid");
         const char *id = strrchr(url, '/');
-        char *text = id ? svc_future_answer(s, id + 1, key_id, &status, &pending) : NULL;
+        char *text = id ? trill_svc_future_answer(s, id + 1, key_id, &status, &pending) : NULL;
         return text ? answer(c, 200, text) : answer_error(c, status == 404 ? "not_found" : "internal", "no such request");
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "POST") != 0 && strcmp(method, "DELETE") != 0)
@@ -487,7 +487,7 @@ static void resume(svc_waiter **at) {
     MHD_resume_connection(w->conn);
 }
 
-void svc_wake_waiters(svc *s, const char *id) {
+void trill_svc_wake_waiters(svc *s, const char *id) {
     for (svc_waiter **w = &s->waiters; *w;) {
         if (id && strcmp((*w)->id, id) != 0) w = &(*w)->next;
         else resume(w);
@@ -512,7 +512,7 @@ static void *watchdog_main(void *arg) {
             else resume(w);
         }
         pthread_mutex_unlock(&s->mu);
-        if (now - revoked_at >= 2) svc_release_revoked(s), revoked_at = now;
+        if (now - revoked_at >= 2) trill_svc_release_revoked(s), revoked_at = now;
         pthread_mutex_lock(&h->mu);
         for (conn_state *cs = h->conns; cs; cs = cs->next)
             if ((cs->phase == WAIT_HEADERS || cs->phase == WAIT_BODY) && now - cs->since > s->cfg.request_timeout) {
@@ -529,17 +529,17 @@ static void *watchdog_main(void *arg) {
 
 static void svc_free(svc *s) {
     for (int i = 0; i < s->n_tenants; i++) {
-        for (svc_job *j = s->tenants[i]->head, *next; j; j = next) next = j->next, svc_job_free(j);
+        for (svc_job *j = s->tenants[i]->head, *next; j; j = next) next = j->next, trill_svc_job_free(j);
         trill_svc_trainer_free(s->tenants[i]->trainer);
         free(s->tenants[i]);
     }
-    for (svc_job *j = s->sample_head, *next; j; j = next) next = j->next, svc_job_free(j);
+    for (svc_job *j = s->sample_head, *next; j; j = next) next = j->next, trill_svc_job_free(j);
     for (int i = 0; i < s->n_samplers; i++) free(s->samplers[i]);
     for (int i = 0; i < s->n_weights; i++) trill_lora_free(s->weights[i]->lora), free(s->weights[i]);
     for (int i = 0; i < s->n_bases; i++) trill_engine_free(s->engines ? s->engines[i] : NULL), trill_svc_base_free(s->bases[i]);
     free(s->tenants), free(s->samplers), free(s->weights), free(s->bases), free(s->identities), free(s->engines), free(s->inflight);
     trill_svc_mark_free(s->mark);
-    svc_store_close(s->store);
+    trill_svc_store_close(s->store);
     if (s->lock_fd >= 0) close(s->lock_fd); /* the state folder is free for another server */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
@@ -610,12 +610,12 @@ trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double
     if (c->n_models < 1) return trill_error(TRILL_ERR_INVALID, "--models: at least one model folder is needed");
     if (!c->state_dir) return trill_error(TRILL_ERR_INVALID, "--state: a folder is needed");
     s.inflight = trill_calloc((size_t)c->max_queued + 1, sizeof *s.inflight);
-    trill_status st = s.inflight ? svc_state_open(&s) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = svc_store_open(c->state_dir, &s.store);
-    if (!st) st = svc_store_default_key(s.store, c->state_dir);
+    trill_status st = s.inflight ? trill_svc_state_open(&s) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_svc_store_open(c->state_dir, &s.store);
+    if (!st) st = trill_svc_store_default_key(s.store, c->state_dir);
     if (!st) st = load_bases(&s);
-    if (!st) st = svc_recover(&s);
-    if (!st) st = svc_workers_start(&s);
+    if (!st) st = trill_svc_recover(&s);
+    if (!st) st = trill_svc_workers_start(&s);
     int port = 0;
     struct MHD_Daemon *d = st ? NULL : start_http(&h, &port);
     if (!st && !d) st = TRILL_ERR_IO;
@@ -634,7 +634,7 @@ trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double
     while (!st && !*stop && (max_seconds <= 0 || trill_now() - t0 < max_seconds)) usleep(50 * 1000);
     pthread_mutex_lock(&s.mu); /* long-polls answer at once, the workers stop after their job */
     s.stopping = true;
-    svc_wake_waiters(&s, NULL);
+    trill_svc_wake_waiters(&s, NULL);
     pthread_cond_broadcast(&s.work);
     pthread_cond_broadcast(&s.done);
     pthread_mutex_unlock(&s.mu);
@@ -645,7 +645,7 @@ trill_status trill_serve(const trill_serve_config *c, volatile int *stop, double
         pthread_join(h.watchdog, NULL);
     }
     if (d) MHD_stop_daemon(d);
-    svc_workers_stop(&s);
+    trill_svc_workers_stop(&s);
     svc_free(&s);
     pthread_mutex_destroy(&h.mu);
     if (!st && *stop) trill_log(TRILL_LOG_INFO, "trill serve: stopped");

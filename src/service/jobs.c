@@ -17,7 +17,7 @@ enum { MAX_DATA = 1024, MAX_CALL_TOKENS = 65536, MAX_PROMPT = 8192, MAX_NEW = 40
 static const char *const KIND_NAMES[JOB_N_KINDS] = { "forward", "forward_backward", "optim_step", "save_state",
                                                      "save_weights_for_sampler", "load_state", "sample", "compute_logprobs" };
 
-void svc_free_data(trill_svc_datum *data, int n) {
+void trill_svc_free_data(trill_svc_datum *data, int n) {
     for (int d = 0; data && d < n; d++) {
         trill_svc_datum *x = &data[d];
         free((void *)x->tokens), free((void *)x->targets), free((void *)x->weights), free((void *)x->logprobs);
@@ -26,9 +26,9 @@ void svc_free_data(trill_svc_datum *data, int n) {
     free(data);
 }
 
-void svc_job_free(svc_job *j) {
+void trill_svc_job_free(svc_job *j) {
     if (!j) return;
-    svc_free_data(j->data, j->n_data);
+    trill_svc_free_data(j->data, j->n_data);
     free(j->prompt);
     free(j->stop_ids);
     for (int i = 0; i < j->n_stop_strings; i++) free(j->stop_strings[i]);
@@ -122,7 +122,7 @@ static trill_status parse_datum(const trill_config *c, const json_t *o, int d, t
     return st;
 }
 
-trill_status svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens) {
+trill_status trill_svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens) {
     const trill_config *c = trill_model_config(trill_svc_base_model(b));
     *out = NULL, *n = 0, *tokens = 0;
     if (!json_is_array(data) || json_array_size(data) < 1 || json_array_size(data) > MAX_DATA)
@@ -138,12 +138,12 @@ trill_status svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *da
         if (!st && total > MAX_CALL_TOKENS) st = trill_error(TRILL_ERR_INVALID, "data: more than %d tokens in one call", MAX_CALL_TOKENS);
         if (!st) st = trill_svc_datum_check(b, loss, &x[d], d);
     }
-    if (st) { svc_free_data(x, count); return st; }
+    if (st) { trill_svc_free_data(x, count); return st; }
     *out = x, *n = count, *tokens = total;
     return TRILL_OK;
 }
 
-trill_status svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss_config *config) {
+trill_status trill_svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss_config *config) {
     const char *name = json_string_value(json_object_get(body, "loss_fn"));
     char names[256];
     if (!name || trill_loss_parse(name, TRILL_LOSS_IN_SERVE) < 0)
@@ -163,11 +163,11 @@ trill_status svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss
 }
 
 static trill_status parse_forward(svc *s, const json_t *body, svc_job *j) {
-    trill_status st = svc_parse_loss(body, &j->loss, &j->loss_config);
-    return st ? st : svc_parse_data(s->bases[j->base], j->loss, json_object_get(body, "data"), &j->data, &j->n_data, &j->cost);
+    trill_status st = trill_svc_parse_loss(body, &j->loss, &j->loss_config);
+    return st ? st : trill_svc_parse_data(s->bases[j->base], j->loss, json_object_get(body, "data"), &j->data, &j->n_data, &j->cost);
 }
 
-trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p) {
+trill_status trill_svc_parse_adam(const json_t *body, trill_svc_adam *p) {
     const json_t *a = json_object_get(body, "adam_params");
     if (!json_is_object(a)) return trill_error(TRILL_ERR_INVALID, "adam_params: expected an object {learning_rate, beta1, beta2, eps, ...}");
     *p = trill_svc_adam_default();
@@ -239,18 +239,18 @@ static trill_status parse_sample(svc *s, const json_t *body, svc_job *j) {
     if (st) return st;
     j->num_samples = (int)num, j->max_tokens = (int)max_tokens;
     j->sampling.temperature = (float)temperature, j->sampling.top_p = (float)top_p, j->sampling.top_k = top_k < 0 ? 0 : (int)top_k;
-    j->sampling.seed = seed < 0 ? svc_random_u64() >> 11 : (uint64_t)seed; /* no seed: a fresh one (53 bits, as JSON keeps) */
+    j->sampling.seed = seed < 0 ? trill_svc_random_u64() >> 11 : (uint64_t)seed; /* no seed: a fresh one (53 bits, as JSON keeps) */
     j->cost = (long)j->prompt_len + (long)j->num_samples * j->max_tokens;
     return trill_sampling_check(&j->sampling);
 }
 
-trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j) {
+trill_status trill_svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j) {
     j->kind = kind;
     trill_status st;
     switch (kind) {
     case JOB_FORWARD:
     case JOB_FORWARD_BACKWARD: st = parse_forward(s, body, j); break;
-    case JOB_OPTIM_STEP: st = svc_parse_adam(body, &j->adam), j->cost = 1; break;
+    case JOB_OPTIM_STEP: st = trill_svc_parse_adam(body, &j->adam), j->cost = 1; break;
     case JOB_SAVE_STATE:
     case JOB_SAVE_SAMPLER: st = parse_name(body, j); break;
     case JOB_LOAD_STATE: {
@@ -260,7 +260,7 @@ trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j
         st = path ? TRILL_OK : trill_error(TRILL_ERR_INVALID, "path: expected a trill:// path of a saved state");
         if (!st && w && !json_is_boolean(w)) st = trill_error(TRILL_ERR_INVALID, "with_optimizer: expected true or false");
         j->with_optimizer = json_is_true(w);
-        if (!st) st = svc_resolve_uri(s, path, j->key_id, "state", j->dir, sizeof j->dir, &base);
+        if (!st) st = trill_svc_resolve_uri(s, path, j->key_id, "state", j->dir, sizeof j->dir, &base);
         if (!st && base != j->base)
             st = trill_error(TRILL_ERR_INVALID, "path: the state was trained on %s, this trainer's base is %s", trill_svc_base_name(s->bases[base]),
                              trill_svc_base_name(s->bases[j->base]));
@@ -276,19 +276,19 @@ trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j
 
 /* ---- queues ---- */
 
-trill_status svc_job_submit(svc *s, svc_job *j, const char *target, bool trainer) {
+trill_status trill_svc_job_submit(svc *s, svc_job *j, const char *target, bool trainer) {
     svc_arg a[] = { SVC_S(j->id), SVC_S(j->key_id), SVC_S(target), SVC_S(KIND_NAMES[j->kind]), SVC_I(time(NULL)) };
-    trill_status st = svc_store_run(s->store, "logging a request",
+    trill_status st = trill_svc_store_run(s->store, "logging a request",
                                     "INSERT INTO requests(id, key_id, target, kind, status, created) VALUES(?1, ?2, ?3, ?4, 'pending', ?5)",
                                     a, 5, NULL, NULL, NULL);
-    if (st) { svc_job_free(j); return st; }
+    if (st) { trill_svc_job_free(j); return st; }
     /* found again now (it may have been deleted since the call was parsed), and queued at once */
     pthread_mutex_lock(&s->mu);
-    if (trainer) j->tenant = svc_find_tenant(s, target, j->key_id);
-    else j->sampler = svc_find_sampler(s, target, j->key_id);
-    if (!j->tenant && !j->sampler) st = svc_fail("not_found", trainer ? "no such trainer" : "no such sampler");
+    if (trainer) j->tenant = trill_svc_find_tenant(s, target, j->key_id);
+    else j->sampler = trill_svc_find_sampler(s, target, j->key_id);
+    if (!j->tenant && !j->sampler) st = trill_svc_fail("not_found", trainer ? "no such trainer" : "no such sampler");
     else if (s->n_inflight >= s->cfg.max_queued)
-        st = svc_fail("limit", "the server has %d requests waiting (--max-queued): retry later", s->cfg.max_queued);
+        st = trill_svc_fail("limit", "the server has %d requests waiting (--max-queued): retry later", s->cfg.max_queued);
     if (!st) {
         s->inflight[s->n_inflight++] = j;
         if (j->tenant) {
@@ -307,18 +307,18 @@ trill_status svc_job_submit(svc *s, svc_job *j, const char *target, bool trainer
     pthread_mutex_unlock(&s->mu);
     if (st) { /* refused: the request never was */
         svc_arg id = SVC_S(j->id);
-        svc_store_run(s->store, "forgetting a refused request", "DELETE FROM requests WHERE id = ?1", &id, 1, NULL, NULL, NULL);
-        svc_job_free(j);
+        trill_svc_store_run(s->store, "forgetting a refused request", "DELETE FROM requests WHERE id = ?1", &id, 1, NULL, NULL, NULL);
+        trill_svc_job_free(j);
     }
     return st;
 }
 
-void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st) {
-    const char *code = st ? svc_take_code() : NULL;
+void trill_svc_job_finish(svc *s, svc_job *j, char *result, trill_status st) {
+    const char *code = st ? trill_svc_take_code() : NULL;
     json_t *err = st ? json_pack("{s:s, s:s}", "code", code ? code : "failed", "message", trill_error_message()) : NULL;
     char *text = st ? json_dumps(err, JSON_COMPACT) : result;
     svc_arg a[] = { SVC_S(st ? "error" : "done"), SVC_S(text ? text : "{}"), SVC_I(time(NULL)), SVC_S(j->id) };
-    if (!j->logged && svc_store_run(s->store, "recording a result", "UPDATE requests SET status = ?1, result = ?2, finished = ?3 WHERE id = ?4", a, 4,
+    if (!j->logged && trill_svc_store_run(s->store, "recording a result", "UPDATE requests SET status = ?1, result = ?2, finished = ?3 WHERE id = ?4", a, 4,
                                     NULL, NULL, NULL))
         trill_log(TRILL_LOG_WARN, "trill serve: %s", trill_error_message());
     if (text != result) free(text);
@@ -329,21 +329,21 @@ void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st) {
         if (s->inflight[i] == j) { s->inflight[i] = s->inflight[--s->n_inflight]; break; }
     if (j->sampler) {
         j->sampler->jobs--;
-        svc_sampler_settle(s, j->sampler);
+        trill_svc_sampler_settle(s, j->sampler);
     }
-    svc_wake_waiters(s, j->id);
+    trill_svc_wake_waiters(s, j->id);
     pthread_cond_broadcast(&s->done);
     pthread_mutex_unlock(&s->mu);
-    svc_job_free(j);
+    trill_svc_job_free(j);
 }
 
-char *svc_json_dump(json_t *o) {
+char *trill_svc_json_dump(json_t *o) {
     char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return t;
 }
 
-json_t *svc_json_floats(const float *v, int n) {
+json_t *trill_svc_json_floats(const float *v, int n) {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
     return a;
@@ -361,9 +361,9 @@ static trill_status run_forward(svc *s, svc_job *j, char **result) {
                          : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_t *outs = json_array();
     for (int d = 0, k = 0; !st && d < j->n_data; k += j->data[d++].n)
-        json_array_append_new(outs, json_pack("{s:o}", "logprobs", svc_json_floats(lp + k, j->data[d].n)));
+        json_array_append_new(outs, json_pack("{s:o}", "logprobs", trill_svc_json_floats(lp + k, j->data[d].n)));
     if (!st)
-        *result = svc_json_dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_loss_get(j->loss)->name, "loss_fn_outputs", outs, "metrics",
+        *result = trill_svc_json_dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_loss_get(j->loss)->name, "loss_fn_outputs", outs, "metrics",
                                  "loss:sum", loss));
     json_decref(outs);
     free(lp);
@@ -375,10 +375,10 @@ static trill_status run_training(svc *s, svc_job *j, char **result) {
     switch (j->kind) {
     case JOB_FORWARD:
     case JOB_FORWARD_BACKWARD: return run_forward(s, j, result);
-    case JOB_OPTIM_STEP: return svc_commit_step(s, j->tenant, j, result);
+    case JOB_OPTIM_STEP: return trill_svc_commit_step(s, j->tenant, j, result);
     case JOB_SAVE_STATE:
-    case JOB_SAVE_SAMPLER: return svc_commit_save(s, j->tenant, j, result);
-    case JOB_LOAD_STATE: return svc_commit_load(s, j->tenant, j, result);
+    case JOB_SAVE_SAMPLER: return trill_svc_commit_save(s, j->tenant, j, result);
+    case JOB_LOAD_STATE: return trill_svc_commit_load(s, j->tenant, j, result);
     default: return trill_error(TRILL_ERR_INVALID, "not a training call");
     }
 }
@@ -409,20 +409,20 @@ static void *train_main(void *arg) {
         trill_status st = run_training(s, j, &result);
         if (!st && !result) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
         snprintf(garbage, sizeof garbage, "%s", j->garbage);
-        svc_job_finish(s, j, result, st);
+        trill_svc_job_finish(s, j, result, st);
         if (garbage[0]) trill_remove_tree(garbage); /* after the answer: the client does not wait for it */
         pthread_mutex_lock(&s->mu);
         t->running = false;
-        svc_tenant_settle(s, t); /* deleted (or its key revoked) while the call ran */
+        trill_svc_tenant_settle(s, t); /* deleted (or its key revoked) while the call ran */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-trill_status svc_workers_start(svc *s) {
+trill_status trill_svc_workers_start(svc *s) {
     if (pthread_create(&s->train_thread, NULL, train_main, s) != 0) return trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the training worker");
-    if (pthread_create(&s->sample_thread, NULL, svc_sample_main, s) != 0) {
-        svc_workers_stop(s);
+    if (pthread_create(&s->sample_thread, NULL, trill_svc_sample_main, s) != 0) {
+        trill_svc_workers_stop(s);
         return trill_error(TRILL_ERR_NOMEM, "trill serve: cannot start the sampling worker");
     }
     return TRILL_OK;
@@ -430,7 +430,7 @@ trill_status svc_workers_start(svc *s) {
 
 /* Waits for the running jobs; the queued ones stay pending in the log (the next start reports
  * them as "server_restarted"). */
-void svc_workers_stop(svc *s) {
+void trill_svc_workers_stop(svc *s) {
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     pthread_cond_broadcast(&s->work);
@@ -452,16 +452,16 @@ static void read_request(void *ctx, sqlite3_stmt *row) {
     r->result = t ? trill_strdup((const char *)t) : NULL;
 }
 
-bool svc_inflight(svc *s, const char *id) {
+bool trill_svc_inflight(svc *s, const char *id) {
     for (int i = 0; i < s->n_inflight; i++)
         if (strcmp(s->inflight[i]->id, id) == 0) return true;
     return false;
 }
 
-char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending) {
+char *trill_svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending) {
     request_row r = { 0 };
     svc_arg a = SVC_S(id);
-    if (svc_store_run(s->store, "reading a request", "SELECT key_id, status, result FROM requests WHERE id = ?1", &a, 1, read_request, &r, NULL) ||
+    if (trill_svc_store_run(s->store, "reading a request", "SELECT key_id, status, result FROM requests WHERE id = ?1", &a, 1, read_request, &r, NULL) ||
         strcmp(r.key_id, key_id) != 0) {
         free(r.result);
         *status = 404;

@@ -47,7 +47,7 @@ static json_t *sequence_json(const trill_sequence_out *o, const trill_config *c)
     const size_t rows = (size_t)(o->n_prompt + o->n_generated - 1) * c->n_moe_layers * c->num_experts_per_tok;
     for (size_t i = 0; o->experts && i < rows; i++) json_array_append_new(experts, json_integer(o->experts[i]));
     const char *reason = o->finish == TRILL_FINISH_LENGTH ? "length" : o->finish == TRILL_FINISH_ABORTED ? "aborted" : "stop";
-    return json_pack("{s:o, s:o, s:s, s:o}", "tokens", toks, "logprobs", svc_json_floats(o->logprobs, o->n_generated), "stop_reason", reason,
+    return json_pack("{s:o, s:o, s:s, s:o}", "tokens", toks, "logprobs", trill_svc_json_floats(o->logprobs, o->n_generated), "stop_reason", reason,
                      "routed_experts", experts);
 }
 
@@ -103,7 +103,7 @@ static void complete(sampling *w, int i, trill_status st) {
     for (int k = 1; k < TRILL_ENGINE_ADAPTER_SLOTS; k++)
         if (lora && es->held[k] == lora) { es->users[k]--; break; }
     w->running[i] = w->running[--w->n_running];
-    svc_job_finish(w->s, j, st ? NULL : svc_json_dump(json_incref(j->result)), st);
+    trill_svc_job_finish(w->s, j, st ? NULL : trill_svc_json_dump(json_incref(j->result)), st);
 }
 
 /* Under s->mu: the queued jobs whose adapters can have a slot now, in queue order, into
@@ -219,7 +219,7 @@ static void load_needed(sampling *w) {
     }
     for (int k = 0; k < n; k++) {
         pthread_mutex_unlock(&s->mu);
-        const trill_status st = svc_weights_load(s, need[k]);
+        const trill_status st = trill_svc_weights_load(s, need[k]);
         char why[1024];
         snprintf(why, sizeof why, "%s", trill_error_message());
         svc_job *failed = NULL;
@@ -233,7 +233,7 @@ static void load_needed(sampling *w) {
         s->sample_tail = NULL;
         for (svc_job *j = s->sample_head; j; j = j->next) s->sample_tail = j;
         pthread_mutex_unlock(&s->mu);
-        for (svc_job *j = failed, *next; j; j = next) next = j->next, svc_job_finish(s, j, NULL, trill_error(st, "%s", why));
+        for (svc_job *j = failed, *next; j; j = next) next = j->next, trill_svc_job_finish(s, j, NULL, trill_error(st, "%s", why));
         pthread_mutex_lock(&s->mu);
     }
 }
@@ -276,7 +276,7 @@ static void evict(sampling *w) {
     s->reap = false;
 }
 
-void *svc_sample_main(void *arg) {
+void *trill_svc_sample_main(void *arg) {
     svc *s = arg;
     sampling w = { .s = s, .slots = trill_calloc((size_t)s->n_bases, sizeof *w.slots),
                    .running = trill_calloc((size_t)s->cfg.max_queued + 1, sizeof *w.running) };
@@ -301,7 +301,7 @@ void *svc_sample_main(void *arg) {
     }
     pthread_mutex_unlock(&s->mu);
     /* stopping: what runs stays pending in the request log (server_restarted at the next start) */
-    for (int i = 0; i < w.n_running; i++) svc_job_free(w.running[i]);
+    for (int i = 0; i < w.n_running; i++) trill_svc_job_free(w.running[i]);
     free(w.slots), free(w.running), free(load), free(slot_of);
     return NULL;
 }

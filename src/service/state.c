@@ -29,7 +29,7 @@
 
 #include <xxhash.h>
 
-void svc_tenant_dir(const svc *s, const char *tenant_id, const char *part, const char *name, char *out, size_t cap) {
+void trill_svc_tenant_dir(const svc *s, const char *tenant_id, const char *part, const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/trainers/%s/%s/%s", s->cfg.state_dir, tenant_id, part, name);
 }
 
@@ -48,7 +48,7 @@ static trill_status private_dir(const svc *s, const char *path) {
     return st;
 }
 
-trill_status svc_state_open(svc *s) {
+trill_status trill_svc_state_open(svc *s) {
     const char *dir = s->cfg.state_dir;
     trill_status st = trill_mkdir_p(dir);
     if (!st && chmod(dir, 0700) != 0) st = trill_error(TRILL_ERR_IO, "%s: cannot chmod: %s", dir, strerror(errno));
@@ -59,7 +59,7 @@ trill_status svc_state_open(svc *s) {
     return st;
 }
 
-trill_status svc_verify_folder(const svc *s, int b, const char *dir) {
+trill_status trill_svc_verify_folder(const svc *s, int b, const char *dir) {
     char *manifest = trill_path_join(dir, "manifest.json");
     if (!manifest) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const bool has = trill_file_exists(manifest);
@@ -70,11 +70,11 @@ trill_status svc_verify_folder(const svc *s, int b, const char *dir) {
     return st;
 }
 
-trill_status svc_write_folder(svc *s, const trill_svc_trainer *tr, int b, const char *tenant_id, const char *part, const char *name,
+trill_status trill_svc_write_folder(svc *s, const trill_svc_trainer *tr, int b, const char *tenant_id, const char *part, const char *name,
                               bool optimizer, char *dir, size_t cap) {
     char tmp[4096], parent[4096];
-    snprintf(tmp, sizeof tmp, "%s/trainers/%s/.tmp-%016llx", s->cfg.state_dir, tenant_id, (unsigned long long)svc_random_u64());
-    svc_tenant_dir(s, tenant_id, part, name, dir, cap);
+    snprintf(tmp, sizeof tmp, "%s/trainers/%s/.tmp-%016llx", s->cfg.state_dir, tenant_id, (unsigned long long)trill_svc_random_u64());
+    trill_svc_tenant_dir(s, tenant_id, part, name, dir, cap);
     snprintf(parent, sizeof parent, "%s/trainers/%s/%s", s->cfg.state_dir, tenant_id, part);
     trill_status st = private_dir(s, tmp);
     if (!st) st = trill_svc_trainer_save(tr, tmp, optimizer);
@@ -122,8 +122,8 @@ static void set_step(svc *s, svc_tenant *t) {
 static trill_status commit_snapshot(svc *s, svc_tenant *t, const trill_svc_trainer *tr, svc_job *j, const char *result, char *dir, size_t cap) {
     char name[64];
     const long long step = (long long)trill_svc_trainer_step(tr);
-    snprintf(name, sizeof name, "%lld-%08x", step, (unsigned)(svc_random_u64() & 0xffffffffu));
-    trill_status st = svc_write_folder(s, tr, t->base, t->id, "snapshots", name, true, dir, cap);
+    snprintf(name, sizeof name, "%lld-%08x", step, (unsigned)(trill_svc_random_u64() & 0xffffffffu));
+    trill_status st = trill_svc_write_folder(s, tr, t->base, t->id, "snapshots", name, true, dir, cap);
     if (st) return st;
     svc_arg row[] = { SVC_I(step), SVC_S(dir), SVC_S(t->snapshot), SVC_S(t->id) }, logged[3];
     log_done(j, result, logged);
@@ -131,19 +131,19 @@ static trill_status commit_snapshot(svc *s, svc_tenant *t, const trill_svc_train
         { "recording a snapshot", "UPDATE trainers SET step = ?1, snapshot = ?2, prev_snapshot = NULLIF(?3, '') WHERE id = ?4", row, 4 },
         { "recording a result", LOG_DONE, logged, 3 },
     };
-    st = svc_store_transaction(s->store, stmts, 2);
+    st = trill_svc_store_transaction(s->store, stmts, 2);
     if (st) trill_remove_tree(dir); /* never referenced */
     return st;
 }
 
-trill_status svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result) {
+trill_status trill_svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result) {
     /* before stepping: a step that cannot be undone is not taken (the training worker's one mark, reused) */
     trill_status st = trill_svc_trainer_mark(t->trainer, &s->mark);
     double norm = 0;
     if (!st) st = trill_svc_optim_step(t->trainer, &j->adam, &norm);
     if (st) return st;
     char dir[4096];
-    *result = svc_json_dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
+    *result = trill_svc_json_dump(json_pack("{s:{s:I, s:f, s:f}}", "metrics", "step", (json_int_t)trill_svc_trainer_step(t->trainer), "grad_norm", norm,
                                       "learning_rate", j->adam.learning_rate));
     st = *result ? commit_snapshot(s, t, t->trainer, j, *result, dir, sizeof dir) : trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
     if (st) {
@@ -159,12 +159,12 @@ trill_status svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result) {
     return st;
 }
 
-trill_status svc_commit_load(svc *s, svc_tenant *t, svc_job *j, char **result) {
+trill_status trill_svc_commit_load(svc *s, svc_tenant *t, svc_job *j, char **result) {
     trill_svc_trainer *loaded = NULL;
-    trill_status st = svc_verify_folder(s, t->base, j->dir);
+    trill_status st = trill_svc_verify_folder(s, t->base, j->dir);
     if (!st) st = trill_svc_trainer_load_like(t->trainer, j->dir, j->with_optimizer, &loaded);
     char dir[4096];
-    if (!st && !(*result = svc_json_dump(json_pack("{s:I}", "step", (json_int_t)trill_svc_trainer_step(loaded)))))
+    if (!st && !(*result = trill_svc_json_dump(json_pack("{s:I}", "step", (json_int_t)trill_svc_trainer_step(loaded)))))
         st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
     if (!st) st = commit_snapshot(s, t, loaded, j, *result, dir, sizeof dir);
     if (st) {
@@ -187,17 +187,17 @@ static void read_saved(void *ctx, sqlite3_stmt *row) {
     snprintf(r->dir, sizeof r->dir, "%s", (const char *)sqlite3_column_text(row, 1));
 }
 
-trill_status svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result) {
+trill_status trill_svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result) {
     const bool state = j->kind == JOB_SAVE_STATE;
     char uri[256], name[96], dir[4096];
     snprintf(uri, sizeof uri, "trill://%s/%s%s", t->id, state ? "" : "sampler/", j->name);
     saved_row old = { 0, "" };
     svc_arg u = SVC_S(uri);
-    trill_status st = svc_store_run(s->store, "reading a saved state", "SELECT version, dir FROM states WHERE uri = ?1", &u, 1, read_saved, &old, NULL);
+    trill_status st = trill_svc_store_run(s->store, "reading a saved state", "SELECT version, dir FROM states WHERE uri = ?1", &u, 1, read_saved, &old, NULL);
     snprintf(name, sizeof name, "%s@%lld", j->name, (long long)old.version + 1);
-    if (!st) st = svc_write_folder(s, t->trainer, t->base, t->id, state ? "states" : "sampler", name, state, dir, sizeof dir);
+    if (!st) st = trill_svc_write_folder(s, t->trainer, t->base, t->id, state ? "states" : "sampler", name, state, dir, sizeof dir);
     if (st) return st;
-    if (!(*result = svc_json_dump(json_pack("{s:s}", "path", uri)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
+    if (!(*result = trill_svc_json_dump(json_pack("{s:s}", "path", uri)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
     svc_arg row[] = { SVC_S(uri), SVC_S(t->key_id), SVC_S(t->id), SVC_S(state ? "state" : "sampler"), SVC_S(dir),
                       SVC_I(trill_svc_trainer_step(t->trainer)), SVC_I(time(NULL)), SVC_I(old.version + 1), SVC_S(trill_svc_base_name(s->bases[t->base])) },
             logged[3];
@@ -210,7 +210,7 @@ trill_status svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result) {
           row, 9 },
         { "recording a result", LOG_DONE, logged, 3 },
     };
-    if (!st) st = svc_store_transaction(s->store, stmts, 2);
+    if (!st) st = trill_svc_store_transaction(s->store, stmts, 2);
     if (st) {
         trill_remove_tree(dir);
         free(*result), *result = NULL;
@@ -241,14 +241,14 @@ static void recover_trainer(void *ctx, sqlite3_stmt *row) {
     if (!st) {
         snprintf(t->id, sizeof t->id, "%s", id);
         snprintf(t->key_id, sizeof t->key_id, "%s", text(row, 1));
-        if ((t->base = svc_find_base(s, base)) < 0) st = trill_error(TRILL_ERR_INVALID, "its base model %s is not served now", base);
+        if ((t->base = trill_svc_find_base(s, base)) < 0) st = trill_error(TRILL_ERR_INVALID, "its base model %s is not served now", base);
     }
     /* the newest complete state: its snapshot, the one before, the state it was made from, its seed */
     const char *tried[3] = { snap, prev, from };
     const char *used = NULL;
     for (int k = 0; !st && !used && k < 3; k++) {
         if (!tried[k][0]) continue;
-        trill_status ls = svc_verify_folder(s, t->base, tried[k]);
+        trill_status ls = trill_svc_verify_folder(s, t->base, tried[k]);
         if (!ls) ls = trill_svc_trainer_load(s->bases[t->base], tried[k], k < 2 || sqlite3_column_int(row, 9) != 0, &t->trainer);
         if (!ls) used = tried[k];
         else trill_log(TRILL_LOG_WARN, "trill serve: trainer %s: %s %s cannot be restored: %s", id,
@@ -272,7 +272,7 @@ static void recover_trainer(void *ctx, sqlite3_stmt *row) {
             trill_log(TRILL_LOG_WARN, "trill serve: trainer %s is back at step %lld (from %s), not at its recorded step %lld: its newer "
                       "snapshot is damaged", id, step, used ? used : "its seed", recorded);
             svc_arg a[] = { SVC_I(step), SVC_S(t->snapshot), SVC_S(id) };
-            st = svc_store_run(s->store, "recording a fallback", "UPDATE trainers SET step = ?1, snapshot = NULLIF(?2, ''), prev_snapshot = NULL "
+            st = trill_svc_store_run(s->store, "recording a fallback", "UPDATE trainers SET step = ?1, snapshot = NULLIF(?2, ''), prev_snapshot = NULL "
                                "WHERE id = ?3", a, 3, NULL, NULL, NULL);
         }
     }
@@ -296,7 +296,7 @@ static void recover_trainer(void *ctx, sqlite3_stmt *row) {
     r->n++;
 }
 
-svc_weights *svc_weights_for(svc *s, const char *uri, int64_t version, const char *dir, int b) {
+svc_weights *trill_svc_weights_for(svc *s, const char *uri, int64_t version, const char *dir, int b) {
     for (int i = 0; i < s->n_weights; i++) {
         svc_weights *w = s->weights[i];
         if (w->version == version && strcmp(w->uri, uri) == 0) return w;
@@ -321,10 +321,10 @@ static void recover_sampler(void *ctx, sqlite3_stmt *row) {
     if (!st) {
         snprintf(p->id, sizeof p->id, "%s", text(row, 0));
         snprintf(p->key_id, sizeof p->key_id, "%s", text(row, 1));
-        if ((p->base = svc_find_base(s, base)) < 0) st = trill_error(TRILL_ERR_INVALID, "its base model %s is not served now", base);
+        if ((p->base = trill_svc_find_base(s, base)) < 0) st = trill_error(TRILL_ERR_INVALID, "its base model %s is not served now", base);
     }
     if (!st && path[0]) { /* its weights as they were: loaded when it samples again */
-        if (!(p->weights = svc_weights_for(s, path, sqlite3_column_int64(row, 5), text(row, 4), p->base))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+        if (!(p->weights = trill_svc_weights_for(s, path, sqlite3_column_int64(row, 5), text(row, 4), p->base))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         else p->weights->refs++;
     }
     svc_sampler **grown = st ? NULL : trill_realloc(s->samplers, sizeof *grown * (size_t)(s->n_samplers + 1));
@@ -397,9 +397,9 @@ static void sweep_trainer(sweep_ctx *w, const char *dir) {
 static trill_status sweep(svc *s) {
     sweep_ctx w = { 0 };
     if (trill_u64map_init(&w.referenced, 64)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = svc_store_run(s->store, "listing the snapshots", "SELECT snapshot, prev_snapshot, from_state FROM trainers", NULL, 0,
+    trill_status st = trill_svc_store_run(s->store, "listing the snapshots", "SELECT snapshot, prev_snapshot, from_state FROM trainers", NULL, 0,
                                     add_referenced, &w, NULL);
-    if (!st) st = svc_store_run(s->store, "listing the saved states", "SELECT dir FROM states", NULL, 0, add_referenced, &w, NULL);
+    if (!st) st = trill_svc_store_run(s->store, "listing the saved states", "SELECT dir FROM states", NULL, 0, add_referenced, &w, NULL);
     if (!st && w.nomem) st = trill_error(TRILL_ERR_NOMEM, "out of memory"); /* nothing is removed on an incomplete list */
     char root[4200], path[8192];
     snprintf(root, sizeof root, "%s/trainers", s->cfg.state_dir);
@@ -417,16 +417,16 @@ static trill_status sweep(svc *s) {
     return st;
 }
 
-trill_status svc_recover(svc *s) {
-    const int failed = svc_store_fail_pending(s->store);
+trill_status trill_svc_recover(svc *s) {
+    const int failed = trill_svc_store_fail_pending(s->store);
     recover_ctx t = { .s = s }, p = { .s = s };
-    trill_status st = svc_store_run(s->store, "restoring trainers",
+    trill_status st = trill_svc_store_run(s->store, "restoring trainers",
                                     "SELECT t.id, t.key_id, t.base, t.rank, t.seed, t.mlp, t.attn, t.unembed, t.from_state, t.from_optimizer, "
                                     "t.snapshot, t.prev_snapshot, t.step FROM trainers t JOIN keys k ON k.id = t.key_id WHERE k.revoked = 0 "
                                     "ORDER BY t.created, t.id",
                                     NULL, 0, recover_trainer, &t, NULL);
     if (!st)
-        st = svc_store_run(s->store, "restoring samplers",
+        st = trill_svc_store_run(s->store, "restoring samplers",
                            "SELECT p.id, p.key_id, p.base, p.model_path, p.dir, p.version FROM samplers p JOIN keys k ON k.id = p.key_id "
                            "WHERE k.revoked = 0 ORDER BY p.created, p.id",
                            NULL, 0, recover_sampler, &p, NULL);

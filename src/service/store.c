@@ -64,7 +64,7 @@ static trill_status upgrade(sqlite3 *db, const char *path) {
     return TRILL_OK;
 }
 
-trill_status svc_store_open(const char *state_dir, svc_store **out) {
+trill_status trill_svc_store_open(const char *state_dir, svc_store **out) {
     *out = NULL;
     trill_status st = trill_mkdir_p(state_dir);
     if (st) return st;
@@ -90,12 +90,12 @@ trill_status svc_store_open(const char *state_dir, svc_store **out) {
         else st = upgrade(s->db, path);
     }
     sqlite3_free(err);
-    if (st) { svc_store_close(s); return st; }
+    if (st) { trill_svc_store_close(s); return st; }
     *out = s;
     return TRILL_OK;
 }
 
-void svc_store_close(svc_store *s) {
+void trill_svc_store_close(svc_store *s) {
     if (!s) return;
     sqlite3_close(s->db);
     pthread_mutex_destroy(&s->mu);
@@ -117,7 +117,7 @@ static int run_locked(svc_store *s, const char *sql, const svc_arg *args, int n_
     return rc;
 }
 
-trill_status svc_store_run(svc_store *s, const char *what, const char *sql, const svc_arg *args, int n_args, svc_row_fn row,
+trill_status trill_svc_store_run(svc_store *s, const char *what, const char *sql, const svc_arg *args, int n_args, svc_row_fn row,
                            void *ctx, int *changes) {
     pthread_mutex_lock(&s->mu);
     const int rc = run_locked(s, sql, args, n_args, row, ctx);
@@ -127,7 +127,7 @@ trill_status svc_store_run(svc_store *s, const char *what, const char *sql, cons
     return st;
 }
 
-trill_status svc_store_transaction(svc_store *s, const svc_stmt *stmts, int n) {
+trill_status trill_svc_store_transaction(svc_store *s, const svc_stmt *stmts, int n) {
     pthread_mutex_lock(&s->mu);
     trill_status st = TRILL_OK;
     if (sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
@@ -142,15 +142,15 @@ trill_status svc_store_transaction(svc_store *s, const svc_stmt *stmts, int n) {
     return st;
 }
 
-uint64_t svc_random_u64(void) {
+uint64_t trill_svc_random_u64(void) {
     uint64_t r = 0;
     while (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {} /* interrupted by a signal: try again */
     return r;
 }
 
-void svc_new_id(char *out, size_t cap, const char *prefix) { snprintf(out, cap, "%s%016llx", prefix, (unsigned long long)svc_random_u64()); }
+void trill_svc_new_id(char *out, size_t cap, const char *prefix) { snprintf(out, cap, "%s%016llx", prefix, (unsigned long long)trill_svc_random_u64()); }
 
-void svc_sha256_hex(const char *text, char out[65]) {
+void trill_svc_sha256_hex(const char *text, char out[65]) {
     unsigned char md[32];
     unsigned int len = 0;
     EVP_Digest(text, strlen(text), md, &len, EVP_sha256(), NULL);
@@ -162,19 +162,19 @@ static void copy_text0(void *ctx, sqlite3_stmt *row) {
     snprintf(ctx, 32, "%s", t ? (const char *)t : "");
 }
 
-bool svc_store_authenticate(svc_store *s, const char *key, char key_id[32]) {
+bool trill_svc_store_authenticate(svc_store *s, const char *key, char key_id[32]) {
     char hash[65];
-    svc_sha256_hex(key, hash);
+    trill_svc_sha256_hex(key, hash);
     key_id[0] = '\0';
     svc_arg a = SVC_S(hash);
-    return !svc_store_run(s, "authenticating", "SELECT id FROM keys WHERE hash = ?1 AND revoked = 0", &a, 1, copy_text0, key_id, NULL) &&
+    return !trill_svc_store_run(s, "authenticating", "SELECT id FROM keys WHERE hash = ?1 AND revoked = 0", &a, 1, copy_text0, key_id, NULL) &&
            key_id[0];
 }
 
-int svc_store_fail_pending(svc_store *s) {
+int trill_svc_store_fail_pending(svc_store *s) {
     int n = 0;
     svc_arg a = SVC_I(time(NULL));
-    svc_store_run(s, "failing the requests of the last run",
+    trill_svc_store_run(s, "failing the requests of the last run",
                   "UPDATE requests SET status = 'error', finished = ?1, result = '{\"code\": \"server_restarted\", \"message\": "
                   "\"the server stopped while this request was queued or running; it was not completed and nothing it would have "
                   "changed was kept (a completed optimizer step, load or save records its result with it): submit it again\"}' "
@@ -186,7 +186,7 @@ int svc_store_fail_pending(svc_store *s) {
 /* ---- keys (trill serve keys) ---- */
 
 static trill_status open_keys(const char *state_dir, svc_store **s) {
-    trill_status st = svc_store_open(state_dir, s);
+    trill_status st = trill_svc_store_open(state_dir, s);
     if (st) trill_error_context("trill serve keys");
     return st;
 }
@@ -199,10 +199,10 @@ static trill_status add_key(svc_store *s, const char *name, char text[48]) {
     while (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {}
     strcpy(text, "trill-");
     for (int i = 0; i < 16; i++) snprintf(text + 6 + 2 * i, 3, "%02x", raw[i]);
-    svc_new_id(id, sizeof id, "k-");
-    svc_sha256_hex(text, hash);
+    trill_svc_new_id(id, sizeof id, "k-");
+    trill_svc_sha256_hex(text, hash);
     svc_arg a[] = { SVC_S(id), SVC_S(name), SVC_S(hash), SVC_I(time(NULL)) };
-    trill_status st = svc_store_run(s, "adding a key", "INSERT INTO keys(id, name, hash, created) VALUES(?1, ?2, ?3, ?4)", a, 4, NULL, NULL, NULL);
+    trill_status st = trill_svc_store_run(s, "adding a key", "INSERT INTO keys(id, name, hash, created) VALUES(?1, ?2, ?3, ?4)", a, 4, NULL, NULL, NULL);
     if (st && strstr(trill_error_message(), "UNIQUE")) st = trill_error(TRILL_ERR_INVALID, "a key named \"%s\" exists", name);
     return st;
 }
@@ -214,16 +214,16 @@ trill_status trill_serve_key_add(const char *state_dir, const char *name, char *
     trill_status st = open_keys(state_dir, &s);
     if (!st) st = add_key(s, name, text);
     if (st) trill_error_context("trill serve keys add");
-    svc_store_close(s);
+    trill_svc_store_close(s);
     if (!st && !(*key = trill_strdup(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     return st;
 }
 
 static void count_rows(void *ctx, sqlite3_stmt *row) { *(int *)ctx = sqlite3_column_int(row, 0); }
 
-trill_status svc_store_default_key(svc_store *s, const char *state_dir) {
+trill_status trill_svc_store_default_key(svc_store *s, const char *state_dir) {
     int n = 0;
-    trill_status st = svc_store_run(s, "counting keys", "SELECT COUNT(*) FROM keys", NULL, 0, count_rows, &n, NULL);
+    trill_status st = trill_svc_store_run(s, "counting keys", "SELECT COUNT(*) FROM keys", NULL, 0, count_rows, &n, NULL);
     if (st || n > 0) return st;
     char text[48], path[4096];
     if ((st = add_key(s, "default", text))) return st;
@@ -265,8 +265,8 @@ trill_status trill_serve_key_list(const char *state_dir, char **out) {
     trill_status st = open_keys(state_dir, &s);
     if (st) return st;
     text_buf b = { 0 };
-    st = svc_store_run(s, "listing keys", "SELECT id, name, created, revoked FROM keys ORDER BY created, name", NULL, 0, append_key, &b, NULL);
-    svc_store_close(s);
+    st = trill_svc_store_run(s, "listing keys", "SELECT id, name, created, revoked FROM keys ORDER BY created, name", NULL, 0, append_key, &b, NULL);
+    trill_svc_store_close(s);
     if (!st && b.nomem) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st && !b.buf && !(b.buf = trill_strdup(""))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (st) { free(b.buf); return st; }
@@ -280,8 +280,8 @@ trill_status trill_serve_key_revoke(const char *state_dir, const char *name_or_i
     if (st) return st;
     int n = 0;
     svc_arg a = SVC_S(name_or_id);
-    st = svc_store_run(s, "revoking a key", "UPDATE keys SET revoked = 1 WHERE name = ?1 OR id = ?1", &a, 1, NULL, NULL, &n);
-    svc_store_close(s);
+    st = trill_svc_store_run(s, "revoking a key", "UPDATE keys SET revoked = 1 WHERE name = ?1 OR id = ?1", &a, 1, NULL, NULL, &n);
+    trill_svc_store_close(s);
     if (!st && n == 0) st = trill_error(TRILL_ERR_INVALID, "trill serve keys revoke: no key is named or has the id \"%s\"", name_or_id);
     return st;
 }

@@ -138,113 +138,113 @@ typedef struct svc {
 /* ---- jobs.c ---- */
 /* Parses and checks a call's body into job j (its key, and the trainer or sampler the caller
  * owns, set); an error's message names the field. */
-trill_status svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j);
+trill_status trill_svc_job_parse(svc *s, job_kind kind, const json_t *body, svc_job *j);
 /* A call's "data" (the wire's datums) for base b, checked for the loss; *tokens counts the
- * tokens forwarded. Free with svc_free_data. */
-trill_status svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens);
-void svc_free_data(trill_svc_datum *data, int n);
+ * tokens forwarded. Free with trill_svc_free_data. */
+trill_status trill_svc_parse_data(trill_svc_base *b, trill_loss loss, const json_t *data, trill_svc_datum **out, int *n, long *tokens);
+void trill_svc_free_data(trill_svc_datum *data, int n);
 /* A call's "loss_fn" and "loss_fn_config". */
-trill_status svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss_config *config);
+trill_status trill_svc_parse_loss(const json_t *body, trill_loss *loss, trill_svc_loss_config *config);
 /* A call's "adam_params" (Tinker's defaults for what it leaves out). */
-trill_status svc_parse_adam(const json_t *body, trill_svc_adam *p);
+trill_status trill_svc_parse_adam(const json_t *body, trill_svc_adam *p);
 /* Logs the job (taken; its id and base set) as pending and queues it on its target, the caller's
  * trainer (or sampler) `target`, found again now; refused when that is gone or the queue is full
  * (then the log forgets it). */
-trill_status svc_job_submit(svc *s, svc_job *job, const char *target, bool trainer);
-void svc_job_free(svc_job *job);
+trill_status trill_svc_job_submit(svc *s, svc_job *job, const char *target, bool trainer);
+void trill_svc_job_free(svc_job *job);
 /* Records the job's outcome (result: JSON text, taken; or the error st with its message) in the
  * request log (unless j->logged), then forgets the job (freed) and wakes its long-polls. An error
- * takes its code from svc_take_code when one was set ("failed" otherwise). */
-void svc_job_finish(svc *s, svc_job *j, char *result, trill_status st);
+ * takes its code from trill_svc_take_code when one was set ("failed" otherwise). */
+void trill_svc_job_finish(svc *s, svc_job *j, char *result, trill_status st);
 /* Under s->mu: tenant t's (or sampler p's) queued jobs, taken out of their queue (a list through
- * next). Then, outside it, svc_fail_jobs finishes them with the error "gone" and `why`. */
-svc_job *svc_take_queued(svc *s, struct svc_tenant *t, struct svc_sampler *p);
-void svc_fail_jobs(svc *s, svc_job *jobs, const char *why);
+ * next). Then, outside it, trill_svc_fail_jobs finishes them with the error "gone" and `why`. */
+svc_job *trill_svc_take_queued(svc *s, struct svc_tenant *t, struct svc_sampler *p);
+void trill_svc_fail_jobs(svc *s, svc_job *jobs, const char *why);
 /* o as compact JSON text (malloc'ed; o is released), NULL when out of memory. */
-char *svc_json_dump(json_t *o);
-json_t *svc_json_floats(const float *v, int n);
-trill_status svc_workers_start(svc *s);
-void svc_workers_stop(svc *s);
+char *trill_svc_json_dump(json_t *o);
+json_t *trill_svc_json_floats(const float *v, int n);
+trill_status trill_svc_workers_start(svc *s);
+void trill_svc_workers_stop(svc *s);
 /* Under s->mu: request id is queued or running. */
-bool svc_inflight(svc *s, const char *id);
+bool trill_svc_inflight(svc *s, const char *id);
 /* The future's answer now as JSON text (malloc'ed), *status 200 and *pending when it is not
  * finished; NULL with *status 404 when the caller owns no such request (500: out of memory). */
-char *svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending);
+char *trill_svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending);
 
 /* ---- http.c ---- */
 /* Under s->mu: the long-polls waiting for request id answer now. */
-void svc_wake_waiters(svc *s, const char *id);
+void trill_svc_wake_waiters(svc *s, const char *id);
 
 /* ---- sampler.c ---- */
 /* The sampling worker's loop (a thread): continuous batching of every sampler's requests in its
  * base's engine, each sampler's adapter in an adapter slot of the engine. */
-void *svc_sample_main(void *arg);
+void *trill_svc_sample_main(void *arg);
 
 /* ---- tenants.c ---- */
 /* An error with the code the HTTP answer gives it ("not_found", "limit", "bad_request", "gone"),
  * and that code, taken (NULL when none was set on this thread). */
-trill_status svc_fail(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-const char *svc_take_code(void);
+trill_status trill_svc_fail(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *trill_svc_take_code(void);
 /* Lookups that only find the caller's own objects, live ones (NULL otherwise). Under s->mu. */
-svc_tenant *svc_find_tenant(svc *s, const char *id, const char *key_id);
-svc_sampler *svc_find_sampler(svc *s, const char *id, const char *key_id);
-int svc_find_base(const svc *s, const char *name);
+svc_tenant *trill_svc_find_tenant(svc *s, const char *id, const char *key_id);
+svc_sampler *trill_svc_find_sampler(svc *s, const char *id, const char *key_id);
+int trill_svc_find_base(const svc *s, const char *name);
 /* A trill:// URI the caller owns → the directory it names; kind "state" or "sampler". Refuses
  * anything else (another tenant's, a file-system path) with a message. */
-trill_status svc_resolve_uri(svc *s, const char *uri, const char *key_id, const char *kind, char *dir, size_t cap, int *base);
+trill_status trill_svc_resolve_uri(svc *s, const char *uri, const char *key_id, const char *kind, char *dir, size_t cap, int *base);
 /* The version of the weights a path names now (a save under its name makes the next); -1 if none. */
-int64_t svc_uri_version(svc *s, const char *uri);
+int64_t trill_svc_uri_version(svc *s, const char *uri);
 /* Loads weights w from their folder (the sampling worker, outside s->mu), refused when their path
  * has been saved again since they were taken. */
-trill_status svc_weights_load(svc *s, svc_weights *w);
+trill_status trill_svc_weights_load(svc *s, svc_weights *w);
 /* Creates a trainer (new, or from a state: then its first snapshot is a copy of that state) and
  * records it; the key's limit and the adapter memory are checked and taken atomically. */
-trill_status svc_tenant_create(svc *s, const char *key_id, const json_t *body, bool from_state, svc_tenant **out);
-trill_status svc_sampler_create(svc *s, const char *key_id, const json_t *body, svc_sampler **out);
+trill_status trill_svc_tenant_create(svc *s, const char *key_id, const json_t *body, bool from_state, svc_tenant **out);
+trill_status trill_svc_sampler_create(svc *s, const char *key_id, const json_t *body, svc_sampler **out);
 /* DELETE: the caller's trainer or sampler — its queued calls fail ("gone"), its record goes, its
  * memory and snapshots are freed (after its running call, if one runs). Its saved states stay. */
-trill_status svc_tenant_delete(svc *s, const char *id, const char *key_id);
-trill_status svc_sampler_delete(svc *s, const char *id, const char *key_id);
+trill_status trill_svc_tenant_delete(svc *s, const char *id, const char *key_id);
+trill_status trill_svc_sampler_delete(svc *s, const char *id, const char *key_id);
 /* Under s->mu: frees tenant t (unlinked; not running) with its adapter memory; with `files` its
  * snapshots too. */
-void svc_tenant_release(svc *s, svc_tenant *t, bool files);
+void trill_svc_tenant_release(svc *s, svc_tenant *t, bool files);
 /* Under s->mu: frees sampler p (unlinked; no calls), dropping its hold on its weights. */
-void svc_sampler_release(svc *s, svc_sampler *p);
+void trill_svc_sampler_release(svc *s, svc_sampler *p);
 /* Under s->mu: a gone trainer or sampler that nothing runs or pins any more is unlinked and freed. */
-void svc_tenant_settle(svc *s, svc_tenant *t);
-void svc_sampler_settle(svc *s, svc_sampler *p);
+void trill_svc_tenant_settle(svc *s, svc_tenant *t);
+void trill_svc_sampler_settle(svc *s, svc_sampler *p);
 /* Releases the trainers and samplers of keys revoked since (their records and files stay; a
  * restart does not bring them back). */
-void svc_release_revoked(svc *s);
+void trill_svc_release_revoked(svc *s);
 
 /* ---- state.c: the state folder ---- */
 /* STATE: made, locked for this process (one server a state folder), owner-only modes, and what
  * a crash left (temporary and orphaned folders) removed. */
-trill_status svc_state_open(svc *s);
+trill_status trill_svc_state_open(svc *s);
 /* The saved folder was written for base b: its manifest verifies (a folder of an earlier trill,
  * without one, is taken as it is). */
-trill_status svc_verify_folder(const svc *s, int b, const char *dir);
+trill_status trill_svc_verify_folder(const svc *s, int b, const char *dir);
 /* Brings back every trainer (at its newest complete snapshot, saying so when it falls back) and
  * sampler recorded, but those of revoked keys. */
-trill_status svc_recover(svc *s);
+trill_status trill_svc_recover(svc *s);
 /* Writes trainer tr's state (with `optimizer` its AdamW state; `base` its base's index) as
  * STATE/trainers/<tenant_id>/<part>/<name>:
  * a temporary folder, every file synced, modes 0700/0600, then renamed into place — whole or
  * absent after a crash. */
-trill_status svc_write_folder(svc *s, const trill_svc_trainer *tr, int base, const char *tenant_id, const char *part, const char *name,
+trill_status trill_svc_write_folder(svc *s, const trill_svc_trainer *tr, int base, const char *tenant_id, const char *part, const char *name,
                               bool optimizer, char *dir, size_t cap);
 /* The weights entry of (uri, version) of base b, made (not loaded) when there is none; NULL when
  * out of memory. Under s->mu, or before the workers start. */
-svc_weights *svc_weights_for(svc *s, const char *uri, int64_t version, const char *dir, int b);
+svc_weights *trill_svc_weights_for(svc *s, const char *uri, int64_t version, const char *dir, int b);
 /* The transactions of the training calls that change durable state, each recording job j's
  * result in the request log with what it changed (j->logged): an optimizer step (the trainer's
  * snapshot; a failed snapshot puts the trainer back as it was), a load (the loaded state becomes
  * the trainer's, with its snapshot), a save (the state folder at its next version). *result takes
  * the answer's JSON text. */
-trill_status svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result);
-trill_status svc_commit_load(svc *s, svc_tenant *t, svc_job *j, char **result);
-trill_status svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result);
+trill_status trill_svc_commit_step(svc *s, svc_tenant *t, svc_job *j, char **result);
+trill_status trill_svc_commit_load(svc *s, svc_tenant *t, svc_job *j, char **result);
+trill_status trill_svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **result);
 /* STATE/trainers/<id>/<part>/<name> */
-void svc_tenant_dir(const svc *s, const char *tenant_id, const char *part, const char *name, char *out, size_t cap);
+void trill_svc_tenant_dir(const svc *s, const char *tenant_id, const char *part, const char *name, char *out, size_t cap);
 
 #endif

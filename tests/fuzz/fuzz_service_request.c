@@ -1,6 +1,6 @@
 /* libFuzzer harness: arbitrary bytes as the JSON body of a `trill serve` call (docs/service.md),
- * run through every parser the server runs on it: svc_parse_loss, svc_parse_data on the body's
- * "data" (under each loss), svc_parse_adam, and svc_job_parse for every job kind, the training
+ * run through every parser the server runs on it: trill_svc_parse_loss, trill_svc_parse_data on the body's
+ * "data" (under each loss), trill_svc_parse_adam, and trill_svc_job_parse for every job kind, the training
  * calls on a trainer and the sampling calls on a sampler of one small base model.
  *
  * The body is read as the server reads it (json_loadb with JSON_REJECT_DUPLICATES; anything but
@@ -69,7 +69,7 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 }
 
 static void teardown(void) {
-    svc_store_close(g_svc.store);
+    trill_svc_store_close(g_svc.store);
     trill_svc_base_free(g_bases[0]);
     pthread_mutex_destroy(&g_svc.mu);
     if (g_root[0]) nftw(g_root, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
@@ -116,7 +116,7 @@ static void setup(void) {
 
     g_svc.cfg = trill_serve_config_default();
     g_svc.cfg.state_dir = g_state_dir;
-    INIT(svc_store_open(g_state_dir, &g_svc.store));
+    INIT(trill_svc_store_open(g_state_dir, &g_svc.store));
     pthread_mutex_init(&g_svc.mu, NULL);
     g_svc.bases = g_bases, g_svc.n_bases = 1;
     snprintf(g_tenant.id, sizeof g_tenant.id, "t-fuzz");
@@ -136,7 +136,7 @@ static void check_refused(trill_status st) {
 
 static bool in_vocab(int id) { return id >= 0 && id < g_config->vocab_size; }
 
-/* What svc_parse_data accepted (n data, *tokens forwarded) under `loss`. */
+/* What trill_svc_parse_data accepted (n data, *tokens forwarded) under `loss`. */
 static void check_data(trill_loss loss, const trill_svc_datum *x, int n, long tokens) {
     CHECK(x != NULL && n >= 1 && n <= MAX_DATA);
     long total = 0;
@@ -225,7 +225,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* loss_fn + loss_fn_config, then "data" under every loss (the named one among them) */
     trill_loss loss = TRILL_LOSS_CROSS_ENTROPY;
     trill_svc_loss_config lc;
-    trill_status st = svc_parse_loss(body, &loss, &lc);
+    trill_status st = trill_svc_parse_loss(body, &loss, &lc);
     if (st) check_refused(st);
     else check_loss_config(loss, &lc);
     const json_t *jdata = json_object_get(body, "data");
@@ -234,19 +234,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         trill_svc_datum *x = (trill_svc_datum *)1;
         int n = -1;
         long tokens = -1;
-        st = svc_parse_data(g_bases[0], (trill_loss)l, jdata, &x, &n, &tokens);
+        st = trill_svc_parse_data(g_bases[0], (trill_loss)l, jdata, &x, &n, &tokens);
         if (st) {
             check_refused(st);
             CHECK(x == NULL && n == 0 && tokens == 0);
         } else {
             check_data((trill_loss)l, x, n, tokens);
         }
-        svc_free_data(x, n); /* NULL, 0 after a refusal */
+        trill_svc_free_data(x, n); /* NULL, 0 after a refusal */
     }
 
     /* adam_params */
     trill_svc_adam adam;
-    st = svc_parse_adam(body, &adam);
+    st = trill_svc_parse_adam(body, &adam);
     if (st) check_refused(st);
     else check_adam(&adam);
 
@@ -256,8 +256,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(j != NULL);
         snprintf(j->key_id, sizeof j->key_id, "%s", KEY_ID);
         j->base = k < JOB_SAMPLE ? g_tenant.base : g_sampler.base; /* what submit() finds before parsing */
-        st = svc_job_parse(&g_svc, (job_kind)k, body, j);
-        const char *code = svc_take_code(); /* as the HTTP answer takes it, so none is left set (none: bad_request) */
+        st = trill_svc_job_parse(&g_svc, (job_kind)k, body, j);
+        const char *code = trill_svc_take_code(); /* as the HTTP answer takes it, so none is left set (none: bad_request) */
         CHECK(j->kind == (job_kind)k);
         if (st) {
             check_refused(st);
@@ -265,7 +265,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else {
             check_job(body, j);
         }
-        svc_job_free(j);
+        trill_svc_job_free(j);
     }
     json_decref(body);
     return 0;

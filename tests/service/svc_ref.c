@@ -26,7 +26,7 @@ static json_t *forward(trill_svc_trainer *t, trill_svc_base *b, const json_t *op
     trill_svc_datum *data = NULL;
     int n = 0;
     long tokens = 0;
-    if (svc_parse_loss(op, &loss, &lc) || svc_parse_data(b, loss, json_object_get(op, "data"), &data, &n, &tokens)) return NULL;
+    if (trill_svc_parse_loss(op, &loss, &lc) || trill_svc_parse_data(b, loss, json_object_get(op, "data"), &data, &n, &tokens)) return NULL;
     float *lp = malloc(sizeof(float) * (size_t)tokens);
     double sum = 0;
     json_t *out = NULL;
@@ -40,7 +40,7 @@ static json_t *forward(trill_svc_trainer *t, trill_svc_base *b, const json_t *op
         out = json_pack("{s:o, s:f}", "logprobs", all, "loss", sum);
     }
     free(lp);
-    svc_free_data(data, n);
+    trill_svc_free_data(data, n);
     return out;
 }
 
@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
         if (strcmp(kind, "optim_step") == 0) {
             trill_svc_adam p;
             double norm = 0;
-            if (!svc_parse_adam(op, &p) && !trill_svc_optim_step(t, &p, &norm))
+            if (!trill_svc_parse_adam(op, &p) && !trill_svc_optim_step(t, &p, &norm))
                 r = json_pack("{s:f, s:I}", "grad_norm", norm, "step", (json_int_t)trill_svc_trainer_step(t));
         } else {
             r = forward(t, b, op, strcmp(kind, "forward_backward") == 0);
