@@ -231,6 +231,21 @@ static const char *text(sqlite3_stmt *row, int i) {
     return t ? (const char *)t : "";
 }
 
+/* A restored trainer into the server's list, its adapter bytes counted (before the workers start:
+ * no lock needed). */
+static trill_status add_restored(svc *s, svc_tenant *t) {
+    size_t n;
+    trill_lora_params(trill_svc_trainer_lora(t->trainer), &n);
+    t->step = trill_svc_trainer_step(t->trainer);
+    t->bytes = 4 * n * sizeof(float);
+    svc_tenant **p = trill_realloc(s->tenants, sizeof *p * (size_t)(s->n_tenants + 1));
+    if (!p) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    s->tenants = p;
+    s->tenants[s->n_tenants++] = t;
+    s->adapter_bytes += t->bytes;
+    return TRILL_OK;
+}
+
 static void recover_trainer(void *ctx, sqlite3_stmt *row) {
     recover_ctx *r = ctx;
     svc *s = r->s;
@@ -276,16 +291,7 @@ static void recover_trainer(void *ctx, sqlite3_stmt *row) {
                                "WHERE id = ?3", a, 3, NULL, NULL, NULL);
         }
     }
-    if (!st) {
-        size_t n;
-        trill_lora_params(trill_svc_trainer_lora(t->trainer), &n);
-        t->step = trill_svc_trainer_step(t->trainer);
-        t->bytes = 4 * n * sizeof(float);
-        s->adapter_bytes += t->bytes; /* before the workers start: no lock needed */
-        svc_tenant **p = trill_realloc(s->tenants, sizeof *p * (size_t)(s->n_tenants + 1));
-        if (p) s->tenants = p, s->tenants[s->n_tenants++] = t;
-        else st = trill_error(TRILL_ERR_NOMEM, "out of memory"), s->adapter_bytes -= t->bytes;
-    }
+    if (!st) st = add_restored(s, t);
     if (st) {
         trill_log(TRILL_LOG_WARN, "trill serve: trainer %s not restored: %s", id, trill_error_message());
         if (t) trill_svc_trainer_free(t->trainer);
