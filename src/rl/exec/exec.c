@@ -8,6 +8,8 @@ const char *trill_rl_exec_name(rl_exec_kind kind) {
     case RL_EXEC_GENERATOR: return "generator";
     case RL_EXEC_REPLAY: return "replay";
     case RL_EXEC_REWARD: return "reward";
+    case RL_EXEC_TRAINER: return "trainer";
+    case RL_EXEC_EVALUATOR: return "evaluator";
     }
     return "?";
 }
@@ -16,6 +18,17 @@ rl_exec trill_rl_exec_make(rl_run *r, rl_exec_kind kind) { return (rl_exec){ .ki
 
 static void set_phase(const rl_exec *e, trill_run_phase phase) {
     if (e->phase) e->phase(e->phase_ctx, phase);
+}
+
+/* The update on ro, published through e->publish; the run's training totals. */
+static trill_status train(rl_exec *e, rl_rollout *ro) {
+    rl_run *r = e->r;
+    double train_s = 0;
+    long tokens = 0;
+    const trill_status st = trill_rl_stage_train(r, ro, e->publish, e->publish_ctx, ro->m, &train_s, &tokens);
+    r->train_s += train_s;
+    r->train_tokens += tokens;
+    return st;
 }
 
 trill_status trill_rl_exec_work(rl_exec *e, rl_rollout *ro) {
@@ -35,6 +48,15 @@ trill_status trill_rl_exec_work(rl_exec *e, rl_rollout *ro) {
     case RL_EXEC_REWARD:
         set_phase(e, TRILL_RUN_SCORING);
         st = trill_rl_stage_reward(e->r, ro);
+        break;
+    case RL_EXEC_TRAINER:
+        set_phase(e, TRILL_RUN_TRAINING);
+        st = train(e, ro);
+        break;
+    case RL_EXEC_EVALUATOR:
+        set_phase(e, TRILL_RUN_EVALUATING);
+        ro->m->has_eval = true;
+        st = trill_rl_stage_evaluate(e->r, (int)index, "now", &ro->m->eval_pass1, &ro->m->eval_passk);
         break;
     }
     e->busy_s += trill_now() - t0;

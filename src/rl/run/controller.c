@@ -30,7 +30,6 @@
 #include "trill/fileio.h"
 #include "base/json.h"
 #include "trill/lora.h"
-#include "trill/eval.h"
 #include "trill/rl_config.h"
 #include "trill/rl_metrics.h"
 #include "trill/run.h"
@@ -161,33 +160,6 @@ static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
     return st;
 }
 
-/* A line of RUN/eval.jsonl: the evaluation after `step` (0: before training). */
-static trill_status log_eval(rl_run *r, int step, const char *when, const trill_eval_result *res, uint32_t version) {
-    if (!r->evals) return TRILL_OK; /* a rank other than 0 */
-    const int n = fprintf(r->evals, "{\"step\": %d, \"when\": \"%s\", \"pass1\": %.17g, \"passk\": %.17g, \"k\": %d, \"prompts\": %d, "
-                          "\"mean_len\": %.17g, \"seconds\": %.6g, \"policy_version\": %u}\n", step, when, res->pass1, res->passk, res->k,
-                          res->prompts, res->mean_len, res->seconds, version);
-    return n < 0 || fflush(r->evals) ? trill_error(TRILL_ERR_IO, "eval.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
-}
-
-/* On the generator (a replica on a rank of its own: its replica 0, asked by the controller; the
- * other trainer ranks then skip it, NAN). */
-static trill_status evaluate(rl_run *r, int step, const char *when, double *pass1, double *passk) {
-    const trill_rl_config *c = r->c;
-    trill_eval_result res;
-    *pass1 = *passk = NAN;
-    const bool remote = trill_rl_ranks_remote_generator(r);
-    if (remote ? r->rank != 0 : !r->gen) return TRILL_OK;
-    trill_status st = remote ? trill_rl_remote_evaluate(r, &res) : trill_rl_generator_evaluate(r->gen, r->eval, &res);
-    if (st) return st;
-    const uint32_t version = remote ? r->state.version : trill_rl_generator_version(r->gen);
-    trill_log(TRILL_LOG_INFO, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)",
-            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, version, res.seconds);
-    *pass1 = res.pass1;
-    *passk = res.passk;
-    return log_eval(r, step, when, &res, version);
-}
-
 /* The checkpoint to continue from (none: a fresh run), its state, and the keys that must not change. */
 static trill_status start_state(rl_run *r, char **ckpt) {
     const trill_rl_config *c = r->c;
@@ -310,19 +282,8 @@ static trill_status announce(trill_run *h, const char *ckpt) {
 /* Every rank's status so far, agreed: one failing alone fails the others here. */
 static trill_status agree(rl_run *r, trill_status st) { return trill_comm_agree(r->job, st, "setting the run up"); }
 
-/* Sync mode's hooks (run.h, rl_step_hooks): the run's phase, and the held-out evaluation when due, between
- * a step's update and its metrics line. */
+/* Sync mode's hook (run.h, rl_step_hooks): the run's phase, set by the executors on this thread. */
 static void sync_phase(void *ctx, trill_run_phase phase) { set_phase(ctx, phase); }
-
-static trill_status evaluate_when_due(void *ctx, trill_rl_metrics *m) {
-    trill_run *h = ctx;
-    const trill_rl_config *c = &h->cfg;
-    rl_run *r = &h->r;
-    if (!r->eval || c->eval.every <= 0 || r->state.step + 1 >= c->steps || (r->state.step + 1) % c->eval.every != 0) return TRILL_OK;
-    set_phase(h, TRILL_RUN_EVALUATING);
-    m->has_eval = true;
-    return evaluate(r, r->state.step + 1, "now", &m->eval_pass1, &m->eval_passk);
-}
 
 /* Everything before the first step: the run folder and its lock, the state to start from, the
  * inputs, the executors, the resolved config, metrics.jsonl, the evaluation before training. */
@@ -353,12 +314,12 @@ static trill_status set_up(trill_run *h) {
     if (!st && r->rank != 0) getrusage(RUSAGE_SELF, &r->usage);
     if (!st && r->eval && r->state.step == 0) {
         set_phase(h, TRILL_RUN_EVALUATING);
-        st = evaluate(r, 0, "before", &h->result.eval_before, &h->result.passk_before);
+        st = trill_rl_stage_evaluate(r, 0, "before", &h->result.eval_before, &h->result.passk_before);
     }
     h->first = r->state.step;
     /* sync mode: the phases and the evaluation when due on this thread; async mode: the executors on theirs */
     if (!st)
-        st = trill_rl_schedule_start(r, c->mode == TRILL_MODE_ASYNC ? NULL : &(rl_step_hooks){ .phase = sync_phase, .between_steps = evaluate_when_due, .ctx = h },
+        st = trill_rl_schedule_start(r, c->mode == TRILL_MODE_ASYNC ? NULL : &(rl_step_hooks){ .phase = sync_phase, .ctx = h },
                                      &h->sched);
     free(ckpt);
     return st;
@@ -485,7 +446,7 @@ trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
     }
     if (!st && r->eval && r->state.step == c->steps) {
         set_phase(h, TRILL_RUN_EVALUATING);
-        st = evaluate(r, r->state.step, "after", &h->result.eval_after, &h->result.passk_after);
+        st = trill_rl_stage_evaluate(r, r->state.step, "after", &h->result.eval_after, &h->result.passk_after);
     }
     h->result.steps_done = r->state.step - h->first;
     h->result.seconds = trill_now() - h->t_start;

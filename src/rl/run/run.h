@@ -69,6 +69,9 @@ typedef struct rl_rollout {
     double gen_s, reward_s;
     long gen_tokens;
     bool redo;                    /* generated again after the trainer found it too stale */
+    /* the step it is trained in (the scheduler's, not owned): the trainer's and the evaluator's
+     * figures go there */
+    trill_rl_metrics *m;
 } rl_rollout;
 
 /* How new weights reach the generator after an update (the scheduler's choice): sync mode calls
@@ -86,6 +89,10 @@ trill_status trill_rl_stage_replay(rl_run *r, int64_t index, rl_rollout *ro);
  * batch's, the trainer's, the mismatch, the sync and the time figures of *m. */
 trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publish, void *ctx, trill_rl_metrics *m, double *train_s,
                                   long *train_tokens);
+/* The held-out evaluation after `step` (0: before training; when: "before", "now", "after") on
+ * the generator (a replica on a rank of its own: its replica 0, asked by rank 0; the other trainer
+ * ranks skip it, NAN), logged and written to RUN/eval.jsonl. */
+trill_status trill_rl_stage_evaluate(rl_run *r, int step, const char *when, double *pass1, double *passk);
 void trill_rl_rollout_free(rl_rollout *ro);
 /* After a trained step: the step counter, its metrics line, the checkpoint when due. */
 trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *m);
@@ -97,8 +104,8 @@ void trill_rl_stop_reset(void);
 
 /* The run's steps (sched/placement.c): the executors placed on the transports the config asks for
  * (inline, threads, ranks) and the one scheduler over them (sched/sched.h), sync mode being its
- * staleness 0. hooks (may be NULL; sync mode's, on the controller's thread): the run handle's phase,
- * and what runs between a step's update and its metrics line (the held-out evaluation when due).
+ * staleness 0. hooks (may be NULL; sync mode's, on the controller's thread): the run handle's
+ * phase, set by each executor working on that thread.
  * Each step trains the next batch within the bound on the calling thread (metrics line, progress
  * and checkpoint included). Stop is called once after a start, whatever happened: it stops the
  * executors, writes RUN/async_summary.json in async mode and returns st, or an executor's error.
@@ -106,7 +113,6 @@ void trill_rl_stop_reset(void);
 typedef struct rl_schedule rl_schedule;
 typedef struct rl_step_hooks {
     void (*phase)(void *ctx, trill_run_phase phase);
-    trill_status (*between_steps)(void *ctx, trill_rl_metrics *m);
     void *ctx;
 } rl_step_hooks;
 trill_status trill_rl_schedule_start(rl_run *r, const rl_step_hooks *hooks, rl_schedule **out);

@@ -1,6 +1,6 @@
-/* The stages of an RL step over the executors (run.h), shared by both schedulers: generate,
- * score (or replay a recorded batch), train and publish, then the step's metrics line, progress
- * line and checkpoint. */
+/* The stages of an RL step (run.h), the executors' work (exec/exec.c): generate, score (or replay a
+ * recorded batch), train and publish, evaluate; then the step's metrics line, progress line and
+ * checkpoint. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +10,7 @@
 #include "base/alloc.h"
 #include "rl/transport/ranks.h"
 #include "rl/run/run.h"
+#include "trill/eval.h"
 #include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"
@@ -211,6 +212,33 @@ trill_status trill_rl_publish_direct(rl_run *r, void *ctx, double *ms, size_t *b
                     : trill_rl_generator_load_adapter(r->gen, trill_rl_trainer_lora(r->trainer), r->state.version, bytes);
     *ms = (trill_now() - t0) * 1e3;
     return st;
+}
+
+/* ---- evaluation ---- */
+
+/* A line of RUN/eval.jsonl: the evaluation after `step` (0: before training). */
+static trill_status log_eval(rl_run *r, int step, const char *when, const trill_eval_result *res, uint32_t version) {
+    if (!r->evals) return TRILL_OK; /* a rank other than 0 */
+    const int n = fprintf(r->evals, "{\"step\": %d, \"when\": \"%s\", \"pass1\": %.17g, \"passk\": %.17g, \"k\": %d, \"prompts\": %d, "
+                          "\"mean_len\": %.17g, \"seconds\": %.6g, \"policy_version\": %u}\n", step, when, res->pass1, res->passk, res->k,
+                          res->prompts, res->mean_len, res->seconds, version);
+    return n < 0 || fflush(r->evals) ? trill_error(TRILL_ERR_IO, "eval.jsonl: write failed (%s)", strerror(errno)) : TRILL_OK;
+}
+
+trill_status trill_rl_stage_evaluate(rl_run *r, int step, const char *when, double *pass1, double *passk) {
+    const trill_rl_config *c = r->c;
+    trill_eval_result res;
+    *pass1 = *passk = NAN;
+    const bool remote = trill_rl_ranks_remote_generator(r);
+    if (remote ? r->rank != 0 : !r->gen) return TRILL_OK;
+    trill_status st = remote ? trill_rl_remote_evaluate(r, &res) : trill_rl_generator_evaluate(r->gen, r->eval, &res);
+    if (st) return st;
+    const uint32_t version = remote ? r->state.version : trill_rl_generator_version(r->gen);
+    trill_log(TRILL_LOG_INFO, "trill train: held-out %s: pass@1 %.1f%%  pass@%d %.1f%%  (%d prompts x %d samples, T=%g, policy version %u, %.1f s)",
+            when, 100 * res.pass1, res.k, 100 * res.passk, res.prompts, res.k, c->eval.temperature, version, res.seconds);
+    *pass1 = res.pass1;
+    *passk = res.passk;
+    return log_eval(r, step, when, &res, version);
 }
 
 /* ---- after a step ---- */

@@ -7,6 +7,8 @@
  *                            (resources.*), the trainer on the calling thread's share; with
  *                            async.reward "trainer", the reward inline on the trainer's thread
  *   async, replicas          generator on its replicas' ranks, ahead of the trainer within the bound
+ * In every placement the trainer and the evaluator (eval.every, sync mode) are inline on the
+ * calling thread, and the trainer publishes its weights through the generator's port.
  * Start, step and stop are the run handle's (run.h); stop writes RUN/async_summary.json in async mode. */
 #include <omp.h>
 #include <pthread.h>
@@ -34,16 +36,19 @@ static trill_status add_port(rl_placement *p, trill_status st, rl_port **port) {
     return st;
 }
 
-/* The executors' ports for r's config (hooks: the run handle's, on the controller's thread). */
-static trill_status place(rl_run *r, const rl_step_hooks *hooks, rl_placement *p) {
+/* The generator's port's publish (ctx), as the trainer's step calls it. */
+static trill_status publish(rl_run *r, void *ctx, double *ms, size_t *bytes) {
+    rl_port *gen = ctx;
+    (void)r;
+    *ms = 0;
+    *bytes = 0;
+    return gen->ops->publish ? gen->ops->publish(gen, ms, bytes) : TRILL_OK;
+}
+
+/* The generator's and the reward executor's ports for r's config (gen, reward: theirs, made). */
+static trill_status place_rollouts(rl_run *r, rl_exec gen, rl_exec reward, rl_placement *p) {
     const trill_rl_config *c = r->c;
     const bool replay = c->rollouts.replay[0] != '\0', async = c->mode == TRILL_MODE_ASYNC;
-    rl_exec gen = trill_rl_exec_make(r, replay ? RL_EXEC_REPLAY : RL_EXEC_GENERATOR), reward = trill_rl_exec_make(r, RL_EXEC_REWARD);
-    if (hooks) {
-        *p = (rl_placement){ .phase = hooks->phase, .between_steps = hooks->between_steps, .ctx = hooks->ctx };
-        gen.phase = reward.phase = hooks->phase;
-        gen.phase_ctx = reward.phase_ctx = hooks->ctx;
-    }
     /* with executors on ranks, rank 0 gets each batch and shares it; in process (or replaying), every trainer rank makes the same */
     p->shared = !replay && r->remote;
     rl_port *port = NULL;
@@ -72,6 +77,25 @@ static trill_status place(rl_run *r, const rl_step_hooks *hooks, rl_placement *p
     }
     if (!st) st = r->scorer ? trill_rl_port_inline(reward, p->ports[0], &port) : trill_rl_port_ranks(reward, p->ports[0], false, &port);
     return add_port(p, st, &port);
+}
+
+/* Every executor's port for r's config (hooks: the run handle's, on the controller's thread): the
+ * trainer and the evaluator inline on the calling thread, the trainer publishing through the
+ * generator's port. */
+static trill_status place(rl_run *r, const rl_step_hooks *hooks, rl_placement *p) {
+    rl_exec e[4];
+    const rl_exec_kind kinds[4] = { r->c->rollouts.replay[0] ? RL_EXEC_REPLAY : RL_EXEC_GENERATOR, RL_EXEC_REWARD, RL_EXEC_TRAINER, RL_EXEC_EVALUATOR };
+    for (int i = 0; i < 4; i++) {
+        e[i] = trill_rl_exec_make(r, kinds[i]);
+        if (hooks) e[i].phase = hooks->phase, e[i].phase_ctx = hooks->ctx;
+    }
+    trill_status st = place_rollouts(r, e[0], e[1], p);
+    if (st) return st;
+    e[2].publish = publish;
+    e[2].publish_ctx = p->ports[0];
+    st = trill_rl_port_inline(e[2], NULL, &p->trainer);
+    if (!st && r->eval && r->c->eval.every > 0) st = trill_rl_port_inline(e[3], NULL, &p->evaluator);
+    return st;
 }
 
 trill_status trill_rl_schedule_start(rl_run *r, const rl_step_hooks *hooks, rl_schedule **out) {
@@ -130,7 +154,10 @@ static trill_status write_summary(const rl_schedule *y, const double *busy, doub
 
 trill_status trill_rl_schedule_stop(rl_schedule *y, trill_status st) {
     if (!y) return st;
-    double busy[2] = { 0, 0 };
+    double busy[2] = { 0, 0 }, idle;
+    rl_port *here[2] = { y->p.evaluator, y->p.trainer }; /* inline on this thread: nothing in flight */
+    for (int i = 0; i < 2; i++)
+        if (here[i]) st = here[i]->ops->stop(here[i], st, &idle);
     for (int i = y->p.n_ports - 1; i >= 0; i--) /* every port stops taking work before any is joined */
         if (y->p.ports[i]->ops->close) y->p.ports[i]->ops->close(y->p.ports[i]);
     for (int i = y->p.n_ports - 1; i >= 0; i--) /* downstream first: a thread may be waiting on its upstream port */

@@ -177,15 +177,6 @@ static double take_wait(rl_sched *s) {
     return w;
 }
 
-/* The generator's port's publish, as trill_rl_stage_train calls it. */
-static trill_status publish(rl_run *r, void *ctx, double *ms, size_t *bytes) {
-    rl_port *gen = ctx;
-    (void)r;
-    *ms = 0;
-    *bytes = 0;
-    return gen->ops->publish ? gen->ops->publish(gen, ms, bytes) : TRILL_OK;
-}
-
 /* The step's figures of the batch's wait and the async policy. */
 static void async_figures(rl_sched *s, const rl_rollout *ro, trill_rl_metrics *m) {
     const double wait = take_wait(s);
@@ -198,34 +189,52 @@ static void async_figures(rl_sched *s, const rl_rollout *ro, trill_rl_metrics *m
     s->trainer_wait += wait;
 }
 
+/* Work for a port on the calling thread: job issued, then collected (*out: the job done; NULL on an error). */
+static trill_status run_on(rl_port *port, rl_rollout *job, rl_rollout **out) {
+    *out = NULL;
+    trill_status st = port->ops->issue(port, job);
+    return st ? st : port->ops->collect(port, out);
+}
+
+/* The held-out evaluation after this step, every eval.every steps (the last step's is the run's
+ * evaluation "after"), through the evaluator's port; its figures in m. */
+static trill_status evaluate(const rl_run *r, rl_placement *p, trill_rl_metrics *m) {
+    const int step = r->state.step + 1;
+    if (!p->evaluator || step >= r->c->steps || step % r->c->eval.every != 0) return TRILL_OK;
+    rl_rollout *job = trill_calloc(1, sizeof *job), *done = NULL;
+    if (!job) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    job->index = step;
+    job->m = m;
+    const trill_status st = run_on(p->evaluator, job, &done);
+    if (done) trill_rl_rollout_free(done);
+    free(done);
+    return st;
+}
+
 trill_status trill_rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m) {
     rl_rollout empty = { 0 }, *ro = NULL;
     trill_status st = TRILL_OK;
     const bool mine = !p->shared || r->rank == 0; /* this rank gets the batches */
     if (mine) st = fresh_batch(s, r, p, m, &ro);
+    else if (!(ro = trill_calloc(1, sizeof *ro))) st = trill_error(TRILL_ERR_NOMEM, "out of memory"); /* rank 0's, shared */
     if (p->shared) st = trill_rl_share_batch(r, ro ? ro : &empty, st);
-    if (!ro) ro = &empty;
     if (!st) {
         m->step = r->state.step + 1;
         async_figures(s, ro, m);
-        if (p->phase) p->phase(p->ctx, TRILL_RUN_TRAINING);
-        double trs = 0;
-        long tt = 0;
+        ro->m = m;
         const double t0 = trill_now();
-        st = trill_rl_stage_train(r, ro, publish, p->ports[0], m, &trs, &tt);
+        st = run_on(p->trainer, ro, &ro); /* ro taken; the batch trained back */
         s->train_busy += trill_now() - t0;
-        r->gen_s += ro->gen_s;
-        r->gen_tokens += ro->gen_tokens;
-        r->train_s += trs;
-        r->train_tokens += tt;
+        if (ro) r->gen_s += ro->gen_s, r->gen_tokens += ro->gen_tokens;
         /* async: the generator goes on with the new weights while this step ends (this step has trained) */
         if (!st && s->async && mine) st = fill(s, r, p, r->c->steps - r->state.step - 1);
     }
-    trill_rl_rollout_free(ro);
-    if (ro != &empty) free(ro);
+    if (ro) trill_rl_rollout_free(ro);
+    free(ro);
+    trill_rl_rollout_free(&empty);
     for (int i = 0; !st && i < p->n_ports; i++)
         if (p->ports[i]->ops->figures) p->ports[i]->ops->figures(p->ports[i], m);
-    if (!st && p->between_steps) st = p->between_steps(p->ctx, m);
+    if (!st) st = evaluate(r, p, m);
     const double now = trill_now();
     m->time.interval_s = now - s->last; /* wall time since the previous step */
     s->last = now;

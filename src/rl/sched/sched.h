@@ -18,19 +18,17 @@
 #include "rl/transport/transport.h"
 
 /* Where the executors run (placement.c): the ports of the generator (or replay) and the reward
- * executor, chained (transport/transport.h), and what the run handle hooks into a step. */
+ * executor, chained (transport/transport.h), and the trainer's and the evaluator's. */
 typedef struct rl_placement {
     rl_port *ports[2];            /* upstream first: the generator's (or the replay's), then the reward's (NULL: none) */
     int n_ports;
+    rl_port *trainer;             /* each batch within the bound is issued to it and collected trained */
+    rl_port *evaluator;           /* the held-out evaluation every eval.every steps (NULL: none between steps) */
     /* rank 0 gets each batch and shares it with the other trainer ranks (else every rank gets it) */
     bool shared;
     const char *layout;           /* the async summary's words for it: "threads", "generator replicas on ranks" */
     bool pin_trainer;             /* the trainer's steps on trainer_cores */
     rl_cores trainer_cores;
-    /* the run handle's: its phase, and what runs between a step's update and its metrics line (NULL: none) */
-    void (*phase)(void *ctx, trill_run_phase phase);
-    trill_status (*between_steps)(void *ctx, trill_rl_metrics *m);
-    void *ctx;
 } rl_placement;
 
 typedef struct rl_sched {
@@ -63,9 +61,10 @@ void trill_rl_sched_free(rl_sched *s);
 trill_status trill_rl_sched_fill(rl_sched *s, const rl_run *r, rl_placement *p);
 
 /* One step: the next batch within the bound (rank 0's, shared with the other trainer ranks when
- * the placement says so), scored on its way through the ports, the update and its publication, the
- * ports' figures, then the step's metrics line and checkpoint (trill_rl_finish_step); async mode
- * then issues what the gate now allows. */
+ * the placement says so), scored on its way through the ports, trained through the trainer's port
+ * (the update and its publication to the generator's), then in async mode what the gate now
+ * allows is issued; the ports' figures, the evaluation when due, the step's metrics line and
+ * checkpoint (trill_rl_finish_step). */
 trill_status trill_rl_sched_step(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m);
 
 /* RUN/async_summary.json: wall_s, the placement's executors' busy seconds (`busy`, taken), the

@@ -1,6 +1,7 @@
-/* The inline transport (transport.h): the executor works on the thread that collects from it,
- * the controller's in sync mode. Issued batches wait in a list, the regenerated one first; a lock
- * guards it because a port downstream may collect on its own thread. */
+/* The inline transport (transport.h): the executor works on the thread that collects from it:
+ * the controller's in sync mode, and the trainer's and the evaluator's in both modes. Issued
+ * batches wait in a list, the regenerated one first; a lock guards it because a port downstream
+ * may collect on its own thread. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,13 +90,14 @@ static trill_status stop(rl_port *p, trill_status st, double *busy_s) {
     return st;
 }
 
-static const rl_port_ops work_ops = { .name = "inline", .issue = issue, .collect = collect, .publish = publish, .stop = stop };
-static const rl_port_ops reward_ops = { .name = "inline", .issue = issue, .collect = collect, .stop = stop };
+/* the generator's (or the replay's): takes the trainer's weights; the others' take none */
+static const rl_port_ops generator_ops = { .name = "inline", .issue = issue, .collect = collect, .publish = publish, .stop = stop };
+static const rl_port_ops plain_ops = { .name = "inline", .issue = issue, .collect = collect, .stop = stop };
 
 trill_status trill_rl_port_inline(rl_exec exec, rl_port *up, rl_port **out) {
     inline_port *q = trill_calloc(1, sizeof *q);
     if (!q) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    q->base = (rl_port){ .ops = exec.kind == RL_EXEC_REWARD ? &reward_ops : &work_ops, .exec = exec, .up = up };
+    q->base = (rl_port){ .ops = exec.kind == RL_EXEC_GENERATOR || exec.kind == RL_EXEC_REPLAY ? &generator_ops : &plain_ops, .exec = exec, .up = up };
     pthread_mutex_init(&q->mu, NULL);
     *out = &q->base;
     return TRILL_OK;
