@@ -174,6 +174,15 @@ m aipo_ratio_vs_old async src/rl/algo/algo.c "test_rl_algo" \
   "AIPO's truncated ratio against the trainer's old policy instead of the behaviour policy"
 
 # instruction-set dispatch
+# the command's process: its memory tuning
+m memory_no_restart isa src/cli/main.c "process_memory" \
+  'if (!ok || !strstr(mode, "[madvise]")) return;' \
+  'if (!ok || !strstr(mode, "[always]")) return;' \
+  "the restart with huge pages on request looks for the wrong kernel setting"
+m memory_exe_name isa src/cli/main.c "process_memory" \
+  'execv(self, argv);' \
+  'execv("/proc/self/exe", argv);' \
+  "the restart names the process \"exe\""
 m isa_pin_best_only isa src/infer/gemm.c "cli golden_outputs" \
   'if (trill_gen_isa_supported(all[i])) g_isa_active = all[i];' \
   'if (trill_gen_isa_supported(all[i]) && all[i] == trill_gen_isa_best()) g_isa_active = all[i];' \

@@ -1,4 +1,5 @@
 /* trill: reinforcement-learning post-training for Mixture-of-Experts models. */
+#include <malloc.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -90,6 +91,51 @@ int cli_fail(const char *cmd) {
     return 1;
 }
 
+/* The process's memory (glibc's allocator), set before anything is allocated. A training step
+ * allocates and frees its activations, gradients and scratch each time, and the generator its
+ * caches; by default glibc returns a freed block of 128 KiB or more to the kernel, so the next
+ * step takes a page fault on every 4 KiB it touches again, and everything is mapped 4 KiB at a
+ * time. Measured on the test suite's runs (2 cores, AMD EPYC): sft_learns 1.1 M page faults and
+ * 34 s, the demo's 10 RL steps 122 k and 2.9 s. Two remedies, together 28 k faults and 22 s, 4 k
+ * and 1.9 s:
+ *   - blocks up to 32 MiB come from the heap and freed memory stays there up to 512 MiB, to be
+ *     used again without faults (mallopt);
+ *   - transparent huge pages where the kernel gives them on request only ("madvise", Debian's
+ *     default): glibc asks for them for its heap and its mapped blocks when started with the
+ *     tunable glibc.malloc.hugetlb=1, so the command starts itself again with it put first in
+ *     GLIBC_TUNABLES (once: the variable then names it; one that names it already is left as it is).
+ * The sanitizers' builds have allocators of their own, which these do not reach. */
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+static void restart_with_huge_pages(char **argv) {
+    const char *had = getenv("GLIBC_TUNABLES");
+    if (had && strstr(had, "glibc.malloc.hugetlb")) return;
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return;
+    const bool ok = fgets(mode, sizeof mode, f) != NULL;
+    fclose(f);
+    if (!ok || !strstr(mode, "[madvise]")) return;
+    char tunables[4096];
+    const int n = snprintf(tunables, sizeof tunables, "glibc.malloc.hugetlb=1%s%s", had && *had ? ":" : "", had ? had : "");
+    /* the binary by its own name (not /proc/self/exe, which would name the process "exe") */
+    char self[4096];
+    const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0 || (size_t)len >= sizeof self - 1) return;
+    self[len] = '\0';
+    if (n > 0 && (size_t)n < sizeof tunables && !setenv("GLIBC_TUNABLES", tunables, 1)) execv(self, argv);
+}
+#endif
+
+static void tune_memory(char **argv) {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    restart_with_huge_pages(argv);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#else
+    (void)argv;
+#endif
+}
+
 int main(int argc, char **argv) {
     /* a file grown past RLIMIT_FSIZE fails with EFBIG (an error naming the file) instead of
      * killing the process mid-write */
@@ -97,6 +143,7 @@ int main(int argc, char **argv) {
     /* OpenBLAS misdetected the CPU (trill_blas_core_fix): run again with the right kernels. The
      * variable is set from then on, so this happens at most once. */
     trill_blas_restart(argv);
+    tune_memory(argv);
     trill_log_set_sink(trill_log_stderr, NULL); /* the library's progress lines and warnings */
     if (argc < 2) {
         print_help(stderr);
