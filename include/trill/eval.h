@@ -2,7 +2,7 @@
 #ifndef TRILL_EVAL_H
 #define TRILL_EVAL_H
 
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/tokenizer.h"
 
 /* ---- held-out evaluation (also `trill eval`) ---- */

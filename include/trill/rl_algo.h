@@ -75,7 +75,7 @@ typedef struct rl_loss_stats {
  * (not TIS-weighted); then aggregated: token-mean sum_t L_t / agg_tokens (or / the masked-in
  * count); seq-mean-token-sum (1/N) sum_i sum_t L_t; seq-mean-token-mean (1/N) sum_i mean_t L_t
  * (a sequence with no masked-in token adds 0 but counts in N). */
-void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats);
+void trill_rl_policy_loss(const trill_run_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats);
 
 /* Importance-sampling corrections from the trainer's and the generator's log-probs (pi_train =
  * old_logp, mu = behav_logp), per response token:
@@ -85,7 +85,7 @@ void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, fl
  *   [mis_low, mis_high]; untouched (left as given) elsewhere. The sequence statistics run over
  *   the tokens whose mask is 1 on entry. mask is required (1s, or the trajectory's loss mask). Returns the number of
  *   tokens newly masked. */
-int trill_rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
+int trill_rl_corrections(const trill_run_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
                    const float *behav_logp, float *tis_weight, uint8_t *mask);
 
 /* Training–inference mismatch over all response tokens (Δ = old_logp - behav_logp,

@@ -3,7 +3,7 @@
 #ifndef TRILL_RL_METRICS_H
 #define TRILL_RL_METRICS_H
 
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 /* ---- one step's metrics: computed once, read by name; metrics.jsonl and the progress line are
  * written from this struct (trill_rl_metrics_json). NAN where a figure does not apply. ---- */

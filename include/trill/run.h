@@ -3,7 +3,7 @@
 #ifndef TRILL_RUN_H
 #define TRILL_RUN_H
 
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rl_metrics.h"
 
 /* ---- the controller ----
@@ -23,7 +23,7 @@ typedef struct trill_rl_result {
     double seconds;
 } trill_rl_result;
 
-trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result);
+trill_status trill_rl_run(const trill_run_config *c, trill_rl_result *result);
 
 /* ---- a run as a handle an embedder drives (trill_rl_run is a loop over it) ----
  * trill_run_create sets the run up (its folder and lock, the checkpoint to resume, the
@@ -64,7 +64,7 @@ typedef struct trill_run_options {
 } trill_run_options;
 
 /* o may be NULL (the defaults). The config is copied. */
-trill_status trill_run_create(const trill_rl_config *c, const trill_run_options *o, trill_run **out);
+trill_status trill_run_create(const trill_run_config *c, const trill_run_options *o, trill_run **out);
 /* One RL step. TRILL_ERR_INTERRUPTED once the run is cancelled (the step in progress when
  * trill_run_cancel came finished and was checkpointed); TRILL_OK without training after the last
  * step (status.phase DONE). An error ends the run: later steps return it again. */

@@ -1,9 +1,9 @@
-/* Supervised fine-tuning (`trill sft`), on the run configuration RL uses (trill/rl.h): the keys
+/* Supervised fine-tuning (`trill sft`), on the run configuration RL uses (trill/run_config.h): the keys
  * model, run_dir, seed, resume, data.* (data.completion_field: the target), trainer.* and sft.*.
  * Prompt/completion lines, the loss on the completion and its end-of-sequence token; sequences
  * packed into micro-batches of trainer.micro_batch_tokens, sft.grad_accum of them per optimizer
  * step; AdamW on trainer.schedule; LoRA adapters (trainer.lora) on a frozen base or every weight
- * (sft.mode). It runs on the RL trainer (src/rl/exec/trainer.c) with the RL dataset reader and its
+ * (sft.mode). It runs on the trainer RL uses (src/rl/exec/trainer*.c) with the dataset reader and its
  * seeded order (data.shuffle: reshuffled every epoch, keyed by seed and epoch).
  * Its run folder works as trill train's: one process holds run_dir/.lock; checkpoints go to
  * run_dir/checkpoints/step-N (weights, optimizer state, state.json, config.yaml, manifest.json;
@@ -20,7 +20,7 @@
 
 #include "trill/error.h"
 #include "trill/dist.h"
-#include "trill/rl.h"
+#include "trill/run_config.h"
 
 typedef struct trill_sft_options {
     FILE *log;          /* progress lines (NULL: the log sink, trill/log.h) */
@@ -36,9 +36,9 @@ typedef struct trill_sft_result {
 } trill_sft_result;
 
 /* What `trill sft` needs of the config: a model, data.train, a run folder. */
-trill_status trill_sft_validate(const trill_rl_config *c);
+trill_status trill_sft_validate(const trill_run_config *c);
 
 /* o may be NULL. */
-trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o, trill_sft_result *out);
+trill_status trill_sft_run(const trill_run_config *c, const trill_sft_options *o, trill_sft_result *out);
 
 #endif

@@ -40,11 +40,11 @@ int cli_stopped_status(void);
 
 /* The run configuration of `trill train` and `trill sft` from argv[first, argc): the defaults, an
  * optional CONFIG.yaml (a first argument without '='), then section.key=value overrides, each
- * through `set` (NULL: trill_rl_config_set, a failure a usage error with its message). Returns 0
+ * through `set` (NULL: trill_run_config_set, a failure a usage error with its message). Returns 0
  * with *cfg to free, or the exit status with *cfg freed. */
-struct trill_rl_config;
+struct trill_run_config;
 struct cli_spec;
 int cli_run_config(const struct cli_spec *spec, int argc, char **argv, int first,
-                   int (*set)(const struct cli_spec *, struct trill_rl_config *, const char *), struct trill_rl_config *cfg);
+                   int (*set)(const struct cli_spec *, struct trill_run_config *, const char *), struct trill_run_config *cfg);
 
 #endif

@@ -7,7 +7,7 @@
 #include "trill/dataset.h"
 #include "trill/infer.h"
 #include "trill/eval.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 int cmd_eval(int argc, char **argv) {
     enum { MAX_STOPS = 16 };

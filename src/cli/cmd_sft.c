@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "opts.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/sft.h"
 
 /* The settings of the old `trill sft key=value` form, and the key each is now. */
@@ -20,7 +20,7 @@ static const char *const RENAMED[][2] = {
 };
 
 /* key=value, refusing an old name with the key that replaced it (and resume=true with auto). */
-static int set_one(const cli_spec *spec, trill_rl_config *cfg, const char *arg) {
+static int set_one(const cli_spec *spec, trill_run_config *cfg, const char *arg) {
     const char *eq = strchr(arg, '=');
     const size_t n = (size_t)(eq - arg);
     for (size_t i = 0; i < sizeof RENAMED / sizeof RENAMED[0]; i++)
@@ -29,11 +29,11 @@ static int set_one(const cli_spec *spec, trill_rl_config *cfg, const char *arg) 
                                    RENAMED[i][1], eq + 1);
     if (strcmp(arg, "resume=true") == 0)
         return cli_spec_error(spec, "\"resume=true\": resume takes \"\" (afresh), auto (run_dir's checkpoint) or a checkpoint folder");
-    return trill_rl_config_set(cfg, arg) ? cli_spec_error(spec, "%s", trill_error_message()) : 0;
+    return trill_run_config_set(cfg, arg) ? cli_spec_error(spec, "%s", trill_error_message()) : 0;
 }
 
 /* --model DIR and the like: the key, quoted as a YAML string so that any path is taken whole. */
-static int set_path(const cli_spec *spec, trill_rl_config *cfg, const char *key, const char *path) {
+static int set_path(const cli_spec *spec, trill_run_config *cfg, const char *key, const char *path) {
     if (strchr(path, '\'')) return cli_spec_error(spec, "%s: a path with a single quote is not supported: %s", key, path);
     char arg[4200];
     snprintf(arg, sizeof arg, "%s='%s'", key, path);
@@ -66,7 +66,7 @@ int cmd_sft(int argc, char **argv) {
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     if (lora && full) return cli_spec_error(&spec, "--lora and --full exclude each other: train adapters or every weight");
-    trill_rl_config cfg;
+    trill_run_config cfg;
     rc = cli_run_config(&spec, argc, argv, first, set_one, &cfg);
     if (rc) return rc;
     /* the flags win over the file and the keys, as flags do */
@@ -77,7 +77,7 @@ int cmd_sft(int argc, char **argv) {
     if (!rc && (lora || full)) rc = set_one(&spec, &cfg, full ? "sft.mode=full" : "sft.mode=lora");
     if (!rc && trill_sft_validate(&cfg)) rc = cli_spec_error(&spec, "%s", trill_error_message());
     if (!rc && print_only) {
-        if (trill_rl_config_write(&cfg, stdout)) rc = cli_fail("sft");
+        if (trill_run_config_write(&cfg, stdout)) rc = cli_fail("sft");
         goto done;
     }
     if (!rc) {
@@ -91,6 +91,6 @@ int cmd_sft(int argc, char **argv) {
         } else if (st) rc = cli_fail("sft");
     }
 done:
-    trill_rl_config_free(&cfg);
+    trill_run_config_free(&cfg);
     return rc;
 }

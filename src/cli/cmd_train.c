@@ -6,7 +6,7 @@
 #include "cli.h"
 #include "opts.h"
 #include "trill/dist.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/run.h"
 
 static void print_progress(void *ctx, const trill_run_status *status, const char *line) {
@@ -16,7 +16,7 @@ static void print_progress(void *ctx, const trill_run_status *status, const char
 }
 
 /* The run, step by step, its progress on stderr (rank 0's). */
-static trill_status run(const trill_rl_config *cfg, trill_rl_result *res) {
+static trill_status run(const trill_run_config *cfg, trill_rl_result *res) {
     const trill_run_options o = { .progress = print_progress, .world = cli_world() };
     trill_run *h;
     trill_status st = trill_run_create(cfg, &o, &h);
@@ -52,18 +52,18 @@ int cmd_train(int argc, char **argv) {
                             opts, 3 };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
-    if (reference) return trill_rl_config_reference(stdout) ? cli_fail("train") : 0;
-    trill_rl_config cfg;
+    if (reference) return trill_run_config_reference(stdout) ? cli_fail("train") : 0;
+    trill_run_config cfg;
     rc = cli_run_config(&spec, argc, argv, first, NULL, &cfg);
     if (rc) return rc;
     if (!rc && resume) {
         char arg[4200];
         snprintf(arg, sizeof arg, "resume=%s", resume);
-        if (trill_rl_config_set(&cfg, arg)) rc = cli_spec_error(&spec, "%s", trill_error_message());
+        if (trill_run_config_set(&cfg, arg)) rc = cli_spec_error(&spec, "%s", trill_error_message());
     }
-    if (!rc && trill_rl_config_validate(&cfg)) rc = cli_fail("train");
+    if (!rc && trill_run_config_validate(&cfg)) rc = cli_fail("train");
     if (!rc && print_only) {
-        if (trill_rl_config_write(&cfg, stdout)) rc = cli_fail("train");
+        if (trill_run_config_write(&cfg, stdout)) rc = cli_fail("train");
         goto done;
     }
     if (!rc) {
@@ -80,6 +80,6 @@ int cmd_train(int argc, char **argv) {
                     100 * res.passk_after, res.seconds);
     }
 done:
-    trill_rl_config_free(&cfg);
+    trill_run_config_free(&cfg);
     return rc;
 }

@@ -12,7 +12,7 @@
 #include "opts.h"
 #include "trill/dist.h"
 #include "trill/kernels.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/run.h"
 #include "trill/log.h"
 
@@ -177,19 +177,19 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
 }
 
-int cli_run_config(const cli_spec *spec, int argc, char **argv, int first, int (*set)(const cli_spec *, trill_rl_config *, const char *),
-                   trill_rl_config *cfg) {
-    if (trill_rl_config_defaults(cfg)) return cli_fail(spec->cmd);
+int cli_run_config(const cli_spec *spec, int argc, char **argv, int first, int (*set)(const cli_spec *, trill_run_config *, const char *),
+                   trill_run_config *cfg) {
+    if (trill_run_config_defaults(cfg)) return cli_fail(spec->cmd);
     int rc = 0;
     if (first < argc && !strchr(argv[first], '=')) {
-        if (trill_rl_config_load(cfg, argv[first])) rc = cli_fail(spec->cmd);
+        if (trill_run_config_load(cfg, argv[first])) rc = cli_fail(spec->cmd);
         first++;
     }
     for (int i = first; i < argc && !rc; i++) {
         if (!strchr(argv[i], '=')) rc = cli_spec_error(spec, "expected section.key=value, got \"%s\"", argv[i]);
         else if (set) rc = set(spec, cfg, argv[i]);
-        else if (trill_rl_config_set(cfg, argv[i])) rc = cli_spec_error(spec, "%s", trill_error_message());
+        else if (trill_run_config_set(cfg, argv[i])) rc = cli_spec_error(spec, "%s", trill_error_message());
     }
-    if (rc) trill_rl_config_free(cfg);
+    if (rc) trill_run_config_free(cfg);
     return rc;
 }

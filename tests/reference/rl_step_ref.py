@@ -132,7 +132,7 @@ def read_config(path):
         return yaml.safe_load(text)
     except ImportError:
         pass
-    # The flat two-space-indented YAML of trill_rl_config_write.
+    # The flat two-space-indented YAML of trill_run_config_write.
     root, stack = {}, [(-1, None)]
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):

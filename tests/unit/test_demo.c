@@ -18,7 +18,7 @@
 #include "trill/model.h"
 #include "trill/reward.h"
 #include "trill/eval.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 static void test_problem_is_deterministic(void **state) {
     (void)state;

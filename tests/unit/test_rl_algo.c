@@ -15,8 +15,8 @@
 
 #define assert_near(a, b, tol) assert_true(fabs((double)(a) - (double)(b)) <= (tol))
 
-static trill_rl_config loss_config(trill_rl_loss loss, trill_rl_agg agg) {
-    trill_rl_config c;
+static trill_run_config loss_config(trill_rl_loss loss, trill_rl_agg agg) {
+    trill_run_config c;
     memset(&c, 0, sizeof c);
     c.algo.loss = loss;
     c.algo.aggregation = agg;
@@ -118,7 +118,7 @@ static void test_ppo_hand(void **state) {
 
     /* token-mean over 5 tokens: loss (-1.1 - 1.28 - 0.5 + 1.5 + 0.8) / 5 = -0.116;
      * clip_frac 2/5; ratio_mean 5.1 / 5 = 1.02 */
-    trill_rl_config c = loss_config(TRILL_LOSS_PPO, TRILL_AGG_TOKEN_MEAN);
+    trill_run_config c = loss_config(TRILL_LOSS_PPO, TRILL_AGG_TOKEN_MEAN);
     trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_near(s.loss, -0.116, 1e-6);
     assert_near(s.pg_loss, -0.116, 1e-6);
@@ -194,7 +194,7 @@ static void test_cispo_reinforce_hand(void **state) {
      * token (the clip truncates the weight, never removes the gradient); loss -w A logp / 5 with
      * logp = -1 + ln r: t1/t3 and t2/t4 cancel (same w and logp, opposite A), leaving
      * 1.1 (1 - ln 1.1) / 5 = 0.19903176. clip_frac: 4 of 5 weights truncated. */
-    trill_rl_config c = loss_config(TRILL_LOSS_CISPO, TRILL_AGG_TOKEN_MEAN);
+    trill_run_config c = loss_config(TRILL_LOSS_CISPO, TRILL_AGG_TOKEN_MEAN);
     trill_rl_policy_loss(&c, &h.b, d, &s);
     assert_grads(d, (double[]){ -0.22, -0.256, -0.16, 0.256, 0.16 }, HAND_T);
     assert_near(s.loss, 0.19903176044304852, 1e-6);
@@ -219,7 +219,7 @@ static void test_aipo_hand(void **state) {
     hand_init(&h);
     float d[HAND_T];
     rl_loss_stats s;
-    trill_rl_config c = loss_config(TRILL_LOSS_AIPO, TRILL_AGG_TOKEN_MEAN);
+    trill_run_config c = loss_config(TRILL_LOSS_AIPO, TRILL_AGG_TOKEN_MEAN);
     c.algo.aipo_rho = 1.2;
     const float tis[HAND_T] = { 2, 2, 2, 2, 2 };
     h.b.is_weight = tis;
@@ -253,7 +253,7 @@ static void test_gspo_hand(void **state) {
         logp[t] = (float)(-2.0 + lr[t]);
     }
     rl_loss_batch b = { .n_seqs = 3, .offsets = off, .logp = logp, .old_logp = old, .behav_logp = old, .adv = adv };
-    trill_rl_config c = loss_config(TRILL_LOSS_GSPO, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN);
+    trill_run_config c = loss_config(TRILL_LOSS_GSPO, TRILL_AGG_SEQ_MEAN_TOKEN_MEAN);
     rl_loss_stats s;
     trill_rl_policy_loss(&c, &b, d, &s);
     assert_near(s.loss, -0.2977820734781258, 1e-6);
@@ -280,7 +280,7 @@ static void test_kl_loss_term(void **state) {
     float d[2];
     rl_loss_batch b = { .n_seqs = 1, .offsets = off, .logp = logp, .old_logp = logp, .behav_logp = logp,
                         .ref_logp = ref, .adv = adv, .is_weight = w };
-    trill_rl_config c = loss_config(TRILL_LOSS_PPO, TRILL_AGG_TOKEN_MEAN);
+    trill_run_config c = loss_config(TRILL_LOSS_PPO, TRILL_AGG_TOKEN_MEAN);
     c.algo.kl_coef = 0.1;
     c.algo.kl_estimator = TRILL_KL_K3;
     c.algo.kl_mode = TRILL_KL_LOSS;
@@ -314,7 +314,7 @@ static const float FD_REF[FD_T] = { -1.0f, -0.9f, -2.0f, -0.7f, -1.1f, -0.2f, -2
 static const float FD_W[FD_T] = { 0.9f, 1.3f, 0.6f, 1.0f, 2.0f, 0.75f, 1.1f, 0.5f, 1.4f, 1.0f, 1.0f };
 static const uint8_t FD_MASK[FD_T] = { 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0 };
 
-static double loss_at(const trill_rl_config *c, const rl_loss_batch *b) {
+static double loss_at(const trill_run_config *c, const rl_loss_batch *b) {
     float scratch[FD_T];
     rl_loss_stats s;
     trill_rl_policy_loss(c, b, scratch, &s);
@@ -330,7 +330,7 @@ static void test_gradients_match_finite_differences(void **state) {
     for (int li = 0; li < 5; li++)
         for (int ai = 0; ai < 3; ai++)
             for (int e = TRILL_KL_K1; e <= TRILL_KL_K3; e++) {
-                trill_rl_config c = loss_config(losses[li], aggs[ai]);
+                trill_run_config c = loss_config(losses[li], aggs[ai]);
                 c.algo.kl_coef = 0.05;
                 c.algo.kl_estimator = e;
                 for (int t = 0; t < FD_T; t++) {
@@ -377,7 +377,7 @@ static int corrections(trill_mis_level level, double tis, uint8_t *mask, float *
         behav[t] = -2.0f;
         old[t] = (float)(-2.0 + MIS_LOG_RATIO[t]);
     }
-    trill_rl_config c;
+    trill_run_config c;
     memset(&c, 0, sizeof c);
     c.correction.tis = tis;
     c.correction.mis = true;
@@ -424,7 +424,7 @@ static void test_corrections(void **state) {
     const int off[2] = { 0, 2 };
     uint8_t m2[2] = { 1, 0 };
     float w2[2];
-    trill_rl_config c;
+    trill_run_config c;
     memset(&c, 0, sizeof c);
     c.correction.tis = 2.0;
     assert_int_equal(trill_rl_corrections(&c, 1, off, old, behav, w2, m2), 0);

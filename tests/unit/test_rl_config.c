@@ -17,17 +17,17 @@
 #include "testutil.h"
 #include "trill/error.h"
 #include "trill/fileio.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 #ifndef TRILL_SOURCE_DIR
 #error "tests/CMakeLists.txt defines TRILL_SOURCE_DIR"
 #endif
 
 /* Writes `text` as dir/name and loads it over the defaults into c. */
-static trill_status load_text(const char *dir, const char *name, const char *text, trill_rl_config *c) {
+static trill_status load_text(const char *dir, const char *name, const char *text, trill_run_config *c) {
     test_write(dir, name, text, strlen(text));
     char *path = trill_path_join(dir, name);
-    trill_status st = trill_rl_config_load(c, path);
+    trill_status st = trill_run_config_load(c, path);
     free(path);
     return st;
 }
@@ -37,7 +37,7 @@ static void assert_message_has(const char *needle) {
     if (!strstr(m, needle)) fail_msg("message lacks '%s': %s", needle, m);
 }
 
-static void assert_configs_equal(const trill_rl_config *a, const trill_rl_config *b) {
+static void assert_configs_equal(const trill_run_config *a, const trill_run_config *b) {
     assert_string_equal(a->model, b->model);
     assert_string_equal(a->run_dir, b->run_dir);
     assert_true(a->seed == b->seed);
@@ -124,8 +124,8 @@ static void assert_configs_equal(const trill_rl_config *a, const trill_rl_config
 
 static void test_defaults(void **state) {
     (void)state;
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     assert_string_equal(c.model, "");
     assert_string_equal(c.run_dir, "");
     assert_true(c.seed == 0);
@@ -183,9 +183,9 @@ static void test_defaults(void **state) {
     assert_int_equal(c.eval.every, 0);
     assert_int_equal(c.eval.k, 8);
     assert_true(c.eval.temperature == 1.0);
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
-    trill_rl_config_free(&c);
-    trill_rl_config_free(&c); /* freeing twice is harmless */
+    assert_int_equal(trill_run_config_validate(&c), TRILL_OK);
+    trill_run_config_free(&c);
+    trill_run_config_free(&c); /* freeing twice is harmless */
 }
 
 /* Every key away from its default. */
@@ -271,8 +271,8 @@ static const char FULL[] =
 static void test_full_file(void **state) {
     (void)state;
     char *dir = test_tmpdir("rlcfg_full");
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     if (load_text(dir, "run.yaml", FULL, &c)) fail_msg("%s", trill_error_message());
     assert_string_equal(c.model, "models/qwen3-moe");
     assert_string_equal(c.run_dir, "runs/a: b");
@@ -334,20 +334,20 @@ static void test_full_file(void **state) {
     assert_int_equal(c.eval.every, 7);
     assert_int_equal(c.eval.k, 1024);
     assert_true(c.eval.temperature == 0.0);
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
-    trill_rl_config_free(&c);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_OK);
+    trill_run_config_free(&c);
 
     /* empty files, comments only and empty sections: all defaults */
     static const char *const empty[] = { "", "# nothing\n", "---\n", "algo:\n  # loss: gspo\n" };
-    trill_rl_config d;
-    trill_rl_config_defaults(&d);
+    trill_run_config d;
+    trill_run_config_defaults(&d);
     for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
-        trill_rl_config_defaults(&c);
+        trill_run_config_defaults(&c);
         if (load_text(dir, "empty.yaml", empty[i], &c)) fail_msg("%s: %s", empty[i], trill_error_message());
         assert_configs_equal(&c, &d);
-        trill_rl_config_free(&c);
+        trill_run_config_free(&c);
     }
-    trill_rl_config_free(&d);
+    trill_run_config_free(&d);
     test_rmdir(dir);
     free(dir);
 }
@@ -415,34 +415,34 @@ static void test_file_refusals(void **state) {
     };
     char *dir = test_tmpdir("rlcfg_refuse");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        trill_rl_config c;
-        trill_rl_config_defaults(&c);
+        trill_run_config c;
+        trill_run_config_defaults(&c);
         trill_status st = load_text(dir, "run.yaml", cases[i].yaml, &c);
         if (st != TRILL_ERR_INVALID) fail_msg("case %zu (%s): status %d, expected a refusal", i, cases[i].yaml, st);
         if (!strstr(trill_error_message(), cases[i].needle))
             fail_msg("case %zu (%s): message lacks\n  '%s'\n got\n  '%s'", i, cases[i].yaml, cases[i].needle, trill_error_message());
-        trill_rl_config_free(&c);
+        trill_run_config_free(&c);
     }
     /* a missing file is an I/O error that names it */
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     char *missing = trill_path_join(dir, "missing.yaml");
-    assert_int_equal(trill_rl_config_load(&c, missing), TRILL_ERR_IO);
+    assert_int_equal(trill_run_config_load(&c, missing), TRILL_ERR_IO);
     assert_message_has(missing);
     free(missing);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
     test_rmdir(dir);
     free(dir);
 }
 
-static void set_ok(trill_rl_config *c, const char *assignment) {
-    if (trill_rl_config_set(c, assignment)) fail_msg("%s: %s", assignment, trill_error_message());
+static void set_ok(trill_run_config *c, const char *assignment) {
+    if (trill_run_config_set(c, assignment)) fail_msg("%s: %s", assignment, trill_error_message());
 }
 
 static void test_overrides(void **state) {
     (void)state;
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     set_ok(&c, "algo.loss=gspo");
     assert_int_equal(c.algo.loss, TRILL_LOSS_GSPO);
     set_ok(&c, "trainer.lr=1e-4");
@@ -528,15 +528,15 @@ static void test_overrides(void **state) {
     };
     set_ok(&c, "generator.stop=[x]");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        assert_int_equal(trill_rl_config_set(&c, cases[i].yaml), TRILL_ERR_INVALID);
+        assert_int_equal(trill_run_config_set(&c, cases[i].yaml), TRILL_ERR_INVALID);
         if (!strstr(trill_error_message(), cases[i].needle))
             fail_msg("override %s: message lacks\n  '%s'\n got\n  '%s'", cases[i].yaml, cases[i].needle, trill_error_message());
     }
     /* a refused list leaves the old one */
-    assert_int_equal(trill_rl_config_set(&c, "generator.stop=[a, '']"), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_set(&c, "generator.stop=[a, '']"), TRILL_ERR_INVALID);
     assert_int_equal(c.generator.n_stop, 1);
     assert_string_equal(c.generator.stop[0], "x");
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
 }
 
 static void test_validate(void **state) {
@@ -550,70 +550,70 @@ static void test_validate(void **state) {
           "generator.prompts_per_step (300000000) x generator.n (8): more samples per step than a batch can hold (2147483647)" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        trill_rl_config c;
-        trill_rl_config_defaults(&c);
+        trill_run_config c;
+        trill_run_config_defaults(&c);
         set_ok(&c, cases[i].yaml);
-        assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+        assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
         assert_message_has(cases[i].needle);
-        trill_rl_config_free(&c);
+        trill_run_config_free(&c);
     }
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     set_ok(&c, "reward.verifier=none");
     set_ok(&c, "reward.external=./score");
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_OK);
     /* a config changed in code gets the table's range checks too */
     c.correction.mis_low = 6;
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("correction.mis: expected [low, high] with 0 < low < high, got [6, 5]");
     c.correction.mis = false;
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_OK);
     c.eval.k = 0;
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("eval.k: expected an integer in [1, 1024], got 0");
     c.eval.k = 4;
     c.generator.top_p = 0;
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("generator.top_p: expected a number in (0, 1], got 0");
     c.generator.top_p = 1;
     c.algo.loss = (trill_rl_loss)7;
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("algo.loss: expected one of ppo, gspo, cispo, reinforce, aipo, got the value 7");
     c.algo.loss = TRILL_LOSS_PPO;
     c.trainer.lora.targets = 0;
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("trainer.lora.targets");
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
     /* on-policy scoring is for sync runs: async generation runs ahead of the weights */
-    trill_rl_config_defaults(&c);
+    trill_run_config_defaults(&c);
     set_ok(&c, "generator.on_policy=true");
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_OK);
     set_ok(&c, "mode=async");
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_ERR_INVALID);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_ERR_INVALID);
     assert_message_has("generator.on_policy: true needs mode: sync");
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
 }
 
 /* write -> load gives the same config */
-static void round_trip(const char *dir, const trill_rl_config *c) {
+static void round_trip(const char *dir, const trill_run_config *c) {
     char *path = trill_path_join(dir, "config.yaml");
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    assert_int_equal(trill_rl_config_write(c, f), TRILL_OK);
+    assert_int_equal(trill_run_config_write(c, f), TRILL_OK);
     fclose(f);
-    trill_rl_config back;
-    trill_rl_config_defaults(&back);
-    if (trill_rl_config_load(&back, path)) fail_msg("%s", trill_error_message());
+    trill_run_config back;
+    trill_run_config_defaults(&back);
+    if (trill_run_config_load(&back, path)) fail_msg("%s", trill_error_message());
     assert_configs_equal(c, &back);
-    trill_rl_config_free(&back);
+    trill_run_config_free(&back);
     free(path);
 }
 
 static void test_round_trip(void **state) {
     (void)state;
     char *dir = test_tmpdir("rlcfg_rt");
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     round_trip(dir, &c);
     if (load_text(dir, "run.yaml", FULL, &c)) fail_msg("%s", trill_error_message());
     /* strings that need quoting or escapes, doubles that need 17 digits */
@@ -639,7 +639,7 @@ static void test_round_trip(void **state) {
     set_ok(&c, "trainer.lora.targets=down,gate");
     set_ok(&c, "generator.stop=[]");
     round_trip(dir, &c);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
     test_rmdir(dir);
     free(dir);
 }
@@ -647,7 +647,7 @@ static void test_round_trip(void **state) {
 static char *reference_text(void) {
     FILE *f = tmpfile();
     assert_non_null(f);
-    assert_int_equal(trill_rl_config_reference(f), TRILL_OK);
+    assert_int_equal(trill_run_config_reference(f), TRILL_OK);
     long len = ftell(f);
     assert_true(len > 0);
     rewind(f);
@@ -675,12 +675,12 @@ static void test_reference(void **state) {
     assert_non_null(end);
     char *dir = test_tmpdir("rlcfg_ref");
     char *example = strndup(start + 8, (size_t)(end - start - 8));
-    trill_rl_config c;
-    trill_rl_config_defaults(&c);
+    trill_run_config c;
+    trill_run_config_defaults(&c);
     if (load_text(dir, "example.yaml", example, &c)) fail_msg("the reference's example: %s", trill_error_message());
     assert_int_equal(c.algo.loss, TRILL_LOSS_GSPO);
-    assert_int_equal(trill_rl_config_validate(&c), TRILL_OK);
-    trill_rl_config_free(&c);
+    assert_int_equal(trill_run_config_validate(&c), TRILL_OK);
+    trill_run_config_free(&c);
     free(example);
     test_rmdir(dir);
     free(dir);
@@ -705,7 +705,7 @@ int main(int argc, char **argv) {
             perror(argv[2]);
             return 1;
         }
-        const trill_status st = trill_rl_config_reference(f);
+        const trill_status st = trill_run_config_reference(f);
         return fclose(f) || st ? 1 : 0;
     }
     const struct CMUnitTest tests[] = {

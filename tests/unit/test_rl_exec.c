@@ -21,7 +21,7 @@
 #include "trill/model.h"
 #include "trill/tokenizer.h"
 #include "testutil.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rl_metrics.h"
 #include "trill/run.h"
 
@@ -163,9 +163,9 @@ static void fixture_init(fixture *f) {
                        .correct = f->correct };
 }
 
-static trill_rl_config base_config(void) {
-    trill_rl_config c;
-    assert_int_equal(trill_rl_config_defaults(&c), TRILL_OK);
+static trill_run_config base_config(void) {
+    trill_run_config c;
+    assert_int_equal(trill_run_config_defaults(&c), TRILL_OK);
     c.reward.verifier = TRILL_VERIFIER_EXACT;
     c.reward.verifier_weight = 2;
     return c;
@@ -175,7 +175,7 @@ static void test_scorer_verifier_and_external(void **state) {
     (void)state;
     fixture f;
     fixture_init(&f);
-    trill_rl_config c = base_config();
+    trill_run_config c = base_config();
     /* the completion's length as the reward, and as a metric */
     free(c.reward.external);
     c.reward.external = strdup("/usr/bin/python3 -c \"import json,sys\n"
@@ -195,7 +195,7 @@ static void test_scorer_verifier_and_external(void **state) {
     assert_true(json_number_value(json_object_get(ext, "n")) == 4); /* summed over the batch */
     json_decref(ext);
     trill_rl_scorer_free(s);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
 }
 
 /* A reward process that crashes on every request: after external_max_failures in a row the
@@ -204,7 +204,7 @@ static void test_scorer_failing_process(void **state) {
     (void)state;
     fixture f;
     fixture_init(&f);
-    trill_rl_config c = base_config();
+    trill_run_config c = base_config();
     free(c.reward.external);
     c.reward.external = strdup("read line; exit 3");
     c.reward.external_max_failures = 2;
@@ -217,7 +217,7 @@ static void test_scorer_failing_process(void **state) {
     if (!strstr(trill_error_message(), "read line; exit 3")) fail_msg("the message does not name the command: %s", trill_error_message());
     json_decref(ext);
     trill_rl_scorer_free(s);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
 }
 
 /* A weight that overflows the reward stops the batch naming the source and the key. */
@@ -225,7 +225,7 @@ static void test_scorer_nonfinite_reward(void **state) {
     (void)state;
     fixture f;
     fixture_init(&f);
-    trill_rl_config c = base_config();
+    trill_run_config c = base_config();
     c.reward.verifier_weight = INFINITY; /* inf x a score of 0 */
     rl_scorer *s;
     assert_int_equal(trill_rl_scorer_create(&c, &f.data, &s), TRILL_OK);
@@ -234,7 +234,7 @@ static void test_scorer_nonfinite_reward(void **state) {
     assert_non_null(strstr(trill_error_message(), "reward.verifier_weight"));
     json_decref(ext);
     trill_rl_scorer_free(s);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
 }
 
 /* ---- generator and trainer on a small MoE written to disk ---- */
@@ -244,7 +244,7 @@ typedef struct world {
     trill_tokenizer *tok;
     trill_dataset data;
     trill_example ex[4];
-    trill_rl_config c;
+    trill_run_config c;
 } world;
 
 static void world_init(world *w) {
@@ -264,7 +264,7 @@ static void world_init(world *w) {
         w->ex[i].n_ids = (int)n;
     }
     w->data = (trill_dataset){ .path = "mem.jsonl", .n = 4, .examples = w->ex };
-    assert_int_equal(trill_rl_config_defaults(&w->c), TRILL_OK);
+    assert_int_equal(trill_run_config_defaults(&w->c), TRILL_OK);
     w->c.data.shuffle = false;
     w->c.generator.n = 2;
     w->c.generator.max_new_tokens = 5;
@@ -277,7 +277,7 @@ static void world_init(world *w) {
 static void world_free(world *w) {
     for (int i = 0; i < 4; i++) free(w->ex[i].ids);
     trill_tokenizer_free(w->tok);
-    trill_rl_config_free(&w->c);
+    trill_run_config_free(&w->c);
     test_rmdir(w->dir);
     free(w->dir);
 }
@@ -305,7 +305,7 @@ static void test_generator_fixed_batches(void **state) {
     rl_batch b4 = { 0 }, b2 = { 0 };
     long tokens4, tokens2;
     assert_int_equal(trill_rl_generator_generate(g4, 0, NULL, NULL, &b4, &tokens4), TRILL_OK);
-    trill_rl_config c2 = w.c;
+    trill_run_config c2 = w.c;
     c2.generator.prompts_per_step = 2;
     assert_int_equal(trill_rl_generator_create(&c2, policy, w.tok, &w.data, &g2), TRILL_OK);
     assert_int_equal(trill_rl_generator_generate(g2, 1, NULL, NULL, &b2, &tokens2), TRILL_OK);
@@ -377,12 +377,12 @@ static void test_trainer_step_by_hand(void **state) {
     long step_allocs[2], pass_allocs = 0;
     for (int k = 0; k < 2; k++) {
         w.c.trainer.micro_batch_tokens = budgets[k];
-        rl_trainer *t;
-        assert_int_equal(trill_rl_trainer_create(&w.c, w.dir, NULL, NULL, &t), TRILL_OK);
+        trill_trainer *t;
+        assert_int_equal(trill_trainer_create(&w.c, w.dir, NULL, NULL, &t), TRILL_OK);
         for (size_t s = 0; s < n_rewards; s++) b.reward[s] = rewards[s];
         rl_train_stats ts;
         trill_rl_metrics *m = calloc(1, sizeof *m);
-        assert_int_equal(trill_rl_trainer_step(t, &b, 1, &ts, m), TRILL_OK);
+        assert_int_equal(trill_trainer_step(t, &b, 1, &ts, m), TRILL_OK);
         assert_int_equal(ts.optimizer_steps, 1);
         assert_int_equal(ts.kept, 4);
         for (int s = 0; s < 4; s++) assert_true(fabs(b.adv[s] - want_adv[s]) < 1e-12);
@@ -397,28 +397,28 @@ static void test_trainer_step_by_hand(void **state) {
         trill_rl_metrics *m2 = calloc(1, sizeof *m2);
         rl_train_stats ts2;
         for (size_t s = 0; s < n_rewards; s++) b.reward[s] = rewards[s];
-        assert_int_equal(trill_rl_trainer_step(t, &b, 2, &ts2, m2), TRILL_OK);
+        assert_int_equal(trill_trainer_step(t, &b, 2, &ts2, m2), TRILL_OK);
         step_allocs[k] = trill_alloc_fail_after(-1);
         free(m2);
         if (k == 0) { /* what the model's own forward and backward of one micro-batch allocate */
             const int len = b.offsets[1] - b.offsets[0], offsets[2] = { 0, len };
             float *lp = calloc((size_t)len + 1, sizeof(float)), *dlp = calloc((size_t)len + 1, sizeof(float));
             size_t n_lora = 0;
-            trill_lora_params(trill_rl_trainer_lora(t), &n_lora);
+            trill_lora_params(trill_trainer_lora(t), &n_lora);
             float *grads = calloc(n_lora, sizeof(float));
             uint16_t *ex = calloc((size_t)len * b.n_moe_layers * b.top_k + 1, sizeof(uint16_t));
             trill_forward_pass *pass = NULL; /* as the trainer's: replaying the generator's routing, keeping its own */
-            assert_int_equal(trill_model_forward_train(trill_rl_trainer_policy(t), b.tokens, offsets, 1, b.experts, lp, ex, false, &pass), TRILL_OK);
+            assert_int_equal(trill_model_forward_train(trill_trainer_policy(t), b.tokens, offsets, 1, b.experts, lp, ex, false, &pass), TRILL_OK);
             assert_int_equal(trill_model_backward(pass, dlp, NULL, grads), TRILL_OK);
             trill_forward_pass_free(pass);
             pass_allocs = trill_alloc_fail_after(-1);
             free(lp), free(dlp), free(grads), free(ex);
         }
-        const float *p = trill_lora_params(trill_rl_trainer_lora(t), &n_params);
+        const float *p = trill_lora_params(trill_trainer_lora(t), &n_params);
         adapter[k] = malloc(sizeof(float) * n_params);
         memcpy(adapter[k], p, sizeof(float) * n_params);
         free(m);
-        trill_rl_trainer_free(t);
+        trill_trainer_free(t);
     }
     /* the gradient's scale (AdamW's first step is nearly sign(g) x lr, blind to it), then the
      * update itself: rounding moves it by a small part of a step where g is near zero */
@@ -487,11 +487,11 @@ static void test_trainer_trajectory(void **state) {
     assert_int_equal(trill_rl_batch_derive(&b), TRILL_OK);
     const double rewards[4] = { 1, 0, 0.25, 0.75 };
     for (int s = 0; s < 4; s++) b.reward[s] = rewards[s];
-    rl_trainer *t;
-    assert_int_equal(trill_rl_trainer_create(&w.c, w.dir, NULL, NULL, &t), TRILL_OK);
+    trill_trainer *t;
+    assert_int_equal(trill_trainer_create(&w.c, w.dir, NULL, NULL, &t), TRILL_OK);
     rl_train_stats ts;
     trill_rl_metrics *m = calloc(1, sizeof *m);
-    assert_int_equal(trill_rl_trainer_step(t, &b, 1, &ts, m), TRILL_OK);
+    assert_int_equal(trill_trainer_step(t, &b, 1, &ts, m), TRILL_OK);
     double num = 0, den = 0;
     for (int s = 0; s < n; s++) {
         const int sampled = rl_response_len(&b, s) - (s == s0 ? 2 : 0);
@@ -502,7 +502,7 @@ static void test_trainer_trajectory(void **state) {
     assert_int_equal(m->mismatch_tokens, (long)den);
     assert_true(isfinite(ts.grad_norm) && ts.grad_norm > 0 && isfinite(m->mismatch_k3) && isfinite(m->tis_mean));
     free(m);
-    trill_rl_trainer_free(t);
+    trill_trainer_free(t);
     trill_rl_batch_free(&b);
     trill_rl_generator_free(g);
     trill_model_free(policy);

@@ -17,7 +17,7 @@
 #include "testutil.h"
 #include "trill/fileio.h"
 #include "trill/model.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/run.h"
 
 enum { STEPS = 6 };
@@ -66,12 +66,12 @@ static void world_free(world *w) {
     free(w->reward);
 }
 
-static void config(const world *w, const char *run, bool async, trill_rl_config *c) {
-    assert_int_equal(trill_rl_config_defaults(c), TRILL_OK);
+static void config(const world *w, const char *run, bool async, trill_run_config *c) {
+    assert_int_equal(trill_run_config_defaults(c), TRILL_OK);
     char *run_dir = join(w->dir, run);
     const char *sets[] = { "generator.prompts_per_step=2", "generator.n=4", "generator.max_new_tokens=5", "trainer.lr=1e-2",
                            "trainer.schedule=constant", "checkpoint.keep=0", "reward.verifier=none" };
-    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) assert_int_equal(trill_rl_config_set(c, sets[i]), TRILL_OK);
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) assert_int_equal(trill_run_config_set(c, sets[i]), TRILL_OK);
     free(c->model);
     c->model = strdup(w->model);
     free(c->data.train);
@@ -141,7 +141,7 @@ static void *cancel_when_busy(void *arg) {
 static void interrupted_equals_uninterrupted(bool async) {
     world w;
     world_init(&w);
-    trill_rl_config a, b;
+    trill_run_config a, b;
     config(&w, "whole", async, &a);
     config(&w, "parts", async, &b);
     trill_rl_result res;
@@ -209,8 +209,8 @@ static void interrupted_equals_uninterrupted(bool async) {
     free(xb);
     json_decref(ma);
     json_decref(mb);
-    trill_rl_config_free(&a);
-    trill_rl_config_free(&b);
+    trill_run_config_free(&a);
+    trill_run_config_free(&b);
     world_free(&w);
 }
 
@@ -238,7 +238,7 @@ static void test_progress_and_errors(void **state) {
     (void)state;
     world w;
     world_init(&w);
-    trill_rl_config c;
+    trill_run_config c;
     config(&w, "progress", false, &c);
     c.steps = 2;
     seen x = { 0 };
@@ -261,7 +261,7 @@ static void test_progress_and_errors(void **state) {
     assert_int_equal(trill_run_create(&c, &o, &h), TRILL_ERR_INVALID);
     assert_non_null(strstr(trill_error_message(), "already has checkpoints"));
     assert_null(h);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
     world_free(&w);
 }
 

@@ -90,7 +90,7 @@ static double agg_weight(trill_rl_agg agg, double token_mean_denom, int n_seqs, 
 /* The per-token surrogates (the loss table, trill/loss.h): loss value and d loss / d logp of one
  * token (before the TIS and aggregation weights), the ratio against the old policy or, for AIPO,
  * the generator's; returns whether the clip changed it. */
-static bool token_surrogate(const trill_rl_config *cfg, double logp, double old_logp, double behav_logp, double a,
+static bool token_surrogate(const trill_run_config *cfg, double logp, double old_logp, double behav_logp, double a,
                             double *loss, double *grad, double *ratio) {
     const trill_loss_info *L = trill_loss_get((trill_loss)cfg->algo.loss);
     assert(L && L->token && "token_surrogate: unknown or sequence-level loss");
@@ -105,7 +105,7 @@ static long masked_count(const rl_loss_batch *b) {
 }
 
 /* The KL loss term of a token under the aggregation weight c (returned) and its gradient, added to *grad. */
-static double kl_term(const trill_rl_config *cfg, double c, double logp, double ref_logp, double *grad) {
+static double kl_term(const trill_run_config *cfg, double c, double logp, double ref_logp, double *grad) {
     const double k = cfg->algo.kl_coef * c;
     *grad += k * trill_rl_kl_grad(cfg->algo.kl_estimator, logp, ref_logp);
     return k * trill_rl_kl_value(cfg->algo.kl_estimator, logp, ref_logp);
@@ -138,7 +138,7 @@ static double gspo_sequence(double log_ratio_sum, int n, double a, double weight
     return -(*is_clipped ? clipped : unclipped) * weight_sum;
 }
 
-void trill_rl_policy_loss(const trill_rl_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats) {
+void trill_rl_policy_loss(const trill_run_config *cfg, const rl_loss_batch *b, float *dlogp, rl_loss_stats *stats) {
     memset(stats, 0, sizeof *stats);
     if (b->n_seqs <= 0) return;
     const int n_seqs = b->n_seqs;
@@ -202,7 +202,7 @@ static bool outside(double ratio, double lo, double hi) {
     return ratio < lo || ratio > hi;
 }
 
-int trill_rl_corrections(const trill_rl_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
+int trill_rl_corrections(const trill_run_config *cfg, int n_seqs, const int *offsets, const float *old_logp,
                    const float *behav_logp, float *tis_weight, uint8_t *mask) {
     const double cap = cfg->correction.tis, lo = cfg->correction.mis_low, hi = cfg->correction.mis_high;
     const int T = n_seqs > 0 ? offsets[n_seqs] : 0;

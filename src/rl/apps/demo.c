@@ -21,7 +21,7 @@
 #include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/eval.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rng.h"
 #include "trill/sft.h"
 #include "trill/timing.h"
@@ -166,7 +166,7 @@ static trill_status dev_accuracy(const char *model_dir, const char *dev_path, co
 }
 
 /* trill_sft_run with its per-step lines appended to log_path. */
-static trill_status sft_logged(const trill_rl_config *c, const char *log_path) {
+static trill_status sft_logged(const trill_run_config *c, const char *log_path) {
     FILE *log = fopen(log_path, "a");
     if (!log) return trill_error(TRILL_ERR_IO, "%s: cannot open for appending (%s)", log_path, strerror(errno));
     const trill_sft_options so = { .log = log };
@@ -186,12 +186,12 @@ static trill_status set_string(char **field, const char *s) {
 }
 
 /* The warm start's SFT settings: every weight, constant lr 2e-3 after 20 warm-up steps. */
-static trill_status sft_config(const char *init, const char *train, const char *out, const trill_demo_options *o, trill_rl_config *c) {
-    trill_status st = trill_rl_config_defaults(c);
+static trill_status sft_config(const char *init, const char *train, const char *out, const trill_demo_options *o, trill_run_config *c) {
+    trill_status st = trill_run_config_defaults(c);
     if (st) return st;
     static const char *const sets[] = { "sft.mode=full", "trainer.lr=2e-3", "trainer.schedule=constant", "trainer.warmup_steps=20",
                                         "trainer.micro_batch_tokens=1024", "sft.epochs=1000000" /* the steps end it */ };
-    for (size_t i = 0; !st && i < sizeof sets / sizeof sets[0]; i++) st = trill_rl_config_set(c, sets[i]);
+    for (size_t i = 0; !st && i < sizeof sets / sizeof sets[0]; i++) st = trill_run_config_set(c, sets[i]);
     if (!st) st = set_string(&c->model, init);
     if (!st) st = set_string(&c->data.train, train);
     if (!st) st = set_string(&c->run_dir, out);
@@ -204,7 +204,7 @@ static trill_status sft_config(const char *init, const char *train, const char *
 static trill_status warm_start(const char *dir, const trill_demo_options *o, trill_demo_info *info) {
     char *init = trill_path_join(dir, "init"), *train = trill_path_join(dir, "train.jsonl"), *dev = trill_path_join(dir, "dev.jsonl"),
          *log = trill_path_join(dir, "sft.log");
-    trill_rl_config c;
+    trill_run_config c;
     memset(&c, 0, sizeof c);
     const double t0 = trill_now();
     trill_status st = init && train && dev && log ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -225,7 +225,7 @@ static trill_status warm_start(const char *dir, const trill_demo_options *o, tri
     info->sft_steps = step;
     info->sft_seconds = trill_now() - t0;
     if (st) trill_error_context("demo warm start (SFT log: %s)", log);
-    trill_rl_config_free(&c);
+    trill_run_config_free(&c);
     free(init);
     free(train);
     free(dev);

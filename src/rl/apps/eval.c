@@ -10,7 +10,7 @@
 #include "trill/lora.h"
 #include "trill/reward.h"
 #include "trill/eval.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/timing.h"
 
 double trill_verify(trill_verifier v, const char *completion, const char *truth) {

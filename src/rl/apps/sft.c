@@ -25,12 +25,12 @@
 #include "trill/tokenizer.h"
 
 typedef struct sft_run {
-    const trill_rl_config *c;
+    const trill_run_config *c;
     FILE *log;
     trill_tokenizer *tok;
     trill_chat_template *chat;
     trill_dataset *train, *eval;
-    rl_trainer *t;
+    trill_trainer *t;
     trill_comm *world;            /* NULL: one process */
     int rank;                     /* 0 logs and writes */
     int lock_fd;                  /* run_dir/.lock (rank 0) */
@@ -56,7 +56,7 @@ static void sft_log_rank(int rank, FILE *f, const char *fmt, ...) {
     else trill_log(TRILL_LOG_INFO, "%s", line);
 }
 
-trill_status trill_sft_validate(const trill_rl_config *c) {
+trill_status trill_sft_validate(const trill_run_config *c) {
     if (!c->model[0]) return trill_error(TRILL_ERR_INVALID, "model: trill sft needs a model folder (--model DIR or model=DIR)");
     if (!c->data.train[0]) return trill_error(TRILL_ERR_INVALID, "data.train: trill sft needs a JSONL file of prompts and completions (--data FILE)");
     if (!c->run_dir[0]) return trill_error(TRILL_ERR_INVALID, "run_dir: trill sft writes the trained weights there (--out DIR or run_dir=DIR)");
@@ -125,7 +125,7 @@ static trill_status eval_loss(sft_run *r, double *out) {
     trill_status st = all ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; all && i < r->eval->n; i++) all[i] = i;
     if (!st) st = make_batch(r, r->eval, all, r->eval->n, &b);
-    if (!st) st = trill_rl_trainer_nll(r->t, &b, &nll, &n);
+    if (!st) st = trill_trainer_nll(r->t, &b, &nll, &n);
     trill_rl_batch_free(&b);
     free(all);
     *out = n ? nll / n : NAN;
@@ -134,16 +134,16 @@ static trill_status eval_loss(sft_run *r, double *out) {
 
 /* ---- checkpoints and the result ---- */
 
-static const char *mode_name(const trill_rl_config *c) { return c->sft.mode == TRILL_SFT_FULL ? "full" : "lora"; }
+static const char *mode_name(const trill_run_config *c) { return c->sft.mode == TRILL_SFT_FULL ? "full" : "lora"; }
 
-static trill_status write_parts(void *ctx, const char *dir) { return trill_rl_trainer_save(((const sft_run *)ctx)->t, dir); }
+static trill_status write_parts(void *ctx, const char *dir) { return trill_trainer_save(((const sft_run *)ctx)->t, dir); }
 
 /* RUN/checkpoints/step-NNNNNNNN: the weights (the PEFT adapter or the full model) and the
  * optimizer state as run_dir's result has them, config.yaml, state.json and the manifest (the
  * run folder's machinery, src/rl/run/checkpoint.h); the newest checkpoint.keep are kept. */
 static trill_status save_checkpoint(sft_run *r, int step, double eval) {
-    const trill_rl_config *c = r->c;
-    trill_status st = trill_rl_trainer_gather(r->t, true); /* the experts' shards, under expert parallelism */
+    const trill_run_config *c = r->c;
+    trill_status st = trill_trainer_gather(r->t, true); /* the experts' shards, under expert parallelism */
     if (!st && r->rank == 0) { /* every rank holds the same weights */
         json_t *j = json_pack("{s:i, s:s, s:o}", "step", step, "mode", mode_name(c), "eval_loss", isnan(eval) ? json_null() : json_real(eval));
         st = j ? trill_rl_checkpoint_write(c->run_dir, step, c, j, write_parts, r, &r->base, c->checkpoint.keep)
@@ -160,7 +160,7 @@ static trill_status save_checkpoint(sft_run *r, int step, double eval) {
  * the file system has no hard links; then trainer_state.json; a full model gets the base's side
  * files (tokenizer...) so that the folder is usable on its own. */
 static trill_status publish(const sft_run *r, const char *ckpt, int step, double eval) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     DIR *d = opendir(ckpt);
     trill_status st = d ? TRILL_OK : trill_error(TRILL_ERR_IO, "%s: cannot list: %s", ckpt, strerror(errno));
     bool linked = true;
@@ -177,7 +177,7 @@ static trill_status publish(const sft_run *r, const char *ckpt, int step, double
         else if (rename(tmp, to) != 0) st = trill_error(TRILL_ERR_IO, "%s: cannot rename to %s: %s", tmp, to, strerror(errno));
     }
     if (d) closedir(d);
-    if (!st && !linked) st = trill_rl_trainer_save(r->t, c->run_dir);
+    if (!st && !linked) st = trill_trainer_save(r->t, c->run_dir);
     if (!st) st = trill_fsync_dir(c->run_dir);
     char *state = st ? NULL : trill_path_join(c->run_dir, "trainer_state.json");
     if (!st && !state) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -207,7 +207,7 @@ static trill_status finish(sft_run *r, int step, double eval) {
  * complete one, falling back past damaged ones; else that folder), and what a resumed run must
  * keep: the base model (by content), seed, sft.mode and the adapter's shape. */
 static trill_status open_run_dir(sft_run *r) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     trill_status st = r->rank == 0 ? trill_mkdir_p(c->run_dir) : TRILL_OK;
     if (!st && r->rank == 0) st = trill_lock_dir(c->run_dir, "run_dir", "trill sft", &r->lock_fd);
     st = trill_comm_agree(r->world, st, "setting the run up");
@@ -223,15 +223,15 @@ static trill_status open_run_dir(sft_run *r) {
     }
     if (!st) st = trill_rl_model_identity(c->model, &r->base);
     if (!st && r->resume_dir) st = trill_rl_checkpoint_check_base(r->resume_dir, &r->base, c->model);
-    trill_rl_config saved;
+    trill_run_config saved;
     char *path = NULL;
     json_t *state = NULL;
     const char *mode = NULL;
-    if (!st && r->resume_dir && !(st = trill_rl_config_defaults(&saved))) {
+    if (!st && r->resume_dir && !(st = trill_run_config_defaults(&saved))) {
         if (!(path = trill_path_join(r->resume_dir, "config.yaml"))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        if (!st) st = trill_rl_config_load(&saved, path);
-        if (!st) st = trill_rl_config_check_resume(&saved, c, r->resume_dir);
-        trill_rl_config_free(&saved);
+        if (!st) st = trill_run_config_load(&saved, path);
+        if (!st) st = trill_run_config_check_resume(&saved, c, r->resume_dir);
+        trill_run_config_free(&saved);
         free(path);
         path = NULL;
         if (!st && !(path = trill_path_join(r->resume_dir, "state.json"))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -248,11 +248,11 @@ static trill_status open_run_dir(sft_run *r) {
 }
 
 static trill_status load(sft_run *r) {
-    const trill_rl_config *c = r->c;
-    trill_status st = trill_rl_trainer_create_sft(c, c->model, r->resume_dir, r->world, &r->t);
+    const trill_run_config *c = r->c;
+    trill_status st = trill_trainer_create_sft(c, c->model, r->resume_dir, r->world, &r->t);
     if (!st) st = trill_tokenizer_load(c->model, &r->tok);
     if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(c->model, &r->chat);
-    const trill_config *mc = st ? NULL : trill_model_config(trill_rl_trainer_policy(r->t));
+    const trill_config *mc = st ? NULL : trill_model_config(trill_trainer_policy(r->t));
     trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field, .template_ = c->data.template_,
                                 .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens, .completion_field = c->data.completion_field,
                                 .max_seq_len = c->sft.max_seq_len, .truncate = c->sft.truncate,
@@ -270,7 +270,7 @@ static trill_status load(sft_run *r) {
 /* Optimizer steps in all: the micro-batches of an epoch (packed in file order) / sft.grad_accum,
  * times the epochs, at most sft.max_steps. */
 static int total_steps(const sft_run *r, int *micro_per_epoch) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     int *order = trill_malloc(sizeof(int) * (size_t)r->train->n);
     if (!order) return -1;
     for (int i = 0; i < r->train->n; i++) order[i] = i;
@@ -297,19 +297,19 @@ static bool stop_requested(const sft_run *r) {
 /* One optimizer step on order[at, at + k), then its line, checkpoint and held-out loss when due. */
 static trill_status one_step(sft_run *r, const int *order, int k, int step, int total, int last, double t_start, long *tokens,
                              double *eval) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     rl_batch b;
-    rl_nll_stats ns;
-    trill_rl_trainer_comm_reset(r->t);
+    trill_nll_stats ns;
+    trill_trainer_comm_reset(r->t);
     trill_status st = make_batch(r, r->train, order, k, &b);
-    if (!st) st = trill_rl_trainer_nll_step(r->t, &b, step, total, &ns);
+    if (!st) st = trill_trainer_nll_step(r->t, &b, step, total, &ns);
     trill_rl_batch_free(&b);
     if (st) return st;
     *tokens += ns.tokens;
     const double elapsed = trill_now() - t_start;
     char comm[96] = ""; /* what the step's collectives moved from this rank, and their time */
     if (r->world && trill_comm_size(r->world) > 1) {
-        const trill_comm_stats cs = trill_rl_trainer_comm_stats(r->t);
+        const trill_comm_stats cs = trill_trainer_comm_stats(r->t);
         double bytes = 0, ms = 0;
         for (int kind = 0; kind < TRILL_COMM_KINDS; kind++) bytes += (double)cs.bytes[kind], ms += cs.ms[kind];
         snprintf(comm, sizeof comm, "  comm %.2f MB %.1f ms", bytes / 1e6, ms);
@@ -328,7 +328,7 @@ static trill_status one_step(sft_run *r, const int *order, int k, int step, int 
 }
 
 static trill_status train(sft_run *r, int total, int *step_out, double *eval) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     const int n = r->train->n;
     const int last = c->sft.stop_after > 0 && c->sft.stop_after < total ? c->sft.stop_after : total;
     int *order = trill_malloc(sizeof(int) * (size_t)n), step = 0;
@@ -351,7 +351,7 @@ static trill_status train(sft_run *r, int total, int *step_out, double *eval) {
     return st;
 }
 
-trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o, trill_sft_result *out) {
+trill_status trill_sft_run(const trill_run_config *c, const trill_sft_options *o, trill_sft_result *out) {
     *out = (trill_sft_result){ .eval_loss = NAN };
     trill_status st = trill_sft_validate(c);
     if (st) return st;
@@ -368,9 +368,9 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
     if (!st && total < 0) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
         size_t n_values = 0;
-        const trill_lora *lora = trill_rl_trainer_lora(r.t);
+        const trill_lora *lora = trill_trainer_lora(r.t);
         if (lora) trill_lora_params((trill_lora *)lora, &n_values);
-        else n_values = trill_model_n_params(trill_rl_trainer_policy(r.t));
+        else n_values = trill_model_n_params(trill_trainer_policy(r.t));
         sft_log_rank(r.rank, r.log, "trill sft: %d examples, %d micro-batches/epoch, %d steps (%s, %zu trainable values)%s", r.train->n,
                      micro_per_epoch, total, lora ? "LoRA" : "full", n_values,
                      r.world && trill_comm_size(r.world) > 1 ? ", data-parallel over the job's ranks" : "");
@@ -392,7 +392,7 @@ trill_status trill_sft_run(const trill_rl_config *c, const trill_sft_options *o,
         sft_log_rank(r.rank, r.log, "trill sft: wrote %s (peak RSS %.0f MB%s)", c->run_dir, rss / 1024.0,
                      r.world && trill_comm_size(r.world) > 1 ? ", the largest rank's" : "");
     out->steps = step;
-    trill_rl_trainer_free(r.t);
+    trill_trainer_free(r.t);
     trill_dataset_free(r.train);
     trill_dataset_free(r.eval);
     trill_chat_template_free(r.chat);

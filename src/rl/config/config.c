@@ -7,7 +7,7 @@
  * walk reads the tree directly, so every error names the file, the line and the dotted key. */
 #include "trill/log.h"
 #include "base/alloc.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -64,7 +64,7 @@ static const char *const SYNC_MODES[] = { "adapter", "merge", NULL };
 static const char *const SFT_MODES[] = { "lora", "full", NULL };
 static const char *const PRECISIONS[] = { "fp32", "bf16", NULL }; /* trill_precision order */
 
-#define F(field) offsetof(trill_rl_config, field)
+#define F(field) offsetof(trill_run_config, field)
 #define STRING(p, f, d, doc) { p, K_STRING, F(f), 0, 0, false, false, NULL, d, doc }
 #define INT(p, f, lo, hi, d, doc) { p, K_INT, F(f), lo, hi, false, false, NULL, d, doc }
 #define REAL(p, f, lo, hi, d, doc) { p, K_REAL, F(f), lo, hi, false, false, NULL, d, doc }
@@ -492,7 +492,7 @@ static bool string_value(const yaml_node_t *n, const char **s, size_t *len) {
     return memchr(*s, '\0', *len) == NULL;
 }
 
-static trill_status set_stops(trill_rl_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
+static trill_status set_stops(trill_run_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
     char got[128];
     if (v->type != YAML_SEQUENCE_NODE)
         return fail(src, v, "%s: expected a list of at most %d strings, got %s%s", k->path, TRILL_RL_MAX_STOPS, describe(v, got, sizeof got),
@@ -520,7 +520,7 @@ static trill_status set_stops(trill_rl_config *c, const key *k, yaml_document_t 
     return TRILL_OK;
 }
 
-static trill_status set_mis(trill_rl_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
+static trill_status set_mis(trill_run_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
     char got[128];
     bool on;
     if (parse_bool(v, &on) && !on) {
@@ -540,7 +540,7 @@ static trill_status set_mis(trill_rl_config *c, const key *k, yaml_document_t *d
 }
 
 /* A scalar "q, v, lm_head" or a list of names. */
-static trill_status set_targets(trill_rl_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
+static trill_status set_targets(trill_run_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
     char got[128];
     bool list = v->type == YAML_SEQUENCE_NODE;
     long count = list ? v->data.sequence.items.top - v->data.sequence.items.start : 1;
@@ -572,7 +572,7 @@ static trill_status set_targets(trill_rl_config *c, const key *k, yaml_document_
 }
 
 /* algo.loss: a name of the loss table that trill train runs. */
-static trill_status set_loss(trill_rl_config *c, const key *k, const yaml_node_t *v, const source *src) {
+static trill_status set_loss(trill_run_config *c, const key *k, const yaml_node_t *v, const source *src) {
     char got[128], want[256];
     const int l = v->type == YAML_SCALAR_NODE && strlen(scalar(v)) == v->data.scalar.length ? trill_loss_parse(scalar(v), TRILL_LOSS_IN_TRAIN) : -1;
     if (l < 0)
@@ -582,7 +582,7 @@ static trill_status set_loss(trill_rl_config *c, const key *k, const yaml_node_t
     return TRILL_OK;
 }
 
-static trill_status assign(trill_rl_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
+static trill_status assign(trill_run_config *c, const key *k, yaml_document_t *doc, const yaml_node_t *v, const source *src) {
     void *field = (char *)c + k->offset;
     char got[128], want[256];
     switch (k->kind) {
@@ -688,7 +688,7 @@ static trill_status parse_yaml(const char *text, size_t len, yaml_document_t *do
     return st;
 }
 
-static trill_status load_mapping(trill_rl_config *c, yaml_document_t *doc, const yaml_node_t *map, const char *prefix, const source *src) {
+static trill_status load_mapping(trill_run_config *c, yaml_document_t *doc, const yaml_node_t *map, const char *prefix, const source *src) {
     char names[512], got[128];
     for (const yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
         const yaml_node_t *kn = yaml_document_get_node(doc, p->key), *v = yaml_document_get_node(doc, p->value);
@@ -724,7 +724,7 @@ static trill_status load_mapping(trill_rl_config *c, yaml_document_t *doc, const
 
 /* ---- public ---- */
 
-trill_status trill_rl_config_defaults(trill_rl_config *c) {
+trill_status trill_run_config_defaults(trill_run_config *c) {
     memset(c, 0, sizeof *c);
     const source src = { "built-in default", NULL };
     for (size_t i = 0; i < N_KEYS; i++) {
@@ -736,7 +736,7 @@ trill_status trill_rl_config_defaults(trill_rl_config *c) {
         }
         if (st == TRILL_ERR_NOMEM) {
             trill_error_context("the default of %s", KEYS[i].path);
-            trill_rl_config_free(c);
+            trill_run_config_free(c);
             memset(c, 0, sizeof *c);
             return st;
         }
@@ -750,7 +750,7 @@ trill_status trill_rl_config_defaults(trill_rl_config *c) {
     return TRILL_OK;
 }
 
-void trill_rl_config_free(trill_rl_config *c) {
+void trill_run_config_free(trill_run_config *c) {
     for (size_t i = 0; i < N_KEYS; i++)
         if (KEYS[i].kind == K_STRING) {
             char **s = (char **)((char *)c + KEYS[i].offset);
@@ -764,7 +764,7 @@ void trill_rl_config_free(trill_rl_config *c) {
     c->generator.n_stop = 0;
 }
 
-trill_status trill_rl_config_copy(trill_rl_config *dst, const trill_rl_config *src) {
+trill_status trill_run_config_copy(trill_run_config *dst, const trill_run_config *src) {
     *dst = *src;
     bool ok = true;
     for (size_t i = 0; i < N_KEYS; i++)
@@ -775,11 +775,11 @@ trill_status trill_rl_config_copy(trill_rl_config *dst, const trill_rl_config *s
     for (int i = 0; i < src->generator.n_stop; i++)
         if (!(dst->generator.stop[i] = trill_strdup(src->generator.stop[i]))) ok = false;
     if (ok) return TRILL_OK;
-    trill_rl_config_free(dst); /* frees the copies made; the NULLs left by failed ones are fine */
+    trill_run_config_free(dst); /* frees the copies made; the NULLs left by failed ones are fine */
     return trill_error(TRILL_ERR_NOMEM, "out of memory copying the run's config");
 }
 
-trill_status trill_rl_config_load(trill_rl_config *c, const char *path) {
+trill_status trill_run_config_load(trill_run_config *c, const char *path) {
     char *text;
     size_t len;
     trill_status st = trill_read_file(path, &text, &len);
@@ -799,7 +799,7 @@ trill_status trill_rl_config_load(trill_rl_config *c, const char *path) {
     return st;
 }
 
-trill_status trill_rl_config_set(trill_rl_config *c, const char *assignment) {
+trill_status trill_run_config_set(trill_run_config *c, const char *assignment) {
     const source src = { NULL, assignment };
     const char *eq = strchr(assignment, '=');
     char path[160], names[512];
@@ -848,7 +848,7 @@ static const char *real_text(double x, char *buf, size_t size) {
 }
 
 static trill_status write_string(FILE *f, const key *k, const char *s) {
-    if (!s) return trill_error(TRILL_ERR_INVALID, "%s: no value (the config was not initialised with trill_rl_config_defaults)", k->path);
+    if (!s) return trill_error(TRILL_ERR_INVALID, "%s: no value (the config was not initialised with trill_run_config_defaults)", k->path);
     if (!valid_utf8(s)) return trill_error(TRILL_ERR_INVALID, "%s: the value is not valid UTF-8", k->path);
     size_t n = strlen(s);
     char *q = trill_malloc(4 * n + 8);
@@ -859,7 +859,7 @@ static trill_status write_string(FILE *f, const key *k, const char *s) {
 }
 
 /* The value of k in YAML flow syntax. */
-static trill_status write_value(FILE *f, const trill_rl_config *c, const key *k) {
+static trill_status write_value(FILE *f, const trill_run_config *c, const key *k) {
     const void *field = (const char *)c + k->offset;
     char buf[64];
     switch (k->kind) {
@@ -925,7 +925,7 @@ static size_t section_len(const char *path) {
     return dot ? (size_t)(dot - path) : 0;
 }
 
-trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f) {
+trill_status trill_run_config_write(const trill_run_config *c, FILE *f) {
     fputs("# trill train: the resolved run configuration (defaults, then the file, then the overrides).\n"
           "# docs/config.md describes every key.\n", f);
     const char *prev = "";
@@ -959,7 +959,7 @@ trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f) {
     return TRILL_OK;
 }
 
-trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
+trill_status trill_rl_parallel_check(const trill_run_config *c, int world_size) {
     const int64_t trainer = (int64_t)c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
     const int gen = c->parallel.generator.replicas * c->parallel.generator.ep, scorer = c->parallel.scorer;
     const int64_t ranks = trainer + gen + scorer;
@@ -975,14 +975,14 @@ trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size) {
                        (long long)ranks, world_size, world_size == 1 ? "" : "s", hint);
 }
 
-trill_status trill_rl_config_validate(const trill_rl_config *c) {
+trill_status trill_run_config_validate(const trill_run_config *c) {
     /* every key's own range, for configs built in code */
     for (size_t i = 0; i < N_KEYS; i++) {
         const key *k = &KEYS[i];
         const void *field = (const char *)c + k->offset;
         char want[256];
         if (k->kind == K_STRING && !*(char *const *)field)
-            return trill_error(TRILL_ERR_INVALID, "%s: no value (the config was not initialised with trill_rl_config_defaults)", k->path);
+            return trill_error(TRILL_ERR_INVALID, "%s: no value (the config was not initialised with trill_run_config_defaults)", k->path);
         if (k->kind == K_INT && (*(const int *)field < k->lo || *(const int *)field > k->hi))
             return trill_error(TRILL_ERR_INVALID, "%s: expected %s, got %d", k->path, range_text(k, want, sizeof want, true), *(const int *)field);
         const trill_loss_info *loss = k->kind == K_LOSS ? trill_loss_get(*(const trill_loss *)field) : NULL;
@@ -1067,7 +1067,7 @@ static const char *const FIXED_ON_RESUME[] = { "seed", "sft.mode", "trainer.lora
                                                "trainer.lora.targets" };
 #define N_FIXED (sizeof FIXED_ON_RESUME / sizeof FIXED_ON_RESUME[0])
 
-static char *value_text(const trill_rl_config *c, const key *k) {
+static char *value_text(const trill_run_config *c, const key *k) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -1077,7 +1077,7 @@ static char *value_text(const trill_rl_config *c, const key *k) {
     return buf;
 }
 
-trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const trill_rl_config *now, const char *where) {
+trill_status trill_run_config_check_resume(const trill_run_config *saved, const trill_run_config *now, const char *where) {
     trill_status st = TRILL_OK;
     for (size_t i = 0; i < N_FIXED && !st; i++) {
         const key *k = find_key(FIXED_ON_RESUME[i]);
@@ -1095,7 +1095,7 @@ trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const tr
 
 /* A key's row of the reference table: path, type, default, meaning (algo.loss: each loss's phrase,
  * from the loss table). */
-static void write_reference_row(FILE *f, const trill_rl_config *d, const key *k) {
+static void write_reference_row(FILE *f, const trill_run_config *d, const key *k) {
     char type[256];
     fprintf(f, "| `%s` | %s | `", k->path, type_text(k, type, sizeof type));
     write_value(f, d, k);
@@ -1109,13 +1109,13 @@ static void write_reference_row(FILE *f, const trill_rl_config *d, const key *k)
     fputs(k->kind == K_LOSS ? ". |\n" : " |\n", f);
 }
 
-trill_status trill_rl_config_reference(FILE *f) {
-    trill_rl_config d;
-    trill_status st = trill_rl_config_defaults(&d);
+trill_status trill_run_config_reference(FILE *f) {
+    trill_run_config d;
+    trill_status st = trill_run_config_defaults(&d);
     if (st) return st;
     fputs("# `trill train` configuration reference\n"
           "\n"
-          "<!-- Generated from the key table in src/rl/config/config.c by trill_rl_config_reference; do not edit.\n"
+          "<!-- Generated from the key table in src/rl/config/config.c by trill_run_config_reference; do not edit.\n"
           "     Regenerate: build/tests/test_rl_config --write-reference docs/config.md -->\n"
           "\n"
           "A run is described by a YAML file of sections, plus overrides on the command line:\n"
@@ -1163,6 +1163,6 @@ trill_status trill_rl_config_reference(FILE *f) {
             if (in) write_reference_row(f, &d, &KEYS[i]);
         }
     }
-    trill_rl_config_free(&d);
+    trill_run_config_free(&d);
     return TRILL_OK;
 }

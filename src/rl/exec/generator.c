@@ -6,7 +6,7 @@
 #include "rl/exec/generator.h"
 
 struct rl_generator {
-    const trill_rl_config *c;
+    const trill_run_config *c;
     const trill_tokenizer *tok;
     const trill_dataset *train;
     trill_engine *engine;
@@ -15,7 +15,7 @@ struct rl_generator {
     int L, K;                     /* MoE layers, experts per token: the captured experts' shape */
 };
 
-trill_engine_config trill_rl_engine_config(const trill_rl_config *c, const trill_config *mc) {
+trill_engine_config trill_rl_engine_config(const trill_run_config *c, const trill_config *mc) {
     trill_engine_config ec = trill_engine_config_default();
     ec.format = c->generator.dtype;
     ec.kv_cache_mb = (size_t)c->generator.kv_cache_mb;
@@ -29,7 +29,7 @@ trill_engine_config trill_rl_engine_config(const trill_rl_config *c, const trill
     return ec;
 }
 
-trill_status trill_rl_generator_create(const trill_rl_config *c, const trill_model *policy, const trill_tokenizer *tok,
+trill_status trill_rl_generator_create(const trill_run_config *c, const trill_model *policy, const trill_tokenizer *tok,
                                        const trill_dataset *train, rl_generator **out) {
     rl_generator *g = trill_calloc(1, sizeof *g);
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -66,7 +66,7 @@ void trill_rl_generator_free(rl_generator *g) {
 
 trill_status trill_rl_generator_generate_part(rl_generator *g, int64_t index, const int *groups, int n_groups,
                                               trill_status (*between_steps)(void *), void *ctx, rl_batch *out, long *tokens) {
-    const trill_rl_config *c = g->c;
+    const trill_run_config *c = g->c;
     const int P = c->generator.prompts_per_step;
     *tokens = 0;
     int *order = trill_malloc(sizeof(int) * (size_t)P), *examples = trill_malloc(sizeof(int) * (size_t)(n_groups + 1));
@@ -114,7 +114,7 @@ trill_status trill_rl_generator_set_expert_comm(rl_generator *g, trill_comm *c) 
 bool trill_rl_generator_expert_holdings(const rl_generator *g, uint8_t *held) { return trill_engine_ep_holdings(g->engine, held); }
 
 trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out) {
-    const trill_rl_config *c = g->c;
+    const trill_run_config *c = g->c;
     trill_eval_options o = { .limit = c->data.eval_size, .k = c->eval.k, .temperature = c->eval.temperature,
                              .max_new_tokens = c->generator.max_new_tokens, .verifier = c->reward.verifier,
                              .seed = c->seed ^ 0x6576616cu /* "eval": the same draws before and after */,

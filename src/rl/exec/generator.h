@@ -11,18 +11,18 @@
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/eval.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/tokenizer.h"
 
 typedef struct rl_generator rl_generator;
 
 /* The engine settings of c's generator section for a model of config mc (no tokenizer): the
  * generator's, and generator.on_policy's scoring engine's in the trainer. */
-trill_engine_config trill_rl_engine_config(const trill_rl_config *c, const trill_config *mc);
+trill_engine_config trill_rl_engine_config(const trill_run_config *c, const trill_config *mc);
 
 /* An engine for `policy`'s base weights (adapters come with the first update) and the request
  * prototype of c's generator section. tok and train must outlive it. */
-trill_status trill_rl_generator_create(const trill_rl_config *c, const trill_model *policy, const trill_tokenizer *tok,
+trill_status trill_rl_generator_create(const trill_run_config *c, const trill_model *policy, const trill_tokenizer *tok,
                                        const trill_dataset *train, rl_generator **out);
 void trill_rl_generator_free(rl_generator *g);
 

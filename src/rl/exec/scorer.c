@@ -14,7 +14,7 @@
 #include "trill/reward_model.h"
 
 struct rl_scorer {
-    const trill_rl_config *c;
+    const trill_run_config *c;
     const trill_dataset *data;
     trill_verifier verifier;
     reward_process **ext;         /* the external reward pool: n_ext processes */
@@ -22,7 +22,7 @@ struct rl_scorer {
     trill_reward_model *rm;
 };
 
-trill_status trill_rl_scorer_create(const trill_rl_config *c, const trill_dataset *data, rl_scorer **out) {
+trill_status trill_rl_scorer_create(const trill_run_config *c, const trill_dataset *data, rl_scorer **out) {
     rl_scorer *s = trill_calloc(1, sizeof *s);
     if (!s) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     *s = (rl_scorer){ .c = c, .data = data, .verifier = c->reward.verifier };
@@ -120,7 +120,7 @@ static trill_status score_external(rl_scorer *r, rl_batch *b, json_t *ext_metric
 }
 
 trill_status trill_rl_scorer_score(rl_scorer *r, rl_batch *b, json_t *ext_metrics) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     trill_status st = TRILL_OK;
     for (int s = 0; s < b->n_seqs; s++) {
         const trill_example *ex = &r->data->examples[b->example[s]];

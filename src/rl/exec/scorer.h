@@ -10,13 +10,13 @@
 
 #include "rl/data/rollout.h"
 #include "trill/dataset.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 typedef struct rl_scorer rl_scorer;
 
 /* The reward section of c: starts reward.external_workers processes of reward.external and loads
  * reward.model, as configured. `data` (the prompts the batches come from) must outlive it. */
-trill_status trill_rl_scorer_create(const trill_rl_config *c, const trill_dataset *data, rl_scorer **out);
+trill_status trill_rl_scorer_create(const trill_run_config *c, const trill_dataset *data, rl_scorer **out);
 void trill_rl_scorer_free(rl_scorer *s);
 
 /* b->correct and b->reward of every sequence: the weighted verifier, external process and reward

@@ -5,7 +5,7 @@
 
 /* TIS weights and the MIS mask of a micro-batch's sequences from their old log-probs (in the
  * workspace's loss buffers, which micro_loss fills again after). */
-trill_status trill_rl_trn_corrections(rl_trainer *r, const rl_batch *b, const micro *m, token_arrays *ta) {
+trill_status trill_rl_trn_corrections(trill_trainer *r, const rl_batch *b, const micro *m, token_arrays *ta) {
     int *off = trill_rl_trn_ws_get(r, WS_OFF, sizeof(int) * (size_t)(m->n + 1));
     if (!off) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     const int R = trill_rl_trn_response_offsets(b, m, off);
@@ -28,14 +28,14 @@ trill_status trill_rl_trn_corrections(rl_trainer *r, const rl_batch *b, const mi
 /* Whether this rank speaks for the trainable tensor t (at its offset `at` in values) when the
  * model-parallel group adds its shards up: a value its shard holds alone (a held expert's, a
  * slice) is its own; one every shard holds is the group's first rank's. */
-bool trill_rl_trn_speaks_for(const rl_trainer *r, const trill_param *t, size_t at) {
+bool trill_rl_trn_speaks_for(const trill_trainer *r, const trill_param *t, size_t at) {
     return r->mp_rank == 0 || at >= r->routed || trill_param_sliced(t);
 }
 
 /* The gradient's global norm, the same bits on any layout: each trainable tensor's sum of squares
  * (trill_grad_sumsq) added in the whole adapter's tensor order (the model's in full
  * fine-tuning); under model parallelism each rank gives the sums of the tensors it speaks for. */
-static trill_status gradient_norm(const rl_trainer *r, double *norm) {
+static trill_status gradient_norm(const trill_trainer *r, double *norm) {
     const trill_param *t = r->lora ? r->lora->tensors : r->policy->tensors;
     const size_t n = r->lora ? r->lora->n_tensors : r->policy->n_tensors, n_all = r->lora ? r->lora->n_global_tensors : n;
     size_t *offset = trill_malloc(sizeof(size_t) * (n ? n : 1)), *numel = trill_malloc(sizeof(size_t) * (n ? n : 1));
@@ -64,8 +64,8 @@ static trill_status gradient_norm(const rl_trainer *r, double *norm) {
  * denominator and clipped; a loss or gradient norm that is not finite is never applied (with
  * trainer.skip_nonfinite *applied is false, else an error naming the step); then AdamW at the
  * schedule's rate for optimizer step opt->step of `total`. */
-trill_status trill_rl_trn_apply_update(rl_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied) {
-    const trill_rl_config *c = r->c;
+trill_status trill_rl_trn_apply_update(trill_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied) {
+    const trill_run_config *c = r->c;
     *applied = false;
     for (size_t i = 0; i < r->n_values; i++) r->lora_grads[i] = (float)(r->lora_grads[i] / denom);
     trill_status st = gradient_norm(r, grad_norm);
@@ -87,9 +87,9 @@ trill_status trill_rl_trn_apply_update(rl_trainer *r, double denom, double loss,
 /* The loss of micro-batch m from its log-probs lp: d loss / d log-prob per token into dlp (sums:
  * token-mean with denominator 1, sequence means times their sequence count) and its figures
  * into *ms. */
-static trill_status micro_loss(rl_trainer *r, const rl_batch *b, const micro *m, const token_arrays *ta, const float *lp, float *dlp,
+static trill_status micro_loss(trill_trainer *r, const rl_batch *b, const micro *m, const token_arrays *ta, const float *lp, float *dlp,
                                micro_stats *ms) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     const int k = m->n;
     int *off = trill_rl_trn_ws_get(r, WS_OFF, sizeof(int) * (size_t)(k + 1));
     trill_status st = off ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -138,9 +138,9 @@ static trill_status micro_loss(rl_trainer *r, const rl_batch *b, const micro *m,
 /* Losses are summed over micro-batches (token-mean with denominator 1, sequence means times their
  * sequence count), then the gradient is divided by the minibatch's denominator: the same
  * gradient as one pass over the whole minibatch. */
-static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
+static trill_status train_minibatch(trill_trainer *r, const rl_batch *b, const int *seq, int n, bool have_old, token_arrays *ta,
                                     rl_train_stats *ts) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     micro_plan p;
     grad_sum g = { 0 };
     trill_status st = trill_rl_trn_plan_micros(r, b, seq, n, &p);
@@ -214,7 +214,7 @@ static trill_status train_minibatch(rl_trainer *r, const rl_batch *b, const int 
 }
 
 /* After the optimizer: a non-finite parameter is never synced or checkpointed. */
-static trill_status check_adapter(const rl_trainer *r) {
+static trill_status check_adapter(const trill_trainer *r) {
     const trill_lora *l = r->lora;
     for (size_t i = 0; i < l->n_params; i++)
         if (!isfinite(l->params[i])) {
@@ -228,7 +228,7 @@ static trill_status check_adapter(const rl_trainer *r) {
 }
 
 /* The step's per-token arrays over the whole batch (packed layout); experts start as "not routed". */
-static trill_status token_arrays_alloc(const rl_trainer *r, const rl_batch *b, token_arrays *ta) {
+static trill_status token_arrays_alloc(const trill_trainer *r, const rl_batch *b, token_arrays *ta) {
     const size_t T = (size_t)b->offsets[b->n_seqs], row = (size_t)r->L * r->K;
     const bool ref = r->c->algo.kl_coef > 0;
     ta->old_logp = trill_calloc(T, sizeof(float));
@@ -257,8 +257,8 @@ static void token_arrays_free(token_arrays *ta) {
  * rounding (the trainer's fp32 log-probs of a sequence depend a little on where it sits in the
  * packed batch). With KL as a reward, each reward is first penalised by its sequence's KL (a
  * pre-pass over every sequence gives the old and reference log-probs). kept[0, *n_kept). */
-static trill_status shape_rewards(rl_trainer *r, rl_batch *b, token_arrays *ta, int *kept, int *n_kept, int *flat_groups) {
-    const trill_rl_config *c = r->c;
+static trill_status shape_rewards(trill_trainer *r, rl_batch *b, token_arrays *ta, int *kept, int *n_kept, int *flat_groups) {
+    const trill_run_config *c = r->c;
     const int G = c->generator.n;
     trill_status st = TRILL_OK;
     *flat_groups = *n_kept = 0;
@@ -285,8 +285,8 @@ static trill_status shape_rewards(rl_trainer *r, rl_batch *b, token_arrays *ta, 
 }
 
 /* algo.minibatches optimizer steps over the kept sequences (after the pre-pass they need). */
-static trill_status run_minibatches(rl_trainer *r, const rl_batch *b, const int *kept, int n_kept, token_arrays *ta, rl_train_stats *ts) {
-    const trill_rl_config *c = r->c;
+static trill_status run_minibatches(trill_trainer *r, const rl_batch *b, const int *kept, int n_kept, token_arrays *ta, rl_train_stats *ts) {
+    const trill_run_config *c = r->c;
     const int M = c->algo.minibatches;
     const bool kl_reward = c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD;
     const bool pre_old = !kl_reward && M > 1, pre_ref = !kl_reward && c->algo.kl_coef > 0;
@@ -301,9 +301,9 @@ static trill_status run_minibatches(rl_trainer *r, const rl_batch *b, const int 
 
 /* Mismatch, trill_rl_trn_corrections, KL to the reference and routing flips over the trained sequences'
  * response tokens. */
-static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta,
+static trill_status measure_mismatch(const trill_trainer *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta,
                                      trill_rl_metrics *m) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     const size_t row = (size_t)r->L * r->K;
     long R = 0; /* the sampled tokens of the trained sequences */
     for (int i = 0; i < n_kept; i++)
@@ -361,7 +361,7 @@ static trill_status measure_mismatch(const rl_trainer *r, const rl_batch *b, con
 
 /* The step's per-token distributions over the trained response tokens (the mismatch's tokens)
  * and the lengths of every response of the batch. */
-static void histograms(const rl_trainer *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta, trill_rl_metrics *m) {
+static void histograms(const trill_trainer *r, const rl_batch *b, const int *kept, int n_kept, const token_arrays *ta, trill_rl_metrics *m) {
     memset(&m->hist, 0, sizeof m->hist);
     m->has_hist = true;
     for (int i = 0; i < n_kept; i++) {
@@ -376,7 +376,7 @@ static void histograms(const rl_trainer *r, const rl_batch *b, const int *kept, 
     for (int s = 0; s < b->n_seqs; s++) trill_rl_hist_response(&m->hist, rl_response_len(b, s), r->c->generator.max_new_tokens);
 }
 
-trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m) {
+trill_status trill_trainer_step(trill_trainer *r, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m) {
     token_arrays ta = { 0 };
     int *kept = trill_malloc(sizeof(int) * (size_t)b->n_seqs);
     memset(ts, 0, sizeof *ts);
@@ -387,7 +387,7 @@ trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_trai
     if (!st) st = shape_rewards(r, b, &ta, kept, &ts->kept, &ts->flat_groups);
     if (!st) st = run_minibatches(r, b, kept, ts->kept, &ta, ts);
     if (!st && ts->optimizer_steps) st = check_adapter(r);
-    if (!st && ts->optimizer_steps) st = trill_rl_trainer_gather(r, false); /* what the sync ships */
+    if (!st && ts->optimizer_steps) st = trill_trainer_gather(r, false); /* what the sync ships */
     if (!st) st = measure_mismatch(r, b, kept, ts->kept, &ta, m);
     if (!st) histograms(r, b, kept, ts->kept, &ta, m);
     token_arrays_free(&ta);
@@ -395,7 +395,7 @@ trill_status trill_rl_trainer_step(rl_trainer *r, rl_batch *b, int step, rl_trai
     return st;
 }
 
-trill_status trill_rl_trainer_export(rl_trainer *t, const float **data, size_t *n, const trill_model **merged) {
+trill_status trill_trainer_export(trill_trainer *t, const float **data, size_t *n, const trill_model **merged) {
     *merged = NULL;
     if (t->c->sync.mode == TRILL_SYNC_ADAPTER) {
         *data = t->whole->params;

@@ -1,19 +1,19 @@
-/* The trainer executor: the policy (the base model frozen in its checkpoint's dtype, LoRA
+/* The trainer, RL's trainer executor and SFT's: the policy (the base model frozen in its checkpoint's dtype, LoRA
  * adapters attached), the optimizer, micro-batching under a token budget, the loss, and the
  * weights a sync ships. It reads a rollout batch and changes only its own state (and the batch's
  * advantages, kept flags and KL-penalised rewards). Used by one thread: the controller's. */
-#ifndef TRILL_RL_TRAINER_H
-#define TRILL_RL_TRAINER_H
+#ifndef TRILL_TRAINER_H
+#define TRILL_TRAINER_H
 
 #include "rl/data/rollout.h"
 #include "trill/dist.h"
 #include "trill/lora.h"
 #include "trill/model.h"
 #include "trill/optim.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rl_metrics.h"
 
-typedef struct rl_trainer rl_trainer;
+typedef struct trill_trainer trill_trainer;
 
 /* What one step did, summed over its minibatches (the metrics take means). */
 typedef struct rl_train_stats {
@@ -36,60 +36,60 @@ typedef struct rl_train_stats {
  * adapters and optimizer state with them) and runs its micro-batches in lockstep rounds,
  * dispatching tokens to the experts' holders (trill_model_set_expert_comm). Collective over the
  * world, as every call below but the accessors is. */
-trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, trill_comm *world, rl_trainer **out);
-void trill_rl_trainer_free(rl_trainer *t);
+trill_status trill_trainer_create(const trill_run_config *c, const char *model_dir, const char *ckpt, trill_comm *world, trill_trainer **out);
+void trill_trainer_free(trill_trainer *t);
 
-const trill_model *trill_rl_trainer_policy(const rl_trainer *t);
+const trill_model *trill_trainer_policy(const trill_trainer *t);
 /* Whether the policy is an expert-parallel shard (it then holds some experts: the generator
  * needs the whole model, loaded on its own). */
-bool trill_rl_trainer_sharded(const rl_trainer *t);
+bool trill_trainer_sharded(const trill_trainer *t);
 /* The adapters of every expert (a sync's, a checkpoint's): the trainer's own, or under expert
  * parallelism the shards' gathered after the last optimizer step. */
-trill_lora *trill_rl_trainer_lora(rl_trainer *t);
+trill_lora *trill_trainer_lora(trill_trainer *t);
 /* The optimizer state laid out as those adapters: under expert parallelism as of the last
- * trill_rl_trainer_gather(t, true). */
-trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t);
+ * trill_trainer_gather(t, true). */
+trill_adamw *trill_trainer_optimizer(trill_trainer *t);
 /* The collectives this rank's trainer called since the last reset, per kind: the data ranks'
  * (the world's) and the expert-parallel groups' together (the step's comm figures). */
-trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t);
-void trill_rl_trainer_comm_reset(rl_trainer *t);
+trill_comm_stats trill_trainer_comm_stats(const trill_trainer *t);
+void trill_trainer_comm_reset(trill_trainer *t);
 /* Under expert parallelism, gathers the shards' adapters (and with `optimizer` their optimizer
  * state) into the whole ones above: collective over each group; nothing otherwise. */
-trill_status trill_rl_trainer_gather(rl_trainer *t, bool optimizer);
+trill_status trill_trainer_gather(trill_trainer *t, bool optimizer);
 
 /* Step `step` (1-based: messages, the learning-rate schedule) on batch b: dynamic sampling, KL
  * as a reward when configured, group advantages, then algo.minibatches optimizer steps in
  * micro-batches; an adapter value that is not finite afterwards is an error. Fills the
  * mismatch, correction, reference-KL and routing-flip figures of *m. */
-trill_status trill_rl_trainer_step(rl_trainer *t, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m);
+trill_status trill_trainer_step(trill_trainer *t, rl_batch *b, int step, rl_train_stats *ts, trill_rl_metrics *m);
 
 /* ---- supervised fine-tuning (the same trainer) ---- */
 
 /* sft.mode lora: the base from model_dir in its checkpoint's dtype, adapters new from c->seed or
  * resume_dir's; full: every weight in fp32 from model_dir, or resume_dir's. The optimizer new, or
  * resume_dir/optimizer (its moments; the settings are c's). */
-trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, trill_comm *world,
-                                         rl_trainer **out);
+trill_status trill_trainer_create_sft(const trill_run_config *c, const char *model_dir, const char *resume_dir, trill_comm *world,
+                                         trill_trainer **out);
 
-typedef struct rl_nll_stats {
+typedef struct trill_nll_stats {
     double loss;              /* mean negative log-likelihood per loss token */
     double grad_norm, lr;
     long tokens;              /* tokens forwarded */
     bool applied;             /* false: the loss or gradient was not finite and trainer.skip_nonfinite skipped it */
-} rl_nll_stats;
+} trill_nll_stats;
 
 /* One optimizer step (`step`, 1-based, of `total`) on every sequence of b: the NLL of each
  * sequence's tokens after its prompt (b->prompt_len), in micro-batches of
  * trainer.micro_batch_tokens, its gradient averaged over those tokens, clipped, AdamW. */
-trill_status trill_rl_trainer_nll_step(rl_trainer *t, const rl_batch *b, int step, int64_t total, rl_nll_stats *out);
+trill_status trill_trainer_nll_step(trill_trainer *t, const rl_batch *b, int step, int64_t total, trill_nll_stats *out);
 /* The same NLL without gradients: its sum over the loss tokens and their count. */
-trill_status trill_rl_trainer_nll(rl_trainer *t, const rl_batch *b, double *nll, long *n_loss);
+trill_status trill_trainer_nll(trill_trainer *t, const rl_batch *b, double *nll, long *n_loss);
 /* The trained weights into dir (the PEFT adapter, or the whole fp32 model) and the optimizer
- * state (dir/optimizer*); under expert parallelism after trill_rl_trainer_gather(t, true). */
-trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir);
+ * state (dir/optimizer*); under expert parallelism after trill_trainer_gather(t, true). */
+trill_status trill_trainer_save(const trill_trainer *t, const char *dir);
 
 /* The weights a sync ships after an update: the adapters' vector, or in merge mode the base
  * with the adapters folded in (fp32; *merged is that model). *n floats at *data. */
-trill_status trill_rl_trainer_export(rl_trainer *t, const float **data, size_t *n, const trill_model **merged);
+trill_status trill_trainer_export(trill_trainer *t, const float **data, size_t *n, const trill_model **merged);
 
 #endif

@@ -22,8 +22,8 @@
 #include "trill/rl_algo.h"
 #include "trill/train.h"
 
-struct rl_trainer {
-    const trill_rl_config *c;
+struct trill_trainer {
+    const trill_run_config *c;
     trill_model *policy;          /* LoRA: the base frozen in its checkpoint's dtype, adapters attached;
                                      full fine-tuning: fp32 master weights */
     trill_lora *lora;             /* NULL in full fine-tuning */
@@ -41,7 +41,7 @@ struct rl_trainer {
     trill_engine *onp_engine;
     bool onp_stale;
     double score_s;               /* this step's seconds in it */
-    /* distribution (parallel.trainer, trill_rl_trainer_create's world): the data ranks (dp x ep)
+    /* distribution (parallel.trainer, trill_trainer_create's world): the data ranks (dp x ep)
      * share each step's micro-batches; under expert parallelism the ranks of a group (P of them,
      * this one q-th) hold a shard of the routed experts each and run their micro-batches in
      * rounds, and edp links the ranks holding the same experts (one per group) */
@@ -69,10 +69,10 @@ struct rl_trainer {
     struct wsbuf { void *p; size_t bytes; } ws[16];
 };
 
-/* The workspace's buffers (rl_trainer.ws), by use. */
+/* The workspace's buffers (trill_trainer.ws), by use. */
 enum { WS_OFFSETS, WS_TOKENS, WS_REPLAY, WS_LP, WS_DLP, WS_EX, WS_OFF, WS_G_LP, WS_G_OLD, WS_G_BEHAV, WS_G_REF, WS_G_W, WS_G_D, WS_G_MASK,
        WS_ADV, WS_N };
-_Static_assert(WS_N <= sizeof ((rl_trainer *)0)->ws / sizeof ((rl_trainer *)0)->ws[0], "rl_trainer.ws holds every buffer");
+_Static_assert(WS_N <= sizeof ((trill_trainer *)0)->ws / sizeof ((trill_trainer *)0)->ws[0], "trill_trainer.ws holds every buffer");
 
 /* A packed sub-batch of the rollout batch's sequences, for one forward (and backward); its arrays
  * are the trainer's workspace's, valid until the next micro-batch. */
@@ -125,28 +125,28 @@ _Static_assert(sizeof(micro_stats) == STATS * sizeof(double), "micro_stats is an
 /* The functions one part calls in another (each documented where it is defined). */
 void trill_rl_trn_scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst);
 void trill_rl_trn_scatter_resp_f(const rl_batch *b, const micro *m, const float *src, float *dst);
-bool trill_rl_trn_speaks_for(const rl_trainer *r, const trill_param *t, size_t at);
-trill_status trill_rl_trn_apply_update(rl_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied);
-void *trill_rl_trn_ws_get(rl_trainer *r, int i, size_t bytes);
-trill_status trill_rl_trn_micro_make(rl_trainer *r, const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m);
-const uint16_t *trill_rl_trn_replay_source(const rl_trainer *r, const rl_batch *b, const uint16_t *scored);
+bool trill_rl_trn_speaks_for(const trill_trainer *r, const trill_param *t, size_t at);
+trill_status trill_rl_trn_apply_update(trill_trainer *r, double denom, double loss, int64_t total, double *grad_norm, double *lr, bool *applied);
+void *trill_rl_trn_ws_get(trill_trainer *r, int i, size_t bytes);
+trill_status trill_rl_trn_micro_make(trill_trainer *r, const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m);
+const uint16_t *trill_rl_trn_replay_source(const trill_trainer *r, const rl_batch *b, const uint16_t *scored);
 void trill_rl_trn_scatter_logp(const rl_batch *b, const micro *m, const float *src, float *dst);
 void trill_rl_trn_scatter_experts(const rl_batch *b, const micro *m, const uint16_t *src, uint16_t *dst);
 int trill_rl_trn_response_offsets(const rl_batch *b, const micro *m, int *resp_off);
 void trill_rl_trn_gather_f(const rl_batch *b, const micro *m, const float *src, float *dst);
 void trill_rl_trn_gather_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst);
-trill_status trill_rl_trn_corrections(rl_trainer *r, const rl_batch *b, const micro *m, token_arrays *ta);
+trill_status trill_rl_trn_corrections(trill_trainer *r, const rl_batch *b, const micro *m, token_arrays *ta);
 void trill_rl_trn_share(int M, int ranks, int d, int *lo, int *hi);
 void trill_rl_trn_plan_free(micro_plan *p);
-trill_status trill_rl_trn_plan_micros(const rl_trainer *r, const rl_batch *b, const int *seq, int n, micro_plan *p);
-void trill_rl_trn_grad_sum_free(const rl_trainer *r, grad_sum *g);
-trill_status trill_rl_trn_grad_sum_create(const rl_trainer *r, const micro_plan *p, grad_sum *g);
-trill_status trill_rl_trn_backward_round(rl_trainer *r, const micro_plan *p, grad_sum *g, int i, const trill_forward_pass *pass, const float *dlp);
-trill_status trill_rl_trn_grad_sum_finish(rl_trainer *r, grad_sum *g);
-trill_status trill_rl_trn_assemble(rl_trainer *r, const rl_batch *b, const int *seq, const micro_plan *p, token_arrays *ta, bool old, bool ref);
-trill_status trill_rl_trn_score_on_policy(rl_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta);
+trill_status trill_rl_trn_plan_micros(const trill_trainer *r, const rl_batch *b, const int *seq, int n, micro_plan *p);
+void trill_rl_trn_grad_sum_free(const trill_trainer *r, grad_sum *g);
+trill_status trill_rl_trn_grad_sum_create(const trill_trainer *r, const micro_plan *p, grad_sum *g);
+trill_status trill_rl_trn_backward_round(trill_trainer *r, const micro_plan *p, grad_sum *g, int i, const trill_forward_pass *pass, const float *dlp);
+trill_status trill_rl_trn_grad_sum_finish(trill_trainer *r, grad_sum *g);
+trill_status trill_rl_trn_assemble(trill_trainer *r, const rl_batch *b, const int *seq, const micro_plan *p, token_arrays *ta, bool old, bool ref);
+trill_status trill_rl_trn_score_on_policy(trill_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta);
 void trill_rl_trn_take_scored(const rl_batch *b, const micro *m, const token_arrays *ta, float *lp);
 void trill_rl_trn_take_scored_experts(const rl_batch *b, const micro *m, const token_arrays *ta, uint16_t *ex);
-trill_status trill_rl_trn_pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta);
+trill_status trill_rl_trn_pre_pass(trill_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta);
 
 #endif

@@ -3,7 +3,7 @@
 #include "rl/exec/trainer_internal.h"
 
 /* Buffer i of the workspace, at least `bytes` long (its contents are not kept); NULL when out of memory. */
-void *trill_rl_trn_ws_get(rl_trainer *r, int i, size_t bytes) {
+void *trill_rl_trn_ws_get(trill_trainer *r, int i, size_t bytes) {
     struct wsbuf *b = &r->ws[i];
     if (bytes == 0) bytes = 1;
     if (bytes > b->bytes) {
@@ -18,7 +18,7 @@ void *trill_rl_trn_ws_get(rl_trainer *r, int i, size_t bytes) {
 
 
 /* replay: the routing to replay, [T][L][K] at batch positions (NULL: the trainer's own router). */
-trill_status trill_rl_trn_micro_make(rl_trainer *r, const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m) {
+trill_status trill_rl_trn_micro_make(trill_trainer *r, const rl_batch *b, const int *seq, int n, const uint16_t *replay, micro *m) {
     memset(m, 0, sizeof *m);
     m->n = n;
     m->seq = seq;
@@ -43,7 +43,7 @@ trill_status trill_rl_trn_micro_make(rl_trainer *r, const rl_batch *b, const int
 /* The routing the trainer's forward replays: on-policy mode's engine's once it scored (the loss
  * sees its log-probs: the backward must go through the same experts), else the generator's with
  * router replay (on-policy mode before scoring: the generator's, which it equals), else none. */
-const uint16_t *trill_rl_trn_replay_source(const rl_trainer *r, const rl_batch *b, const uint16_t *scored) {
+const uint16_t *trill_rl_trn_replay_source(const trill_trainer *r, const rl_batch *b, const uint16_t *scored) {
     if (r->onp_engine && scored) return scored;
     return r->c->router_replay || r->onp_engine ? b->experts : NULL;
 }
@@ -136,7 +136,7 @@ void trill_rl_trn_plan_free(micro_plan *p) {
     free(p->src_hi);
 }
 
-trill_status trill_rl_trn_plan_micros(const rl_trainer *r, const rl_batch *b, const int *seq, int n, micro_plan *p) {
+trill_status trill_rl_trn_plan_micros(const trill_trainer *r, const rl_batch *b, const int *seq, int n, micro_plan *p) {
     const int D = r->data ? trill_comm_size(r->data) : 1, me = r->data ? trill_comm_rank(r->data) : 0;
     *p = (micro_plan){ .first = trill_malloc(sizeof(int) * (size_t)(n + 1)), .src_lo = trill_malloc(sizeof(int) * (size_t)r->P),
                        .src_hi = trill_malloc(sizeof(int) * (size_t)r->P) };
@@ -160,13 +160,13 @@ trill_status trill_rl_trn_plan_micros(const rl_trainer *r, const rl_batch *b, co
 /* ---- a step's gradient: one fixed tree over its micro-batches ---- */
 
 
-void trill_rl_trn_grad_sum_free(const rl_trainer *r, grad_sum *g) {
+void trill_rl_trn_grad_sum_free(const trill_trainer *r, grad_sum *g) {
     trill_tree_sum_free(g->own);
     for (int j = 0; g->experts && j < r->P; j++) trill_tree_sum_free(g->experts[j]);
     free(g->experts);
 }
 
-trill_status trill_rl_trn_grad_sum_create(const rl_trainer *r, const micro_plan *p, grad_sum *g) {
+trill_status trill_rl_trn_grad_sum_create(const trill_trainer *r, const micro_plan *p, grad_sum *g) {
     *g = (grad_sum){ 0 };
     trill_status st = trill_tree_sum_create(r->routed, p->M, p->lo, p->hi - p->lo, &g->own);
     if (!st && r->P > 1 && !(g->experts = trill_calloc((size_t)r->P, sizeof *g->experts))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -178,7 +178,7 @@ trill_status trill_rl_trn_grad_sum_create(const rl_trainer *r, const micro_plan 
 
 /* The backward of round i's pass: r->leaf (and the held experts' parts, r->src) zeroed, then
  * filled; the leaves that belong to micro-batches go to their trees. */
-trill_status trill_rl_trn_backward_round(rl_trainer *r, const micro_plan *p, grad_sum *g, int i, const trill_forward_pass *pass, const float *dlp) {
+trill_status trill_rl_trn_backward_round(trill_trainer *r, const micro_plan *p, grad_sum *g, int i, const trill_forward_pass *pass, const float *dlp) {
     memset(r->leaf, 0, sizeof(float) * r->n_values);
     for (int j = 0; r->P > 1 && j < r->P; j++) memset(r->src[j], 0, sizeof(float) * (r->n_values - r->routed));
     trill_status st = r->P > 1 ? trill_model_backward_ep(pass, dlp, NULL, r->leaf, r->src)
@@ -189,7 +189,7 @@ trill_status trill_rl_trn_backward_round(rl_trainer *r, const micro_plan *p, gra
     return st;
 }
 
-trill_status trill_rl_trn_grad_sum_finish(rl_trainer *r, grad_sum *g) {
+trill_status trill_rl_trn_grad_sum_finish(trill_trainer *r, grad_sum *g) {
     trill_status st = trill_tree_sum_finish(g->own, r->data, r->lora_grads);
     if (!st && r->P > 1) st = trill_tree_sum_finish_many(g->experts, r->P, r->edp, r->lora_grads + r->routed);
     return st;
@@ -198,7 +198,7 @@ trill_status trill_rl_trn_grad_sum_finish(rl_trainer *r, grad_sum *g) {
 /* After a pass that filled the per-token arrays of its own micro-batches' sequences (old and
  * reference log-probs, routing, TIS weights, mask): every rank gets every sequence's, by one
  * all-reduce where each value has one writer (the others add exact zeros). */
-trill_status trill_rl_trn_assemble(rl_trainer *r, const rl_batch *b, const int *seq, const micro_plan *p, token_arrays *ta, bool old, bool ref) {
+trill_status trill_rl_trn_assemble(trill_trainer *r, const rl_batch *b, const int *seq, const micro_plan *p, token_arrays *ta, bool old, bool ref) {
     if (!r->data) return TRILL_OK;
     const size_t row = (size_t)r->L * r->K;
     size_t total = 0;

@@ -6,12 +6,12 @@
 
 /* The on-policy engine gets the trainer's weights as a sync would ship them (the adapters, or the merged
  * model in merge sync): the same bits the generator computes with after the next sync. */
-static trill_status onp_sync(rl_trainer *r) {
+static trill_status onp_sync(trill_trainer *r) {
     if (!r->onp_stale) return TRILL_OK;
     const float *data;
     size_t n;
     const trill_model *merged;
-    trill_status st = trill_rl_trainer_export(r, &data, &n, &merged);
+    trill_status st = trill_trainer_export(r, &data, &n, &merged);
     if (!st) st = merged ? trill_engine_update_weights(r->onp_engine, merged, 0, NULL) : trill_engine_update_adapter(r->onp_engine, r->lora, 0, NULL);
     if (!st) r->onp_stale = false;
     return st;
@@ -22,7 +22,7 @@ static trill_status onp_sync(rl_trainer *r) {
  * routing of every forwarded position into ta->onp_experts, at batch positions. */
 /* The scoring engine's outputs (every one collected and freed, also after a failure st) into the
  * batch positions of the on-policy log-probs and routing. */
-static trill_status take_scores(rl_trainer *r, const rl_batch *b, const int *seq, token_arrays *ta, trill_status st) {
+static trill_status take_scores(trill_trainer *r, const rl_batch *b, const int *seq, token_arrays *ta, trill_status st) {
     const size_t row = (size_t)r->L * r->K;
     trill_sequence_out out[32];
     int got;
@@ -42,8 +42,8 @@ static trill_status take_scores(rl_trainer *r, const rl_batch *b, const int *seq
     return st;
 }
 
-trill_status trill_rl_trn_score_on_policy(rl_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta) {
-    const trill_rl_config *c = r->c;
+trill_status trill_rl_trn_score_on_policy(trill_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta) {
+    const trill_run_config *c = r->c;
     const double t0 = trill_now();
     trill_status st = onp_sync(r);
     trill_request q = { .sampling = trill_sampling_default() };
@@ -114,7 +114,7 @@ void trill_rl_trn_take_scored_experts(const rl_batch *b, const micro *m, const t
 
 /* A forward without gradients over `seq`: old log-probs (adapters on) and/or reference
  * log-probs (adapters off), plus the trainer's routing. */
-trill_status trill_rl_trn_pre_pass(rl_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
+trill_status trill_rl_trn_pre_pass(trill_trainer *r, const rl_batch *b, const int *seq, int n, bool want_old, bool want_ref, token_arrays *ta) {
     micro_plan p;
     trill_status st = trill_rl_trn_plan_micros(r, b, seq, n, &p);
     if (!st && r->onp_engine && want_old) st = trill_rl_trn_score_on_policy(r, b, seq, n, ta);

@@ -7,8 +7,8 @@
 /* The world's ranks as parallel.trainer lays them out: rank = (dp_index * ep + ep_index) * tp +
  * tp_index, so a group of either kind is consecutive ranks and the data ranks' shares stay
  * contiguous per expert-parallel group. */
-static trill_status set_up_ranks(rl_trainer *r, trill_comm *world) {
-    const trill_rl_config *c = r->c;
+static trill_status set_up_ranks(trill_trainer *r, trill_comm *world) {
+    const trill_run_config *c = r->c;
     r->P = r->tp_size = 1;
     if (!world || trill_comm_size(world) == 1) return TRILL_OK;
     r->data = world;
@@ -40,14 +40,14 @@ static trill_status set_up_ranks(rl_trainer *r, trill_comm *world) {
 }
 
 /* The policy's shard for this rank (the whole model without model parallelism). */
-static trill_shard shard_of(const rl_trainer *r) {
+static trill_shard shard_of(const trill_trainer *r) {
     return (trill_shard){ .ep_rank = r->q, .ep_size = r->P, .tp_rank = r->tp_rank, .tp_size = r->tp_size };
 }
 
 /* Under model parallelism: the model's shard joins its group, and (expert parallelism) the
  * gradient buffers of the held experts (one per group rank) and the adapters of every expert are
  * made. */
-static trill_status set_up_shards(rl_trainer *r) {
+static trill_status set_up_shards(trill_trainer *r) {
     r->routed = r->lora ? trill_lora_routed_first(r->lora) : r->n_values;
     r->whole = r->lora;
     if (!r->mp) return TRILL_OK;
@@ -58,7 +58,7 @@ static trill_status set_up_shards(rl_trainer *r) {
             st = trill_error(TRILL_ERR_NOMEM, "out of memory for the experts' gradients");
     r->whole = NULL;
     if (!st) st = trill_lora_create_whole(r->policy, r->lora->config, &r->whole);
-    if (!st) st = trill_rl_trainer_gather(r, false);
+    if (!st) st = trill_trainer_gather(r, false);
     return st;
 }
 
@@ -73,7 +73,7 @@ static void copy_slice(const trill_param *t, float *local, float *whole, bool to
 
 /* dst (laid out as the whole adapter) = each tensor of the shard's src this rank speaks for at its
  * place there, the rest 0: the group's sum is then the whole adapter's vector. */
-static void scatter_whole(const rl_trainer *r, const float *src, float *dst) {
+static void scatter_whole(const trill_trainer *r, const float *src, float *dst) {
     const trill_lora *l = r->lora;
     memset(dst, 0, sizeof(float) * l->n_global);
     for (size_t k = 0; k < l->n_tensors; k++) {
@@ -89,7 +89,7 @@ static void slice_whole(const trill_lora *l, const float *whole, float *dst) {
         copy_slice(&l->tensors[k], dst + (l->tensors[k].data - l->params), (float *)whole + l->global_offset[k], false);
 }
 
-trill_status trill_rl_trainer_gather(rl_trainer *r, bool optimizer) {
+trill_status trill_trainer_gather(trill_trainer *r, bool optimizer) {
     if (!r->mp) return TRILL_OK;
     scatter_whole(r, r->lora->params, r->whole->params);
     trill_status st = trill_comm_allreduce_f32(r->mp, r->whole->params, r->whole->n_params);
@@ -106,7 +106,7 @@ trill_status trill_rl_trainer_gather(rl_trainer *r, bool optimizer) {
 
 /* The optimizer state of the adapters from `prefix` (a checkpoint's: the whole adapter's, which a
  * shard takes its part of), with this config's weight decay. */
-static trill_status load_optimizer(rl_trainer *r, const char *prefix) {
+static trill_status load_optimizer(trill_trainer *r, const char *prefix) {
     const size_t n_file = r->lora ? r->lora->n_global : r->n_values;
     trill_adamw *whole = NULL;
     trill_status st = trill_adamw_load(prefix, n_file, &whole);
@@ -124,14 +124,14 @@ static trill_status load_optimizer(rl_trainer *r, const char *prefix) {
     return st;
 }
 
-static trill_status new_optimizer(rl_trainer *r) {
+static trill_status new_optimizer(trill_trainer *r) {
     trill_adamw_config ac = trill_adamw_defaults();
     ac.weight_decay = r->c->trainer.weight_decay;
     return trill_adamw_create(r->n_values, ac, &r->opt);
 }
 
 /* The adapters as the trainable values, and their gradient buffers. */
-static trill_status use_adapters(rl_trainer *r) {
+static trill_status use_adapters(trill_trainer *r) {
     r->lora->enabled = true;
     trill_model_attach_lora(r->policy, r->lora);
     r->values = r->lora->params;
@@ -142,7 +142,7 @@ static trill_status use_adapters(rl_trainer *r) {
 }
 
 /* Full fine-tuning: every weight trains, fp32, without decay on the norm weights (1-D tensors). */
-static trill_status make_full(rl_trainer *r) {
+static trill_status make_full(trill_trainer *r) {
     r->values = r->policy->params;
     r->n_values = r->policy->n_params;
     r->no_decay = trill_calloc(r->n_values ? r->n_values : 1, 1);
@@ -154,9 +154,9 @@ static trill_status make_full(rl_trainer *r) {
     return TRILL_OK;
 }
 
-trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *model_dir, const char *resume_dir, trill_comm *world,
-                                         rl_trainer **out) {
-    rl_trainer *t = trill_calloc(1, sizeof *t);
+trill_status trill_trainer_create_sft(const trill_run_config *c, const char *model_dir, const char *resume_dir, trill_comm *world,
+                                         trill_trainer **out) {
+    trill_trainer *t = trill_calloc(1, sizeof *t);
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->c = c;
     const bool full = c->sft.mode == TRILL_SFT_FULL;
@@ -179,7 +179,7 @@ trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *m
     if (!st && !resume_dir) st = new_optimizer(t);
     if (!st) st = set_up_shards(t);
     if (st) {
-        trill_rl_trainer_free(t);
+        trill_trainer_free(t);
         return st;
     }
     *out = t;
@@ -188,8 +188,8 @@ trill_status trill_rl_trainer_create_sft(const trill_rl_config *c, const char *m
 
 /* ---- set-up ---- */
 
-static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
-    const trill_rl_config *c = r->c;
+static trill_status make_trainable(trill_trainer *r, const char *ckpt) {
+    const trill_run_config *c = r->c;
     trill_status st;
     char path[4200];
     if (ckpt) {
@@ -207,8 +207,8 @@ static trill_status make_trainable(rl_trainer *r, const char *ckpt) {
     return st;
 }
 
-trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model_dir, const char *ckpt, trill_comm *world, rl_trainer **out) {
-    rl_trainer *t = trill_calloc(1, sizeof *t);
+trill_status trill_trainer_create(const trill_run_config *c, const char *model_dir, const char *ckpt, trill_comm *world, trill_trainer **out) {
+    trill_trainer *t = trill_calloc(1, sizeof *t);
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->c = c;
     trill_status st = set_up_ranks(t, world);
@@ -233,14 +233,14 @@ trill_status trill_rl_trainer_create(const trill_rl_config *c, const char *model
         t->onp_stale = true;
     }
     if (st) {
-        trill_rl_trainer_free(t);
+        trill_trainer_free(t);
         return st;
     }
     *out = t;
     return TRILL_OK;
 }
 
-void trill_rl_trainer_free(rl_trainer *t) {
+void trill_trainer_free(trill_trainer *t) {
     if (!t) return;
     for (int i = 0; i < WS_N; i++) free(t->ws[i].p);
     trill_engine_free(t->onp_engine);
@@ -268,9 +268,9 @@ void trill_rl_trainer_free(rl_trainer *t) {
     free(t);
 }
 
-bool trill_rl_trainer_sharded(const rl_trainer *t) { return t->mp != NULL; }
+bool trill_trainer_sharded(const trill_trainer *t) { return t->mp != NULL; }
 
-trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t) {
+trill_comm_stats trill_trainer_comm_stats(const trill_trainer *t) {
     trill_comm_stats sum = { 0 };
     const trill_comm *comms[4] = { t->data, t->ep, t->edp, t->tp };
     for (int i = 0; i < 4; i++) {
@@ -285,12 +285,12 @@ trill_comm_stats trill_rl_trainer_comm_stats(const rl_trainer *t) {
     return sum;
 }
 
-void trill_rl_trainer_comm_reset(rl_trainer *t) {
+void trill_trainer_comm_reset(trill_trainer *t) {
     trill_comm *comms[4] = { t->data, t->ep, t->edp, t->tp };
     for (int i = 0; i < 4; i++)
         if (comms[i]) trill_comm_stats_reset(comms[i]);
 }
 
-const trill_model *trill_rl_trainer_policy(const rl_trainer *t) { return t->policy; }
-trill_lora *trill_rl_trainer_lora(rl_trainer *t) { return t->whole; }
-trill_adamw *trill_rl_trainer_optimizer(rl_trainer *t) { return t->whole_opt ? t->whole_opt : t->opt; }
+const trill_model *trill_trainer_policy(const trill_trainer *t) { return t->policy; }
+trill_lora *trill_trainer_lora(trill_trainer *t) { return t->whole; }
+trill_adamw *trill_trainer_optimizer(trill_trainer *t) { return t->whole_opt ? t->whole_opt : t->opt; }

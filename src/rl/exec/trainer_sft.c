@@ -25,7 +25,7 @@ static long nll_weights(const rl_batch *b, const micro *m, float *dlp) {
  * parallelism each rank forwards a contiguous trill_rl_trn_share of them (in rounds under expert
  * parallelism). Each micro-batch's gradient is a leaf of the step's tree and its NLL, loss
  * tokens and tokens are summed in micro-batch order, so every rank count gives the same bits. */
-static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, double *nll, long *n_loss, long *tokens) {
+static trill_status nll_pass(trill_trainer *r, const rl_batch *b, bool train, double *nll, long *n_loss, long *tokens) {
     *nll = 0;
     *n_loss = *tokens = 0;
     int *seq = trill_malloc(sizeof(int) * (size_t)(b->n_seqs ? b->n_seqs : 1));
@@ -70,7 +70,7 @@ static trill_status nll_pass(rl_trainer *r, const rl_batch *b, bool train, doubl
     return st;
 }
 
-trill_status trill_rl_trainer_nll_step(rl_trainer *r, const rl_batch *b, int step, int64_t total, rl_nll_stats *out) {
+trill_status trill_trainer_nll_step(trill_trainer *r, const rl_batch *b, int step, int64_t total, trill_nll_stats *out) {
     memset(out, 0, sizeof *out);
     r->step = step;
     memset(r->lora_grads, 0, sizeof(float) * r->n_values);
@@ -83,12 +83,12 @@ trill_status trill_rl_trainer_nll_step(rl_trainer *r, const rl_batch *b, int ste
     return trill_rl_trn_apply_update(r, denom, out->loss, total, &out->grad_norm, &out->lr, &out->applied);
 }
 
-trill_status trill_rl_trainer_nll(rl_trainer *r, const rl_batch *b, double *nll, long *n_loss) {
+trill_status trill_trainer_nll(trill_trainer *r, const rl_batch *b, double *nll, long *n_loss) {
     long tokens;
     return nll_pass(r, b, false, nll, n_loss, &tokens);
 }
 
-trill_status trill_rl_trainer_save(const rl_trainer *t, const char *dir) {
+trill_status trill_trainer_save(const trill_trainer *t, const char *dir) {
     trill_status st = t->lora ? trill_lora_save(t->whole, dir) : trill_model_save(t->policy, dir, TRILL_F32, 5000000000u);
     char *prefix = st ? NULL : trill_path_join(dir, "optimizer");
     if (!st && !prefix) st = trill_error(TRILL_ERR_NOMEM, "out of memory");

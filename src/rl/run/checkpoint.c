@@ -53,12 +53,12 @@ static void free_names(char **names, int n) {
     free(names);
 }
 
-static trill_status write_config(const char *path, const trill_rl_config *c) {
+static trill_status write_config(const char *path, const trill_run_config *c) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = trill_rl_config_write(c, f);
+    trill_status st = trill_run_config_write(c, f);
     fclose(f);
     if (!st) st = trill_write_file_atomic(path, buf, len);
     free(buf);
@@ -172,7 +172,7 @@ trill_status trill_rl_manifest_write(const char *dir, const rl_identity *id) {
     return st;
 }
 
-trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const trill_rl_config *c, const json_t *state,
+trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const trill_run_config *c, const json_t *state,
                                        trill_status (*write_parts)(void *ctx, const char *dir), void *ctx, const rl_identity *base, int keep) {
     char dir[4096], tmp[4160], final[4160], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
@@ -220,7 +220,7 @@ static trill_status write_rl_parts(void *ctx, const char *dir) {
     return st;
 }
 
-trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *s, const trill_lora *lora,
+trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_run_config *c, const rl_state *s, const trill_lora *lora,
                                 const trill_adamw *opt, const rl_identity *base, int keep) {
     json_t *j = json_pack("{s:i, s:I, s:I, s:I}", "step", s->step, "data_position", (json_int_t)s->data_pos, "policy_version",
                           (json_int_t)s->version, "seed", (json_int_t)s->seed);

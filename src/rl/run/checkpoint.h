@@ -13,7 +13,7 @@
 #include "model/lora_internal.h"
 #include "trill/lora.h"
 #include "trill/optim.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 
 typedef struct rl_state {
     int step;            /* RL steps completed */
@@ -34,11 +34,11 @@ trill_status trill_rl_model_identity(const char *model_dir, rl_identity *id);
  * optimizer into a temporary folder, to which config.yaml (c), state.json (state) and
  * manifest.json are added; then it is renamed into place, and only the newest `keep` (0: all)
  * are kept. */
-trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const trill_rl_config *c, const json_t *state,
+trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const trill_run_config *c, const json_t *state,
                                        trill_status (*write_parts)(void *ctx, const char *dir), void *ctx, const rl_identity *base, int keep);
 /* An RL step's checkpoint (adapter/, optimizer.*): writes the checkpoint of st->step, with manifest.json last (every file's size and XXH64, and
  * the base model's identity), and keeps only the newest `keep` (0: all). */
-trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_rl_config *c, const rl_state *st, const trill_lora *lora,
+trill_status trill_rl_checkpoint_save(const char *run_dir, const trill_run_config *c, const rl_state *st, const trill_lora *lora,
                                 const trill_adamw *opt, const rl_identity *base, int keep);
 /* DIR/manifest.json: the size and XXH64 of every file under DIR (written last: a folder with it is
  * complete) and the base model's identity. */

@@ -30,7 +30,7 @@
 #include "trill/fileio.h"
 #include "base/json.h"
 #include "trill/lora.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rl_metrics.h"
 #include "trill/run.h"
 #include "trill/timing.h"
@@ -40,7 +40,7 @@
 static char *xstrdup(const char *s) { return s ? trill_strdup(s) : NULL; }
 
 static trill_status resolve_inputs(rl_run *r) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     if (c->model[0]) {
         r->model_dir = xstrdup(c->model);
         r->train_path = xstrdup(c->data.train);
@@ -63,7 +63,7 @@ static trill_status resolve_inputs(rl_run *r) {
 }
 
 static trill_status load_data(rl_run *r) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     trill_config mc = { 0 };
     char *config_path = trill_path_join(r->model_dir, "config.json");
     trill_status st = config_path ? trill_config_load(config_path, &mc) : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -84,8 +84,8 @@ static trill_status load_data(rl_run *r) {
 /* The executors: the trainer (policy, adapters, optimizer; from the checkpoint when resuming),
  * the generator (an engine for the policy's base, sent the adapters at once) and the scorer. */
 static trill_status make_executors(rl_run *r, const char *ckpt) {
-    const trill_rl_config *c = r->c;
-    trill_status st = trill_rl_trainer_create(c, r->model_dir, ckpt, r->world, &r->trainer);
+    const trill_run_config *c = r->c;
+    trill_status st = trill_trainer_create(c, r->model_dir, ckpt, r->world, &r->trainer);
     /* with executors on ranks of their own, the controller (rank 0) alone runs the ones that are
      * not (the others receive each step's batch from it) */
     const bool mine = !r->remote || r->rank == 0;
@@ -93,8 +93,8 @@ static trill_status make_executors(rl_run *r, const char *ckpt) {
     /* the generator serves every expert: an expert-parallel trainer's shard does not have them,
      * so the engine is made from the whole model, loaded for it alone */
     trill_model *whole = NULL;
-    if (!st && local_gen && trill_rl_trainer_sharded(r->trainer)) st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &whole);
-    if (!st && local_gen) st = trill_rl_generator_create(c, whole ? whole : trill_rl_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
+    if (!st && local_gen && trill_trainer_sharded(r->trainer)) st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &whole);
+    if (!st && local_gen) st = trill_rl_generator_create(c, whole ? whole : trill_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
     trill_model_free(whole);
     if (!st && local_scorer && !c->rollouts.replay[0]) st = trill_rl_scorer_create(c, r->train, &r->scorer); /* replayed batches bring their rewards */
     double ms;
@@ -112,7 +112,7 @@ static void run_free(rl_run *r) {
     if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
     trill_rl_scorer_free(r->scorer);
     trill_rl_generator_free(r->gen);
-    trill_rl_trainer_free(r->trainer);
+    trill_trainer_free(r->trainer);
     trill_dataset_free(r->train);
     trill_dataset_free(r->eval);
     trill_chat_template_free(r->chat);
@@ -162,18 +162,18 @@ static trill_status open_metrics(rl_run *r, const char *run_dir, int step) {
 
 /* The checkpoint to continue from (none: a fresh run), its state, and the keys that must not change. */
 static trill_status start_state(rl_run *r, char **ckpt) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     trill_status st = trill_rl_checkpoint_choose(c->run_dir, c->resume, "trill train", r->rank == 0, ckpt);
     if (st) return st;
     r->state = (rl_state){ .seed = c->seed };
     if (!*ckpt) return TRILL_OK;
-    trill_rl_config saved;
+    trill_run_config saved;
     char *path = NULL;
-    st = trill_rl_config_defaults(&saved);
-    if (!st) st = (path = trill_path_join(*ckpt, "config.yaml")) ? trill_rl_config_load(&saved, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = trill_rl_config_check_resume(&saved, c, *ckpt);
+    st = trill_run_config_defaults(&saved);
+    if (!st) st = (path = trill_path_join(*ckpt, "config.yaml")) ? trill_run_config_load(&saved, path) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) st = trill_run_config_check_resume(&saved, c, *ckpt);
     if (!st) st = trill_rl_checkpoint_read_state(*ckpt, &r->state);
-    trill_rl_config_free(&saved);
+    trill_run_config_free(&saved);
     free(path);
     return st;
 }
@@ -190,7 +190,7 @@ void trill_rl_stop_reset(void) { atomic_store(&g_stop_requested, 0); }
 /* ---- the run handle ---- */
 
 struct trill_run {
-    trill_rl_config cfg;          /* the run's own copy (run_dir resolved) */
+    trill_run_config cfg;          /* the run's own copy (run_dir resolved) */
     trill_run_options opt;
     rl_run r;
     rl_schedule *sched;           /* the executors and their scheduler, from create to finish (trainer ranks) */
@@ -234,7 +234,7 @@ static bool cancel_requested(trill_run *h) {
 /* Cancelled: the steps trained are checkpointed (unless the newest already is), then the run
  * ends with TRILL_ERR_INTERRUPTED. */
 static trill_status interrupt(trill_run *h) {
-    const trill_rl_config *c = &h->cfg;
+    const trill_run_config *c = &h->cfg;
     rl_run *r = &h->r;
     trill_status st = TRILL_OK;
     pthread_mutex_lock(&h->mu);
@@ -252,27 +252,27 @@ static trill_status interrupt(trill_run *h) {
 
 /* The config as resolved (RUN/config.yaml) and the run's opening lines. */
 static trill_status announce(trill_run *h, const char *ckpt) {
-    const trill_rl_config *c = &h->cfg;
+    const trill_run_config *c = &h->cfg;
     rl_run *r = &h->r;
     char *path = trill_path_join(c->run_dir, "config.yaml");
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     trill_status st = path && f ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) st = trill_rl_config_write(c, f);
+    if (!st) st = trill_run_config_write(c, f);
     if (f) fclose(f);
     if (!st && r->rank == 0) st = trill_write_file_atomic(path, buf, len);
     free(buf);
     free(path);
     if (st) return st;
-    const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r->trainer));
+    const trill_config *mc = trill_model_config(trill_trainer_policy(r->trainer));
     size_t n_adapter;
-    trill_lora_params(trill_rl_trainer_lora(r->trainer), &n_adapter);
+    trill_lora_params(trill_trainer_lora(r->trainer), &n_adapter);
     trill_log(TRILL_LOG_INFO, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
             "parameters, %s matmuls), generator %s, loss %s, router replay %s, TIS %g, sync %s%s",
             r->model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r->train->n,
             r->eval ? r->eval->n : 0, c->trainer.lora.rank, n_adapter,
-            trill_precision_name(trill_model_precision(trill_rl_trainer_policy(r->trainer))), trill_gen_format_name(c->generator.dtype),
+            trill_precision_name(trill_model_precision(trill_trainer_policy(r->trainer))), trill_gen_format_name(c->generator.dtype),
             trill_loss_get(c->algo.loss)->name, c->router_replay ? "on" : "off",
             c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge", ckpt ? " (resumed)" : "");
     if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r->state.step);
@@ -288,7 +288,7 @@ static void sync_phase(void *ctx, trill_run_phase phase) { set_phase(ctx, phase)
 /* Everything before the first step: the run folder and its lock, the state to start from, the
  * inputs, the executors, the resolved config, metrics.jsonl, the evaluation before training. */
 static trill_status set_up(trill_run *h) {
-    const trill_rl_config *c = &h->cfg;
+    const trill_run_config *c = &h->cfg;
     rl_run *r = &h->r;
     char *ckpt = NULL;
     const bool executor = trill_rl_ranks_executor(r);
@@ -325,9 +325,9 @@ static trill_status set_up(trill_run *h) {
     return st;
 }
 
-trill_status trill_run_create(const trill_rl_config *c, const trill_run_options *o, trill_run **out) {
+trill_status trill_run_create(const trill_run_config *c, const trill_run_options *o, trill_run **out) {
     *out = NULL;
-    trill_status st = trill_rl_config_validate(c);
+    trill_status st = trill_run_config_validate(c);
     const int ranks = o && o->world ? trill_comm_size(o->world) : 1;
     if (!st) st = trill_rl_parallel_check(c, ranks);
     if (!st && c->parallel.generator.ep > 1 && !c->parallel.generator.replicas)
@@ -347,7 +347,7 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
                            "training needs generator.temperature 1 (got %g)", c->generator.temperature);
     trill_run *h = trill_calloc(1, sizeof *h);
     if (!h) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if ((st = trill_rl_config_copy(&h->cfg, c))) {
+    if ((st = trill_run_config_copy(&h->cfg, c))) {
         free(h);
         return st;
     }
@@ -357,7 +357,7 @@ trill_status trill_run_create(const trill_rl_config *c, const trill_run_options 
         strftime(dir, sizeof dir, "runs/%Y%m%d-%H%M%S", localtime(&now));
         char *named = trill_strdup(dir);
         if (!named) {
-            trill_rl_config_free(&h->cfg);
+            trill_run_config_free(&h->cfg);
             free(h);
             return trill_error(TRILL_ERR_NOMEM, "out of memory");
         }
@@ -434,7 +434,7 @@ trill_status trill_run_checkpoint(trill_run *h) {
 }
 
 trill_status trill_run_finish(trill_run *h, trill_rl_result *result) {
-    const trill_rl_config *c = &h->cfg;
+    const trill_run_config *c = &h->cfg;
     rl_run *r = &h->r;
     trill_status st = h->done ? h->err : TRILL_OK;
     if (st) trill_error(st, "%s", h->err_msg);
@@ -464,12 +464,12 @@ void trill_run_free(trill_run *h) {
     if (!h) return;
     trill_rl_schedule_stop(h->sched, TRILL_ERR_INTERRUPTED);
     run_free(&h->r);
-    trill_rl_config_free(&h->cfg);
+    trill_run_config_free(&h->cfg);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }
 
-trill_status trill_rl_run(const trill_rl_config *c, trill_rl_result *result) {
+trill_status trill_rl_run(const trill_run_config *c, trill_rl_result *result) {
     *result = (trill_rl_result){ .eval_before = NAN, .eval_after = NAN, .passk_before = NAN, .passk_after = NAN };
     trill_run *h;
     trill_status st = trill_run_create(c, NULL, &h);

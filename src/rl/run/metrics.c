@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "base/json.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rl_metrics.h"
 #include "trill/run.h"
 

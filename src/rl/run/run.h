@@ -24,19 +24,19 @@
 #include "trill/dist.h"
 #include "trill/chat.h"
 #include "trill/dataset.h"
-#include "trill/rl_config.h"
+#include "trill/run_config.h"
 #include "trill/rl_metrics.h"
 #include "trill/run.h"
 
 typedef struct rl_remote rl_remote;
 
 typedef struct rl_run {
-    const trill_rl_config *c;
+    const trill_run_config *c;
     char *model_dir, *train_path, *eval_path;
     trill_tokenizer *tok;
     trill_chat_template *chat;
     trill_dataset *train, *eval;
-    rl_trainer *trainer;
+    trill_trainer *trainer;
     rl_generator *gen;
     rl_scorer *scorer;            /* NULL when replaying recorded rollouts */
     rl_state state;

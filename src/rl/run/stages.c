@@ -69,8 +69,8 @@ static trill_status save_rollout(rl_run *r, const rl_batch *b, int step) {
 
 /* Checks a recorded batch against this run: its shape, and every id and number the trainer reads. */
 static trill_status check_replayed(const rl_run *r, const rl_batch *b, const char *path) {
-    const trill_rl_config *c = r->c;
-    const trill_config *mc = trill_model_config(trill_rl_trainer_policy(r->trainer));
+    const trill_run_config *c = r->c;
+    const trill_config *mc = trill_model_config(trill_trainer_policy(r->trainer));
     const int L = mc->n_moe_layers, K = mc->num_experts_per_tok;
     const int want = c->generator.prompts_per_step * c->generator.n;
     if (b->n_seqs != want || b->group_size != c->generator.n)
@@ -156,15 +156,15 @@ static trill_status batch_metrics(const rl_run *r, const rl_rollout *ro, const r
 
 trill_status trill_rl_stage_train(rl_run *r, rl_rollout *ro, rl_publish_fn publish, void *ctx, trill_rl_metrics *m, double *train_s_out,
                                   long *train_tokens_out) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     rl_train_stats ts = { 0 };
     trill_status st = c->rollouts.save && r->rank == 0 ? save_rollout(r, &ro->b, r->state.step + 1) : TRILL_OK;
     const double t_reward = trill_now();
     const bool many = r->world && trill_comm_size(r->world) > 1;
-    if (many) trill_rl_trainer_comm_reset(r->trainer);
-    if (!st) st = trill_rl_trainer_step(r->trainer, &ro->b, r->state.step + 1, &ts, m);
+    if (many) trill_trainer_comm_reset(r->trainer);
+    if (!st) st = trill_trainer_step(r->trainer, &ro->b, r->state.step + 1, &ts, m);
     if (!st && many) {
-        const trill_comm_stats cs = trill_rl_trainer_comm_stats(r->trainer);
+        const trill_comm_stats cs = trill_trainer_comm_stats(r->trainer);
         m->has_comm = true;
         for (int k = 0; k < TRILL_COMM_KINDS; k++) m->comm_bytes[k] = cs.bytes[k], m->comm_ms[k] = cs.ms[k];
     }
@@ -206,10 +206,10 @@ trill_status trill_rl_publish_direct(rl_run *r, void *ctx, double *ms, size_t *b
     const float *data;
     size_t n;
     const trill_model *merged;
-    trill_status st = trill_rl_trainer_export(r->trainer, &data, &n, &merged);
+    trill_status st = trill_trainer_export(r->trainer, &data, &n, &merged);
     if (!st)
         st = merged ? trill_rl_generator_load_weights(r->gen, merged, r->state.version, bytes)
-                    : trill_rl_generator_load_adapter(r->gen, trill_rl_trainer_lora(r->trainer), r->state.version, bytes);
+                    : trill_rl_generator_load_adapter(r->gen, trill_trainer_lora(r->trainer), r->state.version, bytes);
     *ms = (trill_now() - t0) * 1e3;
     return st;
 }
@@ -226,7 +226,7 @@ static trill_status log_eval(rl_run *r, int step, const char *when, const trill_
 }
 
 trill_status trill_rl_stage_evaluate(rl_run *r, int step, const char *when, double *pass1, double *passk) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     trill_eval_result res;
     *pass1 = *passk = NAN;
     const bool remote = trill_rl_ranks_remote_generator(r);
@@ -244,11 +244,11 @@ trill_status trill_rl_stage_evaluate(rl_run *r, int step, const char *when, doub
 /* ---- after a step ---- */
 
 trill_status trill_rl_save_checkpoint(rl_run *r) {
-    const trill_rl_config *c = r->c;
-    trill_status st = trill_rl_trainer_gather(r->trainer, true); /* the experts' shards, under expert parallelism */
+    const trill_run_config *c = r->c;
+    trill_status st = trill_trainer_gather(r->trainer, true); /* the experts' shards, under expert parallelism */
     st = st || r->rank != 0 ? st
-                                   : trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_rl_trainer_lora(r->trainer),
-                                                              trill_rl_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
+                                   : trill_rl_checkpoint_save(c->run_dir, c, &r->state, trill_trainer_lora(r->trainer),
+                                                              trill_trainer_optimizer(r->trainer), &r->base, c->checkpoint.keep);
     if (!st) r->saved_step = r->state.step;
     return st;
 }
@@ -265,7 +265,7 @@ static trill_status append_metrics(rl_run *r, const trill_rl_metrics *m) {
 static double tv_s(struct timeval t) { return (double)t.tv_sec + 1e-6 * (double)t.tv_usec; }
 
 trill_status trill_rl_finish_step(rl_run *r, const trill_rl_metrics *step_metrics) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     r->state.step++;
     /* what the process spent since the previous step ended: every executor's threads */
     trill_rl_metrics m = *step_metrics;

@@ -47,7 +47,7 @@ static trill_status publish(rl_run *r, void *ctx, double *ms, size_t *bytes) {
 
 /* The generator's and the reward executor's ports for r's config (gen, reward: theirs, made). */
 static trill_status place_rollouts(rl_run *r, rl_exec gen, rl_exec reward, rl_placement *p) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     const bool replay = c->rollouts.replay[0] != '\0', async = c->mode == TRILL_MODE_ASYNC;
     /* with executors on ranks, rank 0 gets each batch and shares it; in process (or replaying), every trainer rank makes the same */
     p->shared = !replay && r->remote;
@@ -137,7 +137,7 @@ trill_status trill_rl_schedule_step(rl_schedule *y, trill_rl_metrics *m) {
 
 /* RUN/async_summary.json (the executors' busy time, for benchmarks) and its log line. */
 static trill_status write_summary(const rl_schedule *y, const double *busy, double wall) {
-    const trill_rl_config *c = y->r->c;
+    const trill_run_config *c = y->r->c;
     const rl_sched *s = &y->sched;
     const bool threads = y->p.pin_trainer;
     json_t *layout = threads ? json_pack("{s:i, s:i, s:i}", "generator_threads", c->resources.generator_threads, "trainer_threads",

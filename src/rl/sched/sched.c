@@ -134,7 +134,7 @@ static trill_status next_batch(rl_sched *s, rl_placement *p, rl_rollout **out) {
  * (r->state.data_pos moved past them) or regenerated. m's staleness figures describe the batch
  * returned. */
 static trill_status fresh_batch(rl_sched *s, rl_run *r, rl_placement *p, trill_rl_metrics *m, rl_rollout **out) {
-    const trill_rl_config *c = s->c;
+    const trill_run_config *c = s->c;
     *out = NULL;
     for (;;) {
         trill_status st = trill_rl_sched_fill(s, r, p);

@@ -32,7 +32,7 @@ typedef struct rl_placement {
 } rl_placement;
 
 typedef struct rl_sched {
-    const trill_rl_config *c;
+    const trill_run_config *c;
     bool async;                   /* the step's metrics carry the async figures (batch, staleness, waits) */
     int bound;                    /* the largest lag trained: async.max_staleness, sync mode's 0 (replay: none) */
     trill_stale_policy on_stale;  /* sync mode: wait (a lag is an error) */

@@ -10,7 +10,7 @@
 #include "trill/channel.h"
 #include "trill/timing.h"
 
-rl_role trill_rl_role(const trill_rl_config *c, int rank, int *replica) {
+rl_role trill_rl_role(const trill_run_config *c, int rank, int *replica) {
     const int T = c->parallel.trainer.dp * c->parallel.trainer.ep * c->parallel.trainer.tp;
     *replica = -1;
     if (rank < T) return RL_ROLE_TRAINER;
@@ -25,7 +25,7 @@ bool trill_rl_ranks_remote_generator(const rl_run *r) { return r->remote && r->r
 bool trill_rl_ranks_executor(const rl_run *r) { return r->remote && r->remote->role != RL_ROLE_TRAINER; }
 
 trill_status trill_rl_ranks_create(rl_run *r, trill_comm *job) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     r->job = job;
     r->world = job;
     if (!job || trill_comm_size(job) == 1 || (!c->parallel.generator.replicas && !c->parallel.scorer)) return TRILL_OK;
@@ -142,7 +142,7 @@ static trill_status send_cmd(rl_remote *x, rl_cmd *cmd) { return trill_rl_bcast_
 /* Each prompt of batch `index` to the replica with the fewest pending tokens (its prompt and
  * max_new_tokens, n samples), in prompt order, ties to the lower replica. */
 static trill_status assign_prompts(const rl_run *r, int64_t index, int32_t *owner) {
-    const trill_rl_config *c = r->c;
+    const trill_run_config *c = r->c;
     const int P = c->generator.prompts_per_step, R = r->remote->replicas;
     int *order = trill_malloc(sizeof(int) * (size_t)P);
     if (!order) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -271,7 +271,7 @@ trill_status trill_rl_send_weights(rl_run *r, bool ack, size_t *applied) {
     const float *data;
     size_t n;
     const trill_model *merged;
-    trill_status st = trill_rl_trainer_export(r->trainer, &data, &n, &merged);
+    trill_status st = trill_trainer_export(r->trainer, &data, &n, &merged);
     bool known = x->held != NULL;
     for (int j = 0; j < x->replicas; j++) known &= x->held_known[j];
     rl_cmd cmd = { .op = CMD_WEIGHTS, .merge = merged != NULL, .version = r->state.version, .ack = ack, .bytes = n * sizeof(float),

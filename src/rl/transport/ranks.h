@@ -35,7 +35,7 @@
 typedef enum rl_role { RL_ROLE_TRAINER, RL_ROLE_GENERATOR, RL_ROLE_SCORER } rl_role;
 
 /* This rank's role under c's placement (*replica: its index among the generator replicas). */
-rl_role trill_rl_role(const trill_rl_config *c, int rank, int *replica);
+rl_role trill_rl_role(const trill_run_config *c, int rank, int *replica);
 
 /* Collective over the job: r->world becomes the trainer ranks' group (on every rank; an executor
  * rank's own group of executors is unused) and, with executors on ranks of their own, r->remote

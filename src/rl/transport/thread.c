@@ -133,7 +133,7 @@ void trill_rl_cores_enter(const rl_cores *k) {
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
-trill_status trill_rl_cores_plan(const trill_rl_config *c, rl_cores out[3]) {
+trill_status trill_rl_cores_plan(const trill_run_config *c, rl_cores out[3]) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set)) return trill_error(TRILL_ERR_IO, "sched_getaffinity: %s", strerror(errno));
     int allowed[CPU_SETSIZE], n_allowed = 0;
@@ -166,7 +166,7 @@ static trill_status publish(rl_port *p, double *ms, size_t *bytes) {
     const float *src;
     size_t n;
     const trill_model *merged;
-    trill_status st = trill_rl_trainer_export(r->trainer, &src, &n, &merged);
+    trill_status st = trill_trainer_export(r->trainer, &src, &n, &merged);
     trill_publish_info info = { 0 };
     if (!st) st = trill_channel_publish(t->ch, src, r->state.version, &info);
     *ms = (trill_now() - t0) * 1e3;
@@ -207,9 +207,9 @@ static trill_status take_weights(void *ctx) {
 /* The channel and staging for the trainer's weights: its adapters, or every parameter in fp32. */
 static trill_status open_channel(thread_port *t) {
     rl_run *r = t->base.exec.r;
-    const trill_model *policy = trill_rl_trainer_policy(r->trainer);
+    const trill_model *policy = trill_trainer_policy(r->trainer);
     size_t n = 0;
-    trill_lora_params(trill_rl_trainer_lora(r->trainer), &n);
+    trill_lora_params(trill_trainer_lora(r->trainer), &n);
     if (r->c->sync.mode == TRILL_SYNC_MERGE) n = trill_model_n_params(policy);
     trill_status st = trill_channel_create(n, &t->ch);
     if (!st && r->c->sync.mode == TRILL_SYNC_ADAPTER) st = trill_lora_create(policy, r->c->trainer.lora, 0, &t->lora);

@@ -56,7 +56,7 @@ typedef struct rl_cores {
 /* The three sets of the thread placement (generator, trainer, reward), from resources.*: cores 0..
  * to the generator, then the trainer, then the reward executor; a refusal when pinning needs more
  * cores than the process may use. */
-trill_status trill_rl_cores_plan(const trill_rl_config *c, rl_cores out[3]);
+trill_status trill_rl_cores_plan(const trill_run_config *c, rl_cores out[3]);
 /* The calling thread onto k's cores and thread count. */
 void trill_rl_cores_enter(const rl_cores *k);
 

@@ -1,11 +1,12 @@
-/* RL post-training's configuration (`trill train`, `trill sft`): one struct of every key.
+/* A run's configuration, of `trill train` (RL) and of `trill sft`: one struct of every key (SFT
+ * reads model, run_dir, seed, resume, data.*, trainer.* and sft.*).
  *
- * A run is described by a YAML file (trill_rl_config_load) plus dotted overrides
+ * A run is described by a YAML file (trill_run_config_load) plus dotted overrides
  * ("algo.loss=gspo"); every key, its type, default and allowed values are in one table
  * (src/rl/config/config.c), which also writes the config reference (docs/config.md) and the resolved
  * config saved in the run folder. */
-#ifndef TRILL_RL_CONFIG_H
-#define TRILL_RL_CONFIG_H
+#ifndef TRILL_RUN_CONFIG_H
+#define TRILL_RUN_CONFIG_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -34,8 +35,8 @@ typedef enum trill_verifier { TRILL_VERIFIER_NONE, TRILL_VERIFIER_EXACT, TRILL_V
 
 #define TRILL_RL_MAX_STOPS 8
 
-/* Strings are owned by the config (trill_rl_config_free). */
-typedef struct trill_rl_config {
+/* Strings are owned by the config (trill_run_config_free). */
+typedef struct trill_run_config {
     char *model;          /* model folder ("" : the embedded demo's model) */
     char *run_dir;        /* run folder: resolved config, metrics.jsonl, checkpoints */
     uint64_t seed;
@@ -168,40 +169,40 @@ typedef struct trill_rl_config {
         char *replay;              /* "" or a folder of such files: each step trains on its file instead of
                                       generating and scoring (sync mode) */
     } rollouts;
-} trill_rl_config;
+} trill_run_config;
 
 /* The defaults (the embedded demo's settings where a default makes sense). Overwrites *c without
  * freeing it. TRILL_ERR_NOMEM when its strings cannot be allocated (*c is then empty: freeing it
  * is safe). */
-trill_status trill_rl_config_defaults(trill_rl_config *c);
+trill_status trill_run_config_defaults(trill_run_config *c);
 /* Frees the strings; safe to call twice. */
-void trill_rl_config_free(trill_rl_config *c);
+void trill_run_config_free(trill_run_config *c);
 /* *dst = a copy of src owning its own strings (free both). */
-trill_status trill_rl_config_copy(trill_rl_config *dst, const trill_rl_config *src);
+trill_status trill_run_config_copy(trill_run_config *dst, const trill_run_config *src);
 
 /* Reads a YAML file over c (normally the defaults). Unknown keys, duplicates and bad values are
  * refused with the file, line, the key's dotted path and the expected type or allowed values;
  * c then holds the keys read before the refused one (still valid to free). */
-trill_status trill_rl_config_load(trill_rl_config *c, const char *path);
+trill_status trill_run_config_load(trill_run_config *c, const char *path);
 /* One dotted override "section.key=value": the value in YAML scalar/flow syntax ("[0.5, 5]",
  * "[\"\\n\", \"###\"]"), except that a string key takes the text as written unless it starts with
  * a quote (paths and command lines need no quoting). A refused value leaves c unchanged. */
-trill_status trill_rl_config_set(trill_rl_config *c, const char *assignment);
+trill_status trill_run_config_set(trill_run_config *c, const char *assignment);
 /* Every key's range again (for configs changed in code) and the cross-field checks (generator.n
  * >= 2, mis_low < mis_high, min_lr <= lr, minibatches <= prompts_per_step, some reward). */
-trill_status trill_rl_config_validate(const trill_rl_config *c);
+trill_status trill_run_config_validate(const trill_run_config *c);
 /* The parallel section against the world: the trainer's dp * ep * tp ranks, the generator
  * replicas and the scorer must add up to its rank count (the message shows the arithmetic). */
-trill_status trill_rl_parallel_check(const trill_rl_config *c, int world_size);
-/* The resolved config as YAML (every key, nested sections), which trill_rl_config_load reads back
+trill_status trill_rl_parallel_check(const trill_run_config *c, int world_size);
+/* The resolved config as YAML (every key, nested sections), which trill_run_config_load reads back
  * to the same config (with correction.mis off, its unused bounds are not written). */
-trill_status trill_rl_config_write(const trill_rl_config *c, FILE *f);
+trill_status trill_run_config_write(const trill_run_config *c, FILE *f);
 /* A resumed run's config against the one saved in its checkpoint (`where` names it): the keys
  * that cannot change (seed, the LoRA shape) must be equal; the error names the key and both
  * values. */
-trill_status trill_rl_config_check_resume(const trill_rl_config *saved, const trill_rl_config *now, const char *where);
+trill_status trill_run_config_check_resume(const trill_run_config *saved, const trill_run_config *now, const char *where);
 /* The config reference in Markdown (docs/config.md is exactly this): every key with type,
  * default, allowed values and meaning. Fails only when out of memory. */
-trill_status trill_rl_config_reference(FILE *f);
+trill_status trill_run_config_reference(FILE *f);
 
 #endif
