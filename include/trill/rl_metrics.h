@@ -64,7 +64,7 @@ typedef struct trill_rl_metrics {
     uint64_t comm_bytes[TRILL_COMM_KINDS];
     double comm_ms[TRILL_COMM_KINDS];
     /* weight sync */
-    trill_sync_mode sync_mode;
+    trill_weight_sync_mode sync_mode;
     size_t sync_bytes;
     double sync_ms;
     uint32_t policy_version;

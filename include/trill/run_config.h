@@ -25,7 +25,10 @@ typedef enum trill_rl_agg { TRILL_AGG_TOKEN_MEAN, TRILL_AGG_SEQ_MEAN_TOKEN_SUM, 
 typedef enum trill_kl_estimator { TRILL_KL_K1, TRILL_KL_K2, TRILL_KL_K3 } trill_kl_estimator;
 typedef enum trill_kl_mode { TRILL_KL_LOSS, TRILL_KL_REWARD } trill_kl_mode;
 typedef enum trill_mis_level { TRILL_MIS_TOKEN, TRILL_MIS_SEQUENCE, TRILL_MIS_GEOMETRIC } trill_mis_level;
-typedef enum trill_sync_mode { TRILL_SYNC_ADAPTER, TRILL_SYNC_MERGE } trill_sync_mode;
+/* "sync" names two things, kept apart: the weight sync after an update (the keys sync.*, the
+ * metrics sync_bytes and sync_ms, the names *weight_sync*) and the schedule (the key `mode`: sync
+ * or async, TRILL_MODE_*). */
+typedef enum trill_weight_sync_mode { TRILL_WEIGHT_SYNC_ADAPTER, TRILL_WEIGHT_SYNC_MERGE } trill_weight_sync_mode;
 typedef enum trill_rl_mode { TRILL_MODE_SYNC, TRILL_MODE_ASYNC } trill_rl_mode;
 typedef enum trill_stale_policy { TRILL_STALE_WAIT, TRILL_STALE_DROP, TRILL_STALE_REGENERATE } trill_stale_policy;
 /* Where async mode scores: a thread of its own, or the trainer's thread as it takes each batch. */
@@ -134,7 +137,7 @@ typedef struct trill_run_config {
         trill_lora_config lora;
     } trainer;
 
-    struct { trill_sync_mode mode; } sync;
+    struct { trill_weight_sync_mode mode; } sync; /* the weight sync: what the generator is sent after an update */
 
     struct {                       /* placement on MPI ranks: dp * ep * tp + replicas + scorer = the world's ranks */
         struct { int dp, ep, tp; } trainer; /* ranks [0, dp ep tp); rank 0 is the controller too */

@@ -177,7 +177,7 @@ static void test_defaults(void **state) {
     assert_true(c.trainer.lora.alpha == 16.0);
     assert_false(c.trainer.lora.use_rslora);
     assert_int_equal(c.trainer.lora.targets, ALL_LINEAR);
-    assert_int_equal(c.sync.mode, TRILL_SYNC_ADAPTER);
+    assert_int_equal(c.sync.mode, TRILL_WEIGHT_SYNC_ADAPTER);
     assert_int_equal(c.checkpoint.every, 100);
     assert_int_equal(c.checkpoint.keep, 2);
     assert_int_equal(c.eval.every, 0);
@@ -328,7 +328,7 @@ static void test_full_file(void **state) {
     assert_true(c.trainer.lora.alpha == 0.5);
     assert_true(c.trainer.lora.use_rslora);
     assert_int_equal(c.trainer.lora.targets, (1u << TRILL_LORA_Q) | (1u << TRILL_LORA_V) | (1u << TRILL_LORA_LM_HEAD));
-    assert_int_equal(c.sync.mode, TRILL_SYNC_MERGE);
+    assert_int_equal(c.sync.mode, TRILL_WEIGHT_SYNC_MERGE);
     assert_int_equal(c.checkpoint.every, 0);
     assert_int_equal(c.checkpoint.keep, 0);
     assert_int_equal(c.eval.every, 7);

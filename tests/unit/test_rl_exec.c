@@ -39,7 +39,7 @@ static void test_metrics_json_sync(void **state) {
     m->n_moe_layers = 2;
     m->flip_layer[0] = 0.25;
     m->flip_layer[1] = 0;
-    m->sync_mode = TRILL_SYNC_MERGE;
+    m->sync_mode = TRILL_WEIGHT_SYNC_MERGE;
     m->sync_bytes = 1234;
     m->policy_version = 7;
     m->n_ext = 1;

@@ -397,7 +397,7 @@ trill_status trill_trainer_step(trill_trainer *r, rl_batch *b, int step, rl_trai
 
 trill_status trill_trainer_export(trill_trainer *t, const float **data, size_t *n, const trill_model **merged) {
     *merged = NULL;
-    if (t->c->sync.mode == TRILL_SYNC_ADAPTER) {
+    if (t->c->sync.mode == TRILL_WEIGHT_SYNC_ADAPTER) {
         *data = t->whole->params;
         *n = t->whole->n_params;
         return TRILL_OK;

@@ -6,7 +6,7 @@
 
 /* The on-policy engine gets the trainer's weights as a sync would ship them (the adapters, or the merged
  * model in merge sync): the same bits the generator computes with after the next sync. */
-static trill_status onp_sync(trill_trainer *r) {
+static trill_status onp_load_weights(trill_trainer *r) {
     if (!r->onp_stale) return TRILL_OK;
     const float *data;
     size_t n;
@@ -45,7 +45,7 @@ static trill_status take_scores(trill_trainer *r, const rl_batch *b, const int *
 trill_status trill_rl_trn_score_on_policy(trill_trainer *r, const rl_batch *b, const int *seq, int n, token_arrays *ta) {
     const trill_run_config *c = r->c;
     const double t0 = trill_now();
-    trill_status st = onp_sync(r);
+    trill_status st = onp_load_weights(r);
     trill_request q = { .sampling = trill_sampling_default() };
     q.sampling.temperature = (float)c->generator.temperature;
     int *forced = NULL, *forced_at = NULL;

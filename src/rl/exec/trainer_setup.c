@@ -220,7 +220,7 @@ trill_status trill_trainer_create(const trill_run_config *c, const char *model_d
         t->L = mc->n_moe_layers;
         t->K = mc->num_experts_per_tok;
     }
-    if (!st && c->sync.mode == TRILL_SYNC_MERGE) {
+    if (!st && c->sync.mode == TRILL_WEIGHT_SYNC_MERGE) {
         st = trill_model_load_as(model_dir, TRILL_STORE_F32, &t->merge_model);
         if (!st && !(t->merge_base = trill_malloc(sizeof(float) * t->merge_model->n_f32))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         if (!st) memcpy(t->merge_base, t->merge_model->params, sizeof(float) * t->merge_model->n_f32);

@@ -274,7 +274,7 @@ static trill_status announce(trill_run *h, const char *ckpt) {
             r->eval ? r->eval->n : 0, c->trainer.lora.rank, n_adapter,
             trill_precision_name(trill_model_precision(trill_trainer_policy(r->trainer))), trill_gen_format_name(c->generator.dtype),
             trill_loss_get(c->algo.loss)->name, c->router_replay ? "on" : "off",
-            c->correction.tis, c->sync.mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge", ckpt ? " (resumed)" : "");
+            c->correction.tis, c->sync.mode == TRILL_WEIGHT_SYNC_ADAPTER ? "adapter" : "merge", ckpt ? " (resumed)" : "");
     if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r->state.step);
     return TRILL_OK;
 }

@@ -158,7 +158,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
         put(&w, o, "on_policy_exact", json_boolean(m->on_policy_differing == 0));
         put(&w, o, "on_policy_differing", json_integer(m->on_policy_differing));
     }
-    put(&w, o, "sync_mode", json_string(m->sync_mode == TRILL_SYNC_ADAPTER ? "adapter" : "merge"));
+    put(&w, o, "sync_mode", json_string(m->sync_mode == TRILL_WEIGHT_SYNC_ADAPTER ? "adapter" : "merge"));
     put(&w, o, "sync_bytes", json_integer((json_int_t)m->sync_bytes));
     put(&w, o, "sync_ms", num(m->sync_ms));
     put(&w, o, "policy_version", json_integer(m->policy_version));

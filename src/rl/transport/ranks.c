@@ -45,9 +45,9 @@ trill_status trill_rl_ranks_create(rl_run *r, trill_comm *job) {
     trill_status st = trill_comm_split(job, x->role == RL_ROLE_TRAINER ? 0 : 1, rank, &x->group);
     if (!st) r->world = x->role == RL_ROLE_TRAINER ? x->group : NULL;
     r->rank = rank;
-    const bool in_sync = rank == 0 || x->role == RL_ROLE_GENERATOR;
+    const bool in_group = rank == 0 || x->role == RL_ROLE_GENERATOR;
     trill_comm *other = NULL;
-    if (!st && x->replicas) st = trill_comm_split(job, in_sync ? 0 : 1, rank, in_sync ? &x->sync : &other);
+    if (!st && x->replicas) st = trill_comm_split(job, in_group ? 0 : 1, rank, in_group ? &x->replicas_comm : &other);
     trill_comm_free(other);
     other = NULL;
     /* an expert-parallel replica's ranks: generator ranks j / ep alike */
@@ -65,7 +65,7 @@ void trill_rl_ranks_free(rl_run *r) {
     trill_model_free(x->staging_model);
     trill_model_free(x->model);
     free(x->held);
-    trill_comm_free(x->sync);
+    trill_comm_free(x->replicas_comm);
     trill_comm_free(x->experts);
     trill_comm_free(x->group);
     free(x);
@@ -117,7 +117,7 @@ trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind
         trill_rl_replica_name(x, j, who, sizeof who);
         rl_reply rep;
         char *payload = NULL;
-        trill_status got = trill_rl_recv_reply(x->sync, j + 1, TAG_REPLY, who, &rep, &payload);
+        trill_status got = trill_rl_recv_reply(x->replicas_comm, j + 1, TAG_REPLY, who, &rep, &payload);
         if (!got && rep.kind != kind) got = trill_error(TRILL_ERR_IO, "%s: answer of kind %d, expected %d", who, rep.kind, kind);
         if (!got && take) got = take(ctx, j, &rep, payload);
         else free(payload);
@@ -129,13 +129,13 @@ trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind
     return st ? trill_error(st, "%s", err) : TRILL_OK;
 }
 
-trill_status trill_rl_bcast_sync(rl_remote *x, void *data, size_t bytes) {
+trill_status trill_rl_bcast_replicas(rl_remote *x, void *data, size_t bytes) {
     trill_comm_request *req = NULL;
-    trill_status st = trill_comm_ibcast(x->sync, data, bytes, 0, &req);
+    trill_status st = trill_comm_ibcast(x->replicas_comm, data, bytes, 0, &req);
     return st ? st : trill_comm_wait(req);
 }
 
-static trill_status send_cmd(rl_remote *x, rl_cmd *cmd) { return trill_rl_bcast_sync(x, cmd, sizeof *cmd); }
+static trill_status send_cmd(rl_remote *x, rl_cmd *cmd) { return trill_rl_bcast_replicas(x, cmd, sizeof *cmd); }
 
 /* ---- the controller ---- */
 
@@ -164,7 +164,7 @@ trill_status trill_rl_issue_batch(rl_run *r, int64_t index, int32_t *owner) {
     trill_status st = assign_prompts(r, index, owner);
     rl_cmd cmd = { .op = CMD_GENERATE, .index = index };
     if (!st) st = send_cmd(x, &cmd);
-    if (!st) st = trill_rl_bcast_sync(x, owner, sizeof(int32_t) * (size_t)r->c->generator.prompts_per_step);
+    if (!st) st = trill_rl_bcast_replicas(x, owner, sizeof(int32_t) * (size_t)r->c->generator.prompts_per_step);
     return st;
 }
 
@@ -258,8 +258,8 @@ static trill_status send_partial(rl_remote *x, const trill_model *m) {
                 at += t[k].numel;
             }
         uint64_t head[2] = { at * sizeof(float), trill_channel_checksum(buf, at) };
-        st = trill_comm_send(x->sync, head, sizeof head, j + 1, TAG_WEIGHTS);
-        if (!st) st = trill_comm_send(x->sync, buf, head[0], j + 1, TAG_WEIGHTS);
+        st = trill_comm_send(x->replicas_comm, head, sizeof head, j + 1, TAG_WEIGHTS);
+        if (!st) st = trill_comm_send(x->replicas_comm, buf, head[0], j + 1, TAG_WEIGHTS);
         x->recv_bytes[j] = head[0];
     }
     free(buf);
@@ -279,7 +279,7 @@ trill_status trill_rl_send_weights(rl_run *r, bool ack, size_t *applied) {
     trill_comm_request *req = NULL;
     if (!st) st = send_cmd(x, &cmd);
     if (!st && cmd.partial) st = send_partial(x, merged);
-    if (!st && !cmd.partial) st = trill_comm_ibcast(x->sync, (void *)data, cmd.bytes, 0, &req);
+    if (!st && !cmd.partial) st = trill_comm_ibcast(x->replicas_comm, (void *)data, cmd.bytes, 0, &req);
     if (!st) st = trill_comm_wait(req);
     for (int j = 0; !cmd.partial && j < x->replicas; j++) x->recv_bytes[j] = cmd.bytes;
     weights_ctx w = { .x = x };

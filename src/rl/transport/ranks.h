@@ -107,7 +107,7 @@ typedef struct rl_reply {
 
 struct rl_remote {
     trill_comm *group;      /* this rank's: the trainer ranks', or the executor ranks' (unused) */
-    trill_comm *sync;       /* the controller and the replicas (NULL elsewhere) */
+    trill_comm *replicas_comm; /* the controller and the replicas (NULL elsewhere) */
     rl_role role;
     /* replicas: the generator ranks (each answers for its own share of the prompts; an
      * expert-parallel replica is ep of them, replica index j / ep); replica: this rank's j */
@@ -134,7 +134,7 @@ struct rl_remote {
  * a non-blocking one, and a replica generating ahead tests for the next command between decode
  * steps); receiving an answer and its payload; the answers of replicas [first, last), each of `kind`,
  * handed to `take` in order (all are read; the first error returned, the replica named). */
-trill_status trill_rl_bcast_sync(rl_remote *x, void *data, size_t bytes);
+trill_status trill_rl_bcast_replicas(rl_remote *x, void *data, size_t bytes);
 trill_status trill_rl_recv_reply(trill_comm *c, int from, int tag, const char *who, rl_reply *rep, char **payload);
 void trill_rl_replica_name(const rl_remote *x, int j, char *out, size_t size);
 trill_status trill_rl_gather_replies(rl_remote *x, int first, int last, int kind, trill_status (*take)(void *, int, const rl_reply *, char *),

@@ -106,14 +106,14 @@ static void figures(rl_port *p, trill_rl_metrics *m) {
 static trill_status drain(ranks_port *q) {
     rl_remote *x = q->base.exec.r->remote;
     rl_cmd cmd = { .op = CMD_DRAIN };
-    trill_status st = trill_rl_bcast_sync(x, &cmd, sizeof cmd);
+    trill_status st = trill_rl_bcast_replicas(x, &cmd, sizeof cmd);
     for (int j = 0; !st && j < x->replicas; j++) {
         char who[96];
         trill_rl_replica_name(x, j, who, sizeof who);
         for (;;) { /* batches on their way (failed or not) are dropped */
             rl_reply rep = { 0 };
             char *payload = NULL;
-            trill_status got = trill_rl_recv_reply(x->sync, j + 1, TAG_REPLY, who, &rep, &payload);
+            trill_status got = trill_rl_recv_reply(x->replicas_comm, j + 1, TAG_REPLY, who, &rep, &payload);
             free(payload);
             if (got && rep.kind != REPLY_BATCH) return got; /* the transport, or a failure to drain */
             if (!got && rep.kind == REPLY_DRAINED) {

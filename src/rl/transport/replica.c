@@ -108,8 +108,8 @@ static trill_status answer(replica *rp, int kind, trill_status st, rl_reply rep,
     *o = (outgoing){ .buf = payload, .rep = trill_malloc(sizeof rep) };
     if (!o->rep) { free(payload); return trill_error(TRILL_ERR_NOMEM, "out of memory for an answer"); }
     *o->rep = rep;
-    trill_status sent = trill_comm_isend(rp->x->sync, o->rep, sizeof rep, 0, TAG_REPLY, &o->head);
-    if (!sent && rep.bytes) sent = trill_comm_isend(rp->x->sync, payload, rep.bytes, 0, TAG_REPLY, &o->body);
+    trill_status sent = trill_comm_isend(rp->x->replicas_comm, o->rep, sizeof rep, 0, TAG_REPLY, &o->head);
+    if (!sent && rep.bytes) sent = trill_comm_isend(rp->x->replicas_comm, payload, rep.bytes, 0, TAG_REPLY, &o->body);
     rp->n_out++;
     return sent;
 }
@@ -194,12 +194,12 @@ static uint8_t *holdings(replica *rp, size_t *n) {
  * mode: received at once), scattered into the staging model, checked, applied. */
 static trill_status weights_partial(replica *rp, const rl_cmd *cmd) {
     uint64_t head[2];
-    trill_status st = trill_comm_recv(rp->x->sync, head, sizeof head, 0, TAG_WEIGHTS);
+    trill_status st = trill_comm_recv(rp->x->replicas_comm, head, sizeof head, 0, TAG_WEIGHTS);
     if (st) return st;
     const double t0 = trill_now();
     float *buf = trill_malloc(head[0] + 1);
     if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory for the merged weights");
-    if ((st = trill_comm_recv(rp->x->sync, buf, head[0], 0, TAG_WEIGHTS))) {
+    if ((st = trill_comm_recv(rp->x->replicas_comm, buf, head[0], 0, TAG_WEIGHTS))) {
         free(buf);
         return st;
     }
@@ -249,7 +249,7 @@ static trill_status weights_begin(replica *rp, const rl_cmd *cmd) {
         if (!(rp->w_dst = rp->w_scratch = trill_malloc(cmd->bytes + 1))) return trill_error(TRILL_ERR_NOMEM, "out of memory for the weights");
     }
     rp->w_t0 = trill_now();
-    st = trill_comm_ibcast(rp->x->sync, rp->w_dst, cmd->bytes, 0, &rp->w_req);
+    st = trill_comm_ibcast(rp->x->replicas_comm, rp->w_dst, cmd->bytes, 0, &rp->w_req);
     rp->w_pending = !st;
     if (!st && cmd->ack) st = weights_finish(rp, true);
     return st;
@@ -257,12 +257,12 @@ static trill_status weights_begin(replica *rp, const rl_cmd *cmd) {
 
 /* ---- commands ---- */
 
-static trill_status post_cmd(replica *rp) { return trill_comm_ibcast(rp->x->sync, &rp->cmd, sizeof rp->cmd, 0, &rp->cmd_req); }
+static trill_status post_cmd(replica *rp) { return trill_comm_ibcast(rp->x->replicas_comm, &rp->cmd, sizeof rp->cmd, 0, &rp->cmd_req); }
 
 static trill_status enqueue(replica *rp, const rl_cmd *cmd) {
     const int P = rp->r->c->generator.prompts_per_step;
     int32_t *owner = trill_malloc(sizeof(int32_t) * (size_t)P);
-    trill_status st = owner ? trill_rl_bcast_sync(rp->x, owner, sizeof(int32_t) * (size_t)P) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = owner ? trill_rl_bcast_replicas(rp->x, owner, sizeof(int32_t) * (size_t)P) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st && rp->q_n == rp->q_cap) {
         const int cap = rp->q_cap ? 2 * rp->q_cap : 8;
         work *q = trill_malloc(sizeof *q * (size_t)cap);

@@ -186,7 +186,7 @@ static trill_status take_weights(void *ctx) {
     size_t bytes = 0;
     if (trill_channel_checksum(view.data, view.n) != view.checksum) {
         st = trill_error(TRILL_ERR_INVALID, "weight channel: version %u arrived with a wrong checksum", view.version);
-    } else if (r->c->sync.mode == TRILL_SYNC_ADAPTER) {
+    } else if (r->c->sync.mode == TRILL_WEIGHT_SYNC_ADAPTER) {
         memcpy(t->lora->params, view.data, sizeof(float) * view.n);
         st = trill_rl_generator_load_adapter(r->gen, t->lora, view.version, &bytes);
     } else {
@@ -210,10 +210,10 @@ static trill_status open_channel(thread_port *t) {
     const trill_model *policy = trill_trainer_policy(r->trainer);
     size_t n = 0;
     trill_lora_params(trill_trainer_lora(r->trainer), &n);
-    if (r->c->sync.mode == TRILL_SYNC_MERGE) n = trill_model_n_params(policy);
+    if (r->c->sync.mode == TRILL_WEIGHT_SYNC_MERGE) n = trill_model_n_params(policy);
     trill_status st = trill_channel_create(n, &t->ch);
-    if (!st && r->c->sync.mode == TRILL_SYNC_ADAPTER) st = trill_lora_create(policy, r->c->trainer.lora, 0, &t->lora);
-    if (!st && r->c->sync.mode == TRILL_SYNC_MERGE) st = trill_model_create(trill_model_config(policy), &t->model);
+    if (!st && r->c->sync.mode == TRILL_WEIGHT_SYNC_ADAPTER) st = trill_lora_create(policy, r->c->trainer.lora, 0, &t->lora);
+    if (!st && r->c->sync.mode == TRILL_WEIGHT_SYNC_MERGE) st = trill_model_create(trill_model_config(policy), &t->model);
     t->version = r->state.version;
     t->base.exec.between_steps = take_weights;
     t->base.exec.between_ctx = t;
