@@ -104,7 +104,8 @@ int cli_fail(const char *cmd) {
  *     default): glibc asks for them for its heap and its mapped blocks when started with the
  *     tunable glibc.malloc.hugetlb=1, so the command starts itself again with it put first in
  *     GLIBC_TUNABLES (once: the variable then names it; one that names it already is left as it is).
- * The sanitizers' builds have allocators of their own, which these do not reach. */
+ * The sanitizers' builds have allocators of their own, which these do not reach; the commands
+ * that only read or write a file do not restart. */
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 static void restart_with_huge_pages(char **argv) {
     const char *had = getenv("GLIBC_TUNABLES");
@@ -126,12 +127,16 @@ static void restart_with_huge_pages(char **argv) {
 }
 #endif
 
-static void tune_memory(char **argv) {
+static void tune_memory(int argc, char **argv) {
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    restart_with_huge_pages(argv);
+    /* the commands that compute (a restart costs about 20 ms: not worth it for init, info, tokenize, merge, report) */
+    static const char *const HEAVY[] = { "train", "sft", "score", "generate", "eval", "serve", "bench", NULL };
+    for (int i = 0; argc > 1 && HEAVY[i]; i++)
+        if (!strcmp(argv[1], HEAVY[i])) restart_with_huge_pages(argv);
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
 #else
+    (void)argc;
     (void)argv;
 #endif
 }
@@ -143,7 +148,7 @@ int main(int argc, char **argv) {
     /* OpenBLAS misdetected the CPU (trill_blas_core_fix): run again with the right kernels. The
      * variable is set from then on, so this happens at most once. */
     trill_blas_restart(argv);
-    tune_memory(argv);
+    tune_memory(argc, argv);
     trill_log_set_sink(trill_log_stderr, NULL); /* the library's progress lines and warnings */
     if (argc < 2) {
         print_help(stderr);

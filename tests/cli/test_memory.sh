@@ -2,8 +2,9 @@
 # The trill command tunes its process's memory before anything else (src/cli/main.c, tune_memory):
 # where the kernel gives transparent huge pages on request only ("madvise"), it starts itself again
 # with glibc.malloc.hugetlb=1 put first in GLIBC_TUNABLES (a user's tunables kept after it, a
-# user's own hugetlb setting left alone), under its own name (not "exe"). Checked on a running
-# `trill tokenize` held open on a fifo: /proc/PID/comm and /proc/PID/environ (which shows a
+# user's own hugetlb setting left alone), under its own name (not "exe"), for the commands that
+# compute (not those that only read or write a file: `trill tokenize` runs as started). Checked on
+# a running `trill score` held on a fifo as its input: /proc/PID/comm and /proc/PID/environ (which shows a
 # variable's bytes as the process started; glibc's parsing of GLIBC_TUNABLES then cuts them at the
 # first ':', so the user's part is looked for in the raw bytes). The sanitizer builds (allocators
 # of their own) and other kernel settings do not restart: then only the name is checked.
@@ -12,7 +13,7 @@ set -euo pipefail
 TRILL=$(realpath "$1")
 source "$(cd "$(dirname "$0")/../rl" && pwd)/checks.sh" # fail, must_pass
 W=$(mktemp -d "${TMPDIR:-/tmp}/trill-memory-XXXXXX")
-trap 'exec 3>&- 2>/dev/null; rm -rf "$W"' EXIT
+trap 'rm -rf "$W"' EXIT
 cd "$W"
 must_pass init.log "$TRILL" init --out tiny --preset tiny --seed 1
 mode=$(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo "(none)")
@@ -20,7 +21,7 @@ restarts=true
 case "$mode" in *"[madvise]"*) ;; *) restarts=false ;; esac
 if ldd "$TRILL" | grep -qE 'libasan|libtsan'; then restarts=false; fi
 
-# held TUNABLES-or-"-" WANT [KEPT]: a `trill tokenize` started with GLIBC_TUNABLES=TUNABLES ("-":
+# held TUNABLES-or-"-" WANT [KEPT]: a `trill score` started with GLIBC_TUNABLES=TUNABLES ("-":
 # unset) runs as "trill" with GLIBC_TUNABLES=WANT (up to its first ':') within 10 s, KEPT among
 # its environment's bytes (WANT "-": only the name is checked)
 held() {
@@ -28,21 +29,22 @@ held() {
   rm -f in
   mkfifo in
   if [ "$given" = - ]; then
-    env -u GLIBC_TUNABLES "$TRILL" tokenize --model tiny <in >/dev/null 2>err &
+    env -u GLIBC_TUNABLES "$TRILL" score --model tiny --input in --output out.jsonl 2>err &
   else
-    env GLIBC_TUNABLES="$given" "$TRILL" tokenize --model tiny <in >/dev/null 2>err &
+    env GLIBC_TUNABLES="$given" "$TRILL" score --model tiny --input in --output out.jsonl 2>err &
   fi
   pid=$!
-  exec 3>in # the command starts once its stdin has a writer
-  for _ in $(seq 100); do
+  for _ in $(seq 100); do # it waits in opening its input
     comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
     tun=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^GLIBC_TUNABLES=//p' || true)
     [ "$comm" = trill ] && { [ "$want" = - ] || [ "$tun" = "$want" ]; } && break
     sleep 0.1
   done
-  if [ -n "$kept" ] && ! grep -qaF "$kept" "/proc/$pid/environ"; then exec 3>&-; fail "GLIBC_TUNABLES=$given lost $kept"; fi
-  exec 3>&-
-  wait "$pid" || { cat err; fail "trill tokenize failed"; }
+  local lost=false
+  [ -z "$kept" ] || grep -qaF "$kept" "/proc/$pid/environ" || lost=true
+  timeout 20 sh -c "echo '{\"tokens\": [1, 2, 3]}' >in" || { cat err; fail "trill score never read its input"; }
+  wait "$pid" || { cat err; fail "trill score failed"; }
+  ! $lost || fail "GLIBC_TUNABLES=$given lost $kept"
   [ "$comm" = trill ] || fail "the process is named \"$comm\", not trill"
   [ "$want" = - ] || [ "$tun" = "$want" ] || fail "GLIBC_TUNABLES=${given} gave \"$tun\", expected \"$want\""
 }
