@@ -103,6 +103,10 @@ typedef struct trill_request {
      * one is set), k in [1, TRILL_ENGINE_ADAPTER_SLOTS) the one set in slot k
      * (trill_engine_set_adapter). */
     int adapter;
+    /* Multi-turn: each sample, once finished (not aborted), stays in the engine with its KV cache
+     * until trill_engine_continue gives it more tokens or trill_engine_release frees it. Not with
+     * forced tokens. */
+    bool hold;
 } trill_request;
 
 typedef enum trill_finish { TRILL_FINISH_LENGTH, TRILL_FINISH_STOP_ID, TRILL_FINISH_STOP_STRING, TRILL_FINISH_ABORTED } trill_finish;
@@ -167,12 +171,29 @@ bool trill_engine_busy(const trill_engine *e);
 /* Steps until every submitted request has finished. */
 trill_status trill_engine_run(trill_engine *e);
 /* Stops every sample of a request now: each is finished (TRILL_FINISH_ABORTED) with what it has
- * generated and its blocks are freed. A prompt still being prefilled (or waiting) has only its
+ * generated and its blocks are freed (held ones are freed, not reported again). A prompt still being prefilled (or waiting) has only its
  * sample 0, the others being forked from it after the prefill: that one is finished with no
  * tokens and the others are never reported. Returns the number finished, -1 when out of memory. */
 int trill_engine_abort(trill_engine *e, uint64_t request);
 /* Moves up to max finished sequences into out (in finishing order); returns how many. */
 int trill_engine_collect(trill_engine *e, trill_sequence_out *out, int max);
+
+/* ---- multi-turn: held samples (trill_request.hold) ----
+ * Continues a held sample after it finished. prev is its output, whose arrays the engine takes
+ * back (prev zeroed; on an error prev is untouched); tokens[n] (n >= 1, e.g. an environment's
+ * observation, rendered) are appended to it and prefilled, the earlier tokens keeping their KV
+ * (and their routed experts), then up to max_new_tokens are sampled as before. Its next output
+ * has n_prompt = every token before them, logprobs and versions for the new ones only, experts
+ * for every token forwarded. The draws go on from the sample's position (no key repeats across
+ * turns); the request's sampling, stops and adapter stay. A held sample's blocks may be taken back
+ * when the cache runs out: it then recomputes its tokens when continued (the same results).
+ * Refused when prev is not a held sample of this engine, its tokens are not the ones it finished
+ * with, or the longer sequence could never fit in the KV cache. */
+trill_status trill_engine_continue(trill_engine *e, trill_sequence_out *prev, const int *tokens, int n, int max_new_tokens);
+/* Frees held sample `sample` of `request`; false when no such sample is held. */
+bool trill_engine_release(trill_engine *e, uint64_t request, int sample);
+/* Held samples (a held one does not make the engine busy). */
+int trill_engine_held(const trill_engine *e);
 
 /* ---- live weight updates ----
  * An update is converted by the caller's thread, then taken whole at the start of the next step:

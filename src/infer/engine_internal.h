@@ -141,6 +141,9 @@ typedef struct seq {
     uint32_t *versions;
     uint16_t *experts;    /* capture: [cap][n_moe][K] */
     bool forks_pending;   /* a group's first sequence: its siblings fork off when the prompt is done */
+    int max_new;          /* this turn's max_new_tokens (the request's, then trill_engine_continue's) */
+    int key_base;         /* draw positions start here this turn: tokens after the request's prompt */
+    uint64_t digest;      /* held: the tokens it finished with (their arrays went to its output) */
 } seq;
 
 /* ---- the engine's state, by owner ---- */
@@ -164,6 +167,8 @@ typedef struct eng_sched {
     int n_reqs, cap_reqs;
     trill_sequence_out *done;
     int n_done, cap_done;
+    seq **held;    /* finished samples of requests with hold, KV kept (trill_engine_continue) */
+    int n_held, cap_held;
     bool recheck_stops;   /* the last step could not check its stop strings (trill_eng_finish_stopped) */
 } eng_sched;
 
@@ -286,6 +291,14 @@ void trill_eng_free_seq(trill_engine *e, seq *s);
 void trill_eng_free_req(req *q);
 /* Removes list[i], keeping the order. */
 void trill_eng_remove_at(seq **list, int *n, int i);
+/* engine_turns.c: room for one more held sample, and a finished sample of a request with hold
+ * into the held list (its arrays have gone to its output; digest: of its tokens); the request record freed once no sample of it is
+ * waiting, running or held; a held sample's KV blocks given back (true when one had any). */
+trill_status trill_eng_reserve_held(trill_engine *e);
+void trill_eng_hold(trill_engine *e, seq *s, uint64_t digest); /* room reserved */
+void trill_eng_drop_req_if_done(trill_engine *e, req *q);
+bool trill_eng_release_held_blocks(trill_engine *e);
+uint64_t trill_eng_token_digest(const int *tokens, int n);
 /* Picks the step's rows into e->rows (*rows of them), preempting when blocks run out. */
 trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);
 void trill_eng_sched_free(trill_engine *e);

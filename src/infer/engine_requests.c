@@ -17,6 +17,7 @@ trill_status trill_eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
     s->sample = sample;
     s->cap = r->prompt_len + r->max_new_tokens;
     s->n_prompt = r->prompt_len;
+    s->max_new = r->max_new_tokens;
     s->tokens = trill_malloc(sizeof(int) * (size_t)s->cap);
     s->logprobs = trill_malloc(sizeof(float) * (size_t)r->max_new_tokens);
     s->versions = trill_malloc(sizeof(uint32_t) * (size_t)r->max_new_tokens);
@@ -56,9 +57,11 @@ void trill_eng_sched_free(trill_engine *e) {
     for (int i = 0; i < e->sched.n_active; i++) trill_eng_free_seq(e, e->sched.active[i]);
     for (int i = 0; i < e->sched.n_waiting; i++) trill_eng_free_seq(e, e->sched.waiting[i]);
     for (int i = 0; i < e->sched.n_reqs; i++) trill_eng_free_req(e->sched.reqs[i]);
+    for (int i = 0; i < e->sched.n_held; i++) trill_eng_free_seq(e, e->sched.held[i]);
     for (int i = 0; i < e->sched.n_done; i++) trill_sequence_out_free(&e->sched.done[i]);
     free(e->sched.active);
     free(e->sched.waiting);
+    free(e->sched.held);
     free(e->sched.reqs);
     free(e->sched.done);
 }
@@ -96,6 +99,8 @@ static trill_status check_request(const trill_engine *e, const trill_request *r)
             return trill_error(TRILL_ERR_INVALID, "request %llu: max_new_tokens %d, but the longest forced sample has %d tokens", id,
                                r->max_new_tokens, longest);
     }
+    if (r->hold && r->n_forced > 0)
+        return trill_error(TRILL_ERR_INVALID, "request %llu: hold (multi-turn) does not take forced tokens", id);
     for (int i = 0; i < r->n_forced; i++)
         if (r->forced[i] < 0 || r->forced[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "request %llu: forced token %d is %d, outside the vocabulary [0, %d)", id, i, r->forced[i], c->vocab_size);
@@ -213,6 +218,7 @@ trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *st
         int got;
         while ((got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) != 0) {
             if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
+            if (trill_eng_release_held_blocks(e)) continue; /* a held sample's first: it is idle */
             /* out of blocks: the newest sequence makes room (this one, if it is the newest) */
             trill_status st = preempt(e, e->sched.n_active - 1);
             if (st) return st;
@@ -227,7 +233,9 @@ trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *st
     while (e->sched.n_waiting > 0 && R < e->rows.max && e->sched.n_active < e->cfg.max_running) {
         seq *s = e->sched.waiting[0];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
-        const int got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed);
+        int got;
+        while ((got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) == KV_FULL && trill_eng_release_held_blocks(e)) {
+        }
         if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
         if (got) break;
         seq **a = eng_grow(e->sched.active, &e->sched.cap_active, e->sched.n_active + 1, sizeof *a);

@@ -60,10 +60,16 @@ static trill_status hits_stop_string(const trill_engine *e, const seq *s, bool *
 
 static trill_status finish(trill_engine *e, int active_index, trill_finish why) {
     seq *s = e->sched.active[active_index];
+    const bool hold = s->rq->r.hold && why != TRILL_FINISH_ABORTED; /* kept for trill_engine_continue */
     trill_sequence_out *d = eng_grow(e->sched.done, &e->sched.cap_done, e->sched.n_done + 1, sizeof *d);
     if (!d) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->sched.done = d;
+    if (hold) {
+        trill_status st = trill_eng_reserve_held(e);
+        if (st) return st;
+    }
     const int gen = s->n_tokens - s->n_prompt;
+    const uint64_t digest = hold ? trill_eng_token_digest(s->tokens, s->n_tokens) : 0;
     e->sched.done[e->sched.n_done++] = (trill_sequence_out){ .request = s->rq->r.id, .sample = s->sample, .n_prompt = s->n_prompt,
                                                  .n_generated = gen, .tokens = s->tokens, .logprobs = s->logprobs,
                                                  .versions = s->versions, .experts = s->experts, .finish = why };
@@ -72,19 +78,10 @@ static trill_status finish(trill_engine *e, int active_index, trill_finish why) 
     s->versions = NULL;
     s->experts = NULL;
     trill_eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
-    /* the request record goes when its last sample does */
     req *q = s->rq;
-    trill_eng_free_seq(e, s);
-    bool live = false;
-    for (int i = 0; i < e->sched.n_active && !live; i++) live = e->sched.active[i]->rq == q;
-    for (int i = 0; i < e->sched.n_waiting && !live; i++) live = e->sched.waiting[i]->rq == q;
-    if (!live)
-        for (int i = 0; i < e->sched.n_reqs; i++)
-            if (e->sched.reqs[i] == q) {
-                trill_eng_free_req(q);
-                e->sched.reqs[i] = e->sched.reqs[--e->sched.n_reqs];
-                break;
-            }
+    if (hold) trill_eng_hold(e, s, digest);
+    else trill_eng_free_seq(e, s);
+    trill_eng_drop_req_if_done(e, q); /* the request record goes when its last sample does */
     return TRILL_OK;
 }
 
@@ -104,6 +101,8 @@ int trill_engine_abort(trill_engine *e, uint64_t request) {
         if (finish(e, i, TRILL_FINISH_ABORTED)) return -1;
         n++;
     }
+    for (int i = e->sched.n_held - 1; i >= 0; i--) /* held ones were reported when they finished */
+        if (e->sched.held[i]->rq->r.id == request) trill_engine_release(e, request, e->sched.held[i]->sample);
     return n;
 }
 
@@ -148,7 +147,8 @@ static trill_status sample_all(trill_engine *e, int n) {
             lp = trill_sample_logprob(logits, V, q->r.sampling.temperature, token, work);
             e->smp.token[i] = token; /* (-inf: the model gives it no probability, which the scorer reports) */
         } else {
-            e->smp.token[i] = trill_sample(logits, V, &q->r.sampling, q->r.keyed ? q->r.key : q->r.id, (uint32_t)s->sample, (uint32_t)gen, work, &lp);
+            e->smp.token[i] = trill_sample(logits, V, &q->r.sampling, q->r.keyed ? q->r.key : q->r.id, (uint32_t)s->sample,
+                                           (uint32_t)(s->key_base + gen), work, &lp);
         }
         e->smp.lp[i] = lp;
     }
@@ -213,7 +213,7 @@ trill_status trill_eng_finish_stopped(trill_engine *e) {
         }
         if (stop_id) why = TRILL_FINISH_STOP_ID;
         else if (stop_string) why = TRILL_FINISH_STOP_STRING;
-        else if (gen >= s->rq->r.max_new_tokens) why = TRILL_FINISH_LENGTH;
+        else if (gen >= s->max_new) why = TRILL_FINISH_LENGTH;
         else if (s->rq->r.n_forced && gen >= s->rq->r.forced_at[s->sample + 1] - s->rq->r.forced_at[s->sample]) why = TRILL_FINISH_LENGTH;
         else done = false;
         if (!done) { i++; continue; }

@@ -939,6 +939,146 @@ static void test_forced_tokens(void **state) {
     trill_model_free(m);
 }
 
+/* One turn of every held sample of `e`: each output in out[n] continued with 3 tokens of its own,
+ * up to 5 new; *prefill: the prefill rows of the turn's steps. The new outputs, sorted. */
+static int next_turn(trill_engine *e, trill_sequence_out *out, int n, trill_sequence_out *next, int *prefill) {
+    for (int i = 0; i < n; i++) {
+        const int inj[3] = { 3, 4 + out[i].sample, 5 };
+        assert_int_equal(trill_engine_continue(e, &out[i], inj, 3, 5), TRILL_OK);
+        assert_null(out[i].tokens); /* taken back */
+    }
+    *prefill = 0;
+    while (trill_engine_busy(e)) {
+        trill_step_stats st;
+        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+        *prefill += st.prefill_rows;
+    }
+    return collect_sorted(e, next);
+}
+
+/* The continued turn scored afresh: the whole sequence as a prompt, the turn's tokens forced; the
+ * log-probs and the routed experts of every token must be the same bytes (the engine is batch
+ * invariant, so keeping the KV changes nothing). */
+static void expect_fresh_prefill(trill_engine *e, const trill_sequence_out *t, int L, int K) {
+    trill_request q = request(900 + (uint64_t)t->sample, t->tokens, t->n_prompt, 1, t->n_generated);
+    q.sampling.temperature = 0.7f;
+    q.forced = t->tokens + t->n_prompt;
+    q.n_forced = t->n_generated;
+    assert_int_equal(trill_engine_submit(e, &q), TRILL_OK);
+    trill_sequence_out s;
+    assert_int_equal(trill_engine_run(e), TRILL_OK);
+    assert_int_equal(trill_engine_collect(e, &s, 1), 1);
+    assert_int_equal(s.n_prompt, t->n_prompt);
+    assert_int_equal(s.n_generated, t->n_generated);
+    assert_memory_equal(s.logprobs, t->logprobs, sizeof(float) * (size_t)t->n_generated);
+    assert_memory_equal(s.experts, t->experts, sizeof(uint16_t) * (size_t)(t->n_prompt + t->n_generated - 1) * L * K);
+    trill_sequence_out_free(&s);
+}
+
+/* Whether a fresh request of id 1 with t's prompt draws t's tokens: it would if a continued turn
+ * drew with the first turn's keys (its positions counted from 0 again). */
+static bool draws_repeat(trill_engine *e, const trill_sequence_out *t) {
+    trill_request q = request(1, t->tokens, t->n_prompt, 1, t->n_generated);
+    q.sampling.temperature = 0.7f;
+    assert_int_equal(trill_engine_submit(e, &q), TRILL_OK);
+    trill_sequence_out s;
+    assert_int_equal(trill_engine_run(e), TRILL_OK);
+    assert_int_equal(trill_engine_collect(e, &s, 1), 1);
+    const bool same = s.n_generated == t->n_generated && !memcmp(s.tokens, t->tokens, sizeof(int) * (size_t)(t->n_prompt + t->n_generated));
+    trill_sequence_out_free(&s);
+    return same;
+}
+
+/* Multi-turn (trill_request.hold): two samples, each continued twice with injected tokens. A turn
+ * prefills only its new tokens (the last sampled one and the 3 injected), its outputs equal a fresh
+ * prefill of the whole sequence, a small cache takes a held sample's blocks back (it then
+ * recomputes, to the same bytes), and release, abort and the refusals behave. */
+static void test_multi_turn(void **state) {
+    (void)state;
+    trill_model *m = small_model(41);
+    const int L = m->config.n_moe_layers, K = m->config.num_experts_per_tok;
+    trill_sequence_out want[2][2]; /* [turn][sample], from the roomy f32 engine */
+    for (int f = TRILL_GEN_F32; f <= TRILL_GEN_INT8; f++) {
+        for (int small = 0; small < (f == TRILL_GEN_F32 ? 2 : 1); small++) {
+            trill_engine *e = engine(m, (trill_gen_format)f, 512, small ? 5 : 0, 16);
+            trill_request r = request(1, P1, 13, 2, 6);
+            r.sampling.temperature = 0.7f;
+            r.hold = true;
+            assert_int_equal(trill_engine_submit(e, &r), TRILL_OK);
+            trill_sequence_out out[MAX_OUT], next[MAX_OUT];
+            assert_int_equal(run_all(e, out), 2);
+            assert_int_equal(trill_engine_held(e), 2);
+            int repeats = 0;
+            for (int turn = 0; turn < 2; turn++) {
+                int lens[2], prefill;
+                for (int i = 0; i < 2; i++) lens[i] = out[i].n_prompt + out[i].n_generated;
+                if (small) { /* a request that needs the cache's every block: the held samples give theirs back */
+                    trill_request big = request(50, P3, 37, 1, 40);
+                    assert_int_equal(trill_engine_submit(e, &big), TRILL_OK);
+                    trill_sequence_out b;
+                    assert_int_equal(trill_engine_run(e), TRILL_OK);
+                    assert_int_equal(trill_engine_collect(e, &b, 1), 1);
+                    trill_sequence_out_free(&b);
+                }
+                assert_int_equal(next_turn(e, out, 2, next, &prefill), 2);
+                if (!small) assert_int_equal(prefill, 2 * (1 + 3)); /* nothing before the turn recomputed */
+                else assert_true(prefill > 2 * (1 + 3));
+                for (int i = 0; i < 2; i++) {
+                    assert_int_equal(next[i].sample, i);
+                    assert_int_equal(next[i].n_prompt, lens[i] + 3);
+                    if (f == TRILL_GEN_F32 && !small) want[turn][i] = next[i];
+                    else if (f == TRILL_GEN_F32) { /* recomputed: the roomy engine's bytes */
+                        assert_int_equal(next[i].n_generated, want[turn][i].n_generated);
+                        assert_memory_equal(next[i].tokens, want[turn][i].tokens, sizeof(int) * (size_t)(next[i].n_prompt + next[i].n_generated));
+                        assert_memory_equal(next[i].logprobs, want[turn][i].logprobs, sizeof(float) * (size_t)next[i].n_generated);
+                    }
+                    expect_fresh_prefill(e, &next[i], L, K);
+                    if (i == 0) repeats += draws_repeat(e, &next[i]);
+                    if (f != TRILL_GEN_F32 || small) out[i] = next[i];
+                    else { /* keep want's arrays: continue a copy */
+                        const int T = next[i].n_prompt + next[i].n_generated;
+                        out[i] = next[i];
+                        out[i].tokens = malloc(sizeof(int) * (size_t)T);
+                        out[i].logprobs = malloc(sizeof(float) * (size_t)next[i].n_generated);
+                        out[i].versions = malloc(sizeof(uint32_t) * (size_t)next[i].n_generated);
+                        out[i].experts = malloc(sizeof(uint16_t) * (size_t)(T - 1) * L * K);
+                        memcpy(out[i].tokens, next[i].tokens, sizeof(int) * (size_t)T);
+                        memcpy(out[i].logprobs, next[i].logprobs, sizeof(float) * (size_t)next[i].n_generated);
+                        memcpy(out[i].versions, next[i].versions, sizeof(uint32_t) * (size_t)next[i].n_generated);
+                        memcpy(out[i].experts, next[i].experts, sizeof(uint16_t) * (size_t)(T - 1) * L * K);
+                    }
+                }
+            }
+            assert_true(repeats < 2); /* the turns draw on from their position */
+            /* refusals: an output that is not the one held, then one no longer held */
+            const int inj[1] = { 3 };
+            out[0].tokens[0] ^= 1;
+            assert_int_equal(trill_engine_continue(e, &out[0], inj, 1, 2), TRILL_ERR_INVALID);
+            assert_non_null(strstr(trill_error_message(), "not the one it finished with"));
+            out[0].tokens[0] ^= 1;
+            assert_true(trill_engine_release(e, 1, 0));
+            assert_false(trill_engine_release(e, 1, 0));
+            assert_int_equal(trill_engine_continue(e, &out[0], inj, 1, 2), TRILL_ERR_INVALID);
+            assert_non_null(strstr(trill_error_message(), "is not held"));
+            assert_non_null(out[0].tokens); /* untouched on a refusal */
+            assert_int_equal(trill_engine_abort(e, 1), 0); /* the other held sample: freed, not reported */
+            assert_int_equal(trill_engine_held(e), 0);
+            for (int i = 0; i < 2; i++) trill_sequence_out_free(&out[i]);
+            trill_request forced = r;
+            forced.forced = P2;
+            forced.n_forced = 2;
+            forced.n = 1;
+            forced.max_new_tokens = 2;
+            assert_int_equal(trill_engine_submit(e, &forced), TRILL_ERR_INVALID);
+            assert_non_null(strstr(trill_error_message(), "hold (multi-turn)"));
+            trill_engine_free(e);
+        }
+    }
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 2; i++) trill_sequence_out_free(&want[t][i]);
+    trill_model_free(m);
+}
+
 /* What a token keeps in the cache: per layer, the keys and values of every kv head (Qwen3), or
  * MLA's one latent row of kv_lora_rank + qk_rope_head_dim values (DeepSeek-V3); and on a model
  * without MoE layers, so routing cannot flip, the absorbed attention over that latent equals the
@@ -1001,6 +1141,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_adapter_formats),
         cmocka_unit_test(test_forced_tokens),
         cmocka_unit_test(test_kv_cache_layout),
+        cmocka_unit_test(test_multi_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
