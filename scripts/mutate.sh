@@ -52,6 +52,24 @@ m tis_ratio_inverted rl src/rl/algo/algo.c "test_rl_algo" \
   'fmin(exp((double)behav_logp[t] - (double)old_logp[t]), cap)' \
   "TIS weight pi_behaviour / pi_old instead of pi_old / pi_behaviour"
 
+# multi-turn generation: held samples continued with injected tokens (engine_turns.c)
+m turns_keys_restart infer src/infer/engine_sample.c "test_engine" \
+  '(uint32_t)(s->key_base + gen), work, &lp);' \
+  '(uint32_t)gen, work, &lp);' \
+  "a continued turn draws with the first turn's keys again"
+m turns_experts_short infer src/infer/engine_turns.c "test_engine" \
+  'memcpy(ex, prev->experts, sizeof(uint16_t) * per_token * (size_t)(old - 1));' \
+  'memcpy(ex, prev->experts, sizeof(uint16_t) * per_token * (size_t)(old - 2));' \
+  "a continued sample loses the routed experts of its last forwarded token"
+m turns_digest_unchecked infer src/infer/engine_turns.c "test_engine" \
+  'if (!prev->tokens || total != s->n_tokens || trill_eng_token_digest(prev->tokens, total) != s->digest)' \
+  'if (!prev->tokens || total != s->n_tokens)' \
+  "continuing accepts an output whose tokens were changed"
+m turns_held_blocks_kept infer src/infer/engine_turns.c "test_engine" \
+  'if (!s->kv.n) continue;' \
+  'if (s->kv.n) continue;' \
+  "a full cache never takes a held sample's blocks back"
+
 # capture and replay of the router's expert ids
 m capture_layer_major replay src/model/blocks.c "test_model" \
   'experts[((size_t)t * n_moe_layers + ordinal) * K + j]' \
