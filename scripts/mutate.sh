@@ -193,11 +193,11 @@ m aipo_ratio_vs_old async src/rl/algo/algo.c "test_rl_algo" \
 
 # instruction-set dispatch
 # the command's process: its memory tuning
-m memory_no_restart isa src/cli/main.c "process_memory" \
+m memory_no_restart process src/cli/main.c "process_memory" \
   'if (!ok || !strstr(mode, "[madvise]")) return;' \
   'if (!ok || !strstr(mode, "[always]")) return;' \
   "the restart with huge pages on request looks for the wrong kernel setting"
-m memory_exe_name isa src/cli/main.c "process_memory" \
+m memory_exe_name process src/cli/main.c "process_memory" \
   'execv(self, argv);' \
   'execv("/proc/self/exe", argv);' \
   "the restart names the process \"exe\""

@@ -181,8 +181,9 @@ static void collect(trill_engine *e, trill_sequence_out *out, int *n) {
         u->memory_back = true;                                                                                                           \
     }
 
-/* The generator: create, two requests (one of two samples), step to the end, collect; a live
- * adapter update, one more request run to the end; free. */
+/* The generator: create, two requests (one of two samples, held for a second turn), step to the
+ * end, collect; the held samples continued with injected tokens and run to the end, one released;
+ * a live adapter update, one more request run to the end; free (the other held sample with it). */
 static void engine_stage(unit *u, const trill_model *m, const trill_lora *lora, trill_gen_format f, bool eplb) {
     trill_engine *e = NULL;
     trill_sequence_out out[MAX_OUT];
@@ -199,17 +200,25 @@ static void engine_stage(unit *u, const trill_model *m, const trill_lora *lora, 
     cfg.eplb_interval = 2; /* re-planned while generating */
     cfg.eplb_window = 64; /* every step's load stays in the window, so a step counted twice shows in the imbalance */
     CALL(trill_engine_create(m, &cfg, &e));
-    const trill_request r1 = request(1, TOKENS, 6, 1, 5), r2 = request(2, TOKENS + 6, 5, 2, 4);
+    const trill_request r1 = request(1, TOKENS, 6, 1, 5);
+    trill_request r2 = request(2, TOKENS + 6, 5, 2, 4);
+    r2.hold = true;
     CALL(trill_engine_submit(e, &r1));
     CALL(trill_engine_submit(e, &r2));
     RUN_ENGINE();
     collect(e, out, &n_out);
+    uint64_t turns = digest_outs(FNV_SEED, out, n_out, per_token); /* the continued outputs go back to the engine */
+    for (int i = 0; i < n_out; i++)
+        if (out[i].request == 2) CALL(trill_engine_continue(e, &out[i], TOKENS + 7, 2, 3));
+    RUN_ENGINE();
+    collect(e, out, &n_out);
+    CHECK(trill_engine_release(e, 2, 0), "a held sample to release");
     CALL(trill_engine_update_adapter(e, lora, 1, NULL));
     const trill_request r3 = request(3, TOKENS + 2, 4, 1, 3);
     CALL(trill_engine_submit(e, &r3));
     RUN_ENGINE();
     collect(e, out, &n_out);
-    uint64_t h = digest_outs(fnv(FNV_SEED, &n_out, sizeof n_out), out, n_out, per_token);
+    uint64_t h = digest_outs(fnv(turns, &n_out, sizeof n_out), out, n_out, per_token);
     if (cfg.eplb) { /* the placement planned from the load seen, which a failed step must not count */
         CALL(trill_engine_step(e, NULL)); /* idle: makes a plan a failure left due */
         double imbalance[2];
