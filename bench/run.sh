@@ -40,6 +40,8 @@ echo
 echo
 "$BUILD/bench/bench_gen_gemm"
 echo
+"$BUILD/bench/bench_turns"
+echo
 SMALL=$(mktemp -d "${TMPDIR:-/tmp}/trill-bench-gen-XXXXXX")
 trap 'rm -rf "$SMALL"' EXIT
 "$BUILD/trill" init --out "$SMALL" --preset small --dtype bf16 2>/dev/null
