@@ -77,7 +77,7 @@ int cmd_info(int argc, char **argv) {
     const cli_spec spec = { "info", NULL,
                             "Architecture, layer map, parameters (total, active, by kind) and bytes of a model folder.\n"
                             "A folder with config.json alone (trill init --config-only) is described from its config.",
-                            opts, 1 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     char *weights = trill_path_join(dir, "model.safetensors"), *index = trill_path_join(dir, "model.safetensors.index.json");

@@ -21,7 +21,7 @@ int cmd_merge(int argc, char **argv) {
     const cli_spec spec = { "merge", NULL,
                             "W += scale * B A for every adapted layer; writes config.json and the weights and copies the\n"
                             "tokenizer files.",
-                            opts, 4 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     trill_model *m = NULL;

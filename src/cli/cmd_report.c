@@ -14,7 +14,7 @@ int cmd_report(int argc, char **argv) {
     const cli_spec spec = { "report", "RUN_DIR [RUN_DIR ...]",
                             "Charts of each run's metrics.jsonl (several runs overlaid, up to 8) in one HTML file with inline SVG,\n"
                             "readable offline.",
-                            opts, 1 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int optind_, rc = cli_parse(&spec, argc, argv, &optind_);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     const int n = argc - optind_;

@@ -124,7 +124,7 @@ int cmd_score(int argc, char **argv) {
                             "Input lines: {\"tokens\": [ids]} or {\"text\": \"...\"} (text needs DIR/tokenizer.json).\n"
                             "Output lines: {\"tokens\", \"logprobs\" (first null; entry t = log p(token t | tokens < t)),\n"
                             "\"experts\" ([token][moe_layer][k], descending router weight)}.",
-                            opts, 3 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
 

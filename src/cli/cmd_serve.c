@@ -33,7 +33,7 @@ static int keys(int argc, char **argv) {
     const cli_spec spec = { "serve keys", "add NAME | list | revoke NAME|ID",
                             "API keys: add prints a new key once (the database keeps its SHA-256 only), list prints id, name,\n"
                             "creation time and whether revoked; a revoked key is refused from its next request.",
-                            opts, 1 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     const char *args[2] = { 0 };

@@ -56,7 +56,7 @@ int cmd_tokenize(int argc, char **argv) {
     const cli_spec spec = { "tokenize", NULL,
                             "Reads stdin: each text line becomes a JSON array of ids; with --decode each JSON\n"
                             "array of ids becomes a text line.",
-                            opts, 2 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     trill_tokenizer *tok;

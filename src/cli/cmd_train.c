@@ -49,7 +49,7 @@ int cmd_train(int argc, char **argv) {
                             "Ctrl-C (SIGINT) or SIGTERM: the current step finishes and is checkpointed, then it exits with\n"
                             "128 + the signal (a second signal quits at once); resume=auto continues the run.\n"
                             "Writes config.yaml, metrics.jsonl and checkpoints/ to run_dir (default: a new runs/YYYYMMDD-HHMMSS).",
-                            opts, 3 };
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     if (reference) return trill_run_config_reference(stdout) ? cli_fail("train") : 0;

@@ -339,6 +339,14 @@ static void test_generator_fixed_batches(void **state) {
     world_free(&w);
 }
 
+/* w's model as the policy, a generator on it, and the first batch it generates. */
+static void first_batch(world *w, trill_model **policy, rl_generator **g, rl_batch *b) {
+    assert_int_equal(trill_model_load(w->dir, policy), TRILL_OK);
+    assert_int_equal(trill_rl_generator_create(&w->c, *policy, w->tok, &w->data, g), TRILL_OK);
+    long tokens;
+    assert_int_equal(trill_rl_generator_generate(*g, 0, NULL, NULL, b, &tokens), TRILL_OK);
+}
+
 /* The trainer's step on a fixed batch. On-policy PPO with token-mean aggregation has ratio 1, so
  * its loss is -sum_s A_s len_s / sum_s len_s with A the group advantages of the rewards
  * (unbiased std, as torch.std): computed here by hand. Micro-batching must not change the
@@ -351,12 +359,9 @@ static void test_trainer_step_by_hand(void **state) {
     w.c.generator.prompts_per_step = 2;
     w.c.router_replay = true;
     trill_model *policy;
-    assert_int_equal(trill_model_load(w.dir, &policy), TRILL_OK);
     rl_generator *g;
-    assert_int_equal(trill_rl_generator_create(&w.c, policy, w.tok, &w.data, &g), TRILL_OK);
     rl_batch b = { 0 };
-    long tokens;
-    assert_int_equal(trill_rl_generator_generate(g, 0, NULL, NULL, &b, &tokens), TRILL_OK);
+    first_batch(&w, &policy, &g, &b);
     const double rewards[4] = { 1, 0, 0.25, 0.75 };
     for (int s = 0; s < 4; s++) b.reward[s] = rewards[s];
     double want_adv[4], num = 0, den = 0;
@@ -452,12 +457,9 @@ static void test_trainer_trajectory(void **state) {
     w.c.generator.prompts_per_step = 2;
     w.c.generator.max_new_tokens = 8;
     trill_model *policy;
-    assert_int_equal(trill_model_load(w.dir, &policy), TRILL_OK);
     rl_generator *g;
-    assert_int_equal(trill_rl_generator_create(&w.c, policy, w.tok, &w.data, &g), TRILL_OK);
     rl_batch b = { 0 };
-    long tokens;
-    assert_int_equal(trill_rl_generator_generate(g, 0, NULL, NULL, &b, &tokens), TRILL_OK);
+    first_batch(&w, &policy, &g, &b);
     int s0 = -1; /* the first sequence with a completion long enough to cut in three */
     for (int s = 0; s < b.n_seqs && s0 < 0; s++)
         if (rl_response_len(&b, s) >= 4) s0 = s;

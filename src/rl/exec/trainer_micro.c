@@ -85,42 +85,23 @@ int trill_rl_trn_response_offsets(const rl_batch *b, const micro *m, int *resp_o
     return resp_off[m->n];
 }
 
-void trill_rl_trn_gather_f(const rl_batch *b, const micro *m, const float *src, float *dst) {
-    int j = 0;
+/* The micro-batch's response tokens between the stream's places and a packed array of elem-byte
+ * values: gathered (stream -> packed) or scattered back (packed -> stream). */
+static void copy_responses(const rl_batch *b, const micro *m, const void *src, void *dst, size_t elem, bool gather) {
+    size_t j = 0;
     for (int i = 0; i < m->n; i++) {
-        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
-        memcpy(dst + j, src + from, sizeof(float) * (size_t)n);
+        const int s = m->seq[i];
+        const size_t from = (size_t)(b->offsets[s] + b->prompt_len[s]) * elem, n = (size_t)rl_response_len(b, s) * elem;
+        if (gather) memcpy((char *)dst + j, (const char *)src + from, n);
+        else memcpy((char *)dst + from, (const char *)src + j, n);
         j += n;
     }
 }
 
-void trill_rl_trn_gather_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) {
-    int j = 0;
-    for (int i = 0; i < m->n; i++) {
-        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
-        memcpy(dst + j, src + from, (size_t)n);
-        j += n;
-    }
-}
-
-void trill_rl_trn_scatter_resp_f(const rl_batch *b, const micro *m, const float *src, float *dst) {
-    int j = 0;
-    for (int i = 0; i < m->n; i++) {
-        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
-        memcpy(dst + from, src + j, sizeof(float) * (size_t)n);
-        j += n;
-    }
-}
-
-void trill_rl_trn_scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) {
-    int j = 0;
-    for (int i = 0; i < m->n; i++) {
-        const int s = m->seq[i], from = b->offsets[s] + b->prompt_len[s], n = rl_response_len(b, s);
-        memcpy(dst + from, src + j, (size_t)n);
-        j += n;
-    }
-}
-
+void trill_rl_trn_gather_f(const rl_batch *b, const micro *m, const float *src, float *dst) { copy_responses(b, m, src, dst, sizeof *src, true); }
+void trill_rl_trn_gather_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) { copy_responses(b, m, src, dst, 1, true); }
+void trill_rl_trn_scatter_resp_f(const rl_batch *b, const micro *m, const float *src, float *dst) { copy_responses(b, m, src, dst, sizeof *src, false); }
+void trill_rl_trn_scatter_resp_u8(const rl_batch *b, const micro *m, const uint8_t *src, uint8_t *dst) { copy_responses(b, m, src, dst, 1, false); }
 
 /* ---- data and expert parallelism: a step's micro-batches over the ranks ---- */
 
