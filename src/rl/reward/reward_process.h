@@ -7,20 +7,14 @@
 #include "trill/error.h"
 
 /* ---- external reward process ----
- * A child process started as `/bin/sh -c COMMAND`, in its own process group, with only stdin,
- * stdout and stderr open (trill's descriptors are close-on-exec). For each sample trill writes
- * one line of compact JSON {"prompt": ..., "completion": ..., "ground_truth": ...} (invalid
- * UTF-8 replaced by U+FFFD) to its stdin and reads one line back (blank lines skipped):
- * {"reward": finite number, "metrics": {"name": number, ...}?}, other keys ignored. stderr is
- * drained while waiting (so the child never blocks on it) and its last non-blank line kept.
- * A failure is: no reply line within the timeout (the whole exchange, writing included), end
- * of stdout (a crash or exit: its status or signal is reported), or a reply that is not such
- * JSON. On a failure the process group is killed (SIGKILL), the child reaped, a fresh process
- * started and the request retried; after max_failures consecutive failures of one request the
- * call fails (TRILL_ERR_INVALID) with a message naming the command, the last failure and the
- * child's last stderr line, and the next call starts afresh. Writing to a dead child never
- * raises SIGPIPE in trill (it is blocked in the writing thread for the write, not ignored
- * process-wide). No zombies are left. One caller at a time per reward_process.
+ * A supervised child process (rl/proc/process.h: started, drained, timed out, killed and reaped
+ * there). For each sample trill writes one line of compact JSON {"prompt": ..., "completion":
+ * ..., "ground_truth": ...} (invalid UTF-8 replaced by U+FFFD) and reads one line back:
+ * {"reward": finite number, "metrics": {"name": number, ...}?}, other keys ignored. A failed
+ * exchange or a reply that is not such JSON kills the process; a fresh one is started and the
+ * request retried; after max_failures consecutive failures of one request the call fails
+ * (TRILL_ERR_INVALID) with a message naming the command, the last failure and the child's last
+ * stderr line, and the next call starts afresh. One caller at a time per reward_process.
  * examples/rewards/README.md documents the protocol for script authors. */
 typedef struct reward_process reward_process;
 
