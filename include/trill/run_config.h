@@ -104,6 +104,13 @@ typedef struct trill_run_config {
         double model_weight;
     } reward;
 
+    struct {                       /* multi-turn episodes (src/rl/env): each sample talks to an environment */
+        char *kind;                /* "" : none (single-turn rollouts); a built-in environment ("guess") */
+        int max_turns;             /* model turns of an episode */
+        int max_tokens;            /* tokens of a trajectory, prompt included (0: the model's max_position_embeddings) */
+        double reward_weight;      /* of the episode's return (the sum of its turns' rewards) in the reward */
+    } env;
+
     struct {
         trill_rl_loss loss;
         bool std_norm;             /* divide advantages by the group's std (false: Dr. GRPO) */

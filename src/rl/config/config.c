@@ -21,6 +21,7 @@
 #include <yaml.h>
 
 #include "base/utf8.h"
+#include "rl/env/env.h"
 #include "trill/fileio.h"
 
 typedef enum kind {
@@ -165,6 +166,16 @@ static const key KEYS[] = {
            "Reward model folder (Qwen3ForSequenceClassification layout; `\"\"`: none)."),
     REAL("reward.model_weight", reward.model_weight, -INF, INF, "1.0", "Weight of the reward model's score in the reward."),
 
+    STRING("env.kind", env.kind, "\"\"",
+           "Multi-turn episodes: the environment each sample talks to between its turns (`guess`: the built-in higher/lower "
+           "game); `\"\"`: none, one completion per prompt. The task is each data line; the observations are appended as "
+           "injected tokens (their messages' contents, tokenised), never trained."),
+    INT("env.max_turns", env.max_turns, 1, 1e6, "8", "Model turns of an episode; one that reaches it ends with stop reason max_turns."),
+    INT("env.max_tokens", env.max_tokens, 0, INF, "0",
+        "Tokens of a trajectory, prompt included (0: the model's max_position_embeddings); an observation that would not leave "
+        "room for a turn ends the episode with stop reason context."),
+    REAL("env.reward_weight", env.reward_weight, -INF, INF, "1.0", "Weight of an episode's return (its turns' rewards summed) in the reward."),
+
     OTHER("algo.loss", K_LOSS, algo.loss, "ppo", "Policy loss (the loss table, trill/loss.h):"),
     BOOL("algo.std_norm", algo.std_norm, "true", "Divide advantages by the group's reward std (false: Dr. GRPO)."),
     REAL("algo.clip_low", algo.clip_low, 0, 1e6, "0.2", "Ratio band's lower side: the band is [1 - clip_low, 1 + clip_high]."),
@@ -282,6 +293,7 @@ static const section SECTIONS[] = {
     { "data", "Prompts: where they come from and how they become model input." },
     { "generator", "Rollouts: the inference engine's weight format, sampling and batching." },
     { "reward", "The reward of a completion: the weighted sum of a built-in verifier, an external process and a reward model." },
+    { "env", "Multi-turn episodes: the environment a sample talks to, turn after turn, and the limits of an episode." },
     { "algo", "The policy-gradient objective. Advantages are group-relative (GRPO): each sample's reward minus its group's mean." },
     { "correction", "Training-inference mismatch: importance weights between the trainer's probabilities (pi_train) and the "
                     "generator's (mu)." },
@@ -1015,8 +1027,10 @@ trill_status trill_run_config_validate(const trill_run_config *c) {
     if ((int64_t)c->generator.prompts_per_step * c->generator.n > INT_MAX) /* a batch counts its sequences in int */
         return trill_error(TRILL_ERR_INVALID, "generator.prompts_per_step (%d) x generator.n (%d): more samples per step than a batch can "
                            "hold (%d)", c->generator.prompts_per_step, c->generator.n, INT_MAX);
-    if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0] && !c->rollouts.replay[0])
-        return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external or reward.model");
+    if (c->env.kind[0] && !trill_rl_env_builtin(c->env.kind))
+        return trill_error(TRILL_ERR_INVALID, "env.kind: \"%s\" is not an environment (expected \"\" or guess)", c->env.kind);
+    if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0] && !c->rollouts.replay[0] && !c->env.kind[0])
+        return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external, reward.model or env.kind");
     if (c->mode == TRILL_MODE_ASYNC && c->eval.every > 0)
         return trill_error(TRILL_ERR_INVALID, "eval.every: periodic evaluation needs mode sync (async runs evaluate before and after)");
     if (c->mode == TRILL_MODE_ASYNC && c->generator.on_policy)

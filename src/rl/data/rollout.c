@@ -10,7 +10,7 @@ void trill_rl_batch_free(rl_batch *b) {
         for (int s = 0; s < b->n_seqs; s++) free(b->completion[s]);
     free(b->offsets); free(b->prompt_len); free(b->tokens); free(b->behav_logp); free(b->version); free(b->experts);
     free(b->example); free(b->completion); free(b->reward); free(b->adv); free(b->correct); free(b->keep);
-    free(b->seg_offsets); free(b->segs); free(b->loss_mask);
+    free(b->seg_offsets); free(b->segs); free(b->loss_mask); free(b->episodes);
     memset(b, 0, sizeof *b);
 }
 
@@ -192,6 +192,7 @@ static size_t copy_sequence(rl_batch *b, int to, size_t at, const rl_batch *from
     memcpy(b->behav_logp + at, from->behav_logp + first, sizeof(float) * len);
     memcpy(b->version + at, from->version + first, sizeof(uint32_t) * len);
     if (row) memcpy(b->experts + at * row, from->experts + first * row, sizeof(uint16_t) * len * row);
+    if (b->episodes) b->episodes[to] = from->episodes[s];
     return len;
 }
 
@@ -260,6 +261,12 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
     for (int i = 0; i < count && !st; i++)
         if (!(*ptr[i] = trill_malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st && !(b->completion = trill_calloc((size_t)seqs + 1, sizeof(char *)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    bool episodes = false;
+    for (int j = 0; j < n_parts; j++) episodes |= parts[j].episodes != NULL;
+    for (int j = 0; j < n_parts && episodes && !st; j++)
+        if (parts[j].n_seqs && !parts[j].episodes)
+            st = trill_error(TRILL_ERR_INVALID, "rollout batch merge: part %d has no episodes where others have", j);
+    if (!st && episodes && !(b->episodes = trill_calloc((size_t)seqs + 1, sizeof(rl_episode)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     int *next = st ? NULL : trill_calloc((size_t)n_parts, sizeof(int)); /* each part's next group */
     if (!st && !next) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t at = 0;
@@ -285,7 +292,8 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
 
 /* Format 1: a single-turn batch (every sequence a prompt and a completion): the header, the arrays
  * of batch_arrays, the completions. Format 2, a batch of trajectories: the header, the number of
- * segments (int64), the same arrays, seg_offsets [n_seqs + 1] and the segments, the completions. */
+ * segments (int64), the same arrays, seg_offsets [n_seqs + 1] and the segments, the completions.
+ * Format 3, a batch of episodes: format 2 with the episodes [n_seqs] after the segments. */
 typedef struct pack_header {
     uint32_t magic, format;
     int32_t n_seqs, group_size, n_moe_layers, top_k;
@@ -312,7 +320,7 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
     void **ptr[16] = { 0 };
     size_t bytes[16] = { 0 }, total = sizeof(pack_header), text = 0;
     int count = batch_arrays(&v, T, ptr, bytes);
-    const bool turns = !trill_rl_batch_is_single_turn(b);
+    const bool turns = b->episodes || !trill_rl_batch_is_single_turn(b);
     const int64_t n_segs = turns ? b->seg_offsets[b->n_seqs] : 0;
     if (turns) {
         ptr[count] = (void **)&v.seg_offsets;
@@ -321,11 +329,15 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
         bytes[count++] = sizeof(rl_segment) * (size_t)n_segs;
         total += sizeof n_segs;
     }
+    if (b->episodes) {
+        ptr[count] = (void **)&v.episodes;
+        bytes[count++] = sizeof(rl_episode) * (size_t)b->n_seqs;
+    }
     for (int i = 0; i < count; i++) total += bytes[i];
     for (int s = 0; s < b->n_seqs; s++) text += strlen(b->completion[s]) + 1;
     char *out = trill_malloc(total + text);
     if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    pack_header h = { PACK_MAGIC, turns ? 2 : 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
+    pack_header h = { PACK_MAGIC, b->episodes ? 3 : turns ? 2 : 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
     memcpy(out, &h, sizeof h);
     size_t at = sizeof h;
     if (turns) {
@@ -350,11 +362,11 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
 static trill_status unpack_header(const void *buf, size_t len, pack_header *h, int64_t *n_segs, size_t *head) {
     if (len < sizeof *h) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
     memcpy(h, buf, sizeof *h);
-    if (h->magic != PACK_MAGIC || (h->format != 1 && h->format != 2))
+    if (h->magic != PACK_MAGIC || h->format < 1 || h->format > 3)
         return trill_error(TRILL_ERR_INVALID, "rollout batch: not a packed rollout batch (magic %08x, format %u)", h->magic, h->format);
     *n_segs = 0;
     *head = sizeof *h;
-    if (h->format == 2) {
+    if (h->format >= 2) {
         if (len < *head + sizeof *n_segs) return trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes, shorter than its header", len);
         memcpy(n_segs, (const char *)buf + *head, sizeof *n_segs);
         *head += sizeof *n_segs;
@@ -380,6 +392,17 @@ static trill_status check_segment_offsets(const rl_batch *b, int64_t n_segs) {
     return TRILL_OK;
 }
 
+/* The unpacked episodes' outcomes: a known stop reason, at least one turn, a finite return. */
+static trill_status check_episodes(const rl_batch *b) {
+    for (int s = 0; s < b->n_seqs; s++) {
+        const rl_episode *e = &b->episodes[s];
+        if (e->stop < 0 || e->stop >= RL_STOP_KINDS || e->turns < 1 || e->cut_turns < 0 || e->cut_turns > e->turns || !isfinite(e->env_return))
+            return trill_error(TRILL_ERR_INVALID, "rollout batch: episode %d has stop reason %d, %d turns (%d cut), return %g", s, e->stop,
+                               e->turns, e->cut_turns, e->env_return);
+    }
+    return TRILL_OK;
+}
+
 trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     memset(b, 0, sizeof *b);
     pack_header h;
@@ -394,11 +417,15 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     void **ptr[16] = { 0 };
     size_t bytes[16] = { 0 }, need = head;
     int count = batch_arrays(b, (size_t)h.n_tokens, ptr, bytes);
-    if (h.format == 2) {
+    if (h.format >= 2) {
         ptr[count] = (void **)&b->seg_offsets;
         bytes[count++] = sizeof(int) * (size_t)(h.n_seqs + 1);
         ptr[count] = (void **)&b->segs;
         bytes[count++] = sizeof(rl_segment) * (size_t)n_segs;
+    }
+    if (h.format == 3) {
+        ptr[count] = (void **)&b->episodes;
+        bytes[count++] = sizeof(rl_episode) * (size_t)h.n_seqs;
     }
     for (int i = 0; i < count; i++) need += bytes[i];
     if (need + (size_t)h.text_bytes != len)
@@ -425,8 +452,9 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
         at = (size_t)(nul - in) + 1;
     }
     if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);
-    if (!st && h.format == 2) st = check_segment_offsets(b, n_segs);
-    if (!st) st = h.format == 2 ? trill_rl_batch_derive(b) : trill_rl_batch_single_turn(b);
+    if (!st && h.format >= 2) st = check_segment_offsets(b, n_segs);
+    if (!st) st = h.format >= 2 ? trill_rl_batch_derive(b) : trill_rl_batch_single_turn(b);
+    if (!st && h.format == 3) st = check_episodes(b);
     if (st) trill_rl_batch_free(b);
     return st;
 }

@@ -21,6 +21,18 @@ typedef struct rl_segment {
     int32_t kind;              /* RL_SEG_INJECTED or RL_SEG_SAMPLED */
 } rl_segment;
 
+/* What became of an episode (env.kind set; rl_batch.episodes). */
+enum { RL_STOP_DONE, RL_STOP_MAX_TURNS, RL_STOP_CONTEXT, RL_STOP_KINDS };
+typedef struct rl_episode {
+    double env_return;         /* the environment's rewards, summed over the turns */
+    double env_s;              /* seconds in the environment's reset and steps */
+    int32_t turns;             /* the model's turns */
+    int32_t stop;              /* RL_STOP_DONE: the environment said done; MAX_TURNS: env.max_turns reached;
+                                  CONTEXT: the next observation left no room for a turn (env.max_tokens) */
+    int32_t cut_turns;         /* turns that ended at generator.max_new_tokens, not at a stop */
+    int32_t reserved;
+} rl_episode;
+
 typedef struct rl_batch {
     int n_seqs, group_size;    /* n_seqs = groups * group_size, group g = sequences [g*size, (g+1)*size) */
     int n_moe_layers, top_k;
@@ -39,6 +51,7 @@ typedef struct rl_batch {
     int *seg_offsets;          /* [n_seqs + 1] sequence s's segments: segs[seg_offsets[s] .. seg_offsets[s + 1]) */
     rl_segment *segs;          /* consecutive from each sequence's first token; the first is the prompt (injected) */
     uint8_t *loss_mask;        /* [T] 1 on sampled tokens: derived from segs (trill_rl_batch_derive), never packed */
+    rl_episode *episodes;      /* [n_seqs] multi-turn episodes' outcomes, or NULL (no environment) */
 } rl_batch;
 
 /* Generates group_size samples for each of n_prompts dataset examples, prompt i as request

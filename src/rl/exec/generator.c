@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "rl/data/episodes.h"
 #include "rl/exec/generator.h"
 
 struct rl_generator {
@@ -13,6 +14,8 @@ struct rl_generator {
     trill_request proto;          /* sampling settings, stops */
     int stop_ids[TRILL_MAX_EOS];
     int L, K;                     /* MoE layers, experts per token: the captured experts' shape */
+    rl_env *env;                  /* env.kind's environment, or NULL (single-turn rollouts) */
+    int max_tokens;               /* an episode's tokens: env.max_tokens or the model's positions */
 };
 
 trill_engine_config trill_rl_engine_config(const trill_run_config *c, const trill_config *mc) {
@@ -54,12 +57,18 @@ trill_status trill_rl_generator_create(const trill_run_config *c, const trill_mo
     g->proto.n_stop_ids = mc->n_eos;
     g->proto.stop_strings = (const char *const *)c->generator.stop;
     g->proto.n_stop_strings = c->generator.n_stop;
+    g->max_tokens = c->env.max_tokens ? c->env.max_tokens : mc->max_position_embeddings;
+    if (c->env.kind[0] && (st = trill_rl_env_open(c, &g->env))) {
+        trill_rl_generator_free(g);
+        return st;
+    }
     *out = g;
     return TRILL_OK;
 }
 
 void trill_rl_generator_free(rl_generator *g) {
     if (!g) return;
+    trill_rl_env_free(g->env);
     trill_engine_free(g->engine);
     free(g);
 }
@@ -78,9 +87,16 @@ trill_status trill_rl_generator_generate_part(rl_generator *g, int64_t index, co
         if (groups[i] < 0 || groups[i] >= P) st = trill_error(TRILL_ERR_INVALID, "generator: prompt %d of a batch of %d", groups[i], P);
         else examples[i] = order[groups[i]], ids[i] = (uint64_t)(pos + groups[i]);
     }
-    if (!st)
+    if (!st && g->env) {
+        const rl_episodes_job j = { .engine = g->engine, .tok = g->tok, .data = g->train, .examples = examples, .n_prompts = n_groups,
+                                    .group_size = c->generator.n, .request_ids = ids, .proto = &g->proto, .n_moe_layers = g->L,
+                                    .top_k = g->K, .env = g->env, .seed = c->seed, .max_turns = c->env.max_turns,
+                                    .max_tokens = g->max_tokens, .between_steps = between_steps, .ctx = ctx };
+        st = trill_rl_generate_episodes(&j, out);
+    } else if (!st) {
         st = trill_rl_generate(g->engine, g->tok, g->train, examples, n_groups, c->generator.n, ids, &g->proto, g->L, g->K, between_steps,
                                ctx, out);
+    }
     free(order);
     free(examples);
     free(ids);

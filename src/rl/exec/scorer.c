@@ -128,6 +128,8 @@ trill_status trill_rl_scorer_score(rl_scorer *r, rl_batch *b, json_t *ext_metric
         b->reward[s] = r->verifier != TRILL_VERIFIER_NONE ? c->reward.verifier_weight * b->correct[s] : 0;
     }
     if (r->verifier != TRILL_VERIFIER_NONE) st = check_rewards(b, "the verifier", "reward.verifier_weight", c->reward.verifier_weight, b->correct);
+    for (int s = 0; s < b->n_seqs && !st && b->episodes; s++) b->reward[s] += c->env.reward_weight * b->episodes[s].env_return;
+    if (!st && b->episodes) st = check_rewards(b, "the environment", "env.reward_weight", c->env.reward_weight, NULL);
     if (!st && r->n_ext) st = score_external(r, b, ext_metrics);
     if (!st && r->rm) {
         char **texts = trill_calloc((size_t)b->n_seqs, sizeof(char *));

@@ -144,6 +144,27 @@ static void put_mismatch(writer *w, json_t *o, const trill_rl_metrics *m) {
     put(w, o, "flip_layer", num_array(m->flip_layer, m->n_moe_layers));
 }
 
+/* The episodes' figures (env.kind). */
+static void put_env(writer *w, json_t *o, const trill_rl_metrics *m) {
+    json_t *e = json_object();
+    if (!e) {
+        w->ok = false;
+        return;
+    }
+    put(w, e, "turns", num(m->env.turns));
+    put(w, e, "cut_turns", num(m->env.cut_turns));
+    put(w, e, "sampled_tokens", num(m->env.sampled_tokens));
+    put(w, e, "injected_tokens", num(m->env.injected_tokens));
+    put(w, e, "return", num(m->env.return_mean));
+    put(w, e, "stop_done", json_integer(m->env.stops[0]));
+    put(w, e, "stop_max_turns", json_integer(m->env.stops[1]));
+    put(w, e, "stop_context", json_integer(m->env.stops[2]));
+    put(w, e, "env_s", num(m->env.env_s));
+    put(w, e, "prefill_tokens", json_integer(m->env.prefill_tokens));
+    put(w, e, "rerender_prefill_tokens", json_integer(m->env.rerender_prefill_tokens));
+    put(w, o, "env", e);
+}
+
 static json_t *to_json(const trill_rl_metrics *m) {
     writer w = { .o = json_object(), .ok = true };
     json_t *o = w.o;
@@ -152,6 +173,7 @@ static json_t *to_json(const trill_rl_metrics *m) {
     if (m->async) put_async(&w, o, m);
     put_update(&w, o, m);
     put_mismatch(&w, o, m);
+    if (m->has_env) put_env(&w, o, m);
     if (m->has_hist) put_hist(&w, o, &m->hist);
     if (m->has_comm) put_comm(&w, o, m);
     if (m->on_policy) {
@@ -208,13 +230,14 @@ static const char *shown(const char *fmt, double v, char buf[FIGURE_CHARS]) {
 
 void trill_run_progress_line(const trill_run_status *s, double step_wall_s, bool async, char *out, size_t size) {
     const trill_rl_metrics *m = &s->last;
-    char eta[32], f[12][FIGURE_CHARS];
+    char eta[32], f[12][FIGURE_CHARS], turns[48] = "";
+    if (m->has_env) snprintf(turns, sizeof turns, " turns %.1f", m->env.turns);
     format_duration(step_wall_s * (s->steps - s->step), eta, sizeof eta);
     const double per = step_wall_s > 0 ? step_wall_s : 1;
     snprintf(out, size,
-             "step %d/%d | reward %s acc %s | loss %s kl %s | mismatch |d| %s k3 %s flips %s | gen %s train %s | "
+             "step %d/%d | reward %s acc %s%s | loss %s kl %s | mismatch |d| %s k3 %s flips %s | gen %s train %s | "
              "time gen %s train %s sync %s%s | ETA %s",
-             s->step, s->steps, shown("%.3f", m->reward, f[0]), shown("%.1f%%", 100 * m->accuracy, f[1]), shown("%+.4f", m->loss, f[2]),
+             s->step, s->steps, shown("%.3f", m->reward, f[0]), shown("%.1f%%", 100 * m->accuracy, f[1]), turns, shown("%+.4f", m->loss, f[2]),
              shown("%.2e", m->kl_ref, f[3]), shown("%.2e", m->mismatch_mean_abs, f[4]), shown("%.2e", m->mismatch_k3, f[5]),
              shown("%.1f%%", 100 * m->flip_token_frac, f[6]), shown("%.0f tok/s", m->time.gen_tokens_per_s, f[7]),
              shown("%.0f tok/s", m->time.train_tokens_per_s, f[8]), shown("%.0f%%", 100 * m->time.generate_s / per, f[9]),

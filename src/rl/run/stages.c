@@ -117,6 +117,38 @@ trill_status trill_rl_stage_replay(rl_run *r, int64_t index, rl_rollout *ro) {
     return st;
 }
 
+/* The episodes' figures (trill_rl_metrics.env). Prefill with the turns kept in the engine: each
+ * group's prompt once, then every observation with the turn's last token; rendering each turn
+ * afresh: every turn's whole prefix (the group's first turn shares the prompt's prefill). */
+static void env_metrics(const rl_batch *b, trill_rl_metrics *m) {
+    m->has_env = true;
+    memset(&m->env, 0, sizeof m->env);
+    const double n = b->n_seqs ? b->n_seqs : 1;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const rl_episode *e = &b->episodes[s];
+        const bool first_of_group = s % b->group_size == 0;
+        m->env.turns += e->turns / n;
+        m->env.cut_turns += e->cut_turns / n;
+        m->env.return_mean += e->env_return / n;
+        m->env.env_s += e->env_s;
+        m->env.stops[e->stop]++;
+        long at = 0;
+        for (int k = b->seg_offsets[s]; k < b->seg_offsets[s + 1]; k++) {
+            const rl_segment *g = &b->segs[k];
+            if (g->kind == RL_SEG_SAMPLED) m->env.sampled_tokens += g->len / n;
+            else m->env.injected_tokens += g->len / n;
+            if (g->kind == RL_SEG_INJECTED && k == b->seg_offsets[s]) {
+                m->env.prefill_tokens += first_of_group ? g->len : 0;
+                m->env.rerender_prefill_tokens += first_of_group ? g->len : 0;
+            } else if (g->kind == RL_SEG_INJECTED) {
+                m->env.prefill_tokens += g->len + 1;
+                m->env.rerender_prefill_tokens += at + g->len;
+            }
+            at += g->len;
+        }
+    }
+}
+
 /* The batch's and the trainer's figures; the external reward's metrics as means over the batch. */
 static trill_status batch_metrics(const rl_run *r, const rl_rollout *ro, const rl_train_stats *ts, trill_rl_metrics *m) {
     const rl_batch *b = &ro->b;
@@ -140,6 +172,7 @@ static trill_status batch_metrics(const rl_run *r, const rl_rollout *ro, const r
     m->grad_norm = ts->grad_norm;
     m->skipped_nonfinite = ts->skipped;
     m->lr = ts->lr;
+    if (b->episodes) env_metrics(b, m);
     m->n_ext = 0;
     const char *key;
     json_t *val;
