@@ -93,6 +93,18 @@ open(path, "wb").write(data)
 PY
     must_exit 1 log_nan_eval "$TRILL" eval --model model --data eval.jsonl --verifier demo --adapter nan_adapter --max-new-tokens 6
     grep -q "engine: adapter tensor .* is nan: refused" log_nan_eval || { cat log_nan_eval; fail "NaN adapter: message"; }
+    # every group flat under dynamic sampling: nothing trains, no update, no new version; the next
+    # batches are still issued (the scheduler's gate counts steps, not versions), sync and async
+    for mode in sync async; do
+        must_pass "log_flat_$mode" "$TRILL" train "${COMMON[@]}" "reward.external=$PY reward.py huge 0.5 0.5" algo.dynamic_sampling=true \
+            mode=$mode run_dir="flat_$mode" steps=3
+        $PY - "flat_$mode" <<'PY'
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+assert len(m) == 3 and all(x["trained_seqs"] == 0 and x["policy_version"] == 0 for x in m), m
+PY
+    done
+    echo "   every group flat: 3 steps without an update, sync and async"
 }
 
 lock() {

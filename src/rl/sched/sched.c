@@ -17,7 +17,7 @@ void trill_rl_sched_init(rl_sched *s, const rl_run *r) {
     memset(s, 0, sizeof *s);
     s->c = r->c;
     s->k0 = r->state.data_pos / r->c->generator.prompts_per_step;
-    s->v0 = r->state.version;
+    s->s0 = r->state.step;
     s->want = -1;
     s->next = s->k0;
     s->async = r->c->mode == TRILL_MODE_ASYNC;
@@ -37,11 +37,11 @@ void trill_rl_sched_free(rl_sched *s) {
     s->n_held = s->cap_held = 0;
 }
 
-/* The version batch k's generation must start from under async.on_stale "wait"; INT64_MIN under
- * "drop" and "regenerate", which do not hold the generator back. */
+/* The steps that must have been trained before batch k's generation starts, under async.on_stale
+ * "wait"; INT64_MIN under "drop" and "regenerate", which do not hold the generator back. */
 static int64_t rl_sched_gate(const rl_sched *s, int64_t k) {
     if (s->on_stale != TRILL_STALE_WAIT) return INT64_MIN;
-    return (int64_t)s->v0 + (k - s->k0) - s->bound;
+    return (int64_t)s->s0 + (k - s->k0) - s->bound;
 }
 
 /* Policy version lag of a batch's response tokens at training version v: mean, max, and the
@@ -92,7 +92,7 @@ static trill_status issue(rl_sched *s, rl_placement *p, int64_t k, bool redo) {
 static trill_status fill(rl_sched *s, const rl_run *r, rl_placement *p, int64_t left) {
     trill_status st = TRILL_OK;
     while (!st && s->in_flight + s->n_held < s->window && s->in_flight + s->n_held < left) {
-        if (rl_sched_gate(s, s->next) > (int64_t)r->state.version) break;
+        if (rl_sched_gate(s, s->next) > (int64_t)r->state.step) break;
         if (!(st = issue(s, p, s->next, false))) s->next++;
     }
     return st;

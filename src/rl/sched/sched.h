@@ -1,9 +1,11 @@
 /* The one scheduler, for every placement (placement.c: the executors inline, on threads or on
  * ranks, behind their transports' ports): it decides which batch is issued, which trains next and
  * what happens to a stale one; sync mode is its bound 0 with a window of one batch:
- *   - the gate: with async.on_stale "wait", batch k is trained at version v0 + (k - k0), so it
- *     is issued only once version v0 + (k - k0) - max_staleness is published, and no token can be
- *     older than the bound; no more than the window are issued or held at once;
+ *   - the gate: with async.on_stale "wait", batch k is trained in step s0 + (k - k0) + 1, so it
+ *     is issued only once step s0 + (k - k0) - max_staleness has been trained (its weights
+ *     published); a step raises the version by one at most (none when nothing trained: dynamic
+ *     sampling dropped every group), so no token can be older than the bound; no more than the
+ *     window are issued or held at once;
  *   - the next batch: the regenerated batch awaited, else the smallest index received;
  *   - a batch beyond the bound is an error under "wait" (the gate makes it impossible), dropped
  *     under "drop" (its prompts skipped) and generated again under "regenerate" (the batches
@@ -37,7 +39,7 @@ typedef struct rl_sched {
     int bound;                    /* the largest lag trained: async.max_staleness, sync mode's 0 (replay: none) */
     trill_stale_policy on_stale;  /* sync mode: wait (a lag is an error) */
     int64_t k0;                   /* the first batch of this run */
-    uint32_t v0;                  /* the policy version at its start */
+    int s0;                       /* the steps trained at its start */
     int64_t want;                 /* the batch being regenerated (-1: none) */
     int64_t next;                 /* the next new batch to issue */
     int window;                   /* batches issued and not yet trained, at most: sync 1, async async.queue + 1 */
