@@ -94,14 +94,14 @@ typedef struct trill_rl_metrics {
     } time;
     /* env.kind: the batch's episodes, means per episode ("env" in metrics.jsonl): model turns, turns
      * cut at generator.max_new_tokens, tokens sampled and injected (prompt included), the return;
-     * the episodes' stop reasons (counts: done, max_turns, context); the seconds in the environment
+     * the episodes' stop reasons (counts: done, max_turns, context, env_error); the seconds in the environment
      * (summed); the rows the engine prefilled with turns kept across (each group's prompt once, each
      * observation and the turn's last token) against what rendering every turn afresh would
      * prefill (each turn's whole prefix) */
     bool has_env;
     struct {
         double turns, cut_turns, sampled_tokens, injected_tokens, return_mean, env_s;
-        long stops[3];
+        long stops[4];
         long prefill_tokens, rerender_prefill_tokens;
     } env;
     size_t generator_apply_bytes; /* async: the generator's last weight update */

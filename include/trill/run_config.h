@@ -105,7 +105,11 @@ typedef struct trill_run_config {
     } reward;
 
     struct {                       /* multi-turn episodes (src/rl/env): each sample talks to an environment */
-        char *kind;                /* "" : none (single-turn rollouts); a built-in environment ("guess") */
+        char *kind;                /* "" : none (single-turn rollouts); a built-in environment ("guess"); "process" */
+        char *command;             /* kind process: the command line of the environment process */
+        double timeout_s;          /* kind process: seconds per request */
+        int max_failures;          /* kind process: consecutive failed requests before the run stops */
+        bool mark_failures;        /* kind process: a failed step ends its episode (stop reason env_error) instead of the run */
         int max_turns;             /* model turns of an episode */
         int max_tokens;            /* tokens of a trajectory, prompt included (0: the model's max_position_embeddings) */
         double reward_weight;      /* of the episode's return (the sum of its turns' rewards) in the reward */

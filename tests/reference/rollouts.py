@@ -15,7 +15,7 @@ import numpy as np
 
 MAGIC, FORMAT = 0x424C5254, 1
 EPISODE = np.dtype([("env_return", "f8"), ("env_s", "f8"), ("turns", "i4"), ("stop", "i4"), ("cut_turns", "i4"), ("reserved", "i4")])
-STOPS = ("done", "max_turns", "context")
+STOPS = ("done", "max_turns", "context", "env_error")
 HEADER = struct.Struct("=IIiiiiqq")
 # (name, dtype, length as a function of n_seqs, n_tokens, experts per token)
 ARRAYS = (

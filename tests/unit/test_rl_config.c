@@ -546,7 +546,8 @@ static void test_validate(void **state) {
         { "trainer.min_lr=0.5", "trainer.min_lr (0.5) is above trainer.lr (0.001)" },
         { "algo.minibatches=64", "algo.minibatches (64) is more than generator.prompts_per_step (32)" },
         { "reward.verifier=none", "no reward: set reward.verifier, reward.external, reward.model or env.kind" },
-        { "env.kind=chess", "env.kind: \"chess\" is not an environment (expected \"\" or guess)" },
+        { "env.kind=chess", "env.kind: \"chess\" is not an environment (expected \"\", guess or process)" },
+        { "env.kind=process", "env.command: env.kind process needs the command line of the environment process" },
         { "generator.prompts_per_step=300000000",
           "generator.prompts_per_step (300000000) x generator.n (8): more samples per step than a batch can hold (2147483647)" },
     };

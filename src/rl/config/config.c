@@ -167,9 +167,18 @@ static const key KEYS[] = {
     REAL("reward.model_weight", reward.model_weight, -INF, INF, "1.0", "Weight of the reward model's score in the reward."),
 
     STRING("env.kind", env.kind, "\"\"",
-           "Multi-turn episodes: the environment each sample talks to between its turns (`guess`: the built-in higher/lower "
-           "game); `\"\"`: none, one completion per prompt. The task is each data line; the observations are appended as "
-           "injected tokens (their messages' contents, tokenised), never trained."),
+           "Multi-turn episodes: the environment each sample talks to between its turns: `guess` (the built-in higher/lower "
+           "game), `process` (env.command, speaking JSON lines: examples/envs/README.md); `\"\"`: none, one completion per "
+           "prompt. The task is each data line's prompt and answer; the observations are appended as injected tokens (their "
+           "messages' contents, tokenised), never trained."),
+    STRING("env.command", env.command, "\"\"", "env.kind process: the command line of the environment process."),
+    POSITIVE("env.timeout_s", env.timeout_s, INF, "30", "env.kind process: seconds the process may take per request."),
+    INT("env.max_failures", env.max_failures, 1, INF, "3",
+        "env.kind process: consecutive failed requests (a crash, a timeout, a bad reply) before the run stops; a failed reset "
+        "is retried on a fresh process."),
+    BOOL("env.mark_failures", env.mark_failures, "false",
+         "env.kind process: a failed step ends its episode with stop reason env_error (with every episode the restarted process "
+         "lost), not trained, instead of stopping the run (still after env.max_failures in a row)."),
     INT("env.max_turns", env.max_turns, 1, 1e6, "8", "Model turns of an episode; one that reaches it ends with stop reason max_turns."),
     INT("env.max_tokens", env.max_tokens, 0, INF, "0",
         "Tokens of a trajectory, prompt included (0: the model's max_position_embeddings); an observation that would not leave "
@@ -1027,8 +1036,10 @@ trill_status trill_run_config_validate(const trill_run_config *c) {
     if ((int64_t)c->generator.prompts_per_step * c->generator.n > INT_MAX) /* a batch counts its sequences in int */
         return trill_error(TRILL_ERR_INVALID, "generator.prompts_per_step (%d) x generator.n (%d): more samples per step than a batch can "
                            "hold (%d)", c->generator.prompts_per_step, c->generator.n, INT_MAX);
-    if (c->env.kind[0] && !trill_rl_env_builtin(c->env.kind))
-        return trill_error(TRILL_ERR_INVALID, "env.kind: \"%s\" is not an environment (expected \"\" or guess)", c->env.kind);
+    if (c->env.kind[0] && strcmp(c->env.kind, "process") != 0 && !trill_rl_env_builtin(c->env.kind))
+        return trill_error(TRILL_ERR_INVALID, "env.kind: \"%s\" is not an environment (expected \"\", guess or process)", c->env.kind);
+    if (strcmp(c->env.kind, "process") == 0 && !c->env.command[0])
+        return trill_error(TRILL_ERR_INVALID, "env.command: env.kind process needs the command line of the environment process");
     if (c->reward.verifier == TRILL_VERIFIER_NONE && !c->reward.external[0] && !c->reward.model[0] && !c->rollouts.replay[0] && !c->env.kind[0])
         return trill_error(TRILL_ERR_INVALID, "no reward: set reward.verifier, reward.external, reward.model or env.kind");
     if (c->mode == TRILL_MODE_ASYNC && c->eval.every > 0)

@@ -145,29 +145,24 @@ static trill_status text_of(const rl_episodes_job *j, const episode *ep, int fro
     return trill_tokenizer_decode_lenient(j->tok, ep->out.tokens + from, n, text, &len);
 }
 
-static void end_episode(const rl_episodes_job *j, episode *ep, int stop) {
+static trill_status end_episode(const rl_episodes_job *j, episode *ep, int stop) {
     ep->info.stop = stop;
     ep->over = true;
     trill_engine_release(j->engine, ep->out.request, ep->out.sample);
-    trill_rl_env_end(j->env, ep->id);
+    return stop == RL_STOP_ENV_ERROR ? TRILL_OK : trill_rl_env_end(j->env, ep->id);
 }
 
 /* The environment's answer to a turn: the episode ends (done, a limit) or goes on with the
  * observation injected. */
 static trill_status answer(const rl_episodes_job *j, episode *ep, const rl_env_reply *r) {
+    if (r->lost) return end_episode(j, ep, RL_STOP_ENV_ERROR);
     ep->info.env_return += r->reward;
-    if (r->done) {
-        end_episode(j, ep, RL_STOP_DONE);
-        return TRILL_OK;
-    }
-    if (ep->info.turns >= j->max_turns) {
-        end_episode(j, ep, RL_STOP_MAX_TURNS);
-        return TRILL_OK;
-    }
+    if (r->done) return end_episode(j, ep, RL_STOP_DONE);
+    if (ep->info.turns >= j->max_turns) return end_episode(j, ep, RL_STOP_MAX_TURNS);
     int *ids, n;
     trill_status st = render(j, ep, r->messages, &ids, &n);
     const int room = j->max_tokens - ep->len - n;
-    if (!st && room < 1) end_episode(j, ep, RL_STOP_CONTEXT);
+    if (!st && room < 1) st = end_episode(j, ep, RL_STOP_CONTEXT);
     if (!st && room >= 1) {
         st = trill_engine_continue(j->engine, &ep->out, ids, n, room < j->proto->max_new_tokens ? room : j->proto->max_new_tokens);
         if (!st) ep->has_out = false; /* the engine took the sequence back */
@@ -282,7 +277,8 @@ static void abandon(const rl_episodes_job *j, episode *eps) {
     int k;
     while ((k = trill_engine_collect(j->engine, tmp, 16)) > 0)
         for (int i = 0; i < k; i++) trill_sequence_out_free(&tmp[i]);
-    for (int s = 0; s < j->n_prompts * j->group_size; s++) trill_rl_env_end(j->env, eps[s].id);
+    for (int s = 0; s < j->n_prompts * j->group_size; s++)
+        if (!eps[s].over) (void)trill_rl_env_end(j->env, eps[s].id); /* best effort: the error is the first one */
 }
 
 trill_status trill_rl_generate_episodes(const rl_episodes_job *j, rl_batch *out) {

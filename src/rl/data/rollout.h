@@ -22,13 +22,14 @@ typedef struct rl_segment {
 } rl_segment;
 
 /* What became of an episode (env.kind set; rl_batch.episodes). */
-enum { RL_STOP_DONE, RL_STOP_MAX_TURNS, RL_STOP_CONTEXT, RL_STOP_KINDS };
+enum { RL_STOP_DONE, RL_STOP_MAX_TURNS, RL_STOP_CONTEXT, RL_STOP_ENV_ERROR, RL_STOP_KINDS };
 typedef struct rl_episode {
     double env_return;         /* the environment's rewards, summed over the turns */
     double env_s;              /* seconds in the environment's reset and steps */
     int32_t turns;             /* the model's turns */
     int32_t stop;              /* RL_STOP_DONE: the environment said done; MAX_TURNS: env.max_turns reached;
-                                  CONTEXT: the next observation left no room for a turn (env.max_tokens) */
+                                  CONTEXT: the next observation left no room for a turn (env.max_tokens);
+                                  ENV_ERROR: the environment failed (env.mark_failures): not trained */
     int32_t cut_turns;         /* turns that ended at generator.max_new_tokens, not at a stop */
     int32_t reserved;
 } rl_episode;

@@ -25,6 +25,7 @@ typedef struct rl_env_reply {
     double reward;      /* step: this turn's reward (finite); reset: 0 */
     bool done;          /* step: the episode is over (no observation needed) */
     json_t *metrics;    /* an object of numbers (summed over the turns, averaged over episodes), or NULL */
+    bool lost;          /* step: the environment failed and the episode is over (env.mark_failures); the rest is empty */
 } rl_env_reply;
 
 void trill_rl_env_reply_clear(rl_env_reply *r);
@@ -32,7 +33,7 @@ void trill_rl_env_reply_clear(rl_env_reply *r);
 typedef struct rl_env rl_env;
 
 /* The environment of c's env section (env.kind: a built-in one, or env.command's process);
- * TRILL_ERR_INVALID for env.kind none. */
+ * TRILL_ERR_INVALID for env.kind none. c must outlive it. */
 trill_status trill_rl_env_open(const trill_run_config *c, rl_env **out);
 void trill_rl_env_free(rl_env *e);
 
@@ -40,8 +41,9 @@ void trill_rl_env_free(rl_env *e);
 trill_status trill_rl_env_reset(rl_env *e, uint64_t episode, const json_t *task, uint64_t seed, rl_env_reply *out);
 /* The model's turn (its text, the end-of-turn token left out) in episode `episode`. */
 trill_status trill_rl_env_step(rl_env *e, uint64_t episode, const char *turn, rl_env_reply *out);
-/* The episode is over (done, or cut by a limit): its state is dropped. */
-void trill_rl_env_end(rl_env *e, uint64_t episode);
+/* The episode is over (done, or cut by a limit): its state is dropped (a process is told; its
+ * failure to answer is an error as a step's). */
+trill_status trill_rl_env_end(rl_env *e, uint64_t episode);
 
 /* ---- built-in environments (env/builtin.c) ----
  * Each keeps one state per live episode in a table the dispatcher owns (state_size bytes, zeroed
@@ -57,6 +59,23 @@ typedef struct rl_env_builtin {
 const rl_env_builtin *trill_rl_env_builtin(const char *name);
 /* An environment of b's kind (b must outlive it; tests bring their own). */
 trill_status trill_rl_env_open_builtin(const rl_env_builtin *b, rl_env **out);
+
+/* ---- the environment process (env/process.c) ----
+ * env.command started as a supervised child (rl/proc/process.h) speaking JSON lines, one reply
+ * line per request line: {"op": "reset", "episode", "task", "seed"} -> {"messages"};
+ * {"op": "step", "episode", "turn", "tool_calls"} -> {"messages", "reward", "done", "metrics"?};
+ * {"op": "end", "episode"} -> any JSON (examples/envs/README.md). */
+typedef struct env_process env_process;
+trill_status trill_rl_env_process_start(const trill_run_config *c, env_process **out);
+void trill_rl_env_process_free(env_process *p);
+/* The process's lifetime: it grows at each failure, and an episode reset in an earlier one is lost. */
+uint64_t trill_rl_env_process_generation(const env_process *p);
+/* One request (stolen) of episode `episode` and its reply object. A failed exchange kills the
+ * process (the next call starts another); a reset is retried on the fresh one. After
+ * env.max_failures failures in a row, or at the first with mark_failures off, an error naming the
+ * command, the episode, the request and why (with the process's last stderr line); with
+ * mark_failures on, TRILL_OK and *reply NULL (the episode is lost). */
+trill_status trill_rl_env_process_call(env_process *p, uint64_t episode, json_t *request, json_t **reply);
 
 /* A reply's observation of one message {"role": role, "content": content}; false when out of memory. */
 bool trill_rl_env_say(rl_env_reply *r, const char *role, const char *content);

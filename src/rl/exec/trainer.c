@@ -265,7 +265,8 @@ static trill_status shape_rewards(trill_trainer *r, rl_batch *b, token_arrays *t
     for (int g = 0; g < b->n_seqs / G; g++) {
         const bool flat = trill_rl_group_is_flat(b->reward + (size_t)g * G, G);
         *flat_groups += flat;
-        for (int j = 0; j < G; j++) b->keep[g * G + j] = !(flat && c->algo.dynamic_sampling);
+        for (int j = 0; j < G; j++) /* an episode its environment lost (env.mark_failures) is not trained */
+            b->keep[g * G + j] = !(flat && c->algo.dynamic_sampling) && !(b->episodes && b->episodes[g * G + j].stop == RL_STOP_ENV_ERROR);
     }
     if (c->algo.kl_coef > 0 && c->algo.kl_mode == TRILL_KL_REWARD) {
         for (int s = 0; s < b->n_seqs; s++) kept[s] = s;

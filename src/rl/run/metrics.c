@@ -159,6 +159,7 @@ static void put_env(writer *w, json_t *o, const trill_rl_metrics *m) {
     put(w, e, "stop_done", json_integer(m->env.stops[0]));
     put(w, e, "stop_max_turns", json_integer(m->env.stops[1]));
     put(w, e, "stop_context", json_integer(m->env.stops[2]));
+    put(w, e, "stop_env_error", json_integer(m->env.stops[3]));
     put(w, e, "env_s", num(m->env.env_s));
     put(w, e, "prefill_tokens", json_integer(m->env.prefill_tokens));
     put(w, e, "rerender_prefill_tokens", json_integer(m->env.rerender_prefill_tokens));

@@ -120,6 +120,7 @@ trill_status trill_rl_stage_replay(rl_run *r, int64_t index, rl_rollout *ro) {
 /* The episodes' figures (trill_rl_metrics.env). Prefill with the turns kept in the engine: each
  * group's prompt once, then every observation with the turn's last token; rendering each turn
  * afresh: every turn's whole prefix (the group's first turn shares the prompt's prefill). */
+_Static_assert(RL_STOP_KINDS == sizeof ((trill_rl_metrics *)0)->env.stops / sizeof(long), "a count per stop reason");
 static void env_metrics(const rl_batch *b, trill_rl_metrics *m) {
     m->has_env = true;
     memset(&m->env, 0, sizeof m->env);
@@ -131,7 +132,7 @@ static void env_metrics(const rl_batch *b, trill_rl_metrics *m) {
         m->env.cut_turns += e->cut_turns / n;
         m->env.return_mean += e->env_return / n;
         m->env.env_s += e->env_s;
-        m->env.stops[e->stop]++;
+        m->env.stops[e->stop]++; /* checked when packed and unpacked */
         long at = 0;
         for (int k = b->seg_offsets[s]; k < b->seg_offsets[s + 1]; k++) {
             const rl_segment *g = &b->segs[k];
