@@ -100,4 +100,16 @@ char *trill_demo_cache_dir(void);
 trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options *o, trill_demo_info *out);
 void trill_demo_info_free(trill_demo_info *info);
 
+/* ---- the multi-turn demo (`trill train env.kind=guess`) ----
+ * The higher/lower game (env.kind guess) on the same sums: the model answers "47+38=", the
+ * environment says "higher\n" or "lower\n" until it is right or the turns run out (the reward: 1
+ * when solved). The single-turn warm start never saw a second turn, so it gets TRILL_DEMO_TURNS_SFT_STEPS
+ * more steps of full SFT on transcripts of the game over train.jsonl's sums (zero, one or two wrong
+ * guesses, each off by 1 to 10 and answered as the environment would, then the sum): the format,
+ * not a strategy (the wrong guesses go either way). RL then learns to use the feedback.
+ * The model is <dir>/turns/model (out->model_dir), marked complete by <dir>/turns/demo.json. */
+#define TRILL_DEMO_TURNS_SFT_STEPS 150
+#define TRILL_DEMO_TURNS_MAX_TURNS 3   /* env.max_turns the figures below were measured at */
+trill_status trill_demo_prepare_turns(const char *cache_dir, const trill_demo_options *o, trill_demo_info *out);
+
 #endif

@@ -328,6 +328,97 @@ trill_status trill_demo_prepare(const char *cache_dir, const trill_demo_options 
     return st;
 }
 
+/* ---- the multi-turn demo's base ---- */
+
+enum { STREAM_TURNS = 4 };
+
+/* One transcript of the higher/lower game on problem a+b (index i of the stream): 0, 1 or 2 wrong
+ * guesses (the sum off by 1 to 10, each answered as the environment would), then the sum. */
+static trill_status append_transcript(trill_atomic_file *f, uint64_t seed, uint64_t i, int a, int b) {
+    const int sum = a + b;
+    const uint64_t key = trill_rng_key(trill_rng_key(seed, STREAM_TURNS), i);
+    uint64_t r = trill_rng_bits(key, 0);
+    const int wrong = (int)(r % 4 + 1) / 2; /* 0, 1, 1, 2 */
+    char prompt[160];
+    int n = snprintf(prompt, sizeof prompt, "%d+%d=", a, b);
+    for (int k = 0; k < wrong; k++) {
+        r = trill_rng_bits(key, (uint64_t)k + 1);
+        int guess = sum + (r & 1 ? 1 : -1) * (int)(1 + (r >> 1) % 10);
+        if (guess < 0) guess = sum + 1 + (int)((r >> 8) % 10);
+        n += snprintf(prompt + n, sizeof prompt - (size_t)n, "%d<|endoftext|>%s\\n", guess, guess < sum ? "higher" : "lower");
+    }
+    char line[256];
+    const int len = snprintf(line, sizeof line, "{\"prompt\": \"%s\", \"answer\": \"%d\"}\n", prompt, sum);
+    return trill_atomic_write(f, line, (size_t)len);
+}
+
+/* The transcripts of the first n problems of train.jsonl (held-out prompts never among them). */
+static trill_status write_transcripts(const char *train, const char *path, uint64_t seed, int n) {
+    FILE *in = fopen(train, "r");
+    if (!in) return trill_error(TRILL_ERR_IO, "%s: cannot open (%s)", train, strerror(errno));
+    trill_atomic_file f;
+    trill_status st = trill_atomic_open(&f, path);
+    char line[256];
+    for (int i = 0; !st && i < n && fgets(line, sizeof line, in); i++) {
+        int a, b;
+        if (sscanf(line, "{\"prompt\": \"%d+%d=\"", &a, &b) != 2)
+            st = trill_error(TRILL_ERR_INVALID, "%s: line %d is not a demo problem", train, i + 1);
+        else st = append_transcript(&f, seed, (uint64_t)i, a, b);
+        if (st) trill_atomic_abort(&f);
+    }
+    fclose(in);
+    return st ? st : trill_atomic_commit(&f);
+}
+
+trill_status trill_demo_prepare_turns(const char *cache_dir, const trill_demo_options *opt, trill_demo_info *out) {
+    const trill_demo_options o = opt ? *opt : trill_demo_defaults();
+    trill_status st = trill_demo_prepare(cache_dir, &o, out);
+    int lock = -1;
+    if (!st) st = lock_demo(cache_dir, out->dir, &lock);
+    char *dir = st ? NULL : trill_path_join(out->dir, "turns");
+    char *marker = dir ? trill_path_join(dir, "demo.json") : NULL, *model = dir ? trill_path_join(dir, "model") : NULL;
+    char *data = dir ? trill_path_join(dir, "transcripts.jsonl") : NULL, *log = dir ? trill_path_join(dir, "sft.log") : NULL;
+    if (!st && (!marker || !model || !data || !log)) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_t *j = NULL;
+    const bool cached = !st && trill_file_exists(marker) && trill_json_load_file(marker, &j) == TRILL_OK;
+    json_decref(j);
+    if (!st && !cached) {
+        const double t0 = trill_now();
+        trill_log(TRILL_LOG_INFO, "trill demo: teaching the warm start the higher/lower game's format (%d SFT steps on transcripts)",
+                  TRILL_DEMO_TURNS_SFT_STEPS);
+        if (trill_file_exists(dir) && nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+            st = trill_error(TRILL_ERR_IO, "%s: cannot remove the incomplete folder", dir);
+        if (!st) st = trill_mkdir_p(dir);
+        if (!st) st = write_transcripts(out->train_path, data, o.seed, 20 * TRILL_DEMO_TURNS_SFT_STEPS * 8);
+        trill_run_config c;
+        memset(&c, 0, sizeof c);
+        if (!st) st = sft_config(out->model_dir, data, model, &o, &c);
+        if (!st) {
+            c.sft.max_steps = TRILL_DEMO_TURNS_SFT_STEPS;
+            c.trainer.warmup_steps = 0;
+            st = sft_logged(&c, log);
+        }
+        trill_run_config_free(&c);
+        json_t *m = st ? NULL : json_pack("{s:s, s:i, s:f}", "task", "higher/lower on addition", "sft_steps", TRILL_DEMO_TURNS_SFT_STEPS,
+                                          "sft_seconds", trill_now() - t0);
+        if (!st) st = m ? trill_json_write_file(marker, m) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        json_decref(m);
+        if (!st) trill_log(TRILL_LOG_INFO, "trill demo: the game's format taught in %.1f s", trill_now() - t0);
+    }
+    if (!st) {
+        free(out->model_dir);
+        out->model_dir = model;
+        model = NULL;
+    }
+    if (lock >= 0) close(lock);
+    free(dir); free(marker); free(model); free(data); free(log);
+    if (st) {
+        trill_error_context("multi-turn demo");
+        trill_demo_info_free(out);
+    }
+    return st;
+}
+
 void trill_demo_info_free(trill_demo_info *info) {
     free(info->dir);
     free(info->model_dir);

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rl/apps/eval_internal.h"
 #include "rl/data/rollout.h"
 #include "base/alloc.h"
 #include "trill/chat.h"
@@ -54,21 +55,26 @@ trill_status trill_rl_evaluate(trill_engine *e, const trill_tokenizer *tok, cons
     free(examples);
     free(ids);
     if (st) return st;
+    trill_rl_eval_tally(&b, d, o, n, trill_now() - t0, out);
+    trill_rl_batch_free(&b);
+    return TRILL_OK;
+}
+
+void trill_rl_eval_tally(const rl_batch *b, const trill_dataset *d, const trill_eval_options *o, int n, double seconds, trill_eval_result *out) {
     double pass1 = 0, passk = 0, len = 0;
     for (int p = 0; p < n; p++) {
         int correct = 0;
         for (int j = 0; j < o->k; j++) {
-            int s = p * o->k + j;
-            correct += trill_verify(o->verifier, b.completion[s], d->examples[b.example[s]].answer) >= 0.5;
-            len += rl_response_len(&b, s);
+            const int s = p * o->k + j;
+            if (o->verifier != TRILL_VERIFIER_NONE) correct += trill_verify(o->verifier, b->completion[s], d->examples[b->example[s]].answer) >= 0.5;
+            else correct += b->episodes && b->episodes[s].env_return > 0;
+            len += rl_response_len(b, s);
         }
         pass1 += (double)correct / o->k;
         passk += correct > 0;
     }
-    trill_rl_batch_free(&b);
     *out = (trill_eval_result){ .prompts = n, .k = o->k, .pass1 = pass1 / n, .passk = passk / n, .mean_len = len / ((double)n * o->k),
-                                .seconds = trill_now() - t0 };
-    return TRILL_OK;
+                                .seconds = seconds };
 }
 
 trill_status trill_rl_evaluate_model(const char *model_dir, const char *adapter_dir, const char *data_path,

@@ -232,7 +232,10 @@ static trill_status pack_episode(const rl_episodes_job *j, const episode *ep, in
         b->experts[at * row + i] = ep->out.experts && i < row * (len - 1) ? ep->out.experts[i] : TRILL_REPLAY_NONE;
     memcpy(b->segs + b->seg_offsets[s], ep->segs, sizeof(rl_segment) * (size_t)ep->n_segs);
     b->seg_offsets[s + 1] = b->seg_offsets[s] + ep->n_segs;
-    return text_of(j, ep, ep->segs[0].len, &b->completion[s]);
+    int last = 0; /* where the last turn starts: the episode's completion is its text */
+    for (int k = 0, t = 0; k < ep->n_segs; t += ep->segs[k++].len)
+        if (ep->segs[k].kind == RL_SEG_SAMPLED) last = t;
+    return text_of(j, ep, last, &b->completion[s]);
 }
 
 static trill_status pack_batch(const rl_episodes_job *j, const episode *eps, rl_batch *b) {

@@ -31,8 +31,9 @@ typedef struct rl_episodes_job {
 } rl_episodes_job;
 
 /* Plays every episode to its end and packs the trajectories into *out (segments, the loss mask,
- * rl_batch.episodes; reward 0: the scorer adds the returns). On an error every request is aborted
- * and the engine left empty. */
+ * rl_batch.episodes; reward 0: the scorer adds the returns). An episode's completion is its last
+ * turn's text (what a verifier or a reward process judges: the final answer). On an error every
+ * request is aborted and the engine left empty. */
 trill_status trill_rl_generate_episodes(const rl_episodes_job *j, rl_batch *out);
 
 #endif

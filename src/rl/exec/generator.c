@@ -2,7 +2,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "trill/timing.h"
+
 #include "base/alloc.h"
+#include "rl/apps/eval_internal.h"
 #include "rl/data/episodes.h"
 #include "rl/exec/generator.h"
 
@@ -129,6 +132,30 @@ trill_status trill_rl_generator_set_expert_comm(rl_generator *g, trill_comm *c) 
 
 bool trill_rl_generator_expert_holdings(const rl_generator *g, uint8_t *held) { return trill_engine_ep_holdings(g->engine, held); }
 
+/* Held-out episodes: o->k of each eval prompt, played to their end as in training. */
+static trill_status evaluate_episodes(rl_generator *g, const trill_dataset *eval, const trill_eval_options *o, trill_eval_result *out) {
+    const double t0 = trill_now();
+    const int n = o->limit > 0 && o->limit < eval->n ? o->limit : eval->n;
+    int *examples = trill_malloc(sizeof(int) * (size_t)n);
+    uint64_t *ids = trill_malloc(sizeof(uint64_t) * (size_t)n);
+    trill_status st = examples && ids ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < n; i++) examples[i] = i, ids[i] = (uint64_t)i;
+    trill_request proto = g->proto;
+    proto.sampling = trill_sampling_default();
+    proto.sampling.temperature = (float)o->temperature;
+    proto.sampling.seed = o->seed;
+    const rl_episodes_job j = { .engine = g->engine, .tok = g->tok, .data = eval, .examples = examples, .n_prompts = n, .group_size = o->k,
+                                .request_ids = ids, .proto = &proto, .env = g->env, .seed = o->seed, .max_turns = g->c->env.max_turns,
+                                .max_tokens = g->max_tokens };
+    rl_batch b;
+    if (!st) st = trill_rl_generate_episodes(&j, &b);
+    if (!st) trill_rl_eval_tally(&b, eval, o, n, trill_now() - t0, out);
+    if (!st) trill_rl_batch_free(&b);
+    free(examples);
+    free(ids);
+    return st;
+}
+
 trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *eval, trill_eval_result *out) {
     const trill_run_config *c = g->c;
     trill_eval_options o = { .limit = c->data.eval_size, .k = c->eval.k, .temperature = c->eval.temperature,
@@ -136,5 +163,5 @@ trill_status trill_rl_generator_evaluate(rl_generator *g, const trill_dataset *e
                              .seed = c->seed ^ 0x6576616cu /* "eval": the same draws before and after */,
                              .stop_ids = g->proto.stop_ids, .n_stop_ids = g->proto.n_stop_ids,
                              .stops = g->proto.stop_strings, .n_stops = g->proto.n_stop_strings };
-    return trill_rl_evaluate(g->engine, g->tok, eval, &o, out);
+    return g->env ? evaluate_episodes(g, eval, &o, out) : trill_rl_evaluate(g->engine, g->tok, eval, &o, out);
 }

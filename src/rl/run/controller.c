@@ -48,10 +48,13 @@ static trill_status resolve_inputs(rl_run *r) {
         if (!c->data.train[0]) return trill_error(TRILL_ERR_INVALID, "data.train: a training JSONL file is required with model \"%s\"", c->model);
         return r->model_dir && r->train_path && r->eval_path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
-    /* the embedded demo: its model (SFT warm-started, cached) and data, unless the config names data */
+    /* the embedded demo: its model (SFT warm-started, cached) and data, unless the config names data;
+     * with the guess environment, the multi-turn demo's base (the warm start taught the game's format) */
     char *cache = trill_demo_cache_dir();
     trill_demo_info info = { 0 };
-    trill_status st = cache ? trill_demo_prepare(cache, NULL, &info) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const bool turns = strcmp(c->env.kind, "guess") == 0;
+    trill_status st = !cache ? trill_error(TRILL_ERR_NOMEM, "out of memory")
+                      : turns ? trill_demo_prepare_turns(cache, NULL, &info) : trill_demo_prepare(cache, NULL, &info);
     free(cache);
     if (st) { trill_error_context("preparing the embedded demo"); return st; }
     if (info.cached) trill_log(TRILL_LOG_INFO, "trill train: demo base model from the cache (%s)", info.dir);
