@@ -11,7 +11,8 @@
 # adapters, optimizer state and metrics as one process, in adapter and in merge sync, and a run
 # checkpointed under EP 2 resumes on one process to the same bytes. Tensor parallelism (TP 2, and
 # merge sync under TP 2): the first step's gradient norm within 1e-5 relative of one process's (its
-# loss within 1e-6), the adapters after 3 steps within 1e-3 of their largest value.
+# loss within 1e-6); the adapters after 3 steps within 1e-3 of their largest value; under merge sync,
+# what step 2 generates from the merged weights.
 # The demo's warm start comes from the ctest fixture demo_cache (TRILL_TEST_DEMO_DIR, made by
 # tests/rl/demo_warm_start.sh); without it the first run builds one here.
 # Usage: test_rl_dp.sh TRILL MPIEXEC
@@ -143,8 +144,27 @@ PY
 }
 run 2 tp2 steps=3 trainer.micro_batch_tokens=256 parallel.trainer.dp=1 parallel.trainer.tp=2
 near one tp2
-run 2 mergetp steps=2 trainer.micro_batch_tokens=256 sync.mode=merge parallel.trainer.dp=1 parallel.trainer.tp=2
-near merge1 mergetp
+# merge sync under TP 2: the first step's figures as above; then what the merged weights generate at
+# step 2 against one process's (the same sequences, log-probs within the bf16 rounding of weights
+# merged in another reduction order). Not the adapters after it: the generator's log-probs enter
+# the TIS weights, and AdamW's first steps move a weight by about lr whatever its gradient's size,
+# so the 3e-3 between log-probs moved the adapters by 0.3-0.5% of their largest value.
+run 0 merge1r steps=2 trainer.micro_batch_tokens=256 sync.mode=merge rollouts.save=true
+run 2 mergetp steps=2 trainer.micro_batch_tokens=256 sync.mode=merge parallel.trainer.dp=1 parallel.trainer.tp=2 rollouts.save=true
+PYTHONPATH="$HERE/../reference" /usr/bin/python3 - merge1r mergetp <<'PY' || fail "merge sync under TP 2: step 2's rollouts differ from one process's"
+import json, sys
+import numpy as np
+import rollouts
+a_dir, b_dir = sys.argv[1:3]
+ma, mb = ([json.loads(l) for l in open(d + "/metrics.jsonl")] for d in (a_dir, b_dir))
+assert abs(ma[0]["loss"] - mb[0]["loss"]) <= 1e-6 and abs(ma[0]["grad_norm"] - mb[0]["grad_norm"]) <= 1e-5 * abs(ma[0]["grad_norm"]), (ma[0], mb[0])
+a, b = (rollouts.read(d + "/rollouts/step-00000002.bin") for d in (a_dir, b_dir))
+same = [s for s in range(a["n_seqs"]) if np.array_equal(a["tokens"][a["offsets"][s]:a["offsets"][s + 1]], b["tokens"][b["offsets"][s]:b["offsets"][s + 1]])]
+assert len(same) >= 0.9 * a["n_seqs"], f"{len(same)} of {a['n_seqs']} sequences alike"
+d = max(float(np.nanmax(np.abs(a["behav_logp"][a["offsets"][s]:a["offsets"][s + 1]] - b["behav_logp"][b["offsets"][s]:b["offsets"][s + 1]]))) for s in same)
+assert d <= 0.02, f"log-probs {d} apart"
+print(f"  merge sync, step 2: {len(same)} of {a['n_seqs']} sequences alike, log-probs within {d:.2g}")
+PY
 echo "demo under TP 2 (adapter and merge sync): within the reductions' order of one process"
 must_exit 1 bad.log "${MPI[@]}" -np 2 --oversubscribe "$TRILL" train run_dir=bad parallel.trainer.ep=2 generator.on_policy=true steps=1
 grep -q "generator.on_policy: its scoring engine needs the whole model, and parallel.trainer.ep 2 shards it" bad.log || { cat bad.log; fail "on-policy mode under EP was not refused"; }
