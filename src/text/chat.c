@@ -3,6 +3,7 @@
 #include "base/strbuf.h"
 #include "text/chat_json.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +139,120 @@ static bool ends_with(const char *s, const char *p) {
     return a >= b && strcmp(s + a - b, p) == 0;
 }
 
+/* ---- tojson: Python's json.dumps(x, ensure_ascii=False), as transformers' tojson filter ---- */
+
+/* repr(float): the shortest digits that read back to d, in fixed notation for decimal exponents
+ * -4 .. 15 (at least one digit after the point), else d.ddde+XX (two exponent digits at least). */
+static void py_float(trill_strbuf *b, double d) {
+    if (d != d) { trill_strbuf_puts(b, "NaN"); return; }
+    if (d == INFINITY || d == -INFINITY) { trill_strbuf_puts(b, d > 0 ? "Infinity" : "-Infinity"); return; }
+    char sci[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(sci, sizeof sci, "%.*e", p - 1, d);
+        if (strtod(sci, NULL) == d) break;
+    }
+    char digits[24], *at = sci, *e = strchr(sci, 'e');
+    int n = 0, exp = atoi(e + 1);
+    if (*at == '-') { trill_strbuf_puts(b, "-"); at++; }
+    for (; at < e; at++) if (*at != '.') digits[n++] = *at;
+    while (n > 1 && digits[n - 1] == '0') n--;
+    char out[64];
+    int k = 0;
+    if (exp >= -4 && exp < 16) {
+        if (exp < 0) {
+            k += snprintf(out + k, sizeof out - (size_t)k, "0.");
+            for (int i = 0; i < -exp - 1; i++) out[k++] = '0';
+            for (int i = 0; i < n; i++) out[k++] = digits[i];
+        } else {
+            for (int i = 0; i <= exp; i++) out[k++] = i < n ? digits[i] : '0';
+            out[k++] = '.';
+            if (n > exp + 1) for (int i = exp + 1; i < n; i++) out[k++] = digits[i];
+            else out[k++] = '0';
+        }
+        out[k] = 0;
+    } else {
+        out[k++] = digits[0];
+        if (n > 1) {
+            out[k++] = '.';
+            for (int i = 1; i < n; i++) out[k++] = digits[i];
+        }
+        snprintf(out + k, sizeof out - (size_t)k, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    }
+    trill_strbuf_puts(b, out);
+}
+
+static void py_string(trill_strbuf *b, const char *s, size_t n) {
+    trill_strbuf_puts(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        switch (c) {
+        case '"': trill_strbuf_puts(b, "\\\""); break;
+        case '\\': trill_strbuf_puts(b, "\\\\"); break;
+        case '\n': trill_strbuf_puts(b, "\\n"); break;
+        case '\r': trill_strbuf_puts(b, "\\r"); break;
+        case '\t': trill_strbuf_puts(b, "\\t"); break;
+        case '\b': trill_strbuf_puts(b, "\\b"); break;
+        case '\f': trill_strbuf_puts(b, "\\f"); break;
+        default:
+            if (c < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                trill_strbuf_puts(b, esc);
+            } else {
+                trill_strbuf_put(b, s + i, 1);
+            }
+        }
+    }
+    trill_strbuf_puts(b, "\"");
+}
+
+static void py_dumps(trill_strbuf *b, const json_t *v) {
+    char num[32];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *key;
+        json_t *x;
+        bool first = true;
+        trill_strbuf_puts(b, "{");
+        json_object_foreach((json_t *)v, key, x) {
+            if (!first) trill_strbuf_puts(b, ", ");
+            first = false;
+            py_string(b, key, strlen(key));
+            trill_strbuf_puts(b, ": ");
+            py_dumps(b, x);
+        }
+        trill_strbuf_puts(b, "}");
+        break;
+    }
+    case JSON_ARRAY:
+        trill_strbuf_puts(b, "[");
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (i) trill_strbuf_puts(b, ", ");
+            py_dumps(b, json_array_get(v, i));
+        }
+        trill_strbuf_puts(b, "]");
+        break;
+    case JSON_STRING: py_string(b, json_string_value(v), json_string_length(v)); break;
+    case JSON_INTEGER:
+        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        trill_strbuf_puts(b, num);
+        break;
+    case JSON_REAL: py_float(b, json_real_value(v)); break;
+    case JSON_TRUE: trill_strbuf_puts(b, "true"); break;
+    case JSON_FALSE: trill_strbuf_puts(b, "false"); break;
+    case JSON_NULL: trill_strbuf_puts(b, "null"); break;
+    }
+}
+
+/* The JSON text `text` as tojson writes it; false (b untouched) when it is not JSON. */
+static bool py_dumps_text(trill_strbuf *b, const char *text) {
+    json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    if (!v) return false;
+    py_dumps(b, v);
+    json_decref(v);
+    return true;
+}
+
 /* A Qwen3 assistant turn: its reasoning (reasoning_content, or the text inside <think> before
  * </think>) and its content; the reasoning is kept in a <think> block after the last user query
  * when it is not empty, or always for the last message (last). */
@@ -166,6 +281,7 @@ static void render_qwen3_assistant(trill_strbuf *b, const trill_chat_message *x,
         reasoning_len = head;
     }
     trill_strbuf_puts(b, "<|im_start|>assistant\n");
+    const bool has_content = content_len > 0; /* the template's `content`, not lstripped */
     if (after_query && (last || reasoning_len > 0)) {
         const char *r = reasoning;
         size_t rl = reasoning_len;
@@ -176,12 +292,51 @@ static void render_qwen3_assistant(trill_strbuf *b, const trill_chat_message *x,
         strip_newlines(&content, &content_len, true, false);
     }
     trill_strbuf_put(b, content, content_len);
+    for (size_t i = 0; i < x->n_tool_calls; i++) { /* `content` before its lstrip decides the first newline */
+        const trill_chat_tool_call *call = &x->tool_calls[i];
+        if (i > 0 || has_content) trill_strbuf_puts(b, "\n");
+        trill_strbuf_puts(b, "<tool_call>\n{\"name\": \"");
+        trill_strbuf_puts(b, call->name);
+        trill_strbuf_puts(b, "\", \"arguments\": ");
+        if (call->arguments_is_text || !py_dumps_text(b, call->arguments)) trill_strbuf_puts(b, call->arguments);
+        trill_strbuf_puts(b, "}\n</tool_call>");
+    }
     trill_strbuf_puts(b, "<|im_end|>\n");
 }
 
-/* Qwen3's template (without tools): thinking blocks kept only after the last real user query. */
-static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n, bool gen, int thinking) {
+/* Qwen3's system block with tools: the system prompt, then each tool's tojson in <tools>. */
+static void render_qwen3_tools(trill_strbuf *b, const trill_chat_message *m, const json_t *tools) {
+    trill_strbuf_puts(b, "<|im_start|>system\n");
     if (strcmp(m[0].role, "system") == 0) {
+        trill_strbuf_puts(b, m[0].content);
+        trill_strbuf_puts(b, "\n\n");
+    }
+    trill_strbuf_puts(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+                         "signatures within <tools></tools> XML tags:\n<tools>");
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        trill_strbuf_puts(b, "\n");
+        py_dumps(b, json_array_get(tools, i));
+    }
+    trill_strbuf_puts(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                         "</tool_call><|im_end|>\n");
+}
+
+/* A tool message: consecutive ones share one user turn of <tool_response> blocks. */
+static void render_qwen3_tool(trill_strbuf *b, const trill_chat_message *m, size_t n, size_t i) {
+    if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) trill_strbuf_puts(b, "<|im_start|>user");
+    trill_strbuf_puts(b, "\n<tool_response>\n");
+    trill_strbuf_puts(b, m[i].content);
+    trill_strbuf_puts(b, "\n</tool_response>");
+    if (i == n - 1 || strcmp(m[i + 1].role, "tool") != 0) trill_strbuf_puts(b, "<|im_end|>\n");
+}
+
+/* Qwen3's template: thinking blocks kept only after the last real user query (a user message that
+ * is not a <tool_response>), tools in the system turn. tools: a JSON array, or NULL. */
+static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n, const json_t *tools, bool gen, int thinking) {
+    if (tools && json_array_size(tools) > 0) {
+        render_qwen3_tools(b, m, tools);
+    } else if (strcmp(m[0].role, "system") == 0) {
         trill_strbuf_puts(b, "<|im_start|>system\n");
         trill_strbuf_puts(b, m[0].content);
         trill_strbuf_puts(b, "<|im_end|>\n");
@@ -203,6 +358,8 @@ static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n,
             trill_strbuf_puts(b, "<|im_end|>\n");
         } else if (strcmp(x->role, "assistant") == 0) {
             render_qwen3_assistant(b, x, i == n - 1, i > last_query);
+        } else if (strcmp(x->role, "tool") == 0) {
+            render_qwen3_tool(b, m, n, i);
         }
     }
     if (gen) {
@@ -211,10 +368,33 @@ static void render_qwen3(trill_strbuf *b, const trill_chat_message *m, size_t n,
     }
 }
 
-/* DeepSeek-V3's template (without tools): system prompts joined first, after the BOS. */
+#define DS_(s) "<\xef\xbd\x9c" s "\xef\xbd\x9c>" /* <｜s｜>; the ▁ in names below is \xe2\x96\x81 */
+#define DS_SEP "\xe2\x96\x81"
+
+/* An assistant turn of tool calls only (content none), as the template writes it: the first call
+ * of the conversation opens the block, later ones (the template's is_first is never reset) add a
+ * call and close the block. */
+static void render_deepseek_calls(trill_strbuf *b, const trill_chat_message *x, bool *is_first) {
+    for (size_t k = 0; k < x->n_tool_calls; k++) {
+        const trill_chat_tool_call *call = &x->tool_calls[k];
+        if (!*is_first) trill_strbuf_puts(b, DS_("Assistant") DS_("tool" DS_SEP "calls" DS_SEP "begin") DS_("tool" DS_SEP "call" DS_SEP "begin"));
+        else trill_strbuf_puts(b, "\n" DS_("tool" DS_SEP "call" DS_SEP "begin"));
+        trill_strbuf_puts(b, call->type ? call->type : "function");
+        trill_strbuf_puts(b, DS_("tool" DS_SEP "sep"));
+        trill_strbuf_puts(b, call->name);
+        trill_strbuf_puts(b, "\n```json\n");
+        trill_strbuf_puts(b, call->arguments);
+        trill_strbuf_puts(b, "\n```" DS_("tool" DS_SEP "call" DS_SEP "end"));
+        if (*is_first) trill_strbuf_puts(b, DS_("tool" DS_SEP "calls" DS_SEP "end") DS_("end" DS_SEP "of" DS_SEP "sentence"));
+        *is_first = true;
+    }
+}
+
+/* DeepSeek-V3's template: system prompts joined first, after the BOS; tool calls and outputs with
+ * its markers (tools themselves are not rendered). */
 static void render_deepseek_v3(trill_strbuf *b, const trill_chat_message *m, size_t n, bool gen, const char *bos) {
     trill_strbuf_puts(b, bos);
-    bool first_system = true;
+    bool first_system = true, is_first = false, is_tool = false, output_first = true;
     for (size_t i = 0; i < n; i++)
         if (strcmp(m[i].role, "system") == 0) {
             if (!first_system) trill_strbuf_puts(b, "\n\n");
@@ -222,16 +402,30 @@ static void render_deepseek_v3(trill_strbuf *b, const trill_chat_message *m, siz
             first_system = false;
         }
     for (size_t i = 0; i < n; i++) {
-        if (strcmp(m[i].role, "user") == 0) {
-            trill_strbuf_puts(b, "<\xef\xbd\x9cUser\xef\xbd\x9c>"); /* <｜User｜> */
-            trill_strbuf_puts(b, m[i].content);
-        } else if (strcmp(m[i].role, "assistant") == 0) {
-            trill_strbuf_puts(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"); /* <｜Assistant｜> */
-            trill_strbuf_puts(b, m[i].content);
-            trill_strbuf_puts(b, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"); /* <｜end▁of▁sentence｜> */
+        const trill_chat_message *x = &m[i];
+        if (strcmp(x->role, "user") == 0) {
+            is_tool = false;
+            trill_strbuf_puts(b, DS_("User"));
+            trill_strbuf_puts(b, x->content);
+        } else if (strcmp(x->role, "assistant") == 0 && !x->content) {
+            is_tool = false;
+            render_deepseek_calls(b, x, &is_first);
+        } else if (strcmp(x->role, "assistant") == 0) {
+            trill_strbuf_puts(b, is_tool ? DS_("tool" DS_SEP "outputs" DS_SEP "end") : DS_("Assistant"));
+            trill_strbuf_puts(b, x->content);
+            trill_strbuf_puts(b, DS_("end" DS_SEP "of" DS_SEP "sentence"));
+            is_tool = false;
+        } else if (strcmp(x->role, "tool") == 0) {
+            is_tool = true;
+            trill_strbuf_puts(b, output_first ? DS_("tool" DS_SEP "outputs" DS_SEP "begin") DS_("tool" DS_SEP "output" DS_SEP "begin")
+                                              : "\n" DS_("tool" DS_SEP "output" DS_SEP "begin"));
+            trill_strbuf_puts(b, x->content);
+            trill_strbuf_puts(b, DS_("tool" DS_SEP "output" DS_SEP "end"));
+            output_first = false;
         }
     }
-    if (gen) trill_strbuf_puts(b, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>");
+    if (is_tool) trill_strbuf_puts(b, DS_("tool" DS_SEP "outputs" DS_SEP "end"));
+    if (gen && !is_tool) trill_strbuf_puts(b, DS_("Assistant"));
 }
 
 /* ---- the [INST] templates: Llama-2-chat, Mixtral-8x7B and -8x22B-Instruct ---- */
@@ -336,50 +530,246 @@ static trill_status render_mixtral(trill_strbuf *b, const trill_chat_message *m,
     return TRILL_OK;
 }
 
-trill_status trill_chat_render(const trill_chat_template *t, const trill_chat_message *messages, size_t n,
-                               bool add_generation_prompt, int enable_thinking, char **out) {
+/* What a template can render of message i: its role, its content, its tool calls. */
+static trill_status check_message(const trill_chat_template *t, const trill_chat_message *x, size_t i) {
+    const bool tools = t->fam == FAMILY_QWEN3 || t->fam == FAMILY_DEEPSEEK_V3;
+    const char *r = x->role;
+    if (!r || (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "chat: message %zu: role \"%s\" is not supported (expected system, user, assistant or tool)", i,
+                           r ? r : "(missing)");
+    if (!tools && (strcmp(r, "tool") == 0 || x->n_tool_calls))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "chat: message %zu: the %s template has no tool calls or tool messages", i, t->name);
+    if (!x->content && !(t->fam == FAMILY_DEEPSEEK_V3 && strcmp(r, "assistant") == 0 && x->n_tool_calls))
+        return trill_error(TRILL_ERR_INVALID, "chat: message %zu: \"content\" must be a string%s", i,
+                           x->n_tool_calls ? " (only DeepSeek-V3's template takes an assistant turn of tool calls without content)" : "");
+    for (size_t k = 0; k < x->n_tool_calls; k++) {
+        const trill_chat_tool_call *c = &x->tool_calls[k];
+        json_t *args = c->arguments && !c->arguments_is_text ? json_loads(c->arguments, 0, NULL) : NULL;
+        const bool ok = c->name && c->arguments && (c->arguments_is_text || json_is_object(args));
+        json_decref(args);
+        if (!ok)
+            return trill_error(TRILL_ERR_INVALID, "chat: message %zu, tool call %zu: expected a name and arguments (a JSON object, or text)", i, k);
+        if (t->fam == FAMILY_DEEPSEEK_V3 && !c->arguments_is_text)
+            return trill_error(TRILL_ERR_INVALID, "chat: message %zu, tool call %zu: DeepSeek-V3's template writes the arguments as they are: "
+                               "give them as text (a JSON string)", i, k);
+    }
+    return TRILL_OK;
+}
+
+trill_status trill_chat_render_tools(const trill_chat_template *t, const trill_chat_message *messages, size_t n, const char *tools,
+                                     bool add_generation_prompt, int enable_thinking, char **out) {
     if (n == 0) return trill_error(TRILL_ERR_INVALID, "chat: the conversation has no messages");
     for (size_t i = 0; i < n; i++) {
-        const char *r = messages[i].role;
-        if (!r || (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0))
-            return trill_error(TRILL_ERR_UNSUPPORTED, "chat: message %zu: role \"%s\" is not supported (expected system, user or assistant)", i, r ? r : "(missing)");
-        if (!messages[i].content) return trill_error(TRILL_ERR_INVALID, "chat: message %zu: \"content\" must be a string", i);
+        trill_status st = check_message(t, &messages[i], i);
+        if (st) return st;
+    }
+    json_t *tool_list = tools ? json_loads(tools, 0, NULL) : NULL;
+    if (tools && !json_is_array(tool_list)) {
+        json_decref(tool_list);
+        return trill_error(TRILL_ERR_INVALID, "chat: tools: expected a JSON array of tool definitions");
     }
     trill_strbuf b = { 0 };
     trill_strbuf_puts(&b, "");
     trill_status st = TRILL_OK;
     switch (t->fam) {
-    case FAMILY_QWEN3: render_qwen3(&b, messages, n, add_generation_prompt, enable_thinking); break;
+    case FAMILY_QWEN3: render_qwen3(&b, messages, n, tool_list, add_generation_prompt, enable_thinking); break;
     case FAMILY_DEEPSEEK_V3: render_deepseek_v3(&b, messages, n, add_generation_prompt, t->bos_token); break;
     case FAMILY_LLAMA2: st = render_llama2(&b, messages, n, t); break;
     case FAMILY_MIXTRAL:
     case FAMILY_MIXTRAL_8X22B: st = render_mixtral(&b, messages, n, t); break;
     }
+    json_decref(tool_list);
     if (!st && b.oom) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (st) { free(b.s); return st; }
     *out = b.s;
     return TRILL_OK;
 }
 
+trill_status trill_chat_render(const trill_chat_template *t, const trill_chat_message *messages, size_t n,
+                               bool add_generation_prompt, int enable_thinking, char **out) {
+    return trill_chat_render_tools(t, messages, n, NULL, add_generation_prompt, enable_thinking, out);
+}
+
+/* Message x's "tool_calls" ([{"type"?, "function": {"name", "arguments"}}] or [{"name", "arguments"}];
+ * arguments an object or a string) into calls[*n]; an object's arguments are written to *texts
+ * (freed by the caller). */
+static trill_status read_tool_calls(const json_t *x, size_t i, trill_chat_tool_call **calls, size_t *n, char ***texts) {
+    const json_t *list = json_object_get(x, "tool_calls");
+    *calls = NULL;
+    *n = 0;
+    if (!list || json_is_null(list)) return TRILL_OK;
+    if (!json_is_array(list)) return trill_error(TRILL_ERR_INVALID, "chat: message %zu: field \"tool_calls\": expected a list", i);
+    const size_t count = json_array_size(list);
+    *calls = trill_calloc(count + 1, sizeof **calls);
+    *texts = trill_calloc(count + 1, sizeof **texts);
+    if (!*calls || !*texts) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    for (size_t k = 0; k < count; k++, (*n)++) {
+        const json_t *call = json_array_get(list, k), *fn = json_object_get(call, "function");
+        if (!fn) fn = call;
+        const json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments"), *type = json_object_get(call, "type");
+        if (!json_is_string(name) || !(json_is_string(args) || json_is_object(args)) || (type && !json_is_string(type)))
+            return trill_error(TRILL_ERR_INVALID, "chat: message %zu, tool call %zu: expected {\"type\"?: string, \"function\": {\"name\": "
+                               "string, \"arguments\": object or string}}", i, k);
+        trill_chat_tool_call *c = &(*calls)[k];
+        c->type = type ? json_string_value(type) : NULL;
+        c->name = json_string_value(name);
+        c->arguments_is_text = json_is_string(args);
+        if (c->arguments_is_text) c->arguments = json_string_value(args);
+        else if (!(c->arguments = (*texts)[k] = json_dumps(args, JSON_COMPACT))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    return TRILL_OK;
+}
+
 trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conv, char **out) {
-    const json_t *msgs = json_object_get(conv, "messages");
+    const json_t *msgs = json_object_get(conv, "messages"), *tools = json_object_get(conv, "tools");
     if (!json_is_array(msgs)) return trill_error(TRILL_ERR_INVALID, "chat: field \"messages\": expected a list");
     size_t n = json_array_size(msgs);
     trill_chat_message *m = trill_calloc(n + 1, sizeof *m);
-    if (!m) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    trill_status st = TRILL_OK;
+    char ***texts = trill_calloc(n + 1, sizeof *texts);
+    trill_status st = m && texts ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n && !st; i++) {
         const json_t *x = json_array_get(msgs, i);
         const char *what = "chat: message";
-        if (trill_json_get_string(x, "role", what, &m[i].role) || trill_json_get_string(x, "content", what, &m[i].content) ||
+        if (trill_json_get_string(x, "role", what, &m[i].role) ||
+            (!json_is_null(json_object_get(x, "content")) && trill_json_get_string(x, "content", what, &m[i].content)) ||
             trill_json_get_string(x, "reasoning_content", what, &m[i].reasoning_content))
             st = TRILL_ERR_INVALID;
+        if (!st) st = read_tool_calls(x, i, (trill_chat_tool_call **)&m[i].tool_calls, &m[i].n_tool_calls, &texts[i]);
     }
     bool gen = false, thinking = true;
     const json_t *et = json_object_get(conv, "enable_thinking");
     if (!st && (trill_json_get_bool(conv, "add_generation_prompt", "chat", &gen) || trill_json_get_bool(conv, "enable_thinking", "chat", &thinking)))
         st = TRILL_ERR_INVALID;
-    if (!st) st = trill_chat_render(t, m, n, gen, et ? (int)thinking : -1, out);
+    char *tools_text = !st && tools && !json_is_null(tools) ? json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if (!st) st = trill_chat_render_tools(t, m, n, tools_text, gen, et ? (int)thinking : -1, out);
+    free(tools_text);
+    for (size_t i = 0; m && texts && i < n; i++) {
+        for (size_t k = 0; texts[i] && k < m[i].n_tool_calls + 1; k++) free(texts[i][k]);
+        free(texts[i]);
+        free((void *)m[i].tool_calls);
+    }
+    free(texts);
     free(m);
     return st;
+}
+
+/* ---- multi-turn RL: what follows a turn, and the turn's tool calls ---- */
+
+/* The text a template ends an assistant turn with (the token the model samples to end it). */
+static const char *turn_end(const trill_chat_template *t) {
+    switch (t->fam) {
+    case FAMILY_QWEN3: return "<|im_end|>";
+    case FAMILY_DEEPSEEK_V3: return DS_("end" DS_SEP "of" DS_SEP "sentence");
+    default: return NULL;
+    }
+}
+
+const char *trill_chat_turn_end(const trill_chat_template *t) { return turn_end(t); }
+
+trill_status trill_chat_render_after_turn(const trill_chat_template *t, const trill_chat_message *messages, size_t n,
+                                          bool add_generation_prompt, int enable_thinking, char **out) {
+    static const char SENTINEL[] = "\x01trill: the turn ends here\x01";
+    const char *end = turn_end(t);
+    if (!end) return trill_error(TRILL_ERR_UNSUPPORTED, "chat: the %s template is not used for multi-turn episodes", t->name);
+    if (n == 0) return trill_error(TRILL_ERR_INVALID, "chat: no messages after the turn");
+    trill_chat_message *all = trill_calloc(n + 2, sizeof *all);
+    if (!all) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    all[0] = (trill_chat_message){ .role = "user", .content = "x" };
+    all[1] = (trill_chat_message){ .role = "assistant", .content = SENTINEL };
+    memcpy(all + 2, messages, sizeof *all * n);
+    char *text = NULL;
+    trill_status st = trill_chat_render_tools(t, all, n + 2, NULL, add_generation_prompt, enable_thinking, &text);
+    free(all);
+    if (st) return st;
+    char *at = strstr(text, SENTINEL);
+    if (!at || strncmp(at + strlen(SENTINEL), end, strlen(end)) != 0) {
+        free(text);
+        return trill_error(TRILL_ERR_INVALID, "chat: the %s template does not end an assistant turn with %s here", t->name, end);
+    }
+    at += strlen(SENTINEL) + strlen(end);
+    memmove(text, at, strlen(at) + 1);
+    *out = text;
+    return TRILL_OK;
+}
+
+/* A parsed call {"name", "arguments"} from the JSON text of its arguments; NULL when they are not an object. */
+static json_t *call_object(const char *name, size_t name_len, const char *args, size_t args_len) {
+    json_t *a = json_loadb(args, args_len, 0, NULL);
+    if (!json_is_object(a)) {
+        json_decref(a);
+        return NULL;
+    }
+    return json_pack("{s:s%, s:o}", "name", name, name_len, "arguments", a);
+}
+
+static bool add_failed(json_t *calls, const char *why, const char *text, size_t len) {
+    return json_array_append_new(calls, json_pack("{s:s, s:s%}", "error", why, "text", text, len)) == 0;
+}
+
+/* Qwen3: each <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>. */
+static bool parse_qwen3_calls(const char *text, json_t *calls, int *errors) {
+    static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+    bool ok = true;
+    for (const char *at = strstr(text, OPEN); ok && at; at = strstr(at, OPEN)) {
+        const char *body = at + strlen(OPEN), *close = strstr(body, CLOSE);
+        const size_t len = close ? (size_t)(close - body) : strlen(body);
+        json_t *j = json_loadb(body, len, 0, NULL), *name = json_object_get(j, "name"), *args = json_object_get(j, "arguments");
+        json_t *call = NULL;
+        if (close && json_is_string(name) && json_is_object(args))
+            call = json_pack("{s:O, s:O}", "name", name, "arguments", args);
+        json_decref(j);
+        if (call) ok = json_array_append_new(calls, call) == 0;
+        else {
+            ++*errors;
+            ok = add_failed(calls, close ? "expected {\"name\": string, \"arguments\": object}" : "no </tool_call>", body, len);
+        }
+        at = close ? close + strlen(CLOSE) : body + len;
+    }
+    return ok;
+}
+
+/* DeepSeek-V3: each <｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>. */
+static bool parse_deepseek_calls(const char *text, json_t *calls, int *errors) {
+    static const char OPEN[] = DS_("tool" DS_SEP "call" DS_SEP "begin"), CLOSE[] = DS_("tool" DS_SEP "call" DS_SEP "end"),
+                      SEP[] = DS_("tool" DS_SEP "sep"), FENCE[] = "\n```json\n", FENCE_END[] = "\n```";
+    bool ok = true;
+    for (const char *at = strstr(text, OPEN); ok && at; at = strstr(at, OPEN)) {
+        const char *body = at + strlen(OPEN), *close = strstr(body, CLOSE);
+        const size_t len = close ? (size_t)(close - body) : strlen(body);
+        const char *sep = close ? strstr(body, SEP) : NULL, *name = sep ? sep + strlen(SEP) : NULL;
+        const char *fence = name ? strstr(name, FENCE) : NULL, *args = fence ? fence + strlen(FENCE) : NULL;
+        json_t *call = NULL;
+        if (args && args < close && close - args >= (ptrdiff_t)strlen(FENCE_END) &&
+            memcmp(close - strlen(FENCE_END), FENCE_END, strlen(FENCE_END)) == 0)
+            call = call_object(name, (size_t)(fence - name), args, (size_t)(close - strlen(FENCE_END) - args));
+        if (call) ok = json_array_append_new(calls, call) == 0;
+        else {
+            ++*errors;
+            ok = add_failed(calls, close ? "expected TYPE<｜tool▁sep｜>NAME\\n```json\\nARGUMENTS\\n```" : "no <｜tool▁call▁end｜>", body, len);
+        }
+        at = close ? close + strlen(CLOSE) : body + len;
+    }
+    return ok;
+}
+
+trill_status trill_chat_parse_tool_calls_json(const trill_chat_template *t, const char *text, json_t **calls, int *errors) {
+    *errors = 0;
+    if (!(*calls = json_array())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    bool ok = true;
+    if (t && t->fam == FAMILY_QWEN3) ok = parse_qwen3_calls(text, *calls, errors);
+    else if (t && t->fam == FAMILY_DEEPSEEK_V3) ok = parse_deepseek_calls(text, *calls, errors);
+    if (ok) return TRILL_OK;
+    json_decref(*calls);
+    *calls = NULL;
+    return trill_error(TRILL_ERR_NOMEM, "out of memory");
+}
+
+trill_status trill_chat_parse_tool_calls(const trill_chat_template *t, const char *text, char **calls_json, int *n_calls, int *n_errors) {
+    json_t *calls;
+    trill_status st = trill_chat_parse_tool_calls_json(t, text, &calls, n_errors);
+    if (st) return st;
+    *n_calls = (int)json_array_size(calls) - *n_errors;
+    *calls_json = json_dumps(calls, JSON_COMPACT);
+    json_decref(calls);
+    return *calls_json ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
 }

@@ -192,6 +192,7 @@ export function main(argv) {
           eos_token: tokenContent(config.eos_token),
         };
         if (chat.enable_thinking !== undefined) vars.enable_thinking = chat.enable_thinking;
+        if (chat.tools !== undefined) vars.tools = chat.tools;
         try {
           return JSON.stringify(template.render(vars));
         } catch (e) {

@@ -96,6 +96,7 @@ roundtrip_check() {
     compare "$D/expect_rt.hex" "$D/ours_dec.hex" --what roundtrip --hex --src "$D/corpus.hex"
 }
 chat_check() { tool chat "$M" "$WORK/chats.jsonl" "$D/ours_chat.jsonl" && compare "$D/ref_chat.jsonl" "$D/ours_chat.jsonl" --what chat; }
+tool_chat_check() { tool chat "$M" "$D/tool_chats.jsonl" "$D/ours_tool_chat.jsonl" && compare "$D/ref_tool_chat.jsonl" "$D/ours_tool_chat.jsonl" --what chat; }
 chat_encode_check() {
   oracle strings-to-hex --in "$D/ref_chat.jsonl" --out "$D/chat.hex" &&
     oracle encode --model "$M" --in "$D/chat.hex" --out "$D/ref_chat_ids.jsonl" &&
@@ -119,6 +120,10 @@ for vocab in qwen3 deepseek_v3 llama2; do
     oracle chat --model "$M" --in "$WORK/chats.jsonl" --out "$D/ref_chat.jsonl"
     check "$vocab chat" chat_check
     check "$vocab chat-encode" chat_encode_check
+    # tools, tool calls and tool messages (gen_tool_chats.mjs: each family's shapes)
+    node "$HERE/gen_tool_chats.mjs" --family "$vocab" --seed "$SEED" --out "$D/tool_chats.jsonl"
+    oracle chat --model "$M" --in "$D/tool_chats.jsonl" --out "$D/ref_tool_chat.jsonl"
+    check "$vocab chat with tools" tool_chat_check
   fi
   if [ "$failed" -gt "$before" ]; then
     echo "  corpus lines by category ($vocab, seed $SEED):"

@@ -1,7 +1,8 @@
 /* Chat templates: the [INST] renderers (Llama-2-chat, Mixtral) on hand-worked conversations, the
- * conversations their templates refuse, and what an unknown template is refused as. The
- * renderers are checked against the Jinja oracle on the real template texts by
- * tests/tokenizer/parity.sh. */
+ * conversations their templates refuse, and what an unknown template is refused as; for
+ * multi-turn RL, what follows a turn (and where that is the re-render's text and where not) and
+ * the tool calls parsed from a turn. The renderers, tools included, are checked against the Jinja
+ * oracle on the real template texts by tests/tokenizer/parity.sh. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,8 @@
 #include "text/chat_json.h"
 #include "testutil.h"
 #include "trill/chat.h"
+
+#include <jansson.h>
 
 #define S(c) { .role = "system", .content = c }
 #define U(c) { .role = "user", .content = c }
@@ -107,11 +110,92 @@ static void test_unknown_templates(void **state) {
     free(dir);
 }
 
+#define DS(x) "<\xef\xbd\x9c" x "\xef\xbd\x9c>"
+#define SEP "\xe2\x96\x81"
+
+/* What follows a turn: a tool's result (Qwen3: a user turn of <tool_response>, then the generation
+ * prompt; DeepSeek-V3: its output markers, no Assistant tag after them) or a user message; and it
+ * is exactly what a re-render of the whole conversation writes after the turn's end, where the
+ * template extends its prefix (Qwen3 after tool results; not when a new user query strips the
+ * earlier turn's thinking, which trill keeps as sampled). */
+static void test_after_turn(void **state) {
+    (void)state;
+    static const struct { const char *family, *role, *want; } cases[] = {
+        { "qwen3", "tool", "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n" },
+        { "qwen3", "user", "\n<|im_start|>user\n42<|im_end|>\n<|im_start|>assistant\n" },
+        { "deepseek_v3", "tool", DS("tool" SEP "outputs" SEP "begin") DS("tool" SEP "output" SEP "begin") "42" DS("tool" SEP "output" SEP "end")
+                                 DS("tool" SEP "outputs" SEP "end") },
+        { "deepseek_v3", "user", DS("User") "42" DS("Assistant") },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        trill_chat_template *t = NULL;
+        assert_int_equal(trill_chat_template_builtin(cases[i].family, "<s>", "</s>", &t), TRILL_OK);
+        const trill_chat_message next[] = { { .role = cases[i].role, .content = "42" } };
+        char *out = NULL;
+        assert_int_equal(trill_chat_render_after_turn(t, next, 1, true, -1, &out), TRILL_OK);
+        if (strcmp(out, cases[i].want) != 0) fail_msg("%s after a turn, %s: got \"%s\"", cases[i].family, cases[i].role, out);
+        free(out);
+        trill_chat_template_free(t);
+    }
+    /* Qwen3, a thinking turn after the query: a tool result extends the re-render's prefix, a user
+     * query does not (the re-render drops the turn's <think> block, the sampled tokens keep it) */
+    trill_chat_template *t = NULL;
+    assert_int_equal(trill_chat_template_builtin("qwen3", "", "<|im_end|>", &t), TRILL_OK);
+    const char *roles[2] = { "tool", "user" };
+    for (int k = 0; k < 2; k++) {
+        const trill_chat_message conv[] = { U("q"), { .role = "assistant", .content = "<think>\nwhy\n</think>\n\ncall" },
+                                            { .role = roles[k], .content = "42" } };
+        char *upto = NULL, *after = NULL, *whole = NULL;
+        assert_int_equal(trill_chat_render(t, conv, 2, false, -1, &upto), TRILL_OK);
+        assert_int_equal(trill_chat_render_after_turn(t, conv + 2, 1, true, -1, &after), TRILL_OK);
+        assert_int_equal(trill_chat_render(t, conv, 3, true, -1, &whole), TRILL_OK);
+        upto[strlen(upto) - strlen("<|im_end|>\n")] = '\0'; /* the sampled turn, up to the <|im_end|> that ends it */
+        const size_t n = strlen(upto);
+        const bool same = strncmp(whole, upto, n) == 0 && strncmp(whole + n, "<|im_end|>", 10) == 0 && strcmp(whole + n + 10, after) == 0;
+        if (same != (k == 0)) fail_msg("%s after a thinking turn: the re-render %s the turn's tokens and what follows", roles[k],
+                                       same ? "keeps" : "differs from");
+        free(upto), free(after), free(whole);
+    }
+    trill_chat_template_free(t);
+}
+
+/* Tool calls parsed from a turn in each template's format; a malformed one is an entry with its
+ * error, counted. */
+static void test_parse_tool_calls(void **state) {
+    (void)state;
+    static const struct { const char *family, *text; int calls, errors; const char *first_name; } cases[] = {
+        { "qwen3", "I will call.\n<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"x\": \"2+2\"}}\n</tool_call>\n<tool_call>\n"
+                   "{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", 2, 0, "calc" },
+        { "qwen3", "<tool_call>\n{\"name\": \"calc\", \"arguments\": [1]}\n</tool_call><tool_call>{not json</tool_call><tool_call>{", 0, 3, NULL },
+        { "qwen3", "no calls here", 0, 0, NULL },
+        { "deepseek_v3", DS("tool" SEP "calls" SEP "begin") DS("tool" SEP "call" SEP "begin") "function" DS("tool" SEP "sep") "calc\n```json\n"
+                         "{\"x\": 1}\n```" DS("tool" SEP "call" SEP "end") DS("tool" SEP "call" SEP "begin") "function" DS("tool" SEP "sep")
+                         "bad\n```json\n[]\n```" DS("tool" SEP "call" SEP "end") DS("tool" SEP "calls" SEP "end"), 1, 1, "calc" },
+        { "llama2", "<tool_call>\n{\"name\": \"calc\", \"arguments\": {}}\n</tool_call>", 0, 0, NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        trill_chat_template *t = NULL;
+        assert_int_equal(trill_chat_template_builtin(cases[i].family, "<s>", "</s>", &t), TRILL_OK);
+        char *json = NULL;
+        int calls = -1, errors = -1;
+        assert_int_equal(trill_chat_parse_tool_calls(t, cases[i].text, &json, &calls, &errors), TRILL_OK);
+        if (calls != cases[i].calls || errors != cases[i].errors) fail_msg("case %zu: %d calls, %d errors: %s", i, calls, errors, json);
+        json_t *j = json_loads(json, 0, NULL);
+        assert_int_equal(json_array_size(j), (size_t)(calls + errors));
+        if (cases[i].first_name) assert_string_equal(json_string_value(json_object_get(json_array_get(j, 0), "name")), cases[i].first_name);
+        json_decref(j);
+        free(json);
+        trill_chat_template_free(t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_unknown_templates),
+        cmocka_unit_test(test_after_turn),
+        cmocka_unit_test(test_parse_tool_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
