@@ -101,6 +101,7 @@ typedef struct trill_rl_metrics {
     bool has_env;
     struct {
         double turns, cut_turns, sampled_tokens, injected_tokens, return_mean, env_s;
+        double tool_calls, parse_errors;   /* per episode: calls parsed from its turns (env.render chat), malformed ones */
         long stops[4];
         long prefill_tokens, rerender_prefill_tokens;
     } env;

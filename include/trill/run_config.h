@@ -33,6 +33,7 @@ typedef enum trill_rl_mode { TRILL_MODE_SYNC, TRILL_MODE_ASYNC } trill_rl_mode;
 typedef enum trill_stale_policy { TRILL_STALE_WAIT, TRILL_STALE_DROP, TRILL_STALE_REGENERATE } trill_stale_policy;
 /* Where async mode scores: a thread of its own, or the trainer's thread as it takes each batch. */
 typedef enum trill_reward_place { TRILL_REWARD_THREAD, TRILL_REWARD_TRAINER } trill_reward_place;
+typedef enum trill_env_render { TRILL_ENV_RENDER_AUTO, TRILL_ENV_RENDER_PLAIN, TRILL_ENV_RENDER_CHAT } trill_env_render;
 typedef enum trill_sft_mode { TRILL_SFT_LORA, TRILL_SFT_FULL } trill_sft_mode;
 typedef enum trill_verifier { TRILL_VERIFIER_NONE, TRILL_VERIFIER_EXACT, TRILL_VERIFIER_NUMERIC, TRILL_VERIFIER_DEMO } trill_verifier;
 
@@ -113,6 +114,7 @@ typedef struct trill_run_config {
         int max_turns;             /* model turns of an episode */
         int max_tokens;            /* tokens of a trajectory, prompt included (0: the model's max_position_embeddings) */
         double reward_weight;      /* of the episode's return (the sum of its turns' rewards) in the reward */
+        trill_env_render render;   /* observations: plain (their contents) or chat (the model's chat template); auto: chat when it has one */
     } env;
 
     struct {

@@ -620,13 +620,14 @@ static trill_status read_tool_calls(const json_t *x, size_t i, trill_chat_tool_c
     return TRILL_OK;
 }
 
-trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conv, char **out) {
-    const json_t *msgs = json_object_get(conv, "messages"), *tools = json_object_get(conv, "tools");
+/* A JSON conversation's messages as trill_chat_messages (pointing into msgs; *texts: the arguments
+ * written for them, freed by free_messages). */
+static trill_status read_messages(const json_t *msgs, trill_chat_message **out, char ****texts) {
     if (!json_is_array(msgs)) return trill_error(TRILL_ERR_INVALID, "chat: field \"messages\": expected a list");
-    size_t n = json_array_size(msgs);
-    trill_chat_message *m = trill_calloc(n + 1, sizeof *m);
-    char ***texts = trill_calloc(n + 1, sizeof *texts);
-    trill_status st = m && texts ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const size_t n = json_array_size(msgs);
+    trill_chat_message *m = *out = trill_calloc(n + 1, sizeof *m);
+    char ***t = *texts = trill_calloc(n + 1, sizeof *t);
+    trill_status st = m && t ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n && !st; i++) {
         const json_t *x = json_array_get(msgs, i);
         const char *what = "chat: message";
@@ -634,15 +635,12 @@ trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *
             (!json_is_null(json_object_get(x, "content")) && trill_json_get_string(x, "content", what, &m[i].content)) ||
             trill_json_get_string(x, "reasoning_content", what, &m[i].reasoning_content))
             st = TRILL_ERR_INVALID;
-        if (!st) st = read_tool_calls(x, i, (trill_chat_tool_call **)&m[i].tool_calls, &m[i].n_tool_calls, &texts[i]);
+        if (!st) st = read_tool_calls(x, i, (trill_chat_tool_call **)&m[i].tool_calls, &m[i].n_tool_calls, &t[i]);
     }
-    bool gen = false, thinking = true;
-    const json_t *et = json_object_get(conv, "enable_thinking");
-    if (!st && (trill_json_get_bool(conv, "add_generation_prompt", "chat", &gen) || trill_json_get_bool(conv, "enable_thinking", "chat", &thinking)))
-        st = TRILL_ERR_INVALID;
-    char *tools_text = !st && tools && !json_is_null(tools) ? json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-    if (!st) st = trill_chat_render_tools(t, m, n, tools_text, gen, et ? (int)thinking : -1, out);
-    free(tools_text);
+    return st;
+}
+
+static void free_messages(trill_chat_message *m, char ***texts, size_t n) {
     for (size_t i = 0; m && texts && i < n; i++) {
         for (size_t k = 0; texts[i] && k < m[i].n_tool_calls + 1; k++) free(texts[i][k]);
         free(texts[i]);
@@ -650,6 +648,31 @@ trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *
     }
     free(texts);
     free(m);
+}
+
+trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conv, char **out) {
+    const json_t *msgs = json_object_get(conv, "messages"), *tools = json_object_get(conv, "tools");
+    trill_chat_message *m = NULL;
+    char ***texts = NULL;
+    trill_status st = read_messages(msgs, &m, &texts);
+    bool gen = false, thinking = true;
+    const json_t *et = json_object_get(conv, "enable_thinking");
+    if (!st && (trill_json_get_bool(conv, "add_generation_prompt", "chat", &gen) || trill_json_get_bool(conv, "enable_thinking", "chat", &thinking)))
+        st = TRILL_ERR_INVALID;
+    char *tools_text = !st && tools && !json_is_null(tools) ? json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if (!st) st = trill_chat_render_tools(t, m, json_array_size(msgs), tools_text, gen, et ? (int)thinking : -1, out);
+    free(tools_text);
+    free_messages(m, texts, json_array_size(msgs));
+    return st;
+}
+
+trill_status trill_chat_render_after_turn_json(const trill_chat_template *t, const json_t *msgs, bool add_generation_prompt,
+                                               int enable_thinking, char **out) {
+    trill_chat_message *m = NULL;
+    char ***texts = NULL;
+    trill_status st = read_messages(msgs, &m, &texts);
+    if (!st) st = trill_chat_render_after_turn(t, m, json_array_size(msgs), add_generation_prompt, enable_thinking, out);
+    free_messages(m, texts, json_array_size(msgs));
     return st;
 }
 

@@ -13,6 +13,10 @@
  * arguments an object or a string; "content": null is none. */
 trill_status trill_chat_render_json(const trill_chat_template *t, const json_t *conversation, char **out);
 
+/* trill_chat_render_after_turn from a JSON array of messages (as in trill_chat_render_json). */
+trill_status trill_chat_render_after_turn_json(const trill_chat_template *t, const json_t *messages, bool add_generation_prompt,
+                                               int enable_thinking, char **out);
+
 /* The tool calls of a model's turn (trill_chat_parse_tool_calls) as a jansson array. */
 trill_status trill_chat_parse_tool_calls_json(const trill_chat_template *t, const char *text, json_t **calls, int *errors);
 

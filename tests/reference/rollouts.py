@@ -6,7 +6,7 @@ n_tokens, text_bytes), then the arrays back to back, then the completions NUL-te
 Format 1 is single-turn. Format 2 (trajectories) has an int64 segment count after the header and,
 after the arrays, seg_offsets (int32 [n_seqs + 1]) and the segments (int32 len, kind: 0 injected,
 1 sampled); format 3 (episodes) then adds each sequence's episode (float64 env_return, env_s;
-int32 turns, stop, cut_turns, reserved). Written here from that description, so a test that
+int32 turns, stop, cut_turns, tool_calls, parse_errors, reserved). Written here from that description, so a test that
 reads a file trill wrote checks the format.
 """
 import struct
@@ -14,7 +14,8 @@ import struct
 import numpy as np
 
 MAGIC, FORMAT = 0x424C5254, 1
-EPISODE = np.dtype([("env_return", "f8"), ("env_s", "f8"), ("turns", "i4"), ("stop", "i4"), ("cut_turns", "i4"), ("reserved", "i4")])
+EPISODE = np.dtype([("env_return", "f8"), ("env_s", "f8"), ("turns", "i4"), ("stop", "i4"), ("cut_turns", "i4"), ("tool_calls", "i4"),
+                    ("parse_errors", "i4"), ("reserved", "i4")])
 STOPS = ("done", "max_turns", "context", "env_error")
 HEADER = struct.Struct("=IIiiiiqq")
 # (name, dtype, length as a function of n_seqs, n_tokens, experts per token)

@@ -18,7 +18,9 @@
 
 #include "rl/data/episodes.h"
 #include "rl/exec/trainer.h"
+#include "text/chat_json.h"
 #include "testutil.h"
+#include "trill/chat.h"
 #include "trill/infer.h"
 #include "trill/lora.h"
 #include "trill/model.h"
@@ -42,8 +44,11 @@ typedef struct script_state {
     int turn;
 } script_state;
 
+static const char SCRIPT_TOOLS[] = "[{\"type\": \"function\", \"function\": {\"name\": \"calc\", \"parameters\": {}}}]";
+
 static trill_status script_reset(void *state, const json_t *task, uint64_t seed, rl_env_reply *out) {
     (void)seed;
+    if (strcmp(script_mode, "tools") == 0) out->tools = json_loads(SCRIPT_TOOLS, 0, NULL);
     script_state *s = state;
     s->turn = 0;
     char text[128];
@@ -137,11 +142,12 @@ static rl_episodes_job job_of(world *w, long *prefill_rows) {
                               .max_tokens = c->max_position_embeddings, .prefill_rows = prefill_rows };
 }
 
-/* The tokens of text, as the episode loop renders an observation. */
+/* The tokens of text (at most 4096), as the episode loop renders an observation. */
 static int encode(const world *w, const char *text, int *ids) {
     int *got;
     size_t n;
     assert_int_equal(trill_tokenizer_encode(w->tok, text, strlen(text), false, &got, &n), TRILL_OK);
+    assert_true(n <= 4096); /* the callers' buffers */
     memcpy(ids, got, sizeof(int) * n);
     free(got);
     return (int)n;
@@ -191,7 +197,7 @@ static void test_three_turns(void **state) {
                 free(text);
             }
             if (g->kind == RL_SEG_INJECTED) {
-                int ids[64];
+                static int ids[4096];
                 const int n = encode(&w, obs[k / 2], ids);
                 assert_int_equal(g->len, n);
                 assert_memory_equal(b.tokens + t, ids, sizeof(int) * (size_t)n);
@@ -347,12 +353,54 @@ static void test_bad_environment(void **state) {
     }
 }
 
+/* With a chat template (Qwen3's, over the char-level vocabulary: its markers are characters here)
+ * the first observation is the conversation rendered with the environment's tools and the
+ * generation prompt, and each later one what the template writes after a turn, after the
+ * <|im_end|> the turn did not sample (this model ends turns with <|endoftext|>): token for token
+ * the rendering of the injected text; the turns' tool calls (none from a random model) are parsed
+ * and counted. */
+static void test_chat_rendering(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    script_turns = 2;
+    script_mode = "tools";
+    trill_chat_template *chat = NULL;
+    assert_int_equal(trill_chat_template_builtin("qwen3", "", "<|im_end|>", &chat), TRILL_OK);
+    rl_episodes_job j = job_of(&w, NULL);
+    j.chat = chat;
+    j.enable_thinking = 0;
+    rl_batch b;
+    assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK);
+    const trill_chat_message first[] = { { .role = "user", .content = "Q:12+7=" } };
+    const trill_chat_message next[] = { { .role = "tool", .content = "<1|\n" } };
+    char *first_text = NULL, *after = NULL, *next_text = NULL;
+    assert_int_equal(trill_chat_render_tools(chat, first, 1, SCRIPT_TOOLS, true, 0, &first_text), TRILL_OK);
+    assert_int_equal(trill_chat_render_after_turn(chat, next, 1, true, 0, &after), TRILL_OK);
+    assert_true(asprintf(&next_text, "<|im_end|>%s", after) > 0);
+    assert_non_null(strstr(first_text, "\"name\": \"calc\"")); /* the tools are in the prompt */
+    static int want[2][4096];
+    const int n_first = encode(&w, first_text, want[0]), n_next = encode(&w, next_text, want[1]);
+    const int s = 0, at = b.offsets[s], k0 = b.seg_offsets[s];
+    assert_int_equal(b.seg_offsets[s + 1] - k0, 4); /* prompt, turn, observation, turn */
+    assert_int_equal(b.segs[k0].len, n_first);
+    assert_memory_equal(b.tokens + at, want[0], sizeof(int) * (size_t)n_first);
+    assert_int_equal(b.segs[k0 + 2].len, n_next);
+    assert_memory_equal(b.tokens + at + n_first + b.segs[k0 + 1].len, want[1], sizeof(int) * (size_t)n_next);
+    assert_int_equal(b.episodes[s].tool_calls + b.episodes[s].parse_errors, 0);
+    free(first_text), free(after), free(next_text);
+    trill_rl_batch_free(&b);
+    trill_chat_template_free(chat);
+    world_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_turns),
         cmocka_unit_test(test_trainer_gradient),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_bad_environment),
+        cmocka_unit_test(test_chat_rendering),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,7 +49,8 @@ typedef struct key {
 } key;
 
 _Static_assert(sizeof(trill_rl_loss) == sizeof(int) && sizeof(trill_gen_format) == sizeof(int) &&
-               sizeof(trill_lr_schedule) == sizeof(int) && sizeof(trill_precision) == sizeof(int), "K_ENUM fields are stored as int");
+               sizeof(trill_lr_schedule) == sizeof(int) && sizeof(trill_precision) == sizeof(int) &&
+               sizeof(trill_env_render) == sizeof(int), "K_ENUM fields are stored as int");
 
 static const char *const GEN_FORMATS[] = { "f32", "bf16", "int8", NULL }; /* trill_gen_format_name order */
 static const char *const VERIFIERS[] = { "none", "exact", "numeric", "demo", NULL };
@@ -63,6 +64,7 @@ static const char *const MIS_LEVELS[] = { "token", "sequence", "geometric", NULL
 static const char *const SCHEDULES[] = { "constant", "linear", "cosine", NULL }; /* trill_lr_schedule_parse order */
 static const char *const SYNC_MODES[] = { "adapter", "merge", NULL };
 static const char *const SFT_MODES[] = { "lora", "full", NULL };
+static const char *const ENV_RENDERS[] = { "auto", "plain", "chat", NULL }; /* trill_env_render order */
 static const char *const PRECISIONS[] = { "fp32", "bf16", NULL }; /* trill_precision order */
 
 #define F(field) offsetof(trill_run_config, field)
@@ -184,6 +186,11 @@ static const key KEYS[] = {
         "Tokens of a trajectory, prompt included (0: the model's max_position_embeddings); an observation that would not leave "
         "room for a turn ends the episode with stop reason context."),
     REAL("env.reward_weight", env.reward_weight, -INF, INF, "1.0", "Weight of an episode's return (its turns' rewards summed) in the reward."),
+    ENUM("env.render", env.render, ENV_RENDERS, "auto",
+         "How observations become tokens: plain, their messages' contents concatenated; chat, the model's chat template (Qwen3, "
+         "DeepSeek-V3: the first observation as a conversation with the environment's tools, each later one as what the template "
+         "writes after a turn; the tool calls in each turn parsed and sent to the environment); auto: chat when the model has "
+         "such a template, else plain."),
 
     OTHER("algo.loss", K_LOSS, algo.loss, "ppo", "Policy loss (the loss table, trill/loss.h):"),
     BOOL("algo.std_norm", algo.std_norm, "true", "Divide advantages by the group's reward std (false: Dr. GRPO)."),

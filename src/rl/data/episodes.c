@@ -8,6 +8,7 @@
 
 #include "base/alloc.h"
 #include "base/strbuf.h"
+#include "text/chat_json.h"
 #include "trill/rng.h"
 #include "trill/timing.h"
 
@@ -60,20 +61,66 @@ static trill_status append_segment(episode *ep, int kind, const float *logp, con
     return TRILL_OK;
 }
 
-/* An observation's tokens: its messages' contents, concatenated, tokenised without special tokens. */
-static trill_status render(const rl_episodes_job *j, const episode *ep, const json_t *messages, int **ids, int *n) {
+/* The text of an observation: plain, its messages' contents concatenated; with a chat template,
+ * the first one rendered as a conversation with the tools and the generation prompt, a later one
+ * as what the template writes after a turn (after_turn: the previous turn, which did not end with
+ * the template's end-of-turn token when cut, gets it first). */
+static trill_status observation_text(const rl_episodes_job *j, const json_t *messages, const json_t *tools, bool first, bool cut,
+                                     char **out) {
+    if (j->chat) {
+        if (!first) {
+            char *after = NULL;
+            trill_status st = trill_chat_render_after_turn_json(j->chat, messages, true, j->enable_thinking, &after);
+            if (st || !cut) {
+                *out = after;
+                return st;
+            }
+            const int n = asprintf(out, "%s%s", trill_chat_turn_end(j->chat), after);
+            free(after);
+            return n < 0 ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
+        }
+        json_t *conv = json_pack("{s:O, s:b}", "messages", messages, "add_generation_prompt", 1);
+        if (conv && tools) json_object_set(conv, "tools", (json_t *)tools);
+        if (conv && j->enable_thinking >= 0) json_object_set_new(conv, "enable_thinking", json_boolean(j->enable_thinking));
+        trill_status st = conv ? trill_chat_render_json(j->chat, conv, out) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+        json_decref(conv);
+        return st;
+    }
     trill_strbuf text = { 0 };
     size_t i;
     const json_t *m;
+    trill_strbuf_puts(&text, "");
     json_array_foreach(messages, i, m) trill_strbuf_puts(&text, json_string_value(json_object_get(m, "content")));
     if (text.oom) {
         free(text.s);
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
     }
+    *out = text.s;
+    return TRILL_OK;
+}
+
+/* Whether the last turn did not end with the chat template's end-of-turn token (cut at
+ * max_new_tokens, or ended by another stop): what follows it then closes the turn first. */
+static bool cut_turn(const rl_episodes_job *j, const episode *ep) {
+    if (!j->chat) return false;
+    char *text = NULL;
+    size_t len;
+    if (trill_tokenizer_decode_lenient(j->tok, &ep->out.tokens[ep->len - 1], 1, &text, &len)) return true;
+    const bool ended = strcmp(text, trill_chat_turn_end(j->chat)) == 0;
+    free(text);
+    return !ended;
+}
+
+/* An observation's tokens (observation_text, tokenised once: special tokens in it matched). */
+static trill_status render(const rl_episodes_job *j, const episode *ep, const json_t *messages, const json_t *tools, bool first, bool cut,
+                           int **ids, int *n) {
+    char *text = NULL;
     size_t count = 0;
     *ids = NULL;
-    trill_status st = trill_tokenizer_encode(j->tok, text.s ? text.s : "", text.n, false, ids, &count);
-    free(text.s);
+    trill_status st = observation_text(j, messages, tools, first, cut, &text);
+    if (st) trill_error_context("environment: episode %llu's observation", (unsigned long long)ep->id);
+    if (!st) st = trill_tokenizer_encode(j->tok, text, strlen(text), false, ids, &count);
+    free(text);
     if (!st && (count == 0 || count > INT_MAX))
         st = trill_error(TRILL_ERR_INVALID, "environment: episode %llu's observation renders to %zu tokens (expected 1 to %d)",
                          (unsigned long long)ep->id, count, INT_MAX);
@@ -103,7 +150,7 @@ static trill_status start_group(const rl_episodes_job *j, int p, episode *eps) {
         st = trill_rl_env_reset(j->env, ep->id, task, seed, &r);
         ep->info.env_s += trill_now() - t0;
         int *ids = NULL, n = 0;
-        if (!st) st = render(j, ep, r.messages, &ids, &n);
+        if (!st) st = render(j, ep, r.messages, r.tools, true, false, &ids, &n);
         trill_rl_env_reply_clear(&r);
         if (!st && i == 0) first = ids, n_first = n, ids = NULL;
         else if (!st && (n != n_first || memcmp(ids, first, sizeof(int) * (size_t)n)))
@@ -160,7 +207,7 @@ static trill_status answer(const rl_episodes_job *j, episode *ep, const rl_env_r
     if (r->done) return end_episode(j, ep, RL_STOP_DONE);
     if (ep->info.turns >= j->max_turns) return end_episode(j, ep, RL_STOP_MAX_TURNS);
     int *ids, n;
-    trill_status st = render(j, ep, r->messages, &ids, &n);
+    trill_status st = render(j, ep, r->messages, NULL, false, cut_turn(j, ep), &ids, &n);
     const int room = j->max_tokens - ep->len - n;
     if (!st && room < 1) st = end_episode(j, ep, RL_STOP_CONTEXT);
     if (!st && room >= 1) {
@@ -188,9 +235,17 @@ static trill_status take_turn(const rl_episodes_job *j, episode *ep, trill_seque
     ep->info.cut_turns += o->finish == TRILL_FINISH_LENGTH;
     char *turn = NULL;
     if (!st) st = text_of(j, ep, from, &turn);
+    json_t *calls = NULL; /* with a chat template: the turn's tool calls in its format */
+    int errors = 0;
+    if (!st && j->chat) st = trill_chat_parse_tool_calls_json(j->chat, turn, &calls, &errors);
+    if (calls) {
+        ep->info.tool_calls += (int32_t)json_array_size(calls) - errors;
+        ep->info.parse_errors += errors;
+    }
     rl_env_reply r = { 0 };
     const double t0 = trill_now();
-    if (!st) st = trill_rl_env_step(j->env, ep->id, turn, &r);
+    if (!st) st = trill_rl_env_step(j->env, ep->id, turn, calls, &r);
+    json_decref(calls);
     ep->info.env_s += trill_now() - t0;
     free(turn);
     if (!st) st = answer(j, ep, &r);

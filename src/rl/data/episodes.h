@@ -5,13 +5,19 @@
  * appended as an injected segment, nothing re-tokenised. The n samples of a task are episodes
  * reset alike; their first observation is prefilled once and the samples fork after it.
  *
- * Rendering: an observation's messages' contents, concatenated and tokenised without special
- * tokens (the environment writes the separators it wants). */
+ * Rendering (env.render): plain, an observation's messages' contents, concatenated (the
+ * environment writes the separators it wants); chat, the first observation as a conversation with
+ * the environment's tools and the generation prompt, each later one as what the model's chat
+ * template writes after an assistant turn (trill_chat_render_after_turn: rendered after a stand-in
+ * turn, never re-rendering the real ones); then tokenised once. With chat, the tool calls in each
+ * turn are parsed (trill_chat_parse_tool_calls) and handed to the environment, malformed ones
+ * counted. */
 #ifndef TRILL_RL_EPISODES_H
 #define TRILL_RL_EPISODES_H
 
 #include "rl/data/rollout.h"
 #include "rl/env/env.h"
+#include "trill/chat.h"
 
 typedef struct rl_episodes_job {
     trill_engine *engine;
@@ -23,6 +29,8 @@ typedef struct rl_episodes_job {
     const trill_request *proto;      /* sampling, stops; max_new_tokens per turn */
     int n_moe_layers, top_k;
     rl_env *env;
+    const trill_chat_template *chat; /* NULL: observations are their messages' contents, tokenised; else rendered by it */
+    int enable_thinking;             /* the template's (Qwen3): -1 its default, 0 false, 1 true */
     uint64_t seed;                   /* the run's: episode seeds are keyed by it and the request id */
     int max_turns, max_tokens;       /* max_tokens > 0: a trajectory's tokens, prompt included */
     trill_status (*between_steps)(void *); /* optional, before every engine step (async weight updates) */

@@ -31,6 +31,8 @@ typedef struct rl_episode {
                                   CONTEXT: the next observation left no room for a turn (env.max_tokens);
                                   ENV_ERROR: the environment failed (env.mark_failures): not trained */
     int32_t cut_turns;         /* turns that ended at generator.max_new_tokens, not at a stop */
+    int32_t tool_calls;        /* the calls parsed from its turns (env.render chat) */
+    int32_t parse_errors;      /* malformed calls among them */
     int32_t reserved;
 } rl_episode;
 

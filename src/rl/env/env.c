@@ -27,6 +27,7 @@ struct rl_env {
 void trill_rl_env_reply_clear(rl_env_reply *r) {
     json_decref(r->messages);
     json_decref(r->metrics);
+    json_decref(r->tools);
     memset(r, 0, sizeof *r);
 }
 
@@ -100,6 +101,9 @@ static trill_status check_reply(const rl_env *e, uint64_t episode, const char *c
     if (!isfinite(r->reward))
         return trill_error(TRILL_ERR_INVALID, "environment %s, episode %llu, %s: reward %g (expected a finite number)", what,
                            (unsigned long long)episode, call, r->reward);
+    if (r->tools && !json_is_array(r->tools))
+        return trill_error(TRILL_ERR_INVALID, "environment %s, episode %llu, %s: \"tools\": expected an array of tool definitions", what,
+                           (unsigned long long)episode, call);
     if (r->done || r->lost) return TRILL_OK;
     if (!json_is_array(r->messages) || json_array_size(r->messages) == 0)
         return trill_error(TRILL_ERR_INVALID, "environment %s, episode %llu, %s: no observation (expected \"messages\": a non-empty "
@@ -134,6 +138,8 @@ static trill_status from_process(const rl_env *e, uint64_t episode, const char *
     out->reward = step ? json_number_value(reward) : 0;
     out->done = step && json_is_true(done);
     out->metrics = json_is_object(metrics) ? json_incref((json_t *)metrics) : NULL;
+    const json_t *tools = json_object_get(reply, "tools");
+    out->tools = !step && tools && !json_is_null(tools) ? json_incref((json_t *)tools) : NULL;
     return TRILL_OK;
 }
 
@@ -148,7 +154,7 @@ static trill_status process_reset(rl_env *e, uint64_t episode, const json_t *tas
     return st;
 }
 
-static trill_status process_step(rl_env *e, int i, const char *turn, rl_env_reply *out) {
+static trill_status process_step(rl_env *e, int i, const char *turn, const json_t *tool_calls, rl_env_reply *out) {
     const uint64_t episode = e->live[i].id;
     if (!same_process(e, i)) { /* its process failed since (another episode's request) */
         out->lost = true;
@@ -157,7 +163,9 @@ static trill_status process_step(rl_env *e, int i, const char *turn, rl_env_repl
                                               "on another request and was restarted (env.mark_failures: true marks such episodes)",
                                               (unsigned long long)episode);
     }
-    json_t *reply, *req = json_pack("{s:s, s:I, s:s, s:[]}", "op", "step", "episode", (json_int_t)episode, "turn", turn, "tool_calls");
+    json_t *reply, *req = tool_calls ? json_pack("{s:s, s:I, s:s, s:O}", "op", "step", "episode", (json_int_t)episode, "turn", turn, "tool_calls",
+                                                 tool_calls)
+                                     : json_pack("{s:s, s:I, s:s, s:[]}", "op", "step", "episode", (json_int_t)episode, "turn", turn, "tool_calls");
     if (!req) return trill_error(TRILL_ERR_NOMEM, "out of memory (or a turn that is not UTF-8)");
     trill_status st = trill_rl_env_process_call(e->proc, episode, req, &reply);
     if (!st && !reply) out->lost = true;
@@ -192,11 +200,11 @@ trill_status trill_rl_env_reset(rl_env *e, uint64_t episode, const json_t *task,
     return TRILL_OK;
 }
 
-trill_status trill_rl_env_step(rl_env *e, uint64_t episode, const char *turn, rl_env_reply *out) {
+trill_status trill_rl_env_step(rl_env *e, uint64_t episode, const char *turn, const json_t *tool_calls, rl_env_reply *out) {
     memset(out, 0, sizeof *out);
     const int i = find_live(e, episode);
     if (i < 0) return trill_error(TRILL_ERR_INVALID, "environment %s: episode %llu was not reset", e->name, (unsigned long long)episode);
-    trill_status st = e->builtin ? e->builtin->step(e->live[i].state, turn, out) : process_step(e, i, turn, out);
+    trill_status st = e->builtin ? e->builtin->step(e->live[i].state, turn, out) : process_step(e, i, turn, tool_calls, out);
     if (!st) st = check_reply(e, episode, "step", out);
     if (st) trill_rl_env_reply_clear(out);
     return st;

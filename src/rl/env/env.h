@@ -25,6 +25,7 @@ typedef struct rl_env_reply {
     double reward;      /* step: this turn's reward (finite); reset: 0 */
     bool done;          /* step: the episode is over (no observation needed) */
     json_t *metrics;    /* an object of numbers (summed over the turns, averaged over episodes), or NULL */
+    json_t *tools;      /* reset: the tool definitions the first observation comes with (an array), or NULL */
     bool lost;          /* step: the environment failed and the episode is over (env.mark_failures); the rest is empty */
 } rl_env_reply;
 
@@ -39,8 +40,9 @@ void trill_rl_env_free(rl_env *e);
 
 /* Starts episode `episode` on task (a JSON object: the dataset line) with seed. */
 trill_status trill_rl_env_reset(rl_env *e, uint64_t episode, const json_t *task, uint64_t seed, rl_env_reply *out);
-/* The model's turn (its text, the end-of-turn token left out) in episode `episode`. */
-trill_status trill_rl_env_step(rl_env *e, uint64_t episode, const char *turn, rl_env_reply *out);
+/* The model's turn (its text, the end-of-turn token left out) in episode `episode`, and the tool
+ * calls parsed from it (a JSON array, trill_chat_parse_tool_calls' entries; NULL: none). */
+trill_status trill_rl_env_step(rl_env *e, uint64_t episode, const char *turn, const json_t *tool_calls, rl_env_reply *out);
 /* The episode is over (done, or cut by a limit): its state is dropped (a process is told; its
  * failure to answer is an error as a step's). */
 trill_status trill_rl_env_end(rl_env *e, uint64_t episode);
@@ -63,7 +65,7 @@ trill_status trill_rl_env_open_builtin(const rl_env_builtin *b, rl_env **out);
 /* ---- the environment process (env/process.c) ----
  * env.command started as a supervised child (rl/proc/process.h) speaking JSON lines, one reply
  * line per request line: {"op": "reset", "episode", "task", "seed"} -> {"messages"};
- * {"op": "step", "episode", "turn", "tool_calls"} -> {"messages", "reward", "done", "metrics"?};
+ * (and "tools"?); {"op": "step", "episode", "turn", "tool_calls"} -> {"messages", "reward", "done", "metrics"?};
  * {"op": "end", "episode"} -> any JSON (examples/envs/README.md). */
 typedef struct env_process env_process;
 trill_status trill_rl_env_process_start(const trill_run_config *c, env_process **out);

@@ -18,6 +18,7 @@ struct rl_generator {
     int stop_ids[TRILL_MAX_EOS];
     int L, K;                     /* MoE layers, experts per token: the captured experts' shape */
     rl_env *env;                  /* env.kind's environment, or NULL (single-turn rollouts) */
+    const trill_chat_template *chat; /* the episodes' renderer, or NULL (plain) */
     int max_tokens;               /* an episode's tokens: env.max_tokens or the model's positions */
 };
 
@@ -69,6 +70,8 @@ trill_status trill_rl_generator_create(const trill_run_config *c, const trill_mo
     return TRILL_OK;
 }
 
+void trill_rl_generator_set_chat(rl_generator *g, const trill_chat_template *chat) { g->chat = chat; }
+
 void trill_rl_generator_free(rl_generator *g) {
     if (!g) return;
     trill_rl_env_free(g->env);
@@ -93,7 +96,8 @@ trill_status trill_rl_generator_generate_part(rl_generator *g, int64_t index, co
     if (!st && g->env) {
         const rl_episodes_job j = { .engine = g->engine, .tok = g->tok, .data = g->train, .examples = examples, .n_prompts = n_groups,
                                     .group_size = c->generator.n, .request_ids = ids, .proto = &g->proto, .n_moe_layers = g->L,
-                                    .top_k = g->K, .env = g->env, .seed = c->seed, .max_turns = c->env.max_turns,
+                                    .top_k = g->K, .env = g->env, .chat = g->chat, .enable_thinking = -1, .seed = c->seed,
+                                    .max_turns = c->env.max_turns,
                                     .max_tokens = g->max_tokens, .between_steps = between_steps, .ctx = ctx };
         st = trill_rl_generate_episodes(&j, out);
     } else if (!st) {
@@ -145,7 +149,8 @@ static trill_status evaluate_episodes(rl_generator *g, const trill_dataset *eval
     proto.sampling.temperature = (float)o->temperature;
     proto.sampling.seed = o->seed;
     const rl_episodes_job j = { .engine = g->engine, .tok = g->tok, .data = eval, .examples = examples, .n_prompts = n, .group_size = o->k,
-                                .request_ids = ids, .proto = &proto, .env = g->env, .seed = o->seed, .max_turns = g->c->env.max_turns,
+                                .request_ids = ids, .proto = &proto, .env = g->env, .chat = g->chat, .enable_thinking = -1, .seed = o->seed,
+                                .max_turns = g->c->env.max_turns,
                                 .max_tokens = g->max_tokens };
     rl_batch b;
     if (!st) st = trill_rl_generate_episodes(&j, &b);

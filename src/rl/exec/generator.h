@@ -26,6 +26,10 @@ trill_status trill_rl_generator_create(const trill_run_config *c, const trill_mo
                                        const trill_dataset *train, rl_generator **out);
 void trill_rl_generator_free(rl_generator *g);
 
+/* Episodes' observations rendered by chat (trill_chat_render_after_turn...; NULL: plain). chat must
+ * outlive the generator. */
+void trill_rl_generator_set_chat(rl_generator *g, const trill_chat_template *chat);
+
 /* Batch `index` of the prompt stream: prompts_per_step prompts in the seeded order, n samples
  * each (request ids by position in the stream), experts captured. between_steps (optional)
  * runs before every engine step. *tokens: response tokens generated. */

@@ -65,6 +65,25 @@ static trill_status resolve_inputs(rl_run *r) {
     return r->model_dir && r->train_path && r->eval_path ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
 }
 
+/* env.render chat or auto: the model's chat template, if it renders multi-turn episodes (auto:
+ * plain otherwise). */
+static trill_status env_renderer(rl_run *r) {
+    const bool must = r->c->env.render == TRILL_ENV_RENDER_CHAT;
+    trill_status st = r->chat ? TRILL_OK : trill_chat_template_load(r->model_dir, &r->chat);
+    if (st && !must) return TRILL_OK;
+    if (st) {
+        trill_error_context("env.render: chat");
+        return st;
+    }
+    if (!trill_chat_turn_end(r->chat)) {
+        return must ? trill_error(TRILL_ERR_UNSUPPORTED, "env.render: chat: the model's chat template (%s) does not render multi-turn "
+                                  "episodes (Qwen3 and DeepSeek-V3 do)", trill_chat_template_family(r->chat))
+                    : TRILL_OK;
+    }
+    r->env_chat = r->chat;
+    return TRILL_OK;
+}
+
 static trill_status load_data(rl_run *r) {
     const trill_run_config *c = r->c;
     trill_config mc = { 0 };
@@ -73,6 +92,7 @@ static trill_status load_data(rl_run *r) {
     free(config_path);
     if (!st) st = trill_tokenizer_load(r->model_dir, &r->tok);
     if (!st && strcmp(c->data.template_, "chat") == 0) st = trill_chat_template_load(r->model_dir, &r->chat);
+    if (!st && c->env.kind[0] && c->env.render != TRILL_ENV_RENDER_PLAIN) st = env_renderer(r);
     trill_dataset_options o = { .prompt_field = c->data.prompt_field, .answer_field = c->data.answer_field,
                                 .template_ = c->data.template_, .chat = r->chat, .max_prompt_tokens = c->data.max_prompt_tokens,
                                 .allow_missing_answer = c->data.allow_missing_answer,
@@ -98,6 +118,7 @@ static trill_status make_executors(rl_run *r, const char *ckpt) {
     trill_model *whole = NULL;
     if (!st && local_gen && trill_trainer_sharded(r->trainer)) st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &whole);
     if (!st && local_gen) st = trill_rl_generator_create(c, whole ? whole : trill_trainer_policy(r->trainer), r->tok, r->train, &r->gen);
+    if (!st && local_gen) trill_rl_generator_set_chat(r->gen, r->env_chat);
     trill_model_free(whole);
     if (!st && local_scorer && !c->rollouts.replay[0]) st = trill_rl_scorer_create(c, r->train, &r->scorer); /* replayed batches bring their rewards */
     double ms;

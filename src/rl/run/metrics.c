@@ -156,6 +156,8 @@ static void put_env(writer *w, json_t *o, const trill_rl_metrics *m) {
     put(w, e, "sampled_tokens", num(m->env.sampled_tokens));
     put(w, e, "injected_tokens", num(m->env.injected_tokens));
     put(w, e, "return", num(m->env.return_mean));
+    put(w, e, "tool_calls", num(m->env.tool_calls));
+    put(w, e, "parse_errors", num(m->env.parse_errors));
     put(w, e, "stop_done", json_integer(m->env.stops[0]));
     put(w, e, "stop_max_turns", json_integer(m->env.stops[1]));
     put(w, e, "stop_context", json_integer(m->env.stops[2]));

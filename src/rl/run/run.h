@@ -35,6 +35,7 @@ typedef struct rl_run {
     char *model_dir, *train_path, *eval_path;
     trill_tokenizer *tok;
     trill_chat_template *chat;
+    const trill_chat_template *env_chat; /* the episodes' renderer (env.render): chat, or NULL for plain */
     trill_dataset *train, *eval;
     trill_trainer *trainer;
     rl_generator *gen;

@@ -131,6 +131,8 @@ static void env_metrics(const rl_batch *b, trill_rl_metrics *m) {
         m->env.turns += e->turns / n;
         m->env.cut_turns += e->cut_turns / n;
         m->env.return_mean += e->env_return / n;
+        m->env.tool_calls += e->tool_calls / n;
+        m->env.parse_errors += e->parse_errors / n;
         m->env.env_s += e->env_s;
         m->env.stops[e->stop]++; /* checked when packed and unpacked */
         long at = 0;

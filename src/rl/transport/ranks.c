@@ -477,6 +477,7 @@ trill_status trill_rl_make_executor(rl_run *r) {
     if (x->role == RL_ROLE_SCORER) return trill_rl_scorer_create(r->c, r->train, &r->scorer);
     trill_status st = trill_model_load_as(r->model_dir, TRILL_STORE_CHECKPOINT, &x->model);
     if (!st) st = trill_rl_generator_create(r->c, x->model, r->tok, r->train, &r->gen);
+    if (!st) trill_rl_generator_set_chat(r->gen, r->env_chat);
     if (!st && x->experts) st = trill_rl_generator_set_expert_comm(r->gen, x->experts);
     return st;
 }
