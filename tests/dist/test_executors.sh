@@ -3,7 +3,7 @@
 # tests' tiny MoE with its graded external reward (tests/rl/fixture.sh): one trainer rank (the
 # controller) and 2 generator replicas give the same rollouts (every token, log-prob and routed
 # expert: rollouts.save), adapters, optimizer state and metrics (the held-out evaluation too) as
-# one process, in adapter and in merge sync, and so do 2 data-parallel trainer ranks with one
+# one process, in adapter and in merge sync, and so do multi-turn episodes, and so do 2 data-parallel trainer ranks with one
 # replica and a scorer rank (the external process's metrics cross with the rewards); every
 # version's transfer reaches every receiver with its checksum; asynchronous mode across ranks at
 # max_staleness 0 equals sync mode (1 and 2 replicas, DP 2), and at 1 and 2 (wait, drop,
@@ -76,6 +76,26 @@ run 3 rep2 steps=3 parallel.generator.replicas=2
 same one rep2 3
 transfers rep2 1 2
 echo "1 trainer rank + 2 generator replicas, adapter sync: rollouts, adapter, optimizer and metrics identical to one process"
+# multi-turn episodes (the built-in guess environment) on the replicas: each replica plays its
+# groups' episodes; every token, segment, log-prob and expert as one process (the episodes' seconds
+# in the environment aside), the same adapter
+run 0 env1 steps=2 env.kind=guess env.max_turns=3 reward.verifier=none eval.every=0
+run 3 env2 steps=2 env.kind=guess env.max_turns=3 reward.verifier=none eval.every=0 parallel.generator.replicas=2
+cmp -s env1/checkpoints/step-00000002/adapter/adapter_model.safetensors env2/checkpoints/step-00000002/adapter/adapter_model.safetensors ||
+    fail "episodes on 2 replicas: the adapter differs from one process's"
+PYTHONPATH="$HERE/../reference" /usr/bin/python3 - env1 env2 <<'PY' || fail "episodes on 2 replicas: the rollouts differ from one process's"
+import sys
+import numpy as np
+import rollouts
+for step in (1, 2):
+    a, b = (rollouts.read(f"{d}/rollouts/step-{step:08d}.bin") for d in sys.argv[1:3])
+    assert a["format"] == b["format"] == 3
+    for key in ("tokens", "behav_logp", "version", "experts", "seg_offsets", "segs", "reward"):
+        assert np.array_equal(a[key], b[key], equal_nan=True), (step, key)
+    for key in ("env_return", "turns", "stop", "cut_turns"):
+        assert np.array_equal(a["episodes"][key], b["episodes"][key]), (step, key)
+PY
+echo "episodes on 2 generator replicas: rollouts (but the seconds in the environment) and adapter identical to one process"
 run 0 merge1 steps=2 sync.mode=merge
 run 3 merge2 steps=2 sync.mode=merge parallel.generator.replicas=2
 same merge1 merge2 2
