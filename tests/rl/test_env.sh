@@ -129,3 +129,42 @@ assert h["stop_context"] == unsolved and unsolved > 0 and b["episodes"]["turns"]
 print(f"   marked: {lost} episodes of step 1 lost (not trained), step 2 whole; huge observations: {unsolved} episodes "
       "ended with stop reason context after one turn")
 PY
+
+echo "== the GSM8K example environment (examples/envs/gsm8k_tools.py)"
+$PY - "$EXAMPLES/gsm8k_tools.py" <<'PY'
+import json, subprocess, sys
+p = subprocess.Popen([sys.executable, sys.argv[1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def ask(req):
+    p.stdin.write(json.dumps(req) + "\n"); p.stdin.flush()
+    return json.loads(p.stdout.readline())
+task = {"prompt": "Natalia sold 48 clips in April and half as many in May. How many in all?", "answer": "48/2 = 24\n#### 72"}
+r = ask({"op": "reset", "episode": 1, "task": task, "seed": 5})
+assert r["tools"][0]["function"]["name"] == "calculator" and r["messages"][-1]["content"] == task["prompt"], r
+calc = lambda e: {"name": "calculator", "arguments": {"expression": e}}
+r = ask({"op": "step", "episode": 1, "turn": "...", "tool_calls": [calc("48/2 + 48"), calc("2**100000"), calc("__import__('os')"),
+                                                                     {"error": "bad", "text": "{"}, {"name": "python", "arguments": {}}]})
+got = [m["content"] for m in r["messages"]]
+assert got[0] == "72" and got[1] == "error: power too large" and got[2].startswith("error: only numbers") and \
+    got[3].startswith("error: malformed") and got[4] == "error: no tool named 'python'" and not r["done"] and r["metrics"]["calls"] == 1, got
+r = ask({"op": "step", "episode": 1, "turn": 'Let me check. <tool_call>{"name": "calculator", "arguments": {"expression": "(2+3)*4"}}</tool_call>',
+         "tool_calls": []})
+assert [m["content"] for m in r["messages"]] == ["20"], r
+assert ask({"op": "step", "episode": 1, "turn": "So 72 in all.\n#### 72", "tool_calls": []}) == \
+    {"messages": [], "reward": 1.0, "done": True, "metrics": {"correct": 1.0}}
+ask({"op": "end", "episode": 1})
+r = ask({"op": "reset", "episode": 2, "task": task, "seed": 5})
+assert ask({"op": "step", "episode": 2, "turn": "#### 71", "tool_calls": []})["reward"] == 0.0
+p.stdin.close(); assert p.wait(5) == 0
+print("   calls run (a malformed one, an unknown tool and unsafe or huge expressions answered with errors), "
+      "<tool_call> blocks read from plain text, the final answer scored")
+PY
+head -4 "$HERE/../../../shared/data/gsm8k/train.jsonl" > gsm8k4.jsonl 2>/dev/null || $PY - <<'PY'
+import json
+with open("gsm8k4.jsonl", "w") as f:
+    for q, a in (("What is 3 apples plus 4 apples?", "3+4=7\n#### 7"), ("Tom has 10 pens and gives 4 away. How many are left?", "#### 6")):
+        f.write(json.dumps({"question": q, "answer": a}) + "\n")
+PY
+must_pass log_gsm8k "$TRILL" train "${ENV[@]}" data.train=gsm8k4.jsonl data.prompt_field=question data.max_prompt_tokens=400 \
+    generator.prompts_per_step=2 env.kind=process "env.command=$PY $EXAMPLES/gsm8k_tools.py" env.max_tokens=1024 run_dir=gsm8k steps=1
+grep -q '"env":' gsm8k/metrics.jsonl || fail "the GSM8K run has no episode metrics"
+echo "   trill train on GSM8K lines with the example environment: one step"
