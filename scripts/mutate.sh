@@ -52,6 +52,31 @@ m tis_ratio_inverted rl src/rl/algo/algo.c "test_rl_algo" \
   'fmin(exp((double)behav_logp[t] - (double)old_logp[t]), cap)' \
   "TIS weight pi_behaviour / pi_old instead of pi_old / pi_behaviour"
 
+# multi-turn episodes: trajectories, the environment process, chat rendering (issue 39)
+m episodes_observation_trained rl src/rl/data/episodes.c "test_episodes" \
+  '        if (!st) st = append_segment(ep, RL_SEG_INJECTED, NULL, NULL, n);' \
+  '        if (!st) st = append_segment(ep, RL_SEG_SAMPLED, NULL, NULL, n);' \
+  "an observation is recorded as sampled: the loss would train the environment's tokens"
+m env_lost_episode_stepped rl src/rl/env/process.c "rl_env" \
+  '        p->generation++; /* the episodes it held are lost */' \
+  '        (void)0;' \
+  "after a crash the restarted environment process is asked to step episodes it never saw"
+m sched_gate_versions rl src/rl/sched/sched.c "rl_reliability" \
+  'if (rl_sched_gate(s, s->next) > (int64_t)r->state.step) break;' \
+  'if (rl_sched_gate(s, s->next) > (int64_t)r->state.version) break;' \
+  "the gate counts policy versions: a step that trains nothing stops the run at the next one"
+m chat_tool_call_newline text src/text/chat.c "tokenizer_parity" \
+  'if (i > 0 || has_content) trill_strbuf_puts(b, "\n");' \
+  'if (i > 0) trill_strbuf_puts(b, "\n");' \
+  "Qwen3's first tool call of a turn with content is not put on its own line"
+m tool_parse_error_uncounted text src/text/chat.c "test_chat" \
+  '        else {
+            ++*errors;
+            ok = add_failed(calls, close ? "expected {\"name\": string, \"arguments\": object}" : "no </tool_call>", body, len);' \
+  '        else {
+            ok = add_failed(calls, close ? "expected {\"name\": string, \"arguments\": object}" : "no </tool_call>", body, len);' \
+  "a malformed Qwen3 tool call is not counted as a parse error"
+
 # multi-turn generation: held samples continued with injected tokens (engine_turns.c)
 m turns_keys_restart infer src/infer/engine_sample.c "test_engine" \
   '(uint32_t)(s->key_base + gen), work, &lp);' \
@@ -171,9 +196,9 @@ m trajectory_mask_from_kind rl src/rl/data/rollout.c "test_rollout" \
 
 # async policies
 m async_gate_one_early async src/rl/sched/sched.c "rl_async" \
-  'return (int64_t)s->v0 + (k - s->k0) - s->bound;' \
-  'return (int64_t)s->v0 + (k - s->k0) - s->bound - 1;' \
-  "async wait gate: the generator starts a batch one version too early"
+  'return (int64_t)s->s0 + (k - s->k0) - s->bound;' \
+  'return (int64_t)s->s0 + (k - s->k0) - s->bound - 1;' \
+  "async wait gate: the generator starts a batch one step too early"
 m async_stale_by_mean_lag async src/rl/sched/sched.c "rl_async" \
   'const int lag = m->staleness_max;' \
   'const int lag = (int)m->staleness_mean;' \
