@@ -189,6 +189,37 @@ static void test_parse_tool_calls(void **state) {
     }
 }
 
+/* What a template writes for an assistant turn's tool calls parses back to those calls (names and
+ * arguments), in both families. */
+static void test_tool_calls_round_trip(void **state) {
+    (void)state;
+    static const char *const families[2] = { "qwen3", "deepseek_v3" };
+    const trill_chat_tool_call calls[2] = {
+        { .type = "function", .name = "calculator", .arguments = "{\"expression\": \"(48 + 24) / 2\", \"precision\": 0.5}", .arguments_is_text = true },
+        { .type = "function", .name = "search", .arguments = "{\"q\": \"line\\nbreak \\\" quote\", \"n\": [1, 2]}", .arguments_is_text = true },
+    };
+    for (int f = 0; f < 2; f++) {
+        trill_chat_template *t = NULL;
+        assert_int_equal(trill_chat_template_builtin(families[f], "", "", &t), TRILL_OK);
+        const trill_chat_message conv[2] = { U("q"), { .role = "assistant", .content = f ? NULL : "", .tool_calls = calls, .n_tool_calls = 2 } };
+        char *text = NULL, *json = NULL;
+        assert_int_equal(trill_chat_render(t, conv, 2, false, -1, &text), TRILL_OK);
+        int n = 0, errors = 0;
+        assert_int_equal(trill_chat_parse_tool_calls(t, text, &json, &n, &errors), TRILL_OK);
+        if (n != 2 || errors) fail_msg("%s: %d calls, %d errors parsed from %s", families[f], n, errors, text);
+        json_t *got = json_loads(json, 0, NULL);
+        for (int k = 0; k < 2; k++) {
+            json_t *want = json_loads(calls[k].arguments, 0, NULL), *call = json_array_get(got, (size_t)k);
+            assert_string_equal(json_string_value(json_object_get(call, "name")), calls[k].name);
+            if (!json_equal(json_object_get(call, "arguments"), want)) fail_msg("%s: call %d's arguments: %s", families[f], k, json);
+            json_decref(want);
+        }
+        json_decref(got);
+        free(text), free(json);
+        trill_chat_template_free(t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2),
@@ -196,6 +227,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_templates),
         cmocka_unit_test(test_after_turn),
         cmocka_unit_test(test_parse_tool_calls),
+        cmocka_unit_test(test_tool_calls_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
