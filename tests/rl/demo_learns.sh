@@ -16,26 +16,8 @@
 # make test-full (TRILL_TEST_FULL=1) adds the bf16 trainer's 40 steps and a bf16 on-policy generator,
 # 20 steps each.
 # Usage: demo_learns.sh TRILL [DIR]
-set -euo pipefail
+source "$(dirname "$0")/demo_common.sh" # TRILL, HERE, W, D, fail, LIMIT, run, pass1
 FULL=${TRILL_TEST_FULL:-0}
-TRILL=$(realpath "$1")
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-D=${2:-$W/demo}
-[ -f "$D/first.log" ] || bash "$HERE/demo_warm_start.sh" "$TRILL" "$D"
-cd "$W"
-export TRILL_CACHE_DIR="$D/cache"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-LIMIT=${TRILL_TEST_LIMIT_S:-600}
-run() { # run LOG ARGS...: trill exits 0 within LIMIT with no sanitizer report in LOG
-    local log=$1 rc=0
-    shift
-    timeout -k 5 "$LIMIT" "$TRILL" "$@" 2>"$log" || rc=$?
-    [ "$rc" -eq 0 ] || { tail -20 "$log"; fail "exit status $rc: trill $*"; }
-    if grep -nE "Sanitizer|runtime error:" "$log"; then fail "a sanitizer report in $log"; fi
-}
-pass1() { sed -n "s/.*held-out $1: pass@1 \([0-9.]*\)%.*/\1/p" "$2"; }
 
 run log2 train run_dir=run2 steps=40 checkpoint.every=0
 grep -q "cached warm start\|from the cache" log2 || { cat log2; fail "the warm start was not cached"; }

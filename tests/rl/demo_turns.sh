@@ -4,28 +4,11 @@
 # here first), the run teaches it the game's format (TRILL_DEMO_TURNS_SFT_STEPS of SFT on
 # transcripts, cached), then 40 RL steps of 3-turn episodes must raise held-out success (solved
 # within 3 turns) by at least 12 points; a second run finds the multi-turn base in the cache.
-# Measured (the warm start of 575 SFT steps): RL seeds 0, 1, 2: +22.6, +21.5, +21.1 points
-# (49.7% -> 72.2%, 49.2% -> 70.7%, 49.6% -> 70.6%), 13-19 s a run.
+# Measured on a warm start built on two threads: RL seeds 0, 1, 2: +22.6, +21.5, +21.1 points
+# (49.7% -> 72.2%, 49.2% -> 70.7%, 49.6% -> 70.6%), 13-19 s a run; on the tests' (one thread):
+# 52.3% -> 68.9% (+16.6).
 # Usage: demo_turns.sh TRILL [DIR]
-set -euo pipefail
-TRILL=$(realpath "$1")
-HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-D=${2:-$W/demo}
-[ -f "$D/first.log" ] || bash "$HERE/demo_warm_start.sh" "$TRILL" "$D"
-cd "$W"
-export TRILL_CACHE_DIR="$D/cache"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-LIMIT=${TRILL_TEST_LIMIT_S:-600}
-run() { # run LOG ARGS...: trill exits 0 within LIMIT with no sanitizer report in LOG
-    local log=$1 rc=0
-    shift
-    timeout -k 5 "$LIMIT" "$TRILL" "$@" 2>"$log" || rc=$?
-    [ "$rc" -eq 0 ] || { tail -20 "$log"; fail "exit status $rc: trill $*"; }
-    if grep -nE "Sanitizer|runtime error:" "$log"; then fail "a sanitizer report in $log"; fi
-}
-pass1() { sed -n "s/.*held-out $1: pass@1 \([0-9.]*\)%.*/\1/p" "$2"; }
+source "$(dirname "$0")/demo_common.sh" # TRILL, HERE, W, D, fail, LIMIT, run, pass1
 
 run log1 train env.kind=guess env.max_turns=3 run_dir=turns1 steps=40 checkpoint.every=0
 before=$(pass1 before log1) after=$(pass1 after log1)

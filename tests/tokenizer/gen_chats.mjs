@@ -2,7 +2,7 @@
 //   {"messages": [{"role", "content", "reasoning_content"?}...], "add_generation_prompt", "enable_thinking"?}
 // Hand-written edge cases first, then seeded random ones. No tools / tool_calls.
 // Usage: gen_chats.mjs --out FILE.jsonl --seed N [--count N]   (count >= the fixed cases; default 90)
-import { parseArgs, need, writeLines } from "./lib.mjs";
+import { parseArgs, need, writeLines, mulberry32 } from "./lib.mjs";
 
 const USAGE = "usage: gen_chats.mjs --out FILE.jsonl --seed N [--count N]";
 const opts = parseArgs(process.argv.slice(2), USAGE);
@@ -10,15 +10,7 @@ const out = need(opts, "out", USAGE);
 const seed = Number(need(opts, "seed", USAGE));
 const count = Number(opts.count ?? 90);
 
-// mulberry32, as in gen_corpus.mjs
-let state = (seed ^ 0x85ebca6b) >>> 0;
-function rand() {
-  state = (state + 0x6d2b79f5) >>> 0;
-  let t = state;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const rand = mulberry32((seed ^ 0x85ebca6b) >>> 0); // the seeded PRNG (lib.mjs)
 const int = (n) => Math.floor(rand() * n);
 const pick = (a) => a[int(a.length)];
 const chance = (p) => rand() < p;

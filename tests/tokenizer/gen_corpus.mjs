@@ -8,7 +8,7 @@
 // oracle's answers do not move with the Unicode version of the Node/ICU that runs it.
 import fs from "node:fs";
 import path from "node:path";
-import { parseArgs, need, die, writeLines, modelDirFor } from "./lib.mjs";
+import { parseArgs, need, die, writeLines, modelDirFor, mulberry32 } from "./lib.mjs";
 
 const USAGE =
   "usage: gen_corpus.mjs --vocab qwen3|deepseek_v3|llama2 --seed N --count N --out FILE [--model DIR] [--node-dir DIR] [--stats FILE]";
@@ -22,15 +22,7 @@ const modelDir = opts.model ?? modelDirFor(vocab, opts);
 const addedTokens = JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer.json"), "utf8"))
   .added_tokens.map((t) => t.content);
 
-// ---- seeded PRNG (mulberry32): plain 32-bit integer arithmetic, identical on every platform
-let state = (seed ^ 0x9e3779b9) >>> 0;
-function rand() {
-  state = (state + 0x6d2b79f5) >>> 0;
-  let t = state;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const rand = mulberry32((seed ^ 0x9e3779b9) >>> 0); // the seeded PRNG (lib.mjs)
 const int = (n) => Math.floor(rand() * n); // 0..n-1
 const between = (lo, hi) => lo + int(hi - lo + 1); // inclusive
 const pick = (a) => a[int(a.length)];

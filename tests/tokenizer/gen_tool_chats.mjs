@@ -8,7 +8,7 @@
 // places JavaScript and Python write JSON differently: floats with an integral value (JS has no
 // 1.0) and exponents (1e-07 vs 1e-7).
 // Usage: gen_tool_chats.mjs --family qwen3|deepseek_v3 --out FILE.jsonl --seed N [--count N]
-import { parseArgs, need, writeLines } from "./lib.mjs";
+import { parseArgs, need, writeLines, mulberry32 } from "./lib.mjs";
 
 const USAGE = "usage: gen_tool_chats.mjs --family qwen3|deepseek_v3 --out FILE.jsonl --seed N [--count N]";
 const opts = parseArgs(process.argv.slice(2), USAGE);
@@ -19,14 +19,7 @@ const count = Number(opts.count ?? 60);
 if (family !== "qwen3" && family !== "deepseek_v3") throw new Error(USAGE);
 const qwen = family === "qwen3";
 
-let state = (seed ^ 0x2545f491) >>> 0; // mulberry32, as in gen_corpus.mjs
-function rand() {
-  state = (state + 0x6d2b79f5) >>> 0;
-  let t = state;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const rand = mulberry32((seed ^ 0x2545f491) >>> 0); // the seeded PRNG (lib.mjs)
 const int = (n) => Math.floor(rand() * n);
 const pick = (a) => a[int(a.length)];
 const chance = (p) => rand() < p;

@@ -7,6 +7,19 @@ import { fileURLToPath } from "node:url";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
+// A seeded PRNG (mulberry32): plain 32-bit integer arithmetic, identical on every platform. Returns
+// rand() in [0, 1); the generators salt the seed differently so that their streams differ.
+export function mulberry32(seed) {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
 // "--key value" pairs, "--flag"s (named in flags, set to true) and positionals.
 export function parseArgs(argv, usage, flags = []) {
   const opts = { _: [] };

@@ -297,29 +297,15 @@ static trill_status pack_batch(const rl_episodes_job *j, const episode *eps, rl_
     const int n = j->n_prompts * j->group_size;
     size_t T = 0, S = 0;
     for (int s = 0; s < n; s++) T += (size_t)eps[s].len, S += (size_t)eps[s].n_segs;
-    const size_t row = (size_t)j->n_moe_layers * j->top_k;
     *b = (rl_batch){ .n_seqs = n, .group_size = j->group_size, .n_moe_layers = j->n_moe_layers, .top_k = j->top_k };
-    b->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
-    b->prompt_len = trill_malloc(sizeof(int) * (size_t)n);
-    b->tokens = trill_malloc(sizeof(int) * T);
-    b->behav_logp = trill_malloc(sizeof(float) * T);
-    b->version = trill_malloc(sizeof(uint32_t) * T);
-    b->experts = row ? trill_malloc(sizeof(uint16_t) * T * row) : NULL;
-    b->example = trill_malloc(sizeof(int) * (size_t)n);
-    b->completion = trill_calloc((size_t)n, sizeof(char *));
-    b->reward = trill_calloc((size_t)n, sizeof(double));
-    b->adv = trill_calloc((size_t)n, sizeof(double));
-    b->correct = trill_calloc((size_t)n, sizeof(double));
-    b->keep = trill_calloc((size_t)n, sizeof(bool));
+    trill_status st = trill_rl_batch_alloc(b, T);
+    if (st) return st;
     b->seg_offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
     b->segs = trill_malloc(sizeof(rl_segment) * (S + 1));
     b->episodes = trill_calloc((size_t)n + 1, sizeof(rl_episode));
-    if (!b->offsets || !b->prompt_len || !b->tokens || !b->behav_logp || !b->version || (row && !b->experts) || !b->example ||
-        !b->completion || !b->reward || !b->adv || !b->correct || !b->keep || !b->seg_offsets || !b->segs || !b->episodes)
-        return trill_error(TRILL_ERR_NOMEM, "out of memory for a batch of %d episodes, %zu tokens", n, T);
+    if (!b->seg_offsets || !b->segs || !b->episodes) return trill_error(TRILL_ERR_NOMEM, "out of memory for a batch of %d episodes", n);
     b->seg_offsets[0] = 0;
     size_t at = 0;
-    trill_status st = TRILL_OK;
     for (int s = 0; s < n && !st; s++) {
         st = pack_episode(j, &eps[s], s, at, b);
         at += (size_t)eps[s].len;

@@ -72,6 +72,20 @@ bool trill_rl_batch_is_single_turn(const rl_batch *b) {
     return true;
 }
 
+static int batch_arrays(rl_batch *b, size_t T, void ***ptr, size_t *bytes);
+
+trill_status trill_rl_batch_alloc(rl_batch *b, size_t T) {
+    void **ptr[16] = { 0 };
+    size_t bytes[16] = { 0 };
+    const int count = batch_arrays(b, T, ptr, bytes);
+    for (int i = 0; i < count; i++)
+        if (!(*ptr[i] = trill_calloc(1, bytes[i] ? bytes[i] : 1)))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory for a batch of %d sequences, %zu tokens", b->n_seqs, T);
+    if (!(b->completion = trill_calloc((size_t)b->n_seqs + 1, sizeof(char *))))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for a batch of %d sequences", b->n_seqs);
+    return TRILL_OK;
+}
+
 static bool is_stop(const trill_request *r, int id) {
     for (int i = 0; i < r->n_stop_ids; i++)
         if (r->stop_ids[i] == id) return true;
@@ -119,23 +133,7 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
     size_t T = 0;
     for (int s = 0; s < n && !st; s++) T += (size_t)(outs[s].n_prompt + outs[s].n_generated);
     b->n_seqs = n; b->group_size = group_size; b->n_moe_layers = L; b->top_k = K;
-    if (!st) {
-        b->offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
-        b->prompt_len = trill_malloc(sizeof(int) * (size_t)n);
-        b->tokens = trill_malloc(sizeof(int) * T);
-        b->behav_logp = trill_malloc(sizeof(float) * T);
-        b->version = trill_calloc(T, sizeof(uint32_t));
-        b->experts = L ? trill_malloc(sizeof(uint16_t) * T * (size_t)L * K) : NULL;
-        b->example = trill_malloc(sizeof(int) * (size_t)n);
-        b->completion = trill_calloc((size_t)n, sizeof(char *));
-        b->reward = trill_calloc((size_t)n, sizeof(double));
-        b->adv = trill_calloc((size_t)n, sizeof(double));
-        b->correct = trill_calloc((size_t)n, sizeof(double));
-        b->keep = trill_calloc((size_t)n, sizeof(bool));
-        if (!b->offsets || !b->prompt_len || !b->tokens || !b->behav_logp || !b->version || (L && !b->experts) || !b->example ||
-            !b->completion || !b->reward || !b->adv || !b->correct || !b->keep)
-            st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    }
+    if (!st) st = trill_rl_batch_alloc(b, T);
     size_t at = 0;
     for (int s = 0; s < n && !st; s++) {
         const trill_sequence_out *o = &outs[s];
@@ -174,8 +172,6 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
     }
     return st;
 }
-
-static int batch_arrays(rl_batch *b, size_t T, void ***ptr, size_t *bytes);
 
 /* Copies sequence s of `from` (its tokens at `at`) to sequence `to` of b; returns its length. */
 static size_t copy_sequence(rl_batch *b, int to, size_t at, const rl_batch *from, int s) {
@@ -254,13 +250,7 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
     b->group_size = G;
     b->n_moe_layers = L;
     b->top_k = K;
-    void **ptr[16] = { 0 };
-    size_t bytes[16] = { 0 };
-    const int count = batch_arrays(b, T, ptr, bytes);
-    trill_status st = TRILL_OK;
-    for (int i = 0; i < count && !st; i++)
-        if (!(*ptr[i] = trill_malloc(bytes[i] ? bytes[i] : 1))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st && !(b->completion = trill_calloc((size_t)seqs + 1, sizeof(char *)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st = trill_rl_batch_alloc(b, T);
     bool episodes = false;
     for (int j = 0; j < n_parts; j++) episodes |= parts[j].episodes != NULL;
     for (int j = 0; j < n_parts && episodes && !st; j++)

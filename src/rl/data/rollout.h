@@ -66,6 +66,9 @@ trill_status trill_rl_generate(trill_engine *e, const trill_tokenizer *tok, cons
                          int group_size, const uint64_t *request_ids, const trill_request *proto, int n_moe_layers, int top_k,
                          trill_status (*between_steps)(void *), void *ctx, rl_batch *out);
 void trill_rl_batch_free(rl_batch *b);
+/* Every array of a batch of b->n_seqs sequences (its shape set) and T tokens, zeroed; the
+ * segments, loss mask and episodes are the caller's. */
+trill_status trill_rl_batch_alloc(rl_batch *b, size_t T);
 
 /* The batch of n_groups prompts generated in parts (a replica each): group g is the next group of
  * parts[part_of[g]] (each part holds its groups in ascending g), copied to place g of *out. */
