@@ -353,45 +353,48 @@ static void test_bad_environment(void **state) {
     }
 }
 
-/* With a chat template (Qwen3's, over the char-level vocabulary: its markers are characters here)
- * the first observation is the conversation rendered with the environment's tools and the
- * generation prompt, and each later one what the template writes after a turn, after the
- * <|im_end|> the turn did not sample (this model ends turns with <|endoftext|>): token for token
- * the rendering of the injected text; the turns' tool calls (none from a random model) are parsed
- * and counted. */
+/* With a chat template (Qwen3's and DeepSeek-V3's, over the char-level vocabulary: their markers
+ * are characters or <unk> here) the first observation is the conversation rendered with the
+ * environment's tools and the generation prompt, and each later one what the template writes
+ * after a turn, after the end-of-turn token the turn did not sample (this model ends turns with
+ * <|endoftext|>): token for token the rendering of the injected text; the turns' tool calls (none
+ * from a random model) are parsed and counted. */
 static void test_chat_rendering(void **state) {
     (void)state;
-    world w;
-    world_init(&w);
-    script_turns = 2;
-    script_mode = "tools";
-    trill_chat_template *chat = NULL;
-    assert_int_equal(trill_chat_template_builtin("qwen3", "", "<|im_end|>", &chat), TRILL_OK);
-    rl_episodes_job j = job_of(&w, NULL);
-    j.chat = chat;
-    j.enable_thinking = 0;
-    rl_batch b;
-    assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK);
-    const trill_chat_message first[] = { { .role = "user", .content = "Q:12+7=" } };
-    const trill_chat_message next[] = { { .role = "tool", .content = "<1|\n" } };
-    char *first_text = NULL, *after = NULL, *next_text = NULL;
-    assert_int_equal(trill_chat_render_tools(chat, first, 1, SCRIPT_TOOLS, true, 0, &first_text), TRILL_OK);
-    assert_int_equal(trill_chat_render_after_turn(chat, next, 1, true, 0, &after), TRILL_OK);
-    assert_true(asprintf(&next_text, "<|im_end|>%s", after) > 0);
-    assert_non_null(strstr(first_text, "\"name\": \"calc\"")); /* the tools are in the prompt */
-    static int want[2][4096];
-    const int n_first = encode(&w, first_text, want[0]), n_next = encode(&w, next_text, want[1]);
-    const int s = 0, at = b.offsets[s], k0 = b.seg_offsets[s];
-    assert_int_equal(b.seg_offsets[s + 1] - k0, 4); /* prompt, turn, observation, turn */
-    assert_int_equal(b.segs[k0].len, n_first);
-    assert_memory_equal(b.tokens + at, want[0], sizeof(int) * (size_t)n_first);
-    assert_int_equal(b.segs[k0 + 2].len, n_next);
-    assert_memory_equal(b.tokens + at + n_first + b.segs[k0 + 1].len, want[1], sizeof(int) * (size_t)n_next);
-    assert_int_equal(b.episodes[s].tool_calls + b.episodes[s].parse_errors, 0);
-    free(first_text), free(after), free(next_text);
-    trill_rl_batch_free(&b);
-    trill_chat_template_free(chat);
-    world_free(&w);
+    static const char *const families[2] = { "qwen3", "deepseek_v3" };
+    for (int f = 0; f < 2; f++) {
+        world w;
+        world_init(&w);
+        script_turns = 2;
+        script_mode = "tools";
+        trill_chat_template *chat = NULL;
+        assert_int_equal(trill_chat_template_builtin(families[f], "", "", &chat), TRILL_OK);
+        rl_episodes_job j = job_of(&w, NULL);
+        j.chat = chat;
+        j.enable_thinking = 0;
+        rl_batch b;
+        assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK);
+        const trill_chat_message first[] = { { .role = "user", .content = "Q:12+7=" } };
+        const trill_chat_message next[] = { { .role = "tool", .content = "<1|\n" } };
+        char *first_text = NULL, *after = NULL, *next_text = NULL;
+        assert_int_equal(trill_chat_render_tools(chat, first, 1, SCRIPT_TOOLS, true, 0, &first_text), TRILL_OK);
+        assert_int_equal(trill_chat_render_after_turn(chat, next, 1, true, 0, &after), TRILL_OK);
+        assert_true(asprintf(&next_text, "%s%s", trill_chat_turn_end(chat), after) > 0);
+        if (f == 0) assert_non_null(strstr(first_text, "\"name\": \"calc\"")); /* Qwen3 writes the tools into the prompt */
+        static int want[2][4096];
+        const int n_first = encode(&w, first_text, want[0]), n_next = encode(&w, next_text, want[1]);
+        const int s = 0, at = b.offsets[s], k0 = b.seg_offsets[s];
+        assert_int_equal(b.seg_offsets[s + 1] - k0, 4); /* prompt, turn, observation, turn */
+        assert_int_equal(b.segs[k0].len, n_first);
+        assert_memory_equal(b.tokens + at, want[0], sizeof(int) * (size_t)n_first);
+        assert_int_equal(b.segs[k0 + 2].len, n_next);
+        assert_memory_equal(b.tokens + at + n_first + b.segs[k0 + 1].len, want[1], sizeof(int) * (size_t)n_next);
+        assert_int_equal(b.episodes[s].tool_calls + b.episodes[s].parse_errors, 0);
+        free(first_text), free(after), free(next_text);
+        trill_rl_batch_free(&b);
+        trill_chat_template_free(chat);
+        world_free(&w);
+    }
 }
 
 int main(void) {
