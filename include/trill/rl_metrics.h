@@ -104,6 +104,9 @@ typedef struct trill_rl_metrics {
         double tool_calls, parse_errors;   /* per episode: calls parsed from its turns (env.render chat), malformed ones */
         long stops[4];
         long prefill_tokens, rerender_prefill_tokens;
+        int n_metrics;                 /* the environment's own metrics: their means over the episodes ("metrics") */
+        char metric_name[TRILL_RL_MAX_EXT_METRICS][64];
+        double metric_value[TRILL_RL_MAX_EXT_METRICS];
     } env;
     size_t generator_apply_bytes; /* async: the generator's last weight update */
     bool has_eval;             /* eval.every: a held-out evaluation after this step */

@@ -6,9 +6,11 @@ n_tokens, text_bytes), then the arrays back to back, then the completions NUL-te
 Format 1 is single-turn. Format 2 (trajectories) has an int64 segment count after the header and,
 after the arrays, seg_offsets (int32 [n_seqs + 1]) and the segments (int32 len, kind: 0 injected,
 1 sampled); format 3 (episodes) then adds each sequence's episode (float64 env_return, env_s;
-int32 turns, stop, cut_turns, tool_calls, parse_errors, reserved). Written here from that description, so a test that
+int32 turns, stop, cut_turns, tool_calls, parse_errors, reserved) and, after the completions, each
+episode's environment metrics (JSON text). Written here from that description, so a test that
 reads a file trill wrote checks the format.
 """
+import json
 import struct
 
 import numpy as np
@@ -57,9 +59,12 @@ def read(path):
         b["segs"] = b["segs"].reshape(-1, 2)
     if at + text != len(data):
         raise ValueError(f"{path}: {len(data)} bytes, the header describes {at + text}")
-    b["completion"] = [s.decode("utf-8") for s in data[at:-1].split(b"\0")] if n else []
-    if len(b["completion"]) != n:
-        raise ValueError(f"{path}: {len(b['completion'])} completions for {n} sequences")
+    texts = [s.decode("utf-8") for s in data[at:-1].split(b"\0")] if n else []
+    b["completion"] = texts[:n]
+    if fmt == 3:
+        b["env_metrics"] = [json.loads(t) for t in texts[n:]]
+    if len(texts) != (2 if fmt == 3 else 1) * n:
+        raise ValueError(f"{path}: {len(texts)} texts for {n} sequences (format {fmt})")
     b["experts"] = b["experts"].reshape(T, layers, k)
     return b
 

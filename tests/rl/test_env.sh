@@ -66,6 +66,8 @@ for step in (1, 2):
     assert np.array_equal(np.isfinite(a["behav_logp"]), mask.astype(bool)), "log-probs exactly on the sampled tokens"
     assert ea["turns"].min() >= 1 and (ea["turns"] > 1).any(), ea["turns"]
 m = [json.loads(l) for l in open("process/metrics.jsonl")]
+mb = [json.loads(l) for l in open("builtin/metrics.jsonl")]
+assert [x["env"]["metrics"] for x in m] == [x["env"]["metrics"] for x in mb], "the environments' own metrics differ"
 e = m[0]["env"]
 assert e["injected_tokens"] > 0 and e["sampled_tokens"] > 0 and e["prefill_tokens"] < e["rerender_prefill_tokens"], e
 print(f"   2 steps alike; step 1: {e['turns']:.2f} turns, {e['sampled_tokens']:.1f} sampled and {e['injected_tokens']:.1f} injected "

@@ -63,6 +63,7 @@ static trill_status script_step(void *state, const char *turn, rl_env_reply *out
     if (s->turn <= MAX_TURNS && n_seen[s->turn - 1] < MAX_EPISODES) snprintf(seen[s->turn - 1][n_seen[s->turn - 1]++], 64, "%s", turn);
     if (strcmp(script_mode, "nan") == 0) out->reward = NAN;
     if (strcmp(script_mode, "silent") == 0) return TRILL_OK; /* neither done nor an observation */
+    out->metrics = json_pack("{s:i}", "steps", 1);
     if (s->turn >= script_turns) {
         out->done = true;
         out->reward = 1;
@@ -231,6 +232,10 @@ static void test_three_turns(void **state) {
     assert_memory_equal(u.episodes, b.episodes, sizeof(rl_episode) * (size_t)b.n_seqs);
     assert_memory_equal(u.segs, b.segs, sizeof(rl_segment) * (size_t)b.seg_offsets[b.n_seqs]);
     assert_memory_equal(u.loss_mask, b.loss_mask, (size_t)b.offsets[b.n_seqs]);
+    for (int s = 0; s < b.n_seqs; s++) { /* the environment's metrics, summed over the turns */
+        assert_string_equal(b.env_metrics[s], "{\"steps\":3.0}");
+        assert_string_equal(u.env_metrics[s], b.env_metrics[s]);
+    }
     trill_rl_batch_free(&u);
     free(buf);
     b.episodes[1].stop = RL_STOP_KINDS; /* a stop reason unpacking refuses */

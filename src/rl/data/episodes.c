@@ -25,6 +25,7 @@ typedef struct episode {
     rl_segment *segs;
     int n_segs, cap_segs;
     rl_episode info;
+    json_t *metrics;             /* the environment's, summed over the turns (NULL: none yet) */
 } episode;
 
 static void episode_free(episode *ep) {
@@ -32,6 +33,21 @@ static void episode_free(episode *ep) {
     free(ep->logp);
     free(ep->ver);
     free(ep->segs);
+    json_decref(ep->metrics);
+}
+
+/* A reply's metrics added to the episode's (numbers, summed by name). */
+static trill_status add_metrics(episode *ep, const json_t *m) {
+    const char *key;
+    json_t *v;
+    if (!m) return TRILL_OK;
+    if (!ep->metrics && !(ep->metrics = json_object())) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_object_foreach((json_t *)m, key, v) {
+        const json_t *sum = json_object_get(ep->metrics, key);
+        if (json_is_number(v) && json_object_set_new(ep->metrics, key, json_real((sum ? json_number_value(sum) : 0) + json_number_value(v))))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    return TRILL_OK;
 }
 
 /* Appends n tokens' log-probs and versions (NULL: injected) and their segment. */
@@ -204,6 +220,8 @@ static trill_status end_episode(const rl_episodes_job *j, episode *ep, int stop)
 static trill_status answer(const rl_episodes_job *j, episode *ep, const rl_env_reply *r) {
     if (r->lost) return end_episode(j, ep, RL_STOP_ENV_ERROR);
     ep->info.env_return += r->reward;
+    trill_status mst = add_metrics(ep, r->metrics);
+    if (mst) return mst;
     if (r->done) return end_episode(j, ep, RL_STOP_DONE);
     if (ep->info.turns >= j->max_turns) return end_episode(j, ep, RL_STOP_MAX_TURNS);
     int *ids, n;
@@ -287,6 +305,8 @@ static trill_status pack_episode(const rl_episodes_job *j, const episode *ep, in
         b->experts[at * row + i] = ep->out.experts && i < row * (len - 1) ? ep->out.experts[i] : TRILL_REPLAY_NONE;
     memcpy(b->segs + b->seg_offsets[s], ep->segs, sizeof(rl_segment) * (size_t)ep->n_segs);
     b->seg_offsets[s + 1] = b->seg_offsets[s] + ep->n_segs;
+    if (!(b->env_metrics[s] = ep->metrics ? json_dumps(ep->metrics, JSON_COMPACT) : trill_strdup("{}")))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
     int last = 0; /* where the last turn starts: the episode's completion is its text */
     for (int k = 0, t = 0; k < ep->n_segs; t += ep->segs[k++].len)
         if (ep->segs[k].kind == RL_SEG_SAMPLED) last = t;
@@ -303,7 +323,8 @@ static trill_status pack_batch(const rl_episodes_job *j, const episode *eps, rl_
     b->seg_offsets = trill_malloc(sizeof(int) * (size_t)(n + 1));
     b->segs = trill_malloc(sizeof(rl_segment) * (S + 1));
     b->episodes = trill_calloc((size_t)n + 1, sizeof(rl_episode));
-    if (!b->seg_offsets || !b->segs || !b->episodes) return trill_error(TRILL_ERR_NOMEM, "out of memory for a batch of %d episodes", n);
+    b->env_metrics = trill_calloc((size_t)n + 1, sizeof(char *));
+    if (!b->seg_offsets || !b->segs || !b->episodes || !b->env_metrics) return trill_error(TRILL_ERR_NOMEM, "out of memory for a batch of %d episodes", n);
     b->seg_offsets[0] = 0;
     size_t at = 0;
     for (int s = 0; s < n && !st; s++) {

@@ -8,6 +8,9 @@
 void trill_rl_batch_free(rl_batch *b) {
     if (b->completion)
         for (int s = 0; s < b->n_seqs; s++) free(b->completion[s]);
+    if (b->env_metrics)
+        for (int s = 0; s < b->n_seqs; s++) free(b->env_metrics[s]);
+    free(b->env_metrics);
     free(b->offsets); free(b->prompt_len); free(b->tokens); free(b->behav_logp); free(b->version); free(b->experts);
     free(b->example); free(b->completion); free(b->reward); free(b->adv); free(b->correct); free(b->keep);
     free(b->seg_offsets); free(b->segs); free(b->loss_mask); free(b->episodes);
@@ -256,7 +259,9 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
     for (int j = 0; j < n_parts && episodes && !st; j++)
         if (parts[j].n_seqs && !parts[j].episodes)
             st = trill_error(TRILL_ERR_INVALID, "rollout batch merge: part %d has no episodes where others have", j);
-    if (!st && episodes && !(b->episodes = trill_calloc((size_t)seqs + 1, sizeof(rl_episode)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && episodes && (!(b->episodes = trill_calloc((size_t)seqs + 1, sizeof(rl_episode))) ||
+                            !(b->env_metrics = trill_calloc((size_t)seqs + 1, sizeof(char *)))))
+        st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     int *next = st ? NULL : trill_calloc((size_t)n_parts, sizeof(int)); /* each part's next group */
     if (!st && !next) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t at = 0;
@@ -265,7 +270,8 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
         for (int k = 0; k < G && !st; k++, to++) {
             const int s = next[part_of[g]] * G + k;
             at += copy_sequence(b, to, at, p, s);
-            if (!(b->completion[to] = trill_strdup(p->completion[s]))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+            if (!(b->completion[to] = trill_strdup(p->completion[s])) || (episodes && !(b->env_metrics[to] = trill_strdup(p->env_metrics[s]))))
+                st = trill_error(TRILL_ERR_NOMEM, "out of memory");
         }
         next[part_of[g]]++;
     }
@@ -283,7 +289,8 @@ trill_status trill_rl_batch_merge(const rl_batch *parts, int n_parts, const int 
 /* Format 1: a single-turn batch (every sequence a prompt and a completion): the header, the arrays
  * of batch_arrays, the completions. Format 2, a batch of trajectories: the header, the number of
  * segments (int64), the same arrays, seg_offsets [n_seqs + 1] and the segments, the completions.
- * Format 3, a batch of episodes: format 2 with the episodes [n_seqs] after the segments. */
+ * Format 3, a batch of episodes: format 2 with the episodes [n_seqs] after the segments, and each
+ * episode's environment metrics (JSON text, NUL-terminated) after the completions. */
 typedef struct pack_header {
     uint32_t magic, format;
     int32_t n_seqs, group_size, n_moe_layers, top_k;
@@ -324,7 +331,7 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
         bytes[count++] = sizeof(rl_episode) * (size_t)b->n_seqs;
     }
     for (int i = 0; i < count; i++) total += bytes[i];
-    for (int s = 0; s < b->n_seqs; s++) text += strlen(b->completion[s]) + 1;
+    for (int s = 0; s < b->n_seqs; s++) text += strlen(b->completion[s]) + 1 + (b->episodes ? strlen(b->env_metrics[s]) + 1 : 0);
     char *out = trill_malloc(total + text);
     if (!out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     pack_header h = { PACK_MAGIC, b->episodes ? 3 : turns ? 2 : 1, b->n_seqs, b->group_size, b->n_moe_layers, b->top_k, (int64_t)T, (int64_t)text };
@@ -338,11 +345,13 @@ trill_status trill_rl_batch_pack(const rl_batch *b, void **buf, size_t *len) {
         if (bytes[i]) memcpy(out + at, *ptr[i], bytes[i]);
         at += bytes[i];
     }
-    for (int s = 0; s < b->n_seqs; s++) {
-        const size_t n = strlen(b->completion[s]) + 1;
-        memcpy(out + at, b->completion[s], n);
-        at += n;
-    }
+    for (int k = 0; k < (b->episodes ? 2 : 1); k++)
+        for (int s = 0; s < b->n_seqs; s++) {
+            const char *t = k ? b->env_metrics[s] : b->completion[s];
+            const size_t n = strlen(t) + 1;
+            memcpy(out + at, t, n);
+            at += n;
+        }
     *buf = out;
     *len = at;
     return TRILL_OK;
@@ -393,6 +402,17 @@ static trill_status check_episodes(const rl_batch *b) {
     return TRILL_OK;
 }
 
+/* n NUL-terminated texts from in[*at, len) into out. */
+static trill_status read_texts(const char *in, size_t len, size_t *at, int n, const char *what, char **out) {
+    for (int s = 0; s < n; s++) {
+        const char *text = in + *at, *nul = *at < len ? memchr(text, 0, len - *at) : NULL;
+        if (!nul) return trill_error(TRILL_ERR_INVALID, "rollout batch: %s %d is not terminated", what, s);
+        if (!(out[s] = trill_strdup(text))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+        *at = (size_t)(nul - in) + 1;
+    }
+    return TRILL_OK;
+}
+
 trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
     memset(b, 0, sizeof *b);
     pack_header h;
@@ -435,12 +455,10 @@ trill_status trill_rl_batch_unpack(const void *buf, size_t len, rl_batch *b) {
         if (b->offsets[s + 1] <= b->offsets[s] || b->prompt_len[s] < 1 || b->prompt_len[s] > b->offsets[s + 1] - b->offsets[s])
             st = trill_error(TRILL_ERR_INVALID, "rollout batch: sequence %d has offsets [%d, %d) and prompt length %d", s, b->offsets[s],
                              b->offsets[s + 1], b->prompt_len[s]);
-    for (int s = 0; s < h.n_seqs && !st; s++) {
-        const char *text = in + at, *nul = memchr(text, 0, len - at);
-        if (!nul) { st = trill_error(TRILL_ERR_INVALID, "rollout batch: completion %d is not terminated", s); break; }
-        if (!(b->completion[s] = trill_strdup(text))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-        at = (size_t)(nul - in) + 1;
-    }
+    if (!st) st = read_texts(in, len, &at, h.n_seqs, "completion", b->completion);
+    if (!st && h.format == 3 && !(b->env_metrics = trill_calloc((size_t)h.n_seqs + 1, sizeof(char *))))
+        st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && h.format == 3) st = read_texts(in, len, &at, h.n_seqs, "episode metrics", b->env_metrics);
     if (!st && at != len) st = trill_error(TRILL_ERR_INVALID, "rollout batch: %zu bytes after the last completion", len - at);
     if (!st && h.format >= 2) st = check_segment_offsets(b, n_segs);
     if (!st) st = h.format >= 2 ? trill_rl_batch_derive(b) : trill_rl_batch_single_turn(b);

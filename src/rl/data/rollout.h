@@ -55,6 +55,8 @@ typedef struct rl_batch {
     rl_segment *segs;          /* consecutive from each sequence's first token; the first is the prompt (injected) */
     uint8_t *loss_mask;        /* [T] 1 on sampled tokens: derived from segs (trill_rl_batch_derive), never packed */
     rl_episode *episodes;      /* [n_seqs] multi-turn episodes' outcomes, or NULL (no environment) */
+    char **env_metrics;        /* [n_seqs] with episodes: the environment's metrics of each, summed over its turns
+                                  (the JSON text of an object of numbers, "{}" without any) */
 } rl_batch;
 
 /* Generates group_size samples for each of n_prompts dataset examples, prompt i as request

@@ -165,6 +165,9 @@ static void put_env(writer *w, json_t *o, const trill_rl_metrics *m) {
     put(w, e, "env_s", num(m->env.env_s));
     put(w, e, "prefill_tokens", json_integer(m->env.prefill_tokens));
     put(w, e, "rerender_prefill_tokens", json_integer(m->env.rerender_prefill_tokens));
+    json_t *own = json_object();
+    for (int i = 0; own && i < m->env.n_metrics; i++) put(w, own, m->env.metric_name[i], num(m->env.metric_value[i]));
+    put(w, e, "metrics", own);
     put(w, o, "env", e);
 }
 

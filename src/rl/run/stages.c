@@ -121,7 +121,30 @@ trill_status trill_rl_stage_replay(rl_run *r, int64_t index, rl_rollout *ro) {
  * group's prompt once, then every observation with the turn's last token; rendering each turn
  * afresh: every turn's whole prefix (the group's first turn shares the prompt's prefill). */
 _Static_assert(RL_STOP_KINDS == sizeof ((trill_rl_metrics *)0)->env.stops / sizeof(long), "a count per stop reason");
-static void env_metrics(const rl_batch *b, trill_rl_metrics *m) {
+/* The environment's own metrics of every episode, as means over the episodes. */
+static trill_status env_own_metrics(const rl_batch *b, trill_rl_metrics *m) {
+    for (int s = 0; s < b->n_seqs; s++) {
+        json_t *j = json_loads(b->env_metrics[s], 0, NULL);
+        const char *key;
+        json_t *v;
+        json_object_foreach(j, key, v) {
+            int i = 0;
+            while (i < m->env.n_metrics && strcmp(m->env.metric_name[i], key) != 0) i++;
+            if (i == m->env.n_metrics && (i == TRILL_RL_MAX_EXT_METRICS || strlen(key) >= sizeof m->env.metric_name[0])) {
+                json_decref(j);
+                return trill_error(TRILL_ERR_INVALID, "environment: it reported %s (at most %d metrics, names under %zu bytes)",
+                                   i == TRILL_RL_MAX_EXT_METRICS ? "too many metrics" : "a metric name too long", TRILL_RL_MAX_EXT_METRICS,
+                                   sizeof m->env.metric_name[0]);
+            }
+            if (i == m->env.n_metrics) snprintf(m->env.metric_name[m->env.n_metrics++], sizeof m->env.metric_name[0], "%s", key);
+            m->env.metric_value[i] += json_number_value(v) / b->n_seqs;
+        }
+        json_decref(j);
+    }
+    return TRILL_OK;
+}
+
+static trill_status env_metrics(const rl_batch *b, trill_rl_metrics *m) {
     m->has_env = true;
     memset(&m->env, 0, sizeof m->env);
     const double n = b->n_seqs ? b->n_seqs : 1;
@@ -150,6 +173,7 @@ static void env_metrics(const rl_batch *b, trill_rl_metrics *m) {
             at += g->len;
         }
     }
+    return env_own_metrics(b, m);
 }
 
 /* The batch's and the trainer's figures; the external reward's metrics as means over the batch. */
@@ -175,7 +199,10 @@ static trill_status batch_metrics(const rl_run *r, const rl_rollout *ro, const r
     m->grad_norm = ts->grad_norm;
     m->skipped_nonfinite = ts->skipped;
     m->lr = ts->lr;
-    if (b->episodes) env_metrics(b, m);
+    if (b->episodes) {
+        trill_status st = env_metrics(b, m);
+        if (st) return st;
+    }
     m->n_ext = 0;
     const char *key;
     json_t *val;
