@@ -124,6 +124,8 @@ for vocab in qwen3 deepseek_v3 llama2; do
     node "$HERE/gen_tool_chats.mjs" --family "$vocab" --seed "$SEED" --out "$D/tool_chats.jsonl"
     oracle chat --model "$M" --in "$D/tool_chats.jsonl" --out "$D/ref_tool_chat.jsonl"
     check "$vocab chat with tools" tool_chat_check
+    # token identity across turns: trill's trajectory against a re-render (turns_check.py)
+    check "$vocab turns: trajectory vs re-render" /usr/bin/python3 "$HERE/turns_check.py" "$TOOL" "$vocab" "$M"
   fi
   if [ "$failed" -gt "$before" ]; then
     echo "  corpus lines by category ($vocab, seed $SEED):"
