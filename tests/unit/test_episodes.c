@@ -4,6 +4,7 @@
  * exactly the sampled tokens, the turns after the first prefill only what is new, the trainer's
  * gradient is that of the one sequence with the injected tokens masked, and the limits and the
  * environment's failures end or refuse episodes cleanly. */
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "base/alloc.h"
 #include "rl/data/episodes.h"
 #include "rl/exec/trainer.h"
 #include "text/chat_json.h"
@@ -54,7 +56,7 @@ static trill_status script_reset(void *state, const json_t *task, uint64_t seed,
     char text[128];
     snprintf(text, sizeof text, "Q:%s", json_string_value(json_object_get(task, "prompt")));
     if (strcmp(script_mode, "differ") == 0) snprintf(text, sizeof text, "Q%p:", (void *)s); /* depends on the episode */
-    return trill_rl_env_say(out, "user", text) ? TRILL_OK : TRILL_ERR_NOMEM;
+    return trill_rl_env_say(out, "user", text) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "script environment: out of memory");
 }
 
 static trill_status script_step(void *state, const char *turn, rl_env_reply *out) {
@@ -63,7 +65,7 @@ static trill_status script_step(void *state, const char *turn, rl_env_reply *out
     if (s->turn <= MAX_TURNS && n_seen[s->turn - 1] < MAX_EPISODES) snprintf(seen[s->turn - 1][n_seen[s->turn - 1]++], 64, "%s", turn);
     if (strcmp(script_mode, "nan") == 0) out->reward = NAN;
     if (strcmp(script_mode, "silent") == 0) return TRILL_OK; /* neither done nor an observation */
-    out->metrics = json_pack("{s:i}", "steps", 1);
+    if (!(out->metrics = json_pack("{s:i}", "steps", 1))) return trill_error(TRILL_ERR_NOMEM, "script environment: out of memory");
     if (s->turn >= script_turns) {
         out->done = true;
         out->reward = 1;
@@ -71,7 +73,7 @@ static trill_status script_step(void *state, const char *turn, rl_env_reply *out
     }
     char text[128];
     snprintf(text, sizeof text, "<%d|%s\n", s->turn, strcmp(script_mode, "long") == 0 ? "........................................" : "");
-    return trill_rl_env_say(out, "tool", text) ? TRILL_OK : TRILL_ERR_NOMEM;
+    return trill_rl_env_say(out, "tool", text) ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "script environment: out of memory");
 }
 
 static const rl_env_builtin SCRIPT = { "script", sizeof(script_state), script_reset, script_step };
@@ -402,6 +404,63 @@ static void test_chat_rendering(void **state) {
     }
 }
 
+/* Out of memory anywhere in an episode's life (its reset, a render, the engine's steps, a
+ * continued turn, the environment's replies, the batch) ends the run with an out-of-memory error
+ * and leaves the engine empty (nothing running, nothing held), ready for the next run, which
+ * gives the batch of a run without failures; the ASan build checks that nothing leaks. Every Nth
+ * allocation fails in turn (every one with TRILL_TEST_FULL). */
+static uint64_t batch_digest(const rl_batch *b) {
+    uint64_t h = 14695981039346656037ull;
+    const unsigned char *parts[3] = { (const unsigned char *)b->tokens, (const unsigned char *)b->behav_logp, (const unsigned char *)b->segs };
+    const size_t sizes[3] = { sizeof(int) * (size_t)b->offsets[b->n_seqs], sizeof(float) * (size_t)b->offsets[b->n_seqs],
+                              sizeof(rl_segment) * (size_t)b->seg_offsets[b->n_seqs] };
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < sizes[k]; i++) h = (h ^ parts[k][i]) * 1099511628211ull;
+    for (int e = 0; e < b->n_seqs; e++) { /* the outcomes, their seconds aside, and the environment's metrics */
+        rl_episode x = b->episodes[e];
+        x.env_s = 0;
+        for (size_t i = 0; i < sizeof x; i++) h = (h ^ ((const unsigned char *)&x)[i]) * 1099511628211ull;
+        for (const char *c = b->env_metrics[e]; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    }
+    return h;
+}
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    rl_episodes_job j = job_of(&w, NULL);
+    rl_batch b;
+    trill_alloc_fail_after(LONG_MAX);
+    assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK);
+    const long count = trill_alloc_fail_after(-1);
+    const uint64_t want = batch_digest(&b);
+    trill_rl_batch_free(&b);
+    const char *full = getenv("TRILL_TEST_FULL");
+    const long stride = full && strcmp(full, "1") == 0 ? 1 : 7;
+    long failed = 0;
+    for (long n = 0; n < count; n += stride) {
+        trill_alloc_fail_after(n);
+        trill_status st = trill_rl_generate_episodes(&j, &b);
+        trill_alloc_fail_after(-1);
+        if (st == TRILL_OK) {
+            if (batch_digest(&b) != want) fail_msg("failing allocation %ld: the run succeeded with another batch", n);
+            trill_rl_batch_free(&b);
+            continue;
+        }
+        failed++;
+        if (!strstr(trill_error_message(), "memory")) fail_msg("failing allocation %ld: status %d \"%s\"", n, (int)st, trill_error_message());
+        if (trill_engine_busy(w.engine) || trill_engine_held(w.engine))
+            fail_msg("failing allocation %ld: the engine is left with work (%d held)", n, trill_engine_held(w.engine));
+        assert_null(b.tokens);
+    }
+    assert_true(failed > 0);
+    assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK); /* the engine and the environment as good as new */
+    assert_true(batch_digest(&b) == want);
+    trill_rl_batch_free(&b);
+    world_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_turns),
@@ -409,6 +468,7 @@ int main(void) {
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_bad_environment),
         cmocka_unit_test(test_chat_rendering),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
