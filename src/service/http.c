@@ -347,11 +347,13 @@ static const route *match(const char *method, char **p, int n) {
     return NULL;
 }
 
-/* The caller's key id from "Authorization: Bearer KEY", or NULL. */
+/* The caller's key id from "X-API-Key: KEY" (the official Tinker SDK's header) or "Authorization:
+ * Bearer KEY"; false when neither names a valid key. */
 static bool authenticate(struct MHD_Connection *c, svc *s, char key_id[32]) {
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-API-Key");
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0 || strlen(h + 7) > 128) return false;
-    return trill_svc_store_authenticate(s->store, h + 7, key_id);
+    const char *key = x ? x : h && strncmp(h, "Bearer ", 7) == 0 ? h + 7 : NULL;
+    return key && strlen(key) <= 128 && trill_svc_store_authenticate(s->store, key, key_id);
 }
 
 static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *url, const char *method, conn_ctx *cc) {
@@ -366,7 +368,8 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
     const route *r = known ? match(method, parts, n) : NULL;
     if (r && r->public) return r->fn(&(route_call){ .c = c, .s = s, .key_id = "", .p = parts, .cc = cc, .r = r });
     char key_id[32]; /* every other request, a route or not, needs a valid key first: paths reveal nothing */
-    if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "a valid API key is needed: Authorization: Bearer KEY (trill serve keys add)");
+    if (!authenticate(c, s, key_id))
+        return answer_error(c, "unauthorized", "a valid API key is needed: X-API-Key: KEY or Authorization: Bearer KEY (trill serve keys add)");
     if (cc->too_large) {
         char msg[160];
         snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body-mb)", s->cfg.max_body_bytes);

@@ -197,8 +197,8 @@ static trill_status add_key(svc_store *s, const char *name, char text[48]) {
     char id[32], hash[65];
     unsigned char raw[16];
     while (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {}
-    strcpy(text, "trill-");
-    for (int i = 0; i < 16; i++) snprintf(text + 6 + 2 * i, 3, "%02x", raw[i]);
+    strcpy(text, "tml-"); /* the prefix the official Tinker SDK requires of a key (keys made as trill-... before still work) */
+    for (int i = 0; i < 16; i++) snprintf(text + 4 + 2 * i, 3, "%02x", raw[i]);
     trill_svc_new_id(id, sizeof id, "k-");
     trill_svc_sha256_hex(text, hash);
     svc_arg a[] = { SVC_S(id), SVC_S(name), SVC_S(hash), SVC_I(time(NULL)) };

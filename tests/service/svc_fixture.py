@@ -66,12 +66,13 @@ def sequence_datum(tok, text, **inputs):
                         loss_fn_inputs={"target_tokens": ids[1:], **{k: v(len(ids) - 1) for k, v in inputs.items()}})
 
 
-def raw(url, method, path, body=None, key=None, data=None, timeout=60):
-    """(status, JSON answer) of one request to url/api/v1/path."""
+def raw(url, method, path, body=None, key=None, data=None, timeout=60, header="Authorization"):
+    """(status, JSON answer) of one request to url/api/v1/path; the key in `header` (Authorization:
+    Bearer KEY, or X-API-Key: KEY as the official Tinker SDK sends it)."""
     req = urllib.request.Request(url + "/api/v1" + path, method=method,
                                  data=data if data is not None else (None if body is None else json.dumps(body).encode()))
     if key:
-        req.add_header("Authorization", f"Bearer {key}")
+        req.add_header(header, f"Bearer {key}" if header == "Authorization" else key)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())

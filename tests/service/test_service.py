@@ -389,6 +389,12 @@ class Isolation(unittest.TestCase):
     def test_refusals(self):
         self.assertEqual(raw("GET", "/models")[0], 401)
         self.assertEqual(raw("GET", "/models", key="trill-" + "0" * 32)[0], 401)
+        # keys as the official Tinker SDK wants them: "tml-..." (it refuses others), sent as X-API-Key
+        self.assertTrue(KEY_A.startswith("tml-") and len(KEY_A) == 36, KEY_A)
+        self.assertEqual(raw_at(SERVER.url, "GET", "/models", key=KEY_A, header="X-API-Key")[0], 200)
+        code, body = raw_at(SERVER.url, "GET", "/models", key="tml-" + "0" * 32, header="X-API-Key")
+        self.assertEqual((code, body["error"]["code"]), (401, "unauthorized"))
+        self.assertIn("X-API-Key", body["error"]["message"])
         code, body = raw("POST", "/trainers", key=KEY_A, data=b"{not json")
         self.assertEqual((code, body["error"]["code"]), (400, "bad_request"))
         code, body = raw("POST", "/trainers", {"base_model": "tiny", "rank": "four"}, key=KEY_A)
