@@ -119,6 +119,7 @@ typedef struct trill_serve_config {
     int max_connections;           /* open at once (each a file descriptor; long-polls hold no thread) */
     int max_client_connections;    /* open at once from one address */
     double request_timeout;        /* seconds a request's headers, and then its body, may take to arrive */
+    double session_timeout;        /* seconds an official-SDK client's session lives after its last heartbeat */
     const char *port_file;         /* when set, the bound port is written there once listening */
 } trill_serve_config;
 trill_serve_config trill_serve_config_default(void);

@@ -27,7 +27,8 @@ enum { MAX_PATH_PARTS = 6, HTTP_THREADS = 4, FDS_BESIDES_CONNECTIONS = 64 };
 trill_serve_config trill_serve_config_default(void) {
     return (trill_serve_config){ .host = "127.0.0.1", .port = 8100, .max_body_bytes = 8u << 20, .max_trainers_per_key = 16,
                                  .max_samplers_per_key = 64, .max_queued = 256, .max_adapter_bytes = (size_t)4096 << 20,
-                                 .max_connections = 1024, .max_client_connections = 256, .request_timeout = 30 };
+                                 .max_connections = 1024, .max_client_connections = 256, .request_timeout = 30,
+                                 .session_timeout = 120 };
 }
 
 /* A connection, for the request deadlines: what it waits for, since when. */
@@ -235,6 +236,49 @@ static enum MHD_Result r_models(const route_call *q) {
     return answer_json(q->c, 200, json_pack("{s:o}", "models", a));
 }
 
+/* ---- the official Tinker SDK's start-up (its client's first calls) ---- */
+
+/* Each base model's name and context length. */
+static enum MHD_Result r_capabilities(const route_call *q) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < q->s->n_bases; i++) {
+        const trill_config *c = trill_model_config(trill_svc_base_model(q->s->bases[i]));
+        json_array_append_new(a, json_pack("{s:s, s:i}", "model_name", trill_svc_base_name(q->s->bases[i]), "max_context_length",
+                                           c->max_position_embeddings));
+    }
+    return answer_json(q->c, 200, json_pack("{s:o}", "supported_models", a));
+}
+
+/* The client's feature flags: its default transport (httpx: trill needs no pyqwest), request
+ * bodies not compressed. Flags not named keep the SDK's defaults. */
+static enum MHD_Result r_client_config(const route_call *q) {
+    if (!json_is_string(json_object_get(q->body, "sdk_version"))) return answer_error(q->c, "bad_request", "sdk_version: expected a string");
+    return answer_json(q->c, 200, json_pack("{s:b, s:s, s:b, s:b}", "pjwt_auth_enabled", 0, "credential_default_source", "api_key",
+                                            "use_pyqwest_transport", 0, "proto_compress_fwdbwd", 0));
+}
+
+static enum MHD_Result r_dynamic_config(const route_call *q) {
+    if (!json_is_string(json_object_get(q->body, "sdk_version"))) return answer_error(q->c, "bad_request", "sdk_version: expected a string");
+    return answer_json(q->c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
+}
+
+static enum MHD_Result r_create_session(const route_call *q) {
+    char id[32];
+    trill_status st = trill_svc_session_create(q->s, q->key_id, q->body, id);
+    return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s, s:s}", "type", "create_session", "session_id", id));
+}
+
+static enum MHD_Result r_heartbeat(const route_call *q) {
+    trill_status st = trill_svc_session_heartbeat(q->s, q->key_id, q->body);
+    return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s}", "type", "session_heartbeat"));
+}
+
+/* The SDK's telemetry: accepted and not kept (trill logs its own figures). */
+static enum MHD_Result r_telemetry(const route_call *q) {
+    if (!json_is_array(json_object_get(q->body, "events"))) return answer_error(q->c, "bad_request", "events: expected an array");
+    return answer_json(q->c, 200, json_pack("{s:s}", "status", "accepted"));
+}
+
 static enum MHD_Result r_tokenize(const route_call *q, bool decode) {
     const int base = trill_svc_find_base(q->s, q->p[1]);
     return base < 0 ? answer_error(q->c, "not_found", "no such model") : tokenize(q->c, q->s, base, q->body, decode);
@@ -321,6 +365,13 @@ static const route ROUTES[] = {
     { .method = "DELETE", .pattern = "/samplers/{sampler_id}", .fn = r_delete },
     { .method = "POST", .pattern = "/samplers/{sampler_id}/sample", .fn = r_submit, .job = JOB_SAMPLE, .trainer = false },
     { .method = "POST", .pattern = "/samplers/{sampler_id}/compute_logprobs", .fn = r_submit, .job = JOB_LOGPROBS, .trainer = false },
+    /* the official Tinker SDK's client start-up */
+    { .method = "GET", .pattern = "/get_server_capabilities", .fn = r_capabilities },
+    { .method = "POST", .pattern = "/client/config", .fn = r_client_config },
+    { .method = "POST", .pattern = "/client/dynamic_config", .fn = r_dynamic_config },
+    { .method = "POST", .pattern = "/create_session", .fn = r_create_session },
+    { .method = "POST", .pattern = "/session_heartbeat", .fn = r_heartbeat },
+    { .method = "POST", .pattern = "/telemetry", .fn = r_telemetry },
 };
 enum { N_ROUTES = sizeof ROUTES / sizeof ROUTES[0] };
 
@@ -540,6 +591,7 @@ static void svc_free(svc *s) {
     for (int i = 0; i < s->n_samplers; i++) free(s->samplers[i]);
     for (int i = 0; i < s->n_weights; i++) trill_lora_free(s->weights[i]->lora), free(s->weights[i]);
     for (int i = 0; i < s->n_bases; i++) trill_engine_free(s->engines ? s->engines[i] : NULL), trill_svc_base_free(s->bases[i]);
+    free(s->sessions);
     free(s->tenants), free(s->samplers), free(s->weights), free(s->bases), free(s->identities), free(s->engines), free(s->inflight);
     trill_svc_mark_free(s->mark);
     trill_svc_store_close(s->store);

@@ -107,6 +107,13 @@ typedef struct svc_waiter {
     struct svc_waiter *next;
 } svc_waiter;
 
+/* An official Tinker SDK client's session (sessions.c). */
+enum { SVC_MAX_SESSIONS = 256 };
+typedef struct svc_session {
+    char id[32], key_id[32];
+    double last_seen;            /* trill_now() of its creation or last heartbeat */
+} svc_session;
+
 typedef struct svc {
     trill_serve_config cfg;
     svc_store *store;
@@ -129,6 +136,8 @@ typedef struct svc {
     int n_inflight;
     svc_job *sample_head, *sample_tail;
     svc_waiter *waiters;         /* long-polls, under mu */
+    svc_session *sessions;       /* the SDK clients' live sessions, under mu */
+    int n_sessions, cap_sessions;
     bool reap;                   /* for the sampling worker: weights to free, or the cache past its size */
     bool stopping;
     pthread_t train_thread, sample_thread;
@@ -179,6 +188,12 @@ void trill_svc_wake_waiters(svc *s, const char *id);
 /* The sampling worker's loop (a thread): continuous batching of every sampler's requests in its
  * base's engine, each sampler's adapter in an adapter slot of the engine. */
 void *trill_svc_sample_main(void *arg);
+
+/* ---- sessions.c ---- */
+/* A new session of the caller's from a create_session body (checked: the field is named); *id. */
+trill_status trill_svc_session_create(svc *s, const char *key_id, const json_t *body, char id[32]);
+/* A heartbeat {"session_id"} of one of the caller's live sessions (else not_found). */
+trill_status trill_svc_session_heartbeat(svc *s, const char *key_id, const json_t *body);
 
 /* ---- tenants.c ---- */
 /* An error with the code the HTTP answer gives it ("not_found", "limit", "bad_request", "gone"),

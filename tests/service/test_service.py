@@ -316,6 +316,11 @@ class Isolation(unittest.TestCase):
             ("POST", "/models/{model}/tokenize"): "a base model's tokenizer is every tenant's",
             ("POST", "/models/{model}/detokenize"): "a base model's tokenizer is every tenant's",
             ("POST", "/trainers"): "makes the caller's own trainer; the body names only a base model",
+            ("GET", "/get_server_capabilities"): "the base models are served to every key",
+            ("POST", "/client/config"): "the official SDK client's flags, the same for every key",
+            ("POST", "/client/dynamic_config"): "the official SDK client's flags, the same for every key",
+            ("POST", "/create_session"): "makes the caller's own session",
+            ("POST", "/telemetry"): "the SDK's telemetry, accepted from any key and not kept",
         }
         routes = []
         for line in run("serve", "--print-routes").stdout.splitlines():
@@ -332,6 +337,7 @@ class Isolation(unittest.TestCase):
         weights = tc.save_weights_for_sampler("matrix").result(timeout=DEADLINE_S).path
         sampler = a.create_sampling_client(model_path=weights)
         ids = {"model": "tiny", "trainer_id": tc.trainer_id, "sampler_id": sampler.sampler_id, "request_id": fut.request_id}
+        session = raw("POST", "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "test"}, key=KEY_A)[1]["session_id"]
         datum = sequence_datum(tok, "2+2=4").to_wire()
         bodies = {  # by the path's last literal segment: valid, so A's call succeeds; they name A's objects
             "tokenize": {"text": "1+2="}, "detokenize": {"tokens": [49, 43]},
@@ -340,6 +346,9 @@ class Isolation(unittest.TestCase):
             "optim_step": {"adam_params": {"learning_rate": 1e-4}}, "save_state": {"name": "matrix2"},
             "save_weights_for_sampler": {"name": "matrix2"}, "load_state": {"path": state},
             "sample": {"prompt": [49, 43], "sampling_params": {"max_tokens": 2, "seed": 1}}, "compute_logprobs": {"prompt": [49, 43, 50]},
+            "config": {"sdk_version": "test"}, "dynamic_config": {"sdk_version": "test"},
+            "create_session": {"tags": [], "user_metadata": None, "sdk_version": "test"}, "session_heartbeat": {"session_id": session},
+            "telemetry": {"events": [], "platform": "linux", "sdk_version": "test", "session_id": session, "process_uuid": "u"},
         }
         bad_key = "trill-" + "0" * 32
         calls = []
@@ -465,6 +474,59 @@ class MalformedHttp(unittest.TestCase):
                 self.assertLess(time.monotonic() - t0, 2 + 5, ("not shut by the request deadline", p[:60]))
                 self.assertEqual(raw_at(server.url, "GET", "/healthz")[0], 200, p[:60])
             self.assertEqual(raw_at(server.url, "GET", "/models", key=key)[0], 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class TinkerStartup(unittest.TestCase):
+    """The official Tinker SDK client's first calls (its key as X-API-Key, as it sends it), with
+    the shapes its types read (thinking-machines-lab/tinker's src/tinker/types)."""
+
+    def call(self, method, path, body=None, key=None, server=None):
+        return raw_at((server or SERVER).url, method, path, body=body, key=key or KEY_A, header="X-API-Key")
+
+    def test_config_capabilities_sessions(self):
+        code, flags = self.call("POST", "/client/config", {"sdk_version": "0.25.0"})
+        self.assertEqual(code, 200)
+        self.assertEqual((flags["use_pyqwest_transport"], flags["proto_compress_fwdbwd"], flags["pjwt_auth_enabled"]), (False, False, False))
+        self.assertEqual(self.call("POST", "/client/dynamic_config", {"sdk_version": "0.25.0"}), (200, {"refresh_interval_sec": 300}))
+        code, caps = self.call("GET", "/get_server_capabilities")
+        self.assertEqual(code, 200)
+        self.assertEqual([m["model_name"] for m in caps["supported_models"]], ["tiny"])
+        self.assertGreater(caps["supported_models"][0]["max_context_length"], 0)
+        body = {"tags": ["a"], "user_metadata": {"run": 1}, "sdk_version": "0.25.0", "type": "create_session"}
+        code, made = self.call("POST", "/create_session", body)
+        self.assertEqual((code, made["type"]), (200, "create_session"))
+        sid = made["session_id"]
+        self.assertEqual(self.call("POST", "/session_heartbeat", {"session_id": sid, "type": "session_heartbeat"}),
+                         (200, {"type": "session_heartbeat"}))
+        for who, key, sess in (("another tenant", KEY_B, sid), ("no such session", KEY_A, "s-0")):
+            code, answer = self.call("POST", "/session_heartbeat", {"session_id": sess}, key=key)
+            self.assertEqual((code, answer["error"]["code"]), (404, "not_found"), who)
+        for bad, field in (({**body, "tags": "a"}, "tags"), ({k: v for k, v in body.items() if k != "sdk_version"}, "sdk_version"),
+                           ({**body, "user_metadata": [1]}, "user_metadata"), ({**body, "type": "x"}, "type")):
+            code, answer = self.call("POST", "/create_session", bad)
+            self.assertEqual(code, 400, field)
+            self.assertIn(field, answer["error"]["message"])
+        self.assertEqual(self.call("POST", "/client/config", {})[0], 400)
+        self.assertEqual(self.call("POST", "/telemetry", {"events": [{"event": "x"}], "platform": "linux", "sdk_version": "0.25.0",
+                                                          "session_id": sid, "process_uuid": "u"}), (200, {"status": "accepted"}))
+
+    def test_session_expires(self):
+        """A server of its own with --session-timeout 3: heartbeats every 0.5 s keep a session, one
+        not heard from for longer ends (the margins: a stall of 2.5 s between two calls, even sanitized)."""
+        state = os.path.join(W, "sessions")
+        server = Server(extra=("--session-timeout", "3"), state=state)
+        try:
+            key = slurp(os.path.join(state, "default.key")).strip()
+            sid = self.call("POST", "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "t"}, key=key, server=server)[1]["session_id"]
+            for _ in range(8):  # 4 s of heartbeats, longer than the timeout
+                time.sleep(0.5)
+                self.assertEqual(self.call("POST", "/session_heartbeat", {"session_id": sid}, key=key, server=server)[0], 200)
+            time.sleep(3.5)
+            code, answer = self.call("POST", "/session_heartbeat", {"session_id": sid}, key=key, server=server)
+            self.assertEqual((code, answer["error"]["code"]), (404, "not_found"))
+            self.assertIn("3 s after its last heartbeat", answer["error"]["message"])
         finally:
             self.assertEqual(server.stop(), 0)
 
