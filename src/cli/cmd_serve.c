@@ -10,7 +10,7 @@
 #include "trill/service.h"
 
 static const char ABOUT[] =
-    "Serves a Tinker-compatible post-training API over HTTP (docs/service.md): each base model loaded once, a\n"
+    "Serves a Tinker-style post-training API over HTTP (docs/service.md): each base model loaded once, a\n"
     "LoRA trainer per training client, every call answered with a future. --state holds the database (keys,\n"
     "trainers, request log), saved states and the trainers' snapshots; after a restart every trainer is back at\n"
     "its last committed optimizer step (every save is written whole, then committed with its request's result; one\n"

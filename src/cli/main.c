@@ -32,7 +32,7 @@ static const struct {
     { "eval", cmd_eval, "pass@1 / pass@k of a model (and adapter) on a JSONL set with a verifier" },
     { "merge", cmd_merge, "fold a PEFT LoRA adapter into the weights, write a full checkpoint" },
     { "report", cmd_report, "charts of run folders' metrics in one self-contained HTML page" },
-    { "serve", cmd_serve, "the post-training service: a Tinker-compatible HTTP API over shared base models" },
+    { "serve", cmd_serve, "the post-training service: a Tinker-style HTTP API over shared base models" },
 };
 
 static void print_help(FILE *out) {
