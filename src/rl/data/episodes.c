@@ -115,16 +115,17 @@ static trill_status observation_text(const rl_episodes_job *j, const json_t *mes
     return TRILL_OK;
 }
 
-/* Whether the last turn did not end with the chat template's end-of-turn token (cut at
+/* *cut: the last turn did not end with the chat template's end-of-turn token (cut at
  * max_new_tokens, or ended by another stop): what follows it then closes the turn first. */
-static bool cut_turn(const rl_episodes_job *j, const episode *ep) {
-    if (!j->chat) return false;
+static trill_status cut_turn(const rl_episodes_job *j, const episode *ep, bool *cut) {
+    *cut = false;
+    if (!j->chat) return TRILL_OK;
     char *text = NULL;
     size_t len;
-    if (trill_tokenizer_decode_lenient(j->tok, &ep->out.tokens[ep->len - 1], 1, &text, &len)) return true;
-    const bool ended = strcmp(text, trill_chat_turn_end(j->chat)) == 0;
+    trill_status st = trill_tokenizer_decode_lenient(j->tok, &ep->out.tokens[ep->len - 1], 1, &text, &len);
+    if (!st) *cut = strcmp(text, trill_chat_turn_end(j->chat)) != 0;
     free(text);
-    return !ended;
+    return st;
 }
 
 /* An observation's tokens (observation_text, tokenised once: special tokens in it matched). */
@@ -224,8 +225,10 @@ static trill_status answer(const rl_episodes_job *j, episode *ep, const rl_env_r
     if (mst) return mst;
     if (r->done) return end_episode(j, ep, RL_STOP_DONE);
     if (ep->info.turns >= j->max_turns) return end_episode(j, ep, RL_STOP_MAX_TURNS);
-    int *ids, n;
-    trill_status st = render(j, ep, r->messages, NULL, false, cut_turn(j, ep), &ids, &n);
+    int *ids = NULL, n = 0;
+    bool cut;
+    trill_status st = cut_turn(j, ep, &cut);
+    if (!st) st = render(j, ep, r->messages, NULL, false, cut, &ids, &n);
     const int room = j->max_tokens - ep->len - n;
     if (!st && room < 1) st = end_episode(j, ep, RL_STOP_CONTEXT);
     if (!st && room >= 1) {
