@@ -461,6 +461,50 @@ static void test_out_of_memory(void **state) {
     world_free(&w);
 }
 
+/* The environment process with env.mark_failures: it crashes at its 3rd step, so the episode
+ * stepped then and those the restarted process lost end env_error; every episode of the batch is
+ * ended, none left in the environment's table (a long run's failures would otherwise pile up). */
+static void test_process_failures_marked(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    char *script = test_tmpdir("episodes_env");
+    char cmd[1200], path[1024];
+    snprintf(path, sizeof path, "%s/env.py", script);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("import json, sys\nn = 0\nfor line in sys.stdin:\n    r = json.loads(line)\n    if r['op'] == 'step':\n        n += 1\n"
+          "        if n == 3: sys.exit(3)\n    out = {'messages': [{'role': 'user', 'content': 'ok\\n'}]} if r['op'] == 'reset' else "
+          "{'messages': [{'role': 'user', 'content': 'go\\n'}], 'reward': 0, 'done': False} if r['op'] == 'step' else {}\n"
+          "    print(json.dumps(out), flush=True)\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s", path);
+    trill_run_config c;
+    assert_int_equal(trill_run_config_defaults(&c), TRILL_OK);
+    free(c.env.kind);
+    free(c.env.command);
+    c.env.kind = strdup("process");
+    c.env.command = strdup(cmd);
+    c.env.mark_failures = true;
+    rl_env *env;
+    assert_int_equal(trill_rl_env_open(&c, &env), TRILL_OK);
+    rl_episodes_job j = job_of(&w, NULL);
+    j.env = env;
+    j.max_turns = 4;
+    rl_batch b;
+    assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK);
+    int lost = 0;
+    for (int s = 0; s < b.n_seqs; s++) lost += b.episodes[s].stop == RL_STOP_ENV_ERROR;
+    assert_int_equal(lost, b.n_seqs); /* the crash lost them all: two turns each at most */
+    assert_int_equal(trill_rl_env_live(env), 0);
+    trill_rl_batch_free(&b);
+    trill_rl_env_free(env);
+    trill_run_config_free(&c);
+    test_rmdir(script);
+    free(script);
+    world_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_turns),
@@ -469,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_bad_environment),
         cmocka_unit_test(test_chat_rendering),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_process_failures_marked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -213,7 +213,7 @@ static trill_status end_episode(const rl_episodes_job *j, episode *ep, int stop)
     ep->info.stop = stop;
     ep->over = true;
     trill_engine_release(j->engine, ep->out.request, ep->out.sample);
-    return stop == RL_STOP_ENV_ERROR ? TRILL_OK : trill_rl_env_end(j->env, ep->id);
+    return trill_rl_env_end(j->env, ep->id); /* a lost episode's process is not asked: its state is dropped here only */
 }
 
 /* The environment's answer to a turn: the episode ends (done, a limit) or goes on with the

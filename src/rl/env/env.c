@@ -72,6 +72,8 @@ void trill_rl_env_free(rl_env *e) {
     free(e);
 }
 
+int trill_rl_env_live(const rl_env *e) { return e->n_live; }
+
 static int find_live(const rl_env *e, uint64_t episode) {
     for (int i = 0; i < e->n_live; i++)
         if (e->live[i].id == episode) return i;

@@ -46,6 +46,8 @@ trill_status trill_rl_env_step(rl_env *e, uint64_t episode, const char *turn, co
 /* The episode is over (done, or cut by a limit): its state is dropped (a process is told; its
  * failure to answer is an error as a step's). */
 trill_status trill_rl_env_end(rl_env *e, uint64_t episode);
+/* Episodes reset and not yet ended (every one ends, lost ones too: a batch leaves none). */
+int trill_rl_env_live(const rl_env *e);
 
 /* ---- built-in environments (env/builtin.c) ----
  * Each keeps one state per live episode in a table the dispatcher owns (state_size bytes, zeroed
