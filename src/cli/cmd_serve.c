@@ -126,28 +126,44 @@ static int split_listen(const char *listen, char *host, size_t size, int *port) 
     return 0;
 }
 
+/* The limits as the options read them (counts, MB), from and into the server's config. */
+typedef struct serve_limits { long long body_mb, trainers, samplers, queued, adapter_mb, conns, client_conns; } serve_limits;
+
+static serve_limits limits_of(const trill_serve_config *c) {
+    return (serve_limits){ (long long)(c->max_body_bytes >> 20), c->max_trainers_per_key, c->max_samplers_per_key, c->max_queued,
+                           (long long)(c->max_adapter_bytes >> 20), c->max_connections, c->max_client_connections };
+}
+
+static void set_limits(trill_serve_config *c, const serve_limits *l) {
+    c->max_body_bytes = (size_t)l->body_mb << 20;
+    c->max_trainers_per_key = (int)l->trainers;
+    c->max_samplers_per_key = (int)l->samplers;
+    c->max_queued = (int)l->queued;
+    c->max_adapter_bytes = (size_t)l->adapter_mb << 20;
+    c->max_connections = (int)l->conns;
+    c->max_client_connections = (int)l->client_conns;
+}
+
 int cmd_serve(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "keys") == 0) return keys(argc - 1, argv + 1);
     trill_serve_config c = trill_serve_config_default();
     const char *models_arg = NULL, *listen = "127.0.0.1:8100";
     char host[64], *models = NULL, *demo_dir = NULL;
     const char *dirs[64], *names[64];
-    long long body_mb = (long long)(c.max_body_bytes >> 20), trainers = c.max_trainers_per_key, samplers = c.max_samplers_per_key,
-              queued = c.max_queued, adapter_mb = (long long)(c.max_adapter_bytes >> 20), conns = c.max_connections,
-              client_conns = c.max_client_connections;
+    serve_limits l = limits_of(&c);
     double max_seconds = 0;
     bool routes = false;
     const cli_opt opts[] = {
         { "models", CLI_STR, "[NAME=]DIR|demo[,...]", "the base models served, comma-separated (required)", .str = &models_arg },
         { "state", CLI_STR, "DIR", "the server's state folder (required)", .str = &c.state_dir },
         { "listen", CLI_STR, "HOST:PORT", "where it listens (port 0: any free port, written to --port-file)", .str = &listen },
-        { "max-body-mb", CLI_INT, "N", "a request body's MB at most", .i = &body_mb, .min = 1, .max = 1024 },
-        { "max-trainers", CLI_INT, "N", "trainers a key", .i = &trainers, .min = 1, .max = 100000 },
-        { "max-samplers", CLI_INT, "N", "samplers a key", .i = &samplers, .min = 1, .max = 1000000 },
-        { "max-queued", CLI_INT, "N", "requests waiting at most", .i = &queued, .min = 1, .max = 1000000 },
-        { "max-adapter-mb", CLI_INT, "N", "MB of adapters held at most", .i = &adapter_mb, .min = 1, .max = 1 << 30 },
-        { "max-connections", CLI_INT, "N", "open connections at most", .i = &conns, .min = 8, .max = 1000000 },
-        { "max-client-connections", CLI_INT, "N", "connections from one address at most", .i = &client_conns, .min = 1, .max = 1000000 },
+        { "max-body-mb", CLI_INT, "N", "a request body's MB at most", .i = &l.body_mb, .min = 1, .max = 1024 },
+        { "max-trainers", CLI_INT, "N", "trainers a key", .i = &l.trainers, .min = 1, .max = 100000 },
+        { "max-samplers", CLI_INT, "N", "samplers a key", .i = &l.samplers, .min = 1, .max = 1000000 },
+        { "max-queued", CLI_INT, "N", "requests waiting at most", .i = &l.queued, .min = 1, .max = 1000000 },
+        { "max-adapter-mb", CLI_INT, "N", "MB of adapters held at most", .i = &l.adapter_mb, .min = 1, .max = 1 << 30 },
+        { "max-connections", CLI_INT, "N", "open connections at most", .i = &l.conns, .min = 8, .max = 1000000 },
+        { "max-client-connections", CLI_INT, "N", "connections from one address at most", .i = &l.client_conns, .min = 1, .max = 1000000 },
         { "request-timeout", CLI_DOUBLE, "S", "seconds for a request's headers, then its body", .d = &c.request_timeout, .dmin = 0.1,
           .dmax = 3600 },
         { "session-timeout", CLI_DOUBLE, "S", "seconds a Tinker SDK client's session lives after its last heartbeat", .d = &c.session_timeout,
@@ -167,13 +183,7 @@ int cmd_serve(int argc, char **argv) {
     if (!models_arg || !c.state_dir) return cli_spec_error(&spec, "--models and --state are needed");
     if (split_listen(listen, host, sizeof host, &c.port))
         return cli_spec_error(&spec, "--listen: expected HOST:PORT with a port in [0, 65535], e.g. 127.0.0.1:8100, got \"%s\"", listen);
-    c.max_body_bytes = (size_t)body_mb << 20;
-    c.max_trainers_per_key = (int)trainers;
-    c.max_samplers_per_key = (int)samplers;
-    c.max_queued = (int)queued;
-    c.max_adapter_bytes = (size_t)adapter_mb << 20;
-    c.max_connections = (int)conns;
-    c.max_client_connections = (int)client_conns;
+    set_limits(&c, &l);
     if (!(models = strdup(models_arg))) return cli_fail("serve");
     c.host = host;
     c.model_dirs = dirs;

@@ -679,7 +679,7 @@ trill_status trill_chat_render_after_turn_json(const trill_chat_template *t, con
 /* ---- multi-turn RL: what follows a turn, and the turn's tool calls ---- */
 
 /* The text a template ends an assistant turn with (the token the model samples to end it). */
-static const char *turn_end(const trill_chat_template *t) {
+const char *trill_chat_turn_end(const trill_chat_template *t) {
     switch (t->fam) {
     case FAMILY_QWEN3: return "<|im_end|>";
     case FAMILY_DEEPSEEK_V3: return DS_("end" DS_SEP "of" DS_SEP "sentence");
@@ -687,12 +687,10 @@ static const char *turn_end(const trill_chat_template *t) {
     }
 }
 
-const char *trill_chat_turn_end(const trill_chat_template *t) { return turn_end(t); }
-
 trill_status trill_chat_render_after_turn(const trill_chat_template *t, const trill_chat_message *messages, size_t n,
                                           bool add_generation_prompt, int enable_thinking, char **out) {
     static const char SENTINEL[] = "\x01trill: the turn ends here\x01";
-    const char *end = turn_end(t);
+    const char *end = trill_chat_turn_end(t);
     if (!end) return trill_error(TRILL_ERR_UNSUPPORTED, "chat: the %s template is not used for multi-turn episodes", t->name);
     if (n == 0) return trill_error(TRILL_ERR_INVALID, "chat: no messages after the turn");
     trill_chat_message *all = trill_calloc(n + 2, sizeof *all);
