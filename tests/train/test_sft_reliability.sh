@@ -59,9 +59,10 @@ lock_signal() {
 kills() {
     echo "== kill -9 during checkpoints: every restart resumes from a complete one, and the end is the uninterrupted run's"
     # full fine-tuning of the tiny preset: a 44 MB checkpoint takes a good part of each step to write;
-    # 8 epochs (about 5 s) so that twelve runs killed at most 0.9 s in do not reach the end
+    # 12 epochs (about 5-7 s) so that twelve runs killed at most 0.9 s in do not reach the end (with
+    # 8, a faster machine's resumed runs finished before the 10th kill)
     "$TRILL" init --out big --preset tiny --seed 3 2>/dev/null
-    local full=(--model big --full --data train.jsonl data.completion_field=answer trainer.micro_batch_tokens=256 sft.epochs=8
+    local full=(--model big --full --data train.jsonl data.completion_field=answer trainer.micro_batch_tokens=256 sft.epochs=12
                 trainer.lr=1e-3 sft.save_every=1 checkpoint.keep=2)
     must_pass log_ref_full "$TRILL" sft "${full[@]}" --out ref_full
     local kills=0 mid_save=0

@@ -48,6 +48,34 @@ static trill_status list_checkpoints(const char *dir, char ***names, int *n) {
     return st;
 }
 
+/* Takes checkpoint dir/name out of the step-* names at once (renamed to .del-NAME), then removes it:
+ * killed at any point, the folder is whole under its name or not a checkpoint any more. */
+static trill_status retire(const char *dir, const char *name) {
+    char from[4200], to[4200];
+    snprintf(from, sizeof from, "%s/%s", dir, name);
+    snprintf(to, sizeof to, "%s/.del-%s", dir, name);
+    if (!trill_file_exists(from)) return TRILL_OK;
+    trill_status st = trill_remove_tree(to);
+    if (!st) st = trill_rename_dir(from, to);
+    return st ? st : trill_remove_tree(to);
+}
+
+/* Removes what a killed retire left (.del-* folders). */
+static trill_status sweep_retired(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? TRILL_OK : trill_error(TRILL_ERR_IO, "%s: cannot list (%s)", dir, strerror(errno));
+    trill_status st = TRILL_OK;
+    struct dirent *e;
+    char path[4096 + 256 + 8]; /* dir's buffer and a file name */
+    while (!st && (e = readdir(d)))
+        if (strncmp(e->d_name, ".del-", 5) == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            st = trill_remove_tree(path);
+        }
+    closedir(d);
+    return st;
+}
+
 static void free_names(char **names, int n) {
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -179,6 +207,7 @@ trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const tril
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", dir, step);
     snprintf(final, sizeof final, "%s/step-%08d", dir, step);
     trill_status st = trill_mkdir_p(dir);
+    if (!st) st = sweep_retired(dir);
     if (!st) st = trill_remove_tree(tmp); /* left by a crash */
     if (!st) st = trill_mkdir_p(tmp);
     if (!st) st = write_parts(ctx, tmp);
@@ -186,7 +215,7 @@ trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const tril
     if (!st) { snprintf(path, sizeof path, "%s/state.json", tmp); st = trill_json_write_file(path, state); }
     if (!st) st = trill_rl_manifest_write(tmp, base); /* last: a checkpoint with a manifest is complete */
     if (!st) st = trill_fsync_dir(tmp);
-    if (!st) st = trill_remove_tree(final); /* the same step saved again after a resume */
+    if (!st) st = retire(dir, final + strlen(dir) + 1); /* the same step saved again after a resume */
     if (!st) st = trill_rename_dir(tmp, final);
     if (st) {
         trill_error_context("checkpoint %s", final);
@@ -198,10 +227,7 @@ trill_status trill_rl_checkpoint_write(const char *run_dir, int step, const tril
     char **names;
     int n;
     if (keep > 0 && !(st = list_checkpoints(dir, &names, &n))) {
-        for (int i = 0; i + keep < n && !st; i++) {
-            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-            st = trill_remove_tree(path);
-        }
+        for (int i = 0; i + keep < n && !st; i++) st = retire(dir, names[i]);
         free_names(names, n);
     }
     return st;
