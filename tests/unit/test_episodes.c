@@ -2,7 +2,8 @@
  * MoE. The trajectory is token in, token out (the injected segments are the observations'
  * tokens, the sampled ones what the env read, their log-probs the model's), the loss mask is
  * exactly the sampled tokens, the turns after the first prefill only what is new, the trainer's
- * gradient is that of the one sequence with the injected tokens masked, and the limits and the
+ * gradient is that of the one sequence with the injected tokens masked, an episode may span a
+ * weight update (async mode's partial rollouts) with per-token versions, and the limits and the
  * environment's failures end or refuse episodes cleanly. */
 #include <limits.h>
 #include <math.h>
@@ -505,6 +506,67 @@ static void test_process_failures_marked(void **state) {
     world_free(&w);
 }
 
+/* Partial rollouts (async mode): new weights taken between two decode steps, mid-episode. Each
+ * sampled token carries the version that sampled it; along an episode the versions never go
+ * back; an episode spans both versions and still ends as the environment says; the tokens
+ * sampled before the update have the old weights' log-probs (a fresh forward of the old model)
+ * and some after it do not (the new weights were used). */
+typedef struct weight_swap {
+    trill_engine *engine;
+    const trill_model *next;
+    int calls, at;
+} weight_swap;
+
+static trill_status swap_weights(void *ctx) {
+    weight_swap *w = ctx;
+    return ++w->calls == w->at ? trill_engine_update_weights(w->engine, w->next, 1, NULL) : TRILL_OK;
+}
+
+static void test_partial_rollout(void **state) {
+    (void)state;
+    world w;
+    world_init(&w);
+    trill_model *next = test_small_moe(6, false, true);
+    weight_swap swap = { .engine = w.engine, .next = next, .at = 7 }; /* in the second turn */
+    rl_episodes_job j = job_of(&w, NULL);
+    j.between_steps = swap_weights;
+    j.ctx = &swap;
+    rl_batch b;
+    assert_int_equal(trill_rl_generate_episodes(&j, &b), TRILL_OK);
+    assert_true(swap.calls > swap.at);
+    int spanning = 0, new_differs = 0;
+    for (int s = 0; s < b.n_seqs; s++) {
+        assert_int_equal(b.episodes[s].turns, 3);
+        assert_int_equal(b.episodes[s].stop, RL_STOP_DONE);
+        const int at = b.offsets[s], len = b.offsets[s + 1] - at, offsets[2] = { 0, len };
+        float *lp = calloc((size_t)len + 1, sizeof(float));
+        assert_int_equal(trill_model_forward(w.model, b.tokens + at, offsets, 1, NULL, lp, NULL), TRILL_OK);
+        uint32_t last = 0;
+        bool had[2] = { false, false };
+        for (int i = at; i < at + len; i++) {
+            if (!b.loss_mask[i]) {
+                assert_int_equal(b.version[i], 0); /* injected: no version */
+                continue;
+            }
+            assert_true(b.version[i] <= 1 && b.version[i] >= last);
+            last = b.version[i];
+            had[last] = true;
+            const float d = fabsf(lp[i - at] - b.behav_logp[i]);
+            if (last == 0 && d > 1e-4f)
+                fail_msg("sequence %d token %d, sampled before the update: log-prob %.7g, the old weights give %.7g", s, i - at,
+                         b.behav_logp[i], lp[i - at]);
+            new_differs += last == 1 && d > 1e-3f;
+        }
+        spanning += had[0] && had[1];
+        free(lp);
+    }
+    if (!spanning) fail_msg("no episode spans the weight update");
+    assert_true(new_differs > 0);
+    trill_rl_batch_free(&b);
+    trill_model_free(next);
+    world_free(&w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_turns),
@@ -514,6 +576,7 @@ int main(void) {
         cmocka_unit_test(test_chat_rendering),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_process_failures_marked),
+        cmocka_unit_test(test_partial_rollout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
