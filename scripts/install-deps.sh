@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libopenblas-dev libjansson-dev libyaml-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev
   libmicrohttpd-dev libsqlite3-dev libssl-dev   # trill serve: HTTP, its state, key hashes
+  libprotobuf-c-dev protobuf-c-compiler          # trill serve: the Tinker protocol's protobuf bodies
   libcurl4-openssl-dev               # the C client of trill serve (clients/c)
   libopenmpi-dev openmpi-bin         # the distributed trainer's communicator (src/dist)
   clang libclang-rt-14-dev           # libFuzzer harnesses

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "service/http_routes.h"
 #include "service/svc.h"
 #include "trill/fileio.h"
 #include "trill/log.h"
@@ -49,29 +50,25 @@ typedef struct http_side {
     long shut;                   /* connections shut for missing their deadline */
 } http_side;
 
-/* A connection's request: its body as it arrives, and, while it long-polls, its waiter. */
-typedef struct conn_ctx {
-    char *body;
-    size_t len, cap;
-    bool too_large;
-    bool waiting;                /* suspended in s->waiters; answered when resumed */
-    svc_waiter waiter;
-} conn_ctx;
-
-static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, char *text) {
-    if (!text) text = trill_strdup("{\"error\": {\"code\": \"internal\", \"message\": \"out of memory\"}}"), status = 500;
-    struct MHD_Response *r = MHD_create_response_from_buffer(text ? strlen(text) : 0, text, MHD_RESPMEM_MUST_FREE);
-    if (!r) { free(text); return MHD_NO; }
-    MHD_add_response_header(r, "Content-Type", "application/json");
+enum MHD_Result trill_svc_answer_bytes(struct MHD_Connection *c, unsigned status, const char *type, void *bytes, size_t n) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, bytes, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(bytes); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", type);
     enum MHD_Result ok = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ok;
 }
 
-static enum MHD_Result answer_json(struct MHD_Connection *c, unsigned status, json_t *o) {
+enum MHD_Result trill_svc_answer(struct MHD_Connection *c, unsigned status, char *text) {
+    if (!text) text = trill_strdup("{\"error\": {\"code\": \"internal\", \"message\": \"out of memory\"}}"), status = 500;
+    if (!text) return MHD_NO;
+    return trill_svc_answer_bytes(c, status, "application/json", text, strlen(text));
+}
+
+enum MHD_Result trill_svc_answer_json(struct MHD_Connection *c, unsigned status, json_t *o) {
     char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    return answer(c, status, t);
+    return trill_svc_answer(c, status, t);
 }
 
 static unsigned code_status(const char *code) {
@@ -83,16 +80,16 @@ static unsigned code_status(const char *code) {
     return 400;
 }
 
-static enum MHD_Result answer_error(struct MHD_Connection *c, const char *code, const char *message) {
-    return answer_json(c, code_status(code), json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message));
+enum MHD_Result trill_svc_answer_error(struct MHD_Connection *c, const char *code, const char *message) {
+    return trill_svc_answer_json(c, code_status(code), json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message));
 }
 
 /* The last error: its code (trill_svc_fail's, else bad_request; running out of memory is internal). */
-static enum MHD_Result answer_status(struct MHD_Connection *c, trill_status st) {
+enum MHD_Result trill_svc_answer_status(struct MHD_Connection *c, trill_status st) {
     const char *code = trill_svc_take_code();
     if (!code) code = "bad_request";
     if (st == TRILL_ERR_NOMEM || st == TRILL_ERR_IO) code = "internal";
-    return answer_error(c, code, trill_error_message());
+    return trill_svc_answer_error(c, code, trill_error_message());
 }
 
 /* ---- the calls that answer at once ---- */
@@ -139,7 +136,7 @@ static json_t *tenant_json(svc *s, svc_tenant *t) {
 
 static enum MHD_Result tokenize(struct MHD_Connection *c, svc *s, int base, const json_t *body, bool decode) {
     const trill_tokenizer *tok = trill_svc_base_tokenizer(s->bases[base]);
-    if (!tok) return answer_error(c, "bad_request", "this model has no tokenizer.json");
+    if (!tok) return trill_svc_answer_error(c, "bad_request", "this model has no tokenizer.json");
     if (decode) { /* {"tokens": [ids]} -> {"text"}, or {"tokens": [[ids], ...]} -> {"texts": [...]} (batch_decode) */
         const json_t *a = json_object_get(body, "tokens");
         const bool batch = json_array_size(a) > 0 && json_is_array(json_array_get(a, 0));
@@ -148,20 +145,20 @@ static enum MHD_Result tokenize(struct MHD_Connection *c, svc *s, int base, cons
         for (size_t i = 0; !st && batch && i < json_array_size(a); i++)
             if (!(st = decode_list(tok, json_array_get(a, i), &one))) json_array_append_new(out, one);
         if (!st && !batch) st = decode_list(tok, a, &out);
-        if (st) { json_decref(out); return answer_status(c, st); }
-        return answer_json(c, 200, json_pack("{s:o}", batch ? "texts" : "text", out));
+        if (st) { json_decref(out); return trill_svc_answer_status(c, st); }
+        return trill_svc_answer_json(c, 200, json_pack("{s:o}", batch ? "texts" : "text", out));
     }
     const char *text = json_string_value(json_object_get(body, "text"));
     const json_t *special = json_object_get(body, "add_special_tokens");
-    if (!text) return answer_error(c, "bad_request", "text: expected a string");
+    if (!text) return trill_svc_answer_error(c, "bad_request", "text: expected a string");
     int *ids = NULL;
     size_t n = 0;
     trill_status st = trill_tokenizer_encode(tok, text, json_string_length(json_object_get(body, "text")), json_is_true(special), &ids, &n);
-    if (st) return answer_status(c, st);
+    if (st) return trill_svc_answer_status(c, st);
     json_t *a = json_array();
     for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
     free(ids);
-    return answer_json(c, 200, json_pack("{s:o}", "tokens", a));
+    return trill_svc_answer_json(c, 200, json_pack("{s:o}", "tokens", a));
 }
 
 static double wait_seconds(struct MHD_Connection *c) {
@@ -172,18 +169,10 @@ static double wait_seconds(struct MHD_Connection *c) {
     return v < 0 ? 0 : v > 60 ? 60 : v;
 }
 
-/* GET /futures/{id}?wait=S: the answer now, or once the request finishes or S seconds pass (its
- * connection suspended meanwhile: no thread waits). */
-static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, conn_ctx *cc) {
-    int status = 0;
-    bool pending = false;
-    char *text = trill_svc_future_answer(s, id, key_id, &status, &pending);
-    if (!text) return status == 404 ? answer_error(c, "not_found", "no such request") : answer_error(c, "internal", "out of memory");
-    const double wait = wait_seconds(c);
-    if (wait <= 0 || !pending) return answer(c, 200, text);
+bool trill_svc_hold(svc *s, struct MHD_Connection *c, conn_ctx *cc, const char *id, double wait) {
     pthread_mutex_lock(&s->mu);
-    const bool wait_now = !s->stopping && trill_svc_inflight(s, id);
-    if (wait_now) {
+    const bool hold = !s->stopping && trill_svc_inflight(s, id);
+    if (hold) {
         cc->waiting = true;
         cc->waiter = (svc_waiter){ .conn = c, .deadline = trill_now() + wait, .next = s->waiters };
         snprintf(cc->waiter.id, sizeof cc->waiter.id, "%s", id);
@@ -191,49 +180,32 @@ static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_
         MHD_suspend_connection(c); /* under s->mu: no wake-up can come before it */
     }
     pthread_mutex_unlock(&s->mu);
-    if (wait_now) {
-        free(text);
-        return MHD_YES;
-    }
-    free(text); /* it finished meanwhile */
-    text = trill_svc_future_answer(s, id, key_id, &status, &pending);
-    return text ? answer(c, 200, text) : answer_error(c, "internal", "out of memory");
+    return hold;
 }
 
-/* ---- routing: the route table ---- */
+/* GET /futures/{id}?wait=S: the answer now, or once the request finishes or S seconds pass (its
+ * connection suspended meanwhile: no thread waits). */
+static enum MHD_Result future(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, conn_ctx *cc) {
+    int status = 0;
+    bool pending = false;
+    char *text = trill_svc_future_answer(s, id, key_id, &status, &pending);
+    if (!text) return status == 404 ? trill_svc_answer_error(c, "not_found", "no such request") : trill_svc_answer_error(c, "internal", "out of memory");
+    const double wait = wait_seconds(c);
+    if (wait <= 0 || !pending) return trill_svc_answer(c, 200, text);
+    free(text);
+    if (trill_svc_hold(s, c, cc, id, wait)) return MHD_YES;
+    text = trill_svc_future_answer(s, id, key_id, &status, &pending); /* it finished meanwhile */
+    return text ? trill_svc_answer(c, 200, text) : trill_svc_answer_error(c, "internal", "out of memory");
+}
 
-/* A request matched to its route: the path's parts ({...} segments are p[i]), the caller's key id
- * ("" for a public route), the body (POST). */
-typedef struct route_call {
-    struct MHD_Connection *c;
-    svc *s;
-    const char *key_id;
-    char **p;
-    const json_t *body;
-    conn_ctx *cc;
-    const struct route *r;
-} route_call;
+/* ---- routing: the route table (http_routes.h) ---- */
 
-typedef enum MHD_Result (*route_fn)(const route_call *q);
-
-/* Every endpoint of the server: METHOD, the path under /api/v1 ("{name}" a segment the handler
- * reads), the handler, a job route's kind and target, and whether it is public (no key: the health
- * check alone). `trill serve --print-routes` prints it, and the service tests call every route
- * with no key, a bad key and another tenant's key from that list. */
-typedef struct route {
-    const char *method, *pattern;
-    route_fn fn;
-    job_kind job;
-    bool trainer; /* a job route: on a trainer (else a sampler) */
-    bool public;
-} route;
-
-static enum MHD_Result r_healthz(const route_call *q) { return answer_json(q->c, 200, json_pack("{s:s}", "status", "ok")); }
+static enum MHD_Result r_healthz(const route_call *q) { return trill_svc_answer_json(q->c, 200, json_pack("{s:s}", "status", "ok")); }
 
 static enum MHD_Result r_models(const route_call *q) {
     json_t *a = json_array();
     for (int i = 0; i < q->s->n_bases; i++) json_array_append_new(a, model_json(q->s, i));
-    return answer_json(q->c, 200, json_pack("{s:o}", "models", a));
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o}", "models", a));
 }
 
 /* ---- the official Tinker SDK's start-up (its client's first calls) ---- */
@@ -246,42 +218,42 @@ static enum MHD_Result r_capabilities(const route_call *q) {
         json_array_append_new(a, json_pack("{s:s, s:i}", "model_name", trill_svc_base_name(q->s->bases[i]), "max_context_length",
                                            c->max_position_embeddings));
     }
-    return answer_json(q->c, 200, json_pack("{s:o}", "supported_models", a));
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o}", "supported_models", a));
 }
 
 /* The client's feature flags: its default transport (httpx: trill needs no pyqwest), request
  * bodies not compressed. Flags not named keep the SDK's defaults. */
 static enum MHD_Result r_client_config(const route_call *q) {
-    if (!json_is_string(json_object_get(q->body, "sdk_version"))) return answer_error(q->c, "bad_request", "sdk_version: expected a string");
-    return answer_json(q->c, 200, json_pack("{s:b, s:s, s:b, s:b}", "pjwt_auth_enabled", 0, "credential_default_source", "api_key",
+    if (!json_is_string(json_object_get(q->body, "sdk_version"))) return trill_svc_answer_error(q->c, "bad_request", "sdk_version: expected a string");
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:b, s:s, s:b, s:b}", "pjwt_auth_enabled", 0, "credential_default_source", "api_key",
                                             "use_pyqwest_transport", 0, "proto_compress_fwdbwd", 0));
 }
 
 static enum MHD_Result r_dynamic_config(const route_call *q) {
-    if (!json_is_string(json_object_get(q->body, "sdk_version"))) return answer_error(q->c, "bad_request", "sdk_version: expected a string");
-    return answer_json(q->c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
+    if (!json_is_string(json_object_get(q->body, "sdk_version"))) return trill_svc_answer_error(q->c, "bad_request", "sdk_version: expected a string");
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
 }
 
 static enum MHD_Result r_create_session(const route_call *q) {
     char id[32];
     trill_status st = trill_svc_session_create(q->s, q->key_id, q->body, id);
-    return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s, s:s}", "type", "create_session", "session_id", id));
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_pack("{s:s, s:s}", "type", "create_session", "session_id", id));
 }
 
 static enum MHD_Result r_heartbeat(const route_call *q) {
     trill_status st = trill_svc_session_heartbeat(q->s, q->key_id, q->body);
-    return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s}", "type", "session_heartbeat"));
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_pack("{s:s}", "type", "session_heartbeat"));
 }
 
 /* The SDK's telemetry: accepted and not kept (trill logs its own figures). */
 static enum MHD_Result r_telemetry(const route_call *q) {
-    if (!json_is_array(json_object_get(q->body, "events"))) return answer_error(q->c, "bad_request", "events: expected an array");
-    return answer_json(q->c, 200, json_pack("{s:s}", "status", "accepted"));
+    if (!json_is_array(json_object_get(q->body, "events"))) return trill_svc_answer_error(q->c, "bad_request", "events: expected an array");
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:s}", "status", "accepted"));
 }
 
 static enum MHD_Result r_tokenize(const route_call *q, bool decode) {
     const int base = trill_svc_find_base(q->s, q->p[1]);
-    return base < 0 ? answer_error(q->c, "not_found", "no such model") : tokenize(q->c, q->s, base, q->body, decode);
+    return base < 0 ? trill_svc_answer_error(q->c, "not_found", "no such model") : tokenize(q->c, q->s, base, q->body, decode);
 }
 static enum MHD_Result r_encode(const route_call *q) { return r_tokenize(q, false); }
 static enum MHD_Result r_decode(const route_call *q) { return r_tokenize(q, true); }
@@ -291,7 +263,7 @@ static enum MHD_Result r_future(const route_call *q) { return future(q->c, q->s,
 static enum MHD_Result r_create_trainer(const route_call *q, bool from_state) {
     svc_tenant *t = NULL;
     trill_status st = trill_svc_tenant_create(q->s, q->key_id, q->body, from_state, &t);
-    return st ? answer_status(q->c, st) : answer_json(q->c, 200, tenant_json(q->s, t));
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, tenant_json(q->s, t));
 }
 static enum MHD_Result r_new_trainer(const route_call *q) { return r_create_trainer(q, false); }
 static enum MHD_Result r_trainer_from_state(const route_call *q) { return r_create_trainer(q, true); }
@@ -301,47 +273,49 @@ static enum MHD_Result r_get_trainer(const route_call *q) {
     svc_tenant *t = trill_svc_find_tenant(q->s, q->p[1], q->key_id);
     json_t *o = t ? tenant_json(q->s, t) : NULL;
     pthread_mutex_unlock(&q->s->mu);
-    return t ? answer_json(q->c, 200, o) : answer_error(q->c, "not_found", "no such trainer");
+    return t ? trill_svc_answer_json(q->c, 200, o) : trill_svc_answer_error(q->c, "not_found", "no such trainer");
 }
 
 static enum MHD_Result r_new_sampler(const route_call *q) {
     svc_sampler *sp = NULL;
     trill_status st = trill_svc_sampler_create(q->s, q->key_id, q->body, &sp);
-    return st ? answer_status(q->c, st)
-              : answer_json(q->c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(q->s->bases[sp->base])));
+    return st ? trill_svc_answer_status(q->c, st)
+              : trill_svc_answer_json(q->c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(q->s->bases[sp->base])));
 }
 
 static enum MHD_Result r_delete(const route_call *q) {
     const bool trainer = strcmp(q->p[0], "trainers") == 0;
     trill_status st = trainer ? trill_svc_tenant_delete(q->s, q->p[1], q->key_id) : trill_svc_sampler_delete(q->s, q->p[1], q->key_id);
-    return st ? answer_status(q->c, st) : answer_json(q->c, 200, json_pack("{s:s}", "deleted", q->p[1]));
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_pack("{s:s}", "deleted", q->p[1]));
 }
 
-/* A call that does work on a trainer or a sampler: parsed, queued, answered with its future. */
-static enum MHD_Result r_submit(const route_call *q) {
-    struct MHD_Connection *c = q->c;
-    svc *s = q->s;
-    const char *target = q->p[1];
-    const bool trainer = q->r->trainer;
+trill_status trill_svc_submit(svc *s, const char *key_id, job_kind kind, bool trainer, const char *target, const json_t *body, char id[32],
+                              bool make_sampler) {
     svc_job *j = trill_calloc(1, sizeof *j);
-    if (!j) return answer_error(c, "internal", "out of memory");
-    snprintf(j->key_id, sizeof j->key_id, "%s", q->key_id);
+    if (!j) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    snprintf(j->key_id, sizeof j->key_id, "%s", key_id);
+    j->make_sampler = make_sampler;
     pthread_mutex_lock(&s->mu);
-    const svc_tenant *t = trainer ? trill_svc_find_tenant(s, target, q->key_id) : NULL;
-    const svc_sampler *sp = trainer ? NULL : trill_svc_find_sampler(s, target, q->key_id);
+    const svc_tenant *t = trainer ? trill_svc_find_tenant(s, target, key_id) : NULL;
+    const svc_sampler *sp = trainer ? NULL : trill_svc_find_sampler(s, target, key_id);
     j->base = t ? t->base : sp ? sp->base : -1;
     pthread_mutex_unlock(&s->mu);
     if (j->base < 0) {
         free(j);
-        return answer_error(c, "not_found", trainer ? "no such trainer" : "no such sampler");
+        return trill_svc_fail("not_found", trainer ? "no such trainer" : "no such sampler");
     }
-    trill_status st = trill_svc_job_parse(s, q->r->job, q->body, j); /* outside the lock; the target is found again to queue it */
-    if (st) { trill_svc_job_free(j); return answer_status(c, st); }
-    char id[32];
+    trill_status st = trill_svc_job_parse(s, kind, body, j); /* outside the lock; the target is found again to queue it */
+    if (st) { trill_svc_job_free(j); return st; }
     trill_svc_new_id(j->id, sizeof j->id, "r-");
-    memcpy(id, j->id, sizeof id); /* the job is the workers' once submitted */
-    st = trill_svc_job_submit(s, j, target, trainer);
-    return st ? answer_status(c, st) : answer_json(c, 200, json_pack("{s:s}", "request_id", id));
+    memcpy(id, j->id, sizeof j->id); /* the job is the workers' once submitted */
+    return trill_svc_job_submit(s, j, target, trainer);
+}
+
+/* A call that does work on a trainer or a sampler: parsed, queued, answered with its future. */
+static enum MHD_Result r_submit(const route_call *q) {
+    char id[32];
+    trill_status st = trill_svc_submit(q->s, q->key_id, q->r->job, q->r->trainer, q->p[1], q->body, id, false);
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_pack("{s:s}", "request_id", id));
 }
 
 /* First match wins: a literal segment before a {name} one where both could match. */
@@ -372,6 +346,18 @@ static const route ROUTES[] = {
     { .method = "POST", .pattern = "/create_session", .fn = r_create_session },
     { .method = "POST", .pattern = "/session_heartbeat", .fn = r_heartbeat },
     { .method = "POST", .pattern = "/telemetry", .fn = r_telemetry },
+    /* the official Tinker protocol's models, training, weights, sampling and futures (tinker.c) */
+    { .method = "POST", .pattern = "/create_model", .fn = trill_tinker_create_model },
+    { .method = "POST", .pattern = "/get_info", .fn = trill_tinker_get_info },
+    { .method = "POST", .pattern = "/unload_model", .fn = trill_tinker_unload_model },
+    { .method = "POST", .pattern = "/forward_backward", .fn = trill_tinker_forward_backward, .raw = true },
+    { .method = "POST", .pattern = "/optim_step", .fn = trill_tinker_optim_step },
+    { .method = "POST", .pattern = "/save_weights", .fn = trill_tinker_save_weights },
+    { .method = "POST", .pattern = "/save_weights_for_sampler", .fn = trill_tinker_save_weights_for_sampler },
+    { .method = "POST", .pattern = "/load_weights", .fn = trill_tinker_load_weights },
+    { .method = "POST", .pattern = "/create_sampling_session", .fn = trill_tinker_create_sampling_session },
+    { .method = "POST", .pattern = "/asample", .fn = trill_tinker_asample },
+    { .method = "POST", .pattern = "/retrieve_future", .fn = trill_tinker_retrieve_future },
 };
 enum { N_ROUTES = sizeof ROUTES / sizeof ROUTES[0] };
 
@@ -420,22 +406,22 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
     if (r && r->public) return r->fn(&(route_call){ .c = c, .s = s, .key_id = "", .p = parts, .cc = cc, .r = r });
     char key_id[32]; /* every other request, a route or not, needs a valid key first: paths reveal nothing */
     if (!authenticate(c, s, key_id))
-        return answer_error(c, "unauthorized", "a valid API key is needed: X-API-Key: KEY or Authorization: Bearer KEY (trill serve keys add)");
+        return trill_svc_answer_error(c, "unauthorized", "a valid API key is needed: X-API-Key: KEY or Authorization: Bearer KEY (trill serve keys add)");
     if (cc->too_large) {
         char msg[160];
         snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body-mb)", s->cfg.max_body_bytes);
-        return answer_error(c, "too_large", msg);
+        return trill_svc_answer_error(c, "too_large", msg);
     }
-    if (!r) return answer_error(c, "not_found", "no such endpoint (docs/service.md lists them; trill serve --print-routes)");
+    if (!r) return trill_svc_answer_error(c, "not_found", "no such endpoint (docs/service.md lists them; trill serve --print-routes)");
     json_t *body = NULL;
-    if (strcmp(method, "POST") == 0) {
+    if (strcmp(method, "POST") == 0 && !r->raw) {
         json_error_t err;
         body = json_loadb(cc->body ? cc->body : "", cc->len, JSON_REJECT_DUPLICATES, &err);
         if (!json_is_object(body)) {
             char msg[300];
             snprintf(msg, sizeof msg, "the body is not a JSON object%s%s (line %d, column %d)", body ? "" : ": ", body ? "" : err.text, err.line, err.column);
             json_decref(body);
-            return answer_error(c, "bad_request", msg);
+            return trill_svc_answer_error(c, "bad_request", msg);
         }
     }
     enum MHD_Result res = r->fn(&(route_call){ .c = c, .s = s, .key_id = key_id, .p = parts, .body = body, .cc = cc, .r = r });
@@ -488,13 +474,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char key_id[32];
         int status = 0;
         bool pending = false;
-        if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "the API key is no longer valid");
+        if (!authenticate(c, s, key_id)) return trill_svc_answer_error(c, "unauthorized", "the API key is no longer valid");
+        if (cc->tinker) return trill_tinker_future_answer(c, s, key_id, cc->waiter.id, cc->proto, true);
         const char *id = strrchr(url, '/');
         char *text = id ? trill_svc_future_answer(s, id + 1, key_id, &status, &pending) : NULL;
-        return text ? answer(c, 200, text) : answer_error(c, status == 404 ? "not_found" : "internal", "no such request");
+        return text ? trill_svc_answer(c, 200, text) : trill_svc_answer_error(c, status == 404 ? "not_found" : "internal", "no such request");
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "POST") != 0 && strcmp(method, "DELETE") != 0)
-        return answer_error(c, "bad_request", "only GET, POST and DELETE are served");
+        return trill_svc_answer_error(c, "bad_request", "only GET, POST and DELETE are served");
     return dispatch(c, s, url, method, cc);
 }
 

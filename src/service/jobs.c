@@ -371,13 +371,36 @@ static trill_status run_forward(svc *s, svc_job *j, char **result) {
     return st;
 }
 
+/* A Tinker save_weights_for_sampler without a name: a sampler of the saved weights is made for the
+ * caller and its id is the result's sampling_session_id (the request log's result updated: the
+ * save recorded it already). */
+static trill_status make_sampler(svc *s, svc_job *j, char **result) {
+    json_t *r = json_loads(*result, 0, NULL);
+    json_t *body = json_pack("{s:O}", "model_path", json_object_get(r, "path"));
+    svc_sampler *p = NULL;
+    trill_status st = body ? trill_svc_sampler_create(s, j->key_id, body, &p) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st && json_object_set_new(r, "sampling_session_id", json_string(p->id))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    char *text = st ? NULL : json_dumps(r, JSON_COMPACT);
+    if (!st && !text) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    svc_arg a[] = { SVC_S(text), SVC_S(j->id) };
+    if (!st) st = trill_svc_store_run(s->store, "recording a result", "UPDATE requests SET result = ?1 WHERE id = ?2", a, 2, NULL, NULL, NULL);
+    if (!st) free(*result), *result = text, text = NULL;
+    free(text);
+    json_decref(body);
+    json_decref(r);
+    return st;
+}
+
 static trill_status run_training(svc *s, svc_job *j, char **result) {
+    trill_status st;
     switch (j->kind) {
     case JOB_FORWARD:
     case JOB_FORWARD_BACKWARD: return run_forward(s, j, result);
     case JOB_OPTIM_STEP: return trill_svc_commit_step(s, j->tenant, j, result);
-    case JOB_SAVE_STATE:
-    case JOB_SAVE_SAMPLER: return trill_svc_commit_save(s, j->tenant, j, result);
+    case JOB_SAVE_SAMPLER:
+        st = trill_svc_commit_save(s, j->tenant, j, result);
+        return !st && j->make_sampler ? make_sampler(s, j, result) : st;
+    case JOB_SAVE_STATE: return trill_svc_commit_save(s, j->tenant, j, result);
     case JOB_LOAD_STATE: return trill_svc_commit_load(s, j->tenant, j, result);
     default: return trill_error(TRILL_ERR_INVALID, "not a training call");
     }
@@ -442,14 +465,36 @@ void trill_svc_workers_stop(svc *s) {
 
 /* ---- futures ---- */
 
-typedef struct { char key_id[32], status[16]; char *result; } request_row;
+typedef struct { char key_id[32]; svc_request *out; } request_row;
 
 static void read_request(void *ctx, sqlite3_stmt *row) {
     request_row *r = ctx;
     snprintf(r->key_id, sizeof r->key_id, "%s", (const char *)sqlite3_column_text(row, 0));
-    snprintf(r->status, sizeof r->status, "%s", (const char *)sqlite3_column_text(row, 1));
+    snprintf(r->out->status, sizeof r->out->status, "%s", (const char *)sqlite3_column_text(row, 1));
     const unsigned char *t = sqlite3_column_text(row, 2);
-    r->result = t ? trill_strdup((const char *)t) : NULL;
+    r->out->result = t ? trill_strdup((const char *)t) : NULL;
+    snprintf(r->out->kind, sizeof r->out->kind, "%s", (const char *)sqlite3_column_text(row, 3));
+}
+
+bool trill_svc_request_read(svc *s, const char *id, const char *key_id, svc_request *out) {
+    memset(out, 0, sizeof *out);
+    request_row r = { .out = out };
+    svc_arg a = SVC_S(id);
+    if (trill_svc_store_run(s->store, "reading a request", "SELECT key_id, status, result, kind FROM requests WHERE id = ?1", &a, 1, read_request,
+                            &r, NULL) || strcmp(r.key_id, key_id) != 0) {
+        free(out->result);
+        out->result = NULL;
+        return false;
+    }
+    return true;
+}
+
+trill_status trill_svc_record_done(svc *s, const char *key_id, const char *target, const char *kind, const char *result, char id[32]) {
+    trill_svc_new_id(id, 32, "r-");
+    svc_arg a[] = { SVC_S(id), SVC_S(key_id), SVC_S(target), SVC_S(kind), SVC_I(time(NULL)), SVC_S(result) };
+    return trill_svc_store_run(s->store, "logging a request",
+                               "INSERT INTO requests(id, key_id, target, kind, status, created, finished, result) VALUES(?1, ?2, ?3, ?4, 'done', ?5, ?5, ?6)",
+                               a, 6, NULL, NULL, NULL);
 }
 
 bool trill_svc_inflight(svc *s, const char *id) {
@@ -459,11 +504,8 @@ bool trill_svc_inflight(svc *s, const char *id) {
 }
 
 char *trill_svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending) {
-    request_row r = { 0 };
-    svc_arg a = SVC_S(id);
-    if (trill_svc_store_run(s->store, "reading a request", "SELECT key_id, status, result FROM requests WHERE id = ?1", &a, 1, read_request, &r, NULL) ||
-        strcmp(r.key_id, key_id) != 0) {
-        free(r.result);
+    svc_request r;
+    if (!trill_svc_request_read(s, id, key_id, &r)) {
         *status = 404;
         return NULL;
     }

@@ -53,6 +53,7 @@ typedef struct svc_job {
     int remaining;               /* sequences still running */
     uint64_t engine_id;          /* its request's id in the engine */
     bool logged;                 /* its outcome is in the request log already (committed with what it changed) */
+    bool make_sampler;           /* save_weights_for_sampler: a sampler of the weights saved is made (Tinker, no name) */
     char garbage[4096];          /* a folder its commit replaced, removed once it has answered */
     struct svc_job *next;        /* in its queue */
 } svc_job;
@@ -174,11 +175,25 @@ char *trill_svc_json_dump(json_t *o);
 json_t *trill_svc_json_floats(const float *v, int n);
 trill_status trill_svc_workers_start(svc *s);
 void trill_svc_workers_stop(svc *s);
+/* A request as the log has it: its kind (KIND_NAMES, or create_model, unload_model), status
+ * (pending, done, error) and result (JSON text, malloc'ed; NULL while pending). False when the
+ * caller (key_id) owns no such request. */
+typedef struct svc_request { char kind[32], status[16]; char *result; } svc_request;
+bool trill_svc_request_read(svc *s, const char *id, const char *key_id, svc_request *out);
+/* A request that finished as it was made (create_model, unload_model): logged done with its
+ * result; *id its new request id. */
+trill_status trill_svc_record_done(svc *s, const char *key_id, const char *target, const char *kind, const char *result, char id[32]);
 /* Under s->mu: request id is queued or running. */
 bool trill_svc_inflight(svc *s, const char *id);
 /* The future's answer now as JSON text (malloc'ed), *status 200 and *pending when it is not
  * finished; NULL with *status 404 when the caller owns no such request (500: out of memory). */
 char *trill_svc_future_answer(svc *s, const char *id, const char *key_id, int *status, bool *pending);
+
+/* ---- tinker.c ---- */
+/* A Tinker ForwardBackwardRequest (protobuf bytes) as trill's forward(_backward) job body
+ * {loss_fn, loss_fn_config, data} (*body, new), with its model_id and forward_only; a refusal
+ * names the field (code bad_request). */
+trill_status trill_tinker_forward_request(const void *bytes, size_t n, json_t **body, char model[32], bool *forward_only);
 
 /* ---- http.c ---- */
 /* Under s->mu: the long-polls waiting for request id answer now. */

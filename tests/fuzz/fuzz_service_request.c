@@ -1,4 +1,4 @@
-/* libFuzzer harness: arbitrary bytes as the JSON body of a `trill serve` call (docs/service.md),
+/* libFuzzer harness: arbitrary bytes as the JSON (or protobuf) body of a `trill serve` call (docs/service.md),
  * run through every parser the server runs on it: trill_svc_parse_loss, trill_svc_parse_data on the body's
  * "data" (under each loss), trill_svc_parse_adam, and trill_svc_job_parse for every job kind, the training
  * calls on a trainer and the sampling calls on a sampler of one small base model.
@@ -12,7 +12,11 @@
  * The base model (a small Qwen3-MoE, written once into a temporary folder with its
  * character-level tokenizer, loaded, then its files removed) and the state database (empty:
  * load_state's trill:// paths all resolve to not_found) are made at the first input; nothing is
- * written per input, and the folder is removed at exit. */
+ * written per input, and the folder is removed at exit.
+ *
+ * The same bytes are also read as the official Tinker protocol's forward_backward body (protobuf,
+ * trill_tinker_forward_request): a refusal leaves a message and bad_request; what it decodes to
+ * goes through every parser above. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* nftw */
 #endif
@@ -211,17 +215,8 @@ static void check_job(const json_t *body, const svc_job *j) {
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static bool ready;
-    if (!ready) setup(), ready = true;
-
-    json_error_t err;
-    json_t *body = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err);
-    if (!json_is_object(body)) { /* the server answers bad_request here */
-        json_decref(body);
-        return 0;
-    }
-
+/* Every parser on one body (a JSON object). */
+static void check_body(json_t *body) {
     /* loss_fn + loss_fn_config, then "data" under every loss (the named one among them) */
     trill_loss loss = TRILL_LOSS_CROSS_ENTROPY;
     trill_svc_loss_config lc;
@@ -266,6 +261,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check_job(body, j);
         }
         trill_svc_job_free(j);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static bool ready;
+    if (!ready) setup(), ready = true;
+
+    json_error_t err;
+    json_t *body = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err);
+    if (json_is_object(body)) check_body(body); /* else the server answers bad_request */
+    json_decref(body);
+
+    /* the same bytes as the Tinker protocol's protobuf forward_backward body: what it decodes to
+     * goes through every parser as a JSON body would */
+    char model[32];
+    bool forward_only = true;
+    trill_status st = trill_tinker_forward_request(data, size, &body, model, &forward_only);
+    const char *code = trill_svc_take_code();
+    if (st) {
+        check_refused(st);
+        CHECK(body == NULL && code && strcmp(code, "bad_request") == 0);
+    } else {
+        CHECK(json_is_object(body) && model[0] && strlen(model) < 32);
+        check_body(body);
     }
     json_decref(body);
     return 0;

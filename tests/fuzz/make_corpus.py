@@ -399,6 +399,21 @@ TIKTOKEN_PATTERNS = {
 }
 
 
+sys.path.insert(0, os.path.join(HERE, "..", "service"))
+import tinker_wire  # noqa: E402  (the tests' own protobuf writer)
+
+SERVICE_PROTOBUF = {  # the Tinker protocol's forward_backward bodies
+    "tinker-fb-cross-entropy": tinker_wire.forward_backward_request("t-0123456789abcdef", [([5, 6, 7], {"target_tokens": [6, 7, 8],
+                                                                                                       "weights": [1, 1, 0.5]})], "cross_entropy"),
+    "tinker-fb-ppo": tinker_wire.forward_backward_request("t-0123456789abcdef", [([5, 6, 7], {"target_tokens": [6, 7, 8], **RL_INPUTS})],
+                                                          "ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, seq_id=3),
+    "tinker-forward-only": tinker_wire.forward_backward_request("t-1", [([1], {"target_tokens": [2]})] * 3, "cross_entropy", forward_only=True),
+    "tinker-image-chunk": tinker_wire.forward_backward_request("t-1", [([1], {"target_tokens": [2]})], "cross_entropy",
+                                                               chunk=b"\x12\x04\x0a\x02\xff\xd8"),
+    "tinker-no-model": tinker_wire.forward_backward_request("", [([1], {"target_tokens": [2]})], "cross_entropy"),
+}
+
+
 def main():
     if sys.argv[1:] == ["--c-literal"]:
         print(c_literal(BPE_QWEN3))
@@ -434,6 +449,9 @@ def main():
             f.write("\n")
     for name, data in SERVICE_RAW.items():
         with open(os.path.join(HERE, "corpus", "service_request", name + ".json"), "wb") as f:
+            f.write(data)
+    for name, data in SERVICE_PROTOBUF.items():
+        with open(os.path.join(HERE, "corpus", "service_request", name + ".pb"), "wb") as f:
             f.write(data)
 
 

@@ -66,16 +66,20 @@ def sequence_datum(tok, text, **inputs):
                         loss_fn_inputs={"target_tokens": ids[1:], **{k: v(len(ids) - 1) for k, v in inputs.items()}})
 
 
-def raw(url, method, path, body=None, key=None, data=None, timeout=60, header="Authorization"):
-    """(status, JSON answer) of one request to url/api/v1/path; the key in `header` (Authorization:
-    Bearer KEY, or X-API-Key: KEY as the official Tinker SDK sends it)."""
+def raw(url, method, path, body=None, key=None, data=None, timeout=60, header="Authorization", headers=None):
+    """(status, answer) of one request to url/api/v1/path; the key in `header` (Authorization:
+    Bearer KEY, or X-API-Key: KEY as the official Tinker SDK sends it). The answer: JSON, or the
+    bytes of a protobuf one."""
     req = urllib.request.Request(url + "/api/v1" + path, method=method,
                                  data=data if data is not None else (None if body is None else json.dumps(body).encode()))
     if key:
         req.add_header(header, f"Bearer {key}" if header == "Authorization" else key)
+    for name, value in (headers or {}).items():
+        req.add_header(name, value)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+            text = r.read()
+            return r.status, text if "protobuf" in r.headers.get("Content-Type", "") else json.loads(text)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
 

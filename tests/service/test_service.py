@@ -30,6 +30,7 @@ import unittest
 
 from svc_fixture import DEADLINE_S, make_model, raw as raw_at, sequence_datum, slurp, tinker
 import svc_fixture
+import tinker_wire
 
 TRILL, SVC_REF = (os.path.abspath(a) for a in sys.argv[1:3])
 del sys.argv[1:3]
@@ -272,8 +273,8 @@ class Concurrency(unittest.TestCase):
             self.assertEqual(trainers[name][0].get_info().step, first + len(steps))
 
 
-def raw(method, path, body=None, key=None, data=None):
-    return raw_at(SERVER.url, method, path, body=body, key=key, data=data)
+def raw(method, path, body=None, key=None, data=None, headers=None):
+    return raw_at(SERVER.url, method, path, body=body, key=key, data=data, headers=headers)
 
 
 class Isolation(unittest.TestCase):
@@ -321,6 +322,7 @@ class Isolation(unittest.TestCase):
             ("POST", "/client/dynamic_config"): "the official SDK client's flags, the same for every key",
             ("POST", "/create_session"): "makes the caller's own session",
             ("POST", "/telemetry"): "the SDK's telemetry, accepted from any key and not kept",
+            ("POST", "/create_model"): "makes the caller's own model (a trainer); the body names only a base model",
         }
         routes = []
         for line in run("serve", "--print-routes").stdout.splitlines():
@@ -338,7 +340,10 @@ class Isolation(unittest.TestCase):
         sampler = a.create_sampling_client(model_path=weights)
         ids = {"model": "tiny", "trainer_id": tc.trainer_id, "sampler_id": sampler.sampler_id, "request_id": fut.request_id}
         session = raw("POST", "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "test"}, key=KEY_A)[1]["session_id"]
+        spare = a.create_lora_training_client(base_model="tiny", rank=2).trainer_id  # for unload_model
         datum = sequence_datum(tok, "2+2=4").to_wire()
+        model = {"model_id": tc.trainer_id}
+        tinker_state = state.replace("trill://", "tinker://").replace("/matrix", "/weights/matrix")
         bodies = {  # by the path's last literal segment: valid, so A's call succeeds; they name A's objects
             "tokenize": {"text": "1+2="}, "detokenize": {"tokens": [49, 43]},
             "trainers": {"base_model": "tiny", "rank": 2}, "from_state": {"path": state}, "samplers": {"model_path": weights},
@@ -349,7 +354,18 @@ class Isolation(unittest.TestCase):
             "config": {"sdk_version": "test"}, "dynamic_config": {"sdk_version": "test"},
             "create_session": {"tags": [], "user_metadata": None, "sdk_version": "test"}, "session_heartbeat": {"session_id": session},
             "telemetry": {"events": [], "platform": "linux", "sdk_version": "test", "session_id": session, "process_uuid": "u"},
+            # the official Tinker protocol's (a body both protocols' routes of that name take)
+            "create_model": {"session_id": session, "model_seq_id": 0, "base_model": "tiny", "lora_config": {"rank": 2}},
+            "get_info": model, "unload_model": {"model_id": spare}, "optim_step": {"adam_params": {"learning_rate": 1e-4}, **model},
+            "save_weights": {**model, "path": "matrix3"}, "load_weights": {**model, "path": tinker_state, "optimizer": False},
+            "create_sampling_session": {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights},
+            "asample": {"sampling_session_id": sampler.sampler_id, "num_samples": 1, "prompt": {"chunks": [{"tokens": [49, 43]}]},
+                        "sampling_params": {"max_tokens": 2, "seed": 1}},
+            "retrieve_future": {"request_id": fut.request_id},
         }
+        bodies["save_weights_for_sampler"] = {**bodies["save_weights_for_sampler"], **model}
+        protobuf = {"/forward_backward": tinker_wire.forward_backward_request(tc.trainer_id, [(datum["model_input"], datum["loss_fn_inputs"])],
+                                                                              "cross_entropy")}
         bad_key = "trill-" + "0" * 32
         calls = []
         for method, pattern, pub in routes:
@@ -360,19 +376,26 @@ class Isolation(unittest.TestCase):
             if method == "GET":
                 path += "?wait=0"
             body = None
-            if method == "POST":
+            if pattern in protobuf:
+                body = protobuf[pattern]
+            elif method == "POST":
                 last = [x for x in pattern.split("/") if x and not x.startswith("{")][-1]
                 self.assertIn(last, bodies, f"{method} {pattern}: no body for it: add one to the test")
                 body = bodies[last]
             calls.append((method, pattern, path, body, pub))
+        def call(method, path, body, key):  # the protobuf bodies sent as bytes
+            if isinstance(body, bytes):
+                return raw_at(SERVER.url, method, path, data=body, key=key, headers={"Content-Type": "application/x-protobuf"})
+            return raw_at(SERVER.url, method, path, body=body, key=key)
+
         for method, pattern, path, body, pub in calls:
             if pub:
-                self.assertEqual(raw(method, path)[0], 200, f"{method} {pattern}: public, {public[(method, pattern)]}")
+                self.assertEqual(call(method, path, None, None)[0], 200, f"{method} {pattern}: public, {public[(method, pattern)]}")
                 continue
             for who, key in (("no key", None), ("a bad key", bad_key)):
-                code, answer = raw(method, path, body, key=key)
+                code, answer = call(method, path, body, key)
                 self.assertEqual((code, answer.get("error", {}).get("code")), (401, "unauthorized"), f"{method} {path} with {who}: {answer}")
-            code, answer = raw(method, path, body, key=KEY_B)
+            code, answer = call(method, path, body, KEY_B)
             if (method, pattern) in shared:
                 self.assertEqual(code, 200, f"{method} {path} with another tenant's key ({shared[(method, pattern)]}): {answer}")
             else:
@@ -381,17 +404,21 @@ class Isolation(unittest.TestCase):
         tb = SERVER.client(KEY_B).create_lora_training_client(base_model="tiny", rank=2)
         code, answer = raw("POST", f"/trainers/{tb.trainer_id}/load_state", {"path": state}, key=KEY_B)
         self.assertEqual((code, answer["error"]["code"]), (404, "not_found"), answer)
+        code, answer = raw("POST", "/load_weights", {"model_id": tb.trainer_id, "path": tinker_state, "optimizer": False}, key=KEY_B)
+        self.assertEqual((code, answer["error"]["code"]), (404, "not_found"), answer)
         tb.delete()
         # A's own key: every call accepted (the deletions last), every future done
         made = []
         for method, pattern, path, body, pub in sorted(calls, key=lambda c: c[0] == "DELETE"):
-            code, answer = raw(method, path, body, key=KEY_A)
+            code, answer = call(method, path, body, KEY_A)
             self.assertEqual(code, 200, f"{method} {path} with its owner's key: {answer}")
             if "request_id" in answer:
                 code, done = raw("GET", f"/futures/{answer['request_id']}?wait=60", key=KEY_A)
                 self.assertEqual((code, done["status"]), (200, "done"), f"{method} {path}: {done}")
             made += [("trainers", answer["trainer_id"])] if "trainer_id" in answer and answer["trainer_id"] != tc.trainer_id else []
             made += [("samplers", answer["sampler_id"])] if "sampler_id" in answer and answer["sampler_id"] != sampler.sampler_id else []
+            made += [("trainers", answer["model_id"])] if pattern == "/create_model" else []
+            made += [("samplers", answer["sampling_session_id"])] if pattern == "/create_sampling_session" else []
         for kind, made_id in made:
             self.assertEqual(raw("DELETE", f"/{kind}/{made_id}", key=KEY_A)[0], 200)
 
@@ -529,6 +556,168 @@ class TinkerStartup(unittest.TestCase):
             self.assertIn("3 s after its last heartbeat", answer["error"]["message"])
         finally:
             self.assertEqual(server.stop(), 0)
+
+
+class TinkerProtocol(unittest.TestCase):
+    """The official Tinker protocol's calls as its SDK makes them (X-API-Key; forward_backward's
+    body and the forward_backward and sample results in protobuf, encoded and decoded here from the
+    wire format by tinker_wire), each equal to what trill's own routes give on the same objects."""
+
+    def call(self, path, body=None, data=None, proto=False, key=None):
+        headers = {"Content-Type": "application/x-protobuf"} if data is not None else {}
+        if proto:
+            headers["Accept"] = "application/x-protobuf"
+        return raw_at(SERVER.url, "POST", path, body=body, data=data, key=key or KEY_A, header="X-API-Key", headers=headers)
+
+    def result(self, request_id, proto=False):
+        """retrieve_future, held until the request finishes (or try_again: asked again)."""
+        for _ in range(20):
+            code, answer = self.call("/retrieve_future", {"request_id": request_id, "allow_metadata_only": False}, proto=proto)
+            self.assertEqual(code, 200, answer)
+            if not (isinstance(answer, dict) and answer.get("type") == "try_again"):
+                return answer
+        self.fail(f"{request_id}: still try_again")
+
+    def model(self, session, rank=2, seed=3):
+        code, made = self.call("/create_model", {"session_id": session, "model_seq_id": 0, "base_model": "tiny", "user_metadata": {"x": 1},
+                                                 "lora_config": {"rank": rank, "seed": seed, "train_unembed": True, "train_mlp": True, "train_attn": True},
+                                                 "type": "create_model"})
+        self.assertEqual(code, 200, made)
+        self.assertEqual(self.result(made["request_id"]), {"model_id": made["model_id"], "type": "create_model"})
+        return made["model_id"]
+
+    def session(self):
+        return self.call("/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.25.0"})[1]["session_id"]
+
+    def datums(self, n=3):
+        out = []
+        for k in range(n):
+            ids = [(7 * k + 3 * i) % 60 + 1 for i in range(9)]
+            out.append((ids[:-1], {"target_tokens": ids[1:], "weights": [0.0] * 3 + [1.0] * 5}))
+        return out
+
+    def test_training_equals_trills_own_routes(self):
+        model = self.model(self.session())
+        code, info = self.call("/get_info", {"model_id": model, "type": "get_info"})
+        self.assertEqual(code, 200, info)
+        self.assertEqual((info["model_id"], info["is_lora"], info["lora_rank"], info["model_name"]), (model, True, 2, "tiny"))
+        self.assertEqual(info["model_data"]["model_name"], "tiny")
+        self.assertEqual(info["model_data"]["tokenizer_id"], MODEL, "a served name that is no Hugging Face id: the model's folder")
+        data = self.datums()
+        code, fut = self.call("/forward_backward", data=tinker_wire.forward_backward_request(model, data, "cross_entropy", forward_only=True))
+        self.assertEqual((code, fut["model_id"]), (200, model), fut)
+        out = tinker_wire.forward_backward_output(self.result(fut["request_id"], proto=True))
+        code, own = raw("POST", f"/trainers/{model}/forward", {"loss_fn": "cross_entropy", "data": [
+            {"model_input": t, "loss_fn_inputs": i} for t, i in data]}, key=KEY_A)
+        own = raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_A)[1]["result"]
+        self.assertEqual(len(out["outputs"]), 3)
+        for d, (mine, theirs) in enumerate(zip(out["outputs"], own["loss_fn_outputs"])):
+            self.assertEqual(len(mine["logprobs"]), 8)
+            for a, b in zip(mine["logprobs"], theirs["logprobs"]):
+                self.assertAlmostEqual(a, b, delta=1e-6, msg=f"datum {d}")
+        self.assertAlmostEqual(out["metrics"]["loss:sum"], own["metrics"]["loss:sum"], delta=1e-4)
+        # a step through the Tinker calls: forward_backward, then optim_step; the JSON result for a client without protobuf
+        code, fut = self.call("/forward_backward", data=tinker_wire.forward_backward_request(model, data, "cross_entropy", seq_id=2))
+        as_json = self.result(fut["request_id"])
+        lp = as_json["loss_fn_outputs"][0]["logprobs"]
+        self.assertEqual((lp["dtype"], lp["shape"], len(lp["data"])), ("float32", [8], 8))
+        code, fut = self.call("/optim_step", {"model_id": model, "adam_params": {"learning_rate": 0.05, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
+                                                                                    "weight_decay": 0.0, "grad_clip_norm": 0.0}, "seq_id": 3})
+        step = self.result(fut["request_id"])
+        self.assertEqual((step["type"], step["metrics"]["step"]), ("optim_step", 1), step)
+        self.assertEqual(raw("GET", f"/trainers/{model}", key=KEY_A)[1]["step"], 1)
+        code, fut = self.call("/forward_backward", data=tinker_wire.forward_backward_request(model, data, "cross_entropy", forward_only=True))
+        after = tinker_wire.forward_backward_output(self.result(fut["request_id"], proto=True))
+        self.assertLess(after["metrics"]["loss:sum"], out["metrics"]["loss:sum"], "the step did not lower the loss")
+
+    def test_sampling_and_weights(self):
+        session = self.session()
+        model = self.model(session, seed=5)
+        code, fut = self.call("/save_weights_for_sampler", {"model_id": model, "sampling_session_seq_id": 0, "seq_id": 1})
+        unnamed = self.result(fut["request_id"])
+        self.assertEqual(unnamed["type"], "save_weights_for_sampler")
+        self.assertTrue(unnamed["path"].startswith(f"tinker://{model}/sampler_weights/"), unnamed)
+        sampler = unnamed["sampling_session_id"]
+        body = {"sampling_session_id": sampler, "seq_id": 1, "num_samples": 3, "prompt": {"chunks": [{"tokens": [49, 43, 50], "type": "encoded_text"}]},
+                "sampling_params": {"max_tokens": 5, "seed": 11, "temperature": 1.0, "top_k": -1, "top_p": 1.0}, "type": "sample"}
+        code, fut = self.call("/asample", body)
+        self.assertEqual(code, 200, fut)
+        seqs = tinker_wire.sample_response(self.result(fut["request_id"], proto=True))
+        code, own = raw("POST", f"/samplers/{sampler}/sample", {"prompt": [49, 43, 50], "num_samples": 3,
+                                                                 "sampling_params": {"max_tokens": 5, "seed": 11}}, key=KEY_A)
+        own = raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_A)[1]["result"]["sequences"]
+        self.assertEqual([s["tokens"] for s in seqs], [s["tokens"] for s in own])
+        self.assertEqual([s["stop_reason"] for s in seqs], [s["stop_reason"] for s in own])
+        for mine, theirs in zip(seqs, own):
+            self.assertEqual(len(mine["logprobs"]), len(theirs["logprobs"]))
+            for a, b in zip(mine["logprobs"], theirs["logprobs"]):
+                self.assertAlmostEqual(a, b, delta=1e-6)
+        as_json = self.result(fut["request_id"])  # a client without protobuf: JSON
+        self.assertEqual((as_json["type"], [s["tokens"] for s in as_json["sequences"]]), ("sample", [s["tokens"] for s in own]))
+        # named weights, a sampling session of their path: the same samples
+        code, fut = self.call("/save_weights_for_sampler", {"model_id": model, "path": "policy", "seq_id": 2})
+        named = self.result(fut["request_id"])
+        self.assertEqual(named, {"path": f"tinker://{model}/sampler_weights/policy", "type": "save_weights_for_sampler"})
+        code, made = self.call("/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 1, "model_path": named["path"]})
+        self.assertEqual((code, made["type"]), (200, "create_sampling_session"), made)
+        code, fut = self.call("/asample", {**body, "sampling_session_id": made["sampling_session_id"]})
+        self.assertEqual([s["tokens"] for s in tinker_wire.sample_response(self.result(fut["request_id"], proto=True))], [s["tokens"] for s in own])
+        # a state saved and loaded by its tinker:// path
+        code, fut = self.call("/save_weights", {"model_id": model, "path": "ckpt", "seq_id": 3})
+        saved = self.result(fut["request_id"])
+        self.assertEqual(saved, {"path": f"tinker://{model}/weights/ckpt", "type": "save_weights"})
+        code, fut = self.call("/load_weights", {"model_id": model, "path": saved["path"], "optimizer": True, "seq_id": 4})
+        self.assertEqual(self.result(fut["request_id"]), {"type": "load_weights"})
+        # unloaded: gone for every call
+        code, fut = self.call("/unload_model", {"model_id": model})
+        self.assertEqual(self.result(fut["request_id"]), {"model_id": model, "type": "unload_model"})
+        self.assertEqual(self.call("/get_info", {"model_id": model})[0], 404)
+
+    def test_refusals_name_the_field(self):
+        model = self.model(self.session())
+        good = self.datums(1)
+        chunk_image = b"\x12\x04\x0a\x02\xff\xd8"  # Chunk.image {data}
+        cases = [
+            ("not protobuf", dict(body={"model_id": model}), "protobuf"),
+            ("garbage", dict(data=b"\xff\xff\xff\xff"), "ForwardBackwardRequest"),
+            ("an image chunk", dict(data=tinker_wire.forward_backward_request(model, good, "cross_entropy", chunk=chunk_image)), "image"),
+            ("targets that are not the next tokens", dict(data=tinker_wire.forward_backward_request(
+                model, [(good[0][0], {"target_tokens": [1] * 8})], "cross_entropy")), "target_tokens"),
+            ("an unknown loss", dict(data=tinker_wire.forward_backward_request(model, good, "nope")), "loss_fn"),
+        ]
+        for what, kw, needle in cases:
+            code, answer = self.call("/forward_backward", **kw)
+            self.assertEqual(code, 400, what)
+            self.assertIn(needle, answer["error"]["message"], what)
+        for path, body, needle in (("/load_weights", {"model_id": model, "path": "tinker://x/elsewhere/n", "optimizer": False}, "path"),
+                                   ("/load_weights", {"model_id": model, "path": "tinker://x/weights/n"}, "optimizer"),
+                                   ("/asample", {"num_samples": 1, "prompt": {"chunks": []}, "sampling_params": {}}, "sampling_session_id"),
+                                   ("/save_weights", {"model_id": model, "ttl_seconds": 60}, "ttl_seconds"),
+                                   ("/get_info", {}, "model_id"), ("/retrieve_future", {}, "request_id")):
+            code, answer = self.call(path, body)
+            self.assertEqual(code, 400, (path, answer))
+            self.assertIn(needle, answer["error"]["message"], path)
+        self.assertEqual(self.call("/retrieve_future", {"request_id": "r-0"})[0], 404)
+
+    def test_failed_request_and_held_retrieve(self):
+        """A request that fails after it was accepted (its model unloaded while it waited behind
+        another model's long call) answers retrieve_future with {error, category}; the long call's
+        retrieve_future is held until it finishes (the result, not try_again)."""
+        session = self.session()
+        busy, victim = self.model(session), self.model(session)
+        ids = [(i * 5) % 60 + 1 for i in range(1001)]
+        long_call = [(ids[:-1], {"target_tokens": ids[1:]})] * 60
+        code, slow = self.call("/forward_backward", data=tinker_wire.forward_backward_request(busy, long_call, "cross_entropy"))
+        self.assertEqual(code, 200, slow)
+        code, queued = self.call("/forward_backward", data=tinker_wire.forward_backward_request(victim, self.datums(1), "cross_entropy"))
+        self.assertEqual(self.call("/unload_model", {"model_id": victim})[0], 200)
+        t0 = time.monotonic()
+        out = tinker_wire.forward_backward_output(self.result(slow["request_id"], proto=True))
+        self.assertEqual(len(out["outputs"]), 60)
+        failed = self.result(queued["request_id"])
+        self.assertEqual(failed["category"], "user", failed)
+        self.assertIn("deleted", failed["error"])
+        print(f"   held retrieve_future answered after {time.monotonic() - t0:.2f} s", file=sys.stderr)
 
 
 class Limits(unittest.TestCase):
