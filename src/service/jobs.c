@@ -236,11 +236,14 @@ static trill_status parse_sample(svc *s, const json_t *body, svc_job *j) {
     if (!st && (num != floor(num) || max_tokens != floor(max_tokens) || seed != floor(seed) || top_k != floor(top_k)))
         st = trill_error(TRILL_ERR_INVALID, "num_samples, max_tokens, seed and top_k: expected integers");
     if (!st) st = parse_stops(json_object_get(sp, "stop"), j, c);
+    const json_t *plp = json_object_get(body, "prompt_logprobs");
+    if (!st && plp && !json_is_null(plp) && !json_is_boolean(plp)) st = trill_error(TRILL_ERR_INVALID, "prompt_logprobs: expected true or false");
+    j->prompt_logprobs = json_is_true(plp);
     if (st) return st;
     j->num_samples = (int)num, j->max_tokens = (int)max_tokens;
     j->sampling.temperature = (float)temperature, j->sampling.top_p = (float)top_p, j->sampling.top_k = top_k < 0 ? 0 : (int)top_k;
     j->sampling.seed = seed < 0 ? trill_svc_random_u64() >> 11 : (uint64_t)seed; /* no seed: a fresh one (53 bits, as JSON keeps) */
-    j->cost = (long)j->prompt_len + (long)j->num_samples * j->max_tokens;
+    j->cost = (long)j->prompt_len * (1 + j->prompt_logprobs) + (long)j->num_samples * j->max_tokens;
     return trill_sampling_check(&j->sampling);
 }
 

@@ -51,42 +51,58 @@ static json_t *sequence_json(const trill_sequence_out *o, const trill_config *c)
                      "routed_experts", experts);
 }
 
+/* The request scoring job j's prompt: its first token, the rest forced (their log-probs as the
+ * sampler would have drawn them at temperature 1). */
+static trill_request prompt_request(const svc_job *j, uint64_t id, int slot) {
+    return (trill_request){ .id = id, .prompt = j->prompt, .prompt_len = 1, .n = 1, .sampling = trill_sampling_default(), .keyed = true,
+                            .key = 0, .adapter = slot, .forced = j->prompt + 1, .n_forced = j->prompt_len - 1,
+                            .max_new_tokens = j->prompt_len - 1 };
+}
+
 /* Submits job j to its base's engine on adapter slot `slot`: a sample's n samples (its result's
- * sequences filled in sample order as they finish), or for compute_logprobs the prompt's first
- * token and the rest forced. A one-token prompt's log-probs ([null]) need no engine. */
+ * sequences filled in sample order as they finish) and, when asked, its prompt's log-probs by a
+ * second request; for compute_logprobs the prompt alone. A one-token prompt's log-probs ([null])
+ * need no engine. */
 static trill_status submit(sampling *w, svc_job *j, int slot) {
     const trill_config *c = trill_model_config(trill_svc_base_model(w->s->bases[j->sampler->base]));
+    trill_engine *e = w->s->engines[j->sampler->base];
+    const bool sample = j->kind == JOB_SAMPLE, prompt = !sample || j->prompt_logprobs;
     j->result = json_object();
-    json_t *list = json_array();
-    for (int i = 0; list && i < (j->kind == JOB_SAMPLE ? j->num_samples : 1); i++) json_array_append_new(list, json_null());
-    if (!j->result || !list || json_object_set_new(j->result, j->kind == JOB_SAMPLE ? "sequences" : "logprobs", list))
+    json_t *list = json_array(), *lps = prompt ? json_pack("[n]") : NULL;
+    for (int i = 0; list && sample && i < j->num_samples; i++) json_array_append_new(list, json_null());
+    if (!j->result || !list || (prompt && !lps) || (sample && json_object_set_new(j->result, "sequences", list)) ||
+        (prompt && json_object_set_new(j->result, sample ? "prompt_logprobs" : "logprobs", lps)))
         return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!sample) json_decref(list);
     j->remaining = 0;
-    if (j->kind == JOB_LOGPROBS && j->prompt_len == 1) return TRILL_OK;
+    j->prompt_logprobs = sample && j->prompt_logprobs && j->prompt_len > 1; /* from here: a second request runs */
+    trill_status st = TRILL_OK;
+    if (prompt && j->prompt_len > 1) {
+        j->logprobs_id = w->next_id++;
+        trill_request r = prompt_request(j, j->logprobs_id, slot);
+        if (!(st = trill_engine_submit(e, &r))) j->remaining = 1;
+        if (!sample) j->engine_id = j->logprobs_id;
+    }
+    if (st || !sample) return st;
     j->engine_id = w->next_id++;
     trill_request r = { .id = j->engine_id, .prompt = j->prompt, .prompt_len = j->prompt_len, .n = j->num_samples, .sampling = j->sampling,
-                        .keyed = true, .key = 0, .adapter = slot, .max_new_tokens = j->max_tokens };
-    if (j->kind == JOB_LOGPROBS) {
-        r.prompt_len = 1, r.n = 1;
-        r.forced = j->prompt + 1, r.n_forced = j->prompt_len - 1, r.max_new_tokens = j->prompt_len - 1;
-        r.sampling = trill_sampling_default();
-    } else {
-        r.stop_ids = j->n_stop_ids ? j->stop_ids : c->eos_token_ids;
-        r.n_stop_ids = j->n_stop_ids ? j->n_stop_ids : c->n_eos;
-        r.stop_strings = (const char *const *)j->stop_strings, r.n_stop_strings = j->n_stop_strings;
-    }
-    trill_status st = trill_engine_submit(w->s->engines[j->sampler->base], &r);
-    if (!st) j->remaining = r.n;
+                        .keyed = true, .key = 0, .adapter = slot, .max_new_tokens = j->max_tokens,
+                        .stop_ids = j->n_stop_ids ? j->stop_ids : c->eos_token_ids, .n_stop_ids = j->n_stop_ids ? j->n_stop_ids : c->n_eos,
+                        .stop_strings = (const char *const *)j->stop_strings, .n_stop_strings = j->n_stop_strings };
+    st = trill_engine_submit(e, &r);
+    if (!st) j->remaining += r.n;
+    else if (j->remaining) trill_engine_abort(e, j->logprobs_id);
     return st;
 }
 
-/* A finished sequence of job j into its result. */
+/* A finished sequence of job j into its result: a sample, or the prompt's log-probs. */
 static trill_status add_output(sampling *w, svc_job *j, const trill_sequence_out *o) {
     const trill_config *c = trill_model_config(trill_svc_base_model(w->s->bases[j->sampler->base]));
-    if (j->kind == JOB_SAMPLE)
+    const bool prompt = j->kind == JOB_LOGPROBS || (j->prompt_logprobs && o->request == j->logprobs_id);
+    if (!prompt)
         return json_array_set_new(json_object_get(j->result, "sequences"), (size_t)o->sample, sequence_json(o, c))
                    ? trill_error(TRILL_ERR_NOMEM, "out of memory") : TRILL_OK;
-    json_t *lps = json_object_get(j->result, "logprobs");
+    json_t *lps = json_object_get(j->result, j->kind == JOB_LOGPROBS ? "logprobs" : "prompt_logprobs");
     for (int t = 0; t < o->n_generated; t++)
         if (json_array_append_new(lps, json_real(o->logprobs[t]))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     return TRILL_OK;
@@ -158,6 +174,12 @@ static void start(sampling *w, int first, int n, const bool *load, const int *sl
     }
 }
 
+/* Stops job j's requests in engine e. */
+static void abort_job(trill_engine *e, const svc_job *j) {
+    trill_engine_abort(e, j->engine_id);
+    if (j->prompt_logprobs) trill_engine_abort(e, j->logprobs_id);
+}
+
 /* One step of every busy engine; finished sequences go to their jobs, finished jobs complete. A
  * failed step fails the jobs running in that engine. */
 static void step(sampling *w) {
@@ -171,10 +193,11 @@ static void step(sampling *w) {
             for (int k = 0; k < got; k++) {
                 for (int i = 0; i < w->n_running; i++) {
                     svc_job *j = w->running[i];
-                    if (j->sampler->base != b || j->engine_id != out[k].request) continue;
+                    if (j->sampler->base != b || (j->engine_id != out[k].request && !(j->prompt_logprobs && j->logprobs_id == out[k].request)))
+                        continue;
                     const trill_status as = add_output(w, j, &out[k]);
                     if (as || --j->remaining == 0) {
-                        if (as) trill_engine_abort(e, j->engine_id); /* its other samples are dropped below */
+                        if (as) abort_job(e, j); /* its other samples are dropped below */
                         complete(w, i, as);
                     }
                     break;
@@ -186,7 +209,7 @@ static void step(sampling *w) {
         snprintf(message, sizeof message, "%s", trill_error_message());
         for (int i = w->n_running - 1; i >= 0; i--)
             if (w->running[i]->sampler->base == b) {
-                trill_engine_abort(e, w->running[i]->engine_id);
+                abort_job(e, w->running[i]);
                 complete(w, i, trill_error(st, "sampling: %s", message));
             }
         for (int got; (got = trill_engine_collect(e, out, 32)) > 0;)

@@ -52,6 +52,8 @@ typedef struct svc_job {
     json_t *result;              /* while sampling: the sequences so far */
     int remaining;               /* sequences still running */
     uint64_t engine_id;          /* its request's id in the engine */
+    bool prompt_logprobs;        /* sample: the prompt's log-probs too, by a second request (logprobs_id) */
+    uint64_t logprobs_id;
     bool logged;                 /* its outcome is in the request log already (committed with what it changed) */
     bool make_sampler;           /* save_weights_for_sampler: a sampler of the weights saved is made (Tinker, no name) */
     char garbage[4096];          /* a folder its commit replaced, removed once it has answered */

@@ -300,19 +300,19 @@ static trill_status prompt_ids(const json_t *prompt, json_t **out) {
     return TRILL_OK;
 }
 
-/* {sampling_session_id, num_samples, prompt, sampling_params, prompt_logprobs?, topk_prompt_logprobs?}. */
+/* {sampling_session_id, num_samples, prompt, sampling_params, prompt_logprobs?}: prompt_logprobs
+ * runs the prompt's scoring beside the samples (trill's compute_logprobs). */
 enum MHD_Result trill_tinker_asample(const route_call *q) {
     const char *sampler = str_field(q->body, "sampling_session_id");
     const json_t *plp = json_object_get(q->body, "prompt_logprobs"), *topk = json_object_get(q->body, "topk_prompt_logprobs");
     trill_status st = sampler ? TRILL_OK : trill_svc_fail("bad_request", "sampling_session_id: expected a string (create_sampling_session's; "
                                                                            "sampling by base_model or model_path alone is not served)");
-    if (!st && (json_is_true(plp) || json_integer_value(topk) > 0))
-        st = trill_svc_fail("bad_request", "prompt_logprobs and topk_prompt_logprobs are not served by trill's Tinker protocol yet "
-                                           "(trill's own compute_logprobs route gives a prompt's log-probs)");
+    if (!st && json_integer_value(topk) > 0)
+        st = trill_svc_fail("bad_request", "topk_prompt_logprobs: not served by trill yet (prompt_logprobs is)");
     json_t *ids = NULL;
     if (!st) st = prompt_ids(json_object_get(q->body, "prompt"), &ids);
-    json_t *b = st ? NULL : json_pack("{s:o, s:O?, s:O?}", "prompt", ids, "num_samples", json_object_get(q->body, "num_samples"),
-                                      "sampling_params", json_object_get(q->body, "sampling_params"));
+    json_t *b = st ? NULL : json_pack("{s:o, s:O?, s:O?, s:O?}", "prompt", ids, "num_samples", json_object_get(q->body, "num_samples"),
+                                      "sampling_params", json_object_get(q->body, "sampling_params"), "prompt_logprobs", plp);
     if (st) json_decref(ids);
     char id[32];
     if (!st) st = b ? trill_svc_submit(q->s, q->key_id, JOB_SAMPLE, false, sampler, b, id, false) : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -467,7 +467,8 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
     return st;
 }
 
-/* {sequences: [{tokens, logprobs, stop_reason}]} as a SampleResponse. */
+/* {sequences: [{tokens, logprobs, stop_reason}], prompt_logprobs?: [null, numbers]} as a
+ * SampleResponse (the prompt's as float32, NaN where none). */
 static trill_status sample_proto(const json_t *r, uint8_t **bytes, size_t *n) {
     const json_t *seqs = json_object_get(r, "sequences");
     const size_t ns = json_array_size(seqs);
@@ -492,8 +493,13 @@ static trill_status sample_proto(const json_t *r, uint8_t **bytes, size_t *n) {
     TinkerPublic__SampleResponse out;
     tinker_public__sample_response__init(&out);
     out.n_sequences = ns, out.sequences = sp;
+    const json_t *plp = json_object_get(r, "prompt_logprobs");
+    size_t len = 0;
+    uint8_t *prompt = plp ? floats_of(plp, &len) : NULL;
+    if (plp && !prompt) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (prompt) out._prompt_logprobs_case = TINKER_PUBLIC__SAMPLE_RESPONSE___PROMPT_LOGPROBS_PROMPT_LOGPROBS, out.prompt_logprobs = (ProtobufCBinaryData){ len, prompt };
     if (!st) st = packed(&out.base, bytes, n);
     for (size_t i = 0; sq && i < ns; i++) free(sq[i].tokens.data), free(sq[i].logprobs.data);
-    free(sq), free(sp);
+    free(sq), free(sp), free(prompt);
     return st;
 }

@@ -654,6 +654,18 @@ class TinkerProtocol(unittest.TestCase):
                 self.assertAlmostEqual(a, b, delta=1e-6)
         as_json = self.result(fut["request_id"])  # a client without protobuf: JSON
         self.assertEqual((as_json["type"], [s["tokens"] for s in as_json["sequences"]]), ("sample", [s["tokens"] for s in own]))
+        self.assertIsNone(tinker_wire.sample_prompt_logprobs(self.result(fut["request_id"], proto=True)))
+        # the prompt's log-probs beside the samples: those of compute_logprobs, the samples the same
+        code, fut = self.call("/asample", {**body, "prompt_logprobs": True})
+        answer = self.result(fut["request_id"], proto=True)
+        self.assertEqual([s["tokens"] for s in tinker_wire.sample_response(answer)], [s["tokens"] for s in own])
+        prompt_lp = tinker_wire.sample_prompt_logprobs(answer)
+        code, scored = raw("POST", f"/samplers/{sampler}/compute_logprobs", {"prompt": [49, 43, 50]}, key=KEY_A)
+        scored = raw("GET", f"/futures/{scored['request_id']}?wait=60", key=KEY_A)[1]["result"]["logprobs"]
+        self.assertTrue(math.isnan(prompt_lp[0]) and scored[0] is None)
+        for a, b in zip(prompt_lp[1:], scored[1:]):
+            self.assertAlmostEqual(a, b, delta=1e-6)
+        self.assertEqual(len(prompt_lp), 3)
         # named weights, a sampling session of their path: the same samples
         code, fut = self.call("/save_weights_for_sampler", {"model_id": model, "path": "policy", "seq_id": 2})
         named = self.result(fut["request_id"])
@@ -692,6 +704,8 @@ class TinkerProtocol(unittest.TestCase):
         for path, body, needle in (("/load_weights", {"model_id": model, "path": "tinker://x/elsewhere/n", "optimizer": False}, "path"),
                                    ("/load_weights", {"model_id": model, "path": "tinker://x/weights/n"}, "optimizer"),
                                    ("/asample", {"num_samples": 1, "prompt": {"chunks": []}, "sampling_params": {}}, "sampling_session_id"),
+                                   ("/asample", {"sampling_session_id": "s-1", "prompt": {"chunks": []}, "sampling_params": {},
+                                                 "topk_prompt_logprobs": 5}, "topk_prompt_logprobs"),
                                    ("/save_weights", {"model_id": model, "ttl_seconds": 60}, "ttl_seconds"),
                                    ("/get_info", {}, "model_id"), ("/retrieve_future", {}, "request_id")):
             code, answer = self.call(path, body)

@@ -116,6 +116,14 @@ def forward_backward_output(buf):
     return out
 
 
+def sample_prompt_logprobs(buf):
+    """A SampleResponse's prompt log-probs (NaN where none), or None."""
+    for number, _, value in _fields(buf):
+        if number == 2:
+            return list(struct.unpack(f"<{len(value) // 4}f", value))
+    return None
+
+
 def sample_response(buf):
     """[{tokens, logprobs, stop_reason}]."""
     seqs = []
