@@ -311,11 +311,49 @@ trill_status trill_svc_submit(svc *s, const char *key_id, job_kind kind, bool tr
     return trill_svc_job_submit(s, j, target, trainer);
 }
 
+/* ---- idempotency: a retried call (the same X-Idempotency-Key from the same key) is answered
+ * with the first call's future, not run twice ---- */
+
+static const char *idempotency_token(struct MHD_Connection *c) {
+    const char *t = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
+    return t && *t && strlen(t) <= 200 ? t : NULL;
+}
+
+static void read_answer(void *ctx, sqlite3_stmt *row) {
+    char **out = ctx;
+    free(*out);
+    *out = trill_strdup((const char *)sqlite3_column_text(row, 0));
+}
+
+/* The answer a call with this token had, or NULL. */
+static char *idempotent_answer(svc *s, struct MHD_Connection *c, const char *key_id) {
+    const char *token = idempotency_token(c);
+    char *answer = NULL;
+    svc_arg a[] = { SVC_S(key_id), SVC_S(token) };
+    if (token && trill_svc_store_run(s->store, "reading an idempotency key", "SELECT answer FROM idempotency WHERE key_id = ?1 AND token = ?2",
+                                     a, 2, read_answer, &answer, NULL)) {
+        free(answer);
+        return NULL;
+    }
+    return answer;
+}
+
+enum MHD_Result trill_svc_answer_future(const route_call *q, json_t *answer) {
+    char *text = answer ? json_dumps(answer, JSON_COMPACT) : NULL;
+    json_decref(answer);
+    const char *token = idempotency_token(q->c);
+    svc_arg a[] = { SVC_S(q->key_id), SVC_S(token), SVC_S(text), SVC_I(time(NULL)) };
+    if (text && token && trill_svc_store_run(q->s->store, "recording an idempotency key", "INSERT OR IGNORE INTO idempotency(key_id, token, answer, created)"
+                                             " VALUES(?1, ?2, ?3, ?4)", a, 4, NULL, NULL, NULL))
+        trill_log(TRILL_LOG_WARN, "trill serve: %s", trill_error_message()); /* the call stands; only a retry of it would run again */
+    return trill_svc_answer(q->c, 200, text);
+}
+
 /* A call that does work on a trainer or a sampler: parsed, queued, answered with its future. */
 static enum MHD_Result r_submit(const route_call *q) {
     char id[32];
     trill_status st = trill_svc_submit(q->s, q->key_id, q->r->job, q->r->trainer, q->p[1], q->body, id, false);
-    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_pack("{s:s}", "request_id", id));
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_future(q, json_pack("{s:s}", "request_id", id));
 }
 
 /* First match wins: a literal segment before a {name} one where both could match. */
@@ -413,6 +451,8 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
         return trill_svc_answer_error(c, "too_large", msg);
     }
     if (!r) return trill_svc_answer_error(c, "not_found", "no such endpoint (docs/service.md lists them; trill serve --print-routes)");
+    char *again = strcmp(method, "POST") == 0 ? idempotent_answer(s, c, key_id) : NULL;
+    if (again) return trill_svc_answer(c, 200, again);
     json_t *body = NULL;
     if (strcmp(method, "POST") == 0 && !r->raw) {
         json_error_t err;

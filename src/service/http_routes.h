@@ -55,6 +55,9 @@ enum MHD_Result trill_svc_answer(struct MHD_Connection *c, unsigned status, char
 enum MHD_Result trill_svc_answer_json(struct MHD_Connection *c, unsigned status, json_t *o);
 enum MHD_Result trill_svc_answer_error(struct MHD_Connection *c, const char *code, const char *message);
 enum MHD_Result trill_svc_answer_status(struct MHD_Connection *c, trill_status st);
+/* Answers a call's future (answer released), kept under the request's X-Idempotency-Key so that
+ * a retry of the call is answered the same and runs nothing. */
+enum MHD_Result trill_svc_answer_future(const route_call *q, json_t *answer);
 /* A job on the caller's trainer (or sampler) `target`, parsed from a trill-shaped body, queued;
  * *id its request id; make_sampler: see svc_job. Errors carry their code (trill_svc_fail). */
 trill_status trill_svc_submit(svc *s, const char *key_id, job_kind kind, bool trainer, const char *target, const json_t *body, char id[32],

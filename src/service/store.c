@@ -35,7 +35,11 @@ static const char SCHEMA[] =
     "CREATE TABLE IF NOT EXISTS samplers(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, base TEXT NOT NULL, model_path TEXT,"
     "  dir TEXT, version INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS requests(id TEXT PRIMARY KEY, key_id TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL,"
-    "  status TEXT NOT NULL, result TEXT, created INTEGER NOT NULL, finished INTEGER);";
+    "  status TEXT NOT NULL, result TEXT, created INTEGER NOT NULL, finished INTEGER);"
+    /* a call's answer by its client's X-Idempotency-Key: a retry gets it again (a day) */
+    "CREATE TABLE IF NOT EXISTS idempotency(key_id TEXT NOT NULL, token TEXT NOT NULL, answer TEXT NOT NULL, created INTEGER NOT NULL,"
+    "  PRIMARY KEY(key_id, token));"
+    "DELETE FROM idempotency WHERE created < strftime('%s', 'now') - 86400;";
 
 /* What a state folder of an earlier trill lacks (user_version 0): a trainer's snapshot before its
  * last (the fallback of a damaged one), a saved state's base model (it outlives its trainer). A

@@ -50,8 +50,7 @@ static trill_status trill_path(const char *path, char *out, size_t cap) {
 
 static enum MHD_Result answer_future(const route_call *q, trill_status st, const char *id, const char *model_id) {
     if (st) return trill_svc_answer_status(q->c, st);
-    return trill_svc_answer_json(q->c, 200, model_id ? json_pack("{s:s, s:s}", "request_id", id, "model_id", model_id)
-                                                     : json_pack("{s:s}", "request_id", id));
+    return trill_svc_answer_future(q, model_id ? json_pack("{s:s, s:s}", "request_id", id, "model_id", model_id) : json_pack("{s:s}", "request_id", id));
 }
 
 /* The model_id of a call's body (a trainer of the caller's). */

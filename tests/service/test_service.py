@@ -713,6 +713,38 @@ class TinkerProtocol(unittest.TestCase):
             self.assertIn(needle, answer["error"]["message"], path)
         self.assertEqual(self.call("/retrieve_future", {"request_id": "r-0"})[0], 404)
 
+    def test_retry_with_the_same_idempotency_key_runs_once(self):
+        """A call sent again with its X-Idempotency-Key (the SDK's retry of a call whose answer was
+        lost) gets the first call's future, and its work is done once: the gradient of two
+        forward_backward calls, one of them retried, is the gradient of two."""
+        def fb(model, token):
+            return raw_at(SERVER.url, "POST", "/forward_backward", key=KEY_A, header="X-API-Key", data=tinker_wire.forward_backward_request(
+                model, self.datums(2), "cross_entropy"), headers={"Content-Type": "application/x-protobuf", "X-Idempotency-Key": token})
+
+        session = self.session()
+        norms = []
+        for retried in (False, True):
+            model = self.model(session, seed=9)
+            first = fb(model, f"tok-{retried}-1")
+            ids = {first[1]["request_id"]}
+            if retried:
+                again = fb(model, f"tok-{retried}-1")
+                self.assertEqual(again, first, "a retry answered otherwise")
+            ids.add(fb(model, f"tok-{retried}-2")[1]["request_id"])
+            self.assertEqual(len(ids), 2)
+            for rid in ids:
+                self.result(rid)
+            code, fut = self.call("/optim_step", {"model_id": model, "adam_params": {"learning_rate": 1e-3}})
+            norms.append(self.result(fut["request_id"])["metrics"]["grad_norm"])
+        self.assertAlmostEqual(norms[0], norms[1], delta=1e-6 * norms[0])
+        headers_again = raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
+                               key=KEY_A, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
+        self.assertEqual(raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
+                                key=KEY_A, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"}), headers_again)
+        code, other = raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
+                             key=KEY_B, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
+        self.assertNotEqual(other["model_id"], headers_again[1]["model_id"], "another key's token is its own")
+
     def test_failed_request_and_held_retrieve(self):
         """A request that fails after it was accepted (its model unloaded while it waited behind
         another model's long call) answers retrieve_future with {error, category}; the long call's
