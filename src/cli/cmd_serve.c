@@ -166,7 +166,7 @@ int cmd_serve(int argc, char **argv) {
         { "max-client-connections", CLI_INT, "N", "connections from one address at most", .i = &l.client_conns, .min = 1, .max = 1000000 },
         { "request-timeout", CLI_DOUBLE, "S", "seconds for a request's headers, then its body", .d = &c.request_timeout, .dmin = 0.1,
           .dmax = 3600 },
-        { "session-timeout", CLI_DOUBLE, "S", "seconds a Tinker SDK client's session lives after its last heartbeat", .d = &c.session_timeout,
+        { "session-timeout", CLI_DOUBLE, "S", "seconds a Tinker SDK client's session lives after its last heartbeat (then the models and samplers made in it are deleted)", .d = &c.session_timeout,
           .dmin = 1, .dmax = 1e7 },
         { "port-file", CLI_STR, "FILE", "where the port listened on is written", .str = &c.port_file },
         { "max-seconds", CLI_DOUBLE, "S", "stop after S seconds (0: never)", .d = &max_seconds, .dmin = 0, .dmax = 1e9 },

@@ -576,7 +576,8 @@ void trill_svc_wake_waiters(svc *s, const char *id) {
 }
 
 /* Every 100 ms: sockets past their request's deadline shut (libmicrohttpd then closes them),
- * long-polls whose wait ran out answered; every 2 s, revoked keys' objects released. */
+ * long-polls whose wait ran out answered; every 2 s, revoked keys' objects released and ended
+ * sessions' objects deleted. */
 static void *watchdog_main(void *arg) {
     http_side *h = arg;
     svc *s = h->s;
@@ -593,7 +594,7 @@ static void *watchdog_main(void *arg) {
             else resume(w);
         }
         pthread_mutex_unlock(&s->mu);
-        if (now - revoked_at >= 2) trill_svc_release_revoked(s), revoked_at = now;
+        if (now - revoked_at >= 2) trill_svc_release_revoked(s), trill_svc_sessions_reap(s), revoked_at = now;
         pthread_mutex_lock(&h->mu);
         for (conn_state *cs = h->conns; cs; cs = cs->next)
             if ((cs->phase == WAIT_HEADERS || cs->phase == WAIT_BODY) && now - cs->since > s->cfg.request_timeout) {

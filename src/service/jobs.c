@@ -382,6 +382,11 @@ static trill_status make_sampler(svc *s, svc_job *j, char **result) {
     json_t *body = json_pack("{s:O}", "model_path", json_object_get(r, "path"));
     svc_sampler *p = NULL;
     trill_status st = body ? trill_svc_sampler_create(s, j->key_id, body, &p) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    if (!st) { /* it belongs to the session its model was made in */
+        pthread_mutex_lock(&s->mu);
+        memcpy(p->session, j->tenant->session, sizeof p->session);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (!st && json_object_set_new(r, "sampling_session_id", json_string(p->id))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     char *text = st ? NULL : json_dumps(r, JSON_COMPACT);
     if (!st && !text) st = trill_error(TRILL_ERR_NOMEM, "out of memory");

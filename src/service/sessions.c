@@ -1,12 +1,15 @@
 /* The official Tinker SDK's client sessions (svc.h): a client makes one when it starts
  * (create_session) and keeps it alive with a heartbeat every 10 s. A session not heard from for
- * --session-timeout seconds (cfg.session_timeout) is forgotten. Sessions live in memory (a restarted server's clients make
- * new ones); each key holds at most SVC_MAX_SESSIONS. */
+ * --session-timeout seconds (cfg.session_timeout) is forgotten, and the models (trainers) and
+ * sampling sessions (samplers) made in it are deleted. Sessions live in memory (a restarted
+ * server's clients make new ones, and what was made in the old ones is kept); each key holds at
+ * most SVC_MAX_SESSIONS. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "trill/log.h"
 #include "service/store.h"
 #include "service/svc.h"
 #include "trill/timing.h"
@@ -81,4 +84,48 @@ trill_status trill_svc_session_heartbeat(svc *s, const char *key_id, const json_
     return found ? TRILL_OK
                  : trill_svc_fail("not_found", "no live session %s (a session ends %g s after its last heartbeat)", json_string_value(id),
                                   s->cfg.session_timeout);
+}
+
+bool trill_svc_session_live(svc *s, const char *id, const char *key_id) {
+    forget_dead(s, trill_now());
+    for (int i = 0; i < s->n_sessions; i++)
+        if (strcmp(s->sessions[i].id, id) == 0 && strcmp(s->sessions[i].key_id, key_id) == 0) return true;
+    return false;
+}
+
+/* A trainer or sampler to delete, and the session it was made in. */
+typedef struct orphan { char id[32], key_id[32], session[32]; bool trainer; } orphan;
+
+static void add_orphan(orphan *list, int *n, const char *id, const char *key_id, const char *session, bool trainer) {
+    orphan *o = &list[(*n)++];
+    memcpy(o->id, id, sizeof o->id), memcpy(o->key_id, key_id, sizeof o->key_id), memcpy(o->session, session, sizeof o->session);
+    o->trainer = trainer;
+}
+
+void trill_svc_sessions_reap(svc *s) {
+    pthread_mutex_lock(&s->mu);
+    forget_dead(s, trill_now());
+    orphan *list = trill_calloc((size_t)(s->n_tenants + s->n_samplers + 1), sizeof *list);
+    int n = 0;
+    for (int i = 0; list && i < s->n_tenants; i++) {
+        const svc_tenant *t = s->tenants[i];
+        if (!t->gone && !t->creating && t->session[0] && !trill_svc_session_live(s, t->session, t->key_id))
+            add_orphan(list, &n, t->id, t->key_id, t->session, true);
+    }
+    for (int i = 0; list && i < s->n_samplers; i++) {
+        const svc_sampler *p = s->samplers[i];
+        if (!p->gone && !p->creating && p->session[0] && !trill_svc_session_live(s, p->session, p->key_id))
+            add_orphan(list, &n, p->id, p->key_id, p->session, false);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) { /* outside the lock: a delete commits to the store */
+        const orphan *o = &list[i];
+        trill_status st = o->trainer ? trill_svc_tenant_delete(s, o->id, o->key_id) : trill_svc_sampler_delete(s, o->id, o->key_id);
+        (void)trill_svc_take_code();
+        if (st) trill_log(TRILL_LOG_WARN, "trill serve: session %s ended, but %s %s was not deleted: %s", o->session, o->trainer ? "model" : "sampler",
+                          o->id, trill_error_message());
+        else trill_log(TRILL_LOG_INFO, "trill serve: session %s ended (no heartbeat for %g s): %s %s deleted", o->session, s->cfg.session_timeout,
+                       o->trainer ? "model" : "sampler", o->id);
+    }
+    free(list);
 }

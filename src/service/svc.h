@@ -74,6 +74,7 @@ typedef struct svc_tenant {
     int pins;                    /* threads between finding it and deciding its fate (a DELETE) */
     size_t bytes;                /* of adapter memory reserved for it */
     char snapshot[4096], prev[4096]; /* its committed snapshot folder and the one before ("": none) */
+    char session[32];            /* the Tinker session it was made in ("": none): deleted when that ends */
 } svc_tenant;
 
 /* The weights a trill:// path held at one version, shared by every sampler made from it (one copy
@@ -99,6 +100,7 @@ typedef struct svc_sampler {
     bool creating;               /* being made: counts against its key's limit; no lookup finds it */
     int gone;                    /* SVC_LIVE, or gone: freed once no call of it runs and no thread pins it */
     int pins;
+    char session[32];            /* as a trainer's */
 } svc_sampler;
 
 /* A long-poll waiting for a future (http.c): its connection suspended, resumed when the request
@@ -211,6 +213,11 @@ void *trill_svc_sample_main(void *arg);
 trill_status trill_svc_session_create(svc *s, const char *key_id, const json_t *body, char id[32]);
 /* A heartbeat {"session_id"} of one of the caller's live sessions (else not_found). */
 trill_status trill_svc_session_heartbeat(svc *s, const char *key_id, const json_t *body);
+/* Under s->mu: whether session id is one of key_id's live ones. */
+bool trill_svc_session_live(svc *s, const char *id, const char *key_id);
+/* Deletes the trainers and samplers made in sessions that have ended (the watchdog's, every 2 s):
+ * what a client that stopped sending heartbeats held is freed; its saved states stay. */
+void trill_svc_sessions_reap(svc *s);
 
 /* ---- tenants.c ---- */
 /* An error with the code the HTTP answer gives it ("not_found", "limit", "bad_request", "gone"),

@@ -63,9 +63,25 @@ static trill_status model_id(const json_t *body, const char **id) {
 
 /* {session_id, model_seq_id, base_model, user_metadata?, lora_config?: {rank, seed, train_unembed,
  * train_mlp, train_attn}}: the trainer is made now; its future is already done. */
+/* The body's session_id: one of the caller's live sessions. */
+static trill_status live_session(const route_call *q, const char **session) {
+    *session = str_field(q->body, "session_id");
+    if (!*session) return trill_svc_fail("bad_request", "session_id: expected a string (create_session's)");
+    pthread_mutex_lock(&q->s->mu);
+    const bool live = trill_svc_session_live(q->s, *session, q->key_id);
+    pthread_mutex_unlock(&q->s->mu);
+    return live ? TRILL_OK : trill_svc_fail("not_found", "session_id: no live session %.40s (a session ends %g s after its last heartbeat)", *session,
+                                            q->s->cfg.session_timeout);
+}
+
+/* Under s->mu: object made in a session belongs to it (deleted when it ends). */
+static void own(char dst[32], const char *session) { snprintf(dst, 32, "%s", session); }
+
 enum MHD_Result trill_tinker_create_model(const route_call *q) {
     const json_t *lora = json_object_get(q->body, "lora_config");
-    if (!str_field(q->body, "session_id")) return trill_svc_answer_error(q->c, "bad_request", "session_id: expected a string (create_session's)");
+    const char *session;
+    trill_status st0 = live_session(q, &session);
+    if (st0) return trill_svc_answer_status(q->c, st0);
     if (lora && !json_is_null(lora) && !json_is_object(lora)) return trill_svc_answer_error(q->c, "bad_request", "lora_config: expected an object");
     json_t *b = json_object();
     json_object_set(b, "base_model", json_object_get(q->body, "base_model"));
@@ -75,6 +91,11 @@ enum MHD_Result trill_tinker_create_model(const route_call *q) {
     svc_tenant *t = NULL;
     trill_status st = trill_svc_tenant_create(q->s, q->key_id, b, false, &t);
     json_decref(b);
+    if (!st) { /* should the session end meanwhile, the next reaping deletes the model */
+        pthread_mutex_lock(&q->s->mu);
+        own(t->session, session);
+        pthread_mutex_unlock(&q->s->mu);
+    }
     char id[32], *result = NULL;
     if (!st && !(result = trill_svc_json_dump(json_pack("{s:s, s:s}", "model_id", t->id, "type", "create_model"))))
         st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -271,13 +292,19 @@ enum MHD_Result trill_tinker_load_weights(const route_call *q) {
 
 /* {session_id, sampling_session_seq_id, base_model?, model_path?}: a sampler, answered now. */
 enum MHD_Result trill_tinker_create_sampling_session(const route_call *q) {
-    const char *path = str_field(q->body, "model_path"), *base = str_field(q->body, "base_model");
+    const char *path = str_field(q->body, "model_path"), *base = str_field(q->body, "base_model"), *session;
     char trill[256];
-    trill_status st = path ? trill_path(path, trill, sizeof trill) : TRILL_OK;
+    trill_status st = live_session(q, &session);
+    if (!st && path) st = trill_path(path, trill, sizeof trill);
     json_t *b = path ? json_pack("{s:s}", "model_path", trill) : json_pack("{s:s?}", "base_model", base);
     svc_sampler *p = NULL;
     if (!st) st = b ? trill_svc_sampler_create(q->s, q->key_id, b, &p) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_decref(b);
+    if (!st) {
+        pthread_mutex_lock(&q->s->mu);
+        own(p->session, session);
+        pthread_mutex_unlock(&q->s->mu);
+    }
     return st ? trill_svc_answer_status(q->c, st)
               : trill_svc_answer_json(q->c, 200, json_pack("{s:s, s:s}", "type", "create_sampling_session", "sampling_session_id", p->id));
 }

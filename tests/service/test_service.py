@@ -322,7 +322,6 @@ class Isolation(unittest.TestCase):
             ("POST", "/client/dynamic_config"): "the official SDK client's flags, the same for every key",
             ("POST", "/create_session"): "makes the caller's own session",
             ("POST", "/telemetry"): "the SDK's telemetry, accepted from any key and not kept",
-            ("POST", "/create_model"): "makes the caller's own model (a trainer); the body names only a base model",
         }
         routes = []
         for line in run("serve", "--print-routes").stdout.splitlines():
@@ -541,19 +540,38 @@ class TinkerStartup(unittest.TestCase):
 
     def test_session_expires(self):
         """A server of its own with --session-timeout 3: heartbeats every 0.5 s keep a session, one
-        not heard from for longer ends (the margins: a stall of 2.5 s between two calls, even sanitized)."""
+        not heard from for longer ends (the margins: a stall of 2.5 s between two calls, even
+        sanitized), and the model and sampling session made in it are deleted; another session's
+        stay, and so do the states saved from the ended one's model."""
         state = os.path.join(W, "sessions")
         server = Server(extra=("--session-timeout", "3"), state=state)
         try:
             key = slurp(os.path.join(state, "default.key")).strip()
-            sid = self.call("POST", "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "t"}, key=key, server=server)[1]["session_id"]
+            call = lambda path, body: self.call("POST", path, body, key=key, server=server)  # noqa: E731
+            sid, kept = (call("/create_session", {"tags": [], "user_metadata": None, "sdk_version": "t"})[1]["session_id"] for _ in range(2))
+            models = [call("/create_model", {"session_id": x, "model_seq_id": 0, "base_model": "tiny"})[1]["model_id"] for x in (sid, kept)]
+            code, saved = call("/save_weights", {"model_id": models[0], "path": "keep-me"})
+            sampler = call("/create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 0, "base_model": "tiny"})[1]["sampling_session_id"]
             for _ in range(8):  # 4 s of heartbeats, longer than the timeout
                 time.sleep(0.5)
-                self.assertEqual(self.call("POST", "/session_heartbeat", {"session_id": sid}, key=key, server=server)[0], 200)
-            time.sleep(3.5)
-            code, answer = self.call("POST", "/session_heartbeat", {"session_id": sid}, key=key, server=server)
+                for x in (sid, kept):
+                    self.assertEqual(call("/session_heartbeat", {"session_id": x})[0], 200)
+            for _ in range(11):  # 5.5 s: the timeout and the 2 s between two reapings, one session kept alive
+                time.sleep(0.5)
+                self.assertEqual(call("/session_heartbeat", {"session_id": kept})[0], 200)
+            code, answer = call("/session_heartbeat", {"session_id": sid})
             self.assertEqual((code, answer["error"]["code"]), (404, "not_found"))
             self.assertIn("3 s after its last heartbeat", answer["error"]["message"])
+            self.assertEqual(call("/get_info", {"model_id": models[0]})[0], 404, "the ended session's model")
+            self.assertEqual(call("/asample", {"sampling_session_id": sampler, "prompt": {"chunks": [{"tokens": [1]}]},
+                                               "sampling_params": {"max_tokens": 1}})[0], 404, "the ended session's sampler")
+            self.assertEqual(call("/get_info", {"model_id": models[1]})[0], 200, "a live session's model")
+            code, answer = call("/create_model", {"session_id": sid, "model_seq_id": 1, "base_model": "tiny"})
+            self.assertEqual((code, answer["error"]["code"]), (404, "not_found"), "a model in an ended session")
+            path = "tinker://" + models[0] + "/weights/keep-me"
+            self.assertEqual(call("/load_weights", {"model_id": models[1], "path": path, "optimizer": False})[0], 200, "its saved state stays")
+            server.log.flush()
+            self.assertIn(f"session {sid} ended (no heartbeat for 3 s): model {models[0]} deleted", slurp(server.log_path))
         finally:
             self.assertEqual(server.stop(), 0)
 
@@ -741,7 +759,8 @@ class TinkerProtocol(unittest.TestCase):
                                key=KEY_A, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
         self.assertEqual(raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
                                 key=KEY_A, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"}), headers_again)
-        code, other = raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
+        theirs = self.call("/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.25.0"}, key=KEY_B)[1]["session_id"]
+        code, other = raw_at(SERVER.url, "POST", "/create_model", {"session_id": theirs, "model_seq_id": 6, "base_model": "tiny"},
                              key=KEY_B, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
         self.assertNotEqual(other["model_id"], headers_again[1]["model_id"], "another key's token is its own")
 
