@@ -144,11 +144,11 @@ enum MHD_Result trill_tinker_unload_model(const route_call *q) {
 /* ---- forward_backward: the protobuf request as trill's job body ---- */
 
 /* A dense tensor's values as a JSON array of integers (as_int) or numbers; *n their count. */
-static trill_status tensor_json(const TinkerPublic__Tensor *t, const char *what, bool as_int, json_t **out, size_t *n) {
+static trill_status tensor_json(const TrillTinker__Tensor *t, const char *what, bool as_int, json_t **out, size_t *n) {
     *out = NULL;
-    if (t->encoding_case != TINKER_PUBLIC__TENSOR__ENCODING_DENSE)
+    if (t->encoding_case != TRILL_TINKER__TENSOR__ENCODING_DENSE)
         return trill_svc_fail("bad_request", "%s: a sparse tensor; trill takes dense ones", what);
-    const size_t size = t->dtype == TINKER_PUBLIC__DTYPE__DTYPE_INT64 ? 8 : t->dtype == TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32 || t->dtype == TINKER_PUBLIC__DTYPE__DTYPE_INT32 ? 4 : 0;
+    const size_t size = t->dtype == TRILL_TINKER__DTYPE__DTYPE_INT64 ? 8 : t->dtype == TRILL_TINKER__DTYPE__DTYPE_FLOAT32 || t->dtype == TRILL_TINKER__DTYPE__DTYPE_INT32 ? 4 : 0;
     if (!size) return trill_svc_fail("bad_request", "%s: dtype %d; expected float32, int64 or int32", what, (int)t->dtype);
     if (t->dense.len % size) return trill_svc_fail("bad_request", "%s: %zu bytes, not a whole number of values", what, t->dense.len);
     *n = t->dense.len / size;
@@ -160,8 +160,8 @@ static trill_status tensor_json(const TinkerPublic__Tensor *t, const char *what,
     for (size_t i = 0; a && i < *n; i++) {
         const uint8_t *p = t->dense.data + i * size;
         double v;
-        if (t->dtype == TINKER_PUBLIC__DTYPE__DTYPE_INT64) { int64_t x; memcpy(&x, p, 8); v = (double)x; }
-        else if (t->dtype == TINKER_PUBLIC__DTYPE__DTYPE_INT32) { int32_t x; memcpy(&x, p, 4); v = x; }
+        if (t->dtype == TRILL_TINKER__DTYPE__DTYPE_INT64) { int64_t x; memcpy(&x, p, 8); v = (double)x; }
+        else if (t->dtype == TRILL_TINKER__DTYPE__DTYPE_INT32) { int32_t x; memcpy(&x, p, 4); v = x; }
         else { float x; memcpy(&x, p, 4); v = x; }
         json_array_append_new(a, as_int ? json_integer((json_int_t)v) : isfinite(v) ? json_real(v) : json_null());
     }
@@ -170,16 +170,16 @@ static trill_status tensor_json(const TinkerPublic__Tensor *t, const char *what,
 }
 
 /* Datum d: {model_input: [ids], loss_fn_inputs: {target_tokens, weights, logprobs, advantages}}. */
-static trill_status datum_json(const TinkerPublic__Datum *d, int index, json_t **out) {
+static trill_status datum_json(const TrillTinker__Datum *d, int index, json_t **out) {
     char what[96];
     json_t *ids = json_array(), *in = json_object();
     *out = json_pack("{s:o, s:o}", "model_input", ids, "loss_fn_inputs", in);
     if (!*out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t k = 0; k < d->n_model_input; k++) {
-        const TinkerPublic__Chunk *c = d->model_input[k];
-        if (c->chunk_case != TINKER_PUBLIC__CHUNK__CHUNK_ENCODED_TEXT)
+        const TrillTinker__Chunk *c = d->model_input[k];
+        if (c->chunk_case != TRILL_TINKER__CHUNK__CHUNK_ENCODED_TEXT)
             return trill_svc_fail("bad_request", "data[%d].model_input.chunks[%zu]: an %s chunk; trill takes encoded_text", index, k,
-                                  c->chunk_case == TINKER_PUBLIC__CHUNK__CHUNK_IMAGE ? "image" : "audio");
+                                  c->chunk_case == TRILL_TINKER__CHUNK__CHUNK_IMAGE ? "image" : "audio");
         const ProtobufCBinaryData *t = &c->encoded_text->tokens;
         if (t->len % 4) return trill_svc_fail("bad_request", "data[%d].model_input.chunks[%zu].tokens: not int32 values", index, k);
         for (size_t i = 0; i < t->len / 4; i++) {
@@ -202,7 +202,7 @@ static trill_status datum_json(const TinkerPublic__Datum *d, int index, json_t *
 }
 
 /* The request as trill's forward(_backward) body {loss_fn, loss_fn_config, data}. */
-static trill_status forward_body(const TinkerPublic__ForwardBackwardRequest *r, json_t **out) {
+static trill_status forward_body(const TrillTinker__ForwardBackwardRequest *r, json_t **out) {
     json_t *config = json_object(), *data = json_array();
     *out = json_pack("{s:s, s:o, s:o}", "loss_fn", r->loss_fn ? r->loss_fn : "", "loss_fn_config", config, "data", data);
     if (!*out) return trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -218,7 +218,7 @@ static trill_status forward_body(const TinkerPublic__ForwardBackwardRequest *r, 
 
 trill_status trill_tinker_forward_request(const void *bytes, size_t n, json_t **body, char model[32], bool *forward_only) {
     *body = NULL, model[0] = 0, *forward_only = false;
-    TinkerPublic__ForwardBackwardRequest *r = tinker_public__forward_backward_request__unpack(NULL, n, (const uint8_t *)(n ? bytes : ""));
+    TrillTinker__ForwardBackwardRequest *r = trill_tinker__forward_backward_request__unpack(NULL, n, (const uint8_t *)(n ? bytes : ""));
     if (!r) return trill_svc_fail("bad_request", "forward_backward: the body is not a ForwardBackwardRequest message");
     trill_status st = TRILL_OK;
     if (!r->model_id || !*r->model_id || strlen(r->model_id) >= 32) st = trill_svc_fail("bad_request", "model_id: expected create_model's");
@@ -226,7 +226,7 @@ trill_status trill_tinker_forward_request(const void *bytes, size_t n, json_t **
     if (!st) st = forward_body(r, body);
     if (st) json_decref(*body), *body = NULL;
     *forward_only = r->forward_only;
-    tinker_public__forward_backward_request__free_unpacked(r, NULL);
+    trill_tinker__forward_backward_request__free_unpacked(r, NULL);
     return st;
 }
 
@@ -455,8 +455,8 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
     for (size_t d = 0; d < nd; d++) total += json_array_size(json_object_get(json_array_get(outs, d), "logprobs"));
     float *data = trill_malloc(sizeof(float) * (total ? total : 1));
     int64_t *offsets = trill_malloc(sizeof(int64_t) * (nd + 1));
-    TinkerPublic__ForwardBackwardOutput__MetricsEntry *me = trill_calloc(json_object_size(metrics) + 1, sizeof *me);
-    TinkerPublic__ForwardBackwardOutput__MetricsEntry **mp = trill_calloc(json_object_size(metrics) + 1, sizeof *mp);
+    TrillTinker__ForwardBackwardOutput__MetricsEntry *me = trill_calloc(json_object_size(metrics) + 1, sizeof *me);
+    TrillTinker__ForwardBackwardOutput__MetricsEntry **mp = trill_calloc(json_object_size(metrics) + 1, sizeof *mp);
     trill_status st = data && offsets && me && mp ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     size_t at = 0, nm = 0;
     for (size_t d = 0; !st && d < nd; d++) {
@@ -468,24 +468,24 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
     const char *key;
     json_object_foreach((json_t *)metrics, key, v) {
         if (st || !json_is_number(v)) continue;
-        tinker_public__forward_backward_output__metrics_entry__init(&me[nm]);
+        trill_tinker__forward_backward_output__metrics_entry__init(&me[nm]);
         me[nm].key = (char *)key, me[nm].value = json_number_value(v);
         mp[nm] = &me[nm];
         nm++;
     }
-    TinkerPublic__BatchedTensor bt;
-    tinker_public__batched_tensor__init(&bt);
+    TrillTinker__BatchedTensor bt;
+    trill_tinker__batched_tensor__init(&bt);
     bt.data = (ProtobufCBinaryData){ sizeof(float) * at, (uint8_t *)data };
     bt.offsets = (ProtobufCBinaryData){ sizeof(int64_t) * (nd + 1), (uint8_t *)offsets };
-    bt.dtype = TINKER_PUBLIC__DTYPE__DTYPE_FLOAT32;
-    TinkerPublic__ArrayRecord__FieldsEntry field, *fields[1] = { &field };
-    tinker_public__array_record__fields_entry__init(&field);
+    bt.dtype = TRILL_TINKER__DTYPE__DTYPE_FLOAT32;
+    TrillTinker__ArrayRecord__FieldsEntry field, *fields[1] = { &field };
+    trill_tinker__array_record__fields_entry__init(&field);
     field.key = "logprobs", field.value = &bt;
-    TinkerPublic__ArrayRecord rec, *recs[1] = { &rec };
-    tinker_public__array_record__init(&rec);
+    TrillTinker__ArrayRecord rec, *recs[1] = { &rec };
+    trill_tinker__array_record__init(&rec);
     rec.type_tag = "ArrayRecord", rec.n_fields = 1, rec.fields = fields, rec.num_datums = (int64_t)nd;
-    TinkerPublic__ForwardBackwardOutput out;
-    tinker_public__forward_backward_output__init(&out);
+    TrillTinker__ForwardBackwardOutput out;
+    trill_tinker__forward_backward_output__init(&out);
     out.loss_fn_output_type = (char *)(str_field(r, "loss_fn_output_type") ? str_field(r, "loss_fn_output_type") : "ArrayRecord");
     out.n_loss_fn_outputs = 1, out.loss_fn_outputs = recs, out.n_metrics = nm, out.metrics = mp;
     if (!st) st = packed(&out.base, bytes, n);
@@ -498,32 +498,32 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
 static trill_status sample_proto(const json_t *r, uint8_t **bytes, size_t *n) {
     const json_t *seqs = json_object_get(r, "sequences");
     const size_t ns = json_array_size(seqs);
-    TinkerPublic__SampledSequence *sq = trill_calloc(ns + 1, sizeof *sq);
-    TinkerPublic__SampledSequence **sp = trill_calloc(ns + 1, sizeof *sp);
+    TrillTinker__SampledSequence *sq = trill_calloc(ns + 1, sizeof *sq);
+    TrillTinker__SampledSequence **sp = trill_calloc(ns + 1, sizeof *sp);
     trill_status st = sq && sp ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; !st && i < ns; i++) {
         const json_t *o = json_array_get(seqs, i), *toks = json_object_get(o, "tokens");
-        tinker_public__sampled_sequence__init(&sq[i]);
+        trill_tinker__sampled_sequence__init(&sq[i]);
         sp[i] = &sq[i];
         const char *why = str_field(o, "stop_reason");
-        sq[i].stop_reason = why && strcmp(why, "length") == 0 ? TINKER_PUBLIC__STOP_REASON__STOP_REASON_LENGTH : TINKER_PUBLIC__STOP_REASON__STOP_REASON_STOP;
+        sq[i].stop_reason = why && strcmp(why, "length") == 0 ? TRILL_TINKER__STOP_REASON__STOP_REASON_LENGTH : TRILL_TINKER__STOP_REASON__STOP_REASON_STOP;
         int32_t *t = trill_malloc(sizeof(int32_t) * (json_array_size(toks) + 1));
         size_t len = 0;
         uint8_t *lp = floats_of(json_object_get(o, "logprobs"), &len);
         if (!t || !lp) { free(t), free(lp); st = trill_error(TRILL_ERR_NOMEM, "out of memory"); break; }
         for (size_t k = 0; k < json_array_size(toks); k++) t[k] = (int32_t)json_integer_value(json_array_get(toks, k));
         sq[i].tokens = (ProtobufCBinaryData){ sizeof(int32_t) * json_array_size(toks), (uint8_t *)t };
-        sq[i]._logprobs_case = TINKER_PUBLIC__SAMPLED_SEQUENCE___LOGPROBS_LOGPROBS;
+        sq[i]._logprobs_case = TRILL_TINKER__SAMPLED_SEQUENCE___LOGPROBS_LOGPROBS;
         sq[i].logprobs = (ProtobufCBinaryData){ len, lp };
     }
-    TinkerPublic__SampleResponse out;
-    tinker_public__sample_response__init(&out);
+    TrillTinker__SampleResponse out;
+    trill_tinker__sample_response__init(&out);
     out.n_sequences = ns, out.sequences = sp;
     const json_t *plp = json_object_get(r, "prompt_logprobs");
     size_t len = 0;
     uint8_t *prompt = plp ? floats_of(plp, &len) : NULL;
     if (plp && !prompt) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (prompt) out._prompt_logprobs_case = TINKER_PUBLIC__SAMPLE_RESPONSE___PROMPT_LOGPROBS_PROMPT_LOGPROBS, out.prompt_logprobs = (ProtobufCBinaryData){ len, prompt };
+    if (prompt) out._prompt_logprobs_case = TRILL_TINKER__SAMPLE_RESPONSE___PROMPT_LOGPROBS_PROMPT_LOGPROBS, out.prompt_logprobs = (ProtobufCBinaryData){ len, prompt };
     if (!st) st = packed(&out.base, bytes, n);
     for (size_t i = 0; sq && i < ns; i++) free(sq[i].tokens.data), free(sq[i].logprobs.data);
     free(sq), free(sp), free(prompt);
