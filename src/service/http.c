@@ -396,6 +396,12 @@ static const route ROUTES[] = {
     { .method = "POST", .pattern = "/create_sampling_session", .fn = trill_tinker_create_sampling_session },
     { .method = "POST", .pattern = "/asample", .fn = trill_tinker_asample },
     { .method = "POST", .pattern = "/retrieve_future", .fn = trill_tinker_retrieve_future },
+    { .method = "POST", .pattern = "/weights_info", .fn = trill_tinker_weights_info },
+    { .method = "GET", .pattern = "/training_runs", .fn = trill_tinker_training_runs },
+    { .method = "GET", .pattern = "/training_runs/{run}", .fn = trill_tinker_training_run },
+    { .method = "GET", .pattern = "/training_runs/{run}/checkpoints", .fn = trill_tinker_run_checkpoints },
+    { .method = "DELETE", .pattern = "/training_runs/{run}/checkpoints/{kind}/{name}", .fn = trill_tinker_delete_checkpoint },
+    { .method = "GET", .pattern = "/checkpoints", .fn = trill_tinker_user_checkpoints },
 };
 enum { N_ROUTES = sizeof ROUTES / sizeof ROUTES[0] };
 

@@ -78,6 +78,15 @@ enum MHD_Result trill_tinker_load_weights(const route_call *q);
 enum MHD_Result trill_tinker_create_sampling_session(const route_call *q);
 enum MHD_Result trill_tinker_asample(const route_call *q);
 enum MHD_Result trill_tinker_retrieve_future(const route_call *q);
+/* tinker_runs.c: training runs and checkpoints */
+enum MHD_Result trill_tinker_training_runs(const route_call *q);
+enum MHD_Result trill_tinker_training_run(const route_call *q);
+enum MHD_Result trill_tinker_run_checkpoints(const route_call *q);
+enum MHD_Result trill_tinker_user_checkpoints(const route_call *q);
+enum MHD_Result trill_tinker_delete_checkpoint(const route_call *q);
+enum MHD_Result trill_tinker_weights_info(const route_call *q);
+/* A tinker:// path as the trill:// path of the same folder; a trill:// path as it is. */
+trill_status trill_tinker_trill_path(const char *path, char *out, size_t cap);
 /* A held retrieve_future resumed: the answer now, try_again if still pending. */
 enum MHD_Result trill_tinker_future_answer(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, bool proto, bool held);
 

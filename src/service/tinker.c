@@ -30,8 +30,7 @@ static json_t *tinker_path(const char *uri) {
     return json_sprintf("tinker://%.*s/%s/%s", (int)(slash - run), run, sampler ? "sampler_weights" : "weights", slash + (sampler ? 9 : 1));
 }
 
-/* A tinker:// path as the trill:// path of the same folder; a trill:// path as it is. */
-static trill_status trill_path(const char *path, char *out, size_t cap) {
+trill_status trill_tinker_trill_path(const char *path, char *out, size_t cap) {
     if (!path) return trill_svc_fail("bad_request", "path: expected a tinker:// path");
     if (strncmp(path, "trill://", 8) == 0) {
         snprintf(out, cap, "%s", path);
@@ -281,7 +280,7 @@ enum MHD_Result trill_tinker_load_weights(const route_call *q) {
     trill_status st = model_id(q->body, &model);
     const json_t *opt = json_object_get(q->body, "optimizer");
     if (!st && !json_is_boolean(opt)) st = trill_svc_fail("bad_request", "optimizer: expected true or false");
-    if (!st) st = trill_path(str_field(q->body, "path"), path, sizeof path);
+    if (!st) st = trill_tinker_trill_path(str_field(q->body, "path"), path, sizeof path);
     json_t *b = st ? NULL : json_pack("{s:s, s:O}", "path", path, "with_optimizer", opt);
     if (!st) st = b ? trill_svc_submit(q->s, q->key_id, JOB_LOAD_STATE, true, model, b, id, false) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_decref(b);
@@ -295,7 +294,7 @@ enum MHD_Result trill_tinker_create_sampling_session(const route_call *q) {
     const char *path = str_field(q->body, "model_path"), *base = str_field(q->body, "base_model"), *session;
     char trill[256];
     trill_status st = live_session(q, &session);
-    if (!st && path) st = trill_path(path, trill, sizeof trill);
+    if (!st && path) st = trill_tinker_trill_path(path, trill, sizeof trill);
     json_t *b = path ? json_pack("{s:s}", "model_path", trill) : json_pack("{s:s?}", "base_model", base);
     svc_sampler *p = NULL;
     if (!st) st = b ? trill_svc_sampler_create(q->s, q->key_id, b, &p) : trill_error(TRILL_ERR_NOMEM, "out of memory");

@@ -321,6 +321,8 @@ class Isolation(unittest.TestCase):
             ("POST", "/client/config"): "the official SDK client's flags, the same for every key",
             ("POST", "/client/dynamic_config"): "the official SDK client's flags, the same for every key",
             ("POST", "/create_session"): "makes the caller's own session",
+            ("GET", "/training_runs"): "lists the caller's own training runs",
+            ("GET", "/checkpoints"): "lists the caller's own checkpoints",
             ("POST", "/telemetry"): "the SDK's telemetry, accepted from any key and not kept",
         }
         routes = []
@@ -337,7 +339,8 @@ class Isolation(unittest.TestCase):
         state = tc.save_state("matrix").result(timeout=DEADLINE_S).path
         weights = tc.save_weights_for_sampler("matrix").result(timeout=DEADLINE_S).path
         sampler = a.create_sampling_client(model_path=weights)
-        ids = {"model": "tiny", "trainer_id": tc.trainer_id, "sampler_id": sampler.sampler_id, "request_id": fut.request_id}
+        ids = {"model": "tiny", "trainer_id": tc.trainer_id, "sampler_id": sampler.sampler_id, "request_id": fut.request_id,
+               "run": tc.trainer_id, "kind": "weights", "name": "matrix"}
         session = raw("POST", "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "test"}, key=KEY_A)[1]["session_id"]
         spare = a.create_lora_training_client(base_model="tiny", rank=2).trainer_id  # for unload_model
         datum = sequence_datum(tok, "2+2=4").to_wire()
@@ -360,7 +363,7 @@ class Isolation(unittest.TestCase):
             "create_sampling_session": {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights},
             "asample": {"sampling_session_id": sampler.sampler_id, "num_samples": 1, "prompt": {"chunks": [{"tokens": [49, 43]}]},
                         "sampling_params": {"max_tokens": 2, "seed": 1}},
-            "retrieve_future": {"request_id": fut.request_id},
+            "retrieve_future": {"request_id": fut.request_id}, "weights_info": {"tinker_path": tinker_state},
         }
         bodies["save_weights_for_sampler"] = {**bodies["save_weights_for_sampler"], **model}
         protobuf = {"/forward_backward": tinker_wire.forward_backward_request(tc.trainer_id, [(datum["model_input"], datum["loss_fn_inputs"])],
@@ -702,6 +705,66 @@ class TinkerProtocol(unittest.TestCase):
         code, fut = self.call("/unload_model", {"model_id": model})
         self.assertEqual(self.result(fut["request_id"]), {"model_id": model, "type": "unload_model"})
         self.assertEqual(self.call("/get_info", {"model_id": model})[0], 404)
+
+    def test_runs_and_checkpoints(self):
+        """The RestClient's calls: a model is a training run with its newest checkpoints; its
+        checkpoints listed (newest first), described (weights_info from what was saved), deleted
+        (the folder too; refused while a sampling session samples from it; a later save under the
+        name is new weights)."""
+        session = self.session()
+        model = self.model(session, rank=3)
+        paths = {}
+        for path, kind in (("/save_weights", "a"), ("/save_weights_for_sampler", "b"), ("/save_weights", "c")):
+            time.sleep(1.05 if kind == "c" else 0)  # the times are seconds: "c" is newer than "a"
+            code, fut = self.call(path, {"model_id": model, "path": kind})
+            paths[kind] = self.result(fut["request_id"])["path"]
+        code, run = raw_at(SERVER.url, "GET", f"/training_runs/{model}", key=KEY_A, header="X-API-Key")
+        self.assertEqual((code, run["training_run_id"], run["base_model"], run["lora_rank"], run["is_lora"]), (200, model, "tiny", 3, True), run)
+        self.assertEqual(run["last_checkpoint"]["tinker_path"], paths["c"])
+        self.assertEqual((run["last_sampler_checkpoint"]["tinker_path"], run["last_sampler_checkpoint"]["checkpoint_type"]), (paths["b"], "sampler"))
+        code, listed = raw_at(SERVER.url, "GET", f"/training_runs/{model}/checkpoints", key=KEY_A, header="X-API-Key")
+        self.assertEqual([c["checkpoint_id"] for c in listed["checkpoints"]][0], "weights/c")
+        self.assertEqual(sorted(c["checkpoint_id"] for c in listed["checkpoints"]), ["sampler_weights/b", "weights/a", "weights/c"])
+        self.assertEqual(listed["cursor"]["total_count"], 3)
+        code, runs = raw_at(SERVER.url, "GET", "/training_runs?limit=1000", key=KEY_A, header="X-API-Key")
+        self.assertIn(model, [r["training_run_id"] for r in runs["training_runs"]])
+        self.assertEqual(runs["cursor"]["total_count"], len(runs["training_runs"]))
+        code, info = self.call("/weights_info", {"tinker_path": paths["a"]})
+        self.assertEqual(info, {"base_model": "tiny", "is_lora": True, "lora_rank": 3, "train_unembed": True, "train_mlp": True, "train_attn": True})
+        # a checkpoint sampled from cannot go; once its sampling session is gone, it can
+        sampler = self.call("/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": paths["b"]})[1]
+        rest = lambda method, path: raw_at(SERVER.url, method, path, key=KEY_A, header="X-API-Key")  # noqa: E731
+        code, answer = rest("DELETE", f"/training_runs/{model}/checkpoints/sampler_weights/b")
+        self.assertEqual(code, 400, answer)
+        self.assertEqual(rest("DELETE", f"/samplers/{sampler['sampling_session_id']}")[0], 200)
+        self.assertEqual(rest("DELETE", f"/training_runs/{model}/checkpoints/sampler_weights/b"), (200, {}))
+        self.assertEqual(rest("DELETE", f"/training_runs/{model}/checkpoints/weights/a"), (200, {}))
+        self.assertFalse([d for d in os.listdir(os.path.join(STATE, "trainers", model, "states")) if d.startswith("a@")], "the folder stays")
+        self.assertEqual(rest("DELETE", f"/training_runs/{model}/checkpoints/weights/a")[0], 404)
+        self.assertEqual(self.call("/weights_info", {"tinker_path": paths["a"]})[0], 404)
+        code, listed = rest("GET", f"/training_runs/{model}/checkpoints")
+        self.assertEqual([c["checkpoint_id"] for c in listed["checkpoints"]], ["weights/c"])
+        # saved again under the deleted name: a sampling session of it samples the new weights
+        code, fb = self.call("/forward_backward", data=tinker_wire.forward_backward_request(model, self.datums(2), "cross_entropy"))
+        self.result(fb["request_id"])
+        code, fut = self.call("/optim_step", {"model_id": model, "adam_params": {"learning_rate": 0.5}})
+        self.result(fut["request_id"])
+        code, fut = self.call("/save_weights_for_sampler", {"model_id": model, "path": "b"})
+        self.assertEqual(self.result(fut["request_id"])["path"], paths["b"])
+        code, fut = self.call("/save_weights_for_sampler", {"model_id": model})
+        fresh = self.result(fut["request_id"])["sampling_session_id"]
+        again = self.call("/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 1, "model_path": paths["b"]})[1]
+        body = {"num_samples": 2, "prompt": {"chunks": [{"tokens": [49, 43, 50]}]}, "sampling_params": {"max_tokens": 6, "seed": 4}}
+        seqs = []
+        for sid in (fresh, again["sampling_session_id"]):
+            code, fut = self.call("/asample", {**body, "sampling_session_id": sid})
+            seqs.append([x["logprobs"] for x in tinker_wire.sample_response(self.result(fut["request_id"], proto=True))])
+        self.assertEqual(seqs[0], seqs[1], "the name's new weights were not the ones sampled")
+        # another key sees none of it
+        for method, path in (("GET", f"/training_runs/{model}"), ("GET", f"/training_runs/{model}/checkpoints"),
+                             ("DELETE", f"/training_runs/{model}/checkpoints/weights/c")):
+            self.assertEqual(raw_at(SERVER.url, method, path, key=KEY_B, header="X-API-Key")[0], 404, path)
+        self.assertNotIn(model, [r["training_run_id"] for r in raw_at(SERVER.url, "GET", "/training_runs", key=KEY_B, header="X-API-Key")[1]["training_runs"]])
 
     def test_refusals_name_the_field(self):
         model = self.model(self.session())

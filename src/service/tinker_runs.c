@@ -1,0 +1,208 @@
+/* The official Tinker protocol's training runs and checkpoints (its RestClient): a training run
+ * is a trainer (a model) of the caller's, a checkpoint a saved state (`weights/NAME`) or sampler
+ * weights (`sampler_weights/NAME`) of it. Read from the state database; a deleted checkpoint's
+ * row and folder go, and weights cached from it are never matched again. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "service/http_routes.h"
+#include "trill/fileio.h"
+
+enum { PAGE_MAX = 1000 };
+
+/* Seconds since the epoch as the ISO 8601 time the SDK's datetime fields take. */
+static json_t *iso_time(int64_t t) {
+    const time_t tt = (time_t)t;
+    struct tm tm;
+    char text[32];
+    gmtime_r(&tt, &tm);
+    strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return json_string(text);
+}
+
+/* A query parameter as an integer in [lo, hi] (absent: dflt). */
+static long query_int(struct MHD_Connection *c, const char *name, long dflt, long lo, long hi) {
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    char *end = NULL;
+    const long x = v ? strtol(v, &end, 10) : dflt;
+    return v && (end == v || *end) ? dflt : x < lo ? lo : x > hi ? hi : x;
+}
+
+/* ---- checkpoints ---- */
+
+/* A states row as a Checkpoint: trill://RUN/NAME is tinker://RUN/weights/NAME ("training"),
+ * trill://RUN/sampler/NAME tinker://RUN/sampler_weights/NAME ("sampler"). */
+static void add_checkpoint(void *ctx, sqlite3_stmt *row) {
+    json_t *list = ctx;
+    const char *uri = (const char *)sqlite3_column_text(row, 0), *kind = (const char *)sqlite3_column_text(row, 1);
+    const char *run = uri + 8, *slash = strchr(run, '/');
+    if (!slash) return;
+    const bool sampler = strcmp(kind, "sampler") == 0;
+    const char *name = slash + 1 + (sampler ? 8 : 0), *part = sampler ? "sampler_weights" : "weights"; /* name: after "sampler/" */
+    json_t *o = json_pack("{s:o, s:s, s:o, s:o, s:n, s:b}", "checkpoint_id", json_sprintf("%s/%s", part, name), "checkpoint_type",
+                          sampler ? "sampler" : "training", "time", iso_time(sqlite3_column_int64(row, 2)), "tinker_path",
+                          json_sprintf("tinker://%.*s/%s/%s", (int)(slash - run), run, part, name), "size_bytes", "public", 0);
+    if (o) json_array_append_new(list, o);
+}
+
+static void read_count(void *ctx, sqlite3_stmt *row) { *(long *)ctx = (long)sqlite3_column_int64(row, 0); }
+
+/* The caller's checkpoints (of one run, or all), newest first, from offset, at most limit;
+ * *total all of them. */
+static trill_status checkpoints(svc *s, const char *key_id, const char *run, long limit, long offset, json_t *list, long *total) {
+    svc_arg a[] = { SVC_S(key_id), SVC_S(run ? run : ""), SVC_I(limit), SVC_I(offset) };
+    const char *where = run ? "key_id = ?1 AND trainer_id = ?2" : "key_id = ?1 AND ?2 = ''";
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT uri, kind, created FROM states WHERE %s ORDER BY created DESC, uri LIMIT ?3 OFFSET ?4", where);
+    trill_status st = trill_svc_store_run(s->store, "listing checkpoints", sql, a, 4, add_checkpoint, list, NULL);
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM states WHERE %s", where);
+    if (!st) st = trill_svc_store_run(s->store, "counting checkpoints", sql, a, 2, read_count, total, NULL);
+    return st;
+}
+
+/* Whether RUN names a run of the caller's: a live trainer of its own, or one it saved from. */
+static bool owns_run(svc *s, const char *key_id, const char *run) {
+    pthread_mutex_lock(&s->mu);
+    const bool live = trill_svc_find_tenant(s, run, key_id) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    long n = 0;
+    svc_arg a[] = { SVC_S(key_id), SVC_S(run) };
+    return live || (!trill_svc_store_run(s->store, "finding a run", "SELECT COUNT(*) FROM states WHERE key_id = ?1 AND trainer_id = ?2", a, 2,
+                                         read_count, &n, NULL) && n > 0);
+}
+
+/* GET /training_runs/{run}/checkpoints */
+enum MHD_Result trill_tinker_run_checkpoints(const route_call *q) {
+    if (!owns_run(q->s, q->key_id, q->p[1])) return trill_svc_answer_error(q->c, "not_found", "no such training run");
+    json_t *list = json_array();
+    long total = 0;
+    trill_status st = checkpoints(q->s, q->key_id, q->p[1], PAGE_MAX, 0, list, &total);
+    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:i, s:i, s:I}}", "checkpoints", list, "cursor", "offset", 0, "limit", PAGE_MAX,
+                                                      "total_count", (json_int_t)total));
+}
+
+/* GET /checkpoints?limit&offset: every run's */
+enum MHD_Result trill_tinker_user_checkpoints(const route_call *q) {
+    const long limit = query_int(q->c, "limit", 100, 1, PAGE_MAX), offset = query_int(q->c, "offset", 0, 0, 1L << 40);
+    json_t *list = json_array();
+    long total = 0;
+    trill_status st = checkpoints(q->s, q->key_id, NULL, limit, offset, list, &total);
+    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:I, s:I, s:I}}", "checkpoints", list, "cursor", "offset", (json_int_t)offset,
+                                                      "limit", (json_int_t)limit, "total_count", (json_int_t)total));
+}
+
+/* DELETE /training_runs/{run}/checkpoints/{weights|sampler_weights}/{name}: refused while a
+ * sampling session samples from it; the row, then the folder. */
+enum MHD_Result trill_tinker_delete_checkpoint(const route_call *q) {
+    const bool sampler = strcmp(q->p[3], "sampler_weights") == 0;
+    if (!sampler && strcmp(q->p[3], "weights") != 0)
+        return trill_svc_answer_error(q->c, "not_found", "no such checkpoint (weights/NAME or sampler_weights/NAME)");
+    char uri[256], dir[4096];
+    snprintf(uri, sizeof uri, "trill://%s/%s%s", q->p[1], sampler ? "sampler/" : "", q->p[4]);
+    int base = -1;
+    trill_status st = trill_svc_resolve_uri(q->s, uri, q->key_id, sampler ? "sampler" : "state", dir, sizeof dir, &base);
+    if (st) return trill_svc_answer_status(q->c, st);
+    pthread_mutex_lock(&q->s->mu);
+    for (int i = 0; !st && i < q->s->n_weights; i++) {
+        svc_weights *w = q->s->weights[i];
+        if (strcmp(w->uri, uri) != 0) continue;
+        if (w->refs > 0) st = trill_svc_fail("bad_request", "the checkpoint is sampled from by a sampling session: end that first");
+        else w->uri[0] = 0; /* never matched again (a later save under the name is new weights); the sampling worker frees it */
+    }
+    q->s->reap = true;
+    pthread_cond_broadcast(&q->s->work);
+    pthread_mutex_unlock(&q->s->mu);
+    svc_arg a[] = { SVC_S(uri), SVC_S(q->key_id) };
+    if (!st) st = trill_svc_store_run(q->s->store, "deleting a checkpoint", "DELETE FROM states WHERE uri = ?1 AND key_id = ?2", a, 2, NULL, NULL, NULL);
+    if (!st) (void)trill_remove_tree(dir); /* after the commit: a crash leaves an orphan folder, which the next start removes */
+    return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_object());
+}
+
+/* ---- training runs ---- */
+
+static void add_run(void *ctx, sqlite3_stmt *row) {
+    json_t *list = ctx;
+    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:o, s:n}", "training_run_id", (const char *)sqlite3_column_text(row, 0), "base_model",
+                          (const char *)sqlite3_column_text(row, 1), "model_owner", (const char *)sqlite3_column_text(row, 4), "is_lora", 1,
+                          "corrupted", 0, "lora_rank", sqlite3_column_int(row, 2), "last_request_time", iso_time(sqlite3_column_int64(row, 3)),
+                          "user_metadata");
+    if (o) json_array_append_new(list, o);
+}
+
+/* The caller's trainers as TrainingRuns (one, or a page), each with its newest checkpoints. */
+static trill_status runs(svc *s, const char *key_id, const char *run, long limit, long offset, json_t *list, long *total) {
+    svc_arg a[] = { SVC_S(key_id), SVC_S(run ? run : ""), SVC_I(limit), SVC_I(offset) };
+    const char *where = run ? "t.key_id = ?1 AND t.id = ?2" : "t.key_id = ?1 AND ?2 = ''";
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT t.id, t.base, t.rank, MAX(t.created, COALESCE((SELECT MAX(created) FROM requests r WHERE r.target = t.id), 0)),"
+             " k.name FROM trainers t JOIN keys k ON k.id = t.key_id WHERE %s ORDER BY t.created DESC, t.id LIMIT ?3 OFFSET ?4", where);
+    trill_status st = trill_svc_store_run(s->store, "listing training runs", sql, a, 4, add_run, list, NULL);
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM trainers t WHERE %s", where);
+    if (!st) st = trill_svc_store_run(s->store, "counting training runs", sql, a, 2, read_count, total, NULL);
+    size_t i;
+    json_t *r;
+    json_array_foreach(list, i, r) { /* the newest checkpoint of each kind */
+        json_t *cps = json_array();
+        long m = 0;
+        if (!st) st = checkpoints(s, key_id, json_string_value(json_object_get(r, "training_run_id")), PAGE_MAX, 0, cps, &m);
+        json_t *last[2] = { NULL, NULL }, *c;
+        size_t k;
+        json_array_foreach(cps, k, c) {
+            const int sampler = strcmp(json_string_value(json_object_get(c, "checkpoint_type")), "sampler") == 0;
+            if (!last[sampler]) last[sampler] = c;
+        }
+        json_object_set(r, "last_checkpoint", last[0] ? last[0] : json_null());
+        json_object_set(r, "last_sampler_checkpoint", last[1] ? last[1] : json_null());
+        json_decref(cps);
+    }
+    return st;
+}
+
+/* GET /training_runs?limit&offset */
+enum MHD_Result trill_tinker_training_runs(const route_call *q) {
+    const long limit = query_int(q->c, "limit", 20, 1, PAGE_MAX), offset = query_int(q->c, "offset", 0, 0, 1L << 40);
+    json_t *list = json_array();
+    long total = 0;
+    trill_status st = runs(q->s, q->key_id, NULL, limit, offset, list, &total);
+    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:I, s:I, s:I}}", "training_runs", list, "cursor", "offset", (json_int_t)offset,
+                                                      "limit", (json_int_t)limit, "total_count", (json_int_t)total));
+}
+
+/* GET /training_runs/{run} */
+enum MHD_Result trill_tinker_training_run(const route_call *q) {
+    json_t *list = json_array();
+    long total = 0;
+    trill_status st = runs(q->s, q->key_id, q->p[1], 1, 0, list, &total);
+    json_t *one = json_incref(json_array_get(list, 0));
+    json_decref(list);
+    if (st) { json_decref(one); return trill_svc_answer_status(q->c, st); }
+    return one ? trill_svc_answer_json(q->c, 200, one) : trill_svc_answer_error(q->c, "not_found", "no such training run");
+}
+
+/* POST /weights_info {tinker_path}: what the checkpoint's trill_service.json says of its adapter. */
+enum MHD_Result trill_tinker_weights_info(const route_call *q) {
+    const char *path = json_string_value(json_object_get(q->body, "tinker_path"));
+    char uri[256], dir[4096], file[4200];
+    int base = -1;
+    trill_status st = trill_tinker_trill_path(path, uri, sizeof uri);
+    if (!st) st = trill_svc_resolve_uri(q->s, uri, q->key_id, NULL, dir, sizeof dir, &base);
+    if (st) return trill_svc_answer_status(q->c, st);
+    snprintf(file, sizeof file, "%s/trill_service.json", dir);
+    json_error_t err;
+    json_t *cfg = json_load_file(file, 0, &err), *rank = json_object_get(cfg, "rank");
+    if (!json_is_integer(rank)) {
+        json_decref(cfg);
+        return trill_svc_answer_error(q->c, "internal", "the checkpoint's trill_service.json does not read back");
+    }
+    json_t *o = json_pack("{s:s, s:b, s:O, s:O?, s:O?, s:O?}", "base_model", trill_svc_base_name(q->s->bases[base]), "is_lora", 1, "lora_rank", rank,
+                          "train_unembed", json_object_get(cfg, "train_unembed"), "train_mlp", json_object_get(cfg, "train_mlp"), "train_attn",
+                          json_object_get(cfg, "train_attn"));
+    json_decref(cfg);
+    return trill_svc_answer_json(q->c, 200, o);
+}
