@@ -196,6 +196,13 @@ typedef struct trill_forward_pass trill_forward_pass;
 trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                        const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                        trill_forward_pass **pass);
+/* trill_model_forward_train with the token each row is scored on given: logprobs[t + 1] =
+ * log p(targets[t] | tokens of its sequence up to t), for every row t but its sequence's last
+ * (targets of the last rows are not read); the backward pass takes the same targets. NULL
+ * targets: the next input token, as trill_model_forward_train. Borrowed like tokens. */
+trill_status trill_model_forward_train_targets(const trill_model *m, const int *tokens, const int *targets, const int *offsets, int n_seqs,
+                                               const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
+                                               trill_forward_pass **pass);
 void trill_forward_pass_free(trill_forward_pass *pass);
 
 /* A replay row (one token, one MoE layer) whose first id is TRILL_REPLAY_NONE is not replayed:

@@ -37,8 +37,9 @@ typedef struct trill_svc_loss_config {
 } trill_svc_loss_config;
 trill_svc_loss_config trill_svc_loss_config_default(void);
 
-/* One sequence of a call: n input tokens; position i predicts targets[i], which must be
- * tokens[i + 1] for i < n - 1. The per-token arrays [n] are NULL when absent: weights (default
+/* One sequence of a call: n input tokens; position i is scored on targets[i], any token (the
+ * next input token for ordinary training, another for distillation or a made-up target; a target
+ * with weight 0 costs nothing). The per-token arrays [n] are NULL when absent: weights (default
  * 1), logprobs (the sampler's, needed by every loss but cross_entropy), advantages (likewise);
  * routed_experts [n][n_moe_layers][top_k] logical ids replays the sampler's routing. */
 typedef struct trill_svc_datum {

@@ -157,14 +157,14 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
             int t = t0 + r;
             if (t + 1 >= T || fp->pos[t + 1] == 0) continue; /* t ends its sequence */
             const float *row = logits + (size_t)r * V;
-            logprobs[t + 1] = (float)((double)row[fp->tokens[t + 1]] - trill_logsumexp(row, V));
+            logprobs[t + 1] = (float)((double)row[trill_forward_target(fp, t)] - trill_logsumexp(row, V));
         }
     }
     trill_tls_return(&lease);
     return TRILL_OK;
 }
 
-static trill_status forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs, const uint16_t *replay,
+static trill_status forward(const trill_model *m, const int *tokens, const int *targets, const int *offsets, int n_seqs, const uint16_t *replay,
                             float *logprobs, uint16_t *experts, bool training, bool recompute, trill_forward_pass **out) {
     const trill_config *c = &m->config;
     if (c->num_labels > 0)
@@ -179,6 +179,7 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
     if (st) return st;
     fp->replay = replay;
     fp->tokens = tokens;
+    fp->targets = targets;
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
     if (T > 0 || m->ep) { /* an expert-parallel rank with no tokens still serves its experts */
@@ -192,13 +193,23 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
 
 trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                  const uint16_t *replay, float *logprobs, uint16_t *experts) {
-    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, false, false, NULL);
+    return forward(m, tokens, NULL, offsets, n_seqs, replay, logprobs, experts, false, false, NULL);
 }
 
 trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                        const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                        trill_forward_pass **pass) {
-    return forward(m, tokens, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
+    return forward(m, tokens, NULL, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
+}
+
+trill_status trill_model_forward_train_targets(const trill_model *m, const int *tokens, const int *targets, const int *offsets, int n_seqs,
+                                               const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
+                                               trill_forward_pass **pass) {
+    const int T = n_seqs > 0 && offsets ? offsets[n_seqs] : 0;
+    for (int t = 0; targets && t < T; t++)
+        if (targets[t] < 0 || targets[t] >= m->config.vocab_size)
+            return trill_error(TRILL_ERR_INVALID, "forward: target %d of row %d is outside the vocabulary [0, %d)", targets[t], t, m->config.vocab_size);
+    return forward(m, tokens, targets, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
 }
 
 trill_status trill_model_forward_last_hidden(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,

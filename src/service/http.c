@@ -21,6 +21,8 @@
 #include "trill/fileio.h"
 #include "trill/log.h"
 #include "trill/timing.h"
+#include "text/chat_json.h"
+#include "trill/chat.h"
 #include "trill/tokenizer.h"
 
 enum { MAX_PATH_PARTS = 6, HTTP_THREADS = 4, FDS_BESIDES_CONNECTIONS = 64 };
@@ -161,6 +163,26 @@ static enum MHD_Result tokenize(struct MHD_Connection *c, svc *s, int base, cons
     return trill_svc_answer_json(c, 200, json_pack("{s:o}", "tokens", a));
 }
 
+/* POST /models/{model}/apply_chat_template {messages, tools?, add_generation_prompt?,
+ * enable_thinking?}: the text the model's chat template renders, and its tokens. */
+static enum MHD_Result chat_template(struct MHD_Connection *c, svc *s, int base, const json_t *body) {
+    const trill_tokenizer *tok = trill_svc_base_tokenizer(s->bases[base]);
+    trill_chat_template *t = NULL;
+    char *text = NULL;
+    trill_status st = tok ? trill_chat_template_load(trill_svc_base_dir(s->bases[base]), &t) : trill_svc_fail("bad_request", "this model has no tokenizer.json");
+    if (!st) st = trill_chat_render_json(t, body, &text);
+    trill_chat_template_free(t);
+    int *ids = NULL;
+    size_t n = 0;
+    if (!st) st = trill_tokenizer_encode(tok, text, strlen(text), false, &ids, &n);
+    json_t *a = st ? NULL : json_array();
+    for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    free(ids);
+    enum MHD_Result r = st ? trill_svc_answer_status(c, st) : trill_svc_answer_json(c, 200, json_pack("{s:s, s:o}", "text", text, "tokens", a));
+    free(text);
+    return r;
+}
+
 static double wait_seconds(struct MHD_Connection *c) {
     const char *w = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "wait");
     char *end = NULL;
@@ -256,6 +278,10 @@ static enum MHD_Result r_tokenize(const route_call *q, bool decode) {
     return base < 0 ? trill_svc_answer_error(q->c, "not_found", "no such model") : tokenize(q->c, q->s, base, q->body, decode);
 }
 static enum MHD_Result r_encode(const route_call *q) { return r_tokenize(q, false); }
+static enum MHD_Result r_chat_template(const route_call *q) {
+    const int base = trill_svc_find_base(q->s, q->p[1]);
+    return base < 0 ? trill_svc_answer_error(q->c, "not_found", "no such model") : chat_template(q->c, q->s, base, q->body);
+}
 static enum MHD_Result r_decode(const route_call *q) { return r_tokenize(q, true); }
 
 static enum MHD_Result r_future(const route_call *q) { return future(q->c, q->s, q->key_id, q->p[1], q->cc); }
@@ -362,6 +388,7 @@ static const route ROUTES[] = {
     { .method = "GET", .pattern = "/models", .fn = r_models },
     { .method = "POST", .pattern = "/models/{model}/tokenize", .fn = r_encode },
     { .method = "POST", .pattern = "/models/{model}/detokenize", .fn = r_decode },
+    { .method = "POST", .pattern = "/models/{model}/apply_chat_template", .fn = r_chat_template },
     { .method = "GET", .pattern = "/futures/{request_id}", .fn = r_future },
     { .method = "POST", .pattern = "/trainers", .fn = r_new_trainer },
     { .method = "POST", .pattern = "/trainers/from_state", .fn = r_trainer_from_state },
@@ -445,6 +472,11 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
     for (char *save = NULL, *tok = strtok_r(path, "/", &save); known && tok; tok = strtok_r(NULL, "/", &save)) {
         if (n == MAX_PATH_PARTS) known = false;
         else parts[n++] = tok;
+    }
+    if (known && n > 3 && strcmp(parts[0], "models") == 0) { /* /models/{model}/ACTION: a Hugging Face id's slash is the model's */
+        for (int k = 1; k < n - 2; k++) parts[k][strlen(parts[k])] = '/';
+        parts[2] = parts[n - 1];
+        n = 3;
     }
     const route *r = known ? match(method, parts, n) : NULL;
     if (r && r->public) return r->fn(&(route_call){ .c = c, .s = s, .key_id = "", .p = parts, .cc = cc, .r = r });
@@ -582,8 +614,8 @@ void trill_svc_wake_waiters(svc *s, const char *id) {
 }
 
 /* Every 100 ms: sockets past their request's deadline shut (libmicrohttpd then closes them),
- * long-polls whose wait ran out answered; every 2 s, revoked keys' objects released and ended
- * sessions' objects deleted. */
+ * long-polls whose wait ran out answered; every 2 s, revoked keys' objects released, ended
+ * sessions' objects and expired checkpoints deleted. */
 static void *watchdog_main(void *arg) {
     http_side *h = arg;
     svc *s = h->s;
@@ -600,7 +632,7 @@ static void *watchdog_main(void *arg) {
             else resume(w);
         }
         pthread_mutex_unlock(&s->mu);
-        if (now - revoked_at >= 2) trill_svc_release_revoked(s), trill_svc_sessions_reap(s), revoked_at = now;
+        if (now - revoked_at >= 2) trill_svc_release_revoked(s), trill_svc_sessions_reap(s), trill_svc_expire_states(s), revoked_at = now;
         pthread_mutex_lock(&h->mu);
         for (conn_state *cs = h->conns; cs; cs = cs->next)
             if ((cs->phase == WAIT_HEADERS || cs->phase == WAIT_BODY) && now - cs->since > s->cfg.request_timeout) {

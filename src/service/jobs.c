@@ -189,6 +189,10 @@ static trill_status parse_name(const json_t *body, svc_job *j) {
     if (!ok) return trill_error(TRILL_ERR_INVALID, "name: expected 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'");
     snprintf(j->name, sizeof j->name, "%s", name);
     j->cost = 1;
+    const json_t *ttl = json_object_get(body, "ttl_seconds");
+    if (ttl && !json_is_null(ttl) && (!json_is_integer(ttl) || json_integer_value(ttl) < 1 || json_integer_value(ttl) > 10 * 366 * 86400LL))
+        return trill_error(TRILL_ERR_INVALID, "ttl_seconds: expected an integer of seconds from 1 to ten years (or null: kept)");
+    j->ttl = json_integer_value(ttl);
     return TRILL_OK;
 }
 

@@ -198,16 +198,19 @@ trill_status trill_svc_commit_save(svc *s, svc_tenant *t, svc_job *j, char **res
     if (!st) st = trill_svc_write_folder(s, t->trainer, t->base, t->id, state ? "states" : "sampler", name, state, dir, sizeof dir);
     if (st) return st;
     if (!(*result = trill_svc_json_dump(json_pack("{s:s}", "path", uri)))) st = trill_error(TRILL_ERR_NOMEM, "out of memory (the result)");
+    const int64_t now = time(NULL);
     svc_arg row[] = { SVC_S(uri), SVC_S(t->key_id), SVC_S(t->id), SVC_S(state ? "state" : "sampler"), SVC_S(dir),
-                      SVC_I(trill_svc_trainer_step(t->trainer)), SVC_I(time(NULL)), SVC_I(old.version + 1), SVC_S(trill_svc_base_name(s->bases[t->base])) },
+                      SVC_I(trill_svc_trainer_step(t->trainer)), SVC_I(now), SVC_I(old.version + 1), SVC_S(trill_svc_base_name(s->bases[t->base])),
+                      j->ttl ? SVC_I(now + j->ttl) : SVC_S(NULL) },
             logged[3];
     log_done(j, *result, logged);
     /* saved again under its name: the next version (samplers of the last one keep it while loaded, or refuse) */
     const svc_stmt stmts[] = {
         { "recording a saved state",
-          "INSERT INTO states(uri, key_id, trainer_id, kind, dir, step, created, version, base) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-          " ON CONFLICT(uri) DO UPDATE SET dir = excluded.dir, step = excluded.step, created = excluded.created, version = excluded.version",
-          row, 9 },
+          "INSERT INTO states(uri, key_id, trainer_id, kind, dir, step, created, version, base, expires) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+          " ON CONFLICT(uri) DO UPDATE SET dir = excluded.dir, step = excluded.step, created = excluded.created, version = excluded.version,"
+          " expires = excluded.expires",
+          row, 10 },
         { "recording a result", LOG_DONE, logged, 3 },
     };
     if (!st) st = trill_svc_store_transaction(s->store, stmts, 2);

@@ -41,14 +41,16 @@ static const char SCHEMA[] =
     "  PRIMARY KEY(key_id, token));"
     "DELETE FROM idempotency WHERE created < strftime('%s', 'now') - 86400;";
 
-/* What a state folder of an earlier trill lacks (user_version 0): a trainer's snapshot before its
- * last (the fallback of a damaged one), a saved state's base model (it outlives its trainer). A
- * column that is there already is fine. */
+/* What a state folder of an earlier trill lacks (user_version below 3): a trainer's snapshot
+ * before its last (the fallback of a damaged one), a saved state's base model (it outlives its
+ * trainer), a saved state's expiry (seconds since the epoch; NULL: never). A column that is
+ * there already is fine. */
 static const char *const UPGRADE[] = {
     "ALTER TABLE trainers ADD COLUMN prev_snapshot TEXT",
     "ALTER TABLE states ADD COLUMN base TEXT",
     "UPDATE states SET base = (SELECT base FROM trainers WHERE trainers.id = states.trainer_id) WHERE base IS NULL",
-    "PRAGMA user_version = 2",
+    "ALTER TABLE states ADD COLUMN expires INTEGER",
+    "PRAGMA user_version = 3",
 };
 
 static trill_status upgrade(sqlite3 *db, const char *path) {
@@ -56,7 +58,7 @@ static trill_status upgrade(sqlite3 *db, const char *path) {
     int version = 0;
     if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW) version = sqlite3_column_int(q, 0);
     sqlite3_finalize(q);
-    for (size_t i = 0; version < 2 && i < sizeof UPGRADE / sizeof UPGRADE[0]; i++) {
+    for (size_t i = 0; version < 3 && i < sizeof UPGRADE / sizeof UPGRADE[0]; i++) {
         char *err = NULL;
         if (sqlite3_exec(db, UPGRADE[i], NULL, NULL, &err) != SQLITE_OK && !(err && strstr(err, "duplicate column"))) {
             trill_status st = trill_error(TRILL_ERR_IO, "%s: bringing the tables up to date (%s): %s", path, UPGRADE[i], err ? err : "?");

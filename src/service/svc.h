@@ -43,6 +43,7 @@ typedef struct svc_job {
     trill_svc_adam adam;
     /* save_state, save_weights_for_sampler: the state's name; load_state: its directory */
     char name[72], dir[4096];
+    int64_t ttl;                 /* save_*: seconds the saved state lives (0: always) */
     bool with_optimizer;
     /* sample, compute_logprobs */
     int *prompt, prompt_len, num_samples, max_tokens, *stop_ids, n_stop_ids;
@@ -255,6 +256,11 @@ void trill_svc_sampler_settle(svc *s, svc_sampler *p);
 /* Releases the trainers and samplers of keys revoked since (their records and files stay; a
  * restart does not bring them back). */
 void trill_svc_release_revoked(svc *s);
+
+/* ---- tinker_runs.c ---- */
+/* Deletes the saved states whose ttl_seconds have passed (the watchdog's, every 2 s); one a
+ * sampler still samples from waits until it does not. */
+void trill_svc_expire_states(svc *s);
 
 /* ---- state.c: the state folder ---- */
 /* STATE: made, locked for this process (one server a state folder), owner-only modes, and what

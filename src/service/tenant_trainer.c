@@ -97,11 +97,6 @@ trill_status trill_svc_datum_check(const trill_svc_base *b, trill_loss loss, con
         if (d->targets[i] < 0 || d->targets[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens[%d]: token %d is outside the vocabulary [0, %d)",
                                index, i, d->targets[i], c->vocab_size);
-        if (i + 1 < d->n && d->targets[i] != d->tokens[i + 1])
-            return trill_error(TRILL_ERR_INVALID,
-                               "data[%d].loss_fn_inputs.target_tokens[%d]: %d, but model_input[%d] is %d: trill trains on the "
-                               "sequence's own next token, so each target but the last must be the next input token",
-                               index, i, d->targets[i], i + 1, d->tokens[i + 1]);
     }
     const trill_loss_info *L = trill_loss_get(loss);
     if (!L || !(L->where & TRILL_LOSS_IN_SERVE)) return trill_error(TRILL_ERR_INVALID, "loss_fn: %d is not a loss of the service", (int)loss);
@@ -181,10 +176,11 @@ const float *trill_svc_trainer_grads(const trill_svc_trainer *t, size_t *n) { *n
 /* Tokens a forward keeps activations for at once. */
 enum { MICRO_TOKENS = 4096 };
 
-/* A datum's tokens in a forward: its inputs and its last target. */
+/* A datum's tokens in a forward: its inputs and one more row (which the last target needs). */
 static int datum_len(const void *ctx, int i) { return ((const trill_svc_datum *)ctx)[i].n + 1; }
 
-/* One micro-batch, data [d0, d1): each datum forwarded as its n inputs and its last target. */
+/* One micro-batch, data [d0, d1): each datum forwarded as its n inputs and its last target, row
+ * i scored on target i (any token: the next input's, or another). */
 static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *data, int d0, int d1, trill_loss loss,
                                   const trill_svc_loss_config *cfg, bool backward, float *logprobs, double *loss_sum) {
     const trill_config *c = trill_model_config(t->base->model);
@@ -192,15 +188,17 @@ static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *d
     int T = 0;
     bool replay = false;
     for (int d = d0; d < d1; d++) T += data[d].n + 1, replay |= data[d].routed_experts != NULL;
-    int *tokens = trill_malloc(sizeof(int) * (size_t)T), *offsets = trill_malloc(sizeof(int) * (size_t)(d1 - d0 + 1));
+    int *tokens = trill_malloc(sizeof(int) * (size_t)T), *targets = trill_calloc((size_t)T, sizeof(int));
+    int *offsets = trill_malloc(sizeof(int) * (size_t)(d1 - d0 + 1));
     float *lp = trill_malloc(sizeof(float) * (size_t)T), *dlp = backward ? trill_calloc((size_t)T, sizeof(float)) : NULL;
     uint16_t *rep = replay && row ? trill_malloc(sizeof(uint16_t) * (size_t)T * row) : NULL;
-    trill_status st = tokens && offsets && lp && (dlp || !backward) && (rep || !replay || !row) ? TRILL_OK
+    trill_status st = tokens && targets && offsets && lp && (dlp || !backward) && (rep || !replay || !row) ? TRILL_OK
                                                                                                 : trill_error(TRILL_ERR_NOMEM, "out of memory (a forward of %d tokens)", T);
     for (int d = d0, at = 0; !st && d < d1; d++) {
         const trill_svc_datum *x = &data[d];
         offsets[d - d0] = at;
         memcpy(tokens + at, x->tokens, sizeof(int) * (size_t)x->n);
+        memcpy(targets + at, x->targets, sizeof(int) * (size_t)x->n);
         tokens[at + x->n] = x->targets[x->n - 1];
         if (rep) { /* a (token, layer) row starting with TRILL_REPLAY_NONE is routed by the trainer */
             const int k = c->num_experts_per_tok, replayed = x->routed_experts ? x->n : 0;
@@ -211,7 +209,7 @@ static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *d
         offsets[d - d0 + 1] = at;
     }
     trill_forward_pass *pass = NULL;
-    if (!st) st = trill_model_forward_train(t->base->model, tokens, offsets, d1 - d0, rep, lp, NULL, false, &pass);
+    if (!st) st = trill_model_forward_train_targets(t->base->model, tokens, targets, offsets, d1 - d0, rep, lp, NULL, false, &pass);
     for (int d = d0, k = 0; !st && d < d1; d++) {
         const trill_svc_datum *x = &data[d];
         for (int i = 0; i < x->n; i++) {
@@ -225,7 +223,7 @@ static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *d
     }
     if (!st && backward) st = trill_model_backward(pass, dlp, NULL, t->grads);
     trill_forward_pass_free(pass);
-    free(tokens), free(offsets), free(lp), free(dlp), free(rep);
+    free(tokens), free(targets), free(offsets), free(lp), free(dlp), free(rep);
     return st;
 }
 

@@ -257,15 +257,14 @@ enum MHD_Result trill_tinker_optim_step(const route_call *q) {
 }
 
 /* save_weights and save_weights_for_sampler: {model_id, path?: a name, ttl_seconds?}. Without a
- * name, one is made; for the sampler a sampling session of the weights is made too. */
+ * name, one is made; for the sampler a sampling session of the weights is made too. The saved
+ * state is deleted ttl_seconds after the save. */
 static enum MHD_Result save(const route_call *q, job_kind kind) {
     const char *model, *name = str_field(q->body, "path");
     char id[32], made[32];
     trill_status st = model_id(q->body, &model);
-    const json_t *ttl = json_object_get(q->body, "ttl_seconds");
-    if (!st && ttl && !json_is_null(ttl)) st = trill_svc_fail("bad_request", "ttl_seconds: checkpoints do not expire in trill serve (leave it out)");
     if (!name) trill_svc_new_id(made, sizeof made, kind == JOB_SAVE_SAMPLER ? "sampler-" : "weights-");
-    json_t *b = json_pack("{s:s}", "name", name ? name : made);
+    json_t *b = json_pack("{s:s, s:O?}", "name", name ? name : made, "ttl_seconds", json_object_get(q->body, "ttl_seconds"));
     if (!st) st = b ? trill_svc_submit(q->s, q->key_id, kind, true, model, b, id, kind == JOB_SAVE_SAMPLER && !name) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_decref(b);
     return answer_future(q, st, id, model);

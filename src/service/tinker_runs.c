@@ -1,7 +1,8 @@
 /* The official Tinker protocol's training runs and checkpoints (its RestClient): a training run
  * is a trainer (a model) of the caller's, a checkpoint a saved state (`weights/NAME`) or sampler
  * weights (`sampler_weights/NAME`) of it. Read from the state database; a deleted checkpoint's
- * row and folder go, and weights cached from it are never matched again. */
+ * row and folder go, and weights cached from it are never matched again; so do those of a
+ * checkpoint whose ttl_seconds have passed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "base/alloc.h"
 #include "service/http_routes.h"
 #include "trill/fileio.h"
+#include "trill/log.h"
 
 enum { PAGE_MAX = 1000 };
 
@@ -42,9 +44,10 @@ static void add_checkpoint(void *ctx, sqlite3_stmt *row) {
     if (!slash) return;
     const bool sampler = strcmp(kind, "sampler") == 0;
     const char *name = slash + 1 + (sampler ? 8 : 0), *part = sampler ? "sampler_weights" : "weights"; /* name: after "sampler/" */
-    json_t *o = json_pack("{s:o, s:s, s:o, s:o, s:n, s:b}", "checkpoint_id", json_sprintf("%s/%s", part, name), "checkpoint_type",
+    json_t *o = json_pack("{s:o, s:s, s:o, s:o, s:n, s:b, s:o}", "checkpoint_id", json_sprintf("%s/%s", part, name), "checkpoint_type",
                           sampler ? "sampler" : "training", "time", iso_time(sqlite3_column_int64(row, 2)), "tinker_path",
-                          json_sprintf("tinker://%.*s/%s/%s", (int)(slash - run), run, part, name), "size_bytes", "public", 0);
+                          json_sprintf("tinker://%.*s/%s/%s", (int)(slash - run), run, part, name), "size_bytes", "public", 0, "expires_at",
+                          sqlite3_column_type(row, 3) == SQLITE_NULL ? json_null() : iso_time(sqlite3_column_int64(row, 3)));
     if (o) json_array_append_new(list, o);
 }
 
@@ -56,7 +59,7 @@ static trill_status checkpoints(svc *s, const char *key_id, const char *run, lon
     svc_arg a[] = { SVC_S(key_id), SVC_S(run ? run : ""), SVC_I(limit), SVC_I(offset) };
     const char *where = run ? "key_id = ?1 AND trainer_id = ?2" : "key_id = ?1 AND ?2 = ''";
     char sql[256];
-    snprintf(sql, sizeof sql, "SELECT uri, kind, created FROM states WHERE %s ORDER BY created DESC, uri LIMIT ?3 OFFSET ?4", where);
+    snprintf(sql, sizeof sql, "SELECT uri, kind, created, expires FROM states WHERE %s ORDER BY created DESC, uri LIMIT ?3 OFFSET ?4", where);
     trill_status st = trill_svc_store_run(s->store, "listing checkpoints", sql, a, 4, add_checkpoint, list, NULL);
     snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM states WHERE %s", where);
     if (!st) st = trill_svc_store_run(s->store, "counting checkpoints", sql, a, 2, read_count, total, NULL);
@@ -96,8 +99,28 @@ enum MHD_Result trill_tinker_user_checkpoints(const route_call *q) {
                                                       "limit", (json_int_t)limit, "total_count", (json_int_t)total));
 }
 
-/* DELETE /training_runs/{run}/checkpoints/{weights|sampler_weights}/{name}: refused while a
- * sampling session samples from it; the row, then the folder. */
+/* A saved state (uri, resolved to dir) deleted: refused while a sampler samples from it; the
+ * weights cached from it are never matched again (a later save under the name is new weights:
+ * the sampling worker frees them); the row, then the folder. */
+static trill_status delete_state(svc *s, const char *uri, const char *key_id, const char *dir) {
+    trill_status st = TRILL_OK;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; !st && i < s->n_weights; i++) {
+        svc_weights *w = s->weights[i];
+        if (strcmp(w->uri, uri) != 0) continue;
+        if (w->refs > 0) st = trill_svc_fail("bad_request", "the checkpoint is sampled from by a sampling session: end that first");
+        else w->uri[0] = 0;
+    }
+    s->reap = true;
+    pthread_cond_broadcast(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    svc_arg a[] = { SVC_S(uri), SVC_S(key_id) };
+    if (!st) st = trill_svc_store_run(s->store, "deleting a checkpoint", "DELETE FROM states WHERE uri = ?1 AND key_id = ?2", a, 2, NULL, NULL, NULL);
+    if (!st) (void)trill_remove_tree(dir); /* after the commit: a crash leaves an orphan folder, which the next start removes */
+    return st;
+}
+
+/* DELETE /training_runs/{run}/checkpoints/{weights|sampler_weights}/{name} */
 enum MHD_Result trill_tinker_delete_checkpoint(const route_call *q) {
     const bool sampler = strcmp(q->p[3], "sampler_weights") == 0;
     if (!sampler && strcmp(q->p[3], "weights") != 0)
@@ -106,21 +129,37 @@ enum MHD_Result trill_tinker_delete_checkpoint(const route_call *q) {
     snprintf(uri, sizeof uri, "trill://%s/%s%s", q->p[1], sampler ? "sampler/" : "", q->p[4]);
     int base = -1;
     trill_status st = trill_svc_resolve_uri(q->s, uri, q->key_id, sampler ? "sampler" : "state", dir, sizeof dir, &base);
-    if (st) return trill_svc_answer_status(q->c, st);
-    pthread_mutex_lock(&q->s->mu);
-    for (int i = 0; !st && i < q->s->n_weights; i++) {
-        svc_weights *w = q->s->weights[i];
-        if (strcmp(w->uri, uri) != 0) continue;
-        if (w->refs > 0) st = trill_svc_fail("bad_request", "the checkpoint is sampled from by a sampling session: end that first");
-        else w->uri[0] = 0; /* never matched again (a later save under the name is new weights); the sampling worker frees it */
-    }
-    q->s->reap = true;
-    pthread_cond_broadcast(&q->s->work);
-    pthread_mutex_unlock(&q->s->mu);
-    svc_arg a[] = { SVC_S(uri), SVC_S(q->key_id) };
-    if (!st) st = trill_svc_store_run(q->s->store, "deleting a checkpoint", "DELETE FROM states WHERE uri = ?1 AND key_id = ?2", a, 2, NULL, NULL, NULL);
-    if (!st) (void)trill_remove_tree(dir); /* after the commit: a crash leaves an orphan folder, which the next start removes */
+    if (!st) st = delete_state(q->s, uri, q->key_id, dir);
     return st ? trill_svc_answer_status(q->c, st) : trill_svc_answer_json(q->c, 200, json_object());
+}
+
+typedef struct expired { char uri[256], key_id[32], dir[4096]; } expired;
+typedef struct expired_list { expired *v; int n, cap; } expired_list;
+
+static void add_expired(void *ctx, sqlite3_stmt *row) {
+    expired_list *l = ctx;
+    if (l->n == l->cap) {
+        expired *grown = trill_realloc(l->v, sizeof *grown * (size_t)(l->cap ? 2 * l->cap : 8));
+        if (!grown) return;
+        l->v = grown, l->cap = l->cap ? 2 * l->cap : 8;
+    }
+    expired *e = &l->v[l->n++];
+    snprintf(e->uri, sizeof e->uri, "%s", (const char *)sqlite3_column_text(row, 0));
+    snprintf(e->key_id, sizeof e->key_id, "%s", (const char *)sqlite3_column_text(row, 1));
+    snprintf(e->dir, sizeof e->dir, "%s", (const char *)sqlite3_column_text(row, 2));
+}
+
+void trill_svc_expire_states(svc *s) {
+    expired_list l = { 0 };
+    svc_arg now = SVC_I(time(NULL));
+    if (!trill_svc_store_run(s->store, "listing expired checkpoints", "SELECT uri, key_id, dir FROM states WHERE expires IS NOT NULL AND expires <= ?1",
+                             &now, 1, add_expired, &l, NULL))
+        for (int i = 0; i < l.n; i++) {
+            trill_status st = delete_state(s, l.v[i].uri, l.v[i].key_id, l.v[i].dir);
+            (void)trill_svc_take_code();
+            if (!st) trill_log(TRILL_LOG_INFO, "trill serve: checkpoint %s expired (ttl_seconds): deleted", l.v[i].uri);
+        }
+    free(l.v);
 }
 
 /* ---- training runs ---- */

@@ -106,7 +106,7 @@ static trill_status head_backward(const trill_forward_pass *fp, const float *dlo
         for (int r = 0; r < n; r++) { /* row t predicts token t+1, unless t ends its sequence */
             int t = t0 + r;
             bool predicts = t + 1 < T && fp->pos[t + 1] != 0;
-            targets[r] = predicts ? fp->tokens[t + 1] : 0;
+            targets[r] = predicts ? trill_forward_target(fp, t) : 0;
             dlp[r] = predicts ? dlogprobs[t + 1] : 0.0f;
         }
         float *logits = g->dlogits; /* recomputed (with the adapter input), then overwritten by their gradient */

@@ -103,6 +103,9 @@ class FakeServer:
         if method == "POST" and parts[:1] == ["samplers"] and parts[2:] == ["compute_logprobs"]:
             logprobs = [None] + [-1.5] * (len(body["prompt"]) - 1)
             return self.future({"status": "done", "result": {"logprobs": logprobs}})
+        if method == "POST" and parts[:1] == ["models"] and parts[2:] == ["apply_chat_template"]:
+            text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + ("<assistant>" if body["add_generation_prompt"] else "")
+            return 200, {"text": text, "tokens": [ord(c) for c in text]}
         if method == "GET" and parts[:1] == ["futures"] and len(parts) == 2:
             return self.poll(parts[1], query)
         return 404, {"error": {"code": "not_found", "message": "no route " + path}}
@@ -325,6 +328,30 @@ class SdkTest(unittest.TestCase):
         self.assertTrue(sampler.sampler_id.startswith("s-"))
         self.assertEqual(self.fake.sent("POST", "/api/v1/samplers")[0]["body"],
                          {"model_path": "trill://%s/sampler/final" % trainer.trainer_id})
+
+    def test_cookbook_signatures(self):
+        """What tinker-cookbook's recipes call: TINKER_* variables, user_metadata, saves without a
+        name and with ttl_seconds, types.tensor_data.TensorData, get_tokenizer().apply_chat_template."""
+        with mock.patch.dict(os.environ, {"TINKER_BASE_URL": self.fake.url, "TINKER_API_KEY": KEY}, clear=False):
+            for name in ("TRILL_BASE_URL", "TRILL_API_KEY"):
+                os.environ.pop(name, None)
+            client = tinker.ServiceClient()
+            trainer = client.create_lora_training_client("tiny-moe", rank=8, user_metadata={"run": "x"})
+        self.assertNotIn("user_metadata", self.fake.sent("POST", "/api/v1/trainers")[0]["body"])
+        first = trainer.save_state().result(timeout=5)
+        second = trainer.save_weights_for_sampler(ttl_seconds=60).result(timeout=5)
+        bodies = [r["body"] for r in self.fake.sent("POST", "/save_state") + self.fake.sent("POST", "/save_weights_for_sampler")]
+        self.assertTrue(bodies[0]["name"].startswith("state-") and "ttl_seconds" not in bodies[0], bodies[0])
+        self.assertTrue(bodies[1]["name"].startswith("sampler-") and bodies[1]["ttl_seconds"] == 60, bodies[1])
+        self.assertNotEqual(first.path, second.path)
+        trainer.save_weights_and_get_sampling_client()
+        from trill_client.types.tensor_data import TensorData
+        self.assertIs(TensorData, tinker.types.TensorData)
+        tok = trainer.get_tokenizer()
+        convo = [{"role": "user", "content": "hi"}]
+        self.assertEqual(tok.apply_chat_template(convo, add_generation_prompt=True, tokenize=False), "<user>hi<assistant>")
+        self.assertEqual(tok.apply_chat_template(convo), [ord(c) for c in "<user>hi"])
+        self.assertEqual(self.fake.sent("POST", "/apply_chat_template")[0]["body"], {"messages": convo, "add_generation_prompt": True})
 
     def test_sampling(self):
         sampler = self.client.create_sampling_client(base_model="tiny-moe")

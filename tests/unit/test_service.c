@@ -1,6 +1,7 @@
 /* The service's tenant trainer (trill/service.h) on a small MoE: every loss's gradient against
  * central finite differences of its own value through the whole model (PPO and CISPO in and
- * outside their clip band, DRO's penalty, weights, router replay), trainers sharing one base
+ * outside their clip band, DRO's penalty, weights, router replay, targets other than the next
+ * token), a row's log-prob of any target, trainers sharing one base
  * without touching each other, saved states with and without the optimizer, and the refusals. */
 #include <math.h>
 #include <setjmp.h>
@@ -54,13 +55,21 @@ enum { N_SEQ = 3, LEN = 9 };
 
 /* Three sequences of LEN inputs; q: the sampler's log-probs, set around the trainer's so each
  * ratio sits well inside or outside the clip band [0.8, 1.2] (ratios e^0.5, 1, e^-0.5). */
-typedef struct { int tokens[N_SEQ][LEN + 1]; float w[N_SEQ][LEN], q[N_SEQ][LEN], a[N_SEQ][LEN]; trill_svc_datum d[N_SEQ]; } batch;
+typedef struct {
+    int tokens[N_SEQ][LEN + 1], other[N_SEQ][LEN];
+    float w[N_SEQ][LEN], q[N_SEQ][LEN], a[N_SEQ][LEN];
+    trill_svc_datum d[N_SEQ];
+} batch;
 
-static void make_batch(batch *b, trill_svc_trainer *t) {
+/* The batch; with `arbitrary`, sequence 1's targets are not its next tokens (a distillation-like
+ * target on every row). */
+static void make_batch(batch *b, trill_svc_trainer *t, bool arbitrary) {
     for (int s = 0; s < N_SEQ; s++) {
         for (int i = 0; i <= LEN; i++) b->tokens[s][i] = (int)(trill_rng_uniform(77 + s, (uint64_t)i) * 128) % 128;
+        for (int i = 0; i < LEN; i++) b->other[s][i] = (b->tokens[s][i + 1] * 7 + 3) % 128;
         for (int i = 0; i < LEN; i++) b->w[s][i] = (float)(0.25 + 0.1 * i), b->a[s][i] = (float)(s == 1 ? -1.3 : 0.7 + 0.1 * i);
-        b->d[s] = (trill_svc_datum){ .n = LEN, .tokens = b->tokens[s], .targets = b->tokens[s] + 1, .weights = b->w[s] };
+        b->d[s] = (trill_svc_datum){ .n = LEN, .tokens = b->tokens[s], .targets = arbitrary && s == 1 ? b->other[s] : b->tokens[s] + 1,
+                                     .weights = b->w[s] };
     }
     float lp[N_SEQ * LEN];
     double loss;
@@ -92,10 +101,10 @@ static double surrogate_at(trill_svc_trainer *t, const batch *b, trill_loss l, c
 }
 
 /* d loss / d adapters . v against (L(p + h v) - L(p - h v)) / 2h, for random directions v. */
-static void check_gradient(trill_loss l, const trill_svc_loss_config *c, bool replay) {
+static void check_gradient(trill_loss l, const trill_svc_loss_config *c, bool replay, bool arbitrary) {
     trill_svc_trainer *t = trainer(3 + (uint64_t)l);
     batch b;
-    make_batch(&b, t);
+    make_batch(&b, t, arbitrary);
     /* Routing is a step function of the weights: every sequence replays the routing it has now
      * (or, with `replay`, sequence 0 made-up experts (e, e + 1)), so the loss is smooth. */
     trill_model *m = trill_svc_base_model(g_base);
@@ -131,7 +140,8 @@ static void check_gradient(trill_loss l, const trill_svc_loss_config *c, bool re
         memcpy(p, p0, sizeof(float) * n);
         const double fd = (up - down) / (2 * h), an = gv / sqrt(vv);
         if (fabs(fd - an) > 2e-2 * fmax(1.0, fabs(an)))
-            fail_msg("%s%s: direction %d: analytic %.6g, finite differences %.6g", trill_loss_get(l)->name, replay ? " (replay)" : "", dir, an, fd);
+            fail_msg("%s%s%s: direction %d: analytic %.6g, finite differences %.6g", trill_loss_get(l)->name, replay ? " (replay)" : "",
+                     arbitrary ? " (arbitrary targets)" : "", dir, an, fd);
     }
     free(p0);
     trill_svc_trainer_free(t);
@@ -142,9 +152,34 @@ static void test_gradients(void **state) {
     trill_svc_loss_config c = trill_svc_loss_config_default();
     c.beta = 0.3;
     for (int l = 0; l < TRILL_N_LOSSES; l++) /* the service's losses */
-        if (trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_SERVE) check_gradient((trill_loss)l, &c, false);
-    check_gradient(TRILL_LOSS_PPO, &c, true);
-    check_gradient(TRILL_LOSS_CROSS_ENTROPY, &c, true);
+        if (trill_loss_get((trill_loss)l)->where & TRILL_LOSS_IN_SERVE) check_gradient((trill_loss)l, &c, false, false);
+    check_gradient(TRILL_LOSS_PPO, &c, true, false);
+    check_gradient(TRILL_LOSS_CROSS_ENTROPY, &c, true, false);
+    check_gradient(TRILL_LOSS_CROSS_ENTROPY, &c, false, true);
+    check_gradient(TRILL_LOSS_IMPORTANCE_SAMPLING, &c, true, true);
+}
+
+/* A row scored on a target that is not the next token: its log-prob is the one the row gives
+ * that token as the next input (the model is causal: row i reads inputs 0..i only), computed
+ * with the sequence cut after row i and the target appended. */
+static void test_arbitrary_targets(void **state) {
+    (void)state;
+    trill_svc_trainer *t = trainer(17);
+    batch b;
+    make_batch(&b, t, true);
+    float lp[N_SEQ * LEN];
+    double loss;
+    assert_int_equal(trill_svc_forward(t, b.d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &(trill_svc_loss_config){ 0 }, false, lp, &loss), TRILL_OK);
+    for (int i = 0; i < LEN; i++) {
+        int cut[LEN + 1];
+        memcpy(cut, b.tokens[1], sizeof(int) * (size_t)(i + 1));
+        cut[i + 1] = b.other[1][i];
+        const trill_svc_datum one = { .n = i + 1, .tokens = cut, .targets = cut + 1 };
+        float ref[LEN + 1];
+        assert_int_equal(trill_svc_forward(t, &one, 1, TRILL_LOSS_CROSS_ENTROPY, &(trill_svc_loss_config){ 0 }, false, ref, &loss), TRILL_OK);
+        if (fabsf(ref[i] - lp[LEN + i]) > 1e-5f) fail_msg("row %d: target %d scored %.7g, as the next token %.7g", i, b.other[1][i], lp[LEN + i], ref[i]);
+    }
+    trill_svc_trainer_free(t);
 }
 
 /* Tinker's definitions, evaluated here from the log-probs the trainer reports. */
@@ -152,7 +187,7 @@ static void test_loss_values(void **state) {
     (void)state;
     trill_svc_trainer *t = trainer(9);
     batch b;
-    make_batch(&b, t);
+    make_batch(&b, t, false);
     trill_svc_loss_config c = trill_svc_loss_config_default();
     c.beta = 0.3;
     for (int l = 0; l < TRILL_N_LOSSES; l++) {
@@ -179,7 +214,7 @@ static void test_tenants_share_the_base(void **state) {
     (void)state;
     trill_svc_trainer *a = trainer(21), *b2 = trainer(22);
     batch b;
-    make_batch(&b, a);
+    make_batch(&b, a, false);
     const trill_svc_loss_config c = trill_svc_loss_config_default();
     const double before = loss_at(a, &b, TRILL_LOSS_CROSS_ENTROPY, &c);
     float lp[N_SEQ * LEN];
@@ -201,7 +236,7 @@ static void test_states(void **state) {
     (void)state;
     trill_svc_trainer *t = trainer(31);
     batch b;
-    make_batch(&b, t);
+    make_batch(&b, t, false);
     const trill_svc_loss_config c = trill_svc_loss_config_default();
     float lp[N_SEQ * LEN];
     double loss, norm;
@@ -250,10 +285,9 @@ static void expect_refused(trill_svc_trainer *t, trill_svc_datum d, trill_loss l
 static void test_refusals(void **state) {
     (void)state;
     trill_svc_trainer *t = trainer(41);
-    int tok[4] = { 1, 2, 3, 4 }, bad[4] = { 2, 9, 4, 5 }, big[4] = { 2, 3, 500, 0 };
+    int tok[4] = { 1, 2, 3, 4 }, big[4] = { 2, 3, 500, 0 };
     float w[3] = { 1, NAN, 1 };
     uint16_t rep[3 * 3 * 2] = { 0 };
-    expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = bad }, TRILL_LOSS_CROSS_ENTROPY, "target_tokens[1]");
     expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = big }, TRILL_LOSS_CROSS_ENTROPY, "outside the vocabulary");
     expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1, .weights = w }, TRILL_LOSS_CROSS_ENTROPY, "weights[1]");
     expect_refused(t, (trill_svc_datum){ .n = 3, .tokens = tok, .targets = tok + 1 }, TRILL_LOSS_PPO, "logprobs");
@@ -273,7 +307,7 @@ static void test_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gradients), cmocka_unit_test(test_loss_values), cmocka_unit_test(test_tenants_share_the_base),
+        cmocka_unit_test(test_gradients), cmocka_unit_test(test_arbitrary_targets), cmocka_unit_test(test_loss_values), cmocka_unit_test(test_tenants_share_the_base),
         cmocka_unit_test(test_states),    cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 from . import types
@@ -189,6 +190,20 @@ class Tokenizer:
         body = {"tokens": [[int(t) for t in types._flatten(seq, [])] for seq in sequences]}
         return self._http.call("POST", f"/models/{_quote(self.model_name)}/detokenize", body)["texts"]
 
+    def apply_chat_template(self, conversation: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None,
+                            add_generation_prompt: bool = False, tokenize: bool = True,
+                            enable_thinking: Optional[bool] = None) -> Any:
+        """The conversation as the model's chat template renders it (transformers'
+        apply_chat_template): its token ids, or with tokenize=False its text. Rendered by the
+        server (trill's built-in renderers of the known templates; another is refused, named)."""
+        body: Dict[str, Any] = {"messages": conversation, "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            body["tools"] = tools
+        if enable_thinking is not None:
+            body["enable_thinking"] = enable_thinking
+        answer = self._http.call("POST", f"/models/{_quote(self.model_name)}/apply_chat_template", body)
+        return answer["tokens"] if tokenize else answer["text"]
+
     @property
     def eos_token_ids(self) -> List[int]:
         """The model's end-of-sequence ids (config.json's eos_token_id)."""
@@ -249,6 +264,13 @@ def _create_sampling_client(http: _Http, model_path: Optional[str],
     return SamplingClient(http, http.call("POST", "/samplers", body)["sampler_id"])
 
 
+def _save_body(name: Optional[str], kind: str, ttl_seconds: Optional[int]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"name": name if name is not None else f"{kind}-{uuid.uuid4().hex[:16]}"}
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    return body
+
+
 class TrainingClient:
     """One trainer: a LoRA adapter and its optimizer state on the server.
 
@@ -288,9 +310,10 @@ class TrainingClient:
         return self._submit("optim_step", {"adam_params": adam_params.to_wire()},
                             types.OptimStepResponse.from_wire)
 
-    def save_state(self, name: str) -> APIFuture:
-        """Saves weights and optimizer state; the result's path resumes a trainer later."""
-        return self._submit("save_state", {"name": name}, types.SaveWeightsResponse.from_wire)
+    def save_state(self, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture:
+        """Saves weights and optimizer state; the result's path resumes a trainer later. Without
+        a name, one is made; with ttl_seconds the state is deleted that long after the save."""
+        return self._submit("save_state", _save_body(name, "state", ttl_seconds), types.SaveWeightsResponse.from_wire)
 
     def load_state(self, path: str) -> APIFuture:
         return self._submit("load_state", {"path": path, "with_optimizer": False},
@@ -300,9 +323,10 @@ class TrainingClient:
         return self._submit("load_state", {"path": path, "with_optimizer": True},
                             types.LoadWeightsResponse.from_wire)
 
-    def save_weights_for_sampler(self, name: str) -> APIFuture:
-        """Saves the weights where a sampler can load them; the result's path names them."""
-        return self._submit("save_weights_for_sampler", {"name": name},
+    def save_weights_for_sampler(self, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> APIFuture:
+        """Saves the weights where a sampler can load them; the result's path names them
+        (a name is made when none is given; ttl_seconds as for save_state)."""
+        return self._submit("save_weights_for_sampler", _save_body(name, "sampler", ttl_seconds),
                             types.SaveWeightsForSamplerResponse.from_wire)
 
     def get_info(self) -> types.GetInfoResponse:
@@ -315,9 +339,9 @@ class TrainingClient:
     def create_sampling_client(self, model_path: str) -> SamplingClient:
         return _create_sampling_client(self._http, model_path, None)
 
-    def save_weights_and_get_sampling_client(self, name: str) -> SamplingClient:
+    def save_weights_and_get_sampling_client(self, name: Optional[str] = None, ttl_seconds: Optional[int] = None) -> SamplingClient:
         """Saves the weights for sampling and waits for them: the sampler sees this step."""
-        return self.create_sampling_client(self.save_weights_for_sampler(name).result().path)
+        return self.create_sampling_client(self.save_weights_for_sampler(name, ttl_seconds).result().path)
 
     def delete(self) -> None:
         """Frees the trainer on the server with its snapshots (trill's; its queued calls fail with
@@ -344,8 +368,9 @@ class ServiceClient:
 
     def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None,
                  timeout: float = 60.0):
-        base_url = base_url or os.environ.get("TRILL_BASE_URL") or DEFAULT_BASE_URL
-        api_key = api_key if api_key is not None else os.environ.get("TRILL_API_KEY")
+        base_url = base_url or os.environ.get("TRILL_BASE_URL") or os.environ.get("TINKER_BASE_URL") or DEFAULT_BASE_URL
+        if api_key is None:
+            api_key = os.environ.get("TRILL_API_KEY") or os.environ.get("TINKER_API_KEY")
         self._http = _Http(base_url, api_key, timeout)
 
     @property
@@ -361,7 +386,10 @@ class ServiceClient:
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: Optional[int] = None,
                                     train_mlp: bool = True, train_attn: bool = True,
-                                    train_unembed: bool = True) -> TrainingClient:
+                                    train_unembed: bool = True,
+                                    user_metadata: Optional[Dict[str, Any]] = None) -> TrainingClient:
+        """user_metadata is taken as Tinker's signature has it and not kept (trill's protocol has no
+        field for it)."""
         body = {"base_model": base_model, "rank": rank, "seed": seed, "train_mlp": train_mlp,
                 "train_attn": train_attn, "train_unembed": train_unembed}
         return self._trainer("/trainers", {k: v for k, v in body.items() if v is not None})
