@@ -196,12 +196,15 @@ typedef struct trill_forward_pass trill_forward_pass;
 trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                        const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                        trill_forward_pass **pass);
-/* trill_model_forward_train with the token each row is scored on given: logprobs[t + 1] =
- * log p(targets[t] | tokens of its sequence up to t), for every row t but its sequence's last
- * (targets of the last rows are not read); the backward pass takes the same targets. NULL
- * targets: the next input token, as trill_model_forward_train. Borrowed like tokens. */
-trill_status trill_model_forward_train_targets(const trill_model *m, const int *tokens, const int *targets, const int *offsets, int n_seqs,
-                                               const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
+/* trill_model_forward_train with the tokens each row is scored on given, K = n_targets of them
+ * (1 to TRILL_MAX_TARGETS; K > 1: top-k targets, as for distillation): targets [T][K],
+ * logprobs [T][K] with logprobs[(t + 1) K + k] = log p(targets[t K + k] | tokens of its sequence
+ * up to t), for every row t but its sequence's last (targets of the last rows are not read);
+ * the backward pass takes dlogprobs in the same layout. NULL targets: the next input token, as
+ * trill_model_forward_train. Borrowed like tokens. */
+#define TRILL_MAX_TARGETS 64
+trill_status trill_model_forward_train_targets(const trill_model *m, const int *tokens, const int *targets, int n_targets, const int *offsets,
+                                               int n_seqs, const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                                trill_forward_pass **pass);
 void trill_forward_pass_free(trill_forward_pass *pass);
 

@@ -39,11 +39,14 @@ trill_svc_loss_config trill_svc_loss_config_default(void);
 
 /* One sequence of a call: n input tokens; position i is scored on targets[i], any token (the
  * next input token for ordinary training, another for distillation or a made-up target; a target
- * with weight 0 costs nothing). The per-token arrays [n] are NULL when absent: weights (default
+ * with weight 0 costs nothing), or on k targets (top-k distillation). The per-token arrays [n]
+ * are NULL when absent: weights (default
  * 1), logprobs (the sampler's, needed by every loss but cross_entropy), advantages (likewise);
  * routed_experts [n][n_moe_layers][top_k] logical ids replays the sampler's routing. */
 typedef struct trill_svc_datum {
     int n;
+    int k;                       /* targets a position (0 or 1: one); k > 1: top-k targets, targets and weights
+                                    [n][k], log-probs reported [n][k] (cross_entropy only; one k a call) */
     const int *tokens, *targets;
     const float *weights, *logprobs, *advantages;
     const uint16_t *routed_experts;

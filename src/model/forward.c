@@ -138,12 +138,12 @@ trill_status trill_forward_logits(const trill_forward_pass *fp, float *logits, i
 static trill_tls_slot logits_slot; /* one chunk of logits, reused */
 
 static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs) {
-    const int T = fp->T, V = fp->m->config.vocab_size;
+    const int T = fp->T, V = fp->m->config.vocab_size, K = fp->n_targets;
     trill_tls_lease lease = trill_tls_lend(&logits_slot, sizeof(float) * LOGIT_CHUNK * (size_t)V);
     float *logits = lease.p;
     if (!logits) return trill_error(TRILL_ERR_NOMEM, "out of memory for logits");
     for (int s = 0; s < fp->n_seqs; s++)
-        if (fp->offsets[s + 1] > fp->offsets[s]) logprobs[fp->offsets[s]] = NAN;
+        for (int k = 0; k < K && fp->offsets[s + 1] > fp->offsets[s]; k++) logprobs[(size_t)fp->offsets[s] * K + k] = NAN;
     for (int t0 = 0; t0 < T; t0 += LOGIT_CHUNK) {
         int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
         trill_status st = trill_forward_logits(fp, logits, t0, n);
@@ -157,15 +157,20 @@ static trill_status token_logprobs(const trill_forward_pass *fp, float *logprobs
             int t = t0 + r;
             if (t + 1 >= T || fp->pos[t + 1] == 0) continue; /* t ends its sequence */
             const float *row = logits + (size_t)r * V;
-            logprobs[t + 1] = (float)((double)row[trill_forward_target(fp, t)] - trill_logsumexp(row, V));
+            if (K == 1) {
+                logprobs[t + 1] = (float)((double)row[trill_forward_target(fp, t)] - trill_logsumexp(row, V));
+                continue;
+            }
+            const double lse = trill_logsumexp(row, V);
+            for (int k = 0; k < K; k++) logprobs[(size_t)(t + 1) * K + k] = (float)((double)row[fp->targets[(size_t)t * K + k]] - lse);
         }
     }
     trill_tls_return(&lease);
     return TRILL_OK;
 }
 
-static trill_status forward(const trill_model *m, const int *tokens, const int *targets, const int *offsets, int n_seqs, const uint16_t *replay,
-                            float *logprobs, uint16_t *experts, bool training, bool recompute, trill_forward_pass **out) {
+static trill_status forward(const trill_model *m, const int *tokens, const int *targets, int n_targets, const int *offsets, int n_seqs,
+                            const uint16_t *replay, float *logprobs, uint16_t *experts, bool training, bool recompute, trill_forward_pass **out) {
     const trill_config *c = &m->config;
     if (c->num_labels > 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s has a score head (num_labels %d) and no lm_head: it scores sequences "
@@ -180,6 +185,7 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
     fp->replay = replay;
     fp->tokens = tokens;
     fp->targets = targets;
+    fp->n_targets = targets ? n_targets : 1;
     fp->offsets = offsets;
     fp->n_seqs = n_seqs;
     if (T > 0 || m->ep) { /* an expert-parallel rank with no tokens still serves its experts */
@@ -193,23 +199,26 @@ static trill_status forward(const trill_model *m, const int *tokens, const int *
 
 trill_status trill_model_forward(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                  const uint16_t *replay, float *logprobs, uint16_t *experts) {
-    return forward(m, tokens, NULL, offsets, n_seqs, replay, logprobs, experts, false, false, NULL);
+    return forward(m, tokens, NULL, 1, offsets, n_seqs, replay, logprobs, experts, false, false, NULL);
 }
 
 trill_status trill_model_forward_train(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,
                                        const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                        trill_forward_pass **pass) {
-    return forward(m, tokens, NULL, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
+    return forward(m, tokens, NULL, 1, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
 }
 
-trill_status trill_model_forward_train_targets(const trill_model *m, const int *tokens, const int *targets, const int *offsets, int n_seqs,
-                                               const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
+trill_status trill_model_forward_train_targets(const trill_model *m, const int *tokens, const int *targets, int n_targets, const int *offsets,
+                                               int n_seqs, const uint16_t *replay, float *logprobs, uint16_t *experts, bool recompute,
                                                trill_forward_pass **pass) {
-    const int T = n_seqs > 0 && offsets ? offsets[n_seqs] : 0;
-    for (int t = 0; targets && t < T; t++)
-        if (targets[t] < 0 || targets[t] >= m->config.vocab_size)
-            return trill_error(TRILL_ERR_INVALID, "forward: target %d of row %d is outside the vocabulary [0, %d)", targets[t], t, m->config.vocab_size);
-    return forward(m, tokens, targets, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
+    if (targets && (n_targets < 1 || n_targets > TRILL_MAX_TARGETS))
+        return trill_error(TRILL_ERR_INVALID, "forward: %d targets a row; 1 to %d are taken", n_targets, TRILL_MAX_TARGETS);
+    const size_t T = n_seqs > 0 && offsets ? (size_t)offsets[n_seqs] : 0;
+    for (size_t i = 0; targets && i < T * (size_t)n_targets; i++)
+        if (targets[i] < 0 || targets[i] >= m->config.vocab_size)
+            return trill_error(TRILL_ERR_INVALID, "forward: target %d of row %zu is outside the vocabulary [0, %d)", targets[i], i / (size_t)n_targets,
+                               m->config.vocab_size);
+    return forward(m, tokens, targets, n_targets, offsets, n_seqs, replay, logprobs, experts, true, recompute, pass);
 }
 
 trill_status trill_model_forward_last_hidden(const trill_model *m, const int *tokens, const int *offsets, int n_seqs,

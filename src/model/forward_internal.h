@@ -52,7 +52,8 @@ struct trill_forward_pass {
     const trill_family_layers *f;
     int T, n_seqs;
     const int *tokens, *offsets; /* borrowed from the caller: must outlive the pass */
-    const int *targets;   /* borrowed: [T] the token row t is scored on; NULL: the next input token */
+    const int *targets;   /* borrowed: [T][n_targets] the tokens row t is scored on; NULL: the next input token */
+    int n_targets;        /* targets a row (1 without targets); logprobs are [T][n_targets] */
     bool training;
     bool recompute;       /* training: keep only each layer's input; the backward re-runs the layer */
     const uint16_t *replay; /* borrowed router-replay ids, or NULL */
@@ -143,7 +144,9 @@ trill_status trill_forward_layer(const trill_forward_pass *fp, int l);
  * in xa_head. Fails as trill_linear. */
 trill_status trill_forward_logits(const trill_forward_pass *fp, float *logits, int t0, int n);
 
-/* The token row t of the pass is scored on (the row is not the last of its sequence). */
-static inline int trill_forward_target(const trill_forward_pass *fp, int t) { return fp->targets ? fp->targets[t] : fp->tokens[t + 1]; }
+/* The (first) token row t of the pass is scored on (the row is not the last of its sequence). */
+static inline int trill_forward_target(const trill_forward_pass *fp, int t) {
+    return fp->targets ? fp->targets[(size_t)t * fp->n_targets] : fp->tokens[t + 1];
+}
 
 #endif

@@ -89,6 +89,31 @@ static trill_status number_field(const json_t *o, const char *key, const char *w
     return TRILL_OK;
 }
 
+/* Rows [n][k] of a top-k input (target_tokens or weights) as one flat array (new; *k the row
+ * length); anything else as it is (a reference more; *k 0). */
+static json_t *flat_rows(const json_t *a, int n, const char *what, int *k, trill_status *st) {
+    *k = 0;
+    if (!json_is_array(a) || !json_is_array(json_array_get(a, 0))) return json_incref((json_t *)a);
+    const size_t rows = json_array_size(a), len = json_array_size(json_array_get(a, 0));
+    if (rows != (size_t)n || len < 1 || len > TRILL_MAX_TARGETS) {
+        *st = trill_error(TRILL_ERR_INVALID, "%s: %zu rows of %zu; top-k targets are one row of 1 to %d a model_input token (%d)", what, rows, len,
+                          TRILL_MAX_TARGETS, n);
+        return NULL;
+    }
+    json_t *flat = json_array(), *row;
+    size_t i;
+    json_array_foreach(a, i, row) {
+        if (!json_is_array(row) || json_array_size(row) != len) {
+            *st = trill_error(TRILL_ERR_INVALID, "%s[%zu]: expected a row of %zu like the first", what, i, len);
+            json_decref(flat);
+            return NULL;
+        }
+        json_array_extend(flat, row);
+    }
+    *k = (int)len;
+    return flat;
+}
+
 static trill_status parse_datum(const trill_config *c, const json_t *o, int d, trill_svc_datum *x) {
     char what[96];
     if (!json_is_object(o)) return trill_error(TRILL_ERR_INVALID, "data[%d]: expected an object {model_input, loss_fn_inputs}", d);
@@ -99,13 +124,21 @@ static trill_status parse_datum(const trill_config *c, const json_t *o, int d, t
     trill_status st = int_array(json_object_get(o, "model_input"), what, 0, c->vocab_size - 1, -1, MAX_CALL_TOKENS, &tokens, &n);
     x->tokens = tokens, x->n = n;
     snprintf(what, sizeof what, "data[%d].loss_fn_inputs.target_tokens", d);
-    if (!st) st = int_array(json_object_get(in, "target_tokens"), what, 0, c->vocab_size - 1, n, MAX_CALL_TOKENS, &targets, &nt);
-    x->targets = targets;
+    int k = 0, kw = 0;
+    json_t *tt = st ? NULL : flat_rows(json_object_get(in, "target_tokens"), n, what, &k, &st);
+    if (!st) st = int_array(tt, what, 0, c->vocab_size - 1, n * (k ? k : 1), MAX_CALL_TOKENS * (k ? k : 1), &targets, &nt);
+    json_decref(tt);
+    x->targets = targets, x->k = k;
     const char *names[] = { "weights", "logprobs", "advantages" };
     float **dst[] = { (float **)&x->weights, (float **)&x->logprobs, (float **)&x->advantages };
     for (int a = 0; !st && a < 3; a++) {
         snprintf(what, sizeof what, "data[%d].loss_fn_inputs.%s", d, names[a]);
-        st = float_array(json_object_get(in, names[a]), what, n, dst[a]);
+        json_t *v = flat_rows(json_object_get(in, names[a]), n, what, &kw, &st);
+        if (!st && kw != (a == 0 ? k : 0) && !(json_is_null(v) || !v))
+            st = trill_error(TRILL_ERR_INVALID, "%s: %s; it has the shape of target_tokens (%d a position)", what,
+                             kw ? "rows of top-k values" : "one value a position", k ? k : 1);
+        if (!st) st = float_array(v, what, n * (kw ? kw : 1), dst[a]);
+        json_decref(v);
     }
     const json_t *re = json_object_get(in, "routed_experts");
     if (!st && re && !json_is_null(re)) {
@@ -358,17 +391,25 @@ json_t *trill_svc_json_floats(const float *v, int n) {
 
 /* ---- the training worker ---- */
 
+/* n*k log-probs of a datum as JSON: a list, or rows of k (top-k targets). */
+static json_t *logprobs_json(const float *lp, int n, int k) {
+    if (k <= 1) return trill_svc_json_floats(lp, n);
+    json_t *rows = json_array();
+    for (int i = 0; rows && i < n; i++) json_array_append_new(rows, trill_svc_json_floats(lp + (size_t)i * k, k));
+    return rows;
+}
+
 static trill_status run_forward(svc *s, svc_job *j, char **result) {
-    int total = 0;
-    for (int d = 0; d < j->n_data; d++) total += j->data[d].n;
-    float *lp = trill_malloc(sizeof(float) * (size_t)total);
+    size_t total = 0;
+    for (int d = 0; d < j->n_data; d++) total += (size_t)j->data[d].n * (j->data[d].k > 1 ? j->data[d].k : 1);
+    float *lp = trill_malloc(sizeof(float) * (total ? total : 1));
     double loss = 0;
     trill_status st = lp ? trill_svc_forward(j->tenant->trainer, j->data, j->n_data, j->loss, &j->loss_config, j->kind == JOB_FORWARD_BACKWARD,
                                             lp, &loss)
                          : trill_error(TRILL_ERR_NOMEM, "out of memory");
     json_t *outs = json_array();
-    for (int d = 0, k = 0; !st && d < j->n_data; k += j->data[d++].n)
-        json_array_append_new(outs, json_pack("{s:o}", "logprobs", trill_svc_json_floats(lp + k, j->data[d].n)));
+    for (size_t d = 0, k = 0; !st && d < (size_t)j->n_data; k += (size_t)j->data[d].n * (j->data[d].k > 1 ? j->data[d].k : 1), d++)
+        json_array_append_new(outs, json_pack("{s:o}", "logprobs", logprobs_json(lp + k, j->data[d].n, j->data[d].k)));
     if (!st)
         *result = trill_svc_json_dump(json_pack("{s:s, s:O, s:{s:f}}", "loss_fn_output_type", trill_loss_get(j->loss)->name, "loss_fn_outputs", outs, "metrics",
                                  "loss:sum", loss));

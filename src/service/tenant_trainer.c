@@ -90,25 +90,33 @@ trill_status trill_svc_datum_check(const trill_svc_base *b, trill_loss loss, con
     const trill_config *c = trill_model_config(b->model);
     if (d->n < 1) return trill_error(TRILL_ERR_INVALID, "data[%d].model_input: empty (at least one token)", index);
     if (!d->targets) return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens: missing", index);
-    for (int i = 0; i < d->n; i++) {
+    const int K = d->k > 1 ? d->k : 1;
+    if (d->k < 0 || d->k > TRILL_MAX_TARGETS)
+        return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens: %d targets a position; 1 to %d are taken", index, d->k,
+                           TRILL_MAX_TARGETS);
+    for (int i = 0; i < d->n; i++)
         if (d->tokens[i] < 0 || d->tokens[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "data[%d].model_input[%d]: token %d is outside the vocabulary [0, %d)", index, i,
                                d->tokens[i], c->vocab_size);
+    for (int i = 0; i < d->n * K; i++)
         if (d->targets[i] < 0 || d->targets[i] >= c->vocab_size)
             return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens[%d]: token %d is outside the vocabulary [0, %d)",
-                               index, i, d->targets[i], c->vocab_size);
-    }
+                               index, i / K, d->targets[i], c->vocab_size);
     const trill_loss_info *L = trill_loss_get(loss);
     if (!L || !(L->where & TRILL_LOSS_IN_SERVE)) return trill_error(TRILL_ERR_INVALID, "loss_fn: %d is not a loss of the service", (int)loss);
+    if (K > 1 && (loss != TRILL_LOSS_CROSS_ENTROPY || d->logprobs || d->advantages))
+        return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens: top-k targets (%d a position) are taken by cross_entropy, "
+                           "with weights of the same shape and no logprobs or advantages", index, K);
     if ((L->needs & TRILL_LOSS_NEEDS_LOGPROBS) && !d->logprobs)
         return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.logprobs: missing (%s needs the sampler's log-probs)", index, L->name);
     if ((L->needs & TRILL_LOSS_NEEDS_ADVANTAGES) && !d->advantages)
         return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.advantages: missing (%s needs them)", index, L->name);
-    const struct { const char *name; const float *v; } arrays[] = { { "weights", d->weights }, { "logprobs", d->logprobs }, { "advantages", d->advantages } };
+    const struct { const char *name; const float *v; int per; } arrays[] = { { "weights", d->weights, K }, { "logprobs", d->logprobs, 1 },
+                                                                              { "advantages", d->advantages, 1 } };
     for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++)
-        for (int i = 0; arrays[a].v && i < d->n; i++)
+        for (int i = 0; arrays[a].v && i < d->n * arrays[a].per; i++)
             if (!isfinite(arrays[a].v[i]))
-                return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.%s[%d]: not a finite number", index, arrays[a].name, i);
+                return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.%s[%d]: not a finite number", index, arrays[a].name, i / arrays[a].per);
     if (d->routed_experts) {
         trill_status st = trill_check_replay(c, d->routed_experts, d->n);
         if (st) {
@@ -179,18 +187,21 @@ enum { MICRO_TOKENS = 4096 };
 /* A datum's tokens in a forward: its inputs and one more row (which the last target needs). */
 static int datum_len(const void *ctx, int i) { return ((const trill_svc_datum *)ctx)[i].n + 1; }
 
+/* A call's targets a position (the data agree: trill_svc_forward checks). */
+static int targets_of(const trill_svc_datum *d) { return d->k > 1 ? d->k : 1; }
+
 /* One micro-batch, data [d0, d1): each datum forwarded as its n inputs and its last target, row
- * i scored on target i (any token: the next input's, or another). */
+ * i scored on its K targets i (any tokens: the next input's, or others). */
 static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *data, int d0, int d1, trill_loss loss,
                                   const trill_svc_loss_config *cfg, bool backward, float *logprobs, double *loss_sum) {
     const trill_config *c = trill_model_config(t->base->model);
-    const int row = c->n_moe_layers * c->num_experts_per_tok;
+    const int row = c->n_moe_layers * c->num_experts_per_tok, K = targets_of(&data[d0]);
     int T = 0;
     bool replay = false;
     for (int d = d0; d < d1; d++) T += data[d].n + 1, replay |= data[d].routed_experts != NULL;
-    int *tokens = trill_malloc(sizeof(int) * (size_t)T), *targets = trill_calloc((size_t)T, sizeof(int));
+    int *tokens = trill_malloc(sizeof(int) * (size_t)T), *targets = trill_calloc((size_t)T * K, sizeof(int));
     int *offsets = trill_malloc(sizeof(int) * (size_t)(d1 - d0 + 1));
-    float *lp = trill_malloc(sizeof(float) * (size_t)T), *dlp = backward ? trill_calloc((size_t)T, sizeof(float)) : NULL;
+    float *lp = trill_malloc(sizeof(float) * (size_t)T * K), *dlp = backward ? trill_calloc((size_t)T * K, sizeof(float)) : NULL;
     uint16_t *rep = replay && row ? trill_malloc(sizeof(uint16_t) * (size_t)T * row) : NULL;
     trill_status st = tokens && targets && offsets && lp && (dlp || !backward) && (rep || !replay || !row) ? TRILL_OK
                                                                                                 : trill_error(TRILL_ERR_NOMEM, "out of memory (a forward of %d tokens)", T);
@@ -198,8 +209,8 @@ static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *d
         const trill_svc_datum *x = &data[d];
         offsets[d - d0] = at;
         memcpy(tokens + at, x->tokens, sizeof(int) * (size_t)x->n);
-        memcpy(targets + at, x->targets, sizeof(int) * (size_t)x->n);
-        tokens[at + x->n] = x->targets[x->n - 1];
+        memcpy(targets + (size_t)at * K, x->targets, sizeof(int) * (size_t)x->n * K);
+        tokens[at + x->n] = x->targets[(size_t)(x->n - 1) * K];
         if (rep) { /* a (token, layer) row starting with TRILL_REPLAY_NONE is routed by the trainer */
             const int k = c->num_experts_per_tok, replayed = x->routed_experts ? x->n : 0;
             if (replayed) memcpy(rep + (size_t)at * row, x->routed_experts, sizeof(uint16_t) * (size_t)x->n * row);
@@ -209,11 +220,11 @@ static trill_status forward_micro(trill_svc_trainer *t, const trill_svc_datum *d
         offsets[d - d0 + 1] = at;
     }
     trill_forward_pass *pass = NULL;
-    if (!st) st = trill_model_forward_train_targets(t->base->model, tokens, targets, offsets, d1 - d0, rep, lp, NULL, false, &pass);
+    if (!st) st = trill_model_forward_train_targets(t->base->model, tokens, targets, K, offsets, d1 - d0, rep, lp, NULL, false, &pass);
     for (int d = d0, k = 0; !st && d < d1; d++) {
         const trill_svc_datum *x = &data[d];
-        for (int i = 0; i < x->n; i++) {
-            const int at = offsets[d - d0] + i + 1;
+        for (int i = 0; i < x->n * K; i++) { /* position i / K, its target i % K */
+            const size_t at = (size_t)(offsets[d - d0] + i / K + 1) * K + i % K;
             double g;
             *loss_sum += token_loss(loss, cfg, lp[at], x->logprobs ? x->logprobs[i] : 0, x->advantages ? x->advantages[i] : 0,
                                     x->weights ? x->weights[i] : 1, &g);
@@ -237,13 +248,16 @@ trill_status trill_svc_forward(trill_svc_trainer *t, const trill_svc_datum *data
     for (int d = 0; d < n; d++) {
         trill_status st = trill_svc_datum_check(t->base, loss, &data[d], d);
         if (st) return st;
+        if (targets_of(&data[d]) != targets_of(&data[0]))
+            return trill_error(TRILL_ERR_INVALID, "data[%d].loss_fn_inputs.target_tokens: %d targets a position, data[0] has %d: one count a call", d,
+                               targets_of(&data[d]), targets_of(&data[0]));
     }
     trill_model_attach_lora(t->base->model, t->lora);
     trill_status st = TRILL_OK;
     for (int d0 = 0, k = 0; !st && d0 < n;) {
         const int d1 = d0 + trill_micro_batch_take(n - d0, MICRO_TOKENS, datum_len, data + d0);
         st = forward_micro(t, data, d0, d1, loss, config, backward, logprobs + k, loss_sum);
-        for (; d0 < d1; d0++) k += data[d0].n;
+        for (; d0 < d1; d0++) k += data[d0].n * targets_of(&data[d0]);
     }
     trill_model_attach_lora(t->base->model, NULL);
     /* A gradient only partly added is worth nothing: clear it rather than step on it. */

@@ -142,7 +142,8 @@ enum MHD_Result trill_tinker_unload_model(const route_call *q) {
 
 /* ---- forward_backward: the protobuf request as trill's job body ---- */
 
-/* A dense tensor's values as a JSON array of integers (as_int) or numbers; *n their count. */
+/* A dense tensor's values as a JSON array of integers (as_int) or numbers, rows of K for a
+ * tensor of shape [N, K] (top-k targets); *n their count. */
 static trill_status tensor_json(const TrillTinker__Tensor *t, const char *what, bool as_int, json_t **out, size_t *n) {
     *out = NULL;
     if (t->encoding_case != TRILL_TINKER__TENSOR__ENCODING_DENSE)
@@ -152,17 +153,20 @@ static trill_status tensor_json(const TrillTinker__Tensor *t, const char *what, 
     if (t->dense.len % size) return trill_svc_fail("bad_request", "%s: %zu bytes, not a whole number of values", what, t->dense.len);
     *n = t->dense.len / size;
     int64_t want = 1;
-    for (size_t i = 0; i < t->n_shape; i++) want *= t->shape[i];
-    if (t->n_shape > 1 || (t->n_shape == 1 && (size_t)want != *n))
-        return trill_svc_fail("bad_request", "%s: shape of %zu dimensions for %zu values; trill takes one value a token", what, t->n_shape, *n);
-    json_t *a = json_array();
+    for (size_t i = 0; i < t->n_shape; i++) want *= t->shape[i] >= 0 ? t->shape[i] : -1;
+    if (t->n_shape > 2 || (t->n_shape >= 1 && (size_t)want != *n))
+        return trill_svc_fail("bad_request", "%s: shape of %zu dimensions for %zu values; trill takes [N] or [N, K]", what, t->n_shape, *n);
+    const size_t K = t->n_shape == 2 ? (size_t)t->shape[1] : 0;
+    if (t->n_shape == 2 && K < 1) return trill_svc_fail("bad_request", "%s: shape [N, 0]", what);
+    json_t *a = json_array(), *row = NULL;
     for (size_t i = 0; a && i < *n; i++) {
+        if (K && i % K == 0) json_array_append_new(a, row = json_array());
         const uint8_t *p = t->dense.data + i * size;
         double v;
         if (t->dtype == TRILL_TINKER__DTYPE__DTYPE_INT64) { int64_t x; memcpy(&x, p, 8); v = (double)x; }
         else if (t->dtype == TRILL_TINKER__DTYPE__DTYPE_INT32) { int32_t x; memcpy(&x, p, 4); v = x; }
         else { float x; memcpy(&x, p, 4); v = x; }
-        json_array_append_new(a, as_int ? json_integer((json_int_t)v) : isfinite(v) ? json_real(v) : json_null());
+        json_array_append_new(K ? row : a, as_int ? json_integer((json_int_t)v) : isfinite(v) ? json_real(v) : json_null());
     }
     *out = a;
     return a ? TRILL_OK : trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -376,8 +380,12 @@ static enum MHD_Result answer_result(struct MHD_Connection *c, const char *kind,
         json_t *outs = json_object_get(r, "loss_fn_outputs"), *o;
         size_t i;
         json_array_foreach(outs, i, o) {
-            json_t *lp = json_object_get(o, "logprobs");
-            json_object_set_new(o, "logprobs", json_pack("{s:O, s:s, s:[I]}", "data", lp, "dtype", "float32", "shape", (json_int_t)json_array_size(lp)));
+            json_t *lp = json_object_get(o, "logprobs"), *flat = json_array(), *row;
+            const size_t n = json_array_size(lp), K = json_is_array(json_array_get(lp, 0)) ? json_array_size(json_array_get(lp, 0)) : 0;
+            size_t at;
+            json_array_foreach(lp, at, row) K ? json_array_extend(flat, row) : json_array_append(flat, row);
+            json_object_set_new(o, "logprobs", K ? json_pack("{s:o, s:s, s:[I, I]}", "data", flat, "dtype", "float32", "shape", (json_int_t)n, (json_int_t)K)
+                                                 : json_pack("{s:o, s:s, s:[I]}", "data", flat, "dtype", "float32", "shape", (json_int_t)n));
         }
         return trill_svc_answer_json(c, 200, json_incref(r));
     }
@@ -450,7 +458,12 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
     const json_t *outs = json_object_get(r, "loss_fn_outputs"), *metrics = json_object_get(r, "metrics"), *v;
     const size_t nd = json_array_size(outs);
     size_t total = 0;
-    for (size_t d = 0; d < nd; d++) total += json_array_size(json_object_get(json_array_get(outs, d), "logprobs"));
+    int64_t K = 0; /* top-k targets: each datum's log-probs rows of K */
+    for (size_t d = 0; d < nd; d++) {
+        const json_t *lp = json_object_get(json_array_get(outs, d), "logprobs");
+        if (json_is_array(json_array_get(lp, 0))) K = (int64_t)json_array_size(json_array_get(lp, 0));
+        total += json_array_size(lp) * (size_t)(K ? K : 1);
+    }
     float *data = trill_malloc(sizeof(float) * (total ? total : 1));
     int64_t *offsets = trill_malloc(sizeof(int64_t) * (nd + 1));
     TrillTinker__ForwardBackwardOutput__MetricsEntry *me = trill_calloc(json_object_size(metrics) + 1, sizeof *me);
@@ -460,7 +473,10 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
     for (size_t d = 0; !st && d < nd; d++) {
         const json_t *lp = json_object_get(json_array_get(outs, d), "logprobs");
         offsets[d] = (int64_t)(sizeof(float) * at);
-        for (size_t i = 0; i < json_array_size(lp); i++) data[at++] = json_is_number(json_array_get(lp, i)) ? (float)json_number_value(json_array_get(lp, i)) : NAN;
+        for (size_t i = 0; i < json_array_size(lp) * (size_t)(K ? K : 1); i++) {
+            const json_t *e = K ? json_array_get(json_array_get(lp, i / (size_t)K), i % (size_t)K) : json_array_get(lp, i);
+            data[at++] = json_is_number(e) ? (float)json_number_value(e) : NAN;
+        }
     }
     if (!st) offsets[nd] = (int64_t)(sizeof(float) * at);
     const char *key;
@@ -476,6 +492,7 @@ static trill_status fb_output_proto(const json_t *r, uint8_t **bytes, size_t *n)
     bt.data = (ProtobufCBinaryData){ sizeof(float) * at, (uint8_t *)data };
     bt.offsets = (ProtobufCBinaryData){ sizeof(int64_t) * (nd + 1), (uint8_t *)offsets };
     bt.dtype = TRILL_TINKER__DTYPE__DTYPE_FLOAT32;
+    if (K) bt.n_trailing_shape = 1, bt.trailing_shape = &K;
     TrillTinker__ArrayRecord__FieldsEntry field, *fields[1] = { &field };
     trill_tinker__array_record__fields_entry__init(&field);
     field.key = "logprobs", field.value = &bt;

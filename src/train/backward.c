@@ -99,20 +99,29 @@ static trill_status head_backward(const trill_forward_pass *fp, const float *dlo
     const trill_lora_pair head = fp->lora ? fp->lora->lm_head : (trill_lora_pair){ 0 };
     float *dxf = g->dxf;
     zero(dxf, (size_t)T * H);
+    const int K = fp->n_targets;
     int targets[LOGIT_CHUNK];
     float dlp[LOGIT_CHUNK];
     for (int t0 = 0; t0 < T; t0 += LOGIT_CHUNK) {
         int n = T - t0 < LOGIT_CHUNK ? T - t0 : LOGIT_CHUNK;
-        for (int r = 0; r < n; r++) { /* row t predicts token t+1, unless t ends its sequence */
+        for (int r = 0; r < n; r++) { /* row t predicts token t+1 (or its targets), unless t ends its sequence */
             int t = t0 + r;
             bool predicts = t + 1 < T && fp->pos[t + 1] != 0;
             targets[r] = predicts ? trill_forward_target(fp, t) : 0;
-            dlp[r] = predicts ? dlogprobs[t + 1] : 0.0f;
+            dlp[r] = predicts ? dlogprobs[(size_t)(t + 1) * K] : 0.0f;
+            for (int k = 1; predicts && k < K; k++) dlp[r] += dlogprobs[(size_t)(t + 1) * K + k];
         }
         float *logits = g->dlogits; /* recomputed (with the adapter input), then overwritten by their gradient */
         trill_status st = trill_forward_logits(fp, logits, t0, n);
         if (st) return st;
         trill_token_logprob_backward(g->dlogits, dlp, logits, targets, n, V);
+        for (int r = 0; K > 1 && r < n; r++) { /* top-k targets: -(sum of k) softmax, then each target's own share */
+            const int t = t0 + r;
+            if (t + 1 >= T || fp->pos[t + 1] == 0) continue;
+            float *d = g->dlogits + (size_t)r * V;
+            d[targets[r]] -= dlp[r];
+            for (int k = 0; k < K; k++) d[fp->targets[(size_t)t * K + k]] += dlogprobs[(size_t)(t + 1) * K + k];
+        }
         st = trill_linear_backward(fp, sink, &g->lora, dxf + (size_t)t0 * H, g->dlogits, fp->xf + (size_t)t0 * H, m->lm_head, head,
                                    fp->xa_head, n, H, V);
         if (st) return st;

@@ -411,6 +411,8 @@ SERVICE_PROTOBUF = {  # the Tinker protocol's forward_backward bodies
     "tinker-image-chunk": tinker_wire.forward_backward_request("t-1", [([1], {"target_tokens": [2]})], "cross_entropy",
                                                                chunk=b"\x12\x04\x0a\x02\xff\xd8"),
     "tinker-no-model": tinker_wire.forward_backward_request("", [([1], {"target_tokens": [2]})], "cross_entropy"),
+    "tinker-top-k": tinker_wire.forward_backward_request("t-1", [([5, 6], {"target_tokens": [[6, 1, 2], [7, 3, 4]],
+                                                                             "weights": [[1, 0.5, 0.25], [1, 0.5, 0.25]]})], "cross_entropy"),
 }
 
 

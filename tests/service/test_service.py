@@ -658,6 +658,23 @@ class TinkerProtocol(unittest.TestCase):
         cut = tinker_wire.forward_backward_output(self.result(fut["request_id"], proto=True))["outputs"][0]["logprobs"]
         self.assertAlmostEqual(odd[4], cut[4], delta=1e-5)
         self.assertNotAlmostEqual(odd[4], out["outputs"][0]["logprobs"][4], delta=1e-3)
+        # top-k targets [N, K] with weights of the same shape: each target's log-prob is the one it
+        # has as the only target; the output has a trailing dimension K
+        top = [[t, o, (t + o) % 60] for t, o in zip(inputs["target_tokens"], other)]
+        code, fut = self.call("/forward_backward", data=tinker_wire.forward_backward_request(
+            model, [(tokens, {"target_tokens": top, "weights": [[1.0, 0.5, 0.25]] * len(top)})], "cross_entropy", forward_only=True))
+        self.assertEqual(code, 200, fut)
+        rows = tinker_wire.forward_backward_output(self.result(fut["request_id"], proto=True))["outputs"][0]["logprobs"]
+        self.assertEqual([len(r) for r in rows], [3] * len(top))
+        for i, r in enumerate(rows):
+            self.assertAlmostEqual(r[0], out["outputs"][0]["logprobs"][i], delta=1e-5)
+            self.assertAlmostEqual(r[1], odd[i], delta=1e-5)
+        as_json = self.result(fut["request_id"])["loss_fn_outputs"][0]["logprobs"]
+        self.assertEqual((as_json["shape"], len(as_json["data"])), ([len(top), 3], 3 * len(top)))
+        code, answer = self.call("/forward_backward", data=tinker_wire.forward_backward_request(
+            model, [(tokens, {"target_tokens": top, "weights": [1.0] * len(top)})], "cross_entropy"))
+        self.assertEqual(code, 400)
+        self.assertIn("weights", answer["error"]["message"])
         # a step through the Tinker calls: forward_backward, then optim_step; the JSON result for a client without protobuf
         code, fut = self.call("/forward_backward", data=tinker_wire.forward_backward_request(model, data, "cross_entropy", seq_id=2))
         as_json = self.result(fut["request_id"])

@@ -5,7 +5,8 @@ and of any protobuf library.
 
 ForwardBackwardRequest: 1 model_id, 2 seq_id, 3 data (Datum: 1 model_input (Chunk: 1 encoded_text
 (1 tokens: int32 bytes)), 2 loss_fn_inputs (map entry: 1 key, 2 Tensor: 1 dense bytes, 3 dtype
-(1 float32, 2 int64), 4 shape)), 4 loss_fn, 5 loss_fn_config (map: 1 key, 2 double), 6 forward_only.
+(1 float32, 2 int64), 4 shape: [N], or [N, K] for top-k targets)), 4 loss_fn, 5 loss_fn_config (map:
+1 key, 2 double), 6 forward_only.
 ForwardBackwardOutput: 1 loss_fn_output_type, 2 loss_fn_outputs (ArrayRecord: 1 type_tag,
 2 fields (map: 1 key, 2 BatchedTensor: 1 data, 2 offsets (int64 byte offsets), 3 dtype,
 4 trailing_shape), 3 num_datums), 3 metrics (map: 1 key, 2 double).
@@ -38,8 +39,11 @@ def _bytes(number, b):
 
 
 def _tensor(values, dtype):
-    data = struct.pack(f"<{len(values)}q", *values) if dtype == "int64" else struct.pack(f"<{len(values)}f", *values)
-    return _bytes(1, data) + _field(3, 0, _varint(2 if dtype == "int64" else 1)) + _bytes(4, b"".join(_varint(len(values)) for _ in [0]))
+    """A dense Tensor of a list, or of rows (shape [N, K])."""
+    shape = [len(values), len(values[0])] if values and isinstance(values[0], list) else [len(values)]
+    flat = [x for row in values for x in row] if len(shape) == 2 else values
+    data = struct.pack(f"<{len(flat)}q", *flat) if dtype == "int64" else struct.pack(f"<{len(flat)}f", *flat)
+    return _bytes(1, data) + _field(3, 0, _varint(2 if dtype == "int64" else 1)) + _bytes(4, b"".join(_varint(d) for d in shape))
 
 
 def forward_backward_request(model_id, data, loss_fn, loss_fn_config=None, forward_only=False, seq_id=1, chunk=None):
@@ -109,7 +113,9 @@ def forward_backward_output(buf):
                     bt = dict((k, x) for k, _, x in _fields(entry[2]))
                     assert bt.get(3) == 1, "float32 expected"
                     data, offsets = bt.get(1, b""), struct.unpack(f"<{len(bt[2]) // 8}q", bt[2])
-                    fields[entry[1].decode()] = [list(struct.unpack(f"<{(b - a) // 4}f", data[a:b])) for a, b in zip(offsets, offsets[1:])]
+                    rows = [list(struct.unpack(f"<{(b - a) // 4}f", data[a:b])) for a, b in zip(offsets, offsets[1:])]
+                    k = _read_varint(bt[4], 0)[0] if 4 in bt else 0  # trailing_shape [K] (packed): rows of K
+                    fields[entry[1].decode()] = [[r[i:i + k] for i in range(0, len(r), k)] for r in rows] if k else rows
                 elif n == 3:
                     count = v
             out["outputs"] += [{name: fields[name][d] for name in fields} for d in range(count)]

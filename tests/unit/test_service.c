@@ -305,9 +305,69 @@ static void test_refusals(void **state) {
     trill_svc_trainer_free(t);
 }
 
+/* Top-k targets (distillation): K targets a position with weights [n][K]. Each target's log-prob
+ * is the one the same row gives it as a single target, and the gradient of the weighted
+ * cross-entropy over all of them matches central finite differences. */
+static void test_top_k_targets(void **state) {
+    (void)state;
+    enum { K = 3 };
+    trill_svc_trainer *t = trainer(23);
+    batch b;
+    make_batch(&b, t, false);
+    int top[N_SEQ][LEN * K];
+    float w[N_SEQ][LEN * K];
+    trill_svc_datum d[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        for (int i = 0; i < LEN * K; i++) top[s][i] = (b.tokens[s][i / K + 1] + 31 * (i % K)) % 128, w[s][i] = (float)(0.5 + 0.25 * (i % K));
+        d[s] = (trill_svc_datum){ .n = LEN, .k = K, .tokens = b.tokens[s], .targets = top[s], .weights = w[s] };
+    }
+    float lp[N_SEQ * LEN * K], one[N_SEQ * LEN];
+    double loss, single;
+    const trill_svc_loss_config none = { 0 };
+    assert_int_equal(trill_svc_forward(t, d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &none, false, lp, &loss), TRILL_OK);
+    for (int k = 0; k < K; k++) { /* target k of every position, as the only target */
+        int only[N_SEQ][LEN];
+        trill_svc_datum e[N_SEQ];
+        for (int s = 0; s < N_SEQ; s++) {
+            for (int i = 0; i < LEN; i++) only[s][i] = top[s][i * K + k];
+            e[s] = (trill_svc_datum){ .n = LEN, .tokens = b.tokens[s], .targets = only[s] };
+        }
+        assert_int_equal(trill_svc_forward(t, e, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &none, false, one, &single), TRILL_OK);
+        for (int i = 0; i < N_SEQ * LEN; i++)
+            if (fabsf(one[i] - lp[i * K + k]) > 1e-5f) fail_msg("position %d target %d: %.7g as one of %d, %.7g alone", i, k, lp[i * K + k], K, one[i]);
+    }
+    /* refused: another loss, or k differing within a call */
+    expect_refused(t, d[0], TRILL_LOSS_IMPORTANCE_SAMPLING, "top-k");
+    trill_svc_datum mixed[2] = { d[0], b.d[1] };
+    assert_int_equal(trill_svc_forward(t, mixed, 2, TRILL_LOSS_CROSS_ENTROPY, &none, false, lp, &loss), TRILL_ERR_INVALID);
+    /* the gradient: d loss . v against finite differences along random directions */
+    assert_int_equal(trill_svc_forward(t, d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &none, true, lp, &loss), TRILL_OK);
+    size_t n;
+    const float *g = trill_svc_trainer_grads(t, &n);
+    float *p = trill_lora_params(trill_svc_trainer_lora(t), &n), *p0 = malloc(sizeof(float) * n);
+    memcpy(p0, p, sizeof(float) * n);
+    for (int dir = 0; dir < 2; dir++) {
+        double gv = 0, vv = 0, up, down;
+        const double h = 1e-3;
+        for (size_t i = 0; i < n; i++) {
+            const double v = trill_rng_uniform(2000 + dir, i) - 0.5;
+            gv += g[i] * v, vv += v * v;
+        }
+        for (size_t i = 0; i < n; i++) p[i] = (float)(p0[i] + h * (trill_rng_uniform(2000 + dir, i) - 0.5) / sqrt(vv));
+        assert_int_equal(trill_svc_forward(t, d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &none, false, lp, &up), TRILL_OK);
+        for (size_t i = 0; i < n; i++) p[i] = (float)(p0[i] - h * (trill_rng_uniform(2000 + dir, i) - 0.5) / sqrt(vv));
+        assert_int_equal(trill_svc_forward(t, d, N_SEQ, TRILL_LOSS_CROSS_ENTROPY, &none, false, lp, &down), TRILL_OK);
+        memcpy(p, p0, sizeof(float) * n);
+        const double fd = (up - down) / (2 * h), an = gv / sqrt(vv);
+        if (fabs(fd - an) > 2e-2 * fmax(1.0, fabs(an))) fail_msg("top-k: direction %d: analytic %.6g, finite differences %.6g", dir, an, fd);
+    }
+    free(p0);
+    trill_svc_trainer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gradients), cmocka_unit_test(test_arbitrary_targets), cmocka_unit_test(test_loss_values), cmocka_unit_test(test_tenants_share_the_base),
+        cmocka_unit_test(test_gradients), cmocka_unit_test(test_arbitrary_targets), cmocka_unit_test(test_top_k_targets), cmocka_unit_test(test_loss_values), cmocka_unit_test(test_tenants_share_the_base),
         cmocka_unit_test(test_states),    cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
