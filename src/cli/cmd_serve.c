@@ -111,6 +111,7 @@ static int run_server(const trill_serve_config *c, double max_seconds) {
     struct sigaction sa = { .sa_handler = on_signal };
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a write to a connection its client closed is an error on that connection, never the server's end */
     return trill_serve(c, &g_stop, max_seconds) ? cli_fail("serve") : 0;
 }
 

@@ -314,6 +314,20 @@ static enum MHD_Result r_new_sampler(const route_call *q) {
               : trill_svc_answer_json(q->c, 200, json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(q->s->bases[sp->base])));
 }
 
+/* GET /samplers/{id}: {sampler_id, base_model, model_path?} (Tinker's GetSamplerResponse; the
+ * path as tinker://). */
+static enum MHD_Result r_get_sampler(const route_call *q) {
+    char path[256] = "";
+    pthread_mutex_lock(&q->s->mu);
+    svc_sampler *sp = trill_svc_find_sampler(q->s, q->p[1], q->key_id);
+    json_t *o = sp ? json_pack("{s:s, s:s}", "sampler_id", sp->id, "base_model", trill_svc_base_name(q->s->bases[sp->base])) : NULL;
+    if (sp && sp->weights) snprintf(path, sizeof path, "%s", sp->weights->uri);
+    pthread_mutex_unlock(&q->s->mu);
+    if (!sp) return trill_svc_answer_error(q->c, "not_found", "no such sampler");
+    if (path[0]) json_object_set_new(o, "model_path", trill_tinker_path(path));
+    return trill_svc_answer_json(q->c, 200, o);
+}
+
 static enum MHD_Result r_delete(const route_call *q) {
     const bool trainer = strcmp(q->p[0], "trainers") == 0;
     trill_status st = trainer ? trill_svc_tenant_delete(q->s, q->p[1], q->key_id) : trill_svc_sampler_delete(q->s, q->p[1], q->key_id);
@@ -406,6 +420,7 @@ static const route ROUTES[] = {
     { .method = "POST", .pattern = "/trainers/{trainer_id}/save_weights_for_sampler", .fn = r_submit, .job = JOB_SAVE_SAMPLER, .trainer = true },
     { .method = "POST", .pattern = "/trainers/{trainer_id}/load_state", .fn = r_submit, .job = JOB_LOAD_STATE, .trainer = true },
     { .method = "POST", .pattern = "/samplers", .fn = r_new_sampler },
+    { .method = "GET", .pattern = "/samplers/{sampler_id}", .fn = r_get_sampler },
     { .method = "DELETE", .pattern = "/samplers/{sampler_id}", .fn = r_delete },
     { .method = "POST", .pattern = "/samplers/{sampler_id}/sample", .fn = r_submit, .job = JOB_SAMPLE, .trainer = false },
     { .method = "POST", .pattern = "/samplers/{sampler_id}/compute_logprobs", .fn = r_submit, .job = JOB_LOGPROBS, .trainer = false },

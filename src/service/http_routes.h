@@ -85,6 +85,9 @@ enum MHD_Result trill_tinker_run_checkpoints(const route_call *q);
 enum MHD_Result trill_tinker_user_checkpoints(const route_call *q);
 enum MHD_Result trill_tinker_delete_checkpoint(const route_call *q);
 enum MHD_Result trill_tinker_weights_info(const route_call *q);
+/* trill://RUN/NAME as tinker://RUN/weights/NAME, trill://RUN/sampler/NAME as
+ * tinker://RUN/sampler_weights/NAME (a new JSON string). */
+json_t *trill_tinker_path(const char *uri);
 /* A tinker:// path as the trill:// path of the same folder; a trill:// path as it is. */
 trill_status trill_tinker_trill_path(const char *path, char *out, size_t cap);
 /* A held retrieve_future resumed: the answer now, try_again if still pending. */

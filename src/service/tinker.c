@@ -22,8 +22,7 @@ static const char *str_field(const json_t *o, const char *key) { return json_str
 
 /* ---- paths ---- */
 
-/* trill://RUN/NAME → tinker://RUN/weights/NAME, trill://RUN/sampler/NAME → tinker://RUN/sampler_weights/NAME. */
-static json_t *tinker_path(const char *uri) {
+json_t *trill_tinker_path(const char *uri) {
     const char *run = uri && strncmp(uri, "trill://", 8) == 0 ? uri + 8 : NULL, *slash = run ? strchr(run, '/') : NULL;
     if (!slash) return json_string(uri ? uri : "");
     const bool sampler = strncmp(slash, "/sampler/", 9) == 0;
@@ -357,7 +356,7 @@ static trill_status sample_proto(const json_t *r, uint8_t **bytes, size_t *n);
 static json_t *result_json(const char *kind, json_t *r) {
     if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) {
         const bool sampler = strcmp(kind, "save_weights_for_sampler") == 0;
-        json_t *o = json_pack("{s:o, s:s}", "path", tinker_path(str_field(r, "path")), "type", sampler ? "save_weights_for_sampler" : "save_weights");
+        json_t *o = json_pack("{s:o, s:s}", "path", trill_tinker_path(str_field(r, "path")), "type", sampler ? "save_weights_for_sampler" : "save_weights");
         if (o && json_object_get(r, "sampling_session_id")) json_object_set(o, "sampling_session_id", json_object_get(r, "sampling_session_id"));
         return o;
     }

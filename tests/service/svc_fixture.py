@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,11 +49,21 @@ class Server:
             time.sleep(0.02)
         self.port = int(slurp(port_file))
         self.url = f"http://127.0.0.1:{self.port}"
+        self.stopping = False
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self):
+        """Says so at once when the server ends by itself (a crash, a signal), with how."""
+        code = self.proc.wait()
+        if not self.stopping:
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            print(f"svc_fixture: trill serve (pid {self.proc.pid}) ended by itself: {how}; its log: {self.log_path}", file=sys.stderr, flush=True)
 
     def client(self, key):
         return tinker.ServiceClient(base_url=self.url, api_key=key)
 
     def stop(self, sig=signal.SIGTERM):
+        self.stopping = True
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(timeout=60)

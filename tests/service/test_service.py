@@ -733,6 +733,8 @@ class TinkerProtocol(unittest.TestCase):
         self.assertEqual((code, made["type"]), (200, "create_sampling_session"), made)
         code, fut = self.call("/asample", {**body, "sampling_session_id": made["sampling_session_id"]})
         self.assertEqual([s["tokens"] for s in tinker_wire.sample_response(self.result(fut["request_id"], proto=True))], [s["tokens"] for s in own])
+        code, got = raw_at(SERVER.url, "GET", f"/samplers/{made['sampling_session_id']}", key=KEY_A, header="X-API-Key")
+        self.assertEqual((code, got), (200, {"sampler_id": made["sampling_session_id"], "base_model": "tiny", "model_path": named["path"]}))
         # a state saved and loaded by its tinker:// path
         code, fut = self.call("/save_weights", {"model_id": model, "path": "ckpt", "seq_id": 3})
         saved = self.result(fut["request_id"])
