@@ -2,7 +2,7 @@
 examples/service/rl.py's loop (32 prompts x 8 completions a step, group-normalised rewards, one
 PPO step on LoRA adapters) written against `tinker` itself, as a Tinker user writes it. The demo
 model's tokenizer is read through trill serve's tokenize route (the SDK's get_tokenizer() loads a
-Hugging Face tokenizer with `transformers`, which this example does not need). No router replay:
+Hugging Face tokenizer with `transformers`, which this example does not need: common.py). No router replay:
 the official protocol has no field for the sampler's routed experts.
 
     build/trill serve --models demo --state run/serve &
@@ -10,52 +10,20 @@ the official protocol has no field for the sampler's routed experts.
         python3 examples/tinker_sdk/rl.py --steps 50"""
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
-import urllib.request
 
 import tinker
 from tinker import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "service"))
-from addition import correct, held_out, problems  # noqa: E402  (the task, no client code)
-
-
-class Tokenizer:
-    """encode / decode through POST /api/v1/models/MODEL/tokenize and /detokenize."""
-
-    def __init__(self, url, key, model):
-        self.url, self.key, self.model = url.rstrip("/"), key, model
-        self.eos = set(self._call("GET", "/api/v1/models")["models"][0]["eos_token_ids"])
-
-    def _call(self, method, path, body=None):
-        req = urllib.request.Request(self.url + path, method=method, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"X-API-Key": self.key, "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.load(r)
-
-    def encode(self, text):
-        return self._call("POST", f"/api/v1/models/{self.model}/tokenize", {"text": text})["tokens"]
-
-    def texts(self, sequences):
-        ids = [[t for t in s.tokens if t not in self.eos] for s in sequences]
-        return self._call("POST", f"/api/v1/models/{self.model}/detokenize", {"tokens": ids})["texts"] if ids else []
+from common import Tokenizer, evaluate, server
+from addition import correct, held_out, problems  # noqa: E402  (examples/service's task; common puts it on the path)
 
 
 def group_advantages(rewards):
     mean = statistics.fmean(rewards)
     std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
     return [(r - mean) / (std + 1e-6) for r in rewards]
-
-
-def evaluate(sampler, tok, items, k=8):
-    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
-    futures = [sampler.sample(types.ModelInput.from_ints(tok.encode(p)), k, params) for p, _ in items]
-    hits = [[correct(t, a) for t in tok.texts(f.result().sequences)] for f, (_, a) in zip(futures, items)]
-    return sum(sum(h) / k for h in hits) / len(items), sum(any(h) for h in hits) / len(items)
 
 
 def rl_step(trainer, sampler, tok, batch, step, args, adam):
@@ -92,11 +60,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
     args = ap.parse_args()
-    url = os.environ.get("TINKER_BASE_URL", "http://127.0.0.1:8100")
+    url, key = server()
     t0 = time.monotonic()
-    svc = tinker.ServiceClient(base_url=url)  # the key: TINKER_API_KEY
+    svc = tinker.ServiceClient(base_url=url, api_key=key)
     trainer = svc.create_lora_training_client(base_model=args.model, rank=args.rank, seed=args.seed)
-    tok = Tokenizer(url, os.environ["TINKER_API_KEY"], args.model)
+    tok = Tokenizer(url, key, args.model)
     sampler = trainer.save_weights_and_get_sampling_client()
     evals = held_out(args.eval_prompts)
     before = evaluate(sampler, tok, evals)
