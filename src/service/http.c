@@ -246,14 +246,16 @@ static enum MHD_Result r_capabilities(const route_call *q) {
 /* The client's feature flags: its default transport (httpx: trill needs no pyqwest), request
  * bodies not compressed, forward_backward chunks within a call's limits (1024 datums, 65536
  * tokens counting one more a datum: the SDK's size estimate is at least 12 bytes a token, its
- * id and int64 target), samples in flight within the server's queue. Flags not named keep the
- * SDK's defaults. */
+ * id and int64 target), samples in flight within the server's queue and half the connections a
+ * client may hold. Flags not named keep the SDK's defaults. */
 static enum MHD_Result r_client_config(const route_call *q) {
     if (!json_is_string(json_object_get(q->body, "sdk_version"))) return trill_svc_answer_error(q->c, "bad_request", "sdk_version: expected a string");
+    const int half = q->s->cfg.max_client_connections / 2; /* each sample in flight long-polls on a connection of its own */
+    const int in_flight = q->s->cfg.max_queued < half ? q->s->cfg.max_queued : half > 1 ? half : 1;
     return trill_svc_answer_json(q->c, 200, json_pack("{s:b, s:s, s:b, s:b, s:i, s:i, s:i}", "pjwt_auth_enabled", 0, "credential_default_source",
                                                       "api_key", "use_pyqwest_transport", 0, "proto_compress_fwdbwd", 0, "fwdbwd_max_chunk_len", 1024,
                                                       "fwdbwd_max_chunk_bytes_count", (65536 - 1024) * 12, "sample_max_concurrent_requests",
-                                                      q->s->cfg.max_queued));
+                                                      in_flight));
 }
 
 static enum MHD_Result r_dynamic_config(const route_call *q) {

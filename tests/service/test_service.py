@@ -528,6 +528,9 @@ class TinkerStartup(unittest.TestCase):
         code, flags = self.call("POST", "/client/config", {"sdk_version": "0.25.0"})
         self.assertEqual(code, 200)
         self.assertEqual((flags["use_pyqwest_transport"], flags["proto_compress_fwdbwd"], flags["pjwt_auth_enabled"]), (False, False, False))
+        # the SDK's chunks fit a call (12 bytes a token at least: 64512 tokens, 1024 data), its samples in flight the connections
+        self.assertEqual((flags["fwdbwd_max_chunk_len"], flags["fwdbwd_max_chunk_bytes_count"] // 12 + 1024), (1024, 65536))
+        self.assertEqual(flags["sample_max_concurrent_requests"], 128)
         self.assertEqual(self.call("POST", "/client/dynamic_config", {"sdk_version": "0.25.0"}), (200, {"refresh_interval_sec": 300}))
         code, caps = self.call("GET", "/get_server_capabilities")
         self.assertEqual(code, 200)
