@@ -45,7 +45,19 @@ def rl_step(trainer, sampler, tok, batch, step, args, adam):
     if batch_data:  # a step where every group was flat has no gradient
         trainer.forward_backward(batch_data, "ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
         trainer.optim_step(adam)
-    return trainer.save_weights_and_get_sampling_client("policy"), rewards, bool(batch_data)
+    new = trainer.save_weights_and_get_sampling_client("policy")
+    retire(sampler)
+    return new, rewards, bool(batch_data)
+
+
+def retire(sampler):
+    """Deletes a sampler the loop is done with: each counts against the key's --max-samplers (64)
+    until deleted. One a server restart lost is gone already."""
+    try:
+        sampler.delete()
+    except tinker.TrillError as e:
+        if e.code not in ("not_found", "unreachable"):
+            raise
 
 
 def resume(svc, trainer_id, updates, wait_s=120):

@@ -44,15 +44,16 @@ def main():
     print(f"held-out before: pass@1 {before[0]:.3f}, pass@8 {before[1]:.3f}", flush=True)
     stream = problems(1, args.steps * args.batch)
     adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.999, eps=1e-8)
-    first = last = None
+    first = last = 0.0
     for step in range(args.steps):
         pairs = [(tok.encode(p), tok.encode(a) + [eos]) for p, a in stream[step * args.batch:(step + 1) * args.batch]]
         n_loss = sum(len(a) for _, a in pairs)  # weights 1 / n_loss: the mean over the answer tokens
         fb = trainer.forward_backward([datum(p, a, 1.0 / n_loss) for p, a in pairs], "cross_entropy")
-        trainer.optim_step(adam)
-        last = fb.result().metrics["loss:sum"]
-        first = last if first is None else first
+        trainer.optim_step(adam)  # submitted behind forward_backward: the loop waits for a result only when it prints one
+        if step == 0:
+            first = fb.result().metrics["loss:sum"]
         if step % 10 == 9 or step == args.steps - 1:
+            last = fb.result().metrics["loss:sum"]
             print(f"step {step + 1}/{args.steps}: loss {last:.4f} per answer token, {time.monotonic() - t0:.0f} s", flush=True)
     after = evaluate(trainer.save_weights_and_get_sampling_client(), tok, evals)
     print(f"held-out after: pass@1 {after[0]:.3f}, pass@8 {after[1]:.3f}")

@@ -419,6 +419,38 @@ static trill_status run_forward(svc *s, svc_job *j, char **result) {
     return st;
 }
 
+/* Ephemeral samplers (of unnamed saves) a trainer keeps: a loop that saves every step retires
+ * the oldest idle ones with their weights, so neither samplers nor folders pile up. */
+enum { EPHEMERAL_KEEP = 8 };
+
+/* Sampler p, just made of trainer t's unnamed save, joins t's session and t's ephemeral samplers;
+ * beyond EPHEMERAL_KEEP of those, the oldest idle ones are retired (sampler and weights). */
+static void retire_old_samplers(svc *s, const svc_tenant *t, svc_sampler *p) {
+    struct { char id[32], key_id[32], uri[256]; } old[EPHEMERAL_KEEP + 1];
+    int n_old = 0;
+    pthread_mutex_lock(&s->mu);
+    memcpy(p->session, t->session, sizeof p->session); /* it belongs to the session its model was made in */
+    p->ephemeral = true, p->made = ++s->made;
+    snprintf(p->owner, sizeof p->owner, "%s", t->id);
+    for (;;) { /* the oldest idle one while there are too many */
+        int mine = 0;
+        svc_sampler *oldest = NULL;
+        for (int i = 0; i < s->n_samplers; i++) {
+            svc_sampler *x = s->samplers[i];
+            if (x->gone || x->creating || !x->ephemeral || strcmp(x->owner, t->id) != 0) continue;
+            mine++;
+            if (x != p && x->jobs == 0 && x->pins == 0 && (!oldest || x->made < oldest->made)) oldest = x;
+        }
+        if (mine - n_old <= EPHEMERAL_KEEP || !oldest || n_old == EPHEMERAL_KEEP + 1) break;
+        snprintf(old[n_old].id, 32, "%s", oldest->id), snprintf(old[n_old].key_id, 32, "%s", oldest->key_id);
+        snprintf(old[n_old].uri, 256, "%s", oldest->weights ? oldest->weights->uri : "");
+        oldest->made = UINT64_MAX; /* not picked again in this loop */
+        n_old++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n_old; i++) trill_svc_retire_sampler(s, old[i].id, old[i].key_id, true, old[i].uri);
+}
+
 /* A Tinker save_weights_for_sampler without a name: a sampler of the saved weights is made for the
  * caller and its id is the result's sampling_session_id (the request log's result updated: the
  * save recorded it already). */
@@ -427,11 +459,7 @@ static trill_status make_sampler(svc *s, svc_job *j, char **result) {
     json_t *body = json_pack("{s:O}", "model_path", json_object_get(r, "path"));
     svc_sampler *p = NULL;
     trill_status st = body ? trill_svc_sampler_create(s, j->key_id, body, &p) : trill_error(TRILL_ERR_NOMEM, "out of memory");
-    if (!st) { /* it belongs to the session its model was made in */
-        pthread_mutex_lock(&s->mu);
-        memcpy(p->session, j->tenant->session, sizeof p->session);
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (!st) retire_old_samplers(s, j->tenant, p);
     if (!st && json_object_set_new(r, "sampling_session_id", json_string(p->id))) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     char *text = st ? NULL : json_dumps(r, JSON_COMPACT);
     if (!st && !text) st = trill_error(TRILL_ERR_NOMEM, "out of memory");
@@ -452,7 +480,8 @@ static trill_status run_training(svc *s, svc_job *j, char **result) {
     case JOB_OPTIM_STEP: return trill_svc_commit_step(s, j->tenant, j, result);
     case JOB_SAVE_SAMPLER:
         st = trill_svc_commit_save(s, j->tenant, j, result);
-        return !st && j->make_sampler ? make_sampler(s, j, result) : st;
+        if (!st && j->make_sampler && (st = make_sampler(s, j, result))) j->logged = false; /* the save stands; the call failed: say so */
+        return st;
     case JOB_SAVE_STATE: return trill_svc_commit_save(s, j->tenant, j, result);
     case JOB_LOAD_STATE: return trill_svc_commit_load(s, j->tenant, j, result);
     default: return trill_error(TRILL_ERR_INVALID, "not a training call");

@@ -93,13 +93,14 @@ bool trill_svc_session_live(svc *s, const char *id, const char *key_id) {
     return false;
 }
 
-/* A trainer or sampler to delete, and the session it was made in. */
-typedef struct orphan { char id[32], key_id[32], session[32]; bool trainer; } orphan;
+/* A trainer or sampler to delete, and the session it was made in (an ephemeral sampler: its weights' uri). */
+typedef struct orphan { char id[32], key_id[32], session[32], uri[256]; bool trainer, ephemeral; } orphan;
 
-static void add_orphan(orphan *list, int *n, const char *id, const char *key_id, const char *session, bool trainer) {
+static orphan *add_orphan(orphan *list, int *n, const char *id, const char *key_id, const char *session, bool trainer) {
     orphan *o = &list[(*n)++];
     memcpy(o->id, id, sizeof o->id), memcpy(o->key_id, key_id, sizeof o->key_id), memcpy(o->session, session, sizeof o->session);
-    o->trainer = trainer;
+    o->trainer = trainer, o->ephemeral = false, o->uri[0] = 0;
+    return o;
 }
 
 void trill_svc_sessions_reap(svc *s) {
@@ -114,13 +115,18 @@ void trill_svc_sessions_reap(svc *s) {
     }
     for (int i = 0; list && i < s->n_samplers; i++) {
         const svc_sampler *p = s->samplers[i];
-        if (!p->gone && !p->creating && p->session[0] && !trill_svc_session_live(s, p->session, p->key_id))
-            add_orphan(list, &n, p->id, p->key_id, p->session, false);
+        if (!p->gone && !p->creating && p->session[0] && !trill_svc_session_live(s, p->session, p->key_id)) {
+            orphan *o = add_orphan(list, &n, p->id, p->key_id, p->session, false);
+            o->ephemeral = p->ephemeral;
+            if (p->weights) snprintf(o->uri, sizeof o->uri, "%s", p->weights->uri);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n; i++) { /* outside the lock: a delete commits to the store */
         const orphan *o = &list[i];
-        trill_status st = o->trainer ? trill_svc_tenant_delete(s, o->id, o->key_id) : trill_svc_sampler_delete(s, o->id, o->key_id);
+        trill_status st = TRILL_OK;
+        if (o->trainer) st = trill_svc_tenant_delete(s, o->id, o->key_id);
+        else trill_svc_retire_sampler(s, o->id, o->key_id, o->ephemeral, o->uri); /* an ephemeral one's weights go too */
         (void)trill_svc_take_code();
         if (st) trill_log(TRILL_LOG_WARN, "trill serve: session %s ended, but %s %s was not deleted: %s", o->session, o->trainer ? "model" : "sampler",
                           o->id, trill_error_message());

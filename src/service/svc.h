@@ -102,6 +102,9 @@ typedef struct svc_sampler {
     int gone;                    /* SVC_LIVE, or gone: freed once no call of it runs and no thread pins it */
     int pins;
     char session[32];            /* as a trainer's */
+    bool ephemeral;              /* made by a Tinker save_weights_for_sampler without a name: its weights go with it */
+    char owner[32];              /* ephemeral: the trainer whose weights it samples */
+    uint64_t made;               /* ephemeral: s->made when it was made (the oldest go first) */
 } svc_sampler;
 
 /* A long-poll waiting for a future (http.c): its connection suspended, resumed when the request
@@ -143,6 +146,7 @@ typedef struct svc {
     svc_job *sample_head, *sample_tail;
     svc_waiter *waiters;         /* long-polls, under mu */
     svc_session *sessions;       /* the SDK clients' live sessions, under mu */
+    uint64_t made;               /* ephemeral samplers made so far */
     int n_sessions, cap_sessions;
     bool reap;                   /* for the sampling worker: weights to free, or the cache past its size */
     bool stopping;
@@ -258,6 +262,11 @@ void trill_svc_sampler_settle(svc *s, svc_sampler *p);
 void trill_svc_release_revoked(svc *s);
 
 /* ---- tinker_runs.c ---- */
+/* Deletes the caller's saved state `uri` (trill://): refused while a sampler samples from it;
+ * weights cached from it are never matched again; its row, then its folder. */
+trill_status trill_svc_delete_state(svc *s, const char *uri, const char *key_id);
+/* Deletes sampler id and, when it was ephemeral, the weights it sampled (uri). */
+void trill_svc_retire_sampler(svc *s, const char *id, const char *key_id, bool ephemeral, const char *uri);
 /* Deletes the saved states whose ttl_seconds have passed (the watchdog's, every 2 s); one a
  * sampler still samples from waits until it does not. */
 void trill_svc_expire_states(svc *s);

@@ -33,6 +33,8 @@ static long query_int(struct MHD_Connection *c, const char *name, long dflt, lon
     return v && (end == v || *end) ? dflt : x < lo ? lo : x > hi ? hi : x;
 }
 
+static trill_status delete_state(svc *s, const char *uri, const char *key_id, const char *dir);
+
 /* ---- checkpoints ---- */
 
 /* A states row as a Checkpoint: trill://RUN/NAME is tinker://RUN/weights/NAME ("training"),
@@ -102,6 +104,21 @@ enum MHD_Result trill_tinker_user_checkpoints(const route_call *q) {
 /* A saved state (uri, resolved to dir) deleted: refused while a sampler samples from it; the
  * weights cached from it are never matched again (a later save under the name is new weights:
  * the sampling worker frees them); the row, then the folder. */
+trill_status trill_svc_delete_state(svc *s, const char *uri, const char *key_id) {
+    char dir[4096];
+    int base = -1;
+    trill_status st = trill_svc_resolve_uri(s, uri, key_id, NULL, dir, sizeof dir, &base);
+    return st ? st : delete_state(s, uri, key_id, dir);
+}
+
+void trill_svc_retire_sampler(svc *s, const char *id, const char *key_id, bool ephemeral, const char *uri) {
+    trill_status st = trill_svc_sampler_delete(s, id, key_id);
+    if (!st && ephemeral && uri[0]) st = trill_svc_delete_state(s, uri, key_id);
+    (void)trill_svc_take_code();
+    if (st) trill_log(TRILL_LOG_WARN, "trill serve: sampler %s%s%s not retired whole: %s", id, ephemeral ? " and " : "", ephemeral ? uri : "",
+                      trill_error_message());
+}
+
 static trill_status delete_state(svc *s, const char *uri, const char *key_id, const char *dir) {
     trill_status st = TRILL_OK;
     pthread_mutex_lock(&s->mu);

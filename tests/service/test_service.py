@@ -809,6 +809,23 @@ class TinkerProtocol(unittest.TestCase):
             self.assertEqual(raw_at(SERVER.url, method, path, key=KEY_B, header="X-API-Key")[0], 404, path)
         self.assertNotIn(model, [r["training_run_id"] for r in raw_at(SERVER.url, "GET", "/training_runs", key=KEY_B, header="X-API-Key")[1]["training_runs"]])
 
+    def test_unnamed_saves_do_not_pile_up(self):
+        """save_weights_and_get_sampling_client every step (the SDK's RL loop): a model keeps its 8
+        newest such sampling sessions; the older ones go with their weights, so a long loop
+        neither meets the samplers' limit nor fills the disk."""
+        model = self.model(self.session())
+        made = []
+        for step in range(12):
+            code, fut = self.call("/save_weights_for_sampler", {"model_id": model, "seq_id": step + 1})
+            made.append(self.result(fut["request_id"]))
+        body = {"num_samples": 1, "prompt": {"chunks": [{"tokens": [49, 43]}]}, "sampling_params": {"max_tokens": 2, "seed": 1}}
+        alive = [self.call("/asample", {**body, "sampling_session_id": m["sampling_session_id"]})[0] == 200 for m in made]
+        self.assertEqual(alive, [False] * 4 + [True] * 8)
+        infos = [self.call("/weights_info", {"tinker_path": m["path"]})[0] for m in made]
+        self.assertEqual(infos, [404] * 4 + [200] * 8)
+        folders = [d for d in os.listdir(os.path.join(STATE, "trainers", model, "sampler"))]
+        self.assertEqual(len(folders), 8, folders)
+
     def test_checkpoint_ttl(self):
         """A checkpoint saved with ttl_seconds is listed with its expiry and deleted once it passes
         (the watchdog's 2 s); one without stays. trill's own save_state takes it as well."""
