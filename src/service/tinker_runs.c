@@ -79,27 +79,27 @@ static bool owns_run(svc *s, const char *key_id, const char *run) {
                                          read_count, &n, NULL) && n > 0);
 }
 
+/* A page of a listing (checkpoints or runs, of one run or all) as {NAME: [...], cursor}, its
+ * limit and offset from the query (limit dflt when absent). */
+typedef trill_status (*lister)(svc *s, const char *key_id, const char *run, long limit, long offset, json_t *list, long *total);
+static enum MHD_Result answer_page(const route_call *q, const char *name, const char *run, long dflt, lister fn) {
+    const long limit = query_int(q->c, "limit", dflt, 1, PAGE_MAX), offset = query_int(q->c, "offset", 0, 0, 1L << 40);
+    json_t *list = json_array();
+    long total = 0;
+    trill_status st = fn(q->s, q->key_id, run, limit, offset, list, &total);
+    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:I, s:I, s:I}}", name, list, "cursor", "offset", (json_int_t)offset, "limit",
+                                                      (json_int_t)limit, "total_count", (json_int_t)total));
+}
+
 /* GET /training_runs/{run}/checkpoints */
 enum MHD_Result trill_tinker_run_checkpoints(const route_call *q) {
     if (!owns_run(q->s, q->key_id, q->p[1])) return trill_svc_answer_error(q->c, "not_found", "no such training run");
-    json_t *list = json_array();
-    long total = 0;
-    trill_status st = checkpoints(q->s, q->key_id, q->p[1], PAGE_MAX, 0, list, &total);
-    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
-    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:i, s:i, s:I}}", "checkpoints", list, "cursor", "offset", 0, "limit", PAGE_MAX,
-                                                      "total_count", (json_int_t)total));
+    return answer_page(q, "checkpoints", q->p[1], PAGE_MAX, checkpoints);
 }
 
 /* GET /checkpoints?limit&offset: every run's */
-enum MHD_Result trill_tinker_user_checkpoints(const route_call *q) {
-    const long limit = query_int(q->c, "limit", 100, 1, PAGE_MAX), offset = query_int(q->c, "offset", 0, 0, 1L << 40);
-    json_t *list = json_array();
-    long total = 0;
-    trill_status st = checkpoints(q->s, q->key_id, NULL, limit, offset, list, &total);
-    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
-    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:I, s:I, s:I}}", "checkpoints", list, "cursor", "offset", (json_int_t)offset,
-                                                      "limit", (json_int_t)limit, "total_count", (json_int_t)total));
-}
+enum MHD_Result trill_tinker_user_checkpoints(const route_call *q) { return answer_page(q, "checkpoints", NULL, 100, checkpoints); }
 
 /* A saved state (uri, resolved to dir) deleted: refused while a sampler samples from it; the
  * weights cached from it are never matched again (a later save under the name is new weights:
@@ -220,15 +220,7 @@ static trill_status runs(svc *s, const char *key_id, const char *run, long limit
 }
 
 /* GET /training_runs?limit&offset */
-enum MHD_Result trill_tinker_training_runs(const route_call *q) {
-    const long limit = query_int(q->c, "limit", 20, 1, PAGE_MAX), offset = query_int(q->c, "offset", 0, 0, 1L << 40);
-    json_t *list = json_array();
-    long total = 0;
-    trill_status st = runs(q->s, q->key_id, NULL, limit, offset, list, &total);
-    if (st) { json_decref(list); return trill_svc_answer_status(q->c, st); }
-    return trill_svc_answer_json(q->c, 200, json_pack("{s:o, s:{s:I, s:I, s:I}}", "training_runs", list, "cursor", "offset", (json_int_t)offset,
-                                                      "limit", (json_int_t)limit, "total_count", (json_int_t)total));
-}
+enum MHD_Result trill_tinker_training_runs(const route_call *q) { return answer_page(q, "training_runs", NULL, 20, runs); }
 
 /* GET /training_runs/{run} */
 enum MHD_Result trill_tinker_training_run(const route_call *q) {
