@@ -451,6 +451,8 @@ static const route ROUTES[] = {
     { .method = "GET", .pattern = "/training_runs/{run}/checkpoints", .fn = trill_tinker_run_checkpoints },
     { .method = "DELETE", .pattern = "/training_runs/{run}/checkpoints/{kind}/{name}", .fn = trill_tinker_delete_checkpoint },
     { .method = "GET", .pattern = "/checkpoints", .fn = trill_tinker_user_checkpoints },
+    { .method = "GET", .pattern = "/sessions", .fn = trill_tinker_sessions },
+    { .method = "GET", .pattern = "/sessions/{session}", .fn = trill_tinker_session },
 };
 enum { N_ROUTES = sizeof ROUTES / sizeof ROUTES[0] };
 

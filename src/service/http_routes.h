@@ -85,6 +85,8 @@ enum MHD_Result trill_tinker_run_checkpoints(const route_call *q);
 enum MHD_Result trill_tinker_user_checkpoints(const route_call *q);
 enum MHD_Result trill_tinker_delete_checkpoint(const route_call *q);
 enum MHD_Result trill_tinker_weights_info(const route_call *q);
+enum MHD_Result trill_tinker_sessions(const route_call *q);
+enum MHD_Result trill_tinker_session(const route_call *q);
 /* trill://RUN/NAME as tinker://RUN/weights/NAME, trill://RUN/sampler/NAME as
  * tinker://RUN/sampler_weights/NAME (a new JSON string). */
 json_t *trill_tinker_path(const char *uri);

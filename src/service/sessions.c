@@ -135,3 +135,30 @@ void trill_svc_sessions_reap(svc *s) {
     }
     free(list);
 }
+
+json_t *trill_svc_sessions_json(svc *s, const char *key_id, long limit, long offset) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&s->mu);
+    forget_dead(s, trill_now());
+    long seen = 0;
+    for (int i = 0; a && i < s->n_sessions; i++)
+        if (strcmp(s->sessions[i].key_id, key_id) == 0 && seen++ >= offset && (long)json_array_size(a) < limit)
+            json_array_append_new(a, json_string(s->sessions[i].id));
+    pthread_mutex_unlock(&s->mu);
+    return a;
+}
+
+json_t *trill_svc_session_json(svc *s, const char *id, const char *key_id) {
+    json_t *runs = json_array(), *samplers = json_array(), *o = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (trill_svc_session_live(s, id, key_id)) {
+        for (int i = 0; i < s->n_tenants; i++)
+            if (!s->tenants[i]->gone && strcmp(s->tenants[i]->session, id) == 0) json_array_append_new(runs, json_string(s->tenants[i]->id));
+        for (int i = 0; i < s->n_samplers; i++)
+            if (!s->samplers[i]->gone && strcmp(s->samplers[i]->session, id) == 0) json_array_append_new(samplers, json_string(s->samplers[i]->id));
+        o = json_pack("{s:O, s:O}", "training_run_ids", runs, "sampler_ids", samplers);
+    }
+    pthread_mutex_unlock(&s->mu);
+    json_decref(runs), json_decref(samplers);
+    return o;
+}

@@ -218,6 +218,10 @@ void *trill_svc_sample_main(void *arg);
 trill_status trill_svc_session_create(svc *s, const char *key_id, const json_t *body, char id[32]);
 /* A heartbeat {"session_id"} of one of the caller's live sessions (else not_found). */
 trill_status trill_svc_session_heartbeat(svc *s, const char *key_id, const json_t *body);
+/* The caller's live sessions' ids, from offset, at most limit (a new JSON array). */
+json_t *trill_svc_sessions_json(svc *s, const char *key_id, long limit, long offset);
+/* {training_run_ids, sampler_ids} of one of the caller's live sessions; NULL when it has none. */
+json_t *trill_svc_session_json(svc *s, const char *id, const char *key_id);
 /* Under s->mu: whether session id is one of key_id's live ones. */
 bool trill_svc_session_live(svc *s, const char *id, const char *key_id);
 /* Deletes the trainers and samplers made in sessions that have ended (the watchdog's, every 2 s):

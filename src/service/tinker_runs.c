@@ -254,3 +254,17 @@ enum MHD_Result trill_tinker_weights_info(const route_call *q) {
     json_decref(cfg);
     return trill_svc_answer_json(q->c, 200, o);
 }
+
+/* ---- sessions (the RestClient's) ---- */
+
+/* GET /sessions?limit&offset: {sessions: [ids]} of the caller's live sessions */
+enum MHD_Result trill_tinker_sessions(const route_call *q) {
+    const long limit = query_int(q->c, "limit", 20, 1, PAGE_MAX), offset = query_int(q->c, "offset", 0, 0, 1L << 40);
+    return trill_svc_answer_json(q->c, 200, json_pack("{s:o}", "sessions", trill_svc_sessions_json(q->s, q->key_id, limit, offset)));
+}
+
+/* GET /sessions/{session}: its models and sampling sessions */
+enum MHD_Result trill_tinker_session(const route_call *q) {
+    json_t *o = trill_svc_session_json(q->s, q->p[1], q->key_id);
+    return o ? trill_svc_answer_json(q->c, 200, o) : trill_svc_answer_error(q->c, "not_found", "no live session of that id");
+}

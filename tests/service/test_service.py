@@ -323,6 +323,7 @@ class Isolation(unittest.TestCase):
             ("POST", "/create_session"): "makes the caller's own session",
             ("GET", "/training_runs"): "lists the caller's own training runs",
             ("GET", "/checkpoints"): "lists the caller's own checkpoints",
+            ("GET", "/sessions"): "lists the caller's own sessions",
             ("POST", "/telemetry"): "the SDK's telemetry, accepted from any key and not kept",
         }
         # the test model has no chat template: every valid key is refused alike there, the field named
@@ -346,6 +347,7 @@ class Isolation(unittest.TestCase):
                "run": tc.trainer_id, "kind": "weights", "name": "matrix"}
         session = raw("POST", "/create_session", {"tags": [], "user_metadata": None, "sdk_version": "test"}, key=KEY_A)[1]["session_id"]
         spare = a.create_lora_training_client(base_model="tiny", rank=2).trainer_id  # for unload_model
+        ids["session"] = session
         datum = sequence_datum(tok, "2+2=4").to_wire()
         model = {"model_id": tc.trainer_id}
         tinker_state = state.replace("trill://", "tinker://").replace("/matrix", "/weights/matrix")
@@ -808,6 +810,18 @@ class TinkerProtocol(unittest.TestCase):
                              ("DELETE", f"/training_runs/{model}/checkpoints/weights/c")):
             self.assertEqual(raw_at(SERVER.url, method, path, key=KEY_B, header="X-API-Key")[0], 404, path)
         self.assertNotIn(model, [r["training_run_id"] for r in raw_at(SERVER.url, "GET", "/training_runs", key=KEY_B, header="X-API-Key")[1]["training_runs"]])
+
+    def test_sessions_listed(self):
+        """The RestClient's sessions: the caller's live ones, and the models and sampling sessions
+        made in one; another key sees none of them."""
+        session = self.session()
+        model = self.model(session)
+        sampler = self.call("/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "base_model": "tiny"})[1]
+        get = lambda path, key=KEY_A: raw_at(SERVER.url, "GET", path, key=key, header="X-API-Key")  # noqa: E731
+        self.assertIn(session, get("/sessions?limit=1000")[1]["sessions"])
+        self.assertNotIn(session, get("/sessions?limit=1000", KEY_B)[1]["sessions"])
+        self.assertEqual(get(f"/sessions/{session}"), (200, {"training_run_ids": [model], "sampler_ids": [sampler["sampling_session_id"]]}))
+        self.assertEqual(get(f"/sessions/{session}", KEY_B)[0], 404)
 
     def test_unnamed_saves_do_not_pile_up(self):
         """save_weights_and_get_sampling_client every step (the SDK's RL loop): a model keeps its 8
