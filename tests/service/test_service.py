@@ -599,11 +599,17 @@ class TinkerProtocol(unittest.TestCase):
     body and the forward_backward and sample results in protobuf, encoded and decoded here from the
     wire format by tinker_wire), each equal to what trill's own routes give on the same objects."""
 
+    @classmethod
+    def setUpClass(cls):
+        """A key of the class's own: its models count against their own --max-trainers."""
+        global KEY_T
+        KEY_T = run("serve", "keys", "add", "tinker-protocol", "--state", STATE).stdout.strip()
+
     def call(self, path, body=None, data=None, proto=False, key=None):
         headers = {"Content-Type": "application/x-protobuf"} if data is not None else {}
         if proto:
             headers["Accept"] = "application/x-protobuf"
-        return raw_at(SERVER.url, "POST", path, body=body, data=data, key=key or KEY_A, header="X-API-Key", headers=headers)
+        return raw_at(SERVER.url, "POST", path, body=body, data=data, key=key or KEY_T, header="X-API-Key", headers=headers)
 
     def result(self, request_id, proto=False):
         """retrieve_future, held until the request finishes (or try_again: asked again)."""
@@ -620,6 +626,8 @@ class TinkerProtocol(unittest.TestCase):
                                                  "type": "create_model"})
         self.assertEqual(code, 200, made)
         self.assertEqual(self.result(made["request_id"]), {"model_id": made["model_id"], "type": "create_model"})
+        # freed after the test (unloaded already is fine): the key's 16 trainers serve every test
+        self.addCleanup(lambda: self.call("/unload_model", {"model_id": made["model_id"]}))
         return made["model_id"]
 
     def session(self):
@@ -644,8 +652,8 @@ class TinkerProtocol(unittest.TestCase):
         self.assertEqual((code, fut["model_id"]), (200, model), fut)
         out = tinker_wire.forward_backward_output(self.result(fut["request_id"], proto=True))
         code, own = raw("POST", f"/trainers/{model}/forward", {"loss_fn": "cross_entropy", "data": [
-            {"model_input": t, "loss_fn_inputs": i} for t, i in data]}, key=KEY_A)
-        own = raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_A)[1]["result"]
+            {"model_input": t, "loss_fn_inputs": i} for t, i in data]}, key=KEY_T)
+        own = raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_T)[1]["result"]
         self.assertEqual(len(out["outputs"]), 3)
         for d, (mine, theirs) in enumerate(zip(out["outputs"], own["loss_fn_outputs"])):
             self.assertEqual(len(mine["logprobs"]), 8)
@@ -689,7 +697,7 @@ class TinkerProtocol(unittest.TestCase):
                                                                                     "weight_decay": 0.0, "grad_clip_norm": 0.0}, "seq_id": 3})
         step = self.result(fut["request_id"])
         self.assertEqual((step["type"], step["metrics"]["step"]), ("optim_step", 1), step)
-        self.assertEqual(raw("GET", f"/trainers/{model}", key=KEY_A)[1]["step"], 1)
+        self.assertEqual(raw("GET", f"/trainers/{model}", key=KEY_T)[1]["step"], 1)
         code, fut = self.call("/forward_backward", data=tinker_wire.forward_backward_request(model, data, "cross_entropy", forward_only=True))
         after = tinker_wire.forward_backward_output(self.result(fut["request_id"], proto=True))
         self.assertLess(after["metrics"]["loss:sum"], out["metrics"]["loss:sum"], "the step did not lower the loss")
@@ -708,8 +716,8 @@ class TinkerProtocol(unittest.TestCase):
         self.assertEqual(code, 200, fut)
         seqs = tinker_wire.sample_response(self.result(fut["request_id"], proto=True))
         code, own = raw("POST", f"/samplers/{sampler}/sample", {"prompt": [49, 43, 50], "num_samples": 3,
-                                                                 "sampling_params": {"max_tokens": 5, "seed": 11}}, key=KEY_A)
-        own = raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_A)[1]["result"]["sequences"]
+                                                                 "sampling_params": {"max_tokens": 5, "seed": 11}}, key=KEY_T)
+        own = raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_T)[1]["result"]["sequences"]
         self.assertEqual([s["tokens"] for s in seqs], [s["tokens"] for s in own])
         self.assertEqual([s["stop_reason"] for s in seqs], [s["stop_reason"] for s in own])
         for mine, theirs in zip(seqs, own):
@@ -724,8 +732,8 @@ class TinkerProtocol(unittest.TestCase):
         answer = self.result(fut["request_id"], proto=True)
         self.assertEqual([s["tokens"] for s in tinker_wire.sample_response(answer)], [s["tokens"] for s in own])
         prompt_lp = tinker_wire.sample_prompt_logprobs(answer)
-        code, scored = raw("POST", f"/samplers/{sampler}/compute_logprobs", {"prompt": [49, 43, 50]}, key=KEY_A)
-        scored = raw("GET", f"/futures/{scored['request_id']}?wait=60", key=KEY_A)[1]["result"]["logprobs"]
+        code, scored = raw("POST", f"/samplers/{sampler}/compute_logprobs", {"prompt": [49, 43, 50]}, key=KEY_T)
+        scored = raw("GET", f"/futures/{scored['request_id']}?wait=60", key=KEY_T)[1]["result"]["logprobs"]
         self.assertTrue(math.isnan(prompt_lp[0]) and scored[0] is None)
         for a, b in zip(prompt_lp[1:], scored[1:]):
             self.assertAlmostEqual(a, b, delta=1e-6)
@@ -738,7 +746,7 @@ class TinkerProtocol(unittest.TestCase):
         self.assertEqual((code, made["type"]), (200, "create_sampling_session"), made)
         code, fut = self.call("/asample", {**body, "sampling_session_id": made["sampling_session_id"]})
         self.assertEqual([s["tokens"] for s in tinker_wire.sample_response(self.result(fut["request_id"], proto=True))], [s["tokens"] for s in own])
-        code, got = raw_at(SERVER.url, "GET", f"/samplers/{made['sampling_session_id']}", key=KEY_A, header="X-API-Key")
+        code, got = raw_at(SERVER.url, "GET", f"/samplers/{made['sampling_session_id']}", key=KEY_T, header="X-API-Key")
         self.assertEqual((code, got), (200, {"sampler_id": made["sampling_session_id"], "base_model": "tiny", "model_path": named["path"]}))
         # a state saved and loaded by its tinker:// path
         code, fut = self.call("/save_weights", {"model_id": model, "path": "ckpt", "seq_id": 3})
@@ -763,22 +771,22 @@ class TinkerProtocol(unittest.TestCase):
             time.sleep(1.05 if kind == "c" else 0)  # the times are seconds: "c" is newer than "a"
             code, fut = self.call(path, {"model_id": model, "path": kind})
             paths[kind] = self.result(fut["request_id"])["path"]
-        code, run = raw_at(SERVER.url, "GET", f"/training_runs/{model}", key=KEY_A, header="X-API-Key")
+        code, run = raw_at(SERVER.url, "GET", f"/training_runs/{model}", key=KEY_T, header="X-API-Key")
         self.assertEqual((code, run["training_run_id"], run["base_model"], run["lora_rank"], run["is_lora"]), (200, model, "tiny", 3, True), run)
         self.assertEqual(run["last_checkpoint"]["tinker_path"], paths["c"])
         self.assertEqual((run["last_sampler_checkpoint"]["tinker_path"], run["last_sampler_checkpoint"]["checkpoint_type"]), (paths["b"], "sampler"))
-        code, listed = raw_at(SERVER.url, "GET", f"/training_runs/{model}/checkpoints", key=KEY_A, header="X-API-Key")
+        code, listed = raw_at(SERVER.url, "GET", f"/training_runs/{model}/checkpoints", key=KEY_T, header="X-API-Key")
         self.assertEqual([c["checkpoint_id"] for c in listed["checkpoints"]][0], "weights/c")
         self.assertEqual(sorted(c["checkpoint_id"] for c in listed["checkpoints"]), ["sampler_weights/b", "weights/a", "weights/c"])
         self.assertEqual(listed["cursor"]["total_count"], 3)
-        code, runs = raw_at(SERVER.url, "GET", "/training_runs?limit=1000", key=KEY_A, header="X-API-Key")
+        code, runs = raw_at(SERVER.url, "GET", "/training_runs?limit=1000", key=KEY_T, header="X-API-Key")
         self.assertIn(model, [r["training_run_id"] for r in runs["training_runs"]])
         self.assertEqual(runs["cursor"]["total_count"], len(runs["training_runs"]))
         code, info = self.call("/weights_info", {"tinker_path": paths["a"]})
         self.assertEqual(info, {"base_model": "tiny", "is_lora": True, "lora_rank": 3, "train_unembed": True, "train_mlp": True, "train_attn": True})
         # a checkpoint sampled from cannot go; once its sampling session is gone, it can
         sampler = self.call("/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": paths["b"]})[1]
-        rest = lambda method, path: raw_at(SERVER.url, method, path, key=KEY_A, header="X-API-Key")  # noqa: E731
+        rest = lambda method, path: raw_at(SERVER.url, method, path, key=KEY_T, header="X-API-Key")  # noqa: E731
         code, answer = rest("DELETE", f"/training_runs/{model}/checkpoints/sampler_weights/b")
         self.assertEqual(code, 400, answer)
         self.assertEqual(rest("DELETE", f"/samplers/{sampler['sampling_session_id']}")[0], 200)
@@ -817,7 +825,7 @@ class TinkerProtocol(unittest.TestCase):
         session = self.session()
         model = self.model(session)
         sampler = self.call("/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "base_model": "tiny"})[1]
-        get = lambda path, key=KEY_A: raw_at(SERVER.url, "GET", path, key=key, header="X-API-Key")  # noqa: E731
+        get = lambda path, key=KEY_T: raw_at(SERVER.url, "GET", path, key=key, header="X-API-Key")  # noqa: E731
         self.assertIn(session, get("/sessions?limit=1000")[1]["sessions"])
         self.assertNotIn(session, get("/sessions?limit=1000", KEY_B)[1]["sessions"])
         self.assertEqual(get(f"/sessions/{session}"), (200, {"training_run_ids": [model], "sampler_ids": [sampler["sampling_session_id"]]}))
@@ -848,9 +856,9 @@ class TinkerProtocol(unittest.TestCase):
         short = self.result(fut["request_id"])["path"]
         code, fut = self.call("/save_weights", {"model_id": model, "path": "kept"})
         kept = self.result(fut["request_id"])["path"]
-        code, own = raw("POST", f"/trainers/{model}/save_state", {"name": "own-short", "ttl_seconds": 1}, key=KEY_A)
-        self.assertEqual(raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_A)[1]["status"], "done")
-        listed = raw_at(SERVER.url, "GET", f"/training_runs/{model}/checkpoints", key=KEY_A, header="X-API-Key")[1]["checkpoints"]
+        code, own = raw("POST", f"/trainers/{model}/save_state", {"name": "own-short", "ttl_seconds": 1}, key=KEY_T)
+        self.assertEqual(raw("GET", f"/futures/{own['request_id']}?wait=60", key=KEY_T)[1]["status"], "done")
+        listed = raw_at(SERVER.url, "GET", f"/training_runs/{model}/checkpoints", key=KEY_T, header="X-API-Key")[1]["checkpoints"]
         expiry = {c["checkpoint_id"]: c["expires_at"] for c in listed}
         self.assertIsNone(expiry["weights/kept"])
         self.assertRegex(expiry["weights/short"] or "", r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -938,7 +946,7 @@ class TinkerProtocol(unittest.TestCase):
         lost) gets the first call's future, and its work is done once: the gradient of two
         forward_backward calls, one of them retried, is the gradient of two."""
         def fb(model, token):
-            return raw_at(SERVER.url, "POST", "/forward_backward", key=KEY_A, header="X-API-Key", data=tinker_wire.forward_backward_request(
+            return raw_at(SERVER.url, "POST", "/forward_backward", key=KEY_T, header="X-API-Key", data=tinker_wire.forward_backward_request(
                 model, self.datums(2), "cross_entropy"), headers={"Content-Type": "application/x-protobuf", "X-Idempotency-Key": token})
 
         session = self.session()
@@ -958,9 +966,9 @@ class TinkerProtocol(unittest.TestCase):
             norms.append(self.result(fut["request_id"])["metrics"]["grad_norm"])
         self.assertAlmostEqual(norms[0], norms[1], delta=1e-6 * norms[0])
         headers_again = raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
-                               key=KEY_A, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
+                               key=KEY_T, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
         self.assertEqual(raw_at(SERVER.url, "POST", "/create_model", {"session_id": session, "model_seq_id": 6, "base_model": "tiny"},
-                                key=KEY_A, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"}), headers_again)
+                                key=KEY_T, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"}), headers_again)
         theirs = self.call("/create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.25.0"}, key=KEY_B)[1]["session_id"]
         code, other = raw_at(SERVER.url, "POST", "/create_model", {"session_id": theirs, "model_seq_id": 6, "base_model": "tiny"},
                              key=KEY_B, header="X-API-Key", headers={"X-Idempotency-Key": "make-once"})
