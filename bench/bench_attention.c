@@ -47,7 +47,7 @@ static void usage(FILE *f) {
                "  --runs N       timed runs after one warm-up (default 5)\n"
                "  --qk-dim D     query/key head size (default: the preset's head_dim)\n"
                "  --v-dim D      value head size (default: the preset's head_dim)\n",
-            trill_config_preset_names);
+            trill_config_preset_names());
 }
 
 static float *randn(size_t n, uint64_t stream) {
@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
     json_t *js = trill_config_preset(preset);
     trill_config cfg;
     if (!js) {
-        fprintf(stderr, "bench_attention: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names);
+        fprintf(stderr, "bench_attention: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names());
         return 2;
     }
     if (trill_config_from_json(js, preset, &cfg)) {

@@ -56,7 +56,7 @@ static void usage(FILE *f) {
                "  --seq L        tokens per sequence (default 256)\n"
                "  --runs N       timed runs after one warm-up (default 3, at least 1)\n"
                "  --skip-peak    do not measure the sgemm peak\n",
-            trill_config_preset_names);
+            trill_config_preset_names());
 }
 
 /* ---- sgemm peak ------------------------------------------------------------------------ */
@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
     /* model */
     json_t *js = trill_config_preset(preset);
     if (!js) {
-        fprintf(stderr, "bench_forward: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names);
+        fprintf(stderr, "bench_forward: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names());
         return 2;
     }
     trill_config cfg;

@@ -51,7 +51,7 @@ static void usage(FILE *f) {
                "  --copy-mb MB   memcpy size for the bandwidth figure (default 1024)\n"
                "  --cold-mb MB   weight copies cycled through for the cold decode figure (default 512)\n"
                "  --isa NAME     generic, avx2 or avx512 (default: the best this CPU has)\n",
-            trill_config_preset_names);
+            trill_config_preset_names());
 }
 
 static void *xalloc(size_t bytes) {
@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     json_t *js = trill_config_preset(preset);
     trill_config cfg;
     if (!js) {
-        fprintf(stderr, "bench_gen_gemm: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names);
+        fprintf(stderr, "bench_gen_gemm: unknown preset '%s' (known: %s)\n", preset, trill_config_preset_names());
         return 2;
     }
     if (trill_config_from_json(js, preset, &cfg)) {

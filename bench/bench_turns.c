@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
     const opts o = parse(argc, argv);
     json_t *js = trill_config_preset(o.preset);
     if (!js) {
-        fprintf(stderr, "bench_turns: unknown preset '%s' (known: %s)\n", o.preset, trill_config_preset_names);
+        fprintf(stderr, "bench_turns: unknown preset '%s' (known: %s)\n", o.preset, trill_config_preset_names());
         return 2;
     }
     trill_config cfg;

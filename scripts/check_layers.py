@@ -28,6 +28,7 @@ PUBLIC = {
     "service": "service",
 }
 HEADER_LAYER = {f"trill/{h}.h": layer for layer, names in PUBLIC.items() for h in names.split()}
+HEADER_LAYER["trill/families.def"] = "model"  # the family registry: the model layer's; train and infer read their columns
 
 
 def layer_of(rel):  # rel: a path under src/

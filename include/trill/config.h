@@ -17,11 +17,11 @@
 #define TRILL_MAX_LAYERS 1024
 #define TRILL_MAX_EOS 8
 
+/* The architectures trill computes (trill/families.def lists them). */
 typedef enum trill_arch {
-    TRILL_ARCH_QWEN3,       /* model_type "qwen3",       Qwen3ForCausalLM: all layers dense */
-    TRILL_ARCH_QWEN3_MOE,   /* model_type "qwen3_moe",   Qwen3MoeForCausalLM */
-    TRILL_ARCH_DEEPSEEK_V3, /* model_type "deepseek_v3", DeepseekV3ForCausalLM (DeepSeek-V3/R1) */
-    TRILL_ARCH_KIMI_K2,     /* model_type "kimi_k2",     DeepseekV3ForCausalLM (Kimi K2): the same computation */
+#define TRILL_ARCH(name) TRILL_ARCH_##name,
+#include "trill/families.def"
+#undef TRILL_ARCH
 } trill_arch;
 
 typedef struct trill_config {
@@ -108,7 +108,7 @@ void trill_config_param_counts(const trill_config *c, int64_t *total, int64_t *a
  * tiny:  a few M parameters, 1 dense + 3 MoE layers, 8 experts, top-2, char-level vocab.
  * small: the benchmark model, ~85M parameters (vocab 32000, hidden 512, 8 layers, 16 experts, top-4). */
 char *trill_config_preset_text(const char *name);
-extern const char *const trill_config_preset_names; /* "tiny, small, ..." for messages */
+const char *trill_config_preset_names(void); /* "tiny, small (qwen3), ..." for messages: every family's */
 /* Whether a preset is a real model's configuration (deepseek-v3: DeepSeek-V3's, kimi-k2: Kimi
  * K2's), for config-only use: too large to create. */
 bool trill_config_preset_is_real(const char *name);

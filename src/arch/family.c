@@ -5,7 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
-const trill_family *const trill_families[] = { &trill_family_qwen3, &trill_family_deepseek_v3 };
+const trill_family *const trill_families[] = {
+#define TRILL_FAMILY(id, model, backward, generator) &model,
+#include "trill/families.def"
+#undef TRILL_FAMILY
+};
 const int trill_n_families = (int)(sizeof trill_families / sizeof trill_families[0]);
 
 static const trill_family *family_of_arch(trill_arch arch, const trill_arch_names **names) {
@@ -21,6 +25,13 @@ static const trill_family *family_of_arch(trill_arch arch, const trill_arch_name
 const trill_family *trill_family_of(const trill_config *c) {
     const trill_family *f = family_of_arch(c->arch, NULL);
     return f ? f : trill_families[0]; /* every trill_arch has a family: not reached */
+}
+
+int trill_family_index(const trill_config *c) {
+    const trill_family *f = trill_family_of(c);
+    for (int i = 0; i < trill_n_families; i++)
+        if (trill_families[i] == f) return i;
+    return 0;
 }
 
 const trill_arch_names *trill_arch_names_of(trill_arch arch) {

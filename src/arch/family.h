@@ -50,6 +50,10 @@ typedef struct trill_tensor_row {
 } trill_tensor_row;
 
 struct trill_family_layers; /* src/model/forward_internal.h: one decoder layer's training forward */
+
+/* A named configuration of a family (trill init --preset NAME): config.json's text; real: a
+ * published model's, to count and plan with (--config-only), too large to create here. */
+typedef struct trill_preset { const char *name, *config; bool real; } trill_preset;
 struct json_t;              /* jansson's: config.json */
 
 /* An architecture of a family by its Hugging Face names: config.json's "model_type" and the
@@ -82,17 +86,23 @@ typedef struct trill_family {
     /* FLOPs of the attention scores and weighted values over `pairs` causal (query, key) pairs
      * of one layer, forward only */
     double (*attention_flops)(const trill_config *c, double pairs);
+    const trill_preset *presets; /* its presets (its folder's presets.c) */
+    const int *n_presets;
 } trill_family;
 
-extern const trill_family trill_family_qwen3;       /* src/arch/qwen3/: Qwen3 and Qwen3-MoE */
-extern const trill_family trill_family_deepseek_v3; /* src/arch/deepseek_v3/: DeepSeek-V3, Kimi K2 */
+/* Each family's, from its folder src/arch/<id>/ (trill/families.def). */
+#define TRILL_FAMILY(id, model, backward, generator) extern const trill_family model;
+#include "trill/families.def"
+#undef TRILL_FAMILY
 
-/* Every family trill computes (the registry, family.c). */
+/* Every family trill computes, in trill/families.def's order (family.c). */
 extern const trill_family *const trill_families[];
 extern const int trill_n_families;
 
-/* The family computing c (every trill_arch has one). */
+/* The family computing c (every trill_arch has one), and its index in trill_families: the
+ * train and infer layers keep their parts of the families in the same order. */
 const trill_family *trill_family_of(const trill_config *c);
+int trill_family_index(const trill_config *c);
 /* The architecture whose config.json "model_type" is `model_type`, or NULL. */
 const trill_arch_names *trill_arch_by_model_type(const char *model_type);
 /* The HF names of c's architecture. */

@@ -40,7 +40,7 @@ static int write_config_only(const char *out, const char *preset, const trill_co
  * model_type set alone), parsed: 0, or the exit status after the error was printed. */
 static int preset_config(const cli_spec *spec, const char *preset, const char *const *sets, int n_sets, trill_config *config) {
     char *preset_text = trill_config_preset_text(preset);
-    if (!preset_text) return cli_spec_error(spec, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names);
+    if (!preset_text) return cli_spec_error(spec, "--preset: unknown preset \"%s\" (expected one of: %s)", preset, trill_config_preset_names());
     json_t *cfg_json = json_loads(preset_text, 0, NULL);
     free(preset_text);
     if (!cfg_json) return cli_fail("init");
@@ -69,8 +69,7 @@ int cmd_init(int argc, char **argv) {
     int dtype_i = 0, n_sets = 0;
     const cli_opt opts[] = {
         { "out", CLI_STR, "DIR", "where the model is written", .str = &out, .required = true },
-        { "preset", CLI_STR, "NAME", "tiny, small (Qwen3-MoE), k2-tiny, dsv3-tiny, k2-small (DeepSeek-V3 / Kimi-K2 shapes), deepseek-v3, kimi-k2",
-          .str = &preset },
+        { "preset", CLI_STR, "NAME", trill_config_preset_names(), .str = &preset }, /* every family's (its presets.c) */
         { "set", CLI_LIST, "key=value", "override a config.json field (value parsed as JSON, else a string; repeatable)", .str = sets, .count = &n_sets,
           .max = MAX_SETS },
         { "dtype", CLI_CHOICE, NULL, "the weights' dtype", .choice = &dtype_i, .choices = DTYPES },

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "infer/engine_internal.h"
+#include "arch/family.h"
 #include "base/alloc.h"
 
 trill_engine_config trill_engine_config_default(void) {
@@ -57,16 +58,15 @@ size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f
     return elems * (f == TRILL_GEN_F32 ? sizeof(float) : sizeof(uint16_t));
 }
 
-/* The infer layer's family registry (the model layer's is src/arch/family.c). */
-const trill_eng_family *trill_eng_family_of(const trill_config *c) {
-    switch (c->arch) {
-    case TRILL_ARCH_QWEN3:
-    case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_gen;
-    case TRILL_ARCH_DEEPSEEK_V3:
-    case TRILL_ARCH_KIMI_K2: return &trill_deepseek_gen;
-    }
-    return NULL;
-}
+/* The infer layer's part of each family (the gen_ files of src/arch/<id>), in trill/families.def's order,
+ * as the model layer's registry (src/arch/family.c). */
+static const trill_eng_family *const GENERATOR[] = {
+#define TRILL_FAMILY(id, model, backward, generator) &generator,
+#include "trill/families.def"
+#undef TRILL_FAMILY
+};
+
+const trill_eng_family *trill_eng_family_of(const trill_config *c) { return GENERATOR[trill_family_index(c)]; }
 
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
     trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();

@@ -331,8 +331,10 @@ struct trill_eng_family {
 };
 
 const trill_eng_family *trill_eng_family_of(const trill_config *c);
-extern const trill_eng_family trill_qwen3_gen;    /* src/arch/qwen3/gen_layer.c */
-extern const trill_eng_family trill_deepseek_gen; /* src/arch/deepseek_v3/gen_layer.c */
+/* Each family's generator part, from its folder (trill/families.def). */
+#define TRILL_FAMILY(id, model, backward, generator) extern const trill_eng_family generator;
+#include "trill/families.def"
+#undef TRILL_FAMILY
 
 /* engine_sample.c */
 trill_status trill_eng_sampler_alloc(trill_engine *e);

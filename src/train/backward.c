@@ -9,23 +9,23 @@
 #include <string.h>
 
 #include "train/backward_internal.h"
+#include "arch/family.h"
 #include "base/alloc.h"
 #include "trill/kernels.h"
 #include "trill/train.h"
 
-extern const trill_family_backward trill_qwen3_backward;    /* src/arch/qwen3/layer_backward.c */
-extern const trill_family_backward trill_deepseek_backward; /* src/arch/deepseek_v3/layer_backward.c */
+/* The train layer's part of each family (the backward files of src/arch/<id>), in trill/families.def's
+ * order, as the model layer's registry (src/arch/family.c). */
+#define TRILL_FAMILY(id, model, backward, generator) extern const trill_family_backward backward;
+#include "trill/families.def"
+#undef TRILL_FAMILY
+static const trill_family_backward *const BACKWARD[] = {
+#define TRILL_FAMILY(id, model, backward, generator) &backward,
+#include "trill/families.def"
+#undef TRILL_FAMILY
+};
 
-/* The train layer's family registry (the model layer's is src/arch/family.c). */
-const trill_family_backward *trill_family_backward_of(const trill_config *c) {
-    switch (c->arch) {
-    case TRILL_ARCH_QWEN3:
-    case TRILL_ARCH_QWEN3_MOE: return &trill_qwen3_backward;
-    case TRILL_ARCH_DEEPSEEK_V3:
-    case TRILL_ARCH_KIMI_K2: return &trill_deepseek_backward;
-    }
-    return NULL;
-}
+const trill_family_backward *trill_family_backward_of(const trill_config *c) { return BACKWARD[trill_family_index(c)]; }
 
 /* The driver's scratch: the residual stream's gradient, the head's, the LoRA side path's. */
 typedef struct grad_scratch {

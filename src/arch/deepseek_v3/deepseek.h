@@ -7,6 +7,7 @@
 #ifndef TRILL_ARCH_DEEPSEEK_H
 #define TRILL_ARCH_DEEPSEEK_H
 
+#include "arch/family.h"
 #include "model/forward_internal.h"
 #include "model/lora_internal.h"
 #include "model/model_internal.h"
@@ -99,5 +100,9 @@ void trill_deepseek_config_defaults(trill_config *c);
 trill_status trill_deepseek_config_read(const struct json_t *root, const char *what, trill_config *c);
 bool trill_deepseek_config_write(const trill_config *c, struct json_t *j);
 bool trill_deepseek_layer_is_moe(const trill_config *c, int l);
+
+/* presets.c */
+extern const trill_preset trill_deepseek_presets[];
+extern const int trill_deepseek_n_presets;
 
 #endif

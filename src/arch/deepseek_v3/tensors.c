@@ -110,4 +110,6 @@ const trill_family trill_family_deepseek_v3 = {
                   BIT(TRILL_LORA_O) | BIT(TRILL_LORA_GATE) | BIT(TRILL_LORA_UP) | BIT(TRILL_LORA_DOWN),
     .tied_head_role = DS_LM_HEAD,
     .attention_flops = attention_flops,
+    .presets = trill_deepseek_presets,
+    .n_presets = &trill_deepseek_n_presets,
 };

@@ -11,6 +11,7 @@ enum qwen3_role {
     QWEN3_FINAL_NORM, QWEN3_LM_HEAD, QWEN3_SCORE,
 };
 
+#include "arch/family.h"
 #include "model/forward_internal.h"
 
 /* A decoder layer's weights (trill_model.layers): pointers into the model's blocks, set from the
@@ -76,5 +77,9 @@ void trill_qwen3_config_defaults(trill_config *c);
 trill_status trill_qwen3_config_read(const struct json_t *root, const char *what, trill_config *c);
 bool trill_qwen3_config_write(const trill_config *c, struct json_t *j);
 bool trill_qwen3_layer_is_moe(const trill_config *c, int l);
+
+/* presets.c */
+extern const trill_preset trill_qwen3_presets[];
+extern const int trill_qwen3_n_presets;
 
 #endif

@@ -92,4 +92,6 @@ const trill_family trill_family_qwen3 = {
                   1u << TRILL_LORA_UP | 1u << TRILL_LORA_DOWN,
     .tied_head_role = QWEN3_LM_HEAD,
     .attention_flops = attention_flops,
+    .presets = trill_qwen3_presets,
+    .n_presets = &trill_qwen3_n_presets,
 };
