@@ -840,6 +840,7 @@ class TinkerProtocol(unittest.TestCase):
         for step in range(12):
             code, fut = self.call("/save_weights_for_sampler", {"model_id": model, "seq_id": step + 1})
             made.append(self.result(fut["request_id"]))
+            self.assertIn("sampling_session_id", made[-1], f"save {step + 1}: {made[-1]}")
         body = {"num_samples": 1, "prompt": {"chunks": [{"tokens": [49, 43]}]}, "sampling_params": {"max_tokens": 2, "seed": 1}}
         alive = [self.call("/asample", {**body, "sampling_session_id": m["sampling_session_id"]})[0] == 200 for m in made]
         self.assertEqual(alive, [False] * 4 + [True] * 8)
