@@ -392,11 +392,22 @@ static enum MHD_Result answer_result(struct MHD_Connection *c, const char *kind,
     return trill_svc_answer_json(c, 200, sample ? json_incref(r) : result_json(kind, r));
 }
 
+/* Whether request id is still queued or running: its row may say done already (a save commits its
+ * result before an unnamed save's sampler is made) but its answer is not final until it leaves. */
+static bool running(svc *s, const char *id) {
+    pthread_mutex_lock(&s->mu);
+    const bool r = trill_svc_inflight(s, id);
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
 enum MHD_Result trill_tinker_future_answer(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, bool proto, bool held) {
     svc_request r;
     if (!trill_svc_request_read(s, id, key_id, &r)) return trill_svc_answer_error(c, "not_found", "no such request");
-    if (strcmp(r.status, "pending") == 0) /* held long enough */
+    if (strcmp(r.status, "pending") == 0 || running(s, id)) { /* held long enough */
+        free(r.result);
         return trill_svc_answer_json(c, 200, json_pack("{s:s, s:s, s:s}", "type", "try_again", "request_id", id, "queue_state", "active"));
+    }
     (void)held;
     json_t *res = r.result ? json_loads(r.result, 0, NULL) : NULL;
     free(r.result);
@@ -426,7 +437,7 @@ enum MHD_Result trill_tinker_retrieve_future(const route_call *q) {
     if (!trill_svc_request_read(q->s, id, q->key_id, &r)) return trill_svc_answer_error(q->c, "not_found", "no such request");
     free(r.result);
     q->cc->tinker = true;
-    if (strcmp(r.status, "pending") == 0 && trill_svc_hold(q->s, q->c, q->cc, id, HOLD_SECONDS)) return MHD_YES;
+    if (trill_svc_hold(q->s, q->c, q->cc, id, HOLD_SECONDS)) return MHD_YES; /* queued or running (its row may say done already) */
     return trill_tinker_future_answer(q->c, q->s, q->key_id, id, q->cc->proto, false);
 }
 
