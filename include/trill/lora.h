@@ -19,10 +19,9 @@
 /* The modules trill can adapt, by PEFT module name, over every family it computes; a family has
  * some of them (trill_lora_create refuses a module the model lacks). */
 typedef enum trill_lora_target {
-    TRILL_LORA_Q, TRILL_LORA_K, TRILL_LORA_V, TRILL_LORA_O,
-    TRILL_LORA_GATE, TRILL_LORA_UP, TRILL_LORA_DOWN, /* dense MLPs and every expert */
-    TRILL_LORA_LM_HEAD,
-    TRILL_LORA_Q_A, TRILL_LORA_Q_B, TRILL_LORA_KV_A, TRILL_LORA_KV_B, /* MLA (DeepSeek-V3) */
+#define TRILL_LORA_TARGET(name, peft, alias) TRILL_LORA_##name,
+#include "trill/families.def" /* the registry lists them */
+#undef TRILL_LORA_TARGET
     TRILL_LORA_N_TARGETS
 } trill_lora_target;
 

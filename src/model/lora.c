@@ -16,14 +16,11 @@
 #include "trill/rng.h"
 #include "trill/safetensors.h"
 
-/* Every target's PEFT module name and the short name trill's configs accept. */
+/* Every target's PEFT module name and the short name trill's configs accept (trill/families.def). */
 static const struct { const char *peft, *alias; } TARGETS[TRILL_LORA_N_TARGETS] = {
-    [TRILL_LORA_Q] = { "q_proj", "q" },          [TRILL_LORA_K] = { "k_proj", "k" },
-    [TRILL_LORA_V] = { "v_proj", "v" },          [TRILL_LORA_O] = { "o_proj", "o" },
-    [TRILL_LORA_GATE] = { "gate_proj", "gate" }, [TRILL_LORA_UP] = { "up_proj", "up" },
-    [TRILL_LORA_DOWN] = { "down_proj", "down" }, [TRILL_LORA_LM_HEAD] = { "lm_head", "lm_head" },
-    [TRILL_LORA_Q_A] = { "q_a_proj", "q_a" },    [TRILL_LORA_Q_B] = { "q_b_proj", "q_b" },
-    [TRILL_LORA_KV_A] = { "kv_a_proj_with_mqa", "kv_a" }, [TRILL_LORA_KV_B] = { "kv_b_proj", "kv_b" },
+#define TRILL_LORA_TARGET(name, peft, alias) [TRILL_LORA_##name] = { peft, alias },
+#include "trill/families.def"
+#undef TRILL_LORA_TARGET
 };
 
 int trill_lora_parse_targets(const char *list, unsigned *targets) {
