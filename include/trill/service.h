@@ -28,6 +28,9 @@ const char *trill_svc_base_name(const trill_svc_base *b);
 const char *trill_svc_base_dir(const trill_svc_base *b);
 trill_model *trill_svc_base_model(trill_svc_base *b);
 const struct trill_tokenizer *trill_svc_base_tokenizer(const trill_svc_base *b); /* NULL without tokenizer.json */
+/* Its chat template (tokenizer_config.json's, read once at load), or NULL with *why: none, or one
+ * trill does not render (named). */
+const struct trill_chat_template *trill_svc_base_chat(const trill_svc_base *b, const char **why);
 
 /* The losses (loss_fn) are the table's marked TRILL_LOSS_IN_SERVE (trill/loss.h). */
 

@@ -177,23 +177,30 @@ void trill_lora_free(trill_lora *lora) {
 
 /* Allocates the structure and the parameter block (zeroed) for m's config: for every expert
  * (whole), or for those m holds. */
-static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool whole, trill_lora **out) {
-    const trill_config *c = &m->config;
-    if (cfg.rank < 1 || cfg.rank > 4096) return trill_error(TRILL_ERR_INVALID, "lora.rank: %d is out of range [1, 4096]", cfg.rank);
-    if (!(cfg.alpha > 0)) return trill_error(TRILL_ERR_INVALID, "lora.alpha: %g must be positive", cfg.alpha);
+/* Checks cfg for a model of config c, "all-linear" resolved to c's family's modules. */
+static trill_status check_config(const trill_config *c, trill_lora_config *cfg) {
+    if (cfg->rank < 1 || cfg->rank > 4096) return trill_error(TRILL_ERR_INVALID, "lora.rank: %d is out of range [1, 4096]", cfg->rank);
+    if (!(cfg->alpha > 0)) return trill_error(TRILL_ERR_INVALID, "lora.alpha: %g must be positive", cfg->alpha);
     const trill_family *f = trill_family_of(c);
-    if (cfg.targets & TRILL_LORA_ALL_LINEAR) cfg.targets = (cfg.targets & ~TRILL_LORA_ALL_LINEAR) | f->all_linear;
-    if (!cfg.targets) return trill_error(TRILL_ERR_INVALID, "lora.target_modules: no module selected");
+    if (cfg->targets & TRILL_LORA_ALL_LINEAR) cfg->targets = (cfg->targets & ~TRILL_LORA_ALL_LINEAR) | f->all_linear;
+    if (!cfg->targets) return trill_error(TRILL_ERR_INVALID, "lora.target_modules: no module selected");
     for (int i = 0; i < 32; i++)
-        if (cfg.targets & ~f->lora_targets & (1u << i)) {
+        if (cfg->targets & ~f->lora_targets & (1u << i)) {
             const char *name = trill_lora_target_peft_name(i);
             return name ? trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: %s: a %s model has no such module", name, trill_config_model_type(c))
                         : trill_error(TRILL_ERR_INVALID, "lora.target_modules: bit %d names no module", i);
         }
-    if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->num_labels > 0)
+    if ((cfg->targets & (1u << TRILL_LORA_LM_HEAD)) && c->num_labels > 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head: this is a sequence classifier (score head), it has no lm_head");
-    if ((cfg.targets & (1u << TRILL_LORA_LM_HEAD)) && c->tie_word_embeddings)
+    if ((cfg->targets & (1u << TRILL_LORA_LM_HEAD)) && c->tie_word_embeddings)
         return trill_error(TRILL_ERR_UNSUPPORTED, "lora.target_modules: lm_head is tied to the embeddings in this model; adapting it is not supported");
+    return TRILL_OK;
+}
+
+static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool whole, trill_lora **out) {
+    const trill_config *c = &m->config;
+    trill_status st = check_config(c, &cfg);
+    if (st) return st;
     trill_lora *lora = trill_calloc(1, sizeof *lora);
     if (!lora) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     lora->config = cfg;

@@ -167,11 +167,10 @@ static enum MHD_Result tokenize(struct MHD_Connection *c, svc *s, int base, cons
  * enable_thinking?}: the text the model's chat template renders, and its tokens. */
 static enum MHD_Result chat_template(struct MHD_Connection *c, svc *s, int base, const json_t *body) {
     const trill_tokenizer *tok = trill_svc_base_tokenizer(s->bases[base]);
-    trill_chat_template *t = NULL;
+    const char *why;
+    const trill_chat_template *t = trill_svc_base_chat(s->bases[base], &why);
     char *text = NULL;
-    trill_status st = tok ? trill_chat_template_load(trill_svc_base_dir(s->bases[base]), &t) : trill_svc_fail("bad_request", "this model has no tokenizer.json");
-    if (!st) st = trill_chat_render_json(t, body, &text);
-    trill_chat_template_free(t);
+    trill_status st = t ? trill_chat_render_json(t, body, &text) : trill_svc_fail("bad_request", "%s", why);
     int *ids = NULL;
     size_t n = 0;
     if (!st) st = trill_tokenizer_encode(tok, text, strlen(text), false, &ids, &n);
@@ -388,7 +387,7 @@ static char *idempotent_answer(svc *s, struct MHD_Connection *c, const char *key
 enum MHD_Result trill_svc_answer_future(const route_call *q, json_t *answer) {
     char *text = answer ? json_dumps(answer, JSON_COMPACT) : NULL;
     json_decref(answer);
-    const char *token = idempotency_token(q->c);
+    const char *token = q->r->future ? idempotency_token(q->c) : NULL;
     svc_arg a[] = { SVC_S(q->key_id), SVC_S(token), SVC_S(text), SVC_I(time(NULL)) };
     if (text && token && trill_svc_store_run(q->s->store, "recording an idempotency key", "INSERT OR IGNORE INTO idempotency(key_id, token, answer, created)"
                                              " VALUES(?1, ?2, ?3, ?4)", a, 4, NULL, NULL, NULL))
@@ -407,25 +406,25 @@ static enum MHD_Result r_submit(const route_call *q) {
 static const route ROUTES[] = {
     { .method = "GET", .pattern = "/healthz", .fn = r_healthz, .public = true },
     { .method = "GET", .pattern = "/models", .fn = r_models },
-    { .method = "POST", .pattern = "/models/{model}/tokenize", .fn = r_encode },
-    { .method = "POST", .pattern = "/models/{model}/detokenize", .fn = r_decode },
-    { .method = "POST", .pattern = "/models/{model}/apply_chat_template", .fn = r_chat_template },
+    { .method = "POST", .pattern = "/models/{model...}/tokenize", .fn = r_encode },
+    { .method = "POST", .pattern = "/models/{model...}/detokenize", .fn = r_decode },
+    { .method = "POST", .pattern = "/models/{model...}/apply_chat_template", .fn = r_chat_template },
     { .method = "GET", .pattern = "/futures/{request_id}", .fn = r_future },
     { .method = "POST", .pattern = "/trainers", .fn = r_new_trainer },
     { .method = "POST", .pattern = "/trainers/from_state", .fn = r_trainer_from_state },
     { .method = "GET", .pattern = "/trainers/{trainer_id}", .fn = r_get_trainer },
     { .method = "DELETE", .pattern = "/trainers/{trainer_id}", .fn = r_delete },
-    { .method = "POST", .pattern = "/trainers/{trainer_id}/forward", .fn = r_submit, .job = JOB_FORWARD, .trainer = true },
-    { .method = "POST", .pattern = "/trainers/{trainer_id}/forward_backward", .fn = r_submit, .job = JOB_FORWARD_BACKWARD, .trainer = true },
-    { .method = "POST", .pattern = "/trainers/{trainer_id}/optim_step", .fn = r_submit, .job = JOB_OPTIM_STEP, .trainer = true },
-    { .method = "POST", .pattern = "/trainers/{trainer_id}/save_state", .fn = r_submit, .job = JOB_SAVE_STATE, .trainer = true },
-    { .method = "POST", .pattern = "/trainers/{trainer_id}/save_weights_for_sampler", .fn = r_submit, .job = JOB_SAVE_SAMPLER, .trainer = true },
-    { .method = "POST", .pattern = "/trainers/{trainer_id}/load_state", .fn = r_submit, .job = JOB_LOAD_STATE, .trainer = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/forward", .fn = r_submit, .job = JOB_FORWARD, .trainer = true, .future = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/forward_backward", .fn = r_submit, .job = JOB_FORWARD_BACKWARD, .trainer = true, .future = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/optim_step", .fn = r_submit, .job = JOB_OPTIM_STEP, .trainer = true, .future = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/save_state", .fn = r_submit, .job = JOB_SAVE_STATE, .trainer = true, .future = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/save_weights_for_sampler", .fn = r_submit, .job = JOB_SAVE_SAMPLER, .trainer = true, .future = true },
+    { .method = "POST", .pattern = "/trainers/{trainer_id}/load_state", .fn = r_submit, .job = JOB_LOAD_STATE, .trainer = true, .future = true },
     { .method = "POST", .pattern = "/samplers", .fn = r_new_sampler },
     { .method = "GET", .pattern = "/samplers/{sampler_id}", .fn = r_get_sampler },
     { .method = "DELETE", .pattern = "/samplers/{sampler_id}", .fn = r_delete },
-    { .method = "POST", .pattern = "/samplers/{sampler_id}/sample", .fn = r_submit, .job = JOB_SAMPLE, .trainer = false },
-    { .method = "POST", .pattern = "/samplers/{sampler_id}/compute_logprobs", .fn = r_submit, .job = JOB_LOGPROBS, .trainer = false },
+    { .method = "POST", .pattern = "/samplers/{sampler_id}/sample", .fn = r_submit, .job = JOB_SAMPLE, .trainer = false, .future = true },
+    { .method = "POST", .pattern = "/samplers/{sampler_id}/compute_logprobs", .fn = r_submit, .job = JOB_LOGPROBS, .trainer = false, .future = true },
     /* the official Tinker SDK's client start-up */
     { .method = "GET", .pattern = "/get_server_capabilities", .fn = r_capabilities },
     { .method = "POST", .pattern = "/client/config", .fn = r_client_config },
@@ -434,16 +433,16 @@ static const route ROUTES[] = {
     { .method = "POST", .pattern = "/session_heartbeat", .fn = r_heartbeat },
     { .method = "POST", .pattern = "/telemetry", .fn = r_telemetry },
     /* the official Tinker protocol's models, training, weights, sampling and futures (tinker.c) */
-    { .method = "POST", .pattern = "/create_model", .fn = trill_tinker_create_model },
+    { .method = "POST", .pattern = "/create_model", .fn = trill_tinker_create_model, .future = true },
     { .method = "POST", .pattern = "/get_info", .fn = trill_tinker_get_info },
-    { .method = "POST", .pattern = "/unload_model", .fn = trill_tinker_unload_model },
-    { .method = "POST", .pattern = "/forward_backward", .fn = trill_tinker_forward_backward, .raw = true },
-    { .method = "POST", .pattern = "/optim_step", .fn = trill_tinker_optim_step },
-    { .method = "POST", .pattern = "/save_weights", .fn = trill_tinker_save_weights },
-    { .method = "POST", .pattern = "/save_weights_for_sampler", .fn = trill_tinker_save_weights_for_sampler },
-    { .method = "POST", .pattern = "/load_weights", .fn = trill_tinker_load_weights },
+    { .method = "POST", .pattern = "/unload_model", .fn = trill_tinker_unload_model, .future = true },
+    { .method = "POST", .pattern = "/forward_backward", .fn = trill_tinker_forward_backward, .raw = true, .future = true },
+    { .method = "POST", .pattern = "/optim_step", .fn = trill_tinker_optim_step, .future = true },
+    { .method = "POST", .pattern = "/save_weights", .fn = trill_tinker_save_weights, .future = true },
+    { .method = "POST", .pattern = "/save_weights_for_sampler", .fn = trill_tinker_save_weights_for_sampler, .future = true },
+    { .method = "POST", .pattern = "/load_weights", .fn = trill_tinker_load_weights, .future = true },
     { .method = "POST", .pattern = "/create_sampling_session", .fn = trill_tinker_create_sampling_session },
-    { .method = "POST", .pattern = "/asample", .fn = trill_tinker_asample },
+    { .method = "POST", .pattern = "/asample", .fn = trill_tinker_asample, .future = true },
     { .method = "POST", .pattern = "/retrieve_future", .fn = trill_tinker_retrieve_future },
     { .method = "POST", .pattern = "/weights_info", .fn = trill_tinker_weights_info },
     { .method = "GET", .pattern = "/training_runs", .fn = trill_tinker_training_runs },
@@ -462,19 +461,33 @@ bool trill_serve_route(int i, const char **method, const char **path, bool *auth
     return true;
 }
 
-/* The route of METHOD and the path's n parts, or NULL. */
+/* Whether route pattern `pat` matches the path's n parts; a "{name...}" segment takes as many
+ * parts as the others leave it (a Hugging Face id's slash), *span of them from part *at. */
+static bool matches(const char *pat, char **p, int n, int *at, int *span) {
+    int segs = 0, k = 0;
+    for (const char *c = pat; *c; c++) segs += *c == '/';
+    *at = -1, *span = 1;
+    while (*pat == '/') {
+        const char *seg = pat + 1, *end = strchr(seg, '/');
+        const size_t len = end ? (size_t)(end - seg) : strlen(seg);
+        const bool greedy = len > 5 && strncmp(seg + len - 4, "...}", 4) == 0;
+        const int take = greedy ? (n - k) - (segs - 1) : 1; /* the parts the segments after it do not need */
+        if (take < 1 || k + take > n || (seg[0] != '{' && (strlen(p[k]) != len || strncmp(seg, p[k], len) != 0))) return false;
+        if (greedy) *at = k, *span = take;
+        k += take, pat = seg + len, segs--;
+    }
+    return k == n;
+}
+
+/* The route of METHOD and the path's n parts, or NULL; a "{name...}" segment's parts are joined
+ * back into one (the slashes put back), so each of the route's segments is one of p. */
 static const route *match(const char *method, char **p, int n) {
     for (int i = 0; i < N_ROUTES; i++) {
-        if (strcmp(ROUTES[i].method, method) != 0) continue;
-        const char *pat = ROUTES[i].pattern;
-        int k = 0;
-        while (*pat == '/' && k < n) {
-            const char *seg = pat + 1, *end = strchr(seg, '/');
-            const size_t len = end ? (size_t)(end - seg) : strlen(seg);
-            if (seg[0] != '{' && (strlen(p[k]) != len || strncmp(seg, p[k], len) != 0)) break;
-            k++, pat = seg + len;
-        }
-        if (k == n && !*pat) return &ROUTES[i];
+        int at, span;
+        if (strcmp(ROUTES[i].method, method) != 0 || !matches(ROUTES[i].pattern, p, n, &at, &span)) continue;
+        for (int k = at; at >= 0 && k < at + span - 1; k++) p[k][strlen(p[k])] = '/'; /* the parts are one buffer split at its '/'s */
+        for (int k = at + 1; at >= 0 && k + span - 1 < n; k++) p[k] = p[k + span - 1];
+        return &ROUTES[i];
     }
     return NULL;
 }
@@ -497,11 +510,6 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
         if (n == MAX_PATH_PARTS) known = false;
         else parts[n++] = tok;
     }
-    if (known && n > 3 && strcmp(parts[0], "models") == 0) { /* /models/{model}/ACTION: a Hugging Face id's slash is the model's */
-        for (int k = 1; k < n - 2; k++) parts[k][strlen(parts[k])] = '/';
-        parts[2] = parts[n - 1];
-        n = 3;
-    }
     const route *r = known ? match(method, parts, n) : NULL;
     if (r && r->public) return r->fn(&(route_call){ .c = c, .s = s, .key_id = "", .p = parts, .cc = cc, .r = r });
     char key_id[32]; /* every other request, a route or not, needs a valid key first: paths reveal nothing */
@@ -513,7 +521,7 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, svc *s, const char *ur
         return trill_svc_answer_error(c, "too_large", msg);
     }
     if (!r) return trill_svc_answer_error(c, "not_found", "no such endpoint (docs/service.md lists them; trill serve --print-routes)");
-    char *again = strcmp(method, "POST") == 0 ? idempotent_answer(s, c, key_id) : NULL;
+    char *again = r->future ? idempotent_answer(s, c, key_id) : NULL;
     if (again) return trill_svc_answer(c, 200, again);
     json_t *body = NULL;
     if (strcmp(method, "POST") == 0 && !r->raw) {
@@ -577,7 +585,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int status = 0;
         bool pending = false;
         if (!authenticate(c, s, key_id)) return trill_svc_answer_error(c, "unauthorized", "the API key is no longer valid");
-        if (cc->tinker) return trill_tinker_future_answer(c, s, key_id, cc->waiter.id, cc->proto, true);
+        if (cc->tinker) return trill_tinker_future_answer(c, s, key_id, cc->waiter.id, cc->proto);
         const char *id = strrchr(url, '/');
         char *text = id ? trill_svc_future_answer(s, id + 1, key_id, &status, &pending) : NULL;
         return text ? trill_svc_answer(c, 200, text) : trill_svc_answer_error(c, status == 404 ? "not_found" : "internal", "no such request");

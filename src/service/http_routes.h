@@ -35,7 +35,7 @@ typedef struct route_call {
 typedef enum MHD_Result (*route_fn)(const route_call *q);
 
 /* Every endpoint of the server: METHOD, the path under /api/v1 ("{name}" a segment the handler
- * reads), the handler, a job route's kind and target, whether it is public (no key: the health
+ * reads; "{name...}" one that may span several, slashes and all: a Hugging Face id), the handler, a job route's kind and target, whether it is public (no key: the health
  * check alone) and whether it reads its body as bytes (no JSON). `trill serve --print-routes`
  * prints it, and the service tests call every route with no key, a bad key and another tenant's
  * key from that list. */
@@ -45,6 +45,7 @@ typedef struct route {
     job_kind job;
     bool trainer; /* a job route: on a trainer (else a sampler) */
     bool public, raw;
+    bool future;  /* answers a future: kept under the request's X-Idempotency-Key, a retry answered with it */
 } route;
 
 /* Answers: bytes of a content type (taken), JSON text (taken; NULL: out of memory), a JSON value
@@ -92,7 +93,7 @@ enum MHD_Result trill_tinker_session(const route_call *q);
 json_t *trill_tinker_path(const char *uri);
 /* A tinker:// path as the trill:// path of the same folder; a trill:// path as it is. */
 trill_status trill_tinker_trill_path(const char *path, char *out, size_t cap);
-/* A held retrieve_future resumed: the answer now, try_again if still pending. */
-enum MHD_Result trill_tinker_future_answer(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, bool proto, bool held);
+/* A retrieve_future's answer now (also a held one resumed): the result, or try_again while the request is queued or running. */
+enum MHD_Result trill_tinker_future_answer(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, bool proto);
 
 #endif

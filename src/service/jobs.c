@@ -134,9 +134,10 @@ static trill_status parse_datum(const trill_config *c, const json_t *o, int d, t
     for (int a = 0; !st && a < 3; a++) {
         snprintf(what, sizeof what, "data[%d].loss_fn_inputs.%s", d, names[a]);
         json_t *v = flat_rows(json_object_get(in, names[a]), n, what, &kw, &st);
-        if (!st && kw != (a == 0 ? k : 0) && !(json_is_null(v) || !v))
-            st = trill_error(TRILL_ERR_INVALID, "%s: %s; it has the shape of target_tokens (%d a position)", what,
-                             kw ? "rows of top-k values" : "one value a position", k ? k : 1);
+        const int want = a == 0 ? k : 0; /* weights: target_tokens' shape; logprobs, advantages: one a position */
+        if (!st && v && !json_is_null(v) && kw != want)
+            st = trill_error(TRILL_ERR_INVALID, "%s: %s; expected %s", what, kw ? "rows of top-k values" : "one value a position",
+                             want ? "target_tokens' rows of top-k values" : "one value a position");
         if (!st) st = float_array(v, what, n * (kw ? kw : 1), dst[a]);
         json_decref(v);
     }
@@ -425,30 +426,36 @@ enum { EPHEMERAL_KEEP = 8 };
 
 /* Sampler p, just made of trainer t's unnamed save, joins t's session and t's ephemeral samplers;
  * beyond EPHEMERAL_KEEP of those, the oldest idle ones are retired (sampler and weights). */
+static int by_age(const void *a, const void *b) {
+    const uint64_t x = (*(svc_sampler *const *)a)->made, y = (*(svc_sampler *const *)b)->made;
+    return (x > y) - (x < y);
+}
+
 static void retire_old_samplers(svc *s, const svc_tenant *t, svc_sampler *p) {
-    struct { char id[32], key_id[32], uri[256]; } old[EPHEMERAL_KEEP + 1];
-    int n_old = 0;
+    typedef struct { char id[32], key_id[32], uri[256]; } retiree;
     pthread_mutex_lock(&s->mu);
     memcpy(p->session, t->session, sizeof p->session); /* it belongs to the session its model was made in */
     p->ephemeral = true, p->made = ++s->made;
     snprintf(p->owner, sizeof p->owner, "%s", t->id);
-    for (;;) { /* the oldest idle one while there are too many */
-        int mine = 0;
-        svc_sampler *oldest = NULL;
-        for (int i = 0; i < s->n_samplers; i++) {
-            svc_sampler *x = s->samplers[i];
-            if (x->gone || x->creating || !x->ephemeral || strcmp(x->owner, t->id) != 0) continue;
-            mine++;
-            if (x != p && x->jobs == 0 && x->pins == 0 && (!oldest || x->made < oldest->made)) oldest = x;
-        }
-        if (mine - n_old <= EPHEMERAL_KEEP || !oldest || n_old == EPHEMERAL_KEEP + 1) break;
-        snprintf(old[n_old].id, 32, "%s", oldest->id), snprintf(old[n_old].key_id, 32, "%s", oldest->key_id);
-        snprintf(old[n_old].uri, 256, "%s", oldest->weights ? oldest->weights->uri : "");
-        oldest->made = UINT64_MAX; /* not picked again in this loop */
-        n_old++;
+    svc_sampler **idle = trill_malloc(sizeof *idle * (size_t)(s->n_samplers + 1));
+    int mine = 0, n_idle = 0, n_old = 0;
+    for (int i = 0; idle && i < s->n_samplers; i++) { /* t's ephemeral samplers, and the idle ones but p */
+        svc_sampler *x = s->samplers[i];
+        if (x->gone || x->creating || !x->ephemeral || strcmp(x->owner, t->id) != 0) continue;
+        mine++;
+        if (x != p && x->jobs == 0 && x->pins == 0) idle[n_idle++] = x;
+    }
+    if (n_idle) qsort(idle, (size_t)n_idle, sizeof *idle, by_age);
+    const int excess = mine > EPHEMERAL_KEEP ? mine - EPHEMERAL_KEEP : 0;
+    retiree *old = excess && n_idle ? trill_malloc(sizeof *old * (size_t)excess) : NULL;
+    for (int i = 0; old && i < excess && i < n_idle; i++, n_old++) { /* the oldest idle ones */
+        snprintf(old[i].id, sizeof old[i].id, "%s", idle[i]->id), snprintf(old[i].key_id, sizeof old[i].key_id, "%s", idle[i]->key_id);
+        snprintf(old[i].uri, sizeof old[i].uri, "%s", idle[i]->weights ? idle[i]->weights->uri : "");
     }
     pthread_mutex_unlock(&s->mu);
+    free(idle);
     for (int i = 0; i < n_old; i++) trill_svc_retire_sampler(s, old[i].id, old[i].key_id, true, old[i].uri);
+    free(old);
 }
 
 /* A Tinker save_weights_for_sampler without a name: a sampler of the saved weights is made for the

@@ -21,6 +21,13 @@ static void forget_dead(svc *s, double now) {
         else i++;
 }
 
+/* Under s->mu, the dead forgotten: key_id's session id, or NULL. */
+static svc_session *find_live(svc *s, const char *id, const char *key_id) {
+    for (int i = 0; i < s->n_sessions; i++)
+        if (strcmp(s->sessions[i].id, id) == 0 && strcmp(s->sessions[i].key_id, key_id) == 0) return &s->sessions[i];
+    return NULL;
+}
+
 /* A create_session body: {"tags": [strings], "user_metadata": object or null, "sdk_version":
  * string, "project_id"?: string or null, "type"?: "create_session"}. */
 static trill_status check_body(const json_t *b) {
@@ -72,14 +79,11 @@ trill_status trill_svc_session_heartbeat(svc *s, const char *key_id, const json_
     if (type && !(json_is_string(type) && strcmp(json_string_value(type), "session_heartbeat") == 0))
         return trill_svc_fail("bad_request", "type: expected \"session_heartbeat\"");
     const double now = trill_now();
-    bool found = false;
     pthread_mutex_lock(&s->mu);
     forget_dead(s, now);
-    for (int i = 0; i < s->n_sessions && !found; i++)
-        if (strcmp(s->sessions[i].id, json_string_value(id)) == 0 && strcmp(s->sessions[i].key_id, key_id) == 0) {
-            s->sessions[i].last_seen = now;
-            found = true;
-        }
+    svc_session *x = find_live(s, json_string_value(id), key_id);
+    const bool found = x != NULL;
+    if (x) x->last_seen = now;
     pthread_mutex_unlock(&s->mu);
     return found ? TRILL_OK
                  : trill_svc_fail("not_found", "no live session %s (a session ends %g s after its last heartbeat)", json_string_value(id),
@@ -88,9 +92,7 @@ trill_status trill_svc_session_heartbeat(svc *s, const char *key_id, const json_
 
 bool trill_svc_session_live(svc *s, const char *id, const char *key_id) {
     forget_dead(s, trill_now());
-    for (int i = 0; i < s->n_sessions; i++)
-        if (strcmp(s->sessions[i].id, id) == 0 && strcmp(s->sessions[i].key_id, key_id) == 0) return true;
-    return false;
+    return find_live(s, id, key_id) != NULL;
 }
 
 /* A trainer or sampler to delete, and the session it was made in (an ephemeral sampler: its weights' uri). */
@@ -110,12 +112,12 @@ void trill_svc_sessions_reap(svc *s) {
     int n = 0;
     for (int i = 0; list && i < s->n_tenants; i++) {
         const svc_tenant *t = s->tenants[i];
-        if (!t->gone && !t->creating && t->session[0] && !trill_svc_session_live(s, t->session, t->key_id))
+        if (!t->gone && !t->creating && t->session[0] && !find_live(s, t->session, t->key_id))
             add_orphan(list, &n, t->id, t->key_id, t->session, true);
     }
     for (int i = 0; list && i < s->n_samplers; i++) {
         const svc_sampler *p = s->samplers[i];
-        if (!p->gone && !p->creating && p->session[0] && !trill_svc_session_live(s, p->session, p->key_id)) {
+        if (!p->gone && !p->creating && p->session[0] && !find_live(s, p->session, p->key_id)) {
             orphan *o = add_orphan(list, &n, p->id, p->key_id, p->session, false);
             o->ephemeral = p->ephemeral;
             if (p->weights) snprintf(o->uri, sizeof o->uri, "%s", p->weights->uri);

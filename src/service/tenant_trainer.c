@@ -10,6 +10,7 @@
 #include "trill/fileio.h"
 #include "trill/optim.h"
 #include "trill/service.h"
+#include "trill/chat.h"
 #include "trill/tokenizer.h"
 #include "trill/train.h"
 
@@ -17,6 +18,8 @@ struct trill_svc_base {
     char *dir, *name;
     trill_model *model;
     trill_tokenizer *tok; /* NULL when the folder has no tokenizer.json */
+    trill_chat_template *chat; /* its chat template, read once; NULL: none that trill renders (chat_error says why) */
+    char *chat_error;
 };
 
 struct trill_svc_trainer {
@@ -48,6 +51,8 @@ trill_status trill_svc_base_load(const char *dir, const char *name, trill_svc_ba
         snprintf(path, sizeof path, "%s/tokenizer.json", b->dir);
         if (trill_file_exists(path)) st = trill_tokenizer_load(b->dir, &b->tok);
     }
+    if (!st && b->tok && trill_chat_template_load(b->dir, &b->chat)) /* no template, or one trill does not render: said when asked */
+        b->chat_error = trill_strdup(trill_error_message());
     if (st) {
         trill_error_context("base model %s", dir);
         trill_svc_base_free(b);
@@ -61,6 +66,8 @@ void trill_svc_base_free(trill_svc_base *b) {
     if (!b) return;
     trill_model_free(b->model);
     trill_tokenizer_free(b->tok);
+    trill_chat_template_free(b->chat);
+    free(b->chat_error);
     free(b->dir);
     free(b->name);
     free(b);
@@ -70,6 +77,10 @@ const char *trill_svc_base_name(const trill_svc_base *b) { return b->name; }
 const char *trill_svc_base_dir(const trill_svc_base *b) { return b->dir; }
 trill_model *trill_svc_base_model(trill_svc_base *b) { return b->model; }
 const trill_tokenizer *trill_svc_base_tokenizer(const trill_svc_base *b) { return b->tok; }
+const struct trill_chat_template *trill_svc_base_chat(const trill_svc_base *b, const char **why) {
+    if (why) *why = b->tok ? b->chat_error ? b->chat_error : "out of memory" : "this model has no tokenizer.json";
+    return b->chat;
+}
 
 /* ---- losses ---- */
 

@@ -401,14 +401,13 @@ static bool running(svc *s, const char *id) {
     return r;
 }
 
-enum MHD_Result trill_tinker_future_answer(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, bool proto, bool held) {
+enum MHD_Result trill_tinker_future_answer(struct MHD_Connection *c, svc *s, const char *key_id, const char *id, bool proto) {
     svc_request r;
     if (!trill_svc_request_read(s, id, key_id, &r)) return trill_svc_answer_error(c, "not_found", "no such request");
     if (strcmp(r.status, "pending") == 0 || running(s, id)) { /* held long enough */
         free(r.result);
         return trill_svc_answer_json(c, 200, json_pack("{s:s, s:s, s:s}", "type", "try_again", "request_id", id, "queue_state", "active"));
     }
-    (void)held;
     json_t *res = r.result ? json_loads(r.result, 0, NULL) : NULL;
     free(r.result);
     if (!res) return trill_svc_answer_error(c, "internal", "the request's result does not read back");
@@ -438,7 +437,7 @@ enum MHD_Result trill_tinker_retrieve_future(const route_call *q) {
     free(r.result);
     q->cc->tinker = true;
     if (trill_svc_hold(q->s, q->c, q->cc, id, HOLD_SECONDS)) return MHD_YES; /* queued or running (its row may say done already) */
-    return trill_tinker_future_answer(q->c, q->s, q->key_id, id, q->cc->proto, false);
+    return trill_tinker_future_answer(q->c, q->s, q->key_id, id, q->cc->proto);
 }
 
 /* ---- protobuf results ---- */

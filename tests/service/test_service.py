@@ -314,8 +314,8 @@ class Isolation(unittest.TestCase):
         public = {("GET", "/healthz"): "the health check: probed by load balancers, which hold no key; it answers {status: ok} only"}
         shared = {  # another tenant's key is a valid key: these name nothing of A's
             ("GET", "/models"): "the base models are served to every key",
-            ("POST", "/models/{model}/tokenize"): "a base model's tokenizer is every tenant's",
-            ("POST", "/models/{model}/detokenize"): "a base model's tokenizer is every tenant's",
+            ("POST", "/models/{model...}/tokenize"): "a base model's tokenizer is every tenant's",
+            ("POST", "/models/{model...}/detokenize"): "a base model's tokenizer is every tenant's",
             ("POST", "/trainers"): "makes the caller's own trainer; the body names only a base model",
             ("GET", "/get_server_capabilities"): "the base models are served to every key",
             ("POST", "/client/config"): "the official SDK client's flags, the same for every key",
@@ -328,7 +328,7 @@ class Isolation(unittest.TestCase):
         }
         # the test model has no chat template: every valid key is refused alike there, the field named
         # (test_hugging_face_names_and_chat_template renders a real one)
-        model_files = {("POST", "/models/{model}/apply_chat_template"): "chat_template"}
+        model_files = {("POST", "/models/{model...}/apply_chat_template"): "chat_template"}
         routes = []
         for line in run("serve", "--print-routes").stdout.splitlines():
             method, path, *flags = line.split()
@@ -378,9 +378,9 @@ class Isolation(unittest.TestCase):
         calls = []
         for method, pattern, pub in routes:
             path = pattern
-            for name in set(re.findall(r"\{(\w+)\}", pattern)):
+            for name, dots in set(re.findall(r"\{(\w+)(\.\.\.)?\}", pattern)):  # {name}, or {name...}: several segments
                 self.assertIn(name, ids, f"{method} {pattern}: no object of A's for {{{name}}}: add one to the test")
-                path = path.replace("{" + name + "}", ids[name])
+                path = path.replace("{" + name + dots + "}", ids[name])
             if method == "GET":
                 path += "?wait=0"
             body = None
