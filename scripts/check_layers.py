@@ -5,12 +5,11 @@
 
 A file may include public headers (include/trill/) of its own layer and the layers below, and
 private headers (src/<folder>/...) of its own layer and below, except the command (cli), which
-uses the public API only (and base's private utilities, such as its jansson glue). A model family's folder src/arch/<family>/ belongs to several
-layers: layer_backward.c to train, gen_*.c to infer, the rest to model. Each public header's
+uses the public API only (and base's private utilities, such as its jansson glue). A model family's folder src/arch/<family>/ is the model
+layer's, every file in it whatever its name: the decoder its layer description picks options of is
+written once per pass (src/model/decoder.c, src/train/decoder_backward.c, src/infer/gen_decoder.c). Each public header's
 layer is listed below; a header missing from the list is an error, so the list stays complete.
-CMake asks this script which family files each layer builds (--arch-sources), so one rule decides.
-Usage: check_layers.py [SOURCE_DIR]
-       check_layers.py --arch-sources model|train|infer SOURCE_DIR"""
+Usage: check_layers.py [SOURCE_DIR]"""
 import os
 import re
 import sys
@@ -28,40 +27,17 @@ PUBLIC = {
     "service": "service",
 }
 HEADER_LAYER = {f"trill/{h}.h": layer for layer, names in PUBLIC.items() for h in names.split()}
-HEADER_LAYER["trill/families.def"] = "model"  # the family registry: the model layer's; train and infer read their columns
+HEADER_LAYER["trill/families.def"] = "model"  # the family registry: the model layer's
 
 
 def layer_of(rel):  # rel: a path under src/
     parts = rel.split("/")
     if parts[0] == "arch":
-        base = os.path.basename(rel)
-        if "backward" in base:
-            return "train"
-        if base.startswith("gen_"):
-            return "infer"
         return "model"
     return parts[0]
 
 
-def arch_sources(root, layer):
-    """The model families' source files of `layer` (src/arch/*/*.c), ';'-separated: what CMake builds
-    into that layer's library, by layer_of, the one rule."""
-    arch = os.path.join(root, "src", "arch")
-    out = []
-    for family in sorted(os.listdir(arch)):
-        d = os.path.join(arch, family)
-        if not os.path.isdir(d):
-            continue
-        for name in sorted(os.listdir(d)):
-            if name.endswith(".c") and layer_of(f"arch/{family}/{name}") == layer:
-                out.append(os.path.join(d, name))
-    return ";".join(out)
-
-
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--arch-sources":  # check_layers.py --arch-sources LAYER SOURCE_DIR
-        print(arch_sources(sys.argv[3], sys.argv[2]), end="")
-        return 0
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     src = os.path.join(root, "src")
     errors = []

@@ -100,17 +100,17 @@ m capture_layer_major replay src/model/blocks.c "test_model" \
   'experts[((size_t)t * n_moe_layers + ordinal) * K + j]' \
   'experts[((size_t)ordinal * T + t) * K + j]' \
   "the training forward captures experts [layer][token] instead of [token][layer]"
-m replay_gates_unreplayed replay src/arch/qwen3/layer.c "test_service" \
-  '    trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);
-    trill_router_gates_forward(a->moe.topw, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);' \
-  '    trill_router_gates_forward(a->moe.topw, a->probs, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
-    trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);' \
+m replay_gates_unreplayed replay src/model/decoder.c "test_service" \
+  '        trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);
+        trill_router_gates_forward(a->moe.topw, a->scores, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);' \
+  '        trill_router_gates_forward(a->moe.topw, a->scores, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+        trill_moe_replay(a->moe.topi, replay, ordinal, c->n_moe_layers, T, K);' \
   "Qwen3: the gates are taken at the router's own top-k before the replayed ids replace it"
 
 # routers
-m qwen3_norm_topk_always router src/arch/qwen3/layer.c "parity_torch" \
-  'a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);' \
-  'a->moe.topi, T, E, K, 1, 0.0f, 1.0f);' \
+m qwen3_norm_topk_always router src/model/decoder.c "parity_torch" \
+  'a->scores, a->moe.topi, T, E, K, c->norm_topk_prob, 0.0f, 1.0f);' \
+  'a->scores, a->moe.topi, T, E, K, 1, 0.0f, 1.0f);' \
   "Qwen3 training forward renormalises the top-k gates even with norm_topk_prob false"
 m ds_group_score_unbiased router src/kernels/ops_impl.h "test_kernels" \
   'const REAL si = bias ? p[i] + bias[i] : p[i];' \
@@ -122,7 +122,7 @@ m yarn_ramp_rounding yarn src/kernels/ops_impl.h "test_kernels" \
   'if (truncate) low = floor(low), high = ceil(high);' \
   'if (truncate) low = ceil(low), high = floor(high);' \
   "YaRN correction range rounded inwards instead of outwards"
-m yarn_softmax_mscale_once yarn src/arch/deepseek_v3/layer.c "parity_deepseek" \
+m yarn_softmax_mscale_once yarn src/model/decoder.c "parity_deepseek" \
   'softmax *= m * m;' \
   'softmax *= m;' \
   "DeepSeek YaRN: the softmax scale takes mscale(factor, mscale_all_dim) once, not squared"
@@ -172,8 +172,10 @@ m ckpt_base_weights_unchecked checkpoint src/rl/run/checkpoint.c "rl_reliability
 
 # the service: authentication and isolation
 m svc_tokenize_unauthenticated service src/service/http.c "service" \
-  'if (!authenticate(c, s, key_id)) return answer_error(c, "unauthorized", "a valid API key is needed' \
-  'if (!authenticate(c, s, key_id) && !strstr(url, "tokenize")) return answer_error(c, "unauthorized", "a valid API key is needed' \
+  '    if (!authenticate(c, s, key_id))
+        return trill_svc_answer_error(c, "unauthorized", "a valid API key is needed' \
+  '    if (!authenticate(c, s, key_id) && !strstr(url, "tokenize"))
+        return trill_svc_answer_error(c, "unauthorized", "a valid API key is needed' \
   "/models/*/tokenize and /detokenize answer without an API key"
 m svc_state_any_owner service src/service/tenants.c "service" \
   'if (!r.found || strcmp(r.key_id, key_id) != 0) return trill_svc_fail' \

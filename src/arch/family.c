@@ -6,7 +6,7 @@
 #include <string.h>
 
 const trill_family *const trill_families[] = {
-#define TRILL_FAMILY(id, model, backward, generator) &model,
+#define TRILL_FAMILY(id, model) &model,
 #include "trill/families.def"
 #undef TRILL_FAMILY
 };
@@ -27,12 +27,7 @@ const trill_family *trill_family_of(const trill_config *c) {
     return f ? f : trill_families[0]; /* every trill_arch has a family: not reached */
 }
 
-int trill_family_index(const trill_config *c) {
-    const trill_family *f = trill_family_of(c);
-    for (int i = 0; i < trill_n_families; i++)
-        if (trill_families[i] == f) return i;
-    return 0;
-}
+trill_layer_desc trill_layer_desc_of(const trill_config *c, int l) { return trill_family_of(c)->describe(c, l); }
 
 const trill_arch_names *trill_arch_names_of(trill_arch arch) {
     const trill_arch_names *names = NULL;
@@ -165,5 +160,32 @@ trill_status trill_arch_read_fp8(const json_t *root, const char *what, trill_con
                                MAX_BLOCK);
         c->fp8_block[i] = (int)json_integer_value(v);
     }
+    return TRILL_OK;
+}
+
+trill_status trill_arch_read_rope(const json_t *root, const char *what, trill_config *c) {
+    const char *keys[2] = { "rope_scaling", "rope_parameters" };
+    for (int i = 0; i < 2; i++) {
+        const json_t *v = json_object_get(root, keys[i]);
+        if (!v || json_is_null(v)) continue;
+        if (!json_is_object(v))
+            return trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": expected an object or null, got %s", what, keys[i], trill_json_type_name(v));
+        const char *type = NULL;
+        if (trill_json_get_string(v, "rope_type", what, &type)) return TRILL_ERR_INVALID;
+        if (!type) trill_json_get_string(v, "type", what, &type);
+        if (!type || strcmp(type, "default") != 0)
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": rope type \"%s\" is not supported (only plain RoPE, rope_type \"default\")",
+                               what, keys[i], type ? type : "(missing)");
+        trill_status st = trill_json_get_double(v, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
+        if (st) return st;
+    }
+    return trill_json_get_double(root, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
+}
+
+trill_status trill_arch_refuse_true(const json_t *root, const char *key, const char *what) {
+    bool flag = false;
+    trill_status st = trill_json_get_bool(root, key, what, &flag);
+    if (st) return st;
+    if (flag) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": true is not supported (expected false)", what, key);
     return TRILL_OK;
 }

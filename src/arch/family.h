@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arch/decoder.h"
 #include "trill/arch.h"
 #include "trill/config.h"
 #include "model/model_internal.h"
@@ -34,22 +35,20 @@ typedef struct trill_tensor_row {
     trill_row_scope scope;
     bool (*when)(const trill_config *c, int layer); /* NULL: always (layer is -1 for global rows) */
     int dims[2];       /* the family's dimension ids; dims[1] TRILL_NO_DIM for a vector */
-    int role;
+    int role;          /* a trill_role (src/arch/decoder.h) */
     int lora_target;   /* TRILL_NO_LORA or a bit of the family's LoRA targets */
     trill_fuse fuse;
     int fuse_index;
     trill_split split;
-    /* offsetof the trill_weight (matrices) or float * (vectors) that points at it: in the
-     * family's layer struct (trill_family.layer_size) for layer and expert rows (expert 0's, the
-     * others follow), in trill_model for global rows; TRILL_NO_FIELD if none */
+    /* offsetof the trill_weight (matrices) or float * (vectors) that points at it: in
+     * trill_decoder_weights for layer and expert rows (expert 0's, the others follow), in
+     * trill_model for global rows; TRILL_NO_FIELD if none */
     int field;
-    /* offsetof its adapter: a trill_lora_pair in the family's adapter layer struct (layer rows)
-     * or trill_lora (global rows), a trill_lora_pair * to num_experts pairs in the adapter layer
-     * struct (expert rows) */
+    /* offsetof its adapter: a trill_lora_pair in trill_decoder_lora (layer rows) or trill_lora
+     * (global rows), a trill_lora_pair * to num_experts pairs in trill_decoder_lora (expert
+     * rows) */
     int lora_field;
 } trill_tensor_row;
-
-struct trill_family_layers; /* src/model/forward_internal.h: one decoder layer's training forward */
 
 /* A named configuration of a family (trill init --preset NAME): config.json's text; real: a
  * published model's, to count and plan with (--config-only), too large to create here. */
@@ -74,11 +73,11 @@ typedef struct trill_family {
     bool (*config_write)(const trill_config *c, struct json_t *j);
     /* Whether decoder layer l is a MoE layer (the config's layer map is derived from it). */
     bool (*layer_is_moe)(const trill_config *c, int l);
-    const struct trill_family_layers *layers; /* its training layer; NULL while not written (the forward refuses it) */
+    /* Layer l's options of the shared blocks (trill_layer_desc_of): its layer description. Every
+     * layer has the same attention kind, and the same QK-norm. */
+    trill_layer_desc (*describe)(const trill_config *c, int l);
     const trill_tensor_row *rows;
     int n_rows;
-    size_t layer_size;      /* bytes of its per-layer weight struct (trill_model.layers) */
-    size_t lora_layer_size; /* bytes of its per-layer adapter struct (trill_lora.layers) */
     int64_t (*dim)(const trill_config *c, int id); /* a dimension id's size */
     unsigned lora_targets; /* the trill_lora_target bits of the modules it has */
     unsigned all_linear;   /* the targets "all-linear" means (PEFT: every linear but the output head) */
@@ -91,7 +90,7 @@ typedef struct trill_family {
 } trill_family;
 
 /* Each family's, from its folder src/arch/<id>/ (trill/families.def). */
-#define TRILL_FAMILY(id, model, backward, generator) extern const trill_family model;
+#define TRILL_FAMILY(id, model) extern const trill_family model;
 #include "trill/families.def"
 #undef TRILL_FAMILY
 
@@ -99,12 +98,12 @@ typedef struct trill_family {
 extern const trill_family *const trill_families[];
 extern const int trill_n_families;
 
-/* The family computing c (every trill_arch has one), and its index in trill_families: the
- * train and infer layers keep their parts of the families in the same order. */
+/* The family computing c (every trill_arch has one). */
 const trill_family *trill_family_of(const trill_config *c);
-int trill_family_index(const trill_config *c);
 /* The architecture whose config.json "model_type" is `model_type`, or NULL. */
 const trill_arch_names *trill_arch_by_model_type(const char *model_type);
+/* Layer l's options of the shared blocks: its family's description of it. */
+trill_layer_desc trill_layer_desc_of(const trill_config *c, int l);
 /* The HF names of c's architecture. */
 const trill_arch_names *trill_arch_names_of(trill_arch arch);
 
@@ -118,6 +117,12 @@ void trill_arch_walk(const trill_config *c, trill_tensor_fn fn, void *ctx);
  * weight_block_size [rows, cols], default 128 x 128); anything else is refused by field. Both
  * families read it: the loader dequantizes F8_E4M3 matrices with their weight_scale_inv blocks. */
 trill_status trill_arch_read_fp8(const struct json_t *root, const char *what, trill_config *c);
+
+/* Plain RoPE's theta: config.json's "rope_theta", and "rope_scaling" / "rope_parameters" when
+ * present (rope_type "default" only, its rope_theta; anything else is refused by field). */
+trill_status trill_arch_read_rope(const struct json_t *root, const char *what, trill_config *c);
+/* Refuses a boolean field that is true (a feature trill does not compute); absent is false. */
+trill_status trill_arch_refuse_true(const struct json_t *root, const char *key, const char *what);
 
 /* The row a tensor came from. */
 const trill_tensor_row *trill_arch_row(const trill_config *c, const trill_param *t);

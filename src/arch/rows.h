@@ -1,5 +1,5 @@
-/* Shorthands for writing a family's tensor table (src/arch/<family>/tensors.c); each family adds
- * LW and LL for the offsets in its own layer and adapter-layer structs. */
+/* Shorthands for writing a family's tensor table (src/arch/<family>/tensors.c): MW, LW and LL are
+ * the offsets of a tensor's pointer in trill_model, trill_decoder_weights and trill_decoder_lora. */
 #ifndef TRILL_ARCH_ROWS_H
 #define TRILL_ARCH_ROWS_H
 
@@ -8,6 +8,8 @@
 #include "arch/family.h"
 
 #define MW(f) (int)offsetof(trill_model, f)
+#define LW(f) (int)offsetof(trill_decoder_weights, f)
+#define LL(f) (int)offsetof(trill_decoder_lora, f)
 #define NO TRILL_NO_DIM
 #define G TRILL_ROW_GLOBAL
 #define L TRILL_ROW_LAYER

@@ -1,6 +1,6 @@
 /* The generator engine (trill/infer.h): creation, freeing, the step, run and accessors. A step
  * takes a waiting live update (engine_adapter.c), schedules its rows (engine_requests.c), runs
- * the family's forward (src/arch/<family>/gen_layer.c), samples and finishes sequences (engine_sample.c) and feeds EPLB
+ * the decoder layer's forward (src/infer/gen_decoder.c), samples and finishes sequences (engine_sample.c) and feeds EPLB
  * (engine_eplb.c). The parts and the private state are described in engine_internal.h. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -50,23 +50,12 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
 size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f) {
     kv_layer_shape *shape = trill_malloc(sizeof *shape * (size_t)c->num_hidden_layers);
     if (!shape) return 0;
-    if (!trill_eng_family_of(c)) { free(shape); return 0; }
-    trill_eng_family_of(c)->kv_shape(c, shape);
+    trill_eng_decoder.kv_shape(c, shape);
     size_t elems = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) elems += (size_t)shape[l].k_width + (size_t)shape[l].v_width;
     free(shape);
     return elems * (f == TRILL_GEN_F32 ? sizeof(float) : sizeof(uint16_t));
 }
-
-/* The infer layer's part of each family (the gen_ files of src/arch/<id>), in trill/families.def's order,
- * as the model layer's registry (src/arch/family.c). */
-static const trill_eng_family *const GENERATOR[] = {
-#define TRILL_FAMILY(id, model, backward, generator) &generator,
-#include "trill/families.def"
-#undef TRILL_FAMILY
-};
-
-const trill_eng_family *trill_eng_family_of(const trill_config *c) { return GENERATOR[trill_family_index(c)]; }
 
 trill_status trill_engine_create(const trill_model *m, const trill_engine_config *cfg_in, trill_engine **out) {
     trill_engine_config cfg = cfg_in ? *cfg_in : trill_engine_config_default();
@@ -82,10 +71,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (cfg.max_batch_tokens < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_batch_tokens must be >= 1, got %d", cfg.max_batch_tokens);
     if (cfg.max_running < 1) return trill_error(TRILL_ERR_INVALID, "engine: max_running must be >= 1, got %d", cfg.max_running);
     if (cfg.format > TRILL_GEN_INT8) return trill_error(TRILL_ERR_INVALID, "engine: unknown weight format %d", (int)cfg.format);
-    if (!trill_eng_family_of(&m->config))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: %s (model_type \"%s\"): the generator's layer for this family is not written yet",
-                           trill_config_architecture(&m->config), trill_config_model_type(&m->config));
-    trill_status st = trill_eng_family_of(&m->config)->check(&m->config);
+    trill_status st = trill_eng_decoder.check(&m->config);
     if (st) return st;
     const char *isa;
     if (trill_gen_isa(&isa)) {
@@ -95,7 +81,7 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     trill_engine *e = trill_calloc(1, sizeof *e);
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
-    e->fam = trill_eng_family_of(&m->config);
+    e->fam = &trill_eng_decoder;
     e->cfg = cfg;
     if ((e->tensors = trill_malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
         e->n_tensors = m->n_tensors;

@@ -123,7 +123,7 @@ static trill_status build_adapter(const trill_engine *e, const trill_lora *lora,
     eng_adapter *ad = trill_calloc(1, sizeof *ad);
     if (!ad) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_adapter(ad, e, lora);
-    if (!st && e->fam->derive_adapter) st = e->fam->derive_adapter(e, lora, ad);
+    if (!st) st = e->fam->derive_adapter(e, lora, ad);
     if (st) {
         trill_eng_free_adapter(&e->c, ad);
         return st;

@@ -1,6 +1,6 @@
 /* EPLB in the engine (engine_internal.h, trill/eplb.h): the physical slots and first plan, the
  * sliding window of routed-token counts, re-planning every eplb_interval steps, and the
- * imbalance figures. The forward maps rows to replicas (src/arch/qwen3/gen_layer.c, moe). */
+ * imbalance figures. The forward maps rows to replicas (src/infer/gen_decoder.c, moe). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

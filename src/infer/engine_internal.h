@@ -8,9 +8,10 @@
  *                      mailbox, taken whole at a step boundary
  *   engine_eplb.c      expert placement: the load window, re-planning, imbalance
  *   engine_requests.c  submit, requests and sequences, scheduling a step's rows, preemption
- *   src/arch/<family>/gen_layer.c  the model-specific part (trill_eng_family): the layer
- *                      forward over a step's rows (attention over the paged cache, MoE grouping,
- *                      LoRA side paths), the logits, the buffers it needs and its KV layout
+ *   gen_decoder.c      the decoder layer (trill_eng_forward), every family's with the options
+ *                      of its layer description: the layer forward over a step's rows
+ *                      (attention over the paged cache, MoE grouping, LoRA side paths), the
+ *                      logits, the buffers it needs and its KV layout; gen_mla.c MLA's part
  *   engine_sample.c    after the forward: sampling, forks, stops, finish, abort, collect
  *
  * One thread steps an engine; only the update mailbox is shared with other threads. */
@@ -43,11 +44,11 @@ enum { ENG_MAX_ROLES = 32, ENG_MAX_PARTS = 3, ENG_HEAD_SLOTS = 2 };
 
 /* One layer's (or the model's global) weights in the engine's format. */
 typedef struct eng_layer {
-    gen_matrix m[ENG_MAX_ROLES];        /* e.g. m[QWEN3_Q] is [q | k | v] fused: [(nh + 2 nkv) hd, H] */
-    gen_matrix *experts[ENG_MAX_ROLES]; /* [num_experts] per routed-expert role (QWEN3_EXPERT_GATE: gate | up) */
+    gen_matrix m[ENG_MAX_ROLES];        /* e.g. m[TRILL_ROLE_Q] is [q | k | v] fused: [(nh + 2 nkv) hd, H] */
+    gen_matrix *experts[ENG_MAX_ROLES]; /* [num_experts] per routed-expert role (TRILL_ROLE_EXPERT_GATE: gate | up) */
     float *vec[ENG_MAX_ROLES];          /* fp32 copies of the norm and bias vectors */
     /* [num_attention_heads] matrices per attention head that the family derives from the
-     * table's (trill_eng_family.derive_weights; MLA's absorbed kv_b_proj), or NULL */
+     * table's (trill_eng_forward.derive_weights; MLA's absorbed kv_b_proj), or NULL */
     gen_matrix *heads[ENG_HEAD_SLOTS];
 } eng_layer;
 
@@ -86,7 +87,7 @@ typedef struct eng_head_lora {
 typedef struct eng_lora_layer {
     eng_lora m[ENG_MAX_ROLES];
     eng_lora *experts[ENG_MAX_ROLES]; /* [num_experts] */
-    eng_head_lora heads[ENG_HEAD_SLOTS]; /* the family's per-head side paths (trill_eng_family.derive_adapter) */
+    eng_head_lora heads[ENG_HEAD_SLOTS]; /* the family's per-head side paths (trill_eng_forward.derive_adapter) */
 } eng_lora_layer;
 
 /* A set of adapters, applied on the side of the base weights (adapter sync mode). */
@@ -200,11 +201,11 @@ typedef struct eng_eplb {
     bool replan;          /* a plan is due (it failed for want of memory after the last step) */
 } eng_eplb;
 
-typedef struct trill_eng_family trill_eng_family;
+typedef struct trill_eng_forward trill_eng_forward;
 
 struct trill_engine {
     trill_config c;
-    const trill_eng_family *fam; /* the model family's layer forward (below) */
+    const trill_eng_forward *fam; /* the decoder layer's forward (below) */
     trill_param *tensors; /* the model's tensors as its table describes them (no storage): the adapters' layout */
     size_t n_tensors;
     trill_engine_config cfg;
@@ -303,9 +304,9 @@ uint64_t trill_eng_token_digest(const int *tokens, int n);
 trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);
 void trill_eng_sched_free(trill_engine *e);
 
-/* ---- the model family's part: its layer forward over a step's rows and the KV layout it asks
- * for (src/arch/<family>/gen_layer.c), registered in trill_eng_family_of (engine.c) ---- */
-struct trill_eng_family {
+/* ---- the decoder layer's forward over a step's rows and the KV layout it asks for
+ * (src/infer/gen_decoder.c) ---- */
+struct trill_eng_forward {
     /* Refuses (with a message) a config the forward cannot run. */
     trill_status (*check)(const trill_config *c);
     /* The KV cache's layout: shape[num_hidden_layers], each layer's K and V widths per token (the
@@ -323,18 +324,15 @@ struct trill_eng_family {
     trill_status (*rows)(trill_engine *e, int R);
     /* Logits (into e->logits) of the n rows listed in e->rows.logit; fails as rows does. */
     trill_status (*logits)(trill_engine *e, int n);
-    /* Optional (NULL: none): matrices derived from the table's after they are built, into the
+    /* Matrices derived from the table's after they are built (MLA's), into the
      * layers' heads slots (and dropping table matrices the forward does not read), for weights
      * in format f from m, and for a set of adapters from lora; freed with the slots. */
     trill_status (*derive_weights)(const trill_config *c, trill_gen_format f, const trill_model *m, eng_weights *w);
     trill_status (*derive_adapter)(const trill_engine *e, const trill_lora *lora, eng_adapter *ad);
 };
 
-const trill_eng_family *trill_eng_family_of(const trill_config *c);
-/* Each family's generator part, from its folder (trill/families.def). */
-#define TRILL_FAMILY(id, model, backward, generator) extern const trill_eng_family generator;
-#include "trill/families.def"
-#undef TRILL_FAMILY
+/* The decoder's, every family's (gen_decoder.c). */
+extern const trill_eng_forward trill_eng_decoder;
 
 /* engine_sample.c */
 trill_status trill_eng_sampler_alloc(trill_engine *e);

@@ -162,8 +162,7 @@ trill_status trill_eng_build_weights(const trill_config *c, trill_gen_format for
     eng_weights *w = trill_calloc(1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     trill_status st = fill_weights(w, c, format, m);
-    const trill_eng_family *fam = trill_eng_family_of(c);
-    if (!st && fam && fam->derive_weights) st = fam->derive_weights(c, format, m, w);
+    if (!st) st = trill_eng_decoder.derive_weights(c, format, m, w);
     if (st) {
         trill_eng_free_weights(c, w);
         return st;

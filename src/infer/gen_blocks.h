@@ -1,4 +1,4 @@
-/* Building blocks the families' generator layers share (src/arch/<family>/gen_layer.c): the
+/* Building blocks of the generator's decoder layer (src/infer/gen_decoder.c, gen_mla.c): the
  * adapters' side path, SwiGLU on a fused gate|up, a MoE layer's routed experts once the router
  * has chosen (capture, EPLB, grouping, the expert GEMMs, the batch-invariant combine), the
  * attention scores' per-thread buffers and the dot products in fixed lanes that keep attention

@@ -11,10 +11,9 @@
 #include "base/tls.h"
 #include "base/alloc.h"
 #include "forward_internal.h"
+#include "model/decoder.h"
 #include "model/moe_ep.h"
 #include "trill/kernels.h"
-
-const trill_family_layers *trill_family_layers_of(const trill_config *c) { return trill_family_of(c)->layers; }
 
 /* ---- activation plan: one allocation, carved in two passes (measure, then assign) ---- */
 
@@ -32,12 +31,9 @@ static void assign(trill_forward_pass *fp, trill_plan *p) {
 static trill_tls_slot pass_slot;
 
 static trill_status pass_alloc(const trill_model *m, int T, bool training, bool recompute, trill_forward_pass **out) {
-    if (!trill_family_layers_of(&m->config))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: trill describes and counts this family, but its forward pass is not written yet",
-                           trill_config_architecture(&m->config));
     trill_forward_pass *fp = trill_calloc(1, sizeof *fp);
     if (!fp) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    *fp = (trill_forward_pass){ .m = m, .f = trill_family_layers_of(&m->config), .T = T, .training = training,
+    *fp = (trill_forward_pass){ .m = m, .f = &trill_decoder_layers, .T = T, .training = training,
                                 .recompute = training && recompute, .lora = m->lora && m->lora->enabled ? m->lora : NULL,
                                 .precision = m->precision };
     trill_plan p = { 0 };

@@ -1,10 +1,10 @@
 /* The training forward pass shared by the generic drivers (src/model/forward.c, the backward in
- * src/train/backward.c) and the families' layer code (src/arch/<family>/). Not public.
+ * src/train/backward.c) and the decoder layer (src/model/decoder.c). Not public.
  *
- * The drivers own what every family has: the packed batch, the embedding, the residual stream
- * between layers, the final norm, lm_head and the log-probs. A family owns one decoder layer:
- * its activations (planned into the pass's one allocation), its forward, and (in the train
- * layer, trill_family_backward) its backward. */
+ * The drivers own the packed batch, the embedding, the residual stream between layers, the final
+ * norm, lm_head and the log-probs. The decoder layer, every family's with the options of its
+ * layer description, owns its activations (planned into the pass's one allocation), its forward,
+ * and (in the train layer, trill_layer_backward) its backward. */
 #ifndef TRILL_FORWARD_INTERNAL_H
 #define TRILL_FORWARD_INTERNAL_H
 
@@ -30,9 +30,9 @@ static inline void *trill_plan_take(trill_plan *p, size_t bytes) {
 
 typedef struct trill_forward_pass trill_forward_pass;
 
-/* The model layer's part of a family: one decoder layer's forward. */
-typedef struct trill_family_layers {
-    /* Lays out the family's activations for fp->T rows (fp->training, fp->recompute and fp->lora
+/* One decoder layer's forward (the decoder's, src/model/decoder.c). */
+typedef struct trill_layer_forward {
+    /* Lays out the layers' activations for fp->T rows (fp->training, fp->recompute and fp->lora
      * say what to keep) with trill_plan_take, sets fp->acts, fp->x_first (layer 0's input) and
      * fp->x_final (the last layer's output); called twice, measuring then assigning. */
     void (*plan)(trill_forward_pass *fp, trill_plan *p);
@@ -42,14 +42,11 @@ typedef struct trill_family_layers {
      * trill_model_forward; experts may be NULL. Also re-runs a layer for recomputation. Fails
      * only when a kernel's scratch (or a bf16 weight's panel buffer) cannot be allocated. */
     trill_status (*layer)(const trill_forward_pass *fp, int l, const uint16_t *replay, uint16_t *experts);
-} trill_family_layers;
-
-/* The family's layer code for c (src/model/families.c). */
-const trill_family_layers *trill_family_layers_of(const trill_config *c);
+} trill_layer_forward;
 
 struct trill_forward_pass {
     const trill_model *m;
-    const trill_family_layers *f;
+    const trill_layer_forward *f;
     int T, n_seqs;
     const int *tokens, *offsets; /* borrowed from the caller: must outlive the pass */
     const int *targets;   /* borrowed: [T][n_targets] the tokens row t is scored on; NULL: the next input token */
@@ -60,11 +57,11 @@ struct trill_forward_pass {
     const trill_lora *lora; /* adapters in use (attached and enabled), or NULL */
     trill_precision precision; /* the model's, when the pass began: of every matmul but the router's */
     int *pos;             /* [T] position within the sequence */
-    float *x_first;       /* [T, H] layer 0's input: the embeddings (the family's buffer) */
-    float *x_final;       /* [T, H] residual stream after the last layer (the family's buffer) */
+    float *x_first;       /* [T, H] layer 0's input: the embeddings (the decoder's buffer) */
+    float *x_final;       /* [T, H] residual stream after the last layer (the decoder's buffer) */
     float *xf;            /* [T, H] final norm */
     float *xa_head;       /* [LOGIT_CHUNK, r] LoRA input of lm_head */
-    void *acts;           /* the family's activations */
+    void *acts;           /* the decoder's activations (trill_decoder_pass) */
     struct trill_ep_served_set *ep_served; /* expert parallelism: what this rank serves in the pass (src/model/moe_ep.h) */
     trill_tls_lease block; /* the one allocation everything above lives in (the thread's, reused) */
 };

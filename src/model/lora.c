@@ -208,7 +208,7 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool
     lora->enabled = true;
     lora->expert_first = whole ? 0 : m->expert_first;
     lora->expert_count = whole ? c->num_experts : m->expert_count;
-    lora->layer_size = trill_family_of(c)->lora_layer_size;
+    lora->layer_size = sizeof(trill_decoder_lora);
     lora->layers = trill_calloc((size_t)c->num_hidden_layers, lora->layer_size);
     size_t n_order = 0;
     int *order = whole_order(m, cfg.targets, &n_order);

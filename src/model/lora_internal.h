@@ -19,8 +19,8 @@ typedef struct trill_lora {
     size_t n_params;
     trill_param *tensors;   /* PEFT names and slices of params */
     size_t n_tensors;
-    /* [num_hidden_layers] the family's per-layer struct of adapter pairs (for Qwen3,
-     * qwen3_lora_layer), layer_size bytes each: trill_lora_layer; a routed expert's row holds a
+    /* [num_hidden_layers] each layer's adapter pairs (trill_decoder_lora, src/arch/decoder.h),
+     * layer_size bytes each: trill_lora_layer; a routed expert's row holds a
      * trill_lora_pair * to num_experts pairs in expert_pairs */
     void *layers;
     size_t layer_size;

@@ -110,7 +110,7 @@ trill_status trill_model_create_shard(const trill_config *config, trill_dtype st
     m->tp_size = sh->tp_size;
     m->expert_count = config->num_experts / sh->ep_size;
     m->expert_first = sh->ep_rank * m->expert_count;
-    m->layer_size = trill_family_of(config)->layer_size;
+    m->layer_size = sizeof(trill_decoder_weights);
     m->layers = trill_calloc((size_t)config->num_hidden_layers, m->layer_size);
     layout L = { .m = m };
     if (m->layers) walk_layout(&L); /* count only */

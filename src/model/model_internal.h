@@ -22,8 +22,8 @@ typedef struct trill_model {
                              (both pointers NULL) in a classifier */
     trill_weight score;   /* classifier (config.num_labels > 0): "score.weight" [num_labels, H],
                              never tied (HF's classifier has no output embeddings); else none */
-    /* [num_hidden_layers] the family's per-layer struct of pointers into the blocks (for Qwen3,
-     * qwen3_layer_weights in src/arch/qwen3/qwen3.h), layer_size bytes each: trill_model_layer */
+    /* [num_hidden_layers] each layer's pointers into the blocks (trill_decoder_weights,
+     * src/arch/decoder.h), layer_size bytes each: trill_model_layer */
     void *layers;
     size_t layer_size;
     trill_dtype checkpoint_dtype; /* storage dtype of the checkpoint loaded (F32 if created) */

@@ -1,5 +1,5 @@
 /* The backward pass: the generic driver, mirroring src/model/forward.c — lm_head and the final
- * norm, then the family's layer backward (src/arch/<family>/layer_backward.c) layer by layer in
+ * norm, then the decoder layer's backward (src/train/decoder_backward.c) layer by layer in
  * reverse, then the embedding. Gradients accumulate into blocks laid out like the parameters
  * (base weights) and like the adapters (LoRA), so a value's gradient sits at the value's offset.
  * A NULL block is not computed at all: with frozen base weights only the cheap input gradients
@@ -13,19 +13,6 @@
 #include "base/alloc.h"
 #include "trill/kernels.h"
 #include "trill/train.h"
-
-/* The train layer's part of each family (the backward files of src/arch/<id>), in trill/families.def's
- * order, as the model layer's registry (src/arch/family.c). */
-#define TRILL_FAMILY(id, model, backward, generator) extern const trill_family_backward backward;
-#include "trill/families.def"
-#undef TRILL_FAMILY
-static const trill_family_backward *const BACKWARD[] = {
-#define TRILL_FAMILY(id, model, backward, generator) &backward,
-#include "trill/families.def"
-#undef TRILL_FAMILY
-};
-
-const trill_family_backward *trill_family_backward_of(const trill_config *c) { return BACKWARD[trill_family_index(c)]; }
 
 /* The driver's scratch: the residual stream's gradient, the head's, the LoRA side path's. */
 typedef struct grad_scratch {
@@ -151,8 +138,7 @@ trill_status trill_model_backward_ep(const trill_forward_pass *fp, const float *
     const trill_config *c = &m->config;
     const int T = fp->T, H = c->hidden_size;
     if (T == 0 && !m->ep) return TRILL_OK; /* an expert-parallel rank with no tokens still serves its experts */
-    const trill_family_backward *f = trill_family_backward_of(c);
-    if (!f) return trill_error(TRILL_ERR_UNSUPPORTED, "backward: %s has no backward pass yet", trill_config_architecture(c));
+    const trill_layer_backward *f = &trill_decoder_backward;
     const trill_grad_sinks sink = { .m = m, .base = grads, .lora = fp->lora, .lora_grads = lora_grads, .expert_grads = expert_grads };
     grad_scratch g;
     void *layer_scratch = NULL;

@@ -1,5 +1,5 @@
-/* The backward pass shared by the generic driver (src/train/backward.c) and the families' layer
- * backward (src/arch/<family>/layer_backward.c). Not public. */
+/* The backward pass shared by the generic driver (src/train/backward.c) and the decoder layer's
+ * backward (src/train/decoder_backward.c). Not public. */
 #ifndef TRILL_BACKWARD_INTERNAL_H
 #define TRILL_BACKWARD_INTERNAL_H
 
@@ -78,8 +78,8 @@ trill_status trill_ep_experts_backward(const trill_forward_pass *fp, const trill
  * carves it into n float arrays, *ptrs[i] of sizes[i]; TRILL_ERR_NOMEM naming the T tokens. */
 trill_status trill_backward_scratch(trill_tls_slot *slot, trill_tls_lease *lease, float **const *ptrs, const size_t *sizes, int n, int T);
 
-/* The train layer's part of a family: one decoder layer's backward. */
-typedef struct trill_family_backward {
+/* One decoder layer's backward. */
+typedef struct trill_layer_backward {
     /* Scratch for a pass's backward; *scratch freed with end. */
     trill_status (*begin)(const trill_forward_pass *fp, void **scratch);
     /* Layer l, its activations in the pass (recomputed first when fp->recompute): dx holds the
@@ -89,9 +89,9 @@ typedef struct trill_family_backward {
     trill_status (*layer)(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg,
                           void *scratch, float *dx);
     void (*end)(void *scratch);
-} trill_family_backward;
+} trill_layer_backward;
 
-/* The family's backward for c (src/train/backward.c). */
-const trill_family_backward *trill_family_backward_of(const trill_config *c);
+/* The decoder layer's, every family's (src/train/decoder_backward.c). */
+extern const trill_layer_backward trill_decoder_backward;
 
 #endif

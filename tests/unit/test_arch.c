@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "arch/family.h"
-#include "arch/qwen3/qwen3.h"
+#include "arch/decoder.h"
 #include "model/config_json.h"
 #include "trill/config.h"
 #include "model/lora_internal.h"
@@ -22,8 +22,8 @@
 #include "trill/train.h"
 #include "trill/infer.h"
 
-#define LW(m, l) ((const qwen3_layer_weights *)trill_model_layer(m, l))
-#define LL(lora, l) ((const qwen3_lora_layer *)trill_lora_layer(lora, l))
+#define LW(m, l) ((const trill_decoder_weights *)trill_model_layer(m, l))
+#define LL(lora, l) ((const trill_decoder_lora *)trill_lora_layer(lora, l))
 
 /* the small preset, independently of the config struct */
 enum { V = 32000, H = 512, I = 1536, LAYERS = 8, QD = 8 * 64, KVD = 4 * 64, HD = 64, E = 16, K = 4, IM = 256 };
@@ -69,19 +69,19 @@ static void visit(void *ctx, const trill_tensor_row *row, const trill_param *t) 
     }
     /* the row's facts are consistent with the shape */
     if (t->ndim == 1) assert_true(t->kind == TRILL_TENSOR_NORM || t->kind == TRILL_TENSOR_BIAS);
-    if (t->role == QWEN3_Q) {
+    if (t->role == TRILL_ROLE_Q) {
         assert_int_equal(t->shape[0], QD);
         assert_int_equal(t->shape[1], H);
         assert_int_equal(t->fuse, TRILL_FUSE_QKV);
         assert_int_equal(t->split, TRILL_SPLIT_ROWS);
     }
-    if (t->role == QWEN3_EXPERT_DOWN) {
+    if (t->role == TRILL_ROLE_EXPERT_DOWN) {
         assert_int_equal(t->shape[0], H);
         assert_int_equal(t->shape[1], IM);
         assert_int_equal(t->split, TRILL_SPLIT_COLS);
         assert_int_equal(t->lora_target, TRILL_LORA_DOWN);
     }
-    if (t->role == QWEN3_ROUTER) assert_int_equal(t->lora_target, TRILL_NO_LORA);
+    if (t->role == TRILL_ROLE_ROUTER) assert_int_equal(t->lora_target, TRILL_NO_LORA);
 }
 
 static void test_table_walk(void **state) {
@@ -217,11 +217,11 @@ static void test_model_fields(void **state) {
     for (size_t t = 0; t < m->n_tensors; t++) {
         const trill_param *p = &m->tensors[t];
         assert_int_equal(p->index, (int)t);
-        if (p->role == QWEN3_K) assert_ptr_equal(LW(m, p->layer)->wk.f32, p->data);
-        if (p->role == QWEN3_EXPERT_GATE && p->expert == 3)
+        if (p->role == TRILL_ROLE_K) assert_ptr_equal(LW(m, p->layer)->wk.f32, p->data);
+        if (p->role == TRILL_ROLE_EXPERT_GATE && p->expert == 3)
             assert_ptr_equal(LW(m, p->layer)->expert_gate.f32 + 3 * (size_t)IM * H, p->data);
-        if (p->role == QWEN3_FINAL_NORM) assert_ptr_equal(m->final_norm, p->data);
-        if (p->role == QWEN3_LM_HEAD) assert_ptr_equal(m->lm_head.f32, p->data);
+        if (p->role == TRILL_ROLE_FINAL_NORM) assert_ptr_equal(m->final_norm, p->data);
+        if (p->role == TRILL_ROLE_LM_HEAD) assert_ptr_equal(m->lm_head.f32, p->data);
     }
     trill_model_free(m);
 }

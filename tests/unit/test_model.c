@@ -15,7 +15,7 @@
 #include "trill/config.h"
 #include "trill/fileio.h"
 #include "trill/kernels.h"
-#include "arch/qwen3/qwen3.h"
+#include "arch/decoder.h"
 #include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/safetensors.h"
@@ -48,7 +48,7 @@ static void test_layout_and_layer_map(void **state) {
     assert_non_null(e7);
     assert_int_equal(e7->shape[0], 32);
     assert_int_equal(e7->shape[1], 16);
-    assert_ptr_equal(e7->data, ((const qwen3_layer_weights *)trill_model_layer(m, 2))->expert_down.f32 + 7 * 32 * 16);
+    assert_ptr_equal(e7->data, ((const trill_decoder_weights *)trill_model_layer(m, 2))->expert_down.f32 + 7 * 32 * 16);
     trill_model_free(m);
 
     m = test_small_moe(1, true, true);

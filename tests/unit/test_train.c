@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
-#include "arch/qwen3/qwen3.h"
+#include "arch/decoder.h"
 #include "model/model_internal.h"
 #include "trill/model.h"
 #include "trill/train.h"
@@ -96,7 +96,7 @@ static void test_replay_own_choice_is_identical(void **state) {
         int differ = 0;
         for (int t = 1; t < T; t++) differ += t != 5 && lp_a[t] != lp_b[t];
         assert_true(differ >= 9);
-        const qwen3_layer_weights *w = trill_model_layer(m, 2);
+        const trill_decoder_weights *w = trill_model_layer(m, 2);
         double router_grad = 0;
         for (int i = 0; i < 8 * 32; i++) router_grad += fabs(gc[(w->router.f32 - m->params) + i]);
         assert_true(router_grad > 0);

@@ -155,6 +155,13 @@ bool trill_deepseek_layer_is_moe(const trill_config *c, int l) {
     return c->num_experts > 0 && l >= c->first_k_dense_replace && l % c->moe_layer_freq == 0;
 }
 
+/* MLA; every MoE layer's router sigmoid with groups, with n_shared_experts beside. */
+trill_layer_desc trill_deepseek_describe(const trill_config *c, int l) {
+    const bool moe = trill_config_is_moe(c, l);
+    return (trill_layer_desc){ .attention = TRILL_ATTENTION_MLA, .moe = moe, .router = TRILL_ROUTER_SIGMOID_GROUPS,
+                               .shared_experts = moe && c->n_shared_experts > 0 };
+}
+
 bool trill_deepseek_config_write(const trill_config *c, json_t *j) {
     bool ok = true;
     ok &= json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size)) == 0;

@@ -41,38 +41,36 @@ static bool q_lora(const trill_config *c, int l) { return c->q_lora_rank > 0; }
 static bool q_full(const trill_config *c, int l) { return c->q_lora_rank == 0; }
 static bool causal_untied(const trill_config *c, int l) { return c->num_labels == 0 && !c->tie_word_embeddings; }
 
-#define LW(f) (int)offsetof(deepseek_layer_weights, f)
-#define LL(f) (int)offsetof(deepseek_lora_layer, f)
 #define NOLORA TRILL_NO_LORA
 #define NOF TRILL_NO_FIELD
 
 static const trill_tensor_row ROWS_[] = {
     /* name                                                  kind  scope when     dims             role            LoRA target       fusion  split field             adapter */
-    { "model.embed_tokens.weight",                           TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, DS_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF },
-    { "model.layers.%d.input_layernorm.weight",              NORM, L, NULL,    { D_H, NO },     DS_INPUT_NORM,  NOLORA,           NOFUSE, REPL, LW(input_norm),   NOF },
-    { "model.layers.%d.self_attn.q_a_proj.weight",           MAT,  L, q_lora,  { D_QL, D_H },   DS_Q_A,         TRILL_LORA_Q_A,   QKV(0), REPL, LW(q_a),          LL(q_a) },
-    { "model.layers.%d.self_attn.q_a_layernorm.weight",      NORM, L, q_lora,  { D_QL, NO },    DS_Q_A_NORM,    NOLORA,           NOFUSE, REPL, LW(q_a_norm),     NOF },
-    { "model.layers.%d.self_attn.q_b_proj.weight",           MAT,  L, q_lora,  { D_Q, D_QL },   DS_Q_B,         TRILL_LORA_Q_B,   NOFUSE, ROWS, LW(q_b),          LL(q_b) },
-    { "model.layers.%d.self_attn.q_proj.weight",             MAT,  L, q_full,  { D_Q, D_H },    DS_Q,           TRILL_LORA_Q,     QKV(0), ROWS, LW(q),            LL(q) },
-    { "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", MAT,  L, NULL,    { D_KVA, D_H },  DS_KV_A,        TRILL_LORA_KV_A,  QKV(1), REPL, LW(kv_a),         LL(kv_a) },
-    { "model.layers.%d.self_attn.kv_a_layernorm.weight",     NORM, L, NULL,    { D_KVL, NO },   DS_KV_A_NORM,   NOLORA,           NOFUSE, REPL, LW(kv_a_norm),    NOF },
-    { "model.layers.%d.self_attn.kv_b_proj.weight",          MAT,  L, NULL,    { D_KVB, D_KVL },DS_KV_B,        TRILL_LORA_KV_B,  NOFUSE, ROWS, LW(kv_b),         LL(kv_b) },
-    { "model.layers.%d.self_attn.o_proj.weight",             MAT,  L, NULL,    { D_H, D_O },    DS_O,           TRILL_LORA_O,     NOFUSE, COLS, LW(o),            LL(o) },
-    { "model.layers.%d.post_attention_layernorm.weight",     NORM, L, NULL,    { D_H, NO },     DS_POST_NORM,   NOLORA,           NOFUSE, REPL, LW(post_norm),    NOF },
-    { "model.layers.%d.mlp.gate.weight",                     TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, DS_ROUTER, NOLORA,   NOFUSE, REPL, LW(router),       NOF },
-    { "model.layers.%d.mlp.gate.e_score_correction_bias",    TRILL_TENSOR_BIAS, L, moe, { D_E, NO }, DS_ROUTER_BIAS, NOLORA,   NOFUSE, REPL, LW(router_bias),  NOF },
-    { "model.layers.%d.mlp.experts.%d.gate_proj.weight",     MAT,  X, moe,     { D_IM, D_H },   DS_EXPERT_GATE, TRILL_LORA_GATE,  GU(0), ROWS, LW(expert_gate),  LL(expert_gate) },
-    { "model.layers.%d.mlp.experts.%d.up_proj.weight",       MAT,  X, moe,     { D_IM, D_H },   DS_EXPERT_UP,   TRILL_LORA_UP,    GU(1), ROWS, LW(expert_up),    LL(expert_up) },
-    { "model.layers.%d.mlp.experts.%d.down_proj.weight",     MAT,  X, moe,     { D_H, D_IM },   DS_EXPERT_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
-    { "model.layers.%d.mlp.shared_experts.gate_proj.weight", MAT,  L, shared,  { D_SH, D_H },   DS_SHARED_GATE, TRILL_LORA_GATE,  GU(0), ROWS, LW(shared_gate),  LL(shared_gate) },
-    { "model.layers.%d.mlp.shared_experts.up_proj.weight",   MAT,  L, shared,  { D_SH, D_H },   DS_SHARED_UP,   TRILL_LORA_UP,    GU(1), ROWS, LW(shared_up),    LL(shared_up) },
-    { "model.layers.%d.mlp.shared_experts.down_proj.weight", MAT,  L, shared,  { D_H, D_SH },   DS_SHARED_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(shared_down),  LL(shared_down) },
-    { "model.layers.%d.mlp.gate_proj.weight",                MAT,  L, dense,   { D_I, D_H },    DS_GATE,        TRILL_LORA_GATE,  GU(0), ROWS, LW(mlp_gate),     LL(gate) },
-    { "model.layers.%d.mlp.up_proj.weight",                  MAT,  L, dense,   { D_I, D_H },    DS_UP,          TRILL_LORA_UP,    GU(1), ROWS, LW(mlp_up),       LL(up) },
-    { "model.layers.%d.mlp.down_proj.weight",                MAT,  L, dense,   { D_H, D_I },    DS_DOWN,        TRILL_LORA_DOWN,  NOFUSE, COLS, LW(mlp_down),     LL(down) },
-    { "model.norm.weight",                                   NORM, G, NULL,    { D_H, NO },     DS_FINAL_NORM,  NOLORA,           NOFUSE, REPL, MW(final_norm),   NOF },
+    { "model.embed_tokens.weight",                           TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, TRILL_ROLE_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF },
+    { "model.layers.%d.input_layernorm.weight",              NORM, L, NULL,    { D_H, NO },     TRILL_ROLE_INPUT_NORM,  NOLORA,           NOFUSE, REPL, LW(input_norm),   NOF },
+    { "model.layers.%d.self_attn.q_a_proj.weight",           MAT,  L, q_lora,  { D_QL, D_H },   TRILL_ROLE_Q_A,         TRILL_LORA_Q_A,   QKV(0), REPL, LW(q_a),          LL(q_a) },
+    { "model.layers.%d.self_attn.q_a_layernorm.weight",      NORM, L, q_lora,  { D_QL, NO },    TRILL_ROLE_Q_A_NORM,    NOLORA,           NOFUSE, REPL, LW(q_a_norm),     NOF },
+    { "model.layers.%d.self_attn.q_b_proj.weight",           MAT,  L, q_lora,  { D_Q, D_QL },   TRILL_ROLE_Q_B,         TRILL_LORA_Q_B,   NOFUSE, ROWS, LW(q_b),          LL(q_b) },
+    { "model.layers.%d.self_attn.q_proj.weight",             MAT,  L, q_full,  { D_Q, D_H },    TRILL_ROLE_Q,           TRILL_LORA_Q,     QKV(0), ROWS, LW(wq),            LL(q) },
+    { "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", MAT,  L, NULL,    { D_KVA, D_H },  TRILL_ROLE_KV_A,        TRILL_LORA_KV_A,  QKV(1), REPL, LW(kv_a),         LL(kv_a) },
+    { "model.layers.%d.self_attn.kv_a_layernorm.weight",     NORM, L, NULL,    { D_KVL, NO },   TRILL_ROLE_KV_A_NORM,   NOLORA,           NOFUSE, REPL, LW(kv_a_norm),    NOF },
+    { "model.layers.%d.self_attn.kv_b_proj.weight",          MAT,  L, NULL,    { D_KVB, D_KVL },TRILL_ROLE_KV_B,        TRILL_LORA_KV_B,  NOFUSE, ROWS, LW(kv_b),         LL(kv_b) },
+    { "model.layers.%d.self_attn.o_proj.weight",             MAT,  L, NULL,    { D_H, D_O },    TRILL_ROLE_O,           TRILL_LORA_O,     NOFUSE, COLS, LW(wo),            LL(o) },
+    { "model.layers.%d.post_attention_layernorm.weight",     NORM, L, NULL,    { D_H, NO },     TRILL_ROLE_POST_NORM,   NOLORA,           NOFUSE, REPL, LW(post_norm),    NOF },
+    { "model.layers.%d.mlp.gate.weight",                     TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, NOLORA,   NOFUSE, REPL, LW(router),       NOF },
+    { "model.layers.%d.mlp.gate.e_score_correction_bias",    TRILL_TENSOR_BIAS, L, moe, { D_E, NO }, TRILL_ROLE_ROUTER_BIAS, NOLORA,   NOFUSE, REPL, LW(router_bias),  NOF },
+    { "model.layers.%d.mlp.experts.%d.gate_proj.weight",     MAT,  X, moe,     { D_IM, D_H },   TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE,  GU(0), ROWS, LW(expert_gate),  LL(expert_gate) },
+    { "model.layers.%d.mlp.experts.%d.up_proj.weight",       MAT,  X, moe,     { D_IM, D_H },   TRILL_ROLE_EXPERT_UP,   TRILL_LORA_UP,    GU(1), ROWS, LW(expert_up),    LL(expert_up) },
+    { "model.layers.%d.mlp.experts.%d.down_proj.weight",     MAT,  X, moe,     { D_H, D_IM },   TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
+    { "model.layers.%d.mlp.shared_experts.gate_proj.weight", MAT,  L, shared,  { D_SH, D_H },   TRILL_ROLE_SHARED_GATE, TRILL_LORA_GATE,  GU(0), ROWS, LW(shared_gate),  LL(shared_gate) },
+    { "model.layers.%d.mlp.shared_experts.up_proj.weight",   MAT,  L, shared,  { D_SH, D_H },   TRILL_ROLE_SHARED_UP,   TRILL_LORA_UP,    GU(1), ROWS, LW(shared_up),    LL(shared_up) },
+    { "model.layers.%d.mlp.shared_experts.down_proj.weight", MAT,  L, shared,  { D_H, D_SH },   TRILL_ROLE_SHARED_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(shared_down),  LL(shared_down) },
+    { "model.layers.%d.mlp.gate_proj.weight",                MAT,  L, dense,   { D_I, D_H },    TRILL_ROLE_GATE,        TRILL_LORA_GATE,  GU(0), ROWS, LW(mlp_gate),     LL(gate) },
+    { "model.layers.%d.mlp.up_proj.weight",                  MAT,  L, dense,   { D_I, D_H },    TRILL_ROLE_UP,          TRILL_LORA_UP,    GU(1), ROWS, LW(mlp_up),       LL(up) },
+    { "model.layers.%d.mlp.down_proj.weight",                MAT,  L, dense,   { D_H, D_I },    TRILL_ROLE_DOWN,        TRILL_LORA_DOWN,  NOFUSE, COLS, LW(mlp_down),     LL(down) },
+    { "model.norm.weight",                                   NORM, G, NULL,    { D_H, NO },     TRILL_ROLE_FINAL_NORM,  NOLORA,           NOFUSE, REPL, MW(final_norm),   NOF },
     /* tied: lm_head is the embedding (trill_model.lm_head points at it), no tensor of its own */
-    { "lm_head.weight", TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, DS_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head),
+    { "lm_head.weight", TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, TRILL_ROLE_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head),
       (int)offsetof(trill_lora, lm_head) },
 };
 
@@ -98,17 +96,15 @@ const trill_family trill_family_deepseek_v3 = {
     .config_read = trill_deepseek_config_read,
     .config_write = trill_deepseek_config_write,
     .layer_is_moe = trill_deepseek_layer_is_moe,
-    .layers = &trill_deepseek_layers,
+    .describe = trill_deepseek_describe,
     .rows = ROWS_,
     .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
-    .layer_size = sizeof(deepseek_layer_weights),
-    .lora_layer_size = sizeof(deepseek_lora_layer),
     .dim = dim,
     .lora_targets = BIT(TRILL_LORA_Q) | BIT(TRILL_LORA_Q_A) | BIT(TRILL_LORA_Q_B) | BIT(TRILL_LORA_KV_A) | BIT(TRILL_LORA_KV_B) |
                     BIT(TRILL_LORA_O) | BIT(TRILL_LORA_GATE) | BIT(TRILL_LORA_UP) | BIT(TRILL_LORA_DOWN) | BIT(TRILL_LORA_LM_HEAD),
     .all_linear = BIT(TRILL_LORA_Q) | BIT(TRILL_LORA_Q_A) | BIT(TRILL_LORA_Q_B) | BIT(TRILL_LORA_KV_A) | BIT(TRILL_LORA_KV_B) |
                   BIT(TRILL_LORA_O) | BIT(TRILL_LORA_GATE) | BIT(TRILL_LORA_UP) | BIT(TRILL_LORA_DOWN),
-    .tied_head_role = DS_LM_HEAD,
+    .tied_head_role = TRILL_ROLE_LM_HEAD,
     .attention_flops = attention_flops,
     .presets = trill_deepseek_presets,
     .n_presets = &trill_deepseek_n_presets,

@@ -41,34 +41,6 @@ void trill_qwen3_config_defaults(trill_config *c) {
     }
 }
 
-static trill_status refuse_if_true(const json_t *root, const char *key, const char *what) {
-    bool flag = false;
-    trill_status st = trill_json_get_bool(root, key, what, &flag);
-    if (st) return st;
-    if (flag) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": true is not supported (expected false)", what, key);
-    return TRILL_OK;
-}
-
-/* rope_scaling / rope_parameters: only plain RoPE ("default") is computed. */
-static trill_status read_rope(const json_t *root, const char *what, trill_config *c) {
-    const char *keys[2] = { "rope_scaling", "rope_parameters" };
-    for (int i = 0; i < 2; i++) {
-        const json_t *v = json_object_get(root, keys[i]);
-        if (!v || json_is_null(v)) continue;
-        if (!json_is_object(v))
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": expected an object or null, got %s", what, keys[i], trill_json_type_name(v));
-        const char *type = NULL;
-        if (trill_json_get_string(v, "rope_type", what, &type)) return TRILL_ERR_INVALID;
-        if (!type) trill_json_get_string(v, "type", what, &type);
-        if (!type || strcmp(type, "default") != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": rope type \"%s\" is not supported (only plain RoPE, rope_type \"default\")",
-                               what, keys[i], type ? type : "(missing)");
-        trill_status st = trill_json_get_double(v, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
-        if (st) return st;
-    }
-    return trill_json_get_double(root, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
-}
-
 static trill_status read_mlp_only_layers(const json_t *root, const char *what, trill_config *c) {
     const json_t *v = json_object_get(root, "mlp_only_layers");
     if (!v || json_is_null(v)) return TRILL_OK;
@@ -120,7 +92,7 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
     if ((st = trill_json_get_int(root, "intermediate_size", what, 1, BIG, &c->intermediate_size)) ||
         (st = trill_json_get_int(root, "num_attention_heads", what, 1, 4096, &c->num_attention_heads)) ||
         (st = trill_json_get_int(root, "num_key_value_heads", what, 1, 4096, &c->num_key_value_heads)) ||
-        (st = read_rope(root, what, c)))
+        (st = trill_arch_read_rope(root, what, c)))
         return st;
     if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads;
     if ((st = trill_json_get_int(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
@@ -133,8 +105,8 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
          (st = read_mlp_only_layers(root, what, c))))
         return st;
     if (c->arch == TRILL_ARCH_QWEN3) c->num_experts = c->num_experts_per_tok = 0;
-    if ((st = refuse_if_true(root, "use_sliding_window", what)) ||
-        (st = refuse_if_true(root, "attention_bias", what)) ||
+    if ((st = trill_arch_refuse_true(root, "use_sliding_window", what)) ||
+        (st = trill_arch_refuse_true(root, "attention_bias", what)) ||
         (st = check_layer_types(root, what)) || (st = trill_arch_read_fp8(root, what, c)))
         return st;
     return check_consistency(c, what);
@@ -143,6 +115,11 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
 /* HF Qwen3MoeDecoderLayer: MoE iff not in mlp_only_layers and (i+1) % decoder_sparse_step == 0. */
 bool trill_qwen3_layer_is_moe(const trill_config *c, int l) {
     return c->arch == TRILL_ARCH_QWEN3_MOE && !c->mlp_only[l] && c->num_experts > 0 && (l + 1) % c->decoder_sparse_step == 0;
+}
+
+/* GQA with QK-norm; every MoE layer's router a softmax top-k. */
+trill_layer_desc trill_qwen3_describe(const trill_config *c, int l) {
+    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .qk_norm = true, .moe = trill_config_is_moe(c, l), .router = TRILL_ROUTER_SOFTMAX };
 }
 
 bool trill_qwen3_config_write(const trill_config *c, json_t *j) {

@@ -32,32 +32,30 @@ static bool dense(const trill_config *c, int l) { return !trill_config_is_moe(c,
 static bool causal_untied(const trill_config *c, int l) { return c->num_labels == 0 && !c->tie_word_embeddings; }
 static bool classifier(const trill_config *c, int l) { return c->num_labels > 0; }
 
-#define LW(f) (int)offsetof(qwen3_layer_weights, f)
-#define LL(f) (int)offsetof(qwen3_lora_layer, f)
 
 static const trill_tensor_row ROWS_[] = {
     /* name                                              kind          scope when   dims          role               LoRA target          fusion     split field                  adapter */
-    { "model.embed_tokens.weight",                       TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H },   QWEN3_EMBED,       TRILL_NO_LORA,       NOFUSE, ROWS, MW(embed),        TRILL_NO_FIELD },
-    { "model.layers.%d.input_layernorm.weight",          NORM, L, NULL,  { D_H, NO },    QWEN3_INPUT_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, LW(input_norm),   TRILL_NO_FIELD },
-    { "model.layers.%d.self_attn.q_proj.weight",         MAT,  L, NULL,  { D_QD, D_H },  QWEN3_Q,           TRILL_LORA_Q,        QKV(0), ROWS, LW(wq),           LL(q) },
-    { "model.layers.%d.self_attn.k_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, QWEN3_K,           TRILL_LORA_K,        QKV(1), ROWS, LW(wk),           LL(k) },
-    { "model.layers.%d.self_attn.v_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, QWEN3_V,           TRILL_LORA_V,        QKV(2), ROWS, LW(wv),           LL(v) },
-    { "model.layers.%d.self_attn.o_proj.weight",         MAT,  L, NULL,  { D_H, D_QD },  QWEN3_O,           TRILL_LORA_O,        NOFUSE, COLS, LW(wo),           LL(o) },
-    { "model.layers.%d.self_attn.q_norm.weight",         NORM, L, NULL,  { D_HD, NO },   QWEN3_Q_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(q_norm),       TRILL_NO_FIELD },
-    { "model.layers.%d.self_attn.k_norm.weight",         NORM, L, NULL,  { D_HD, NO },   QWEN3_K_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(k_norm),       TRILL_NO_FIELD },
-    { "model.layers.%d.post_attention_layernorm.weight", NORM, L, NULL,  { D_H, NO },    QWEN3_POST_NORM,   TRILL_NO_LORA,       NOFUSE, REPL, LW(post_norm),    TRILL_NO_FIELD },
-    { "model.layers.%d.mlp.gate.weight",                 TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, QWEN3_ROUTER, TRILL_NO_LORA, NOFUSE, REPL, LW(router),       TRILL_NO_FIELD },
-    { "model.layers.%d.mlp.experts.%d.gate_proj.weight", MAT,  X, moe,   { D_IM, D_H },  QWEN3_EXPERT_GATE, TRILL_LORA_GATE,     GU(0),  ROWS, LW(expert_gate),  LL(expert_gate) },
-    { "model.layers.%d.mlp.experts.%d.up_proj.weight",   MAT,  X, moe,   { D_IM, D_H },  QWEN3_EXPERT_UP,   TRILL_LORA_UP,       GU(1),  ROWS, LW(expert_up),    LL(expert_up) },
-    { "model.layers.%d.mlp.experts.%d.down_proj.weight", MAT,  X, moe,   { D_H, D_IM },  QWEN3_EXPERT_DOWN, TRILL_LORA_DOWN,     NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
-    { "model.layers.%d.mlp.gate_proj.weight",            MAT,  L, dense, { D_I, D_H },   QWEN3_GATE,        TRILL_LORA_GATE,     GU(0),  ROWS, LW(mlp_gate),     LL(gate) },
-    { "model.layers.%d.mlp.up_proj.weight",              MAT,  L, dense, { D_I, D_H },   QWEN3_UP,          TRILL_LORA_UP,       GU(1),  ROWS, LW(mlp_up),       LL(up) },
-    { "model.layers.%d.mlp.down_proj.weight",            MAT,  L, dense, { D_H, D_I },   QWEN3_DOWN,        TRILL_LORA_DOWN,     NOFUSE, COLS, LW(mlp_down),     LL(down) },
-    { "model.norm.weight",                               NORM, G, NULL,  { D_H, NO },    QWEN3_FINAL_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, MW(final_norm),   TRILL_NO_FIELD },
+    { "model.embed_tokens.weight",                       TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H },   TRILL_ROLE_EMBED,       TRILL_NO_LORA,       NOFUSE, ROWS, MW(embed),        TRILL_NO_FIELD },
+    { "model.layers.%d.input_layernorm.weight",          NORM, L, NULL,  { D_H, NO },    TRILL_ROLE_INPUT_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, LW(input_norm),   TRILL_NO_FIELD },
+    { "model.layers.%d.self_attn.q_proj.weight",         MAT,  L, NULL,  { D_QD, D_H },  TRILL_ROLE_Q,           TRILL_LORA_Q,        QKV(0), ROWS, LW(wq),           LL(q) },
+    { "model.layers.%d.self_attn.k_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, TRILL_ROLE_K,           TRILL_LORA_K,        QKV(1), ROWS, LW(wk),           LL(k) },
+    { "model.layers.%d.self_attn.v_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, TRILL_ROLE_V,           TRILL_LORA_V,        QKV(2), ROWS, LW(wv),           LL(v) },
+    { "model.layers.%d.self_attn.o_proj.weight",         MAT,  L, NULL,  { D_H, D_QD },  TRILL_ROLE_O,           TRILL_LORA_O,        NOFUSE, COLS, LW(wo),           LL(o) },
+    { "model.layers.%d.self_attn.q_norm.weight",         NORM, L, NULL,  { D_HD, NO },   TRILL_ROLE_Q_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(q_norm),       TRILL_NO_FIELD },
+    { "model.layers.%d.self_attn.k_norm.weight",         NORM, L, NULL,  { D_HD, NO },   TRILL_ROLE_K_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(k_norm),       TRILL_NO_FIELD },
+    { "model.layers.%d.post_attention_layernorm.weight", NORM, L, NULL,  { D_H, NO },    TRILL_ROLE_POST_NORM,   TRILL_NO_LORA,       NOFUSE, REPL, LW(post_norm),    TRILL_NO_FIELD },
+    { "model.layers.%d.mlp.gate.weight",                 TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, TRILL_NO_LORA, NOFUSE, REPL, LW(router),       TRILL_NO_FIELD },
+    { "model.layers.%d.mlp.experts.%d.gate_proj.weight", MAT,  X, moe,   { D_IM, D_H },  TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE,     GU(0),  ROWS, LW(expert_gate),  LL(expert_gate) },
+    { "model.layers.%d.mlp.experts.%d.up_proj.weight",   MAT,  X, moe,   { D_IM, D_H },  TRILL_ROLE_EXPERT_UP,   TRILL_LORA_UP,       GU(1),  ROWS, LW(expert_up),    LL(expert_up) },
+    { "model.layers.%d.mlp.experts.%d.down_proj.weight", MAT,  X, moe,   { D_H, D_IM },  TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN,     NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
+    { "model.layers.%d.mlp.gate_proj.weight",            MAT,  L, dense, { D_I, D_H },   TRILL_ROLE_GATE,        TRILL_LORA_GATE,     GU(0),  ROWS, LW(mlp_gate),     LL(gate) },
+    { "model.layers.%d.mlp.up_proj.weight",              MAT,  L, dense, { D_I, D_H },   TRILL_ROLE_UP,          TRILL_LORA_UP,       GU(1),  ROWS, LW(mlp_up),       LL(up) },
+    { "model.layers.%d.mlp.down_proj.weight",            MAT,  L, dense, { D_H, D_I },   TRILL_ROLE_DOWN,        TRILL_LORA_DOWN,     NOFUSE, COLS, LW(mlp_down),     LL(down) },
+    { "model.norm.weight",                               NORM, G, NULL,  { D_H, NO },    TRILL_ROLE_FINAL_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, MW(final_norm),   TRILL_NO_FIELD },
     /* HF *ForSequenceClassification: nn.Linear(H, num_labels, bias=False), never tied */
-    { "score.weight",                                    TRILL_TENSOR_HEAD, G, classifier, { D_LABELS, D_H }, QWEN3_SCORE, TRILL_NO_LORA, NOFUSE, REPL, MW(score), TRILL_NO_FIELD },
+    { "score.weight",                                    TRILL_TENSOR_HEAD, G, classifier, { D_LABELS, D_H }, TRILL_ROLE_SCORE, TRILL_NO_LORA, NOFUSE, REPL, MW(score), TRILL_NO_FIELD },
     /* tied: lm_head is the embedding (trill_model.lm_head points at it), no tensor of its own */
-    { "lm_head.weight",                                  TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, QWEN3_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head), (int)offsetof(trill_lora, lm_head) },
+    { "lm_head.weight",                                  TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, TRILL_ROLE_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head), (int)offsetof(trill_lora, lm_head) },
 };
 
 /* scores Q K^T and values P V: 2 FLOPs per multiply-add, head_dim each, every query head */
@@ -80,17 +78,15 @@ const trill_family trill_family_qwen3 = {
     .config_read = trill_qwen3_config_read,
     .config_write = trill_qwen3_config_write,
     .layer_is_moe = trill_qwen3_layer_is_moe,
-    .layers = &trill_qwen3_layers,
+    .describe = trill_qwen3_describe,
     .rows = ROWS_,
     .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
-    .layer_size = sizeof(qwen3_layer_weights),
-    .lora_layer_size = sizeof(qwen3_lora_layer),
     .dim = dim,
     .lora_targets = 1u << TRILL_LORA_Q | 1u << TRILL_LORA_K | 1u << TRILL_LORA_V | 1u << TRILL_LORA_O | 1u << TRILL_LORA_GATE |
                     1u << TRILL_LORA_UP | 1u << TRILL_LORA_DOWN | 1u << TRILL_LORA_LM_HEAD,
     .all_linear = 1u << TRILL_LORA_Q | 1u << TRILL_LORA_K | 1u << TRILL_LORA_V | 1u << TRILL_LORA_O | 1u << TRILL_LORA_GATE |
                   1u << TRILL_LORA_UP | 1u << TRILL_LORA_DOWN,
-    .tied_head_role = QWEN3_LM_HEAD,
+    .tied_head_role = TRILL_ROLE_LM_HEAD,
     .attention_flops = attention_flops,
     .presets = trill_qwen3_presets,
     .n_presets = &trill_qwen3_n_presets,

@@ -1,6 +1,5 @@
-/* The DeepSeek-V3 family's part of the generator engine (trill_eng_family,
- * src/infer/engine_internal.h): MLA with a compressed KV cache and the absorbed attention, the
- * sigmoid router with its correction bias and groups, shared experts beside the routed ones.
+/* MLA in the generator (src/infer/gen_decoder.h): a compressed KV cache and the absorbed
+ * attention (DeepSeek-V3, Kimi K2).
  *
  * The cache keeps, per token per layer, kv_a_layernorm(latent) and the rotated rope key:
  * kv_lora_rank + qk_rope_head_dim values, not per-head keys and values. Attention never forms
@@ -10,131 +9,20 @@
  * the probability-weighted sum of the latents. The per-head W_uk^T and W_uv are derived from
  * kv_b_proj when the weights are built (derive_weights); an adapter on kv_b_proj adds its own
  * rank-r side paths per head (derive_adapter), so the absorbed path computes what kv_b_proj with
- * its adapter would. Every row is computed on
- * its own in a fixed order (batch invariance, as the Qwen3 layer). */
+ * its adapter would. Every row is computed on its own in a fixed order (batch invariance). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
-#include "arch/deepseek_v3/deepseek.h"
 #include "base/alloc.h"
-#include "infer/engine_internal.h"
-#include "infer/gen_blocks.h"
+#include "infer/gen_decoder.h"
 #include "trill/kernels.h"
 
 /* The layers' heads slots: W_uk^T [kv_lora_rank, nope] and W_uv [v, kv_lora_rank] per head. */
 enum { HEAD_UK_T = 0, HEAD_UV = 1 };
 
-/* The forward's buffers (trill_engine.fwd), for rows.max rows. */
-typedef struct deepseek_gen {
-    float *x, *xn;      /* [R, H] */
-    float *qkva;        /* [R, q_a (or q) + kv_lora_rank + rope]: the fused q_a|kv_a (q|kv_a) output */
-    float *qa;          /* [R, q_lora_rank] q_a_layernorm of q_a's */
-    float *q;           /* [R, nh*qk] */
-    float *ckv;         /* [R, kv_lora_rank + rope] the cache rows: normed latent | rotated rope key */
-    float *qabs;        /* [R, nh*(kv_lora_rank + rope)] absorbed queries */
-    float *olat;        /* [R, nh*kv_lora_rank] attention output in the latent space */
-    float *att;         /* [R, nh*v] */
-    float *out, *shared;/* [R, H] */
-    float *scores, *sel;/* [R, E] router scores; [R, K] their selection values */
-    float *logits;      /* [R, V] */
-    gen_moe moe;        /* routed experts (moe.ff / moe.act also serve the dense and shared MLPs) */
-    float *inv_freq;
-    float rope_scale, softmax_scale;
-    gen_scores att_scores; /* per thread: [heads of a task][max_context] */
-    gen_lora_buf lora;
-    float *head_u;      /* [R, nh * rank] the absorbed attention adapter's shrinks */
-    int head_u_rank;
-} deepseek_gen;
-
-/* Query heads per attention task: a task reads its row's cache once for them. */
-enum { HEADS_PER_TASK = 4 };
-
-static inline deepseek_gen *S(const trill_engine *e) { return e->fwd; }
-
-static int q_width(const trill_config *c) {
+int trill_gen_mla_q_width(const trill_config *c) {
     return c->q_lora_rank ? c->q_lora_rank : c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
-}
-
-static trill_status forward_check(const trill_config *c) {
-    if (c->kv_lora_rank % 8 || c->qk_rope_head_dim % 8)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: kv_lora_rank %d and qk_rope_head_dim %d must be multiples of 8 (the attention kernel's lanes)",
-                           c->kv_lora_rank, c->qk_rope_head_dim);
-    if (c->num_experts_per_tok > 64) return trill_error(TRILL_ERR_UNSUPPORTED, "engine: num_experts_per_tok %d is more than 64", c->num_experts_per_tok);
-    return TRILL_OK;
-}
-
-/* The widest SwiGLU a row goes through (dense, shared or one routed expert). */
-static size_t widest_mlp(const trill_config *c) {
-    size_t w = (size_t)c->intermediate_size, sh = (size_t)c->moe_intermediate_size * c->n_shared_experts;
-    if (sh > w) w = sh;
-    return (size_t)c->moe_intermediate_size > w ? (size_t)c->moe_intermediate_size : w;
-}
-
-static trill_status forward_alloc(trill_engine *e) {
-    const trill_config *c = &e->c;
-    const size_t R = (size_t)e->rows.max, H = c->hidden_size, nh = c->num_attention_heads, dn = c->qk_nope_head_dim;
-    const size_t dr = c->qk_rope_head_dim, dv = c->v_head_dim, kl = c->kv_lora_rank, qk = dn + dr;
-    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
-    const size_t RK = R * K, ff = widest_mlp(c);
-    deepseek_gen *f = trill_calloc(1, sizeof *f);
-    if (!f) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers");
-    e->fwd = f;
-    float **fl[] = { &f->x, &f->xn, &f->qkva, &f->qa, &f->q, &f->ckv, &f->qabs, &f->olat, &f->att, &f->out,
-                     &f->shared, &f->scores, &f->sel, &f->logits, &f->moe.topw, &f->moe.xe, &f->moe.ye, &f->moe.ff, &f->moe.act };
-    const size_t rows_ff = RK > R ? RK : R;
-    const size_t fn[] = { R * H, R * H, R * ((size_t)q_width(c) + kl + dr), R * (size_t)(c->q_lora_rank ? c->q_lora_rank : 1), R * nh * qk,
-                          R * (kl + dr), R * nh * (kl + dr), R * nh * kl, R * nh * dv, R * H, R * H, R * E, R * K,
-                          R * (size_t)c->vocab_size, RK, RK * H, RK * H, rows_ff * 2 * ff, rows_ff * ff };
-    bool ok = true;
-    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) ok &= (*fl[i] = trill_malloc(fn[i] * sizeof(float))) != NULL;
-    const size_t slots = e->eplb.window ? (size_t)e->eplb.plan.n_physical : E;
-    int **il[] = { &f->moe.topi, &f->moe.order, &f->moe.where, &f->moe.phys, &f->moe.count };
-    const size_t in[] = { RK, RK, RK, RK, slots + 1 };
-    for (size_t i = 0; i < sizeof il / sizeof il[0]; i++) ok &= (*il[i] = trill_malloc(in[i] * sizeof(int))) != NULL;
-    ok &= (f->inv_freq = trill_malloc(dr / 2 * sizeof(float))) != NULL;
-    f->att_scores.threads = omp_get_max_threads();
-    if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
-    trill_deepseek_rope(c, f->inv_freq, &f->rope_scale, &f->softmax_scale);
-    e->logits = f->logits;
-    return TRILL_OK;
-}
-
-static void forward_free(trill_engine *e) {
-    deepseek_gen *f = S(e);
-    if (!f) return;
-    float *fl[] = { f->x, f->xn, f->qkva, f->qa, f->q, f->ckv, f->qabs, f->olat, f->att, f->out, f->shared,
-                    f->scores, f->sel, f->logits, f->moe.topw, f->moe.xe, f->moe.ye, f->moe.ff, f->moe.act, f->inv_freq, f->att_scores.p };
-    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
-    free(f->moe.topi); free(f->moe.order); free(f->moe.where); free(f->moe.phys); free(f->moe.count);
-    trill_gen_lora_buf_free(&f->lora);
-    free(f->head_u);
-    free(f);
-    e->fwd = NULL;
-    e->logits = NULL;
-}
-
-/* What a token keeps in the cache, per layer: one row of kv_lora_rank + rope values. */
-static void forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
-    for (int l = 0; l < c->num_hidden_layers; l++) shape[l] = (kv_layer_shape){ .k_width = c->kv_lora_rank + c->qk_rope_head_dim, .v_width = 0 };
-}
-
-static trill_status ensure_scores(trill_engine *e, int R) {
-    const int nh = e->c.num_attention_heads;
-    return trill_gen_scores_ensure(e, &S(e)->att_scores, R, nh < HEADS_PER_TASK ? nh : HEADS_PER_TASK);
-}
-
-static trill_status ensure_lora_buffers(trill_engine *e, int r) {
-    const size_t K = e->c.num_experts_per_tok > 0 ? e->c.num_experts_per_tok : 1;
-    deepseek_gen *f = S(e);
-    if (r > f->head_u_rank) {
-        float *u = trill_malloc(sizeof(float) * (size_t)e->rows.max * e->c.num_attention_heads * r);
-        if (!u) return trill_error(TRILL_ERR_NOMEM, "out of memory for the absorbed attention's adapter path (rank %d)", r);
-        free(f->head_u);
-        f->head_u = u;
-        f->head_u_rank = r;
-    }
-    return trill_gen_lora_buf_ensure(&f->lora, r, (size_t)e->rows.max * K);
 }
 
 /* ---- derived matrices: the absorbed kv_b_proj ---- */
@@ -148,7 +36,7 @@ static float weight_at(const trill_param *t, size_t i, size_t j) {
 /* The kv_b_proj tensor of layer l. */
 static const trill_param *kv_b_of(const trill_param *t, size_t n, int l) {
     for (size_t i = 0; i < n; i++)
-        if (t[i].layer == l && t[i].role == DS_KV_B) return &t[i];
+        if (t[i].layer == l && t[i].role == TRILL_ROLE_KV_B) return &t[i];
     return NULL;
 }
 
@@ -167,7 +55,7 @@ static trill_status derive_head(gen_matrix *ukT, gen_matrix *uv, trill_gen_forma
     return trill_gen_matrix_create(uv, f, buf, NULL, dv, kl);
 }
 
-static trill_status derive_weights(const trill_config *c, trill_gen_format f, const trill_model *m, eng_weights *w) {
+trill_status trill_gen_mla_derive_weights(const trill_config *c, trill_gen_format f, const trill_model *m, eng_weights *w) {
     const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dv = c->v_head_dim, kl = c->kv_lora_rank;
     float *buf = trill_malloc(sizeof(float) * (size_t)kl * (dn > dv ? dn : dv));
     if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory deriving the absorbed attention");
@@ -184,8 +72,8 @@ static trill_status derive_weights(const trill_config *c, trill_gen_format f, co
             st = derive_head(&L->heads[HEAD_UK_T][h], &L->heads[HEAD_UV][h], f, c, kvb, h, buf);
             if (!st) w->bytes += L->heads[HEAD_UK_T][h].bytes + L->heads[HEAD_UV][h].bytes;
         }
-        w->bytes -= L->m[DS_KV_B].bytes; /* the absorbed path does not read kv_b_proj itself */
-        trill_gen_matrix_free(&L->m[DS_KV_B]);
+        w->bytes -= L->m[TRILL_ROLE_KV_B].bytes; /* the absorbed path does not read kv_b_proj itself */
+        trill_gen_matrix_free(&L->m[TRILL_ROLE_KV_B]);
     }
     free(buf);
     return st;
@@ -219,14 +107,14 @@ static trill_status derive_adapter_layer(eng_lora_layer *L, const trill_config *
     return st;
 }
 
-static trill_status derive_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter *ad) {
+trill_status trill_gen_mla_derive_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter *ad) {
     const trill_config *c = &e->c;
     const int dn = c->qk_nope_head_dim, kl = c->kv_lora_rank, r = lora->config.rank;
     float *buf = trill_malloc(sizeof(float) * (size_t)r * (kl > dn ? kl : dn));
     if (!buf) return trill_error(TRILL_ERR_NOMEM, "out of memory deriving the absorbed attention's adapter");
     trill_status st = TRILL_OK;
     for (int l = 0; l < c->num_hidden_layers && !st; l++) {
-        const trill_lora_pair *p = &((const deepseek_lora_layer *)trill_lora_layer(lora, l))->kv_b;
+        const trill_lora_pair *p = &((const trill_decoder_lora *)trill_lora_layer(lora, l))->kv_b;
         if (p->A) st = derive_adapter_layer(&ad->layers[l], c, p, r, ad->format, buf, &ad->resident);
     }
     free(buf);
@@ -236,7 +124,7 @@ static trill_status derive_adapter(const trill_engine *e, const trill_lora *lora
 /* ---- absorbed attention over the latent cache ---- */
 
 /* One task: row r, query heads h0 .. h0+n of it, reading the row's cache once for them. sc: the
- * thread's [HEADS_PER_TASK][max_context] scores. */
+ * thread's [MLA_HEADS_PER_TASK][max_context] scores. */
 static inline __attribute__((always_inline)) void attend_heads(const trill_engine *e, int layer, int r, int h0, int n_heads, float *sc,
                                                                const bool half) {
     const trill_config *c = &e->c;
@@ -280,7 +168,7 @@ static inline __attribute__((always_inline)) void attend_heads(const trill_engin
 }
 
 static void latent_attention(trill_engine *e, int layer, int R) {
-    const int nh = e->c.num_attention_heads, per = nh < HEADS_PER_TASK ? nh : HEADS_PER_TASK, tasks = (nh + per - 1) / per;
+    const int nh = e->c.num_attention_heads, per = nh < MLA_HEADS_PER_TASK ? nh : MLA_HEADS_PER_TASK, tasks = (nh + per - 1) / per;
     const bool half = e->kv.elem == 2;
 #pragma omp parallel
     {
@@ -301,22 +189,22 @@ static void latent_attention(trill_engine *e, int layer, int R) {
  * cache. */
 static trill_status project(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
     const trill_config *c = &e->c;
-    deepseek_gen *f = S(e);
+    gen_state *f = S(e);
     const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, kl = c->kv_lora_rank;
-    const int qw = q_width(c), width = qw + kl + dr, ql = c->q_lora_rank, qk = dn + dr, pairing = c->rope_interleave ? ROPE_ADJACENT : ROPE_ROTATE_HALF;
+    const int qw = trill_gen_mla_q_width(c), width = qw + kl + dr, ql = c->q_lora_rank, qk = dn + dr, pairing = c->rope_interleave ? ROPE_ADJACENT : ROPE_ROTATE_HALF;
     const float eps = (float)c->rms_norm_eps;
-    const int role = ql ? DS_Q_A : DS_Q;
+    const int role = ql ? TRILL_ROLE_Q_A : TRILL_ROLE_Q;
     trill_status st = trill_gen_linear(e, &f->lora, &L->m[role], &A->m[role], GEN_STEP_ROWS, f->qkva, f->xn, R, 0);
     if (st) return st;
     if (ql) {
         trill_gen_gather_rows(f->qa, f->qkva, R, ql, width, 0);
-        trill_rmsnorm_forward(f->qa, f->qa, L->vec[DS_Q_A_NORM], R, ql, eps);
-        if ((st = trill_gen_linear(e, &f->lora, &L->m[DS_Q_B], &A->m[DS_Q_B], GEN_STEP_ROWS, f->q, f->qa, R, 0))) return st;
+        trill_rmsnorm_forward(f->qa, f->qa, L->vec[TRILL_ROLE_Q_A_NORM], R, ql, eps);
+        if ((st = trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_Q_B], &A->m[TRILL_ROLE_Q_B], GEN_STEP_ROWS, f->q, f->qa, R, 0))) return st;
     } else {
         trill_gen_gather_rows(f->q, f->qkva, R, nh * qk, width, 0);
     }
     trill_gen_gather_rows(f->ckv, f->qkva, R, kl + dr, width, qw);
-    for (int r = 0; r < R; r++) trill_rmsnorm_forward(f->ckv + (size_t)r * (kl + dr), f->ckv + (size_t)r * (kl + dr), L->vec[DS_KV_A_NORM], 1, kl, eps);
+    for (int r = 0; r < R; r++) trill_rmsnorm_forward(f->ckv + (size_t)r * (kl + dr), f->ckv + (size_t)r * (kl + dr), L->vec[TRILL_ROLE_KV_A_NORM], 1, kl, eps);
     trill_rope_partial_forward(f->q, e->rows.pos, f->inv_freq, R, nh, qk, dn, dr, pairing, f->rope_scale);
     trill_rope_partial_forward(f->ckv, e->rows.pos, f->inv_freq, R, 1, kl + dr, kl, dr, pairing, f->rope_scale);
     for (int r = 0; r < R; r++) {
@@ -367,7 +255,7 @@ static trill_status per_head(const trill_engine *e, const gen_matrix *mats, cons
 /* qabs: each head's [W_uk^T q_nope (+ its adapter) | q_rope]. */
 static trill_status absorb_queries(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const trill_config *c = &e->c;
-    deepseek_gen *f = S(e);
+    gen_state *f = S(e);
     const int nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, kl = c->kv_lora_rank, qk = dn + dr;
     trill_status st = per_head(e, L->heads[HEAD_UK_T], &A->heads[HEAD_UK_T], f->qabs, (size_t)nh * (kl + dr), kl + dr, f->q,
                                (size_t)nh * qk, qk, R);
@@ -381,86 +269,18 @@ static trill_status absorb_queries(trill_engine *e, const eng_layer *L, const en
 /* att: each head's W_uv (+ its adapter) applied to its latent output. */
 static trill_status expand_values(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int R) {
     const trill_config *c = &e->c;
-    deepseek_gen *f = S(e);
+    gen_state *f = S(e);
     const int nh = c->num_attention_heads, dv = c->v_head_dim, kl = c->kv_lora_rank;
     return per_head(e, L->heads[HEAD_UV], &A->heads[HEAD_UV], f->att, (size_t)nh * dv, dv, f->olat, (size_t)nh * kl, kl, R);
 }
 
-/* Layer l's MLA on xn: out = o_proj(attention). */
-static trill_status attention_block(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
-    deepseek_gen *f = S(e);
+trill_status trill_gen_mla_attention(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
+    gen_state *f = S(e);
     trill_status st = project(e, L, A, l, R);
     if (!st) st = absorb_queries(e, L, A, R);
     if (st) return st;
     latent_attention(e, l, R);
     if ((st = expand_values(e, L, A, R))) return st;
-    return trill_gen_linear(e, &f->lora, &L->m[DS_O], &A->m[DS_O], GEN_STEP_ROWS, f->out, f->att, R, 0);
+    return trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, f->out, f->att, R, 0);
 }
 
-/* out[R, H] = down(silu(gate) * up) of xn, gate|up fused under role gu, width I. */
-static trill_status mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int gu, int down, float *out, int R, int I) {
-    deepseek_gen *f = S(e);
-    trill_status st = trill_gen_linear(e, &f->lora, &L->m[gu], &A->m[gu], GEN_STEP_ROWS, f->moe.ff, f->xn, R, 0);
-    if (st) return st;
-    trill_gen_swiglu_fused(f->moe.act, f->moe.ff, R, I);
-    return trill_gen_linear(e, &f->lora, &L->m[down], &A->m[down], GEN_STEP_ROWS, out, f->moe.act, R, 0);
-}
-
-/* Sigmoid scores, group-limited top-k on scores + correction bias, gates from the unbiased
- * scores; the routed experts (src/infer/gen_blocks.c), then the shared experts added. */
-static trill_status moe(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
-    const trill_config *c = &e->c;
-    deepseek_gen *f = S(e);
-    const int E = c->num_experts, K = c->num_experts_per_tok;
-    trill_status st = trill_gen_matmul(f->scores, f->xn, &L->m[DS_ROUTER], R);
-    if (st) return st;
-    trill_sigmoid_forward(f->scores, f->scores, (size_t)R * E);
-    if ((st = trill_router_topk_forward(f->moe.topi, f->sel, f->scores, L->vec[DS_ROUTER_BIAS], R, E, K, c->n_group, c->topk_group))) return st;
-    trill_router_gates_forward(f->moe.topw, f->scores, f->moe.topi, R, E, K, c->norm_topk_prob, 1e-20f, (float)c->routed_scaling_factor);
-    const gen_expert_roles roles = { DS_EXPERT_GATE, DS_EXPERT_DOWN };
-    if ((st = trill_gen_moe_experts(e, &f->moe, &f->lora, f->xn, f->out, L, A, roles, ordinal, R))) return st;
-    if (c->n_shared_experts == 0) return TRILL_OK;
-    if ((st = mlp(e, L, A, DS_SHARED_GATE, DS_SHARED_DOWN, f->shared, R, c->moe_intermediate_size * c->n_shared_experts))) return st;
-    trill_gen_add_rows(f->out, f->shared, (size_t)R * c->hidden_size);
-    return TRILL_OK;
-}
-
-static trill_status forward_rows(trill_engine *e, int R) {
-    const trill_config *c = &e->c;
-    deepseek_gen *f = S(e);
-    const int H = c->hidden_size;
-    const float eps = (float)c->rms_norm_eps;
-    const eng_weights *w = e->w;
-    trill_gen_embed(e, f->x, R);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const eng_layer *L = &w->layers[l];
-        const eng_lora_layer *A = &e->layout->layers[l]; /* the adapters' layout: each row's slot picks its own */
-        trill_rmsnorm_forward(f->xn, f->x, L->vec[DS_INPUT_NORM], R, H, eps);
-        trill_status st = attention_block(e, L, A, l, R);
-        if (st) return st;
-        trill_gen_add_rows(f->x, f->out, (size_t)R * H);
-        trill_rmsnorm_forward(f->xn, f->x, L->vec[DS_POST_NORM], R, H, eps);
-        st = trill_config_is_moe(c, l) ? moe(e, L, A, c->moe_ordinal[l], R) : mlp(e, L, A, DS_GATE, DS_DOWN, f->out, R, c->intermediate_size);
-        if (st) return st;
-        trill_gen_add_rows(f->x, f->out, (size_t)R * H);
-    }
-    return TRILL_OK;
-}
-
-/* The final norm, lm_head and its adapter over the rows listed in rows.logit. */
-static trill_status forward_logits(trill_engine *e, int n) {
-    return trill_gen_logits(e, &S(e)->lora, S(e)->x, S(e)->xn, S(e)->logits, DS_FINAL_NORM, DS_LM_HEAD, n);
-}
-
-const trill_eng_family trill_deepseek_gen = {
-    .check = forward_check,
-    .kv_shape = forward_kv_shape,
-    .alloc = forward_alloc,
-    .free = forward_free,
-    .ensure_scores = ensure_scores,
-    .ensure_lora_buffers = ensure_lora_buffers,
-    .rows = forward_rows,
-    .logits = forward_logits,
-    .derive_weights = derive_weights,
-    .derive_adapter = derive_adapter,
-};

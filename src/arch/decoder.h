@@ -1,0 +1,95 @@
+/* The decoder layer every family composes: the tensor roles, the layer's weights and adapters,
+ * and the layer description with which a family picks the options of the shared blocks.
+ *
+ * A family's tensor table points its rows into trill_decoder_weights / trill_decoder_lora (the
+ * fields a family has not stay NULL) and files each tensor under a trill_role; its layer
+ * description says, per layer, which attention, which MLP and which router the layer has. The
+ * decoder itself is written once per pass, from these alone: the training forward
+ * (src/model/decoder.c), its backward (src/train/decoder_backward.c) and the generator's
+ * (src/infer/gen_decoder.c, MLA's absorbed attention in src/infer/gen_mla.c). A family that
+ * needs more than its folder and its registry line is missing an option here. Internal to the
+ * library. */
+#ifndef TRILL_ARCH_DECODER_H
+#define TRILL_ARCH_DECODER_H
+
+#include <stdbool.h>
+
+#include "model/lora_internal.h"
+#include "model/model_internal.h"
+
+/* What a tensor is to the shared blocks (trill_param.role; the generator files its weights by
+ * role). Each family's tensors come in this relative order. */
+typedef enum trill_role {
+    TRILL_ROLE_EMBED,
+    TRILL_ROLE_INPUT_NORM,
+    TRILL_ROLE_Q_A, TRILL_ROLE_Q_A_NORM, TRILL_ROLE_Q_B, /* MLA's low-rank query */
+    TRILL_ROLE_Q, TRILL_ROLE_K, TRILL_ROLE_V,            /* GQA; MLA's full-rank q_proj is TRILL_ROLE_Q */
+    TRILL_ROLE_KV_A, TRILL_ROLE_KV_A_NORM, TRILL_ROLE_KV_B, /* MLA's latent */
+    TRILL_ROLE_O,
+    TRILL_ROLE_Q_NORM, TRILL_ROLE_K_NORM, /* GQA's per-head QK-norm */
+    TRILL_ROLE_POST_NORM,
+    TRILL_ROLE_ROUTER, TRILL_ROLE_ROUTER_BIAS,
+    TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_UP, TRILL_ROLE_EXPERT_DOWN,
+    TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_UP, TRILL_ROLE_SHARED_DOWN,
+    TRILL_ROLE_GATE, TRILL_ROLE_UP, TRILL_ROLE_DOWN, /* the dense MLP */
+    TRILL_ROLE_FINAL_NORM, TRILL_ROLE_LM_HEAD, TRILL_ROLE_SCORE,
+    TRILL_N_ROLES
+} trill_role;
+
+/* A decoder layer's weights (trill_model.layers): pointers into the model's blocks, set from the
+ * tensor table's field offsets; a family's table fills the ones its layers have. Routed
+ * experts' matrices are [E, rows, cols], back to back. nh heads, nkv kv heads of hd (GQA); qk =
+ * nope + rope, v of v_head_dim (MLA). */
+typedef struct trill_decoder_weights {
+    float *input_norm;   /* [H] */
+    trill_weight wq;     /* GQA [nh*hd, H]; MLA without q_lora_rank [nh*qk, H] */
+    trill_weight wk, wv; /* GQA [nkv*hd, H] */
+    float *q_norm;       /* GQA with QK-norm: [hd] */
+    float *k_norm;       /* [hd] */
+    trill_weight q_a;    /* MLA: [q_lora_rank, H] (q_lora_rank > 0) */
+    float *q_a_norm;     /* [q_lora_rank] */
+    trill_weight q_b;    /* [nh*qk, q_lora_rank] */
+    trill_weight kv_a;   /* MLA: [kv_lora_rank + rope, H]: the latent, then the shared rope key */
+    float *kv_a_norm;    /* [kv_lora_rank] */
+    trill_weight kv_b;   /* [nh*(nope + v), kv_lora_rank]: per head k_nope, then v */
+    trill_weight wo;     /* [H, nh*hd] (MLA: [H, nh*v]) */
+    float *post_norm;    /* [H] */
+    trill_weight mlp_gate, mlp_up; /* dense: [I, H] */
+    trill_weight mlp_down;         /* dense: [H, I] */
+    trill_weight router;           /* MoE: [E, H] */
+    float *router_bias;            /* MoE, sigmoid router: [E] e_score_correction_bias (selection only, never trained) */
+    trill_weight expert_gate, expert_up; /* [E, Im, H] */
+    trill_weight expert_down;            /* [E, H, Im] */
+    trill_weight shared_gate, shared_up; /* shared experts: [Im * n_shared, H] */
+    trill_weight shared_down;            /* [H, Im * n_shared] */
+} trill_decoder_weights;
+
+/* A decoder layer's adapters (trill_lora.layers); A == NULL where a module is not adapted. */
+typedef struct trill_decoder_lora {
+    trill_lora_pair q, k, v, o, q_a, q_b, kv_a, kv_b;
+    trill_lora_pair gate, up, down; /* the dense MLP */
+    trill_lora_pair shared_gate, shared_up, shared_down;
+    trill_lora_pair *expert_gate, *expert_up, *expert_down; /* [num_experts] for a MoE layer */
+} trill_decoder_lora;
+
+/* The attention block: grouped-query attention over per-head keys and values, or multi-head
+ * latent attention (DeepSeek-V3: keys and values from one compressed latent and a rope key
+ * shared by the heads; YaRN). Every layer of a model has the same kind. */
+typedef enum trill_attention_kind { TRILL_ATTENTION_GQA, TRILL_ATTENTION_MLA } trill_attention_kind;
+
+/* A MoE layer's router: softmax over the experts, top-k, gates the probabilities at the ids
+ * (renormalised when norm_topk_prob; Qwen3-MoE, Mixtral); or sigmoid scores, group-limited
+ * top-k of the scores plus a correction bias, gates the unbiased scores normalised and scaled by
+ * routed_scaling_factor (DeepSeek-V3, GLM-4.5). */
+typedef enum trill_router_kind { TRILL_ROUTER_SOFTMAX, TRILL_ROUTER_SIGMOID_GROUPS } trill_router_kind;
+
+/* One layer's options of the shared blocks (trill_family.describe). */
+typedef struct trill_layer_desc {
+    trill_attention_kind attention;
+    bool qk_norm;         /* GQA: RMSNorm of each head's q and k (q_norm, k_norm) before RoPE */
+    bool moe;             /* routed experts behind a router; else the dense SwiGLU MLP */
+    trill_router_kind router;
+    bool shared_experts;  /* MoE: n_shared_experts x moe_intermediate_size as one SwiGLU beside the routed ones */
+} trill_layer_desc;
+
+#endif

@@ -1,0 +1,332 @@
+/* The generator's decoder layer (trill_eng_forward, src/infer/engine_internal.h), every family's
+ * with the options of its layer description (src/arch/decoder.h): the layer forward over a
+ * step's rows, the logits, the buffers they need and the KV layout. GQA's attention is here (K
+ * and V per kv head in the cache); MLA's absorbed attention over its latent cache is in
+ * gen_mla.c.
+ *
+ * A step's rows are (sequence, position) pairs. Every kernel computes a row on its own with a
+ * fixed order of operations (infer/gemm.h is batch-invariant; attention reads the row's own
+ * sequence from the cache), so a sequence's results do not depend on its neighbours in the
+ * batch. Each row's K/V join its sequence's blocks before attention reads them; MoE rows are
+ * grouped per expert (or per physical replica with EPLB) and every row sums its experts in
+ * ascending logical id; adapters add their side path after each matrix they target. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch/family.h"
+#include "base/alloc.h"
+#include "infer/gen_decoder.h"
+#include "model/decoder.h"
+#include "trill/kernels.h"
+
+_Static_assert((int)TRILL_N_ROLES <= (int)ENG_MAX_ROLES, "the engine files a layer's matrices by role");
+
+/* ---- what the forward supports, and its buffers ---- */
+
+static bool is_mla(const trill_config *c) { return trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_MLA; }
+
+static trill_status forward_check(const trill_config *c) {
+    if (!is_mla(c) && c->head_dim % 8)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", c->head_dim);
+    if (is_mla(c) && (c->kv_lora_rank % 8 || c->qk_rope_head_dim % 8))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: kv_lora_rank %d and qk_rope_head_dim %d must be multiples of 8 (the attention kernel's lanes)",
+                           c->kv_lora_rank, c->qk_rope_head_dim);
+    if (trill_layer_desc_of(c, 0).router == TRILL_ROUTER_SIGMOID_GROUPS && c->num_experts_per_tok > 64)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: num_experts_per_tok %d is more than 64", c->num_experts_per_tok);
+    return TRILL_OK;
+}
+
+/* The widest SwiGLU a row goes through (dense, shared or one routed expert). */
+static size_t widest_mlp(const trill_config *c) {
+    size_t w = (size_t)c->intermediate_size, sh = (size_t)c->moe_intermediate_size * c->n_shared_experts;
+    if (sh > w) w = sh;
+    return (size_t)c->moe_intermediate_size > w ? (size_t)c->moe_intermediate_size : w;
+}
+
+/* The buffers of the forward over e->rows.max rows (the MoE's counts cover every physical slot
+ * when EPLB is on, so trill_eng_eplb_start comes first), and RoPE's frequencies. */
+static trill_status forward_alloc(trill_engine *e) {
+    const trill_config *c = &e->c;
+    const size_t R = (size_t)e->rows.max, H = c->hidden_size, nh = c->num_attention_heads;
+    const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
+    const size_t RK = R * K, rows_ff = RK > R ? RK : R, ff = widest_mlp(c);
+    gen_state *f = trill_calloc(1, sizeof *f);
+    if (!f) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers");
+    e->fwd = f;
+    size_t qkv = 0, qkva = 0, qa = 0, q, k = 0, ckv = 0, qabs = 0, olat = 0, att;
+    if (is_mla(c)) {
+        const size_t qk = (size_t)c->qk_nope_head_dim + c->qk_rope_head_dim, kl = c->kv_lora_rank, dr = c->qk_rope_head_dim;
+        qkva = R * ((size_t)trill_gen_mla_q_width(c) + kl + dr);
+        qa = R * (size_t)(c->q_lora_rank ? c->q_lora_rank : 1);
+        q = R * nh * qk;
+        ckv = R * (kl + dr);
+        qabs = R * nh * (kl + dr);
+        olat = R * nh * kl;
+        att = R * nh * c->v_head_dim;
+    } else {
+        const size_t qd = nh * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
+        qkv = R * (qd + 2 * kvd);
+        q = att = R * qd;
+        k = R * kvd;
+    }
+    float **fl[] = { &f->x, &f->xn, &f->qkv, &f->qkva, &f->qa, &f->q, &f->k, &f->v, &f->ckv, &f->qabs, &f->olat, &f->att, &f->out,
+                     &f->shared, &f->scores, &f->sel, &f->logits, &f->moe.topw, &f->moe.xe, &f->moe.ye, &f->moe.ff, &f->moe.act };
+    const size_t fn[] = { R * H, R * H, qkv, qkva, qa, q, k, k, ckv, qabs, olat, att, R * H,
+                          c->n_shared_experts > 0 ? R * H : 0, R * E, R * K, R * (size_t)c->vocab_size, RK, rows_ff * H, rows_ff * H,
+                          rows_ff * 2 * ff, rows_ff * ff };
+    bool ok = true;
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+        if (fn[i]) ok &= (*fl[i] = trill_malloc(fn[i] * sizeof(float))) != NULL;
+    const size_t slots = e->eplb.window ? (size_t)e->eplb.plan.n_physical : E;
+    int **il[] = { &f->moe.topi, &f->moe.order, &f->moe.where, &f->moe.phys, &f->moe.count };
+    const size_t in[] = { RK, RK, RK, RK, slots + 1 };
+    for (size_t i = 0; i < sizeof il / sizeof il[0]; i++) ok &= (*il[i] = trill_malloc(in[i] * sizeof(int))) != NULL;
+    ok &= (f->inv_freq = trill_malloc((size_t)trill_decoder_rope_dims(c) / 2 * sizeof(float))) != NULL;
+    f->att_scores.threads = omp_get_max_threads();
+    if (!ok) return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
+    trill_decoder_rope(c, f->inv_freq, &f->rope_scale, &f->softmax_scale);
+    e->logits = f->logits;
+    return TRILL_OK;
+}
+
+static void forward_free(trill_engine *e) {
+    gen_state *f = S(e);
+    if (!f) return;
+    float *fl[] = { f->x, f->xn, f->qkv, f->qkva, f->qa, f->q, f->k, f->v, f->ckv, f->qabs, f->olat, f->att, f->out, f->shared,
+                    f->scores, f->sel, f->logits, f->moe.topw, f->moe.xe, f->moe.ye, f->moe.ff, f->moe.act, f->inv_freq, f->att_scores.p };
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
+    free(f->moe.topi); free(f->moe.order); free(f->moe.where); free(f->moe.phys); free(f->moe.count);
+    trill_gen_lora_buf_free(&f->lora);
+    free(f->head_u);
+    free(f);
+    e->fwd = NULL;
+    e->logits = NULL;
+}
+
+/* What a token keeps in the cache, per layer: GQA the keys and the values of every kv head; MLA
+ * one row of kv_lora_rank + rope values. */
+static void forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
+    const int kvd = c->num_key_value_heads * c->head_dim;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        shape[l] = is_mla(c) ? (kv_layer_shape){ .k_width = c->kv_lora_rank + c->qk_rope_head_dim, .v_width = 0 }
+                             : (kv_layer_shape){ .k_width = kvd, .v_width = kvd };
+}
+
+/* Attention scores for the step's longest context, per thread: a GQA task's group of query
+ * heads, or an MLA task's heads. */
+static trill_status ensure_scores(trill_engine *e, int R) {
+    const int nh = e->c.num_attention_heads;
+    const int per = is_mla(&e->c) ? (nh < MLA_HEADS_PER_TASK ? nh : MLA_HEADS_PER_TASK) : nh / e->c.num_key_value_heads;
+    return trill_gen_scores_ensure(e, &S(e)->att_scores, R, per);
+}
+
+/* The adapter path's buffers for rank r: a shrink row for each of a step's rows and expert
+ * slots, and MLA's per-head shrinks. */
+static trill_status ensure_lora_buffers(trill_engine *e, int r) {
+    const size_t K = e->c.num_experts_per_tok > 0 ? e->c.num_experts_per_tok : 1;
+    gen_state *f = S(e);
+    if (is_mla(&e->c) && r > f->head_u_rank) {
+        float *u = trill_malloc(sizeof(float) * (size_t)e->rows.max * e->c.num_attention_heads * r);
+        if (!u) return trill_error(TRILL_ERR_NOMEM, "out of memory for the absorbed attention's adapter path (rank %d)", r);
+        free(f->head_u);
+        f->head_u = u;
+        f->head_u_rank = r;
+    }
+    return trill_gen_lora_buf_ensure(&f->lora, r, (size_t)e->rows.max * K);
+}
+
+/* ---- GQA: attention over the paged cache ---- */
+
+/* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values, the sum over j in
+ * order for every element; W is a compile-time constant at each call, so acc stays in registers
+ * while the cache is read once per position. */
+static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
+                                                                int n_pos, float *o, const int W, const bool half) {
+    const int bs = e->kv.block_size, v_stride = e->kv.shape[layer].v_width;
+    float acc[128] = { 0 };
+    for (int j0 = 0; j0 < n_pos; j0 += bs) {
+        const char *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        for (int j = 0; j < n; j++) {
+            const float w = p[j0 + j];
+            const size_t at = (size_t)j * v_stride + (size_t)col;
+            for (int l = 0; l < W; l++) acc[l] += w * gen_kv_at(vb, at + (size_t)l, half);
+        }
+    }
+    memcpy(o, acc, sizeof(float) * W);
+}
+
+/* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
+ * key and value is read once for the group; the cache is walked block by block. sc: the
+ * thread's [group][max_context] scores. */
+static inline __attribute__((always_inline)) void attend_row_head(const trill_engine *e, int layer, int r, int kvh, float *sc,
+                                                                  const bool half) {
+    const trill_config *c = &e->c;
+    const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
+    const int bs = e->kv.block_size, k_stride = e->kv.shape[layer].k_width, elem = half ? 2 : 4;
+    const float scale = S(e)->softmax_scale;
+    const seq *s = e->rows.seq[r];
+    const int n_pos = e->rows.pos[r] + 1, ctx = S(e)->att_scores.max_context;
+    const float *q = S(e)->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
+    for (int j0 = 0; j0 < n_pos; j0 += bs) {
+        const char *kb = (const char *)kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        for (int g = 0; g < group; g++) {
+            const float *qg = q + (size_t)g * hd;
+            float *sg = sc + (size_t)g * ctx + j0;
+            int j = 0;
+            for (; j + LANE <= n; j += LANE) gen_dot_lanes8(qg, kb + (size_t)j * k_stride * elem, (size_t)k_stride, hd, sg + j, half);
+            for (; j < n; j++) sg[j] = gen_dot_lanes(qg, kb + (size_t)j * k_stride * elem, hd, half);
+        }
+    }
+    for (int g = 0; g < group; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, scale); /* normalised in place */
+    for (int g = 0; g < group; g++) {
+        const float *pg = sc + (size_t)g * ctx;
+        float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
+        /* the common head sizes get a constant width, so the accumulators stay in registers */
+        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64, half);
+        else if (hd == 128)
+            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, 64, half);
+        else
+            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, LANE, half);
+    }
+}
+
+/* Causal attention of each row over its own sequence's cached keys and values (fp32 or bf16
+ * cache: each task is compiled for both and picks by the cache's element size). head_dim must
+ * be a multiple of 8 (checked when the engine is made). */
+static void paged_attention(trill_engine *e, int layer, int R) {
+    const int nkv = e->c.num_key_value_heads, group = e->c.num_attention_heads / nkv;
+    const bool half = e->kv.elem == 2;
+#pragma omp parallel
+    {
+        float *sc = S(e)->att_scores.p + (size_t)omp_get_thread_num() * S(e)->att_scores.max_context * group;
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int r = 0; r < R; r++)
+            for (int kvh = 0; kvh < nkv; kvh++) {
+                if (half) attend_row_head(e, layer, r, kvh, sc, true);
+                else attend_row_head(e, layer, r, kvh, sc, false);
+            }
+    }
+}
+
+/* Layer l's GQA on xn: out = o(attention(rope(norm(q)), rope(norm(k)), v)) (QK-norm when the
+ * layer has it), the rows' own keys and values joining the cache before anyone reads. */
+static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
+    const trill_config *c = &e->c;
+    const int hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
+    const float eps = (float)c->rms_norm_eps;
+    trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_Q], &A->m[TRILL_ROLE_Q], GEN_STEP_ROWS, S(e)->qkv, S(e)->xn, R, 0);
+    if (st) return st;
+    trill_gen_gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
+    trill_gen_gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qd);
+    trill_gen_gather_rows(S(e)->v, S(e)->qkv, R, kvd, width, qd + kvd);
+    if (desc->qk_norm) {
+        trill_rmsnorm_forward(S(e)->q, S(e)->q, L->vec[TRILL_ROLE_Q_NORM], R * nh, hd, eps);
+        trill_rmsnorm_forward(S(e)->k, S(e)->k, L->vec[TRILL_ROLE_K_NORM], R * nkv, hd, eps);
+    }
+    trill_rope_forward(S(e)->q, e->rows.pos, S(e)->inv_freq, R, nh, hd);
+    trill_rope_forward(S(e)->k, e->rows.pos, S(e)->inv_freq, R, nkv, hd);
+    for (int r = 0; r < R; r++) {
+        const seq *s = e->rows.seq[r];
+        const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
+        trill_from_f32(kv_key(&e->kv, b, l, slot), S(e)->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+        trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+    }
+    paged_attention(e, l, R);
+    return trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
+}
+
+/* ---- MLPs ---- */
+
+/* out[R, H] = down(silu(gate) * up) of xn, gate|up fused under role gu, width I. */
+static trill_status mlp(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int gu, int down, float *out, int R, int I) {
+    gen_state *f = S(e);
+    trill_status st = trill_gen_linear(e, &f->lora, &L->m[gu], &A->m[gu], GEN_STEP_ROWS, f->moe.ff, f->xn, R, 0);
+    if (st) return st;
+    trill_gen_swiglu_fused(f->moe.act, f->moe.ff, R, I);
+    return trill_gen_linear(e, &f->lora, &L->m[down], &A->m[down], GEN_STEP_ROWS, out, f->moe.act, R, 0);
+}
+
+/* The router (softmax top-k; or sigmoid scores, group-limited top-k on scores + correction bias,
+ * gates from the unbiased scores), the routed experts (src/infer/gen_blocks.c), then the shared
+ * experts added. */
+static trill_status moe(trill_engine *e, const trill_layer_desc *desc, const eng_layer *L, const eng_lora_layer *A, int ordinal, int R) {
+    const trill_config *c = &e->c;
+    gen_state *f = S(e);
+    const int E = c->num_experts, K = c->num_experts_per_tok;
+    trill_status st = trill_gen_matmul(f->scores, f->xn, &L->m[TRILL_ROLE_ROUTER], R);
+    if (st) return st;
+    if (desc->router == TRILL_ROUTER_SOFTMAX) {
+        trill_softmax_forward(f->scores, f->scores, R, E);
+        trill_topk_forward(f->moe.topi, f->moe.topw, f->scores, R, E, K);
+        trill_router_gates_forward(f->moe.topw, f->scores, f->moe.topi, R, E, K, c->norm_topk_prob, 0.0f, 1.0f);
+    } else {
+        trill_sigmoid_forward(f->scores, f->scores, (size_t)R * E);
+        if ((st = trill_router_topk_forward(f->moe.topi, f->sel, f->scores, L->vec[TRILL_ROLE_ROUTER_BIAS], R, E, K, c->n_group, c->topk_group)))
+            return st;
+        trill_router_gates_forward(f->moe.topw, f->scores, f->moe.topi, R, E, K, c->norm_topk_prob, 1e-20f, (float)c->routed_scaling_factor);
+    }
+    const gen_expert_roles roles = { TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_DOWN };
+    if ((st = trill_gen_moe_experts(e, &f->moe, &f->lora, f->xn, f->out, L, A, roles, ordinal, R))) return st;
+    if (!desc->shared_experts) return TRILL_OK;
+    if ((st = mlp(e, L, A, TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_DOWN, f->shared, R, c->moe_intermediate_size * c->n_shared_experts)))
+        return st;
+    trill_gen_add_rows(f->out, f->shared, (size_t)R * c->hidden_size);
+    return TRILL_OK;
+}
+
+/* ---- the layers ---- */
+
+static trill_status forward_rows(trill_engine *e, int R) {
+    const trill_config *c = &e->c;
+    gen_state *f = S(e);
+    const int H = c->hidden_size;
+    const float eps = (float)c->rms_norm_eps;
+    const eng_weights *w = e->w;
+    trill_gen_embed(e, f->x, R);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const trill_layer_desc desc = trill_layer_desc_of(c, l);
+        const eng_layer *L = &w->layers[l];
+        const eng_lora_layer *A = &e->layout->layers[l]; /* the adapters' layout: each row's slot picks its own */
+        trill_rmsnorm_forward(f->xn, f->x, L->vec[TRILL_ROLE_INPUT_NORM], R, H, eps);
+        trill_status st = desc.attention == TRILL_ATTENTION_MLA ? trill_gen_mla_attention(e, L, A, l, R) : gqa(e, &desc, L, A, l, R);
+        if (st) return st;
+        trill_gen_add_rows(f->x, f->out, (size_t)R * H);
+        trill_rmsnorm_forward(f->xn, f->x, L->vec[TRILL_ROLE_POST_NORM], R, H, eps);
+        st = desc.moe ? moe(e, &desc, L, A, c->moe_ordinal[l], R) : mlp(e, L, A, TRILL_ROLE_GATE, TRILL_ROLE_DOWN, f->out, R, c->intermediate_size);
+        if (st) return st;
+        trill_gen_add_rows(f->x, f->out, (size_t)R * H);
+    }
+    return TRILL_OK;
+}
+
+/* The final norm, lm_head and its adapter over the rows listed in rows.logit. */
+static trill_status forward_logits(trill_engine *e, int n) {
+    return trill_gen_logits(e, &S(e)->lora, S(e)->x, S(e)->xn, S(e)->logits, TRILL_ROLE_FINAL_NORM, TRILL_ROLE_LM_HEAD, n);
+}
+
+static trill_status derive_weights(const trill_config *c, trill_gen_format f, const trill_model *m, eng_weights *w) {
+    return is_mla(c) ? trill_gen_mla_derive_weights(c, f, m, w) : TRILL_OK;
+}
+
+static trill_status derive_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter *ad) {
+    return is_mla(&e->c) ? trill_gen_mla_derive_adapter(e, lora, ad) : TRILL_OK;
+}
+
+const trill_eng_forward trill_eng_decoder = {
+    .check = forward_check,
+    .kv_shape = forward_kv_shape,
+    .alloc = forward_alloc,
+    .free = forward_free,
+    .ensure_scores = ensure_scores,
+    .ensure_lora_buffers = ensure_lora_buffers,
+    .rows = forward_rows,
+    .logits = forward_logits,
+    .derive_weights = derive_weights,
+    .derive_adapter = derive_adapter,
+};
