@@ -60,7 +60,7 @@ static inline void test_set_bias(trill_model *m) {
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + i) % 9) - 4);
 }
 
-/* The expert-parallel tests' two small MoE models (test_ep, test_gen_ep). */
+/* The expert-parallel tests' small MoE models (test_ep, test_gen_ep, test_tp's Mixtral). */
 /* Qwen3-MoE: layer 0 dense, 8 experts top-2, hidden 32. */
 static const char DIST_QWEN3_MOE[] =
     "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": 64,"
@@ -79,6 +79,13 @@ static const char DIST_DEEPSEEK_V3[] =
     " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\","
     " \"topk_method\": \"noaux_tc\", \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false,"
     " \"max_position_embeddings\": 128, \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+/* Mixtral: GQA 4/2 without QK-norm, every layer a MoE of 8 experts, top-2. */
+static const char DIST_MIXTRAL[] =
+    "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
 /* The world, after `[--expect N]`; exits 2 on a bad command line, 1 when the launch gave another
  * rank count. *expected is N (0 without the option). */

@@ -132,5 +132,6 @@ int main(int argc, char **argv) {
     trill_comm *w = dist_test_begin("test_gen_ep", argc, argv, NULL);
     run_family(w, DIST_QWEN3_MOE, "qwen3_moe");
     run_family(w, DIST_DEEPSEEK_V3, "deepseek_v3");
+    run_family(w, DIST_MIXTRAL, "mixtral");
     return dist_test_end(w);
 }

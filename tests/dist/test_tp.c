@@ -39,6 +39,14 @@ static const char DSV3[] =
     " \"topk_method\": \"noaux_tc\", \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false,"
     " \"max_position_embeddings\": 128, \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* Mixtral: every layer a MoE of 8 experts top-2; 4 kv heads, so 4 ranks split them. */
+static const char MIXTRAL[] =
+    "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 4, \"head_dim\": 16, \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 enum { NSEQ = 3, TMAX = 96 };
 
 typedef struct batch { int n_seqs, T, offsets[NSEQ + 1], tokens[TMAX]; float dlp[TMAX]; } batch;
@@ -195,8 +203,9 @@ int main(int argc, char **argv) {
     char dsv3_qb[2048], dsv3_q[2048];
     snprintf(dsv3_qb, sizeof dsv3_qb, DSV3, "16");
     snprintf(dsv3_q, sizeof dsv3_q, DSV3, "null");
-    const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3 q_b", dsv3_qb }, { "deepseek_v3 q_proj", dsv3_q } };
-    for (size_t f = 0; f < 3; f++) {
+    const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3 q_b", dsv3_qb }, { "deepseek_v3 q_proj", dsv3_q },
+                                                             { "mixtral", MIXTRAL } };
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));
         char what[128];
@@ -210,7 +219,10 @@ int main(int argc, char **argv) {
         run_case(w, &c, TRILL_BF16, what, false, true);
         trill_model *m;
         CHECK(trill_model_create_shard(&c, TRILL_F32, &(trill_shard){ .ep_size = 1, .tp_size = 3 }, &m) == TRILL_ERR_INVALID);
-        CHECK(strstr(trill_error_message(), "3 tensor-parallel ranks split the attention heads (4, 4 key-value)"));
+        char heads[96];
+        snprintf(heads, sizeof heads, "3 tensor-parallel ranks split the attention heads (%d, %d key-value)", c.num_attention_heads,
+                 c.num_key_value_heads);
+        CHECK(strstr(trill_error_message(), heads));
     }
     return dist_test_end(w);
 }

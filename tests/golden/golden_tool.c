@@ -268,11 +268,21 @@ static const char DSV3[] =
     " \"mscale_all_dim\": 1.3}, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* Mixtral: GQA 4/2 without QK-norm, head_dim 8, every layer a MoE of 8 experts top-2 (always
+ * renormalised), untied. */
+static const char MIXTRAL[] =
+    "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 8, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+    " \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 static const spec SPECS[] = {
     { "moe_a", MOE_A, 101, true },
     { "moe_b", MOE_B, 202, false },
     { "dense", DENSE, 303, false },
     { "dsv3", DSV3, 404, true },
+    { "mixtral", MIXTRAL, 505, true },
 };
 
 /* The public accessors, shortened for the records below. */
@@ -303,7 +313,7 @@ static trill_model *model_of(const trill_config *c, trill_dtype storage, uint64_
 static unsigned lora_targets(const trill_config *c) {
     unsigned targets;
     const char *list = c->tie_word_embeddings ? "all-linear"
-                       : c->arch == TRILL_ARCH_DEEPSEEK_V3 ? "all-linear,lm_head" : "q,k,v,o,gate,up,down,lm_head";
+                       : c->arch == TRILL_ARCH_QWEN3_MOE ? "q,k,v,o,gate,up,down,lm_head" : "all-linear,lm_head";
     if (trill_lora_parse_targets(list, &targets))
         die("trill_lora_parse_targets failed: %s", trill_error_message());
     return targets;

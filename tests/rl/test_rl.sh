@@ -339,4 +339,17 @@ for sm in ("adapter", "merge"):
 print("   k2: flips with replay", [x["flip_token_frac"] for x in on], "without", [x["flip_token_frac"] for x in off],
       "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in m("k2_f32_adapter") + m("k2_f32_merge")])
 PY
+echo "== the Mixtral family (GQA without QK-norm, every layer a MoE): replay, the f32 mismatch"
+"$TRILL" init --out mx --preset mixtral-tiny --set hidden_size=64 --set intermediate_size=32 --seed 3 2>/dev/null
+MX=(model=mx "${COMMON[@]:1}")
+must_pass log_mx_replay "$TRILL" train "${MX[@]}" run_dir=mx_replay steps=2 router_replay=true generator.dtype=bf16
+must_pass log_mx_f32 "$TRILL" train "${MX[@]}" run_dir=mx_f32 steps=3 generator.dtype=f32 sync.mode=adapter
+$PY - <<'PY'
+import json
+m = lambda d: [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+on, f32 = m("mx_replay"), m("mx_f32")
+assert all(x["flip_token_frac"] == 0 and not any(x["flip_layer"]) for x in on), [x["flip_token_frac"] for x in on]
+assert all(x["mismatch_mean_abs"] < 1e-5 and x["grad_norm"] > 0 for x in f32), [x["mismatch_mean_abs"] for x in f32]
+print("   mixtral: flips with replay", [x["flip_token_frac"] for x in on], "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in f32])
+PY
 echo "all RL end-to-end tests passed"

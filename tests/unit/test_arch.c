@@ -355,11 +355,119 @@ static void test_deepseek_toy(void **state) {
     }
 }
 
+/* ---- Mixtral (GQA without QK-norm, every layer a MoE; composed from the shared decoder) ---- */
+
+/* The published sizes: Mixtral-8x7B 46.7B total / 12.9B active, Mixtral-8x22B 141B / 39B, against
+ * an independent count (per layer q, k, v, o, two norms, the router and 8 experts of three
+ * matrices; the embedding, the final norm and an untied head; active: the top-2 experts). */
+static void test_mixtral_counts(void **state) {
+    (void)state;
+    const struct { const char *preset; int64_t V, H, I, L, nh, nkv; double total, active; } cases[] = {
+        { "mixtral-8x7b", 32000, 4096, 14336, 32, 32, 8, 46.7e9, 12.9e9 },
+        { "mixtral-8x22b", 32768, 6144, 16384, 56, 48, 8, 141e9, 39e9 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = trill_config_preset_text(cases[i].preset);
+        assert_non_null(text);
+        const trill_config c = parse(text);
+        free(text);
+        const int64_t h = cases[i].H, hd = h / cases[i].nh, expert = 3 * cases[i].I * h;
+        const int64_t attn = 2 * cases[i].nh * hd * h + 2 * cases[i].nkv * hd * h + 2 * h + 8 * h;
+        const double fixed = (double)(2 * cases[i].V * h + h);
+        assert_int_equal(c.n_moe_layers, cases[i].L);
+        int64_t total, active;
+        trill_config_param_counts(&c, &total, &active);
+        assert_true((double)total == fixed + (double)(cases[i].L * (attn + 8 * expert)));
+        assert_true((double)active == fixed + (double)(cases[i].L * (attn + 2 * expert)));
+        if (fabs(total / cases[i].total - 1) > 0.005 || fabs(active / cases[i].active - 1) > 0.005) /* to the figures' precision */
+            fail_msg("%s: %.4g total / %.4g active, published %.4g / %.4g", cases[i].preset, (double)total, (double)active, cases[i].total,
+                     cases[i].active);
+        print_message("%s: %.2f B total, %.2f B active\n", cases[i].preset, total * 1e-9, active * 1e-9);
+    }
+}
+
+/* A Mixtral toy: HF's checkpoint names (block_sparse_moe, w1/w2/w3), no QK-norm, every layer a
+ * MoE, LoRA's PEFT module names w1/w2/w3, the refusals by field; its forward and generator run. */
+static void test_mixtral_toy(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+        " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": null, \"router_jitter_noise\": 0.0}";
+    trill_config c = parse(toy);
+    assert_int_equal(c.arch, TRILL_ARCH_MIXTRAL);
+    assert_int_equal(c.head_dim, 8); /* hidden_size / num_attention_heads */
+    assert_int_equal(c.moe_intermediate_size, 16);
+    assert_int_equal(c.n_moe_layers, 2);
+    assert_true(c.norm_topk_prob);
+    assert_false(trill_layer_desc_of(&c, 0).qk_norm);
+    assert_int_equal(c.rms_norm_eps * 1e5 + 0.5, 1);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    const trill_param *w1 = NULL, *w2 = NULL, *gate = NULL;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        if (!strcmp(p->name, "model.layers.1.block_sparse_moe.experts.3.w1.weight")) w1 = p;
+        if (!strcmp(p->name, "model.layers.0.block_sparse_moe.experts.0.w2.weight")) w2 = p;
+        if (!strcmp(p->name, "model.layers.0.block_sparse_moe.gate.weight")) gate = p;
+        assert_null(strstr(p->name, "norm.weight") && strstr(p->name, "self_attn")); /* no q_norm / k_norm */
+        assert_null(strstr(p->name, "mlp."));
+    }
+    assert_non_null(w1);
+    assert_int_equal(w1->shape[0], 16);
+    assert_int_equal(w1->role, TRILL_ROLE_EXPERT_GATE);
+    assert_non_null(w2);
+    assert_int_equal(w2->shape[0], 32);
+    assert_int_equal(w2->role, TRILL_ROLE_EXPERT_DOWN);
+    assert_non_null(gate);
+    assert_int_equal(gate->kind, TRILL_TENSOR_ROUTER);
+    /* 2 layers: q k v o, router, 4 experts x 3, two norms; embedding, final norm, head */
+    assert_int_equal(m->n_tensors, 2 * (4 + 1 + 4 * 3 + 2) + 3);
+    trill_lora_config lc = { .rank = 2, .alpha = 4 };
+    assert_int_equal(trill_lora_parse_targets("all-linear", &lc.targets), 0);
+    trill_lora *lora;
+    assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
+    bool named = false;
+    for (size_t t = 0; t < lora->n_tensors; t++)
+        named |= !strcmp(lora->tensors[t].name, "base_model.model.model.layers.1.block_sparse_moe.experts.2.w3.lora_B.weight");
+    assert_true(named);
+    assert_int_equal(lora->n_tensors, 2 * 2 * (4 + 4 * 3));
+    trill_lora_free(lora);
+    /* all-linear is q, k, v, o, w1, w2, w3 here; Qwen3's expert names are not Mixtral's modules */
+    lc.targets = 0;
+    assert_int_equal(trill_lora_parse_targets("gate_proj", &lc.targets), 0);
+    assert_int_not_equal(trill_lora_create(m, lc, 1, &lora), TRILL_OK);
+    int tok[3] = { 1, 2, 3 }, off[2] = { 0, 3 };
+    float lp[3];
+    trill_model_init_random(m, 3);
+    assert_int_equal(trill_model_forward(m, tok, off, 1, NULL, lp, NULL), TRILL_OK);
+    assert_true(isfinite(lp[1]) && isfinite(lp[2]) && lp[1] < 0 && lp[2] < 0);
+    trill_engine *e;
+    assert_int_equal(trill_engine_create(m, NULL, &e), TRILL_OK);
+    trill_engine_free(e);
+    trill_model_free(m);
+    const struct { const char *from, *to, *msg; } bad[] = {
+        { "\"sliding_window\": null", "\"sliding_window\": 4096", "field \"sliding_window\": a sliding window is not supported" },
+        { "\"router_jitter_noise\": 0.0", "\"router_jitter_noise\": 0.01", "field \"router_jitter_noise\": 0.01 is not supported" },
+        { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "field \"num_experts_per_tok\": 5 must be in [1, num_local_experts=4]" },
+        { "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", "must be a multiple of num_key_value_heads (3)" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[2048];
+        const char *at = strstr(toy, bad[i].from);
+        assert_non_null(at);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - toy), toy, bad[i].to, at + strlen(bad[i].from));
+        trill_config x;
+        assert_int_not_equal(trill_config_parse(text, strlen(text), "config.json", &x), TRILL_OK);
+        if (!strstr(trill_error_message(), bad[i].msg)) fail_msg("%s: %s", bad[i].msg, trill_error_message());
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_walk),  cmocka_unit_test(test_param_counts), cmocka_unit_test(test_flops),
         cmocka_unit_test(test_lora_layout), cmocka_unit_test(test_model_fields), cmocka_unit_test(test_deepseek_counts),
-        cmocka_unit_test(test_deepseek_toy),
+        cmocka_unit_test(test_deepseek_toy),  cmocka_unit_test(test_mixtral_counts), cmocka_unit_test(test_mixtral_toy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

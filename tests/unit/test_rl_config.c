@@ -498,7 +498,11 @@ static void test_overrides(void **state) {
         assert_int_equal(trill_lr_schedule_parse(schedules[i], &s), 0);
         assert_int_equal(c.trainer.schedule, s);
     }
-    static const char *const targets[] = { "q", "k", "v", "o", "gate", "up", "down", "lm_head", "q_a", "q_b", "kv_a", "kv_b" };
+    static const char *const targets[] = { /* every target's short name, as the registry lists them */
+#define TRILL_LORA_TARGET(name, peft, alias) alias,
+#include "trill/families.def"
+#undef TRILL_LORA_TARGET
+    };
     _Static_assert(sizeof targets / sizeof targets[0] == TRILL_LORA_N_TARGETS, "one name per target");
     for (int i = 0; i < TRILL_LORA_N_TARGETS; i++) {
         char a[64];

@@ -102,3 +102,24 @@ trill_model *test_small_deepseek(uint64_t seed) {
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.05f * (float)trill_rng_normal(seed + 1, i * 1000 + k);
     return m;
 }
+
+json_t *test_small_mixtral_json(void) {
+    json_t *j = trill_config_preset("mixtral-tiny");
+    json_object_set_new(j, "hidden_size", json_integer(32));
+    json_object_set_new(j, "head_dim", json_integer(8));
+    json_object_set_new(j, "intermediate_size", json_integer(16));
+    json_object_set_new(j, "num_hidden_layers", json_integer(3));
+    json_object_set_new(j, "initializer_range", json_real(0.3));
+    return j;
+}
+
+trill_model *test_small_mixtral(uint64_t seed) {
+    json_t *j = test_small_mixtral_json();
+    trill_config c;
+    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
+    json_decref(j);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, seed);
+    return m;
+}

@@ -33,4 +33,11 @@ json_t *test_small_deepseek_json(void);
  * correction bias N(0, 0.05) that changes some choices. */
 trill_model *test_small_deepseek(uint64_t seed);
 
+/* config.json of the Mixtral toy below (the caller owns the object). */
+json_t *test_small_mixtral_json(void);
+
+/* A small Mixtral (mixtral-tiny at hidden 32: 3 layers, every one a MoE of 8 experts of width
+ * 16, top-2 renormalised; GQA 4/2 heads of 8 without QK-norm; vocab 128), weights N(0, 0.3). */
+trill_model *test_small_mixtral(uint64_t seed);
+
 #endif

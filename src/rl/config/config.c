@@ -237,7 +237,7 @@ static const key KEYS[] = {
     POSITIVE("trainer.lora.alpha", trainer.lora.alpha, INF, "16", "LoRA alpha: the update is scaled by alpha / rank."),
     BOOL("trainer.lora.use_rslora", trainer.lora.use_rslora, "false", "rsLoRA: scale by alpha / sqrt(rank) instead."),
     OTHER("trainer.lora.targets", K_TARGETS, trainer.lora.targets, "all-linear",
-          "Adapted layers, comma-separated: q, k, v, o, gate, up, down (dense MLPs, every expert, shared experts), lm_head, "
+          "Adapted layers, comma-separated: q, k, v, o, gate, up, down (dense MLPs, every expert, shared experts), lm_head, w1, w2, w3 (Mixtral's experts), "
           "and MLA's q_a, q_b, kv_a, kv_b (DeepSeek-V3); `all-linear` is every linear layer of the model's family but lm_head."),
 
     ENUM("sync.mode", sync.mode, SYNC_MODES, "adapter",
