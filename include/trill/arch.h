@@ -12,6 +12,8 @@ typedef enum trill_tensor_kind {
     TRILL_TENSOR_MATRIX,    /* [out, in] a linear layer */
     TRILL_TENSOR_ROUTER,    /* [E, H] a MoE router */
     TRILL_TENSOR_HEAD,      /* [V, H] lm_head, or [num_labels, H] a classifier's score */
+    TRILL_TENSOR_LINEAR_BIAS, /* [out] a linear layer's bias (GLM's q/k/v): trained */
+    TRILL_TENSOR_N_KINDS
 } trill_tensor_kind;
 
 /* Whether gradient descent trains a tensor of this kind: all but the selection bias, which

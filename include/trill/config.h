@@ -1,10 +1,10 @@
 /* Model architecture read from a Hugging Face config.json.
  *
  * Field names and defaults are Hugging Face's, per architecture (Qwen3Config, Qwen3MoeConfig,
- * DeepseekV3Config, Kimi-K2's): the shared fields are read in src/model/config.c, each family's
- * own in src/arch/<family>/config.c. Options trill does not compute (rope scaling other than
- * DeepSeek-V3's YaRN, sliding windows, attention biases, other activations...) are refused by name
- * rather than approximated. */
+ * DeepseekV3Config, Kimi-K2's, MixtralConfig, Glm4MoeConfig): the shared fields are read in
+ * src/model/config.c, each family's own in src/arch/<family>/config.c. Options trill does not
+ * compute (rope scaling other than DeepSeek-V3's YaRN, sliding windows, other activations...) are
+ * refused by name rather than approximated. */
 #ifndef TRILL_CONFIG_H
 #define TRILL_CONFIG_H
 
@@ -45,6 +45,12 @@ typedef struct trill_config {
     int decoder_sparse_step;
     bool norm_topk_prob;
     bool mlp_only[TRILL_MAX_LAYERS]; /* mlp_only_layers as a per-layer flag */
+    /* GQA's options beyond Qwen3's (Glm4Moe): QK-norm when use_qk_norm (Qwen3 has it always,
+     * Mixtral never), biases on the q/k/v projections (attention_bias; o_proj has none), and RoPE
+     * on the first partial_rotary_factor x head_dim dimensions of each head (1: all of them) */
+    bool qk_norm;
+    bool attention_bias;
+    double partial_rotary_factor;
     /* DeepSeek-V3 (HF DeepseekV3Config; num_experts holds n_routed_experts): MLA attention, a
      * sigmoid router with a selection bias and group-limited top-k, shared experts, YaRN */
     int q_lora_rank;           /* 0: q_proj (HF null), else q_a_proj -> q_a_layernorm -> q_b_proj */
@@ -117,7 +123,7 @@ bool trill_config_preset_is_real(const char *name);
 char *trill_config_to_text(const trill_config *c);
 
 /* Parameters by the tensor table's kind (trill_tensor_kind, trill/arch.h: by_kind has
- * TRILL_TENSOR_HEAD + 1 entries), the routed experts' counted apart in *routed_experts. */
+ * TRILL_TENSOR_N_KINDS entries), the routed experts' counted apart in *routed_experts. */
 void trill_config_param_breakdown(const trill_config *c, int64_t *by_kind, int64_t *routed_experts);
 
 #endif

@@ -24,6 +24,7 @@ typedef enum trill_role {
     TRILL_ROLE_INPUT_NORM,
     TRILL_ROLE_Q_A, TRILL_ROLE_Q_A_NORM, TRILL_ROLE_Q_B, /* MLA's low-rank query */
     TRILL_ROLE_Q, TRILL_ROLE_K, TRILL_ROLE_V,            /* GQA; MLA's full-rank q_proj is TRILL_ROLE_Q */
+    TRILL_ROLE_Q_BIAS, TRILL_ROLE_K_BIAS, TRILL_ROLE_V_BIAS, /* GQA with attention_bias */
     TRILL_ROLE_KV_A, TRILL_ROLE_KV_A_NORM, TRILL_ROLE_KV_B, /* MLA's latent */
     TRILL_ROLE_O,
     TRILL_ROLE_Q_NORM, TRILL_ROLE_K_NORM, /* GQA's per-head QK-norm */
@@ -44,6 +45,8 @@ typedef struct trill_decoder_weights {
     float *input_norm;   /* [H] */
     trill_weight wq;     /* GQA [nh*hd, H]; MLA without q_lora_rank [nh*qk, H] */
     trill_weight wk, wv; /* GQA [nkv*hd, H] */
+    float *q_bias;       /* GQA with q/k/v biases: [nh*hd] */
+    float *k_bias, *v_bias; /* [nkv*hd] */
     float *q_norm;       /* GQA with QK-norm: [hd] */
     float *k_norm;       /* [hd] */
     trill_weight q_a;    /* MLA: [q_lora_rank, H] (q_lora_rank > 0) */
@@ -74,7 +77,9 @@ typedef struct trill_decoder_lora {
 
 /* The attention block: grouped-query attention over per-head keys and values, or multi-head
  * latent attention (DeepSeek-V3: keys and values from one compressed latent and a rope key
- * shared by the heads; YaRN). Every layer of a model has the same kind. */
+ * shared by the heads; YaRN). Every layer of a model has the same kind. GQA's RoPE turns the
+ * first partial_rotary_factor x head_dim dimensions of each head (rotate-half), MLA's the rope
+ * part. */
 typedef enum trill_attention_kind { TRILL_ATTENTION_GQA, TRILL_ATTENTION_MLA } trill_attention_kind;
 
 /* A MoE layer's router: softmax over the experts, top-k, gates the probabilities at the ids
@@ -87,6 +92,7 @@ typedef enum trill_router_kind { TRILL_ROUTER_SOFTMAX, TRILL_ROUTER_SIGMOID_GROU
 typedef struct trill_layer_desc {
     trill_attention_kind attention;
     bool qk_norm;         /* GQA: RMSNorm of each head's q and k (q_norm, k_norm) before RoPE */
+    bool qkv_bias;        /* GQA: q, k and v projections with biases (q_bias, k_bias, v_bias) */
     bool moe;             /* routed experts behind a router; else the dense SwiGLU MLP */
     trill_router_kind router;
     bool shared_experts;  /* MoE: n_shared_experts x moe_intermediate_size as one SwiGLU beside the routed ones */

@@ -103,11 +103,11 @@ static void count_kind(void *ctx, const trill_tensor_row *row, const trill_param
     (void)row;
     kinds *k = ctx;
     if (t->expert >= 0) *k->routed += (int64_t)t->numel;
-    else if ((unsigned)t->kind <= TRILL_TENSOR_HEAD) k->by_kind[t->kind] += (int64_t)t->numel;
+    else if ((unsigned)t->kind < TRILL_TENSOR_N_KINDS) k->by_kind[t->kind] += (int64_t)t->numel;
 }
 
 void trill_config_param_breakdown(const trill_config *c, int64_t *by_kind, int64_t *routed_experts) {
-    for (int i = 0; i <= TRILL_TENSOR_HEAD; i++) by_kind[i] = 0;
+    for (int i = 0; i < TRILL_TENSOR_N_KINDS; i++) by_kind[i] = 0;
     *routed_experts = 0;
     kinds k = { by_kind, routed_experts };
     trill_arch_walk(c, count_kind, &k);
@@ -177,9 +177,27 @@ trill_status trill_arch_read_rope(const json_t *root, const char *what, trill_co
             return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": rope type \"%s\" is not supported (only plain RoPE, rope_type \"default\")",
                                what, keys[i], type ? type : "(missing)");
         trill_status st = trill_json_get_double(v, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
+        if (!st) st = trill_json_get_double(v, "partial_rotary_factor", what, 1e-6, 1, &c->partial_rotary_factor);
         if (st) return st;
     }
-    return trill_json_get_double(root, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
+    trill_status st = trill_json_get_double(root, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
+    if (!st) st = trill_json_get_double(root, "partial_rotary_factor", what, 1e-6, 1, &c->partial_rotary_factor);
+    return st;
+}
+
+trill_status trill_arch_get_int_or_null(const json_t *root, const char *key, const char *what, int lo, int hi, int *out) {
+    const json_t *v = json_object_get(root, key);
+    if (v && json_is_null(v)) {
+        *out = 0;
+        return TRILL_OK;
+    }
+    return trill_json_get_int(root, key, what, lo, hi, out);
+}
+
+trill_status trill_arch_refuse_partial_rope(const trill_config *c, const char *what) {
+    if (c->partial_rotary_factor == 1.0) return TRILL_OK;
+    return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"partial_rotary_factor\": %g is not supported for %s (expected 1: RoPE on the whole head)",
+                       what, c->partial_rotary_factor, trill_config_architecture(c));
 }
 
 trill_status trill_arch_refuse_true(const json_t *root, const char *key, const char *what) {

@@ -56,7 +56,7 @@ typedef struct trill_preset { const char *name, *config; bool real; } trill_pres
 struct json_t;              /* jansson's: config.json */
 
 /* An architecture of a family by its Hugging Face names: config.json's "model_type" and the
- * "architectures" entries of its causal LM and of its sequence classifier. */
+ * "architectures" entries of its causal LM and of its sequence classifier (NULL: HF has none). */
 typedef struct trill_arch_names { trill_arch arch; const char *model_type, *causal_lm, *classifier; } trill_arch_names;
 
 typedef struct trill_family {
@@ -118,9 +118,15 @@ void trill_arch_walk(const trill_config *c, trill_tensor_fn fn, void *ctx);
  * families read it: the loader dequantizes F8_E4M3 matrices with their weight_scale_inv blocks. */
 trill_status trill_arch_read_fp8(const struct json_t *root, const char *what, trill_config *c);
 
-/* Plain RoPE's theta: config.json's "rope_theta", and "rope_scaling" / "rope_parameters" when
- * present (rope_type "default" only, its rope_theta; anything else is refused by field). */
+/* Plain RoPE's theta and partial_rotary_factor: config.json's "rope_theta" and
+ * "partial_rotary_factor", and "rope_scaling" / "rope_parameters" when present (rope_type
+ * "default" only, its rope_theta and partial_rotary_factor; anything else is refused by field). */
 trill_status trill_arch_read_rope(const struct json_t *root, const char *what, trill_config *c);
+/* An integer field that may be null (HF's None: q_lora_rank's q_proj, a head_dim derived from
+ * hidden_size); null reads as 0, absent leaves *out as it is. */
+trill_status trill_arch_get_int_or_null(const struct json_t *root, const char *key, const char *what, int lo, int hi, int *out);
+/* Refuses a partial_rotary_factor other than 1 (a family whose RoPE turns the whole head). */
+trill_status trill_arch_refuse_partial_rope(const trill_config *c, const char *what);
 /* Refuses a boolean field that is true (a feature trill does not compute); absent is false. */
 trill_status trill_arch_refuse_true(const struct json_t *root, const char *key, const char *what);
 

@@ -31,12 +31,13 @@ static void print_layer_map(const trill_config *c) {
 
 /* Parameters by the tensor table's kinds (routed experts apart from the other matrices). */
 static void print_breakdown(const trill_config *c) {
-    int64_t n[TRILL_TENSOR_HEAD + 1], experts;
+    int64_t n[TRILL_TENSOR_N_KINDS], experts;
     trill_config_param_breakdown(c, n, &experts);
     printf("by kind:       embedding %" PRId64 ", matrices %" PRId64 ", routed experts %" PRId64 ", routers %" PRId64
-           ", norms %" PRId64 ", biases %" PRId64 ", head %" PRId64 "%s\n",
+           ", norms %" PRId64 ", biases %" PRId64 ", linear biases %" PRId64 ", head %" PRId64 "%s\n",
            n[TRILL_TENSOR_EMBEDDING], n[TRILL_TENSOR_MATRIX], experts, n[TRILL_TENSOR_ROUTER], n[TRILL_TENSOR_NORM],
-           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_HEAD], c->tie_word_embeddings && c->num_labels == 0 ? " (tied)" : "");
+           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_LINEAR_BIAS], n[TRILL_TENSOR_HEAD],
+           c->tie_word_embeddings && c->num_labels == 0 ? " (tied)" : "");
 }
 
 /* The description every folder gets, from its config alone. */

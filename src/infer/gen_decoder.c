@@ -213,8 +213,9 @@ static void paged_attention(trill_engine *e, int layer, int R) {
     }
 }
 
-/* Layer l's GQA on xn: out = o(attention(rope(norm(q)), rope(norm(k)), v)) (QK-norm when the
- * layer has it), the rows' own keys and values joining the cache before anyone reads. */
+/* Layer l's GQA on xn: out = o(attention(rope(norm(q)), rope(norm(k)), v)) (the projections'
+ * biases and QK-norm when the layer has them; RoPE on each head's rotated dimensions), the rows'
+ * own keys and values joining the cache before anyone reads. */
 static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
     const trill_config *c = &e->c;
     const int hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
@@ -225,12 +226,17 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
     trill_gen_gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
     trill_gen_gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qd);
     trill_gen_gather_rows(S(e)->v, S(e)->qkv, R, kvd, width, qd + kvd);
+    if (desc->qkv_bias) {
+        trill_decoder_bias_forward(S(e)->q, L->vec[TRILL_ROLE_Q_BIAS], R, qd);
+        trill_decoder_bias_forward(S(e)->k, L->vec[TRILL_ROLE_K_BIAS], R, kvd);
+        trill_decoder_bias_forward(S(e)->v, L->vec[TRILL_ROLE_V_BIAS], R, kvd);
+    }
     if (desc->qk_norm) {
         trill_rmsnorm_forward(S(e)->q, S(e)->q, L->vec[TRILL_ROLE_Q_NORM], R * nh, hd, eps);
         trill_rmsnorm_forward(S(e)->k, S(e)->k, L->vec[TRILL_ROLE_K_NORM], R * nkv, hd, eps);
     }
-    trill_rope_forward(S(e)->q, e->rows.pos, S(e)->inv_freq, R, nh, hd);
-    trill_rope_forward(S(e)->k, e->rows.pos, S(e)->inv_freq, R, nkv, hd);
+    trill_decoder_rope_heads(c, S(e)->q, e->rows.pos, S(e)->inv_freq, R, nh);
+    trill_decoder_rope_heads(c, S(e)->k, e->rows.pos, S(e)->inv_freq, R, nkv);
     for (int r = 0; r < R; r++) {
         const seq *s = e->rows.seq[r];
         const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;

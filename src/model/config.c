@@ -100,10 +100,10 @@ static trill_status read_arch(const json_t *root, const char *what, trill_arch *
     const json_t *a;
     json_array_foreach(archs, i, a) {
         const char *name = json_is_string(a) ? json_string_value(a) : "(not a string)";
-        const bool is_cls = strcmp(name, cls) == 0;
+        const bool is_cls = cls && strcmp(name, cls) == 0; /* a family may have no classifier (cls NULL) */
         if (!is_cls && strcmp(name, lm) != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"architectures\": entry %zu: \"%s\" is not supported for model_type \"%s\" (expected \"%s\" or \"%s\")",
-                               what, i, name, model_type, lm, cls);
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"architectures\": entry %zu: \"%s\" is not supported for model_type \"%s\" (expected \"%s\"%s%s%s)",
+                               what, i, name, model_type, lm, cls ? " or \"" : "", cls ? cls : "", cls ? "\"" : "");
         if (i > 0 && is_cls != *classifier)
             return trill_error(TRILL_ERR_INVALID, "%s: field \"architectures\": names both \"%s\" and \"%s\" (expected one: a causal LM has lm_head.weight, a classifier score.weight)",
                                what, lm, cls);
@@ -170,6 +170,7 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
     trill_config c;
     memset(&c, 0, sizeof c);
     c.arch = arch;
+    c.partial_rotary_factor = 1.0; /* HF's default for every family: RoPE on the whole head */
     c.bos_token_id = -1;
     c.pad_token_id = -1;
     const trill_family *f = trill_family_of(&c);

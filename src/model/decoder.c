@@ -20,12 +20,13 @@
 #include "trill/kernels.h"
 
 int trill_decoder_rope_dims(const trill_config *c) {
-    return trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_MLA ? c->qk_rope_head_dim : c->head_dim;
+    if (trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_MLA) return c->qk_rope_head_dim;
+    return c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1 ? (int)(c->head_dim * c->partial_rotary_factor) : c->head_dim; /* HF: int() */
 }
 
 void trill_decoder_rope(const trill_config *c, float *inv_freq, float *rope_scale, float *softmax_scale) {
     if (trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_GQA) {
-        trill_rope_inv_freq(inv_freq, c->head_dim, c->rope_theta);
+        trill_rope_inv_freq(inv_freq, trill_decoder_rope_dims(c), c->rope_theta);
         *rope_scale = 1.0f;
         *softmax_scale = 1 / sqrtf((float)c->head_dim);
         return;
@@ -157,7 +158,19 @@ static const trill_decoder_lora NO_ADAPTERS;
 
 /* ---- attention ---- */
 
-/* GQA on xn1: q, k, v projections, QK-norm when the layer has it, RoPE, attention into att. */
+void trill_decoder_bias_forward(float *y, const float *b, int n, int N) {
+    for (size_t t = 0; t < (size_t)n; t++)
+        for (int i = 0; i < N; i++) y[t * N + i] += b[i];
+}
+
+void trill_decoder_rope_heads(const trill_config *c, float *x, const int *pos, const float *inv_freq, int n, int heads) {
+    const int hd = c->head_dim, rd = trill_decoder_rope_dims(c);
+    if (rd == hd) trill_rope_forward(x, pos, inv_freq, n, heads, hd);
+    else trill_rope_partial_forward(x, pos, inv_freq, n, heads, hd, 0, rd, ROPE_ROTATE_HALF, 1.0f);
+}
+
+/* GQA on xn1: q, k, v projections (with their biases when the layer has them), QK-norm when it
+ * has it, RoPE on each head's rotated dimensions, attention into att. */
 static trill_status gqa(const trill_forward_pass *fp, const trill_layer_desc *desc, const trill_decoder_weights *w,
                         const trill_decoder_lora *ad, trill_decoder_acts *a) {
     const trill_config *c = &fp->m->config;
@@ -169,12 +182,17 @@ static trill_status gqa(const trill_forward_pass *fp, const trill_layer_desc *de
     if (!st) st = trill_linear(fp, k, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
     if (!st) st = trill_linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     if (st) return st;
+    if (desc->qkv_bias) {
+        trill_decoder_bias_forward(q, w->q_bias, T, nh * hd);
+        trill_decoder_bias_forward(k, w->k_bias, T, nkv * hd);
+        trill_decoder_bias_forward(a->v, w->v_bias, T, nkv * hd);
+    }
     if (desc->qk_norm) {
         trill_rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
         trill_rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     }
-    trill_rope_forward(a->q, fp->pos, d->inv_freq, T, nh, hd);
-    trill_rope_forward(a->k, fp->pos, d->inv_freq, T, nkv, hd);
+    trill_decoder_rope_heads(c, a->q, fp->pos, d->inv_freq, T, nh);
+    trill_decoder_rope_heads(c, a->k, fp->pos, d->inv_freq, T, nkv);
     return trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, d->softmax_scale, fp->precision);
 }
 

@@ -115,8 +115,22 @@ static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer
 
 /* ---- attention ---- */
 
-/* GQA: from dq, dk, dv (after the attention's backward) -> g->dxn, through RoPE, QK-norm and
- * the projections. */
+/* db[N] += the sum over rows of dy[n, N]: a linear layer's bias gradient (rows in order). */
+static void bias_backward(float *db, const float *dy, int n, int N) {
+    if (!db) return;
+    for (size_t t = 0; t < (size_t)n; t++)
+        for (int i = 0; i < N; i++) db[i] += dy[t * N + i];
+}
+
+/* RoPE's backward on each head's rotated dimensions (trill_decoder_rope_heads). */
+static void rope_heads_backward(const trill_config *c, float *dx, const int *pos, const float *inv_freq, int n, int heads) {
+    const int hd = c->head_dim, rd = trill_decoder_rope_dims(c);
+    if (rd == hd) trill_rope_backward(dx, pos, inv_freq, n, heads, hd);
+    else trill_rope_partial_backward(dx, pos, inv_freq, n, heads, hd, 0, rd, ROPE_ROTATE_HALF, 1.0f);
+}
+
+/* GQA: from dq, dk, dv (after the attention's backward) -> g->dxn, through RoPE, QK-norm, the
+ * biases and the projections. */
 static trill_status gqa_backward(const trill_forward_pass *fp, const trill_layer_desc *desc, const trill_decoder_weights *w,
                                  const trill_decoder_lora *ad, const trill_decoder_acts *a, const trill_grad_sinks *sink,
                                  const trill_lora_scratch *lg, scratch *g) {
@@ -124,8 +138,8 @@ static trill_status gqa_backward(const trill_forward_pass *fp, const trill_layer
     const trill_decoder_pass *d = fp->acts;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
-    trill_rope_backward(g->dq, fp->pos, d->inv_freq, T, nh, hd);
-    trill_rope_backward(g->dk, fp->pos, d->inv_freq, T, nkv, hd);
+    rope_heads_backward(c, g->dq, fp->pos, d->inv_freq, T, nh);
+    rope_heads_backward(c, g->dk, fp->pos, d->inv_freq, T, nkv);
     const float *dq = g->dq, *dk = g->dk;
     trill_status st;
     if (desc->qk_norm) {
@@ -135,6 +149,11 @@ static trill_status gqa_backward(const trill_forward_pass *fp, const trill_layer
             (st = trill_rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps)))
             return st;
         dq = g->dqr, dk = g->dkr;
+    }
+    if (desc->qkv_bias) {
+        bias_backward(trill_grad_of(sink, w->q_bias), dq, T, nh * hd);
+        bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);
+        bias_backward(trill_grad_of(sink, w->v_bias), g->dv, T, nkv * hd);
     }
     zero(g->dxn, (size_t)T * H);
     if ((st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, dq, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||

@@ -58,6 +58,8 @@ static inline void test_set_bias(trill_model *m) {
     for (size_t i = 0; i < n; i++)
         if (t[i].kind == TRILL_TENSOR_BIAS)
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + i) % 9) - 4);
+        else if (t[i].kind == TRILL_TENSOR_LINEAR_BIAS) /* a linear bias (HF starts it at 0): from the whole tensor's index */
+            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.1f * (float)((int)(((k + (size_t)t[i].slice_at[0]) * 5 + i) % 7) - 3);
 }
 
 /* The expert-parallel tests' small MoE models (test_ep, test_gen_ep, test_tp's Mixtral). */
@@ -84,6 +86,17 @@ static const char DIST_MIXTRAL[] =
     "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 64,"
     " \"hidden_size\": 32, \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
     " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_local_experts\": 8, \"num_experts_per_tok\": 2,"
+    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
+/* GLM-4.5: q/k/v biases, QK-norm, RoPE on half of each head of 16, layer 0 dense, 8 routed experts
+ * top-2 behind the sigmoid router, a shared expert; 4 kv heads, so 4 ranks split them. */
+static const char DIST_GLM[] =
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 32, \"moe_intermediate_size\": 8, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"head_dim\": 16, \"partial_rotary_factor\": 0.5,"
+    " \"attention_bias\": true, \"use_qk_norm\": true, \"n_routed_experts\": 8, \"n_shared_experts\": 1,"
+    " \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"n_group\": 1, \"topk_group\": 1,"
     " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 

@@ -268,7 +268,7 @@ int main(int argc, char **argv) {
     trill_comm *w = dist_test_begin("test_ep", argc, argv, NULL);
     const int P = trill_comm_size(w);
     static const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", DIST_QWEN3_MOE }, { "deepseek_v3", DIST_DEEPSEEK_V3 },
-                                                                     { "mixtral", DIST_MIXTRAL } };
+                                                                     { "mixtral", DIST_MIXTRAL }, { "glm4_moe", DIST_GLM } };
     for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));

@@ -133,5 +133,6 @@ int main(int argc, char **argv) {
     run_family(w, DIST_QWEN3_MOE, "qwen3_moe");
     run_family(w, DIST_DEEPSEEK_V3, "deepseek_v3");
     run_family(w, DIST_MIXTRAL, "mixtral");
+    run_family(w, DIST_GLM, "glm4_moe");
     return dist_test_end(w);
 }

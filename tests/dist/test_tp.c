@@ -92,8 +92,8 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
     int sliced = 0, differ = 0;
     for (size_t i = 0; i < nts && storage == TRILL_F32; i++) {
         sliced += ts[i].shape[0] != tw[i].shape[0] || ts[i].shape[1] != tw[i].shape[1];
-        if (ts[i].ndim == 1) {
-            differ += ts[i].numel != tw[i].numel || memcmp(ts[i].data, tw[i].data, sizeof(float) * ts[i].numel) != 0;
+        if (ts[i].ndim == 1) { /* a norm whole, a q/k/v bias this rank's heads' slice */
+            differ += (size_t)ts[i].whole_shape[0] != tw[i].numel || memcmp(ts[i].data, tw[i].data + ts[i].slice_at[0], sizeof(float) * ts[i].numel) != 0;
             continue;
         }
         for (int64_t r = 0; r < ts[i].shape[0]; r++)
@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
     snprintf(dsv3_qb, sizeof dsv3_qb, DSV3, "16");
     snprintf(dsv3_q, sizeof dsv3_q, DSV3, "null");
     const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3 q_b", dsv3_qb }, { "deepseek_v3 q_proj", dsv3_q },
-                                                             { "mixtral", MIXTRAL } };
+                                                             { "mixtral", MIXTRAL }, { "glm4_moe", DIST_GLM } };
     for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));

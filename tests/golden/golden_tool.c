@@ -277,12 +277,25 @@ static const char MIXTRAL[] =
     " \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* GLM-4.5: GQA 4/2 with q/k/v biases and QK-norm, head_dim 16 with RoPE on 8 of it, layer 0
+ * dense, 8 routed experts top-2 behind the sigmoid router (its selection bias from a formula),
+ * one shared expert, scaling 2.5, untied. */
+static const char GLM[] =
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 32, \"moe_intermediate_size\": 8, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"partial_rotary_factor\": 0.5,"
+    " \"attention_bias\": true, \"use_qk_norm\": true, \"n_routed_experts\": 8, \"n_shared_experts\": 1,"
+    " \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"n_group\": 1, \"topk_group\": 1,"
+    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 static const spec SPECS[] = {
     { "moe_a", MOE_A, 101, true },
     { "moe_b", MOE_B, 202, false },
     { "dense", DENSE, 303, false },
     { "dsv3", DSV3, 404, true },
     { "mixtral", MIXTRAL, 505, true },
+    { "glm", GLM, 606, true },
 };
 
 /* The public accessors, shortened for the records below. */
@@ -304,9 +317,11 @@ static trill_model *model_of(const trill_config *c, trill_dtype storage, uint64_
     trill_model_init_random(m, seed);
     size_t n;
     const trill_param *t = trill_model_tensors(m, &n);
-    for (size_t i = 0; i < n; i++) /* a selection bias (initialised to 0) that changes some choices */
+    for (size_t i = 0; i < n; i++) /* a selection bias (initialised to 0) that changes some choices; linear biases (0 too) */
         if (t[i].kind == TRILL_TENSOR_BIAS)
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + (size_t)i) % 9) - 4);
+        else if (t[i].kind == TRILL_TENSOR_LINEAR_BIAS)
+            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.1f * (float)((int)((k * 5 + (size_t)i) % 7) - 3);
     return m;
 }
 

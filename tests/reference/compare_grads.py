@@ -46,17 +46,18 @@ KINDS = [
     ("attn o", r"model\.layers\.\d+\.self_attn\.o_proj\.(weight|bias)"),
     ("q_norm/k_norm", r"model\.layers\.\d+\.self_attn\.[qk]_norm\.weight"),
     ("layernorms", r"model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight"),
-    ("router", r"model\.layers\.\d+\.mlp\.gate\.weight"),
-    ("experts gate", r"model\.layers\.\d+\.mlp\.experts\.\d+\.gate_proj\.weight"),
-    ("experts up", r"model\.layers\.\d+\.mlp\.experts\.\d+\.up_proj\.weight"),
-    ("experts down", r"model\.layers\.\d+\.mlp\.experts\.\d+\.down_proj\.weight"),
+    ("router", r"model\.layers\.\d+\.(mlp|block_sparse_moe)\.gate\.weight"),
+    ("experts gate", r"model\.layers\.\d+\.(mlp\.experts\.\d+\.gate_proj|block_sparse_moe\.experts\.\d+\.w1)\.weight"),
+    ("experts up", r"model\.layers\.\d+\.(mlp\.experts\.\d+\.up_proj|block_sparse_moe\.experts\.\d+\.w3)\.weight"),
+    ("experts down", r"model\.layers\.\d+\.(mlp\.experts\.\d+\.down_proj|block_sparse_moe\.experts\.\d+\.w2)\.weight"),
+    ("shared experts", r"model\.layers\.\d+\.mlp\.shared_experts\.(gate|up|down)_proj\.weight"),
     ("dense mlp", r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight"),
     ("final norm", r"model\.norm\.weight"),
     ("lm_head", r"lm_head\.weight"),
 ]
 # Linear kinds a LoRA adapter can sit on: "lora_A <kind>", "lora_B <kind>".
 LORA_BASE_KINDS = ["attn q", "attn k", "attn v", "attn o", "router", "experts gate",
-                   "experts up", "experts down", "dense mlp", "lm_head"]
+                   "experts up", "experts down", "shared experts", "dense mlp", "lm_head"]
 LORA_KINDS = [f"lora_{ab} {k}" for k in LORA_BASE_KINDS for ab in "AB"]
 LORA_RE = r"base_model\.model\.(.+)\.lora_([AB])\.weight"
 KIND_WIDTH = 20

@@ -9,14 +9,16 @@ position is masked (coef 0) with probability 0.3. coef[0] is null: the first
 token has no log-prob. This is the input of `qwen3_ref.py grad`, whose loss is
 sum over lines and t >= 1 of coef[t] * log p(token t | tokens < t).
 
-With --replay-model DIR (a Qwen3-MoE or DeepSeek-V3 / Kimi K2 checkpoint), each
+With --replay-model DIR (a Qwen3-MoE, DeepSeek-V3 / Kimi K2, Mixtral or GLM-4.5 checkpoint), each
 line also carries "experts": [[[k distinct ids] per MoE layer] per token], drawn
 uniformly at random (in random order), so the replayed routing differs from the
 model's own (with k == the expert count every routing is the same set). The MoE
 layers, the expert count and num_experts_per_tok are read from DIR/config.json
 with the same layer predicate as the reference for its model_type: qwen3_ref.py
-(num_experts), or deepseek_ref.py for deepseek_v3 / kimi_k2 (n_routed_experts,
-first_k_dense_replace, moe_layer_freq). For a dense model, every token gets [].
+(num_experts), deepseek_ref.py for deepseek_v3 / kimi_k2 (n_routed_experts,
+first_k_dense_replace, moe_layer_freq), Mixtral's (every layer, num_local_experts), or
+glm_ref.py for glm4_moe (n_routed_experts, layers from first_k_dense_replace on). For a
+dense model, every token gets [].
 
 Uses Python's own PRNG: the output depends only on the arguments (and config);
 tokens and coef are the same with and without --replay-model.
@@ -58,6 +60,11 @@ def main():
             ap.error(f"--vocab {args.vocab} exceeds the model's vocab_size {cfg['vocab_size']}")
         if deepseek_ref.is_deepseek(cfg):
             is_moe_layer, E = deepseek_ref.is_moe_layer, deepseek_ref.n_experts(cfg)
+        elif cfg.get("model_type") == "glm4_moe":
+            import glm_ref  # only for a GLM-4.5 checkpoint
+            is_moe_layer, E = glm_ref.is_moe_layer, glm_ref.n_experts(cfg)
+        elif cfg.get("model_type") == "mixtral":
+            is_moe_layer, E = (lambda c, i: True), cfg.get("num_local_experts", 8)
         else:
             is_moe_layer, E = qwen3_ref.is_moe_layer, cfg.get("num_experts", 0)
         n_moe = sum(is_moe_layer(cfg, i) for i in range(cfg["num_hidden_layers"]))

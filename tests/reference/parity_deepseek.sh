@@ -21,9 +21,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-dsv3-XXXXXX")
 source "$HERE/pystep.sh"
 trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
-passed=0 failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; cat "$2"; failed=$((failed + 1)); }
+REF=deepseek_ref.py
+source "$HERE/parity_lib.sh"
 SAMPLE=" selfcheck-grad f32 q_proj_nonorm yarn_factor_v12 kimi_k2_freq2 16,8 wrong-shape k2-tiny grad_f32 grad_yarn_factor_v12 lora_f32 "
 source "$HERE/sample.sh"
 
@@ -31,18 +30,6 @@ for check in selfcheck-grad selfcheck-router selfcheck-fp8; do
   sampled "$check" || continue
   if pystep -o "$WORK/$check.txt" -E deepseek_ref.py $check; then pass "reference $check"; else fail "reference $check" "$WORK/$check.txt"; fi
 done
-
-# Log-probs within 1e-4 and expert ids equal except near-ties (compare.py), on WORK/in.jsonl.
-score_and_compare() { # name dir [reference forward flags]
-  local name=$1 dir=$2; shift 2
-  pystep -o /dev/null deepseek_ref.py forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" "$@"
-  "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
-  if pystep -o "$dir.cmp.txt" compare.py "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6; then
-    pass "$name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
-  else
-    fail "$name" "$dir.cmp.txt"
-  fi
-}
 
 pystep -o /dev/null gen_inputs.py --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl"
 YARN_FACTOR='rope_scaling={"type":"yarn","factor":4,"original_max_position_embeddings":64,"beta_fast":32,"beta_slow":1,"mscale":0.7,"mscale_all_dim":1.3}'
@@ -91,17 +78,10 @@ for preset in k2-tiny dsv3-tiny; do
 done
 
 # Gradients: loss = sum of random coefficients * log-probs; full-parameter and LoRA, within 1e-3.
-grad_compare() { # name dir [grad flags]
-  local name=$1 dir=$2; shift 2
-  pystep -o /dev/null deepseek_ref.py grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.g.ref" "$@"
-  "$TOOL" "$dir" "$dir.in.jsonl" "$dir.g.ours" "$@" >/dev/null
-  if pystep -o "$dir.g.txt" compare_grads.py "$dir.g.ref" "$dir.g.ours" --rtol 1e-3; then pass "$name: $(grep 'overall worst' "$dir.g.txt")"
-  else fail "$name" "$dir.g.txt"; fi
-}
 for name in f32 q_proj_nonorm one_group_two_shared_tied yarn_factor_v12; do
   sampled "grad_$name" || continue
   dir="$WORK/$name"
-  pystep -o /dev/null gen_train_inputs.py --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$dir.in.jsonl" --replay-model "$dir"
+  train_inputs_for "$dir"
   grad_compare "grad $name" "$dir"
   grad_compare "grad $name replay" "$dir" --replay
 done
@@ -112,39 +92,12 @@ for name in f32 q_proj_nonorm; do
   dir="$WORK/$name"
   targets=q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
   [ "$name" = q_proj_nonorm ] && targets=q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,gate_proj,down_proj
-  pystep -o /dev/null deepseek_ref.py make-adapter --model "$dir" --out "$dir.adapter" --rank 4 --alpha 8 --targets "$targets" --seed 9
-  grad_compare "lora $name" "$dir" --adapter "$dir.adapter"
-  grad_compare "lora $name replay" "$dir" --adapter "$dir.adapter" --replay
-  "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 2>/dev/null
-  pystep -o /dev/null deepseek_ref.py forward --model "$dir" --adapter "$dir.adapter" --input "$WORK/in.jsonl" --output "$dir.lora.ref.jsonl"
-  "$TRILL" score --model "$dir.merged" --input "$WORK/in.jsonl" --output "$dir.merged.jsonl"
-  if pystep -o "$dir.merge.txt" compare.py "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 --tie 1e-6; then
-    pass "merge $name: $(grep 'max |d logprob|' "$dir.merge.txt")"
-  else fail "merge $name" "$dir.merge.txt"; fi
+  lora_and_merge "$name" "$dir" "$targets"
 done
 
 # The generator (f32, the absorbed attention over the latent cache) on the sequences it samples:
 # their log-probs as the reference computes them
-dir="$WORK/trill_k2-tiny"
-"$TRILL" generate --model "$dir" --prompt "12+34=" --n 3 --max-new-tokens 40 --dtype f32 --json --seed 5 >"$WORK/gen.jsonl" 2>/dev/null
-"$PY" - "$WORK/gen.jsonl" "$WORK/gen_in.jsonl" <<'PY'
-import json, sys
-with open(sys.argv[2], "w") as f:
-    for line in open(sys.argv[1]):
-        r = json.loads(line)
-        f.write(json.dumps({"tokens": r["prompt_tokens"] + r["tokens"]}) + "\n")
-PY
-pystep -o /dev/null deepseek_ref.py forward --model "$dir" --input "$WORK/gen_in.jsonl" --output "$WORK/gen.ref.jsonl"
-if "$PY" - "$WORK/gen.jsonl" "$WORK/gen.ref.jsonl" >"$WORK/gen.txt" <<'PY'
-import json, sys
-gen = [json.loads(l) for l in open(sys.argv[1])]
-ref = [json.loads(l) for l in open(sys.argv[2])]
-worst = max(abs(a - b) for g, r in zip(gen, ref) for a, b in zip(g["logprobs"], r["logprobs"][len(g["prompt_tokens"]):]))
-n = sum(len(g["tokens"]) for g in gen)
-print(f"generator f32 vs reference: max |d logprob| {worst:.3g} over {n} generated tokens")
-sys.exit(0 if worst <= 1e-4 and n >= 60 else 1)
-PY
-then pass "$(cat "$WORK/gen.txt")"; else fail "generator f32 vs reference" "$WORK/gen.txt"; fi
+generator_compare "generator f32" "$WORK/trill_k2-tiny"
 
 echo "$passed passed, $failed failed"
 report_sampled

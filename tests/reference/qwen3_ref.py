@@ -340,32 +340,37 @@ def split_shards(tensors, k, elem_size):
     return shards
 
 
-def cmd_make_model(args):
-    cfg = build_config(parse_set(args.set), args.dtype)
-    tensors = make_weights(cfg, args.seed, args.std)
-    st_dtype = {"f32": "F32", "bf16": "BF16"}[args.dtype]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
+def write_model(out, cfg, tensors, dtype, shards):
+    """config.json and the tensors (f32 or bf16) as one model.safetensors or as `shards`
+    shards plus model.safetensors.index.json. Returns the weight files' names."""
+    st_dtype = {"f32": "F32", "bf16": "BF16"}[dtype]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
     # Remove outputs of a previous run with a different layout so loaders are not confused.
-    for fn in os.listdir(args.out):
+    for fn in os.listdir(out):
         if fn.startswith("model") and (fn.endswith(".safetensors") or fn.endswith(".index.json")):
-            os.remove(os.path.join(args.out, fn))
-    if args.shards <= 1:
-        write_safetensors(os.path.join(args.out, "model.safetensors"), tensors, st_dtype)
-        files = ["model.safetensors"]
-    else:
-        k = args.shards
-        weight_map, total, files = {}, 0, []
-        for i, shard in enumerate(split_shards(tensors, k, ST_DTYPES[st_dtype][0])):
-            fn = f"model-{i + 1:05d}-of-{k:05d}.safetensors"
-            total += write_safetensors(os.path.join(args.out, fn), shard, st_dtype)
-            weight_map.update({name: fn for name, _ in shard})
-            files.append(fn)
-        with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-            f.write("\n")
+            os.remove(os.path.join(out, fn))
+    if shards <= 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), tensors, st_dtype)
+        return ["model.safetensors"]
+    weight_map, total, files = {}, 0, []
+    for i, shard in enumerate(split_shards(tensors, shards, ST_DTYPES[st_dtype][0])):
+        fn = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        total += write_safetensors(os.path.join(out, fn), shard, st_dtype)
+        weight_map.update({name: fn for name, _ in shard})
+        files.append(fn)
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+    return files
+
+
+def cmd_make_model(args):
+    cfg = build_config(parse_set(args.set), args.dtype)
+    tensors = make_weights(cfg, args.seed, args.std)
+    files = write_model(args.out, cfg, tensors, args.dtype, args.shards)
     print(f"wrote {args.out}: {len(tensors)} tensors, {cfg['model_type']}, "
           f"{args.dtype}, files={files}")
 
@@ -390,8 +395,18 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def apply_rope(x, cos, sin):
+    """RoPE on the first cos.shape[-1] dims of each head (rotate_half over those), the rest
+    passed through unchanged (HF's partial rotary, e.g. glm_ref.py); all of them usually."""
+    rd = cos.shape[-1]
+    if rd == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :rd], x[..., rd:]
+    return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
+
+
 def rope_cos_sin(T, hd, theta):
-    # HF default rope: inv_freq = 1/theta^(2i/hd); emb = cat(freqs, freqs).
+    # HF default rope: inv_freq = 1/theta^(2i/hd); emb = cat(freqs, freqs). hd: the rotated dims.
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=DT) / hd))
     freqs = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]  # positions start at 0
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
@@ -464,8 +479,9 @@ def lora_names(module):
     return PEFT_PREFIX + module + ".lora_A.weight", PEFT_PREFIX + module + ".lora_B.weight"
 
 
-def load_adapter(adapter_dir, cfg):
-    """Read a PEFT LoRA adapter folder for this model config.
+def load_adapter(adapter_dir, cfg, modules=None):
+    """Read a PEFT LoRA adapter folder for this model config (`modules`: its Linear
+    modules as linear_modules lists them, by default this file's Qwen3 ones).
     Returns ({module name: scale}, {PEFT tensor name: float64 tensor}, adapter config)."""
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
         acfg = json.load(f)
@@ -484,8 +500,9 @@ def load_adapter(adapter_dir, cfg):
         raise SystemExit(f"{adapter_dir}: target_modules must be a list or a regex string")
     tensors = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     r, scale = int(acfg["r"]), lora_scale(acfg)
+    linears = linear_modules(cfg) if modules is None else modules
     modules, W = {}, {}
-    for name, fin, fout in linear_modules(cfg):
+    for name, fin, fout in linears:
         if not target_matches(targets, name):
             continue
         an, bn = lora_names(name)
@@ -504,16 +521,28 @@ def load_adapter(adapter_dir, cfg):
     return modules, W, acfg
 
 
-def swiglu_mlp(x, model, p):
-    # HF Qwen3MoeMLP / Qwen3MLP: down(silu(gate(x)) * up(x)).
-    g = model.lin(x, p + ".gate_proj")
-    u = model.lin(x, p + ".up_proj")
-    return model.lin(torch.nn.functional.silu(g) * u, p + ".down_proj")
+def swiglu_mlp(x, model, p, proj=("gate_proj", "up_proj", "down_proj")):
+    # HF Qwen3MoeMLP / Qwen3MLP: down(silu(gate(x)) * up(x)); proj names (gate, up, down).
+    gate, up, down = proj
+    g = model.lin(x, f"{p}.{gate}")
+    u = model.lin(x, f"{p}.{up}")
+    return model.lin(torch.nn.functional.silu(g) * u, f"{p}.{down}")
 
 
 class Model:
     """The model function, shared by `forward` (under torch.no_grad) and `grad`
-    (autograd on the float64 weights in self.W)."""
+    (autograd on the float64 weights in self.W).
+
+    What a family with the same layer but other names changes in a subclass
+    (mixtral_ref.py): the model types accepted, QK-norm or not, the MoE block's and
+    its experts' projection names, and after __init__ moe_layers, n_experts and
+    norm_topk; linear_modules() lists the Linears an adapter may target. glm_ref.py also
+    sets rotary_dim (partial RoPE), QK_NORM per config, and overrides moe() and
+    param_names() (a frozen buffer: in checkpoint_names, which merge writes, not trained)."""
+    MODEL_TYPES = ("qwen3", "qwen3_moe")
+    QK_NORM = True                                      # q_norm / k_norm before RoPE
+    MOE_BLOCK = "mlp"                                   # model.layers.{i}.<MOE_BLOCK>.gate / .experts.{e}
+    EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")  # an expert's (gate, up, down)
 
     def __init__(self, model_dir=None, cfg=None, weights=None, adapter=None):
         """adapter: None, a PEFT adapter folder, or (modules {name: scale},
@@ -523,7 +552,7 @@ class Model:
                 cfg = json.load(f)
             weights = load_weights(model_dir)
         self.cfg = cfg
-        if cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
+        if cfg.get("model_type") not in self.MODEL_TYPES:
             raise SystemExit(f"unsupported model_type {cfg.get('model_type')!r}")
         # Fail loudly rather than silently computing something else.
         if cfg.get("rope_scaling"):
@@ -534,18 +563,21 @@ class Model:
             raise SystemExit("only hidden_act=silu is implemented")
         self.W = {name: t.to(DT) for name, t in weights.items()}
         self.hd = head_dim_of(cfg)
+        self.rotary_dim = self.hd  # RoPE on the first rotary_dim dims of each head (a subclass's)
         self.nH = cfg["num_attention_heads"]
         self.nKV = cfg["num_key_value_heads"]
         self.eps = cfg["rms_norm_eps"]
         self.L = cfg["num_hidden_layers"]
         self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
+        self.n_experts = cfg.get("num_experts", 0)
+        self.norm_topk = cfg.get("norm_topk_prob", False)
         self.tied = bool(cfg.get("tie_word_embeddings", False))
         # LoRA: self.lora = {module name: scale}; its A/B live in self.W under their
         # PEFT names (self.lora_names), so autograd treats them like any weight.
         self.lora, self.lora_names = {}, []
         if adapter is not None:
             if isinstance(adapter, str):
-                mods, lw, _ = load_adapter(adapter, cfg)
+                mods, lw, _ = load_adapter(adapter, cfg, self.linear_modules())
             else:
                 mods, lw = adapter
             self.lora = dict(mods)
@@ -554,17 +586,26 @@ class Model:
                 self.W[an], self.W[bn] = lw[an].to(DT), lw[bn].to(DT)
                 self.lora_names += [an, bn]
 
+    def linear_modules(self):
+        return linear_modules(self.cfg)
+
     @property
     def lm_head(self):
         # Tied: the very same tensor as the embedding, so autograd sums both uses.
         return self.W["model.embed_tokens.weight"] if self.tied else self.W["lm_head.weight"]
 
-    def param_names(self):
-        """Names of the base tensors the model actually uses (the gradient's entries).
-        With tie_word_embeddings a stray lm_head.weight in the checkpoint is unused."""
+    def checkpoint_names(self):
+        """Names of the base tensors the model actually uses, in checkpoint order (what
+        `merge` writes). With tie_word_embeddings a stray lm_head.weight in the checkpoint
+        is unused."""
         lora = set(self.lora_names)
         return [n for n in self.W
                 if n not in lora and not (self.tied and n == "lm_head.weight")]
+
+    def param_names(self):
+        """The trainable ones among checkpoint_names (the gradient's entries): all of them
+        here; a subclass leaves out frozen buffers (glm_ref.py: the router's correction bias)."""
+        return self.checkpoint_names()
 
     def lin(self, x, name):
         """Every Linear of the model: x W^T (+ bias) (+ scale * (x A^T) B^T with LoRA)."""
@@ -582,11 +623,11 @@ class Model:
         q = self.lin(x, p + ".q_proj").view(T, nH, hd)
         k = self.lin(x, p + ".k_proj").view(T, nKV, hd)
         v = self.lin(x, p + ".v_proj").view(T, nKV, hd)
-        # Qwen3: per-head RMSNorm over head_dim on q and k, *before* RoPE.
-        q = rms_norm(q, W[p + ".q_norm.weight"], self.eps)
-        k = rms_norm(k, W[p + ".k_norm.weight"], self.eps)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if self.QK_NORM:  # Qwen3: per-head RMSNorm over head_dim on q and k, *before* RoPE.
+            q = rms_norm(q, W[p + ".q_norm.weight"], self.eps)
+            k = rms_norm(k, W[p + ".k_norm.weight"], self.eps)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         # GQA: query head h reads kv head h // (nH / nKV).
         rep = nH // nKV
         k = k.repeat_interleave(rep, dim=1)
@@ -606,8 +647,7 @@ class Model:
         own softmax probabilities at the chosen ids, renormalised to sum 1 when
         norm_topk_prob (HF: softmax -> topk -> optional renorm). The returned probs
         are always the router's own sorted top-(k+1), replay or not."""
-        W, cfg = self.W, self.cfg
-        k, E = cfg["num_experts_per_tok"], cfg["num_experts"]
+        k, E = self.cfg["num_experts_per_tok"], self.n_experts
         probs = torch.softmax(self.lin(x, p + ".gate"), dim=-1)  # [T, E]
         # Stable descending sort: deterministic order (lower id first) on exact ties.
         vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -621,12 +661,12 @@ class Model:
                 raise ValueError("replay ids: a row is either all replayed or all negative")
             top_ids = torch.where(unset, ids[:, :k], replay_ids)
         top_w = probs.gather(1, top_ids)  # == vals[:, :k] without replay
-        if cfg.get("norm_topk_prob", False):
+        if self.norm_topk:
             top_w = top_w / top_w.sum(-1, keepdim=True)
         out = torch.zeros_like(x)
         for e in torch.unique(top_ids).tolist():
             rows, slot = (top_ids == e).nonzero(as_tuple=True)
-            y = swiglu_mlp(x[rows], self, f"{p}.experts.{e}")
+            y = swiglu_mlp(x[rows], self, f"{p}.experts.{e}", self.EXPERT_PROJ)
             out = out.index_add(0, rows, top_w[rows, slot][:, None] * y)
         return out, top_ids, vals[:, :min(k + 1, E)].detach()
 
@@ -635,7 +675,7 @@ class Model:
         replay: None, or a LongTensor [T, n_moe_layers, k] of expert ids (see moe)."""
         T = len(tokens)
         x = self.W["model.embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
-        cos, sin = rope_cos_sin(T, self.hd, float(self.cfg["rope_theta"]))
+        cos, sin = rope_cos_sin(T, self.rotary_dim, float(self.cfg["rope_theta"]))
         experts = [[] for _ in range(T)]
         rprobs = [[] for _ in range(T)]
         for i in range(self.L):
@@ -645,7 +685,8 @@ class Model:
             h = rms_norm(x, self.W[p + ".post_attention_layernorm.weight"], self.eps)
             if i in self.moe_layers:
                 m = self.moe_layers.index(i)
-                y, ids, pr = self.moe(h, p + ".mlp", None if replay is None else replay[:, m, :])
+                y, ids, pr = self.moe(h, f"{p}.{self.MOE_BLOCK}",
+                                      None if replay is None else replay[:, m, :])
                 for t in range(T):
                     experts[t].append(ids[t].tolist())
                     rprobs[t].append(pr[t].tolist())
@@ -673,7 +714,7 @@ def parse_replay(model, rec, T, where):
         return None
     M = len(model.moe_layers)
     k = model.cfg.get("num_experts_per_tok", 0)
-    E = model.cfg.get("num_experts", 0)
+    E = model.n_experts
     if not isinstance(ex, list) or len(ex) != T:
         raise SystemExit(f"{where}: \"experts\" must have one entry per token ({T})")
     for t, per_tok in enumerate(ex):
@@ -715,8 +756,8 @@ def adapter_arg(args):
     return None if args.no_lora else args.adapter
 
 
-def cmd_forward(args):
-    model = Model(args.model, adapter=adapter_arg(args))
+def cmd_forward(args, model_cls=Model):
+    model = model_cls(args.model, adapter=adapter_arg(args))
     n = 0
     with open(args.input) as fin, open(args.output, "w") as fout:
         with torch.no_grad():
@@ -782,8 +823,8 @@ def grad_lines(model, lines, replay_flag, names=None):
         model.W.update(saved)
 
 
-def cmd_grad(args):
-    model = Model(args.model, adapter=adapter_arg(args))
+def cmd_grad(args, model_cls=Model):
+    model = model_cls(args.model, adapter=adapter_arg(args))
     lines = read_jsonl(args.input)
     if model.lora:
         # LoRA training: the base is frozen; --output gets the A/B gradients only.
@@ -819,8 +860,8 @@ def parse_betas(text):
     return tuple(b)
 
 
-def cmd_adamw_steps(args):
-    model = Model(args.model, adapter=adapter_arg(args))
+def cmd_adamw_steps(args, model_cls=Model):
+    model = model_cls(args.model, adapter=adapter_arg(args))
     lines = read_jsonl(args.input)
     if args.steps < 0:
         raise SystemExit("--steps must be >= 0")
@@ -880,14 +921,15 @@ def parse_targets(text):
     return targets
 
 
-def make_lora_weights(cfg, targets, r, seed, b_std):
-    """Random LoRA A/B for every targeted Linear, in module order. A as PEFT's
+def make_lora_weights(cfg, targets, r, seed, b_std, modules=None):
+    """Random LoRA A/B for every targeted Linear of `modules` (default: linear_modules(cfg)),
+    in module order. A as PEFT's
     init (kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))); B ~ N(0, b_std)
     instead of PEFT's zeros, so the adapter changes the function.
     Returns ([module names], [(PEFT name, fp32 tensor)])."""
     g = torch.Generator().manual_seed(seed)
     mods, out = [], []
-    for name, fin, fout in linear_modules(cfg):
+    for name, fin, fout in linear_modules(cfg) if modules is None else modules:
         if not target_matches(targets, name):
             continue
         an, bn = lora_names(name)
@@ -911,13 +953,14 @@ def adapter_config(model_dir, r, alpha, rslora, targets):
             "rank_pattern": {}, "alpha_pattern": {}, "use_dora": False}
 
 
-def cmd_make_adapter(args):
+def cmd_make_adapter(args, modules_of=linear_modules):
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
     if args.rank <= 0:
         raise SystemExit("--rank must be positive")
     targets = parse_targets(args.targets)
-    mods, tensors = make_lora_weights(cfg, targets, args.rank, args.seed, args.b_std)
+    mods, tensors = make_lora_weights(cfg, targets, args.rank, args.seed, args.b_std,
+                                      modules_of(cfg))
     os.makedirs(args.out, exist_ok=True)
     alpha = int(args.alpha) if float(args.alpha).is_integer() else args.alpha
     acfg = adapter_config(args.model, args.rank, alpha, args.rslora, targets)
@@ -934,7 +977,7 @@ def merged_weights(model):
     checkpoint's order. Returns (list of (name, tensor), untied): a tied lm_head with
     an adapter is untied (lm_head.weight = embed + delta; the embedding unchanged),
     since merging into the shared tensor would also change the input embedding."""
-    W = {n: model.W[n].detach().clone() for n in model.param_names()}
+    W = {n: model.W[n].detach().clone() for n in model.checkpoint_names()}
     untied = model.tied and "lm_head" in model.lora
     if untied:
         W["lm_head.weight"] = W["model.embed_tokens.weight"].clone()
@@ -945,8 +988,8 @@ def merged_weights(model):
     return list(W.items()), untied
 
 
-def cmd_merge(args):
-    model = Model(args.model, adapter=args.adapter)
+def cmd_merge(args, model_cls=Model):
+    model = model_cls(args.model, adapter=args.adapter)
     tensors, untied = merged_weights(model)
     cfg = dict(model.cfg)
     cfg["torch_dtype"] = "float32"
@@ -974,45 +1017,53 @@ SELFCHECK_SET = {"vocab_size": 11, "hidden_size": 16, "intermediate_size": 24,
                  "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
 
 
-def selfcheck_case(norm_topk, replay, tied, seed, lora=None, h=1e-6, tol=1e-6, n_entries=4):
-    """lora: None, or "lora" / "rslora": an adapter (r 3, alpha 6, random A and B)
-    on every LORA_TARGETS module incl. experts and lm_head; then the gradient is
-    taken w.r.t. the LoRA tensors only (base frozen) and those are checked."""
-    cfg = build_config(dict(SELFCHECK_SET, norm_topk_prob=norm_topk,
-                            tie_word_embeddings=tied), "f32")
-    # Large std: sizeable gradients everywhere, so central differences resolve them.
-    base_w = dict(make_weights(cfg, seed, std=0.3))
-    model = Model(cfg=cfg, weights=base_w)
-    lora_fails = []
-    if lora:
-        r, alpha = 3, 6.0
-        scale = lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": lora == "rslora"})
-        mods, lt = make_lora_weights(cfg, list(LORA_TARGETS), r, seed + 1000, b_std=0.3)
-        lt = dict(lt)
-        base_model = model
-        model = Model(cfg=cfg, weights=base_w, adapter=({m: scale for m in mods}, lt))
-        # Adapter consistency: B = 0 is the base function exactly; the float64 merge
-        # (W += scale B A) is the adapter's function up to rounding.
-        zero_b = {n: (t * 0 if n.endswith("lora_B.weight") else t) for n, t in lt.items()}
-        zmodel = Model(cfg=cfg, weights=base_w, adapter=({m: scale for m in mods}, zero_b))
-        merged, untied = merged_weights(model)
-        mcfg = dict(cfg, tie_word_embeddings=False) if untied else cfg
-        mmodel = Model(cfg=mcfg, weights=dict(merged))
-        probe = list(range(min(7, cfg["vocab_size"])))
-        with torch.no_grad():
-            la, _, _ = model.forward(probe)
-            lb, _, _ = base_model.forward(probe)
-            lz, _, _ = zmodel.forward(probe)
-            lm, _, _ = mmodel.forward(probe)
-        if not torch.equal(lz, lb):
-            lora_fails.append("adapter with B = 0 changes the forward")
-        if (la - lb).abs().max() < 1e-3:
-            lora_fails.append("adapter has no effect on the forward")
-        if (la - lm).abs().max() > 1e-12:
-            lora_fails.append(f"merged model differs from adapter: {(la - lm).abs().max():.2e}")
-    assert model.moe_layers == [1], model.moe_layers
+def selfcheck_lora(base, base_w, targets, seed, lora):
+    """The selfcheck's adapter on `base` (a model of base_w): r 3, alpha 6 (scale alpha/r,
+    "rslora": alpha/sqrt(r)), random A and B (std 0.3) on every module `targets` selects.
+    Returns (the model with it, as base's class; the failures of its consistency checks:
+    B = 0 is the base exactly, the adapter changes the forward, and the float64 merge
+    W += scale B A computes the adapter's function up to rounding)."""
+    cls, cfg = type(base), base.cfg
+    r, alpha = 3, 6.0
+    scale = lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": lora == "rslora"})
+    mods, lt = make_lora_weights(cfg, list(targets), r, seed + 1000, b_std=0.3,
+                                 modules=base.linear_modules())
+    lt = dict(lt)
+    model = cls(cfg=cfg, weights=base_w, adapter=({m: scale for m in mods}, lt))
+    zero_b = {n: (t * 0 if n.endswith("lora_B.weight") else t) for n, t in lt.items()}
+    zmodel = cls(cfg=cfg, weights=base_w, adapter=({m: scale for m in mods}, zero_b))
+    merged, untied = merged_weights(model)
+    mcfg = dict(cfg, tie_word_embeddings=False) if untied else cfg
+    mmodel = cls(cfg=mcfg, weights=dict(merged))
+    probe = list(range(min(7, cfg["vocab_size"])))
+    fails = []
+    with torch.no_grad():
+        la, _, _ = model.forward(probe)
+        lb, _, _ = base.forward(probe)
+        lz, _, _ = zmodel.forward(probe)
+        lm, _, _ = mmodel.forward(probe)
+    if not torch.equal(lz, lb):
+        fails.append("adapter with B = 0 changes the forward")
+    if (la - lb).abs().max() < 1e-3:
+        fails.append("adapter has no effect on the forward")
+    if (la - lm).abs().max() > 1e-12:
+        fails.append(f"merged model differs from adapter: {(la - lm).abs().max():.2e}")
+    return model, fails
+
+
+def selfcheck_grads(model, seed, replay, kinds_of, T=5, h=1e-6, tol=1e-6, n_entries=4):
+    """Autograd vs central differences on a tiny float64 `model` (with an adapter: the
+    gradient w.r.t. its A/B only, base frozen). T distinct random tokens, coef uniform in
+    [-1, 1]; with replay, per token and MoE layer k random ids other than the router's own
+    set. kinds_of(grads, visited) -> [(kind, tensor name)]: the tensors to check, visited
+    the expert ids routed to per MoE layer. Also checked: `forward` computes the same
+    log-probs and experts; experts no token was routed to get exactly zero gradients;
+    with an adapter the gradients are exactly the LoRA tensors'; a tied model has no
+    lm_head.weight gradient. Returns (worst rel err, entries checked, failures, visited,
+    the loss's rounding noise on a central difference)."""
+    cfg, lora = model.cfg, bool(model.lora)
     rng = np.random.default_rng(seed)
-    T, k, E = 5, cfg["num_experts_per_tok"], cfg["num_experts"]
+    k, E, M = cfg["num_experts_per_tok"], model.n_experts, len(model.moe_layers)
     # Distinct tokens: with equal tokens attention reads identical values, and the
     # q/k gradients are exactly zero (nothing for a difference quotient to resolve).
     tokens = rng.choice(cfg["vocab_size"], T, replace=False).tolist()
@@ -1023,11 +1074,14 @@ def selfcheck_case(norm_topk, replay, tied, seed, lora=None, h=1e-6, tol=1e-6, n
     if replay:
         ex = []
         for t in range(T):
-            while True:  # distinct ids whose set differs from the router's own choice
-                ids = rng.permutation(E)[:k].tolist()
-                if set(ids) != set(own[t][0]):
-                    break
-            ex.append([ids])
+            per_layer = []
+            for m in range(M):
+                while True:  # distinct ids whose set differs from the router's own choice
+                    ids = rng.permutation(E)[:k].tolist()
+                    if set(ids) != set(own[t][m]):
+                        break
+                per_layer.append(ids)
+            ex.append(per_layer)
         rec["experts"] = ex
     used = own if not replay else rec["experts"]
     loss, lps, grads = grad_lines(model, [rec], replay, model.lora_names if lora else None)
@@ -1044,34 +1098,11 @@ def selfcheck_case(norm_topk, replay, tied, seed, lora=None, h=1e-6, tol=1e-6, n
     assert fw["logprobs"] == lps[0] and fw["experts"] == used
     assert abs(loss - loss_at()) == 0.0
 
-    visited = sorted({e for t in range(T) for e in used[t][0]})
-    unvisited = [e for e in range(E) if e not in visited]
-    if lora:
-        top_e = max(visited, key=lambda e: grads[lora_names(f"model.layers.1.mlp.experts.{e}.down_proj")[1]].norm())
-        kinds = []
-        for kind, m in (("q_proj", "model.layers.0.self_attn.q_proj"),
-                        ("v_proj", "model.layers.1.self_attn.v_proj"),
-                        ("o_proj", "model.layers.1.self_attn.o_proj"),
-                        ("dense_gate", "model.layers.0.mlp.gate_proj"),
-                        ("expert_up", f"model.layers.1.mlp.experts.{top_e}.up_proj"),
-                        ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj"),
-                        ("lm_head", "lm_head")):
-            an, bn = lora_names(m)
-            kinds += [(kind + " lora_A", an), (kind + " lora_B", bn)]
-        if set(grads) != set(model.lora_names):
-            lora_fails.append("gradient set is not exactly the LoRA tensors")
-        n_entries = 3
-    else:
-        top_e = max(visited, key=lambda e: grads[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].norm())
-        kinds = [("embed", "model.embed_tokens.weight"),
-             ("q_proj", "model.layers.0.self_attn.q_proj.weight"),
-             ("q_proj", "model.layers.1.self_attn.q_proj.weight"),
-             ("k_norm", "model.layers.1.self_attn.k_norm.weight"),
-             ("router", "model.layers.1.mlp.gate.weight"),
-             ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj.weight")]
-        kinds.append(("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight"))
-    worst, fails, checked = 0.0, list(lora_fails), 0
-    for kind, name in kinds:
+    visited = [sorted({e for t in range(T) for e in used[t][m]}) for m in range(M)]
+    fails, worst, checked = [], 0.0, 0
+    if lora and set(grads) != set(model.lora_names):
+        fails.append("gradient set is not exactly the LoRA tensors")
+    for kind, name in kinds_of(grads, visited):
         w, g = model.W[name], grads[name].reshape(-1)
         flat = w.view(-1)
         # The two largest |grad| entries, then random ones among the large: rounding
@@ -1100,15 +1131,59 @@ def selfcheck_case(norm_topk, replay, tied, seed, lora=None, h=1e-6, tol=1e-6, n
             if rel > tol:
                 fails.append(f"{kind} {name}[{i}]: autograd {ad:.12e} fd {fd:.12e} rel {rel:.2e}")
     # Experts nobody routed to get exactly zero gradient.
-    for e in unvisited:
-        for part in ("gate_proj", "up_proj", "down_proj"):
-            m = f"model.layers.1.mlp.experts.{e}.{part}"
-            for n in (lora_names(m) if lora else (m + ".weight",)):
-                if grads[n].abs().max() != 0:
-                    fails.append(f"unvisited expert {e} {part} has a non-zero gradient ({n})")
-    if tied and "lm_head.weight" in grads:
+    for m, layer in enumerate(model.moe_layers):
+        for e in range(E):
+            if e in visited[m]:
+                continue
+            for part in model.EXPERT_PROJ:
+                mod = f"model.layers.{layer}.{model.MOE_BLOCK}.experts.{e}.{part}"
+                for n in (lora_names(mod) if lora else (mod + ".weight",)):
+                    if grads[n].abs().max() != 0:
+                        fails.append(f"unvisited expert {e} {part} has a non-zero gradient ({n})")
+    if model.tied and "lm_head.weight" in grads:
         fails.append("tied model has an lm_head.weight gradient")
     return worst, checked, fails, visited, noise
+
+
+def selfcheck_case(norm_topk, replay, tied, seed, lora=None):
+    """lora: None, or "lora" / "rslora": an adapter (selfcheck_lora) on every LORA_TARGETS
+    module incl. experts and lm_head; then the gradient is taken w.r.t. the LoRA tensors
+    only (base frozen) and those are checked."""
+    cfg = build_config(dict(SELFCHECK_SET, norm_topk_prob=norm_topk,
+                            tie_word_embeddings=tied), "f32")
+    # Large std: sizeable gradients everywhere, so central differences resolve them.
+    base_w = dict(make_weights(cfg, seed, std=0.3))
+    model = Model(cfg=cfg, weights=base_w)
+    lora_fails = []
+    if lora:
+        model, lora_fails = selfcheck_lora(model, base_w, LORA_TARGETS, seed, lora)
+    assert model.moe_layers == [1], model.moe_layers
+
+    def kinds_of(grads, visited):
+        if lora:
+            top_e = max(visited[0], key=lambda e: grads[lora_names(f"model.layers.1.mlp.experts.{e}.down_proj")[1]].norm())
+            kinds = []
+            for kind, m in (("q_proj", "model.layers.0.self_attn.q_proj"),
+                            ("v_proj", "model.layers.1.self_attn.v_proj"),
+                            ("o_proj", "model.layers.1.self_attn.o_proj"),
+                            ("dense_gate", "model.layers.0.mlp.gate_proj"),
+                            ("expert_up", f"model.layers.1.mlp.experts.{top_e}.up_proj"),
+                            ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj"),
+                            ("lm_head", "lm_head")):
+                an, bn = lora_names(m)
+                kinds += [(kind + " lora_A", an), (kind + " lora_B", bn)]
+            return kinds
+        top_e = max(visited[0], key=lambda e: grads[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].norm())
+        return [("embed", "model.embed_tokens.weight"),
+                ("q_proj", "model.layers.0.self_attn.q_proj.weight"),
+                ("q_proj", "model.layers.1.self_attn.q_proj.weight"),
+                ("k_norm", "model.layers.1.self_attn.k_norm.weight"),
+                ("router", "model.layers.1.mlp.gate.weight"),
+                ("expert_down", f"model.layers.1.mlp.experts.{top_e}.down_proj.weight"),
+                ("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight")]
+    worst, checked, fails, visited, noise = selfcheck_grads(model, seed, replay, kinds_of,
+                                                            n_entries=3 if lora else 4)
+    return worst, checked, lora_fails + fails, visited[0], noise
 
 
 def cmd_selfcheck_grad(args):
@@ -1132,8 +1207,9 @@ def cmd_selfcheck_grad(args):
     return 0 if ok else 1
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
+def arg_parser(description):
+    """The subcommands and their options (mixtral_ref.py's too, with its own docstring)."""
+    ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     mm = sub.add_parser("make-model", help="write config.json + random safetensors weights")
@@ -1197,7 +1273,11 @@ def main(argv=None):
     mg.add_argument("--out", required=True)
     sc = sub.add_parser("selfcheck-grad", help="autograd vs finite differences on a tiny model")
     sc.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = arg_parser(__doc__).parse_args(argv)
     if args.cmd == "make-model":
         return cmd_make_model(args)
     if args.cmd == "forward":

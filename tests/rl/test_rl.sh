@@ -339,17 +339,22 @@ for sm in ("adapter", "merge"):
 print("   k2: flips with replay", [x["flip_token_frac"] for x in on], "without", [x["flip_token_frac"] for x in off],
       "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in m("k2_f32_adapter") + m("k2_f32_merge")])
 PY
-echo "== the Mixtral family (GQA without QK-norm, every layer a MoE): replay, the f32 mismatch"
+echo "== the Mixtral and GLM-4.5 families: replay, the f32 mismatch (adapter sync; GLM also merge sync)"
 "$TRILL" init --out mx --preset mixtral-tiny --set hidden_size=64 --set intermediate_size=32 --seed 3 2>/dev/null
-MX=(model=mx "${COMMON[@]:1}")
-must_pass log_mx_replay "$TRILL" train "${MX[@]}" run_dir=mx_replay steps=2 router_replay=true generator.dtype=bf16
-must_pass log_mx_f32 "$TRILL" train "${MX[@]}" run_dir=mx_f32 steps=3 generator.dtype=f32 sync.mode=adapter
+"$TRILL" init --out glm --preset glm45-tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 --seed 3 2>/dev/null
+for fam in mx glm; do
+    F=(model=$fam "${COMMON[@]:1}")
+    must_pass log_${fam}_replay "$TRILL" train "${F[@]}" run_dir=${fam}_replay steps=2 router_replay=true generator.dtype=bf16
+    must_pass log_${fam}_f32 "$TRILL" train "${F[@]}" run_dir=${fam}_f32 steps=3 generator.dtype=f32 sync.mode=adapter
+done
+must_pass log_glm_merge "$TRILL" train model=glm "${COMMON[@]:1}" run_dir=glm_merge steps=3 generator.dtype=f32 sync.mode=merge
 $PY - <<'PY'
 import json
 m = lambda d: [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
-on, f32 = m("mx_replay"), m("mx_f32")
-assert all(x["flip_token_frac"] == 0 and not any(x["flip_layer"]) for x in on), [x["flip_token_frac"] for x in on]
-assert all(x["mismatch_mean_abs"] < 1e-5 and x["grad_norm"] > 0 for x in f32), [x["mismatch_mean_abs"] for x in f32]
-print("   mixtral: flips with replay", [x["flip_token_frac"] for x in on], "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in f32])
+for fam in ("mx", "glm"):
+    on, f32 = m(f"{fam}_replay"), m(f"{fam}_f32") + (m("glm_merge") if fam == "glm" else [])
+    assert all(x["flip_token_frac"] == 0 and not any(x["flip_layer"]) for x in on), (fam, [x["flip_token_frac"] for x in on])
+    assert all(x["mismatch_mean_abs"] < 1e-5 and x["grad_norm"] > 0 for x in f32), (fam, [x["mismatch_mean_abs"] for x in f32])
+    print(f"   {fam}: flips with replay", [x["flip_token_frac"] for x in on], "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in f32])
 PY
 echo "all RL end-to-end tests passed"

@@ -279,6 +279,22 @@ static void test_deepseek_counts(void **state) {
     }
 }
 
+/* A change to a toy config.json (`from` replaced by `to`) and the words its refusal must hold. */
+typedef struct refusal { const char *from, *to, *msg; } refusal;
+
+/* Each change of the toy is refused, naming the field. */
+static void expect_refusals(const char *toy, const refusal *bad, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char text[2048];
+        const char *at = strstr(toy, bad[i].from);
+        assert_non_null(at);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - toy), toy, bad[i].to, at + strlen(bad[i].from));
+        trill_config x;
+        assert_int_not_equal(trill_config_parse(text, strlen(text), "config.json", &x), TRILL_OK);
+        if (!strstr(trill_error_message(), bad[i].msg)) fail_msg("%s: %s", bad[i].msg, trill_error_message());
+    }
+}
+
 /* A toy of the family: its checkpoint names, the MLA LoRA targets, q_proj when q_lora_rank is
  * null, the refusals by field; its forward and generator run. */
 static void test_deepseek_toy(void **state) {
@@ -338,21 +354,13 @@ static void test_deepseek_toy(void **state) {
     trill_engine_free(e);
     trill_model_free(m);
     /* what is not computed is refused by field */
-    const struct { const char *from, *to, *msg; } bad[] = {
+    const refusal bad[] = {
         { "\"rope_scaling\": null", "\"scoring_func\": \"softmax\"", "field \"scoring_func\": \"softmax\" is not supported" },
         { "\"rope_scaling\": null", "\"topk_method\": \"greedy\"", "field \"topk_method\": \"greedy\" is not supported" },
         { "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}", "rope type \"linear\" is not supported" },
         { "\"n_group\": 2", "\"n_group\": 3", "field \"n_group\": 3 does not divide n_routed_experts (8)" },
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char text[2048];
-        const char *at = strstr(toy, bad[i].from);
-        assert_non_null(at);
-        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - toy), toy, bad[i].to, at + strlen(bad[i].from));
-        trill_config x;
-        assert_int_not_equal(trill_config_parse(text, strlen(text), "config.json", &x), TRILL_OK);
-        if (!strstr(trill_error_message(), bad[i].msg)) fail_msg("%s: %s", bad[i].msg, trill_error_message());
-    }
+    expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
 }
 
 /* ---- Mixtral (GQA without QK-norm, every layer a MoE; composed from the shared decoder) ---- */
@@ -446,21 +454,159 @@ static void test_mixtral_toy(void **state) {
     assert_int_equal(trill_engine_create(m, NULL, &e), TRILL_OK);
     trill_engine_free(e);
     trill_model_free(m);
-    const struct { const char *from, *to, *msg; } bad[] = {
+    const refusal bad[] = {
         { "\"sliding_window\": null", "\"sliding_window\": 4096", "field \"sliding_window\": a sliding window is not supported" },
         { "\"router_jitter_noise\": 0.0", "\"router_jitter_noise\": 0.01", "field \"router_jitter_noise\": 0.01 is not supported" },
         { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "field \"num_experts_per_tok\": 5 must be in [1, num_local_experts=4]" },
         { "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", "must be a multiple of num_key_value_heads (3)" },
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char text[2048];
-        const char *at = strstr(toy, bad[i].from);
-        assert_non_null(at);
-        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - toy), toy, bad[i].to, at + strlen(bad[i].from));
-        trill_config x;
-        assert_int_not_equal(trill_config_parse(text, strlen(text), "config.json", &x), TRILL_OK);
-        if (!strstr(trill_error_message(), bad[i].msg)) fail_msg("%s: %s", bad[i].msg, trill_error_message());
+    expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
+}
+
+/* ---- GLM-4.5 (GQA with q/k/v biases, QK-norm, partial RoPE; DeepSeek's router, shared experts) ---- */
+
+/* The published sizes: GLM-4.5 355B total / 32B active, GLM-4.5-Air 106B / 12B, the active
+ * figures without the embedding and the head (GLM's model card: "32 billion active
+ * parameters"), against an independent count. trill counts GLM-4.5 at 352.8B: the published
+ * figure is 0.6% above (the MTP layer, not part of the model here, would add 4.0B). */
+static void test_glm_counts(void **state) {
+    (void)state;
+    const struct { const char *preset; int64_t V, H, I, Im, L, dense, nh, nkv, hd, E, k; bool qk_norm; double total, active; } cases[] = {
+        { "glm-4.5", 151552, 5120, 12288, 1536, 92, 3, 96, 8, 128, 160, 8, true, 355e9, 32e9 },
+        { "glm-4.5-air", 151552, 4096, 10944, 1408, 46, 1, 96, 8, 128, 128, 8, false, 106e9, 12e9 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = trill_config_preset_text(cases[i].preset);
+        assert_non_null(text);
+        const trill_config c = parse(text);
+        free(text);
+        const int64_t h = cases[i].H, qd = cases[i].nh * cases[i].hd, kvd = cases[i].nkv * cases[i].hd;
+        const int64_t attn = 2 * qd * h + 2 * kvd * h + qd + 2 * kvd + (cases[i].qk_norm ? 2 * cases[i].hd : 0) + 2 * h;
+        const int64_t expert = 3 * cases[i].Im * h, moe_fixed = cases[i].E * h + cases[i].E + expert; /* router, its bias, 1 shared */
+        const int64_t moe_layers = cases[i].L - cases[i].dense, embeddings = 2 * cases[i].V * h;
+        const double body = (double)(h + cases[i].L * attn + cases[i].dense * 3 * cases[i].I * h);
+        assert_int_equal(c.n_moe_layers, moe_layers);
+        int64_t total, active;
+        trill_config_param_counts(&c, &total, &active);
+        assert_true((double)total == (double)embeddings + body + (double)(moe_layers * (moe_fixed + cases[i].E * expert)));
+        assert_true((double)active == (double)embeddings + body + (double)(moe_layers * (moe_fixed + cases[i].k * expert)));
+        if (fabs(total / cases[i].total - 1) > 0.01 || fabs((active - embeddings) / cases[i].active - 1) > 0.02)
+            fail_msg("%s: %.4g total / %.4g active without the embeddings, published %.4g / %.4g", cases[i].preset, (double)total,
+                     (double)(active - embeddings), cases[i].total, cases[i].active);
+        print_message("%s: %.2f B total, %.2f B active (%.2f B without the embeddings)\n", cases[i].preset, total * 1e-9, active * 1e-9,
+                      (active - embeddings) * 1e-9);
     }
+}
+
+/* A GLM-4.5 toy: q/k/v biases (trained: a linear bias kind) and no o_proj bias, q_norm/k_norm
+ * only with use_qk_norm, RoPE on the partial dimensions, the refusals by field. */
+static void test_glm_toy(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 48, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 16, \"partial_rotary_factor\": 0.5, \"attention_bias\": true, \"use_qk_norm\": false,"
+        " \"n_routed_experts\": 8, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, \"n_group\": 1,"
+        " \"topk_group\": 1, \"routed_scaling_factor\": 2.5, \"num_nextn_predict_layers\": 1}";
+    trill_config c = parse(toy);
+    assert_int_equal(c.arch, TRILL_ARCH_GLM4_MOE);
+    assert_true(c.attention_bias);
+    assert_false(c.qk_norm);
+    assert_int_equal(c.n_moe_layers, 2);
+    assert_int_equal(c.num_nextn_predict_layers, 1);
+    const trill_layer_desc d = trill_layer_desc_of(&c, 1);
+    assert_true(d.qkv_bias && !d.qk_norm && d.moe && d.shared_experts && d.router == TRILL_ROUTER_SIGMOID_GROUPS);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    int n_bias = 0;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        if (strstr(p->name, "_proj.bias")) {
+            n_bias++;
+            assert_int_equal(p->kind, TRILL_TENSOR_LINEAR_BIAS);
+            assert_true(trill_tensor_trainable(p->kind));
+            assert_null(strstr(p->name, "o_proj"));
+        }
+        assert_null(strstr(p->name, "_norm.weight") && strstr(p->name, "self_attn")); /* use_qk_norm false */
+    }
+    assert_int_equal(n_bias, 3 * 3);
+    int tok[5] = { 1, 2, 3, 4, 5 }, off[2] = { 0, 5 };
+    float lp[5];
+    trill_model_init_random(m, 3);
+    assert_int_equal(trill_model_forward(m, tok, off, 1, NULL, lp, NULL), TRILL_OK);
+    for (int t = 1; t < 5; t++) assert_true(isfinite(lp[t]) && lp[t] < 0);
+    trill_model_free(m);
+    const refusal bad[] = {
+        { "\"n_group\": 1", "\"n_group\": 2", "field \"n_group\": 2 groups (topk_group 1) are not supported for Glm4Moe" },
+        { "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 0.1", "rotates 1 dimensions (expected an even number >= 2)" },
+        { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "field \"num_experts_per_tok\": 9 must be in [1, n_routed_experts=8]" },
+        { "\"head_dim\": 16", "\"head_dim\": 16, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2}", "rope type \"yarn\" is not supported" },
+    };
+    expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
+    /* Qwen3 and Mixtral rotate the whole head */
+    static const char q3[] = "{\"model_type\": \"qwen3_moe\", \"partial_rotary_factor\": 0.5}";
+    trill_config x;
+    assert_int_not_equal(trill_config_parse(q3, strlen(q3), "config.json", &x), TRILL_OK);
+    assert_non_null(strstr(trill_error_message(), "field \"partial_rotary_factor\": 0.5 is not supported"));
+}
+
+/* GLM-4.7-Flash (Glm4MoeLiteForCausalLM) is DeepSeek-V3's MLA and router under another name, its
+ * MoE layers from mlp_layer_types: a toy computes exactly what the DeepSeek-V3 config with the
+ * same fields (the same tensors, the same random weights) computes; its defaults count as
+ * GLM-4.7-Flash's 30B / 3B active; the refusals by field. */
+static void test_glm_lite(void **state) {
+    (void)state;
+    static const char lite[] =
+        "{\"architectures\": [\"Glm4MoeLiteForCausalLM\"], \"model_type\": \"glm4_moe_lite\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 48, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 4, \"num_attention_heads\": 2,"
+        " \"num_key_value_heads\": 2, \"n_shared_experts\": 1, \"n_routed_experts\": 8, \"routed_scaling_factor\": 1.8,"
+        " \"kv_lora_rank\": 16, \"q_lora_rank\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 8, \"qk_nope_head_dim\": 8,"
+        " \"n_group\": 1, \"topk_group\": 1, \"num_experts_per_tok\": 2, \"rope_theta\": 1000000.0,"
+        " \"mlp_layer_types\": [\"dense\", \"dense\", \"sparse\", \"sparse\"], \"initializer_range\": 0.3}";
+    static const char same[] = /* layers 2 and 3 MoE: first_k_dense_replace 2 */
+        "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 48, \"moe_intermediate_size\": 16, \"num_hidden_layers\": 4, \"num_attention_heads\": 2,"
+        " \"num_key_value_heads\": 2, \"n_shared_experts\": 1, \"n_routed_experts\": 8, \"routed_scaling_factor\": 1.8,"
+        " \"kv_lora_rank\": 16, \"q_lora_rank\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 8, \"qk_nope_head_dim\": 8,"
+        " \"n_group\": 1, \"topk_group\": 1, \"num_experts_per_tok\": 2, \"rope_theta\": 1000000.0, \"rope_scaling\": null,"
+        " \"first_k_dense_replace\": 2, \"moe_layer_freq\": 1, \"rms_norm_eps\": 1e-5, \"initializer_range\": 0.3}";
+    const trill_config a = parse(lite), b = parse(same);
+    assert_int_equal(a.arch, TRILL_ARCH_GLM4_MOE_LITE);
+    assert_int_equal(a.n_moe_layers, 2);
+    assert_int_equal(a.moe_layer[0], 2);
+    assert_int_equal(a.moe_layer[1], 3);
+    assert_int_equal(b.n_moe_layers, 2);
+    assert_true(a.rms_norm_eps == b.rms_norm_eps && a.rope_interleave && b.rope_interleave && !a.yarn);
+    trill_model *ma, *mb;
+    assert_int_equal(trill_model_create(&a, &ma), TRILL_OK);
+    assert_int_equal(trill_model_create(&b, &mb), TRILL_OK);
+    assert_int_equal(ma->n_tensors, mb->n_tensors);
+    for (size_t t = 0; t < ma->n_tensors; t++) assert_string_equal(ma->tensors[t].name, mb->tensors[t].name);
+    trill_model_init_random(ma, 7);
+    trill_model_init_random(mb, 7);
+    int tok[9] = { 1, 5, 9, 2, 7, 3, 3, 8, 4 }, off[2] = { 0, 9 };
+    float la[9], lb[9];
+    uint16_t ea[9 * 2 * 2], eb[9 * 2 * 2];
+    assert_int_equal(trill_model_forward(ma, tok, off, 1, NULL, la, ea), TRILL_OK);
+    assert_int_equal(trill_model_forward(mb, tok, off, 1, NULL, lb, eb), TRILL_OK);
+    assert_memory_equal(la + 1, lb + 1, sizeof(float) * 8);
+    assert_memory_equal(ea, eb, sizeof ea);
+    trill_model_free(ma);
+    trill_model_free(mb);
+    /* HF's defaults: GLM-4.7-Flash's shape, "30B-A3B" */
+    static const char defaults[] = "{\"model_type\": \"glm4_moe_lite\"}";
+    const trill_config d = parse(defaults);
+    int64_t total, active;
+    trill_config_param_counts(&d, &total, &active);
+    print_message("glm4_moe_lite defaults: %.2f B total, %.2f B active\n", total * 1e-9, active * 1e-9);
+    assert_true(fabs(total / 30e9 - 1) < 0.01 && active > 3e9 && active < 4e9);
+    const refusal bad[] = {
+        { "\"n_group\": 1", "\"n_group\": 2", "field \"n_group\": 2 groups (topk_group 1) are not supported for Glm4MoeLite" },
+        { "\"dense\", \"dense\", \"sparse\", \"sparse\"", "\"dense\", \"sparse\"", "field \"mlp_layer_types\": expected a list of 4 entries" },
+        { "\"dense\", \"dense\", \"sparse\"", "\"dense\", \"moe\", \"sparse\"", "field \"mlp_layer_types\": entry 1: expected \"dense\" or \"sparse\"" },
+        { "\"rope_theta\": 1000000.0", "\"rope_parameters\": {\"rope_type\": \"yarn\"}", "rope type \"yarn\" is not supported" },
+    };
+    expect_refusals(lite, bad, sizeof bad / sizeof bad[0]);
 }
 
 int main(void) {
@@ -468,6 +614,7 @@ int main(void) {
         cmocka_unit_test(test_table_walk),  cmocka_unit_test(test_param_counts), cmocka_unit_test(test_flops),
         cmocka_unit_test(test_lora_layout), cmocka_unit_test(test_model_fields), cmocka_unit_test(test_deepseek_counts),
         cmocka_unit_test(test_deepseek_toy),  cmocka_unit_test(test_mixtral_counts), cmocka_unit_test(test_mixtral_toy),
+        cmocka_unit_test(test_glm_counts),    cmocka_unit_test(test_glm_toy),       cmocka_unit_test(test_glm_lite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,8 +87,10 @@ json_t *test_small_deepseek_json(void) {
     return j;
 }
 
-trill_model *test_small_deepseek(uint64_t seed) {
-    json_t *j = test_small_deepseek_json();
+/* A model of config j (taken) with weights N(0, initializer_range) from seed, every selection
+ * bias N(0, 0.05) from seed + 1, so that it changes some choices, and every linear bias (HF
+ * starts them at 0) N(0, initializer_range) from seed + 2. */
+static trill_model *model_with_bias(json_t *j, uint64_t seed) {
     trill_config c;
     assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
     json_decref(j);
@@ -100,8 +102,12 @@ trill_model *test_small_deepseek(uint64_t seed) {
     for (size_t i = 0; i < n; i++)
         if (t[i].kind == TRILL_TENSOR_BIAS)
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.05f * (float)trill_rng_normal(seed + 1, i * 1000 + k);
+        else if (t[i].kind == TRILL_TENSOR_LINEAR_BIAS)
+            for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = (float)c.initializer_range * (float)trill_rng_normal(seed + 2, i * 1000 + k);
     return m;
 }
+
+trill_model *test_small_deepseek(uint64_t seed) { return model_with_bias(test_small_deepseek_json(), seed); }
 
 json_t *test_small_mixtral_json(void) {
     json_t *j = trill_config_preset("mixtral-tiny");
@@ -113,13 +119,18 @@ json_t *test_small_mixtral_json(void) {
     return j;
 }
 
-trill_model *test_small_mixtral(uint64_t seed) {
-    json_t *j = test_small_mixtral_json();
-    trill_config c;
-    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
-    json_decref(j);
-    trill_model *m;
-    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
-    trill_model_init_random(m, seed);
-    return m;
+trill_model *test_small_mixtral(uint64_t seed) { return model_with_bias(test_small_mixtral_json(), seed); }
+
+json_t *test_small_glm_json(void) {
+    json_t *j = trill_config_preset("glm45-tiny");
+    json_object_set_new(j, "hidden_size", json_integer(32));
+    json_object_set_new(j, "head_dim", json_integer(8));
+    json_object_set_new(j, "intermediate_size", json_integer(48));
+    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
+    json_object_set_new(j, "n_routed_experts", json_integer(8));
+    json_object_set_new(j, "num_experts_per_tok", json_integer(2));
+    json_object_set_new(j, "initializer_range", json_real(0.3));
+    return j;
 }
+
+trill_model *test_small_glm(uint64_t seed) { return model_with_bias(test_small_glm_json(), seed); }

@@ -40,4 +40,13 @@ json_t *test_small_mixtral_json(void);
  * 16, top-2 renormalised; GQA 4/2 heads of 8 without QK-norm; vocab 128), weights N(0, 0.3). */
 trill_model *test_small_mixtral(uint64_t seed);
 
+/* config.json of the GLM-4.5 toy below (the caller owns the object). */
+json_t *test_small_glm_json(void);
+
+/* A small GLM-4.5 (glm45-tiny at hidden 32: layer 0 dense, 1..3 MoE with 8 routed experts top-2
+ * and a shared one behind the sigmoid router; GQA 4/2 heads of 8 with q/k/v biases and QK-norm,
+ * RoPE on 4 of each head's 8 dimensions; vocab 128), weights N(0, 0.3) from `seed` and a
+ * correction bias N(0, 0.05). */
+trill_model *test_small_glm(uint64_t seed);
+
 #endif

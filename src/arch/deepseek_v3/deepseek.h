@@ -1,4 +1,5 @@
-/* The DeepSeek-V3 family (DeepseekV3ForCausalLM: DeepSeek-V3/R1, Kimi K2): MLA attention (the
+/* The DeepSeek-V3 family (DeepseekV3ForCausalLM: DeepSeek-V3/R1, Kimi K2; Glm4MoeLiteForCausalLM:
+ * GLM-4.7-Flash, the same MLA and router): MLA attention (the
  * query through a low-rank q_a/q_b pair or one q_proj, keys and values from one compressed latent
  * plus a single rope key shared by the heads), a sigmoid router with a selection bias and
  * group-limited top-k, shared experts beside the routed ones, the first layers dense, YaRN RoPE.

@@ -45,9 +45,9 @@ static bool causal_untied(const trill_config *c, int l) { return c->num_labels =
 #define NOF TRILL_NO_FIELD
 
 static const trill_tensor_row ROWS_[] = {
-    /* name                                                  kind  scope when     dims             role            LoRA target       fusion  split field             adapter */
-    { "model.embed_tokens.weight",                           TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, TRILL_ROLE_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF },
-    { "model.layers.%d.input_layernorm.weight",              NORM, L, NULL,    { D_H, NO },     TRILL_ROLE_INPUT_NORM,  NOLORA,           NOFUSE, REPL, LW(input_norm),   NOF },
+    ROW_EMBED(D_V, D_H),
+    ROW_INPUT_NORM(D_H),
+    /* name                                                  kind  scope when     dims             role                 LoRA target       fusion  split field          adapter */
     { "model.layers.%d.self_attn.q_a_proj.weight",           MAT,  L, q_lora,  { D_QL, D_H },   TRILL_ROLE_Q_A,         TRILL_LORA_Q_A,   QKV(0), REPL, LW(q_a),          LL(q_a) },
     { "model.layers.%d.self_attn.q_a_layernorm.weight",      NORM, L, q_lora,  { D_QL, NO },    TRILL_ROLE_Q_A_NORM,    NOLORA,           NOFUSE, REPL, LW(q_a_norm),     NOF },
     { "model.layers.%d.self_attn.q_b_proj.weight",           MAT,  L, q_lora,  { D_Q, D_QL },   TRILL_ROLE_Q_B,         TRILL_LORA_Q_B,   NOFUSE, ROWS, LW(q_b),          LL(q_b) },
@@ -55,28 +55,21 @@ static const trill_tensor_row ROWS_[] = {
     { "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", MAT,  L, NULL,    { D_KVA, D_H },  TRILL_ROLE_KV_A,        TRILL_LORA_KV_A,  QKV(1), REPL, LW(kv_a),         LL(kv_a) },
     { "model.layers.%d.self_attn.kv_a_layernorm.weight",     NORM, L, NULL,    { D_KVL, NO },   TRILL_ROLE_KV_A_NORM,   NOLORA,           NOFUSE, REPL, LW(kv_a_norm),    NOF },
     { "model.layers.%d.self_attn.kv_b_proj.weight",          MAT,  L, NULL,    { D_KVB, D_KVL },TRILL_ROLE_KV_B,        TRILL_LORA_KV_B,  NOFUSE, ROWS, LW(kv_b),         LL(kv_b) },
-    { "model.layers.%d.self_attn.o_proj.weight",             MAT,  L, NULL,    { D_H, D_O },    TRILL_ROLE_O,           TRILL_LORA_O,     NOFUSE, COLS, LW(wo),            LL(o) },
-    { "model.layers.%d.post_attention_layernorm.weight",     NORM, L, NULL,    { D_H, NO },     TRILL_ROLE_POST_NORM,   NOLORA,           NOFUSE, REPL, LW(post_norm),    NOF },
-    { "model.layers.%d.mlp.gate.weight",                     TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, NOLORA,   NOFUSE, REPL, LW(router),       NOF },
-    { "model.layers.%d.mlp.gate.e_score_correction_bias",    TRILL_TENSOR_BIAS, L, moe, { D_E, NO }, TRILL_ROLE_ROUTER_BIAS, NOLORA,   NOFUSE, REPL, LW(router_bias),  NOF },
-    { "model.layers.%d.mlp.experts.%d.gate_proj.weight",     MAT,  X, moe,     { D_IM, D_H },   TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE,  GU(0), ROWS, LW(expert_gate),  LL(expert_gate) },
-    { "model.layers.%d.mlp.experts.%d.up_proj.weight",       MAT,  X, moe,     { D_IM, D_H },   TRILL_ROLE_EXPERT_UP,   TRILL_LORA_UP,    GU(1), ROWS, LW(expert_up),    LL(expert_up) },
-    { "model.layers.%d.mlp.experts.%d.down_proj.weight",     MAT,  X, moe,     { D_H, D_IM },   TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
-    { "model.layers.%d.mlp.shared_experts.gate_proj.weight", MAT,  L, shared,  { D_SH, D_H },   TRILL_ROLE_SHARED_GATE, TRILL_LORA_GATE,  GU(0), ROWS, LW(shared_gate),  LL(shared_gate) },
-    { "model.layers.%d.mlp.shared_experts.up_proj.weight",   MAT,  L, shared,  { D_SH, D_H },   TRILL_ROLE_SHARED_UP,   TRILL_LORA_UP,    GU(1), ROWS, LW(shared_up),    LL(shared_up) },
-    { "model.layers.%d.mlp.shared_experts.down_proj.weight", MAT,  L, shared,  { D_H, D_SH },   TRILL_ROLE_SHARED_DOWN, TRILL_LORA_DOWN,  NOFUSE, COLS, LW(shared_down),  LL(shared_down) },
-    { "model.layers.%d.mlp.gate_proj.weight",                MAT,  L, dense,   { D_I, D_H },    TRILL_ROLE_GATE,        TRILL_LORA_GATE,  GU(0), ROWS, LW(mlp_gate),     LL(gate) },
-    { "model.layers.%d.mlp.up_proj.weight",                  MAT,  L, dense,   { D_I, D_H },    TRILL_ROLE_UP,          TRILL_LORA_UP,    GU(1), ROWS, LW(mlp_up),       LL(up) },
-    { "model.layers.%d.mlp.down_proj.weight",                MAT,  L, dense,   { D_H, D_I },    TRILL_ROLE_DOWN,        TRILL_LORA_DOWN,  NOFUSE, COLS, LW(mlp_down),     LL(down) },
-    { "model.norm.weight",                                   NORM, G, NULL,    { D_H, NO },     TRILL_ROLE_FINAL_NORM,  NOLORA,           NOFUSE, REPL, MW(final_norm),   NOF },
-    /* tied: lm_head is the embedding (trill_model.lm_head points at it), no tensor of its own */
-    { "lm_head.weight", TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, TRILL_ROLE_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head),
-      (int)offsetof(trill_lora, lm_head) },
+    ROW_O(D_H, D_O),
+    ROW_POST_NORM(D_H),
+    ROW_ROUTER(moe, D_E, D_H),
+    ROW_ROUTER_BIAS(moe, D_E),
+    ROWS_EXPERTS(moe, D_IM, D_H),
+    ROWS_SHARED_EXPERTS(shared, D_SH, D_H),
+    ROWS_DENSE_MLP(dense, D_I, D_H),
+    ROW_FINAL_NORM(D_H),
+    ROW_LM_HEAD(causal_untied, D_V, D_H),
 };
 
 static const trill_arch_names ARCHS[] = {
     { TRILL_ARCH_DEEPSEEK_V3, "deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification" },
     { TRILL_ARCH_KIMI_K2, "kimi_k2", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification" },
+    { TRILL_ARCH_GLM4_MOE_LITE, "glm4_moe_lite", "Glm4MoeLiteForCausalLM", NULL },
 };
 
 /* scores Q K^T over nope + rope dimensions, values P V over v_head_dim: 2 FLOPs per

@@ -37,10 +37,11 @@ trill_status trill_mixtral_config_read(const json_t *root, const char *what, tri
         (st = trill_json_get_int(root, "num_key_value_heads", what, 1, 4096, &c->num_key_value_heads)) ||
         (st = trill_json_get_int(root, "num_local_experts", what, 1, 65535, &c->num_experts)) ||
         (st = trill_json_get_int(root, "num_experts_per_tok", what, 1, 65535, &c->num_experts_per_tok)) ||
-        (st = trill_arch_read_rope(root, what, c)) || (st = trill_arch_read_fp8(root, what, c)))
+        (st = trill_arch_read_rope(root, what, c)) || (st = trill_arch_read_fp8(root, what, c)) ||
+        (st = trill_arch_refuse_partial_rope(c, what)))
         return st;
-    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads;
-    if ((st = trill_json_get_int(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
+    if ((st = trill_arch_get_int_or_null(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
+    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads; /* absent or null */
     const json_t *window = json_object_get(root, "sliding_window");
     if (window && !json_is_null(window))
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"sliding_window\": a sliding window is not supported for Mixtral (expected null)", what);

@@ -94,8 +94,8 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
         (st = trill_json_get_int(root, "num_key_value_heads", what, 1, 4096, &c->num_key_value_heads)) ||
         (st = trill_arch_read_rope(root, what, c)))
         return st;
-    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads;
-    if ((st = trill_json_get_int(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
+    if ((st = trill_arch_get_int_or_null(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
+    if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads; /* absent or null (HF: None) */
     if (c->arch == TRILL_ARCH_QWEN3_MOE &&
         ((st = trill_json_get_int(root, "num_experts", what, 0, 65535, &c->num_experts)) ||
          (st = trill_json_get_int(root, "num_experts_per_tok", what, 1, 65535, &c->num_experts_per_tok)) ||
@@ -107,7 +107,7 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
     if (c->arch == TRILL_ARCH_QWEN3) c->num_experts = c->num_experts_per_tok = 0;
     if ((st = trill_arch_refuse_true(root, "use_sliding_window", what)) ||
         (st = trill_arch_refuse_true(root, "attention_bias", what)) ||
-        (st = check_layer_types(root, what)) || (st = trill_arch_read_fp8(root, what, c)))
+        (st = check_layer_types(root, what)) || (st = trill_arch_read_fp8(root, what, c)) || (st = trill_arch_refuse_partial_rope(c, what)))
         return st;
     return check_consistency(c, what);
 }

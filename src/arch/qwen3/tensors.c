@@ -34,28 +34,18 @@ static bool classifier(const trill_config *c, int l) { return c->num_labels > 0;
 
 
 static const trill_tensor_row ROWS_[] = {
-    /* name                                              kind          scope when   dims          role               LoRA target          fusion     split field                  adapter */
-    { "model.embed_tokens.weight",                       TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H },   TRILL_ROLE_EMBED,       TRILL_NO_LORA,       NOFUSE, ROWS, MW(embed),        TRILL_NO_FIELD },
-    { "model.layers.%d.input_layernorm.weight",          NORM, L, NULL,  { D_H, NO },    TRILL_ROLE_INPUT_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, LW(input_norm),   TRILL_NO_FIELD },
-    { "model.layers.%d.self_attn.q_proj.weight",         MAT,  L, NULL,  { D_QD, D_H },  TRILL_ROLE_Q,           TRILL_LORA_Q,        QKV(0), ROWS, LW(wq),           LL(q) },
-    { "model.layers.%d.self_attn.k_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, TRILL_ROLE_K,           TRILL_LORA_K,        QKV(1), ROWS, LW(wk),           LL(k) },
-    { "model.layers.%d.self_attn.v_proj.weight",         MAT,  L, NULL,  { D_KVD, D_H }, TRILL_ROLE_V,           TRILL_LORA_V,        QKV(2), ROWS, LW(wv),           LL(v) },
-    { "model.layers.%d.self_attn.o_proj.weight",         MAT,  L, NULL,  { D_H, D_QD },  TRILL_ROLE_O,           TRILL_LORA_O,        NOFUSE, COLS, LW(wo),           LL(o) },
-    { "model.layers.%d.self_attn.q_norm.weight",         NORM, L, NULL,  { D_HD, NO },   TRILL_ROLE_Q_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(q_norm),       TRILL_NO_FIELD },
-    { "model.layers.%d.self_attn.k_norm.weight",         NORM, L, NULL,  { D_HD, NO },   TRILL_ROLE_K_NORM,      TRILL_NO_LORA,       NOFUSE, REPL, LW(k_norm),       TRILL_NO_FIELD },
-    { "model.layers.%d.post_attention_layernorm.weight", NORM, L, NULL,  { D_H, NO },    TRILL_ROLE_POST_NORM,   TRILL_NO_LORA,       NOFUSE, REPL, LW(post_norm),    TRILL_NO_FIELD },
-    { "model.layers.%d.mlp.gate.weight",                 TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, TRILL_NO_LORA, NOFUSE, REPL, LW(router),       TRILL_NO_FIELD },
-    { "model.layers.%d.mlp.experts.%d.gate_proj.weight", MAT,  X, moe,   { D_IM, D_H },  TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE,     GU(0),  ROWS, LW(expert_gate),  LL(expert_gate) },
-    { "model.layers.%d.mlp.experts.%d.up_proj.weight",   MAT,  X, moe,   { D_IM, D_H },  TRILL_ROLE_EXPERT_UP,   TRILL_LORA_UP,       GU(1),  ROWS, LW(expert_up),    LL(expert_up) },
-    { "model.layers.%d.mlp.experts.%d.down_proj.weight", MAT,  X, moe,   { D_H, D_IM },  TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN,     NOFUSE, COLS, LW(expert_down),  LL(expert_down) },
-    { "model.layers.%d.mlp.gate_proj.weight",            MAT,  L, dense, { D_I, D_H },   TRILL_ROLE_GATE,        TRILL_LORA_GATE,     GU(0),  ROWS, LW(mlp_gate),     LL(gate) },
-    { "model.layers.%d.mlp.up_proj.weight",              MAT,  L, dense, { D_I, D_H },   TRILL_ROLE_UP,          TRILL_LORA_UP,       GU(1),  ROWS, LW(mlp_up),       LL(up) },
-    { "model.layers.%d.mlp.down_proj.weight",            MAT,  L, dense, { D_H, D_I },   TRILL_ROLE_DOWN,        TRILL_LORA_DOWN,     NOFUSE, COLS, LW(mlp_down),     LL(down) },
-    { "model.norm.weight",                               NORM, G, NULL,  { D_H, NO },    TRILL_ROLE_FINAL_NORM,  TRILL_NO_LORA,       NOFUSE, REPL, MW(final_norm),   TRILL_NO_FIELD },
+    ROW_EMBED(D_V, D_H),
+    ROW_INPUT_NORM(D_H),
+    ROW_Q(D_QD, D_H), ROW_K(D_KVD, D_H), ROW_V(D_KVD, D_H), ROW_O(D_H, D_QD),
+    ROWS_QK_NORM(NULL, D_HD),
+    ROW_POST_NORM(D_H),
+    ROW_ROUTER(moe, D_E, D_H),
+    ROWS_EXPERTS(moe, D_IM, D_H),
+    ROWS_DENSE_MLP(dense, D_I, D_H),
+    ROW_FINAL_NORM(D_H),
     /* HF *ForSequenceClassification: nn.Linear(H, num_labels, bias=False), never tied */
-    { "score.weight",                                    TRILL_TENSOR_HEAD, G, classifier, { D_LABELS, D_H }, TRILL_ROLE_SCORE, TRILL_NO_LORA, NOFUSE, REPL, MW(score), TRILL_NO_FIELD },
-    /* tied: lm_head is the embedding (trill_model.lm_head points at it), no tensor of its own */
-    { "lm_head.weight",                                  TRILL_TENSOR_HEAD, G, causal_untied, { D_V, D_H }, TRILL_ROLE_LM_HEAD, TRILL_LORA_LM_HEAD, NOFUSE, ROWS, MW(lm_head), (int)offsetof(trill_lora, lm_head) },
+    { "score.weight", TRILL_TENSOR_HEAD, G, classifier, { D_LABELS, D_H }, TRILL_ROLE_SCORE, TRILL_NO_LORA, NOFUSE, REPL, MW(score), TRILL_NO_FIELD },
+    ROW_LM_HEAD(causal_untied, D_V, D_H),
 };
 
 /* scores Q K^T and values P V: 2 FLOPs per multiply-add, head_dim each, every query head */

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The model families side by side at one size: `small` (Qwen3-MoE), `k2-small` (DeepSeek-V3's MLA),
+# and Mixtral and GLM-4.5 shaped like `small` (hidden 512, 8 layers, 8 heads / 4 KV heads of 64,
+# 16 routed experts x 256, top-4; GLM: layer 0 dense, q/k/v biases, QK-norm, RoPE on half of each
+# head, a shared expert; Mixtral: every layer a MoE, no QK-norm). For each family, alternating in
+# ROUNDS rounds so that a noisy neighbour hits every family alike: `trill bench generate` (bf16,
+# decode at batch 1/16/64 and prefill) and `trill bench train` (LoRA rank 16, 4 x 256 tokens).
+# Prints one line per family and round, then the medians.
+# Usage: bench/families.sh BUILD_DIR [ROUNDS]   (default 2; OMP_NUM_THREADS as set, default all cores)
+set -euo pipefail
+BUILD=${1:?usage: bench/families.sh BUILD_DIR [ROUNDS]}
+ROUNDS=${2:-2}
+TRILL=$BUILD/trill
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-families-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+SMALL=(--set vocab_size=32000 --set hidden_size=512 --set num_hidden_layers=8 --set num_attention_heads=8 --set num_key_value_heads=4
+       --set head_dim=64 --set num_experts_per_tok=4 --set max_position_embeddings=32768)
+"$TRILL" init --out "$WORK/small" --preset small --seed 1 2>/dev/null
+"$TRILL" init --out "$WORK/k2-small" --preset k2-small --seed 1 2>/dev/null
+"$TRILL" init --out "$WORK/mixtral" --preset mixtral-tiny "${SMALL[@]}" --set intermediate_size=256 --set num_local_experts=16 --seed 1 2>/dev/null
+"$TRILL" init --out "$WORK/glm" --preset glm45-tiny "${SMALL[@]}" --set intermediate_size=1536 --set moe_intermediate_size=256 \
+    --set n_routed_experts=16 --seed 1 2>/dev/null
+FAMILIES=(small k2-small mixtral glm)
+for f in "${FAMILIES[@]}"; do
+  echo "$f: $("$TRILL" info --model "$WORK/$f" | grep '^parameters:')"
+done
+for r in $(seq 1 "$ROUNDS"); do
+  for f in "${FAMILIES[@]}"; do
+    gen=$("$TRILL" bench generate --model "$WORK/$f" --dtypes bf16 --batches 1,16,64 --steps 16 2>&1)
+    train=$("$TRILL" bench train --model "$WORK/$f" --lora --batch 4 --seq 256 --runs 3 2>&1)
+    d1=$(echo "$gen" | sed -n 's/.*batch *1:.* \([0-9.]*\) tokens\/s.*/\1/p' | head -1)
+    echo "round $r $f | $(echo "$gen" | grep -E 'decode|prefill' | tr -s ' ' | tr '\n' ';') | train: $(echo "$train" | grep -E 'tokens/s' | head -1 | tr -s ' ')"
+    [ -n "$d1" ] || true
+  done
+done

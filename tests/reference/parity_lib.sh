@@ -1,0 +1,70 @@
+# The checks every family's parity script makes against its float64 reference (parity_deepseek.sh,
+# parity_mixtral.sh, parity_glm.sh), sourced after pystep.sh with TRILL, TOOL (grad_tool), WORK
+# and REF (the family's reference script, e.g. glm_ref.py) set. Each check prints a PASS or FAIL
+# line with its figures and counts it in `passed` / `failed`; a failing trill command is a FAIL,
+# not an abort.
+# shellcheck shell=bash
+passed=0 failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; cat "$2"; failed=$((failed + 1)); }
+
+# Log-probs within 1e-4 and expert ids equal except near-ties (compare.py), on WORK/in.jsonl.
+score_and_compare() { # name dir [reference forward flags]
+  local name=$1 dir=$2; shift 2
+  pystep -o /dev/null "$REF" forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl" "$@"
+  if ! "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl" 2>"$dir.err"; then
+    fail "$name: trill score failed" "$dir.err"; return 0
+  fi
+  if pystep -o "$dir.cmp.txt" compare.py "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6; then
+    pass "$name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
+  else
+    fail "$name" "$dir.cmp.txt"
+  fi
+}
+
+# Training inputs DIR.in.jsonl (once): random tokens, coefficients and router-replay experts.
+train_inputs_for() { # dir
+  [ -f "$1.in.jsonl" ] && return 0
+  pystep -o /dev/null gen_train_inputs.py --vocab 97 --seed 5 --lengths 2,9,33,70 --out "$1.in.jsonl" --replay-model "$1"
+}
+
+# Gradients of loss = sum of random coefficients * log-probs on DIR.in.jsonl: full-parameter or
+# LoRA (--adapter), within 1e-3 relative (compare_grads.py).
+grad_compare() { # name dir [grad flags]
+  local name=$1 dir=$2; shift 2
+  pystep -o /dev/null "$REF" grad --model "$dir" --input "$dir.in.jsonl" --output "$dir.g.ref" "$@"
+  if ! "$TOOL" "$dir" "$dir.in.jsonl" "$dir.g.ours" "$@" >/dev/null 2>"$dir.g.err"; then
+    fail "$name: grad_tool failed" "$dir.g.err"; return 0
+  fi
+  if pystep -o "$dir.g.txt" compare_grads.py "$dir.g.ref" "$dir.g.ours" --rtol 1e-3; then pass "$name: $(grep 'overall worst' "$dir.g.txt")"
+  else fail "$name" "$dir.g.txt"; fi
+}
+
+# A rank-4 adapter (B non-zero) on TARGETS: its gradients with and without replay, then trill
+# merge scored as the reference scores the base with the adapter.
+lora_and_merge() { # name dir targets
+  local name=$1 dir=$2 targets=$3
+  pystep -o /dev/null "$REF" make-adapter --model "$dir" --out "$dir.adapter" --rank 4 --alpha 8 --targets "$targets" --seed 9
+  grad_compare "lora $name" "$dir" --adapter "$dir.adapter"
+  grad_compare "lora $name replay" "$dir" --adapter "$dir.adapter" --replay
+  pystep -o /dev/null "$REF" forward --model "$dir" --adapter "$dir.adapter" --input "$WORK/in.jsonl" --output "$dir.lora.ref.jsonl"
+  if ! { "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 &&
+         "$TRILL" score --model "$dir.merged" --input "$WORK/in.jsonl" --output "$dir.merged.jsonl"; } 2>"$dir.merge.err" >/dev/null; then
+    fail "merge $name: trill merge or score failed" "$dir.merge.err"
+  elif pystep -o "$dir.merge.txt" compare.py "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 --tie 1e-6; then
+    pass "merge $name: $(grep 'max |d logprob|' "$dir.merge.txt"), $(grep 'expert comparisons' "$dir.merge.txt")"
+  else fail "merge $name" "$dir.merge.txt"; fi
+}
+
+# The generator (f32, its KV cache) on the sequences it samples from DIR: their log-probs as the
+# reference computes them (gen_compare.py: within 1e-4 over >= 60 tokens).
+generator_compare() { # name dir
+  local name=$1 dir=$2 out="$WORK/gen_$1"
+  if ! "$TRILL" generate --model "$dir" --prompt "12+34=" --n 3 --max-new-tokens 40 --dtype f32 --json --seed 5 >"$out.jsonl" 2>"$out.err"; then
+    fail "generator $name: trill generate failed" "$out.err"; return 0
+  fi
+  pystep -o /dev/null gen_compare.py inputs "$out.jsonl" "$out.in.jsonl"
+  pystep -o /dev/null "$REF" forward --model "$dir" --input "$out.in.jsonl" --output "$out.ref.jsonl"
+  if pystep -o "$out.txt" gen_compare.py compare "$out.jsonl" "$out.ref.jsonl"; then pass "$name vs reference: $(sed "s/^.*vs reference: //" "$out.txt")"
+  else fail "generator $name" "$out.txt"; fi
+}
