@@ -113,14 +113,14 @@ int main(int argc, char **argv) {
            preset, nh, nkv, hd_qk, hd_v, batch, seq, T, omp_get_max_threads());
     for (int r = -1; r < runs; r++) { /* r = -1: warm-up */
         double t0 = trill_now();
-        if (trill_attention_forward(out, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale, TRILL_PRECISION_FP32)) {
+        if (trill_attention_forward(out, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale, TRILL_PRECISION_FP32, NULL)) {
             fprintf(stderr, "bench_attention: %s\n", trill_error_message());
             return 1;
         }
         if (r >= 0) tf[r] = trill_now() - t0;
         memset(dq, 0, sizeof(float) * nq), memset(dk, 0, sizeof(float) * nk), memset(dv, 0, sizeof(float) * nv);
         t0 = trill_now();
-        if (trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale, TRILL_PRECISION_FP32)) {
+        if (trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, batch, nh, nkv, hd_qk, hd_v, scale, TRILL_PRECISION_FP32, NULL)) {
             fprintf(stderr, "bench_attention: %s\n", trill_error_message());
             return 1;
         }

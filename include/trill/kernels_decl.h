@@ -85,13 +85,25 @@ void KERNEL(trill_rope_partial_backward)(REAL_T *dx, const int *pos, const REAL_
  * qk_head_dim^-0.5 times YaRN's mscale^2. Per-thread scratch: a [128-ish, longest sequence]
  * block of scores (two in the backward); TRILL_ERR_NOMEM when it cannot be had (the output
  * is then incomplete). prec: the products' precision (S = q k^T and P v, and the backward's;
- * the softmax is fp32 either way, and bf16 rounds P before P v, as flash attention does). */
+ * the softmax is fp32 either way, and bf16 rounds P before P v, as flash attention does).
+ * opts (NULL: plain causal attention): window > 0, a query at position t attends only to the
+ * window latest positions t - window + 1 .. t (HF's sliding_window); sinks[nh], per query head a
+ * logit (unscaled) that joins the softmax's denominator and nothing else (gpt-oss's attention
+ * sinks: a row's probabilities then sum to less than one); the backward adds their gradients to
+ * dsinks[nh] (NULL: none), summed over the sequences in order. */
+typedef struct KERNEL(trill_attention_opts) {
+    int window;
+    const REAL_T *sinks;
+    REAL_T *dsinks;
+} KERNEL(trill_attention_opts);
 trill_status KERNEL(trill_attention_forward)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const int *offsets,
-                                       int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL_T scale, trill_precision prec);
+                                       int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL_T scale, trill_precision prec,
+                                       const KERNEL(trill_attention_opts) *opts);
 /* dq[T, nh*hd_qk], dk[T, nkv*hd_qk], dv[T, nkv*hd_v] += the gradients given dout[T, nh*hd_v]. */
 trill_status KERNEL(trill_attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, const REAL_T *dout, const REAL_T *q,
                                         const REAL_T *k, const REAL_T *v, const int *offsets, int n_seqs, int nh, int nkv,
-                                        int hd_qk, int hd_v, REAL_T scale, trill_precision prec);
+                                        int hd_qk, int hd_v, REAL_T scale, trill_precision prec,
+                                        const KERNEL(trill_attention_opts) *opts);
 
 /* out[n] = silu(gate) * up */
 void KERNEL(trill_swiglu_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n);

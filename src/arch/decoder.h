@@ -93,6 +93,7 @@ typedef struct trill_layer_desc {
     trill_attention_kind attention;
     bool qk_norm;         /* GQA: RMSNorm of each head's q and k (q_norm, k_norm) before RoPE */
     bool qkv_bias;        /* GQA: q, k and v projections with biases (q_bias, k_bias, v_bias) */
+    int window;           /* GQA: a query attends to the `window` latest positions, itself included (0: all) */
     bool moe;             /* routed experts behind a router; else the dense SwiGLU MLP */
     trill_router_kind router;
     bool shared_experts;  /* MoE: n_shared_experts x moe_intermediate_size as one SwiGLU beside the routed ones */

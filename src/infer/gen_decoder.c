@@ -140,17 +140,17 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
 
 /* ---- GQA: attention over the paged cache ---- */
 
-/* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values, the sum over j in
- * order for every element; W is a compile-time constant at each call, so acc stays in registers
- * while the cache is read once per position. */
+/* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values first..n_pos-1, the
+ * sum over j in order for every element; W is a compile-time constant at each call, so acc
+ * stays in registers while the cache is read once per position. */
 static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
-                                                                int n_pos, float *o, const int W, const bool half) {
+                                                                int first, int n_pos, float *o, const int W, const bool half) {
     const int bs = e->kv.block_size, v_stride = e->kv.shape[layer].v_width;
     float acc[128] = { 0 };
-    for (int j0 = 0; j0 < n_pos; j0 += bs) {
+    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
         const char *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-        for (int j = 0; j < n; j++) {
+        for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
             const float w = p[j0 + j];
             const size_t at = (size_t)j * v_stride + (size_t)col;
             for (int l = 0; l < W; l++) acc[l] += w * gen_kv_at(vb, at + (size_t)l, half);
@@ -160,18 +160,19 @@ static inline __attribute__((always_inline)) void attend_values(const trill_engi
 }
 
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
- * key and value is read once for the group; the cache is walked block by block. sc: the
- * thread's [group][max_context] scores. */
-static inline __attribute__((always_inline)) void attend_row_head(const trill_engine *e, int layer, int r, int kvh, float *sc,
+ * key and value is read once for the group; the cache is walked block by block, from the block
+ * of the layer's window's first position (window 0: the whole sequence). sc: the thread's
+ * [group][max_context] scores. */
+static inline __attribute__((always_inline)) void attend_row_head(const trill_engine *e, int layer, int r, int kvh, float *sc, int window,
                                                                   const bool half) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
     const int bs = e->kv.block_size, k_stride = e->kv.shape[layer].k_width, elem = half ? 2 : 4;
     const float scale = S(e)->softmax_scale;
     const seq *s = e->rows.seq[r];
-    const int n_pos = e->rows.pos[r] + 1, ctx = S(e)->att_scores.max_context;
+    const int n_pos = e->rows.pos[r] + 1, ctx = S(e)->att_scores.max_context, first = window > 0 && n_pos > window ? n_pos - window : 0;
     const float *q = S(e)->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
-    for (int j0 = 0; j0 < n_pos; j0 += bs) {
+    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
         const char *kb = (const char *)kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
         for (int g = 0; g < group; g++) {
@@ -182,23 +183,23 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
             for (; j < n; j++) sg[j] = gen_dot_lanes(qg, kb + (size_t)j * k_stride * elem, hd, half);
         }
     }
-    for (int g = 0; g < group; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, scale); /* normalised in place */
+    for (int g = 0; g < group; g++) gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale); /* normalised in place */
     for (int g = 0; g < group; g++) {
         const float *pg = sc + (size_t)g * ctx;
         float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
         /* the common head sizes get a constant width, so the accumulators stay in registers */
-        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, n_pos, o, 64, half);
+        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, first, n_pos, o, 64, half);
         else if (hd == 128)
-            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, 64, half);
+            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, 64, half);
         else
-            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, n_pos, o + i0, LANE, half);
+            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, LANE, half);
     }
 }
 
-/* Causal attention of each row over its own sequence's cached keys and values (fp32 or bf16
- * cache: each task is compiled for both and picks by the cache's element size). head_dim must
- * be a multiple of 8 (checked when the engine is made). */
-static void paged_attention(trill_engine *e, int layer, int R) {
+/* Causal attention of each row over its own sequence's cached keys and values, within the
+ * layer's window (fp32 or bf16 cache: each task is compiled for both and picks by the cache's
+ * element size). head_dim must be a multiple of 8 (checked when the engine is made). */
+static void paged_attention(trill_engine *e, int layer, int window, int R) {
     const int nkv = e->c.num_key_value_heads, group = e->c.num_attention_heads / nkv;
     const bool half = e->kv.elem == 2;
 #pragma omp parallel
@@ -207,8 +208,8 @@ static void paged_attention(trill_engine *e, int layer, int R) {
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
             for (int kvh = 0; kvh < nkv; kvh++) {
-                if (half) attend_row_head(e, layer, r, kvh, sc, true);
-                else attend_row_head(e, layer, r, kvh, sc, false);
+                if (half) attend_row_head(e, layer, r, kvh, sc, window, true);
+                else attend_row_head(e, layer, r, kvh, sc, window, false);
             }
     }
 }
@@ -243,7 +244,7 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
         trill_from_f32(kv_key(&e->kv, b, l, slot), S(e)->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
         trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
-    paged_attention(e, l, R);
+    paged_attention(e, l, desc->window, R);
     return trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
 }
 

@@ -257,23 +257,32 @@ static int KN(attention_tile)(int group) {
     return tb < 16 ? 16 : tb;
 }
 
-/* In place on one row of scaled scores p[0..n): softmax over columns 0..last (the causal
- * prefix), exact zeros in last+1..n-1. */
-static void KN(attention_softmax_row)(REAL *p, int last, int n) {
-    REAL maxv = p[0];
+/* In place on one row of scaled scores p[0..n): softmax over columns first..last (the causal
+ * prefix, or its sliding window), exact zeros elsewhere; with a sink logit, it joins the
+ * denominator, and its probability is returned (0 without). */
+static REAL KN(attention_softmax_row)(REAL *p, int first, int last, int n, const REAL *sink) {
+    REAL maxv = sink && *sink > p[first] ? *sink : p[first];
 #pragma omp simd reduction(max : maxv)
-    for (int j = 1; j <= last; j++) maxv = p[j] > maxv ? p[j] : maxv;
+    for (int j = first + 1; j <= last; j++) maxv = p[j] > maxv ? p[j] : maxv;
     REAL sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= last; j++) {
+    for (int j = first; j <= last; j++) {
         REAL e = KN(exp_nonpos)(p[j] - maxv);
         p[j] = e;
         sum += e;
     }
-    const REAL inv = 1 / sum;
+    const REAL es = sink ? KN(exp_nonpos)(*sink - maxv) : 0;
+    const REAL inv = 1 / (sum + es);
 #pragma omp simd
-    for (int j = 0; j <= last; j++) p[j] *= inv;
+    for (int j = first; j <= last; j++) p[j] *= inv;
+    for (int j = 0; j < first; j++) p[j] = 0;
     for (int j = last + 1; j < n; j++) p[j] = 0;
+    return es * inv;
+}
+
+/* The first key position a query at position t attends to. */
+static inline int KN(attention_first)(const KN(trill_attention_opts) *opts, int t) {
+    return opts && opts->window > 0 && t - opts->window + 1 > 0 ? t - opts->window + 1 : 0;
 }
 
 /* One tile: the nb query positions t0..t0+nb-1 of every head of kv group g, stacked head by
@@ -285,13 +294,21 @@ static void KN(attention_gather)(REAL *xs, const REAL *x, size_t qstride, int t0
 }
 
 /* The tile's probabilities P[rows, end] (end = t0 + nb: the keys up to its last position):
- * P = causal softmax(scale Qs K[0:end]^T), over hd = hd_qk. The forward and the backward both
- * call this, so the backward recomputes bit-identical probabilities. Single-threaded BLAS. */
-static int KN(attention_tile_probs)(REAL *p, const REAL *qs, const REAL *ks, size_t kstride, int t0, int nb, int rows, int hd,
-                                    REAL scale, trill_precision prec) {
+ * P = causal softmax(scale Qs K[0:end]^T), over hd = hd_qk, within opts' window and with its
+ * sinks (row a * nb + r is query head h0 + a); each row's sink probability into ps[rows] when
+ * there are sinks. The forward and the backward both call this, so the backward recomputes
+ * bit-identical probabilities. Single-threaded BLAS. */
+static int KN(attention_tile_probs)(REAL *p, REAL *ps, const REAL *qs, const REAL *ks, size_t kstride, int t0, int nb, int rows,
+                                    int hd, REAL scale, trill_precision prec, const KN(trill_attention_opts) *opts, int h0) {
     const int end = t0 + nb;
     if (KN(gemm_part)(prec, CblasNoTrans, CblasTrans, rows, end, hd, scale, qs, hd, ks, NULL, (int)kstride, 0, p, end)) return -1;
-    for (int row = 0; row < rows; row++) KN(attention_softmax_row)(p + (size_t)row * end, t0 + row % nb, end);
+    const REAL *sinks = opts ? opts->sinks : NULL;
+    for (int row = 0; row < rows; row++) {
+        const int t = t0 + row % nb;
+        const REAL s = KN(attention_softmax_row)(p + (size_t)row * end, KN(attention_first)(opts, t), t, end,
+                                                 sinks ? &sinks[h0 + row / nb] : NULL);
+        if (sinks) ps[row] = s;
+    }
     return 0;
 }
 
@@ -318,7 +335,8 @@ static void KN(attention_scratch)(REAL **bufs, const size_t *sizes, int n, int *
  * O = P V (GEMM). Memory per thread: a [128-ish, max_len] score block. Every output element is
  * computed by one task in a fixed order, so results do not depend on the threads. */
 trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const int *offsets, int n_seqs,
-                                   int nh, int nkv, int hd_qk, int hd_v, REAL scale, trill_precision prec) {
+                                   int nh, int nkv, int hd_qk, int hd_v, REAL scale, trill_precision prec,
+                                   const KN(trill_attention_opts) *opts) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
     const size_t ostride = (size_t)nh * hd_v;
@@ -334,13 +352,13 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
             if ((offsets[s + 1] - offsets[s] + tb - 1) / tb > i) tasks[2 * n] = s, tasks[2 * n + 1] = i, n++;
     trill_kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
-    const size_t sizes[3] = { max_rows * max_len, max_rows * hd_qk, max_rows * hd_v };
+    const size_t sizes[4] = { max_rows * max_len, max_rows * hd_qk, max_rows * hd_v, max_rows };
     int failed = 0, gemm_failed = 0;
 #pragma omp parallel
     {
-        REAL *bufs[3];
-        KN(attention_scratch)(bufs, sizes, 3, &failed);
-        REAL *p = bufs[0], *qs = bufs[1], *os = bufs[2];
+        REAL *bufs[4];
+        KN(attention_scratch)(bufs, sizes, 4, &failed);
+        REAL *p = bufs[0], *qs = bufs[1], *os = bufs[2], *ps = bufs[3];
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n_tasks * nkv; i++) {
             if (!p) continue;
@@ -349,7 +367,7 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
             const int end = t0 + nb, rows = group * nb;
             const REAL *ks = k + (size_t)base * kstride + (size_t)g * hd_qk, *vs = v + (size_t)base * vstride + (size_t)g * hd_v;
             KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd_qk);
-            if (KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale, prec) ||
+            if (KN(attention_tile_probs)(p, ps, qs, ks, kstride, t0, nb, rows, hd_qk, scale, prec, opts, g * group) ||
                 KN(gemm_part)(prec, CblasNoTrans, CblasNoTrans, rows, hd_v, end, 1, p, end, vs, NULL, (int)vstride, 0, os, hd_v)) {
 #pragma omp atomic write
                 gemm_failed = 1;
@@ -365,7 +383,7 @@ trill_status KN(trill_attention_forward)(REAL *out, const REAL *q, const REAL *k
     if (gemm_failed) return KN(gemm_nomem)();
     if (failed)
         return trill_error(TRILL_ERR_NOMEM, "attention: out of memory for the per-thread scratch (%.1f MB each)",
-                           (double)(sizes[0] + sizes[1] + sizes[2]) * sizeof(REAL) * 1e-6);
+                           (double)(sizes[0] + sizes[1] + sizes[2] + sizes[3]) * sizeof(REAL) * 1e-6);
     return TRILL_OK;
 }
 
@@ -377,12 +395,14 @@ static int KN(attention_longer_first)(const void *a, const void *b) {
 
 /* Blocked like the forward; recomputes each tile's probabilities (nothing of size L^2 is
  * stored). Per tile: dP = dO V^T, dV += P^T dO, dS = P o (dP - rowsum(P o dP)),
- * dQ += scale dS K, dK += scale dS^T Q (GEMMs over the causal prefix). Work is split by
- * (sequence, kv head), tiles in order within it, so the dk/dv rows a task accumulates into
- * are its own and the order of every sum is fixed whatever the threads. */
+ * dQ += scale dS K, dK += scale dS^T Q (GEMMs over the causal prefix). A sink s with
+ * probability p_s (its value is zero) gets d s = -p_s rowsum(P o dP) from each of its rows.
+ * Work is split by (sequence, kv head), tiles in order within it, so the dk/dv rows a task
+ * accumulates into are its own and the order of every sum is fixed whatever the threads; the
+ * sinks' gradients are summed per sequence, then over the sequences in order. */
 trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *q, const REAL *k, const REAL *v,
                                     const int *offsets, int n_seqs, int nh, int nkv, int hd_qk, int hd_v, REAL scale,
-                                    trill_precision prec) {
+                                    trill_precision prec, const KN(trill_attention_opts) *opts) {
     const int group = nh / nkv, tb = KN(attention_tile)(group);
     const size_t qstride = (size_t)nh * hd_qk, kstride = (size_t)nkv * hd_qk, vstride = (size_t)nkv * hd_v;
     const size_t ostride = (size_t)nh * hd_v;
@@ -392,15 +412,21 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
     if (!order) return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for %d sequences", n_seqs);
     for (int s = 0; s < n_seqs; s++) order[2 * s] = offsets[s + 1] - offsets[s], order[2 * s + 1] = s;
     qsort(order, (size_t)n_seqs, 2 * sizeof(int), KN(attention_longer_first));
+    const int sink_grads = opts && opts->sinks && opts->dsinks;
+    REAL *dsink_seq = sink_grads ? trill_calloc((size_t)n_seqs * nh, sizeof(REAL)) : NULL; /* [sequence][head] */
+    if (sink_grads && !dsink_seq) {
+        free(order);
+        return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for the sinks' gradients");
+    }
     trill_kernels_blas_init();
     const size_t max_rows = (size_t)group * tb;
-    const size_t sizes[5] = { max_rows * max_len, max_rows * max_len, max_rows * hd_qk, max_rows * hd_v, max_rows * hd_qk };
+    const size_t sizes[6] = { max_rows * max_len, max_rows * max_len, max_rows * hd_qk, max_rows * hd_v, max_rows * hd_qk, max_rows };
     int failed = 0, gemm_failed = 0;
 #pragma omp parallel
     {
-        REAL *bufs[5];
-        KN(attention_scratch)(bufs, sizes, 5, &failed);
-        REAL *p = bufs[0], *dp = bufs[1], *qs = bufs[2], *dos = bufs[3], *dqs = bufs[4];
+        REAL *bufs[6];
+        KN(attention_scratch)(bufs, sizes, 6, &failed);
+        REAL *p = bufs[0], *dp = bufs[1], *qs = bufs[2], *dos = bufs[3], *dqs = bufs[4], *ps = bufs[5];
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n_seqs * nkv; i++) {
             if (!p) continue;
@@ -412,7 +438,7 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
                 const int nb = len - t0 < tb ? len - t0 : tb, end = t0 + nb, rows = group * nb;
                 KN(attention_gather)(qs, q + (size_t)base * qstride, qstride, t0, nb, g * group, group, hd_qk);
                 KN(attention_gather)(dos, dout + (size_t)base * ostride, ostride, t0, nb, g * group, group, hd_v);
-                if (KN(attention_tile_probs)(p, qs, ks, kstride, t0, nb, rows, hd_qk, scale, prec) ||
+                if (KN(attention_tile_probs)(p, ps, qs, ks, kstride, t0, nb, rows, hd_qk, scale, prec, opts, g * group) ||
                     KN(gemm_part)(prec, CblasNoTrans, CblasTrans, rows, end, hd_v, 1, dos, hd_v, vs, NULL, (int)vstride, 0, dp, end) ||
                     KN(gemm_part)(prec, CblasTrans, CblasNoTrans, end, hd_v, rows, 1, p, end, dos, NULL, hd_v, 1, dv + v_off, (int)vstride)) {
 #pragma omp atomic write
@@ -420,14 +446,16 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
                     break;
                 }
                 for (int row = 0; row < rows; row++) { /* softmax backward; dS overwrites dP */
-                    const int last = t0 + row % nb;
+                    const int last = t0 + row % nb, first = KN(attention_first)(opts, last);
                     const REAL *pr = p + (size_t)row * end;
                     REAL *dr = dp + (size_t)row * end, sum = 0;
 #pragma omp simd reduction(+ : sum)
-                    for (int j = 0; j <= last; j++) sum += pr[j] * dr[j];
+                    for (int j = first; j <= last; j++) sum += pr[j] * dr[j];
 #pragma omp simd
-                    for (int j = 0; j <= last; j++) dr[j] = pr[j] * (dr[j] - sum);
+                    for (int j = first; j <= last; j++) dr[j] = pr[j] * (dr[j] - sum);
+                    for (int j = 0; j < first; j++) dr[j] = 0;
                     for (int j = last + 1; j < end; j++) dr[j] = 0;
+                    if (sink_grads) dsink_seq[(size_t)s * nh + g * group + row / nb] -= ps[row] * sum;
                 }
                 if (KN(gemm_part)(prec, CblasNoTrans, CblasNoTrans, rows, hd_qk, end, scale, dp, end, ks, NULL, (int)kstride, 0, dqs, hd_qk) ||
                     KN(gemm_part)(prec, CblasTrans, CblasNoTrans, end, hd_qk, rows, scale, dp, end, qs, NULL, hd_qk, 1, dk + k_off, (int)kstride)) {
@@ -446,10 +474,14 @@ trill_status KN(trill_attention_backward)(REAL *dq, REAL *dk, REAL *dv, const RE
         }
     }
     free(order);
+    if (sink_grads && !gemm_failed && !failed)
+        for (int s = 0; s < n_seqs; s++)
+            for (int h = 0; h < nh; h++) opts->dsinks[h] += dsink_seq[(size_t)s * nh + h];
+    free(dsink_seq);
     if (gemm_failed) return KN(gemm_nomem)();
     if (failed)
         return trill_error(TRILL_ERR_NOMEM, "attention backward: out of memory for the per-thread scratch (%.1f MB each)",
-                           (double)(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * sizeof(REAL) * 1e-6);
+                           (double)(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4] + sizes[5]) * sizeof(REAL) * 1e-6);
     return TRILL_OK;
 }
 

@@ -193,7 +193,9 @@ static trill_status gqa(const trill_forward_pass *fp, const trill_layer_desc *de
     }
     trill_decoder_rope_heads(c, a->q, fp->pos, d->inv_freq, T, nh);
     trill_decoder_rope_heads(c, a->k, fp->pos, d->inv_freq, T, nkv);
-    return trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, d->softmax_scale, fp->precision);
+    const trill_attention_opts opts = { .window = desc->window };
+    return trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, d->softmax_scale, fp->precision,
+                                   desc->window ? &opts : NULL);
 }
 
 /* MLA's q [T, nh*qk] from xn1: through q_a -> q_a_layernorm -> q_b, or q_proj; rope part rotated. */
@@ -252,7 +254,7 @@ static trill_status mla(const trill_forward_pass *fp, const trill_decoder_weight
     const int nh = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
     trill_status st = mla_queries(fp, w, ad, a);
     if (!st) st = mla_keys_values(fp, w, ad, a);
-    if (!st) st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, c->v_head_dim, d->softmax_scale, fp->precision);
+    if (!st) st = trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nh, qk, c->v_head_dim, d->softmax_scale, fp->precision, NULL);
     return st;
 }
 

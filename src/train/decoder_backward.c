@@ -242,8 +242,9 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     zero(g->dq, (size_t)T * nh * qk);
     zero(g->dk, (size_t)T * kv_heads * qk);
     zero(g->dv, (size_t)T * kv_heads * dv);
+    const trill_attention_opts opts = { .window = desc->window };
     st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, kv_heads, qk, dv, d->softmax_scale,
-                                  fp->precision);
+                                  fp->precision, desc->window ? &opts : NULL);
     if (st) return st;
     if (gqa) {
         st = gqa_backward(fp, desc, w, ad, a, sink, lg, g);

@@ -107,8 +107,8 @@ static void run_attention(const json_t *c, FILE *out) {
     float *q = get_floats(c, "q", nq, NULL), *k = get_floats(c, "k", nk, NULL), *v = get_floats(c, "v", nv, NULL);
     float *dout = get_floats(c, "dout", no, NULL);
     float *o = alloc(sizeof(float) * no), *dq = alloc(sizeof(float) * nq), *dk = alloc(sizeof(float) * nk), *dv = alloc(sizeof(float) * nv);
-    check(trill_attention_forward(o, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32));
-    check(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32));
+    check(trill_attention_forward(o, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32, NULL));
+    check(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32, NULL));
     put_floats(out, "out", o, no);
     put_floats(out, "dq", dq, nq);
     put_floats(out, "dk", dk, nk);

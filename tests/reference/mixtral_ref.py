@@ -74,7 +74,8 @@ MoE (MixtralSparseMoeBlock), in every layer: router_logits = gate(h) (Linear H -
   bias, E = num_local_experts); p = softmax(router_logits); the top k =
   num_experts_per_tok of p; their weights p_i / sum of the k (always renormalised, so
   top-1 weighs 1); out = sum w_i * expert_i(h), expert(h) = w2(silu(w1(h)) * w3(h)).
-  router_jitter_noise (HF: training only) must be 0, sliding_window null, rope_scaling
+  router_jitter_noise (HF: training only) must be 0, sliding_window null or a window (every
+  layer: a query at t sees keys t - window + 1 .. t, HF's sliding mask), rope_scaling
   null (rope_parameters, if any, the default RoPE with rope_theta), hidden_act silu:
   anything else is refused rather than computed otherwise.
 Router replay (--replay): a line's "experts": [[[k ids] per layer] per token] replaces the
@@ -114,7 +115,8 @@ def check_config(cfg):
             raise SystemExit(f"config: {msg}")
     need(cfg.get("model_type") == "mixtral", f"unsupported model_type {cfg.get('model_type')!r}")
     need(cfg.get("hidden_act", "silu") == "silu", "only hidden_act silu is implemented")
-    need(cfg.get("sliding_window") is None, "sliding_window must be null (not implemented)")
+    need(cfg.get("sliding_window") is None or (isinstance(cfg["sliding_window"], int) and cfg["sliding_window"] >= 1),
+         "sliding_window must be null or a positive integer")
     need(not cfg.get("router_jitter_noise"), "router_jitter_noise must be 0 (not implemented)")
     need(not cfg.get("rope_scaling"), "rope_scaling is not implemented")
     rp = cfg.get("rope_parameters") or {}  # transformers v5's form of the same
@@ -204,6 +206,7 @@ class MixtralModel(q3.Model):
         super().__init__(model_dir, cfg, weights, adapter)
         check_config(self.cfg)
         self.moe_layers = list(range(self.L))
+        self.window = self.cfg.get("sliding_window")  # every layer (HF MixtralAttention)
         self.n_experts = self.cfg["num_local_experts"]
         self.norm_topk = True
         # Exactly the checkpoint tensors the config implies (a tied model may carry an

@@ -59,12 +59,13 @@ lora_and_merge() { # name dir targets
 # The generator (f32, its KV cache) on the sequences it samples from DIR: their log-probs as the
 # reference computes them (gen_compare.py: within 1e-4 over >= 60 tokens).
 generator_compare() { # name dir
-  local name=$1 dir=$2 out="$WORK/gen_$1"
+  local name=$1 dir=$2 out
+  out="$WORK/gen_$(basename "$dir")"
   if ! "$TRILL" generate --model "$dir" --prompt "12+34=" --n 3 --max-new-tokens 40 --dtype f32 --json --seed 5 >"$out.jsonl" 2>"$out.err"; then
-    fail "generator $name: trill generate failed" "$out.err"; return 0
+    fail "$name: trill generate failed" "$out.err"; return 0
   fi
   pystep -o /dev/null gen_compare.py inputs "$out.jsonl" "$out.in.jsonl"
   pystep -o /dev/null "$REF" forward --model "$dir" --input "$out.in.jsonl" --output "$out.ref.jsonl"
   if pystep -o "$out.txt" gen_compare.py compare "$out.jsonl" "$out.ref.jsonl"; then pass "$name vs reference: $(sed "s/^.*vs reference: //" "$out.txt")"
-  else fail "generator $name" "$out.txt"; fi
+  else fail "$name" "$out.txt"; fi
 }

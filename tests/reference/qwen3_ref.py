@@ -634,6 +634,9 @@ class Model:
         v = v.repeat_interleave(rep, dim=1)
         scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
         causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # s > t is masked
+        window = getattr(self, "window", None)  # HF's sliding_window (Mistral, Mixtral): keys s > t - window
+        if window:
+            causal |= torch.ones(T, T, dtype=torch.bool).tril(-window)
         scores = scores.masked_fill(causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         o = torch.einsum("hts,shd->thd", probs, v).reshape(T, nH * hd)

@@ -169,14 +169,14 @@ static void test_precision_kernels(void **state) {
     fill(q, T * NH * HD, 7);
     fill(k, T * NKV * HD, 8);
     fill(v, T * NKV * HD, 9);
-    assert_int_equal(trill_attention_forward(a32, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_FP32), TRILL_OK);
-    assert_int_equal(trill_attention_forward(a16, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_BF16), TRILL_OK);
+    assert_int_equal(trill_attention_forward(a32, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_FP32, NULL), TRILL_OK);
+    assert_int_equal(trill_attention_forward(a16, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_BF16, NULL), TRILL_OK);
     e = rel_err(a16, a32, T * NH * HD);
     assert_true(e > 0 && e < 0.02);
     float *dq32 = calloc(T * NH * HD, sizeof(float)), *dk32 = calloc(T * NKV * HD, sizeof(float)), *dv32 = calloc(T * NKV * HD, sizeof(float));
     float *dq16 = calloc(T * NH * HD, sizeof(float)), *dk16 = calloc(T * NKV * HD, sizeof(float)), *dv16 = calloc(T * NKV * HD, sizeof(float));
-    assert_int_equal(trill_attention_backward(dq32, dk32, dv32, a32, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_FP32), TRILL_OK);
-    assert_int_equal(trill_attention_backward(dq16, dk16, dv16, a32, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_BF16), TRILL_OK);
+    assert_int_equal(trill_attention_backward(dq32, dk32, dv32, a32, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_FP32, NULL), TRILL_OK);
+    assert_int_equal(trill_attention_backward(dq16, dk16, dv16, a32, q, k, v, offsets, NS, NH, NKV, HD, HD, 0.25f, TRILL_PRECISION_BF16, NULL), TRILL_OK);
     assert_true(rel_err(dq16, dq32, T * NH * HD) < 0.03);
     assert_true(rel_err(dk16, dk32, T * NKV * HD) < 0.03);
     assert_true(rel_err(dv16, dv32, T * NKV * HD) < 0.03);

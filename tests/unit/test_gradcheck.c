@@ -5,6 +5,7 @@
  * compared with the backward pass's gradient. */
 #include <math.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -142,33 +143,45 @@ static void test_rope_partial(void **state) {
 }
 
 /* ---- attention: two sequences (3 and 5 tokens), 4 query heads over 2 kv heads; q/k heads of
- * hd, v heads of hv, softmax scale `scale` ---- */
+ * hd, v heads of hv, softmax scale `scale`; a sliding window of `window` positions (0: none)
+ * and per-head sinks (gpt-oss) when `sinks` ---- */
 enum { AT = 8, ANH = 4, ANKV = 2 };
-typedef struct { double *q, *k, *v; int offsets[3]; int hd, hv; double scale; } at_ctx;
+typedef struct { double *q, *k, *v; int offsets[3]; int hd, hv; double scale; trill_attention_opts_f64 opts; } at_ctx;
 static void at_fwd(check *c, double *out) {
     at_ctx *a = c->ctx;
-    assert_int_equal(trill_attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale, TRILL_PRECISION_FP32), TRILL_OK);
+    assert_int_equal(trill_attention_forward_f64(out, a->q, a->k, a->v, a->offsets, 2, ANH, ANKV, a->hd, a->hv, a->scale, TRILL_PRECISION_FP32,
+                                                 &a->opts), TRILL_OK);
 }
 
-static void attention_case(int hd, int hv, double scale) {
+static void attention_case(int hd, int hv, double scale, int window, bool sinks) {
     const size_t nq = AT * ANH * hd, nk = AT * ANKV * hd, nv = AT * ANKV * hv, no = AT * ANH * hv;
-    at_ctx a = { randn(nq, 1), randn(nk, 1), randn(nv, 1), { 0, 3, 8 }, hd, hv, scale };
+    at_ctx a = { randn(nq, 1), randn(nk, 1), randn(nv, 1), { 0, 3, 8 }, hd, hv, scale, { .window = window } };
+    double *s = sinks ? randn(ANH, 1) : NULL, *ds = zeros(ANH);
+    a.opts.sinks = s;
     double *G = randn(no, 1), *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nv);
-    assert_int_equal(trill_attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
+    trill_attention_opts_f64 bo = { .window = window, .sinks = s, .dsinks = ds };
+    assert_int_equal(trill_attention_backward_f64(dq, dk, dv, G, a.q, a.k, a.v, a.offsets, 2, ANH, ANKV, hd, hv, scale, TRILL_PRECISION_FP32, &bo),
+                     TRILL_OK);
     check c = { at_fwd, &a, no, G };
-    char name[3][64];
-    for (int i = 0; i < 3; i++) snprintf(name[i], sizeof name[i], "attention %d/%d d%s", hd, hv, i == 0 ? "q" : i == 1 ? "k" : "v");
+    char name[4][96];
+    for (int i = 0; i < 4; i++)
+        snprintf(name[i], sizeof name[i], "attention %d/%d window %d%s d%s", hd, hv, window, sinks ? " sinks" : "",
+                 i == 0 ? "q" : i == 1 ? "k" : i == 2 ? "v" : "sinks");
     expect_grad(&c, name[0], a.q, dq, nq);
     expect_grad(&c, name[1], a.k, dk, nk);
     expect_grad(&c, name[2], a.v, dv, nv);
-    free(a.q); free(a.k); free(a.v); free(G); free(dq); free(dk); free(dv);
+    if (sinks) expect_grad(&c, name[3], s, ds, ANH);
+    free(a.q); free(a.k); free(a.v); free(G); free(dq); free(dk); free(dv); free(s); free(ds);
 }
 
 static void test_attention(void **state) {
     (void)state;
-    attention_case(4, 4, 1 / sqrt(4.0)); /* Qwen3: equal head sizes, 1/sqrt(hd) */
-    attention_case(6, 3, 0.37);          /* MLA-like: larger q/k heads, an explicit scale */
-    attention_case(3, 5, 0.8);           /* larger value heads */
+    attention_case(4, 4, 1 / sqrt(4.0), 0, false); /* Qwen3: equal head sizes, 1/sqrt(hd) */
+    attention_case(6, 3, 0.37, 0, false);          /* MLA-like: larger q/k heads, an explicit scale */
+    attention_case(3, 5, 0.8, 0, false);           /* larger value heads */
+    attention_case(4, 4, 0.5, 2, false);           /* a sliding window of 2 (the 5-token sequence slides) */
+    attention_case(4, 4, 0.5, 0, true);            /* gpt-oss's sinks */
+    attention_case(4, 4, 0.5, 3, true);            /* both, gpt-oss's sliding layers */
 }
 
 /* ---- swiglu ---- */

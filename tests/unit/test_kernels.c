@@ -146,7 +146,7 @@ static void test_attention(void **state) {
     const float v[3 * 2] = { 1, 2, 3, 4, 7, 8 };
     const int offsets[3] = { 0, 2, 3 };
     float out[3 * 4];
-    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f), TRILL_PRECISION_FP32), TRILL_OK);
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f), TRILL_PRECISION_FP32, NULL), TRILL_OK);
     CLOSE(out[0], 1); CLOSE(out[1], 2); /* first token attends only to itself */
     CLOSE(out[4], 2); CLOSE(out[5], 3); /* head 0, t1: q = 0 -> uniform over t0, t1 */
     /* head 1, t1: scores (1, -1)/sqrt(2) */
@@ -159,49 +159,56 @@ static void test_attention(void **state) {
 /* ---- attention (blocked GEMMs) against a naive double-precision reference ---- */
 
 /* Row by row, in double: out = softmax(scale q k^T, causal) v and, given dout, the gradients
- * dq, dk, dv (written, not accumulated). q/k heads of hd, v/out heads of hv. */
+ * dq, dk, dv (written, not accumulated). q/k heads of hd, v/out heads of hv. With a window, a
+ * query at position t sees keys t - window + 1 .. t; with sinks (HF gpt-oss's eager attention:
+ * the head's sink logit concatenated to the scaled scores, the softmax taken, the sink's column
+ * dropped), dsinks[nh] gets their gradients (written). */
 static void attention_reference(double *out, double *dq, double *dk, double *dv, const float *dout, const float *q,
                                 const float *k, const float *v, const int *offsets, int n_seqs, int nh, int nkv, int hd, int hv,
-                                double scale) {
+                                double scale, int window, const float *sinks, double *dsinks) {
     const int T = offsets[n_seqs], group = nh / nkv;
     const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd, vs = (size_t)nkv * hv, os = (size_t)nh * hv;
     memset(dq, 0, sizeof(double) * T * qs);
     memset(dk, 0, sizeof(double) * T * ks);
     memset(dv, 0, sizeof(double) * T * vs);
+    if (dsinks) memset(dsinks, 0, sizeof(double) * nh);
     double *p = malloc(sizeof(double) * (T + 1)), *dp = malloc(sizeof(double) * (T + 1));
     assert_non_null(p), assert_non_null(dp);
     for (int s = 0; s < n_seqs; s++)
         for (int h = 0; h < nh; h++)
             for (int t = offsets[s]; t < offsets[s + 1]; t++) {
-                const int g = h / group, n = t - offsets[s] + 1;
+                const int g = h / group, n = t - offsets[s] + 1, j0 = window > 0 && n > window ? n - window : 0;
                 const float *qt = q + t * qs + h * hd, *dot = dout + t * os + h * hv;
-                double maxv = -INFINITY, sum = 0, pdp = 0;
-                for (int j = 0; j < n; j++) {
+                double maxv = sinks ? sinks[h] : -INFINITY, sum = 0, pdp = 0;
+                for (int j = j0; j < n; j++) {
                     const float *kj = k + (offsets[s] + j) * ks + g * hd;
                     double d = 0;
                     for (int i = 0; i < hd; i++) d += (double)qt[i] * kj[i];
                     p[j] = d * scale;
                     if (p[j] > maxv) maxv = p[j];
                 }
-                for (int j = 0; j < n; j++) sum += p[j] = exp(p[j] - maxv);
-                for (int j = 0; j < n; j++) p[j] /= sum;
+                for (int j = j0; j < n; j++) sum += p[j] = exp(p[j] - maxv);
+                const double psink = sinks ? exp(sinks[h] - maxv) : 0;
+                sum += psink;
+                for (int j = j0; j < n; j++) p[j] /= sum;
                 for (int i = 0; i < hv; i++) {
                     double o = 0;
-                    for (int j = 0; j < n; j++) o += p[j] * v[(offsets[s] + j) * vs + g * hv + i];
+                    for (int j = j0; j < n; j++) o += p[j] * v[(offsets[s] + j) * vs + g * hv + i];
                     out[t * os + h * hv + i] = o;
                 }
-                for (int j = 0; j < n; j++) {
+                for (int j = j0; j < n; j++) {
                     const size_t r = (size_t)(offsets[s] + j) * vs + g * hv;
                     double d = 0;
                     for (int i = 0; i < hv; i++) d += (double)dot[i] * v[r + i], dv[r + i] += p[j] * dot[i];
                     dp[j] = d;
                     pdp += p[j] * d;
                 }
-                for (int j = 0; j < n; j++) {
+                for (int j = j0; j < n; j++) {
                     const size_t r = (size_t)(offsets[s] + j) * ks + g * hd;
                     const double ds = p[j] * (dp[j] - pdp) * scale;
                     for (int i = 0; i < hd; i++) dq[t * qs + h * hd + i] += ds * k[r + i], dk[r + i] += ds * qt[i];
                 }
+                if (dsinks) dsinks[h] -= psink / sum * pdp; /* the sink's column: value 0, probability psink / sum */
             }
     free(p), free(dp);
 }
@@ -224,8 +231,9 @@ static float *uniform_array(size_t n, uint64_t key, double lo, double hi) {
     return x;
 }
 
-/* q/k heads of hd, v/out heads of hv, softmax scale `scale` */
-static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, const int *lens, int n_seqs) {
+/* q/k heads of hd, v/out heads of hv, softmax scale `scale`; a sliding window (0: none) and
+ * sinks (random, a few units) when `sinks` */
+static void check_attention_opts(int nh, int nkv, int hd, int hv, float scale, const int *lens, int n_seqs, int window, bool sinks) {
     int *offsets = malloc(sizeof(int) * (n_seqs + 1));
     assert_non_null(offsets);
     offsets[0] = 0;
@@ -242,16 +250,21 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     double *rout = malloc(sizeof(double) * (no ? no : 1)), *rdq = malloc(sizeof(double) * (nq ? nq : 1));
     double *rdk = malloc(sizeof(double) * (nk ? nk : 1)), *rdv = malloc(sizeof(double) * (nv ? nv : 1));
     assert_true(out && dq && dk && dv && rout && rdq && rdk && rdv);
-    attention_reference(rout, rdq, rdk, rdv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale);
+    float *sk = sinks ? uniform_array((size_t)nh, key + 8, -2, 3) : NULL, ds[64] = { 0 }, ds1[64];
+    double rds[64];
+    assert_true(nh <= 64);
+    attention_reference(rout, rdq, rdk, rdv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, window, sk, sinks ? rds : NULL);
+    const trill_attention_opts fo = { .window = window, .sinks = sk }, bo = { .window = window, .sinks = sk, .dsinks = sinks ? ds : NULL };
 
     /* the gradients accumulate: start from dq0/dk0/dv0 */
-    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32, &fo), TRILL_OK);
     memcpy(dq, dq0, sizeof(float) * nq), memcpy(dk, dk0, sizeof(float) * nk), memcpy(dv, dv0, sizeof(float) * nv);
-    assert_int_equal(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
-    double e[4] = { rel_err(out, NULL, rout, no), rel_err(dq, dq0, rdq, nq), rel_err(dk, dk0, rdk, nk), rel_err(dv, dv0, rdv, nv) };
-    printf("attention nh %d nkv %d hd %d/%d scale %.4f, %d seqs (T %d): relative error out %.2e dq %.2e dk %.2e dv %.2e\n", nh,
-           nkv, hd, hv, scale, n_seqs, T, e[0], e[1], e[2], e[3]);
-    for (int i = 0; i < 4; i++) assert_true(e[i] < 1e-5);
+    assert_int_equal(trill_attention_backward(dq, dk, dv, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32, &bo), TRILL_OK);
+    double e[5] = { rel_err(out, NULL, rout, no), rel_err(dq, dq0, rdq, nq), rel_err(dk, dk0, rdk, nk), rel_err(dv, dv0, rdv, nv),
+                    sinks ? rel_err(ds, NULL, rds, (size_t)nh) : 0 };
+    printf("attention nh %d nkv %d hd %d/%d scale %.4f window %d%s, %d seqs (T %d): relative error out %.2e dq %.2e dk %.2e dv %.2e"
+           " dsinks %.2e\n", nh, nkv, hd, hv, scale, window, sinks ? " sinks" : "", n_seqs, T, e[0], e[1], e[2], e[3], e[4]);
+    for (int i = 0; i < 5; i++) assert_true(e[i] < 1e-5);
 
     /* bit-identical whatever the number of threads */
     const int threads = omp_get_max_threads();
@@ -260,9 +273,12 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     assert_true(out1 && dq1 && dk1 && dv1);
     for (int nt = 1; nt <= 3; nt += 2) {
         omp_set_num_threads(nt);
-        assert_int_equal(trill_attention_forward(out1, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
+        assert_int_equal(trill_attention_forward(out1, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32, &fo), TRILL_OK);
         memcpy(dq1, dq0, sizeof(float) * nq), memcpy(dk1, dk0, sizeof(float) * nk), memcpy(dv1, dv0, sizeof(float) * nv);
-        assert_int_equal(trill_attention_backward(dq1, dk1, dv1, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32), TRILL_OK);
+        memset(ds1, 0, sizeof ds1);
+        const trill_attention_opts bo1 = { .window = window, .sinks = sk, .dsinks = sinks ? ds1 : NULL };
+        assert_int_equal(trill_attention_backward(dq1, dk1, dv1, dout, q, k, v, offsets, n_seqs, nh, nkv, hd, hv, scale, TRILL_PRECISION_FP32, &bo1), TRILL_OK);
+        assert_memory_equal(ds1, ds, sizeof(float) * (size_t)nh);
         assert_memory_equal(out1, out, sizeof(float) * no);
         assert_memory_equal(dq1, dq, sizeof(float) * nq);
         assert_memory_equal(dk1, dk, sizeof(float) * nk);
@@ -270,7 +286,11 @@ static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, 
     }
     omp_set_num_threads(threads);
     free(q), free(k), free(v), free(dout), free(dq0), free(dk0), free(dv0), free(out), free(dq), free(dk), free(dv);
-    free(out1), free(dq1), free(dk1), free(dv1), free(rout), free(rdq), free(rdk), free(rdv), free(offsets);
+    free(out1), free(dq1), free(dk1), free(dv1), free(rout), free(rdq), free(rdk), free(rdv), free(offsets), free(sk);
+}
+
+static void check_attention_shape(int nh, int nkv, int hd, int hv, float scale, const int *lens, int n_seqs) {
+    check_attention_opts(nh, nkv, hd, hv, scale, lens, n_seqs, 0, false);
 }
 
 /* Qwen3's attention: equal head sizes, scale 1/sqrt(hd) computed as its call sites do. */
@@ -296,6 +316,19 @@ static void test_attention_blocked(void **state) {
     check_attention_shape(4, 4, 192, 128, (float)(1 / sqrt(192.0) * m * m), mla, 4);
     check_attention_shape(8, 2, 48, 24, 0.3f, lens, n); /* GQA, group 4 */
     check_attention_shape(4, 2, 16, 40, 0.2f, mla, 4);  /* value heads larger */
+}
+
+/* gpt-oss's attention: sliding windows (shorter than a tile, and spanning several) and sinks,
+ * apart and together, against the reference written from HF's eager attention. */
+static void test_attention_window_sinks(void **state) {
+    (void)state;
+    const int lens[] = { 1, 63, 65, 200, 0, 300 };
+    const int n = (int)(sizeof lens / sizeof lens[0]);
+    check_attention_opts(8, 4, 64, 64, 0.125f, lens, n, 128, false); /* gpt-oss's window, 128 */
+    check_attention_opts(8, 2, 32, 32, 0.2f, lens, n, 7, false);
+    check_attention_opts(4, 4, 16, 16, 0.25f, lens, n, 0, true);
+    check_attention_opts(8, 1, 64, 64, 0.125f, lens, n, 128, true); /* gpt-oss: 64 heads over 8 kv heads, head_dim 64 */
+    check_attention_opts(4, 2, 16, 24, 0.3f, lens, n, 1, true);      /* a window of one: the token itself and the sink */
 }
 
 static void test_softmax_topk(void **state) {
@@ -434,7 +467,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),   cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_partial), cmocka_unit_test(test_rope_yarn), cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_blocked), cmocka_unit_test(test_softmax_topk), cmocka_unit_test(test_sigmoid),
+        cmocka_unit_test(test_attention_blocked), cmocka_unit_test(test_attention_window_sinks), cmocka_unit_test(test_softmax_topk), cmocka_unit_test(test_sigmoid),
         cmocka_unit_test(test_router_groups), cmocka_unit_test(test_swiglu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,9 +42,7 @@ trill_status trill_mixtral_config_read(const json_t *root, const char *what, tri
         return st;
     if ((st = trill_arch_get_int_or_null(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
     if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads; /* absent or null */
-    const json_t *window = json_object_get(root, "sliding_window");
-    if (window && !json_is_null(window))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"sliding_window\": a sliding window is not supported for Mixtral (expected null)", what);
+    if ((st = trill_arch_get_int_or_null(root, "sliding_window", what, 1, 1 << 30, &c->sliding_window))) return st; /* null: none */
     double jitter = 0;
     if ((st = trill_json_get_double(root, "router_jitter_noise", what, 0, 1, &jitter))) return st;
     if (jitter != 0)
@@ -67,9 +65,11 @@ bool trill_mixtral_layer_is_moe(const trill_config *c, int l) {
     return c->num_experts > 0;
 }
 
-/* GQA without QK-norm; every layer a MoE behind a softmax top-k router. */
+/* GQA without QK-norm (every layer within sliding_window when set); every layer a MoE behind a
+ * softmax top-k router. */
 trill_layer_desc trill_mixtral_describe(const trill_config *c, int l) {
-    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .moe = trill_config_is_moe(c, l), .router = TRILL_ROUTER_SOFTMAX };
+    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .window = c->sliding_window, .moe = trill_config_is_moe(c, l),
+                               .router = TRILL_ROUTER_SOFTMAX };
 }
 
 bool trill_mixtral_config_write(const trill_config *c, json_t *j) {
@@ -81,7 +81,7 @@ bool trill_mixtral_config_write(const trill_config *c, json_t *j) {
     ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
     ok &= json_object_set_new(j, "num_local_experts", json_integer(c->num_experts)) == 0;
     ok &= json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok)) == 0;
-    ok &= json_object_set_new(j, "sliding_window", json_null()) == 0;
+    ok &= json_object_set_new(j, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null()) == 0;
     ok &= json_object_set_new(j, "router_jitter_noise", json_real(0)) == 0;
     return ok;
 }
