@@ -5,7 +5,7 @@
 # head, a shared expert; Mixtral: every layer a MoE, no QK-norm). For each family, alternating in
 # ROUNDS rounds so that a noisy neighbour hits every family alike: `trill bench generate` (bf16,
 # decode at batch 1/16/64 and prefill) and `trill bench train` (LoRA rank 16, 4 x 256 tokens).
-# Prints one line per family and round, then the medians.
+# Prints one line per family and round (the machine's noise shows in the rounds' spread).
 # Usage: bench/families.sh BUILD_DIR [ROUNDS]   (default 2; OMP_NUM_THREADS as set, default all cores)
 set -euo pipefail
 BUILD=${1:?usage: bench/families.sh BUILD_DIR [ROUNDS]}
@@ -28,8 +28,9 @@ for r in $(seq 1 "$ROUNDS"); do
   for f in "${FAMILIES[@]}"; do
     gen=$("$TRILL" bench generate --model "$WORK/$f" --dtypes bf16 --batches 1,16,64 --steps 16 2>&1)
     train=$("$TRILL" bench train --model "$WORK/$f" --lora --batch 4 --seq 256 --runs 3 2>&1)
-    d1=$(echo "$gen" | sed -n 's/.*batch *1:.* \([0-9.]*\) tokens\/s.*/\1/p' | head -1)
-    echo "round $r $f | $(echo "$gen" | grep -E 'decode|prefill' | tr -s ' ' | tr '\n' ';') | train: $(echo "$train" | grep -E 'tokens/s' | head -1 | tr -s ' ')"
-    [ -n "$d1" ] || true
+    dec=$(echo "$gen" | sed -n 's/^ *batch *\([0-9]*\): decode *\([0-9.]*\) tokens\/s.*prefill \([0-9]*\) tokens\/s/b\1 \2 (prefill \3)/p' | tr '\n' ' ')
+    kv=$(echo "$gen" | sed -n 's/.*KV cache \([0-9]*\) bytes per token.*/\1/p' | head -1)
+    tr_=$(echo "$train" | sed -n 's/.*: \([0-9.]*\) tokens\/s, median.*(\([0-9.]*\)% of peak.*/\1 tokens\/s (\2% of peak)/p')
+    printf 'round %s %-9s decode bf16 tokens/s: %s| KV %s B/token | train LoRA 4x256: %s\n' "$r" "$f" "$dec" "$kv" "$tr_"
   done
 done
