@@ -45,9 +45,9 @@ typedef struct trill_config {
     int decoder_sparse_step;
     bool norm_topk_prob;
     bool mlp_only[TRILL_MAX_LAYERS]; /* mlp_only_layers as a per-layer flag */
-    /* GQA's options beyond Qwen3's (Glm4Moe): QK-norm when use_qk_norm (Qwen3 has it always,
-     * Mixtral never), biases on the q/k/v projections (attention_bias; o_proj has none), and RoPE
-     * on the first partial_rotary_factor x head_dim dimensions of each head (1: all of them) */
+    /* GQA's options: QK-norm (Qwen3 always, GLM-4.5 when use_qk_norm, Mixtral never), biases on
+     * the q/k/v projections (GLM's attention_bias; o_proj has none), and RoPE on the first
+     * partial_rotary_factor x head_dim dimensions of each head (1: all of them) */
     bool qk_norm;
     bool attention_bias;
     double partial_rotary_factor;

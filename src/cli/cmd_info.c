@@ -50,14 +50,21 @@ static void describe(const char *dir, const trill_config *cfg) {
         printf("dimensions:    vocab %d, hidden %d, %d layers, %d heads; MLA: q_lora_rank %d, kv_lora_rank %d, qk %d + %d (rope), v %d\n",
                cfg->vocab_size, cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->q_lora_rank, cfg->kv_lora_rank,
                cfg->qk_nope_head_dim, cfg->qk_rope_head_dim, cfg->v_head_dim);
-    else
+    else {
         printf("dimensions:    vocab %d, hidden %d, %d layers, %d heads / %d kv heads x head_dim %d\n", cfg->vocab_size,
                cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim);
+        const int rope = cfg->partial_rotary_factor > 0 && cfg->partial_rotary_factor < 1 ? (int)(cfg->head_dim * cfg->partial_rotary_factor)
+                                                                                           : cfg->head_dim;
+        printf("attention:     GQA%s%s, RoPE on %d of %d dims", cfg->qk_norm ? ", QK-norm" : "", cfg->attention_bias ? ", q/k/v biases" : "",
+               rope, cfg->head_dim);
+        if (cfg->sliding_window) printf(", sliding window %d", cfg->sliding_window);
+        printf("\n");
+    }
     printf("mlp:           dense intermediate %d", cfg->intermediate_size);
     if (cfg->n_moe_layers)
         printf("; %d experts, top-%d, expert intermediate %d, norm_topk_prob %s", cfg->num_experts,
                cfg->num_experts_per_tok, cfg->moe_intermediate_size, cfg->norm_topk_prob ? "true" : "false");
-    if (cfg->n_moe_layers && cfg->kv_lora_rank > 0)
+    if (cfg->n_moe_layers && cfg->routed_scaling_factor > 0) /* the sigmoid router (DeepSeek-V3, GLM) */
         printf("; %d shared, %d groups keep %d, scaling %g", cfg->n_shared_experts, cfg->n_group, cfg->topk_group, cfg->routed_scaling_factor);
     printf("\n");
     if (cfg->num_labels > 0)

@@ -63,6 +63,7 @@ done
 "$TRILL" info --model "$WORK/tiny" >"$WORK/info"
 check "info layer map" grep -qF "layer map:     0 dense, 1-3 moe(ordinals 0-2)" "$WORK/info"
 check "info parameters" grep -qE "^parameters: +[0-9]+ total, [0-9]+ active" "$WORK/info"
+check "info attention" grep -qF "attention:     GQA, QK-norm, RoPE on 64 of 64 dims" "$WORK/info"
 check "info dtype" grep -qF ", BF16)" "$WORK/info"
 disk_mb=$(stat -c %s "$WORK/tiny/model.safetensors" | awk '{ printf "%.1f", $1 / 1e6 }')
 check "info: the bytes on disk are the weight files' ($disk_mb MB)" grep -qF "bytes:         $disk_mb MB on disk (1 safetensors file, BF16)" "$WORK/info"

@@ -22,6 +22,7 @@ void trill_qwen3_config_defaults(trill_config *c) {
     c->rms_norm_eps = 1e-6;
     c->rope_theta = 10000.0;
     c->initializer_range = 0.02;
+    c->qk_norm = true; /* always (no config field) */
     if (c->arch == TRILL_ARCH_QWEN3_MOE) {
         c->hidden_size = 2048;
         c->intermediate_size = 6144;
