@@ -62,8 +62,10 @@ typedef struct trill_config {
     int first_k_dense_replace; /* layers below it are dense */
     int moe_layer_freq;
     bool rope_interleave;      /* RoPE on adjacent pairs (2i, 2i+1) */
-    bool yarn;                 /* rope_scaling type yarn, with: */
+    bool yarn;                 /* rope_scaling (or rope_parameters) rope_type yarn, with: */
     double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    double yarn_attention_factor; /* the cos/sin multiplier when the config gives it; 0: derived (mscale) */
+    bool yarn_truncate;           /* round the correction range outwards (HF's default; gpt-oss: false) */
     int yarn_original_max_position_embeddings;
     int num_nextn_predict_layers; /* the MTP module's layers, stored after the decoder's: not
                                      loaded (as HF); a saved config says 0 (not saved) */

@@ -163,6 +163,42 @@ trill_status trill_arch_read_fp8(const json_t *root, const char *what, trill_con
     return TRILL_OK;
 }
 
+trill_status trill_arch_read_yarn(const json_t *v, const char *key, const char *what, trill_config *c) {
+    (void)key;
+    c->yarn = true;
+    c->yarn_factor = 1;
+    c->yarn_beta_fast = 32;
+    c->yarn_beta_slow = 1;
+    c->yarn_mscale = 1;
+    c->yarn_mscale_all_dim = 0;
+    c->yarn_attention_factor = 0;
+    c->yarn_truncate = true;
+    c->yarn_original_max_position_embeddings = c->max_position_embeddings;
+    trill_status st;
+    if ((st = trill_json_get_double(v, "factor", what, 1.0, 1e6, &c->yarn_factor)) ||
+        (st = trill_json_get_int(v, "original_max_position_embeddings", what, 1, 1 << 30, &c->yarn_original_max_position_embeddings)) ||
+        (st = trill_json_get_double(v, "beta_fast", what, 0, 1e6, &c->yarn_beta_fast)) ||
+        (st = trill_json_get_double(v, "beta_slow", what, 0, 1e6, &c->yarn_beta_slow)) ||
+        (st = trill_json_get_double(v, "mscale", what, 0, 1e6, &c->yarn_mscale)) ||
+        (st = trill_json_get_double(v, "mscale_all_dim", what, 0, 1e6, &c->yarn_mscale_all_dim)) ||
+        (st = trill_json_get_double(v, "attention_factor", what, 1e-6, 1e6, &c->yarn_attention_factor)) ||
+        (st = trill_json_get_bool(v, "truncate", what, &c->yarn_truncate)))
+        return st;
+    return TRILL_OK;
+}
+
+json_t *trill_arch_rope_scaling_json(const trill_config *c) {
+    if (!c->yarn) return json_null();
+    json_t *rs = json_pack("{s:s, s:f, s:i, s:f, s:f, s:f, s:f}", "type", "yarn", "factor", c->yarn_factor, "original_max_position_embeddings",
+                           c->yarn_original_max_position_embeddings, "beta_fast", c->yarn_beta_fast, "beta_slow", c->yarn_beta_slow, "mscale",
+                           c->yarn_mscale, "mscale_all_dim", c->yarn_mscale_all_dim);
+    bool ok = rs != NULL;
+    if (ok && c->yarn_attention_factor > 0) ok = json_object_set_new(rs, "attention_factor", json_real(c->yarn_attention_factor)) == 0;
+    if (ok && !c->yarn_truncate) ok = json_object_set_new(rs, "truncate", json_false()) == 0;
+    if (!ok) json_decref(rs);
+    return ok ? rs : NULL;
+}
+
 trill_status trill_arch_read_rope(const json_t *root, const char *what, trill_config *c) {
     const char *keys[2] = { "rope_scaling", "rope_parameters" };
     for (int i = 0; i < 2; i++) {
@@ -173,10 +209,11 @@ trill_status trill_arch_read_rope(const json_t *root, const char *what, trill_co
         const char *type = NULL;
         if (trill_json_get_string(v, "rope_type", what, &type)) return TRILL_ERR_INVALID;
         if (!type) trill_json_get_string(v, "type", what, &type);
-        if (!type || strcmp(type, "default") != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": rope type \"%s\" is not supported (only plain RoPE, rope_type \"default\")",
+        if (!type || (strcmp(type, "default") != 0 && strcmp(type, "yarn") != 0))
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": rope type \"%s\" is not supported (plain RoPE, rope_type \"default\", or \"yarn\")",
                                what, keys[i], type ? type : "(missing)");
-        trill_status st = trill_json_get_double(v, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
+        trill_status st = strcmp(type, "yarn") == 0 ? trill_arch_read_yarn(v, keys[i], what, c) : TRILL_OK;
+        if (!st) st = trill_json_get_double(v, "rope_theta", what, 1e-3, 1e12, &c->rope_theta);
         if (!st) st = trill_json_get_double(v, "partial_rotary_factor", what, 1e-6, 1, &c->partial_rotary_factor);
         if (st) return st;
     }

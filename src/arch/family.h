@@ -118,10 +118,17 @@ void trill_arch_walk(const trill_config *c, trill_tensor_fn fn, void *ctx);
  * families read it: the loader dequantizes F8_E4M3 matrices with their weight_scale_inv blocks. */
 trill_status trill_arch_read_fp8(const struct json_t *root, const char *what, trill_config *c);
 
-/* Plain RoPE's theta and partial_rotary_factor: config.json's "rope_theta" and
- * "partial_rotary_factor", and "rope_scaling" / "rope_parameters" when present (rope_type
- * "default" only, its rope_theta and partial_rotary_factor; anything else is refused by field). */
+/* RoPE's theta and partial_rotary_factor: config.json's "rope_theta" and "partial_rotary_factor",
+ * and "rope_scaling" / "rope_parameters" when present: rope_type "default" or "yarn" (its
+ * parameters, trill_arch_read_yarn), their rope_theta and partial_rotary_factor; any other type
+ * is refused by field. */
 trill_status trill_arch_read_rope(const struct json_t *root, const char *what, trill_config *c);
+/* YaRN's parameters from the rope_scaling object v into c (c->yarn set): factor,
+ * original_max_position_embeddings (default max_position_embeddings), beta_fast (32), beta_slow
+ * (1), mscale (1), mscale_all_dim (0), attention_factor (derived when absent), truncate (true). */
+trill_status trill_arch_read_yarn(const struct json_t *v, const char *key, const char *what, trill_config *c);
+/* config.json's "rope_scaling" of c: the YaRN object, or null; NULL when out of memory. */
+struct json_t *trill_arch_rope_scaling_json(const trill_config *c);
 /* An integer field that may be null (HF's None: q_lora_rank's q_proj, a head_dim derived from
  * hidden_size); null reads as 0, absent leaves *out as it is. */
 trill_status trill_arch_get_int_or_null(const struct json_t *root, const char *key, const char *what, int lo, int hi, int *out);

@@ -236,8 +236,8 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
         trill_rmsnorm_forward(S(e)->q, S(e)->q, L->vec[TRILL_ROLE_Q_NORM], R * nh, hd, eps);
         trill_rmsnorm_forward(S(e)->k, S(e)->k, L->vec[TRILL_ROLE_K_NORM], R * nkv, hd, eps);
     }
-    trill_decoder_rope_heads(c, S(e)->q, e->rows.pos, S(e)->inv_freq, R, nh);
-    trill_decoder_rope_heads(c, S(e)->k, e->rows.pos, S(e)->inv_freq, R, nkv);
+    trill_decoder_rope_heads(c, S(e)->q, e->rows.pos, S(e)->inv_freq, S(e)->rope_scale, R, nh);
+    trill_decoder_rope_heads(c, S(e)->k, e->rows.pos, S(e)->inv_freq, S(e)->rope_scale, R, nkv);
     for (int r = 0; r < R; r++) {
         const seq *s = e->rows.seq[r];
         const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;

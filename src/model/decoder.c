@@ -24,24 +24,29 @@ int trill_decoder_rope_dims(const trill_config *c) {
     return c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1 ? (int)(c->head_dim * c->partial_rotary_factor) : c->head_dim; /* HF: int() */
 }
 
+/* inv_freq over `dims` rotated dimensions, plain or YaRN (HF's _compute_yarn_parameters); the
+ * cos/sin multiplier: 1, YaRN's derived attention factor, or the config's. */
+static double rope_tables(const trill_config *c, float *inv_freq, int dims) {
+    if (!c->yarn) {
+        trill_rope_inv_freq(inv_freq, dims, c->rope_theta);
+        return 1.0;
+    }
+    const double cs = trill_rope_inv_freq_yarn(inv_freq, dims, c->rope_theta, c->yarn_factor, c->yarn_original_max_position_embeddings,
+                                               c->yarn_beta_fast, c->yarn_beta_slow, c->yarn_mscale, c->yarn_mscale_all_dim, c->yarn_truncate);
+    return c->yarn_attention_factor > 0 ? c->yarn_attention_factor : cs;
+}
+
 void trill_decoder_rope(const trill_config *c, float *inv_freq, float *rope_scale, float *softmax_scale) {
-    if (trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_GQA) {
-        trill_rope_inv_freq(inv_freq, trill_decoder_rope_dims(c), c->rope_theta);
-        *rope_scale = 1.0f;
+    if (trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_GQA) { /* YaRN scales cos and sin only (HF's GQA attention) */
+        *rope_scale = (float)rope_tables(c, inv_freq, trill_decoder_rope_dims(c));
         *softmax_scale = 1 / sqrtf((float)c->head_dim);
         return;
     }
-    const int dr = c->qk_rope_head_dim;
-    double softmax = 1.0 / sqrt((double)(c->qk_nope_head_dim + dr)), cs = 1.0;
-    if (c->yarn) {
-        cs = trill_rope_inv_freq_yarn(inv_freq, dr, c->rope_theta, c->yarn_factor, c->yarn_original_max_position_embeddings,
-                                      c->yarn_beta_fast, c->yarn_beta_slow, c->yarn_mscale, c->yarn_mscale_all_dim, 1);
-        if (c->yarn_mscale_all_dim != 0) {
-            const double m = trill_rope_yarn_mscale(c->yarn_factor, c->yarn_mscale_all_dim);
-            softmax *= m * m;
-        }
-    } else {
-        trill_rope_inv_freq(inv_freq, dr, c->rope_theta);
+    double softmax = 1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim));
+    const double cs = rope_tables(c, inv_freq, c->qk_rope_head_dim);
+    if (c->yarn && c->yarn_mscale_all_dim != 0) { /* DeepSeek-V3's attention: the softmax scale times mscale(factor, mscale_all_dim)^2 */
+        const double m = trill_rope_yarn_mscale(c->yarn_factor, c->yarn_mscale_all_dim);
+        softmax *= m * m;
     }
     *rope_scale = (float)cs;
     *softmax_scale = (float)softmax;
@@ -163,10 +168,10 @@ void trill_decoder_bias_forward(float *y, const float *b, int n, int N) {
         for (int i = 0; i < N; i++) y[t * N + i] += b[i];
 }
 
-void trill_decoder_rope_heads(const trill_config *c, float *x, const int *pos, const float *inv_freq, int n, int heads) {
+void trill_decoder_rope_heads(const trill_config *c, float *x, const int *pos, const float *inv_freq, float cs, int n, int heads) {
     const int hd = c->head_dim, rd = trill_decoder_rope_dims(c);
-    if (rd == hd) trill_rope_forward(x, pos, inv_freq, n, heads, hd);
-    else trill_rope_partial_forward(x, pos, inv_freq, n, heads, hd, 0, rd, ROPE_ROTATE_HALF, 1.0f);
+    if (rd == hd && cs == 1.0f) trill_rope_forward(x, pos, inv_freq, n, heads, hd);
+    else trill_rope_partial_forward(x, pos, inv_freq, n, heads, hd, 0, rd, ROPE_ROTATE_HALF, cs);
 }
 
 /* GQA on xn1: q, k, v projections (with their biases when the layer has them), QK-norm when it
@@ -191,8 +196,8 @@ static trill_status gqa(const trill_forward_pass *fp, const trill_layer_desc *de
         trill_rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
         trill_rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
     }
-    trill_decoder_rope_heads(c, a->q, fp->pos, d->inv_freq, T, nh);
-    trill_decoder_rope_heads(c, a->k, fp->pos, d->inv_freq, T, nkv);
+    trill_decoder_rope_heads(c, a->q, fp->pos, d->inv_freq, d->rope_scale, T, nh);
+    trill_decoder_rope_heads(c, a->k, fp->pos, d->inv_freq, d->rope_scale, T, nkv);
     const trill_attention_opts opts = { .window = desc->window };
     return trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, d->softmax_scale, fp->precision,
                                    desc->window ? &opts : NULL);

@@ -59,8 +59,9 @@ void trill_decoder_rope(const trill_config *c, float *inv_freq, float *rope_scal
 /* The number of dimensions RoPE rotates per head (inv_freq holds half as many). */
 int trill_decoder_rope_dims(const trill_config *c);
 /* GQA's RoPE on x [n, heads * head_dim]: each head's first trill_decoder_rope_dims dimensions,
- * rotate-half (the whole head: trill_rope_forward). The generator's too. */
-void trill_decoder_rope_heads(const trill_config *c, float *x, const int *pos, const float *inv_freq, int n, int heads);
+ * rotate-half, cos and sin times cs (YaRN's; the whole head at 1: trill_rope_forward). The
+ * generator's too. */
+void trill_decoder_rope_heads(const trill_config *c, float *x, const int *pos, const float *inv_freq, float cs, int n, int heads);
 /* y[n, N] += b[N] on every row (a linear layer's bias). */
 void trill_decoder_bias_forward(float *y, const float *b, int n, int N);
 /* The widest SwiGLU of c in intermediate units per row: the dense MLP, the shared experts, or

@@ -123,10 +123,10 @@ static void bias_backward(float *db, const float *dy, int n, int N) {
 }
 
 /* RoPE's backward on each head's rotated dimensions (trill_decoder_rope_heads). */
-static void rope_heads_backward(const trill_config *c, float *dx, const int *pos, const float *inv_freq, int n, int heads) {
+static void rope_heads_backward(const trill_config *c, float *dx, const int *pos, const float *inv_freq, float cs, int n, int heads) {
     const int hd = c->head_dim, rd = trill_decoder_rope_dims(c);
-    if (rd == hd) trill_rope_backward(dx, pos, inv_freq, n, heads, hd);
-    else trill_rope_partial_backward(dx, pos, inv_freq, n, heads, hd, 0, rd, ROPE_ROTATE_HALF, 1.0f);
+    if (rd == hd && cs == 1.0f) trill_rope_backward(dx, pos, inv_freq, n, heads, hd);
+    else trill_rope_partial_backward(dx, pos, inv_freq, n, heads, hd, 0, rd, ROPE_ROTATE_HALF, cs);
 }
 
 /* GQA: from dq, dk, dv (after the attention's backward) -> g->dxn, through RoPE, QK-norm, the
@@ -138,8 +138,8 @@ static trill_status gqa_backward(const trill_forward_pass *fp, const trill_layer
     const trill_decoder_pass *d = fp->acts;
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
-    rope_heads_backward(c, g->dq, fp->pos, d->inv_freq, T, nh);
-    rope_heads_backward(c, g->dk, fp->pos, d->inv_freq, T, nkv);
+    rope_heads_backward(c, g->dq, fp->pos, d->inv_freq, d->rope_scale, T, nh);
+    rope_heads_backward(c, g->dk, fp->pos, d->inv_freq, d->rope_scale, T, nkv);
     const float *dq = g->dq, *dk = g->dk;
     trill_status st;
     if (desc->qk_norm) {

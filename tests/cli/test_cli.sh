@@ -52,8 +52,8 @@ check "bench --help" "$TRILL" bench train --help
 expect_exit 1 "$WORK/nope/config.json: cannot open" "$TRILL" info --model "$WORK/nope"
 expect_exit 1 'field "num_experts_per_tok": 9 must be in [1, num_experts=8]' \
   "$TRILL" init --out "$WORK/x" --set num_experts_per_tok=9
-expect_exit 1 'field "rope_scaling": rope type "yarn" is not supported' \
-  "$TRILL" init --out "$WORK/x" --set 'rope_scaling={"rope_type":"yarn","factor":4}'
+expect_exit 1 'field "rope_scaling": rope type "dynamic" is not supported' \
+  "$TRILL" init --out "$WORK/x" --set 'rope_scaling={"rope_type":"dynamic","factor":4}'
 
 # init + info: the tiny preset's layer map and counts
 check "init tiny" "$TRILL" init --out "$WORK/tiny" --seed 1 2>/dev/null

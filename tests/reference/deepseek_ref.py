@@ -122,7 +122,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from qwen3_ref import (  # noqa: E402  (model-independent helpers)
     DT, adapter_arg, adapter_config, lora_names, lora_scale, parse_betas, parse_coef,
     parse_set, parse_targets, parse_tokens, read_jsonl, rms_norm, rotate_half,
-    run_forward, split_shards, swiglu_mlp, target_matches, tensor_bytes, token_logprobs)
+    run_forward, split_shards, swiglu_mlp, target_matches, tensor_bytes, token_logprobs, yarn_get_mscale, yarn_inv_freq)
 
 BASE_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
@@ -521,38 +521,13 @@ def cmd_make_model(args):
 # RoPE / YaRN tables
 # ---------------------------------------------------------------------------
 
-def yarn_get_mscale(scale, mscale=1.0):
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
 def rope_inv_freq(cfg):
     """(inv_freq float32 [dim/2], attention_factor) as transformers computes them."""
     dim, base, f32 = cfg["qk_rope_head_dim"], float(cfg["rope_theta"]), torch.float32
     rs = cfg.get("rope_scaling")
     if not rs:
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(f32) / dim)), 1.0
-    orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
-    factor = float(rs["factor"])
-    mscale, mscale_all = rs.get("mscale"), rs.get("mscale_all_dim")
-    attention_factor = rs.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = (yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all)
-                            if mscale and mscale_all else yarn_get_mscale(factor))
-    beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
-
-    def corr_dim(rot):
-        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
-    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
-    if rs.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=f32) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).to(f32) / dim)
-    extra_factor = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extra_factor) + (1.0 / pos_freqs) * extra_factor
-    return inv_freq, float(attention_factor)
+    return yarn_inv_freq(rs, dim, base, cfg["max_position_embeddings"])
 
 
 def rope_cos_sin(cfg, T):

@@ -156,7 +156,7 @@ def check_config(cfg):
             raise SystemExit(f"config: {msg}")
     need(cfg.get("model_type") == "glm4_moe", f"unsupported model_type {cfg.get('model_type')!r}")
     need(cfg.get("hidden_act", "silu") == "silu", "only hidden_act silu is implemented")
-    need(not cfg.get("rope_scaling"), "rope_scaling is not implemented")
+    need(not cfg.get("rope_scaling") or q3.rope_scaling_of(cfg), "rope_scaling other than YaRN is not implemented")
     rp = cfg.get("rope_parameters") or {}  # transformers v5's form of the same
     need(rp.get("rope_type", "default") == "default" and "rope_theta" in cfg
          and rp.get("rope_theta", cfg["rope_theta"]) == cfg["rope_theta"]

@@ -118,7 +118,7 @@ def check_config(cfg):
     need(cfg.get("sliding_window") is None or (isinstance(cfg["sliding_window"], int) and cfg["sliding_window"] >= 1),
          "sliding_window must be null or a positive integer")
     need(not cfg.get("router_jitter_noise"), "router_jitter_noise must be 0 (not implemented)")
-    need(not cfg.get("rope_scaling"), "rope_scaling is not implemented")
+    need(not cfg.get("rope_scaling") or q3.rope_scaling_of(cfg), "rope_scaling other than YaRN is not implemented")
     rp = cfg.get("rope_parameters") or {}  # transformers v5's form of the same
     need(rp.get("rope_type", "default") == "default" and "rope_theta" in cfg
          and rp.get("rope_theta", cfg["rope_theta"]) == cfg["rope_theta"],

@@ -40,6 +40,8 @@ cases=(
   "moe_mha_top1|--dtype f32 --seed 5 --set num_key_value_heads=4 num_experts_per_tok=1 rope_theta=1000000.0"
   "dense_f32_tied|--dtype f32 --seed 6 --set model_type=qwen3 tie_word_embeddings=true"
   "dense_bf16_sharded|--dtype bf16 --seed 7 --shards 2 --set model_type=qwen3"
+  "moe_yarn|--dtype f32 --seed 8 --set rope_scaling={\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32}"
+  "moe_yarn_v5_notrunc|--dtype f32 --seed 9 --set rope_theta=150000.0 rope_parameters={\"rope_type\":\"yarn\",\"rope_theta\":150000.0,\"factor\":8.0,\"original_max_position_embeddings\":16,\"truncate\":false}"
 )
 for c in "${cases[@]}"; do
   name=${c%%|*}

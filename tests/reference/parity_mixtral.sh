@@ -23,7 +23,7 @@ trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
 REF=mixtral_ref.py
 source "$HERE/parity_lib.sh"
-SAMPLE=" selfcheck-grad f32 gqa8_2_hd32 head_dim_absent experts16_top3 window5 mixtral-tiny grad_f32 grad_window5 lora_f32 "
+SAMPLE=" selfcheck-grad f32 gqa8_2_hd32 head_dim_absent experts16_top3 window5 yarn mixtral-tiny grad_f32 grad_window5 grad_yarn lora_f32 "
 source "$HERE/sample.sh"
 
 if sampled selfcheck-grad; then
@@ -44,6 +44,7 @@ cases=(
   "experts16_top3|--dtype f32 --seed 7 --set num_local_experts=16 num_experts_per_tok=3 num_hidden_layers=5"
   "head_dim_null|--dtype bf16 --seed 8 --set head_dim=null hidden_size=48 num_attention_heads=4 num_key_value_heads=1"
   "window5|--dtype f32 --seed 13 --set sliding_window=5"
+  "yarn|--dtype f32 --seed 14 --set rope_scaling={\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32,\"attention_factor\":1.2}"
 )
 model() { # name: WORK/name from its make-model arguments (once)
   local c args=""
@@ -71,7 +72,7 @@ if sampled mixtral-tiny; then score_and_compare "trill_written_mixtral-tiny" "$d
 
 train_inputs() { model "$1"; train_inputs_for "$WORK/$1"; } # name
 
-for name in f32 tied gqa8_2_hd32 experts16_top3 window5; do
+for name in f32 tied gqa8_2_hd32 experts16_top3 window5 yarn; do
   sampled "grad_$name" || continue
   train_inputs "$name"
   grad_compare "grad $name" "$WORK/$name"
@@ -96,6 +97,10 @@ generator_compare "generator f32" "$WORK/trill_mixtral-tiny"
 # ... and with a sliding window of 8 (40 tokens decoded past a 6-token prompt: most of them slide)
 "$TRILL" init --out "$WORK/trill_window" --preset mixtral-tiny --seed 9 --dtype f32 --set initializer_range=0.1 --set sliding_window=8 2>/dev/null
 generator_compare "generator f32 (sliding window 8)" "$WORK/trill_window"
+# ... and with YaRN (factor 4 over 16 original positions: the 46 positions stretch it)
+"$TRILL" init --out "$WORK/trill_yarn" --preset mixtral-tiny --seed 9 --dtype f32 --set initializer_range=0.1 \
+    --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}' 2>/dev/null
+generator_compare "generator f32 (YaRN)" "$WORK/trill_yarn"
 
 echo "$passed passed, $failed failed"
 report_sampled

@@ -405,8 +405,56 @@ def apply_rope(x, cos, sin):
     return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
 
 
-def rope_cos_sin(T, hd, theta):
+def yarn_get_mscale(scale, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_scaling_of(cfg):
+    """The config's YaRN object (rope_scaling, or v5's rope_parameters with rope_type yarn), or None."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rs = cfg.get(key)
+        if rs and rs.get("rope_type", rs.get("type")) == "yarn":
+            return rs
+    return None
+
+
+def yarn_inv_freq(rs, dim, base, max_pos):
+    """(inv_freq float32 [dim/2], attention_factor) as transformers' _compute_yarn_parameters
+    computes them for `dim` rotated dimensions."""
+    f32 = torch.float32
+    orig = rs.get("original_max_position_embeddings") or max_pos
+    factor = float(rs["factor"])
+    mscale, mscale_all = rs.get("mscale"), rs.get("mscale_all_dim")
+    attention_factor = rs.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all)
+                            if mscale and mscale_all else yarn_get_mscale(factor))
+    beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def corr_dim(rot):
+        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=f32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(f32) / dim)
+    extra_factor = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extra_factor) + (1.0 / pos_freqs) * extra_factor
+    return inv_freq, float(attention_factor)
+
+
+def rope_cos_sin(T, hd, theta, cfg=None):
     # HF default rope: inv_freq = 1/theta^(2i/hd); emb = cat(freqs, freqs). hd: the rotated dims.
+    # With YaRN (cfg's rope_scaling): its inv_freq, cos and sin times its attention factor.
+    rs = rope_scaling_of(cfg) if cfg else None
+    if rs:
+        inv_freq, af = yarn_inv_freq(rs, hd, theta, cfg["max_position_embeddings"])
+        freqs = torch.arange(T).to(torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * af).to(DT)[:, None, :], (emb.sin() * af).to(DT)[:, None, :]
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=DT) / hd))
     freqs = torch.arange(T, dtype=DT)[:, None] * inv_freq[None, :]  # positions start at 0
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
@@ -555,8 +603,8 @@ class Model:
         if cfg.get("model_type") not in self.MODEL_TYPES:
             raise SystemExit(f"unsupported model_type {cfg.get('model_type')!r}")
         # Fail loudly rather than silently computing something else.
-        if cfg.get("rope_scaling"):
-            raise SystemExit("rope_scaling is not implemented in the reference")
+        if cfg.get("rope_scaling") and not rope_scaling_of(cfg):
+            raise SystemExit("rope_scaling other than YaRN is not implemented in the reference")
         if cfg.get("use_sliding_window"):
             raise SystemExit("sliding-window attention is not implemented in the reference")
         if cfg.get("hidden_act", "silu") != "silu":
@@ -678,7 +726,7 @@ class Model:
         replay: None, or a LongTensor [T, n_moe_layers, k] of expert ids (see moe)."""
         T = len(tokens)
         x = self.W["model.embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
-        cos, sin = rope_cos_sin(T, self.rotary_dim, float(self.cfg["rope_theta"]))
+        cos, sin = rope_cos_sin(T, self.rotary_dim, float(self.cfg["rope_theta"]), self.cfg)
         experts = [[] for _ in range(T)]
         rprobs = [[] for _ in range(T)]
         for i in range(self.L):

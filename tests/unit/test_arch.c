@@ -540,7 +540,7 @@ static void test_glm_toy(void **state) {
         { "\"n_group\": 1", "\"n_group\": 2", "field \"n_group\": 2 groups (topk_group 1) are not supported for Glm4Moe" },
         { "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 0.1", "rotates 1 dimensions (expected an even number >= 2)" },
         { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "field \"num_experts_per_tok\": 9 must be in [1, n_routed_experts=8]" },
-        { "\"head_dim\": 16", "\"head_dim\": 16, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2}", "rope type \"yarn\" is not supported" },
+        { "\"head_dim\": 16", "\"head_dim\": 16, \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}", "rope type \"dynamic\" is not supported" },
     };
     expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
     /* Qwen3 and Mixtral rotate the whole head */
@@ -604,7 +604,7 @@ static void test_glm_lite(void **state) {
         { "\"n_group\": 1", "\"n_group\": 2", "field \"n_group\": 2 groups (topk_group 1) are not supported for Glm4MoeLite" },
         { "\"dense\", \"dense\", \"sparse\", \"sparse\"", "\"dense\", \"sparse\"", "field \"mlp_layer_types\": expected a list of 4 entries" },
         { "\"dense\", \"dense\", \"sparse\"", "\"dense\", \"moe\", \"sparse\"", "field \"mlp_layer_types\": entry 1: expected \"dense\" or \"sparse\"" },
-        { "\"rope_theta\": 1000000.0", "\"rope_parameters\": {\"rope_type\": \"yarn\"}", "rope type \"yarn\" is not supported" },
+        { "\"rope_theta\": 1000000.0", "\"rope_parameters\": {\"rope_type\": \"llama3\"}", "rope type \"llama3\" is not supported" },
     };
     expect_refusals(lite, bad, sizeof bad / sizeof bad[0]);
 }

@@ -123,21 +123,7 @@ static trill_status read_rope_scaling(const json_t *root, const char *what, tril
     if (!type || strcmp(type, "yarn") != 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"rope_scaling\": rope type \"%s\" is not supported (expected \"yarn\", or null)", what,
                            type ? type : "(missing)");
-    c->yarn = true;
-    c->yarn_factor = 1;
-    c->yarn_beta_fast = 32;
-    c->yarn_beta_slow = 1;
-    c->yarn_mscale = 1;
-    c->yarn_mscale_all_dim = 0;
-    c->yarn_original_max_position_embeddings = c->max_position_embeddings;
-    if ((st = trill_json_get_double(v, "factor", what, 1.0, 1e6, &c->yarn_factor)) ||
-        (st = trill_json_get_int(v, "original_max_position_embeddings", what, 1, 1 << 30, &c->yarn_original_max_position_embeddings)) ||
-        (st = trill_json_get_double(v, "beta_fast", what, 0, 1e6, &c->yarn_beta_fast)) ||
-        (st = trill_json_get_double(v, "beta_slow", what, 0, 1e6, &c->yarn_beta_slow)) ||
-        (st = trill_json_get_double(v, "mscale", what, 0, 1e6, &c->yarn_mscale)) ||
-        (st = trill_json_get_double(v, "mscale_all_dim", what, 0, 1e6, &c->yarn_mscale_all_dim)))
-        return st;
-    return TRILL_OK;
+    return trill_arch_read_yarn(v, "rope_scaling", what, c);
 }
 
 static trill_status check(const trill_config *c, const char *what) {
@@ -241,11 +227,7 @@ bool trill_deepseek_config_write(const trill_config *c, json_t *j) {
     ok &= json_object_set_new(j, "attention_bias", json_false()) == 0;
     /* the weights trill writes: no MTP layers, not FP8 (so no quantization_config) */
     ok &= json_object_set_new(j, "num_nextn_predict_layers", json_integer(0)) == 0;
-    json_t *rs = c->yarn ? json_pack("{s:s, s:f, s:i, s:f, s:f, s:f, s:f}", "type", "yarn", "factor", c->yarn_factor,
-                                     "original_max_position_embeddings", c->yarn_original_max_position_embeddings, "beta_fast",
-                                     c->yarn_beta_fast, "beta_slow", c->yarn_beta_slow, "mscale", c->yarn_mscale, "mscale_all_dim",
-                                     c->yarn_mscale_all_dim)
-                         : json_null();
+    json_t *rs = trill_arch_rope_scaling_json(c);
     ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
     return ok;
 }

@@ -98,7 +98,8 @@ bool trill_glm4_moe_config_write(const trill_config *c, json_t *j) {
     ok &= json_object_set_new(j, "head_dim", json_integer(c->head_dim)) == 0;
     ok &= json_object_set_new(j, "partial_rotary_factor", json_real(c->partial_rotary_factor)) == 0;
     ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
-    ok &= json_object_set_new(j, "rope_scaling", json_null()) == 0;
+    json_t *rs = trill_arch_rope_scaling_json(c);
+    ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
     ok &= json_object_set_new(j, "attention_bias", json_boolean(c->attention_bias)) == 0;
     ok &= json_object_set_new(j, "use_qk_norm", json_boolean(c->qk_norm)) == 0;
     ok &= json_object_set_new(j, "n_routed_experts", json_integer(c->num_experts)) == 0;

@@ -79,6 +79,8 @@ bool trill_mixtral_config_write(const trill_config *c, json_t *j) {
     ok &= json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads)) == 0;
     ok &= json_object_set_new(j, "head_dim", json_integer(c->head_dim)) == 0;
     ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
+    json_t *rs = trill_arch_rope_scaling_json(c);
+    ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
     ok &= json_object_set_new(j, "num_local_experts", json_integer(c->num_experts)) == 0;
     ok &= json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok)) == 0;
     ok &= json_object_set_new(j, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null()) == 0;

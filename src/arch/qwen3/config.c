@@ -130,7 +130,8 @@ bool trill_qwen3_config_write(const trill_config *c, json_t *j) {
     ok &= json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads)) == 0;
     ok &= json_object_set_new(j, "head_dim", json_integer(c->head_dim)) == 0;
     ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
-    ok &= json_object_set_new(j, "rope_scaling", json_null()) == 0;
+    json_t *rs = trill_arch_rope_scaling_json(c);
+    ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
     ok &= json_object_set_new(j, "attention_bias", json_false()) == 0;
     ok &= json_object_set_new(j, "use_sliding_window", json_false()) == 0;
     if (c->arch == TRILL_ARCH_QWEN3_MOE) {
