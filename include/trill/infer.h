@@ -158,6 +158,7 @@ typedef struct trill_step_stats {
     int decode_rows;
     int preempted;     /* sequences that gave their blocks back (they recompute later) */
     int running;       /* sequences holding KV blocks after the step */
+    int kv_blocks_used; /* KV cache blocks held after the step (trill_engine_config.block_size tokens each) */
     int waiting;
 } trill_step_stats;
 

@@ -82,6 +82,12 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     if (!e) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->c = m->config;
     e->fam = &trill_eng_decoder;
+    int window = INT32_MAX; /* the smallest layer window, when every layer has one */
+    for (int l = 0; l < m->config.num_hidden_layers && window; l++) {
+        const int w = trill_layer_desc_of(&m->config, l).window;
+        window = w <= 0 ? 0 : w < window ? w : window;
+    }
+    e->kv_window = window == INT32_MAX ? 0 : window;
     e->cfg = cfg;
     if ((e->tensors = trill_malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
         e->n_tensors = m->n_tensors;
@@ -203,6 +209,7 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
         }
     }
     local.rows = R;
+    local.kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
     local.running = e->sched.n_active;
     local.waiting = e->sched.n_waiting;
     if (stats) *stats = local;

@@ -219,6 +219,7 @@ struct trill_engine {
     uint32_t version;     /* of w + ad: recorded with every token sampled */
     eng_mailbox update;   /* engine_adapter.c */
     kv_cache kv;          /* blocks handed out by the scheduler, written and read by the forward */
+    int kv_window;        /* every layer attends within this sliding window (0: not so): blocks before it are given back */
     eng_sched sched;      /* engine_requests.c; finished ones by engine_sample.c */
     eng_rows rows;        /* made by the scheduler, read by the forward and the sampler */
     void *fwd;            /* the family's forward buffers: its alloc makes them, its free frees them */

@@ -215,6 +215,8 @@ trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *st
     for (int i = 0; i < e->sched.n_active && R < e->rows.max; i++) {
         seq *s = e->sched.active[i];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
+        if (e->kv_window) /* the next rows, from position n_computed on, read from n_computed - window + 1 */
+            trill_kv_table_drop_before(&e->kv, &s->kv, s->n_computed - e->kv_window + 1);
         int got;
         while ((got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) != 0) {
             if (got == KV_NOMEM) return TRILL_ERR_NOMEM;

@@ -80,7 +80,7 @@ int trill_kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_fr
     }
     /* copy-on-write: the block holding write_from, if shared, becomes this sequence's own */
     const int first = write_from / kv->block_size;
-    if (first < t->n && kv->refcount[t->blocks[first]] > 1) {
+    if (first < t->n && t->blocks[first] >= 0 && kv->refcount[t->blocks[first]] > 1) {
         int b = trill_kv_block_alloc(kv);
         if (b < 0) return KV_FULL;
         memcpy(kv_block_data(kv, b), kv_block_data(kv, t->blocks[first]), kv->block_bytes);
@@ -103,14 +103,23 @@ trill_status trill_kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *s
     if (table_grow(dst, src->n)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < src->n; i++) {
         dst->blocks[i] = src->blocks[i];
-        trill_kv_block_retain(kv, src->blocks[i]);
+        if (src->blocks[i] >= 0) trill_kv_block_retain(kv, src->blocks[i]);
     }
     dst->n = src->n;
     return TRILL_OK;
 }
 
+void trill_kv_table_drop_before(kv_cache *kv, kv_table *t, int pos) {
+    for (int i = 0; i < t->n && (i + 1) * kv->block_size <= pos; i++)
+        if (t->blocks[i] >= 0) {
+            trill_kv_block_release(kv, t->blocks[i]);
+            t->blocks[i] = -1;
+        }
+}
+
 void trill_kv_table_release(kv_cache *kv, kv_table *t) {
-    for (int i = 0; i < t->n; i++) trill_kv_block_release(kv, t->blocks[i]);
+    for (int i = 0; i < t->n; i++)
+        if (t->blocks[i] >= 0) trill_kv_block_release(kv, t->blocks[i]);
     free(t->blocks);
     *t = (kv_table){ 0 };
 }

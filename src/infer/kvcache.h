@@ -51,7 +51,7 @@ static inline void *kv_value(const kv_cache *kv, int block, int layer, int slot)
     return kv_block_data(kv, block) + kv->layer_offset[layer] + ((size_t)kv->block_size * L->k_width + (size_t)slot * L->v_width) * kv->elem;
 }
 
-/* A sequence's block table. */
+/* A sequence's block table; a block given back early (trill_kv_table_drop_before) is -1. */
 typedef struct kv_table {
     int *blocks;
     int n, cap;
@@ -66,6 +66,9 @@ int trill_kv_table_reserve(kv_cache *kv, kv_table *t, int n_tokens, int write_fr
 /* Another reference to every block of src (a forked sample). */
 trill_status trill_kv_table_share(kv_cache *kv, kv_table *dst, const kv_table *src);
 void trill_kv_table_release(kv_cache *kv, kv_table *t);
+/* Gives back every block that holds only positions before pos (a sliding window that every
+ * layer attends within never reads them again); their entries become -1. */
+void trill_kv_table_drop_before(kv_cache *kv, kv_table *t, int pos);
 /* Blocks needed for n tokens. */
 static inline int kv_blocks_for(const kv_cache *kv, int n_tokens) { return (n_tokens + kv->block_size - 1) / kv->block_size; }
 

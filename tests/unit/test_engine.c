@@ -1155,6 +1155,57 @@ static void test_kv_cache_layout(void **state) {
     trill_model_free(m);
 }
 
+/* A sliding window every layer attends within (Mixtral's sliding_window): the generator gives
+ * back each block once every position in it has left the window, so a sequence holds about
+ * window / block_size + 2 blocks however long it runs; the log-probs and experts still equal
+ * the reference forward's (which masks by the window), the samples of a prompt sharing its
+ * blocks and dropping their own. Mixtral's run only. */
+static void test_sliding_window_blocks(void **state) {
+    (void)state;
+    if (g_family != MIXTRAL) {
+        print_message("(Mixtral's test: this family has no sliding window)\n");
+        return;
+    }
+    enum { W = 6, BS = 4, NEW = 40 };
+    json_t *j = test_small_mixtral_json();
+    json_object_set_new(j, "sliding_window", json_integer(W));
+    trill_config c;
+    assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
+    json_decref(j);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, 17);
+    trill_engine *e = engine(m, TRILL_GEN_F32, 512, 0, BS);
+    trill_request r1 = request(1, P1, 13, 2, NEW), r2 = request(2, P3, 37, 1, NEW);
+    assert_int_equal(trill_engine_submit(e, &r1), TRILL_OK);
+    assert_int_equal(trill_engine_submit(e, &r2), TRILL_OK);
+    int most = 0, steps = 0;
+    while (trill_engine_busy(e)) {
+        trill_step_stats st;
+        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+        if (++steps > 3 && st.kv_blocks_used > most) most = st.kv_blocks_used; /* after the prompts' prefill */
+    }
+    /* 3 sequences, each at most (W - 1) / BS + 2 blocks of its window and the block being written
+     * (plus one of the prompt's, shared, for a step) */
+    print_message("sliding window %d, blocks of %d: at most %d blocks held by 3 sequences of up to %d tokens\n", W, BS, most, 37 + NEW);
+    assert_true(most <= 3 * ((W - 1) / BS + 2) + 1);
+    trill_sequence_out out[MAX_OUT];
+    const int n = collect_sorted(e, out);
+    assert_int_equal(n, 3);
+    double worst = 0;
+    int diffs = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(out[i].n_generated, NEW);
+        worst = fmax(worst, check_against_reference(m, &out[i], &diffs));
+        trill_sequence_out_free(&out[i]);
+    }
+    print_message("windowed generation vs the reference: worst |dlogprob| %.3g, expert rows differing %d\n", worst, diffs);
+    assert_true(worst <= 1e-4);
+    assert_int_equal(diffs, 0);
+    trill_engine_free(e);
+    trill_model_free(m);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--family") == 0 && strcmp(argv[2], "deepseek") == 0) g_family = DEEPSEEK;
     else if (argc == 3 && strcmp(argv[1], "--family") == 0 && strcmp(argv[2], "mixtral") == 0) g_family = MIXTRAL;
@@ -1177,6 +1228,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_adapter_formats),
         cmocka_unit_test(test_forced_tokens),
         cmocka_unit_test(test_kv_cache_layout),
+        cmocka_unit_test(test_sliding_window_blocks),
         cmocka_unit_test(test_multi_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
