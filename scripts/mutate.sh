@@ -126,6 +126,30 @@ m yarn_softmax_mscale_once yarn src/model/decoder.c "parity_deepseek" \
   'softmax *= m * m;' \
   'softmax *= m;' \
   "DeepSeek YaRN: the softmax scale takes mscale(factor, mscale_all_dim) once, not squared"
+m yarn_gqa_cos_unscaled yarn src/model/decoder.c "parity_torch" \
+  '        *rope_scale = (float)rope_tables(c, inv_freq, trill_decoder_rope_dims(c));' \
+  '        *rope_scale = 1.0f + 0 * (float)rope_tables(c, inv_freq, trill_decoder_rope_dims(c));' \
+  "GQA YaRN: cos and sin left without the attention factor"
+
+# the decoder's options (issue 38)
+m glm_qkv_bias_no_grad decoder src/train/decoder_backward.c "parity_glm" \
+  '        bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);' \
+  '        (void)dk;' \
+  "GLM: the k_proj bias gets no gradient"
+m partial_rope_whole_head decoder src/model/decoder.c "parity_glm" \
+  '    if (rd == hd && cs == 1.0f) trill_rope_forward(x, pos, inv_freq, n, heads, hd);' \
+  '    if (cs == 1.0f) trill_rope_forward(x, pos, inv_freq, n, heads, hd);' \
+  "GLM: RoPE turns the whole head instead of partial_rotary_factor of it"
+m window_blocks_kept generator src/infer/engine_requests.c "test_engine_mixtral" \
+  '        if (e->kv_window) /* the next rows' \
+  '        if (0 && e->kv_window) /* the next rows' \
+  "a sliding window's blocks are never given back"
+m window_ignored_in_training decoder src/model/decoder.c "parity_mixtral" \
+  '    const trill_attention_opts opts = { .window = desc->window };
+    return' \
+  '    const trill_attention_opts opts = { .window = 0 };
+    return' \
+  "Mixtral: the training forward attends over the whole prefix despite sliding_window"
 
 # expert and tensor parallelism
 m ep_serve_order ep src/model/moe_ep.c "ep_mpi_2 ep_mpi_4" \
