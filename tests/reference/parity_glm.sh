@@ -51,31 +51,12 @@ cases=(
   "nonorm_scale1|--dtype f32 --seed 11 --set norm_topk_prob=false routed_scaling_factor=1.0"
   "head_dim_absent|--dtype f32 --seed 12 --set head_dim= hidden_size=96 num_attention_heads=4 num_key_value_heads=2"
 )
-model() { # name: WORK/name from its make-model arguments (once)
-  local c args=""
-  [ -d "$WORK/$1" ] && return 0
-  for c in "${cases[@]}"; do [ "${c%%|*}" = "$1" ] && args=${c#*|}; done
-  # shellcheck disable=SC2086
-  pystep -o /dev/null glm_ref.py make-model --out "$WORK/$1" --std 0.1 $args
-}
-for c in "${cases[@]}"; do
-  name=${c%%|*}
-  sampled "$name" || continue
-  model "$name"
-  score_and_compare "$name" "$WORK/$name"
-done
-# the comparers must catch a perturbed log-prob and a swapped expert, a 1% gradient error, a
-# missing and an extra tensor, on GLM's records and names too
-if [ -f "$WORK/f32.ref.jsonl" ]; then
-  pystep -o /dev/null compare.py "$WORK/f32.ref.jsonl" --self-test
-fi
+score_cases
 # a checkpoint trill writes, read by the reference's own reader (which refuses any tensor or
 # shape the config does not imply); the generator's model below
 dir="$WORK/trill_glm45-tiny"
 "$TRILL" init --out "$dir" --preset glm45-tiny --seed 9 --dtype f32 --set initializer_range=0.1 2>/dev/null
 if sampled glm45-tiny; then score_and_compare "trill_written_glm45-tiny" "$dir"; fi
-
-train_inputs() { model "$1"; train_inputs_for "$WORK/$1"; } # name
 
 for name in f32 no_qk_norm no_attention_bias rope_quarter_gqa8_1 tied dense2_experts16_top3 shared0 nonorm_scale1; do
   sampled "grad_$name" || continue

@@ -22,6 +22,33 @@ score_and_compare() { # name dir [reference forward flags]
   fi
 }
 
+# WORK/NAME (once), from its make-model arguments in the script's `cases` ("name|arguments").
+model() { # name
+  local c args=""
+  [ -d "$WORK/$1" ] && return 0
+  # shellcheck disable=SC2154
+  for c in "${cases[@]}"; do [ "${c%%|*}" = "$1" ] && args=${c#*|}; done
+  # shellcheck disable=SC2086
+  pystep -o /dev/null "$REF" make-model --out "$WORK/$1" --std 0.1 $args
+}
+
+# Every case of `cases` the sample takes, scored by trill against the reference; then the
+# comparer's own self-test (it must catch a perturbed log-prob and a swapped expert) on f32's.
+score_cases() {
+  local c name
+  # shellcheck disable=SC2154
+  for c in "${cases[@]}"; do
+    name=${c%%|*}
+    sampled "$name" || continue
+    model "$name"
+    score_and_compare "$name" "$WORK/$name"
+  done
+  if [ -f "$WORK/f32.ref.jsonl" ]; then pystep -o /dev/null compare.py "$WORK/f32.ref.jsonl" --self-test; fi
+}
+
+# Training inputs WORK/NAME.in.jsonl of a case's model (once).
+train_inputs() { model "$1"; train_inputs_for "$WORK/$1"; } # name
+
 # Training inputs DIR.in.jsonl (once): random tokens, coefficients and router-replay experts.
 train_inputs_for() { # dir
   [ -f "$1.in.jsonl" ] && return 0

@@ -46,31 +46,12 @@ cases=(
   "window5|--dtype f32 --seed 13 --set sliding_window=5"
   "yarn|--dtype f32 --seed 14 --set rope_scaling={\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32,\"attention_factor\":1.2}"
 )
-model() { # name: WORK/name from its make-model arguments (once)
-  local c args=""
-  [ -d "$WORK/$1" ] && return 0
-  for c in "${cases[@]}"; do [ "${c%%|*}" = "$1" ] && args=${c#*|}; done
-  # shellcheck disable=SC2086
-  pystep -o /dev/null mixtral_ref.py make-model --out "$WORK/$1" --std 0.1 $args
-}
-for c in "${cases[@]}"; do
-  name=${c%%|*}
-  sampled "$name" || continue
-  model "$name"
-  score_and_compare "$name" "$WORK/$name"
-done
-# the comparers must catch a perturbed log-prob and a swapped expert, a 1% gradient error, a
-# missing and an extra tensor, on Mixtral's records and names too
-if [ -f "$WORK/f32.ref.jsonl" ]; then
-  pystep -o /dev/null compare.py "$WORK/f32.ref.jsonl" --self-test
-fi
+score_cases
 # a checkpoint trill writes, read by the reference's own reader (which refuses any tensor or
 # shape the config does not imply); the generator's model below
 dir="$WORK/trill_mixtral-tiny"
 "$TRILL" init --out "$dir" --preset mixtral-tiny --seed 9 --dtype f32 --set initializer_range=0.1 2>/dev/null
 if sampled mixtral-tiny; then score_and_compare "trill_written_mixtral-tiny" "$dir"; fi
-
-train_inputs() { model "$1"; train_inputs_for "$WORK/$1"; } # name
 
 for name in f32 tied gqa8_2_hd32 experts16_top3 window5 yarn; do
   sampled "grad_$name" || continue
