@@ -1203,6 +1203,28 @@ static void test_sliding_window_blocks(void **state) {
     assert_true(worst <= 1e-4);
     assert_int_equal(diffs, 0);
     trill_engine_free(e);
+    /* eight sequences in a cache of 20 blocks (one request's worst case): preempted, recomputed
+     * and released alike, they give the bytes of a cache that holds everything */
+    trill_sequence_out want[MAX_OUT], got[MAX_OUT];
+    const trill_request r3 = request(3, P3, 30, 2, NEW), r4 = request(4, P1, 11, 3, NEW);
+    for (int pass = 0; pass < 2; pass++) {
+        trill_engine *x = engine(m, TRILL_GEN_F32, 512, pass ? 20 : 0, BS);
+        assert_int_equal(trill_engine_submit(x, &r1), TRILL_OK);
+        assert_int_equal(trill_engine_submit(x, &r2), TRILL_OK);
+        assert_int_equal(trill_engine_submit(x, &r3), TRILL_OK);
+        assert_int_equal(trill_engine_submit(x, &r4), TRILL_OK);
+        assert_int_equal(run_all(x, pass ? got : want), 8);
+        if (pass) print_message("eight sequences in a cache of 20 blocks: %d preemptions\n", g_preempted);
+        if (pass) assert_true(g_preempted > 0);
+        trill_engine_free(x);
+    }
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(got[i].n_generated, want[i].n_generated);
+        assert_memory_equal(got[i].tokens, want[i].tokens, sizeof(int) * (size_t)(got[i].n_prompt + got[i].n_generated));
+        assert_memory_equal(got[i].logprobs, want[i].logprobs, sizeof(float) * (size_t)got[i].n_generated);
+        trill_sequence_out_free(&got[i]);
+        trill_sequence_out_free(&want[i]);
+    }
     trill_model_free(m);
 }
 
