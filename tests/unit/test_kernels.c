@@ -154,6 +154,23 @@ static void test_attention(void **state) {
     CLOSE(out[6], p0 * 1 + (1 - p0) * 3);
     CLOSE(out[7], p0 * 2 + (1 - p0) * 4);
     CLOSE(out[8], 7); CLOSE(out[11], 8); /* separate sequence: sees only itself */
+
+    /* by hand, gpt-oss's sinks: head 0's sink logit 0, head 1's ln 3. Head 0 at t0 scores 0 for
+     * itself: p = e^0 / (e^0 + e^0) = 1/2 of v0; at t1, 1/3 each of v0, v1 (the sink the third).
+     * Head 1 at t0 scores 1/sqrt(2): e^s / (e^s + 3) of v0. A window of 1: each token sees only
+     * itself and the sink. */
+    const float sinks[2] = { 0, logf(3) };
+    const trill_attention_opts so = { .sinks = sinks };
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f), TRILL_PRECISION_FP32, &so), TRILL_OK);
+    CLOSE(out[0], 0.5); CLOSE(out[1], 1);                       /* head 0, t0: v0 / 2 */
+    const double p0s = exp(1 / sqrt(2.0)) / (exp(1 / sqrt(2.0)) + 3);
+    CLOSE(out[2], p0s * 1); CLOSE(out[3], p0s * 2);             /* head 1, t0 */
+    CLOSE(out[4], (1 + 3) / 3.0); CLOSE(out[5], (2 + 4) / 3.0); /* head 0, t1: (v0 + v1) / 3 */
+    const trill_attention_opts wo = { .window = 1, .sinks = sinks };
+    assert_int_equal(trill_attention_forward(out, q, k, v, offsets, 2, 2, 1, 2, 2, 1 / sqrtf(2.0f), TRILL_PRECISION_FP32, &wo), TRILL_OK);
+    CLOSE(out[4], 1.5); CLOSE(out[5], 2);                       /* head 0, t1: v1 / 2, t0 out of the window */
+    const double p1 = exp(-1 / sqrt(2.0)) / (exp(-1 / sqrt(2.0)) + 3); /* head 1, t1: its score for v1 against the sink's 3 */
+    CLOSE(out[6], p1 * 3); CLOSE(out[7], p1 * 4);
 }
 
 /* ---- attention (blocked GEMMs) against a naive double-precision reference ---- */
