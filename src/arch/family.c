@@ -163,8 +163,9 @@ trill_status trill_arch_read_fp8(const json_t *root, const char *what, trill_con
     return TRILL_OK;
 }
 
-trill_status trill_arch_read_yarn(const json_t *v, const char *key, const char *what, trill_config *c) {
-    (void)key;
+trill_status trill_arch_read_yarn(const json_t *v, const char *key, const char *whole, trill_config *c) {
+    char what[512]; /* errors name the object, then its field */
+    snprintf(what, sizeof what, "%s: field \"%s\"", whole, key);
     c->yarn = true;
     c->yarn_factor = 1;
     c->yarn_beta_fast = 32;

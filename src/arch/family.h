@@ -123,7 +123,7 @@ trill_status trill_arch_read_fp8(const struct json_t *root, const char *what, tr
  * parameters, trill_arch_read_yarn), their rope_theta and partial_rotary_factor; any other type
  * is refused by field. */
 trill_status trill_arch_read_rope(const struct json_t *root, const char *what, trill_config *c);
-/* YaRN's parameters from the rope_scaling object v into c (c->yarn set): factor,
+/* YaRN's parameters from the object v (config.json's field `key`) into c (c->yarn set): factor,
  * original_max_position_embeddings (default max_position_embeddings), beta_fast (32), beta_slow
  * (1), mscale (1), mscale_all_dim (0), attention_factor (derived when absent), truncate (true). */
 trill_status trill_arch_read_yarn(const struct json_t *v, const char *key, const char *what, trill_config *c);
