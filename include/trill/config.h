@@ -51,7 +51,8 @@ typedef struct trill_config {
     bool qk_norm;
     bool attention_bias;
     double partial_rotary_factor;
-    int sliding_window; /* a query sees the sliding_window latest positions, itself included (0: all); Mixtral's layers */
+    int sliding_window; /* a query sees the sliding_window latest positions, itself included (0: all) ... */
+    bool sliding_layer[TRILL_MAX_LAYERS]; /* ... in the layers flagged here (HF's layer_types "sliding_attention") */
     /* DeepSeek-V3 (HF DeepseekV3Config; num_experts holds n_routed_experts): MLA attention, a
      * sigmoid router with a selection bias and group-limited top-k, shared experts, YaRN */
     int q_lora_rank;           /* 0: q_proj (HF null), else q_a_proj -> q_a_layernorm -> q_b_proj */

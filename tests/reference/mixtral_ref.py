@@ -206,7 +206,7 @@ class MixtralModel(q3.Model):
         super().__init__(model_dir, cfg, weights, adapter)
         check_config(self.cfg)
         self.moe_layers = list(range(self.L))
-        self.window = self.cfg.get("sliding_window")  # every layer (HF MixtralAttention)
+        self.layer_windows = [self.cfg.get("sliding_window")] * self.L  # every layer (HF MixtralAttention)
         self.n_experts = self.cfg["num_local_experts"]
         self.norm_topk = True
         # Exactly the checkpoint tensors the config implies (a tied model may carry an

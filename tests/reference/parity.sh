@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parity of `trill score` with the independent PyTorch reference (qwen3_ref.py), both ways:
 # checkpoints written by the Python side and loaded by trill (the loader is tested too), and
-# checkpoints written by `trill init` and loaded by the reference's own reader.
+# checkpoints written by `trill init` and loaded by the reference's own reader; YaRN and sliding
+# windows on some layers (layer_types), and the generator with both.
 # The Python steps run one by one in a single python3 (pystep.sh: pystep), which imports torch
 # once for the whole script rather than once per step (~2 s of CPU each).
 # Usage: parity.sh PATH/TO/trill
@@ -13,20 +14,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/trill-parity-XXXXXX")
 source "$HERE/pystep.sh"
 trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
-passed=0 failed=0
-
-# Scores WORK/in.jsonl with both implementations on model DIR and compares.
-score_and_compare() {
-  local name=$1 dir=$2
-  pystep -o /dev/null qwen3_ref.py forward --model "$dir" --input "$WORK/in.jsonl" --output "$dir.ref.jsonl"
-  "$TRILL" score --model "$dir" --input "$WORK/in.jsonl" --output "$dir.trill.jsonl"
-  if pystep -o "$dir.cmp.txt" compare.py "$dir.ref.jsonl" "$dir.trill.jsonl" --atol 1e-4 --tie 1e-6; then
-    echo "PASS $name: $(grep 'max |d logprob|' "$dir.cmp.txt"), $(grep 'expert comparisons' "$dir.cmp.txt")"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $name"; cat "$dir.cmp.txt"; failed=$((failed + 1))
-  fi
-}
+REF=qwen3_ref.py TOOL=
+source "$HERE/parity_lib.sh"
 
 # Several sequence lengths share each batch.
 pystep -o /dev/null gen_inputs.py --vocab 97 --seed 11 --lengths 1,2,7,33,64,130 --out "$WORK/in.jsonl"
@@ -42,6 +31,8 @@ cases=(
   "dense_bf16_sharded|--dtype bf16 --seed 7 --shards 2 --set model_type=qwen3"
   "moe_yarn|--dtype f32 --seed 8 --set rope_scaling={\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32}"
   "moe_yarn_v5_notrunc|--dtype f32 --seed 9 --set rope_theta=150000.0 rope_parameters={\"rope_type\":\"yarn\",\"rope_theta\":150000.0,\"factor\":8.0,\"original_max_position_embeddings\":16,\"truncate\":false}"
+  "moe_sliding_from2|--dtype f32 --seed 10 --set use_sliding_window=true sliding_window=6 max_window_layers=2"
+  "moe_sliding_types|--dtype bf16 --seed 11 --set use_sliding_window=true sliding_window=5 layer_types=[\"sliding_attention\",\"full_attention\",\"sliding_attention\",\"full_attention\"]"
 )
 for c in "${cases[@]}"; do
   name=${c%%|*}
@@ -57,6 +48,14 @@ for dtype in f32 bf16; do
   "$TRILL" init --out "$dir" --preset tiny --seed 9 --dtype "$dtype" --set initializer_range=0.1 2>/dev/null
   score_and_compare "trill_written_$dtype" "$dir"
 done
+
+# The generator (f32) on windowed and full layers mixed, with YaRN: its decode reads each sliding
+# layer's window only (gpt-oss's layout), against the reference on what it samples.
+dir="$WORK/trill_sliding"
+"$TRILL" init --out "$dir" --preset tiny --seed 9 --dtype f32 --set initializer_range=0.1 --set use_sliding_window=true \
+    --set sliding_window=7 --set max_window_layers=2 --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}' \
+    2>/dev/null
+generator_compare "generator f32 (sliding layers 2-3, YaRN)" "$dir"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -405,6 +405,16 @@ def apply_rope(x, cos, sin):
     return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
 
 
+def qwen3_layer_windows(cfg):
+    """HF Qwen3Config: sliding_window takes effect with use_sliding_window, on the layers
+    layer_types calls "sliding_attention" (by default those from max_window_layers, 28, on)."""
+    L = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
+    types = cfg.get("layer_types") or ["sliding_attention" if window is not None and i >= cfg.get("max_window_layers", 28)
+                                       else "full_attention" for i in range(L)]
+    return [window if window and types[i] == "sliding_attention" else None for i in range(L)]
+
+
 def yarn_get_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -605,8 +615,6 @@ class Model:
         # Fail loudly rather than silently computing something else.
         if cfg.get("rope_scaling") and not rope_scaling_of(cfg):
             raise SystemExit("rope_scaling other than YaRN is not implemented in the reference")
-        if cfg.get("use_sliding_window"):
-            raise SystemExit("sliding-window attention is not implemented in the reference")
         if cfg.get("hidden_act", "silu") != "silu":
             raise SystemExit("only hidden_act=silu is implemented")
         self.W = {name: t.to(DT) for name, t in weights.items()}
@@ -616,6 +624,7 @@ class Model:
         self.nKV = cfg["num_key_value_heads"]
         self.eps = cfg["rms_norm_eps"]
         self.L = cfg["num_hidden_layers"]
+        self.layer_windows = qwen3_layer_windows(cfg)  # per layer: a sliding window, or None
         self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
         self.n_experts = cfg.get("num_experts", 0)
         self.norm_topk = cfg.get("norm_topk_prob", False)
@@ -732,6 +741,7 @@ class Model:
         for i in range(self.L):
             p = f"model.layers.{i}"
             h = rms_norm(x, self.W[p + ".input_layernorm.weight"], self.eps)
+            self.window = self.layer_windows[i]  # the attention's mask (HF: the layer's sliding_window)
             x = x + self.attention(h, p + ".self_attn", cos, sin)
             h = rms_norm(x, self.W[p + ".post_attention_layernorm.weight"], self.eps)
             if i in self.moe_layers:

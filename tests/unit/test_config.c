@@ -147,12 +147,13 @@ static const refusal REFUSALS[] = {
     { "{" MOE "\"rope_scaling\": {\"factor\": 2.0}}", TRILL_ERR_UNSUPPORTED, "field \"rope_scaling\"", "(missing)" },
     { "{" MOE "\"rope_scaling\": \"yarn\"}", TRILL_ERR_INVALID, "field \"rope_scaling\"", "expected an object or null" },
     { "{" MOE "\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 5e5}}", TRILL_ERR_UNSUPPORTED, "field \"rope_parameters\"", "\"llama3\"" },
-    { "{" MOE "\"use_sliding_window\": true}", TRILL_ERR_UNSUPPORTED, "field \"use_sliding_window\"", NULL },
+    { "{" MOE "\"sliding_window\": 0}", TRILL_ERR_INVALID, "field \"sliding_window\"", NULL },
     { "{" MOE "\"use_sliding_window\": 1}", TRILL_ERR_INVALID, "field \"use_sliding_window\"", "expected true or false" },
     { "{" MOE "\"attention_bias\": true}", TRILL_ERR_UNSUPPORTED, "field \"attention_bias\"", NULL },
     { "{" MOE "\"hidden_act\": \"gelu\"}", TRILL_ERR_UNSUPPORTED, "field \"hidden_act\"", "\"gelu\"" },
-    { "{" MOE "\"num_hidden_layers\": 2, \"layer_types\": [\"full_attention\", \"sliding_attention\"]}", TRILL_ERR_UNSUPPORTED,
+    { "{" MOE "\"num_hidden_layers\": 2, \"layer_types\": [\"full_attention\", \"chunked_attention\"]}", TRILL_ERR_UNSUPPORTED,
       "field \"layer_types\"", "entry 1" },
+    { "{" MOE "\"num_hidden_layers\": 2, \"layer_types\": [\"full_attention\"]}", TRILL_ERR_INVALID, "field \"layer_types\"", "2 entries" },
     { "{" MOE "\"num_experts\": 4, \"num_experts_per_tok\": 5}", TRILL_ERR_INVALID, "field \"num_experts_per_tok\"", "num_experts=4" },
     { "{" MOE "\"num_attention_heads\": 12, \"num_key_value_heads\": 8, \"hidden_size\": 768}", TRILL_ERR_INVALID,
       "num_attention_heads (12) must be a multiple of num_key_value_heads (8)", NULL },
@@ -196,13 +197,26 @@ static void test_accepted_variants(void **state) {
     assert_int_equal(from_text("{" MOE "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}", c), TRILL_OK);
     assert_true(c->rope_theta == 5e5);
     assert_int_equal(from_text("{" MOE "\"rope_scaling\": null, \"rope_theta\": 1000000, \"use_sliding_window\": false,"
-                               " \"attention_bias\": false, \"hidden_act\": \"silu\", \"layer_types\": [\"full_attention\"],"
+                               " \"attention_bias\": false, \"hidden_act\": \"silu\", \"num_hidden_layers\": 1, \"layer_types\": [\"full_attention\"],"
                                " \"architectures\": [\"Qwen3MoeForCausalLM\"], \"transformers_version\": \"4.51.0\","
                                " \"torch_dtype\": \"bfloat16\", \"eos_token_id\": 151645, \"bos_token_id\": null}", c),
                      TRILL_OK);
     assert_true(c->rope_theta == 1e6);
+    assert_int_equal(c->sliding_window, 0);
     assert_int_equal(c->n_eos, 1);
     assert_int_equal(c->eos_token_ids[0], 151645);
+    /* sliding windows as HF's Qwen3Config takes them: from max_window_layers on, or where
+     * layer_types says, only with use_sliding_window */
+    assert_int_equal(from_text("{" MOE "\"num_hidden_layers\": 4, \"use_sliding_window\": true, \"sliding_window\": 8, \"max_window_layers\": 2}", c),
+                     TRILL_OK);
+    assert_int_equal(c->sliding_window, 8);
+    assert_true(!c->sliding_layer[0] && !c->sliding_layer[1] && c->sliding_layer[2] && c->sliding_layer[3]);
+    assert_int_equal(from_text("{" MOE "\"num_hidden_layers\": 3, \"use_sliding_window\": true, \"sliding_window\": 8,"
+                               " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"]}", c), TRILL_OK);
+    assert_true(c->sliding_layer[0] && !c->sliding_layer[1] && c->sliding_layer[2]);
+    assert_int_equal(from_text("{" MOE "\"num_hidden_layers\": 2, \"use_sliding_window\": false, \"sliding_window\": 8,"
+                               " \"layer_types\": [\"sliding_attention\", \"full_attention\"]}", c), TRILL_OK);
+    assert_true(c->sliding_window == 0 && !c->sliding_layer[0]);
     assert_int_equal(c->bos_token_id, -1);
     assert_true(trill_config_known_key("num_experts_per_tok"));
     assert_true(trill_config_known_key("rope_parameters"));

@@ -43,6 +43,7 @@ trill_status trill_mixtral_config_read(const json_t *root, const char *what, tri
     if ((st = trill_arch_get_int_or_null(root, "head_dim", what, 2, 1 << 16, &c->head_dim))) return st;
     if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads; /* absent or null */
     if ((st = trill_arch_get_int_or_null(root, "sliding_window", what, 1, 1 << 30, &c->sliding_window))) return st; /* null: none */
+    for (int l = 0; l < c->num_hidden_layers; l++) c->sliding_layer[l] = c->sliding_window > 0; /* every layer (HF MixtralAttention) */
     double jitter = 0;
     if ((st = trill_json_get_double(root, "router_jitter_noise", what, 0, 1, &jitter))) return st;
     if (jitter != 0)
@@ -68,7 +69,7 @@ bool trill_mixtral_layer_is_moe(const trill_config *c, int l) {
 /* GQA without QK-norm (every layer within sliding_window when set); every layer a MoE behind a
  * softmax top-k router. */
 trill_layer_desc trill_mixtral_describe(const trill_config *c, int l) {
-    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .window = c->sliding_window, .moe = trill_config_is_moe(c, l),
+    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .window = c->sliding_layer[l] ? c->sliding_window : 0, .moe = trill_config_is_moe(c, l),
                                .router = TRILL_ROUTER_SOFTMAX };
 }
 

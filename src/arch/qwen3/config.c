@@ -11,7 +11,8 @@
 const char *const trill_qwen3_config_keys[] = {
     "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
     "rope_parameters", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-    "norm_topk_prob", "mlp_only_layers", "use_sliding_window", "attention_bias", "layer_types", "quantization_config", NULL,
+    "norm_topk_prob", "mlp_only_layers", "use_sliding_window", "sliding_window", "max_window_layers", "attention_bias", "layer_types",
+    "quantization_config", NULL,
 };
 
 /* HF's defaults of each architecture's config class (the shared fields included). */
@@ -57,16 +58,30 @@ static trill_status read_mlp_only_layers(const json_t *root, const char *what, t
     return TRILL_OK;
 }
 
-static trill_status check_layer_types(const json_t *root, const char *what) {
+/* Sliding windows (HF Qwen3Config): sliding_window takes effect with use_sliding_window, on the
+ * layers layer_types calls "sliding_attention"; without layer_types, the layers from
+ * max_window_layers on. */
+static trill_status read_sliding(const json_t *root, const char *what, trill_config *c) {
+    bool use = false;
+    int window = 4096, from = 28;
+    trill_status st;
+    if ((st = trill_json_get_bool(root, "use_sliding_window", what, &use)) ||
+        (st = trill_arch_get_int_or_null(root, "sliding_window", what, 1, 1 << 30, &window)) ||
+        (st = trill_json_get_int(root, "max_window_layers", what, 0, TRILL_MAX_LAYERS, &from)))
+        return st;
+    c->sliding_window = use && window > 0 ? window : 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) c->sliding_layer[l] = c->sliding_window && l >= from;
     const json_t *v = json_object_get(root, "layer_types");
     if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list, got %s", what, trill_json_type_name(v));
-    size_t i;
-    const json_t *x;
-    json_array_foreach(v, i, x) {
-        if (!json_is_string(x) || strcmp(json_string_value(x), "full_attention") != 0)
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %zu: only \"full_attention\" is supported", what, i);
+    if (!json_is_array(v) || json_array_size(v) != (size_t)c->num_hidden_layers)
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list of %d entries (one per layer), got %s", what,
+                           c->num_hidden_layers, json_is_array(v) ? "another length" : trill_json_type_name(v));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const char *t = json_string_value(json_array_get(v, (size_t)l));
+        if (!t || (strcmp(t, "full_attention") != 0 && strcmp(t, "sliding_attention") != 0))
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"full_attention\" or \"sliding_attention\"",
+                               what, l);
+        c->sliding_layer[l] = c->sliding_window && strcmp(t, "sliding_attention") == 0; /* HF: no window without use_sliding_window */
     }
     return TRILL_OK;
 }
@@ -106,9 +121,9 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
          (st = read_mlp_only_layers(root, what, c))))
         return st;
     if (c->arch == TRILL_ARCH_QWEN3) c->num_experts = c->num_experts_per_tok = 0;
-    if ((st = trill_arch_refuse_true(root, "use_sliding_window", what)) ||
+    if ((st = read_sliding(root, what, c)) ||
         (st = trill_arch_refuse_true(root, "attention_bias", what)) ||
-        (st = check_layer_types(root, what)) || (st = trill_arch_read_fp8(root, what, c)) || (st = trill_arch_refuse_partial_rope(c, what)))
+        (st = trill_arch_read_fp8(root, what, c)) || (st = trill_arch_refuse_partial_rope(c, what)))
         return st;
     return check_consistency(c, what);
 }
@@ -118,9 +133,11 @@ bool trill_qwen3_layer_is_moe(const trill_config *c, int l) {
     return c->arch == TRILL_ARCH_QWEN3_MOE && !c->mlp_only[l] && c->num_experts > 0 && (l + 1) % c->decoder_sparse_step == 0;
 }
 
-/* GQA with QK-norm; every MoE layer's router a softmax top-k. */
+/* GQA with QK-norm, sliding windows where layer_types says; every MoE layer's router a softmax
+ * top-k. */
 trill_layer_desc trill_qwen3_describe(const trill_config *c, int l) {
-    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .qk_norm = true, .moe = trill_config_is_moe(c, l), .router = TRILL_ROUTER_SOFTMAX };
+    return (trill_layer_desc){ .attention = TRILL_ATTENTION_GQA, .qk_norm = true, .window = c->sliding_layer[l] ? c->sliding_window : 0,
+                               .moe = trill_config_is_moe(c, l), .router = TRILL_ROUTER_SOFTMAX };
 }
 
 bool trill_qwen3_config_write(const trill_config *c, json_t *j) {
@@ -133,7 +150,13 @@ bool trill_qwen3_config_write(const trill_config *c, json_t *j) {
     json_t *rs = trill_arch_rope_scaling_json(c);
     ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
     ok &= json_object_set_new(j, "attention_bias", json_false()) == 0;
-    ok &= json_object_set_new(j, "use_sliding_window", json_false()) == 0;
+    ok &= json_object_set_new(j, "use_sliding_window", json_boolean(c->sliding_window > 0)) == 0;
+    ok &= json_object_set_new(j, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null()) == 0;
+    json_t *types = json_array();
+    ok &= types != NULL;
+    for (int l = 0; ok && l < c->num_hidden_layers; l++)
+        ok &= json_array_append_new(types, json_string(c->sliding_layer[l] ? "sliding_attention" : "full_attention")) == 0;
+    ok &= json_object_set_new(j, "layer_types", types) == 0;
     if (c->arch == TRILL_ARCH_QWEN3_MOE) {
         ok &= json_object_set_new(j, "num_experts", json_integer(c->num_experts)) == 0;
         ok &= json_object_set_new(j, "num_experts_per_tok", json_integer(c->num_experts_per_tok)) == 0;
