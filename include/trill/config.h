@@ -51,6 +51,10 @@ typedef struct trill_config {
     bool qk_norm;
     bool attention_bias;
     double partial_rotary_factor;
+    /* gpt-oss (HF GptOssConfig): attention sinks and an o_proj bias (attention_bias: o_proj's too),
+     * a router with a bias, experts with biases and a clamped SwiGLU */
+    double swiglu_limit, swiglu_alpha; /* 7.0, 1.702 */
+    bool mxfp4; /* quantization_config quant_method "mxfp4": experts stored as *_blocks and E8M0 *_scales */
     int sliding_window; /* a query sees the sliding_window latest positions, itself included (0: all) ... */
     bool sliding_layer[TRILL_MAX_LAYERS]; /* ... in the layers flagged here (HF's layer_types "sliding_attention") */
     /* DeepSeek-V3 (HF DeepseekV3Config; num_experts holds n_routed_experts): MLA attention, a

@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum trill_dtype { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3 } trill_dtype;
+/* U8: bytes (MXFP4's packed codes and E8M0 scales), read only. */
+typedef enum trill_dtype { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3, TRILL_U8 } trill_dtype;
 
 /* The arithmetic of matrix products (the trainer's kernels, trill/kernels.h: the *_p ones and
  * attention; their fp64 instantiation ignores it). FP32: operands and sums in fp32 (OpenBLAS
@@ -25,14 +26,14 @@ const char *trill_precision_name(trill_precision p);
 int trill_precision_parse(const char *name, trill_precision *out);
 
 size_t trill_dtype_size(trill_dtype dt);
-/* The safetensors spelling: "F32", "BF16", "F16", "F8_E4M3". */
+/* The safetensors spelling: "F32", "BF16", "F16", "F8_E4M3", "U8". */
 const char *trill_dtype_name(trill_dtype dt);
 /* Parses one of those names; returns 0 on success, -1 if unknown. */
 int trill_dtype_parse(const char *name, trill_dtype *out);
 
 /* dst[i] = (float)src[i]; src may be unaligned (it usually points into an mmap). */
 void trill_to_f32(float *dst, const void *src, trill_dtype src_dtype, size_t n);
-/* Rounds to nearest even; NaN stays NaN. dst_dtype F32, BF16 or F16 (F8_E4M3 is read only). */
+/* Rounds to nearest even; NaN stays NaN. dst_dtype F32, BF16 or F16 (F8_E4M3 and U8 are read only). */
 void trill_from_f32(void *dst, const float *src, trill_dtype dst_dtype, size_t n);
 
 /* The value of an F8_E4M3 code, exactly. */

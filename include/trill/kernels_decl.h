@@ -108,6 +108,12 @@ trill_status KERNEL(trill_attention_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv
 /* out[n] = silu(gate) * up */
 void KERNEL(trill_swiglu_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n);
 void KERNEL(trill_swiglu_backward)(REAL_T *dgate, REAL_T *dup, const REAL_T *dout, const REAL_T *gate, const REAL_T *up, size_t n);
+/* gpt-oss's clamped SwiGLU (HF GptOssExperts): g = min(gate, limit), u = clamp(up, -limit,
+ * limit), out[n] = g sigmoid(alpha g) (u + 1). The backward passes no gradient through a clamp
+ * where it cut (torch.clamp's: the bounds themselves pass). */
+void KERNEL(trill_swiglu_clamped_forward)(REAL_T *out, const REAL_T *gate, const REAL_T *up, size_t n, REAL_T limit, REAL_T alpha);
+void KERNEL(trill_swiglu_clamped_backward)(REAL_T *dgate, REAL_T *dup, const REAL_T *dout, const REAL_T *gate, const REAL_T *up, size_t n,
+                                           REAL_T limit, REAL_T alpha);
 
 /* out[n] = 1 / (1 + exp(-inp)) (DeepSeek-V3's router scores). out may alias inp. */
 void KERNEL(trill_sigmoid_forward)(REAL_T *out, const REAL_T *inp, size_t n);

@@ -26,11 +26,13 @@ typedef enum trill_role {
     TRILL_ROLE_Q, TRILL_ROLE_K, TRILL_ROLE_V,            /* GQA; MLA's full-rank q_proj is TRILL_ROLE_Q */
     TRILL_ROLE_Q_BIAS, TRILL_ROLE_K_BIAS, TRILL_ROLE_V_BIAS, /* GQA with attention_bias */
     TRILL_ROLE_KV_A, TRILL_ROLE_KV_A_NORM, TRILL_ROLE_KV_B, /* MLA's latent */
-    TRILL_ROLE_O,
+    TRILL_ROLE_O, TRILL_ROLE_O_BIAS,
+    TRILL_ROLE_SINKS, /* gpt-oss's per-head attention sinks */
     TRILL_ROLE_Q_NORM, TRILL_ROLE_K_NORM, /* GQA's per-head QK-norm */
     TRILL_ROLE_POST_NORM,
-    TRILL_ROLE_ROUTER, TRILL_ROLE_ROUTER_BIAS,
+    TRILL_ROLE_ROUTER, TRILL_ROLE_ROUTER_BIAS, TRILL_ROLE_ROUTER_LINEAR_BIAS,
     TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_UP, TRILL_ROLE_EXPERT_DOWN,
+    TRILL_ROLE_EXPERT_GATE_BIAS, TRILL_ROLE_EXPERT_UP_BIAS, TRILL_ROLE_EXPERT_DOWN_BIAS,
     TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_UP, TRILL_ROLE_SHARED_DOWN,
     TRILL_ROLE_GATE, TRILL_ROLE_UP, TRILL_ROLE_DOWN, /* the dense MLP */
     TRILL_ROLE_FINAL_NORM, TRILL_ROLE_LM_HEAD, TRILL_ROLE_SCORE,
@@ -56,13 +58,18 @@ typedef struct trill_decoder_weights {
     float *kv_a_norm;    /* [kv_lora_rank] */
     trill_weight kv_b;   /* [nh*(nope + v), kv_lora_rank]: per head k_nope, then v */
     trill_weight wo;     /* [H, nh*hd] (MLA: [H, nh*v]) */
+    float *o_bias;       /* GQA with an o_proj bias: [H] */
+    float *sinks;        /* attention sinks: [nh], a logit per query head */
     float *post_norm;    /* [H] */
     trill_weight mlp_gate, mlp_up; /* dense: [I, H] */
     trill_weight mlp_down;         /* dense: [H, I] */
     trill_weight router;           /* MoE: [E, H] */
     float *router_bias;            /* MoE, sigmoid router: [E] e_score_correction_bias (selection only, never trained) */
+    float *router_linear_bias;     /* MoE, a router with a linear bias: [E] added to the logits (trained) */
     trill_weight expert_gate, expert_up; /* [E, Im, H] */
     trill_weight expert_down;            /* [E, H, Im] */
+    float *expert_gate_bias, *expert_up_bias; /* experts with biases: [E, Im] */
+    float *expert_down_bias;                  /* [E, H] */
     trill_weight shared_gate, shared_up; /* shared experts: [Im * n_shared, H] */
     trill_weight shared_down;            /* [H, Im * n_shared] */
 } trill_decoder_weights;
@@ -88,14 +95,27 @@ typedef enum trill_attention_kind { TRILL_ATTENTION_GQA, TRILL_ATTENTION_MLA } t
  * routed_scaling_factor (DeepSeek-V3, GLM-4.5). */
 typedef enum trill_router_kind { TRILL_ROUTER_SOFTMAX, TRILL_ROUTER_SIGMOID_GROUPS } trill_router_kind;
 
+/* A routed expert's activation: SwiGLU silu(gate) * up; or gpt-oss's clamped one, with
+ * gate' = min(gate, limit), up' = clamp(up, -limit, limit): gate' sigmoid(alpha gate') (up' + 1)
+ * (limit, alpha: the config's swiglu_limit and swiglu_alpha). */
+typedef enum trill_expert_act { TRILL_EXPERT_SWIGLU, TRILL_EXPERT_SWIGLU_CLAMPED } trill_expert_act;
+
 /* One layer's options of the shared blocks (trill_family.describe). */
 typedef struct trill_layer_desc {
     trill_attention_kind attention;
     bool qk_norm;         /* GQA: RMSNorm of each head's q and k (q_norm, k_norm) before RoPE */
     bool qkv_bias;        /* GQA: q, k and v projections with biases (q_bias, k_bias, v_bias) */
+    bool o_bias;          /* GQA: o_proj with a bias (o_bias) */
+    bool sinks;           /* a learned logit per query head in the softmax's denominator (sinks; gpt-oss) */
     int window;           /* GQA: a query attends to the `window` latest positions, itself included (0: all) */
     bool moe;             /* routed experts behind a router; else the dense SwiGLU MLP */
     trill_router_kind router;
+    /* MoE, softmax router: a linear bias on the logits (router_linear_bias). gpt-oss's router, top-k
+     * of the logits and a softmax over those k, is this one with norm_topk_prob: the k
+     * probabilities renormalised are that softmax. */
+    bool router_linear_bias;
+    trill_expert_act expert_act;
+    bool expert_bias;     /* MoE: the routed experts' gate, up and down with biases (expert_*_bias) */
     bool shared_experts;  /* MoE: n_shared_experts x moe_intermediate_size as one SwiGLU beside the routed ones */
 } trill_layer_desc;
 

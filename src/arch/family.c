@@ -80,6 +80,14 @@ void trill_arch_walk(const trill_config *c, trill_tensor_fn fn, void *ctx) {
 
 const trill_tensor_row *trill_arch_row(const trill_config *c, const trill_param *t) { return &trill_family_of(c)->rows[t->row]; }
 
+const trill_stacked *trill_arch_stacked(const trill_config *c, const trill_param *t) {
+    const trill_family *f = trill_family_of(c);
+    if (t->expert < 0) return NULL;
+    for (int i = 0; i < f->n_stacked; i++)
+        if (f->stacked[i].role == t->role) return &f->stacked[i];
+    return NULL;
+}
+
 /* ---- counts derived from the walk ---- */
 
 typedef struct counts { int64_t total, active; const trill_config *c; } counts;

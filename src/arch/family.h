@@ -50,6 +50,14 @@ typedef struct trill_tensor_row {
     int lora_field;
 } trill_tensor_row;
 
+/* A routed expert's tensor that the checkpoint keeps with the layer's other experts in one
+ * tensor (gpt-oss), by its role: that tensor's name (printf: the layer index), [E, cols, rows *
+ * stride] for a matrix (HF's x @ W layout: transposed), [E, n * stride] for a vector; with stride
+ * 2 two tensors interleave in it (gate_up_proj: gate at offset 0, up at 1), this one at `offset`.
+ * MXFP4 checkpoints hold a matrix as "<name>_blocks" [E, rows * stride, cols / 32, 16] and
+ * "<name>_scales" [E, rows * stride, cols / 32] (src/model/model.c). */
+typedef struct trill_stacked { int role; const char *name; int stride, offset; } trill_stacked;
+
 /* A named configuration of a family (trill init --preset NAME): config.json's text; real: a
  * published model's, to count and plan with (--config-only), too large to create here. */
 typedef struct trill_preset { const char *name, *config; bool real; } trill_preset;
@@ -86,6 +94,8 @@ typedef struct trill_family {
      * of one layer, forward only */
     double (*attention_flops)(const trill_config *c, double pairs);
     const trill_preset *presets; /* its presets (its folder's presets.c) */
+    const trill_stacked *stacked; /* its experts' tensors the checkpoint stacks (NULL: none) */
+    int n_stacked;
     const int *n_presets;
 } trill_family;
 
@@ -136,6 +146,9 @@ trill_status trill_arch_get_int_or_null(const struct json_t *root, const char *k
 trill_status trill_arch_refuse_partial_rope(const trill_config *c, const char *what);
 /* Refuses a boolean field that is true (a feature trill does not compute); absent is false. */
 trill_status trill_arch_refuse_true(const struct json_t *root, const char *key, const char *what);
+
+/* Where the checkpoint keeps routed expert tensor t when it stacks the experts, or NULL. */
+const trill_stacked *trill_arch_stacked(const trill_config *c, const trill_param *t);
 
 /* The row a tensor came from. */
 const trill_tensor_row *trill_arch_row(const trill_config *c, const trill_param *t);

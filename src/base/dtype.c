@@ -68,7 +68,7 @@ size_t trill_dtype_size(trill_dtype dt) {
     switch (dt) {
     case TRILL_F32: return 4;
     case TRILL_BF16: case TRILL_F16: return 2;
-    case TRILL_F8_E4M3: return 1;
+    case TRILL_F8_E4M3: case TRILL_U8: return 1;
     }
     return 0;
 }
@@ -79,12 +79,13 @@ const char *trill_dtype_name(trill_dtype dt) {
     case TRILL_BF16: return "BF16";
     case TRILL_F16: return "F16";
     case TRILL_F8_E4M3: return "F8_E4M3";
+    case TRILL_U8: return "U8";
     }
     return "?";
 }
 
 int trill_dtype_parse(const char *name, trill_dtype *out) {
-    static const trill_dtype all[] = { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3 };
+    static const trill_dtype all[] = { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3, TRILL_U8 };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (strcmp(name, trill_dtype_name(all[i])) == 0) { *out = all[i]; return 0; }
     return -1;
@@ -122,6 +123,9 @@ void trill_to_f32(float *dst, const void *src, trill_dtype src_dtype, size_t n) 
     case TRILL_F8_E4M3:
         for (size_t i = 0; i < n; i++) dst[i] = e4m3_to_f32(s[i]);
         return;
+    case TRILL_U8:
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        return;
     }
 }
 
@@ -144,7 +148,8 @@ void trill_from_f32(void *dst, const float *src, trill_dtype dst_dtype, size_t n
         }
         return;
     case TRILL_F8_E4M3: /* read only: an FP8 checkpoint needs its block scales (the writers refuse it) */
-        assert(!"trill_from_f32: F8_E4M3 is not written");
+    case TRILL_U8:
+        assert(!"trill_from_f32: F8_E4M3 and U8 are not written");
         return;
     }
 }

@@ -34,9 +34,9 @@ static void print_breakdown(const trill_config *c) {
     int64_t n[TRILL_TENSOR_N_KINDS], experts;
     trill_config_param_breakdown(c, n, &experts);
     printf("by kind:       embedding %" PRId64 ", matrices %" PRId64 ", routed experts %" PRId64 ", routers %" PRId64
-           ", norms %" PRId64 ", biases %" PRId64 ", linear biases %" PRId64 ", head %" PRId64 "%s\n",
+           ", norms %" PRId64 ", biases %" PRId64 ", linear biases %" PRId64 ", sinks %" PRId64 ", head %" PRId64 "%s\n",
            n[TRILL_TENSOR_EMBEDDING], n[TRILL_TENSOR_MATRIX], experts, n[TRILL_TENSOR_ROUTER], n[TRILL_TENSOR_NORM],
-           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_LINEAR_BIAS], n[TRILL_TENSOR_HEAD],
+           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_LINEAR_BIAS], n[TRILL_TENSOR_SINKS], n[TRILL_TENSOR_HEAD],
            c->tie_word_embeddings && c->num_labels == 0 ? " (tied)" : "");
 }
 
@@ -55,9 +55,12 @@ static void describe(const char *dir, const trill_config *cfg) {
                cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim);
         const int rope = cfg->partial_rotary_factor > 0 && cfg->partial_rotary_factor < 1 ? (int)(cfg->head_dim * cfg->partial_rotary_factor)
                                                                                            : cfg->head_dim;
-        printf("attention:     GQA%s%s, RoPE on %d of %d dims", cfg->qk_norm ? ", QK-norm" : "", cfg->attention_bias ? ", q/k/v biases" : "",
-               rope, cfg->head_dim);
-        if (cfg->sliding_window) printf(", sliding window %d", cfg->sliding_window);
+        const bool gpt_oss = cfg->arch == TRILL_ARCH_GPT_OSS; /* o_proj's bias too, and sinks */
+        printf("attention:     GQA%s%s%s, RoPE on %d of %d dims", cfg->qk_norm ? ", QK-norm" : "",
+               cfg->attention_bias ? (gpt_oss ? ", q/k/v/o biases" : ", q/k/v biases") : "", gpt_oss ? ", sinks" : "", rope, cfg->head_dim);
+        int sliding = 0;
+        for (int l = 0; l < cfg->num_hidden_layers; l++) sliding += cfg->sliding_layer[l];
+        if (cfg->sliding_window && sliding) printf(", sliding window %d on %d of %d layers", cfg->sliding_window, sliding, cfg->num_hidden_layers);
         printf("\n");
     }
     printf("mlp:           dense intermediate %d", cfg->intermediate_size);

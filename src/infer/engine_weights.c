@@ -149,7 +149,14 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
         } else if (p->ndim == 1) {
             if (p->role < 0 || p->role >= ENG_MAX_ROLES) return trill_error(TRILL_ERR_UNSUPPORTED, "engine: tensor %s has role %d", p->name, p->role);
             float **dst = &(p->layer >= 0 ? &w->layers[p->layer] : &w->global)->vec[p->role];
-            if (!(*dst = copy_floats(p->data, p->numel))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            if (p->expert >= 0) { /* a routed expert's (biases): one [E, numel] array per role, by logical id */
+                if (!*dst && !(*dst = trill_calloc((size_t)c->num_experts * p->numel, sizeof(float))))
+                    return trill_error(TRILL_ERR_NOMEM, "out of memory");
+                if (p->data) memcpy(*dst + (size_t)p->expert * p->numel, p->data, p->numel * sizeof(float));
+                else trill_bf16_widen(*dst + (size_t)p->expert * p->numel, p->bf16, p->numel);
+            } else if (!(*dst = copy_floats(p->data, p->numel))) {
+                return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            }
             w->bytes += p->numel * 4;
         }
     }

@@ -8,6 +8,7 @@
 
 #include "base/tls.h"
 #include "kernels/exp_nonpos.h"
+#include "model/decoder.h"
 #include "trill/kernels.h"
 
 /* ---- the adapters' side path ---- */
@@ -129,6 +130,36 @@ trill_status trill_gen_logits(const trill_engine *e, gen_lora_buf *lb, const flo
 
 /* ---- the routed experts ---- */
 
+/* act[n, Im] of expert x's rows ff [n, gate | up]: the gate and up biases added (in ff) when the
+ * experts have them, then the activation. */
+static void expert_act(const eng_layer *L, gen_expert_roles roles, int x, float *act, float *ff, int n, int Im) {
+    if (roles.bias) {
+        const float *bg = L->vec[TRILL_ROLE_EXPERT_GATE_BIAS] + (size_t)x * Im, *bu = L->vec[TRILL_ROLE_EXPERT_UP_BIAS] + (size_t)x * Im;
+        for (int r = 0; r < n; r++) {
+            float *g = ff + (size_t)r * 2 * Im, *u = g + Im;
+            for (int i = 0; i < Im; i++) g[i] += bg[i], u[i] += bu[i];
+        }
+    }
+    if (roles.act != TRILL_EXPERT_SWIGLU_CLAMPED) {
+        trill_gen_swiglu_fused(act, ff, n, Im);
+        return;
+    }
+    const float lim = roles.limit, alpha = roles.alpha;
+    for (int r = 0; r < n; r++) {
+        const float *g = ff + (size_t)r * 2 * Im, *u = g + Im;
+        float *a = act + (size_t)r * Im;
+        for (int i = 0; i < Im; i++) {
+            const float gc = g[i] > lim ? lim : g[i], uc = u[i] > lim ? lim : u[i] < -lim ? -lim : u[i];
+            a[i] = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
+        }
+    }
+}
+
+/* y[n, H] += expert x's down bias, when the experts have biases. */
+static void expert_out_bias(const eng_layer *L, gen_expert_roles roles, int x, float *y, int n, int H) {
+    if (roles.bias) trill_decoder_bias_forward(y, L->vec[TRILL_ROLE_EXPERT_DOWN_BIAS] + (size_t)x * H, n, H);
+}
+
 /* EPLB's workers: rows order[first .. first+n) of the step, all routed to logical expert x:
  * gathered, through the expert (and its adapter), into ye at the same positions. Every buffer is indexed by those
  * positions, so workers computing different experts never touch the same memory. Fails as
@@ -143,8 +174,10 @@ static trill_status expert_rows(const trill_engine *e, gen_moe *b, gen_lora_buf 
     const gen_rowmap m = { b->order + first, K };
     trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], &A->experts[roles.gate_up][x], m, ff, xe, n, first);
     if (st) return st;
-    trill_gen_swiglu_fused(act, ff, n, Im);
-    return trill_gen_linear(e, lb, &L->experts[roles.down][x], &A->experts[roles.down][x], m, ye, act, n, first);
+    expert_act(L, roles, x, act, ff, n, Im);
+    st = trill_gen_linear(e, lb, &L->experts[roles.down][x], &A->experts[roles.down][x], m, ye, act, n, first);
+    if (!st) expert_out_bias(L, roles, x, ye, n, H);
+    return st;
 }
 
 /* One role of every expert of the step, as two batches of products (two forks for all the experts,
@@ -190,8 +223,20 @@ static trill_status experts_grouped(const trill_engine *e, gen_moe *b, gen_lora_
     for (int i = 0; i < R * K; i++) memcpy(b->xe + (size_t)i * H, xn + (size_t)(b->order[i] / K) * H, sizeof(float) * H);
     trill_status st = experts_role(e, b, lb, L, A, roles.gate_up, b->ff, 2 * (size_t)Im, b->xe, (size_t)H, E);
     if (st) return st;
-    trill_gen_swiglu_fused(b->act, b->ff, R * K, Im);
-    return experts_role(e, b, lb, L, A, roles.down, b->ye, (size_t)H, b->act, (size_t)Im, E);
+    if (!roles.bias && roles.act == TRILL_EXPERT_SWIGLU) {
+        trill_gen_swiglu_fused(b->act, b->ff, R * K, Im);
+    } else {
+        for (int ex = 0; ex < E; ex++) {
+            const int first = ex ? b->count[ex - 1] : 0;
+            expert_act(L, roles, ex, b->act + (size_t)first * Im, b->ff + (size_t)first * 2 * Im, b->count[ex] - first, Im);
+        }
+    }
+    if ((st = experts_role(e, b, lb, L, A, roles.down, b->ye, (size_t)H, b->act, (size_t)Im, E))) return st;
+    for (int ex = 0; roles.bias && ex < E; ex++) {
+        const int first = ex ? b->count[ex - 1] : 0;
+        expert_out_bias(L, roles, ex, b->ye + (size_t)first * H, b->count[ex] - first, H);
+    }
+    return TRILL_OK;
 }
 
 /* Counting sort of the step's (row, slot) pairs by key[i] in [0, n_keys): order[] lists them
@@ -275,8 +320,9 @@ static trill_status served_rows(const trill_engine *e, gen_lora_buf *lb, const e
     float *act = ff + (size_t)n * 2 * Im;
     /* rows from other ranks: slot 0 (adapter slots are refused with expert parallelism) */
     trill_status st = trill_gen_linear(e, lb, &L->experts[roles.gate_up][x], &A->experts[roles.gate_up][x], GEN_SLOT0_ROWS, ff, xin, n, first);
-    if (!st) trill_gen_swiglu_fused(act, ff, n, Im);
+    if (!st) expert_act(L, roles, x, act, ff, n, Im);
     if (!st) st = trill_gen_linear(e, lb, &L->experts[roles.down][x], &A->experts[roles.down][x], GEN_SLOT0_ROWS, yout, act, n, first);
+    if (!st) expert_out_bias(L, roles, x, yout, n, e->c.hidden_size);
     return st;
 }
 

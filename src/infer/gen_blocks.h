@@ -84,8 +84,15 @@ typedef struct gen_moe {
     float *topw, *xe, *ff, *act, *ye;
 } gen_moe;
 
-/* The routed experts' matrices of a layer: the fused gate|up and the down projection's roles. */
-typedef struct gen_expert_roles { int gate_up, down; } gen_expert_roles;
+/* The routed experts of a layer: the fused gate|up and the down projection's roles, whether they
+ * have biases (the layer's vec[TRILL_ROLE_EXPERT_*_BIAS], [E, width] each) and their activation
+ * (trill_expert_act, src/arch/decoder.h: SwiGLU, or the clamped one with limit and alpha). */
+typedef struct gen_expert_roles {
+    int gate_up, down;
+    bool bias;
+    int act;
+    float limit, alpha;
+} gen_expert_roles;
 
 /* After the router filled b->topi / b->topw for rows [0, R) of xn [R, H]: capture (logical ids,
  * MoE ordinal), EPLB's load counts and placement, the experts (grouped per expert, or per
@@ -139,15 +146,16 @@ static inline __attribute__((always_inline)) void gen_dot_lanes8(const float *q,
 }
 
 /* Softmax of n scores sg[0..n) times scale, normalised in place (exp of non-positive values in
- * fp32, the sum in double). Inlined into each attention task: the vectorised sum's order is the
+ * fp32, the sum in double); a sink logit other than -INFINITY joins the denominator only
+ * (gpt-oss's attention sinks). Inlined into each attention task: the vectorised sum's order is the
  * caller's compiled loop's, which batch invariance and the golden records hold fixed. */
-static inline __attribute__((always_inline)) void gen_softmax_scores(float *sg, int n, float scale) {
-    float mx = -INFINITY;
+static inline __attribute__((always_inline)) void gen_softmax_scores(float *sg, int n, float scale, float sink) {
+    float mx = sink;
     for (int j = 0; j < n; j++) {
         sg[j] *= scale;
         mx = sg[j] > mx ? sg[j] : mx;
     }
-    double sum = 0;
+    double sum = sink == -INFINITY ? 0 : exp_nonpos_f32(sink - mx);
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < n; j++) {
         sg[j] = exp_nonpos_f32(sg[j] - mx);

@@ -164,7 +164,7 @@ static inline __attribute__((always_inline)) void attend_values(const trill_engi
  * of the layer's window's first position (window 0: the whole sequence). sc: the thread's
  * [group][max_context] scores. */
 static inline __attribute__((always_inline)) void attend_row_head(const trill_engine *e, int layer, int r, int kvh, float *sc, int window,
-                                                                  const bool half) {
+                                                                  const float *sinks, const bool half) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
     const int bs = e->kv.block_size, k_stride = e->kv.shape[layer].k_width, elem = half ? 2 : 4;
@@ -183,7 +183,8 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
             for (; j < n; j++) sg[j] = gen_dot_lanes(qg, kb + (size_t)j * k_stride * elem, hd, half);
         }
     }
-    for (int g = 0; g < group; g++) gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale); /* normalised in place */
+    for (int g = 0; g < group; g++) /* normalised in place (a sink's logit in the denominator) */
+        gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale, sinks ? sinks[kvh * group + g] : -INFINITY);
     for (int g = 0; g < group; g++) {
         const float *pg = sc + (size_t)g * ctx;
         float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
@@ -197,9 +198,9 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
 }
 
 /* Causal attention of each row over its own sequence's cached keys and values, within the
- * layer's window (fp32 or bf16 cache: each task is compiled for both and picks by the cache's
+ * layer's window, with the layer's sinks (NULL: none; fp32 or bf16 cache: each task is compiled for both and picks by the cache's
  * element size). head_dim must be a multiple of 8 (checked when the engine is made). */
-static void paged_attention(trill_engine *e, int layer, int window, int R) {
+static void paged_attention(trill_engine *e, int layer, int window, const float *sinks, int R) {
     const int nkv = e->c.num_key_value_heads, group = e->c.num_attention_heads / nkv;
     const bool half = e->kv.elem == 2;
 #pragma omp parallel
@@ -208,8 +209,8 @@ static void paged_attention(trill_engine *e, int layer, int window, int R) {
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
             for (int kvh = 0; kvh < nkv; kvh++) {
-                if (half) attend_row_head(e, layer, r, kvh, sc, window, true);
-                else attend_row_head(e, layer, r, kvh, sc, window, false);
+                if (half) attend_row_head(e, layer, r, kvh, sc, window, sinks, true);
+                else attend_row_head(e, layer, r, kvh, sc, window, sinks, false);
             }
     }
 }
@@ -244,8 +245,10 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
         trill_from_f32(kv_key(&e->kv, b, l, slot), S(e)->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
         trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
-    paged_attention(e, l, desc->window, R);
-    return trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
+    paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);
+    st = trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
+    if (!st && desc->o_bias) trill_decoder_bias_forward(S(e)->out, L->vec[TRILL_ROLE_O_BIAS], R, c->hidden_size);
+    return st;
 }
 
 /* ---- MLPs ---- */
@@ -268,6 +271,7 @@ static trill_status moe(trill_engine *e, const trill_layer_desc *desc, const eng
     const int E = c->num_experts, K = c->num_experts_per_tok;
     trill_status st = trill_gen_matmul(f->scores, f->xn, &L->m[TRILL_ROLE_ROUTER], R);
     if (st) return st;
+    if (desc->router_linear_bias) trill_decoder_bias_forward(f->scores, L->vec[TRILL_ROLE_ROUTER_LINEAR_BIAS], R, E);
     if (desc->router == TRILL_ROUTER_SOFTMAX) {
         trill_softmax_forward(f->scores, f->scores, R, E);
         trill_topk_forward(f->moe.topi, f->moe.topw, f->scores, R, E, K);
@@ -278,7 +282,8 @@ static trill_status moe(trill_engine *e, const trill_layer_desc *desc, const eng
             return st;
         trill_router_gates_forward(f->moe.topw, f->scores, f->moe.topi, R, E, K, c->norm_topk_prob, 1e-20f, (float)c->routed_scaling_factor);
     }
-    const gen_expert_roles roles = { TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_DOWN };
+    const gen_expert_roles roles = { TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_DOWN, desc->expert_bias, desc->expert_act, (float)c->swiglu_limit,
+                                     (float)c->swiglu_alpha };
     if ((st = trill_gen_moe_experts(e, &f->moe, &f->lora, f->xn, f->out, L, A, roles, ordinal, R))) return st;
     if (!desc->shared_experts) return TRILL_OK;
     if ((st = mlp(e, L, A, TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_DOWN, f->shared, R, c->moe_intermediate_size * c->n_shared_experts)))

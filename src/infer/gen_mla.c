@@ -143,7 +143,7 @@ static inline __attribute__((always_inline)) void attend_heads(const trill_engin
             for (; j < n; j++) sg[j] = gen_dot_lanes(qg, kb + (size_t)j * w * elem, w, half);
         }
     }
-    for (int g = 0; g < n_heads; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, S(e)->softmax_scale);
+    for (int g = 0; g < n_heads; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, S(e)->softmax_scale, -INFINITY);
     for (int g = 0; g < n_heads; g++) { /* the latents weighted, 64 (or 8) columns at a time in registers */
         const float *pg = sc + (size_t)g * ctx;
         float *o = S(e)->olat + ((size_t)r * nh + h0 + g) * kl;

@@ -503,6 +503,26 @@ void KN(trill_swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const R
     }
 }
 
+void KN(trill_swiglu_clamped_forward)(REAL *out, const REAL *gate, const REAL *up, size_t n, REAL limit, REAL alpha) {
+#pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const REAL g = gate[i] > limit ? limit : gate[i], u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+        out[i] = g * KN(sigmoid)(alpha * g) * (u + 1);
+    }
+}
+
+/* d/dg [g sig(a g)] = sig(a g) (1 + a g (1 - sig(a g))) */
+void KN(trill_swiglu_clamped_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up, size_t n, REAL limit,
+                                       REAL alpha) {
+#pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const REAL g = gate[i] > limit ? limit : gate[i], u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+        const REAL sig = KN(sigmoid)(alpha * g);
+        if (gate[i] <= limit) dgate[i] += dout[i] * (u + 1) * sig * (1 + alpha * g * (1 - sig));
+        if (up[i] >= -limit && up[i] <= limit) dup[i] += dout[i] * g * sig;
+    }
+}
+
 void KN(trill_sigmoid_forward)(REAL *out, const REAL *inp, size_t n) {
 #pragma omp parallel for simd if(parallel: n >= PARALLEL_MIN) schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = KN(sigmoid)(inp[i]);

@@ -2,6 +2,7 @@
  * MLP with its adapters, and a MoE layer's routed experts once the router has chosen. */
 #include <string.h>
 
+#include "model/decoder.h"
 #include "model/forward_internal.h"
 #include "model/moe_ep.h"
 #include "trill/kernels.h"
@@ -12,8 +13,17 @@ trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const f
     trill_status st = trill_linear(fp, gate, inp, w->gate, w->a_gate, fp->lora ? xa[0] + at : NULL, n, H, I);
     if (!st) st = trill_linear(fp, up, inp, w->up, w->a_up, fp->lora ? xa[1] + at : NULL, n, H, I);
     if (st) return st;
-    trill_swiglu_forward(act, gate, up, (size_t)n * I);
-    return (w->tp ? trill_linear_rowpar : trill_linear)(fp, out, act, w->down, w->a_down, fp->lora ? xa[2] + at : NULL, n, I, H);
+    if (w->b_gate) trill_decoder_bias_forward(gate, w->b_gate, n, I);
+    if (w->b_up) trill_decoder_bias_forward(up, w->b_up, n, I);
+    trill_mlp_activation(w, act, gate, up, (size_t)n * I);
+    st = (w->tp ? trill_linear_rowpar : trill_linear)(fp, out, act, w->down, w->a_down, fp->lora ? xa[2] + at : NULL, n, I, H);
+    if (!st && w->b_down) trill_decoder_bias_forward(out, w->b_down, n, H);
+    return st;
+}
+
+void trill_mlp_activation(const trill_mlp_weights *w, float *act, const float *gate, const float *up, size_t n) {
+    if (w->act == TRILL_EXPERT_SWIGLU_CLAMPED) trill_swiglu_clamped_forward(act, gate, up, n, w->limit, w->alpha);
+    else trill_swiglu_forward(act, gate, up, n);
 }
 
 trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int Im) { /* e: the local number */
@@ -22,6 +32,8 @@ trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int e, int H, int
         .gate = trill_weight_at(x->gate, (size_t)e * Im * H), .up = trill_weight_at(x->up, (size_t)e * Im * H),
         .down = trill_weight_at(x->down, (size_t)e * H * Im), .a_gate = x->a_gate ? x->a_gate[e] : none,
         .a_up = x->a_up ? x->a_up[e] : none, .a_down = x->a_down ? x->a_down[e] : none,
+        .b_gate = x->b_gate ? x->b_gate + (size_t)e * Im : NULL, .b_up = x->b_up ? x->b_up + (size_t)e * Im : NULL,
+        .b_down = x->b_down ? x->b_down + (size_t)e * H : NULL, .act = x->act, .limit = x->limit, .alpha = x->alpha,
     };
 }
 

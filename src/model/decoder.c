@@ -2,14 +2,15 @@
  * description (src/arch/decoder.h):
  *   RMSNorm -> attention -> o_proj -> residual -> RMSNorm -> dense SwiGLU MLP or MoE -> residual.
  * Attention:
- *   GQA (HF modeling_qwen3_moe.py, modeling_mixtral.py): q/k/v projections -> per-head q/k
- *     RMSNorm (QK-norm) -> RoPE (rotate-half) -> causal attention (blocked GEMMs);
+ *   GQA (HF modeling_qwen3_moe.py, modeling_mixtral.py, modeling_gpt_oss.py): q/k/v projections
+ *     (biases) -> per-head q/k RMSNorm (QK-norm) -> RoPE (rotate-half) -> causal attention
+ *     (blocked GEMMs; a window, sinks) -> o_proj (a bias);
  *   MLA (HF modeling_deepseek_v3.py): q = q_b(RMSNorm(q_a(x))) or q_proj(x), per head nope | rope;
  *     c = kv_a(x) = latent | one rope key shared by the heads; k_nope | v per head =
  *     kv_b(RMSNorm(latent)); RoPE (YaRN, adjacent pairs with rope_interleave) on the rope parts;
  *     attention over nope + rope with values of v_head_dim.
  * MoE: the router (softmax top-k, or sigmoid with correction bias and groups; or the replayed
- *   ids) -> gate weights -> tokens grouped by expert so each expert is one GEMM
+ *   ids; a linear bias on the logits) -> gate weights -> tokens grouped by expert so each expert is one GEMM
  *   (src/model/blocks.c) -> weighted scatter-add; shared experts added unweighted. */
 #include <math.h>
 #include <stdlib.h>
@@ -198,9 +199,9 @@ static trill_status gqa(const trill_forward_pass *fp, const trill_layer_desc *de
     }
     trill_decoder_rope_heads(c, a->q, fp->pos, d->inv_freq, d->rope_scale, T, nh);
     trill_decoder_rope_heads(c, a->k, fp->pos, d->inv_freq, d->rope_scale, T, nkv);
-    const trill_attention_opts opts = { .window = desc->window };
+    const trill_attention_opts opts = { .window = desc->window, .sinks = desc->sinks ? w->sinks : NULL };
     return trill_attention_forward(a->att, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, nkv, hd, hd, d->softmax_scale, fp->precision,
-                                   desc->window ? &opts : NULL);
+                                   desc->window || desc->sinks ? &opts : NULL);
 }
 
 /* MLA's q [T, nh*qk] from xn1: through q_a -> q_a_layernorm -> q_b, or q_proj; rope part rotated. */
@@ -275,6 +276,7 @@ static trill_status attention_block(const trill_forward_pass *fp, const trill_la
     trill_status st = desc->attention == TRILL_ATTENTION_GQA ? gqa(fp, desc, w, ad, a) : mla(fp, w, ad, a);
     if (!st) st = trill_linear_rowpar(fp, d->out, a->att, w->wo, ad->o, a->xa[XA_O], T, att_w, H);
     if (st) return st;
+    if (desc->o_bias) trill_decoder_bias_forward(d->out, w->o_bias, T, H); /* after the tensor-parallel sum: once */
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
     trill_residual_forward(a->x_mid, d->out, (size_t)T * H);
     return TRILL_OK;
@@ -292,6 +294,7 @@ static trill_status route(const trill_forward_pass *fp, const trill_layer_desc *
     const int T = fp->T, H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok;
     trill_status st = trill_matmul_forward_w(a->scores, a->xn2, w->router, T, H, E);
     if (st) return st;
+    if (desc->router_linear_bias) trill_decoder_bias_forward(a->scores, w->router_linear_bias, T, E);
     if (desc->router == TRILL_ROUTER_SOFTMAX) {
         trill_softmax_forward(a->scores, a->scores, T, E);
         trill_topk_forward(a->moe.topi, a->moe.topw, a->scores, T, E, K);
@@ -306,6 +309,14 @@ static trill_status route(const trill_forward_pass *fp, const trill_layer_desc *
     }
     trill_moe_capture(experts, a->moe.topi, ordinal, c->n_moe_layers, T, K);
     return TRILL_OK;
+}
+
+trill_moe_experts trill_decoder_experts(const trill_config *c, const trill_layer_desc *desc, const trill_decoder_weights *w,
+                                        const trill_decoder_lora *ad) {
+    const bool b = desc->expert_bias;
+    return (trill_moe_experts){ w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down,
+                                b ? w->expert_gate_bias : NULL, b ? w->expert_up_bias : NULL, b ? w->expert_down_bias : NULL,
+                                desc->expert_act, (float)c->swiglu_limit, (float)c->swiglu_alpha };
 }
 
 /* The MoE block on xn2: out = routed experts (weighted by the gates) + shared experts
@@ -324,7 +335,7 @@ static trill_status moe_block(const trill_forward_pass *fp, const trill_layer_de
     } else {
         memset(d->out, 0, sizeof(float) * (size_t)T * H);
     }
-    const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
+    const trill_moe_experts x = trill_decoder_experts(c, desc, w, ad);
     return trill_moe_experts_forward(fp, d->out, a->xn2, &x, &a->moe, a->xa + XA_GATE, d->xe, d->act, T, H, E, K, Im, ordinal);
 }
 

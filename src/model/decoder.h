@@ -62,8 +62,14 @@ int trill_decoder_rope_dims(const trill_config *c);
  * rotate-half, cos and sin times cs (YaRN's; the whole head at 1: trill_rope_forward). The
  * generator's too. */
 void trill_decoder_rope_heads(const trill_config *c, float *x, const int *pos, const float *inv_freq, float cs, int n, int heads);
+/* A MoE layer's routed experts with the options of its description. */
+trill_moe_experts trill_decoder_experts(const trill_config *c, const trill_layer_desc *desc, const trill_decoder_weights *w,
+                                        const trill_decoder_lora *ad);
 /* y[n, N] += b[N] on every row (a linear layer's bias). */
 void trill_decoder_bias_forward(float *y, const float *b, int n, int N);
+/* db[N] += the sum over rows of dy[n, N]: its gradient (rows in order; db NULL: none wanted).
+ * In src/train/decoder_backward.c. */
+void trill_decoder_bias_backward(float *db, const float *dy, int n, int N);
 /* The widest SwiGLU of c in intermediate units per row: the dense MLP, the shared experts, or
  * the K routed experts of a token side by side. */
 size_t trill_decoder_widest_mlp(const trill_config *c);

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "arch/decoder.h"
 #include "base/tls.h"
 #include "model/lora_internal.h"
 #include "trill/lora.h"
@@ -85,18 +86,26 @@ trill_status trill_linear_rowpar(const trill_forward_pass *fp, float *out, const
 
 /* ---- building blocks the families share (src/model/blocks.c) ---- */
 
-/* A SwiGLU MLP: down(silu(gate(x)) * up(x)), with its adapters (A NULL: none). */
+/* A SwiGLU MLP: down(silu(gate(x)) * up(x)), with its adapters (A NULL: none); or with the
+ * options of a routed expert: biases after gate, up and down (NULL: none), the clamped
+ * activation (trill_expert_act, src/arch/decoder.h). */
 typedef struct trill_mlp_weights {
     trill_weight gate, up, down;
     trill_lora_pair a_gate, a_up, a_down;
     bool tp; /* split over the tensor-parallel group (a dense MLP; experts never are) */
+    const float *b_gate, *b_up, *b_down; /* [I], [I], [H] */
+    trill_expert_act act;
+    float limit, alpha; /* TRILL_EXPERT_SWIGLU_CLAMPED's */
 } trill_mlp_weights;
 
 /* The routed experts of a MoE layer: [E, Im, H] gate and up, [E, H, Im] down, back to back;
- * adapters [E] per projection, or NULL. */
+ * adapters [E] per projection, or NULL; biases [E, Im], [E, Im], [E, H] or NULL; the activation. */
 typedef struct trill_moe_experts {
     trill_weight gate, up, down;
     const trill_lora_pair *a_gate, *a_up, *a_down;
+    const float *b_gate, *b_up, *b_down;
+    trill_expert_act act;
+    float limit, alpha;
 } trill_moe_experts;
 
 /* A MoE layer's routing and its experts' activations, kept for the backward pass. */
@@ -113,6 +122,8 @@ typedef struct trill_moe_acts {
  * [n, I] is scratch. The adapters' inputs go to xa[0..2] (gate, up, down) from row `row0`. */
 trill_status trill_mlp_forward(const trill_forward_pass *fp, float *out, const float *inp, const trill_mlp_weights *w, float *const *xa,
                                size_t row0, float *gate, float *up, float *act, int n, int H, int I);
+/* act[n] = the MLP's activation of its pre-activations gate and up (after their biases). */
+void trill_mlp_activation(const trill_mlp_weights *w, float *act, const float *gate, const float *up, size_t n);
 /* The weights and adapters of the model's held expert number `local` (expert first + local of
  * the layer: trill_model.expert_first; the id itself in a model that holds every expert). */
 trill_mlp_weights trill_moe_expert(const trill_moe_experts *x, int local, int H, int Im);

@@ -159,11 +159,12 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
     for (size_t t = 0; t < m->n_tensors; t++) {
         trill_param *p = &m->tensors[t];
         if (!trill_model_holds(m, p)) continue; /* another shard's expert: its key is its index all the same */
-        if (p->ndim == 1) { /* HF: RMSNorm weights start at one, biases at zero */
-            for (size_t i = 0; i < p->numel; i++) p->data[i] = p->kind == TRILL_TENSOR_NORM ? 1.0f : 0.0f;
+        uint64_t key = trill_rng_key(seed, t);
+        if (p->ndim == 1) { /* HF: RMSNorm weights start at one, biases at zero, attention sinks N(0, std) */
+            for (size_t i = 0; i < p->numel; i++)
+                p->data[i] = p->kind == TRILL_TENSOR_NORM ? 1.0f : p->kind == TRILL_TENSOR_SINKS ? std * (float)trill_rng_normal(key, (size_t)p->slice_at[0] + i) : 0.0f;
             continue;
         }
-        uint64_t key = trill_rng_key(seed, t);
         /* a tensor-parallel slice draws its elements of the whole tensor: the whole model's values */
         const size_t cols = (size_t)p->shape[1], wcols = (size_t)p->whole_shape[1], r0 = (size_t)p->slice_at[0], c0 = (size_t)p->slice_at[1];
         if (p->bf16) {
@@ -246,9 +247,93 @@ static trill_status fp8_scales(const trill_model *m, const trill_checkpoint *ck,
     return TRILL_OK;
 }
 
+/* ---- routed experts the checkpoint stacks (gpt-oss: trill_stacked, src/arch/family.h) ---- */
+
+/* MXFP4's E2M1 codes (OCP MX: 1 sign, 2 exponent, 1 mantissa bit), as HF's FP4_VALUES. */
+static const float FP4_E2M1[16] = { 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f };
+
+/* Whether view v has shape `want` (n dims); else the error names it. */
+static trill_status check_shape(const trill_tensor_view *v, const char *what, int n, const int64_t *want, trill_dtype dtype, bool exact_dtype) {
+    char w[96], g[96];
+    bool same = v->ndim == n;
+    for (int d = 0; same && d < n; d++) same = v->shape[d] == want[d];
+    if (!same) {
+        format_shape(g, sizeof g, v->ndim, v->shape);
+        format_shape(w, sizeof w, n, want);
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape %s does not match config.json (expected %s, %s)", v->path, v->name, g, w, what);
+    }
+    if (exact_dtype ? v->dtype != dtype : (v->dtype == TRILL_U8 || v->dtype == TRILL_F8_E4M3))
+        return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": dtype %s, expected %s (%s)", v->path, v->name, trill_dtype_name(v->dtype),
+                           exact_dtype ? trill_dtype_name(dtype) : "F32, BF16 or F16", what);
+    return TRILL_OK;
+}
+
+static void store(const trill_param *p, size_t i, float x) {
+    if (p->bf16) p->bf16[i] = trill_f32_to_bf16(x);
+    else p->data[i] = x;
+}
+
+/* Expert p's part of the layer's stacked tensor sk: a matrix [R, C] from [E, C, R * stride]
+ * (element (i, j) at [e][j][i * stride + offset]) or, MXFP4, from "<name>_blocks" [E, R * stride,
+ * C / 32, 16] and "<name>_scales" [E, R * stride, C / 32] (element (i, j) of row r = i * stride +
+ * offset: code j % 32 of block j / 32, the low nibble of byte (j % 32) / 2 for even j, the high
+ * for odd, times 2^(scale - 127), as HF's convert_moe_packed_tensors); a vector [N] from [E, N *
+ * stride]. A tensor-parallel slice takes its rows and columns of the whole. */
+static trill_status load_stacked(const trill_model *m, const trill_checkpoint *ck, const char *dir, const trill_param *p, const trill_stacked *sk) {
+    char name[sizeof p->name + 16], part[sizeof name + 8], what[sizeof name + 64];
+    snprintf(name, sizeof name, sk->name, p->layer);
+    snprintf(what, sizeof what, "expert %d's %s of it", p->expert, p->name);
+    const int64_t E = m->whole_config.num_experts, R = p->whole_shape[0], C = p->ndim == 2 ? p->whole_shape[1] : 1;
+    const int64_t S = sk->stride, e = p->expert, r0 = p->slice_at[0], c0 = p->slice_at[1];
+    const size_t rows = (size_t)p->shape[0], cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
+    const trill_tensor_view *v = trill_checkpoint_find(ck, name);
+    trill_status st;
+    if (!v && p->ndim == 2 && m->config.mxfp4) {
+        snprintf(part, sizeof part, "%s_blocks", name);
+        const trill_tensor_view *blocks = trill_checkpoint_find(ck, part);
+        snprintf(part, sizeof part, "%s_scales", name);
+        const trill_tensor_view *scales = trill_checkpoint_find(ck, part);
+        if (!blocks || !scales)
+            return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (or MXFP4's \"%s_blocks\" and \"%s_scales\"): expected from config.json", dir,
+                               name, name, name);
+        if (C % 32)
+            return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s_blocks\": MXFP4 needs the input width %lld to be a multiple of 32", dir, name, (long long)C);
+        const int64_t bshape[4] = { E, R * S, C / 32, 16 };
+        if ((st = check_shape(blocks, "MXFP4 codes", 4, bshape, TRILL_U8, true)) || (st = check_shape(scales, "E8M0 scales", 3, bshape, TRILL_U8, true)))
+            return st;
+        const unsigned char *code = blocks->data, *scale = scales->data;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < rows; i++) {
+            const size_t row = (size_t)(e * R * S + ((int64_t)i + r0) * S + sk->offset); /* [E, R*S] flattened */
+            for (size_t j = 0; j < cols; j++) {
+                const size_t gj = j + (size_t)c0, b = gj / 32, k = gj % 32;
+                const unsigned char byte = code[(row * (size_t)(C / 32) + b) * 16 + k / 2];
+                store(p, i * cols + j, ldexpf(FP4_E2M1[k % 2 ? byte >> 4 : byte & 15], (int)scale[row * (size_t)(C / 32) + b] - 127));
+            }
+        }
+        return TRILL_OK;
+    }
+    if (!v) return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected from config.json: the layer's stacked experts)", dir, name);
+    const int64_t mshape[3] = { E, C, R * S }, vshape[2] = { E, R * S };
+    if ((st = p->ndim == 2 ? check_shape(v, what, 3, mshape, TRILL_F32, false) : check_shape(v, what, 2, vshape, TRILL_F32, false))) return st;
+    const size_t elem = trill_dtype_size(v->dtype);
+    const char *base = v->data;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) { /* matrix: [e][j][i S + offset]; vector (C 1): [e][i S + offset] */
+            const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + sk->offset);
+            float x;
+            trill_to_f32(&x, base + at * elem, v->dtype, 1);
+            store(p, i * cols + j, x);
+        }
+    return TRILL_OK;
+}
+
 /* One expected tensor: present, the right (whole) shape; widened into its storage, or
  * dequantized; a tensor-parallel slice copies its rows and columns of it. */
 static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck, const char *dir, const trill_param *p) {
+    const trill_stacked *sk = trill_arch_stacked(&m->config, p);
+    if (sk) return load_stacked(m, ck, dir, p, sk);
     const trill_tensor_view *v = trill_checkpoint_find(ck, p->name), *scales = NULL;
     char want[64], got[64];
     format_shape(want, sizeof want, p->ndim, p->whole_shape);
@@ -304,11 +389,28 @@ static bool in_mtp_layer(const trill_config *c, const char *name) {
     return false;
 }
 
+/* Whether `name` is one of the family's stacked expert tensors (trill_stacked) of a layer below
+ * the config's count, or their MXFP4 _blocks and _scales. */
+static bool is_stacked(const trill_config *c, const char *name) {
+    const trill_family *f = trill_family_of(c);
+    for (int i = 0; i < f->n_stacked; i++) {
+        const char *pattern = f->stacked[i].name, *at = strstr(pattern, "%d");
+        const size_t n = (size_t)(at - pattern);
+        if (strncmp(name, pattern, n) != 0 || name[n] < '0' || name[n] > '9') continue;
+        char *end;
+        const long l = strtol(name + n, &end, 10);
+        const size_t k = strlen(at + 2);
+        if (l >= c->num_hidden_layers || strncmp(end, at + 2, k) != 0) continue;
+        if (!end[k] || (c->mxfp4 && (!strcmp(end + k, "_blocks") || !strcmp(end + k, "_scales")))) return true;
+    }
+    return false;
+}
+
 /* Whether checkpoint tensor v is read or knowingly left: an expected tensor, the scales of an
- * F8_E4M3 one, a stored copy of a tied lm_head (HF ties it to the embedding and ignores the copy;
- * so do we), the MTP layers. */
+ * F8_E4M3 one, a stacked experts' tensor, a stored copy of a tied lm_head (HF ties it to the
+ * embedding and ignores the copy; so do we), the MTP layers. */
 static bool consumed(const trill_model *m, const trill_checkpoint *ck, const trill_param *const *sorted, const trill_tensor_view *v) {
-    if (is_expected(sorted, m->n_tensors, v->name)) return true;
+    if (is_expected(sorted, m->n_tensors, v->name) || is_stacked(&m->config, v->name)) return true;
     const size_t n = strlen(v->name), k = strlen(SCALE_SUFFIX);
     if (n > k && n - k < sizeof sorted[0]->name && strcmp(v->name + n - k, SCALE_SUFFIX) == 0) {
         char weight[sizeof sorted[0]->name];
@@ -347,16 +449,19 @@ static trill_status fill_params(trill_model *m, const trill_checkpoint *ck, cons
 /* bf16 storage keeps the matrices as the checkpoint has them only if every one is BF16, or
  * F8_E4M3: dequantized and rounded to bf16, what DeepSeek's and HF's conversions of an FP8
  * checkpoint hold (8 significant bits where the FP8 codes have 4), in half fp32's memory. */
-typedef struct bf16_fit { const trill_checkpoint *ck; bool fits; } bf16_fit;
+typedef struct bf16_fit { const trill_checkpoint *ck; bool fits; const trill_config *c; } bf16_fit;
 
 static void check_bf16_fit(void *ctx, const trill_tensor_row *row, const trill_param *t) {
     bf16_fit *f = ctx;
-    const trill_tensor_view *v = t->ndim == 2 ? trill_checkpoint_find(f->ck, t->name) : NULL;
+    const trill_stacked *sk = t->ndim == 2 ? trill_arch_stacked(f->c, t) : NULL;
+    char name[sizeof t->name + 16];
+    if (sk) snprintf(name, sizeof name, sk->name, t->layer); /* absent: MXFP4, exact in bf16 */
+    const trill_tensor_view *v = t->ndim == 2 ? trill_checkpoint_find(f->ck, sk ? name : t->name) : NULL;
     if (v && v->dtype != TRILL_BF16 && v->dtype != TRILL_F8_E4M3) f->fits = false;
 }
 
 static bool matrices_fit_bf16(const trill_config *c, const trill_checkpoint *ck) {
-    bf16_fit f = { ck, trill_checkpoint_count(ck) > 0 };
+    bf16_fit f = { ck, trill_checkpoint_count(ck) > 0, c };
     trill_arch_walk(c, check_bf16_fit, &f);
     return f.fits;
 }
@@ -397,6 +502,45 @@ trill_status trill_model_check_finite(const trill_model *m) {
     return TRILL_OK;
 }
 
+/* The stacked tensors a save writes (fp32 buffers in HF's layout) and their names. */
+typedef struct stacked_outs { float **buf; char (*names)[160]; int n, cap; } stacked_outs;
+
+/* Expert p's elements into its layer's stacked tensor (the inverse of load_stacked's read), made
+ * and added to outs when p is its first member. */
+static trill_status stack_expert(stacked_outs *so, const trill_model *m, const trill_param *p, const trill_stacked *sk, trill_tensor_out *outs,
+                                 size_t *n) {
+    char name[160];
+    snprintf(name, sizeof name, sk->name, p->layer);
+    const int64_t E = m->config.num_experts, R = p->shape[0], C = p->ndim == 2 ? p->shape[1] : 1, S = sk->stride;
+    int k = so->n - 1; /* a stacked tensor's members are in consecutive rows: the last one made, or a new one */
+    if (k < 0 || strcmp(so->names[k], name) != 0) {
+        if (so->n == so->cap) {
+            const int cap = so->cap ? 2 * so->cap : 16;
+            float **b = realloc(so->buf, sizeof *b * (size_t)cap);
+            if (b) so->buf = b;
+            char (*nm)[160] = b ? realloc(so->names, sizeof *nm * (size_t)cap) : NULL;
+            if (!nm) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            so->names = nm;
+            so->cap = cap;
+        }
+        k = so->n;
+        if (!(so->buf[k] = trill_malloc(sizeof(float) * (size_t)(E * C * R * S)))) return trill_error(TRILL_ERR_NOMEM, "out of memory for %s", name);
+        snprintf(so->names[k], sizeof so->names[k], "%s", name);
+        so->n++;
+        trill_tensor_out *o = &outs[(*n)++];
+        *o = (trill_tensor_out){ .name = so->names[k], .ndim = p->ndim == 2 ? 3 : 2, .data = so->buf[k], .src_dtype = TRILL_F32 };
+        const int64_t shape[3] = { E, p->ndim == 2 ? C : R * S, R * S };
+        memcpy(o->shape, shape, sizeof(int64_t) * (size_t)o->ndim);
+    }
+    float *dst = so->buf[k];
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < C; j++) {
+            const size_t at = (size_t)((p->expert * C + j) * R * S + i * S + sk->offset), from = (size_t)(i * C + j);
+            dst[at] = p->bf16 ? trill_bf16_to_f32(p->bf16[from]) : p->data[from];
+        }
+    return TRILL_OK;
+}
+
 trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype dtype, size_t max_shard_bytes) {
     if (m->ep_size > 1 || m->tp_size > 1)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: this model is a shard (expert-parallel rank %d of %d, tensor-parallel rank %d of %d); a "
@@ -404,14 +548,24 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
     trill_tensor_out *outs = trill_calloc(m->n_tensors, sizeof *outs);
+    stacked_outs so = { 0 };
+    size_t n = 0;
     if (!outs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
-    for (size_t t = 0; t < m->n_tensors; t++) {
+    for (size_t t = 0; t < m->n_tensors && !st; t++) {
         const trill_param *p = &m->tensors[t];
-        outs[t] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = p->bf16 ? (const void *)p->bf16 : p->data,
+        const trill_stacked *sk = trill_arch_stacked(&m->config, p);
+        if (sk) { /* into the layer's stacked tensor, which takes the place of its first expert's */
+            st = stack_expert(&so, m, p, sk, outs, &n);
+            continue;
+        }
+        outs[n] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = p->bf16 ? (const void *)p->bf16 : p->data,
                                       .src_dtype = p->bf16 ? TRILL_BF16 : TRILL_F32 };
-        memcpy(outs[t].shape, p->shape, sizeof p->shape);
+        memcpy(outs[n++].shape, p->shape, sizeof p->shape);
     }
-    st = trill_checkpoint_write(dir, outs, m->n_tensors, dtype, max_shard_bytes);
+    if (!st) st = trill_checkpoint_write(dir, outs, n, dtype, max_shard_bytes);
+    for (int i = 0; i < so.n; i++) free(so.buf[i]);
+    free(so.buf);
+    free(so.names);
     free(outs);
     if (st) return st;
     char *config_path = trill_path_join(dir, "config.json");

@@ -62,7 +62,7 @@ static trill_status parse_entry(const char *path, const char *name, const json_t
     if (!json_is_string(dtype))
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": \"dtype\" must be a string", path, name);
     if (trill_dtype_parse(json_string_value(dtype), &t->dtype) != 0)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype \"%s\" is not supported (expected F32, BF16, F16 or F8_E4M3)",
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype \"%s\" is not supported (expected F32, BF16, F16, F8_E4M3 or U8)",
                            path, name, json_string_value(dtype));
     trill_status st = parse_shape(json_object_get(entry, "shape"), path, name, t);
     if (st) return st;
@@ -380,8 +380,8 @@ static trill_status check_tensor_out(const char *path, const trill_tensor_out *t
 
 trill_status trill_st_write(const char *path, const trill_tensor_out *tensors, size_t n, trill_dtype dtype) {
     if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory for a file name");
-    if (dtype == TRILL_F8_E4M3) /* its values mean nothing without the block scales and a quantization_config */
-        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: writing F8_E4M3 is not supported (expected F32, BF16 or F16)", path);
+    if (dtype == TRILL_F8_E4M3 || dtype == TRILL_U8) /* FP8 means nothing without its block scales, U8 is MXFP4's codes */
+        return trill_error(TRILL_ERR_UNSUPPORTED, "%s: writing %s is not supported (expected F32, BF16 or F16)", path, trill_dtype_name(dtype));
     json_t *header = json_object();
     if (!header || json_object_set_new(header, "__metadata__", json_pack("{s:s}", "format", "pt"))) {
         json_decref(header);

@@ -2,6 +2,7 @@
  * and a MoE layer's routed experts. */
 #include <string.h>
 
+#include "model/decoder.h"
 #include "train/backward_internal.h"
 #include "trill/kernels.h"
 
@@ -11,13 +12,19 @@ trill_status trill_mlp_backward(const trill_forward_pass *fp, const trill_grad_s
                                 const trill_mlp_scratch *g, float *dinp, const float *dout, const float *inp, const float *gate,
                                 const float *up, const trill_mlp_weights *w, float *const *xa, size_t row0, int n, int H, int I) {
     const size_t at = fp->lora ? row0 * (size_t)fp->lora->config.rank : 0;
-    trill_swiglu_forward(g->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
+    trill_mlp_activation(w, g->act, gate, up, (size_t)n * I); /* recomputed: cheaper than storing */
     zero(g->dact, (size_t)n * I);
     trill_status st = trill_linear_backward(fp, sink, lg, g->dact, dout, g->act, w->down, w->a_down, fp->lora ? xa[2] + at : NULL, n, I, H);
     if (st) return st;
     zero(g->dgate, (size_t)n * I);
     zero(g->dup, (size_t)n * I);
-    trill_swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
+    if (w->act == TRILL_EXPERT_SWIGLU_CLAMPED)
+        trill_swiglu_clamped_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I, w->limit, w->alpha);
+    else
+        trill_swiglu_backward(g->dgate, g->dup, g->dact, gate, up, (size_t)n * I);
+    if (w->b_down) trill_decoder_bias_backward(trill_grad_of(sink, w->b_down), dout, n, H);
+    if (w->b_gate) trill_decoder_bias_backward(trill_grad_of(sink, w->b_gate), g->dgate, n, I);
+    if (w->b_up) trill_decoder_bias_backward(trill_grad_of(sink, w->b_up), g->dup, n, I);
     if (w->tp && fp->m->tp) { /* gate and up column-parallel: their parts of dinp, then the group's sum */
         st = trill_linear_backward_colpar(fp, sink, lg, dinp, g->dgate, inp, w->gate, w->a_gate, fp->lora ? xa[0] + at : NULL, n, H, I);
         if (!st) st = trill_linear_backward_colpar(fp, sink, lg, dinp, g->dup, inp, w->up, w->a_up, fp->lora ? xa[1] + at : NULL, n, H, I);

@@ -3,7 +3,7 @@
  * outputs are recomputed rather than stored. MLA's shared rope key gets the sum of the gradients
  * of the heads that read it; a router's gradient flows through the gates (the probabilities or
  * the unbiased sigmoid scores at the chosen ids), never through the choice or the sigmoid
- * router's correction bias, which gets none. */
+ * router's correction bias, which gets none (a router's linear bias gets the logits'). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,7 +98,7 @@ static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer
         st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dout, a->xn2, a->sgate, a->sup, &sw, a->xa + XA_SH_GATE, 0, T, H,
                                 Im * c->n_shared_experts);
     }
-    const trill_moe_experts x = { w->expert_gate, w->expert_up, w->expert_down, ad->expert_gate, ad->expert_up, ad->expert_down };
+    const trill_moe_experts x = trill_decoder_experts(c, desc, w, ad);
     if (!st) st = trill_moe_experts_backward(fp, sink, lg, &g->mlp, g->dxn, g->dgates, dout, a->xn2, &x, &a->moe, a->xa + XA_GATE, T, H, E, K, Im, ordinal);
     if (st) return st;
     zero(g->dlogits, (size_t)T * E);
@@ -110,13 +110,13 @@ static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer
                                     (float)c->routed_scaling_factor); /* -> d scores at the ids */
         trill_router_sigmoid_backward(g->dlogits, g->dgates, a->scores, a->moe.topi, T, E, K);
     }
+    if (desc->router_linear_bias) trill_decoder_bias_backward(trill_grad_of(sink, w->router_linear_bias), g->dlogits, T, E);
     return trill_matmul_backward_w(g->dxn, trill_grad_of_w(sink, w->router), g->dlogits, a->xn2, w->router, T, H, E);
 }
 
 /* ---- attention ---- */
 
-/* db[N] += the sum over rows of dy[n, N]: a linear layer's bias gradient (rows in order). */
-static void bias_backward(float *db, const float *dy, int n, int N) {
+void trill_decoder_bias_backward(float *db, const float *dy, int n, int N) {
     if (!db) return;
     for (size_t t = 0; t < (size_t)n; t++)
         for (int i = 0; i < N; i++) db[i] += dy[t * N + i];
@@ -151,9 +151,9 @@ static trill_status gqa_backward(const trill_forward_pass *fp, const trill_layer
         dq = g->dqr, dk = g->dkr;
     }
     if (desc->qkv_bias) {
-        bias_backward(trill_grad_of(sink, w->q_bias), dq, T, nh * hd);
-        bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);
-        bias_backward(trill_grad_of(sink, w->v_bias), g->dv, T, nkv * hd);
+        trill_decoder_bias_backward(trill_grad_of(sink, w->q_bias), dq, T, nh * hd);
+        trill_decoder_bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);
+        trill_decoder_bias_backward(trill_grad_of(sink, w->v_bias), g->dv, T, nkv * hd);
     }
     zero(g->dxn, (size_t)T * H);
     if ((st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, dq, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||
@@ -236,15 +236,17 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     const int T = fp->T, H = c->hidden_size, nh = c->num_attention_heads;
     const int kv_heads = gqa ? c->num_key_value_heads : nh, qk = gqa ? c->head_dim : c->qk_nope_head_dim + c->qk_rope_head_dim;
     const int dv = gqa ? c->head_dim : c->v_head_dim;
+    if (desc->o_bias) trill_decoder_bias_backward(trill_grad_of(sink, w->o_bias), dx, T, H);
     zero(g->datt, (size_t)T * nh * dv);
     trill_status st = trill_linear_backward(fp, sink, lg, g->datt, dx, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * dv, H);
     if (st) return st;
     zero(g->dq, (size_t)T * nh * qk);
     zero(g->dk, (size_t)T * kv_heads * qk);
     zero(g->dv, (size_t)T * kv_heads * dv);
-    const trill_attention_opts opts = { .window = desc->window };
+    const trill_attention_opts opts = { .window = desc->window, .sinks = desc->sinks ? w->sinks : NULL,
+                                        .dsinks = desc->sinks ? trill_grad_of(sink, w->sinks) : NULL };
     st = trill_attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, fp->offsets, fp->n_seqs, nh, kv_heads, qk, dv, d->softmax_scale,
-                                  fp->precision, desc->window ? &opts : NULL);
+                                  fp->precision, desc->window || desc->sinks ? &opts : NULL);
     if (st) return st;
     if (gqa) {
         st = gqa_backward(fp, desc, w, ad, a, sink, lg, g);

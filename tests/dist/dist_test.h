@@ -58,7 +58,7 @@ static inline void test_set_bias(trill_model *m) {
     for (size_t i = 0; i < n; i++)
         if (t[i].kind == TRILL_TENSOR_BIAS)
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.02f * (float)((int)((k * 7 + i) % 9) - 4);
-        else if (t[i].kind == TRILL_TENSOR_LINEAR_BIAS) /* a linear bias (HF starts it at 0): from the whole tensor's index */
+        else if (t[i].kind == TRILL_TENSOR_LINEAR_BIAS && t[i].data) /* a linear bias (HF starts it at 0; another rank's expert's: not held) */
             for (size_t k = 0; k < t[i].numel; k++) t[i].data[k] = 0.1f * (float)((int)(((k + (size_t)t[i].slice_at[0]) * 5 + i) % 7) - 3);
 }
 
@@ -98,6 +98,17 @@ static const char DIST_GLM[] =
     " \"attention_bias\": true, \"use_qk_norm\": true, \"n_routed_experts\": 8, \"n_shared_experts\": 1,"
     " \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"n_group\": 1, \"topk_group\": 1,"
     " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
+/* gpt-oss: q/k/v/o biases, sinks, a sliding window of 3 on layers 0 and 2, YaRN, every layer a MoE
+ * of 8 experts top-2 with biases, the clamped SwiGLU (a limit of 0.3 that cuts) behind a router
+ * with a bias; 4 kv heads, so 4 ranks split them. */
+static const char DIST_GPT_OSS[] =
+    "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 8, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 4, \"head_dim\": 16, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"sliding_window\": 3,"
+    " \"swiglu_limit\": 0.3, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 16,"
+    " \"truncate\": false}, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
 /* The world, after `[--expect N]`; exits 2 on a bad command line, 1 when the launch gave another

@@ -212,7 +212,7 @@ static void shard_bytes(trill_comm *w, const trill_config *c) {
     size_t n, routed = 0;
     const trill_param *t = trill_model_tensors(whole, &n);
     for (size_t i = 0; i < n; i++)
-        if (t[i].expert >= 0) routed += t[i].numel * sizeof(uint16_t);
+        if (t[i].expert >= 0) routed += t[i].numel * (t[i].ndim == 2 ? sizeof(uint16_t) : sizeof(float)); /* a bf16 base keeps vectors in fp32 */
     CHECK(routed > 0 && trill_model_bytes(whole) - trill_model_bytes(shard) == routed - routed / (size_t)P);
     int first, count;
     trill_model_experts_held(shard, &first, &count);
@@ -268,7 +268,8 @@ int main(int argc, char **argv) {
     trill_comm *w = dist_test_begin("test_ep", argc, argv, NULL);
     const int P = trill_comm_size(w);
     static const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", DIST_QWEN3_MOE }, { "deepseek_v3", DIST_DEEPSEEK_V3 },
-                                                                     { "mixtral", DIST_MIXTRAL }, { "glm4_moe", DIST_GLM } };
+                                                                     { "mixtral", DIST_MIXTRAL }, { "glm4_moe", DIST_GLM },
+                                                                     { "gpt_oss", DIST_GPT_OSS } };
     for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));

@@ -134,5 +134,6 @@ int main(int argc, char **argv) {
     run_family(w, DIST_DEEPSEEK_V3, "deepseek_v3");
     run_family(w, DIST_MIXTRAL, "mixtral");
     run_family(w, DIST_GLM, "glm4_moe");
+    run_family(w, DIST_GPT_OSS, "gpt_oss");
     return dist_test_end(w);
 }

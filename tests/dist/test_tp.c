@@ -204,7 +204,8 @@ int main(int argc, char **argv) {
     snprintf(dsv3_qb, sizeof dsv3_qb, DSV3, "16");
     snprintf(dsv3_q, sizeof dsv3_q, DSV3, "null");
     const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3 q_b", dsv3_qb }, { "deepseek_v3 q_proj", dsv3_q },
-                                                             { "mixtral", MIXTRAL }, { "glm4_moe", DIST_GLM } };
+                                                             { "mixtral", MIXTRAL }, { "glm4_moe", DIST_GLM },
+                                                             { "gpt_oss", DIST_GPT_OSS } };
     for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));

@@ -21,6 +21,8 @@
 #include "trill/model.h"
 #include "trill/train.h"
 #include "trill/infer.h"
+#include "trill/safetensors.h"
+#include "testutil.h"
 
 #define LW(m, l) ((const trill_decoder_weights *)trill_model_layer(m, l))
 #define LL(lora, l) ((const trill_decoder_lora *)trill_lora_layer(lora, l))
@@ -644,13 +646,137 @@ static void test_sliding_window(void **state) {
     }
 }
 
+/* gpt-oss-120b and gpt-oss-20b: the table's counts equal an independent count of HF's tensors
+ * (q/k/v/o with biases, sinks, the router with its bias, each expert's gate_up and down with
+ * their biases) and the published totals; the published active counts leave out the input
+ * embedding (OpenAI's model card: 5.13B and 3.61B). */
+static void test_gptoss_counts(void **state) {
+    (void)state;
+    const struct { const char *preset; int64_t L, E; double total, active; } cases[] = {
+        { "gpt-oss-120b", 36, 128, 116.83e9, 5.13e9 },
+        { "gpt-oss-20b", 24, 32, 20.91e9, 3.61e9 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = trill_config_preset_text(cases[i].preset);
+        assert_non_null(text);
+        const trill_config c = parse(text);
+        free(text);
+        const int64_t vocab = 201088, h = 2880, Im = 2880, nh = 64, qd = 64 * 64, kvd = 8 * 64, L = cases[i].L, n_e = cases[i].E, k = 4;
+        const int64_t attn = (qd * h + qd) + 2 * (kvd * h + kvd) + (h * qd + h) + nh + 2 * h;
+        const int64_t expert = 2 * Im * h + 2 * Im + Im * h + h, router = n_e * h + n_e;
+        int64_t total, active;
+        trill_config_param_counts(&c, &total, &active);
+        assert_true(total == 2 * vocab * h + h + L * (attn + router + n_e * expert));
+        assert_true(active == 2 * vocab * h + h + L * (attn + router + k * expert));
+        if (fabs(total / cases[i].total - 1) > 0.001 || fabs((active - vocab * h) / cases[i].active - 1) > 0.002)
+            fail_msg("%s: %.5g total / %.5g active without the input embedding, published %.5g / %.5g", cases[i].preset, (double)total,
+                     (double)(active - vocab * h), cases[i].total, cases[i].active);
+        print_message("%s: %.2f B total, %.2f B active (%.2f B without the input embedding)\n", cases[i].preset, total * 1e-9, active * 1e-9,
+                      (active - vocab * h) * 1e-9);
+    }
+}
+
+/* A gpt-oss toy: HF's defaults (sliding layers 0, 2, ..., YaRN factor 32 without truncation),
+ * the layer description's options, trainable sinks and biases, MXFP4's quantization_config; the
+ * refusals by field. */
+static void test_gptoss_toy(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+        " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 7.0,"
+        " \"quantization_config\": {\"quant_method\": \"mxfp4\"}}";
+    trill_config c = parse(toy);
+    assert_int_equal(c.arch, TRILL_ARCH_GPT_OSS);
+    assert_true(c.mxfp4 && c.attention_bias && c.yarn && !c.yarn_truncate);
+    assert_true(c.yarn_factor == 32 && c.yarn_original_max_position_embeddings == 4096 && c.swiglu_alpha == 1.702);
+    assert_int_equal(c.n_moe_layers, 3);
+    for (int l = 0; l < 3; l++) {
+        const trill_layer_desc d = trill_layer_desc_of(&c, l);
+        assert_int_equal(d.window, l % 2 ? 0 : 4);
+        assert_true(d.qkv_bias && d.o_bias && d.sinks && !d.qk_norm && d.moe && d.router == TRILL_ROUTER_SOFTMAX && d.router_linear_bias &&
+                    d.expert_bias && d.expert_act == TRILL_EXPERT_SWIGLU_CLAMPED && !d.shared_experts);
+    }
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    int n_sinks = 0, n_bias = 0;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        n_sinks += p->kind == TRILL_TENSOR_SINKS;
+        n_bias += p->kind == TRILL_TENSOR_LINEAR_BIAS;
+        assert_true(trill_tensor_trainable(p->kind));
+    }
+    assert_int_equal(n_sinks, 3);
+    assert_int_equal(n_bias, 3 * (4 + 1 + 3 * 4)); /* q/k/v/o, the router, each expert's gate/up/down */
+    trill_model_free(m);
+    const refusal bad[] = {
+        { "\"quant_method\": \"mxfp4\"", "\"quant_method\": \"fp8\"", "quant_method \"fp8\" is not supported for gpt-oss (expected \"mxfp4\")" },
+        { "\"sliding_window\": 4", "\"sliding_window\": 4, \"layer_types\": [\"full_attention\"]", "field \"layer_types\": expected a list of 3 entries" },
+        { "\"sliding_window\": 4", "\"sliding_window\": 4, \"layer_types\": [\"full_attention\", \"local\", \"full_attention\"]",
+          "field \"layer_types\": entry 1: expected \"full_attention\" or \"sliding_attention\"" },
+        { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "field \"num_experts_per_tok\": 5 must be in [1, num_local_experts=4]" },
+        { "\"swiglu_limit\": 7.0", "\"swiglu_limit\": -1", "swiglu_limit" },
+    };
+    expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
+}
+
+/* gpt-oss's experts round-trip through HF's stacked tensors: trill saves gate_up_proj [E, H, 2I]
+ * (gate in the even columns), its bias, down_proj [E, I, H] and its bias, no per-expert tensor;
+ * each element sits where HF's layout puts it; loading gives back every value exactly. */
+static void test_gptoss_stacked(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+        " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4}";
+    const trill_config c = parse(toy);
+    trill_model *m, *back;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, 5);
+    for (size_t t = 0; t < m->n_tensors; t++) /* biases too */
+        if (m->tensors[t].kind == TRILL_TENSOR_LINEAR_BIAS)
+            for (size_t i = 0; i < m->tensors[t].numel; i++) m->tensors[t].data[i] = (float)(t * 1000 + i);
+    char *dir = test_tmpdir("gptoss-stacked");
+    assert_int_equal(trill_model_save(m, dir, TRILL_F32, 0), TRILL_OK);
+    trill_checkpoint *ck;
+    assert_int_equal(trill_checkpoint_open(dir, &ck), TRILL_OK);
+    assert_null(trill_checkpoint_find(ck, "model.layers.0.mlp.experts.0.gate_proj.weight"));
+    const trill_tensor_view *gu = trill_checkpoint_find(ck, "model.layers.1.mlp.experts.gate_up_proj");
+    const trill_tensor_view *dn = trill_checkpoint_find(ck, "model.layers.1.mlp.experts.down_proj");
+    const trill_tensor_view *gub = trill_checkpoint_find(ck, "model.layers.1.mlp.experts.gate_up_proj_bias");
+    assert_true(gu && dn && gub);
+    assert_true(gu->ndim == 3 && gu->shape[0] == 4 && gu->shape[1] == 32 && gu->shape[2] == 32);
+    assert_true(dn->ndim == 3 && dn->shape[0] == 4 && dn->shape[1] == 16 && dn->shape[2] == 32);
+    const trill_decoder_weights *w = trill_model_layer(m, 1);
+    const float *G = gu->data, *D = dn->data, *B = gub->data;
+    for (int e = 0; e < 4; e++)
+        for (int i = 0; i < 16; i++) {
+            for (int j = 0; j < 32; j++) { /* gate[e][i][j] = gate_up[e][j][2i], up at 2i + 1; down[e][j][i] = down_proj[e][i][j] */
+                assert_true(G[((size_t)e * 32 + j) * 32 + 2 * i] == w->expert_gate.f32[((size_t)e * 16 + i) * 32 + j]);
+                assert_true(G[((size_t)e * 32 + j) * 32 + 2 * i + 1] == w->expert_up.f32[((size_t)e * 16 + i) * 32 + j]);
+                assert_true(D[((size_t)e * 16 + i) * 32 + j] == w->expert_down.f32[((size_t)e * 32 + j) * 16 + i]);
+            }
+            assert_true(B[(size_t)e * 32 + 2 * i] == w->expert_gate_bias[(size_t)e * 16 + i]);
+            assert_true(B[(size_t)e * 32 + 2 * i + 1] == w->expert_up_bias[(size_t)e * 16 + i]);
+        }
+    trill_checkpoint_close(ck);
+    assert_int_equal(trill_model_load(dir, &back), TRILL_OK);
+    assert_int_equal(back->n_params, m->n_params);
+    assert_memory_equal(back->params, m->params, m->n_params * sizeof(float));
+    trill_model_free(back);
+    trill_model_free(m);
+    test_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_walk),  cmocka_unit_test(test_param_counts), cmocka_unit_test(test_flops),
         cmocka_unit_test(test_lora_layout), cmocka_unit_test(test_model_fields), cmocka_unit_test(test_deepseek_counts),
         cmocka_unit_test(test_deepseek_toy),  cmocka_unit_test(test_mixtral_counts), cmocka_unit_test(test_mixtral_toy),
         cmocka_unit_test(test_glm_counts),    cmocka_unit_test(test_glm_toy),       cmocka_unit_test(test_glm_lite),
-        cmocka_unit_test(test_sliding_window),
+        cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_gptoss_counts), cmocka_unit_test(test_gptoss_toy),
+        cmocka_unit_test(test_gptoss_stacked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
