@@ -16,7 +16,7 @@ model's own (with k == the expert count every routing is the same set). The MoE
 layers, the expert count and num_experts_per_tok are read from DIR/config.json
 with the same layer predicate as the reference for its model_type: qwen3_ref.py
 (num_experts), deepseek_ref.py for deepseek_v3 / kimi_k2 (n_routed_experts,
-first_k_dense_replace, moe_layer_freq), Mixtral's (every layer, num_local_experts), or
+first_k_dense_replace, moe_layer_freq), Mixtral's and gpt-oss's (every layer, num_local_experts), or
 glm_ref.py for glm4_moe (n_routed_experts, layers from first_k_dense_replace on). For a
 dense model, every token gets [].
 
@@ -63,7 +63,7 @@ def main():
         elif cfg.get("model_type") == "glm4_moe":
             import glm_ref  # only for a GLM-4.5 checkpoint
             is_moe_layer, E = glm_ref.is_moe_layer, glm_ref.n_experts(cfg)
-        elif cfg.get("model_type") == "mixtral":
+        elif cfg.get("model_type") in ("mixtral", "gpt_oss"):
             is_moe_layer, E = (lambda c, i: True), cfg.get("num_local_experts", 8)
         else:
             is_moe_layer, E = qwen3_ref.is_moe_layer, cfg.get("num_experts", 0)

@@ -29,7 +29,7 @@
 
 enum { MAX_OUT = 64 };
 
-static enum { QWEN3, DEEPSEEK, MIXTRAL, GLM } g_family; /* --family deepseek|mixtral|glm */
+static enum { QWEN3, DEEPSEEK, MIXTRAL, GLM, GPTOSS } g_family; /* --family deepseek|mixtral|glm|gptoss */
 #define g_deepseek (g_family == DEEPSEEK)
 
 /* The family's toy: 3 MoE layers of 8 experts, top-2, vocab 128; all but Mixtral's after a dense
@@ -39,6 +39,7 @@ static trill_model *small_model(uint64_t seed) {
     case DEEPSEEK: return test_small_deepseek(seed);
     case MIXTRAL: return test_small_mixtral(seed);
     case GLM: return test_small_glm(seed);
+    case GPTOSS: return test_small_gptoss(seed);
     default: return test_small_moe(seed, false, true);
     }
 }
@@ -49,6 +50,7 @@ static json_t *small_json(void) {
     case DEEPSEEK: return test_small_deepseek_json();
     case MIXTRAL: return test_small_mixtral_json();
     case GLM: return test_small_glm_json();
+    case GPTOSS: return test_small_gptoss_json();
     default: return test_small_moe_json();
     }
 }
@@ -367,7 +369,7 @@ static void test_layer_map(void **state) {
     (void)state;
     json_t *j = g_family == QWEN3 ? trill_config_preset("tiny") : small_json();
     json_object_set_new(j, "num_hidden_layers", json_integer(6));
-    if (g_family == MIXTRAL) { /* every layer a MoE: capture has a row per layer */
+    if (g_family == MIXTRAL || g_family == GPTOSS) { /* every layer a MoE: capture has a row per layer */
     } else if (g_family == GLM) { /* layers 2..5 */
         json_object_set_new(j, "first_k_dense_replace", json_integer(2));
     } else if (g_deepseek) {
@@ -383,7 +385,7 @@ static void test_layer_map(void **state) {
     trill_config c;
     assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
     json_decref(j);
-    assert_int_equal(c.n_moe_layers, g_deepseek ? 2 : g_family == MIXTRAL ? 6 : g_family == GLM ? 4 : 3); /* DeepSeek: layers 2, 4; Qwen3: layers 1, 3, 5 */
+    assert_int_equal(c.n_moe_layers, g_deepseek ? 2 : g_family == MIXTRAL || g_family == GPTOSS ? 6 : g_family == GLM ? 4 : 3); /* DeepSeek: layers 2, 4; Qwen3: layers 1, 3, 5 */
     trill_model *m;
     assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
     trill_model_init_random(m, 5);
@@ -660,7 +662,7 @@ static trill_eplb_plan copy_plan(const trill_eplb_plan *p) {
 static void test_eplb_load_window(void **state) {
     (void)state;
     enum { STEPS = 12, L = 3, E = 8, K = 2, W = 2, P = 14 };
-    trill_model *m = small_model(g_deepseek ? 40 : 38); /* seeds whose load is skewed (below) */
+    trill_model *m = small_model(g_deepseek ? 40 : g_family == GPTOSS ? 33 : 38); /* seeds whose load is skewed (below) */
     trill_sequence_out off[MAX_OUT], on[MAX_OUT];
     trill_eplb_plan at10 = { 0 };
     double id10 = 0, plan10 = 0, id12 = 0, plan12 = 0;
@@ -816,9 +818,10 @@ static mismatch measure_mismatch(const trill_model *ref, trill_engine *e) {
  * flip moves a token by ~1, so the family with the most MoE layers and the smallest margins
  * has the widest bounds). Mixtral's toy measured bf16 mean 0.059 p95 0.18, int8 mean 0.18 p95
  * 0.63 (23 and 48 of 242 tokens with another expert set: every layer of it routes); GLM's bf16
- * mean 0.034 p95 0.076, int8 mean 0.20 p95 1.08 (9 and 37 of 242). */
-static const double MEAN_BOUND[4][2] = { { 0.04, 0.16 }, { 0.16, 0.63 }, { 0.15, 0.45 }, { 0.09, 0.5 } };
-static const double P95_BOUND[4][2] = { { 0.1, 0.42 }, { 0.3, 2.9 }, { 0.45, 1.6 }, { 0.2, 2.7 } };
+ * mean 0.034 p95 0.076, int8 mean 0.20 p95 1.08 (9 and 37 of 242); gpt-oss's bf16 mean 0.030 p95
+ * 0.085, int8 mean 0.10 p95 0.36 (12 and 94 of 242). */
+static const double MEAN_BOUND[5][2] = { { 0.04, 0.16 }, { 0.16, 0.63 }, { 0.15, 0.45 }, { 0.09, 0.5 }, { 0.075, 0.25 } };
+static const double P95_BOUND[5][2] = { { 0.1, 0.42 }, { 0.3, 2.9 }, { 0.45, 1.6 }, { 0.2, 2.7 }, { 0.21, 0.9 } };
 
 static void test_quantized_mismatch(void **state) {
     (void)state;
@@ -1123,12 +1126,13 @@ static void test_kv_cache_layout(void **state) {
      * its log-probs by ~2e-5 (both paths; 1.9e-6 at 0.2, 5e-7 at 0.1) */
     json_object_set_new(j, "initializer_range", json_real(0.2));
     if (g_deepseek || g_family == GLM) json_object_set_new(j, "first_k_dense_replace", json_integer(4)); /* every layer dense */
-    else if (g_family == MIXTRAL) json_object_set_new(j, "num_local_experts", json_integer(1)), json_object_set_new(j, "num_experts_per_tok", json_integer(1));
+    else if (g_family == MIXTRAL || g_family == GPTOSS)
+        json_object_set_new(j, "num_local_experts", json_integer(1)), json_object_set_new(j, "num_experts_per_tok", json_integer(1));
     else json_object_set_new(j, "mlp_only_layers", json_pack("[iiii]", 0, 1, 2, 3));
     trill_config c;
     assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
     json_decref(j);
-    assert_int_equal(c.n_moe_layers, g_family == MIXTRAL ? c.num_hidden_layers : 0); /* Mixtral: one expert, its one choice */
+    assert_int_equal(c.n_moe_layers, g_family == MIXTRAL || g_family == GPTOSS ? c.num_hidden_layers : 0); /* one expert, its one choice */
     const size_t per_layer = g_deepseek ? (size_t)c.kv_lora_rank + c.qk_rope_head_dim : 2 * (size_t)c.num_key_value_heads * c.head_dim;
     assert_int_equal(trill_engine_kv_bytes_per_token(&c, TRILL_GEN_F32), c.num_hidden_layers * per_layer * 4);
     assert_int_equal(trill_engine_kv_bytes_per_token(&c, TRILL_GEN_BF16), c.num_hidden_layers * per_layer * 2);
@@ -1163,7 +1167,7 @@ static void test_kv_cache_layout(void **state) {
 static void test_sliding_window_blocks(void **state) {
     (void)state;
     if (g_family != MIXTRAL) {
-        print_message("(Mixtral's test: this family has no sliding window)\n");
+        print_message("(Mixtral's test: this family has no window on every layer)\n");
         return;
     }
     enum { W = 6, BS = 4, NEW = 40 };
@@ -1232,8 +1236,9 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--family") == 0 && strcmp(argv[2], "deepseek") == 0) g_family = DEEPSEEK;
     else if (argc == 3 && strcmp(argv[1], "--family") == 0 && strcmp(argv[2], "mixtral") == 0) g_family = MIXTRAL;
     else if (argc == 3 && strcmp(argv[1], "--family") == 0 && strcmp(argv[2], "glm") == 0) g_family = GLM;
+    else if (argc == 3 && strcmp(argv[1], "--family") == 0 && strcmp(argv[2], "gptoss") == 0) g_family = GPTOSS;
     else if (argc > 1) {
-        fprintf(stderr, "usage: %s [--family deepseek|mixtral|glm]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--family deepseek|mixtral|glm|gptoss]\n", argv[0]);
         return 2;
     }
     const struct CMUnitTest tests[] = {

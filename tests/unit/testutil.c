@@ -134,3 +134,17 @@ json_t *test_small_glm_json(void) {
 }
 
 trill_model *test_small_glm(uint64_t seed) { return model_with_bias(test_small_glm_json(), seed); }
+
+json_t *test_small_gptoss_json(void) {
+    json_t *j = trill_config_preset("gptoss-tiny");
+    json_object_set_new(j, "hidden_size", json_integer(32));
+    json_object_set_new(j, "head_dim", json_integer(8));
+    json_object_set_new(j, "intermediate_size", json_integer(16));
+    json_object_set_new(j, "num_hidden_layers", json_integer(3));
+    json_object_set_new(j, "sliding_window", json_integer(5));
+    json_object_set_new(j, "swiglu_limit", json_real(0.5)); /* small: both clamps cut */
+    json_object_set_new(j, "initializer_range", json_real(0.3));
+    return j;
+}
+
+trill_model *test_small_gptoss(uint64_t seed) { return model_with_bias(test_small_gptoss_json(), seed); }

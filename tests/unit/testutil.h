@@ -48,5 +48,9 @@ json_t *test_small_glm_json(void);
  * RoPE on 4 of each head's 8 dimensions; vocab 128), weights N(0, 0.3) from `seed` and a
  * correction bias N(0, 0.05). */
 trill_model *test_small_glm(uint64_t seed);
+/* gpt-oss: gptoss-tiny at hidden 32, head_dim 8, experts of 16, 3 layers (a window of 5 on layers
+ * 0 and 2), swiglu_limit 0.5 (both clamps cut), every bias and sink random. */
+json_t *test_small_gptoss_json(void);
+trill_model *test_small_gptoss(uint64_t seed);
 
 #endif
