@@ -289,6 +289,17 @@ static const char GLM[] =
     " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* gpt-oss: GQA 4/2 with q/k/v/o biases and sinks, head_dim 8, a window of 3 on layers 0 and 2,
+ * YaRN over 16 original positions, every layer a MoE of 8 experts top-2 with biases and the
+ * clamped SwiGLU (a limit of 0.5 that cuts), the router's bias, untied. */
+static const char GPTOSS[] =
+    "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 8, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"sliding_window\": 3,"
+    " \"swiglu_limit\": 0.5, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 16,"
+    " \"truncate\": false}, \"rope_theta\": 150000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false,"
+    " \"max_position_embeddings\": 128, \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 static const spec SPECS[] = {
     { "moe_a", MOE_A, 101, true },
     { "moe_b", MOE_B, 202, false },
@@ -296,6 +307,7 @@ static const spec SPECS[] = {
     { "dsv3", DSV3, 404, true },
     { "mixtral", MIXTRAL, 505, true },
     { "glm", GLM, 606, true },
+    { "gptoss", GPTOSS, 707, true },
 };
 
 /* The public accessors, shortened for the records below. */

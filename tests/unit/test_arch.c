@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "arch/family.h"
 #include "arch/decoder.h"
@@ -769,6 +770,124 @@ static void test_gptoss_stacked(void **state) {
     free(dir);
 }
 
+/* MXFP4 experts (gpt-oss's released checkpoints): every one of the 16 E2M1 codes in both nibbles
+ * of a byte, and E8M0 scales swept over 0..254, decode to code * 2^(scale - 127) exactly, in the
+ * expert matrix and the element HF's layout puts them (the gate from gate_up_proj's even rows,
+ * the up from the odd; down_proj's rows are H). A checkpoint rewritten by hand: the dense save's
+ * tensors but the two stacked matrices, then their _blocks and _scales (U8). */
+static void test_gptoss_mxfp4(void **state) {
+    (void)state;
+    static const float E2M1[16] = { 0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6 };
+    static const char toy[] =
+        "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 16, \"hidden_size\": 64,"
+        " \"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16,"
+        " \"num_local_experts\": 2, \"num_experts_per_tok\": 1, \"sliding_window\": 4}";
+    enum { N_E = 2, HID = 64, INTER = 32 };
+    const trill_config c = parse(toy);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, 7);
+    char *dense = test_tmpdir("mxfp4-dense"), *dir = test_tmpdir("mxfp4");
+    assert_int_equal(trill_model_save(m, dense, TRILL_F32, 0), TRILL_OK);
+    trill_model_free(m);
+    /* the two matrices' codes and scales: [N_E, rows, cols / 32, 16] and [N_E, rows, cols / 32] */
+    const int rows[2] = { 2 * INTER, HID }, cols[2] = { HID, INTER };
+    unsigned char *codes[2], *scales[2];
+    size_t ncodes[2], nscales[2];
+    for (int k = 0; k < 2; k++) {
+        nscales[k] = (size_t)N_E * rows[k] * (cols[k] / 32);
+        ncodes[k] = nscales[k] * 16;
+        codes[k] = malloc(ncodes[k]);
+        scales[k] = malloc(nscales[k]);
+        for (size_t b = 0; b < ncodes[k]; b++) codes[k][b] = (unsigned char)(b * 17 + k); /* both nibbles run through 0..15 */
+        for (size_t g = 0; g < nscales[k]; g++) scales[k][g] = (unsigned char)((g * 37 + 11 * k) % 255); /* 0..254 */
+    }
+    /* the header and data of the rewritten file */
+    trill_checkpoint *ck;
+    assert_int_equal(trill_checkpoint_open(dense, &ck), TRILL_OK);
+    json_t *header = json_object();
+    size_t total = 0;
+    for (size_t i = 0; i < trill_checkpoint_count(ck); i++) {
+        const trill_tensor_view *v = trill_checkpoint_tensor(ck, i);
+        if (!strcmp(v->name, "model.layers.0.mlp.experts.gate_up_proj") || !strcmp(v->name, "model.layers.0.mlp.experts.down_proj")) continue;
+        total += v->nbytes;
+    }
+    for (int k = 0; k < 2; k++) total += ncodes[k] + nscales[k];
+    unsigned char *data = malloc(total);
+    size_t at = 0;
+    for (size_t i = 0; i < trill_checkpoint_count(ck); i++) {
+        const trill_tensor_view *v = trill_checkpoint_tensor(ck, i);
+        if (!strcmp(v->name, "model.layers.0.mlp.experts.gate_up_proj") || !strcmp(v->name, "model.layers.0.mlp.experts.down_proj")) continue;
+        json_t *shape = json_array();
+        for (int d = 0; d < v->ndim; d++) json_array_append_new(shape, json_integer(v->shape[d]));
+        json_object_set_new(header, v->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape, "data_offsets", (json_int_t)at,
+                                                       (json_int_t)(at + v->nbytes)));
+        memcpy(data + at, v->data, v->nbytes);
+        at += v->nbytes;
+    }
+    trill_checkpoint_close(ck);
+    const char *names[2] = { "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj" };
+    for (int k = 0; k < 2; k++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s_blocks", names[k]);
+        json_object_set_new(header, name, json_pack("{s:s, s:[i, i, i, i], s:[I, I]}", "dtype", "U8", "shape", N_E, rows[k], cols[k] / 32, 16,
+                                                    "data_offsets", (json_int_t)at, (json_int_t)(at + ncodes[k])));
+        memcpy(data + at, codes[k], ncodes[k]);
+        at += ncodes[k];
+        snprintf(name, sizeof name, "%s_scales", names[k]);
+        json_object_set_new(header, name, json_pack("{s:s, s:[i, i, i], s:[I, I]}", "dtype", "U8", "shape", N_E, rows[k], cols[k] / 32,
+                                                    "data_offsets", (json_int_t)at, (json_int_t)(at + nscales[k])));
+        memcpy(data + at, scales[k], nscales[k]);
+        at += nscales[k];
+    }
+    char *text = json_dumps(header, JSON_COMPACT);
+    const uint64_t hlen = strlen(text);
+    unsigned char *file = malloc(8 + hlen + total);
+    memcpy(file, &hlen, 8); /* little-endian, as the machine */
+    memcpy(file + 8, text, hlen);
+    memcpy(file + 8 + hlen, data, total);
+    test_write(dir, "model.safetensors", file, 8 + hlen + total);
+    /* config.json: the toy's with MXFP4's quantization_config */
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "%.*s, \"quantization_config\": {\"quant_method\": \"mxfp4\"}}", (int)strlen(toy) - 1, toy);
+    test_write(dir, "config.json", cfg, strlen(cfg));
+    trill_model *q;
+    assert_int_equal(trill_model_load(dir, &q), TRILL_OK);
+    const trill_decoder_weights *w = trill_model_layer(q, 0);
+    int hits[2][16] = { { 0 } }, exps[256] = { 0 };
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < N_E; e++)
+            for (int r = 0; r < rows[k]; r++)
+                for (int j = 0; j < cols[k]; j++) {
+                    const size_t g = ((size_t)e * rows[k] + r) * (cols[k] / 32) + j / 32;
+                    const unsigned char byte = codes[k][g * 16 + (j % 32) / 2];
+                    const int code = j % 2 ? byte >> 4 : byte & 15;
+                    const float want = ldexpf(E2M1[code], (int)scales[k][g] - 127);
+                    float got; /* gate [e][r/2][j] or up for odd r; down [e][r][j] */
+                    if (k == 0) got = (r % 2 ? w->expert_up : w->expert_gate).f32[((size_t)e * INTER + r / 2) * HID + j];
+                    else got = w->expert_down.f32[((size_t)e * HID + r) * INTER + j];
+                    if (memcmp(&got, &want, sizeof got)) fail_msg("matrix %d expert %d row %d col %d: %g, want %g", k, e, r, j, got, want);
+                    hits[j % 2][code]++;
+                    exps[scales[k][g]]++;
+                }
+    for (int n = 0; n < 2; n++)
+        for (int code = 0; code < 16; code++) assert_true(hits[n][code] > 0);
+    int n_exps = 0;
+    for (int x = 0; x < 256; x++) n_exps += exps[x] > 0;
+    print_message("MXFP4: %d codes in each nibble, %d distinct scales (0 .. 254), every element exact\n", 16, n_exps);
+    assert_true(exps[0] > 0 && exps[254] > 0 && n_exps >= 200);
+    trill_model_free(q);
+    free(text);
+    free(file);
+    free(data);
+    json_decref(header);
+    for (int k = 0; k < 2; k++) free(codes[k]), free(scales[k]);
+    test_rmdir(dense);
+    test_rmdir(dir);
+    free(dense);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_walk),  cmocka_unit_test(test_param_counts), cmocka_unit_test(test_flops),
@@ -776,7 +895,7 @@ int main(void) {
         cmocka_unit_test(test_deepseek_toy),  cmocka_unit_test(test_mixtral_counts), cmocka_unit_test(test_mixtral_toy),
         cmocka_unit_test(test_glm_counts),    cmocka_unit_test(test_glm_toy),       cmocka_unit_test(test_glm_lite),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_gptoss_counts), cmocka_unit_test(test_gptoss_toy),
-        cmocka_unit_test(test_gptoss_stacked),
+        cmocka_unit_test(test_gptoss_stacked), cmocka_unit_test(test_gptoss_mxfp4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
