@@ -133,7 +133,7 @@ m yarn_gqa_cos_unscaled yarn src/model/decoder.c "parity_torch" \
 
 # the decoder's options (issue 38)
 m glm_qkv_bias_no_grad decoder src/train/decoder_backward.c "parity_glm" \
-  '        bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);' \
+  '        trill_decoder_bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);' \
   '        (void)dk;' \
   "GLM: the k_proj bias gets no gradient"
 m partial_rope_whole_head decoder src/model/decoder.c "parity_glm" \
@@ -145,11 +145,43 @@ m window_blocks_kept generator src/infer/engine_requests.c "test_engine_mixtral"
   '        if (0 && e->kv_window) /* the next rows' \
   "a sliding window's blocks are never given back"
 m window_ignored_in_training decoder src/model/decoder.c "parity_mixtral" \
-  '    const trill_attention_opts opts = { .window = desc->window };
+  '    const trill_attention_opts opts = { .window = desc->window, .sinks = desc->sinks ? w->sinks : NULL };
     return' \
-  '    const trill_attention_opts opts = { .window = 0 };
+  '    const trill_attention_opts opts = { .window = 0, .sinks = desc->sinks ? w->sinks : NULL };
     return' \
   "Mixtral: the training forward attends over the whole prefix despite sliding_window"
+m sinks_ignored_in_generator generator src/infer/gen_decoder.c "test_engine_gptoss" \
+  'paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);' \
+  'paged_attention(e, l, desc->window, NULL, R);' \
+  "gpt-oss: the generator's attention leaves the sinks out of the softmax's denominator"
+m sinks_no_grad decoder src/train/decoder_backward.c "parity_gptoss" \
+  '.dsinks = desc->sinks ? trill_grad_of(sink, w->sinks) : NULL };' \
+  '.dsinks = NULL };' \
+  "gpt-oss: the attention sinks get no gradient"
+m o_bias_missing decoder src/model/decoder.c "parity_gptoss" \
+  '    if (desc->o_bias) trill_decoder_bias_forward(d->out, w->o_bias, T, H);' \
+  '    if (0 && desc->o_bias) trill_decoder_bias_forward(d->out, w->o_bias, T, H);' \
+  "gpt-oss: the training forward leaves out o_proj's bias"
+m router_bias_missing_in_generator generator src/infer/gen_decoder.c "test_engine_gptoss" \
+  '    if (desc->router_linear_bias) trill_decoder_bias_forward(f->scores' \
+  '    if (0 && desc->router_linear_bias) trill_decoder_bias_forward(f->scores' \
+  "gpt-oss: the generator's router leaves out its bias"
+m clamp_up_grad_one_sided decoder src/kernels/ops_impl.h "parity_gptoss" \
+  'if (up[i] >= -limit && up[i] <= limit) dup[i]' \
+  'if (up[i] <= limit) dup[i]' \
+  "gpt-oss: the clamped SwiGLU passes up's gradient where the lower clamp cut"
+m clamp_plus_one_in_generator generator src/infer/gen_blocks.c "test_engine_gptoss" \
+  'a[i] = gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);' \
+  'a[i] = gc / (1.0f + expf(-alpha * gc)) * uc;' \
+  "gpt-oss: the generator's clamped SwiGLU drops the + 1 on up"
+m stacked_offset_swapped checkpoint src/model/model.c "test_arch" \
+  'const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + sk->offset);' \
+  'const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + (S - 1 - sk->offset));' \
+  "gpt-oss: the loader reads gate from gate_up_proj's odd columns and up from the even ones"
+m mxfp4_nibbles_swapped checkpoint src/model/model.c "parity_gptoss" \
+  'FP4_E2M1[k % 2 ? byte >> 4 : byte & 15]' \
+  'FP4_E2M1[k % 2 ? byte & 15 : byte >> 4]' \
+  "MXFP4: the even element from the high nibble instead of the low one"
 
 # expert and tensor parallelism
 m ep_serve_order ep src/model/moe_ep.c "ep_mpi_2 ep_mpi_4" \
