@@ -209,6 +209,10 @@ static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool
     lora->expert_first = whole ? 0 : m->expert_first;
     lora->expert_count = whole ? c->num_experts : m->expert_count;
     lora->layer_size = sizeof(trill_decoder_lora);
+    const trill_family *f = trill_family_of(c);
+    lora->stacked = f->stacked;
+    lora->n_stacked = f->n_stacked < TRILL_MAX_STACKED ? f->n_stacked : TRILL_MAX_STACKED;
+    lora->n_experts = c->num_experts;
     lora->layers = trill_calloc((size_t)c->num_hidden_layers, lora->layer_size);
     size_t n_order = 0;
     int *order = whole_order(m, cfg.targets, &n_order);
@@ -277,41 +281,85 @@ void trill_model_attach_lora(trill_model *m, trill_lora *lora) { m->lora = lora;
 
 /* ---- PEFT files ---- */
 
+/* adapter_config.json: PEFT's fields; the stacked experts' parameters under target_parameters
+ * with their rank and alpha patterns, the other targets under target_modules. */
+static json_t *adapter_config(const trill_lora *lora, const trill_lora_peft_param *pp, int n_pp) {
+    unsigned modules = 0; /* targets with an adapted tensor outside the stacked experts */
+    for (size_t t = 0; t < lora->n_tensors; t++)
+        if (!trill_lora_stacked_of(lora, &lora->tensors[t])) modules |= 1u << lora->tensors[t].lora_target;
+    json_t *targets = json_array(), *params = json_array(), *ranks = json_object(), *alphas = json_object();
+    bool ok = targets && params && ranks && alphas;
+    for (int i = 0; ok && i < TRILL_LORA_N_TARGETS; i++)
+        if (lora->config.targets & modules & (1u << i)) ok &= json_array_append_new(targets, json_string(trill_lora_target_peft_name(i))) == 0;
+    for (int i = 0; ok && i < n_pp; i++) {
+        bool seen = false;
+        for (size_t k = 0; k < json_array_size(params); k++) seen |= !strcmp(json_string_value(json_array_get(params, k)), pp[i].suffix);
+        if (seen) continue;
+        ok &= json_array_append_new(params, json_string(pp[i].suffix)) == 0;
+        if (pp[i].rank != lora->config.rank) {
+            ok &= json_object_set_new(ranks, pp[i].suffix, json_integer(pp[i].rank)) == 0;
+            ok &= json_object_set_new(alphas, pp[i].suffix, json_real(pp[i].alpha)) == 0;
+        }
+    }
+    json_t *j = ok ? json_pack("{s:s, s:s, s:i, s:f, s:b, s:O, s:f, s:s, s:b, s:b, s:n}", "peft_type", "LORA", "task_type", "CAUSAL_LM",
+                               "r", lora->config.rank, "lora_alpha", lora->config.alpha, "use_rslora", lora->config.use_rslora,
+                               "target_modules", targets, "lora_dropout", 0.0, "bias", "none", "fan_in_fan_out", 0, "inference_mode", 1,
+                               "modules_to_save")
+                   : NULL;
+    if (j && n_pp)
+        ok &= json_object_set(j, "target_parameters", params) == 0 && json_object_set(j, "rank_pattern", ranks) == 0 &&
+              json_object_set(j, "alpha_pattern", alphas) == 0;
+    json_decref(targets);
+    json_decref(params);
+    json_decref(ranks);
+    json_decref(alphas);
+    if (!ok) json_decref(j);
+    return ok ? j : NULL;
+}
+
 trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
     if (!trill_lora_is_whole(lora))
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: these adapters are a shard's (%zu of the whole adapter's %zu values); an adapter file "
                            "is written from the whole adapter", dir, lora->n_params, lora->n_global);
     trill_status st = trill_mkdir_p(dir);
     if (st) return st;
-    trill_tensor_out *outs = trill_calloc(lora->n_tensors + 1, sizeof *outs);
-    if (!outs) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_lora_peft_param *pp = NULL;
+    int n_pp = 0;
+    if ((st = trill_lora_peft_params(lora, &pp, &n_pp))) return st;
+    trill_tensor_out *outs = trill_calloc(lora->n_tensors + 2 * (size_t)n_pp + 1, sizeof *outs);
+    if (!outs) {
+        trill_lora_peft_params_free(pp, n_pp);
+        return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    }
+    size_t n = 0;
     for (size_t t = 0; t < lora->n_tensors; t++) {
         const trill_param *p = &lora->tensors[t];
-        outs[t] = (trill_tensor_out){ .name = p->name, .ndim = 2, .shape = { p->shape[0], p->shape[1] }, .data = p->data, .src_dtype = TRILL_F32 };
+        if (trill_lora_stacked_of(lora, p)) continue; /* in its stacked parameter's, below */
+        outs[n++] = (trill_tensor_out){ .name = p->name, .ndim = 2, .shape = { p->shape[0], p->shape[1] }, .data = p->data, .src_dtype = TRILL_F32 };
+    }
+    for (int i = 0; i < n_pp; i++) {
+        outs[n++] = (trill_tensor_out){ .name = pp[i].a_name, .ndim = 2, .shape = { (int64_t)pp[i].rank * pp[i].experts, pp[i].in }, .data = pp[i].A,
+                                        .src_dtype = TRILL_F32 };
+        outs[n++] = (trill_tensor_out){ .name = pp[i].b_name, .ndim = 2, .shape = { pp[i].out, (int64_t)pp[i].rank * pp[i].experts }, .data = pp[i].B,
+                                        .src_dtype = TRILL_F32 };
     }
     char *st_path = trill_path_join(dir, "adapter_model.safetensors"), *cfg_path = trill_path_join(dir, "adapter_config.json");
-    st = st_path && cfg_path ? trill_st_write(st_path, outs, lora->n_tensors, TRILL_F32) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    st = st_path && cfg_path ? trill_st_write(st_path, outs, n, TRILL_F32) : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) {
-        json_t *targets = json_array();
-        bool ok = targets != NULL;
-        for (int i = 0; i < TRILL_LORA_N_TARGETS; i++)
-            if (lora->config.targets & (1u << i)) ok &= json_array_append_new(targets, json_string(trill_lora_target_peft_name(i))) == 0;
-        json_t *j = ok ? json_pack("{s:s, s:s, s:i, s:f, s:b, s:O, s:f, s:s, s:b, s:b, s:n}", "peft_type", "LORA", "task_type", "CAUSAL_LM",
-                                   "r", lora->config.rank, "lora_alpha", lora->config.alpha, "use_rslora", lora->config.use_rslora,
-                                   "target_modules", targets, "lora_dropout", 0.0, "bias", "none", "fan_in_fan_out", 0,
-                                   "inference_mode", 1, "modules_to_save")
-                       : NULL;
-        json_decref(targets);
+        json_t *j = adapter_config(lora, pp, n_pp);
         st = j ? trill_json_write_file(cfg_path, j) : trill_error(TRILL_ERR_NOMEM, "%s: out of memory", cfg_path);
         json_decref(j);
     }
     free(st_path);
     free(cfg_path);
     free(outs);
+    trill_lora_peft_params_free(pp, n_pp);
     return st;
 }
 
-static trill_status read_adapter_config(const char *path, trill_lora_config *cfg) {
+/* adapter_config.json into cfg (targets from target_modules and target_parameters: *param_targets
+ * those of the latter); *out the parsed object, for the stacked experts' rank and alpha patterns. */
+static trill_status read_adapter_config(const char *path, const trill_config *c, trill_lora_config *cfg, unsigned *param_targets, json_t **out) {
     json_t *j;
     trill_status st = trill_json_load_file(path, &j);
     if (st) return st;
@@ -339,8 +387,12 @@ static trill_status read_adapter_config(const char *path, trill_lora_config *cfg
             }
             cfg->targets |= bit;
         }
+        *param_targets = 0;
+        if (!st) st = trill_lora_read_target_parameters(c, json_object_get(j, "target_parameters"), path, param_targets);
+        cfg->targets |= *param_targets;
     }
-    json_decref(j);
+    if (st) json_decref(j);
+    else *out = j;
     return st;
 }
 
@@ -349,11 +401,15 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
     trill_lora_config cfg;
     trill_lora *lora = NULL;
     trill_st_file *f = NULL;
-    trill_status st = st_path && cfg_path ? read_adapter_config(cfg_path, &cfg) : trill_error(TRILL_ERR_NOMEM, "out of memory");
+    json_t *cj = NULL;
+    unsigned params = 0; /* the targets the file holds in PEFT's target_parameters form; the others under their module names */
+    trill_status st = st_path && cfg_path ? read_adapter_config(cfg_path, &m->config, &cfg, &params, &cj)
+                                          : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = lora_alloc(m, cfg, false, &lora);
     if (!st) st = trill_st_open(st_path, &f);
     for (size_t t = 0; !st && t < lora->n_tensors; t++) {
         const trill_param *p = &lora->tensors[t];
+        if (trill_lora_stacked_of(lora, p) && (params & (1u << p->lora_target))) continue; /* from its stacked parameter's, below */
         const trill_tensor_view *v = trill_st_find(f, p->name);
         if (!v) st = trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (adapter_config.json targets it)", st_path, p->name);
         else if (v->ndim != 2 || v->shape[0] != p->whole_shape[0] || v->shape[1] != p->whole_shape[1])
@@ -365,10 +421,12 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
                              (const char *)v->data + (size_t)((p->slice_at[0] + i) * p->whole_shape[1] + p->slice_at[1]) * trill_dtype_size(v->dtype),
                              v->dtype, (size_t)p->shape[1]);
     }
-    if (!st && trill_st_count(f) != lora->n_global_tensors) /* a shard reads its own of the whole adapter's */
+    if (!st) st = trill_lora_read_stacked(lora, params, cj, cfg_path, f, st_path);
+    if (!st && trill_st_count(f) != trill_lora_file_tensors(lora, m, params)) /* a shard reads its own of the whole adapter's */
         st = trill_error(TRILL_ERR_INVALID, "%s: %zu tensors, but adapter_config.json and the model call for %zu", st_path, trill_st_count(f),
-                         lora->n_global_tensors);
+                         trill_lora_file_tensors(lora, m, params));
     trill_st_close(f);
+    json_decref(cj);
     free(st_path);
     free(cfg_path);
     if (st) { trill_lora_free(lora); return st; }

@@ -39,7 +39,43 @@ typedef struct trill_lora {
     size_t n_global, n_global_tensors;
     size_t *global_offset;
     int *global_index;
+    /* the model's family's stacked expert tensors (trill_stacked, src/arch/family.h: their
+     * adapters' file form is PEFT's target_parameters, src/model/lora_stacked.c), its experts */
+    const struct trill_stacked *stacked;
+    int n_stacked, n_experts;
 } trill_lora;
+
+/* ---- the adapters of experts the checkpoint stacks, in PEFT's target_parameters form
+ * (src/model/lora_stacked.c) ---- */
+enum { TRILL_MAX_STACKED = 16 };
+struct json_t;
+struct trill_st_file;
+/* One stacked parameter of one layer as PEFT's lora.ParamWrapper holds it. */
+typedef struct trill_lora_peft_param {
+    char name[160];                /* "model.layers.L.mlp.experts.gate_up_proj" */
+    char a_name[224], b_name[224]; /* its tensors' names */
+    const char *suffix;            /* target_parameters' entry: "mlp.experts.gate_up_proj" */
+    int layer, stride, rank;       /* rank: stride x trill's */
+    double alpha;                  /* the alpha that gives trill's scale at that rank */
+    int64_t in, out, experts;
+    float *A, *B;                  /* [rank * experts, in], [out, rank * experts] */
+} trill_lora_peft_param;
+/* The trill_stacked of adapter tensor t (an A or B of a stacked expert tensor), or NULL. */
+const struct trill_stacked *trill_lora_stacked_of(const trill_lora *lora, const trill_param *t);
+/* The whole adapter's stacked parameters in PEFT's form, built from its per-expert pairs (n 0:
+ * none). */
+trill_status trill_lora_peft_params(const trill_lora *lora, trill_lora_peft_param **out, int *n);
+void trill_lora_peft_params_free(trill_lora_peft_param *p, int n);
+/* adapter_config.json's "target_parameters" (NULL or null: none) into LoRA target bits. */
+trill_status trill_lora_read_target_parameters(const trill_config *c, const struct json_t *list, const char *what, unsigned *targets);
+/* How many tensors the adapter's file holds: its module tensors and two per stacked parameter
+ * of the targets `params` (the file's target_parameters; other targets' experts are read under
+ * trill's per-expert module names, model.layers.L.mlp.experts.E.gate_proj). */
+size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, unsigned params);
+/* Fills the adapter's stacked experts' pairs of the targets `params` from the file's PEFT tensors
+ * (rank r or 2r, rank / alpha patterns of cfg, the adapter_config.json object). */
+trill_status trill_lora_read_stacked(trill_lora *lora, unsigned params, const struct json_t *cfg, const char *cfg_path,
+                                     const struct trill_st_file *f, const char *st_path);
 
 /* Whether the adapters are the whole adapter (every expert, whole tensors), not a shard's part. */
 static inline bool trill_lora_is_whole(const trill_lora *l) { return l->n_params == l->n_global; }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent PyTorch reference for Hugging Face gpt-oss (GptOssForCausalLM, model_type
+r"""Independent PyTorch reference for Hugging Face gpt-oss (GptOssForCausalLM, model_type
 "gpt_oss").
 
 Written from the equations of HF `models/gpt_oss/modeling_gpt_oss.py` and
@@ -56,11 +56,30 @@ finite-difference check): compare.py and compare_grads.py work unchanged.
       of every layer), in nn.Linear orientation: gate / up [I, H] (A [r, H], B [I, r]), down
       [H, I] (A [r, I], B [H, r]). The router (GptOssTopKRouter, no nn.Linear) is never a target.
       Biases are not adapted.
+      --peft-params: gate_proj / up_proj (either or both) mean the stacked parameter
+      mlp.experts.gate_up_proj and down_proj mlp.experts.down_proj, written as PEFT writes them
+      (adapter_config.json "target_parameters", a lora.ParamWrapper each: lora_A [r*E, in] (A
+      U(-1/sqrt(in), 1/sqrt(in))), lora_B [out, r*E]; one A shared by gate and up; names below);
+      "target_modules" holds the other targets (or []). --rank-pattern KEY=R / --alpha-pattern
+      KEY=A (repeatable): adapter_config.json's rank_pattern / alpha_pattern, the tensors drawn at
+      the ranks they give.
+    Reading an adapter (forward, grad, adamw-steps, merge): the modules target_modules selects
+    and the ParamWrappers target_parameters implies, r and lora_alpha per module / parameter by
+    rank_pattern / alpha_pattern (PEFT's get_pattern_key: the first key K with
+    re.match(rf"(.*\.)?({K})$", name)); strictly the tensors that implies. A ParamWrapper on
+    model.layers.L.mlp.experts.{gate_up_proj [E, H, 2I], down_proj [E, I, H]} ([E, in, out],
+    used as x @ W) adds scale * einsum("o r e, e r i -> e i o", B.reshape(out, r, E),
+    A.reshape(E, r, in)): for expert e, A_e = A.reshape(E, r, in)[e], B_e = B.reshape(out, r,
+    E)[:, :, e]; gate_proj gets scale * B_e[0::2] @ A_e, up_proj scale * B_e[1::2] @ A_e,
+    down_proj scale * B_e @ A_e. Names: with both targeted in a layer, gate_up_proj's
+    base_model.model.model.layers.L.mlp.experts.base_layer.lora_{A,B}.weight (inner) and
+    down_proj's ...mlp.experts.lora_{A,B}.weight (outer); with one, ...mlp.experts.lora_{A,B}.weight.
+    grad / adamw-steps with such an adapter: its own tensors under its own names.
 
   merge --model DIR --adapter ADIR --out MDIR
       W += scale * B @ A (scale alpha/r, or alpha/sqrt(r) with use_rslora) for every adapted
       matrix (an expert's gate into gate_up_proj[E][:, 0::2], up into [:, 1::2], down into
-      down_proj[E], transposed back), float64, written as a full dense F32 model in HF's layout
+      down_proj[E], transposed back; a ParamWrapper's delta likewise), float64, written as a full dense F32 model in HF's layout
       (no quantization_config); a tied model with an lm_head adapter is written untied.
 
   selfcheck-grad [--seed N]
@@ -73,7 +92,12 @@ finite-difference check): compare.py and compare_grads.py work unchanged.
       false; LoRA (r 3 on q/k/v/o_proj, every expert's gate/up/down_proj and lm_head, base frozen)
       with alpha/r, and rslora on a tied model with replay (B = 0 is the base exactly, the float64
       merge is the adapter's function to 1e-12). Unrouted experts' gradients (weights and
-      biases) must be exactly zero.
+      biases) must be exactly zero. A target_parameters adapter (selfcheck_peft_params: both
+      stacked parameters, r 2 and a rank_pattern / alpha_pattern, q_proj / o_proj / lm_head
+      modules) through its files: names and scales as read, extra and misnamed tensors refused,
+      finite differences on its tensors, an unrouted expert's A / B slices exactly zero, and its
+      function = the per-expert module adapter built from it = base + PEFT's einsum delta = the
+      merge (1e-12).
 
 Model (float64; bf16 weights widened exactly, MXFP4 dequantized exactly). x =
   embed_tokens[tokens]; per layer l
@@ -101,12 +125,15 @@ Router replay (--replay): a line's "experts": [[[k ids] per layer] per token] re
   bias keep their gradient. Lines without "experts" route themselves.
 """
 
+import collections
 import copy
 import json
 import math
 import os
+import re
 import struct
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -351,6 +378,231 @@ def linear_modules(cfg):
 
 
 # ---------------------------------------------------------------------------
+# LoRA adapters: PEFT's modules (qwen3_ref's) and PEFT's ParamWrapper on the stacked experts
+# ---------------------------------------------------------------------------
+# Written from PEFT's definitions (src/peft/tuners/lora/layer.py ParamWrapper,
+# tuners_utils._inject_parameters, LoraModel._create_and_replace) and transformers' GptOssExperts
+# (is_transposed: the parameters are used as x @ W). A target_parameters entry T selects the
+# parameter N (full name) when N == T or N ends with "." + T. The wrapper on a 3-D parameter
+# [E, in, out] has lora_A [r*E, in] (rows expert-major: row e*r + k) and lora_B [out, r*E]
+# (columns expert-minor: column k*E + e);
+#     delta = scale * einsum("o r e, e r i -> e i o", B.reshape(out, r, E), A.reshape(E, r, in))
+# is added to the parameter, i.e. per expert e, with A_e = A.reshape(E, r, in)[e] [r, in] and
+# B_e = B.reshape(out, r, E)[:, :, e] [out, r], W[e] += scale * (B_e @ A_e)^T. gate_up_proj
+# [E, H, 2I]: gate = even columns, up = odd: trill's per-expert gate_proj.weight [I, H] gets
+# scale * B_e[0::2] @ A_e, up_proj.weight scale * B_e[1::2] @ A_e (one A shared by gate and up);
+# down_proj [E, I, H]: down_proj.weight [H, I] gets scale * B_e @ A_e.
+# The wrapper replaces the module owning the parameter, model.layers.L.mlp.experts; with both
+# parameters targeted PEFT wraps gate_up_proj first (inner) and down_proj around it (outer):
+# gate_up_proj's tensors are "...mlp.experts.base_layer.lora_A.weight" / lora_B, down_proj's
+# "...mlp.experts.lora_A.weight" / lora_B; with one of them targeted in a layer, it has the names
+# without base_layer.
+# r and lora_alpha, for a module (its name) and for a parameter (its full name) alike: PEFT's
+# get_pattern_key, the first key K of rank_pattern / alpha_pattern with
+# re.match(rf"(.*\.)?({K})$", name), else the config's r / lora_alpha; scale alpha / r, or
+# alpha / sqrt(r) with use_rslora.
+
+STACKED_TARGETS = ("gate_up_proj", "down_proj")  # the 3-D expert parameters a wrapper may wrap
+ParamLora = collections.namedtuple("ParamLora", "param layer which fin fout r scale a b")
+
+
+def pattern_value(patterns, name, default):
+    r"""PEFT's get_pattern_key: the value of the first key K with re.match(rf"(.*\.)?({K})$",
+    name); default when none matches."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def lora_r_scale(acfg, name):
+    """(r, scale) of the module or parameter `name` under the adapter config's patterns."""
+    r = pattern_value(acfg.get("rank_pattern"), name, acfg["r"])
+    alpha = pattern_value(acfg.get("alpha_pattern"), name, acfg["lora_alpha"])
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise SystemExit(f"adapter: rank {r!r} for {name} is not a positive integer")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise SystemExit(f"adapter: lora_alpha {alpha!r} for {name} is not a number")
+    return r, q3.lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": acfg.get("use_rslora", False)})
+
+
+def param_wrappers(cfg, acfg):
+    """The ParamWrappers adapter_config's target_parameters implies, [ParamLora] (per layer
+    gate_up_proj, then down_proj), with PEFT's tensor names (base_layer for the inner one)."""
+    targets = acfg.get("target_parameters")
+    if not targets:
+        return []
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise SystemExit("adapter: target_parameters must be a list of parameter names")
+    names = [n for n, _ in tensor_shapes(cfg)]
+    for t in targets:
+        hit = [n for n in names if q3.target_matches([t], n)]
+        if not hit:
+            raise SystemExit(f"adapter: target_parameters entry {t!r} matches no parameter")
+        other = [n for n in hit if not any(n.endswith(".mlp.experts." + s) for s in STACKED_TARGETS)]
+        if other:
+            raise SystemExit(f"adapter: target_parameters entry {t!r} selects {other[0]}: only the "
+                             "experts' gate_up_proj / down_proj are implemented")
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    out = []
+    for layer in range(cfg["num_hidden_layers"]):
+        x = f"model.layers.{layer}.mlp.experts"
+        here = [(which, fin, fout) for which, fin, fout in (("gate_up_proj", H, 2 * I),
+                                                           ("down_proj", I, H))
+                if q3.target_matches(targets, f"{x}.{which}")]
+        for which, fin, fout in here:
+            pref = q3.PEFT_PREFIX + x + (".base_layer" if len(here) == 2 and which == "gate_up_proj" else "")
+            r, scale = lora_r_scale(acfg, f"{x}.{which}")
+            out.append(ParamLora(f"{x}.{which}", layer, which, fin, fout, r, scale,
+                                 pref + ".lora_A.weight", pref + ".lora_B.weight"))
+    return out
+
+
+def param_factors(W, w, n_experts, e, rows):
+    """(A_e [r, in], B_e[rows] [len(rows), r]) of wrapper w's expert e, from W's lora_A / lora_B
+    (differentiable views)."""
+    A = W[w.a].reshape(n_experts, w.r, w.fin)[e]
+    B = W[w.b].reshape(w.fout, w.r, n_experts)[:, :, e]
+    return A, B[rows]
+
+
+def expert_rows(which):
+    """The per-expert modules a wrapper adapts, with the rows of B_e each takes."""
+    if which == "gate_up_proj":
+        return (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2)))
+    return (("down_proj", slice(None)),)
+
+
+def load_adapter(adapter_dir, cfg, linears):
+    """Read a PEFT LoRA adapter folder: modules (target_modules, among `linears`: linear_modules)
+    and ParamWrappers (target_parameters), r / lora_alpha per rank_pattern / alpha_pattern.
+    Strict: every tensor the config implies, shapes checked, and no other. Returns ({module name:
+    scale}, {PEFT tensor name: float64 tensor}, [ParamLora], adapter config)."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    if acfg.get("peft_type", "LORA") != "LORA":
+        raise SystemExit(f"{adapter_dir}: peft_type {acfg.get('peft_type')!r} is not LORA")
+    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("bias", "none")):
+        if acfg.get(key, off) not in (off, None):
+            raise SystemExit(f"{adapter_dir}: {key}={acfg[key]!r} is not supported")
+    for key in ("layers_to_transform", "modules_to_save", "layer_replication", "exclude_modules"):
+        if acfg.get(key):
+            raise SystemExit(f"{adapter_dir}: {key} is not supported")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if acfg.get(key) is not None and not isinstance(acfg[key], dict):
+            raise SystemExit(f"{adapter_dir}: {key} must be an object")
+    targets = acfg.get("target_modules")
+    if targets is None and acfg.get("target_parameters"):
+        targets = []
+    if targets == "all-linear" or not isinstance(targets, (str, list)):
+        raise SystemExit(f"{adapter_dir}: target_modules must be a list or a regex string")
+    wrappers = param_wrappers(cfg, acfg)
+    tensors = q3.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    E = cfg["num_local_experts"]
+    modules, W = {}, {}
+
+    def take(n, shape, what):
+        if n not in tensors:
+            raise SystemExit(f"{adapter_dir}: {n} missing ({what} is targeted)")
+        if tuple(tensors[n].shape) != shape:
+            raise SystemExit(f"{adapter_dir}: {n} has shape {list(tensors[n].shape)}, "
+                             f"expected {list(shape)}")
+        W[n] = tensors.pop(n).to(DT)
+    for name, fin, fout in linears:
+        if not q3.target_matches(targets, name):
+            continue
+        r, scale = lora_r_scale(acfg, name)
+        an, bn = q3.lora_names(name)
+        take(an, (r, fin), f"module {name}")
+        take(bn, (fout, r), f"module {name}")
+        modules[name] = scale
+    for w in wrappers:
+        take(w.a, (w.r * E, w.fin), f"parameter {w.param}")
+        take(w.b, (w.fout, w.r * E), f"parameter {w.param}")
+    if tensors:
+        raise SystemExit(f"{adapter_dir}: tensors for no targeted module or parameter: "
+                         f"{sorted(tensors)[:5]}")
+    if not modules and not wrappers:
+        raise SystemExit(f"{adapter_dir}: target_modules {targets!r} select no module "
+                         "(and no target_parameters)")
+    return modules, W, wrappers, acfg
+
+
+def parse_patterns(items, what, is_rank):
+    out = {}
+    for item in items or []:
+        key, eq, v = item.rpartition("=")
+        try:
+            val = float(v)
+        except ValueError:
+            val = None
+        if not eq or not key or val is None or (is_rank and (not val.is_integer() or val <= 0)):
+            raise SystemExit(f"--{what} expects KEY={'R (a positive integer)' if is_rank else 'ALPHA'}"
+                             f", got {item!r}")
+        out[key] = int(val) if val.is_integer() else val
+    return out
+
+
+def make_adapter_tensors(cfg, acfg, seed, b_std):
+    """Random A / B for every module and parameter the adapter config targets (r per the
+    patterns): A U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init; a wrapper's lora_A is a Linear(in,
+    r*E)), B ~ N(0, b_std). Modules first (linear_modules order), then the wrappers.
+    [(PEFT name, fp32 tensor)]."""
+    g = torch.Generator().manual_seed(seed)
+    E, out = cfg["num_local_experts"], []
+
+    def pair(rows, fin, fout, an, bn):
+        bound = 1.0 / math.sqrt(fin)
+        a = (torch.rand((rows, fin), generator=g, dtype=torch.float32) * 2 - 1) * bound
+        b = torch.randn((fout, rows), generator=g, dtype=torch.float32) * b_std
+        return [(an, a), (bn, b)]
+    for name, fin, fout in linear_modules(cfg):
+        if q3.target_matches(acfg["target_modules"], name):
+            out += pair(lora_r_scale(acfg, name)[0], fin, fout, *q3.lora_names(name))
+    for w in param_wrappers(cfg, acfg):
+        out += pair(w.r * E, w.fin, w.fout, w.a, w.b)
+    if not out:
+        raise SystemExit("make-adapter: the targets select no module or parameter of this model")
+    return out
+
+
+def cmd_make_adapter(args):
+    """qwen3_ref's make-adapter, and with --peft-params / --rank-pattern / --alpha-pattern
+    the adapters those options describe."""
+    if not (args.peft_params or args.rank_pattern or args.alpha_pattern):
+        return q3.cmd_make_adapter(args, linear_modules)
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = json.load(f)
+    check_config(cfg)
+    if args.rank <= 0:
+        raise SystemExit("--rank must be positive")
+    targets = q3.parse_targets(args.targets)
+    params = []
+    if args.peft_params:
+        if {"gate_proj", "up_proj"} & set(targets):
+            params.append("mlp.experts.gate_up_proj")
+        if "down_proj" in targets:
+            params.append("mlp.experts.down_proj")
+        targets = [t for t in targets if t not in EXPERT_PARTS]
+    alpha = int(args.alpha) if float(args.alpha).is_integer() else args.alpha
+    acfg = q3.adapter_config(args.model, args.rank, alpha, args.rslora, targets)
+    if args.peft_params:
+        acfg["target_parameters"] = params
+    acfg["rank_pattern"] = parse_patterns(args.rank_pattern, "rank-pattern", True)
+    acfg["alpha_pattern"] = parse_patterns(args.alpha_pattern, "alpha-pattern", False)
+    tensors = make_adapter_tensors(cfg, acfg, args.seed, args.b_std)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2)
+        f.write("\n")
+    q3.write_safetensors(os.path.join(args.out, "adapter_model.safetensors"), tensors, "F32")
+    print(f"wrote {args.out}: {len(tensors)} tensors, r={args.rank}, alpha={alpha}, "
+          f"rslora={str(args.rslora).lower()}, target_modules={targets}, target_parameters="
+          f"{params if args.peft_params else None}, rank_pattern={acfg['rank_pattern']}, "
+          f"alpha_pattern={acfg['alpha_pattern']}")
+
+
+# ---------------------------------------------------------------------------
 # safetensors with per-tensor dtypes (F32, BF16, F16, F64, U8) and MXFP4
 # ---------------------------------------------------------------------------
 
@@ -555,6 +807,19 @@ def cmd_make_model(args):
 # The model function
 # ---------------------------------------------------------------------------
 
+class Adapted(dict):
+    """The module adapters {module name: scale} (qwen3_ref's Model.lora), true also when only
+    ParamWrappers adapt the model: qwen3_ref's commands read `if model.lora` as "an adapter is
+    loaded" (the base frozen, the adapter's tensors, model.lora_names, trained)."""
+
+    def __init__(self, mods, wrapped=False):
+        super().__init__(mods)
+        self.wrapped = wrapped
+
+    def __bool__(self):
+        return self.wrapped or len(self) > 0
+
+
 class GptOssModel(q3.Model):
     """qwen3_ref's Model (LoRA, lin, parameters) with gpt-oss's layer: biased q/k/v/o, attention
     sinks, per-layer sliding windows, YaRN; every layer the biased top-k router (softmax over the
@@ -579,7 +844,28 @@ class GptOssModel(q3.Model):
                 w.pop("lm_head.weight", None)
             check_exact({n: tuple(t.shape) for n, t in w.items()}, dict(tensor_shapes(cfg)), "")
             weights = to_internal(w, cfg)
+        # adapter: None, a folder (load_adapter), or in memory (modules {name: scale}, {PEFT
+        # name: tensor}[, [ParamLora]]); qwen3_ref's Model takes the modules' part.
+        wrappers = []
+        if isinstance(adapter, str):
+            mods, lw, wrappers, _ = load_adapter(adapter, cfg, linear_modules(cfg))
+            adapter = (mods, lw)
+        elif adapter is not None and len(adapter) == 3:
+            mods, lw, wrappers = adapter
+            adapter = (mods, lw)
         super().__init__(None, cfg, weights, adapter)
+        # The ParamWrappers: their lora_A / lora_B in self.W under the file's names (trained and
+        # written by grad / adamw-steps like the modules'); self.plin: per-expert module name ->
+        # [(ParamLora, expert, rows of B_e)], added in lin().
+        self.lora = Adapted(self.lora, wrapped=bool(wrappers))
+        self.param_lora, self.plin = list(wrappers), {}
+        for w in wrappers:
+            self.W[w.a], self.W[w.b] = lw[w.a].to(DT), lw[w.b].to(DT)
+            self.lora_names += [w.a, w.b]
+            for e in range(cfg["num_local_experts"]):
+                for part, rows in expert_rows(w.which):
+                    self.plin.setdefault(f"model.layers.{w.layer}.mlp.experts.{e}.{part}",
+                                         []).append((w, e, rows))
         self.hd = head_dim_of(cfg)
         self.rotary_dim = self.hd
         self.layer_windows = layer_windows(cfg)
@@ -595,6 +881,15 @@ class GptOssModel(q3.Model):
 
     def linear_modules(self):
         return linear_modules(self.cfg)
+
+    def lin(self, x, name):
+        """qwen3_ref's (base, module LoRA), plus every ParamWrapper on this expert module:
+        scale * (x A_e^T) B_e[rows]^T, i.e. x @ (W + delta) restricted to the module's columns."""
+        y = super().lin(x, name)
+        for w, e, rows in self.plin.get(name, ()):
+            A, B = param_factors(self.W, w, self.n_experts, e, rows)
+            y = y + w.scale * ((x @ A.T) @ B.T)
+        return y
 
     def rope(self, T):
         rs, theta = rope_of(self.cfg)
@@ -671,9 +966,23 @@ class GptOssModel(q3.Model):
         return torch.log_softmax(self.lin(x, "lm_head"), dim=-1), experts, rprobs
 
 
+def merged_weights(model):
+    """qwen3_ref's merged_weights (W += scale * B @ A per adapted module), then every
+    ParamWrapper's delta into the per-expert weights: gate / up += scale * B_e[0::2 / 1::2] @ A_e,
+    down += scale * B_e @ A_e (float64)."""
+    tensors, untied = q3.merged_weights(model)
+    W = dict(tensors)
+    with torch.no_grad():
+        for name, specs in model.plin.items():
+            for w, e, rows in specs:
+                A, B = param_factors(model.W, w, model.n_experts, e, rows)
+                W[name + ".weight"] = W[name + ".weight"] + w.scale * (B @ A)
+    return list(W.items()), untied
+
+
 def cmd_merge(args):
     model = GptOssModel(args.model, adapter=args.adapter)
-    tensors, untied = q3.merged_weights(model)
+    tensors, untied = merged_weights(model)
     cfg = dict(model.cfg)
     cfg["torch_dtype"] = "float32"
     cfg.pop("quantization_config", None)  # written dense
@@ -681,7 +990,8 @@ def cmd_merge(args):
         cfg["tie_word_embeddings"] = False
     hf = to_hf(dict(tensors), cfg)
     write_model(args.out, cfg, [(n, t, "F32") for n, t in hf])
-    print(f"merge: {len(model.lora)} adapted modules -> {args.out} ({len(hf)} tensors, F32"
+    print(f"merge: {len(model.lora)} adapted modules, {len(model.param_lora)} adapted stacked "
+          f"parameters -> {args.out} ({len(hf)} tensors, F32"
           f"{', lm_head untied' if untied else ''})")
 
 
@@ -761,6 +1071,142 @@ def selfcheck_case(replay, tied, seed, lora, over):
     return worst, checked, fails + gfails, visited, noise, (gc, uc, n)
 
 
+PEFT_PARAMS_PATTERNS = ({"layers.1.mlp.experts.gate_up_proj": 3},   # rank_pattern
+                        {"down_proj": 5, "gate_up_proj": 4})          # alpha_pattern
+
+
+def selfcheck_peft_params(seed):
+    """A PEFT-native adapter (target_parameters: ParamWrapper on both stacked expert parameters,
+    r 2 with layer 1's gate_up_proj r 3 by rank_pattern, alphas by alpha_pattern; q_proj,
+    o_proj, lm_head modules) written to a folder and read back: the names and r / scale the
+    reader finds; a folder with an extra tensor, and a one-parameter adapter under the inner
+    (base_layer) names, refused; a one-parameter adapter under PEFT's names read; autograd vs
+    finite differences on its tensors, the slices of A / B of an expert never routed to (its
+    router bias -30) exactly zero;
+    and its function equal (1e-12) to the per-expert module adapter built from it (gate: A_e,
+    B_e[0::2]; up: A_e, B_e[1::2]; down: A_e, B_e), to the base + einsum delta
+    (PEFT's formula, HF layout) with the module adapters, and to merge's float64 model.
+    Returns (worst rel err, entries checked, failures)."""
+    cfg = build_config(dict(SELFCHECK_SET), "f32")
+    E = cfg["num_local_experts"]
+    hf = dict(make_weights(cfg, seed, std=0.3)[0])
+    for i in range(cfg["num_hidden_layers"]):  # the last expert never routed to: its slices' zeros
+        b = hf[f"model.layers.{i}.mlp.router.bias"] = hf[f"model.layers.{i}.mlp.router.bias"].clone()
+        b[E - 1] = -30.0
+    base_w = to_internal(hf, cfg)
+    fails = []
+    acfg = q3.adapter_config("selfcheck", 2, 6, False, ["q_proj", "o_proj", "lm_head"])
+    acfg["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    acfg["rank_pattern"], acfg["alpha_pattern"] = PEFT_PARAMS_PATTERNS
+    tensors = make_adapter_tensors(cfg, acfg, seed + 2000, b_std=0.3)
+
+    def write(d, cfg_, tens):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump(cfg_, f)
+        q3.write_safetensors(os.path.join(d, "adapter_model.safetensors"), tens, "F32")
+        return d
+
+    def refused(d):
+        try:
+            GptOssModel(cfg=cfg, weights=base_w, adapter=d)
+        except SystemExit:
+            return True
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        model = GptOssModel(cfg=cfg, weights=base_w,
+                            adapter=write(os.path.join(tmp, "a"), acfg, tensors))
+        extra = tensors + [("base_model.model.model.layers.0.mlp.experts.lora_C.weight",
+                            torch.zeros(1))]
+        if not refused(write(os.path.join(tmp, "extra"), acfg, extra)):
+            fails.append("an adapter with an extra tensor was not refused")
+        one = dict(acfg, target_parameters=["mlp.experts.down_proj"], target_modules=[])
+        down = [(n, t) for n, t in tensors if ".mlp.experts.lora_" in n]  # down_proj's (outer)
+        try:
+            m1 = GptOssModel(cfg=cfg, weights=base_w, adapter=write(os.path.join(tmp, "one"), one, down))
+            if [w.a for w in m1.param_lora] != [q3.PEFT_PREFIX + f"model.layers.{i}.mlp.experts.lora_A.weight"
+                                                 for i in range(2)]:
+                fails.append(f"one-parameter adapter: names {[w.a for w in m1.param_lora]}")
+        except SystemExit as e:
+            fails.append(f"a down_proj-only adapter under PEFT's names was refused: {e}")
+        inner = [(n, t) for n, t in tensors if ".base_layer." in n and "layers.0." in n]
+        one_g = dict(one, target_parameters=["model.layers.0.mlp.experts.gate_up_proj"])
+        if not refused(write(os.path.join(tmp, "inner"), one_g, inner)):
+            fails.append("a one-parameter adapter under base_layer names was not refused")
+    want = {(0, "gate_up_proj"): (2, 4 / 2, ".base_layer"), (0, "down_proj"): (2, 5 / 2, ""),
+            (1, "gate_up_proj"): (3, 4 / 3, ".base_layer"), (1, "down_proj"): (2, 5 / 2, "")}
+    got = {(w.layer, w.which): (w.r, w.scale, ".base_layer" if ".base_layer." in w.a else "")
+           for w in model.param_lora}
+    if got != want or set(model.lora) != {"lm_head"} | {f"model.layers.{i}.self_attn.{p}"
+                                                        for i in range(2) for p in ("q_proj", "o_proj")}:
+        fails.append(f"adapter read as {got}, modules {sorted(model.lora)}; want {want}")
+    if any(sc != 3.0 for sc in model.lora.values()):
+        fails.append(f"module scales {sorted(set(model.lora.values()))}, want 3")
+
+    def kinds_of(grads, visited):
+        kinds = [(f"{m} lora_{ab}", n) for m in ("model.layers.0.self_attn.q_proj",
+                                                 "model.layers.1.self_attn.o_proj", "lm_head")
+                 for ab, n in zip("AB", q3.lora_names(m))]
+        for w in model.param_lora:
+            kinds += [(f"layer {w.layer} {w.which} lora_A", w.a), (f"layer {w.layer} {w.which} lora_B", w.b)]
+            for e in set(range(E)) - set(visited[w.layer]):  # unrouted: exactly zero
+                ga = grads[w.a].reshape(E, w.r, w.fin)[e]
+                gb = grads[w.b].reshape(w.fout, w.r, E)[:, :, e]
+                if ga.abs().max() != 0 or gb.abs().max() != 0:
+                    fails.append(f"unvisited expert {e}: layer {w.layer} {w.which} A/B slice "
+                                 "has a non-zero gradient")
+        return kinds
+    # No per-expert module adapters here: qwen3_ref's zero check on their LoRA tensors is skipped
+    # (kinds_of checks the wrappers' slices instead).
+    model.EXPERT_PROJ = ()
+    worst, checked, gfails, visited, _ = q3.selfcheck_grads(model, seed, False, kinds_of, T=5,
+                                                            n_entries=3)
+    fails += gfails
+    if any(E - 1 in v for v in visited):
+        fails.append(f"expert {E - 1} was routed to ({visited}): the zero check saw nothing")
+
+    # The same function, three other ways. (1) trill's per-expert modules, from the brief's
+    # slicing written out here (not param_factors).
+    mods = {m: model.lora[m] for m in model.lora}
+    lw = {n: model.W[n] for m in mods for n in q3.lora_names(m)}
+    pmods, plw = dict(mods), dict(lw)
+    for w in model.param_lora:
+        A3 = model.W[w.a].reshape(E, w.r, w.fin)
+        B3 = model.W[w.b].reshape(w.fout, w.r, E)
+        for e in range(E):
+            A_e, B_e = A3[e], B3[:, :, e]
+            parts = ([("gate_proj", B_e[0::2]), ("up_proj", B_e[1::2])] if w.which == "gate_up_proj"
+                     else [("down_proj", B_e)])
+            for part, B_m in parts:
+                m = f"model.layers.{w.layer}.mlp.experts.{e}.{part}"
+                pmods[m] = w.scale
+                an, bn = q3.lora_names(m)
+                plw[an], plw[bn] = A_e.clone(), B_m.clone()
+    per_expert = GptOssModel(cfg=cfg, weights=base_w, adapter=(pmods, plw))
+    # (2) PEFT's einsum delta added to HF's stacked parameters; the module adapters kept.
+    hfw = {n: t.to(DT) for n, t in hf.items()}
+    for w in model.param_lora:
+        delta = w.scale * torch.einsum("ore,eri->eio", model.W[w.b].reshape(w.fout, w.r, E),
+                                       model.W[w.a].reshape(E, w.r, w.fin))
+        hfw[w.param] = hfw[w.param] + delta
+    einsum = GptOssModel(cfg=cfg, weights=hfw, adapter=(mods, lw))
+    # (3) merge's float64 model.
+    merged = GptOssModel(cfg=cfg, weights=dict(merged_weights(model)[0]))
+    base_mods = GptOssModel(cfg=cfg, weights=base_w, adapter=(mods, lw))
+    probe = list(range(cfg["vocab_size"]))
+    with torch.no_grad():
+        la = model.forward(probe)[0]
+        for what, other in (("per-expert module adapter", per_expert),
+                            ("base + einsum delta", einsum), ("merged model", merged)):
+            d = (la - other.forward(probe)[0]).abs().max().item()
+            if d > 1e-12:
+                fails.append(f"{what} differs from the target_parameters adapter: {d:.2e}")
+        d = (la - base_mods.forward(probe)[0]).abs().max().item()
+        if d < 1e-3:
+            fails.append(f"the ParamWrappers change the forward by only {d:.2e}")
+    return worst, checked, fails
+
+
 def cmd_selfcheck_grad(args):
     ok = True
     for c, (rp, tied, lora, over) in enumerate(SELFCHECK_CASES):
@@ -774,6 +1220,13 @@ def cmd_selfcheck_grad(args):
         for f_ in fails:
             print("  " + f_)
         ok &= not fails
+    worst, checked, fails = selfcheck_peft_params(args.seed + len(SELFCHECK_CASES))
+    print(f"selfcheck-grad target_parameters adapter (PEFT ParamWrapper on gate_up_proj and "
+          f"down_proj, r 2 / rank_pattern 3, alpha_pattern): {checked} entries, worst rel "
+          f"err {worst:.2e}; = per-expert modules, einsum delta, merge  {'ok' if not fails else 'FAIL'}")
+    for f_ in fails:
+        print("  " + f_)
+    ok &= not fails
     # MXFP4: the dequantization's nibble order and exponent on a hand-made block.
     blocks = torch.zeros(1, 1, 1, 16, dtype=torch.uint8)
     blocks[0, 0, 0, 0] = 0x2F   # element 0: low nibble 15 (-6.0), element 1: high nibble 2 (+1.0)
@@ -795,13 +1248,21 @@ def main(argv=None):
     sub.choices["make-model"].add_argument(
         "--mxfp4", action="store_true",
         help="store the experts' gate_up_proj / down_proj as MXFP4 blocks + scales")
+    ma = sub.choices["make-adapter"]
+    ma.add_argument("--peft-params", action="store_true",
+                    help="gate_proj / up_proj / down_proj as PEFT's target_parameters "
+                         "(ParamWrapper on mlp.experts.gate_up_proj / down_proj)")
+    ma.add_argument("--rank-pattern", action="append", metavar="KEY=R",
+                    help="adapter_config.json rank_pattern entry (repeatable)")
+    ma.add_argument("--alpha-pattern", action="append", metavar="KEY=ALPHA",
+                    help="adapter_config.json alpha_pattern entry (repeatable)")
     args = ap.parse_args(argv)
     commands = {
         "make-model": cmd_make_model,
         "forward": lambda a: q3.cmd_forward(a, GptOssModel),
         "grad": lambda a: q3.cmd_grad(a, GptOssModel),
         "adamw-steps": lambda a: q3.cmd_adamw_steps(a, GptOssModel),
-        "make-adapter": lambda a: q3.cmd_make_adapter(a, linear_modules),
+        "make-adapter": cmd_make_adapter,
         "merge": cmd_merge,
         "selfcheck-grad": cmd_selfcheck_grad,
     }

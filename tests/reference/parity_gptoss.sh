@@ -10,7 +10,9 @@
 # 4096; GQA 8/1 with head_dim 32; 16 experts top-3; the experts in MXFP4; tied embeddings;
 # head_dim null), and on one `trill init --preset gptoss-tiny` writes; full and LoRA gradients
 # (grad_tool; the stacked experts compared per expert under trill's names; LoRA on q/k/v/o_proj,
-# every expert's gate/up/down_proj, lm_head) with and without router replay; trill merge; and the
+# every expert's gate/up/down_proj, lm_head) with and without router replay; trill merge; an
+# adapter in PEFT's target_parameters form for the stacked experts (trill merge, and trill's
+# load + save round trip read back by the reference); and the
 # generator (f32) on the sequences it generates, with the trill-written model and with a
 # reference-written one.
 # make test runs a sample of the cases; make test-full (TRILL_TEST_FULL=1) runs them all. The
@@ -28,7 +30,7 @@ trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
 REF=gptoss_ref.py
 source "$HERE/parity_lib.sh"
-SAMPLE=" selfcheck-grad f32 no_attention_bias tight_clamp all_full window1 yarn_default mxfp4 gptoss-tiny grad_f32 grad_tight_clamp grad_all_full lora_f32 "
+SAMPLE=" selfcheck-grad f32 no_attention_bias tight_clamp all_full window1 yarn_default mxfp4 gptoss-tiny grad_f32 grad_tight_clamp grad_all_full lora_f32 peft_params "
 source "$HERE/sample.sh"
 
 if sampled selfcheck-grad; then
@@ -76,6 +78,34 @@ for name in f32 tight_clamp; do
   train_inputs "$name"
   lora_and_merge "$name" "$WORK/$name" q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
 done
+# The form PEFT writes for the stacked experts (target_parameters: a ParamWrapper on
+# mlp.experts.gate_up_proj, one A shared by gate and up, and on mlp.experts.down_proj; q_proj and
+# o_proj as modules): trill merge scored as the reference scores the base + adapter; then the
+# adapter as trill loads it and writes it back (grad_tool --save-adapter: gate_up_proj as rank 2r
+# block-diagonal, rank_pattern / alpha_pattern 2r / 2 alpha) must be the same function to 1e-9 in
+# the reference.
+if sampled peft_params; then
+  train_inputs f32
+  pdir="$WORK/f32" pa="$WORK/f32.peft_params"
+  pystep -o /dev/null "$REF" make-adapter --model "$pdir" --out "$pa" --rank 4 --alpha 8 --targets q_proj,o_proj,gate_proj,up_proj,down_proj --seed 9 --peft-params
+  pystep -o /dev/null "$REF" forward --model "$pdir" --adapter "$pa" --input "$WORK/in.jsonl" --output "$pa.ref.jsonl"
+  if ! { "$TRILL" merge --model "$pdir" --adapter "$pa" --out "$pa.merged" --dtype f32 &&
+         "$TRILL" score --model "$pa.merged" --input "$WORK/in.jsonl" --output "$pa.merged.jsonl"; } 2>"$pa.merge.err" >/dev/null; then
+    fail "peft_params merge: trill merge or score failed" "$pa.merge.err"
+  elif pystep -o "$pa.merge.txt" compare.py "$pa.ref.jsonl" "$pa.merged.jsonl" --atol 1e-4 --tie 1e-6; then
+    pass "peft_params merge: $(grep 'max |d logprob|' "$pa.merge.txt"), $(grep 'expert comparisons' "$pa.merge.txt")"
+  else fail "peft_params merge" "$pa.merge.txt"; fi
+  rm -rf "$pa.saved"
+  if ! "$TOOL" "$pdir" "$pdir.in.jsonl" /dev/null --adapter "$pa" --save-adapter "$pa.saved" >/dev/null 2>"$pa.save.err"; then
+    { echo "grad_tool $pdir $pdir.in.jsonl /dev/null --adapter $pa --save-adapter $pa.saved failed (a grad_tool without --save-adapter, or trill cannot load or save this adapter):"
+      cat "$pa.save.err"; } >"$pa.save.txt"
+    fail "peft_params round trip: grad_tool --save-adapter failed" "$pa.save.txt"
+  elif ! pystep -o "$pa.saved.txt" -E "$REF" forward --model "$pdir" --adapter "$pa.saved" --input "$WORK/in.jsonl" --output "$pa.saved.ref.jsonl"; then
+    fail "peft_params round trip: the reference refuses the adapter trill saved" "$pa.saved.txt"
+  elif pystep -o "$pa.rt.txt" compare.py "$pa.ref.jsonl" "$pa.saved.ref.jsonl" --atol 1e-9 --tie 1e-12; then
+    pass "peft_params round trip (reference forward, saved vs original adapter): $(grep 'max |d logprob|' "$pa.rt.txt")"
+  else fail "peft_params round trip (reference forward, saved vs original adapter)" "$pa.rt.txt"; fi
+fi
 
 # The generator (f32, its KV cache) on the sequences it samples: their log-probs as the reference
 # computes them (sliding layers of window 8 over 46 positions, the sinks, default YaRN)

@@ -1,12 +1,13 @@
 /* The C side of the gradient parity test (tests/train/grad_parity.sh):
- *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--recompute] [--adapter DIR]
+ *   grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--recompute] [--adapter DIR [--save-adapter DIR2]]
  *             [--steps N --lr LR --weight-decay WD --beta2 B2 --clip MAXNORM]
  * Each input line: {"tokens": [...], "coef": [null, c1, ...], "experts"?: [[[k ids] per MoE layer] per token]}.
  * loss = sum of coef[t] * logprob[t]; writes d loss / d every parameter under its HF name
  * (F32) and prints {"loss": ...}. With --replay the lines' experts are forced (router replay).
  * With --adapter (a PEFT LoRA folder) the base is frozen and only the adapter's gradients are
  * written, under PEFT's names. With --steps N it instead takes N AdamW steps (beta1 0.9,
- * eps 1e-8) on that loss and writes the trainable values after them. */
+ * eps 1e-8) on that loss and writes the trainable values after them. --save-adapter writes the
+ * adapter it loaded back with trill's writer to DIR2 and stops (the file forms' round trip). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@ int main(int argc, char **argv) {
     trill_blas_restart(argv); /* OpenBLAS's kernels for this CPU */
     if (argc < 4) { fprintf(stderr, "usage: grad_tool MODEL_DIR IN.jsonl OUT.safetensors [--replay] [--adapter DIR]\n"); return 2; }
     bool replay = false, recompute = false;
-    const char *adapter = NULL;
+    const char *adapter = NULL, *save_adapter = NULL;
     int steps = 0;
     double lr = 1e-3, clip = 0;
     trill_adamw_config opt_cfg = trill_adamw_defaults();
@@ -38,6 +39,7 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--replay") == 0) replay = true;
         else if (strcmp(argv[i], "--recompute") == 0) recompute = true;
         else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) adapter = argv[++i];
+        else if (strcmp(argv[i], "--save-adapter") == 0 && i + 1 < argc) save_adapter = argv[++i];
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--lr") == 0 && i + 1 < argc) lr = atof(argv[++i]);
         else if (strcmp(argv[i], "--weight-decay") == 0 && i + 1 < argc) opt_cfg.weight_decay = atof(argv[++i]);
@@ -51,6 +53,13 @@ int main(int argc, char **argv) {
     if (adapter) {
         if (trill_lora_load(m, adapter, &lora)) return fail(adapter);
         trill_model_attach_lora(m, lora);
+    }
+    if (save_adapter) {
+        if (!lora) { fprintf(stderr, "grad_tool: --save-adapter needs --adapter\n"); return 2; }
+        if (trill_lora_save(lora, save_adapter)) return fail(save_adapter);
+        trill_lora_free(lora);
+        trill_model_free(m);
+        return 0;
     }
     const trill_config *c = &m->config;
     const int L = c->n_moe_layers, K = c->num_experts_per_tok;

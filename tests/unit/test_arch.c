@@ -22,6 +22,7 @@
 #include "trill/model.h"
 #include "trill/train.h"
 #include "trill/infer.h"
+#include "trill/fileio.h"
 #include "trill/safetensors.h"
 #include "testutil.h"
 
@@ -888,6 +889,76 @@ static void test_gptoss_mxfp4(void **state) {
     free(dir);
 }
 
+/* gpt-oss's adapters on its stacked experts in PEFT's target_parameters form: trill's rank-r gate
+ * and up adapters written as gate_up_proj's block-diagonal rank 2r (rank and alpha patterns),
+ * down_proj's per expert, the tensors named as PEFT nests them (gate_up_proj inside down_proj's
+ * wrapper: base_layer); read back bit for bit; with down_proj alone, no nesting; and one A shared
+ * by gate and up (PEFT's own rank-r form) read as two copies of it. */
+static void test_gptoss_peft_params(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 16, \"hidden_size\": 16,"
+        " \"intermediate_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8,"
+        " \"num_local_experts\": 3, \"num_experts_per_tok\": 2, \"sliding_window\": 4}";
+    const trill_config c = parse(toy);
+    trill_model *m;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        trill_lora_config cfg = { .rank = 3, .alpha = 5, .targets = pass ? 1u << TRILL_LORA_DOWN : TRILL_LORA_ALL_LINEAR };
+        trill_lora *l, *back;
+        assert_int_equal(trill_lora_create(m, cfg, 4, &l), TRILL_OK);
+        size_t n;
+        float *v = trill_lora_params(l, &n);
+        for (size_t i = 0; i < n; i++) v[i] = (float)((int)(i * 7919 % 23) - 11) / 16; /* B non-zero too */
+        char *dir = test_tmpdir("gptoss-peft");
+        assert_int_equal(trill_lora_save(l, dir), TRILL_OK);
+        trill_st_file *ck;
+        char *st_path = trill_path_join(dir, "adapter_model.safetensors");
+        assert_int_equal(trill_st_open(st_path, &ck), TRILL_OK);
+        free(st_path);
+        assert_null(trill_st_find(ck, "base_model.model.model.layers.0.mlp.experts.0.gate_proj.lora_A.weight"));
+        const trill_tensor_view *gua = trill_st_find(ck, "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight");
+        const trill_tensor_view *gub = trill_st_find(ck, "base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight");
+        const trill_tensor_view *da = trill_st_find(ck, "base_model.model.model.layers.1.mlp.experts.lora_A.weight");
+        if (pass == 0) { /* gate_up_proj [E, H, 2I]: A [2r E, H], B [2I, 2r E]; down_proj [E, I, H]: A [r E, I] */
+            assert_true(gua && gub && da);
+            assert_true(gua->shape[0] == 6 * 3 && gua->shape[1] == 16 && gub->shape[0] == 16 && gub->shape[1] == 6 * 3);
+            assert_true(da->shape[0] == 3 * 3 && da->shape[1] == 8);
+            const float *B = gub->data; /* gate rows (even) use slots 0..2 only, up rows slots 3..5 */
+            for (int i = 0; i < 16; i++)
+                for (int k = 0; k < 18; k++)
+                    if ((k / 3) / 3 != i % 2) assert_true(B[i * 18 + k] == 0);
+        } else {
+            assert_true(!gua && da && da->shape[0] == 3 * 3);
+        }
+        trill_st_close(ck);
+        char *cfg_path = trill_path_join(dir, "adapter_config.json");
+        json_error_t jerr;
+        json_t *cj = json_load_file(cfg_path, 0, &jerr);
+        assert_non_null(cj);
+        const json_t *params = json_object_get(cj, "target_parameters");
+        assert_int_equal(json_array_size(params), pass ? 1 : 2);
+        assert_string_equal(json_string_value(json_array_get(params, pass ? 0 : 1)), "mlp.experts.down_proj");
+        if (!pass) {
+            assert_string_equal(json_string_value(json_array_get(params, 0)), "mlp.experts.gate_up_proj");
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(cj, "rank_pattern"), "mlp.experts.gate_up_proj")), 6);
+            assert_true(json_number_value(json_object_get(json_object_get(cj, "alpha_pattern"), "mlp.experts.gate_up_proj")) == 10.0);
+        }
+        json_decref(cj);
+        assert_int_equal(trill_lora_load(m, dir, &back), TRILL_OK);
+        size_t nb;
+        const float *vb = trill_lora_params(back, &nb);
+        assert_int_equal(nb, n);
+        assert_memory_equal(vb, v, n * sizeof(float));
+        trill_lora_free(back);
+        trill_lora_free(l);
+        test_rmdir(dir);
+        free(dir);
+        free(cfg_path);
+    }
+    trill_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_walk),  cmocka_unit_test(test_param_counts), cmocka_unit_test(test_flops),
@@ -895,7 +966,7 @@ int main(void) {
         cmocka_unit_test(test_deepseek_toy),  cmocka_unit_test(test_mixtral_counts), cmocka_unit_test(test_mixtral_toy),
         cmocka_unit_test(test_glm_counts),    cmocka_unit_test(test_glm_toy),       cmocka_unit_test(test_glm_lite),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_gptoss_counts), cmocka_unit_test(test_gptoss_toy),
-        cmocka_unit_test(test_gptoss_stacked), cmocka_unit_test(test_gptoss_mxfp4),
+        cmocka_unit_test(test_gptoss_stacked), cmocka_unit_test(test_gptoss_mxfp4), cmocka_unit_test(test_gptoss_peft_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
