@@ -178,6 +178,14 @@ m stacked_offset_swapped checkpoint src/model/model.c "test_arch" \
   'const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + sk->offset);' \
   'const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + (S - 1 - sk->offset));' \
   "gpt-oss: the loader reads gate from gate_up_proj's odd columns and up from the even ones"
+m peft_b_expert_major lora src/model/lora_stacked.c "parity_gptoss" \
+  'p->B[(i * S + o) * (R * E) + (o * r + k) * E + e] = B->data[i * r + k];' \
+  'p->B[(i * S + o) * (R * E) + e * R + o * r + k] = B->data[i * r + k];' \
+  "PEFT's target_parameters form: lora_B's columns written expert-major instead of expert-minor"
+m peft_nesting_reversed lora src/model/lora_stacked.c "parity_gptoss" \
+  'else if (seen_self && any) later++;' \
+  'else if (!seen_self && any) later++;' \
+  "PEFT's target_parameters form: base_layer on down_proj's wrapper instead of gate_up_proj's"
 m mxfp4_nibbles_swapped checkpoint src/model/model.c "parity_gptoss" \
   'FP4_E2M1[k % 2 ? byte >> 4 : byte & 15]' \
   'FP4_E2M1[k % 2 ? byte & 15 : byte >> 4]' \
