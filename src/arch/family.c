@@ -240,6 +240,34 @@ trill_status trill_arch_get_int_or_null(const json_t *root, const char *key, con
     return trill_json_get_int(root, key, what, lo, hi, out);
 }
 
+trill_status trill_arch_read_layer_types(const json_t *root, const char *what, trill_config *c) {
+    const json_t *v = json_object_get(root, "layer_types");
+    if (!v || json_is_null(v)) return TRILL_OK;
+    if (!json_is_array(v) || json_array_size(v) != (size_t)c->num_hidden_layers)
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list of %d entries (one per layer), got %s", what,
+                           c->num_hidden_layers, json_is_array(v) ? "another length" : trill_json_type_name(v));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const char *t = json_string_value(json_array_get(v, (size_t)l));
+        if (!t || (strcmp(t, "full_attention") != 0 && strcmp(t, "sliding_attention") != 0))
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"full_attention\" or \"sliding_attention\"",
+                               what, l);
+        c->sliding_layer[l] = strcmp(t, "sliding_attention") == 0;
+    }
+    return TRILL_OK;
+}
+
+trill_status trill_arch_check_gqa_moe(const trill_config *c, const char *what, const char *experts_field) {
+    if (c->head_dim < 2 || c->head_dim % 2)
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"head_dim\": %d must be even and at least 2 (RoPE)", what, c->head_dim);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return trill_error(TRILL_ERR_INVALID, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", what,
+                           c->num_attention_heads, c->num_key_value_heads);
+    if (c->num_experts_per_tok > c->num_experts)
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"num_experts_per_tok\": %d must be in [1, %s=%d]", what, c->num_experts_per_tok,
+                           experts_field, c->num_experts);
+    return TRILL_OK;
+}
+
 trill_status trill_arch_refuse_partial_rope(const trill_config *c, const char *what) {
     if (c->partial_rotary_factor == 1.0) return TRILL_OK;
     return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"partial_rotary_factor\": %g is not supported for %s (expected 1: RoPE on the whole head)",

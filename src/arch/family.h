@@ -144,6 +144,12 @@ struct json_t *trill_arch_rope_scaling_json(const trill_config *c);
 trill_status trill_arch_get_int_or_null(const struct json_t *root, const char *key, const char *what, int lo, int hi, int *out);
 /* Refuses a partial_rotary_factor other than 1 (a family whose RoPE turns the whole head). */
 trill_status trill_arch_refuse_partial_rope(const trill_config *c, const char *what);
+/* config.json's "layer_types" when present (absent or null: c->sliding_layer as it is): one
+ * entry per layer, "full_attention" or "sliding_attention", into c->sliding_layer. */
+trill_status trill_arch_read_layer_types(const struct json_t *root, const char *what, trill_config *c);
+/* The checks of a GQA MoE whose experts_field (num_local_experts) sets num_experts: head_dim
+ * even and at least 2, whole kv groups, 1 <= num_experts_per_tok <= num_experts. */
+trill_status trill_arch_check_gqa_moe(const trill_config *c, const char *what, const char *experts_field);
 /* Refuses a boolean field that is true (a feature trill does not compute); absent is false. */
 trill_status trill_arch_refuse_true(const struct json_t *root, const char *key, const char *what);
 

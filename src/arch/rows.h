@@ -40,6 +40,12 @@
 #define ROW_K(kvd, h) { "model.layers.%d.self_attn.k_proj.weight", MAT, L, NULL, { kvd, h }, TRILL_ROLE_K, TRILL_LORA_K, QKV(1), ROWS, LW(wk), LL(k) }
 #define ROW_V(kvd, h) { "model.layers.%d.self_attn.v_proj.weight", MAT, L, NULL, { kvd, h }, TRILL_ROLE_V, TRILL_LORA_V, QKV(2), ROWS, LW(wv), LL(v) }
 #define ROW_O(h, qd) { "model.layers.%d.self_attn.o_proj.weight", MAT, L, NULL, { h, qd }, TRILL_ROLE_O, TRILL_LORA_O, NOFUSE, COLS, LW(wo), LL(o) }
+/* GQA's linear biases (trained), when `when`: q, k, v split by heads as their weights, o_proj's
+ * replicated (added once, after the tensor-parallel sum). */
+#define ROW_Q_BIAS(when, qd) { "model.layers.%d.self_attn.q_proj.bias", TRILL_TENSOR_LINEAR_BIAS, L, when, { qd, NO }, TRILL_ROLE_Q_BIAS, TRILL_NO_LORA, NOFUSE, ROWS, LW(q_bias), TRILL_NO_FIELD }
+#define ROW_K_BIAS(when, kvd) { "model.layers.%d.self_attn.k_proj.bias", TRILL_TENSOR_LINEAR_BIAS, L, when, { kvd, NO }, TRILL_ROLE_K_BIAS, TRILL_NO_LORA, NOFUSE, ROWS, LW(k_bias), TRILL_NO_FIELD }
+#define ROW_V_BIAS(when, kvd) { "model.layers.%d.self_attn.v_proj.bias", TRILL_TENSOR_LINEAR_BIAS, L, when, { kvd, NO }, TRILL_ROLE_V_BIAS, TRILL_NO_LORA, NOFUSE, ROWS, LW(v_bias), TRILL_NO_FIELD }
+#define ROW_O_BIAS(when, h) { "model.layers.%d.self_attn.o_proj.bias", TRILL_TENSOR_LINEAR_BIAS, L, when, { h, NO }, TRILL_ROLE_O_BIAS, TRILL_NO_LORA, NOFUSE, REPL, LW(o_bias), TRILL_NO_FIELD }
 /* QK-norm's per-head RMSNorm weights, when `when`. */
 #define ROWS_QK_NORM(when, hd) \
     { "model.layers.%d.self_attn.q_norm.weight", NORM, L, when, { hd, NO }, TRILL_ROLE_Q_NORM, TRILL_NO_LORA, NOFUSE, REPL, LW(q_norm), TRILL_NO_FIELD }, \

@@ -502,8 +502,9 @@ trill_status trill_model_check_finite(const trill_model *m) {
     return TRILL_OK;
 }
 
-/* The stacked tensors a save writes (fp32 buffers in HF's layout) and their names. */
-typedef struct stacked_outs { float **buf; char (*names)[160]; int n, cap; } stacked_outs;
+/* The stacked tensors a save writes (fp32 buffers in HF's layout) and their names, each its own
+ * allocation: the outputs point at them while the lists grow. */
+typedef struct stacked_outs { float **buf; char **names; int n, cap; } stacked_outs;
 
 /* Expert p's elements into its layer's stacked tensor (the inverse of load_stacked's read), made
  * and added to outs when p is its first member. */
@@ -518,15 +519,16 @@ static trill_status stack_expert(stacked_outs *so, const trill_model *m, const t
             const int cap = so->cap ? 2 * so->cap : 16;
             float **b = realloc(so->buf, sizeof *b * (size_t)cap);
             if (b) so->buf = b;
-            char (*nm)[160] = b ? realloc(so->names, sizeof *nm * (size_t)cap) : NULL;
+            char **nm = b ? realloc(so->names, sizeof *nm * (size_t)cap) : NULL;
             if (!nm) return trill_error(TRILL_ERR_NOMEM, "out of memory");
             so->names = nm;
             so->cap = cap;
         }
         k = so->n;
-        if (!(so->buf[k] = trill_malloc(sizeof(float) * (size_t)(E * C * R * S)))) return trill_error(TRILL_ERR_NOMEM, "out of memory for %s", name);
-        snprintf(so->names[k], sizeof so->names[k], "%s", name);
+        so->buf[k] = trill_malloc(sizeof(float) * (size_t)(E * C * R * S));
+        so->names[k] = strdup(name);
         so->n++;
+        if (!so->buf[k] || !so->names[k]) return trill_error(TRILL_ERR_NOMEM, "out of memory for %s", name);
         trill_tensor_out *o = &outs[(*n)++];
         *o = (trill_tensor_out){ .name = so->names[k], .ndim = p->ndim == 2 ? 3 : 2, .data = so->buf[k], .src_dtype = TRILL_F32 };
         const int64_t shape[3] = { E, p->ndim == 2 ? C : R * S, R * S };
@@ -563,7 +565,7 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
         memcpy(outs[n++].shape, p->shape, sizeof p->shape);
     }
     if (!st) st = trill_checkpoint_write(dir, outs, n, dtype, max_shard_bytes);
-    for (int i = 0; i < so.n; i++) free(so.buf[i]);
+    for (int i = 0; i < so.n; i++) free(so.buf[i]), free(so.names[i]);
     free(so.buf);
     free(so.names);
     free(outs);

@@ -724,12 +724,14 @@ static void test_gptoss_toy(void **state) {
 
 /* gpt-oss's experts round-trip through HF's stacked tensors: trill saves gate_up_proj [E, H, 2I]
  * (gate in the even columns), its bias, down_proj [E, I, H] and its bias, no per-expert tensor;
- * each element sits where HF's layout puts it; loading gives back every value exactly. */
+ * each element sits where HF's layout puts it; loading gives back every value exactly. Five
+ * layers: 20 stacked tensors, more than the saver's first list holds (its names must outlive
+ * the list's growth: they did not, and an 8-layer model's save failed). */
 static void test_gptoss_stacked(void **state) {
     (void)state;
     static const char toy[] =
         "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 32,"
-        " \"intermediate_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+        " \"intermediate_size\": 16, \"num_hidden_layers\": 5, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
         " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4}";
     const trill_config c = parse(toy);
     trill_model *m, *back;

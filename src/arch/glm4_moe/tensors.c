@@ -35,19 +35,16 @@ static bool bias(const trill_config *c, int l) { return c->attention_bias; }
 static bool qk_norm(const trill_config *c, int l) { return c->qk_norm; }
 static bool untied(const trill_config *c, int l) { return !c->tie_word_embeddings; }
 
-#define NOLORA TRILL_NO_LORA
-#define NOF TRILL_NO_FIELD
-#define LBIAS TRILL_TENSOR_LINEAR_BIAS
 
 static const trill_tensor_row ROWS_[] = {
     ROW_EMBED(D_V, D_H),
     ROW_INPUT_NORM(D_H),
     ROW_Q(D_QD, D_H),
-    { "model.layers.%d.self_attn.q_proj.bias", LBIAS, L, bias, { D_QD, NO }, TRILL_ROLE_Q_BIAS, NOLORA, NOFUSE, ROWS, LW(q_bias), NOF },
+    ROW_Q_BIAS(bias, D_QD),
     ROW_K(D_KVD, D_H),
-    { "model.layers.%d.self_attn.k_proj.bias", LBIAS, L, bias, { D_KVD, NO }, TRILL_ROLE_K_BIAS, NOLORA, NOFUSE, ROWS, LW(k_bias), NOF },
+    ROW_K_BIAS(bias, D_KVD),
     ROW_V(D_KVD, D_H),
-    { "model.layers.%d.self_attn.v_proj.bias", LBIAS, L, bias, { D_KVD, NO }, TRILL_ROLE_V_BIAS, NOLORA, NOFUSE, ROWS, LW(v_bias), NOF },
+    ROW_V_BIAS(bias, D_KVD),
     ROW_O(D_H, D_QD),
     ROWS_QK_NORM(qk_norm, D_HD),
     ROW_POST_NORM(D_H),

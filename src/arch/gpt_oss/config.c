@@ -57,19 +57,7 @@ static trill_status read_layer_types(const json_t *root, const char *what, trill
     trill_status st = trill_arch_get_int_or_null(root, "sliding_window", what, 1, 1 << 30, &c->sliding_window);
     if (st) return st;
     for (int l = 0; l < c->num_hidden_layers; l++) c->sliding_layer[l] = l % 2 == 0;
-    const json_t *v = json_object_get(root, "layer_types");
-    if (v && !json_is_null(v)) {
-        if (!json_is_array(v) || json_array_size(v) != (size_t)c->num_hidden_layers)
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list of %d entries (one per layer), got %s", what,
-                               c->num_hidden_layers, json_is_array(v) ? "another length" : trill_json_type_name(v));
-        for (int l = 0; l < c->num_hidden_layers; l++) {
-            const char *t = json_string_value(json_array_get(v, (size_t)l));
-            if (!t || (strcmp(t, "full_attention") != 0 && strcmp(t, "sliding_attention") != 0))
-                return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"full_attention\" or \"sliding_attention\"",
-                                   what, l);
-            c->sliding_layer[l] = strcmp(t, "sliding_attention") == 0;
-        }
-    }
+    if ((st = trill_arch_read_layer_types(root, what, c))) return st;
     for (int l = 0; l < c->num_hidden_layers; l++) c->sliding_layer[l] &= c->sliding_window > 0;
     return TRILL_OK;
 }
@@ -105,14 +93,7 @@ trill_status trill_gpt_oss_config_read(const json_t *root, const char *what, tri
         (st = read_quantization(root, what, c)) || (st = trill_arch_get_int_or_null(root, "head_dim", what, 2, 1 << 16, &c->head_dim)))
         return st;
     if (c->head_dim == 0) c->head_dim = c->hidden_size / c->num_attention_heads; /* null */
-    if (c->head_dim < 2 || c->head_dim % 2)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"head_dim\": %d must be even and at least 2 (RoPE)", what, c->head_dim);
-    if (c->num_attention_heads % c->num_key_value_heads)
-        return trill_error(TRILL_ERR_INVALID, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", what,
-                           c->num_attention_heads, c->num_key_value_heads);
-    if (c->num_experts_per_tok > c->num_experts)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"num_experts_per_tok\": %d must be in [1, num_local_experts=%d]", what,
-                           c->num_experts_per_tok, c->num_experts);
+    if ((st = trill_arch_check_gqa_moe(c, what, "num_local_experts"))) return st;
     c->intermediate_size = 0; /* no dense MLP */
     return TRILL_OK;
 }

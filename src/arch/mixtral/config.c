@@ -49,14 +49,7 @@ trill_status trill_mixtral_config_read(const json_t *root, const char *what, tri
     if (jitter != 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"router_jitter_noise\": %g is not supported (expected 0: trill trains without router noise)",
                            what, jitter);
-    if (c->head_dim < 2 || c->head_dim % 2)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"head_dim\": %d must be even and at least 2 (RoPE)", what, c->head_dim);
-    if (c->num_attention_heads % c->num_key_value_heads)
-        return trill_error(TRILL_ERR_INVALID, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", what,
-                           c->num_attention_heads, c->num_key_value_heads);
-    if (c->num_experts_per_tok > c->num_experts)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"num_experts_per_tok\": %d must be in [1, num_local_experts=%d]", what,
-                           c->num_experts_per_tok, c->num_experts);
+    if ((st = trill_arch_check_gqa_moe(c, what, "num_local_experts"))) return st;
     c->intermediate_size = 0; /* no dense MLP */
     return TRILL_OK;
 }

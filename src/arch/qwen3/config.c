@@ -71,18 +71,8 @@ static trill_status read_sliding(const json_t *root, const char *what, trill_con
         return st;
     c->sliding_window = use && window > 0 ? window : 0;
     for (int l = 0; l < c->num_hidden_layers; l++) c->sliding_layer[l] = c->sliding_window && l >= from;
-    const json_t *v = json_object_get(root, "layer_types");
-    if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v) || json_array_size(v) != (size_t)c->num_hidden_layers)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list of %d entries (one per layer), got %s", what,
-                           c->num_hidden_layers, json_is_array(v) ? "another length" : trill_json_type_name(v));
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const char *t = json_string_value(json_array_get(v, (size_t)l));
-        if (!t || (strcmp(t, "full_attention") != 0 && strcmp(t, "sliding_attention") != 0))
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"full_attention\" or \"sliding_attention\"",
-                               what, l);
-        c->sliding_layer[l] = c->sliding_window && strcmp(t, "sliding_attention") == 0; /* HF: no window without use_sliding_window */
-    }
+    if ((st = trill_arch_read_layer_types(root, what, c))) return st;
+    for (int l = 0; l < c->num_hidden_layers; l++) c->sliding_layer[l] &= c->sliding_window > 0; /* HF: no window without use_sliding_window */
     return TRILL_OK;
 }
 
