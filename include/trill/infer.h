@@ -159,6 +159,10 @@ typedef struct trill_step_stats {
     int preempted;     /* sequences that gave their blocks back (they recompute later) */
     int running;       /* sequences holding KV blocks after the step */
     int kv_blocks_used; /* KV cache blocks held after the step (trill_engine_config.block_size tokens each) */
+    /* a model whose windowed layers attend beside full ones (gpt-oss): the blocks of the windowed
+     * layers' own cache held (their positions' K/V within the window; kv_blocks_used then counts
+     * the full layers' blocks) */
+    int kv_window_blocks_used;
     int waiting;
 } trill_step_stats;
 

@@ -32,14 +32,40 @@ static trill_status alloc_step_buffers(trill_engine *e) {
 /* The KV cache's size: the layout the forward asks for (*shape, [num_hidden_layers], the caller
  * frees it), in the weights' precision (*elem bytes: fp32 for f32, bf16 otherwise, as bf16
  * serving does), and as many blocks as kv_cache_mb holds, or exactly kv_blocks. */
-static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape, int *elem, int *blocks) {
+/* The caches' layouts and sizes: what a token keeps per layer (the family's), in the format's
+ * element; kv_blocks, or as many blocks as kv_cache_mb holds. With kv_split the windowed layers'
+ * K/V go to win_shape (0 wide in shape), in win_blocks: each running sequence's window and a
+ * step's new positions (preemption covers the rest), at most half the budget. */
+static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape, kv_layer_shape **win_shape, int *elem, int *blocks,
+                                  int *win_blocks) {
     const trill_config *c = &e->c;
     const trill_engine_config *cfg = &e->cfg;
-    if (!(*shape = trill_malloc(sizeof **shape * (size_t)c->num_hidden_layers))) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    const int L = c->num_hidden_layers;
+    *shape = trill_malloc(sizeof **shape * (size_t)L);
+    *win_shape = e->kv_split ? trill_malloc(sizeof **win_shape * (size_t)L) : NULL;
+    if (!*shape || (e->kv_split && !*win_shape)) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->fam->kv_shape(c, *shape);
     *elem = cfg->format == TRILL_GEN_F32 ? (int)sizeof(float) : (int)sizeof(uint16_t);
-    const size_t per_block = trill_kv_cache_bytes_per_block(cfg->block_size, c->num_hidden_layers, *shape, *elem);
-    const size_t n_blocks = cfg->kv_blocks > 0 ? (size_t)cfg->kv_blocks : per_block ? cfg->kv_cache_mb * 1000000 / per_block : 0;
+    size_t budget = cfg->kv_cache_mb * 1000000;
+    *win_blocks = 0;
+    if (e->kv_split) {
+        for (int l = 0; l < L; l++) {
+            const bool windowed = trill_layer_desc_of(c, l).window > 0;
+            (*win_shape)[l] = windowed ? (*shape)[l] : (kv_layer_shape){ 0, 0 };
+            if (windowed) (*shape)[l] = (kv_layer_shape){ 0, 0 };
+        }
+        const int bs = cfg->block_size;
+        const size_t per_win = trill_kv_cache_bytes_per_block(bs, L, *win_shape, *elem);
+        size_t want = (size_t)cfg->max_running * (size_t)((e->kv_win_window - 1) / bs + 3) + (size_t)(cfg->max_batch_tokens + bs - 1) / bs;
+        if (cfg->kv_blocks <= 0 && want * per_win > budget / 2) want = budget / 2 / per_win;
+        if (want < 1 || want > INT32_MAX)
+            return trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds no block of the windowed layers' cache (%.2f MB each)", cfg->kv_cache_mb,
+                               per_win / 1e6);
+        *win_blocks = (int)want;
+        budget -= want * per_win < budget ? want * per_win : budget;
+    }
+    const size_t per_block = trill_kv_cache_bytes_per_block(cfg->block_size, L, *shape, *elem);
+    const size_t n_blocks = cfg->kv_blocks > 0 ? (size_t)cfg->kv_blocks : per_block ? budget / per_block : 0;
     if (n_blocks < 1 || n_blocks > INT32_MAX)
         return trill_error(TRILL_ERR_INVALID, "engine: kv_cache_mb %zu holds %zu blocks of %d tokens (%.2f MB each); need at least one",
                            cfg->kv_cache_mb, n_blocks, cfg->block_size, per_block / 1e6);
@@ -88,6 +114,16 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
         window = w <= 0 ? 0 : w < window ? w : window;
     }
     e->kv_window = window == INT32_MAX ? 0 : window;
+    if (!e->kv_window && trill_layer_desc_of(&m->config, 0).attention == TRILL_ATTENTION_GQA) { /* windowed layers beside full ones */
+        int w_all = 0;
+        bool one = true;
+        for (int l = 0; l < m->config.num_hidden_layers; l++) {
+            const int w = trill_layer_desc_of(&m->config, l).window;
+            if (w > 0) one &= !w_all || w == w_all, w_all = w;
+        }
+        e->kv_split = w_all > 0 && one; /* (layers of different windows keep every block) */
+        e->kv_win_window = e->kv_split ? w_all : 0;
+    }
     e->cfg = cfg;
     if ((e->tensors = trill_malloc((m->n_tensors ? m->n_tensors : 1) * sizeof *e->tensors))) {
         e->n_tensors = m->n_tensors;
@@ -99,14 +135,16 @@ trill_status trill_engine_create(const trill_model *m, const trill_engine_config
     } else st = trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->rows.max = cfg.max_batch_tokens;
     const trill_config *c = &e->c;
-    kv_layer_shape *kv_shape = NULL;
-    int kv_elem = 0, kv_blocks = 0;
-    if (!st) st = size_kv_cache(e, &kv_shape, &kv_elem, &kv_blocks);
+    kv_layer_shape *kv_shape = NULL, *win_shape = NULL;
+    int kv_elem = 0, kv_blocks = 0, win_blocks = 0;
+    if (!st) st = size_kv_cache(e, &kv_shape, &win_shape, &kv_elem, &kv_blocks, &win_blocks);
     pthread_mutex_init(&e->update.lock, NULL);
     if (!st && (st = trill_model_check_finite(m))) trill_error_context("engine");
     if (!st) st = trill_eng_build_weights(c, cfg.format, m, &e->w);
     if (!st) st = trill_kv_cache_create(&e->kv, kv_blocks, cfg.block_size, c->num_hidden_layers, kv_shape, kv_elem);
+    if (!st && e->kv_split) st = trill_kv_cache_create(&e->kv_win, win_blocks, cfg.block_size, c->num_hidden_layers, win_shape, kv_elem);
     free(kv_shape);
+    free(win_shape);
     if (!st && cfg.eplb && c->n_moe_layers > 0) st = trill_eng_eplb_start(e);
     if (!st) st = alloc_step_buffers(e);
     if (!st) st = trill_eng_build_layout(e);
@@ -129,6 +167,7 @@ void trill_engine_free(trill_engine *e) {
     if (e->update.ad) trill_eng_free_adapter(&e->c, e->update.ad);
     pthread_mutex_destroy(&e->update.lock);
     trill_kv_cache_free(&e->kv);
+    if (e->kv_split) trill_kv_cache_free(&e->kv_win);
     if (e->fam) e->fam->free(e);
     trill_eng_eplb_free(e);
     free(e->rows.logit);
@@ -143,7 +182,9 @@ void trill_engine_free(trill_engine *e) {
 
 size_t trill_engine_weight_bytes(const trill_engine *e) { return e->w->bytes; }
 
-size_t trill_engine_kv_bytes(const trill_engine *e) { return e->kv.block_bytes * (size_t)e->kv.n_blocks; }
+size_t trill_engine_kv_bytes(const trill_engine *e) {
+    return e->kv.block_bytes * (size_t)e->kv.n_blocks + (e->kv_split ? e->kv_win.block_bytes * (size_t)e->kv_win.n_blocks : 0);
+}
 
 uint32_t trill_engine_version(const trill_engine *e) { return e->version; }
 
@@ -210,6 +251,7 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     }
     local.rows = R;
     local.kv_blocks_used = e->kv.n_blocks - e->kv.n_free;
+    local.kv_window_blocks_used = e->kv_split ? e->kv_win.n_blocks - e->kv_win.n_free : 0;
     local.running = e->sched.n_active;
     local.waiting = e->sched.n_waiting;
     if (stats) *stats = local;

@@ -138,6 +138,7 @@ typedef struct seq {
     int n_prompt;
     int n_computed;       /* tokens whose K/V are in the cache */
     kv_table kv;
+    kv_table kv_win;      /* with trill_engine.kv_split: its blocks of the windowed layers' cache */
     float *logprobs;      /* [max_new_tokens] */
     uint32_t *versions;
     uint16_t *experts;    /* capture: [cap][n_moe][K] */
@@ -220,6 +221,13 @@ struct trill_engine {
     eng_mailbox update;   /* engine_adapter.c */
     kv_cache kv;          /* blocks handed out by the scheduler, written and read by the forward */
     int kv_window;        /* every layer attends within this sliding window (0: not so): blocks before it are given back */
+    /* Layers that attend within one window beside layers that attend to everything (gpt-oss):
+     * the windowed layers keep their K/V in a cache of their own, kv_win (the other layers 0
+     * wide there, and the windowed ones 0 wide in kv), whose blocks are given back once their
+     * positions leave kv_win_window; kv then holds the full layers' only. */
+    bool kv_split;
+    int kv_win_window;
+    kv_cache kv_win;
     eng_sched sched;      /* engine_requests.c; finished ones by engine_sample.c */
     eng_rows rows;        /* made by the scheduler, read by the forward and the sampler */
     void *fwd;            /* the family's forward buffers: its alloc makes them, its free frees them */
@@ -300,6 +308,13 @@ trill_status trill_eng_reserve_held(trill_engine *e);
 void trill_eng_hold(trill_engine *e, seq *s, uint64_t digest); /* room reserved */
 void trill_eng_drop_req_if_done(trill_engine *e, req *q);
 bool trill_eng_release_held_blocks(trill_engine *e);
+/* A sequence's KV tables in the engine's caches (engine_requests.c): reserve, as
+ * trill_kv_table_reserve in each (a window-cache failure gives back what the call took in kv);
+ * share (a fork); release; and the window's release before the next rows from n_computed. */
+int trill_eng_kv_reserve(trill_engine *e, seq *s, int n_tokens, int write_from);
+trill_status trill_eng_kv_share(trill_engine *e, seq *dst, const seq *src);
+void trill_eng_kv_release(trill_engine *e, seq *s);
+void trill_eng_kv_drop_window(trill_engine *e, seq *s);
 uint64_t trill_eng_token_digest(const int *tokens, int n);
 /* Picks the step's rows into e->rows (*rows of them), preempting when blocks run out. */
 trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *stats);

@@ -31,9 +31,37 @@ trill_status trill_eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
     return TRILL_OK;
 }
 
+/* ---- a sequence's KV tables ---- */
+
+int trill_eng_kv_reserve(trill_engine *e, seq *s, int n_tokens, int write_from) {
+    const int had = s->kv.n;
+    int got = trill_kv_table_reserve(&e->kv, &s->kv, n_tokens, write_from);
+    if (got || !e->kv_split) return got;
+    if ((got = trill_kv_table_reserve(&e->kv_win, &s->kv_win, n_tokens, write_from)) != 0)
+        while (s->kv.n > had) trill_kv_block_release(&e->kv, s->kv.blocks[--s->kv.n]); /* what this call took in kv */
+    return got;
+}
+
+trill_status trill_eng_kv_share(trill_engine *e, seq *dst, const seq *src) {
+    trill_status st = trill_kv_table_share(&e->kv, &dst->kv, &src->kv);
+    if (!st && e->kv_split) st = trill_kv_table_share(&e->kv_win, &dst->kv_win, &src->kv_win);
+    return st;
+}
+
+void trill_eng_kv_release(trill_engine *e, seq *s) {
+    trill_kv_table_release(&e->kv, &s->kv);
+    if (e->kv_split) trill_kv_table_release(&e->kv_win, &s->kv_win);
+}
+
+void trill_eng_kv_drop_window(trill_engine *e, seq *s) {
+    /* the next rows, from position n_computed on, read from n_computed - window + 1 */
+    if (e->kv_window) trill_kv_table_drop_before(&e->kv, &s->kv, s->n_computed - e->kv_window + 1);
+    if (e->kv_split) trill_kv_table_drop_before(&e->kv_win, &s->kv_win, s->n_computed - e->kv_win_window + 1);
+}
+
 void trill_eng_free_seq(trill_engine *e, seq *s) {
     if (!s) return;
-    trill_kv_table_release(&e->kv, &s->kv);
+    trill_eng_kv_release(e, s);
     free(s->tokens);
     free(s->logprobs);
     free(s->versions);
@@ -187,7 +215,7 @@ static trill_status preempt(trill_engine *e, int active_index) {
     seq **w = eng_grow(e->sched.waiting, &e->sched.cap_waiting, e->sched.n_waiting + 1, sizeof *w);
     if (!w) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     e->sched.waiting = w;
-    trill_kv_table_release(&e->kv, &s->kv);
+    trill_eng_kv_release(e, s);
     s->n_computed = 0;
     trill_eng_remove_at(e->sched.active, &e->sched.n_active, active_index);
     memmove(e->sched.waiting + 1, e->sched.waiting, sizeof *e->sched.waiting * (size_t)e->sched.n_waiting);
@@ -215,10 +243,9 @@ trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *st
     for (int i = 0; i < e->sched.n_active && R < e->rows.max; i++) {
         seq *s = e->sched.active[i];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
-        if (e->kv_window) /* the next rows, from position n_computed on, read from n_computed - window + 1 */
-            trill_kv_table_drop_before(&e->kv, &s->kv, s->n_computed - e->kv_window + 1);
+        trill_eng_kv_drop_window(e, s);
         int got;
-        while ((got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) != 0) {
+        while ((got = trill_eng_kv_reserve(e, s, s->n_computed + n, s->n_computed)) != 0) {
             if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
             if (trill_eng_release_held_blocks(e)) continue; /* a held sample's first: it is idle */
             /* out of blocks: the newest sequence makes room (this one, if it is the newest) */
@@ -236,7 +263,7 @@ trill_status trill_eng_schedule(trill_engine *e, int *rows, trill_step_stats *st
         seq *s = e->sched.waiting[0];
         const int n = s->n_tokens - s->n_computed < e->rows.max - R ? s->n_tokens - s->n_computed : e->rows.max - R;
         int got;
-        while ((got = trill_kv_table_reserve(&e->kv, &s->kv, s->n_computed + n, s->n_computed)) == KV_FULL && trill_eng_release_held_blocks(e)) {
+        while ((got = trill_eng_kv_reserve(e, s, s->n_computed + n, s->n_computed)) == KV_FULL && trill_eng_release_held_blocks(e)) {
         }
         if (got == KV_NOMEM) return TRILL_ERR_NOMEM;
         if (got) break;

@@ -114,7 +114,7 @@ static trill_status make_forks(trill_engine *e, const seq *parent, int *made) {
     for (int k = 1; k < q->r.n; k++) {
         seq *s;
         trill_status st = trill_eng_new_seq(e, (req *)q, k, &s);
-        if (!st && (st = trill_kv_table_share(&e->kv, &s->kv, &parent->kv))) trill_eng_free_seq(e, s);
+        if (!st && (st = trill_eng_kv_share(e, s, parent))) trill_eng_free_seq(e, s);
         if (st) return st;
         e->sched.active[e->sched.n_active + (*made)++] = s;
     }

@@ -50,7 +50,7 @@ bool trill_eng_release_held_blocks(trill_engine *e) {
     for (int i = 0; i < e->sched.n_held; i++) { /* the oldest first */
         seq *s = e->sched.held[i];
         if (!s->kv.n) continue;
-        trill_kv_table_release(&e->kv, &s->kv);
+        trill_eng_kv_release(e, s);
         s->n_computed = 0; /* recomputed when continued */
         return true;
     }

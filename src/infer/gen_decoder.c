@@ -144,11 +144,13 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
  * sum over j in order for every element; W is a compile-time constant at each call, so acc
  * stays in registers while the cache is read once per position. */
 static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
-                                                                int first, int n_pos, float *o, const int W, const bool half) {
-    const int bs = e->kv.block_size, v_stride = e->kv.shape[layer].v_width;
+                                                                int first, int n_pos, float *o, const int W, const bool half, const bool own) {
+    const kv_cache *kc = own ? &e->kv_win : &e->kv;
+    const kv_table *t = own ? &s->kv_win : &s->kv;
+    const int bs = kc->block_size, v_stride = kc->shape[layer].v_width;
     float acc[128] = { 0 };
     for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
-        const char *vb = kv_value(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
+        const char *vb = kv_value(kc, t->blocks[j0 / bs], layer, 0);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
         for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
             const float w = p[j0 + j];
@@ -161,19 +163,22 @@ static inline __attribute__((always_inline)) void attend_values(const trill_engi
 
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
  * key and value is read once for the group; the cache is walked block by block, from the block
- * of the layer's window's first position (window 0: the whole sequence). sc: the thread's
- * [group][max_context] scores. */
+ * of the layer's window's first position (window 0: the whole sequence), in the windowed layers'
+ * own cache when the engine splits them off (kv_split). sc: the thread's [group][max_context]
+ * scores. */
 static inline __attribute__((always_inline)) void attend_row_head(const trill_engine *e, int layer, int r, int kvh, float *sc, int window,
-                                                                  const float *sinks, const bool half) {
+                                                                  const float *sinks, const bool half, const bool own) {
     const trill_config *c = &e->c;
     const int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, group = nh / nkv;
-    const int bs = e->kv.block_size, k_stride = e->kv.shape[layer].k_width, elem = half ? 2 : 4;
-    const float scale = S(e)->softmax_scale;
+    const kv_cache *kc = own ? &e->kv_win : &e->kv;
     const seq *s = e->rows.seq[r];
+    const kv_table *t = own ? &s->kv_win : &s->kv;
+    const int bs = kc->block_size, k_stride = kc->shape[layer].k_width, elem = half ? 2 : 4;
+    const float scale = S(e)->softmax_scale;
     const int n_pos = e->rows.pos[r] + 1, ctx = S(e)->att_scores.max_context, first = window > 0 && n_pos > window ? n_pos - window : 0;
     const float *q = S(e)->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
     for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
-        const char *kb = (const char *)kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
+        const char *kb = (const char *)kv_key(kc, t->blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
         for (int g = 0; g < group; g++) {
             const float *qg = q + (size_t)g * hd;
@@ -189,11 +194,11 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
         const float *pg = sc + (size_t)g * ctx;
         float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
         /* the common head sizes get a constant width, so the accumulators stay in registers */
-        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, first, n_pos, o, 64, half);
+        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, first, n_pos, o, 64, half, own);
         else if (hd == 128)
-            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, 64, half);
+            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, 64, half, own);
         else
-            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, LANE, half);
+            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, LANE, half, own);
     }
 }
 
@@ -202,15 +207,17 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
  * element size). head_dim must be a multiple of 8 (checked when the engine is made). */
 static void paged_attention(trill_engine *e, int layer, int window, const float *sinks, int R) {
     const int nkv = e->c.num_key_value_heads, group = e->c.num_attention_heads / nkv;
-    const bool half = e->kv.elem == 2;
+    const bool half = e->kv.elem == 2, own = e->kv_split && window > 0; /* own: the windowed layers' cache */
 #pragma omp parallel
     {
         float *sc = S(e)->att_scores.p + (size_t)omp_get_thread_num() * S(e)->att_scores.max_context * group;
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int r = 0; r < R; r++)
-            for (int kvh = 0; kvh < nkv; kvh++) {
-                if (half) attend_row_head(e, layer, r, kvh, sc, window, sinks, true);
-                else attend_row_head(e, layer, r, kvh, sc, window, sinks, false);
+            for (int kvh = 0; kvh < nkv; kvh++) { /* each case compiled apart: the common one's code is the cache's alone */
+                if (own && half) attend_row_head(e, layer, r, kvh, sc, window, sinks, true, true);
+                else if (own) attend_row_head(e, layer, r, kvh, sc, window, sinks, false, true);
+                else if (half) attend_row_head(e, layer, r, kvh, sc, window, sinks, true, false);
+                else attend_row_head(e, layer, r, kvh, sc, window, sinks, false, false);
             }
     }
 }
@@ -239,11 +246,14 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
     }
     trill_decoder_rope_heads(c, S(e)->q, e->rows.pos, S(e)->inv_freq, S(e)->rope_scale, R, nh);
     trill_decoder_rope_heads(c, S(e)->k, e->rows.pos, S(e)->inv_freq, S(e)->rope_scale, R, nkv);
+    const bool own = e->kv_split && desc->window > 0; /* the windowed layers' cache */
+    const kv_cache *kc = own ? &e->kv_win : &e->kv;
     for (int r = 0; r < R; r++) {
         const seq *s = e->rows.seq[r];
-        const int p = e->rows.pos[r], b = s->kv.blocks[p / e->kv.block_size], slot = p % e->kv.block_size;
-        trill_from_f32(kv_key(&e->kv, b, l, slot), S(e)->k + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
-        trill_from_f32(kv_value(&e->kv, b, l, slot), S(e)->v + (size_t)r * kvd, e->kv.elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+        const kv_table *t = own ? &s->kv_win : &s->kv;
+        const int p = e->rows.pos[r], b = t->blocks[p / kc->block_size], slot = p % kc->block_size;
+        trill_from_f32(kv_key(kc, b, l, slot), S(e)->k + (size_t)r * kvd, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+        trill_from_f32(kv_value(kc, b, l, slot), S(e)->v + (size_t)r * kvd, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);
     st = trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);

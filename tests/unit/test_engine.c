@@ -1163,15 +1163,18 @@ static void test_kv_cache_layout(void **state) {
  * back each block once every position in it has left the window, so a sequence holds about
  * window / block_size + 2 blocks however long it runs; the log-probs and experts still equal
  * the reference forward's (which masks by the window), the samples of a prompt sharing its
- * blocks and dropping their own. Mixtral's run only. */
+ * blocks and dropping their own. gpt-oss's windowed layers beside full ones: the windowed
+ * layers' own cache holds that many, the full layers' cache every position. Mixtral's and
+ * gpt-oss's runs. */
 static void test_sliding_window_blocks(void **state) {
     (void)state;
-    if (g_family != MIXTRAL) {
-        print_message("(Mixtral's test: this family has no window on every layer)\n");
+    if (g_family != MIXTRAL && g_family != GPTOSS) {
+        print_message("(Mixtral's and gpt-oss's test: this family has no sliding window)\n");
         return;
     }
     enum { W = 6, BS = 4, NEW = 40 };
-    json_t *j = test_small_mixtral_json();
+    const bool split = g_family == GPTOSS; /* layers 0 and 2 windowed, 1 full */
+    json_t *j = split ? test_small_gptoss_json() : test_small_mixtral_json();
     json_object_set_new(j, "sliding_window", json_integer(W));
     trill_config c;
     assert_int_equal(trill_config_from_json(j, "test", &c), TRILL_OK);
@@ -1183,16 +1186,24 @@ static void test_sliding_window_blocks(void **state) {
     trill_request r1 = request(1, P1, 13, 2, NEW), r2 = request(2, P3, 37, 1, NEW);
     assert_int_equal(trill_engine_submit(e, &r1), TRILL_OK);
     assert_int_equal(trill_engine_submit(e, &r2), TRILL_OK);
-    int most = 0, steps = 0;
+    int most = 0, steps = 0, full = 0;
     while (trill_engine_busy(e)) {
         trill_step_stats st;
         assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
-        if (++steps > 3 && st.kv_blocks_used > most) most = st.kv_blocks_used; /* after the prompts' prefill */
+        const int windowed = split ? st.kv_window_blocks_used : st.kv_blocks_used;
+        if (++steps > 3 && windowed > most) most = windowed; /* after the prompts' prefill */
+        if (split && st.kv_blocks_used > full) full = st.kv_blocks_used;
     }
     /* 3 sequences, each at most (W - 1) / BS + 2 blocks of its window and the block being written
      * (plus one of the prompt's, shared, for a step) */
-    print_message("sliding window %d, blocks of %d: at most %d blocks held by 3 sequences of up to %d tokens\n", W, BS, most, 37 + NEW);
+    print_message("sliding window %d, blocks of %d: at most %d blocks held by 3 sequences of up to %d tokens%s\n", W, BS, most, 37 + NEW,
+                  split ? " (the windowed layers' cache)" : "");
     assert_true(most <= 3 * ((W - 1) / BS + 2) + 1);
+    if (split) { /* the full layer's cache: every position (53, 53 and 77 tokens, about 43 blocks with the 13-token prompt's
+                  * 3 whole blocks shared), as a cache without the release holds them */
+        print_message("  the full layers' cache: %d blocks at most\n", full);
+        assert_true(full >= 40);
+    }
     trill_sequence_out out[MAX_OUT];
     const int n = collect_sorted(e, out);
     assert_int_equal(n, 3);
