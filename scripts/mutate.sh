@@ -186,6 +186,10 @@ m peft_nesting_reversed lora src/model/lora_stacked.c "parity_gptoss" \
   'else if (seen_self && any) later++;' \
   'else if (!seen_self && any) later++;' \
   "PEFT's target_parameters form: base_layer on down_proj's wrapper instead of gate_up_proj's"
+m window_cache_kept generator src/infer/engine_requests.c "test_engine_gptoss" \
+  '    if (e->kv_split) trill_kv_table_drop_before(&e->kv_win' \
+  '    if (0 && e->kv_split) trill_kv_table_drop_before(&e->kv_win' \
+  "gpt-oss: the windowed layers' cache never gives its blocks back"
 m mxfp4_nibbles_swapped checkpoint src/model/model.c "parity_gptoss" \
   'FP4_E2M1[k % 2 ? byte >> 4 : byte & 15]' \
   'FP4_E2M1[k % 2 ? byte & 15 : byte >> 4]' \
