@@ -190,6 +190,14 @@ m window_cache_kept generator src/infer/engine_requests.c "test_engine_gptoss" \
   '    if (e->kv_split) trill_kv_table_drop_before(&e->kv_win' \
   '    if (0 && e->kv_split) trill_kv_table_drop_before(&e->kv_win' \
   "gpt-oss: the windowed layers' cache never gives its blocks back"
+m gdn_decay_grad kernels src/kernels/gdn_impl.h "test_gradcheck" \
+  'dg[(size_t)t * stride_g] += da * a;' \
+  'dg[(size_t)t * stride_g] += da;' \
+  "gated delta rule: the log decay's gradient without exp(g)'s factor"
+m gdn_chunk_solve kernels src/kernels/gdn_impl.h "test_gradcheck" \
+  'for (int m = j + 1; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \
+  'for (int m = j + 2; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \
+  "gated delta rule (chunked): the triangular solve skips a term"
 m mxfp4_nibbles_swapped checkpoint src/model/model.c "parity_gptoss" \
   'FP4_E2M1[k % 2 ? byte >> 4 : byte & 15]' \
   'FP4_E2M1[k % 2 ? byte & 15 : byte >> 4]' \

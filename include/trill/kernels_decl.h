@@ -115,6 +115,31 @@ void KERNEL(trill_swiglu_clamped_forward)(REAL_T *out, const REAL_T *gate, const
 void KERNEL(trill_swiglu_clamped_backward)(REAL_T *dgate, REAL_T *dup, const REAL_T *dout, const REAL_T *gate, const REAL_T *up, size_t n,
                                            REAL_T limit, REAL_T alpha);
 
+/* The gated delta rule (Gated DeltaNet, Qwen3-Next's linear attention; HF's
+ * torch_recurrent_gated_delta_rule), recurrent form, per sequence s of a packed batch (rows
+ * offsets[s] .. offsets[s+1]) and head h of nh: q, k [T, nh, dk] (the caller's L2-normalised
+ * and scaled ones), v, out [T, nh, dv], g (log decay), beta [T, nh]; the state S [dk, dv] starts
+ * at state0[s, h] (NULL: zeros) and, per step,
+ *   S = exp(g_t) S;  u = beta_t (v_t - S^T k_t);  S += k_t u^T;  out_t = S^T q_t;
+ * the final states go to state_out [n_seqs, nh, dk, dv] (NULL: not kept). The backward adds the
+ * gradients of q, k, v, g, beta and state0 (dstate0 NULL: not wanted) given dout and
+ * dstate_out (NULL: none); it keeps the state every 64 steps and recomputes the steps between
+ * (TRILL_ERR_NOMEM when those cannot be had: the gradients are then incomplete). */
+void KERNEL(trill_gdn_recurrent_forward)(REAL_T *out, REAL_T *state_out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const REAL_T *g,
+                                         const REAL_T *beta, const REAL_T *state0, const int *offsets, int n_seqs, int nh, int dk, int dv);
+trill_status KERNEL(trill_gdn_recurrent_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, REAL_T *dg, REAL_T *dbeta, REAL_T *dstate0,
+                                                  const REAL_T *dout, const REAL_T *dstate_out, const REAL_T *q, const REAL_T *k,
+                                                  const REAL_T *v, const REAL_T *g, const REAL_T *beta, const REAL_T *state0,
+                                                  const int *offsets, int n_seqs, int nh, int dk_, int dv_);
+
+/* The same rule computed chunk by chunk (64 positions; HF's torch_chunk_gated_delta_rule: the
+ * within-chunk part as a triangular solve, the state crossing chunks once): equal to
+ * trill_gdn_recurrent_forward up to rounding. TRILL_ERR_NOMEM (out incomplete) without its
+ * per-thread scratch. */
+trill_status KERNEL(trill_gdn_chunked_forward)(REAL_T *out, REAL_T *state_out, const REAL_T *q, const REAL_T *k, const REAL_T *v,
+                                               const REAL_T *g, const REAL_T *beta, const REAL_T *state0, const int *offsets, int n_seqs,
+                                               int nh, int dk, int dv);
+
 /* out[n] = 1 / (1 + exp(-inp)) (DeepSeek-V3's router scores). out may alias inp. */
 void KERNEL(trill_sigmoid_forward)(REAL_T *out, const REAL_T *inp, size_t n);
 

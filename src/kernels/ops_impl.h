@@ -718,3 +718,5 @@ void KN(trill_embedding_backward)(REAL *dtable, const REAL *dout, const int *tok
     for (int c = 0; c < C; c++)
         for (int t = 0; t < T; t++) dtable[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];
 }
+
+#include "gdn_impl.h" /* the gated delta rule */

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "kernels/kernels_f64.h"
+#include "trill/kernels.h"
 #include "trill/rng.h"
 
 static uint64_t g_counter;
@@ -199,6 +200,132 @@ static void test_swiglu(void **state) {
     free(s.g); free(s.u); free(G); free(dg); free(du);
 }
 
+/* gpt-oss's clamped SwiGLU, limit 0.8 and alpha 1.702: inputs N(0, 1.5), so both clamps cut some
+ * (no input within 1e-3 of a bound, where the central difference would straddle the kink). */
+static void swc_fwd(check *c, double *out) { sw_ctx *s = c->ctx; trill_swiglu_clamped_forward_f64(out, s->g, s->u, 40, 0.8, 1.702); }
+
+static void test_swiglu_clamped(void **state) {
+    (void)state;
+    sw_ctx s = { randn(40, 1.5), randn(40, 1.5) };
+    int cut_g = 0, cut_u = 0;
+    for (int i = 0; i < 40; i++) {
+        if (fabs(fabs(s.g[i]) - 0.8) < 1e-3) s.g[i] += 0.01;
+        if (fabs(fabs(s.u[i]) - 0.8) < 1e-3) s.u[i] += 0.01;
+        cut_g += s.g[i] > 0.8, cut_u += fabs(s.u[i]) > 0.8;
+    }
+    assert_true(cut_g > 0 && cut_u > 0 && cut_g < 40 && cut_u < 40);
+    double *G = randn(40, 1), *dg = zeros(40), *du = zeros(40);
+    trill_swiglu_clamped_backward_f64(dg, du, G, s.g, s.u, 40, 0.8, 1.702);
+    check c = { swc_fwd, &s, 40, G };
+    expect_grad(&c, "clamped swiglu dgate", s.g, dg, 40);
+    expect_grad(&c, "clamped swiglu dup", s.u, du, 40);
+    free(s.g); free(s.u); free(G); free(dg); free(du);
+}
+
+/* ---- the gated delta rule (recurrent form) ---- */
+enum { GDN_NH = 2, GDN_DK = 4, GDN_DV = 3 };
+typedef struct { double *q, *k, *v, *g, *beta, *s0; int offsets[3]; } gdn_ctx;
+static void gdn_fwd(check *c, double *out) { /* out: the outputs, then the final states */
+    gdn_ctx *x = c->ctx;
+    const int T = x->offsets[2];
+    trill_gdn_recurrent_forward_f64(out, out + (size_t)T * GDN_NH * GDN_DV, x->q, x->k, x->v, x->g, x->beta, x->s0, x->offsets, 2, GDN_NH,
+                                    GDN_DK, GDN_DV);
+}
+
+/* Two sequences, 5 and 70 steps (past one 64-step chunk of the backward's kept states), from
+ * given states; the loss reads the outputs and the final states. The forward also equals the
+ * recurrence written out here as HF writes it (to 1e-12). */
+static void test_gdn(void **state) {
+    (void)state;
+    enum { T = 75 };
+    const size_t nk = (size_t)T * GDN_NH * GDN_DK, nv = (size_t)T * GDN_NH * GDN_DV, ng = (size_t)T * GDN_NH;
+    const size_t ns = 2 * (size_t)GDN_NH * GDN_DK * GDN_DV, n_out = nv + ns;
+    gdn_ctx x = { randn(nk, 0.5), randn(nk, 0.5), randn(nv, 1), randn(ng, 0.5), randn(ng, 1), randn(ns, 0.5), { 0, 5, T } };
+    for (size_t i = 0; i < ng; i++) {
+        x.g[i] = -log1p(exp(x.g[i])) * 0.2;   /* log decay < 0: -softplus */
+        x.beta[i] = 1 / (1 + exp(-x.beta[i])); /* sigmoid */
+    }
+    /* the recurrence as HF's torch_recurrent_gated_delta_rule writes it */
+    double *out = zeros(n_out), *want = zeros(nv);
+    trill_gdn_recurrent_forward_f64(out, out + nv, x.q, x.k, x.v, x.g, x.beta, x.s0, x.offsets, 2, GDN_NH, GDN_DK, GDN_DV);
+    double worst_fwd = 0;
+    for (int sq = 0; sq < 2; sq++)
+        for (int h = 0; h < GDN_NH; h++) {
+            double S[GDN_DK][GDN_DV];
+            memcpy(S, x.s0 + ((size_t)sq * GDN_NH + h) * GDN_DK * GDN_DV, sizeof S);
+            for (int t = x.offsets[sq]; t < x.offsets[sq + 1]; t++) {
+                const double *q = x.q + ((size_t)t * GDN_NH + h) * GDN_DK, *k = x.k + ((size_t)t * GDN_NH + h) * GDN_DK;
+                const double *v = x.v + ((size_t)t * GDN_NH + h) * GDN_DV;
+                const double decay = exp(x.g[(size_t)t * GDN_NH + h]), b = x.beta[(size_t)t * GDN_NH + h];
+                double kv_mem[GDN_DV] = { 0 };
+                for (int i = 0; i < GDN_DK; i++)
+                    for (int j = 0; j < GDN_DV; j++) S[i][j] *= decay, kv_mem[j] += S[i][j] * k[i];
+                for (int i = 0; i < GDN_DK; i++)
+                    for (int j = 0; j < GDN_DV; j++) S[i][j] += k[i] * (v[j] - kv_mem[j]) * b;
+                for (int j = 0; j < GDN_DV; j++) {
+                    double o = 0;
+                    for (int i = 0; i < GDN_DK; i++) o += S[i][j] * q[i];
+                    want[((size_t)t * GDN_NH + h) * GDN_DV + j] = o;
+                    worst_fwd = fmax(worst_fwd, fabs(o - out[((size_t)t * GDN_NH + h) * GDN_DV + j]));
+                }
+            }
+            for (int i = 0; i < GDN_DK; i++)
+                for (int j = 0; j < GDN_DV; j++)
+                    worst_fwd = fmax(worst_fwd, fabs(S[i][j] - out[nv + ((size_t)sq * GDN_NH + h) * GDN_DK * GDN_DV + (size_t)i * GDN_DV + j]));
+        }
+    printf("  gated delta rule forward vs HF's recurrence written out: max |d| %.2e\n", worst_fwd);
+    assert_true(worst_fwd < 1e-12);
+    /* the chunked form (70 steps: a chunk of 64 and one of 6): the same outputs and final states,
+     * in double to 1e-11 and in float (both forms) within float rounding of double's */
+    double *chunked = zeros(n_out);
+    assert_int_equal(trill_gdn_chunked_forward_f64(chunked, chunked + nv, x.q, x.k, x.v, x.g, x.beta, x.s0, x.offsets, 2, GDN_NH, GDN_DK, GDN_DV),
+                     TRILL_OK);
+    double worst_chunk = 0, worst_f32 = 0;
+    for (size_t i = 0; i < n_out; i++) worst_chunk = fmax(worst_chunk, fabs(chunked[i] - out[i]));
+    float *f[8];
+    const size_t sizes[8] = { nk, nk, nv, ng, ng, ns, n_out, n_out };
+    const double *src[6] = { x.q, x.k, x.v, x.g, x.beta, x.s0 };
+    for (int a = 0; a < 8; a++) {
+        f[a] = calloc(sizes[a], sizeof(float));
+        for (size_t i = 0; a < 6 && i < sizes[a]; i++) f[a][i] = (float)src[a][i];
+    }
+    trill_gdn_recurrent_forward(f[6], f[6] + nv, f[0], f[1], f[2], f[3], f[4], f[5], x.offsets, 2, GDN_NH, GDN_DK, GDN_DV);
+    assert_int_equal(trill_gdn_chunked_forward(f[7], f[7] + nv, f[0], f[1], f[2], f[3], f[4], f[5], x.offsets, 2, GDN_NH, GDN_DK, GDN_DV), TRILL_OK);
+    for (size_t i = 0; i < n_out; i++) worst_f32 = fmax(worst_f32, fmax(fabs(f[6][i] - out[i]), fabs(f[7][i] - out[i])));
+    printf("  chunked vs recurrent: max |d| %.2e in double; both forms in float vs double: %.2e\n", worst_chunk, worst_f32);
+    assert_true(worst_chunk < 1e-11);
+    assert_true(worst_f32 < 1e-5);
+    for (int a = 0; a < 8; a++) free(f[a]);
+    free(chunked);
+    /* and a longer one, 300 steps (4 whole chunks and a partial one) of heads 32 x 16 from zero:
+     * the two forms agree to 1e-10 in double */
+    {
+        enum { TL = 300, DK = 32, DV = 16 };
+        const int off[2] = { 0, TL };
+        double *q = randn(TL * DK, 0.2), *k = randn(TL * DK, 0.2), *v = randn(TL * DV, 1), *g = randn(TL, 0.5), *b = randn(TL, 1);
+        for (int i = 0; i < TL; i++) g[i] = -log1p(exp(g[i])) * 0.1, b[i] = 1 / (1 + exp(-b[i]));
+        double *o1 = zeros(TL * DV + DK * DV), *o2 = zeros(TL * DV + DK * DV), worst = 0;
+        trill_gdn_recurrent_forward_f64(o1, o1 + TL * DV, q, k, v, g, b, NULL, off, 1, 1, DK, DV);
+        assert_int_equal(trill_gdn_chunked_forward_f64(o2, o2 + TL * DV, q, k, v, g, b, NULL, off, 1, 1, DK, DV), TRILL_OK);
+        for (int i = 0; i < TL * DV + DK * DV; i++) worst = fmax(worst, fabs(o1[i] - o2[i]));
+        printf("  chunked vs recurrent, 300 steps of 32 x 16: max |d| %.2e\n", worst);
+        assert_true(worst < 1e-10);
+        free(q); free(k); free(v); free(g); free(b); free(o1); free(o2);
+    }
+    double *G = randn(n_out, 1), *dq = zeros(nk), *dk = zeros(nk), *dv = zeros(nv), *dg = zeros(ng), *db = zeros(ng), *ds0 = zeros(ns);
+    assert_int_equal(trill_gdn_recurrent_backward_f64(dq, dk, dv, dg, db, ds0, G, G + nv, x.q, x.k, x.v, x.g, x.beta, x.s0, x.offsets, 2, GDN_NH,
+                                                      GDN_DK, GDN_DV), TRILL_OK);
+    check c = { gdn_fwd, &x, n_out, G };
+    expect_grad(&c, "gated delta rule dq", x.q, dq, nk);
+    expect_grad(&c, "gated delta rule dk", x.k, dk, nk);
+    expect_grad(&c, "gated delta rule dv", x.v, dv, nv);
+    expect_grad(&c, "gated delta rule dg", x.g, dg, ng);
+    expect_grad(&c, "gated delta rule dbeta", x.beta, db, ng);
+    expect_grad(&c, "gated delta rule dstate0", x.s0, ds0, ns);
+    free(x.q); free(x.k); free(x.v); free(x.g); free(x.beta); free(x.s0);
+    free(out); free(want); free(G); free(dq); free(dk); free(dv); free(dg); free(db); free(ds0);
+}
+
 /* ---- router: logits -> softmax or sigmoid scores -> gates at the routed ids (own choice, or
  * replayed ids), renormalised (Qwen3: / sum; DeepSeek: / (sum + 1e-20)) or not, scaled ---- */
 enum { RT = 3, RE = 8, RK = 2 };
@@ -289,7 +416,8 @@ static void test_embedding(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),  cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope), cmocka_unit_test(test_rope_partial),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu), cmocka_unit_test(test_router),
+        cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu), cmocka_unit_test(test_swiglu_clamped), cmocka_unit_test(test_gdn),
+        cmocka_unit_test(test_router),
         cmocka_unit_test(test_token_logprob), cmocka_unit_test(test_embedding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
