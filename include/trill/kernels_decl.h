@@ -140,6 +140,27 @@ trill_status KERNEL(trill_gdn_chunked_forward)(REAL_T *out, REAL_T *state_out, c
                                                const REAL_T *g, const REAL_T *beta, const REAL_T *state0, const int *offsets, int n_seqs,
                                                int nh, int dk, int dv);
 
+/* The Gated DeltaNet layer's other operations (HF modeling_qwen3_next.py):
+ * - the depthwise causal conv1d with SiLU over each sequence of a packed batch: x, out [T, C],
+ *   w [C, K] (conv1d.weight [C, 1, K]), out[t, c] = silu(sum_j w[c, j] x[t + j - (K - 1), c]),
+ *   positions before the sequence from state0 [n_seqs, C, K - 1] (the inputs before it, oldest
+ *   first; NULL: zeros); state_out (NULL: not kept) gets the last K - 1 inputs. The backward
+ *   adds dx, dw (NULL: not wanted) and dstate0 (NULL: not wanted) given dout (the final state's
+ *   gradient, when a loss reads it, is the caller's: it copies inputs);
+ * - l2norm (q and k): out = x / sqrt(|x|^2 + eps) per row of C;
+ * - the gated RMSNorm (Qwen3NextRMSNormGated): out = w x / sqrt(mean(x^2) + eps) * silu(z) per
+ *   row of C; its backward's dw partial sums are per thread (TRILL_ERR_NOMEM, nothing added,
+ *   without them). */
+void KERNEL(trill_conv1d_causal_forward)(REAL_T *out, REAL_T *state_out, const REAL_T *x, const REAL_T *w, const REAL_T *state0,
+                                         const int *offsets, int n_seqs, int C, int K);
+void KERNEL(trill_conv1d_causal_backward)(REAL_T *dx, REAL_T *dw, REAL_T *dstate0, const REAL_T *dout, const REAL_T *x, const REAL_T *w,
+                                          const REAL_T *state0, const int *offsets, int n_seqs, int C, int K);
+void KERNEL(trill_l2norm_forward)(REAL_T *out, const REAL_T *x, int T, int C, REAL_T eps);
+void KERNEL(trill_l2norm_backward)(REAL_T *dx, const REAL_T *dout, const REAL_T *x, int T, int C, REAL_T eps);
+void KERNEL(trill_rmsnorm_gated_forward)(REAL_T *out, const REAL_T *x, const REAL_T *z, const REAL_T *w, int T, int C, REAL_T eps);
+trill_status KERNEL(trill_rmsnorm_gated_backward)(REAL_T *dx, REAL_T *dz, REAL_T *dw, const REAL_T *dout, const REAL_T *x, const REAL_T *z,
+                                                  const REAL_T *w, int T, int C, REAL_T eps);
+
 /* out[n] = 1 / (1 + exp(-inp)) (DeepSeek-V3's router scores). out may alias inp. */
 void KERNEL(trill_sigmoid_forward)(REAL_T *out, const REAL_T *inp, size_t n);
 

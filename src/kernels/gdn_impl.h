@@ -283,3 +283,130 @@ trill_status KN(trill_gdn_chunked_forward)(REAL *out, REAL *state_out, const REA
     if (failed) return trill_error(TRILL_ERR_NOMEM, "gated delta rule (chunked): out of memory for a chunk's scratch");
     return TRILL_OK;
 }
+
+/* ---- the Gated DeltaNet layer's other operations ---- */
+
+void KN(trill_conv1d_causal_forward)(REAL *out, REAL *state_out, const REAL *x, const REAL *w, const REAL *state0, const int *offsets,
+                                     int n_seqs, int C, int K) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int s = 0; s < n_seqs; s++)
+        for (int c = 0; c < C; c++) {
+            const int t0 = offsets[s], n = offsets[s + 1] - offsets[s];
+            const REAL *wc = w + (size_t)c * K, *st = state0 ? state0 + ((size_t)s * C + c) * (K - 1) : NULL;
+            for (int t = 0; t < n; t++) { /* input at t + j - (K - 1), from the state before the sequence */
+                REAL acc = 0;
+                for (int j = 0; j < K; j++) {
+                    const int p = t + j - (K - 1);
+                    acc += wc[j] * (p >= 0 ? x[(size_t)(t0 + p) * C + c] : st ? st[K - 1 + p] : 0);
+                }
+                out[(size_t)(t0 + t) * C + c] = acc / (1 + EXPR(-acc));
+            }
+            if (state_out) /* the last K - 1 inputs, oldest first */
+                for (int j = 0; j < K - 1; j++) {
+                    const int p = n - (K - 1) + j;
+                    state_out[((size_t)s * C + c) * (K - 1) + j] = p >= 0 ? x[(size_t)(t0 + p) * C + c] : st ? st[K - 1 + p] : 0;
+                }
+        }
+}
+
+void KN(trill_conv1d_causal_backward)(REAL *dx, REAL *dw, REAL *dstate0, const REAL *dout, const REAL *x, const REAL *w, const REAL *state0,
+                                      const int *offsets, int n_seqs, int C, int K) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) /* one channel's weights per thread: no two threads add to one dw */
+        for (int s = 0; s < n_seqs; s++) {
+            const int t0 = offsets[s], n = offsets[s + 1] - offsets[s];
+            const REAL *wc = w + (size_t)c * K, *st = state0 ? state0 + ((size_t)s * C + c) * (K - 1) : NULL;
+            REAL *dst = dstate0 ? dstate0 + ((size_t)s * C + c) * (K - 1) : NULL;
+            for (int t = 0; t < n; t++) {
+                REAL acc = 0;
+                for (int j = 0; j < K; j++) {
+                    const int p = t + j - (K - 1);
+                    acc += wc[j] * (p >= 0 ? x[(size_t)(t0 + p) * C + c] : st ? st[K - 1 + p] : 0);
+                }
+                const REAL sg = 1 / (1 + EXPR(-acc)), da = dout[(size_t)(t0 + t) * C + c] * sg * (1 + acc * (1 - sg)); /* silu' */
+                for (int j = 0; j < K; j++) {
+                    const int p = t + j - (K - 1);
+                    if (p >= 0) {
+                        dx[(size_t)(t0 + p) * C + c] += da * wc[j];
+                        if (dw) dw[(size_t)c * K + j] += da * x[(size_t)(t0 + p) * C + c];
+                    } else {
+                        if (dst) dst[K - 1 + p] += da * wc[j];
+                        if (dw && st) dw[(size_t)c * K + j] += da * st[K - 1 + p];
+                    }
+                }
+            }
+        }
+}
+
+void KN(trill_l2norm_forward)(REAL *out, const REAL *x, int T, int C, REAL eps) {
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const REAL *xt = x + (size_t)t * C;
+        REAL ss = 0;
+        for (int i = 0; i < C; i++) ss += xt[i] * xt[i];
+        const REAL inv = 1 / sqrt(ss + eps);
+        for (int i = 0; i < C; i++) out[(size_t)t * C + i] = xt[i] * inv;
+    }
+}
+
+/* y = x r, r = (|x|^2 + eps)^-1/2:  dx = r dy - r^3 (x . dy) x */
+void KN(trill_l2norm_backward)(REAL *dx, const REAL *dout, const REAL *x, int T, int C, REAL eps) {
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const REAL *xt = x + (size_t)t * C, *dy = dout + (size_t)t * C;
+        REAL ss = 0, dot = 0;
+        for (int i = 0; i < C; i++) ss += xt[i] * xt[i], dot += xt[i] * dy[i];
+        const REAL r = 1 / sqrt(ss + eps);
+        for (int i = 0; i < C; i++) dx[(size_t)t * C + i] += r * dy[i] - r * r * r * dot * xt[i];
+    }
+}
+
+void KN(trill_rmsnorm_gated_forward)(REAL *out, const REAL *x, const REAL *z, const REAL *w, int T, int C, REAL eps) {
+#pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const REAL *xt = x + (size_t)t * C, *zt = z + (size_t)t * C;
+        REAL ss = 0;
+        for (int i = 0; i < C; i++) ss += xt[i] * xt[i];
+        const REAL r = 1 / sqrt(ss / C + eps);
+        for (int i = 0; i < C; i++) out[(size_t)t * C + i] = w[i] * xt[i] * r * (zt[i] / (1 + EXPR(-zt[i])));
+    }
+}
+
+/* y = w x r silu(z), r = (mean x^2 + eps)^-1/2 */
+trill_status KN(trill_rmsnorm_gated_backward)(REAL *dx, REAL *dz, REAL *dw, const REAL *dout, const REAL *x, const REAL *z, const REAL *w, int T,
+                                              int C, REAL eps) {
+    REAL *dw_all = NULL;
+    int threads = 1;
+    if (dw) {
+        threads = omp_get_max_threads();
+        if (!(dw_all = calloc((size_t)threads * C, sizeof(REAL))))
+            return trill_error(TRILL_ERR_NOMEM, "gated RMSNorm backward: out of memory for the weight's partial sums");
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        REAL *dwt = dw_all ? dw_all + (size_t)omp_get_thread_num() * C : NULL;
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const REAL *xt = x + (size_t)t * C, *zt = z + (size_t)t * C, *dy = dout + (size_t)t * C;
+            REAL ss = 0, dot = 0;
+            for (int i = 0; i < C; i++) ss += xt[i] * xt[i];
+            const REAL r = 1 / sqrt(ss / C + eps);
+            for (int i = 0; i < C; i++) {
+                const REAL sg = 1 / (1 + EXPR(-zt[i])), silu = zt[i] * sg, dn = dy[i] * w[i] * silu; /* d(x r) */
+                dot += dn * xt[i];
+                if (dz) dz[(size_t)t * C + i] += dy[i] * w[i] * xt[i] * r * sg * (1 + zt[i] * (1 - sg));
+                if (dwt) dwt[i] += dy[i] * xt[i] * r * silu;
+            }
+            for (int i = 0; i < C; i++) { /* d(x r)/dx = r dn - r^3 (x . dn) x / C */
+                const REAL silu = zt[i] / (1 + EXPR(-zt[i]));
+                dx[(size_t)t * C + i] += r * dy[i] * w[i] * silu - r * r * r * dot * xt[i] / C;
+            }
+        }
+    }
+    if (dw_all) {
+        for (int th = 0; th < threads; th++)
+            for (int i = 0; i < C; i++) dw[i] += dw_all[(size_t)th * C + i];
+        free(dw_all);
+    }
+    return TRILL_OK;
+}

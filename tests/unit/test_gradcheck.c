@@ -222,6 +222,59 @@ static void test_swiglu_clamped(void **state) {
     free(s.g); free(s.u); free(G); free(dg); free(du);
 }
 
+/* ---- the Gated DeltaNet layer's conv1d, l2norm and gated RMSNorm ---- */
+enum { CV_C = 3, CV_K = 4 };
+typedef struct { double *x, *w, *s0; int offsets[3]; } cv_ctx;
+static void cv_fwd(check *c, double *out) { /* outputs, then the final states */
+    cv_ctx *x = c->ctx;
+    trill_conv1d_causal_forward_f64(out, out + (size_t)x->offsets[2] * CV_C, x->x, x->w, x->s0, x->offsets, 2, CV_C, CV_K);
+}
+
+/* Two sequences of 2 and 9 steps (the first shorter than the kernel: its state passes through
+ * into the output state), each from a given state. */
+static void test_conv1d(void **state) {
+    (void)state;
+    enum { T = 11 };
+    const size_t n_s = 2 * CV_C * (CV_K - 1), n_out = T * CV_C + n_s;
+    cv_ctx x = { randn(T * CV_C, 1), randn(CV_C * CV_K, 0.7), randn(n_s, 1), { 0, 2, T } };
+    double *G = randn(n_out, 1), *dx = zeros(T * CV_C), *dw = zeros(CV_C * CV_K), *ds = zeros(n_s);
+    trill_conv1d_causal_backward_f64(dx, dw, ds, G, x.x, x.w, x.s0, x.offsets, 2, CV_C, CV_K);
+    /* the final states' gradient: it flows to the inputs (or the initial state) they copy */
+    for (int sq = 0; sq < 2; sq++)
+        for (int c = 0; c < CV_C; c++)
+            for (int j = 0; j < CV_K - 1; j++) {
+                const int n = x.offsets[sq + 1] - x.offsets[sq], p = n - (CV_K - 1) + j;
+                const double gs = G[T * CV_C + ((size_t)sq * CV_C + c) * (CV_K - 1) + j];
+                if (p >= 0) dx[(size_t)(x.offsets[sq] + p) * CV_C + c] += gs;
+                else ds[((size_t)sq * CV_C + c) * (CV_K - 1) + CV_K - 1 + p] += gs;
+            }
+    check c = { cv_fwd, &x, n_out, G };
+    expect_grad(&c, "conv1d dx", x.x, dx, T * CV_C);
+    expect_grad(&c, "conv1d dweight", x.w, dw, CV_C * CV_K);
+    expect_grad(&c, "conv1d dstate0", x.s0, ds, n_s);
+    free(x.x); free(x.w); free(x.s0); free(G); free(dx); free(dw); free(ds);
+}
+
+typedef struct { double *x, *z, *w; } nz_ctx;
+static void l2_fwd(check *c, double *out) { nz_ctx *n = c->ctx; trill_l2norm_forward_f64(out, n->x, 4, 6, 1e-6); }
+static void rg_fwd(check *c, double *out) { nz_ctx *n = c->ctx; trill_rmsnorm_gated_forward_f64(out, n->x, n->z, n->w, 4, 6, 1e-6); }
+
+static void test_norms_gdn(void **state) {
+    (void)state;
+    nz_ctx n = { randn(24, 1), randn(24, 1.5), randn(6, 1) };
+    double *G = randn(24, 1), *dx = zeros(24), *dz = zeros(24), *dw = zeros(6);
+    trill_l2norm_backward_f64(dx, G, n.x, 4, 6, 1e-6);
+    check c = { l2_fwd, &n, 24, G };
+    expect_grad(&c, "l2norm dx", n.x, dx, 24);
+    memset(dx, 0, 24 * sizeof *dx);
+    assert_int_equal(trill_rmsnorm_gated_backward_f64(dx, dz, dw, G, n.x, n.z, n.w, 4, 6, 1e-6), TRILL_OK);
+    check r = { rg_fwd, &n, 24, G };
+    expect_grad(&r, "gated rmsnorm dx", n.x, dx, 24);
+    expect_grad(&r, "gated rmsnorm dz", n.z, dz, 24);
+    expect_grad(&r, "gated rmsnorm dweight", n.w, dw, 6);
+    free(n.x); free(n.z); free(n.w); free(G); free(dx); free(dz); free(dw);
+}
+
 /* ---- the gated delta rule (recurrent form) ---- */
 enum { GDN_NH = 2, GDN_DK = 4, GDN_DV = 3 };
 typedef struct { double *q, *k, *v, *g, *beta, *s0; int offsets[3]; } gdn_ctx;
@@ -417,6 +470,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),  cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope), cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu), cmocka_unit_test(test_swiglu_clamped), cmocka_unit_test(test_gdn),
+        cmocka_unit_test(test_conv1d), cmocka_unit_test(test_norms_gdn),
         cmocka_unit_test(test_router),
         cmocka_unit_test(test_token_logprob), cmocka_unit_test(test_embedding),
     };
