@@ -34,9 +34,11 @@ else
   echo "bench/run.sh: train_vs_torch.sh skipped (needs Debian's python3-torch)"
 fi
 
-# Kernels of the trainer's attention and of the generator, then the generator engine on `small`.
+# Kernels of the trainer's attention, the gated delta rule and the generator, then the generator engine on `small`.
 echo
 "$BUILD/bench/bench_attention"
+echo
+"$BUILD/bench/bench_gdn"
 echo
 "$BUILD/bench/bench_gen_gemm"
 echo
