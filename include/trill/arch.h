@@ -14,6 +14,8 @@ typedef enum trill_tensor_kind {
     TRILL_TENSOR_HEAD,      /* [V, H] lm_head, or [num_labels, H] a classifier's score */
     TRILL_TENSOR_LINEAR_BIAS, /* [out] a linear layer's bias (GLM's q/k/v): trained */
     TRILL_TENSOR_SINKS,     /* [heads] attention sinks (gpt-oss): a logit per head, trained */
+    TRILL_TENSOR_CONV,      /* [C * K] a depthwise conv1d's weight (checkpoint [C, 1, K]; Gated DeltaNet's), trained */
+    TRILL_TENSOR_DECAY,     /* [heads] Gated DeltaNet's A_log or dt_bias, trained */
     TRILL_TENSOR_N_KINDS
 } trill_tensor_kind;
 

@@ -57,6 +57,14 @@ typedef struct trill_config {
     bool mxfp4; /* quantization_config quant_method "mxfp4": experts stored as *_blocks and E8M0 *_scales */
     int sliding_window; /* a query sees the sliding_window latest positions, itself included (0: all) ... */
     bool sliding_layer[TRILL_MAX_LAYERS]; /* ... in the layers flagged here (HF's layer_types "sliding_attention") */
+    /* Qwen3-Next (HF Qwen3NextConfig): Gated DeltaNet layers (layer_types "linear_attention")
+     * between gated full-attention ones; every RMSNorm of the decoder zero-centred (1 + w); the
+     * shared expert of shared_expert_intermediate_size under a sigmoid gate */
+    bool linear_layer[TRILL_MAX_LAYERS];
+    int linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim;
+    int shared_expert_intermediate_size; /* 0: n_shared_experts x moe_intermediate_size (DeepSeek-V3, GLM) */
+    bool norm_centered;    /* RMSNorm weights w applied as 1 + w (HF Qwen3NextRMSNorm) */
+    bool attn_output_gate; /* q_proj twice as wide: per head q then a gate; attention output x sigmoid(gate) */
     /* DeepSeek-V3 (HF DeepseekV3Config; num_experts holds n_routed_experts): MLA attention, a
      * sigmoid router with a selection bias and group-limited top-k, shared experts, YaRN */
     int q_lora_rank;           /* 0: q_proj (HF null), else q_a_proj -> q_a_layernorm -> q_b_proj */
@@ -110,6 +118,11 @@ const char *trill_config_model_type(const trill_config *c);   /* "qwen3_moe", ..
 
 static inline bool trill_config_is_moe(const trill_config *c, int layer) {
     return c->moe_ordinal[layer] >= 0;
+}
+
+/* The width of a MoE layer's shared experts taken as one SwiGLU (0: none). */
+static inline int trill_config_shared_width(const trill_config *c) {
+    return c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : c->moe_intermediate_size * c->n_shared_experts;
 }
 
 /* Parameter counts: all weights, and those one token touches (top-k experts only); derived

@@ -41,6 +41,11 @@ void KERNEL(trill_rmsnorm_forward)(REAL_T *out, const REAL_T *inp, const REAL_T 
 /* dweight's per-thread partial sums are allocated: TRILL_ERR_NOMEM (nothing added) without them. */
 trill_status KERNEL(trill_rmsnorm_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp, const REAL_T *weight,
                                       int T, int C, REAL_T eps);
+/* The same with the weight applied as offset + weight (a zero-centred RMSNorm: offset 1, HF
+ * Qwen3NextRMSNorm's (1 + w) computed in the working precision); dweight is the gradient of w. */
+void KERNEL(trill_rmsnorm_offset_forward)(REAL_T *out, const REAL_T *inp, const REAL_T *weight, REAL_T offset, int T, int C, REAL_T eps);
+trill_status KERNEL(trill_rmsnorm_offset_backward)(REAL_T *dinp, REAL_T *dweight, const REAL_T *dout, const REAL_T *inp,
+                                                   const REAL_T *weight, REAL_T offset, int T, int C, REAL_T eps);
 
 /* inv_freq[hd/2] = 1 / theta^(2i/hd), in the working precision as Hugging Face computes it. */
 void KERNEL(trill_rope_inv_freq)(REAL_T *inv_freq, int head_dim, double theta);
@@ -132,6 +137,11 @@ trill_status KERNEL(trill_gdn_recurrent_backward)(REAL_T *dq, REAL_T *dk, REAL_T
                                                   const REAL_T *v, const REAL_T *g, const REAL_T *beta, const REAL_T *state0,
                                                   const int *offsets, int n_seqs, int nh, int dk_, int dv_);
 
+/* The same, the state of each sequence in place: states[s] [nh, dk, dv] holds its state before and
+ * after (a generator's per-sequence state). */
+void KERNEL(trill_gdn_recurrent_forward_states)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const REAL_T *g,
+                                                const REAL_T *beta, REAL_T *const *states, const int *offsets, int n_seqs, int nh, int dk, int dv);
+
 /* The same rule computed chunk by chunk (64 positions; HF's torch_chunk_gated_delta_rule: the
  * within-chunk part as a triangular solve, the state crossing chunks once): equal to
  * trill_gdn_recurrent_forward up to rounding. TRILL_ERR_NOMEM (out incomplete) without its
@@ -153,6 +163,11 @@ trill_status KERNEL(trill_gdn_chunked_forward)(REAL_T *out, REAL_T *state_out, c
  *   without them). */
 void KERNEL(trill_conv1d_causal_forward)(REAL_T *out, REAL_T *state_out, const REAL_T *x, const REAL_T *w, const REAL_T *state0,
                                          const int *offsets, int n_seqs, int C, int K);
+/* trill_conv1d_causal_forward with each sequence's state in place: states[s] [C, K - 1] holds the
+ * inputs before the sequence (oldest first) and afterwards its last K - 1 (every sequence at least
+ * one position long). */
+void KERNEL(trill_conv1d_causal_forward_states)(REAL_T *out, const REAL_T *x, const REAL_T *w, REAL_T *const *states, const int *offsets,
+                                                int n_seqs, int C, int K);
 void KERNEL(trill_conv1d_causal_backward)(REAL_T *dx, REAL_T *dw, REAL_T *dstate0, const REAL_T *dout, const REAL_T *x, const REAL_T *w,
                                           const REAL_T *state0, const int *offsets, int n_seqs, int C, int K);
 void KERNEL(trill_l2norm_forward)(REAL_T *out, const REAL_T *x, int T, int C, REAL_T eps);

@@ -29,11 +29,15 @@ typedef enum trill_role {
     TRILL_ROLE_O, TRILL_ROLE_O_BIAS,
     TRILL_ROLE_SINKS, /* gpt-oss's per-head attention sinks */
     TRILL_ROLE_Q_NORM, TRILL_ROLE_K_NORM, /* GQA's per-head QK-norm */
+    /* Gated DeltaNet (Qwen3-Next's linear attention) */
+    TRILL_ROLE_GDN_QKVZ, TRILL_ROLE_GDN_BA, TRILL_ROLE_GDN_CONV, TRILL_ROLE_GDN_DT_BIAS, TRILL_ROLE_GDN_A_LOG, TRILL_ROLE_GDN_NORM,
+    TRILL_ROLE_GDN_OUT,
     TRILL_ROLE_POST_NORM,
     TRILL_ROLE_ROUTER, TRILL_ROLE_ROUTER_BIAS, TRILL_ROLE_ROUTER_LINEAR_BIAS,
     TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_UP, TRILL_ROLE_EXPERT_DOWN,
     TRILL_ROLE_EXPERT_GATE_BIAS, TRILL_ROLE_EXPERT_UP_BIAS, TRILL_ROLE_EXPERT_DOWN_BIAS,
     TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_UP, TRILL_ROLE_SHARED_DOWN,
+    TRILL_ROLE_SHARED_EXPERT_GATE, /* the shared expert's sigmoid gate (Qwen3-Next) */
     TRILL_ROLE_GATE, TRILL_ROLE_UP, TRILL_ROLE_DOWN, /* the dense MLP */
     TRILL_ROLE_FINAL_NORM, TRILL_ROLE_LM_HEAD, TRILL_ROLE_SCORE,
     TRILL_N_ROLES
@@ -60,6 +64,14 @@ typedef struct trill_decoder_weights {
     trill_weight wo;     /* [H, nh*hd] (MLA: [H, nh*v]) */
     float *o_bias;       /* GQA with an o_proj bias: [H] */
     float *sinks;        /* attention sinks: [nh], a logit per query head */
+    /* Gated DeltaNet: nk key heads of dk, nv value heads of dv, r = nv / nk, conv_dim C = 2 nk dk + nv dv */
+    trill_weight gdn_qkvz; /* in_proj_qkvz [2 nk dk + 2 nv dv, H]: per key head q (dk), k (dk), its r value heads' v, their z */
+    trill_weight gdn_ba;   /* in_proj_ba [2 nv, H]: per key head its r value heads' b, then their a */
+    float *gdn_conv;       /* conv1d.weight [C, K] (the checkpoint's [C, 1, K]) over the channels q | k | v */
+    float *gdn_dt_bias;    /* [nv] */
+    float *gdn_a_log;      /* [nv] */
+    float *gdn_norm;       /* [dv] the gated RMSNorm's weight (not zero-centred) */
+    trill_weight gdn_out;  /* out_proj [H, nv dv] */
     float *post_norm;    /* [H] */
     trill_weight mlp_gate, mlp_up; /* dense: [I, H] */
     trill_weight mlp_down;         /* dense: [H, I] */
@@ -72,22 +84,26 @@ typedef struct trill_decoder_weights {
     float *expert_down_bias;                  /* [E, H] */
     trill_weight shared_gate, shared_up; /* shared experts: [Im * n_shared, H] */
     trill_weight shared_down;            /* [H, Im * n_shared] */
+    trill_weight shared_expert_gate;     /* [1, H]: the shared experts' output x sigmoid(h . it) (Qwen3-Next) */
 } trill_decoder_weights;
 
 /* A decoder layer's adapters (trill_lora.layers); A == NULL where a module is not adapted. */
 typedef struct trill_decoder_lora {
     trill_lora_pair q, k, v, o, q_a, q_b, kv_a, kv_b;
     trill_lora_pair gate, up, down; /* the dense MLP */
-    trill_lora_pair shared_gate, shared_up, shared_down;
+    trill_lora_pair shared_gate, shared_up, shared_down, shared_expert_gate;
+    trill_lora_pair gdn_qkvz, gdn_ba, gdn_out; /* Gated DeltaNet's in_proj_qkvz, in_proj_ba, out_proj */
     trill_lora_pair *expert_gate, *expert_up, *expert_down; /* [num_experts] for a MoE layer */
 } trill_decoder_lora;
 
 /* The attention block: grouped-query attention over per-head keys and values, or multi-head
  * latent attention (DeepSeek-V3: keys and values from one compressed latent and a rope key
- * shared by the heads; YaRN). Every layer of a model has the same kind. GQA's RoPE turns the
- * first partial_rotary_factor x head_dim dimensions of each head (rotate-half), MLA's the rope
- * part. */
-typedef enum trill_attention_kind { TRILL_ATTENTION_GQA, TRILL_ATTENTION_MLA } trill_attention_kind;
+ * shared by the heads; YaRN), or Gated DeltaNet (Qwen3-Next's linear attention: a gated delta
+ * rule over a recurrent [dk, dv] state per value head, no positions). A model's attention
+ * layers (those not GDN) all have one kind: GQA or MLA; GDN layers sit between them. GQA's
+ * RoPE turns the first partial_rotary_factor x head_dim dimensions of each head (rotate-half),
+ * MLA's the rope part. */
+typedef enum trill_attention_kind { TRILL_ATTENTION_GQA, TRILL_ATTENTION_MLA, TRILL_ATTENTION_GDN } trill_attention_kind;
 
 /* A MoE layer's router: softmax over the experts, top-k, gates the probabilities at the ids
  * (renormalised when norm_topk_prob; Qwen3-MoE, Mixtral); or sigmoid scores, group-limited
@@ -107,6 +123,7 @@ typedef struct trill_layer_desc {
     bool qkv_bias;        /* GQA: q, k and v projections with biases (q_bias, k_bias, v_bias) */
     bool o_bias;          /* GQA: o_proj with a bias (o_bias) */
     bool sinks;           /* a learned logit per query head in the softmax's denominator (sinks; gpt-oss) */
+    bool output_gate;     /* GQA: q_proj per head [q, gate]; the attention's output x sigmoid(gate) before o_proj (Qwen3-Next) */
     int window;           /* GQA: a query attends to the `window` latest positions, itself included (0: all) */
     bool moe;             /* routed experts behind a router; else the dense SwiGLU MLP */
     trill_router_kind router;
@@ -116,7 +133,8 @@ typedef struct trill_layer_desc {
     bool router_linear_bias;
     trill_expert_act expert_act;
     bool expert_bias;     /* MoE: the routed experts' gate, up and down with biases (expert_*_bias) */
-    bool shared_experts;  /* MoE: n_shared_experts x moe_intermediate_size as one SwiGLU beside the routed ones */
+    bool shared_experts;  /* MoE: shared experts (trill_config_shared_width) as one SwiGLU beside the routed ones */
+    bool shared_expert_gate; /* MoE: the shared experts' output x sigmoid(shared_expert_gate(h)) */
 } trill_layer_desc;
 
 #endif

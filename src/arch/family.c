@@ -281,3 +281,13 @@ trill_status trill_arch_refuse_true(const json_t *root, const char *key, const c
     if (flag) return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"%s\": true is not supported (expected false)", what, key);
     return TRILL_OK;
 }
+
+int trill_param_file_shape(const trill_config *c, const trill_param *p, int64_t *shape) {
+    if (p->kind == TRILL_TENSOR_CONV) {
+        const int64_t K = c->linear_conv_kernel_dim;
+        shape[0] = (int64_t)p->numel / K, shape[1] = 1, shape[2] = K;
+        return 3;
+    }
+    for (int d = 0; d < p->ndim; d++) shape[d] = p->whole_shape[d];
+    return p->ndim;
+}

@@ -82,7 +82,7 @@ typedef struct trill_family {
     /* Whether decoder layer l is a MoE layer (the config's layer map is derived from it). */
     bool (*layer_is_moe)(const trill_config *c, int l);
     /* Layer l's options of the shared blocks (trill_layer_desc_of): its layer description. Every
-     * layer has the same attention kind, and the same QK-norm. */
+     * attention layer (those not Gated DeltaNet) has the same kind, QK-norm and output gate. */
     trill_layer_desc (*describe)(const trill_config *c, int l);
     const trill_tensor_row *rows;
     int n_rows;
@@ -93,10 +93,16 @@ typedef struct trill_family {
     /* FLOPs of the attention scores and weighted values over `pairs` causal (query, key) pairs
      * of one layer, forward only */
     double (*attention_flops)(const trill_config *c, double pairs);
+    /* FLOPs per token, forward, of the whole model's computation that is neither a matrix nor
+     * attention over pairs (a linear attention's recurrence); NULL: none */
+    double (*token_flops)(const trill_config *c);
     const trill_preset *presets; /* its presets (its folder's presets.c) */
     const trill_stacked *stacked; /* its experts' tensors the checkpoint stacks (NULL: none) */
     int n_stacked;
     const int *n_presets;
+    /* checkpoint tensors under this prefix are skipped on load (Qwen3-Next's MTP module "mtp.",
+     * as HF's _keys_to_ignore_on_load_unexpected); NULL: none */
+    const char *ignored_prefix;
 } trill_family;
 
 /* Each family's, from its folder src/arch/<id>/ (trill/families.def). */
@@ -152,6 +158,21 @@ trill_status trill_arch_read_layer_types(const struct json_t *root, const char *
 trill_status trill_arch_check_gqa_moe(const trill_config *c, const char *what, const char *experts_field);
 /* Refuses a boolean field that is true (a feature trill does not compute); absent is false. */
 trill_status trill_arch_refuse_true(const struct json_t *root, const char *key, const char *what);
+
+/* Whether the RMSNorm weight of role `role` is zero-centred in c (applied as 1 + w): every
+ * RMSNorm of the decoder when c->norm_centered (Qwen3-Next), never the Gated DeltaNet's gated
+ * norm. */
+static inline bool trill_norm_centered(const trill_config *c, int role) {
+    return c->norm_centered && (role == TRILL_ROLE_INPUT_NORM || role == TRILL_ROLE_POST_NORM || role == TRILL_ROLE_FINAL_NORM ||
+                                role == TRILL_ROLE_Q_NORM || role == TRILL_ROLE_K_NORM);
+}
+
+/* The offset trill_rmsnorm_offset_forward applies to role's weight in c: 1 zero-centred, else 0. */
+static inline float trill_norm_offset(const trill_config *c, int role) { return trill_norm_centered(c, role) ? 1.0f : 0.0f; }
+
+/* The shape a checkpoint stores tensor p under (its whole shape; a depthwise conv1d's [C * K]
+ * as [C, 1, K]) into shape[3]; returns its number of dimensions. */
+int trill_param_file_shape(const trill_config *c, const trill_param *p, int64_t *shape);
 
 /* Where the checkpoint keeps routed expert tensor t when it stacks the experts, or NULL. */
 const trill_stacked *trill_arch_stacked(const trill_config *c, const trill_param *t);

@@ -34,9 +34,11 @@ static void print_breakdown(const trill_config *c) {
     int64_t n[TRILL_TENSOR_N_KINDS], experts;
     trill_config_param_breakdown(c, n, &experts);
     printf("by kind:       embedding %" PRId64 ", matrices %" PRId64 ", routed experts %" PRId64 ", routers %" PRId64
-           ", norms %" PRId64 ", biases %" PRId64 ", linear biases %" PRId64 ", sinks %" PRId64 ", head %" PRId64 "%s\n",
+           ", norms %" PRId64 ", biases %" PRId64 ", linear biases %" PRId64 ", sinks %" PRId64 ", convs %" PRId64 ", decays %" PRId64
+           ", head %" PRId64 "%s\n",
            n[TRILL_TENSOR_EMBEDDING], n[TRILL_TENSOR_MATRIX], experts, n[TRILL_TENSOR_ROUTER], n[TRILL_TENSOR_NORM],
-           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_LINEAR_BIAS], n[TRILL_TENSOR_SINKS], n[TRILL_TENSOR_HEAD],
+           n[TRILL_TENSOR_BIAS], n[TRILL_TENSOR_LINEAR_BIAS], n[TRILL_TENSOR_SINKS], n[TRILL_TENSOR_CONV], n[TRILL_TENSOR_DECAY],
+           n[TRILL_TENSOR_HEAD],
            c->tie_word_embeddings && c->num_labels == 0 ? " (tied)" : "");
 }
 
@@ -61,12 +63,21 @@ static void describe(const char *dir, const trill_config *cfg) {
         int sliding = 0;
         for (int l = 0; l < cfg->num_hidden_layers; l++) sliding += cfg->sliding_layer[l];
         if (cfg->sliding_window && sliding) printf(", sliding window %d on %d of %d layers", cfg->sliding_window, sliding, cfg->num_hidden_layers);
+        if (cfg->attn_output_gate) printf(", output gate");
         printf("\n");
+        int linear = 0;
+        for (int l = 0; l < cfg->num_hidden_layers; l++) linear += cfg->linear_layer[l];
+        if (linear) /* Qwen3-Next's Gated DeltaNet layers */
+            printf("linear attn:   Gated DeltaNet on %d of %d layers: %d key heads x %d, %d value heads x %d, conv kernel %d\n", linear,
+                   cfg->num_hidden_layers, cfg->linear_num_key_heads, cfg->linear_key_head_dim, cfg->linear_num_value_heads,
+                   cfg->linear_value_head_dim, cfg->linear_conv_kernel_dim);
     }
     printf("mlp:           dense intermediate %d", cfg->intermediate_size);
     if (cfg->n_moe_layers)
         printf("; %d experts, top-%d, expert intermediate %d, norm_topk_prob %s", cfg->num_experts,
                cfg->num_experts_per_tok, cfg->moe_intermediate_size, cfg->norm_topk_prob ? "true" : "false");
+    if (cfg->n_moe_layers && cfg->shared_expert_intermediate_size > 0)
+        printf("; a shared expert of %d under a sigmoid gate", cfg->shared_expert_intermediate_size);
     if (cfg->n_moe_layers && cfg->routed_scaling_factor > 0) /* the sigmoid router (DeepSeek-V3, GLM) */
         printf("; %d shared, %d groups keep %d, scaling %g", cfg->n_shared_experts, cfg->n_group, cfg->topk_group, cfg->routed_scaling_factor);
     printf("\n");
@@ -74,8 +85,8 @@ static void describe(const char *dir, const trill_config *cfg) {
         printf("rope_theta:    %g, rms_norm_eps %g, score head [%d, %d] (sequence classifier)\n", cfg->rope_theta, cfg->rms_norm_eps,
                cfg->num_labels, cfg->hidden_size);
     else
-        printf("rope_theta:    %g%s, rms_norm_eps %g, lm_head %s\n", cfg->rope_theta, cfg->yarn ? " (YaRN)" : "", cfg->rms_norm_eps,
-               cfg->tie_word_embeddings ? "tied to embeddings" : "untied");
+        printf("rope_theta:    %g%s, rms_norm_eps %g%s, lm_head %s\n", cfg->rope_theta, cfg->yarn ? " (YaRN)" : "", cfg->rms_norm_eps,
+               cfg->norm_centered ? " (zero-centred norms: 1 + w)" : "", cfg->tie_word_embeddings ? "tied to embeddings" : "untied");
     print_layer_map(cfg);
     printf("moe layers:    %d of %d\n", cfg->n_moe_layers, cfg->num_hidden_layers);
     printf("parameters:    %" PRId64 " total, %" PRId64 " active per token (%.1f%%)\n", total, active, 100.0 * active / total);

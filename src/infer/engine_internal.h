@@ -40,7 +40,7 @@
  * fusion group (q|k|v, gate|up) whose parts are stacked in fuse_index order, becomes one
  * gen_matrix filed under the role of its first part; vectors become fp32 copies under their
  * role. Layer tensors go to their layer's slots, the others (final norm, head) to `global`. */
-enum { ENG_MAX_ROLES = 40, ENG_MAX_PARTS = 3, ENG_HEAD_SLOTS = 2 };
+enum { ENG_MAX_ROLES = 48, ENG_MAX_PARTS = 3, ENG_HEAD_SLOTS = 2 };
 
 /* One layer's (or the model's global) weights in the engine's format. */
 typedef struct eng_layer {
@@ -142,6 +142,7 @@ typedef struct seq {
     float *logprobs;      /* [max_new_tokens] */
     uint32_t *versions;
     uint16_t *experts;    /* capture: [cap][n_moe][K] */
+    float *gdn;           /* Gated DeltaNet layers: each one's conv and recurrent state, fp32 (src/infer/gen_gdn.c) */
     bool forks_pending;   /* a group's first sequence: its siblings fork off when the prompt is done */
     int max_new;          /* this turn's max_new_tokens (the request's, then trill_engine_continue's) */
     int key_base;         /* draw positions start here this turn: tokens after the request's prompt */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "infer/engine_internal.h"
+#include "infer/gen_decoder.h"
 #include "base/alloc.h"
 
 /* ---- requests ---- */
@@ -23,7 +24,9 @@ trill_status trill_eng_new_seq(trill_engine *e, req *q, int sample, seq **out) {
     s->versions = trill_malloc(sizeof(uint32_t) * (size_t)r->max_new_tokens);
     const size_t per_token = (size_t)e->c.n_moe_layers * e->c.num_experts_per_tok;
     if (e->cfg.capture_experts && per_token) s->experts = trill_malloc(sizeof(uint16_t) * per_token * (size_t)s->cap);
-    if (!s->tokens || !s->logprobs || !s->versions || (e->cfg.capture_experts && per_token && !s->experts)) {
+    const size_t gdn = trill_gen_gdn_state_floats(&e->c);
+    if (gdn) s->gdn = trill_calloc(gdn, sizeof(float));
+    if (!s->tokens || !s->logprobs || !s->versions || (e->cfg.capture_experts && per_token && !s->experts) || (gdn && !s->gdn)) {
         trill_eng_free_seq(e, s);
         return trill_error(TRILL_ERR_NOMEM, "out of memory for request %llu", (unsigned long long)r->id);
     }
@@ -66,6 +69,7 @@ void trill_eng_free_seq(trill_engine *e, seq *s) {
     free(s->logprobs);
     free(s->versions);
     free(s->experts);
+    free(s->gdn);
     free(s);
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "infer/engine_internal.h"
+#include "infer/gen_decoder.h"
 #include "base/alloc.h"
 
 trill_status trill_eng_sampler_alloc(trill_engine *e) {
@@ -127,6 +128,7 @@ static void start_fork(const trill_engine *e, seq *s, const seq *parent) {
     s->n_tokens = parent->n_tokens;
     s->n_computed = parent->n_computed;
     if (s->experts) memcpy(s->experts, parent->experts, sizeof(uint16_t) * per_token * (size_t)parent->n_computed);
+    if (s->gdn) memcpy(s->gdn, parent->gdn, sizeof(float) * trill_gen_gdn_state_floats(&e->c)); /* the state after the prompt */
 }
 
 /* Samples the next token of every (sequence, logits row) pair, the pairs spread over the

@@ -156,6 +156,8 @@ static trill_status fill_weights(eng_weights *w, const trill_config *c, trill_ge
                 else trill_bf16_widen(*dst + (size_t)p->expert * p->numel, p->bf16, p->numel);
             } else if (!(*dst = copy_floats(p->data, p->numel))) {
                 return trill_error(TRILL_ERR_NOMEM, "out of memory");
+            } else if (trill_norm_centered(c, p->role)) { /* a zero-centred RMSNorm's weight, held as the 1 + w it applies */
+                for (size_t j = 0; j < p->numel; j++) (*dst)[j] += 1.0f;
             }
             w->bytes += p->numel * 4;
         }

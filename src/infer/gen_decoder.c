@@ -26,7 +26,7 @@ _Static_assert((int)TRILL_N_ROLES <= (int)ENG_MAX_ROLES, "the engine files a lay
 
 /* ---- what the forward supports, and its buffers ---- */
 
-static bool is_mla(const trill_config *c) { return trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_MLA; }
+static bool is_mla(const trill_config *c) { return trill_decoder_attention_kind(c) == TRILL_ATTENTION_MLA; }
 
 static trill_status forward_check(const trill_config *c) {
     if (!is_mla(c) && c->head_dim % 8)
@@ -41,7 +41,7 @@ static trill_status forward_check(const trill_config *c) {
 
 /* The widest SwiGLU a row goes through (dense, shared or one routed expert). */
 static size_t widest_mlp(const trill_config *c) {
-    size_t w = (size_t)c->intermediate_size, sh = (size_t)c->moe_intermediate_size * c->n_shared_experts;
+    size_t w = (size_t)c->intermediate_size, sh = (size_t)trill_config_shared_width(c);
     if (sh > w) w = sh;
     return (size_t)c->moe_intermediate_size > w ? (size_t)c->moe_intermediate_size : w;
 }
@@ -68,14 +68,21 @@ static trill_status forward_alloc(trill_engine *e) {
         att = R * nh * c->v_head_dim;
     } else {
         const size_t qd = nh * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
-        qkv = R * (qd + 2 * kvd);
+        const bool gate = trill_decoder_attention_desc(c).output_gate;
+        qkv = R * ((gate ? 2 : 1) * qd + 2 * kvd);
         q = att = R * qd;
         k = R * kvd;
+        if (gate && (!(f->qg = trill_malloc(sizeof(float) * 2 * R * qd)) || !(f->ogate = trill_malloc(sizeof(float) * R * qd))))
+            return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's step buffers (%d rows)", e->rows.max);
+    }
+    if (trill_decoder_has_gdn(c)) {
+        trill_status st = trill_gen_gdn_alloc(e);
+        if (st) return st;
     }
     float **fl[] = { &f->x, &f->xn, &f->qkv, &f->qkva, &f->qa, &f->q, &f->k, &f->v, &f->ckv, &f->qabs, &f->olat, &f->att, &f->out,
                      &f->shared, &f->scores, &f->sel, &f->logits, &f->moe.topw, &f->moe.xe, &f->moe.ye, &f->moe.ff, &f->moe.act };
     const size_t fn[] = { R * H, R * H, qkv, qkva, qa, q, k, k, ckv, qabs, olat, att, R * H,
-                          c->n_shared_experts > 0 ? R * H : 0, R * E, R * K, R * (size_t)c->vocab_size, RK, rows_ff * H, rows_ff * H,
+                          trill_config_shared_width(c) > 0 ? R * H : 0, R * E, R * K, R * (size_t)c->vocab_size, RK, rows_ff * H, rows_ff * H,
                           rows_ff * 2 * ff, rows_ff * ff };
     bool ok = true;
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
@@ -101,18 +108,22 @@ static void forward_free(trill_engine *e) {
     free(f->moe.topi); free(f->moe.order); free(f->moe.where); free(f->moe.phys); free(f->moe.count);
     trill_gen_lora_buf_free(&f->lora);
     free(f->head_u);
+    free(f->qg);
+    free(f->ogate);
+    trill_gen_gdn_free(&f->gdn);
     free(f);
     e->fwd = NULL;
     e->logits = NULL;
 }
 
 /* What a token keeps in the cache, per layer: GQA the keys and the values of every kv head; MLA
- * one row of kv_lora_rank + rope values. */
+ * one row of kv_lora_rank + rope values; a Gated DeltaNet nothing (its state is the sequence's). */
 static void forward_kv_shape(const trill_config *c, kv_layer_shape *shape) {
     const int kvd = c->num_key_value_heads * c->head_dim;
     for (int l = 0; l < c->num_hidden_layers; l++)
-        shape[l] = is_mla(c) ? (kv_layer_shape){ .k_width = c->kv_lora_rank + c->qk_rope_head_dim, .v_width = 0 }
-                             : (kv_layer_shape){ .k_width = kvd, .v_width = kvd };
+        shape[l] = trill_layer_desc_of(c, l).attention == TRILL_ATTENTION_GDN ? (kv_layer_shape){ 0 }
+                   : is_mla(c) ? (kv_layer_shape){ .k_width = c->kv_lora_rank + c->qk_rope_head_dim, .v_width = 0 }
+                               : (kv_layer_shape){ .k_width = kvd, .v_width = kvd };
 }
 
 /* Attention scores for the step's longest context, per thread: a GQA task's group of query
@@ -228,15 +239,24 @@ static void paged_attention(trill_engine *e, int layer, int window, const float 
 static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
     const trill_config *c = &e->c;
     const int hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
-    const int qd = nh * hd, kvd = nkv * hd, width = qd + 2 * kvd;
+    const int qd = nh * hd, kvd = nkv * hd, qw = (desc->output_gate ? 2 : 1) * qd, width = qw + 2 * kvd;
     const float eps = (float)c->rms_norm_eps;
     trill_status st = trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_Q], &A->m[TRILL_ROLE_Q], GEN_STEP_ROWS, S(e)->qkv, S(e)->xn, R, 0);
     if (st) return st;
-    trill_gen_gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
-    trill_gen_gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qd);
-    trill_gen_gather_rows(S(e)->v, S(e)->qkv, R, kvd, width, qd + kvd);
+    if (desc->output_gate) { /* q_proj per head: q, then its output gate */
+        trill_gen_gather_rows(S(e)->qg, S(e)->qkv, R, qw, width, 0);
+        if (desc->qkv_bias) trill_decoder_bias_forward(S(e)->qg, L->vec[TRILL_ROLE_Q_BIAS], R, qw);
+        for (size_t i = 0; i < (size_t)R * nh; i++) {
+            memcpy(S(e)->q + i * hd, S(e)->qg + i * 2 * hd, sizeof(float) * hd);
+            memcpy(S(e)->ogate + i * hd, S(e)->qg + i * 2 * hd + hd, sizeof(float) * hd);
+        }
+    } else {
+        trill_gen_gather_rows(S(e)->q, S(e)->qkv, R, qd, width, 0);
+    }
+    trill_gen_gather_rows(S(e)->k, S(e)->qkv, R, kvd, width, qw);
+    trill_gen_gather_rows(S(e)->v, S(e)->qkv, R, kvd, width, qw + kvd);
     if (desc->qkv_bias) {
-        trill_decoder_bias_forward(S(e)->q, L->vec[TRILL_ROLE_Q_BIAS], R, qd);
+        if (!desc->output_gate) trill_decoder_bias_forward(S(e)->q, L->vec[TRILL_ROLE_Q_BIAS], R, qd);
         trill_decoder_bias_forward(S(e)->k, L->vec[TRILL_ROLE_K_BIAS], R, kvd);
         trill_decoder_bias_forward(S(e)->v, L->vec[TRILL_ROLE_V_BIAS], R, kvd);
     }
@@ -256,6 +276,8 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
         trill_from_f32(kv_value(kc, b, l, slot), S(e)->v + (size_t)r * kvd, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);
+    if (desc->output_gate)
+        for (size_t i = 0; i < (size_t)R * qd; i++) S(e)->att[i] /= 1.0f + expf(-S(e)->ogate[i]);
     st = trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
     if (!st && desc->o_bias) trill_decoder_bias_forward(S(e)->out, L->vec[TRILL_ROLE_O_BIAS], R, c->hidden_size);
     return st;
@@ -296,8 +318,18 @@ static trill_status moe(trill_engine *e, const trill_layer_desc *desc, const eng
                                      (float)c->swiglu_alpha };
     if ((st = trill_gen_moe_experts(e, &f->moe, &f->lora, f->xn, f->out, L, A, roles, ordinal, R))) return st;
     if (!desc->shared_experts) return TRILL_OK;
-    if ((st = mlp(e, L, A, TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_DOWN, f->shared, R, c->moe_intermediate_size * c->n_shared_experts)))
+    if ((st = mlp(e, L, A, TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_DOWN, f->shared, R, trill_config_shared_width(c))))
         return st;
+    if (desc->shared_expert_gate) { /* the shared experts' output x sigmoid(shared_expert_gate(xn)) */
+        const int H = c->hidden_size;
+        if ((st = trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_SHARED_EXPERT_GATE], &A->m[TRILL_ROLE_SHARED_EXPERT_GATE], GEN_STEP_ROWS, f->sel,
+                                   f->xn, R, 0)))
+            return st;
+        for (size_t r = 0; r < (size_t)R; r++) {
+            const float s = 1.0f / (1.0f + expf(-f->sel[r]));
+            for (int i = 0; i < H; i++) f->shared[r * H + i] *= s;
+        }
+    }
     trill_gen_add_rows(f->out, f->shared, (size_t)R * c->hidden_size);
     return TRILL_OK;
 }
@@ -316,7 +348,9 @@ static trill_status forward_rows(trill_engine *e, int R) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = &e->layout->layers[l]; /* the adapters' layout: each row's slot picks its own */
         trill_rmsnorm_forward(f->xn, f->x, L->vec[TRILL_ROLE_INPUT_NORM], R, H, eps);
-        trill_status st = desc.attention == TRILL_ATTENTION_MLA ? trill_gen_mla_attention(e, L, A, l, R) : gqa(e, &desc, L, A, l, R);
+        trill_status st = desc.attention == TRILL_ATTENTION_MLA ? trill_gen_mla_attention(e, L, A, l, R)
+                          : desc.attention == TRILL_ATTENTION_GDN ? trill_gen_gdn(e, L, A, l, R)
+                                                                  : gqa(e, &desc, L, A, l, R);
         if (st) return st;
         trill_gen_add_rows(f->x, f->out, (size_t)R * H);
         trill_rmsnorm_forward(f->xn, f->x, L->vec[TRILL_ROLE_POST_NORM], R, H, eps);

@@ -12,6 +12,15 @@
 /* The forward's buffers (trill_engine.fwd), for rows.max rows; the ones the model's attention
  * kind does not use are NULL. GQA: nh heads, nkv kv heads of hd; MLA: qk = nope + rope, kl
  * kv_lora_rank, values of v_head_dim. */
+/* The Gated DeltaNet layer's step buffers (gen_gdn.c; src/model/gdn.h names them) and its runs:
+ * each a sequence's consecutive rows, offsets[n + 1], its states conv[i] and rec[i]. */
+typedef struct gen_gdn {
+    float *qkvz, *ba, *mixed, *convo, *z, *beta, *g, *qc, *kc, *q, *k, *v, *o, *y;
+    int *ordinal; /* [layers] a linear layer's place among them (seq.gdn), -1 for the others */
+    int *offsets;
+    float **conv, **rec;
+} gen_gdn;
+
 typedef struct gen_state {
     float *x, *xn;        /* [R, H] the residual stream, and a norm of it */
     float *qkv;           /* GQA: [R, (nh + 2 nkv) hd] the fused q|k|v output */
@@ -32,6 +41,8 @@ typedef struct gen_state {
     gen_scores att_scores; /* per thread: [heads of a task][max_context] */
     gen_lora_buf lora;    /* the adapters' side path */
     float *head_u;        /* MLA: [R, nh * rank] the absorbed attention adapter's shrinks */
+    float *qg, *ogate;    /* GQA with an output gate: [R, 2 nh hd] q_proj's rows (per head q, gate), [R, nh hd] the gates */
+    gen_gdn gdn;          /* with Gated DeltaNet layers */
     int head_u_rank;
 } gen_state;
 
@@ -49,5 +60,16 @@ trill_status trill_gen_mla_attention(trill_engine *e, const eng_layer *L, const 
 /* The absorbed attention's per-head matrices from kv_b_proj (trill_eng_forward.derive_*). */
 trill_status trill_gen_mla_derive_weights(const trill_config *c, trill_gen_format f, const trill_model *m, eng_weights *w);
 trill_status trill_gen_mla_derive_adapter(const trill_engine *e, const trill_lora *lora, eng_adapter *ad);
+
+/* ---- Gated DeltaNet (gen_gdn.c) ---- */
+
+/* Floats of one sequence's state in one linear layer (conv, then recurrent), and in all of them. */
+size_t trill_gen_gdn_layer_floats(const trill_config *c);
+size_t trill_gen_gdn_state_floats(const trill_config *c);
+/* The step buffers for e->rows.max rows; freed by trill_gen_gdn_free. */
+trill_status trill_gen_gdn_alloc(trill_engine *e);
+void trill_gen_gdn_free(gen_gdn *g);
+/* Layer l's Gated DeltaNet on S(e)->xn into S(e)->out, the rows' sequences' states advanced. */
+trill_status trill_gen_gdn(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R);
 
 #endif

@@ -63,6 +63,23 @@ void KN(trill_gdn_recurrent_forward)(REAL *out, REAL *state_out, const REAL *q, 
     }
 }
 
+void KN(trill_gdn_recurrent_forward_states)(REAL *out, const REAL *q, const REAL *k, const REAL *v, const REAL *g, const REAL *beta,
+                                            REAL *const *states, const int *offsets, int n_seqs, int nh, int dk, int dv) {
+    const size_t sk = (size_t)nh * dk, sv = (size_t)nh * dv, ss = (size_t)dk * dv;
+#pragma omp parallel
+    {
+        REAL m[dv];
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int s = 0; s < n_seqs; s++)
+            for (int h = 0; h < nh; h++) {
+                const size_t t0 = (size_t)offsets[s];
+                KN(gdn_head_forward)(states[s] + (size_t)h * ss, out + t0 * sv + (size_t)h * dv, q + t0 * sk + (size_t)h * dk,
+                                     k + t0 * sk + (size_t)h * dk, v + t0 * sv + (size_t)h * dv, g + t0 * nh + h, beta + t0 * nh + h,
+                                     offsets[s + 1] - offsets[s], dk, dv, sk, sv, (size_t)nh, NULL, m);
+            }
+    }
+}
+
 /* One head's backward: the states before each chunk in keep; dS holds d state_out on entry. */
 static void KN(gdn_head_backward)(REAL *dq, REAL *dk_, REAL *dv_, REAL *dg, REAL *dbeta, REAL *dS, const REAL *dout, const REAL *q,
                                   const REAL *k, const REAL *v, const REAL *g, const REAL *beta, int n, int dk, int dv, size_t stride_k,
@@ -306,6 +323,29 @@ void KN(trill_conv1d_causal_forward)(REAL *out, REAL *state_out, const REAL *x, 
                     const int p = n - (K - 1) + j;
                     state_out[((size_t)s * C + c) * (K - 1) + j] = p >= 0 ? x[(size_t)(t0 + p) * C + c] : st ? st[K - 1 + p] : 0;
                 }
+        }
+}
+
+void KN(trill_conv1d_causal_forward_states)(REAL *out, const REAL *x, const REAL *w, REAL *const *states, const int *offsets, int n_seqs,
+                                            int C, int K) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int s = 0; s < n_seqs; s++)
+        for (int c = 0; c < C; c++) {
+            const int t0 = offsets[s], n = offsets[s + 1] - offsets[s];
+            const REAL *wc = w + (size_t)c * K;
+            REAL *st = states[s] + (size_t)c * (K - 1);
+            for (int t = 0; t < n; t++) {
+                REAL acc = 0;
+                for (int j = 0; j < K; j++) {
+                    const int p = t + j - (K - 1);
+                    acc += wc[j] * (p >= 0 ? x[(size_t)(t0 + p) * C + c] : st[K - 1 + p]);
+                }
+                out[(size_t)(t0 + t) * C + c] = acc / (1 + EXPR(-acc));
+            }
+            for (int j = 0; j < K - 1; j++) { /* reads st[n + j] (n >= 1) before anything at or after it is written */
+                const int p = n - (K - 1) + j;
+                st[j] = p >= 0 ? x[(size_t)(t0 + p) * C + c] : st[K - 1 + p];
+            }
         }
 }
 

@@ -109,7 +109,7 @@ void KN(trill_matmul_backward)(REAL *dinp, REAL *dweight, const REAL *dout, cons
     (void)KN(trill_matmul_backward_p)(dinp, dweight, dout, inp, weight, T, K, N, TRILL_PRECISION_FP32);
 }
 
-void KN(trill_rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
+void KN(trill_rmsnorm_offset_forward)(REAL *out, const REAL *inp, const REAL *weight, REAL offset, int T, int C, REAL eps) {
 #pragma omp parallel for if(parallel: (size_t)T * C >= PARALLEL_MIN) schedule(static)
     for (int t = 0; t < T; t++) {
         const REAL *x = inp + (size_t)t * C;
@@ -117,8 +117,12 @@ void KN(trill_rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, i
         double ss = 0.0;
         for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
         REAL rstd = (REAL)(1.0 / sqrt(ss / C + eps));
-        for (int i = 0; i < C; i++) o[i] = weight[i] * (x[i] * rstd);
+        for (int i = 0; i < C; i++) o[i] = (offset + weight[i]) * (x[i] * rstd);
     }
+}
+
+void KN(trill_rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, int T, int C, REAL eps) {
+    KN(trill_rmsnorm_offset_forward)(out, inp, weight, 0, T, C, eps); /* 0 + w is w exactly */
 }
 
 /* y = w * x * r, r = (mean(x^2) + eps)^-1/2:
@@ -126,8 +130,8 @@ void KN(trill_rmsnorm_forward)(REAL *out, const REAL *inp, const REAL *weight, i
  * thread sums its own rows, then the partial sums are added in thread order, so the result
  * does not depend on scheduling (training stays bit-reproducible). TRILL_ERR_NOMEM (nothing
  * computed) when those partial sums cannot be allocated. */
-trill_status KN(trill_rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C,
-                                 REAL eps) {
+trill_status KN(trill_rmsnorm_offset_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, REAL offset,
+                                               int T, int C, REAL eps) {
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     REAL *partial = dweight ? trill_calloc((size_t)threads * C, sizeof(REAL)) : NULL;
     if (dweight && !partial)
@@ -141,12 +145,12 @@ trill_status KN(trill_rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *d
             double ss = 0.0, dot = 0.0;
             for (int i = 0; i < C; i++) {
                 ss += (double)x[i] * x[i];
-                dot += (double)weight[i] * dy[i] * x[i];
+                dot += (double)(offset + weight[i]) * dy[i] * x[i];
             }
             double r = 1.0 / sqrt(ss / C + eps);
             REAL *dx = dinp + (size_t)t * C;
             REAL coef = (REAL)(dot * r * r * r / C);
-            for (int i = 0; i < C; i++) dx[i] += (REAL)r * weight[i] * dy[i] - x[i] * coef;
+            for (int i = 0; i < C; i++) dx[i] += (REAL)r * (offset + weight[i]) * dy[i] - x[i] * coef;
             if (dw_local)
                 for (int i = 0; i < C; i++) dw_local[i] += dy[i] * x[i] * (REAL)r;
         }
@@ -155,6 +159,11 @@ trill_status KN(trill_rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *d
         for (int i = 0; i < C; i++) dweight[i] += partial[(size_t)th * C + i];
     free(partial);
     return TRILL_OK;
+}
+
+trill_status KN(trill_rmsnorm_backward)(REAL *dinp, REAL *dweight, const REAL *dout, const REAL *inp, const REAL *weight, int T, int C,
+                                 REAL eps) {
+    return KN(trill_rmsnorm_offset_backward)(dinp, dweight, dout, inp, weight, 0, T, C, eps);
 }
 
 void KN(trill_rope_inv_freq)(REAL *inv_freq, int head_dim, double theta) {

@@ -1,27 +1,50 @@
 /* The decoder layer of the training forward (fp32), every family's, with the options of its layer
  * description (src/arch/decoder.h):
- *   RMSNorm -> attention -> o_proj -> residual -> RMSNorm -> dense SwiGLU MLP or MoE -> residual.
+ *   RMSNorm -> attention -> o_proj -> residual -> RMSNorm -> dense SwiGLU MLP or MoE -> residual,
+ * the RMSNorms zero-centred (1 + w) when the config says so (Qwen3-Next).
  * Attention:
  *   GQA (HF modeling_qwen3_moe.py, modeling_mixtral.py, modeling_gpt_oss.py): q/k/v projections
  *     (biases) -> per-head q/k RMSNorm (QK-norm) -> RoPE (rotate-half) -> causal attention
- *     (blocked GEMMs; a window, sinks) -> o_proj (a bias);
+ *     (blocked GEMMs; a window, sinks) -> x sigmoid(gate) (an output gate:
+ *     q_proj per head [q, gate], Qwen3-Next) -> o_proj (a bias);
+ *   Gated DeltaNet (HF modeling_qwen3_next.py: a linear recurrence, no positions): src/model/gdn.c;
  *   MLA (HF modeling_deepseek_v3.py): q = q_b(RMSNorm(q_a(x))) or q_proj(x), per head nope | rope;
  *     c = kv_a(x) = latent | one rope key shared by the heads; k_nope | v per head =
  *     kv_b(RMSNorm(latent)); RoPE (YaRN, adjacent pairs with rope_interleave) on the rope parts;
  *     attention over nope + rope with values of v_head_dim.
  * MoE: the router (softmax top-k, or sigmoid with correction bias and groups; or the replayed
  *   ids; a linear bias on the logits) -> gate weights -> tokens grouped by expert so each expert is one GEMM
- *   (src/model/blocks.c) -> weighted scatter-add; shared experts added unweighted. */
+ *   (src/model/blocks.c) -> weighted scatter-add; shared experts added unweighted (or times
+ *   sigmoid(shared_expert_gate(x)), Qwen3-Next). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "arch/family.h"
 #include "model/decoder.h"
+#include "model/gdn.h"
 #include "trill/kernels.h"
 
+trill_layer_desc trill_decoder_attention_desc(const trill_config *c) {
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const trill_layer_desc d = trill_layer_desc_of(c, l);
+        if (d.attention != TRILL_ATTENTION_GDN) return d;
+    }
+    trill_layer_desc d = trill_layer_desc_of(c, 0);
+    d.attention = TRILL_ATTENTION_GQA;
+    return d;
+}
+
+trill_attention_kind trill_decoder_attention_kind(const trill_config *c) { return trill_decoder_attention_desc(c).attention; }
+
+bool trill_decoder_has_gdn(const trill_config *c) {
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (trill_layer_desc_of(c, l).attention == TRILL_ATTENTION_GDN) return true;
+    return false;
+}
+
 int trill_decoder_rope_dims(const trill_config *c) {
-    if (trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_MLA) return c->qk_rope_head_dim;
+    if (trill_decoder_attention_kind(c) == TRILL_ATTENTION_MLA) return c->qk_rope_head_dim;
     return c->partial_rotary_factor > 0 && c->partial_rotary_factor < 1 ? (int)(c->head_dim * c->partial_rotary_factor) : c->head_dim; /* HF: int() */
 }
 
@@ -38,7 +61,7 @@ static double rope_tables(const trill_config *c, float *inv_freq, int dims) {
 }
 
 void trill_decoder_rope(const trill_config *c, float *inv_freq, float *rope_scale, float *softmax_scale) {
-    if (trill_layer_desc_of(c, 0).attention == TRILL_ATTENTION_GQA) { /* YaRN scales cos and sin only (HF's GQA attention) */
+    if (trill_decoder_attention_kind(c) == TRILL_ATTENTION_GQA) { /* YaRN scales cos and sin only (HF's GQA attention) */
         *rope_scale = (float)rope_tables(c, inv_freq, trill_decoder_rope_dims(c));
         *softmax_scale = 1 / sqrtf((float)c->head_dim);
         return;
@@ -54,7 +77,7 @@ void trill_decoder_rope(const trill_config *c, float *inv_freq, float *rope_scal
 }
 
 size_t trill_decoder_widest_mlp(const trill_config *c) {
-    size_t w = (size_t)c->intermediate_size, sh = (size_t)c->moe_intermediate_size * c->n_shared_experts;
+    size_t w = (size_t)c->intermediate_size, sh = (size_t)trill_config_shared_width(c);
     size_t routed = (size_t)c->moe_intermediate_size * (c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
     if (sh > w) w = sh;
     return routed > w ? routed : w;
@@ -69,9 +92,20 @@ static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p
     const size_t Im = c->moe_intermediate_size, ff = trill_decoder_widest_mlp(c);
     const bool every = !fp->training || fp->recompute; /* buffers every layer shares: the widest */
     trill_decoder_acts a = { .x_in = trill_plan_take(p, T * H * F), .xn1 = trill_plan_take(p, T * H * F) };
-    if (d.attention == TRILL_ATTENTION_GQA) {
+    /* shared buffers serve every layer: a Gated DeltaNet's and the attention's both when the model has both */
+    const bool gdn = d.attention == TRILL_ATTENTION_GDN || (every && trill_decoder_has_gdn(c));
+    if (gdn) trill_gdn_plan(c, p, T, &a.gdn);
+    if (d.attention == TRILL_ATTENTION_GDN && !every) {
+        /* no attention buffers */
+    } else if (trill_decoder_attention_kind(c) == TRILL_ATTENTION_GQA) {
+        const trill_layer_desc ad = trill_decoder_attention_desc(c);
         const size_t qd = nh * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
-        if (d.qk_norm) {
+        if (ad.output_gate) {
+            a.qg = trill_plan_take(p, T * 2 * qd * F);
+            a.ogate = trill_plan_take(p, T * qd * F);
+            a.att_g = trill_plan_take(p, T * qd * F);
+        }
+        if (ad.qk_norm) {
             a.q_raw = trill_plan_take(p, T * qd * F);
             a.k_raw = trill_plan_take(p, T * kvd * F);
         }
@@ -104,10 +138,12 @@ static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p
         a.moe.topi = trill_plan_take(p, T * K * sizeof(int));
         a.moe.order = trill_plan_take(p, T * K * sizeof(int));
         a.moe.count = trill_plan_take(p, (E + 1) * sizeof(int));
-        if (d.shared_experts || (every && c->n_shared_experts > 0)) {
-            const size_t sh = Im * c->n_shared_experts;
+        if (d.shared_experts || (every && trill_config_shared_width(c) > 0)) {
+            const size_t sh = (size_t)trill_config_shared_width(c);
             a.sgate = trill_plan_take(p, T * sh * F);
             a.sup = trill_plan_take(p, T * sh * F);
+            a.sh_logit = trill_plan_take(p, T * F);
+            a.sh_out = trill_plan_take(p, T * H * F);
         }
     }
     if (fp->lora)
@@ -121,7 +157,7 @@ static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p
 static void plan(trill_forward_pass *fp, trill_plan *p) {
     const trill_config *c = &fp->m->config;
     const size_t T = (size_t)fp->T, H = c->hidden_size, L = c->num_hidden_layers, F = sizeof(float), nh = c->num_attention_heads;
-    const trill_attention_kind kind = trill_layer_desc_of(c, 0).attention;
+    const trill_attention_kind kind = trill_decoder_attention_kind(c);
     trill_decoder_pass *d = trill_plan_take(p, sizeof *d);
     trill_decoder_acts *layers = trill_plan_take(p, L * sizeof(trill_decoder_acts));
     for (size_t l = 0; l < L; l++) {
@@ -184,18 +220,27 @@ static trill_status gqa(const trill_forward_pass *fp, const trill_layer_desc *de
     const int T = fp->T, H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads, nkv = c->num_key_value_heads;
     const float eps = (float)c->rms_norm_eps;
     float *q = desc->qk_norm ? a->q_raw : a->q, *k = desc->qk_norm ? a->k_raw : a->k;
-    trill_status st = trill_linear(fp, q, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd);
+    const int qw = (desc->output_gate ? 2 : 1) * nh * hd; /* q_proj's width: with an output gate, per head q then gate */
+    float *qp = desc->output_gate ? a->qg : q;
+    trill_status st = trill_linear(fp, qp, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, qw);
     if (!st) st = trill_linear(fp, k, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd);
     if (!st) st = trill_linear(fp, a->v, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd);
     if (st) return st;
+    if (desc->qkv_bias) trill_decoder_bias_forward(qp, w->q_bias, T, qw);
+    if (desc->output_gate)
+        for (size_t t = 0; t < (size_t)T; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *src = a->qg + (t * nh + h) * 2 * hd;
+                memcpy(q + (t * nh + h) * hd, src, sizeof(float) * hd);
+                memcpy(a->ogate + (t * nh + h) * hd, src + hd, sizeof(float) * hd);
+            }
     if (desc->qkv_bias) {
-        trill_decoder_bias_forward(q, w->q_bias, T, nh * hd);
         trill_decoder_bias_forward(k, w->k_bias, T, nkv * hd);
         trill_decoder_bias_forward(a->v, w->v_bias, T, nkv * hd);
     }
     if (desc->qk_norm) {
-        trill_rmsnorm_forward(a->q, a->q_raw, w->q_norm, T * nh, hd, eps); /* per head, over head_dim */
-        trill_rmsnorm_forward(a->k, a->k_raw, w->k_norm, T * nkv, hd, eps);
+        trill_rmsnorm_offset_forward(a->q, a->q_raw, w->q_norm, trill_norm_offset(c, TRILL_ROLE_Q_NORM), T * nh, hd, eps); /* per head, over head_dim */
+        trill_rmsnorm_offset_forward(a->k, a->k_raw, w->k_norm, trill_norm_offset(c, TRILL_ROLE_K_NORM), T * nkv, hd, eps);
     }
     trill_decoder_rope_heads(c, a->q, fp->pos, d->inv_freq, d->rope_scale, T, nh);
     trill_decoder_rope_heads(c, a->k, fp->pos, d->inv_freq, d->rope_scale, T, nkv);
@@ -272,9 +317,19 @@ static trill_status attention_block(const trill_forward_pass *fp, const trill_la
     const trill_decoder_pass *d = fp->acts;
     const int T = fp->T, H = c->hidden_size, nh = c->num_attention_heads;
     const int att_w = nh * (desc->attention == TRILL_ATTENTION_GQA ? c->head_dim : c->v_head_dim);
-    trill_rmsnorm_forward(a->xn1, a->x_in, w->input_norm, T, H, (float)c->rms_norm_eps);
-    trill_status st = desc->attention == TRILL_ATTENTION_GQA ? gqa(fp, desc, w, ad, a) : mla(fp, w, ad, a);
-    if (!st) st = trill_linear_rowpar(fp, d->out, a->att, w->wo, ad->o, a->xa[XA_O], T, att_w, H);
+    trill_rmsnorm_offset_forward(a->xn1, a->x_in, w->input_norm, trill_norm_offset(c, TRILL_ROLE_INPUT_NORM), T, H, (float)c->rms_norm_eps);
+    trill_status st;
+    if (desc->attention == TRILL_ATTENTION_GDN) {
+        st = trill_gdn_forward(fp, w, ad, a, d->out);
+    } else {
+        st = desc->attention == TRILL_ATTENTION_GQA ? gqa(fp, desc, w, ad, a) : mla(fp, w, ad, a);
+        const float *att = a->att;
+        if (!st && desc->output_gate) { /* att x sigmoid(gate) */
+            for (size_t i = 0; i < (size_t)T * att_w; i++) a->att_g[i] = a->att[i] / (1.0f + expf(-a->ogate[i]));
+            att = a->att_g;
+        }
+        if (!st) st = trill_linear_rowpar(fp, d->out, att, w->wo, ad->o, a->xa[XA_O], T, att_w, H);
+    }
     if (st) return st;
     if (desc->o_bias) trill_decoder_bias_forward(d->out, w->o_bias, T, H); /* after the tensor-parallel sum: once */
     if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)T * H);
@@ -330,8 +385,16 @@ static trill_status moe_block(const trill_forward_pass *fp, const trill_layer_de
     if (st) return st;
     if (desc->shared_experts) {
         const trill_mlp_weights sw = { w->shared_gate, w->shared_up, w->shared_down, ad->shared_gate, ad->shared_up, ad->shared_down, .tp = false };
-        st = trill_mlp_forward(fp, d->out, a->xn2, &sw, a->xa + XA_SH_GATE, 0, a->sgate, a->sup, d->act, T, H, Im * c->n_shared_experts);
+        float *sh = desc->shared_expert_gate && fp->training ? a->sh_out : d->out;
+        st = trill_mlp_forward(fp, sh, a->xn2, &sw, a->xa + XA_SH_GATE, 0, a->sgate, a->sup, d->act, T, H, trill_config_shared_width(c));
+        if (!st && desc->shared_expert_gate) /* the shared experts' output x sigmoid(shared_expert_gate(h)) */
+            st = trill_linear(fp, a->sh_logit, a->xn2, w->shared_expert_gate, ad->shared_expert_gate, a->xa[XA_SH_EGATE], T, H, 1);
         if (st) return st;
+        if (desc->shared_expert_gate)
+            for (size_t t = 0; t < (size_t)T; t++) {
+                const float s = 1.0f / (1.0f + expf(-a->sh_logit[t]));
+                for (int i = 0; i < H; i++) d->out[t * H + i] = sh[t * H + i] * s;
+            }
     } else {
         memset(d->out, 0, sizeof(float) * (size_t)T * H);
     }
@@ -360,7 +423,7 @@ static trill_status layer(const trill_forward_pass *fp, int l, const uint16_t *r
     const trill_decoder_lora *ad = fp->lora ? trill_lora_layer(fp->lora, l) : &NO_ADAPTERS;
     trill_status st = attention_block(fp, &desc, w, ad, a);
     if (st) return st;
-    trill_rmsnorm_forward(a->xn2, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    trill_rmsnorm_offset_forward(a->xn2, a->x_mid, w->post_norm, trill_norm_offset(c, TRILL_ROLE_POST_NORM), T, H, (float)c->rms_norm_eps);
     st = desc.moe ? moe_block(fp, &desc, w, ad, a, c->moe_ordinal[l], replay, experts) : dense_mlp(fp, w, ad, a);
     if (st) return st;
     if (x_next != a->x_mid) memcpy(x_next, a->x_mid, sizeof(float) * (size_t)T * H);

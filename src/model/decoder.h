@@ -9,7 +9,26 @@
 
 /* Module kinds that carry LoRA inputs x A^T, in trill_decoder_acts.xa; each MLP's gate, up,
  * down are consecutive (trill_mlp_forward's xa[0..2]). */
-enum { XA_Q, XA_K, XA_V, XA_O, XA_Q_A, XA_Q_B, XA_KV_A, XA_KV_B, XA_GATE, XA_UP, XA_DOWN, XA_SH_GATE, XA_SH_UP, XA_SH_DOWN, XA_N };
+enum {
+    XA_Q, XA_K, XA_V, XA_O, XA_Q_A, XA_Q_B, XA_KV_A, XA_KV_B, XA_GATE, XA_UP, XA_DOWN, XA_SH_GATE, XA_SH_UP, XA_SH_DOWN,
+    XA_SH_EGATE, XA_GDN_QKVZ, XA_GDN_BA, XA_GDN_OUT, XA_N
+};
+
+/* A Gated DeltaNet layer's activations (src/model/gdn.c): nk key heads of dk, nv value heads of
+ * dv, r = nv / nk, P = 2 nk dk + 2 nv dv, C = 2 nk dk + nv dv. */
+typedef struct trill_gdn_acts {
+    float *qkvz;       /* [T, P] in_proj_qkvz's output */
+    float *ba;         /* [T, 2 nv] in_proj_ba's */
+    float *mixed;      /* [T, C] q | k | v, the conv's input */
+    float *convo;      /* [T, C] the conv's output (after SiLU) */
+    float *qc, *kc;    /* [T, nk dk] its q and k parts, before l2norm */
+    float *q, *k;      /* [T, nv, dk] l2-normalised (q times dk^-1/2), each key head repeated for its r value heads */
+    float *v, *z;      /* [T, nv dv] */
+    float *g, *beta;   /* [T, nv] log decay and the write strength */
+    float *o;          /* [T, nv dv] the delta rule's output */
+    float *y;          /* [T, nv dv] the gated RMSNorm's (out_proj's input) */
+} trill_gdn_acts;
+
 
 /* One decoder layer's activations in the training forward. In inference every layer aliases one
  * set of buffers; in training each layer has its own, kept for the backward pass (with
@@ -25,6 +44,10 @@ typedef struct trill_decoder_acts {
                            * q [T, nh*qk] its rope part rotated, k [T, nh*qk] each head's k_nope then
                            * the shared rotated rope key, v [T, nh*v] */
     float *att;           /* [T, nh*hd] (MLA: [T, nh*v]) attention output, before o_proj */
+    float *qg;            /* GQA with an output gate: [T, nh*2hd] q_proj's output (per head q, then gate) */
+    float *ogate;         /* [T, nh*hd] the gate's logits */
+    float *att_g;         /* [T, nh*hd] att x sigmoid(ogate): o_proj's input */
+    trill_gdn_acts gdn;   /* a Gated DeltaNet layer's */
     float *x_mid;         /* [T, H] x_in + o_proj(att) */
     float *xn2;           /* [T, H] post_attention_layernorm(x_mid) */
     /* MoE: routing and the routed experts' activations; moe.gate / moe.up also hold the dense
@@ -32,6 +55,8 @@ typedef struct trill_decoder_acts {
     trill_moe_acts moe;
     float *scores;        /* MoE: [T, E] the router's softmax probabilities or sigmoid scores */
     float *sgate, *sup;   /* MoE with shared experts: [T, n_shared * Im] their pre-activations */
+    float *sh_logit;      /* MoE with a shared expert gate: [T] its logit */
+    float *sh_out;        /* [T, H] the shared experts' output before the gate (training) */
     float *xa[XA_N];      /* LoRA: x A^T [rows, r] per adapted module (routed rows in expert order) */
 } trill_decoder_acts;
 
@@ -49,6 +74,13 @@ typedef struct trill_decoder_pass {
     float softmax_scale;  /* the attention's: 1/sqrt(qk dims), with YaRN's mscale */
     trill_attention_kind attention;
 } trill_decoder_pass;
+
+/* The kind of c's attention layers (GQA or MLA; GQA when every layer is a Gated DeltaNet), and
+ * the description of its first attention layer (layer 0's when it has none). */
+trill_attention_kind trill_decoder_attention_kind(const trill_config *c);
+trill_layer_desc trill_decoder_attention_desc(const trill_config *c);
+/* Whether any layer of c is a Gated DeltaNet. */
+bool trill_decoder_has_gdn(const trill_config *c);
 
 /* The decoder's layer (the forward's trill_layer_forward). */
 extern const trill_layer_forward trill_decoder_layers;

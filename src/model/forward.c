@@ -119,7 +119,7 @@ static trill_status run_layers(trill_forward_pass *fp, const uint16_t *replay, u
             return st;
         }
     }
-    trill_rmsnorm_forward(fp->xf, fp->x_final, m->final_norm, T, H, (float)c->rms_norm_eps);
+    trill_rmsnorm_offset_forward(fp->xf, fp->x_final, m->final_norm, trill_norm_offset(c, TRILL_ROLE_FINAL_NORM), T, H, (float)c->rms_norm_eps);
     return TRILL_OK;
 }
 

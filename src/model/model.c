@@ -66,6 +66,11 @@ static void walk_layout(layout *L) {
 static trill_status tp_config(const trill_config *c, int tp, trill_config *out) {
     *out = *c;
     if (tp == 1) return TRILL_OK;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (c->linear_layer[l])
+            return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.tp: tensor parallelism does not split %s's Gated DeltaNet layers (layer %d: "
+                               "in_proj_qkvz interleaves q, k, v and z per key head, the conv's channels are q | k | v); use data or expert "
+                               "parallelism (parallel.trainer.dp, parallel.trainer.ep)", trill_config_architecture(c), l);
     const bool dense = c->n_moe_layers < c->num_hidden_layers;
     if (c->num_attention_heads % tp || c->num_key_value_heads % tp || (dense && c->intermediate_size % tp))
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer.tp: %d tensor-parallel ranks split the attention heads (%d, %d key-value) "
@@ -154,15 +159,29 @@ void trill_model_free(trill_model *m) {
     free(m);
 }
 
+/* HF's initial values of a vector's element i: RMSNorm weights one (zero-centred ones zero),
+ * biases zero, attention sinks and a conv1d's weight N(0, std) (the conv as nn.Linear's default
+ * scale would have it is the caller's std), Gated DeltaNet's dt_bias one and A_log log(U(0, 16)). */
+static float init_vector(const trill_config *c, const trill_param *p, float std, uint64_t key, size_t i) {
+    switch (p->kind) {
+    case TRILL_TENSOR_NORM: return trill_norm_centered(c, p->role) ? 0.0f : 1.0f;
+    case TRILL_TENSOR_SINKS:
+    case TRILL_TENSOR_CONV: return std * (float)trill_rng_normal(key, i);
+    case TRILL_TENSOR_DECAY:
+        if (p->role == TRILL_ROLE_GDN_A_LOG) return logf(16.0f * (float)trill_rng_uniform(key, i) + 1e-6f); /* HF: uniform_(0, 16).log_() */
+        return 1.0f;
+    default: return 0.0f;
+    }
+}
+
 void trill_model_init_random(trill_model *m, uint64_t seed) {
     const float std = (float)m->config.initializer_range;
     for (size_t t = 0; t < m->n_tensors; t++) {
         trill_param *p = &m->tensors[t];
         if (!trill_model_holds(m, p)) continue; /* another shard's expert: its key is its index all the same */
         uint64_t key = trill_rng_key(seed, t);
-        if (p->ndim == 1) { /* HF: RMSNorm weights start at one, biases at zero, attention sinks N(0, std) */
-            for (size_t i = 0; i < p->numel; i++)
-                p->data[i] = p->kind == TRILL_TENSOR_NORM ? 1.0f : p->kind == TRILL_TENSOR_SINKS ? std * (float)trill_rng_normal(key, (size_t)p->slice_at[0] + i) : 0.0f;
+        if (p->ndim == 1) {
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = init_vector(&m->config, p, std, key, (size_t)p->slice_at[0] + i);
             continue;
         }
         /* a tensor-parallel slice draws its elements of the whole tensor: the whole model's values */
@@ -336,10 +355,12 @@ static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck
     if (sk) return load_stacked(m, ck, dir, p, sk);
     const trill_tensor_view *v = trill_checkpoint_find(ck, p->name), *scales = NULL;
     char want[64], got[64];
-    format_shape(want, sizeof want, p->ndim, p->whole_shape);
+    int64_t file_shape[3];
+    const int file_ndim = trill_param_file_shape(&m->config, p, file_shape);
+    format_shape(want, sizeof want, file_ndim, file_shape);
     if (!v) return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected shape %s from config.json)", dir, p->name, want);
-    bool same = v->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = v->shape[d] == p->whole_shape[d];
+    bool same = v->ndim == file_ndim;
+    for (int d = 0; same && d < file_ndim; d++) same = v->shape[d] == file_shape[d];
     if (!same) {
         format_shape(got, sizeof got, v->ndim, v->shape);
         return trill_error(TRILL_ERR_INVALID, "%s: tensor \"%s\": shape %s does not match config.json (expected %s)", v->path, p->name, got, want);
@@ -408,7 +429,7 @@ static bool is_stacked(const trill_config *c, const char *name) {
 
 /* Whether checkpoint tensor v is read or knowingly left: an expected tensor, the scales of an
  * F8_E4M3 one, a stacked experts' tensor, a stored copy of a tied lm_head (HF ties it to the
- * embedding and ignores the copy; so do we), the MTP layers. */
+ * embedding and ignores the copy; so do we), the MTP layers, the family's ignored tensors. */
 static bool consumed(const trill_model *m, const trill_checkpoint *ck, const trill_param *const *sorted, const trill_tensor_view *v) {
     if (is_expected(sorted, m->n_tensors, v->name) || is_stacked(&m->config, v->name)) return true;
     const size_t n = strlen(v->name), k = strlen(SCALE_SUFFIX);
@@ -419,6 +440,8 @@ static bool consumed(const trill_model *m, const trill_checkpoint *ck, const tri
         if (w && w->dtype == TRILL_F8_E4M3 && is_expected(sorted, m->n_tensors, weight)) return true;
     }
     if (m->config.tie_word_embeddings && m->config.num_labels == 0 && strcmp(v->name, "lm_head.weight") == 0) return true;
+    const char *ignored = trill_family_of(&m->config)->ignored_prefix;
+    if (ignored && strncmp(v->name, ignored, strlen(ignored)) == 0) return true;
     return in_mtp_layer(&m->config, v->name);
 }
 
@@ -560,9 +583,10 @@ trill_status trill_model_save(const trill_model *m, const char *dir, trill_dtype
             st = stack_expert(&so, m, p, sk, outs, &n);
             continue;
         }
-        outs[n] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = p->bf16 ? (const void *)p->bf16 : p->data,
+        outs[n] = (trill_tensor_out){ .name = p->name, .data = p->bf16 ? (const void *)p->bf16 : p->data,
                                       .src_dtype = p->bf16 ? TRILL_BF16 : TRILL_F32 };
-        memcpy(outs[n++].shape, p->shape, sizeof p->shape);
+        outs[n].ndim = trill_param_file_shape(&m->config, p, outs[n].shape);
+        n++;
     }
     if (!st) st = trill_checkpoint_write(dir, outs, n, dtype, max_shard_bytes);
     for (int i = 0; i < so.n; i++) free(so.buf[i]), free(so.names[i]);

@@ -114,8 +114,8 @@ static trill_status head_backward(const trill_forward_pass *fp, const float *dlo
         if (st) return st;
     }
     zero(g->dx, (size_t)T * H);
-    return trill_rmsnorm_backward(g->dx, trill_grad_of(sink, m->final_norm), dxf, fp->x_final, m->final_norm, T, H,
-                            (float)m->config.rms_norm_eps);
+    return trill_rmsnorm_offset_backward(g->dx, trill_grad_of(sink, m->final_norm), dxf, fp->x_final, m->final_norm,
+                                         trill_norm_offset(&m->config, TRILL_ROLE_FINAL_NORM), T, H, (float)m->config.rms_norm_eps);
 }
 
 trill_status trill_model_backward(const trill_forward_pass *fp, const float *dlogprobs, float *grads, float *lora_grads) {

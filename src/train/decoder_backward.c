@@ -4,6 +4,7 @@
  * of the heads that read it; a router's gradient flows through the gates (the probabilities or
  * the unbiased sigmoid scores at the chosen ids), never through the choice or the sigmoid
  * router's correction bias, which gets none (a router's linear bias gets the logits'). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 #include "base/alloc.h"
 #include "model/decoder.h"
 #include "train/backward_internal.h"
+#include "train/gdn_backward.h"
 #include "trill/kernels.h"
 
 /* Scratch gradients of one pass's backward, carved from one allocation; the ones the model's
@@ -25,6 +27,8 @@ typedef struct scratch {
     float *dkva;            /* MLA: [T, kv_lora_rank + rope] */
     float *dkrope;          /* MLA: [T, rope] the shared rope key's */
     float *dqan, *dqa;      /* MLA: [T, q_lora_rank] */
+    float *dqg;             /* GQA with an output gate: [T, nh*2hd] q_proj's output's */
+    float *dsh;             /* MoE with a shared expert gate: [T, H] the shared experts' output's */
     trill_mlp_scratch mlp;  /* dact, dgate, dup [T, widest MLP]; dye, dxe [T, H]; act, xe the pass's */
     float *dgates;          /* [T, K] */
     float *dlogits;         /* [T, E] router logits */
@@ -35,16 +39,17 @@ static trill_tls_slot scratch_slot; /* reused from step to step (trill_backward_
 
 static trill_status begin(const trill_forward_pass *fp, void **out) {
     const trill_config *c = &fp->m->config;
-    const trill_layer_desc d = trill_layer_desc_of(c, 0);
+    const trill_layer_desc d = trill_decoder_attention_desc(c);
     const size_t T = (size_t)fp->T, H = c->hidden_size, nh = c->num_attention_heads, Im = c->moe_intermediate_size;
     size_t ff = (size_t)c->intermediate_size > Im ? (size_t)c->intermediate_size : Im;
-    if (Im * c->n_shared_experts > ff) ff = Im * c->n_shared_experts;
+    if ((size_t)trill_config_shared_width(c) > ff) ff = (size_t)trill_config_shared_width(c);
     const size_t K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1, E = c->num_experts > 0 ? c->num_experts : 1;
-    size_t q = 0, k = 0, v = 0, att = 0, qr = 0, kr = 0, kvb = 0, kl = 0, kva = 0, dr = 0, ql = 0;
+    size_t q = 0, k = 0, v = 0, att = 0, qr = 0, kr = 0, kvb = 0, kl = 0, kva = 0, dr = 0, ql = 0, qg = 0, sh = 0;
     if (d.attention == TRILL_ATTENTION_GQA) {
         q = att = nh * c->head_dim;
         k = v = (size_t)c->num_key_value_heads * c->head_dim;
         if (d.qk_norm) qr = q, kr = k;
+        if (d.output_gate) qg = 2 * q;
     } else {
         const size_t dn = c->qk_nope_head_dim, dv = c->v_head_dim;
         dr = c->qk_rope_head_dim, kl = c->kv_lora_rank, ql = c->q_lora_rank;
@@ -53,13 +58,14 @@ static trill_status begin(const trill_forward_pass *fp, void **out) {
         kvb = nh * (dn + dv);
         kva = kl + dr;
     }
+    if (trill_config_shared_width(c) > 0) sh = H;
     scratch *g = trill_calloc(1, sizeof *g);
     if (!g) return trill_error(TRILL_ERR_NOMEM, "out of memory for the backward pass of %zu tokens", T);
     const size_t sizes[] = { T * H,  T * q,  T * k,   T * v,  T * att, T * qr, T * kr, T * kvb, T * kl, T * kl, T * kva,
-                             T * dr, T * ql, T * ql,  T * ff, T * ff,  T * ff, T * H,  T * H,   T * K,  T * E };
+                             T * dr, T * ql, T * ql,  T * ff, T * ff,  T * ff, T * H,  T * H,   T * K,  T * E, T * qg, T * sh };
     float **const ptrs[] = { &g->dxn,    &g->dq,  &g->dk,  &g->dv,       &g->datt,      &g->dqr,     &g->dkr,
                              &g->dkvb,   &g->dckvn, &g->dckv, &g->dkva,   &g->dkrope,    &g->dqan,    &g->dqa,
-                             &g->mlp.dact, &g->mlp.dgate, &g->mlp.dup, &g->mlp.dye, &g->mlp.dxe, &g->dgates, &g->dlogits };
+                             &g->mlp.dact, &g->mlp.dgate, &g->mlp.dup, &g->mlp.dye, &g->mlp.dxe, &g->dgates, &g->dlogits, &g->dqg, &g->dsh };
     trill_status st = trill_backward_scratch(&scratch_slot, &g->block, ptrs, sizes, (int)(sizeof sizes / sizeof sizes[0]), (int)T);
     if (st) {
         free(g);
@@ -95,8 +101,24 @@ static trill_status moe_backward(const trill_forward_pass *fp, const trill_layer
     zero(g->dxn, (size_t)T * H);
     if (desc->shared_experts) {
         const trill_mlp_weights sw = { w->shared_gate, w->shared_up, w->shared_down, ad->shared_gate, ad->shared_up, ad->shared_down, .tp = false };
-        st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dout, a->xn2, a->sgate, a->sup, &sw, a->xa + XA_SH_GATE, 0, T, H,
-                                Im * c->n_shared_experts);
+        const float *dsh = dout;
+        if (desc->shared_expert_gate) { /* out = S sigmoid(l): dS = dout s, dl = (dout . S) s (1 - s) */
+            for (size_t t = 0; t < (size_t)T; t++) {
+                const float s = 1.0f / (1.0f + expf(-a->sh_logit[t]));
+                double dot = 0;
+                for (int i = 0; i < H; i++) {
+                    dot += (double)dout[t * H + i] * a->sh_out[t * H + i];
+                    g->dsh[t * H + i] = dout[t * H + i] * s;
+                }
+                g->dgates[t] = (float)dot * s * (1.0f - s); /* dgates is free until the routed experts' backward */
+            }
+            st = trill_linear_backward(fp, sink, lg, g->dxn, g->dgates, a->xn2, w->shared_expert_gate, ad->shared_expert_gate, a->xa[XA_SH_EGATE],
+                                       T, H, 1);
+            dsh = g->dsh;
+        }
+        if (!st)
+            st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dsh, a->xn2, a->sgate, a->sup, &sw, a->xa + XA_SH_GATE, 0, T, H,
+                                    trill_config_shared_width(c));
     }
     const trill_moe_experts x = trill_decoder_experts(c, desc, w, ad);
     if (!st) st = trill_moe_experts_backward(fp, sink, lg, &g->mlp, g->dxn, g->dgates, dout, a->xn2, &x, &a->moe, a->xa + XA_GATE, T, H, E, K, Im, ordinal);
@@ -145,18 +167,27 @@ static trill_status gqa_backward(const trill_forward_pass *fp, const trill_layer
     if (desc->qk_norm) {
         zero(g->dqr, (size_t)T * nh * hd);
         zero(g->dkr, (size_t)T * nkv * hd);
-        if ((st = trill_rmsnorm_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, T * nh, hd, eps)) ||
-            (st = trill_rmsnorm_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, T * nkv, hd, eps)))
+        if ((st = trill_rmsnorm_offset_backward(g->dqr, trill_grad_of(sink, w->q_norm), g->dq, a->q_raw, w->q_norm, trill_norm_offset(c, TRILL_ROLE_Q_NORM), T * nh, hd, eps)) ||
+            (st = trill_rmsnorm_offset_backward(g->dkr, trill_grad_of(sink, w->k_norm), g->dk, a->k_raw, w->k_norm, trill_norm_offset(c, TRILL_ROLE_K_NORM), T * nkv, hd, eps)))
             return st;
         dq = g->dqr, dk = g->dkr;
     }
+    int qw = nh * hd;
+    if (desc->output_gate) { /* q_proj's output per head: q's gradient, then the gate's (the block left it in dqg's second half) */
+        const size_t N = (size_t)T * nh;
+        for (size_t i = 0; i < N; i++) { /* head i's writes never reach a later head's gate gradient: 2i + 2 <= N + i + 1 */
+            memcpy(g->dqg + i * 2 * hd, dq + i * hd, sizeof(float) * hd);
+            memmove(g->dqg + i * 2 * hd + hd, g->dqg + (N + i) * hd, sizeof(float) * hd);
+        }
+        dq = g->dqg, qw = 2 * nh * hd;
+    }
     if (desc->qkv_bias) {
-        trill_decoder_bias_backward(trill_grad_of(sink, w->q_bias), dq, T, nh * hd);
+        trill_decoder_bias_backward(trill_grad_of(sink, w->q_bias), dq, T, qw);
         trill_decoder_bias_backward(trill_grad_of(sink, w->k_bias), dk, T, nkv * hd);
         trill_decoder_bias_backward(trill_grad_of(sink, w->v_bias), g->dv, T, nkv * hd);
     }
     zero(g->dxn, (size_t)T * H);
-    if ((st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, dq, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, nh * hd)) ||
+    if ((st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, dq, a->xn1, w->wq, ad->q, a->xa[XA_Q], T, H, qw)) ||
         (st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, dk, a->xn1, w->wk, ad->k, a->xa[XA_K], T, H, nkv * hd)) ||
         (st = trill_linear_backward_colpar(fp, sink, lg, g->dxn, g->dv, a->xn1, w->wv, ad->v, a->xa[XA_V], T, H, nkv * hd)))
         return st;
@@ -236,10 +267,26 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
     const int T = fp->T, H = c->hidden_size, nh = c->num_attention_heads;
     const int kv_heads = gqa ? c->num_key_value_heads : nh, qk = gqa ? c->head_dim : c->qk_nope_head_dim + c->qk_rope_head_dim;
     const int dv = gqa ? c->head_dim : c->v_head_dim;
+    if (desc->attention == TRILL_ATTENTION_GDN) {
+        zero(g->dxn, (size_t)T * H);
+        trill_status st = trill_gdn_backward(fp, sink, lg, w, ad, a, dx, g->dxn);
+        if (st) return st;
+        return trill_rmsnorm_offset_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm,
+                                             trill_norm_offset(c, TRILL_ROLE_INPUT_NORM), T, H, (float)c->rms_norm_eps);
+    }
     if (desc->o_bias) trill_decoder_bias_backward(trill_grad_of(sink, w->o_bias), dx, T, H);
     zero(g->datt, (size_t)T * nh * dv);
-    trill_status st = trill_linear_backward(fp, sink, lg, g->datt, dx, a->att, w->wo, ad->o, a->xa[XA_O], T, nh * dv, H);
+    trill_status st = trill_linear_backward(fp, sink, lg, g->datt, dx, desc->output_gate ? a->att_g : a->att, w->wo, ad->o, a->xa[XA_O], T,
+                                            nh * dv, H);
     if (st) return st;
+    if (desc->output_gate) { /* o_proj's input att s, s = sigmoid(gate): d att = d(att s) s; d gate = d(att s) att s (1 - s), kept in dqg's second half */
+        const size_t N = (size_t)T * nh * dv;
+        for (size_t i = 0; i < N; i++) {
+            const float s = 1.0f / (1.0f + expf(-a->ogate[i])), dg = g->datt[i];
+            g->datt[i] = dg * s;
+            g->dqg[N + i] = dg * a->att[i] * s * (1.0f - s);
+        }
+    }
     zero(g->dq, (size_t)T * nh * qk);
     zero(g->dk, (size_t)T * kv_heads * qk);
     zero(g->dv, (size_t)T * kv_heads * dv);
@@ -255,7 +302,8 @@ static trill_status attention_backward_block(const trill_forward_pass *fp, const
         if (!(st = mla_keys_values_backward(fp, w, ad, a, sink, lg, g))) st = mla_queries_backward(fp, w, ad, a, sink, lg, g);
     }
     if (st) return st;
-    return trill_rmsnorm_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, T, H, (float)c->rms_norm_eps);
+    return trill_rmsnorm_offset_backward(dx, trill_grad_of(sink, w->input_norm), g->dxn, a->x_in, w->input_norm, trill_norm_offset(c, TRILL_ROLE_INPUT_NORM), T, H,
+                                         (float)c->rms_norm_eps);
 }
 
 static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_sinks *sink, const trill_lora_scratch *lg, void *s,
@@ -279,7 +327,8 @@ static trill_status layer(const trill_forward_pass *fp, int l, const trill_grad_
         st = trill_mlp_backward(fp, sink, lg, &g->mlp, g->dxn, dx, a->xn2, a->moe.gate, a->moe.up, &mw, a->xa + XA_GATE, 0, T, H,
                                 c->intermediate_size);
     }
-    if (!st) st = trill_rmsnorm_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, T, H, (float)c->rms_norm_eps);
+    if (!st) st = trill_rmsnorm_offset_backward(dx, trill_grad_of(sink, w->post_norm), g->dxn, a->x_mid, w->post_norm, trill_norm_offset(c, TRILL_ROLE_POST_NORM), T,
+                                                 H, (float)c->rms_norm_eps);
     if (st) return st;
     return attention_backward_block(fp, &desc, w, ad, a, sink, lg, g, dx);
 }

@@ -26,7 +26,8 @@ static flop_parts count(const trill_config *c, const int *offsets, int n_seqs, i
     }
     flop_walk w = { .c = c, .T = offsets[n_seqs], .rank = rank };
     trill_arch_walk(c, count_tensor, &w);
-    w.f.attention = c->num_hidden_layers * trill_family_of(c)->attention_flops(c, pairs);
+    const trill_family *f = trill_family_of(c);
+    w.f.attention = c->num_hidden_layers * f->attention_flops(c, pairs) + (f->token_flops ? f->token_flops(c) * w.T : 0);
     return w.f;
 }
 

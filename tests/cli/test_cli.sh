@@ -69,7 +69,7 @@ disk_mb=$(stat -c %s "$WORK/tiny/model.safetensors" | awk '{ printf "%.1f", $1 /
 check "info: the bytes on disk are the weight files' ($disk_mb MB)" grep -qF "bytes:         $disk_mb MB on disk (1 safetensors file, BF16)" "$WORK/info"
 # the tiny preset by hand: embedding and head 128 x 256; per layer q, o 256 x 256 and k, v 128 x 256;
 # dense MLP 3 x 768 x 256; 3 MoE layers of 8 experts x 3 x 128 x 256 and a router 8 x 256
-check "info by kind" grep -qF "by kind:       embedding 32768, matrices 1376256, routed experts 2359296, routers 6144, norms 2816, biases 0, linear biases 0, sinks 0, head 32768" "$WORK/info"
+check "info by kind" grep -qF "by kind:       embedding 32768, matrices 1376256, routed experts 2359296, routers 6144, norms 2816, biases 0, linear biases 0, sinks 0, convs 0, decays 0, head 32768" "$WORK/info"
 # the real DeepSeek-V3 and Kimi K2 configurations, config only: their published sizes (671B / 37B;
 # 1T / 32B, 1.03T / 32.9B counted with the embeddings and the head), described without weights
 check "init --config-only kimi-k2" "$TRILL" init --out "$WORK/k2" --preset kimi-k2 --config-only 2>/dev/null

@@ -63,6 +63,9 @@ def main():
         elif cfg.get("model_type") == "glm4_moe":
             import glm_ref  # only for a GLM-4.5 checkpoint
             is_moe_layer, E = glm_ref.is_moe_layer, glm_ref.n_experts(cfg)
+        elif cfg.get("model_type") == "qwen3_next":
+            import qwen3next_ref  # only for a Qwen3-Next checkpoint
+            is_moe_layer, E = qwen3next_ref.is_moe_layer, qwen3next_ref.n_experts(cfg)
         elif cfg.get("model_type") in ("mixtral", "gpt_oss"):
             is_moe_layer, E = (lambda c, i: True), cfg.get("num_local_experts", 8)
         else:

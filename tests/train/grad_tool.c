@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch/family.h"
 #include "base/json.h"
 #include "model/lora_internal.h"
 #include "trill/kernels.h"
@@ -129,8 +130,9 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n_tensors; i++) {
         const trill_param *p = &tensors[i];
         if (!trill_tensor_trainable(p->kind)) continue;
-        outs[n_out] = (trill_tensor_out){ .name = p->name, .ndim = p->ndim, .data = gvalues + (p->data - values), .src_dtype = TRILL_F32 };
-        memcpy(outs[n_out++].shape, p->shape, sizeof p->shape);
+        outs[n_out] = (trill_tensor_out){ .name = p->name, .data = gvalues + (p->data - values), .src_dtype = TRILL_F32 };
+        outs[n_out].ndim = trill_param_file_shape(&m->config, p, outs[n_out].shape); /* as the checkpoint holds it (a conv1d's [C, 1, K]) */
+        n_out++;
     }
     if (trill_st_write(argv[3], outs, n_out, TRILL_F32)) return fail(argv[3]);
     printf("{\"loss\": %.9g}\n", loss);

@@ -648,6 +648,106 @@ static void test_sliding_window(void **state) {
     }
 }
 
+/* Qwen3-Next-80B-A3B: the table's counts equal an independent count of HF's tensors (36 Gated
+ * DeltaNet layers: in_proj_qkvz, in_proj_ba, conv1d [C, 1, 4], dt_bias, A_log, the gated norm,
+ * out_proj; 12 gated attention layers: q_proj twice as wide, k/v/o, QK-norm; every layer the
+ * router, 512 experts, the shared expert and its gate) and the published "80B total, 3B active"
+ * (3.87B active counted with the embedding and the head, 3.25B without either). */
+static void test_qwen3next_counts(void **state) {
+    (void)state;
+    char *text = trill_config_preset_text("qwen3-next-80b-a3b");
+    assert_non_null(text);
+    const trill_config c = parse(text);
+    free(text);
+    const int64_t vocab = 151936, h = 2048, L = 48, n_lin = 36, nk = 16, nv = 32, dk = 128, dv = 128, nh = 16, nkv = 2, hd = 256;
+    const int64_t n_e = 512, Im = 512, Ish = 512, k = 10, kernel = 4;
+    const int64_t gdn = (2 * nk * dk + 2 * nv * dv) * h + 2 * nv * h + (2 * nk * dk + nv * dv) * kernel + 2 * nv + dv + h * nv * dv;
+    const int64_t attn = 2 * nh * hd * h + 2 * nkv * hd * h + h * nh * hd + 2 * hd;
+    const int64_t fixed = 2 * h + n_e * h + 3 * Ish * h + h, expert = 3 * Im * h;
+    int64_t total, active;
+    trill_config_param_counts(&c, &total, &active);
+    const int64_t ends = 2 * vocab * h + h, layers = n_lin * gdn + (L - n_lin) * attn + L * fixed;
+    assert_true(total == ends + layers + L * n_e * expert);
+    assert_true(active == ends + layers + L * k * expert);
+    assert_int_equal(c.n_moe_layers, 48);
+    const double without = (double)(active - 2 * vocab * h) * 1e-9;
+    if (fabs(total / 80e9 - 1) > 0.01 || without < 3.0 || without >= 3.5)
+        fail_msg("%.5g total / %.5g active without the embeddings: not Qwen3-Next-80B-A3B's", (double)total, without * 1e9);
+    print_message("Qwen3-Next-80B-A3B: %.2f B total, %.2f B active (%.2f B without the embedding and the head)\n", total * 1e-9,
+                  active * 1e-9, without);
+}
+
+/* A Qwen3-Next toy: the layer description per layer (full_attention_interval, mlp_only_layers),
+ * the Gated DeltaNet's tensors (the conv saved as HF's [C, 1, K], A_log and dt_bias trained), the
+ * zero-centred norms starting at 0 (the gated norm at 1), a save and load that gives every value
+ * back, an "mtp.*" tensor in the checkpoint skipped; the refusals by field. */
+static void test_qwen3next_toy(void **state) {
+    (void)state;
+    static const char toy[] =
+        "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"vocab_size\": 64, \"hidden_size\": 32,"
+        " \"intermediate_size\": 24, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+        " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 4,"
+        " \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 12,"
+        " \"full_attention_interval\": 2, \"mlp_only_layers\": [0], \"partial_rotary_factor\": 0.25}";
+    trill_config c = parse(toy);
+    assert_int_equal(c.arch, TRILL_ARCH_QWEN3_NEXT);
+    assert_int_equal(c.n_moe_layers, 3);
+    assert_true(c.norm_centered && c.linear_conv_kernel_dim == 4 && c.rope_theta == 10000.0);
+    for (int l = 0; l < 4; l++) {
+        const trill_layer_desc d = trill_layer_desc_of(&c, l);
+        assert_int_equal(d.attention, l % 2 ? TRILL_ATTENTION_GQA : TRILL_ATTENTION_GDN);
+        assert_true(d.moe == (l > 0) && d.shared_experts == (l > 0) && d.shared_expert_gate == (l > 0) && d.output_gate && d.qk_norm);
+        assert_true(!d.qkv_bias && !d.o_bias && d.router == TRILL_ROUTER_SOFTMAX);
+    }
+    trill_model *m, *back;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, 7);
+    int n_conv = 0, n_decay = 0;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const trill_param *p = &m->tensors[t];
+        assert_true(trill_tensor_trainable(p->kind));
+        n_conv += p->kind == TRILL_TENSOR_CONV;
+        n_decay += p->kind == TRILL_TENSOR_DECAY;
+        if (p->kind == TRILL_TENSOR_CONV) assert_int_equal(p->numel, (2 * 2 * 8 + 4 * 4) * 4);
+        if (p->kind == TRILL_TENSOR_NORM) assert_true(p->data[0] == (p->role == TRILL_ROLE_GDN_NORM ? 1.0f : 0.0f));
+        if (p->role == TRILL_ROLE_GDN_A_LOG) assert_true(p->data[0] < logf(16.0f));
+        if (p->role == TRILL_ROLE_Q) assert_int_equal(p->shape[0], 2 * 4 * 8);
+        if (p->role == TRILL_ROLE_SHARED_EXPERT_GATE) assert_true(p->shape[0] == 1 && p->lora_target == TRILL_LORA_SHARED_EXPERT_GATE);
+    }
+    assert_int_equal(n_conv, 2);
+    assert_int_equal(n_decay, 4);
+    for (size_t t = 0; t < m->n_tensors; t++) /* every vector non-trivial for the round trip */
+        if (m->tensors[t].ndim == 1)
+            for (size_t i = 0; i < m->tensors[t].numel; i++) m->tensors[t].data[i] = (float)(t * 1000 + i);
+    char *dir = test_tmpdir("qwen3next");
+    assert_int_equal(trill_model_save(m, dir, TRILL_F32, 0), TRILL_OK);
+    trill_checkpoint *ck;
+    assert_int_equal(trill_checkpoint_open(dir, &ck), TRILL_OK);
+    const trill_tensor_view *conv = trill_checkpoint_find(ck, "model.layers.2.linear_attn.conv1d.weight");
+    assert_true(conv && conv->ndim == 3 && conv->shape[0] == 48 && conv->shape[1] == 1 && conv->shape[2] == 4);
+    trill_checkpoint_close(ck);
+    const float mtp[4] = { 1, 2, 3, 4 }; /* a shard holding the MTP module's tensor, which HF skips too */
+    trill_tensor_out extra = { .name = "mtp.fc.weight", .ndim = 2, .shape = { 2, 2 }, .data = mtp, .src_dtype = TRILL_F32 };
+    char mtp_path[512];
+    snprintf(mtp_path, sizeof mtp_path, "%s/mtp.safetensors", dir);
+    assert_int_equal(trill_st_write(mtp_path, &extra, 1, TRILL_F32), TRILL_OK);
+    assert_int_equal(trill_model_load(dir, &back), TRILL_OK);
+    assert_memory_equal(back->params, m->params, m->n_params * sizeof(float));
+    trill_model_free(back);
+    trill_model_free(m);
+    test_rmdir(dir);
+    free(dir);
+    const refusal bad[] = {
+        { "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3", "linear_num_value_heads (3) must be a multiple of linear_num_key_heads (2)" },
+        { "\"full_attention_interval\": 2", "\"layer_types\": [\"linear_attention\", \"full_attention\", \"mamba\", \"full_attention\"]",
+          "field \"layer_types\": entry 2: expected \"linear_attention\" or \"full_attention\"" },
+        { "\"partial_rotary_factor\": 0.25", "\"partial_rotary_factor\": 0.125", "field \"partial_rotary_factor\": 0.125 of head_dim 8 rotates 1" },
+        { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "field \"num_experts_per_tok\": 5 must be in [1, num_experts=4]" },
+        { "\"mlp_only_layers\": [0]", "\"mlp_only_layers\": [4]", "field \"mlp_only_layers\": entry 0: expected a layer index in [0, 4)" },
+    };
+    expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
+}
+
 /* gpt-oss-120b and gpt-oss-20b: the table's counts equal an independent count of HF's tensors
  * (q/k/v/o with biases, sinks, the router with its bias, each expert's gate_up and down with
  * their biases) and the published totals; the published active counts leave out the input
@@ -969,6 +1069,7 @@ int main(void) {
         cmocka_unit_test(test_glm_counts),    cmocka_unit_test(test_glm_toy),       cmocka_unit_test(test_glm_lite),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_gptoss_counts), cmocka_unit_test(test_gptoss_toy),
         cmocka_unit_test(test_gptoss_stacked), cmocka_unit_test(test_gptoss_mxfp4), cmocka_unit_test(test_gptoss_peft_params),
+        cmocka_unit_test(test_qwen3next_counts), cmocka_unit_test(test_qwen3next_toy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

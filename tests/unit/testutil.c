@@ -148,3 +148,35 @@ json_t *test_small_gptoss_json(void) {
 }
 
 trill_model *test_small_gptoss(uint64_t seed) { return model_with_bias(test_small_gptoss_json(), seed); }
+
+json_t *test_small_qwen3next_json(void) {
+    json_t *j = trill_config_preset("qwen3next-tiny");
+    json_object_set_new(j, "hidden_size", json_integer(32));
+    json_object_set_new(j, "head_dim", json_integer(8));
+    json_object_set_new(j, "partial_rotary_factor", json_real(0.5));
+    json_object_set_new(j, "intermediate_size", json_integer(32));
+    json_object_set_new(j, "moe_intermediate_size", json_integer(16));
+    json_object_set_new(j, "shared_expert_intermediate_size", json_integer(16));
+    json_object_set_new(j, "linear_key_head_dim", json_integer(8));
+    json_object_set_new(j, "linear_value_head_dim", json_integer(8));
+    json_object_set_new(j, "full_attention_interval", json_integer(2));
+    json_object_set_new(j, "mlp_only_layers", json_pack("[i]", 0));
+    json_object_set_new(j, "attention_bias", json_true());
+    json_object_set_new(j, "initializer_range", json_real(0.3));
+    return j;
+}
+
+/* Its norms and Gated DeltaNet vectors drawn too: (1 + w) with w N(0, 0.1); the gated norm's 1 +
+ * N(0, 0.1); dt_bias N(-2, 1), so the decay reaches from fast to slow. */
+trill_model *test_small_qwen3next(uint64_t seed) {
+    trill_model *m = model_with_bias(test_small_qwen3next_json(), seed);
+    size_t n;
+    const trill_param *t = trill_model_tensors(m, &n);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; t[i].data && (t[i].kind == TRILL_TENSOR_NORM || t[i].kind == TRILL_TENSOR_DECAY) && k < t[i].numel; k++) {
+            const float z = (float)trill_rng_normal(seed + 3, i * 1000 + k);
+            if (t[i].kind == TRILL_TENSOR_DECAY) t[i].data[k] = strstr(t[i].name, "dt_bias") ? -2.0f + z : t[i].data[k];
+            else t[i].data[k] += 0.1f * z;
+        }
+    return m;
+}

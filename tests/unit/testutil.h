@@ -52,5 +52,9 @@ trill_model *test_small_glm(uint64_t seed);
  * 0 and 2), swiglu_limit 0.5 (both clamps cut), every bias and sink random. */
 json_t *test_small_gptoss_json(void);
 trill_model *test_small_gptoss(uint64_t seed);
+/* Qwen3-Next's toy: 4 layers (0 and 2 Gated DeltaNet, 1 and 3 gated attention with q/k/v/o
+ * biases), a dense layer 0 then 3 MoE layers of 8 experts top-2 with a shared expert and its gate. */
+json_t *test_small_qwen3next_json(void);
+trill_model *test_small_qwen3next(uint64_t seed);
 
 #endif

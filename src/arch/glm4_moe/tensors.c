@@ -23,7 +23,7 @@ static int64_t dim(const trill_config *c, int id) {
     case D_I: return c->intermediate_size;
     case D_IM: return c->moe_intermediate_size;
     case D_E: return c->num_experts;
-    case D_SH: return (int64_t)c->moe_intermediate_size * c->n_shared_experts;
+    case D_SH: return trill_config_shared_width(c);
     }
     return 0;
 }

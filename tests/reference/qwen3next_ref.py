@@ -1,0 +1,888 @@
+#!/usr/bin/python3
+r"""Independent PyTorch reference for Hugging Face Qwen3-Next (Qwen3NextForCausalLM, model_type
+"qwen3_next").
+
+Written from the equations of HF `models/qwen3_next/modeling_qwen3_next.py` and
+`configuration_qwen3_next.py` (not from the C code it checks), using only torch + numpy + stdlib
+(safetensors read and written by hand). Subcommands, options, files and records are qwen3_ref.py's,
+whose generic parts it imports (RMSNorm, RoPE, LoRA, the forward / grad / adamw-steps /
+make-adapter / merge commands, the finite-difference check): compare.py and compare_grads.py work
+unchanged.
+
+  make-model --out DIR --seed N --dtype f32|bf16 [--shards K] [--std S] [--mtp]
+             [--set key=value ...]
+      DIR/config.json (BASE_CONFIG + --set; a VALUE is JSON, else a string; `--set KEY=` with
+      nothing after "=" leaves KEY out: HF's default) and random weights under HF's tensor names,
+      exactly the tensors the config implies, the routed experts per expert
+      (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight, as the released checkpoints):
+      the zero-centred norms' weights (input_layernorm, post_attention_layernorm, q_norm, k_norm,
+      model.norm) N(0, 0.1); the gated norm's (linear_attn.norm) 1 + N(0, 0.1); A_log
+      log(U(1, 8)); dt_bias N(-3, 1) (at S 0.1 the value heads' median decay exp(g) spreads over
+      about 0.5..0.94: short and long memory; N(0, 0.5) would make it ~0.07, the state forgotten
+      within a token or two); conv1d N(0, 0.4); routers (mlp.gate) N(0, 0.2); every other tensor
+      (embedding, projections, experts, shared expert and its gate, lm_head, biases) N(0, S).
+      f32: all F32; bf16: all BF16. --mtp: also five multi-token-prediction tensors
+      (mtp.fc.weight [H, 2H], mtp.pre_fc_norm_embedding / pre_fc_norm_hidden / norm /
+      layers.0.input_layernorm .weight [H]; drawn after the rest, so the model's tensors are the
+      same as without --mtp), which every reader ignores. Prints the range of the decay g, of
+      exp(g) and of beta over the linear layers on a 64-token probe.
+
+  forward --model DIR --input IN.jsonl --output OUT.jsonl [--replay] [--adapter ADIR [--no-lora]]
+      Per line {"tokens": [...]}: {"tokens", "logprobs" (entry 0 null), "experts",
+      "router_probs"}, as qwen3_ref: experts[t][m]: MoE layer m's (MoE-layer ordinal, dense
+      layers not counted) k ids by router probability descending, lower id first on exact ties
+      (replayed ids as given); router_probs[t][m]: the router's own sorted top-(k+1)
+      probabilities, replay or not.
+
+  grad --model DIR --input IN.jsonl --output GRADS.safetensors [--replay] [--loss-out LOSS.json]
+       [--adapter ADIR [--no-lora]] [--base-grads FILE]
+      As qwen3_ref: lines {"tokens", "coef": [null, c_1, ...]}; loss = sum over lines and t >= 1 of
+      c_t * log p(token t | tokens < t), float64 autograd through the forward's function; d loss /
+      d W for every parameter under HF's names (A_log, dt_bias, conv1d, every norm, the routers,
+      the shared expert and its gate included), F32; experts no token was routed to: zeros; tied:
+      the embedding gets the summed gradient, no lm_head.weight. With --adapter the base is frozen
+      and GRADS holds the lora_A / lora_B gradients (PEFT names); --base-grads FILE also writes the
+      base's. LOSS.json: {"loss", "logprobs"}.
+
+  adamw-steps --model DIR --input IN.jsonl --steps N --lr LR --weight-decay WD --betas B1,B2
+              --eps EPS [--clip MAXNORM] --output PARAMS.safetensors [--replay] [--adapter ADIR]
+      As qwen3_ref: N torch.optim.AdamW steps (float64) on the grad loss, over the tensors grad
+      writes, under its names.
+
+  make-adapter --model DIR --out ADIR --rank R --alpha A [--rslora] --targets T,... --seed N
+               [--b-std S]
+      A PEFT LoRA adapter (qwen3_ref's: adapter_config.json + adapter_model.safetensors, F32; A
+      U(-1/sqrt(in), 1/sqrt(in)), B ~ N(0, S), default 0.05). Targets (PEFT's suffix matching on
+      the nn.Linear modules): q_proj [2*nh*hd, H] (query and gate together), k_proj, v_proj,
+      o_proj (full-attention layers); in_proj_qkvz, in_proj_ba, out_proj (linear layers);
+      gate_proj, up_proj, down_proj (the dense MLP's, every routed expert's
+      mlp.experts.E.*_proj and the shared expert's mlp.shared_expert.*_proj); shared_expert_gate
+      [1, H]; lm_head. The router mlp.gate (Qwen3NextTopKRouter, no nn.Linear) and conv1d are
+      never targets. Biases are not adapted.
+
+  merge --model DIR --adapter ADIR --out MDIR
+      As qwen3_ref: W += scale * B @ A (scale alpha/r, or alpha/sqrt(r) with use_rslora) for every
+      adapted module, float64, written as a full F32 model (config.json + model.safetensors, no mtp
+      tensors); a tied model with an lm_head adapter is written untied.
+
+  selfcheck-grad [--seed N]
+      Autograd vs central finite differences (h = 1e-6, rel err < 1e-6) on tiny float64 models
+      (2 layers, 9 tokens, vocab 13, hidden 16; 2 heads / 1 KV head of 8 with RoPE on 4 dims;
+      linear layers of 2 key heads of 4 and 4 value heads of 3 (r = 2), conv kernel 4; 12 experts
+      of width 6 top-2, shared expert of width 5): every kind of tensor (embedding; in_proj_qkvz,
+      in_proj_ba, conv1d, A_log, dt_bias, the gated norm, out_proj; q/k/v/o_proj and their biases,
+      q_norm, k_norm; both layernorms; the router, a routed expert's gate / up / down, the shared
+      expert's and its gate, the dense MLP's; final norm; lm_head), over linear-then-full and
+      full-then-linear layer orders, with and without replay, a dense (mlp_only_layers) layer,
+      tied embeddings, attention_bias, norm_topk_prob false, nv == nk; LoRA (r 3 on every target,
+      base frozen) with alpha/r and rslora (B = 0 is the base exactly, the float64 merge is the
+      adapter's function to 1e-12). Unrouted experts' gradients must be exactly zero (and some
+      expert must go unrouted). Also: HF's chunked form of the gated delta rule
+      (torch_chunk_gated_delta_rule's equations, float64, chunks of 64 and of 4) equals the
+      recurrence to 1e-12 on random inputs of 150 and 3 steps, and a whole 300-token forward of
+      the base model with the chunked form equals the recurrent one to 1e-12; the explicit
+      causal conv1d equals F.conv1d with HF's padding; the reader refuses an extra, a missing and a
+      misshapen tensor and ignores mtp.* ones.
+
+Model (float64; bf16 weights widened exactly). x = embed_tokens[tokens]; per layer l
+  h = input_layernorm(x); x += mixer(h); h = post_attention_layernorm(x); x += mlp(h);
+  then logits = lm_head(norm(x)) (tie_word_embeddings: lm_head = embed_tokens).
+  Qwen3NextRMSNorm (every decoder norm, q_norm and k_norm too) is zero-centred:
+  x / sqrt(mean(x^2) + rms_norm_eps) * (1 + w).
+Layer types: config "layer_types" ("linear_attention" / "full_attention"; HF's legacy names
+  "mamba" / "attention" read as those), else layer l is full iff (l + 1) % full_attention_interval
+  == 0 (default 4).
+Full attention (Qwen3NextAttention): q_proj [nh*2*hd, H] viewed [T, nh, 2*hd]: per head the first
+  hd = query, the last hd = gate (gate flattened [T, nh*hd], head-major); q_norm / k_norm per head
+  over hd; RoPE rotate-half on the first int(hd * partial_rotary_factor) dims of each head
+  (default rope only: inv_freq = 1 / rope_theta^(2i/rd)); causal softmax(q k^T / sqrt(hd)) v with
+  GQA (query head h reads KV head h // (nh / nkv)); out * sigmoid(gate); o_proj. attention_bias:
+  biases on q/k/v/o_proj. head_dim: the config's, 256 when absent (HF's default), hidden_size //
+  num_attention_heads when null. partial_rotary_factor: the config's, else rope_parameters', else
+  0.25. rope_theta: the config's, else rope_parameters', else 10000.
+Gated DeltaNet (Qwen3NextGatedDeltaNet): nk, nv, dk, dv = linear_num_key_heads,
+  linear_num_value_heads, linear_key_head_dim, linear_value_head_dim; r = nv / nk.
+  in_proj_qkvz(h) viewed [T, nk, 2*dk + 2*r*dv]: per key head [q (dk), k (dk), v (r*dv), z (r*dv)];
+  in_proj_ba(h) viewed [T, nk, 2r]: [b (r), a (r)]; v, z, b, a then flattened to value heads in
+  (key head, j) order. mixed = cat(q [nk*dk], k [nk*dk], v [nv*dv]); depthwise causal conv over
+  time, conv1d.weight [C, 1, K] (K = linear_conv_kernel_dim), no bias, zero left padding:
+  out[t, c] = sum_j w[c, 0, j] * mixed[t - K + 1 + j, c]; SiLU; split back into q, k [T, nk, dk],
+  v [T, nv, dv]. q, k l2-normalised over dk (x * rsqrt(sum x^2 + 1e-6)); q *= dk^-0.5; q, k
+  repeat_interleave r over heads (value head j reads key head j // r). beta = sigmoid(b); g =
+  -exp(A_log) * softplus(a + dt_bias). Per value head, S [dk, dv] from 0, for t = 0..T-1:
+  S = exp(g_t) S; delta = beta_t (v_t - S^T k_t); S = S + k_t delta^T; o_t = S^T q_t
+  (the recurrent form; HF's chunked form computes the same function). Qwen3NextRMSNormGated per
+  value head (not zero-centred): o / sqrt(mean(o^2) + rms_norm_eps) * w * silu(z); flattened
+  [T, nv*dv]; out_proj.
+MLP: layer l is MoE iff l not in mlp_only_layers and num_experts > 0 and (l + 1) %
+  decoder_sparse_step == 0, else dense SwiGLU mlp.{gate,up,down}_proj (intermediate_size).
+  MoE (Qwen3NextSparseMoeBlock): router probs = softmax(h mlp.gate.weight^T) over E; the top-k
+  (num_experts_per_tok) probabilities, renormalised to sum 1 iff norm_topk_prob (default true);
+  out = sum_k w_k expert_k(h) + sigmoid(h shared_expert_gate.weight^T) * shared_expert(h); experts
+  and the shared expert (shared_expert_intermediate_size) SwiGLU down(silu(gate(h)) * up(h)).
+Router replay (--replay): qwen3_ref's: a line's "experts": [[[k ids] per MoE layer] per token]
+  replaces the top-k ids; the weights are the router's softmax probabilities at those ids
+  (renormalised iff norm_topk_prob), so the router keeps its gradient. A row of negative ids is
+  not replayed. Lines without "experts" route themselves.
+Checkpoints: exactly the tensors the config implies (names and shapes), any of F32 / BF16 / F16 /
+  F64; tensors named mtp.* are ignored (HF's _keys_to_ignore_on_load_unexpected); a tied model may
+  carry an unused lm_head.weight. Refused: rope_scaling / rope types other than default,
+  hidden_act other than silu, nv not a multiple of nk, an odd or zero rotary dim.
+"""
+
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen3_ref as q3  # noqa: E402  (the generic parts: RoPE, LoRA, commands, selfcheck)
+
+DT = torch.float64
+L2NORM_EPS = 1e-6  # HF l2norm's eps (use_qk_l2norm_in_kernel), fixed in the modeling file
+
+BASE_CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+    "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+    "full_attention_interval": 2,  # layers 1 and 3 full, 0 and 2 linear
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "partial_rotary_factor": 0.25, "rope_theta": 10000.0, "rope_scaling": None,
+    "attention_bias": False,
+    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_num_value_heads": 4,
+    "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+    "num_experts": 8, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
+    "norm_topk_prob": True, "shared_expert_intermediate_size": 48,
+    "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu",
+    "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 1,
+    # In HF's config.json too; they do not change the forward.
+    "attention_dropout": 0.0, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+    "initializer_range": 0.02, "use_cache": True,
+}
+# Qwen3NextConfig's defaults, for keys a config.json leaves out.
+HF_DEFAULTS = {
+    "intermediate_size": 5632, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True,
+    "full_attention_interval": 4,
+}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj",
+                "gate_proj", "up_proj", "down_proj", "shared_expert_gate", "lm_head")
+EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+MTP_NAMES = ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+             "mtp.norm.weight", "mtp.layers.0.input_layernorm.weight")
+
+
+# ---------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------
+
+def get(cfg, key):
+    """cfg[key], or Qwen3NextConfig's default when the key is absent (or null)."""
+    v = cfg.get(key)
+    return HF_DEFAULTS[key] if v is None and key in HF_DEFAULTS else v
+
+
+def head_dim_of(cfg):
+    """Qwen3NextConfig: head_dim 256 by default; an explicit null: hidden_size // heads (as the
+    rotary embedding's `getattr(config, "head_dim", None) or ...` reads it)."""
+    if "head_dim" not in cfg:
+        return 256
+    return cfg["head_dim"] or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def rope_params(cfg):
+    rp = cfg.get("rope_parameters")
+    return rp if isinstance(rp, dict) else {}
+
+
+def partial_rotary_factor(cfg):
+    v = cfg.get("partial_rotary_factor")
+    if v is None:
+        v = rope_params(cfg).get("partial_rotary_factor")
+    return 0.25 if v is None else float(v)
+
+
+def rotary_dim_of(cfg):
+    return int(head_dim_of(cfg) * partial_rotary_factor(cfg))
+
+
+def rope_theta(cfg):
+    v = cfg.get("rope_theta")
+    if v is None:
+        v = rope_params(cfg).get("rope_theta")
+    return 10000.0 if v is None else float(v)
+
+
+def layer_types(cfg):
+    """config layer_types (legacy names remapped), else full iff (l + 1) % interval == 0."""
+    lt = cfg.get("layer_types")
+    if lt is not None:
+        return [LEGACY_LAYER_TYPES.get(t, t) for t in lt]
+    n = get(cfg, "full_attention_interval")
+    return ["full_attention" if (i + 1) % n == 0 else "linear_attention"
+            for i in range(cfg["num_hidden_layers"])]
+
+
+def is_moe_layer(cfg, i):
+    """HF Qwen3NextDecoderLayer: Qwen3NextSparseMoeBlock iff this holds (gen_train_inputs.py may
+    import it, as it imports the other references' predicates)."""
+    return (i not in (cfg.get("mlp_only_layers") or [])
+            and get(cfg, "num_experts") > 0
+            and (i + 1) % get(cfg, "decoder_sparse_step") == 0)
+
+
+def n_experts(cfg):
+    return get(cfg, "num_experts")
+
+
+def check_config(cfg):
+    """Refuse what this reference does not implement, rather than compute something else."""
+    def need(ok, msg):
+        if not ok:
+            raise SystemExit(f"config: {msg}")
+
+    def pos_int(key):
+        v = get(cfg, key)
+        need(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+             f"{key} must be a positive integer, got {v!r}")
+        return v
+    need(cfg.get("model_type") == "qwen3_next", f"unsupported model_type {cfg.get('model_type')!r}")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
+                "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+                "decoder_sparse_step", "intermediate_size"):
+        pos_int(key)
+    need(cfg["num_attention_heads"] % get(cfg, "num_key_value_heads") == 0,
+         "num_attention_heads must be a multiple of num_key_value_heads")
+    need(get(cfg, "linear_num_value_heads") % get(cfg, "linear_num_key_heads") == 0,
+         "linear_num_value_heads must be a multiple of linear_num_key_heads")
+    hd = head_dim_of(cfg)
+    need(isinstance(hd, int) and hd > 0, f"head_dim {hd!r}")
+    rd = rotary_dim_of(cfg)
+    need(0 < rd <= hd and rd % 2 == 0,
+         f"rotary dim int(head_dim * partial_rotary_factor) = {rd} must be even and in (0, head_dim]")
+    prf_rp = rope_params(cfg).get("partial_rotary_factor")
+    if cfg.get("partial_rotary_factor") is not None and prf_rp is not None:
+        need(float(cfg["partial_rotary_factor"]) == float(prf_rp),
+             "partial_rotary_factor differs from rope_parameters' partial_rotary_factor")
+    need(not cfg.get("rope_scaling"), "rope_scaling is not implemented (null only)")
+    rt = rope_params(cfg).get("rope_type", rope_params(cfg).get("type", "default"))
+    need(rt == "default", f"rope_parameters rope_type {rt!r} is not implemented (default only)")
+    if cfg.get("rope_theta") is not None and rope_params(cfg).get("rope_theta") is not None:
+        need(float(cfg["rope_theta"]) == float(rope_params(cfg)["rope_theta"]),
+             "rope_theta differs from rope_parameters' rope_theta")
+    need(get(cfg, "hidden_act") == "silu", "only hidden_act silu is implemented")
+    types = layer_types(cfg)
+    need(len(types) == cfg["num_hidden_layers"]
+         and all(t in ("linear_attention", "full_attention") for t in types),
+         "layer_types must name linear_attention / full_attention for every layer")
+    if cfg.get("layer_types") is None:
+        pos_int("full_attention_interval")
+    E = get(cfg, "num_experts")
+    need(isinstance(E, int) and E >= 0, "num_experts must be a non-negative integer")
+    mol = cfg.get("mlp_only_layers") or []
+    need(isinstance(mol, list) and all(isinstance(i, int) for i in mol),
+         "mlp_only_layers must be a list of layer indices")
+    if any(is_moe_layer(cfg, i) for i in range(cfg["num_hidden_layers"])):
+        pos_int("moe_intermediate_size")
+        pos_int("shared_expert_intermediate_size")
+        k = pos_int("num_experts_per_tok")
+        need(k <= E, "need num_experts_per_tok <= num_experts")
+
+
+def build_config(overrides, dtype):
+    cfg = copy.deepcopy({**BASE_CONFIG, **overrides})
+    for k in [k for k, v in overrides.items() if v == ""]:
+        del cfg[k]  # `--set KEY=`: KEY absent from config.json (HF's default)
+    cfg["torch_dtype"] = {"f32": "float32", "bf16": "bfloat16"}[dtype]
+    check_config(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------------------
+# Tensors
+# ---------------------------------------------------------------------------
+
+def tensor_shapes(cfg):
+    """Every checkpoint tensor the config implies, (HF name, shape), in checkpoint order."""
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], get(cfg, "num_key_value_heads"), head_dim_of(cfg)
+    nk, nv = get(cfg, "linear_num_key_heads"), get(cfg, "linear_num_value_heads")
+    dk, dv, K = (get(cfg, "linear_key_head_dim"), get(cfg, "linear_value_head_dim"),
+                 get(cfg, "linear_conv_kernel_dim"))
+    bias = get(cfg, "attention_bias")
+    types = layer_types(cfg)
+    out = [("model.embed_tokens.weight", (V, H))]
+
+    def mlp(p, inter):
+        return [(p + ".gate_proj.weight", (inter, H)), (p + ".up_proj.weight", (inter, H)),
+                (p + ".down_proj.weight", (H, inter))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        out.append((p + ".input_layernorm.weight", (H,)))
+        if types[i] == "linear_attention":
+            a, conv = p + ".linear_attn", 2 * nk * dk + nv * dv
+            out += [(a + ".in_proj_qkvz.weight", (2 * nk * dk + 2 * nv * dv, H)),
+                    (a + ".in_proj_ba.weight", (2 * nv, H)),
+                    (a + ".conv1d.weight", (conv, 1, K)),
+                    (a + ".A_log", (nv,)), (a + ".dt_bias", (nv,)),
+                    (a + ".norm.weight", (dv,)),
+                    (a + ".out_proj.weight", (H, nv * dv))]
+        else:
+            a = p + ".self_attn"
+            for proj, o, fin in (("q_proj", 2 * nh * hd, H), ("k_proj", nkv * hd, H),
+                                 ("v_proj", nkv * hd, H), ("o_proj", H, nh * hd)):
+                out.append((f"{a}.{proj}.weight", (o, fin)))
+                if bias:
+                    out.append((f"{a}.{proj}.bias", (o,)))
+            out += [(a + ".q_norm.weight", (hd,)), (a + ".k_norm.weight", (hd,))]
+        out.append((p + ".post_attention_layernorm.weight", (H,)))
+        if is_moe_layer(cfg, i):
+            out.append((p + ".mlp.gate.weight", (get(cfg, "num_experts"), H)))
+            for e in range(get(cfg, "num_experts")):
+                out += mlp(f"{p}.mlp.experts.{e}", get(cfg, "moe_intermediate_size"))
+            out += mlp(p + ".mlp.shared_expert", get(cfg, "shared_expert_intermediate_size"))
+            out.append((p + ".mlp.shared_expert_gate.weight", (1, H)))
+        else:
+            out += mlp(p + ".mlp", get(cfg, "intermediate_size"))
+    out.append(("model.norm.weight", (H,)))
+    if not get(cfg, "tie_word_embeddings"):
+        out.append(("lm_head.weight", (V, H)))
+    return out
+
+
+def mtp_shapes(cfg):
+    """make-model --mtp's dummy multi-token-prediction tensors (ignored by every reader)."""
+    H = cfg["hidden_size"]
+    return [(n, (H, 2 * H) if n == "mtp.fc.weight" else (H,)) for n in MTP_NAMES]
+
+
+def check_exact(have, want, what):
+    for n in sorted(set(want) | set(have)):
+        if (n in want) != (n in have) or tuple(want.get(n, ())) != tuple(have.get(n, ())):
+            raise SystemExit(f"{what}tensor {n}: shape {list(have[n]) if n in have else 'missing'}, "
+                             f"expected {list(want[n]) if n in want else 'none (unknown)'}")
+
+
+def model_tensors(weights, cfg, what=""):
+    """The model's tensors of a checkpoint's {name: tensor}: mtp.* dropped, a tied model's unused
+    lm_head.weight dropped; then strictly the tensors (names, shapes) the config implies."""
+    w = {n: t for n, t in weights.items() if not n.startswith("mtp.")}
+    if get(cfg, "tie_word_embeddings"):
+        w.pop("lm_head.weight", None)
+    check_exact({n: tuple(t.shape) for n, t in w.items()}, dict(tensor_shapes(cfg)), what)
+    return w
+
+
+def load_weights(model_dir, cfg):
+    try:
+        stored = q3.load_weights(model_dir)
+    except ValueError as e:
+        raise SystemExit(f"checkpoint: {e}")
+    return model_tensors(stored, cfg, "checkpoint: ")
+
+
+def linear_modules(cfg):
+    """Every nn.Linear a LoRA adapter may sit on, in state-dict order, (module name, in, out):
+    q/k/v/o_proj, in_proj_qkvz, in_proj_ba, out_proj, the dense MLP's, every routed expert's and
+    the shared expert's gate/up/down_proj, shared_expert_gate, lm_head (even when tied). Not the
+    router (mlp.gate: a Qwen3NextTopKRouter, no nn.Linear) nor conv1d."""
+    out = []
+    for n, s in tensor_shapes(cfg):
+        if (n.endswith(".weight") and len(s) == 2
+                and n not in ("model.embed_tokens.weight", "lm_head.weight")
+                and not n.endswith(".mlp.gate.weight")):
+            out.append((n[:-len(".weight")], s[1], s[0]))
+    return out + [("lm_head", cfg["hidden_size"], cfg["vocab_size"])]
+
+
+# ---------------------------------------------------------------------------
+# make-model
+# ---------------------------------------------------------------------------
+
+def make_weights(cfg, seed, std=0.02, mtp=False):
+    """Random weights in tensor_shapes order (the same seed gives the same tensors in any dtype or
+    sharding, with or without mtp). [(name, fp32 tensor)]."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for name, shape in tensor_shapes(cfg):
+        if name.endswith(".A_log"):
+            t = torch.log(1.0 + 7.0 * torch.rand(shape, generator=g, dtype=torch.float32))
+            out.append((name, t))
+            continue
+        r = torch.randn(shape, generator=g, dtype=torch.float32)
+        if name.endswith(".linear_attn.norm.weight"):
+            t = 1.0 + 0.1 * r           # the gated norm: w * x (not zero-centred)
+        elif name.endswith("norm.weight"):
+            t = 0.1 * r                 # zero-centred: (1 + w) * x, w not all zeros
+        elif name.endswith(".dt_bias"):
+            t = -3.0 + 1.0 * r          # per-head median exp(g) ~0.5..0.94: short and long memory
+        elif name.endswith(".conv1d.weight"):
+            t = 0.4 * r
+        elif name.endswith(".mlp.gate.weight"):
+            t = 0.2 * r                 # decisive routing, not saturated
+        else:
+            t = std * r
+        out.append((name, t))
+    if mtp:
+        gm = torch.Generator().manual_seed(seed + 7777)
+        for name, shape in mtp_shapes(cfg):
+            r = torch.randn(shape, generator=gm, dtype=torch.float32)
+            out.append((name, 0.1 * r if name.endswith("norm.weight") else std * r))
+    return out
+
+
+def decay_probe(model, tokens):
+    """(g [N], beta [N]) of every linear layer's every token and value head over one forward."""
+    model.gdn_stats = []
+    with torch.no_grad():
+        model.forward(tokens)
+    stats, model.gdn_stats = model.gdn_stats, None
+    if not stats:
+        return None, None
+    return torch.cat([s[0].reshape(-1) for s in stats]), torch.cat([s[1].reshape(-1) for s in stats])
+
+
+def decay_summary(model, tokens):
+    g, beta = decay_probe(model, tokens)
+    if g is None:
+        return "no linear layers"
+    dec = g.exp()
+    return (f"g in [{g.min():.3g}, {g.max():.3g}] (exp(g) in [{dec.min():.3g}, {dec.max():.3g}], "
+            f"median {dec.median():.3g}), beta in [{beta.min():.3g}, {beta.max():.3g}] over "
+            f"{g.numel()} (token, layer, value head)")
+
+
+def cmd_make_model(args):
+    cfg = build_config(q3.parse_set(args.set), args.dtype)
+    tensors = make_weights(cfg, args.seed, args.std, args.mtp)
+    files = q3.write_model(args.out, cfg, tensors, args.dtype, args.shards)
+    probe = np.random.default_rng(args.seed).integers(0, cfg["vocab_size"], 64).tolist()
+    model = Qwen3NextModel(cfg=cfg, weights=dict(tensors))
+    print(f"wrote {args.out}: {len(tensors)} tensors{' (mtp included)' if args.mtp else ''}, "
+          f"qwen3_next, {args.dtype}, files={files}, layers {''.join(t[0] for t in layer_types(cfg))} "
+          f"(l linear, f full), MoE layers {model.moe_layers}; 64-token probe: "
+          f"{decay_summary(model, probe)}")
+
+
+# ---------------------------------------------------------------------------
+# The model function
+# ---------------------------------------------------------------------------
+
+def rms_norm0(x, w, eps):
+    """Qwen3NextRMSNorm: zero-centred weight, x / sqrt(mean(x^2) + eps) * (1 + w)."""
+    return q3.rms_norm(x, 1.0 + w, eps)
+
+
+def l2norm(x):
+    """HF l2norm: x * rsqrt(sum(x^2) + 1e-6) over the last dim."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def causal_conv_silu(x, w):
+    """Depthwise causal conv over time, then SiLU. x [T, C], w [C, 1, K] (nn.Conv1d groups=C,
+    padding K-1, the first T outputs): out[t, c] = sum_j w[c, 0, j] * x[t - K + 1 + j, c] (zero
+    before the sequence)."""
+    T, C = x.shape
+    K = w.shape[-1]
+    xp = torch.cat([torch.zeros(K - 1, C, dtype=x.dtype), x], dim=0)
+    y = sum(w[:, 0, j] * xp[j:j + T] for j in range(K))
+    return F.silu(y)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta):
+    """The gated delta rule, recurrent form. q, k [T, Hv, dk] (q already scaled), v [T, Hv, dv],
+    g, beta [T, Hv]. Per head, S [dk, dv] from 0: S = exp(g_t) S; delta = beta_t (v_t - S^T k_t);
+    S += k_t delta^T; o_t = S^T q_t. Returns o [T, Hv, dv]."""
+    T, Hv, dk = k.shape
+    S = torch.zeros(Hv, dk, v.shape[-1], dtype=v.dtype)
+    outs = []
+    for t in range(T):
+        S = S * torch.exp(g[t])[:, None, None]
+        kv = torch.einsum("hk,hkv->hv", k[t], S)
+        delta = (v[t] - kv) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        outs.append(torch.einsum("hk,hkv->hv", q[t], S))
+    return torch.stack(outs) if outs else torch.zeros(0, Hv, v.shape[-1], dtype=v.dtype)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, chunk=64):
+    """HF's torch_chunk_gated_delta_rule's equations (float64, no l2norm or scale here: q, k as
+    recurrent_gated_delta_rule takes them). Same arguments and result."""
+    T, Hv, dk = k.shape
+    dv = v.shape[-1]
+    pad = (chunk - T % chunk) % chunk
+
+    def heads(x):  # [T, Hv, ...] -> [Hv, N, chunk, ...], zero padded at the end
+        x = x.transpose(0, 1)
+        x = torch.cat([x, torch.zeros(Hv, pad, *x.shape[2:], dtype=x.dtype)], dim=1)
+        return x.reshape(Hv, -1, chunk, *x.shape[2:])
+    q, k, v, g, beta = heads(q), heads(k), heads(v), heads(g), heads(beta)
+    N = q.shape[1]
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    g = g.cumsum(-1)
+    diff = (g[..., :, None] - g[..., None, :]).tril()   # tril before exp: no overflow above
+    decay = diff.exp().tril()
+    upper0 = torch.ones(chunk, chunk, dtype=torch.bool).triu(0)
+    attn = -((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(upper0, 0)
+    for i in range(1, chunk):
+        row = attn[..., i, :i].clone()
+        sub = attn[..., :i, :i].clone()
+        attn[..., i, :i] = row + (row[..., None] * sub).sum(-2)
+    attn = attn + torch.eye(chunk, dtype=attn.dtype)
+    value = attn @ v_beta
+    k_cumdecay = attn @ (k_beta * g.exp()[..., None])
+    S = torch.zeros(Hv, dk, dv, dtype=v.dtype)
+    out = torch.zeros(Hv, N, chunk, dv, dtype=v.dtype)
+    upper1 = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+    for i in range(N):
+        q_i, k_i, v_i = q[:, i], k[:, i], value[:, i]
+        a = (q_i @ k_i.transpose(-1, -2) * decay[:, i]).masked_fill(upper1, 0)
+        v_new = v_i - k_cumdecay[:, i] @ S
+        inter = (q_i * g[:, i, :, None].exp()) @ S
+        out[:, i] = inter + a @ v_new
+        S = (S * g[:, i, -1, None, None].exp()
+             + (k_i * (g[:, i, -1, None] - g[:, i]).exp()[..., None]).transpose(-1, -2) @ v_new)
+    return out.reshape(Hv, N * chunk, dv)[:, :T].transpose(0, 1)
+
+
+class Qwen3NextModel(q3.Model):
+    """qwen3_ref's Model (LoRA, lin, parameters, the softmax top-k router and replay) with
+    Qwen3-Next's layers: zero-centred norms, gated full attention with partial RoPE, Gated DeltaNet
+    linear attention, the MoE block's shared expert and its sigmoid gate."""
+    MODEL_TYPES = ("qwen3_next",)
+    QK_NORM = True
+    MOE_BLOCK = "mlp"
+    EXPERT_PROJ = EXPERT_PARTS
+
+    def __init__(self, model_dir=None, cfg=None, weights=None, adapter=None):
+        if model_dir is not None:
+            with open(os.path.join(model_dir, "config.json")) as f:
+                cfg = json.load(f)
+            check_config(cfg)
+            weights = load_weights(model_dir, cfg)
+        check_config(cfg)
+        weights = model_tensors(weights, cfg)
+        # qwen3_ref's Model reads these keys directly: HF's defaults where the config leaves them out
+        filled = dict(cfg)
+        for key in ("num_key_value_heads", "rms_norm_eps"):
+            filled[key] = get(cfg, key)
+        super().__init__(None, filled, weights, adapter)
+        self.cfg = cfg
+        self.hd = head_dim_of(cfg)
+        self.rotary_dim = rotary_dim_of(cfg)
+        self.nKV = get(cfg, "num_key_value_heads")
+        self.eps = get(cfg, "rms_norm_eps")
+        self.tied = bool(get(cfg, "tie_word_embeddings"))
+        self.types = layer_types(cfg)
+        self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
+        self.n_experts = get(cfg, "num_experts")
+        self.norm_topk = bool(get(cfg, "norm_topk_prob"))
+        self.nk, self.nv = get(cfg, "linear_num_key_heads"), get(cfg, "linear_num_value_heads")
+        self.dk, self.dv = get(cfg, "linear_key_head_dim"), get(cfg, "linear_value_head_dim")
+        self.delta_rule = recurrent_gated_delta_rule  # selfcheck swaps in the chunked form
+        self.gdn_stats = None
+
+    def linear_modules(self):
+        return linear_modules(self.cfg)
+
+    def attention(self, x, p, cos, sin):
+        """Qwen3NextAttention: gated, QK-normed (zero-centred), partial RoPE, GQA, causal."""
+        W, T, hd, nH, nKV = self.W, x.shape[0], self.hd, self.nH, self.nKV
+        qg = self.lin(x, p + ".q_proj").view(T, nH, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nH * hd)
+        k = self.lin(x, p + ".k_proj").view(T, nKV, hd)
+        v = self.lin(x, p + ".v_proj").view(T, nKV, hd)
+        q = q3.apply_rope(rms_norm0(q, W[p + ".q_norm.weight"], self.eps), cos, sin)
+        k = q3.apply_rope(rms_norm0(k, W[p + ".k_norm.weight"], self.eps), cos, sin)
+        rep = nH // nKV
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.einsum("thd,shd->hts", q, k) * hd ** -0.5
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v).reshape(T, nH * hd)
+        return self.lin(o * torch.sigmoid(gate), p + ".o_proj")
+
+    def gated_deltanet(self, x, p):
+        """Qwen3NextGatedDeltaNet (see the module docstring)."""
+        W, T = self.W, x.shape[0]
+        nk, nv, dk, dv = self.nk, self.nv, self.dk, self.dv
+        r = nv // nk
+        qkvz = self.lin(x, p + ".in_proj_qkvz").view(T, nk, 2 * dk + 2 * r * dv)
+        q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
+        ba = self.lin(x, p + ".in_proj_ba").view(T, nk, 2 * r)
+        b, a = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
+        z = z.reshape(T, nv, dv)
+        mixed = torch.cat([q.reshape(T, nk * dk), k.reshape(T, nk * dk), v.reshape(T, nv * dv)], -1)
+        mixed = causal_conv_silu(mixed, W[p + ".conv1d.weight"])
+        q, k, v = torch.split(mixed, [nk * dk, nk * dk, nv * dv], dim=-1)
+        q = l2norm(q.reshape(T, nk, dk)) * dk ** -0.5
+        k = l2norm(k.reshape(T, nk, dk))
+        v = v.reshape(T, nv, dv)
+        q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+        beta = torch.sigmoid(b)
+        g = -torch.exp(W[p + ".A_log"]) * F.softplus(a + W[p + ".dt_bias"])
+        if self.gdn_stats is not None:
+            self.gdn_stats.append((g.detach(), beta.detach()))
+        o = self.delta_rule(q, k, v, g, beta)                       # [T, nv, dv]
+        o = q3.rms_norm(o, W[p + ".norm.weight"], self.eps) * F.silu(z)  # Qwen3NextRMSNormGated
+        return self.lin(o.reshape(T, nv * dv), p + ".out_proj")
+
+    def moe(self, x, p, replay_ids=None):
+        """Qwen3NextSparseMoeBlock: qwen3_ref's routed experts (softmax, top-k, renormalised iff
+        norm_topk_prob, replay) plus sigmoid(shared_expert_gate(x)) * shared_expert(x)."""
+        out, ids, probs = super().moe(x, p, replay_ids)
+        shared = q3.swiglu_mlp(x, self, p + ".shared_expert")
+        return out + torch.sigmoid(self.lin(x, p + ".shared_expert_gate")) * shared, ids, probs
+
+    def forward(self, tokens, replay=None):
+        """Returns (log-softmax [T, V], experts [T][m][k], router_probs [T][m][k+1]).
+        replay: None, or a LongTensor [T, n_moe_layers, k] of expert ids."""
+        T = len(tokens)
+        x = self.W["model.embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
+        cos, sin = q3.rope_cos_sin(T, self.rotary_dim, rope_theta(self.cfg))
+        experts, rprobs = [[] for _ in range(T)], [[] for _ in range(T)]
+        for i in range(self.L):
+            p = f"model.layers.{i}"
+            h = rms_norm0(x, self.W[p + ".input_layernorm.weight"], self.eps)
+            if self.types[i] == "linear_attention":
+                x = x + self.gated_deltanet(h, p + ".linear_attn")
+            else:
+                x = x + self.attention(h, p + ".self_attn", cos, sin)
+            h = rms_norm0(x, self.W[p + ".post_attention_layernorm.weight"], self.eps)
+            if i in self.moe_layers:
+                m = self.moe_layers.index(i)
+                y, ids, pr = self.moe(h, p + ".mlp", None if replay is None else replay[:, m, :])
+                for t in range(T):
+                    experts[t].append(ids[t].tolist())
+                    rprobs[t].append(pr[t].tolist())
+            else:
+                y = q3.swiglu_mlp(h, self, p + ".mlp")
+            x = x + y
+        x = rms_norm0(x, self.W["model.norm.weight"], self.eps)
+        return torch.log_softmax(self.lin(x, "lm_head"), dim=-1), experts, rprobs
+
+
+# ---------------------------------------------------------------------------
+# selfcheck-grad
+# ---------------------------------------------------------------------------
+
+SELFCHECK_SET = {"vocab_size": 13, "hidden_size": 16, "intermediate_size": 7,
+                 "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+                 "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                 "partial_rotary_factor": 0.5,
+                 "linear_num_key_heads": 2, "linear_key_head_dim": 4, "linear_num_value_heads": 4,
+                 "linear_value_head_dim": 3, "linear_conv_kernel_dim": 4,
+                 "num_experts": 12, "moe_intermediate_size": 6, "num_experts_per_tok": 2,
+                 "shared_expert_intermediate_size": 5}
+FULL_FIRST = ["full_attention", "linear_attention"]
+
+# (replay, tied, lora, config overrides)
+SELFCHECK_CASES = [
+    (False, False, None, {}),
+    (True, False, None, {"mlp_only_layers": [0]}),
+    (True, True, None, {"attention_bias": True, "norm_topk_prob": False, "layer_types": FULL_FIRST}),
+    (False, False, None, {"linear_num_value_heads": 2, "mlp_only_layers": [1]}),
+    (False, False, "lora", {"attention_bias": True}),
+    (True, True, "rslora", {"mlp_only_layers": [0], "layer_types": FULL_FIRST}),
+]
+T_SELFCHECK = 9
+
+
+def selfcheck_case(replay, tied, seed, lora, over):
+    cfg = build_config(dict(SELFCHECK_SET, tie_word_embeddings=tied, **over), "f32")
+    base_w = dict(make_weights(cfg, seed, std=0.3))  # large std: sizeable gradients everywhere
+    model = Qwen3NextModel(cfg=cfg, weights=base_w)
+    fails = []
+    if lora:
+        model, lora_fails = q3.selfcheck_lora(model, base_w, LORA_TARGETS, seed, lora)
+        fails += lora_fails
+    types = layer_types(cfg)
+    lin_l, full_l = types.index("linear_attention"), types.index("full_attention")
+    la, fa = f"model.layers.{lin_l}.linear_attn", f"model.layers.{full_l}.self_attn"
+    moe = model.moe_layers
+    dense = [i for i in range(cfg["num_hidden_layers"]) if i not in moe]
+
+    def kinds_of(grads, visited):
+        def expert(m, part):  # the visited expert with the largest down_proj gradient
+            layer = moe[m]
+
+            def down(e):
+                n = f"model.layers.{layer}.mlp.experts.{e}.down_proj"
+                return grads[q3.lora_names(n)[1] if lora else n + ".weight"].norm()
+            return f"model.layers.{layer}.mlp.experts.{max(visited[m], key=down)}.{part}"
+        mods = [("in_proj_qkvz", la + ".in_proj_qkvz"), ("in_proj_ba", la + ".in_proj_ba"),
+                ("out_proj", la + ".out_proj"),
+                ("q_proj", fa + ".q_proj"), ("k_proj", fa + ".k_proj"),
+                ("v_proj", fa + ".v_proj"), ("o_proj", fa + ".o_proj")]
+        for m, layer in enumerate(moe):
+            x = f"model.layers.{layer}.mlp"
+            mods += [(f"expert {part} (layer {layer})", expert(m, part)) for part in EXPERT_PARTS]
+            mods += [(f"shared {part} (layer {layer})", f"{x}.shared_expert.{part}")
+                     for part in EXPERT_PARTS]
+            mods.append((f"shared_expert_gate (layer {layer})", f"{x}.shared_expert_gate"))
+        for layer in dense:
+            mods += [(f"dense {part} (layer {layer})", f"model.layers.{layer}.mlp.{part}")
+                     for part in EXPERT_PARTS]
+        if lora:
+            return [(f"{kind} lora_{ab}", nm) for kind, m in mods + [("lm_head", "lm_head")]
+                    for ab, nm in zip("AB", q3.lora_names(m))]
+        kinds = [(kind, m + ".weight") for kind, m in mods]
+        kinds += [("embed", "model.embed_tokens.weight"),
+                  ("conv1d", la + ".conv1d.weight"), ("A_log", la + ".A_log"),
+                  ("dt_bias", la + ".dt_bias"), ("gated norm", la + ".norm.weight"),
+                  ("q_norm", fa + ".q_norm.weight"), ("k_norm", fa + ".k_norm.weight"),
+                  ("final norm", "model.norm.weight"),
+                  ("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight")]
+        for i in range(cfg["num_hidden_layers"]):
+            kinds += [(f"input_layernorm {i}", f"model.layers.{i}.input_layernorm.weight"),
+                      (f"post_attention_layernorm {i}",
+                       f"model.layers.{i}.post_attention_layernorm.weight")]
+        kinds += [(f"router (layer {layer})", f"model.layers.{layer}.mlp.gate.weight") for layer in moe]
+        if get(cfg, "attention_bias"):
+            kinds += [(f"{p} bias", f"{fa}.{p}.bias") for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        return kinds
+    worst, checked, gfails, visited, noise = q3.selfcheck_grads(
+        model, seed, replay, kinds_of, T=T_SELFCHECK, n_entries=3)
+    unvisited = sum(model.n_experts - len(v) for v in visited)
+    return worst, checked, fails + gfails, visited, noise, unvisited, cfg
+
+
+def selfcheck_chunked(seed):
+    """HF's chunked form vs the recurrence on random inputs (T 150 and 3; chunks 64 and 4): the
+    worst |difference| relative to the largest |output|. Returns [(what, rel)]."""
+    g_ = torch.Generator().manual_seed(seed)
+    out = []
+    for T in (150, 3):
+        Hv, dk, dv = 3, 5, 4
+        q = l2norm(torch.randn(T, Hv, dk, generator=g_, dtype=DT)) * dk ** -0.5
+        k = l2norm(torch.randn(T, Hv, dk, generator=g_, dtype=DT))
+        v = torch.randn(T, Hv, dv, generator=g_, dtype=DT)
+        g = -torch.rand(T, Hv, generator=g_, dtype=DT) * 1.5   # exp(g) in (0.22, 1]
+        beta = torch.rand(T, Hv, generator=g_, dtype=DT)
+        ref = recurrent_gated_delta_rule(q, k, v, g, beta)
+        for chunk in (64, 4):
+            got = chunk_gated_delta_rule(q, k, v, g, beta, chunk)
+            out.append((f"T {T} chunk {chunk}", ((got - ref).abs().max() / ref.abs().max()).item()))
+    return out
+
+
+def selfcheck_model_chunked(seed):
+    """The base model (make-model's init, std 0.1) over 300 tokens: log-probs with the chunked
+    form (64) vs the recurrent one; the conv vs F.conv1d with HF's padding. Returns (max |d
+    logprob|, conv max |d|, decay summary)."""
+    cfg = build_config({}, "f32")
+    model = Qwen3NextModel(cfg=cfg, weights=dict(make_weights(cfg, seed, std=0.1)))
+    tokens = np.random.default_rng(seed).integers(0, cfg["vocab_size"], 300).tolist()
+    with torch.no_grad():
+        lr, _, _ = model.forward(tokens)
+        model.delta_rule = chunk_gated_delta_rule
+        lc, _, _ = model.forward(tokens)
+        model.delta_rule = recurrent_gated_delta_rule
+    summary = decay_summary(model, tokens)
+    g_ = torch.Generator().manual_seed(seed)
+    x = torch.randn(7, 5, generator=g_, dtype=DT)
+    w = torch.randn(5, 1, 4, generator=g_, dtype=DT)
+    hf = F.silu(F.conv1d(x.T[None], w, None, padding=3, groups=5)[..., :7])[0].T
+    return (lr - lc).abs().max().item(), (causal_conv_silu(x, w) - hf).abs().max().item(), summary
+
+
+def selfcheck_reader(seed):
+    """The reader: a checkpoint with mtp.* tensors loads; an extra, a missing and a misshapen
+    tensor are refused. Returns failures."""
+    cfg = build_config(dict(SELFCHECK_SET), "f32")
+    tensors = make_weights(cfg, seed, std=0.1, mtp=True)
+    fails = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def loads(ts, name):
+            d = os.path.join(tmp, name)
+            q3.write_model(d, cfg, ts, "f32", 1)
+            try:
+                Qwen3NextModel(d)
+            except SystemExit:
+                return False
+            return True
+        if not loads(tensors, "mtp"):
+            fails.append("a checkpoint with mtp.* tensors was refused")
+        if loads(tensors + [("model.layers.0.linear_attn.conv1d.bias", torch.zeros(28))], "extra"):
+            fails.append("a checkpoint with an extra tensor (conv1d.bias) was not refused")
+        if loads([(n, t) for n, t in tensors if not n.endswith(".dt_bias")], "missing"):
+            fails.append("a checkpoint without dt_bias was not refused")
+        if loads([(n, t[:, :, :3] if n.endswith("conv1d.weight") else t) for n, t in tensors], "shape"):
+            fails.append("a checkpoint with a misshapen conv1d.weight was not refused")
+    return fails
+
+
+def cmd_selfcheck_grad(args):
+    ok = True
+    unvisited = 0
+    for c, (rp, tied, lora, over) in enumerate(SELFCHECK_CASES):
+        worst, checked, fails, visited, noise, unv, cfg = selfcheck_case(rp, tied, args.seed + c,
+                                                                         lora, over)
+        unvisited += unv
+        desc = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in over.items())
+        print(f"selfcheck-grad replay={str(rp).lower():5s} tied={str(tied).lower():5s} "
+              f"lora={lora or 'none':6s} layers {''.join(t[0] for t in layer_types(cfg))} "
+              f"r={get(cfg, 'linear_num_value_heads') // get(cfg, 'linear_num_key_heads')} {desc}: "
+              f"{checked} entries, worst rel err {worst:.2e} (fd rounding ~{noise:.0e} abs), "
+              f"experts visited {visited}  {'ok' if not fails else 'FAIL'}")
+        for f_ in fails:
+            print("  " + f_)
+        ok &= not fails
+    if unvisited == 0:
+        print("selfcheck-grad: every expert was routed to in every case: the zero check saw "
+              "nothing  FAIL")
+        ok = False
+    else:
+        print(f"selfcheck-grad: {unvisited} (layer, expert) pairs never routed to, their gradients "
+              "exactly zero  ok")
+    rels = selfcheck_chunked(args.seed)
+    ch_ok = all(r <= 1e-12 for _, r in rels)
+    print("selfcheck chunked (HF torch_chunk_gated_delta_rule's equations) vs recurrent: "
+          + ", ".join(f"{w}: {r:.1e}" for w, r in rels) + f"  {'ok' if ch_ok else 'FAIL'}")
+    ok &= ch_ok
+    d, dconv, summary = selfcheck_model_chunked(args.seed)
+    m_ok = d <= 1e-12 and dconv <= 1e-14
+    print(f"selfcheck base model, 300 tokens: chunked vs recurrent max |d logprob| {d:.1e}; "
+          f"conv vs F.conv1d {dconv:.1e}; {summary}  {'ok' if m_ok else 'FAIL'}")
+    ok &= m_ok
+    fails = selfcheck_reader(args.seed)
+    print(f"selfcheck reader (mtp.* ignored; extra, missing, misshapen refused): "
+          f"{'ok' if not fails else 'FAIL'}")
+    for f_ in fails:
+        print("  " + f_)
+    ok &= not fails
+    print("selfcheck-grad: PASS" if ok else "selfcheck-grad: FAIL")
+    return 0 if ok else 1
+
+
+def main(argv=None):
+    ap = q3.arg_parser(__doc__)
+    sub = next(a for a in ap._actions if a.dest == "cmd")
+    sub.choices["make-model"].add_argument(
+        "--mtp", action="store_true", help="also write dummy mtp.* tensors (ignored on load)")
+    args = ap.parse_args(argv)
+    commands = {
+        "make-model": cmd_make_model,
+        "forward": lambda a: q3.cmd_forward(a, Qwen3NextModel),
+        "grad": lambda a: q3.cmd_grad(a, Qwen3NextModel),
+        "adamw-steps": lambda a: q3.cmd_adamw_steps(a, Qwen3NextModel),
+        "make-adapter": lambda a: q3.cmd_make_adapter(a, linear_modules),
+        "merge": lambda a: q3.cmd_merge(a, Qwen3NextModel),
+        "selfcheck-grad": cmd_selfcheck_grad,
+    }
+    return commands[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
