@@ -111,6 +111,18 @@ static const char DIST_GPT_OSS[] =
     " \"truncate\": false}, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* Qwen3-Next: Gated DeltaNet layers 0 and 2 (2 key heads, 4 value heads of 8) beside a gated
+ * attention layer 1, zero-centred norms, 8 experts top-2 and a shared expert under its gate. */
+static const char DIST_QWEN3NEXT[] =
+    "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"partial_rotary_factor\": 0.5, \"linear_num_key_heads\": 2,"
+    " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"], \"num_experts\": 8,"
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 8,"
+    " \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 /* The world, after `[--expect N]`; exits 2 on a bad command line, 1 when the launch gave another
  * rank count. *expected is N (0 without the option). */
 static inline trill_comm *dist_test_begin(const char *name, int argc, char **argv, int *expected) {

@@ -269,7 +269,7 @@ int main(int argc, char **argv) {
     const int P = trill_comm_size(w);
     static const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", DIST_QWEN3_MOE }, { "deepseek_v3", DIST_DEEPSEEK_V3 },
                                                                      { "mixtral", DIST_MIXTRAL }, { "glm4_moe", DIST_GLM },
-                                                                     { "gpt_oss", DIST_GPT_OSS } };
+                                                                     { "gpt_oss", DIST_GPT_OSS }, { "qwen3_next", DIST_QWEN3NEXT } };
     for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));

@@ -135,5 +135,6 @@ int main(int argc, char **argv) {
     run_family(w, DIST_MIXTRAL, "mixtral");
     run_family(w, DIST_GLM, "glm4_moe");
     run_family(w, DIST_GPT_OSS, "gpt_oss");
+    run_family(w, DIST_QWEN3NEXT, "qwen3_next");
     return dist_test_end(w);
 }

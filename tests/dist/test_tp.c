@@ -225,5 +225,11 @@ int main(int argc, char **argv) {
                  c.num_key_value_heads);
         CHECK(strstr(trill_error_message(), heads));
     }
+    /* Qwen3-Next's Gated DeltaNet layers are not split: refused by name, not computed wrong */
+    trill_config c;
+    OK(trill_config_parse(DIST_QWEN3NEXT, strlen(DIST_QWEN3NEXT), "qwen3_next", &c));
+    trill_model *m;
+    CHECK(trill_model_create_shard(&c, TRILL_F32, &(trill_shard){ .ep_size = 1, .tp_size = 2 }, &m) == TRILL_ERR_UNSUPPORTED);
+    CHECK(strstr(trill_error_message(), "does not split Qwen3NextForCausalLM's Gated DeltaNet layers (layer 0"));
     return dist_test_end(w);
 }
