@@ -339,22 +339,24 @@ for sm in ("adapter", "merge"):
 print("   k2: flips with replay", [x["flip_token_frac"] for x in on], "without", [x["flip_token_frac"] for x in off],
       "; f32 mismatch", [f"{x['mismatch_mean_abs']:.1e}" for x in m("k2_f32_adapter") + m("k2_f32_merge")])
 PY
-echo "== the Mixtral, GLM-4.5 and gpt-oss families: replay, the f32 mismatch (adapter sync; GLM and gpt-oss also merge sync)"
+echo "== the Mixtral, GLM-4.5, gpt-oss and Qwen3-Next families: replay, the f32 mismatch (adapter sync; GLM, gpt-oss and Qwen3-Next also merge sync)"
 "$TRILL" init --out mx --preset mixtral-tiny --set hidden_size=64 --set intermediate_size=32 --seed 3 2>/dev/null
 "$TRILL" init --out glm --preset glm45-tiny --set hidden_size=64 --set intermediate_size=128 --set moe_intermediate_size=32 --seed 3 2>/dev/null
 "$TRILL" init --out go --preset gptoss-tiny --set hidden_size=64 --set intermediate_size=32 --seed 3 2>/dev/null
-for fam in mx glm go; do
+"$TRILL" init --out qn --preset qwen3next-tiny --set hidden_size=64 --set intermediate_size=32 --set moe_intermediate_size=32 \
+    --set shared_expert_intermediate_size=32 --seed 3 2>/dev/null
+for fam in mx glm go qn; do
     F=(model=$fam "${COMMON[@]:1}")
     must_pass log_${fam}_replay "$TRILL" train "${F[@]}" run_dir=${fam}_replay steps=2 router_replay=true generator.dtype=bf16
     must_pass log_${fam}_f32 "$TRILL" train "${F[@]}" run_dir=${fam}_f32 steps=3 generator.dtype=f32 sync.mode=adapter
 done
-for fam in glm go; do
+for fam in glm go qn; do
     must_pass log_${fam}_merge "$TRILL" train model=$fam "${COMMON[@]:1}" run_dir=${fam}_merge steps=3 generator.dtype=f32 sync.mode=merge
 done
 $PY - <<'PY'
 import json
 m = lambda d: [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
-for fam in ("mx", "glm", "go"):
+for fam in ("mx", "glm", "go", "qn"):
     on, f32 = m(f"{fam}_replay"), m(f"{fam}_f32") + (m(f"{fam}_merge") if fam != "mx" else [])
     assert all(x["flip_token_frac"] == 0 and not any(x["flip_layer"]) for x in on), (fam, [x["flip_token_frac"] for x in on])
     assert all(x["mismatch_mean_abs"] < 1e-5 and x["grad_norm"] > 0 for x in f32), (fam, [x["mismatch_mean_abs"] for x in f32])
