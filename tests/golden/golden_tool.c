@@ -300,6 +300,19 @@ static const char GPTOSS[] =
     " \"truncate\": false}, \"rope_theta\": 150000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false,"
     " \"max_position_embeddings\": 128, \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* Qwen3-Next: Gated DeltaNet layers 0 and 2 (2 key heads of 8, 4 value heads of 8, conv kernel
+ * 4) beside a gated attention layer 1 (GQA 4/2, head_dim 8, RoPE on 4 of it), zero-centred norms,
+ * layer 0 dense, then 8 experts top-2 and a shared expert under its sigmoid gate, untied. */
+static const char QWEN3NEXT[] =
+    "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"partial_rotary_factor\": 0.5, \"linear_num_key_heads\": 2,"
+    " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"], \"mlp_only_layers\": [0],"
+    " \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 8,"
+    " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 static const spec SPECS[] = {
     { "moe_a", MOE_A, 101, true },
     { "moe_b", MOE_B, 202, false },
@@ -308,6 +321,7 @@ static const spec SPECS[] = {
     { "mixtral", MIXTRAL, 505, true },
     { "glm", GLM, 606, true },
     { "gptoss", GPTOSS, 707, true },
+    { "qwen3next", QWEN3NEXT, 808, true },
 };
 
 /* The public accessors, shortened for the records below. */
