@@ -84,11 +84,13 @@ lora_and_merge() { # name dir targets
 }
 
 # The generator (f32, its KV cache) on the sequences it samples from DIR: their log-probs as the
-# reference computes them (gen_compare.py: within 1e-4 over >= 60 tokens).
-generator_compare() { # name dir
-  local name=$1 dir=$2 out
-  out="$WORK/gen_$(basename "$dir")"
-  if ! "$TRILL" generate --model "$dir" --prompt "12+34=" --n 3 --max-new-tokens 40 --dtype f32 --json --seed 5 >"$out.jsonl" 2>"$out.err"; then
+# reference computes them (gen_compare.py: within 1e-4 over >= 60 tokens). PROMPT (default
+# "12+34=") and more `trill generate` options may follow.
+generator_compare() { # name dir [prompt [generate options...]]
+  local name=$1 dir=$2 prompt=${3:-12+34=} out
+  shift 2; [ $# -gt 0 ] && shift
+  out="$WORK/gen_$(basename "$dir")_$(printf %s "$name" | md5sum | cut -c1-8)"
+  if ! "$TRILL" generate --model "$dir" --prompt "$prompt" --n 3 --max-new-tokens 40 --dtype f32 --json --seed 5 "$@" >"$out.jsonl" 2>"$out.err"; then
     fail "$name: trill generate failed" "$out.err"; return 0
   fi
   pystep -o /dev/null gen_compare.py inputs "$out.jsonl" "$out.in.jsonl"

@@ -98,6 +98,11 @@ done
 # The generator (f32: the linear layers' conv and recurrent state, the full layers' KV cache) on
 # the sequences it samples: their log-probs as the reference computes them
 generator_compare "generator f32 (trill-written)" "$dir"
+# ... after a 300-character prompt (5 chunks of 64 positions) prefilled 100 rows a step: the
+# linear layers' state carried across steps, then decoded from
+long_prompt=$(for i in $(seq 1 30); do printf '%d+%d=%d;' $((i * 7 % 10)) $((i * 3 % 10)) $(((i * 7 % 10) + (i * 3 % 10))); done)
+long_prompt=${long_prompt:0:300}
+generator_compare "generator f32 (trill-written, 300-token prompt)" "$dir" "$long_prompt" --max-batch-tokens 100
 # ... and on a checkpoint the reference writes, with the tokenizer trill init wrote
 dir="$WORK/gen_ref_written"
 pystep -o /dev/null qwen3next_ref.py make-model --out "$dir" --std 0.1 --dtype f32 --seed 12 --set vocab_size=128 bos_token_id=0 eos_token_id=0
