@@ -194,6 +194,30 @@ m gdn_decay_grad kernels src/kernels/gdn_impl.h "test_gradcheck" \
   'dg[(size_t)t * stride_g] += da * a;' \
   'dg[(size_t)t * stride_g] += da;' \
   "gated delta rule: the log decay's gradient without exp(g)'s factor"
+m gdn_fork_state infer src/infer/engine_sample.c "test_engine_qwen3next" \
+  'if (s->gdn) memcpy(s->gdn, parent->gdn,' \
+  'if (s->gdn && 0) memcpy(s->gdn, parent->gdn,' \
+  "generator: a prompt's forked samples start from an empty linear-attention state, not the parent's"
+m gdn_state_reset infer src/infer/gen_gdn.c "test_engine_qwen3next" \
+  'if (e->rows.pos[r] == 0) memset(state, 0, per_layer * sizeof(float));' \
+  'if (e->rows.pos[r] < 0) memset(state, 0, per_layer * sizeof(float));' \
+  "generator: a sequence recomputed from position 0 (preempted) keeps its stale linear-attention state"
+m gdn_conv_state infer src/kernels/gdn_impl.h "test_engine_qwen3next" \
+  'st[j] = p >= 0 ? x[(size_t)(t0 + p) * C + c] : st[K - 1 + p];' \
+  'st[j] = p >= 0 ? x[(size_t)(t0 + p - 1) * C + c] : st[K - 1 + p];' \
+  "generator: the conv state keeps the inputs one position too early"
+m norm_centered model src/arch/family.h "parity_qwen3next" \
+  'static inline float trill_norm_offset(const trill_config *c, int role) { return trill_norm_centered(c, role) ? 1.0f : 0.0f; }' \
+  'static inline float trill_norm_offset(const trill_config *c, int role) { return trill_norm_centered(c, role) && role != TRILL_ROLE_FINAL_NORM ? 1.0f : 0.0f; }' \
+  "Qwen3-Next: the final norm applied as w instead of 1 + w"
+m gdn_split_order model src/model/gdn.c "parity_qwen3next" \
+  'memcpy(mk, qkvz_h + d->dk, F * d->dk);' \
+  'memcpy(mk, qkvz_h, F * d->dk);' \
+  "Gated DeltaNet: k read from q's place in in_proj_qkvz's per-key-head block"
+m output_gate_grad train src/train/decoder_backward.c "parity_qwen3next" \
+  'g->dqg[N + i] = dg * a->att[i] * s * (1.0f - s);' \
+  'g->dqg[N + i] = dg * a->att[i] * s;' \
+  "gated attention: the output gate's gradient without the sigmoid's derivative"
 m gdn_chunk_solve kernels src/kernels/gdn_impl.h "test_gradcheck" \
   'for (int m = j + 1; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \
   'for (int m = j + 2; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \

@@ -223,6 +223,39 @@ static void test_batch_invariance(void **state) {
     trill_model_free(m);
 }
 
+/* A prompt's n samples fork off its first after the prompt (its KV blocks shared; Qwen3-Next's
+ * linear layers' conv and recurrent state copied): greedy, each of 4 samples is the same sequence
+ * bit for bit as the prompt asked alone, whatever the step boundaries (7 rows a step: the prompt
+ * prefilled over two steps) and with another request in the batch. */
+static void test_fork_state(void **state) {
+    (void)state;
+    trill_model *m = small_model(21);
+    trill_sequence_out alone[MAX_OUT], forked[MAX_OUT];
+    trill_engine *e = engine(m, TRILL_GEN_F32, 64, 0, 16);
+    trill_request r = request(1, P1, 13, 1, 12);
+    r.sampling.temperature = 0;
+    assert_int_equal(trill_engine_submit(e, &r), TRILL_OK);
+    assert_int_equal(run_all(e, alone), 1);
+    trill_engine_free(e);
+    e = engine(m, TRILL_GEN_F32, 7, 0, 16);
+    trill_request other = request(2, P3, 37, 1, 12);
+    r.n = 4;
+    assert_int_equal(trill_engine_submit(e, &other), TRILL_OK);
+    assert_int_equal(trill_engine_submit(e, &r), TRILL_OK);
+    assert_int_equal(run_all(e, forked), 5);
+    for (int k = 0; k < 4; k++) {
+        const trill_sequence_out *f = &forked[k];
+        assert_int_equal(f->request, 1);
+        assert_int_equal(f->n_generated, alone[0].n_generated);
+        assert_memory_equal(f->tokens, alone[0].tokens, sizeof(int) * (size_t)(13 + f->n_generated));
+        assert_memory_equal(f->logprobs, alone[0].logprobs, sizeof(float) * (size_t)f->n_generated);
+    }
+    for (int i = 0; i < 5; i++) trill_sequence_out_free(&forked[i]);
+    trill_sequence_out_free(&alone[0]);
+    trill_engine_free(e);
+    trill_model_free(m);
+}
+
 static void test_stops_and_errors(void **state) {
     (void)state;
     trill_model *m = small_model(33);
@@ -1264,6 +1297,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_matches_reference),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_fork_state),
         cmocka_unit_test(test_stops_and_errors),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_layer_map),
