@@ -182,15 +182,101 @@ LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"
 MTP_NAMES = ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
              "mtp.norm.weight", "mtp.layers.0.input_layernorm.weight")
 
+# Qwen3.5-MoE: "qwen3_5_moe" (Qwen3_5MoeForConditionalGeneration, the language model's fields in
+# text_config) and "qwen3_5_moe_text" (Qwen3_5MoeForCausalLM, flat).
+Q35_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+ARCHS = ("qwen3_next",) + Q35_TYPES
+# The language model's fields (text_config of qwen3_5_moe; all of qwen3_5_moe_text's config):
+# BASE_CONFIG's sizes, every layer MoE (Qwen3.5 has no dense MLP, mlp_only_layers,
+# decoder_sparse_step or norm_topk_prob), RoPE in rope_parameters as the released configs have it.
+Q35_TEXT_BASE = {
+    "vocab_size": 97, "hidden_size": 64, "num_hidden_layers": 4,
+    "full_attention_interval": 2,  # layers 1 and 3 full, 0 and 2 linear
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                        "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                        "mrope_interleaved": True},
+    "attention_bias": False,
+    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_num_value_heads": 4,
+    "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+    "num_experts": 8, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
+    "shared_expert_intermediate_size": 48,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu",
+    "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 1,
+    "attention_dropout": 0.0, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+    "initializer_range": 0.02, "use_cache": True,
+}
+# qwen3_5_moe's top level besides text_config (Qwen3_5MoeConfig's fields), and a small vision tower
+# config (the reference never builds the tower: text-only inputs never reach it).
+Q35_COMPOSITE_TOP = {
+    "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054,
+}
+Q35_VISION_CONFIG = {
+    "model_type": "qwen3_5_moe_vision", "depth": 1, "hidden_size": 16, "intermediate_size": 32,
+    "num_heads": 2, "in_channels": 3, "patch_size": 2, "temporal_patch_size": 2,
+    "spatial_merge_size": 2, "num_position_embeddings": 16, "hidden_act": "gelu_pytorch_tanh",
+    "initializer_range": 0.02, "deepstack_visual_indexes": [],
+}
+# make-model's one vision tower tensor (Conv3d [embed, in_channels, temporal, patch, patch]),
+# which every reader skips
+VISUAL_DUMMY = ("model.visual.patch_embed.proj.weight", (16, 3, 2, 2, 2))
+# Qwen3_5MoeTextConfig's defaults, for keys a config leaves out
+Q35_DEFAULTS = {
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "attention_bias": False, "hidden_act": "silu", "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256,
+    "full_attention_interval": 4,
+}
+Q35_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z",
+                    "in_proj_b", "in_proj_a", "out_proj", "gate_proj", "up_proj", "down_proj",
+                    "shared_expert_gate", "lm_head")
+# flat(): a qwen3_5_moe config read as one flat config (its text_config) carries this key
+FLAT_KEY = "_qwen3_5_moe_text_config"
+
 
 # ---------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------
 
+def is_q35(cfg):
+    return cfg.get("model_type") in Q35_TYPES
+
+
 def get(cfg, key):
-    """cfg[key], or Qwen3NextConfig's default when the key is absent (or null)."""
+    """cfg[key], or Qwen3NextConfig's (Qwen3_5MoeTextConfig's) default when the key is absent (or
+    null)."""
+    defaults = Q35_DEFAULTS if is_q35(cfg) else HF_DEFAULTS
     v = cfg.get(key)
-    return HF_DEFAULTS[key] if v is None and key in HF_DEFAULTS else v
+    return defaults[key] if v is None and key in defaults else v
+
+
+def flat(cfg):
+    """The config the model reads: a qwen3_5_moe config's text_config (model_type kept as
+    "qwen3_5_moe", tie_word_embeddings the top level's where it has one, else text_config's),
+    marked FLAT_KEY; any other config (or one already flat) as it is."""
+    if cfg.get("model_type") != "qwen3_5_moe" or cfg.get(FLAT_KEY):
+        return cfg
+    tc = cfg.get("text_config")
+    if not isinstance(tc, dict):
+        raise SystemExit("config: qwen3_5_moe needs a text_config object (the language model's fields)")
+    if tc.get("model_type", "qwen3_5_moe_text") != "qwen3_5_moe_text":
+        raise SystemExit(f"config: text_config model_type {tc.get('model_type')!r}, expected "
+                         "qwen3_5_moe_text")
+    view = copy.deepcopy(tc)
+    view["model_type"] = "qwen3_5_moe"
+    if cfg.get("tie_word_embeddings") is not None:
+        view["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    view[FLAT_KEY] = True
+    return view
+
+
+def prefix_of(cfg):
+    """The language model's tensor-name prefix: model.language_model. for qwen3_5_moe (inside
+    Qwen3_5MoeModel), model. otherwise. lm_head.weight is top-level in both."""
+    return "model.language_model." if cfg.get("model_type") == "qwen3_5_moe" else "model."
 
 
 def head_dim_of(cfg):
@@ -236,14 +322,17 @@ def layer_types(cfg):
 
 def is_moe_layer(cfg, i):
     """HF Qwen3NextDecoderLayer: Qwen3NextSparseMoeBlock iff this holds (gen_train_inputs.py may
-    import it, as it imports the other references' predicates)."""
+    import it, as it imports the other references' predicates). Qwen3_5MoeDecoderLayer: always
+    (mlp_only_layers, decoder_sparse_step: no such fields)."""
+    if is_q35(flat(cfg)):
+        return True
     return (i not in (cfg.get("mlp_only_layers") or [])
             and get(cfg, "num_experts") > 0
             and (i + 1) % get(cfg, "decoder_sparse_step") == 0)
 
 
 def n_experts(cfg):
-    return get(cfg, "num_experts")
+    return get(flat(cfg), "num_experts")
 
 
 def check_config(cfg):
@@ -257,11 +346,14 @@ def check_config(cfg):
         need(isinstance(v, int) and not isinstance(v, bool) and v > 0,
              f"{key} must be a positive integer, got {v!r}")
         return v
-    need(cfg.get("model_type") == "qwen3_next", f"unsupported model_type {cfg.get('model_type')!r}")
+    need(cfg.get("model_type") in ARCHS, f"unsupported model_type {cfg.get('model_type')!r}")
+    need(cfg.get("model_type") != "qwen3_5_moe" or cfg.get(FLAT_KEY),
+         "qwen3_5_moe: read through flat() (its text_config)")
+    q35 = is_q35(cfg)
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
-                "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-                "decoder_sparse_step", "intermediate_size"):
+                "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim") + (
+                    () if q35 else ("decoder_sparse_step", "intermediate_size")):
         pos_int(key)
     need(cfg["num_attention_heads"] % get(cfg, "num_key_value_heads") == 0,
          "num_attention_heads must be a multiple of num_key_value_heads")
@@ -291,7 +383,9 @@ def check_config(cfg):
         pos_int("full_attention_interval")
     E = get(cfg, "num_experts")
     need(isinstance(E, int) and E >= 0, "num_experts must be a non-negative integer")
-    mol = cfg.get("mlp_only_layers") or []
+    if q35:  # Qwen3_5MoeDecoderLayer: every layer a Qwen3_5MoeSparseMoeBlock
+        pos_int("num_experts")
+    mol = [] if q35 else cfg.get("mlp_only_layers") or []  # Qwen3.5: no such field
     need(isinstance(mol, list) and all(isinstance(i, int) for i in mol),
          "mlp_only_layers must be a list of layer indices")
     if any(is_moe_layer(cfg, i) for i in range(cfg["num_hidden_layers"])):
@@ -307,6 +401,43 @@ def build_config(overrides, dtype):
         del cfg[k]  # `--set KEY=`: KEY absent from config.json (HF's default)
     cfg["torch_dtype"] = {"f32": "float32", "bf16": "bfloat16"}[dtype]
     check_config(cfg)
+    return cfg
+
+
+def build_q35_config(overrides, dtype, arch):
+    """make-model's config.json for --arch qwen3_5_moe / qwen3_5_moe_text: Q35_TEXT_BASE + --set
+    (`--set KEY=` leaves KEY out), flat for qwen3_5_moe_text; for qwen3_5_moe those are
+    text_config's (model_type qwen3_5_moe_text), beside architectures, model_type, vision_config,
+    the vision token ids and tie_word_embeddings (text_config's value, absent with it) at the top
+    level; `--set top.KEY=VALUE` sets (`top.KEY=` removes) a top-level key afterwards."""
+    td = {"f32": "float32", "bf16": "bfloat16"}[dtype]
+    text, top = copy.deepcopy(Q35_TEXT_BASE), {}
+    for k, v in overrides.items():
+        if k.startswith("top."):
+            if arch != "qwen3_5_moe":
+                raise SystemExit("--set top.KEY: only with --arch qwen3_5_moe")
+            top[k[len("top."):]] = v
+        else:
+            text[k] = copy.deepcopy(v)
+    text = {k: v for k, v in text.items() if v != ""}
+    if arch == "qwen3_5_moe_text":
+        cfg = {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+               **text, "torch_dtype": td}
+    else:
+        cfg = {"architectures": ["Qwen3_5MoeForConditionalGeneration"],
+               "model_type": "qwen3_5_moe",
+               "text_config": {"model_type": "qwen3_5_moe_text", **text, "torch_dtype": td},
+               "vision_config": dict(copy.deepcopy(Q35_VISION_CONFIG),
+                                     out_hidden_size=text.get("hidden_size")),
+               **Q35_COMPOSITE_TOP, "torch_dtype": td}
+        if "tie_word_embeddings" in text:
+            cfg["tie_word_embeddings"] = text["tie_word_embeddings"]
+        for k, v in top.items():
+            if v == "":
+                cfg.pop(k, None)
+            else:
+                cfg[k] = copy.deepcopy(v)
+    check_config(flat(cfg))
     return cfg
 
 
