@@ -4,7 +4,8 @@
 # of 64, 16 routed experts x 256, top-4; GLM: layer 0 dense, q/k/v biases, QK-norm, RoPE on half of
 # each head, a shared expert; Mixtral: every layer a MoE, no QK-norm; gpt-oss: every layer a MoE
 # with biases and the clamped SwiGLU, q/k/v/o biases, sinks, a window of 128 on the even layers,
-# YaRN). For each family, alternating in
+# YaRN; Qwen3-Next: `qwen3next-small`, 6 Gated DeltaNet layers and 2 gated attention ones, a shared
+# expert). For each family, alternating in
 # ROUNDS rounds so that a noisy neighbour hits every family alike: `trill bench generate` (bf16,
 # decode at batch 1/16/64 and prefill) and `trill bench train` (LoRA rank 16, 4 x 256 tokens).
 # Prints one line per family and round (the machine's noise shows in the rounds' spread).
@@ -24,7 +25,8 @@ SMALL=(--set vocab_size=32000 --set hidden_size=512 --set num_hidden_layers=8 --
     --set n_routed_experts=16 --seed 1 2>/dev/null
 "$TRILL" init --out "$WORK/gpt-oss" --preset gptoss-tiny "${SMALL[@]}" --set intermediate_size=256 --set num_local_experts=16 \
     --set sliding_window=128 --seed 1 2>/dev/null
-FAMILIES=(small k2-small mixtral glm gpt-oss)
+"$TRILL" init --out "$WORK/qwen3next" --preset qwen3next-small --seed 1 2>/dev/null
+FAMILIES=(small k2-small mixtral glm gpt-oss qwen3next)
 for f in "${FAMILIES[@]}"; do
   echo "$f: $("$TRILL" info --model "$WORK/$f" | grep '^parameters:')"
 done

@@ -137,6 +137,9 @@ void trill_engine_free(trill_engine *e);
 /* Bytes of KV cache one token takes in format f (the model family's layout: K and V per kv head
  * for Qwen3), to size kv_cache_mb; 0 when out of memory. */
 size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f);
+/* Bytes of state one sequence holds whatever its length, in every format: Qwen3-Next's linear
+ * layers' conv and recurrent states (fp32); 0 for a model with none. */
+size_t trill_engine_state_bytes_per_sequence(const trill_config *c);
 
 /* Bytes of weights in the engine's format, and of its KV cache. */
 size_t trill_engine_weight_bytes(const trill_engine *e);

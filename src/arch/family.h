@@ -56,7 +56,15 @@ typedef struct trill_tensor_row {
  * 2 two tensors interleave in it (gate_up_proj: gate at offset 0, up at 1), this one at `offset`.
  * MXFP4 checkpoints hold a matrix as "<name>_blocks" [E, rows * stride, cols / 32, 16] and
  * "<name>_scales" [E, rows * stride, cols / 32] (src/model/model.c). */
-typedef struct trill_stacked { int role; const char *name; int stride, offset; } trill_stacked;
+typedef struct trill_stacked {
+    int role;
+    const char *name;
+    int stride, offset;
+    /* nn.Linear's orientation instead, the parts one after the other (Qwen3.5's gate_up_proj [E,
+     * 2I, H]: gate the rows [0, I), up [I, 2I); down_proj [E, H, I]): a matrix [E, rows * stride,
+     * cols], this one the rows from offset * rows; a vector [E, n * stride] likewise */
+    bool linear;
+} trill_stacked;
 
 /* A named configuration of a family (trill init --preset NAME): config.json's text; real: a
  * published model's, to count and plan with (--config-only), too large to create here. */

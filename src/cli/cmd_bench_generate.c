@@ -17,7 +17,7 @@ enum { MAX_LIST = 8 };
 typedef struct gen_bench_args {
     const char *dir, *dtypes, *batches;
     long long prompt_len, steps;
-    bool eplb;
+    bool eplb, decode_only;
 } gen_bench_args;
 
 static gen_bench_args g_args = { .dtypes = "bf16,int8", .batches = "1,16,64,256", .prompt_len = 64, .steps = 16 };
@@ -29,6 +29,8 @@ static const cli_opt OPTS[] = {
     { "steps", CLI_INT, "N", "timed decode steps", .i = &g_args.steps, .min = 1, .max = 1 << 16 },
     { "eplb", CLI_FLAG, NULL, "run the experts through EPLB's workers (one replica per worker, re-planned every 16 steps)",
       .flag = &g_args.eplb },
+    { "decode-only", CLI_FLAG, NULL, "only decode and prefill at the batch sizes (no adapter-mode or expert-capture comparison: long prompts)",
+      .flag = &g_args.decode_only },
 };
 static const cli_spec SPEC = { "bench generate", NULL,
                                "Decode tokens/s at each batch size and prefill tokens/s for each weight format, the adapter-mode\n"
@@ -148,7 +150,7 @@ typedef struct bench_opts {
     const int *batches;
     int n_batches, max_batch;
     long long prompt_len, steps;
-    bool eplb;
+    bool eplb, decode_only; /* decode_only: no adapter-mode or capture comparison */
     double bw;               /* measured memory bandwidth, GB/s */
     const char *isa;         /* the generator's kernels */
 } bench_opts;
@@ -207,9 +209,12 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     if (st) return st;
     const double step_bytes = (double)trill_engine_decode_bytes(e);
     printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s); "
-           "KV cache %.0f bytes per token\n",
+           "KV cache %.0f bytes per token",
            trill_gen_format_name(fmt), o->isa, trill_engine_weight_bytes(e) / 1e6, step_bytes / 1e6,
            o->bw * 1e9 / step_bytes, o->bw, peak, instruction, per_token);
+    const size_t state = trill_engine_state_bytes_per_sequence(cfg);
+    if (state) printf(", linear-attention state %zu bytes per sequence (fp32)", state);
+    printf("; at the prompt's %u tokens a sequence holds %.0f bytes\n", (unsigned)o->prompt_len, per_token * (double)o->prompt_len + (double)state);
     for (int i = 0; i < o->n_batches && !st; i++) {
         run_result r;
         if ((st = run(e, cfg, o->batches[i], (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &r))) break;
@@ -224,6 +229,7 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     }
     trill_engine_free(e);
     e = NULL;
+    if (o->decode_only) return st;
     /* adapter mode at batch 1, 16 and 64 against the plain engine, alternating; capture at 16 */
     for (int b = 1; b <= 64 && !st; b *= b == 1 ? 16 : 4) st = adapter_cost(m, lora, &ec, o, b);
     run_result plain, captured;
@@ -270,7 +276,7 @@ int bench_generate(int argc, char **argv) {
     if (trill_gen_isa(&isa_used)) return cli_fail("bench");
     trill_model *m;
     if (trill_model_load_as(dir, TRILL_STORE_CHECKPOINT, &m)) return cli_fail("bench");
-    int max_batch = 64; /* the adapter comparison runs at 1, 16 and 64, expert capture at 16 */
+    int max_batch = g_args.decode_only ? 1 : 64; /* the adapter comparison runs at 1, 16 and 64, expert capture at 16 */
     for (int i = 0; i < n_batches; i++) if (batches[i] > max_batch) max_batch = batches[i];
     const double bw = memory_bandwidth();
     printf("memory bandwidth (512 MB copy, %d threads): %.1f GB/s\n", omp_get_max_threads(), bw);
@@ -279,7 +285,7 @@ int bench_generate(int argc, char **argv) {
     trill_lora_parse_targets("all-linear", &lc.targets);
     trill_status st = trill_lora_create(m, lc, 1, &lora);
     const bench_opts o = { .batches = batches, .n_batches = n_batches, .max_batch = max_batch, .prompt_len = prompt_len,
-                           .steps = steps, .eplb = eplb, .bw = bw, .isa = isa_used };
+                           .steps = steps, .eplb = eplb, .bw = bw, .isa = isa_used, .decode_only = g_args.decode_only };
     for (int f = 0; f < n_formats && !st; f++) st = bench_format(m, lora, formats[f], &o);
     trill_lora_free(lora);
     trill_model_free(m);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "infer/engine_internal.h"
+#include "infer/gen_decoder.h"
 #include "arch/family.h"
 #include "base/alloc.h"
 
@@ -72,6 +73,8 @@ static trill_status size_kv_cache(const trill_engine *e, kv_layer_shape **shape,
     *blocks = (int)n_blocks;
     return TRILL_OK;
 }
+
+size_t trill_engine_state_bytes_per_sequence(const trill_config *c) { return trill_gen_gdn_state_floats(c) * sizeof(float); }
 
 size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f) {
     kv_layer_shape *shape = trill_malloc(sizeof *shape * (size_t)c->num_hidden_layers);

@@ -78,20 +78,22 @@ void trill_gdn_qkv(const trill_gdn_dims *d, const float *convo, int n, float *qc
         memcpy(kc + t * kd, convo + t * d->C + kd, F * kd);
         memcpy(v + t * vd, convo + t * d->C + 2 * kd, F * vd);
     }
-    /* q and k rows normalised in the value heads' buffers' first rows, then spread over them */
+    /* every key head's row normalised at once into q's and k's first n nk rows (one kernel call:
+     * the rows' parallel regions are not per row), q scaled, then spread over the value heads
+     * from the last row back (row (t, h)'s r copies start at or after its own place) */
     const float scale = 1.0f / sqrtf((float)d->dk);
-    for (size_t t = 0; t < (size_t)n; t++) {
+    trill_l2norm_forward(q, qc, n * d->nk, d->dk, 1e-6f);
+    trill_l2norm_forward(k, kc, n * d->nk, d->dk, 1e-6f);
+    for (size_t i = 0; i < (size_t)n * kd; i++) q[i] *= scale;
+    if (d->r == 1) return;
+    for (size_t t = (size_t)n; t-- > 0;)
         for (int h = d->nk - 1; h >= 0; h--) { /* key head h serves value heads h r .. h r + r - 1 */
-            float *q0 = q + (t * d->nv + (size_t)h * d->r) * d->dk, *k0 = k + (t * d->nv + (size_t)h * d->r) * d->dk;
-            trill_l2norm_forward(q0, qc + t * kd + (size_t)h * d->dk, 1, d->dk, 1e-6f);
-            trill_l2norm_forward(k0, kc + t * kd + (size_t)h * d->dk, 1, d->dk, 1e-6f);
-            for (int i = 0; i < d->dk; i++) q0[i] *= scale;
-            for (int j = 1; j < d->r; j++) {
-                memcpy(q0 + (size_t)j * d->dk, q0, F * d->dk);
-                memcpy(k0 + (size_t)j * d->dk, k0, F * d->dk);
+            const size_t from = (t * d->nk + (size_t)h) * d->dk, to = (t * d->nv + (size_t)h * d->r) * d->dk;
+            for (int j = d->r - 1; j >= 0; j--) {
+                memmove(q + to + (size_t)j * d->dk, q + from, F * d->dk);
+                memmove(k + to + (size_t)j * d->dk, k + from, F * d->dk);
             }
         }
-    }
 }
 
 void trill_gdn_plan(const trill_config *c, trill_plan *p, size_t T, trill_gdn_acts *g) {

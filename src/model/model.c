@@ -287,6 +287,24 @@ static trill_status check_shape(const trill_tensor_view *v, const char *what, in
     return TRILL_OK;
 }
 
+/* Where element (i, j) of expert e's [R, C] part (a vector: C 1, j 0) sits in its stacked tensor
+ * sk (trill_stacked: HF's x @ W layout [E, C, R S] with the parts interleaved, or nn.Linear's [E,
+ * S R, C] with the parts one after the other), and that tensor's shape (its ndim returned). */
+static size_t stacked_at(const trill_stacked *sk, int64_t e, int64_t R, int64_t C, int64_t i, int64_t j) {
+    const int64_t S = sk->stride;
+    if (sk->linear) return (size_t)(((e * S + sk->offset) * R + i) * C + j);
+    return (size_t)((e * C + j) * R * S + i * S + sk->offset);
+}
+
+static int stacked_shape(const trill_stacked *sk, int64_t E, int64_t R, int64_t C, bool matrix, int64_t *shape) {
+    const int64_t S = sk->stride;
+    shape[0] = E;
+    if (!matrix) return shape[1] = R * S, 2;
+    shape[1] = sk->linear ? R * S : C;
+    shape[2] = sk->linear ? C : R * S;
+    return 3;
+}
+
 static void store(const trill_param *p, size_t i, float x) {
     if (p->bf16) p->bf16[i] = trill_f32_to_bf16(x);
     else p->data[i] = x;
@@ -307,7 +325,7 @@ static trill_status load_stacked(const trill_model *m, const trill_checkpoint *c
     const size_t rows = (size_t)p->shape[0], cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
     const trill_tensor_view *v = trill_checkpoint_find(ck, name);
     trill_status st;
-    if (!v && p->ndim == 2 && m->config.mxfp4) {
+    if (!v && p->ndim == 2 && m->config.mxfp4 && !sk->linear) {
         snprintf(part, sizeof part, "%s_blocks", name);
         const trill_tensor_view *blocks = trill_checkpoint_find(ck, part);
         snprintf(part, sizeof part, "%s_scales", name);
@@ -333,14 +351,15 @@ static trill_status load_stacked(const trill_model *m, const trill_checkpoint *c
         return TRILL_OK;
     }
     if (!v) return trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (expected from config.json: the layer's stacked experts)", dir, name);
-    const int64_t mshape[3] = { E, C, R * S }, vshape[2] = { E, R * S };
-    if ((st = p->ndim == 2 ? check_shape(v, what, 3, mshape, TRILL_F32, false) : check_shape(v, what, 2, vshape, TRILL_F32, false))) return st;
+    int64_t want[3];
+    const int nd = stacked_shape(sk, E, R, C, p->ndim == 2, want);
+    if ((st = check_shape(v, what, nd, want, TRILL_F32, false))) return st;
     const size_t elem = trill_dtype_size(v->dtype);
     const char *base = v->data;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++) { /* matrix: [e][j][i S + offset]; vector (C 1): [e][i S + offset] */
-            const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + sk->offset);
+        for (size_t j = 0; j < cols; j++) {
+            const size_t at = stacked_at(sk, e, R, C, (int64_t)i + r0, (int64_t)j + c0);
             float x;
             trill_to_f32(&x, base + at * elem, v->dtype, 1);
             store(p, i * cols + j, x);
@@ -553,14 +572,13 @@ static trill_status stack_expert(stacked_outs *so, const trill_model *m, const t
         so->n++;
         if (!so->buf[k] || !so->names[k]) return trill_error(TRILL_ERR_NOMEM, "out of memory for %s", name);
         trill_tensor_out *o = &outs[(*n)++];
-        *o = (trill_tensor_out){ .name = so->names[k], .ndim = p->ndim == 2 ? 3 : 2, .data = so->buf[k], .src_dtype = TRILL_F32 };
-        const int64_t shape[3] = { E, p->ndim == 2 ? C : R * S, R * S };
-        memcpy(o->shape, shape, sizeof(int64_t) * (size_t)o->ndim);
+        *o = (trill_tensor_out){ .name = so->names[k], .data = so->buf[k], .src_dtype = TRILL_F32 };
+        o->ndim = stacked_shape(sk, E, R, C, p->ndim == 2, o->shape);
     }
     float *dst = so->buf[k];
     for (int64_t i = 0; i < R; i++)
         for (int64_t j = 0; j < C; j++) {
-            const size_t at = (size_t)((p->expert * C + j) * R * S + i * S + sk->offset), from = (size_t)(i * C + j);
+            const size_t at = stacked_at(sk, p->expert, R, C, i, j), from = (size_t)(i * C + j);
             dst[at] = p->bf16 ? trill_bf16_to_f32(p->bf16[from]) : p->data[from];
         }
     return TRILL_OK;

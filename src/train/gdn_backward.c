@@ -18,9 +18,10 @@ trill_status trill_gdn_backward(const trill_forward_pass *fp, const trill_grad_s
     const trill_gdn_dims d = trill_gdn_dims_of(c);
     const trill_gdn_acts *ga = &a->gdn;
     const size_t T = (size_t)fp->T, H = c->hidden_size, kd = (size_t)d.nk * d.dk, vd = (size_t)d.nv * d.dv, qe = (size_t)d.nv * d.dk;
-    float *dy, *dox, *dz, *dq, *dk, *dv, *dg, *dbeta, *dqc, *dkc, *dconvo, *dmixed, *dqkvz, *dba;
-    const size_t sizes[] = { T * vd, T * vd, T * vd, T * qe, T * qe, T * vd, T * d.nv, T * d.nv, T * kd, T * kd, T * d.C, T * d.C, T * d.P, T * 2 * d.nv };
-    float **const ptrs[] = { &dy, &dox, &dz, &dq, &dk, &dv, &dg, &dbeta, &dqc, &dkc, &dconvo, &dmixed, &dqkvz, &dba };
+    float *dy, *dox, *dz, *dq, *dk, *dv, *dg, *dbeta, *dqc, *dkc, *dconvo, *dmixed, *dqkvz, *dba, *dqn, *dkn;
+    const size_t sizes[] = { T * vd, T * vd, T * vd, T * qe, T * qe, T * vd, T * d.nv, T * d.nv, T * kd, T * kd, T * d.C, T * d.C, T * d.P, T * 2 * d.nv,
+                             T * kd, T * kd };
+    float **const ptrs[] = { &dy, &dox, &dz, &dq, &dk, &dv, &dg, &dbeta, &dqc, &dkc, &dconvo, &dmixed, &dqkvz, &dba, &dqn, &dkn };
     trill_tls_lease lease;
     trill_status st = trill_backward_scratch(&gdn_slot, &lease, ptrs, sizes, (int)(sizeof sizes / sizeof sizes[0]), (int)T);
     if (st) return st;
@@ -35,17 +36,21 @@ trill_status trill_gdn_backward(const trill_forward_pass *fp, const trill_grad_s
         trill_tls_return(&lease);
         return st;
     }
-    /* each key head's gradient: the sum over the value heads that read it (q's times the scale), then l2norm's backward */
+    /* each key head's gradient: the sum over the value heads that read it (q's times the scale),
+     * then l2norm's backward over every row at once */
     const float scale = 1.0f / sqrtf((float)d.dk);
     for (size_t t = 0; t < T; t++)
         for (int h = 0; h < d.nk; h++) {
-            float *sq = dq + (t * d.nv + (size_t)h * d.r) * d.dk, *sk = dk + (t * d.nv + (size_t)h * d.r) * d.dk;
-            for (int j = 1; j < d.r; j++)
-                for (int i = 0; i < d.dk; i++) sq[i] += sq[(size_t)j * d.dk + i], sk[i] += sk[(size_t)j * d.dk + i];
-            for (int i = 0; i < d.dk; i++) sq[i] *= scale;
-            trill_l2norm_backward(dqc + t * kd + (size_t)h * d.dk, sq, ga->qc + t * kd + (size_t)h * d.dk, 1, d.dk, 1e-6f);
-            trill_l2norm_backward(dkc + t * kd + (size_t)h * d.dk, sk, ga->kc + t * kd + (size_t)h * d.dk, 1, d.dk, 1e-6f);
+            const float *sq = dq + (t * d.nv + (size_t)h * d.r) * d.dk, *sk = dk + (t * d.nv + (size_t)h * d.r) * d.dk;
+            float *oq = dqn + (t * d.nk + (size_t)h) * d.dk, *ok = dkn + (t * d.nk + (size_t)h) * d.dk;
+            for (int i = 0; i < d.dk; i++) {
+                float sa = sq[i], sb = sk[i];
+                for (int j = 1; j < d.r; j++) sa += sq[(size_t)j * d.dk + i], sb += sk[(size_t)j * d.dk + i];
+                oq[i] = sa * scale, ok[i] = sb;
+            }
         }
+    trill_l2norm_backward(dqc, dqn, ga->qc, (int)T * d.nk, d.dk, 1e-6f);
+    trill_l2norm_backward(dkc, dkn, ga->kc, (int)T * d.nk, d.dk, 1e-6f);
     for (size_t t = 0; t < T; t++) {
         memcpy(dconvo + t * d.C, dqc + t * kd, sizeof(float) * kd);
         memcpy(dconvo + t * d.C + kd, dkc + t * kd, sizeof(float) * kd);

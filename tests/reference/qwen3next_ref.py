@@ -304,6 +304,17 @@ def rotary_dim_of(cfg):
 
 
 def rope_theta(cfg):
+    """The default RoPE's base. Qwen3.5's rope_parameters also carry mrope_section and
+    mrope_interleaved, which text-only input makes moot; verified by reading HF's
+    modeling_qwen3_5_moe.py: Qwen3_5MoeTextRotaryEmbedding.forward computes freqs [3, B, T, rd/2] =
+    position_ids[s] * inv_freq for the three streams s = t, h, w, and recomposition_frequencies
+    starts from stream t's and overwrites frequency j (offset 1 / 2, step 3, below 3 *
+    mrope_section[1 / 2]) with stream h's / w's, then cat(freqs, freqs); for text the streams are
+    equal (Qwen3_5MoeTextModel.forward: arange(T) expanded over all of them; Qwen3_5MoeModel's
+    get_rope_index: a text span's arange expanded over 3), so every overwrite copies an equal value
+    and cos / sin are plain rotate-half RoPE's over the first int(head_dim *
+    partial_rotary_factor) dims (apply_rotary_pos_emb's partial split). selfcheck_mrope runs that
+    recomposition: equal to plain RoPE for equal streams, not for distinct ones."""
     v = cfg.get("rope_theta")
     if v is None:
         v = rope_params(cfg).get("rope_theta")
@@ -445,8 +456,13 @@ def build_q35_config(overrides, dtype, arch):
 # Tensors
 # ---------------------------------------------------------------------------
 
-def tensor_shapes(cfg):
-    """Every checkpoint tensor the config implies, (HF name, shape), in checkpoint order."""
+def tensor_shapes(cfg, stacked=True):
+    """Every checkpoint tensor the config implies, (HF name, shape), in checkpoint order. Qwen3.5:
+    the prefix's names (prefix_of), in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, the routed
+    experts stacked (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]), or with
+    stacked=False per expert (the model's own tensors: internal_shapes)."""
+    cfg = flat(cfg)
+    q35, P = is_q35(cfg), prefix_of(cfg)
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     nh, nkv, hd = cfg["num_attention_heads"], get(cfg, "num_key_value_heads"), head_dim_of(cfg)
     nk, nv = get(cfg, "linear_num_key_heads"), get(cfg, "linear_num_value_heads")
@@ -454,19 +470,25 @@ def tensor_shapes(cfg):
                  get(cfg, "linear_conv_kernel_dim"))
     bias = get(cfg, "attention_bias")
     types = layer_types(cfg)
-    out = [("model.embed_tokens.weight", (V, H))]
+    out = [(P + "embed_tokens.weight", (V, H))]
 
     def mlp(p, inter):
         return [(p + ".gate_proj.weight", (inter, H)), (p + ".up_proj.weight", (inter, H)),
                 (p + ".down_proj.weight", (H, inter))]
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
+        p = f"{P}layers.{i}"
         out.append((p + ".input_layernorm.weight", (H,)))
         if types[i] == "linear_attention":
             a, conv = p + ".linear_attn", 2 * nk * dk + nv * dv
-            out += [(a + ".in_proj_qkvz.weight", (2 * nk * dk + 2 * nv * dv, H)),
-                    (a + ".in_proj_ba.weight", (2 * nv, H)),
-                    (a + ".conv1d.weight", (conv, 1, K)),
+            if q35:
+                out += [(a + ".in_proj_qkv.weight", (conv, H)),
+                        (a + ".in_proj_z.weight", (nv * dv, H)),
+                        (a + ".in_proj_b.weight", (nv, H)),
+                        (a + ".in_proj_a.weight", (nv, H))]
+            else:
+                out += [(a + ".in_proj_qkvz.weight", (2 * nk * dk + 2 * nv * dv, H)),
+                        (a + ".in_proj_ba.weight", (2 * nv, H))]
+            out += [(a + ".conv1d.weight", (conv, 1, K)),
                     (a + ".A_log", (nv,)), (a + ".dt_bias", (nv,)),
                     (a + ".norm.weight", (dv,)),
                     (a + ".out_proj.weight", (H, nv * dv))]
@@ -480,22 +502,73 @@ def tensor_shapes(cfg):
             out += [(a + ".q_norm.weight", (hd,)), (a + ".k_norm.weight", (hd,))]
         out.append((p + ".post_attention_layernorm.weight", (H,)))
         if is_moe_layer(cfg, i):
-            out.append((p + ".mlp.gate.weight", (get(cfg, "num_experts"), H)))
-            for e in range(get(cfg, "num_experts")):
-                out += mlp(f"{p}.mlp.experts.{e}", get(cfg, "moe_intermediate_size"))
+            E, inter = get(cfg, "num_experts"), get(cfg, "moe_intermediate_size")
+            out.append((p + ".mlp.gate.weight", (E, H)))
+            if q35 and stacked:
+                out += [(p + ".mlp.experts.gate_up_proj", (E, 2 * inter, H)),
+                        (p + ".mlp.experts.down_proj", (E, H, inter))]
+            else:
+                for e in range(E):
+                    out += mlp(f"{p}.mlp.experts.{e}", inter)
             out += mlp(p + ".mlp.shared_expert", get(cfg, "shared_expert_intermediate_size"))
             out.append((p + ".mlp.shared_expert_gate.weight", (1, H)))
         else:
             out += mlp(p + ".mlp", get(cfg, "intermediate_size"))
-    out.append(("model.norm.weight", (H,)))
+    out.append((P + "norm.weight", (H,)))
     if not get(cfg, "tie_word_embeddings"):
         out.append(("lm_head.weight", (V, H)))
     return out
 
 
+def internal_shapes(cfg):
+    """The model's own tensors (and the gradient's names): the checkpoint's, the routed experts per
+    expert, nn.Linear orientation: <prefix>layers.L.mlp.experts.E.{gate,up}_proj.weight [I, H],
+    .down_proj.weight [H, I] (Qwen3-Next's checkpoints have them so already)."""
+    return tensor_shapes(cfg, stacked=False)
+
+
+def to_internal(W, cfg):
+    """A Qwen3.5 checkpoint's {name: tensor} (stacked experts) -> the per-expert layout, in
+    internal_shapes order: expert e's gate_proj = gate_up_proj[e][:I], up_proj =
+    gate_up_proj[e][I:] (HF Qwen3_5MoeExperts: linear(x, gate_up_proj[e]).chunk(2, -1) -> gate,
+    up), down_proj = down_proj[e]."""
+    out = {}
+    for name, _ in tensor_shapes(cfg):
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            x = name[:-len(".gate_up_proj")]
+            gu, d = W[name], W[x + ".down_proj"]
+            inter = gu.shape[1] // 2
+            for e in range(gu.shape[0]):
+                out[f"{x}.{e}.gate_proj.weight"] = gu[e, :inter].contiguous()
+                out[f"{x}.{e}.up_proj.weight"] = gu[e, inter:].contiguous()
+                out[f"{x}.{e}.down_proj.weight"] = d[e].contiguous()
+        elif not name.endswith(".mlp.experts.down_proj"):
+            out[name] = W[name]
+    return {n: out[n] for n, _ in internal_shapes(cfg)}
+
+
+def to_hf(W, cfg):
+    """The per-expert layout -> a Qwen3.5 checkpoint's (stacked experts), as [(name, tensor)] in
+    checkpoint order (to_internal's inverse)."""
+    out = []
+    E = get(flat(cfg), "num_experts")
+    for name, _ in tensor_shapes(cfg):
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            x = name[:-len(".gate_up_proj")]
+            t = torch.stack([torch.cat([W[f"{x}.{e}.gate_proj.weight"], W[f"{x}.{e}.up_proj.weight"]])
+                             for e in range(E)])
+        elif name.endswith(".mlp.experts.down_proj"):
+            x = name[:-len(".down_proj")]
+            t = torch.stack([W[f"{x}.{e}.down_proj.weight"] for e in range(E)])
+        else:
+            t = W[name]
+        out.append((name, t.contiguous()))
+    return out
+
+
 def mtp_shapes(cfg):
     """make-model --mtp's dummy multi-token-prediction tensors (ignored by every reader)."""
-    H = cfg["hidden_size"]
+    H = flat(cfg)["hidden_size"]
     return [(n, (H, 2 * H) if n == "mtp.fc.weight" else (H,)) for n in MTP_NAMES]
 
 
@@ -506,14 +579,24 @@ def check_exact(have, want, what):
                              f"expected {list(want[n]) if n in want else 'none (unknown)'}")
 
 
-def model_tensors(weights, cfg, what=""):
-    """The model's tensors of a checkpoint's {name: tensor}: mtp.* dropped, a tied model's unused
-    lm_head.weight dropped; then strictly the tensors (names, shapes) the config implies."""
-    w = {n: t for n, t in weights.items() if not n.startswith("mtp.")}
+def model_tensors(weights, cfg, what="", per_expert_ok=True):
+    """The model's tensors of a checkpoint's {name: tensor}: mtp.* dropped (Qwen3.5: model.visual.*
+    too, the vision tower: HF's _keys_to_ignore_on_load_unexpected), a tied model's unused
+    lm_head.weight dropped; then strictly the tensors (names, shapes) the config implies. Qwen3.5:
+    the stacked experts split per expert (to_internal); with per_expert_ok (weights in memory, not
+    a checkpoint) the per-expert layout is taken as it is."""
+    cfg = flat(cfg)
+    q35 = is_q35(cfg)
+    w = {n: t for n, t in weights.items()
+         if not n.startswith(("mtp.", "model.visual.") if q35 else "mtp.")}
     if get(cfg, "tie_word_embeddings"):
         w.pop("lm_head.weight", None)
-    check_exact({n: tuple(t.shape) for n, t in w.items()}, dict(tensor_shapes(cfg)), what)
-    return w
+    have = {n: tuple(t.shape) for n, t in w.items()}
+    if q35 and per_expert_ok and not any(n.endswith(".mlp.experts.gate_up_proj") for n in w):
+        check_exact(have, dict(internal_shapes(cfg)), what)
+        return w
+    check_exact(have, dict(tensor_shapes(cfg)), what)
+    return to_internal(w, cfg) if q35 else w
 
 
 def load_weights(model_dir, cfg):
@@ -521,18 +604,21 @@ def load_weights(model_dir, cfg):
         stored = q3.load_weights(model_dir)
     except ValueError as e:
         raise SystemExit(f"checkpoint: {e}")
-    return model_tensors(stored, cfg, "checkpoint: ")
+    return model_tensors(stored, cfg, "checkpoint: ", per_expert_ok=False)
 
 
 def linear_modules(cfg):
     """Every nn.Linear a LoRA adapter may sit on, in state-dict order, (module name, in, out):
-    q/k/v/o_proj, in_proj_qkvz, in_proj_ba, out_proj, the dense MLP's, every routed expert's and
-    the shared expert's gate/up/down_proj, shared_expert_gate, lm_head (even when tied). Not the
-    router (mlp.gate: a Qwen3NextTopKRouter, no nn.Linear) nor conv1d."""
+    q/k/v/o_proj, in_proj_qkvz, in_proj_ba (Qwen3.5: in_proj_qkv, in_proj_z, in_proj_b,
+    in_proj_a), out_proj, the dense MLP's, every routed expert's (Qwen3.5: per expert, as
+    internal_shapes names them) and the shared expert's gate/up/down_proj, shared_expert_gate,
+    lm_head (even when tied). Not the router (mlp.gate: a Qwen3NextTopKRouter, no nn.Linear) nor
+    conv1d."""
+    cfg = flat(cfg)
     out = []
-    for n, s in tensor_shapes(cfg):
+    for n, s in internal_shapes(cfg):
         if (n.endswith(".weight") and len(s) == 2
-                and n not in ("model.embed_tokens.weight", "lm_head.weight")
+                and n not in (prefix_of(cfg) + "embed_tokens.weight", "lm_head.weight")
                 and not n.endswith(".mlp.gate.weight")):
             out.append((n[:-len(".weight")], s[1], s[0]))
     return out + [("lm_head", cfg["hidden_size"], cfg["vocab_size"])]
@@ -544,7 +630,10 @@ def linear_modules(cfg):
 
 def make_weights(cfg, seed, std=0.02, mtp=False):
     """Random weights in tensor_shapes order (the same seed gives the same tensors in any dtype or
-    sharding, with or without mtp). [(name, fp32 tensor)]."""
+    sharding, with or without mtp; Qwen3.5: the routed experts stacked). qwen3_5_moe: then
+    VISUAL_DUMMY, N(0, S), drawn apart (the model's tensors are the same without it).
+    [(name, fp32 tensor)]."""
+    cfg = flat(cfg)
     g = torch.Generator().manual_seed(seed)
     out = []
     for name, shape in tensor_shapes(cfg):
@@ -571,6 +660,9 @@ def make_weights(cfg, seed, std=0.02, mtp=False):
         for name, shape in mtp_shapes(cfg):
             r = torch.randn(shape, generator=gm, dtype=torch.float32)
             out.append((name, 0.1 * r if name.endswith("norm.weight") else std * r))
+    if cfg.get("model_type") == "qwen3_5_moe":
+        gv = torch.Generator().manual_seed(seed + 8888)
+        out.append((VISUAL_DUMMY[0], std * torch.randn(VISUAL_DUMMY[1], generator=gv, dtype=torch.float32)))
     return out
 
 
@@ -596,13 +688,17 @@ def decay_summary(model, tokens):
 
 
 def cmd_make_model(args):
-    cfg = build_config(q3.parse_set(args.set), args.dtype)
+    if args.arch == "qwen3_next":
+        cfg = build_config(q3.parse_set(args.set), args.dtype)
+    else:
+        cfg = build_q35_config(q3.parse_set(args.set), args.dtype, args.arch)
     tensors = make_weights(cfg, args.seed, args.std, args.mtp)
     files = q3.write_model(args.out, cfg, tensors, args.dtype, args.shards)
-    probe = np.random.default_rng(args.seed).integers(0, cfg["vocab_size"], 64).tolist()
+    fc = flat(cfg)
+    probe = np.random.default_rng(args.seed).integers(0, fc["vocab_size"], 64).tolist()
     model = Qwen3NextModel(cfg=cfg, weights=dict(tensors))
     print(f"wrote {args.out}: {len(tensors)} tensors{' (mtp included)' if args.mtp else ''}, "
-          f"qwen3_next, {args.dtype}, files={files}, layers {''.join(t[0] for t in layer_types(cfg))} "
+          f"{args.arch}, {args.dtype}, files={files}, layers {''.join(t[0] for t in layer_types(fc))} "
           f"(l linear, f full), MoE layers {model.moe_layers}; 64-token probe: "
           f"{decay_summary(model, probe)}")
 
@@ -691,8 +787,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, chunk=64):
 class Qwen3NextModel(q3.Model):
     """qwen3_ref's Model (LoRA, lin, parameters, the softmax top-k router and replay) with
     Qwen3-Next's layers: zero-centred norms, gated full attention with partial RoPE, Gated DeltaNet
-    linear attention, the MoE block's shared expert and its sigmoid gate."""
-    MODEL_TYPES = ("qwen3_next",)
+    linear attention, the MoE block's shared expert and its sigmoid gate. Qwen3.5-MoE (either model
+    type): the same with Qwen3_5GatedDeltaNet's four input projections, every layer MoE, the top-k
+    always renormalised, the tensors under prefix_of's names (self.cfg: the flat() config), the
+    routed experts held per expert (weights may be given in either layout)."""
+    MODEL_TYPES = ARCHS
     QK_NORM = True
     MOE_BLOCK = "mlp"
     EXPERT_PROJ = EXPERT_PARTS
@@ -700,9 +799,10 @@ class Qwen3NextModel(q3.Model):
     def __init__(self, model_dir=None, cfg=None, weights=None, adapter=None):
         if model_dir is not None:
             with open(os.path.join(model_dir, "config.json")) as f:
-                cfg = json.load(f)
+                cfg = flat(json.load(f))
             check_config(cfg)
             weights = load_weights(model_dir, cfg)
+        cfg = flat(cfg)
         check_config(cfg)
         weights = model_tensors(weights, cfg)
         # qwen3_ref's Model reads these keys directly: HF's defaults where the config leaves them out
@@ -719,7 +819,10 @@ class Qwen3NextModel(q3.Model):
         self.types = layer_types(cfg)
         self.moe_layers = [i for i in range(self.L) if is_moe_layer(cfg, i)]
         self.n_experts = get(cfg, "num_experts")
-        self.norm_topk = bool(get(cfg, "norm_topk_prob"))
+        self.q35 = is_q35(cfg)
+        # Qwen3_5MoeTopKRouter: always renormalised (no norm_topk_prob field)
+        self.norm_topk = True if self.q35 else bool(get(cfg, "norm_topk_prob"))
+        self.prefix = prefix_of(cfg)
         self.nk, self.nv = get(cfg, "linear_num_key_heads"), get(cfg, "linear_num_value_heads")
         self.dk, self.dv = get(cfg, "linear_key_head_dim"), get(cfg, "linear_value_head_dim")
         self.delta_rule = recurrent_gated_delta_rule  # selfcheck swaps in the chunked form
@@ -727,6 +830,11 @@ class Qwen3NextModel(q3.Model):
 
     def linear_modules(self):
         return linear_modules(self.cfg)
+
+    @property
+    def lm_head(self):
+        # Tied: the very same tensor as the embedding (under this model type's prefix)
+        return self.W[self.prefix + "embed_tokens.weight"] if self.tied else self.W["lm_head.weight"]
 
     def attention(self, x, p, cos, sin):
         """Qwen3NextAttention: gated, QK-normed (zero-centred), partial RoPE, GQA, causal."""
@@ -744,10 +852,17 @@ class Qwen3NextModel(q3.Model):
         o = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v).reshape(T, nH * hd)
         return self.lin(o * torch.sigmoid(gate), p + ".o_proj")
 
-    def gated_deltanet(self, x, p):
-        """Qwen3NextGatedDeltaNet (see the module docstring)."""
-        W, T = self.W, x.shape[0]
-        nk, nv, dk, dv = self.nk, self.nv, self.dk, self.dv
+    def gdn_inputs(self, x, p):
+        """The Gated DeltaNet's projections: (mixed [T, 2*nk*dk + nv*dv] = q | k | v, the conv's
+        channel order; z [T, nv, dv]; b, a [T, nv]), value heads in (key head, j) order.
+        Qwen3NextGatedDeltaNet: in_proj_qkvz viewed [T, nk, 2dk + 2r dv] (per key head q, k, v, z)
+        and in_proj_ba viewed [T, nk, 2r] (per key head b, a), regrouped.
+        Qwen3_5GatedDeltaNet: in_proj_qkv's output already is q | k | v, in_proj_z's z per value
+        head, in_proj_b / in_proj_a one per value head."""
+        T, nk, nv, dk, dv = x.shape[0], self.nk, self.nv, self.dk, self.dv
+        if self.q35:
+            return (self.lin(x, p + ".in_proj_qkv"), self.lin(x, p + ".in_proj_z").view(T, nv, dv),
+                    self.lin(x, p + ".in_proj_b"), self.lin(x, p + ".in_proj_a"))
         r = nv // nk
         qkvz = self.lin(x, p + ".in_proj_qkvz").view(T, nk, 2 * dk + 2 * r * dv)
         q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
@@ -755,6 +870,14 @@ class Qwen3NextModel(q3.Model):
         b, a = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
         z = z.reshape(T, nv, dv)
         mixed = torch.cat([q.reshape(T, nk * dk), k.reshape(T, nk * dk), v.reshape(T, nv * dv)], -1)
+        return mixed, z, b, a
+
+    def gated_deltanet(self, x, p):
+        """Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet (see the module docstring)."""
+        W, T = self.W, x.shape[0]
+        nk, nv, dk, dv = self.nk, self.nv, self.dk, self.dv
+        r = nv // nk
+        mixed, z, b, a = self.gdn_inputs(x, p)
         mixed = causal_conv_silu(mixed, W[p + ".conv1d.weight"])
         q, k, v = torch.split(mixed, [nk * dk, nk * dk, nv * dv], dim=-1)
         q = l2norm(q.reshape(T, nk, dk)) * dk ** -0.5
@@ -780,11 +903,13 @@ class Qwen3NextModel(q3.Model):
         """Returns (log-softmax [T, V], experts [T][m][k], router_probs [T][m][k+1]).
         replay: None, or a LongTensor [T, n_moe_layers, k] of expert ids."""
         T = len(tokens)
-        x = self.W["model.embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
+        x = self.W[self.prefix + "embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
+        # Qwen3.5: HF's interleaved M-RoPE with text-only input is this plain RoPE (see
+        # rope_theta's note)
         cos, sin = q3.rope_cos_sin(T, self.rotary_dim, rope_theta(self.cfg))
         experts, rprobs = [[] for _ in range(T)], [[] for _ in range(T)]
         for i in range(self.L):
-            p = f"model.layers.{i}"
+            p = f"{self.prefix}layers.{i}"
             h = rms_norm0(x, self.W[p + ".input_layernorm.weight"], self.eps)
             if self.types[i] == "linear_attention":
                 x = x + self.gated_deltanet(h, p + ".linear_attn")
@@ -800,8 +925,50 @@ class Qwen3NextModel(q3.Model):
             else:
                 y = q3.swiglu_mlp(h, self, p + ".mlp")
             x = x + y
-        x = rms_norm0(x, self.W["model.norm.weight"], self.eps)
+        x = rms_norm0(x, self.W[self.prefix + "norm.weight"], self.eps)
         return torch.log_softmax(self.lin(x, "lm_head"), dim=-1), experts, rprobs
+
+
+# ---------------------------------------------------------------------------
+# merge
+# ---------------------------------------------------------------------------
+
+def merged_weights(model):
+    """qwen3_ref's merged_weights under the model's prefix: W += scale * B @ A for every adapted
+    module (float64), in the model's (per-expert) layout; a tied model with an lm_head adapter is
+    untied (lm_head.weight = embedding + delta). Returns ([(name, tensor)], untied)."""
+    W = {n: model.W[n].detach().clone() for n in model.checkpoint_names()}
+    untied = model.tied and "lm_head" in model.lora
+    if untied:
+        W["lm_head.weight"] = W[model.prefix + "embed_tokens.weight"].clone()
+    for m, scale in model.lora.items():
+        an, bn = q3.lora_names(m)
+        wn = "lm_head.weight" if m == "lm_head" else m + ".weight"
+        W[wn] = W[wn] + scale * (model.W[bn] @ model.W[an])
+    return list(W.items()), untied
+
+
+def cmd_merge(args):
+    """qwen3_next: qwen3_ref's merge. Qwen3.5: the same, written in the checkpoint's layout (the
+    routed experts stacked back, to_hf) with the model's config.json (torch_dtype float32; untied:
+    tie_word_embeddings false wherever it is set); no mtp.* or model.visual.* tensors."""
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = json.load(f)
+    if cfg.get("model_type") not in Q35_TYPES:
+        return q3.cmd_merge(args, Qwen3NextModel)
+    model = Qwen3NextModel(args.model, adapter=args.adapter)
+    tensors, untied = merged_weights(model)
+    text = cfg["text_config"] if cfg.get("model_type") == "qwen3_5_moe" else cfg
+    for c in (cfg, text):
+        c["torch_dtype"] = "float32"
+        if "dtype" in c:
+            c["dtype"] = "float32"
+        if untied and (c is text or "tie_word_embeddings" in c):
+            c["tie_word_embeddings"] = False
+    hf = to_hf(dict(tensors), cfg)
+    q3.write_model(args.out, cfg, hf, "f32", 1)
+    print(f"merge: {len(model.lora)} adapted modules -> {args.out} ({len(hf)} tensors, F32"
+          f"{', lm_head untied' if untied else ''})")
 
 
 # ---------------------------------------------------------------------------
@@ -828,58 +995,83 @@ SELFCHECK_CASES = [
     (True, True, "rslora", {"mlp_only_layers": [0], "layer_types": FULL_FIRST}),
 ]
 T_SELFCHECK = 9
+# Qwen3.5 (qwen3_5_moe_text; qwen3_5_moe is checked equal to it, selfcheck_q35_composite):
+# SELFCHECK_SET's sizes, RoPE on half of each head through rope_parameters, every layer MoE
+Q35_SELFCHECK_SET = dict(
+    {k: v for k, v in SELFCHECK_SET.items() if k not in ("intermediate_size", "partial_rotary_factor")},
+    rope_parameters=dict(Q35_TEXT_BASE["rope_parameters"], partial_rotary_factor=0.5))
+R4 = {"linear_num_key_heads": 1, "linear_key_head_dim": 5}  # 4 value heads per key head, dk != dv
+Q35_SELFCHECK_CASES = [
+    (False, False, None, {}),
+    (True, True, None, {"attention_bias": True, "layer_types": FULL_FIRST}),
+    (False, False, None, {"linear_num_value_heads": 2}),
+    (False, False, "lora", {"attention_bias": True}),
+    (True, True, "rslora", dict(R4, layer_types=FULL_FIRST)),
+]
 
 
-def selfcheck_case(replay, tied, seed, lora, over):
-    cfg = build_config(dict(SELFCHECK_SET, tie_word_embeddings=tied, **over), "f32")
+def selfcheck_config(arch, over, tied=False):
+    """The selfcheck's tiny config (flat()) of arch with the overrides."""
+    if arch == "qwen3_next":
+        return build_config(dict(SELFCHECK_SET, tie_word_embeddings=tied, **over), "f32")
+    return flat(build_q35_config(dict(Q35_SELFCHECK_SET, tie_word_embeddings=tied, **over), "f32",
+                                 arch))
+
+
+def selfcheck_case(replay, tied, seed, lora, over, arch="qwen3_next"):
+    cfg = selfcheck_config(arch, over, tied)
     base_w = dict(make_weights(cfg, seed, std=0.3))  # large std: sizeable gradients everywhere
     model = Qwen3NextModel(cfg=cfg, weights=base_w)
     fails = []
     if lora:
-        model, lora_fails = q3.selfcheck_lora(model, base_w, LORA_TARGETS, seed, lora)
+        targets = Q35_LORA_TARGETS if is_q35(cfg) else LORA_TARGETS
+        model, lora_fails = q3.selfcheck_lora(model, base_w, targets, seed, lora)
         fails += lora_fails
     types = layer_types(cfg)
     lin_l, full_l = types.index("linear_attention"), types.index("full_attention")
-    la, fa = f"model.layers.{lin_l}.linear_attn", f"model.layers.{full_l}.self_attn"
+    P = prefix_of(cfg)
+    la, fa = f"{P}layers.{lin_l}.linear_attn", f"{P}layers.{full_l}.self_attn"
     moe = model.moe_layers
     dense = [i for i in range(cfg["num_hidden_layers"]) if i not in moe]
+    in_projs = (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a") if is_q35(cfg)
+                else ("in_proj_qkvz", "in_proj_ba"))
 
     def kinds_of(grads, visited):
         def expert(m, part):  # the visited expert with the largest down_proj gradient
             layer = moe[m]
 
             def down(e):
-                n = f"model.layers.{layer}.mlp.experts.{e}.down_proj"
+                n = f"{P}layers.{layer}.mlp.experts.{e}.down_proj"
                 return grads[q3.lora_names(n)[1] if lora else n + ".weight"].norm()
-            return f"model.layers.{layer}.mlp.experts.{max(visited[m], key=down)}.{part}"
-        mods = [("in_proj_qkvz", la + ".in_proj_qkvz"), ("in_proj_ba", la + ".in_proj_ba"),
+            return f"{P}layers.{layer}.mlp.experts.{max(visited[m], key=down)}.{part}"
+        mods = [(n, f"{la}.{n}") for n in in_projs] + [
                 ("out_proj", la + ".out_proj"),
                 ("q_proj", fa + ".q_proj"), ("k_proj", fa + ".k_proj"),
                 ("v_proj", fa + ".v_proj"), ("o_proj", fa + ".o_proj")]
         for m, layer in enumerate(moe):
-            x = f"model.layers.{layer}.mlp"
+            x = f"{P}layers.{layer}.mlp"
             mods += [(f"expert {part} (layer {layer})", expert(m, part)) for part in EXPERT_PARTS]
             mods += [(f"shared {part} (layer {layer})", f"{x}.shared_expert.{part}")
                      for part in EXPERT_PARTS]
             mods.append((f"shared_expert_gate (layer {layer})", f"{x}.shared_expert_gate"))
         for layer in dense:
-            mods += [(f"dense {part} (layer {layer})", f"model.layers.{layer}.mlp.{part}")
+            mods += [(f"dense {part} (layer {layer})", f"{P}layers.{layer}.mlp.{part}")
                      for part in EXPERT_PARTS]
         if lora:
             return [(f"{kind} lora_{ab}", nm) for kind, m in mods + [("lm_head", "lm_head")]
                     for ab, nm in zip("AB", q3.lora_names(m))]
         kinds = [(kind, m + ".weight") for kind, m in mods]
-        kinds += [("embed", "model.embed_tokens.weight"),
+        kinds += [("embed", P + "embed_tokens.weight"),
                   ("conv1d", la + ".conv1d.weight"), ("A_log", la + ".A_log"),
                   ("dt_bias", la + ".dt_bias"), ("gated norm", la + ".norm.weight"),
                   ("q_norm", fa + ".q_norm.weight"), ("k_norm", fa + ".k_norm.weight"),
-                  ("final norm", "model.norm.weight"),
-                  ("lm_head", "model.embed_tokens.weight" if tied else "lm_head.weight")]
+                  ("final norm", P + "norm.weight"),
+                  ("lm_head", P + "embed_tokens.weight" if tied else "lm_head.weight")]
         for i in range(cfg["num_hidden_layers"]):
-            kinds += [(f"input_layernorm {i}", f"model.layers.{i}.input_layernorm.weight"),
+            kinds += [(f"input_layernorm {i}", f"{P}layers.{i}.input_layernorm.weight"),
                       (f"post_attention_layernorm {i}",
-                       f"model.layers.{i}.post_attention_layernorm.weight")]
-        kinds += [(f"router (layer {layer})", f"model.layers.{layer}.mlp.gate.weight") for layer in moe]
+                       f"{P}layers.{i}.post_attention_layernorm.weight")]
+        kinds += [(f"router (layer {layer})", f"{P}layers.{layer}.mlp.gate.weight") for layer in moe]
         if get(cfg, "attention_bias"):
             kinds += [(f"{p} bias", f"{fa}.{p}.bias") for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
         return kinds
@@ -954,6 +1146,336 @@ def selfcheck_reader(seed):
     return fails
 
 
+# ---- Qwen3.5 -----------------------------------------------------------------
+
+def probe_line(cfg, seed, T=23):
+    """Random tokens (distinct where the vocabulary allows) and coefficients: one grad line."""
+    rng = np.random.default_rng(seed)
+    V = cfg["vocab_size"]
+    tokens = (rng.permutation(V)[:T] if T <= V else rng.integers(0, V, T)).tolist()
+    return {"tokens": tokens, "coef": [None] + rng.uniform(-1, 1, T - 1).tolist()}
+
+
+def max_rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+class HFStackedExperts(Qwen3NextModel):
+    """The routed experts computed as HF's Qwen3_5MoeExperts does, from the stacked tensors in
+    self.stacked (gate, up = linear(x, gate_up_proj[e]).chunk(2, -1); down: linear(h,
+    down_proj[e])) rather than from the per-expert weights."""
+    stacked = None
+
+    def lin(self, x, name):
+        parts = name.rsplit(".", 3)  # [<prefix>layers.L.mlp, "experts", E, part]
+        if self.stacked is None or len(parts) != 4 or parts[1] != "experts":
+            return super().lin(x, name)
+        layer, e, part = parts[0], int(parts[2]), parts[3]
+        if part == "down_proj":
+            return F.linear(x, self.stacked[layer + ".experts.down_proj"][e])
+        gate, up = F.linear(x, self.stacked[layer + ".experts.gate_up_proj"][e]).chunk(2, dim=-1)
+        return gate if part == "gate_proj" else up
+
+
+def selfcheck_stacked(seed):
+    """The checkpoint's stacked experts against the per-expert layout: log-probs and the stacked
+    tensors' autograd gradients of HF's own computation (HFStackedExperts) = the per-expert
+    model's log-probs and per-expert gradients rearranged (gate = gate_up_proj[e][:I], up =
+    [I:], down = down_proj[e]); to_hf(to_internal(.)) is the identity. Returns (max |d logprob|,
+    max rel grad difference, failures)."""
+    cfg = selfcheck_config("qwen3_5_moe_text", {})
+    hf = dict(make_weights(cfg, seed, std=0.3))
+    rec = probe_line(cfg, seed)
+    model = Qwen3NextModel(cfg=cfg, weights=hf)
+    _, lps, grads = q3.grad_lines(model, [rec], False)
+    ref = HFStackedExperts(cfg=cfg, weights=hf)
+    ref.stacked = {n: t.to(DT).requires_grad_(True) for n, t in hf.items() if ".mlp.experts." in n}
+    logp, _, _ = ref.forward(rec["tokens"])
+    lp = q3.token_logprobs(logp, rec["tokens"])
+    (q3.parse_coef(rec, len(rec["tokens"]), "probe") * lp).sum().backward()
+    dlp = (lp.detach() - torch.tensor(lps[0][1:], dtype=DT)).abs().max().item()
+    worst, fails = 0.0, []
+    for n, t in ref.stacked.items():
+        x = n[:-len(".gate_up_proj")] if n.endswith(".gate_up_proj") else n[:-len(".down_proj")]
+        for e in range(t.shape[0]):
+            if n.endswith(".gate_up_proj"):
+                mine = torch.cat([grads[f"{x}.{e}.gate_proj.weight"], grads[f"{x}.{e}.up_proj.weight"]])
+            else:
+                mine = grads[f"{x}.{e}.down_proj.weight"]
+            d = (t.grad[e] - mine).abs().max().item()
+            worst = max(worst, d / max(t.grad.abs().max().item(), 1e-300))
+    back = to_hf(to_internal({n: t for n, t in hf.items()}, cfg), cfg)
+    if [n for n, _ in back] != list(hf) or any(not torch.equal(t, hf[n]) for n, t in back):
+        fails.append("to_hf(to_internal(checkpoint)) is not the checkpoint")
+    if dlp > 1e-12 or worst > 1e-12:
+        fails.append(f"stacked vs per-expert: |d logprob| {dlp:.1e}, grads rel {worst:.1e}")
+    return dlp, worst, fails
+
+
+def next_to_q35(W, cfg):
+    """A Qwen3-Next model's tensors -> the qwen3_5_moe_text model that computes the same function:
+    in_proj_qkvz / in_proj_ba's rows permuted (per key head [q, k, v, z] / [b, a] -> q | k | v,
+    z, b, a, every one key head major), the routed experts stacked; the rest as it is. Returns
+    (checkpoint tensors, {new name: (old name, row index)}) -- the row indices of each new tensor
+    together are a permutation of the old tensor's rows."""
+    nk, nv = get(cfg, "linear_num_key_heads"), get(cfg, "linear_num_value_heads")
+    dk, dv = get(cfg, "linear_key_head_dim"), get(cfg, "linear_value_head_dim")
+    r = nv // nk
+    w = 2 * dk + 2 * r * dv  # a key head's rows of in_proj_qkvz
+
+    def rows(per, lo, n):  # per key head h, rows [h*per + lo, h*per + lo + n)
+        return [h * per + lo + j for h in range(nk) for j in range(n)]
+    perm = {"in_proj_qkvz": [("in_proj_qkv", rows(w, 0, dk) + rows(w, dk, dk) + rows(w, 2 * dk, r * dv)),
+                             ("in_proj_z", rows(w, 2 * dk + r * dv, r * dv))],
+            "in_proj_ba": [("in_proj_b", rows(2 * r, 0, r)), ("in_proj_a", rows(2 * r, r, r))]}
+    out, index = {}, {}
+    for name, t in W.items():
+        src = name.rsplit(".", 2)
+        if len(src) == 3 and src[1] in perm:
+            parts = perm[src[1]]
+            assert sorted(i for _, idx in parts for i in idx) == list(range(t.shape[0]))
+            for new, idx in parts:
+                out[f"{src[0]}.{new}.weight"] = t[idx]
+                index[f"{src[0]}.{new}.weight"] = (name, idx)
+        else:
+            out[name] = t
+    q35 = dict(cfg, model_type="qwen3_5_moe_text")
+    return dict(to_hf(out, q35)), index
+
+
+def selfcheck_permuted(seed):
+    """A qwen3_5_moe_text model built from a Qwen3-Next model by next_to_q35 computes the same
+    log-probs (1e-12) and routing, and its gradients are the Qwen3-Next model's, rows permuted
+    (every other tensor's, the per-expert ones included, equal by name), over key/value head
+    ratios 2 (dk 4 != dv 3), 1 and 4, either layer order. Returns (worst |d logprob|, worst rel
+    grad difference, failures)."""
+    worst_lp, worst_g, fails = 0.0, 0.0, []
+    for c, over in enumerate(({}, {"linear_num_value_heads": 2, "layer_types": FULL_FIRST}, R4)):
+        nxt = selfcheck_config("qwen3_next", over)
+        W = dict(make_weights(nxt, seed + c, std=0.3))
+        a = Qwen3NextModel(cfg=nxt, weights=W)
+        q35 = selfcheck_config("qwen3_5_moe_text", over)
+        hf, index = next_to_q35(W, q35)
+        b = Qwen3NextModel(cfg=q35, weights=hf)
+        rec = probe_line(q35, seed + c, T=40)
+        with torch.no_grad():
+            ra, rb = q3.run_forward(a, rec["tokens"]), q3.run_forward(b, rec["tokens"])
+        _, _, ga = q3.grad_lines(a, [rec], False)
+        _, _, gb = q3.grad_lines(b, [rec], False)
+        d = max(abs(x - y) for x, y in zip(ra["logprobs"][1:], rb["logprobs"][1:]))
+        worst_lp = max(worst_lp, d)
+        if ra["experts"] != rb["experts"]:
+            fails.append(f"case {c}: the routing differs")
+        if sorted(gb) != sorted(set(ga) - {n for n, _ in index.values()} | set(index)):
+            fails.append(f"case {c}: gradient names differ")
+            continue
+        for n, g in gb.items():
+            old = ga[index[n][0]][index[n][1]] if n in index else ga[n]
+            if old.abs().max() > 0:
+                worst_g = max(worst_g, max_rel(g, old))
+            elif g.abs().max() > 0:
+                worst_g = math.inf
+    if worst_lp > 1e-12 or worst_g > 1e-12:
+        fails.append(f"Qwen3-Next vs permuted Qwen3.5: |d logprob| {worst_lp:.1e}, grads rel {worst_g:.1e}")
+    return worst_lp, worst_g, fails
+
+
+def to_composite(W):
+    """A qwen3_5_moe_text model's tensor (or PEFT) names -> qwen3_5_moe's."""
+    def ren(n):
+        for a, b in (("base_model.model.model.", "base_model.model.model.language_model."),
+                     ("model.", "model.language_model.")):
+            if n.startswith(a):
+                return b + n[len(a):]
+        return n
+    return {ren(n): t for n, t in W.items()}
+
+
+def selfcheck_q35_composite(seed):
+    """qwen3_5_moe (the composite config, tensors under model.language_model., a vision tensor and
+    mtp.* ones to skip) computes exactly what qwen3_5_moe_text does with the same tensors: log-probs,
+    routing, gradients (renamed), and with a LoRA adapter on every target (renamed) its gradients
+    and the float64 merge (untied: lm_head adapted on a tied model); tie_word_embeddings from the
+    top level where it is set, else text_config's. Returns failures."""
+    fails = []
+    for tied in (False, True):
+        text = selfcheck_config("qwen3_5_moe_text", {}, tied)
+        comp_file = build_q35_config(dict(Q35_SELFCHECK_SET, tie_word_embeddings=tied), "f32",
+                                     "qwen3_5_moe")
+        comp = flat(comp_file)
+        Wt = dict(make_weights(text, seed, std=0.3))
+        Wc = dict(make_weights(comp_file, seed, std=0.3, mtp=True))  # + mtp.*, model.visual.*
+        extra = set(MTP_NAMES) | {VISUAL_DUMMY[0]}
+        if ({n: t for n, t in Wc.items() if n not in extra}.keys() != to_composite(Wt).keys()
+                or any(not torch.equal(t, Wc[n]) for n, t in to_composite(Wt).items())):
+            fails.append(f"tied={tied}: make-model's qwen3_5_moe tensors are not qwen3_5_moe_text's "
+                         "renamed")
+        rec = probe_line(text, seed, T=17)
+        mods, lw = q3.make_lora_weights(text, list(Q35_LORA_TARGETS), 3, seed, 0.3,
+                                        linear_modules(text))
+        lw = dict(lw)
+        for lora in (False, True):
+            ad_t = ({m: 2.0 for m in mods}, lw) if lora else None
+            ad_c = ({n[len("base_model.model."):-len(".lora_A.weight")]: 2.0
+                     for n in to_composite(lw) if n.endswith(".lora_A.weight")},
+                    to_composite(lw)) if lora else None
+            mt = Qwen3NextModel(cfg=text, weights=Wt, adapter=ad_t)
+            mc = Qwen3NextModel(cfg=comp_file, weights=Wc, adapter=ad_c)
+            with torch.no_grad():
+                rt, rc = q3.run_forward(mt, rec["tokens"]), q3.run_forward(mc, rec["tokens"])
+            _, _, gt = q3.grad_lines(mt, [rec], False, mt.lora_names if lora else None)
+            _, _, gc = q3.grad_lines(mc, [rec], False, mc.lora_names if lora else None)
+            what = f"tied={tied} lora={lora}"
+            if rt != rc:
+                fails.append(f"{what}: composite forward differs from qwen3_5_moe_text's")
+            gt = to_composite(gt)
+            if sorted(gt) != sorted(gc) or any(not torch.equal(gt[n], gc[n]) for n in gc):
+                fails.append(f"{what}: composite gradients differ from qwen3_5_moe_text's (renamed)")
+            if lora:
+                merged, untied = merged_weights(mc)
+                if untied != tied:
+                    fails.append(f"{what}: merge untied {untied}")
+                mm = Qwen3NextModel(cfg=dict(comp, tie_word_embeddings=False) if untied else comp,
+                                    weights=dict(merged))
+                with torch.no_grad():
+                    lm = q3.run_forward(mm, rec["tokens"])["logprobs"][1:]
+                d = max(abs(x - y) for x, y in zip(lm, rc["logprobs"][1:]))
+                if d > 1e-12:
+                    fails.append(f"{what}: merged composite differs from the adapter by {d:.1e}")
+                mt_merged, _ = merged_weights(mt)
+                qt_merged, _ = q3.merged_weights(mt)
+                if [n for n, _ in mt_merged] != [n for n, _ in qt_merged] or any(
+                        not torch.equal(a, b) for (_, a), (_, b) in zip(mt_merged, qt_merged)):
+                    fails.append(f"{what}: merged_weights differs from qwen3_ref's")
+    # tie_word_embeddings: the top level's where set, else text_config's
+    base = build_q35_config(dict(Q35_SELFCHECK_SET), "f32", "qwen3_5_moe")
+    for top, txt, want in ((False, True, False), (None, True, True), (True, False, True),
+                           (None, False, False)):
+        c = copy.deepcopy(base)
+        c["text_config"]["tie_word_embeddings"] = txt
+        if top is None:
+            c.pop("tie_word_embeddings", None)
+        else:
+            c["tie_word_embeddings"] = top
+        if bool(get(flat(c), "tie_word_embeddings")) != want:
+            fails.append(f"tie_word_embeddings top {top} text {txt}: not {want}")
+    return fails
+
+
+def selfcheck_q35_reader(seed):
+    """Reading Qwen3.5 checkpoints from files: qwen3_5_moe with model.visual.* and mtp.* tensors,
+    sharded, loads and computes what the tensors in memory do; qwen3_5_moe_text with a
+    model.visual.* tensor loads; refused: the per-expert layout in a checkpoint, qwen3_5_moe's
+    tensors under qwen3_5_moe_text's names, an extra, a missing and a misshapen tensor. Returns
+    failures."""
+    fails = []
+    comp = build_q35_config(dict(Q35_SELFCHECK_SET), "f32", "qwen3_5_moe")
+    text = build_q35_config(dict(Q35_SELFCHECK_SET), "f32", "qwen3_5_moe_text")
+    tc = make_weights(comp, seed, std=0.1, mtp=True)
+    tt = make_weights(text, seed, std=0.1)
+    with tempfile.TemporaryDirectory() as tmp:
+        def loads(cfg, ts, name, shards=1):
+            d = os.path.join(tmp, name)
+            q3.write_model(d, cfg, ts, "f32", shards)
+            try:
+                return Qwen3NextModel(d)
+            except SystemExit:
+                return None
+        m = loads(comp, tc, "comp", shards=3)
+        if m is None:
+            fails.append("qwen3_5_moe with model.visual.* and mtp.* tensors, 3 shards, refused")
+        else:
+            tokens = list(range(10))
+            with torch.no_grad():
+                same = (q3.run_forward(m, tokens)
+                        == q3.run_forward(Qwen3NextModel(cfg=comp, weights=dict(tc)), tokens))
+            if not same:
+                fails.append("qwen3_5_moe read from files differs from its tensors in memory")
+        if loads(text, tt + [(VISUAL_DUMMY[0], torch.zeros(VISUAL_DUMMY[1]))], "text_vis") is None:
+            fails.append("qwen3_5_moe_text with a model.visual.* tensor refused")
+        per_expert = [(n, t.float()) for n, t in to_internal(dict(tt), text).items()]
+        if loads(text, per_expert, "per_expert") is not None:
+            fails.append("a checkpoint with per-expert routed experts was not refused")
+        if loads(comp, tt, "text_names") is not None:
+            fails.append("qwen3_5_moe with model.layers.* (not model.language_model.*) names not refused")
+        if loads(text, tt + [("model.layers.0.linear_attn.in_proj_qkvz.weight", torch.zeros(4, 16))],
+                 "extra") is not None:
+            fails.append("an extra tensor (in_proj_qkvz) was not refused")
+        if loads(text, [(n, t) for n, t in tt if not n.endswith(".in_proj_b.weight")],
+                 "missing") is not None:
+            fails.append("a checkpoint without in_proj_b was not refused")
+        if loads(text, [(n, t[:, :-1] if n.endswith("gate_up_proj") else t) for n, t in tt],
+                 "shape") is not None:
+            fails.append("a misshapen gate_up_proj was not refused")
+    return fails
+
+
+def hf_mrope_cos_sin(pos3, rd, theta, section):
+    """HF Qwen3_5MoeTextRotaryEmbedding's cos / sin (float64) for position streams pos3 [3, T]:
+    each stream's freqs, then recomposition_frequencies (interleaved M-RoPE)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rd, 2, dtype=DT) / rd))
+    freqs = pos3.to(DT)[:, :, None] * inv_freq  # [3, T, rd/2]
+    thw = freqs[0].clone()
+    for dim, offset in enumerate((1, 2), start=1):
+        idx = slice(offset, section[dim] * 3, 3)
+        thw[..., idx] = freqs[dim, ..., idx]
+    emb = torch.cat((thw, thw), dim=-1)
+    return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+
+def selfcheck_mrope():
+    """Interleaved M-RoPE (Qwen3.5's released rope: head_dim 256, factor 0.25, mrope_section
+    [11, 11, 10]) with the three streams equal (text) is plain RoPE exactly; with distinct streams
+    it is not (the check sees the recomposition). Returns (d equal, d distinct)."""
+    T, rd, theta = 50, 64, 1e7
+    pos = torch.arange(T)
+    cos, sin = q3.rope_cos_sin(T, rd, theta)
+    c1, s1 = hf_mrope_cos_sin(pos.expand(3, T), rd, theta, [11, 11, 10])
+    c2, s2 = hf_mrope_cos_sin(torch.stack([pos, pos // 2, pos % 7]), rd, theta, [11, 11, 10])
+    return (max((c1 - cos).abs().max().item(), (s1 - sin).abs().max().item()),
+            max((c2 - cos).abs().max().item(), (s2 - sin).abs().max().item()))
+
+
+def selfcheck_q35(args):
+    """The Qwen3.5 part of selfcheck-grad; prints its lines, returns whether all passed."""
+    ok, unvisited = True, 0
+
+    def report(line, fails):
+        print(f"{line}  {'ok' if not fails else 'FAIL'}")
+        for f_ in fails:
+            print("  " + f_)
+        return not fails
+    for c, (rp, tied, lora, over) in enumerate(Q35_SELFCHECK_CASES):
+        worst, checked, fails, visited, noise, unv, cfg = selfcheck_case(
+            rp, tied, args.seed + 100 + c, lora, over, arch="qwen3_5_moe_text")
+        unvisited += unv
+        desc = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in over.items())
+        ok &= report(
+            f"selfcheck-grad qwen3_5_moe_text replay={str(rp).lower():5s} tied={str(tied).lower():5s} "
+            f"lora={lora or 'none':6s} layers {''.join(t[0] for t in layer_types(cfg))} "
+            f"r={get(cfg, 'linear_num_value_heads') // get(cfg, 'linear_num_key_heads')} {desc}: "
+            f"{checked} entries, worst rel err {worst:.2e} (fd rounding ~{noise:.0e} abs), "
+            f"experts visited {visited}", fails)
+    ok &= report(f"selfcheck-grad qwen3_5_moe_text: {unvisited} (layer, expert) pairs never routed "
+                 "to, their gradients exactly zero",
+                 [] if unvisited else ["every expert was routed to: the zero check saw nothing"])
+    dlp, dg, fails = selfcheck_stacked(args.seed)
+    ok &= report("selfcheck Qwen3.5 stacked experts (HF's gate_up_proj chunk / down_proj) vs per "
+                 f"expert: max |d logprob| {dlp:.1e}, gradients max rel {dg:.1e}", fails)
+    dlp, dg, fails = selfcheck_permuted(args.seed)
+    ok &= report("selfcheck Qwen3-Next in_proj_qkvz/ba rows permuted into Qwen3.5's in_proj_qkv/z/b/a "
+                 f"(r 2, 1, 4): max |d logprob| {dlp:.1e}, gradients (permuted back) max rel "
+                 f"{dg:.1e}", fails)
+    ok &= report("selfcheck qwen3_5_moe (composite) = qwen3_5_moe_text: forward, gradients, LoRA on "
+                 "every target, merge, tie_word_embeddings", selfcheck_q35_composite(args.seed))
+    ok &= report("selfcheck Qwen3.5 reader (model.visual.*, mtp.* skipped; per-expert, misnamed, "
+                 "extra, missing, misshapen refused)", selfcheck_q35_reader(args.seed))
+    d_eq, d_ne = selfcheck_mrope()
+    ok &= report(f"selfcheck interleaved M-RoPE, equal streams vs plain RoPE: {d_eq:.1e} (distinct "
+                 f"streams: {d_ne:.2g})", [] if d_eq == 0 and d_ne > 1e-3 else ["M-RoPE check"])
+    return ok
+
+
 def cmd_selfcheck_grad(args):
     ok = True
     unvisited = 0
@@ -993,8 +1515,31 @@ def cmd_selfcheck_grad(args):
     for f_ in fails:
         print("  " + f_)
     ok &= not fails
+    ok &= selfcheck_q35(args)
     print("selfcheck-grad: PASS" if ok else "selfcheck-grad: FAIL")
     return 0 if ok else 1
+
+
+def cmd_replay_config(args):
+    """DIR2/config.json: a qwen3_next config with the model's routing shape (vocab_size,
+    num_hidden_layers, MoE layers, num_experts, num_experts_per_tok), for gen_train_inputs.py
+    --replay-model, which reads the MoE layers by model_type and knows no Qwen3.5 type (its
+    records depend on nothing else)."""
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = flat(json.load(f))
+    check_config(cfg)
+    L = cfg["num_hidden_layers"]
+    moe = [i for i in range(L) if is_moe_layer(cfg, i)]
+    out = {"model_type": "qwen3_next", "vocab_size": cfg["vocab_size"], "num_hidden_layers": L,
+           "num_experts": get(cfg, "num_experts"),
+           "num_experts_per_tok": get(cfg, "num_experts_per_tok"), "decoder_sparse_step": 1,
+           "mlp_only_layers": [i for i in range(L) if i not in moe]}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    print(f"replay-config: {args.out}/config.json ({len(moe)} MoE layers, top-"
+          f"{out['num_experts_per_tok']} of {out['num_experts']})")
 
 
 def main(argv=None):
@@ -1002,14 +1547,22 @@ def main(argv=None):
     sub = next(a for a in ap._actions if a.dest == "cmd")
     sub.choices["make-model"].add_argument(
         "--mtp", action="store_true", help="also write dummy mtp.* tensors (ignored on load)")
+    sub.choices["make-model"].add_argument(
+        "--arch", choices=ARCHS, default="qwen3_next",
+        help="model_type: qwen3_next (default), qwen3_5_moe (composite) or qwen3_5_moe_text")
+    rc = sub.add_parser("replay-config", help="a qwen3_next config.json with the model's routing "
+                        "shape, for gen_train_inputs.py --replay-model")
+    rc.add_argument("--model", required=True)
+    rc.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     commands = {
+        "replay-config": cmd_replay_config,
         "make-model": cmd_make_model,
         "forward": lambda a: q3.cmd_forward(a, Qwen3NextModel),
         "grad": lambda a: q3.cmd_grad(a, Qwen3NextModel),
         "adamw-steps": lambda a: q3.cmd_adamw_steps(a, Qwen3NextModel),
         "make-adapter": lambda a: q3.cmd_make_adapter(a, linear_modules),
-        "merge": lambda a: q3.cmd_merge(a, Qwen3NextModel),
+        "merge": cmd_merge,
         "selfcheck-grad": cmd_selfcheck_grad,
     }
     return commands[args.cmd](args)

@@ -72,12 +72,12 @@ static const trill_tensor_row ROWS_[] = {
 
 /* HF's stacked expert tensors. */
 static const trill_stacked STACKED[] = {
-    { TRILL_ROLE_EXPERT_GATE, EXPERTS "gate_up_proj", 2, 0 },
-    { TRILL_ROLE_EXPERT_UP, EXPERTS "gate_up_proj", 2, 1 },
-    { TRILL_ROLE_EXPERT_DOWN, EXPERTS "down_proj", 1, 0 },
-    { TRILL_ROLE_EXPERT_GATE_BIAS, EXPERTS "gate_up_proj_bias", 2, 0 },
-    { TRILL_ROLE_EXPERT_UP_BIAS, EXPERTS "gate_up_proj_bias", 2, 1 },
-    { TRILL_ROLE_EXPERT_DOWN_BIAS, EXPERTS "down_proj_bias", 1, 0 },
+    { TRILL_ROLE_EXPERT_GATE, EXPERTS "gate_up_proj", 2, 0, false },
+    { TRILL_ROLE_EXPERT_UP, EXPERTS "gate_up_proj", 2, 1, false },
+    { TRILL_ROLE_EXPERT_DOWN, EXPERTS "down_proj", 1, 0, false },
+    { TRILL_ROLE_EXPERT_GATE_BIAS, EXPERTS "gate_up_proj_bias", 2, 0, false },
+    { TRILL_ROLE_EXPERT_UP_BIAS, EXPERTS "gate_up_proj_bias", 2, 1, false },
+    { TRILL_ROLE_EXPERT_DOWN_BIAS, EXPERTS "down_proj_bias", 1, 0, false },
 };
 
 /* scores Q K^T and values P V: 2 FLOPs per multiply-add, head_dim each, every query head */
