@@ -115,6 +115,9 @@ bool trill_config_known_key(const char *key);
 /* "Qwen3MoeForCausalLM", "Qwen3ForSequenceClassification", ... */
 const char *trill_config_architecture(const trill_config *c);
 const char *trill_config_model_type(const trill_config *c);   /* "qwen3_moe", ... */
+/* Whether c's architecture is a multimodal model's language model (config.json's text_config;
+ * the vision tower is not read). */
+bool trill_config_is_multimodal(const trill_config *c);
 
 static inline bool trill_config_is_moe(const trill_config *c, int layer) {
     return c->moe_ordinal[layer] >= 0;

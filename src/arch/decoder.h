@@ -30,8 +30,9 @@ typedef enum trill_role {
     TRILL_ROLE_SINKS, /* gpt-oss's per-head attention sinks */
     TRILL_ROLE_Q_NORM, TRILL_ROLE_K_NORM, /* GQA's per-head QK-norm */
     /* Gated DeltaNet (Qwen3-Next's linear attention) */
-    TRILL_ROLE_GDN_QKVZ, TRILL_ROLE_GDN_BA, TRILL_ROLE_GDN_CONV, TRILL_ROLE_GDN_DT_BIAS, TRILL_ROLE_GDN_A_LOG, TRILL_ROLE_GDN_NORM,
-    TRILL_ROLE_GDN_OUT,
+    TRILL_ROLE_GDN_QKVZ, TRILL_ROLE_GDN_BA, /* Qwen3-Next's fused projections */
+    TRILL_ROLE_GDN_QKV, TRILL_ROLE_GDN_Z, TRILL_ROLE_GDN_B, TRILL_ROLE_GDN_A, /* Qwen3.5's */
+    TRILL_ROLE_GDN_CONV, TRILL_ROLE_GDN_DT_BIAS, TRILL_ROLE_GDN_A_LOG, TRILL_ROLE_GDN_NORM, TRILL_ROLE_GDN_OUT,
     TRILL_ROLE_POST_NORM,
     TRILL_ROLE_ROUTER, TRILL_ROLE_ROUTER_BIAS, TRILL_ROLE_ROUTER_LINEAR_BIAS,
     TRILL_ROLE_EXPERT_GATE, TRILL_ROLE_EXPERT_UP, TRILL_ROLE_EXPERT_DOWN,
@@ -67,6 +68,8 @@ typedef struct trill_decoder_weights {
     /* Gated DeltaNet: nk key heads of dk, nv value heads of dv, r = nv / nk, conv_dim C = 2 nk dk + nv dv */
     trill_weight gdn_qkvz; /* in_proj_qkvz [2 nk dk + 2 nv dv, H]: per key head q (dk), k (dk), its r value heads' v, their z */
     trill_weight gdn_ba;   /* in_proj_ba [2 nv, H]: per key head its r value heads' b, then their a */
+    trill_weight gdn_qkv;  /* Qwen3.5's in_proj_qkv [C, H] (the conv's channels q | k | v), in_proj_z [nv dv, H], */
+    trill_weight gdn_z, gdn_b, gdn_a; /* in_proj_b and in_proj_a [nv, H] */
     float *gdn_conv;       /* conv1d.weight [C, K] (the checkpoint's [C, 1, K]) over the channels q | k | v */
     float *gdn_dt_bias;    /* [nv] */
     float *gdn_a_log;      /* [nv] */
@@ -93,6 +96,7 @@ typedef struct trill_decoder_lora {
     trill_lora_pair gate, up, down; /* the dense MLP */
     trill_lora_pair shared_gate, shared_up, shared_down, shared_expert_gate;
     trill_lora_pair gdn_qkvz, gdn_ba, gdn_out; /* Gated DeltaNet's in_proj_qkvz, in_proj_ba, out_proj */
+    trill_lora_pair gdn_qkv, gdn_z, gdn_b, gdn_a; /* Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a */
     trill_lora_pair *expert_gate, *expert_up, *expert_down; /* [num_experts] for a MoE layer */
 } trill_decoder_lora;
 
@@ -124,6 +128,7 @@ typedef struct trill_layer_desc {
     bool o_bias;          /* GQA: o_proj with a bias (o_bias) */
     bool sinks;           /* a learned logit per query head in the softmax's denominator (sinks; gpt-oss) */
     bool output_gate;     /* GQA: q_proj per head [q, gate]; the attention's output x sigmoid(gate) before o_proj (Qwen3-Next) */
+    bool gdn_split_proj;  /* Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (Qwen3.5) instead of in_proj_qkvz, in_proj_ba */
     int window;           /* GQA: a query attends to the `window` latest positions, itself included (0: all) */
     bool moe;             /* routed experts behind a router; else the dense SwiGLU MLP */
     trill_router_kind router;

@@ -73,7 +73,13 @@ struct json_t;              /* jansson's: config.json */
 
 /* An architecture of a family by its Hugging Face names: config.json's "model_type" and the
  * "architectures" entries of its causal LM and of its sequence classifier (NULL: HF has none). */
-typedef struct trill_arch_names { trill_arch arch; const char *model_type, *causal_lm, *classifier; } trill_arch_names;
+typedef struct trill_arch_names {
+    trill_arch arch;
+    const char *model_type, *causal_lm, *classifier;
+    /* a multimodal config: the language model's fields are config.json's "text_config" (whose own
+     * model_type is text_model_type), the vision tower's ("vision_config") are not read; NULL: flat */
+    const char *text_model_type;
+} trill_arch_names;
 
 typedef struct trill_family {
     const char *name;
@@ -108,9 +114,10 @@ typedef struct trill_family {
     const trill_stacked *stacked; /* its experts' tensors the checkpoint stacks (NULL: none) */
     int n_stacked;
     const int *n_presets;
-    /* checkpoint tensors under this prefix are skipped on load (Qwen3-Next's MTP module "mtp.",
-     * as HF's _keys_to_ignore_on_load_unexpected); NULL: none */
-    const char *ignored_prefix;
+    /* checkpoint tensors under these prefixes are skipped on load (NULL-ended; Qwen3-Next's MTP
+     * module "mtp.", as HF's _keys_to_ignore_on_load_unexpected; a multimodal checkpoint's vision
+     * tower); NULL: none */
+    const char *const *ignored_prefixes;
 } trill_family;
 
 /* Each family's, from its folder src/arch/<id>/ (trill/families.def). */

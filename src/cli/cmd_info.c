@@ -48,6 +48,8 @@ static void describe(const char *dir, const trill_config *cfg) {
     trill_config_param_counts(cfg, &total, &active);
     printf("model:         %s\n", dir);
     printf("architecture:  %s (model_type %s)\n", trill_config_architecture(cfg), trill_config_model_type(cfg));
+    if (trill_config_is_multimodal(cfg))
+        printf("vision tower:  not loaded (vision_config, model.visual.*): trill reads and trains the language model (text_config)\n");
     if (cfg->kv_lora_rank > 0)
         printf("dimensions:    vocab %d, hidden %d, %d layers, %d heads; MLA: q_lora_rank %d, kv_lora_rank %d, qk %d + %d (rope), v %d\n",
                cfg->vocab_size, cfg->hidden_size, cfg->num_hidden_layers, cfg->num_attention_heads, cfg->q_lora_rank, cfg->kv_lora_rank,

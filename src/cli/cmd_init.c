@@ -19,7 +19,10 @@ static int apply_override(const cli_spec *spec, json_t *cfg, const char *kv) {
         return cli_spec_error(spec, "--set: unknown config.json field \"%s\"", key);
     json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
     if (!value) value = json_string(eq + 1);
-    json_object_set_new(cfg, key, value);
+    json_t *text = json_object_get(cfg, "text_config"); /* a multimodal config: the language model's fields are there */
+    const bool top = !strcmp(key, "architectures") || !strcmp(key, "model_type") || !strcmp(key, "tie_word_embeddings") ||
+                     !strcmp(key, "text_config") || !strcmp(key, "vision_config");
+    json_object_set_new(json_is_object(text) && !top ? text : cfg, key, value);
     return 0;
 }
 

@@ -40,7 +40,7 @@
  * fusion group (q|k|v, gate|up) whose parts are stacked in fuse_index order, becomes one
  * gen_matrix filed under the role of its first part; vectors become fp32 copies under their
  * role. Layer tensors go to their layer's slots, the others (final norm, head) to `global`. */
-enum { ENG_MAX_ROLES = 48, ENG_MAX_PARTS = 3, ENG_HEAD_SLOTS = 2 };
+enum { ENG_MAX_ROLES = 56, ENG_MAX_PARTS = 3, ENG_HEAD_SLOTS = 2 };
 
 /* One layer's (or the model's global) weights in the engine's format. */
 typedef struct eng_layer {

@@ -59,8 +59,12 @@ trill_status trill_gen_gdn(trill_engine *e, const eng_layer *L, const eng_lora_l
     gen_gdn *g = &f->gdn;
     const trill_gdn_dims d = trill_gdn_dims_of(c);
     const size_t per_layer = trill_gen_gdn_layer_floats(c), conv_n = (size_t)d.C * (d.K - 1);
-    trill_status st = trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_GDN_QKVZ], &A->m[TRILL_ROLE_GDN_QKVZ], GEN_STEP_ROWS, g->qkvz, f->xn, R, 0);
-    if (!st) st = trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_GDN_BA], &A->m[TRILL_ROLE_GDN_BA], GEN_STEP_ROWS, g->ba, f->xn, R, 0);
+    const bool split = L->m[TRILL_ROLE_GDN_QKV].N > 0; /* Qwen3.5: each part its own projection */
+#define LIN(role, y) trill_gen_linear(e, &f->lora, &L->m[role], &A->m[role], GEN_STEP_ROWS, y, f->xn, R, 0)
+    trill_status st = split ? LIN(TRILL_ROLE_GDN_QKV, g->mixed) : LIN(TRILL_ROLE_GDN_QKVZ, g->qkvz);
+    if (!st) st = split ? LIN(TRILL_ROLE_GDN_Z, g->z) : LIN(TRILL_ROLE_GDN_BA, g->ba);
+    if (!st && split && !(st = LIN(TRILL_ROLE_GDN_B, g->beta))) st = LIN(TRILL_ROLE_GDN_A, g->g);
+#undef LIN
     if (st) return st;
     /* the runs: each sequence's rows are consecutive, positions ascending */
     int n = 0;
@@ -74,7 +78,7 @@ trill_status trill_gen_gdn(trill_engine *e, const eng_layer *L, const eng_lora_l
         g->rec[n++] = state + conv_n;
     }
     g->offsets[n] = R;
-    trill_gdn_split(&d, g->qkvz, g->ba, R, g->mixed, g->z, g->beta, g->g);
+    if (!split) trill_gdn_split(&d, g->qkvz, g->ba, R, g->mixed, g->z, g->beta, g->g);
     trill_conv1d_causal_forward_states(g->convo, g->mixed, L->vec[TRILL_ROLE_GDN_CONV], g->conv, g->offsets, n, d.C, d.K);
     trill_gdn_qkv(&d, g->convo, R, g->qc, g->kc, g->q, g->k, g->v);
     trill_gdn_gates(&d, g->g, g->beta, L->vec[TRILL_ROLE_GDN_A_LOG], L->vec[TRILL_ROLE_GDN_DT_BIAS], R, g->g, g->beta);

@@ -35,6 +35,8 @@ const char *trill_config_architecture(const trill_config *c) {
 
 const char *trill_config_model_type(const trill_config *c) { return trill_arch_names_of(c->arch)->model_type; }
 
+bool trill_config_is_multimodal(const trill_config *c) { return trill_arch_names_of(c->arch)->text_model_type != NULL; }
+
 static trill_status read_token_ids(const json_t *root, const char *what, trill_config *c) {
     trill_status st = TRILL_OK;
     const json_t *bos = json_object_get(root, "bos_token_id");
@@ -160,6 +162,9 @@ static void build_layer_map(trill_config *c, const trill_family *f) {
     }
 }
 
+static trill_status config_fields(const json_t *root, const json_t *top, const char *what, const trill_family *f, bool classifier,
+                                  trill_config *out);
+
 trill_status trill_config_from_json(const json_t *root, const char *what, trill_config *out) {
     if (!json_is_object(root))
         return trill_error(TRILL_ERR_INVALID, "%s: expected a JSON object, got %s", what, trill_json_type_name(root));
@@ -175,7 +180,27 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
     c.pad_token_id = -1;
     const trill_family *f = trill_family_of(&c);
     f->config_defaults(&c);
+    /* a multimodal model's language model: its fields are text_config's (the vision tower's are
+     * not read); tie_word_embeddings and the special tokens may sit at the top level too, which wins */
+    const json_t *text = root;
+    if (trill_arch_names_of(arch)->text_model_type) {
+        text = json_object_get(root, "text_config");
+        if (!json_is_object(text))
+            return trill_error(TRILL_ERR_INVALID, "%s: field \"text_config\": expected an object (the language model's fields of %s), got %s", what,
+                               trill_arch_names_of(arch)->causal_lm, text ? trill_json_type_name(text) : "nothing");
+    }
+    if ((st = config_fields(text, root, what, f, classifier, &c))) return st;
+    build_layer_map(&c, f);
+    *out = c;
+    return TRILL_OK;
+}
 
+/* The shared fields and the family's from `root` (text_config for a multimodal config; `top` the
+ * whole config.json). */
+static trill_status config_fields(const json_t *root, const json_t *top, const char *what, const trill_family *f, bool classifier,
+                                  trill_config *out) {
+    trill_config c = *out;
+    trill_status st;
     if ((st = trill_json_get_int(root, "vocab_size", what, 1, 1 << 24, &c.vocab_size)) ||
         (st = trill_json_get_int(root, "hidden_size", what, 1, 1 << 20, &c.hidden_size)) ||
         (st = trill_json_get_int(root, "num_hidden_layers", what, 1, TRILL_MAX_LAYERS, &c.num_hidden_layers)) ||
@@ -183,6 +208,7 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
         (st = trill_json_get_double(root, "rms_norm_eps", what, 0.0, 1.0, &c.rms_norm_eps)) ||
         (st = trill_json_get_double(root, "initializer_range", what, 0.0, 10.0, &c.initializer_range)) ||
         (st = trill_json_get_bool(root, "tie_word_embeddings", what, &c.tie_word_embeddings)) ||
+        (top != root && (st = trill_json_get_bool(top, "tie_word_embeddings", what, &c.tie_word_embeddings))) ||
         (st = f->config_read(root, what, &c)))
         return st;
 
@@ -191,14 +217,16 @@ trill_status trill_config_from_json(const json_t *root, const char *what, trill_
     if (strcmp(act, "silu") != 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"hidden_act\": \"%s\" is not supported (expected \"silu\")", what, act);
     if ((st = read_token_ids(root, what, &c))) return st;
+    if (top != root && (json_object_get(top, "bos_token_id") || json_object_get(top, "eos_token_id"))) {
+        c.bos_token_id = -1, c.n_eos = 0;
+        if ((st = read_token_ids(top, what, &c))) return st;
+    }
     if (classifier) {
         const json_t *pad = json_object_get(root, "pad_token_id");
         if ((st = read_labels(root, what, &c)) ||
             (pad && !json_is_null(pad) && (st = trill_json_get_int(root, "pad_token_id", what, 0, c.vocab_size - 1, &c.pad_token_id))))
             return st;
     }
-
-    build_layer_map(&c, f);
     *out = c;
     return TRILL_OK;
 }
@@ -256,6 +284,19 @@ json_t *trill_config_to_json(const trill_config *c, const char *torch_dtype) {
         if (c->pad_token_id >= 0) ok &= json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id)) == 0;
     }
     if (torch_dtype) ok &= json_object_set_new(j, "torch_dtype", json_string(torch_dtype)) == 0;
+    const char *text_type = trill_arch_names_of(c->arch)->text_model_type;
+    if (ok && text_type) { /* a multimodal config: the language model's fields in text_config (no vision_config: not kept) */
+        json_t *outer = json_object(), *text = j;
+        ok &= outer != NULL;
+        static const char *const TOP[] = { "architectures", "model_type", "tie_word_embeddings", "torch_dtype" };
+        for (size_t i = 0; ok && i < sizeof TOP / sizeof TOP[0]; i++) {
+            json_t *v = json_object_get(text, TOP[i]);
+            if (v) ok &= json_object_set(outer, TOP[i], v) == 0 && json_object_del(text, TOP[i]) == 0;
+        }
+        ok &= json_object_set_new(text, "model_type", json_string(text_type)) == 0;
+        ok &= ok && json_object_set_new(outer, "text_config", text) == 0;
+        j = outer;
+    }
     if (!ok) {
         json_decref(j);
         return NULL;

@@ -11,7 +11,7 @@
  * down are consecutive (trill_mlp_forward's xa[0..2]). */
 enum {
     XA_Q, XA_K, XA_V, XA_O, XA_Q_A, XA_Q_B, XA_KV_A, XA_KV_B, XA_GATE, XA_UP, XA_DOWN, XA_SH_GATE, XA_SH_UP, XA_SH_DOWN,
-    XA_SH_EGATE, XA_GDN_QKVZ, XA_GDN_BA, XA_GDN_OUT, XA_N
+    XA_SH_EGATE, XA_GDN_QKVZ, XA_GDN_BA, XA_GDN_OUT, XA_GDN_QKV, XA_GDN_Z, XA_GDN_B, XA_GDN_A, XA_N
 };
 
 /* A Gated DeltaNet layer's activations (src/model/gdn.c): nk key heads of dk, nv value heads of

@@ -121,11 +121,20 @@ trill_status trill_gdn_forward(const trill_forward_pass *fp, const trill_decoder
     const trill_gdn_dims d = trill_gdn_dims_of(c);
     trill_gdn_acts *g = &a->gdn;
     const int T = fp->T, H = c->hidden_size, vd = d.nv * d.dv;
-    trill_status st = trill_linear(fp, g->qkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], T, H, d.P);
-    if (!st) st = trill_linear(fp, g->ba, a->xn1, w->gdn_ba, ad->gdn_ba, a->xa[XA_GDN_BA], T, H, 2 * d.nv);
-    if (st) return st;
+    trill_status st;
     /* b and a land in beta and g, which trill_gdn_gates turns into themselves */
-    trill_gdn_split(&d, g->qkvz, g->ba, T, g->mixed, g->z, g->beta, g->g);
+    if (w->gdn_qkv.f32 || w->gdn_qkv.bf16) { /* Qwen3.5: each part its own projection */
+        if ((st = trill_linear(fp, g->mixed, a->xn1, w->gdn_qkv, ad->gdn_qkv, a->xa[XA_GDN_QKV], T, H, d.C)) ||
+            (st = trill_linear(fp, g->z, a->xn1, w->gdn_z, ad->gdn_z, a->xa[XA_GDN_Z], T, H, vd)) ||
+            (st = trill_linear(fp, g->beta, a->xn1, w->gdn_b, ad->gdn_b, a->xa[XA_GDN_B], T, H, d.nv)) ||
+            (st = trill_linear(fp, g->g, a->xn1, w->gdn_a, ad->gdn_a, a->xa[XA_GDN_A], T, H, d.nv)))
+            return st;
+    } else {
+        st = trill_linear(fp, g->qkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], T, H, d.P);
+        if (!st) st = trill_linear(fp, g->ba, a->xn1, w->gdn_ba, ad->gdn_ba, a->xa[XA_GDN_BA], T, H, 2 * d.nv);
+        if (st) return st;
+        trill_gdn_split(&d, g->qkvz, g->ba, T, g->mixed, g->z, g->beta, g->g);
+    }
     trill_conv1d_causal_forward(g->convo, NULL, g->mixed, w->gdn_conv, NULL, fp->offsets, fp->n_seqs, d.C, d.K);
     trill_gdn_qkv(&d, g->convo, T, g->qc, g->kc, g->q, g->k, g->v);
     trill_gdn_gates(&d, g->g, g->beta, w->gdn_a_log, w->gdn_dt_bias, T, g->g, g->beta);

@@ -459,8 +459,8 @@ static bool consumed(const trill_model *m, const trill_checkpoint *ck, const tri
         if (w && w->dtype == TRILL_F8_E4M3 && is_expected(sorted, m->n_tensors, weight)) return true;
     }
     if (m->config.tie_word_embeddings && m->config.num_labels == 0 && strcmp(v->name, "lm_head.weight") == 0) return true;
-    const char *ignored = trill_family_of(&m->config)->ignored_prefix;
-    if (ignored && strncmp(v->name, ignored, strlen(ignored)) == 0) return true;
+    for (const char *const *p = trill_family_of(&m->config)->ignored_prefixes; p && *p; p++)
+        if (strncmp(v->name, *p, strlen(*p)) == 0) return true;
     return in_mtp_layer(&m->config, v->name);
 }
 

@@ -70,9 +70,17 @@ trill_status trill_gdn_backward(const trill_forward_pass *fp, const trill_grad_s
             dg[i] *= -A * sig;
             if (ddt) ddt[j] += dg[i];
         }
-    trill_gdn_join(&d, dmixed, dz, dbeta, dg, (int)T, dqkvz, dba);
-    st = trill_linear_backward(fp, sink, lg, dxn, dqkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], (int)T, (int)H, d.P);
-    if (!st) st = trill_linear_backward(fp, sink, lg, dxn, dba, a->xn1, w->gdn_ba, ad->gdn_ba, a->xa[XA_GDN_BA], (int)T, (int)H, 2 * d.nv);
+    const int n = (int)T, h = (int)H;
+    if (w->gdn_qkv.f32 || w->gdn_qkv.bf16) { /* Qwen3.5: each part's own projection */
+        if (!(st = trill_linear_backward(fp, sink, lg, dxn, dmixed, a->xn1, w->gdn_qkv, ad->gdn_qkv, a->xa[XA_GDN_QKV], n, h, d.C)) &&
+            !(st = trill_linear_backward(fp, sink, lg, dxn, dz, a->xn1, w->gdn_z, ad->gdn_z, a->xa[XA_GDN_Z], n, h, (int)vd)) &&
+            !(st = trill_linear_backward(fp, sink, lg, dxn, dbeta, a->xn1, w->gdn_b, ad->gdn_b, a->xa[XA_GDN_B], n, h, d.nv)))
+            st = trill_linear_backward(fp, sink, lg, dxn, dg, a->xn1, w->gdn_a, ad->gdn_a, a->xa[XA_GDN_A], n, h, d.nv);
+    } else {
+        trill_gdn_join(&d, dmixed, dz, dbeta, dg, n, dqkvz, dba);
+        st = trill_linear_backward(fp, sink, lg, dxn, dqkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], n, h, d.P);
+        if (!st) st = trill_linear_backward(fp, sink, lg, dxn, dba, a->xn1, w->gdn_ba, ad->gdn_ba, a->xa[XA_GDN_BA], n, h, 2 * d.nv);
+    }
     trill_tls_return(&lease);
     return st;
 }

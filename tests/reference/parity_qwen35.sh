@@ -15,8 +15,8 @@
 # and more shapes), sequences up to 300 tokens; full and LoRA gradients (grad_tool; per-expert
 # names <prefix>layers.L.mlp.experts.E.{gate,up,down}_proj as trill's; LoRA on q/k/v/o_proj,
 # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, the routed (per expert) and shared
-# gate/up/down_proj, shared_expert_gate, lm_head) with and without router replay; trill merge; the
-# generator on a reference-written qwen3_5_moe model.
+# gate/up/down_proj, shared_expert_gate, lm_head but on a tied model) with and without router
+# replay; trill merge; the generator on a reference-written qwen3_5_moe model.
 # make test runs a sample of the cases; make test-full (TRILL_TEST_FULL=1) runs them all. The
 # reference's selfcheck-grad (Qwen3.5's part included) runs in parity_qwen3next.sh's sample; here
 # only in the full run.
@@ -93,11 +93,15 @@ fi
 # LoRA on every target (q/k/v/o_proj; in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
 # every routed expert's (per expert) and the shared expert's gate/up/down_proj;
 # shared_expert_gate; lm_head), B non-zero, the base frozen; then trill merge (the experts stacked
-# back) scores as the base + adapter does. q35_tied: the merge unties lm_head.
+# back) scores as the base + adapter does. q35_tied: every target but lm_head (trill refuses an
+# adapter on a tied lm_head), the merge written tied.
+Q35_TARGETS=q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj,gate_proj,up_proj,down_proj,shared_expert_gate
 for name in q35_f32 q35_text_f32 q35_tied; do
   sampled "lora_$name" || continue
   train_inputs "$name"
-  lora_and_merge "$name" "$WORK/$name" q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj,gate_proj,up_proj,down_proj,shared_expert_gate,lm_head
+  targets=$Q35_TARGETS,lm_head
+  [ "$name" = q35_tied ] && targets=$Q35_TARGETS
+  lora_and_merge "$name" "$WORK/$name" "$targets"
 done
 
 # The generator (f32: the linear layers' conv and recurrent state, the full layers' KV cache) on

@@ -16,6 +16,8 @@
 # without router replay, one case over 257- and 300-token sequences; trill merge; and the
 # generator (f32, its recurrent state and KV cache) on the sequences it generates, with the
 # trill-written model and with a reference-written one.
+# The reference's selfcheck-grad here also covers Qwen3.5-MoE (qwen3_5_moe, qwen3_5_moe_text), whose
+# trill cases are parity_qwen35.sh's.
 # make test runs a sample of the cases; make test-full (TRILL_TEST_FULL=1) runs them all. The
 # Python steps run one by one in a single python3 (pystep.sh: pystep), which imports torch once
 # for the whole script.

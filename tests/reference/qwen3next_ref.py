@@ -1,16 +1,19 @@
 #!/usr/bin/python3
 r"""Independent PyTorch reference for Hugging Face Qwen3-Next (Qwen3NextForCausalLM, model_type
-"qwen3_next").
+"qwen3_next") and Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration, "qwen3_5_moe", and
+Qwen3_5MoeForCausalLM, "qwen3_5_moe_text"; see "Qwen3.5-MoE" below).
 
 Written from the equations of HF `models/qwen3_next/modeling_qwen3_next.py` and
-`configuration_qwen3_next.py` (not from the C code it checks), using only torch + numpy + stdlib
+`configuration_qwen3_next.py` (Qwen3.5: `models/qwen3_5_moe/modular_qwen3_5_moe.py`,
+`configuration_qwen3_5_moe.py`, `models/qwen3_5/modular_qwen3_5.py`'s Qwen3_5GatedDeltaNet) (not
+from the C code it checks), using only torch + numpy + stdlib
 (safetensors read and written by hand). Subcommands, options, files and records are qwen3_ref.py's,
 whose generic parts it imports (RMSNorm, RoPE, LoRA, the forward / grad / adamw-steps /
 make-adapter / merge commands, the finite-difference check): compare.py and compare_grads.py work
 unchanged.
 
   make-model --out DIR --seed N --dtype f32|bf16 [--shards K] [--std S] [--mtp]
-             [--set key=value ...]
+             [--arch qwen3_next|qwen3_5_moe|qwen3_5_moe_text] [--set key=value ...]
       DIR/config.json (BASE_CONFIG + --set; a VALUE is JSON, else a string; `--set KEY=` with
       nothing after "=" leaves KEY out: HF's default) and random weights under HF's tensor names,
       exactly the tensors the config implies, the routed experts per expert
@@ -26,6 +29,21 @@ unchanged.
       layers.0.input_layernorm .weight [H]; drawn after the rest, so the model's tensors are the
       same as without --mtp), which every reader ignores. Prints the range of the decay g, of
       exp(g) and of beta over the linear layers on a 64-token probe.
+      --arch qwen3_5_moe / qwen3_5_moe_text: Q35_TEXT_BASE (BASE_CONFIG's sizes, every layer MoE,
+      rope_parameters {rope_type default, rope_theta 1e4, partial_rotary_factor 0.25,
+      mrope_section [11, 11, 10], mrope_interleaved true}) + --set, as the whole config.json
+      (qwen3_5_moe_text, architectures Qwen3_5MoeForCausalLM) or as its text_config (model_type
+      qwen3_5_moe_text) beside architectures [Qwen3_5MoeForConditionalGeneration], model_type
+      qwen3_5_moe, a small vision_config, the vision token ids, torch_dtype and
+      tie_word_embeddings (text_config's value; `--set top.KEY=VALUE` sets, `top.KEY=` removes, a
+      top-level key). Tensors as drawn above under the Qwen3.5 names (below), the routed experts
+      stacked (gate_up_proj and down_proj N(0, S)); qwen3_5_moe also one vision tower tensor,
+      model.visual.patch_embed.proj.weight [16, 3, 2, 2, 2] N(0, S), drawn apart, which every
+      reader skips.
+
+  replay-config --model DIR --out DIR2
+      DIR2/config.json: a qwen3_next config with DIR's routing shape (vocab, layers, MoE layers,
+      experts, top-k), for gen_train_inputs.py --replay-model, which knows no Qwen3.5 type.
 
   forward --model DIR --input IN.jsonl --output OUT.jsonl [--replay] [--adapter ADIR [--no-lora]]
       Per line {"tokens": [...]}: {"tokens", "logprobs" (entry 0 null), "experts",
@@ -128,6 +146,43 @@ Checkpoints: exactly the tensors the config implies (names and shapes), any of F
   F64; tensors named mtp.* are ignored (HF's _keys_to_ignore_on_load_unexpected); a tied model may
   carry an unused lm_head.weight. Refused: rope_scaling / rope types other than default,
   hidden_act other than silu, nv not a multiple of nk, an odd or zero rotary dim.
+
+Qwen3.5-MoE (the same model function but for what follows).
+  Config: qwen3_5_moe: the language model's fields in text_config (its model_type
+  qwen3_5_moe_text), read as one flat config (flat()); tie_word_embeddings the top level's where
+  it is set, else text_config's; vision_config and the token ids not read. qwen3_5_moe_text: flat.
+  Qwen3_5MoeTextConfig's defaults (Q35_DEFAULTS; head_dim 256, partial_rotary_factor 0.25,
+  full_attention_interval 4 as Qwen3-Next's). norm_topk_prob, mlp_only_layers,
+  decoder_sparse_step, intermediate_size are no Qwen3.5 fields: ignored if present.
+  RoPE: rope_parameters' rope_type default only; mrope_section / mrope_interleaved accepted and
+  ignored: with text-only input the three M-RoPE position streams are equal and interleaved
+  M-RoPE is plain RoPE (rope_theta's note; selfcheck_mrope).
+  Names: <P> = "model.language_model." (qwen3_5_moe) or "model." (qwen3_5_moe_text): <P>embed_tokens,
+  <P>layers.L..., <P>norm; lm_head.weight top-level. model.visual.* (the vision tower) and mtp.*
+  tensors are skipped (text-only inputs never reach the tower).
+  Gated DeltaNet (Qwen3_5GatedDeltaNet): in_proj_qkv [2*nk*dk + nv*dv, H] whose output already is
+  mixed = q | k | v (the conv's channel order, key / value heads head-major, no per-key-head
+  interleave), in_proj_z [nv*dv, H] (z per value head), in_proj_b [nv, H], in_proj_a [nv, H]; the
+  rest as Qwen3-Next's.
+  MLP: every layer Qwen3_5MoeSparseMoeBlock; the router (Qwen3VLMoeTextTopKRouter) softmax, top-k,
+  always renormalised; shared expert and its sigmoid gate as Qwen3-Next's. Routed experts in the
+  checkpoint stacked: <P>layers.L.mlp.experts.gate_up_proj [E, 2I, H] (per expert nn.Linear
+  orientation: gate = rows [0, I), up = rows [I, 2I): HF's linear(x, gate_up_proj[e]).chunk(2)),
+  .down_proj [E, H, I]; inside, in grad's output, adamw-steps' and adapters they are per expert,
+  as trill names them: <P>layers.L.mlp.experts.E.gate_proj.weight [I, H], .up_proj.weight [I, H],
+  .down_proj.weight [H, I] (a checkpoint in that layout is refused); merge writes them stacked.
+  LoRA targets: q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a,
+  out_proj, gate_proj, up_proj, down_proj (every routed expert per expert, the shared expert's),
+  shared_expert_gate, lm_head; PEFT names base_model.model.<module>.lora_{A,B}.weight.
+  merge: config.json as read (torch_dtype float32; untied: tie_word_embeddings false at the top
+  level if set there and in text_config), no mtp.* / model.visual.* tensors.
+  selfcheck-grad also: finite differences on qwen3_5_moe_text models (in_proj_qkv/z/b/a, every
+  kind of tensor above, a routed expert's per-expert gate / up / down, LoRA on every Qwen3.5
+  target; replay, tied, attention_bias, r 1 / 2 / 4 with dk != dv); the stacked experts through
+  HF's own chunk(2) computation = the per-expert layout (log-probs, gradients rearranged); a
+  qwen3_5_moe_text model whose in_proj_qkv/z/b/a are a Qwen3-Next model's in_proj_qkvz/ba rows
+  permuted computes its log-probs (1e-12), routing and (permuted) gradients; qwen3_5_moe = the
+  flat model (forward, gradients, LoRA, merge, tie resolution); the reader; M-RoPE.
 """
 
 import copy
@@ -662,7 +717,8 @@ def make_weights(cfg, seed, std=0.02, mtp=False):
             out.append((name, 0.1 * r if name.endswith("norm.weight") else std * r))
     if cfg.get("model_type") == "qwen3_5_moe":
         gv = torch.Generator().manual_seed(seed + 8888)
-        out.append((VISUAL_DUMMY[0], std * torch.randn(VISUAL_DUMMY[1], generator=gv, dtype=torch.float32)))
+        r = torch.randn(VISUAL_DUMMY[1], generator=gv, dtype=torch.float32)
+        out.append((VISUAL_DUMMY[0], std * r))
     return out
 
 
@@ -1225,7 +1281,8 @@ def next_to_q35(W, cfg):
 
     def rows(per, lo, n):  # per key head h, rows [h*per + lo, h*per + lo + n)
         return [h * per + lo + j for h in range(nk) for j in range(n)]
-    perm = {"in_proj_qkvz": [("in_proj_qkv", rows(w, 0, dk) + rows(w, dk, dk) + rows(w, 2 * dk, r * dv)),
+    perm = {"in_proj_qkvz": [("in_proj_qkv",
+                              rows(w, 0, dk) + rows(w, dk, dk) + rows(w, 2 * dk, r * dv)),
                              ("in_proj_z", rows(w, 2 * dk + r * dv, r * dv))],
             "in_proj_ba": [("in_proj_b", rows(2 * r, 0, r)), ("in_proj_a", rows(2 * r, r, r))]}
     out, index = {}, {}
@@ -1276,7 +1333,8 @@ def selfcheck_permuted(seed):
             elif g.abs().max() > 0:
                 worst_g = math.inf
     if worst_lp > 1e-12 or worst_g > 1e-12:
-        fails.append(f"Qwen3-Next vs permuted Qwen3.5: |d logprob| {worst_lp:.1e}, grads rel {worst_g:.1e}")
+        fails.append(f"Qwen3-Next vs permuted Qwen3.5: |d logprob| {worst_lp:.1e}, grads rel "
+                     f"{worst_g:.1e}")
     return worst_lp, worst_g, fails
 
 
@@ -1397,7 +1455,8 @@ def selfcheck_q35_reader(seed):
         if loads(text, per_expert, "per_expert") is not None:
             fails.append("a checkpoint with per-expert routed experts was not refused")
         if loads(comp, tt, "text_names") is not None:
-            fails.append("qwen3_5_moe with model.layers.* (not model.language_model.*) names not refused")
+            fails.append("qwen3_5_moe with model.layers.* (not model.language_model.*) names "
+                         "not refused")
         if loads(text, tt + [("model.layers.0.linear_attn.in_proj_qkvz.weight", torch.zeros(4, 16))],
                  "extra") is not None:
             fails.append("an extra tensor (in_proj_qkvz) was not refused")

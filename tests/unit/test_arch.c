@@ -204,9 +204,11 @@ static void test_lora_layout(void **state) {
     lc.targets = 1u << TRILL_LORA_KV_B;
     assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_ERR_UNSUPPORTED);
     assert_non_null(strstr(trill_error_message(), "kv_b_proj: a qwen3_moe model has no such module"));
-    lc.targets = 1u << 20; /* no module has this bit */
+    lc.targets = 1u << TRILL_LORA_N_TARGETS; /* no module has this bit */
     assert_int_equal(trill_lora_create(m, lc, 1, &lora), TRILL_ERR_INVALID);
-    assert_non_null(strstr(trill_error_message(), "bit 20 names no module"));
+    char bit[48];
+    snprintf(bit, sizeof bit, "bit %d names no module", (int)TRILL_LORA_N_TARGETS);
+    assert_non_null(strstr(trill_error_message(), bit));
     trill_model_free(m);
 }
 
@@ -748,6 +750,86 @@ static void test_qwen3next_toy(void **state) {
     expect_refusals(toy, bad, sizeof bad / sizeof bad[0]);
 }
 
+/* Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration's language model): HF's Qwen3_5MoeTextConfig
+ * defaults (Qwen3.5-35B-A3B's shape) count 34.66 B, 3.45 B active, as an independent count of its
+ * tensors (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a instead of Qwen3-Next's two; every layer a
+ * MoE); a toy's config.json round-trips through text_config; its experts are saved stacked in
+ * nn.Linear's orientation (gate_up_proj [E, 2I, H]: gate's rows first, then up's; down_proj [E, H,
+ * I]) where HF puts each element, and load back exactly, the vision tower's and MTP's tensors skipped. */
+static void test_qwen35_moe(void **state) {
+    (void)state;
+    char *text = trill_config_preset_text("qwen3.5-35b-a3b");
+    assert_non_null(text);
+    trill_config c = parse(text);
+    free(text);
+    assert_int_equal(c.arch, TRILL_ARCH_QWEN3_5_MOE);
+    assert_true(trill_config_is_multimodal(&c) && c.norm_topk_prob && c.rope_theta == 1e7 && c.partial_rotary_factor == 0.25);
+    const int64_t vocab = 248320, h = 2048, L = 40, n_lin = 30, nk = 16, nv = 32, dk = 128, dv = 128, nh = 16, nkv = 2, hd = 256;
+    const int64_t n_e = 256, Im = 512, Ish = 512, k = 8, kernel = 4, C = 2 * nk * dk + nv * dv;
+    const int64_t gdn = C * h + nv * dv * h + 2 * nv * h + C * kernel + 2 * nv + dv + h * nv * dv;
+    const int64_t attn = 2 * nh * hd * h + 2 * nkv * hd * h + h * nh * hd + 2 * hd;
+    const int64_t fixed = 2 * h + n_e * h + 3 * Ish * h + h, expert = 3 * Im * h;
+    int64_t total, active;
+    trill_config_param_counts(&c, &total, &active);
+    const int64_t ends = 2 * vocab * h + h, layers = n_lin * gdn + (L - n_lin) * attn + L * fixed;
+    assert_true(total == ends + layers + L * n_e * expert);
+    assert_true(active == ends + layers + L * k * expert);
+    print_message("Qwen3.5-35B-A3B's shape: %.2f B total, %.2f B active (%.2f B without the embedding and the head)\n", total * 1e-9,
+                  active * 1e-9, (active - 2 * vocab * h) * 1e-9);
+    /* a toy, its config written and read back */
+    text = trill_config_preset_text("qwen35-tiny");
+    c = parse(text);
+    free(text);
+    assert_int_equal(c.n_moe_layers, 4);
+    assert_true(trill_layer_desc_of(&c, 0).gdn_split_proj && trill_layer_desc_of(&c, 3).attention == TRILL_ATTENTION_GQA);
+    char *again = trill_config_to_text(&c);
+    assert_non_null(strstr(again, "\"text_config\"") && strstr(again, "\"qwen3_5_moe_text\""));
+    assert_null(strstr(again, "\"norm_topk_prob\"")); /* not a field of Qwen3_5MoeTextConfig */
+    const trill_config back_c = parse(again);
+    free(again);
+    assert_memory_equal(&back_c, &c, sizeof c);
+    trill_model *m, *back;
+    assert_int_equal(trill_model_create(&c, &m), TRILL_OK);
+    trill_model_init_random(m, 3);
+    char *dir = test_tmpdir("qwen35");
+    assert_int_equal(trill_model_save(m, dir, TRILL_F32, 0), TRILL_OK);
+    trill_checkpoint *ck;
+    assert_int_equal(trill_checkpoint_open(dir, &ck), TRILL_OK);
+    assert_null(trill_checkpoint_find(ck, "model.language_model.layers.0.mlp.experts.0.gate_proj.weight"));
+    const trill_tensor_view *gu = trill_checkpoint_find(ck, "model.language_model.layers.2.mlp.experts.gate_up_proj");
+    const trill_tensor_view *dn = trill_checkpoint_find(ck, "model.language_model.layers.2.mlp.experts.down_proj");
+    const int64_t ne = c.num_experts, im = c.moe_intermediate_size, hs = c.hidden_size;
+    assert_true(gu && gu->ndim == 3 && gu->shape[0] == ne && gu->shape[1] == 2 * im && gu->shape[2] == hs);
+    assert_true(dn && dn->ndim == 3 && dn->shape[0] == ne && dn->shape[1] == hs && dn->shape[2] == im);
+    const trill_decoder_weights *w = trill_model_layer(m, 2);
+    const float *G = gu->data, *D = dn->data;
+    for (int64_t e = 0; e < ne; e += 3)
+        for (int64_t i = 0; i < im; i += 7)
+            for (int64_t j = 0; j < hs; j += 5) {
+                assert_true(G[(e * 2 * im + i) * hs + j] == w->expert_gate.f32[(e * im + i) * hs + j]);
+                assert_true(G[(e * 2 * im + im + i) * hs + j] == w->expert_up.f32[(e * im + i) * hs + j]);
+                assert_true(D[(e * hs + j) * im + i] == w->expert_down.f32[(e * hs + j) * im + i]);
+            }
+    trill_checkpoint_close(ck);
+    const float x[4] = { 1, 2, 3, 4 }; /* the checkpoint's vision tower and MTP module: skipped */
+    const trill_tensor_out extra[2] = { { .name = "model.visual.patch_embed.proj.weight", .ndim = 2, .shape = { 2, 2 }, .data = x, .src_dtype = TRILL_F32 },
+                                        { .name = "mtp.fc.weight", .ndim = 2, .shape = { 2, 2 }, .data = x, .src_dtype = TRILL_F32 } };
+    char path[512];
+    snprintf(path, sizeof path, "%s/extra.safetensors", dir);
+    assert_int_equal(trill_st_write(path, extra, 2, TRILL_F32), TRILL_OK);
+    assert_int_equal(trill_model_load(dir, &back), TRILL_OK);
+    assert_memory_equal(back->params, m->params, m->n_params * sizeof(float));
+    trill_model_free(back);
+    trill_model_free(m);
+    test_rmdir(dir);
+    free(dir);
+    /* the language model's fields are text_config's: a config without it is refused by name */
+    static const char flat[] = "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], \"model_type\": \"qwen3_5_moe\", \"hidden_size\": 64}";
+    trill_config x35;
+    assert_int_not_equal(trill_config_parse(flat, strlen(flat), "config.json", &x35), TRILL_OK);
+    assert_non_null(strstr(trill_error_message(), "field \"text_config\": expected an object"));
+}
+
 /* gpt-oss-120b and gpt-oss-20b: the table's counts equal an independent count of HF's tensors
  * (q/k/v/o with biases, sinks, the router with its bias, each expert's gate_up and down with
  * their biases) and the published totals; the published active counts leave out the input
@@ -1070,6 +1152,7 @@ int main(void) {
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_gptoss_counts), cmocka_unit_test(test_gptoss_toy),
         cmocka_unit_test(test_gptoss_stacked), cmocka_unit_test(test_gptoss_mxfp4), cmocka_unit_test(test_gptoss_peft_params),
         cmocka_unit_test(test_qwen3next_counts), cmocka_unit_test(test_qwen3next_toy),
+        cmocka_unit_test(test_qwen35_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -166,10 +166,35 @@ json_t *test_small_qwen3next_json(void) {
     return j;
 }
 
+void test_json_set(json_t *j, const char *key, json_t *value) {
+    json_t *text = json_object_get(j, "text_config");
+    json_object_set_new(json_is_object(text) ? text : j, key, value);
+}
+
+json_t *test_small_qwen35_json(void) {
+    json_t *j = trill_config_preset("qwen35-tiny");
+    test_json_set(j, "hidden_size", json_integer(32));
+    test_json_set(j, "head_dim", json_integer(8));
+    test_json_set(j, "rope_parameters", json_pack("{s:s, s:f, s:f}", "rope_type", "default", "rope_theta", 10000.0, "partial_rotary_factor", 0.5));
+    test_json_set(j, "moe_intermediate_size", json_integer(16));
+    test_json_set(j, "shared_expert_intermediate_size", json_integer(16));
+    test_json_set(j, "linear_key_head_dim", json_integer(8));
+    test_json_set(j, "linear_value_head_dim", json_integer(8));
+    test_json_set(j, "full_attention_interval", json_integer(2));
+    test_json_set(j, "num_hidden_layers", json_integer(3));
+    test_json_set(j, "initializer_range", json_real(0.3));
+    return j;
+}
+
+static trill_model *with_gdn_vectors(trill_model *m, uint64_t seed);
+
+trill_model *test_small_qwen35(uint64_t seed) { return with_gdn_vectors(model_with_bias(test_small_qwen35_json(), seed), seed); }
+
 /* Its norms and Gated DeltaNet vectors drawn too: (1 + w) with w N(0, 0.1); the gated norm's 1 +
  * N(0, 0.1); dt_bias N(-2, 1), so the decay reaches from fast to slow. */
-trill_model *test_small_qwen3next(uint64_t seed) {
-    trill_model *m = model_with_bias(test_small_qwen3next_json(), seed);
+trill_model *test_small_qwen3next(uint64_t seed) { return with_gdn_vectors(model_with_bias(test_small_qwen3next_json(), seed), seed); }
+
+static trill_model *with_gdn_vectors(trill_model *m, uint64_t seed) {
     size_t n;
     const trill_param *t = trill_model_tensors(m, &n);
     for (size_t i = 0; i < n; i++)

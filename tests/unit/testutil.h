@@ -56,5 +56,12 @@ trill_model *test_small_gptoss(uint64_t seed);
  * biases), a dense layer 0 then 3 MoE layers of 8 experts top-2 with a shared expert and its gate. */
 json_t *test_small_qwen3next_json(void);
 trill_model *test_small_qwen3next(uint64_t seed);
+/* Qwen3.5 MoE's toy (the multimodal config's text_config): Qwen3-Next's toy's sizes, 3 layers (0
+ * and 2 Gated DeltaNet with in_proj_qkv, in_proj_z, in_proj_b, in_proj_a; 1 gated attention), every
+ * one a MoE. test_json_set sets a config.json field where
+ * the family reads it (text_config when there is one). */
+json_t *test_small_qwen35_json(void);
+trill_model *test_small_qwen35(uint64_t seed);
+void test_json_set(json_t *j, const char *key, json_t *value);
 
 #endif

@@ -67,9 +67,9 @@ static const trill_tensor_row ROWS_[] = {
 };
 
 static const trill_arch_names ARCHS[] = {
-    { TRILL_ARCH_DEEPSEEK_V3, "deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification" },
-    { TRILL_ARCH_KIMI_K2, "kimi_k2", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification" },
-    { TRILL_ARCH_GLM4_MOE_LITE, "glm4_moe_lite", "Glm4MoeLiteForCausalLM", NULL },
+    { TRILL_ARCH_DEEPSEEK_V3, "deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification", NULL },
+    { TRILL_ARCH_KIMI_K2, "kimi_k2", "DeepseekV3ForCausalLM", "DeepseekV3ForSequenceClassification", NULL },
+    { TRILL_ARCH_GLM4_MOE_LITE, "glm4_moe_lite", "Glm4MoeLiteForCausalLM", NULL, NULL },
 };
 
 /* scores Q K^T over nope + rope dimensions, values P V over v_head_dim: 2 FLOPs per

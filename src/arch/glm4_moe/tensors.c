@@ -63,7 +63,7 @@ static double attention_flops(const trill_config *c, double pairs) {
 }
 
 static const trill_arch_names ARCHS[] = {
-    { TRILL_ARCH_GLM4_MOE, "glm4_moe", "Glm4MoeForCausalLM", NULL },
+    { TRILL_ARCH_GLM4_MOE, "glm4_moe", "Glm4MoeForCausalLM", NULL, NULL },
 };
 
 #define BIT(t) (1u << (t))

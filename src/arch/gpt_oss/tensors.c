@@ -86,7 +86,7 @@ static double attention_flops(const trill_config *c, double pairs) {
 }
 
 static const trill_arch_names ARCHS[] = {
-    { TRILL_ARCH_GPT_OSS, "gpt_oss", "GptOssForCausalLM", NULL },
+    { TRILL_ARCH_GPT_OSS, "gpt_oss", "GptOssForCausalLM", NULL, NULL },
 };
 
 #define BIT(t) (1u << (t))

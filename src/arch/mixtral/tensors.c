@@ -49,7 +49,7 @@ static double attention_flops(const trill_config *c, double pairs) {
 }
 
 static const trill_arch_names ARCHS[] = {
-    { TRILL_ARCH_MIXTRAL, "mixtral", "MixtralForCausalLM", "MixtralForSequenceClassification" },
+    { TRILL_ARCH_MIXTRAL, "mixtral", "MixtralForCausalLM", "MixtralForSequenceClassification", NULL },
 };
 
 #define BIT(t) (1u << (t))

@@ -55,8 +55,8 @@ static double attention_flops(const trill_config *c, double pairs) {
 
 /* The first name of each is the default model_type's architecture in messages. */
 static const trill_arch_names ARCHS[] = {
-    { TRILL_ARCH_QWEN3_MOE, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification" },
-    { TRILL_ARCH_QWEN3, "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification" },
+    { TRILL_ARCH_QWEN3_MOE, "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification", NULL },
+    { TRILL_ARCH_QWEN3, "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification", NULL },
 };
 
 const trill_family trill_family_qwen3 = {

@@ -14,10 +14,11 @@ const char *const trill_qwen3_next_config_keys[] = {
     "shared_expert_intermediate_size", "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers", "layer_types",
     "full_attention_interval", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
     "linear_num_value_heads", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "router_aux_loss_coef", "output_router_logits",
-    NULL,
+    "text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", NULL,
 };
 
-/* HF Qwen3NextConfig's defaults. */
+/* HF Qwen3NextConfig's defaults (Qwen3_5MoeTextConfig's: Qwen3-Next's with its own vocabulary,
+ * layers and experts, every layer a MoE whose router always renormalises). */
 void trill_qwen3_next_config_defaults(trill_config *c) {
     c->vocab_size = 151936;
     c->hidden_size = 2048;
@@ -45,6 +46,13 @@ void trill_qwen3_next_config_defaults(trill_config *c) {
     c->num_experts_per_tok = 10;
     c->num_experts = 512;
     c->norm_topk_prob = true;
+    if (c->arch == TRILL_ARCH_QWEN3_5_MOE) {
+        c->intermediate_size = 0; /* no dense MLP */
+        c->vocab_size = 248320;
+        c->num_hidden_layers = 40;
+        c->num_experts_per_tok = 8;
+        c->num_experts = 256;
+    }
 }
 
 static trill_status read_int_list_flags(const json_t *root, const char *key, const char *what, trill_config *c, bool *flags) {
@@ -113,9 +121,10 @@ trill_status trill_qwen3_next_config_read(const json_t *root, const char *what, 
         (st = trill_json_get_int(root, "num_experts_per_tok", what, 1, 65535, &c->num_experts_per_tok)) ||
         (st = trill_json_get_int(root, "moe_intermediate_size", what, 1, BIG, &c->moe_intermediate_size)) ||
         (st = trill_json_get_int(root, "shared_expert_intermediate_size", what, 0, BIG, &c->shared_expert_intermediate_size)) ||
-        (st = trill_json_get_int(root, "decoder_sparse_step", what, 1, TRILL_MAX_LAYERS, &c->decoder_sparse_step)) ||
-        (st = trill_json_get_bool(root, "norm_topk_prob", what, &c->norm_topk_prob)) ||
-        (st = read_int_list_flags(root, "mlp_only_layers", what, c, c->mlp_only)) ||
+        (c->arch == TRILL_ARCH_QWEN3_NEXT && /* Qwen3.5: every layer a MoE, the top-k always renormalised (no such fields) */
+         ((st = trill_json_get_int(root, "decoder_sparse_step", what, 1, TRILL_MAX_LAYERS, &c->decoder_sparse_step)) ||
+          (st = trill_json_get_bool(root, "norm_topk_prob", what, &c->norm_topk_prob)) ||
+          (st = read_int_list_flags(root, "mlp_only_layers", what, c, c->mlp_only)))) ||
         (st = trill_json_get_int(root, "linear_conv_kernel_dim", what, 1, 64, &c->linear_conv_kernel_dim)) ||
         (st = trill_json_get_int(root, "linear_key_head_dim", what, 1, 1 << 12, &c->linear_key_head_dim)) ||
         (st = trill_json_get_int(root, "linear_value_head_dim", what, 1, 1 << 12, &c->linear_value_head_dim)) ||
@@ -141,27 +150,38 @@ trill_layer_desc trill_qwen3_next_describe(const trill_config *c, int l) {
     const bool full = !c->linear_layer[l];
     return (trill_layer_desc){ .attention = full ? TRILL_ATTENTION_GQA : TRILL_ATTENTION_GDN, .qk_norm = true,
                                .qkv_bias = full && c->attention_bias, .o_bias = full && c->attention_bias, .output_gate = true, .moe = moe,
-                               .router = TRILL_ROUTER_SOFTMAX, .shared_experts = shared, .shared_expert_gate = shared };
+                               .router = TRILL_ROUTER_SOFTMAX, .shared_experts = shared, .shared_expert_gate = shared,
+                               .gdn_split_proj = c->arch == TRILL_ARCH_QWEN3_5_MOE };
 }
 
 bool trill_qwen3_next_config_write(const trill_config *c, json_t *j) {
     bool ok = true;
 #define SETI(k, v) ok &= json_object_set_new(j, k, json_integer(v)) == 0
-    SETI("intermediate_size", c->intermediate_size);
+    const bool v35 = c->arch == TRILL_ARCH_QWEN3_5_MOE; /* Qwen3_5MoeTextConfig has no dense MLP, sparse step or norm_topk_prob */
+    if (!v35) SETI("intermediate_size", c->intermediate_size);
     SETI("num_attention_heads", c->num_attention_heads);
     SETI("num_key_value_heads", c->num_key_value_heads);
     SETI("head_dim", c->head_dim);
-    ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
-    ok &= json_object_set_new(j, "partial_rotary_factor", json_real(c->partial_rotary_factor)) == 0;
-    json_t *rs = trill_arch_rope_scaling_json(c);
-    ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
+    if (v35) { /* rope_parameters as its configs have them: mrope's sections, equal for text (plain RoPE) */
+        const int n = (int)(c->head_dim * c->partial_rotary_factor) / 2, s0 = (n + 2) / 3;
+        json_t *rp = json_pack("{s:s, s:f, s:f, s:[i,i,i], s:b}", "rope_type", "default", "rope_theta", c->rope_theta, "partial_rotary_factor",
+                               c->partial_rotary_factor, "mrope_section", s0, s0, n - 2 * s0, "mrope_interleaved", 1);
+        ok &= rp != NULL && json_object_set_new(j, "rope_parameters", rp) == 0;
+    } else {
+        ok &= json_object_set_new(j, "rope_theta", json_real(c->rope_theta)) == 0;
+        ok &= json_object_set_new(j, "partial_rotary_factor", json_real(c->partial_rotary_factor)) == 0;
+        json_t *rs = trill_arch_rope_scaling_json(c);
+        ok &= rs != NULL && json_object_set_new(j, "rope_scaling", rs) == 0;
+    }
     ok &= json_object_set_new(j, "attention_bias", json_boolean(c->attention_bias)) == 0;
     SETI("num_experts", c->num_experts);
     SETI("num_experts_per_tok", c->num_experts_per_tok);
     SETI("moe_intermediate_size", c->moe_intermediate_size);
     SETI("shared_expert_intermediate_size", c->shared_expert_intermediate_size);
-    SETI("decoder_sparse_step", c->decoder_sparse_step);
-    ok &= json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob)) == 0;
+    if (!v35) {
+        SETI("decoder_sparse_step", c->decoder_sparse_step);
+        ok &= json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob)) == 0;
+    }
     SETI("linear_conv_kernel_dim", c->linear_conv_kernel_dim);
     SETI("linear_key_head_dim", c->linear_key_head_dim);
     SETI("linear_value_head_dim", c->linear_value_head_dim);
@@ -174,7 +194,8 @@ bool trill_qwen3_next_config_write(const trill_config *c, json_t *j) {
         if (c->mlp_only[l]) ok &= json_array_append_new(mlp_only, json_integer(l)) == 0;
         ok &= json_array_append_new(types, json_string(c->linear_layer[l] ? "linear_attention" : "full_attention")) == 0;
     }
-    ok &= json_object_set_new(j, "mlp_only_layers", mlp_only) == 0;
+    if (v35) json_decref(mlp_only);
+    else ok &= json_object_set_new(j, "mlp_only_layers", mlp_only) == 0;
     ok &= json_object_set_new(j, "layer_types", types) == 0;
     return ok;
 }

@@ -22,5 +22,7 @@ trill_layer_desc trill_qwen3_next_describe(const trill_config *c, int l);
 /* presets.c */
 extern const trill_preset trill_qwen3_next_presets[];
 extern const int trill_qwen3_next_n_presets;
+extern const trill_preset trill_qwen3_5_moe_presets[]; /* Qwen3.5 MoE's */
+extern const int trill_qwen3_5_moe_n_presets;
 
 #endif

@@ -106,8 +106,10 @@ static double token_flops(const trill_config *c) {
 }
 
 static const trill_arch_names ARCHS[] = {
-    { TRILL_ARCH_QWEN3_NEXT, "qwen3_next", "Qwen3NextForCausalLM", NULL },
+    { TRILL_ARCH_QWEN3_NEXT, "qwen3_next", "Qwen3NextForCausalLM", NULL, NULL },
 };
+
+static const char *const IGNORED[] = { "mtp.", NULL };
 
 #define BIT(t) (1u << (t))
 #define LINEARS                                                                                                                           \
@@ -135,5 +137,5 @@ const trill_family trill_family_qwen3_next = {
     .token_flops = token_flops,
     .presets = trill_qwen3_next_presets,
     .n_presets = &trill_qwen3_next_n_presets,
-    .ignored_prefix = "mtp.",
+    .ignored_prefixes = IGNORED,
 };

@@ -1,0 +1,153 @@
+/* The Qwen3.5 / 3.6 MoE tensor table (HF modeling_qwen3_5_moe.py, Qwen3_5MoeForConditionalGeneration:
+ * its language model, the released checkpoints' names under "model.language_model."). Qwen3-Next's
+ * computation (src/arch/qwen3_next/tensors.c) with its own names and three differences: the Gated
+ * DeltaNet's projections are in_proj_qkv [C, H] (the conv's channels q | k | v as they are),
+ * in_proj_z, in_proj_b and in_proj_a; every layer is a MoE; the checkpoint stacks a layer's routed
+ * experts in nn.Linear's orientation, mlp.experts.gate_up_proj [E, 2I, H] (gate the rows [0, I),
+ * up [I, 2I)) and mlp.experts.down_proj [E, H, I] (trill_stacked, `linear`), which trill holds per
+ * expert under its own names ("...mlp.experts.E.gate_proj.weight", ...). The vision tower
+ * ("model.visual.*") and the MTP module ("mtp.*") are skipped on load: trill trains the language
+ * model. */
+#include <stddef.h>
+
+#include "arch/family.h"
+#include "arch/qwen3_next/qwen3_next.h"
+#include "arch/rows.h"
+#include "trill/lora.h"
+
+enum dim { D_H, D_V, D_QD2, D_QD, D_KVD, D_HD, D_IM, D_E, D_SH, D_ONE, D_C, D_CONVW, D_NV, D_DV, D_VD };
+
+static int64_t dim(const trill_config *c, int id) {
+    const int64_t nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    switch ((enum dim)id) {
+    case D_H: return c->hidden_size;
+    case D_V: return c->vocab_size;
+    case D_QD2: return 2 * (int64_t)c->num_attention_heads * c->head_dim;
+    case D_QD: return (int64_t)c->num_attention_heads * c->head_dim;
+    case D_KVD: return (int64_t)c->num_key_value_heads * c->head_dim;
+    case D_HD: return c->head_dim;
+    case D_IM: return c->moe_intermediate_size;
+    case D_E: return c->num_experts;
+    case D_SH: return c->shared_expert_intermediate_size;
+    case D_ONE: return 1;
+    case D_C: return 2 * nk * dk + nv * dv;
+    case D_CONVW: return (2 * nk * dk + nv * dv) * c->linear_conv_kernel_dim;
+    case D_NV: return nv;
+    case D_DV: return dv;
+    case D_VD: return nv * dv;
+    }
+    return 0;
+}
+
+static bool linear(const trill_config *c, int l) { return c->linear_layer[l]; }
+static bool full(const trill_config *c, int l) { return !c->linear_layer[l]; }
+static bool full_bias(const trill_config *c, int l) { return !c->linear_layer[l] && c->attention_bias; }
+static bool moe(const trill_config *c, int l) { return trill_config_is_moe(c, l); }
+static bool shared(const trill_config *c, int l) { return trill_config_is_moe(c, l) && c->shared_expert_intermediate_size > 0; }
+static bool untied(const trill_config *c, int l) { return !c->tie_word_embeddings; }
+
+#define NOLORA TRILL_NO_LORA
+#define NOF TRILL_NO_FIELD
+#define LM "model.language_model."
+#define LAYER LM "layers.%d."
+#define GDN LAYER "linear_attn."
+#define ATT LAYER "self_attn."
+#define LBIAS TRILL_TENSOR_LINEAR_BIAS
+
+static const trill_tensor_row ROWS_[] = {
+    { LM "embed_tokens.weight", TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, TRILL_ROLE_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF },
+    { LAYER "input_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_INPUT_NORM, NOLORA, NOFUSE, REPL, LW(input_norm), NOF },
+    { GDN "in_proj_qkv.weight", MAT, L, linear, { D_C, D_H }, TRILL_ROLE_GDN_QKV, TRILL_LORA_IN_PROJ_QKV, NOFUSE, REPL, LW(gdn_qkv), LL(gdn_qkv) },
+    { GDN "in_proj_z.weight", MAT, L, linear, { D_VD, D_H }, TRILL_ROLE_GDN_Z, TRILL_LORA_IN_PROJ_Z, NOFUSE, REPL, LW(gdn_z), LL(gdn_z) },
+    { GDN "in_proj_b.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_B, TRILL_LORA_IN_PROJ_B, NOFUSE, REPL, LW(gdn_b), LL(gdn_b) },
+    { GDN "in_proj_a.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_A, TRILL_LORA_IN_PROJ_A, NOFUSE, REPL, LW(gdn_a), LL(gdn_a) },
+    { GDN "conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, REPL, LW(gdn_conv), NOF },
+    { GDN "dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, REPL, LW(gdn_dt_bias), NOF },
+    { GDN "A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, REPL, LW(gdn_a_log), NOF },
+    { GDN "norm.weight", NORM, L, linear, { D_DV, NO }, TRILL_ROLE_GDN_NORM, NOLORA, NOFUSE, REPL, LW(gdn_norm), NOF },
+    { GDN "out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, REPL, LW(gdn_out), LL(gdn_out) },
+    { ATT "q_proj.weight", MAT, L, full, { D_QD2, D_H }, TRILL_ROLE_Q, TRILL_LORA_Q, QKV(0), ROWS, LW(wq), LL(q) },
+    { ATT "q_proj.bias", LBIAS, L, full_bias, { D_QD2, NO }, TRILL_ROLE_Q_BIAS, NOLORA, NOFUSE, ROWS, LW(q_bias), NOF },
+    { ATT "k_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_K, TRILL_LORA_K, QKV(1), ROWS, LW(wk), LL(k) },
+    { ATT "k_proj.bias", LBIAS, L, full_bias, { D_KVD, NO }, TRILL_ROLE_K_BIAS, NOLORA, NOFUSE, ROWS, LW(k_bias), NOF },
+    { ATT "v_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_V, TRILL_LORA_V, QKV(2), ROWS, LW(wv), LL(v) },
+    { ATT "v_proj.bias", LBIAS, L, full_bias, { D_KVD, NO }, TRILL_ROLE_V_BIAS, NOLORA, NOFUSE, ROWS, LW(v_bias), NOF },
+    { ATT "o_proj.weight", MAT, L, full, { D_H, D_QD }, TRILL_ROLE_O, TRILL_LORA_O, NOFUSE, COLS, LW(wo), LL(o) },
+    { ATT "o_proj.bias", LBIAS, L, full_bias, { D_H, NO }, TRILL_ROLE_O_BIAS, NOLORA, NOFUSE, REPL, LW(o_bias), NOF },
+    { ATT "q_norm.weight", NORM, L, full, { D_HD, NO }, TRILL_ROLE_Q_NORM, NOLORA, NOFUSE, REPL, LW(q_norm), NOF },
+    { ATT "k_norm.weight", NORM, L, full, { D_HD, NO }, TRILL_ROLE_K_NORM, NOLORA, NOFUSE, REPL, LW(k_norm), NOF },
+    { LAYER "post_attention_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_POST_NORM, NOLORA, NOFUSE, REPL, LW(post_norm), NOF },
+    { LAYER "mlp.gate.weight", TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, NOLORA, NOFUSE, REPL, LW(router), NOF },
+    { LAYER "mlp.experts.%d.gate_proj.weight", MAT, X, moe, { D_IM, D_H }, TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE, GU(0), ROWS, LW(expert_gate),
+      LL(expert_gate) },
+    { LAYER "mlp.experts.%d.up_proj.weight", MAT, X, moe, { D_IM, D_H }, TRILL_ROLE_EXPERT_UP, TRILL_LORA_UP, GU(1), ROWS, LW(expert_up),
+      LL(expert_up) },
+    { LAYER "mlp.experts.%d.down_proj.weight", MAT, X, moe, { D_H, D_IM }, TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN, NOFUSE, COLS, LW(expert_down),
+      LL(expert_down) },
+    { LAYER "mlp.shared_expert.gate_proj.weight", MAT, L, shared, { D_SH, D_H }, TRILL_ROLE_SHARED_GATE, TRILL_LORA_GATE, GU(0), ROWS,
+      LW(shared_gate), LL(shared_gate) },
+    { LAYER "mlp.shared_expert.up_proj.weight", MAT, L, shared, { D_SH, D_H }, TRILL_ROLE_SHARED_UP, TRILL_LORA_UP, GU(1), ROWS, LW(shared_up),
+      LL(shared_up) },
+    { LAYER "mlp.shared_expert.down_proj.weight", MAT, L, shared, { D_H, D_SH }, TRILL_ROLE_SHARED_DOWN, TRILL_LORA_DOWN, NOFUSE, COLS,
+      LW(shared_down), LL(shared_down) },
+    { LAYER "mlp.shared_expert_gate.weight", MAT, L, shared, { D_ONE, D_H }, TRILL_ROLE_SHARED_EXPERT_GATE, TRILL_LORA_SHARED_EXPERT_GATE, NOFUSE,
+      REPL, LW(shared_expert_gate), LL(shared_expert_gate) },
+    { LM "norm.weight", NORM, G, NULL, { D_H, NO }, TRILL_ROLE_FINAL_NORM, NOLORA, NOFUSE, REPL, MW(final_norm), NOF },
+    ROW_LM_HEAD(untied, D_V, D_H),
+};
+
+/* The checkpoint's stacked experts: nn.Linear's orientation, gate then up in gate_up_proj. */
+static const trill_stacked STACKED[] = {
+    { TRILL_ROLE_EXPERT_GATE, LAYER "mlp.experts.gate_up_proj", 2, 0, true },
+    { TRILL_ROLE_EXPERT_UP, LAYER "mlp.experts.gate_up_proj", 2, 1, true },
+    { TRILL_ROLE_EXPERT_DOWN, LAYER "mlp.experts.down_proj", 1, 0, true },
+};
+
+static double attention_flops(const trill_config *c, double pairs) {
+    int full_layers = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) full_layers += !c->linear_layer[l];
+    return 2.0 * 2.0 * pairs * c->head_dim * c->num_attention_heads * full_layers / c->num_hidden_layers;
+}
+
+static double token_flops(const trill_config *c) {
+    int linear_layers = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) linear_layers += c->linear_layer[l];
+    return 7.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim * linear_layers;
+}
+
+static const trill_arch_names ARCHS[] = {
+    { TRILL_ARCH_QWEN3_5_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", NULL, "qwen3_5_moe_text" },
+};
+
+static const char *const IGNORED[] = { "mtp.", "model.visual.", NULL };
+
+#define BIT(t) (1u << (t))
+#define LINEARS                                                                                                                           \
+    (BIT(TRILL_LORA_Q) | BIT(TRILL_LORA_K) | BIT(TRILL_LORA_V) | BIT(TRILL_LORA_O) | BIT(TRILL_LORA_GATE) | BIT(TRILL_LORA_UP) |          \
+     BIT(TRILL_LORA_DOWN) | BIT(TRILL_LORA_IN_PROJ_QKV) | BIT(TRILL_LORA_IN_PROJ_Z) | BIT(TRILL_LORA_IN_PROJ_B) |                       \
+     BIT(TRILL_LORA_IN_PROJ_A) | BIT(TRILL_LORA_OUT_PROJ) | BIT(TRILL_LORA_SHARED_EXPERT_GATE))
+
+const trill_family trill_family_qwen3_5_moe = {
+    .name = "qwen3_5_moe",
+    .archs = ARCHS,
+    .n_archs = (int)(sizeof ARCHS / sizeof ARCHS[0]),
+    .config_keys = trill_qwen3_next_config_keys,
+    .config_defaults = trill_qwen3_next_config_defaults,
+    .config_read = trill_qwen3_next_config_read,
+    .config_write = trill_qwen3_next_config_write,
+    .layer_is_moe = trill_qwen3_next_layer_is_moe,
+    .describe = trill_qwen3_next_describe,
+    .rows = ROWS_,
+    .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
+    .dim = dim,
+    .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD),
+    .all_linear = LINEARS,
+    .tied_head_role = TRILL_ROLE_LM_HEAD,
+    .attention_flops = attention_flops,
+    .token_flops = token_flops,
+    .presets = trill_qwen3_5_moe_presets,
+    .n_presets = &trill_qwen3_5_moe_n_presets,
+    .stacked = STACKED,
+    .n_stacked = (int)(sizeof STACKED / sizeof STACKED[0]),
+    .ignored_prefixes = IGNORED,
+};
