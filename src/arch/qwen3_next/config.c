@@ -17,6 +17,9 @@ const char *const trill_qwen3_next_config_keys[] = {
     "text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", NULL,
 };
 
+/* Qwen3.5 MoE: the multimodal model's language model or the text model alone. */
+static bool is_qwen35(const trill_config *c) { return c->arch == TRILL_ARCH_QWEN3_5_MOE || c->arch == TRILL_ARCH_QWEN3_5_MOE_TEXT; }
+
 /* HF Qwen3NextConfig's defaults (Qwen3_5MoeTextConfig's: Qwen3-Next's with its own vocabulary,
  * layers and experts, every layer a MoE whose router always renormalises). */
 void trill_qwen3_next_config_defaults(trill_config *c) {
@@ -46,7 +49,7 @@ void trill_qwen3_next_config_defaults(trill_config *c) {
     c->num_experts_per_tok = 10;
     c->num_experts = 512;
     c->norm_topk_prob = true;
-    if (c->arch == TRILL_ARCH_QWEN3_5_MOE) {
+    if (is_qwen35(c)) {
         c->intermediate_size = 0; /* no dense MLP */
         c->vocab_size = 248320;
         c->num_hidden_layers = 40;
@@ -151,13 +154,13 @@ trill_layer_desc trill_qwen3_next_describe(const trill_config *c, int l) {
     return (trill_layer_desc){ .attention = full ? TRILL_ATTENTION_GQA : TRILL_ATTENTION_GDN, .qk_norm = true,
                                .qkv_bias = full && c->attention_bias, .o_bias = full && c->attention_bias, .output_gate = true, .moe = moe,
                                .router = TRILL_ROUTER_SOFTMAX, .shared_experts = shared, .shared_expert_gate = shared,
-                               .gdn_split_proj = c->arch == TRILL_ARCH_QWEN3_5_MOE };
+                               .gdn_split_proj = is_qwen35(c) };
 }
 
 bool trill_qwen3_next_config_write(const trill_config *c, json_t *j) {
     bool ok = true;
 #define SETI(k, v) ok &= json_object_set_new(j, k, json_integer(v)) == 0
-    const bool v35 = c->arch == TRILL_ARCH_QWEN3_5_MOE; /* Qwen3_5MoeTextConfig has no dense MLP, sparse step or norm_topk_prob */
+    const bool v35 = is_qwen35(c); /* Qwen3_5MoeTextConfig has no dense MLP, sparse step or norm_topk_prob */
     if (!v35) SETI("intermediate_size", c->intermediate_size);
     SETI("num_attention_heads", c->num_attention_heads);
     SETI("num_key_value_heads", c->num_key_value_heads);

@@ -48,60 +48,61 @@ static bool untied(const trill_config *c, int l) { return !c->tie_word_embedding
 
 #define NOLORA TRILL_NO_LORA
 #define NOF TRILL_NO_FIELD
-#define LM "model.language_model."
-#define LAYER LM "layers.%d."
-#define GDN LAYER "linear_attn."
-#define ATT LAYER "self_attn."
 #define LBIAS TRILL_TENSOR_LINEAR_BIAS
 
-static const trill_tensor_row ROWS_[] = {
-    { LM "embed_tokens.weight", TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, TRILL_ROLE_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF },
-    { LAYER "input_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_INPUT_NORM, NOLORA, NOFUSE, REPL, LW(input_norm), NOF },
-    { GDN "in_proj_qkv.weight", MAT, L, linear, { D_C, D_H }, TRILL_ROLE_GDN_QKV, TRILL_LORA_IN_PROJ_QKV, NOFUSE, REPL, LW(gdn_qkv), LL(gdn_qkv) },
-    { GDN "in_proj_z.weight", MAT, L, linear, { D_VD, D_H }, TRILL_ROLE_GDN_Z, TRILL_LORA_IN_PROJ_Z, NOFUSE, REPL, LW(gdn_z), LL(gdn_z) },
-    { GDN "in_proj_b.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_B, TRILL_LORA_IN_PROJ_B, NOFUSE, REPL, LW(gdn_b), LL(gdn_b) },
-    { GDN "in_proj_a.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_A, TRILL_LORA_IN_PROJ_A, NOFUSE, REPL, LW(gdn_a), LL(gdn_a) },
-    { GDN "conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, REPL, LW(gdn_conv), NOF },
-    { GDN "dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, REPL, LW(gdn_dt_bias), NOF },
-    { GDN "A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, REPL, LW(gdn_a_log), NOF },
-    { GDN "norm.weight", NORM, L, linear, { D_DV, NO }, TRILL_ROLE_GDN_NORM, NOLORA, NOFUSE, REPL, LW(gdn_norm), NOF },
-    { GDN "out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, REPL, LW(gdn_out), LL(gdn_out) },
-    { ATT "q_proj.weight", MAT, L, full, { D_QD2, D_H }, TRILL_ROLE_Q, TRILL_LORA_Q, QKV(0), ROWS, LW(wq), LL(q) },
-    { ATT "q_proj.bias", LBIAS, L, full_bias, { D_QD2, NO }, TRILL_ROLE_Q_BIAS, NOLORA, NOFUSE, ROWS, LW(q_bias), NOF },
-    { ATT "k_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_K, TRILL_LORA_K, QKV(1), ROWS, LW(wk), LL(k) },
-    { ATT "k_proj.bias", LBIAS, L, full_bias, { D_KVD, NO }, TRILL_ROLE_K_BIAS, NOLORA, NOFUSE, ROWS, LW(k_bias), NOF },
-    { ATT "v_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_V, TRILL_LORA_V, QKV(2), ROWS, LW(wv), LL(v) },
-    { ATT "v_proj.bias", LBIAS, L, full_bias, { D_KVD, NO }, TRILL_ROLE_V_BIAS, NOLORA, NOFUSE, ROWS, LW(v_bias), NOF },
-    { ATT "o_proj.weight", MAT, L, full, { D_H, D_QD }, TRILL_ROLE_O, TRILL_LORA_O, NOFUSE, COLS, LW(wo), LL(o) },
-    { ATT "o_proj.bias", LBIAS, L, full_bias, { D_H, NO }, TRILL_ROLE_O_BIAS, NOLORA, NOFUSE, REPL, LW(o_bias), NOF },
-    { ATT "q_norm.weight", NORM, L, full, { D_HD, NO }, TRILL_ROLE_Q_NORM, NOLORA, NOFUSE, REPL, LW(q_norm), NOF },
-    { ATT "k_norm.weight", NORM, L, full, { D_HD, NO }, TRILL_ROLE_K_NORM, NOLORA, NOFUSE, REPL, LW(k_norm), NOF },
-    { LAYER "post_attention_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_POST_NORM, NOLORA, NOFUSE, REPL, LW(post_norm), NOF },
-    { LAYER "mlp.gate.weight", TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, NOLORA, NOFUSE, REPL, LW(router), NOF },
-    { LAYER "mlp.experts.%d.gate_proj.weight", MAT, X, moe, { D_IM, D_H }, TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE, GU(0), ROWS, LW(expert_gate),
-      LL(expert_gate) },
-    { LAYER "mlp.experts.%d.up_proj.weight", MAT, X, moe, { D_IM, D_H }, TRILL_ROLE_EXPERT_UP, TRILL_LORA_UP, GU(1), ROWS, LW(expert_up),
-      LL(expert_up) },
-    { LAYER "mlp.experts.%d.down_proj.weight", MAT, X, moe, { D_H, D_IM }, TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN, NOFUSE, COLS, LW(expert_down),
-      LL(expert_down) },
-    { LAYER "mlp.shared_expert.gate_proj.weight", MAT, L, shared, { D_SH, D_H }, TRILL_ROLE_SHARED_GATE, TRILL_LORA_GATE, GU(0), ROWS,
-      LW(shared_gate), LL(shared_gate) },
-    { LAYER "mlp.shared_expert.up_proj.weight", MAT, L, shared, { D_SH, D_H }, TRILL_ROLE_SHARED_UP, TRILL_LORA_UP, GU(1), ROWS, LW(shared_up),
-      LL(shared_up) },
-    { LAYER "mlp.shared_expert.down_proj.weight", MAT, L, shared, { D_H, D_SH }, TRILL_ROLE_SHARED_DOWN, TRILL_LORA_DOWN, NOFUSE, COLS,
-      LW(shared_down), LL(shared_down) },
-    { LAYER "mlp.shared_expert_gate.weight", MAT, L, shared, { D_ONE, D_H }, TRILL_ROLE_SHARED_EXPERT_GATE, TRILL_LORA_SHARED_EXPERT_GATE, NOFUSE,
-      REPL, LW(shared_expert_gate), LL(shared_expert_gate) },
-    { LM "norm.weight", NORM, G, NULL, { D_H, NO }, TRILL_ROLE_FINAL_NORM, NOLORA, NOFUSE, REPL, MW(final_norm), NOF },
+/* The rows under the language model's name prefix P: "model.language_model." in the multimodal
+ * checkpoint, "model." in the text model's (Qwen3_5MoeForCausalLM). */
+#define ROWS35(P) \
+    { P "embed_tokens.weight", TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, TRILL_ROLE_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF }, \
+    { P "layers.%d.input_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_INPUT_NORM, NOLORA, NOFUSE, REPL, LW(input_norm), NOF }, \
+    { P "layers.%d.linear_attn.in_proj_qkv.weight", MAT, L, linear, { D_C, D_H }, TRILL_ROLE_GDN_QKV, TRILL_LORA_IN_PROJ_QKV, NOFUSE, REPL, LW(gdn_qkv), LL(gdn_qkv) }, \
+    { P "layers.%d.linear_attn.in_proj_z.weight", MAT, L, linear, { D_VD, D_H }, TRILL_ROLE_GDN_Z, TRILL_LORA_IN_PROJ_Z, NOFUSE, REPL, LW(gdn_z), LL(gdn_z) }, \
+    { P "layers.%d.linear_attn.in_proj_b.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_B, TRILL_LORA_IN_PROJ_B, NOFUSE, REPL, LW(gdn_b), LL(gdn_b) }, \
+    { P "layers.%d.linear_attn.in_proj_a.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_A, TRILL_LORA_IN_PROJ_A, NOFUSE, REPL, LW(gdn_a), LL(gdn_a) }, \
+    { P "layers.%d.linear_attn.conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, REPL, LW(gdn_conv), NOF }, \
+    { P "layers.%d.linear_attn.dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, REPL, LW(gdn_dt_bias), NOF }, \
+    { P "layers.%d.linear_attn.A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, REPL, LW(gdn_a_log), NOF }, \
+    { P "layers.%d.linear_attn.norm.weight", NORM, L, linear, { D_DV, NO }, TRILL_ROLE_GDN_NORM, NOLORA, NOFUSE, REPL, LW(gdn_norm), NOF }, \
+    { P "layers.%d.linear_attn.out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, REPL, LW(gdn_out), LL(gdn_out) }, \
+    { P "layers.%d.self_attn.q_proj.weight", MAT, L, full, { D_QD2, D_H }, TRILL_ROLE_Q, TRILL_LORA_Q, QKV(0), ROWS, LW(wq), LL(q) }, \
+    { P "layers.%d.self_attn.q_proj.bias", LBIAS, L, full_bias, { D_QD2, NO }, TRILL_ROLE_Q_BIAS, NOLORA, NOFUSE, ROWS, LW(q_bias), NOF }, \
+    { P "layers.%d.self_attn.k_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_K, TRILL_LORA_K, QKV(1), ROWS, LW(wk), LL(k) }, \
+    { P "layers.%d.self_attn.k_proj.bias", LBIAS, L, full_bias, { D_KVD, NO }, TRILL_ROLE_K_BIAS, NOLORA, NOFUSE, ROWS, LW(k_bias), NOF }, \
+    { P "layers.%d.self_attn.v_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_V, TRILL_LORA_V, QKV(2), ROWS, LW(wv), LL(v) }, \
+    { P "layers.%d.self_attn.v_proj.bias", LBIAS, L, full_bias, { D_KVD, NO }, TRILL_ROLE_V_BIAS, NOLORA, NOFUSE, ROWS, LW(v_bias), NOF }, \
+    { P "layers.%d.self_attn.o_proj.weight", MAT, L, full, { D_H, D_QD }, TRILL_ROLE_O, TRILL_LORA_O, NOFUSE, COLS, LW(wo), LL(o) }, \
+    { P "layers.%d.self_attn.o_proj.bias", LBIAS, L, full_bias, { D_H, NO }, TRILL_ROLE_O_BIAS, NOLORA, NOFUSE, REPL, LW(o_bias), NOF }, \
+    { P "layers.%d.self_attn.q_norm.weight", NORM, L, full, { D_HD, NO }, TRILL_ROLE_Q_NORM, NOLORA, NOFUSE, REPL, LW(q_norm), NOF }, \
+    { P "layers.%d.self_attn.k_norm.weight", NORM, L, full, { D_HD, NO }, TRILL_ROLE_K_NORM, NOLORA, NOFUSE, REPL, LW(k_norm), NOF }, \
+    { P "layers.%d.post_attention_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_POST_NORM, NOLORA, NOFUSE, REPL, LW(post_norm), NOF }, \
+    { P "layers.%d.mlp.gate.weight", TRILL_TENSOR_ROUTER, L, moe, { D_E, D_H }, TRILL_ROLE_ROUTER, NOLORA, NOFUSE, REPL, LW(router), NOF }, \
+    { P "layers.%d.mlp.experts.%d.gate_proj.weight", MAT, X, moe, { D_IM, D_H }, TRILL_ROLE_EXPERT_GATE, TRILL_LORA_GATE, GU(0), ROWS, LW(expert_gate), \
+      LL(expert_gate) }, \
+    { P "layers.%d.mlp.experts.%d.up_proj.weight", MAT, X, moe, { D_IM, D_H }, TRILL_ROLE_EXPERT_UP, TRILL_LORA_UP, GU(1), ROWS, LW(expert_up), \
+      LL(expert_up) }, \
+    { P "layers.%d.mlp.experts.%d.down_proj.weight", MAT, X, moe, { D_H, D_IM }, TRILL_ROLE_EXPERT_DOWN, TRILL_LORA_DOWN, NOFUSE, COLS, LW(expert_down), \
+      LL(expert_down) }, \
+    { P "layers.%d.mlp.shared_expert.gate_proj.weight", MAT, L, shared, { D_SH, D_H }, TRILL_ROLE_SHARED_GATE, TRILL_LORA_GATE, GU(0), ROWS, \
+      LW(shared_gate), LL(shared_gate) }, \
+    { P "layers.%d.mlp.shared_expert.up_proj.weight", MAT, L, shared, { D_SH, D_H }, TRILL_ROLE_SHARED_UP, TRILL_LORA_UP, GU(1), ROWS, LW(shared_up), \
+      LL(shared_up) }, \
+    { P "layers.%d.mlp.shared_expert.down_proj.weight", MAT, L, shared, { D_H, D_SH }, TRILL_ROLE_SHARED_DOWN, TRILL_LORA_DOWN, NOFUSE, COLS, \
+      LW(shared_down), LL(shared_down) }, \
+    { P "layers.%d.mlp.shared_expert_gate.weight", MAT, L, shared, { D_ONE, D_H }, TRILL_ROLE_SHARED_EXPERT_GATE, TRILL_LORA_SHARED_EXPERT_GATE, NOFUSE, \
+      REPL, LW(shared_expert_gate), LL(shared_expert_gate) }, \
+    { P "norm.weight", NORM, G, NULL, { D_H, NO }, TRILL_ROLE_FINAL_NORM, NOLORA, NOFUSE, REPL, MW(final_norm), NOF }, \
     ROW_LM_HEAD(untied, D_V, D_H),
-};
 
 /* The checkpoint's stacked experts: nn.Linear's orientation, gate then up in gate_up_proj. */
-static const trill_stacked STACKED[] = {
-    { TRILL_ROLE_EXPERT_GATE, LAYER "mlp.experts.gate_up_proj", 2, 0, true },
-    { TRILL_ROLE_EXPERT_UP, LAYER "mlp.experts.gate_up_proj", 2, 1, true },
-    { TRILL_ROLE_EXPERT_DOWN, LAYER "mlp.experts.down_proj", 1, 0, true },
-};
+#define STACKED35(P) \
+    { TRILL_ROLE_EXPERT_GATE, P "layers.%d.mlp.experts.gate_up_proj", 2, 0, true }, \
+    { TRILL_ROLE_EXPERT_UP, P "layers.%d.mlp.experts.gate_up_proj", 2, 1, true }, \
+    { TRILL_ROLE_EXPERT_DOWN, P "layers.%d.mlp.experts.down_proj", 1, 0, true },
+
+static const trill_tensor_row ROWS_MM[] = { ROWS35("model.language_model.") };
+static const trill_tensor_row ROWS_TEXT[] = { ROWS35("model.") };
+static const trill_stacked STACKED_MM[] = { STACKED35("model.language_model.") };
+static const trill_stacked STACKED_TEXT[] = { STACKED35("model.") };
 
 static double attention_flops(const trill_config *c, double pairs) {
     int full_layers = 0;
@@ -115,11 +116,15 @@ static double token_flops(const trill_config *c) {
     return 7.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim * linear_layers;
 }
 
-static const trill_arch_names ARCHS[] = {
+static const trill_arch_names ARCHS_MM[] = {
     { TRILL_ARCH_QWEN3_5_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", NULL, "qwen3_5_moe_text" },
+};
+static const trill_arch_names ARCHS_TEXT[] = {
+    { TRILL_ARCH_QWEN3_5_MOE_TEXT, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", NULL, NULL },
 };
 
 static const char *const IGNORED[] = { "mtp.", "model.visual.", NULL };
+static const int NO_PRESETS = 0;
 
 #define BIT(t) (1u << (t))
 #define LINEARS                                                                                                                           \
@@ -129,16 +134,16 @@ static const char *const IGNORED[] = { "mtp.", "model.visual.", NULL };
 
 const trill_family trill_family_qwen3_5_moe = {
     .name = "qwen3_5_moe",
-    .archs = ARCHS,
-    .n_archs = (int)(sizeof ARCHS / sizeof ARCHS[0]),
+    .archs = ARCHS_MM,
+    .n_archs = 1,
     .config_keys = trill_qwen3_next_config_keys,
     .config_defaults = trill_qwen3_next_config_defaults,
     .config_read = trill_qwen3_next_config_read,
     .config_write = trill_qwen3_next_config_write,
     .layer_is_moe = trill_qwen3_next_layer_is_moe,
     .describe = trill_qwen3_next_describe,
-    .rows = ROWS_,
-    .n_rows = (int)(sizeof ROWS_ / sizeof ROWS_[0]),
+    .rows = ROWS_MM,
+    .n_rows = (int)(sizeof ROWS_MM / sizeof ROWS_MM[0]),
     .dim = dim,
     .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD),
     .all_linear = LINEARS,
@@ -147,7 +152,33 @@ const trill_family trill_family_qwen3_5_moe = {
     .token_flops = token_flops,
     .presets = trill_qwen3_5_moe_presets,
     .n_presets = &trill_qwen3_5_moe_n_presets,
-    .stacked = STACKED,
-    .n_stacked = (int)(sizeof STACKED / sizeof STACKED[0]),
+    .stacked = STACKED_MM,
+    .n_stacked = (int)(sizeof STACKED_MM / sizeof STACKED_MM[0]),
+    .ignored_prefixes = IGNORED,
+};
+
+/* The text model's (Qwen3_5MoeForCausalLM: the same tensors under "model."). */
+const trill_family trill_family_qwen3_5_moe_text = {
+    .name = "qwen3_5_moe_text",
+    .archs = ARCHS_TEXT,
+    .n_archs = 1,
+    .config_keys = trill_qwen3_next_config_keys,
+    .config_defaults = trill_qwen3_next_config_defaults,
+    .config_read = trill_qwen3_next_config_read,
+    .config_write = trill_qwen3_next_config_write,
+    .layer_is_moe = trill_qwen3_next_layer_is_moe,
+    .describe = trill_qwen3_next_describe,
+    .rows = ROWS_TEXT,
+    .n_rows = (int)(sizeof ROWS_TEXT / sizeof ROWS_TEXT[0]),
+    .dim = dim,
+    .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD),
+    .all_linear = LINEARS,
+    .tied_head_role = TRILL_ROLE_LM_HEAD,
+    .attention_flops = attention_flops,
+    .token_flops = token_flops,
+    .presets = trill_qwen3_5_moe_presets,
+    .n_presets = &NO_PRESETS, /* the multimodal family's serve: their language model is this one */
+    .stacked = STACKED_TEXT,
+    .n_stacked = (int)(sizeof STACKED_TEXT / sizeof STACKED_TEXT[0]),
     .ignored_prefixes = IGNORED,
 };
