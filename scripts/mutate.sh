@@ -218,6 +218,14 @@ m output_gate_grad train src/train/decoder_backward.c "parity_qwen3next" \
   'g->dqg[N + i] = dg * a->att[i] * s * (1.0f - s);' \
   'g->dqg[N + i] = dg * a->att[i] * s;' \
   "gated attention: the output gate's gradient without the sigmoid's derivative"
+m qwen35_b_a_swap model src/model/gdn.c "parity_qwen35" \
+  '(st = trill_linear(fp, g->beta, a->xn1, w->gdn_b, ad->gdn_b, a->xa[XA_GDN_B], T, H, d.nv)) ||' \
+  '(st = trill_linear(fp, g->beta, a->xn1, w->gdn_a, ad->gdn_b, a->xa[XA_GDN_B], T, H, d.nv)) ||' \
+  "Qwen3.5: beta computed from in_proj_a instead of in_proj_b"
+m stacked_linear_offset model src/model/model.c "test_arch" \
+  'if (sk->linear) return (size_t)(((e * S + sk->offset) * R + i) * C + j);' \
+  'if (sk->linear) return (size_t)(((e * S + sk->offset) * C + j) * R + i);' \
+  "Qwen3.5's stacked experts read transposed (x @ W) instead of nn.Linear's orientation"
 m gdn_chunk_solve kernels src/kernels/gdn_impl.h "test_gradcheck" \
   'for (int m = j + 1; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \
   'for (int m = j + 2; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \

@@ -313,6 +313,17 @@ static const char QWEN3NEXT[] =
     " \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
     " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
 
+/* Qwen3.5 MoE (its multimodal config's language model): Qwen3-Next's spec above with in_proj_qkv,
+ * in_proj_z, in_proj_b and in_proj_a, every layer a MoE, the experts saved stacked. */
+static const char QWEN35[] =
+    "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], \"model_type\": \"qwen3_5_moe\", \"tie_word_embeddings\": false,"
+    " \"text_config\": {\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0,"
+    " \"partial_rotary_factor\": 0.5}, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8,"
+    " \"linear_value_head_dim\": 8, \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"],"
+    " \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 8,"
+    " \"rms_norm_eps\": 1e-6, \"max_position_embeddings\": 128, \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}}";
+
 static const spec SPECS[] = {
     { "moe_a", MOE_A, 101, true },
     { "moe_b", MOE_B, 202, false },
@@ -322,6 +333,7 @@ static const spec SPECS[] = {
     { "glm", GLM, 606, true },
     { "gptoss", GPTOSS, 707, true },
     { "qwen3next", QWEN3NEXT, 808, true },
+    { "qwen35", QWEN35, 909, true },
 };
 
 /* The public accessors, shortened for the records below. */

@@ -238,8 +238,9 @@ static const key KEYS[] = {
     BOOL("trainer.lora.use_rslora", trainer.lora.use_rslora, "false", "rsLoRA: scale by alpha / sqrt(rank) instead."),
     OTHER("trainer.lora.targets", K_TARGETS, trainer.lora.targets, "all-linear",
           "Adapted layers, comma-separated: q, k, v, o, gate, up, down (dense MLPs, every expert, shared experts), lm_head, w1, w2, w3 (Mixtral's experts), "
-          "MLA's q_a, q_b, kv_a, kv_b (DeepSeek-V3), and Qwen3-Next's in_proj_qkvz, in_proj_ba, out_proj (its Gated DeltaNet layers) and "
-          "shared_expert_gate; `all-linear` is every linear layer of the model's family but lm_head."),
+          "MLA's q_a, q_b, kv_a, kv_b (DeepSeek-V3), Qwen3-Next's in_proj_qkvz, in_proj_ba, out_proj (its Gated DeltaNet layers) and "
+          "shared_expert_gate, and Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a; `all-linear` is every linear layer of the "
+          "model's family but lm_head."),
 
     ENUM("sync.mode", sync.mode, SYNC_MODES, "adapter",
          "How new weights reach the generator: the adapter on a side path, or merged into its weights."),
