@@ -36,6 +36,7 @@ typedef enum trill_split {
     TRILL_SPLIT_NONE, /* replicated */
     TRILL_SPLIT_ROWS, /* the output dimension (column-parallel linear, vocab-parallel embedding) */
     TRILL_SPLIT_COLS, /* the input dimension (row-parallel linear) */
+    TRILL_SPLIT_CHANNELS, /* a Gated DeltaNet conv's channels q | k | v, each part split by heads (the rank's heads' channels) */
 } trill_split;
 
 

@@ -285,7 +285,7 @@ trill_status trill_arch_refuse_true(const json_t *root, const char *key, const c
 int trill_param_file_shape(const trill_config *c, const trill_param *p, int64_t *shape) {
     if (p->kind == TRILL_TENSOR_CONV) {
         const int64_t K = c->linear_conv_kernel_dim;
-        shape[0] = (int64_t)p->numel / K, shape[1] = 1, shape[2] = K;
+        shape[0] = p->whole_shape[0] / K, shape[1] = 1, shape[2] = K;
         return 3;
     }
     for (int d = 0; d < p->ndim; d++) shape[d] = p->whole_shape[d];

@@ -186,7 +186,8 @@ static inline bool trill_norm_centered(const trill_config *c, int role) {
 static inline float trill_norm_offset(const trill_config *c, int role) { return trill_norm_centered(c, role) ? 1.0f : 0.0f; }
 
 /* The shape a checkpoint stores tensor p under (its whole shape; a depthwise conv1d's [C * K]
- * as [C, 1, K]) into shape[3]; returns its number of dimensions. */
+ * as [C, 1, K]) into shape[3]; returns its number of dimensions. p's whole_shape must be set (a
+ * model's tensors). */
 int trill_param_file_shape(const trill_config *c, const trill_param *p, int64_t *shape);
 
 /* Where the checkpoint keeps routed expert tensor t when it stacks the experts, or NULL. */

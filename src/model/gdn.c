@@ -141,5 +141,5 @@ trill_status trill_gdn_forward(const trill_forward_pass *fp, const trill_decoder
     trill_gdn_recurrent_forward(g->o, NULL, g->q, g->k, g->v, g->g, g->beta, NULL, fp->offsets, fp->n_seqs, d.nv, d.dk, d.dv);
     if (st) return st;
     trill_rmsnorm_gated_forward(g->y, g->o, g->z, w->gdn_norm, T * d.nv, d.dv, (float)c->rms_norm_eps);
-    return trill_linear(fp, out, g->y, w->gdn_out, ad->gdn_out, a->xa[XA_GDN_OUT], T, vd, H);
+    return trill_linear_rowpar(fp, out, g->y, w->gdn_out, ad->gdn_out, a->xa[XA_GDN_OUT], T, vd, H); /* tensor parallelism: the heads' sum */
 }

@@ -66,16 +66,21 @@ static void walk_layout(layout *L) {
 static trill_status tp_config(const trill_config *c, int tp, trill_config *out) {
     *out = *c;
     if (tp == 1) return TRILL_OK;
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        if (c->linear_layer[l])
-            return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.tp: tensor parallelism does not split %s's Gated DeltaNet layers (layer %d: "
-                               "in_proj_qkvz interleaves q, k, v and z per key head, the conv's channels are q | k | v); use data or expert "
-                               "parallelism (parallel.trainer.dp, parallel.trainer.ep)", trill_config_architecture(c), l);
+    bool linear = false;
+    for (int l = 0; l < c->num_hidden_layers; l++) linear |= c->linear_layer[l];
+    if (linear && (c->arch == TRILL_ARCH_QWEN3_5_MOE || c->arch == TRILL_ARCH_QWEN3_5_MOE_TEXT))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.tp: tensor parallelism does not split %s's Gated DeltaNet layers yet "
+                           "(in_proj_qkv's rows are q | k | v, each part a rank's heads: not one slice); use data or expert parallelism",
+                           trill_config_architecture(c));
     const bool dense = c->n_moe_layers < c->num_hidden_layers;
     if (c->num_attention_heads % tp || c->num_key_value_heads % tp || (dense && c->intermediate_size % tp))
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer.tp: %d tensor-parallel ranks split the attention heads (%d, %d key-value) "
                            "%sinto equal shares, but %d does not divide them", tp, c->num_attention_heads, c->num_key_value_heads,
                            dense ? "and the dense MLPs' intermediate_size " : "", tp);
+    if (linear && c->linear_num_key_heads % tp) /* Gated DeltaNet: a rank takes whole key heads with their value heads */
+        return trill_error(TRILL_ERR_INVALID, "parallel.trainer.tp: %d tensor-parallel ranks split the Gated DeltaNet layers' key heads "
+                           "(linear_num_key_heads %d) into equal shares, but %d does not divide them", tp, c->linear_num_key_heads, tp);
+    if (linear) out->linear_num_key_heads /= tp, out->linear_num_value_heads /= tp;
     out->num_attention_heads /= tp;
     out->num_key_value_heads /= tp;
     if (dense) out->intermediate_size /= tp;
@@ -159,6 +164,27 @@ void trill_model_free(trill_model *m) {
     free(m);
 }
 
+/* A Gated DeltaNet conv's local channel lc of a tensor-parallel share: the whole model's channel
+ * (its channels q | k | v, the share's heads' of each; TRILL_SPLIT_CHANNELS). */
+static int64_t conv_channel(const trill_model *m, int64_t lc) {
+    const trill_config *l = &m->config, *w = &m->whole_config;
+    const int64_t kl = (int64_t)l->linear_num_key_heads * l->linear_key_head_dim, kw = (int64_t)w->linear_num_key_heads * w->linear_key_head_dim;
+    const int64_t vl = (int64_t)l->linear_num_value_heads * l->linear_value_head_dim, r = m->tp_rank;
+    if (lc < kl) return r * kl + lc;                    /* q */
+    if (lc < 2 * kl) return kw + r * kl + (lc - kl);     /* k */
+    return 2 * kw + r * vl + (lc - 2 * kl);              /* v */
+}
+
+/* Element i of p's share in the whole tensor (i itself unless the model is a tensor-parallel share:
+ * a vector's rows from slice_at, a conv's by its channels). */
+static size_t whole_index(const trill_model *m, const trill_param *p, size_t i) {
+    if (p->split == TRILL_SPLIT_CHANNELS && m->tp_size > 1) {
+        const size_t K = (size_t)m->config.linear_conv_kernel_dim;
+        return (size_t)conv_channel(m, (int64_t)(i / K)) * K + i % K;
+    }
+    return (size_t)p->slice_at[0] + i;
+}
+
 /* HF's initial values of a vector's element i: RMSNorm weights one (zero-centred ones zero),
  * biases zero, attention sinks and a conv1d's weight N(0, std) (the conv as nn.Linear's default
  * scale would have it is the caller's std), Gated DeltaNet's dt_bias one and A_log log(U(0, 16)). */
@@ -181,7 +207,7 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
         if (!trill_model_holds(m, p)) continue; /* another shard's expert: its key is its index all the same */
         uint64_t key = trill_rng_key(seed, t);
         if (p->ndim == 1) {
-            for (size_t i = 0; i < p->numel; i++) p->data[i] = init_vector(&m->config, p, std, key, (size_t)p->slice_at[0] + i);
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = init_vector(&m->config, p, std, key, whole_index(m, p, i));
             continue;
         }
         /* a tensor-parallel slice draws its elements of the whole tensor: the whole model's values */
@@ -391,6 +417,10 @@ static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck
     }
     const size_t rows = p->ndim == 2 ? (size_t)p->shape[0] : 1, cols = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
     const size_t wcols = p->ndim == 2 ? (size_t)p->whole_shape[1] : cols, elem = trill_dtype_size(v->dtype);
+    if (p->split == TRILL_SPLIT_CHANNELS && m->tp_size > 1) { /* a share's conv: its heads' channels of q, k and v */
+        for (size_t i = 0; i < p->numel; i++) trill_to_f32(p->data + i, (const char *)v->data + whole_index(m, p, i) * elem, v->dtype, 1);
+        return TRILL_OK;
+    }
     for (size_t i = 0; i < rows; i++) { /* row by row: a slice's are strided in the whole tensor */
         const char *src = (const char *)v->data + (((size_t)p->slice_at[0] + i) * wcols + (size_t)p->slice_at[1]) * elem;
         if (p->bf16) { /* chosen only when every matrix is BF16 or F8_E4M3 (matrices_fit_bf16) */

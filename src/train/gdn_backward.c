@@ -78,8 +78,9 @@ trill_status trill_gdn_backward(const trill_forward_pass *fp, const trill_grad_s
             st = trill_linear_backward(fp, sink, lg, dxn, dg, a->xn1, w->gdn_a, ad->gdn_a, a->xa[XA_GDN_A], n, h, d.nv);
     } else {
         trill_gdn_join(&d, dmixed, dz, dbeta, dg, n, dqkvz, dba);
-        st = trill_linear_backward(fp, sink, lg, dxn, dqkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], n, h, d.P);
-        if (!st) st = trill_linear_backward(fp, sink, lg, dxn, dba, a->xn1, w->gdn_ba, ad->gdn_ba, a->xa[XA_GDN_BA], n, h, 2 * d.nv);
+        st = trill_linear_backward_colpar(fp, sink, lg, dxn, dqkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], n, h, d.P);
+        if (!st) st = trill_linear_backward_colpar(fp, sink, lg, dxn, dba, a->xn1, w->gdn_ba, ad->gdn_ba, a->xa[XA_GDN_BA], n, h, 2 * d.nv);
+        if (!st) st = trill_tp_sum(fp, dxn, T * H); /* the heads' parts, over the tensor-parallel group */
     }
     trill_tls_return(&lease);
     return st;

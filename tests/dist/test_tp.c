@@ -92,6 +92,17 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
     int sliced = 0, differ = 0;
     for (size_t i = 0; i < nts && storage == TRILL_F32; i++) {
         sliced += ts[i].shape[0] != tw[i].shape[0] || ts[i].shape[1] != tw[i].shape[1];
+        if (ts[i].split == TRILL_SPLIT_CHANNELS && P > 1) { /* a Gated DeltaNet conv: its heads' channels of q, of k and of v */
+            const trill_config *l = trill_model_config(shard);
+            const int64_t K = c->linear_conv_kernel_dim, kl = (int64_t)l->linear_num_key_heads * l->linear_key_head_dim;
+            const int64_t kw = (int64_t)c->linear_num_key_heads * c->linear_key_head_dim, vl = (int64_t)l->linear_num_value_heads * l->linear_value_head_dim;
+            for (int64_t ch = 0; ch < (int64_t)ts[i].numel / K; ch++) {
+                const int64_t wc = ch < kl ? me * kl + ch : ch < 2 * kl ? kw + me * kl + ch - kl : 2 * kw + me * vl + ch - 2 * kl;
+                differ += memcmp(ts[i].data + ch * K, tw[i].data + wc * K, sizeof(float) * (size_t)K) != 0;
+            }
+            sliced++;
+            continue;
+        }
         if (ts[i].ndim == 1) { /* a norm whole, a q/k/v bias this rank's heads' slice */
             differ += (size_t)ts[i].whole_shape[0] != tw[i].numel || memcmp(ts[i].data, tw[i].data + ts[i].slice_at[0], sizeof(float) * ts[i].numel) != 0;
             continue;
@@ -150,10 +161,13 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
                 diff = fmax(diff, fabs(got[r * as[i].shape[1] + k] - x));
             }
         const double rel = scale > 0 ? diff / scale : diff;
-        if (rel > 1e-5) fprintf(stderr, "test_tp: rank %d: %s: %s: gradient %.3g relative from the whole model's\n", me, what, as[i].name, rel);
+        if (rel > (c->arch == TRILL_ARCH_QWEN3_NEXT ? 1.5e-4 : 1e-5)) fprintf(stderr, "test_tp: rank %d: %s: %s: gradient %.3g relative from the whole model's\n", me, what, as[i].name, rel);
         worst_g = fmax(worst_g, rel);
     }
-    CHECK(worst_g <= 1e-5);
+    /* Qwen3-Next's toy is less well conditioned than the others: the group sums' rounding (rank
+     * order, not the whole model's) reaches its adapter gradients spread over every kind of tensor
+     * (measured: 1.0e-5 at 2 ranks, 3.2e-5 at 4, 4.8e-5 with the bf16 base; log-probs 2e-6) */
+    CHECK(worst_g <= (c->arch == TRILL_ARCH_QWEN3_NEXT ? 1.5e-4 : 1e-5));
     /* the replicated tensors' gradients: the same bits on every rank */
     if (enabled && P > 1) {
         float *all = malloc(sizeof(float) * nps * (size_t)P);
@@ -197,6 +211,18 @@ static void run_case(trill_comm *w, const trill_config *c, trill_dtype storage, 
     trill_model_free(shard);
 }
 
+/* Qwen3-Next with every count a multiple of 4: Gated DeltaNet layers 0 and 2 (4 key heads of 8,
+ * 8 value heads of 8), a gated attention layer 1 (4 heads / 4 KV heads of 8), a dense layer 0. */
+static const char QWEN3NEXT_TP[] =
+    "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"vocab_size\": 64,"
+    " \"hidden_size\": 32, \"intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 4, \"head_dim\": 8, \"partial_rotary_factor\": 0.5, \"linear_num_key_heads\": 4,"
+    " \"linear_num_value_heads\": 8, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8, \"mlp_only_layers\": [0],"
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"], \"num_experts\": 8,"
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 8,"
+    " \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"max_position_embeddings\": 128,"
+    " \"initializer_range\": 0.25, \"bos_token_id\": 0, \"eos_token_id\": 0}";
+
 int main(int argc, char **argv) {
     trill_comm *w = dist_test_begin("test_tp", argc, argv, NULL);
     const int P = trill_comm_size(w);
@@ -205,7 +231,7 @@ int main(int argc, char **argv) {
     snprintf(dsv3_q, sizeof dsv3_q, DSV3, "null");
     const struct { const char *name, *json; } FAMILIES[] = { { "qwen3_moe", QWEN }, { "deepseek_v3 q_b", dsv3_qb }, { "deepseek_v3 q_proj", dsv3_q },
                                                              { "mixtral", MIXTRAL }, { "glm4_moe", DIST_GLM },
-                                                             { "gpt_oss", DIST_GPT_OSS } };
+                                                             { "gpt_oss", DIST_GPT_OSS }, { "qwen3_next", QWEN3NEXT_TP } };
     for (size_t f = 0; f < sizeof FAMILIES / sizeof FAMILIES[0]; f++) {
         trill_config c;
         OK(trill_config_parse(FAMILIES[f].json, strlen(FAMILIES[f].json), FAMILIES[f].name, &c));
@@ -225,11 +251,16 @@ int main(int argc, char **argv) {
                  c.num_key_value_heads);
         CHECK(strstr(trill_error_message(), heads));
     }
-    /* Qwen3-Next's Gated DeltaNet layers are not split: refused by name, not computed wrong */
+    /* Qwen3.5's in_proj_qkv is not split yet: refused by name, not computed wrong */
+    static const char QWEN35[] = "{\"architectures\": [\"Qwen3_5MoeForCausalLM\"], \"model_type\": \"qwen3_5_moe_text\", \"vocab_size\": 64,"
+                                 " \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 4,"
+                                 " \"head_dim\": 8, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8,"
+                                 " \"linear_value_head_dim\": 8, \"full_attention_interval\": 2, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+                                 " \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 8}";
     trill_config c;
-    OK(trill_config_parse(DIST_QWEN3NEXT, strlen(DIST_QWEN3NEXT), "qwen3_next", &c));
+    OK(trill_config_parse(QWEN35, strlen(QWEN35), "qwen3_5_moe_text", &c));
     trill_model *m;
     CHECK(trill_model_create_shard(&c, TRILL_F32, &(trill_shard){ .ep_size = 1, .tp_size = 2 }, &m) == TRILL_ERR_UNSUPPORTED);
-    CHECK(strstr(trill_error_message(), "does not split Qwen3NextForCausalLM's Gated DeltaNet layers (layer 0"));
+    CHECK(strstr(trill_error_message(), "does not split Qwen3_5MoeForCausalLM's Gated DeltaNet layers yet"));
     return dist_test_end(w);
 }

@@ -7,9 +7,10 @@
  * its gate mlp.shared_expert_gate [1, H]) or the dense MLP. The checkpoints' MTP module ("mtp.*")
  * is skipped on load, as HF does.
  *
- * Tensor parallelism does not split the Gated DeltaNet's tensors (the projections' rows are
- * interleaved per key head, the conv's channels are q | k | v): a model with linear-attention
- * layers is refused under it (src/model/model.c). */
+ * Tensor parallelism splits the Gated DeltaNet by key heads, each with its value heads: the rows
+ * of in_proj_qkvz and in_proj_ba (HF's layout keeps a key head's q, k, v, z and b, a together),
+ * A_log and dt_bias, the columns of out_proj, and the conv's channels of q, k and v each
+ * (TRILL_SPLIT_CHANNELS). */
 #include <stddef.h>
 
 #include "arch/family.h"
@@ -59,14 +60,15 @@ static bool untied(const trill_config *c, int l) { return !c->tie_word_embedding
 static const trill_tensor_row ROWS_[] = {
     ROW_EMBED(D_V, D_H),
     ROW_INPUT_NORM(D_H),
-    { GDN "in_proj_qkvz.weight", MAT, L, linear, { D_QKVZ, D_H }, TRILL_ROLE_GDN_QKVZ, TRILL_LORA_IN_PROJ_QKVZ, NOFUSE, REPL, LW(gdn_qkvz),
+    { GDN "in_proj_qkvz.weight", MAT, L, linear, { D_QKVZ, D_H }, TRILL_ROLE_GDN_QKVZ, TRILL_LORA_IN_PROJ_QKVZ, NOFUSE, ROWS, LW(gdn_qkvz),
       LL(gdn_qkvz) },
-    { GDN "in_proj_ba.weight", MAT, L, linear, { D_BA, D_H }, TRILL_ROLE_GDN_BA, TRILL_LORA_IN_PROJ_BA, NOFUSE, REPL, LW(gdn_ba), LL(gdn_ba) },
-    { GDN "conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, REPL, LW(gdn_conv), NOF },
-    { GDN "dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, REPL, LW(gdn_dt_bias), NOF },
-    { GDN "A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, REPL, LW(gdn_a_log), NOF },
+    { GDN "in_proj_ba.weight", MAT, L, linear, { D_BA, D_H }, TRILL_ROLE_GDN_BA, TRILL_LORA_IN_PROJ_BA, NOFUSE, ROWS, LW(gdn_ba), LL(gdn_ba) },
+    { GDN "conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, TRILL_SPLIT_CHANNELS, LW(gdn_conv),
+      NOF },
+    { GDN "dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, ROWS, LW(gdn_dt_bias), NOF },
+    { GDN "A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, ROWS, LW(gdn_a_log), NOF },
     { GDN "norm.weight", NORM, L, linear, { D_DV, NO }, TRILL_ROLE_GDN_NORM, NOLORA, NOFUSE, REPL, LW(gdn_norm), NOF },
-    { GDN "out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, REPL, LW(gdn_out), LL(gdn_out) },
+    { GDN "out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, COLS, LW(gdn_out), LL(gdn_out) },
     { "model.layers.%d.self_attn.q_proj.weight", MAT, L, full, { D_QD2, D_H }, TRILL_ROLE_Q, TRILL_LORA_Q, QKV(0), ROWS, LW(wq), LL(q) },
     ROW_Q_BIAS(full_bias, D_QD2),
     { "model.layers.%d.self_attn.k_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_K, TRILL_LORA_K, QKV(1), ROWS, LW(wk), LL(k) },
