@@ -240,7 +240,8 @@ trill_status trill_arch_get_int_or_null(const json_t *root, const char *key, con
     return trill_json_get_int(root, key, what, lo, hi, out);
 }
 
-trill_status trill_arch_read_layer_types(const json_t *root, const char *what, trill_config *c) {
+trill_status trill_arch_read_layer_kinds(const json_t *root, const char *what, trill_config *c, const char *flagged, const char *other,
+                                        bool *flags) {
     const json_t *v = json_object_get(root, "layer_types");
     if (!v || json_is_null(v)) return TRILL_OK;
     if (!json_is_array(v) || json_array_size(v) != (size_t)c->num_hidden_layers)
@@ -248,10 +249,29 @@ trill_status trill_arch_read_layer_types(const json_t *root, const char *what, t
                            c->num_hidden_layers, json_is_array(v) ? "another length" : trill_json_type_name(v));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const char *t = json_string_value(json_array_get(v, (size_t)l));
-        if (!t || (strcmp(t, "full_attention") != 0 && strcmp(t, "sliding_attention") != 0))
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"full_attention\" or \"sliding_attention\"",
-                               what, l);
-        c->sliding_layer[l] = strcmp(t, "sliding_attention") == 0;
+        if (!t || (strcmp(t, other) != 0 && strcmp(t, flagged) != 0))
+            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"%s\" or \"%s\"", what, l, other, flagged);
+        flags[l] = strcmp(t, flagged) == 0;
+    }
+    return TRILL_OK;
+}
+
+trill_status trill_arch_read_layer_types(const json_t *root, const char *what, trill_config *c) {
+    return trill_arch_read_layer_kinds(root, what, c, "sliding_attention", "full_attention", c->sliding_layer);
+}
+
+trill_status trill_arch_read_mlp_only_layers(const json_t *root, const char *what, trill_config *c) {
+    const json_t *v = json_object_get(root, "mlp_only_layers");
+    if (!v || json_is_null(v)) return TRILL_OK;
+    if (!json_is_array(v))
+        return trill_error(TRILL_ERR_INVALID, "%s: field \"mlp_only_layers\": expected a list of layer indices, got %s", what, trill_json_type_name(v));
+    size_t i;
+    const json_t *x;
+    json_array_foreach(v, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->num_hidden_layers)
+            return trill_error(TRILL_ERR_INVALID, "%s: field \"mlp_only_layers\": entry %zu: expected a layer index in [0, %d)", what, i,
+                               c->num_hidden_layers);
+        c->mlp_only[json_integer_value(x)] = true;
     }
     return TRILL_OK;
 }

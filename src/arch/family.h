@@ -168,6 +168,12 @@ trill_status trill_arch_refuse_partial_rope(const trill_config *c, const char *w
 /* config.json's "layer_types" when present (absent or null: c->sliding_layer as it is): one
  * entry per layer, "full_attention" or "sliding_attention", into c->sliding_layer. */
 trill_status trill_arch_read_layer_types(const struct json_t *root, const char *what, trill_config *c);
+/* config.json's "layer_types" when present: one entry per layer, `flagged` or `other`, into
+ * flags[l] (true for `flagged`); absent or null: flags as they are. */
+trill_status trill_arch_read_layer_kinds(const struct json_t *root, const char *what, trill_config *c, const char *flagged, const char *other,
+                                        bool *flags);
+/* config.json's "mlp_only_layers" (absent or null: none): the layers flagged in c->mlp_only. */
+trill_status trill_arch_read_mlp_only_layers(const struct json_t *root, const char *what, trill_config *c);
 /* The checks of a GQA MoE whose experts_field (num_local_experts) sets num_experts: head_dim
  * even and at least 2, whole kv groups, 1 <= num_experts_per_tok <= num_experts. */
 trill_status trill_arch_check_gqa_moe(const trill_config *c, const char *what, const char *experts_field);

@@ -742,7 +742,7 @@ static void test_qwen3next_toy(void **state) {
     const refusal bad[] = {
         { "\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3", "linear_num_value_heads (3) must be a multiple of linear_num_key_heads (2)" },
         { "\"full_attention_interval\": 2", "\"layer_types\": [\"linear_attention\", \"full_attention\", \"mamba\", \"full_attention\"]",
-          "field \"layer_types\": entry 2: expected \"linear_attention\" or \"full_attention\"" },
+          "field \"layer_types\": entry 2: expected \"full_attention\" or \"linear_attention\"" },
         { "\"partial_rotary_factor\": 0.25", "\"partial_rotary_factor\": 0.125", "field \"partial_rotary_factor\": 0.125 of head_dim 8 rotates 1" },
         { "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "field \"num_experts_per_tok\": 5 must be in [1, num_experts=4]" },
         { "\"mlp_only_layers\": [0]", "\"mlp_only_layers\": [4]", "field \"mlp_only_layers\": entry 0: expected a layer index in [0, 4)" },

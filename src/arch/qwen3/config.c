@@ -43,21 +43,6 @@ void trill_qwen3_config_defaults(trill_config *c) {
     }
 }
 
-static trill_status read_mlp_only_layers(const json_t *root, const char *what, trill_config *c) {
-    const json_t *v = json_object_get(root, "mlp_only_layers");
-    if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"mlp_only_layers\": expected a list of layer indices, got %s", what, trill_json_type_name(v));
-    size_t i;
-    const json_t *x;
-    json_array_foreach(v, i, x) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->num_hidden_layers)
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"mlp_only_layers\": entry %zu: expected a layer index in [0, %d)", what, i, c->num_hidden_layers);
-        c->mlp_only[json_integer_value(x)] = true;
-    }
-    return TRILL_OK;
-}
-
 /* Sliding windows (HF Qwen3Config): sliding_window takes effect with use_sliding_window, on the
  * layers layer_types calls "sliding_attention"; without layer_types, the layers from
  * max_window_layers on. */
@@ -108,7 +93,7 @@ trill_status trill_qwen3_config_read(const json_t *root, const char *what, trill
          (st = trill_json_get_int(root, "moe_intermediate_size", what, 1, BIG, &c->moe_intermediate_size)) ||
          (st = trill_json_get_int(root, "decoder_sparse_step", what, 1, TRILL_MAX_LAYERS, &c->decoder_sparse_step)) ||
          (st = trill_json_get_bool(root, "norm_topk_prob", what, &c->norm_topk_prob)) ||
-         (st = read_mlp_only_layers(root, what, c))))
+         (st = trill_arch_read_mlp_only_layers(root, what, c))))
         return st;
     if (c->arch == TRILL_ARCH_QWEN3) c->num_experts = c->num_experts_per_tok = 0;
     if ((st = read_sliding(root, what, c)) ||

@@ -58,21 +58,6 @@ void trill_qwen3_next_config_defaults(trill_config *c) {
     }
 }
 
-static trill_status read_int_list_flags(const json_t *root, const char *key, const char *what, trill_config *c, bool *flags) {
-    const json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v))
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": expected a list of layer indices, got %s", what, key, trill_json_type_name(v));
-    size_t i;
-    const json_t *x;
-    json_array_foreach(v, i, x) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->num_hidden_layers)
-            return trill_error(TRILL_ERR_INVALID, "%s: field \"%s\": entry %zu: expected a layer index in [0, %d)", what, key, i, c->num_hidden_layers);
-        flags[json_integer_value(x)] = true;
-    }
-    return TRILL_OK;
-}
-
 /* layer_types ("linear_attention" or "full_attention" per layer); absent or null: full attention
  * on every full_attention_interval-th layer (default 4), linear attention elsewhere. */
 static trill_status read_layer_types(const json_t *root, const char *what, trill_config *c) {
@@ -80,19 +65,7 @@ static trill_status read_layer_types(const json_t *root, const char *what, trill
     trill_status st = trill_json_get_int(root, "full_attention_interval", what, 1, TRILL_MAX_LAYERS, &interval);
     if (st) return st;
     for (int l = 0; l < c->num_hidden_layers; l++) c->linear_layer[l] = (l + 1) % interval != 0;
-    const json_t *v = json_object_get(root, "layer_types");
-    if (!v || json_is_null(v)) return TRILL_OK;
-    if (!json_is_array(v) || json_array_size(v) != (size_t)c->num_hidden_layers)
-        return trill_error(TRILL_ERR_INVALID, "%s: field \"layer_types\": expected a list of %d entries (one per layer), got %s", what,
-                           c->num_hidden_layers, json_is_array(v) ? "another length" : trill_json_type_name(v));
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const char *t = json_string_value(json_array_get(v, (size_t)l));
-        if (!t || (strcmp(t, "full_attention") != 0 && strcmp(t, "linear_attention") != 0))
-            return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"layer_types\": entry %d: expected \"linear_attention\" or \"full_attention\"",
-                               what, l);
-        c->linear_layer[l] = strcmp(t, "linear_attention") == 0;
-    }
-    return TRILL_OK;
+    return trill_arch_read_layer_kinds(root, what, c, "linear_attention", "full_attention", c->linear_layer);
 }
 
 static trill_status check(const trill_config *c, const char *what) {
@@ -127,7 +100,7 @@ trill_status trill_qwen3_next_config_read(const json_t *root, const char *what, 
         (c->arch == TRILL_ARCH_QWEN3_NEXT && /* Qwen3.5: every layer a MoE, the top-k always renormalised (no such fields) */
          ((st = trill_json_get_int(root, "decoder_sparse_step", what, 1, TRILL_MAX_LAYERS, &c->decoder_sparse_step)) ||
           (st = trill_json_get_bool(root, "norm_topk_prob", what, &c->norm_topk_prob)) ||
-          (st = read_int_list_flags(root, "mlp_only_layers", what, c, c->mlp_only)))) ||
+          (st = trill_arch_read_mlp_only_layers(root, what, c)))) ||
         (st = trill_json_get_int(root, "linear_conv_kernel_dim", what, 1, 64, &c->linear_conv_kernel_dim)) ||
         (st = trill_json_get_int(root, "linear_key_head_dim", what, 1, 1 << 12, &c->linear_key_head_dim)) ||
         (st = trill_json_get_int(root, "linear_value_head_dim", what, 1, 1 << 12, &c->linear_value_head_dim)) ||

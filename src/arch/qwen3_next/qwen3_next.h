@@ -19,6 +19,11 @@ bool trill_qwen3_next_config_write(const trill_config *c, struct json_t *j);
 bool trill_qwen3_next_layer_is_moe(const trill_config *c, int l);
 trill_layer_desc trill_qwen3_next_describe(const trill_config *c, int l);
 
+/* tensors.c: FLOPs of the full-attention layers over `pairs` causal pairs (averaged over the
+ * layers) and of the Gated DeltaNet's recurrence per token (trill_family's) */
+double trill_qwen3_next_attention_flops(const trill_config *c, double pairs);
+double trill_qwen3_next_token_flops(const trill_config *c);
+
 /* presets.c */
 extern const trill_preset trill_qwen3_next_presets[];
 extern const int trill_qwen3_next_n_presets;

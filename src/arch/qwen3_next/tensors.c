@@ -93,7 +93,7 @@ static const trill_tensor_row ROWS_[] = {
 
 /* Full-attention layers only, averaged over the layers: scores Q K^T and values P V, head_dim
  * each, every query head. */
-static double attention_flops(const trill_config *c, double pairs) {
+double trill_qwen3_next_attention_flops(const trill_config *c, double pairs) {
     int full_layers = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) full_layers += !c->linear_layer[l];
     return 2.0 * 2.0 * pairs * c->head_dim * c->num_attention_heads * full_layers / c->num_hidden_layers;
@@ -101,7 +101,7 @@ static double attention_flops(const trill_config *c, double pairs) {
 
 /* The Gated DeltaNet's recurrence per token, every linear layer: per value head the state's decay
  * (dk dv), S^T k (2 dk dv), the rank-one update (2 dk dv) and S^T q (2 dk dv). */
-static double token_flops(const trill_config *c) {
+double trill_qwen3_next_token_flops(const trill_config *c) {
     int linear_layers = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) linear_layers += c->linear_layer[l];
     return 7.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim * linear_layers;
@@ -135,8 +135,8 @@ const trill_family trill_family_qwen3_next = {
     .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD),
     .all_linear = LINEARS,
     .tied_head_role = TRILL_ROLE_LM_HEAD,
-    .attention_flops = attention_flops,
-    .token_flops = token_flops,
+    .attention_flops = trill_qwen3_next_attention_flops,
+    .token_flops = trill_qwen3_next_token_flops,
     .presets = trill_qwen3_next_presets,
     .n_presets = &trill_qwen3_next_n_presets,
     .ignored_prefixes = IGNORED,

@@ -104,18 +104,6 @@ static const trill_tensor_row ROWS_TEXT[] = { ROWS35("model.") };
 static const trill_stacked STACKED_MM[] = { STACKED35("model.language_model.") };
 static const trill_stacked STACKED_TEXT[] = { STACKED35("model.") };
 
-static double attention_flops(const trill_config *c, double pairs) {
-    int full_layers = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) full_layers += !c->linear_layer[l];
-    return 2.0 * 2.0 * pairs * c->head_dim * c->num_attention_heads * full_layers / c->num_hidden_layers;
-}
-
-static double token_flops(const trill_config *c) {
-    int linear_layers = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) linear_layers += c->linear_layer[l];
-    return 7.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim * linear_layers;
-}
-
 static const trill_arch_names ARCHS_MM[] = {
     { TRILL_ARCH_QWEN3_5_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", NULL, "qwen3_5_moe_text" },
 };
@@ -132,53 +120,20 @@ static const int NO_PRESETS = 0;
      BIT(TRILL_LORA_DOWN) | BIT(TRILL_LORA_IN_PROJ_QKV) | BIT(TRILL_LORA_IN_PROJ_Z) | BIT(TRILL_LORA_IN_PROJ_B) |                       \
      BIT(TRILL_LORA_IN_PROJ_A) | BIT(TRILL_LORA_OUT_PROJ) | BIT(TRILL_LORA_SHARED_EXPERT_GATE))
 
-const trill_family trill_family_qwen3_5_moe = {
-    .name = "qwen3_5_moe",
-    .archs = ARCHS_MM,
-    .n_archs = 1,
-    .config_keys = trill_qwen3_next_config_keys,
-    .config_defaults = trill_qwen3_next_config_defaults,
-    .config_read = trill_qwen3_next_config_read,
-    .config_write = trill_qwen3_next_config_write,
-    .layer_is_moe = trill_qwen3_next_layer_is_moe,
-    .describe = trill_qwen3_next_describe,
-    .rows = ROWS_MM,
-    .n_rows = (int)(sizeof ROWS_MM / sizeof ROWS_MM[0]),
-    .dim = dim,
-    .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD),
-    .all_linear = LINEARS,
-    .tied_head_role = TRILL_ROLE_LM_HEAD,
-    .attention_flops = attention_flops,
-    .token_flops = token_flops,
-    .presets = trill_qwen3_5_moe_presets,
-    .n_presets = &trill_qwen3_5_moe_n_presets,
-    .stacked = STACKED_MM,
-    .n_stacked = (int)(sizeof STACKED_MM / sizeof STACKED_MM[0]),
-    .ignored_prefixes = IGNORED,
-};
+/* The two families, each its rows under its prefix, its stacked experts and its presets. */
+#define FAMILY35(NAME, ARCHS_, ROWS__, STACKED_, N_PRESETS)                                                                          \
+    {                                                                                                                                  \
+        .name = NAME, .archs = ARCHS_, .n_archs = 1, .config_keys = trill_qwen3_next_config_keys,                                     \
+        .config_defaults = trill_qwen3_next_config_defaults, .config_read = trill_qwen3_next_config_read,                             \
+        .config_write = trill_qwen3_next_config_write, .layer_is_moe = trill_qwen3_next_layer_is_moe,                                 \
+        .describe = trill_qwen3_next_describe, .rows = ROWS__, .n_rows = (int)(sizeof ROWS__ / sizeof ROWS__[0]), .dim = dim,         \
+        .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD), .all_linear = LINEARS, .tied_head_role = TRILL_ROLE_LM_HEAD,              \
+        .attention_flops = trill_qwen3_next_attention_flops, .token_flops = trill_qwen3_next_token_flops,                             \
+        .presets = trill_qwen3_5_moe_presets, .n_presets = N_PRESETS, .stacked = STACKED_,                                             \
+        .n_stacked = (int)(sizeof STACKED_ / sizeof STACKED_[0]), .ignored_prefixes = IGNORED,                                         \
+    }
 
-/* The text model's (Qwen3_5MoeForCausalLM: the same tensors under "model."). */
-const trill_family trill_family_qwen3_5_moe_text = {
-    .name = "qwen3_5_moe_text",
-    .archs = ARCHS_TEXT,
-    .n_archs = 1,
-    .config_keys = trill_qwen3_next_config_keys,
-    .config_defaults = trill_qwen3_next_config_defaults,
-    .config_read = trill_qwen3_next_config_read,
-    .config_write = trill_qwen3_next_config_write,
-    .layer_is_moe = trill_qwen3_next_layer_is_moe,
-    .describe = trill_qwen3_next_describe,
-    .rows = ROWS_TEXT,
-    .n_rows = (int)(sizeof ROWS_TEXT / sizeof ROWS_TEXT[0]),
-    .dim = dim,
-    .lora_targets = LINEARS | BIT(TRILL_LORA_LM_HEAD),
-    .all_linear = LINEARS,
-    .tied_head_role = TRILL_ROLE_LM_HEAD,
-    .attention_flops = attention_flops,
-    .token_flops = token_flops,
-    .presets = trill_qwen3_5_moe_presets,
-    .n_presets = &NO_PRESETS, /* the multimodal family's serve: their language model is this one */
-    .stacked = STACKED_TEXT,
-    .n_stacked = (int)(sizeof STACKED_TEXT / sizeof STACKED_TEXT[0]),
-    .ignored_prefixes = IGNORED,
-};
+const trill_family trill_family_qwen3_5_moe = FAMILY35("qwen3_5_moe", ARCHS_MM, ROWS_MM, STACKED_MM, &trill_qwen3_5_moe_n_presets);
+/* The text model's (Qwen3_5MoeForCausalLM: the same tensors under "model."; the presets are the
+ * multimodal family's, whose language model this is). */
+const trill_family trill_family_qwen3_5_moe_text = FAMILY35("qwen3_5_moe_text", ARCHS_TEXT, ROWS_TEXT, STACKED_TEXT, &NO_PRESETS);
