@@ -1,10 +1,13 @@
 /* The adapter files of routed experts that the checkpoint stacks (trill_stacked, src/arch/family.h:
- * gpt-oss's gate_up_proj [E, H, 2I] and down_proj [E, I, H]), in the form PEFT writes for them:
+ * gpt-oss's gate_up_proj [E, H, 2I] and down_proj [E, I, H]; Qwen3.5's gate_up_proj [E, 2I, H] and
+ * down_proj [E, H, I]), in the form PEFT writes for them:
  * `target_parameters`, a lora.ParamWrapper on each 3-D parameter (PEFT's tuners/lora/layer.py).
  *
  * PEFT's ParamWrapper on a parameter W [E, in, out] (x @ W; transformers marks these experts
  * is_transposed, so PEFT does not swap in and out) holds lora_A [R E, in] and lora_B [out, R E]:
  *   delta W[e] = scale * A_e^T B_e^T,  A_e = A.reshape(E, R, in)[e],  B_e = B.reshape(out, R, E)[:, :, e]
+ * On W [E, out, in] (nn.Linear's orientation: Qwen3.5's gate_up_proj [E, 2I, H], gate's rows then
+ * up's; not is_transposed, so PEFT swaps) it holds the same A and B, delta W[e] = scale B_e A_e.
  * (A's rows expert-major, B's columns expert-minor), scale = alpha / R (alpha / sqrt(R) with
  * rslora), R and alpha per parameter from rank_pattern / alpha_pattern (a key K applies to the
  * parameter's full name N when N matches "(.*\.)?(K)$", as PEFT's get_pattern_key). Its tensors
@@ -14,8 +17,9 @@
  * "base_layer." per later wrapper), the last one's "<module>.lora_A.weight".
  *
  * trill keeps one adapter per expert and projection (gate [I, H], up [I, H], down [H, I], rank r)
- * like every other family's. gate_up_proj interleaves gate (even columns of out) and up (odd), so
- * PEFT's one adapter of rank R on it shares A between them:
+ * like every other family's. gate_up_proj holds gate and up (gpt-oss's interleaved: gate the even
+ * columns of out, up the odd; Qwen3.5's one after the other: gate's rows, then up's), so PEFT's one
+ * adapter of rank R on it shares A between them:
  *   - written: rank 2r, block-diagonal (gate's rows in rank slots 0..r-1, up's in r..2r-1, the
  *     other slots 0), with rank_pattern 2r and alpha_pattern 2 alpha (sqrt(2) alpha with rslora)
  *     so the scale is r's: the same function, exactly (PEFT's own conversion of separate gate and
@@ -135,8 +139,8 @@ trill_status trill_lora_peft_params(const trill_lora *lora, trill_lora_peft_para
         const int64_t o = sk->offset, e = A->expert;
         for (int64_t k = 0; k < r; k++) /* A_e's rows o r .. o r + r - 1 */
             memcpy(p->A + ((e * R + o * r + k) * in), A->data + k * in, sizeof(float) * (size_t)in);
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t k = 0; k < r; k++) p->B[(i * S + o) * (R * E) + (o * r + k) * E + e] = B->data[i * r + k];
+        for (int64_t i = 0; i < rows; i++) /* the member's row i of out: interleaved, or its part's (nn.Linear's layout) */
+            for (int64_t k = 0; k < r; k++) p->B[(sk->linear ? o * rows + i : i * S + o) * (R * E) + (o * r + k) * E + e] = B->data[i * r + k];
     }
     if (st) { trill_lora_peft_params_free(list, n); return st; }
     *out = list, *n_out = n;
@@ -221,15 +225,18 @@ size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, uns
 }
 
 /* Trill's pair (A [r, in], B [rows, r]; a tensor-parallel slice's part) of member `o` of expert
- * e from PEFT's A [R E, in_whole], B [rows_whole S, R E]: block-diagonal (R = S r) or shared (R = r). */
+ * e from PEFT's A [R E, in_whole], B [rows_whole S, R E]: block-diagonal (R = S r) or shared (R = r);
+ * the member's rows of B interleaved (row i at i S + o) or, nn.Linear's layout (linear), its
+ * part's (o rows_whole + i). */
 static void fill_pair(trill_param *A, trill_param *B, const float *pa, const float *pb, int64_t R, int64_t r, int64_t S, int64_t o, int64_t E,
-                      int64_t in_whole, double ratio) {
-    const int64_t e = A->expert, slot0 = R == r ? 0 : o * r;
+                      int64_t in_whole, bool linear, double ratio) {
+    const int64_t e = A->expert, slot0 = R == r ? 0 : o * r, rows_whole = B->whole_shape[0];
     for (int64_t k = 0; k < r; k++)
         for (int64_t j = 0; j < A->shape[1]; j++) A->data[k * A->shape[1] + j] = pa[(e * R + slot0 + k) * in_whole + j + A->slice_at[1]];
-    for (int64_t i = 0; i < B->shape[0]; i++)
-        for (int64_t k = 0; k < r; k++)
-            B->data[i * r + k] = (float)(ratio * pb[((i + B->slice_at[0]) * S + o) * (R * E) + (slot0 + k) * E + e]);
+    for (int64_t i = 0; i < B->shape[0]; i++) {
+        const int64_t row = linear ? o * rows_whole + i + B->slice_at[0] : (i + B->slice_at[0]) * S + o;
+        for (int64_t k = 0; k < r; k++) B->data[i * r + k] = (float)(ratio * pb[row * (R * E) + (slot0 + k) * E + e]);
+    }
 }
 
 trill_status trill_lora_read_stacked(trill_lora *lora, unsigned params, const json_t *cfg, const char *cfg_path, const trill_st_file *f,
@@ -275,7 +282,7 @@ trill_status trill_lora_read_stacked(trill_lora *lora, unsigned params, const js
             if (R == S * r && S > 1) /* block-diagonal: this member's rows use its slots only */
                 for (int64_t i = 0; i < out && !st; i++)
                     for (int64_t k = 0; k < R * E && !st; k++)
-                        if (pb[i * R * E + k] != 0 && (k / E) / r != i % S)
+                        if (pb[i * R * E + k] != 0 && (k / E) / r != (sk->linear ? i / (out / S) : i % S))
                             st = trill_error(TRILL_ERR_UNSUPPORTED, "%s: %s: rank %lld is trill's block-diagonal form of rank-%lld gate and up adapters, "
                                              "but lora_B row %lld uses rank slot %lld of the other projection", st_path, name, (long long)R,
                                              (long long)r, (long long)i, (long long)(k / E));
@@ -283,7 +290,7 @@ trill_status trill_lora_read_stacked(trill_lora *lora, unsigned params, const js
         if (!st) { /* a scale other than trill's folded into B (1 when it is trill's, up to rounding: B exactly as written) */
             const bool rs = lora->config.use_rslora;
             const double ratio = (rs ? alpha / sqrt((double)R) : alpha / (double)R) / (rs ? lora->config.alpha / sqrt((double)r) : lora->config.alpha / (double)r);
-            fill_pair(A, B, pa, pb, R, r, S, sk->offset, E, in, fabs(ratio - 1) < 1e-9 ? 1.0 : ratio);
+            fill_pair(A, B, pa, pb, R, r, S, sk->offset, E, in, sk->linear, fabs(ratio - 1) < 1e-9 ? 1.0 : ratio);
         }
         free(pa);
         free(pb);
