@@ -359,7 +359,8 @@ trill_status trill_lora_save(const trill_lora *lora, const char *dir) {
 
 /* adapter_config.json into cfg (targets from target_modules and target_parameters: *param_targets
  * those of the latter); *out the parsed object, for the stacked experts' rank and alpha patterns. */
-static trill_status read_adapter_config(const char *path, const trill_config *c, trill_lora_config *cfg, unsigned *param_targets, json_t **out) {
+static trill_status read_adapter_config(const char *path, const trill_config *c, trill_lora_config *cfg, unsigned *param_targets,
+                                        unsigned *module_targets, json_t **out) {
     json_t *j;
     trill_status st = trill_json_load_file(path, &j);
     if (st) return st;
@@ -388,6 +389,7 @@ static trill_status read_adapter_config(const char *path, const trill_config *c,
             cfg->targets |= bit;
         }
         *param_targets = 0;
+        *module_targets = cfg->targets;
         if (!st) st = trill_lora_read_target_parameters(c, json_object_get(j, "target_parameters"), path, param_targets);
         cfg->targets |= *param_targets;
     }
@@ -402,14 +404,20 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
     trill_lora *lora = NULL;
     trill_st_file *f = NULL;
     json_t *cj = NULL;
-    unsigned params = 0; /* the targets the file holds in PEFT's target_parameters form; the others under their module names */
-    trill_status st = st_path && cfg_path ? read_adapter_config(cfg_path, &m->config, &cfg, &params, &cj)
+    unsigned params = 0, modules = 0; /* the targets the file holds in PEFT's target_parameters form, and under module names */
+    trill_status st = st_path && cfg_path ? read_adapter_config(cfg_path, &m->config, &cfg, &params, &modules, &cj)
                                           : trill_error(TRILL_ERR_NOMEM, "out of memory");
     if (!st) st = lora_alloc(m, cfg, false, &lora);
     if (!st) st = trill_st_open(st_path, &f);
+    bool expert_modules = false; /* nn.Linear-layout stacked experts under trill's per-expert module names (its own form) */
+    for (size_t t = 0; !st && t < lora->n_tensors && !expert_modules; t++) {
+        const trill_stacked *sk = trill_lora_stacked_of(lora, &lora->tensors[t]);
+        expert_modules = sk && sk->linear && trill_st_find(f, lora->tensors[t].name) != NULL;
+    }
     for (size_t t = 0; !st && t < lora->n_tensors; t++) {
         const trill_param *p = &lora->tensors[t];
         if (trill_lora_stacked_of(lora, p) && (params & (1u << p->lora_target))) continue; /* from its stacked parameter's, below */
+        if (!trill_lora_in_file(lora, p, params, modules, expert_modules)) continue; /* not adapted by the file: stays 0 */
         const trill_tensor_view *v = trill_st_find(f, p->name);
         if (!v) st = trill_error(TRILL_ERR_INVALID, "%s: missing tensor \"%s\" (adapter_config.json targets it)", st_path, p->name);
         else if (v->ndim != 2 || v->shape[0] != p->whole_shape[0] || v->shape[1] != p->whole_shape[1])
@@ -422,9 +430,9 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
                              v->dtype, (size_t)p->shape[1]);
     }
     if (!st) st = trill_lora_read_stacked(lora, params, cj, cfg_path, f, st_path);
-    if (!st && trill_st_count(f) != trill_lora_file_tensors(lora, m, params)) /* a shard reads its own of the whole adapter's */
+    if (!st && trill_st_count(f) != trill_lora_file_tensors(lora, m, params, modules, expert_modules)) /* a shard reads its own of the whole adapter's */
         st = trill_error(TRILL_ERR_INVALID, "%s: %zu tensors, but adapter_config.json and the model call for %zu", st_path, trill_st_count(f),
-                         trill_lora_file_tensors(lora, m, params));
+                         trill_lora_file_tensors(lora, m, params, modules, expert_modules));
     trill_st_close(f);
     json_decref(cj);
     free(st_path);

@@ -71,7 +71,14 @@ trill_status trill_lora_read_target_parameters(const trill_config *c, const stru
 /* How many tensors the adapter's file holds: its module tensors and two per stacked parameter
  * of the targets `params` (the file's target_parameters; other targets' experts are read under
  * trill's per-expert module names, model.layers.L.mlp.experts.E.gate_proj). */
-size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, unsigned params);
+size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, unsigned params, unsigned modules, bool expert_modules);
+/* Whether an adapter file whose target_parameters select `params` and target_modules `modules`
+ * holds module p's adapter (a stacked expert's in its parameter's form counts): a module the
+ * bits select only through target_parameters (Qwen3.5's shared expert beside its stacked
+ * experts), and a stacked expert of nn.Linear's layout named as a module (PEFT has no such
+ * module) unless the file holds trill's per-expert names (expert_modules), are not in it: their
+ * adapters stay 0, no function and no gradient. */
+bool trill_lora_in_file(const trill_lora *lora, const trill_param *p, unsigned params, unsigned modules, bool expert_modules);
 /* Fills the adapter's stacked experts' pairs of the targets `params` from the file's PEFT tensors
  * (rank r or 2r, rank / alpha patterns of cfg, the adapter_config.json object). */
 trill_status trill_lora_read_stacked(trill_lora *lora, unsigned params, const struct json_t *cfg, const char *cfg_path,

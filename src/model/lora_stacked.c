@@ -204,13 +204,22 @@ trill_status trill_lora_read_target_parameters(const trill_config *c, const json
     return TRILL_OK;
 }
 
-size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, unsigned params) {
+bool trill_lora_in_file(const trill_lora *lora, const trill_param *p, unsigned params, unsigned modules, bool expert_modules) {
+    const unsigned bit = 1u << p->lora_target;
+    const trill_stacked *sk = trill_lora_stacked_of(lora, p);
+    if (sk) return (params & bit) || ((!sk->linear || expert_modules) && (modules & bit));
+    return (modules & bit) != 0;
+}
+
+size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, unsigned params, unsigned modules, bool expert_modules) {
     bool targeted[TRILL_MAX_STACKED];
     for (int i = 0; i < lora->n_stacked; i++) targeted[i] = false;
-    size_t members = 0, n_params = 0;
+    size_t members = 0, n_params = 0, absent = 0;
     for (size_t t = 0; t < m->n_tensors; t++) {
         const trill_param *p = &m->tensors[t];
-        if (p->lora_target == TRILL_NO_LORA || !(params & (1u << p->lora_target))) continue;
+        if (p->lora_target == TRILL_NO_LORA || !(lora->config.targets & (1u << p->lora_target))) continue;
+        absent += !trill_lora_in_file(lora, p, params, modules, expert_modules);
+        if (!(params & (1u << p->lora_target))) continue;
         const trill_stacked *sk = trill_lora_stacked_of(lora, p);
         if (!sk) continue;
         members++;
@@ -221,7 +230,7 @@ size_t trill_lora_file_tensors(const trill_lora *lora, const trill_model *m, uns
             n_params += first;
         }
     }
-    return lora->n_global_tensors - 2 * members + 2 * n_params;
+    return lora->n_global_tensors - 2 * members + 2 * n_params - 2 * absent;
 }
 
 /* Trill's pair (A [r, in], B [rows, r]; a tensor-parallel slice's part) of member `o` of expert

@@ -16,7 +16,9 @@
 # names <prefix>layers.L.mlp.experts.E.{gate,up,down}_proj as trill's; LoRA on q/k/v/o_proj,
 # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, the routed (per expert) and shared
 # gate/up/down_proj, shared_expert_gate, lm_head but on a tied model) with and without router
-# replay; trill merge; the generator on a reference-written qwen3_5_moe model.
+# replay; trill merge; an adapter in PEFT's target_parameters form for the stacked experts (trill
+# merge, and trill's load + save round trip read back by the reference); the generator on a
+# reference-written qwen3_5_moe model.
 # make test runs a sample of the cases; make test-full (TRILL_TEST_FULL=1) runs them all. The
 # reference's selfcheck-grad (Qwen3.5's part included) runs in parity_qwen3next.sh's sample; here
 # only in the full run.
@@ -32,7 +34,7 @@ trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
 REF=qwen3next_ref.py
 source "$HERE/parity_lib.sh"
-SAMPLE=" q35_f32 q35_bf16_sharded q35_text_f32 q35_tied q35_tied_text_only q35_mtp grad_q35_f32 grad_q35_text_f32 grad_q35_long lora_q35_f32 "
+SAMPLE=" q35_f32 q35_bf16_sharded q35_text_f32 q35_tied q35_tied_text_only q35_mtp grad_q35_f32 grad_q35_text_f32 grad_q35_long lora_q35_f32 q35_peft_params "
 source "$HERE/sample.sh"
 
 # gen_train_inputs.py reads the MoE layers by model_type and knows no Qwen3.5 type: its
@@ -103,6 +105,37 @@ for name in q35_f32 q35_text_f32 q35_tied; do
   [ "$name" = q35_tied ] && targets=$Q35_TARGETS
   lora_and_merge "$name" "$WORK/$name" "$targets"
 done
+
+# The form PEFT writes for the stacked experts (target_parameters: a ParamWrapper on
+# mlp.experts.gate_up_proj [E, 2I, H], not transposed: lora_A [r*E, H], lora_B [2I, r*E], one A
+# shared by gate (B's rows [0, I)) and up (rows [I, 2I)); and on mlp.experts.down_proj; q_proj and
+# o_proj as modules) on qwen3_5_moe (names under model.language_model.): trill merge scored as the
+# reference scores the base + adapter; then the adapter as trill loads it and writes it back
+# (grad_tool --save-adapter: gate_up_proj as rank 2r block-diagonal, gate in rank slots [0, r) and
+# rows [0, I), up in [r, 2r) and [I, 2I); rank_pattern / alpha_pattern 2r / 2 alpha) must be the
+# same function to 1e-9 in the reference.
+if sampled q35_peft_params; then
+  train_inputs q35_f32
+  pdir="$WORK/q35_f32" pa="$WORK/q35_f32.peft_params"
+  pystep -o /dev/null "$REF" make-adapter --model "$pdir" --out "$pa" --rank 4 --alpha 8 --targets q_proj,o_proj,gate_proj,up_proj,down_proj --seed 9 --peft-params
+  pystep -o /dev/null "$REF" forward --model "$pdir" --adapter "$pa" --input "$WORK/in.jsonl" --output "$pa.ref.jsonl"
+  if ! { "$TRILL" merge --model "$pdir" --adapter "$pa" --out "$pa.merged" --dtype f32 &&
+         "$TRILL" score --model "$pa.merged" --input "$WORK/in.jsonl" --output "$pa.merged.jsonl"; } 2>"$pa.merge.err" >/dev/null; then
+    fail "q35_peft_params merge: trill merge or score failed" "$pa.merge.err"
+  elif pystep -o "$pa.merge.txt" compare.py "$pa.ref.jsonl" "$pa.merged.jsonl" --atol 1e-4 --tie 1e-6; then
+    pass "q35_peft_params merge: $(grep 'max |d logprob|' "$pa.merge.txt"), $(grep 'expert comparisons' "$pa.merge.txt")"
+  else fail "q35_peft_params merge" "$pa.merge.txt"; fi
+  rm -rf "$pa.saved"
+  if ! "$TOOL" "$pdir" "$pdir.in.jsonl" /dev/null --adapter "$pa" --save-adapter "$pa.saved" >/dev/null 2>"$pa.save.err"; then
+    { echo "grad_tool $pdir $pdir.in.jsonl /dev/null --adapter $pa --save-adapter $pa.saved failed (a grad_tool without --save-adapter, or trill cannot load or save this adapter):"
+      cat "$pa.save.err"; } >"$pa.save.txt"
+    fail "q35_peft_params round trip: grad_tool --save-adapter failed" "$pa.save.txt"
+  elif ! pystep -o "$pa.saved.txt" -E "$REF" forward --model "$pdir" --adapter "$pa.saved" --input "$WORK/in.jsonl" --output "$pa.saved.ref.jsonl"; then
+    fail "q35_peft_params round trip: the reference refuses the adapter trill saved" "$pa.saved.txt"
+  elif pystep -o "$pa.rt.txt" compare.py "$pa.ref.jsonl" "$pa.saved.ref.jsonl" --atol 1e-9 --tie 1e-12; then
+    pass "q35_peft_params round trip (reference forward, saved vs original adapter): $(grep 'max |d logprob|' "$pa.rt.txt")"
+  else fail "q35_peft_params round trip (reference forward, saved vs original adapter)" "$pa.rt.txt"; fi
+fi
 
 # The generator (f32: the linear layers' conv and recurrent state, the full layers' KV cache) on
 # the sequences it samples from a reference-written qwen3_5_moe model, with the tokenizer

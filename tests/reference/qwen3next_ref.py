@@ -77,11 +77,36 @@ unchanged.
       mlp.experts.E.*_proj and the shared expert's mlp.shared_expert.*_proj); shared_expert_gate
       [1, H]; lm_head. The router mlp.gate (Qwen3NextTopKRouter, no nn.Linear) and conv1d are
       never targets. Biases are not adapted.
+      Qwen3.5 only: --peft-params: gate_proj / up_proj (either or both) mean the stacked parameter
+      mlp.experts.gate_up_proj and down_proj mlp.experts.down_proj (every layer's routed experts;
+      the shared expert's projections then not adapted), written as PEFT writes them
+      (adapter_config.json "target_parameters", a lora.ParamWrapper each: lora_A [r*E, in] (A
+      U(-1/sqrt(in), 1/sqrt(in))), lora_B [out, r*E], in / out as below; one A shared by gate and
+      up); "target_modules" holds the other targets (or []). --rank-pattern KEY=R /
+      --alpha-pattern KEY=A (repeatable): adapter_config.json's rank_pattern / alpha_pattern, the
+      tensors drawn at the ranks they give.
+    Reading a Qwen3.5 adapter (forward, grad, adamw-steps, merge): the modules target_modules
+    selects and the ParamWrappers target_parameters implies, r and lora_alpha per module /
+    parameter by rank_pattern / alpha_pattern (PEFT's get_pattern_key: the first key K with
+    re.match(rf"(.*\.)?({K})$", name)); strictly the tensors that implies. A ParamWrapper on
+    <P>layers.L.mlp.experts.{gate_up_proj [E, 2I, H], down_proj [E, H, I]} ([E, out, in], used as
+    linear(x, W[e]), not is_transposed: PEFT swaps in and out, in = H / I, out = 2I / H) adds
+    scale * einsum("o r e, e r i -> e o i", B.reshape(out, r, E), A.reshape(E, r, in)): for
+    expert e, A_e = A.reshape(E, r, in)[e], B_e = B.reshape(out, r, E)[:, :, e]; gate_proj gets
+    scale * B_e[:I] @ A_e, up_proj scale * B_e[I:] @ A_e, down_proj scale * B_e @ A_e. Names:
+    with both targeted in a layer, gate_up_proj's base_model.model.<P>layers.L.mlp.experts.
+    base_layer.lora_{A,B}.weight (inner: Qwen3NextExperts registers gate_up_proj first) and
+    down_proj's ...mlp.experts.lora_{A,B}.weight (outer); with one, ...mlp.experts.lora_{A,B}.weight.
+    A routed expert's per-expert module whose stacked parameter a wrapper adapts is no
+    target_modules match (HF's model has no such module; the shared expert's gate/up/down_proj
+    still match). grad / adamw-steps with such an adapter: its own tensors under its own names.
+    qwen3_next: qwen3_ref's reader (no patterns; target_parameters refused).
 
   merge --model DIR --adapter ADIR --out MDIR
       As qwen3_ref: W += scale * B @ A (scale alpha/r, or alpha/sqrt(r) with use_rslora) for every
-      adapted module, float64, written as a full F32 model (config.json + model.safetensors, no mtp
-      tensors); a tied model with an lm_head adapter is written untied.
+      adapted module (Qwen3.5: a ParamWrapper's delta likewise), float64, written as a full F32
+      model (config.json + model.safetensors, no mtp tensors); a tied model with an lm_head adapter
+      is written untied.
 
   selfcheck-grad [--seed N]
       Autograd vs central finite differences (h = 1e-6, rel err < 1e-6) on tiny float64 models
@@ -182,13 +207,23 @@ Qwen3.5-MoE (the same model function but for what follows).
   HF's own chunk(2) computation = the per-expert layout (log-probs, gradients rearranged); a
   qwen3_5_moe_text model whose in_proj_qkv/z/b/a are a Qwen3-Next model's in_proj_qkvz/ba rows
   permuted computes its log-probs (1e-12), routing and (permuted) gradients; qwen3_5_moe = the
-  flat model (forward, gradients, LoRA, merge, tie resolution); the reader; M-RoPE.
+  flat model (forward, gradients, LoRA, merge, tie resolution); the reader; M-RoPE; a
+  target_parameters adapter (selfcheck_q35_peft_params: both stacked parameters, r 2 and a
+  rank_pattern / alpha_pattern, q_proj / o_proj / in_proj_z / lm_head modules) through its files:
+  names and scales as read, extra, missing, swapped and misnamed tensors refused (and on a
+  qwen3_next model), gate/up/down_proj also in target_modules read as the shared expert's modules
+  only, finite differences on its tensors, the unrouted experts' A / B slices exactly
+  zero, and its function = the per-expert module adapter built from it = base + PEFT's einsum
+  delta = the merge = trill's saved form (gate_up_proj block-diagonal rank 2r) (1e-12), and under
+  qwen3_5_moe's names on the composite model the same log-probs and gradients.
 """
 
+import collections
 import copy
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 
@@ -680,6 +715,262 @@ def linear_modules(cfg):
 
 
 # ---------------------------------------------------------------------------
+# LoRA adapters, Qwen3.5: PEFT's modules and PEFT's ParamWrapper on the stacked experts
+# ---------------------------------------------------------------------------
+# Written from PEFT's definitions (src/peft/tuners/lora/layer.py ParamWrapper: _get_in_out_features,
+# update_layer, get_delta_weight; tuners_utils._inject_parameters) and transformers'
+# Qwen3_5MoeExperts (= Qwen3NextExperts: gate_up_proj [E, 2I, H] registered before down_proj
+# [E, H, I], used as linear(x, W[e]), no is_transposed). A target_parameters entry T selects the
+# parameter N (full name, e.g. model.language_model.layers.L.mlp.experts.gate_up_proj) when N == T
+# or N ends with "." + T. A 3-D parameter [E, d1, d2] reads as (E, in, out) = (E, d1, d2), and not
+# being is_transposed PEFT swaps in and out: in = d2, out = d1 (gate_up_proj: in H, out 2I;
+# down_proj: in I, out H); lora_A [r*E, in] (rows expert-major: row e*r + k), lora_B [out, r*E]
+# (columns expert-minor: column k*E + e);
+#     delta = scale * einsum("o r e, e r i -> e o i", B.reshape(out, r, E), A.reshape(E, r, in))
+# is added to the parameter, i.e. per expert e, with A_e = A.reshape(E, r, in)[e] [r, in] and
+# B_e = B.reshape(out, r, E)[:, :, e] [out, r], W[e] += scale * B_e @ A_e (nn.Linear orientation,
+# as W[e] is). gate_up_proj: the per-expert gate_proj.weight [I, H] (rows [0, I) of W[e]) gets
+# scale * B_e[:I] @ A_e, up_proj.weight (rows [I, 2I)) scale * B_e[I:] @ A_e (one A shared by gate
+# and up); down_proj: down_proj.weight [H, I] gets scale * B_e @ A_e.
+# The wrapper replaces the module owning the parameter, <prefix>layers.L.mlp.experts; with both
+# parameters targeted PEFT wraps them in the module's registration order, gate_up_proj first
+# (inner) and down_proj around it (outer): gate_up_proj's tensors are
+# "base_model.model.<prefix>layers.L.mlp.experts.base_layer.lora_A.weight" / lora_B, down_proj's
+# "...mlp.experts.lora_A.weight" / lora_B; with one of them targeted in a layer, it has the names
+# without base_layer.
+# r and lora_alpha, for a module (its name) and for a parameter (its full name) alike: PEFT's
+# get_pattern_key, the first key K of rank_pattern / alpha_pattern with
+# re.match(rf"(.*\.)?({K})$", name), else the config's r / lora_alpha; scale alpha / r, or
+# alpha / sqrt(r) with use_rslora.
+# qwen3_next keeps qwen3_ref's reader (its routed experts are modules; target_parameters refused).
+
+STACKED_TARGETS = ("gate_up_proj", "down_proj")  # the 3-D expert parameters a wrapper may wrap
+ParamLora = collections.namedtuple("ParamLora", "param layer which fin fout r scale a b")
+
+
+def pattern_value(patterns, name, default):
+    r"""PEFT's get_pattern_key: the value of the first key K with re.match(rf"(.*\.)?({K})$",
+    name); default when none matches."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def lora_r_scale(acfg, name):
+    """(r, scale) of the module or parameter `name` under the adapter config's patterns."""
+    r = pattern_value(acfg.get("rank_pattern"), name, acfg["r"])
+    alpha = pattern_value(acfg.get("alpha_pattern"), name, acfg["lora_alpha"])
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise SystemExit(f"adapter: rank {r!r} for {name} is not a positive integer")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise SystemExit(f"adapter: lora_alpha {alpha!r} for {name} is not a number")
+    return r, q3.lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": acfg.get("use_rslora", False)})
+
+
+def param_wrappers(cfg, acfg):
+    """The ParamWrappers a Qwen3.5 adapter_config's target_parameters implies, [ParamLora] (per
+    layer gate_up_proj, then down_proj), with PEFT's tensor names (base_layer for the inner one)."""
+    cfg = flat(cfg)
+    targets = acfg.get("target_parameters")
+    if not targets:
+        return []
+    if not is_q35(cfg):
+        raise SystemExit("adapter: target_parameters: only Qwen3.5's stacked experts (qwen3_5_moe, "
+                         "qwen3_5_moe_text) are implemented")
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise SystemExit("adapter: target_parameters must be a list of parameter names")
+    names = [n for n, _ in tensor_shapes(cfg)]
+    for t in targets:
+        hit = [n for n in names if q3.target_matches([t], n)]
+        if not hit:
+            raise SystemExit(f"adapter: target_parameters entry {t!r} matches no parameter")
+        other = [n for n in hit if not any(n.endswith(".mlp.experts." + s) for s in STACKED_TARGETS)]
+        if other:
+            raise SystemExit(f"adapter: target_parameters entry {t!r} selects {other[0]}: only the "
+                             "experts' gate_up_proj / down_proj are implemented")
+    H, I = cfg["hidden_size"], get(cfg, "moe_intermediate_size")
+    out = []
+    for layer in range(cfg["num_hidden_layers"]):
+        x = f"{prefix_of(cfg)}layers.{layer}.mlp.experts"
+        here = [(which, fin, fout) for which, fin, fout in (("gate_up_proj", H, 2 * I),
+                                                           ("down_proj", I, H))
+                if q3.target_matches(targets, f"{x}.{which}")]
+        for which, fin, fout in here:
+            inner = len(here) == 2 and which == "gate_up_proj"
+            pref = q3.PEFT_PREFIX + x + (".base_layer" if inner else "")
+            r, scale = lora_r_scale(acfg, f"{x}.{which}")
+            out.append(ParamLora(f"{x}.{which}", layer, which, fin, fout, r, scale,
+                                 pref + ".lora_A.weight", pref + ".lora_B.weight"))
+    return out
+
+
+def param_factors(W, w, n_exp, e, rows):
+    """(A_e [r, in], B_e[rows] [len(rows), r]) of wrapper w's expert e, from W's lora_A / lora_B
+    (differentiable views)."""
+    A = W[w.a].reshape(n_exp, w.r, w.fin)[e]
+    B = W[w.b].reshape(w.fout, w.r, n_exp)[:, :, e]
+    return A, B[rows]
+
+
+def expert_rows(which, inter):
+    """The per-expert modules a wrapper adapts, with the rows of B_e each takes (gate_up_proj[e]'s
+    rows: gate [0, I), up [I, 2I))."""
+    if which == "gate_up_proj":
+        return (("gate_proj", slice(0, inter)), ("up_proj", slice(inter, 2 * inter)))
+    return (("down_proj", slice(None)),)
+
+
+def wrapped_module(cfg, wrappers, name):
+    """Whether `name` is a routed expert's per-expert module (<P>layers.L.mlp.experts.E.
+    {gate,up,down}_proj) whose stacked parameter (gate_up_proj / down_proj) a ParamWrapper of
+    layer L adapts: no module of HF's model (its experts are stacked), so no target_modules match
+    (the shared expert's gate/up/down_proj still are; trill reads a file so too)."""
+    m = re.fullmatch(re.escape(prefix_of(cfg))
+                     + r"layers\.(\d+)\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)", name)
+    which = m and ("down_proj" if m.group(2) == "down_proj" else "gate_up_proj")
+    return bool(m) and any(w.layer == int(m.group(1)) and w.which == which for w in wrappers)
+
+
+def load_adapter(adapter_dir, cfg, linears):
+    """Read a PEFT LoRA adapter folder for a Qwen3.5 model: modules (target_modules, among
+    `linears`: linear_modules) and ParamWrappers (target_parameters), r / lora_alpha per
+    rank_pattern / alpha_pattern. Strict: every tensor the config implies, shapes checked, and no
+    other. Returns ({module name: scale}, {PEFT tensor name: float64 tensor}, [ParamLora], adapter
+    config)."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    if acfg.get("peft_type", "LORA") != "LORA":
+        raise SystemExit(f"{adapter_dir}: peft_type {acfg.get('peft_type')!r} is not LORA")
+    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("bias", "none"),
+                     ("lora_bias", False)):
+        if acfg.get(key, off) not in (off, None):
+            raise SystemExit(f"{adapter_dir}: {key}={acfg[key]!r} is not supported")
+    for key in ("layers_to_transform", "modules_to_save", "layer_replication", "exclude_modules"):
+        if acfg.get(key):
+            raise SystemExit(f"{adapter_dir}: {key} is not supported")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if acfg.get(key) is not None and not isinstance(acfg[key], dict):
+            raise SystemExit(f"{adapter_dir}: {key} must be an object")
+    targets = acfg.get("target_modules")
+    if targets is None and acfg.get("target_parameters"):
+        targets = []
+    if targets == "all-linear" or not isinstance(targets, (str, list)):
+        raise SystemExit(f"{adapter_dir}: target_modules must be a list or a regex string")
+    wrappers = param_wrappers(cfg, acfg)
+    tensors = q3.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    E = n_experts(cfg)
+    modules, W = {}, {}
+
+    def take(n, shape, what):
+        if n not in tensors:
+            raise SystemExit(f"{adapter_dir}: {n} missing ({what} is targeted)")
+        if tuple(tensors[n].shape) != shape:
+            raise SystemExit(f"{adapter_dir}: {n} has shape {list(tensors[n].shape)}, "
+                             f"expected {list(shape)}")
+        W[n] = tensors.pop(n).to(DT)
+    for name, fin, fout in linears:
+        if not q3.target_matches(targets, name) or wrapped_module(cfg, wrappers, name):
+            continue
+        r, scale = lora_r_scale(acfg, name)
+        an, bn = q3.lora_names(name)
+        take(an, (r, fin), f"module {name}")
+        take(bn, (fout, r), f"module {name}")
+        modules[name] = scale
+    for w in wrappers:
+        take(w.a, (w.r * E, w.fin), f"parameter {w.param}")
+        take(w.b, (w.fout, w.r * E), f"parameter {w.param}")
+    if tensors:
+        raise SystemExit(f"{adapter_dir}: tensors for no targeted module or parameter: "
+                         f"{sorted(tensors)[:5]}")
+    if not modules and not wrappers:
+        raise SystemExit(f"{adapter_dir}: target_modules {targets!r} select no module "
+                         "(and no target_parameters)")
+    return modules, W, wrappers, acfg
+
+
+def parse_patterns(items, what, is_rank):
+    """--rank-pattern / --alpha-pattern KEY=VALUE items -> {KEY: VALUE}."""
+    out = {}
+    for item in items or []:
+        key, eq, v = item.rpartition("=")
+        try:
+            val = float(v)
+        except ValueError:
+            val = None
+        if not eq or not key or val is None or (is_rank and (not val.is_integer() or val <= 0)):
+            raise SystemExit(f"--{what} expects KEY={'R (a positive integer)' if is_rank else 'ALPHA'}"
+                             f", got {item!r}")
+        out[key] = int(val) if val.is_integer() else val
+    return out
+
+
+def make_adapter_tensors(cfg, acfg, seed, b_std):
+    """Random A / B for every module and parameter the adapter config targets (r per the
+    patterns): A U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init; a wrapper's lora_A is a Linear(in,
+    r*E)), B ~ N(0, b_std). Modules first (linear_modules order), then the wrappers.
+    [(PEFT name, fp32 tensor)]."""
+    g = torch.Generator().manual_seed(seed)
+    E, out = n_experts(cfg), []
+    wrappers = param_wrappers(cfg, acfg)
+
+    def pair(rows, fin, fout, an, bn):
+        bound = 1.0 / math.sqrt(fin)
+        a = (torch.rand((rows, fin), generator=g, dtype=torch.float32) * 2 - 1) * bound
+        b = torch.randn((fout, rows), generator=g, dtype=torch.float32) * b_std
+        return [(an, a), (bn, b)]
+    for name, fin, fout in linear_modules(cfg):
+        if q3.target_matches(acfg["target_modules"], name) and not wrapped_module(cfg, wrappers, name):
+            out += pair(lora_r_scale(acfg, name)[0], fin, fout, *q3.lora_names(name))
+    for w in wrappers:
+        out += pair(w.r * E, w.fin, w.fout, w.a, w.b)
+    if not out:
+        raise SystemExit("make-adapter: the targets select no module or parameter of this model")
+    return out
+
+
+def cmd_make_adapter(args):
+    """qwen3_ref's make-adapter; for Qwen3.5 with --peft-params / --rank-pattern /
+    --alpha-pattern the adapters those options describe (gate_proj / up_proj / down_proj then mean
+    the stacked parameters mlp.experts.gate_up_proj / down_proj: every layer's routed experts, the
+    shared expert's projections not adapted; the other targets are modules)."""
+    if not (args.peft_params or args.rank_pattern or args.alpha_pattern):
+        return q3.cmd_make_adapter(args, linear_modules)
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = flat(json.load(f))
+    check_config(cfg)
+    if not is_q35(cfg):
+        raise SystemExit("make-adapter: --peft-params / --rank-pattern / --alpha-pattern are "
+                         "implemented for Qwen3.5 (qwen3_5_moe, qwen3_5_moe_text) only")
+    if args.rank <= 0:
+        raise SystemExit("--rank must be positive")
+    targets = q3.parse_targets(args.targets)
+    params = []
+    if args.peft_params:
+        if {"gate_proj", "up_proj"} & set(targets):
+            params.append("mlp.experts.gate_up_proj")
+        if "down_proj" in targets:
+            params.append("mlp.experts.down_proj")
+        targets = [t for t in targets if t not in EXPERT_PARTS]
+    alpha = int(args.alpha) if float(args.alpha).is_integer() else args.alpha
+    acfg = q3.adapter_config(args.model, args.rank, alpha, args.rslora, targets)
+    if args.peft_params:
+        acfg["target_parameters"] = params
+    acfg["rank_pattern"] = parse_patterns(args.rank_pattern, "rank-pattern", True)
+    acfg["alpha_pattern"] = parse_patterns(args.alpha_pattern, "alpha-pattern", False)
+    tensors = make_adapter_tensors(cfg, acfg, args.seed, args.b_std)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2)
+        f.write("\n")
+    q3.write_safetensors(os.path.join(args.out, "adapter_model.safetensors"), tensors, "F32")
+    print(f"wrote {args.out}: {len(tensors)} tensors, r={args.rank}, alpha={alpha}, "
+          f"rslora={str(args.rslora).lower()}, target_modules={targets}, target_parameters="
+          f"{params if args.peft_params else None}, rank_pattern={acfg['rank_pattern']}, "
+          f"alpha_pattern={acfg['alpha_pattern']}")
+
+
+# ---------------------------------------------------------------------------
 # make-model
 # ---------------------------------------------------------------------------
 
@@ -840,6 +1131,19 @@ def chunk_gated_delta_rule(q, k, v, g, beta, chunk=64):
     return out.reshape(Hv, N * chunk, dv)[:, :T].transpose(0, 1)
 
 
+class Adapted(dict):
+    """The module adapters {module name: scale} (qwen3_ref's Model.lora), true also when only
+    ParamWrappers adapt the model: qwen3_ref's commands read `if model.lora` as "an adapter is
+    loaded" (the base frozen, the adapter's tensors, model.lora_names, trained)."""
+
+    def __init__(self, mods, wrapped=False):
+        super().__init__(mods)
+        self.wrapped = wrapped
+
+    def __bool__(self):
+        return self.wrapped or len(self) > 0
+
+
 class Qwen3NextModel(q3.Model):
     """qwen3_ref's Model (LoRA, lin, parameters, the softmax top-k router and replay) with
     Qwen3-Next's layers: zero-centred norms, gated full attention with partial RoPE, Gated DeltaNet
@@ -861,11 +1165,38 @@ class Qwen3NextModel(q3.Model):
         cfg = flat(cfg)
         check_config(cfg)
         weights = model_tensors(weights, cfg)
+        # adapter: None, a folder, or in memory (modules {name: scale}, {PEFT name: tensor}[,
+        # [ParamLora]]); qwen3_ref's Model takes the modules' part. Qwen3.5's folders: this file's
+        # load_adapter (rank_pattern / alpha_pattern, target_parameters); qwen3_next's: qwen3_ref's.
+        wrappers = []
+        if isinstance(adapter, str) and is_q35(cfg):
+            mods, lw, wrappers, _ = load_adapter(adapter, cfg, linear_modules(cfg))
+            adapter = (mods, lw)
+        elif isinstance(adapter, str):
+            with open(os.path.join(adapter, "adapter_config.json")) as f:
+                if json.load(f).get("target_parameters"):
+                    raise SystemExit(f"{adapter}: target_parameters: only Qwen3.5's stacked experts "
+                                     "(qwen3_5_moe, qwen3_5_moe_text) are implemented")
+        elif adapter is not None and len(adapter) == 3:
+            mods, lw, wrappers = adapter
+            adapter = (mods, lw)
         # qwen3_ref's Model reads these keys directly: HF's defaults where the config leaves them out
         filled = dict(cfg)
         for key in ("num_key_value_heads", "rms_norm_eps"):
             filled[key] = get(cfg, key)
         super().__init__(None, filled, weights, adapter)
+        # The ParamWrappers: their lora_A / lora_B in self.W under the file's names (trained and
+        # written by grad / adamw-steps like the modules'); self.plin: per-expert module name ->
+        # [(ParamLora, expert, rows of B_e)], added in lin().
+        self.lora = Adapted(self.lora, wrapped=bool(wrappers))
+        self.param_lora, self.plin = list(wrappers), {}
+        for w in wrappers:
+            self.W[w.a], self.W[w.b] = lw[w.a].to(DT), lw[w.b].to(DT)
+            self.lora_names += [w.a, w.b]
+            for e in range(get(cfg, "num_experts")):
+                for part, rows in expert_rows(w.which, get(cfg, "moe_intermediate_size")):
+                    self.plin.setdefault(f"{prefix_of(cfg)}layers.{w.layer}.mlp.experts.{e}.{part}",
+                                         []).append((w, e, rows))
         self.cfg = cfg
         self.hd = head_dim_of(cfg)
         self.rotary_dim = rotary_dim_of(cfg)
@@ -886,6 +1217,15 @@ class Qwen3NextModel(q3.Model):
 
     def linear_modules(self):
         return linear_modules(self.cfg)
+
+    def lin(self, x, name):
+        """qwen3_ref's (base, module LoRA), plus every ParamWrapper on this per-expert module:
+        scale * (x A_e^T) B_e[rows]^T, i.e. x (W[e] + delta[e])^T restricted to the module's rows."""
+        y = super().lin(x, name)
+        for w, e, rows in self.plin.get(name, ()):
+            A, B = param_factors(self.W, w, self.n_experts, e, rows)
+            y = y + w.scale * ((x @ A.T) @ B.T)
+        return y
 
     @property
     def lm_head(self):
@@ -991,8 +1331,10 @@ class Qwen3NextModel(q3.Model):
 
 def merged_weights(model):
     """qwen3_ref's merged_weights under the model's prefix: W += scale * B @ A for every adapted
-    module (float64), in the model's (per-expert) layout; a tied model with an lm_head adapter is
-    untied (lm_head.weight = embedding + delta). Returns ([(name, tensor)], untied)."""
+    module (float64), in the model's (per-expert) layout, then every Qwen3.5 ParamWrapper's delta
+    into the per-expert weights (gate / up += scale * B_e[:I] / B_e[I:] @ A_e, down += scale *
+    B_e @ A_e); a tied model with an lm_head adapter is untied (lm_head.weight = embedding +
+    delta). Returns ([(name, tensor)], untied)."""
     W = {n: model.W[n].detach().clone() for n in model.checkpoint_names()}
     untied = model.tied and "lm_head" in model.lora
     if untied:
@@ -1001,6 +1343,11 @@ def merged_weights(model):
         an, bn = q3.lora_names(m)
         wn = "lm_head.weight" if m == "lm_head" else m + ".weight"
         W[wn] = W[wn] + scale * (model.W[bn] @ model.W[an])
+    with torch.no_grad():  # Qwen3.5's ParamWrappers: gate / up += scale * B_e[:I / I:] @ A_e, down
+        for name, specs in model.plin.items():
+            for w, e, rows in specs:
+                A, B = param_factors(model.W, w, model.n_experts, e, rows)
+                W[name + ".weight"] = W[name + ".weight"] + w.scale * (B @ A)
     return list(W.items()), untied
 
 
@@ -1023,8 +1370,8 @@ def cmd_merge(args):
             c["tie_word_embeddings"] = False
     hf = to_hf(dict(tensors), cfg)
     q3.write_model(args.out, cfg, hf, "f32", 1)
-    print(f"merge: {len(model.lora)} adapted modules -> {args.out} ({len(hf)} tensors, F32"
-          f"{', lm_head untied' if untied else ''})")
+    print(f"merge: {len(model.lora)} adapted modules, {len(model.param_lora)} adapted stacked "
+          f"parameters -> {args.out} ({len(hf)} tensors, F32{', lm_head untied' if untied else ''})")
 
 
 # ---------------------------------------------------------------------------
@@ -1469,6 +1816,215 @@ def selfcheck_q35_reader(seed):
     return fails
 
 
+class PeftParamsCheckModel(Qwen3NextModel):
+    """selfcheck_q35_peft_params' model: qwen3_ref's selfcheck_grads zero-checks the per-expert
+    module adapters' tensors of unrouted experts over EXPERT_PROJ; a target_parameters adapter has
+    none (kinds_of checks the wrappers' expert slices instead), so EXPERT_PROJ reads () outside
+    moe(), where qwen3_ref's routed experts take their projection names from it."""
+    EXPERT_PROJ = ()
+
+    def moe(self, x, p, replay_ids=None):
+        self.EXPERT_PROJ = EXPERT_PARTS
+        try:
+            return super().moe(x, p, replay_ids)
+        finally:
+            del self.EXPERT_PROJ
+
+
+# (rank_pattern, alpha_pattern) of selfcheck_q35_peft_params' adapter (r 2, lora_alpha 6)
+Q35_PEFT_PATTERNS = ({"layers.1.mlp.experts.gate_up_proj": 3, "q_proj": 4},
+                     {"down_proj": 5, "gate_up_proj": 4})
+
+
+def selfcheck_q35_peft_params(seed):
+    """A PEFT-native Qwen3.5 adapter (qwen3_5_moe_text; target_parameters: a ParamWrapper on both
+    stacked expert parameters, r 2 with layer 1's gate_up_proj r 3 by rank_pattern, alphas by
+    alpha_pattern; q_proj (r 4 by rank_pattern), o_proj, in_proj_z and lm_head modules) written to
+    a folder and read back: the names and r / scale the reader finds; refused: a folder with an
+    extra tensor, one with a wrapper's tensor missing, one with gate_up_proj's and down_proj's
+    tensors swapped, a one-parameter adapter under the inner (base_layer) names, the adapter on a
+    qwen3_next model; read: a one-parameter (down_proj) adapter under PEFT's names; autograd vs
+    finite differences on its tensors, the A / B slices of the experts never routed to exactly
+    zero; its function equal (1e-12) to the per-expert module adapter built from it (gate: A_e,
+    B_e[:I]; up: A_e, B_e[I:]; down: A_e, B_e), to the base + PEFT's einsum delta on the stacked
+    parameters with the module adapters, to merge's float64 model (stacked back as merge writes
+    it), and to the form trill saves (gate_up_proj block-diagonal rank 2r: A'_e = [A_e; A_e],
+    B'_e = [[B_e[:I], 0], [0, B_e[I:]]], rank_pattern 2r / alpha_pattern 2 alpha); the same adapter
+    under qwen3_5_moe's names on the composite model computes the same log-probs and gradients.
+    Returns (worst rel err, entries checked, unrouted (layer, expert) pairs, failures)."""
+    cfg = selfcheck_config("qwen3_5_moe_text", {})
+    E, I = get(cfg, "num_experts"), get(cfg, "moe_intermediate_size")
+    P = prefix_of(cfg)
+    hf = dict(make_weights(cfg, seed, std=0.3))
+    fails = []
+    acfg = q3.adapter_config("selfcheck", 2, 6, False, ["q_proj", "o_proj", "in_proj_z", "lm_head"])
+    acfg["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    acfg["rank_pattern"], acfg["alpha_pattern"] = (dict(d) for d in Q35_PEFT_PATTERNS)
+    tensors = make_adapter_tensors(cfg, acfg, seed + 2000, b_std=0.3)
+
+    def write(d, cfg_, tens):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump(cfg_, f)
+        q3.write_safetensors(os.path.join(d, "adapter_model.safetensors"), tens, "F32")
+        return d
+
+    def refused(d, cfg_=cfg, weights=hf):
+        try:
+            Qwen3NextModel(cfg=cfg_, weights=weights, adapter=d)
+        except SystemExit:
+            return True
+        return False
+    pa = lambda layer, inner: (q3.PEFT_PREFIX + f"{P}layers.{layer}.mlp.experts"  # noqa: E731
+                               + (".base_layer" if inner else ""))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write(os.path.join(tmp, "a"), acfg, tensors)
+        model = PeftParamsCheckModel(cfg=cfg, weights=hf, adapter=folder)
+        extra = tensors + [(pa(0, False) + ".lora_C.weight", torch.zeros(1))]
+        if not refused(write(os.path.join(tmp, "extra"), acfg, extra)):
+            fails.append("an adapter with an extra tensor was not refused")
+        missing = [(n, t) for n, t in tensors if n != pa(1, True) + ".lora_B.weight"]
+        if not refused(write(os.path.join(tmp, "missing"), acfg, missing)):
+            fails.append("an adapter without layer 1's gate_up_proj lora_B was not refused")
+        swap = {pa(0, True): pa(0, False), pa(0, False): pa(0, True)}
+        swapped = [(swap.get(n.rsplit(".", 2)[0], n.rsplit(".", 2)[0]) + "." + n.rsplit(".", 2)[1]
+                    + ".weight", t) for n, t in tensors]
+        if not refused(write(os.path.join(tmp, "swapped"), acfg, swapped)):
+            fails.append("gate_up_proj's and down_proj's tensors swapped (inner / outer names) "
+                         "were not refused")
+        one = dict(acfg, target_parameters=["mlp.experts.down_proj"], target_modules=[])
+        down = [(n, t) for n, t in tensors if ".mlp.experts.lora_" in n]  # down_proj's (outer)
+        try:
+            m1 = Qwen3NextModel(cfg=cfg, weights=hf, adapter=write(os.path.join(tmp, "one"), one, down))
+            if [w.a for w in m1.param_lora] != [pa(i, False) + ".lora_A.weight" for i in range(2)]:
+                fails.append(f"one-parameter adapter: names {[w.a for w in m1.param_lora]}")
+        except SystemExit as e:
+            fails.append(f"a down_proj-only adapter under PEFT's names was refused: {e}")
+        inner = [(n, t) for n, t in tensors if ".base_layer." in n and "layers.0." in n]
+        one_g = dict(one, target_parameters=[f"{P}layers.0.mlp.experts.gate_up_proj"])
+        if not refused(write(os.path.join(tmp, "inner"), one_g, inner)):
+            fails.append("a one-parameter adapter under base_layer names was not refused")
+        # gate/up/down_proj in target_modules too: the shared expert's modules, not the routed
+        # experts' per-expert ones (their stacked parameters are wrapped)
+        sh = dict(acfg, target_modules=acfg["target_modules"] + list(EXPERT_PARTS))
+        try:
+            ms = Qwen3NextModel(cfg=cfg, weights=hf, adapter=write(
+                os.path.join(tmp, "shared"), sh, make_adapter_tensors(cfg, sh, seed + 3000, 0.3)))
+            want_sh = {f"{P}layers.{i}.mlp.shared_expert.{part}" for i in range(2) for part in EXPERT_PARTS}
+            if set(ms.lora) != set(model.lora) | want_sh or len(ms.param_lora) != 4:
+                fails.append(f"gate/up/down_proj also in target_modules: modules {sorted(ms.lora)}, "
+                             f"{len(ms.param_lora)} wrappers")
+        except SystemExit as e:
+            fails.append(f"gate/up/down_proj also in target_modules: refused ({e})")
+        nxt = selfcheck_config("qwen3_next", {})
+        if not refused(folder, nxt, dict(make_weights(nxt, seed, std=0.3))):
+            fails.append("a target_parameters adapter on a qwen3_next model was not refused")
+        # qwen3_5_moe: the same adapter under model.language_model.* names, on the composite model
+        comp = flat(build_q35_config(dict(Q35_SELFCHECK_SET), "f32", "qwen3_5_moe"))
+        mc = Qwen3NextModel(cfg=comp, weights=to_composite(hf), adapter=write(
+            os.path.join(tmp, "comp"), acfg, list(to_composite(dict(tensors)).items())))
+        rec = probe_line(cfg, seed, T=17)
+        with torch.no_grad():
+            if q3.run_forward(mc, rec["tokens"]) != q3.run_forward(model, rec["tokens"]):
+                fails.append("qwen3_5_moe with the adapter under its names: forward differs")
+        _, _, gt = q3.grad_lines(model, [rec], False, model.lora_names)
+        _, _, gc = q3.grad_lines(mc, [rec], False, mc.lora_names)
+        gt = to_composite(gt)
+        if sorted(gt) != sorted(gc) or any(not torch.equal(gt[n], gc[n]) for n in gc):
+            fails.append("qwen3_5_moe with the adapter under its names: gradients differ")
+    want = {(0, "gate_up_proj"): (2, 4 / 2, pa(0, True)), (0, "down_proj"): (2, 5 / 2, pa(0, False)),
+            (1, "gate_up_proj"): (3, 4 / 3, pa(1, True)), (1, "down_proj"): (2, 5 / 2, pa(1, False))}
+    got = {(w.layer, w.which): (w.r, w.scale, w.a[:-len(".lora_A.weight")]) for w in model.param_lora}
+    want_mods = {f"{P}layers.1.self_attn.q_proj": 6 / 4, f"{P}layers.1.self_attn.o_proj": 3.0,
+                 f"{P}layers.0.linear_attn.in_proj_z": 3.0, "lm_head": 3.0}
+    if got != want or dict(model.lora) != want_mods:
+        fails.append(f"adapter read as {got}, modules {dict(model.lora)}; want {want}, {want_mods}")
+    if any(w.b != w.a[:-len("lora_A.weight")] + "lora_B.weight" for w in model.param_lora):
+        fails.append("a wrapper's lora_B is not named as its lora_A")
+    unrouted = [0]
+
+    def kinds_of(grads, visited):
+        kinds = [(f"{m} lora_{ab}", n) for m in want_mods for ab, n in zip("AB", q3.lora_names(m))]
+        for w in model.param_lora:
+            kinds += [(f"layer {w.layer} {w.which} lora_{ab}", n) for ab, n in (("A", w.a), ("B", w.b))]
+            for e in set(range(E)) - set(visited[w.layer]):  # unrouted: exactly zero
+                unrouted[0] += w.which == "down_proj"
+                ga = grads[w.a].reshape(E, w.r, w.fin)[e]
+                gb = grads[w.b].reshape(w.fout, w.r, E)[:, :, e]
+                if ga.abs().max() != 0 or gb.abs().max() != 0:
+                    fails.append(f"unvisited expert {e}: layer {w.layer} {w.which} A/B slice "
+                                 "has a non-zero gradient")
+        return kinds
+    worst, checked, gfails, visited, _ = q3.selfcheck_grads(model, seed, False, kinds_of,
+                                                            T=T_SELFCHECK, n_entries=3)
+    fails += gfails
+    if not unrouted[0]:
+        fails.append(f"every expert was routed to ({visited}): the zero check saw nothing")
+
+    # The same function, four other ways. (1) trill's per-expert modules, from the slicing written
+    # out here (not param_factors).
+    mods = dict(model.lora)
+    lw = {n: model.W[n] for m in mods for n in q3.lora_names(m)}
+    pmods, plw = dict(mods), dict(lw)
+    for w in model.param_lora:
+        A3 = model.W[w.a].reshape(E, w.r, w.fin)
+        B3 = model.W[w.b].reshape(w.fout, w.r, E)
+        for e in range(E):
+            A_e, B_e = A3[e], B3[:, :, e]
+            parts = ([("gate_proj", B_e[:I]), ("up_proj", B_e[I:])] if w.which == "gate_up_proj"
+                     else [("down_proj", B_e)])
+            for part, B_m in parts:
+                m = f"{P}layers.{w.layer}.mlp.experts.{e}.{part}"
+                pmods[m] = w.scale
+                an, bn = q3.lora_names(m)
+                plw[an], plw[bn] = A_e.clone(), B_m.clone()
+    per_expert = Qwen3NextModel(cfg=cfg, weights=hf, adapter=(pmods, plw))
+    # (2) PEFT's einsum delta ("e o i": not transposed) added to the stacked parameters; the
+    # module adapters kept.
+    hfw = {n: t.to(DT) for n, t in hf.items()}
+    for w in model.param_lora:
+        delta = w.scale * torch.einsum("ore,eri->eoi", model.W[w.b].reshape(w.fout, w.r, E),
+                                       model.W[w.a].reshape(E, w.r, w.fin))
+        hfw[w.param] = hfw[w.param] + delta
+    einsum = Qwen3NextModel(cfg=cfg, weights=hfw, adapter=(mods, lw))
+    # (3) merge's float64 model, stacked back as cmd_merge writes it.
+    merged_w, untied = merged_weights(model)
+    merged = Qwen3NextModel(cfg=dict(cfg, tie_word_embeddings=False) if untied else cfg,
+                            weights=dict(to_hf(dict(merged_w), cfg)))
+    # (4) the form trill saves: gate_up_proj's wrapper block-diagonal of rank 2r.
+    rp, ap = {}, {}
+    bd = {n: model.W[n] for n in model.lora_names}
+    for w in model.param_lora:
+        if w.which != "gate_up_proj":
+            continue
+        A3 = model.W[w.a].reshape(E, w.r, w.fin)
+        B3 = model.W[w.b].reshape(w.fout, w.r, E)
+        B2 = torch.zeros(w.fout, 2 * w.r, E, dtype=DT)
+        B2[:I, :w.r], B2[I:, w.r:] = B3[:I], B3[I:]
+        bd[w.a] = torch.cat([A3, A3], dim=1).reshape(E * 2 * w.r, w.fin)
+        bd[w.b] = B2.reshape(w.fout, 2 * w.r * E)
+        rp[w.param] = 2 * w.r
+        ap[w.param] = 2 * pattern_value(acfg["alpha_pattern"], w.param, acfg["lora_alpha"])
+    bcfg = dict(acfg, rank_pattern=dict(rp, q_proj=4), alpha_pattern=dict(ap, down_proj=5))
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Qwen3NextModel(cfg=cfg, weights=hf, adapter=write(
+            tmp, bcfg, [(n, bd[n].float()) for n in model.lora_names]))
+    base_mods = Qwen3NextModel(cfg=cfg, weights=hf, adapter=(mods, lw))
+    probe = list(range(cfg["vocab_size"]))
+    with torch.no_grad():
+        la = model.forward(probe)[0]
+        for what, other in (("per-expert module adapter", per_expert),
+                            ("base + einsum delta", einsum), ("merged model", merged),
+                            ("trill's saved form (block-diagonal 2r)", saved)):
+            d = (la - other.forward(probe)[0]).abs().max().item()
+            if d > 1e-12:
+                fails.append(f"{what} differs from the target_parameters adapter: {d:.2e}")
+        d = (la - base_mods.forward(probe)[0]).abs().max().item()
+        if d < 1e-3:
+            fails.append(f"the ParamWrappers change the forward by only {d:.2e}")
+    return worst, checked, unrouted[0], fails
+
+
 def hf_mrope_cos_sin(pos3, rd, theta, section):
     """HF Qwen3_5MoeTextRotaryEmbedding's cos / sin (float64) for position streams pos3 [3, T]:
     each stream's freqs, then recomposition_frequencies (interleaved M-RoPE)."""
@@ -1529,6 +2085,13 @@ def selfcheck_q35(args):
                  "every target, merge, tie_word_embeddings", selfcheck_q35_composite(args.seed))
     ok &= report("selfcheck Qwen3.5 reader (model.visual.*, mtp.* skipped; per-expert, misnamed, "
                  "extra, missing, misshapen refused)", selfcheck_q35_reader(args.seed))
+    worst, checked, unr, fails = selfcheck_q35_peft_params(args.seed + 200)
+    ok &= report("selfcheck-grad qwen3_5_moe_text target_parameters adapter (PEFT ParamWrapper on "
+                 "gate_up_proj and down_proj, r 2 / rank_pattern 3, alpha_pattern; q_proj r 4, "
+                 f"o_proj, in_proj_z, lm_head modules): {checked} entries, worst rel err {worst:.2e}, "
+                 f"{unr} unrouted (layer, expert) slices exactly zero; read / refused as PEFT names "
+                 "them; = per-expert modules, einsum delta, merge, trill's block-diagonal 2r form, "
+                 "qwen3_5_moe's names", fails)
     d_eq, d_ne = selfcheck_mrope()
     ok &= report(f"selfcheck interleaved M-RoPE, equal streams vs plain RoPE: {d_eq:.1e} (distinct "
                  f"streams: {d_ne:.2g})", [] if d_eq == 0 and d_ne > 1e-3 else ["M-RoPE check"])
@@ -1609,6 +2172,14 @@ def main(argv=None):
     sub.choices["make-model"].add_argument(
         "--arch", choices=ARCHS, default="qwen3_next",
         help="model_type: qwen3_next (default), qwen3_5_moe (composite) or qwen3_5_moe_text")
+    ma = sub.choices["make-adapter"]
+    ma.add_argument("--peft-params", action="store_true",
+                    help="Qwen3.5: gate_proj / up_proj / down_proj as PEFT's target_parameters "
+                         "(ParamWrapper on mlp.experts.gate_up_proj / down_proj)")
+    ma.add_argument("--rank-pattern", action="append", metavar="KEY=R",
+                    help="Qwen3.5: adapter_config.json rank_pattern entry (repeatable)")
+    ma.add_argument("--alpha-pattern", action="append", metavar="KEY=ALPHA",
+                    help="Qwen3.5: adapter_config.json alpha_pattern entry (repeatable)")
     rc = sub.add_parser("replay-config", help="a qwen3_next config.json with the model's routing "
                         "shape, for gen_train_inputs.py --replay-model")
     rc.add_argument("--model", required=True)
@@ -1620,7 +2191,7 @@ def main(argv=None):
         "forward": lambda a: q3.cmd_forward(a, Qwen3NextModel),
         "grad": lambda a: q3.cmd_grad(a, Qwen3NextModel),
         "adamw-steps": lambda a: q3.cmd_adamw_steps(a, Qwen3NextModel),
-        "make-adapter": lambda a: q3.cmd_make_adapter(a, linear_modules),
+        "make-adapter": cmd_make_adapter,
         "merge": cmd_merge,
         "selfcheck-grad": cmd_selfcheck_grad,
     }
