@@ -40,7 +40,20 @@ typedef struct trill_param {
     /* tensor parallelism: the whole tensor this one is a slice of, and where the slice starts in
      * it (rows, columns); the tensor itself (shape, 0 0) when it is whole */
     int64_t whole_shape[2], slice_at[2];
+    /* a tensor-parallel share of a Gated DeltaNet's q | k | v channels (TRILL_SPLIT_CHANNELS: the
+     * conv's channels, Qwen3.5's in_proj_qkv's rows, its adapter B's): local rows [0, chan_len[0]),
+     * the next chan_len[1], then the rest, at chan_at[0], [1], [2] of the whole; chan_len[0] 0 when
+     * the rows are one slice from slice_at[0] */
+    int64_t chan_at[3], chan_len[2];
 } trill_param;
+
+/* The whole tensor's row of p's local row i (a tensor-parallel share's; i itself otherwise). */
+static inline int64_t trill_param_whole_row(const trill_param *p, int64_t i) {
+    if (!p->chan_len[0]) return p->slice_at[0] + i;
+    if (i < p->chan_len[0]) return p->chan_at[0] + i;
+    if (i < p->chan_len[0] + p->chan_len[1]) return p->chan_at[1] + i - p->chan_len[0];
+    return p->chan_at[2] + i - p->chan_len[0] - p->chan_len[1];
+}
 
 /* A model: its config and its parameters. Opaque: read it through the functions below. */
 typedef struct trill_model trill_model;

@@ -114,6 +114,7 @@ static float *add(walk *w, const trill_param *base, int64_t rows, int64_t cols, 
         p->whole_shape[1] = !is_a || w->whole ? cols : base->whole_shape[1];
         p->slice_at[0] = is_a || w->whole ? 0 : base->slice_at[0];
         p->slice_at[1] = !is_a || w->whole ? 0 : base->slice_at[1];
+        if (is_a || w->whole) p->chan_len[0] = p->chan_len[1] = 0; /* B's rows are the weight's (channels and all), A's not */
         p->data = data;
         p->bf16 = NULL;
         p->numel = (size_t)(rows * cols);
@@ -426,7 +427,7 @@ trill_status trill_lora_load(const trill_model *m, const char *dir, trill_lora *
         else /* a tensor-parallel slice: its rows and columns of the file's */
             for (int64_t i = 0; i < p->shape[0]; i++)
                 trill_to_f32(p->data + i * p->shape[1],
-                             (const char *)v->data + (size_t)((p->slice_at[0] + i) * p->whole_shape[1] + p->slice_at[1]) * trill_dtype_size(v->dtype),
+                             (const char *)v->data + (size_t)(trill_param_whole_row(p, i) * p->whole_shape[1] + p->slice_at[1]) * trill_dtype_size(v->dtype),
                              v->dtype, (size_t)p->shape[1]);
     }
     if (!st) st = trill_lora_read_stacked(lora, params, cj, cfg_path, f, st_path);

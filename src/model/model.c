@@ -43,6 +43,13 @@ static void place(void *ctx, const trill_tensor_row *row, const trill_param *t) 
             p->whole_shape[d] = L->whole[L->n][d];
             p->slice_at[d] = p->whole_shape[d] != p->shape[d] ? (int64_t)m->tp_rank * p->shape[d] : 0;
         }
+        if (L->whole && p->split == TRILL_SPLIT_CHANNELS) { /* its heads' channels of q, of k and of v */
+            const trill_config *l = &m->config, *w = &m->whole_config;
+            const int64_t kl = (int64_t)l->linear_num_key_heads * l->linear_key_head_dim, kw = (int64_t)w->linear_num_key_heads * w->linear_key_head_dim;
+            const int64_t vl = (int64_t)l->linear_num_value_heads * l->linear_value_head_dim, r = m->tp_rank;
+            p->chan_len[0] = p->chan_len[1] = kl;
+            p->chan_at[0] = r * kl, p->chan_at[1] = kw + r * kl, p->chan_at[2] = 2 * kw + r * vl;
+        }
         p->data = held && !half && m->params ? m->params + L->n32 : NULL;
         p->bf16 = held && half && m->params_bf16 ? m->params_bf16 + L->n16 : NULL;
         /* the held experts of a row follow its first */
@@ -68,10 +75,6 @@ static trill_status tp_config(const trill_config *c, int tp, trill_config *out) 
     if (tp == 1) return TRILL_OK;
     bool linear = false;
     for (int l = 0; l < c->num_hidden_layers; l++) linear |= c->linear_layer[l];
-    if (linear && (c->arch == TRILL_ARCH_QWEN3_5_MOE || c->arch == TRILL_ARCH_QWEN3_5_MOE_TEXT))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "parallel.trainer.tp: tensor parallelism does not split %s's Gated DeltaNet layers yet "
-                           "(in_proj_qkv's rows are q | k | v, each part a rank's heads: not one slice); use data or expert parallelism",
-                           trill_config_architecture(c));
     const bool dense = c->n_moe_layers < c->num_hidden_layers;
     if (c->num_attention_heads % tp || c->num_key_value_heads % tp || (dense && c->intermediate_size % tp))
         return trill_error(TRILL_ERR_INVALID, "parallel.trainer.tp: %d tensor-parallel ranks split the attention heads (%d, %d key-value) "
@@ -164,23 +167,12 @@ void trill_model_free(trill_model *m) {
     free(m);
 }
 
-/* A Gated DeltaNet conv's local channel lc of a tensor-parallel share: the whole model's channel
- * (its channels q | k | v, the share's heads' of each; TRILL_SPLIT_CHANNELS). */
-static int64_t conv_channel(const trill_model *m, int64_t lc) {
-    const trill_config *l = &m->config, *w = &m->whole_config;
-    const int64_t kl = (int64_t)l->linear_num_key_heads * l->linear_key_head_dim, kw = (int64_t)w->linear_num_key_heads * w->linear_key_head_dim;
-    const int64_t vl = (int64_t)l->linear_num_value_heads * l->linear_value_head_dim, r = m->tp_rank;
-    if (lc < kl) return r * kl + lc;                    /* q */
-    if (lc < 2 * kl) return kw + r * kl + (lc - kl);     /* k */
-    return 2 * kw + r * vl + (lc - 2 * kl);              /* v */
-}
-
 /* Element i of p's share in the whole tensor (i itself unless the model is a tensor-parallel share:
  * a vector's rows from slice_at, a conv's by its channels). */
 static size_t whole_index(const trill_model *m, const trill_param *p, size_t i) {
-    if (p->split == TRILL_SPLIT_CHANNELS && m->tp_size > 1) {
+    if (p->chan_len[0]) { /* a conv's channels, K values each */
         const size_t K = (size_t)m->config.linear_conv_kernel_dim;
-        return (size_t)conv_channel(m, (int64_t)(i / K)) * K + i % K;
+        return (size_t)trill_param_whole_row(p, (int64_t)(i / K)) * K + i % K;
     }
     return (size_t)p->slice_at[0] + i;
 }
@@ -211,15 +203,16 @@ void trill_model_init_random(trill_model *m, uint64_t seed) {
             continue;
         }
         /* a tensor-parallel slice draws its elements of the whole tensor: the whole model's values */
-        const size_t cols = (size_t)p->shape[1], wcols = (size_t)p->whole_shape[1], r0 = (size_t)p->slice_at[0], c0 = (size_t)p->slice_at[1];
+        const size_t cols = (size_t)p->shape[1], wcols = (size_t)p->whole_shape[1], c0 = (size_t)p->slice_at[1];
+#define AT(i) ((size_t)trill_param_whole_row(p, (int64_t)((i) / cols)) * wcols + c0 + (i) % cols)
         if (p->bf16) {
 #pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < p->numel; i++)
-                p->bf16[i] = trill_f32_to_bf16(std * (float)trill_rng_normal(key, (r0 + i / cols) * wcols + c0 + i % cols));
+            for (size_t i = 0; i < p->numel; i++) p->bf16[i] = trill_f32_to_bf16(std * (float)trill_rng_normal(key, AT(i)));
         } else {
 #pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, (r0 + i / cols) * wcols + c0 + i % cols);
+            for (size_t i = 0; i < p->numel; i++) p->data[i] = std * (float)trill_rng_normal(key, AT(i));
         }
+#undef AT
     }
 }
 
@@ -417,12 +410,12 @@ static trill_status load_tensor(const trill_model *m, const trill_checkpoint *ck
     }
     const size_t rows = p->ndim == 2 ? (size_t)p->shape[0] : 1, cols = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
     const size_t wcols = p->ndim == 2 ? (size_t)p->whole_shape[1] : cols, elem = trill_dtype_size(v->dtype);
-    if (p->split == TRILL_SPLIT_CHANNELS && m->tp_size > 1) { /* a share's conv: its heads' channels of q, k and v */
+    if (p->chan_len[0] && p->ndim == 1) { /* a share's conv: its heads' channels of q, k and v */
         for (size_t i = 0; i < p->numel; i++) trill_to_f32(p->data + i, (const char *)v->data + whole_index(m, p, i) * elem, v->dtype, 1);
         return TRILL_OK;
     }
     for (size_t i = 0; i < rows; i++) { /* row by row: a slice's are strided in the whole tensor */
-        const char *src = (const char *)v->data + (((size_t)p->slice_at[0] + i) * wcols + (size_t)p->slice_at[1]) * elem;
+        const char *src = (const char *)v->data + ((size_t)trill_param_whole_row(p, (int64_t)i) * wcols + (size_t)p->slice_at[1]) * elem;
         if (p->bf16) { /* chosen only when every matrix is BF16 or F8_E4M3 (matrices_fit_bf16) */
             assert(v->dtype == TRILL_BF16);
             memcpy(p->bf16 + i * cols, src, cols * sizeof(uint16_t));

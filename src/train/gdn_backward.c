@@ -72,10 +72,11 @@ trill_status trill_gdn_backward(const trill_forward_pass *fp, const trill_grad_s
         }
     const int n = (int)T, h = (int)H;
     if (w->gdn_qkv.f32 || w->gdn_qkv.bf16) { /* Qwen3.5: each part's own projection */
-        if (!(st = trill_linear_backward(fp, sink, lg, dxn, dmixed, a->xn1, w->gdn_qkv, ad->gdn_qkv, a->xa[XA_GDN_QKV], n, h, d.C)) &&
-            !(st = trill_linear_backward(fp, sink, lg, dxn, dz, a->xn1, w->gdn_z, ad->gdn_z, a->xa[XA_GDN_Z], n, h, (int)vd)) &&
-            !(st = trill_linear_backward(fp, sink, lg, dxn, dbeta, a->xn1, w->gdn_b, ad->gdn_b, a->xa[XA_GDN_B], n, h, d.nv)))
-            st = trill_linear_backward(fp, sink, lg, dxn, dg, a->xn1, w->gdn_a, ad->gdn_a, a->xa[XA_GDN_A], n, h, d.nv);
+        if (!(st = trill_linear_backward_colpar(fp, sink, lg, dxn, dmixed, a->xn1, w->gdn_qkv, ad->gdn_qkv, a->xa[XA_GDN_QKV], n, h, d.C)) &&
+            !(st = trill_linear_backward_colpar(fp, sink, lg, dxn, dz, a->xn1, w->gdn_z, ad->gdn_z, a->xa[XA_GDN_Z], n, h, (int)vd)) &&
+            !(st = trill_linear_backward_colpar(fp, sink, lg, dxn, dbeta, a->xn1, w->gdn_b, ad->gdn_b, a->xa[XA_GDN_B], n, h, d.nv)) &&
+            !(st = trill_linear_backward_colpar(fp, sink, lg, dxn, dg, a->xn1, w->gdn_a, ad->gdn_a, a->xa[XA_GDN_A], n, h, d.nv)))
+            st = trill_tp_sum(fp, dxn, T * H); /* the heads' parts, over the tensor-parallel group */
     } else {
         trill_gdn_join(&d, dmixed, dz, dbeta, dg, n, dqkvz, dba);
         st = trill_linear_backward_colpar(fp, sink, lg, dxn, dqkvz, a->xn1, w->gdn_qkvz, ad->gdn_qkvz, a->xa[XA_GDN_QKVZ], n, h, d.P);

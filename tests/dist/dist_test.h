@@ -45,7 +45,7 @@ static inline void test_set_lora_b(trill_lora *l) {
         for (const char *p = t[i].name; *p; p++) h = h * 31 + (unsigned char)*p;
         for (int64_t r = 0; r < t[i].shape[0]; r++)
             for (int64_t c = 0; c < t[i].shape[1]; c++) {
-                const int64_t k = (r + t[i].slice_at[0]) * t[i].whole_shape[1] + c + t[i].slice_at[1];
+                const int64_t k = trill_param_whole_row(&t[i], r) * t[i].whole_shape[1] + c + t[i].slice_at[1];
                 t[i].data[r * t[i].shape[1] + c] = 0.05f * (float)((int)((h + (unsigned)k * 7) % 11) - 5);
             }
     }

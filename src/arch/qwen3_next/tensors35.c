@@ -55,15 +55,15 @@ static bool untied(const trill_config *c, int l) { return !c->tie_word_embedding
 #define ROWS35(P) \
     { P "embed_tokens.weight", TRILL_TENSOR_EMBEDDING, G, NULL, { D_V, D_H }, TRILL_ROLE_EMBED, NOLORA, NOFUSE, ROWS, MW(embed), NOF }, \
     { P "layers.%d.input_layernorm.weight", NORM, L, NULL, { D_H, NO }, TRILL_ROLE_INPUT_NORM, NOLORA, NOFUSE, REPL, LW(input_norm), NOF }, \
-    { P "layers.%d.linear_attn.in_proj_qkv.weight", MAT, L, linear, { D_C, D_H }, TRILL_ROLE_GDN_QKV, TRILL_LORA_IN_PROJ_QKV, NOFUSE, REPL, LW(gdn_qkv), LL(gdn_qkv) }, \
-    { P "layers.%d.linear_attn.in_proj_z.weight", MAT, L, linear, { D_VD, D_H }, TRILL_ROLE_GDN_Z, TRILL_LORA_IN_PROJ_Z, NOFUSE, REPL, LW(gdn_z), LL(gdn_z) }, \
-    { P "layers.%d.linear_attn.in_proj_b.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_B, TRILL_LORA_IN_PROJ_B, NOFUSE, REPL, LW(gdn_b), LL(gdn_b) }, \
-    { P "layers.%d.linear_attn.in_proj_a.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_A, TRILL_LORA_IN_PROJ_A, NOFUSE, REPL, LW(gdn_a), LL(gdn_a) }, \
-    { P "layers.%d.linear_attn.conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, REPL, LW(gdn_conv), NOF }, \
-    { P "layers.%d.linear_attn.dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, REPL, LW(gdn_dt_bias), NOF }, \
-    { P "layers.%d.linear_attn.A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, REPL, LW(gdn_a_log), NOF }, \
+    { P "layers.%d.linear_attn.in_proj_qkv.weight", MAT, L, linear, { D_C, D_H }, TRILL_ROLE_GDN_QKV, TRILL_LORA_IN_PROJ_QKV, NOFUSE, TRILL_SPLIT_CHANNELS, LW(gdn_qkv), LL(gdn_qkv) }, \
+    { P "layers.%d.linear_attn.in_proj_z.weight", MAT, L, linear, { D_VD, D_H }, TRILL_ROLE_GDN_Z, TRILL_LORA_IN_PROJ_Z, NOFUSE, ROWS, LW(gdn_z), LL(gdn_z) }, \
+    { P "layers.%d.linear_attn.in_proj_b.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_B, TRILL_LORA_IN_PROJ_B, NOFUSE, ROWS, LW(gdn_b), LL(gdn_b) }, \
+    { P "layers.%d.linear_attn.in_proj_a.weight", MAT, L, linear, { D_NV, D_H }, TRILL_ROLE_GDN_A, TRILL_LORA_IN_PROJ_A, NOFUSE, ROWS, LW(gdn_a), LL(gdn_a) }, \
+    { P "layers.%d.linear_attn.conv1d.weight", TRILL_TENSOR_CONV, L, linear, { D_CONVW, NO }, TRILL_ROLE_GDN_CONV, NOLORA, NOFUSE, TRILL_SPLIT_CHANNELS, LW(gdn_conv), NOF }, \
+    { P "layers.%d.linear_attn.dt_bias", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_DT_BIAS, NOLORA, NOFUSE, ROWS, LW(gdn_dt_bias), NOF }, \
+    { P "layers.%d.linear_attn.A_log", TRILL_TENSOR_DECAY, L, linear, { D_NV, NO }, TRILL_ROLE_GDN_A_LOG, NOLORA, NOFUSE, ROWS, LW(gdn_a_log), NOF }, \
     { P "layers.%d.linear_attn.norm.weight", NORM, L, linear, { D_DV, NO }, TRILL_ROLE_GDN_NORM, NOLORA, NOFUSE, REPL, LW(gdn_norm), NOF }, \
-    { P "layers.%d.linear_attn.out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, REPL, LW(gdn_out), LL(gdn_out) }, \
+    { P "layers.%d.linear_attn.out_proj.weight", MAT, L, linear, { D_H, D_VD }, TRILL_ROLE_GDN_OUT, TRILL_LORA_OUT_PROJ, NOFUSE, COLS, LW(gdn_out), LL(gdn_out) }, \
     { P "layers.%d.self_attn.q_proj.weight", MAT, L, full, { D_QD2, D_H }, TRILL_ROLE_Q, TRILL_LORA_Q, QKV(0), ROWS, LW(wq), LL(q) }, \
     { P "layers.%d.self_attn.q_proj.bias", LBIAS, L, full_bias, { D_QD2, NO }, TRILL_ROLE_Q_BIAS, NOLORA, NOFUSE, ROWS, LW(q_bias), NOF }, \
     { P "layers.%d.self_attn.k_proj.weight", MAT, L, full, { D_KVD, D_H }, TRILL_ROLE_K, TRILL_LORA_K, QKV(1), ROWS, LW(wk), LL(k) }, \

@@ -66,7 +66,7 @@ static trill_status set_up_shards(trill_trainer *r) {
  * adapter's vector (at base, rows of t->whole_shape[1]), or (to_whole false) back. */
 static void copy_slice(const trill_param *t, float *local, float *whole, bool to_whole) {
     for (int64_t i = 0; i < t->shape[0]; i++) {
-        float *w = whole + (t->slice_at[0] + i) * t->whole_shape[1] + t->slice_at[1], *l = local + i * t->shape[1];
+        float *w = whole + trill_param_whole_row(t, i) * t->whole_shape[1] + t->slice_at[1], *l = local + i * t->shape[1];
         memcpy(to_whole ? w : l, to_whole ? l : w, sizeof(float) * (size_t)t->shape[1]);
     }
 }
