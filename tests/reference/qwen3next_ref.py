@@ -233,6 +233,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_ref as q3  # noqa: E402  (the generic parts: RoPE, LoRA, commands, selfcheck)
+# PEFT's target_parameters adapters' common parts, gpt-oss's reference's (the same rules)
+from gptoss_ref import STACKED_TARGETS, ParamLora, lora_r_scale, parse_patterns, pattern_value  # noqa: E402,F401
 
 DT = torch.float64
 L2NORM_EPS = 1e-6  # HF l2norm's eps (use_qk_l2norm_in_kernel), fixed in the modeling file
@@ -744,28 +746,6 @@ def linear_modules(cfg):
 # alpha / sqrt(r) with use_rslora.
 # qwen3_next keeps qwen3_ref's reader (its routed experts are modules; target_parameters refused).
 
-STACKED_TARGETS = ("gate_up_proj", "down_proj")  # the 3-D expert parameters a wrapper may wrap
-ParamLora = collections.namedtuple("ParamLora", "param layer which fin fout r scale a b")
-
-
-def pattern_value(patterns, name, default):
-    r"""PEFT's get_pattern_key: the value of the first key K with re.match(rf"(.*\.)?({K})$",
-    name); default when none matches."""
-    for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?({key})$", name):
-            return value
-    return default
-
-
-def lora_r_scale(acfg, name):
-    """(r, scale) of the module or parameter `name` under the adapter config's patterns."""
-    r = pattern_value(acfg.get("rank_pattern"), name, acfg["r"])
-    alpha = pattern_value(acfg.get("alpha_pattern"), name, acfg["lora_alpha"])
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise SystemExit(f"adapter: rank {r!r} for {name} is not a positive integer")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise SystemExit(f"adapter: lora_alpha {alpha!r} for {name} is not a number")
-    return r, q3.lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": acfg.get("use_rslora", False)})
 
 
 def param_wrappers(cfg, acfg):
@@ -887,22 +867,6 @@ def load_adapter(adapter_dir, cfg, linears):
         raise SystemExit(f"{adapter_dir}: target_modules {targets!r} select no module "
                          "(and no target_parameters)")
     return modules, W, wrappers, acfg
-
-
-def parse_patterns(items, what, is_rank):
-    """--rank-pattern / --alpha-pattern KEY=VALUE items -> {KEY: VALUE}."""
-    out = {}
-    for item in items or []:
-        key, eq, v = item.rpartition("=")
-        try:
-            val = float(v)
-        except ValueError:
-            val = None
-        if not eq or not key or val is None or (is_rank and (not val.is_integer() or val <= 0)):
-            raise SystemExit(f"--{what} expects KEY={'R (a positive integer)' if is_rank else 'ALPHA'}"
-                             f", got {item!r}")
-        out[key] = int(val) if val.is_integer() else val
-    return out
 
 
 def make_adapter_tensors(cfg, acfg, seed, b_std):
