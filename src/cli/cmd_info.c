@@ -74,7 +74,8 @@ static void describe(const char *dir, const trill_config *cfg) {
                    cfg->num_hidden_layers, cfg->linear_num_key_heads, cfg->linear_key_head_dim, cfg->linear_num_value_heads,
                    cfg->linear_value_head_dim, cfg->linear_conv_kernel_dim);
     }
-    printf("mlp:           dense intermediate %d", cfg->intermediate_size);
+    if (cfg->intermediate_size > 0) printf("mlp:           dense intermediate %d", cfg->intermediate_size);
+    else printf("mlp:           no dense MLP"); /* every layer a MoE (Qwen3.5) */
     if (cfg->n_moe_layers)
         printf("; %d experts, top-%d, expert intermediate %d, norm_topk_prob %s", cfg->num_experts,
                cfg->num_experts_per_tok, cfg->moe_intermediate_size, cfg->norm_topk_prob ? "true" : "false");
