@@ -217,8 +217,8 @@ static trill_status config_fields(const json_t *root, const json_t *top, const c
     if (strcmp(act, "silu") != 0)
         return trill_error(TRILL_ERR_UNSUPPORTED, "%s: field \"hidden_act\": \"%s\" is not supported (expected \"silu\")", what, act);
     if ((st = read_token_ids(root, what, &c))) return st;
-    if (top != root && (json_object_get(top, "bos_token_id") || json_object_get(top, "eos_token_id"))) {
-        c.bos_token_id = -1, c.n_eos = 0;
+    if (top != root) { /* the top level's special tokens, where it has them, over text_config's */
+        if (json_object_get(top, "eos_token_id")) c.n_eos = 0;
         if ((st = read_token_ids(top, what, &c))) return st;
     }
     if (classifier) {

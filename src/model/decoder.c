@@ -83,11 +83,48 @@ size_t trill_decoder_widest_mlp(const trill_config *c) {
     return routed > w ? routed : w;
 }
 
+/* A layer's attention activations: GQA's (its output gate's and QK-norm's too) or MLA's, by the
+ * model's attention kind; a Gated DeltaNet layer's own have none unless the buffers are shared. */
+static void plan_attention(const trill_forward_pass *fp, trill_plan *p, const trill_layer_desc *d, bool every, trill_decoder_acts *a) {
+    const trill_config *c = &fp->m->config;
+    const size_t T = (size_t)fp->T, F = sizeof(float), nh = c->num_attention_heads;
+    if (d->attention == TRILL_ATTENTION_GDN && !every) return;
+    if (trill_decoder_attention_kind(c) == TRILL_ATTENTION_GQA) {
+        const trill_layer_desc ad = trill_decoder_attention_desc(c);
+        const size_t qd = nh * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
+        if (ad.output_gate) {
+            a->qg = trill_plan_take(p, T * 2 * qd * F);
+            a->ogate = trill_plan_take(p, T * qd * F);
+            a->att_g = trill_plan_take(p, T * qd * F);
+        }
+        if (ad.qk_norm) {
+            a->q_raw = trill_plan_take(p, T * qd * F);
+            a->k_raw = trill_plan_take(p, T * kvd * F);
+        }
+        a->q = trill_plan_take(p, T * qd * F);
+        a->k = trill_plan_take(p, T * kvd * F);
+        a->v = trill_plan_take(p, T * kvd * F);
+        a->att = trill_plan_take(p, T * qd * F);
+        return;
+    }
+    const size_t qk = (size_t)c->qk_nope_head_dim + c->qk_rope_head_dim, dv = c->v_head_dim, ql = c->q_lora_rank, kl = c->kv_lora_rank;
+    if (ql) {
+        a->qa = trill_plan_take(p, T * ql * F);
+        a->qan = trill_plan_take(p, T * ql * F);
+    }
+    a->ckv = trill_plan_take(p, T * kl * F);
+    a->ckvn = trill_plan_take(p, T * kl * F);
+    a->q = trill_plan_take(p, T * nh * qk * F);
+    a->k = trill_plan_take(p, T * nh * qk * F);
+    a->v = trill_plan_take(p, T * nh * dv * F);
+    a->att = trill_plan_take(p, T * nh * dv * F);
+}
+
 /* One layer's own activations. */
 static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p, int l) {
     const trill_config *c = &fp->m->config;
     const trill_layer_desc d = trill_layer_desc_of(c, l);
-    const size_t T = (size_t)fp->T, H = c->hidden_size, F = sizeof(float), nh = c->num_attention_heads;
+    const size_t T = (size_t)fp->T, H = c->hidden_size, F = sizeof(float);
     const size_t E = c->num_experts > 0 ? c->num_experts : 1, K = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
     const size_t Im = c->moe_intermediate_size, ff = trill_decoder_widest_mlp(c);
     const bool every = !fp->training || fp->recompute; /* buffers every layer shares: the widest */
@@ -95,42 +132,13 @@ static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p
     /* shared buffers serve every layer: a Gated DeltaNet's and the attention's both when the model has both */
     const bool gdn = d.attention == TRILL_ATTENTION_GDN || (every && trill_decoder_has_gdn(c));
     if (gdn) trill_gdn_plan(c, p, T, &a.gdn);
-    if (d.attention == TRILL_ATTENTION_GDN && !every) {
-        /* no attention buffers */
-    } else if (trill_decoder_attention_kind(c) == TRILL_ATTENTION_GQA) {
-        const trill_layer_desc ad = trill_decoder_attention_desc(c);
-        const size_t qd = nh * c->head_dim, kvd = (size_t)c->num_key_value_heads * c->head_dim;
-        if (ad.output_gate) {
-            a.qg = trill_plan_take(p, T * 2 * qd * F);
-            a.ogate = trill_plan_take(p, T * qd * F);
-            a.att_g = trill_plan_take(p, T * qd * F);
-        }
-        if (ad.qk_norm) {
-            a.q_raw = trill_plan_take(p, T * qd * F);
-            a.k_raw = trill_plan_take(p, T * kvd * F);
-        }
-        a.q = trill_plan_take(p, T * qd * F);
-        a.k = trill_plan_take(p, T * kvd * F);
-        a.v = trill_plan_take(p, T * kvd * F);
-        a.att = trill_plan_take(p, T * qd * F);
-    } else {
-        const size_t qk = (size_t)c->qk_nope_head_dim + c->qk_rope_head_dim, dv = c->v_head_dim, ql = c->q_lora_rank, kl = c->kv_lora_rank;
-        if (ql) {
-            a.qa = trill_plan_take(p, T * ql * F);
-            a.qan = trill_plan_take(p, T * ql * F);
-        }
-        a.ckv = trill_plan_take(p, T * kl * F);
-        a.ckvn = trill_plan_take(p, T * kl * F);
-        a.q = trill_plan_take(p, T * nh * qk * F);
-        a.k = trill_plan_take(p, T * nh * qk * F);
-        a.v = trill_plan_take(p, T * nh * dv * F);
-        a.att = trill_plan_take(p, T * nh * dv * F);
-    }
+    plan_attention(fp, p, &d, every, &a);
     a.x_mid = trill_plan_take(p, T * H * F);
     a.xn2 = trill_plan_take(p, T * H * F);
     const size_t gate_cols = every ? ff : d.moe ? K * Im : (size_t)c->intermediate_size;
     a.moe.gate = trill_plan_take(p, T * gate_cols * F);
     a.moe.up = trill_plan_take(p, T * gate_cols * F);
+    const bool shared = d.shared_experts || (every && trill_config_shared_width(c) > 0);
     if (every || d.moe) {
         a.moe.ye = trill_plan_take(p, T * K * H * F);
         a.scores = trill_plan_take(p, T * E * F);
@@ -138,7 +146,7 @@ static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p
         a.moe.topi = trill_plan_take(p, T * K * sizeof(int));
         a.moe.order = trill_plan_take(p, T * K * sizeof(int));
         a.moe.count = trill_plan_take(p, (E + 1) * sizeof(int));
-        if (d.shared_experts || (every && trill_config_shared_width(c) > 0)) {
+        if (shared) {
             const size_t sh = (size_t)trill_config_shared_width(c);
             a.sgate = trill_plan_take(p, T * sh * F);
             a.sup = trill_plan_take(p, T * sh * F);
@@ -146,11 +154,11 @@ static trill_decoder_acts plan_layer(const trill_forward_pass *fp, trill_plan *p
             a.sh_out = trill_plan_take(p, T * H * F);
         }
     }
-    if (fp->lora)
-        for (int x = 0; x < XA_N; x++) {
-            const bool routed = x == XA_GATE || x == XA_UP || x == XA_DOWN;
-            a.xa[x] = trill_plan_take(p, T * (routed ? K : 1) * (size_t)fp->lora->config.rank * F);
-        }
+    for (int x = 0; fp->lora && x < XA_N; x++) { /* the adapters' inputs of the modules the layer can have */
+        const bool routed = x == XA_GATE || x == XA_UP || x == XA_DOWN, gdn_x = x >= XA_GDN_QKVZ;
+        if ((gdn_x && !gdn) || (x == XA_SH_EGATE && !shared)) continue;
+        a.xa[x] = trill_plan_take(p, T * (routed ? K : 1) * (size_t)fp->lora->config.rank * F);
+    }
     return a;
 }
 

@@ -823,6 +823,13 @@ static void test_qwen35_moe(void **state) {
     trill_model_free(m);
     test_rmdir(dir);
     free(dir);
+    /* the special tokens: text_config's, the top level's over them where it has them */
+    static const char toks[] = "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], \"model_type\": \"qwen3_5_moe\", \"bos_token_id\": 3,"
+                               " \"text_config\": {\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                               " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+                               " \"bos_token_id\": 1, \"eos_token_id\": [5, 6]}}";
+    const trill_config t35 = parse(toks);
+    assert_true(t35.bos_token_id == 3 && t35.n_eos == 2 && t35.eos_token_ids[0] == 5 && t35.eos_token_ids[1] == 6);
     /* the language model's fields are text_config's: a config without it is refused by name */
     static const char flat[] = "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], \"model_type\": \"qwen3_5_moe\", \"hidden_size\": 64}";
     trill_config x35;
