@@ -226,10 +226,18 @@ m stacked_linear_offset model src/model/model.c "test_arch" \
   'if (sk->linear) return (size_t)(((e * S + sk->offset) * R + i) * C + j);' \
   'if (sk->linear) return (size_t)(((e * S + sk->offset) * C + j) * R + i);' \
   "Qwen3.5's stacked experts read transposed (x @ W) instead of nn.Linear's orientation"
-m gdn_chunk_solve kernels src/kernels/gdn_impl.h "test_gradcheck" \
-  'for (int m = j + 1; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \
-  'for (int m = j + 2; m < i; m++) s += row[m] * A[(size_t)m * C + j];' \
-  "gated delta rule (chunked): the triangular solve skips a term"
+m gdn_chunk_cumsum_float kernels src/kernels/gdn_impl.h "test_gradcheck" \
+  'double G[GDN_CHUNK], acc = 0;' \
+  'REAL G[GDN_CHUNK], acc = 0;' \
+  "gated delta rule (chunked): the chunk's cumulative decay summed in float (exp(G_i - G_j) loses digits under strong decay)"
+m gdn_chunk_backward_solve kernels src/kernels/gdn_impl.h "test_gradcheck" \
+  'CblasTrans, CblasUnit, c, dv, 1, w->L, C, w->dVb, dv);' \
+  'CblasNoTrans, CblasUnit, c, dv, 1, w->L, C, w->dVb, dv);' \
+  "gated delta rule (chunked) backward: beta v's gradient solved with (I + L) instead of its transpose"
+m gdn_chunk_decay_grad kernels src/kernels/gdn_impl.h "test_gradcheck" \
+  'dG[i] += h, dG[j] -= h;' \
+  'dG[i] += h;' \
+  "gated delta rule (chunked) backward: P's decay exp(G_i - G_j) differentiated for G_i only"
 m mxfp4_nibbles_swapped checkpoint src/model/model.c "parity_gptoss" \
   'FP4_E2M1[k % 2 ? byte >> 4 : byte & 15]' \
   'FP4_E2M1[k % 2 ? byte & 15 : byte >> 4]' \

@@ -142,13 +142,18 @@ trill_status KERNEL(trill_gdn_recurrent_backward)(REAL_T *dq, REAL_T *dk, REAL_T
 void KERNEL(trill_gdn_recurrent_forward_states)(REAL_T *out, const REAL_T *q, const REAL_T *k, const REAL_T *v, const REAL_T *g,
                                                 const REAL_T *beta, REAL_T *const *states, const int *offsets, int n_seqs, int nh, int dk, int dv);
 
-/* The same rule computed chunk by chunk (64 positions; HF's torch_chunk_gated_delta_rule: the
- * within-chunk part as a triangular solve, the state crossing chunks once): equal to
- * trill_gdn_recurrent_forward up to rounding. TRILL_ERR_NOMEM (out incomplete) without its
- * per-thread scratch. */
+/* The same rule and its backward computed chunk by chunk (64 positions; the WY form of HF's
+ * torch_chunk_gated_delta_rule: within a chunk GEMMs and a triangular solve, the state crossing
+ * chunks once): equal to the recurrent form up to rounding, with the same arguments. The
+ * backward keeps the state before each chunk. TRILL_ERR_NOMEM (results incomplete) without
+ * their per-thread scratch. */
 trill_status KERNEL(trill_gdn_chunked_forward)(REAL_T *out, REAL_T *state_out, const REAL_T *q, const REAL_T *k, const REAL_T *v,
                                                const REAL_T *g, const REAL_T *beta, const REAL_T *state0, const int *offsets, int n_seqs,
                                                int nh, int dk, int dv);
+trill_status KERNEL(trill_gdn_chunked_backward)(REAL_T *dq, REAL_T *dk, REAL_T *dv, REAL_T *dg, REAL_T *dbeta, REAL_T *dstate0,
+                                                const REAL_T *dout, const REAL_T *dstate_out, const REAL_T *q, const REAL_T *k,
+                                                const REAL_T *v, const REAL_T *g, const REAL_T *beta, const REAL_T *state0,
+                                                const int *offsets, int n_seqs, int nh, int dk_, int dv_);
 
 /* The Gated DeltaNet layer's other operations (HF modeling_qwen3_next.py):
  * - the depthwise causal conv1d with SiLU over each sequence of a packed batch: x, out [T, C],

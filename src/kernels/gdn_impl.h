@@ -196,93 +196,208 @@ trill_status KN(trill_gdn_recurrent_backward)(REAL *dq, REAL *dk, REAL *dv, REAL
     return TRILL_OK;
 }
 
-/* ---- the chunked form (HF's torch_chunk_gated_delta_rule, chunks of GDN_CHUNK) ---- */
+/* ---- the chunked form (the WY form of HF's torch_chunk_gated_delta_rule, chunks of GDN_CHUNK) ----
+ *
+ * Per chunk of c <= GDN_CHUNK positions, from the state S before it, with G_i the cumulative log
+ * decay within the chunk (G_i = g_0 + ... + g_i), M_ij = exp(G_i - G_j) (j <= i):
+ *   L_ij = beta_i (k_i . k_j) M_ij (j < i);  (I + L) U' = beta v;  (I + L) W = beta exp(G) k;
+ *   U = U' - W S                                       (the chunk's u_t, as the recurrence's)
+ *   O = diag(exp G) Q S + P U,   P_ij = (q_i . k_j) M_ij (j <= i)
+ *   S = exp(G_last) S + Kd^T U,  Kd_i = exp(G_last - G_i) k_i.
+ * Every product is a GEMM (the triangular systems a TRSM) over the chunk's rows; the backward
+ * differentiates these equations chunk by chunk, last to first, from the state before each chunk
+ * (kept by a forward pass). exp(G_i - G_j) <= 1 and exp(G_i) <= 1: nothing is divided. */
 
-/* One head of one sequence, n steps from the state in S (overwritten with the final one), chunk
- * by chunk (c <= GDN_CHUNK positions; a short last chunk is what HF's zero padding computes). Per
- * chunk, with G the cumulative log decay, kb = beta k, vb = beta v:
- *   A[i][j] = -(kb_i . k_j) exp(G_i - G_j) (j < i), made (I - A)^-1 - ... by forward substitution
- *   as HF does (row i += row i's A times the rows before it), T = A + I;
- *   U = T vb, W = T (kb exp(G));  v' = U - W S;
- *   o_i = exp(G_i) q_i^T S + sum_{j <= i} (q_i . k_j) exp(G_i - G_j) v'_j;
- *   S = exp(G_last) S + sum_j k_j exp(G_last - G_j) v'_j^T.
- * work: [c][c] + [c][dv] + [c][dk] + [c]. */
-static void KN(gdn_head_chunked)(REAL *S, REAL *o, const REAL *q, const REAL *k, const REAL *v, const REAL *g, const REAL *beta, int n,
-                                 int dk, int dv, size_t stride_k, size_t stride_v, size_t stride_g, REAL *work) {
+/* One head's chunk scratch (gdn_chunk_ws_size REALs): the prepared chunk and, for the backward,
+ * the gradients' buffers. */
+typedef struct KN(gdn_ws) {
+    REAL *eG, *eD, *bt, *dG;          /* [C]: exp(G_i), exp(G_last - G_i), beta, the gradient of G */
+    REAL *M, *Le, *L, *P, *dP;        /* [C, C]: M, (k_i . k_j) M_ij, L, P; dP the backward's */
+    REAL *W, *Kd, *dKb, *dQe;         /* [C, dk] */
+    REAL *Up, *U, *dU, *dVb;          /* [C, dv] */
+} KN(gdn_ws);
+
+static size_t KN(gdn_ws_size)(int dk, int dv) {
+    const size_t C = GDN_CHUNK;
+    return 4 * C + 5 * C * C + 4 * C * (size_t)dk + 4 * C * (size_t)dv;
+}
+
+static void KN(gdn_ws_init)(KN(gdn_ws) *w, REAL *p, int dk, int dv) {
+    const size_t C = GDN_CHUNK;
+    REAL **const c1[] = { &w->eG, &w->eD, &w->bt, &w->dG }, **const c2[] = { &w->M, &w->Le, &w->L, &w->P, &w->dP };
+    REAL **const ck[] = { &w->W, &w->Kd, &w->dKb, &w->dQe }, **const cv[] = { &w->Up, &w->U, &w->dU, &w->dVb };
+    for (int i = 0; i < 4; i++) *c1[i] = p, p += C;
+    for (int i = 0; i < 5; i++) *c2[i] = p, p += C * C;
+    for (int i = 0; i < 4; i++) *ck[i] = p, p += C * (size_t)dk;
+    for (int i = 0; i < 4; i++) *cv[i] = p, p += C * (size_t)dv;
+}
+
+#define GDN_MM(ta, tb, m, n, kk, alpha, A, lda, B, ldb, beta, Cm, ldc)                                                              \
+    GEMM(CblasRowMajor, Cblas##ta, Cblas##tb, m, n, kk, alpha, A, (int)(lda), B, (int)(ldb), beta, Cm, (int)(ldc))
+
+/* A chunk of c rows (q, k at stride sk, v at sv, g and beta at sg) from the state S: eG, eD, bt,
+ * M, Le, L, P (zero above the diagonal), W, Up and U; and Kd. */
+static void KN(gdn_chunk_prep)(const KN(gdn_ws) *w, int c, const REAL *q, const REAL *k, const REAL *v, const REAL *g, const REAL *beta,
+                               size_t sk, size_t sv, size_t sg, int dk, int dv, const REAL *S) {
     const int C = GDN_CHUNK;
-    REAL *A = work, *U = A + (size_t)C * C, *W = U + (size_t)C * dv, *G = W + (size_t)C * dk;
+    /* G in double: over a chunk of strong decay it reaches -1e3 and more, where float's G_i - G_j
+     * would lose the digits of exp(G_i - G_j) between near positions (1e-4 of it at -1e3) */
+    double G[GDN_CHUNK], acc = 0;
+    for (int i = 0; i < c; i++) {
+        G[i] = acc += (double)g[(size_t)i * sg];
+        w->bt[i] = beta[(size_t)i * sg];
+        w->eG[i] = KN(exp_nonpos)((REAL)G[i]);
+    }
+    for (int i = 0; i < c; i++) w->eD[i] = KN(exp_nonpos)((REAL)(G[c - 1] - G[i]));
+    GDN_MM(NoTrans, Trans, c, c, dk, 1, k, sk, k, sk, 0, w->Le, C);
+    GDN_MM(NoTrans, Trans, c, c, dk, 1, q, sk, k, sk, 0, w->P, C);
+    for (int i = 0; i < c; i++) {
+        REAL *Mi = w->M + (size_t)i * C, *Pi = w->P + (size_t)i * C, *Lei = w->Le + (size_t)i * C, *Li = w->L + (size_t)i * C;
+        for (int j = 0; j <= i; j++) {
+            Mi[j] = KN(exp_nonpos)((REAL)(G[i] - G[j]));
+            Pi[j] *= Mi[j];
+            Lei[j] *= Mi[j];
+            Li[j] = w->bt[i] * Lei[j];
+        }
+        for (int j = i + 1; j < c; j++) Pi[j] = 0;
+    }
+    for (int i = 0; i < c; i++) {
+        const REAL *ki = k + (size_t)i * sk, *vi = v + (size_t)i * sv, bk = w->bt[i] * w->eG[i];
+        for (int y = 0; y < dv; y++) w->Up[(size_t)i * dv + y] = w->bt[i] * vi[y];
+        for (int x = 0; x < dk; x++) w->W[(size_t)i * dk + x] = bk * ki[x], w->Kd[(size_t)i * dk + x] = w->eD[i] * ki[x];
+    }
+    TRSM(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasUnit, c, dv, 1, w->L, C, w->Up, dv);
+    TRSM(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasUnit, c, dk, 1, w->L, C, w->W, dk);
+    memcpy(w->U, w->Up, sizeof(REAL) * (size_t)c * dv);
+    GDN_MM(NoTrans, NoTrans, c, dv, dk, -1, w->W, dk, S, dv, 1, w->U, dv);
+}
+
+/* One head of one sequence: n steps from the state in S (overwritten with the final one); o
+ * (NULL: not wanted) at stride sv. keep (NULL: none) gets the state before each chunk. */
+static void KN(gdn_head_chunked)(REAL *S, REAL *o, const REAL *q, const REAL *k, const REAL *v, const REAL *g, const REAL *beta, int n,
+                                 int dk, int dv, size_t sk, size_t sv, size_t sg, REAL *keep, const KN(gdn_ws) *w) {
+    const int C = GDN_CHUNK;
+    const size_t ss = (size_t)dk * dv;
     for (int t0 = 0; t0 < n; t0 += C) {
         const int c = n - t0 < C ? n - t0 : C;
-        const REAL *qc = q + (size_t)t0 * stride_k, *kc = k + (size_t)t0 * stride_k, *vc = v + (size_t)t0 * stride_v;
-        REAL acc = 0;
-        for (int i = 0; i < c; i++) G[i] = acc += g[(size_t)(t0 + i) * stride_g];
-        for (int i = 0; i < c; i++) {
-            const REAL bi = beta[(size_t)(t0 + i) * stride_g];
-            for (int j = 0; j < c; j++) {
-                REAL d = 0;
-                if (j < i)
-                    for (int x = 0; x < dk; x++) d += kc[(size_t)i * stride_k + x] * kc[(size_t)j * stride_k + x];
-                A[(size_t)i * C + j] = j < i ? -bi * d * EXPR(G[i] - G[j]) : 0;
-            }
+        const REAL *qc = q + (size_t)t0 * sk, *kc = k + (size_t)t0 * sk;
+        if (keep) memcpy(keep + (size_t)(t0 / C) * ss, S, sizeof(REAL) * ss);
+        KN(gdn_chunk_prep)(w, c, qc, kc, v + (size_t)t0 * sv, g + (size_t)t0 * sg, beta + (size_t)t0 * sg, sk, sv, sg, dk, dv, S);
+        if (o) {
+            REAL *oc = o + (size_t)t0 * sv;
+            GDN_MM(NoTrans, NoTrans, c, dv, dk, 1, qc, sk, S, dv, 0, oc, sv);
+            for (int i = 0; i < c; i++)
+                for (int y = 0; y < dv; y++) oc[(size_t)i * sv + y] *= w->eG[i];
+            GDN_MM(NoTrans, NoTrans, c, dv, c, 1, w->P, C, w->U, dv, 1, oc, sv);
         }
-        for (int i = 1; i < c; i++) { /* row i: row + row . (the rows before it), as HF's loop */
-            REAL row[GDN_CHUNK];
-            for (int j = 0; j < i; j++) row[j] = A[(size_t)i * C + j];
-            for (int j = 0; j < i; j++) {
-                REAL s = row[j];
-                for (int m = j + 1; m < i; m++) s += row[m] * A[(size_t)m * C + j];
-                A[(size_t)i * C + j] = s;
-            }
-        }
-        for (int i = 0; i < c; i++) { /* U = (A + I) vb, W = (A + I) (kb exp(G)) */
-            for (int y = 0; y < dv; y++) U[(size_t)i * dv + y] = 0;
-            for (int x = 0; x < dk; x++) W[(size_t)i * dk + x] = 0;
-            for (int j = 0; j <= i; j++) {
-                const REAL a = j == i ? 1 : A[(size_t)i * C + j], bj = beta[(size_t)(t0 + j) * stride_g], ej = EXPR(G[j]);
-                for (int y = 0; y < dv; y++) U[(size_t)i * dv + y] += a * bj * vc[(size_t)j * stride_v + y];
-                for (int x = 0; x < dk; x++) W[(size_t)i * dk + x] += a * bj * ej * kc[(size_t)j * stride_k + x];
-            }
-        }
-        for (int i = 0; i < c; i++) /* v' = U - W S (into U) */
-            for (int x = 0; x < dk; x++) {
-                const REAL w = W[(size_t)i * dk + x];
-                for (int y = 0; y < dv; y++) U[(size_t)i * dv + y] -= w * S[(size_t)x * dv + y];
-            }
-        if (o)
-            for (int i = 0; i < c; i++) { /* o_i = exp(G_i) q_i^T S + sum_{j <= i} (q_i . k_j) exp(G_i - G_j) v'_j */
-                REAL *oi = o + (size_t)(t0 + i) * stride_v;
-                const REAL *qi = qc + (size_t)i * stride_k, ei = EXPR(G[i]);
-                for (int y = 0; y < dv; y++) oi[y] = 0;
-                for (int x = 0; x < dk; x++)
-                    for (int y = 0; y < dv; y++) oi[y] += ei * qi[x] * S[(size_t)x * dv + y];
-                for (int j = 0; j <= i; j++) {
-                    REAL d = 0;
-                    for (int x = 0; x < dk; x++) d += qi[x] * kc[(size_t)j * stride_k + x];
-                    d *= EXPR(G[i] - G[j]);
-                    for (int y = 0; y < dv; y++) oi[y] += d * U[(size_t)j * dv + y];
-                }
-            }
-        const REAL el = EXPR(G[c - 1]); /* S = exp(G_last) S + sum_j k_j exp(G_last - G_j) v'_j^T */
-        for (int x = 0; x < dk; x++)
-            for (int y = 0; y < dv; y++) S[(size_t)x * dv + y] *= el;
-        for (int j = 0; j < c; j++) {
-            const REAL e = EXPR(G[c - 1] - G[j]);
-            for (int x = 0; x < dk; x++) {
-                const REAL kx = kc[(size_t)j * stride_k + x] * e;
-                for (int y = 0; y < dv; y++) S[(size_t)x * dv + y] += kx * U[(size_t)j * dv + y];
-            }
-        }
+        const REAL el = w->eG[c - 1];
+        for (size_t x = 0; x < ss; x++) S[x] *= el;
+        GDN_MM(Trans, NoTrans, dk, dv, c, 1, w->Kd, dk, w->U, dv, 1, S, dv);
     }
+}
+
+/* One chunk's backward, from its state before (S) and dS = the gradient of its state after,
+ * made the gradient of S; adds into the chunk's rows of dq, dk, dv (strides sk, sv), dg, dbeta
+ * (sg). */
+static void KN(gdn_chunk_backward)(const KN(gdn_ws) *w, int c, REAL *dS, REAL *dq, REAL *dk_, REAL *dv_, REAL *dg, REAL *dbeta, const REAL *dO,
+                                   const REAL *q, const REAL *k, const REAL *v, const REAL *g, const REAL *beta, size_t sk, size_t sv,
+                                   size_t sg, int dk, int dv, const REAL *S) {
+    const int C = GDN_CHUNK;
+    const size_t ss = (size_t)dk * dv;
+    KN(gdn_chunk_prep)(w, c, q, k, v, g, beta, sk, sv, sg, dk, dv, S);
+    REAL *dG = w->dG;
+    for (int i = 0; i < c; i++) dG[i] = 0;
+    /* S_out = el S + Kd^T U:  dU = Kd dS (+ P^T dO below),  dKd = U dS^T,  d el = <S, dS> */
+    const REAL el = w->eG[c - 1];
+    GDN_MM(Trans, NoTrans, c, dv, c, 1, w->P, C, dO, sv, 0, w->dU, dv);
+    GDN_MM(NoTrans, NoTrans, c, dv, dk, 1, w->Kd, dk, dS, dv, 1, w->dU, dv);
+    REAL *dKd = w->dQe; /* [c, dk], used and done with before dQe */
+    GDN_MM(NoTrans, Trans, c, dk, dv, 1, w->U, dv, dS, dv, 0, dKd, dk);
+    REAL dGl = 0;
+    for (size_t x = 0; x < ss; x++) dGl += S[x] * dS[x];
+    dGl *= el;
+    for (int i = 0; i < c; i++) { /* Kd_i = eD_i k_i, eD_i = exp(G_last - G_i) */
+        const REAL *ki = k + (size_t)i * sk, *di = dKd + (size_t)i * dk;
+        REAL *dki = dk_ + (size_t)i * sk, dot = 0;
+        for (int x = 0; x < dk; x++) dot += ki[x] * di[x], dki[x] += w->eD[i] * di[x];
+        dGl += w->eD[i] * dot;
+        dG[i] -= w->eD[i] * dot;
+    }
+    /* O = diag(eG) Q S + P U:  dP = dO U^T;  P = (Q K^T) o M */
+    REAL *dP = w->dP;
+    GDN_MM(NoTrans, Trans, c, c, dv, 1, dO, sv, w->U, dv, 0, dP, C);
+    for (int i = 0; i < c; i++) {
+        REAL *dPi = dP + (size_t)i * C;
+        const REAL *Pi = w->P + (size_t)i * C, *Mi = w->M + (size_t)i * C;
+        for (int j = 0; j <= i; j++) {
+            const REAL h = dPi[j] * Pi[j];
+            dG[i] += h, dG[j] -= h;
+            dPi[j] *= Mi[j];
+        }
+        for (int j = i + 1; j < c; j++) dPi[j] = 0;
+    }
+    GDN_MM(NoTrans, NoTrans, c, dk, c, 1, dP, C, k, sk, 1, dq, sk);
+    GDN_MM(Trans, NoTrans, c, dk, c, 1, dP, C, q, sk, 1, dk_, sk);
+    REAL *dQe = w->dQe; /* dO S^T */
+    GDN_MM(NoTrans, Trans, c, dk, dv, 1, dO, sv, S, dv, 0, dQe, dk);
+    for (int i = 0; i < c; i++) {
+        const REAL *qi = q + (size_t)i * sk;
+        REAL *di = dQe + (size_t)i * dk, *dqi = dq + (size_t)i * sk, dot = 0;
+        for (int x = 0; x < dk; x++) dot += qi[x] * di[x], dqi[x] += w->eG[i] * di[x], di[x] = w->eG[i] * qi[x]; /* di: Qe from here */
+        dG[i] += w->eG[i] * dot;
+    }
+    /* U = U' - W S:  dW = -dU S^T;  the state before: el dS + Qe^T dO - W^T dU */
+    GDN_MM(NoTrans, Trans, c, dk, dv, -1, w->dU, dv, S, dv, 0, w->dKb, dk);
+    for (size_t x = 0; x < ss; x++) dS[x] *= el;
+    GDN_MM(Trans, NoTrans, dk, dv, c, 1, dQe, dk, dO, sv, 1, dS, dv);
+    GDN_MM(Trans, NoTrans, dk, dv, c, -1, w->W, dk, w->dU, dv, 1, dS, dv);
+    /* (I + L) U' = beta v, (I + L) W = Kb:  d(beta v) = (I + L)^-T dU',  dKb = (I + L)^-T dW,
+     * dL = -(d(beta v) U'^T + dKb W^T) below the diagonal */
+    memcpy(w->dVb, w->dU, sizeof(REAL) * (size_t)c * dv);
+    TRSM(CblasRowMajor, CblasLeft, CblasLower, CblasTrans, CblasUnit, c, dv, 1, w->L, C, w->dVb, dv);
+    TRSM(CblasRowMajor, CblasLeft, CblasLower, CblasTrans, CblasUnit, c, dk, 1, w->L, C, w->dKb, dk);
+    REAL *E = dP; /* dL */
+    GDN_MM(NoTrans, Trans, c, c, dv, -1, w->dVb, dv, w->Up, dv, 0, E, C);
+    GDN_MM(NoTrans, Trans, c, c, dk, -1, w->dKb, dk, w->W, dk, 1, E, C);
+    for (int i = 0; i < c; i++) {
+        const REAL *vi = v + (size_t)i * sv, *ki = k + (size_t)i * sk, *dvb = w->dVb + (size_t)i * dv, *dkb = w->dKb + (size_t)i * dk;
+        REAL *dvi = dv_ + (size_t)i * sv, *dki = dk_ + (size_t)i * sk, db = 0, dot = 0;
+        const REAL b = w->bt[i], bk = b * w->eG[i];
+        for (int y = 0; y < dv; y++) db += vi[y] * dvb[y], dvi[y] += b * dvb[y];
+        for (int x = 0; x < dk; x++) dot += ki[x] * dkb[x], dki[x] += bk * dkb[x];
+        db += w->eG[i] * dot;
+        dG[i] += bk * dot;
+        /* L_ij = beta_i Le_ij, Le_ij = (k_i . k_j) M_ij:  dbeta_i += E_ij Le_ij,  dG_i += E_ij L_ij,
+         * dG_j -= E_ij L_ij;  F_ij = E_ij beta_i M_ij, d(k_i . k_j) */
+        REAL *Ei = E + (size_t)i * C;
+        const REAL *Lei = w->Le + (size_t)i * C, *Mi = w->M + (size_t)i * C;
+        for (int j = 0; j < i; j++) {
+            const REAL x = Ei[j] * Lei[j];
+            db += x;
+            dG[i] += b * x, dG[j] -= b * x;
+            Ei[j] *= b * Mi[j];
+        }
+        for (int j = i; j < c; j++) Ei[j] = 0;
+        dbeta[(size_t)i * sg] += db;
+    }
+    GDN_MM(NoTrans, NoTrans, c, dk, c, 1, E, C, k, sk, 1, dk_, sk);
+    GDN_MM(Trans, NoTrans, c, dk, c, 1, E, C, k, sk, 1, dk_, sk);
+    dG[c - 1] += dGl; /* G = cumsum(g) */
+    REAL acc = 0;
+    for (int i = c - 1; i >= 0; i--) dg[(size_t)i * sg] += acc += dG[i];
 }
 
 trill_status KN(trill_gdn_chunked_forward)(REAL *out, REAL *state_out, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
                                            const REAL *beta, const REAL *state0, const int *offsets, int n_seqs, int nh, int dk, int dv) {
-    const size_t sk = (size_t)nh * dk, sv = (size_t)nh * dv, ss = (size_t)dk * dv, C = GDN_CHUNK;
+    const size_t sk = (size_t)nh * dk, sv = (size_t)nh * dv, ss = (size_t)dk * dv;
     int failed = 0;
+    trill_kernels_blas_init(); /* each thread's GEMMs single-threaded */
 #pragma omp parallel reduction(+ : failed)
     {
-        REAL *S = malloc(sizeof(REAL) * (ss + C * C + C * (size_t)dv + C * (size_t)dk + C));
+        REAL *S = malloc(sizeof(REAL) * (ss + KN(gdn_ws_size)(dk, dv)));
         failed += S == NULL;
+        KN(gdn_ws) w;
+        if (S) KN(gdn_ws_init)(&w, S + ss, dk, dv);
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int s = 0; s < n_seqs; s++)
             for (int h = 0; h < nh; h++) {
@@ -292,7 +407,7 @@ trill_status KN(trill_gdn_chunked_forward)(REAL *out, REAL *state_out, const REA
                 else memset(S, 0, sizeof(REAL) * ss);
                 KN(gdn_head_chunked)(S, out + t0 * sv + (size_t)h * dv, q + t0 * sk + (size_t)h * dk, k + t0 * sk + (size_t)h * dk,
                                      v + t0 * sv + (size_t)h * dv, g + t0 * nh + h, beta + t0 * nh + h, offsets[s + 1] - offsets[s], dk, dv, sk, sv,
-                                     (size_t)nh, S + ss);
+                                     (size_t)nh, NULL, &w);
                 if (state_out) memcpy(state_out + ((size_t)s * nh + h) * ss, S, sizeof(REAL) * ss);
             }
         free(S);
@@ -300,6 +415,52 @@ trill_status KN(trill_gdn_chunked_forward)(REAL *out, REAL *state_out, const REA
     if (failed) return trill_error(TRILL_ERR_NOMEM, "gated delta rule (chunked): out of memory for a chunk's scratch");
     return TRILL_OK;
 }
+
+trill_status KN(trill_gdn_chunked_backward)(REAL *dq, REAL *dk, REAL *dv, REAL *dg, REAL *dbeta, REAL *dstate0, const REAL *dout,
+                                            const REAL *dstate_out, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
+                                            const REAL *beta, const REAL *state0, const int *offsets, int n_seqs, int nh, int dk_, int dv_) {
+    const size_t sk = (size_t)nh * dk_, sv = (size_t)nh * dv_, ss = (size_t)dk_ * dv_, C = GDN_CHUNK;
+    int longest = 1, failed = 0;
+    for (int s = 0; s < n_seqs; s++)
+        if (offsets[s + 1] - offsets[s] > longest) longest = offsets[s + 1] - offsets[s];
+    const size_t n_keep = ((size_t)longest + C - 1) / C;
+    trill_kernels_blas_init(); /* each thread's GEMMs single-threaded */
+#pragma omp parallel reduction(+ : failed)
+    {
+        /* per thread: the states before each chunk, dS, the chunk scratch */
+        REAL *keep = malloc(sizeof(REAL) * (ss * (n_keep + 1) + KN(gdn_ws_size)(dk_, dv_)));
+        failed += keep == NULL;
+        REAL *dS = keep ? keep + n_keep * ss : NULL;
+        KN(gdn_ws) w;
+        if (keep) KN(gdn_ws_init)(&w, dS + ss, dk_, dv_);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int s = 0; s < n_seqs; s++)
+            for (int h = 0; h < nh; h++) {
+                if (!keep) continue;
+                const size_t t0 = (size_t)offsets[s], kh = t0 * sk + (size_t)h * dk_, vh = t0 * sv + (size_t)h * dv_, gh = t0 * nh + h;
+                const int n = offsets[s + 1] - offsets[s];
+                /* the forward again, keeping the state before every chunk (dS its running state for now) */
+                if (state0) memcpy(dS, state0 + ((size_t)s * nh + h) * ss, sizeof(REAL) * ss);
+                else memset(dS, 0, sizeof(REAL) * ss);
+                KN(gdn_head_chunked)(dS, NULL, q + kh, k + kh, v + vh, g + gh, beta + gh, n, dk_, dv_, sk, sv, (size_t)nh, keep, &w);
+                if (dstate_out) memcpy(dS, dstate_out + ((size_t)s * nh + h) * ss, sizeof(REAL) * ss);
+                else memset(dS, 0, sizeof(REAL) * ss);
+                for (int c = (n - 1) / (int)C; n > 0 && c >= 0; c--) {
+                    const size_t a = (size_t)c * C, ak = a * sk, av = a * sv, ag = a * nh;
+                    const int len = n - (int)a < (int)C ? n - (int)a : (int)C;
+                    KN(gdn_chunk_backward)(&w, len, dS, dq + kh + ak, dk + kh + ak, dv + vh + av, dg + gh + ag, dbeta + gh + ag, dout + vh + av,
+                                           q + kh + ak, k + kh + ak, v + vh + av, g + gh + ag, beta + gh + ag, sk, sv, (size_t)nh, dk_, dv_,
+                                           keep + (size_t)c * ss);
+                }
+                if (dstate0)
+                    for (size_t x = 0; x < ss; x++) dstate0[((size_t)s * nh + h) * ss + x] += dS[x];
+            }
+        free(keep);
+    }
+    if (failed) return trill_error(TRILL_ERR_NOMEM, "gated delta rule backward (chunked): out of memory for the kept states (%zu per head)", n_keep);
+    return TRILL_OK;
+}
+#undef GDN_MM
 
 /* ---- the Gated DeltaNet layer's other operations ---- */
 

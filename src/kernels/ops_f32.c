@@ -14,6 +14,7 @@
 #define REAL float
 #define KN(name) name
 #define GEMM cblas_sgemm
+#define TRSM cblas_strsm
 #define EXPR expf
 /* the bf16 GEMM: on vdpbf16ps where the CPU has it */
 #define GEMM_BF16(...) trill_kernels_gemm_bf16(trill_kernels_bf16_native(), __VA_ARGS__)

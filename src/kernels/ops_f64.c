@@ -15,5 +15,6 @@
 #define REAL double
 #define KN(name) name##_f64
 #define GEMM cblas_dgemm
+#define TRSM cblas_dtrsm
 #define EXPR exp
 #include "ops_impl.h"

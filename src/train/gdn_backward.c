@@ -1,5 +1,5 @@
 /* The Gated DeltaNet block's backward (src/model/gdn.h): out_proj, the gated RMSNorm, the delta
- * rule (the recurrent form's backward, states kept every 64 steps), the value heads' shares of
+ * rule (the chunked form's backward, the state kept before each chunk of 64), the value heads' shares of
  * their key head summed, l2norm, the conv1d with SiLU, the gates (through softplus and the
  * sigmoid), then in_proj_qkvz and in_proj_ba with their adapters. */
 #include "train/gdn_backward.h"
@@ -30,8 +30,8 @@ trill_status trill_gdn_backward(const trill_forward_pass *fp, const trill_grad_s
     st = trill_linear_backward(fp, sink, lg, dy, dout, ga->y, w->gdn_out, ad->gdn_out, a->xa[XA_GDN_OUT], (int)T, (int)vd, (int)H);
     if (!st) st = trill_rmsnorm_gated_backward(dox, dz, trill_grad_of(sink, w->gdn_norm), dy, ga->o, ga->z, w->gdn_norm, (int)T * d.nv, d.dv, eps);
     if (!st)
-        st = trill_gdn_recurrent_backward(dq, dk, dv, dg, dbeta, NULL, dox, NULL, ga->q, ga->k, ga->v, ga->g, ga->beta, NULL, fp->offsets,
-                                          fp->n_seqs, d.nv, d.dk, d.dv);
+        st = trill_gdn_chunked_backward(dq, dk, dv, dg, dbeta, NULL, dox, NULL, ga->q, ga->k, ga->v, ga->g, ga->beta, NULL, fp->offsets,
+                                        fp->n_seqs, d.nv, d.dk, d.dv);
     if (st) {
         trill_tls_return(&lease);
         return st;

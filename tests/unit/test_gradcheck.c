@@ -277,12 +277,17 @@ static void test_norms_gdn(void **state) {
 
 /* ---- the gated delta rule (recurrent form) ---- */
 enum { GDN_NH = 2, GDN_DK = 4, GDN_DV = 3 };
-typedef struct { double *q, *k, *v, *g, *beta, *s0; int offsets[3]; } gdn_ctx;
+typedef struct { double *q, *k, *v, *g, *beta, *s0; int offsets[3]; int chunked; } gdn_ctx;
 static void gdn_fwd(check *c, double *out) { /* out: the outputs, then the final states */
     gdn_ctx *x = c->ctx;
     const int T = x->offsets[2];
-    trill_gdn_recurrent_forward_f64(out, out + (size_t)T * GDN_NH * GDN_DV, x->q, x->k, x->v, x->g, x->beta, x->s0, x->offsets, 2, GDN_NH,
-                                    GDN_DK, GDN_DV);
+    if (x->chunked)
+        assert_int_equal(trill_gdn_chunked_forward_f64(out, out + (size_t)T * GDN_NH * GDN_DV, x->q, x->k, x->v, x->g, x->beta, x->s0,
+                                                       x->offsets, 2, GDN_NH, GDN_DK, GDN_DV),
+                         TRILL_OK);
+    else
+        trill_gdn_recurrent_forward_f64(out, out + (size_t)T * GDN_NH * GDN_DV, x->q, x->k, x->v, x->g, x->beta, x->s0, x->offsets, 2, GDN_NH,
+                                        GDN_DK, GDN_DV);
 }
 
 /* Two sequences, 5 and 70 steps (past one 64-step chunk of the backward's kept states), from
@@ -293,7 +298,7 @@ static void test_gdn(void **state) {
     enum { T = 75 };
     const size_t nk = (size_t)T * GDN_NH * GDN_DK, nv = (size_t)T * GDN_NH * GDN_DV, ng = (size_t)T * GDN_NH;
     const size_t ns = 2 * (size_t)GDN_NH * GDN_DK * GDN_DV, n_out = nv + ns;
-    gdn_ctx x = { randn(nk, 0.5), randn(nk, 0.5), randn(nv, 1), randn(ng, 0.5), randn(ng, 1), randn(ns, 0.5), { 0, 5, T } };
+    gdn_ctx x = { randn(nk, 0.5), randn(nk, 0.5), randn(nv, 1), randn(ng, 0.5), randn(ng, 1), randn(ns, 0.5), { 0, 5, T }, 0 };
     for (size_t i = 0; i < ng; i++) {
         x.g[i] = -log1p(exp(x.g[i])) * 0.2;   /* log decay < 0: -softplus */
         x.beta[i] = 1 / (1 + exp(-x.beta[i])); /* sigmoid */
@@ -375,8 +380,95 @@ static void test_gdn(void **state) {
     expect_grad(&c, "gated delta rule dg", x.g, dg, ng);
     expect_grad(&c, "gated delta rule dbeta", x.beta, db, ng);
     expect_grad(&c, "gated delta rule dstate0", x.s0, ds0, ns);
+    /* the chunked form's backward: against finite differences of the chunked forward, and equal
+     * to the recurrent form's in double */
+    {
+        double *cg[6] = { zeros(nk), zeros(nk), zeros(nv), zeros(ng), zeros(ng), zeros(ns) };
+        const double *rg[6] = { dq, dk, dv, dg, db, ds0 };
+        const size_t cn[6] = { nk, nk, nv, ng, ng, ns };
+        assert_int_equal(trill_gdn_chunked_backward_f64(cg[0], cg[1], cg[2], cg[3], cg[4], cg[5], G, G + nv, x.q, x.k, x.v, x.g, x.beta, x.s0,
+                                                        x.offsets, 2, GDN_NH, GDN_DK, GDN_DV),
+                         TRILL_OK);
+        gdn_ctx xc = x;
+        xc.chunked = 1;
+        check cc = { gdn_fwd, &xc, n_out, G };
+        const char *names[6] = { "chunked dq", "chunked dk", "chunked dv", "chunked dg", "chunked dbeta", "chunked dstate0" };
+        double *wrt[6] = { x.q, x.k, x.v, x.g, x.beta, x.s0 }, worst = 0;
+        for (int a = 0; a < 6; a++) {
+            expect_grad(&cc, names[a], wrt[a], cg[a], cn[a]);
+            for (size_t i = 0; i < cn[a]; i++) worst = fmax(worst, fabs(cg[a][i] - rg[a][i]) / (1 + fabs(rg[a][i])));
+            free(cg[a]);
+        }
+        printf("  chunked vs recurrent backward in double: max relative |d| %.2e\n", worst);
+        assert_true(worst < 1e-10);
+    }
     free(x.q); free(x.k); free(x.v); free(x.g); free(x.beta); free(x.s0);
     free(out); free(want); free(G); free(dq); free(dk); free(dv); free(dg); free(db); free(ds0);
+}
+
+/* The two forms in float against the recurrence in double, one head of 32 x 32 over 300 steps
+ * (4 whole chunks and a partial one) under decays from mild to strong (g down to about -50 a
+ * step, as A_log's init up to log 16 gives: a chunk's cumulative decay reaches -1e3 and more,
+ * where a float cumulative sum would lose exp(G_i - G_j)'s digits between near positions; the
+ * chunked form sums it in double): outputs, final state and every gradient within a few float
+ * roundings of double's. */
+static void test_gdn_float(void **state) {
+    (void)state;
+    enum { T = 300, D = 32 };
+    const int off[2] = { 0, T };
+    const size_t nk = (size_t)T * D, ng = T, ns = (size_t)D * D, n_out = nk + ns;
+    const double scales[3] = { 0.01, 1, 16 };
+    for (int sc = 0; sc < 3; sc++) {
+        double *x[5] = { randn(nk, 1), randn(nk, 1), randn(nk, 1), randn(ng, 1.6), randn(ng, 1) };
+        for (int t = 0; t < T; t++) {
+            double nq = 0, nn = 0;
+            for (int i = 0; i < D; i++) nq += x[0][t * D + i] * x[0][t * D + i], nn += x[1][t * D + i] * x[1][t * D + i];
+            for (int i = 0; i < D; i++) x[0][t * D + i] /= sqrt(nq * D), x[1][t * D + i] /= sqrt(nn);
+            x[3][t] = -scales[sc] * log1p(exp(x[3][t] + 1)), x[4][t] = 1 / (1 + exp(-x[4][t]));
+        }
+        const size_t n[5] = { nk, nk, nk, ng, ng };
+        float *f[5];
+        for (int a = 0; a < 5; a++) { /* the float inputs, and double's made exactly them */
+            f[a] = malloc(n[a] * sizeof(float));
+            for (size_t i = 0; i < n[a]; i++) f[a][i] = (float)x[a][i], x[a][i] = f[a][i];
+        }
+        double *want = zeros(n_out), *G = randn(n_out, 1), *dw[5];
+        float *got[2], *Gf = malloc(n_out * sizeof(float)), *df[2][5];
+        for (size_t i = 0; i < n_out; i++) Gf[i] = (float)G[i], G[i] = Gf[i];
+        trill_gdn_recurrent_forward_f64(want, want + nk, x[0], x[1], x[2], x[3], x[4], NULL, off, 1, 1, D, D);
+        for (int a = 0; a < 5; a++) dw[a] = zeros(n[a]), df[0][a] = calloc(n[a], sizeof(float)), df[1][a] = calloc(n[a], sizeof(float));
+        assert_int_equal(trill_gdn_recurrent_backward_f64(dw[0], dw[1], dw[2], dw[3], dw[4], NULL, G, G + nk, x[0], x[1], x[2], x[3], x[4], NULL,
+                                                          off, 1, 1, D, D),
+                         TRILL_OK);
+        double err_o[2] = { 0, 0 }, err_g[2] = { 0, 0 }, scale_o = 0;
+        for (int form = 0; form < 2; form++) {
+            got[form] = calloc(n_out, sizeof(float));
+            if (form == 0) {
+                trill_gdn_recurrent_forward(got[0], got[0] + nk, f[0], f[1], f[2], f[3], f[4], NULL, off, 1, 1, D, D);
+                assert_int_equal(trill_gdn_recurrent_backward(df[0][0], df[0][1], df[0][2], df[0][3], df[0][4], NULL, Gf, Gf + nk, f[0], f[1], f[2],
+                                                              f[3], f[4], NULL, off, 1, 1, D, D),
+                                 TRILL_OK);
+            } else {
+                assert_int_equal(trill_gdn_chunked_forward(got[1], got[1] + nk, f[0], f[1], f[2], f[3], f[4], NULL, off, 1, 1, D, D), TRILL_OK);
+                assert_int_equal(trill_gdn_chunked_backward(df[1][0], df[1][1], df[1][2], df[1][3], df[1][4], NULL, Gf, Gf + nk, f[0], f[1], f[2],
+                                                            f[3], f[4], NULL, off, 1, 1, D, D),
+                                 TRILL_OK);
+            }
+            for (size_t i = 0; i < n_out; i++) err_o[form] = fmax(err_o[form], fabs(got[form][i] - want[i])), scale_o = fmax(scale_o, fabs(want[i]));
+            for (int a = 0; a < 5; a++) {
+                double big = 0;
+                for (size_t i = 0; i < n[a]; i++) big = fmax(big, fabs(dw[a][i]));
+                for (size_t i = 0; i < n[a]; i++) err_g[form] = fmax(err_g[form], fabs(df[form][a][i] - dw[a][i]) / (big + 1e-30));
+            }
+        }
+        printf("  float vs double, decay x%g: outputs and state (max %.2g): recurrent %.2e, chunked %.2e; gradients (relative to each "
+               "one's largest): recurrent %.2e, chunked %.2e\n",
+               scales[sc], scale_o, err_o[0], err_o[1], err_g[0], err_g[1]);
+        assert_true(err_o[1] < 4e-7 * scale_o && err_o[0] < 4e-7 * scale_o);
+        assert_true(err_g[1] < 1.5e-5 && err_g[0] < 1.5e-5);
+        for (int a = 0; a < 5; a++) free(x[a]), free(f[a]), free(dw[a]), free(df[0][a]), free(df[1][a]);
+        free(want); free(G); free(Gf); free(got[0]); free(got[1]);
+    }
 }
 
 /* ---- router: logits -> softmax or sigmoid scores -> gates at the routed ids (own choice, or
@@ -469,7 +561,7 @@ static void test_embedding(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),  cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope), cmocka_unit_test(test_rope_partial),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu), cmocka_unit_test(test_swiglu_clamped), cmocka_unit_test(test_gdn),
+        cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu), cmocka_unit_test(test_swiglu_clamped), cmocka_unit_test(test_gdn), cmocka_unit_test(test_gdn_float),
         cmocka_unit_test(test_conv1d), cmocka_unit_test(test_norms_gdn),
         cmocka_unit_test(test_router),
         cmocka_unit_test(test_token_logprob), cmocka_unit_test(test_embedding),
