@@ -12,6 +12,7 @@
 # gate, the routed experts stacked (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj
 # [E, H, I]); f32, bf16 sharded, the flat type, tied embeddings (set at the top level and in
 # text_config; only in text_config; the top level's false overriding text_config's true), mtp.*,
+# YaRN in rope_parameters,
 # and more shapes), sequences up to 300 tokens; full and LoRA gradients (grad_tool; per-expert
 # names <prefix>layers.L.mlp.experts.E.{gate,up,down}_proj as trill's; LoRA on q/k/v/o_proj,
 # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, the routed (per expert) and shared
@@ -34,7 +35,7 @@ trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
 REF=qwen3next_ref.py
 source "$HERE/parity_lib.sh"
-SAMPLE=" q35_f32 q35_bf16_sharded q35_text_f32 q35_tied q35_tied_text_only q35_mtp grad_q35_f32 grad_q35_text_f32 grad_q35_long lora_q35_f32 q35_peft_params "
+SAMPLE=" q35_f32 q35_bf16_sharded q35_text_f32 q35_tied q35_tied_text_only q35_mtp q35_yarn grad_q35_f32 grad_q35_text_f32 grad_q35_long lora_q35_f32 q35_peft_params "
 source "$HERE/sample.sh"
 
 # gen_train_inputs.py reads the MoE layers by model_type and knows no Qwen3.5 type: its
@@ -56,6 +57,8 @@ pystep -o /dev/null gen_inputs.py --vocab 97 --seed 11 --lengths 1,2,7,33,64,130
 # name | make-model arguments (--arch qwen3_5_moe: `--set KEY=VALUE` sets text_config's KEY,
 # tie_word_embeddings at the top level too; `--set top.KEY=VALUE` a top-level key; `KEY=` leaves
 # KEY out: HF's default)
+# YaRN in rope_parameters (factor 4 over an original context of 64, on 16 rotated dims of 32)
+Q35_YARN='rope_parameters={"rope_type":"yarn","rope_theta":10000.0,"partial_rotary_factor":0.5,"factor":4.0,"original_max_position_embeddings":64,"mrope_section":[11,11,10],"mrope_interleaved":true}'
 Q35_ROPE_HALF='rope_parameters={"rope_type":"default","rope_theta":10000.0,"partial_rotary_factor":0.5,"mrope_section":[11,11,10],"mrope_interleaved":true}'
 cases=(
   "q35_f32|--arch qwen3_5_moe --dtype f32 --seed 1"
@@ -75,10 +78,11 @@ cases=(
   "q35_hf_defaults|--arch qwen3_5_moe_text --dtype f32 --seed 15 --set head_dim= full_attention_interval="
   "q35_ignored_fields|--arch qwen3_5_moe_text --dtype f32 --seed 16 --set mlp_only_layers=[0] decoder_sparse_step=2 norm_topk_prob=false intermediate_size=7"
   "q35_long|--arch qwen3_5_moe --dtype f32 --seed 17 --set full_attention_interval=4"
+  "q35_yarn|--arch qwen3_5_moe --dtype f32 --seed 18 --set head_dim=32 $Q35_YARN"
 )
 score_cases
 
-for name in q35_f32 q35_text_f32 q35_tied q35_top_untied q35_linear_heavy q35_r4_dk16 q35_attention_bias; do
+for name in q35_f32 q35_text_f32 q35_tied q35_top_untied q35_linear_heavy q35_r4_dk16 q35_attention_bias q35_yarn; do
   sampled "grad_$name" || continue
   train_inputs "$name"
   grad_compare "grad $name" "$WORK/$name"

@@ -9,7 +9,8 @@
 # every layer linear but one; nv == nk; 4 value heads per key head with dk 16 != dv 8; a dense
 # layer by mlp_only_layers and by decoder_sparse_step 2; tied embeddings; head_dim 32 with RoPE on
 # half; 16 experts top-3; norm_topk_prob false; mtp.* tensors to ignore; HF's defaults for
-# head_dim (256), partial_rotary_factor (0.25) and full_attention_interval (4)), every one over
+# head_dim (256), partial_rotary_factor (0.25) and full_attention_interval (4); YaRN on 16 rotated
+# dims of 32, factor 4 over an original context of 64), every one over
 # sequences up to 300 tokens (5 chunks of 64), and on one `trill init --preset qwen3next-tiny`
 # writes; full and LoRA gradients (grad_tool; LoRA on q/k/v/o_proj, in_proj_qkvz, in_proj_ba,
 # out_proj, the dense, routed and shared gate/up/down_proj, shared_expert_gate, lm_head) with and
@@ -33,7 +34,7 @@ trap 'pystep_stop; rm -rf "$WORK"' EXIT
 pystep_start
 REF=qwen3next_ref.py
 source "$HERE/parity_lib.sh"
-SAMPLE=" selfcheck-grad f32 bf16_sharded linear_heavy r1 dense0 tied hd32_rope_half mtp qwen3next-tiny grad_f32 grad_linear_heavy grad_long lora_f32 "
+SAMPLE=" selfcheck-grad f32 bf16_sharded linear_heavy r1 dense0 tied hd32_rope_half mtp yarn qwen3next-tiny grad_f32 grad_linear_heavy grad_long lora_f32 "
 source "$HERE/sample.sh"
 
 if sampled selfcheck-grad; then
@@ -64,6 +65,7 @@ cases=(
   "mtp|--dtype bf16 --seed 13 --shards 2 --mtp"
   "hf_defaults|--dtype f32 --seed 14 --set head_dim= partial_rotary_factor= full_attention_interval="
   "long|--dtype f32 --seed 15 --set full_attention_interval=4"
+  "yarn|--dtype f32 --seed 16 --set head_dim=32 partial_rotary_factor=0.5 rope_scaling={\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":64}"
 )
 score_cases
 # a checkpoint trill writes, read by the reference's own reader (which refuses any tensor or
@@ -72,7 +74,7 @@ dir="$WORK/trill_qwen3next-tiny"
 "$TRILL" init --out "$dir" --preset qwen3next-tiny --seed 9 --dtype f32 --set initializer_range=0.1 2>/dev/null
 if sampled qwen3next-tiny; then score_and_compare "trill_written_qwen3next-tiny" "$dir"; fi
 
-for name in f32 linear_heavy r1 dense0 sparse_step2 tied attention_bias; do
+for name in f32 linear_heavy r1 dense0 sparse_step2 tied attention_bias yarn; do
   sampled "grad_$name" || continue
   train_inputs "$name"
   grad_compare "grad $name" "$WORK/$name"

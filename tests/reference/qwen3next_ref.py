@@ -138,7 +138,8 @@ Layer types: config "layer_types" ("linear_attention" / "full_attention"; HF's l
 Full attention (Qwen3NextAttention): q_proj [nh*2*hd, H] viewed [T, nh, 2*hd]: per head the first
   hd = query, the last hd = gate (gate flattened [T, nh*hd], head-major); q_norm / k_norm per head
   over hd; RoPE rotate-half on the first int(hd * partial_rotary_factor) dims of each head
-  (default rope only: inv_freq = 1 / rope_theta^(2i/rd)); causal softmax(q k^T / sqrt(hd)) v with
+  (inv_freq = 1 / rope_theta^(2i/rd); or YaRN's, qwen3_ref's yarn_inv_freq over those rd
+  dims, cos and sin times its attention factor); causal softmax(q k^T / sqrt(hd)) v with
   GQA (query head h reads KV head h // (nh / nkv)); out * sigmoid(gate); o_proj. attention_bias:
   biases on q/k/v/o_proj. head_dim: the config's, 256 when absent (HF's default), hidden_size //
   num_attention_heads when null. partial_rotary_factor: the config's, else rope_parameters', else
@@ -169,7 +170,7 @@ Router replay (--replay): qwen3_ref's: a line's "experts": [[[k ids] per MoE lay
   not replayed. Lines without "experts" route themselves.
 Checkpoints: exactly the tensors the config implies (names and shapes), any of F32 / BF16 / F16 /
   F64; tensors named mtp.* are ignored (HF's _keys_to_ignore_on_load_unexpected); a tied model may
-  carry an unused lm_head.weight. Refused: rope_scaling / rope types other than default,
+  carry an unused lm_head.weight. Refused: rope types other than default and yarn,
   hidden_act other than silu, nv not a multiple of nk, an odd or zero rotary dim.
 
 Qwen3.5-MoE (the same model function but for what follows).
@@ -179,7 +180,7 @@ Qwen3.5-MoE (the same model function but for what follows).
   Qwen3_5MoeTextConfig's defaults (Q35_DEFAULTS; head_dim 256, partial_rotary_factor 0.25,
   full_attention_interval 4 as Qwen3-Next's). norm_topk_prob, mlp_only_layers,
   decoder_sparse_step, intermediate_size are no Qwen3.5 fields: ignored if present.
-  RoPE: rope_parameters' rope_type default only; mrope_section / mrope_interleaved accepted and
+  RoPE: rope_parameters' rope_type default or yarn; mrope_section / mrope_interleaved accepted and
   ignored: with text-only input the three M-RoPE position streams are equal and interleaved
   M-RoPE is plain RoPE (rope_theta's note; selfcheck_mrope).
   Names: <P> = "model.language_model." (qwen3_5_moe) or "model." (qwen3_5_moe_text): <P>embed_tokens,
@@ -471,9 +472,13 @@ def check_config(cfg):
     if cfg.get("partial_rotary_factor") is not None and prf_rp is not None:
         need(float(cfg["partial_rotary_factor"]) == float(prf_rp),
              "partial_rotary_factor differs from rope_parameters' partial_rotary_factor")
-    need(not cfg.get("rope_scaling"), "rope_scaling is not implemented (null only)")
+    rs = cfg.get("rope_scaling")
+    need(not rs or (isinstance(rs, dict) and rs.get("rope_type", rs.get("type")) == "yarn" and "factor" in rs),
+         "rope_scaling: null or a YaRN object (rope_type yarn with its factor) only")
     rt = rope_params(cfg).get("rope_type", rope_params(cfg).get("type", "default"))
-    need(rt == "default", f"rope_parameters rope_type {rt!r} is not implemented (default only)")
+    need(rt in ("default", "yarn"), f"rope_parameters rope_type {rt!r} is not implemented (default or yarn)")
+    need(rt == "default" or "factor" in rope_params(cfg), "rope_parameters rope_type yarn without its factor")
+    need(not (rs and rt == "yarn"), "YaRN in both rope_scaling and rope_parameters")
     if cfg.get("rope_theta") is not None and rope_params(cfg).get("rope_theta") is not None:
         need(float(cfg["rope_theta"]) == float(rope_params(cfg)["rope_theta"]),
              "rope_theta differs from rope_parameters' rope_theta")
@@ -1266,7 +1271,10 @@ class Qwen3NextModel(q3.Model):
         x = self.W[self.prefix + "embed_tokens.weight"][torch.tensor(tokens, dtype=torch.long)]
         # Qwen3.5: HF's interleaved M-RoPE with text-only input is this plain RoPE (see
         # rope_theta's note)
-        cos, sin = q3.rope_cos_sin(T, self.rotary_dim, rope_theta(self.cfg))
+        # YaRN (rope_scaling, or rope_parameters' rope_type yarn): qwen3_ref's, over the rotated
+        # dims as HF's _compute_yarn_parameters takes them (head_dim * partial_rotary_factor)
+        cos, sin = q3.rope_cos_sin(T, self.rotary_dim, rope_theta(self.cfg),
+                                   dict(self.cfg, max_position_embeddings=self.cfg.get("max_position_embeddings", 32768)))
         experts, rprobs = [[] for _ in range(T)], [[] for _ in range(T)]
         for i in range(self.L):
             p = f"{self.prefix}layers.{i}"
