@@ -426,15 +426,39 @@ def lora_r_scale(acfg, name):
     return r, q3.lora_scale({"r": r, "lora_alpha": alpha, "use_rslora": acfg.get("use_rslora", False)})
 
 
-def param_wrappers(cfg, acfg):
+class StackedFamily:
+    """What the target_parameters readers and writers below need of a family whose routed experts
+    are stacked parameters (gpt-oss here, GPTOSS; Qwen3.5 in qwen3next_ref.py):
+      read_config(model_dir): its config.json, checked (SystemExit if the family cannot take a
+        target_parameters adapter), as the other functions take it;
+      params_refused(cfg): None, or why this config takes no target_parameters;
+      shapes(cfg): [(tensor name, shape)]; linear_modules(cfg): [(module, in, out)];
+      n_experts(cfg), inter(cfg): E and the experts' width; experts(cfg, layer): the module that
+        owns layer's stacked parameters;
+      skip_module(cfg, wrappers, name): a target_modules match that a wrapper adapts instead;
+      view(cfg): the config as the others read it (each function below takes it so first)."""
+
+    def __init__(self, read_config, shapes, linear_modules, n_experts, inter, experts,
+                 params_refused=lambda cfg: None, skip_module=lambda cfg, wrappers, name: False,
+                 view=lambda cfg: cfg):
+        self.read_config, self.shapes, self.linear_modules = read_config, shapes, linear_modules
+        self.n_experts, self.inter, self.experts = n_experts, inter, experts
+        self.params_refused, self.skip_module, self.view = params_refused, skip_module, view
+
+
+def stacked_param_wrappers(fam, cfg, acfg):
     """The ParamWrappers adapter_config's target_parameters implies, [ParamLora] (per layer
     gate_up_proj, then down_proj), with PEFT's tensor names (base_layer for the inner one)."""
+    cfg = fam.view(cfg)
     targets = acfg.get("target_parameters")
     if not targets:
         return []
+    refused = fam.params_refused(cfg)
+    if refused:
+        raise SystemExit(f"adapter: target_parameters: {refused}")
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise SystemExit("adapter: target_parameters must be a list of parameter names")
-    names = [n for n, _ in tensor_shapes(cfg)]
+    names = [n for n, _ in fam.shapes(cfg)]
     for t in targets:
         hit = [n for n in names if q3.target_matches([t], n)]
         if not hit:
@@ -443,10 +467,10 @@ def param_wrappers(cfg, acfg):
         if other:
             raise SystemExit(f"adapter: target_parameters entry {t!r} selects {other[0]}: only the "
                              "experts' gate_up_proj / down_proj are implemented")
-    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    H, I = cfg["hidden_size"], fam.inter(cfg)
     out = []
     for layer in range(cfg["num_hidden_layers"]):
-        x = f"model.layers.{layer}.mlp.experts"
+        x = fam.experts(cfg, layer)
         here = [(which, fin, fout) for which, fin, fout in (("gate_up_proj", H, 2 * I),
                                                            ("down_proj", I, H))
                 if q3.target_matches(targets, f"{x}.{which}")]
@@ -473,16 +497,18 @@ def expert_rows(which):
     return (("down_proj", slice(None)),)
 
 
-def load_adapter(adapter_dir, cfg, linears):
-    """Read a PEFT LoRA adapter folder: modules (target_modules, among `linears`: linear_modules)
-    and ParamWrappers (target_parameters), r / lora_alpha per rank_pattern / alpha_pattern.
-    Strict: every tensor the config implies, shapes checked, and no other. Returns ({module name:
-    scale}, {PEFT tensor name: float64 tensor}, [ParamLora], adapter config)."""
+def stacked_load_adapter(fam, adapter_dir, cfg, linears):
+    """Read a PEFT LoRA adapter folder: modules (target_modules, among `linears`: the family's
+    linear_modules) and ParamWrappers (target_parameters), r / lora_alpha per rank_pattern /
+    alpha_pattern. Strict: every tensor the config implies, shapes checked, and no other. Returns
+    ({module name: scale}, {PEFT tensor name: float64 tensor}, [ParamLora], adapter config)."""
+    cfg = fam.view(cfg)
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
         acfg = json.load(f)
     if acfg.get("peft_type", "LORA") != "LORA":
         raise SystemExit(f"{adapter_dir}: peft_type {acfg.get('peft_type')!r} is not LORA")
-    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("bias", "none")):
+    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("bias", "none"),
+                     ("lora_bias", False)):
         if acfg.get(key, off) not in (off, None):
             raise SystemExit(f"{adapter_dir}: {key}={acfg[key]!r} is not supported")
     for key in ("layers_to_transform", "modules_to_save", "layer_replication", "exclude_modules"):
@@ -496,9 +522,9 @@ def load_adapter(adapter_dir, cfg, linears):
         targets = []
     if targets == "all-linear" or not isinstance(targets, (str, list)):
         raise SystemExit(f"{adapter_dir}: target_modules must be a list or a regex string")
-    wrappers = param_wrappers(cfg, acfg)
+    wrappers = stacked_param_wrappers(fam, cfg, acfg)
     tensors = q3.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
-    E = cfg["num_local_experts"]
+    E = fam.n_experts(cfg)
     modules, W = {}, {}
 
     def take(n, shape, what):
@@ -509,7 +535,7 @@ def load_adapter(adapter_dir, cfg, linears):
                              f"expected {list(shape)}")
         W[n] = tensors.pop(n).to(DT)
     for name, fin, fout in linears:
-        if not q3.target_matches(targets, name):
+        if not q3.target_matches(targets, name) or fam.skip_module(cfg, wrappers, name):
             continue
         r, scale = lora_r_scale(acfg, name)
         an, bn = q3.lora_names(name)
@@ -543,37 +569,39 @@ def parse_patterns(items, what, is_rank):
     return out
 
 
-def make_adapter_tensors(cfg, acfg, seed, b_std):
+def stacked_make_adapter_tensors(fam, cfg, acfg, seed, b_std):
     """Random A / B for every module and parameter the adapter config targets (r per the
     patterns): A U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init; a wrapper's lora_A is a Linear(in,
     r*E)), B ~ N(0, b_std). Modules first (linear_modules order), then the wrappers.
     [(PEFT name, fp32 tensor)]."""
+    cfg = fam.view(cfg)
     g = torch.Generator().manual_seed(seed)
-    E, out = cfg["num_local_experts"], []
+    E, out = fam.n_experts(cfg), []
+    wrappers = stacked_param_wrappers(fam, cfg, acfg)
 
     def pair(rows, fin, fout, an, bn):
         bound = 1.0 / math.sqrt(fin)
         a = (torch.rand((rows, fin), generator=g, dtype=torch.float32) * 2 - 1) * bound
         b = torch.randn((fout, rows), generator=g, dtype=torch.float32) * b_std
         return [(an, a), (bn, b)]
-    for name, fin, fout in linear_modules(cfg):
-        if q3.target_matches(acfg["target_modules"], name):
+    for name, fin, fout in fam.linear_modules(cfg):
+        if q3.target_matches(acfg["target_modules"], name) and not fam.skip_module(cfg, wrappers, name):
             out += pair(lora_r_scale(acfg, name)[0], fin, fout, *q3.lora_names(name))
-    for w in param_wrappers(cfg, acfg):
+    for w in wrappers:
         out += pair(w.r * E, w.fin, w.fout, w.a, w.b)
     if not out:
         raise SystemExit("make-adapter: the targets select no module or parameter of this model")
     return out
 
 
-def cmd_make_adapter(args):
-    """qwen3_ref's make-adapter, and with --peft-params / --rank-pattern / --alpha-pattern
-    the adapters those options describe."""
+def stacked_cmd_make_adapter(fam, args):
+    """qwen3_ref's make-adapter, and with --peft-params / --rank-pattern / --alpha-pattern the
+    adapters those options describe (gate_proj / up_proj / down_proj then mean the stacked
+    parameters mlp.experts.gate_up_proj / down_proj: every layer's routed experts; the other
+    targets are modules)."""
     if not (args.peft_params or args.rank_pattern or args.alpha_pattern):
-        return q3.cmd_make_adapter(args, linear_modules)
-    with open(os.path.join(args.model, "config.json")) as f:
-        cfg = json.load(f)
-    check_config(cfg)
+        return q3.cmd_make_adapter(args, fam.linear_modules)
+    cfg = fam.read_config(args.model)
     if args.rank <= 0:
         raise SystemExit("--rank must be positive")
     targets = q3.parse_targets(args.targets)
@@ -590,7 +618,7 @@ def cmd_make_adapter(args):
         acfg["target_parameters"] = params
     acfg["rank_pattern"] = parse_patterns(args.rank_pattern, "rank-pattern", True)
     acfg["alpha_pattern"] = parse_patterns(args.alpha_pattern, "alpha-pattern", False)
-    tensors = make_adapter_tensors(cfg, acfg, args.seed, args.b_std)
+    tensors = stacked_make_adapter_tensors(fam, cfg, acfg, args.seed, args.b_std)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "adapter_config.json"), "w") as f:
         json.dump(acfg, f, indent=2)
@@ -600,6 +628,34 @@ def cmd_make_adapter(args):
           f"rslora={str(args.rslora).lower()}, target_modules={targets}, target_parameters="
           f"{params if args.peft_params else None}, rank_pattern={acfg['rank_pattern']}, "
           f"alpha_pattern={acfg['alpha_pattern']}")
+
+
+def read_checked_config(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    check_config(cfg)
+    return cfg
+
+
+GPTOSS = StackedFamily(read_checked_config, lambda cfg: tensor_shapes(cfg), lambda cfg: linear_modules(cfg),
+                       lambda cfg: cfg["num_local_experts"], lambda cfg: cfg["intermediate_size"],
+                       lambda cfg, layer: f"model.layers.{layer}.mlp.experts")
+
+
+def param_wrappers(cfg, acfg):
+    return stacked_param_wrappers(GPTOSS, cfg, acfg)
+
+
+def load_adapter(adapter_dir, cfg, linears):
+    return stacked_load_adapter(GPTOSS, adapter_dir, cfg, linears)
+
+
+def make_adapter_tensors(cfg, acfg, seed, b_std):
+    return stacked_make_adapter_tensors(GPTOSS, cfg, acfg, seed, b_std)
+
+
+def cmd_make_adapter(args):
+    return stacked_cmd_make_adapter(GPTOSS, args)
 
 
 # ---------------------------------------------------------------------------
@@ -820,7 +876,49 @@ class Adapted(dict):
         return self.wrapped or len(self) > 0
 
 
-class GptOssModel(q3.Model):
+class StackedLora:
+    """For a q3.Model whose stacked routed experts PEFT's ParamWrappers may adapt (GptOssModel,
+    qwen3next_ref's Qwen3.5): split_adapter before Model.__init__, attach_wrappers after, lin
+    adds them. Needs self.n_experts."""
+
+    @staticmethod
+    def split_adapter(adapter, load):
+        """adapter: None, a folder (load(folder) -> (modules, tensors, [ParamLora], adapter
+        config)), or in memory (modules {name: scale}, {PEFT name: tensor}[, [ParamLora]]).
+        Returns (what qwen3_ref's Model takes: None or (modules, tensors)), [ParamLora], tensors."""
+        if isinstance(adapter, str):
+            mods, lw, wrappers, _ = load(adapter)
+            return (mods, lw), wrappers, lw
+        if adapter is not None and len(adapter) == 3:
+            mods, lw, wrappers = adapter
+            return (mods, lw), wrappers, lw
+        return adapter, [], None
+
+    def attach_wrappers(self, wrappers, lw, n_experts, rows_of, module_of):
+        """The ParamWrappers: their lora_A / lora_B in self.W under the file's names (trained
+        and written by grad / adamw-steps like the modules'); self.plin: per-expert module name
+        (module_of(layer, expert, part)) -> [(ParamLora, expert, rows of B_e)] (rows_of(which):
+        the parts and their rows), added in lin()."""
+        self.lora = Adapted(self.lora, wrapped=bool(wrappers))
+        self.param_lora, self.plin = list(wrappers), {}
+        for w in wrappers:
+            self.W[w.a], self.W[w.b] = lw[w.a].to(DT), lw[w.b].to(DT)
+            self.lora_names += [w.a, w.b]
+            for e in range(n_experts):
+                for part, rows in rows_of(w.which):
+                    self.plin.setdefault(module_of(w.layer, e, part), []).append((w, e, rows))
+
+    def lin(self, x, name):
+        """qwen3_ref's (base, module LoRA), plus every ParamWrapper on this per-expert module:
+        scale * (x A_e^T) B_e[rows]^T, i.e. the module's share of W[e] + delta[e]."""
+        y = super().lin(x, name)
+        for w, e, rows in self.plin.get(name, ()):
+            A, B = param_factors(self.W, w, self.n_experts, e, rows)
+            y = y + w.scale * ((x @ A.T) @ B.T)
+        return y
+
+
+class GptOssModel(StackedLora, q3.Model):
     """qwen3_ref's Model (LoRA, lin, parameters) with gpt-oss's layer: biased q/k/v/o, attention
     sinks, per-layer sliding windows, YaRN; every layer the biased top-k router (softmax over the
     k logits) and clamped-swiglu experts. Inside, the stacked experts are held per expert
@@ -844,28 +942,10 @@ class GptOssModel(q3.Model):
                 w.pop("lm_head.weight", None)
             check_exact({n: tuple(t.shape) for n, t in w.items()}, dict(tensor_shapes(cfg)), "")
             weights = to_internal(w, cfg)
-        # adapter: None, a folder (load_adapter), or in memory (modules {name: scale}, {PEFT
-        # name: tensor}[, [ParamLora]]); qwen3_ref's Model takes the modules' part.
-        wrappers = []
-        if isinstance(adapter, str):
-            mods, lw, wrappers, _ = load_adapter(adapter, cfg, linear_modules(cfg))
-            adapter = (mods, lw)
-        elif adapter is not None and len(adapter) == 3:
-            mods, lw, wrappers = adapter
-            adapter = (mods, lw)
+        adapter, wrappers, lw = self.split_adapter(adapter, lambda d: load_adapter(d, cfg, linear_modules(cfg)))
         super().__init__(None, cfg, weights, adapter)
-        # The ParamWrappers: their lora_A / lora_B in self.W under the file's names (trained and
-        # written by grad / adamw-steps like the modules'); self.plin: per-expert module name ->
-        # [(ParamLora, expert, rows of B_e)], added in lin().
-        self.lora = Adapted(self.lora, wrapped=bool(wrappers))
-        self.param_lora, self.plin = list(wrappers), {}
-        for w in wrappers:
-            self.W[w.a], self.W[w.b] = lw[w.a].to(DT), lw[w.b].to(DT)
-            self.lora_names += [w.a, w.b]
-            for e in range(cfg["num_local_experts"]):
-                for part, rows in expert_rows(w.which):
-                    self.plin.setdefault(f"model.layers.{w.layer}.mlp.experts.{e}.{part}",
-                                         []).append((w, e, rows))
+        self.attach_wrappers(wrappers, lw, cfg["num_local_experts"], expert_rows,
+                             lambda layer, e, part: f"model.layers.{layer}.mlp.experts.{e}.{part}")
         self.hd = head_dim_of(cfg)
         self.rotary_dim = self.hd
         self.layer_windows = layer_windows(cfg)
@@ -881,15 +961,6 @@ class GptOssModel(q3.Model):
 
     def linear_modules(self):
         return linear_modules(self.cfg)
-
-    def lin(self, x, name):
-        """qwen3_ref's (base, module LoRA), plus every ParamWrapper on this expert module:
-        scale * (x A_e^T) B_e[rows]^T, i.e. x @ (W + delta) restricted to the module's columns."""
-        y = super().lin(x, name)
-        for w, e, rows in self.plin.get(name, ()):
-            A, B = param_factors(self.W, w, self.n_experts, e, rows)
-            y = y + w.scale * ((x @ A.T) @ B.T)
-        return y
 
     def rope(self, T):
         rs, theta = rope_of(self.cfg)

@@ -235,7 +235,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_ref as q3  # noqa: E402  (the generic parts: RoPE, LoRA, commands, selfcheck)
 # PEFT's target_parameters adapters' common parts, gpt-oss's reference's (the same rules)
-from gptoss_ref import STACKED_TARGETS, ParamLora, lora_r_scale, parse_patterns, pattern_value  # noqa: E402,F401
+import gptoss_ref as go  # noqa: E402  (PEFT's target_parameters adapters on stacked experts: the same rules)
+from gptoss_ref import STACKED_TARGETS, ParamLora, lora_r_scale, param_factors, parse_patterns, pattern_value  # noqa: E402,F401
 
 DT = torch.float64
 L2NORM_EPS = 1e-6  # HF l2norm's eps (use_qk_l2norm_in_kernel), fixed in the modeling file
@@ -753,51 +754,6 @@ def linear_modules(cfg):
 
 
 
-def param_wrappers(cfg, acfg):
-    """The ParamWrappers a Qwen3.5 adapter_config's target_parameters implies, [ParamLora] (per
-    layer gate_up_proj, then down_proj), with PEFT's tensor names (base_layer for the inner one)."""
-    cfg = flat(cfg)
-    targets = acfg.get("target_parameters")
-    if not targets:
-        return []
-    if not is_q35(cfg):
-        raise SystemExit("adapter: target_parameters: only Qwen3.5's stacked experts (qwen3_5_moe, "
-                         "qwen3_5_moe_text) are implemented")
-    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise SystemExit("adapter: target_parameters must be a list of parameter names")
-    names = [n for n, _ in tensor_shapes(cfg)]
-    for t in targets:
-        hit = [n for n in names if q3.target_matches([t], n)]
-        if not hit:
-            raise SystemExit(f"adapter: target_parameters entry {t!r} matches no parameter")
-        other = [n for n in hit if not any(n.endswith(".mlp.experts." + s) for s in STACKED_TARGETS)]
-        if other:
-            raise SystemExit(f"adapter: target_parameters entry {t!r} selects {other[0]}: only the "
-                             "experts' gate_up_proj / down_proj are implemented")
-    H, I = cfg["hidden_size"], get(cfg, "moe_intermediate_size")
-    out = []
-    for layer in range(cfg["num_hidden_layers"]):
-        x = f"{prefix_of(cfg)}layers.{layer}.mlp.experts"
-        here = [(which, fin, fout) for which, fin, fout in (("gate_up_proj", H, 2 * I),
-                                                           ("down_proj", I, H))
-                if q3.target_matches(targets, f"{x}.{which}")]
-        for which, fin, fout in here:
-            inner = len(here) == 2 and which == "gate_up_proj"
-            pref = q3.PEFT_PREFIX + x + (".base_layer" if inner else "")
-            r, scale = lora_r_scale(acfg, f"{x}.{which}")
-            out.append(ParamLora(f"{x}.{which}", layer, which, fin, fout, r, scale,
-                                 pref + ".lora_A.weight", pref + ".lora_B.weight"))
-    return out
-
-
-def param_factors(W, w, n_exp, e, rows):
-    """(A_e [r, in], B_e[rows] [len(rows), r]) of wrapper w's expert e, from W's lora_A / lora_B
-    (differentiable views)."""
-    A = W[w.a].reshape(n_exp, w.r, w.fin)[e]
-    B = W[w.b].reshape(w.fout, w.r, n_exp)[:, :, e]
-    return A, B[rows]
-
-
 def expert_rows(which, inter):
     """The per-expert modules a wrapper adapts, with the rows of B_e each takes (gate_up_proj[e]'s
     rows: gate [0, I), up [I, 2I))."""
@@ -817,126 +773,41 @@ def wrapped_module(cfg, wrappers, name):
     return bool(m) and any(w.layer == int(m.group(1)) and w.which == which for w in wrappers)
 
 
-def load_adapter(adapter_dir, cfg, linears):
-    """Read a PEFT LoRA adapter folder for a Qwen3.5 model: modules (target_modules, among
-    `linears`: linear_modules) and ParamWrappers (target_parameters), r / lora_alpha per
-    rank_pattern / alpha_pattern. Strict: every tensor the config implies, shapes checked, and no
-    other. Returns ({module name: scale}, {PEFT tensor name: float64 tensor}, [ParamLora], adapter
-    config)."""
-    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
-        acfg = json.load(f)
-    if acfg.get("peft_type", "LORA") != "LORA":
-        raise SystemExit(f"{adapter_dir}: peft_type {acfg.get('peft_type')!r} is not LORA")
-    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("bias", "none"),
-                     ("lora_bias", False)):
-        if acfg.get(key, off) not in (off, None):
-            raise SystemExit(f"{adapter_dir}: {key}={acfg[key]!r} is not supported")
-    for key in ("layers_to_transform", "modules_to_save", "layer_replication", "exclude_modules"):
-        if acfg.get(key):
-            raise SystemExit(f"{adapter_dir}: {key} is not supported")
-    for key in ("rank_pattern", "alpha_pattern"):
-        if acfg.get(key) is not None and not isinstance(acfg[key], dict):
-            raise SystemExit(f"{adapter_dir}: {key} must be an object")
-    targets = acfg.get("target_modules")
-    if targets is None and acfg.get("target_parameters"):
-        targets = []
-    if targets == "all-linear" or not isinstance(targets, (str, list)):
-        raise SystemExit(f"{adapter_dir}: target_modules must be a list or a regex string")
-    wrappers = param_wrappers(cfg, acfg)
-    tensors = q3.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
-    E = n_experts(cfg)
-    modules, W = {}, {}
-
-    def take(n, shape, what):
-        if n not in tensors:
-            raise SystemExit(f"{adapter_dir}: {n} missing ({what} is targeted)")
-        if tuple(tensors[n].shape) != shape:
-            raise SystemExit(f"{adapter_dir}: {n} has shape {list(tensors[n].shape)}, "
-                             f"expected {list(shape)}")
-        W[n] = tensors.pop(n).to(DT)
-    for name, fin, fout in linears:
-        if not q3.target_matches(targets, name) or wrapped_module(cfg, wrappers, name):
-            continue
-        r, scale = lora_r_scale(acfg, name)
-        an, bn = q3.lora_names(name)
-        take(an, (r, fin), f"module {name}")
-        take(bn, (fout, r), f"module {name}")
-        modules[name] = scale
-    for w in wrappers:
-        take(w.a, (w.r * E, w.fin), f"parameter {w.param}")
-        take(w.b, (w.fout, w.r * E), f"parameter {w.param}")
-    if tensors:
-        raise SystemExit(f"{adapter_dir}: tensors for no targeted module or parameter: "
-                         f"{sorted(tensors)[:5]}")
-    if not modules and not wrappers:
-        raise SystemExit(f"{adapter_dir}: target_modules {targets!r} select no module "
-                         "(and no target_parameters)")
-    return modules, W, wrappers, acfg
-
-
-def make_adapter_tensors(cfg, acfg, seed, b_std):
-    """Random A / B for every module and parameter the adapter config targets (r per the
-    patterns): A U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init; a wrapper's lora_A is a Linear(in,
-    r*E)), B ~ N(0, b_std). Modules first (linear_modules order), then the wrappers.
-    [(PEFT name, fp32 tensor)]."""
-    g = torch.Generator().manual_seed(seed)
-    E, out = n_experts(cfg), []
-    wrappers = param_wrappers(cfg, acfg)
-
-    def pair(rows, fin, fout, an, bn):
-        bound = 1.0 / math.sqrt(fin)
-        a = (torch.rand((rows, fin), generator=g, dtype=torch.float32) * 2 - 1) * bound
-        b = torch.randn((fout, rows), generator=g, dtype=torch.float32) * b_std
-        return [(an, a), (bn, b)]
-    for name, fin, fout in linear_modules(cfg):
-        if q3.target_matches(acfg["target_modules"], name) and not wrapped_module(cfg, wrappers, name):
-            out += pair(lora_r_scale(acfg, name)[0], fin, fout, *q3.lora_names(name))
-    for w in wrappers:
-        out += pair(w.r * E, w.fin, w.fout, w.a, w.b)
-    if not out:
-        raise SystemExit("make-adapter: the targets select no module or parameter of this model")
-    return out
-
-
-def cmd_make_adapter(args):
-    """qwen3_ref's make-adapter; for Qwen3.5 with --peft-params / --rank-pattern /
-    --alpha-pattern the adapters those options describe (gate_proj / up_proj / down_proj then mean
-    the stacked parameters mlp.experts.gate_up_proj / down_proj: every layer's routed experts, the
-    shared expert's projections not adapted; the other targets are modules)."""
-    if not (args.peft_params or args.rank_pattern or args.alpha_pattern):
-        return q3.cmd_make_adapter(args, linear_modules)
-    with open(os.path.join(args.model, "config.json")) as f:
+def q35_read_config(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
         cfg = flat(json.load(f))
     check_config(cfg)
     if not is_q35(cfg):
         raise SystemExit("make-adapter: --peft-params / --rank-pattern / --alpha-pattern are "
                          "implemented for Qwen3.5 (qwen3_5_moe, qwen3_5_moe_text) only")
-    if args.rank <= 0:
-        raise SystemExit("--rank must be positive")
-    targets = q3.parse_targets(args.targets)
-    params = []
-    if args.peft_params:
-        if {"gate_proj", "up_proj"} & set(targets):
-            params.append("mlp.experts.gate_up_proj")
-        if "down_proj" in targets:
-            params.append("mlp.experts.down_proj")
-        targets = [t for t in targets if t not in EXPERT_PARTS]
-    alpha = int(args.alpha) if float(args.alpha).is_integer() else args.alpha
-    acfg = q3.adapter_config(args.model, args.rank, alpha, args.rslora, targets)
-    if args.peft_params:
-        acfg["target_parameters"] = params
-    acfg["rank_pattern"] = parse_patterns(args.rank_pattern, "rank-pattern", True)
-    acfg["alpha_pattern"] = parse_patterns(args.alpha_pattern, "alpha-pattern", False)
-    tensors = make_adapter_tensors(cfg, acfg, args.seed, args.b_std)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "adapter_config.json"), "w") as f:
-        json.dump(acfg, f, indent=2)
-        f.write("\n")
-    q3.write_safetensors(os.path.join(args.out, "adapter_model.safetensors"), tensors, "F32")
-    print(f"wrote {args.out}: {len(tensors)} tensors, r={args.rank}, alpha={alpha}, "
-          f"rslora={str(args.rslora).lower()}, target_modules={targets}, target_parameters="
-          f"{params if args.peft_params else None}, rank_pattern={acfg['rank_pattern']}, "
-          f"alpha_pattern={acfg['alpha_pattern']}")
+    return cfg
+
+
+# Qwen3.5's stacked experts for gptoss_ref's target_parameters readers and writers: gate_proj /
+# up_proj / down_proj in make-adapter's --peft-params mean every layer's routed experts' stacked
+# parameters, the shared expert's projections not adapted; the config read flat.
+Q35 = go.StackedFamily(
+    q35_read_config, tensor_shapes, linear_modules, n_experts, lambda cfg: get(cfg, "moe_intermediate_size"),
+    lambda cfg, layer: f"{prefix_of(cfg)}layers.{layer}.mlp.experts",
+    params_refused=lambda cfg: None if is_q35(cfg) else
+    "only Qwen3.5's stacked experts (qwen3_5_moe, qwen3_5_moe_text) are implemented",
+    skip_module=wrapped_module, view=flat)
+
+
+def param_wrappers(cfg, acfg):
+    return go.stacked_param_wrappers(Q35, cfg, acfg)
+
+
+def load_adapter(adapter_dir, cfg, linears):
+    return go.stacked_load_adapter(Q35, adapter_dir, cfg, linears)
+
+
+def make_adapter_tensors(cfg, acfg, seed, b_std):
+    return go.stacked_make_adapter_tensors(Q35, cfg, acfg, seed, b_std)
+
+
+def cmd_make_adapter(args):
+    return go.stacked_cmd_make_adapter(Q35, args)
 
 
 # ---------------------------------------------------------------------------
@@ -1100,20 +971,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, chunk=64):
     return out.reshape(Hv, N * chunk, dv)[:, :T].transpose(0, 1)
 
 
-class Adapted(dict):
-    """The module adapters {module name: scale} (qwen3_ref's Model.lora), true also when only
-    ParamWrappers adapt the model: qwen3_ref's commands read `if model.lora` as "an adapter is
-    loaded" (the base frozen, the adapter's tensors, model.lora_names, trained)."""
-
-    def __init__(self, mods, wrapped=False):
-        super().__init__(mods)
-        self.wrapped = wrapped
-
-    def __bool__(self):
-        return self.wrapped or len(self) > 0
-
-
-class Qwen3NextModel(q3.Model):
+class Qwen3NextModel(go.StackedLora, q3.Model):
     """qwen3_ref's Model (LoRA, lin, parameters, the softmax top-k router and replay) with
     Qwen3-Next's layers: zero-centred norms, gated full attention with partial RoPE, Gated DeltaNet
     linear attention, the MoE block's shared expert and its sigmoid gate. Qwen3.5-MoE (either model
@@ -1137,35 +995,22 @@ class Qwen3NextModel(q3.Model):
         # adapter: None, a folder, or in memory (modules {name: scale}, {PEFT name: tensor}[,
         # [ParamLora]]); qwen3_ref's Model takes the modules' part. Qwen3.5's folders: this file's
         # load_adapter (rank_pattern / alpha_pattern, target_parameters); qwen3_next's: qwen3_ref's.
-        wrappers = []
-        if isinstance(adapter, str) and is_q35(cfg):
-            mods, lw, wrappers, _ = load_adapter(adapter, cfg, linear_modules(cfg))
-            adapter = (mods, lw)
-        elif isinstance(adapter, str):
+        if isinstance(adapter, str) and not is_q35(cfg):
             with open(os.path.join(adapter, "adapter_config.json")) as f:
                 if json.load(f).get("target_parameters"):
                     raise SystemExit(f"{adapter}: target_parameters: only Qwen3.5's stacked experts "
                                      "(qwen3_5_moe, qwen3_5_moe_text) are implemented")
-        elif adapter is not None and len(adapter) == 3:
-            mods, lw, wrappers = adapter
-            adapter = (mods, lw)
+            adapter, wrappers, lw = adapter, [], None  # qwen3_ref's Model reads the folder
+        else:
+            adapter, wrappers, lw = self.split_adapter(adapter, lambda d: load_adapter(d, cfg, linear_modules(cfg)))
         # qwen3_ref's Model reads these keys directly: HF's defaults where the config leaves them out
         filled = dict(cfg)
         for key in ("num_key_value_heads", "rms_norm_eps"):
             filled[key] = get(cfg, key)
         super().__init__(None, filled, weights, adapter)
-        # The ParamWrappers: their lora_A / lora_B in self.W under the file's names (trained and
-        # written by grad / adamw-steps like the modules'); self.plin: per-expert module name ->
-        # [(ParamLora, expert, rows of B_e)], added in lin().
-        self.lora = Adapted(self.lora, wrapped=bool(wrappers))
-        self.param_lora, self.plin = list(wrappers), {}
-        for w in wrappers:
-            self.W[w.a], self.W[w.b] = lw[w.a].to(DT), lw[w.b].to(DT)
-            self.lora_names += [w.a, w.b]
-            for e in range(get(cfg, "num_experts")):
-                for part, rows in expert_rows(w.which, get(cfg, "moe_intermediate_size")):
-                    self.plin.setdefault(f"{prefix_of(cfg)}layers.{w.layer}.mlp.experts.{e}.{part}",
-                                         []).append((w, e, rows))
+        self.attach_wrappers(wrappers, lw, get(cfg, "num_experts"),
+                             lambda which: expert_rows(which, get(cfg, "moe_intermediate_size")),
+                             lambda layer, e, part: f"{prefix_of(cfg)}layers.{layer}.mlp.experts.{e}.{part}")
         self.cfg = cfg
         self.hd = head_dim_of(cfg)
         self.rotary_dim = rotary_dim_of(cfg)
@@ -1186,15 +1031,6 @@ class Qwen3NextModel(q3.Model):
 
     def linear_modules(self):
         return linear_modules(self.cfg)
-
-    def lin(self, x, name):
-        """qwen3_ref's (base, module LoRA), plus every ParamWrapper on this per-expert module:
-        scale * (x A_e^T) B_e[rows]^T, i.e. x (W[e] + delta[e])^T restricted to the module's rows."""
-        y = super().lin(x, name)
-        for w, e, rows in self.plin.get(name, ()):
-            A, B = param_factors(self.W, w, self.n_experts, e, rows)
-            y = y + w.scale * ((x @ A.T) @ B.T)
-        return y
 
     @property
     def lm_head(self):
