@@ -151,6 +151,39 @@ size_t trill_engine_kv_bytes(const trill_engine *e);
 size_t trill_engine_decode_bytes(const trill_engine *e);
 double trill_engine_decode_flops(const trill_engine *e);
 
+/* The engine's per-phase profile, for benchmarks: the wall time of its steps split by what
+ * ran (the master thread's clock, switched at each phase's start: phases never overlap and their
+ * sum is the steps' time), and the matrix FLOPs each phase computed (2 N K a row of every
+ * product, adapters included). */
+typedef enum trill_gen_phase {
+    TRILL_PHASE_SCHEDULE,  /* the step outside the forward: stops, updates, scheduling, EPLB */
+    TRILL_PHASE_PROJECT,   /* attention's projections (q/k/v/o, QK-norm, RoPE; MLA's; Gated DeltaNet's in and out) */
+    TRILL_PHASE_ATTENTION, /* attention itself: over the KV cache, MLA's absorbed, the delta rule and conv */
+    TRILL_PHASE_ROUTE,     /* the router: its product, softmax or sigmoid, top-k, gates */
+    TRILL_PHASE_DISPATCH,  /* (row, expert) pairs grouped per expert and gathered */
+    TRILL_PHASE_EXPERTS,   /* the routed experts' products and activation (and their exchange under EP) */
+    TRILL_PHASE_COMBINE,   /* each row's experts summed */
+    TRILL_PHASE_MLP,       /* dense and shared MLPs */
+    TRILL_PHASE_OTHER,     /* embedding, norms, residual adds, RoPE and the like */
+    TRILL_PHASE_LOGITS,    /* the final norm and lm_head */
+    TRILL_PHASE_SAMPLE,    /* sampling and the sequences' bookkeeping after the forward */
+    TRILL_N_PHASES
+} trill_gen_phase;
+
+typedef struct trill_gen_profile {
+    double seconds[TRILL_N_PHASES];
+    double flops[TRILL_N_PHASES];
+    long steps; /* steps profiled */
+    long rows;  /* token rows they forwarded */
+} trill_gen_profile;
+
+/* on: zeroes the profile and times every step from now on; off: stops (the profile stays). */
+trill_status trill_engine_profile(trill_engine *e, bool on);
+/* The profile so far (zeros when never on). */
+trill_gen_profile trill_engine_profile_get(const trill_engine *e);
+/* "schedule", "project", "attention", ... */
+const char *trill_gen_phase_name(trill_gen_phase p);
+
 /* Queues a request (copied). Refused with a message when it is malformed or could never fit in
  * the KV cache (prompt + max_new_tokens for one sample). */
 trill_status trill_engine_submit(trill_engine *e, const trill_request *r);

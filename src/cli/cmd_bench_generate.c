@@ -1,5 +1,6 @@
 /* trill bench generate: the generator engine's prefill and decode throughput per weight format,
- * next to the machine's memory bandwidth and bf16 compute peak measured in the same run. */
+ * next to the machine's memory bandwidth and bf16 compute peak measured in the same run, with the
+ * engine's per-phase profile of those steps (trill_engine_profile). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,8 +38,10 @@ static const cli_spec SPEC = { "bench generate", NULL,
                                "slowdown (batch 1, 16 and 64, merged and adapter engines alternating 5 times) and the expert-capture\n"
                                "one (batch 16), and beside them the memory bandwidth (a 512 MB copy on all threads) against the\n"
                                "weight bytes a batch-1 decode step reads, and the format's compute peak against GFLOP/s at the\n"
-                               "largest batch. Random prompts. --eplb also prints the busiest worker's load over the mean for\n"
-                               "contiguous experts and for the plan.",
+                               "largest batch. Random prompts. Under each batch, the engine's per-phase profile of its decode and\n"
+                               "of its prefill steps: ms a step, share and GFLOP/s of schedule, project (attention's projections),\n"
+                               "attention, route, dispatch, experts, combine, mlp, other (norms, residuals), logits and sample.\n"
+                               "--eplb also prints the busiest worker's load over the mean for contiguous experts and for the plan.",
                                OPTS, (int)(sizeof OPTS / sizeof OPTS[0]) };
 
 /* Best of three copies of 512 MB (far beyond the caches) split across the threads, counting bytes read + written. */
@@ -91,7 +94,24 @@ typedef struct run_result {
     double decode_tps;   /* generated tokens per second over the timed decode steps */
     double prefill_tps;  /* prompt tokens per second over the prefill steps */
     double step_s;       /* median decode step */
+    trill_gen_profile prefill, decode; /* the engine's per-phase profile of those steps */
 } run_result;
+
+/* One line of a profile: each phase's ms a step and share of the steps' time, with GFLOP/s where
+ * it ran matrix products. */
+static void print_profile(const char *what, const trill_gen_profile *p) {
+    double total = 0;
+    for (int i = 0; i < TRILL_N_PHASES; i++) total += p->seconds[i];
+    if (p->steps == 0 || total <= 0) return;
+    printf("              %s profile, ms a step (%% of it; GFLOP/s):", what);
+    for (int i = 0; i < TRILL_N_PHASES; i++) {
+        if (p->seconds[i] <= 0) continue;
+        printf(" %s %.3g (%.0f%%", trill_gen_phase_name((trill_gen_phase)i), 1e3 * p->seconds[i] / p->steps, 100 * p->seconds[i] / total);
+        if (p->flops[i] > 0) printf("; %.0f", p->flops[i] / p->seconds[i] * 1e-9);
+        printf(")");
+    }
+    printf("\n");
+}
 
 /* New tokens a request needs: the timed steps, plus those its sequence decodes while later
  * prompts are still being prefilled (max_batch_tokens rows a step), plus a margin. */
@@ -114,6 +134,7 @@ static trill_status run(trill_engine *e, const trill_config *c, int batch, int p
         st = trill_engine_submit(e, &r);
     }
     /* prefill: until every sequence decodes (prompt rows per second of those steps) */
+    if (!st) st = trill_engine_profile(e, true);
     double t0 = trill_now();
     long prefill_rows = 0;
     trill_step_stats ss = { 0 };
@@ -123,6 +144,8 @@ static trill_status run(trill_engine *e, const trill_config *c, int batch, int p
         else if (!(st = trill_engine_step(e, &ss))) prefill_rows += ss.prefill_rows;
     }
     res->prefill_tps = prefill_rows / (trill_now() - t0);
+    res->prefill = trill_engine_profile_get(e);
+    if (!st) st = trill_engine_profile(e, true);
     double total = 0;
     for (int s = 0; s < steps && !st; s++) {
         t0 = trill_now();
@@ -135,6 +158,8 @@ static trill_status run(trill_engine *e, const trill_config *c, int batch, int p
         res->decode_tps = batch * steps / total;
         res->step_s = trill_median(times, steps);
     }
+    res->decode = trill_engine_profile_get(e);
+    trill_engine_profile(e, false);
     for (int b = 0; b < batch; b++) trill_engine_abort(e, (uint64_t)b); /* drop the rest */
     trill_sequence_out out[64];
     int got;
@@ -223,6 +248,8 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
                r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
         if (o->batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (o->bw * 1e9));
         printf("); prefill %.0f tokens/s\n", r.prefill_tps);
+        print_profile("decode ", &r.decode);
+        print_profile("prefill", &r.prefill);
         double before, after;
         if (o->eplb && !trill_engine_eplb_imbalance(e, &before, &after))
             printf("              EPLB: busiest worker / mean over the load window %.3f with contiguous experts, %.3f as planned\n", before, after);
@@ -232,7 +259,7 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     if (o->decode_only) return st;
     /* adapter mode at batch 1, 16 and 64 against the plain engine, alternating; capture at 16 */
     for (int b = 1; b <= 64 && !st; b *= b == 1 ? 16 : 4) st = adapter_cost(m, lora, &ec, o, b);
-    run_result plain, captured;
+    run_result plain = { 0 }, captured = { 0 };
     if (!st) st = trill_engine_create(m, &ec, &e);
     if (!st) st = run(e, cfg, 16, (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &plain);
     trill_engine_free(e);

@@ -180,6 +180,7 @@ void trill_engine_free(trill_engine *e) {
     free(e->rows.slot);
     trill_eng_sampler_free(e);
     free(e->tensors);
+    free(e->prof);
     free(e);
 }
 
@@ -224,9 +225,45 @@ trill_status trill_engine_group_busy(trill_engine *e, bool *busy) {
     return st;
 }
 
+/* ---- the per-phase profile (trill/infer.h) ---- */
+
+trill_status trill_engine_profile(trill_engine *e, bool on) {
+    if (on && !e->prof && !(e->prof = trill_calloc(1, sizeof *e->prof)))
+        return trill_error(TRILL_ERR_NOMEM, "out of memory for the engine's profile");
+    if (on) memset(&e->prof->p, 0, sizeof e->prof->p);
+    if (e->prof) e->prof->enabled = on;
+    return TRILL_OK;
+}
+
+trill_gen_profile trill_engine_profile_get(const trill_engine *e) {
+    return e->prof ? e->prof->p : (trill_gen_profile){ 0 };
+}
+
+const char *trill_gen_phase_name(trill_gen_phase p) {
+    static const char *const names[TRILL_N_PHASES] = { "schedule", "project", "attention", "route", "dispatch", "experts",
+                                                        "combine",  "mlp",     "other",     "logits", "sample" };
+    return p >= 0 && p < TRILL_N_PHASES ? names[p] : "?";
+}
+
+static void profile_start(trill_engine *e) {
+    if (!e->prof || !e->prof->enabled) return;
+    e->prof->running = true;
+    e->prof->cur = TRILL_PHASE_SCHEDULE;
+    e->prof->last = trill_now();
+}
+
+static void profile_stop(trill_engine *e, int rows) {
+    if (!e->prof || !e->prof->running) return;
+    eng_phase(e, TRILL_PHASE_SCHEDULE);
+    e->prof->running = false;
+    e->prof->p.steps++;
+    e->prof->p.rows += rows;
+}
+
 trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     trill_step_stats local = { 0 };
     int R = 0;
+    profile_start(e);
     /* what a failed step left: its stop checks, then the placement it was to plan */
     trill_status st = e->sched.recheck_stops ? trill_eng_finish_stopped(e) : TRILL_OK;
     if (!st && e->eplb.window) st = trill_eng_eplb_before_step(e);
@@ -241,8 +278,10 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     if (!st && R > 0) st = trill_eng_ensure_sampler_scratch(e);
     if (!st && forward) st = e->fam->ensure_scores(e, R);
     if (!st && forward) {
+        eng_phase(e, TRILL_PHASE_OTHER);
         st = e->fam->rows(e, R);
         if (!st && R > 0) st = trill_eng_after_forward(e, R);
+        eng_phase(e, TRILL_PHASE_SCHEDULE);
         /* the step took effect unless it failed before its samples (only its stop check after) */
         const bool took_effect = !st || e->sched.recheck_stops;
         if (e->eplb.window && took_effect) {
@@ -258,6 +297,7 @@ trill_status trill_engine_step(trill_engine *e, trill_step_stats *stats) {
     local.running = e->sched.n_active;
     local.waiting = e->sched.n_waiting;
     if (stats) *stats = local;
+    profile_stop(e, R);
     return st;
 }
 

@@ -33,6 +33,7 @@
 #include "trill/arch.h"
 #include "model/lora_internal.h"
 #include "trill/lora.h"
+#include "trill/timing.h"
 
 /* ---- weights and adapters (engine_weights.c, engine_adapter.c) ---- */
 
@@ -205,6 +206,15 @@ typedef struct eng_eplb {
 
 typedef struct trill_eng_forward trill_eng_forward;
 
+/* trill_engine_profile's state. */
+typedef struct eng_prof {
+    trill_gen_profile p;
+    trill_gen_phase cur;
+    double last;
+    bool enabled; /* trill_engine_profile(e, true) */
+    bool running; /* inside a step, enabled */
+} eng_prof;
+
 struct trill_engine {
     trill_config c;
     const trill_eng_forward *fam; /* the decoder layer's forward (below) */
@@ -243,7 +253,27 @@ struct trill_engine {
     trill_comm *ep;
     int ep_rank, ep_size;
     uint64_t ep_moved;    /* bytes of expert weights this rank received on re-plans */
+    eng_prof *prof;       /* trill_engine_profile on: the phase clock; else NULL */
 };
+
+/* The phase clock: charges the time since the last switch to the current phase, then runs `ph`
+ * (called on the master thread only, outside parallel regions). No-op unless profiling. */
+static inline void eng_phase(const trill_engine *e, trill_gen_phase ph) {
+    eng_prof *p = e->prof;
+    if (!p || !p->running) return;
+    const double now = trill_now();
+    p->p.seconds[p->cur] += now - p->last;
+    p->cur = ph, p->last = now;
+}
+/* FLOPs of n products (2 T N K each) to the current phase. */
+static inline void eng_count_products(const trill_engine *e, const gen_product *list, int n) {
+    eng_prof *p = e->prof;
+    if (!p || !p->running) return;
+    double f = 0;
+    for (int i = 0; i < n; i++) f += 2.0 * list[i].T * list[i].W->N * list[i].W->K;
+#pragma omp atomic /* EPLB's workers count concurrently */
+    p->p.flops[p->cur] += f;
+}
 
 /* p grown (realloc) to hold at least `need` elements, *cap updated; NULL when out of memory (p
  * is then still valid). */

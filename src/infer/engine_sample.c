@@ -235,7 +235,9 @@ trill_status trill_eng_after_forward(trill_engine *e, int R) {
     int n_logit = 0, n_forks = 0;
     for (int r = 0; r < R; r++)
         if (e->rows.pos[r] == e->rows.seq[r]->n_tokens - 1) e->rows.logit[n_logit++] = r;
+    eng_phase(e, TRILL_PHASE_LOGITS);
     trill_status st = e->fam->logits(e, n_logit);
+    eng_phase(e, TRILL_PHASE_SAMPLE);
     for (int i = 0; i < n_logit; i++) {
         const seq *s = e->rows.seq[e->rows.logit[i]];
         if (s->forks_pending) n_forks += s->rq->r.n - 1;

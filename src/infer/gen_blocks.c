@@ -82,14 +82,19 @@ static int side_products(const trill_engine *e, const gen_lora_buf *b, const eng
 trill_status trill_gen_linear(const trill_engine *e, gen_lora_buf *b, const gen_matrix *W, const eng_lora *at, gen_rowmap m, float *y,
                               const float *x, int T, int row0) {
     const gen_product base = { .out = y, .inp = x, .W = W, .T = T };
-    if (!at || !trill_gen_any_adapter(e)) return trill_gen_matmul_many(&base, 1);
+    if (!at || !trill_gen_any_adapter(e)) return trill_gen_products(e, &base, 1);
     gen_product *list = trill_gen_product_list(1 + (size_t)ENG_MAX_PARTS * (e->rows.mixed ? (size_t)T : 1));
     if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the adapters' products");
     list[0] = base;
     const int n = 1 + side_products(e, b, at, m, x, (size_t)W->K, NULL, 0, T, row0, false, list + 1);
-    trill_status st = trill_gen_matmul_many(list, n);
+    trill_status st = trill_gen_products(e, list, n);
     if (st || n == 1) return st;
-    return trill_gen_matmul_many(list, side_products(e, b, at, m, x, (size_t)W->K, y, (size_t)W->N, T, row0, true, list));
+    return trill_gen_products(e, list, side_products(e, b, at, m, x, (size_t)W->K, y, (size_t)W->N, T, row0, true, list));
+}
+
+trill_status trill_gen_products(const trill_engine *e, const gen_product *list, int n) {
+    eng_count_products(e, list, n);
+    return trill_gen_matmul_many(list, n);
 }
 
 /* ---- elementwise ---- */
@@ -201,7 +206,7 @@ static trill_status experts_role(const trill_engine *e, const gen_moe *b, gen_lo
             n += k, n_side += k;
         }
     }
-    trill_status st = trill_gen_matmul_many(list, n);
+    trill_status st = trill_gen_products(e, list, n);
     if (st || !n_side) return st;
     n = 0;
     for (int ex = 0; ex < E; ex++) {
@@ -210,7 +215,7 @@ static trill_status experts_role(const trill_engine *e, const gen_moe *b, gen_lo
             n += side_products(e, lb, &A->experts[role][ex], (gen_rowmap){ b->order + first, K }, x + (size_t)first * x_width, x_width,
                                y + (size_t)first * width, width, rows, first, true, list + n);
     }
-    return trill_gen_matmul_many(list, n);
+    return trill_gen_products(e, list, n);
 }
 
 /* Without EPLB: each expert's rows gathered, every expert's gate|up (and adapter) in one batch,
@@ -221,6 +226,7 @@ static trill_status experts_grouped(const trill_engine *e, gen_moe *b, gen_lora_
     const trill_config *c = &e->c;
     const int H = c->hidden_size, K = c->num_experts_per_tok, Im = c->moe_intermediate_size, E = c->num_experts;
     for (int i = 0; i < R * K; i++) memcpy(b->xe + (size_t)i * H, xn + (size_t)(b->order[i] / K) * H, sizeof(float) * H);
+    eng_phase(e, TRILL_PHASE_EXPERTS);
     trill_status st = experts_role(e, b, lb, L, A, roles.gate_up, b->ff, 2 * (size_t)Im, b->xe, (size_t)H, E);
     if (st) return st;
     if (!roles.bias && roles.act == TRILL_EXPERT_SWIGLU) {
@@ -394,15 +400,18 @@ trill_status trill_gen_moe_experts(trill_engine *e, gen_moe *b, gen_lora_buf *lb
         uint32_t *load = e->eplb.counts + (size_t)ordinal * E;
         for (int i = 0; i < R * K; i++) load[b->topi[i]]++;
     }
+    eng_phase(e, TRILL_PHASE_EXPERTS); /* EP and EPLB: their grouping and exchange counted with the experts */
     if (e->ep) {
         st = experts_on_ranks(e, b, lb, xn, L, A, roles, ordinal, R);
     } else if (e->eplb.window) {
         st = experts_on_workers(e, b, lb, xn, L, A, roles, ordinal, R);
     } else {
+        eng_phase(e, TRILL_PHASE_DISPATCH);
         group_by(e, b, b->topi, R * K, E);
         st = experts_grouped(e, b, lb, xn, L, A, roles, R);
     }
     if (st) return st;
+    eng_phase(e, TRILL_PHASE_COMBINE);
     combine_experts(e, b, out, R);
     return TRILL_OK;
 }

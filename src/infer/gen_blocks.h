@@ -42,6 +42,8 @@ int trill_gen_row_slot(const trill_engine *e, gen_rowmap m, int i);
 /* Whether any adapter is set (the engine's own or a slot's). */
 bool trill_gen_any_adapter(const trill_engine *e);
 
+/* trill_gen_matmul_many, the products' FLOPs counted to the engine's profile. */
+trill_status trill_gen_products(const trill_engine *e, const gen_product *list, int n);
 /* y[T, W.N] = x[T, W.K] W^T, plus the side path of each row's adapter (its slot's matrix at
  * layout entry `at`, trill_engine.layout; at NULL, or no adapter there: none): the base product
  * and the shrinks x A^T (a matrix's parts' A stacked: one product for all of q/k/v; one per run

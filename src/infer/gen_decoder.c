@@ -10,6 +10,7 @@
  * batch. Each row's K/V join its sequence's blocks before attention reads them; MoE rows are
  * grouped per expert (or per physical replica with EPLB) and every row sums its experts in
  * ascending logical id; adapters add their side path after each matrix they target. */
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -151,9 +152,16 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
 
 /* ---- GQA: attention over the paged cache ---- */
 
+/* Prefetches `bytes` from each of n rows `stride` apart (a head's slice of a cache block). */
+static inline void gen_prefetch_rows(const char *p, int n, size_t stride, size_t bytes) {
+    for (int j = 0; j < n; j++)
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + (size_t)j * stride + b);
+}
+
 /* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values first..n_pos-1, the
- * sum over j in order for every element; W is a compile-time constant at each call, so acc
- * stays in registers while the cache is read once per position. */
+ * sum over j in order for every element, each step one fused multiply-add (fmaf: the same bits
+ * whatever the compiler contracts or the ISA, as attend_values_64 computes them). W is a
+ * compile-time constant at each call. */
 static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
                                                                 int first, int n_pos, float *o, const int W, const bool half, const bool own) {
     const kv_cache *kc = own ? &e->kv_win : &e->kv;
@@ -166,10 +174,74 @@ static inline __attribute__((always_inline)) void attend_values(const trill_engi
         for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
             const float w = p[j0 + j];
             const size_t at = (size_t)j * v_stride + (size_t)col;
-            for (int l = 0; l < W; l++) acc[l] += w * gen_kv_at(vb, at + (size_t)l, half);
+            for (int l = 0; l < W; l++) acc[l] = fmaf(w, gen_kv_at(vb, at + (size_t)l, half), acc[l]);
         }
     }
     memcpy(o, acc, sizeof(float) * W);
+}
+
+/* 16 floats, and the 16 bf16 or floats of a cache row read as them (GCC's vector extensions:
+ * AVX-512 one register, AVX2 two). */
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+/* *acc += w *v, one rounding per element (fmaf's): explicit, so no build or ISA rounds it
+ * otherwise. (Pointers, not vector arguments: a 64-byte vector passed by value is an ABI
+ * question GCC warns about where AVX-512 is off.) */
+static inline __attribute__((always_inline)) void v16_fma(v16f *acc, float w, const v16f *v) {
+#if defined(__AVX512F__)
+    _mm512_storeu_ps((float *)acc, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps((const float *)v), _mm512_loadu_ps((const float *)acc)));
+#elif defined(__FMA__)
+    for (int h = 0; h < 16; h += 8)
+        _mm256_storeu_ps((float *)acc + h, _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps((const float *)v + h), _mm256_loadu_ps((const float *)acc + h)));
+#else
+    for (int l = 0; l < 16; l++) (*acc)[l] = fmaf(w, (*v)[l], (*acc)[l]);
+#endif
+}
+
+/* 16 elements of a cache row from element i: fp32, or bf16 widened (exact). */
+static inline __attribute__((always_inline)) void v16_at(v16f *out, const char *row, size_t i, const bool half) {
+    if (half) {
+        v16h h;
+        memcpy(&h, row + 2 * i, sizeof h);
+        const v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(out, &u, sizeof *out);
+    } else {
+        memcpy(out, row + 4 * i, sizeof *out);
+    }
+}
+
+/* attend_values for G query heads of one kv head at once, 64 columns from col: head g's
+ * o_g[0..64) = sum_j p_g[j] v_j[col ..] (p_g = p + g * p_stride, o_g = o + g * o_stride), each
+ * element summed over j in order as attend_values does (the same products and sums, bit for bit),
+ * the accumulators in registers and each value read once for the G heads. G a compile-time
+ * constant at each call. */
+static inline __attribute__((always_inline)) void attend_values_64(const trill_engine *e, const seq *s, int layer, int col, const float *p,
+                                                                   size_t p_stride, int first, int n_pos, float *o, size_t o_stride, const int G,
+                                                                   const bool half, const bool own) {
+    const kv_cache *kc = own ? &e->kv_win : &e->kv;
+    const kv_table *t = own ? &s->kv_win : &s->kv;
+    const int bs = kc->block_size, v_stride = kc->shape[layer].v_width;
+    v16f acc[4][4] = { { { 0 } } }; /* [head][16-column part] */
+    const size_t elem = half ? 2 : 4;
+    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
+        const char *vb = kv_value(kc, t->blocks[j0 / bs], layer, 0);
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        if (j0 + bs < n_pos)
+            gen_prefetch_rows((const char *)kv_value(kc, t->blocks[j0 / bs + 1], layer, 0) + (size_t)col * elem, n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs,
+                              (size_t)v_stride * elem, 64 * elem);
+        for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
+            const size_t at = (size_t)j * v_stride + (size_t)col;
+            v16f v[4];
+            for (int c = 0; c < 4; c++) v16_at(&v[c], vb, at + 16 * (size_t)c, half);
+            for (int g = 0; g < G; g++) {
+                const float w = p[(size_t)g * p_stride + j0 + j];
+                for (int c = 0; c < 4; c++) v16_fma(&acc[g][c], w, &v[c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) memcpy(o + (size_t)g * o_stride, acc[g], sizeof acc[g]);
 }
 
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
@@ -191,6 +263,9 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
         const char *kb = (const char *)kv_key(kc, t->blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        if (j0 + bs < n_pos) /* the next block's keys of this head on their way while these are read (another block, another stream) */
+            gen_prefetch_rows((const char *)kv_key(kc, t->blocks[j0 / bs + 1], layer, 0) + (size_t)kvh * hd * elem,
+                              n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs, (size_t)k_stride * elem, (size_t)hd * elem);
         for (int g = 0; g < group; g++) {
             const float *qg = q + (size_t)g * hd;
             float *sg = sc + (size_t)g * ctx + j0;
@@ -201,15 +276,26 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     }
     for (int g = 0; g < group; g++) /* normalised in place (a sink's logit in the denominator) */
         gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale, sinks ? sinks[kvh * group + g] : -INFINITY);
-    for (int g = 0; g < group; g++) {
-        const float *pg = sc + (size_t)g * ctx;
-        float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group + g) * hd;
-        /* the common head sizes get a constant width, so the accumulators stay in registers */
-        if (hd == 64) attend_values(e, s, layer, kvh * hd, pg, first, n_pos, o, 64, half, own);
-        else if (hd == 128)
-            for (int i0 = 0; i0 < 128; i0 += 64) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, 64, half, own);
-        else
-            for (int i0 = 0; i0 < hd; i0 += LANE) attend_values(e, s, layer, kvh * hd + i0, pg, first, n_pos, o + i0, LANE, half, own);
+    float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group) * hd;
+    if (hd % 64 == 0) { /* the common head sizes: 64 columns at a time, up to 4 heads a pass (AVX2: 2, its 16 registers) */
+#ifdef __AVX512F__
+        enum { GMAX = 4 };
+#else
+        enum { GMAX = 2 };
+#endif
+        for (int i0 = 0; i0 < hd; i0 += 64)
+            for (int g = 0; g < group;) {
+                const int left = group - g;
+                const float *pg = sc + (size_t)g * ctx;
+                float *og = o + (size_t)g * hd + i0;
+                if (left >= 4 && GMAX >= 4) attend_values_64(e, s, layer, kvh * hd + i0, pg, (size_t)ctx, first, n_pos, og, (size_t)hd, 4, half, own), g += 4;
+                else if (left >= 2 && GMAX >= 2) attend_values_64(e, s, layer, kvh * hd + i0, pg, (size_t)ctx, first, n_pos, og, (size_t)hd, 2, half, own), g += 2;
+                else attend_values_64(e, s, layer, kvh * hd + i0, pg, (size_t)ctx, first, n_pos, og, (size_t)hd, 1, half, own), g += 1;
+            }
+    } else {
+        for (int g = 0; g < group; g++)
+            for (int i0 = 0; i0 < hd; i0 += LANE)
+                attend_values(e, s, layer, kvh * hd + i0, sc + (size_t)g * ctx, first, n_pos, o + (size_t)g * hd + i0, LANE, half, own);
     }
 }
 
@@ -268,6 +354,7 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
     trill_decoder_rope_heads(c, S(e)->k, e->rows.pos, S(e)->inv_freq, S(e)->rope_scale, R, nkv);
     const bool own = e->kv_split && desc->window > 0; /* the windowed layers' cache */
     const kv_cache *kc = own ? &e->kv_win : &e->kv;
+    eng_phase(e, TRILL_PHASE_ATTENTION);
     for (int r = 0; r < R; r++) {
         const seq *s = e->rows.seq[r];
         const kv_table *t = own ? &s->kv_win : &s->kv;
@@ -278,6 +365,7 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
     paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);
     if (desc->output_gate)
         for (size_t i = 0; i < (size_t)R * qd; i++) S(e)->att[i] /= 1.0f + expf(-S(e)->ogate[i]);
+    eng_phase(e, TRILL_PHASE_PROJECT);
     st = trill_gen_linear(e, &S(e)->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, S(e)->out, S(e)->att, R, 0);
     if (!st && desc->o_bias) trill_decoder_bias_forward(S(e)->out, L->vec[TRILL_ROLE_O_BIAS], R, c->hidden_size);
     return st;
@@ -301,7 +389,8 @@ static trill_status moe(trill_engine *e, const trill_layer_desc *desc, const eng
     const trill_config *c = &e->c;
     gen_state *f = S(e);
     const int E = c->num_experts, K = c->num_experts_per_tok;
-    trill_status st = trill_gen_matmul(f->scores, f->xn, &L->m[TRILL_ROLE_ROUTER], R);
+    const gen_product router = { .out = f->scores, .inp = f->xn, .W = &L->m[TRILL_ROLE_ROUTER], .T = R };
+    trill_status st = trill_gen_products(e, &router, 1);
     if (st) return st;
     if (desc->router_linear_bias) trill_decoder_bias_forward(f->scores, L->vec[TRILL_ROLE_ROUTER_LINEAR_BIAS], R, E);
     if (desc->router == TRILL_ROUTER_SOFTMAX) {
@@ -318,6 +407,7 @@ static trill_status moe(trill_engine *e, const trill_layer_desc *desc, const eng
                                      (float)c->swiglu_alpha };
     if ((st = trill_gen_moe_experts(e, &f->moe, &f->lora, f->xn, f->out, L, A, roles, ordinal, R))) return st;
     if (!desc->shared_experts) return TRILL_OK;
+    eng_phase(e, TRILL_PHASE_MLP);
     if ((st = mlp(e, L, A, TRILL_ROLE_SHARED_GATE, TRILL_ROLE_SHARED_DOWN, f->shared, R, trill_config_shared_width(c))))
         return st;
     if (desc->shared_expert_gate) { /* the shared experts' output x sigmoid(shared_expert_gate(xn)) */
@@ -348,14 +438,18 @@ static trill_status forward_rows(trill_engine *e, int R) {
         const eng_layer *L = &w->layers[l];
         const eng_lora_layer *A = &e->layout->layers[l]; /* the adapters' layout: each row's slot picks its own */
         trill_rmsnorm_forward(f->xn, f->x, L->vec[TRILL_ROLE_INPUT_NORM], R, H, eps);
+        eng_phase(e, TRILL_PHASE_PROJECT);
         trill_status st = desc.attention == TRILL_ATTENTION_MLA ? trill_gen_mla_attention(e, L, A, l, R)
                           : desc.attention == TRILL_ATTENTION_GDN ? trill_gen_gdn(e, L, A, l, R)
                                                                   : gqa(e, &desc, L, A, l, R);
         if (st) return st;
+        eng_phase(e, TRILL_PHASE_OTHER);
         trill_gen_add_rows(f->x, f->out, (size_t)R * H);
         trill_rmsnorm_forward(f->xn, f->x, L->vec[TRILL_ROLE_POST_NORM], R, H, eps);
+        eng_phase(e, desc.moe ? TRILL_PHASE_ROUTE : TRILL_PHASE_MLP);
         st = desc.moe ? moe(e, &desc, L, A, c->moe_ordinal[l], R) : mlp(e, L, A, TRILL_ROLE_GATE, TRILL_ROLE_DOWN, f->out, R, c->intermediate_size);
         if (st) return st;
+        eng_phase(e, TRILL_PHASE_OTHER);
         trill_gen_add_rows(f->x, f->out, (size_t)R * H);
     }
     return TRILL_OK;

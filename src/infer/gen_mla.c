@@ -228,7 +228,7 @@ static trill_status per_head(const trill_engine *e, const gen_matrix *mats, cons
     if (!list) return trill_error(TRILL_ERR_NOMEM, "out of memory for the list of %d heads' products", nh);
     for (int h = 0; h < nh; h++)
         list[h] = (gen_product){ .out = y + (size_t)h * out_w, .ldo = ldo, .inp = x + (size_t)h * in_w, .ldi = ldi, .W = &mats[h], .T = R };
-    if (!sides) return trill_gen_matmul_many(list, nh);
+    if (!sides) return trill_gen_products(e, list, nh);
     int n = nh, n_expand = 0;
     gen_product *expand = list + nh + (size_t)nh * (e->rows.mixed ? R : 1);
     for (int i0 = 0, i1; i0 < R; i0 = i1) {
@@ -247,9 +247,9 @@ static trill_status per_head(const trill_engine *e, const gen_matrix *mats, cons
                                                 .accumulate = 1, .scale = ad->scale };
         }
     }
-    trill_status st = trill_gen_matmul_many(list, n);
+    trill_status st = trill_gen_products(e, list, n);
     if (st || !n_expand) return st;
-    return trill_gen_matmul_many(expand, n_expand);
+    return trill_gen_products(e, expand, n_expand);
 }
 
 /* qabs: each head's [W_uk^T q_nope (+ its adapter) | q_rope]. */
@@ -277,10 +277,12 @@ static trill_status expand_values(trill_engine *e, const eng_layer *L, const eng
 trill_status trill_gen_mla_attention(trill_engine *e, const eng_layer *L, const eng_lora_layer *A, int l, int R) {
     gen_state *f = S(e);
     trill_status st = project(e, L, A, l, R);
+    eng_phase(e, TRILL_PHASE_ATTENTION); /* the absorbed per-head products with it */
     if (!st) st = absorb_queries(e, L, A, R);
     if (st) return st;
     latent_attention(e, l, R);
     if ((st = expand_values(e, L, A, R))) return st;
+    eng_phase(e, TRILL_PHASE_PROJECT);
     return trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, f->out, f->att, R, 0);
 }
 

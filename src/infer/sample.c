@@ -7,7 +7,7 @@
  *
  * Cost at V = 150k is the one pass of exps; the rest is kept near it:
  *   - the exp is the kernels' branch-free fp32 one (kernels/exp_nonpos.h, within 1.01 ulp, 0 below
- *     -87: a weight under 1e-38 of the maximum's), which the compiler vectorises 8 wide; the
+ *     -87: a weight under 1e-38 of the maximum's), vectorised (omp simd: GCC will not by itself); the
  *     log-prob itself is z - log S in double, so it stays accurate to ~1e-7;
  *   - sums are over fixed blocks of tokens (8 lanes within a block, blocks in order): fast and
  *     the same on every run; the draw finds its block from the block sums, then its token;
@@ -331,8 +331,11 @@ static int argmax_of(const float *logits, int V) {
 /* w[i] = exp((logit[i] - max) / T) into scratch and their sum S: what the draw and the log-prob
  * read. Greedy reports the model's own log-probability: temperature 1. */
 static double weights_of(const float *logits, int V, float temperature, float max, double *w, double *block_sum, double *inv_t) {
-    *inv_t = temperature == 0 ? 1.0 : 1.0 / temperature;
-    for (int i = 0; i < V; i++) w[i] = exp_nonpos_f32((float)z_of(logits[i], max, *inv_t));
+    const double it = *inv_t = temperature == 0 ? 1.0 : 1.0 / temperature;
+    /* simd: GCC will not vectorise exp_nonpos_f32's float compare by itself (-ftrapping-math); each
+     * element is computed alone, so the results are the scalar loop's */
+#pragma omp simd
+    for (int i = 0; i < V; i++) w[i] = exp_nonpos_f32((float)z_of(logits[i], max, it));
     return block_sums(w, V, NULL, block_sum);
 }
 

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "trill/timing.h"
 #include "trill/eplb.h"
 #include "trill/infer.h"
 #include "model/lora_internal.h"
@@ -226,6 +227,55 @@ static void test_batch_invariance(void **state) {
         for (int i = 0; i < 2; i++) trill_sequence_out_free(&alone[i]);
         trill_engine_free(e);
     }
+    trill_model_free(m);
+}
+
+/* The per-phase profile (trill_engine_profile): over steps that only decode, the FLOPs counted in
+ * its phases are exactly trill_engine_decode_flops a row (every matrix once a row, the experts at
+ * top-k of their equal sizes, lm_head on every row); lm_head's in "logits", the router's in
+ * "route", the experts' in "experts"; the steps and rows counted; its times add up to no more
+ * than the steps took; off, steps leave it as it was. */
+static void test_profile(void **state) {
+    (void)state;
+    trill_model *m = small_model(32);
+    const trill_config *c = trill_model_config(m);
+    trill_engine *e = engine(m, TRILL_GEN_F32, 512, 0, 16);
+    trill_request r[2] = { request(1, P1, 13, 2, 12), request(2, P2, 2, 1, 12) };
+    for (int i = 0; i < 2; i++) assert_int_equal(trill_engine_submit(e, &r[i]), TRILL_OK);
+    trill_step_stats st;
+    do assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+    while (st.prefill_rows > 0 || st.decode_rows < 3); /* until the three samples all decode */
+    assert_int_equal(trill_engine_profile(e, true), TRILL_OK);
+    long rows = 0;
+    double wall = 0;
+    for (int s = 0; s < 4; s++) {
+        const double t0 = trill_now();
+        assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+        wall += trill_now() - t0;
+        assert_int_equal(st.prefill_rows, 0);
+        rows += st.rows;
+    }
+    const trill_gen_profile p = trill_engine_profile_get(e);
+    assert_int_equal(p.steps, 4);
+    assert_int_equal(p.rows, rows);
+    double flops = 0, seconds = 0;
+    for (int i = 0; i < TRILL_N_PHASES; i++) {
+        assert_true(p.seconds[i] >= 0 && p.flops[i] >= 0);
+        flops += p.flops[i], seconds += p.seconds[i];
+    }
+    printf("  profile over %ld decode rows: %.0f FLOPs counted, %.0f expected; %.3f of %.3f ms timed\n", rows, flops,
+           trill_engine_decode_flops(e) * (double)rows, seconds * 1e3, wall * 1e3);
+    assert_true(fabs(flops - trill_engine_decode_flops(e) * (double)rows) <= 1e-9 * flops);
+    assert_true(p.flops[TRILL_PHASE_LOGITS] == 2.0 * c->hidden_size * c->vocab_size * (double)rows);
+    assert_true(p.flops[TRILL_PHASE_ROUTE] > 0 && p.flops[TRILL_PHASE_EXPERTS] > 0 && p.flops[TRILL_PHASE_PROJECT] > 0);
+    assert_true(seconds > 0 && seconds <= wall);
+    assert_string_equal(trill_gen_phase_name(TRILL_PHASE_EXPERTS), "experts");
+    assert_int_equal(trill_engine_profile(e, false), TRILL_OK);
+    assert_int_equal(trill_engine_step(e, &st), TRILL_OK);
+    const trill_gen_profile after = trill_engine_profile_get(e);
+    assert_int_equal(after.steps, 4);
+    assert_memory_equal(after.flops, p.flops, sizeof p.flops);
+    trill_engine_free(e);
     trill_model_free(m);
 }
 
@@ -1305,7 +1355,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_matches_reference),
         cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_fork_state),
+        cmocka_unit_test(test_fork_state), cmocka_unit_test(test_profile),
         cmocka_unit_test(test_stops_and_errors),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_layer_map),
