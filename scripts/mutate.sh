@@ -78,6 +78,18 @@ m tool_parse_error_uncounted text src/text/chat.c "test_chat" \
   "a malformed Qwen3 tool call is not counted as a parse error"
 
 # multi-turn generation: held samples continued with injected tokens (engine_turns.c)
+m profile_flops_k infer src/infer/engine_internal.h "test_engine" \
+  'f += 2.0 * list[i].T * list[i].W->N * list[i].W->K;' \
+  'f += 2.0 * list[i].T * list[i].W->N;' \
+  "generator profile: a product's FLOPs counted without its inner dimension"
+m profile_logits_phase infer src/infer/engine_sample.c "test_engine" \
+  '    eng_phase(e, TRILL_PHASE_LOGITS);' \
+  '    eng_phase(e, TRILL_PHASE_SAMPLE);' \
+  "generator profile: lm_head charged to sampling"
+m attention_qk_tree infer src/infer/gen_decoder.c "golden_outputs" \
+  'const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */' \
+  'const __m128 t = _mm_add_ps(_mm256_extractf128_ps(p, 1), _mm256_castps256_ps128(p)); p = _mm256_permute_ps(p, 0x1b); /* p_l + p_{l+4} */' \
+  "generator attention: q.k's lanes reduced in another order than gen_reduce_lanes' tree"
 m turns_keys_restart infer src/infer/engine_sample.c "test_engine" \
   '(uint32_t)(s->key_base + gen), work, &lp);' \
   '(uint32_t)gen, work, &lp);' \

@@ -107,7 +107,8 @@ static void print_profile(const char *what, const trill_gen_profile *p) {
     for (int i = 0; i < TRILL_N_PHASES; i++) {
         if (p->seconds[i] <= 0) continue;
         printf(" %s %.3g (%.0f%%", trill_gen_phase_name((trill_gen_phase)i), 1e3 * p->seconds[i] / p->steps, 100 * p->seconds[i] / total);
-        if (p->flops[i] > 0) printf("; %.0f", p->flops[i] / p->seconds[i] * 1e-9);
+        const double f = p->flops[i] + (i == TRILL_PHASE_ATTENTION ? p->attention_flops : 0);
+        if (f > 0) printf("; %.0f", f / p->seconds[i] * 1e-9);
         printf(")");
     }
     printf("\n");
@@ -247,7 +248,12 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
         printf("  batch %4d: decode %8.1f tokens/s (median step %.2f ms, %.1f GFLOP/s = %.1f%% of peak", o->batches[i], r.decode_tps,
                r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
         if (o->batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (o->bw * 1e9));
-        printf("); prefill %.0f tokens/s\n", r.prefill_tps);
+        printf("); prefill %.0f tokens/s", r.prefill_tps);
+        double pre_s = 0;
+        for (int k = 0; k < TRILL_N_PHASES; k++) pre_s += r.prefill.seconds[k];
+        if (pre_s > 0) /* the prefill steps also carry the rows of the sequences already decoding */
+            printf(" (its steps %.0f rows/s, %.0f%% of them prompt tokens)", r.prefill.rows / pre_s, 100.0 * r.prefill_tps * pre_s / r.prefill.rows);
+        printf("\n");
         print_profile("decode ", &r.decode);
         print_profile("prefill", &r.prefill);
         double before, after;

@@ -265,6 +265,21 @@ static inline void eng_phase(const trill_engine *e, trill_gen_phase ph) {
     p->p.seconds[p->cur] += now - p->last;
     p->cur = ph, p->last = now;
 }
+/* FLOPs f of attention itself (trill_gen_profile.attention_flops). */
+static inline void eng_count_flops(const trill_engine *e, double f) {
+    if (e->prof && e->prof->running) e->prof->p.attention_flops += f;
+}
+/* Attention's FLOPs over the cache for a step's R rows: per_position FLOPs for each position a
+ * row attends to (within `window`; 0: all). */
+static inline void eng_count_attention(const trill_engine *e, int R, int window, double per_position) {
+    if (!e->prof || !e->prof->running) return;
+    double n = 0;
+    for (int r = 0; r < R; r++) {
+        const int p = e->rows.pos[r] + 1;
+        n += window > 0 && p > window ? window : p;
+    }
+    e->prof->p.attention_flops += n * per_position;
+}
 /* FLOPs of n products (2 T N K each) to the current phase. */
 static inline void eng_count_products(const trill_engine *e, const gen_product *list, int n) {
     eng_prof *p = e->prof;

@@ -30,8 +30,9 @@ _Static_assert((int)TRILL_N_ROLES <= (int)ENG_MAX_ROLES, "the engine files a lay
 static bool is_mla(const trill_config *c) { return trill_decoder_attention_kind(c) == TRILL_ATTENTION_MLA; }
 
 static trill_status forward_check(const trill_config *c) {
-    if (!is_mla(c) && c->head_dim % 8)
-        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 (the attention kernel's lanes)", c->head_dim);
+    if (!is_mla(c) && (c->head_dim % 8 || c->head_dim > 512))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 up to 512 (the attention kernel's lanes and key buffer)",
+                           c->head_dim);
     if (is_mla(c) && (c->kv_lora_rank % 8 || c->qk_rope_head_dim % 8))
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: kv_lora_rank %d and qk_rope_head_dim %d must be multiples of 8 (the attention kernel's lanes)",
                            c->kv_lora_rank, c->qk_rope_head_dim);
@@ -244,6 +245,45 @@ static inline __attribute__((always_inline)) void attend_values_64(const trill_e
     for (int g = 0; g < G; g++) memcpy(o + (size_t)g * o_stride, acc[g], sizeof acc[g]);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* gen_reduce_lanes of a register: ((p0 + p4) + (p1 + p5)) + ((p2 + p6) + (p3 + p7)). */
+static inline float reduce8(__m256 p) {
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */
+    const __m128 u = _mm_add_ps(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(2, 3, 0, 1)));        /* t0 + t1, ., t2 + t3, . */
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)));
+}
+#endif
+
+/* out[g * out_stride] = q_g . k for the G query heads q_g = q + g hd of one cached key (hd a
+ * multiple of 8), each as gen_dot_lanes defines it: 8 lanes, each summing its elements of the
+ * head's chunks of 8 in order, every step one fused multiply-add, then gen_reduce_lanes' tree.
+ * The key is widened once (bf16) for the G heads. */
+static inline __attribute__((always_inline)) void qk_group(const float *q, int G, int hd, const char *key, const bool half, float *out,
+                                                           size_t out_stride) {
+    float kf[512] __attribute__((aligned(32)));
+    const float *k = (const float *)key;
+    if (half) {
+        for (int i = 0; i < hd; i++) kf[i] = trill_bf16_to_f32(((const uint16_t *)key)[i]);
+        k = kf;
+    }
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * hd;
+        __m256 part = _mm256_mul_ps(_mm256_loadu_ps(qg), _mm256_loadu_ps(k)); /* = fma(q, k, 0) */
+        for (int i = 8; i < hd; i += 8) part = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i), part);
+        out[(size_t)g * out_stride] = reduce8(part);
+    }
+#else
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * hd;
+        float part[LANE] = { 0 };
+        for (int i = 0; i < hd; i += LANE)
+            for (int l = 0; l < LANE; l++) part[l] = fmaf(qg[i + l], k[i + l], part[l]);
+        out[(size_t)g * out_stride] = gen_reduce_lanes(part);
+    }
+#endif
+}
+
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
  * key and value is read once for the group; the cache is walked block by block, from the block
  * of the layer's window's first position (window 0: the whole sequence), in the windowed layers'
@@ -266,13 +306,7 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
         if (j0 + bs < n_pos) /* the next block's keys of this head on their way while these are read (another block, another stream) */
             gen_prefetch_rows((const char *)kv_key(kc, t->blocks[j0 / bs + 1], layer, 0) + (size_t)kvh * hd * elem,
                               n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs, (size_t)k_stride * elem, (size_t)hd * elem);
-        for (int g = 0; g < group; g++) {
-            const float *qg = q + (size_t)g * hd;
-            float *sg = sc + (size_t)g * ctx + j0;
-            int j = 0;
-            for (; j + LANE <= n; j += LANE) gen_dot_lanes8(qg, kb + (size_t)j * k_stride * elem, (size_t)k_stride, hd, sg + j, half);
-            for (; j < n; j++) sg[j] = gen_dot_lanes(qg, kb + (size_t)j * k_stride * elem, hd, half);
-        }
+        for (int j = 0; j < n; j++) qk_group(q, group, hd, kb + (size_t)j * k_stride * elem, half, sc + j0 + j, (size_t)ctx);
     }
     for (int g = 0; g < group; g++) /* normalised in place (a sink's logit in the denominator) */
         gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale, sinks ? sinks[kvh * group + g] : -INFINITY);
@@ -305,12 +339,18 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
 static void paged_attention(trill_engine *e, int layer, int window, const float *sinks, int R) {
     const int nkv = e->c.num_key_value_heads, group = e->c.num_attention_heads / nkv;
     const bool half = e->kv.elem == 2, own = e->kv_split && window > 0; /* own: the windowed layers' cache */
+    /* many rows: a task is a row with all its kv heads, one after another (its cache blocks, read
+     * head by head, stay in this core's caches); few: a row and one kv head, so the threads share
+     * even one long sequence */
+    const int by_row = R >= 8 * omp_get_max_threads();
 #pragma omp parallel
     {
         float *sc = S(e)->att_scores.p + (size_t)omp_get_thread_num() * S(e)->att_scores.max_context * group;
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int r = 0; r < R; r++)
-            for (int kvh = 0; kvh < nkv; kvh++) { /* each case compiled apart: the common one's code is the cache's alone */
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < (by_row ? R : R * nkv); task++)
+            for (int kvh = by_row ? 0 : task % nkv, end = by_row ? nkv : kvh + 1; kvh < end; kvh++) {
+                const int r = by_row ? task : task / nkv;
+                /* each case compiled apart: the common one's code is the cache's alone */
                 if (own && half) attend_row_head(e, layer, r, kvh, sc, window, sinks, true, true);
                 else if (own) attend_row_head(e, layer, r, kvh, sc, window, sinks, false, true);
                 else if (half) attend_row_head(e, layer, r, kvh, sc, window, sinks, true, false);
@@ -363,6 +403,7 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
         trill_from_f32(kv_value(kc, b, l, slot), S(e)->v + (size_t)r * kvd, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
     }
     paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);
+    eng_count_attention(e, R, desc->window, 4.0 * nh * hd); /* q.k and p.v, 2 FLOPs a multiply-add */
     if (desc->output_gate)
         for (size_t i = 0; i < (size_t)R * qd; i++) S(e)->att[i] /= 1.0f + expf(-S(e)->ogate[i]);
     eng_phase(e, TRILL_PHASE_PROJECT);

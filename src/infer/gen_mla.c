@@ -281,6 +281,8 @@ trill_status trill_gen_mla_attention(trill_engine *e, const eng_layer *L, const 
     if (!st) st = absorb_queries(e, L, A, R);
     if (st) return st;
     latent_attention(e, l, R);
+    /* over the latent cache: q.[c | k_rope] and p.c per head */
+    eng_count_attention(e, R, 0, 2.0 * e->c.num_attention_heads * (2.0 * e->c.kv_lora_rank + e->c.qk_rope_head_dim));
     if ((st = expand_values(e, L, A, R))) return st;
     eng_phase(e, TRILL_PHASE_PROJECT);
     return trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_O], &A->m[TRILL_ROLE_O], GEN_STEP_ROWS, f->out, f->att, R, 0);

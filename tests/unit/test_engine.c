@@ -233,7 +233,7 @@ static void test_batch_invariance(void **state) {
 /* The per-phase profile (trill_engine_profile): over steps that only decode, the FLOPs counted in
  * its phases are exactly trill_engine_decode_flops a row (every matrix once a row, the experts at
  * top-k of their equal sizes, lm_head on every row); lm_head's in "logits", the router's in
- * "route", the experts' in "experts"; the steps and rows counted; its times add up to no more
+ * "route", the experts' in "experts", attention's own apart; the steps and rows counted; its times add up to no more
  * than the steps took; off, steps leave it as it was. */
 static void test_profile(void **state) {
     (void)state;
@@ -268,6 +268,7 @@ static void test_profile(void **state) {
     assert_true(fabs(flops - trill_engine_decode_flops(e) * (double)rows) <= 1e-9 * flops);
     assert_true(p.flops[TRILL_PHASE_LOGITS] == 2.0 * c->hidden_size * c->vocab_size * (double)rows);
     assert_true(p.flops[TRILL_PHASE_ROUTE] > 0 && p.flops[TRILL_PHASE_EXPERTS] > 0 && p.flops[TRILL_PHASE_PROJECT] > 0);
+    assert_true(p.attention_flops > 0);
     assert_true(seconds > 0 && seconds <= wall);
     assert_string_equal(trill_gen_phase_name(TRILL_PHASE_EXPERTS), "experts");
     assert_int_equal(trill_engine_profile(e, false), TRILL_OK);
