@@ -88,7 +88,7 @@ m profile_logits_phase infer src/infer/engine_sample.c "test_engine" \
   "generator profile: lm_head charged to sampling"
 m attention_qk_tree infer src/infer/gen_decoder.c "golden_outputs" \
   'const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */' \
-  'const __m128 t = _mm_add_ps(_mm256_extractf128_ps(p, 1), _mm256_castps256_ps128(p)); p = _mm256_permute_ps(p, 0x1b); /* p_l + p_{l+4} */' \
+  'const __m128 h = _mm256_extractf128_ps(p, 1), t = _mm_add_ps(_mm256_castps256_ps128(p), _mm_shuffle_ps(h, h, _MM_SHUFFLE(0, 1, 2, 3)));' \
   "generator attention: q.k's lanes reduced in another order than gen_reduce_lanes' tree"
 m turns_keys_restart infer src/infer/engine_sample.c "test_engine" \
   '(uint32_t)(s->key_base + gen), work, &lp);' \
