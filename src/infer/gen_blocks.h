@@ -6,9 +6,12 @@
 #ifndef TRILL_INFER_GEN_BLOCKS_H
 #define TRILL_INFER_GEN_BLOCKS_H
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "infer/engine_internal.h"
 #include "kernels/exp_nonpos.h"
@@ -146,6 +149,126 @@ static inline __attribute__((always_inline)) void gen_dot_lanes8(const float *q,
             for (int l = 0; l < LANE; l++) part[j][l] += q[i + l] * gen_kv_at(k, j * stride + i + l, half);
     for (int j = 0; j < LANE; j++) out[j] = gen_reduce_lanes(part[j]);
 }
+
+/* Prefetches `bytes` from each of n rows `stride` apart (a head's slice of a cache block). */
+static inline void gen_prefetch_rows(const char *p, int n, size_t stride, size_t bytes) {
+    for (int j = 0; j < n; j++)
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + (size_t)j * stride + b);
+}
+
+/* 16 floats, and the 16 bf16 or floats of a cache row read as them (GCC's vector extensions:
+ * AVX-512 one register, AVX2 two). */
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+/* *acc += w *v, one rounding per element (fmaf's): explicit, so no build or ISA rounds it
+ * otherwise. (Pointers, not vector arguments: a 64-byte vector passed by value is an ABI
+ * question GCC warns about where AVX-512 is off.) */
+static inline __attribute__((always_inline)) void v16_fma(v16f *acc, float w, const v16f *v) {
+#if defined(__AVX512F__)
+    _mm512_storeu_ps((float *)acc, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps((const float *)v), _mm512_loadu_ps((const float *)acc)));
+#elif defined(__FMA__)
+    for (int h = 0; h < 16; h += 8)
+        _mm256_storeu_ps((float *)acc + h, _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps((const float *)v + h), _mm256_loadu_ps((const float *)acc + h)));
+#else
+    for (int l = 0; l < 16; l++) (*acc)[l] = fmaf(w, (*v)[l], (*acc)[l]);
+#endif
+}
+
+/* 16 elements of a cache row from element i: fp32, or bf16 widened (exact). */
+static inline __attribute__((always_inline)) void v16_at(v16f *out, const char *row, size_t i, const bool half) {
+    if (half) {
+        v16h h;
+        memcpy(&h, row + 2 * i, sizeof h);
+        const v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(out, &u, sizeof *out);
+    } else {
+        memcpy(out, row + 4 * i, sizeof *out);
+    }
+}
+
+enum { GEN_QK_MAX = 1024 }; /* the widest key gen_qk_group takes: GQA head_dim, MLA kv_lora_rank + rope */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* gen_reduce_lanes of a register: ((p0 + p4) + (p1 + p5)) + ((p2 + p6) + (p3 + p7)). */
+static inline float gen_reduce8(__m256 p) {
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */
+    const __m128 u = _mm_add_ps(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(2, 3, 0, 1)));        /* t0 + t1, ., t2 + t3, . */
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)));
+}
+#endif
+
+/* out[g * out_stride] = q_g . k for the G query heads q_g = q + g hd of one cached key (hd a
+ * multiple of 8 up to GEN_QK_MAX), each as gen_dot_lanes defines it: 8 lanes, each summing its elements of the
+ * head's chunks of 8 in order, every step one fused multiply-add, then gen_reduce_lanes' tree.
+ * The key is widened once (bf16) for the G heads. */
+static inline __attribute__((always_inline)) void gen_qk_group(const float *q, int G, int hd, const char *key, const bool half, float *out,
+                                                               size_t out_stride) {
+    float kf[GEN_QK_MAX] __attribute__((aligned(32)));
+    const float *k = (const float *)key;
+    if (half) {
+        for (int i = 0; i < hd; i++) kf[i] = trill_bf16_to_f32(((const uint16_t *)key)[i]);
+        k = kf;
+    }
+#if defined(__AVX2__) && defined(__FMA__)
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * hd;
+        __m256 part = _mm256_mul_ps(_mm256_loadu_ps(qg), _mm256_loadu_ps(k)); /* = fma(q, k, 0) */
+        for (int i = 8; i < hd; i += 8) part = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i), part);
+        out[(size_t)g * out_stride] = gen_reduce8(part);
+    }
+#else
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * hd;
+        float part[LANE] = { 0 };
+        for (int i = 0; i < hd; i += LANE)
+            for (int l = 0; l < LANE; l++) part[l] = fmaf(qg[i + l], k[i + l], part[l]);
+        out[(size_t)g * out_stride] = gen_reduce_lanes(part);
+    }
+#endif
+}
+
+/* o_g[0..64) = sum_j p_g[j] row_j[col .. col + 64) for G heads at once (p_g = p + g p_stride,
+ * o_g = o + g o_stride, G <= 4 a compile-time constant at each call) over a sequence's cached
+ * rows first .. n_pos - 1 (layer's values, or its keys when !values: MLA's latents), row_stride
+ * elements apart: every element summed over j in order, each step an explicit fused multiply-add,
+ * the accumulators in registers, each row read once for the G heads and the next block's rows
+ * prefetched. */
+static inline __attribute__((always_inline)) void gen_weighted_rows_64(const kv_cache *kc, const kv_table *t, int layer, const bool values,
+                                                                       int row_stride, int col, const float *p, size_t p_stride, int first,
+                                                                       int n_pos, float *o, size_t o_stride, const int G, const bool half) {
+    const int bs = kc->block_size;
+    const size_t elem = half ? 2 : 4;
+    v16f acc[4][4] = { { { 0 } } }; /* [head][16-column part] */
+    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
+        const char *vb = values ? kv_value(kc, t->blocks[j0 / bs], layer, 0) : kv_key(kc, t->blocks[j0 / bs], layer, 0);
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        if (j0 + bs < n_pos) {
+            const int b = t->blocks[j0 / bs + 1];
+            gen_prefetch_rows((const char *)(values ? kv_value(kc, b, layer, 0) : kv_key(kc, b, layer, 0)) + (size_t)col * elem,
+                              n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs, (size_t)row_stride * elem, 64 * elem);
+        }
+        for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
+            const size_t at = (size_t)j * row_stride + (size_t)col;
+            v16f v[4];
+            for (int c = 0; c < 4; c++) v16_at(&v[c], vb, at + 16 * (size_t)c, half);
+            for (int g = 0; g < G; g++) {
+                const float w = p[(size_t)g * p_stride + j0 + j];
+                for (int c = 0; c < 4; c++) v16_fma(&acc[g][c], w, &v[c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) memcpy(o + (size_t)g * o_stride, acc[g], sizeof acc[g]);
+}
+
+/* Heads per gen_weighted_rows_64 pass: its accumulators (4 registers a head with AVX-512's 32, 8
+ * of AVX2's 16). */
+#ifdef __AVX512F__
+enum { GEN_ROWS_HEADS = 4 };
+#else
+enum { GEN_ROWS_HEADS = 2 };
+#endif
 
 /* Softmax of n scores sg[0..n) times scale, normalised in place (exp of non-positive values in
  * fp32, the sum in double); a sink logit other than -INFINITY joins the denominator only

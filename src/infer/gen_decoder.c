@@ -10,7 +10,6 @@
  * batch. Each row's K/V join its sequence's blocks before attention reads them; MoE rows are
  * grouped per expert (or per physical replica with EPLB) and every row sums its experts in
  * ascending logical id; adapters add their side path after each matrix they target. */
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -30,9 +29,12 @@ _Static_assert((int)TRILL_N_ROLES <= (int)ENG_MAX_ROLES, "the engine files a lay
 static bool is_mla(const trill_config *c) { return trill_decoder_attention_kind(c) == TRILL_ATTENTION_MLA; }
 
 static trill_status forward_check(const trill_config *c) {
-    if (!is_mla(c) && (c->head_dim % 8 || c->head_dim > 512))
-        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 up to 512 (the attention kernel's lanes and key buffer)",
-                           c->head_dim);
+    if (!is_mla(c) && (c->head_dim % 8 || c->head_dim > GEN_QK_MAX))
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: head_dim %d is not a multiple of 8 up to %d (the attention kernel's lanes and key buffer)",
+                           c->head_dim, GEN_QK_MAX);
+    if (is_mla(c) && c->kv_lora_rank + c->qk_rope_head_dim > GEN_QK_MAX)
+        return trill_error(TRILL_ERR_UNSUPPORTED, "engine: kv_lora_rank %d + qk_rope_head_dim %d is more than %d (the attention kernel's key buffer)",
+                           c->kv_lora_rank, c->qk_rope_head_dim, GEN_QK_MAX);
     if (is_mla(c) && (c->kv_lora_rank % 8 || c->qk_rope_head_dim % 8))
         return trill_error(TRILL_ERR_UNSUPPORTED, "engine: kv_lora_rank %d and qk_rope_head_dim %d must be multiples of 8 (the attention kernel's lanes)",
                            c->kv_lora_rank, c->qk_rope_head_dim);
@@ -153,12 +155,6 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
 
 /* ---- GQA: attention over the paged cache ---- */
 
-/* Prefetches `bytes` from each of n rows `stride` apart (a head's slice of a cache block). */
-static inline void gen_prefetch_rows(const char *p, int n, size_t stride, size_t bytes) {
-    for (int j = 0; j < n; j++)
-        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + (size_t)j * stride + b);
-}
-
 /* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values first..n_pos-1, the
  * sum over j in order for every element, each step one fused multiply-add (fmaf: the same bits
  * whatever the compiler contracts or the ISA, as attend_values_64 computes them). W is a
@@ -181,107 +177,14 @@ static inline __attribute__((always_inline)) void attend_values(const trill_engi
     memcpy(o, acc, sizeof(float) * W);
 }
 
-/* 16 floats, and the 16 bf16 or floats of a cache row read as them (GCC's vector extensions:
- * AVX-512 one register, AVX2 two). */
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-
-/* *acc += w *v, one rounding per element (fmaf's): explicit, so no build or ISA rounds it
- * otherwise. (Pointers, not vector arguments: a 64-byte vector passed by value is an ABI
- * question GCC warns about where AVX-512 is off.) */
-static inline __attribute__((always_inline)) void v16_fma(v16f *acc, float w, const v16f *v) {
-#if defined(__AVX512F__)
-    _mm512_storeu_ps((float *)acc, _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps((const float *)v), _mm512_loadu_ps((const float *)acc)));
-#elif defined(__FMA__)
-    for (int h = 0; h < 16; h += 8)
-        _mm256_storeu_ps((float *)acc + h, _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps((const float *)v + h), _mm256_loadu_ps((const float *)acc + h)));
-#else
-    for (int l = 0; l < 16; l++) (*acc)[l] = fmaf(w, (*v)[l], (*acc)[l]);
-#endif
-}
-
-/* 16 elements of a cache row from element i: fp32, or bf16 widened (exact). */
-static inline __attribute__((always_inline)) void v16_at(v16f *out, const char *row, size_t i, const bool half) {
-    if (half) {
-        v16h h;
-        memcpy(&h, row + 2 * i, sizeof h);
-        const v16u u = __builtin_convertvector(h, v16u) << 16;
-        memcpy(out, &u, sizeof *out);
-    } else {
-        memcpy(out, row + 4 * i, sizeof *out);
-    }
-}
-
-/* attend_values for G query heads of one kv head at once, 64 columns from col: head g's
- * o_g[0..64) = sum_j p_g[j] v_j[col ..] (p_g = p + g * p_stride, o_g = o + g * o_stride), each
- * element summed over j in order as attend_values does (the same products and sums, bit for bit),
- * the accumulators in registers and each value read once for the G heads. G a compile-time
- * constant at each call. */
+/* attend_values for G query heads of one kv head at once, 64 columns from col
+ * (gen_weighted_rows_64 over the values: the same products and sums as attend_values, bit for
+ * bit, each value read once for the G heads). */
 static inline __attribute__((always_inline)) void attend_values_64(const trill_engine *e, const seq *s, int layer, int col, const float *p,
                                                                    size_t p_stride, int first, int n_pos, float *o, size_t o_stride, const int G,
                                                                    const bool half, const bool own) {
     const kv_cache *kc = own ? &e->kv_win : &e->kv;
-    const kv_table *t = own ? &s->kv_win : &s->kv;
-    const int bs = kc->block_size, v_stride = kc->shape[layer].v_width;
-    v16f acc[4][4] = { { { 0 } } }; /* [head][16-column part] */
-    const size_t elem = half ? 2 : 4;
-    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
-        const char *vb = kv_value(kc, t->blocks[j0 / bs], layer, 0);
-        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-        if (j0 + bs < n_pos)
-            gen_prefetch_rows((const char *)kv_value(kc, t->blocks[j0 / bs + 1], layer, 0) + (size_t)col * elem, n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs,
-                              (size_t)v_stride * elem, 64 * elem);
-        for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
-            const size_t at = (size_t)j * v_stride + (size_t)col;
-            v16f v[4];
-            for (int c = 0; c < 4; c++) v16_at(&v[c], vb, at + 16 * (size_t)c, half);
-            for (int g = 0; g < G; g++) {
-                const float w = p[(size_t)g * p_stride + j0 + j];
-                for (int c = 0; c < 4; c++) v16_fma(&acc[g][c], w, &v[c]);
-            }
-        }
-    }
-    for (int g = 0; g < G; g++) memcpy(o + (size_t)g * o_stride, acc[g], sizeof acc[g]);
-}
-
-#if defined(__AVX2__) && defined(__FMA__)
-/* gen_reduce_lanes of a register: ((p0 + p4) + (p1 + p5)) + ((p2 + p6) + (p3 + p7)). */
-static inline float reduce8(__m256 p) {
-    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */
-    const __m128 u = _mm_add_ps(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(2, 3, 0, 1)));        /* t0 + t1, ., t2 + t3, . */
-    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)));
-}
-#endif
-
-/* out[g * out_stride] = q_g . k for the G query heads q_g = q + g hd of one cached key (hd a
- * multiple of 8), each as gen_dot_lanes defines it: 8 lanes, each summing its elements of the
- * head's chunks of 8 in order, every step one fused multiply-add, then gen_reduce_lanes' tree.
- * The key is widened once (bf16) for the G heads. */
-static inline __attribute__((always_inline)) void qk_group(const float *q, int G, int hd, const char *key, const bool half, float *out,
-                                                           size_t out_stride) {
-    float kf[512] __attribute__((aligned(32)));
-    const float *k = (const float *)key;
-    if (half) {
-        for (int i = 0; i < hd; i++) kf[i] = trill_bf16_to_f32(((const uint16_t *)key)[i]);
-        k = kf;
-    }
-#if defined(__AVX2__) && defined(__FMA__)
-    for (int g = 0; g < G; g++) {
-        const float *qg = q + (size_t)g * hd;
-        __m256 part = _mm256_mul_ps(_mm256_loadu_ps(qg), _mm256_loadu_ps(k)); /* = fma(q, k, 0) */
-        for (int i = 8; i < hd; i += 8) part = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i), part);
-        out[(size_t)g * out_stride] = reduce8(part);
-    }
-#else
-    for (int g = 0; g < G; g++) {
-        const float *qg = q + (size_t)g * hd;
-        float part[LANE] = { 0 };
-        for (int i = 0; i < hd; i += LANE)
-            for (int l = 0; l < LANE; l++) part[l] = fmaf(qg[i + l], k[i + l], part[l]);
-        out[(size_t)g * out_stride] = gen_reduce_lanes(part);
-    }
-#endif
+    gen_weighted_rows_64(kc, own ? &s->kv_win : &s->kv, layer, true, kc->shape[layer].v_width, col, p, p_stride, first, n_pos, o, o_stride, G, half);
 }
 
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
@@ -306,17 +209,13 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
         if (j0 + bs < n_pos) /* the next block's keys of this head on their way while these are read (another block, another stream) */
             gen_prefetch_rows((const char *)kv_key(kc, t->blocks[j0 / bs + 1], layer, 0) + (size_t)kvh * hd * elem,
                               n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs, (size_t)k_stride * elem, (size_t)hd * elem);
-        for (int j = 0; j < n; j++) qk_group(q, group, hd, kb + (size_t)j * k_stride * elem, half, sc + j0 + j, (size_t)ctx);
+        for (int j = 0; j < n; j++) gen_qk_group(q, group, hd, kb + (size_t)j * k_stride * elem, half, sc + j0 + j, (size_t)ctx);
     }
     for (int g = 0; g < group; g++) /* normalised in place (a sink's logit in the denominator) */
         gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale, sinks ? sinks[kvh * group + g] : -INFINITY);
     float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group) * hd;
     if (hd % 64 == 0) { /* the common head sizes: 64 columns at a time, up to 4 heads a pass (AVX2: 2, its 16 registers) */
-#ifdef __AVX512F__
-        enum { GMAX = 4 };
-#else
-        enum { GMAX = 2 };
-#endif
+        enum { GMAX = GEN_ROWS_HEADS };
         for (int i0 = 0; i0 < hd; i0 += 64)
             for (int g = 0; g < group;) {
                 const int left = group - g;
