@@ -173,6 +173,7 @@ typedef enum trill_gen_phase {
 typedef struct trill_gen_profile {
     double seconds[TRILL_N_PHASES];
     double flops[TRILL_N_PHASES];
+    double weight_bytes[TRILL_N_PHASES]; /* the matrices' bytes those products streamed (each product reads its matrix once) */
     /* attention itself, in the attention phase's time beside its products: q.k and p.v over the
      * cache (GQA, MLA's latent) for every position a row attends to, a Gated DeltaNet's recurrence
      * steps (6 dk dv a value head and row) */

@@ -40,7 +40,8 @@ static const cli_spec SPEC = { "bench generate", NULL,
                                "weight bytes a batch-1 decode step reads, and the format's compute peak against GFLOP/s at the\n"
                                "largest batch. Random prompts. Under each batch, the engine's per-phase profile of its decode and\n"
                                "of its prefill steps: ms a step, share and GFLOP/s of schedule, project (attention's projections),\n"
-                               "attention, route, dispatch, experts, combine, mlp, other (norms, residuals), logits and sample.\n"
+                               "attention, route, dispatch, experts, combine, mlp, other (norms, residuals), logits and sample\n"
+                               "(batch 1: also the weight GB/s each phase reads).\n"
                                "--eplb also prints the busiest worker's load over the mean for contiguous experts and for the plan.",
                                OPTS, (int)(sizeof OPTS / sizeof OPTS[0]) };
 
@@ -99,16 +100,17 @@ typedef struct run_result {
 
 /* One line of a profile: each phase's ms a step and share of the steps' time, with GFLOP/s where
  * it ran matrix products. */
-static void print_profile(const char *what, const trill_gen_profile *p) {
+static void print_profile(const char *what, const trill_gen_profile *p, bool bandwidth) {
     double total = 0;
     for (int i = 0; i < TRILL_N_PHASES; i++) total += p->seconds[i];
     if (p->steps == 0 || total <= 0) return;
-    printf("              %s profile, ms a step (%% of it; GFLOP/s):", what);
+    printf("              %s profile, ms a step (%% of it; GFLOP/s%s):", what, bandwidth ? "; weight GB/s" : "");
     for (int i = 0; i < TRILL_N_PHASES; i++) {
         if (p->seconds[i] <= 0) continue;
         printf(" %s %.3g (%.0f%%", trill_gen_phase_name((trill_gen_phase)i), 1e3 * p->seconds[i] / p->steps, 100 * p->seconds[i] / total);
         const double f = p->flops[i] + (i == TRILL_PHASE_ATTENTION ? p->attention_flops : 0);
         if (f > 0) printf("; %.0f", f / p->seconds[i] * 1e-9);
+        if (bandwidth && p->weight_bytes[i] > 0) printf("; %.1f GB/s", p->weight_bytes[i] / p->seconds[i] * 1e-9);
         printf(")");
     }
     printf("\n");
@@ -254,8 +256,8 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
         if (pre_s > 0) /* the prefill steps also carry the rows of the sequences already decoding */
             printf(" (its steps %.0f rows/s, %.0f%% of them prompt tokens)", r.prefill.rows / pre_s, 100.0 * r.prefill_tps * pre_s / r.prefill.rows);
         printf("\n");
-        print_profile("decode ", &r.decode);
-        print_profile("prefill", &r.prefill);
+        print_profile("decode ", &r.decode, o->batches[i] == 1); /* batch 1: what each phase reads of the weights a second */
+        print_profile("prefill", &r.prefill, false);
         double before, after;
         if (o->eplb && !trill_engine_eplb_imbalance(e, &before, &after))
             printf("              EPLB: busiest worker / mean over the load window %.3f with contiguous experts, %.3f as planned\n", before, after);

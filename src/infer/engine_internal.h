@@ -280,14 +280,16 @@ static inline void eng_count_attention(const trill_engine *e, int R, int window,
     }
     e->prof->p.attention_flops += n * per_position;
 }
-/* FLOPs of n products (2 T N K each) to the current phase. */
+/* FLOPs of n products (2 T N K each) and the weight bytes they stream to the current phase. */
 static inline void eng_count_products(const trill_engine *e, const gen_product *list, int n) {
     eng_prof *p = e->prof;
     if (!p || !p->running) return;
-    double f = 0;
-    for (int i = 0; i < n; i++) f += 2.0 * list[i].T * list[i].W->N * list[i].W->K;
+    double f = 0, b = 0;
+    for (int i = 0; i < n; i++) f += 2.0 * list[i].T * list[i].W->N * list[i].W->K, b += (double)list[i].W->bytes;
 #pragma omp atomic /* EPLB's workers count concurrently */
     p->p.flops[p->cur] += f;
+#pragma omp atomic
+    p->p.weight_bytes[p->cur] += b;
 }
 
 /* p grown (realloc) to hold at least `need` elements, *cap updated; NULL when out of memory (p

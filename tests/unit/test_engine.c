@@ -269,6 +269,9 @@ static void test_profile(void **state) {
     assert_true(p.flops[TRILL_PHASE_LOGITS] == 2.0 * c->hidden_size * c->vocab_size * (double)rows);
     assert_true(p.flops[TRILL_PHASE_ROUTE] > 0 && p.flops[TRILL_PHASE_EXPERTS] > 0 && p.flops[TRILL_PHASE_PROJECT] > 0);
     assert_true(p.attention_flops > 0);
+    /* lm_head read once a step (bf16 in every format but f32: 2 or 4 bytes a weight and more) */
+    assert_true(p.weight_bytes[TRILL_PHASE_LOGITS] >= 4.0 * p.steps * c->hidden_size * c->vocab_size);
+    assert_true(p.weight_bytes[TRILL_PHASE_PROJECT] > 0 && p.weight_bytes[TRILL_PHASE_SAMPLE] == 0);
     assert_true(seconds > 0 && seconds <= wall);
     assert_string_equal(trill_gen_phase_name(TRILL_PHASE_EXPERTS), "experts");
     assert_int_equal(trill_engine_profile(e, false), TRILL_OK);
