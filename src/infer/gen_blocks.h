@@ -132,24 +132,6 @@ static inline __attribute__((always_inline)) float gen_kv_at(const void *row, si
     return half ? trill_bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
 }
 
-static inline __attribute__((always_inline)) float gen_dot_lanes(const float *q, const void *k, int hd, const bool half) {
-    float part[LANE] = { 0 };
-    for (int i = 0; i < hd; i += LANE)
-        for (int l = 0; l < LANE; l++) part[l] += q[i + l] * gen_kv_at(k, (size_t)i + l, half);
-    return gen_reduce_lanes(part);
-}
-
-/* out[j] = q . k_j for LANE keys k_j = k + j * stride elements: the lanes of all LANE keys stay
- * in registers. */
-static inline __attribute__((always_inline)) void gen_dot_lanes8(const float *q, const void *k, size_t stride, int hd, float *out,
-                                                                 const bool half) {
-    float part[LANE][LANE] = { { 0 } };
-    for (int i = 0; i < hd; i += LANE)
-        for (int j = 0; j < LANE; j++)
-            for (int l = 0; l < LANE; l++) part[j][l] += q[i + l] * gen_kv_at(k, j * stride + i + l, half);
-    for (int j = 0; j < LANE; j++) out[j] = gen_reduce_lanes(part[j]);
-}
-
 /* Prefetches `bytes` from each of n rows `stride` apart (a head's slice of a cache block). */
 static inline void gen_prefetch_rows(const char *p, int n, size_t stride, size_t bytes) {
     for (int j = 0; j < n; j++)
@@ -200,7 +182,7 @@ static inline float gen_reduce8(__m256 p) {
 #endif
 
 /* out[g * out_stride] = q_g . k for the G query heads q_g = q + g hd of one cached key (hd a
- * multiple of 8 up to GEN_QK_MAX), each as gen_dot_lanes defines it: 8 lanes, each summing its elements of the
+ * multiple of 8 up to GEN_QK_MAX), each the same way: 8 lanes, each summing its elements of the
  * head's chunks of 8 in order, every step one fused multiply-add, then gen_reduce_lanes' tree.
  * The key is widened once (bf16) for the G heads. */
 static inline __attribute__((always_inline)) void gen_qk_group(const float *q, int G, int hd, const char *key, const bool half, float *out,
