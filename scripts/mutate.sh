@@ -79,14 +79,14 @@ m tool_parse_error_uncounted text src/text/chat.c "test_chat" \
 
 # multi-turn generation: held samples continued with injected tokens (engine_turns.c)
 m profile_flops_k infer src/infer/engine_internal.h "test_engine" \
-  'f += 2.0 * list[i].T * list[i].W->N * list[i].W->K;' \
-  'f += 2.0 * list[i].T * list[i].W->N;' \
+  'f += 2.0 * list[i].T * list[i].W->N * list[i].W->K, b +=' \
+  'f += 2.0 * list[i].T * list[i].W->N, b +=' \
   "generator profile: a product's FLOPs counted without its inner dimension"
 m profile_logits_phase infer src/infer/engine_sample.c "test_engine" \
   '    eng_phase(e, TRILL_PHASE_LOGITS);' \
   '    eng_phase(e, TRILL_PHASE_SAMPLE);' \
   "generator profile: lm_head charged to sampling"
-m attention_qk_tree infer src/infer/gen_decoder.c "golden_outputs" \
+m attention_qk_tree infer src/infer/gen_blocks.h "golden_outputs" \
   'const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */' \
   'const __m128 h = _mm256_extractf128_ps(p, 1), t = _mm_add_ps(_mm256_castps256_ps128(p), _mm_shuffle_ps(h, h, _MM_SHUFFLE(0, 1, 2, 3)));' \
   "generator attention: q.k's lanes reduced in another order than gen_reduce_lanes' tree"
@@ -153,8 +153,8 @@ m partial_rope_whole_head decoder src/model/decoder.c "parity_glm" \
   '    if (cs == 1.0f) trill_rope_forward(x, pos, inv_freq, n, heads, hd);' \
   "GLM: RoPE turns the whole head instead of partial_rotary_factor of it"
 m window_blocks_kept generator src/infer/engine_requests.c "test_engine_mixtral" \
-  '        if (e->kv_window) /* the next rows' \
-  '        if (0 && e->kv_window) /* the next rows' \
+  '    if (e->kv_window) trill_kv_table_drop_before(&e->kv, &s->kv, s->n_computed - e->kv_window + 1);' \
+  '    if (0 && e->kv_window) trill_kv_table_drop_before(&e->kv, &s->kv, s->n_computed - e->kv_window + 1);' \
   "a sliding window's blocks are never given back"
 m window_ignored_in_training decoder src/model/decoder.c "parity_mixtral" \
   '    const trill_attention_opts opts = { .window = desc->window, .sinks = desc->sinks ? w->sinks : NULL };
@@ -187,12 +187,12 @@ m clamp_plus_one_in_generator generator src/infer/gen_blocks.c "test_engine_gpto
   'a[i] = gc / (1.0f + expf(-alpha * gc)) * uc;' \
   "gpt-oss: the generator's clamped SwiGLU drops the + 1 on up"
 m stacked_offset_swapped checkpoint src/model/model.c "test_arch" \
-  'const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + sk->offset);' \
-  'const size_t at = (size_t)((e * C + (int64_t)j + c0) * R * S + ((int64_t)i + r0) * S + (S - 1 - sk->offset));' \
+  'return (size_t)((e * C + j) * R * S + i * S + sk->offset);' \
+  'return (size_t)((e * C + j) * R * S + i * S + (S - 1 - sk->offset));' \
   "gpt-oss: the loader reads gate from gate_up_proj's odd columns and up from the even ones"
 m peft_b_expert_major lora src/model/lora_stacked.c "parity_gptoss" \
-  'p->B[(i * S + o) * (R * E) + (o * r + k) * E + e] = B->data[i * r + k];' \
-  'p->B[(i * S + o) * (R * E) + e * R + o * r + k] = B->data[i * r + k];' \
+  '* (R * E) + (o * r + k) * E + e] = B->data[i * r + k];' \
+  '* (R * E) + e * R + o * r + k] = B->data[i * r + k];' \
   "PEFT's target_parameters form: lora_B's columns written expert-major instead of expert-minor"
 m peft_nesting_reversed lora src/model/lora_stacked.c "parity_gptoss" \
   'else if (seen_self && any) later++;' \
