@@ -141,6 +141,11 @@ size_t trill_engine_kv_bytes_per_token(const trill_config *c, trill_gen_format f
  * layers' conv and recurrent states (fp32); 0 for a model with none. */
 size_t trill_engine_state_bytes_per_sequence(const trill_config *c);
 
+/* For benchmarks: writes every page of the KV cache once (its blocks' contents do not matter:
+ * a slot is always written before it is read), so no timed step pays the pages' first touch;
+ * the cache's memory is committed from then on. */
+void trill_engine_touch_cache(trill_engine *e);
+
 /* Bytes of weights in the engine's format, and of its KV cache. */
 size_t trill_engine_weight_bytes(const trill_engine *e);
 size_t trill_engine_kv_bytes(const trill_engine *e);

@@ -235,6 +235,7 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     trill_engine *e = NULL;
     trill_status st = trill_engine_create(m, &ec, &e);
     if (st) return st;
+    trill_engine_touch_cache(e); /* no timed step writes a cache page for the first time */
     const double step_bytes = (double)trill_engine_decode_bytes(e);
     printf("%s (%s kernels): weights %.1f MB; a batch-1 decode step reads %.1f MB: bound %.0f tokens/s at %.1f GB/s; peak %.0f GFLOP/s (%s); "
            "KV cache %.0f bytes per token",

@@ -2,6 +2,7 @@
  * takes a waiting live update (engine_adapter.c), schedules its rows (engine_requests.c), runs
  * the decoder layer's forward (src/infer/gen_decoder.c), samples and finishes sequences (engine_sample.c) and feeds EPLB
  * (engine_eplb.c). The parts and the private state are described in engine_internal.h. */
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -223,6 +224,21 @@ trill_status trill_engine_group_busy(trill_engine *e, bool *busy) {
     trill_status st = trill_comm_allreduce_max_u64(e->ep, *busy, &any);
     *busy = any != 0;
     return st;
+}
+
+static void touch_pool(const kv_cache *kv) {
+    const size_t n = (size_t)kv->n_blocks * kv->block_bytes;
+    if (!kv->data || n == 0) return;
+#pragma omp parallel
+    {
+        const size_t per = (n + (size_t)omp_get_num_threads() - 1) / (size_t)omp_get_num_threads(), at = per * (size_t)omp_get_thread_num();
+        if (at < n) memset(kv->data + at, 0, at + per < n ? per : n - at);
+    }
+}
+
+void trill_engine_touch_cache(trill_engine *e) {
+    touch_pool(&e->kv);
+    if (e->kv_split) touch_pool(&e->kv_win);
 }
 
 /* ---- the per-phase profile (trill/infer.h) ---- */
