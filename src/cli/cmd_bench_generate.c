@@ -100,9 +100,14 @@ typedef struct run_result {
 
 /* One line of a profile: each phase's ms a step and share of the steps' time, with GFLOP/s where
  * it ran matrix products. */
-static void print_profile(const char *what, const trill_gen_profile *p, bool bandwidth) {
+static double profile_seconds(const trill_gen_profile *p) {
     double total = 0;
     for (int i = 0; i < TRILL_N_PHASES; i++) total += p->seconds[i];
+    return total;
+}
+
+static void print_profile(const char *what, const trill_gen_profile *p, bool bandwidth) {
+    const double total = profile_seconds(p);
     if (p->steps == 0 || total <= 0) return;
     printf("              %s profile, ms a step (%% of it; GFLOP/s%s):", what, bandwidth ? "; weight GB/s" : "");
     for (int i = 0; i < TRILL_N_PHASES; i++) {
@@ -218,6 +223,22 @@ static trill_status adapter_cost(trill_model *m, const trill_lora *lora, const t
     return st;
 }
 
+/* One batch size's line: decode against the format's peak (batch 1: against the bandwidth bound),
+ * prefill, then the profiles of both. */
+static void print_batch(const trill_engine *e, const bench_opts *o, int batch, const run_result *r, double peak, double step_bytes) {
+    const double flops = trill_engine_decode_flops(e) * batch / r->step_s;
+    printf("  batch %4d: decode %8.1f tokens/s (median step %.2f ms, %.1f GFLOP/s = %.1f%% of peak", batch, r->decode_tps, r->step_s * 1e3,
+           flops * 1e-9, 100 * flops * 1e-9 / peak);
+    if (batch == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r->decode_tps * step_bytes / (o->bw * 1e9));
+    printf("); prefill %.0f tokens/s", r->prefill_tps);
+    const double pre_s = profile_seconds(&r->prefill);
+    if (pre_s > 0) /* the prefill steps also carry the rows of the sequences already decoding */
+        printf(" (its steps %.0f rows/s, %.0f%% of them prompt tokens)", r->prefill.rows / pre_s, 100.0 * r->prefill_tps * pre_s / r->prefill.rows);
+    printf("\n");
+    print_profile("decode ", &r->decode, batch == 1); /* batch 1: what each phase reads of the weights a second */
+    print_profile("prefill", &r->prefill, false);
+}
+
 /* One weight format: the batch sizes, then adapter mode at batch 1, 16 and 64 and expert capture at 16. */
 static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_gen_format fmt, const bench_opts *o) {
     const trill_config *cfg = trill_model_config(m);
@@ -247,18 +268,7 @@ static trill_status bench_format(trill_model *m, const trill_lora *lora, trill_g
     for (int i = 0; i < o->n_batches && !st; i++) {
         run_result r;
         if ((st = run(e, cfg, o->batches[i], (int)o->prompt_len, (int)o->steps, ec.max_batch_tokens, &r))) break;
-        const double flops = trill_engine_decode_flops(e) * o->batches[i] / r.step_s;
-        printf("  batch %4d: decode %8.1f tokens/s (median step %.2f ms, %.1f GFLOP/s = %.1f%% of peak", o->batches[i], r.decode_tps,
-               r.step_s * 1e3, flops * 1e-9, 100 * flops * 1e-9 / peak);
-        if (o->batches[i] == 1) printf(", %.1f%% of the bandwidth bound", 100.0 * r.decode_tps * step_bytes / (o->bw * 1e9));
-        printf("); prefill %.0f tokens/s", r.prefill_tps);
-        double pre_s = 0;
-        for (int k = 0; k < TRILL_N_PHASES; k++) pre_s += r.prefill.seconds[k];
-        if (pre_s > 0) /* the prefill steps also carry the rows of the sequences already decoding */
-            printf(" (its steps %.0f rows/s, %.0f%% of them prompt tokens)", r.prefill.rows / pre_s, 100.0 * r.prefill_tps * pre_s / r.prefill.rows);
-        printf("\n");
-        print_profile("decode ", &r.decode, o->batches[i] == 1); /* batch 1: what each phase reads of the weights a second */
-        print_profile("prefill", &r.prefill, false);
+        print_batch(e, o, o->batches[i], &r, peak, step_bytes);
         double before, after;
         if (o->eplb && !trill_engine_eplb_imbalance(e, &before, &after))
             printf("              EPLB: busiest worker / mean over the load window %.3f with contiguous experts, %.3f as planned\n", before, after);

@@ -266,7 +266,7 @@ static inline void eng_phase(const trill_engine *e, trill_gen_phase ph) {
     p->cur = ph, p->last = now;
 }
 /* FLOPs f of attention itself (trill_gen_profile.attention_flops). */
-static inline void eng_count_flops(const trill_engine *e, double f) {
+static inline void eng_count_attention_flops(const trill_engine *e, double f) {
     if (e->prof && e->prof->running) e->prof->p.attention_flops += f;
 }
 /* Attention's FLOPs over the cache for a step's R rows: per_position FLOPs for each position a

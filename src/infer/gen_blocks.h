@@ -244,6 +244,23 @@ static inline __attribute__((always_inline)) void gen_weighted_rows_64(const kv_
     for (int g = 0; g < G; g++) memcpy(o + (size_t)g * o_stride, acc[g], sizeof acc[g]);
 }
 
+/* gen_weighted_rows_64's sums for one head and 8 columns (widths that are no multiple of 64). */
+static inline __attribute__((always_inline)) void gen_weighted_rows_8(const kv_cache *kc, const kv_table *t, int layer, const bool values,
+                                                                      int row_stride, int col, const float *p, int first, int n_pos, float *o,
+                                                                      const bool half) {
+    const int bs = kc->block_size;
+    float acc[LANE] = { 0 };
+    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
+        const char *vb = values ? kv_value(kc, t->blocks[j0 / bs], layer, 0) : kv_key(kc, t->blocks[j0 / bs], layer, 0);
+        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
+        for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
+            const size_t at = (size_t)j * row_stride + (size_t)col;
+            for (int l = 0; l < LANE; l++) acc[l] = fmaf(p[j0 + j], gen_kv_at(vb, at + (size_t)l, half), acc[l]);
+        }
+    }
+    memcpy(o, acc, sizeof acc);
+}
+
 /* Heads per gen_weighted_rows_64 pass: its accumulators (4 registers a head with AVX-512's 32, 8
  * of AVX2's 16). */
 #ifdef __AVX512F__
@@ -251,6 +268,32 @@ enum { GEN_ROWS_HEADS = 4 };
 #else
 enum { GEN_ROWS_HEADS = 2 };
 #endif
+
+/* The attention's output for G heads: head g's o + g o_stride [0, width) = sum_j p_g[j]
+ * row_j[col0 .. col0 + width) (p_g = p + g p_stride), 64 columns for up to GEN_ROWS_HEADS heads a
+ * pass when width is a multiple of 64, else 8 columns of one head; the same sums either way. */
+static inline __attribute__((always_inline)) void gen_weighted_heads(const kv_cache *kc, const kv_table *t, int layer, const bool values,
+                                                                     int row_stride, int col0, int width, const float *p, size_t p_stride,
+                                                                     int first, int n_pos, float *o, size_t o_stride, int G, const bool half) {
+    if (width % 64) {
+        for (int g = 0; g < G; g++)
+            for (int i0 = 0; i0 < width; i0 += LANE)
+                gen_weighted_rows_8(kc, t, layer, values, row_stride, col0 + i0, p + (size_t)g * p_stride, first, n_pos, o + (size_t)g * o_stride + i0,
+                                    half);
+        return;
+    }
+    for (int i0 = 0; i0 < width; i0 += 64)
+        for (int g = 0; g < G;) {
+            const int left = G - g, col = col0 + i0;
+            const float *pg = p + (size_t)g * p_stride;
+            float *og = o + (size_t)g * o_stride + i0;
+            if (left >= 4 && GEN_ROWS_HEADS >= 4)
+                gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, n_pos, og, o_stride, 4, half), g += 4;
+            else if (left >= 2)
+                gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, n_pos, og, o_stride, 2, half), g += 2;
+            else gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, n_pos, og, o_stride, 1, half), g += 1;
+        }
+}
 
 /* Softmax of n scores sg[0..n) times scale, normalised in place (exp of non-positive values in
  * fp32, the sum in double); a sink logit other than -INFINITY joins the denominator only

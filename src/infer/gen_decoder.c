@@ -155,38 +155,6 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
 
 /* ---- GQA: attention over the paged cache ---- */
 
-/* o[0..W) = sum_j p_j v_j[col .. col+W) over the sequence's cached values first..n_pos-1, the
- * sum over j in order for every element, each step one fused multiply-add (fmaf: the same bits
- * whatever the compiler contracts or the ISA, as attend_values_64 computes them). W is a
- * compile-time constant at each call. */
-static inline __attribute__((always_inline)) void attend_values(const trill_engine *e, const seq *s, int layer, int col, const float *p,
-                                                                int first, int n_pos, float *o, const int W, const bool half, const bool own) {
-    const kv_cache *kc = own ? &e->kv_win : &e->kv;
-    const kv_table *t = own ? &s->kv_win : &s->kv;
-    const int bs = kc->block_size, v_stride = kc->shape[layer].v_width;
-    float acc[128] = { 0 };
-    for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
-        const char *vb = kv_value(kc, t->blocks[j0 / bs], layer, 0);
-        const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-        for (int j = j0 < first ? first - j0 : 0; j < n; j++) {
-            const float w = p[j0 + j];
-            const size_t at = (size_t)j * v_stride + (size_t)col;
-            for (int l = 0; l < W; l++) acc[l] = fmaf(w, gen_kv_at(vb, at + (size_t)l, half), acc[l]);
-        }
-    }
-    memcpy(o, acc, sizeof(float) * W);
-}
-
-/* attend_values for G query heads of one kv head at once, 64 columns from col
- * (gen_weighted_rows_64 over the values: the same products and sums as attend_values, bit for
- * bit, each value read once for the G heads). */
-static inline __attribute__((always_inline)) void attend_values_64(const trill_engine *e, const seq *s, int layer, int col, const float *p,
-                                                                   size_t p_stride, int first, int n_pos, float *o, size_t o_stride, const int G,
-                                                                   const bool half, const bool own) {
-    const kv_cache *kc = own ? &e->kv_win : &e->kv;
-    gen_weighted_rows_64(kc, own ? &s->kv_win : &s->kv, layer, true, kc->shape[layer].v_width, col, p, p_stride, first, n_pos, o, o_stride, G, half);
-}
-
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
  * key and value is read once for the group; the cache is walked block by block, from the block
  * of the layer's window's first position (window 0: the whole sequence), in the windowed layers'
@@ -213,23 +181,8 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     }
     for (int g = 0; g < group; g++) /* normalised in place (a sink's logit in the denominator) */
         gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale, sinks ? sinks[kvh * group + g] : -INFINITY);
-    float *o = S(e)->att + ((size_t)r * nh + (size_t)kvh * group) * hd;
-    if (hd % 64 == 0) { /* the common head sizes: 64 columns at a time, up to 4 heads a pass (AVX2: 2, its 16 registers) */
-        enum { GMAX = GEN_ROWS_HEADS };
-        for (int i0 = 0; i0 < hd; i0 += 64)
-            for (int g = 0; g < group;) {
-                const int left = group - g;
-                const float *pg = sc + (size_t)g * ctx;
-                float *og = o + (size_t)g * hd + i0;
-                if (left >= 4 && GMAX >= 4) attend_values_64(e, s, layer, kvh * hd + i0, pg, (size_t)ctx, first, n_pos, og, (size_t)hd, 4, half, own), g += 4;
-                else if (left >= 2 && GMAX >= 2) attend_values_64(e, s, layer, kvh * hd + i0, pg, (size_t)ctx, first, n_pos, og, (size_t)hd, 2, half, own), g += 2;
-                else attend_values_64(e, s, layer, kvh * hd + i0, pg, (size_t)ctx, first, n_pos, og, (size_t)hd, 1, half, own), g += 1;
-            }
-    } else {
-        for (int g = 0; g < group; g++)
-            for (int i0 = 0; i0 < hd; i0 += LANE)
-                attend_values(e, s, layer, kvh * hd + i0, sc + (size_t)g * ctx, first, n_pos, o + (size_t)g * hd + i0, LANE, half, own);
-    }
+    gen_weighted_heads(kc, t, layer, true, kc->shape[layer].v_width, kvh * hd, hd, sc, (size_t)ctx, first, n_pos,
+                       S(e)->att + ((size_t)r * nh + (size_t)kvh * group) * hd, (size_t)hd, group, half);
 }
 
 /* Causal attention of each row over its own sequence's cached keys and values, within the

@@ -84,7 +84,7 @@ trill_status trill_gen_gdn(trill_engine *e, const eng_layer *L, const eng_lora_l
     trill_gdn_qkv(&d, g->convo, R, g->qc, g->kc, g->q, g->k, g->v);
     trill_gdn_gates(&d, g->g, g->beta, L->vec[TRILL_ROLE_GDN_A_LOG], L->vec[TRILL_ROLE_GDN_DT_BIAS], R, g->g, g->beta);
     trill_gdn_recurrent_forward_states(g->o, g->q, g->k, g->v, g->g, g->beta, g->rec, g->offsets, n, d.nv, d.dk, d.dv);
-    eng_count_flops(e, 6.0 * d.dk * d.dv * d.nv * R); /* a step of the recurrence: decay and S^T k, the outer product, S^T q */
+    eng_count_attention_flops(e, 6.0 * d.dk * d.dv * d.nv * R); /* a step of the recurrence: decay and S^T k, the outer product, S^T q */
     trill_rmsnorm_gated_forward(g->y, g->o, g->z, L->vec[TRILL_ROLE_GDN_NORM], R * d.nv, d.dv, (float)c->rms_norm_eps);
     eng_phase(e, TRILL_PHASE_PROJECT);
     return trill_gen_linear(e, &f->lora, &L->m[TRILL_ROLE_GDN_OUT], &A->m[TRILL_ROLE_GDN_OUT], GEN_STEP_ROWS, f->out, g->y, R, 0);

@@ -139,39 +139,9 @@ static inline __attribute__((always_inline)) void attend_heads(const trill_engin
         for (int j = 0; j < n; j++) gen_qk_group(q, n_heads, w, kb + (size_t)j * w * elem, half, sc + j0 + j, (size_t)ctx);
     }
     for (int g = 0; g < n_heads; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, S(e)->softmax_scale, -INFINITY);
-    if (kl % 64 == 0) { /* the latents weighted 64 columns at a time for up to GEN_ROWS_HEADS heads, each latent read once for them */
-        float *o = S(e)->olat + ((size_t)r * nh + h0) * kl;
-        for (int i0 = 0; i0 < kl; i0 += 64)
-            for (int g = 0; g < n_heads;) {
-                const int left = n_heads - g;
-                const float *pg = sc + (size_t)g * ctx;
-                float *og = o + (size_t)g * kl + i0;
-                if (left >= 4 && GEN_ROWS_HEADS >= 4)
-                    gen_weighted_rows_64(&e->kv, &s->kv, layer, false, w, i0, pg, (size_t)ctx, 0, n_pos, og, (size_t)kl, 4, half), g += 4;
-                else if (left >= 2)
-                    gen_weighted_rows_64(&e->kv, &s->kv, layer, false, w, i0, pg, (size_t)ctx, 0, n_pos, og, (size_t)kl, 2, half), g += 2;
-                else gen_weighted_rows_64(&e->kv, &s->kv, layer, false, w, i0, pg, (size_t)ctx, 0, n_pos, og, (size_t)kl, 1, half), g += 1;
-            }
-        return;
-    }
-    for (int g = 0; g < n_heads; g++) { /* the latents weighted, 8 columns at a time in registers (fmaf: as gen_weighted_rows_64) */
-        const float *pg = sc + (size_t)g * ctx;
-        float *o = S(e)->olat + ((size_t)r * nh + h0 + g) * kl;
-        const int W = LANE;
-        for (int i0 = 0; i0 < kl; i0 += W) {
-            float acc[LANE] = { 0 };
-            for (int j0 = 0; j0 < n_pos; j0 += bs) {
-                const char *kb = kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
-                const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-                for (int j = 0; j < n; j++) {
-                    const float p = pg[j0 + j];
-                    const size_t at = (size_t)j * w + i0;
-                    for (int l = 0; l < LANE; l++) acc[l] = fmaf(p, gen_kv_at(kb, at + l, half), acc[l]);
-                }
-            }
-            memcpy(o + i0, acc, sizeof(float) * W);
-        }
-    }
+    /* the latents (the cache rows' first kl values) weighted */
+    gen_weighted_heads(&e->kv, &s->kv, layer, false, w, 0, kl, sc, (size_t)ctx, 0, n_pos, S(e)->olat + ((size_t)r * nh + h0) * kl, (size_t)kl, n_heads,
+                       half);
 }
 
 static void latent_attention(trill_engine *e, int layer, int R) {

@@ -84,28 +84,7 @@ done
 # adapter as trill loads it and writes it back (grad_tool --save-adapter: gate_up_proj as rank 2r
 # block-diagonal, rank_pattern / alpha_pattern 2r / 2 alpha) must be the same function to 1e-9 in
 # the reference.
-if sampled peft_params; then
-  train_inputs f32
-  pdir="$WORK/f32" pa="$WORK/f32.peft_params"
-  pystep -o /dev/null "$REF" make-adapter --model "$pdir" --out "$pa" --rank 4 --alpha 8 --targets q_proj,o_proj,gate_proj,up_proj,down_proj --seed 9 --peft-params
-  pystep -o /dev/null "$REF" forward --model "$pdir" --adapter "$pa" --input "$WORK/in.jsonl" --output "$pa.ref.jsonl"
-  if ! { "$TRILL" merge --model "$pdir" --adapter "$pa" --out "$pa.merged" --dtype f32 &&
-         "$TRILL" score --model "$pa.merged" --input "$WORK/in.jsonl" --output "$pa.merged.jsonl"; } 2>"$pa.merge.err" >/dev/null; then
-    fail "peft_params merge: trill merge or score failed" "$pa.merge.err"
-  elif pystep -o "$pa.merge.txt" compare.py "$pa.ref.jsonl" "$pa.merged.jsonl" --atol 1e-4 --tie 1e-6; then
-    pass "peft_params merge: $(grep 'max |d logprob|' "$pa.merge.txt"), $(grep 'expert comparisons' "$pa.merge.txt")"
-  else fail "peft_params merge" "$pa.merge.txt"; fi
-  rm -rf "$pa.saved"
-  if ! "$TOOL" "$pdir" "$pdir.in.jsonl" /dev/null --adapter "$pa" --save-adapter "$pa.saved" >/dev/null 2>"$pa.save.err"; then
-    { echo "grad_tool $pdir $pdir.in.jsonl /dev/null --adapter $pa --save-adapter $pa.saved failed (a grad_tool without --save-adapter, or trill cannot load or save this adapter):"
-      cat "$pa.save.err"; } >"$pa.save.txt"
-    fail "peft_params round trip: grad_tool --save-adapter failed" "$pa.save.txt"
-  elif ! pystep -o "$pa.saved.txt" -E "$REF" forward --model "$pdir" --adapter "$pa.saved" --input "$WORK/in.jsonl" --output "$pa.saved.ref.jsonl"; then
-    fail "peft_params round trip: the reference refuses the adapter trill saved" "$pa.saved.txt"
-  elif pystep -o "$pa.rt.txt" compare.py "$pa.ref.jsonl" "$pa.saved.ref.jsonl" --atol 1e-9 --tie 1e-12; then
-    pass "peft_params round trip (reference forward, saved vs original adapter): $(grep 'max |d logprob|' "$pa.rt.txt")"
-  else fail "peft_params round trip (reference forward, saved vs original adapter)" "$pa.rt.txt"; fi
-fi
+if sampled peft_params; then peft_params_case peft_params f32; fi
 
 # The generator (f32, its KV cache) on the sequences it samples: their log-probs as the reference
 # computes them (sliding layers of window 8 over 46 positions, the sinks, default YaRN)

@@ -98,3 +98,30 @@ generator_compare() { # name dir [prompt [generate options...]]
   if pystep -o "$out.txt" gen_compare.py compare "$out.jsonl" "$out.ref.jsonl"; then pass "$name vs reference: $(sed "s/^.*vs reference: //" "$out.txt")"
   else fail "$name" "$out.txt"; fi
 }
+
+# An adapter in PEFT's target_parameters form (make-adapter --peft-params: q_proj and o_proj as
+# modules, the stacked experts' gate_up_proj and down_proj as ParamWrappers) on WORK/CASE: trill
+# merge scored against the reference's base + adapter, then the adapter as trill loads and saves
+# it (grad_tool --save-adapter) read back by the reference as the same function to 1e-9.
+peft_params_case() { # name case
+  local name=$1 pdir="$WORK/$2" pa="$WORK/$2.peft_params"
+  train_inputs "$2"
+  pystep -o /dev/null "$REF" make-adapter --model "$pdir" --out "$pa" --rank 4 --alpha 8 --targets q_proj,o_proj,gate_proj,up_proj,down_proj --seed 9 --peft-params
+  pystep -o /dev/null "$REF" forward --model "$pdir" --adapter "$pa" --input "$WORK/in.jsonl" --output "$pa.ref.jsonl"
+  if ! { "$TRILL" merge --model "$pdir" --adapter "$pa" --out "$pa.merged" --dtype f32 &&
+         "$TRILL" score --model "$pa.merged" --input "$WORK/in.jsonl" --output "$pa.merged.jsonl"; } 2>"$pa.merge.err" >/dev/null; then
+    fail "$name merge: trill merge or score failed" "$pa.merge.err"
+  elif pystep -o "$pa.merge.txt" compare.py "$pa.ref.jsonl" "$pa.merged.jsonl" --atol 1e-4 --tie 1e-6; then
+    pass "$name merge: $(grep 'max |d logprob|' "$pa.merge.txt"), $(grep 'expert comparisons' "$pa.merge.txt")"
+  else fail "$name merge" "$pa.merge.txt"; fi
+  rm -rf "$pa.saved"
+  if ! "$TOOL" "$pdir" "$pdir.in.jsonl" /dev/null --adapter "$pa" --save-adapter "$pa.saved" >/dev/null 2>"$pa.save.err"; then
+    { echo "grad_tool $pdir $pdir.in.jsonl /dev/null --adapter $pa --save-adapter $pa.saved failed (a grad_tool without --save-adapter, or trill cannot load or save this adapter):"
+      cat "$pa.save.err"; } >"$pa.save.txt"
+    fail "$name round trip: grad_tool --save-adapter failed" "$pa.save.txt"
+  elif ! pystep -o "$pa.saved.txt" -E "$REF" forward --model "$pdir" --adapter "$pa.saved" --input "$WORK/in.jsonl" --output "$pa.saved.ref.jsonl"; then
+    fail "$name round trip: the reference refuses the adapter trill saved" "$pa.saved.txt"
+  elif pystep -o "$pa.rt.txt" compare.py "$pa.ref.jsonl" "$pa.saved.ref.jsonl" --atol 1e-9 --tie 1e-12; then
+    pass "$name round trip (reference forward, saved vs original adapter): $(grep 'max |d logprob|' "$pa.rt.txt")"
+  else fail "$name round trip (reference forward, saved vs original adapter)" "$pa.rt.txt"; fi
+}

@@ -477,7 +477,7 @@ def check_config(cfg):
     need(not rs or (isinstance(rs, dict) and rs.get("rope_type", rs.get("type")) == "yarn" and "factor" in rs),
          "rope_scaling: null or a YaRN object (rope_type yarn with its factor) only")
     rt = rope_params(cfg).get("rope_type", rope_params(cfg).get("type", "default"))
-    need(rt in ("default", "yarn"), f"rope_parameters rope_type {rt!r} is not implemented (default or yarn)")
+    need(rt in ("default", "yarn"), f"rope_parameters rope_type {rt!r}: expected default or yarn")
     need(rt == "default" or "factor" in rope_params(cfg), "rope_parameters rope_type yarn without its factor")
     need(not (rs and rt == "yarn"), "YaRN in both rope_scaling and rope_parameters")
     if cfg.get("rope_theta") is not None and rope_params(cfg).get("rope_theta") is not None:
