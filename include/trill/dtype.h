@@ -19,9 +19,15 @@ typedef enum trill_dtype { TRILL_F32, TRILL_BF16, TRILL_F16, TRILL_F8_E4M3, TRIL
  * steps in portable C elsewhere (the order of the sums is specified in
  * src/kernels/gemm_bf16.c; the two agree bit for bit but for vdpbf16ps's flushing of
  * denormals). */
-typedef enum trill_precision { TRILL_PRECISION_FP32 = 0, TRILL_PRECISION_BF16 = 1 } trill_precision;
+typedef enum trill_precision {
+    TRILL_PRECISION_FP32 = 0,
+    TRILL_PRECISION_BF16 = 1,
+    /* A setting, not an arithmetic (trainer.precision's default): whichever of the two runs faster
+     * on this CPU (trill_kernels_precision_auto), chosen before a model computes with it. */
+    TRILL_PRECISION_AUTO = 2
+} trill_precision;
 
-/* "fp32" or "bf16"; parsing returns 0, or -1 for another name. */
+/* "fp32", "bf16" or "auto"; parsing returns 0, or -1 for another name. */
 const char *trill_precision_name(trill_precision p);
 int trill_precision_parse(const char *name, trill_precision *out);
 

@@ -49,6 +49,10 @@ const char *trill_blas_core_fix(void);
 void trill_blas_restart(char **argv);
 /* 1 when this CPU has AVX-512 BF16, so bf16 precision runs on vdpbf16ps (else on the generic path). */
 int trill_kernels_bf16_native(void);
+/* What TRILL_PRECISION_AUTO means on this CPU: bf16 where it has AVX-512 BF16 (there trill's bf16
+ * GEMM outruns OpenBLAS's sgemm: `trill bench train` prints both), fp32 elsewhere (the generic bf16
+ * path is slower than sgemm). */
+trill_precision trill_kernels_precision_auto(void);
 /* out[T,C] = table[tokens[t]] */
 void trill_embedding_forward_w(float *out, trill_weight table, const int *tokens, int T, int C);
 /* dst[n] = src widened (exact) */

@@ -73,7 +73,8 @@ trill_dtype trill_model_checkpoint_dtype(const trill_model *m);
  * fp32, the default, or bf16 operands with fp32 sums: trainer.precision). Master weights,
  * gradients, the optimizer, norms, softmaxes and the loss stay fp32 either way, and the router's
  * logits are always fp32 (as Megatron's moe_router_dtype), so bf16 moves no expert choice by
- * itself more than its inputs do. A pass uses the precision set when it began. */
+ * itself more than its inputs do. A pass uses the precision set when it began. AUTO sets this
+ * CPU's faster one (trill_kernels_precision_auto); trill_model_precision returns what was set. */
 void trill_model_set_precision(trill_model *m, trill_precision p);
 trill_precision trill_model_precision(const trill_model *m);
 /* Bytes the parameters take in memory. */

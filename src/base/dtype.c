@@ -91,11 +91,12 @@ int trill_dtype_parse(const char *name, trill_dtype *out) {
     return -1;
 }
 
-const char *trill_precision_name(trill_precision p) { return p == TRILL_PRECISION_BF16 ? "bf16" : "fp32"; }
+const char *trill_precision_name(trill_precision p) { return p == TRILL_PRECISION_BF16 ? "bf16" : p == TRILL_PRECISION_AUTO ? "auto" : "fp32"; }
 
 int trill_precision_parse(const char *name, trill_precision *out) {
     if (!strcmp(name, "fp32")) *out = TRILL_PRECISION_FP32;
     else if (!strcmp(name, "bf16")) *out = TRILL_PRECISION_BF16;
+    else if (!strcmp(name, "auto")) *out = TRILL_PRECISION_AUTO;
     else return -1;
     return 0;
 }

@@ -44,36 +44,74 @@ int trill_kernels_bf16_native(void) {
 #endif
 }
 
-/* Element (i, k) of op(X) for a row-major X with leading dimension ld: fp32 or, when x16 is
- * set, bf16 storage (rounding a bf16 value to bf16 is exact). */
+trill_precision trill_kernels_precision_auto(void) { return trill_kernels_bf16_native() ? TRILL_PRECISION_BF16 : TRILL_PRECISION_FP32; }
+
+/* op(X) of a row-major X with leading dimension ld: element (i, k) at x[i ld + k], or at
+ * x[k ld + i] when trans is set; fp32 or, when x16 is set, bf16 storage (rounding a bf16 value
+ * to bf16 is exact). */
 typedef struct operand {
     const float *x;
     const uint16_t *x16;
     int ld, trans;
 } operand;
 
-static inline uint16_t bf16_at(const operand *o, int i, int k) {
-    const size_t at = o->trans ? (size_t)k * o->ld + i : (size_t)i * o->ld + k;
-    return o->x16 ? o->x16[at] : trill_f32_to_bf16(o->x[at]);
+/* trill_f32_to_bf16 on the bits, written without a branch so the packing loops vectorise. */
+static inline uint32_t round_bits(uint32_t u) {
+    const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest;
+}
+
+/* n elements of o's storage from index `at` as bf16 (inlined: a constant n copies without a call). */
+static inline __attribute__((always_inline)) void round_run(uint16_t *dst, const operand *o, size_t at, int n) {
+    if (o->x16) {
+        memcpy(dst, o->x16 + at, sizeof(uint16_t) * (size_t)n);
+        return;
+    }
+    for (int l = 0; l < n; l++) {
+        uint32_t u;
+        memcpy(&u, o->x + at + l, sizeof u);
+        dst[l] = (uint16_t)round_bits(u);
+    }
 }
 
 /* Packs rows r0..r0+rows of an operand (op(B)'s output columns, or op(A)'s rows) × K k0..k0+kc as
  * slivers of `width` rows (NR for B, MR for A): per sliver and K pair, `width` words of (x[r, k]
- * low, x[r, k+1] high); zeros past the rows and K. Inlined with a constant width at both calls. */
+ * low, x[r, k+1] high); zeros past the rows and K. Inlined with a constant width at both calls.
+ * Where op(X)'s rows are contiguous (trans), a pair's two K rows are rounded `width` at a time and
+ * interleaved; else each row's K run is rounded at once, then its pairs scattered down the sliver. */
 static inline __attribute__((always_inline)) void pack_slivers(uint32_t *dst, const operand *o, int r0, int rows, int k0, int kc,
                                                                const int width) {
     const int pairs = (kc + 1) / 2;
-    for (int i0 = 0; i0 < rows; i0 += width)
-        for (int p = 0; p < pairs; p++, dst += width)
-            for (int l = 0; l < width; l++) {
-                const int r = i0 + l, k = 2 * p;
-                uint32_t lo = 0, hi = 0;
-                if (r < rows) {
-                    lo = bf16_at(o, r0 + r, k0 + k);
-                    if (k + 1 < kc) hi = bf16_at(o, r0 + r, k0 + k + 1);
-                }
-                dst[l] = lo | hi << 16;
+    uint16_t lo[NR], hi[NR], run[KC + 1];
+    for (int i0 = 0; i0 < rows; i0 += width, dst += (size_t)pairs * width) {
+        const int n = rows - i0 < width ? rows - i0 : width;
+        if (o->trans) {
+            memset(lo, 0, sizeof lo); /* the lanes past n stay zero */
+            memset(hi, 0, sizeof hi);
+            for (int p = 0; p < pairs; p++) {
+                const size_t at = (size_t)(k0 + 2 * p) * o->ld + r0 + i0;
+                const int full = n == width, odd_end = 2 * p + 1 == kc;
+                if (full) round_run(lo, o, at, width);
+                else round_run(lo, o, at, n);
+                if (odd_end) memset(hi, 0, sizeof hi);
+                else if (full) round_run(hi, o, at + (size_t)o->ld, width);
+                else round_run(hi, o, at + (size_t)o->ld, n);
+                uint32_t *d = dst + (size_t)p * width;
+                for (int l = 0; l < width; l++) d[l] = (uint32_t)lo[l] | (uint32_t)hi[l] << 16;
             }
+        } else {
+            for (int l = 0; l < width; l++) {
+                uint32_t *d = dst + l;
+                if (l >= n) {
+                    for (int p = 0; p < pairs; p++) d[(size_t)p * width] = 0;
+                    continue;
+                }
+                round_run(run, o, (size_t)(r0 + i0 + l) * o->ld + k0, kc);
+                run[kc] = 0; /* an odd K's last pair */
+                for (int p = 0; p < pairs; p++) d[(size_t)p * width] = (uint32_t)run[2 * p] | (uint32_t)run[2 * p + 1] << 16;
+            }
+        }
+    }
 }
 
 static void pack_b(uint32_t *dst, const operand *o, int n0, int nc, int k0, int kc) { pack_slivers(dst, o, n0, nc, k0, kc, NR); }

@@ -1,6 +1,7 @@
 #include "model/config_json.h"
 #include "base/alloc.h"
 #include "model/model_internal.h"
+#include "trill/kernels.h"
 #include "trill/model.h"
 #include "text/tokenizer_json.h"
 #include "trill/tokenizer.h"
@@ -691,7 +692,7 @@ void trill_model_experts_held(const trill_model *m, int *first, int *count) {
     *count = m->expert_count;
 }
 trill_dtype trill_model_checkpoint_dtype(const trill_model *m) { return m->checkpoint_dtype; }
-void trill_model_set_precision(trill_model *m, trill_precision p) { m->precision = p; }
+void trill_model_set_precision(trill_model *m, trill_precision p) { m->precision = p == TRILL_PRECISION_AUTO ? trill_kernels_precision_auto() : p; }
 trill_precision trill_model_precision(const trill_model *m) { return m->precision; }
 size_t trill_model_bytes(const trill_model *m) { return m->n_f32 * sizeof(float) + m->n_bf16 * sizeof(uint16_t); }
 float *trill_model_params(trill_model *m, size_t *n) {

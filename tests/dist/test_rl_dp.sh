@@ -29,13 +29,16 @@ source "$HERE/../rl/checks.sh" # must_pass, must_exit (exact status, within LIMI
 LIMIT=${TRILL_TEST_LIMIT_S:-600} # a command's limit: the first run may make the demo's warm start
 source "$HERE/kill_rank.sh"
 MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0" "$MPIEXEC")
+# fp32: tensor parallelism's tolerance is fp32's, and every run here is compared with another
+# (auto would pick bf16 on CPUs with AVX-512 BF16 only)
+FP32=(trainer.precision=fp32)
 run() { # run NP DIR ARGS...: trill train on NP ranks (0: no mpirun), exit 0 within LIMIT, its log DIR.log clean
   local np=$1 dir=$2
   shift 2
   if [ "$np" -eq 0 ]; then
-    must_pass "$dir.log" "$TRILL" train run_dir="$dir" checkpoint.every=0 "$@"
+    must_pass "$dir.log" "$TRILL" train run_dir="$dir" checkpoint.every=0 "${FP32[@]}" "$@"
   else
-    must_pass "$dir.log" "${MPI[@]}" -np "$np" --oversubscribe "$TRILL" train run_dir="$dir" checkpoint.every=0 parallel.trainer.dp="$np" "$@"
+    must_pass "$dir.log" "${MPI[@]}" -np "$np" --oversubscribe "$TRILL" train run_dir="$dir" checkpoint.every=0 parallel.trainer.dp="$np" "${FP32[@]}" "$@"
   fi
 }
 same() { # same A B STEPS: the last checkpoint's adapter and optimizer, and the metrics (STEPS lines) but for times
@@ -96,7 +99,7 @@ done
 echo "resumed on another rank count (2 -> 1, 1 -> 4): byte-identical to an uninterrupted run"
 # a rank killed mid-run ends the job within seconds, naming the rank; resume=auto continues
 timeout -k 5 300 "${MPI[@]}" -np 2 --oversubscribe "$TRILL" train run_dir=killed \
-  parallel.trainer.dp=2 steps=100000 checkpoint.every=2 "${long[@]:0:1}" >killed.log 2>&1 &
+  parallel.trainer.dp=2 steps=100000 checkpoint.every=2 "${long[@]:0:1}" "${FP32[@]}" >killed.log 2>&1 &
 job=$!
 kill_rank_1 "$job" "$TRILL train" killed.log
 ls killed/checkpoints | grep step- >/dev/null || fail "no checkpoint from before the kill"

@@ -40,7 +40,8 @@ PY
 "$TRILL" init --out model --preset tiny --seed 1 2>/dev/null
 # 3 steps of 4 micro-batches of ~128 tokens: each rank count splits them differently (4 ranks: one each)
 common=(--model model --data train.jsonl --eval heldout.jsonl trainer.micro_batch_tokens=128 sft.grad_accum=4 sft.max_steps=3
-        trainer.lr=3e-3 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head)
+        trainer.lr=3e-3 trainer.lora.targets=q,k,v,o,gate,up,down,lm_head
+        trainer.precision=fp32) # tensor parallelism's tolerance is fp32's (auto picks bf16 on CPUs with AVX-512 BF16)
 run() { # run NP OUT ARGS...: trill sft on NP ranks (0: no mpirun), exit 0 within LIMIT, its log OUT.log clean
   local np=$1 out=$2
   shift 2

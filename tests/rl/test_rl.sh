@@ -18,6 +18,10 @@ for l in open(sys.argv[1]): v=json.loads(l)[sys.argv[2]]; print(json.dumps(v))" 
 
 echo "== router replay on: the trainer routes exactly as the generator did"
 must_pass log_on "$TRILL" train "${COMMON[@]}" run_dir=replay_on steps=2 router_replay=true generator.dtype=bf16
+# trainer.precision auto (the default) picks bf16 where the CPU has AVX-512 BF16 and says so
+want="fp32 matmuls [auto: a trainer CPU without AVX-512 BF16]"
+grep -qw avx512_bf16 /proc/cpuinfo && want="bf16 matmuls [auto: AVX-512 BF16 on every trainer CPU]"
+grep -qF "$want" log_on || fail "trainer.precision auto: the run's first line does not say '$want'"
 field replay_on/metrics.jsonl flip_token_frac | while read -r v; do [ "$v" = "0.0" ] || [ "$v" = "0" ] || fail "flip rate $v with replay on"; done
 field replay_on/metrics.jsonl flip_layer | $PY -c "import sys,json
 for l in sys.stdin: assert all(x == 0 for x in json.loads(l)), l"
@@ -36,6 +40,8 @@ echo "== mismatch by generator format, and every sync reaches the generator"
 for d in f32 bf16 int8; do
     for sm in adapter merge; do
         must_pass log_fmt "$TRILL" train "${COMMON[@]}" run_dir=fmt_${d}_$sm steps=4 generator.dtype=$d sync.mode=$sm
+        # an f32 generator's log-probs are matched in fp32 whatever the CPU
+        [ "$d" != f32 ] || grep -qF "fp32 matmuls [auto: " log_fmt || fail "generator.dtype f32: trainer.precision auto did not pick fp32"
     done
 done
 $PY - <<'PY'

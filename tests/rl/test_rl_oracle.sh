@@ -10,6 +10,7 @@ TRILL=$(realpath "$1")
 shift
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/fixture.sh"
+COMMON+=(trainer.precision=fp32) # the oracle's tolerances are fp32's (auto picks bf16 on CPUs with AVX-512 BF16)
 export OMP_NUM_THREADS=1 # tiny model: one thread is several times faster, and results are thread-independent
 
 # The recordings: a step-2 checkpoint (nonzero LoRA B and Adam moments of every tensor) and the

@@ -121,6 +121,52 @@ static void test_bf16_storage_equals_its_values(void **state) {
     free(C2);
 }
 
+/* Values whose bf16 rounding is a tie (low 16 bits 0x8000, both parities of the kept bit) or
+ * near one, mixed with ordinary ones: rounding that is not nearest-even shows. */
+static void fill_ties(float *x, size_t n, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        union { float f; uint32_t u; } v = { .f = (float)trill_rng_normal(seed, i) };
+        const uint32_t low[] = { 0x8000u, 0x8000u, 0x7fffu, 0x8001u, v.u & 0xffffu };
+        v.u = (v.u & 0xffff0000u) | low[i % 5];
+        x[i] = v.f;
+    }
+}
+
+/* The packing rounds each operand as trill_f32_to_bf16 does and puts it in its place: op(A) E and
+ * E op(B) with E an identity give the rounded operand exactly (every other product is an exact
+ * zero), for each transpose, a K over two chunks and edges in every dimension. */
+static void test_packing_rounds_each_operand_in_place(void **state) {
+    (void)state;
+    enum { M = 29, K = 300 };
+    float *X = malloc(sizeof(float) * M * K), *E = calloc((size_t)K * K, sizeof(float)), *C = malloc(sizeof(float) * M * K);
+    fill_ties(X, (size_t)M * K, 5);
+    for (int k = 0; k < K; k++) E[(size_t)k * K + k] = 1;
+    for (int native = 0; native <= g_native; native++)
+        for (int t = 0; t < 2; t++) {
+            const enum CBLAS_TRANSPOSE tx = t ? CblasTrans : CblasNoTrans;
+            const int ldx = t ? M : K; /* X holds op(X) = the M x K matrix below, transposed when t */
+            float *Xs = malloc(sizeof(float) * M * K);
+            for (int i = 0; i < M; i++)
+                for (int k = 0; k < K; k++) Xs[t ? (size_t)k * M + i : (size_t)i * K + k] = X[(size_t)i * K + k];
+            /* op(A) = X: C[M, K] = X E */
+            assert_int_equal(trill_kernels_gemm_bf16(native, tx, CblasNoTrans, M, K, K, 1, Xs, ldx, E, NULL, K, 0, C, K), 0);
+            for (size_t i = 0; i < (size_t)M * K; i++)
+                if (C[i] != (float)bf(X[i])) fail_msg("A %c native %d: element %zu is %.9g, expected %.9g", t ? 'T' : 'N', native, i, C[i], bf(X[i]));
+            /* op(B) = X^T: C[K, M] = E X^T, so C^T = X rounded */
+            const enum CBLAS_TRANSPOSE tb = t ? CblasNoTrans : CblasTrans;
+            assert_int_equal(trill_kernels_gemm_bf16(native, CblasNoTrans, tb, K, M, K, 1, E, K, Xs, NULL, ldx, 0, C, M), 0);
+            for (int i = 0; i < M; i++)
+                for (int k = 0; k < K; k++)
+                    if (C[(size_t)k * M + i] != (float)bf(X[(size_t)i * K + k]))
+                        fail_msg("B %c native %d: (%d, %d) is %.9g, expected %.9g", t ? 'N' : 'T', native, i, k, C[(size_t)k * M + i],
+                                 bf(X[(size_t)i * K + k]));
+            free(Xs);
+        }
+    free(X);
+    free(E);
+    free(C);
+}
+
 /* The threaded wrapper splits M (or N) across threads; each element is still one call's sum. */
 static void test_threads_do_not_change_results(void **state) {
     (void)state;
@@ -193,6 +239,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_definition_every_transpose_and_edge),
         cmocka_unit_test(test_bf16_storage_equals_its_values),
+        cmocka_unit_test(test_packing_rounds_each_operand_in_place),
         cmocka_unit_test(test_threads_do_not_change_results),
         cmocka_unit_test(test_precision_kernels),
     };

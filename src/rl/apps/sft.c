@@ -261,6 +261,8 @@ static trill_status load(sft_run *r) {
     o.limit = c->data.eval_size;
     if (!st && c->data.eval[0]) st = trill_dataset_load(c->data.eval, r->tok, &o, &r->eval);
     if (!st) {
+        char note[128];
+        sft_log(r->log, "trill sft: %s, %s", c->model, trill_trainer_precision_note(r->t, note, sizeof note));
         r->eos = mc->n_eos ? mc->eos_token_ids[0] : 0;
         r->vocab = mc->vocab_size;
     }

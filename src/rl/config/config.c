@@ -65,7 +65,7 @@ static const char *const SCHEDULES[] = { "constant", "linear", "cosine", NULL };
 static const char *const SYNC_MODES[] = { "adapter", "merge", NULL };
 static const char *const SFT_MODES[] = { "lora", "full", NULL };
 static const char *const ENV_RENDERS[] = { "auto", "plain", "chat", NULL }; /* trill_env_render order */
-static const char *const PRECISIONS[] = { "fp32", "bf16", NULL }; /* trill_precision order */
+static const char *const PRECISIONS[] = { "fp32", "bf16", "auto", NULL }; /* trill_precision order */
 
 #define F(field) offsetof(trill_run_config, field)
 #define STRING(p, f, d, doc) { p, K_STRING, F(f), 0, 0, false, false, NULL, d, doc }
@@ -225,11 +225,12 @@ static const key KEYS[] = {
         "Tokens per forward/backward pass; gradients accumulate over as many as a step needs."),
     BOOL("trainer.recompute", trainer.recompute, "false",
          "Activation checkpointing: keep only each layer's input and recompute the rest in the backward pass."),
-    ENUM("trainer.precision", trainer.precision, PRECISIONS, "fp32",
+    ENUM("trainer.precision", trainer.precision, PRECISIONS, "auto",
          "Matrix products of the trainer's forward and backward: fp32, or bf16 operands with fp32 sums as a GPU's bf16 "
          "GEMMs (master weights, gradients, optimizer, norms, softmax, router logits and loss stay fp32). bf16 runs on "
-         "vdpbf16ps where the CPU has AVX-512 BF16, else on a portable path with the same results; it pays only where "
-         "vdpbf16ps outruns fp32 FMAs (`trill bench train --precision bf16` shows both)."),
+         "vdpbf16ps where the CPU has AVX-512 BF16, else on a portable path with the same results but slower than fp32. "
+         "auto: bf16 where every trainer rank's CPU has AVX-512 BF16 (there it outruns fp32: `trill bench train "
+         "--precision bf16` shows both) and generator.dtype is not f32, else fp32; the run's first log line says which."),
     BOOL("trainer.skip_nonfinite", trainer.skip_nonfinite, "false",
          "A minibatch whose loss or gradient is not finite is skipped (counted as `skipped_nonfinite` in the metrics); "
          "false: the run stops with an error naming the step. Never applied, synced or saved either way."),

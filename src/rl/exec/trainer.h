@@ -40,6 +40,8 @@ trill_status trill_trainer_create(const trill_run_config *c, const char *model_d
 void trill_trainer_free(trill_trainer *t);
 
 const trill_model *trill_trainer_policy(const trill_trainer *t);
+/* "bf16 matmuls" or "fp32 matmuls", with why when trainer.precision auto chose: for the run's first log line. */
+const char *trill_trainer_precision_note(const trill_trainer *t, char *buf, size_t size);
 /* Whether the policy is an expert-parallel shard (it then holds some experts: the generator
  * needs the whole model, loaded on its own). */
 bool trill_trainer_sharded(const trill_trainer *t);

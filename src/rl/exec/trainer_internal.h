@@ -27,6 +27,7 @@ struct trill_trainer {
     trill_model *policy;          /* LoRA: the base frozen in its checkpoint's dtype, adapters attached;
                                      full fine-tuning: fp32 master weights */
     trill_lora *lora;             /* NULL in full fine-tuning */
+    const char *precision_why;    /* how trainer.precision auto chose (trill_trainer_precision_note), or "" */
     float *values;                /* what the optimizer updates: the adapters' block, or every weight */
     size_t n_values;
     float *lora_grads;            /* [n_values] the gradient of values */

@@ -1,8 +1,32 @@
 /* The trainer's set-up (trainer_internal.h): its ranks and expert shards, the adapters or full
  * weights it trains, the optimizer, creation, saving and freeing. */
 #include "rl/exec/trainer_internal.h"
+#include "trill/kernels.h"
 
 /* ---- distribution ---- */
+
+/* The precision the trainer's products run in: trainer.precision, or for auto (the default)
+ * bf16 where every trainer rank's CPU has AVX-512 BF16 (trill_kernels_precision_auto), unless
+ * the generator computes in f32 (rl: its log-probs are then matched in fp32); fp32 otherwise.
+ * The ranks agree, so data-parallel replicas compute alike on a mixed cluster. */
+static trill_precision trainer_precision(trill_trainer *t, trill_comm *world, bool rl, trill_status *st) {
+    const trill_run_config *c = t->c;
+    t->precision_why = "";
+    if (c->trainer.precision != TRILL_PRECISION_AUTO) return c->trainer.precision;
+    const bool gen_f32 = rl && c->generator.dtype == TRILL_GEN_F32;
+    uint64_t cpu_fp32 = trill_kernels_precision_auto() == TRILL_PRECISION_FP32;
+    if (world && trill_comm_size(world) > 1) *st = trill_comm_allreduce_max_u64(world, cpu_fp32, &cpu_fp32);
+    t->precision_why = cpu_fp32  ? "auto: a trainer CPU without AVX-512 BF16"
+                       : gen_f32 ? "auto: generator.dtype f32"
+                                 : "auto: AVX-512 BF16 on every trainer CPU";
+    return cpu_fp32 || gen_f32 ? TRILL_PRECISION_FP32 : TRILL_PRECISION_BF16;
+}
+
+const char *trill_trainer_precision_note(const trill_trainer *t, char *buf, size_t size) {
+    snprintf(buf, size, "%s matmuls%s%s%s", trill_precision_name(trill_model_precision(t->policy)), t->precision_why[0] ? " [" : "",
+             t->precision_why, t->precision_why[0] ? "]" : "");
+    return buf;
+}
 
 /* The world's ranks as parallel.trainer lays them out: rank = (dp_index * ep + ep_index) * tp +
  * tp_index, so a group of either kind is consecutive ranks and the data ranks' shares stay
@@ -164,13 +188,14 @@ trill_status trill_trainer_create_sft(const trill_run_config *c, const char *mod
     if (!st && full && (t->P > 1 || t->tp_size > 1))
         st = trill_error(TRILL_ERR_UNSUPPORTED, "sft.mode full: full fine-tuning with parallel.trainer.%s %d is not built (adapters train "
                          "under model parallelism: sft.mode lora)", t->P > 1 ? "ep" : "tp", t->P > 1 ? t->P : t->tp_size);
+    const trill_precision prec = st ? TRILL_PRECISION_FP32 : trainer_precision(t, world, false, &st); /* before any rank can fail alone */
     const trill_shard shard = shard_of(t);
     /* LoRA: a frozen base in the checkpoint's dtype (a shard of it under expert parallelism); full:
      * fp32 master weights (a resumed run's own) */
     if (!st)
         st = trill_model_load_shard(full && resume_dir ? resume_dir : model_dir, full ? TRILL_STORE_F32 : TRILL_STORE_CHECKPOINT, &shard,
                                     &t->policy);
-    if (!st) trill_model_set_precision(t->policy, c->trainer.precision);
+    if (!st) trill_model_set_precision(t->policy, prec);
     if (!st && !full) st = resume_dir ? trill_lora_load(t->policy, resume_dir, &t->lora) : trill_lora_create(t->policy, c->trainer.lora, c->seed, &t->lora);
     if (!st) st = full ? make_full(t) : use_adapters(t);
     char *prefix = !st && resume_dir ? trill_path_join(resume_dir, "optimizer") : NULL;
@@ -212,10 +237,11 @@ trill_status trill_trainer_create(const trill_run_config *c, const char *model_d
     if (!t) return trill_error(TRILL_ERR_NOMEM, "out of memory");
     t->c = c;
     trill_status st = set_up_ranks(t, world);
+    const trill_precision prec = st ? TRILL_PRECISION_FP32 : trainer_precision(t, world, true, &st); /* before any rank can fail alone */
     const trill_shard shard = shard_of(t);
     if (!st) st = trill_model_load_shard(model_dir, TRILL_STORE_CHECKPOINT, &shard, &t->policy);
     if (!st) {
-        trill_model_set_precision(t->policy, c->trainer.precision);
+        trill_model_set_precision(t->policy, prec);
         const trill_config *mc = trill_model_config(t->policy);
         t->L = mc->n_moe_layers;
         t->K = mc->num_experts_per_tok;

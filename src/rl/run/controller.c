@@ -292,11 +292,12 @@ static trill_status announce(trill_run *h, const char *ckpt) {
     const trill_config *mc = trill_model_config(trill_trainer_policy(r->trainer));
     size_t n_adapter;
     trill_lora_params(trill_trainer_lora(r->trainer), &n_adapter);
+    char note[128];
     trill_log(TRILL_LOG_INFO, "trill train: %s (%d layers, %d MoE, %d experts top-%d), %d train / %d held-out prompts, LoRA r%d (%zu "
-            "parameters, %s matmuls), generator %s, loss %s, router replay %s, TIS %g, sync %s%s",
+            "parameters, %s), generator %s, loss %s, router replay %s, TIS %g, sync %s%s",
             r->model_dir, mc->num_hidden_layers, mc->n_moe_layers, mc->num_experts, mc->num_experts_per_tok, r->train->n,
             r->eval ? r->eval->n : 0, c->trainer.lora.rank, n_adapter,
-            trill_precision_name(trill_model_precision(trill_trainer_policy(r->trainer))), trill_gen_format_name(c->generator.dtype),
+            trill_trainer_precision_note(r->trainer, note, sizeof note), trill_gen_format_name(c->generator.dtype),
             trill_loss_get(c->algo.loss)->name, c->router_replay ? "on" : "off",
             c->correction.tis, c->sync.mode == TRILL_WEIGHT_SYNC_ADAPTER ? "adapter" : "merge", ckpt ? " (resumed)" : "");
     if (ckpt) trill_log(TRILL_LOG_INFO, "trill train: resuming from %s at step %d", ckpt, r->state.step);
