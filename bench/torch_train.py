@@ -209,6 +209,7 @@ def main():
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--lora", action="store_true")
     g.add_argument("--full", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="matmuls under torch.autocast('cpu', bfloat16), as trainer.precision bf16")
     for opt, v in (("--rank", 16), ("--batch", 8), ("--seq", 512), ("--runs", 3), ("--threads", 2), ("--seed", 0)):
         ap.add_argument(opt, type=int, default=v)
     a = ap.parse_args()
@@ -228,7 +229,8 @@ def main():
     for r in range(-1, a.runs):  # one warm-up
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        loss = model(ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(ids)
         loss.backward()
         dt = time.perf_counter() - t0
         print(f"{'warm-up' if r < 0 else f'step {r + 1}'}: {dt * 1e3:.0f} ms, loss {loss.item():.4f}", flush=True)
@@ -236,7 +238,7 @@ def main():
             times.append(dt)
     med = statistics.median(times)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"torch train ({mode}) {a.batch}x{a.seq}: {a.batch * a.seq / med:.0f} tokens/s, "
+    print(f"torch train ({mode}, {'bf16 autocast' if a.bf16 else 'fp32'}) {a.batch}x{a.seq}: {a.batch * a.seq / med:.0f} tokens/s, "
           f"median {med * 1e3:.0f} ms, peak RSS {rss:.0f} MB")
 
 

@@ -228,7 +228,7 @@ typedef struct bench_args {
     long long rank, batch, seq, runs, ep, tp;
 } bench_args;
 
-static const char *const PRECISIONS[] = { "fp32", "bf16", NULL };
+static const char *const PRECISIONS[] = { "auto", "fp32", "bf16", NULL }; /* the first is the default */
 static bench_args g_args = { .rank = 16, .batch = 8, .seq = 512, .runs = 3, .ep = 1, .tp = 1 };
 static const cli_opt OPTS[] = {
     { "model", CLI_STR, "DIR", "the model folder", .str = &g_args.dir, .required = true },
@@ -239,7 +239,7 @@ static const cli_opt OPTS[] = {
     { "seq", CLI_INT, "L", "tokens a sequence", .i = &g_args.seq, .min = 2, .max = 1 << 16 },
     { "runs", CLI_INT, "N", "timed steps after a warm-up", .i = &g_args.runs, .min = 1, .max = 100 },
     { "recompute", CLI_FLAG, NULL, "recompute each layer's forward in the backward instead of keeping it", .flag = &g_args.recompute },
-    { "precision", CLI_CHOICE, NULL, "the matmuls' precision", .choice = &g_args.precision, .choices = PRECISIONS },
+    { "precision", CLI_CHOICE, NULL, "the matmuls' precision (auto: bf16 where the CPU has AVX-512 BF16, else fp32)", .choice = &g_args.precision, .choices = PRECISIONS },
     { "ep", CLI_INT, "N", "LoRA: groups of N consecutive ranks split the routed experts", .i = &g_args.ep, .min = 1, .max = 65536 },
     { "tp", CLI_INT, "N", "LoRA: groups of N consecutive ranks split the attention heads and dense MLPs", .i = &g_args.tp, .min = 1,
       .max = 65536 },
@@ -328,6 +328,10 @@ int cmd_bench(int argc, char **argv) {
     if ((rc = check_args(P))) return rc;
     trill_precision prec;
     if (trill_precision_parse(PRECISIONS[g_args.precision], &prec)) return cli_fail("bench");
+    if (prec == TRILL_PRECISION_AUTO) {
+        prec = trill_kernels_precision_auto();
+        if (me == 0) printf("precision auto: %s (this CPU %s AVX-512 BF16)\n", trill_precision_name(prec), prec == TRILL_PRECISION_BF16 ? "has" : "lacks");
+    }
     const char *dir = g_args.dir;
     const bool lora_mode = !g_args.full, recompute = g_args.recompute;
     const long long rank = g_args.rank, batch = g_args.batch, seq = g_args.seq, runs = g_args.runs, ep = g_args.ep, tp = g_args.tp;
