@@ -250,6 +250,18 @@ m gdn_chunk_decay_grad kernels src/kernels/gdn_impl.h "test_gradcheck" \
   'dG[i] += h, dG[j] -= h;' \
   'dG[i] += h;' \
   "gated delta rule (chunked) backward: P's decay exp(G_i - G_j) differentiated for G_i only"
+m bf16_pack_ties kernels src/kernels/gemm_bf16.c "test_gemm_bf16" \
+  'const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16' \
+  'const uint32_t nearest = (u + 0x8000u) >> 16' \
+  "bf16 GEMM packing: ties rounded away from zero instead of to even"
+m bf16_pack_odd_pair kernels src/kernels/gemm_bf16.c "test_gemm_bf16" \
+  'odd_end = 2 * p + 1 == kc;' \
+  'odd_end = 2 * p + 2 == kc;' \
+  "bf16 GEMM packing (contiguous rows): the last pair's high half zeroed when K is even, read past the chunk when odd"
+m precision_auto_gen_f32 rl src/rl/exec/trainer_setup.c "rl_e2e" \
+  'return cpu_fp32 || gen_f32 ? TRILL_PRECISION_FP32 : TRILL_PRECISION_BF16;' \
+  'return cpu_fp32 ? TRILL_PRECISION_FP32 : TRILL_PRECISION_BF16;' \
+  "trainer.precision auto: bf16 beside an f32 generator"
 m mxfp4_nibbles_swapped checkpoint src/model/model.c "parity_gptoss" \
   'FP4_E2M1[k % 2 ? byte >> 4 : byte & 15]' \
   'FP4_E2M1[k % 2 ? byte & 15 : byte >> 4]' \
