@@ -23,8 +23,8 @@ static trill_precision trainer_precision(trill_trainer *t, trill_comm *world, bo
 }
 
 const char *trill_trainer_precision_note(const trill_trainer *t, char *buf, size_t size) {
-    snprintf(buf, size, "%s matmuls%s%s%s", trill_precision_name(trill_model_precision(t->policy)), t->precision_why[0] ? " [" : "",
-             t->precision_why, t->precision_why[0] ? "]" : "");
+    const char *why = t->precision_why ? t->precision_why : "";
+    snprintf(buf, size, "%s matmuls%s%s%s", trill_precision_name(trill_model_precision(t->policy)), why[0] ? " [" : "", why, why[0] ? "]" : "");
     return buf;
 }
 
