@@ -86,6 +86,14 @@ m profile_logits_phase infer src/infer/engine_sample.c "test_engine" \
   '    eng_phase(e, TRILL_PHASE_LOGITS);' \
   '    eng_phase(e, TRILL_PHASE_SAMPLE);' \
   "generator profile: lm_head charged to sampling"
+m gqa_values_token_major infer src/infer/gen_decoder.c "golden_outputs" \
+  'gen_weighted_heads(kc, t, layer, true, hd, kvh * bs * hd, hd,' \
+  'gen_weighted_heads(kc, t, layer, true, hd, kvh * hd, hd,' \
+  "GQA attention: a kv head's values read at its token-major offset in the head-major cache"
+m qk_keys_stride infer src/infer/gen_blocks.h "golden_outputs" \
+  'const char *kp = key + (size_t)(j + p) * key_stride;' \
+  'const char *kp = key + (size_t)(j + p) * key_stride / 2;' \
+  "generator attention: q.k of four keys at once reads them at half their stride"
 m attention_qk_tree infer src/infer/gen_blocks.h "golden_outputs" \
   'const __m128 t = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)); /* p_l + p_{l+4} */' \
   'const __m128 h = _mm256_extractf128_ps(p, 1), t = _mm_add_ps(_mm256_castps256_ps128(p), _mm_shuffle_ps(h, h, _MM_SHUFFLE(0, 1, 2, 3)));' \

@@ -211,6 +211,41 @@ static inline __attribute__((always_inline)) void gen_qk_group(const float *q, i
 #endif
 }
 
+/* gen_qk_group over n consecutive cached keys (key_stride bytes apart) into out[g * out_stride + j]:
+ * the same sums, GEN_QK_KEYS keys at a time so their chains of fused multiply-adds (each key's
+ * own, in the same order) are in flight together instead of one waiting on the last's latency. */
+enum { GEN_QK_KEYS = 4 };
+static inline __attribute__((always_inline)) void gen_qk_keys(const float *q, int G, int hd, const char *key, size_t key_stride, int n,
+                                                              const bool half, float *out, size_t out_stride) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j + GEN_QK_KEYS <= n; j += GEN_QK_KEYS) {
+        float kf[GEN_QK_KEYS][GEN_QK_MAX] __attribute__((aligned(32)));
+        const float *k[GEN_QK_KEYS];
+        for (int p = 0; p < GEN_QK_KEYS; p++) {
+            const char *kp = key + (size_t)(j + p) * key_stride;
+            k[p] = (const float *)kp;
+            if (half) {
+                for (int i = 0; i < hd; i++) kf[p][i] = trill_bf16_to_f32(((const uint16_t *)kp)[i]);
+                k[p] = kf[p];
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (size_t)g * hd;
+            const __m256 q0 = _mm256_loadu_ps(qg);
+            __m256 part[GEN_QK_KEYS];
+            for (int p = 0; p < GEN_QK_KEYS; p++) part[p] = _mm256_mul_ps(q0, _mm256_loadu_ps(k[p])); /* = fma(q, k, 0) */
+            for (int i = 8; i < hd; i += 8) {
+                const __m256 qi = _mm256_loadu_ps(qg + i);
+                for (int p = 0; p < GEN_QK_KEYS; p++) part[p] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[p] + i), part[p]);
+            }
+            for (int p = 0; p < GEN_QK_KEYS; p++) out[(size_t)g * out_stride + j + p] = gen_reduce8(part[p]);
+        }
+    }
+#endif
+    for (; j < n; j++) gen_qk_group(q, G, hd, key + (size_t)j * key_stride, half, out + j, out_stride);
+}
+
 /* o_g[0..64) = sum_j p_g[j] row_j[col .. col + 64) for G heads at once (p_g = p + g p_stride,
  * o_g = o + g o_stride, G <= 4 a compile-time constant at each call) over a sequence's cached
  * rows first .. n_pos - 1 (layer's values, or its keys when !values: MLA's latents), row_stride

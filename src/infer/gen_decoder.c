@@ -155,6 +155,15 @@ static trill_status ensure_lora_buffers(trill_engine *e, int r) {
 
 /* ---- GQA: attention over the paged cache ---- */
 
+/* GQA's K (and V) part of a block is head-major: kv head h's block_size slots of head_dim
+ * elements each, in a row, so a head's keys (values) over a block are one contiguous run that the
+ * reads below stream (token-major, a head's slots were 1 in nkv of the part's rows, and the reads
+ * waited on memory). Slot `slot` of head kvh: */
+static inline char *gqa_slot(const kv_cache *kc, int block, int layer, int slot, int kvh, int hd, bool value) {
+    char *part = value ? kv_value(kc, block, layer, 0) : kv_key(kc, block, layer, 0);
+    return part + ((size_t)kvh * kc->block_size + (size_t)slot) * hd * kc->elem;
+}
+
 /* One task of the attention: row r and kv head kvh with its group of query heads, so each cached
  * key and value is read once for the group; the cache is walked block by block, from the block
  * of the layer's window's first position (window 0: the whole sequence), in the windowed layers'
@@ -167,21 +176,21 @@ static inline __attribute__((always_inline)) void attend_row_head(const trill_en
     const kv_cache *kc = own ? &e->kv_win : &e->kv;
     const seq *s = e->rows.seq[r];
     const kv_table *t = own ? &s->kv_win : &s->kv;
-    const int bs = kc->block_size, k_stride = kc->shape[layer].k_width, elem = half ? 2 : 4;
+    const int bs = kc->block_size, elem = half ? 2 : 4;
     const float scale = S(e)->softmax_scale;
     const int n_pos = e->rows.pos[r] + 1, ctx = S(e)->att_scores.max_context, first = window > 0 && n_pos > window ? n_pos - window : 0;
     const float *q = S(e)->q + ((size_t)r * nh + (size_t)kvh * group) * hd;
     for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
-        const char *kb = (const char *)kv_key(kc, t->blocks[j0 / bs], layer, 0) + (size_t)kvh * hd * elem;
+        const char *kb = gqa_slot(kc, t->blocks[j0 / bs], layer, 0, kvh, hd, false);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
-        if (j0 + bs < n_pos) /* the next block's keys of this head on their way while these are read (another block, another stream) */
-            gen_prefetch_rows((const char *)kv_key(kc, t->blocks[j0 / bs + 1], layer, 0) + (size_t)kvh * hd * elem,
-                              n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs, (size_t)k_stride * elem, (size_t)hd * elem);
-        for (int j = 0; j < n; j++) gen_qk_group(q, group, hd, kb + (size_t)j * k_stride * elem, half, sc + j0 + j, (size_t)ctx);
+        if (j0 + bs < n_pos) /* the next block's keys of this head on their way while these are read (another block, another run) */
+            gen_prefetch_rows(gqa_slot(kc, t->blocks[j0 / bs + 1], layer, 0, kvh, hd, false), 1, 0,
+                              (size_t)(n_pos - j0 - bs < bs ? n_pos - j0 - bs : bs) * hd * elem);
+        gen_qk_keys(q, group, hd, kb, (size_t)hd * elem, n, half, sc + j0, (size_t)ctx);
     }
     for (int g = 0; g < group; g++) /* normalised in place (a sink's logit in the denominator) */
         gen_softmax_scores(sc + (size_t)g * ctx + first, n_pos - first, scale, sinks ? sinks[kvh * group + g] : -INFINITY);
-    gen_weighted_heads(kc, t, layer, true, kc->shape[layer].v_width, kvh * hd, hd, sc, (size_t)ctx, first, n_pos,
+    gen_weighted_heads(kc, t, layer, true, hd, kvh * bs * hd, hd, sc, (size_t)ctx, first, n_pos, /* a head's rows hd apart in its run */
                        S(e)->att + ((size_t)r * nh + (size_t)kvh * group) * hd, (size_t)hd, group, half);
 }
 
@@ -251,8 +260,11 @@ static trill_status gqa(trill_engine *e, const trill_layer_desc *desc, const eng
         const seq *s = e->rows.seq[r];
         const kv_table *t = own ? &s->kv_win : &s->kv;
         const int p = e->rows.pos[r], b = t->blocks[p / kc->block_size], slot = p % kc->block_size;
-        trill_from_f32(kv_key(kc, b, l, slot), S(e)->k + (size_t)r * kvd, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
-        trill_from_f32(kv_value(kc, b, l, slot), S(e)->v + (size_t)r * kvd, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)kvd);
+        for (int h = 0; h < nkv; h++) {
+            const size_t at = (size_t)r * kvd + (size_t)h * hd;
+            trill_from_f32(gqa_slot(kc, b, l, slot, h, hd, false), S(e)->k + at, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)hd);
+            trill_from_f32(gqa_slot(kc, b, l, slot, h, hd, true), S(e)->v + at, kc->elem == 4 ? TRILL_F32 : TRILL_BF16, (size_t)hd);
+        }
     }
     paged_attention(e, l, desc->window, desc->sinks ? L->vec[TRILL_ROLE_SINKS] : NULL, R);
     eng_count_attention(e, R, desc->window, 4.0 * nh * hd); /* q.k and p.v, 2 FLOPs a multiply-add */

@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) void attend_heads(const trill_engin
         const char *kb = kv_key(&e->kv, s->kv.blocks[j0 / bs], layer, 0);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
         const float *q = S(e)->qabs + ((size_t)r * nh + h0) * w;
-        for (int j = 0; j < n; j++) gen_qk_group(q, n_heads, w, kb + (size_t)j * w * elem, half, sc + j0 + j, (size_t)ctx);
+        gen_qk_keys(q, n_heads, w, kb, (size_t)w * elem, n, half, sc + j0, (size_t)ctx);
     }
     for (int g = 0; g < n_heads; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, S(e)->softmax_scale, -INFINITY);
     /* the latents (the cache rows' first kl values) weighted */

@@ -4,7 +4,9 @@
  *
  * What a token keeps is the model family's to say, layer by layer (kv_layer_shape): a K part of
  * k_width elements and a V part of v_width (e.g. keys and values of every kv head; or a single
- * latent vector, v_width 0). Block b holds, for every layer in turn, block_size K slots and then
+ * latent vector, v_width 0). kv_key / kv_value give slot `slot`'s row when the family keeps its
+ * part token-major; GQA keeps its parts head-major instead (gen_decoder.c's gqa_slot) and reads
+ * them from slot 0's address. Block b holds, for every layer in turn, block_size K slots and then
  * block_size V slots, elements of `elem` bytes: fp32 (4) or bf16 (2, as bf16 serving keeps its
  * cache). Not thread-safe: the engine's scheduler owns it. */
 #ifndef TRILL_INFER_KVCACHE_H
