@@ -90,7 +90,7 @@ m gqa_values_token_major infer src/infer/gen_decoder.c "golden_outputs" \
   'gen_weighted_heads(kc, t, layer, true, hd, kvh * bs * hd, hd,' \
   'gen_weighted_heads(kc, t, layer, true, hd, kvh * hd, hd,' \
   "GQA attention: a kv head's values read at its token-major offset in the head-major cache"
-m qk_keys_stride infer src/infer/gen_blocks.h "golden_outputs" \
+m qk_keys_stride infer src/infer/gen_blocks.h "test_gen_attention" \
   'const char *kp = key + (size_t)(j + p) * key_stride;' \
   'const char *kp = key + (size_t)(j + p) * key_stride / 2;' \
   "generator attention: q.k of four keys at once reads them at half their stride"
