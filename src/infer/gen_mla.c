@@ -145,7 +145,10 @@ static inline __attribute__((always_inline)) void attend_heads(const trill_engin
 }
 
 static void latent_attention(trill_engine *e, int layer, int R) {
-    const int nh = e->c.num_attention_heads, per = nh < MLA_HEADS_PER_TASK ? nh : MLA_HEADS_PER_TASK, tasks = (nh + per - 1) / per;
+    const int nh = e->c.num_attention_heads, threads = omp_get_max_threads();
+    int per = nh < MLA_HEADS_PER_TASK ? nh : MLA_HEADS_PER_TASK;
+    while (per > 1 && (long)R * ((nh + per - 1) / per) < threads) per = (per + 1) / 2; /* a task for every thread */
+    const int tasks = (nh + per - 1) / per;
     const bool half = e->kv.elem == 2;
 #pragma omp parallel
     {
