@@ -315,6 +315,16 @@ static int check_args(int P) {
     return 0;
 }
 
+/* --precision, auto resolved for this CPU (said by rank 0). */
+static trill_precision bench_precision(int me) {
+    trill_precision prec = TRILL_PRECISION_FP32;
+    trill_precision_parse(PRECISIONS[g_args.precision], &prec); /* a CLI_CHOICE: always one of them */
+    if (prec != TRILL_PRECISION_AUTO) return prec;
+    prec = trill_kernels_precision_auto();
+    if (me == 0) printf("precision auto: %s (this CPU %s AVX-512 BF16)\n", trill_precision_name(prec), prec == TRILL_PRECISION_BF16 ? "has" : "lacks");
+    return prec;
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "generate") == 0) return bench_generate(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "train") != 0) {
@@ -326,12 +336,7 @@ int cmd_bench(int argc, char **argv) {
     int first, rc = cli_parse(&SPEC, argc - 1, argv + 1, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     if ((rc = check_args(P))) return rc;
-    trill_precision prec;
-    if (trill_precision_parse(PRECISIONS[g_args.precision], &prec)) return cli_fail("bench");
-    if (prec == TRILL_PRECISION_AUTO) {
-        prec = trill_kernels_precision_auto();
-        if (me == 0) printf("precision auto: %s (this CPU %s AVX-512 BF16)\n", trill_precision_name(prec), prec == TRILL_PRECISION_BF16 ? "has" : "lacks");
-    }
+    const trill_precision prec = bench_precision(me);
     const char *dir = g_args.dir;
     const bool lora_mode = !g_args.full, recompute = g_args.recompute;
     const long long rank = g_args.rank, batch = g_args.batch, seq = g_args.seq, runs = g_args.runs, ep = g_args.ep, tp = g_args.tp;

@@ -75,12 +75,19 @@ lora_and_merge() { # name dir targets
   grad_compare "lora $name" "$dir" --adapter "$dir.adapter"
   grad_compare "lora $name replay" "$dir" --adapter "$dir.adapter" --replay
   pystep -o /dev/null "$REF" forward --model "$dir" --adapter "$dir.adapter" --input "$WORK/in.jsonl" --output "$dir.lora.ref.jsonl"
-  if ! { "$TRILL" merge --model "$dir" --adapter "$dir.adapter" --out "$dir.merged" --dtype f32 &&
-         "$TRILL" score --model "$dir.merged" --input "$WORK/in.jsonl" --output "$dir.merged.jsonl"; } 2>"$dir.merge.err" >/dev/null; then
-    fail "merge $name: trill merge or score failed" "$dir.merge.err"
-  elif pystep -o "$dir.merge.txt" compare.py "$dir.lora.ref.jsonl" "$dir.merged.jsonl" --atol 1e-4 --tie 1e-6; then
-    pass "merge $name: $(grep 'max |d logprob|' "$dir.merge.txt"), $(grep 'expert comparisons' "$dir.merge.txt")"
-  else fail "merge $name" "$dir.merge.txt"; fi
+  merge_matches "merge $name" "$dir" "$dir.adapter" "$dir.lora.ref.jsonl" "$dir"
+}
+
+# trill merge of ADAPTER into DIR, scored on WORK/in.jsonl, against REF (the reference's log-probs
+# of the base with the adapter); its files are OUT.merged, OUT.merge.err and OUT.merge.txt.
+merge_matches() { # name dir adapter ref out
+  local name=$1 dir=$2 adapter=$3 ref=$4 out=$5
+  if ! { "$TRILL" merge --model "$dir" --adapter "$adapter" --out "$out.merged" --dtype f32 &&
+         "$TRILL" score --model "$out.merged" --input "$WORK/in.jsonl" --output "$out.merged.jsonl"; } 2>"$out.merge.err" >/dev/null; then
+    fail "$name: trill merge or score failed" "$out.merge.err"
+  elif pystep -o "$out.merge.txt" compare.py "$ref" "$out.merged.jsonl" --atol 1e-4 --tie 1e-6; then
+    pass "$name: $(grep 'max |d logprob|' "$out.merge.txt"), $(grep 'expert comparisons' "$out.merge.txt")"
+  else fail "$name" "$out.merge.txt"; fi
 }
 
 # The generator (f32, its KV cache) on the sequences it samples from DIR: their log-probs as the
@@ -108,12 +115,7 @@ peft_params_case() { # name case
   train_inputs "$2"
   pystep -o /dev/null "$REF" make-adapter --model "$pdir" --out "$pa" --rank 4 --alpha 8 --targets q_proj,o_proj,gate_proj,up_proj,down_proj --seed 9 --peft-params
   pystep -o /dev/null "$REF" forward --model "$pdir" --adapter "$pa" --input "$WORK/in.jsonl" --output "$pa.ref.jsonl"
-  if ! { "$TRILL" merge --model "$pdir" --adapter "$pa" --out "$pa.merged" --dtype f32 &&
-         "$TRILL" score --model "$pa.merged" --input "$WORK/in.jsonl" --output "$pa.merged.jsonl"; } 2>"$pa.merge.err" >/dev/null; then
-    fail "$name merge: trill merge or score failed" "$pa.merge.err"
-  elif pystep -o "$pa.merge.txt" compare.py "$pa.ref.jsonl" "$pa.merged.jsonl" --atol 1e-4 --tie 1e-6; then
-    pass "$name merge: $(grep 'max |d logprob|' "$pa.merge.txt"), $(grep 'expert comparisons' "$pa.merge.txt")"
-  else fail "$name merge" "$pa.merge.txt"; fi
+  merge_matches "$name merge" "$pdir" "$pa" "$pa.ref.jsonl" "$pa"
   rm -rf "$pa.saved"
   if ! "$TOOL" "$pdir" "$pdir.in.jsonl" /dev/null --adapter "$pa" --save-adapter "$pa.saved" >/dev/null 2>"$pa.save.err"; then
     { echo "grad_tool $pdir $pdir.in.jsonl /dev/null --adapter $pa --save-adapter $pa.saved failed (a grad_tool without --save-adapter, or trill cannot load or save this adapter):"
