@@ -249,15 +249,19 @@ static inline __attribute__((always_inline)) void gen_qk_keys(const float *q, in
 /* o_g[0..64) = sum_j p_g[j] row_j[col .. col + 64) for G heads at once (p_g = p + g p_stride,
  * o_g = o + g o_stride, G <= 4 a compile-time constant at each call) over a sequence's cached
  * rows first .. n_pos - 1 (layer's values, or its keys when !values: MLA's latents), row_stride
- * elements apart: every element summed over j in order, each step an explicit fused multiply-add,
+ * elements apart; with ends, head g's rows first .. ends[g] - 1 (ends[g] <= n_pos: the rows of
+ * one sequence's consecutive positions, read once for them all): every element summed over j in order, each step an explicit fused multiply-add,
  * the accumulators in registers, each row read once for the G heads and the next block's rows
  * prefetched. */
 static inline __attribute__((always_inline)) void gen_weighted_rows_64(const kv_cache *kc, const kv_table *t, int layer, const bool values,
                                                                        int row_stride, int col, const float *p, size_t p_stride, int first,
-                                                                       int n_pos, float *o, size_t o_stride, const int G, const bool half) {
+                                                                       int n_pos, const int *ends, float *o, size_t o_stride, const int G,
+                                                                       const bool half) {
     const int bs = kc->block_size;
     const size_t elem = half ? 2 : 4;
     v16f acc[4][4] = { { { 0 } } }; /* [head][16-column part] */
+    int common = n_pos; /* the rows every head sums */
+    for (int g = 0; ends && g < G; g++) common = ends[g] < common ? ends[g] : common;
     for (int j0 = first - first % bs; j0 < n_pos; j0 += bs) {
         const char *vb = values ? kv_value(kc, t->blocks[j0 / bs], layer, 0) : kv_key(kc, t->blocks[j0 / bs], layer, 0);
         const int n = n_pos - j0 < bs ? n_pos - j0 : bs;
@@ -271,6 +275,7 @@ static inline __attribute__((always_inline)) void gen_weighted_rows_64(const kv_
             v16f v[4];
             for (int c = 0; c < 4; c++) v16_at(&v[c], vb, at + 16 * (size_t)c, half);
             for (int g = 0; g < G; g++) {
+                if (j0 + j >= common && (!ends || j0 + j >= ends[g])) continue; /* past head g's own rows */
                 const float w = p[(size_t)g * p_stride + j0 + j];
                 for (int c = 0; c < 4; c++) v16_fma(&acc[g][c], w, &v[c]);
             }
@@ -304,29 +309,38 @@ enum { GEN_ROWS_HEADS = 4 };
 enum { GEN_ROWS_HEADS = 2 };
 #endif
 
+static inline int gen_max_end(const int *ends, int n) {
+    int m = ends[0];
+    for (int i = 1; i < n; i++) m = ends[i] > m ? ends[i] : m;
+    return m;
+}
+
 /* The attention's output for G heads: head g's o + g o_stride [0, width) = sum_j p_g[j]
- * row_j[col0 .. col0 + width) (p_g = p + g p_stride), 64 columns for up to GEN_ROWS_HEADS heads a
+ * row_j[col0 .. col0 + width) (p_g = p + g p_stride; j from first to n_pos - 1, or to ends[g] - 1
+ * with ends), 64 columns for up to GEN_ROWS_HEADS heads a
  * pass when width is a multiple of 64, else 8 columns of one head; the same sums either way. */
 static inline __attribute__((always_inline)) void gen_weighted_heads(const kv_cache *kc, const kv_table *t, int layer, const bool values,
                                                                      int row_stride, int col0, int width, const float *p, size_t p_stride,
-                                                                     int first, int n_pos, float *o, size_t o_stride, int G, const bool half) {
+                                                                     int first, int n_pos, const int *ends, float *o, size_t o_stride, int G,
+                                                                     const bool half) {
     if (width % 64) {
         for (int g = 0; g < G; g++)
             for (int i0 = 0; i0 < width; i0 += LANE)
-                gen_weighted_rows_8(kc, t, layer, values, row_stride, col0 + i0, p + (size_t)g * p_stride, first, n_pos, o + (size_t)g * o_stride + i0,
-                                    half);
+                gen_weighted_rows_8(kc, t, layer, values, row_stride, col0 + i0, p + (size_t)g * p_stride, first, ends ? ends[g] : n_pos,
+                                    o + (size_t)g * o_stride + i0, half);
         return;
     }
     for (int i0 = 0; i0 < width; i0 += 64)
         for (int g = 0; g < G;) {
             const int left = G - g, col = col0 + i0;
             const float *pg = p + (size_t)g * p_stride;
+            const int pass = left >= 4 && GEN_ROWS_HEADS >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const int *eg = ends ? ends + g : NULL, np = ends ? gen_max_end(eg, pass) : n_pos;
             float *og = o + (size_t)g * o_stride + i0;
-            if (left >= 4 && GEN_ROWS_HEADS >= 4)
-                gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, n_pos, og, o_stride, 4, half), g += 4;
-            else if (left >= 2)
-                gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, n_pos, og, o_stride, 2, half), g += 2;
-            else gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, n_pos, og, o_stride, 1, half), g += 1;
+            if (pass == 4) gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, np, eg, og, o_stride, 4, half);
+            else if (pass == 2) gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, np, eg, og, o_stride, 2, half);
+            else gen_weighted_rows_64(kc, t, layer, values, row_stride, col, pg, p_stride, first, np, eg, og, o_stride, 1, half);
+            g += pass;
         }
 }
 

@@ -140,7 +140,7 @@ static inline __attribute__((always_inline)) void attend_heads(const trill_engin
     }
     for (int g = 0; g < n_heads; g++) gen_softmax_scores(sc + (size_t)g * ctx, n_pos, S(e)->softmax_scale, -INFINITY);
     /* the latents (the cache rows' first kl values) weighted */
-    gen_weighted_heads(&e->kv, &s->kv, layer, false, w, 0, kl, sc, (size_t)ctx, 0, n_pos, S(e)->olat + ((size_t)r * nh + h0) * kl, (size_t)kl, n_heads,
+    gen_weighted_heads(&e->kv, &s->kv, layer, false, w, 0, kl, sc, (size_t)ctx, 0, n_pos, NULL, S(e)->olat + ((size_t)r * nh + h0) * kl, (size_t)kl, n_heads,
                        half);
 }
 
