@@ -20,3 +20,12 @@ void CAT(ATT_NAME, _qk_keys)(const float *q, int G, int hd, const void *keys, si
     if (half) gen_qk_keys(q, G, hd, keys, key_stride, n, true, out, out_stride);
     else gen_qk_keys(q, G, hd, keys, key_stride, n, false, out, out_stride);
 }
+
+/* gen_weighted_heads over the values of layer 0 of kc (row_stride = width, token-major) for the
+ * sequence whose blocks t lists: G heads' p rows (p_stride apart), positions first .. n_pos - 1
+ * or, with ends (not NULL), first .. ends[g] - 1 for head g; outputs width apart. */
+void CAT(ATT_NAME, _weighted_heads)(const kv_cache *kc, const kv_table *t, int width, const float *p, size_t p_stride, int first, int n_pos,
+                                    const int *ends, float *o, int G) {
+    if (kc->elem == 2) gen_weighted_heads(kc, t, 0, true, width, 0, width, p, p_stride, first, n_pos, ends, o, (size_t)width, G, true);
+    else gen_weighted_heads(kc, t, 0, true, width, 0, width, p, p_stride, first, n_pos, ends, o, (size_t)width, G, false);
+}
