@@ -90,7 +90,7 @@ m gqa_values_token_major infer src/infer/gen_decoder.c "golden_outputs" \
   'gen_weighted_heads(kc, t, layer, true, hd, kvh * bs * hd, hd,' \
   'gen_weighted_heads(kc, t, layer, true, hd, kvh * hd, hd,' \
   "GQA attention: a kv head's values read at its token-major offset in the head-major cache"
-m gqa_tile_past_end infer src/infer/gen_blocks.h "golden_outputs test_engine" \
+m gqa_tile_past_end infer src/infer/gen_blocks.h "test_gen_attention" \
   'if (j0 + j >= common && (!ends || j0 + j >= ends[g])) continue;' \
   'if (j0 + j >= common && (!ends || j0 + j > ends[g])) continue;' \
   "GQA prefill tiles: a row's values summed one position past its own (the next row's)"
