@@ -23,7 +23,7 @@ PUBLIC = {
     "model": "arch config safetensors model lora",
     "train": "train optim",
     "infer": "infer sample eplb",
-    "rl": "rl run_config rl_metrics run eval rl_algo loss reward reward_model dataset demo channel sft report",
+    "rl": "rl run_config rl_metrics run eval rl_algo loss reward reward_model dataset demo channel sft report plan",
     "service": "service",
 }
 HEADER_LAYER = {f"trill/{h}.h": layer for layer, names in PUBLIC.items() for h in names.split()}

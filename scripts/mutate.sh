@@ -94,6 +94,14 @@ m gqa_tile_past_end infer src/infer/gen_blocks.h "test_gen_attention" \
   'if (j0 + j >= common && (!ends || j0 + j >= ends[g])) continue;' \
   'if (j0 + j >= common && (!ends || j0 + j > ends[g])) continue;' \
   "GQA prefill tiles: a row's values summed one position past its own (the next row's)"
+m plan_lora_in_only rl src/rl/apps/plan.c "test_plan" \
+  'w->out->lora[m] += (int64_t)w->rank * (t->shape[0] + t->shape[1]);' \
+  'w->out->lora[m] += (int64_t)w->rank * t->shape[1];' \
+  "trill plan: a LoRA pair counted as A alone (r x in)"
+m plan_experts_not_sharded rl src/rl/apps/plan.c "test_plan" \
+  'if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0 / ep;' \
+  'if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0;' \
+  "trill plan: every trainer device holds every routed expert under expert parallelism"
 m qk_keys_stride infer src/infer/gen_blocks.h "test_gen_attention" \
   'const char *kp = key + (size_t)(j + p) * key_stride;' \
   'const char *kp = key + (size_t)(j + p) * key_stride / 2;' \

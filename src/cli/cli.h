@@ -11,6 +11,7 @@ enum { EXIT_USAGE = 2 };
 
 int cmd_init(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_score(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -23,6 +23,7 @@ static const struct {
 } COMMANDS[] = {
     { "init", cmd_init, "write a randomly initialised model in Hugging Face layout" },
     { "info", cmd_info, "describe a model: architecture, layer map, parameters, bytes" },
+    { "plan", cmd_plan, "plan an RL run: parameters, memory per device, weight-sync bytes (no weights needed)" },
     { "score", cmd_score, "per-token log-probs and routed experts of token sequences" },
     { "generate", cmd_generate, "sample completions with the batched generator engine" },
     { "tokenize", cmd_tokenize, "text lines to JSON token ids, or back with --decode" },

@@ -73,6 +73,22 @@ a, b = m["bf16", "adapter"][-1], m["bf16", "merge"][-1]
 assert a["sync_mode"] == "adapter" and b["sync_mode"] == "merge" and b["sync_bytes"] > a["sync_bytes"], (a["sync_bytes"], b["sync_bytes"])
 PY
 
+echo "== trill plan: a weight sync's bytes as trill train ships them"
+for d in f32 bf16 int8; do
+    "$TRILL" plan --json "${COMMON[@]}" generator.dtype=$d > plan_$d.json 2> plan_log || fail "trill plan: $(cat plan_log)"
+done
+$PY - <<'PY'
+import json
+for d in ("f32", "bf16", "int8"):
+    p = json.load(open(f"plan_{d}.json"))["sync"]
+    shipped = {s: json.loads(open(f"fmt_{d}_{s}/metrics.jsonl").readline())["sync_bytes"] for s in ("adapter", "merge")}
+    # adapters: every A and B in fp32; merged weights: the generator's format in its kernels'
+    # layout (the routers' 8 rows padded to a block of 16)
+    assert p["adapter_bytes"] == shipped["adapter"], (d, p["adapter_bytes"], shipped)
+    assert p["merge_bytes"] == shipped["merge"], (d, p["merge_bytes"], shipped)
+    print(f"   {d}: adapter {shipped['adapter']} bytes (plan: the same), merge {shipped['merge']} (plan {p['merge_bytes']:.0f})")
+PY
+
 echo "== resume: 8 steps == 4 steps + resume to 8"
 must_pass log_full "$TRILL" train "${COMMON[@]}" run_dir=full steps=8 checkpoint.every=2
 $PY -c "import json

@@ -1,0 +1,97 @@
+/* trill plan: what a model, an RL configuration and a cluster need, before anyone rents the
+ * cluster. Counted exactly from the model family's tensor table (src/arch/) where counting
+ * suffices: parameters by module, LoRA's trainable parameters, the bytes each device holds and
+ * the bytes a weight sync ships; sync seconds from the cluster's links by a stated model
+ * (docs/plan.md). */
+#ifndef TRILL_PLAN_H
+#define TRILL_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "trill/config.h"
+#include "trill/error.h"
+#include "trill/lora.h"
+
+struct trill_run_config;
+
+/* Where a parameter belongs. */
+typedef enum trill_plan_module {
+    TRILL_PLAN_EMBEDDING,      /* the token embeddings */
+    TRILL_PLAN_ATTENTION,      /* projections, their norms and biases, sinks; Gated DeltaNet's */
+    TRILL_PLAN_DENSE_MLP,      /* the dense layers' MLPs */
+    TRILL_PLAN_ROUTED_EXPERTS, /* every routed expert */
+    TRILL_PLAN_SHARED_EXPERTS, /* shared experts (and Qwen3-Next's shared-expert gate) */
+    TRILL_PLAN_ROUTER,         /* routers and their selection biases */
+    TRILL_PLAN_NORMS,          /* the layers' input and post-attention norms, the final norm */
+    TRILL_PLAN_LM_HEAD,        /* lm_head (or a classifier's score head) */
+    TRILL_PLAN_N_MODULES
+} trill_plan_module;
+
+/* "embedding", "attention", ... */
+const char *trill_plan_module_name(trill_plan_module m);
+
+/* Parameters by module: all of them, those one token touches (its top-k routed experts), and
+ * the LoRA A and B values of the adapted weights (rank r: r (in + out) each). */
+typedef struct trill_plan_counts {
+    int64_t total[TRILL_PLAN_N_MODULES], active[TRILL_PLAN_N_MODULES], lora[TRILL_PLAN_N_MODULES];
+    int64_t sum_total, sum_active, sum_lora;
+    int64_t adapted;   /* weights LoRA adapts (each routed expert's its own) */
+    int64_t trainable; /* sum_lora with adapters, else every trainable parameter (full fine-tuning) */
+} trill_plan_counts;
+
+/* Counts for config c; lora NULL: full fine-tuning (its targets resolved for c's family, as
+ * trill_lora_create does: "all-linear" included; a module c lacks is refused). */
+trill_status trill_plan_count(const trill_config *c, const trill_lora_config *lora, trill_plan_counts *out);
+
+/* A cluster: identical devices, `devices_per_node` a node. Rates are per device and per
+ * direction. */
+typedef struct trill_cluster {
+    char name[64];
+    char source[256];       /* where the figures come from (a datasheet, a measurement) */
+    int nodes, devices_per_node;
+    double memory_gb;       /* a device's memory (10^9 bytes) */
+    double bf16_tflops, fp8_tflops; /* dense peak (10^12 FLOP/s); fp8 0: none */
+    double memory_bw_gbs;   /* a device's memory bandwidth (10^9 B/s) */
+    double intra_bw_gbs, inter_bw_gbs; /* a device's link within its node, and out of it */
+    double intra_latency_us, inter_latency_us;
+} trill_cluster;
+
+/* The shipped profiles' names, "h100-sxm, h800, ...", for messages. */
+const char *trill_cluster_profile_names(void);
+/* A shipped profile by name, or a YAML file of the fields above (every one required but name,
+ * source and fp8_tflops; an unknown key or a bad value is refused naming the file, the key and
+ * what it expects). */
+trill_status trill_cluster_load(const char *profile_or_path, trill_cluster *out);
+
+/* Bytes a device holds (10^9 B = 1 GB in the printout). */
+typedef struct trill_plan_memory {
+    /* the trainer, per device of its dp x ep x tp ranks */
+    double base, adapters, grads, optimizer, activations, logits, trainer_total;
+    /* the generator, per device of a replica's ep ranks: weights, the cache the rest holds */
+    double gen_weights, gen_reserve, kv_cache, gen_total;
+    double kv_bytes_per_token;
+    int64_t kv_tokens;      /* tokens the cache holds (0 when the weights leave no room) */
+    bool trainer_fits, generator_fits;
+} trill_plan_memory;
+
+/* What a weight sync ships per version, and how long it takes. */
+typedef struct trill_plan_sync {
+    double adapter_bytes;   /* sync.mode adapter: every LoRA A and B in fp32 */
+    double merge_bytes;     /* sync.mode merge: the generator's weights in its format */
+    double adapter_s, merge_s;
+    const char *link;       /* which link the model used: "memory", "intra-node", "inter-node" */
+} trill_plan_sync;
+
+typedef struct trill_plan {
+    trill_plan_counts counts;
+    trill_plan_memory memory;
+    trill_plan_sync sync;
+    int trainer_devices, generator_devices; /* dp ep tp; replicas x ep (0 replicas: the trainer's devices generate) */
+} trill_plan;
+
+/* The plan of run configuration rc (its trainer, generator, sync and parallel keys) for model
+ * config c on cluster k. */
+trill_status trill_plan_make(const trill_config *c, const struct trill_run_config *rc, const trill_cluster *k, trill_plan *out);
+
+#endif

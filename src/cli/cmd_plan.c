@@ -1,0 +1,127 @@
+/* trill plan: parameters, memory per device and weight-sync bytes of an RL run before it starts
+ * (trill/plan.h; the equations: docs/plan.md). */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "opts.h"
+#include "trill/fileio.h"
+#include "trill/plan.h"
+#include "trill/run_config.h"
+
+/* A model folder's config.json, or a preset's (trill init --preset). */
+static trill_status load_model_config(const char *model, trill_config *c) {
+    char *path = trill_path_join(model, "config.json");
+    if (!path) return trill_error(TRILL_ERR_NOMEM, "out of memory");
+    trill_status st;
+    if (trill_file_exists(path)) {
+        st = trill_config_load(path, c);
+    } else {
+        char *text = trill_config_preset_text(model);
+        st = text ? trill_config_parse(text, strlen(text), model, c)
+                  : trill_error(TRILL_ERR_INVALID, "--model %s: no config.json there, and no preset of that name (%s)", model, trill_config_preset_names());
+        free(text);
+    }
+    free(path);
+    return st;
+}
+
+static double gb(double bytes) { return bytes * 1e-9; }
+
+static void print_counts(const trill_plan_counts *n, int rank) {
+    printf("parameters        %14s %14s %14s\n", "total", "active", "LoRA trainable");
+    for (int m = 0; m < TRILL_PLAN_N_MODULES; m++)
+        if (n->total[m])
+            printf("  %-15s %14" PRId64 " %14" PRId64 " %14" PRId64 "\n", trill_plan_module_name((trill_plan_module)m), n->total[m], n->active[m],
+                   n->lora[m]);
+    printf("  %-15s %14" PRId64 " %14" PRId64 " %14" PRId64 "  (rank %d on %" PRId64 " weights: %.3f%% of the model)\n", "all", n->sum_total,
+           n->sum_active, n->sum_lora, rank, n->adapted, 100.0 * (double)n->sum_lora / (double)n->sum_total);
+}
+
+static void print_plan(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan *p) {
+    printf("model:     %s (%s), %d layers\n", rc->model, trill_config_model_type(c), c->num_hidden_layers);
+    printf("cluster:   %s: %d nodes x %d devices, %.0f GB, %.0f bf16 TFLOP/s, %.0f GB/s memory, links %.0f / %.0f GB/s (%s)\n", k->name, k->nodes,
+           k->devices_per_node, k->memory_gb, k->bf16_tflops, k->memory_bw_gbs, k->intra_bw_gbs, k->inter_bw_gbs, k->source);
+    printf("layout:    trainer dp %d x ep %d x tp %d = %d devices; generator %s\n\n", rc->parallel.trainer.dp, rc->parallel.trainer.ep,
+           rc->parallel.trainer.tp, p->trainer_devices, p->generator_devices ? "" : "on the trainer's devices");
+    print_counts(&p->counts, rc->trainer.lora.rank);
+    const trill_plan_memory *m = &p->memory;
+    printf("\ntrainer, per device (GB):    frozen base %.2f, adapters %.3f, gradients %.3f, AdamW %.3f, activations %.2f, logits %.2f: %.2f of %.0f%s\n",
+           gb(m->base), gb(m->adapters), gb(m->grads), gb(m->optimizer), gb(m->activations), gb(m->logits), gb(m->trainer_total), k->memory_gb,
+           m->trainer_fits ? "" : "  DOES NOT FIT");
+    printf("generator, per device (GB):  weights %.2f (%s), reserve %.2f, KV cache %.2f: %.2f of %.0f%s\n", gb(m->gen_weights),
+           trill_gen_format_name(rc->generator.dtype), gb(m->gen_reserve), gb(m->kv_cache), gb(m->gen_total), k->memory_gb,
+           m->generator_fits ? "" : "  DOES NOT FIT");
+    printf("KV cache:  %.0f bytes a token; %" PRId64 " tokens fit (%.1f sequences of %d + %d tokens)\n", m->kv_bytes_per_token, m->kv_tokens,
+           (double)m->kv_tokens / (rc->data.max_prompt_tokens + rc->generator.max_new_tokens), rc->data.max_prompt_tokens, rc->generator.max_new_tokens);
+    const trill_plan_sync *s = &p->sync;
+    printf("weight sync per version (%s): adapter %.4g GB in %.3g s; merge %.4g GB in %.3g s (merge / adapter: %.0fx the bytes)\n", s->link,
+           gb(s->adapter_bytes), s->adapter_s, gb(s->merge_bytes), s->merge_s, s->merge_bytes / s->adapter_bytes);
+}
+
+static json_t *plan_json(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan *p) {
+    json_t *mods = json_object();
+    for (int m = 0; m < TRILL_PLAN_N_MODULES; m++)
+        json_object_set_new(mods, trill_plan_module_name((trill_plan_module)m),
+                            json_pack("{s:I, s:I, s:I}", "total", (json_int_t)p->counts.total[m], "active", (json_int_t)p->counts.active[m], "lora",
+                                      (json_int_t)p->counts.lora[m]));
+    const trill_plan_memory *m = &p->memory;
+    const trill_plan_sync *s = &p->sync;
+    return json_pack("{s:s, s:s, s:{s:s, s:i, s:i, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:o}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b}, "
+                     "s:{s:f, s:f, s:f, s:f, s:f, s:I, s:b}, s:{s:s, s:f, s:f, s:f, s:f}}",
+                     "model", rc->model, "model_type", trill_config_model_type(c),
+                     "cluster", "name", k->name, "nodes", k->nodes, "devices_per_node", k->devices_per_node, "memory_gb", k->memory_gb,
+                     "parameters", "total", (json_int_t)p->counts.sum_total, "active", (json_int_t)p->counts.sum_active, "lora",
+                     (json_int_t)p->counts.sum_lora, "trainable", (json_int_t)p->counts.trainable, "adapted_weights", (json_int_t)p->counts.adapted,
+                     "by_module", mods,
+                     "trainer_bytes", "base", m->base, "adapters", m->adapters, "grads", m->grads, "optimizer", m->optimizer, "activations",
+                     m->activations, "logits", m->logits, "total", m->trainer_total, "fits", m->trainer_fits,
+                     "generator_bytes", "weights", m->gen_weights, "reserve", m->gen_reserve, "kv_cache", m->kv_cache, "total", m->gen_total,
+                     "kv_bytes_per_token", m->kv_bytes_per_token, "kv_tokens", (json_int_t)m->kv_tokens, "fits", m->generator_fits,
+                     "sync", "link", s->link, "adapter_bytes", s->adapter_bytes, "adapter_s", s->adapter_s, "merge_bytes", s->merge_bytes, "merge_s",
+                     s->merge_s);
+}
+
+int cmd_plan(int argc, char **argv) {
+    const char *model = NULL, *cluster = "h100-sxm";
+    bool json = false;
+    const cli_opt opts[] = {
+        { "model", CLI_STR, "DIR|PRESET", "a model folder (config.json is enough) or a preset (trill init --preset): the key model", .str = &model },
+        { "cluster", CLI_STR, "FILE|PROFILE[:NODES]", "a cluster file (docs/plan.md) or a shipped profile: h100-sxm, h800, h200, h20", .str = &cluster },
+        { "json", CLI_FLAG, NULL, "print the plan as one JSON object", .flag = &json },
+    };
+    const cli_spec spec = { "plan", "[CONFIG.yaml] [section.key=value ...]",
+                            "What an RL run needs before it starts, from trill train's config keys (trainer.lora.*, trainer.micro_batch_tokens,\n"
+                            "trainer.recompute, generator.dtype, data.max_prompt_tokens, generator.max_new_tokens, parallel.*): parameters\n"
+                            "total, active and LoRA-trainable by module, counted from the model's tensor table; each trainer device's\n"
+                            "bytes (frozen base, adapters, gradients, AdamW, activations, logits) and each generator device's (weights, a\n"
+                            "10% reserve, the KV cache the rest holds, in tokens); the bytes and seconds of a weight sync, adapter\n"
+                            "against merge. The equations and their assumptions: docs/plan.md.",
+                            opts, (int)(sizeof opts / sizeof opts[0]) };
+    int first, rc = cli_parse(&spec, argc, argv, &first);
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
+    trill_run_config cfg;
+    rc = cli_run_config(&spec, argc, argv, first, NULL, &cfg);
+    if (rc) return rc;
+    if (model) {
+        free(cfg.model);
+        cfg.model = strdup(model);
+    }
+    trill_config c;
+    trill_cluster k;
+    trill_plan p;
+    if (!cfg.model || !cfg.model[0]) rc = cli_spec_error(&spec, "no model: give --model DIR|PRESET (or the key model)");
+    else if (load_model_config(cfg.model, &c) || trill_cluster_load(cluster, &k) || trill_plan_make(&c, &cfg, &k, &p)) rc = cli_fail("plan");
+    else if (json) {
+        json_t *j = plan_json(&c, &cfg, &k, &p);
+        char *text = j ? json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;
+        if (text) printf("%s\n", text);
+        else rc = cli_fail("plan");
+        free(text);
+        json_decref(j);
+    } else print_plan(&c, &cfg, &k, &p);
+    trill_run_config_free(&cfg);
+    return rc;
+}

@@ -1,0 +1,194 @@
+/* trill plan's counts (trill/plan.h) against the tensor table's and against counts written here
+ * from the published configurations by hand; its cluster files' refusals. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "trill/config.h"
+#include "trill/plan.h"
+#include "trill/run_config.h"
+
+static trill_config preset(const char *name) {
+    char *text = trill_config_preset_text(name);
+    assert_non_null(text);
+    trill_config c;
+    assert_int_equal(trill_config_parse(text, strlen(text), name, &c), TRILL_OK);
+    free(text);
+    return c;
+}
+
+/* Every preset of every family: the modules add up to the tensor table's total and active counts
+ * (trill_plan_count refuses otherwise), the routed experts' active share is k of E, and all-linear
+ * LoRA adapts no embedding, router, norm or head. */
+static void test_every_preset_adds_up(void **state) {
+    (void)state;
+    char *names = strdup(trill_config_preset_names()); /* "tiny, small (qwen3), k2-tiny, ..." */
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(names, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        char *paren = strchr(tok, ' ');
+        if (paren) *paren = 0; /* "small (qwen3)": the family's name after the last preset */
+        if (!*tok) continue;
+        trill_config c = preset(tok);
+        trill_plan_counts k;
+        const trill_lora_config lora = { .rank = 8, .alpha = 16, .targets = TRILL_LORA_ALL_LINEAR };
+        assert_int_equal(trill_plan_count(&c, &lora, &k), TRILL_OK);
+        int64_t total, active;
+        trill_config_param_counts(&c, &total, &active);
+        assert_true(k.sum_total == total && k.sum_active == active);
+        assert_true(k.lora[TRILL_PLAN_EMBEDDING] == 0 && k.lora[TRILL_PLAN_ROUTER] == 0 && k.lora[TRILL_PLAN_NORMS] == 0 &&
+                    k.lora[TRILL_PLAN_LM_HEAD] == 0);
+        assert_true(k.sum_lora > 0 && k.trainable == k.sum_lora && k.adapted > 0);
+        if (c.n_moe_layers) /* a token's routed experts: top-k of E in every MoE layer */
+            assert_true(llabs(k.active[TRILL_PLAN_ROUTED_EXPERTS] * c.num_experts - k.total[TRILL_PLAN_ROUTED_EXPERTS] * c.num_experts_per_tok) <
+                        c.num_experts);
+        /* full fine-tuning trains everything but DeepSeek's selection biases */
+        assert_int_equal(trill_plan_count(&c, NULL, &k), TRILL_OK);
+        assert_true(k.trainable <= k.sum_total && k.trainable >= k.sum_total - (int64_t)c.num_hidden_layers * (c.num_experts + 1));
+        n++;
+    }
+    free(names);
+    assert_true(n >= 20);
+}
+
+/* DeepSeek-V3: 671B parameters, 37B active (its paper; the multi-token-prediction module apart);
+ * Kimi K2: 1.03T and 32.9B counted with the embeddings (its model card: 1T, 32B activated). */
+static void test_published_totals(void **state) {
+    (void)state;
+    trill_plan_counts k;
+    trill_config c = preset("deepseek-v3");
+    assert_int_equal(trill_plan_count(&c, NULL, &k), TRILL_OK);
+    assert_true(k.sum_total > 670.5e9 && k.sum_total < 671.5e9);
+    assert_true(k.sum_active > 37.0e9 && k.sum_active < 38.0e9);
+    c = preset("kimi-k2");
+    assert_int_equal(trill_plan_count(&c, NULL, &k), TRILL_OK);
+    assert_true(k.sum_total > 1.025e12 && k.sum_total < 1.035e12);
+    assert_true(k.sum_active > 32.8e9 && k.sum_active < 33.0e9);
+    c = preset("qwen3-235b-a22b");
+    assert_int_equal(trill_plan_count(&c, NULL, &k), TRILL_OK);
+    assert_true(k.sum_total > 234.5e9 && k.sum_total < 235.5e9 && k.sum_active > 21.5e9 && k.sum_active < 22.5e9);
+    c = preset("qwen3-30b-a3b");
+    assert_int_equal(trill_plan_count(&c, NULL, &k), TRILL_OK);
+    assert_true(k.sum_total > 30.0e9 && k.sum_total < 31.0e9 && k.sum_active > 3.0e9 && k.sum_active < 3.5e9);
+}
+
+/* LoRA r = 32 on every linear layer of Kimi K2, each of its 384 experts in 60 MoE layers
+ * included, counted here from the published dimensions: r (in + out) per adapted weight. */
+static void test_k2_lora_by_hand(void **state) {
+    (void)state;
+    const int64_t r = 32, H = 7168, ql = 1536, nh = 64, nope = 128, rope = 64, v = 128, kl = 512, I = 18432, Im = 2048, E = 384;
+    const int64_t layers = 61, dense = 1, moe = 60;
+    const int64_t attention = r * ((H + ql) + (ql + nh * (nope + rope)) + (H + kl + rope) + (kl + nh * (nope + v)) + (nh * v + H));
+    const int64_t mlp = 3 * r * (H + I), expert = 3 * r * (H + Im), shared = 3 * r * (H + Im); /* one shared expert of Im */
+    const int64_t want = layers * attention + dense * mlp + moe * (E * expert + shared);
+    trill_config c = preset("kimi-k2");
+    trill_plan_counts k;
+    const trill_lora_config lora = { .rank = 32, .alpha = 64, .targets = TRILL_LORA_ALL_LINEAR };
+    assert_int_equal(trill_plan_count(&c, &lora, &k), TRILL_OK);
+    assert_true(k.sum_lora == want);
+    assert_true(k.lora[TRILL_PLAN_ATTENTION] == layers * attention && k.lora[TRILL_PLAN_ROUTED_EXPERTS] == moe * E * expert);
+    assert_true(k.adapted == layers * 5 + dense * 3 + moe * (E * 3 + 3));
+    printf("Kimi K2, LoRA r=32 on every linear layer and expert: %lld trainable parameters (%.2f B)\n", (long long)want, want * 1e-9);
+    /* a subset of modules: attention's q_a and q_b only */
+    const trill_lora_config qa = { .rank = 16, .alpha = 32, .targets = 1u << TRILL_LORA_Q_A | 1u << TRILL_LORA_Q_B };
+    assert_int_equal(trill_plan_count(&c, &qa, &k), TRILL_OK);
+    assert_true(k.sum_lora == layers * 16 * ((H + ql) + (ql + nh * (nope + rope))));
+    /* a module the family lacks */
+    const trill_lora_config bad = { .rank = 8, .alpha = 16, .targets = 1u << TRILL_LORA_W1 };
+    assert_int_equal(trill_plan_count(&c, &bad, &k), TRILL_ERR_UNSUPPORTED);
+}
+
+/* Qwen3-MoE's small preset: q, k, v, o, and every expert's gate, up and down. */
+static void test_small_lora_by_hand(void **state) {
+    (void)state;
+    const int64_t r = 8, H = 512, nh = 8, nkv = 4, hd = 64, I = 1536, Im = 256, E = 16, layers = 8;
+    const int64_t attention = r * ((H + nh * hd) + 2 * (H + nkv * hd) + (nh * hd + H));
+    const int64_t want = layers * attention + 3 * r * (H + I) + (layers - 1) * E * 3 * r * (H + Im);
+    trill_config c = preset("small");
+    trill_plan_counts k;
+    const trill_lora_config lora = { .rank = 8, .alpha = 16, .targets = TRILL_LORA_ALL_LINEAR };
+    assert_int_equal(trill_plan_count(&c, &lora, &k), TRILL_OK);
+    assert_true(k.sum_lora == want);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A cluster file: read whole; each refusal names the file, the field and what it expects. */
+static void test_cluster_files(void **state) {
+    (void)state;
+    trill_cluster k;
+    assert_int_equal(trill_cluster_load("h800:8", &k), TRILL_OK);
+    assert_true(k.nodes == 8 && k.devices_per_node == 8 && k.memory_gb == 80 && k.intra_bw_gbs == 200);
+    assert_int_not_equal(trill_cluster_load("h800:0", &k), TRILL_OK);
+    assert_int_not_equal(trill_cluster_load("a100", &k), TRILL_OK);
+    assert_non_null(strstr(trill_error_message(), "h100-sxm"));
+    char path[] = "/tmp/trill_plan_cluster_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *good = "name: two CPUs\nnodes: 2\ndevices_per_node: 1\nmemory_gb: 24\nbf16_tflops: 0.47\nmemory_bw_gbs: 46\n"
+                       "intra_bw_gbs: 20\ninter_bw_gbs: 1.25\nintra_latency_us: 1\ninter_latency_us: 50\n";
+    write_file(path, good);
+    assert_int_equal(trill_cluster_load(path, &k), TRILL_OK);
+    assert_true(k.nodes == 2 && k.memory_gb == 24 && k.inter_bw_gbs == 1.25 && !strcmp(k.name, "two CPUs") && k.fp8_tflops == 0);
+    static const struct { const char *text, *want; } bad[] = {
+        { "nodes: 2\n", "devices_per_node is missing" },
+        { "nodes: two\n", "nodes: 'two' is not an integer" },
+        { "nodes: 1.5\n", "not an integer" },
+        { "nodes: 1\nmemory_gib: 3\n", "memory_gib: unknown field" },
+        { "- 1\n- 2\n", "expected a mapping" },
+        { "nodes: [1\n", ":" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(path, bad[i].text);
+        assert_int_not_equal(trill_cluster_load(path, &k), TRILL_OK);
+        const char *msg = trill_error_message();
+        if (!strstr(msg, path) || !strstr(msg, bad[i].want)) fail_msg("'%s': the message '%s' lacks the file or '%s'", bad[i].text, msg, bad[i].want);
+    }
+    unlink(path);
+}
+
+/* The plan of the default run configuration on the tiny preset: LoRA's bytes on the trainer are
+ * 16 a trainable value (fp32 value, gradient, two moments); a layout larger than the cluster is
+ * refused with its arithmetic. */
+static void test_plan_bytes(void **state) {
+    (void)state;
+    trill_run_config rc;
+    assert_int_equal(trill_run_config_defaults(&rc), TRILL_OK);
+    trill_config c = preset("tiny");
+    trill_cluster k;
+    assert_int_equal(trill_cluster_load("h100-sxm", &k), TRILL_OK);
+    trill_plan p;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &p), TRILL_OK);
+    assert_true(p.memory.adapters == 4.0 * p.counts.sum_lora && p.memory.optimizer == 8.0 * p.counts.sum_lora);
+    assert_true(p.sync.adapter_bytes == 4.0 * p.counts.sum_lora && p.sync.merge_bytes > p.sync.adapter_bytes);
+    assert_true(p.memory.trainer_fits && p.memory.generator_fits && p.memory.kv_tokens > 1000000);
+    /* expert parallelism divides the routed experts' base over the ranks */
+    const double base1 = p.memory.base;
+    rc.parallel.trainer.ep = 2;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &p), TRILL_OK);
+    assert_true(p.memory.base < base1 && p.trainer_devices == 2);
+    rc.parallel.trainer.dp = 8;
+    assert_int_not_equal(trill_plan_make(&c, &rc, &k, &p), TRILL_OK);
+    assert_non_null(strstr(trill_error_message(), "16 in all; the cluster has 8"));
+    trill_run_config_free(&rc);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_preset_adds_up), cmocka_unit_test(test_published_totals), cmocka_unit_test(test_k2_lora_by_hand),
+        cmocka_unit_test(test_small_lora_by_hand),   cmocka_unit_test(test_cluster_files),    cmocka_unit_test(test_plan_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
