@@ -55,6 +55,16 @@ typedef struct trill_cluster {
     double memory_bw_gbs;   /* a device's memory bandwidth (10^9 B/s) */
     double intra_bw_gbs, inter_bw_gbs; /* a device's link within its node, and out of it */
     double intra_latency_us, inter_latency_us;
+    /* what trill's engines reach of those peaks on such a device (stated assumptions for the
+     * shipped GPU profiles, measured for a local one: docs/plan.md) */
+    double train_mfu;       /* training's share of the bf16 peak */
+    double prefill_mfu;     /* prefill's */
+    double decode_mfu;      /* a compute-bound decode step's */
+    double decode_bw_util;  /* a bandwidth-bound decode step's share of the memory bandwidth */
+    /* async with no generator replicas (trill's executors sharing a CPU's cores half and half):
+     * the rate the generator and the trainer each reach on half the cores, as a share of the whole
+     * device's (0: half) */
+    double split_gen_rate, split_train_rate;
 } trill_cluster;
 
 /* The shipped profiles' names, "h100-sxm, h800, ...", for messages. */
@@ -83,15 +93,42 @@ typedef struct trill_plan_sync {
     const char *link;       /* which link the model used: "memory", "intra-node", "inter-node" */
 } trill_plan_sync;
 
+/* The rollouts' lengths: a prompt's mean tokens, a response's mean, and how responses spread up
+ * to generator.max_new_tokens (a sync step waits for its longest). */
+typedef enum trill_plan_spread { TRILL_SPREAD_FIXED, TRILL_SPREAD_UNIFORM, TRILL_SPREAD_EXPONENTIAL } trill_plan_spread;
+typedef struct trill_plan_workload {
+    double prompt_len, response_len;
+    trill_plan_spread spread;
+} trill_plan_workload;
+const char *trill_plan_spread_name(trill_plan_spread s);
+
+/* Seconds of one RL step by the roofline of docs/plan.md. */
+typedef struct trill_plan_time {
+    double prefill_s, decode_s, gen_s; /* one step's batch on the generator's devices */
+    double train_s, train_comm_s;      /* on the trainer's devices, its communication included */
+    double sync_s;                     /* the weight sync of the configured sync.mode */
+    double sync_step_s;                /* mode sync on this layout: generate, train, sync in turn */
+    double async_step_s;               /* mode async: generation beside training (steady state, max_staleness >= 1) */
+    double colocated_step_s;           /* sync with every device generating, then training (LlamaRL's baseline) */
+    double async_speedup;              /* sync_step_s / async_step_s */
+    double gen_tokens, train_tokens, train_flops;
+    int decode_steps;
+    double decode_bound_bw;            /* the share of decode steps bound by memory bandwidth */
+} trill_plan_time;
+
 typedef struct trill_plan {
     trill_plan_counts counts;
     trill_plan_memory memory;
     trill_plan_sync sync;
+    trill_plan_time time;
+    trill_plan_workload workload;
     int trainer_devices, generator_devices; /* dp ep tp; replicas x ep (0 replicas: the trainer's devices generate) */
 } trill_plan;
 
-/* The plan of run configuration rc (its trainer, generator, sync and parallel keys) for model
- * config c on cluster k. */
-trill_status trill_plan_make(const trill_config *c, const struct trill_run_config *rc, const trill_cluster *k, trill_plan *out);
+/* The plan of run configuration rc (its trainer, generator, algo, sync, mode and parallel keys)
+ * for model config c on cluster k, with workload w's lengths (NULL: prompts of
+ * data.max_prompt_tokens / 4, responses of generator.max_new_tokens / 2 spread uniformly). */
+trill_status trill_plan_make(const trill_config *c, const struct trill_run_config *rc, const trill_cluster *k, const trill_plan_workload *w,
+                             trill_plan *out);
 
 #endif

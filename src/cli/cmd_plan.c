@@ -54,11 +54,23 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     printf("generator, per device (GB):  weights %.2f (%s), reserve %.2f, KV cache %.2f: %.2f of %.0f%s\n", gb(m->gen_weights),
            trill_gen_format_name(rc->generator.dtype), gb(m->gen_reserve), gb(m->kv_cache), gb(m->gen_total), k->memory_gb,
            m->generator_fits ? "" : "  DOES NOT FIT");
-    printf("KV cache:  %.0f bytes a token; %" PRId64 " tokens fit (%.1f sequences of %d + %d tokens)\n", m->kv_bytes_per_token, m->kv_tokens,
-           (double)m->kv_tokens / (rc->data.max_prompt_tokens + rc->generator.max_new_tokens), rc->data.max_prompt_tokens, rc->generator.max_new_tokens);
+    printf("KV cache:  %.0f bytes a token; %" PRId64 " tokens fit (%.1f sequences of %.0f + %d tokens)\n", m->kv_bytes_per_token, m->kv_tokens,
+           (double)m->kv_tokens / (p->workload.prompt_len + rc->generator.max_new_tokens), p->workload.prompt_len, rc->generator.max_new_tokens);
     const trill_plan_sync *s = &p->sync;
     printf("weight sync per version (%s): adapter %.4g GB in %.3g s; merge %.4g GB in %.3g s (merge / adapter: %.0fx the bytes)\n", s->link,
            gb(s->adapter_bytes), s->adapter_s, gb(s->merge_bytes), s->merge_s, s->merge_bytes / s->adapter_bytes);
+    const trill_plan_time *t = &p->time;
+    const trill_plan_workload *w = &p->workload;
+    printf("\nstep time (roofline, docs/plan.md): %d prompts x %d samples, prompts of %.0f tokens, responses of %.0f (%s, at most %d)\n",
+           rc->generator.prompts_per_step, rc->generator.n, w->prompt_len, w->response_len, trill_plan_spread_name(w->spread),
+           rc->generator.max_new_tokens);
+    printf("  generation %.3g s (prefill %.3g s, %d decode steps %.3g s, %.0f%% of them bandwidth-bound)\n", t->gen_s, t->prefill_s,
+           t->decode_steps, t->decode_s, 100 * t->decode_bound_bw);
+    printf("  training   %.3g s (%.3g TFLOP over %.0f tokens; communication %.3g s)\n", t->train_s, t->train_flops * 1e-12, t->train_tokens,
+           t->train_comm_s);
+    printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? "merge" : "adapter");
+    printf("  a step: sync %.3g s, async %.3g s (%.2fx); every device generating then training (colocated) %.3g s\n", t->sync_step_s,
+           t->async_step_s, t->async_speedup, t->colocated_step_s);
 }
 
 static json_t *plan_json(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan *p) {
@@ -69,7 +81,7 @@ static json_t *plan_json(const trill_config *c, const trill_run_config *rc, cons
                                       (json_int_t)p->counts.lora[m]));
     const trill_plan_memory *m = &p->memory;
     const trill_plan_sync *s = &p->sync;
-    return json_pack("{s:s, s:s, s:{s:s, s:i, s:i, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:o}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b}, "
+    json_t *j = json_pack("{s:s, s:s, s:{s:s, s:i, s:i, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:o}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b}, "
                      "s:{s:f, s:f, s:f, s:f, s:f, s:I, s:b}, s:{s:s, s:f, s:f, s:f, s:f}}",
                      "model", rc->model, "model_type", trill_config_model_type(c),
                      "cluster", "name", k->name, "nodes", k->nodes, "devices_per_node", k->devices_per_node, "memory_gb", k->memory_gb,
@@ -82,14 +94,31 @@ static json_t *plan_json(const trill_config *c, const trill_run_config *rc, cons
                      "kv_bytes_per_token", m->kv_bytes_per_token, "kv_tokens", (json_int_t)m->kv_tokens, "fits", m->generator_fits,
                      "sync", "link", s->link, "adapter_bytes", s->adapter_bytes, "adapter_s", s->adapter_s, "merge_bytes", s->merge_bytes, "merge_s",
                      s->merge_s);
+    const trill_plan_time *t = &p->time;
+    json_t *tj = json_pack("{s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "prefill_s", t->prefill_s, "decode_s",
+                           t->decode_s, "gen_s", t->gen_s, "decode_steps", t->decode_steps, "decode_bound_bw", t->decode_bound_bw, "train_s", t->train_s,
+                           "train_comm_s", t->train_comm_s, "train_flops", t->train_flops, "train_tokens", t->train_tokens, "sync_s", t->sync_s,
+                           "sync_step_s", t->sync_step_s, "async_step_s", t->async_step_s, "colocated_step_s", t->colocated_step_s, "async_speedup",
+                           t->async_speedup);
+    if (j && tj) json_object_set_new(j, "time", tj);
+    return j;
 }
 
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = "h100-sxm";
     bool json = false;
+    double prompt_len = 0, response_len = 0;
+    int spread = TRILL_SPREAD_UNIFORM;
+    static const char *const spreads[] = { "fixed", "uniform", "exponential", NULL };
     const cli_opt opts[] = {
         { "model", CLI_STR, "DIR|PRESET", "a model folder (config.json is enough) or a preset (trill init --preset): the key model", .str = &model },
         { "cluster", CLI_STR, "FILE|PROFILE[:NODES]", "a cluster file (docs/plan.md) or a shipped profile: h100-sxm, h800, h200, h20", .str = &cluster },
+        { "prompt-len", CLI_DOUBLE, "N", "a prompt's mean tokens (default: data.max_prompt_tokens / 4)", .d = &prompt_len, .dmin = 1, .dmax = 1e7,
+          .no_default = true },
+        { "response-len", CLI_DOUBLE, "N", "a response's mean tokens (default: generator.max_new_tokens / 2)", .d = &response_len, .dmin = 1,
+          .dmax = 1e7, .no_default = true },
+        { "spread", CLI_CHOICE, NULL, "how responses spread up to generator.max_new_tokens: all the mean, uniform on [1, 2 mean - 1], "
+          "or exponential", .choice = &spread, .choices = spreads },
         { "json", CLI_FLAG, NULL, "print the plan as one JSON object", .flag = &json },
     };
     const cli_spec spec = { "plan", "[CONFIG.yaml] [section.key=value ...]",
@@ -98,7 +127,9 @@ int cmd_plan(int argc, char **argv) {
                             "total, active and LoRA-trainable by module, counted from the model's tensor table; each trainer device's\n"
                             "bytes (frozen base, adapters, gradients, AdamW, activations, logits) and each generator device's (weights, a\n"
                             "10% reserve, the KV cache the rest holds, in tokens); the bytes and seconds of a weight sync, adapter\n"
-                            "against merge. The equations and their assumptions: docs/plan.md.",
+                            "against merge; a step's seconds of generation, training and sync by a roofline with the cluster's\n"
+                            "efficiencies, sync against async. This machine's cluster file: bench/cluster_profile.sh. The\n"
+                            "equations and their assumptions: docs/plan.md.",
                             opts, (int)(sizeof opts / sizeof opts[0]) };
     int first, rc = cli_parse(&spec, argc, argv, &first);
     if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
@@ -113,15 +144,22 @@ int cmd_plan(int argc, char **argv) {
     trill_cluster k;
     trill_plan p;
     if (!cfg.model || !cfg.model[0]) rc = cli_spec_error(&spec, "no model: give --model DIR|PRESET (or the key model)");
-    else if (load_model_config(cfg.model, &c) || trill_cluster_load(cluster, &k) || trill_plan_make(&c, &cfg, &k, &p)) rc = cli_fail("plan");
-    else if (json) {
+    else {
+        const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : cfg.data.max_prompt_tokens / 4.0,
+                                        .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
+                                        .spread = (trill_plan_spread)spread };
+        if (load_model_config(cfg.model, &c) || trill_cluster_load(cluster, &k) || trill_plan_make(&c, &cfg, &k, &w, &p)) rc = cli_fail("plan");
+    }
+    if (!rc && json) {
         json_t *j = plan_json(&c, &cfg, &k, &p);
         char *text = j ? json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;
         if (text) printf("%s\n", text);
         else rc = cli_fail("plan");
         free(text);
         json_decref(j);
-    } else print_plan(&c, &cfg, &k, &p);
+    } else if (!rc) {
+        print_plan(&c, &cfg, &k, &p);
+    }
     trill_run_config_free(&cfg);
     return rc;
 }

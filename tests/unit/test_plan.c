@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,18 +171,67 @@ static void test_plan_bytes(void **state) {
     trill_cluster k;
     assert_int_equal(trill_cluster_load("h100-sxm", &k), TRILL_OK);
     trill_plan p;
-    assert_int_equal(trill_plan_make(&c, &rc, &k, &p), TRILL_OK);
+    assert_int_equal(trill_plan_make(&c, &rc, &k, NULL, &p), TRILL_OK);
     assert_true(p.memory.adapters == 4.0 * p.counts.sum_lora && p.memory.optimizer == 8.0 * p.counts.sum_lora);
     assert_true(p.sync.adapter_bytes == 4.0 * p.counts.sum_lora && p.sync.merge_bytes > p.sync.adapter_bytes);
     assert_true(p.memory.trainer_fits && p.memory.generator_fits && p.memory.kv_tokens > 1000000);
     /* expert parallelism divides the routed experts' base over the ranks */
     const double base1 = p.memory.base;
     rc.parallel.trainer.ep = 2;
-    assert_int_equal(trill_plan_make(&c, &rc, &k, &p), TRILL_OK);
+    assert_int_equal(trill_plan_make(&c, &rc, &k, NULL, &p), TRILL_OK);
     assert_true(p.memory.base < base1 && p.trainer_devices == 2);
     rc.parallel.trainer.dp = 8;
-    assert_int_not_equal(trill_plan_make(&c, &rc, &k, &p), TRILL_OK);
+    assert_int_not_equal(trill_plan_make(&c, &rc, &k, NULL, &p), TRILL_OK);
     assert_non_null(strstr(trill_error_message(), "16 in all; the cluster has 8"));
+    trill_run_config_free(&rc);
+}
+
+/* The step-time model's structure: decode steps as the spread says, a batch-1 decode step bound by
+ * bandwidth (twice the bandwidth, half the time), training by compute (twice the peak, half the
+ * time, on one device without communication), and async the larger of generation and training
+ * plus the sync when the generator has its own devices. */
+static void test_step_time(void **state) {
+    (void)state;
+    trill_run_config rc;
+    assert_int_equal(trill_run_config_defaults(&rc), TRILL_OK);
+    trill_config c = preset("small");
+    trill_cluster k;
+    assert_int_equal(trill_cluster_load("h100-sxm", &k), TRILL_OK);
+    rc.generator.prompts_per_step = 1, rc.generator.n = 1, rc.generator.max_new_tokens = 64;
+    trill_plan p, q;
+    trill_plan_workload w = { .prompt_len = 16, .response_len = 20, .spread = TRILL_SPREAD_FIXED };
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &p), TRILL_OK);
+    assert_int_equal(p.time.decode_steps, 20);
+    assert_true(p.time.decode_bound_bw == 1.0);
+    w.spread = TRILL_SPREAD_UNIFORM;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_int_equal(q.time.decode_steps, 39); /* lengths 1 .. 2 x 20 - 1 */
+    w.spread = TRILL_SPREAD_EXPONENTIAL;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_int_equal(q.time.decode_steps, 64); /* up to max_new_tokens */
+    w.spread = TRILL_SPREAD_FIXED;
+    trill_cluster k2 = k;
+    k2.memory_bw_gbs *= 2;
+    assert_int_equal(trill_plan_make(&c, &rc, &k2, &w, &q), TRILL_OK);
+    assert_true(fabs(q.time.decode_s / p.time.decode_s - 0.5) < 1e-12);
+    k2 = k;
+    k2.bf16_tflops *= 2;
+    assert_int_equal(trill_plan_make(&c, &rc, &k2, &w, &q), TRILL_OK);
+    assert_true(fabs(q.time.train_s / p.time.train_s - 0.5) < 1e-12 && p.time.train_comm_s == 0);
+    assert_true(fabs(q.time.prefill_s / p.time.prefill_s - 0.5) < 1e-12);
+    /* a KL coefficient adds the reference's forward: 3 passes where there were 2 */
+    rc.algo.kl_coef = 0.01;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_true(fabs(q.time.train_flops / p.time.train_flops - 1.5) < 1e-12);
+    rc.algo.kl_coef = 0;
+    /* the generator on 2 devices of its own, 6 trainer devices, 64 rollouts */
+    rc.generator.prompts_per_step = 8, rc.generator.n = 8, rc.parallel.trainer.dp = 6, rc.parallel.generator.replicas = 2;
+    rc.parallel.generator.ep = 1;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &p), TRILL_OK);
+    const trill_plan_time *t = &p.time;
+    assert_true(t->sync_step_s == t->gen_s + t->train_s + t->sync_s);
+    assert_true(t->async_step_s == fmax(t->gen_s, t->train_s + t->sync_s) && t->async_speedup > 1);
+    assert_true(t->train_comm_s > 0 && t->colocated_step_s > 0 && t->colocated_step_s != t->sync_step_s);
     trill_run_config_free(&rc);
 }
 
@@ -189,6 +239,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_preset_adds_up), cmocka_unit_test(test_published_totals), cmocka_unit_test(test_k2_lora_by_hand),
         cmocka_unit_test(test_small_lora_by_hand),   cmocka_unit_test(test_cluster_files),    cmocka_unit_test(test_plan_bytes),
+        cmocka_unit_test(test_step_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

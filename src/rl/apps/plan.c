@@ -112,6 +112,10 @@ trill_status trill_plan_count(const trill_config *c, const trill_lora_config *lo
  * direction (NVLink's bidirectional figure halved; a 400 Gb/s NIC per GPU = 50 GB/s). Latencies
  * are typical figures, not datasheet ones: a few microseconds within a node, more across. */
 typedef struct profile { const char *name, *source; int devices_per_node; double mem, bf16, fp8, bw, intra, inter, lat_intra, lat_inter; } profile;
+/* What a GPU's engines reach, assumed for every shipped profile (docs/plan.md gives the sources):
+ * Megatron-class MoE training at 40% MFU, prefill at 50%, a compute-bound decode step at 30%, a
+ * bandwidth-bound one at 70% of the HBM bandwidth. */
+enum { GPU_TRAIN_MFU_PCT = 40, GPU_PREFILL_MFU_PCT = 50, GPU_DECODE_MFU_PCT = 30, GPU_DECODE_BW_PCT = 70 };
 static const profile profiles[] = {
     { "h100-sxm", "NVIDIA H100 SXM5 datasheet: 80 GB HBM3 at 3.35 TB/s, 989 bf16 / 1979 fp8 dense TFLOPS, NVLink 900 GB/s; 400 Gb/s NDR per GPU", 8,
       80, 989, 1979, 3350, 450, 50, 3, 8 },
@@ -128,7 +132,8 @@ const char *trill_cluster_profile_names(void) { return "h100-sxm, h800, h200, h2
 static void from_profile(const profile *p, trill_cluster *k) {
     *k = (trill_cluster){ .nodes = 1, .devices_per_node = p->devices_per_node, .memory_gb = p->mem, .bf16_tflops = p->bf16, .fp8_tflops = p->fp8,
                           .memory_bw_gbs = p->bw, .intra_bw_gbs = p->intra, .inter_bw_gbs = p->inter, .intra_latency_us = p->lat_intra,
-                          .inter_latency_us = p->lat_inter };
+                          .inter_latency_us = p->lat_inter, .train_mfu = GPU_TRAIN_MFU_PCT / 100.0, .prefill_mfu = GPU_PREFILL_MFU_PCT / 100.0,
+                          .decode_mfu = GPU_DECODE_MFU_PCT / 100.0, .decode_bw_util = GPU_DECODE_BW_PCT / 100.0 };
     snprintf(k->name, sizeof k->name, "%s", p->name);
     snprintf(k->source, sizeof k->source, "%s", p->source);
 }
@@ -148,6 +153,12 @@ static const cluster_key cluster_keys[] = {
     DKEY(inter_bw_gbs, true, 1e-3, "a device's link out of its node, GB/s a direction"),
     DKEY(intra_latency_us, true, 0, "latency within a node, microseconds"),
     DKEY(inter_latency_us, true, 0, "latency across nodes, microseconds"),
+    DKEY(train_mfu, false, 1e-6, "training's share of the bf16 peak (default 0.4)"),
+    DKEY(prefill_mfu, false, 1e-6, "prefill's share of the bf16 peak (default 0.5)"),
+    DKEY(decode_mfu, false, 1e-6, "a compute-bound decode step's share of the peak (default 0.3)"),
+    DKEY(decode_bw_util, false, 1e-6, "a bandwidth-bound decode step's share of the memory bandwidth (default 0.7)"),
+    DKEY(split_gen_rate, false, 0, "the generator's rate on half a device's cores, a share of the whole device's (default 0.5)"),
+    DKEY(split_train_rate, false, 0, "the trainer's rate on half a device's cores, a share of the whole device's (default 0.5)"),
 };
 enum { N_CLUSTER_KEYS = sizeof cluster_keys / sizeof cluster_keys[0] };
 
@@ -165,7 +176,8 @@ static trill_status parse_cluster(const char *path, const char *text, size_t len
     trill_status st = TRILL_OK;
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
     bool seen[N_CLUSTER_KEYS] = { false };
-    memset(k, 0, sizeof *k);
+    *k = (trill_cluster){ .train_mfu = GPU_TRAIN_MFU_PCT / 100.0, .prefill_mfu = GPU_PREFILL_MFU_PCT / 100.0,
+                          .decode_mfu = GPU_DECODE_MFU_PCT / 100.0, .decode_bw_util = GPU_DECODE_BW_PCT / 100.0 };
     snprintf(k->name, sizeof k->name, "%s", path);
     if (!root || root->type != YAML_MAPPING_NODE) {
         st = trill_error(TRILL_ERR_INVALID, "%s: expected a mapping of the cluster's fields (nodes, devices_per_node, memory_gb, ...)", path);
@@ -188,16 +200,18 @@ static trill_status parse_cluster(const char *path, const char *text, size_t len
         if (i == N_CLUSTER_KEYS) {
             st = trill_error(TRILL_ERR_INVALID,
                              "%s:%zu: %s: unknown field (known: name, source, nodes, devices_per_node, memory_gb, bf16_tflops, fp8_tflops, "
-                             "memory_bw_gbs, intra_bw_gbs, inter_bw_gbs, intra_latency_us, inter_latency_us)",
+                             "memory_bw_gbs, intra_bw_gbs, inter_bw_gbs, intra_latency_us, inter_latency_us, train_mfu, prefill_mfu, decode_mfu, "
+                             "decode_bw_util, split_gen_rate, split_train_rate)",
                              path, line, key);
             goto done;
         }
         const cluster_key *ck = &cluster_keys[i];
         char *end;
         const double v = strtod(val, &end);
-        if (end == val || *end || !isfinite(v) || v < ck->min || (ck->integer && (v != floor(v) || v > 1e9))) {
-            st = trill_error(TRILL_ERR_INVALID, "%s:%zu: %s: '%s' is not %s at least %g (%s)", path, line, key, val, ck->integer ? "an integer" : "a number",
-                             ck->min, ck->doc);
+        const bool share = strstr(key, "mfu") || strstr(key, "util") || strstr(key, "rate");
+        if (end == val || *end || !isfinite(v) || v < ck->min || (share && v > 1) || (ck->integer && (v != floor(v) || v > 1e9))) {
+            st = trill_error(TRILL_ERR_INVALID, "%s:%zu: %s: '%s' is not %s at least %g%s (%s)", path, line, key, val, ck->integer ? "an integer" : "a number",
+                             ck->min, share ? " and at most 1" : "", ck->doc);
             goto done;
         }
         if (ck->integer) *(int *)((char *)k + ck->at) = (int)v;
@@ -251,6 +265,7 @@ typedef struct mem_walk {
     int tp, ep, gen_ep;
     trill_gen_format gen_format;
     double base, lora, gen_weights, merge_bytes;
+    double gen_experts, gen_embedding; /* the generator's bytes of every routed expert, of the embedding table */
 } mem_walk;
 
 /* The share of tensor t a device keeps: a routed expert's 1 in ep, a tensor-parallel split's 1 in
@@ -291,6 +306,8 @@ static void mem_tensor(void *ctx, const trill_tensor_row *row, const trill_param
         w->lora += s * (double)w->rc->trainer.lora.rank * (double)(t->shape[0] + t->shape[1]);
     const double g = gen_bytes(t, w->gen_format);
     w->merge_bytes += g;
+    if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) w->gen_experts += g;
+    if (t->kind == TRILL_TENSOR_EMBEDDING) w->gen_embedding += g;
     w->gen_weights += g * (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS ? 1.0 / w->gen_ep : 1.0);
 }
 
@@ -334,12 +351,147 @@ static double kv_bytes_per_token(const trill_config *c, int elem) {
     return b;
 }
 
+
+/* ---- time (docs/plan.md) ---- */
+
+const char *trill_plan_spread_name(trill_plan_spread s) {
+    return s == TRILL_SPREAD_FIXED ? "fixed" : s == TRILL_SPREAD_UNIFORM ? "uniform" : "exponential";
+}
+
+/* The share of responses still running at decode step t (1-based): P(length >= t), lengths of
+ * mean m spread by s and cut at L (generator.max_new_tokens). */
+static double running(trill_plan_spread s, double m, int L, int t) {
+    if (t > L) return 0;
+    switch (s) {
+    case TRILL_SPREAD_FIXED: return t <= (int)ceil(m) ? 1 : 0;
+    case TRILL_SPREAD_UNIFORM: { /* uniform on [1, 2m - 1] */
+        const double hi = 2 * m - 1;
+        return t <= 1 ? 1 : t > hi ? 0 : (hi - t + 1) / hi;
+    }
+    default: return exp(-(t - 1) / m); /* geometric of mean m */
+    }
+}
+
+/* Per token and per cached position, the FLOPs of attention in a layer: decode (MLA absorbed: q.k
+ * over the latent and rope key, p.V over the latent) and training (q.k and p.V per head). */
+static void attention_flops(const trill_config *c, double *decode, double *train) {
+    *decode = *train = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const trill_layer_desc d = trill_layer_desc_of(c, l);
+        const double nh = c->num_attention_heads;
+        if (d.attention == TRILL_ATTENTION_GDN) continue; /* linear in the context: in the matrices' count */
+        if (d.attention == TRILL_ATTENTION_MLA) {
+            *decode += 2 * nh * (c->kv_lora_rank + c->qk_rope_head_dim) + 2 * nh * c->kv_lora_rank;
+            *train += 2 * nh * (c->qk_nope_head_dim + c->qk_rope_head_dim) + 2 * nh * c->v_head_dim;
+        } else {
+            *decode += 4 * nh * c->head_dim;
+            *train += 4 * nh * c->head_dim;
+        }
+    }
+}
+
+/* The link a group of n devices talks over: within a node when it fits in one. */
+static void link_of(const trill_cluster *k, int n, double *bw, double *lat) {
+    const bool intra = n <= k->devices_per_node;
+    *bw = (intra ? k->intra_bw_gbs : k->inter_bw_gbs) * 1e9;
+    *lat = (intra ? k->intra_latency_us : k->inter_latency_us) * 1e-6;
+}
+
+typedef struct model_costs {
+    double active_ne;      /* active parameters but the embedding (a token's matrix FLOPs / 2) */
+    double head;           /* lm_head's: prefill computes it for a prompt's last token only */
+    double dense_bytes;    /* the generator's bytes a decode step reads whatever the batch: all but the experts and the embedding table */
+    double expert_bytes;   /* one routed expert's, in one layer */
+    double att_decode, att_train;
+    int moe_layers, E, K, H;
+} model_costs;
+
+/* Seconds to generate n_seq rollouts on `replicas` generators of g devices each, the batch shared
+ * between them. */
+static void gen_time(const trill_config *c, const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
+                     double kv_tok, double n_seq, int replicas, int g, double frac, trill_plan_time *t) {
+    /* frac: the share of each device's compute and bandwidth it has (an executor's cores) */
+    const double per_rep = n_seq / replicas, peak = k->bf16_tflops * 1e12 * frac, bw = k->memory_bw_gbs * 1e9 * frac;
+    /* prefill: compute-bound */
+    const double P = w->prompt_len;
+    const double pf = per_rep * (2 * (mc->active_ne - mc->head) * P + 2 * mc->head + mc->att_decode * P * P / 2);
+    t->prefill_s = pf / (g * peak * k->prefill_mfu);
+    double link_bw, link_lat;
+    link_of(k, g, &link_bw, &link_lat);
+    /* decode: step by step, the rows still running (in expectation) */
+    double sec = 0, bound_bw = 0;
+    int steps = 0;
+    for (int s = 1; s <= max_new; s++) {
+        const double B = per_rep * running(w->spread, w->response_len, max_new, s); /* rows of the replica */
+        if (B < 1e-9) break;
+        steps++;
+        const double ctx = P + s, b = B / g; /* a device's rows */
+        /* each MoE layer's experts this step: those any of the replica's B rows picks, in expectation */
+        const double touched = mc->E ? mc->E * (1 - pow(1 - (double)mc->K / mc->E, B)) : 0;
+        const double bytes = mc->dense_bytes + mc->moe_layers * touched / g * mc->expert_bytes + b * ctx * kv_tok;
+        const double flops = b * (2 * mc->active_ne + mc->att_decode * ctx);
+        const double tb = bytes / (bw * k->decode_bw_util), tc = flops / (peak * k->decode_mfu);
+        double step = tb > tc ? tb : tc;
+        bound_bw += tb >= tc;
+        if (g > 1 && mc->moe_layers) /* expert parallelism: each MoE layer sends its rows out and back */
+            step += mc->moe_layers * (2 * link_lat + 2.0 * b * mc->K * mc->H * 2 * (g - 1) / g / link_bw);
+        sec += step;
+    }
+    t->decode_s = sec;
+    t->decode_steps = steps;
+    t->decode_bound_bw = steps ? bound_bw / steps : 0;
+    t->gen_s = t->prefill_s + t->decode_s;
+    (void)c;
+}
+
+/* Seconds of the trainer's work on one step's rollouts: the log-prob pass, the reference's (a KL
+ * coefficient), each minibatch's forward and backward (activation gradients through the frozen
+ * base; the adapters' own are small), a recomputed forward, and the communication of ep, tp and
+ * dp (docs/plan.md). */
+static void train_time(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const model_costs *mc,
+                       const trill_plan_workload *w, double n_seq, int devices, double frac, int dp, int ep, int tp, double lora_dev_bytes,
+                       trill_plan_time *t) {
+    const double T = n_seq * (w->prompt_len + w->response_len), ctx = (w->prompt_len + w->response_len) / 2;
+    const double fwd = 2 * mc->active_ne * T + mc->att_train * ctx * T;
+    /* the forward and the backward (activation gradients; LoRA's own are small); the old log-probs
+     * come from the first minibatch's forward unless there are several minibatches or KL is a
+     * reward (a pre-pass), the reference's from a pass with the adapters off (src/rl/exec/trainer.c) */
+    const bool kl_reward = rc->algo.kl_coef > 0 && rc->algo.kl_mode == TRILL_KL_REWARD;
+    const double passes = 2 + (rc->algo.minibatches > 1 || kl_reward) + (rc->algo.kl_coef > 0) + rc->trainer.recompute;
+    t->train_flops = passes * fwd;
+    t->train_tokens = T;
+    double sec = t->train_flops / (devices * frac * k->bf16_tflops * 1e12 * k->train_mfu);
+    double comm = 0, bw, lat;
+    const double T_dev = T / dp; /* a data-parallel group's tokens */
+    if (ep > 1 && mc->moe_layers) { /* all-to-all: each token's hidden state to its k experts and back, forward and backward */
+        link_of(k, ep * tp, &bw, &lat);
+        comm += (passes - 1 + 1) * mc->moe_layers * (2 * lat + 2.0 * T_dev / ep * mc->K * mc->H * 4 * (ep - 1) / ep / bw);
+    }
+    if (tp > 1) { /* two all-reduces a layer, forward and backward */
+        link_of(k, tp, &bw, &lat);
+        comm += (passes + 1) * 2 * c->num_hidden_layers * (lat + 2.0 * T_dev / ep * mc->H * 4 * (tp - 1) / tp / bw);
+    }
+    if (dp > 1) { /* the adapters' gradients, once a minibatch */
+        link_of(k, dp * ep * tp, &bw, &lat);
+        comm += rc->algo.minibatches * (2 * lat + 2.0 * lora_dev_bytes * (dp - 1) / dp / bw);
+    }
+    t->train_comm_s = comm;
+    t->train_s = sec + comm;
+}
+
 /* The fraction of a device's memory a generator leaves for its step buffers and the runtime
  * (vLLM's default gpu_memory_utilization is 0.9). */
 #define GEN_RESERVE 0.10
 
-trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, trill_plan *out) {
+trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan_workload *wl,
+                             trill_plan *out) {
     memset(out, 0, sizeof *out);
+    out->workload = wl ? *wl
+                       : (trill_plan_workload){ .prompt_len = rc->data.max_prompt_tokens / 4.0, .response_len = rc->generator.max_new_tokens / 2.0,
+                                                .spread = TRILL_SPREAD_UNIFORM };
+    if (!(out->workload.prompt_len >= 1) || !(out->workload.response_len >= 1) || out->workload.response_len > rc->generator.max_new_tokens)
+        return trill_error(TRILL_ERR_INVALID, "plan: prompts of %g tokens and responses of %g: each must be at least 1, responses at most generator.max_new_tokens (%d)",
+                           out->workload.prompt_len, out->workload.response_len, rc->generator.max_new_tokens);
     trill_status st = trill_plan_count(c, &rc->trainer.lora, &out->counts);
     if (st) return st;
     const int dp = rc->parallel.trainer.dp, ep = rc->parallel.trainer.ep, tp = rc->parallel.trainer.tp;
@@ -411,5 +563,58 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     }
     s->adapter_s = lat * 1e-6 + s->adapter_bytes / (bw * 1e9);
     s->merge_s = lat * 1e-6 + s->merge_bytes / (bw * 1e9);
+
+    /* time: the costs a token and a decode step pay, then the three schedules */
+    model_costs mc = { .E = c->num_experts, .K = c->num_experts_per_tok, .H = c->hidden_size, .moe_layers = c->n_moe_layers };
+    mc.active_ne = (double)(out->counts.sum_active - out->counts.total[TRILL_PLAN_EMBEDDING]);
+    mc.head = (double)out->counts.total[TRILL_PLAN_LM_HEAD];
+    mc.dense_bytes = w.merge_bytes - w.gen_experts - w.gen_embedding;
+    mc.expert_bytes = c->n_moe_layers && c->num_experts ? w.gen_experts / ((double)c->n_moe_layers * c->num_experts) : 0;
+    attention_flops(c, &mc.att_decode, &mc.att_train);
+    trill_plan_time *t = &out->time;
+    const double n_seq = (double)rc->generator.prompts_per_step * rc->generator.n, kv_tok = m->kv_bytes_per_token;
+    const int max_new = rc->generator.max_new_tokens, D = out->trainer_devices;
+    const double sync_s = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? s->merge_s : s->adapter_s;
+    const double lora_dev = 4 * w.lora;
+    double mem_sync = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? s->merge_bytes : s->adapter_bytes;
+    mem_sync /= k->memory_bw_gbs / 2 * 1e9;
+    const trill_plan_time zero = { 0 };
+    trill_plan_time gen = zero, tr = zero, gen_all = zero, tr_all = zero;
+    /* LlamaRL's baseline: every device generates its share of the batch (in generators of the
+     * layout's size, parallel.generator.ep devices), then every device trains, then the weights
+     * are copied in place */
+    const int all = D + out->generator_devices, reps = all / gen_ep > 0 ? all / gen_ep : 1;
+    gen_time(c, k, &mc, &out->workload, max_new, kv_tok, n_seq, reps, gen_ep, 1, &gen_all);
+    train_time(c, rc, k, &mc, &out->workload, n_seq, all, 1, all / (ep * tp) > 0 ? all / (ep * tp) : 1, ep, tp, lora_dev, &tr_all);
+    const double colocated = gen_all.gen_s + tr_all.train_s + mem_sync;
+    if (replicas) { /* the generator on its own devices: mode sync waits for each phase, async overlaps them */
+        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, n_seq, replicas, gen_ep, 1, &gen);
+        train_time(c, rc, k, &mc, &out->workload, n_seq, D, 1, dp, ep, tp, lora_dev, &tr);
+        *t = gen;
+        t->sync_s = sync_s;
+        t->train_s = tr.train_s, t->train_comm_s = tr.train_comm_s, t->train_flops = tr.train_flops, t->train_tokens = tr.train_tokens;
+        t->sync_step_s = t->gen_s + t->train_s + sync_s;
+        t->async_step_s = t->gen_s > t->train_s + sync_s ? t->gen_s : t->train_s + sync_s;
+    } else {
+        /* mode sync: every trainer rank generates the whole batch (trill train's sync mode), then
+         * they train; mode async (one process): the generator's cores beside the trainer's */
+        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, n_seq, 1, 1, 1, &gen);
+        train_time(c, rc, k, &mc, &out->workload, n_seq, D, 1, dp, ep, tp, lora_dev, &tr);
+        *t = gen;
+        t->sync_s = mem_sync;
+        t->train_s = tr.train_s, t->train_comm_s = tr.train_comm_s, t->train_flops = tr.train_flops, t->train_tokens = tr.train_tokens;
+        t->sync_step_s = t->gen_s + t->train_s + mem_sync;
+        /* each executor's rate on its cores: measured for a half-and-half split (the cluster's
+         * split rates), else in proportion to its cores */
+        const double fg = (double)rc->resources.generator_threads / (rc->resources.generator_threads + rc->resources.trainer_threads);
+        const bool halves = rc->resources.generator_threads == rc->resources.trainer_threads;
+        const double rg = halves && k->split_gen_rate > 0 ? k->split_gen_rate : fg;
+        const double rt = halves && k->split_train_rate > 0 ? k->split_train_rate : 1 - fg;
+        const double ga = gen.gen_s / rg, ta = tr.train_s / rt;
+        t->async_step_s = ga > ta + mem_sync ? ga : ta + mem_sync;
+    }
+    t->colocated_step_s = colocated;
+    t->gen_tokens = n_seq * out->workload.response_len;
+    t->async_speedup = t->sync_step_s / t->async_step_s;
     return TRILL_OK;
 }
