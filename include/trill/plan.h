@@ -113,6 +113,7 @@ typedef struct trill_plan_time {
     double async_speedup;              /* sync_step_s / async_step_s */
     double gen_tokens, train_tokens, train_flops;
     int decode_steps;
+    int gen_waves;                     /* batches a generator decodes one after another (its KV cache holds only part of its rollouts) */
     double decode_bound_bw;            /* the share of decode steps bound by memory bandwidth */
 } trill_plan_time;
 

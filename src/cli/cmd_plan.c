@@ -64,8 +64,10 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     printf("\nstep time (roofline, docs/plan.md): %d prompts x %d samples, prompts of %.0f tokens, responses of %.0f (%s, at most %d)\n",
            rc->generator.prompts_per_step, rc->generator.n, w->prompt_len, w->response_len, trill_plan_spread_name(w->spread),
            rc->generator.max_new_tokens);
-    printf("  generation %.3g s (prefill %.3g s, %d decode steps %.3g s, %.0f%% of them bandwidth-bound)\n", t->gen_s, t->prefill_s,
+    printf("  generation %.3g s (prefill %.3g s, %d decode steps %.3g s, %.0f%% of them bandwidth-bound)", t->gen_s, t->prefill_s,
            t->decode_steps, t->decode_s, 100 * t->decode_bound_bw);
+    if (t->gen_waves > 1) printf("; in %d waves: a device's KV cache holds a %d-th of its rollouts at full length", t->gen_waves, t->gen_waves);
+    printf("\n");
     printf("  training   %.3g s (%.3g TFLOP over %.0f tokens; communication %.3g s)\n", t->train_s, t->train_flops * 1e-12, t->train_tokens,
            t->train_comm_s);
     printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? "merge" : "adapter");
@@ -95,8 +97,8 @@ static json_t *plan_json(const trill_config *c, const trill_run_config *rc, cons
                      "sync", "link", s->link, "adapter_bytes", s->adapter_bytes, "adapter_s", s->adapter_s, "merge_bytes", s->merge_bytes, "merge_s",
                      s->merge_s);
     const trill_plan_time *t = &p->time;
-    json_t *tj = json_pack("{s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "prefill_s", t->prefill_s, "decode_s",
-                           t->decode_s, "gen_s", t->gen_s, "decode_steps", t->decode_steps, "decode_bound_bw", t->decode_bound_bw, "train_s", t->train_s,
+    json_t *tj = json_pack("{s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "prefill_s", t->prefill_s, "decode_s",
+                           t->decode_s, "gen_s", t->gen_s, "decode_steps", t->decode_steps, "gen_waves", t->gen_waves, "decode_bound_bw", t->decode_bound_bw, "train_s", t->train_s,
                            "train_comm_s", t->train_comm_s, "train_flops", t->train_flops, "train_tokens", t->train_tokens, "sync_s", t->sync_s,
                            "sync_step_s", t->sync_step_s, "async_step_s", t->async_step_s, "colocated_step_s", t->colocated_step_s, "async_speedup",
                            t->async_speedup);

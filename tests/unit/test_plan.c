@@ -232,6 +232,14 @@ static void test_step_time(void **state) {
     assert_true(t->sync_step_s == t->gen_s + t->train_s + t->sync_s);
     assert_true(t->async_step_s == fmax(t->gen_s, t->train_s + t->sync_s) && t->async_speedup > 1);
     assert_true(t->train_comm_s > 0 && t->colocated_step_s > 0 && t->colocated_step_s != t->sync_step_s);
+    assert_int_equal(t->gen_waves, 1);
+    /* a device whose KV cache holds 20 of its 32 rollouts at full length (16 + 64 tokens)
+     * decodes them in 2 waves */
+    k2 = k;
+    k2.memory_gb = (p.memory.gen_weights + 20.5 * 80 * p.memory.kv_bytes_per_token) / 0.9 / 1e9;
+    assert_int_equal(trill_plan_make(&c, &rc, &k2, &w, &q), TRILL_OK);
+    assert_int_equal(q.time.gen_waves, 2);
+    assert_int_equal(q.time.decode_steps, 2 * 20);
     trill_run_config_free(&rc);
 }
 

@@ -408,10 +408,9 @@ typedef struct model_costs {
 
 /* Seconds to generate n_seq rollouts on `replicas` generators of g devices each, the batch shared
  * between them. */
-static void gen_time(const trill_config *c, const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
-                     double kv_tok, double n_seq, int replicas, int g, double frac, trill_plan_time *t) {
-    /* frac: the share of each device's compute and bandwidth it has (an executor's cores) */
-    const double per_rep = n_seq / replicas, peak = k->bf16_tflops * 1e12 * frac, bw = k->memory_bw_gbs * 1e9 * frac;
+static void gen_wave(const trill_config *c, const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
+                     double kv_tok, double n_seq, int replicas, int g, trill_plan_time *t) {
+    const double per_rep = n_seq / replicas, peak = k->bf16_tflops * 1e12, bw = k->memory_bw_gbs * 1e9;
     /* prefill: compute-bound */
     const double P = w->prompt_len;
     const double pf = per_rep * (2 * (mc->active_ne - mc->head) * P + 2 * mc->head + mc->att_decode * P * P / 2);
@@ -442,6 +441,19 @@ static void gen_time(const trill_config *c, const trill_cluster *k, const model_
     t->decode_bound_bw = steps ? bound_bw / steps : 0;
     t->gen_s = t->prefill_s + t->decode_s;
     (void)c;
+}
+
+/* gen_wave in waves when a device's share of the rollouts at full length (prompt + max_new
+ * tokens) would not fit its KV cache (kv_rows of them fit; 0: the weights leave no room, one
+ * wave, which the memory figures already refuse). */
+static void gen_time(const trill_config *c, const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
+                     double kv_tok, double kv_rows, double n_seq, int replicas, int g, trill_plan_time *t) {
+    const double rows = n_seq / replicas / g;
+    const int waves = kv_rows >= 1 && rows > kv_rows ? (int)ceil(rows / floor(kv_rows)) : 1;
+    gen_wave(c, k, mc, w, max_new, kv_tok, n_seq / waves, replicas, g, t);
+    t->prefill_s *= waves, t->decode_s *= waves, t->gen_s *= waves;
+    t->decode_steps *= waves;
+    t->gen_waves = waves;
 }
 
 /* Seconds of the trainer's work on one step's rollouts: the log-prob pass, the reference's (a KL
@@ -573,6 +585,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     attention_flops(c, &mc.att_decode, &mc.att_train);
     trill_plan_time *t = &out->time;
     const double n_seq = (double)rc->generator.prompts_per_step * rc->generator.n, kv_tok = m->kv_bytes_per_token;
+    const double kv_rows = (double)m->kv_tokens / (out->workload.prompt_len + rc->generator.max_new_tokens); /* rollouts a device's cache holds */
     const int max_new = rc->generator.max_new_tokens, D = out->trainer_devices;
     const double sync_s = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? s->merge_s : s->adapter_s;
     const double lora_dev = 4 * w.lora;
@@ -584,11 +597,11 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
      * layout's size, parallel.generator.ep devices), then every device trains, then the weights
      * are copied in place */
     const int all = D + out->generator_devices, reps = all / gen_ep > 0 ? all / gen_ep : 1;
-    gen_time(c, k, &mc, &out->workload, max_new, kv_tok, n_seq, reps, gen_ep, 1, &gen_all);
+    gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, reps, gen_ep, &gen_all);
     train_time(c, rc, k, &mc, &out->workload, n_seq, all, 1, all / (ep * tp) > 0 ? all / (ep * tp) : 1, ep, tp, lora_dev, &tr_all);
     const double colocated = gen_all.gen_s + tr_all.train_s + mem_sync;
     if (replicas) { /* the generator on its own devices: mode sync waits for each phase, async overlaps them */
-        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, n_seq, replicas, gen_ep, 1, &gen);
+        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, replicas, gen_ep, &gen);
         train_time(c, rc, k, &mc, &out->workload, n_seq, D, 1, dp, ep, tp, lora_dev, &tr);
         *t = gen;
         t->sync_s = sync_s;
@@ -598,7 +611,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     } else {
         /* mode sync: every trainer rank generates the whole batch (trill train's sync mode), then
          * they train; mode async (one process): the generator's cores beside the trainer's */
-        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, n_seq, 1, 1, 1, &gen);
+        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, 1, 1, &gen);
         train_time(c, rc, k, &mc, &out->workload, n_seq, D, 1, dp, ep, tp, lora_dev, &tr);
         *t = gen;
         t->sync_s = mem_sync;
