@@ -91,6 +91,9 @@ typedef struct trill_demo_info {
  * demo): $TRILL_CACHE_DIR, else $XDG_CACHE_HOME/trill, else ~/.cache/trill, else .trill-cache.
  * Malloc'ed; NULL when out of memory. */
 char *trill_demo_cache_dir(void);
+/* The demo model's config (the tiny preset narrowed to hidden 128), without its weights. */
+struct trill_config;
+trill_status trill_demo_config(struct trill_config *c);
 
 /* Makes (or finds) the demo's data and warm-started model under cache_dir/<key>/, where the key
  * names the task version and every option. A complete folder is marked by demo.json, written

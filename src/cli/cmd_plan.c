@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "opts.h"
+#include "trill/demo.h"
 #include "trill/fileio.h"
 #include "trill/plan.h"
 #include "trill/run_config.h"
@@ -113,9 +114,10 @@ int cmd_plan(int argc, char **argv) {
     int spread = TRILL_SPREAD_UNIFORM;
     static const char *const spreads[] = { "fixed", "uniform", "exponential", NULL };
     const cli_opt opts[] = {
-        { "model", CLI_STR, "DIR|PRESET", "a model folder (config.json is enough) or a preset (trill init --preset): the key model", .str = &model },
+        { "model", CLI_STR, "DIR|PRESET", "a model folder (config.json is enough) or a preset (trill init --preset): the key model "
+          "(none: the embedded demo's)", .str = &model },
         { "cluster", CLI_STR, "FILE|PROFILE[:NODES]", "a cluster file (docs/plan.md) or a shipped profile: h100-sxm, h800, h200, h20", .str = &cluster },
-        { "prompt-len", CLI_DOUBLE, "N", "a prompt's mean tokens (default: data.max_prompt_tokens / 4)", .d = &prompt_len, .dmin = 1, .dmax = 1e7,
+        { "prompt-len", CLI_DOUBLE, "N", "a prompt's mean tokens (default: data.max_prompt_tokens / 4; the demo: 6)", .d = &prompt_len, .dmin = 1, .dmax = 1e7,
           .no_default = true },
         { "response-len", CLI_DOUBLE, "N", "a response's mean tokens (default: generator.max_new_tokens / 2)", .d = &response_len, .dmin = 1,
           .dmax = 1e7, .no_default = true },
@@ -145,12 +147,20 @@ int cmd_plan(int argc, char **argv) {
     trill_config c;
     trill_cluster k;
     trill_plan p;
-    if (!cfg.model || !cfg.model[0]) rc = cli_spec_error(&spec, "no model: give --model DIR|PRESET (or the key model)");
-    else {
-        const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : cfg.data.max_prompt_tokens / 4.0,
+    /* no model: the embedded demo's, as trill train runs it (prompts of at most 6 tokens) */
+    const bool demo = !cfg.model || !cfg.model[0];
+    if (demo) {
+        free(cfg.model);
+        cfg.model = strdup("the embedded demo");
+    }
+    {
+        const double prompt_default = demo ? 6 : cfg.data.max_prompt_tokens / 4.0;
+        const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : prompt_default,
                                         .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
                                         .spread = (trill_plan_spread)spread };
-        if (load_model_config(cfg.model, &c) || trill_cluster_load(cluster, &k) || trill_plan_make(&c, &cfg, &k, &w, &p)) rc = cli_fail("plan");
+        if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k) ||
+            trill_plan_make(&c, &cfg, &k, &w, &p))
+            rc = cli_fail("plan");
     }
     if (!rc && json) {
         json_t *j = plan_json(&c, &cfg, &k, &p);

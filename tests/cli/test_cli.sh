@@ -78,6 +78,16 @@ check "config only: no weights written" test ! -e "$WORK/k2/model.safetensors"
 check "info kimi-k2 parameters" grep -qF "parameters:    1026408232448 total, 32861500928 active" "$WORK/info_k2"
 check "info kimi-k2 layer map" grep -qF "layer map:     0 dense, 1-60 moe(ordinals 0-59)" "$WORK/info_k2"
 check "info kimi-k2 config only" grep -qF "config only (no weights)" "$WORK/info_k2"
+# trill plan: a config-only folder and a preset count alike; no model plans the demo; refusals
+"$TRILL" plan --model "$WORK/k2" --json trainer.lora.rank=32 >"$WORK/plan_k2.json"
+"$TRILL" plan --model kimi-k2 --json trainer.lora.rank=32 >"$WORK/plan_k2_preset.json"
+check "plan kimi-k2: the folder and the preset agree" cmp "$WORK/plan_k2.json" <(sed 's|"model": "kimi-k2"|"model": "'"$WORK/k2"'"|' "$WORK/plan_k2_preset.json")
+check "plan kimi-k2: the tensor table's total, LoRA r=32's count" /usr/bin/python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['parameters']; assert p['total'] == 1026408232448 and p['lora'] == 20561913856, p" "$WORK/plan_k2.json"
+check "plan with no model: the demo's" grep -qF "model:     the embedded demo" <("$TRILL" plan --cluster h800)
+expect_exit 1 "neither a cluster file nor a profile" "$TRILL" plan --model kimi-k2 --cluster a100
+expect_exit 1 "the cluster has 8 (1 nodes x 8)" "$TRILL" plan --model kimi-k2 parallel.trainer.ep=16
+expect_exit 1 "no config.json there, and no preset of that name" "$TRILL" plan --model "$WORK/nope"
+expect_exit 2 "--spread" "$TRILL" plan --spread lognormal
 check "init --config-only deepseek-v3" "$TRILL" init --out "$WORK/dsv3" --preset deepseek-v3 --config-only 2>/dev/null
 "$TRILL" info --model "$WORK/dsv3" >"$WORK/info_dsv3"
 check "info deepseek-v3 parameters" grep -qF "parameters:    671026419200 total, 37552297472 active" "$WORK/info_dsv3"

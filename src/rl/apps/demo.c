@@ -119,7 +119,7 @@ trill_status trill_demo_write_data(const char *dir, const trill_demo_options *o)
 /* ---- the model ---- */
 
 /* The tiny preset narrowed to hidden 128 (see demo.h). */
-static trill_status demo_config(trill_config *c) {
+trill_status trill_demo_config(trill_config *c) {
     json_t *j = trill_config_preset("tiny"); /* NULL: out of memory (the preset exists) */
     if (!j) return trill_error(TRILL_ERR_NOMEM, "demo: out of memory for its config");
     if (json_object_set_new(j, "hidden_size", json_integer(128)) || json_object_set_new(j, "head_dim", json_integer(32)) ||
@@ -135,7 +135,7 @@ static trill_status demo_config(trill_config *c) {
 static trill_status create_model(const char *dir, uint64_t seed) {
     trill_config c;
     trill_model *m = NULL;
-    trill_status st = demo_config(&c);
+    trill_status st = trill_demo_config(&c);
     if (!st) st = trill_model_create(&c, &m);
     if (!st) {
         trill_model_init_random(m, seed);
