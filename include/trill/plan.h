@@ -90,6 +90,8 @@ typedef struct trill_plan_sync {
     double adapter_bytes;   /* sync.mode adapter: every LoRA A and B in fp32 */
     double merge_bytes;     /* sync.mode merge: the generator's weights in its format */
     double adapter_s, merge_s;
+    double merge_p2p_s;     /* merge sent point to point from every trainer device to generator devices at once
+                               (not trill's broadcast: what a sharded transfer would reach; replicas only) */
     const char *link;       /* which link the model used: "memory", "intra-node", "inter-node" */
 } trill_plan_sync;
 

@@ -60,6 +60,9 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     const trill_plan_sync *s = &p->sync;
     printf("weight sync per version (%s): adapter %.4g GB in %.3g s; merge %.4g GB in %.3g s (merge / adapter: %.0fx the bytes)\n", s->link,
            gb(s->adapter_bytes), s->adapter_s, gb(s->merge_bytes), s->merge_s, s->merge_bytes / s->adapter_bytes);
+    if (s->merge_p2p_s > 0)
+        printf("           trill broadcasts each version; sent point to point from every trainer device at once, merge would take %.3g s\n",
+               s->merge_p2p_s);
     const trill_plan_time *t = &p->time;
     const trill_plan_workload *w = &p->workload;
     printf("\nstep time (roofline, docs/plan.md): %d prompts x %d samples, prompts of %.0f tokens, responses of %.0f (%s, at most %d)\n",
@@ -97,6 +100,7 @@ static json_t *plan_json(const trill_config *c, const trill_run_config *rc, cons
                      "kv_bytes_per_token", m->kv_bytes_per_token, "kv_tokens", (json_int_t)m->kv_tokens, "fits", m->generator_fits,
                      "sync", "link", s->link, "adapter_bytes", s->adapter_bytes, "adapter_s", s->adapter_s, "merge_bytes", s->merge_bytes, "merge_s",
                      s->merge_s);
+    if (j) json_object_set_new(json_object_get(j, "sync"), "merge_p2p_s", json_real(s->merge_p2p_s));
     const trill_plan_time *t = &p->time;
     json_t *tj = json_pack("{s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "prefill_s", t->prefill_s, "decode_s",
                            t->decode_s, "gen_s", t->gen_s, "decode_steps", t->decode_steps, "gen_waves", t->gen_waves, "decode_bound_bw", t->decode_bound_bw, "train_s", t->train_s,

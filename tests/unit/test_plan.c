@@ -233,6 +233,9 @@ static void test_step_time(void **state) {
     assert_true(t->async_step_s == fmax(t->gen_s, t->train_s + t->sync_s) && t->async_speedup > 1);
     assert_true(t->train_comm_s > 0 && t->colocated_step_s > 0 && t->colocated_step_s != t->sync_step_s);
     assert_int_equal(t->gen_waves, 1);
+    /* point to point over min(6 trainer, 2 generator devices) links: half the broadcast's transfer */
+    const double lat = k.intra_latency_us * 1e-6;
+    assert_true(fabs((p.sync.merge_p2p_s - lat) * 2 - (p.sync.merge_s - lat)) < 1e-12 * p.sync.merge_s);
     /* a device whose KV cache holds 20 of its 32 rollouts at full length (16 + 64 tokens)
      * decodes them in 2 waves */
     k2 = k;

@@ -575,6 +575,10 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     }
     s->adapter_s = lat * 1e-6 + s->adapter_bytes / (bw * 1e9);
     s->merge_s = lat * 1e-6 + s->merge_bytes / (bw * 1e9);
+    if (replicas) { /* every link busy at once: the fewer of the senders and the receivers bound it */
+        const int links = out->trainer_devices < out->generator_devices ? out->trainer_devices : out->generator_devices;
+        s->merge_p2p_s = lat * 1e-6 + s->merge_bytes / ((double)links * bw * 1e9);
+    }
 
     /* time: the costs a token and a decode step pay, then the three schedules */
     model_costs mc = { .E = c->num_experts, .K = c->num_experts_per_tok, .H = c->hidden_size, .moe_layers = c->n_moe_layers };
