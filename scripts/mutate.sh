@@ -102,6 +102,10 @@ m plan_experts_not_sharded rl src/rl/apps/plan.c "test_plan" \
   'if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0 / ep;' \
   'if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0;' \
   "trill plan: every trainer device holds every routed expert under expert parallelism"
+m plan_search_slowest_first rl src/rl/apps/plan.c "test_plan" \
+  'while (at > 0 && out[at - 1].step_s > l->step_s) at--;' \
+  'while (at > 0 && out[at - 1].step_s < l->step_s) at--;' \
+  "trill plan --search: keeps the slowest layouts first"
 m qk_keys_stride infer src/infer/gen_blocks.h "test_gen_attention" \
   'const char *kp = key + (size_t)(j + p) * key_stride;' \
   'const char *kp = key + (size_t)(j + p) * key_stride / 2;' \

@@ -134,4 +134,20 @@ typedef struct trill_plan {
 trill_status trill_plan_make(const trill_config *c, const struct trill_run_config *rc, const trill_cluster *k, const trill_plan_workload *w,
                              trill_plan *out);
 
+/* One layout `trill plan --search` tried: trainer dp x ep x tp, generator replicas x ep (0
+ * replicas: the trainer's devices generate), and its plan. */
+typedef struct trill_plan_layout {
+    int dp, ep, tp, replicas, gen_ep;
+    double step_s; /* of the configured mode: sync_step_s or async_step_s */
+    trill_plan plan;
+} trill_plan_layout;
+
+/* Every layout of powers of two that fits cluster k's devices and memory (each trainer and
+ * generator device's bytes within its memory, the generator's KV cache holding at least one
+ * rollout at full length): trainer tp within a node, ep dividing the routed experts, generator
+ * replicas of ep devices on the devices the trainer leaves (or none). The `max` fastest for rc's
+ * mode into out[] (fastest first); *n_out of them, *tried the layouts considered. */
+trill_status trill_plan_search(const trill_config *c, const struct trill_run_config *rc, const trill_cluster *k, const trill_plan_workload *w,
+                               trill_plan_layout *out, int max, int *n_out, int *tried);
+
 #endif

@@ -45,8 +45,11 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     printf("model:     %s (%s), %d layers\n", rc->model, trill_config_model_type(c), c->num_hidden_layers);
     printf("cluster:   %s: %d nodes x %d devices, %.0f GB, %.0f bf16 TFLOP/s, %.0f GB/s memory, links %.0f / %.0f GB/s (%s)\n", k->name, k->nodes,
            k->devices_per_node, k->memory_gb, k->bf16_tflops, k->memory_bw_gbs, k->intra_bw_gbs, k->inter_bw_gbs, k->source);
-    printf("layout:    trainer dp %d x ep %d x tp %d = %d devices; generator %s\n\n", rc->parallel.trainer.dp, rc->parallel.trainer.ep,
-           rc->parallel.trainer.tp, p->trainer_devices, p->generator_devices ? "" : "on the trainer's devices");
+    printf("layout:    trainer dp %d x ep %d x tp %d = %d devices; generator ", rc->parallel.trainer.dp, rc->parallel.trainer.ep,
+           rc->parallel.trainer.tp, p->trainer_devices);
+    if (p->generator_devices)
+        printf("%d replicas x ep %d = %d devices\n\n", rc->parallel.generator.replicas, rc->parallel.generator.ep, p->generator_devices);
+    else printf("on the trainer's devices\n\n");
     print_counts(&p->counts, rc->trainer.lora.rank);
     const trill_plan_memory *m = &p->memory;
     printf("\ntrainer, per device (GB):    frozen base %.2f, adapters %.3f, gradients %.3f, AdamW %.3f, activations %.2f, logits %.2f: %.2f of %.0f%s\n",
@@ -111,9 +114,57 @@ static json_t *plan_json(const trill_config *c, const trill_run_config *rc, cons
     return j;
 }
 
+/* --search: the fastest layouts as a table (or JSON into *found); the best one's parallel keys
+ * are set in cfg so that the plan printed after is its. */
+static int run_search(const trill_config *c, trill_run_config *cfg, const trill_cluster *k, const trill_plan_workload *w, bool json, json_t **found) {
+    enum { SHOW = 8 };
+    trill_plan_layout *best = calloc(SHOW, sizeof *best);
+    int n = 0, tried = 0;
+    if (!best) return cli_fail("plan");
+    if (trill_plan_search(c, cfg, k, w, best, SHOW, &n, &tried)) {
+        free(best);
+        return cli_fail("plan");
+    }
+    if (!n) {
+        free(best);
+        fprintf(stderr, "trill plan: --search: none of the %d layouts fits %d nodes x %d devices of %.0f GB\n", tried, k->nodes, k->devices_per_node,
+                k->memory_gb);
+        return 1;
+    }
+    const char *mode = cfg->mode == TRILL_MODE_ASYNC ? "async" : "sync";
+    if (json) {
+        *found = json_array();
+        for (int i = 0; i < n; i++) {
+            const trill_plan_layout *l = &best[i];
+            json_array_append_new(*found, json_pack("{s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "dp", l->dp, "ep", l->ep, "tp", l->tp,
+                                                    "replicas", l->replicas, "gen_ep", l->gen_ep, "step_s", l->step_s, "gen_s",
+                                                    l->plan.time.gen_s, "train_s", l->plan.time.train_s, "trainer_bytes",
+                                                    l->plan.memory.trainer_total, "generator_bytes", l->plan.memory.gen_total - l->plan.memory.kv_cache));
+        }
+    } else {
+        printf("search: %d layouts tried, the %d fastest for mode %s:\n", tried, n, mode);
+        printf("  %-24s %-22s %10s %10s %10s %14s %14s\n", "trainer dp x ep x tp", "generator", "step s", "gen s", "train s", "trainer GB/dev",
+               "gen weights GB");
+        for (int i = 0; i < n; i++) {
+            const trill_plan_layout *l = &best[i];
+            char t[32], g[32];
+            snprintf(t, sizeof t, "%d x %d x %d", l->dp, l->ep, l->tp);
+            if (l->replicas) snprintf(g, sizeof g, "%d x ep %d", l->replicas, l->gen_ep);
+            else snprintf(g, sizeof g, "on the trainer's");
+            printf("  %-24s %-22s %10.4g %10.4g %10.4g %14.2f %14.2f\n", t, g, l->step_s, l->plan.time.gen_s, l->plan.time.train_s,
+                   l->plan.memory.trainer_total * 1e-9, l->plan.memory.gen_weights * 1e-9);
+        }
+        printf("\nthe plan of the fastest:\n");
+    }
+    cfg->parallel.trainer.dp = best[0].dp, cfg->parallel.trainer.ep = best[0].ep, cfg->parallel.trainer.tp = best[0].tp;
+    cfg->parallel.generator.replicas = best[0].replicas, cfg->parallel.generator.ep = best[0].gen_ep;
+    free(best);
+    return 0;
+}
+
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = "h100-sxm";
-    bool json = false;
+    bool json = false, search = false;
     double prompt_len = 0, response_len = 0;
     int spread = TRILL_SPREAD_UNIFORM;
     static const char *const spreads[] = { "fixed", "uniform", "exponential", NULL };
@@ -127,6 +178,8 @@ int cmd_plan(int argc, char **argv) {
           .dmax = 1e7, .no_default = true },
         { "spread", CLI_CHOICE, NULL, "how responses spread up to generator.max_new_tokens: all the mean, uniform on [1, 2 mean - 1], "
           "or exponential", .choice = &spread, .choices = spreads },
+        { "search", CLI_FLAG, NULL, "try every layout of powers of two that fits the cluster; print the fastest for the key mode, "
+          "then the plan of the best", .flag = &search },
         { "json", CLI_FLAG, NULL, "print the plan as one JSON object", .flag = &json },
     };
     const cli_spec spec = { "plan", "[CONFIG.yaml] [section.key=value ...]",
@@ -151,6 +204,7 @@ int cmd_plan(int argc, char **argv) {
     trill_config c;
     trill_cluster k;
     trill_plan p;
+    json_t *found = NULL; /* --search --json: the layouts */
     /* no model: the embedded demo's, as trill train runs it (prompts of at most 6 tokens) */
     const bool demo = !cfg.model || !cfg.model[0];
     if (demo) {
@@ -162,12 +216,16 @@ int cmd_plan(int argc, char **argv) {
         const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : prompt_default,
                                         .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
                                         .spread = (trill_plan_spread)spread };
-        if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k) ||
-            trill_plan_make(&c, &cfg, &k, &w, &p))
+        if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k)) rc = cli_fail("plan");
+        else if (search) rc = run_search(&c, &cfg, &k, &w, json, &found);
+        if (!rc && !trill_plan_make(&c, &cfg, &k, &w, &p)) {
+        } else if (!rc) {
             rc = cli_fail("plan");
+        }
     }
     if (!rc && json) {
         json_t *j = plan_json(&c, &cfg, &k, &p);
+        if (j && found) json_object_set(j, "search", found);
         char *text = j ? json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;
         if (text) printf("%s\n", text);
         else rc = cli_fail("plan");
@@ -176,6 +234,7 @@ int cmd_plan(int argc, char **argv) {
     } else if (!rc) {
         print_plan(&c, &cfg, &k, &p);
     }
+    json_decref(found);
     trill_run_config_free(&cfg);
     return rc;
 }

@@ -88,6 +88,8 @@ expect_exit 1 "neither a cluster file nor a profile" "$TRILL" plan --model kimi-
 expect_exit 1 "the cluster has 8 (1 nodes x 8)" "$TRILL" plan --model kimi-k2 parallel.trainer.ep=16
 expect_exit 1 "no config.json there, and no preset of that name" "$TRILL" plan --model "$WORK/nope"
 expect_exit 2 "--spread" "$TRILL" plan --spread lognormal
+check "plan --search: the fastest layouts, then the best one's plan" grep -qF "the plan of the fastest:" <("$TRILL" plan --model qwen3-30b-a3b --cluster h100-sxm:2 --search)
+expect_exit 1 "none of the" "$TRILL" plan --model kimi-k2 --cluster h100-sxm --search
 check "init --config-only deepseek-v3" "$TRILL" init --out "$WORK/dsv3" --preset deepseek-v3 --config-only 2>/dev/null
 "$TRILL" info --model "$WORK/dsv3" >"$WORK/info_dsv3"
 check "info deepseek-v3 parameters" grep -qF "parameters:    671026419200 total, 37552297472 active" "$WORK/info_dsv3"

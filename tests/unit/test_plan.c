@@ -246,11 +246,49 @@ static void test_step_time(void **state) {
     trill_run_config_free(&rc);
 }
 
+/* --search: the layouts it keeps fit the cluster, come fastest first, and the best is no slower
+ * than a layout written by hand that fits (Qwen3-30B-A3B on 2 nodes of 8 H100s). */
+static void test_search(void **state) {
+    (void)state;
+    trill_run_config rc;
+    assert_int_equal(trill_run_config_defaults(&rc), TRILL_OK);
+    trill_config c = preset("qwen3-30b-a3b");
+    trill_cluster k;
+    assert_int_equal(trill_cluster_load("h100-sxm:2", &k), TRILL_OK);
+    rc.generator.max_new_tokens = 2048;
+    rc.mode = TRILL_MODE_ASYNC;
+    const trill_plan_workload w = { .prompt_len = 256, .response_len = 1024, .spread = TRILL_SPREAD_UNIFORM };
+    trill_plan_layout best[5];
+    int n, tried;
+    assert_int_equal(trill_plan_search(&c, &rc, &k, &w, best, 5, &n, &tried), TRILL_OK);
+    assert_true(n == 5 && tried > 50);
+    for (int i = 0; i < n; i++) {
+        const trill_plan_layout *l = &best[i];
+        assert_true(l->plan.memory.trainer_fits && l->plan.memory.generator_fits);
+        assert_true(l->dp * l->ep * l->tp + l->replicas * l->gen_ep <= 16 && l->tp <= 8);
+        assert_true(l->step_s == l->plan.time.async_step_s);
+        if (i) assert_true(best[i - 1].step_s <= l->step_s);
+    }
+    /* by hand: trainer ep 2 x tp 4, two generators of ep 4 */
+    rc.parallel.trainer.ep = 2, rc.parallel.trainer.tp = 4, rc.parallel.generator.replicas = 2, rc.parallel.generator.ep = 4;
+    trill_plan p;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &p), TRILL_OK);
+    assert_true(p.memory.trainer_fits && p.memory.generator_fits);
+    assert_true(best[0].step_s <= p.time.async_step_s);
+    /* nothing fits one 80 GB device for Kimi K2 */
+    c = preset("kimi-k2");
+    assert_int_equal(trill_cluster_load("h100-sxm", &k), TRILL_OK);
+    k.devices_per_node = 1;
+    assert_int_equal(trill_plan_search(&c, &rc, &k, &w, best, 5, &n, &tried), TRILL_OK);
+    assert_int_equal(n, 0);
+    trill_run_config_free(&rc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_preset_adds_up), cmocka_unit_test(test_published_totals), cmocka_unit_test(test_k2_lora_by_hand),
         cmocka_unit_test(test_small_lora_by_hand),   cmocka_unit_test(test_cluster_files),    cmocka_unit_test(test_plan_bytes),
-        cmocka_unit_test(test_step_time),
+        cmocka_unit_test(test_step_time),            cmocka_unit_test(test_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

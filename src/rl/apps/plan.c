@@ -635,3 +635,49 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     t->async_speedup = t->sync_step_s / t->async_step_s;
     return TRILL_OK;
 }
+
+/* ---- --search ---- */
+
+static void keep_fastest(trill_plan_layout *out, int max, int *n, const trill_plan_layout *l) {
+    int at = *n < max ? *n : max; /* where it goes: after every faster one */
+    while (at > 0 && out[at - 1].step_s > l->step_s) at--;
+    if (at >= max) return;
+    const int last = *n < max ? *n : max - 1;
+    memmove(out + at + 1, out + at, sizeof *out * (size_t)(last - at));
+    out[at] = *l;
+    if (*n < max) (*n)++;
+}
+
+trill_status trill_plan_search(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan_workload *w,
+                               trill_plan_layout *out, int max, int *n_out, int *tried) {
+    *n_out = *tried = 0;
+    const int devices = k->nodes * k->devices_per_node, E = c->num_experts > 0 ? c->num_experts : 1;
+    trill_run_config r = *rc; /* shallow: only the parallel keys change, nothing is freed */
+    for (int tp = 1; tp <= k->devices_per_node && tp <= devices; tp *= 2)
+        for (int ep = 1; ep * tp <= devices && ep <= E; ep *= 2) {
+            if (E % ep) continue;
+            for (int dp = 1; dp * ep * tp <= devices; dp *= 2) {
+                const int trainer = dp * ep * tp, left = devices - trainer;
+                for (int gen_ep = 1; gen_ep <= (left > 0 ? left : 1) && gen_ep <= E; gen_ep *= 2) {
+                    if (E % gen_ep) continue;
+                    /* replicas: none (colocated, gen_ep 1 only), or as many as the devices left hold */
+                    for (int colocated = 0; colocated < 2; colocated++) {
+                        const int replicas = colocated ? 0 : left / gen_ep;
+                        if (colocated ? gen_ep != 1 : replicas < 1) continue;
+                        r.parallel.trainer.dp = dp, r.parallel.trainer.ep = ep, r.parallel.trainer.tp = tp;
+                        r.parallel.generator.replicas = replicas, r.parallel.generator.ep = replicas ? gen_ep : 1;
+                        trill_plan_layout l = { .dp = dp, .ep = ep, .tp = tp, .replicas = replicas, .gen_ep = replicas ? gen_ep : 1 };
+                        (*tried)++;
+                        const trill_status st = trill_plan_make(c, &r, k, w, &l.plan);
+                        if (st) return st;
+                        const trill_plan_memory *m = &l.plan.memory;
+                        if (!m->trainer_fits || !m->generator_fits) continue;
+                        if ((double)m->kv_tokens < w->prompt_len + rc->generator.max_new_tokens) continue;
+                        l.step_s = rc->mode == TRILL_MODE_ASYNC ? l.plan.time.async_step_s : l.plan.time.sync_step_s;
+                        keep_fastest(out, max, n_out, &l);
+                    }
+                }
+            }
+        }
+    return TRILL_OK;
+}
