@@ -491,6 +491,10 @@ static void train_time(const trill_config *c, const trill_run_config *rc, const 
     t->train_s = sec + comm;
 }
 
+/* Rows of lm_head and log-softmax the trainer computes at a time: LOGIT_CHUNK of
+ * src/model/forward_internal.h (the full [T, V] logits are never held). */
+enum { TRAIN_LOGIT_ROWS = 256 };
+
 /* The fraction of a device's memory a generator leaves for its step buffers and the runtime
  * (vLLM's default gpu_memory_utilization is 0.9). */
 #define GEN_RESERVE 0.10
@@ -538,7 +542,8 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     }
     if (rc->trainer.recompute) per_token += widest;
     m->activations = 4 * T * per_token / tp;
-    m->logits = 2 * 4 * T * (double)(c->num_labels > 0 ? c->num_labels : c->vocab_size) / tp; /* the logits and their gradient */
+    /* the logits and their gradient, TRAIN_LOGIT_ROWS rows at a time (the trainer never holds more) */
+    m->logits = 2 * 4 * fmin(T, TRAIN_LOGIT_ROWS) * (double)(c->num_labels > 0 ? c->num_labels : c->vocab_size) / tp;
     m->trainer_total = m->base + m->adapters + m->grads + m->optimizer + m->activations + m->logits;
     m->trainer_fits = m->trainer_total <= k->memory_gb * 1e9;
 
