@@ -101,6 +101,10 @@ typedef enum trill_plan_spread { TRILL_SPREAD_FIXED, TRILL_SPREAD_UNIFORM, TRILL
 typedef struct trill_plan_workload {
     double prompt_len, response_len;
     trill_plan_spread spread;
+    /* train every weight instead of adapters (full fine-tuning, as other RL frameworks do; trill
+     * train trains LoRA): fp32 master weights, gradients and AdamW's moments of every trainable
+     * parameter, and a pass more for the weights' gradients */
+    bool full;
 } trill_plan_workload;
 const char *trill_plan_spread_name(trill_plan_spread s);
 

@@ -52,8 +52,8 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     else printf("on the trainer's devices\n\n");
     print_counts(&p->counts, rc->trainer.lora.rank);
     const trill_plan_memory *m = &p->memory;
-    printf("\ntrainer, per device (GB):    frozen base %.2f, adapters %.3f, gradients %.3f, AdamW %.3f, activations %.2f, logits %.2f: %.2f of %.0f%s\n",
-           gb(m->base), gb(m->adapters), gb(m->grads), gb(m->optimizer), gb(m->activations), gb(m->logits), gb(m->trainer_total), k->memory_gb,
+    printf("\ntrainer, per device (GB):    frozen base %.2f, %s %.3f, gradients %.3f, AdamW %.3f, activations %.2f, logits %.2f: %.2f of %.0f%s\n",
+           gb(m->base), p->workload.full ? "fp32 weights" : "adapters", gb(m->adapters), gb(m->grads), gb(m->optimizer), gb(m->activations), gb(m->logits), gb(m->trainer_total), k->memory_gb,
            m->trainer_fits ? "" : "  DOES NOT FIT");
     printf("generator, per device (GB):  weights %.2f (%s), reserve %.2f, KV cache %.2f: %.2f of %.0f%s\n", gb(m->gen_weights),
            trill_gen_format_name(rc->generator.dtype), gb(m->gen_reserve), gb(m->kv_cache), gb(m->gen_total), k->memory_gb,
@@ -61,8 +61,12 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     printf("KV cache:  %.0f bytes a token; %" PRId64 " tokens fit (%.1f sequences of %.0f + %d tokens)\n", m->kv_bytes_per_token, m->kv_tokens,
            (double)m->kv_tokens / (p->workload.prompt_len + rc->generator.max_new_tokens), p->workload.prompt_len, rc->generator.max_new_tokens);
     const trill_plan_sync *s = &p->sync;
-    printf("weight sync per version (%s): adapter %.4g GB in %.3g s; merge %.4g GB in %.3g s (merge / adapter: %.0fx the bytes)\n", s->link,
-           gb(s->adapter_bytes), s->adapter_s, gb(s->merge_bytes), s->merge_s, s->merge_bytes / s->adapter_bytes);
+    if (p->workload.full)
+        printf("weight sync per version (%s): merge %.4g GB in %.3g s (full fine-tuning: no adapters to ship)\n", s->link, gb(s->merge_bytes),
+               s->merge_s);
+    else
+        printf("weight sync per version (%s): adapter %.4g GB in %.3g s; merge %.4g GB in %.3g s (merge / adapter: %.0fx the bytes)\n", s->link,
+               gb(s->adapter_bytes), s->adapter_s, gb(s->merge_bytes), s->merge_s, s->merge_bytes / s->adapter_bytes);
     if (s->merge_p2p_s > 0)
         printf("           trill broadcasts each version; sent point to point from every trainer device at once, merge would take %.3g s\n",
                s->merge_p2p_s);
@@ -77,7 +81,7 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     printf("\n");
     printf("  training   %.3g s (%.3g TFLOP over %.0f tokens; communication %.3g s)\n", t->train_s, t->train_flops * 1e-12, t->train_tokens,
            t->train_comm_s);
-    printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? "merge" : "adapter");
+    printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || p->workload.full ? "merge" : "adapter");
     printf("  a step: sync %.3g s, async %.3g s (%.2fx); every device generating then training (colocated) %.3g s\n", t->sync_step_s,
            t->async_step_s, t->async_speedup, t->colocated_step_s);
 }
@@ -164,7 +168,7 @@ static int run_search(const trill_config *c, trill_run_config *cfg, const trill_
 
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = "h100-sxm";
-    bool json = false, search = false;
+    bool json = false, search = false, full = false;
     double prompt_len = 0, response_len = 0;
     int spread = TRILL_SPREAD_UNIFORM;
     static const char *const spreads[] = { "fixed", "uniform", "exponential", NULL };
@@ -180,6 +184,8 @@ int cmd_plan(int argc, char **argv) {
           "or exponential", .choice = &spread, .choices = spreads },
         { "search", CLI_FLAG, NULL, "try every layout of powers of two that fits the cluster; print the fastest for the key mode, "
           "then the plan of the best", .flag = &search },
+        { "full", CLI_FLAG, NULL, "plan full fine-tuning (every weight trained, as other RL frameworks do) instead of trill train's "
+          "adapters", .flag = &full },
         { "json", CLI_FLAG, NULL, "print the plan as one JSON object", .flag = &json },
     };
     const cli_spec spec = { "plan", "[CONFIG.yaml] [section.key=value ...]",
@@ -215,7 +221,7 @@ int cmd_plan(int argc, char **argv) {
         const double prompt_default = demo ? 6 : cfg.data.max_prompt_tokens / 4.0;
         const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : prompt_default,
                                         .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
-                                        .spread = (trill_plan_spread)spread };
+                                        .spread = (trill_plan_spread)spread, .full = full };
         if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k)) rc = cli_fail("plan");
         else if (search) rc = run_search(&c, &cfg, &k, &w, json, &found);
         if (!rc && !trill_plan_make(&c, &cfg, &k, &w, &p)) {

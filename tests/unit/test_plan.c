@@ -224,6 +224,14 @@ static void test_step_time(void **state) {
     assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
     assert_true(fabs(q.time.train_flops / p.time.train_flops - 1.5) < 1e-12);
     rc.algo.kl_coef = 0;
+    /* full fine-tuning: every trainable weight in fp32 with its gradient and moments, a pass more
+     * for the weights' gradients, and merge the only sync */
+    w.full = true;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_true(fabs(q.time.train_flops / p.time.train_flops - 1.5) < 1e-12);
+    assert_true(q.counts.trainable == q.counts.sum_total && q.sync.adapter_bytes == 0 && q.memory.base == 0);
+    assert_true(q.memory.adapters == 4.0 * (double)q.counts.trainable && q.memory.optimizer == 8.0 * (double)q.counts.trainable);
+    w.full = false;
     /* the generator on 2 devices of its own, 6 trainer devices, 64 rollouts */
     rc.generator.prompts_per_step = 8, rc.generator.n = 8, rc.parallel.trainer.dp = 6, rc.parallel.generator.replicas = 2;
     rc.parallel.generator.ep = 1;

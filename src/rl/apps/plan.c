@@ -266,6 +266,7 @@ typedef struct mem_walk {
     trill_gen_format gen_format;
     double base, lora, gen_weights, merge_bytes;
     double gen_experts, gen_embedding; /* the generator's bytes of every routed expert, of the embedding table */
+    bool full;                         /* lora counts every trainable parameter (full fine-tuning) */
 } mem_walk;
 
 /* The share of tensor t a device keeps: a routed expert's 1 in ep, a tensor-parallel split's 1 in
@@ -302,8 +303,11 @@ static void mem_tensor(void *ctx, const trill_tensor_row *row, const trill_param
     /* the frozen base: matrices and the embedding in bf16, vectors fp32 (the trainer's storage of a
      * bf16 checkpoint) */
     w->base += s * (t->ndim == 2 ? 2.0 : 4.0) * (double)t->numel;
-    if (t->lora_target >= 0 && (w->targets & (1u << t->lora_target)) && t->ndim == 2)
+    if (w->full) {
+        if (trill_tensor_trainable(t->kind)) w->lora += s * (double)t->numel;
+    } else if (t->lora_target >= 0 && (w->targets & (1u << t->lora_target)) && t->ndim == 2) {
         w->lora += s * (double)w->rc->trainer.lora.rank * (double)(t->shape[0] + t->shape[1]);
+    }
     const double g = gen_bytes(t, w->gen_format);
     w->merge_bytes += g;
     if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) w->gen_experts += g;
@@ -469,7 +473,7 @@ static void train_time(const trill_config *c, const trill_run_config *rc, const 
      * come from the first minibatch's forward unless there are several minibatches or KL is a
      * reward (a pre-pass), the reference's from a pass with the adapters off (src/rl/exec/trainer.c) */
     const bool kl_reward = rc->algo.kl_coef > 0 && rc->algo.kl_mode == TRILL_KL_REWARD;
-    const double passes = 2 + (rc->algo.minibatches > 1 || kl_reward) + (rc->algo.kl_coef > 0) + rc->trainer.recompute;
+    const double passes = 2 + (rc->algo.minibatches > 1 || kl_reward) + (rc->algo.kl_coef > 0) + rc->trainer.recompute + w->full;
     t->train_flops = passes * fwd;
     t->train_tokens = T;
     double sec = t->train_flops / (devices * frac * k->bf16_tflops * 1e12 * k->train_mfu);
@@ -508,7 +512,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     if (!(out->workload.prompt_len >= 1) || !(out->workload.response_len >= 1) || out->workload.response_len > rc->generator.max_new_tokens)
         return trill_error(TRILL_ERR_INVALID, "plan: prompts of %g tokens and responses of %g: each must be at least 1, responses at most generator.max_new_tokens (%d)",
                            out->workload.prompt_len, out->workload.response_len, rc->generator.max_new_tokens);
-    trill_status st = trill_plan_count(c, &rc->trainer.lora, &out->counts);
+    trill_status st = trill_plan_count(c, out->workload.full ? NULL : &rc->trainer.lora, &out->counts);
     if (st) return st;
     const int dp = rc->parallel.trainer.dp, ep = rc->parallel.trainer.ep, tp = rc->parallel.trainer.tp;
     const int replicas = rc->parallel.generator.replicas, gen_ep = replicas ? rc->parallel.generator.ep : 1;
@@ -523,11 +527,12 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     const trill_family *f = trill_family_of(c);
     unsigned targets = rc->trainer.lora.targets;
     if (targets & TRILL_LORA_ALL_LINEAR) targets = (targets & ~TRILL_LORA_ALL_LINEAR) | f->all_linear;
-    mem_walk w = { .c = c, .rc = rc, .targets = targets, .tp = tp, .ep = ep, .gen_ep = gen_ep, .gen_format = rc->generator.dtype };
+    mem_walk w = { .c = c, .rc = rc, .targets = targets, .tp = tp, .ep = ep, .gen_ep = gen_ep, .gen_format = rc->generator.dtype,
+                   .full = out->workload.full };
     trill_arch_walk(c, mem_tensor, &w);
 
     trill_plan_memory *m = &out->memory;
-    m->base = w.base;
+    m->base = out->workload.full ? 0 : w.base; /* full: the fp32 master weights are the model ("adapters" below) */
     m->adapters = 4 * w.lora; /* fp32 values */
     m->grads = 4 * w.lora;
     m->optimizer = 8 * w.lora; /* AdamW's two moments */
@@ -562,7 +567,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
      * (read and write); else a pipelined broadcast over the slowest link the replicas sit
      * behind */
     trill_plan_sync *s = &out->sync;
-    s->adapter_bytes = 4.0 * (double)out->counts.sum_lora;
+    s->adapter_bytes = out->workload.full ? 0 : 4.0 * (double)out->counts.sum_lora; /* full: merge is the only sync */
     s->merge_bytes = w.merge_bytes;
     double bw, lat;
     if (!replicas) {
@@ -596,17 +601,18 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     const double n_seq = (double)rc->generator.prompts_per_step * rc->generator.n, kv_tok = m->kv_bytes_per_token;
     const double kv_rows = (double)m->kv_tokens / (out->workload.prompt_len + rc->generator.max_new_tokens); /* rollouts a device's cache holds */
     const int max_new = rc->generator.max_new_tokens, D = out->trainer_devices;
-    const double sync_s = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? s->merge_s : s->adapter_s;
+    const double sync_s = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || out->workload.full ? s->merge_s : s->adapter_s;
     const double lora_dev = 4 * w.lora;
-    double mem_sync = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE ? s->merge_bytes : s->adapter_bytes;
+    double mem_sync = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || out->workload.full ? s->merge_bytes : s->adapter_bytes;
     mem_sync /= k->memory_bw_gbs / 2 * 1e9;
     const trill_plan_time zero = { 0 };
     trill_plan_time gen = zero, tr = zero, gen_all = zero, tr_all = zero;
     /* LlamaRL's baseline: every device generates its share of the batch (in generators of the
      * layout's size, parallel.generator.ep devices), then every device trains, then the weights
      * are copied in place */
-    const int all = D + out->generator_devices, reps = all / gen_ep > 0 ? all / gen_ep : 1;
-    gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, reps, gen_ep, &gen_all);
+    const int g_all = rc->parallel.generator.ep > 0 ? rc->parallel.generator.ep : 1; /* without replicas too: the colocated generators' size */
+    const int all = D + out->generator_devices, reps = all / g_all > 0 ? all / g_all : 1;
+    gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, reps, g_all, &gen_all);
     train_time(c, rc, k, &mc, &out->workload, n_seq, all, 1, all / (ep * tp) > 0 ? all / (ep * tp) : 1, ep, tp, lora_dev, &tr_all);
     const double colocated = gen_all.gen_s + tr_all.train_s + mem_sync;
     if (replicas) { /* the generator on its own devices: mode sync waits for each phase, async overlaps them */
