@@ -58,6 +58,11 @@ const char *trill_lora_target_alias(int target);
  * TRILL_LORA_ALL_LINEAR). 0 on success, else -1 with the unknown name in the error message. */
 int trill_lora_parse_targets(const char *list, unsigned *targets);
 
+/* Checks cfg for a model of config c (rank, alpha, targets the family has; lm_head neither tied
+ * nor a score head) and resolves "all-linear" to the family's modules, as trill_lora_create does:
+ * what trill plan counts is what trill train would adapt. */
+trill_status trill_lora_config_resolve(const trill_config *c, trill_lora_config *cfg);
+
 /* New adapters for m: A Kaiming-uniform from `seed`, B zero (so the model is unchanged). Their
  * config's targets are the modules adapted (all-linear resolved for m's family). */
 trill_status trill_lora_create(const trill_model *m, trill_lora_config config, uint64_t seed, trill_lora **out);

@@ -166,6 +166,28 @@ static int run_search(const trill_config *c, trill_run_config *cfg, const trill_
     return 0;
 }
 
+/* The plan (of the fastest layout with search, after its table), as text or JSON. */
+static int plan_and_print(const trill_config *c, trill_run_config *cfg, const trill_cluster *k, const trill_plan_workload *w, bool search,
+                          bool json) {
+    json_t *found = NULL; /* --search --json: the layouts */
+    trill_plan p;
+    int rc = search ? run_search(c, cfg, k, w, json, &found) : 0;
+    if (!rc && trill_plan_make(c, cfg, k, w, &p)) rc = cli_fail("plan");
+    if (!rc && json) {
+        json_t *j = plan_json(c, cfg, k, &p);
+        if (j && found) json_object_set(j, "search", found);
+        char *text = j ? json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;
+        if (text) printf("%s\n", text);
+        else rc = cli_fail("plan");
+        free(text);
+        json_decref(j);
+    } else if (!rc) {
+        print_plan(c, cfg, k, &p);
+    }
+    json_decref(found);
+    return rc;
+}
+
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = "h100-sxm";
     bool json = false, search = false, full = false;
@@ -207,40 +229,19 @@ int cmd_plan(int argc, char **argv) {
         free(cfg.model);
         cfg.model = strdup(model);
     }
-    trill_config c;
-    trill_cluster k;
-    trill_plan p;
-    json_t *found = NULL; /* --search --json: the layouts */
     /* no model: the embedded demo's, as trill train runs it (prompts of at most 6 tokens) */
     const bool demo = !cfg.model || !cfg.model[0];
     if (demo) {
         free(cfg.model);
         cfg.model = strdup("the embedded demo");
     }
-    {
-        const double prompt_default = demo ? 6 : cfg.data.max_prompt_tokens / 4.0;
-        const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : prompt_default,
-                                        .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
-                                        .spread = (trill_plan_spread)spread, .full = full };
-        if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k)) rc = cli_fail("plan");
-        else if (search) rc = run_search(&c, &cfg, &k, &w, json, &found);
-        if (!rc && !trill_plan_make(&c, &cfg, &k, &w, &p)) {
-        } else if (!rc) {
-            rc = cli_fail("plan");
-        }
-    }
-    if (!rc && json) {
-        json_t *j = plan_json(&c, &cfg, &k, &p);
-        if (j && found) json_object_set(j, "search", found);
-        char *text = j ? json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;
-        if (text) printf("%s\n", text);
-        else rc = cli_fail("plan");
-        free(text);
-        json_decref(j);
-    } else if (!rc) {
-        print_plan(&c, &cfg, &k, &p);
-    }
-    json_decref(found);
+    const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : demo ? 6 : cfg.data.max_prompt_tokens / 4.0,
+                                    .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
+                                    .spread = (trill_plan_spread)spread, .full = full };
+    trill_config c;
+    trill_cluster k;
+    if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k)) rc = cli_fail("plan");
+    else rc = plan_and_print(&c, &cfg, &k, &w, search, json);
     trill_run_config_free(&cfg);
     return rc;
 }

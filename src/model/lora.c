@@ -178,8 +178,7 @@ void trill_lora_free(trill_lora *lora) {
 
 /* Allocates the structure and the parameter block (zeroed) for m's config: for every expert
  * (whole), or for those m holds. */
-/* Checks cfg for a model of config c, "all-linear" resolved to c's family's modules. */
-static trill_status check_config(const trill_config *c, trill_lora_config *cfg) {
+trill_status trill_lora_config_resolve(const trill_config *c, trill_lora_config *cfg) {
     if (cfg->rank < 1 || cfg->rank > 4096) return trill_error(TRILL_ERR_INVALID, "lora.rank: %d is out of range [1, 4096]", cfg->rank);
     if (!(cfg->alpha > 0)) return trill_error(TRILL_ERR_INVALID, "lora.alpha: %g must be positive", cfg->alpha);
     const trill_family *f = trill_family_of(c);
@@ -200,7 +199,7 @@ static trill_status check_config(const trill_config *c, trill_lora_config *cfg) 
 
 static trill_status lora_alloc(const trill_model *m, trill_lora_config cfg, bool whole, trill_lora **out) {
     const trill_config *c = &m->config;
-    trill_status st = check_config(c, &cfg);
+    trill_status st = trill_lora_config_resolve(c, &cfg);
     if (st) return st;
     trill_lora *lora = trill_calloc(1, sizeof *lora);
     if (!lora) return trill_error(TRILL_ERR_NOMEM, "out of memory");

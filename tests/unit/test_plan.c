@@ -8,13 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "trill/config.h"
 #include "trill/plan.h"
 #include "trill/run_config.h"
+#include "testutil.h"
 
 static trill_config preset(const char *name) {
     char *text = trill_config_preset_text(name);
@@ -119,13 +119,6 @@ static void test_small_lora_by_hand(void **state) {
     assert_true(k.sum_lora == want);
 }
 
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* A cluster file: read whole; each refusal names the file, the field and what it expects. */
 static void test_cluster_files(void **state) {
     (void)state;
@@ -135,12 +128,12 @@ static void test_cluster_files(void **state) {
     assert_int_not_equal(trill_cluster_load("h800:0", &k), TRILL_OK);
     assert_int_not_equal(trill_cluster_load("a100", &k), TRILL_OK);
     assert_non_null(strstr(trill_error_message(), "h100-sxm"));
-    char path[] = "/tmp/trill_plan_cluster_XXXXXX";
-    const int fd = mkstemp(path);
-    assert_true(fd >= 0);
+    char *dir = test_tmpdir("plan"), path[4200];
+    assert_non_null(dir);
+    snprintf(path, sizeof path, "%s/cluster.yaml", dir);
     const char *good = "name: two CPUs\nnodes: 2\ndevices_per_node: 1\nmemory_gb: 24\nbf16_tflops: 0.47\nmemory_bw_gbs: 46\n"
                        "intra_bw_gbs: 20\ninter_bw_gbs: 1.25\nintra_latency_us: 1\ninter_latency_us: 50\n";
-    write_file(path, good);
+    test_write(dir, "cluster.yaml", good, strlen(good));
     assert_int_equal(trill_cluster_load(path, &k), TRILL_OK);
     assert_true(k.nodes == 2 && k.memory_gb == 24 && k.inter_bw_gbs == 1.25 && !strcmp(k.name, "two CPUs") && k.fp8_tflops == 0);
     static const struct { const char *text, *want; } bad[] = {
@@ -152,12 +145,13 @@ static void test_cluster_files(void **state) {
         { "nodes: [1\n", ":" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        write_file(path, bad[i].text);
+        test_write(dir, "cluster.yaml", bad[i].text, strlen(bad[i].text));
         assert_int_not_equal(trill_cluster_load(path, &k), TRILL_OK);
         const char *msg = trill_error_message();
         if (!strstr(msg, path) || !strstr(msg, bad[i].want)) fail_msg("'%s': the message '%s' lacks the file or '%s'", bad[i].text, msg, bad[i].want);
     }
-    unlink(path);
+    test_rmdir(dir);
+    free(dir);
 }
 
 /* The plan of the default run configuration on the tiny preset: LoRA's bytes on the trainer are

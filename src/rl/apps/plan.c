@@ -49,11 +49,12 @@ static trill_plan_module module_of(const trill_param *t) {
     }
 }
 
+static bool routed(const trill_param *t) { return module_of(t) == TRILL_PLAN_ROUTED_EXPERTS; }
+
 /* ---- counts ---- */
 
 typedef struct count_walk {
     trill_plan_counts *out;
-    const trill_config *c;
     unsigned targets; /* LoRA's, resolved; 0: full fine-tuning */
     int rank;
 } count_walk;
@@ -74,19 +75,13 @@ static void count_tensor(void *ctx, const trill_tensor_row *row, const trill_par
 
 trill_status trill_plan_count(const trill_config *c, const trill_lora_config *lora, trill_plan_counts *out) {
     memset(out, 0, sizeof *out);
-    count_walk w = { .out = out, .c = c };
+    count_walk w = { .out = out };
     if (lora) {
-        const trill_family *f = trill_family_of(c);
-        unsigned targets = lora->targets;
-        if (targets & TRILL_LORA_ALL_LINEAR) targets = (targets & ~TRILL_LORA_ALL_LINEAR) | f->all_linear;
-        if (lora->rank < 1) return trill_error(TRILL_ERR_INVALID, "trainer.lora.rank: %d must be at least 1", lora->rank);
-        if (!targets) return trill_error(TRILL_ERR_INVALID, "trainer.lora.target_modules: no module selected");
-        for (int i = 0; i < 31; i++)
-            if (targets & ~f->lora_targets & (1u << i))
-                return trill_error(TRILL_ERR_UNSUPPORTED, "trainer.lora.target_modules: %s: a %s model has no such module",
-                                   trill_lora_target_peft_name(i), trill_config_model_type(c));
-        w.targets = targets;
-        w.rank = lora->rank;
+        trill_lora_config r = *lora;
+        const trill_status st = trill_lora_config_resolve(c, &r);
+        if (st) return st;
+        w.targets = r.targets;
+        w.rank = r.rank;
     }
     trill_arch_walk(c, count_tensor, &w);
     /* active routed experts: the tensor table's own count (trill_config_param_counts) less the rest */
@@ -129,19 +124,26 @@ enum { N_PROFILES = sizeof profiles / sizeof profiles[0] };
 
 const char *trill_cluster_profile_names(void) { return "h100-sxm, h800, h200, h20"; }
 
+/* A cluster with the assumed GPU efficiencies and nothing else set. */
+static trill_cluster gpu_defaults(void) {
+    return (trill_cluster){ .train_mfu = GPU_TRAIN_MFU_PCT / 100.0, .prefill_mfu = GPU_PREFILL_MFU_PCT / 100.0,
+                            .decode_mfu = GPU_DECODE_MFU_PCT / 100.0, .decode_bw_util = GPU_DECODE_BW_PCT / 100.0 };
+}
+
 static void from_profile(const profile *p, trill_cluster *k) {
-    *k = (trill_cluster){ .nodes = 1, .devices_per_node = p->devices_per_node, .memory_gb = p->mem, .bf16_tflops = p->bf16, .fp8_tflops = p->fp8,
-                          .memory_bw_gbs = p->bw, .intra_bw_gbs = p->intra, .inter_bw_gbs = p->inter, .intra_latency_us = p->lat_intra,
-                          .inter_latency_us = p->lat_inter, .train_mfu = GPU_TRAIN_MFU_PCT / 100.0, .prefill_mfu = GPU_PREFILL_MFU_PCT / 100.0,
-                          .decode_mfu = GPU_DECODE_MFU_PCT / 100.0, .decode_bw_util = GPU_DECODE_BW_PCT / 100.0 };
+    *k = gpu_defaults();
+    k->nodes = 1, k->devices_per_node = p->devices_per_node, k->memory_gb = p->mem, k->bf16_tflops = p->bf16, k->fp8_tflops = p->fp8;
+    k->memory_bw_gbs = p->bw, k->intra_bw_gbs = p->intra, k->inter_bw_gbs = p->inter;
+    k->intra_latency_us = p->lat_intra, k->inter_latency_us = p->lat_inter;
     snprintf(k->name, sizeof k->name, "%s", p->name);
     snprintf(k->source, sizeof k->source, "%s", p->source);
 }
 
 /* A cluster file's keys: where each goes, its least value, and whether it must be given. */
-typedef struct cluster_key { const char *key; size_t at; bool integer, required; double min; const char *doc; } cluster_key;
-#define DKEY(k, req, lo, doc) { #k, offsetof(trill_cluster, k), false, req, lo, doc }
-#define IKEY(k, req, lo, doc) { #k, offsetof(trill_cluster, k), true, req, lo, doc }
+typedef struct cluster_key { const char *key; size_t at; bool integer, required; double min, max; const char *doc; } cluster_key;
+#define DKEY(k, req, lo, doc) { #k, offsetof(trill_cluster, k), false, req, lo, INFINITY, doc }
+#define SKEY(k, lo, doc) { #k, offsetof(trill_cluster, k), false, false, lo, 1, doc } /* a share: at most 1 */
+#define IKEY(k, req, lo, doc) { #k, offsetof(trill_cluster, k), true, req, lo, 1e9, doc }
 static const cluster_key cluster_keys[] = {
     IKEY(nodes, true, 1, "nodes"),
     IKEY(devices_per_node, true, 1, "devices a node"),
@@ -153,14 +155,41 @@ static const cluster_key cluster_keys[] = {
     DKEY(inter_bw_gbs, true, 1e-3, "a device's link out of its node, GB/s a direction"),
     DKEY(intra_latency_us, true, 0, "latency within a node, microseconds"),
     DKEY(inter_latency_us, true, 0, "latency across nodes, microseconds"),
-    DKEY(train_mfu, false, 1e-6, "training's share of the bf16 peak (default 0.4)"),
-    DKEY(prefill_mfu, false, 1e-6, "prefill's share of the bf16 peak (default 0.5)"),
-    DKEY(decode_mfu, false, 1e-6, "a compute-bound decode step's share of the peak (default 0.3)"),
-    DKEY(decode_bw_util, false, 1e-6, "a bandwidth-bound decode step's share of the memory bandwidth (default 0.7)"),
-    DKEY(split_gen_rate, false, 0, "the generator's rate on half a device's cores, a share of the whole device's (default 0.5)"),
-    DKEY(split_train_rate, false, 0, "the trainer's rate on half a device's cores, a share of the whole device's (default 0.5)"),
+    SKEY(train_mfu, 1e-6, "training's share of the bf16 peak (default 0.4)"),
+    SKEY(prefill_mfu, 1e-6, "prefill's share of the bf16 peak (default 0.5)"),
+    SKEY(decode_mfu, 1e-6, "a compute-bound decode step's share of the peak (default 0.3)"),
+    SKEY(decode_bw_util, 1e-6, "a bandwidth-bound decode step's share of the memory bandwidth (default 0.7)"),
+    SKEY(split_gen_rate, 0, "the generator's rate on half a device's cores, a share of the whole device's (default 0.5)"),
+    SKEY(split_train_rate, 0, "the trainer's rate on half a device's cores, a share of the whole device's (default 0.5)"),
 };
 enum { N_CLUSTER_KEYS = sizeof cluster_keys / sizeof cluster_keys[0] };
+
+/* One "key: value" of a cluster file at line `line` into k (name and source as they are, the rest
+ * numbers in their key's range); seen[i] marks cluster_keys[i]. */
+static trill_status cluster_field(const char *path, size_t line, const char *key, const char *val, trill_cluster *k, bool *seen) {
+    if (!strcmp(key, "name")) return snprintf(k->name, sizeof k->name, "%s", val), TRILL_OK;
+    if (!strcmp(key, "source")) return snprintf(k->source, sizeof k->source, "%s", val), TRILL_OK;
+    int i = 0;
+    while (i < N_CLUSTER_KEYS && strcmp(cluster_keys[i].key, key)) i++;
+    if (i == N_CLUSTER_KEYS) {
+        char known[512] = "name, source";
+        for (int j = 0; j < N_CLUSTER_KEYS; j++) snprintf(known + strlen(known), sizeof known - strlen(known), ", %s", cluster_keys[j].key);
+        return trill_error(TRILL_ERR_INVALID, "%s:%zu: %s: unknown field (known: %s)", path, line, key, known);
+    }
+    const cluster_key *ck = &cluster_keys[i];
+    char *end;
+    const double v = strtod(val, &end);
+    if (end == val || *end || !isfinite(v) || v < ck->min || v > ck->max || (ck->integer && v != floor(v))) {
+        char range[64] = "";
+        if (ck->max == 1) snprintf(range, sizeof range, " and at most 1");
+        return trill_error(TRILL_ERR_INVALID, "%s:%zu: %s: '%s' is not %s at least %g%s (%s)", path, line, key, val,
+                           ck->integer ? "an integer" : "a number", ck->min, range, ck->doc);
+    }
+    if (ck->integer) *(int *)((char *)k + ck->at) = (int)v;
+    else *(double *)((char *)k + ck->at) = v;
+    seen[i] = true;
+    return TRILL_OK;
+}
 
 static trill_status parse_cluster(const char *path, const char *text, size_t len, trill_cluster *k) {
     yaml_parser_t parser;
@@ -176,8 +205,7 @@ static trill_status parse_cluster(const char *path, const char *text, size_t len
     trill_status st = TRILL_OK;
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
     bool seen[N_CLUSTER_KEYS] = { false };
-    *k = (trill_cluster){ .train_mfu = GPU_TRAIN_MFU_PCT / 100.0, .prefill_mfu = GPU_PREFILL_MFU_PCT / 100.0,
-                          .decode_mfu = GPU_DECODE_MFU_PCT / 100.0, .decode_bw_util = GPU_DECODE_BW_PCT / 100.0 };
+    *k = gpu_defaults();
     snprintf(k->name, sizeof k->name, "%s", path);
     if (!root || root->type != YAML_MAPPING_NODE) {
         st = trill_error(TRILL_ERR_INVALID, "%s: expected a mapping of the cluster's fields (nodes, devices_per_node, memory_gb, ...)", path);
@@ -190,33 +218,7 @@ static trill_status parse_cluster(const char *path, const char *text, size_t len
             st = trill_error(TRILL_ERR_INVALID, "%s:%zu: expected key: value with a scalar value", path, line);
             goto done;
         }
-        const char *key = (const char *)kn->data.scalar.value, *val = (const char *)vn->data.scalar.value;
-        if (!strcmp(key, "name") || !strcmp(key, "source")) {
-            snprintf(!strcmp(key, "name") ? k->name : k->source, !strcmp(key, "name") ? sizeof k->name : sizeof k->source, "%s", val);
-            continue;
-        }
-        int i = 0;
-        while (i < N_CLUSTER_KEYS && strcmp(cluster_keys[i].key, key)) i++;
-        if (i == N_CLUSTER_KEYS) {
-            st = trill_error(TRILL_ERR_INVALID,
-                             "%s:%zu: %s: unknown field (known: name, source, nodes, devices_per_node, memory_gb, bf16_tflops, fp8_tflops, "
-                             "memory_bw_gbs, intra_bw_gbs, inter_bw_gbs, intra_latency_us, inter_latency_us, train_mfu, prefill_mfu, decode_mfu, "
-                             "decode_bw_util, split_gen_rate, split_train_rate)",
-                             path, line, key);
-            goto done;
-        }
-        const cluster_key *ck = &cluster_keys[i];
-        char *end;
-        const double v = strtod(val, &end);
-        const bool share = strstr(key, "mfu") || strstr(key, "util") || strstr(key, "rate");
-        if (end == val || *end || !isfinite(v) || v < ck->min || (share && v > 1) || (ck->integer && (v != floor(v) || v > 1e9))) {
-            st = trill_error(TRILL_ERR_INVALID, "%s:%zu: %s: '%s' is not %s at least %g%s (%s)", path, line, key, val, ck->integer ? "an integer" : "a number",
-                             ck->min, share ? " and at most 1" : "", ck->doc);
-            goto done;
-        }
-        if (ck->integer) *(int *)((char *)k + ck->at) = (int)v;
-        else *(double *)((char *)k + ck->at) = v;
-        seen[i] = true;
+        if ((st = cluster_field(path, line, (const char *)kn->data.scalar.value, (const char *)vn->data.scalar.value, k, seen))) goto done;
     }
     for (int i = 0; i < N_CLUSTER_KEYS; i++)
         if (cluster_keys[i].required && !seen[i]) {
@@ -259,9 +261,7 @@ trill_status trill_cluster_load(const char *name, trill_cluster *out) {
 /* ---- bytes per device ---- */
 
 typedef struct mem_walk {
-    const trill_config *c;
-    const trill_run_config *rc;
-    unsigned targets;
+    trill_lora_config lora_cfg; /* targets resolved */
     int tp, ep, gen_ep;
     trill_gen_format gen_format;
     double base, lora, gen_weights, merge_bytes;
@@ -272,7 +272,7 @@ typedef struct mem_walk {
 /* The share of tensor t a device keeps: a routed expert's 1 in ep, a tensor-parallel split's 1 in
  * tp, the rest whole. */
 static double share(const trill_param *t, int tp, int ep) {
-    if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0 / ep;
+    if (routed(t)) return 1.0 / ep;
     return t->split != TRILL_SPLIT_NONE ? 1.0 / tp : 1.0;
 }
 
@@ -305,14 +305,14 @@ static void mem_tensor(void *ctx, const trill_tensor_row *row, const trill_param
     w->base += s * (t->ndim == 2 ? 2.0 : 4.0) * (double)t->numel;
     if (w->full) {
         if (trill_tensor_trainable(t->kind)) w->lora += s * (double)t->numel;
-    } else if (t->lora_target >= 0 && (w->targets & (1u << t->lora_target)) && t->ndim == 2) {
-        w->lora += s * (double)w->rc->trainer.lora.rank * (double)(t->shape[0] + t->shape[1]);
+    } else if (t->lora_target >= 0 && (w->lora_cfg.targets & (1u << t->lora_target)) && t->ndim == 2) {
+        w->lora += s * (double)w->lora_cfg.rank * (double)(t->shape[0] + t->shape[1]);
     }
     const double g = gen_bytes(t, w->gen_format);
     w->merge_bytes += g;
-    if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) w->gen_experts += g;
+    if (routed(t)) w->gen_experts += g;
     if (t->kind == TRILL_TENSOR_EMBEDDING) w->gen_embedding += g;
-    w->gen_weights += g * (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS ? 1.0 / w->gen_ep : 1.0);
+    w->gen_weights += g * (routed(t) ? 1.0 / w->gen_ep : 1.0);
 }
 
 /* Floats a token keeps for the backward in one layer of c (no recomputation): the layer's input
@@ -412,7 +412,7 @@ typedef struct model_costs {
 
 /* Seconds to generate n_seq rollouts on `replicas` generators of g devices each, the batch shared
  * between them. */
-static void gen_wave(const trill_config *c, const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
+static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
                      double kv_tok, double n_seq, int replicas, int g, trill_plan_time *t) {
     const double per_rep = n_seq / replicas, peak = k->bf16_tflops * 1e12, bw = k->memory_bw_gbs * 1e9;
     /* prefill: compute-bound */
@@ -444,17 +444,16 @@ static void gen_wave(const trill_config *c, const trill_cluster *k, const model_
     t->decode_steps = steps;
     t->decode_bound_bw = steps ? bound_bw / steps : 0;
     t->gen_s = t->prefill_s + t->decode_s;
-    (void)c;
 }
 
 /* gen_wave in waves when a device's share of the rollouts at full length (prompt + max_new
  * tokens) would not fit its KV cache (kv_rows of them fit; 0: the weights leave no room, one
  * wave, which the memory figures already refuse). */
-static void gen_time(const trill_config *c, const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
+static void gen_time(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
                      double kv_tok, double kv_rows, double n_seq, int replicas, int g, trill_plan_time *t) {
     const double rows = n_seq / replicas / g;
     const int waves = kv_rows >= 1 && rows > kv_rows ? (int)ceil(rows / floor(kv_rows)) : 1;
-    gen_wave(c, k, mc, w, max_new, kv_tok, n_seq / waves, replicas, g, t);
+    gen_wave(k, mc, w, max_new, kv_tok, n_seq / waves, replicas, g, t);
     t->prefill_s *= waves, t->decode_s *= waves, t->gen_s *= waves;
     t->decode_steps *= waves;
     t->gen_waves = waves;
@@ -465,7 +464,7 @@ static void gen_time(const trill_config *c, const trill_cluster *k, const model_
  * base; the adapters' own are small), a recomputed forward, and the communication of ep, tp and
  * dp (docs/plan.md). */
 static void train_time(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const model_costs *mc,
-                       const trill_plan_workload *w, double n_seq, int devices, double frac, int dp, int ep, int tp, double lora_dev_bytes,
+                       const trill_plan_workload *w, double n_seq, int devices, int dp, int ep, int tp, double lora_dev_bytes,
                        trill_plan_time *t) {
     const double T = n_seq * (w->prompt_len + w->response_len), ctx = (w->prompt_len + w->response_len) / 2;
     const double fwd = 2 * mc->active_ne * T + mc->att_train * ctx * T;
@@ -476,12 +475,12 @@ static void train_time(const trill_config *c, const trill_run_config *rc, const 
     const double passes = 2 + (rc->algo.minibatches > 1 || kl_reward) + (rc->algo.kl_coef > 0) + rc->trainer.recompute + w->full;
     t->train_flops = passes * fwd;
     t->train_tokens = T;
-    double sec = t->train_flops / (devices * frac * k->bf16_tflops * 1e12 * k->train_mfu);
+    double sec = t->train_flops / (devices * k->bf16_tflops * 1e12 * k->train_mfu);
     double comm = 0, bw, lat;
     const double T_dev = T / dp; /* a data-parallel group's tokens */
     if (ep > 1 && mc->moe_layers) { /* all-to-all: each token's hidden state to its k experts and back, forward and backward */
         link_of(k, ep * tp, &bw, &lat);
-        comm += (passes - 1 + 1) * mc->moe_layers * (2 * lat + 2.0 * T_dev / ep * mc->K * mc->H * 4 * (ep - 1) / ep / bw);
+        comm += passes * mc->moe_layers * (2 * lat + 2.0 * T_dev / ep * mc->K * mc->H * 4 * (ep - 1) / ep / bw);
     }
     if (tp > 1) { /* two all-reduces a layer, forward and backward */
         link_of(k, tp, &bw, &lat);
@@ -512,7 +511,9 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     if (!(out->workload.prompt_len >= 1) || !(out->workload.response_len >= 1) || out->workload.response_len > rc->generator.max_new_tokens)
         return trill_error(TRILL_ERR_INVALID, "plan: prompts of %g tokens and responses of %g: each must be at least 1, responses at most generator.max_new_tokens (%d)",
                            out->workload.prompt_len, out->workload.response_len, rc->generator.max_new_tokens);
-    trill_status st = trill_plan_count(c, out->workload.full ? NULL : &rc->trainer.lora, &out->counts);
+    trill_lora_config lora = rc->trainer.lora; /* resolved once: the counts and the bytes adapt the same weights */
+    trill_status st = out->workload.full ? TRILL_OK : trill_lora_config_resolve(c, &lora);
+    if (!st) st = trill_plan_count(c, out->workload.full ? NULL : &lora, &out->counts);
     if (st) return st;
     const int dp = rc->parallel.trainer.dp, ep = rc->parallel.trainer.ep, tp = rc->parallel.trainer.tp;
     const int replicas = rc->parallel.generator.replicas, gen_ep = replicas ? rc->parallel.generator.ep : 1;
@@ -524,11 +525,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
                                               "%d in all; the cluster has %d (%d nodes x %d)",
                            out->trainer_devices, dp, ep, tp, out->generator_devices, replicas, gen_ep, out->trainer_devices + out->generator_devices,
                            devices, k->nodes, k->devices_per_node);
-    const trill_family *f = trill_family_of(c);
-    unsigned targets = rc->trainer.lora.targets;
-    if (targets & TRILL_LORA_ALL_LINEAR) targets = (targets & ~TRILL_LORA_ALL_LINEAR) | f->all_linear;
-    mem_walk w = { .c = c, .rc = rc, .targets = targets, .tp = tp, .ep = ep, .gen_ep = gen_ep, .gen_format = rc->generator.dtype,
-                   .full = out->workload.full };
+    mem_walk w = { .lora_cfg = lora, .tp = tp, .ep = ep, .gen_ep = gen_ep, .gen_format = rc->generator.dtype, .full = out->workload.full };
     trill_arch_walk(c, mem_tensor, &w);
 
     trill_plan_memory *m = &out->memory;
@@ -612,12 +609,12 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
      * are copied in place */
     const int g_all = rc->parallel.generator.ep > 0 ? rc->parallel.generator.ep : 1; /* without replicas too: the colocated generators' size */
     const int all = D + out->generator_devices, reps = all / g_all > 0 ? all / g_all : 1;
-    gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, reps, g_all, &gen_all);
-    train_time(c, rc, k, &mc, &out->workload, n_seq, all, 1, all / (ep * tp) > 0 ? all / (ep * tp) : 1, ep, tp, lora_dev, &tr_all);
+    gen_time(k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, reps, g_all, &gen_all);
+    train_time(c, rc, k, &mc, &out->workload, n_seq, all, all / (ep * tp) > 0 ? all / (ep * tp) : 1, ep, tp, lora_dev, &tr_all);
     const double colocated = gen_all.gen_s + tr_all.train_s + mem_sync;
     if (replicas) { /* the generator on its own devices: mode sync waits for each phase, async overlaps them */
-        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, replicas, gen_ep, &gen);
-        train_time(c, rc, k, &mc, &out->workload, n_seq, D, 1, dp, ep, tp, lora_dev, &tr);
+        gen_time(k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, replicas, gen_ep, &gen);
+        train_time(c, rc, k, &mc, &out->workload, n_seq, D, dp, ep, tp, lora_dev, &tr);
         *t = gen;
         t->sync_s = sync_s;
         t->train_s = tr.train_s, t->train_comm_s = tr.train_comm_s, t->train_flops = tr.train_flops, t->train_tokens = tr.train_tokens;
@@ -626,8 +623,8 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     } else {
         /* mode sync: every trainer rank generates the whole batch (trill train's sync mode), then
          * they train; mode async (one process): the generator's cores beside the trainer's */
-        gen_time(c, k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, 1, 1, &gen);
-        train_time(c, rc, k, &mc, &out->workload, n_seq, D, 1, dp, ep, tp, lora_dev, &tr);
+        gen_time(k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, 1, 1, &gen);
+        train_time(c, rc, k, &mc, &out->workload, n_seq, D, dp, ep, tp, lora_dev, &tr);
         *t = gen;
         t->sync_s = mem_sync;
         t->train_s = tr.train_s, t->train_comm_s = tr.train_comm_s, t->train_flops = tr.train_flops, t->train_tokens = tr.train_tokens;
