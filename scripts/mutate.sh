@@ -99,8 +99,8 @@ m plan_lora_in_only rl src/rl/apps/plan.c "test_plan" \
   'w->out->lora[m] += (int64_t)w->rank * t->shape[1];' \
   "trill plan: a LoRA pair counted as A alone (r x in)"
 m plan_experts_not_sharded rl src/rl/apps/plan.c "test_plan" \
-  'if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0 / ep;' \
-  'if (t->expert >= 0 || module_of(t) == TRILL_PLAN_ROUTED_EXPERTS) return 1.0;' \
+  'if (routed(t)) return 1.0 / ep;' \
+  'if (routed(t)) return 1.0;' \
   "trill plan: every trainer device holds every routed expert under expert parallelism"
 m plan_search_slowest_first rl src/rl/apps/plan.c "test_plan" \
   'while (at > 0 && out[at - 1].step_s > l->step_s) at--;' \
