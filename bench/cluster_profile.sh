@@ -12,11 +12,21 @@
 #   split_gen_rate  batch-4 decode on half the cores (OMP_NUM_THREADS) over all of them: the rate
 #   split_train_rate  trill train's async executors reach when they share the CPU; the same for training
 # Each figure is the median of RUNS runs (default 3). Prints the YAML and writes it to OUT.
+# Efficiencies depend on the shapes they are measured at; these set them (defaults in brackets):
+#   PREFILL_PROMPT [512], PREFILL_BATCH [1]   the prefill's prompts: tokens each, at once
+#   DECODE_PROMPT [64], DECODE_BATCH [256]    the compute-bound decode's prompts and batch
+#   TRAIN_BATCH [4], TRAIN_SEQ [134]          the training step's sequences and their tokens
+# A tiny model planned at its own shapes (the demo: PREFILL_PROMPT=6 PREFILL_BATCH=32
+# DECODE_PROMPT=6 DECODE_BATCH=256 TRAIN_BATCH=256 TRAIN_SEQ=9) runs far from the defaults'
+# efficiencies (docs/plan.md, calibration).
 # Usage: bench/cluster_profile.sh [TRILL] [OUT.yaml] [MODEL]
 set -euo pipefail
 TRILL=$(realpath "${1:-build/trill}")
 OUT=$(realpath -m "${2:-local_cluster.yaml}")
 RUNS=${RUNS:-3}
+PREFILL_PROMPT=${PREFILL_PROMPT:-512} PREFILL_BATCH=${PREFILL_BATCH:-1}
+DECODE_PROMPT=${DECODE_PROMPT:-64} DECODE_BATCH=${DECODE_BATCH:-256}
+TRAIN_BATCH=${TRAIN_BATCH:-4} TRAIN_SEQ=${TRAIN_SEQ:-134}
 CORES=$(nproc)
 HALF=$(( CORES / 2 > 0 ? CORES / 2 : 1 ))
 W=$(mktemp -d)
@@ -31,16 +41,18 @@ cd "$W"
 "$TRILL" plan --model "$MODEL" --json > plan.json
 for i in $(seq "$RUNS"); do
     "$TRILL" bench generate --model "$MODEL" --dtypes bf16 --batches 1 --prompt-len 512 --decode-only --steps 16 > gen_$i.txt 2>&1
-    "$TRILL" bench generate --model "$MODEL" --dtypes bf16 --batches 256 --prompt-len 64 --decode-only --steps 16 >> gen_$i.txt 2>&1
-    "$TRILL" bench train --model "$MODEL" --lora --batch 4 --seq 134 --runs 3 > train_$i.txt 2>&1
+    "$TRILL" bench generate --model "$MODEL" --dtypes bf16 --batches "$DECODE_BATCH" --prompt-len "$DECODE_PROMPT" --decode-only --steps 16 > dec_$i.txt 2>&1
+    "$TRILL" bench generate --model "$MODEL" --dtypes bf16 --batches "$PREFILL_BATCH" --prompt-len "$PREFILL_PROMPT" --decode-only --steps 16 > pre_$i.txt 2>&1
+    "$TRILL" bench train --model "$MODEL" --lora --batch "$TRAIN_BATCH" --seq "$TRAIN_SEQ" --runs 3 > train_$i.txt 2>&1
     # half the cores (trill train's async executors, one each on 2 cores): batch-4 decode and the same training step
     "$TRILL" bench generate --model "$MODEL" --dtypes bf16 --batches 4 --prompt-len 64 --decode-only --steps 32 > gen4_$i.txt 2>&1
     OMP_NUM_THREADS=$HALF "$TRILL" bench generate --model "$MODEL" --dtypes bf16 --batches 4 --prompt-len 64 --decode-only --steps 32 > gen4h_$i.txt 2>&1
-    OMP_NUM_THREADS=$HALF "$TRILL" bench train --model "$MODEL" --lora --batch 4 --seq 134 --runs 3 > trainh_$i.txt 2>&1
+    OMP_NUM_THREADS=$HALF "$TRILL" bench train --model "$MODEL" --lora --batch "$TRAIN_BATCH" --seq "$TRAIN_SEQ" --runs 3 > trainh_$i.txt 2>&1
 done
-/usr/bin/python3 - "$MODEL" "$OUT" "$RUNS" <<'PY'
+/usr/bin/python3 - "$MODEL" "$OUT" "$RUNS" "$PREFILL_PROMPT" "$PREFILL_BATCH" "$DECODE_PROMPT" "$DECODE_BATCH" "$TRAIN_BATCH" "$TRAIN_SEQ" <<'PY'
 import json, os, re, statistics, sys
 model, out, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+P, PB, DP, DB, TB, TS = (int(x) for x in sys.argv[4:10])
 cfg = json.load(open(os.path.join(model, "config.json")))
 plan = json.load(open("plan.json"))
 mods = plan["parameters"]["by_module"]
@@ -55,12 +67,12 @@ for i in range(1, runs + 1):
     bw.append(float(re.search(r"memory bandwidth \(512 MB copy, \d+ threads\): ([\d.]+) GB/s", g).group(1)))
     peak.append(float(re.search(r"peak (\d+) GFLOP/s", g).group(1)))
     bwu.append(float(re.search(r"batch +1: decode .*?([\d.]+)% of the bandwidth bound", g).group(1)) / 100)
-    dec.append(float(re.search(r"batch +256: decode .*?= ([\d.]+)% of peak", g).group(1)) / 100)
-    p = float(re.search(r"batch +1: decode .*?prefill (\d+) tokens/s", g).group(1))
-    P = 512
-    pre.append(p * (2 * (active_ne - head) + att * P / 2) / (peak[-1] * 1e9))
+    dec.append(float(re.search(rf"batch +{DB}: decode .*?= ([\d.]+)% of peak", open(f"dec_{i}.txt").read()).group(1)) / 100)
+    p = float(re.search(rf"batch +{PB}: decode .*?prefill (\d+) tokens/s", open(f"pre_{i}.txt").read()).group(1))
+    # the plan's FLOPs of a prompt token: the matrices but lm_head, attention, lm_head once a prompt
+    pre.append(p * (2 * (active_ne - head) + att * P / 2 + 2 * head / P) / (peak[-1] * 1e9))
     t = float(re.search(r"(\d+) tokens/s", open(f"train_{i}.txt").read()).group(1))
-    trn.append(t * 2 * (2 * active_ne + att * 134 / 2) / (peak[-1] * 1e9))
+    trn.append(t * 2 * (2 * active_ne + att * TS / 2) / (peak[-1] * 1e9))
     dec4 = lambda f: float(re.search(r"batch +4: decode +([\d.]+) tokens/s", open(f).read()).group(1))
     sg.append(dec4(f"gen4h_{i}.txt") / dec4(f"gen4_{i}.txt"))
     st.append(float(re.search(r"(\d+) tokens/s", open(f"trainh_{i}.txt").read()).group(1)) / t)
@@ -70,7 +82,7 @@ flags = open("/proc/cpuinfo").read()
 isa = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
 spread = lambda xs: f"{min(xs):.3g}-{max(xs):.3g}"
 yaml = f"""name: this machine ({os.cpu_count()} cores, {cpu}, {isa})
-source: bench/cluster_profile.sh on {os.path.basename(model)}, medians of {runs} runs (copy bandwidth {spread(bw)} GB/s; efficiencies train {spread(trn)}, prefill {spread(pre)}, decode {spread(dec)}, bandwidth {spread(bwu)}; on half the cores generation {spread(sg)}, training {spread(st)})
+source: bench/cluster_profile.sh on {os.path.basename(model)} (prefill {PB} x {P} tokens, decode {DB} x {DP}, training {TB} x {TS}), medians of {runs} runs (copy bandwidth {spread(bw)} GB/s; efficiencies train {spread(trn)}, prefill {spread(pre)}, decode {spread(dec)}, bandwidth {spread(bwu)}; on half the cores generation {spread(sg)}, training {spread(st)})
 nodes: 1
 devices_per_node: 1
 memory_gb: {mem:.1f}

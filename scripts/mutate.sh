@@ -106,6 +106,18 @@ m plan_search_slowest_first rl src/rl/apps/plan.c "test_plan" \
   'while (at > 0 && out[at - 1].step_s > l->step_s) at--;' \
   'while (at > 0 && out[at - 1].step_s < l->step_s) at--;' \
   "trill plan --search: keeps the slowest layouts first"
+m plan_prefill_every_sample rl src/rl/apps/plan.c "test_plan" \
+  'const double P = w->prompt_len, prompts = per_rep / n;' \
+  'const double P = w->prompt_len, prompts = per_rep;' \
+  "trill plan: every sample prefills its prompt (they share it)"
+m plan_gen_tp_kv_whole rl src/rl/apps/plan.c "test_plan" \
+  ': 2.0 * ((c->num_key_value_heads + tp - 1) / tp) * c->head_dim * elem;' \
+  ': 2.0 * c->num_key_value_heads * c->head_dim * elem;' \
+  "trill plan --gen-tp: every tensor-parallel device keeps every kv head"
+m plan_cache_full_steps rl src/rl/apps/plan.c "test_plan" \
+  'const double full = (per_rep - C) * len / C;' \
+  'const double full = (per_rep - C) * len / per_rep;' \
+  "trill plan: continuous batching runs too few steps with its caches full"
 m qk_keys_stride infer src/infer/gen_blocks.h "test_gen_attention" \
   'const char *kp = key + (size_t)(j + p) * key_stride;' \
   'const char *kp = key + (size_t)(j + p) * key_stride / 2;' \

@@ -105,6 +105,10 @@ typedef struct trill_plan_workload {
      * train trains LoRA): fp32 master weights, gradients and AdamW's moments of every trainable
      * parameter, and a pass more for the weights' gradients */
     bool full;
+    /* generators of gen_tp tensor-parallel devices each (0 or 1: none), as vLLM's and SGLang's
+     * tensor parallelism splits them, to compare with other frameworks (trill's generator has no
+     * tensor parallelism): each replica is parallel.generator.ep x gen_tp devices; needs replicas */
+    int gen_tp;
 } trill_plan_workload;
 const char *trill_plan_spread_name(trill_plan_spread s);
 
@@ -116,10 +120,11 @@ typedef struct trill_plan_time {
     double sync_step_s;                /* mode sync on this layout: generate, train, sync in turn */
     double async_step_s;               /* mode async: generation beside training (steady state, max_staleness >= 1) */
     double colocated_step_s;           /* sync with every device generating, then training (LlamaRL's baseline) */
+    double colocated_gen_s, colocated_train_s; /* its generation and its training */
     double async_speedup;              /* sync_step_s / async_step_s */
     double gen_tokens, train_tokens, train_flops;
     int decode_steps;
-    int gen_waves;                     /* batches a generator decodes one after another (its KV cache holds only part of its rollouts) */
+    double gen_concurrent;             /* rollouts a generator replica runs at once: its share of the batch, or what its KV caches hold */
     double decode_bound_bw;            /* the share of decode steps bound by memory bandwidth */
 } trill_plan_time;
 
@@ -129,7 +134,7 @@ typedef struct trill_plan {
     trill_plan_sync sync;
     trill_plan_time time;
     trill_plan_workload workload;
-    int trainer_devices, generator_devices; /* dp ep tp; replicas x ep (0 replicas: the trainer's devices generate) */
+    int trainer_devices, generator_devices; /* dp ep tp; replicas x ep x gen_tp (0 replicas: the trainer's devices generate) */
 } trill_plan;
 
 /* The plan of run configuration rc (its trainer, generator, algo, sync, mode and parallel keys)

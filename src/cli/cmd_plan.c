@@ -47,7 +47,10 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
            k->devices_per_node, k->memory_gb, k->bf16_tflops, k->memory_bw_gbs, k->intra_bw_gbs, k->inter_bw_gbs, k->source);
     printf("layout:    trainer dp %d x ep %d x tp %d = %d devices; generator ", rc->parallel.trainer.dp, rc->parallel.trainer.ep,
            rc->parallel.trainer.tp, p->trainer_devices);
-    if (p->generator_devices)
+    if (p->generator_devices && p->workload.gen_tp > 1)
+        printf("%d replicas x ep %d x tp %d = %d devices (tensor parallelism: --gen-tp)\n\n", rc->parallel.generator.replicas,
+               rc->parallel.generator.ep, p->workload.gen_tp, p->generator_devices);
+    else if (p->generator_devices)
         printf("%d replicas x ep %d = %d devices\n\n", rc->parallel.generator.replicas, rc->parallel.generator.ep, p->generator_devices);
     else printf("on the trainer's devices\n\n");
     print_counts(&p->counts, rc->trainer.lora.rank);
@@ -77,13 +80,15 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
            rc->generator.max_new_tokens);
     printf("  generation %.3g s (prefill %.3g s, %d decode steps %.3g s, %.0f%% of them bandwidth-bound)", t->gen_s, t->prefill_s,
            t->decode_steps, t->decode_s, 100 * t->decode_bound_bw);
-    if (t->gen_waves > 1) printf("; in %d waves: a device's KV cache holds a %d-th of its rollouts at full length", t->gen_waves, t->gen_waves);
+    const double per_rep = (double)rc->generator.prompts_per_step * rc->generator.n / (p->generator_devices ? rc->parallel.generator.replicas : 1);
+    if (t->gen_concurrent < per_rep * (1 - 1e-9))
+        printf("; a generator's KV cache holds %.0f of its %.0f rollouts at once (continuous batching keeps it full)", t->gen_concurrent, per_rep);
     printf("\n");
     printf("  training   %.3g s (%.3g TFLOP over %.0f tokens; communication %.3g s)\n", t->train_s, t->train_flops * 1e-12, t->train_tokens,
            t->train_comm_s);
     printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || p->workload.full ? "merge" : "adapter");
-    printf("  a step: sync %.3g s, async %.3g s (%.2fx); every device generating then training (colocated) %.3g s\n", t->sync_step_s,
-           t->async_step_s, t->async_speedup, t->colocated_step_s);
+    printf("  a step: sync %.3g s, async %.3g s (%.2fx); every device generating then training (colocated) %.3g s (generation %.3g s, "
+           "training %.3g s)\n", t->sync_step_s, t->async_step_s, t->async_speedup, t->colocated_step_s, t->colocated_gen_s, t->colocated_train_s);
 }
 
 static json_t *plan_json(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan *p) {
@@ -108,12 +113,19 @@ static json_t *plan_json(const trill_config *c, const trill_run_config *rc, cons
                      "sync", "link", s->link, "adapter_bytes", s->adapter_bytes, "adapter_s", s->adapter_s, "merge_bytes", s->merge_bytes, "merge_s",
                      s->merge_s);
     if (j) json_object_set_new(json_object_get(j, "sync"), "merge_p2p_s", json_real(s->merge_p2p_s));
+    const trill_plan_workload *w = &p->workload;
+    if (j)
+        json_object_set_new(j, "workload", json_pack("{s:f, s:f, s:s, s:b, s:i, s:i, s:i}", "prompt_len", w->prompt_len, "response_len", w->response_len,
+                                                     "spread", trill_plan_spread_name(w->spread), "full", w->full, "gen_tp", w->gen_tp > 1 ? w->gen_tp : 1,
+                                                     "trainer_devices", p->trainer_devices, "generator_devices", p->generator_devices));
     const trill_plan_time *t = &p->time;
-    json_t *tj = json_pack("{s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "prefill_s", t->prefill_s, "decode_s",
-                           t->decode_s, "gen_s", t->gen_s, "decode_steps", t->decode_steps, "gen_waves", t->gen_waves, "decode_bound_bw", t->decode_bound_bw, "train_s", t->train_s,
+    json_t *tj = json_pack("{s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "prefill_s", t->prefill_s, "decode_s",
+                           t->decode_s, "gen_s", t->gen_s, "decode_steps", t->decode_steps, "gen_concurrent", t->gen_concurrent, "decode_bound_bw", t->decode_bound_bw, "train_s", t->train_s,
                            "train_comm_s", t->train_comm_s, "train_flops", t->train_flops, "train_tokens", t->train_tokens, "sync_s", t->sync_s,
                            "sync_step_s", t->sync_step_s, "async_step_s", t->async_step_s, "colocated_step_s", t->colocated_step_s, "async_speedup",
                            t->async_speedup);
+    if (tj) json_object_set_new(tj, "colocated_gen_s", json_real(t->colocated_gen_s));
+    if (tj) json_object_set_new(tj, "colocated_train_s", json_real(t->colocated_train_s));
     if (j && tj) json_object_set_new(j, "time", tj);
     return j;
 }
@@ -153,7 +165,8 @@ static int run_search(const trill_config *c, trill_run_config *cfg, const trill_
             const trill_plan_layout *l = &best[i];
             char t[32], g[32];
             snprintf(t, sizeof t, "%d x %d x %d", l->dp, l->ep, l->tp);
-            if (l->replicas) snprintf(g, sizeof g, "%d x ep %d", l->replicas, l->gen_ep);
+            if (l->replicas && w->gen_tp > 1) snprintf(g, sizeof g, "%d x ep %d x tp %d", l->replicas, l->gen_ep, w->gen_tp);
+            else if (l->replicas) snprintf(g, sizeof g, "%d x ep %d", l->replicas, l->gen_ep);
             else snprintf(g, sizeof g, "on the trainer's");
             printf("  %-24s %-22s %10.4g %10.4g %10.4g %14.2f %14.2f\n", t, g, l->step_s, l->plan.time.gen_s, l->plan.time.train_s,
                    l->plan.memory.trainer_total * 1e-9, l->plan.memory.gen_weights * 1e-9);
@@ -192,6 +205,7 @@ int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = "h100-sxm";
     bool json = false, search = false, full = false;
     double prompt_len = 0, response_len = 0;
+    long long gen_tp = 1;
     int spread = TRILL_SPREAD_UNIFORM;
     static const char *const spreads[] = { "fixed", "uniform", "exponential", NULL };
     const cli_opt opts[] = {
@@ -208,6 +222,9 @@ int cmd_plan(int argc, char **argv) {
           "then the plan of the best", .flag = &search },
         { "full", CLI_FLAG, NULL, "plan full fine-tuning (every weight trained, as other RL frameworks do) instead of trill train's "
           "adapters", .flag = &full },
+        { "gen-tp", CLI_INT, "N", "plan generators of N tensor-parallel devices each (parallel.generator.ep x N a replica), as vLLM "
+          "and SGLang split them, to compare with other frameworks: trill's generator has no tensor parallelism", .i = &gen_tp, .min = 1,
+          .max = 1 << 16 },
         { "json", CLI_FLAG, NULL, "print the plan as one JSON object", .flag = &json },
     };
     const cli_spec spec = { "plan", "[CONFIG.yaml] [section.key=value ...]",
@@ -237,7 +254,7 @@ int cmd_plan(int argc, char **argv) {
     }
     const trill_plan_workload w = { .prompt_len = prompt_len > 0 ? prompt_len : demo ? 6 : cfg.data.max_prompt_tokens / 4.0,
                                     .response_len = response_len > 0 ? response_len : cfg.generator.max_new_tokens / 2.0,
-                                    .spread = (trill_plan_spread)spread, .full = full };
+                                    .spread = (trill_plan_spread)spread, .full = full, .gen_tp = (int)gen_tp };
     trill_config c;
     trill_cluster k;
     if ((demo ? trill_demo_config(&c) : load_model_config(cfg.model, &c)) || trill_cluster_load(cluster, &k)) rc = cli_fail("plan");

@@ -90,6 +90,10 @@ expect_exit 1 "no config.json there, and no preset of that name" "$TRILL" plan -
 expect_exit 2 "--spread" "$TRILL" plan --spread lognormal
 check "plan --search: the fastest layouts, then the best one's plan" grep -qF "the plan of the fastest:" <("$TRILL" plan --model qwen3-30b-a3b --cluster h100-sxm:2 --search)
 expect_exit 1 "none of the" "$TRILL" plan --model kimi-k2 --cluster h100-sxm --search
+expect_exit 1 "set parallel.generator.replicas" "$TRILL" plan --model qwen3-30b-a3b --gen-tp 2
+check "plan --gen-tp: generators of ep x tp devices" grep -qF "2 replicas x ep 2 x tp 2 = 8 devices" \
+    <("$TRILL" plan --model qwen3-30b-a3b --cluster h100-sxm:2 --gen-tp 2 parallel.trainer.ep=8 parallel.generator.replicas=2 parallel.generator.ep=2)
+check "plan: the published runs' script plans every row" /usr/bin/python3 -c "import subprocess,sys; out = subprocess.run([sys.executable, sys.argv[1], sys.argv[2]], check=True, capture_output=True, text=True).stdout; assert out.count(chr(10)) == 27 and 'nan' not in out and 'inf' not in out, out" "$(dirname "$0")/../../bench/plan_published.py" "$TRILL"
 check "init --config-only deepseek-v3" "$TRILL" init --out "$WORK/dsv3" --preset deepseek-v3 --config-only 2>/dev/null
 "$TRILL" info --model "$WORK/dsv3" >"$WORK/info_dsv3"
 check "info deepseek-v3 parameters" grep -qF "parameters:    671026419200 total, 37552297472 active" "$WORK/info_dsv3"

@@ -234,17 +234,69 @@ static void test_step_time(void **state) {
     assert_true(t->sync_step_s == t->gen_s + t->train_s + t->sync_s);
     assert_true(t->async_step_s == fmax(t->gen_s, t->train_s + t->sync_s) && t->async_speedup > 1);
     assert_true(t->train_comm_s > 0 && t->colocated_step_s > 0 && t->colocated_step_s != t->sync_step_s);
-    assert_int_equal(t->gen_waves, 1);
+    assert_true(t->gen_concurrent == 32); /* a replica's 32 rollouts at once */
     /* point to point over min(6 trainer, 2 generator devices) links: half the broadcast's transfer */
     const double lat = k.intra_latency_us * 1e-6;
     assert_true(fabs((p.sync.merge_p2p_s - lat) * 2 - (p.sync.merge_s - lat)) < 1e-12 * p.sync.merge_s);
-    /* a device whose KV cache holds 20 of its 32 rollouts at full length (16 + 64 tokens)
-     * decodes them in 2 waves */
+    /* the 8 samples of a prompt share its prefill: 64 prompts of one sample prefill 8 times the tokens */
+    rc.generator.prompts_per_step = 64, rc.generator.n = 1;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_true(fabs(q.time.prefill_s / p.time.prefill_s - 8) < 1e-9 && q.time.decode_s == p.time.decode_s);
+    rc.generator.prompts_per_step = 8, rc.generator.n = 8;
+    /* continuous batching: a device whose KV cache holds 200 tokens runs 16 of its 32 rollouts
+     * at once (12.5 tokens each on average: a 16-token prompt shared by 8 samples, 2 each, and a
+     * running response's mean age 10.5 of 20), 20 steps of 16 full rows before the last 16 run
+     * out in 20 more */
     k2 = k;
-    k2.memory_gb = (p.memory.gen_weights + 20.5 * 80 * p.memory.kv_bytes_per_token) / 0.9 / 1e9;
+    k2.memory_gb = (p.memory.gen_weights + 200.5 * p.memory.kv_bytes_per_token) / (1 - 0.1) / 1e9;
     assert_int_equal(trill_plan_make(&c, &rc, &k2, &w, &q), TRILL_OK);
-    assert_int_equal(q.time.gen_waves, 2);
-    assert_int_equal(q.time.decode_steps, 2 * 20);
+    assert_int_equal(q.memory.kv_tokens, 200);
+    assert_true(fabs(q.time.gen_concurrent - 16) < 1e-9);
+    assert_int_equal(q.time.decode_steps, 20 + 20);
+    assert_true(q.time.decode_s > 1.8 * p.time.decode_s && q.time.decode_s < 2.2 * p.time.decode_s);
+    assert_true(fabs(q.time.prefill_s / p.time.prefill_s - 1) < 1e-9); /* every prompt, once */
+    trill_run_config_free(&rc);
+}
+
+/* --gen-tp: generators of tensor-parallel devices, as vLLM's (trill's own have none) */
+static void test_generator_tp(void **state) {
+    (void)state;
+    trill_run_config rc;
+    assert_int_equal(trill_run_config_defaults(&rc), TRILL_OK);
+    trill_config c = preset("small");
+    trill_cluster k;
+    assert_int_equal(trill_cluster_load("h100-sxm:4", &k), TRILL_OK);
+    rc.generator.prompts_per_step = 8, rc.generator.n = 8, rc.generator.max_new_tokens = 64, rc.generator.dtype = TRILL_GEN_BF16;
+    rc.parallel.trainer.dp = 2, rc.parallel.generator.replicas = 2;
+    trill_plan_workload w = { .prompt_len = 16, .response_len = 20, .spread = TRILL_SPREAD_FIXED };
+    trill_plan p, q;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &p), TRILL_OK);
+    w.gen_tp = 2;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_int_equal(q.generator_devices, 2 * 2);
+    /* small's 4 kv heads split in 2; every matrix and the embedding split, the norms whole */
+    assert_true(q.memory.kv_bytes_per_token == p.memory.kv_bytes_per_token / 2);
+    assert_true(q.memory.gen_weights > 0.5 * p.memory.gen_weights && q.memory.gen_weights < 0.51 * p.memory.gen_weights);
+    assert_true(q.sync.merge_bytes == p.sync.merge_bytes);
+    /* twice the devices: prefill's compute halves (plus its all-reduces); decode reads half the bytes a device, plus 2 all-reduces a layer */
+    const double tokens = 4.0 * 16; /* a replica's 4 prompts' tokens (8 samples each), each one's hidden state all-reduced twice a layer */
+    const double prefill_ar = 2.0 * c.num_hidden_layers * (k.intra_latency_us * 1e-6 + tokens * c.hidden_size * 2 * 2 * 0.5 / (k.intra_bw_gbs * 1e9));
+    assert_true(fabs(q.time.prefill_s - (0.5 * p.time.prefill_s + prefill_ar)) < 1e-9 * q.time.prefill_s);
+    const double ar = 2.0 * c.num_hidden_layers * q.time.decode_steps *
+                      (k.intra_latency_us * 1e-6 + 32.0 * c.hidden_size * 2 * 2 * 0.5 / (k.intra_bw_gbs * 1e9)); /* 32 rows a step */
+    assert_true(q.time.decode_s > 0.5 * p.time.decode_s + ar && q.time.decode_s < 0.51 * p.time.decode_s + ar); /* the norms whole */
+    /* 16-way across two nodes of 8 costs more a step than within one node of 16 */
+    w.gen_tp = 16;
+    rc.parallel.trainer.dp = 1, rc.parallel.generator.replicas = 1;
+    trill_cluster wide = k;
+    wide.devices_per_node = 16, wide.nodes = 2;
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &p), TRILL_OK);
+    assert_int_equal(trill_plan_make(&c, &rc, &wide, &w, &q), TRILL_OK);
+    assert_true(p.time.decode_s > q.time.decode_s);
+    /* without replicas the trainer's ranks generate, without tensor parallelism */
+    rc.parallel.generator.replicas = 0;
+    assert_int_not_equal(trill_plan_make(&c, &rc, &k, &w, &p), TRILL_OK);
+    assert_non_null(strstr(trill_error_message(), "parallel.generator.replicas"));
     trill_run_config_free(&rc);
 }
 
@@ -290,7 +342,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_preset_adds_up), cmocka_unit_test(test_published_totals), cmocka_unit_test(test_k2_lora_by_hand),
         cmocka_unit_test(test_small_lora_by_hand),   cmocka_unit_test(test_cluster_files),    cmocka_unit_test(test_plan_bytes),
-        cmocka_unit_test(test_step_time),            cmocka_unit_test(test_search),
+        cmocka_unit_test(test_step_time),            cmocka_unit_test(test_generator_tp),     cmocka_unit_test(test_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

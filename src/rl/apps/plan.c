@@ -262,10 +262,11 @@ trill_status trill_cluster_load(const char *name, trill_cluster *out) {
 
 typedef struct mem_walk {
     trill_lora_config lora_cfg; /* targets resolved */
-    int tp, ep, gen_ep;
+    int tp, ep, gen_ep, gen_tp;
     trill_gen_format gen_format;
     double base, lora, gen_weights, merge_bytes;
-    double gen_experts, gen_embedding; /* the generator's bytes of every routed expert, of the embedding table */
+    double gen_experts; /* the generator's bytes of every routed expert */
+    double gen_dense;   /* a generator device's bytes of the rest but the embedding table: what a decode step reads whatever the batch */
     bool full;                         /* lora counts every trainable parameter (full fine-tuning) */
 } mem_walk;
 
@@ -310,9 +311,13 @@ static void mem_tensor(void *ctx, const trill_tensor_row *row, const trill_param
     }
     const double g = gen_bytes(t, w->gen_format);
     w->merge_bytes += g;
+    /* a generator device's share: a routed expert's 1 in ep x gen_tp (vLLM's tensor parallelism
+     * splits each expert, its expert parallelism places them whole: the same bytes), a split
+     * tensor's 1 in gen_tp, the rest whole */
+    const double gs = routed(t) ? 1.0 / (w->gen_ep * w->gen_tp) : t->split != TRILL_SPLIT_NONE ? 1.0 / w->gen_tp : 1.0;
     if (routed(t)) w->gen_experts += g;
-    if (t->kind == TRILL_TENSOR_EMBEDDING) w->gen_embedding += g;
-    w->gen_weights += g * (routed(t) ? 1.0 / w->gen_ep : 1.0);
+    else if (t->kind != TRILL_TENSOR_EMBEDDING) w->gen_dense += g * gs;
+    w->gen_weights += g * gs;
 }
 
 /* Floats a token keeps for the backward in one layer of c (no recomputation): the layer's input
@@ -342,15 +347,17 @@ static double layer_floats(const trill_config *c, int l) {
     return f;
 }
 
-/* KV-cache bytes a token takes in every attention layer (elem bytes an element): GQA's K and V,
- * MLA's latent and rope key; Gated DeltaNet layers keep a state per sequence instead. */
-static double kv_bytes_per_token(const trill_config *c, int elem) {
+/* KV-cache bytes a token takes on a generator device in every attention layer (elem bytes an
+ * element): GQA's K and V (tensor parallelism of tp devices splits the kv heads, each device
+ * keeping at least one), MLA's latent and rope key (every device keeps it whole); Gated DeltaNet
+ * layers keep a state per sequence instead. */
+static double kv_bytes_per_token(const trill_config *c, int elem, int tp) {
     double b = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const trill_layer_desc d = trill_layer_desc_of(c, l);
         if (d.attention == TRILL_ATTENTION_GDN) continue;
         b += d.attention == TRILL_ATTENTION_MLA ? (double)(c->kv_lora_rank + c->qk_rope_head_dim) * elem
-                                                : 2.0 * c->num_key_value_heads * c->head_dim * elem;
+                                                : 2.0 * ((c->num_key_value_heads + tp - 1) / tp) * c->head_dim * elem;
     }
     return b;
 }
@@ -404,23 +411,56 @@ static void link_of(const trill_cluster *k, int n, double *bw, double *lat) {
 typedef struct model_costs {
     double active_ne;      /* active parameters but the embedding (a token's matrix FLOPs / 2) */
     double head;           /* lm_head's: prefill computes it for a prompt's last token only */
-    double dense_bytes;    /* the generator's bytes a decode step reads whatever the batch: all but the experts and the embedding table */
+    double dense_bytes;    /* a generator device's bytes a decode step reads whatever the batch: all but the experts and the embedding table */
     double expert_bytes;   /* one routed expert's, in one layer */
     double att_decode, att_train;
-    int moe_layers, E, K, H;
+    int moe_layers, layers, E, K, H;
 } model_costs;
 
-/* Seconds to generate n_seq rollouts on `replicas` generators of g devices each, the batch shared
- * between them. */
-static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
-                     double kv_tok, double n_seq, int replicas, int g, trill_plan_time *t) {
-    const double per_rep = n_seq / replicas, peak = k->bf16_tflops * 1e12, bw = k->memory_bw_gbs * 1e9;
-    /* prefill: compute-bound */
-    const double P = w->prompt_len;
-    const double pf = per_rep * (2 * (mc->active_ne - mc->head) * P + 2 * mc->head + mc->att_decode * P * P / 2);
-    t->prefill_s = pf / (g * peak * k->prefill_mfu);
-    double link_bw, link_lat;
-    link_of(k, g, &link_bw, &link_lat);
+/* A generator replica: g x tp devices (g its expert parallelism, tp its tensor parallelism), the
+ * links its all-to-alls and all-reduces take, kv_tok the KV bytes a token on a device. */
+typedef struct replica {
+    int g, tp;
+    double kv_tok;
+    double link_bw, link_lat, tp_bw, tp_lat;
+} replica;
+
+static replica replica_of(const trill_cluster *k, int g, int tp, double kv_tok) {
+    replica r = { .g = g, .tp = tp, .kv_tok = kv_tok };
+    link_of(k, g * tp, &r.link_bw, &r.link_lat);
+    if (tp > 1) link_of(k, tp, &r.tp_bw, &r.tp_lat);
+    return r;
+}
+
+/* Seconds of one decode step of B rows on replica r at context ctx: the larger of its bytes over
+ * the bandwidth and its FLOPs over the peak (*bw_bound says which), plus its communication. */
+static double decode_step(const trill_cluster *k, const model_costs *mc, const replica *r, double B, double ctx, bool *bw_bound) {
+    const int G = r->g * r->tp;
+    const double b = B / r->g; /* a device's rows (tensor parallelism: each of a group's devices has its group's rows) */
+    /* each MoE layer's experts this step: those any of the replica's B rows picks, in expectation */
+    const double touched = mc->E ? mc->E * (1 - pow(1 - (double)mc->K / mc->E, B)) : 0;
+    const double bytes = mc->dense_bytes + mc->moe_layers * touched / G * mc->expert_bytes + b * ctx * r->kv_tok;
+    const double flops = b * (2 * mc->active_ne + mc->att_decode * ctx) / r->tp;
+    const double tb = bytes / (k->memory_bw_gbs * 1e9 * k->decode_bw_util), tc = flops / (k->bf16_tflops * 1e12 * k->decode_mfu);
+    double step = tb > tc ? tb : tc;
+    *bw_bound = tb >= tc;
+    if (r->g > 1 && mc->moe_layers) /* expert parallelism: each MoE layer sends its rows out and back */
+        step += mc->moe_layers * (2 * r->link_lat + 2.0 * b * mc->K * mc->H * 2 * (r->g - 1) / r->g / r->link_bw);
+    if (r->tp > 1) /* tensor parallelism: two all-reduces a layer (bf16, a ring); across nodes when tp exceeds a node */
+        step += 2.0 * mc->layers * (r->tp_lat + 2.0 * b * mc->H * 2 * (r->tp - 1) / r->tp / r->tp_bw);
+    return step;
+}
+
+/* Seconds to prefill and decode per_rep rollouts on replica r, all started at once; the samples
+ * of a prompt (n of them) share its prefill (src/infer/kvcache.h: its blocks, prefilled once). */
+static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new, const replica *r, double per_rep,
+                     double n, trill_plan_time *t) {
+    /* prefill: compute-bound, plus with tensor parallelism two all-reduces a layer of each token's
+     * hidden state (bf16, a ring: 2 (tp - 1) / tp of it over each device's link) */
+    const double P = w->prompt_len, prompts = per_rep / n;
+    const double pf = prompts * (2 * (mc->active_ne - mc->head) * P + 2 * mc->head + mc->att_decode * P * P / 2);
+    t->prefill_s = pf / (r->g * r->tp * k->bf16_tflops * 1e12 * k->prefill_mfu);
+    if (r->tp > 1) t->prefill_s += 2.0 * mc->layers * (r->tp_lat + 2.0 * prompts / r->g * P * mc->H * 2 * (r->tp - 1) / r->tp / r->tp_bw);
     /* decode: step by step, the rows still running (in expectation) */
     double sec = 0, bound_bw = 0;
     int steps = 0;
@@ -428,17 +468,9 @@ static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_
         const double B = per_rep * running(w->spread, w->response_len, max_new, s); /* rows of the replica */
         if (B < 1e-9) break;
         steps++;
-        const double ctx = P + s, b = B / g; /* a device's rows */
-        /* each MoE layer's experts this step: those any of the replica's B rows picks, in expectation */
-        const double touched = mc->E ? mc->E * (1 - pow(1 - (double)mc->K / mc->E, B)) : 0;
-        const double bytes = mc->dense_bytes + mc->moe_layers * touched / g * mc->expert_bytes + b * ctx * kv_tok;
-        const double flops = b * (2 * mc->active_ne + mc->att_decode * ctx);
-        const double tb = bytes / (bw * k->decode_bw_util), tc = flops / (peak * k->decode_mfu);
-        double step = tb > tc ? tb : tc;
-        bound_bw += tb >= tc;
-        if (g > 1 && mc->moe_layers) /* expert parallelism: each MoE layer sends its rows out and back */
-            step += mc->moe_layers * (2 * link_lat + 2.0 * b * mc->K * mc->H * 2 * (g - 1) / g / link_bw);
-        sec += step;
+        bool bw;
+        sec += decode_step(k, mc, r, B, P + s, &bw);
+        bound_bw += bw;
     }
     t->decode_s = sec;
     t->decode_steps = steps;
@@ -446,17 +478,38 @@ static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_
     t->gen_s = t->prefill_s + t->decode_s;
 }
 
-/* gen_wave in waves when a device's share of the rollouts at full length (prompt + max_new
- * tokens) would not fit its KV cache (kv_rows of them fit; 0: the weights leave no room, one
- * wave, which the memory figures already refuse). */
-static void gen_time(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new,
-                     double kv_tok, double kv_rows, double n_seq, int replicas, int g, trill_plan_time *t) {
-    const double rows = n_seq / replicas / g;
-    const int waves = kv_rows >= 1 && rows > kv_rows ? (int)ceil(rows / floor(kv_rows)) : 1;
-    gen_wave(k, mc, w, max_new, kv_tok, n_seq / waves, replicas, g, t);
-    t->prefill_s *= waves, t->decode_s *= waves, t->gen_s *= waves;
-    t->decode_steps *= waves;
-    t->gen_waves = waves;
+/* Seconds to generate n_seq rollouts (n a prompt) on `replicas` generators of g x tp devices
+ * each, the batch shared between them, each device's KV cache holding kv_tokens. The generator
+ * batches continuously (src/infer/engine_requests.c: a rollout starts when the cache has room,
+ * blocks are taken as it grows): when a replica's rollouts do not all fit at once, its caches run
+ * full, C rollouts at a time, C = g x kv_tokens / (P / n + a) (a prompt's blocks shared by its n
+ * samples; a the mean age of a running rollout, sum t S(t) / sum S(t), S the share still running
+ * at step t), until the last C of them run out as one wave. */
+static void gen_time(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new, double kv_tok, double kv_tokens,
+                     double n_seq, double n, int replicas, int g, int tp, trill_plan_time *t) {
+    const replica r = replica_of(k, g, tp, kv_tok);
+    double len = 0, age = 0; /* a response's mean length (cut at max_new), a running one's mean age */
+    for (int s = 1; s <= max_new; s++) {
+        const double S = running(w->spread, w->response_len, max_new, s);
+        len += S, age += s * S;
+    }
+    age = len > 0 ? age / len : 0;
+    const double per_rep = n_seq / replicas, C = g * kv_tokens / (w->prompt_len / n + age);
+    if (!(kv_tokens > 0) || per_rep <= C) { /* all at once (no cache at all: the memory figures refuse it) */
+        gen_wave(k, mc, w, max_new, &r, per_rep, n, t);
+        t->gen_concurrent = per_rep;
+        return;
+    }
+    gen_wave(k, mc, w, max_new, &r, C, n, t); /* the last C */
+    t->prefill_s *= per_rep / C;           /* every rollout's prompt */
+    bool bw;
+    const double full = (per_rep - C) * len / C; /* steps with the caches full, before the last wave */
+    const double step = decode_step(k, mc, &r, C, w->prompt_len + age, &bw);
+    t->decode_bound_bw = (t->decode_bound_bw * t->decode_steps + (bw ? full : 0)) / (t->decode_steps + full);
+    t->decode_s += full * step;
+    t->decode_steps += (int)lround(full);
+    t->gen_s = t->prefill_s + t->decode_s;
+    t->gen_concurrent = C;
 }
 
 /* Seconds of the trainer's work on one step's rollouts: the log-prob pass, the reference's (a KL
@@ -517,15 +570,19 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     if (st) return st;
     const int dp = rc->parallel.trainer.dp, ep = rc->parallel.trainer.ep, tp = rc->parallel.trainer.tp;
     const int replicas = rc->parallel.generator.replicas, gen_ep = replicas ? rc->parallel.generator.ep : 1;
+    const int gen_tp = out->workload.gen_tp > 1 ? out->workload.gen_tp : 1;
+    if (gen_tp > 1 && !replicas)
+        return trill_error(TRILL_ERR_INVALID, "plan: generators of %d tensor-parallel devices need devices of their own: set parallel.generator.replicas "
+                                              "(without replicas the trainer's ranks generate, as trill train does, without tensor parallelism)", gen_tp);
     out->trainer_devices = dp * ep * tp;
-    out->generator_devices = replicas * gen_ep;
+    out->generator_devices = replicas * gen_ep * gen_tp;
     const int devices = k->nodes * k->devices_per_node;
     if (out->trainer_devices + out->generator_devices > devices)
-        return trill_error(TRILL_ERR_INVALID, "plan: the layout needs %d trainer devices (dp %d x ep %d x tp %d) and %d generator devices (%d replicas x ep %d), "
+        return trill_error(TRILL_ERR_INVALID, "plan: the layout needs %d trainer devices (dp %d x ep %d x tp %d) and %d generator devices (%d replicas x ep %d x tp %d), "
                                               "%d in all; the cluster has %d (%d nodes x %d)",
-                           out->trainer_devices, dp, ep, tp, out->generator_devices, replicas, gen_ep, out->trainer_devices + out->generator_devices,
+                           out->trainer_devices, dp, ep, tp, out->generator_devices, replicas, gen_ep, gen_tp, out->trainer_devices + out->generator_devices,
                            devices, k->nodes, k->devices_per_node);
-    mem_walk w = { .lora_cfg = lora, .tp = tp, .ep = ep, .gen_ep = gen_ep, .gen_format = rc->generator.dtype, .full = out->workload.full };
+    mem_walk w = { .lora_cfg = lora, .tp = tp, .ep = ep, .gen_ep = gen_ep, .gen_tp = gen_tp, .gen_format = rc->generator.dtype, .full = out->workload.full };
     trill_arch_walk(c, mem_tensor, &w);
 
     trill_plan_memory *m = &out->memory;
@@ -552,7 +609,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     const double dev = k->memory_gb * 1e9;
     m->gen_weights = w.gen_weights;
     m->gen_reserve = GEN_RESERVE * dev;
-    m->kv_bytes_per_token = kv_bytes_per_token(c, rc->generator.dtype == TRILL_GEN_F32 ? 4 : 2);
+    m->kv_bytes_per_token = kv_bytes_per_token(c, rc->generator.dtype == TRILL_GEN_F32 ? 4 : 2, gen_tp);
     const double room = dev - m->gen_weights - m->gen_reserve;
     m->kv_cache = room > 0 ? room : 0;
     m->kv_tokens = m->kv_bytes_per_token > 0 ? (int64_t)(m->kv_cache / m->kv_bytes_per_token) : 0;
@@ -588,15 +645,15 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     }
 
     /* time: the costs a token and a decode step pay, then the three schedules */
-    model_costs mc = { .E = c->num_experts, .K = c->num_experts_per_tok, .H = c->hidden_size, .moe_layers = c->n_moe_layers };
+    model_costs mc = { .E = c->num_experts, .K = c->num_experts_per_tok, .H = c->hidden_size, .moe_layers = c->n_moe_layers,
+                       .layers = c->num_hidden_layers };
     mc.active_ne = (double)(out->counts.sum_active - out->counts.total[TRILL_PLAN_EMBEDDING]);
     mc.head = (double)out->counts.total[TRILL_PLAN_LM_HEAD];
-    mc.dense_bytes = w.merge_bytes - w.gen_experts - w.gen_embedding;
+    mc.dense_bytes = w.gen_dense;
     mc.expert_bytes = c->n_moe_layers && c->num_experts ? w.gen_experts / ((double)c->n_moe_layers * c->num_experts) : 0;
     attention_flops(c, &mc.att_decode, &mc.att_train);
     trill_plan_time *t = &out->time;
     const double n_seq = (double)rc->generator.prompts_per_step * rc->generator.n, kv_tok = m->kv_bytes_per_token;
-    const double kv_rows = (double)m->kv_tokens / (out->workload.prompt_len + rc->generator.max_new_tokens); /* rollouts a device's cache holds */
     const int max_new = rc->generator.max_new_tokens, D = out->trainer_devices;
     const double sync_s = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || out->workload.full ? s->merge_s : s->adapter_s;
     const double lora_dev = 4 * w.lora;
@@ -608,12 +665,12 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
      * layout's size, parallel.generator.ep devices), then every device trains, then the weights
      * are copied in place */
     const int g_all = rc->parallel.generator.ep > 0 ? rc->parallel.generator.ep : 1; /* without replicas too: the colocated generators' size */
-    const int all = D + out->generator_devices, reps = all / g_all > 0 ? all / g_all : 1;
-    gen_time(k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, reps, g_all, &gen_all);
+    const int all = D + out->generator_devices, reps = all / (g_all * gen_tp) > 0 ? all / (g_all * gen_tp) : 1;
+    gen_time(k, &mc, &out->workload, max_new, kv_tok, (double)m->kv_tokens, n_seq, rc->generator.n, reps, g_all, gen_tp, &gen_all);
     train_time(c, rc, k, &mc, &out->workload, n_seq, all, all / (ep * tp) > 0 ? all / (ep * tp) : 1, ep, tp, lora_dev, &tr_all);
     const double colocated = gen_all.gen_s + tr_all.train_s + mem_sync;
     if (replicas) { /* the generator on its own devices: mode sync waits for each phase, async overlaps them */
-        gen_time(k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, replicas, gen_ep, &gen);
+        gen_time(k, &mc, &out->workload, max_new, kv_tok, (double)m->kv_tokens, n_seq, rc->generator.n, replicas, gen_ep, gen_tp, &gen);
         train_time(c, rc, k, &mc, &out->workload, n_seq, D, dp, ep, tp, lora_dev, &tr);
         *t = gen;
         t->sync_s = sync_s;
@@ -623,7 +680,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     } else {
         /* mode sync: every trainer rank generates the whole batch (trill train's sync mode), then
          * they train; mode async (one process): the generator's cores beside the trainer's */
-        gen_time(k, &mc, &out->workload, max_new, kv_tok, kv_rows, n_seq, 1, 1, &gen);
+        gen_time(k, &mc, &out->workload, max_new, kv_tok, (double)m->kv_tokens, n_seq, rc->generator.n, 1, 1, 1, &gen);
         train_time(c, rc, k, &mc, &out->workload, n_seq, D, dp, ep, tp, lora_dev, &tr);
         *t = gen;
         t->sync_s = mem_sync;
@@ -639,6 +696,7 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
         t->async_step_s = ga > ta + mem_sync ? ga : ta + mem_sync;
     }
     t->colocated_step_s = colocated;
+    t->colocated_gen_s = gen_all.gen_s, t->colocated_train_s = tr_all.train_s;
     t->gen_tokens = n_seq * out->workload.response_len;
     t->async_speedup = t->sync_step_s / t->async_step_s;
     return TRILL_OK;
@@ -660,6 +718,7 @@ trill_status trill_plan_search(const trill_config *c, const trill_run_config *rc
                                trill_plan_layout *out, int max, int *n_out, int *tried) {
     *n_out = *tried = 0;
     const int devices = k->nodes * k->devices_per_node, E = c->num_experts > 0 ? c->num_experts : 1;
+    const int gen_tp = w && w->gen_tp > 1 ? w->gen_tp : 1;
     trill_run_config r = *rc; /* shallow: only the parallel keys change, nothing is freed */
     for (int tp = 1; tp <= k->devices_per_node && tp <= devices; tp *= 2)
         for (int ep = 1; ep * tp <= devices && ep <= E; ep *= 2) {
@@ -668,10 +727,11 @@ trill_status trill_plan_search(const trill_config *c, const trill_run_config *rc
                 const int trainer = dp * ep * tp, left = devices - trainer;
                 for (int gen_ep = 1; gen_ep <= (left > 0 ? left : 1) && gen_ep <= E; gen_ep *= 2) {
                     if (E % gen_ep) continue;
-                    /* replicas: none (colocated, gen_ep 1 only), or as many as the devices left hold */
+                    /* replicas: none (colocated, gen_ep 1 only, and no generator tensor
+                     * parallelism), or as many as the devices left hold */
                     for (int colocated = 0; colocated < 2; colocated++) {
-                        const int replicas = colocated ? 0 : left / gen_ep;
-                        if (colocated ? gen_ep != 1 : replicas < 1) continue;
+                        const int replicas = colocated ? 0 : left / (gen_ep * gen_tp);
+                        if (colocated ? gen_ep != 1 || gen_tp > 1 : replicas < 1) continue;
                         r.parallel.trainer.dp = dp, r.parallel.trainer.ep = ep, r.parallel.trainer.tp = tp;
                         r.parallel.generator.replicas = replicas, r.parallel.generator.ep = replicas ? gen_ep : 1;
                         trill_plan_layout l = { .dp = dp, .ep = ep, .tp = tp, .replicas = replicas, .gen_ep = replicas ? gen_ep : 1 };
