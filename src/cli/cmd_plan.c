@@ -87,8 +87,9 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
     printf("  training   %.3g s (%.3g TFLOP over %.0f tokens; communication %.3g s)\n", t->train_s, t->train_flops * 1e-12, t->train_tokens,
            t->train_comm_s);
     printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || p->workload.full ? "merge" : "adapter");
-    printf("  a step: sync %.3g s, async %.3g s (%.2fx); every device generating then training (colocated) %.3g s (generation %.3g s, "
-           "training %.3g s)\n", t->sync_step_s, t->async_step_s, t->async_speedup, t->colocated_step_s, t->colocated_gen_s, t->colocated_train_s);
+    printf("  a step: sync %.3g s, async (max_staleness %d) %.3g s (%.2fx); every device generating then training (colocated) %.3g s "
+           "(generation %.3g s, training %.3g s)\n", t->sync_step_s, rc->async.max_staleness, t->async_step_s, t->async_speedup, t->colocated_step_s,
+           t->colocated_gen_s, t->colocated_train_s);
 }
 
 static json_t *plan_json(const trill_config *c, const trill_run_config *rc, const trill_cluster *k, const trill_plan *p) {

@@ -234,6 +234,10 @@ static void test_step_time(void **state) {
     assert_true(t->sync_step_s == t->gen_s + t->train_s + t->sync_s);
     assert_true(t->async_step_s == fmax(t->gen_s, t->train_s + t->sync_s) && t->async_speedup > 1);
     assert_true(t->train_comm_s > 0 && t->colocated_step_s > 0 && t->colocated_step_s != t->sync_step_s);
+    rc.async.max_staleness = 0; /* on-policy: nothing overlaps */
+    assert_int_equal(trill_plan_make(&c, &rc, &k, &w, &q), TRILL_OK);
+    assert_true(q.time.async_step_s == q.time.sync_step_s && q.time.async_speedup == 1);
+    rc.async.max_staleness = 1;
     assert_true(t->gen_concurrent == 32); /* a replica's 32 rollouts at once */
     /* point to point over min(6 trainer, 2 generator devices) links: half the broadcast's transfer */
     const double lat = k.intra_latency_us * 1e-6;

@@ -695,6 +695,8 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
         const double ga = gen.gen_s / rg, ta = tr.train_s / rt;
         t->async_step_s = ga > ta + mem_sync ? ga : ta + mem_sync;
     }
+    /* max_staleness 0: the generator may not run ahead of the trainer (on-policy), nothing overlaps */
+    if (rc->async.max_staleness < 1) t->async_step_s = t->sync_step_s;
     t->colocated_step_s = colocated;
     t->colocated_gen_s = gen_all.gen_s, t->colocated_train_s = tr_all.train_s;
     t->gen_tokens = n_seq * out->workload.response_len;
