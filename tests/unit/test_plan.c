@@ -284,10 +284,11 @@ static void test_generator_tp(void **state) {
     assert_true(q.sync.merge_bytes == p.sync.merge_bytes);
     /* twice the devices: prefill's compute halves (plus its all-reduces); decode reads half the bytes a device, plus 2 all-reduces a layer */
     const double tokens = 4.0 * 16; /* a replica's 4 prompts' tokens (8 samples each), each one's hidden state all-reduced twice a layer */
-    const double prefill_ar = 2.0 * c.num_hidden_layers * (k.intra_latency_us * 1e-6 + tokens * c.hidden_size * 2 * 2 * 0.5 / (k.intra_bw_gbs * 1e9));
+    /* an all-reduce over 2 ranks: 2 latencies (a tree's depth 1, down and up) and half the bytes twice over the link */
+    const double prefill_ar = 2.0 * c.num_hidden_layers * (2 * k.intra_latency_us * 1e-6 + tokens * c.hidden_size * 2 * 2 * 0.5 / (k.intra_bw_gbs * 1e9));
     assert_true(fabs(q.time.prefill_s - (0.5 * p.time.prefill_s + prefill_ar)) < 1e-9 * q.time.prefill_s);
     const double ar = 2.0 * c.num_hidden_layers * q.time.decode_steps *
-                      (k.intra_latency_us * 1e-6 + 32.0 * c.hidden_size * 2 * 2 * 0.5 / (k.intra_bw_gbs * 1e9)); /* 32 rows a step */
+                      (2 * k.intra_latency_us * 1e-6 + 32.0 * c.hidden_size * 2 * 2 * 0.5 / (k.intra_bw_gbs * 1e9)); /* 32 rows a step */
     assert_true(q.time.decode_s > 0.5 * p.time.decode_s + ar && q.time.decode_s < 0.51 * p.time.decode_s + ar); /* the norms whole */
     /* 16-way across two nodes of 8 costs more a step than within one node of 16 */
     w.gen_tp = 16;

@@ -408,6 +408,14 @@ static void link_of(const trill_cluster *k, int n, double *bw, double *lat) {
     *lat = (intra ? k->intra_latency_us : k->inter_latency_us) * 1e-6;
 }
 
+/* Seconds of an all-reduce of `bytes` (each rank's) over p ranks on a link of bw bytes/s and lat
+ * seconds: a tree's depth down and up in latency (2 ceil(log2 p) lat; NCCL's choice for small
+ * messages), a ring's traffic in bytes (2 (p - 1) / p of them over each rank's link). */
+static double allreduce_s(int p, double bytes, double bw, double lat) {
+    if (p < 2) return 0;
+    return 2 * ceil(log2(p)) * lat + 2.0 * bytes * (p - 1) / p / bw;
+}
+
 typedef struct model_costs {
     double active_ne;      /* active parameters but the embedding (a token's matrix FLOPs / 2) */
     double head;           /* lm_head's: prefill computes it for a prompt's last token only */
@@ -447,7 +455,7 @@ static double decode_step(const trill_cluster *k, const model_costs *mc, const r
     if (r->g > 1 && mc->moe_layers) /* expert parallelism: each MoE layer sends its rows out and back */
         step += mc->moe_layers * (2 * r->link_lat + 2.0 * b * mc->K * mc->H * 2 * (r->g - 1) / r->g / r->link_bw);
     if (r->tp > 1) /* tensor parallelism: two all-reduces a layer (bf16, a ring); across nodes when tp exceeds a node */
-        step += 2.0 * mc->layers * (r->tp_lat + 2.0 * b * mc->H * 2 * (r->tp - 1) / r->tp / r->tp_bw);
+        step += 2.0 * mc->layers * allreduce_s(r->tp, b * mc->H * 2, r->tp_bw, r->tp_lat);
     return step;
 }
 
@@ -460,7 +468,7 @@ static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_
     const double P = w->prompt_len, prompts = per_rep / n;
     const double pf = prompts * (2 * (mc->active_ne - mc->head) * P + 2 * mc->head + mc->att_decode * P * P / 2);
     t->prefill_s = pf / (r->g * r->tp * k->bf16_tflops * 1e12 * k->prefill_mfu);
-    if (r->tp > 1) t->prefill_s += 2.0 * mc->layers * (r->tp_lat + 2.0 * prompts / r->g * P * mc->H * 2 * (r->tp - 1) / r->tp / r->tp_bw);
+    if (r->tp > 1) t->prefill_s += 2.0 * mc->layers * allreduce_s(r->tp, prompts / r->g * P * mc->H * 2, r->tp_bw, r->tp_lat);
     /* decode: step by step, the rows still running (in expectation) */
     double sec = 0, bound_bw = 0;
     int steps = 0;
@@ -537,11 +545,11 @@ static void train_time(const trill_config *c, const trill_run_config *rc, const 
     }
     if (tp > 1) { /* two all-reduces a layer, forward and backward */
         link_of(k, tp, &bw, &lat);
-        comm += (passes + 1) * 2 * c->num_hidden_layers * (lat + 2.0 * T_dev / ep * mc->H * 4 * (tp - 1) / tp / bw);
+        comm += (passes + 1) * 2 * c->num_hidden_layers * allreduce_s(tp, T_dev / ep * mc->H * 4, bw, lat);
     }
     if (dp > 1) { /* the adapters' gradients, once a minibatch */
         link_of(k, dp * ep * tp, &bw, &lat);
-        comm += rc->algo.minibatches * (2 * lat + 2.0 * lora_dev_bytes * (dp - 1) / dp / bw);
+        comm += rc->algo.minibatches * allreduce_s(dp, lora_dev_bytes, bw, lat);
     }
     t->train_comm_s = comm;
     t->train_s = sec + comm;
