@@ -93,6 +93,7 @@ typedef struct trill_plan_sync {
     double merge_p2p_s;     /* merge sent point to point from every trainer device to generator devices at once
                                (not trill's broadcast: what a sharded transfer would reach; replicas only) */
     const char *link;       /* which link the model used: "memory", "intra-node", "inter-node" */
+    bool merge_mode;        /* the sync the step times use: merge (sync.mode merge, or full fine-tuning), else adapter */
 } trill_plan_sync;
 
 /* The rollouts' lengths: a prompt's mean tokens, a response's mean, and how responses spread up
@@ -124,7 +125,8 @@ typedef struct trill_plan_time {
     double async_speedup;              /* sync_step_s / async_step_s */
     double gen_tokens, train_tokens, train_flops;
     int decode_steps;
-    double gen_concurrent;             /* rollouts a generator replica runs at once: its share of the batch, or what its KV caches hold */
+    double gen_rollouts;               /* a generator replica's share of the batch */
+    double gen_concurrent;             /* rollouts it runs at once: gen_rollouts, or what its KV caches hold */
     double decode_bound_bw;            /* the share of decode steps bound by memory bandwidth */
 } trill_plan_time;
 

@@ -80,13 +80,13 @@ static void print_plan(const trill_config *c, const trill_run_config *rc, const 
            rc->generator.max_new_tokens);
     printf("  generation %.3g s (prefill %.3g s, %d decode steps %.3g s, %.0f%% of them bandwidth-bound)", t->gen_s, t->prefill_s,
            t->decode_steps, t->decode_s, 100 * t->decode_bound_bw);
-    const double per_rep = (double)rc->generator.prompts_per_step * rc->generator.n / (p->generator_devices ? rc->parallel.generator.replicas : 1);
-    if (t->gen_concurrent < per_rep * (1 - 1e-9))
-        printf("; a generator's KV cache holds %.0f of its %.0f rollouts at once (continuous batching keeps it full)", t->gen_concurrent, per_rep);
+    if (t->gen_concurrent < t->gen_rollouts)
+        printf("; a generator's KV cache holds %.0f of its %.0f rollouts at once (continuous batching keeps it full)", t->gen_concurrent,
+               t->gen_rollouts);
     printf("\n");
     printf("  training   %.3g s (%.3g TFLOP over %.0f tokens; communication %.3g s)\n", t->train_s, t->train_flops * 1e-12, t->train_tokens,
            t->train_comm_s);
-    printf("  weight sync %.3g s (%s)\n", t->sync_s, rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || p->workload.full ? "merge" : "adapter");
+    printf("  weight sync %.3g s (%s)\n", t->sync_s, p->sync.merge_mode ? "merge" : "adapter");
     printf("  a step: sync %.3g s, async (max_staleness %d) %.3g s (%.2fx); every device generating then training (colocated) %.3g s "
            "(generation %.3g s, training %.3g s)\n", t->sync_step_s, rc->async.max_staleness, t->async_step_s, t->async_speedup, t->colocated_step_s,
            t->colocated_gen_s, t->colocated_train_s);

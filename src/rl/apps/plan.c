@@ -416,6 +416,13 @@ static double allreduce_s(int p, double bytes, double bw, double lat) {
     return 2 * ceil(log2(p)) * lat + 2.0 * bytes * (p - 1) / p / bw;
 }
 
+/* Seconds of a MoE layer's two all-to-alls over p ranks (each rank's rows to their experts'
+ * ranks, `bytes` of them, and back): (p - 1) / p of the bytes leave each rank each way. */
+static double alltoall2_s(int p, double bytes, double bw, double lat) {
+    if (p < 2) return 0;
+    return 2 * lat + 2.0 * bytes * (p - 1) / p / bw;
+}
+
 typedef struct model_costs {
     double active_ne;      /* active parameters but the embedding (a token's matrix FLOPs / 2) */
     double head;           /* lm_head's: prefill computes it for a prompt's last token only */
@@ -452,9 +459,9 @@ static double decode_step(const trill_cluster *k, const model_costs *mc, const r
     const double tb = bytes / (k->memory_bw_gbs * 1e9 * k->decode_bw_util), tc = flops / (k->bf16_tflops * 1e12 * k->decode_mfu);
     double step = tb > tc ? tb : tc;
     *bw_bound = tb >= tc;
-    if (r->g > 1 && mc->moe_layers) /* expert parallelism: each MoE layer sends its rows out and back */
-        step += mc->moe_layers * (2 * r->link_lat + 2.0 * b * mc->K * mc->H * 2 * (r->g - 1) / r->g / r->link_bw);
-    if (r->tp > 1) /* tensor parallelism: two all-reduces a layer (bf16, a ring); across nodes when tp exceeds a node */
+    /* expert parallelism: each MoE layer sends its rows' hidden states (bf16) to their k experts and back */
+    step += mc->moe_layers * alltoall2_s(r->g, b * mc->K * mc->H * 2, r->link_bw, r->link_lat);
+    if (r->tp > 1) /* tensor parallelism: two all-reduces a layer (bf16); across nodes when tp exceeds a node */
         step += 2.0 * mc->layers * allreduce_s(r->tp, b * mc->H * 2, r->tp_bw, r->tp_lat);
     return step;
 }
@@ -463,8 +470,8 @@ static double decode_step(const trill_cluster *k, const model_costs *mc, const r
  * of a prompt (n of them) share its prefill (src/infer/kvcache.h: its blocks, prefilled once). */
 static void gen_wave(const trill_cluster *k, const model_costs *mc, const trill_plan_workload *w, int max_new, const replica *r, double per_rep,
                      double n, trill_plan_time *t) {
-    /* prefill: compute-bound, plus with tensor parallelism two all-reduces a layer of each token's
-     * hidden state (bf16, a ring: 2 (tp - 1) / tp of it over each device's link) */
+    /* prefill: compute-bound, plus with tensor parallelism two all-reduces a layer of each prompt
+     * token's hidden state (bf16) */
     const double P = w->prompt_len, prompts = per_rep / n;
     const double pf = prompts * (2 * (mc->active_ne - mc->head) * P + 2 * mc->head + mc->att_decode * P * P / 2);
     t->prefill_s = pf / (r->g * r->tp * k->bf16_tflops * 1e12 * k->prefill_mfu);
@@ -505,11 +512,11 @@ static void gen_time(const trill_cluster *k, const model_costs *mc, const trill_
     const double per_rep = n_seq / replicas, C = g * kv_tokens / (w->prompt_len / n + age);
     if (!(kv_tokens > 0) || per_rep <= C) { /* all at once (no cache at all: the memory figures refuse it) */
         gen_wave(k, mc, w, max_new, &r, per_rep, n, t);
-        t->gen_concurrent = per_rep;
+        t->gen_rollouts = t->gen_concurrent = per_rep;
         return;
     }
     gen_wave(k, mc, w, max_new, &r, C, n, t); /* the last C */
-    t->prefill_s *= per_rep / C;           /* every rollout's prompt */
+    t->prefill_s *= per_rep / C;           /* every prompt's, once */
     bool bw;
     const double full = (per_rep - C) * len / C; /* steps with the caches full, before the last wave */
     const double step = decode_step(k, mc, &r, C, w->prompt_len + age, &bw);
@@ -517,6 +524,7 @@ static void gen_time(const trill_cluster *k, const model_costs *mc, const trill_
     t->decode_s += full * step;
     t->decode_steps += (int)lround(full);
     t->gen_s = t->prefill_s + t->decode_s;
+    t->gen_rollouts = per_rep;
     t->gen_concurrent = C;
 }
 
@@ -539,9 +547,9 @@ static void train_time(const trill_config *c, const trill_run_config *rc, const 
     double sec = t->train_flops / (devices * k->bf16_tflops * 1e12 * k->train_mfu);
     double comm = 0, bw, lat;
     const double T_dev = T / dp; /* a data-parallel group's tokens */
-    if (ep > 1 && mc->moe_layers) { /* all-to-all: each token's hidden state to its k experts and back, forward and backward */
+    if (ep > 1) { /* all-to-alls: each token's hidden state (fp32) to its k experts and back, every pass */
         link_of(k, ep * tp, &bw, &lat);
-        comm += passes * mc->moe_layers * (2 * lat + 2.0 * T_dev / ep * mc->K * mc->H * 4 * (ep - 1) / ep / bw);
+        comm += passes * mc->moe_layers * alltoall2_s(ep, T_dev / ep * mc->K * mc->H * 4, bw, lat);
     }
     if (tp > 1) { /* two all-reduces a layer, forward and backward */
         link_of(k, tp, &bw, &lat);
@@ -663,9 +671,10 @@ trill_status trill_plan_make(const trill_config *c, const trill_run_config *rc, 
     trill_plan_time *t = &out->time;
     const double n_seq = (double)rc->generator.prompts_per_step * rc->generator.n, kv_tok = m->kv_bytes_per_token;
     const int max_new = rc->generator.max_new_tokens, D = out->trainer_devices;
-    const double sync_s = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || out->workload.full ? s->merge_s : s->adapter_s;
+    s->merge_mode = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || out->workload.full; /* full fine-tuning has no adapters */
+    const double sync_s = s->merge_mode ? s->merge_s : s->adapter_s;
     const double lora_dev = 4 * w.lora;
-    double mem_sync = rc->sync.mode == TRILL_WEIGHT_SYNC_MERGE || out->workload.full ? s->merge_bytes : s->adapter_bytes;
+    double mem_sync = s->merge_mode ? s->merge_bytes : s->adapter_bytes;
     mem_sync /= k->memory_bw_gbs / 2 * 1e9;
     const trill_plan_time zero = { 0 };
     trill_plan_time gen = zero, tr = zero, gen_all = zero, tr_all = zero;
